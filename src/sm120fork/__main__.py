@@ -1,0 +1,7 @@
+"""``python -m sm120fork``."""
+
+import sys
+
+from sm120fork.cli import main
+
+sys.exit(main())

@@ -1,0 +1,99 @@
+"""Build a wheel from a patched fork tree with pypa/build.
+
+The fork tree itself is never built in: ``git archive`` exports HEAD into a scratch
+directory, the local version label is stamped there, and ``python -m build --wheel``
+runs on the package root.  So a build killed halfway leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from sm120fork.declare import Project
+from sm120fork.errors import BuildError, CommandError
+from sm120fork.proc import Git, run
+
+log = logging.getLogger("sm120fork")
+
+
+def export_tree(repo: Git, dest: Path) -> None:
+    """Write HEAD's tree (no .git) into ``dest``."""
+    data = repo.repo.git.archive("--format=tar", "HEAD", stdout_as_string=False)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        tf.extractall(dest, filter="tar")
+
+
+def stamp_version(project: Project, package_dir: Path) -> dict[str, str]:
+    """Put the local version into the exported tree; return extra build environment."""
+    stamp = project.version_stamp
+    if stamp.env:
+        return {stamp.env: project.local_version}
+    target = package_dir / stamp.file
+    if not target.is_file():
+        raise BuildError(f"version file {stamp.file} does not exist",
+                         where=f"project {project.key}", fix="fix version_stamp.file")
+    text = target.read_text(encoding="utf-8")
+    pattern = re.compile(r"""(["'])""" + re.escape(project.version) + r"""\1""")
+    found = pattern.findall(text)
+    if len(found) != 1:
+        raise BuildError(f"expected the quoted version {project.version!r} once in {stamp.file}, "
+                         f"found it {len(found)} times", where=f"project {project.key}")
+    target.write_text(pattern.sub(lambda m: f"{m.group(1)}{project.local_version}{m.group(1)}",
+                                  text), encoding="utf-8")
+    return {}
+
+
+def build_wheel(project: Project, repo: Git, out_dir: Path) -> Path:
+    """Build the project's wheel from HEAD of ``repo`` into ``out_dir``; return its path."""
+    with tempfile.TemporaryDirectory(prefix=f"sm120fork-build-{project.key}-") as tmp:
+        src = Path(tmp) / "src"
+        export_tree(repo, src)
+        root = project.package_root.strip("/")
+        package_dir = src if root in ("", ".") else src / root
+        env = stamp_version(project, package_dir)
+        dist = Path(tmp) / "dist"
+        log.info("building %s %s", project.distribution, project.local_version)
+        try:
+            run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(package_dir)],
+                env=env)
+        except CommandError as exc:
+            raise BuildError(f"building the {project.distribution} wheel failed",
+                             where=f"project {project.key}", detail=exc.detail,
+                             fix="read the build output above") from exc
+        wheels = sorted(dist.glob("*.whl"))
+        if len(wheels) != 1:
+            raise BuildError(f"expected one wheel, got {[w.name for w in wheels]}",
+                             where=f"project {project.key}")
+        wheel = wheels[0]
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        if canonicalize_name(name) != project.normalized_name or version != Version(
+                project.local_version):
+            raise BuildError(f"built {wheel.name}, expected {project.distribution} "
+                             f"{project.local_version}", where=f"project {project.key}",
+                             fix="check version_stamp in the declaration")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        final = out_dir / wheel.name
+        shutil.copy2(wheel, final)
+        return final
+
+
+def wheel_requirements(wheel: Path) -> list[Requirement]:
+    """The Requires-Dist entries of a wheel (from its METADATA)."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta_name = next(n for n in zf.namelist()
+                         if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
+        meta = Parser().parsestr(zf.read(meta_name).decode("utf-8"))
+    return [Requirement(r) for r in meta.get_all("Requires-Dist") or []]

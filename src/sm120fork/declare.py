@@ -1,0 +1,293 @@
+"""Declarations of what is pinned: ``forks/<stack>.toml`` loaded into frozen dataclasses.
+
+A *stack* is one SGLang release plus the FlashInfer release it pins, each a *project*
+with its own pin and patch series.  Validation errors name the file and the dotted key
+and suggest the right key for a typo, in the spirit of cibuildwheel's options reader.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from sm120fork.errors import ConfigError
+
+SourceKind = Literal["sdist", "git"]
+SOURCE_KINDS: tuple[SourceKind, ...] = ("sdist", "git")
+
+_SHA1 = re.compile(r"[0-9a-f]{40}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_LOCAL = re.compile(r"[a-z0-9]+(?:[._][a-z0-9]+)*")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GitPin:
+    url: str
+    tag: str
+    commit: str
+    #: False when the SHA was not checked against the upstream repository.
+    commit_verified: bool = True
+    note: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SdistPin:
+    filename: str
+    sha256: str
+    #: Direct download URL; when empty the package index is asked (PEP 691).
+    url: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class VersionStamp:
+    """How the local version label gets into the built wheel.
+
+    ``file``: a file (relative to the package root) whose quoted upstream version is
+    replaced by the local one; ``env``: an environment variable read by the build
+    backend (setuptools-scm's ``SETUPTOOLS_SCM_PRETEND_VERSION_FOR_<NAME>``).
+    """
+
+    file: str = ""
+    env: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Project:
+    key: str
+    distribution: str
+    version: str
+    local_label: str
+    package_root: str
+    series: str
+    source: SourceKind
+    git: GitPin
+    sdist: SdistPin
+    version_stamp: VersionStamp
+    requires: tuple[str, ...] = ()
+
+    @property
+    def local_version(self) -> str:
+        return f"{self.version}+{self.local_label}"
+
+    @property
+    def normalized_name(self) -> str:
+        return canonicalize_name(self.distribution)
+
+    def package_path(self, repo_relative: str) -> str | None:
+        """``repo_relative`` made relative to the package root, or None when outside it."""
+        root = self.package_root.strip("/")
+        if root in ("", "."):
+            return repo_relative
+        prefix = root + "/"
+        return repo_relative[len(prefix):] if repo_relative.startswith(prefix) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stack:
+    name: str
+    description: str
+    default: bool
+    projects: tuple[Project, ...]
+    path: Path
+
+    def project(self, key: str) -> Project:
+        for p in self.projects:
+            if p.key == key:
+                return p
+        raise ConfigError(
+            f"unknown project {key!r}", where=f"stack {self.name}",
+            fix=_suggest(key, [p.key for p in self.projects]) or
+            f"choose one of: {', '.join(p.key for p in self.projects)}",
+        )
+
+
+def _suggest(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+class _Reader:
+    """Walks one TOML table, tracking the dotted key for error messages."""
+
+    def __init__(self, file: Path, table: Mapping[str, Any], prefix: str) -> None:
+        self.file = file
+        self.table = table
+        self.prefix = prefix
+        self.seen: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def error(self, name: str, message: str, fix: str | None = None) -> ConfigError:
+        return ConfigError(message, where=f"{self.file}: {self.key(name)}", fix=fix)
+
+    def get(self, name: str, typ: type, *, default: Any = ..., pattern: re.Pattern[str] | None = None,
+            what: str = "") -> Any:
+        self.seen.add(name)
+        if name not in self.table:
+            if default is ...:
+                raise ConfigError("missing required key", where=f"{self.file}: {self.key(name)}")
+            return default
+        value = self.table[name]
+        if typ is tuple:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise self.error(name, f"expected a list of strings, got {value!r}")
+            return tuple(value)
+        if not isinstance(value, typ) or (typ is str and isinstance(value, bool)):
+            raise self.error(name, f"expected {typ.__name__}, got {type(value).__name__} {value!r}")
+        if pattern is not None and not pattern.fullmatch(value):
+            raise self.error(name, f"{value!r} is not {what}")
+        return value
+
+    def table_at(self, name: str) -> _Reader:
+        self.seen.add(name)
+        value = self.table.get(name)
+        if not isinstance(value, dict):
+            raise ConfigError(
+                "missing table" if value is None else f"expected a table, got {value!r}",
+                where=f"{self.file}: {self.key(name)}",
+            )
+        return _Reader(self.file, value, self.key(name))
+
+    def finish(self) -> None:
+        for name in self.table:
+            if name not in self.seen:
+                raise self.error(name, "unknown key", _suggest(name, sorted(self.seen)) or None)
+
+
+def _version(r: _Reader, name: str) -> str:
+    value: str = r.get(name, str)
+    try:
+        parsed = Version(value)
+    except InvalidVersion as exc:
+        raise r.error(name, f"{value!r} is not a valid PEP 440 version") from exc
+    if parsed.local is not None:
+        raise r.error(name, "the upstream version must not carry a local label",
+                      "put the label in local_label")
+    return value
+
+
+_PROJECT_KEYS = ("distribution", "version", "local_label", "package_root", "series", "source",
+                 "requires", "git", "sdist", "version_stamp")
+
+
+def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
+    r = _Reader(file, table, f"projects.{key}")
+    for name in table:
+        if name not in _PROJECT_KEYS:
+            raise r.error(name, "unknown key", _suggest(name, list(_PROJECT_KEYS)) or None)
+    distribution = r.get("distribution", str, pattern=_NAME, what="a distribution name")
+    version = _version(r, "version")
+    local_label = r.get("local_label", str, pattern=_LOCAL,
+                        what="a PEP 440 local label (lower-case letters, digits, '.')")
+    package_root = r.get("package_root", str)
+    if package_root.startswith("/") or ".." in Path(package_root).parts:
+        raise r.error("package_root", "must be a relative path inside the repository")
+    series = r.get("series", str)
+    source = r.get("source", str, default="sdist")
+    if source not in SOURCE_KINDS:
+        raise r.error("source", f"unknown source kind {source!r}",
+                      _suggest(source, list(SOURCE_KINDS)) or "use 'sdist' or 'git'")
+    requires = r.get("requires", tuple, default=())
+
+    g = r.table_at("git")
+    git_pin = GitPin(
+        url=g.get("url", str),
+        tag=g.get("tag", str),
+        commit=g.get("commit", str, pattern=_SHA1, what="a full 40-hex commit SHA (lower case)"),
+        commit_verified=g.get("commit_verified", bool, default=True),
+        note=g.get("note", str, default=""),
+    )
+    g.finish()
+
+    s = r.table_at("sdist")
+    sdist_pin = SdistPin(
+        filename=s.get("filename", str),
+        sha256=s.get("sha256", str, pattern=_SHA256, what="a sha256 (64 lower-case hex digits)"),
+        url=s.get("url", str, default=""),
+    )
+    s.finish()
+    if not sdist_pin.filename.endswith((".tar.gz", ".zip")):
+        raise s.error("filename", "an sdist must be a .tar.gz or .zip")
+
+    v = r.table_at("version_stamp")
+    stamp = VersionStamp(file=v.get("file", str, default=""), env=v.get("env", str, default=""))
+    v.finish()
+    if bool(stamp.file) == bool(stamp.env):
+        raise ConfigError("set exactly one of 'file' or 'env'",
+                          where=f"{file}: projects.{key}.version_stamp")
+    r.finish()
+    return Project(
+        key=key, distribution=distribution, version=version, local_label=local_label,
+        package_root=package_root, series=series, source=source, git=git_pin,
+        sdist=sdist_pin, version_stamp=stamp, requires=requires,
+    )
+
+
+def load_stack(file: Path) -> Stack:
+    """Load and validate one stack declaration."""
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError("no such declaration file", where=str(file)) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}", where=str(file)) from exc
+    top = _Reader(file, data, "")
+    st = top.table_at("stack")
+    name = st.get("name", str, pattern=_NAME, what="a stack name")
+    if name != file.stem:
+        raise st.error("name", f"stack name {name!r} differs from the file name {file.stem!r}")
+    description = st.get("description", str, default="")
+    default = st.get("default", bool, default=False)
+    st.finish()
+    projects_table = top.table_at("projects")
+    top.finish()
+    if not projects_table.table:
+        raise ConfigError("a stack needs at least one project", where=f"{file}: projects")
+    projects: list[Project] = []
+    for key, table in projects_table.table.items():
+        if not isinstance(table, dict):
+            raise projects_table.error(key, "expected a table")
+        projects.append(_project(file, key, table))
+    keys = [p.key for p in projects]
+    for i, p in enumerate(projects):
+        for dep in p.requires:
+            if dep not in keys:
+                raise ConfigError(f"unknown project {dep!r}", where=f"{file}: projects.{p.key}.requires",
+                                  fix=_suggest(dep, keys) or None)
+            if keys.index(dep) >= i:
+                raise ConfigError(f"{dep!r} must be declared before {p.key!r}",
+                                  where=f"{file}: projects.{p.key}.requires")
+    return Stack(name=name, description=description, default=default,
+                 projects=tuple(projects), path=file)
+
+
+def load_stacks(forks_dir: Path) -> dict[str, Stack]:
+    """All stacks under ``forks_dir``, checking that exactly one is the default."""
+    files = sorted(forks_dir.glob("*.toml"))
+    if not files:
+        raise ConfigError("no stack declarations (*.toml)", where=str(forks_dir))
+    stacks = {s.name: s for s in (load_stack(f) for f in files)}
+    defaults = [s.name for s in stacks.values() if s.default]
+    if len(defaults) != 1:
+        raise ConfigError(f"exactly one stack must set default = true, found {defaults or 'none'}",
+                          where=str(forks_dir))
+    return stacks
+
+
+def select_stack(stacks: Mapping[str, Stack], name: str | None) -> Stack:
+    if name is None:
+        return next(s for s in stacks.values() if s.default)
+    if name not in stacks:
+        raise ConfigError(f"unknown stack {name!r}",
+                          fix=_suggest(name, list(stacks)) or f"choose one of: {', '.join(stacks)}")
+    return stacks[name]

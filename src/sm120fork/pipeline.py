@@ -1,0 +1,214 @@
+"""``build``: pinned upstream -> patched tree -> wheel -> artifact check -> wheels/.
+
+Work is cached per project under ``.forks/builds/<stack>/<project>/<key>``, the key
+hashing the pin, the source digest and the series digest: a second build with nothing
+changed touches no git tree, and changing one project's series rebuilds only that one.
+``wheels/`` is updated only after every project built and passed, file by file with
+atomic renames, manifest last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from sm120fork import __version__
+from sm120fork.build import build_wheel, wheel_requirements
+from sm120fork.declare import Project, Stack
+from sm120fork.errors import BuildError
+from sm120fork.fetch import Progress, sha256_file, source_key
+from sm120fork.series import Series, load_series
+from sm120fork.tree import prepare_tree
+from sm120fork.verify import check_wheel, require_passed
+from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+MANIFEST = "manifest.json"
+CONSTRAINTS = "constraints.txt"
+ENTRY = "entry.json"
+#: Bump when the way wheels are produced changes, to invalidate build caches.
+BUILD_RECIPE = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectBuild:
+    project: str
+    distribution: str
+    upstream_version: str
+    version: str
+    wheel: Path
+    sha256: str
+    cached: bool
+    seconds: float
+    entry: dict[str, Any]
+
+
+def cache_key(project: Project, series: Series, kind: str) -> str:
+    payload = json.dumps({
+        "recipe": BUILD_RECIPE,
+        "project": asdict(project),
+        "source": source_key(project, kind),
+        "series": series.digest,
+    }, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _load_entry(entry_dir: Path) -> dict[str, Any] | None:
+    try:
+        entry: dict[str, Any] = json.loads((entry_dir / ENTRY).read_text())
+    except (OSError, ValueError):
+        return None
+    wheel = entry_dir / str(entry.get("wheel", ""))
+    if not wheel.is_file() or sha256_file(wheel) != entry.get("sha256"):
+        return None
+    return entry
+
+
+def build_project(ws: Workspace, stack: Stack, project: Project, *, force: bool = False,
+                  rebuild: bool = False, progress: Progress | None = None) -> ProjectBuild:
+    start = time.monotonic()
+    series = load_series(ws.series_dir(project))
+    kind = project.source
+    key = cache_key(project, series, kind)
+    entry_dir = ws.build_cache(stack, project) / key
+    entry = None if rebuild else _load_entry(entry_dir)
+    if entry is not None:
+        log.info("%s: inputs unchanged, reusing %s", project.key, entry["wheel"])
+        return ProjectBuild(project=project.key, distribution=project.distribution,
+                            upstream_version=project.version, version=project.local_version,
+                            wheel=entry_dir / entry["wheel"], sha256=entry["sha256"],
+                            cached=True, seconds=time.monotonic() - start, entry=entry)
+    tree = prepare_tree(ws, stack, project, patches=series.patches, force=force,
+                        progress=progress)
+    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=ws.state_dir))
+    try:
+        wheel = build_wheel(project, tree.repo, staging)
+        results = check_wheel(wheel, project, series, tree.repo)
+        require_passed(results, project)
+        digest = sha256_file(wheel)
+        entry = {
+            "project": project.key,
+            "distribution": project.distribution,
+            "upstream_version": project.version,
+            "version": project.local_version,
+            "upstream_commit": project.git.commit,
+            "upstream_commit_verified": project.git.commit_verified,
+            "source": {"kind": kind, "digest": tree.state.source.split(":", 1)[1],
+                       "filename": project.sdist.filename if kind == "sdist" else None,
+                       "url": project.git.url if kind == "git" else None},
+            "series": project.series,
+            "series_digest": series.digest,
+            "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject,
+                         "applied_upstream": p.applied_upstream}
+                        for p in series.patches],
+            "patched_commit": tree.state.head,
+            "tree": tree.repo.tree_hash(),
+            "wheel": wheel.name,
+            "sha256": digest,
+            "artifact_check": [r.to_json() for r in results],
+            "toolkit_version": __version__,
+        }
+        _atomic_write(staging / ENTRY, json.dumps(entry, indent=2) + "\n")
+        if entry_dir.exists():
+            shutil.rmtree(entry_dir)
+        entry_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging, entry_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ProjectBuild(project=project.key, distribution=project.distribution,
+                        upstream_version=project.version, version=project.local_version,
+                        wheel=entry_dir / wheel.name, sha256=digest, cached=False,
+                        seconds=time.monotonic() - start, entry=entry)
+
+
+def check_requirements(stack: Stack, builds: list[ProjectBuild]) -> None:
+    """Each wheel's requirement on a sibling project must accept our build of it."""
+    ours = {canonicalize_name(b.distribution): b for b in builds}
+    for b in builds:
+        for req in wheel_requirements(b.wheel):
+            target = ours.get(canonicalize_name(req.name))
+            if target is None or req.marker is not None and not req.marker.evaluate(
+                    {"extra": ""}):
+                continue
+            if not req.specifier.contains(Version(target.version), prereleases=True):
+                raise BuildError(
+                    f"{b.wheel.name} requires {req}, which rejects our {target.version}",
+                    where=f"stack {stack.name}",
+                    fix="align the local label or the dependency pin")
+
+
+def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild]) -> Path:
+    """Place wheels, constraints.txt and manifest.json into wheels/ atomically."""
+    out = ws.wheels_dir
+    out.mkdir(parents=True, exist_ok=True)
+    for b in builds:
+        dest = out / b.wheel.name
+        if dest.is_file() and sha256_file(dest) == b.sha256:
+            continue
+        fd, tmp = tempfile.mkstemp(prefix=f".{b.wheel.name}.", dir=out)
+        os.close(fd)
+        shutil.copyfile(b.wheel, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    constraints = "".join(f"{b.distribution}=={b.version}\n" for b in builds)
+    _atomic_write(out / CONSTRAINTS,
+                  f"# {stack.name}: pip install -c wheels/{CONSTRAINTS} wheels/*.whl\n"
+                  + constraints)
+    manifest = {
+        "toolkit_version": __version__,
+        "stack": stack.name,
+        "wheels": [b.entry for b in builds],
+    }
+    new_text = json.dumps(manifest, indent=2) + "\n"
+    old = out / MANIFEST
+    if not old.is_file() or old.read_text() != new_text:
+        _atomic_write(old, new_text)
+    keep = {b.wheel.name for b in builds}
+    for stale in out.glob("*.whl"):
+        if stale.name not in keep:
+            stale.unlink()
+    return out
+
+
+def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bool = False,
+                only: list[str] | None = None,
+                progress: Callable[[str], Progress | None] | None = None,
+                lock_timeout: float = -1) -> list[ProjectBuild]:
+    """Build every project of ``stack`` (or ``only`` those) and publish to wheels/."""
+    projects = [stack.project(k) for k in only] if only else list(stack.projects)
+    with ws.lock(lock_timeout):
+        builds = [build_project(ws, stack, p, force=force, rebuild=rebuild,
+                                progress=progress(p.key) if progress else None)
+                  for p in projects]
+        check_requirements(stack, builds)
+        if not only:
+            publish(ws, stack, builds)
+    return builds
+
+
+def load_manifest(ws: Workspace) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads((ws.wheels_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return data

@@ -1,0 +1,198 @@
+"""A patch series: a quilt-style ``series`` file plus ``git format-patch`` files.
+
+Order comes only from the ``series`` file.  Each patch carries a DEP-3 header in its
+commit message, including ``Fingerprint`` lines that the artifact check looks for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from sm120fork.errors import SeriesError
+
+REQUIRED_FIELDS = ("Description", "Origin", "Forwarded", "Last-Update")
+KNOWN_FIELDS = (*REQUIRED_FIELDS, "Applied-Upstream", "Bug", "Bug-Upstream", "Author",
+                "Reviewed-by", "Fingerprint", "Subject")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_DIFF = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+_FIELD = re.compile(r"^([A-Za-z][A-Za-z-]*):(?: (.*))?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fingerprint:
+    path: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.text}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Patch:
+    name: str
+    path: Path
+    subject: str
+    fields: tuple[tuple[str, str], ...]
+    fingerprints: tuple[Fingerprint, ...]
+    files: tuple[str, ...]
+    sha256: str
+
+    def field(self, name: str) -> str:
+        return next((v for k, v in self.fields if k.lower() == name.lower()), "")
+
+    @property
+    def description(self) -> str:
+        return self.field("Description")
+
+    @property
+    def applied_upstream(self) -> str:
+        return self.field("Applied-Upstream")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Series:
+    directory: Path
+    patches: tuple[Patch, ...]
+
+    @property
+    def digest(self) -> str:
+        """Content hash of the series: order and every patch's bytes."""
+        h = hashlib.sha256()
+        for p in self.patches:
+            h.update(f"{p.name}\0{p.sha256}\n".encode())
+        return h.hexdigest()
+
+    def names(self) -> list[str]:
+        return [p.name for p in self.patches]
+
+
+def _split_message(text: str, where: str) -> tuple[str, list[str]]:
+    """Return (subject, body lines) of a format-patch file."""
+    lines = text.splitlines()
+    subject: list[str] = []
+    i = 0
+    in_subject = False
+    while i < len(lines) and lines[i] != "":
+        line = lines[i]
+        if line.startswith("Subject: "):
+            subject = [line[len("Subject: "):]]
+            in_subject = True
+        elif in_subject and line.startswith((" ", "\t")):
+            subject.append(line.strip())
+        else:
+            in_subject = False
+        i += 1
+    if not subject:
+        raise SeriesError("not a git format-patch file (no Subject header)", where=where)
+    subj = " ".join(subject)
+    subj = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subj)
+    body: list[str] = []
+    for line in lines[i + 1:]:
+        if line == "---" or line.startswith("diff --git "):
+            break
+        body.append(line)
+    return subj, body
+
+
+def parse_dep3(body: list[str], where: str) -> list[tuple[str, str]]:
+    """Parse the DEP-3 paragraph (the last block of ``Field: value`` lines) of a message."""
+    fields: list[tuple[str, str]] = []
+    for line in body:
+        if not line.strip():
+            if fields:
+                # A blank line after the paragraph ends it only if more text follows.
+                continue
+            continue
+        m = _FIELD.match(line)
+        if m and (m.group(1) in KNOWN_FIELDS or m.group(1).startswith("X-")):
+            fields.append((m.group(1), (m.group(2) or "").strip()))
+        elif line.startswith(" ") and fields:
+            name, value = fields[-1]
+            cont = line[1:]
+            fields[-1] = (name, f"{value}\n{'' if cont.strip() == '.' else cont}".strip("\n"))
+        elif fields:
+            raise SeriesError(f"unexpected line in the DEP-3 header: {line!r}", where=where,
+                              fix="continuation lines start with one space")
+    return fields
+
+
+def parse_patch(path: Path) -> Patch:
+    where = str(path)
+    data = path.read_bytes()
+    text = data.decode("utf-8", errors="replace")
+    subject, body = _split_message(text, where)
+    fields = parse_dep3(body, where)
+    names = [k for k, _ in fields]
+    for required in REQUIRED_FIELDS:
+        if required not in names:
+            close = [n for n in names if n.lower() == required.lower()]
+            raise SeriesError(f"DEP-3 header lacks {required!r}", where=where,
+                              fix=f"rename {close[0]!r} to {required!r}" if close else
+                              "see patches/README.md")
+    last_update = next(v for k, v in fields if k == "Last-Update")
+    if not _DATE.fullmatch(last_update):
+        raise SeriesError(f"Last-Update {last_update!r} is not YYYY-MM-DD", where=where)
+    fingerprints: list[Fingerprint] = []
+    for key, value in fields:
+        if key != "Fingerprint":
+            continue
+        fpath, sep, ftext = value.partition(": ")
+        if not sep or not fpath or not ftext.strip():
+            raise SeriesError(f"malformed Fingerprint {value!r}", where=where,
+                              fix="write 'Fingerprint: <path>: <text>'")
+        fingerprints.append(Fingerprint(path=fpath.strip(), text=ftext))
+    if not fingerprints:
+        raise SeriesError("no Fingerprint field", where=where,
+                          fix="name a string the patch puts into a shipped file")
+    files = tuple(dict.fromkeys(m.group(2) for m in _DIFF.finditer(text)))
+    if not files:
+        raise SeriesError("patch changes no file", where=where)
+    for fp in fingerprints:
+        if fp.path not in files:
+            raise SeriesError(f"Fingerprint names {fp.path}, which the patch does not change",
+                              where=where)
+    return Patch(name=path.name, path=path, subject=subject, fields=tuple(fields),
+                 fingerprints=tuple(fingerprints), files=files,
+                 sha256=hashlib.sha256(data).hexdigest())
+
+
+def read_series_file(directory: Path) -> list[str]:
+    series_file = directory / "series"
+    if not series_file.is_file():
+        raise SeriesError("no series file", where=str(directory),
+                          fix="create 'series' listing the patches in order")
+    names: list[str] = []
+    for lineno, raw in enumerate(series_file.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name = line.split()[0]
+        if "/" in name or name in names:
+            raise SeriesError(f"bad entry {name!r}" + (" (listed twice)" if name in names else ""),
+                              where=f"{series_file}:{lineno}")
+        if len(line.split()) > 1:
+            raise SeriesError("patch options are not supported (only exact -p1 patches)",
+                              where=f"{series_file}:{lineno}")
+        names.append(name)
+    return names
+
+
+def load_series(directory: Path) -> Series:
+    """Load a series, refusing one that disagrees with the patch files on disk."""
+    if not directory.is_dir():
+        raise SeriesError("series directory does not exist", where=str(directory))
+    names = read_series_file(directory)
+    on_disk = {p.name for p in directory.glob("*.patch")}
+    missing = [n for n in names if not (directory / n).is_file()]
+    if missing:
+        raise SeriesError(f"listed in series but missing: {', '.join(missing)}",
+                          where=str(directory / "series"))
+    unlisted = sorted(on_disk - set(names))
+    if unlisted:
+        raise SeriesError(f"patch files not listed in series: {', '.join(unlisted)}",
+                          where=str(directory / "series"),
+                          fix="add them to series in the right order, or delete them")
+    return Series(directory=directory, patches=tuple(parse_patch(directory / n) for n in names))

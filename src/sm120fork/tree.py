@@ -1,0 +1,141 @@
+"""Fork work trees: pinned upstream plus a series, re-created only when inputs change.
+
+State lives in ``.git/sm120fork-state.json`` of each work tree.  A tree whose HEAD or
+files differ from what the toolkit left there holds someone's local work and is never
+reset without ``force``; a tree the toolkit left mid-way (interrupted run) is recovered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sm120fork.declare import Project, Stack
+from sm120fork.errors import CommandError, DirtyTreeError
+from sm120fork.fetch import (
+    Progress,
+    download_sdist,
+    init_from_git,
+    init_from_sdist,
+    source_key,
+)
+from sm120fork.patch import apply_series
+from sm120fork.proc import Git
+from sm120fork.series import Patch, Series
+from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+STATE_FILE = "sm120fork-state.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TreeState:
+    source: str
+    base: str
+    series: str
+    head: str
+    applied: tuple[str, ...]
+    complete: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tree:
+    path: Path
+    repo: Git
+    state: TreeState
+    reused: bool
+
+
+def _state_path(work: Path) -> Path:
+    return work / ".git" / STATE_FILE
+
+
+def read_state(work: Path) -> TreeState | None:
+    try:
+        data = json.loads(_state_path(work).read_text())
+        data["applied"] = tuple(data.get("applied", ()))
+        return TreeState(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_state(work: Path, state: TreeState) -> None:
+    path = _state_path(work)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(state), indent=1))
+    tmp.replace(path)
+
+
+def patches_digest(patches: Sequence[Patch]) -> str:
+    return Series(directory=Path(), patches=tuple(patches)).digest
+
+
+def _local_changes(work: Path, state: TreeState | None) -> str | None:
+    """Why ``work`` holds work the toolkit did not make, or None."""
+    try:
+        repo = Git(work)
+    except CommandError:
+        return "it is not a git repository"
+    if state is None:
+        return "it has no toolkit state (made by hand?)"
+    if not state.complete:
+        return None  # an interrupted toolkit run: safe to recover
+    try:
+        if repo.is_dirty():
+            return "it has uncommitted changes"
+        if repo.head() != state.head:
+            return "its HEAD moved (local commits)"
+    except CommandError:
+        return "git cannot read it"
+    return None
+
+
+def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
+                 patches: Sequence[Patch] | None = None, variant: str = "",
+                 force: bool = False, source: str | None = None, git_url: str | None = None,
+                 progress: Progress | None = None) -> Tree:
+    """Make ``work`` = pinned upstream + ``patches`` (default: the whole series)."""
+    if patches is None:
+        from sm120fork.series import load_series
+
+        patches = load_series(ws.series_dir(project)).patches
+    work = ws.work_tree(stack, project, variant)
+    kind = source or project.source
+    skey = source_key(project, kind)
+    digest = patches_digest(patches)
+    state = read_state(work) if work.exists() else None
+    if work.exists():
+        why = _local_changes(work, state)
+        if why and not force:
+            raise DirtyTreeError(
+                f"the fork work tree has local work: {why}", where=str(work),
+                fix="keep it with 'nox -s refresh', or pass --force to discard it")
+        if why:
+            log.warning("discarding local work in %s (--force): %s", work, why)
+            shutil.rmtree(work)
+            state = None
+    if state and state.complete and state.source == skey and state.series == digest:
+        return Tree(path=work, repo=Git(work), state=state, reused=True)
+    if state is None or state.source != skey:
+        work.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "sdist":
+            sdist = download_sdist(project, ws.sdist_cache, progress)
+            info = init_from_sdist(project, sdist, work)
+        else:
+            info = init_from_git(project, work, git_url)
+        base = info.base_commit
+    else:
+        base = state.base
+    repo = Git(work)
+    write_state(work, TreeState(source=skey, base=base, series=digest, head="",
+                                applied=(), complete=False))
+    series = Series(directory=ws.series_dir(project), patches=tuple(patches))
+    head = apply_series(repo, series, stack=stack.name, project=project.key)
+    new_state = TreeState(source=skey, base=base, series=digest, head=head,
+                          applied=tuple(p.name for p in patches))
+    write_state(work, new_state)
+    return Tree(path=work, repo=repo, state=new_state, reused=False)

@@ -1,0 +1,91 @@
+"""The artifact check: every patch's effect must reach the wheel we ship.
+
+For each ``Fingerprint: <path>: <text>`` of each patch: the text is present in the file
+that ships in the built wheel (the member whose path ends with the path relative to the
+package root) and absent from the same file in unpatched upstream.  A patch that applies
+to the source but never reaches the wheel fails the build.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from sm120fork.declare import Project
+from sm120fork.errors import ArtifactCheckError, CommandError
+from sm120fork.fetch import UPSTREAM_TAG
+from sm120fork.proc import Git
+from sm120fork.series import Fingerprint, Series
+
+
+@dataclass(frozen=True, kw_only=True)
+class FingerprintResult:
+    patch: str
+    path: str
+    text: str
+    member: str
+    in_wheel: bool
+    in_upstream: bool
+
+    @property
+    def passed(self) -> bool:
+        return self.in_wheel and not self.in_upstream
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "passed": self.passed}
+
+
+def wheel_members(zf: zipfile.ZipFile, project: Project, path: str) -> list[str]:
+    """Wheel members that ship the upstream file ``path``."""
+    rel = project.package_path(path)
+    if rel is None:
+        return []
+    names = zf.namelist()
+    if rel in names:
+        return [rel]
+    return [n for n in names if n.endswith("/" + rel)]
+
+
+def upstream_text(repo: Git, path: str, rev: str = UPSTREAM_TAG) -> str:
+    try:
+        return repo("show", f"{rev}:{path}", quiet=True, strip=False)
+    except CommandError:
+        return ""  # the patch adds the file
+
+
+def check_fingerprint(zf: zipfile.ZipFile, project: Project, patch: str, fp: Fingerprint,
+                      upstream: str) -> FingerprintResult:
+    members = wheel_members(zf, project, fp.path)
+    in_wheel = bool(members) and all(
+        fp.text in zf.read(m).decode("utf-8", errors="replace") for m in members)
+    return FingerprintResult(patch=patch, path=fp.path, text=fp.text,
+                             member=", ".join(members) or "(not in wheel)",
+                             in_wheel=in_wheel, in_upstream=fp.text in upstream)
+
+
+def check_wheel(wheel: Path, project: Project, series: Series, repo: Git,
+                base: str = UPSTREAM_TAG) -> list[FingerprintResult]:
+    results: list[FingerprintResult] = []
+    with zipfile.ZipFile(wheel) as zf:
+        for patch in series.patches:
+            for fp in patch.fingerprints:
+                results.append(check_fingerprint(zf, project, patch.name, fp,
+                                                 upstream_text(repo, fp.path, base)))
+    return results
+
+
+def require_passed(results: list[FingerprintResult], project: Project) -> None:
+    failed = [r for r in results if not r.passed]
+    if not failed:
+        return
+    lines = []
+    for r in failed:
+        why = ("already present in unpatched upstream" if r.in_upstream
+               else f"missing from the wheel ({r.member})")
+        lines.append(f"{r.patch}: {r.path}: {r.text!r}: {why}")
+    raise ArtifactCheckError(
+        f"{len(failed)} fingerprint(s) failed: " + "; ".join(lines),
+        where=f"project {project.key}",
+        fix="a patch that never reaches the wheel, or whose fingerprint upstream already has, "
+            "needs a better fingerprint or a fix")
