@@ -1,0 +1,64 @@
+"""A complete toolkit workspace around tiny upstream projects."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from conftest import Upstream, make_patch, make_upstream, stack_toml, write_series
+
+from sm120fork.workspace import Workspace
+
+STACK = "demo"
+
+
+@dataclass
+class DemoWorkspace:
+    ws: Workspace
+    lib: Upstream
+    app: Upstream
+
+    def series_dir(self, key: str) -> Path:
+        return self.ws.root / "patches" / STACK / key
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def project_entry(key: str, up: Upstream, **extra: str) -> dict[str, str]:
+    entry = {
+        "key": key, "distribution": up.name, "version": up.version, "commit": up.commit,
+        "filename": up.sdist.name, "sha256": sha256(up.sdist), "url": up.sdist.as_uri(),
+        "stamp": f"{up.pkg}/_version.py", "git_url": str(up.repo),
+    }
+    entry.update(extra)
+    return entry
+
+
+def make_demo(tmp_path: Path) -> DemoWorkspace:
+    """Two projects: demo-lib (two patches) and demo-app, which pins demo-lib==1.2.3."""
+    upstreams = tmp_path / "upstreams"
+    lib = make_upstream(upstreams, "demo-lib", "1.2.3")
+    app = make_upstream(upstreams, "demo-app", "0.9.0", deps='"demo-lib==1.2.3"')
+    root = tmp_path / "toolkit"
+    (root / "forks").mkdir(parents=True)
+    (root / "forks" / f"{STACK}.toml").write_text(stack_toml(STACK, [
+        project_entry("lib", lib),
+        project_entry("app", app, requires='requires = ["lib"]'),
+    ]))
+    lib_dir = root / "patches" / STACK / "lib"
+    p1 = make_patch(lib.repo, lib_dir, "F1 gate: allow 12", {
+        "demo_lib/__init__.py": ("return [9, 10]", "return [9, 10, 12]")},
+        "demo_lib/__init__.py: return [9, 10, 12]")
+    p2 = make_patch(lib.repo, lib_dir, "F3 guards: drop the 1200 exclusion", {
+        "demo_lib/kernel.cuh": (" && __CUDA_ARCH__ < 1200", "  // SM12x: guard removed")},
+        "demo_lib/kernel.cuh: // SM12x: guard removed")
+    write_series(lib_dir, [p1.name, p2.name])
+    app_dir = root / "patches" / STACK / "app"
+    p3 = make_patch(app.repo, app_dir, "S1 gate", {
+        "demo_app/__init__.py": ("return [9, 10]", "return [9, 10, 12]  # sm12x")},
+        "demo_app/__init__.py: return [9, 10, 12]  # sm12x")
+    write_series(app_dir, [p3.name])
+    return DemoWorkspace(ws=Workspace(root), lib=lib, app=app)
