@@ -27,7 +27,7 @@ def _git_isolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         monkeypatch.setenv(f"{var}_EMAIL", "test@example.invalid")
         monkeypatch.setenv(f"{var}_DATE", FIXED_DATE)
     monkeypatch.delenv("SM120FORK_ROOT", raising=False)
-    yield
+    return
 
 
 def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:

@@ -6,9 +6,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import Upstream, make_patch, make_upstream, stack_toml, write_series
-
 from sm120fork.workspace import Workspace
+
+from conftest import Upstream, make_patch, make_upstream, stack_toml, write_series
 
 STACK = "demo"
 

@@ -130,8 +130,8 @@ class _Reader:
     def error(self, name: str, message: str, fix: str | None = None) -> ConfigError:
         return ConfigError(message, where=f"{self.file}: {self.key(name)}", fix=fix)
 
-    def get(self, name: str, typ: type, *, default: Any = ..., pattern: re.Pattern[str] | None = None,
-            what: str = "") -> Any:
+    def get(self, name: str, typ: type, *, default: Any = ...,
+            pattern: re.Pattern[str] | None = None, what: str = "") -> Any:
         self.seen.add(name)
         if name not in self.table:
             if default is ...:
@@ -262,7 +262,8 @@ def load_stack(file: Path) -> Stack:
     for i, p in enumerate(projects):
         for dep in p.requires:
             if dep not in keys:
-                raise ConfigError(f"unknown project {dep!r}", where=f"{file}: projects.{p.key}.requires",
+                raise ConfigError(f"unknown project {dep!r}",
+                                  where=f"{file}: projects.{p.key}.requires",
                                   fix=_suggest(dep, keys) or None)
             if keys.index(dep) >= i:
                 raise ConfigError(f"{dep!r} must be declared before {p.key!r}",

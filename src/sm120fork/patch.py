@@ -13,7 +13,6 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from sm120fork.errors import CommandError, PatchError
 from sm120fork.fetch import UPSTREAM_TAG

@@ -147,8 +147,8 @@ def check_requirements(stack: Stack, builds: list[ProjectBuild]) -> None:
     for b in builds:
         for req in wheel_requirements(b.wheel):
             target = ours.get(canonicalize_name(req.name))
-            if target is None or req.marker is not None and not req.marker.evaluate(
-                    {"extra": ""}):
+            if target is None or (req.marker is not None and not req.marker.evaluate(
+                    {"extra": ""})):
                 continue
             if not req.specifier.contains(Version(target.version), prereleases=True):
                 raise BuildError(

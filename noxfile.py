@@ -1,0 +1,82 @@
+"""The front door.  Sessions stay thin: install, then call ``python -m sm120fork``."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
+PYTHON = "3.11"
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Patched wheels of the default stack (or --stack NAME) into wheels/."""
+    session.install("-q", ".")
+    session.run("python", "-m", "sm120fork", "build", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The test suite (everything that runs on a CPU machine; -m 'not network' offline)."""
+    session.install("-q", "-e", ".[test]", "-r", "tests/requirements.txt")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff and mypy --strict over the package, the tests and this file."""
+    session.install("-q", "-e", ".[lint]", "-r", "tests/requirements.txt")
+    session.run("ruff", "check", "src", "tests", "noxfile.py", "benchmarks")
+    session.run("mypy")
+
+
+@nox.session(python=PYTHON)
+def verify_sm120(session: nox.Session) -> None:
+    """Compile-and-inspect proof of the series for sm_120a/sm_121a -> reports/sm120/."""
+    session.install("-q", ".", "-r", "src/sm120fork/proof_requirements.txt",
+                    "-r", "src/sm120fork/verify_requirements.txt")
+    session.run("python", "-m", "sm120fork", "verify-sm120", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def gpu_test(session: nox.Session) -> None:
+    """Multi-rank fusion correctness on this machine's GPUs (A/B patched vs upstream)."""
+    session.install("-q", ".[gpu]")
+    session.run("python", "-m", "sm120fork.gpu", "test", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Fused vs unfused all-reduce latency on this machine's GPUs."""
+    session.install("-q", ".[gpu]")
+    session.run("python", "-m", "sm120fork.gpu", "bench", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def status(session: nox.Session) -> None:
+    """One table for every stack and patch (--json for machines)."""
+    session.install("-q", ".")
+    session.run("python", "-m", "sm120fork", "status", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bump(session: nox.Session) -> None:
+    """Re-pin a project: nox -s bump -- <stack> <project> <version|sha>."""
+    session.install("-q", ".")
+    session.run("python", "-m", "sm120fork", "bump", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def refresh(session: nox.Session) -> None:
+    """Export a fork tree's commits back into its series: nox -s refresh -- <stack> <project>."""
+    session.install("-q", ".")
+    session.run("python", "-m", "sm120fork", "refresh", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def upstream_pr(session: nox.Session) -> None:
+    """Prepare (never push) an upstream PR: nox -s upstream_pr -- <stack> <project>."""
+    session.install("-q", ".")
+    session.run("python", "-m", "sm120fork", "upstream-pr", *session.posargs)

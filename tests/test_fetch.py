@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from sm120fork.errors import ChecksumError, SourceError, UnsafeArchiveError
+from sm120fork.fetch import download_sdist, init_from_git, safe_extract
+
+from helpers_ws import STACK, make_demo, sha256
+
+
+def tarball(path: Path, members: list[tarfile.TarInfo]) -> Path:
+    with tarfile.open(path, "w:gz") as tf:
+        for m in members:
+            data = b"x" if m.isfile() else None
+            if data:
+                m.size = len(data)
+            tf.addfile(m, io.BytesIO(data) if data else None)
+    return path
+
+
+def info(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    m = tarfile.TarInfo(name)
+    m.type = kind
+    m.linkname = link
+    return m
+
+
+@pytest.mark.parametrize("members", [
+    [info("pkg-1/a.py"), info("/etc/evil")],
+    [info("pkg-1/a.py"), info("pkg-1/../../evil")],
+    [info("pkg-1/a.py"), info("pkg-1/link", tarfile.SYMTYPE, "../../outside")],
+    [info("pkg-1/a.py"), info("pkg-1/abs", tarfile.SYMTYPE, "/etc/passwd")],
+    [info("pkg-1/a.py"), info("pkg-1/hard", tarfile.LNKTYPE, "../x")],
+    [info("pkg-1/a.py"), info("pkg-1/dev", tarfile.CHRTYPE)],
+])
+def test_escaping_entries_are_refused_before_writing(tmp_path: Path,
+                                                     members: list[tarfile.TarInfo]) -> None:
+    archive = tarball(tmp_path / "bad.tar.gz", members)
+    dest = tmp_path / "out"
+    with pytest.raises(UnsafeArchiveError):
+        safe_extract(archive, dest)
+    assert not any(dest.rglob("*"))
+    assert not (tmp_path / "evil").exists()
+
+
+def test_links_inside_the_tree_are_fine(tmp_path: Path) -> None:
+    archive = tarball(tmp_path / "ok.tar.gz", [
+        info("pkg-1/a.py"), info("pkg-1/sub", tarfile.DIRTYPE),
+        info("pkg-1/sub/l", tarfile.SYMTYPE, "../a.py")])
+    top = safe_extract(archive, tmp_path / "out")
+    assert top.name == "pkg-1"
+    assert (top / "sub" / "l").resolve() == (top / "a.py").resolve()
+
+
+def test_download_checks_sha256_and_keeps_nothing_on_mismatch(tmp_path: Path) -> None:
+    demo = make_demo(tmp_path)
+    project = demo.ws.stack(STACK).project("lib")
+    cache = tmp_path / "cache"
+    got = download_sdist(project, cache)
+    assert sha256(got) == project.sdist.sha256
+    bad = replace(project, sdist=replace(project.sdist, sha256="0" * 64))
+    got.unlink()
+    with pytest.raises(ChecksumError, match="sha256 mismatch"):
+        download_sdist(bad, cache)
+    assert list(cache.iterdir()) == []
+
+
+class _Index(BaseHTTPRequestHandler):
+    files: ClassVar[dict[str, bytes]] = {}
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/simple/demo-lib/"):
+            body = json.dumps({"files": [
+                {"filename": name, "url": f"/files/{name}",
+                 "hashes": {"sha256": __import__("hashlib").sha256(data).hexdigest()}}
+                for name, data in self.files.items()]}).encode()
+        elif self.path.startswith("/files/") and self.path[7:] in self.files:
+            body = self.files[self.path[7:]]
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def index(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Index]]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Index)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("SM120FORK_INDEX_URL", f"http://127.0.0.1:{server.server_port}/simple")
+    yield _Index
+    server.shutdown()
+    server.server_close()
+
+
+def test_index_resolution_and_unknown_version(tmp_path: Path, index: type[_Index]) -> None:
+    demo = make_demo(tmp_path)
+    project = demo.ws.stack(STACK).project("lib")
+    project = replace(project, sdist=replace(project.sdist, url=""))
+    index.files = {project.sdist.filename: demo.lib.sdist.read_bytes()}
+    progress: list[int] = []
+    got = download_sdist(project, tmp_path / "cache", lambda done, total: progress.append(done))
+    assert sha256(got) == project.sdist.sha256
+    assert progress[-1] == got.stat().st_size
+    missing = replace(project, version="9.9.9", sdist=replace(project.sdist,
+                                                             filename="demo_lib-9.9.9.tar.gz"))
+    with pytest.raises(SourceError, match=r"not on the package index.*demo_lib-1.2.3"):
+        download_sdist(missing, tmp_path / "cache2")
+    index.files = {project.sdist.filename: b"tampered"}
+    with pytest.raises(ChecksumError, match="the index lists sha256"):
+        download_sdist(project, tmp_path / "cache3")
+
+
+def test_git_source_refuses_wrong_commit(tmp_path: Path) -> None:
+    demo = make_demo(tmp_path)
+    project = demo.ws.stack(STACK).project("lib")
+    work = tmp_path / "work" / "lib"
+    work.parent.mkdir()
+    src = init_from_git(project, work, str(demo.lib.repo))
+    assert src.base_commit == demo.lib.commit
+    bogus = replace(project, git=replace(project.git, commit="1" * 40))
+    with pytest.raises(SourceError, match="cannot fetch commit 1111"):
+        init_from_git(bogus, tmp_path / "work" / "other", str(demo.lib.repo))
