@@ -6,7 +6,6 @@ import os
 import subprocess
 import tarfile
 import textwrap
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,7 @@ PATCH_AUTHOR = "SM12x fork maintainers <sm12x-fork@users.noreply.invalid>"
 
 
 @pytest.fixture(autouse=True)
-def _git_isolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _git_isolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fixed identity/dates, no user config, and no repo above tmp_path."""
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
@@ -27,7 +26,6 @@ def _git_isolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         monkeypatch.setenv(f"{var}_EMAIL", "test@example.invalid")
         monkeypatch.setenv(f"{var}_DATE", FIXED_DATE)
     monkeypatch.delenv("SM120FORK_ROOT", raising=False)
-    return
 
 
 def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:

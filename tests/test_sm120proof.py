@@ -11,11 +11,11 @@ import json
 import shutil
 import struct
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from sm120fork import proc
 from sm120fork import sm120proof as sp
 from sm120fork.errors import VerifyError
 
@@ -35,7 +35,7 @@ def compile_cubin(tmp_path: Path, source: str, arch: str = "sm_90a") -> Path:
     cu = tmp_path / "k.cu"
     cu.write_text(source)
     cubin = tmp_path / f"k_{arch}.cubin"
-    sp.proc.run([NVCC, sp.gencode_flag(arch), "-cubin", "-o", cubin, cu])
+    proc.run([NVCC, sp.gencode_flag(arch), "-cubin", "-o", cubin, cu])
     return cubin
 
 
@@ -287,7 +287,7 @@ def test_markdown_lays_variants_side_by_side() -> None:
     assert "refused: `No supported CUDA architectures found" in gate_row
     assert "| accepted | accepted |" in gate_row
     pdl_row = next(line for line in lines if line.startswith("| sm_120a | PDL |"))
-    assert "0 / 0 vs 1 / 1 (ACQBULK / PREEXIT); 1 kernels lost PDL" in pdl_row
+    assert "1 / 1 vs 2 / 2 (ACQBULK / PREEXIT); 1 kernels lost PDL" in pdl_row
     assert "2 / 2 vs 2 / 2" in pdl_row
 
 
@@ -389,7 +389,7 @@ def test_gate_probe_maps_data_links_to_the_source_tree(tmp_path: Path) -> None:
 def test_gate_probe_reports_a_broken_tree(tmp_path: Path) -> None:
     tree = fake_tree(tmp_path / "t", majors=[9], limit=1200)
     (tree / "flashinfer" / "jit" / "comm.py").write_text("import no_such_module_here\n")
-    with pytest.raises(VerifyError, match="cannot import flashinfer.jit.comm"):
+    with pytest.raises(VerifyError, match=r"cannot import flashinfer\.jit\.comm"):
         sp.run_gate(tree, "sm_90a", probe_tools())
 
 
@@ -415,14 +415,17 @@ def test_prove_end_to_end_with_cache(tmp_path: Path) -> None:
     assert f1.status is sp.Status.FAIL
     assert f1.empty == ("lamport_k",)
     unpatched = report.variants[0].arch("sm_120a")
-    assert unpatched is not None and unpatched.forced and not unpatched.gate.accepted
+    assert unpatched is not None
+    assert unpatched.forced
+    assert not unpatched.gate.accepted
     # F1 only compiles the same C++ as unpatched: every one of its cubins came from the cache.
     f1_result = report.variants[1]
     assert all(unit.cached for a in f1_result.archs for unit in a.units)
     assert not any(unit.cached for a in report.variants[2].archs for unit in a.units)
     if report.pdl_opcodes:
         assert status[("full series", "sm_120a")].pdl == (1, 1)
-        assert f1.pdl == (0, 0) and f1.pdl_lost == ("lamport_k",)
+        assert f1.pdl == (0, 0)
+        assert f1.pdl_lost == ("lamport_k",)
 
     again = sp.prove(trees, archs=archs, cache_dir=cache, force_compile=["sm_120a"])
     assert all(unit.cached for v in again.variants for a in v.archs for unit in a.units)

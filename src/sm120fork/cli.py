@@ -15,6 +15,7 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    TaskID,
     TextColumn,
     TransferSpeedColumn,
 )
@@ -53,7 +54,7 @@ def _download_progress(console: Console) -> Callable[[str], Callable[[int, int |
             assert isinstance(progress_obj, Progress)
             task = state["task"]
             assert isinstance(task, int)
-            progress_obj.update(task, completed=done)
+            progress_obj.update(TaskID(task), completed=done)
             if total is not None and done >= total:
                 progress_obj.stop()
         return update
