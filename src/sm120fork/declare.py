@@ -144,7 +144,7 @@ class _Reader:
             return tuple(value)
         if not isinstance(value, typ) or (typ is str and isinstance(value, bool)):
             raise self.error(name, f"expected {typ.__name__}, got {type(value).__name__} {value!r}")
-        if pattern is not None and not pattern.fullmatch(value):
+        if pattern is not None and not pattern.fullmatch(str(value)):
             raise self.error(name, f"{value!r} is not {what}")
         return value
 
