@@ -105,7 +105,7 @@ def _load_commands() -> None:
     """Import modules that register further commands."""
     import importlib
 
-    for module in ("sm120fork.cli_more",):
+    for module in ("sm120fork.cli_maintain", "sm120fork.cli_verify"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
