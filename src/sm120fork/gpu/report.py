@@ -1,0 +1,379 @@
+"""Render the JSON results of ``test`` and ``bench`` as markdown and a PNG plot.
+
+Pure functions of the JSON documents (no torch, no GPU), so reports can be re-rendered
+anywhere with ``python -m sm120fork.gpu report``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+SHARED_LABEL = "shared GPU: timings not representative"
+#: 61 layers x 2 all-reduces per forward (Kimi-K2.5 / DeepSeek-V3 shape), hidden 7168.
+PROJECTION_LAYERS = 61
+PROJECTION_ALLREDUCES = 2 * PROJECTION_LAYERS
+PROJECTION_HIDDEN = 7168
+PROJECTION_TOKENS = (1, 3, 8, 64)
+FUSED = "fused_auto"
+UNFUSED = "nccl_rmsnorm"
+TARGETS = (("<= 16 tokens", 16, 3.0), ("128 tokens", 128, 1.5))
+
+
+def gpu_slug(name: str, count: int) -> str:
+    """``NVIDIA H200`` x1 -> ``h200-1x`` (the report directory name)."""
+    slug = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE).lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "gpu"
+    return f"{slug}-{count}x"
+
+
+def _md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        out.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ")
+                                     for c in row) + " |")
+    return out
+
+
+def _env_lines(env: dict[str, Any]) -> list[str]:
+    keys = ("gpus", "gpu_count", "capability", "driver", "driver_cuda_api", "torch",
+            "torch_cuda", "python", "flashinfer", "multicast_supported_attr", "nvcc")
+    rows = [(k, json.dumps(env[k]) if isinstance(env[k], list) else env[k])
+            for k in keys if k in env]
+    return _md_table(("", ""), rows)
+
+
+# ---- test / A-B ------------------------------------------------------------------------
+def classify(statuses: dict[str, str], primary: str, baseline: str | None) -> str:
+    """A/B class of one case: fixed, regressed, pass, fail, skip, or the primary's status."""
+    p = statuses.get(primary, "missing")
+    if baseline is None:
+        return p
+    b = statuses.get(baseline, "missing")
+    if p == "skip" and b == "skip":
+        return "skip"
+    if p == "pass" and b == "pass":
+        return "pass both"
+    if p == "pass" and b != "pass":
+        return "fixed"
+    if p != "pass" and b == "pass":
+        return "regressed"
+    return "fail both" if p == "fail" else f"{p}/{b}"
+
+
+def ab_rows(doc: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, dict[str, Any]]]]:
+    """Case keys in run order and {key: {variant: record}}."""
+    order: list[str] = []
+    table: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for variant, records in doc["results"].items():
+        for rec in records:
+            if rec["key"] not in table:
+                order.append(rec["key"])
+            table[rec["key"]][variant] = rec
+    return order, table
+
+
+def _short(rec: dict[str, Any] | None) -> str:
+    if rec is None:
+        return "missing"
+    status = str(rec["status"])
+    if status == "fail":
+        return f"FAIL ({rec.get('failure') or 'error'})"
+    return status
+
+
+def _worst_rel(rec: dict[str, Any] | None) -> str:
+    if not rec or not rec.get("checks"):
+        return ""
+    vals = [c["rel_l2"] for c in rec["checks"] if c.get("rel_l2") is not None]
+    return f"{max(vals):.2e}" if vals else "NaN"
+
+
+def render_test_markdown(doc: dict[str, Any]) -> str:
+    primary: str = doc["primary"]
+    baseline: str | None = doc.get("baseline")
+    variants = list(doc["results"])
+    order, table = ab_rows(doc)
+    lines = [f"# Fused all-reduce correctness: {doc.get('title', '')}".rstrip(), ""]
+    command = doc.get("command", "python -m sm120fork.gpu test")
+    lines += [f"Created {doc.get('created', '?')} by `{command}`.", ""]
+    if doc.get("shared"):
+        lines += ["**Ranks shared GPUs** (more ranks than GPUs): each rank is its own process "
+                  "with its own CUDA context; handles went over a gloo group and buffers over "
+                  "CUDA IPC. Correctness holds as on separate GPUs; timings do not.", ""]
+    lines += ["## Environment", "", *_env_lines(doc.get("environment", {})), ""]
+    lines += ["## Variants", ""]
+    lines += _md_table(("variant", "wheel", "sha256", "FlashInfer", "JIT build"), [
+        (name, info.get("wheel") or "(installed)", (info.get("sha256") or "")[:16],
+         info.get("flashinfer", "?"), "ok" if info.get("compiled", True) else
+         f"FAILED: {info.get('compile_failure')}")
+        for name, info in doc.get("variants", {}).items()])
+    lines += ["", "## Method", "",
+              "Each rank regenerates every rank's input from the case seed; the reference is "
+              "the fp32 sum of all inputs, fp32 residual add and fp32 RMSNorm (eps 1e-6). "
+              "Outputs are NaN-filled before every call. Each case runs eagerly, then is "
+              "captured in a CUDA graph and replayed twice (the legacy custom all-reduce "
+              "captures three calls with consecutive flags). A crashed or hung case is ended "
+              "by the watchdog and recorded as a failure with the ranks' last output.", "",
+              "Tolerances (per output storage type):", ""]
+    lines += _md_table(("kind", "bound"), doc.get("tolerances", []))
+    lines += ["", "## Summary", ""]
+    groups: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
+    per_variant: dict[tuple[str, int, str], Counter[str]] = defaultdict(Counter)
+    for key in order:
+        recs = table[key]
+        case = next(iter(recs.values()))["case"]
+        g = (case["api"], case["world_size"])
+        groups[g][classify({v: r["status"] for v, r in recs.items()}, primary, baseline)] += 1
+        for v, r in recs.items():
+            per_variant[(*g, v)][r["status"]] += 1
+    header = ["api", "world size"] + [f"{v} pass/fail/skip" for v in variants]
+    if baseline:
+        header += ["fixed", "regressed", "pass both", "fail both"]
+    rows = []
+    for (api, ws), counts in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        row: list[Any] = [api, ws]
+        for v in variants:
+            c = per_variant[(api, ws, v)]
+            row.append(f"{c['pass']}/{c['fail']}/{c['skip']}")
+        if baseline:
+            row += [counts["fixed"], counts["regressed"], counts["pass both"],
+                    counts["fail both"]]
+        rows.append(row)
+    lines += _md_table(header, rows)
+    total = Counter(classify({v: r["status"] for v, r in table[k].items()}, primary, baseline)
+                    for k in order)
+    lines += ["", "Totals: " + ", ".join(f"{k}: {n}" for k, n in sorted(total.items())), ""]
+
+    def detail(title: str, keys: list[str], note: str = "") -> None:
+        nonlocal lines
+        lines += [f"## {title}", ""]
+        if note:
+            lines += [note, ""]
+        if not keys:
+            lines += ["None.", ""]
+            return
+        hdr = ["case"] + [f"{v}" for v in variants] + ["worst rel L2 " + primary, "reason"]
+        body = []
+        for k in keys:
+            recs = table[k]
+            reason = ""
+            for v in [*([baseline] if baseline else []), primary]:
+                r = recs.get(v)
+                if r and r["status"] == "fail":
+                    reason = f"{v}: {r.get('reason', '')}"[:300]
+                    break
+            body.append([f"`{k}`", *[_short(recs.get(v)) for v in variants],
+                         _worst_rel(recs.get(primary)), reason])
+        lines += [*_md_table(hdr, body), ""]
+
+    cls = {k: classify({v: r["status"] for v, r in table[k].items()}, primary, baseline)
+           for k in order}
+    lamport = [k for k in order if next(iter(table[k].values()))["case"]["api"]
+               == "custom_lamport"]
+    detail("Legacy custom all-reduce (lamport path at <= 16 tokens)", lamport,
+           "trtllm_custom_all_reduce, RESIDUAL_RMS_NORM, ONESHOT. Tokens <= 16 take the "
+           "lamport one-shot kernel; 17 and 64 are controls on the other path.")
+    if baseline:
+        detail(f"Cases the series fixes (fail in {baseline}, pass in {primary})",
+               [k for k in order if cls[k] == "fixed"])
+        detail(f"Regressions (pass in {baseline}, fail in {primary})",
+               [k for k in order if cls[k] == "regressed"])
+        detail("Failing in both", [k for k in order if cls[k] not in
+                                   ("fixed", "regressed", "pass both", "skip")])
+    else:
+        detail("Failures", [k for k in order if cls[k] == "fail"])
+    skips = Counter(str(r.get("reason")) for k in order for r in table[k].values()
+                    if r["status"] == "skip")
+    lines += ["## Skipped", ""]
+    lines += (_md_table(("reason", "case runs"), sorted(skips.items())) if skips
+              else ["None."])
+    lines += [""]
+    if doc.get("not_run"):
+        lines += ["## Not run here", "", *[f"- {item}" for item in doc["not_run"]], ""]
+    return "\n".join(lines)
+
+
+# ---- bench -----------------------------------------------------------------------------
+def bench_points(doc: dict[str, Any]) -> dict[int, dict[str, dict[int, float]]]:
+    """{hidden: {method: {tokens: median_us}}} of the measured points."""
+    out: dict[int, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for rec in doc.get("records", []):
+        if rec.get("kind") == "point" and rec.get("median_us") is not None:
+            # the slowest rank bounds a collective: use the max of the ranks' medians
+            medians = [m for m in rec.get("rank_medians_us") or [] if m is not None]
+            value = max(medians) if medians else rec["median_us"]
+            out[int(rec["hidden"])][rec["method"]][int(rec["tokens"])] = float(value)
+    return out
+
+
+def floors(doc: dict[str, Any]) -> dict[str, float]:
+    return {r["method"]: float(r["median_us"]) for r in doc.get("records", [])
+            if r.get("kind") == "floor" and r.get("median_us") is not None}
+
+
+def projection(points: dict[int, dict[str, dict[int, float]]]) -> list[dict[str, Any]]:
+    """Per decode step comm time: 122 all-reduces at hidden 7168, fused vs unfused."""
+    rows = []
+    by_method = points.get(PROJECTION_HIDDEN, {})
+    for tokens in PROJECTION_TOKENS:
+        fused = by_method.get(FUSED, {}).get(tokens)
+        unfused = by_method.get(UNFUSED, {}).get(tokens)
+        rows.append({
+            "tokens": tokens,
+            "fused_ms": None if fused is None else fused * PROJECTION_ALLREDUCES / 1000,
+            "unfused_ms": None if unfused is None else unfused * PROJECTION_ALLREDUCES / 1000,
+            "speedup": None if not (fused and unfused) else unfused / fused,
+        })
+    return rows
+
+
+def target_checks(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The issue's targets, each with a verdict or the reason none can be given."""
+    if doc.get("shared"):
+        return [(t, f"not evaluated ({SHARED_LABEL})") for t in
+                ("fused >= 3x NCCL+RMSNorm at <= 16 tokens", "fused >= 1.5x at 128 tokens",
+                 "fused within 2x of the floor")]
+    pts = bench_points(doc).get(PROJECTION_HIDDEN, {})
+    fused, unfused = pts.get(FUSED, {}), pts.get(UNFUSED, {})
+    out = []
+    for label, max_tokens, need in TARGETS:
+        toks = [t for t in fused if t in unfused and (t <= max_tokens if max_tokens == 16
+                                                     else t == max_tokens)]
+        if not toks:
+            out.append((f"fused >= {need}x NCCL+RMSNorm at {label}", "no data"))
+            continue
+        worst = min(unfused[t] / fused[t] for t in toks)
+        out.append((f"fused >= {need}x NCCL+RMSNorm at {label}",
+                    f"{'MET' if worst >= need else 'MISSED'}: worst {worst:.2f}x"))
+    fl = floors(doc)
+    floor = fl.get("flag_handoff") or fl.get("empty_graph")
+    small = [fused[t] for t in fused if t <= 16]
+    if floor and small:
+        ratio = min(small) / floor
+        out.append(("fused within 2x of the floor",
+                    f"{'MET' if ratio <= 2 else 'MISSED'}: best {ratio:.2f}x of {floor:.1f} us"))
+    else:
+        out.append(("fused within 2x of the floor", "no data"))
+    return out
+
+
+def render_bench_markdown(doc: dict[str, Any]) -> str:
+    pts = bench_points(doc)
+    lines = [f"# Fused all-reduce throughput: {doc.get('title', '')}".rstrip(), ""]
+    command = doc.get("command", "python -m sm120fork.gpu bench")
+    lines += [f"Created {doc.get('created', '?')} by `{command}`.", ""]
+    if doc.get("shared"):
+        lines += [f"**{SHARED_LABEL}.** {doc.get('world_size')} ranks time-slice "
+                  f"{doc.get('environment', {}).get('gpu_count', '?')} GPU(s); every number "
+                  "below measures the time-slicing, not the kernels.", ""]
+    lines += ["## Environment", "", *_env_lines(doc.get("environment", {})), ""]
+    meta: dict[str, Any] = next(
+        (r for r in doc.get("records", []) if r.get("kind") == "meta"), {})
+    lines += [f"Variant: {doc.get('variant')} ({doc.get('wheel') or 'installed'}"
+              f"{', sha256 ' + doc['sha256'][:16] if doc.get('sha256') else ''}); "
+              f"fused calls through `{meta.get('fused_api', '?')}`; world size "
+              f"{doc.get('world_size')}; per-op latency = median over "
+              f"{meta.get('replays', '?')} CUDA-graph replays of "
+              f"{meta.get('rotate', '?')} rotating buffer sets x "
+              f"{meta.get('calls_per_buffer', '?')} calls, max over ranks.", ""]
+    skipped = dict(meta.get("skipped", {}))
+    for r in doc.get("records", []):
+        if r.get("kind") == "floor" and r.get("skipped"):
+            skipped[f"floor {r['method']}"] = r["skipped"]
+        if r.get("kind") == "point" and r.get("error"):
+            skipped[f"{r['method']} t={r['tokens']} h={r['hidden']}"] = r["error"]
+    if skipped:
+        lines += ["Skipped or failed:", ""]
+        lines += [f"- {k}: {v}" for k, v in sorted(skipped.items())] + [""]
+    fl = floors(doc)
+    lines += ["## Floor", ""]
+    lines += _md_table(("floor", "us"), [
+        ("empty graph replay (one 1-element kernel)", _fmt(fl.get("empty_graph"))),
+        ("one-way flag handoff between two ranks", _fmt(fl.get("flag_handoff")))])
+    lines += [""]
+    for hidden in sorted(pts, reverse=True):
+        methods = sorted(pts[hidden])
+        tokens = sorted({t for m in methods for t in pts[hidden][m]})
+        lines += [f"## Latency per op, hidden {hidden}, {doc.get('dtype', 'bf16')} (us)", ""]
+        lines += _md_table(["tokens", *methods],
+                           [[t, *[_fmt(pts[hidden][m].get(t)) for m in methods]]
+                            for t in tokens])
+        lines += [""]
+    lines += [f"## Model projection ({PROJECTION_LAYERS} layers x 2 = "
+              f"{PROJECTION_ALLREDUCES} all-reduces per forward, hidden {PROJECTION_HIDDEN})",
+              ""]
+    lines += _md_table(("tokens", f"fused ({FUSED}) ms/step", f"unfused ({UNFUSED}) ms/step",
+                        "speedup"),
+                       [(r["tokens"], _fmt(r["fused_ms"], 3), _fmt(r["unfused_ms"], 3),
+                         _fmt(r["speedup"], 2)) for r in projection(pts)])
+    lines += ["", "## Targets (multi-GPU NVLink H200)", ""]
+    lines += _md_table(("target", "result"), target_checks(doc))
+    lines += [""]
+    if doc.get("not_run"):
+        lines += ["## Not run here", "", *[f"- {item}" for item in doc["not_run"]], ""]
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def render_bench_plot(doc: dict[str, Any], path: Path) -> None:
+    """Latency vs tokens, one line per method, floors drawn; one panel per hidden size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = bench_points(doc)
+    hiddens = sorted(pts, reverse=True) or [PROJECTION_HIDDEN]
+    fig, axes = plt.subplots(1, len(hiddens), figsize=(6.5 * len(hiddens), 4.5),
+                             squeeze=False)
+    fl = floors(doc)
+    for ax, hidden in zip(axes[0], hiddens, strict=True):
+        for method in sorted(pts.get(hidden, {})):
+            series = sorted(pts[hidden][method].items())
+            ax.plot([t for t, _ in series], [v for _, v in series], marker="o", label=method)
+        for name, style in (("flag_handoff", "--"), ("empty_graph", ":")):
+            if name in fl:
+                ax.axhline(fl[name], linestyle=style, color="gray",
+                           label=f"floor: {name} {fl[name]:.1f} us")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("latency per op (us)")
+        title = f"hidden {hidden}, ws {doc.get('world_size')}"
+        if doc.get("shared"):
+            title += f"\n{SHARED_LABEL}"
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(doc.get("title", "fused all-reduce"))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_test_report(doc: dict[str, Any], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    j, m = out_dir / "test-ab.json", out_dir / "test-ab.md"
+    j.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    m.write_text(render_test_markdown(doc))
+    return [j, m]
+
+
+def write_bench_report(doc: dict[str, Any], out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    j, m, p = out_dir / "bench.json", out_dir / "bench.md", out_dir / "bench.png"
+    doc = {**doc, "projection": projection(bench_points(doc)),
+           "targets": target_checks(doc)}
+    j.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    m.write_text(render_bench_markdown(doc))
+    render_bench_plot(doc, p)
+    return [j, m, p]

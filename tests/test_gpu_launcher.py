@@ -1,0 +1,160 @@
+"""Watchdog and batch restarts, with dummy rank scripts that pass, crash and hang."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from sm120fork.errors import ConfigError
+from sm120fork.gpu import launcher
+from sm120fork.gpu.cases import Case
+
+FAKE_RANK = textwrap.dedent("""\
+    import json, os, sys, time
+    spec = json.load(open(sys.argv[1])); rank = int(sys.argv[2])
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0"
+    for c in spec["cases"]:
+        key = "{api}/{pattern}/ws{world_size}/t{tokens}/h{hidden}/{dtype}/{strategy}/pdl{p}".format(
+            p=int(c["pdl"]), **c)
+        print("@@START " + key, flush=True)
+        print("working on", key, flush=True)
+        if c["tokens"] == 13:          # rank 1 dies with a CUDA error, rank 0 spins forever
+            if rank == 1:
+                print("CUDA error: an illegal memory access was encountered", flush=True)
+                sys.exit(3)
+            time.sleep(600)
+        if c["tokens"] == 14:          # every rank hangs silently
+            time.sleep(600)
+        status = "fail" if c["tokens"] == 15 and rank == 0 else "pass"
+        print("@@RESULT " + json.dumps({"key": key, "rank": rank, "status": status,
+              "failure": None if status == "pass" else "wrong result",
+              "checks": [{"output": "norm_out", "stage": "eager", "ok": status == "pass",
+                          "rel_l2": 0.5 if status == "fail" else 1e-3,
+                          "reason": "rel L2 0.5 > 0.015" if status == "fail" else ""}]}),
+              flush=True)
+    print("@@DONE", flush=True)
+""")
+
+
+def _cases(*tokens: int) -> list[Case]:
+    return [Case(world_size=2, api="fusion_legacy", pattern="ar_rmsnorm", tokens=t,
+                 hidden=256, dtype="bf16", strategy="oneshot", pdl=False) for t in tokens]
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> tuple[list[str], launcher.Variant]:
+    script = tmp_path / "fake_rank.py"
+    script.write_text(FAKE_RANK)
+    variant = launcher.Variant(name="v", wheel=None, sha256=None, site=None,
+                               jit_base=tmp_path / "jit")
+    return [sys.executable, str(script)], variant
+
+
+FAST = launcher.Timeouts(startup=20.0, case=1.5)
+
+
+def test_all_pass_in_one_group(tmp_path: Path, fake: tuple[list[str], launcher.Variant]
+                               ) -> None:
+    worker, variant = fake
+    out = launcher.run_cases(_cases(1, 2, 3), variant, tmp_path, timeouts=FAST, worker=worker)
+    assert [r["status"] for r in out] == ["pass", "pass", "pass"]
+    assert len(list(tmp_path.glob("spec-*.json"))) == 1
+
+
+def test_crash_is_recorded_and_the_run_continues(
+        tmp_path: Path, fake: tuple[list[str], launcher.Variant]) -> None:
+    worker, variant = fake
+    started = time.monotonic()
+    out = launcher.run_cases(_cases(1, 13, 2, 15), variant, tmp_path, timeouts=FAST,
+                             worker=worker)
+    assert time.monotonic() - started < 30  # the spinning rank 0 was ended, not waited for
+    by_tokens = {r["case"]["tokens"]: r for r in out}
+    assert by_tokens[1]["status"] == "pass"
+    crashed = by_tokens[13]
+    assert crashed["status"] == "fail"
+    assert crashed["failure"] == "crash"
+    assert "rank 1 exited with code 3" in crashed["reason"]
+    assert any("illegal memory access" in line for line in crashed["log_tail"]["rank1"])
+    assert by_tokens[2]["status"] == "pass"  # ran in a fresh group after the crash
+    wrong = by_tokens[15]
+    assert wrong["status"] == "fail"
+    assert wrong["failure"] == "wrong result"
+    assert wrong["failing_ranks"] == [0]
+
+
+def test_hang_is_ended_by_the_watchdog(tmp_path: Path,
+                                       fake: tuple[list[str], launcher.Variant]) -> None:
+    worker, variant = fake
+    out = launcher.run_cases(_cases(14, 1), variant, tmp_path, timeouts=FAST, worker=worker)
+    hung, after = out
+    assert hung["status"] == "fail"
+    assert hung["failure"] == "hang"
+    assert "watchdog" in hung["reason"]
+    assert any("working on" in line for line in hung["log_tail"]["rank0"])
+    assert after["status"] == "pass"
+
+
+def test_ranks_that_cannot_start_fail_every_case_once(tmp_path: Path) -> None:
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nprint('ImportError: no flashinfer')\nsys.exit(1)\n")
+    variant = launcher.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
+    out = launcher.run_cases(_cases(1, 2), variant, tmp_path, timeouts=FAST,
+                             worker=[sys.executable, str(script)])
+    assert [r["status"] for r in out] == ["fail", "fail"]
+    assert "failed twice" in out[0]["reason"]
+    assert len(list(tmp_path.glob("spec-*.json"))) == 2
+
+
+def test_fatal_line_stops_without_retry(tmp_path: Path) -> None:
+    script = tmp_path / "fatal.py"
+    script.write_text("import sys, time\nprint('@@FATAL no P2P between GPU 0 and 1', "
+                      "flush=True)\ntime.sleep(600)\n")
+    variant = launcher.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
+    out = launcher.run_cases(_cases(1, 2), variant, tmp_path, timeouts=FAST,
+                             worker=[sys.executable, str(script)])
+    assert all(r["status"] == "fail" and "no P2P" in r["reason"] for r in out)
+    assert len(list(tmp_path.glob("spec-*.json"))) == 1
+
+
+def test_run_group_without_fail_fast_waits_for_all(tmp_path: Path) -> None:
+    cmds = [[sys.executable, "-c", "import sys; sys.exit(2)"],
+            [sys.executable, "-c", "import time; time.sleep(0.5); print('done')"]]
+    outcome = launcher.run_group(cmds, envs=[{}, {}], log_paths=[tmp_path / "a", tmp_path / "b"],
+                                 idle_timeout=10, first_timeout=10, fail_fast=False)
+    assert outcome.returncodes == [2, 0]
+    assert not outcome.ok
+    assert outcome.tails[1] == ["done"]
+
+
+def test_variant_specs() -> None:
+    assert launcher.parse_variant_specs(["patched=a", "unpatched=b/c"]) == {
+        "patched": Path("a"), "unpatched": Path("b/c")}
+    with pytest.raises(ConfigError, match="NAME=DIR"):
+        launcher.parse_variant_specs(["patched"])
+    with pytest.raises(ConfigError, match="twice"):
+        launcher.parse_variant_specs(["a=x", "a=y"])
+
+
+def test_variant_env_isolates_import_path_and_jit_cache(tmp_path: Path) -> None:
+    v = launcher.Variant(name="p", wheel=None, sha256=None, site=tmp_path / "site",
+                         jit_base=tmp_path / "jit")
+    env = v.env({"PYTHONPATH": "/base", "NCCL_NVLS_ENABLE": "1"})
+    parts = env["PYTHONPATH"].split(":")
+    assert parts[0] == str(tmp_path / "site")
+    assert parts[-1] == "/base"
+    assert env["FLASHINFER_WORKSPACE_BASE"] == str(tmp_path / "jit")
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_find_wheel_needs_exactly_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="exactly one"):
+        launcher.find_flashinfer_wheel(tmp_path)
+    wheel = tmp_path / "flashinfer_python-0.6.7.post3-py3-none-any.whl"
+    wheel.write_bytes(b"x")
+    assert launcher.find_flashinfer_wheel(tmp_path) == wheel
+    assert json.dumps(launcher.sha256_of(wheel))
