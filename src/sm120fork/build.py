@@ -7,12 +7,10 @@ runs on the package root.  So a build killed halfway leaves nothing behind.
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 import shutil
 import sys
-import tarfile
 import tempfile
 import zipfile
 from email.parser import Parser
@@ -30,10 +28,13 @@ log = logging.getLogger("sm120fork")
 
 
 def export_tree(repo: Git, dest: Path) -> None:
-    """Write HEAD's tree (no .git) into ``dest``."""
-    data = repo.repo.git.archive("--format=tar", "HEAD", stdout_as_string=False)
-    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
-        tf.extractall(dest, filter="tar")
+    """Write HEAD's tree (no .git) into ``dest``.
+
+    The index equals HEAD here (the tree was checked clean), and ``checkout-index`` is
+    the cheapest way git has to write it elsewhere.
+    """
+    repo("read-tree", "HEAD", quiet=True)
+    repo("checkout-index", "--all", "--force", f"--prefix={dest}/")
 
 
 def stamp_version(project: Project, package_dir: Path) -> dict[str, str]:

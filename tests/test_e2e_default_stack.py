@@ -1,0 +1,106 @@
+"""The real default stack from the package index, end to end (network, ~1-2 min)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import git
+
+from sm120fork.cli import main
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("e2e") / "toolkit"
+    root.mkdir()
+    shutil.copytree(REPO / "forks", root / "forks")
+    shutil.copytree(REPO / "patches", root / "patches")
+    cache = REPO / ".forks" / "cache" / "sdists"
+    if cache.is_dir():  # reuse downloads; the sha256 is checked again anyway
+        shutil.copytree(cache, root / ".forks" / "cache" / "sdists")
+    assert main(["--root", str(root), "build"]) == 0
+    return root
+
+
+def test_wheels_install_and_carry_the_patched_gates(built: Path, tmp_path: Path) -> None:
+    wheels = sorted((built / "wheels").glob("*.whl"))
+    assert [w.name for w in wheels] == [
+        "flashinfer_python-0.6.7.post3+sm120.1-py3-none-any.whl",
+        "sglang-0.5.10.post1+sm120.1-py3-none-any.whl"]
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    target = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
+        "site-packages"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(target),
+                    "-c", str(built / "wheels" / "constraints.txt"), *map(str, wheels)],
+                   check=True)
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "import importlib.metadata as m; print(m.version('flashinfer-python'), "
+         "m.version('sglang'))"], check=True, capture_output=True, text=True).stdout.split()
+    assert out == ["0.6.7.post3+sm120.1", "0.5.10.post1+sm120.1"]
+    comm = (target / "sglang" / "srt" / "layers" / "communicator.py").read_text()
+    assert "is_sm120_supported" in comm.split("def apply_flashinfer_allreduce_fusion")[1][:800]
+    meta = (target / "flashinfer" / "_build_meta.py").read_text()
+    assert '__version__ = "0.6.7.post3+sm120.1"' in meta
+    manifest = json.loads((built / "wheels" / "manifest.json").read_text())
+    for entry in manifest["wheels"]:
+        assert entry["artifact_check"]
+        assert all(r["passed"] for r in entry["artifact_check"])
+        assert len(entry["patches"]) >= 1
+
+
+def test_sglang_requirement_resolves_to_our_flashinfer(built: Path) -> None:
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    wheel = next((built / "wheels").glob("sglang-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read("sglang-0.5.10.post1+sm120.1.dist-info/METADATA").decode()
+    reqs = [Requirement(line.split(":", 1)[1].strip()) for line in meta.splitlines()
+            if line.startswith("Requires-Dist: flashinfer")]
+    fi = next(r for r in reqs if r.name == "flashinfer_python")
+    assert fi.specifier.contains(Version("0.6.7.post3+sm120.1"))
+    assert not fi.specifier.contains(Version("0.6.8"))
+
+
+def test_git_source_from_a_repo_made_of_the_real_sdist(built: Path, tmp_path: Path) -> None:
+    """The git source kind gives the same patched tree as the sdist kind."""
+    sdist = built / ".forks" / "cache" / "sdists" / "flashinfer_python-0.6.7.post3.tar.gz"
+    with tarfile.open(sdist) as tf:
+        tf.extractall(tmp_path, filter="data")
+    upstream = tmp_path / "flashinfer_python-0.6.7.post3"
+    git(upstream, "init", "-q", "-b", "main")
+    git(upstream, "add", "-A", "--force", ".")
+    git(upstream, "commit", "-q", "-m", "v0.6.7.post3 (from the sdist)")
+    sha = git(upstream, "rev-parse", "HEAD")
+    toml = built / "forks" / "sglang-0.5.10.toml"
+    original = toml.read_text()
+    toml.write_text(original.replace('source = "sdist"', 'source = "git"', 1)
+                    .replace("https://github.com/flashinfer-ai/flashinfer.git", str(upstream))
+                    .replace("f499b1f0c618ed6583865bc4b97812fb8e3f2ef1", sha))
+    try:
+        assert main(["--root", str(built), "build", "--force"]) == 0
+        manifest = json.loads((built / "wheels" / "manifest.json").read_text())
+    finally:
+        toml.write_text(original)
+    fi = manifest["wheels"][0]
+    assert fi["source"]["kind"] == "git"
+    assert fi["source"]["digest"] == sha
+    work = built / ".forks" / "work" / "sglang-0.5.10" / "flashinfer"
+    assert git(work, "rev-parse", "upstream") == sha
+    # Same content as the sdist-based tree: identical patched tree hash.
+    assert main(["--root", str(built), "build", "--force"]) == 0
+    sdist_manifest = json.loads((built / "wheels" / "manifest.json").read_text())
+    assert sdist_manifest["wheels"][0]["tree"] == fi["tree"]
