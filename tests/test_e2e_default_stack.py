@@ -11,9 +11,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import git
 
 from sm120fork.cli import main
+
+from conftest import git
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]

@@ -291,6 +291,13 @@ def test_markdown_lays_variants_side_by_side() -> None:
     assert "2 / 2 vs 2 / 2" in pdl_row
 
 
+def test_markdown_lists_compile_seconds_per_unit() -> None:
+    md = three_variant_report().to_markdown()
+    assert "| variant | arch | x.cu |" in md
+    assert "| F1 only | sm_120a | 0.5 |" in md
+    assert "| unpatched | sm_90a | 10.0 |" in md
+
+
 def test_markdown_family_tables_show_count_min_median_and_empties() -> None:
     md = three_variant_report().to_markdown()
     section = md.split("## Kernel families: F1 only", 1)[1].split("## Kernel families", 1)[0]

@@ -15,7 +15,9 @@ from sm120fork.errors import SeriesError
 
 REQUIRED_FIELDS = ("Description", "Origin", "Forwarded", "Last-Update")
 KNOWN_FIELDS = (*REQUIRED_FIELDS, "Applied-Upstream", "Bug", "Bug-Upstream", "Author",
-                "Reviewed-by", "Fingerprint", "Subject")
+                "Reviewed-by", "Fingerprint", "Subject", "Effect", "Effect-Absent")
+#: ``Effect`` / ``Effect-Absent`` text starting with this is a regular expression.
+REGEX_PREFIX = "re:"
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _DIFF = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _FIELD = re.compile(r"^([A-Za-z][A-Za-z-]*):(?: (.*))?$")
@@ -29,6 +31,16 @@ class Fingerprint:
     def __str__(self) -> str:
         return f"{self.path}: {self.text}"
 
+    def found_in(self, text: str) -> bool:
+        """Effect matching: ``re:`` text is a regex, other text matches whitespace-folded.
+
+        Folding whitespace runs lets one header line name a statement that upstream
+        spreads over several lines (black, clang-format).
+        """
+        if self.text.startswith(REGEX_PREFIX):
+            return re.search(self.text[len(REGEX_PREFIX):], text, re.MULTILINE) is not None
+        return " ".join(self.text.split()) in " ".join(text.split())
+
 
 @dataclass(frozen=True, kw_only=True)
 class Patch:
@@ -39,6 +51,10 @@ class Patch:
     fingerprints: tuple[Fingerprint, ...]
     files: tuple[str, ...]
     sha256: str
+    #: What any correct fix makes true upstream (``Effect``) or false (``Effect-Absent``);
+    #: used to recognise a patch that upstream merged in another form.
+    effects: tuple[Fingerprint, ...] = ()
+    effects_absent: tuple[Fingerprint, ...] = ()
 
     def field(self, name: str) -> str:
         return next((v for k, v in self.fields if k.lower() == name.lower()), "")
@@ -147,6 +163,20 @@ def parse_patch(path: Path) -> Patch:
     if not fingerprints:
         raise SeriesError("no Fingerprint field", where=where,
                           fix="name a string the patch puts into a shipped file")
+    effects: dict[str, list[Fingerprint]] = {"Effect": [], "Effect-Absent": []}
+    for key, value in fields:
+        if key not in effects:
+            continue
+        epath, sep, etext = value.partition(": ")
+        if not sep or not epath or not etext.strip():
+            raise SeriesError(f"malformed {key} {value!r}", where=where,
+                              fix=f"write '{key}: <path>: <text>' (text may be 're:<regex>')")
+        if etext.startswith(REGEX_PREFIX):
+            try:
+                re.compile(etext[len(REGEX_PREFIX):])
+            except re.error as exc:
+                raise SeriesError(f"{key} regex {etext!r} is invalid: {exc}", where=where) from exc
+        effects[key].append(Fingerprint(path=epath.strip(), text=etext))
     files = tuple(dict.fromkeys(m.group(2) for m in _DIFF.finditer(text)))
     if not files:
         raise SeriesError("patch changes no file", where=where)
@@ -156,7 +186,9 @@ def parse_patch(path: Path) -> Patch:
                               where=where)
     return Patch(name=path.name, path=path, subject=subject, fields=tuple(fields),
                  fingerprints=tuple(fingerprints), files=files,
-                 sha256=hashlib.sha256(data).hexdigest())
+                 sha256=hashlib.sha256(data).hexdigest(),
+                 effects=tuple(effects["Effect"]),
+                 effects_absent=tuple(effects["Effect-Absent"]))
 
 
 def read_series_file(directory: Path) -> list[str]:

@@ -728,6 +728,20 @@ def render_markdown(report: ProofReport) -> str:
             [arch, "verdict", *(f"**{v.status.value.upper()}**" for v in row_verdicts)],
         ]
     lines += _table(["arch", "check", *names], rows)
+    lines += ["", "## Compile seconds per translation unit", "",
+              "Wall time of each nvcc run (cached: taken from the run that made the cubin).",
+              ""]
+    sources = sorted({u.source for v in report.variants for a in v.archs for u in a.units})
+    unit_rows = []
+    for variant in report.variants:
+        for result in variant.archs:
+            if not result.compiled:
+                continue
+            by_source = {u.source: u for u in result.units}
+            unit_rows.append([variant.name, result.arch, *(
+                "-" if (u := by_source.get(s)) is None
+                else f"{u.seconds:.1f}" + (" (cached)" if u.cached else "") for s in sources)])
+    lines += _table(["variant", "arch", *(Path(s).name for s in sources)], unit_rows)
     for variant in report.variants:
         lines += ["", f"## Kernel families: {variant.name}", ""]
         lines += _family_table(variant, report)
