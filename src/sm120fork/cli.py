@@ -68,6 +68,8 @@ def _build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rebuild", action="store_true", help="ignore the build cache")
     p.add_argument("--lock-timeout", type=float, default=-1, metavar="S",
                    help="seconds to wait for another run's lock (default: wait)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="publish into DIR instead of wheels/ (e.g. a non-default stack)")
 
 
 @command("build", "patched wheels of a stack into wheels/", _build_args)
@@ -77,8 +79,9 @@ def _build(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     stack = ws.stack(args.stack)
     start = time.monotonic()
     builds = build_stack(ws, stack, force=args.force, rebuild=args.rebuild,
-                         progress=_download_progress(console), lock_timeout=args.lock_timeout)
-    table = Table(title=f"stack {stack.name} -> {ws.wheels_dir}")
+                         progress=_download_progress(console), lock_timeout=args.lock_timeout,
+                         out=args.out)
+    table = Table(title=f"stack {stack.name} -> {args.out or ws.wheels_dir}")
     for col in ("project", "upstream", "patches", "wheel", "sha256", "build"):
         table.add_column(col, overflow="fold")
     for b in builds:

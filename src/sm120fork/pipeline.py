@@ -157,9 +157,10 @@ def check_requirements(stack: Stack, builds: list[ProjectBuild]) -> None:
                     fix="align the local label or the dependency pin")
 
 
-def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild]) -> Path:
-    """Place wheels, constraints.txt and manifest.json into wheels/ atomically."""
-    out = ws.wheels_dir
+def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
+            out: Path | None = None) -> Path:
+    """Place wheels, constraints.txt and manifest.json into wheels/ (or ``out``) atomically."""
+    out = out or ws.wheels_dir
     out.mkdir(parents=True, exist_ok=True)
     for b in builds:
         dest = out / b.wheel.name
@@ -193,8 +194,8 @@ def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild]) -> Path:
 def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bool = False,
                 only: list[str] | None = None,
                 progress: Callable[[str], Progress | None] | None = None,
-                lock_timeout: float = -1) -> list[ProjectBuild]:
-    """Build every project of ``stack`` (or ``only`` those) and publish to wheels/."""
+                lock_timeout: float = -1, out: Path | None = None) -> list[ProjectBuild]:
+    """Build every project of ``stack`` (or ``only`` those) and publish to wheels/ (or out)."""
     projects = [stack.project(k) for k in only] if only else list(stack.projects)
     with ws.lock(lock_timeout):
         builds = [build_project(ws, stack, p, force=force, rebuild=rebuild,
@@ -202,7 +203,7 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
                   for p in projects]
         check_requirements(stack, builds)
         if not only:
-            publish(ws, stack, builds)
+            publish(ws, stack, builds, out)
     return builds
 
 
