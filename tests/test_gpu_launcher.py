@@ -158,3 +158,49 @@ def test_find_wheel_needs_exactly_one(tmp_path: Path) -> None:
     wheel.write_bytes(b"x")
     assert launcher.find_flashinfer_wheel(tmp_path) == wheel
     assert json.dumps(launcher.sha256_of(wheel))
+
+
+def _fake_flashinfer_wheel(directory: Path) -> Path:
+    """The smallest wheel pip accepts, named like FlashInfer's."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {"flashinfer/__init__.py": b"__version__ = '0.0.1'\n",
+             "flashinfer_python-0.0.1.dist-info/METADATA":
+                 b"Metadata-Version: 2.1\nName: flashinfer-python\nVersion: 0.0.1\n",
+             "flashinfer_python-0.0.1.dist-info/WHEEL":
+                 b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+        record.append(f"{name},sha256={digest.decode()},{len(data)}")
+    record.append("flashinfer_python-0.0.1.dist-info/RECORD,,")
+    files["flashinfer_python-0.0.1.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    wheel = directory / "flashinfer_python-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return wheel
+
+
+def test_install_variant_with_prebuilt_modules(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _fake_flashinfer_wheel(wheels)
+    prebuilt = tmp_path / "prebuilt" / "trtllm_comm"
+    prebuilt.mkdir(parents=True)
+    (prebuilt / "trtllm_comm.so").write_bytes(b"\x7fELF")
+    (prebuilt / "build.ninja").write_text("ignored")
+    v = launcher.install_variant("patched", wheels, tmp_path / "work", prebuilt.parent)
+    assert v.site is not None
+    assert (v.site / "flashinfer" / "__init__.py").is_file()
+    assert v.aot_modules == ("trtllm_comm",)
+    aot = v.site / "flashinfer" / "data" / "aot" / "trtllm_comm" / "trtllm_comm.so"
+    assert aot.read_bytes() == b"\x7fELF"
+    assert v.sha256 == launcher.sha256_of(wheels / "flashinfer_python-0.0.1-py3-none-any.whl")
+    plain = v.without_prebuilt()
+    assert plain.aot_modules == ()
+    assert not aot.exists()
+    with pytest.raises(ConfigError, match="module"):
+        launcher.install_variant("x", wheels, tmp_path / "work", tmp_path / "wheels")

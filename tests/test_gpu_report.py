@@ -134,3 +134,21 @@ def test_test_refuses_multicast_backends_before_touching_anything(
     assert rc == 2
     assert "multicast" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_test_command_without_a_gpu_reports_every_case_as_a_build_failure(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole `test` path on a CPU machine: the module step fails, nothing hangs, the
+    report says why, and the exit code says the build is not to be trusted."""
+    out = tmp_path / "report"
+    rc = main(["test", "--quick", "--world-sizes", "2", "--max-cases", "3",
+               "--work-dir", str(tmp_path / "work"), "--out", str(out),
+               "--compile-timeout", "120"])
+    assert rc == 13
+    doc = json.loads((out / "test-ab.json").read_text())
+    recs = doc["results"]["installed"]
+    assert len(recs) == 3
+    assert all(r["status"] == "fail" and r["failure"] == "build" for r in recs)
+    assert "build FAILED" in (out / "test-ab.md").read_text()
+    assert (out / "logs").is_dir()
+    assert "3 cases fail" in capsys.readouterr().err

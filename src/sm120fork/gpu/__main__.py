@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--wheel-dir", action="append", default=[], metavar="NAME=DIR",
                        help="a variant: a directory holding one flashinfer_python wheel (or "
                        "the wheel); repeat for A/B, e.g. patched=wheels unpatched=up/")
+        p.add_argument("--prebuilt", action="append", default=[], metavar="NAME=DIR",
+                       help="FlashInfer modules prebuilt for variant NAME (DIR holds "
+                       "<module>/<module>.so); if they fail to load, the run JIT-compiles")
+        p.add_argument("--also-build", action="append", default=[], choices=["norm"],
+                       help="JIT-build more modules now (so a later bench finds them cached)")
         p.add_argument("--quick", action="store_true", help="the quick subset")
         p.add_argument("--out", type=Path, help="report directory (default "
                        "reports/gpu/<gpu>-<count>x)")
@@ -137,14 +142,31 @@ def _prepare(args: argparse.Namespace, what: str, modules: Sequence[str],
     specs = launcher.parse_variant_specs(args.wheel_dir)
     work: Path = args.work_dir
     run_dir = _run_dir(work, what)
-    variants = [launcher.install_variant(name, path, work)
+    prebuilt = launcher.parse_variant_specs(args.prebuilt)
+    unknown = sorted(set(prebuilt) - set(specs))
+    if unknown:
+        raise ConfigError(f"--prebuilt for unknown variants {unknown}", where="--prebuilt")
+    variants = [launcher.install_variant(name, path, work, prebuilt.get(name))
                 for name, path in (specs.items() if specs else [("installed", None)])]
-    log.info("compiling FlashInfer modules %s for %s (cached under %s)", list(modules),
+    modules = [*modules, *(m for m in args.also_build if m not in modules)]
+    log.info("building/loading FlashInfer modules %s for %s (cached under %s)", modules,
              [v.name for v in variants], work)
     started = time.monotonic()
     compiled = launcher.compile_variants(variants, run_dir, modules=modules,
                                          timeout=args.compile_timeout)
-    log.info("compile step took %.0f s", time.monotonic() - started)
+    retry = [i for i, v in enumerate(variants)
+             if v.aot_modules and not compiled[v.name]["ok"]]
+    if retry:
+        for i in retry:
+            log.warning("variant %s: prebuilt modules failed to load, JIT-compiling:\n%s",
+                        variants[i].name, "\n".join(compiled[variants[i].name]["tail"]))
+            variants[i] = variants[i].without_prebuilt()
+        again = launcher.compile_variants([variants[i] for i in retry], run_dir,
+                                          modules=modules, timeout=args.compile_timeout)
+        for name, info in again.items():
+            info["prebuilt_failure"] = compiled[name]["failure"]
+            compiled[name] = info
+    log.info("module step took %.0f s", time.monotonic() - started)
     for name, info in compiled.items():
         if not info["ok"]:
             log.error("variant %s: JIT build failed: %s\n%s", name, info["failure"],
@@ -230,7 +252,9 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "world_sizes": args.world_sizes, "primary": primary, "baseline": baseline,
         "variants": {v.name: {**v.describe(), "flashinfer": compiled[v.name]["env"].get(
             "flashinfer"), "compiled": compiled[v.name]["ok"],
-            "compile_failure": compiled[v.name]["failure"]} for v in variants},
+            "compile_failure": compiled[v.name]["failure"],
+            "prebuilt_failure": compiled[v.name].get("prebuilt_failure")}
+            for v in variants},
         "tolerances": tolerance_table(), "results": results, "not_run": args.not_run,
     }
     out = _out_dir(args, env)

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -159,6 +160,7 @@ class Variant:
     sha256: str | None
     site: Path | None
     jit_base: Path
+    aot_modules: tuple[str, ...] = ()
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
         paths = [str(self.site)] if self.site else []
@@ -172,7 +174,20 @@ class Variant:
 
     def describe(self) -> dict[str, Any]:
         return {"wheel": self.wheel.name if self.wheel else None, "sha256": self.sha256,
-                "site": str(self.site) if self.site else None}
+                "site": str(self.site) if self.site else None,
+                "prebuilt_modules": list(self.aot_modules)}
+
+    def aot_dir(self) -> Path | None:
+        """Where FlashInfer looks for prebuilt modules (when no flashinfer-jit-cache)."""
+        return self.site / "flashinfer" / "data" / "aot" if self.site else None
+
+    def without_prebuilt(self) -> Variant:
+        """Remove the prebuilt modules so that FlashInfer JIT-compiles them instead."""
+        aot = self.aot_dir()
+        for module in self.aot_modules:
+            if aot is not None and (aot / module).exists():
+                shutil.rmtree(aot / module)
+        return dataclasses.replace(self, aot_modules=())
 
 
 def source_root() -> Path:
@@ -215,8 +230,14 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def install_variant(name: str, source: Path | None, work_dir: Path) -> Variant:
-    """Install the variant's wheel into its own target directory (no index, no deps)."""
+def install_variant(name: str, source: Path | None, work_dir: Path,
+                    prebuilt: Path | None = None) -> Variant:
+    """Install the variant's wheel into its own target directory (no index, no deps).
+
+    ``prebuilt``: a directory of ``<module>/<module>.so`` built elsewhere from the same
+    wheel (e.g. on a CPU machine with the same nvcc); they go where FlashInfer looks for
+    AOT modules, which saves the minutes of JIT compilation per variant on the GPU box.
+    """
     base = work_dir / name
     jit = base / "jit"
     jit.mkdir(parents=True, exist_ok=True)
@@ -228,8 +249,6 @@ def install_variant(name: str, source: Path | None, work_dir: Path) -> Variant:
     marker = base / "installed.sha256"
     if not (marker.exists() and marker.read_text().strip() == digest and site.is_dir()):
         if site.exists():
-            import shutil
-
             shutil.rmtree(site)
         cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
                "--no-compile", "--target", str(site), str(wheel)]
@@ -241,7 +260,21 @@ def install_variant(name: str, source: Path | None, work_dir: Path) -> Variant:
             raise CommandError(f"installing {wheel.name} for variant {name} failed",
                                detail=(proc.stdout + proc.stderr)[-4000:])
         marker.write_text(digest + "\n")
-    return Variant(name=name, wheel=wheel, sha256=digest, site=site, jit_base=jit)
+    variant = Variant(name=name, wheel=wheel, sha256=digest, site=site, jit_base=jit)
+    aot = variant.aot_dir()
+    assert aot is not None
+    modules: list[str] = []
+    if prebuilt is not None:
+        for so in sorted(prebuilt.glob("*/*.so")):
+            if so.stem != so.parent.name:
+                continue
+            (aot / so.stem).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(so, aot / so.stem / so.name)
+            modules.append(so.stem)
+        if not modules:
+            raise ConfigError("no <module>/<module>.so files", where=str(prebuilt),
+                              fix="point --prebuilt at a FlashInfer cached_ops directory")
+    return dataclasses.replace(variant, aot_modules=tuple(modules))
 
 
 # ---- compile ---------------------------------------------------------------------------

@@ -47,6 +47,16 @@ def _env_lines(env: dict[str, Any]) -> list[str]:
     return _md_table(("", ""), rows)
 
 
+def _modules(info: dict[str, Any]) -> str:
+    if not info.get("compiled", True):
+        return f"build FAILED: {info.get('compile_failure')}"
+    if info.get("prebuilt_modules"):
+        return ("prebuilt from this wheel's sources: " + ", ".join(info["prebuilt_modules"]))
+    if info.get("prebuilt_failure"):
+        return "JIT-compiled here (prebuilt modules failed to load)"
+    return "JIT-compiled here"
+
+
 # ---- test / A-B ------------------------------------------------------------------------
 def classify(statuses: dict[str, str], primary: str, baseline: str | None) -> str:
     """A/B class of one case: fixed, regressed, pass, fail, skip, or the primary's status."""
@@ -107,10 +117,9 @@ def render_test_markdown(doc: dict[str, Any]) -> str:
                   "CUDA IPC. Correctness holds as on separate GPUs; timings do not.", ""]
     lines += ["## Environment", "", *_env_lines(doc.get("environment", {})), ""]
     lines += ["## Variants", ""]
-    lines += _md_table(("variant", "wheel", "sha256", "FlashInfer", "JIT build"), [
+    lines += _md_table(("variant", "wheel", "sha256", "FlashInfer", "modules"), [
         (name, info.get("wheel") or "(installed)", (info.get("sha256") or "")[:16],
-         info.get("flashinfer", "?"), "ok" if info.get("compiled", True) else
-         f"FAILED: {info.get('compile_failure')}")
+         info.get("flashinfer", "?"), _modules(info))
         for name, info in doc.get("variants", {}).items()])
     lines += ["", "## Method", "",
               "Each rank regenerates every rank's input from the case seed; the reference is "

@@ -48,6 +48,15 @@ def say(tag: str, payload: Any = None) -> None:
     print(protocol.emit(tag, payload), flush=True)
 
 
+def hard_exit(code: int) -> None:
+    """Exit without interpreter teardown: with a poisoned CUDA context, or IPC mappings and
+    a gloo group still open, destructors and atexit hooks can hang, and a hung exit would
+    look like a hung case to the watchdog."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def cuda_broken(exc: BaseException) -> bool:
     """A CUDA error poisons the context: the launcher must restart the ranks."""
     text = f"{type(exc).__name__}: {exc}".lower()
@@ -71,7 +80,7 @@ class Rank:
         n_dev = torch.cuda.device_count()
         if n_dev == 0:
             say("FATAL", "no CUDA device visible to the rank")
-            sys.exit(EXIT_FATAL)
+            hard_exit(EXIT_FATAL)
         self.device_count = n_dev
         self.shared = self.world > n_dev
         self.device = torch.device("cuda", rank % n_dev)
@@ -98,7 +107,7 @@ class Rank:
                 say("FATAL", f"GPU {self.device.index} cannot access GPU {other} peer-to-peer "
                     "(P2P disabled by driver or topology); the fused all-reduce needs P2P "
                     "through CUDA IPC, so it must stay disabled on this machine")
-                sys.exit(EXIT_FATAL)
+                hard_exit(EXIT_FATAL)
 
     def barrier(self) -> None:
         dist.barrier()
@@ -337,7 +346,7 @@ def run_tests(rk: Rank, cases: list[Case]) -> None:
                           traceback=traceback.format_exc()[-3000:])
             say("RESULT", record)
             if cuda_broken(exc):
-                sys.exit(EXIT_CUDA_ERROR)
+                hard_exit(EXIT_CUDA_ERROR)
             rk.barrier()
             continue
         say("RESULT", record)
@@ -584,13 +593,15 @@ def environment() -> dict[str, Any]:
 
         env["flashinfer"] = flashinfer.__version__
         env["flashinfer_path"] = str(Path(flashinfer.__file__).parent)
-        meta = getattr(flashinfer, "_build_meta", None)
-        env["flashinfer_git"] = getattr(meta, "__git_version__", None)
+        from flashinfer import _build_meta  # type: ignore[import-not-found, unused-ignore]
+
+        env["flashinfer_git"] = getattr(_build_meta, "__git_version__", None)
     except Exception as exc:
         env["flashinfer_error"] = f"{type(exc).__name__}: {exc}"
     try:
         from cuda.bindings import driver  # type: ignore[import-not-found, unused-ignore]
 
+        driver.cuInit(0)
         _err, version = driver.cuDriverGetVersion()
         env["driver_cuda_api"] = version
         attr = driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED
@@ -639,9 +650,13 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"unknown mode {mode}")
     rk.barrier()
     say("DONE")
-    dist.destroy_process_group()
+    hard_exit(0)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        hard_exit(main(sys.argv[1:]))
+    except Exception:
+        traceback.print_exc()
+        hard_exit(1)
