@@ -204,3 +204,15 @@ def test_install_variant_with_prebuilt_modules(tmp_path: Path) -> None:
     assert not aot.exists()
     with pytest.raises(ConfigError, match="module"):
         launcher.install_variant("x", wheels, tmp_path / "work", tmp_path / "wheels")
+
+
+def test_time_budget_ends_a_hung_group_and_reports_the_rest_as_not_run(
+        tmp_path: Path, fake: tuple[list[str], launcher.Variant]) -> None:
+    worker, variant = fake
+    budget = launcher.Timeouts(startup=20.0, case=60.0, deadline=time.monotonic() + 8.0)
+    started = time.monotonic()
+    out = launcher.run_cases(_cases(1, 14, 2), variant, tmp_path, timeouts=budget,
+                             worker=worker)
+    assert time.monotonic() - started < 20  # not the 60 s idle timeout
+    assert [r["status"] for r in out] == ["pass", "skip", "skip"]
+    assert "time budget" in out[1]["reason"]

@@ -13,8 +13,10 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +29,7 @@ from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG, check_backend
 
 log = logging.getLogger("sm120fork")
 
+_T0 = time.monotonic()
 DEFAULT_WORK_DIR = Path(os.environ.get("SM120FORK_GPU_WORK", "/tmp/sm120fork-gpu"))
 
 
@@ -67,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--case-timeout", type=float, default=90.0,
                        help="watchdog: seconds without rank output before a case is ended")
         p.add_argument("--compile-timeout", type=float, default=1200.0)
+        p.add_argument("--time-budget", type=float, metavar="SECONDS",
+                       help="stop starting cases after this long; the rest are reported "
+                       "as not run (for machines leased by the minute)")
         p.add_argument("--not-run", action="append", default=[],
                        help="a line for the report's 'Not run here' section")
 
@@ -208,6 +214,12 @@ def _collect_logs(run_dir: Path, dest: Path) -> None:
                 out.write("\n")
 
 
+def _timeouts(args: argparse.Namespace) -> launcher.Timeouts:
+    deadline = None if args.time_budget is None else _T0 + args.time_budget
+    return launcher.Timeouts(startup=args.startup_timeout, case=args.case_timeout,
+                             deadline=deadline)
+
+
 def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
     run_dir, variants, compiled = _prepare(args, "test", ["comm"])
     names = [v.name for v in variants]
@@ -220,7 +232,7 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
         args.world_sizes)
     matrix = cases_mod.select(matrix, apis=args.api, patterns=args.pattern,
                               max_cases=args.max_cases)
-    timeouts = launcher.Timeouts(startup=args.startup_timeout, case=args.case_timeout)
+    timeouts = _timeouts(args)
     results: dict[str, list[dict[str, Any]]] = {}
     for variant in variants:
         info = compiled[variant.name]
@@ -286,7 +298,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
     gpu_count = int(env.get("gpu_count") or 1)
     world = args.world_size or max(2, gpu_count)
     plan = cases_mod.bench_plan(world, quick=args.quick)
-    timeouts = launcher.Timeouts(startup=args.startup_timeout, case=args.case_timeout)
+    timeouts = _timeouts(args)
     started = time.monotonic()
     records, rank_env, outcome = launcher.run_bench(
         plan.to_dict(), variant, run_dir, backend=args.backend,
@@ -328,10 +340,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terminate(signum: int, _frame: object) -> None:
+    """SIGTERM (e.g. from ``timeout``) unwinds like Ctrl-C, so rank groups get killed."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    global _T0  # noqa: PLW0603 - the time budget counts from the start of this command
+    _T0 = time.monotonic()
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         if args.command == "test":
             return cmd_test(args, argv)
@@ -343,6 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if err.detail:
             print(err.detail, file=sys.stderr)
         return err.exit_code
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

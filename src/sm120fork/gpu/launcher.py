@@ -82,12 +82,13 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 def run_group(commands: Sequence[Sequence[str]], *, envs: Sequence[Mapping[str, str]],
               log_paths: Sequence[Path], idle_timeout: float, first_timeout: float,
               on_line: Callable[[int, str], None] | None = None, fail_fast: bool = True,
-              poll_interval: float = 0.1) -> GroupOutcome:
+              poll_interval: float = 0.1, deadline: float | None = None) -> GroupOutcome:
     """Run ``commands`` concurrently under a watchdog.
 
     ``first_timeout`` bounds the time to the first output line of any process,
     ``idle_timeout`` the time between lines after that.  With ``fail_fast``, the first
-    process that exits non-zero (or a ``@@FATAL`` line) ends the whole group.
+    process that exits non-zero (or a ``@@FATAL`` line) ends the whole group.  Past
+    ``deadline`` (a ``time.monotonic()`` value) the group is ended as "budget".
     """
     procs: list[subprocess.Popen[bytes]] = []
     followers = [_Follower(p) for p in log_paths]
@@ -129,6 +130,9 @@ def run_group(commands: Sequence[Sequence[str]], *, envs: Sequence[Mapping[str, 
                     outcome.failure = "; ".join(f"process {i} exited with code {c}"
                                                 for i, c in failed)
                     outcome.kind = "crash"
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                outcome.failure, outcome.kind = "time budget exhausted", "budget"
                 break
             limit = idle_timeout if seen_output else first_timeout
             if time.monotonic() - last > limit:
@@ -345,10 +349,16 @@ def _merge(case: Case, records: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def _not_run(case: Case) -> dict[str, Any]:
+    return {"key": case.key, "case": case.to_dict(), "status": "skip",
+            "reason": "not run: the run's time budget (--time-budget) was used up"}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Timeouts:
     startup: float = 300.0  # to the first line: interpreter, torch, FlashInfer load, gloo
     case: float = 90.0  # between lines once running (a case prints START and RESULT)
+    deadline: float | None = None  # time.monotonic() after which no case starts
 
 
 def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
@@ -368,6 +378,10 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
     startup_failures = 0
     env_info: dict[str, Any] = {}
     while pending:
+        if timeouts.deadline is not None and time.monotonic() > timeouts.deadline:
+            for case in pending:
+                results[case.key] = _not_run(case)
+            break
         attempt += 1
         tag = f"{variant.name}-ws{world}-a{attempt}"
         spec_path = run_dir / f"spec-{tag}.json"
@@ -402,7 +416,8 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
             [[*worker, str(spec_path), str(r)] for r in range(world)],
             envs=[variant.env(os.environ)] * world,
             log_paths=[run_dir / f"{tag}-rank{r}.log" for r in range(world)],
-            idle_timeout=timeouts.case, first_timeout=timeouts.startup, on_line=on_line)
+            idle_timeout=timeouts.case, first_timeout=timeouts.startup, on_line=on_line,
+            deadline=timeouts.deadline)
         remaining = []
         for case in pending:
             recs = per_rank.get(case.key, {})
@@ -417,6 +432,10 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
         if not remaining:
             break
         tails = {f"rank{r}": t for r, t in enumerate(outcome.tails)}
+        if outcome.kind == "budget":
+            for case in remaining:
+                results[case.key] = _not_run(case)
+            break
         if outcome.ok or outcome.kind == "fatal":
             why = outcome.failure or "ranks exited without reporting these cases"
             for case in remaining:
@@ -488,5 +507,6 @@ def run_bench(plan_dict: dict[str, Any], variant: Variant, run_dir: Path, *,
         [[*worker, str(spec_path), str(r)] for r in range(world)],
         envs=[variant.env(os.environ)] * world,
         log_paths=[run_dir / f"bench-{variant.name}-rank{r}.log" for r in range(world)],
-        idle_timeout=timeouts.case, first_timeout=timeouts.startup, on_line=on_line)
+        idle_timeout=timeouts.case, first_timeout=timeouts.startup, on_line=on_line,
+        deadline=timeouts.deadline)
     return records, env_info, outcome
