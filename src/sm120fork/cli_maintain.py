@@ -1,0 +1,159 @@
+"""Commands that keep the fork alive: ``status``, ``bump``, ``refresh``, ``upstream-pr``.
+
+Registered with :func:`sm120fork.cli.command`; the logic lives in
+:mod:`sm120fork.maintain` and :mod:`sm120fork.upstream`, which never print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from sm120fork.cli import command
+from sm120fork.errors import ConfigError
+from sm120fork.workspace import Workspace
+
+_VERDICT_STYLE = {"still needed": "green", "upstreamed identically": "cyan",
+                  "upstreamed differently": "cyan", "conflict": "bold red"}
+
+
+def _status_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("stack", nargs="?", help="only this stack (default: every stack)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+@command("status", "every stack and patch: applies, DEP-3 upstream fields, "
+         "fingerprint upstream, shipped wheel", _status_args)
+def _status(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    from sm120fork.maintain import status
+
+    projects = status(ws, args.stack)
+    if args.json:
+        console.print_json(json.dumps([p.to_json() for p in projects]))
+        return 1 if any(p.error for p in projects) else 0
+    for ps in projects:
+        title = (f"{ps.stack}{' (default)' if ps.default else ''} / {ps.project} "
+                 f"{ps.version} [{ps.source}]")
+        if ps.bump_in_progress:
+            title += f"  BUMP IN PROGRESS {ps.bump_in_progress}"
+        table = Table(title=title, title_justify="left")
+        for col in ("patch", "applies", "Forwarded", "Applied-Upstream", "Bug-Upstream",
+                    "fingerprint upstream", "effect upstream", "wheel"):
+            table.add_column(col, overflow="fold")
+        for p in ps.patches:
+            table.add_row(p.patch, p.applies, p.forwarded, p.applied_upstream or "-",
+                          p.bug_upstream or "-", p.fingerprint_upstream, p.effect_upstream,
+                          p.wheel)
+        console.print(table)
+        if ps.error:
+            console.print(f"[bold red]error:[/] {ps.error}", highlight=False)
+        elif not ps.patches:
+            console.print("(empty series)")
+    return 1 if any(p.error for p in projects) else 0
+
+
+def _bump_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("stack")
+    p.add_argument("project")
+    p.add_argument("revision", nargs="?",
+                   help="new upstream version (sdist from the index) or a 40-hex git SHA")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--continue", dest="cont", action="store_true",
+                      help="resume after resolving a conflict in the fork tree")
+    what.add_argument("--abort", action="store_true",
+                      help="restore the previous fork tree, pin and series exactly")
+    p.add_argument("--allow-downgrade", action="store_true", help="accept an older version")
+    p.add_argument("--new-stack", metavar="NAME",
+                   help="copy the project into a new one-project stack NAME and bump that, "
+                        "leaving STACK as it is")
+    p.add_argument("--version", dest="pep440", metavar="V",
+                   help="the PEP 440 version of a git SHA revision")
+    p.add_argument("--git-commit", metavar="SHA",
+                   help="the upstream commit of the new sdist when it records none")
+
+
+@command("bump", "re-pin a project and re-classify its patches", _bump_args)
+def _bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    from sm120fork.maintain import bump, bump_abort, bump_continue
+
+    if args.abort:
+        ab = bump_abort(ws, args.stack, args.project)
+        console.print(f"aborted: {ab.stack}/{ab.project} is back at {ab.restored_version}"
+                      + (f"; stack {ab.stack} removed" if ab.removed_stack else ""))
+        return 0
+    if args.cont:
+        result = bump_continue(ws, args.stack, args.project)
+    else:
+        if not args.revision:
+            raise ConfigError("bump needs a version or a git SHA (or --continue / --abort)",
+                              where="bump")
+        result = bump(ws, args.stack, args.project, args.revision,
+                      allow_downgrade=args.allow_downgrade, new_stack=args.new_stack,
+                      version=args.pep440, git_commit=args.git_commit)
+    table = Table(title=f"{result.stack}/{result.project}: {result.old_version} -> "
+                        f"{result.new_version}", title_justify="left")
+    for col in ("patch", "verdict", "evidence"):
+        table.add_column(col, overflow="fold")
+    for c in result.classifications:
+        style = _VERDICT_STYLE.get(c.verdict, "yellow")
+        table.add_row(c.patch, f"[{style}]{c.verdict}[/]", "\n".join(c.evidence))
+    console.print(table)
+    r = result.refresh
+    console.print(f"series: {len(r.added)} added, {len(r.removed)} removed, "
+                  f"{len(r.changed)} changed, {len(r.unchanged)} unchanged")
+    console.print(f"report: {result.report.relative_to(ws.root)}; changelog: "
+                  f"{result.changelog.relative_to(ws.root)}")
+    console.print(f"next: python -m sm120fork build --stack {result.stack}")
+    return 0
+
+
+def _refresh_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("stack")
+    p.add_argument("project")
+
+
+@command("refresh", "export the fork tree's commits back into the series", _refresh_args)
+def _refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    from sm120fork.maintain import refresh
+
+    r = refresh(ws, args.stack, args.project)
+    for label, names in (("added", r.added), ("removed", r.removed), ("changed", r.changed)):
+        for n in names:
+            console.print(f"{label:8} {n}")
+    console.print(f"{r.stack}/{r.project}: {len(r.added)} added, {len(r.removed)} removed, "
+                  f"{len(r.changed)} changed, {len(r.unchanged)} unchanged"
+                  + ("" if r.wrote_anything else " (nothing written)"))
+    return 0
+
+
+def _upstream_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("stack")
+    p.add_argument("project")
+    p.add_argument("--onto", metavar="REF",
+                   help="rebase the branch onto REF of an upstream checkout (see --repo)")
+    p.add_argument("--repo", metavar="PATH_OR_URL",
+                   help="upstream repository to fetch --onto from (default: the declared "
+                        "git URL)")
+
+
+@command("upstream-pr", "prepare (never push) an upstream PR with evidence", _upstream_args)
+def _upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    from sm120fork.upstream import upstream_pr
+
+    result = upstream_pr(ws, args.stack, args.project, onto=args.onto, repo=args.repo)
+    if not result.commits:
+        console.print(f"{args.stack}/{args.project}: nothing to submit: {result.reason}")
+        return 0
+    console.print(f"branch {result.branch} in {result.tree}: {len(result.commits)} commit(s)")
+    for c in result.commits:
+        console.print(f"  {c}")
+    console.print(f"title: {result.title}")
+    console.print(f"wrote {result.out_dir.relative_to(ws.root)}/ "
+                  f"({', '.join(sorted(p.name for p in result.files))})")
+    console.print("nothing was pushed; to submit, run:")
+    for line in result.commands:
+        console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+    return 0

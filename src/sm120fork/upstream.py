@@ -1,0 +1,372 @@
+"""``upstream_pr``: prepare an upstream submission, never push it.
+
+The still-needed patches (those without ``Applied-Upstream``) become one commit each on
+a branch in the fork tree, on top of the pinned upstream or, with ``onto``, of a ref
+fetched from an upstream checkout.  The PR title and body follow the upstream project's
+template and carry the evidence the toolkit holds: the SM120 compile proof, the GPU test
+results, the bench table, the environment and the wheel digests.  Everything goes under
+``reports/upstream/<stack>-<project>/``; the ``git push`` and ``gh pr create`` commands
+are returned for a person to run.  Missing or failing evidence is a refusal, not a
+footnote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm120fork.declare import Project, Stack
+from sm120fork.errors import CommandError, DirtyTreeError, MaintenanceError
+from sm120fork.fetch import UPSTREAM_TAG
+from sm120fork.pipeline import load_manifest
+from sm120fork.proc import Git
+from sm120fork.series import Patch, load_series
+from sm120fork.tree import read_state
+from sm120fork.workspace import Workspace
+
+ONTO_REF = "refs/sm120fork/onto"
+_ID_PREFIX = re.compile(r"^(?:[A-Z]\d+|\d{4})\s+")
+_FROM = re.compile(r"^From: (.+?) <([^>]+)>$", re.MULTILINE)
+#: Variants of the compile proof and GPU tests that are the unpatched baseline.
+BASELINE_VARIANTS = ("unpatched", "upstream", "baseline")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    manifest_entry: dict[str, Any]
+    manifest_wheels: list[dict[str, Any]]
+    verify: dict[str, Any]
+    verify_path: Path
+    gpu_tests: list[tuple[Path, dict[str, Any]]]
+    bench: list[tuple[Path, str]]
+    files: dict[str, str] = field(default_factory=dict)  # path -> sha256
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpstreamPR:
+    stack: str
+    project: str
+    reason: str
+    commits: tuple[str, ...] = ()
+    branch: str = ""
+    tree: Path = Path()
+    base: str = ""
+    title: str = ""
+    body: str = ""
+    out_dir: Path = Path()
+    files: tuple[Path, ...] = ()
+    commands: tuple[str, ...] = ()
+
+
+def short_subject(patch: Patch) -> str:
+    """The subject without the fork's own patch id (``F1 ``, ``S2 ``, ``0001 ``)."""
+    return _ID_PREFIX.sub("", patch.subject)
+
+
+def commit_message(patch: Patch) -> str:
+    """Subject plus the DEP-3 description (first line a summary, then the rest)."""
+    lines = patch.description.splitlines()
+    body = "\n".join([lines[0], *([""] if len(lines) > 1 else []), *lines[1:]]) if lines else ""
+    trailers = [f"Bug: {patch.field('Bug-Upstream')}"] if patch.field("Bug-Upstream") else []
+    parts = [short_subject(patch), body, "\n".join(trailers)]
+    return "\n\n".join(p for p in parts if p).rstrip() + "\n"
+
+
+def github_slug(url: str) -> str:
+    m = re.search(r"github\.com[:/]([^/]+/[^/]+?)(?:\.git)?/?$", url)
+    return m.group(1) if m else ""
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data
+
+
+def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_digest: str,
+                     ) -> Evidence:
+    """Gather the evidence, or refuse naming everything missing or failing."""
+    problems: list[str] = []
+    files: dict[str, str] = {}
+    manifest = load_manifest(ws)
+    entry: dict[str, Any] = {}
+    wheels: list[dict[str, Any]] = []
+    manifest_path = ws.wheels_dir / "manifest.json"
+    if manifest is None:
+        problems.append(f"no wheels/manifest.json (run: python -m sm120fork build --stack "
+                        f"{stack.name})")
+    elif manifest.get("stack") != stack.name:
+        problems.append(f"wheels/manifest.json is for stack {manifest.get('stack')!r}, not "
+                        f"{stack.name!r} (build this stack)")
+    else:
+        wheels = list(manifest.get("wheels", []))
+        entry = next((w for w in wheels if w.get("project") == project.key), {})
+        if not entry:
+            problems.append(f"wheels/manifest.json has no {project.key} wheel")
+        elif entry.get("series_digest") != series_digest:
+            problems.append(f"the {project.key} wheel was built from another series "
+                            "(rebuild after the last change)")
+        elif not all(r.get("passed") for r in entry.get("artifact_check", [])):
+            problems.append(f"the {project.key} wheel failed its artifact check")
+        files[str(manifest_path.relative_to(ws.root))] = _sha256(manifest_path)
+    verify_path = ws.reports_dir / "sm120" / "verify.json"
+    verify = _load_json(verify_path) or {}
+    if not verify:
+        problems.append("no SM120 compile proof reports/sm120/verify.json "
+                        "(run: nox -s verify_sm120)")
+    else:
+        files[str(verify_path.relative_to(ws.root))] = _sha256(verify_path)
+        failing = [f"{v.get('variant')}/{v.get('arch')}" for v in verify.get("verdicts", [])
+                   if v.get("variant") not in BASELINE_VARIANTS and v.get("status") == "fail"]
+        if failing:
+            problems.append(f"the SM120 compile proof fails for {', '.join(failing)}")
+        elif not verify.get("verdicts"):
+            problems.append("reports/sm120/verify.json holds no verdicts")
+    gpu_tests: list[tuple[Path, dict[str, Any]]] = []
+    for path in sorted((ws.reports_dir / "gpu").glob("*/test-ab.json")):
+        doc = _load_json(path)
+        if doc is None:
+            problems.append(f"{path.relative_to(ws.root)} is not valid JSON")
+            continue
+        files[str(path.relative_to(ws.root))] = _sha256(path)
+        primary = str(doc.get("primary", "patched"))
+        failed = [r.get("key") for r in doc.get("results", {}).get(primary, [])
+                  if r.get("status") == "fail"]
+        if failed:
+            problems.append(f"GPU tests failed in {path.relative_to(ws.root)}: "
+                            f"{len(failed)} case(s), e.g. {failed[0]}")
+        gpu_tests.append((path, doc))
+    if not gpu_tests:
+        problems.append("no GPU test results reports/gpu/*/test-ab.json (run: nox -s gpu_test)")
+    bench: list[tuple[Path, str]] = []
+    for path in sorted((ws.reports_dir / "gpu").glob("*/bench.md")):
+        bench.append((path, path.read_text(encoding="utf-8")))
+        files[str(path.relative_to(ws.root))] = _sha256(path)
+    if problems:
+        raise MaintenanceError(
+            "refusing to prepare an upstream PR: " + "; ".join(problems),
+            where=f"{stack.name}/{project.key}",
+            fix="produce the missing evidence (or fix what failed) and run upstream_pr again")
+    return Evidence(manifest_entry=entry, manifest_wheels=wheels, verify=verify,
+                    verify_path=verify_path, gpu_tests=gpu_tests, bench=bench, files=files)
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |"
+            for r in rows]
+    return out
+
+
+def _evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
+    verdict_rows = [[str(v.get("variant")), str(v.get("arch")), str(v.get("status")),
+                     "; ".join(map(str, v.get("reasons", [])))[:200] or "-"]
+                    for v in ev.verify.get("verdicts", [])]
+    proof = ["SM120/SM121 compile proof (the series compiled with nvcc and the cubins "
+             f"inspected kernel by kernel; `{ev.verify_path.relative_to(ws.root)}`):", "",
+             *_md_table(["variant", "arch", "verdict", "reasons"], verdict_rows)]
+    tests: list[str] = []
+    env_rows: list[list[str]] = []
+    for path, doc in ev.gpu_tests:
+        primary = str(doc.get("primary", "patched"))
+        statuses: dict[str, int] = {}
+        for r in doc.get("results", {}).get(primary, []):
+            statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "no cases"
+        tests.append(f"- {doc.get('title', path.parent.name)} (`{path.relative_to(ws.root)}`, "
+                     f"`{doc.get('command', '')}`): {primary}: {counts}"
+                     + (f"; baseline {doc['baseline']}" if doc.get("baseline") else ""))
+        for k, v in sorted(doc.get("environment", {}).items()):
+            env_rows.append([path.parent.name, str(k), json.dumps(v) if not isinstance(
+                v, str) else v])
+    bench: list[str] = []
+    for path, text in ev.bench:
+        bench += [f"From `{path.relative_to(ws.root)}`:", "", text.strip(), ""]
+    wheel_rows = [[str(w.get("wheel")), f"`{w.get('sha256')}`",
+                   f"{sum(bool(r.get('passed')) for r in w.get('artifact_check', []))}/"
+                   f"{len(w.get('artifact_check', []))}"] for w in ev.manifest_wheels]
+    return {
+        "proof": proof,
+        "tests": tests,
+        "bench": bench or ["Not measured: no reports/gpu/*/bench.md."],
+        "env": _md_table(["report", "key", "value"], env_rows) if env_rows else ["-"],
+        "wheels": ["Wheels built by the fork toolkit from these commits "
+                   "(`wheels/manifest.json`):", "",
+                   *_md_table(["wheel", "sha256", "artifact check"], wheel_rows)],
+    }
+
+
+def render_body(ws: Workspace, project: Project, patches: list[Patch], ev: Evidence,
+                onto: str | None) -> str:
+    sec = _evidence_sections(ws, ev)
+    changes: list[str] = []
+    for p in patches:
+        changes += [f"### {short_subject(p)}", "", p.description.strip(), "",
+                    "Files: " + ", ".join(f"`{f}`" for f in p.files), ""]
+    mods = [f"- {short_subject(p)} ({', '.join(f'`{f}`' for f in p.files)})" for p in patches]
+    bugs = sorted({p.field("Bug-Upstream") for p in patches if p.field("Bug-Upstream")})
+    based = (f"Based on `{onto}`." if onto else
+             f"Based on the {project.distribution} {project.version} release.")
+    name = project.normalized_name
+    if name == "sglang":  # .github/pull_request_template.md of sgl-project/sglang
+        lines = ["## Motivation", "", based, "", *changes,
+                 "## Modifications", "", *mods, "",
+                 "## Accuracy Tests", "", *sec["tests"], "", *sec["proof"], "",
+                 "## Benchmarking and Profiling", "", *sec["bench"], "",
+                 "### Environment", "", *sec["env"], "", *sec["wheels"], "",
+                 "## Checklist", "",
+                 "- [x] Format your code according to the code style.",
+                 "- [x] Add unit tests / accuracy evidence (above).",
+                 "- [ ] Update documentation as needed.",
+                 "- [x] Provide throughput / latency benchmark results (above)."]
+    elif name.startswith("flashinfer"):  # flashinfer-ai/flashinfer's PR template
+        lines = ["## 📌 Description", "", based, "", *changes,
+                 "## 🔍 Related Issues", "", *([f"- {b}" for b in bugs] or ["-"]), "",
+                 "## 🚀 Pull Request Checklist", "",
+                 "### ✅ Pre-commit Checks", "",
+                 "- [ ] I have installed `pre-commit` and run `pre-commit run --all-files`.",
+                 "", "## 🧪 Tests", "",
+                 "- [x] Tests have been run (evidence below).", "",
+                 *sec["tests"], "", *sec["proof"], "",
+                 "### Benchmark", "", *sec["bench"], "",
+                 "## Reviewer Notes", "", *sec["env"], "", *sec["wheels"]]
+    else:
+        lines = ["## Description", "", based, "", *changes, "## Changes", "", *mods, "",
+                 "## Tests", "", *sec["tests"], "", *sec["proof"], "",
+                 "## Benchmarks", "", *sec["bench"], "", "## Environment", "", *sec["env"],
+                 "", *sec["wheels"]]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _title(project: Project, patches: list[Patch]) -> str:
+    if len(patches) == 1:
+        return short_subject(patches[0])
+    areas = list(dict.fromkeys(short_subject(p).split(":", 1)[0] for p in patches))
+    return f"SM120/SM121 support: {len(patches)} fixes ({', '.join(areas)})"
+
+
+def _author(patch: Patch) -> tuple[str, str]:
+    m = _FROM.search(patch.path.read_text(encoding="utf-8", errors="replace"))
+    return (m.group(1), m.group(2)) if m else ("SM12x fork maintainers",
+                                               "sm12x-fork@users.noreply.invalid")
+
+
+def _build_branch(repo: Git, base: str, patches: list[Patch], onto: str | None
+                  ) -> list[str]:
+    """One commit per patch on ``base``, made on a scratch index: the work tree is untouched."""
+    fd, index = tempfile.mkstemp(prefix="sm120fork-pr-index.")
+    os.close(fd)
+    env = {"GIT_INDEX_FILE": index}
+    parent = base
+    commits: list[str] = []
+    try:
+        for p in patches:
+            repo("read-tree", parent, env=env, quiet=True)
+            try:
+                repo("apply", "--cached", str(p.path), env=env, quiet=True)
+            except CommandError as exc:
+                raise MaintenanceError(
+                    f"patch {p.name} does not apply onto {onto or base}",
+                    fix="bump the project to that upstream first, then prepare the PR",
+                    detail=exc.detail) from exc
+            tree = repo("write-tree", env=env, quiet=True)
+            name, email = _author(p)
+            date = f"{p.field('Last-Update')}T00:00:00+00:00"
+            parent = repo("commit-tree", tree, "-p", parent, "-m", commit_message(p).rstrip(),
+                          env={**env, "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email,
+                               "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email,
+                               "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})
+            commits.append(parent)
+    finally:
+        os.unlink(index)
+    return commits
+
+
+def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str | None = None,
+                repo: str | None = None) -> UpstreamPR:
+    stack = ws.stack(stack_name)
+    project = stack.project(project_key)
+    series = load_series(ws.series_dir(project))
+    wanted = [p for p in series.patches if not p.applied_upstream]
+    if not wanted:
+        why = ("the series is empty" if not series.patches else
+               "every patch names an Applied-Upstream release")
+        return UpstreamPR(stack=stack.name, project=project.key, reason=why)
+    with ws.lock():
+        work = ws.work_tree(stack, project)
+        state = read_state(work) if work.exists() else None
+        if state is None:
+            raise MaintenanceError("there is no fork tree", where=str(work),
+                                   fix=f"run: python -m sm120fork build --stack {stack.name}")
+        git = Git(work)
+        if git.is_dirty() or (work / ".git" / "rebase-apply").exists():
+            raise DirtyTreeError("the fork tree has uncommitted changes", where=str(work),
+                                 fix="refresh (nox -s refresh) or discard them first")
+        if not state.complete or state.series != series.digest or git.head() != state.head:
+            raise MaintenanceError("the fork tree does not hold the current series",
+                                   where=str(work),
+                                   fix="run refresh (local commits) or build (series changed)")
+        evidence = collect_evidence(ws, stack, project, series.digest)
+        base = git("rev-parse", UPSTREAM_TAG, quiet=True)
+        if onto:
+            source = repo or project.git.url
+            try:
+                git("fetch", "--quiet", "--no-tags", source, f"+{onto}:{ONTO_REF}")
+            except CommandError as exc:
+                raise MaintenanceError(f"cannot fetch {onto} from {source}",
+                                       fix="pass --repo with a local upstream checkout",
+                                       detail=exc.detail) from exc
+            base = git("rev-parse", ONTO_REF, quiet=True)
+        commits = _build_branch(git, base, wanted, onto)
+        branch = f"sm12x/{project.key}-{project.version}" + ("-onto" if onto else "")
+        git("update-ref", f"refs/heads/{branch}", commits[-1])
+        title = _title(project, wanted)
+        body = render_body(ws, project, wanted, evidence, onto)
+        out = ws.reports_dir / "upstream" / f"{stack.name}-{project.key}"
+        if out.exists():
+            shutil.rmtree(out)
+        (out / "patches").mkdir(parents=True)
+        git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
+            str(out / "patches"), f"{base}..{commits[-1]}")
+        slug = github_slug(project.git.url) or "<owner>/<repo>"
+        commands = [
+            f"git -C {shlex.quote(str(work))} push <your-fork-url> {branch}:{branch}",
+            f"gh pr create --repo {slug} --base main --head <your-github-user>:{branch} "
+            f"--title {shlex.quote(title)} --body-file "
+            f"{shlex.quote(str((out / 'body.md').relative_to(ws.root)))}",
+        ]
+        if not onto:
+            commands.insert(0, f"# the branch sits on the {project.distribution} "
+                               f"{project.version} source import, not upstream's history: "
+                               "rebase with --onto <upstream ref> --repo <upstream checkout> "
+                               "before pushing")
+        (out / "title.txt").write_text(title + "\n", encoding="utf-8")
+        (out / "body.md").write_text(body, encoding="utf-8")
+        (out / "PR.md").write_text(f"# {title}\n\n{body}", encoding="utf-8")
+        (out / "commands.sh").write_text("#!/bin/sh\n# Not run by the toolkit.\n"
+                                         + "\n".join(commands) + "\n", encoding="utf-8")
+        (out / "evidence.json").write_text(json.dumps({
+            "stack": stack.name, "project": project.key, "branch": branch,
+            "base": base, "onto": onto, "commits": commits,
+            "patches": [{"name": p.name, "sha256": p.sha256} for p in wanted],
+            "evidence_files": evidence.files,
+        }, indent=1) + "\n", encoding="utf-8")
+        files = tuple(sorted(p for p in out.rglob("*") if p.is_file()))
+        return UpstreamPR(stack=stack.name, project=project.key, reason="", commits=tuple(
+            f"{c[:12]} {short_subject(p)}" for c, p in zip(commits, wanted, strict=True)),
+            branch=branch, tree=work, base=base, title=title, body=body, out_dir=out,
+            files=files, commands=tuple(commands))
