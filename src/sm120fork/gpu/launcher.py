@@ -306,8 +306,10 @@ def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Seq
     for idx, v in enumerate(variants):
         rc = outcome.returncodes[idx]
         ok = rc == 0
-        result[v.name] = {"ok": ok, "env": envs.get(idx, {}),
-                          "failure": None if ok else (outcome.failure or f"exit code {rc}"),
+        last = next((line for line in reversed(outcome.tails[idx]) if line.strip()), "")
+        failure = None if ok else (f"exit code {rc}: {last}" if rc is not None
+                                   else outcome.failure)
+        result[v.name] = {"ok": ok, "env": envs.get(idx, {}), "failure": failure,
                           "tail": outcome.tails[idx]}
     return result
 
