@@ -1,0 +1,133 @@
+"""A one-project workspace whose upstream has a newer release on a local package index.
+
+demo-lib 1.2.3 carries four patches; 1.3.0 merged the first identically, fixed the
+second in another way, left the third alone and changed the line the fourth edits.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from sm120fork.workspace import Workspace
+
+from conftest import Upstream, make_patch, make_upstream, stack_toml, write_series
+from helpers_ws import project_entry, sha256
+
+STACK = "demo"
+OLD_FILES = {
+    "{pkg}/util.py": "def helper():\n    return 1\n",
+    "{pkg}/conf.py": "LIMIT = 8\n",
+}
+NEW_FILES = {
+    "{pkg}/__init__.py": """\
+        from {pkg}._version import __version__
+
+        def supported_majors():
+            return [9, 10, 12]
+        """,
+    "{pkg}/kernel.cuh": """\
+        #if __CUDA_ARCH__ >= 900
+        void body() {{}}
+        #endif
+        """,
+    "{pkg}/util.py": "def helper():\n    return 1\n",
+    "{pkg}/conf.py": "LIMIT = 4\n",
+}
+
+
+@dataclass
+class BumpWorkspace:
+    ws: Workspace
+    old: Upstream
+    new: Upstream
+    index_url: str
+
+    @property
+    def series_dir(self) -> Path:
+        return self.ws.root / "patches" / STACK / "lib"
+
+
+class _Index(http.server.BaseHTTPRequestHandler):
+    routes: ClassVar[dict[str, tuple[str, bytes]]] = {}
+
+    def do_GET(self) -> None:
+        route = self.routes.get(self.path)
+        if route is None:
+            self.send_error(404)
+            return
+        ctype, data = route
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def package_index(sdists: list[Path], name: str) -> Iterator[str]:
+    """Serve ``sdists`` under a PEP 691 JSON simple index; yield the index URL."""
+    routes: dict[str, tuple[str, bytes]] = {}
+    files = []
+    for sdist in sdists:
+        routes[f"/files/{sdist.name}"] = ("application/octet-stream", sdist.read_bytes())
+        files.append({"filename": sdist.name, "url": f"../../files/{sdist.name}",
+                      "hashes": {"sha256": sha256(sdist)}})
+    routes[f"/simple/{name}/"] = ("application/vnd.pypi.simple.v1+json",
+                                  json.dumps({"meta": {"api-version": "1.1"}, "name": name,
+                                              "files": files}).encode())
+    handler = type("Index", (_Index,), {"routes": routes})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def make_bump_workspace(tmp_path: Path, index_url: str = "") -> BumpWorkspace:
+    old = make_upstream(tmp_path / "old", "demo-lib", "1.2.3", files=OLD_FILES)
+    new = make_upstream(tmp_path / "new", "demo-lib", "1.3.0", files=NEW_FILES)
+    root = tmp_path / "toolkit"
+    (root / "forks").mkdir(parents=True)
+    entry = project_entry("lib", old)
+    entry["url"] = ""  # from the package index, like the real declarations
+    (root / "forks" / f"{STACK}.toml").write_text(stack_toml(STACK, [entry]))
+    d = root / "patches" / STACK / "lib"
+    p1 = make_patch(old.repo, d, "F1 gate: allow 12", {
+        "demo_lib/__init__.py": ("return [9, 10]", "return [9, 10, 12]")},
+        "demo_lib/__init__.py: return [9, 10, 12]",
+        extra_fields="Applied-Upstream: 1.3.0, https://example.invalid/pull/1\n")
+    p2 = make_patch(old.repo, d, "F3 guards: drop the 1200 exclusion", {
+        "demo_lib/kernel.cuh": (" && __CUDA_ARCH__ < 1200", "  // SM12x: guard removed")},
+        "demo_lib/kernel.cuh: // SM12x: guard removed",
+        extra_fields="Applied-Upstream: 1.3.0, https://example.invalid/pull/2\n"
+                     "Effect: demo_lib/kernel.cuh: re:__CUDA_ARCH__ >= 900\\s*$\n"
+                     "Effect-Absent: demo_lib/kernel.cuh: __CUDA_ARCH__ < 1200\n")
+    p3 = make_patch(old.repo, d, "S3 util: helper returns 2", {
+        "demo_lib/util.py": ("return 1", "return 2  # sm12x")},
+        "demo_lib/util.py: return 2  # sm12x")
+    p4 = make_patch(old.repo, d, "S4 conf: larger limit", {
+        "demo_lib/conf.py": ("LIMIT = 8", "LIMIT = 16  # sm12x")},
+        "demo_lib/conf.py: LIMIT = 16  # sm12x")
+    write_series(d, [p.name for p in (p1, p2, p3, p4)])
+    return BumpWorkspace(ws=Workspace(root), old=old, new=new, index_url=index_url)
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under forks/ and patches/, by relative path."""
+    return {str(p.relative_to(root)): p.read_bytes()
+            for top in ("forks", "patches") for p in sorted((root / top).rglob("*"))
+            if p.is_file()}

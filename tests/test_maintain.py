@@ -1,0 +1,336 @@
+"""status, bump and refresh on real temporary git repos and a local package index."""
+
+from __future__ import annotations
+
+import json
+import re
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers_maintain import STACK, BumpWorkspace, make_bump_workspace, package_index, snapshot
+from sm120fork.cli import main
+from sm120fork.errors import (
+    ConfigError,
+    DirtyTreeError,
+    MaintenanceError,
+    SeriesError,
+    SourceError,
+)
+from sm120fork.maintain import (
+    CONFLICT,
+    RESOLVED,
+    STILL_NEEDED,
+    UPSTREAMED_DIFFERENTLY,
+    UPSTREAMED_IDENTICALLY,
+    bump,
+    bump_abort,
+    bump_continue,
+    refresh,
+    set_toml_values,
+    status,
+)
+from sm120fork.pipeline import build_stack
+from sm120fork.series import Fingerprint, parse_patch
+
+from conftest import git, make_patch, write_series
+from helpers_ws import DemoWorkspace, make_demo, sha256
+
+
+@pytest.fixture
+def bw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BumpWorkspace]:
+    monkeypatch.setenv("SM120FORK_TODAY", "2026-11-30")
+    workspace = make_bump_workspace(tmp_path)
+    with package_index([workspace.old.sdist, workspace.new.sdist], "demo-lib") as url:
+        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
+        workspace.index_url = url
+        yield workspace
+
+
+def work_tree(bw: BumpWorkspace) -> Path:
+    return bw.ws.root / ".forks" / "work" / STACK / "lib"
+
+
+def start_bump(bw: BumpWorkspace, **kw: str) -> MaintenanceError:
+    with pytest.raises(MaintenanceError) as err:
+        bump(bw.ws, STACK, "lib", "1.3.0", git_commit=bw.new.commit, **kw)  # type: ignore[arg-type]
+    return err.value
+
+
+# --------------------------------------------------------------------------- fields
+def test_effect_fields_are_parsed_and_validated(tmp_path: Path) -> None:
+    from conftest import make_upstream
+
+    up = make_upstream(tmp_path, files={"{pkg}/conf.py": "LIMIT = 8\n"})
+    d = tmp_path / "p"
+    good = make_patch(up.repo, d, "S1 conf", {"demo_lib/conf.py": ("LIMIT = 8", "LIMIT = 16")},
+                      "demo_lib/conf.py: LIMIT = 16",
+                      extra_fields="Effect: demo_lib/conf.py: re:LIMIT = (16|32)\n"
+                                   "Effect-Absent: demo_lib/*.py: LIMIT = 8\n")
+    patch = parse_patch(good)
+    assert patch.effects == (Fingerprint(path="demo_lib/conf.py", text="re:LIMIT = (16|32)"),)
+    assert patch.effects_absent == (Fingerprint(path="demo_lib/*.py", text="LIMIT = 8"),)
+    bad = d / "bad.patch"
+    bad.write_text(good.read_text().replace("re:LIMIT = (16|32)", "re:LIMIT = (16"))
+    with pytest.raises(SeriesError, match="regex"):
+        parse_patch(bad)
+    bad.write_text(good.read_text().replace("Effect: demo_lib/conf.py: re:", "Effect: nopath"))
+    with pytest.raises(SeriesError, match="malformed Effect"):
+        parse_patch(bad)
+
+
+def test_effect_text_folds_whitespace_and_regex_searches() -> None:
+    upstream = "if (\n    has_sm90\n    or has_sm120\n):\n    append(comm())\n"
+    assert Fingerprint(path="a", text="or has_sm120 ): append(comm())").found_in(upstream)
+    assert not Fingerprint(path="a", text="has_sm90 or has_sm100").found_in(upstream)
+    assert Fingerprint(path="a", text=r"re:has_sm90\b[^:]*has_sm120[^:]*:").found_in(upstream)
+
+
+def test_set_toml_values_keeps_comments_and_order() -> None:
+    text = '[a]\n# keep me\nx = "1"\ny = true\n\n[a.b]\nx = "2"\n'
+    out = set_toml_values(text, "a", {"x": "new", "y": None, "z": False})
+    assert out == '[a]\n# keep me\nx = "new"\nz = false\n\n[a.b]\nx = "2"\n'
+
+
+# --------------------------------------------------------------------------- status
+@pytest.mark.slow
+def test_status_reports_every_patch_and_its_wheel(bw: BumpWorkspace) -> None:
+    rows = status(bw.ws)
+    assert [r.project for r in rows] == ["lib"]
+    lib = rows[0]
+    assert not lib.error
+    assert [p.applies for p in lib.patches] == ["yes"] * 4
+    assert [p.fingerprint_upstream for p in lib.patches] == ["absent"] * 4
+    assert lib.patches[0].applied_upstream.startswith("1.3.0")
+    assert lib.patches[1].effect_upstream == "absent"
+    assert lib.patches[0].effect_upstream == "-"
+    assert all(p.wheel == "-" for p in lib.patches)
+    build_stack(bw.ws, bw.ws.stack(STACK))
+    wheels = {p.wheel for p in status(bw.ws)[0].patches}
+    assert wheels == {"demo_lib-1.2.3+sm120.1-py3-none-any.whl"}
+    # A patch that no longer applies is named, the ones after it are not checked.
+    p2 = bw.series_dir / (bw.series_dir / "series").read_text().split()[1]
+    p2.write_text(p2.read_text().replace("-#if __CUDA_ARCH__ >= 900 && __CUDA_ARCH__ < 1200",
+                                         "-#if __CUDA_ARCH__ >= 800 && __CUDA_ARCH__ < 1200"))
+    applies = [p.applies for p in status(bw.ws)[0].patches]
+    assert applies[0] == "yes"
+    assert applies[1].startswith("NO: demo_lib/kernel.cuh")
+    assert applies[2:] == ["not checked", "not checked"]
+
+
+@pytest.mark.slow
+def test_status_cli_json(bw: BumpWorkspace, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--root", str(bw.ws.root), "-q", "status", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data[0]["stack"] == STACK
+    assert len(data[0]["patches"]) == 4
+    assert set(data[0]["patches"][0]) >= {"applies", "fingerprint_upstream", "wheel",
+                                          "applied_upstream", "forwarded"}
+
+
+# --------------------------------------------------------------------------- bump
+@pytest.mark.slow
+def test_bump_classifies_each_patch_stops_at_conflict_and_finishes(bw: BumpWorkspace) -> None:
+    err = start_bump(bw)
+    assert "0004-S4-conf-larger-limit.patch conflicts" in err.message
+    assert "--continue" in err.message
+    assert "--abort" in err.message
+    conf = (work_tree(bw) / "demo_lib" / "conf.py").read_text()
+    assert "<<<<<<<" in conf
+    assert "LIMIT = 4" in conf
+    assert "LIMIT = 16  # sm12x" in conf
+    # Not resolved yet: --continue refuses and keeps the conflict.
+    with pytest.raises(MaintenanceError, match="conflict markers"):
+        bump_continue(bw.ws, STACK, "lib")
+    (work_tree(bw) / "demo_lib" / "conf.py").write_text("LIMIT = 16  # sm12x\n")
+    # Re-running the same bump resumes, like --continue.
+    result = bump(bw.ws, STACK, "lib", "1.3.0")
+    assert [(c.patch[:4], c.verdict) for c in result.classifications] == [
+        ("0001", UPSTREAMED_IDENTICALLY), ("0002", UPSTREAMED_DIFFERENTLY),
+        ("0003", STILL_NEEDED), ("0004", RESOLVED)]
+    evidence = {c.patch[:4]: c.evidence for c in result.classifications}
+    assert "reverse-applies cleanly" in evidence["0001"][0]
+    assert any("Effect-Absent" in e and "absent" in e for e in evidence["0002"])
+    assert any("agrees" in e for e in evidence["0002"])
+    # The series now holds only what is still needed, rebased on 1.3.0.
+    assert (bw.series_dir / "series").read_text().split() == [
+        "0001-S3-util-helper-returns-2.patch", "0002-S4-conf-larger-limit.patch"]
+    assert sorted(p.name for p in bw.series_dir.glob("*.patch")) == [
+        "0001-S3-util-helper-returns-2.patch", "0002-S4-conf-larger-limit.patch"]
+    decl = (bw.ws.forks_dir / f"{STACK}.toml").read_text()
+    assert 'version = "1.3.0"' in decl
+    assert f'sha256 = "{sha256(bw.new.sdist)}"' in decl
+    assert 'filename = "demo_lib-1.3.0.tar.gz"' in decl
+    assert "commit_verified = false" in decl
+    report = (bw.ws.reports_dir / "bump" / "demo-lib-1.2.3-to-1.3.0.md").read_text()
+    assert "**upstreamed identically**" in report
+    assert "**upstreamed differently**" in report
+    assert "## Range-diff" in report
+    assert "F1 gate: allow 12" in report
+    changelog = (bw.ws.root / "patches" / STACK / "CHANGELOG.md").read_text()
+    assert re.search(r"dropped 0001-F1-gate-allow-12\.patch .*upstreamed identically in "
+                     r"demo-lib 1\.3\.0 \(Applied-Upstream: 1\.3\.0, "
+                     r"https://example\.invalid/pull/1\)", changelog)
+    assert "2026-11-30" in changelog
+    assert not (bw.ws.state_dir / "bump").exists() or not any(
+        (bw.ws.state_dir / "bump").iterdir())
+    # The bumped series builds and passes the artifact check.
+    builds = build_stack(bw.ws, bw.ws.stack(STACK))
+    assert builds[0].version == "1.3.0+sm120.1"
+    with zipfile.ZipFile(builds[0].wheel) as zf:
+        assert zf.read("demo_lib/conf.py").decode() == "LIMIT = 16  # sm12x\n"
+        assert "return [9, 10, 12]" in zf.read("demo_lib/__init__.py").decode()
+
+
+@pytest.mark.slow
+def test_bump_abort_restores_pin_series_and_tree_exactly(bw: BumpWorkspace) -> None:
+    build_stack(bw.ws, bw.ws.stack(STACK))
+    before = snapshot(bw.ws.root)
+    head = git(work_tree(bw), "rev-parse", "HEAD")
+    start_bump(bw)
+    assert git(work_tree(bw), "rev-parse", "HEAD") != head
+    with pytest.raises(MaintenanceError, match="in progress"):
+        bump(bw.ws, STACK, "lib", "1.4.0")
+    with pytest.raises(MaintenanceError, match="bump of this project is in progress"):
+        refresh(bw.ws, STACK, "lib")
+    assert status(bw.ws)[0].bump_in_progress == "to 1.3.0"
+    result = bump_abort(bw.ws, STACK, "lib")
+    assert result.restored_version == "1.2.3"
+    assert snapshot(bw.ws.root) == before
+    assert git(work_tree(bw), "rev-parse", "HEAD") == head
+    assert git(work_tree(bw), "status", "--porcelain") == ""
+    assert [b.cached for b in build_stack(bw.ws, bw.ws.stack(STACK))] == [True]
+    with pytest.raises(MaintenanceError, match="no bump in progress"):
+        bump_abort(bw.ws, STACK, "lib")
+
+
+@pytest.mark.slow
+def test_bump_into_new_stack_leaves_the_source_stack_alone(bw: BumpWorkspace) -> None:
+    before = snapshot(bw.ws.root)
+    start_bump(bw, new_stack="demo-next")
+    (bw.ws.root / ".forks/work/demo-next/lib/demo_lib/conf.py").write_text("LIMIT = 16\n")
+    result = bump_continue(bw.ws, "demo-next", "lib")
+    assert result.new_stack_created
+    after = snapshot(bw.ws.root)
+    assert {k: v for k, v in after.items() if k in before} == before
+    stack = bw.ws.stack("demo-next")
+    assert not stack.default
+    assert stack.project("lib").version == "1.3.0"
+    assert stack.project("lib").series == "patches/demo-next/lib"
+    assert bw.ws.stack(STACK).project("lib").version == "1.2.3"
+    # Aborting a bump into a new stack removes that stack again.
+    start_bump(bw, new_stack="demo-other")
+    assert (bw.ws.forks_dir / "demo-other.toml").is_file()
+    bump_abort(bw.ws, "demo-other", "lib")
+    assert not (bw.ws.forks_dir / "demo-other.toml").exists()
+    assert not (bw.ws.root / "patches" / "demo-other").exists()
+
+
+@pytest.mark.slow
+def test_applied_upstream_that_disagrees_stops_for_a_human(bw: BumpWorkspace) -> None:
+    p2 = bw.series_dir / (bw.series_dir / "series").read_text().split()[1]
+    p2.write_text(p2.read_text().replace("Applied-Upstream: 1.3.0, https://example.invalid/pull/2",
+                                         "Applied-Upstream: 2.0, https://example.invalid/pull/2"))
+    err = start_bump(bw)
+    assert "0002-F3-guards" in err.message
+    assert "later than 1.3.0" in (err.detail or "")
+    assert CONFLICT == "conflict"
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_bad_input_gives_clear_errors(bw: BumpWorkspace) -> None:
+    with pytest.raises(ConfigError, match="unknown stack 'dmeo'"):
+        bump(bw.ws, "dmeo", "lib", "1.3.0")
+    with pytest.raises(ConfigError, match="unknown project 'lbi'"):
+        bump(bw.ws, STACK, "lbi", "1.3.0")
+    with pytest.raises(SourceError, match=r"9\.9\.9 has no sdist.*\n?.*1\.3\.0|9\.9\.9 has no"):
+        bump(bw.ws, STACK, "lib", "9.9.9")
+    with pytest.raises(MaintenanceError, match=r"older than the pinned 1\.2\.3"):
+        bump(bw.ws, STACK, "lib", "1.0.0")
+    with pytest.raises(MaintenanceError, match="already pinned"):
+        bump(bw.ws, STACK, "lib", "1.2.3")
+    with pytest.raises(ConfigError, match="neither a PEP 440 version"):
+        bump(bw.ws, STACK, "lib", "banana!")
+    with pytest.raises(MaintenanceError, match=r"git commit of demo-lib 1\.3\.0 is unknown"):
+        bump(bw.ws, STACK, "lib", "1.3.0")
+    assert main(["--root", str(bw.ws.root), "-q", "bump", STACK, "lib", "1.0.0"]) == 14
+    assert main(["--root", str(bw.ws.root), "-q", "bump", "nope", "lib", "1.3.0"]) == 2
+    assert not (bw.ws.state_dir / "bump").exists()
+
+
+# --------------------------------------------------------------------------- refresh
+@pytest.fixture
+def demo(tmp_path: Path) -> DemoWorkspace:
+    d = make_demo(tmp_path)
+    build_stack(d.ws, d.ws.stack("demo"))
+    return d
+
+
+def mtimes(directory: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in sorted(directory.iterdir())}
+
+
+@pytest.mark.slow
+def test_refresh_is_byte_stable_and_reports_changes(demo: DemoWorkspace) -> None:
+    lib = demo.series_dir("lib")
+    refresh(demo.ws, "demo", "lib")  # into the canonical form
+    stamps = mtimes(lib)
+    again = refresh(demo.ws, "demo", "lib")
+    assert not again.wrote_anything
+    assert len(again.unchanged) == 2
+    assert mtimes(lib) == stamps
+    stack = demo.ws.stack("demo")
+    work = demo.ws.work_tree(stack, stack.project("lib"))
+    # Amend the last patch's commit in the fork tree: refresh reports it as changed.
+    (work / "demo_lib" / "kernel.cuh").write_text(
+        (work / "demo_lib" / "kernel.cuh").read_text() + "// more\n")
+    git(work, "commit", "-q", "-a", "--amend", "--no-edit")
+    changed = refresh(demo.ws, "demo", "lib")
+    assert changed.changed == ("0002-F3-guards-drop-the-1200-exclusion.patch",)
+    assert "+// more" in (lib / changed.changed[0]).read_text()
+    assert "Date: Sun, 29 Nov 2026 00:00:00 +0000" in (lib / changed.changed[0]).read_text()
+    # A new commit with a DEP-3 header becomes a new patch.
+    (work / "demo_lib" / "new.py").write_text("X = 12\n")
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "F9 new: add X\n\nDescription: add X\nOrigin: vendor\n"
+        "Forwarded: no\nLast-Update: 2026-11-30\nFingerprint: demo_lib/new.py: X = 12\n")
+    added = refresh(demo.ws, "demo", "lib")
+    assert added.added == ("0003-F9-new-add-X.patch",)
+    assert (lib / "series").read_text().split()[-1] == "0003-F9-new-add-X.patch"
+    assert "Date: Mon, 30 Nov 2026 00:00:00 +0000" in (lib / added.added[0]).read_text()
+    # Dropping a commit removes its patch.
+    git(work, "reset", "-q", "--hard", "HEAD~1")
+    removed = refresh(demo.ws, "demo", "lib")
+    assert removed.removed == ("0003-F9-new-add-X.patch",)
+    # And the fork tree is what a build makes: the next build reuses it.
+    assert build_stack(demo.ws, stack, only=["lib"])[0].cached is False
+    assert build_stack(demo.ws, stack, only=["lib"])[0].cached is True
+
+
+@pytest.mark.slow
+def test_refresh_refuses_uncommitted_changes_and_headerless_commits(demo: DemoWorkspace) -> None:
+    lib = demo.series_dir("lib")
+    before = {p.name: p.read_bytes() for p in lib.iterdir()}
+    stack = demo.ws.stack("demo")
+    work = demo.ws.work_tree(stack, stack.project("lib"))
+    (work / "demo_lib" / "conf.py").write_text("# wip\n")
+    with pytest.raises(DirtyTreeError, match="uncommitted changes"):
+        refresh(demo.ws, "demo", "lib")
+    assert (work / "demo_lib" / "conf.py").read_text() == "# wip\n"
+    assert main(["--root", str(demo.ws.root), "-q", "refresh", "demo", "lib"]) == 8
+    git(work, "add", "-A")
+    git(work, "commit", "-q", "-m", "wip without a header")
+    with pytest.raises(SeriesError, match="DEP-3"):
+        refresh(demo.ws, "demo", "lib")
+    assert {p.name: p.read_bytes() for p in lib.iterdir()} == before
+
+
+@pytest.mark.slow
+def test_refresh_without_a_fork_tree(tmp_path: Path) -> None:
+    d = make_demo(tmp_path)
+    with pytest.raises(MaintenanceError, match="no fork tree"):
+        refresh(d.ws, "demo", "lib")
+    write_series(d.series_dir("app"), (d.series_dir("app") / "series").read_text().split())

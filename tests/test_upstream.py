@@ -1,0 +1,166 @@
+"""upstream_pr on a built demo workspace: evidence, refusals, the branch, nothing pushed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sm120fork.cli import main
+from sm120fork.errors import DirtyTreeError, MaintenanceError
+from sm120fork.pipeline import build_stack
+from sm120fork.upstream import commit_message, github_slug, short_subject, upstream_pr
+
+from conftest import git
+from helpers_ws import DemoWorkspace, make_demo
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> DemoWorkspace:
+    d = make_demo(tmp_path)
+    build_stack(d.ws, d.ws.stack("demo"))
+    return d
+
+
+def write_evidence(root: Path, *, gpu_status: str = "pass", proof: str = "pass") -> None:
+    sm120 = root / "reports" / "sm120"
+    sm120.mkdir(parents=True, exist_ok=True)
+    (sm120 / "verify.json").write_text(json.dumps({"report": {}, "verdicts": [
+        {"variant": "patched", "arch": "sm_120a", "status": proof, "reasons": []},
+        {"variant": "unpatched", "arch": "sm_120a", "status": "fail",
+         "reasons": ["empty lamport kernel bodies"]}]}))
+    gpu = root / "reports" / "gpu" / "h200-1x"
+    gpu.mkdir(parents=True, exist_ok=True)
+    (gpu / "test-ab.json").write_text(json.dumps({
+        "title": "NVIDIA H200 x1", "command": "python -m sm120fork.gpu test",
+        "primary": "patched", "baseline": "unpatched",
+        "environment": {"gpus": ["NVIDIA H200"], "torch": "2.11"},
+        "results": {"patched": [{"key": "ws2-t1", "status": gpu_status},
+                                {"key": "ws2-t8", "status": "pass"}],
+                    "unpatched": [{"key": "ws2-t1", "status": "fail"}]}}))
+    (gpu / "bench.md").write_text("| tokens | fused us |\n|---|---|\n| 1 | 12.0 |\n")
+
+
+def work_tree(demo: DemoWorkspace) -> Path:
+    stack = demo.ws.stack("demo")
+    return demo.ws.work_tree(stack, stack.project("lib"))
+
+
+def test_refuses_naming_every_missing_piece_of_evidence(demo: DemoWorkspace) -> None:
+    with pytest.raises(MaintenanceError) as err:
+        upstream_pr(demo.ws, "demo", "lib")
+    msg = err.value.message
+    assert "reports/sm120/verify.json" in msg
+    assert "reports/gpu/*/test-ab.json" in msg
+    assert not (demo.ws.reports_dir / "upstream").exists()
+    assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib"]) == 14
+
+
+def test_prepares_branch_body_and_commands_without_pushing(demo: DemoWorkspace) -> None:
+    write_evidence(demo.ws.root)
+    work = work_tree(demo)
+    head = git(work, "rev-parse", "HEAD")
+    pr = upstream_pr(demo.ws, "demo", "lib")
+    assert pr.branch == "sm12x/lib-1.2.3"
+    assert len(pr.commits) == 2
+    # One commit per patch, messages from the DEP-3 descriptions, on pinned upstream.
+    subjects = git(work, "log", "--reverse", "--format=%s", f"upstream..{pr.branch}")
+    assert subjects.splitlines() == ["gate: allow 12", "guards: drop the 1200 exclusion"]
+    body = git(work, "log", "-1", "--format=%B", pr.branch)
+    assert "Fingerprint" not in body
+    assert git(work, "rev-parse", f"{pr.branch}^{{tree}}") == git(work, "rev-parse",
+                                                                  "HEAD^{tree}")
+    # The fork tree itself is untouched; nothing has a remote, nothing was pushed.
+    assert git(work, "rev-parse", "HEAD") == head
+    assert git(work, "status", "--porcelain") == ""
+    assert git(work, "remote") == ""
+    out = demo.ws.reports_dir / "upstream" / "demo-lib"
+    assert {p.name for p in pr.files} >= {"PR.md", "body.md", "title.txt", "commands.sh",
+                                          "evidence.json"}
+    assert len(list((out / "patches").glob("*.patch"))) == 2
+    text = (out / "body.md").read_text()
+    manifest = json.loads((demo.ws.wheels_dir / "manifest.json").read_text())
+    assert manifest["wheels"][0]["sha256"] in text
+    assert "sm_120a" in text
+    assert "ws2-t1" not in text or "pass" in text
+    assert "| 1 | 12.0 |" in text
+    assert "NVIDIA H200" in text
+    assert any(c.startswith("gh pr create") for c in pr.commands)
+    assert any(" push " in c for c in pr.commands)
+    evidence = json.loads((out / "evidence.json").read_text())
+    assert "reports/sm120/verify.json" in evidence["evidence_files"]
+
+
+def test_refuses_failed_tests_and_failed_proof(demo: DemoWorkspace) -> None:
+    write_evidence(demo.ws.root, gpu_status="fail")
+    with pytest.raises(MaintenanceError, match=r"GPU tests failed .*1 case\(s\), e\.g\. ws2-t1"):
+        upstream_pr(demo.ws, "demo", "lib")
+    write_evidence(demo.ws.root, proof="fail")
+    with pytest.raises(MaintenanceError, match="compile proof fails for patched/sm_120a"):
+        upstream_pr(demo.ws, "demo", "lib")
+
+
+def test_refuses_a_dirty_tree_and_a_stale_wheel(demo: DemoWorkspace) -> None:
+    write_evidence(demo.ws.root)
+    work = work_tree(demo)
+    (work / "demo_lib" / "__init__.py").write_text("# wip\n")
+    with pytest.raises(DirtyTreeError):
+        upstream_pr(demo.ws, "demo", "lib")
+    git(work, "checkout", "--", ".")
+    lib = demo.series_dir("lib")
+    first = lib / (lib / "series").read_text().split()[0]
+    first.write_text(first.read_text().replace("Forwarded: no", "Forwarded: not-needed"))
+    with pytest.raises(MaintenanceError, match="does not hold the current series"):
+        upstream_pr(demo.ws, "demo", "lib")
+
+
+def test_nothing_to_submit_when_every_patch_is_upstream(demo: DemoWorkspace,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    lib = demo.series_dir("lib")
+    for name in (lib / "series").read_text().split():
+        p = lib / name
+        p.write_text(p.read_text().replace(
+            "Last-Update:", "Applied-Upstream: 1.3.0, https://example.invalid/pull/9\n"
+            "Last-Update:", 1))
+    pr = upstream_pr(demo.ws, "demo", "lib")
+    assert not pr.commits
+    assert "Applied-Upstream" in pr.reason
+    assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib"]) == 0
+    assert "nothing to submit" in capsys.readouterr().out
+
+
+def test_onto_a_newer_upstream_ref(demo: DemoWorkspace) -> None:
+    write_evidence(demo.ws.root)
+    (demo.lib.repo / "NEWS").write_text("1.2.4\n")
+    git(demo.lib.repo, "checkout", "-q", "main")
+    git(demo.lib.repo, "add", "-A")
+    git(demo.lib.repo, "commit", "-q", "-m", "newer upstream")
+    newer = git(demo.lib.repo, "rev-parse", "main")
+    pr = upstream_pr(demo.ws, "demo", "lib", onto="main", repo=str(demo.lib.repo))
+    work = work_tree(demo)
+    assert pr.base == newer
+    assert git(work, "rev-parse", f"{pr.branch}~2") == newer
+    assert not any(c.startswith("#") for c in pr.commands)
+
+
+def test_message_helpers() -> None:
+    assert github_slug("https://github.com/flashinfer-ai/flashinfer.git") == \
+        "flashinfer-ai/flashinfer"
+    assert github_slug("git@github.com:sgl-project/sglang.git") == "sgl-project/sglang"
+
+    class P:
+        subject = "F1 jit: build the comm module"
+        description = "Let it build.\n More text."
+
+        def field(self, name: str) -> str:
+            return "https://example.invalid/1" if name == "Bug-Upstream" else ""
+
+    p = P()
+    assert short_subject(p) == "jit: build the comm module"  # type: ignore[arg-type]
+    assert commit_message(p) == (  # type: ignore[arg-type]
+        "jit: build the comm module\n\nLet it build.\n\n More text.\n\n"
+        "Bug: https://example.invalid/1\n")
