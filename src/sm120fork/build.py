@@ -65,6 +65,8 @@ def build_wheel(project: Project, repo: Git, out_dir: Path) -> Path:
         root = project.package_root.strip("/")
         package_dir = src if root in ("", ".") else src / root
         env = stamp_version(project, package_dir)
+        # Reproducible archives: wheel/setuptools date zip entries from this.
+        env["SOURCE_DATE_EPOCH"] = repo("log", "-1", "--format=%ct", quiet=True)
         dist = Path(tmp) / "dist"
         log.info("building %s %s", project.distribution, project.local_version)
         try:
