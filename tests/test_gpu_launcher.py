@@ -216,3 +216,19 @@ def test_time_budget_ends_a_hung_group_and_reports_the_rest_as_not_run(
     assert time.monotonic() - started < 20  # not the 60 s idle timeout
     assert [r["status"] for r in out] == ["pass", "skip", "skip"]
     assert "time budget" in out[1]["reason"]
+
+
+def test_circuit_breaker_stops_one_api_after_repeated_hangs(
+        tmp_path: Path, fake: tuple[list[str], launcher.Variant]) -> None:
+    worker, variant = fake
+    hangs = [Case(world_size=2, api="fusion_legacy", pattern="ar_rmsnorm", tokens=14,
+                  hidden=h, dtype="bf16", strategy="oneshot", pdl=False) for h in (256, 512, 1024)]
+    other = Case(world_size=2, api="custom_lamport", pattern="ar_rmsnorm", tokens=1, hidden=256,
+                 dtype="bf16", strategy="oneshot", pdl=False)
+    quick = launcher.Timeouts(startup=20.0, case=1.0, max_hang_streak=2)
+    out = {r["key"]: r for r in launcher.run_cases([*hangs, other], variant, tmp_path,
+                                                    timeouts=quick, worker=worker)}
+    kinds = [out[c.key]["failure"] for c in hangs]
+    assert kinds == ["hang", "hang", "not attempted"]
+    assert "circuit breaker" in out[hangs[2].key]["reason"]
+    assert out[other.key]["status"] == "pass"

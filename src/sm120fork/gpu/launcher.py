@@ -361,6 +361,10 @@ class Timeouts:
     startup: float = 300.0  # to the first line: interpreter, torch, FlashInfer load, gloo
     case: float = 90.0  # between lines once running (a case prints START and RESULT)
     deadline: float | None = None  # time.monotonic() after which no case starts
+    #: circuit breaker: after this many hangs (crashes) in a row of one API, the rest of
+    #: that API's cases in the batch are reported as not attempted
+    max_hang_streak: int = 4
+    max_crash_streak: int = 12
 
 
 def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
@@ -378,6 +382,7 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
     results: dict[str, dict[str, Any]] = {}
     attempt = 0
     startup_failures = 0
+    streaks: dict[str, dict[str, int]] = {}
     env_info: dict[str, Any] = {}
     while pending:
         if timeouts.deadline is not None and time.monotonic() > timeouts.deadline:
@@ -461,6 +466,9 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
             pending = remaining
             continue
         startup_failures = 0
+        for case in pending:
+            if case.key in results and results[case.key].get("failure") not in ("crash", "hang"):
+                streaks.pop(case.api, None)
         culprit = in_progress[0]
         partial = per_rank.get(culprit.key, {})
         reason = outcome.failure or "ranks ended"
@@ -471,6 +479,18 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
             "reason": reason + (f"; {detail[0]}" if detail else ""),
             "reported_ranks": sorted(partial), "log_tail": tails}
         pending = [c for c in remaining if c is not culprit]
+        kind = outcome.kind or "crash"
+        streak = streaks.setdefault(culprit.api, {"crash": 0, "hang": 0})
+        streak[kind if kind in streak else "crash"] += 1
+        if (streak["hang"] >= timeouts.max_hang_streak
+                or streak["crash"] >= timeouts.max_crash_streak):
+            why = (f"not attempted: {streak['hang']} hangs / {streak['crash']} crashes in a row "
+                   f"for {culprit.api} (circuit breaker)")
+            for case in [c for c in pending if c.api == culprit.api]:
+                results[case.key] = {"key": case.key, "case": case.to_dict(),
+                                     "status": "fail", "failure": "not attempted",
+                                     "reason": why}
+            pending = [c for c in pending if c.api != culprit.api]
     ordered = [results[c.key] for c in cases if c.key in results]
     if env_info and ordered:
         ordered[0].setdefault("env", env_info)

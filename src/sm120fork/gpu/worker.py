@@ -59,10 +59,17 @@ def hard_exit(code: int) -> None:
 
 def cuda_broken(exc: BaseException) -> bool:
     """A CUDA error poisons the context: the launcher must restart the ranks."""
+    if isinstance(exc, WorkspaceError):
+        return False
     text = f"{type(exc).__name__}: {exc}".lower()
     return any(s in text for s in ("cuda error", "illegal memory", "illegal address",
                                    "an illegal", "unspecified launch", "cudaerror",
-                                   "device-side assert", "misaligned address"))
+                                   "device-side assert", "misaligned address",
+                                   "failed with error code", "cuda_error"))
+
+
+class WorkspaceError(RuntimeError):
+    """Creating an API's workspace failed; every case of that API fails with it."""
 
 
 class Rank:
@@ -121,10 +128,10 @@ class Rank:
             try:
                 self._workspaces[api] = self._create_workspace(api)
             except Exception as exc:
-                if cuda_broken(exc):
-                    raise
+                # Driver-API errors from allocation or handle exchange do not poison the
+                # context; fail this API's cases quickly instead of restarting per case.
                 self._workspace_errors[api] = f"{type(exc).__name__}: {exc}"
-                raise
+                raise WorkspaceError(f"{api} workspace: {self._workspace_errors[api]}") from exc
         return self._workspaces[api]
 
     def _create_workspace(self, api: str) -> Any:
@@ -421,7 +428,7 @@ def _flag_handoff_us(rk: Rank, iters: int) -> float | None:
             start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
-            with cupy.cuda.ExternalStream(stream.cuda_stream):
+            with cupy.cuda.Device(rk.device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
                 kernel((1,), (1,), (cupy.uint64(ptrs[rk.rank]), cupy.uint64(peer),
                                     cupy.int32(iters), cupy.int32(rk.rank), cupy.int32(base)))
             end.record()
