@@ -168,6 +168,8 @@ def test_bump_classifies_each_patch_stops_at_conflict_and_finishes(bw: BumpWorks
     assert "**upstreamed identically**" in report
     assert "**upstreamed differently**" in report
     assert "## Range-diff" in report
+    assert "Command: `python -m sm120fork bump demo lib 1.3.0` (conflicts resolved by hand" \
+        in report
     assert "F1 gate: allow 12" in report
     changelog = (bw.ws.root / "patches" / STACK / "CHANGELOG.md").read_text()
     assert re.search(r"dropped 0001-F1-gate-allow-12\.patch .*upstreamed identically in "
@@ -239,7 +241,6 @@ def test_applied_upstream_that_disagrees_stops_for_a_human(bw: BumpWorkspace) ->
     assert CONFLICT == "conflict"
 
 
-@pytest.mark.network
 @pytest.mark.slow
 def test_bad_input_gives_clear_errors(bw: BumpWorkspace) -> None:
     with pytest.raises(ConfigError, match="unknown stack 'dmeo'"):

@@ -88,8 +88,9 @@ def _build(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         table.add_row(b.project, b.upstream_version, str(len(b.entry["patches"])), b.wheel.name,
                       b.sha256[:12], "cached" if b.cached else f"{b.seconds:.1f}s")
     console.print(table)
+    out = args.out or Path("wheels")
     console.print(f"done in {time.monotonic() - start:.2f}s; install with: "
-                  f"pip install -c wheels/constraints.txt wheels/*.whl")
+                  f"pip install -c {out}/constraints.txt {out}/*.whl")
     return 0
 
 

@@ -435,6 +435,7 @@ class BumpState:
     conflict_evidence: list[str] = dataclasses.field(default_factory=list)
     phase: str = "classify"
     started: str = ""
+    command: str = ""
 
     @staticmethod
     def directory(ws: Workspace, stack: str, project: str) -> Path:
@@ -690,7 +691,11 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             stack=stack.name, project=project.key, old_version=project.version,
             new_version=new_version, new_pin=new_pin, created_stack=created,
             declaration=str(stack.path), series_dir=str(ws.series_dir(project)),
-            results=[], started=_today())
+            results=[], started=_today(), command=" ".join(
+                ["python -m sm120fork bump", stack_name, project_key, revision,
+                 *(["--new-stack", new_stack] if new_stack else []),
+                 *(["--version", version] if version else []),
+                 *(["--allow-downgrade"] if allow_downgrade else [])]))
         d, series_backup, decl_backup = _state_paths(ws, state)
         if d.exists():
             shutil.rmtree(d)
@@ -897,8 +902,9 @@ def _write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bum
     lines = [
         f"# Bump {project.distribution} {state.old_version} -> {state.new_version} "
         f"(stack {stack.name})", "",
-        f"Date: {_today()}. Command: `python -m sm120fork bump {stack.name} {project.key} "
-        f"{state.new_version}`.", "",
+        f"Date: {_today()}. Command: `{state.command}`"
+        + (" (conflicts resolved by hand, then `--continue`)." if any(
+            r.verdict in (RESOLVED, DROPPED_BY_HAND) for r in results) else "."), "",
         "## New pin", "",
         f"- sdist: `{new_project.sdist.filename}` sha256 `{new_project.sdist.sha256}` "
         "(from the package index listing; the download was checked against it)",
