@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -335,3 +336,20 @@ def test_refresh_without_a_fork_tree(tmp_path: Path) -> None:
     with pytest.raises(MaintenanceError, match="no fork tree"):
         refresh(d.ws, "demo", "lib")
     write_series(d.series_dir("app"), (d.series_dir("app") / "series").read_text().split())
+
+
+@pytest.mark.slow
+def test_bump_killed_while_unpacking_the_new_upstream_resumes(bw: BumpWorkspace) -> None:
+    start_bump(bw)
+    # What a SIGKILL during the new tree's creation leaves: state without a head.
+    state_file = bw.ws.state_dir / "bump" / f"{STACK}--lib" / "state.json"
+    state = json.loads(state_file.read_text())
+    state.update(head="", next_index=0, results=[], conflict_head="", conflict_evidence=[])
+    state_file.write_text(json.dumps(state))
+    shutil.rmtree(work_tree(bw))
+    err = start_bump(bw)  # re-running the same bump resumes from the start
+    assert "0004-S4-conf-larger-limit.patch conflicts" in err.message
+    (work_tree(bw) / "demo_lib" / "conf.py").write_text("LIMIT = 16  # sm12x\n")
+    result = bump_continue(bw.ws, STACK, "lib")
+    assert [c.verdict for c in result.classifications] == [
+        UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY, STILL_NEEDED, RESOLVED]

@@ -716,11 +716,21 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             if created:
                 _remove_created_stack(ws, state)
             raise
-        tree.repo("fetch", "--quiet", "--no-tags", str(pre),
-                  f"+HEAD:{BEFORE_REF}", f"+refs/tags/{UPSTREAM_TAG}:{BEFORE_BASE_REF}")
-        state.head = tree.repo.head()
-        state.save(ws)
+        _start_new_tree(ws, stack, project, state, tree.repo)
         return _resume(ws, state)
+
+
+def _start_new_tree(ws: Workspace, stack: Stack, project: Project, state: BumpState,
+                    repo: Git | None = None) -> None:
+    """The fork tree at the new upstream, with the old series' commits fetched beside it."""
+    if repo is None:  # a run killed while unpacking the new upstream: start it again
+        repo = prepare_tree(ws, stack, _new_project(project, state), patches=(),
+                            force=True).repo
+    pre = ws.work_tree(stack, project, "pre-bump")
+    repo("fetch", "--quiet", "--no-tags", str(pre),
+         f"+HEAD:{BEFORE_REF}", f"+refs/tags/{UPSTREAM_TAG}:{BEFORE_BASE_REF}")
+    state.head = repo.head()
+    state.save(ws)
 
 
 def _remove_created_stack(ws: Workspace, state: BumpState) -> None:
@@ -789,6 +799,8 @@ def _conflict_message(ws: Workspace, state: BumpState, patch: Patch, repo: Git) 
 def _resume(ws: Workspace, state: BumpState) -> BumpResult:
     stack = ws.stack(state.stack)
     project = stack.project(state.project)
+    if not state.head:
+        _start_new_tree(ws, stack, project, state)
     repo = Git(ws.work_tree(stack, project))
     series = _series_before(ws, state)
     new_version = Version(state.new_version)
