@@ -164,3 +164,13 @@ def test_message_helpers() -> None:
     assert commit_message(p) == (  # type: ignore[arg-type]
         "jit: build the comm module\n\nLet it build.\n\n More text.\n\n"
         "Bug: https://example.invalid/1\n")
+
+
+def test_wheels_of_a_non_default_stack_come_from_wheels_dir(demo: DemoWorkspace) -> None:
+    write_evidence(demo.ws.root)
+    elsewhere = demo.ws.root / "elsewhere"
+    demo.ws.wheels_dir.rename(elsewhere)
+    with pytest.raises(MaintenanceError, match=r"no wheels/manifest\.json"):
+        upstream_pr(demo.ws, "demo", "lib")
+    pr = upstream_pr(demo.ws, "demo", "lib", wheels_dir=elsewhere)
+    assert "`elsewhere/manifest.json`" in pr.body

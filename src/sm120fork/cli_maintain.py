@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -137,13 +138,17 @@ def _upstream_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", metavar="PATH_OR_URL",
                    help="upstream repository to fetch --onto from (default: the declared "
                         "git URL)")
+    p.add_argument("--wheels", type=Path, metavar="DIR",
+                   help="where this stack's wheels and manifest.json are (default: wheels/; "
+                        "see build --out)")
 
 
 @command("upstream-pr", "prepare (never push) an upstream PR with evidence", _upstream_args)
 def _upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.upstream import upstream_pr
 
-    result = upstream_pr(ws, args.stack, args.project, onto=args.onto, repo=args.repo)
+    result = upstream_pr(ws, args.stack, args.project, onto=args.onto, repo=args.repo,
+                         wheels_dir=args.wheels)
     if not result.commits:
         console.print(f"{args.stack}/{args.project}: nothing to submit: {result.reason}")
         return 0

@@ -26,7 +26,6 @@ from typing import Any
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import CommandError, DirtyTreeError, MaintenanceError
 from sm120fork.fetch import UPSTREAM_TAG
-from sm120fork.pipeline import load_manifest
 from sm120fork.proc import Git
 from sm120fork.series import Patch, load_series
 from sm120fork.tree import read_state
@@ -48,6 +47,7 @@ class Evidence:
     gpu_tests: list[tuple[Path, dict[str, Any]]]
     bench: list[tuple[Path, str]]
     files: dict[str, str] = field(default_factory=dict)  # path -> sha256
+    manifest_name: str = "wheels/manifest.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,31 +98,33 @@ def _load_json(path: Path) -> dict[str, Any] | None:
 
 
 def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_digest: str,
-                     ) -> Evidence:
+                     wheels_dir: Path | None = None) -> Evidence:
     """Gather the evidence, or refuse naming everything missing or failing."""
     problems: list[str] = []
     files: dict[str, str] = {}
-    manifest = load_manifest(ws)
+    manifest_path = (wheels_dir or ws.wheels_dir) / "manifest.json"
+    shown = os.path.relpath(manifest_path, ws.root)
+    manifest = _load_json(manifest_path)
     entry: dict[str, Any] = {}
     wheels: list[dict[str, Any]] = []
-    manifest_path = ws.wheels_dir / "manifest.json"
     if manifest is None:
-        problems.append(f"no wheels/manifest.json (run: python -m sm120fork build --stack "
-                        f"{stack.name})")
+        problems.append(f"no {shown} (run: python -m sm120fork build --stack {stack.name}"
+                        + (f" --out {os.path.relpath(manifest_path.parent, ws.root)})"
+                           if wheels_dir else ")"))
     elif manifest.get("stack") != stack.name:
-        problems.append(f"wheels/manifest.json is for stack {manifest.get('stack')!r}, not "
-                        f"{stack.name!r} (build this stack)")
+        problems.append(f"{shown} is for stack {manifest.get('stack')!r}, not "
+                        f"{stack.name!r} (build this stack, or pass --wheels)")
     else:
         wheels = list(manifest.get("wheels", []))
         entry = next((w for w in wheels if w.get("project") == project.key), {})
         if not entry:
-            problems.append(f"wheels/manifest.json has no {project.key} wheel")
+            problems.append(f"{shown} has no {project.key} wheel")
         elif entry.get("series_digest") != series_digest:
             problems.append(f"the {project.key} wheel was built from another series "
                             "(rebuild after the last change)")
         elif not all(r.get("passed") for r in entry.get("artifact_check", [])):
             problems.append(f"the {project.key} wheel failed its artifact check")
-        files[str(manifest_path.relative_to(ws.root))] = _sha256(manifest_path)
+        files[shown] = _sha256(manifest_path)
     verify_path = ws.reports_dir / "sm120" / "verify.json"
     verify = _load_json(verify_path) or {}
     if not verify:
@@ -162,7 +164,8 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
             where=f"{stack.name}/{project.key}",
             fix="produce the missing evidence (or fix what failed) and run upstream_pr again")
     return Evidence(manifest_entry=entry, manifest_wheels=wheels, verify=verify,
-                    verify_path=verify_path, gpu_tests=gpu_tests, bench=bench, files=files)
+                    verify_path=verify_path, gpu_tests=gpu_tests, bench=bench, files=files,
+                    manifest_name=shown)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -205,7 +208,7 @@ def _evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
         "bench": bench or ["Not measured: no reports/gpu/*/bench.md."],
         "env": _md_table(["report", "key", "value"], env_rows) if env_rows else ["-"],
         "wheels": ["Wheels built by the fork toolkit from these commits "
-                   "(`wheels/manifest.json`):", "",
+                   f"(`{ev.manifest_name}`):", "",
                    *_md_table(["wheel", "sha256", "artifact check"], wheel_rows)],
     }
 
@@ -297,7 +300,7 @@ def _build_branch(repo: Git, base: str, patches: list[Patch], onto: str | None
 
 
 def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str | None = None,
-                repo: str | None = None) -> UpstreamPR:
+                repo: str | None = None, wheels_dir: Path | None = None) -> UpstreamPR:
     stack = ws.stack(stack_name)
     project = stack.project(project_key)
     series = load_series(ws.series_dir(project))
@@ -320,7 +323,7 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
             raise MaintenanceError("the fork tree does not hold the current series",
                                    where=str(work),
                                    fix="run refresh (local commits) or build (series changed)")
-        evidence = collect_evidence(ws, stack, project, series.digest)
+        evidence = collect_evidence(ws, stack, project, series.digest, wheels_dir)
         base = git("rev-parse", UPSTREAM_TAG, quiet=True)
         if onto:
             source = repo or project.git.url
