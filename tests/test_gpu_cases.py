@@ -37,14 +37,19 @@ def test_quick_is_a_subset_with_every_api_and_lamport_cases() -> None:
     assert len(quick) < len(full) / 20
 
 
-def test_order_groups_world_sizes_and_puts_lamport_last() -> None:
+def test_order_and_phases_run_the_custom_all_reduce_first() -> None:
     quick = m.quick_matrix([4, 2])
     sizes = [c.world_size for c in quick]
     assert sizes == sorted(sizes)
     for ws in (2, 4):
         batch = [c for c in quick if c.world_size == ws]
-        first_lamport = next(i for i, c in enumerate(batch) if c.lamport)
-        assert all(c.lamport for c in batch[first_lamport:])
+        n_custom = sum(c.api == m.CUSTOM_API for c in batch)
+        assert all(c.api == m.CUSTOM_API for c in batch[:n_custom])
+    batches = m.phases(quick)
+    assert [(b[0].world_size, b[0].api == m.CUSTOM_API) for b in batches] == [
+        (2, True), (4, True), (2, False), (4, False)]
+    assert sum(len(b) for b in batches) == len(quick)
+    assert all(len({c.world_size for c in b}) == 1 for b in batches)
 
 
 def test_keys_and_seeds_are_stable_and_unique() -> None:

@@ -233,25 +233,26 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
     matrix = cases_mod.select(matrix, apis=args.api, patterns=args.pattern,
                               max_cases=args.max_cases)
     timeouts = _timeouts(args)
-    results: dict[str, list[dict[str, Any]]] = {}
-    for variant in variants:
-        info = compiled[variant.name]
-        recs: list[dict[str, Any]] = []
-        for ws in args.world_sizes:
-            batch = [c for c in matrix if c.world_size == ws]
+    results: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
+    # Variants alternate per batch, so a time budget leaves a complete A/B of what ran.
+    for batch in cases_mod.phases(matrix):
+        ws = batch[0].world_size
+        for variant in variants:
+            info = compiled[variant.name]
             if not info["ok"]:
-                recs += [{"key": c.key, "case": c.to_dict(), "status": "fail",
-                          "failure": "build", "reason": f"JIT build failed: {info['failure']}",
-                          "log_tail": info["tail"]} for c in batch]
+                results[variant.name] += [
+                    {"key": c.key, "case": c.to_dict(), "status": "fail", "failure": "build",
+                     "reason": f"JIT build failed: {info['failure']}", "log_tail": info["tail"]}
+                    for c in batch]
                 continue
-            log.info("variant %s, world size %d: %d cases", variant.name, ws, len(batch))
+            log.info("variant %s, world size %d: %d cases (%s)", variant.name, ws, len(batch),
+                     batch[0].api)
             started = time.monotonic()
-            recs += launcher.run_cases(batch, variant, run_dir, backend=args.backend,
-                                       allow_multicast=args.allow_multicast,
-                                       timeouts=timeouts, progress=log.info)
+            results[variant.name] += launcher.run_cases(
+                batch, variant, run_dir, backend=args.backend,
+                allow_multicast=args.allow_multicast, timeouts=timeouts, progress=log.info)
             log.info("variant %s, world size %d took %.0f s", variant.name, ws,
                      time.monotonic() - started)
-        results[variant.name] = recs
     env = _environment(compiled, primary)
     shared = any(ws > int(env.get("gpu_count") or 1) for ws in args.world_sizes)
     from sm120fork.gpu.reference import tolerance_table

@@ -379,6 +379,7 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
     if any(c.world_size != world for c in cases):
         raise ConfigError("run_cases takes cases of one world size")
     pending = list(cases)
+    label = "custom" if all(c.api == CUSTOM_API for c in cases) else "fusion"
     results: dict[str, dict[str, Any]] = {}
     attempt = 0
     startup_failures = 0
@@ -390,7 +391,7 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
                 results[case.key] = _not_run(case)
             break
         attempt += 1
-        tag = f"{variant.name}-ws{world}-a{attempt}"
+        tag = f"{variant.name}-ws{world}-{label}-a{attempt}"
         spec_path = run_dir / f"spec-{tag}.json"
         store = run_dir / f"store-{tag}"
         if store.exists():
