@@ -1,74 +1,43 @@
 """Behaviour checks of the SGLang series against the real patched and unpatched modules.
 
-The slow tests need the sglang 0.5.10.post1 sdist (SM120FORK_SGLANG_SDIST, or the
-toolkit's download cache) and an interpreter with src/sm120fork/verify_requirements.txt
-installed (SM120FORK_VERIFY_PYTHON, default: this one); without them they are skipped.
+The slow tests fetch the sglang 0.5.10.post1 sdist through the toolkit (network) and need
+an interpreter with src/sm120fork/verify_requirements.txt installed
+(SM120FORK_VERIFY_PYTHON, default: this one; `nox -s tests` installs it).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
+import shutil
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from sm120fork.errors import VerifyError
+from sm120fork.tree import prepare_tree
 from sm120fork.verify_sglang import SM12X, UNCHANGED, CheckResult, check_sglang
-
-from conftest import FIXED_DATE, PATCH_AUTHOR
+from sm120fork.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
-SERIES = REPO / "patches" / "sglang-0.5.10" / "sglang"
-SDIST_NAME = "sglang-0.5.10.post1.tar.gz"
-SDIST_CANDIDATES = [
-    Path(os.environ.get("SM120FORK_SGLANG_SDIST", "/nonexistent")),
-    REPO / ".forks" / "cache" / "sdists" / SDIST_NAME,
-    Path("/work/cache/sdists") / SDIST_NAME,
-]
 PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
 
 
 @pytest.fixture(scope="module")
 def sglang_trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(patched, upstream) repository roots: the sdist under python/, the series on top.
-
-    Plain git on purpose; the toolkit's pipeline may replace this one fixture.
-    """
-    sdist = next((p for p in SDIST_CANDIDATES if p.is_file()), None)
-    if sdist is None:
-        pytest.skip(f"{SDIST_NAME} not found (set SM120FORK_SGLANG_SDIST)")
-    probe = subprocess.run([PROBE_PYTHON, "-c", "import torch, transformers"],
-                           capture_output=True, check=False)
-    if probe.returncode != 0:
-        pytest.skip(f"{PROBE_PYTHON} lacks src/sm120fork/verify_requirements.txt")
-    root = tmp_path_factory.mktemp("sglang")
-    name, email = PATCH_AUTHOR.rstrip(">").split(" <")
-    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(root.parent),
-           "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_AUTHOR_DATE": FIXED_DATE,
-           "GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": email,
-           "GIT_COMMITTER_DATE": FIXED_DATE}
-
-    def git(cwd: Path, *args: str) -> None:
-        subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
-
-    upstream, patched = root / "upstream", root / "patched"
-    (upstream / "python").mkdir(parents=True)
-    with tarfile.open(sdist) as tar:
-        for member in tar.getmembers():
-            member.name = member.name.partition("/")[2]
-            if member.name:
-                tar.extract(member, upstream / "python", filter="data")
-    git(upstream, "init", "-q", "-b", "main")
-    git(upstream, "add", "-A")
-    git(upstream, "commit", "-q", "-m", "sglang 0.5.10.post1")
-    git(root, "clone", "-q", str(upstream), str(patched))
-    lines = (SERIES / "series").read_text().splitlines()
-    patches = [str(SERIES / ln.strip()) for ln in lines if ln.strip() and ln[0] != "#"]
-    git(patched, "am", "-q", *patches)
+    """(patched, upstream) fork trees made by the toolkit's own pipeline."""
+    root = tmp_path_factory.mktemp("sglang") / "toolkit"
+    root.mkdir()
+    shutil.copytree(REPO / "forks", root / "forks")
+    shutil.copytree(REPO / "patches", root / "patches")
+    cache = REPO / ".forks" / "cache" / "sdists"
+    if cache.is_dir():  # reuse downloads; sha256 is checked again anyway
+        shutil.copytree(cache, root / ".forks" / "cache" / "sdists")
+    ws = Workspace(root)
+    stack = ws.stack(None)
+    project = stack.project("sglang")
+    patched = prepare_tree(ws, stack, project).path
+    upstream = prepare_tree(ws, stack, project, patches=(), variant="unpatched").path
     return patched, upstream
 
 
@@ -84,6 +53,7 @@ def _named(results: list[CheckResult], prefix: str, cap: str) -> dict[str, Check
 
 
 @pytest.mark.slow
+@pytest.mark.network
 @pytest.mark.parametrize("cap", SM12X)
 def test_explicit_flag_fuses_on_sm12x_at_every_tp(results: list[CheckResult], cap: str) -> None:
     explicit = _named(results, "S1", cap)
@@ -94,6 +64,7 @@ def test_explicit_flag_fuses_on_sm12x_at_every_tp(results: list[CheckResult], ca
 
 
 @pytest.mark.slow
+@pytest.mark.network
 @pytest.mark.parametrize("cap", SM12X)
 def test_auto_enable_on_sm12x_only_at_tp2_unless_overridden(
         results: list[CheckResult], cap: str) -> None:
@@ -113,6 +84,7 @@ def test_auto_enable_on_sm12x_only_at_tp2_unless_overridden(
 
 
 @pytest.mark.slow
+@pytest.mark.network
 def test_nothing_changes_for_sm80_sm90_sm100(results: list[CheckResult]) -> None:
     unchanged = [r for r in results if r.name.startswith("unchanged")]
     assert {r.capability for r in unchanged} == set(UNCHANGED)
@@ -122,6 +94,7 @@ def test_nothing_changes_for_sm80_sm90_sm100(results: list[CheckResult]) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.network
 def test_unfused_fallback_all_reduces(results: list[CheckResult]) -> None:
     (fallback,) = [r for r in results if r.name.startswith("S3")]
     assert fallback.passed, fallback
@@ -129,6 +102,7 @@ def test_unfused_fallback_all_reduces(results: list[CheckResult]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.network
 def test_missing_p2p_or_workspace_fails_closed(results: list[CheckResult]) -> None:
     fail_closed = {r.name: r for r in results if r.name.startswith("S4")}
     assert sorted(fail_closed) == ["S4 no P2P between the GPUs", "S4 workspace creation raises"]
@@ -138,6 +112,7 @@ def test_missing_p2p_or_workspace_fails_closed(results: list[CheckResult]) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.network
 def test_unpatched_upstream_fails_the_sm12x_checks(sglang_trees: tuple[Path, Path]) -> None:
     _, upstream = sglang_trees
     results = check_sglang(upstream, baseline=None, python=PROBE_PYTHON)
