@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
@@ -19,6 +21,22 @@ from sm120fork.workspace import Workspace
 
 _VERDICT_STYLE = {"still needed": "green", "upstreamed identically": "cyan",
                   "upstreamed differently": "cyan", "conflict": "bold red"}
+
+
+def _short_links(text: str) -> str:
+    """``https://github.com/o/r/pull/12`` -> ``r#12``: tables stay readable at 80 columns."""
+    return re.sub(r"https://github\.com/[^/\s]+/([^/\s]+)/(?:pull|issues)/(\d+)", r"\1#\2",
+                  text) or "-"
+
+
+def _short_wheel(wheel: str) -> str:
+    """The wheel's version (the full file name is in the JSON output)."""
+    name, _, rest = wheel.partition(" ")
+    try:
+        version = str(parse_wheel_filename(name)[1])
+    except InvalidWheelFilename:
+        return wheel
+    return f"{version} {rest}".strip()
 
 
 def _status_args(p: argparse.ArgumentParser) -> None:
@@ -41,13 +59,15 @@ def _status(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         if ps.bump_in_progress:
             title += f"  BUMP IN PROGRESS {ps.bump_in_progress}"
         table = Table(title=title, title_justify="left")
-        for col in ("patch", "applies", "Forwarded", "Applied-Upstream", "Bug-Upstream",
-                    "fingerprint upstream", "effect upstream", "wheel"):
+        table.add_column("patch", overflow="ellipsis", no_wrap=True, max_width=22)
+        for col in ("applies", "Forwarded", "Applied-Upstream", "Bug-Upstream"):
+            table.add_column(col, overflow="fold")
+        for col in ("fingerprint in pin", "effect in pin", "wheel"):
             table.add_column(col, overflow="fold")
         for p in ps.patches:
-            table.add_row(p.patch, p.applies, p.forwarded, p.applied_upstream or "-",
-                          p.bug_upstream or "-", p.fingerprint_upstream, p.effect_upstream,
-                          p.wheel)
+            table.add_row(p.patch.removesuffix(".patch"), p.applies, p.forwarded,
+                          _short_links(p.applied_upstream), _short_links(p.bug_upstream),
+                          p.fingerprint_upstream, p.effect_upstream, _short_wheel(p.wheel))
         console.print(table)
         if ps.error:
             console.print(f"[bold red]error:[/] {ps.error}", highlight=False)
