@@ -97,9 +97,11 @@ def package_index(sdists: list[Path], name: str) -> Iterator[str]:
         thread.join()
 
 
-def make_bump_workspace(tmp_path: Path, index_url: str = "") -> BumpWorkspace:
+def make_bump_workspace(tmp_path: Path, index_url: str = "",
+                        new_files: dict[str, str] | None = None) -> BumpWorkspace:
     old = make_upstream(tmp_path / "old", "demo-lib", "1.2.3", files=OLD_FILES)
-    new = make_upstream(tmp_path / "new", "demo-lib", "1.3.0", files=NEW_FILES)
+    new = make_upstream(tmp_path / "new", "demo-lib", "1.3.0",
+                        files={**NEW_FILES, **(new_files or {})})
     root = tmp_path / "toolkit"
     (root / "forks").mkdir(parents=True)
     entry = project_entry("lib", old)

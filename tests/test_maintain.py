@@ -353,3 +353,21 @@ def test_bump_killed_while_unpacking_the_new_upstream_resumes(bw: BumpWorkspace)
     result = bump_continue(bw.ws, STACK, "lib")
     assert [c.verdict for c in result.classifications] == [
         UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY, STILL_NEEDED, RESOLVED]
+
+
+@pytest.mark.slow
+def test_without_effect_fields_the_fingerprint_decides(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1.3.0 has S3's exact line, but next to a docstring: neither direction applies.
+    bw = make_bump_workspace(tmp_path, new_files={
+        "{pkg}/util.py": 'def helper():\n    """Two."""\n    return 2  # sm12x\n',
+        "{pkg}/conf.py": "LIMIT = 8\n"})
+    with package_index([bw.old.sdist, bw.new.sdist], "demo-lib") as url:
+        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
+        result = bump(bw.ws, STACK, "lib", "1.3.0", git_commit=bw.new.commit)
+    verdicts = {c.patch[:4]: (c.verdict, c.evidence) for c in result.classifications}
+    assert verdicts["0003"][0] == UPSTREAMED_DIFFERENTLY
+    assert "Fingerprint demo_lib/util.py: return 2  # sm12x: present" in verdicts["0003"][1]
+    assert "no Applied-Upstream field" in verdicts["0003"][1]
+    assert verdicts["0004"][0] == STILL_NEEDED
+    assert (bw.series_dir / "series").read_text().split() == ["0001-S4-conf-larger-limit.patch"]
