@@ -162,7 +162,7 @@ def test_message_helpers() -> None:
     p = P()
     assert short_subject(p) == "jit: build the comm module"  # type: ignore[arg-type]
     assert commit_message(p) == (  # type: ignore[arg-type]
-        "jit: build the comm module\n\nLet it build.\n\n More text.\n\n"
+        "jit: build the comm module\n\nLet it build.\n More text.\n\n"
         "Bug: https://example.invalid/1\n")
 
 

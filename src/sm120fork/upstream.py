@@ -72,9 +72,8 @@ def short_subject(patch: Patch) -> str:
 
 
 def commit_message(patch: Patch) -> str:
-    """Subject plus the DEP-3 description (first line a summary, then the rest)."""
-    lines = patch.description.splitlines()
-    body = "\n".join([lines[0], *([""] if len(lines) > 1 else []), *lines[1:]]) if lines else ""
+    """Subject plus the DEP-3 description, as written (its lines are already wrapped)."""
+    body = patch.description.strip()
     trailers = [f"Bug: {patch.field('Bug-Upstream')}"] if patch.field("Bug-Upstream") else []
     parts = [short_subject(patch), body, "\n".join(trailers)]
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
@@ -190,8 +189,9 @@ def _evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
         for r in doc.get("results", {}).get(primary, []):
             statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
         counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "no cases"
-        tests.append(f"- {doc.get('title', path.parent.name)} (`{path.relative_to(ws.root)}`, "
-                     f"`{doc.get('command', '')}`): {primary}: {counts}"
+        command = f", `{doc['command']}`" if doc.get("command") else ""
+        tests.append(f"- {doc.get('title', path.parent.name)} (`{path.relative_to(ws.root)}`"
+                     f"{command}): {primary}: {counts}"
                      + (f"; baseline {doc['baseline']}" if doc.get("baseline") else ""))
         for k, v in sorted(doc.get("environment", {}).items()):
             env_rows.append([path.parent.name, str(k), json.dumps(v) if not isinstance(
