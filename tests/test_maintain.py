@@ -155,6 +155,7 @@ def test_bump_classifies_each_patch_stops_at_conflict_and_finishes(bw: BumpWorks
     assert "reverse-applies cleanly" in evidence["0001"][0]
     assert any("Effect-Absent" in e and "absent" in e for e in evidence["0002"])
     assert any("agrees" in e for e in evidence["0002"])
+    assert "the patch's effect holds on the resolved tree" in evidence["0004"]
     # The series now holds only what is still needed, rebased on 1.3.0.
     assert (bw.series_dir / "series").read_text().split() == [
         "0001-S3-util-helper-returns-2.patch", "0002-S4-conf-larger-limit.patch"]

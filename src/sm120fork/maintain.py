@@ -824,8 +824,11 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
                 else:  # resolved to upstream's side: nothing left of the patch
                     repo("am", "--skip")
             if repo.head() != state.conflict_head:
-                _record(state, patch, RESOLVED, [*state.conflict_evidence,
-                                                 "conflict resolved by hand in the fork tree"])
+                holds, _ = effect_check(repo, patch, "HEAD")
+                _record(state, patch, RESOLVED, [
+                    *state.conflict_evidence, "conflict resolved by hand in the fork tree",
+                    "the patch's effect holds on the resolved tree" if holds else
+                    "WARNING: the patch's effect does not hold on the resolved tree: review"])
             else:
                 _record(state, patch, DROPPED_BY_HAND, [
                     *state.conflict_evidence,
