@@ -372,3 +372,27 @@ def test_without_effect_fields_the_fingerprint_decides(tmp_path: Path,
     assert "no Applied-Upstream field" in verdicts["0003"][1]
     assert verdicts["0004"][0] == STILL_NEEDED
     assert (bw.series_dir / "series").read_text().split() == ["0001-S4-conf-larger-limit.patch"]
+
+
+@pytest.mark.slow
+def test_bump_to_a_git_commit(bw: BumpWorkspace) -> None:
+    # The new release as a commit of the declared upstream repository.
+    repo = bw.old.repo
+    git(repo, "checkout", "-q", "main")
+    for rel in ("__init__.py", "kernel.cuh", "util.py", "conf.py", "_version.py"):
+        (repo / "demo_lib" / rel).write_text((bw.new.repo / "demo_lib" / rel).read_text())
+    git(repo, "commit", "-q", "-am", "release 1.3.0")
+    sha = git(repo, "rev-parse", "HEAD")
+    with pytest.raises(MaintenanceError, match="needs --version"):
+        bump(bw.ws, STACK, "lib", sha)
+    with pytest.raises(MaintenanceError, match="conflicts"):
+        bump(bw.ws, STACK, "lib", sha, version="1.3.0")
+    assert git(work_tree(bw), "rev-parse", "upstream") == sha
+    (work_tree(bw) / "demo_lib" / "conf.py").write_text("LIMIT = 16  # sm12x\n")
+    result = bump_continue(bw.ws, STACK, "lib")
+    assert [c.verdict for c in result.classifications] == [
+        UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY, STILL_NEEDED, RESOLVED]
+    project = bw.ws.stack(STACK).project("lib")
+    assert (project.source, project.version, project.git.commit) == ("git", "1.3.0", sha)
+    assert project.git.commit_verified
+    assert build_stack(bw.ws, bw.ws.stack(STACK))[0].version == "1.3.0+sm120.1"
