@@ -42,6 +42,8 @@ def _short_wheel(wheel: str) -> str:
 def _status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack", nargs="?", help="only this stack (default: every stack)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--wheels", type=Path, metavar="DIR",
+                   help="read the wheel column from DIR/manifest.json (see build --out)")
 
 
 @command("status", "every stack and patch: applies, DEP-3 upstream fields, "
@@ -49,7 +51,7 @@ def _status_args(p: argparse.ArgumentParser) -> None:
 def _status(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.maintain import status
 
-    projects = status(ws, args.stack)
+    projects = status(ws, args.stack, args.wheels)
     if args.json:
         console.print_json(json.dumps([p.to_json() for p in projects]))
         return 1 if any(p.error for p in projects) else 0
