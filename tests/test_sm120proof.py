@@ -7,6 +7,7 @@ FlashInfer tree whose kernel loses its body on SM12x exactly like the real F3 gu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import struct
@@ -178,6 +179,15 @@ def test_make_dependencies_parses_continuations_and_escaped_spaces() -> None:
     assert sp._make_dependencies(text) == ["/a/x.cu", "/usr/include/a b.h", "/c/d.cuh"]
 
 
+def test_lost_pdl_needs_known_counts_on_both_sides() -> None:
+    ref = sp.Kernel(name="k", display="k", family="k", size=1, pdl_wait=1, pdl_launch=1)
+    assert sp.lost_pdl(dataclasses.replace(ref, pdl_launch=0), ref)
+    assert not sp.lost_pdl(ref, ref)
+    assert not sp.lost_pdl(dataclasses.replace(ref, pdl_wait=None, pdl_launch=None), ref)
+    assert not sp.lost_pdl(dataclasses.replace(ref, pdl_wait=0),
+                           dataclasses.replace(ref, pdl_wait=0))
+
+
 def test_empty_body_thresholds() -> None:
     assert sp.is_empty_body(256, 12_672)
     assert sp.is_empty_body(1_024, 12_672)  # under 10 %
@@ -302,7 +312,7 @@ def test_markdown_family_tables_show_count_min_median_and_empties() -> None:
     md = three_variant_report().to_markdown()
     section = md.split("## Kernel families: F1 only", 1)[1].split("## Kernel families", 1)[0]
     assert "| family | sm_90a: n / min B / median B | sm_120a: n / min B / median B |" in section
-    assert "| `fam` | 3 / 256 / 4096 | 3 / 256 / 256 (1 empty) |" in section
+    assert "| `fam` | 3 / 256 / 4096 | 3 / 256 / 256 (1 empty, 1 lost PDL) |" in section
 
 
 def test_to_json_round_trips_with_verdicts() -> None:

@@ -530,6 +530,17 @@ class Status(enum.Enum):
     NOT_CHECKED = "not checked"
 
 
+def lost_pdl(kernel: Kernel, reference: Kernel) -> bool:
+    """The reference kernel waits on / triggers dependent launches and ``kernel`` does not.
+
+    Unknown counts (no disassembler) are never a loss; the verdict reports them apart.
+    """
+    if None in (kernel.pdl_wait, kernel.pdl_launch, reference.pdl_wait, reference.pdl_launch):
+        return False
+    return bool(((reference.pdl_wait or 0) > 0 and kernel.pdl_wait == 0)
+                or ((reference.pdl_launch or 0) > 0 and kernel.pdl_launch == 0))
+
+
 def is_empty_body(size: int, reference_size: int) -> bool:
     """A body that shrank to (almost) nothing against a large sm_90a body."""
     if reference_size <= LARGE_BODY_BYTES:
@@ -605,13 +616,8 @@ def verdict(variant: VariantResult, arch: str, *,
     pdl = _pdl_totals(kernels.values())
     lost: list[str] = []
     if pdl_reference is not None and pdl is not None:
-        for name, ref in ref_kernels.items():
-            kernel = kernels.get(name)
-            if kernel is None:
-                continue
-            if ((ref.pdl_wait or 0) > 0 and (kernel.pdl_wait or 0) == 0) or (
-                    (ref.pdl_launch or 0) > 0 and (kernel.pdl_launch or 0) == 0):
-                lost.append(name)
+        lost = [name for name, ref in ref_kernels.items()
+                if name in kernels and lost_pdl(kernels[name], ref)]
         if lost:
             reasons.append(f"{len(lost)} kernels lost their PDL instructions")
     status = Status.FAIL if reasons else Status.PASS
@@ -756,13 +762,15 @@ def _family_table(variant: VariantResult, report: ProofReport) -> list[str]:
     ref_kernels = reference.kernels if reference and reference.compiled else {}
     sizes: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     empties: dict[str, Counter[str]] = defaultdict(Counter)
+    no_pdl: dict[str, Counter[str]] = defaultdict(Counter)
     for result in compiled:
         for kernel in result.kernels.values():
             sizes[kernel.family][result.arch].append(kernel.size)
             ref = ref_kernels.get(kernel.name)
-            if ref is not None and result.arch != report.reference_arch and is_empty_body(
-                    kernel.size, ref.size):
-                empties[kernel.family][result.arch] += 1
+            if ref is None or result.arch == report.reference_arch:
+                continue
+            empties[kernel.family][result.arch] += is_empty_body(kernel.size, ref.size)
+            no_pdl[kernel.family][result.arch] += lost_pdl(kernel, ref)
     rows = []
     for family in sorted(sizes):
         row = [f"`{family}`"]
@@ -772,8 +780,11 @@ def _family_table(variant: VariantResult, report: ProofReport) -> list[str]:
                 row.append("-")
                 continue
             cell = f"{len(found)} / {min(found)} / {statistics.median(found):.0f}"
-            if empties[family][result.arch]:
-                cell += f" ({empties[family][result.arch]} empty)"
+            notes = [f"{count} {what}" for count, what in (
+                (empties[family][result.arch], "empty"),
+                (no_pdl[family][result.arch], "lost PDL")) if count]
+            if notes:
+                cell += f" ({', '.join(notes)})"
             row.append(cell)
         rows.append(row)
     header = ["family", *(f"{a.arch}: n / min B / median B" for a in compiled)]
