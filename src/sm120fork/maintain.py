@@ -697,7 +697,14 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             created = True
         # Keep the fork tree as it is now (old pin + series) to restore on --abort and
         # to give `git am --3way` the blobs the patches were written against.
-        old_tree = prepare_tree(ws, stack, project)
+        try:
+            old_tree = prepare_tree(ws, stack, project)
+        except BaseException:
+            if created:  # leave nothing behind: the new stack is only a copy so far
+                (ws.forks_dir / f"{stack.name}.toml").unlink(missing_ok=True)
+                shutil.rmtree(ws.series_dir(project), ignore_errors=True)
+                shutil.rmtree(ws.work_tree(stack, project), ignore_errors=True)
+            raise
         state = BumpState(
             stack=stack.name, project=project.key, old_version=project.version,
             new_version=new_version, new_pin=new_pin, created_stack=created,
