@@ -232,3 +232,19 @@ def test_circuit_breaker_stops_one_api_after_repeated_hangs(
     assert kinds == ["hang", "hang", "not attempted"]
     assert "circuit breaker" in out[hangs[2].key]["reason"]
     assert out[other.key]["status"] == "pass"
+
+
+def test_crash_after_a_reported_case_is_not_a_startup_failure(tmp_path: Path) -> None:
+    """A rank that reports a CUDA error for its case and then exits (poisoned context)
+    must not make the launcher give up on the remaining cases."""
+    script = tmp_path / "poisoned.py"
+    script.write_text(FAKE_RANK.replace(
+        '\nprint("@@DONE", flush=True)',
+        '\n    if c["tokens"] == 12:\n        sys.exit(3)\nprint("@@DONE", flush=True)'))
+    variant = launcher.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
+    cases = [Case(world_size=2, api="custom_lamport", pattern="ar_rmsnorm", tokens=12,
+                  hidden=h, dtype="bf16", strategy="oneshot", pdl=False) for h in (256, 512, 768)]
+    out = launcher.run_cases([*cases, *_cases(1)], variant, tmp_path, timeouts=FAST,
+                             worker=[sys.executable, str(script)])
+    assert [r["status"] for r in out] == ["pass", "pass", "pass", "pass"]
+    assert len(list(tmp_path.glob("spec-*.json"))) == 4

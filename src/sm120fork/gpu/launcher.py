@@ -453,9 +453,12 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
             break
         in_progress = [c for c in remaining if c.key in set(started)]
         if not in_progress:
-            # Nothing was running when the group ended: a start-up failure, or a crash
-            # between cases.  Retry once; a second time means the ranks cannot start.
-            startup_failures += 1
+            # Nothing was running when the group ended: a crash between cases (after a
+            # case that reported, e.g. a CUDA error that poisoned the context) or a
+            # start-up failure.  Retry; two start-up failures in a row with no progress
+            # mean the ranks cannot start.
+            progressed = len(remaining) < len(pending)
+            startup_failures = 0 if progressed else startup_failures + 1
             if startup_failures >= 2:
                 for case in remaining:
                     results[case.key] = {

@@ -48,6 +48,11 @@ def say(tag: str, payload: Any = None) -> None:
     print(protocol.emit(tag, payload), flush=True)
 
 
+def stage(name: str) -> None:
+    """Plain progress line: a hung case's log tail then says where it hung."""
+    print(f"stage: {name}", flush=True)
+
+
 def hard_exit(code: int) -> None:
     """Exit without interpreter teardown: with a poisoned CUDA context, or IPC mappings and
     a gloo group still open, destructors and atexit hooks can hang, and a hung exit would
@@ -312,10 +317,12 @@ def run_case(rk: Rank, case: Case) -> dict[str, Any]:
         torch.cuda.synchronize()
         rk.barrier()
 
+    stage("eager call")
     fill()
     calls()
     torch.cuda.synchronize()
     verdicts = verify("eager")
+    stage("graph capture")
 
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
@@ -325,6 +332,7 @@ def run_case(rk: Rank, case: Case) -> dict[str, Any]:
             calls()
     torch.cuda.synchronize()
     for replay in range(2):
+        stage(f"graph replay {replay + 1}")
         fill()
         graph.replay()
         torch.cuda.synchronize()
