@@ -56,7 +56,8 @@ python3 -m sm120fork.gpu bench $BENCH_MATRIX --world-size "$BENCH_WS" \
   --time-budget "$BENCH_BUDGET" --out "$R" 2>&1 | tee "$OUT/bench.log"
 DIRS=("$NAME")
 if [ "$WS8_BUDGET" -gt 0 ]; then
-  python3 -m sm120fork.gpu test --quick --world-sizes 8 --api custom_lamport "${AB[@]}" \
+  python3 -m sm120fork.gpu test --quick --world-sizes 8 --api custom_lamport \
+    --tokens "${WS8_TOKENS:-1,16}" "${AB[@]}" \
     "${PRE[@]}" --case-timeout "$CASE_TIMEOUT" --time-budget "$WS8_BUDGET" \
     --out "$R-ws8" "${NOTES[@]}" 2>&1 | tee "$OUT/test-ws8.log"
   DIRS+=("$NAME-ws8")

@@ -87,6 +87,9 @@ def test_select_filters() -> None:
     only = m.select(quick, apis=[m.CUSTOM_API], max_cases=3)
     assert len(only) == 3
     assert all(c.api == m.CUSTOM_API for c in only)
+    lamport = m.select(quick, apis=[m.CUSTOM_API], tokens=[1, 16])
+    assert lamport
+    assert all(c.lamport for c in lamport)
 
 
 def test_bench_plan_round_trips() -> None:

@@ -43,6 +43,13 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text}") from exc
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sm120fork.gpu", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--world-sizes", type=_ints, default=[2, 4, 8])
     t.add_argument("--api", action="append", choices=cases_mod.APIS)
     t.add_argument("--pattern", action="append", choices=list(cases_mod.PATTERN_CODES))
+    t.add_argument("--tokens", type=_counts, help="only these token counts, e.g. 1,16")
     t.add_argument("--max-cases", type=int)
     t.add_argument("--primary", help="the variant under test (default: patched, else first)")
 
@@ -231,7 +239,7 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
     matrix = (cases_mod.quick_matrix if args.quick else cases_mod.full_matrix)(
         args.world_sizes)
     matrix = cases_mod.select(matrix, apis=args.api, patterns=args.pattern,
-                              max_cases=args.max_cases)
+                              tokens=args.tokens, max_cases=args.max_cases)
     timeouts = _timeouts(args)
     results: dict[str, list[dict[str, Any]]] = {v.name: [] for v in variants}
     # Variants alternate per batch, so a time budget leaves a complete A/B of what ran.

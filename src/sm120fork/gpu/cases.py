@@ -171,11 +171,12 @@ def phases(cases: Sequence[Case]) -> list[list[Case]]:
 
 
 def select(cases: Iterable[Case], *, apis: Sequence[str] | None = None,
-           patterns: Sequence[str] | None = None, max_cases: int | None = None,
-           ) -> list[Case]:
-    """Filter the matrix by the command line's ``--api`` / ``--pattern`` options."""
+           patterns: Sequence[str] | None = None, tokens: Sequence[int] | None = None,
+           max_cases: int | None = None) -> list[Case]:
+    """Filter the matrix by the command line's ``--api`` / ``--pattern`` / ``--tokens``."""
     out = [c for c in cases
-           if (not apis or c.api in apis) and (not patterns or c.pattern in patterns)]
+           if (not apis or c.api in apis) and (not patterns or c.pattern in patterns)
+           and (not tokens or c.tokens in tokens)]
     return out[:max_cases] if max_cases else out
 
 
