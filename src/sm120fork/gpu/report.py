@@ -125,8 +125,10 @@ def render_test_markdown(doc: dict[str, Any]) -> str:
               "Each rank regenerates every rank's input from the case seed; the reference is "
               "the fp32 sum of all inputs, fp32 residual add and fp32 RMSNorm (eps 1e-6). "
               "Outputs are NaN-filled before every call. Each case runs eagerly, then is "
-              "captured in a CUDA graph and replayed twice (the legacy custom all-reduce "
-              "captures three calls with consecutive flags). A crashed or hung case is ended "
+              "captured in a CUDA graph and replayed twice (the legacy custom all-reduce's "
+              "lamport path captures three calls with consecutive flags; its non-lamport "
+              "path, whose barriers compare against a host-side flag, runs three eager "
+              "calls instead). A crashed or hung case is ended "
               "by the watchdog and recorded as a failure with the ranks' last output.", "",
               "Tolerances (per output storage type):", ""]
     lines += _md_table(("kind", "bound"), doc.get("tolerances", []))
@@ -302,7 +304,8 @@ def render_bench_markdown(doc: dict[str, Any]) -> str:
     fl = floors(doc)
     lines += ["## Floor", ""]
     lines += _md_table(("floor", "us"), [
-        ("empty graph replay (one 1-element kernel)", _fmt(fl.get("empty_graph"))),
+        ("empty op: a 1-element kernel per op, same graph shape as the methods",
+         _fmt(fl.get("empty_graph"))),
         ("one-way flag handoff between two ranks", _fmt(fl.get("flag_handoff")))])
     lines += [""]
     for hidden in sorted(pts, reverse=True):
