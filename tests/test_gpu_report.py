@@ -99,6 +99,7 @@ def test_targets_evaluated_only_when_not_shared() -> None:
     verdicts = dict(report.target_checks(_bench_doc(False)))
     assert any(v.startswith("MET") for v in verdicts.values())
     assert verdicts["fused >= 1.5x NCCL+RMSNorm at 128 tokens"].startswith("MET")
+    assert report.op_floor(_bench_doc(False)) == 5.0
     shared = dict(report.target_checks(_bench_doc(True)))
     assert all(report.SHARED_LABEL in v for v in shared.values())
 
