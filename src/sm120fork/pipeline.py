@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from sm120fork import __version__
 from sm120fork.build import build_wheel, wheel_requirements
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import BuildError
-from sm120fork.fetch import Progress, sha256_file, source_key
+from sm120fork.fetch import Progress, download_sdist, sha256_file, source_key
 from sm120fork.series import Series, load_series
 from sm120fork.tree import prepare_tree
 from sm120fork.verify import check_wheel, require_passed
@@ -82,6 +83,12 @@ def _load_entry(entry_dir: Path) -> dict[str, Any] | None:
     if not wheel.is_file() or sha256_file(wheel) != entry.get("sha256"):
         return None
     return entry
+
+
+def _cached(ws: Workspace, stack: Stack, project: Project) -> bool:
+    series = load_series(ws.series_dir(project))
+    key = cache_key(project, series, project.source)
+    return _load_entry(ws.build_cache(stack, project) / key) is not None
 
 
 def build_project(ws: Workspace, stack: Stack, project: Project, *, force: bool = False,
@@ -194,13 +201,20 @@ def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
 def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bool = False,
                 only: list[str] | None = None,
                 progress: Callable[[str], Progress | None] | None = None,
-                lock_timeout: float = -1, out: Path | None = None) -> list[ProjectBuild]:
+                lock_timeout: float = -1, out: Path | None = None,
+                jobs: int = os.cpu_count() or 1) -> list[ProjectBuild]:
     """Build every project of ``stack`` (or ``only`` those) and publish to wheels/ (or out)."""
     projects = [stack.project(k) for k in only] if only else list(stack.projects)
     with ws.lock(lock_timeout):
-        builds = [build_project(ws, stack, p, force=force, rebuild=rebuild,
-                                progress=progress(p.key) if progress else None)
-                  for p in projects]
+        # Downloads one at a time (one progress bar), then the projects' patch + build +
+        # check concurrently: they share nothing, and a wheel build leaves cores idle.
+        for p in projects:
+            if p.source == "sdist" and (rebuild or not _cached(ws, stack, p)):
+                download_sdist(p, ws.sdist_cache, progress(p.key) if progress else None)
+        with ThreadPoolExecutor(max_workers=max(1, min(len(projects), jobs))) as pool:
+            futures = [pool.submit(build_project, ws, stack, p, force=force, rebuild=rebuild)
+                       for p in projects]
+            builds = [f.result() for f in futures]
         check_requirements(stack, builds)
         if not only:
             publish(ws, stack, builds, out)
