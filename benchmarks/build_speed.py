@@ -85,7 +85,8 @@ def main() -> int:
         f"{args.reps} repetitions, medians, on {result['machine']['cpus']} CPUs "
         f"({result['machine']['platform']}, Python {result['machine']['python']}); "
         "plain/cold/warm alternate within each repetition. Produced by "
-        "`python benchmarks/build_speed.py`; raw numbers in speed.json.",
+        "`python benchmarks/build_speed.py`; raw numbers in speed.json. The plain builds run "
+        "one after the other; the toolkit patches and builds the projects concurrently.",
         "",
         "| measure | median s | runs (s) |",
         "| --- | ---: | --- |",
