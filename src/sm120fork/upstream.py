@@ -135,6 +135,8 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
                    if v.get("variant") not in BASELINE_VARIANTS and v.get("status") == "fail"]
         if failing:
             problems.append(f"the SM120 compile proof fails for {', '.join(failing)}")
+        elif verify.get("passed") is False:
+            problems.append("reports/sm120/verify.json says a patch check failed")
         elif not verify.get("verdicts"):
             problems.append("reports/sm120/verify.json holds no verdicts")
     gpu_tests: list[tuple[Path, dict[str, Any]]] = []
