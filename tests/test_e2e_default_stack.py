@@ -105,3 +105,47 @@ def test_git_source_from_a_repo_made_of_the_real_sdist(built: Path, tmp_path: Pa
     assert main(["--root", str(built), "build", "--force"]) == 0
     sdist_manifest = json.loads((built / "wheels" / "manifest.json").read_text())
     assert sdist_manifest["wheels"][0]["tree"] == fi["tree"]
+
+
+_ENV_PROBE = r"""
+import importlib, sys, types
+from pathlib import Path
+site = Path(sys.argv[1])
+sys.path.insert(0, str(site))
+for name in ("flashinfer", "flashinfer.jit"):  # skip flashinfer/__init__ (GPU-heavy imports)
+    module = types.ModuleType(name)
+    module.__path__ = [str(site.joinpath(*name.split(".")))]
+    sys.modules[name] = module
+env = importlib.import_module("flashinfer.jit.env")
+print("cubin dir:", env.FLASHINFER_CUBIN_DIR)
+"""
+
+
+def _cubin_stand_in(site: Path) -> None:
+    """flashinfer_cubin as SGLang pins it: only what FlashInfer's version check reads."""
+    pkg = site / "flashinfer_cubin"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        '__version__ = "0.6.7.post3"\n\ndef get_cubin_dir():\n    return __file__ + "/cubins"\n')
+
+
+def test_flashinfer_imports_beside_the_pinned_flashinfer_cubin(built: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # flashinfer.compilation_context imports it
+    site = tmp_path / "site"
+    wheel = next((built / "wheels").glob("flashinfer_python-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(site), str(wheel)],
+                   check=True)
+    _cubin_stand_in(site)
+    ours = subprocess.run([sys.executable, "-c", _ENV_PROBE, str(site)], capture_output=True,
+                          text=True, check=False)
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    assert "flashinfer_cubin" in ours.stdout
+    # The same check with upstream's env.py refuses our local-label version: patch 0001.
+    work = built / ".forks" / "work" / "sglang-0.5.10" / "flashinfer"
+    (site / "flashinfer" / "jit" / "env.py").write_text(
+        git(work, "show", "upstream:flashinfer/jit/env.py") + "\n")
+    theirs = subprocess.run([sys.executable, "-c", _ENV_PROBE, str(site)], capture_output=True,
+                            text=True, check=False)
+    assert theirs.returncode != 0
+    assert "does not match" in theirs.stderr
