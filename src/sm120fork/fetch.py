@@ -96,8 +96,9 @@ def download_sdist(project: Project, cache_dir: Path, progress: Progress | None 
     if target.is_file():
         if sha256_file(target) == project.sdist.sha256:
             return target
+        # Kept until a download that matches the pin replaces it: the pin may be the
+        # thing that is wrong.
         log.warning("cached %s does not match its pin; downloading again", target.name)
-        target.unlink()
     url = resolve_sdist_url(project)
     log.info("downloading %s", url)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=cache_dir)
