@@ -8,7 +8,7 @@
 # (JIT compilation takes over when they do not load).  Outputs: $OUT/<NAME>.tgz with
 # the report directories, plus the console logs.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export SM120FORK_SHARED_GPU_HOST=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 NAME=${NAME:-h200-1x}
 WS=${WS:-2,4}
 MATRIX=${MATRIX:---quick}

@@ -26,3 +26,30 @@ def test_rank_environment_forces_multicast_off() -> None:
     assert env["NVSHMEM_DISABLE_NVLS"] == "1"
     assert env["KEEP"] == "x"
     assert env["PYTHONUNBUFFERED"] == "1"
+
+
+@pytest.mark.parametrize("host", [
+    {"SM120FORK_SHARED_GPU_HOST": "1"},
+    {"NCCL_NVLS_ENABLE": "0"},
+    {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"},
+    {"NVSHMEM_DISABLE_NVLS": "1"},
+])
+@pytest.mark.parametrize("backend", ["auto", "mnnvl"])
+def test_shared_hosts_refuse_multicast_even_with_the_flag(host: dict[str, str],
+                                                         backend: str) -> None:
+    with pytest.raises(ConfigError, match="this host forbids multicast"):
+        safety.check_backend(backend, allow_multicast=True, host_environ=host)
+    assert safety.check_backend("trtllm", allow_multicast=False, host_environ=host) == "trtllm"
+    # A host of the user's own, without those switches, may opt in with the flag.
+    assert safety.check_backend(backend, allow_multicast=True, host_environ={}) == backend
+
+
+def test_the_cli_refuses_multicast_on_a_shared_host(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from sm120fork.gpu.__main__ import main
+
+    monkeypatch.setenv("SM120FORK_SHARED_GPU_HOST", "1")
+    assert main(["test", "--backend", "auto", "--i-know-this-machine-supports-multicast",
+                 "--quick"]) != 0
+    captured = capsys.readouterr()
+    assert "this host forbids multicast" in captured.out + captured.err

@@ -152,7 +152,8 @@ def _manifest() -> dict[str, Any] | None:
 
 def _prepare(args: argparse.Namespace, what: str, modules: Sequence[str],
              ) -> tuple[Path, list[launcher.Variant], dict[str, dict[str, Any]]]:
-    check_backend(args.backend, allow_multicast=args.allow_multicast)
+    check_backend(args.backend, allow_multicast=args.allow_multicast,
+                  host_environ=os.environ)
     specs = launcher.parse_variant_specs(args.wheel_dir)
     work: Path = args.work_dir
     run_dir = _run_dir(work, what)

@@ -4,7 +4,10 @@ FlashInfer 0.6.7.post3's ``create_allreduce_fusion_workspace(backend="auto")`` p
 MNNVL backend whenever it is offered, and MNNVL creates CUDA multicast objects
 (``cuMulticastCreate``), which can take every GPU of a shared host out of service.  So
 the harness always asks for ``backend="trtllm"`` and refuses the other two unless the
-user states, with a flag, that their machine supports multicast.
+user states, with a flag, that their machine supports multicast.  Even the flag is
+refused on a host whose own environment switches multicast off (``NCCL_NVLS_ENABLE=0``
+and friends, as the shared GPU machines we lease set) or that says it is shared
+(``SM120FORK_SHARED_GPU_HOST=1``): there, multicast code must never run.
 """
 
 from __future__ import annotations
@@ -20,16 +23,38 @@ MULTICAST_OFF_ENV: Mapping[str, str] = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 
+SHARED_HOST_ENV = "SM120FORK_SHARED_GPU_HOST"
 SAFE_BACKEND = "trtllm"
 MULTICAST_BACKENDS = ("auto", "mnnvl")
 ALLOW_MULTICAST_FLAG = "--i-know-this-machine-supports-multicast"
 
 
-def check_backend(backend: str, *, allow_multicast: bool) -> str:
-    """Return ``backend`` if the harness may ask FlashInfer for it, else raise."""
+def multicast_forbidden_by(environ: Mapping[str, str]) -> str | None:
+    """The variable by which this host forbids multicast, or None."""
+    if environ.get(SHARED_HOST_ENV) == "1":
+        return f"{SHARED_HOST_ENV}=1"
+    for name, off in MULTICAST_OFF_ENV.items():
+        if environ.get(name) == off:
+            return f"{name}={off}"
+    return None
+
+
+def check_backend(backend: str, *, allow_multicast: bool,
+                  host_environ: Mapping[str, str] | None = None) -> str:
+    """Return ``backend`` if the harness may ask FlashInfer for it, else raise.
+
+    ``host_environ`` is the caller's environment before the harness forces the
+    multicast switches off for the ranks; the ranks themselves pass None.
+    """
     if backend == SAFE_BACKEND:
         return backend
     if backend in MULTICAST_BACKENDS:
+        forbidden = multicast_forbidden_by(host_environ) if host_environ is not None else None
+        if forbidden:
+            raise ConfigError(
+                f'workspace backend "{backend}" may create CUDA multicast objects, and this '
+                f"host forbids multicast ({forbidden})", where="--backend",
+                fix=f'use "{SAFE_BACKEND}"; shared GPU machines never run multicast code')
         if allow_multicast:
             return backend
         raise ConfigError(
