@@ -192,7 +192,9 @@ def to_markdown(result: VerifyResult) -> str:
         "Produced by `nox -s verify_sm120` (`python -m sm120fork verify-sm120`). No SM120 GPU "
         "was used: FlashInfer's patches are proven on compiled sm_120a/sm_121a cubins "
         "against sm_90a, SGLang's on the real patched modules with only the GPU query "
-        "stubbed, every patch on the built wheel (fingerprint).",
+        "stubbed, every patch on the built wheel (fingerprint). `verify.json` beside this "
+        "file has the results with counts; the per-kernel detail is written to "
+        "`.forks/reports/sm120/verify-full.json` (not committed: several MB).",
         "",
         f"Overall: **{'PASS' if result.passed else 'FAIL'}** in {result.seconds:.0f} s on "
         f"{__import__('os').cpu_count()} CPUs ({platform.platform()}).",
@@ -218,9 +220,36 @@ def to_markdown(result: VerifyResult) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Name lists longer than this are cut in the committed JSON (the full one keeps them).
+NAMES_SHOWN = 5
+
+
+def compact(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` without per-kernel detail: counts and a few names instead of lists.
+
+    The full document (1449 kernels x 9 builds, several MB) stays in the ignored
+    ``.forks/``; the committed report keeps what a reader or upstream_pr needs.
+    """
+    out: dict[str, Any] = json.loads(json.dumps(document))
+    for verdict in out["verdicts"]:
+        for key in ("missing", "empty", "pdl_lost"):
+            names = verdict[key]
+            verdict[key] = {"count": len(names), "first": names[:NAMES_SHOWN]}
+    for variant in out["proof"]["variants"]:
+        for arch in variant["archs"]:
+            for unit in arch["units"]:
+                kernels = unit.pop("kernels")
+                unit["kernel_count"] = len(kernels)
+    return out
+
+
 def write_reports(ws: Workspace, result: VerifyResult) -> Path:
     out = ws.reports_dir / "sm120"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "verify.json").write_text(json.dumps(to_json(result), indent=1) + "\n")
+    document = to_json(result)
+    full = ws.state_dir / "reports" / "sm120"
+    full.mkdir(parents=True, exist_ok=True)
+    (full / "verify-full.json").write_text(json.dumps(document, indent=1) + "\n")
+    (out / "verify.json").write_text(json.dumps(compact(document), indent=1) + "\n")
     (out / "verify.md").write_text(to_markdown(result))
     return out
