@@ -59,7 +59,7 @@ from sm120fork.series import (
     parse_patch,
     read_series_file,
 )
-from sm120fork.tree import TreeState, prepare_tree, read_state, write_state
+from sm120fork.tree import TreeState, open_tree, prepare_tree, read_state, write_state
 from sm120fork.verify import upstream_text
 from sm120fork.workspace import Workspace
 
@@ -88,10 +88,6 @@ UPSTREAMED = (UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY)
 # --------------------------------------------------------------------------- helpers
 def _today() -> str:
     return os.environ.get("SM120FORK_TODAY") or dt.datetime.now(dt.UTC).date().isoformat()
-
-
-def _bad_merge_state(repo: Git) -> bool:
-    return (repo.path / ".git" / "rebase-apply").exists()
 
 
 def pinned_upstream(ws: Workspace, stack: Stack, project: Project) -> Git:
@@ -373,13 +369,9 @@ def refresh(ws: Workspace, stack_name: str, project_key: str) -> RefreshResult:
             raise MaintenanceError(
                 "a bump of this project is in progress", where=f"{stack.name}/{project.key}",
                 fix=f"finish it: bump {stack.name} {project.key} --continue (or --abort)")
-        work = ws.work_tree(stack, project)
-        state = read_state(work) if work.exists() else None
-        if state is None:
-            raise MaintenanceError("there is no fork tree to refresh from", where=str(work),
-                                   fix=f"run: python -m sm120fork build --stack {stack.name}")
-        repo = Git(work)
-        if _bad_merge_state(repo):
+        tree = open_tree(ws, stack, project)
+        work, state, repo = tree.path, tree.state, tree.repo
+        if repo.am_in_progress():
             raise DirtyTreeError("a git am is in progress in the fork tree", where=str(work),
                                  fix="finish it (git am --continue / --abort) first")
         if repo.is_dirty():
@@ -826,7 +818,7 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
     if state.phase == "classify":
         if state.conflict_head:
             patch = series.patches[state.next_index]
-            if _bad_merge_state(repo):
+            if repo.am_in_progress():
                 unmerged = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
                 marked = [f for f in sorted({*unmerged, *patch.files})
                           if (repo.path / f).is_file() and _CONFLICT_MARK.search(
@@ -855,7 +847,7 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
             state.conflict_head = ""
             state.head = repo.head()
             state.save(ws)
-        elif _bad_merge_state(repo):
+        elif repo.am_in_progress():
             repo("am", "--abort")
         if repo.head() != state.head or repo.is_dirty():
             repo("reset", "-q", "--hard", state.head)  # a run killed mid-way: redo

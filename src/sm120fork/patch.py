@@ -78,7 +78,7 @@ def check_series(repo: Git, series: Series, base: str = UPSTREAM_TAG,
 
 def reset_to_upstream(repo: Git) -> None:
     """Abort any half-done ``git am`` and return to the pristine upstream commit."""
-    if (repo.path / ".git" / "rebase-apply").exists():
+    if repo.am_in_progress():
         repo("am", "--abort", quiet=True)
     repo("checkout", "-q", "-B", "main", UPSTREAM_TAG)
     repo("reset", "-q", "--hard", UPSTREAM_TAG)

@@ -133,5 +133,9 @@ class Git:
     def is_dirty(self) -> bool:
         return bool(self("status", "--porcelain", "--untracked-files=all", quiet=True))
 
+    def am_in_progress(self) -> bool:
+        """A ``git am`` stopped half-way (conflict or interruption)."""
+        return (self.path / ".git" / "rebase-apply").exists()
+
     def tree_hash(self, rev: str = "HEAD") -> str:
         return self("rev-parse", f"{rev}^{{tree}}", quiet=True)

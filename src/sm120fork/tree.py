@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sm120fork.declare import Project, Stack
-from sm120fork.errors import CommandError, DirtyTreeError
+from sm120fork.errors import CommandError, DirtyTreeError, MaintenanceError
 from sm120fork.fetch import (
     Progress,
     download_sdist,
@@ -92,6 +92,16 @@ def _local_changes(work: Path, state: TreeState | None) -> str | None:
     except CommandError:
         return "git cannot read it"
     return None
+
+
+def open_tree(ws: Workspace, stack: Stack, project: Project) -> Tree:
+    """The project's existing fork tree, for the commands that work on what build made."""
+    work = ws.work_tree(stack, project)
+    state = read_state(work) if work.exists() else None
+    if state is None:
+        raise MaintenanceError("there is no fork tree", where=str(work),
+                               fix=f"run: python -m sm120fork build --stack {stack.name}")
+    return Tree(path=work, repo=Git(work), state=state, reused=True)
 
 
 def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,

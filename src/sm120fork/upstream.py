@@ -28,7 +28,7 @@ from sm120fork.errors import CommandError, DirtyTreeError, MaintenanceError
 from sm120fork.fetch import UPSTREAM_TAG
 from sm120fork.proc import Git
 from sm120fork.series import Patch, load_series
-from sm120fork.tree import read_state
+from sm120fork.tree import open_tree
 from sm120fork.workspace import Workspace
 
 ONTO_REF = "refs/sm120fork/onto"
@@ -313,13 +313,9 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
                "every patch names an Applied-Upstream release")
         return UpstreamPR(stack=stack.name, project=project.key, reason=why)
     with ws.lock():
-        work = ws.work_tree(stack, project)
-        state = read_state(work) if work.exists() else None
-        if state is None:
-            raise MaintenanceError("there is no fork tree", where=str(work),
-                                   fix=f"run: python -m sm120fork build --stack {stack.name}")
-        git = Git(work)
-        if git.is_dirty() or (work / ".git" / "rebase-apply").exists():
+        tree = open_tree(ws, stack, project)
+        work, state, git = tree.path, tree.state, tree.repo
+        if git.is_dirty() or git.am_in_progress():
             raise DirtyTreeError("the fork tree has uncommitted changes", where=str(work),
                                  fix="refresh (nox -s refresh) or discard them first")
         if not state.complete or state.series != series.digest or git.head() != state.head:
