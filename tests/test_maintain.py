@@ -20,20 +20,18 @@ from sm120fork.errors import (
     SeriesError,
     SourceError,
 )
-from sm120fork.maintain import (
+from sm120fork.maintain.bump import bump, bump_abort, bump_continue
+from sm120fork.maintain.pin import set_toml_values
+from sm120fork.maintain.state import (
     CONFLICT,
     RESOLVED,
     STILL_NEEDED,
     UPSTREAMED_DIFFERENTLY,
     UPSTREAMED_IDENTICALLY,
-    bump,
-    bump_abort,
-    bump_continue,
-    refresh,
-    set_toml_values,
-    status,
 )
+from sm120fork.maintain.status import status
 from sm120fork.pipeline import build_stack
+from sm120fork.refresh import refresh
 from sm120fork.series import Fingerprint, parse_patch
 
 from conftest import git, make_patch, write_series

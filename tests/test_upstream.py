@@ -10,7 +10,7 @@ import pytest
 from sm120fork.cli import main
 from sm120fork.errors import DirtyTreeError, MaintenanceError
 from sm120fork.pipeline import build_stack
-from sm120fork.upstream import commit_message, github_slug, short_subject, upstream_pr
+from sm120fork.upstream.pr import commit_message, github_slug, short_subject, upstream_pr
 
 from conftest import git
 from helpers_ws import DemoWorkspace, make_demo

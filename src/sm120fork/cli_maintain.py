@@ -1,7 +1,7 @@
 """Commands that keep the fork alive: ``status``, ``bump``, ``refresh``, ``upstream-pr``.
 
-Registered with :func:`sm120fork.cli.command`; the logic lives in
-:mod:`sm120fork.maintain` and :mod:`sm120fork.upstream`, which never print.
+Registered with :func:`sm120fork.cli.command`; the logic lives in :mod:`sm120fork.maintain`,
+:mod:`sm120fork.refresh` and :mod:`sm120fork.upstream`, which never print.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _status_args(p: argparse.ArgumentParser) -> None:
 @command("status", "every stack and patch: applies, DEP-3 upstream fields, "
          "fingerprint upstream, shipped wheel", _status_args)
 def _status(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.maintain import status
+    from sm120fork.maintain.status import status
 
     projects = status(ws, args.stack, args.wheels)
     if args.json:
@@ -100,7 +100,7 @@ def _bump_args(p: argparse.ArgumentParser) -> None:
 
 @command("bump", "re-pin a project and re-classify its patches", _bump_args)
 def _bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.maintain import bump, bump_abort, bump_continue
+    from sm120fork.maintain.bump import bump, bump_abort, bump_continue
 
     if args.abort:
         ab = bump_abort(ws, args.stack, args.project)
@@ -140,7 +140,7 @@ def _refresh_args(p: argparse.ArgumentParser) -> None:
 
 @command("refresh", "export the fork tree's commits back into the series", _refresh_args)
 def _refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.maintain import refresh
+    from sm120fork.refresh import refresh
 
     r = refresh(ws, args.stack, args.project)
     for label, names in (("added", r.added), ("removed", r.removed), ("changed", r.changed)):
@@ -167,7 +167,7 @@ def _upstream_args(p: argparse.ArgumentParser) -> None:
 
 @command("upstream-pr", "prepare (never push) an upstream PR with evidence", _upstream_args)
 def _upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.upstream import upstream_pr
+    from sm120fork.upstream.pr import upstream_pr
 
     result = upstream_pr(ws, args.stack, args.project, onto=args.onto, repo=args.repo,
                          wheels_dir=args.wheels)

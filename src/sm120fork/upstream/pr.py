@@ -12,43 +12,27 @@ footnote.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shlex
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from sm120fork.declare import Project, Stack
+from sm120fork.declare import Project
 from sm120fork.errors import CommandError, DirtyTreeError, MaintenanceError
 from sm120fork.fetch import UPSTREAM_TAG
 from sm120fork.proc import Git
 from sm120fork.series import Patch, load_series
 from sm120fork.tree import open_tree
+from sm120fork.upstream.evidence import Evidence, collect_evidence, evidence_sections
 from sm120fork.workspace import Workspace
 
 ONTO_REF = "refs/sm120fork/onto"
 _ID_PREFIX = re.compile(r"^(?:[A-Z]\d+|\d{4})\s+")
 _FROM = re.compile(r"^From: (.+?) <([^>]+)>$", re.MULTILINE)
-#: Variants of the compile proof and GPU tests that are the unpatched baseline.
-#: Variants the proof shows failing on purpose (upstream, and the incomplete "two-line fix").
-BASELINE_VARIANTS = ("unpatched", "F1 only", "upstream", "baseline")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Evidence:
-    manifest_entry: dict[str, Any]
-    manifest_wheels: list[dict[str, Any]]
-    verify: dict[str, Any]
-    verify_path: Path
-    gpu_tests: list[tuple[Path, dict[str, Any]]]
-    bench: list[tuple[Path, str]]
-    files: dict[str, str] = field(default_factory=dict)  # path -> sha256
-    manifest_name: str = "wheels/manifest.json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,140 +69,10 @@ def github_slug(url: str) -> str:
     return m.group(1) if m else ""
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data
-
-
-def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_digest: str,
-                     wheels_dir: Path | None = None) -> Evidence:
-    """Gather the evidence, or refuse naming everything missing or failing."""
-    problems: list[str] = []
-    files: dict[str, str] = {}
-    manifest_path = (wheels_dir or ws.wheels_dir) / "manifest.json"
-    shown = os.path.relpath(manifest_path, ws.root)
-    manifest = _load_json(manifest_path)
-    entry: dict[str, Any] = {}
-    wheels: list[dict[str, Any]] = []
-    if manifest is None:
-        problems.append(f"no {shown} (run: python -m sm120fork build --stack {stack.name}"
-                        + (f" --out {os.path.relpath(manifest_path.parent, ws.root)})"
-                           if wheels_dir else ")"))
-    elif manifest.get("stack") != stack.name:
-        problems.append(f"{shown} is for stack {manifest.get('stack')!r}, not "
-                        f"{stack.name!r} (build this stack, or pass --wheels)")
-    else:
-        wheels = list(manifest.get("wheels", []))
-        entry = next((w for w in wheels if w.get("project") == project.key), {})
-        if not entry:
-            problems.append(f"{shown} has no {project.key} wheel")
-        elif entry.get("series_digest") != series_digest:
-            problems.append(f"the {project.key} wheel was built from another series "
-                            "(rebuild after the last change)")
-        elif not all(r.get("passed") for r in entry.get("artifact_check", [])):
-            problems.append(f"the {project.key} wheel failed its artifact check")
-        files[shown] = _sha256(manifest_path)
-    verify_path = ws.reports_dir / "sm120" / "verify.json"
-    verify = _load_json(verify_path) or {}
-    if not verify:
-        problems.append("no SM120 compile proof reports/sm120/verify.json "
-                        "(run: nox -s verify_sm120)")
-    else:
-        files[str(verify_path.relative_to(ws.root))] = _sha256(verify_path)
-        failing = [f"{v.get('variant')}/{v.get('arch')}" for v in verify.get("verdicts", [])
-                   if v.get("variant") not in BASELINE_VARIANTS and v.get("status") == "fail"]
-        if failing:
-            problems.append(f"the SM120 compile proof fails for {', '.join(failing)}")
-        elif verify.get("passed") is False:
-            problems.append("reports/sm120/verify.json says a patch check failed")
-        elif not verify.get("verdicts"):
-            problems.append("reports/sm120/verify.json holds no verdicts")
-    gpu_tests: list[tuple[Path, dict[str, Any]]] = []
-    for path in sorted((ws.reports_dir / "gpu").glob("*/test-ab.json")):
-        doc = _load_json(path)
-        if doc is None:
-            problems.append(f"{path.relative_to(ws.root)} is not valid JSON")
-            continue
-        files[str(path.relative_to(ws.root))] = _sha256(path)
-        primary = str(doc.get("primary", "patched"))
-        failed = [r.get("key") for r in doc.get("results", {}).get(primary, [])
-                  if r.get("status") == "fail"]
-        if failed:
-            problems.append(f"GPU tests failed in {path.relative_to(ws.root)}: "
-                            f"{len(failed)} case(s), e.g. {failed[0]}")
-        gpu_tests.append((path, doc))
-    if not gpu_tests:
-        problems.append("no GPU test results reports/gpu/*/test-ab.json (run: nox -s gpu_test)")
-    bench: list[tuple[Path, str]] = []
-    for path in sorted((ws.reports_dir / "gpu").glob("*/bench.md")):
-        bench.append((path, path.read_text(encoding="utf-8")))
-        files[str(path.relative_to(ws.root))] = _sha256(path)
-    if problems:
-        raise MaintenanceError(
-            "refusing to prepare an upstream PR: " + "; ".join(problems),
-            where=f"{stack.name}/{project.key}",
-            fix="produce the missing evidence (or fix what failed) and run upstream_pr again")
-    return Evidence(manifest_entry=entry, manifest_wheels=wheels, verify=verify,
-                    verify_path=verify_path, gpu_tests=gpu_tests, bench=bench, files=files,
-                    manifest_name=shown)
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |"
-            for r in rows]
-    return out
-
-
-def _evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
-    verdict_rows = [[str(v.get("variant")), str(v.get("arch")), str(v.get("status")),
-                     "; ".join(map(str, v.get("reasons", [])))[:200] or "-"]
-                    for v in ev.verify.get("verdicts", [])]
-    proof = ["SM120/SM121 compile proof (the series compiled with nvcc and the cubins "
-             f"inspected kernel by kernel; `{ev.verify_path.relative_to(ws.root)}`):", "",
-             *_md_table(["variant", "arch", "verdict", "reasons"], verdict_rows)]
-    tests: list[str] = []
-    env_rows: list[list[str]] = []
-    for path, doc in ev.gpu_tests:
-        primary = str(doc.get("primary", "patched"))
-        statuses: dict[str, int] = {}
-        for r in doc.get("results", {}).get(primary, []):
-            statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
-        counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "no cases"
-        command = f", `{doc['command']}`" if doc.get("command") else ""
-        tests.append(f"- {doc.get('title', path.parent.name)} (`{path.relative_to(ws.root)}`"
-                     f"{command}): {primary}: {counts}"
-                     + (f"; baseline {doc['baseline']}" if doc.get("baseline") else ""))
-        for k, v in sorted(doc.get("environment", {}).items()):
-            env_rows.append([path.parent.name, str(k), json.dumps(v) if not isinstance(
-                v, str) else v])
-    bench: list[str] = []
-    for path, text in ev.bench:
-        bench += [f"From `{path.relative_to(ws.root)}`:", "", text.strip(), ""]
-    wheel_rows = [[str(w.get("wheel")), f"`{w.get('sha256')}`",
-                   f"{sum(bool(r.get('passed')) for r in w.get('artifact_check', []))}/"
-                   f"{len(w.get('artifact_check', []))}"] for w in ev.manifest_wheels]
-    return {
-        "proof": proof,
-        "tests": tests,
-        "bench": bench or ["Not measured: no reports/gpu/*/bench.md."],
-        "env": _md_table(["report", "key", "value"], env_rows) if env_rows else ["-"],
-        "wheels": ["Wheels built by the fork toolkit from these commits "
-                   f"(`{ev.manifest_name}`):", "",
-                   *_md_table(["wheel", "sha256", "artifact check"], wheel_rows)],
-    }
-
 
 def render_body(ws: Workspace, project: Project, patches: list[Patch], ev: Evidence,
                 onto: str | None) -> str:
-    sec = _evidence_sections(ws, ev)
+    sec = evidence_sections(ws, ev)
     changes: list[str] = []
     for p in patches:
         changes += [f"### {short_subject(p)}", "", p.description.strip(), "",

@@ -1,0 +1,416 @@
+"""``bump``: re-pin one project and re-classify each patch on the new upstream.
+
+Verdicts: still needed / upstreamed identically / upstreamed differently / conflict.  A
+conflict stops like ``git am``: the fork tree holds the conflict markers, ``--continue``
+resumes and ``--abort`` restores the previous tree, pin and series byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from sm120fork.declare import Project, SdistPin, Stack
+from sm120fork.errors import (
+    CommandError,
+    ConfigError,
+    MaintenanceError,
+)
+from sm120fork.fetch import UPSTREAM_TAG, download_sdist
+from sm120fork.maintain.pin import (
+    commit_from_sdist,
+    create_stack,
+    declaration_with_pin,
+    index_sdist,
+    pinned_project,
+    remove_created_stack,
+)
+from sm120fork.maintain.report import write_bump_report, write_changelog
+from sm120fork.maintain.state import (
+    BEFORE_BASE_REF,
+    BEFORE_REF,
+    CONFLICT,
+    DROPPED_BY_HAND,
+    RESOLVED,
+    STILL_NEEDED,
+    UPSTREAMED_DIFFERENTLY,
+    UPSTREAMED_IDENTICALLY,
+    BumpState,
+    Classification,
+    today,
+)
+from sm120fork.proc import Git
+from sm120fork.refresh import RefreshResult, export_series, reapply_series
+from sm120fork.series import (
+    Patch,
+    Series,
+    load_series,
+)
+from sm120fork.tree import prepare_tree
+from sm120fork.upstream_match import applied_upstream_version, effect_check, fingerprints_upstream
+from sm120fork.workspace import Workspace
+
+_SHA1 = re.compile(r"[0-9a-f]{40}")
+_CONFLICT_MARK = re.compile(r"^(<<<<<<<|>>>>>>>) ", re.MULTILINE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BumpResult:
+    stack: str
+    project: str
+    old_version: str
+    new_version: str
+    classifications: tuple[Classification, ...]
+    report: Path
+    changelog: Path
+    refresh: RefreshResult
+    range_diff: str
+    new_stack_created: bool
+
+
+def _state_paths(ws: Workspace, state: BumpState) -> tuple[Path, Path, Path]:
+    d = BumpState.directory(ws, state.stack, state.project)
+    return d, d / "series", d / "declaration.toml"
+
+
+def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
+         allow_downgrade: bool = False, new_stack: str | None = None,
+         version: str | None = None, git_commit: str | None = None) -> BumpResult:
+    """Re-pin ``project_key`` of ``stack_name`` to ``revision`` (a version or a git SHA)."""
+    with ws.lock():
+        target_stack = new_stack or stack_name
+        pending = BumpState.load(ws, target_stack, project_key)
+        if pending is not None:
+            wanted = version or revision
+            if wanted not in (pending.new_version, pending.new_pin["git"]["commit"]):
+                raise MaintenanceError(
+                    f"a bump to {pending.new_version} is in progress",
+                    where=f"{target_stack}/{project_key}",
+                    fix="finish it with --continue or undo it with --abort")
+            return _resume(ws, pending)
+        stack = ws.stack(stack_name)
+        project = stack.project(project_key)
+        old = Version(project.version)
+        if _SHA1.fullmatch(revision):
+            if not version:
+                raise MaintenanceError("bumping to a git commit needs --version",
+                                       fix="pass the PEP 440 version of that commit")
+            new_version = version
+            new_pin: dict[str, Any] = {
+                "source": "git",
+                "git": {"url": project.git.url, "tag": "", "commit": revision,
+                        "commit_verified": True, "note": ""},
+                "sdist": dataclasses.asdict(project.sdist)}
+        else:
+            new_version = version or revision
+            new_pin = {}
+        try:
+            new = Version(new_version)
+        except InvalidVersion:
+            raise ConfigError(f"{new_version!r} is neither a PEP 440 version nor a 40-hex "
+                              "git commit SHA", where="bump") from None
+        if new.local is not None:
+            raise ConfigError("give the upstream version, without a local label",
+                              where="bump")
+        if new == old and not new_pin:
+            raise MaintenanceError(f"{project.key} is already pinned to {project.version}",
+                                   where=stack.name)
+        if new < old and not allow_downgrade:
+            raise MaintenanceError(f"{new_version} is older than the pinned {project.version}",
+                                   where=f"{stack.name}/{project.key}",
+                                   fix="pass --allow-downgrade if you mean it")
+        if not new_pin:
+            filename, sha256, url = index_sdist(project, new)
+            probe = dataclasses.replace(
+                project, version=new_version,
+                sdist=SdistPin(filename=filename, sha256=sha256, url=url))
+            sdist = download_sdist(probe, ws.sdist_cache)
+            commit = git_commit or commit_from_sdist(sdist)
+            if not commit:
+                raise MaintenanceError(
+                    f"the git commit of {project.distribution} {new_version} is unknown",
+                    fix="pass --git-commit SHA (the sdist records none and the upstream "
+                        "repository is not consulted)")
+            note = ("commit given with --git-commit" if git_commit else
+                    "commit recorded in the sdist's own build metadata")
+            new_pin = {
+                "source": project.source,
+                "git": {"url": project.git.url,
+                        "tag": project.git.tag.replace(project.version, new_version)
+                        if project.version in project.git.tag else f"v{new_version}",
+                        "commit": commit, "commit_verified": False,
+                        "note": f"{note}; not checked against the upstream repository"},
+                "sdist": {"filename": filename, "sha256": sha256, "url": ""}}
+        created = False
+        if new_stack:
+            stack = create_stack(ws, stack, project, new_stack)
+            project = stack.project(project_key)
+            created = True
+        # Keep the fork tree as it is now (old pin + series) to restore on --abort and
+        # to give `git am --3way` the blobs the patches were written against.
+        try:
+            old_tree = prepare_tree(ws, stack, project)
+        except BaseException:
+            if created:  # leave nothing behind: the new stack is only a copy so far
+                (ws.forks_dir / f"{stack.name}.toml").unlink(missing_ok=True)
+                shutil.rmtree(ws.series_dir(project), ignore_errors=True)
+                shutil.rmtree(ws.work_tree(stack, project), ignore_errors=True)
+            raise
+        state = BumpState(
+            stack=stack.name, project=project.key, old_version=project.version,
+            new_version=new_version, new_pin=new_pin, created_stack=created,
+            declaration=str(stack.path), series_dir=str(ws.series_dir(project)),
+            results=[], started=today(), command=" ".join(
+                ["python -m sm120fork bump", stack_name, project_key, revision,
+                 *(["--new-stack", new_stack] if new_stack else []),
+                 *(["--version", version] if version else []),
+                 *(["--allow-downgrade"] if allow_downgrade else [])]))
+        d, series_backup, decl_backup = _state_paths(ws, state)
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        shutil.copytree(ws.series_dir(project), series_backup)
+        shutil.copyfile(stack.path, decl_backup)
+        pre = ws.work_tree(stack, project, "pre-bump")
+        if pre.exists():
+            shutil.rmtree(pre)
+        state.save(ws)
+        os.replace(old_tree.path, pre)
+        try:
+            tree = prepare_tree(ws, stack, pinned_project(project, state), patches=())
+        except BaseException:
+            shutil.rmtree(ws.work_tree(stack, project), ignore_errors=True)
+            os.replace(pre, ws.work_tree(stack, project))
+            shutil.rmtree(d, ignore_errors=True)
+            if created:
+                remove_created_stack(ws, state)
+            raise
+        _start_new_tree(ws, stack, project, state, tree.repo)
+        return _resume(ws, state)
+
+
+def _start_new_tree(ws: Workspace, stack: Stack, project: Project, state: BumpState,
+                    repo: Git | None = None) -> None:
+    """The fork tree at the new upstream, with the old series' commits fetched beside it."""
+    if repo is None:  # a run killed while unpacking the new upstream: start it again
+        repo = prepare_tree(ws, stack, pinned_project(project, state), patches=(),
+                            force=True).repo
+    pre = ws.work_tree(stack, project, "pre-bump")
+    repo("fetch", "--quiet", "--no-tags", str(pre),
+         f"+HEAD:{BEFORE_REF}", f"+refs/tags/{UPSTREAM_TAG}:{BEFORE_BASE_REF}")
+    state.head = repo.head()
+    state.save(ws)
+
+
+
+def _series_before(ws: Workspace, state: BumpState) -> Series:
+    _, series_backup, _ = _state_paths(ws, state)
+    return load_series(series_backup)
+
+
+def _classify(repo: Git, patch: Patch, new_version: Version) -> tuple[str, list[str]]:
+    """Classify one patch against the tree's HEAD (new upstream + patches kept so far)."""
+    try:
+        repo("apply", "--check", str(patch.path), quiet=True)
+        applies = True
+    except CommandError:
+        applies = False
+    if applies:
+        n = fingerprints_upstream(repo, patch)
+        evidence = ["applies exactly"]
+        if n:
+            evidence.append(f"but {n} fingerprint(s) already upstream: the artifact check "
+                            "will fail; review the patch and its fingerprint")
+        else:
+            evidence.append("fingerprint absent upstream")
+        return STILL_NEEDED, evidence
+    try:
+        repo("apply", "--check", "--reverse", str(patch.path), quiet=True)
+        return UPSTREAMED_IDENTICALLY, ["does not apply; reverse-applies cleanly"]
+    except CommandError:
+        pass
+    present, evidence = effect_check(repo, patch)
+    evidence = ["does not apply, does not reverse-apply", *evidence]
+    if not present:
+        return CONFLICT, [*evidence, "effect absent upstream"]
+    claimed = applied_upstream_version(patch)
+    if claimed is not None and claimed > new_version:
+        return CONFLICT, [*evidence, f"but Applied-Upstream names {claimed}, later than "
+                          f"{new_version}: check by hand"]
+    if claimed is not None:
+        evidence.append(f"Applied-Upstream {claimed} <= {new_version}: agrees")
+    else:
+        evidence.append("no Applied-Upstream field")
+    return UPSTREAMED_DIFFERENTLY, evidence
+
+
+def _record(state: BumpState, patch: Patch, verdict: str, evidence: list[str]) -> None:
+    state.results.append(Classification(
+        patch=patch.name, subject=patch.subject, verdict=verdict, evidence=tuple(evidence),
+        applied_upstream=patch.applied_upstream).to_json())
+
+
+def _conflict_message(ws: Workspace, state: BumpState, patch: Patch, repo: Git) -> str:
+    files = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
+    return (f"patch {patch.name} conflicts with {state.project} {state.new_version}"
+            f"{': ' + ', '.join(files) if files else ''}; the fork tree {repo.path} stops at it "
+            "with conflict markers in place")
+
+
+def _resume(ws: Workspace, state: BumpState) -> BumpResult:
+    stack = ws.stack(state.stack)
+    project = stack.project(state.project)
+    if not state.head:
+        _start_new_tree(ws, stack, project, state)
+    repo = Git(ws.work_tree(stack, project))
+    series = _series_before(ws, state)
+    new_version = Version(state.new_version)
+    cmd = f"python -m sm120fork bump {state.stack} {state.project}"
+    if state.phase == "classify":
+        if state.conflict_head:
+            patch = series.patches[state.next_index]
+            if repo.am_in_progress():
+                unmerged = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
+                marked = [f for f in sorted({*unmerged, *patch.files})
+                          if (repo.path / f).is_file() and _CONFLICT_MARK.search(
+                              (repo.path / f).read_text(errors="replace"))]
+                if marked:
+                    raise MaintenanceError(
+                        f"patch {patch.name} still has conflict markers: {', '.join(marked)}",
+                        where=str(repo.path),
+                        fix=f"edit them, then `{cmd} --continue`; or `{cmd} --abort`")
+                repo("add", "-A")
+                if repo("diff", "--cached", "--name-only", "HEAD", quiet=True):
+                    repo("am", "--continue")
+                else:  # resolved to upstream's side: nothing left of the patch
+                    repo("am", "--skip")
+            if repo.head() != state.conflict_head:
+                holds, _ = effect_check(repo, patch, "HEAD")
+                _record(state, patch, RESOLVED, [
+                    *state.conflict_evidence, "conflict resolved by hand in the fork tree",
+                    "the patch's effect holds on the resolved tree" if holds else
+                    "WARNING: the patch's effect does not hold on the resolved tree: review"])
+            else:
+                _record(state, patch, DROPPED_BY_HAND, [
+                    *state.conflict_evidence,
+                    "conflict resolved by dropping the patch (git am --skip)"])
+            state.next_index += 1
+            state.conflict_head = ""
+            state.head = repo.head()
+            state.save(ws)
+        elif repo.am_in_progress():
+            repo("am", "--abort")
+        if repo.head() != state.head or repo.is_dirty():
+            repo("reset", "-q", "--hard", state.head)  # a run killed mid-way: redo
+            repo("clean", "-q", "-fdx")
+        while state.next_index < len(series.patches):
+            patch = series.patches[state.next_index]
+            verdict, evidence = _classify(repo, patch, new_version)
+            if verdict == STILL_NEEDED:
+                repo("am", "--quiet", "--no-3way", "--keep-cr",
+                     "--committer-date-is-author-date", str(patch.path))
+            elif verdict == CONFLICT:
+                state.conflict_head = repo.head()
+                state.conflict_evidence = evidence
+                state.save(ws)
+                try:
+                    repo("am", "--quiet", "--3way", "--keep-cr",
+                         "--committer-date-is-author-date", str(patch.path))
+                except CommandError:
+                    raise MaintenanceError(
+                        _conflict_message(ws, state, patch, repo), where=state.stack,
+                        fix=f"resolve the conflicts there, then `{cmd} --continue` "
+                            f"(or drop the patch with `git am --skip` there first); "
+                            f"`{cmd} --abort` restores the previous pin and series",
+                        detail="\n".join(evidence)) from None
+                verdict = STILL_NEEDED
+                evidence = [*evidence, "but merges cleanly (3-way): rebased; review it"]
+                state.conflict_head = ""
+            _record(state, patch, verdict, evidence)
+            state.next_index += 1
+            state.head = repo.head()
+            state.save(ws)
+        state.phase = "finalize"
+        state.save(ws)
+    return _finalize(ws, stack, project, repo, state)
+
+
+def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
+              state: BumpState) -> BumpResult:
+    d, _, decl_backup = _state_paths(ws, state)
+    new_project = pinned_project(project, state)
+    series_dir = Path(state.series_dir)
+    refreshed = export_series(repo, series_dir, stack=stack.name, project=project.key)
+    decl = declaration_with_pin(decl_backup.read_text(encoding="utf-8"), project, state,
+                                 state.declaration)
+    Path(state.declaration).write_text(decl, encoding="utf-8")
+    stack = ws.stack(stack.name)
+    project = stack.project(project.key)
+    base = repo("rev-parse", UPSTREAM_TAG, quiet=True)
+    reapply_series(ws, stack, project, repo, base)
+    range_diff = repo("range-diff", "--no-color", f"{BEFORE_BASE_REF}..{BEFORE_REF}",
+                      f"{UPSTREAM_TAG}..HEAD", quiet=True)
+    results = tuple(Classification(**{**r, "evidence": tuple(r["evidence"])})
+                    for r in state.results)
+    report = write_bump_report(ws, stack, project, state, new_project, results, range_diff,
+                                refreshed)
+    changelog = write_changelog(ws, stack, project, state, results, report)
+    pre = ws.work_tree(stack, project, "pre-bump")
+    shutil.rmtree(pre, ignore_errors=True)
+    shutil.rmtree(d, ignore_errors=True)
+    return BumpResult(stack=stack.name, project=project.key, old_version=state.old_version,
+                      new_version=state.new_version, classifications=results, report=report,
+                      changelog=changelog, refresh=refreshed, range_diff=range_diff,
+                      new_stack_created=state.created_stack)
+
+
+def bump_continue(ws: Workspace, stack_name: str, project_key: str) -> BumpResult:
+    with ws.lock():
+        state = BumpState.load(ws, stack_name, project_key)
+        if state is None:
+            raise MaintenanceError("no bump in progress", where=f"{stack_name}/{project_key}")
+        return _resume(ws, state)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AbortResult:
+    stack: str
+    project: str
+    restored_version: str
+    removed_stack: bool
+
+
+def bump_abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
+    """Undo a bump in progress: the previous fork tree, pin and series, byte for byte."""
+    with ws.lock():
+        state = BumpState.load(ws, stack_name, project_key)
+        if state is None:
+            raise MaintenanceError("no bump in progress", where=f"{stack_name}/{project_key}")
+        d, series_backup, decl_backup = _state_paths(ws, state)
+        stack = ws.stack(state.stack) if Path(state.declaration).is_file() else None
+        work = ws.state_dir / "work" / state.stack / state.project
+        pre = ws.state_dir / "work" / state.stack / f"{state.project}@pre-bump"
+        if pre.exists():
+            shutil.rmtree(work, ignore_errors=True)
+            os.replace(pre, work)
+        if state.created_stack:
+            remove_created_stack(ws, state)
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            series_dir = Path(state.series_dir)
+            shutil.rmtree(series_dir, ignore_errors=True)
+            shutil.copytree(series_backup, series_dir)
+            shutil.copyfile(decl_backup, state.declaration)
+        shutil.rmtree(d, ignore_errors=True)
+        del stack
+        return AbortResult(stack=state.stack, project=state.project,
+                           restored_version=state.old_version,
+                           removed_stack=state.created_stack)
+

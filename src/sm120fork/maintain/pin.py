@@ -1,0 +1,197 @@
+"""A new pin for ``bump``: the package-index lookup, the sdist's own commit record,
+and the edits to ``forks/<stack>.toml`` (comments and layout kept)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import tarfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from packaging.utils import (
+    InvalidSdistFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+)
+from packaging.version import Version
+
+from sm120fork.declare import GitPin, Project, SdistPin, Stack
+from sm120fork.errors import (
+    ConfigError,
+    MaintenanceError,
+    SourceError,
+)
+from sm120fork.fetch import index_url
+from sm120fork.maintain.state import (
+    BumpState,
+)
+from sm120fork.workspace import Workspace
+
+_COMMIT_IN_SOURCE = re.compile(
+    r"""(?:__git_commit__|git_commit|__git_version__|git_version|__commit__)\s*[:=]\s*"""
+    r"""["']([0-9a-f]{40})["']""")
+
+
+def index_sdist(project: Project, version: Version) -> tuple[str, str, str]:
+    """(filename, sha256, url) of the ``version`` sdist on the package index (PEP 691)."""
+    page = f"{index_url()}/{project.normalized_name}/"
+    req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            data = json.load(resp)
+    except urllib.error.HTTPError as exc:
+        raise SourceError(f"package index answered HTTP {exc.code} for {project.distribution}",
+                          where=page) from exc
+    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
+        raise SourceError(f"cannot read the package index: {exc}", where=page,
+                          fix="check the network or set SM120FORK_INDEX_URL") from exc
+    seen: list[Version] = []
+    for entry in data.get("files", []):
+        filename = str(entry.get("filename", ""))
+        try:
+            name, ver = parse_sdist_filename(filename)
+        except InvalidSdistFilename:
+            continue
+        if canonicalize_name(name) != project.normalized_name:
+            continue
+        seen.append(ver)
+        if ver == version:
+            sha = entry.get("hashes", {}).get("sha256", "")
+            if not sha:
+                raise SourceError(f"the index lists no sha256 for {filename}", where=page)
+            if entry.get("yanked"):
+                raise SourceError(f"{filename} is yanked on the package index", where=page,
+                                  fix="choose another release")
+            return filename, sha, urllib.parse.urljoin(page, str(entry["url"]))
+    recent = ", ".join(str(v) for v in sorted(set(seen))[-6:]) or "none"
+    raise SourceError(f"{project.distribution} {version} has no sdist on the package index "
+                      "(unknown version?)", where=page, fix=f"recent sdists: {recent}")
+
+
+def commit_from_sdist(sdist: Path) -> str:
+    """The git commit an sdist records about itself (FlashInfer's _build_meta.py), or ''."""
+    try:
+        with tarfile.open(sdist, "r|*") as tf:
+            for member in tf:
+                parts = member.name.split("/")
+                if not member.isfile() or len(parts) > 4 or parts[-1] not in (
+                        "_build_meta.py", "_version.py", "version.py", "git_version.py"):
+                    continue
+                f = tf.extractfile(member)
+                if f is None:
+                    continue
+                m = _COMMIT_IN_SOURCE.search(f.read(65536).decode("utf-8", errors="replace"))
+                if m:
+                    return m.group(1)
+    except (tarfile.TarError, OSError):
+        return ""
+    return ""
+
+
+def _toml_value(value: str | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value, ensure_ascii=False)
+
+
+def set_toml_values(text: str, table: str, values: dict[str, str | bool | None],
+                    where: str = "") -> str:
+    """Set (or with None remove) ``key = value`` lines in ``[table]``, keeping comments."""
+    lines = text.splitlines(keepends=True)
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == f"[{table}]")
+    except StopIteration:
+        raise ConfigError(f"no [{table}] table", where=where) from None
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")),
+               len(lines))
+    remaining = dict(values)
+    last_key = start
+    for i in range(start + 1, end):
+        m = re.match(r"\s*([A-Za-z0-9_-]+)\s*=", lines[i])
+        if not m:
+            continue
+        last_key = i
+        if m.group(1) in remaining:
+            value = remaining.pop(m.group(1))
+            lines[i] = "" if value is None else f"{m.group(1)} = {_toml_value(value)}\n"
+    extra = [f"{k} = {_toml_value(v)}\n" for k, v in remaining.items() if v is not None]
+    lines[last_key + 1:last_key + 1] = extra
+    return "".join(lines)
+
+
+def _project_tables(text: str, key: str) -> str:
+    """The text of ``[projects.<key>]`` and its sub-tables."""
+    out: list[str] = []
+    inside = False
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            inside = stripped in (f"[projects.{key}]",) or stripped.startswith(
+                f"[projects.{key}.")
+        if inside:
+            out.append(line)
+    while out and (not out[-1].strip() or out[-1].lstrip().startswith("#")):
+        out.pop()
+    return "".join(out)
+
+
+def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> Stack:
+    """A one-project stack ``name`` copied from ``source`` (declaration and series)."""
+    target = ws.forks_dir / f"{name}.toml"
+    if target.exists():
+        raise MaintenanceError(f"stack {name!r} already exists", where=str(target),
+                               fix="bump it directly, or choose another --new-stack name")
+    if project.requires:
+        raise MaintenanceError(f"project {project.key} requires {', '.join(project.requires)};"
+                               " --new-stack copies a single project", where=source.name)
+    series_rel = f"patches/{name}/{project.key}"
+    if (ws.root / series_rel).exists():
+        raise MaintenanceError("series directory already exists", where=series_rel)
+    tables = _project_tables(source.path.read_text(encoding="utf-8"), project.key)
+    text = (f"# Copied from forks/{source.path.name} by `bump --new-stack {name}` to follow\n"
+            f"# {project.distribution} past the release that stack pins; not the default.\n\n"
+            f"[stack]\nname = {_toml_value(name)}\ndefault = false\n"
+            f"description = {_toml_value(f'{project.distribution} fork, bumped from stack ' + source.name)}\n\n"  # noqa: E501
+            f"{tables}\n")
+    text = set_toml_values(text, f"projects.{project.key}", {"series": series_rel},
+                           where=str(target))
+    shutil.copytree(ws.series_dir(project), ws.root / series_rel)
+    target.write_text(text, encoding="utf-8")
+    return ws.stack(name)
+
+
+def pinned_project(project: Project, state: BumpState) -> Project:
+    pin = state.new_pin
+    return dataclasses.replace(
+        project, version=state.new_version, source=pin["source"],
+        git=GitPin(**pin["git"]), sdist=SdistPin(**pin["sdist"]))
+
+
+def declaration_with_pin(text: str, project: Project, state: BumpState, where: str) -> str:
+    pin = state.new_pin
+    key = project.key
+    text = set_toml_values(text, f"projects.{key}",
+                           {"version": state.new_version, "source": pin["source"]}, where)
+    git = pin["git"]
+    text = set_toml_values(text, f"projects.{key}.git", {
+        "url": git["url"], "tag": git["tag"], "commit": git["commit"],
+        "commit_verified": bool(git["commit_verified"]), "note": git["note"] or None}, where)
+    sd = pin["sdist"]
+    return set_toml_values(text, f"projects.{key}.sdist", {
+        "filename": sd["filename"], "sha256": sd["sha256"], "url": sd["url"] or None}, where)
+
+
+
+def remove_created_stack(ws: Workspace, state: BumpState) -> None:
+    Path(state.declaration).unlink(missing_ok=True)
+    series = Path(state.series_dir)
+    shutil.rmtree(series, ignore_errors=True)
+    parent = series.parent
+    if parent.is_dir() and not any(parent.iterdir()):
+        parent.rmdir()
+

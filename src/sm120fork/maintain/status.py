@@ -1,0 +1,163 @@
+"""``status``: every patch of every stack against its pin.
+
+Does it apply, what its DEP-3 header says about upstream, is its fingerprint or effect
+already upstream, which wheel shipped it.  Results are dataclasses the CLI renders.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sm120fork.declare import Project, Stack
+from sm120fork.errors import (
+    CommandError,
+    ConfigError,
+    MaintenanceError,
+    SourceError,
+)
+from sm120fork.fetch import source_key
+from sm120fork.maintain.state import (
+    BumpState,
+)
+from sm120fork.patch import check_series
+from sm120fork.pipeline import load_manifest
+from sm120fork.proc import Git
+from sm120fork.series import (
+    Patch,
+    load_series,
+)
+from sm120fork.tree import prepare_tree, read_state
+from sm120fork.upstream_match import effect_check, fingerprints_upstream
+from sm120fork.workspace import Workspace
+
+
+def pinned_upstream(ws: Workspace, stack: Stack, project: Project) -> Git:
+    """A git repo whose ``upstream`` tag is the project's pinned upstream.
+
+    The fork tree serves when it is at this pin (its work tree is not touched: only the
+    tag is read); otherwise a pristine ``@upstream`` tree is made next to it.
+    """
+    work = ws.work_tree(stack, project)
+    state = read_state(work) if work.exists() else None
+    if state is not None and state.source == source_key(project):
+        return Git(work)
+    return prepare_tree(ws, stack, project, patches=(), variant="upstream", force=True).repo
+
+
+# --------------------------------------------------------------------------- status
+@dataclass(frozen=True, kw_only=True)
+class PatchStatus:
+    patch: str
+    subject: str
+    applies: str
+    forwarded: str
+    applied_upstream: str
+    bug_upstream: str
+    fingerprint_upstream: str
+    effect_upstream: str
+    wheel: str
+
+    def to_json(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectStatus:
+    stack: str
+    default: bool
+    project: str
+    version: str
+    source: str
+    series: str
+    patches: tuple[PatchStatus, ...]
+    bump_in_progress: str = ""
+    error: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["patches"] = [p.to_json() for p in self.patches]
+        return d
+
+
+def _wheel_for(manifest: dict[str, Any] | None, stack: Stack, project: Project,
+               patch: Patch) -> str:
+    if not manifest or manifest.get("stack") != stack.name:
+        return "-"
+    for entry in manifest.get("wheels", []):
+        if entry.get("project") != project.key:
+            continue
+        for p in entry.get("patches", []):
+            if p.get("name") == patch.name:
+                same = p.get("sha256") == patch.sha256
+                return str(entry["wheel"]) + ("" if same else " (patch changed since)")
+        return "-"
+    return "-"
+
+
+def project_status(ws: Workspace, stack: Stack, project: Project,
+                   manifest: dict[str, Any] | None) -> ProjectStatus:
+    pending = BumpState.load(ws, stack.name, project.key)
+    in_progress = f"to {pending.new_version}" if pending else ""
+
+    def result(patches: tuple[PatchStatus, ...], error: str = "") -> ProjectStatus:
+        return ProjectStatus(stack=stack.name, default=stack.default, project=project.key,
+                             version=project.version, source=project.source,
+                             series=project.series, patches=patches,
+                             bump_in_progress=in_progress, error=error)
+    try:
+        series = load_series(ws.series_dir(project))
+        repo = pinned_upstream(ws, stack, project)
+    except (ConfigError, SourceError, CommandError, MaintenanceError) as exc:
+        return result((), exc.message)
+    except Exception as exc:  # a SeriesError etc.: show it in the table, keep going
+        message = getattr(exc, "message", str(exc))
+        return result((), message)
+    failures = check_series(repo, series)
+    failed_at = series.names().index(failures[0].patch) if failures else len(series.patches)
+    rows: list[PatchStatus] = []
+    for i, p in enumerate(series.patches):
+        if i < failed_at:
+            applies = "yes"
+        elif i == failed_at:
+            applies = f"NO: {failures[0].file}, {failures[0].hunk}"
+        else:
+            applies = "not checked"
+        n = fingerprints_upstream(repo, p)
+        total = len(p.fingerprints)
+        fp = "absent" if n == 0 else ("PRESENT" if n == total else f"partly ({n}/{total})")
+        if p.effects or p.effects_absent:
+            present, _ = effect_check(repo, p)
+            effect = "present" if present else "absent"
+        else:
+            effect = "-"
+        rows.append(PatchStatus(
+            patch=p.name, subject=p.subject, applies=applies, forwarded=p.field("Forwarded"),
+            applied_upstream=p.applied_upstream, bug_upstream=p.field("Bug-Upstream"),
+            fingerprint_upstream=fp, effect_upstream=effect,
+            wheel=_wheel_for(manifest, stack, project, p)))
+    return result(tuple(rows))
+
+
+def status(ws: Workspace, stack_name: str | None = None,
+           wheels_dir: Path | None = None) -> list[ProjectStatus]:
+    """The status of every project of every stack (or of ``stack_name``).
+
+    The wheel column comes from ``wheels/manifest.json``, or from ``wheels_dir`` for a
+    stack published elsewhere with ``build --out``.
+    """
+    stacks = [ws.stack(stack_name)] if stack_name else sorted(
+        ws.stacks().values(), key=lambda s: (not s.default, s.name))
+    if wheels_dir is None:
+        manifest = load_manifest(ws)
+    else:
+        try:
+            manifest = json.loads((wheels_dir / "manifest.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError("no readable manifest.json", where=str(wheels_dir)) from exc
+    with ws.lock():
+        return [project_status(ws, s, p, manifest) for s in stacks for p in s.projects]
+

@@ -1,0 +1,160 @@
+"""``refresh``: export a fork tree's commits back into its series, byte-stable.
+
+The canonical form is the ``git format-patch`` invocation of patches/README.md with the
+author date set to the patch's ``Last-Update`` day; a refresh with no change writes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import email.utils
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sm120fork.declare import Project, Stack
+from sm120fork.errors import (
+    DirtyTreeError,
+    MaintenanceError,
+)
+from sm120fork.fetch import UPSTREAM_TAG, source_key
+from sm120fork.maintain.state import (
+    BumpState,
+)
+from sm120fork.patch import apply_series
+from sm120fork.proc import Git
+from sm120fork.series import (
+    load_series,
+    parse_patch,
+    read_series_file,
+)
+from sm120fork.tree import TreeState, open_tree, write_state
+from sm120fork.workspace import Workspace
+
+#: The canonical export (patches/README.md); refresh writes exactly this.
+FORMAT_PATCH = ("format-patch", "--zero-commit", "--no-signature", "--full-index",
+                "--no-numbered", "--stat=80", "--stat-graph-width=20")
+
+
+# --------------------------------------------------------------------------- refresh
+@dataclass(frozen=True, kw_only=True)
+class RefreshResult:
+    stack: str
+    project: str
+    directory: Path
+    added: tuple[str, ...]
+    removed: tuple[str, ...]
+    changed: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    series_rewritten: bool
+
+    @property
+    def wrote_anything(self) -> bool:
+        return bool(self.added or self.removed or self.changed or self.series_rewritten)
+
+
+_DATE_LINE = re.compile(r"^Date: .*$", re.MULTILINE)
+
+
+def _canonical_date(text: str, last_update: str) -> str:
+    """Set the header's ``Date:`` to the patch's Last-Update day, 00:00:00 UTC."""
+    day = dt.datetime.fromisoformat(last_update).replace(tzinfo=dt.UTC)
+    stamp = email.utils.format_datetime(day)
+    return _DATE_LINE.sub(f"Date: {stamp}", text, count=1)
+
+
+def export_series(repo: Git, directory: Path, base: str = UPSTREAM_TAG,
+                  stack: str = "", project: str = "") -> RefreshResult:
+    """Write ``base..HEAD`` of ``repo`` as the series in ``directory``; touch only changes."""
+    with tempfile.TemporaryDirectory(prefix="sm120fork-refresh-") as tmp:
+        out = repo(*FORMAT_PATCH, "-o", tmp, f"{base}..HEAD")
+        exported = [Path(line) for line in out.splitlines() if line.strip()]
+        new: dict[str, bytes] = {}
+        for path in exported:
+            text = path.read_text(encoding="utf-8")
+            patch = parse_patch(path)  # refuses a commit without a DEP-3 header
+            text = _canonical_date(text, patch.field("Last-Update"))
+            new[path.name] = text.encode("utf-8")
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        old_names = read_series_file(directory)
+    except Exception:
+        old_names = []
+    on_disk = {p.name for p in directory.glob("*.patch")}
+    added: list[str] = []
+    changed: list[str] = []
+    unchanged: list[str] = []
+    for name, data in new.items():
+        target = directory / name
+        if target.is_file() and target.read_bytes() == data:
+            unchanged.append(name)
+            continue
+        (changed if target.is_file() else added).append(name)
+        tmp_file = target.with_name(f".{name}.tmp")
+        tmp_file.write_bytes(data)
+        tmp_file.replace(target)
+    removed = sorted((on_disk | set(old_names)) - set(new))
+    for name in removed:
+        (directory / name).unlink(missing_ok=True)
+    series_file = directory / "series"
+    rewritten = False
+    if old_names != list(new) or not series_file.is_file():
+        header = []
+        if series_file.is_file():
+            for line in series_file.read_text(encoding="utf-8").splitlines():
+                if line.startswith("#") or not line.strip():
+                    header.append(line)
+                else:
+                    break
+        series_file.write_text("".join(f"{h}\n" for h in header)
+                               + "".join(f"{n}\n" for n in new), encoding="utf-8")
+        rewritten = True
+    return RefreshResult(stack=stack, project=project, directory=directory,
+                         added=tuple(added), removed=tuple(removed), changed=tuple(changed),
+                         unchanged=tuple(unchanged), series_rewritten=rewritten)
+
+
+def reapply_series(ws: Workspace, stack: Stack, project: Project, repo: Git,
+                   base_commit: str) -> None:
+    """Rebuild the fork tree from the (new) series so it is exactly what a build makes."""
+    series = load_series(ws.series_dir(project))
+    skey = source_key(project)
+    write_state(repo.path, TreeState(source=skey, base=base_commit, series=series.digest,
+                                     head="", applied=(), complete=False))
+    head = apply_series(repo, series, stack=stack.name, project=project.key)
+    write_state(repo.path, TreeState(source=skey, base=base_commit, series=series.digest,
+                                     head=head, applied=tuple(series.names())))
+
+
+def refresh(ws: Workspace, stack_name: str, project_key: str) -> RefreshResult:
+    """Export the fork tree's commits into the project's series."""
+    stack = ws.stack(stack_name)
+    project = stack.project(project_key)
+    with ws.lock():
+        if BumpState.load(ws, stack.name, project.key):
+            raise MaintenanceError(
+                "a bump of this project is in progress", where=f"{stack.name}/{project.key}",
+                fix=f"finish it: bump {stack.name} {project.key} --continue (or --abort)")
+        tree = open_tree(ws, stack, project)
+        work, state, repo = tree.path, tree.state, tree.repo
+        if repo.am_in_progress():
+            raise DirtyTreeError("a git am is in progress in the fork tree", where=str(work),
+                                 fix="finish it (git am --continue / --abort) first")
+        if repo.is_dirty():
+            raise DirtyTreeError(
+                "the fork tree has uncommitted changes; refresh exports commits only",
+                where=str(work),
+                fix="commit them (git commit, or git commit --amend into a patch's commit) "
+                    "or discard them (git checkout -- .), then refresh again")
+        if state.source != source_key(project):
+            raise MaintenanceError("the fork tree is not at the declared pin",
+                                   where=str(work), fix="run build first")
+        result = export_series(repo, ws.series_dir(project), stack=stack.name,
+                               project=project.key)
+        series = load_series(ws.series_dir(project))
+        if result.wrote_anything or state.series != series.digest or (
+                repo.head() != state.head) or not state.complete:
+            reapply_series(ws, stack, project, repo, state.base)
+        return result
+

@@ -1,0 +1,1 @@
+"""Preparing upstream submissions: :mod:`.evidence` gathers and checks, :mod:`.pr` writes."""
