@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from sm120fork.workspace import Workspace
 
-from conftest import Upstream, make_patch, make_upstream, stack_toml, write_series
+from conftest import Upstream, git, make_patch, make_upstream, stack_toml, write_series
 from helpers_ws import project_entry, sha256
 
 STACK = "demo"
@@ -133,3 +133,25 @@ def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes()
             for top in ("forks", "patches") for p in sorted((root / top).rglob("*"))
             if p.is_file()}
+
+
+#: Non-ASCII, so git writes both as RFC 2047 encoded words (=?UTF-8?q?...?=).
+ENCODED_AUTHOR = ("Jürgen Müller", "juergen@example.invalid")
+
+
+def reauthor_last_patch(upstream_repo: Path, series_dir: Path, subject: str) -> Path:
+    """Give the last patch ``subject`` and ENCODED_AUTHOR, as git format-patch writes them."""
+    names = (series_dir / "series").read_text().split()
+    git(upstream_repo, "checkout", "-q", "scratch")
+    message = git(upstream_repo, "log", "-1", "--format=%B")
+    body = message.partition("\n")[2]
+    name, email = ENCODED_AUTHOR
+    git(upstream_repo, "commit", "-q", "--amend", "--author", f"{name} <{email}>",
+        "-m", f"{subject}\n{body}")
+    (series_dir / names[-1]).unlink()
+    out = git(upstream_repo, "format-patch", "--zero-commit", "--no-signature", "--full-index",
+              "--no-numbered", f"--start-number={len(names)}", "-o", str(series_dir), "-1")
+    patch = Path(out)
+    assert "=?UTF-8?q?" in patch.read_text(), "git did not encode the header"
+    write_series(series_dir, [*names[:-1], patch.name])
+    return patch

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from helpers_maintain import STACK, BumpWorkspace, make_bump_workspace, package_index, snapshot
+from helpers_maintain import (
+    ENCODED_AUTHOR,
+    STACK,
+    BumpWorkspace,
+    make_bump_workspace,
+    package_index,
+    reauthor_last_patch,
+    snapshot,
+)
 from sm120fork.cli import main
 from sm120fork.errors import (
     ConfigError,
@@ -90,6 +98,28 @@ def test_set_toml_values_keeps_comments_and_order() -> None:
     text = '[a]\n# keep me\nx = "1"\ny = true\n\n[a.b]\nx = "2"\n'
     out = set_toml_values(text, "a", {"x": "new", "y": None, "z": False})
     assert out == '[a]\n# keep me\nx = "new"\nz = false\n\n[a.b]\nx = "2"\n'
+
+
+@pytest.mark.slow
+def test_encoded_subject_and_author_come_out_decoded(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SM120FORK_TODAY", "2026-11-30")
+    bw = make_bump_workspace(tmp_path, new_files={"{pkg}/conf.py": "LIMIT = 8\n"})
+    subject = "S4 Jürgen: larger limit"
+    patch = reauthor_last_patch(bw.old.repo, bw.series_dir, subject)
+    assert (parse_patch(patch).subject, parse_patch(patch).author) == (subject, ENCODED_AUTHOR)
+    with package_index([bw.old.sdist, bw.new.sdist], "demo-lib") as url:
+        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
+        assert status(bw.ws)[0].patches[-1].subject == subject
+        result = bump(bw.ws, STACK, "lib", "1.3.0", git_commit=bw.new.commit)
+    assert (result.classifications[-1].subject, result.classifications[-1].verdict) == (
+        subject, STILL_NEEDED)
+    report = result.report.read_text()
+    assert f"| {subject} | **still needed** |" in report
+    assert "=?UTF-8?" not in report
+    # The refreshed series keeps the author (git re-encodes it) and parses back the same.
+    kept = bw.series_dir / (bw.series_dir / "series").read_text().split()[-1]
+    assert (parse_patch(kept).subject, parse_patch(kept).author) == (subject, ENCODED_AUTHOR)
 
 
 # --------------------------------------------------------------------------- status

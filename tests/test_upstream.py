@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers_maintain import ENCODED_AUTHOR, reauthor_last_patch
 from sm120fork.cli import main
 from sm120fork.errors import DirtyTreeError, MaintenanceError
 from sm120fork.pipeline import build_stack
@@ -176,3 +177,17 @@ def test_wheels_of_a_non_default_stack_come_from_wheels_dir(demo: DemoWorkspace)
         upstream_pr(demo.ws, "demo", "lib")
     pr = upstream_pr(demo.ws, "demo", "lib", wheels_dir=elsewhere)
     assert "`elsewhere/manifest.json`" in pr.body
+
+
+def test_encoded_subject_and_author_reach_the_commits_and_title(tmp_path: Path) -> None:
+    d = make_demo(tmp_path)
+    reauthor_last_patch(d.lib.repo, d.series_dir("lib"), "F3 Jürgen: drop the guard")
+    build_stack(d.ws, d.ws.stack("demo"))
+    write_evidence(d.ws.root)
+    pr = upstream_pr(d.ws, "demo", "lib")
+    assert pr.commits[-1].endswith(" Jürgen: drop the guard")
+    assert pr.title == "SM120/SM121 support: 2 fixes (gate, Jürgen)"
+    name, email = ENCODED_AUTHOR
+    assert git(work_tree(d), "log", "-1", "--format=%an <%ae>%n%s", pr.branch) == (
+        f"{name} <{email}>\nJürgen: drop the guard")
+    assert "=?UTF-8?" not in pr.body

@@ -6,6 +6,8 @@ commit message, including ``Fingerprint`` lines that the artifact check looks fo
 
 from __future__ import annotations
 
+import email.parser
+import email.policy
 import hashlib
 import re
 from dataclasses import dataclass
@@ -18,6 +20,8 @@ KNOWN_FIELDS = (*REQUIRED_FIELDS, "Applied-Upstream", "Bug", "Bug-Upstream", "Au
                 "Reviewed-by", "Fingerprint", "Subject", "Effect", "Effect-Absent")
 #: ``Effect`` / ``Effect-Absent`` text starting with this is a regular expression.
 REGEX_PREFIX = "re:"
+#: Who a patch is by when its header names nobody (patches/README.md's canonical author).
+DEFAULT_AUTHOR = ("SM12x fork maintainers", "sm12x-fork@users.noreply.invalid")
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _DIFF = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _FIELD = re.compile(r"^([A-Za-z][A-Za-z-]*):(?: (.*))?$")
@@ -55,6 +59,8 @@ class Patch:
     #: used to recognise a patch that upstream merged in another form.
     effects: tuple[Fingerprint, ...] = ()
     effects_absent: tuple[Fingerprint, ...] = ()
+    #: (name, email) from the ``From:`` header, decoded.
+    author: tuple[str, str] = DEFAULT_AUTHOR
 
     def field(self, name: str) -> str:
         return next((v for k, v in self.fields if k.lower() == name.lower()), "")
@@ -85,32 +91,40 @@ class Series:
         return [p.name for p in self.patches]
 
 
-def _split_message(text: str, where: str) -> tuple[str, list[str]]:
-    """Return (subject, body lines) of a format-patch file."""
-    lines = text.splitlines()
-    subject: list[str] = []
-    i = 0
-    in_subject = False
-    while i < len(lines) and lines[i] != "":
-        line = lines[i]
-        if line.startswith("Subject: "):
-            subject = [line[len("Subject: "):]]
-            in_subject = True
-        elif in_subject and line.startswith((" ", "\t")):
-            subject.append(line.strip())
-        else:
-            in_subject = False
-        i += 1
-    if not subject:
+_HEADERS = email.parser.BytesHeaderParser(policy=email.policy.default)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Message:
+    subject: str
+    author: tuple[str, str]
+    body: list[str]
+
+
+def _split_message(data: bytes, where: str) -> _Message:
+    """Subject, author and body lines of a format-patch file.
+
+    The mail header is read by the stdlib ``email`` package, so RFC 2047 encoded words
+    (``=?UTF-8?q?J=C3=BCrgen?=``, which git writes for any non-ASCII subject or name) and
+    folded lines come out decoded; the body is the commit message, UTF-8 as git writes it.
+    """
+    head, _, rest = data.replace(b"\r\n", b"\n").partition(b"\n\n")
+    headers = _HEADERS.parsebytes(head + b"\n\n")
+    subject = headers["Subject"]
+    if subject is None:
         raise SeriesError("not a git format-patch file (no Subject header)", where=where)
-    subj = " ".join(subject)
-    subj = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subj)
+    subj = re.sub(r"^\[PATCH[^\]]*\]\s*", "", str(subject))
+    author = DEFAULT_AUTHOR
+    sender = headers["From"]
+    addresses = getattr(sender, "addresses", ()) if sender is not None else ()
+    if addresses:
+        author = (addresses[0].display_name or addresses[0].username, addresses[0].addr_spec)
     body: list[str] = []
-    for line in lines[i + 1:]:
+    for line in rest.decode("utf-8", errors="replace").splitlines():
         if line == "---" or line.startswith("diff --git "):
             break
         body.append(line)
-    return subj, body
+    return _Message(subject=subj, author=author, body=body)
 
 
 def parse_dep3(body: list[str], where: str) -> list[tuple[str, str]]:
@@ -139,8 +153,8 @@ def parse_patch(path: Path) -> Patch:
     where = str(path)
     data = path.read_bytes()
     text = data.decode("utf-8", errors="replace")
-    subject, body = _split_message(text, where)
-    fields = parse_dep3(body, where)
+    message = _split_message(data, where)
+    fields = parse_dep3(message.body, where)
     names = [k for k, _ in fields]
     for required in REQUIRED_FIELDS:
         if required not in names:
@@ -184,7 +198,8 @@ def parse_patch(path: Path) -> Patch:
         if fp.path not in files:
             raise SeriesError(f"Fingerprint names {fp.path}, which the patch does not change",
                               where=where)
-    return Patch(name=path.name, path=path, subject=subject, fields=tuple(fields),
+    return Patch(name=path.name, path=path, subject=message.subject,
+                 author=message.author, fields=tuple(fields),
                  fingerprints=tuple(fingerprints), files=files,
                  sha256=hashlib.sha256(data).hexdigest(),
                  effects=tuple(effects["Effect"]),

@@ -42,9 +42,9 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
         f"{': ' + git.note if git.note else ''})",
         f"- source used to build: {new_project.source}", "",
         "## Classification", "",
-        "| patch | verdict | Applied-Upstream | evidence |", "|---|---|---|---|"]
+        "| patch | subject | verdict | Applied-Upstream | evidence |", "|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {_md_escape(r.patch)} | **{r.verdict}** | "
+        lines.append(f"| {_md_escape(r.patch)} | {_md_escape(r.subject)} | **{r.verdict}** | "
                      f"{_md_escape(r.applied_upstream) or '-'} | "
                      f"{'<br>'.join(_md_escape(e) for e in r.evidence)} |")
     dropped = [r for r in results if r.verdict in UPSTREAMED]

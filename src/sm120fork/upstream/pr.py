@@ -32,7 +32,6 @@ from sm120fork.workspace import Workspace
 
 ONTO_REF = "refs/sm120fork/onto"
 _ID_PREFIX = re.compile(r"^(?:[A-Z]\d+|\d{4})\s+")
-_FROM = re.compile(r"^From: (.+?) <([^>]+)>$", re.MULTILINE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,12 +118,6 @@ def _title(project: Project, patches: list[Patch]) -> str:
     return f"SM120/SM121 support: {len(patches)} fixes ({', '.join(areas)})"
 
 
-def _author(patch: Patch) -> tuple[str, str]:
-    m = _FROM.search(patch.path.read_text(encoding="utf-8", errors="replace"))
-    return (m.group(1), m.group(2)) if m else ("SM12x fork maintainers",
-                                               "sm12x-fork@users.noreply.invalid")
-
-
 def _build_branch(repo: Git, base: str, patches: list[Patch], onto: str | None
                   ) -> list[str]:
     """One commit per patch on ``base``, made on a scratch index: the work tree is untouched."""
@@ -144,7 +137,7 @@ def _build_branch(repo: Git, base: str, patches: list[Patch], onto: str | None
                     fix="bump the project to that upstream first, then prepare the PR",
                     detail=exc.detail) from exc
             tree = repo("write-tree", env=env, quiet=True)
-            name, email = _author(p)
+            name, email = p.author
             date = f"{p.field('Last-Update')}T00:00:00+00:00"
             parent = repo("commit-tree", tree, "-p", parent, "-m", commit_message(p).rstrip(),
                           env={**env, "GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email,
