@@ -95,9 +95,11 @@ def test_effect_text_folds_whitespace_and_regex_searches() -> None:
 
 
 def test_set_toml_values_keeps_comments_and_order() -> None:
-    text = '[a]\n# keep me\nx = "1"\ny = true\n\n[a.b]\nx = "2"\n'
+    text = '[a]\n# keep me\nx = "1"  # and me\ny = true\n\n[a.b]\nx = "2"\n'
     out = set_toml_values(text, "a", {"x": "new", "y": None, "z": False})
-    assert out == '[a]\n# keep me\nx = "new"\nz = false\n\n[a.b]\nx = "2"\n'
+    assert out == '[a]\n# keep me\nx = "new"  # and me\nz = false\n\n[a.b]\nx = "2"\n'
+    with pytest.raises(ConfigError, match=r"demo\.toml: no \[a\.c\] table"):
+        set_toml_values(text, "a.c", {"x": "1"}, where="demo.toml")
 
 
 @pytest.mark.slow
@@ -161,6 +163,9 @@ def test_status_cli_json(bw: BumpWorkspace, capsys: pytest.CaptureFixture[str]) 
 # --------------------------------------------------------------------------- bump
 @pytest.mark.slow
 def test_bump_classifies_each_patch_stops_at_conflict_and_finishes(bw: BumpWorkspace) -> None:
+    decl_path = bw.ws.forks_dir / f"{STACK}.toml"
+    decl_path.write_text(decl_path.read_text().replace(
+        f'commit = "{bw.old.commit}"', f'commit = "{bw.old.commit}"  # the release commit'))
     err = start_bump(bw)
     assert "0004-S4-conf-larger-limit.patch conflicts" in err.message
     assert "--continue" in err.message
@@ -193,6 +198,7 @@ def test_bump_classifies_each_patch_stops_at_conflict_and_finishes(bw: BumpWorks
     assert f'sha256 = "{sha256(bw.new.sdist)}"' in decl
     assert 'filename = "demo_lib-1.3.0.tar.gz"' in decl
     assert "commit_verified = false" in decl
+    assert f'commit = "{bw.new.commit}"  # the release commit' in decl
     report = (bw.ws.reports_dir / "bump" / "demo-lib-1.2.3-to-1.3.0.md").read_text()
     assert "**upstreamed identically**" in report
     assert "**upstreamed differently**" in report

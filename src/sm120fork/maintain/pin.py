@@ -11,8 +11,11 @@ import tarfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
+import tomlkit
 from packaging.utils import (
     InvalidSdistFilename,
     canonicalize_name,
@@ -93,35 +96,32 @@ def commit_from_sdist(sdist: Path) -> str:
     return ""
 
 
-def _toml_value(value: str | bool) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value, ensure_ascii=False)
+TomlValues = dict[str, str | bool | None]
 
 
-def set_toml_values(text: str, table: str, values: dict[str, str | bool | None],
-                    where: str = "") -> str:
-    """Set (or with None remove) ``key = value`` lines in ``[table]``, keeping comments."""
-    lines = text.splitlines(keepends=True)
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == f"[{table}]")
-    except StopIteration:
-        raise ConfigError(f"no [{table}] table", where=where) from None
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")),
-               len(lines))
-    remaining = dict(values)
-    last_key = start
-    for i in range(start + 1, end):
-        m = re.match(r"\s*([A-Za-z0-9_-]+)\s*=", lines[i])
-        if not m:
-            continue
-        last_key = i
-        if m.group(1) in remaining:
-            value = remaining.pop(m.group(1))
-            lines[i] = "" if value is None else f"{m.group(1)} = {_toml_value(value)}\n"
-    extra = [f"{k} = {_toml_value(v)}\n" for k, v in remaining.items() if v is not None]
-    lines[last_key + 1:last_key + 1] = extra
-    return "".join(lines)
+def edit_toml(text: str, tables: dict[str, TomlValues], where: str = "") -> str:
+    """Set (or with None remove) keys of dotted ``tables``; comments and layout are kept.
+
+    tomlkit edits the document in place, so a re-pin changes only the lines it must.
+    """
+    doc = tomlkit.parse(text)
+    for dotted, values in tables.items():
+        node: Any = doc
+        for part in dotted.split("."):
+            if not isinstance(node, MutableMapping) or part not in node:
+                raise ConfigError(f"no [{dotted}] table", where=where)
+            node = node[part]
+        for key, value in values.items():
+            if value is None:
+                node.pop(key, None)
+            else:
+                node[key] = value
+    return tomlkit.dumps(doc)
+
+
+def set_toml_values(text: str, table: str, values: TomlValues, where: str = "") -> str:
+    """:func:`edit_toml` for one table."""
+    return edit_toml(text, {table: values}, where)
 
 
 def _project_tables(text: str, key: str) -> str:
@@ -153,10 +153,11 @@ def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> S
     if (ws.root / series_rel).exists():
         raise MaintenanceError("series directory already exists", where=series_rel)
     tables = _project_tables(source.path.read_text(encoding="utf-8"), project.key)
+    description = f"{project.distribution} fork, bumped from stack {source.name}"
     text = (f"# Copied from forks/{source.path.name} by `bump --new-stack {name}` to follow\n"
             f"# {project.distribution} past the release that stack pins; not the default.\n\n"
-            f"[stack]\nname = {_toml_value(name)}\ndefault = false\n"
-            f"description = {_toml_value(f'{project.distribution} fork, bumped from stack ' + source.name)}\n\n"  # noqa: E501
+            f"[stack]\nname = {tomlkit.string(name).as_string()}\ndefault = false\n"
+            f"description = {tomlkit.string(description).as_string()}\n\n"
             f"{tables}\n")
     text = set_toml_values(text, f"projects.{project.key}", {"series": series_rel},
                            where=str(target))
@@ -175,16 +176,15 @@ def pinned_project(project: Project, state: BumpState) -> Project:
 def declaration_with_pin(text: str, project: Project, state: BumpState, where: str) -> str:
     pin = state.new_pin
     key = project.key
-    text = set_toml_values(text, f"projects.{key}",
-                           {"version": state.new_version, "source": pin["source"]}, where)
-    git = pin["git"]
-    text = set_toml_values(text, f"projects.{key}.git", {
-        "url": git["url"], "tag": git["tag"], "commit": git["commit"],
-        "commit_verified": bool(git["commit_verified"]), "note": git["note"] or None}, where)
-    sd = pin["sdist"]
-    return set_toml_values(text, f"projects.{key}.sdist", {
-        "filename": sd["filename"], "sha256": sd["sha256"], "url": sd["url"] or None}, where)
-
+    git, sd = pin["git"], pin["sdist"]
+    return edit_toml(text, {
+        f"projects.{key}": {"version": state.new_version, "source": pin["source"]},
+        f"projects.{key}.git": {
+            "url": git["url"], "tag": git["tag"], "commit": git["commit"],
+            "commit_verified": bool(git["commit_verified"]), "note": git["note"] or None},
+        f"projects.{key}.sdist": {
+            "filename": sd["filename"], "sha256": sd["sha256"], "url": sd["url"] or None},
+    }, where)
 
 
 def remove_created_stack(ws: Workspace, state: BumpState) -> None:
