@@ -1,0 +1,250 @@
+"""Generate the plugin's hooks from a fork tree: one source of truth, the series.
+
+The fork tree is the git work tree the build already made: unpatched upstream tagged
+``upstream``, then one commit per patch.  For every patch, the top-level statements of
+each Python file it changes are compared before and after it:
+
+- a function upstream has, changed: a ``replace`` hook (our source from HEAD, the sha256
+  of upstream's source from ``upstream``);
+- a new function, a new import, a new literal constant, or names added to an existing
+  ``from M import ...``: a ``provide`` hook;
+- anything else (other module-level code, a class, a removed or changed statement, a
+  non-Python file): the patch is "wheel only", and so is any patch sharing a unit with it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sm120fork.errors import BuildError
+from sm120fork.plugin.runtime import Hook, Spec, bound_names, sha256_text, unit_source
+from sm120fork.proc import Git
+
+UPSTREAM_TAG = "upstream"
+
+Key = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Unit:
+    key: Key
+    node: ast.stmt
+    text: str
+
+
+def _key(node: ast.stmt, seen: Counter[Key]) -> Key:
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return ("def", node.name)
+    if isinstance(node, ast.ClassDef):
+        return ("class", node.name)
+    if isinstance(node, ast.ImportFrom):
+        base: Key = ("from", "." * node.level + (node.module or ""))
+    elif isinstance(node, ast.Import):
+        base = ("import", *sorted(a.name for a in node.names))
+    elif isinstance(node, ast.Assign | ast.AnnAssign) and bound_names(node):
+        base = ("assign", *bound_names(node))
+    else:
+        base = ("stmt", ast.dump(node))
+    seen[base] += 1
+    return (*base, str(seen[base]))
+
+
+def _units(source: str, where: str) -> dict[Key, _Unit]:
+    try:
+        tree = ast.parse(source, filename=where)
+    except SyntaxError as exc:
+        raise BuildError(f"cannot parse {where}: {exc}", where=where) from exc
+    seen: Counter[Key] = Counter()
+    units = {}
+    for node in tree.body:
+        key = _key(node, seen)
+        units[key] = _Unit(key, node, unit_source(source, node))
+    return units
+
+
+def _is_literal(node: ast.stmt) -> bool:
+    value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+    if value is None:
+        return False
+    try:
+        ast.literal_eval(value)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Change:
+    """One unit a patch changes: ``kind`` replace/provide, or a wheel-only reason."""
+
+    path: str
+    key: Key
+    kind: str
+    names: tuple[str, ...]
+    source: str = ""
+    wheel_only: str = ""
+
+
+def _describe(key: Key) -> str:
+    kind = key[0]
+    if kind in ("def", "class"):
+        return f"{'class' if kind == 'class' else 'function'} {key[1]}"
+    if kind == "stmt":
+        return "a module-level statement"
+    return f"{kind} {' '.join(key[1:-1])}".strip()
+
+
+def _added_from_import(old: ast.ImportFrom, new: ast.ImportFrom) -> str | None:
+    """``from M import <added>`` if ``new`` only adds names to ``old`` (else None)."""
+    before = {(a.name, a.asname) for a in old.names}
+    after = {(a.name, a.asname) for a in new.names}
+    if not before <= after or after == before:
+        return None
+    added = sorted(after - before)
+    names = ", ".join(n if a is None else f"{n} as {a}" for n, a in added)
+    return f"from {'.' * new.level}{new.module or ''} import {names}\n"
+
+
+def diff_file(path: str, before: str | None, after: str | None) -> list[_Change]:
+    """The unit-level changes of one file (``path`` relative to the package root)."""
+    if not path.endswith(".py"):
+        return [_Change(path, ("file",), "", (), wheel_only=f"changes non-Python file {path}")]
+    if before is None or after is None:
+        what = "adds" if before is None else "removes"
+        return [_Change(path, ("file",), "", (), wheel_only=f"{what} the file {path}")]
+    old, new = _units(before, path), _units(after, path)
+    changes: list[_Change] = []
+    for key, unit in new.items():
+        prior = old.get(key)
+        if prior is not None and prior.text == unit.text:
+            continue
+        names = tuple(bound_names(unit.node))
+        if key[0] == "def" and prior is not None:
+            changes.append(_Change(path, key, "replace", names, unit.text))
+        elif prior is None and (key[0] in ("def", "from", "import")
+                                or (key[0] == "assign" and _is_literal(unit.node))):
+            changes.append(_Change(path, key, "provide", names, unit.text))
+        elif key[0] == "from" and prior is not None:
+            assert isinstance(prior.node, ast.ImportFrom)
+            assert isinstance(unit.node, ast.ImportFrom)
+            added = _added_from_import(prior.node, unit.node)
+            if added is None:
+                changes.append(_Change(path, key, "", names, wheel_only=(
+                    f"changes an import in {path} other than by adding names")))
+            else:
+                added_names = tuple(bound_names(ast.parse(added).body[0]))
+                changes.append(_Change(path, (*key, "added"), "provide", added_names, added))
+        else:
+            changes.append(_Change(path, key, "", names, wheel_only=(
+                f"changes module-level code in {path} ({_describe(key)})")))
+    for key in old.keys() - new.keys():
+        changes.append(_Change(path, key, "", (), wheel_only=(
+            f"removes {_describe(key)} from {path}")))
+    return changes
+
+
+def _module_name(rel: str) -> str:
+    parts = rel.removesuffix(".py").split("/")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _show(repo: Git, rev: str, path: str) -> str | None:
+    if not repo("ls-tree", "--name-only", rev, "--", path, quiet=True):
+        return None
+    return repo("show", f"{rev}:{path}", quiet=True, strip=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchRef:
+    """A patch of the series and the commit ``git am`` made of it in the fork tree."""
+
+    id: str
+    commit: str
+
+
+def patch_commits(repo: Git, patch_ids: Sequence[str]) -> list[PatchRef]:
+    """Pair the series (in order) with the fork tree's commits after ``upstream``."""
+    commits = repo("rev-list", "--reverse", f"{UPSTREAM_TAG}..HEAD", quiet=True).split()
+    if len(commits) != len(patch_ids):
+        raise BuildError(f"the fork tree has {len(commits)} commits after '{UPSTREAM_TAG}' "
+                         f"but the series has {len(patch_ids)} patches", where=str(repo.path),
+                         fix="rebuild the stack so the tree matches its series")
+    return [PatchRef(id=p, commit=c) for p, c in zip(patch_ids, commits, strict=True)]
+
+
+def generate_spec(repo: Git, patches: Sequence[PatchRef], *, package_root: str, package: str,
+                  stack: str, distribution: str, version: str) -> Spec:
+    """The hooks for ``patches`` of the fork tree ``repo`` (package under ``package_root``)."""
+    prefix = "" if package_root.strip("/") in ("", ".") else package_root.strip("/") + "/"
+    per_patch: dict[str, list[_Change]] = {}
+    for ref in patches:
+        changed = repo("diff-tree", "--no-commit-id", "--name-only", "-r", ref.commit,
+                       quiet=True).split()
+        changes: list[_Change] = []
+        for full in changed:
+            rel = full.removeprefix(prefix)
+            if not full.startswith(prefix) or not rel.startswith(f"{package}/"):
+                changes.append(_Change(rel, ("file",), "", (),
+                                       wheel_only=f"changes {full}, outside the package"))
+                continue
+            changes += diff_file(rel, _show(repo, f"{ref.commit}^", full),
+                                 _show(repo, ref.commit, full))
+        per_patch[ref.id] = changes
+
+    wheel_only: dict[str, str] = {p: next(c.wheel_only for c in ch if c.wheel_only)
+                                  for p, ch in per_patch.items() if any(c.wheel_only for c in ch)}
+    owners: dict[tuple[str, Key], list[str]] = {}
+    for patch, changes in per_patch.items():
+        for c in changes:
+            owners.setdefault((c.path, c.key), []).append(patch)
+    spread = True
+    while spread:  # a patch sharing a unit with a wheel-only patch is wheel only too
+        spread = False
+        for (path, key), sharing in owners.items():
+            bad = [p for p in sharing if p in wheel_only]
+            for p in sharing:
+                if bad and p not in wheel_only:
+                    wheel_only[p] = f"shares {_describe(key)} in {path} with wheel-only {bad[0]}"
+                    spread = True
+
+    hooks: dict[tuple[str, Key], Hook] = {}
+    for patch, changes in per_patch.items():
+        if patch in wheel_only:
+            continue
+        for c in changes:
+            if not c.kind:
+                continue
+            ids = "+".join(owners[(c.path, c.key)])
+            full = prefix + c.path
+            if c.kind == "replace":
+                (name,) = c.names
+                upstream = _units_function(_show(repo, UPSTREAM_TAG, full), name, full)
+                patched = _units_function(_show(repo, "HEAD", full), name, full)
+                hooks[(c.path, c.key)] = Hook(
+                    patch=ids, kind="replace", module=_module_name(c.path), path=c.path,
+                    names=c.names, source=patched, patched_sha256=sha256_text(patched),
+                    upstream_sha256=sha256_text(upstream))
+            else:
+                hooks.setdefault((c.path, c.key), Hook(
+                    patch=ids, kind="provide", module=_module_name(c.path), path=c.path,
+                    names=c.names, source=c.source, patched_sha256=sha256_text(c.source),
+                    upstream_sha256=None))
+    ordered = sorted(hooks.values(), key=lambda h: (h.kind != "provide", h.patch, h.module))
+    return Spec(stack=stack, distribution=distribution, version=version, package=package,
+                hooks=tuple(ordered),
+                wheel_only=tuple(sorted(wheel_only.items())))
+
+
+def _units_function(source: str | None, name: str, where: str) -> str:
+    if source is None:
+        raise BuildError(f"{where} is missing", where=where)
+    for unit in _units(source, where).values():
+        node = unit.node
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            return unit.text
+    raise BuildError(f"no top-level function {name}", where=where)

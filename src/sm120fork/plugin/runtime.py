@@ -1,0 +1,411 @@
+"""The plugin's run-time half: check each generated hook against the installed SGLang, apply.
+
+This file ships unchanged inside the generated plugin wheel (``<plugin>/plugin/runtime.py``)
+and is imported by the generator here, so the build and the user's process extract and
+hash function sources with the same code.  It uses the standard library only and never
+imports SGLang before every check has passed.
+
+A hook is one top-level unit of an SGLang module that our series changes:
+
+- ``replace``: a function upstream has.  It applies only if the installed function's
+  source hashes to upstream's (``upstream_sha256``); it is "not needed" if it already
+  hashes to ours (``patched_sha256``).  It is installed through SGLang's
+  ``HookRegistry`` (REPLACE), which also rebinds the names other modules took with
+  ``from ... import``.
+- ``provide``: a name the series adds to a module (a helper function, an import, a
+  literal constant).  It applies only if the installed module binds none of its names.
+
+All or nothing: if any hook cannot apply, none is applied and SGLang stays exactly stock.
+Each hook reports one line, once per process; ``SM120FORK_PLUGIN=0`` disables the plugin,
+and nothing here raises into SGLang.
+"""
+
+from __future__ import annotations
+import __future__
+
+import ast
+import contextlib
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import sys
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("sm120fork.plugin")
+
+DISABLE_ENV = "SM120FORK_PLUGIN"
+SCHEMA = 1
+APPLIED = "applied"
+NOT_NEEDED = "not needed"
+NOT_APPLIED = "not applied"
+WHEEL_ONLY = "wheel only"
+
+#: What the plugin did in this process ("report" is absent until it ran).
+_STATE: dict[str, list[HookStatus]] = {}
+
+
+# --- Source units: shared by the generator and the run time -------------------------------
+
+def unit_source(source: str, node: ast.stmt) -> str:
+    """The exact text of one top-level statement, decorators included."""
+    first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+    assert node.end_lineno is not None
+    lines = source.splitlines(keepends=True)[first - 1:node.end_lineno]
+    return "".join(lines).rstrip() + "\n"
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def bound_names(node: ast.stmt) -> list[str]:
+    """The module-level names one top-level statement binds (empty for other statements)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return [node.name]
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return [(a.asname or a.name).split(".")[0] for a in node.names if a.name != "*"]
+    if isinstance(node, ast.Assign):
+        return [t.id for t in node.targets if isinstance(t, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    return []
+
+
+def _binding(node: ast.stmt, name: str, text: str) -> str:
+    """How a statement binds ``name``: imports by what they import, the rest by source."""
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        origin = "." * node.level + (node.module or "") if isinstance(node, ast.ImportFrom) \
+            else ""
+        for alias in node.names:
+            if (alias.asname or alias.name).split(".")[0] == name:
+                return f"import {origin}:{alias.name}"
+    return f"source {sha256_text(text)}"
+
+
+@dataclass(frozen=True)
+class ModuleUnits:
+    """A module's top-level statements: the source and binding of each name."""
+
+    source: str
+    tree: ast.Module
+    bindings: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, source: str, filename: str = "<module>") -> ModuleUnits:
+        tree = ast.parse(source, filename=filename)
+        bindings: dict[str, str] = {}
+        for node in tree.body:
+            text = unit_source(source, node)
+            for name in bound_names(node):
+                bindings[name] = _binding(node, name, text)
+        return cls(source=source, tree=tree, bindings=bindings)
+
+    def function(self, name: str) -> str | None:
+        """The source of the top-level function ``name`` (None if there is none)."""
+        for node in self.tree.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+                return unit_source(self.source, node)
+        return None
+
+
+# --- The generated specification ------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class Hook:
+    patch: str
+    kind: str                       # "replace" | "provide"
+    module: str                     # dotted module name
+    path: str                       # file path relative to the package's parent directory
+    names: tuple[str, ...]          # replace: one function name; provide: the names bound
+    source: str                     # our (patched) source of the unit
+    patched_sha256: str
+    upstream_sha256: str | None     # replace only
+
+    @property
+    def label(self) -> str:
+        return f"{self.patch} {self.module}.{','.join(self.names)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"patch": self.patch, "kind": self.kind, "module": self.module,
+                "path": self.path, "names": list(self.names), "source": self.source,
+                "patched_sha256": self.patched_sha256,
+                "upstream_sha256": self.upstream_sha256}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Hook:
+        return cls(patch=str(data["patch"]), kind=str(data["kind"]),
+                   module=str(data["module"]), path=str(data["path"]),
+                   names=tuple(str(n) for n in data["names"]), source=str(data["source"]),
+                   patched_sha256=str(data["patched_sha256"]),
+                   upstream_sha256=(None if data.get("upstream_sha256") is None
+                                    else str(data["upstream_sha256"])))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Spec:
+    """What the build generated: the SGLang it targets, its hooks, its wheel-only patches."""
+
+    stack: str
+    distribution: str
+    version: str
+    package: str
+    hooks: tuple[Hook, ...]
+    wheel_only: tuple[tuple[str, str], ...] = ()   # (patch, why)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "stack": self.stack, "distribution": self.distribution,
+                "version": self.version, "package": self.package,
+                "hooks": [h.to_json() for h in self.hooks],
+                "wheel_only": [{"patch": p, "why": w} for p, w in self.wheel_only]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Spec:
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"hook specification schema {data.get('schema')!r}, "
+                             f"this runtime reads {SCHEMA}")
+        return cls(stack=str(data["stack"]), distribution=str(data["distribution"]),
+                   version=str(data["version"]), package=str(data["package"]),
+                   hooks=tuple(Hook.from_json(h) for h in data["hooks"]),
+                   wheel_only=tuple((str(w["patch"]), str(w["why"]))
+                                    for w in data.get("wheel_only", ())))
+
+
+@dataclass(frozen=True, kw_only=True)
+class HookStatus:
+    label: str
+    state: str      # APPLIED | NOT_NEEDED | NOT_APPLIED | WHEEL_ONLY
+    why: str = ""
+
+    @property
+    def line(self) -> str:
+        return f"sm120fork plugin: {self.label}: {self.state}" + (
+            f" ({self.why})" if self.why else "")
+
+    def to_json(self) -> dict[str, str]:
+        return {"hook": self.label, "state": self.state, "why": self.why}
+
+
+# --- Checking against the installed SGLang --------------------------------------------------
+
+def _installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _public(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def _package_parent(package: str) -> Path | None:
+    """The directory that holds ``package`` (found without importing it)."""
+    module = sys.modules.get(package)
+    locations: Sequence[str] | None = getattr(module, "__path__", None)
+    if locations is None:
+        spec = importlib.util.find_spec(package)
+        locations = spec.submodule_search_locations if spec else None
+    if not locations:
+        return None
+    return Path(next(iter(locations))).parent
+
+
+def _judge(hook: Hook, units: ModuleUnits | str) -> tuple[str, str]:
+    """(state, why) of one hook against the installed module (or why it could not be read)."""
+    if isinstance(units, str):
+        return NOT_APPLIED, units
+    if hook.kind == "replace":
+        (name,) = hook.names
+        installed = units.function(name)
+        if installed is None:
+            return NOT_APPLIED, f"{hook.path} has no top-level function {name}"
+        digest = sha256_text(installed)
+        if digest == hook.patched_sha256:
+            return NOT_NEEDED, "the installed sglang already has this change"
+        if digest != hook.upstream_sha256:
+            expected = str(hook.upstream_sha256)[:12]
+            return NOT_APPLIED, (f"the installed {name} differs from upstream's "
+                                 f"(sha256 {digest[:12]}, expected {expected})")
+        return APPLIED, ""
+    if hook.kind == "provide":
+        ours = ModuleUnits.parse(hook.source).bindings
+        present = {n for n in hook.names if n in units.bindings}
+        if present == set(hook.names) and all(units.bindings[n] == ours.get(n)
+                                              for n in hook.names):
+            return NOT_NEEDED, "the installed sglang already has it"
+        if present:
+            return NOT_APPLIED, (f"{hook.path} already binds {', '.join(sorted(present))} "
+                                 "otherwise")
+        return APPLIED, ""
+    return NOT_APPLIED, f"unknown hook kind {hook.kind!r}"
+
+
+def evaluate(spec: Spec) -> list[HookStatus]:
+    """What ``activate`` would do, without changing anything (reads files, imports nothing)."""
+    installed = _installed_version(spec.distribution)
+    version_why = ""
+    if installed is None:
+        version_why = f"{spec.distribution} is not installed"
+    elif _public(installed) != spec.version:
+        version_why = (f"installed {spec.distribution} {installed}; this plugin is for "
+                       f"{spec.version} (stack {spec.stack})")
+    parent = None if version_why else _package_parent(spec.package)
+    parsed: dict[str, ModuleUnits | str] = {}
+    statuses: list[HookStatus] = []
+    for hook in spec.hooks:
+        if version_why:
+            statuses.append(HookStatus(label=hook.label, state=NOT_APPLIED, why=version_why))
+            continue
+        if hook.path not in parsed:
+            parsed[hook.path] = _read_units(parent, hook.path)
+        state, why = _judge(hook, parsed[hook.path])
+        statuses.append(HookStatus(label=hook.label, state=state, why=why))
+    blockers = [s for s in statuses if s.state == NOT_APPLIED]
+    if blockers and not version_why:
+        held = f"held back because {blockers[0].label} cannot apply; all hooks or none"
+        statuses = [HookStatus(label=s.label, state=NOT_APPLIED, why=held)
+                    if s.state == APPLIED else s for s in statuses]
+    statuses += [HookStatus(label=patch, state=WHEEL_ONLY,
+                            why=f"{why}; the patched sglang wheel carries it")
+                 for patch, why in spec.wheel_only]
+    return statuses
+
+
+def _read_units(parent: Path | None, path: str) -> ModuleUnits | str:
+    if parent is None:
+        return "the installed package directory was not found"
+    file = parent / path
+    try:
+        return ModuleUnits.parse(file.read_text(encoding="utf-8"), filename=str(file))
+    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+        return f"cannot read {path}: {exc}"
+
+
+# --- Applying ------------------------------------------------------------------------------
+
+RegisterFn = Callable[[str, Callable[..., Any]], None]
+
+
+def _sglang_registry() -> tuple[RegisterFn, Callable[[], None]]:
+    hook_registry = importlib.import_module("sglang.srt.plugins.hook_registry")
+    registry, replace = hook_registry.HookRegistry, hook_registry.HookType.REPLACE
+
+    def register(target: str, fn: Callable[..., Any]) -> None:
+        registry.register(target, fn, replace)
+
+    apply_hooks: Callable[[], None] = registry.apply_hooks
+    return register, apply_hooks
+
+
+def _compile_unit(hook: Hook, module: types.ModuleType, flags: int) -> dict[str, Any]:
+    """Run one unit's source with the module's globals; return the names it bound."""
+    code = compile(hook.source, f"<sm120fork plugin {hook.path}>", "exec",
+                   flags=flags, dont_inherit=True)
+    bound: dict[str, Any] = {}
+    exec(code, vars(module), bound)
+    return bound
+
+
+def _rebind(old: object, new: object) -> None:
+    """Put ``new`` wherever a module holds ``old`` (undoing a REPLACE)."""
+    for mod in list(sys.modules.values()):
+        if not isinstance(mod, types.ModuleType):
+            continue
+        try:
+            items = list(vars(mod).items())
+        except TypeError:
+            continue
+        for name, value in items:
+            if value is old:
+                with contextlib.suppress(AttributeError, TypeError):
+                    setattr(mod, name, new)
+
+
+def _apply(spec: Spec, statuses: list[HookStatus],
+           registry: tuple[RegisterFn, Callable[[], None]] | None) -> list[HookStatus]:
+    todo = [(h, s) for h, s in zip(spec.hooks, statuses, strict=False) if s.state == APPLIED]
+    if not todo:
+        return statuses
+    register, apply_hooks = registry or _sglang_registry()
+    provided: list[tuple[types.ModuleType, str]] = []
+    replaced: list[tuple[types.ModuleType, str, object]] = []
+    try:
+        for hook, _ in todo:
+            module = importlib.import_module(hook.module)
+            flags = _flags_of(module)
+            bound = _compile_unit(hook, module, flags)
+            if hook.kind == "provide":
+                for name in hook.names:
+                    setattr(module, name, bound[name])
+                    provided.append((module, name))
+            else:
+                (name,) = hook.names
+                replaced.append((module, name, getattr(module, name)))
+                register(f"{hook.module}.{name}", bound[name])
+        apply_hooks()
+        missed = [f"{m.__name__}.{n}" for m, n, original in replaced
+                  if getattr(m, n) is original]
+        if missed:
+            raise RuntimeError(f"HookRegistry left {', '.join(missed)} unchanged "
+                               "(see SGLang's log above)")
+    except Exception as exc:
+        for module, name, original in replaced:
+            current = getattr(module, name, original)
+            if current is not original:
+                _rebind(current, original)
+        for module, name in provided:
+            if hasattr(module, name):
+                delattr(module, name)
+        why = f"applying failed, SGLang left stock: {type(exc).__name__}: {exc}"
+        return [HookStatus(label=s.label, state=NOT_APPLIED, why=why)
+                if s.state == APPLIED else s for s in statuses]
+    return statuses
+
+
+def _flags_of(module: types.ModuleType) -> int:
+    """``from __future__ import annotations`` in the module applies to code added to it."""
+    feature = __future__.annotations
+    return feature.compiler_flag if vars(module).get("annotations") is feature else 0
+
+
+def activate(spec: Spec, *,
+             registry: tuple[RegisterFn, Callable[[], None]] | None = None,
+             environ: Mapping[str, str] = os.environ) -> list[HookStatus]:
+    """Check every hook and apply all of them, or none; log one line per hook, once.
+
+    Called from SGLang's ``load_plugins()`` in every SGLang process.  A second call in the
+    same process returns the first call's report.  Never raises.
+    """
+    if "report" in _STATE:
+        return _STATE["report"]
+    if environ.get(DISABLE_ENV, "").strip().lower() in ("0", "off", "false", "no"):
+        _STATE["report"] = []
+        log.info("sm120fork plugin: disabled by %s=%s; SGLang is stock", DISABLE_ENV,
+                 environ[DISABLE_ENV])
+        return []
+    try:
+        statuses = _apply(spec, evaluate(spec), registry)
+    except Exception as exc:  # the plugin must never break SGLang's start-up
+        statuses = [HookStatus(label=h.label, state=NOT_APPLIED,
+                               why=f"plugin error, nothing applied: {type(exc).__name__}: {exc}")
+                    for h in spec.hooks]
+    for status in statuses:
+        (log.warning if status.state == NOT_APPLIED else log.info)("%s", status.line)
+    _STATE["report"] = statuses
+    return statuses
+
+
+def report() -> list[HookStatus] | None:
+    """This process's report (None if the plugin has not run here)."""
+    return _STATE.get("report")
+
+
+def _reset_for_tests() -> None:
+    _STATE.clear()

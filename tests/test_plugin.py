@@ -1,0 +1,323 @@
+"""The plugin generator and runtime on a fixture fork tree (offline, seconds).
+
+The fork tree is a real git repo laid out like the build's: upstream tagged ``upstream``,
+one commit per patch.  The package under test is a tiny stand-in for SGLang (``fakesg``)
+installed with a dist-info, so version checks and file lookups run as they do for SGLang.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import textwrap
+import types
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm120fork.plugin import package, runtime
+from sm120fork.plugin.generate import generate_spec, patch_commits
+from sm120fork.proc import Git
+
+from conftest import git
+
+GATES = '''\
+"""Stand-in for an SGLang module with module-level gates."""
+from __future__ import annotations
+
+import logging
+from os import getcwd
+
+logger = logging.getLogger(__name__)
+SUPPORTED = (9, 10)
+_registry: list[str] = []
+
+
+def register(fn):
+    _registry.append(fn.__name__)
+    return fn
+
+
+@register
+def gate(major: int) -> bool:
+    """True where the fused path may run."""
+    return major in SUPPORTED
+
+
+def resolve(major: int) -> str:
+    if not gate(major):
+        raise ValueError("requires SM90 or SM10X")
+    return "trtllm"
+'''
+
+CONSUMER = '''\
+from fakesg.gates import gate
+
+
+def decide(major: int) -> bool:
+    return gate(major)
+'''
+
+#: (patch id, {path: (old, new)}) applied in order on top of upstream.
+PATCHES: list[tuple[str, dict[str, tuple[str, str]]]] = [
+    ("G1", {"python/fakesg/gates.py": (
+        "    return major in SUPPORTED\n",
+        "    return major in SUPPORTED or _is_sm12x(major)\n")}),
+    ("G2", {"python/fakesg/gates.py": (
+        '        raise ValueError("requires SM90 or SM10X")\n',
+        '        raise ValueError(f"requires SM90, SM10X or SM12X (cwd {getcwd()!r}, '
+        '{path.sep})")\n')}),
+    ("G3", {"python/fakesg/gates.py": (
+        "from os import getcwd\n",
+        "from os import getcwd, path\n\nSM12X_MAJOR = 12\n\n\n"
+        "def _is_sm12x(major: int) -> bool:\n    return major == SM12X_MAJOR\n")}),
+]
+WHEEL_ONLY_PATCH = ("G4", {"python/fakesg/gates.py": (
+    "SUPPORTED = (9, 10)\n", "SUPPORTED = (9, 10, 11)\n")})
+
+
+def make_fork_tree(base: Path, patches: list[tuple[str, dict[str, tuple[str, str]]]]) -> Git:
+    repo = base / "fork"
+    (repo / "python" / "fakesg").mkdir(parents=True)
+    (repo / "python" / "fakesg" / "__init__.py").write_text("")
+    (repo / "python" / "fakesg" / "gates.py").write_text(GATES)
+    (repo / "python" / "fakesg" / "consumer.py").write_text(CONSUMER)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "upstream")
+    git(repo, "tag", "upstream")
+    for pid, edits in patches:
+        for rel, (old, new) in edits.items():
+            text = (repo / rel).read_text()
+            assert old in text, (pid, old)
+            (repo / rel).write_text(text.replace(old, new, 1))
+        git(repo, "commit", "-q", "-am", f"{pid} change")
+    return Git(repo)
+
+
+def spec_for(repo: Git, ids: list[str], version: str = "1.0") -> runtime.Spec:
+    return generate_spec(repo, patch_commits(repo, ids), package_root="python",
+                         package="fakesg", stack="fake-1.0", distribution="fakesg",
+                         version=version)
+
+
+def install(repo: Git, rev: str, dest: Path, version: str) -> Path:
+    """Check ``rev``'s package out into ``dest`` with a dist-info, like an installed wheel."""
+    dest.mkdir(parents=True)
+    for rel in ("__init__.py", "gates.py", "consumer.py"):
+        target = dest / "fakesg" / rel
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(repo("show", f"{rev}:python/fakesg/{rel}", quiet=True, strip=False))
+    info = dest / f"fakesg-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fakesg\nVersion: {version}\n")
+    return dest
+
+
+def fakesg(module: str) -> Any:
+    return importlib.import_module(f"fakesg.{module}")
+
+
+class FakeRegistry:
+    """SGLang's REPLACE semantics: set the attribute, rebind from-imported names."""
+
+    def __init__(self) -> None:
+        self.hooks: list[tuple[str, Callable[..., Any]]] = []
+
+    def register(self, target: str, fn: Callable[..., Any]) -> None:
+        self.hooks.append((target, fn))
+
+    def apply(self) -> None:
+        for target, fn in self.hooks:
+            module_name, _, attr = target.rpartition(".")
+            module = importlib.import_module(module_name)
+            original = getattr(module, attr)
+            for mod in list(sys.modules.values()):
+                if isinstance(mod, types.ModuleType) and vars(mod).get(attr) is original:
+                    setattr(mod, attr, fn)
+
+
+@pytest.fixture
+def fork(tmp_path: Path) -> Git:
+    return make_fork_tree(tmp_path, PATCHES)
+
+
+@pytest.fixture
+def site(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[Path], None]]:
+    """Put an install dir first on sys.path; forget fakesg and the runtime's report after."""
+    def use(path: Path) -> None:
+        monkeypatch.syspath_prepend(str(path))
+        importlib.invalidate_caches()
+    runtime._reset_for_tests()
+    yield use
+    for name in [m for m in sys.modules if m == "fakesg" or m.startswith("fakesg.")]:
+        del sys.modules[name]
+    runtime._reset_for_tests()
+
+
+def test_generator_classifies_each_unit(fork: Git) -> None:
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    kinds = {(h.kind, h.names, h.patch) for h in spec.hooks}
+    assert kinds == {
+        ("replace", ("gate",), "G1"),
+        ("replace", ("resolve",), "G2"),
+        ("provide", ("path",), "G3"),          # name added to `from os import getcwd`
+        ("provide", ("SM12X_MAJOR",), "G3"),   # a new literal constant
+        ("provide", ("_is_sm12x",), "G3"),     # a new helper function
+    }
+    gate = next(h for h in spec.hooks if h.names == ("gate",))
+    upstream = runtime.ModuleUnits.parse(GATES).function("gate")
+    assert upstream is not None
+    assert upstream.startswith("@register\ndef gate")
+    assert gate.upstream_sha256 == runtime.sha256_text(upstream)
+    assert "_is_sm12x(major)" in gate.source
+    assert gate.patched_sha256 != gate.upstream_sha256
+    assert next(h for h in spec.hooks if h.names == ("path",)).source == "from os import path\n"
+    assert spec.wheel_only == ()
+
+
+def test_module_level_code_is_wheel_only(tmp_path: Path) -> None:
+    repo = make_fork_tree(tmp_path, [*PATCHES, WHEEL_ONLY_PATCH])
+    spec = spec_for(repo, ["G1", "G2", "G3", "G4"])
+    assert spec.wheel_only == (
+        ("G4", "changes module-level code in fakesg/gates.py (assign SUPPORTED)"),)
+    assert {h.patch for h in spec.hooks} == {"G1", "G2", "G3"}
+
+
+def test_series_and_tree_must_match(fork: Git) -> None:
+    with pytest.raises(Exception, match="3 commits after 'upstream' but the series has 2"):
+        patch_commits(fork, ["G1", "G2"])
+
+
+def test_applies_every_hook_and_rebinds_from_imports(fork: Git, tmp_path: Path,
+                                                     site: Callable[[Path], None]) -> None:
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    site(install(fork, "upstream", tmp_path / "stock", "1.0"))
+    consumer, gates = fakesg("consumer"), fakesg("gates")  # imported first, as in SGLang
+    assert consumer.decide(12) is False
+    registry = FakeRegistry()
+    statuses = runtime.activate(spec, registry=(registry.register, registry.apply), environ={})
+    assert [s.state for s in statuses] == ["applied"] * 5, [s.line for s in statuses]
+    assert consumer.decide(12) is True
+    assert gates.gate(12) is True
+    assert gates.gate(8) is False
+    with pytest.raises(ValueError, match="SM12X"):
+        gates.resolve(8)
+    assert gates._registry == ["gate", "gate"]  # the decorator ran for the patched function too
+    # once per process: a second call reports the first and changes nothing
+    assert runtime.activate(spec, registry=(registry.register, registry.apply),
+                            environ={}) is statuses
+    assert len(registry.hooks) == 2
+
+
+def test_mismatch_leaves_everything_stock(fork: Git, tmp_path: Path,
+                                          site: Callable[[Path], None],
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    stock = install(fork, "upstream", tmp_path / "stock", "1.0")
+    gates_py = stock / "fakesg" / "gates.py"
+    gates_py.write_text(gates_py.read_text().replace('"requires SM90 or SM10X"',
+                                                     '"requires SM90/SM10X"'))
+    site(stock)
+    gates = fakesg("gates")
+    before = dict(vars(gates))
+    registry = FakeRegistry()
+    statuses = runtime.activate(spec, registry=(registry.register, registry.apply), environ={})
+    by_name = {s.label.rsplit(".", 1)[1]: s for s in statuses}
+    assert by_name["resolve"].state == "not applied"
+    assert "differs from upstream's" in by_name["resolve"].why
+    assert all(s.state == "not applied" for s in statuses)
+    assert "held back because G2 fakesg.gates.resolve cannot apply" in by_name["gate"].why
+    assert registry.hooks == []
+    assert vars(gates) == before
+    lines = [r.getMessage() for r in caplog.records if r.name == "sm120fork.plugin"]
+    assert len(lines) == 5
+    assert all(line.startswith("sm120fork plugin: G") for line in lines)
+
+
+def test_other_version_is_one_line_per_hook_and_stock(fork: Git, tmp_path: Path,
+                                                      site: Callable[[Path], None]) -> None:
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    site(install(fork, "upstream", tmp_path / "stock", "1.1"))
+    registry = FakeRegistry()
+    statuses = runtime.activate(spec, registry=(registry.register, registry.apply), environ={})
+    assert {s.why for s in statuses} == {
+        "installed fakesg 1.1; this plugin is for 1.0 (stack fake-1.0)"}
+    assert len(statuses) == 5
+    assert registry.hooks == []
+    assert "fakesg.gates" not in sys.modules
+
+
+def test_patched_install_needs_nothing(fork: Git, tmp_path: Path,
+                                       site: Callable[[Path], None]) -> None:
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    site(install(fork, "HEAD", tmp_path / "patched", "1.0+sm120.1"))
+    statuses = runtime.evaluate(spec)
+    assert {s.state for s in statuses} == {"not needed"}, [s.line for s in statuses]
+
+
+def test_disabled_by_environment(fork: Git, tmp_path: Path,
+                                 site: Callable[[Path], None]) -> None:
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    site(install(fork, "upstream", tmp_path / "stock", "1.0"))
+    registry = FakeRegistry()
+    assert runtime.activate(spec, registry=(registry.register, registry.apply),
+                            environ={"SM120FORK_PLUGIN": "0"}) == []
+    assert registry.hooks == []
+    assert "fakesg.gates" not in sys.modules
+
+
+def test_failure_while_applying_rolls_back(fork: Git, tmp_path: Path,
+                                           site: Callable[[Path], None]) -> None:
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    site(install(fork, "upstream", tmp_path / "stock", "1.0"))
+    consumer, gates = fakesg("consumer"), fakesg("gates")
+    original = gates.gate
+    registry = FakeRegistry()
+
+    def half_apply() -> None:
+        registry.hooks = registry.hooks[:1]
+        registry.apply()
+
+    statuses = runtime.activate(spec, registry=(registry.register, half_apply), environ={})
+    assert {s.state for s in statuses} == {"not applied"}
+    assert "HookRegistry left fakesg.gates.resolve unchanged" in statuses[0].why
+    assert gates.gate is original
+    assert consumer.gate is original
+    assert not hasattr(gates, "_is_sm12x")
+    assert not hasattr(gates, "path")
+
+
+def test_plugin_project_vendors_toolkit_files_unchanged(fork: Git, tmp_path: Path) -> None:
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    project = package.write_project(spec, "sm120.1", tmp_path / "project")
+    pkg = project / package.IMPORT_PACKAGE
+    for rel in package.vendored_files():
+        assert (pkg / rel).read_bytes() == (package.TOOLKIT / rel).read_bytes(), rel
+    assert runtime.Spec.from_json(json.loads((pkg / "hooks.json").read_text())) == spec
+    assert 'version = "1.0+sm120.1"' in (project / "pyproject.toml").read_text()
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_plugin_wheel_builds_with_entry_point_and_script(fork: Git, tmp_path: Path) -> None:
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    built = package.build_plugin_wheel(spec, "sm120.1", tmp_path / "cache")
+    assert built.wheel.name == "sm120fork_sglang_plugin-1.0+sm120.1-py3-none-any.whl"
+    with zipfile.ZipFile(built.wheel) as zf:
+        names = set(zf.namelist())
+        entry_points = zf.read("sm120fork_sglang_plugin-1.0+sm120.1.dist-info/"
+                               "entry_points.txt").decode()
+    assert "sm120fork_sglang_plugin/plugin/runtime.py" in names
+    assert "sm120fork_sglang_plugin/hooks.json" in names
+    assert textwrap.dedent("""\
+        [sglang.srt.plugins]
+        sm120fork = sm120fork_sglang_plugin:load""") in entry_points
+    assert "sm120fork-doctor = sm120fork_sglang_plugin.doctor:main" in entry_points
+    again = package.build_plugin_wheel(spec, "sm120.1", tmp_path / "cache")
+    assert again.cached
+    assert again.wheel == built.wheel
