@@ -106,3 +106,9 @@ class MaintenanceError(ToolkitError):
     """A bump/refresh/upstream_pr precondition does not hold."""
 
     exit_code = 14
+
+
+class DoctorError(ToolkitError):
+    """``doctor`` found at least one blocker on this box."""
+
+    exit_code = 15

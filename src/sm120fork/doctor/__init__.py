@@ -1,0 +1,5 @@
+"""``doctor``: what an SM120 owner runs first on the box that will serve."""
+
+from .cli import main
+
+__all__ = ["main"]
