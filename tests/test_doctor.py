@@ -205,3 +205,13 @@ def test_peer_write_kernel_assembles_for_sm90_and_sm12x(tmp_path: Path) -> None:
     for arch in ("sm_90", "sm_120", "sm_121"):
         subprocess.run([ptxas, f"-arch={arch}", str(source), "-o", str(tmp_path / arch)],
                        check=True)
+
+
+def test_toolkit_verb_runs_outside_a_checkout(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-m", "sm120fork", "doctor", "--json"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env, check=False,
+                          timeout=300)
+    report = json.loads(done.stdout)
+    assert done.returncode == (DoctorError.exit_code if report["blockers"] else 0)
+    assert set(report) >= {"gpus", "packages", "comm_module", "environment", "blockers"}

@@ -100,6 +100,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--root", type=Path, help="toolkit checkout (default: search upward)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("doctor", help="check this box for the fused all-reduce on SM12x "
+                   "(no checkout, index or nvcc needed; --json)")
     for name, (_, add_args, help_text) in _COMMANDS.items():
         add_args(sub.add_parser(name, help=help_text, description=help_text))
     return parser
@@ -118,9 +120,16 @@ def _load_commands() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["doctor"]:
+        # The doctor runs on the serving box, without a toolkit checkout (and ships in the
+        # plugin wheel as sm120fork-doctor), so it owns its arguments and its output.
+        from sm120fork.doctor import main as doctor_main
+
+        return doctor_main(args_list[1:])
     _load_commands()
     parser = make_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     console = Console(stderr=False, highlight=False)
     err_console = Console(stderr=True, highlight=False)
     handler = RichHandler(console=err_console, show_time=False, show_path=False,
