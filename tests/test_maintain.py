@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import shutil
+import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +35,7 @@ from sm120fork.errors import (
 from sm120fork.maintain.bump import bump, bump_abort, bump_continue
 from sm120fork.maintain.pin import set_toml_values
 from sm120fork.maintain.state import (
+    CONFLICT,
     RESOLVED,
     STILL_NEEDED,
     UPSTREAMED_DIFFERENTLY,
@@ -203,8 +208,9 @@ def test_bump_classifies_each_patch_stops_at_conflict_and_finishes(bw: BumpWorks
     assert "**upstreamed identically**" in report
     assert "**upstreamed differently**" in report
     assert "## Range-diff" in report
-    assert "Command: `python -m sm120fork bump demo lib 1.3.0` (conflicts resolved by hand" \
-        in report
+    assert (f"Command: `python -m sm120fork bump demo lib 1.3.0 --git-commit {bw.new.commit}` "
+            "(conflicts resolved by hand") in report
+    assert "## Before applying: each patch against 1.3.0" in report
     assert "F1 gate: allow 12" in report
     changelog = (bw.ws.root / "patches" / STACK / "CHANGELOG.md").read_text()
     assert re.search(r"dropped 0001-F1-gate-allow-12\.patch .*upstreamed identically in "
@@ -219,6 +225,47 @@ def test_bump_classifies_each_patch_stops_at_conflict_and_finishes(bw: BumpWorks
     with zipfile.ZipFile(builds[0].wheel) as zf:
         assert zf.read("demo_lib/conf.py").decode() == "LIMIT = 16  # sm12x\n"
         assert "return [9, 10, 12]" in zf.read("demo_lib/__init__.py").decode()
+
+
+@pytest.mark.slow
+def test_a_first_patch_that_conflicts_still_reports_every_later_patch(bw: BumpWorkspace) -> None:
+    names = (bw.series_dir / "series").read_text().split()
+    reordered = [names[3], *names[:3]]  # S4 (conflicts) first; the patches touch other files
+    write_series(bw.series_dir, reordered)
+    err = start_bump(bw)
+    assert f"patch {names[3]} conflicts" in err.message
+    expected = dict(zip(reordered, [CONFLICT, UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY,
+                                    STILL_NEEDED], strict=True))
+    for name, verdict in expected.items():
+        assert f"  {name}: {verdict} (" in (err.detail or "")
+    # The report exists before the bump is resolved, names every patch, and no machine path.
+    report = (bw.ws.reports_dir / "bump" / "demo-lib-1.2.3-to-1.3.0.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| 000")]
+    assert [(r.split(" | ")[0][2:], r.split(" | ")[2].strip("*")) for r in rows] == list(
+        expected.items())
+    assert f"{names[3]} conflicts with lib 1.3.0: demo_lib/conf.py" in report
+    assert "`python -m sm120fork bump demo lib --abort`" in report
+    assert str(bw.ws.root) not in report
+    # It applied in order and stopped at the first conflict, like git am.
+    assert git(work_tree(bw), "log", "--format=%s", "upstream..HEAD") == ""
+    bump_abort(bw.ws, STACK, "lib")
+    assert not (bw.ws.reports_dir / "bump" / "demo-lib-1.2.3-to-1.3.0.md").exists()
+
+
+@pytest.mark.slow
+def test_the_reports_command_line_reruns_as_printed(bw: BumpWorkspace) -> None:
+    first = start_bump(bw)
+    report = (bw.ws.reports_dir / "bump" / "demo-lib-1.2.3-to-1.3.0.md").read_text()
+    command = re.search(r"Command: `([^`]+)`", report)
+    assert command
+    bump_abort(bw.ws, STACK, "lib")
+    argv = shlex.split(command.group(1))
+    assert argv[:3] == ["python", "-m", "sm120fork"]
+    rerun = subprocess.run([sys.executable, *argv[1:]], cwd=bw.ws.root, capture_output=True,
+                           text=True, check=False, env={**os.environ, "COLUMNS": "1000"})
+    assert rerun.returncode == 14, rerun.stderr
+    assert f"error: {first.message}" in rerun.stderr
+    bump_abort(bw.ws, STACK, "lib")
 
 
 @pytest.mark.slow

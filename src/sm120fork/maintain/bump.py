@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from sm120fork.errors import (
     MaintenanceError,
 )
 from sm120fork.fetch import UPSTREAM_TAG, download_sdist
+from sm120fork.maintain.classify import MERGES_3WAY, classification, classify, preview
 from sm120fork.maintain.pin import (
     commit_from_sdist,
     create_stack,
@@ -32,7 +34,12 @@ from sm120fork.maintain.pin import (
     pinned_project,
     remove_created_stack,
 )
-from sm120fork.maintain.report import write_bump_report, write_changelog
+from sm120fork.maintain.report import (
+    preview_lines,
+    report_path,
+    write_bump_report,
+    write_changelog,
+)
 from sm120fork.maintain.state import (
     BEFORE_BASE_REF,
     BEFORE_REF,
@@ -40,8 +47,6 @@ from sm120fork.maintain.state import (
     DROPPED_BY_HAND,
     RESOLVED,
     STILL_NEEDED,
-    UPSTREAMED_DIFFERENTLY,
-    UPSTREAMED_IDENTICALLY,
     BumpState,
     Classification,
     today,
@@ -54,7 +59,7 @@ from sm120fork.series import (
     load_series,
 )
 from sm120fork.tree import prepare_tree
-from sm120fork.upstream_match import applied_upstream_version, effect_check, fingerprints_upstream
+from sm120fork.upstream_match import effect_check
 from sm120fork.workspace import Workspace
 
 _SHA1 = re.compile(r"[0-9a-f]{40}")
@@ -167,15 +172,18 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             stack=stack.name, project=project.key, old_version=project.version,
             new_version=new_version, new_pin=new_pin, created_stack=created,
             declaration=str(stack.path), series_dir=str(ws.series_dir(project)),
-            results=[], started=today(), command=" ".join(
-                ["python -m sm120fork bump", stack_name, project_key, revision,
+            results=[], started=today(), command=shlex.join(
+                ["python", "-m", "sm120fork", "bump", stack_name, project_key, revision,
                  *(["--new-stack", new_stack] if new_stack else []),
                  *(["--version", version] if version else []),
+                 *(["--git-commit", git_commit] if git_commit else []),
                  *(["--allow-downgrade"] if allow_downgrade else [])]))
         d, series_backup, decl_backup = _state_paths(ws, state)
         if d.exists():
             shutil.rmtree(d)
         d.mkdir(parents=True)
+        if report_path(ws, state).is_file():  # a report of an earlier try: --abort restores it
+            shutil.copyfile(report_path(ws, state), d / "report.md")
         shutil.copytree(ws.series_dir(project), series_backup)
         shutil.copyfile(stack.path, decl_backup)
         pre = ws.work_tree(stack, project, "pre-bump")
@@ -215,52 +223,14 @@ def _series_before(ws: Workspace, state: BumpState) -> Series:
     return load_series(series_backup)
 
 
-def _classify(repo: Git, patch: Patch, new_version: Version) -> tuple[str, list[str]]:
-    """Classify one patch against the tree's HEAD (new upstream + patches kept so far)."""
-    try:
-        repo("apply", "--check", str(patch.path), quiet=True)
-        applies = True
-    except CommandError:
-        applies = False
-    if applies:
-        n = fingerprints_upstream(repo, patch)
-        evidence = ["applies exactly"]
-        if n:
-            evidence.append(f"but {n} fingerprint(s) already upstream: the artifact check "
-                            "will fail; review the patch and its fingerprint")
-        else:
-            evidence.append("fingerprint absent upstream")
-        return STILL_NEEDED, evidence
-    try:
-        repo("apply", "--check", "--reverse", str(patch.path), quiet=True)
-        return UPSTREAMED_IDENTICALLY, ["does not apply; reverse-applies cleanly"]
-    except CommandError:
-        pass
-    present, evidence = effect_check(repo, patch)
-    evidence = ["does not apply, does not reverse-apply", *evidence]
-    if not present:
-        return CONFLICT, [*evidence, "effect absent upstream"]
-    claimed = applied_upstream_version(patch)
-    if claimed is not None and claimed > new_version:
-        return CONFLICT, [*evidence, f"but Applied-Upstream names {claimed}, later than "
-                          f"{new_version}: check by hand"]
-    if claimed is not None:
-        evidence.append(f"Applied-Upstream {claimed} <= {new_version}: agrees")
-    else:
-        evidence.append("no Applied-Upstream field")
-    return UPSTREAMED_DIFFERENTLY, evidence
-
-
 def _record(state: BumpState, patch: Patch, verdict: str, evidence: list[str]) -> None:
-    state.results.append(Classification(
-        patch=patch.name, subject=patch.subject, verdict=verdict, evidence=tuple(evidence),
-        applied_upstream=patch.applied_upstream).to_json())
+    state.results.append(classification(patch, verdict, evidence).to_json())
 
 
-def _conflict_message(ws: Workspace, state: BumpState, patch: Patch, repo: Git) -> str:
+def _conflict_message(state: BumpState, patch: Patch, repo: Git, tree: str) -> str:
     files = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
     return (f"patch {patch.name} conflicts with {state.project} {state.new_version}"
-            f"{': ' + ', '.join(files) if files else ''}; the fork tree {repo.path} stops at it "
+            f"{': ' + ', '.join(files) if files else ''}; the fork tree {tree} stops at it "
             "with conflict markers in place")
 
 
@@ -310,9 +280,14 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
         if repo.head() != state.head or repo.is_dirty():
             repo("reset", "-q", "--hard", state.head)  # a run killed mid-way: redo
             repo("clean", "-q", "-fdx")
+        if not state.preview and state.next_index == 0:
+            state.preview = [c.to_json() for c in preview(repo, series.patches, new_version)]
+            state.save(ws)
+            write_bump_report(ws, stack, project, state, pinned_project(project, state),
+                              stopped="applying the series (the run did not finish)")
         while state.next_index < len(series.patches):
             patch = series.patches[state.next_index]
-            verdict, evidence = _classify(repo, patch, new_version)
+            verdict, evidence = classify(repo, patch, new_version)
             if verdict == STILL_NEEDED:
                 repo("am", "--quiet", "--no-3way", "--keep-cr",
                      "--committer-date-is-author-date", str(patch.path))
@@ -324,14 +299,23 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
                     repo("am", "--quiet", "--3way", "--keep-cr",
                          "--committer-date-is-author-date", str(patch.path))
                 except CommandError:
+                    def fix(tree: str) -> str:
+                        return (f"resolve the conflicts there, then `{cmd} --continue` (or "
+                                f"drop the patch with `git -C {tree} am --skip` first); "
+                                f"`{cmd} --abort` restores the previous pin and series")
+                    # The report names the tree relative to the checkout: no machine path.
+                    rel = os.path.relpath(repo.path, ws.root)
+                    report = write_bump_report(
+                        ws, stack, project, state, pinned_project(project, state),
+                        stopped=f"{_conflict_message(state, patch, repo, rel)}. "
+                                f"Next: {fix(rel)}.")
                     raise MaintenanceError(
-                        _conflict_message(ws, state, patch, repo), where=state.stack,
-                        fix=f"resolve the conflicts there, then `{cmd} --continue` "
-                            f"(or drop the patch with `git am --skip` there first); "
-                            f"`{cmd} --abort` restores the previous pin and series",
-                        detail="\n".join(evidence)) from None
+                        _conflict_message(state, patch, repo, str(repo.path)),
+                        where=state.stack, fix=fix(str(repo.path)),
+                        detail="\n".join([*evidence, "", *preview_lines(state),
+                                          f"report: {report.relative_to(ws.root)}"])) from None
                 verdict = STILL_NEEDED
-                evidence = [*evidence, "but merges cleanly (3-way): rebased; review it"]
+                evidence = [*evidence, MERGES_3WAY]
                 state.conflict_head = ""
             _record(state, patch, verdict, evidence)
             state.next_index += 1
@@ -357,10 +341,9 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
     reapply_series(ws, stack, project, repo, base)
     range_diff = repo("range-diff", "--no-color", f"{BEFORE_BASE_REF}..{BEFORE_REF}",
                       f"{UPSTREAM_TAG}..HEAD", quiet=True)
-    results = tuple(Classification(**{**r, "evidence": tuple(r["evidence"])})
-                    for r in state.results)
-    report = write_bump_report(ws, stack, project, state, new_project, results, range_diff,
-                                refreshed)
+    results = state.classifications()
+    report = write_bump_report(ws, stack, project, state, new_project, results=results,
+                               range_diff=range_diff, refreshed=refreshed)
     changelog = write_changelog(ws, stack, project, state, results, report)
     pre = ws.work_tree(stack, project, "pre-bump")
     shutil.rmtree(pre, ignore_errors=True)
@@ -394,6 +377,10 @@ def bump_abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
         if state is None:
             raise MaintenanceError("no bump in progress", where=f"{stack_name}/{project_key}")
         d, series_backup, decl_backup = _state_paths(ws, state)
+        if (d / "report.md").is_file():
+            shutil.copyfile(d / "report.md", report_path(ws, state))
+        else:
+            report_path(ws, state).unlink(missing_ok=True)
         stack = ws.stack(state.stack) if Path(state.declaration).is_file() else None
         work = ws.state_dir / "work" / state.stack / state.project
         pre = ws.state_dir / "work" / state.stack / f"{state.project}@pre-bump"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from sm120fork.declare import Project, Stack
@@ -21,12 +22,36 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def report_path(ws: Workspace, state: BumpState) -> Path:
+    return (ws.reports_dir / "bump" /
+            f"{state.stack}-{state.project}-{state.old_version}-to-{state.new_version}.md")
+
+
+def _table(results: Sequence[Classification]) -> list[str]:
+    lines = ["| patch | subject | verdict | Applied-Upstream | evidence |",
+             "|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {_md_escape(r.patch)} | {_md_escape(r.subject)} | **{r.verdict}** | "
+                     f"{_md_escape(r.applied_upstream) or '-'} | "
+                     f"{'<br>'.join(_md_escape(e) for e in r.evidence)} |")
+    return lines
+
+
+def preview_lines(state: BumpState) -> list[str]:
+    """The look-before-you-leap preview as plain text, one patch a line."""
+    return [f"before applying, against {state.new_version}:",
+            *(f"  {r.patch}: {r.verdict} ({'; '.join(r.evidence)})"
+              for r in state.classifications("preview"))]
+
+
 def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: BumpState,
-                       new_project: Project, results: tuple[Classification, ...],
-                       range_diff: str, refreshed: RefreshResult) -> Path:
-    out = ws.reports_dir / "bump"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{stack.name}-{project.key}-{state.old_version}-to-{state.new_version}.md"
+                      new_project: Project, *, results: Sequence[Classification] = (),
+                      range_diff: str = "", refreshed: RefreshResult | None = None,
+                      stopped: str = "") -> Path:
+    """The bump's report: written before any patch is applied, again at a conflict, and
+    complete when the bump finishes."""
+    path = report_path(ws, state)
+    path.parent.mkdir(parents=True, exist_ok=True)
     git = new_project.git
     lines = [
         f"# Bump {project.distribution} {state.old_version} -> {state.new_version} "
@@ -41,12 +66,15 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
         f"({'verified' if git.commit_verified else 'unverified'}"
         f"{': ' + git.note if git.note else ''})",
         f"- source used to build: {new_project.source}", "",
-        "## Classification", "",
-        "| patch | subject | verdict | Applied-Upstream | evidence |", "|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {_md_escape(r.patch)} | {_md_escape(r.subject)} | **{r.verdict}** | "
-                     f"{_md_escape(r.applied_upstream) or '-'} | "
-                     f"{'<br>'.join(_md_escape(e) for e in r.evidence)} |")
+        f"## Before applying: each patch against {state.new_version}", "",
+        "Classified before anything was applied; a conflict does not hide the patches "
+        "after it (each is checked on top of the earlier ones that apply).", "",
+        *_table(state.classifications("preview")), ""]
+    if stopped or refreshed is None:
+        lines += ["## Status", "", stopped or "in progress", ""]
+        path.write_text("\n".join(lines), encoding="utf-8")
+        return path
+    lines += ["## Classification (as applied)", "", *_table(results)]
     dropped = [r for r in results if r.verdict in UPSTREAMED]
     lines += ["", "## Left the series (upstreamed)", ""]
     if dropped:
@@ -69,7 +97,7 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
 
 
 def write_changelog(ws: Workspace, stack: Stack, project: Project, state: BumpState,
-                     results: tuple[Classification, ...], report: Path) -> Path:
+                    results: Sequence[Classification], report: Path) -> Path:
     path = ws.root / "patches" / stack.name / "CHANGELOG.md"
     title = f"# Patch series changelog: stack {stack.name}\n"
     old = path.read_text(encoding="utf-8") if path.is_file() else title

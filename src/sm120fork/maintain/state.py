@@ -60,6 +60,12 @@ class BumpState:
     phase: str = "classify"
     started: str = ""
     command: str = ""
+    #: Every patch classified against the new upstream before any was applied.
+    preview: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def classifications(self, which: str = "results") -> tuple[Classification, ...]:
+        rows = self.preview if which == "preview" else self.results
+        return tuple(Classification(**{**r, "evidence": tuple(r["evidence"])}) for r in rows)
 
     @staticmethod
     def directory(ws: Workspace, stack: str, project: str) -> Path:

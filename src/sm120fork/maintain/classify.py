@@ -1,0 +1,118 @@
+"""Classify a patch against a new upstream: still needed, upstreamed (identically or
+differently) or conflict; and the look-before-you-leap preview of a whole series.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+from packaging.version import Version
+
+from sm120fork.errors import CommandError
+from sm120fork.maintain.state import (
+    CONFLICT,
+    STILL_NEEDED,
+    UPSTREAMED_DIFFERENTLY,
+    UPSTREAMED_IDENTICALLY,
+    Classification,
+)
+from sm120fork.proc import Git
+from sm120fork.series import Patch
+from sm120fork.upstream_match import applied_upstream_version, effect_check, fingerprints_upstream
+
+MERGES_3WAY = "but merges cleanly (3-way): rebased; review it"
+
+
+def _applies(repo: Git, patch: Patch, env: Mapping[str, str] | None, *extra: str) -> bool:
+    where = ("--cached",) if env else ()
+    try:
+        repo("apply", "--check", *where, *extra, str(patch.path), env=env, quiet=True)
+    except CommandError:
+        return False
+    return True
+
+
+def classify(repo: Git, patch: Patch, new_version: Version,
+             env: Mapping[str, str] | None = None) -> tuple[str, list[str]]:
+    """Classify one patch against the work tree (or, with ``env``, a scratch index).
+
+    The tree is the new upstream plus the patches kept so far; fingerprints and effects
+    are looked up in the new upstream itself (the ``upstream`` tag).
+    """
+    if _applies(repo, patch, env):
+        n = fingerprints_upstream(repo, patch)
+        evidence = ["applies exactly"]
+        if n:
+            evidence.append(f"but {n} fingerprint(s) already upstream: the artifact check "
+                            "will fail; review the patch and its fingerprint")
+        else:
+            evidence.append("fingerprint absent upstream")
+        return STILL_NEEDED, evidence
+    if _applies(repo, patch, env, "--reverse"):
+        return UPSTREAMED_IDENTICALLY, ["does not apply; reverse-applies cleanly"]
+    present, evidence = effect_check(repo, patch)
+    evidence = ["does not apply, does not reverse-apply", *evidence]
+    if not present:
+        return CONFLICT, [*evidence, "effect absent upstream"]
+    claimed = applied_upstream_version(patch)
+    if claimed is not None and claimed > new_version:
+        return CONFLICT, [*evidence, f"but Applied-Upstream names {claimed}, later than "
+                          f"{new_version}: check by hand"]
+    if claimed is not None:
+        evidence.append(f"Applied-Upstream {claimed} <= {new_version}: agrees")
+    else:
+        evidence.append("no Applied-Upstream field")
+    return UPSTREAMED_DIFFERENTLY, evidence
+
+
+def classification(patch: Patch, verdict: str, evidence: Sequence[str]) -> Classification:
+    return Classification(patch=patch.name, subject=patch.subject, verdict=verdict,
+                          evidence=tuple(evidence), applied_upstream=patch.applied_upstream)
+
+
+@contextmanager
+def _scratch_index(repo: Git) -> Iterator[str]:
+    """A throwaway index holding HEAD's tree: nothing in the work tree changes."""
+    fd, index = tempfile.mkstemp(prefix="sm120fork-bump-index.")
+    os.close(fd)
+    try:
+        repo("read-tree", "HEAD", env={"GIT_INDEX_FILE": index}, quiet=True)
+        yield index
+    finally:
+        os.unlink(index)
+
+
+def preview(repo: Git, patches: Sequence[Patch], new_version: Version) -> list[Classification]:
+    """Every patch classified before anything is applied (look before you leap).
+
+    Each patch is judged on its own merits: one that conflicts does not stop the preview,
+    and later patches are checked on top of the earlier ones that still apply, as the
+    real run will apply them.  A conflict that a 3-way merge resolves is found here too.
+    """
+    results: list[Classification] = []
+    with _scratch_index(repo) as index:
+        env = {"GIT_INDEX_FILE": index}
+        for patch in patches:
+            verdict, evidence = classify(repo, patch, new_version, env)
+            if verdict == STILL_NEEDED:
+                repo("apply", "--cached", str(patch.path), env=env, quiet=True)
+            elif verdict == CONFLICT:
+                trial = f"{index}.3way"
+                shutil.copyfile(index, trial)
+                try:
+                    repo("apply", "--cached", "--3way", str(patch.path),
+                         env={"GIT_INDEX_FILE": trial}, quiet=True)
+                except CommandError:
+                    evidence.append("a 3-way merge conflicts too: the bump stops here")
+                else:
+                    os.replace(trial, index)
+                    verdict, evidence = STILL_NEEDED, [*evidence, MERGES_3WAY]
+                finally:
+                    if os.path.exists(trial):
+                        os.unlink(trial)
+            results.append(classification(patch, verdict, evidence))
+    return results
