@@ -44,14 +44,14 @@ def verify_sm120(session: nox.Session) -> None:
 def gpu_test(session: nox.Session) -> None:
     """Multi-rank fusion correctness on this machine's GPUs (A/B patched vs upstream)."""
     session.install("-q", ".[gpu]")
-    session.run("python", "-m", "sm120fork.gpu", "test", *session.posargs)
+    session.run("python", "-m", "sm120fork", "gpu", "test", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Fused vs unfused all-reduce latency on this machine's GPUs."""
     session.install("-q", ".[gpu]")
-    session.run("python", "-m", "sm120fork.gpu", "bench", *session.posargs)
+    session.run("python", "-m", "sm120fork", "gpu", "bench", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from sm120fork.fetch import download_sdist  # noqa: E402
+from sm120fork.fetch.sdist import download_sdist  # noqa: E402
 from sm120fork.workspace import Workspace  # noqa: E402
 
 

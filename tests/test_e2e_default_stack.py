@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.cli import main
+from sm120fork.cli.main import main
 
 from conftest import git
 

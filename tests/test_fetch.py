@@ -13,7 +13,9 @@ from typing import ClassVar
 import pytest
 
 from sm120fork.errors import ChecksumError, SourceError, UnsafeArchiveError
-from sm120fork.fetch import download_sdist, init_from_git, safe_extract
+from sm120fork.fetch.archive import safe_extract
+from sm120fork.fetch.git import init_from_git
+from sm120fork.fetch.sdist import download_sdist
 
 from helpers_ws import STACK, make_demo, sha256
 

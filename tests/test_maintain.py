@@ -24,7 +24,8 @@ from helpers_maintain import (
     reauthor_last_patch,
     snapshot,
 )
-from sm120fork.cli import main
+from sm120fork.build.stack import build_stack
+from sm120fork.cli.main import main
 from sm120fork.errors import (
     ConfigError,
     DirtyTreeError,
@@ -42,9 +43,8 @@ from sm120fork.maintain.state import (
     UPSTREAMED_IDENTICALLY,
 )
 from sm120fork.maintain.status import status
-from sm120fork.pipeline import build_stack
+from sm120fork.patch.series import Fingerprint, parse_patch
 from sm120fork.refresh import refresh
-from sm120fork.series import Fingerprint, parse_patch
 
 from conftest import git, make_patch, write_series
 from helpers_ws import DemoWorkspace, make_demo, sha256

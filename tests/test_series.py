@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import SeriesError
-from sm120fork.series import load_series
+from sm120fork.patch.series import load_series
 
 from helpers_ws import make_demo
 

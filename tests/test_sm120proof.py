@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork import proc
 from sm120fork import sm120proof as sp
 from sm120fork.errors import VerifyError
+from sm120fork.util import proc
 
 NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) is not installed")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from helpers_maintain import ENCODED_AUTHOR, reauthor_last_patch
-from sm120fork.cli import main
+from sm120fork.build.stack import build_stack
+from sm120fork.cli.main import main
 from sm120fork.errors import DirtyTreeError, MaintenanceError
-from sm120fork.pipeline import build_stack
 from sm120fork.upstream.pr import commit_message, github_slug, short_subject, upstream_pr
 
 from conftest import git

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import VerifyError
-from sm120fork.tree import prepare_tree
+from sm120fork.patch.tree import prepare_tree
 from sm120fork.verify_sglang import SM12X, UNCHANGED, CheckResult, check_sglang
 from sm120fork.workspace import Workspace
 

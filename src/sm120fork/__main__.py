@@ -2,6 +2,6 @@
 
 import sys
 
-from sm120fork.cli import main
+from sm120fork.cli.main import main
 
 sys.exit(main())

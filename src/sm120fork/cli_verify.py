@@ -7,20 +7,17 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from sm120fork.cli import command
 from sm120fork.workspace import Workspace
 
 
-def _args(p: argparse.ArgumentParser) -> None:
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", help="stack (default: the default stack)")
     p.add_argument("--jobs", type=int, default=2, help="parallel nvcc runs (default 2)")
     p.add_argument("--force", action="store_true",
                    help="discard local work in the fork trees it needs")
 
 
-@command("verify-sm120", "prove the SM12x series without SM120 hardware -> reports/sm120/",
-         _args)
-def _verify(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.verify_sm120 import run_verify, write_reports
 
     result = run_verify(ws, ws.stack(args.stack), jobs=args.jobs, force=args.force)

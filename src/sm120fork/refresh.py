@@ -18,18 +18,18 @@ from sm120fork.errors import (
     DirtyTreeError,
     MaintenanceError,
 )
-from sm120fork.fetch import UPSTREAM_TAG, source_key
+from sm120fork.fetch.source import UPSTREAM_TAG, source_key
 from sm120fork.maintain.state import (
     BumpState,
 )
-from sm120fork.patch import apply_series
-from sm120fork.proc import Git
-from sm120fork.series import (
+from sm120fork.patch.apply import apply_series
+from sm120fork.patch.series import (
     load_series,
     parse_patch,
     read_series_file,
 )
-from sm120fork.tree import TreeState, open_tree, write_state
+from sm120fork.patch.tree import TreeState, open_tree, write_state
+from sm120fork.util.proc import Git
 from sm120fork.workspace import Workspace
 
 #: The canonical export (patches/README.md); refresh writes exactly this.

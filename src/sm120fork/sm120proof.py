@@ -44,8 +44,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sm120fork import proc
 from sm120fork.errors import CommandError, VerifyError
+from sm120fork.util import proc
 
 log = logging.getLogger("sm120fork")
 

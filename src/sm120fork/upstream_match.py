@@ -11,13 +11,13 @@ import re
 
 from packaging.version import InvalidVersion, Version
 
-from sm120fork.fetch import UPSTREAM_TAG
-from sm120fork.proc import Git
-from sm120fork.series import (
+from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.patch.series import (
     Fingerprint,
     Patch,
 )
-from sm120fork.verify import upstream_text
+from sm120fork.util.proc import Git
+from sm120fork.verify.artifact import upstream_text
 
 
 def effect_check(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG) -> tuple[bool, list[str]]:

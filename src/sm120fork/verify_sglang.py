@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sm120fork import proc
 from sm120fork.errors import CommandError, VerifyError
+from sm120fork.util import proc
 
 PROBE_MODULE = "sm120fork._sglang_probe"
 RESULT_MARKER = "SM120FORK-PROBE-RESULT "

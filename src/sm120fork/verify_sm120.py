@@ -19,12 +19,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sm120fork.build.publish import ProjectBuild
+from sm120fork.build.stack import build_project
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import VerifyError
-from sm120fork.pipeline import ProjectBuild, build_project
-from sm120fork.series import Patch, load_series
+from sm120fork.patch.series import Patch, load_series
+from sm120fork.patch.tree import prepare_tree
 from sm120fork.sm120proof import ProofReport, Status, prove
-from sm120fork.tree import prepare_tree
 from sm120fork.verify_sglang import CheckResult, check_sglang
 from sm120fork.workspace import Workspace
 

@@ -5,7 +5,7 @@ Ranks are separate processes started by :mod:`sm120fork.gpu.launcher`; each runs
 (and without FlashInfer) so that the case matrix, the reference math, the tolerances,
 the watchdog and the report rendering are unit-tested on CPU machines.
 
-This subpackage deliberately does not import :mod:`sm120fork.proc`: the GPU machines
+This subpackage deliberately does not import :mod:`sm120fork.util.proc`: the GPU machines
 these commands run on have torch and nvcc but not necessarily GitPython, and the
 launcher needs streaming, killable process groups rather than run-to-completion calls.
 """

@@ -24,7 +24,8 @@ from sm120fork.errors import (
     ConfigError,
     MaintenanceError,
 )
-from sm120fork.fetch import UPSTREAM_TAG, download_sdist
+from sm120fork.fetch.sdist import download_sdist
+from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.maintain.classify import MERGES_3WAY, classification, classify, preview
 from sm120fork.maintain.pin import (
     commit_from_sdist,
@@ -51,15 +52,15 @@ from sm120fork.maintain.state import (
     Classification,
     today,
 )
-from sm120fork.proc import Git
-from sm120fork.refresh import RefreshResult, export_series, reapply_series
-from sm120fork.series import (
+from sm120fork.patch.series import (
     Patch,
     Series,
     load_series,
 )
-from sm120fork.tree import prepare_tree
+from sm120fork.patch.tree import prepare_tree
+from sm120fork.refresh import RefreshResult, export_series, reapply_series
 from sm120fork.upstream_match import effect_check
+from sm120fork.util.proc import Git
 from sm120fork.workspace import Workspace
 
 _SHA1 = re.compile(r"[0-9a-f]{40}")

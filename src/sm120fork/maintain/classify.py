@@ -20,9 +20,9 @@ from sm120fork.maintain.state import (
     UPSTREAMED_IDENTICALLY,
     Classification,
 )
-from sm120fork.proc import Git
-from sm120fork.series import Patch
+from sm120fork.patch.series import Patch
 from sm120fork.upstream_match import applied_upstream_version, effect_check, fingerprints_upstream
+from sm120fork.util.proc import Git
 
 MERGES_3WAY = "but merges cleanly (3-way): rebased; review it"
 

@@ -29,7 +29,7 @@ from sm120fork.errors import (
     MaintenanceError,
     SourceError,
 )
-from sm120fork.fetch import index_url
+from sm120fork.fetch.index import index_url
 from sm120fork.maintain.state import (
     BumpState,
 )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sm120fork.build.publish import load_manifest
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import (
     CommandError,
@@ -19,19 +20,18 @@ from sm120fork.errors import (
     MaintenanceError,
     SourceError,
 )
-from sm120fork.fetch import source_key
+from sm120fork.fetch.source import source_key
 from sm120fork.maintain.state import (
     BumpState,
 )
-from sm120fork.patch import check_series
-from sm120fork.pipeline import load_manifest
-from sm120fork.proc import Git
-from sm120fork.series import (
+from sm120fork.patch.apply import check_series
+from sm120fork.patch.series import (
     Patch,
     load_series,
 )
-from sm120fork.tree import prepare_tree, read_state
+from sm120fork.patch.tree import prepare_tree, read_state
 from sm120fork.upstream_match import effect_check, fingerprints_upstream
+from sm120fork.util.proc import Git
 from sm120fork.workspace import Workspace
 
 

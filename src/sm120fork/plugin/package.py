@@ -25,7 +25,7 @@ from packaging.version import Version
 
 from sm120fork.errors import BuildError, CommandError
 from sm120fork.plugin.runtime import Spec
-from sm120fork.proc import run
+from sm120fork.util.proc import run
 
 log = logging.getLogger("sm120fork")
 

@@ -23,11 +23,11 @@ from pathlib import Path
 
 from sm120fork.declare import Project
 from sm120fork.errors import CommandError, DirtyTreeError, MaintenanceError
-from sm120fork.fetch import UPSTREAM_TAG
-from sm120fork.proc import Git
-from sm120fork.series import Patch, load_series
-from sm120fork.tree import open_tree
+from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.patch.series import Patch, load_series
+from sm120fork.patch.tree import open_tree
 from sm120fork.upstream.evidence import Evidence, collect_evidence, evidence_sections
+from sm120fork.util.proc import Git
 from sm120fork.workspace import Workspace
 
 ONTO_REF = "refs/sm120fork/onto"

@@ -3,8 +3,8 @@
 Work is cached per project under ``.forks/builds/<stack>/<project>/<key>``, the key
 hashing the pin, the source digest and the series digest: a second build with nothing
 changed touches no git tree, and changing one project's series rebuilds only that one.
-``wheels/`` is updated only after every project built and passed, file by file with
-atomic renames, manifest last.
+``wheels/`` is updated (:mod:`sm120fork.build.publish`) only after every project built
+and passed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -26,34 +26,22 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from sm120fork import __version__
-from sm120fork.build import build_wheel, wheel_requirements
+from sm120fork.build.publish import ProjectBuild, publish
+from sm120fork.build.wheel import build_wheel, wheel_requirements
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import BuildError
-from sm120fork.fetch import Progress, download_sdist, sha256_file, source_key
-from sm120fork.series import Series, load_series
-from sm120fork.tree import prepare_tree
-from sm120fork.verify import check_wheel, require_passed
+from sm120fork.fetch.sdist import download_sdist
+from sm120fork.fetch.source import Progress, source_key
+from sm120fork.patch.series import Series, load_series
+from sm120fork.patch.tree import prepare_tree
+from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file
+from sm120fork.verify.artifact import check_wheel, require_passed
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
-MANIFEST = "manifest.json"
-CONSTRAINTS = "constraints.txt"
 ENTRY = "entry.json"
 #: Bump when the way wheels are produced changes, to invalidate build caches.
 BUILD_RECIPE = 1
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProjectBuild:
-    project: str
-    distribution: str
-    upstream_version: str
-    version: str
-    wheel: Path
-    sha256: str
-    cached: bool
-    seconds: float
-    entry: dict[str, Any]
 
 
 def cache_key(project: Project, series: Series, kind: str) -> str:
@@ -66,18 +54,9 @@ def cache_key(project: Project, series: Series, kind: str) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def _load_entry(entry_dir: Path) -> dict[str, Any] | None:
-    try:
-        entry: dict[str, Any] = json.loads((entry_dir / ENTRY).read_text())
-    except (OSError, ValueError):
+    entry = read_json_object(entry_dir / ENTRY)
+    if entry is None:
         return None
     wheel = entry_dir / str(entry.get("wheel", ""))
     if not wheel.is_file() or sha256_file(wheel) != entry.get("sha256"):
@@ -135,7 +114,7 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *, force: bool 
             "artifact_check": [r.to_json() for r in results],
             "toolkit_version": __version__,
         }
-        _atomic_write(staging / ENTRY, json.dumps(entry, indent=2) + "\n")
+        atomic_write_text(staging / ENTRY, json.dumps(entry, indent=2) + "\n")
         if entry_dir.exists():
             shutil.rmtree(entry_dir)
         entry_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -164,40 +143,6 @@ def check_requirements(stack: Stack, builds: list[ProjectBuild]) -> None:
                     fix="align the local label or the dependency pin")
 
 
-def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
-            out: Path | None = None) -> Path:
-    """Place wheels, constraints.txt and manifest.json into wheels/ (or ``out``) atomically."""
-    out = out or ws.wheels_dir
-    out.mkdir(parents=True, exist_ok=True)
-    for b in builds:
-        dest = out / b.wheel.name
-        if dest.is_file() and sha256_file(dest) == b.sha256:
-            continue
-        fd, tmp = tempfile.mkstemp(prefix=f".{b.wheel.name}.", dir=out)
-        os.close(fd)
-        shutil.copyfile(b.wheel, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    constraints = "".join(f"{b.distribution}=={b.version}\n" for b in builds)
-    _atomic_write(out / CONSTRAINTS,
-                  f"# {stack.name}: pip install -c wheels/{CONSTRAINTS} wheels/*.whl\n"
-                  + constraints)
-    manifest = {
-        "toolkit_version": __version__,
-        "stack": stack.name,
-        "wheels": [b.entry for b in builds],
-    }
-    new_text = json.dumps(manifest, indent=2) + "\n"
-    old = out / MANIFEST
-    if not old.is_file() or old.read_text() != new_text:
-        _atomic_write(old, new_text)
-    keep = {b.wheel.name for b in builds}
-    for stale in out.glob("*.whl"):
-        if stale.name not in keep:
-            stale.unlink()
-    return out
-
-
 def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bool = False,
                 only: list[str] | None = None,
                 progress: Callable[[str], Progress | None] | None = None,
@@ -219,11 +164,3 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
         if not only:
             publish(ws, stack, builds, out)
     return builds
-
-
-def load_manifest(ws: Workspace) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads((ws.wheels_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    return data

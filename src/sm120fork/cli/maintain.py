@@ -1,6 +1,6 @@
 """Commands that keep the fork alive: ``status``, ``bump``, ``refresh``, ``upstream-pr``.
 
-Registered with :func:`sm120fork.cli.command`; the logic lives in :mod:`sm120fork.maintain`,
+Listed in :mod:`sm120fork.cli.main`; the logic lives in :mod:`sm120fork.maintain`,
 :mod:`sm120fork.refresh` and :mod:`sm120fork.upstream`, which never print.
 """
 
@@ -15,7 +15,6 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
-from sm120fork.cli import command
 from sm120fork.errors import ConfigError
 from sm120fork.workspace import Workspace
 
@@ -39,16 +38,14 @@ def _short_wheel(wheel: str) -> str:
     return f"{version} {rest}".strip()
 
 
-def _status_args(p: argparse.ArgumentParser) -> None:
+def status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack", nargs="?", help="only this stack (default: every stack)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--wheels", type=Path, metavar="DIR",
                    help="read the wheel column from DIR/manifest.json (see build --out)")
 
 
-@command("status", "every stack and patch: applies, DEP-3 upstream fields, "
-         "fingerprint upstream, shipped wheel", _status_args)
-def _status(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.maintain.status import status
 
     projects = status(ws, args.stack, args.wheels)
@@ -78,7 +75,7 @@ def _status(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     return 1 if any(p.error for p in projects) else 0
 
 
-def _bump_args(p: argparse.ArgumentParser) -> None:
+def bump_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack")
     p.add_argument("project")
     p.add_argument("revision", nargs="?",
@@ -98,8 +95,7 @@ def _bump_args(p: argparse.ArgumentParser) -> None:
                    help="the upstream commit of the new sdist when it records none")
 
 
-@command("bump", "re-pin a project and re-classify its patches", _bump_args)
-def _bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.maintain.bump import bump, bump_abort, bump_continue
 
     if args.abort:
@@ -133,13 +129,12 @@ def _bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     return 0
 
 
-def _refresh_args(p: argparse.ArgumentParser) -> None:
+def refresh_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack")
     p.add_argument("project")
 
 
-@command("refresh", "export the fork tree's commits back into the series", _refresh_args)
-def _refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+def run_refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.refresh import refresh
 
     r = refresh(ws, args.stack, args.project)
@@ -152,7 +147,7 @@ def _refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     return 0
 
 
-def _upstream_args(p: argparse.ArgumentParser) -> None:
+def upstream_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack")
     p.add_argument("project")
     p.add_argument("--onto", metavar="REF",
@@ -165,8 +160,7 @@ def _upstream_args(p: argparse.ArgumentParser) -> None:
                         "see build --out)")
 
 
-@command("upstream-pr", "prepare (never push) an upstream PR with evidence", _upstream_args)
-def _upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.upstream.pr import upstream_pr
 
     result = upstream_pr(ws, args.stack, args.project, onto=args.onto, repo=args.repo,

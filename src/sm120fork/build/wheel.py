@@ -22,7 +22,7 @@ from packaging.version import Version
 
 from sm120fork.declare import Project
 from sm120fork.errors import BuildError, CommandError
-from sm120fork.proc import Git, run
+from sm120fork.util.proc import Git, run
 
 log = logging.getLogger("sm120fork")
 

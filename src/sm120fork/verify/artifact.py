@@ -14,9 +14,9 @@ from pathlib import Path
 
 from sm120fork.declare import Project
 from sm120fork.errors import ArtifactCheckError, CommandError
-from sm120fork.fetch import UPSTREAM_TAG
-from sm120fork.proc import Git
-from sm120fork.series import Fingerprint, Series
+from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.patch.series import Fingerprint, Series
+from sm120fork.util.proc import Git
 
 
 @dataclass(frozen=True, kw_only=True)

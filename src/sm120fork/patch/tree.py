@@ -16,16 +16,11 @@ from pathlib import Path
 
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import CommandError, DirtyTreeError, MaintenanceError
-from sm120fork.fetch import (
-    Progress,
-    download_sdist,
-    init_from_git,
-    init_from_sdist,
-    source_key,
-)
-from sm120fork.patch import apply_series
-from sm120fork.proc import Git
-from sm120fork.series import Patch, Series
+from sm120fork.fetch.kinds import fetch_source
+from sm120fork.fetch.source import Progress, source_key
+from sm120fork.patch.apply import apply_series
+from sm120fork.patch.series import Patch, Series
+from sm120fork.util.proc import Git
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -110,7 +105,7 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
                  progress: Progress | None = None) -> Tree:
     """Make ``work`` = pinned upstream + ``patches`` (default: the whole series)."""
     if patches is None:
-        from sm120fork.series import load_series
+        from sm120fork.patch.series import load_series
 
         patches = load_series(ws.series_dir(project)).patches
     work = ws.work_tree(stack, project, variant)
@@ -132,11 +127,8 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
         return Tree(path=work, repo=Git(work), state=state, reused=True)
     if state is None or state.source != skey:
         work.parent.mkdir(parents=True, exist_ok=True)
-        if kind == "sdist":
-            sdist = download_sdist(project, ws.sdist_cache, progress)
-            info = init_from_sdist(project, sdist, work)
-        else:
-            info = init_from_git(project, work, git_url)
+        info = fetch_source(project, kind, work, sdist_cache=ws.sdist_cache,
+                            progress=progress, git_url=git_url)
         base = info.base_commit
     else:
         base = state.base

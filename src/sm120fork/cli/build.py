@@ -1,0 +1,77 @@
+"""``build``: patched wheels of a stack, rendered."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from sm120fork.build.stack import build_stack
+from sm120fork.workspace import Workspace
+
+HELP = "patched wheels of a stack into wheels/"
+
+
+def _download_progress(console: Console) -> Callable[[str], Callable[[int, int | None], None]]:
+    def factory(label: str) -> Callable[[int, int | None], None]:
+        state: dict[str, object] = {}
+
+        def update(done: int, total: int | None) -> None:
+            if "progress" not in state:
+                progress = Progress(TextColumn(f"downloading {label}"), BarColumn(),
+                                    DownloadColumn(), TransferSpeedColumn(),
+                                    console=console, transient=True)
+                progress.start()
+                state["progress"] = progress
+                state["task"] = progress.add_task(label, total=total)
+            progress_obj = state["progress"]
+            assert isinstance(progress_obj, Progress)
+            task = state["task"]
+            assert isinstance(task, int)
+            progress_obj.update(TaskID(task), completed=done)
+            if total is not None and done >= total:
+                progress_obj.stop()
+        return update
+    return factory
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stack", help="stack to build (default: the default stack)")
+    p.add_argument("--force", action="store_true",
+                   help="discard local work in fork trees (never done without it)")
+    p.add_argument("--rebuild", action="store_true", help="ignore the build cache")
+    p.add_argument("--lock-timeout", type=float, default=-1, metavar="S",
+                   help="seconds to wait for another run's lock (default: wait)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="publish into DIR instead of wheels/ (e.g. a non-default stack)")
+
+
+def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    stack = ws.stack(args.stack)
+    start = time.monotonic()
+    builds = build_stack(ws, stack, force=args.force, rebuild=args.rebuild,
+                         progress=_download_progress(console), lock_timeout=args.lock_timeout,
+                         out=args.out)
+    table = Table(title=f"stack {stack.name} -> {args.out or ws.wheels_dir}")
+    for col in ("project", "upstream", "patches", "wheel", "sha256", "build"):
+        table.add_column(col, overflow="fold")
+    for b in builds:
+        table.add_row(b.project, b.upstream_version, str(len(b.entry["patches"])), b.wheel.name,
+                      b.sha256[:12], "cached" if b.cached else f"{b.seconds:.1f}s")
+    console.print(table)
+    out = args.out or Path("wheels")
+    console.print(f"done in {time.monotonic() - start:.2f}s; install with: "
+                  f"pip install -c {out}/constraints.txt {out}/*.whl")
+    return 0

@@ -1,0 +1,124 @@
+"""Command line: ``python -m sm120fork <verb>``.  The only place that prints or exits.
+
+Every verb is listed in :data:`VERBS` with its arguments, its help and the function that
+runs it; nothing registers itself by being imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.logging import RichHandler
+
+from sm120fork import __version__, cli_verify, doctor
+from sm120fork.cli import build, gpu, maintain
+from sm120fork.errors import ToolkitError
+from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+Handler = Callable[[argparse.Namespace, Workspace, Console], int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verb:
+    help: str
+    add_args: Callable[[argparse.ArgumentParser], None]
+    #: Runs in a checkout (``forks/`` found) and renders through the console.
+    run: Handler | None = None
+    #: Runs anywhere, given the verb's own arguments (the GPU verbs).
+    run_argv: Callable[[argparse.Namespace, Sequence[str]], int] | None = None
+    #: Parses its own arguments and owns its output: it also ships without the toolkit
+    #: (the doctor, in the plugin wheel), so it only runs as the first argument.
+    own_main: Callable[[Sequence[str]], int] | None = None
+
+
+VERBS: dict[str, Verb] = {
+    "build": Verb(help=build.HELP, add_args=build.add_args, run=build.run),
+    "status": Verb(help="every stack and patch: applies, DEP-3 upstream fields, "
+                        "fingerprint upstream, shipped wheel",
+                   add_args=maintain.status_args, run=maintain.run_status),
+    "bump": Verb(help="re-pin a project and re-classify its patches",
+                 add_args=maintain.bump_args, run=maintain.run_bump),
+    "refresh": Verb(help="export the fork tree's commits back into the series",
+                    add_args=maintain.refresh_args, run=maintain.run_refresh),
+    "upstream-pr": Verb(help="prepare (never push) an upstream PR with evidence",
+                        add_args=maintain.upstream_args, run=maintain.run_upstream_pr),
+    "verify-sm120": Verb(help="prove the SM12x series without SM120 hardware -> "
+                              "reports/sm120/",
+                         add_args=cli_verify.add_args, run=cli_verify.run),
+    "gpu": Verb(help=gpu.HELP, add_args=gpu.add_args, run_argv=gpu.run),
+    "doctor": Verb(help="check this box for the fused all-reduce on SM12x (no checkout, "
+                        "index or nvcc needed; --json)",
+                   add_args=lambda p: None, own_main=doctor.main),
+}
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sm120fork",
+                                     description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--root", type=Path, help="toolkit checkout (default: search upward)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, verb in VERBS.items():
+        verb.add_args(sub.add_parser(name, help=verb.help, description=verb.help,
+                                     add_help=verb.own_main is None))
+    return parser
+
+
+def _verb_argv(argv: Sequence[str], verb: str) -> list[str]:
+    """The arguments after ``verb`` (the only global option taking a value is --root)."""
+    skip = False
+    for i, token in enumerate(argv):
+        if skip:
+            skip = False
+        elif token == "--root":
+            skip = True
+        elif token == verb:
+            return list(argv[i + 1:])
+    return []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own = VERBS[argv[0]].own_main if argv and argv[0] in VERBS else None
+    if own is not None:
+        return own(argv[1:])
+    parser = make_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and VERBS[args.command].own_main is None:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    console = Console(stderr=False, highlight=False)
+    err_console = Console(stderr=True, highlight=False)
+    handler = RichHandler(console=err_console, show_time=False, show_path=False,
+                          markup=False, rich_tracebacks=False)
+    log.handlers[:] = [handler]
+    log.setLevel(logging.WARNING if args.quiet else logging.INFO)
+    log.propagate = False
+    verb = VERBS[args.command]
+    try:
+        if verb.own_main is not None:
+            return verb.own_main(_verb_argv(argv, args.command))
+        if verb.run_argv is not None:
+            return verb.run_argv(args, _verb_argv(argv, args.command))
+        assert verb.run is not None
+        ws = Workspace(args.root.resolve()) if args.root else Workspace.find()
+        return verb.run(args, ws, console)
+    except ToolkitError as exc:
+        if exc.detail:
+            err_console.print(exc.detail, markup=False, highlight=False, style="dim")
+        err_console.print(f"error: {exc.message}", markup=False, style="bold red")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err_console.print("interrupted; the next run recovers", style="bold red")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

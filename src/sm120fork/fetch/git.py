@@ -1,0 +1,42 @@
+"""The ``git`` source kind: only the pinned commit, refusing any other HEAD."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from sm120fork.declare import Project
+from sm120fork.errors import CommandError, SourceError
+from sm120fork.fetch.source import UPSTREAM_TAG, SourceInfo
+from sm120fork.util.proc import Git
+
+
+def init_from_git(project: Project, work: Path, url: str | None = None) -> SourceInfo:
+    """Fetch only the pinned commit of ``url`` (default: the declared URL) into ``work``."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{work.name}.", dir=work.parent))
+    try:
+        repo_dir = staging / "repo"
+        repo = Git.init(repo_dir)
+        remote = url or project.git.url
+        try:
+            repo("fetch", "--quiet", "--depth=1", "--no-tags", remote, project.git.commit)
+        except CommandError as exc:
+            raise SourceError(
+                f"cannot fetch commit {project.git.commit} from {remote}",
+                where=f"project {project.key}", detail=exc.detail,
+                fix="check git.url and git.commit, or use source = \"sdist\"") from exc
+        repo("checkout", "-q", "-B", "main", "FETCH_HEAD")
+        head = repo.head()
+        if head != project.git.commit:
+            raise SourceError(f"HEAD is {head}, not the pinned {project.git.commit}",
+                              where=f"project {project.key}",
+                              fix="the remote served another commit; never trust a tag")
+        repo("tag", "-f", UPSTREAM_TAG)
+        if work.exists():
+            shutil.rmtree(work)
+        os.replace(repo_dir, work)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return SourceInfo(kind="git", digest=project.git.commit, base_commit=project.git.commit)

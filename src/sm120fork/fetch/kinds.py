@@ -1,0 +1,20 @@
+"""The one dispatch on a project's source kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sm120fork.declare import Project
+from sm120fork.fetch.git import init_from_git
+from sm120fork.fetch.sdist import download_sdist, init_from_sdist
+from sm120fork.fetch.source import Progress, SourceInfo
+
+
+def fetch_source(project: Project, kind: str, work: Path, *, sdist_cache: Path,
+                 progress: Progress | None = None, git_url: str | None = None) -> SourceInfo:
+    """Create ``work`` as the pinned upstream of ``kind`` (first commit tagged upstream)."""
+    if kind == "sdist":
+        return init_from_sdist(project, download_sdist(project, sdist_cache, progress), work)
+    if kind == "git":
+        return init_from_git(project, work, git_url)
+    raise ValueError(f"unknown source kind {kind!r}")  # declare.py validates kinds

@@ -1,0 +1,86 @@
+"""The ``sdist`` source kind: the exact file from the package index (or a pinned URL).
+
+Its sha256 is checked before anything is extracted; it is extracted safely and placed
+under the package root, so the tree is laid out like the upstream repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import urllib.error
+from pathlib import Path
+
+from sm120fork.declare import Project
+from sm120fork.errors import ChecksumError, SourceError
+from sm120fork.fetch.archive import safe_extract
+from sm120fork.fetch.index import open_url, resolve_sdist_url
+from sm120fork.fetch.source import Progress, SourceInfo, commit_upstream
+from sm120fork.util.files import sha256_file
+from sm120fork.util.proc import Git
+
+log = logging.getLogger("sm120fork")
+
+
+def download_sdist(project: Project, cache_dir: Path, progress: Progress | None = None) -> Path:
+    """Return the cached sdist, downloading it when needed; always sha256-checked."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    target = cache_dir / project.sdist.filename
+    if target.is_file():
+        if sha256_file(target) == project.sdist.sha256:
+            return target
+        # Kept until a download that matches the pin replaces it: the pin may be the
+        # thing that is wrong.
+        log.warning("cached %s does not match its pin; downloading again", target.name)
+    url = resolve_sdist_url(project)
+    log.info("downloading %s", url)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=cache_dir)
+    tmp = Path(tmp_name)
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out, open_url(url) as resp:
+            total_header = resp.headers.get("Content-Length")
+            total = int(total_header) if total_header else None
+            done = 0
+            while chunk := resp.read(1 << 20):
+                out.write(chunk)
+                h.update(chunk)
+                done += len(chunk)
+                if progress:
+                    progress(done, total)
+        if h.hexdigest() != project.sdist.sha256:
+            raise ChecksumError(
+                f"sha256 mismatch for {project.sdist.filename}: got {h.hexdigest()}, "
+                f"pinned {project.sdist.sha256}",
+                where=url, fix="the download is corrupt or upstream changed; do not extract it")
+        os.replace(tmp, target)
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        raise SourceError(f"download failed: {exc}", where=url) from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def init_from_sdist(project: Project, sdist: Path, work: Path) -> SourceInfo:
+    """Create ``work`` as a git repo whose first commit is the sdist under the package root."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{work.name}.", dir=work.parent))
+    try:
+        top = safe_extract(sdist, staging / "x")
+        repo_dir = staging / "repo"
+        root = project.package_root.strip("/")
+        dest = repo_dir if root in ("", ".") else repo_dir / root
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(top), str(dest))
+        repo = Git.init(repo_dir)
+        base = commit_upstream(
+            repo, f"Upstream {project.distribution} {project.version}\n\n"
+                  f"sdist {project.sdist.filename} sha256 {project.sdist.sha256}\n")
+        if work.exists():
+            shutil.rmtree(work)
+        os.replace(repo_dir, work)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return SourceInfo(kind="sdist", digest=project.sdist.sha256, base_commit=base)

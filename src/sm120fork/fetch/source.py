@@ -1,0 +1,49 @@
+"""What every source kind shares, and the one dispatch on the kind.
+
+Every kind ends the same way: a git repository whose first commit (tagged ``upstream``)
+is unpatched upstream, laid out exactly like the upstream repository, so patches written
+against the git layout apply unchanged.  A new kind adds its digest to
+``source_key`` and its fetcher to :func:`sm120fork.fetch.kinds.fetch_source`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sm120fork.declare import Project
+from sm120fork.util.proc import Git
+
+UPSTREAM_TAG = "upstream"
+#: Called as ``progress(bytes_done, bytes_total_or_None)`` while downloading.
+Progress = Callable[[int, int | None], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SourceInfo:
+    kind: str
+    #: sha256 of the sdist, or the git commit SHA.
+    digest: str
+    base_commit: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.digest}"
+
+
+def source_digest(project: Project, kind: str) -> str:
+    """What identifies the pinned source of ``kind``: the sdist's sha256, the git commit."""
+    digests = {"sdist": project.sdist.sha256, "git": project.git.commit}
+    return digests[kind]
+
+
+def source_key(project: Project, kind: str | None = None) -> str:
+    kind = kind or project.source
+    return f"{kind}:{source_digest(project, kind)}"
+
+
+def commit_upstream(repo: Git, message: str) -> str:
+    repo("add", "-A", "--force", ".")
+    repo("commit", "-q", "--no-verify", "-m", message)
+    repo("tag", "-f", UPSTREAM_TAG)
+    return repo.head()

@@ -1,0 +1,1 @@
+"""Small shared helpers: the subprocess/git wrapper, file digests and writes, JSON, tables."""

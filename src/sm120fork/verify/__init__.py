@@ -1,0 +1,1 @@
+"""Verify: what each patch does, checked in the artifact we ship."""

@@ -1,0 +1,55 @@
+"""The one command line: every verb listed explicitly, the GPU verbs included."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sm120fork.cli import main as cli_main
+from sm120fork.cli.main import VERBS, main, make_parser
+
+
+def test_every_verb_comes_from_the_table() -> None:
+    sub = next(a for a in make_parser()._actions if a.dest == "command")
+    assert sub.choices is not None
+    assert set(sub.choices) == set(VERBS)
+    assert {"build", "status", "bump", "refresh", "upstream-pr", "verify-sm120",
+            "gpu"} <= set(VERBS)
+
+
+def test_gpu_verbs_through_the_toolkit_command_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m sm120fork gpu test`` is the same command as ``python -m sm120fork.gpu``:
+    it refuses multicast backends with the config exit code, before touching anything."""
+    rc = main(["gpu", "test", "--quick", "--backend", "auto", "--work-dir", str(tmp_path)])
+    assert rc == 2
+    assert "multicast" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_gpu_verb_gets_its_own_arguments_after_global_options() -> None:
+    assert cli_main._verb_argv(["--root", "gpu", "-q", "gpu", "bench", "--quick"], "gpu") == [
+        "bench", "--quick"]
+
+
+def test_gpu_module_needs_no_rich() -> None:
+    """The GPU machines run ``python -m sm120fork.gpu`` without the toolkit's CLI deps."""
+    code = ("import sys; sys.modules['rich'] = None; sys.argv = ['x', '--help']\n"
+            "import runpy; runpy.run_module('sm120fork.gpu', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "test" in proc.stdout
+    assert "bench" in proc.stdout
+
+
+def test_doctor_keeps_its_own_arguments_after_global_options(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert VERBS["doctor"].own_main is not None
+    with pytest.raises(SystemExit) as exited:
+        main(["-q", "doctor", "--help"])
+    assert exited.value.code == 0
+    assert "--json" in capsys.readouterr().out
