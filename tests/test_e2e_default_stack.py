@@ -18,6 +18,7 @@ from conftest import git
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
+STACK_WHEELS = Path("wheels", "sglang-0.5.10")
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_wheels_install_and_carry_the_patched_gates(built: Path, tmp_path: Path) -> None:
-    wheels = sorted((built / "wheels").glob("*.whl"))
+    wheels = sorted((built / STACK_WHEELS).glob("*.whl"))
     assert [w.name for w in wheels] == [
         "flashinfer_python-0.6.7.post3+sm120.1-py3-none-any.whl",
         "sglang-0.5.10.post1+sm120.1-py3-none-any.whl"]
@@ -44,7 +45,7 @@ def test_wheels_install_and_carry_the_patched_gates(built: Path, tmp_path: Path)
         "site-packages"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                     "--disable-pip-version-check", "--target", str(target),
-                    "-c", str(built / "wheels" / "constraints.txt"), *map(str, wheels)],
+                    "-c", str(built / STACK_WHEELS / "constraints.txt"), *map(str, wheels)],
                    check=True)
     out = subprocess.run(
         [str(venv / "bin" / "python"), "-c",
@@ -55,7 +56,7 @@ def test_wheels_install_and_carry_the_patched_gates(built: Path, tmp_path: Path)
     assert "is_sm120_supported" in comm.split("def apply_flashinfer_allreduce_fusion")[1][:800]
     meta = (target / "flashinfer" / "_build_meta.py").read_text()
     assert '__version__ = "0.6.7.post3+sm120.1"' in meta
-    manifest = json.loads((built / "wheels" / "manifest.json").read_text())
+    manifest = json.loads((built / STACK_WHEELS / "manifest.json").read_text())
     for entry in manifest["wheels"]:
         assert entry["artifact_check"]
         assert all(r["passed"] for r in entry["artifact_check"])
@@ -66,7 +67,7 @@ def test_sglang_requirement_resolves_to_our_flashinfer(built: Path) -> None:
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    wheel = next((built / "wheels").glob("sglang-*.whl"))
+    wheel = next((built / STACK_WHEELS).glob("sglang-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         meta = zf.read("sglang-0.5.10.post1+sm120.1.dist-info/METADATA").decode()
     reqs = [Requirement(line.split(":", 1)[1].strip()) for line in meta.splitlines()
@@ -93,7 +94,7 @@ def test_git_source_from_a_repo_made_of_the_real_sdist(built: Path, tmp_path: Pa
                     .replace("f499b1f0c618ed6583865bc4b97812fb8e3f2ef1", sha))
     try:
         assert main(["--root", str(built), "build", "--force"]) == 0
-        manifest = json.loads((built / "wheels" / "manifest.json").read_text())
+        manifest = json.loads((built / STACK_WHEELS / "manifest.json").read_text())
     finally:
         toml.write_text(original)
     fi = manifest["wheels"][0]
@@ -103,7 +104,7 @@ def test_git_source_from_a_repo_made_of_the_real_sdist(built: Path, tmp_path: Pa
     assert git(work, "rev-parse", "upstream") == sha
     # Same content as the sdist-based tree: identical patched tree hash.
     assert main(["--root", str(built), "build", "--force"]) == 0
-    sdist_manifest = json.loads((built / "wheels" / "manifest.json").read_text())
+    sdist_manifest = json.loads((built / STACK_WHEELS / "manifest.json").read_text())
     assert sdist_manifest["wheels"][0]["tree"] == fi["tree"]
 
 
@@ -132,7 +133,7 @@ def _cubin_stand_in(site: Path) -> None:
 def test_flashinfer_imports_beside_the_pinned_flashinfer_cubin(built: Path, tmp_path: Path) -> None:
     pytest.importorskip("torch")  # flashinfer.compilation_context imports it
     site = tmp_path / "site"
-    wheel = next((built / "wheels").glob("flashinfer_python-*.whl"))
+    wheel = next((built / STACK_WHEELS).glob("flashinfer_python-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                     "--disable-pip-version-check", "--target", str(site), str(wheel)],
                    check=True)

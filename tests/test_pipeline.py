@@ -35,7 +35,7 @@ def member(wheel: Path, name: str) -> str:
 
 def test_build_ships_patched_wheels_with_manifest(demo: DemoWorkspace) -> None:
     assert build(demo) == ["built", "built"]
-    out = demo.ws.wheels_dir
+    out = demo.ws.stack_wheels(STACK)
     lib_whl = out / "demo_lib-1.2.3+sm120.1-py3-none-any.whl"
     app_whl = out / "demo_app-0.9.0+sm120.1-py3-none-any.whl"
     assert lib_whl.is_file()
@@ -81,7 +81,7 @@ def test_patch_needing_fuzz_stops_naming_patch_file_hunk(demo: DemoWorkspace) ->
     stack = demo.ws.stack(STACK)
     work = demo.ws.work_tree(stack, stack.project("lib"))
     head_before = git(work, "rev-parse", "HEAD")
-    before = {p.name: p.read_bytes() for p in demo.ws.wheels_dir.iterdir()}
+    before = {p.name: p.read_bytes() for p in demo.ws.stack_wheels(STACK).iterdir()}
     lib_dir = demo.series_dir("lib")
     patch = lib_dir / (lib_dir / "series").read_text().split()[0]
     text = patch.read_text()
@@ -97,7 +97,7 @@ def test_patch_needing_fuzz_stops_naming_patch_file_hunk(demo: DemoWorkspace) ->
     # the dry run failed first: the tree keeps its last good state, wheels/ intact
     assert git(work, "rev-parse", "HEAD") == head_before
     assert git(work, "status", "--porcelain") == ""
-    assert {p.name: p.read_bytes() for p in demo.ws.wheels_dir.iterdir()} == before
+    assert {p.name: p.read_bytes() for p in demo.ws.stack_wheels(STACK).iterdir()} == before
 
 
 def test_patch_for_missing_file(demo: DemoWorkspace) -> None:
@@ -115,7 +115,7 @@ def test_fingerprint_that_never_reaches_the_wheel_fails(demo: DemoWorkspace) -> 
     write_series(lib_dir, [*(lib_dir / "series").read_text().split(), p.name])
     with pytest.raises(ArtifactCheckError, match="missing from the wheel"):
         build(demo)
-    assert not demo.ws.wheels_dir.exists()
+    assert not demo.ws.stack_wheels(STACK).exists()
 
 
 def test_fingerprint_already_upstream_fails(demo: DemoWorkspace) -> None:
@@ -171,6 +171,6 @@ def test_git_source_fetches_only_pinned_commit(demo: DemoWorkspace) -> None:
     stack = demo.ws.stack(STACK)
     work = demo.ws.work_tree(stack, stack.project("lib"))
     assert git(work, "rev-parse", "upstream") == demo.lib.commit
-    manifest = json.loads((demo.ws.wheels_dir / "manifest.json").read_text())
+    manifest = json.loads((demo.ws.stack_wheels(STACK) / "manifest.json").read_text())
     assert manifest["wheels"][0]["source"] == {
         "kind": "git", "digest": demo.lib.commit, "filename": None, "url": str(demo.lib.repo)}

@@ -83,7 +83,7 @@ def test_prepares_branch_body_and_commands_without_pushing(demo: DemoWorkspace) 
                                           "evidence.json"}
     assert len(list((out / "patches").glob("*.patch"))) == 2
     text = (out / "body.md").read_text()
-    manifest = json.loads((demo.ws.wheels_dir / "manifest.json").read_text())
+    manifest = json.loads((demo.ws.stack_wheels("demo") / "manifest.json").read_text())
     assert manifest["wheels"][0]["sha256"] in text
     assert "sm_120a" in text
     # The GPU test line counts the patched results and names the baseline.
@@ -172,8 +172,8 @@ def test_message_helpers() -> None:
 def test_wheels_of_a_non_default_stack_come_from_wheels_dir(demo: DemoWorkspace) -> None:
     write_evidence(demo.ws.root)
     elsewhere = demo.ws.root / "elsewhere"
-    demo.ws.wheels_dir.rename(elsewhere)
-    with pytest.raises(MaintenanceError, match=r"no wheels/manifest\.json"):
+    demo.ws.stack_wheels("demo").rename(elsewhere)
+    with pytest.raises(MaintenanceError, match=r"no wheels/demo/manifest\.json"):
         upstream_pr(demo.ws, "demo", "lib")
     pr = upstream_pr(demo.ws, "demo", "lib", wheels_dir=elsewhere)
     assert "`elsewhere/manifest.json`" in pr.body

@@ -46,7 +46,12 @@ class Workspace:
 
     @property
     def wheels_dir(self) -> Path:
+        """Where every stack publishes, each into its own folder (``stack_wheels``)."""
         return self.root / "wheels"
+
+    def stack_wheels(self, stack_name: str) -> Path:
+        """``wheels/<stack>/``: one stack's wheels, constraints.txt and manifest.json."""
+        return self.wheels_dir / stack_name
 
     @property
     def reports_dir(self) -> Path:

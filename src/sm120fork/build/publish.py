@@ -1,23 +1,34 @@
 """Publish a stack's checked wheels, ``constraints.txt`` and ``manifest.json``.
 
-``wheels/`` is updated only after every project built and passed, file by file with
-atomic renames, manifest last.
+Each stack has its own folder, ``wheels/<stack>/``: publishing one stack never touches
+another's.  The folder is written complete beside its final place and swapped in as a
+whole (:func:`sm120fork.util.files.replace_dir`), only after every project built and
+passed, so a reader never sees wheels of two builds mixed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sm120fork import __version__
 from sm120fork.declare import Stack
-from sm120fork.util.files import atomic_copy, atomic_write_text, read_json_object, sha256_file
+from sm120fork.errors import BuildError
+from sm120fork.util.files import atomic_copy, read_json_object, replace_dir, sha256_file
 from sm120fork.workspace import Workspace
 
+log = logging.getLogger("sm120fork")
 MANIFEST = "manifest.json"
 CONSTRAINTS = "constraints.txt"
+#: Prefix of the staging folders beside a stack folder (removed by the next run if a
+#: run was killed before it could).
+_STAGING = ".staging-"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,35 +44,86 @@ class ProjectBuild:
     entry: dict[str, Any]
 
 
-def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
-            out: Path | None = None) -> Path:
-    """Place wheels, constraints.txt and manifest.json into wheels/ (or ``out``) atomically."""
-    out = out or ws.wheels_dir
-    out.mkdir(parents=True, exist_ok=True)
-    for b in builds:
-        dest = out / b.wheel.name
-        if dest.is_file() and sha256_file(dest) == b.sha256:
-            continue
-        atomic_copy(b.wheel, dest)
+def _shown(ws: Workspace, path: Path) -> str:
+    """``path`` as a user types it: relative to the checkout when inside it."""
+    try:
+        return path.resolve().relative_to(ws.root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def install_command(ws: Workspace, out: Path) -> str:
+    where = _shown(ws, out)
+    return f"pip install -c {where}/{CONSTRAINTS} {where}/*.whl"
+
+
+def _texts(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path) -> dict[str, str]:
     constraints = "".join(f"{b.distribution}=={b.version}\n" for b in builds)
-    atomic_write_text(out / CONSTRAINTS,
-                      f"# {stack.name}: pip install -c wheels/{CONSTRAINTS} wheels/*.whl\n"
-                      + constraints)
     manifest = {
         "toolkit_version": __version__,
         "stack": stack.name,
         "wheels": [b.entry for b in builds],
     }
-    new_text = json.dumps(manifest, indent=2) + "\n"
-    old = out / MANIFEST
-    if not old.is_file() or old.read_text() != new_text:
-        atomic_write_text(old, new_text)
-    keep = {b.wheel.name for b in builds}
-    for stale in out.glob("*.whl"):
-        if stale.name not in keep:
-            stale.unlink()
+    return {
+        CONSTRAINTS: f"# {stack.name}: {install_command(ws, out)}\n" + constraints,
+        MANIFEST: json.dumps(manifest, indent=2) + "\n",
+    }
+
+
+def _unchanged(out: Path, builds: list[ProjectBuild], texts: dict[str, str]) -> bool:
+    if not out.is_dir():
+        return False
+    wanted = {b.wheel.name for b in builds} | set(texts)
+    if {p.name for p in out.iterdir()} != wanted:
+        return False
+    return (all(sha256_file(out / b.wheel.name) == b.sha256 for b in builds)
+            and all((out / name).read_text(encoding="utf-8") == text
+                    for name, text in texts.items()))
+
+
+def remove_leftovers(out: Path) -> None:
+    """Staging folders of runs that were killed before they could remove them."""
+    if not out.parent.is_dir():
+        return
+    for leftover in out.parent.glob(f".{out.name}{_STAGING}*"):
+        log.info("removing %s (left by an interrupted run)", leftover)
+        shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in out.parent.glob(f".{out.name}.old-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
+            out: Path | None = None) -> Path:
+    """Replace ``wheels/<stack>/`` (or ``out``) by these wheels, constraints and manifest.
+
+    Call with the workspace lock held: staging folders of killed runs are removed here.
+    """
+    out = out or ws.stack_wheels(stack.name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(out)
+    texts = _texts(ws, stack, builds, out)
+    if _unchanged(out, builds, texts):
+        return out
+    foreign = sorted(p.name for p in out.iterdir()
+                     if p.suffix != ".whl" and p.name not in texts) if out.is_dir() else []
+    if foreign:
+        raise BuildError(f"it holds files a build did not publish ({', '.join(foreign[:5])}); "
+                         "publishing replaces the whole folder",
+                         where=str(out), fix="choose a new or empty folder for --out")
+    staged = Path(tempfile.mkdtemp(prefix=f".{out.name}{_STAGING}", dir=out.parent))
+    try:
+        os.chmod(staged, 0o755)
+        for b in builds:
+            atomic_copy(b.wheel, staged / b.wheel.name)
+        for name, text in texts.items():
+            (staged / name).write_text(text, encoding="utf-8")
+            os.chmod(staged / name, 0o644)
+        replace_dir(staged, out)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     return out
 
 
-def load_manifest(ws: Workspace) -> dict[str, Any] | None:
-    return read_json_object(ws.wheels_dir / MANIFEST)
+def load_manifest(ws: Workspace, stack_name: str) -> dict[str, Any] | None:
+    """The manifest of the stack's published wheels, or None when there is none."""
+    return read_json_object(ws.stack_wheels(stack_name) / MANIFEST)

@@ -1,10 +1,10 @@
-"""``build``: pinned upstream -> patched tree -> wheel -> artifact check -> wheels/.
+"""``build``: pinned upstream -> patched tree -> wheel -> artifact check -> wheels/<stack>/.
 
 Work is cached per project under ``.forks/builds/<stack>/<project>/<key>``, the key
 hashing the pin, the source digest and the series digest: a second build with nothing
 changed touches no git tree, and changing one project's series rebuilds only that one.
-``wheels/`` is updated (:mod:`sm120fork.build.publish`) only after every project built
-and passed.
+``wheels/<stack>/`` is replaced as a whole (:mod:`sm120fork.build.publish`) only after
+every project built and passed.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
                 progress: Callable[[str], Progress | None] | None = None,
                 lock_timeout: float = -1, out: Path | None = None,
                 jobs: int = os.cpu_count() or 1) -> list[ProjectBuild]:
-    """Build every project of ``stack`` (or ``only`` those) and publish to wheels/ (or out)."""
+    """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or out)."""
     projects = [stack.project(k) for k in only] if only else list(stack.projects)
     with ws.lock(lock_timeout):
         # Downloads one at a time (one progress bar), then the projects' patch + build +

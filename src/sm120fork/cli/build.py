@@ -18,10 +18,11 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from sm120fork.build.publish import install_command
 from sm120fork.build.stack import build_stack
 from sm120fork.workspace import Workspace
 
-HELP = "patched wheels of a stack into wheels/"
+HELP = "patched wheels of a stack into wheels/<stack>/"
 
 
 def _download_progress(console: Console) -> Callable[[str], Callable[[int, int | None], None]]:
@@ -55,7 +56,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lock-timeout", type=float, default=-1, metavar="S",
                    help="seconds to wait for another run's lock (default: wait)")
     p.add_argument("--out", type=Path, metavar="DIR",
-                   help="publish into DIR instead of wheels/ (e.g. a non-default stack)")
+                   help="publish into DIR instead of wheels/<stack>/")
 
 
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
@@ -64,14 +65,14 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     builds = build_stack(ws, stack, force=args.force, rebuild=args.rebuild,
                          progress=_download_progress(console), lock_timeout=args.lock_timeout,
                          out=args.out)
-    table = Table(title=f"stack {stack.name} -> {args.out or ws.wheels_dir}")
+    out = args.out or ws.stack_wheels(stack.name)
+    table = Table(title=f"stack {stack.name} -> {out}")
     for col in ("project", "upstream", "patches", "wheel", "sha256", "build"):
         table.add_column(col, overflow="fold")
     for b in builds:
         table.add_row(b.project, b.upstream_version, str(len(b.entry["patches"])), b.wheel.name,
                       b.sha256[:12], "cached" if b.cached else f"{b.seconds:.1f}s")
     console.print(table)
-    out = args.out or Path("wheels")
     console.print(f"done in {time.monotonic() - start:.2f}s; install with: "
-                  f"pip install -c {out}/constraints.txt {out}/*.whl")
+                  f"{install_command(ws, out)}")
     return 0

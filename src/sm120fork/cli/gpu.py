@@ -67,7 +67,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--wheel-dir", action="append", default=[], metavar="NAME=DIR",
                        help="a variant: a directory holding one flashinfer_python wheel (or "
-                       "the wheel); repeat for A/B, e.g. patched=wheels unpatched=up/")
+                       "the wheel); repeat for A/B, e.g. patched=wheels/sglang-0.5.10 "
+                       "unpatched=up/")
         p.add_argument("--prebuilt", action="append", default=[], metavar="NAME=DIR",
                        help="FlashInfer modules prebuilt for variant NAME (DIR holds "
                        "<module>/<module>.so); if they fail to load, the run JIT-compiles")
@@ -148,14 +149,20 @@ def _nvcc() -> str | None:
     return out.strip().splitlines()[-1] if out.strip() else None
 
 
-def _manifest() -> dict[str, Any] | None:
-    path = Path("wheels/manifest.json")
-    if path.is_file():
-        try:
-            data: dict[str, Any] = json.loads(path.read_text())
-            return data
-        except json.JSONDecodeError:
-            return {"error": "wheels/manifest.json is not valid JSON"}
+def _manifest(wheel_dirs: Sequence[str], primary: str) -> dict[str, Any] | None:
+    """The toolkit manifest published beside the primary variant's wheel (if any)."""
+    for spec in wheel_dirs:
+        name, _, where = spec.partition("=")
+        if name != primary:
+            continue
+        folder = Path(where) if Path(where).is_dir() else Path(where).parent
+        path = folder / "manifest.json"
+        if path.is_file():
+            try:
+                data: dict[str, Any] = json.loads(path.read_text())
+                return data
+            except json.JSONDecodeError:
+                return {"error": f"{path} is not valid JSON"}
     return None
 
 
@@ -198,11 +205,12 @@ def _prepare(args: argparse.Namespace, what: str, modules: Sequence[str],
     return run_dir, variants, compiled
 
 
-def _environment(compiled: dict[str, dict[str, Any]], primary: str) -> dict[str, Any]:
+def _environment(compiled: dict[str, dict[str, Any]], primary: str,
+                 wheel_dirs: Sequence[str]) -> dict[str, Any]:
     env = dict(compiled.get(primary, {}).get("env", {}))
     env.update(_nvidia_smi())
     env["nvcc"] = _nvcc()
-    manifest = _manifest()
+    manifest = _manifest(wheel_dirs, primary)
     if manifest is not None:
         env["wheels_manifest"] = manifest
     return env
@@ -271,7 +279,7 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 allow_multicast=args.allow_multicast, timeouts=timeouts, progress=log.info)
             log.info("variant %s, world size %d took %.0f s", variant.name, ws,
                      time.monotonic() - started)
-    env = _environment(compiled, primary)
+    env = _environment(compiled, primary, args.wheel_dir)
     shared = any(ws > int(env.get("gpu_count") or 1) for ws in args.world_sizes)
     from sm120fork.gpu.reference import tolerance_table
 
@@ -310,7 +318,7 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise ConfigError("bench measures one variant", where="--wheel-dir")
     run_dir, variants, compiled = _prepare(args, "bench", ["comm", "norm"])
     variant = variants[0]
-    env = _environment(compiled, variant.name)
+    env = _environment(compiled, variant.name, args.wheel_dir)
     if not compiled[variant.name]["ok"]:
         raise VerifyError(f"JIT build failed for {variant.name}",
                           detail="\n".join(compiled[variant.name]["tail"]))

@@ -156,8 +156,8 @@ def upstream_args(p: argparse.ArgumentParser) -> None:
                    help="upstream repository to fetch --onto from (default: the declared "
                         "git URL)")
     p.add_argument("--wheels", type=Path, metavar="DIR",
-                   help="where this stack's wheels and manifest.json are (default: wheels/; "
-                        "see build --out)")
+                   help="where this stack's wheels and manifest.json are (default: "
+                        "wheels/<stack>/; see build --out)")
 
 
 def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:

@@ -146,18 +146,18 @@ def status(ws: Workspace, stack_name: str | None = None,
            wheels_dir: Path | None = None) -> list[ProjectStatus]:
     """The status of every project of every stack (or of ``stack_name``).
 
-    The wheel column comes from ``wheels/manifest.json``, or from ``wheels_dir`` for a
-    stack published elsewhere with ``build --out``.
+    The wheel column comes from ``wheels/<stack>/manifest.json``, or from ``wheels_dir``
+    for a stack published elsewhere with ``build --out``.
     """
     stacks = [ws.stack(stack_name)] if stack_name else sorted(
         ws.stacks().values(), key=lambda s: (not s.default, s.name))
-    if wheels_dir is None:
-        manifest = load_manifest(ws)
-    else:
+    given: dict[str, Any] | None = None
+    if wheels_dir is not None:
         try:
-            manifest = json.loads((wheels_dir / "manifest.json").read_text())
+            given = json.loads((wheels_dir / "manifest.json").read_text())
         except (OSError, ValueError) as exc:
             raise ConfigError("no readable manifest.json", where=str(wheels_dir)) from exc
     with ws.lock():
-        return [project_status(ws, s, p, manifest) for s in stacks for p in s.projects]
+        return [project_status(ws, s, p, given if wheels_dir else load_manifest(ws, s.name))
+                for s in stacks for p in s.projects]
 

@@ -31,7 +31,7 @@ class Evidence:
     gpu_tests: list[tuple[Path, dict[str, Any]]]
     bench: list[tuple[Path, str]]
     files: dict[str, str] = field(default_factory=dict)  # path -> sha256
-    manifest_name: str = "wheels/manifest.json"
+    manifest_name: str = "wheels/<stack>/manifest.json"
 
 
 
@@ -52,7 +52,7 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
     """Gather the evidence, or refuse naming everything missing or failing."""
     problems: list[str] = []
     files: dict[str, str] = {}
-    manifest_path = (wheels_dir or ws.wheels_dir) / "manifest.json"
+    manifest_path = (wheels_dir or ws.stack_wheels(stack.name)) / "manifest.json"
     shown = os.path.relpath(manifest_path, ws.root)
     manifest = _load_json(manifest_path)
     entry: dict[str, Any] = {}

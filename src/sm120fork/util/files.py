@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -39,6 +41,44 @@ def atomic_copy(src: Path, dest: Path) -> None:
         os.replace(tmp, dest)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2); False where the system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def replace_dir(staged: Path, dest: Path) -> None:
+    """Put the complete folder ``staged`` at ``dest``, replacing what was there as a whole.
+
+    A reader sees the old folder or the new one, never files of both: where the system
+    can, the two are exchanged in one step; elsewhere the old one is renamed aside first
+    (``dest`` is briefly absent, never mixed).  ``staged`` must be beside ``dest``.
+    """
+    if not dest.exists():
+        os.rename(staged, dest)
+        return
+    if _exchange(staged, dest):
+        shutil.rmtree(staged)
+        return
+    aside = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    os.rename(dest, aside)
+    os.rename(staged, dest)
+    shutil.rmtree(aside)
 
 
 def read_json_object(path: Path) -> dict[str, Any] | None:

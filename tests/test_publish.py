@@ -1,0 +1,120 @@
+"""Publishing: each stack into its own folder, replaced as a whole or not at all."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from sm120fork.build import publish as pub
+from sm120fork.build.publish import ProjectBuild, load_manifest, publish
+from sm120fork.errors import BuildError
+from sm120fork.util import files
+from sm120fork.workspace import Workspace
+
+from conftest import stack_toml
+
+
+def _workspace(tmp_path: Path) -> Workspace:
+    root = tmp_path / "toolkit"
+    (root / "forks").mkdir(parents=True)
+    for name, default in (("one", True), ("two", False)):
+        (root / "forks" / f"{name}.toml").write_text(stack_toml(name, [{
+            "key": "lib", "distribution": "demo-lib", "version": "1.0", "commit": "a" * 40,
+            "filename": "demo_lib-1.0.tar.gz", "sha256": "b" * 64,
+            "url": "https://example.invalid/demo_lib-1.0.tar.gz", "stamp": "v.py"}],
+            default=default))
+    return Workspace(root)
+
+
+def _build(tmp_path: Path, stack: str, version: str) -> ProjectBuild:
+    wheel = tmp_path / "built" / stack / version / f"demo_lib-{version}-py3-none-any.whl"
+    wheel.parent.mkdir(parents=True)
+    wheel.write_bytes(f"{stack} {version}".encode())
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    return ProjectBuild(project="lib", distribution="demo-lib", upstream_version="1.0",
+                        version=version, wheel=wheel, sha256=digest, cached=False,
+                        seconds=0.0, entry={"project": "lib", "wheel": wheel.name})
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_each_stack_publishes_into_its_own_folder(tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    one = publish(ws, ws.stack("one"), [_build(tmp_path, "one", "1.0+a")])
+    first = _contents(one)
+    two = publish(ws, ws.stack("two"), [_build(tmp_path, "two", "1.0+b")])
+    assert one == ws.root / "wheels" / "one"
+    assert two == ws.root / "wheels" / "two"
+    assert _contents(one) == first  # publishing "two" left "one" alone
+    assert sorted(_contents(two)) == ["constraints.txt", "demo_lib-1.0+b-py3-none-any.whl",
+                                      "manifest.json"]
+    assert (two / "constraints.txt").read_text().splitlines() == [
+        "# two: pip install -c wheels/two/constraints.txt wheels/two/*.whl", "demo-lib==1.0+b"]
+    manifest = load_manifest(ws, "two")
+    assert manifest is not None
+    assert manifest["stack"] == "two"
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "rename-aside"])
+def test_a_failed_publish_leaves_the_previous_folder_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool) -> None:
+    ws = _workspace(tmp_path)
+    if not exchange:
+        monkeypatch.setattr(files, "_exchange", lambda a, b: False)
+    stack = ws.stack("one")
+    out = publish(ws, stack, [_build(tmp_path, "one", "1.0+a")])
+    before = _contents(out)
+    copied: list[Path] = []
+
+    def copy_then_fail(src: Path, dest: Path) -> None:
+        if copied:
+            raise OSError("disk full")
+        copied.append(dest)
+        files.atomic_copy(src, dest)
+
+    monkeypatch.setattr(pub, "atomic_copy", copy_then_fail)
+    two_wheels = [_build(tmp_path, "one", "1.0+b"), _build(tmp_path, "one", "1.0+c")]
+    with pytest.raises(OSError, match="disk full"):
+        publish(ws, stack, two_wheels)
+    assert _contents(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["one"]  # no staging left
+    monkeypatch.setattr(pub, "atomic_copy", files.atomic_copy)
+    publish(ws, stack, two_wheels)
+    assert sorted(_contents(out)) == ["constraints.txt", "demo_lib-1.0+b-py3-none-any.whl",
+                                      "demo_lib-1.0+c-py3-none-any.whl", "manifest.json"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["one"]
+
+
+def test_staging_left_by_a_killed_run_is_removed_by_the_next(tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    leftover = ws.root / "wheels" / ".one.staging-killed"
+    leftover.mkdir(parents=True)
+    (leftover / "half.whl").write_bytes(b"x")
+    other = ws.root / "wheels" / ".two.staging-running"
+    other.mkdir()
+    publish(ws, ws.stack("one"), [_build(tmp_path, "one", "1.0+a")])
+    assert not leftover.exists()
+    assert other.exists()  # another stack's folder is not this run's business
+
+
+def test_a_folder_with_other_files_is_not_replaced(tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    out = tmp_path / "downloads"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(BuildError, match=r"notes\.txt"):
+        publish(ws, ws.stack("one"), [_build(tmp_path, "one", "1.0+a")], out)
+    assert _contents(out) == {"notes.txt": b"mine"}
+
+
+def test_an_unchanged_publish_rewrites_nothing(tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    builds = [_build(tmp_path, "one", "1.0+a")]
+    out = publish(ws, ws.stack("one"), builds)
+    inode = out.stat().st_ino
+    publish(ws, ws.stack("one"), builds)
+    assert out.stat().st_ino == inode
