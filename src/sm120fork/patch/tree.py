@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -25,6 +26,8 @@ from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 STATE_FILE = "sm120fork-state.json"
+UNCOMMITTED = "it has uncommitted changes"
+LOCAL_COMMITS = "its HEAD moved (local commits)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,12 +84,32 @@ def _local_changes(work: Path, state: TreeState | None) -> str | None:
         return None  # an interrupted toolkit run: safe to recover
     try:
         if repo.is_dirty():
-            return "it has uncommitted changes"
+            return UNCOMMITTED
         if repo.head() != state.head:
-            return "its HEAD moved (local commits)"
+            return LOCAL_COMMITS
     except CommandError:
         return "git cannot read it"
     return None
+
+
+def _keep_local_work_hint(work: Path, why: str, stack: Stack, project: Project,
+                          variant: str) -> str:
+    """A hint whose commands work in the state ``why`` describes."""
+    discard = "pass --force to discard it"
+    if variant or why not in (UNCOMMITTED, LOCAL_COMMITS):
+        return f"refresh cannot export it: {discard}"  # not a tree refresh knows
+    refresh = shlex.join(["python", "-m", "sm120fork", "refresh", stack.name, project.key])
+    if why == UNCOMMITTED:
+        return f"{keep_uncommitted_hint(work, then=f'`{refresh}`')}; or {discard}"
+    return f"keep it in the series: `{refresh}`; or {discard}"
+
+
+def local_work(ws: Workspace, stack: Stack, project: Project) -> str | None:
+    """Why the project's fork tree holds work the toolkit did not make, or None."""
+    work = ws.work_tree(stack, project)
+    if not work.exists():
+        return None
+    return _local_changes(work, read_state(work))
 
 
 def open_tree(ws: Workspace, stack: Stack, project: Project) -> Tree:
@@ -116,9 +139,8 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
     if work.exists():
         why = _local_changes(work, state)
         if why and not force:
-            raise DirtyTreeError(
-                f"the fork work tree has local work: {why}", where=str(work),
-                fix="keep it with 'nox -s refresh', or pass --force to discard it")
+            raise DirtyTreeError(f"the fork work tree has local work: {why}", where=str(work),
+                                 fix=_keep_local_work_hint(work, why, stack, project, variant))
         if why:
             log.warning("discarding local work in %s (--force): %s", work, why)
             shutil.rmtree(work)
@@ -141,3 +163,15 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
                           applied=tuple(p.name for p in patches))
     write_state(work, new_state)
     return Tree(path=work, repo=repo, state=new_state, reused=False)
+
+
+def keep_uncommitted_hint(work: Path, then: str) -> str:
+    """How to keep (or set aside) uncommitted changes in a fork tree, then run ``then``.
+
+    Every command works as printed in that state: the amend keeps the patch's DEP-3
+    header, and ``stash -u`` also takes untracked files, which count as changes.
+    """
+    w = shlex.quote(str(work))
+    return (f"fold them into the last patch (`git -C {w} add -A && git -C {w} commit --amend "
+            f"--no-edit`) or commit them with a DEP-3 header (patches/README.md), or set them "
+            f"aside (`git -C {w} stash -u`); then {then}")
