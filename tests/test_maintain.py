@@ -43,8 +43,8 @@ from sm120fork.maintain.state import (
     UPSTREAMED_IDENTICALLY,
 )
 from sm120fork.maintain.status import status
+from sm120fork.patch.refresh import refresh
 from sm120fork.patch.series import Fingerprint, parse_patch
-from sm120fork.refresh import refresh
 
 from conftest import git, make_patch, write_series
 from helpers_ws import DemoWorkspace, make_demo, sha256

@@ -1,7 +1,7 @@
 """Commands that keep the fork alive: ``status``, ``bump``, ``refresh``, ``upstream-pr``.
 
 Listed in :mod:`sm120fork.cli.main`; the logic lives in :mod:`sm120fork.maintain`,
-:mod:`sm120fork.refresh` and :mod:`sm120fork.upstream`, which never print.
+:mod:`sm120fork.patch.refresh` and :mod:`sm120fork.upstream`, which never print.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def refresh_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.refresh import refresh
+    from sm120fork.patch.refresh import refresh
 
     r = refresh(ws, args.stack, args.project)
     for label, names in (("added", r.added), ("removed", r.removed), ("changed", r.changed)):

@@ -52,15 +52,15 @@ from sm120fork.maintain.state import (
     Classification,
     today,
 )
+from sm120fork.patch.refresh import RefreshResult, export_series, reapply_series
 from sm120fork.patch.series import (
     Patch,
     Series,
     load_series,
 )
 from sm120fork.patch.tree import prepare_tree
-from sm120fork.refresh import RefreshResult, export_series, reapply_series
-from sm120fork.upstream_match import effect_check
 from sm120fork.util.proc import Git
+from sm120fork.verify.upstream_match import effect_check
 from sm120fork.workspace import Workspace
 
 _SHA1 = re.compile(r"[0-9a-f]{40}")

@@ -14,7 +14,7 @@ from sm120fork.maintain.state import (
     Classification,
     today,
 )
-from sm120fork.refresh import RefreshResult
+from sm120fork.patch.refresh import RefreshResult
 from sm120fork.workspace import Workspace
 
 

@@ -1,1 +1,1 @@
-"""Patch: the series and its headers, applying it, fork work trees."""
+"""Patch: the series and its headers, applying it, fork work trees, refresh."""

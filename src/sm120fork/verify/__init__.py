@@ -1,1 +1,2 @@
-"""Verify: what each patch does, checked in the artifact we ship."""
+"""Verify: what each patch does, checked in the artifact we ship; the one "already
+upstream" matcher (:mod:`.upstream_match`)."""
