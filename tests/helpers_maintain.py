@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import re
+import shlex
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -155,3 +160,23 @@ def reauthor_last_patch(upstream_repo: Path, series_dir: Path, subject: str) -> 
     assert "=?UTF-8?q?" in patch.read_text(), "git did not encode the header"
     write_series(series_dir, [*names[:-1], patch.name])
     return patch
+
+
+def hint_commands(hint: str | None) -> list[str]:
+    """The commands a hint prints, in order (each between backticks)."""
+    return re.findall(r"`([^`]+)`", hint or "")
+
+
+def run_hint(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a hint's command exactly as printed; ``python`` is this test's interpreter."""
+    shell = re.sub(r"(^|&& )python -m ", rf"\1{shlex.quote(sys.executable)} -m ", command)
+    return subprocess.run(shell, shell=True, cwd=cwd, capture_output=True, text=True,
+                          check=False, env={**os.environ, "COLUMNS": "1000"})
+
+
+def commit_checkout(root: Path) -> None:
+    """Make the toolkit root a git checkout, as a clone is, with everything committed."""
+    (root / ".gitignore").write_text(".forks/\nwheels/\n")
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "checkout")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers_maintain import ENCODED_AUTHOR, reauthor_last_patch
+from helpers_maintain import ENCODED_AUTHOR, hint_commands, reauthor_last_patch, run_hint
 from sm120fork.build.stack import build_stack
 from sm120fork.cli.main import main
 from sm120fork.errors import DirtyTreeError, MaintenanceError
@@ -110,9 +110,12 @@ def test_refuses_a_dirty_tree_and_a_stale_wheel(demo: DemoWorkspace) -> None:
     write_evidence(demo.ws.root)
     work = work_tree(demo)
     (work / "demo_lib" / "__init__.py").write_text("# wip\n")
-    with pytest.raises(DirtyTreeError):
+    with pytest.raises(DirtyTreeError) as err:
         upstream_pr(demo.ws, "demo", "lib")
-    git(work, "checkout", "--", ".")
+    # The hint's "set them aside" command works as printed and clears the way.
+    stash = next(c for c in hint_commands(err.value.fix) if c.endswith("stash -u"))
+    assert run_hint(stash, demo.ws.root).returncode == 0
+    assert upstream_pr(demo.ws, "demo", "lib").commits
     lib = demo.series_dir("lib")
     first = lib / (lib / "series").read_text().split()[0]
     first.write_text(first.read_text().replace("Forwarded: no", "Forwarded: not-needed"))

@@ -33,7 +33,7 @@ from sm120fork.errors import BuildError
 from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import Progress, source_key
 from sm120fork.patch.series import Series, load_series
-from sm120fork.patch.tree import prepare_tree
+from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree
 from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file
 from sm120fork.verify.artifact import check_wheel, require_passed
 from sm120fork.workspace import Workspace
@@ -80,6 +80,12 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *, force: bool 
     entry = None if rebuild else _load_entry(entry_dir)
     if entry is not None:
         log.info("%s: inputs unchanged, reusing %s", project.key, entry["wheel"])
+        why = local_work(ws, stack, project)
+        if why:  # the cache is keyed on the series: say that the tree's work is not in it
+            work = ws.work_tree(stack, project)
+            log.warning("%s: the fork tree %s has local work (%s); the cached wheel holds "
+                        "the series without it. To build it: %s", project.key, work, why,
+                        keep_local_work_hint(work, why, stack, project))
         return ProjectBuild(project=project.key, distribution=project.distribution,
                             upstream_version=project.version, version=project.local_version,
                             wheel=entry_dir / entry["wheel"], sha256=entry["sha256"],

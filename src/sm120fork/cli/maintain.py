@@ -1,7 +1,8 @@
 """Commands that keep the fork alive: ``status``, ``bump``, ``refresh``, ``upstream-pr``.
 
 Listed in :mod:`sm120fork.cli.main`; the logic lives in :mod:`sm120fork.maintain`,
-:mod:`sm120fork.patch.refresh` and :mod:`sm120fork.upstream`, which never print.
+:mod:`sm120fork.patch.refresh` and :mod:`sm120fork.upstream`, which never
+print.
 """
 
 from __future__ import annotations
@@ -132,12 +133,14 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
 def refresh_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack")
     p.add_argument("project")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite uncommitted edits of the series' patch files")
 
 
 def run_refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.patch.refresh import refresh
 
-    r = refresh(ws, args.stack, args.project)
+    r = refresh(ws, args.stack, args.project, force=args.force)
     for label, names in (("added", r.added), ("removed", r.removed), ("changed", r.changed)):
         for n in names:
             console.print(f"{label:8} {n}")

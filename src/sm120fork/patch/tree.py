@@ -92,8 +92,8 @@ def _local_changes(work: Path, state: TreeState | None) -> str | None:
     return None
 
 
-def _keep_local_work_hint(work: Path, why: str, stack: Stack, project: Project,
-                          variant: str) -> str:
+def keep_local_work_hint(work: Path, why: str, stack: Stack, project: Project,
+                         variant: str = "") -> str:
     """A hint whose commands work in the state ``why`` describes."""
     discard = "pass --force to discard it"
     if variant or why not in (UNCOMMITTED, LOCAL_COMMITS):
@@ -140,7 +140,7 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
         why = _local_changes(work, state)
         if why and not force:
             raise DirtyTreeError(f"the fork work tree has local work: {why}", where=str(work),
-                                 fix=_keep_local_work_hint(work, why, stack, project, variant))
+                                 fix=keep_local_work_hint(work, why, stack, project, variant))
         if why:
             log.warning("discarding local work in %s (--force): %s", work, why)
             shutil.rmtree(work)

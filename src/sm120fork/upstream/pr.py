@@ -25,7 +25,7 @@ from sm120fork.declare import Project
 from sm120fork.errors import CommandError, DirtyTreeError, MaintenanceError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Patch, load_series
-from sm120fork.patch.tree import open_tree
+from sm120fork.patch.tree import keep_uncommitted_hint, open_tree
 from sm120fork.upstream.evidence import Evidence, collect_evidence, evidence_sections
 from sm120fork.util.proc import Git
 from sm120fork.workspace import Workspace
@@ -162,13 +162,27 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
     with ws.lock():
         tree = open_tree(ws, stack, project)
         work, state, git = tree.path, tree.state, tree.repo
-        if git.is_dirty() or git.am_in_progress():
+        again = shlex.join(["python", "-m", "sm120fork", "upstream-pr", stack.name,
+                            project.key])
+        refresh = shlex.join(["python", "-m", "sm120fork", "refresh", stack.name, project.key])
+        if git.am_in_progress():
+            w = shlex.quote(str(work))
+            raise DirtyTreeError("a git am is in progress in the fork tree", where=str(work),
+                                 fix=f"finish it (`git -C {w} am --continue`) or drop it "
+                                     f"(`git -C {w} am --abort`), then `{again}`")
+        if git.is_dirty():
             raise DirtyTreeError("the fork tree has uncommitted changes", where=str(work),
-                                 fix="refresh (nox -s refresh) or discard them first")
-        if not state.complete or state.series != series.digest or git.head() != state.head:
+                                 fix=keep_uncommitted_hint(work, then=f"`{refresh}` and "
+                                                                      f"`{again}`"))
+        if git.head() != state.head:
+            raise MaintenanceError("the fork tree has commits the series does not hold",
+                                   where=str(work), fix=f"export them: `{refresh}`, then "
+                                                        f"build and `{again}`")
+        if not state.complete or state.series != series.digest:
             raise MaintenanceError("the fork tree does not hold the current series",
                                    where=str(work),
-                                   fix="run refresh (local commits) or build (series changed)")
+                                   fix=f"`python -m sm120fork build --stack {stack.name}`, "
+                                       f"then `{again}`")
         evidence = collect_evidence(ws, stack, project, series.digest, wheels_dir)
         base = git("rev-parse", UPSTREAM_TAG, quiet=True)
         if onto:

@@ -1,0 +1,122 @@
+"""refresh and the recovery hints around fork trees: each hint works as printed."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from helpers_maintain import commit_checkout, hint_commands, run_hint
+from sm120fork.build.stack import build_stack
+from sm120fork.cli.main import main
+from sm120fork.errors import DirtyTreeError
+from sm120fork.patch.refresh import refresh
+
+from conftest import git
+from helpers_ws import DemoWorkspace, make_demo
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> DemoWorkspace:
+    d = make_demo(tmp_path)
+    build_stack(d.ws, d.ws.stack("demo"))
+    commit_checkout(d.ws.root)
+    return d
+
+
+def lib_tree(demo: DemoWorkspace) -> Path:
+    stack = demo.ws.stack("demo")
+    return demo.ws.work_tree(stack, stack.project("lib"))
+
+
+def last_patch(demo: DemoWorkspace) -> Path:
+    lib = demo.series_dir("lib")
+    return lib / (lib / "series").read_text().split()[-1]
+
+
+def test_refresh_refuses_uncommitted_patch_edits_unless_forced(demo: DemoWorkspace) -> None:
+    root = demo.ws.root
+    lib = demo.series_dir("lib")
+    first = lib / (lib / "series").read_text().split()[0]
+    edited = first.read_text().replace("Description: F1 gate: allow 12",
+                                       "Description: F1 gate: allow 12 (edited)")
+    first.write_text(edited)
+    with pytest.raises(DirtyTreeError) as err:
+        refresh(demo.ws, "demo", "lib")
+    assert f"patches/demo/lib/{first.name}" in err.value.message
+    assert first.read_text() == edited
+    assert main(["--root", str(root), "-q", "refresh", "demo", "lib"]) == 8
+    assert first.read_text() == edited
+    build, commit, again, force = hint_commands(err.value.fix)
+    assert (build, again, force) == ("python -m sm120fork build --stack demo",
+                                     "python -m sm120fork refresh demo lib",
+                                     "python -m sm120fork refresh demo lib --force")
+    # The fork tree has no local work: the build makes it from the edited series.
+    assert run_hint(build, root).returncode == 0
+    assert "(edited)" in git(lib_tree(demo), "log", "--format=%B", "upstream..HEAD")
+    assert first.read_text() == edited
+    # Committed, the edits are safe and refresh goes ahead (keeping them: the tree has them).
+    assert run_hint(commit, root).returncode == 0
+    rerun = run_hint(again, root)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "(edited)" in first.read_text()
+    # --force overwrites an uncommitted edit with the fork tree's version.
+    first.write_text(first.read_text().replace("(edited)", "(edited again)"))
+    assert refresh(demo.ws, "demo", "lib", force=True).changed == (first.name,)
+    assert "(edited again)" not in first.read_text()
+    assert "(edited)" in first.read_text()
+
+
+@pytest.mark.parametrize("way", ["amend", "stash"])
+def test_the_dirty_fork_tree_hints_of_refresh_work_as_printed(demo: DemoWorkspace,
+                                                              way: str) -> None:
+    work = lib_tree(demo)
+    kernel = work / "demo_lib" / "kernel.cuh"
+    kernel.write_text(kernel.read_text() + "// wip\n")
+    (work / "demo_lib" / "extra.cuh").write_text("// new file\n")  # untracked counts too
+    with pytest.raises(DirtyTreeError, match="uncommitted changes") as err:
+        refresh(demo.ws, "demo", "lib")
+    amend, stash, again = hint_commands(err.value.fix)
+    assert stash.endswith("stash -u")
+    done = run_hint(amend if way == "amend" else stash, demo.ws.root)
+    assert done.returncode == 0, done.stderr
+    rerun = run_hint(again, demo.ws.root)
+    assert rerun.returncode == 0, rerun.stderr
+    text = last_patch(demo).read_text()
+    assert ("+// wip" in text and "+// new file" in text) == (way == "amend")
+
+
+def test_the_builds_dirty_tree_hint_works_as_printed(demo: DemoWorkspace) -> None:
+    work = lib_tree(demo)
+    kernel = work / "demo_lib" / "kernel.cuh"
+    kernel.write_text(kernel.read_text() + "// wip\n")
+    with pytest.raises(DirtyTreeError, match="local work: it has uncommitted changes") as err:
+        build_stack(demo.ws, demo.ws.stack("demo"), only=["lib"], rebuild=True)
+    amend, _stash, again = hint_commands(err.value.fix)
+    assert again == "python -m sm120fork refresh demo lib"
+    assert "--force" in (err.value.fix or "")
+    for command in (amend, again):
+        done = run_hint(command, demo.ws.root)
+        assert done.returncode == 0, done.stderr
+    assert "+// wip" in last_patch(demo).read_text()
+    assert build_stack(demo.ws, demo.ws.stack("demo"), only=["lib"])[0].cached is False
+
+
+def test_a_cached_build_says_the_fork_tree_has_local_work(demo: DemoWorkspace,
+                                                          caplog: pytest.LogCaptureFixture
+                                                          ) -> None:
+    kernel = lib_tree(demo) / "demo_lib" / "kernel.cuh"
+    kernel.write_text(kernel.read_text() + "// wip\n")
+    logger = logging.getLogger("sm120fork")
+    logger.addHandler(caplog.handler)  # the CLI may have stopped propagation in this process
+    try:
+        builds = build_stack(demo.ws, demo.ws.stack("demo"), only=["lib"])
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert builds[0].cached
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("has local work (it has uncommitted changes)" in w and "refresh demo lib" in w
+               for w in warnings), warnings
