@@ -3,6 +3,10 @@
 A *stack* is one SGLang release plus the FlashInfer release it pins, each a *project*
 with its own pin and patch series.  Validation errors name the file and the dotted key
 and suggest the right key for a typo, in the spirit of cibuildwheel's options reader.
+
+Pins are coordinated: a project's ``upstream_requires`` states what upstream's own
+metadata requires of the stack's other projects (SGLang's ``flashinfer_python[cu13]==0.7.2``),
+and a stack whose pins do not satisfy them does not load.
 """
 
 from __future__ import annotations
@@ -10,18 +14,23 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from packaging.utils import canonicalize_name
+from packaging.markers import default_environment
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from sm120fork.errors import ConfigError
 
-SourceKind = Literal["sdist", "git"]
-SOURCE_KINDS: tuple[SourceKind, ...] = ("sdist", "git")
+SourceKind = Literal["sdist", "git", "wheel"]
+SOURCE_KINDS: tuple[SourceKind, ...] = ("sdist", "git", "wheel")
+#: Packages that upstream ships beside a project and that must carry the project's own
+#: version (FlashInfer's import refuses a flashinfer-cubin of another version).
+COMPANIONS = {"flashinfer-cubin": "flashinfer-python", "flashinfer-jit-cache": "flashinfer-python"}
 
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -48,6 +57,34 @@ class SdistPin:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WheelPin:
+    """One published wheel of a project (``[[projects.<key>.wheels]]``)."""
+
+    filename: str
+    sha256: str
+    #: Direct download URL; when empty the package index is asked (PEP 691).
+    url: str = ""
+
+    def environments(self) -> list[dict[str, str]]:
+        """Marker environments this wheel installs into (Linux, one per tag)."""
+        envs = []
+        for tag in parse_wheel_filename(self.filename)[3]:
+            env = dict(default_environment())
+            env.update(sys_platform="linux", platform_system="Linux", os_name="posix")
+            if tag.interpreter.startswith("cp") and tag.interpreter[2:].isdigit():
+                digits = tag.interpreter[2:]
+                env["python_version"] = f"{digits[0]}.{digits[1:]}"
+                env["python_full_version"] = f"{digits[0]}.{digits[1:]}.0"
+                env["implementation_name"] = "cpython"
+                env["platform_python_implementation"] = "CPython"
+            for machine in ("x86_64", "aarch64"):
+                if tag.platform.endswith(machine):
+                    env["platform_machine"] = machine
+            envs.append(env)
+        return envs
+
+
+@dataclass(frozen=True, kw_only=True)
 class VersionStamp:
     """How the local version label gets into the built wheel.
 
@@ -69,10 +106,17 @@ class Project:
     package_root: str
     series: str
     source: SourceKind
-    git: GitPin
-    sdist: SdistPin
+    #: Absent only for a ``wheel`` source whose wheel records no upstream commit.
+    git: GitPin | None
+    #: Present for an ``sdist`` source (and allowed for others).
+    sdist: SdistPin | None
     version_stamp: VersionStamp
     requires: tuple[str, ...] = ()
+    #: Published wheels: the input of a ``wheel`` source, and what a project with an
+    #: empty series ships as published.
+    wheels: tuple[WheelPin, ...] = ()
+    #: Upstream's own requirements on the stack's projects, as its metadata states them.
+    upstream_requires: tuple[Requirement, ...] = ()
 
     @property
     def local_version(self) -> str:
@@ -81,6 +125,20 @@ class Project:
     @property
     def normalized_name(self) -> str:
         return canonicalize_name(self.distribution)
+
+    @property
+    def sdist_pin(self) -> SdistPin:
+        if self.sdist is None:
+            raise ConfigError("no sdist pinned", where=f"project {self.key}",
+                              fix=f"add [projects.{self.key}.sdist] with filename and sha256")
+        return self.sdist
+
+    @property
+    def git_pin(self) -> GitPin:
+        if self.git is None:
+            raise ConfigError("no git revision pinned", where=f"project {self.key}",
+                              fix=f"add [projects.{self.key}.git] with url, tag and commit")
+        return self.git
 
     def package_path(self, repo_relative: str) -> str | None:
         """``repo_relative`` made relative to the package root, or None when outside it."""
@@ -177,7 +235,7 @@ def _version(r: _Reader, name: str) -> str:
 
 
 _PROJECT_KEYS = ("distribution", "version", "local_label", "package_root", "series", "source",
-                 "requires", "git", "sdist", "version_stamp")
+                 "requires", "upstream_requires", "git", "sdist", "wheels", "version_stamp")
 
 
 def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
@@ -198,39 +256,98 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
         raise r.error("source", f"unknown source kind {source!r}",
                       _suggest(source, list(SOURCE_KINDS)) or "use 'sdist' or 'git'")
     requires = r.get("requires", tuple, default=())
+    upstream_requires = _requirements(r, "upstream_requires")
 
-    g = r.table_at("git")
-    git_pin = GitPin(
-        url=g.get("url", str),
-        tag=g.get("tag", str),
-        commit=g.get("commit", str, pattern=_SHA1, what="a full 40-hex commit SHA (lower case)"),
-        commit_verified=g.get("commit_verified", bool, default=True),
-        note=g.get("note", str, default=""),
-    )
-    g.finish()
+    git_pin = None
+    if source != "wheel" or "git" in table:
+        g = r.table_at("git")
+        git_pin = GitPin(
+            url=g.get("url", str),
+            tag=g.get("tag", str),
+            commit=g.get("commit", str, pattern=_SHA1,
+                         what="a full 40-hex commit SHA (lower case)"),
+            commit_verified=g.get("commit_verified", bool, default=True),
+            note=g.get("note", str, default=""),
+        )
+        g.finish()
 
-    s = r.table_at("sdist")
-    sdist_pin = SdistPin(
-        filename=s.get("filename", str),
-        sha256=s.get("sha256", str, pattern=_SHA256, what="a sha256 (64 lower-case hex digits)"),
-        url=s.get("url", str, default=""),
-    )
-    s.finish()
-    if not sdist_pin.filename.endswith((".tar.gz", ".zip")):
-        raise s.error("filename", "an sdist must be a .tar.gz or .zip")
+    sdist_pin = None
+    if source == "sdist" or "sdist" in table:
+        s = r.table_at("sdist")
+        sdist_pin = SdistPin(
+            filename=s.get("filename", str),
+            sha256=s.get("sha256", str, pattern=_SHA256,
+                         what="a sha256 (64 lower-case hex digits)"),
+            url=s.get("url", str, default=""),
+        )
+        s.finish()
+        if not sdist_pin.filename.endswith((".tar.gz", ".zip")):
+            raise s.error("filename", "an sdist must be a .tar.gz or .zip")
 
-    v = r.table_at("version_stamp")
-    stamp = VersionStamp(file=v.get("file", str, default=""), env=v.get("env", str, default=""))
-    v.finish()
-    if bool(stamp.file) == bool(stamp.env):
-        raise ConfigError("set exactly one of 'file' or 'env'",
-                          where=f"{file}: projects.{key}.version_stamp")
+    wheels = _wheels(r, distribution, version)
+    if source == "wheel" and not wheels:
+        raise r.error("wheels", "a wheel source needs at least one published wheel",
+                      "add [[projects." + key + ".wheels]] with filename and sha256")
+
+    stamp = VersionStamp()
+    if source == "wheel":
+        if "version_stamp" in table:
+            raise r.error("version_stamp", "a wheel source is repacked, not built: "
+                          "the local version goes into its METADATA",
+                          "remove the version_stamp table")
+    else:
+        v = r.table_at("version_stamp")
+        stamp = VersionStamp(file=v.get("file", str, default=""),
+                             env=v.get("env", str, default=""))
+        v.finish()
+        if bool(stamp.file) == bool(stamp.env):
+            raise ConfigError("set exactly one of 'file' or 'env'",
+                              where=f"{file}: projects.{key}.version_stamp")
     r.finish()
     return Project(
         key=key, distribution=distribution, version=version, local_label=local_label,
         package_root=package_root, series=series, source=source, git=git_pin,
-        sdist=sdist_pin, version_stamp=stamp, requires=requires,
+        sdist=sdist_pin, version_stamp=stamp, requires=requires, wheels=wheels,
+        upstream_requires=upstream_requires,
     )
+
+
+def _requirements(r: _Reader, name: str) -> tuple[Requirement, ...]:
+    parsed = []
+    for i, text in enumerate(r.get(name, tuple, default=())):
+        try:
+            parsed.append(Requirement(text))
+        except InvalidRequirement as exc:
+            raise r.error(f"{name}[{i}]", f"{text!r} is not a valid requirement: {exc}") from exc
+    return tuple(parsed)
+
+
+def _wheels(r: _Reader, distribution: str, version: str) -> tuple[WheelPin, ...]:
+    r.seen.add("wheels")
+    raw = r.table.get("wheels", [])
+    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
+        raise r.error("wheels", "expected an array of tables ([[...wheels]])")
+    pins: list[WheelPin] = []
+    for i, table in enumerate(raw):
+        w = _Reader(r.file, table, f"{r.key('wheels')}[{i}]")
+        pin = WheelPin(
+            filename=w.get("filename", str),
+            sha256=w.get("sha256", str, pattern=_SHA256,
+                         what="a sha256 (64 lower-case hex digits)"),
+            url=w.get("url", str, default=""),
+        )
+        w.finish()
+        try:
+            name, wheel_version, _, _ = parse_wheel_filename(pin.filename)
+        except InvalidWheelFilename as exc:
+            raise w.error("filename", f"{pin.filename!r} is not a wheel file name: {exc}") from exc
+        if name != canonicalize_name(distribution) or wheel_version != Version(version):
+            raise w.error("filename", f"{pin.filename} is not {distribution} {version}",
+                          "pin a wheel of the declared distribution and version")
+        if any(p.filename == pin.filename for p in pins):
+            raise w.error("filename", f"{pin.filename} is listed twice")
+        pins.append(pin)
+    return tuple(pins)
 
 
 def load_stack(file: Path) -> Stack:
@@ -268,8 +385,56 @@ def load_stack(file: Path) -> Stack:
             if keys.index(dep) >= i:
                 raise ConfigError(f"{dep!r} must be declared before {p.key!r}",
                                   where=f"{file}: projects.{p.key}.requires")
+    for p in projects:
+        check_coordinated_pins(file, p, projects)
     return Stack(name=name, description=description, default=default,
                  projects=tuple(projects), path=file)
+
+
+def pinned_for(requirement: Requirement, projects: Sequence[Project]) -> Project | None:
+    """The stack's project that ``requirement`` constrains (itself or a companion)."""
+    name = canonicalize_name(requirement.name)
+    name = COMPANIONS.get(name, name)
+    return next((p for p in projects if p.normalized_name == name), None)
+
+
+def requirement_applies(requirement: Requirement, project: Project) -> bool:
+    """Whether the marker holds where ``project`` installs (any of its wheels' tags)."""
+    if requirement.marker is None:
+        return True
+    envs = [env for pin in project.wheels for env in pin.environments()]
+    if not envs:
+        env = dict(default_environment())
+        env.update(sys_platform="linux", platform_system="Linux", os_name="posix")
+        envs = [env]
+    return any(requirement.marker.evaluate({**env, "extra": ""}) for env in envs)
+
+
+def check_coordinated_pins(file: Path, project: Project, projects: Sequence[Project]) -> None:
+    """Refuse a stack whose pins do not satisfy ``project``'s own requirements on them."""
+    for i, req in enumerate(project.upstream_requires):
+        where = f"{file}: projects.{project.key}.upstream_requires[{i}]"
+        target = pinned_for(req, projects)
+        if target is None or target is project:
+            raise ConfigError(
+                f"{req} names no other project of this stack", where=where,
+                fix="list only upstream's requirements on the stack's own projects")
+        if not requirement_applies(req, project):
+            continue
+        pin = f"{target.distribution} {target.version} (projects.{target.key}.version)"
+        companion = canonicalize_name(req.name) != target.normalized_name
+        # A companion ships stock, at the project's upstream version; the project
+        # itself may ship with our local label.
+        versions = (target.version,) if companion else (target.version, target.local_version)
+        for version in versions:
+            if not req.specifier.contains(version, prereleases=True):
+                raise ConfigError(
+                    f"{project.distribution} {project.version} requires {req}, which the "
+                    f"stack's pin {pin} does not satisfy"
+                    + ("" if version == target.version else f" once labelled {version}"),
+                    where=where,
+                    fix=f"pin the {target.distribution} release that {project.distribution} "
+                        f"{project.version} requires, or bump {project.distribution}")
 
 
 def load_stacks(forks_dir: Path) -> dict[str, Stack]:

@@ -1,0 +1,259 @@
+"""Probe of the real SGLang 0.5.23 gate functions with a faked GPU, run by ``verify_sglang_0523``.
+
+Run as ``python -m sm120fork._sglang_0523_probe '<json request>'`` in a fresh interpreter
+with ``PYTHONPATH=<overlay>:<tree>/python:<toolkit src>``.  It reuses the 0.5.10 probe's
+GPU fake (``torch.cuda`` capability and device name, ``torch.version.cuda``, stubs for the
+GPU-only packages); the CUDA driver bindings that the workspace preflight calls are a
+small fake as well.  Everything else is SGLang's own code: ``ServerArgs``, its
+resolution passes, its runtime context (published through SGLang's own
+``override_server_args`` test facility) and the four gated modules.
+
+The probe observes; ``verify_sglang_0523`` judges.  It prints one line
+``SM120FORK-PROBE-RESULT <json>``: a list of ``{"name", "observed", "detail"}``.
+Like the 0.5.10 probe it imports nothing of the toolkit but that probe.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sm120fork._sglang_probe import RESULT_MARKER, captured_logs, environ, fake_gpu
+
+#: The model that motivated the work (61 layers, hidden 7168), on upstream's fusion list.
+FUSION_MODEL_ARCH = "KimiK25ForConditionalGeneration"
+AUTO_ENV = "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO"
+PLAIN_ENV = "SGLANG_SM120_FLASHINFER_PLAIN_ALLREDUCE"
+BACKENDS = ("auto", "trtllm", "mnnvl", "cutedsl")
+#: Granularities the fake driver reports (bytes).
+ALLOC_GRANULARITY = 2 << 20
+MULTICAST_GRANULARITY = 64 << 20
+
+Observation = dict[str, Any]
+
+
+def _module(name: str) -> Any:
+    return importlib.import_module(name)
+
+
+def _error(exc: Exception) -> Observation:
+    return {"observed": "error", "detail": f"{type(exc).__name__}: {exc}"}
+
+
+# ---------------------------------------------------------------- G1 _resolve_backend
+def run_resolve() -> list[Observation]:
+    fusion = _module("sglang.srt.layers.flashinfer_comm_fusion")
+    results = []
+    for backend in BACKENDS:
+        for nodes in (1, 2):
+            name = f"{backend} nodes{nodes}"
+            try:
+                resolved = fusion._resolve_backend(backend, nodes > 1)
+            except ValueError as exc:
+                results.append({"name": name, **_error(exc)})
+                continue
+            results.append({"name": name, "observed": resolved, "detail": ""})
+    return results
+
+
+# ------------------------------------------------------- G2 auto-enable (+ enforce-disable)
+def auto_scenarios() -> list[tuple[str, dict[str, Any]]]:
+    scenarios: list[tuple[str, dict[str, Any]]] = []
+    for nodes in (1, 2):
+        for tp in (1, 2, 4, 8):
+            scenarios.append((f"auto tp{tp} nodes{nodes}", {"tp": tp, "nodes": nodes}))
+    for env in ("0", "off", "1", "on"):
+        for tp in (2, 4, 8):
+            scenarios.append((f"auto tp{tp} nodes1 {AUTO_ENV}={env}",
+                              {"tp": tp, "nodes": 1, "env": env}))
+    scenarios.append((f"auto tp2 nodes2 {AUTO_ENV}=1", {"tp": 2, "nodes": 2, "env": "1"}))
+    scenarios.append((f"auto tp2 nodes1 {AUTO_ENV}=maybe", {"tp": 2, "nodes": 1, "env": "maybe"}))
+    for tp in (2, 4, 8):
+        scenarios.append((f"explicit-trtllm tp{tp} nodes1",
+                          {"tp": tp, "nodes": 1, "backend": "trtllm"}))
+    scenarios.append(("enforce-disable auto tp2 nodes1",
+                      {"tp": 2, "nodes": 1, "enforce_disable": True}))
+    scenarios.append(("enforce-disable explicit-trtllm tp4 nodes1",
+                      {"tp": 4, "nodes": 1, "backend": "trtllm", "enforce_disable": True}))
+    return scenarios
+
+
+def _auto_case(*, tp: int, nodes: int, env: str | None = None, backend: str | None = None,
+               enforce_disable: bool = False) -> Observation:
+    """SGLang's two resolution passes at their slot, then the backend that would run."""
+    msgspec = _module("msgspec")
+    torch = _module("torch")
+    overrides = _module("sglang.srt.arg_groups.overrides")
+    fusion = _module("sglang.srt.layers.flashinfer_comm_fusion")
+    ServerArgs = _module("sglang.srt.server_args").ServerArgs  # noqa: N806
+
+    args = ServerArgs(model_path="sm120fork/probe-model", tp_size=tp, nnodes=nodes,
+                      flashinfer_allreduce_fusion_backend=backend,
+                      enforce_disable_flashinfer_allreduce_fusion=enforce_disable)
+    # model_config_of() hands a fixture's configuration back as it is (no download).
+    hf_config = types.SimpleNamespace(architectures=[FUSION_MODEL_ARCH], model_type="kimi_k25")
+    msgspec.Struct.__setattr__(args, "_model_config", types.SimpleNamespace(
+        hf_config=hf_config, dtype=torch.bfloat16))
+    with environ(AUTO_ENV, env), captured_logs("sglang.srt.arg_groups.overrides") as logs:
+        try:
+            overrides.run_post_process_pass(args, overrides._flashinfer_allreduce_fusion_auto_enable)
+            overrides.run_post_process_pass(args, overrides._enforce_disable_allreduce_fusion)
+        except ValueError as exc:
+            return _error(exc)
+    chosen = overrides.resolution_result(args, "flashinfer_allreduce_fusion_backend")
+    resolved: str | None = None
+    if chosen is not None:
+        try:
+            resolved = fusion._resolve_backend(chosen, nodes > 1)
+        except ValueError as exc:
+            resolved = f"error: {exc}"
+    decisions = [msg for _, msg in logs.lines if "SM12x" in msg]
+    notes = [msg for _, msg in logs.lines if "AllReduce Fusion" in msg or "allreduce" in msg]
+    return {
+        "observed": {"backend": chosen, "runs": None if resolved is None or
+                     resolved.startswith("error") else resolved,
+                     "sm12x_log_lines": len(decisions)},
+        "detail": " | ".join(notes + ([resolved] if resolved and resolved.startswith("error")
+                                      else [])),
+    }
+
+
+def run_auto() -> list[Observation]:
+    return [{"name": name, **_auto_case(**params)} for name, params in auto_scenarios()]
+
+
+# ------------------------------------------------------ G3 flashinfer_ar_fusion_applies
+def run_applies() -> list[Observation]:
+    context = _module("sglang.srt.runtime_context").get_context()
+    add_norm = _module("sglang.srt.layers.layer_boundary.residual.add_norm")
+    results = []
+    for backend in (None, "trtllm"):
+        for batch in (16, 2049):
+            with context.override_server_args(flashinfer_allreduce_fusion_backend=backend,
+                                              tp_size=2):
+                applies = bool(add_norm.flashinfer_ar_fusion_applies(batch))
+            results.append({"name": f"backend={backend} batch{batch}", "observed": applies,
+                            "detail": ""})
+    return results
+
+
+# ------------------------------------------------------- G5 plain all-reduce routing
+def run_plain() -> list[Observation]:
+    context = _module("sglang.srt.runtime_context").get_context()
+    bootstrap = _module("sglang.srt.distributed.bootstrap")
+    parallel_state = _module("sglang.srt.distributed.parallel_state")
+    results = []
+    for backend in (None, "trtllm"):
+        for env in (None, "0", "off", "1", "on", "maybe"):
+            name = f"backend={backend}" + (f" {PLAIN_ENV}={env}" if env is not None else "")
+            parallel_state.set_flashinfer_allreduce_only(False)
+            with context.override_server_args(flashinfer_allreduce_fusion_backend=backend,
+                                              tp_size=2), environ(PLAIN_ENV, env), \
+                    captured_logs("sglang.srt.distributed.bootstrap") as logs:
+                try:
+                    bootstrap._set_all_reduce_flags()
+                except ValueError as exc:
+                    results.append({"name": name, **_error(exc)})
+                    continue
+            lines = [msg for _, msg in logs.lines if "SM12x" in msg]
+            results.append({
+                "name": name,
+                "observed": {"flashinfer_plain_allreduce":
+                             bool(parallel_state._ENABLE_FLASHINFER_ALLREDUCE_ONLY),
+                             "sm12x_log_lines": len(lines)},
+                "detail": " | ".join(lines),
+            })
+    return results
+
+
+# -------------------------------------------------------------- G4 workspace preflight
+class _FakeDriver:
+    """``cuda.bindings.driver`` as far as the preflight sizing uses it.
+
+    ``multicast``: what CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED reports; a device without
+    multicast rejects cuMulticastGetGranularity, as PCIe GPUs do.
+    """
+
+    CUresult = types.SimpleNamespace(CUDA_SUCCESS=0, CUDA_ERROR_NOT_SUPPORTED=801)
+    CUdevice_attribute = types.SimpleNamespace(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED=132)
+    CUmemAllocationGranularity_flags = types.SimpleNamespace(
+        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED=1)
+    CUmulticastGranularity_flags = types.SimpleNamespace(CU_MULTICAST_GRANULARITY_RECOMMENDED=1)
+
+    def __init__(self, *, multicast: bool, multicast_granularity: int) -> None:
+        self.multicast = multicast
+        self.multicast_granularity = multicast_granularity
+        self.multicast_queries = 0
+
+    def cuDeviceGetAttribute(self, attribute: int, device: int) -> tuple[int, int]:  # noqa: N802
+        return self.CUresult.CUDA_SUCCESS, int(self.multicast)
+
+    def cuMemGetAllocationGranularity(self, prop: Any, flags: int) -> tuple[int, int]:  # noqa: N802
+        return self.CUresult.CUDA_SUCCESS, ALLOC_GRANULARITY
+
+    def CUmulticastObjectProp(self) -> Any:  # noqa: N802
+        return types.SimpleNamespace()
+
+    def cuMulticastGetGranularity(self, prop: Any, flags: int) -> tuple[int, int]:  # noqa: N802
+        self.multicast_queries += 1
+        if not self.multicast:
+            return self.CUresult.CUDA_ERROR_NOT_SUPPORTED, 0
+        return self.CUresult.CUDA_SUCCESS, self.multicast_granularity
+
+
+def run_preflight() -> list[Observation]:
+    torch = _module("torch")
+    fusion = _module("sglang.srt.layers.flashinfer_comm_fusion")
+    prop = types.SimpleNamespace(requestedHandleTypes=1,
+                                 location=types.SimpleNamespace(id=0))
+    devices = {
+        "no multicast": (False, MULTICAST_GRANULARITY),
+        "multicast": (True, MULTICAST_GRANULARITY),
+        "multicast at allocation granularity": (True, ALLOC_GRANULARITY),
+    }
+    results = []
+    for name, (multicast, granularity) in devices.items():
+        driver = _FakeDriver(multicast=multicast, multicast_granularity=granularity)
+        try:
+            sizes = fusion._flashinfer_trtllm_workspace_allocation_sizes(
+                driver, prop, 2, 2048, 7168, torch.bfloat16)
+        except RuntimeError as exc:
+            results.append({"name": name, **_error(exc)})
+            continue
+        results.append({"name": name,
+                        "observed": {"sizes": [int(s) for s in sizes],
+                                     "multicast_queried": driver.multicast_queries > 0},
+                        "detail": ""})
+    return results
+
+
+SUITES: dict[str, Callable[[], list[Observation]]] = {
+    "resolve": run_resolve,
+    "auto": run_auto,
+    "applies": run_applies,
+    "plain": run_plain,
+    "preflight": run_preflight,
+}
+
+
+def main(argv: Sequence[str]) -> int:
+    request = json.loads(argv[0])
+    for name in [name for name in os.environ if name.startswith("SGLANG_")]:
+        del os.environ[name]  # the caller's SGLang settings must not steer the decisions
+    capability = request["capability"]
+    fake_gpu((int(capability[0]), int(capability[1])))
+    logging.basicConfig(level=logging.WARNING)
+    results = [{**obs, "name": f"{suite}: {obs['name']}"}
+               for suite in request["suites"] for obs in SUITES[suite]()]
+    sys.stdout.write(RESULT_MARKER + json.dumps(results) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

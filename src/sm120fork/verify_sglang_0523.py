@@ -1,0 +1,234 @@
+"""Behaviour checks of the SGLang 0.5.23 series (G1-G5) on a CPU machine.
+
+The probe (``_sglang_0523_probe``) runs the real 0.5.23 gate functions of a tree with only
+the GPU faked, at compute capabilities 8.0, 9.0, 10.0, 12.0 and 12.1, in one fresh
+interpreter per (tree, capability).  What is checked:
+
+- G1 ``_resolve_backend``: on SM12x trtllm and auto resolve to trtllm on one node;
+  mnnvl, cutedsl and several nodes are refused with a message that names SM12x.
+- G2 auto-enable: on SM12x only at TP2 on one node; the environment variable's 0/off and
+  1/on override the TP gate, any other value is an error; an explicit backend runs at
+  every TP size; enforce-disable wins; the decision is logged exactly once.
+- G3 ``flashinfer_ar_fusion_applies``: true on SM12x with a backend set, within the batch cap.
+- G4 workspace preflight: without multicast the sizes are those of allocation
+  granularity alone and multicast granularity is never asked for; with multicast they
+  are upstream's.
+- G5 plain all-reduces: on SM12x they stay off FlashInfer unless the environment variable
+  asks for it; the decision is logged once.
+- 8.0, 9.0, 10.0: every observation equals unpatched upstream's (the baseline tree).
+
+0.5.23 needs newer packages than the 0.5.10 probe (transformers 5.19 among them): they
+are installed without dependencies into an overlay directory that goes first on the
+probe's ``PYTHONPATH`` (:func:`ensure_overlay`), so one test environment serves both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from sm120fork import proc
+from sm120fork.errors import CommandError, VerifyError
+from sm120fork.verify_sglang import RESULT_MARKER, CheckResult, _compact
+
+PROBE_MODULE = "sm120fork._sglang_0523_probe"
+OVERLAY_REQUIREMENTS = Path(__file__).with_name("verify_sglang_0523_requirements.txt")
+SUITES = ("resolve", "auto", "applies", "plain", "preflight")
+SM12X = ("12.0", "12.1")
+UNCHANGED = ("8.0", "9.0", "10.0")
+AUTO_ENV = "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO"
+PLAIN_ENV = "SGLANG_SM120_FLASHINFER_PLAIN_ALLREDUCE"
+PREFLIGHT_BASELINE = "9.0"
+GATE = {"resolve": "G1", "auto": "G2", "applies": "G3", "preflight": "G4", "plain": "G5"}
+
+
+def ensure_overlay(cache_dir: Path, *, python: str | os.PathLike[str] = sys.executable,
+                   requirements: Path = OVERLAY_REQUIREMENTS) -> Path:
+    """The overlay for ``requirements`` (installed once, keyed by the file's digest)."""
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+    target = cache_dir / f"overlay-{digest}"
+    if (target / ".complete").is_file():
+        return target
+    staging = cache_dir / f".overlay-{digest}.partial"
+    if staging.exists():
+        import shutil
+
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        proc.run([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(staging),
+                  "-r", str(requirements)])
+    except CommandError as exc:
+        raise VerifyError("installing the SGLang 0.5.23 probe overlay failed",
+                          where=str(requirements), detail=exc.detail,
+                          fix="check the package index is reachable") from exc
+    (staging / ".complete").write_text(digest + "\n")
+    os.replace(staging, target)
+    return target
+
+
+def run_probe(tree: Path, capability: str, *, overlay: Path, pycache: Path,
+              python: str | os.PathLike[str] = sys.executable,
+              timeout: float = 600) -> list[dict[str, Any]]:
+    """Every suite against ``tree`` at ``capability`` in a fresh interpreter."""
+    package_root = Path(__file__).resolve().parent.parent
+    request = {"capability": [int(part) for part in capability.split(".")],
+               "suites": list(SUITES)}
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(overlay), str(tree / "python"), str(package_root)]),
+        # Byte code goes elsewhere: the fork tree must stay clean.
+        "PYTHONPYCACHEPREFIX": str(pycache),
+    }
+    try:
+        completed = proc.run([python, "-m", PROBE_MODULE, json.dumps(request)],
+                             cwd=tree, env=env, timeout=timeout)
+    except CommandError as exc:
+        raise VerifyError(f"the SGLang 0.5.23 probe (capability {capability}) failed",
+                          where=str(tree), detail=exc.detail,
+                          fix="install the probe's requirements and its overlay") from exc
+    for line in reversed(completed.stdout.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            results: list[dict[str, Any]] = json.loads(line.removeprefix(RESULT_MARKER))
+            return results
+    raise VerifyError("the SGLang 0.5.23 probe printed no result", where=str(tree),
+                      detail="\n".join(completed.stderr.splitlines()[-40:]))
+
+
+def _env(scenario: str, variable: str) -> str | None:
+    _, sep, value = scenario.partition(f"{variable}=")
+    return value.split()[0] if sep else None
+
+
+def expected_sm12x(name: str) -> Any:
+    """What the series promises on SM120/SM121 for one probe observation."""
+    suite, _, scenario = name.partition(": ")
+    words = scenario.split()
+    if suite == "resolve":
+        backend, nodes = words[0], words[1]
+        return "trtllm" if backend in ("auto", "trtllm") and nodes == "nodes1" else "error"
+    if suite == "auto":
+        return _expected_auto(scenario)
+    if suite == "applies":
+        return scenario == "backend=trtllm batch16"
+    if suite == "plain":
+        if scenario.startswith("backend=None"):
+            return {"flashinfer_plain_allreduce": False, "sm12x_log_lines": 0}
+        env = _env(scenario, PLAIN_ENV)
+        if env not in (None, "0", "off", "1", "on"):
+            return "error"
+        return {"flashinfer_plain_allreduce": env in ("1", "on"), "sm12x_log_lines": 1}
+    raise KeyError(name)
+
+
+def _expected_auto(scenario: str) -> Any:
+    words = scenario.split()
+    off = {"backend": None, "runs": None, "sm12x_log_lines": 1}
+    if scenario.startswith("enforce-disable"):
+        return off
+    if scenario.startswith("explicit-trtllm"):
+        return {"backend": "trtllm", "runs": "trtllm", "sm12x_log_lines": 1}
+    tp, nodes = int(words[1].removeprefix("tp")), words[2]
+    env = _env(scenario, AUTO_ENV)
+    if env not in (None, "0", "off", "1", "on"):
+        return "error"
+    on = {"backend": "auto", "runs": "trtllm", "sm12x_log_lines": 1}
+    if nodes != "nodes1" or tp < 2 or env in ("0", "off"):
+        return off
+    return on if env in ("1", "on") or tp == 2 else off
+
+
+def _check(name: str, capability: str, expected: Any, obs: Mapping[str, Any],
+           *, prefix: str, note: str = "", require_in_detail: str = "") -> CheckResult:
+    observed = _compact(obs["observed"])
+    detail = str(obs["detail"])
+    passed = _compact(expected) == observed and (not require_in_detail
+                                                 or require_in_detail in detail)
+    return CheckResult(name=f"{prefix} {name}", capability=capability,
+                       expected=_compact(expected), observed=observed, passed=passed,
+                       detail=" ".join(part for part in (detail, note) if part))
+
+
+def _by_name(observations: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    return {str(o["name"]): o for o in observations}
+
+
+def judge(observed: Mapping[tuple[str, str], list[dict[str, Any]]]) -> list[CheckResult]:
+    """Turn probe observations, keyed by (``patched``/``baseline``, capability), into checks."""
+    results: list[CheckResult] = []
+    # The preflight sizing does not depend on the capability: one baseline serves all.
+    base_preflight = _by_name(observed[("baseline", PREFLIGHT_BASELINE)])
+    for cap in SM12X:
+        for name, obs in _by_name(observed[("patched", cap)]).items():
+            suite = name.partition(": ")[0]
+            if suite == "preflight":
+                results.append(_preflight_check(name, cap, obs, base_preflight))
+                continue
+            expected = expected_sm12x(name)
+            # A refusal on SM12x must say why in SM12x terms, not "requires SM90".
+            needs = "SM12x" if suite == "resolve" and expected == "error" else ""
+            results.append(_check(name, cap, expected, obs, prefix=GATE[suite],
+                                  require_in_detail=needs))
+    for cap in UNCHANGED:
+        baseline = _by_name(observed[("baseline", cap)])
+        for name, obs in _by_name(observed[("patched", cap)]).items():
+            if name not in baseline:
+                raise VerifyError(f"the baseline probe has no observation {name!r}",
+                                  fix="run both trees with the same probe")
+            if name.startswith("preflight: "):
+                # G4 is not SM12x-only: any GPU without multicast (H100 PCIe too) gains.
+                results.append(_preflight_check(name, cap, obs, baseline))
+                continue
+            results.append(_check(name, cap, baseline[name]["observed"], obs,
+                                  prefix="unchanged", note="(expected = unpatched upstream)"))
+    return results
+
+
+def _preflight_check(name: str, cap: str, obs: Mapping[str, Any],
+                     baseline: Mapping[str, Mapping[str, Any]]) -> CheckResult:
+    """Without multicast: upstream's sizes at allocation granularity, never asking for mc."""
+    scenario = name.partition(": ")[2]
+    upstream = _compact(baseline[name]["observed"])
+    if scenario == "no multicast":
+        reference = baseline["preflight: multicast at allocation granularity"]["observed"]
+        expected: Any = {"multicast_queried": False, "sizes": reference["sizes"]}
+        note = (f"(expected sizes = upstream's when multicast granularity equals allocation "
+                f"granularity; unpatched upstream here: {upstream})")
+    else:
+        expected = baseline[name]["observed"]
+        note = "(expected = unpatched upstream)"
+    return _check(name, cap, expected, obs, prefix="G4", note=note)
+
+
+def check_sglang_0523(tree: Path, *, baseline: Path, overlay: Path, pycache: Path,
+                      python: str | os.PathLike[str] = sys.executable,
+                      jobs: int | None = None, timeout: float = 600) -> list[CheckResult]:
+    """Check ``tree`` (patched) against ``baseline`` (unpatched upstream 0.5.23).
+
+    Both are repository roots with the package under ``python/``; ``overlay`` comes from
+    :func:`ensure_overlay`.  A behaviour that differs is a result with ``passed=False``;
+    a probe that cannot run raises ``VerifyError``.
+    """
+    for root in (tree, baseline):
+        if not (root / "python" / "sglang").is_dir():
+            raise VerifyError("no python/sglang package directory", where=str(root),
+                              fix="pass the repository root of an SGLang tree")
+    runs = [("patched", tree, cap) for cap in SM12X + UNCHANGED]
+    runs += [("baseline", baseline, cap) for cap in UNCHANGED]
+    workers = jobs or max(1, min(len(runs), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {(label, cap): pool.submit(run_probe, root, cap, overlay=overlay,
+                                             pycache=pycache / label, python=python,
+                                             timeout=timeout)
+                   for label, root, cap in runs}
+        try:
+            observed = {key: future.result() for key, future in futures.items()}
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return judge(observed)
