@@ -46,7 +46,8 @@ def make_demo(tmp_path: Path) -> DemoWorkspace:
     (root / "forks").mkdir(parents=True)
     (root / "forks" / f"{STACK}.toml").write_text(stack_toml(STACK, [
         project_entry("lib", lib),
-        project_entry("app", app, requires='requires = ["lib"]'),
+        project_entry("app", app, requires='requires = ["lib"]\n'
+                      'upstream_requires = ["demo-lib==1.2.3"]'),
     ]))
     lib_dir = root / "patches" / STACK / "lib"
     p1 = make_patch(lib.repo, lib_dir, "F1 gate: allow 12", {

@@ -23,13 +23,13 @@ def test_shipped_default_stack_is_valid() -> None:
     assert stack.default
     fi = stack.project("flashinfer")
     assert fi.local_version == "0.6.7.post3+sm120.1"
-    assert fi.git.commit == "f499b1f0c618ed6583865bc4b97812fb8e3f2ef1"
+    assert fi.git_pin.commit == "f499b1f0c618ed6583865bc4b97812fb8e3f2ef1"
     sg = stack.project("sglang")
     assert sg.package_root == "python"
     assert sg.requires == ("flashinfer",)
     assert sg.package_path("python/sglang/srt/x.py") == "sglang/srt/x.py"
     assert sg.package_path("docs/x.md") is None
-    assert not sg.git.commit_verified
+    assert not sg.git_pin.commit_verified
 
 
 def test_typo_names_file_key_and_suggestion(tmp_path: Path) -> None:

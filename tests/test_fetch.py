@@ -69,8 +69,8 @@ def test_download_checks_sha256_and_keeps_nothing_on_mismatch(tmp_path: Path) ->
     project = demo.ws.stack(STACK).project("lib")
     cache = tmp_path / "cache"
     got = download_sdist(project, cache)
-    assert sha256(got) == project.sdist.sha256
-    bad = replace(project, sdist=replace(project.sdist, sha256="0" * 64))
+    assert sha256(got) == project.sdist_pin.sha256
+    bad = replace(project, sdist=replace(project.sdist_pin, sha256="0" * 64))
     got.unlink()
     with pytest.raises(ChecksumError, match="sha256 mismatch"):
         download_sdist(bad, cache)
@@ -115,17 +115,17 @@ def index(monkeypatch: pytest.MonkeyPatch) -> Iterator[type[_Index]]:
 def test_index_resolution_and_unknown_version(tmp_path: Path, index: type[_Index]) -> None:
     demo = make_demo(tmp_path)
     project = demo.ws.stack(STACK).project("lib")
-    project = replace(project, sdist=replace(project.sdist, url=""))
-    index.files = {project.sdist.filename: demo.lib.sdist.read_bytes()}
+    project = replace(project, sdist=replace(project.sdist_pin, url=""))
+    index.files = {project.sdist_pin.filename: demo.lib.sdist.read_bytes()}
     progress: list[int] = []
     got = download_sdist(project, tmp_path / "cache", lambda done, total: progress.append(done))
-    assert sha256(got) == project.sdist.sha256
+    assert sha256(got) == project.sdist_pin.sha256
     assert progress[-1] == got.stat().st_size
-    missing = replace(project, version="9.9.9", sdist=replace(project.sdist,
+    missing = replace(project, version="9.9.9", sdist=replace(project.sdist_pin,
                                                              filename="demo_lib-9.9.9.tar.gz"))
     with pytest.raises(SourceError, match=r"not on the package index.*demo_lib-1.2.3"):
         download_sdist(missing, tmp_path / "cache2")
-    index.files = {project.sdist.filename: b"tampered"}
+    index.files = {project.sdist_pin.filename: b"tampered"}
     with pytest.raises(ChecksumError, match="the index lists sha256"):
         download_sdist(project, tmp_path / "cache3")
 
@@ -137,6 +137,6 @@ def test_git_source_refuses_wrong_commit(tmp_path: Path) -> None:
     work.parent.mkdir()
     src = init_from_git(project, work, str(demo.lib.repo))
     assert src.base_commit == demo.lib.commit
-    bogus = replace(project, git=replace(project.git, commit="1" * 40))
+    bogus = replace(project, git=replace(project.git_pin, commit="1" * 40))
     with pytest.raises(SourceError, match="cannot fetch commit 1111"):
         init_from_git(bogus, tmp_path / "work" / "other", str(demo.lib.repo))

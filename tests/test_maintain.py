@@ -478,6 +478,6 @@ def test_bump_to_a_git_commit(bw: BumpWorkspace) -> None:
     assert [c.verdict for c in result.classifications] == [
         UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY, STILL_NEEDED, RESOLVED]
     project = bw.ws.stack(STACK).project("lib")
-    assert (project.source, project.version, project.git.commit) == ("git", "1.3.0", sha)
-    assert project.git.commit_verified
+    assert (project.source, project.version, project.git_pin.commit) == ("git", "1.3.0", sha)
+    assert project.git_pin.commit_verified
     assert build_stack(bw.ws, bw.ws.stack(STACK))[0].version == "1.3.0+sm120.1"

@@ -56,6 +56,13 @@ class SdistPin:
     url: str = ""
 
 
+def linux_environment() -> dict[str, str]:
+    """Marker variables of a Linux machine (this one's Python otherwise)."""
+    env = {key: str(value) for key, value in default_environment().items()}
+    env.update(sys_platform="linux", platform_system="Linux", os_name="posix")
+    return env
+
+
 @dataclass(frozen=True, kw_only=True)
 class WheelPin:
     """One published wheel of a project (``[[projects.<key>.wheels]]``)."""
@@ -69,8 +76,7 @@ class WheelPin:
         """Marker environments this wheel installs into (Linux, one per tag)."""
         envs = []
         for tag in parse_wheel_filename(self.filename)[3]:
-            env = dict(default_environment())
-            env.update(sys_platform="linux", platform_system="Linux", os_name="posix")
+            env = linux_environment()
             if tag.interpreter.startswith("cp") and tag.interpreter[2:].isdigit():
                 digits = tag.interpreter[2:]
                 env["python_version"] = f"{digits[0]}.{digits[1:]}"
@@ -393,9 +399,9 @@ def load_stack(file: Path) -> Stack:
 
 def pinned_for(requirement: Requirement, projects: Sequence[Project]) -> Project | None:
     """The stack's project that ``requirement`` constrains (itself or a companion)."""
-    name = canonicalize_name(requirement.name)
-    name = COMPANIONS.get(name, name)
-    return next((p for p in projects if p.normalized_name == name), None)
+    name = str(canonicalize_name(requirement.name))
+    wanted = COMPANIONS.get(name, name)
+    return next((p for p in projects if p.normalized_name == wanted), None)
 
 
 def requirement_applies(requirement: Requirement, project: Project) -> bool:
@@ -404,9 +410,7 @@ def requirement_applies(requirement: Requirement, project: Project) -> bool:
         return True
     envs = [env for pin in project.wheels for env in pin.environments()]
     if not envs:
-        env = dict(default_environment())
-        env.update(sys_platform="linux", platform_system="Linux", os_name="posix")
-        envs = [env]
+        envs = [linux_environment()]
     return any(requirement.marker.evaluate({**env, "extra": ""}) for env in envs)
 
 

@@ -45,6 +45,11 @@ class Workspace:
         return self.state_dir / "cache" / "sdists"
 
     @property
+    def wheel_cache(self) -> Path:
+        """Downloaded upstream wheels (the ``wheel`` source kind, projects used as published)."""
+        return self.state_dir / "cache" / "wheels"
+
+    @property
     def wheels_dir(self) -> Path:
         """Where every stack publishes, each into its own folder (``stack_wheels``)."""
         return self.root / "wheels"

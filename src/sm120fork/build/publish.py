@@ -58,7 +58,8 @@ def install_command(ws: Workspace, out: Path) -> str:
 
 
 def _texts(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path) -> dict[str, str]:
-    constraints = "".join(f"{b.distribution}=={b.version}\n" for b in builds)
+    # One line per distribution: a project may ship one wheel per Python and platform.
+    constraints = "".join(dict.fromkeys(f"{b.distribution}=={b.version}\n" for b in builds))
     manifest = {
         "toolkit_version": __version__,
         "stack": stack.name,

@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from email.message import Message
 from email.parser import Parser
 from pathlib import Path
 
@@ -93,10 +94,19 @@ def build_wheel(project: Project, repo: Git, out_dir: Path) -> Path:
         return final
 
 
-def wheel_requirements(wheel: Path) -> list[Requirement]:
-    """The Requires-Dist entries of a wheel (from its METADATA)."""
+def wheel_metadata(wheel: Path) -> Message:
+    """The METADATA of a wheel, parsed as the core metadata's email format."""
     with zipfile.ZipFile(wheel) as zf:
         meta_name = next(n for n in zf.namelist()
                          if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
-        meta = Parser().parsestr(zf.read(meta_name).decode("utf-8"))
-    return [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
+        return Parser().parsestr(zf.read(meta_name).decode("utf-8"))
+
+
+def wheel_requirements(wheel: Path) -> list[Requirement]:
+    """The Requires-Dist entries of a wheel (from its METADATA)."""
+    return [Requirement(r) for r in wheel_metadata(wheel).get_all("Requires-Dist") or []]
+
+
+def wheel_extras(wheel: Path) -> set[str]:
+    """The extras a wheel provides (Provides-Extra), normalised."""
+    return {canonicalize_name(e) for e in wheel_metadata(wheel).get_all("Provides-Extra") or []}

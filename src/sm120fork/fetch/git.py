@@ -19,18 +19,18 @@ def init_from_git(project: Project, work: Path, url: str | None = None) -> Sourc
     try:
         repo_dir = staging / "repo"
         repo = Git.init(repo_dir)
-        remote = url or project.git.url
+        remote = url or project.git_pin.url
         try:
-            repo("fetch", "--quiet", "--depth=1", "--no-tags", remote, project.git.commit)
+            repo("fetch", "--quiet", "--depth=1", "--no-tags", remote, project.git_pin.commit)
         except CommandError as exc:
             raise SourceError(
-                f"cannot fetch commit {project.git.commit} from {remote}",
+                f"cannot fetch commit {project.git_pin.commit} from {remote}",
                 where=f"project {project.key}", detail=exc.detail,
                 fix="check git.url and git.commit, or use source = \"sdist\"") from exc
         repo("checkout", "-q", "-B", "main", "FETCH_HEAD")
         head = repo.head()
-        if head != project.git.commit:
-            raise SourceError(f"HEAD is {head}, not the pinned {project.git.commit}",
+        if head != project.git_pin.commit:
+            raise SourceError(f"HEAD is {head}, not the pinned {project.git_pin.commit}",
                               where=f"project {project.key}",
                               fix="the remote served another commit; never trust a tag")
         repo("tag", "-f", UPSTREAM_TAG)
@@ -39,4 +39,4 @@ def init_from_git(project: Project, work: Path, url: str | None = None) -> Sourc
         os.replace(repo_dir, work)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return SourceInfo(kind="git", digest=project.git.commit, base_commit=project.git.commit)
+    return SourceInfo(kind="git", digest=project.git_pin.commit, base_commit=project.git_pin.commit)

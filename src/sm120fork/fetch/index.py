@@ -25,8 +25,14 @@ def open_url(url: str, accept: str | None = None) -> urllib.request._UrlopenRet:
 
 def resolve_sdist_url(project: Project) -> str:
     """Find the pinned sdist on the package index (PEP 691 JSON simple API)."""
-    if project.sdist.url:
-        return project.sdist.url
+    pin = project.sdist_pin
+    return resolve_file_url(project, pin.filename, pin.sha256, pin.url)
+
+
+def resolve_file_url(project: Project, filename: str, sha256: str, url: str = "") -> str:
+    """Find one pinned file (sdist or wheel) of ``project`` on the package index."""
+    if url:
+        return url
     page = f"{index_url()}/{project.normalized_name}/"
     try:
         with open_url(page, "application/vnd.pypi.simple.v1+json") as resp:
@@ -39,21 +45,19 @@ def resolve_sdist_url(project: Project) -> str:
                           fix="check the network or set SM120FORK_INDEX_URL") from exc
     files = data.get("files", [])
     for entry in files:
-        if entry.get("filename") == project.sdist.filename:
+        if entry.get("filename") == filename:
             listed = entry.get("hashes", {}).get("sha256")
-            if listed and listed != project.sdist.sha256:
+            if listed and listed != sha256:
                 raise ChecksumError(
-                    f"the index lists sha256 {listed[:12]}... for {project.sdist.filename}, "
-                    f"the pin says {project.sdist.sha256[:12]}...",
+                    f"the index lists sha256 {listed[:12]}... for {filename}, "
+                    f"the pin says {sha256[:12]}...",
                     where=f"project {project.key}",
                     fix="re-check the pin; never trust a changed upstream file")
             return urllib.parse.urljoin(page, str(entry["url"]))
-    versions = sorted({str(e.get("filename", "")).removesuffix(".tar.gz") for e in files
-                       if str(e.get("filename", "")).endswith(".tar.gz")})[-5:]
+    suffix = ".whl" if filename.endswith(".whl") else ".tar.gz"
+    recent = sorted({str(e.get("filename", "")) for e in files
+                     if str(e.get("filename", "")).endswith(suffix)})[-5:]
     raise SourceError(
-        f"{project.sdist.filename} is not on the package index "
-        f"(unknown version {project.version}?)",
+        f"{filename} is not on the package index (unknown version {project.version}?)",
         where=f"project {project.key}",
-        fix=f"recent sdists there: {', '.join(versions) or 'none'}")
-
-
+        fix=f"recent files there: {', '.join(recent) or 'none'}")

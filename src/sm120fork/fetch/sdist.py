@@ -17,7 +17,7 @@ from pathlib import Path
 from sm120fork.declare import Project
 from sm120fork.errors import ChecksumError, SourceError
 from sm120fork.fetch.archive import safe_extract
-from sm120fork.fetch.index import open_url, resolve_sdist_url
+from sm120fork.fetch.index import open_url, resolve_file_url
 from sm120fork.fetch.source import Progress, SourceInfo, commit_upstream
 from sm120fork.util.files import sha256_file
 from sm120fork.util.proc import Git
@@ -27,15 +27,22 @@ log = logging.getLogger("sm120fork")
 
 def download_sdist(project: Project, cache_dir: Path, progress: Progress | None = None) -> Path:
     """Return the cached sdist, downloading it when needed; always sha256-checked."""
+    pin = project.sdist_pin
+    return download_pinned(project, pin.filename, pin.sha256, pin.url, cache_dir, progress)
+
+
+def download_pinned(project: Project, filename: str, sha256: str, url: str, cache_dir: Path,
+                    progress: Progress | None = None) -> Path:
+    """Return the cached ``filename``, downloading it when needed; always sha256-checked."""
     cache_dir.mkdir(parents=True, exist_ok=True)
-    target = cache_dir / project.sdist.filename
+    target = cache_dir / filename
     if target.is_file():
-        if sha256_file(target) == project.sdist.sha256:
+        if sha256_file(target) == sha256:
             return target
         # Kept until a download that matches the pin replaces it: the pin may be the
         # thing that is wrong.
         log.warning("cached %s does not match its pin; downloading again", target.name)
-    url = resolve_sdist_url(project)
+    url = resolve_file_url(project, filename, sha256, url)
     log.info("downloading %s", url)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=cache_dir)
     tmp = Path(tmp_name)
@@ -51,10 +58,9 @@ def download_sdist(project: Project, cache_dir: Path, progress: Progress | None 
                 done += len(chunk)
                 if progress:
                     progress(done, total)
-        if h.hexdigest() != project.sdist.sha256:
+        if h.hexdigest() != sha256:
             raise ChecksumError(
-                f"sha256 mismatch for {project.sdist.filename}: got {h.hexdigest()}, "
-                f"pinned {project.sdist.sha256}",
+                f"sha256 mismatch for {filename}: got {h.hexdigest()}, pinned {sha256}",
                 where=url, fix="the download is corrupt or upstream changed; do not extract it")
         os.replace(tmp, target)
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
@@ -77,10 +83,10 @@ def init_from_sdist(project: Project, sdist: Path, work: Path) -> SourceInfo:
         repo = Git.init(repo_dir)
         base = commit_upstream(
             repo, f"Upstream {project.distribution} {project.version}\n\n"
-                  f"sdist {project.sdist.filename} sha256 {project.sdist.sha256}\n")
+                  f"sdist {project.sdist_pin.filename} sha256 {project.sdist_pin.sha256}\n")
         if work.exists():
             shutil.rmtree(work)
         os.replace(repo_dir, work)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return SourceInfo(kind="sdist", digest=project.sdist.sha256, base_commit=base)
+    return SourceInfo(kind="sdist", digest=project.sdist_pin.sha256, base_commit=base)

@@ -8,6 +8,7 @@ against the git layout apply unchanged.  A new kind adds its digest to
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ Progress = Callable[[int, int | None], None]
 @dataclass(frozen=True, kw_only=True)
 class SourceInfo:
     kind: str
-    #: sha256 of the sdist, or the git commit SHA.
+    #: sha256 of the sdist, the git commit SHA, or the digest of the wheel pins.
     digest: str
     base_commit: str
 
@@ -32,9 +33,16 @@ class SourceInfo:
 
 
 def source_digest(project: Project, kind: str) -> str:
-    """What identifies the pinned source of ``kind``: the sdist's sha256, the git commit."""
-    digests = {"sdist": project.sdist.sha256, "git": project.git.commit}
-    return digests[kind]
+    """What identifies the pinned source of ``kind``: the sdist's sha256, the git commit,
+    the sha256 over the declared wheels' sha256s."""
+    if kind == "sdist":
+        return project.sdist_pin.sha256
+    if kind == "git":
+        return project.git_pin.commit
+    if kind == "wheel":
+        joined = "\n".join(f"{w.filename} {w.sha256}" for w in project.wheels)
+        return hashlib.sha256(joined.encode()).hexdigest()
+    raise ValueError(f"unknown source kind {kind!r}")  # declare.py validates kinds
 
 
 def source_key(project: Project, kind: str | None = None) -> str:

@@ -111,9 +111,9 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             new_version = version
             new_pin: dict[str, Any] = {
                 "source": "git",
-                "git": {"url": project.git.url, "tag": "", "commit": revision,
+                "git": {"url": project.git_pin.url, "tag": "", "commit": revision,
                         "commit_verified": True, "note": ""},
-                "sdist": dataclasses.asdict(project.sdist)}
+                "sdist": dataclasses.asdict(project.sdist_pin)}
         else:
             new_version = version or revision
             new_pin = {}
@@ -148,9 +148,9 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
                     "commit recorded in the sdist's own build metadata")
             new_pin = {
                 "source": project.source,
-                "git": {"url": project.git.url,
-                        "tag": project.git.tag.replace(project.version, new_version)
-                        if project.version in project.git.tag else f"v{new_version}",
+                "git": {"url": project.git_pin.url,
+                        "tag": project.git_pin.tag.replace(project.version, new_version)
+                        if project.version in project.git_pin.tag else f"v{new_version}",
                         "commit": commit, "commit_verified": False,
                         "note": f"{note}; not checked against the upstream repository"},
                 "sdist": {"filename": filename, "sha256": sha256, "url": ""}}

@@ -52,7 +52,7 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
     complete when the bump finishes."""
     path = report_path(ws, state)
     path.parent.mkdir(parents=True, exist_ok=True)
-    git = new_project.git
+    git = new_project.git_pin
     lines = [
         f"# Bump {project.distribution} {state.old_version} -> {state.new_version} "
         f"(stack {stack.name})", "",
@@ -60,7 +60,7 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
         + (" (conflicts resolved by hand, then `--continue`)." if any(
             r.verdict in (RESOLVED, DROPPED_BY_HAND) for r in results) else "."), "",
         "## New pin", "",
-        f"- sdist: `{new_project.sdist.filename}` sha256 `{new_project.sdist.sha256}` "
+        f"- sdist: `{new_project.sdist_pin.filename}` sha256 `{new_project.sdist_pin.sha256}` "
         "(from the package index listing; the download was checked against it)",
         f"- git: {git.url} tag `{git.tag}` commit `{git.commit}` "
         f"({'verified' if git.commit_verified else 'unverified'}"

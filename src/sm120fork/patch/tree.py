@@ -150,7 +150,7 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
     if state is None or state.source != skey:
         work.parent.mkdir(parents=True, exist_ok=True)
         info = fetch_source(project, kind, work, sdist_cache=ws.sdist_cache,
-                            progress=progress, git_url=git_url)
+                            wheel_cache=ws.wheel_cache, progress=progress, git_url=git_url)
         base = info.base_commit
     else:
         base = state.base

@@ -186,7 +186,7 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
         evidence = collect_evidence(ws, stack, project, series.digest, wheels_dir)
         base = git("rev-parse", UPSTREAM_TAG, quiet=True)
         if onto:
-            source = repo or project.git.url
+            source = repo or project.git_pin.url
             try:
                 git("fetch", "--quiet", "--no-tags", source, f"+{onto}:{ONTO_REF}")
             except CommandError as exc:
@@ -205,7 +205,7 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
         (out / "patches").mkdir(parents=True)
         git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
             str(out / "patches"), f"{base}..{commits[-1]}")
-        slug = github_slug(project.git.url) or "<owner>/<repo>"
+        slug = github_slug(project.git_pin.url) or "<owner>/<repo>"
         commands = [
             f"git -C {shlex.quote(str(work))} push <your-fork-url> {branch}:{branch}",
             f"gh pr create --repo {slug} --base main --head <your-github-user>:{branch} "

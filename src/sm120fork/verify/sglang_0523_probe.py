@@ -1,6 +1,6 @@
-"""Probe of the real SGLang 0.5.23 gate functions with a faked GPU, run by ``verify_sglang_0523``.
+"""Probe of the real SGLang 0.5.23 gate functions with a faked GPU, run by ``verify.sglang_0523``.
 
-Run as ``python -m sm120fork._sglang_0523_probe '<json request>'`` in a fresh interpreter
+Run as ``python -m sm120fork.verify.sglang_0523_probe '<json request>'`` in a fresh interpreter
 with ``PYTHONPATH=<overlay>:<tree>/python:<toolkit src>``.  It reuses the 0.5.10 probe's
 GPU fake (``torch.cuda`` capability and device name, ``torch.version.cuda``, stubs for the
 GPU-only packages); the CUDA driver bindings that the workspace preflight calls are a
@@ -8,7 +8,7 @@ small fake as well.  Everything else is SGLang's own code: ``ServerArgs``, its
 resolution passes, its runtime context (published through SGLang's own
 ``override_server_args`` test facility) and the four gated modules.
 
-The probe observes; ``verify_sglang_0523`` judges.  It prints one line
+The probe observes; ``verify.sglang_0523`` judges.  It prints one line
 ``SM120FORK-PROBE-RESULT <json>``: a list of ``{"name", "observed", "detail"}``.
 Like the 0.5.10 probe it imports nothing of the toolkit but that probe.
 """
@@ -102,8 +102,9 @@ def _auto_case(*, tp: int, nodes: int, env: str | None = None, backend: str | No
         hf_config=hf_config, dtype=torch.bfloat16))
     with environ(AUTO_ENV, env), captured_logs("sglang.srt.arg_groups.overrides") as logs:
         try:
-            overrides.run_post_process_pass(args, overrides._flashinfer_allreduce_fusion_auto_enable)
-            overrides.run_post_process_pass(args, overrides._enforce_disable_allreduce_fusion)
+            for post_pass in (overrides._flashinfer_allreduce_fusion_auto_enable,
+                              overrides._enforce_disable_allreduce_fusion):
+                overrides.run_post_process_pass(args, post_pass)
         except ValueError as exc:
             return _error(exc)
     chosen = overrides.resolution_result(args, "flashinfer_allreduce_fusion_backend")

@@ -1,6 +1,6 @@
 """Behaviour checks of the SGLang 0.5.23 series (G1-G5) on a CPU machine.
 
-The probe (``_sglang_0523_probe``) runs the real 0.5.23 gate functions of a tree with only
+The probe (``verify.sglang_0523_probe``) runs the real 0.5.23 gate functions of a tree with only
 the GPU faked, at compute capabilities 8.0, 9.0, 10.0, 12.0 and 12.1, in one fresh
 interpreter per (tree, capability).  What is checked:
 
@@ -33,12 +33,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sm120fork import proc
+from sm120fork.util import proc
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.verify_sglang import RESULT_MARKER, CheckResult, _compact
 
-PROBE_MODULE = "sm120fork._sglang_0523_probe"
-OVERLAY_REQUIREMENTS = Path(__file__).with_name("verify_sglang_0523_requirements.txt")
+PROBE_MODULE = "sm120fork.verify.sglang_0523_probe"
+OVERLAY_REQUIREMENTS = Path(__file__).with_name("sglang_0523_requirements.txt")
 SUITES = ("resolve", "auto", "applies", "plain", "preflight")
 SM12X = ("12.0", "12.1")
 UNCHANGED = ("8.0", "9.0", "10.0")
@@ -77,7 +77,7 @@ def run_probe(tree: Path, capability: str, *, overlay: Path, pycache: Path,
               python: str | os.PathLike[str] = sys.executable,
               timeout: float = 600) -> list[dict[str, Any]]:
     """Every suite against ``tree`` at ``capability`` in a fresh interpreter."""
-    package_root = Path(__file__).resolve().parent.parent
+    package_root = Path(__file__).resolve().parents[2]
     request = {"capability": [int(part) for part in capability.split(".")],
                "suites": list(SUITES)}
     env = {

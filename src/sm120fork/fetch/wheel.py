@@ -1,0 +1,94 @@
+"""The ``wheel`` source kind: a published wheel laid out as the upstream repository.
+
+For a project that ships no sdist (sglang 0.5.23) or whose series touches only Python
+files, each declared wheel is downloaded and sha256-checked, and the first one becomes
+the fork tree: its files (not its ``.dist-info``, not its compiled extensions, which the
+upstream repository does not hold either) under the package root, committed and tagged
+``upstream`` like every other kind, so the series written against the git layout applies
+unchanged.  :mod:`sm120fork.build.repack` turns the patched tree back into wheels.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path, PurePosixPath
+
+from sm120fork.declare import Project, WheelPin
+from sm120fork.errors import SourceError, UnsafeArchiveError
+from sm120fork.fetch.sdist import download_pinned
+from sm120fork.fetch.source import Progress, SourceInfo, commit_upstream, source_digest
+from sm120fork.util.proc import Git
+
+#: Suffixes of compiled files: never part of the tree, never changed by a series.
+COMPILED_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".cubin", ".fatbin")
+
+
+def is_compiled(path: str) -> bool:
+    name = PurePosixPath(path).name
+    return name.endswith(COMPILED_SUFFIXES) or ".so." in name
+
+
+def download_wheels(project: Project, cache_dir: Path,
+                    progress: Progress | None = None) -> list[Path]:
+    """Every declared wheel, cached and sha256-checked, in declaration order."""
+    return [download_wheel(project, pin, cache_dir, progress) for pin in project.wheels]
+
+
+def download_wheel(project: Project, pin: WheelPin, cache_dir: Path,
+                   progress: Progress | None = None) -> Path:
+    return download_pinned(project, pin.filename, pin.sha256, pin.url, cache_dir, progress)
+
+
+def is_metadata(member: str) -> bool:
+    """A wheel's own metadata (``*.dist-info/``, ``*.data/``): not upstream source."""
+    top = member.split("/", 1)[0]
+    return top.endswith((".dist-info", ".data"))
+
+
+def source_members(wheel: Path) -> list[str]:
+    """The wheel's files that the upstream repository holds too (relative to the package)."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = [i.filename for i in zf.infolist() if not i.is_dir()]
+    for name in names:
+        path = PurePosixPath(name)
+        if path.is_absolute() or name.startswith(("/", "\\")) or ".." in path.parts:
+            raise UnsafeArchiveError(f"entry {name!r} would escape the extraction directory",
+                                     where=str(wheel), fix="do not use this wheel")
+    return [n for n in names if not is_metadata(n) and not is_compiled(n)]
+
+
+def init_from_wheel(project: Project, wheel: Path, work: Path) -> SourceInfo:
+    """Create ``work`` as a git repo whose first commit is the wheel's sources."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{work.name}.", dir=work.parent))
+    try:
+        repo_dir = staging / "repo"
+        root = project.package_root.strip("/")
+        dest = repo_dir if root in ("", ".") else repo_dir / root
+        dest.mkdir(parents=True)
+        members = source_members(wheel)
+        if not members:
+            raise SourceError("the wheel holds no source files", where=str(wheel))
+        with zipfile.ZipFile(wheel) as zf:
+            for name in members:
+                info = zf.getinfo(name)
+                target = dest / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as src, target.open("wb") as out:
+                    shutil.copyfileobj(src, out)
+                mode = (info.external_attr >> 16) & 0o777
+                if mode & 0o111:
+                    target.chmod(0o755)
+        repo = Git.init(repo_dir)
+        pin = project.wheels[0]
+        base = commit_upstream(
+            repo, f"Upstream {project.distribution} {project.version}\n\n"
+                  f"wheel {pin.filename} sha256 {pin.sha256} (compiled files left out)\n")
+        if work.exists():
+            shutil.rmtree(work)
+        os.replace(repo_dir, work)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return SourceInfo(kind="wheel", digest=source_digest(project, "wheel"), base_commit=base)
