@@ -20,6 +20,7 @@ from rich.table import Table
 
 from sm120fork.build.publish import install_command
 from sm120fork.build.stack import build_stack
+from sm120fork.declare import Stack
 from sm120fork.workspace import Workspace
 
 HELP = "patched wheels of a stack into wheels/<stack>/"
@@ -49,7 +50,10 @@ def _download_progress(console: Console) -> Callable[[str], Callable[[int, int |
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stack", help="stack to build (default: the default stack)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--stack", help="stack to build (default: the default stack)")
+    which.add_argument("--all-stacks", action="store_true",
+                       help="build every stack under forks/, each into wheels/<stack>/")
     p.add_argument("--force", action="store_true",
                    help="discard local work in fork trees (never done without it)")
     p.add_argument("--rebuild", action="store_true", help="ignore the build cache")
@@ -60,7 +64,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    stack = ws.stack(args.stack)
+    if args.all_stacks and args.out:
+        console.print("--out takes one stack; --all-stacks publishes each into wheels/<stack>/")
+        return 2
+    stacks = list(ws.stacks().values()) if args.all_stacks else [ws.stack(args.stack)]
+    for stack in stacks:
+        _build_one(args, ws, console, stack)
+    return 0
+
+
+def _build_one(args: argparse.Namespace, ws: Workspace, console: Console, stack: Stack) -> None:
     start = time.monotonic()
     builds = build_stack(ws, stack, force=args.force, rebuild=args.rebuild,
                          progress=_download_progress(console), lock_timeout=args.lock_timeout,
@@ -70,9 +83,11 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     for col in ("project", "upstream", "patches", "wheel", "sha256", "build"):
         table.add_column(col, overflow="fold")
     for b in builds:
+        how = "cached" if b.cached else f"{b.seconds:.1f}s"
+        if b.entry.get("used_as_published"):
+            how = f"used as published ({how})"
         table.add_row(b.project, b.upstream_version, str(len(b.entry["patches"])), b.wheel.name,
-                      b.sha256[:12], "cached" if b.cached else f"{b.seconds:.1f}s")
+                      b.sha256[:12], how)
     console.print(table)
     console.print(f"done in {time.monotonic() - start:.2f}s; install with: "
                   f"{install_command(ws, out)}")
-    return 0

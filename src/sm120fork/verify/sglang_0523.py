@@ -33,8 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sm120fork.util import proc
 from sm120fork.errors import CommandError, VerifyError
+from sm120fork.util import proc
 from sm120fork.verify_sglang import RESULT_MARKER, CheckResult, _compact
 
 PROBE_MODULE = "sm120fork.verify.sglang_0523_probe"
