@@ -12,7 +12,7 @@ PYTHON = "3.11"
 
 @nox.session(python=PYTHON)
 def build(session: nox.Session) -> None:
-    """Patched wheels of the default stack (or --stack NAME) into wheels/."""
+    """Patched wheels of the default stack (or --stack NAME) into wheels/<stack>/."""
     session.install("-q", ".")
     session.run("python", "-m", "sm120fork", "build", *session.posargs)
 

@@ -206,7 +206,7 @@ def parse_variant_specs(specs: Sequence[str]) -> dict[str, Path]:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ConfigError(f"bad variant {spec!r}", where="--wheel-dir",
-                              fix="write NAME=DIR, e.g. patched=wheels/")
+                              fix="write NAME=DIR, e.g. patched=wheels/sglang-0.5.10")
         if name in out:
             raise ConfigError(f"variant {name!r} given twice", where="--wheel-dir")
         out[name] = Path(path)
