@@ -45,7 +45,7 @@ def tools_or_skip(*, disassemble: bool = False) -> sp.Tools:
         pytest.skip("nvcc (CUDA toolkit) is not installed")
     tools = sp.find_tools(sys.executable)
     if disassemble and not tools.can_disassemble:
-        pytest.skip("cuobjdump/nvdisasm not installed (src/sm120fork/proof_requirements.txt)")
+        pytest.skip("cuobjdump/nvdisasm not installed (dependency group proof)")
     return tools
 
 

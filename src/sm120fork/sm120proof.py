@@ -19,7 +19,7 @@ No SM120 GPU is at hand, so the proof is made of what the compiler produces:
    markdown rendering that lays the variants side by side.
 
 The probe interpreter needs what ``flashinfer.jit`` imports on a CPU-only machine; see
-``proof_requirements.txt`` beside this module.
+the ``proof`` dependency group of pyproject.toml.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def find_tools(python: str | os.PathLike[str] | None = None) -> Tools:
                   cxxfilt=Path(p) if (p := shutil.which("c++filt")) else None)
     if not tools.can_disassemble:
         log.warning("cuobjdump/nvdisasm not found: PDL instructions will be 'not checked' "
-                    "(install proof_requirements.txt into %s)", interpreter)
+                    "(pip install --group proof into %s)", interpreter)
     return tools
 
 
@@ -380,7 +380,7 @@ def run_gate(tree: Path, arch: str, tools: Tools) -> GateResult:
     if "import_error" in result:
         raise VerifyError(
             f"cannot import flashinfer.jit.comm: {result['import_error']}", where=str(tree),
-            fix=f"install src/sm120fork/proof_requirements.txt into {tools.python}")
+            fix=f"pip install --group proof (pyproject.toml) into {tools.python}")
     if not result["accepted"]:
         log.info("JIT gate %s refused %s: %s", tree.name, entry, result["error"])
         return GateResult(arch=arch, arch_list=entry, accepted=False, error=result["error"])
