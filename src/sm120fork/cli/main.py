@@ -16,8 +16,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.logging import RichHandler
 
-from sm120fork import __version__, cli_verify, doctor
-from sm120fork.cli import build, gpu, maintain
+from sm120fork import __version__, doctor
+from sm120fork.cli import build, gpu, maintain, testvariant, verify
 from sm120fork.errors import ToolkitError
 from sm120fork.workspace import Workspace
 
@@ -49,9 +49,9 @@ VERBS: dict[str, Verb] = {
                     add_args=maintain.refresh_args, run=maintain.run_refresh),
     "upstream-pr": Verb(help="prepare (never push) an upstream PR with evidence",
                         add_args=maintain.upstream_args, run=maintain.run_upstream_pr),
-    "verify-sm120": Verb(help="prove the SM12x series without SM120 hardware -> "
-                              "reports/sm120/",
-                         add_args=cli_verify.add_args, run=cli_verify.run),
+    "verify-sm120": Verb(help=verify.HELP, add_args=verify.add_args, run=verify.run),
+    "build-test-variant": Verb(help=testvariant.HELP, add_args=testvariant.add_args,
+                               run=testvariant.run),
     "gpu": Verb(help=gpu.HELP, add_args=gpu.add_args, run_argv=gpu.run),
     "doctor": Verb(help="check this box for the fused all-reduce on SM12x (no checkout, "
                         "index or nvcc needed; --json)",

@@ -274,6 +274,11 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
                 continue
             (aot / so.stem).mkdir(parents=True, exist_ok=True)
             shutil.copy2(so, aot / so.stem / so.name)
+            # the sources digest a patched FlashInfer checks before it loads a prebuilt
+            # module (patches/sglang-0.5.10/flashinfer/README-prebuilt.md)
+            marker = so.with_name(so.name + ".sources")
+            if marker.is_file():
+                shutil.copy2(marker, aot / so.stem / marker.name)
             modules.append(so.stem)
         if not modules:
             raise ConfigError("no <module>/<module>.so files", where=str(prebuilt),

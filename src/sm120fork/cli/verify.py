@@ -1,4 +1,4 @@
-"""``verify-sm120``: the compile proof and behaviour checks, rendered."""
+"""``verify-sm120``: every patch's evidence, checked and rendered (reports/sm120/)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from sm120fork.errors import VerifyError
 from sm120fork.workspace import Workspace
+
+HELP = "check every patch's evidence (compile proof for SM12x, behaviour checks) -> reports/sm120/"
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -18,16 +21,18 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.verify_sm120 import run_verify, write_reports
+    from sm120fork.verify.proof.report import write_reports
+    from sm120fork.verify.proof.stack import run_verify
 
     result = run_verify(ws, ws.stack(args.stack), jobs=args.jobs, force=args.force)
     out = write_reports(ws, result)
-    table = Table(title="SM12x verification")
-    for col in ("patch", "checks", "result"):
+    table = Table(title=f"SM12x verification of {result.stack}")
+    for col in ("patch", "evidence", "checks", "result"):
         table.add_column(col, overflow="fold")
     for v in result.verdicts:
-        table.add_row(v.subject, "\n".join(v.checks), "pass" if v.passed else "FAIL")
+        table.add_row(v.subject, v.evidence, "\n".join(v.checks),
+                      "pass" if v.passed else "FAIL")
     console.print(table)
     console.print(f"{'PASS' if result.passed else 'FAIL'} in {result.seconds:.0f}s; "
-                  f"report: {out / 'verify.md'}")
-    return 0 if result.passed else 13
+                  f"report: {(out / 'verify.md').relative_to(ws.root)}")
+    return 0 if result.passed else VerifyError.exit_code
