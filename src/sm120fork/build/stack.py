@@ -34,6 +34,7 @@ from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import Progress, source_key
 from sm120fork.patch.series import Series, load_series
 from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree
+from sm120fork.plugin.build import build_plugin, publish_plugin
 from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file
 from sm120fork.verify.artifact import check_wheel, require_passed
 from sm120fork.workspace import Workspace
@@ -168,5 +169,7 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
             builds = [f.result() for f in futures]
         check_requirements(stack, builds)
         if not only:
-            publish(ws, stack, builds, out)
+            plugin = build_plugin(ws, stack, force=force)
+            log.info("%s", plugin.message)
+            publish_plugin(plugin, publish(ws, stack, builds, out))
     return builds
