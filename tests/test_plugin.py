@@ -345,13 +345,13 @@ def _sglang_stack(tmp_path: Path, version: str, framework: bool) -> Workspace:
 def test_build_publishes_the_plugin_beside_the_patched_wheel(tmp_path: Path) -> None:
     ws = _sglang_stack(tmp_path, "0.5.23", framework=True)
     build_stack(ws, ws.stack("s"))
-    plugin_dir = ws.wheels_dir / "plugin"
+    plugin_dir = ws.stack_wheels("s") / "plugin"
     assert [w.name for w in plugin_dir.glob("*.whl")] == [
         "sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl"]
     entry = json.loads((plugin_dir / "plugin.json").read_text())
     assert [(h["patch"], h["target"]) for h in entry["hooks"]] == [
         ("G1", "sglang.supported_majors")]
-    assert [w.name for w in ws.wheels_dir.glob("*.whl")] == [
+    assert [w.name for w in ws.stack_wheels("s").glob("*.whl")] == [
         "sglang-0.5.23+sm120.1-py3-none-any.whl"]
 
 
@@ -360,6 +360,6 @@ def test_build_says_an_old_sglang_has_no_plugin_framework(
     ws = _sglang_stack(tmp_path, "0.5.10.post1", framework=False)
     caplog.set_level(logging.INFO, logger="sm120fork")
     build_stack(ws, ws.stack("s"))
-    assert not (ws.wheels_dir / "plugin").exists()
+    assert not (ws.stack_wheels("s") / "plugin").exists()
     assert ("sglang 0.5.10.post1 has no plugin framework (SGLang 0.5.11+): no plugin wheel for "
             "this stack; its patched sglang wheel is the way there") in caplog.messages
