@@ -210,10 +210,13 @@ def check_gpu_report(ctx: Context, spec: str) -> tuple[str, bool]:
     if not reports:
         return f"{where}: no committed test-ab.json", False
     cases = failed = fixed = 0
+    wheels: set[str] = set()
     for path in reports:
         document = json.loads(path.read_text())
         results = document["results"]
         primary = results[document["primary"]]
+        wheels.add(str(document.get("variants", {}).get(document["primary"], {})
+                       .get("sha256") or "?")[:12])
         mine = [r for r in primary if not api or r["case"]["api"] == api]
         cases += sum(r["status"] != "skip" for r in mine)
         failed += sum(r["status"] == "fail" for r in mine)
@@ -222,7 +225,8 @@ def check_gpu_report(ctx: Context, spec: str) -> tuple[str, bool]:
         fixed += sum(r["status"] == "pass" and before.get(r["key"]) == "fail" for r in mine)
     what = f" {api}" if api else ""
     text = (f"{where}: {len(reports)} run(s), {cases}{what} cases, {failed} failing"
-            + (f", {fixed} fixed against the baseline" if api else ""))
+            + (f", {fixed} fixed against the baseline" if api else "")
+            + f" (wheel sha256 {', '.join(sorted(wheels))})")
     return text, cases > 0 and failed == 0 and (fixed > 0 or not api)
 
 
