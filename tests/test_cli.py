@@ -53,3 +53,23 @@ def test_doctor_keeps_its_own_arguments_after_global_options(
         main(["-q", "doctor", "--help"])
     assert exited.value.code == 0
     assert "--json" in capsys.readouterr().out
+
+
+def test_usage_errors_have_their_own_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    from sm120fork.cli import gpu
+    from sm120fork.errors import ConfigError, UsageError
+
+    assert UsageError.exit_code != ConfigError.exit_code
+    assert main(["build", "--no-such-option"]) == UsageError.exit_code
+    assert "usage: python -m sm120fork" in capsys.readouterr().err
+    assert gpu.main(["test", "--world-sizes", "1"]) == UsageError.exit_code
+    assert "world sizes must be >= 2" in capsys.readouterr().err
+
+
+def test_verbosity_options_work_after_the_verb_as_nox_passes_them() -> None:
+    """``nox -s build -- -q`` runs ``python -m sm120fork build -q``."""
+    parser = make_parser()
+    assert parser.parse_args(["build", "-q"]).quiet
+    assert parser.parse_args(["-q", "build"]).quiet
+    assert parser.parse_args(["status", "-v"]).verbose
+    assert not parser.parse_args(["status"]).verbose

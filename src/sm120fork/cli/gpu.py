@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sm120fork.cli.usage import Parser
 from sm120fork.errors import ConfigError, ToolkitError, VerifyError
 from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import launcher, report
@@ -55,7 +56,7 @@ HELP = "multi-rank correctness (A/B) and latency on this machine's GPUs"
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``python -m sm120fork.gpu``: the same verbs as ``sm120fork gpu``."""
-    parser = argparse.ArgumentParser(prog="python -m sm120fork.gpu", description=__doc__)
+    parser = Parser(prog="python -m sm120fork.gpu", description=__doc__)
     add_args(parser)
     return parser
 
@@ -393,8 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m sm120fork.gpu``: needs neither rich nor a checkout's forks/."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return run(args, argv)
     except ToolkitError as err:
         print(f"error: {err.message}", file=sys.stderr)

@@ -18,7 +18,8 @@ from rich.logging import RichHandler
 
 from sm120fork import __version__, doctor
 from sm120fork.cli import build, gpu, maintain, testvariant, verify
-from sm120fork.errors import ToolkitError
+from sm120fork.cli.usage import Parser, verbosity_options
+from sm120fork.errors import EXIT_INTERRUPTED, ToolkitError, UsageError
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -60,15 +61,19 @@ VERBS: dict[str, Verb] = {
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sm120fork",
+    parser = Parser(prog="python -m sm120fork",
                                      description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--root", type=Path, help="toolkit checkout (default: search upward)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also every git command the toolkit runs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    verbosity = [verbosity_options()]
     for name, verb in VERBS.items():
+        own = verb.own_main is not None
         verb.add_args(sub.add_parser(name, help=verb.help, description=verb.help,
-                                     add_help=verb.own_main is None))
+                                     add_help=not own, parents=verbosity if not own else []))
     return parser
 
 
@@ -90,16 +95,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = VERBS[argv[0]].own_main if argv and argv[0] in VERBS else None
     if own is not None:
         return own(argv[1:])
-    parser = make_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and VERBS[args.command].own_main is None:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     console = Console(stderr=False, highlight=False)
     err_console = Console(stderr=True, highlight=False)
+    parser = make_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra and VERBS[args.command].own_main is None:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except UsageError as exc:
+        err_console.print(f"error: {exc.message}", markup=False, style="bold red")
+        return exc.exit_code
     handler = RichHandler(console=err_console, show_time=False, show_path=False,
                           markup=False, rich_tracebacks=False)
     log.handlers[:] = [handler]
-    log.setLevel(logging.WARNING if args.quiet else logging.INFO)
+    log.setLevel(logging.WARNING if args.quiet else
+                 logging.DEBUG if args.verbose else logging.INFO)
     log.propagate = False
     verb = VERBS[args.command]
     try:
@@ -117,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         err_console.print("interrupted; the next run recovers", style="bold red")
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
-from sm120fork.errors import ConfigError
+from sm120fork.errors import EXIT_PROBLEMS_FOUND, ConfigError
 from sm120fork.workspace import Workspace
 
 _VERDICT_STYLE = {"still needed": "green", "upstreamed identically": "cyan",
@@ -52,7 +52,7 @@ def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int
     projects = status(ws, args.stack, args.wheels)
     if args.json:
         console.print_json(json.dumps([p.to_json() for p in projects]))
-        return 1 if any(p.error for p in projects) else 0
+        return EXIT_PROBLEMS_FOUND if any(p.error for p in projects) else 0
     for ps in projects:
         title = (f"{ps.stack}{' (default)' if ps.default else ''} / {ps.project} "
                  f"{ps.version} [{ps.source}]")
@@ -73,7 +73,7 @@ def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int
             console.print(f"[bold red]error:[/] {ps.error}", highlight=False)
         elif not ps.patches:
             console.print("(empty series)")
-    return 1 if any(p.error for p in projects) else 0
+    return EXIT_PROBLEMS_FOUND if any(p.error for p in projects) else 0
 
 
 def bump_args(p: argparse.ArgumentParser) -> None:

@@ -14,12 +14,7 @@ from typing import Any
 
 from sm120fork.build.publish import load_manifest
 from sm120fork.declare import Project, Stack
-from sm120fork.errors import (
-    CommandError,
-    ConfigError,
-    MaintenanceError,
-    SourceError,
-)
+from sm120fork.errors import ConfigError, ToolkitError
 from sm120fork.fetch.source import source_key
 from sm120fork.maintain.state import (
     BumpState,
@@ -111,11 +106,8 @@ def project_status(ws: Workspace, stack: Stack, project: Project,
     try:
         series = load_series(ws.series_dir(project))
         repo = pinned_upstream(ws, stack, project)
-    except (ConfigError, SourceError, CommandError, MaintenanceError) as exc:
+    except ToolkitError as exc:  # a bad series, an unreachable pin: a row, keep going
         return result((), exc.message)
-    except Exception as exc:  # a SeriesError etc.: show it in the table, keep going
-        message = getattr(exc, "message", str(exc))
-        return result((), message)
     failures = check_series(repo, series)
     failed_at = series.names().index(failures[0].patch) if failures else len(series.patches)
     rows: list[PatchStatus] = []

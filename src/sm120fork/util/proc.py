@@ -1,7 +1,8 @@
 """The one wrapper for subprocesses and the one for git.
 
-Commands are echoed (``+ git am ...``) through the ``sm120fork`` logger, run with
-check, and their captured output is shown only when they fail.  GitPython's
+Commands are echoed through the ``sm120fork`` logger (``+ python -m build ...`` at info
+level, ``+ git am ...`` at debug level: ``-v`` shows them), run with check, and their
+captured output is shown only when they fail.  GitPython's
 ``GitCommandError`` becomes the toolkit's ``CommandError`` with stderr attached.
 """
 
@@ -95,7 +96,7 @@ class Git:
     @classmethod
     def init(cls, path: Path) -> Git:
         path.mkdir(parents=True, exist_ok=True)
-        log.info("+ git init %s", path)
+        log.debug("+ git init %s", path)
         git.Repo.init(path, initial_branch="main")
         g = cls(path)
         with g.repo.config_writer() as cfg:
@@ -109,7 +110,7 @@ class Git:
     def __call__(self, *args: str, env: Mapping[str, str] | None = None,
                  quiet: bool = False, strip: bool = True) -> str:
         if not quiet:
-            log.info("+ git %s", shlex.join(args))
+            log.debug("+ git %s", shlex.join(args))
         full_env = dict(git_env())
         if env:
             full_env.update(env)
