@@ -59,6 +59,16 @@ def test_escaping_entries_are_refused_before_writing(tmp_path: Path,
     assert not (tmp_path / "evil").exists()
 
 
+def test_a_link_through_a_link_is_refused_by_the_data_filter(tmp_path: Path) -> None:
+    """``d/l -> ..`` stays inside; ``d/l/l2 -> ../..`` only leaves once ``d/l`` exists."""
+    archive = tarball(tmp_path / "chain.tar.gz", [
+        info("pkg-1/d", tarfile.DIRTYPE), info("pkg-1/d/l", tarfile.SYMTYPE, ".."),
+        info("pkg-1/d/l/l2", tarfile.SYMTYPE, "../..")])
+    with pytest.raises(UnsafeArchiveError, match="outside the destination"):
+        safe_extract(archive, tmp_path / "out")
+    assert not (tmp_path / "l2").exists()
+
+
 def test_links_inside_the_tree_are_fine(tmp_path: Path) -> None:
     archive = tarball(tmp_path / "ok.tar.gz", [
         info("pkg-1/a.py"), info("pkg-1/sub", tarfile.DIRTYPE),
