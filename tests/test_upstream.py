@@ -26,10 +26,16 @@ def demo(tmp_path: Path) -> DemoWorkspace:
     return d
 
 
-def write_evidence(root: Path, *, gpu_status: str = "pass", proof: str = "pass") -> None:
+def write_evidence(root: Path, *, gpu_status: str = "pass", proof: str = "pass",
+                   stack: str = "demo", series_digest: str | None = None) -> None:
+    from sm120fork.patch.series import load_series
+
     sm120 = root / "reports" / "sm120"
     sm120.mkdir(parents=True, exist_ok=True)
-    (sm120 / "verify.json").write_text(json.dumps({"report": {}, "verdicts": [
+    digest = series_digest or load_series(root / "patches" / "demo" / "lib").digest
+    (sm120 / "verify.json").write_text(json.dumps({
+        "stack": stack, "made_from": [{"project": "lib", "series_digest": digest}],
+        "report": {}, "verdicts": [
         {"variant": "patched", "arch": "sm_120a", "status": proof, "reasons": []},
         {"variant": "unpatched", "arch": "sm_120a", "status": "fail",
          "reasons": ["empty lamport kernel bodies"]}]}))
@@ -194,3 +200,15 @@ def test_encoded_subject_and_author_reach_the_commits_and_title(tmp_path: Path) 
     assert git(work_tree(d), "log", "-1", "--format=%an <%ae>%n%s", pr.branch) == (
         f"{name} <{email}>\nJürgen: drop the guard")
     assert "=?UTF-8?" not in pr.body
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"stack": "other"}, "is for stack 'other'"),
+    ({"series_digest": "0" * 64}, "made from another lib series"),
+])
+def test_refuses_a_proof_made_from_another_stack_or_series(
+        demo: DemoWorkspace, kwargs: dict[str, str], says: str) -> None:
+    write_evidence(demo.ws.root, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(MaintenanceError) as err:
+        upstream_pr(demo.ws, "demo", "lib")
+    assert says in err.value.message

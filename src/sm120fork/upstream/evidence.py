@@ -82,6 +82,14 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
                         "(run: nox -s verify_sm120)")
     else:
         files[str(verify_path.relative_to(ws.root))] = _sha256(verify_path)
+        made_from = {m.get("project"): m for m in verify.get("made_from", [])}
+        if verify.get("stack") != stack.name:
+            problems.append(f"reports/sm120/verify.json is for stack {verify.get('stack')!r}, "
+                            f"not {stack.name!r} (run: python -m sm120fork verify-sm120 "
+                            f"--stack {stack.name})")
+        elif made_from.get(project.key, {}).get("series_digest") != series_digest:
+            problems.append(f"reports/sm120/verify.json was made from another {project.key} "
+                            "series (run: nox -s verify_sm120 after the last change)")
         failing = [f"{v.get('variant')}/{v.get('arch')}" for v in verify.get("verdicts", [])
                    if v.get("variant") not in BASELINE_VARIANTS and v.get("status") == "fail"]
         if failing:
