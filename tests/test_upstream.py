@@ -208,7 +208,7 @@ def test_encoded_subject_and_author_reach_the_commits_and_title(tmp_path: Path) 
 ])
 def test_refuses_a_proof_made_from_another_stack_or_series(
         demo: DemoWorkspace, kwargs: dict[str, str], says: str) -> None:
-    write_evidence(demo.ws.root, **kwargs)  # type: ignore[arg-type]
+    write_evidence(demo.ws.root, **kwargs)
     with pytest.raises(MaintenanceError) as err:
         upstream_pr(demo.ws, "demo", "lib")
     assert says in err.value.message
