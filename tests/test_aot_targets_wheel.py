@@ -55,7 +55,8 @@ def _fake_so(tmp_path: Path) -> Path:
 
 def _write(tmp_path: Path) -> Path:
     module = wheel.Module(name="trtllm_comm", so=_fake_so(tmp_path),
-                          targets=("sm_90a", "sm_120f"), info={"arch_list": "9.0 12.0"})
+                          targets=("sm_90a", "sm_120f"), info={"arch_list": "9.0 12.0"},
+                          sources_digest="sha256:" + "0" * 64)
     return wheel.write_wheel(tmp_path / "out", flashinfer=FLASHINFER, modules=[module],
                              cuda_version="13.0", platform="linux_x86_64",
                              stack="sglang-0.5.10", toolkit_version="0.1.0",
@@ -74,6 +75,7 @@ def test_wheel_layout_metadata_and_manifest(tmp_path: Path) -> None:
                          "RECORD").decode()
         so_bytes = zf.read("flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so")
     assert "flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so" in names
+    assert "flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so.sources" in names
     assert "Name: flashinfer-jit-cache" in metadata
     assert "Requires-Dist: flashinfer-python==0.6.7.post3+sm120.1" in metadata
     assert "flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so,sha256=" in record
@@ -83,6 +85,7 @@ def test_wheel_layout_metadata_and_manifest(tmp_path: Path) -> None:
     entry = manifest["modules"]["trtllm_comm"]
     assert entry["sha256"] == hashlib.sha256(so_bytes).hexdigest()
     assert entry["targets"] == ["sm_90a", "sm_120f"]
+    assert entry["sources_digest"] == "sha256:" + "0" * 64
     # Byte-stable: the same inputs give the same wheel.
     first = built.read_bytes()
     assert _write(tmp_path).read_bytes() == first

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sm120fork.aot import provenance
 from sm120fork.aot.compile import MODULE
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
@@ -38,7 +39,9 @@ jit_env = importlib.import_module("flashinfer.jit.env")
 comm = importlib.import_module("flashinfer.jit.comm")
 import flashinfer_jit_cache
 jit_spec = comm.gen_trtllm_comm_module()
+marker = Path(str(jit_spec.aot_path) + ".sources")
 print(mark + json.dumps({
+    "marker": marker.read_text().strip() if marker.is_file() else None,
     "flashinfer": str(root), "flashinfer_version": importlib.import_module(
         "flashinfer.version").__version__,
     "aot_dir": str(jit_env.FLASHINFER_AOT_DIR), "aot_path": str(jit_spec.aot_path),
@@ -92,4 +95,10 @@ def check_installed(manifest: Mapping[str, Any], found: Mapping[str, Any]) -> li
         digest = hashlib.sha256(Path(found["aot_path"]).read_bytes()).hexdigest()
         if digest != entry["sha256"]:
             problems.append(f"{found['aot_path']} does not match the manifest's sha256")
+    # What our FlashInfer checks before it loads the module (README-prebuilt.md).
+    data = Path(found["flashinfer"]) / "data"
+    shipped = provenance.own_digest(data / "csrc", data / "include")
+    if found["marker"] != shipped:
+        problems.append(f"the module's sources marker {found['marker']} is not the digest of "
+                        f"the installed FlashInfer's sources ({shipped}): it would be refused")
     return problems

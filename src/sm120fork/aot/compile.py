@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -260,12 +261,10 @@ def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: 
                           where=str(tree), fix="run `nox -s build` first to make the fork tree")
     interpreter = python or Path(sys.executable)
     arch_list = targets_mod.arch_list(capabilities)
-    work = cache / "work"
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    planned = plan(tree, capabilities, toolchain, python=interpreter, scratch=work)
-    key = cache_key(planned, tree, work, toolchain)
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="plan-", dir=cache) as scratch:
+        planned = plan(tree, capabilities, toolchain, python=interpreter, scratch=Path(scratch))
+        key = cache_key(planned, tree, Path(scratch), toolchain)
     done = cache / key
     record = done / "compiled.json"
     if record.is_file() and not rebuild:
@@ -275,6 +274,11 @@ def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: 
                         wall_seconds=data["wall_seconds"], jobs=data["jobs"],
                         toolchain=data["toolchain"],
                         phases=tuple(PhaseTime(**p) for p in data["phases"]))
+    # One work folder per key: builds for other targets can run beside this one.
+    work = cache / f"work-{key}"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
     times = work / "nvcc-time.csv"
     env = _base_env(toolchain, arch_list, work, jobs)
     env["FLASHINFER_EXTRA_CUDAFLAGS"] = f"--time={times}"
@@ -301,5 +305,6 @@ def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: 
     if done.exists():
         shutil.rmtree(done)
     os.replace(tmp, done)
+    shutil.rmtree(work, ignore_errors=True)
     log.info("%s built in %.0f s: %s", MODULE, wall, compiled.seconds_per_target())
     return compiled

@@ -78,18 +78,22 @@ def embedded_code(so: Path, cuobjdump: Path | None = None) -> list[TargetCode]:
     if not names:
         raise VerifyError("no embedded cubins", where=str(so),
                           fix="the module was built without -gencode targets")
-    out: list[TargetCode] = []
-    tools = _cxxfilt_tools(tool)
+    # One cubin per translation unit and target: a target's kernels are their union.
+    kernels: dict[str, dict[str, int]] = {}
+    cubins: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="sm120fork-aot-elf-") as tmp:
         proc.run([tool, "-xelf", "all", so.resolve()], cwd=Path(tmp), quiet=True)
         for name in names:
             match = _CUBIN_TARGET.search(name)
             target = match.group(1) if match else name
-            sizes = proof.kernel_sizes(Path(tmp) / name)
-            demangled = proof.demangle(sorted(sizes), tools)
-            out.append(TargetCode(target=target, cubin=name, kernels=sizes,
-                                  families={k: proof.kernel_family(demangled[k])
-                                            for k in sizes}))
+            kernels.setdefault(target, {}).update(proof.kernel_sizes(Path(tmp) / name))
+            cubins.setdefault(target, []).append(name)
+    tools = _cxxfilt_tools(tool)
+    out: list[TargetCode] = []
+    for target, sizes in kernels.items():
+        demangled = proof.demangle(sorted(sizes), tools)
+        out.append(TargetCode(target=target, cubin=", ".join(cubins[target]), kernels=sizes,
+                              families={k: proof.kernel_family(demangled[k]) for k in sizes}))
     return out
 
 

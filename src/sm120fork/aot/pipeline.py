@@ -19,6 +19,7 @@ from typing import Any
 from sm120fork import __version__
 from sm120fork.aot import compile as compile_mod
 from sm120fork.aot import inspect as inspect_mod
+from sm120fork.aot import provenance
 from sm120fork.aot import toolchain as toolchain_mod
 from sm120fork.aot import wheel as wheel_mod
 from sm120fork.aot.targets import DEFAULT_CAPABILITIES
@@ -109,9 +110,11 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
         raise BuildError("kernels missing or empty: " + "; ".join(
             f"{c.target}: {len(c.missing)} missing, {len(c.empty)} empty" for c in bad),
             where=str(compiled.so), fix="the tree's SM12x fixes are not in effect")
+    digest, digest_by = provenance.tree_digest(tree)
     module = wheel_mod.Module(name=compile_mod.MODULE, so=compiled.so,
-                              targets=compiled.plan.targets,
+                              targets=compiled.plan.targets, sources_digest=digest,
                               info={"arch_list": compiled.plan.arch_list,
+                                    "sources_digest_by": digest_by,
                                     "cache_key": compiled.key,
                                     "tvm_ffi_version": compiled.plan.tvm_ffi_version,
                                     "code": inspect_mod.summary(code, checks)})

@@ -73,12 +73,12 @@ def find_cuda_home() -> tuple[Path, str]:
                 if (top / "bin" / "nvcc").is_file():
                     return top, "system"
         return Path(nvcc).resolve().parents[1], "system"
-    home = _pip_cuda_home(sys.path)
-    if home is None:
+    pip_home = _pip_cuda_home(sys.path)
+    if pip_home is None:
         raise ConfigError("no CUDA toolkit: no CUDA_HOME, no nvcc on PATH, no nvidia-cuda-nvcc",
                           fix="pip install -r aot/requirements-build.txt (the CUDA toolchain "
                           "from the package index) or install the CUDA toolkit")
-    return home, "pip"
+    return pip_home, "pip"
 
 
 def _cudart(cuda_home: Path) -> Path | None:

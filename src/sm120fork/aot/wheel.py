@@ -78,6 +78,9 @@ class Module:
     so: Path
     targets: tuple[str, ...]
     info: Mapping[str, Any]
+    #: ``sha256:<hex>`` of the C++ sources it was built from: the marker our FlashInfer
+    #: checks before loading it (patches/<stack>/flashinfer/README-prebuilt.md).
+    sources_digest: str
 
 
 def cuda_tag(cuda_version: str) -> str:
@@ -173,7 +176,9 @@ def build_manifest(*, version: str, flashinfer: FlashInferBuild, modules: Sequen
         "toolchain": dict(toolchain),
         "modules": {m.name: {"path": f"{CACHE_DIR}/{m.name}/{m.name}.so",
                              "sha256": sha256_file(m.so), "bytes": m.so.stat().st_size,
-                             "targets": list(m.targets), **dict(m.info)}
+                             "targets": list(m.targets), "sources_digest": m.sources_digest,
+                             "marker": f"{CACHE_DIR}/{m.name}/{m.name}.so.sources",
+                             **dict(m.info)}
                     for m in modules},
     }
 
@@ -196,8 +201,10 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
         (f"{PACKAGE}/{MANIFEST}", (json.dumps(manifest, indent=1, sort_keys=True)
                                    + "\n").encode(), 0o644),
     ]
-    files += [(f"{PACKAGE}/{CACHE_DIR}/{m.name}/{m.name}.so", m.so.read_bytes(), 0o755)
-              for m in modules]
+    for m in modules:
+        base = f"{PACKAGE}/{CACHE_DIR}/{m.name}/{m.name}.so"
+        files += [(base, m.so.read_bytes(), 0o755),
+                  (base + ".sources", f"{m.sources_digest}\n".encode(), 0o644)]
     files += [(f"{dist_info}/METADATA", _metadata(version, flashinfer).encode(), 0o644),
               (f"{dist_info}/WHEEL", _wheel_file(tag).encode(), 0o644)]
     record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data, _ in files)
@@ -232,6 +239,11 @@ def read_wheel(path: Path) -> dict[str, Any]:
             if hashlib.sha256(zf.read(member)).hexdigest() != entry["sha256"]:
                 raise BuildError(f"module {module} does not match its sha256",
                                  where=f"{path}:{member}")
+            marker = f"{PACKAGE}/{entry['marker']}"
+            if marker not in names or zf.read(marker).decode().strip() != entry[
+                    "sources_digest"]:
+                raise BuildError(f"module {module}'s sources marker is missing or differs "
+                                 "from the manifest", where=f"{path}:{marker}")
         metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
         text = zf.read(metadata).decode()
     version = re.search(r"^Version: (.+)$", text, re.M)
