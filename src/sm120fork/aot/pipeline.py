@@ -47,6 +47,7 @@ def aot_cache(ws: Workspace, stack: Stack) -> Path:
 
 
 def default_out(ws: Workspace, stack: Stack) -> Path:
+    """``wheels/aot/<stack>/``: beside, not inside, the folder the stack's build replaces."""
     return ws.wheels_dir / "aot" / stack.name
 
 
@@ -84,7 +85,7 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
               rebuild: bool = False, python: Path | None = None,
               platform: str | None = None) -> AotBuild:
     """Compile the stack's trtllm comm module and write the AOT wheel (into ``out``)."""
-    wheels_dir = wheels_dir or ws.wheels_dir
+    wheels_dir = wheels_dir or ws.stack_wheels(stack.name)
     flashinfer = flashinfer_build(wheels_dir, stack)
     project = stack.project(FLASHINFER_KEY)
     tree = ws.work_tree(stack, project)

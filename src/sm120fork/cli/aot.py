@@ -27,7 +27,7 @@ def build_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=2, help="parallel nvcc runs (default 2)")
     p.add_argument("--rebuild", action="store_true", help="ignore the compile cache")
     p.add_argument("--wheels-dir", type=Path,
-                   help="where the stack's wheels and manifest.json are (default: wheels/)")
+                   help="where the stack's wheels and manifest.json are (default: wheels/<stack>/)")
     p.add_argument("--out", type=Path, help="where the AOT wheel goes "
                    "(default: wheels/aot/<stack>/)")
     p.add_argument("--platform", help="wheel platform tag (default: this machine's)")
