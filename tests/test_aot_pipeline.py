@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _manifest(path: Path, **changes: object) -> None:
-    entry = {"project": "flashinfer", "distribution": "flashinfer-python",
+    entry: dict[str, object] = {"project": "flashinfer", "distribution": "flashinfer-python",
              "version": "0.6.7.post3+sm120.1", "wheel": "w.whl", "sha256": "a" * 64,
              "tree": "b" * 40, "patched_commit": "c" * 40, "upstream_version": "0.6.7.post3",
              "series_digest": "d" * 64}
@@ -33,10 +33,10 @@ def test_the_flashinfer_entry_of_the_stacks_manifest(tmp_path: Path) -> None:
     build = pipeline.flashinfer_build(tmp_path, stack)
     assert build.version == "0.6.7.post3+sm120.1"
     assert build.sha256 == "a" * 64
-    with pytest.raises(ConfigError, match="no readable manifest.json"):
+    with pytest.raises(ConfigError, match=r"no readable manifest\.json"):
         pipeline.flashinfer_build(tmp_path / "none", stack)
     other = load_stacks(REPO / "forks")["flashinfer-0.7.4"]
-    with pytest.raises(ConfigError, match="not 'flashinfer-0.7.4'"):
+    with pytest.raises(ConfigError, match=r"not 'flashinfer-0\.7\.4'"):
         pipeline.flashinfer_build(tmp_path, other)
     _manifest(tmp_path / "short", sha256=None)
     data = json.loads((tmp_path / "short" / "manifest.json").read_text())
