@@ -2,9 +2,10 @@
 
 ``cuobjdump`` lists and extracts the ELF cubins embedded in the module's fatbinary (one per
 target).  Each cubin's kernels are measured and judged with the SM12x proof's own rules
-(``sm120proof.kernel_sizes`` / ``is_empty_body`` / ``kernel_family``): every sm_90a kernel
-must be present in every other target with a body that is not empty (SM120-FACTS F3 is
-exactly an empty lamport kernel on SM12x).
+(``verify.proof.cubin.kernel_sizes`` / ``kernel_family``,
+``verify.proof.verdict.is_empty_body``): every sm_90a kernel must be present in every
+other target with a body that is not empty (SM120-FACTS F3 is exactly an empty lamport
+kernel on SM12x).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sm120fork import sm120proof as proof
 from sm120fork.errors import ConfigError, VerifyError
 from sm120fork.util import proc
+from sm120fork.verify.proof import cubin, nvcc, verdict
+from sm120fork.verify.proof.gate import REFERENCE_ARCH
 
 _ELF_LINE = re.compile(r"^ELF file\s+\d+:\s+(\S+\.cubin)\s*$")
 _CUBIN_TARGET = re.compile(r"\.(sm_\d+[a-z]?)\.cubin$")
@@ -40,9 +42,9 @@ def find_cuobjdump() -> Path:
                       "(or put the CUDA toolkit's bin/ on PATH)")
 
 
-def _cxxfilt_tools(cuobjdump: Path) -> proof.Tools:
+def _cxxfilt_tools(cuobjdump: Path) -> nvcc.Tools:
     cxxfilt = shutil.which("c++filt")
-    return proof.Tools(python=Path(sys.executable), nvcc=Path("nvcc"), nvcc_version="",
+    return nvcc.Tools(python=Path(sys.executable), nvcc=Path("nvcc"), nvcc_version="",
                        cuobjdump=cuobjdump, nvdisasm=None,
                        cxxfilt=Path(cxxfilt) if cxxfilt else None)
 
@@ -86,14 +88,14 @@ def embedded_code(so: Path, cuobjdump: Path | None = None) -> list[TargetCode]:
         for name in names:
             match = _CUBIN_TARGET.search(name)
             target = match.group(1) if match else name
-            kernels.setdefault(target, {}).update(proof.kernel_sizes(Path(tmp) / name))
+            kernels.setdefault(target, {}).update(cubin.kernel_sizes(Path(tmp) / name))
             cubins.setdefault(target, []).append(name)
     tools = _cxxfilt_tools(tool)
     out: list[TargetCode] = []
     for target, sizes in kernels.items():
-        demangled = proof.demangle(sorted(sizes), tools)
+        demangled = nvcc.demangle(sorted(sizes), tools)
         out.append(TargetCode(target=target, cubin=", ".join(cubins[target]), kernels=sizes,
-                              families={k: proof.kernel_family(demangled[k]) for k in sizes}))
+                              families={k: cubin.kernel_family(demangled[k]) for k in sizes}))
     return out
 
 
@@ -102,14 +104,14 @@ def check_against(reference: TargetCode, other: TargetCode) -> TargetCheck:
     missing = tuple(sorted(set(reference.kernels) - set(other.kernels)))
     empty = tuple(sorted(
         name for name, size in reference.kernels.items()
-        if name in other.kernels and proof.is_empty_body(other.kernels[name], size)))
+        if name in other.kernels and verdict.is_empty_body(other.kernels[name], size)))
     return TargetCheck(target=other.target, reference_kernels=len(reference.kernels),
                        present=len(reference.kernels) - len(missing), missing=missing,
                        empty=empty)
 
 
 def check_module(code: Sequence[TargetCode],
-                 reference_target: str = proof.REFERENCE_ARCH) -> list[TargetCheck]:
+                 reference_target: str = REFERENCE_ARCH) -> list[TargetCheck]:
     reference = next((c for c in code if c.target == reference_target), None)
     if reference is None:
         raise VerifyError(f"no {reference_target} code to compare against",
