@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,32 @@ from sm120fork.workspace import Workspace
 NAMES_SHOWN = 5
 
 
+#: Machine-specific folders in compiler flags, named by role in the committed report.
+_ROLES = (
+    (re.compile(r"/[^\s\"']*/site-packages/"), "<site-packages>/"),
+    (re.compile(r"/[^\s\"']*/include/python3\.\d+"), "<python-include>"),
+    (re.compile(r"/usr/local/include"), "<system-include>"),
+)
+
+
+def portable(value: Any, root: Path) -> Any:
+    """``value`` with the checkout's path made relative and other machine folders named by
+    role (reports carry no absolute path of the machine that made them)."""
+    if isinstance(value, str):
+        text = value.replace(f"{root}/", "").replace(str(root), ".")
+        for pattern, role in _ROLES:
+            text = pattern.sub(role, text)
+        return text
+    if isinstance(value, list):
+        return [portable(v, root) for v in value]
+    if isinstance(value, dict):
+        return {k: portable(v, root) for k, v in value.items()}
+    return value
+
+
 def to_json(result: VerifyResult, root: Path) -> dict[str, Any]:
     proof = json.loads(result.proof.to_json(root)) if result.proof else None
-    return {
+    document: dict[str, Any] = portable({
         "stack": result.stack,
         "made_from": [dataclasses.asdict(p) for p in result.provenance],
         "passed": result.passed,
@@ -34,7 +58,8 @@ def to_json(result: VerifyResult, root: Path) -> dict[str, Any]:
         # the compile proof's verdict per variant and architecture, for upstream_pr
         "verdicts": proof["verdicts"] if proof else [],
         "proof": proof["report"] if proof else None,
-    }
+    }, root)
+    return document
 
 
 def to_markdown(result: VerifyResult) -> str:
