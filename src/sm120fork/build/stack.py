@@ -35,7 +35,14 @@ from sm120fork.fetch.source import Progress, source_key
 from sm120fork.patch.series import Series, load_series
 from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree
 from sm120fork.plugin.build import build_plugin, publish_plugin
-from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file
+from sm120fork.util.files import (
+    atomic_write_text,
+    read_json_object,
+    remove_stale_scratch,
+    scratch_prefix,
+    sha256_file,
+)
+from sm120fork.util.proc import allow_children, end_children
 from sm120fork.verify.artifact import check_wheel, require_passed
 from sm120fork.workspace import Workspace
 
@@ -93,7 +100,7 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *, force: bool 
                             cached=True, seconds=time.monotonic() - start, entry=entry)
     tree = prepare_tree(ws, stack, project, patches=series.patches, force=force,
                         progress=progress)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=ws.state_dir))
+    staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(key), dir=ws.state_dir))
     try:
         wheel = build_wheel(project, tree.repo, staging)
         results = check_wheel(wheel, project, series, tree.repo)
@@ -150,6 +157,14 @@ def check_requirements(stack: Stack, builds: list[ProjectBuild]) -> None:
                     fix="align the local label or the dependency pin")
 
 
+def remove_leftovers(ws: Workspace, stack: Stack) -> None:
+    """Scratch files and folders of runs that were killed (SIGKILL) before cleaning up."""
+    for parent in (ws.state_dir, ws.state_dir / "work" / stack.name, ws.sdist_cache,
+                   Path(tempfile.gettempdir())):
+        for path in remove_stale_scratch(parent):
+            log.info("removed %s, left by a killed run", path)
+
+
 def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bool = False,
                 only: list[str] | None = None,
                 progress: Callable[[str], Progress | None] | None = None,
@@ -157,7 +172,9 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
                 jobs: int = os.cpu_count() or 1) -> list[ProjectBuild]:
     """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or out)."""
     projects = [stack.project(k) for k in only] if only else list(stack.projects)
+    allow_children()
     with ws.lock(lock_timeout):
+        remove_leftovers(ws, stack)
         # Downloads one at a time (one progress bar), then the projects' patch + build +
         # check concurrently: they share nothing, and a wheel build leaves cores idle.
         for p in projects:
@@ -166,7 +183,13 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
         with ThreadPoolExecutor(max_workers=max(1, min(len(projects), jobs))) as pool:
             futures = [pool.submit(build_project, ws, stack, p, force=force, rebuild=rebuild)
                        for p in projects]
-            builds = [f.result() for f in futures]
+            try:
+                builds = [f.result() for f in futures]
+            except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the CLI's handler
+                # End the projects' builds now, so the pool's shutdown does not wait for
+                # them; each worker removes its own scratch folders as its build fails.
+                end_children()
+                raise
         check_requirements(stack, builds)
         if not only:
             plugin = build_plugin(ws, stack, force=force)

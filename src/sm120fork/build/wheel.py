@@ -22,6 +22,7 @@ from packaging.version import Version
 
 from sm120fork.declare import Project
 from sm120fork.errors import BuildError, CommandError
+from sm120fork.util.files import scratch_prefix
 from sm120fork.util.proc import Git, run
 
 log = logging.getLogger("sm120fork")
@@ -59,7 +60,8 @@ def stamp_version(project: Project, package_dir: Path) -> dict[str, str]:
 
 def build_wheel(project: Project, repo: Git, out_dir: Path) -> Path:
     """Build the project's wheel from HEAD of ``repo`` into ``out_dir``; return its path."""
-    with tempfile.TemporaryDirectory(prefix=f"sm120fork-build-{project.key}-") as tmp:
+    with tempfile.TemporaryDirectory(
+            prefix=scratch_prefix(f"build-{project.key}", hidden=False)) as tmp:
         src = Path(tmp) / "src"
         export_tree(repo, src)
         root = project.package_root.strip("/")

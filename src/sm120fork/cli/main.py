@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from sm120fork import __version__, doctor
 from sm120fork.cli import aot, build, gpu, maintain, testvariant, verify
 from sm120fork.cli.usage import Parser, verbosity_options
 from sm120fork.errors import EXIT_INTERRUPTED, ToolkitError, UsageError
+from sm120fork.util.proc import end_children
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -114,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  logging.DEBUG if args.verbose else logging.INFO)
     log.propagate = False
     verb = VERBS[args.command]
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _sigterm) if main_thread else None
     try:
         if verb.own_main is not None:
             return verb.own_main(_verb_argv(argv, args.command))
@@ -128,8 +133,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         err_console.print(f"error: {exc.message}", markup=False, style="bold red")
         return exc.exit_code
     except KeyboardInterrupt:
-        err_console.print("interrupted; the next run recovers", style="bold red")
+        ended = end_children()
+        err_console.print(f"interrupted: {args.command} stopped"
+                          + (f", {ended} running command(s) ended" if ended else "")
+                          + "; its temporary folders are removed (the next run removes "
+                            "any a hard kill leaves)", style="bold red", soft_wrap=True)
         return EXIT_INTERRUPTED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm(signum: int, _frame: object) -> None:
+    """SIGTERM (nox forwards it alone, after 0.3 s of SIGINT) unwinds like Ctrl-C."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -25,6 +27,54 @@ log = logging.getLogger("sm120fork")
 TOOLKIT_AUTHOR_NAME = "sm120fork"
 TOOLKIT_AUTHOR_EMAIL = "sm120fork@localhost.invalid"
 FIXED_DATE = "2000-01-01T00:00:00+00:00"
+
+
+_children: set[subprocess.Popen[str]] = set()
+_children_lock = threading.Lock()
+_ending = threading.Event()
+_ended: list[int] = []
+
+
+def end_children(grace: float = 5.0) -> int:
+    """End every command started by :func:`run` (each with its own process group, so a
+    build's own children go too) and refuse new ones; return how many were ended since
+    :func:`allow_children`.
+
+    Called when the toolkit is interrupted: SIGTERM may reach only this process (nox
+    forwards it alone), and a child left running would keep building."""
+    _ending.set()
+    with _children_lock:
+        running = [p for p in _children if p.poll() is None]
+    for p in running:
+        with _suppress_gone():
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in running:
+        _reap(p, grace)
+    _ended.extend(p.pid for p in running)
+    return len(_ended)
+
+
+def _reap(child: subprocess.Popen[str], grace: float) -> None:
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        with _suppress_gone():
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def allow_children() -> None:
+    """Undo :func:`end_children` (a new command in the same process, e.g. tests)."""
+    _ending.clear()
+    _ended.clear()
+
+
+class _suppress_gone:  # noqa: N801 - a tiny context manager, used like contextlib.suppress
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(kind, ProcessLookupError | PermissionError)
 
 
 def _tail(text: str, lines: int = 40) -> str:
@@ -47,17 +97,33 @@ def run(
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
+    if _ending.is_set():
+        raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
     try:
-        proc = subprocess.run(
-            argv, cwd=cwd, env=full_env, capture_output=True, text=True,
-            timeout=timeout, check=False,
-        )
+        child = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     except FileNotFoundError as exc:
         raise CommandError(
             f"command not found: {argv[0]}", fix="install it or put it on PATH"
         ) from exc
+    with _children_lock:
+        _children.add(child)
+    try:
+        stdout, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:
+        with _suppress_gone():
+            os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
         raise CommandError(f"timed out after {timeout}s: {shlex.join(argv)}") from exc
+    except BaseException:  # interrupted while waiting here: the child ends with us
+        with _suppress_gone():
+            os.killpg(child.pid, signal.SIGTERM)
+        _reap(child, 5.0)
+        raise
+    finally:
+        with _children_lock:
+            _children.discard(child)
+    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         output = _tail((proc.stdout or "") + "\n" + (proc.stderr or ""))
         raise CommandError(
