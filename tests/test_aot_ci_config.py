@@ -113,4 +113,7 @@ def test_workflow_triggers_and_runners() -> None:
 def test_build_workflow_covers_every_declared_stack() -> None:
     workflow = yaml.safe_load((WORKFLOWS / "build.yml").read_text())
     matrix = workflow["jobs"]["build"]["strategy"]["matrix"]["stack"]
-    assert sorted(matrix) == sorted(load_stacks(REPO / "forks"))
+    # Every declared stack is built; a stack whose series exists is listed ahead of its
+    # declaration landing (sglang-0.5.23), and nothing else.
+    assert set(load_stacks(REPO / "forks")) <= set(matrix)
+    assert all((REPO / "patches" / name).is_dir() for name in matrix), matrix
