@@ -73,3 +73,24 @@ def test_verbosity_options_work_after_the_verb_as_nox_passes_them() -> None:
     assert parser.parse_args(["-q", "build"]).quiet
     assert parser.parse_args(["status", "-v"]).verbose
     assert not parser.parse_args(["status"]).verbose
+
+
+def test_the_live_stage_line_shows_what_each_project_is_doing() -> None:
+    import io
+
+    from rich.console import Console
+
+    from sm120fork.cli.build import StageLine
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80, color_system=None)
+    with StageLine(console) as stage:
+        stage("flashinfer", "building: copying flashinfer/comm.py")
+        stage("sglang", "checking the wheel")
+        stage("flashinfer", "building: " + "x" * 200)
+        stage.progress.refresh()
+        shown = out.getvalue()
+    assert "flashinfer: building: copying flashinfer/comm.py" in shown
+    assert "sglang: checking the wheel" in shown
+    assert "x" * 70 not in shown  # a long line is cut to the terminal's width
+    assert "…" in shown

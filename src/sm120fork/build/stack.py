@@ -78,8 +78,18 @@ def _cached(ws: Workspace, stack: Stack, project: Project) -> bool:
     return _load_entry(ws.build_cache(stack, project) / key) is not None
 
 
+#: Called as ``stage(project_key, what)`` as a project moves on ("patching", each line
+#: of the wheel build, "checking the wheel"): the CLI's live progress line.
+Stage = Callable[[str, str], None]
+
+
+def _no_stage(project: str, what: str) -> None:
+    return None
+
+
 def build_project(ws: Workspace, stack: Stack, project: Project, *, force: bool = False,
-                  rebuild: bool = False, progress: Progress | None = None) -> ProjectBuild:
+                  rebuild: bool = False, progress: Progress | None = None,
+                  stage: Stage = _no_stage) -> ProjectBuild:
     start = time.monotonic()
     series = load_series(ws.series_dir(project))
     kind = project.source
@@ -98,11 +108,15 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *, force: bool 
                             upstream_version=project.version, version=project.local_version,
                             wheel=entry_dir / entry["wheel"], sha256=entry["sha256"],
                             cached=True, seconds=time.monotonic() - start, entry=entry)
+    stage(project.key, "fetching and patching")
     tree = prepare_tree(ws, stack, project, patches=series.patches, force=force,
                         progress=progress)
     staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(key), dir=ws.state_dir))
     try:
-        wheel = build_wheel(project, tree.repo, staging)
+        stage(project.key, "building the wheel")
+        wheel = build_wheel(project, tree.repo, staging,
+                            on_line=lambda line: stage(project.key, f"building: {line}"))
+        stage(project.key, "checking the wheel")
         results = check_wheel(wheel, project, series, tree.repo)
         require_passed(results, project)
         digest = sha256_file(wheel)
@@ -169,7 +183,7 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
                 only: list[str] | None = None,
                 progress: Callable[[str], Progress | None] | None = None,
                 lock_timeout: float = -1, out: Path | None = None,
-                jobs: int = os.cpu_count() or 1) -> list[ProjectBuild]:
+                jobs: int = os.cpu_count() or 1, stage: Stage = _no_stage) -> list[ProjectBuild]:
     """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or out)."""
     projects = [stack.project(k) for k in only] if only else list(stack.projects)
     allow_children()
@@ -181,8 +195,8 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
             if p.source == "sdist" and (rebuild or not _cached(ws, stack, p)):
                 download_sdist(p, ws.sdist_cache, progress(p.key) if progress else None)
         with ThreadPoolExecutor(max_workers=max(1, min(len(projects), jobs))) as pool:
-            futures = [pool.submit(build_project, ws, stack, p, force=force, rebuild=rebuild)
-                       for p in projects]
+            futures = [pool.submit(build_project, ws, stack, p, force=force, rebuild=rebuild,
+                                   stage=stage) for p in projects]
             try:
                 builds = [f.result() for f in futures]
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the CLI's handler

@@ -14,7 +14,7 @@ import shlex
 import signal
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import git
@@ -89,8 +89,12 @@ def run(
     check: bool = True,
     timeout: float | None = None,
     quiet: bool = False,
+    on_line: Callable[[str], None] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd``, echoing it; raise ``CommandError`` with its output if it fails."""
+    """Run ``cmd``, echoing it; raise ``CommandError`` with its output if it fails.
+
+    ``on_line`` sees each line of output (stdout and stderr together) as it comes, for a
+    live progress line; the lines are then ``stdout`` of the result."""
     argv = [os.fspath(c) for c in cmd]
     if not quiet:
         log.info("+ %s", shlex.join(argv))
@@ -101,7 +105,8 @@ def run(
         raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
     try:
         child = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                 stderr=subprocess.STDOUT if on_line else subprocess.PIPE,
+                                 text=True, start_new_session=True)
     except FileNotFoundError as exc:
         raise CommandError(
             f"command not found: {argv[0]}", fix="install it or put it on PATH"
@@ -109,7 +114,16 @@ def run(
     with _children_lock:
         _children.add(child)
     try:
-        stdout, stderr = child.communicate(timeout=timeout)
+        if on_line is not None and child.stdout is not None:
+            lines: list[str] = []
+            with child.stdout:
+                for line in child.stdout:
+                    lines.append(line)
+                    on_line(line.rstrip("\n"))
+            stdout, stderr = "".join(lines), ""
+            child.wait(timeout)
+        else:
+            stdout, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         with _suppress_gone():
             os.killpg(child.pid, signal.SIGKILL)
