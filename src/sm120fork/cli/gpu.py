@@ -27,6 +27,7 @@ from sm120fork.errors import ConfigError, ToolkitError, VerifyError
 from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import launcher, report
 from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG, check_backend
+from sm120fork.util import portable
 
 log = logging.getLogger("sm120fork")
 
@@ -225,7 +226,12 @@ def _out_dir(args: argparse.Namespace, env: dict[str, Any]) -> Path:
     return Path("reports/gpu") / report.gpu_slug(gpus[0], int(env.get("gpu_count") or 0))
 
 
-def _collect_logs(run_dir: Path, dest: Path) -> None:
+def _roles(args: argparse.Namespace, out: Path) -> portable.Roles:
+    """This machine's paths by role, for reports that travel (issue 8: no machine path)."""
+    return portable.machine_roles(Path.cwd(), {"gpu-work": args.work_dir, "out": out})
+
+
+def _collect_logs(run_dir: Path, dest: Path, roles: portable.Roles) -> None:
     """One log file per variant and world size: every attempt's rank logs, concatenated."""
     dest.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[Path]] = {}
@@ -237,7 +243,7 @@ def _collect_logs(run_dir: Path, dest: Path) -> None:
         with (dest / f"{group}.log").open("w") as out:
             for path in paths:
                 out.write(f"===== {path.name} =====\n")
-                out.write(path.read_text(errors="replace"))
+                out.write(portable.portable_text(path.read_text(errors="replace"), roles))
                 out.write("\n")
 
 
@@ -298,8 +304,9 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "tolerances": tolerance_table(), "results": results, "not_run": args.not_run,
     }
     out = _out_dir(args, env)
-    paths = report.write_test_report(doc, out)
-    _collect_logs(run_dir, out / "logs")
+    roles = _roles(args, out)
+    paths = report.write_test_report(doc, out, roles)
+    _collect_logs(run_dir, out / "logs", roles)
     failed = [r["key"] for r in results[primary] if r["status"] == "fail"]
     order, table = report.ab_rows(doc)
     classes = [report.classify({v: r["status"] for v, r in table[k].items()}, primary,
@@ -347,8 +354,9 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "not_run": args.not_run,
     }
     out = _out_dir(args, env)
-    paths = report.write_bench_report(doc, out)
-    _collect_logs(run_dir, out / "logs")
+    roles = _roles(args, out)
+    paths = report.write_bench_report(doc, out, roles)
+    _collect_logs(run_dir, out / "logs", roles)
     print(f"wrote {', '.join(map(str, paths))}")
     if not outcome.ok:
         print(VerifyError(f"bench ranks failed: {outcome.failure}").message, file=sys.stderr)

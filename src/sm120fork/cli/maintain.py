@@ -194,13 +194,17 @@ def upstream_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wheels", type=Path, metavar="DIR",
                    help="where this stack's wheels and manifest.json are (default: "
                         "wheels/<stack>/; see build --out)")
+    p.add_argument("--write", action="store_true",
+                   help="write into reports/upstream/ (tracked) instead of .forks/upstream/")
 
 
 def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.upstream.pr import upstream_pr
 
     result = upstream_pr(ws, args.stack, args.project, onto=args.onto, repo=args.repo,
-                         wheels_dir=args.wheels)
+                         wheels_dir=args.wheels, write=args.write)
+    for why in result.left_out:
+        console.print(f"left out of the branch: {why}", markup=False, highlight=False)
     if not result.commits:
         console.print(f"{args.stack}/{args.project}: nothing to submit: {result.reason}")
         return 0
@@ -209,7 +213,8 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
         console.print(f"  {c}")
     console.print(f"title: {result.title}")
     console.print(f"wrote {result.out_dir.relative_to(ws.root)}/ "
-                  f"({', '.join(sorted(p.name for p in result.files))})")
+                  f"({', '.join(sorted(p.name for p in result.files))})"
+                  + ("" if args.write else "; --write puts it under reports/upstream/"))
     console.print("nothing was pushed; to submit, run:")
     for line in result.commands:
         console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
