@@ -27,7 +27,7 @@ from sm120fork.util import proc
 
 mark = Path(sys.argv[2])
 
-def slow_wheel(project, repo, out_dir):
+def slow_wheel(project, repo, out_dir, on_line=None):
     proc.run([sys.executable, "-c", "import os, sys, time; "
               "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)",
               f"{mark}.{project.key}"])
