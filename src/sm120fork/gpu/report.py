@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sm120fork.util import portable
+from sm120fork.util.markdown import markdown_table as _md_table
 
 SHARED_LABEL = "shared GPU: timings not representative"
 #: 61 layers x 2 all-reduces per forward (Kimi-K2.5 / DeepSeek-V3 shape), hidden 7168.
@@ -33,12 +33,6 @@ def gpu_slug(name: str, count: int) -> str:
     return f"{slug}-{count}x"
 
 
-def _md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        out.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ")
-                                     for c in row) + " |")
-    return out
 
 
 def _env_lines(env: dict[str, Any]) -> list[str]:

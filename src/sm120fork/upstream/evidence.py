@@ -16,6 +16,7 @@ from typing import Any
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import MaintenanceError
 from sm120fork.patch.series import load_series
+from sm120fork.util.markdown import markdown_table as _md_table
 from sm120fork.workspace import Workspace
 
 #: Variants of the compile proof and GPU tests that are the unpatched baseline.
@@ -194,11 +195,6 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
                     manifest_name=shown)
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |"
-            for r in rows]
-    return out
 
 
 def evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
