@@ -119,3 +119,10 @@ def upstream_pr(session: nox.Session) -> None:
     """Prepare (never push) an upstream PR: nox -s upstream_pr -- <stack> <project>."""
     session.install("-q", ".")
     session.run("python", "-m", "sm120fork", "upstream-pr", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def doctor(session: nox.Session) -> None:
+    """Check this box for the fused all-reduce on SM12x (--json for machines)."""
+    session.install("-q", ".")
+    session.run("python", "-m", "sm120fork", "doctor", *session.posargs)

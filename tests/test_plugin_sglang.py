@@ -171,3 +171,18 @@ def test_disabled_plugin_leaves_sglang_stock(sites: Sites) -> None:
     result = probe(sites, sites.stock, "12.0", plugin=True, env={"SM120FORK_PLUGIN": "0"})
     assert result["plugin"] == ["sm120fork plugin: disabled by SM120FORK_PLUGIN=0; SGLang is stock"]
     assert result["cases"] == stock["cases"]
+
+
+def test_the_plugin_wheels_doctor_runs_without_the_toolkit(sites: Sites) -> None:
+    """``python -S``: no site-packages, so only the two --no-deps installs are importable."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(sites.stock), str(sites.plugin)]))
+    done = subprocess.run([sys.executable, "-S", "-c", "import sys, importlib.util\n"
+                           "assert importlib.util.find_spec('sm120fork') is None\n"
+                           "from sm120fork_sglang_plugin.doctor import main\n"
+                           "sys.exit(main(['--json', '--decide-timeout', '60']))"],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    report = json.loads(done.stdout)
+    hooks = report["packages"]["plugin_hooks"]
+    assert [h["state"] for h in hooks] == ["applied"] * len(sites.spec.hooks)
+    assert report["packages"]["plugin_active"] is True
+    assert done.returncode == (15 if report["blockers"] else 0)
