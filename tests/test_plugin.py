@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import shutil
 import sys
 import textwrap
 import types
@@ -363,3 +364,13 @@ def test_build_says_an_old_sglang_has_no_plugin_framework(
     assert not (ws.stack_wheels("s") / "plugin").exists()
     assert ("sglang 0.5.10.post1 has no plugin framework (SGLang 0.5.11+): no plugin wheel for "
             "this stack; its patched sglang wheel is the way there") in caplog.messages
+
+
+def test_rebuild_with_nothing_changed_touches_no_fork_tree(tmp_path: Path) -> None:
+    ws = _sglang_stack(tmp_path, "0.5.23", framework=True)
+    build_stack(ws, ws.stack("s"))
+    shutil.rmtree(ws.state_dir / "work")  # a second build must not need the fork tree
+    from sm120fork.plugin.build import build_plugin
+    again = build_plugin(ws, ws.stack("s"))
+    assert again.cached
+    assert not (ws.state_dir / "work").exists()

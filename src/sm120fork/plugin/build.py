@@ -11,9 +11,10 @@ SGLang it says so: the patched wheel is the way there.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from packaging.version import Version
 from sm120fork.declare import Project, Stack
 from sm120fork.patch.series import load_series
 from sm120fork.patch.tree import prepare_tree
+from sm120fork.plugin import generate as generate_module
 from sm120fork.plugin.generate import UPSTREAM_TAG, generate_spec, patch_commits
 from sm120fork.plugin.package import DISTRIBUTION, build_plugin_wheel
 from sm120fork.plugin.runtime import Spec
@@ -72,21 +74,33 @@ def build_plugin(ws: Workspace, stack: Stack, *, force: bool = False) -> PluginR
             f"sglang {project.version} has no plugin framework (SGLang {FRAMEWORK_SINCE}+): "
             "no plugin wheel for this stack; its patched sglang wheel is the way there"))
     series = load_series(ws.series_dir(project))
-    tree = prepare_tree(ws, stack, project, patches=series.patches, force=force)
-    prefix = "" if project.package_root.strip("/") in ("", ".") else \
-        project.package_root.strip("/") + "/"
-    if not tree.repo("ls-tree", "--name-only", UPSTREAM_TAG, "--", prefix + FRAMEWORK_FILE,
-                     quiet=True):
-        return PluginResult(stack=stack.name, message=(
-            f"sglang {project.version} ships no {FRAMEWORK_FILE}: no plugin wheel; its "
-            "patched sglang wheel is the way there"))
     ids = [p.subject.split()[0] for p in series.patches]
-    spec = generate_spec(tree.repo, patch_commits(tree.repo, ids),
-                         package_root=project.package_root, package="sglang",
-                         stack=stack.name, distribution=project.distribution,
-                         version=project.version)
-    built = build_plugin_wheel(spec, project.local_label,
-                               ws.state_dir / "plugins" / stack.name)
+    cache = ws.state_dir / "plugins" / stack.name
+    # The spec depends on the pin, the series and the generator only: with those unchanged
+    # a rebuild touches no fork tree.
+    key = hashlib.sha256(json.dumps({
+        "project": asdict(project), "series": series.digest,
+        "generator": hashlib.sha256(Path(generate_module.__file__).read_bytes()).hexdigest(),
+    }, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    spec_file = cache / f"spec-{key}.json"
+    try:
+        spec = Spec.from_json(json.loads(spec_file.read_text()))
+    except (OSError, ValueError, KeyError):
+        tree = prepare_tree(ws, stack, project, patches=series.patches, force=force)
+        prefix = "" if project.package_root.strip("/") in ("", ".") else \
+            project.package_root.strip("/") + "/"
+        if not tree.repo("ls-tree", "--name-only", UPSTREAM_TAG, "--",
+                         prefix + FRAMEWORK_FILE, quiet=True):
+            return PluginResult(stack=stack.name, message=(
+                f"sglang {project.version} ships no {FRAMEWORK_FILE}: no plugin wheel; its "
+                "patched sglang wheel is the way there"))
+        spec = generate_spec(tree.repo, patch_commits(tree.repo, ids),
+                             package_root=project.package_root, package="sglang",
+                             stack=stack.name, distribution=project.distribution,
+                             version=project.version)
+        cache.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(spec_file, json.dumps(spec.to_json()) + "\n")
+    built = build_plugin_wheel(spec, project.local_label, cache)
     only = "; wheel only: " + ", ".join(f"{p} ({w})" for p, w in spec.wheel_only) \
         if spec.wheel_only else ""
     return PluginResult(stack=stack.name, wheel=built.wheel, spec=spec, cached=built.cached,
