@@ -237,7 +237,8 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
     )
     if not sdist_pin.filename.endswith((".tar.gz", ".zip")):
         raise s.error("filename", "an sdist must be a .tar.gz or .zip")
-    _check_file_name(s, "filename", distribution, version, parse_sdist_filename)
+    if source == "sdist":  # the file this project builds from (a git pin may keep an old one)
+        _check_file_name(s, "filename", distribution, version, parse_sdist_filename)
 
     v = r.table_at("version_stamp", ("file", "env"))
     stamp = VersionStamp(file=v.get("file", str, default=""), env=v.get("env", str, default=""))
