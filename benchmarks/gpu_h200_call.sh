@@ -3,7 +3,8 @@
 # wheels, then a bench of the patched wheel, then (optionally) the custom all-reduce
 # cases at world size 8.  With fewer GPUs than ranks, ranks share GPUs.
 # Inputs (carried, git-ignored): .whl/ (apache-tvm-ffi, cuda-tile for the GPU box's
-# Python), .device/wheels/{patched,unpatched}/flashinfer_python-*.whl and, optionally,
+# Python), .device/wheels/{patched,unpatched}/flashinfer_python-*.whl (patched: copied
+# from wheels/sglang-0.5.10/ with its manifest.json, which the reports record) and, optionally,
 # .device/aot.tar.xz with <variant>/<module>/<module>.so prebuilt from the same wheels
 # (JIT compilation takes over when they do not load).  Outputs: $OUT/<NAME>.tgz with
 # the report directories, plus the console logs.

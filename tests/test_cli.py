@@ -53,3 +53,44 @@ def test_doctor_keeps_its_own_arguments_after_global_options(
         main(["-q", "doctor", "--help"])
     assert exited.value.code == 0
     assert "--json" in capsys.readouterr().out
+
+
+def test_usage_errors_have_their_own_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    from sm120fork.cli import gpu
+    from sm120fork.errors import ConfigError, UsageError
+
+    assert UsageError.exit_code != ConfigError.exit_code
+    assert main(["build", "--no-such-option"]) == UsageError.exit_code
+    assert "usage: python -m sm120fork" in capsys.readouterr().err
+    assert gpu.main(["test", "--world-sizes", "1"]) == UsageError.exit_code
+    assert "world sizes must be >= 2" in capsys.readouterr().err
+
+
+def test_verbosity_options_work_after_the_verb_as_nox_passes_them() -> None:
+    """``nox -s build -- -q`` runs ``python -m sm120fork build -q``."""
+    parser = make_parser()
+    assert parser.parse_args(["build", "-q"]).quiet
+    assert parser.parse_args(["-q", "build"]).quiet
+    assert parser.parse_args(["status", "-v"]).verbose
+    assert not parser.parse_args(["status"]).verbose
+
+
+def test_the_live_stage_line_shows_what_each_project_is_doing() -> None:
+    import io
+
+    from rich.console import Console
+
+    from sm120fork.cli.build import StageLine
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80, color_system=None)
+    with StageLine(console) as stage:
+        stage("flashinfer", "building: copying flashinfer/comm.py")
+        stage("sglang", "checking the wheel")
+        stage("flashinfer", "building: " + "x" * 200)
+        stage.progress.refresh()
+        shown = out.getvalue()
+    assert "flashinfer: building: copying flashinfer/comm.py" in shown
+    assert "sglang: checking the wheel" in shown
+    assert "x" * 70 not in shown  # a long line is cut to the terminal's width
+    assert "…" in shown

@@ -55,6 +55,16 @@ def test_typo_names_file_key_and_suggestion(tmp_path: Path) -> None:
     ('name = "sglang-0.5.10"', 'name = "other"', "differs from the file name"),
     ('requires = ["flashinfer"]', 'requires = ["flashinfr"]', "did you mean 'flashinfer'"),
     ('tag = "v0.6.7.post3"\n', '', "projects.flashinfer.git.tag: missing required key"),
+    # a typo in a nested table is named as such, not as the required key it hides
+    ('commit = "f499b1f0c618ed6583865bc4b97812fb8e3f2ef1"',
+     'comit = "f499b1f0c618ed6583865bc4b97812fb8e3f2ef1"',
+     "projects.flashinfer.git.comit: unknown key (did you mean 'commit'?)"),
+    # the pinned file must be the declared version and distribution, checked at load
+    ('version = "0.6.7.post3"', 'version = "0.6.7.post2"',
+     "projects.flashinfer.sdist.filename: 'flashinfer_python-0.6.7.post3.tar.gz' is version "
+     "0.6.7.post3, the project declares version = '0.6.7.post2'"),
+    ('distribution = "flashinfer-python"', 'distribution = "flashinfer-cubin"',
+     "is a file of flashinfer-python, not of flashinfer-cubin"),
 ])
 def test_bad_declarations(tmp_path: Path, old: str, new: str, expected: str) -> None:
     assert old in GOOD

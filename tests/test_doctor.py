@@ -215,3 +215,30 @@ def test_toolkit_verb_runs_outside_a_checkout(tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     assert done.returncode == (DoctorError.exit_code if report["blockers"] else 0)
     assert set(report) >= {"gpus", "packages", "comm_module", "environment", "blockers"}
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_driver_glue_against_a_host_memory_libcuda(tmp_path: Path, drop: bool) -> None:
+    """The ctypes calls (argument packing, the IPC handle by value, kernel parameters)
+    against a stand-in libcuda.so.1 whose "kernel" does the PTX's stores on the host."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        pytest.skip("no C compiler")
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(tmp_path / "libcuda.so.1"),
+                    str(TESTS / "fake_libcuda.c")], check=True)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(tmp_path), FAKE_CUDA_MAP=str(tmp_path / "map"),
+               PYTHONPATH=os.pathsep.join(sys.path))
+    if drop:
+        env["FAKE_DROP"] = "1"
+    try:
+        done = subprocess.run([sys.executable, "-m", "sm120fork.doctor", "--json"], env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        for line in (tmp_path / "map").read_text().splitlines():
+            Path(line.split()[1]).unlink(missing_ok=True)
+    report = json.loads(done.stdout)
+    assert [d["name"] for d in report["gpus"]["devices"]] == ["Fake GPU 0", "Fake GPU 1"]
+    assert report["gpus"]["p2p"] == [[True, True], [True, True]]
+    details = {(p["writer_gpu"], p["owner_gpu"]): p["detail"] for p in report["peer_writes"]}
+    expected = "1024 of 1024 words missing" if drop else "1024 words written and read back"
+    assert details == {(0, 1): expected, (1, 0): expected}

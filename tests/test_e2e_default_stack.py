@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -150,3 +151,93 @@ def test_flashinfer_imports_beside_the_pinned_flashinfer_cubin(built: Path, tmp_
                             text=True, check=False)
     assert theirs.returncode != 0
     assert "does not match" in theirs.stderr
+
+
+_PREBUILT_PROBE = r"""
+import importlib, json, sys, types
+from pathlib import Path
+site = Path(sys.argv[1])
+sys.path.insert(0, str(site))
+for name in ("flashinfer", "flashinfer.jit"):  # skip flashinfer/__init__ (GPU-heavy imports)
+    module = types.ModuleType(name)
+    module.__path__ = [str(site.joinpath(*name.split(".")))]
+    sys.modules[name] = module
+comm = importlib.import_module("flashinfer.jit.comm")
+spec = comm.gen_trtllm_comm_module()
+print(json.dumps({"name": spec.name, "aot": spec.is_aot,
+                  "library": str(spec.get_library_path())}))
+"""
+
+
+def _jit_cache_stand_in(site: Path) -> Path:
+    """A stock flashinfer-jit-cache 0.6.7.post3 holding a prebuilt trtllm_comm module."""
+    pkg = site / "flashinfer_jit_cache"
+    (pkg / "jit_cache" / "trtllm_comm").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        '__version__ = "0.6.7.post3+cu130"\n\nfrom pathlib import Path\n\n'
+        'def get_jit_cache_dir():\n    return str(Path(__file__).parent / "jit_cache")\n')
+    so = pkg / "jit_cache" / "trtllm_comm" / "trtllm_comm.so"
+    so.write_bytes(b"\x7fELF not built from our sources")
+    return so
+
+
+def _probe_prebuilt(site: Path, tmp_path: Path) -> tuple[dict[str, object], str]:
+    env = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": "9.0a",
+           "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws"), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-c", _PREBUILT_PROBE, str(site)],
+                          capture_output=True, text=True, check=False, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def test_a_stock_jit_cache_module_is_not_loaded_but_ours_is(built: Path, tmp_path: Path) -> None:
+    """Patch 0002: beside a stock flashinfer-jit-cache our build JIT-compiles trtllm_comm
+    from its own patched sources; a module carrying our sources digest is loaded."""
+    pytest.importorskip("torch")  # flashinfer.compilation_context imports it
+    site = tmp_path / "site"
+    wheel = next((built / "wheels").glob("flashinfer_python-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(site), str(wheel)],
+                   check=True)
+    stock = _jit_cache_stand_in(site)
+
+    ours, stderr = _probe_prebuilt(site, tmp_path)
+    assert ours["name"] == "trtllm_comm"
+    assert ours["aot"] is False
+    assert Path(str(ours["library"])) != stock
+    assert "cached_ops" in Path(str(ours["library"])).parts
+    refusals = [line for line in stderr.splitlines() if "not loading prebuilt" in line]
+    assert len(refusals) == 1, stderr[-3000:]
+    assert "trtllm_comm" in refusals[0]
+    assert "JIT-compiling it instead" in refusals[0]
+
+    # A module recorded as built from exactly these sources is accepted...
+    import importlib.util
+
+    where = site / "flashinfer" / "jit" / "provenance.py"
+    loader = importlib.util.spec_from_file_location("fi_provenance", where)
+    assert loader is not None
+    assert loader.loader is not None
+    provenance = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(provenance)
+    data = site / "flashinfer" / "data"
+    provenance.write_marker(stock, data / "csrc", data / "include")
+    accepted, stderr = _probe_prebuilt(site, tmp_path)
+    assert accepted["aot"] is True
+    assert Path(str(accepted["library"])) == stock
+    assert "not loading prebuilt" not in stderr
+    # ... and one built from other sources (another digest) is not.
+    marker = stock.with_name(stock.name + ".sources")
+    marker.write_text("sha256:" + "0" * 64 + "\n")
+    other, stderr = _probe_prebuilt(site, tmp_path)
+    assert other["aot"] is False
+    assert "records sha256:0000" in stderr
+
+    # Upstream's loader takes the stock module (the bug patch 0002 fixes).
+    marker.unlink()
+    work = built / ".forks" / "work" / "sglang-0.5.10" / "flashinfer"
+    (site / "flashinfer" / "jit" / "core.py").write_text(
+        git(work, "show", "upstream:flashinfer/jit/core.py") + "\n")
+    theirs, _ = _probe_prebuilt(site, tmp_path)
+    assert theirs["aot"] is True
+    assert Path(str(theirs["library"])) == stock

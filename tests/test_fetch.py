@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import logging
 import tarfile
 import threading
 from collections.abc import Iterator
@@ -11,10 +13,12 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from packaging.version import Version
 
 from sm120fork.errors import ChecksumError, SourceError, UnsafeArchiveError
 from sm120fork.fetch.archive import safe_extract
 from sm120fork.fetch.git import init_from_git
+from sm120fork.fetch.index import find_sdist, project_page
 from sm120fork.fetch.sdist import download_sdist
 
 from helpers_ws import STACK, make_demo, sha256
@@ -55,6 +59,16 @@ def test_escaping_entries_are_refused_before_writing(tmp_path: Path,
     assert not (tmp_path / "evil").exists()
 
 
+def test_a_link_through_a_link_is_refused_by_the_data_filter(tmp_path: Path) -> None:
+    """``d/l -> ..`` stays inside; ``d/l/l2 -> ../..`` only leaves once ``d/l`` exists."""
+    archive = tarball(tmp_path / "chain.tar.gz", [
+        info("pkg-1/d", tarfile.DIRTYPE), info("pkg-1/d/l", tarfile.SYMTYPE, ".."),
+        info("pkg-1/d/l/l2", tarfile.SYMTYPE, "../..")])
+    with pytest.raises(UnsafeArchiveError, match="outside the destination"):
+        safe_extract(archive, tmp_path / "out")
+    assert not (tmp_path / "l2").exists()
+
+
 def test_links_inside_the_tree_are_fine(tmp_path: Path) -> None:
     archive = tarball(tmp_path / "ok.tar.gz", [
         info("pkg-1/a.py"), info("pkg-1/sub", tarfile.DIRTYPE),
@@ -79,11 +93,12 @@ def test_download_checks_sha256_and_keeps_nothing_on_mismatch(tmp_path: Path) ->
 
 class _Index(BaseHTTPRequestHandler):
     files: ClassVar[dict[str, bytes]] = {}
+    yanked: ClassVar[set[str]] = set()
 
     def do_GET(self) -> None:
         if self.path.startswith("/simple/demo-lib/"):
             body = json.dumps({"files": [
-                {"filename": name, "url": f"/files/{name}",
+                {"filename": name, "url": f"/files/{name}", "yanked": name in self.yanked,
                  "hashes": {"sha256": __import__("hashlib").sha256(data).hexdigest()}}
                 for name, data in self.files.items()]}).encode()
         elif self.path.startswith("/files/") and self.path[7:] in self.files:
@@ -123,11 +138,34 @@ def test_index_resolution_and_unknown_version(tmp_path: Path, index: type[_Index
     assert progress[-1] == got.stat().st_size
     missing = replace(project, version="9.9.9", sdist=replace(project.sdist_pin,
                                                              filename="demo_lib-9.9.9.tar.gz"))
-    with pytest.raises(SourceError, match=r"not on the package index.*demo_lib-1.2.3"):
+    with pytest.raises(SourceError, match=r"not on the package index.*sdists there: 1\.2\.3"):
         download_sdist(missing, tmp_path / "cache2")
     index.files = {project.sdist_pin.filename: b"tampered"}
-    with pytest.raises(ChecksumError, match="the index lists sha256"):
+    with pytest.raises(ChecksumError) as err:
         download_sdist(project, tmp_path / "cache3")
+    listed = hashlib.sha256(b"tampered").hexdigest()
+    assert f"the index lists sha256 {listed} " in str(err.value)  # both digests in full
+    assert f"the pin says {project.sdist_pin.sha256}" in str(err.value)
+
+
+def test_index_skips_yanked_files_and_sorts_versions_as_versions(
+        tmp_path: Path, index: type[_Index], caplog: pytest.LogCaptureFixture) -> None:
+    demo = make_demo(tmp_path)
+    project = demo.ws.stack(STACK).project("lib")
+    index.files = {"demo_lib-1.2.3.tar.gz": b"a", "demo_lib-1.10.0.tar.gz": b"b",
+                   "demo_lib-1.9.0.tar.gz": b"c", "demo_lib-1.10.0-py3-none-any.whl": b"d"}
+    index.yanked = {"demo_lib-1.9.0.tar.gz"}
+    caplog.set_level(logging.INFO, logger="sm120fork")
+    try:
+        page = project_page(project)
+        assert [str(v) for v in page.sdists(project)] == ["1.2.3", "1.10.0"]
+        assert "skipping demo_lib-1.9.0.tar.gz: yanked" in caplog.text
+        assert find_sdist(project, Version("1.10.0")).sha256 == hashlib.sha256(b"b").hexdigest()
+        with pytest.raises(SourceError,
+                           match=r"1\.9\.0 is yanked.*recent sdists: 1\.2\.3, 1\.10\.0"):
+            find_sdist(project, Version("1.9.0"))
+    finally:
+        index.yanked = set()
 
 
 def test_git_source_refuses_wrong_commit(tmp_path: Path) -> None:

@@ -190,12 +190,16 @@ def test_install_variant_with_prebuilt_modules(tmp_path: Path) -> None:
     prebuilt.mkdir(parents=True)
     (prebuilt / "trtllm_comm.so").write_bytes(b"\x7fELF")
     (prebuilt / "build.ninja").write_text("ignored")
+    (prebuilt / "trtllm_comm.so.sources").write_text("sha256:" + "1" * 64 + "\n")
     v = launcher.install_variant("patched", wheels, tmp_path / "work", prebuilt.parent)
     assert v.site is not None
     assert (v.site / "flashinfer" / "__init__.py").is_file()
     assert v.aot_modules == ("trtllm_comm",)
     aot = v.site / "flashinfer" / "data" / "aot" / "trtllm_comm" / "trtllm_comm.so"
     assert aot.read_bytes() == b"\x7fELF"
+    # the sources digest travels with the module (a patched FlashInfer checks it)
+    assert aot.with_name("trtllm_comm.so.sources").read_text() == "sha256:" + "1" * 64 + "\n"
+    assert not aot.with_name("build.ninja").exists()
     assert v.sha256 == launcher.sha256_of(wheels / "flashinfer_python-0.0.1-py3-none-any.whl")
     plain = v.without_prebuilt()
     assert plain.aot_modules == ()

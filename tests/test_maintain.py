@@ -129,6 +129,34 @@ def test_encoded_subject_and_author_come_out_decoded(tmp_path: Path,
     assert (parse_patch(kept).subject, parse_patch(kept).author) == (subject, ENCODED_AUTHOR)
 
 
+@pytest.mark.slow
+def test_one_upstream_matcher_serves_the_artifact_check_status_and_bump(
+        bw: BumpWorkspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    from packaging.version import Version
+
+    from sm120fork.maintain.classify import classify
+    from sm120fork.maintain.status import pinned_upstream
+    from sm120fork.patch.series import load_series
+    from sm120fork.patch.tree import prepare_tree
+    from sm120fork.verify import upstream_match
+    from sm120fork.verify.artifact import check_wheel
+
+    stack = bw.ws.stack(STACK)
+    project = stack.project("lib")
+    wheel = build_stack(bw.ws, stack)[0].wheel
+    series = load_series(bw.series_dir)
+    repo = pinned_upstream(bw.ws, stack, project)
+    assert not any(r.in_upstream for r in check_wheel(wheel, project, series, repo))
+    # Change the one definition: every consumer follows it.
+    monkeypatch.setattr(upstream_match, "fingerprint_in", lambda fp, text: True)
+    assert all(r.in_upstream for r in check_wheel(wheel, project, series, repo))
+    assert {p.fingerprint_upstream for p in status(bw.ws)[0].patches} == {"PRESENT"}
+    pristine = prepare_tree(bw.ws, stack, project, patches=(), variant="upstream").repo
+    verdict, evidence = classify(pristine, series.patches[2], Version("1.3.0"))
+    assert verdict == STILL_NEEDED
+    assert evidence[1].startswith("but 1 fingerprint(s) already upstream: ")
+
+
 # --------------------------------------------------------------------------- status
 @pytest.mark.slow
 def test_status_reports_every_patch_and_its_wheel(bw: BumpWorkspace) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import zipfile
 from pathlib import Path
 
@@ -174,3 +175,25 @@ def test_git_source_fetches_only_pinned_commit(demo: DemoWorkspace) -> None:
     manifest = json.loads((demo.ws.stack_wheels(STACK) / "manifest.json").read_text())
     assert manifest["wheels"][0]["source"] == {
         "kind": "git", "digest": demo.lib.commit, "filename": None, "url": str(demo.lib.repo)}
+
+
+def test_each_project_reports_its_stages_and_the_build_output_live(
+        demo: DemoWorkspace) -> None:
+    seen: list[tuple[str, str]] = []
+    build_stack(demo.ws, demo.ws.stack(STACK), stage=lambda p, what: seen.append((p, what)))
+    for key in ("lib", "app"):
+        mine = [what for p, what in seen if p == key]
+        assert mine[0] == "fetching and patching"
+        assert mine[-1] == "checking the wheel"
+        building = [w for w in mine if w.startswith("building: ")]
+        assert any("Successfully built" in w for w in building)  # pypa/build's own lines
+
+
+def test_run_streams_output_lines() -> None:
+    from sm120fork.util.proc import run
+
+    lines: list[str] = []
+    done = run([sys.executable, "-c", "import sys; print('one'); print('two', file=sys.stderr)"],
+               on_line=lines.append)
+    assert lines == ["one", "two"]
+    assert done.stdout == "one\ntwo\n"

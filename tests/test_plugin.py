@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
+import shutil
 import sys
 import textwrap
 import types
@@ -19,11 +21,14 @@ from typing import Any
 
 import pytest
 
+from sm120fork.build.stack import build_stack
 from sm120fork.plugin import package, runtime
 from sm120fork.plugin.generate import generate_spec, patch_commits
 from sm120fork.util.proc import Git
+from sm120fork.workspace import Workspace
 
-from conftest import git
+from conftest import git, make_patch, make_upstream, stack_toml, write_series
+from helpers_ws import project_entry
 
 GATES = '''\
 """Stand-in for an SGLang module with module-level gates."""
@@ -321,3 +326,51 @@ def test_plugin_wheel_builds_with_entry_point_and_script(fork: Git, tmp_path: Pa
     again = package.build_plugin_wheel(spec, "sm120.1", tmp_path / "cache")
     assert again.cached
     assert again.wheel == built.wheel
+
+
+def _sglang_stack(tmp_path: Path, version: str, framework: bool) -> Workspace:
+    files = {"sglang/srt/plugins/hook_registry.py": "# stand-in for the framework\n"} \
+        if framework else {}
+    up = make_upstream(tmp_path / "upstreams", "sglang", version, files=files)
+    root = tmp_path / "toolkit"
+    (root / "forks").mkdir(parents=True)
+    (root / "forks" / "s.toml").write_text(stack_toml("s", [project_entry("sglang", up)]))
+    series = root / "patches" / "s" / "sglang"
+    patch = make_patch(up.repo, series, "G1 gate: allow 12", {
+        "sglang/__init__.py": ("return [9, 10]", "return [9, 10, 12]")},
+        "sglang/__init__.py: return [9, 10, 12]")
+    write_series(series, [patch.name])
+    return Workspace(root)
+
+
+def test_build_publishes_the_plugin_beside_the_patched_wheel(tmp_path: Path) -> None:
+    ws = _sglang_stack(tmp_path, "0.5.23", framework=True)
+    build_stack(ws, ws.stack("s"))
+    plugin_dir = ws.stack_wheels("s") / "plugin"
+    assert [w.name for w in plugin_dir.glob("*.whl")] == [
+        "sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl"]
+    entry = json.loads((plugin_dir / "plugin.json").read_text())
+    assert [(h["patch"], h["target"]) for h in entry["hooks"]] == [
+        ("G1", "sglang.supported_majors")]
+    assert [w.name for w in ws.stack_wheels("s").glob("*.whl")] == [
+        "sglang-0.5.23+sm120.1-py3-none-any.whl"]
+
+
+def test_build_says_an_old_sglang_has_no_plugin_framework(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ws = _sglang_stack(tmp_path, "0.5.10.post1", framework=False)
+    caplog.set_level(logging.INFO, logger="sm120fork")
+    build_stack(ws, ws.stack("s"))
+    assert not (ws.stack_wheels("s") / "plugin").exists()
+    assert ("sglang 0.5.10.post1 has no plugin framework (SGLang 0.5.11+): no plugin wheel for "
+            "this stack; its patched sglang wheel is the way there") in caplog.messages
+
+
+def test_rebuild_with_nothing_changed_touches_no_fork_tree(tmp_path: Path) -> None:
+    ws = _sglang_stack(tmp_path, "0.5.23", framework=True)
+    build_stack(ws, ws.stack("s"))
+    shutil.rmtree(ws.state_dir / "work")  # a second build must not need the fork tree
+    from sm120fork.plugin.build import build_plugin
+    again = build_plugin(ws, ws.stack("s"))
+    assert again.cached
+    assert not (ws.state_dir / "work").exists()

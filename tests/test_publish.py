@@ -118,3 +118,19 @@ def test_an_unchanged_publish_rewrites_nothing(tmp_path: Path) -> None:
     inode = out.stat().st_ino
     publish(ws, ws.stack("one"), builds)
     assert out.stat().st_ino == inode
+
+
+def test_gpu_runs_record_the_manifest_beside_the_patched_wheel(tmp_path: Path) -> None:
+    from sm120fork.cli.gpu import _manifest
+
+    patched = tmp_path / "wheels" / "one"
+    patched.mkdir(parents=True)
+    (patched / "demo_lib-1.0+a-py3-none-any.whl").write_bytes(b"w")
+    (patched / "manifest.json").write_text('{"stack": "one"}')
+    unpatched = tmp_path / "up"
+    unpatched.mkdir()
+    specs = [f"unpatched={unpatched}", f"patched={patched}"]
+    assert _manifest(specs, "patched") == {"stack": "one"}
+    assert _manifest([f"patched={patched / 'demo_lib-1.0+a-py3-none-any.whl'}"],
+                     "patched") == {"stack": "one"}
+    assert _manifest(specs, "unpatched") is None

@@ -76,10 +76,12 @@ def test_sglang_wheels_are_patched_and_otherwise_the_published_bytes(
         assert len(b.entry["artifact_check"]) == 5
         original = CACHE / b.entry["source"]["filename"]
         with zipfile.ZipFile(original) as old, zipfile.ZipFile(b.wheel) as new:
-            old_names = {n.replace("sglang-0.5.23.dist-info", "sglang-0.5.23+sm120.1.dist-info")
-                         for n in old.namelist()}
-            assert old_names == set(new.namelist())
-            differ = {n for n in old.namelist()
+            # Files only: the published wheel also lists directories, wheel pack does not.
+            old_files = [n for n in old.namelist() if not n.endswith("/")]
+            renamed = {n.replace("sglang-0.5.23.dist-info", "sglang-0.5.23+sm120.1.dist-info")
+                       for n in old_files}
+            assert renamed == set(new.namelist())
+            differ = {n for n in old_files
                       if not n.startswith("sglang-0.5.23.dist-info/")
                       and old.read(n) != new.read(n)}
             assert differ == changed

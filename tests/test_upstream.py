@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ from helpers_maintain import ENCODED_AUTHOR, hint_commands, reauthor_last_patch,
 from sm120fork.build.stack import build_stack
 from sm120fork.cli.main import main
 from sm120fork.errors import DirtyTreeError, MaintenanceError
+from sm120fork.gpu.report import made_from
 from sm120fork.upstream.pr import commit_message, github_slug, short_subject, upstream_pr
 
 from conftest import git
@@ -26,13 +28,24 @@ def demo(tmp_path: Path) -> DemoWorkspace:
     return d
 
 
-def write_evidence(root: Path, *, gpu_status: str = "pass", proof: str = "pass") -> None:
+def provenance(root: Path, stack: str = "demo") -> dict[str, Any]:
+    """What the evidence writers record: the stack and every wheel of its manifest."""
+    manifest = json.loads((root / "wheels" / stack / "manifest.json").read_text())
+    docs = [made_from(manifest, w["sha256"]) for w in manifest["wheels"]]
+    return {"stack": manifest["stack"], "made_from": [m for d in docs for m in d["made_from"]]}
+
+
+def write_evidence(root: Path, *, gpu_status: str = "pass", proof: str = "pass",
+                   made: dict[str, dict[str, Any]] | None = None) -> None:
+    """verify.json, test-ab.json and bench.json/.md; ``made`` overrides their provenance."""
+    origin = provenance(root) if (root / "wheels" / "demo").is_dir() else {}
+    made = made or {}
     sm120 = root / "reports" / "sm120"
     sm120.mkdir(parents=True, exist_ok=True)
     (sm120 / "verify.json").write_text(json.dumps({"report": {}, "verdicts": [
         {"variant": "patched", "arch": "sm_120a", "status": proof, "reasons": []},
         {"variant": "unpatched", "arch": "sm_120a", "status": "fail",
-         "reasons": ["empty lamport kernel bodies"]}]}))
+         "reasons": ["empty lamport kernel bodies"]}], **made.get("verify", origin)}))
     gpu = root / "reports" / "gpu" / "h200-1x"
     gpu.mkdir(parents=True, exist_ok=True)
     (gpu / "test-ab.json").write_text(json.dumps({
@@ -41,7 +54,10 @@ def write_evidence(root: Path, *, gpu_status: str = "pass", proof: str = "pass")
         "environment": {"gpus": ["NVIDIA H200"], "torch": "2.11"},
         "results": {"patched": [{"key": "ws2-t1", "status": gpu_status},
                                 {"key": "ws2-t8", "status": "pass"}],
-                    "unpatched": [{"key": "ws2-t1", "status": "fail"}]}}))
+                    "unpatched": [{"key": "ws2-t1", "status": "fail"}]},
+        **made.get("test", origin)}))
+    (gpu / "bench.json").write_text(json.dumps({"kind": "gpu-bench",
+                                                **made.get("bench", origin)}))
     (gpu / "bench.md").write_text("| tokens | fused us |\n|---|---|\n| 1 | 12.0 |\n")
 
 
@@ -78,7 +94,7 @@ def test_prepares_branch_body_and_commands_without_pushing(demo: DemoWorkspace) 
     assert git(work, "rev-parse", "HEAD") == head
     assert git(work, "status", "--porcelain") == ""
     assert git(work, "remote") == ""
-    out = demo.ws.reports_dir / "upstream" / "demo-lib"
+    out = pr.out_dir
     assert {p.name for p in pr.files} >= {"PR.md", "body.md", "title.txt", "commands.sh",
                                           "evidence.json"}
     assert len(list((out / "patches").glob("*.patch"))) == 2
@@ -150,7 +166,7 @@ def test_onto_a_newer_upstream_ref(demo: DemoWorkspace) -> None:
     work = work_tree(demo)
     assert pr.base == newer
     assert git(work, "rev-parse", f"{pr.branch}~2") == newer
-    assert not any(c.startswith("#") for c in pr.commands)
+    assert not any("source import" in c for c in pr.commands)
 
 
 def test_message_helpers() -> None:
@@ -194,3 +210,70 @@ def test_encoded_subject_and_author_reach_the_commits_and_title(tmp_path: Path) 
     assert git(work_tree(d), "log", "-1", "--format=%an <%ae>%n%s", pr.branch) == (
         f"{name} <{email}>\nJürgen: drop the guard")
     assert "=?UTF-8?" not in pr.body
+
+
+def _stale(origin: dict[str, Any], **change: str) -> dict[str, Any]:
+    return {**origin, "made_from": [{**m, **change} for m in origin["made_from"]]}
+
+
+@pytest.mark.parametrize("kind", ["verify", "test", "bench"])
+def test_refuses_evidence_of_another_series_or_wheel_and_tells_absence_apart(
+        demo: DemoWorkspace, kind: str) -> None:
+    origin = provenance(demo.ws.root)
+    shown = {"verify": "reports/sm120/verify.json", "test": "reports/gpu/h200-1x/test-ab.json",
+             "bench": "reports/gpu/h200-1x/bench.json"}[kind]
+    cases = {
+        "absent": ({}, f"{shown} does not record the stack, series and wheel it was made"),
+        "series": (_stale(origin, series_digest="0" * 64),
+                   f"{shown} was made from another lib series (digest 000000000000, now "),
+        "wheel": (_stale(origin, wheel_sha256="f" * 64),
+                  f"{shown} was made from another lib wheel (sha256 ffffffffffff, published "),
+    }
+    for made, message in cases.values():
+        write_evidence(demo.ws.root, made={kind: made})
+        with pytest.raises(MaintenanceError) as err:
+            upstream_pr(demo.ws, "demo", "lib")
+        assert message in err.value.message
+    write_evidence(demo.ws.root)
+    assert upstream_pr(demo.ws, "demo", "lib").commits
+
+
+def test_evidence_of_another_stack_is_not_this_stacks(demo: DemoWorkspace) -> None:
+    other = {**provenance(demo.ws.root), "stack": "other"}
+    write_evidence(demo.ws.root, made={"verify": other})
+    with pytest.raises(MaintenanceError,
+                       match=r"verify\.json was made from stack 'other', not 'demo'"):
+        upstream_pr(demo.ws, "demo", "lib")
+    # A GPU run of another stack is skipped, and named when nothing of this stack is left.
+    write_evidence(demo.ws.root, made={"test": other, "bench": other})
+    with pytest.raises(MaintenanceError, match=r"no GPU test results of this stack .*"
+                                               r"test-ab\.json was made from stack 'other'"):
+        upstream_pr(demo.ws, "demo", "lib")
+
+
+def test_writes_tracked_reports_only_when_asked_and_says_what_it_left_out(
+        demo: DemoWorkspace, capsys: pytest.CaptureFixture[str]) -> None:
+    write_evidence(demo.ws.root)
+    lib = demo.series_dir("lib")
+    first = lib / (lib / "series").read_text().split()[0]
+    first.write_text(first.read_text().replace(
+        "Last-Update:", "Applied-Upstream: 1.3.0, https://example.invalid/pull/9\nLast-Update:",
+        1))
+    build_stack(demo.ws, demo.ws.stack("demo"))
+    write_evidence(demo.ws.root)
+    pr = upstream_pr(demo.ws, "demo", "lib")
+    assert pr.out_dir == demo.ws.state_dir / "upstream" / "demo-lib"
+    assert not (demo.ws.reports_dir / "upstream").exists()
+    assert pr.left_out == (f"{first.name}: Applied-Upstream 1.3.0, "
+                           "https://example.invalid/pull/9 (upstream has it)",)
+    assert len(pr.commits) == 1
+    assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib", "--write"]) == 0
+    out = capsys.readouterr().out
+    assert f"left out of the branch: {first.name}: Applied-Upstream 1.3.0" in out
+    written = demo.ws.reports_dir / "upstream" / "demo-lib"
+    assert (written / "body.md").is_file()
+    # Portable: no absolute path of this machine in what it wrote.
+    for path in written.rglob("*"):
+        if path.is_file():
+            assert str(demo.ws.root) not in path.read_text(), path
+    assert "git -C .forks/work/demo/lib push" in (written / "commands.sh").read_text()

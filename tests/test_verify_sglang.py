@@ -1,7 +1,7 @@
 """Behaviour checks of the SGLang series against the real patched and unpatched modules.
 
 The slow tests fetch the sglang 0.5.10.post1 sdist through the toolkit (network) and need
-an interpreter with src/sm120fork/verify_requirements.txt installed
+an interpreter with the sglang-probe dependency group installed
 (SM120FORK_VERIFY_PYTHON, default: this one; `nox -s tests` installs it).
 """
 
@@ -127,7 +127,7 @@ def test_a_probe_that_cannot_run_is_a_verify_error(tmp_path: Path) -> None:
     (tmp_path / "python" / "sglang" / "__init__.py").touch()
     with pytest.raises(VerifyError, match="probe") as info:
         check_sglang(tmp_path, baseline=None, python=sys.executable, jobs=1)
-    assert "verify_requirements.txt" in str(info.value)
+    assert "--group sglang-probe" in str(info.value)
 
 
 def test_a_tree_without_python_dir_is_a_verify_error(tmp_path: Path) -> None:

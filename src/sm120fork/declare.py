@@ -14,14 +14,20 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from packaging.markers import default_environment
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from packaging.version import InvalidVersion, Version
 
 from sm120fork.errors import ConfigError
@@ -180,13 +186,22 @@ def _suggest(word: str, choices: list[str]) -> str:
 
 
 class _Reader:
-    """Walks one TOML table, tracking the dotted key for error messages."""
+    """Walks one TOML table, tracking the dotted key for error messages.
 
-    def __init__(self, file: Path, table: Mapping[str, Any], prefix: str) -> None:
+    The one unknown-key check: a table's keys are declared when it is opened, so a typo
+    is reported (with the closest known key) before any "missing required key" it causes.
+    ``keys=None`` is a table of names (the projects).
+    """
+
+    def __init__(self, file: Path, table: Mapping[str, Any], prefix: str,
+                 keys: tuple[str, ...] | None) -> None:
         self.file = file
         self.table = table
         self.prefix = prefix
-        self.seen: set[str] = set()
+        unknown = [name for name in table if keys is not None and name not in keys]
+        if unknown and keys is not None:
+            raise self.error(unknown[0], "unknown key",
+                             _suggest(unknown[0], list(keys)) or f"known: {', '.join(keys)}")
 
     def key(self, name: str) -> str:
         return f"{self.prefix}.{name}" if self.prefix else name
@@ -196,7 +211,6 @@ class _Reader:
 
     def get(self, name: str, typ: type, *, default: Any = ...,
             pattern: re.Pattern[str] | None = None, what: str = "") -> Any:
-        self.seen.add(name)
         if name not in self.table:
             if default is ...:
                 raise ConfigError("missing required key", where=f"{self.file}: {self.key(name)}")
@@ -212,20 +226,14 @@ class _Reader:
             raise self.error(name, f"{value!r} is not {what}")
         return value
 
-    def table_at(self, name: str) -> _Reader:
-        self.seen.add(name)
+    def table_at(self, name: str, keys: tuple[str, ...] | None) -> _Reader:
         value = self.table.get(name)
         if not isinstance(value, dict):
             raise ConfigError(
                 "missing table" if value is None else f"expected a table, got {value!r}",
                 where=f"{self.file}: {self.key(name)}",
             )
-        return _Reader(self.file, value, self.key(name))
-
-    def finish(self) -> None:
-        for name in self.table:
-            if name not in self.seen:
-                raise self.error(name, "unknown key", _suggest(name, sorted(self.seen)) or None)
+        return _Reader(self.file, value, self.key(name), keys)
 
 
 def _version(r: _Reader, name: str) -> str:
@@ -240,15 +248,29 @@ def _version(r: _Reader, name: str) -> str:
     return value
 
 
+def _check_file_name(r: _Reader, name: str, distribution: str, version: str,
+                     parse: Callable[[str], tuple[Any, ...]]) -> None:
+    """A pinned file (sdist, wheel) must be of the declared distribution and version:
+    refused when the declaration loads, not later as a failed download or build."""
+    filename: str = r.table[name]
+    try:
+        file_dist, file_version = parse(filename)[:2]
+    except (InvalidSdistFilename, InvalidWheelFilename, InvalidVersion) as exc:
+        raise r.error(name, f"{filename!r} is not a valid file name: {exc}") from exc
+    if canonicalize_name(str(file_dist)) != canonicalize_name(distribution):
+        raise r.error(name, f"{filename!r} is a file of {file_dist}, not of {distribution}",
+                      "fix the file name or 'distribution'")
+    if file_version != Version(version):
+        raise r.error(name, f"{filename!r} is version {file_version}, the project declares "
+                      f"version = {version!r}", "make the file name and 'version' agree")
+
+
 _PROJECT_KEYS = ("distribution", "version", "local_label", "package_root", "series", "source",
                  "requires", "upstream_requires", "git", "sdist", "wheels", "version_stamp")
 
 
 def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
-    r = _Reader(file, table, f"projects.{key}")
-    for name in table:
-        if name not in _PROJECT_KEYS:
-            raise r.error(name, "unknown key", _suggest(name, list(_PROJECT_KEYS)) or None)
+    r = _Reader(file, table, f"projects.{key}", _PROJECT_KEYS)
     distribution = r.get("distribution", str, pattern=_NAME, what="a distribution name")
     version = _version(r, "version")
     local_label = r.get("local_label", str, pattern=_LOCAL,
@@ -266,7 +288,7 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
 
     git_pin = None
     if source != "wheel" or "git" in table:
-        g = r.table_at("git")
+        g = r.table_at("git", ("url", "tag", "commit", "commit_verified", "note"))
         git_pin = GitPin(
             url=g.get("url", str),
             tag=g.get("tag", str),
@@ -275,20 +297,20 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
             commit_verified=g.get("commit_verified", bool, default=True),
             note=g.get("note", str, default=""),
         )
-        g.finish()
 
     sdist_pin = None
     if source == "sdist" or "sdist" in table:
-        s = r.table_at("sdist")
+        s = r.table_at("sdist", ("filename", "sha256", "url"))
         sdist_pin = SdistPin(
             filename=s.get("filename", str),
             sha256=s.get("sha256", str, pattern=_SHA256,
                          what="a sha256 (64 lower-case hex digits)"),
             url=s.get("url", str, default=""),
         )
-        s.finish()
         if not sdist_pin.filename.endswith((".tar.gz", ".zip")):
             raise s.error("filename", "an sdist must be a .tar.gz or .zip")
+        if source == "sdist":  # the file this project builds from (a git pin may keep an old one)
+            _check_file_name(s, "filename", distribution, version, parse_sdist_filename)
 
     wheels = _wheels(r, distribution, version)
     if source == "wheel" and not wheels:
@@ -302,14 +324,12 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
                           "the local version goes into its METADATA",
                           "remove the version_stamp table")
     else:
-        v = r.table_at("version_stamp")
+        v = r.table_at("version_stamp", ("file", "env"))
         stamp = VersionStamp(file=v.get("file", str, default=""),
                              env=v.get("env", str, default=""))
-        v.finish()
         if bool(stamp.file) == bool(stamp.env):
             raise ConfigError("set exactly one of 'file' or 'env'",
                               where=f"{file}: projects.{key}.version_stamp")
-    r.finish()
     return Project(
         key=key, distribution=distribution, version=version, local_label=local_label,
         package_root=package_root, series=series, source=source, git=git_pin,
@@ -329,32 +349,23 @@ def _requirements(r: _Reader, name: str) -> tuple[Requirement, ...]:
 
 
 def _wheels(r: _Reader, distribution: str, version: str) -> tuple[WheelPin, ...]:
-    r.seen.add("wheels")
     raw = r.table.get("wheels", [])
     if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
         raise r.error("wheels", "expected an array of tables ([[...wheels]])")
     pins: list[WheelPin] = []
     for i, table in enumerate(raw):
-        w = _Reader(r.file, table, f"{r.key('wheels')}[{i}]")
+        w = _Reader(r.file, table, f"{r.key('wheels')}[{i}]", ("filename", "sha256", "url"))
         pin = WheelPin(
             filename=w.get("filename", str),
             sha256=w.get("sha256", str, pattern=_SHA256,
                          what="a sha256 (64 lower-case hex digits)"),
             url=w.get("url", str, default=""),
         )
-        w.finish()
-        try:
-            name, wheel_version, _, _ = parse_wheel_filename(pin.filename)
-        except InvalidWheelFilename as exc:
-            raise w.error("filename", f"{pin.filename!r} is not a wheel file name: {exc}") from exc
-        if name != canonicalize_name(distribution) or wheel_version != Version(version):
-            raise w.error("filename", f"{pin.filename} is not {distribution} {version}",
-                          "pin a wheel of the declared distribution and version")
+        _check_file_name(w, "filename", distribution, version, parse_wheel_filename)
         if any(p.filename == pin.filename for p in pins):
             raise w.error("filename", f"{pin.filename} is listed twice")
         pins.append(pin)
     return tuple(pins)
-
 
 def load_stack(file: Path) -> Stack:
     """Load and validate one stack declaration."""
@@ -364,16 +375,14 @@ def load_stack(file: Path) -> Stack:
         raise ConfigError("no such declaration file", where=str(file)) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", where=str(file)) from exc
-    top = _Reader(file, data, "")
-    st = top.table_at("stack")
+    top = _Reader(file, data, "", ("stack", "projects"))
+    st = top.table_at("stack", ("name", "description", "default"))
     name = st.get("name", str, pattern=_NAME, what="a stack name")
     if name != file.stem:
         raise st.error("name", f"stack name {name!r} differs from the file name {file.stem!r}")
     description = st.get("description", str, default="")
     default = st.get("default", bool, default=False)
-    st.finish()
-    projects_table = top.table_at("projects")
-    top.finish()
+    projects_table = top.table_at("projects", None)
     if not projects_table.table:
         raise ConfigError("a stack needs at least one project", where=f"{file}: projects")
     projects: list[Project] = []

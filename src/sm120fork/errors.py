@@ -112,3 +112,16 @@ class DoctorError(ToolkitError):
     """``doctor`` found at least one blocker on this box."""
 
     exit_code = 15
+
+
+class UsageError(ToolkitError):
+    """The command line itself is wrong (unknown option, missing argument)."""
+
+    exit_code = 16
+
+
+#: Exit codes that belong to no error class.
+#: A report (``status``) that lists problems, each shown in its row.
+EXIT_PROBLEMS_FOUND = 1
+#: Interrupted (Ctrl-C, SIGINT or SIGTERM): 128 + SIGINT, as shells report it.
+EXIT_INTERRUPTED = 130

@@ -19,8 +19,8 @@ What is checked:
 - S4: no P2P between the GPUs, or a workspace that cannot be created, fails closed with one
   warning line and turns the fused gate off.
 
-The probe's Python needs ``verify_requirements.txt`` (CPU torch and what those modules
-import); pass that interpreter as ``python``.
+The probe's Python needs the ``sglang-probe`` dependency group of pyproject.toml (CPU
+torch and what those modules import); pass that interpreter as ``python``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from sm120fork.util import proc
 
 PROBE_MODULE = "sm120fork._sglang_probe"
 RESULT_MARKER = "SM120FORK-PROBE-RESULT "
-REQUIREMENTS = Path(__file__).with_name("verify_requirements.txt")
+REQUIREMENTS = "pip install --group sglang-probe  # in the checkout, pip >= 25.1"
 
 SM12X = ("12.0", "12.1")
 UNCHANGED = ("8.0", "9.0", "10.0")
@@ -138,7 +138,7 @@ def run_probe(tree: Path, suite: str, capability: str | None, *,
         raise VerifyError(
             f"the SGLang probe ({suite}, capability {capability}) failed",
             where=str(tree),
-            fix=f"install the probe's requirements: pip install -r {REQUIREMENTS}",
+            fix=f"install the probe's requirements: {REQUIREMENTS}",
             detail=exc.detail,
         ) from exc
     for line in reversed(completed.stdout.splitlines()):
@@ -174,7 +174,7 @@ def check_sglang(tree: Path, *, baseline: Path | None,
 
     ``tree`` and ``baseline`` are repository roots with the package under ``python/``
     (``baseline`` unpatched upstream; None compares 8.0/9.0/10.0 with the known upstream
-    decisions instead).  ``python`` is an interpreter with ``verify_requirements.txt``
+    decisions instead).  ``python`` is an interpreter with the ``sglang-probe`` group
     installed.  Raises ``VerifyError`` if a probe cannot run; a behaviour that differs is
     a result with ``passed=False``, not an exception.
     """

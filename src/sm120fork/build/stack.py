@@ -36,12 +36,16 @@ from sm120fork.fetch.source import Progress, source_key
 from sm120fork.fetch.wheel import download_wheels
 from sm120fork.patch.series import Series, load_series
 from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree
+from sm120fork.plugin.build import build_plugin, publish_plugin
 from sm120fork.util.files import (
     atomic_copy,
     atomic_write_text,
     read_json_object,
+    remove_stale_scratch,
+    scratch_prefix,
     sha256_file,
 )
+from sm120fork.util.proc import allow_children, end_children
 from sm120fork.verify.artifact import check_wheel, require_passed
 from sm120fork.workspace import Workspace
 
@@ -77,8 +81,18 @@ def _cached(ws: Workspace, stack: Stack, project: Project) -> bool:
     return _load_entry(ws.build_cache(stack, project) / key) is not None
 
 
+#: Called as ``stage(project_key, what)`` as a project moves on ("patching", each line
+#: of the wheel build, "checking the wheel"): the CLI's live progress line.
+Stage = Callable[[str, str], None]
+
+
+def _no_stage(project: str, what: str) -> None:
+    return None
+
+
 def build_project(ws: Workspace, stack: Stack, project: Project, *, force: bool = False,
-                  rebuild: bool = False, progress: Progress | None = None) -> ProjectBuild:
+                  rebuild: bool = False, progress: Progress | None = None,
+                  stage: Stage = _no_stage) -> ProjectBuild:
     start = time.monotonic()
     series = load_series(ws.series_dir(project))
     kind = project.source
@@ -97,11 +111,15 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *, force: bool 
                             upstream_version=project.version, version=project.local_version,
                             wheel=entry_dir / entry["wheel"], sha256=entry["sha256"],
                             cached=True, seconds=time.monotonic() - start, entry=entry)
+    stage(project.key, "fetching and patching")
     tree = prepare_tree(ws, stack, project, patches=series.patches, force=force,
                         progress=progress)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=ws.state_dir))
+    staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(key), dir=ws.state_dir))
     try:
-        wheel = build_wheel(project, tree.repo, staging)
+        stage(project.key, "building the wheel")
+        wheel = build_wheel(project, tree.repo, staging,
+                            on_line=lambda line: stage(project.key, f"building: {line}"))
+        stage(project.key, "checking the wheel")
         results = check_wheel(wheel, project, series, tree.repo)
         require_passed(results, project)
         digest = sha256_file(wheel)
@@ -301,14 +319,24 @@ def _as_list(fn: Callable[..., ProjectBuild], *args: Any, **kwargs: Any) -> list
     return [fn(*args, **kwargs)]
 
 
+def remove_leftovers(ws: Workspace, stack: Stack) -> None:
+    """Scratch files and folders of runs that were killed (SIGKILL) before cleaning up."""
+    for parent in (ws.state_dir, ws.state_dir / "work" / stack.name, ws.sdist_cache,
+                   Path(tempfile.gettempdir())):
+        for path in remove_stale_scratch(parent):
+            log.info("removed %s, left by a killed run", path)
+
+
 def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bool = False,
                 only: list[str] | None = None,
                 progress: Callable[[str], Progress | None] | None = None,
                 lock_timeout: float = -1, out: Path | None = None,
-                jobs: int = os.cpu_count() or 1) -> list[ProjectBuild]:
+                jobs: int = os.cpu_count() or 1, stage: Stage = _no_stage) -> list[ProjectBuild]:
     """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or out)."""
     projects = [stack.project(k) for k in only] if only else list(stack.projects)
+    allow_children()
     with ws.lock(lock_timeout):
+        remove_leftovers(ws, stack)
         # Downloads one at a time (one progress bar), then the projects' patch + build +
         # check concurrently: they share nothing, and a wheel build leaves cores idle.
         from_wheels = {p.key for p in projects
@@ -323,10 +351,18 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
             futures = [pool.submit(build_from_wheels, ws, stack, p, force=force,
                                    rebuild=rebuild) if p.key in from_wheels
                        else pool.submit(_as_list, build_project, ws, stack, p, force=force,
-                                        rebuild=rebuild)
+                                        rebuild=rebuild, stage=stage)
                        for p in projects]
-            builds = [b for f in futures for b in f.result()]
+            try:
+                builds = [b for f in futures for b in f.result()]
+            except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the CLI's handler
+                # End the projects' builds now, so the pool's shutdown does not wait for
+                # them; each worker removes its own scratch folders as its build fails.
+                end_children()
+                raise
         check_requirements(stack, builds)
         if not only:
-            publish(ws, stack, builds, out)
+            plugin = build_plugin(ws, stack, force=force)
+            log.info("%s", plugin.message)
+            publish_plugin(plugin, publish(ws, stack, builds, out))
     return builds

@@ -13,6 +13,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from email.message import Message
 from email.parser import Parser
 from pathlib import Path
@@ -23,6 +24,7 @@ from packaging.version import Version
 
 from sm120fork.declare import Project
 from sm120fork.errors import BuildError, CommandError
+from sm120fork.util.files import scratch_prefix
 from sm120fork.util.proc import Git, run
 
 log = logging.getLogger("sm120fork")
@@ -58,9 +60,13 @@ def stamp_version(project: Project, package_dir: Path) -> dict[str, str]:
     return {}
 
 
-def build_wheel(project: Project, repo: Git, out_dir: Path) -> Path:
-    """Build the project's wheel from HEAD of ``repo`` into ``out_dir``; return its path."""
-    with tempfile.TemporaryDirectory(prefix=f"sm120fork-build-{project.key}-") as tmp:
+def build_wheel(project: Project, repo: Git, out_dir: Path,
+                on_line: Callable[[str], None] | None = None) -> Path:
+    """Build the project's wheel from HEAD of ``repo`` into ``out_dir``; return its path.
+
+    ``on_line`` sees pypa/build's output line by line while it runs."""
+    with tempfile.TemporaryDirectory(
+            prefix=scratch_prefix(f"build-{project.key}", hidden=False)) as tmp:
         src = Path(tmp) / "src"
         export_tree(repo, src)
         root = project.package_root.strip("/")
@@ -72,7 +78,7 @@ def build_wheel(project: Project, repo: Git, out_dir: Path) -> Path:
         log.info("building %s %s", project.distribution, project.local_version)
         try:
             run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(package_dir)],
-                env=env)
+                env=env, on_line=on_line)
         except CommandError as exc:
             raise BuildError(f"building the {project.distribution} wheel failed",
                              where=f"project {project.key}", detail=exc.detail,

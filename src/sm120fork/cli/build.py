@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +13,10 @@ from rich.progress import (
     BarColumn,
     DownloadColumn,
     Progress,
+    SpinnerColumn,
     TaskID,
     TextColumn,
+    TimeElapsedColumn,
     TransferSpeedColumn,
 )
 from rich.table import Table
@@ -63,6 +66,35 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="publish into DIR instead of wheels/<stack>/")
 
 
+class StageLine:
+    """One live line per project while it builds ("flashinfer: building: copying ..."),
+    so a 2-minute wheel build is not silent; gone when the build ends (transient)."""
+
+    def __init__(self, console: Console) -> None:
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                 TimeElapsedColumn(), console=console, transient=True)
+        self.tasks: dict[str, TaskID] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, project: str, what: str) -> None:
+        text = f"{project}: {what}"
+        width = max(20, self.progress.console.width - 16)
+        text = text if len(text) <= width else text[:width - 1] + "…"
+        with self.lock:
+            if not self.tasks:  # started with the first stage: after the download bars
+                self.progress.start()
+            if project not in self.tasks:
+                self.tasks[project] = self.progress.add_task(text, total=None)
+            self.progress.update(self.tasks[project], description=text)
+
+    def __enter__(self) -> StageLine:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.tasks:
+            self.progress.stop()
+
+
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     if args.all_stacks and args.out:
         console.print("--out takes one stack; --all-stacks publishes each into wheels/<stack>/")
@@ -75,9 +107,10 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
 
 def _build_one(args: argparse.Namespace, ws: Workspace, console: Console, stack: Stack) -> None:
     start = time.monotonic()
-    builds = build_stack(ws, stack, force=args.force, rebuild=args.rebuild,
-                         progress=_download_progress(console), lock_timeout=args.lock_timeout,
-                         out=args.out)
+    with StageLine(console) as stage:
+        builds = build_stack(ws, stack, force=args.force, rebuild=args.rebuild,
+                             progress=_download_progress(console),
+                             lock_timeout=args.lock_timeout, out=args.out, stage=stage)
     out = args.out or ws.stack_wheels(stack.name)
     table = Table(title=f"stack {stack.name} -> {out}")
     for col in ("project", "upstream", "patches", "wheel", "sha256", "build"):

@@ -22,10 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sm120fork.cli.usage import Parser
 from sm120fork.errors import ConfigError, ToolkitError, VerifyError
 from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import launcher, report
 from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG, check_backend
+from sm120fork.util import portable
 
 log = logging.getLogger("sm120fork")
 
@@ -55,7 +57,7 @@ HELP = "multi-rank correctness (A/B) and latency on this machine's GPUs"
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``python -m sm120fork.gpu``: the same verbs as ``sm120fork gpu``."""
-    parser = argparse.ArgumentParser(prog="python -m sm120fork.gpu", description=__doc__)
+    parser = Parser(prog="python -m sm120fork.gpu", description=__doc__)
     add_args(parser)
     return parser
 
@@ -224,7 +226,12 @@ def _out_dir(args: argparse.Namespace, env: dict[str, Any]) -> Path:
     return Path("reports/gpu") / report.gpu_slug(gpus[0], int(env.get("gpu_count") or 0))
 
 
-def _collect_logs(run_dir: Path, dest: Path) -> None:
+def _roles(args: argparse.Namespace, out: Path) -> portable.Roles:
+    """This machine's paths by role, for reports that travel (issue 8: no machine path)."""
+    return portable.machine_roles(Path.cwd(), {"gpu-work": args.work_dir, "out": out})
+
+
+def _collect_logs(run_dir: Path, dest: Path, roles: portable.Roles) -> None:
     """One log file per variant and world size: every attempt's rank logs, concatenated."""
     dest.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[Path]] = {}
@@ -236,7 +243,7 @@ def _collect_logs(run_dir: Path, dest: Path) -> None:
         with (dest / f"{group}.log").open("w") as out:
             for path in paths:
                 out.write(f"===== {path.name} =====\n")
-                out.write(path.read_text(errors="replace"))
+                out.write(portable.portable_text(path.read_text(errors="replace"), roles))
                 out.write("\n")
 
 
@@ -297,8 +304,9 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "tolerances": tolerance_table(), "results": results, "not_run": args.not_run,
     }
     out = _out_dir(args, env)
-    paths = report.write_test_report(doc, out)
-    _collect_logs(run_dir, out / "logs")
+    roles = _roles(args, out)
+    paths = report.write_test_report(doc, out, roles)
+    _collect_logs(run_dir, out / "logs", roles)
     failed = [r["key"] for r in results[primary] if r["status"] == "fail"]
     order, table = report.ab_rows(doc)
     classes = [report.classify({v: r["status"] for v, r in table[k].items()}, primary,
@@ -346,8 +354,9 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "not_run": args.not_run,
     }
     out = _out_dir(args, env)
-    paths = report.write_bench_report(doc, out)
-    _collect_logs(run_dir, out / "logs")
+    roles = _roles(args, out)
+    paths = report.write_bench_report(doc, out, roles)
+    _collect_logs(run_dir, out / "logs", roles)
     print(f"wrote {', '.join(map(str, paths))}")
     if not outcome.ok:
         print(VerifyError(f"bench ranks failed: {outcome.failure}").message, file=sys.stderr)
@@ -393,8 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m sm120fork.gpu``: needs neither rich nor a checkout's forks/."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return run(args, argv)
     except ToolkitError as err:
         print(f"error: {err.message}", file=sys.stderr)

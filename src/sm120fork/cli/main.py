@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +18,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.logging import RichHandler
 
-from sm120fork import __version__, cli_verify, doctor
-from sm120fork.cli import build, gpu, maintain
-from sm120fork.errors import ToolkitError
+from sm120fork import __version__, doctor
+from sm120fork.cli import aot, build, gpu, maintain, testvariant, verify
+from sm120fork.cli.usage import Parser, verbosity_options
+from sm120fork.errors import EXIT_INTERRUPTED, ToolkitError, UsageError
+from sm120fork.util.proc import end_children
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -49,10 +53,12 @@ VERBS: dict[str, Verb] = {
                     add_args=maintain.refresh_args, run=maintain.run_refresh),
     "upstream-pr": Verb(help="prepare (never push) an upstream PR with evidence",
                         add_args=maintain.upstream_args, run=maintain.run_upstream_pr),
-    "verify-sm120": Verb(help="prove the SM12x series without SM120 hardware -> "
-                              "reports/sm120/",
-                         add_args=cli_verify.add_args, run=cli_verify.run),
+    "verify-sm120": Verb(help=verify.HELP, add_args=verify.add_args, run=verify.run),
+    "build-test-variant": Verb(help=testvariant.HELP, add_args=testvariant.add_args,
+                               run=testvariant.run),
     "gpu": Verb(help=gpu.HELP, add_args=gpu.add_args, run_argv=gpu.run),
+    "build-aot": Verb(help=aot.BUILD_HELP, add_args=aot.build_args, run=aot.run_build),
+    "aot-check": Verb(help=aot.CHECK_HELP, add_args=aot.check_args, run_argv=aot.run_check),
     "doctor": Verb(help="check this box for the fused all-reduce on SM12x (no checkout, "
                         "index or nvcc needed; --json)",
                    add_args=lambda p: None, own_main=doctor.main),
@@ -60,15 +66,19 @@ VERBS: dict[str, Verb] = {
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sm120fork",
+    parser = Parser(prog="python -m sm120fork",
                                      description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--root", type=Path, help="toolkit checkout (default: search upward)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also every git command the toolkit runs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    verbosity = [verbosity_options()]
     for name, verb in VERBS.items():
+        own = verb.own_main is not None
         verb.add_args(sub.add_parser(name, help=verb.help, description=verb.help,
-                                     add_help=verb.own_main is None))
+                                     add_help=not own, parents=verbosity if not own else []))
     return parser
 
 
@@ -90,18 +100,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     own = VERBS[argv[0]].own_main if argv and argv[0] in VERBS else None
     if own is not None:
         return own(argv[1:])
-    parser = make_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and VERBS[args.command].own_main is None:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     console = Console(stderr=False, highlight=False)
     err_console = Console(stderr=True, highlight=False)
+    parser = make_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra and VERBS[args.command].own_main is None:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except UsageError as exc:
+        err_console.print(f"error: {exc.message}", markup=False, style="bold red")
+        return exc.exit_code
     handler = RichHandler(console=err_console, show_time=False, show_path=False,
                           markup=False, rich_tracebacks=False)
     log.handlers[:] = [handler]
-    log.setLevel(logging.WARNING if args.quiet else logging.INFO)
+    log.setLevel(logging.WARNING if args.quiet else
+                 logging.DEBUG if args.verbose else logging.INFO)
     log.propagate = False
     verb = VERBS[args.command]
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _sigterm) if main_thread else None
     try:
         if verb.own_main is not None:
             return verb.own_main(_verb_argv(argv, args.command))
@@ -116,8 +133,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         err_console.print(f"error: {exc.message}", markup=False, style="bold red")
         return exc.exit_code
     except KeyboardInterrupt:
-        err_console.print("interrupted; the next run recovers", style="bold red")
-        return 130
+        ended = end_children()
+        err_console.print(f"interrupted: {args.command} stopped"
+                          + (f", {ended} running command(s) ended" if ended else "")
+                          + "; its temporary folders are removed (the next run removes "
+                            "any a hard kill leaves)", style="bold red", soft_wrap=True)
+        return EXIT_INTERRUPTED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm(signum: int, _frame: object) -> None:
+    """SIGTERM (nox forwards it alone, after 0.3 s of SIGINT) unwinds like Ctrl-C."""
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
-from sm120fork.errors import ConfigError
+from sm120fork.errors import EXIT_PROBLEMS_FOUND, ConfigError
+from sm120fork.maintain.status import ProjectStatus, status
 from sm120fork.workspace import Workspace
 
 _VERDICT_STYLE = {"still needed": "green", "upstreamed identically": "cyan",
@@ -42,38 +43,70 @@ def _short_wheel(wheel: str) -> str:
 def status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack", nargs="?", help="only this stack (default: every stack)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--wide", action="store_true",
+                   help="every DEP-3 field and check in its own column (wider than 80)")
     p.add_argument("--wheels", type=Path, metavar="DIR",
                    help="read the wheel column from DIR/manifest.json (see build --out)")
 
 
-def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.maintain.status import status
+def upstream_cell(forwarded: str, applied_upstream: str) -> str:
+    """Forwarded and Applied-Upstream as one statement: a fix upstream made on its own
+    is "in 0.6.17 (flashinfer#3903)", not "Forwarded: no" beside "Applied-Upstream"."""
+    if applied_upstream:
+        where = _short_links(applied_upstream).replace(", ", " (", 1)
+        return f"in {where})" if "(" in where else f"in {where}"
+    if forwarded.lower() in ("", "no"):
+        return "not forwarded"
+    if forwarded.lower() == "not-needed":
+        return "not needed"
+    return f"forwarded {_short_links(forwarded)}"
 
-    projects = status(ws, args.stack, args.wheels)
-    if args.json:
-        console.print_json(json.dumps([p.to_json() for p in projects]))
-        return 1 if any(p.error for p in projects) else 0
+
+def _in_pin(fingerprint: str, effect: str) -> str:
+    return fingerprint if effect in ("-", fingerprint) else f"{fingerprint}, effect {effect}"
+
+
+def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool) -> None:
+    """One table per project: five columns that fit 80 columns, or every field (--wide)."""
     for ps in projects:
         title = (f"{ps.stack}{' (default)' if ps.default else ''} / {ps.project} "
                  f"{ps.version} [{ps.source}]")
         if ps.bump_in_progress:
             title += f"  BUMP IN PROGRESS {ps.bump_in_progress}"
         table = Table(title=title, title_justify="left")
-        table.add_column("patch", overflow="ellipsis", no_wrap=True, max_width=22)
-        for col in ("applies", "Forwarded", "Applied-Upstream", "Bug-Upstream"):
-            table.add_column(col, overflow="fold")
-        for col in ("fingerprint in pin", "effect in pin", "wheel"):
-            table.add_column(col, overflow="fold")
+        table.add_column("patch", overflow="ellipsis", no_wrap=True,
+                         max_width=None if wide else 24)
+        if wide:
+            for col in ("applies", "Forwarded", "Applied-Upstream", "Bug-Upstream",
+                        "fingerprint in pin", "effect in pin", "wheel"):
+                table.add_column(col, overflow="fold")
+        else:
+            for col in ("applies", "upstream", "in pin", "wheel"):
+                table.add_column(col, overflow="fold")
         for p in ps.patches:
-            table.add_row(p.patch.removesuffix(".patch"), p.applies, p.forwarded,
-                          _short_links(p.applied_upstream), _short_links(p.bug_upstream),
-                          p.fingerprint_upstream, p.effect_upstream, _short_wheel(p.wheel))
+            name = p.patch.removesuffix(".patch")
+            if wide:
+                table.add_row(name, p.applies, p.forwarded, _short_links(p.applied_upstream),
+                              _short_links(p.bug_upstream), p.fingerprint_upstream,
+                              p.effect_upstream, p.wheel)
+            else:
+                table.add_row(name, p.applies, upstream_cell(p.forwarded, p.applied_upstream),
+                              _in_pin(p.fingerprint_upstream, p.effect_upstream),
+                              _short_wheel(p.wheel))
         console.print(table)
         if ps.error:
             console.print(f"[bold red]error:[/] {ps.error}", highlight=False)
         elif not ps.patches:
             console.print("(empty series)")
-    return 1 if any(p.error for p in projects) else 0
+
+
+def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    projects = status(ws, args.stack, args.wheels)
+    if args.json:
+        console.print_json(json.dumps([p.to_json() for p in projects]))
+    else:
+        render_status(projects, console, wide=args.wide)
+    return EXIT_PROBLEMS_FOUND if any(p.error for p in projects) else 0
 
 
 def bump_args(p: argparse.ArgumentParser) -> None:
@@ -161,13 +194,17 @@ def upstream_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wheels", type=Path, metavar="DIR",
                    help="where this stack's wheels and manifest.json are (default: "
                         "wheels/<stack>/; see build --out)")
+    p.add_argument("--write", action="store_true",
+                   help="write into reports/upstream/ (tracked) instead of .forks/upstream/")
 
 
 def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.upstream.pr import upstream_pr
 
     result = upstream_pr(ws, args.stack, args.project, onto=args.onto, repo=args.repo,
-                         wheels_dir=args.wheels)
+                         wheels_dir=args.wheels, write=args.write)
+    for why in result.left_out:
+        console.print(f"left out of the branch: {why}", markup=False, highlight=False)
     if not result.commits:
         console.print(f"{args.stack}/{args.project}: nothing to submit: {result.reason}")
         return 0
@@ -176,7 +213,8 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
         console.print(f"  {c}")
     console.print(f"title: {result.title}")
     console.print(f"wrote {result.out_dir.relative_to(ws.root)}/ "
-                  f"({', '.join(sorted(p.name for p in result.files))})")
+                  f"({', '.join(sorted(p.name for p in result.files))})"
+                  + ("" if args.write else "; --write puts it under reports/upstream/"))
     console.print("nothing was pushed; to submit, run:")
     for line in result.commands:
         console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)

@@ -65,15 +65,15 @@ def query_gpus() -> GpuFacts:
 
 
 def cuda_runtime() -> str | None:
-    """The CUDA runtime SGLang runs with: torch's (None if torch is absent)."""
+    """The CUDA runtime SGLang runs with: torch's."""
     if importlib.util.find_spec("torch") is None:
         return None
     try:
         torch = importlib.import_module("torch")
-    except Exception:
-        return None
+    except Exception as exc:
+        return f"unknown (import torch failed: {type(exc).__name__})"
     version = getattr(getattr(torch, "version", None), "cuda", None)
-    return None if version is None else str(version)
+    return "none (torch is a CPU build)" if version is None else str(version)
 
 
 def installed(distribution: str) -> str | None:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import DoctorError
-from .checks import Probes, Report, examine
+from .checks import Probes, Report, examine, sglang_decisions
 
 
 def render(report: Report) -> str:
@@ -33,8 +33,11 @@ def main(argv: Sequence[str] | None = None, probes: Probes | None = None) -> int
         description="Check this box for SGLang's fused all-reduce on SM12x: GPUs, P2P, "
                     "peer writes, packages, the comm module, SGLang's decisions.")
     parser.add_argument("--json", action="store_true", help="one JSON object for machines")
+    parser.add_argument("--decide-timeout", type=float, default=300, metavar="S",
+                        help="seconds for SGLang's TP 2/4/8 decision (it imports SGLang)")
     args = parser.parse_args(argv)
-    report = examine(probes)
+    timeout = args.decide_timeout
+    report = examine(probes or Probes(decisions=lambda: sglang_decisions(timeout)))
     if args.json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:

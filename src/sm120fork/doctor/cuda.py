@@ -58,7 +58,8 @@ class CudaError(RuntimeError):
 
 
 class IpcHandle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * 64)]
+    # c_ubyte, not c_char: a c_char array field reads back cut at its first NUL byte.
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,8 +153,7 @@ class Driver:
 
     def ipc_open(self, handle: bytes) -> int:
         ptr = ctypes.c_uint64()
-        value = IpcHandle()
-        value.reserved = handle
+        value = IpcHandle.from_buffer_copy(handle)
         self._check("cuIpcOpenMemHandle", self.lib.cuIpcOpenMemHandle_v2(
             ctypes.byref(ptr), value, ctypes.c_uint(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)))
         return ptr.value

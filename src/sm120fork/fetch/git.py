@@ -10,12 +10,13 @@ from pathlib import Path
 from sm120fork.declare import Project
 from sm120fork.errors import CommandError, SourceError
 from sm120fork.fetch.source import UPSTREAM_TAG, SourceInfo
+from sm120fork.util.files import scratch_prefix
 from sm120fork.util.proc import Git
 
 
 def init_from_git(project: Project, work: Path, url: str | None = None) -> SourceInfo:
     """Fetch only the pinned commit of ``url`` (default: the declared URL) into ``work``."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{work.name}.", dir=work.parent))
+    staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(work.name), dir=work.parent))
     try:
         repo_dir = staging / "repo"
         repo = Git.init(repo_dir)

@@ -19,7 +19,7 @@ from sm120fork.errors import ChecksumError, SourceError
 from sm120fork.fetch.archive import safe_extract
 from sm120fork.fetch.index import open_url, resolve_file_url
 from sm120fork.fetch.source import Progress, SourceInfo, commit_upstream
-from sm120fork.util.files import sha256_file
+from sm120fork.util.files import scratch_prefix, sha256_file
 from sm120fork.util.proc import Git
 
 log = logging.getLogger("sm120fork")
@@ -44,7 +44,8 @@ def download_pinned(project: Project, filename: str, sha256: str, url: str, cach
         log.warning("cached %s does not match its pin; downloading again", target.name)
     url = resolve_file_url(project, filename, sha256, url)
     log.info("downloading %s", url)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=cache_dir)
+    fd, tmp_name = tempfile.mkstemp(prefix=scratch_prefix(target.name), suffix=".part",
+                                    dir=cache_dir)
     tmp = Path(tmp_name)
     h = hashlib.sha256()
     try:
@@ -72,7 +73,7 @@ def download_pinned(project: Project, filename: str, sha256: str, url: str, cach
 
 def init_from_sdist(project: Project, sdist: Path, work: Path) -> SourceInfo:
     """Create ``work`` as a git repo whose first commit is the sdist under the package root."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{work.name}.", dir=work.parent))
+    staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(work.name), dir=work.parent))
     try:
         top = safe_extract(sdist, staging / "x")
         repo_dir = staging / "repo"

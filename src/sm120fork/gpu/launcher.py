@@ -206,7 +206,7 @@ def parse_variant_specs(specs: Sequence[str]) -> dict[str, Path]:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ConfigError(f"bad variant {spec!r}", where="--wheel-dir",
-                              fix="write NAME=DIR, e.g. patched=wheels/")
+                              fix="write NAME=DIR, e.g. patched=wheels/sglang-0.5.10")
         if name in out:
             raise ConfigError(f"variant {name!r} given twice", where="--wheel-dir")
         out[name] = Path(path)
@@ -274,6 +274,11 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
                 continue
             (aot / so.stem).mkdir(parents=True, exist_ok=True)
             shutil.copy2(so, aot / so.stem / so.name)
+            # the sources digest a patched FlashInfer checks before it loads a prebuilt
+            # module (patches/sglang-0.5.10/flashinfer/README-prebuilt.md)
+            marker = so.with_name(so.name + ".sources")
+            if marker.is_file():
+                shutil.copy2(marker, aot / so.stem / marker.name)
             modules.append(so.stem)
         if not modules:
             raise ConfigError("no <module>/<module>.so files", where=str(prebuilt),

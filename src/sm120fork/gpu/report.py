@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from sm120fork.util import portable
+from sm120fork.util.markdown import markdown_table as _md_table
 
 SHARED_LABEL = "shared GPU: timings not representative"
 #: 61 layers x 2 all-reduces per forward (Kimi-K2.5 / DeepSeek-V3 shape), hidden 7168.
@@ -31,12 +33,6 @@ def gpu_slug(name: str, count: int) -> str:
     return f"{slug}-{count}x"
 
 
-def _md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        out.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ")
-                                     for c in row) + " |")
-    return out
 
 
 def _env_lines(env: dict[str, Any]) -> list[str]:
@@ -381,7 +377,31 @@ def render_bench_plot(doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def write_test_report(doc: dict[str, Any], out_dir: Path) -> list[Path]:
+def made_from(manifest: dict[str, Any] | None, sha256: str | None) -> dict[str, Any]:
+    """``stack`` and ``made_from`` of a GPU report: the toolkit build of the tested wheel.
+
+    The same shape as verify.json's, so that upstream_pr can refuse evidence of another
+    stack, series or wheel.  An empty ``made_from`` means the wheel is no toolkit build.
+    """
+    wheels = (manifest or {}).get("wheels", [])
+    return {"stack": (manifest or {}).get("stack"), "made_from": [
+        {"project": w.get("project"), "series": w.get("series"),
+         "series_digest": w.get("series_digest"), "wheel": w.get("wheel"),
+         "wheel_sha256": w.get("sha256")}
+        for w in wheels if sha256 and w.get("sha256") == sha256]}
+
+
+def _provenance(doc: dict[str, Any], sha256: str | None) -> dict[str, Any]:
+    if "stack" in doc and "made_from" in doc:
+        return {}
+    return made_from(doc.get("environment", {}).get("wheels_manifest"), sha256)
+
+
+def write_test_report(doc: dict[str, Any], out_dir: Path,
+                      roles: portable.Roles | None = None) -> list[Path]:
+    """test-ab.json/.md; ``roles`` rewrites this machine's paths (see util/portable)."""
+    primary = doc.get("variants", {}).get(doc.get("primary"), {})
+    doc = portable.portable({**doc, **_provenance(doc, primary.get("sha256"))}, roles or [])
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m = out_dir / "test-ab.json", out_dir / "test-ab.md"
     j.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
@@ -389,11 +409,13 @@ def write_test_report(doc: dict[str, Any], out_dir: Path) -> list[Path]:
     return [j, m]
 
 
-def write_bench_report(doc: dict[str, Any], out_dir: Path) -> list[Path]:
+def write_bench_report(doc: dict[str, Any], out_dir: Path,
+                       roles: portable.Roles | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m, p = out_dir / "bench.json", out_dir / "bench.md", out_dir / "bench.png"
-    doc = {**doc, "projection": projection(bench_points(doc)),
-           "targets": target_checks(doc)}
+    doc = portable.portable({**doc, **_provenance(doc, doc.get("sha256")),
+                             "projection": projection(bench_points(doc)),
+                             "targets": target_checks(doc)}, roles or [])
     j.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     m.write_text(render_bench_markdown(doc))
     render_bench_plot(doc, p)

@@ -60,7 +60,7 @@ from sm120fork.patch.series import (
 )
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.util.proc import Git
-from sm120fork.verify.upstream_match import effect_check
+from sm120fork.verify.upstream_match import match_upstream
 from sm120fork.workspace import Workspace
 
 _SHA1 = re.compile(r"[0-9a-f]{40}")
@@ -263,7 +263,7 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
                 else:  # resolved to upstream's side: nothing left of the patch
                     repo("am", "--skip")
             if repo.head() != state.conflict_head:
-                holds, _ = effect_check(repo, patch, "HEAD")
+                holds = match_upstream(repo, patch, "HEAD").already_upstream
                 _record(state, patch, RESOLVED, [
                     *state.conflict_evidence, "conflict resolved by hand in the fork tree",
                     "the patch's effect holds on the resolved tree" if holds else

@@ -22,11 +22,7 @@ from sm120fork.maintain.state import (
 )
 from sm120fork.patch.series import Patch
 from sm120fork.util.proc import Git
-from sm120fork.verify.upstream_match import (
-    applied_upstream_version,
-    effect_check,
-    fingerprints_upstream,
-)
+from sm120fork.verify.upstream_match import applied_upstream_version, match_upstream
 
 MERGES_3WAY = "but merges cleanly (3-way): rebased; review it"
 
@@ -47,8 +43,9 @@ def classify(repo: Git, patch: Patch, new_version: Version,
     The tree is the new upstream plus the patches kept so far; fingerprints and effects
     are looked up in the new upstream itself (the ``upstream`` tag).
     """
+    match = match_upstream(repo, patch)
     if _applies(repo, patch, env):
-        n = fingerprints_upstream(repo, patch)
+        n = match.fingerprints_present
         evidence = ["applies exactly"]
         if n:
             evidence.append(f"but {n} fingerprint(s) already upstream: the artifact check "
@@ -58,9 +55,8 @@ def classify(repo: Git, patch: Patch, new_version: Version,
         return STILL_NEEDED, evidence
     if _applies(repo, patch, env, "--reverse"):
         return UPSTREAMED_IDENTICALLY, ["does not apply; reverse-applies cleanly"]
-    present, evidence = effect_check(repo, patch)
-    evidence = ["does not apply, does not reverse-apply", *evidence]
-    if not present:
+    evidence = ["does not apply, does not reverse-apply", *match.evidence]
+    if not match.already_upstream:
         return CONFLICT, [*evidence, "effect absent upstream"]
     claimed = applied_upstream_version(patch)
     if claimed is not None and claimed > new_version:

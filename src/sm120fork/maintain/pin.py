@@ -4,32 +4,22 @@ and the edits to ``forks/<stack>.toml`` (comments and layout kept)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import shutil
 import tarfile
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import tomlkit
-from packaging.utils import (
-    InvalidSdistFilename,
-    canonicalize_name,
-    parse_sdist_filename,
-)
 from packaging.version import Version
 
 from sm120fork.declare import GitPin, Project, SdistPin, Stack
 from sm120fork.errors import (
     ConfigError,
     MaintenanceError,
-    SourceError,
 )
-from sm120fork.fetch.index import index_url
+from sm120fork.fetch.index import find_sdist
 from sm120fork.maintain.state import (
     BumpState,
 )
@@ -42,38 +32,8 @@ _COMMIT_IN_SOURCE = re.compile(
 
 def index_sdist(project: Project, version: Version) -> tuple[str, str, str]:
     """(filename, sha256, url) of the ``version`` sdist on the package index (PEP 691)."""
-    page = f"{index_url()}/{project.normalized_name}/"
-    req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            data = json.load(resp)
-    except urllib.error.HTTPError as exc:
-        raise SourceError(f"package index answered HTTP {exc.code} for {project.distribution}",
-                          where=page) from exc
-    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
-        raise SourceError(f"cannot read the package index: {exc}", where=page,
-                          fix="check the network or set SM120FORK_INDEX_URL") from exc
-    seen: list[Version] = []
-    for entry in data.get("files", []):
-        filename = str(entry.get("filename", ""))
-        try:
-            name, ver = parse_sdist_filename(filename)
-        except InvalidSdistFilename:
-            continue
-        if canonicalize_name(name) != project.normalized_name:
-            continue
-        seen.append(ver)
-        if ver == version:
-            sha = entry.get("hashes", {}).get("sha256", "")
-            if not sha:
-                raise SourceError(f"the index lists no sha256 for {filename}", where=page)
-            if entry.get("yanked"):
-                raise SourceError(f"{filename} is yanked on the package index", where=page,
-                                  fix="choose another release")
-            return filename, sha, urllib.parse.urljoin(page, str(entry["url"]))
-    recent = ", ".join(str(v) for v in sorted(set(seen))[-6:]) or "none"
-    raise SourceError(f"{project.distribution} {version} has no sdist on the package index "
-                      "(unknown version?)", where=page, fix=f"recent sdists: {recent}")
+    found = find_sdist(project, version)
+    return found.filename, found.sha256, found.url
 
 
 def commit_from_sdist(sdist: Path) -> str:

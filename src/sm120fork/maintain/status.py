@@ -14,12 +14,7 @@ from typing import Any
 
 from sm120fork.build.publish import load_manifest
 from sm120fork.declare import Project, Stack
-from sm120fork.errors import (
-    CommandError,
-    ConfigError,
-    MaintenanceError,
-    SourceError,
-)
+from sm120fork.errors import ConfigError, ToolkitError
 from sm120fork.fetch.source import source_key
 from sm120fork.maintain.state import (
     BumpState,
@@ -31,7 +26,7 @@ from sm120fork.patch.series import (
 )
 from sm120fork.patch.tree import prepare_tree, read_state
 from sm120fork.util.proc import Git
-from sm120fork.verify.upstream_match import effect_check, fingerprints_upstream
+from sm120fork.verify.upstream_match import match_upstream
 from sm120fork.workspace import Workspace
 
 
@@ -111,11 +106,8 @@ def project_status(ws: Workspace, stack: Stack, project: Project,
     try:
         series = load_series(ws.series_dir(project))
         repo = pinned_upstream(ws, stack, project)
-    except (ConfigError, SourceError, CommandError, MaintenanceError) as exc:
+    except ToolkitError as exc:  # a bad series, an unreachable pin: a row, keep going
         return result((), exc.message)
-    except Exception as exc:  # a SeriesError etc.: show it in the table, keep going
-        message = getattr(exc, "message", str(exc))
-        return result((), message)
     failures = check_series(repo, series)
     failed_at = series.names().index(failures[0].patch) if failures else len(series.patches)
     rows: list[PatchStatus] = []
@@ -126,14 +118,10 @@ def project_status(ws: Workspace, stack: Stack, project: Project,
             applies = f"NO: {failures[0].file}, {failures[0].hunk}"
         else:
             applies = "not checked"
-        n = fingerprints_upstream(repo, p)
-        total = len(p.fingerprints)
+        match = match_upstream(repo, p)
+        n, total = match.fingerprints_present, len(p.fingerprints)
         fp = "absent" if n == 0 else ("PRESENT" if n == total else f"partly ({n}/{total})")
-        if p.effects or p.effects_absent:
-            present, _ = effect_check(repo, p)
-            effect = "present" if present else "absent"
-        else:
-            effect = "-"
+        effect = "-" if match.effect is None else ("present" if match.effect else "absent")
         rows.append(PatchStatus(
             patch=p.name, subject=p.subject, applies=applies, forwarded=p.field("Forwarded"),
             applied_upstream=p.applied_upstream, bug_upstream=p.field("Bug-Upstream"),

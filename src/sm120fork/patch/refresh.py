@@ -20,6 +20,7 @@ from sm120fork.errors import (
     CommandError,
     DirtyTreeError,
     MaintenanceError,
+    SeriesError,
 )
 from sm120fork.fetch.source import UPSTREAM_TAG, source_key
 from sm120fork.maintain.state import (
@@ -82,7 +83,7 @@ def export_series(repo: Git, directory: Path, base: str = UPSTREAM_TAG,
     directory.mkdir(parents=True, exist_ok=True)
     try:
         old_names = read_series_file(directory)
-    except Exception:
+    except SeriesError:  # no series file yet, or one that refresh is about to replace
         old_names = []
     on_disk = {p.name for p in directory.glob("*.patch")}
     added: list[str] = []

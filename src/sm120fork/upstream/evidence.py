@@ -15,6 +15,8 @@ from typing import Any
 
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import MaintenanceError
+from sm120fork.patch.series import load_series
+from sm120fork.util.markdown import markdown_table as _md_table
 from sm120fork.workspace import Workspace
 
 #: Variants of the compile proof and GPU tests that are the unpatched baseline.
@@ -47,6 +49,56 @@ def _load_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
+#: What a re-run of each kind of evidence takes.
+_RERUN = {"verify": "nox -s verify_sm120 -- --stack {stack}", "test": "nox -s gpu_test -- ...",
+          "bench": "nox -s bench -- ..."}
+
+
+def current_builds(ws: Workspace, stack: Stack, wheels: list[dict[str, Any]]
+                   ) -> dict[str, tuple[str, str]]:
+    """project -> (series digest now, sha256 of its published wheel or '')."""
+    sha = {str(w.get("project")): str(w.get("sha256") or "") for w in wheels}
+    return {p.key: (load_series(ws.series_dir(p)).digest, sha.get(p.key, ""))
+            for p in stack.projects}
+
+
+def provenance_problem(shown: str, doc: dict[str, Any], stack: Stack, kind: str,
+                       current: dict[str, tuple[str, str]],
+                       require: str | None = None) -> tuple[str, str]:
+    """("", "") when ``doc`` was made from this stack's current series and wheels
+    (and, with ``require``, from that project's among them).
+
+    Otherwise (reason, message), reason one of ``absent`` (it records nothing to check),
+    ``other stack`` and ``stale`` (another series or wheel of this stack).
+    """
+    rerun = _RERUN[kind].format(stack=stack.name)
+    if "stack" not in doc or "made_from" not in doc:
+        return "absent", (f"{shown} does not record the stack, series and wheel it was made "
+                          f"from (made by an older toolkit? re-run: {rerun})")
+    if doc["stack"] != stack.name:
+        return "other stack", f"{shown} was made from stack {doc['stack']!r}, not {stack.name!r}"
+    made = [m for m in doc["made_from"] if isinstance(m, dict)]
+    if not made:
+        return "absent", (f"{shown} names no wheel of stack {stack.name} it was made from "
+                          f"(re-run: {rerun})")
+    if require and require not in {m.get("project") for m in made}:
+        return "stale", f"{shown} was not made from {stack.name}'s {require} (re-run: {rerun})"
+    for m in made:
+        project = str(m.get("project"))
+        if project not in current:
+            return "stale", f"{shown} was made from project {project!r}, not in {stack.name}"
+        digest, sha = current[project]
+        if m.get("series_digest") != digest:
+            return "stale", (f"{shown} was made from another {project} series (digest "
+                             f"{str(m.get('series_digest'))[:12]}, now {digest[:12]}; "
+                             f"re-run: {rerun})")
+        if sha and m.get("wheel_sha256") != sha:
+            return "stale", (f"{shown} was made from another {project} wheel (sha256 "
+                             f"{str(m.get('wheel_sha256'))[:12]}, published {sha[:12]}; "
+                             f"re-run: {rerun})")
+    return "", ""
+
+
 def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_digest: str,
                      wheels_dir: Path | None = None) -> Evidence:
     """Gather the evidence, or refuse naming everything missing or failing."""
@@ -75,11 +127,16 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
         elif not all(r.get("passed") for r in entry.get("artifact_check", [])):
             problems.append(f"the {project.key} wheel failed its artifact check")
         files[shown] = _sha256(manifest_path)
+    current = current_builds(ws, stack, wheels)
     verify_path = ws.reports_dir / "sm120" / "verify.json"
     verify = _load_json(verify_path) or {}
+    _, why = provenance_problem("reports/sm120/verify.json", verify, stack, "verify", current,
+                                require=project.key)
     if not verify:
         problems.append("no SM120 compile proof reports/sm120/verify.json "
                         "(run: nox -s verify_sm120)")
+    elif why:
+        problems.append(why)
     else:
         files[str(verify_path.relative_to(ws.root))] = _sha256(verify_path)
         failing = [f"{v.get('variant')}/{v.get('arch')}" for v in verify.get("verdicts", [])
@@ -91,10 +148,19 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
         elif not verify.get("verdicts"):
             problems.append("reports/sm120/verify.json holds no verdicts")
     gpu_tests: list[tuple[Path, dict[str, Any]]] = []
+    elsewhere: list[str] = []  # evidence of other stacks: not ours, not a refusal
     for path in sorted((ws.reports_dir / "gpu").glob("*/test-ab.json")):
         doc = _load_json(path)
         if doc is None:
             problems.append(f"{path.relative_to(ws.root)} is not valid JSON")
+            continue
+        reason, why = provenance_problem(str(path.relative_to(ws.root)), doc, stack, "test",
+                                         current)
+        if reason == "other stack":
+            elsewhere.append(why)
+            continue
+        if why:
+            problems.append(why)
             continue
         files[str(path.relative_to(ws.root))] = _sha256(path)
         primary = str(doc.get("primary", "patched"))
@@ -104,10 +170,19 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
             problems.append(f"GPU tests failed in {path.relative_to(ws.root)}: "
                             f"{len(failed)} case(s), e.g. {failed[0]}")
         gpu_tests.append((path, doc))
-    if not gpu_tests:
-        problems.append("no GPU test results reports/gpu/*/test-ab.json (run: nox -s gpu_test)")
+    if not gpu_tests and not any("GPU tests" in p or "test-ab.json" in p for p in problems):
+        problems.append("no GPU test results of this stack reports/gpu/*/test-ab.json "
+                        "(run: nox -s gpu_test)" + "".join(f"; {e}" for e in elsewhere))
     bench: list[tuple[Path, str]] = []
     for path in sorted((ws.reports_dir / "gpu").glob("*/bench.md")):
+        doc = _load_json(path.with_suffix(".json")) or {}
+        reason, why = provenance_problem(str(path.with_suffix(".json").relative_to(ws.root)),
+                                         doc, stack, "bench", current)
+        if reason == "other stack":
+            continue
+        if why:
+            problems.append(why)
+            continue
         bench.append((path, path.read_text(encoding="utf-8")))
         files[str(path.relative_to(ws.root))] = _sha256(path)
     if problems:
@@ -120,11 +195,6 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
                     manifest_name=shown)
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in r) + " |"
-            for r in rows]
-    return out
 
 
 def evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:

@@ -27,6 +27,7 @@ from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Patch, load_series
 from sm120fork.patch.tree import keep_uncommitted_hint, open_tree
 from sm120fork.upstream.evidence import Evidence, collect_evidence, evidence_sections
+from sm120fork.util.portable import machine_roles, portable_text
 from sm120fork.util.proc import Git
 from sm120fork.workspace import Workspace
 
@@ -48,6 +49,8 @@ class UpstreamPR:
     out_dir: Path = Path()
     files: tuple[Path, ...] = ()
     commands: tuple[str, ...] = ()
+    #: Patches not in the branch, each with why (upstream already has it).
+    left_out: tuple[str, ...] = ()
 
 
 def short_subject(patch: Patch) -> str:
@@ -149,16 +152,27 @@ def _build_branch(repo: Git, base: str, patches: list[Patch], onto: str | None
     return commits
 
 
+def output_dir(ws: Workspace, stack: str, project: str, *, write: bool) -> Path:
+    """reports/upstream/<stack>-<project> (tracked) with ``write``, else under .forks/."""
+    top = ws.reports_dir if write else ws.state_dir
+    return top / "upstream" / f"{stack}-{project}"
+
+
 def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str | None = None,
-                repo: str | None = None, wheels_dir: Path | None = None) -> UpstreamPR:
+                repo: str | None = None, wheels_dir: Path | None = None,
+                write: bool = False) -> UpstreamPR:
+    """Prepare the PR.  Its files go to reports/upstream/ (tracked) only with ``write``."""
     stack = ws.stack(stack_name)
     project = stack.project(project_key)
     series = load_series(ws.series_dir(project))
     wanted = [p for p in series.patches if not p.applied_upstream]
+    left_out = tuple(f"{p.name}: Applied-Upstream {p.applied_upstream} (upstream has it)"
+                     for p in series.patches if p.applied_upstream)
     if not wanted:
         why = ("the series is empty" if not series.patches else
                "every patch names an Applied-Upstream release")
-        return UpstreamPR(stack=stack.name, project=project.key, reason=why)
+        return UpstreamPR(stack=stack.name, project=project.key, reason=why,
+                          left_out=left_out)
     with ws.lock():
         tree = open_tree(ws, stack, project)
         work, state, git = tree.path, tree.state, tree.repo
@@ -199,24 +213,29 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
         git("update-ref", f"refs/heads/{branch}", commits[-1])
         title = _title(project, wanted)
         body = render_body(ws, project, wanted, evidence, onto)
-        out = ws.reports_dir / "upstream" / f"{stack.name}-{project.key}"
+        out = output_dir(ws, stack.name, project.key, write=write)
         if out.exists():
             shutil.rmtree(out)
         (out / "patches").mkdir(parents=True)
         git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
             str(out / "patches"), f"{base}..{commits[-1]}")
         slug = github_slug(project.git_pin.url) or "<owner>/<repo>"
+        # Relative to the project root: the files travel, no machine path in them.
         commands = [
-            f"git -C {shlex.quote(str(work))} push <your-fork-url> {branch}:{branch}",
+            "# from the project root",
+            f"git -C {shlex.quote(os.path.relpath(work, ws.root))} push <your-fork-url> "
+            f"{branch}:{branch}",
             f"gh pr create --repo {slug} --base main --head <your-github-user>:{branch} "
             f"--title {shlex.quote(title)} --body-file "
             f"{shlex.quote(str((out / 'body.md').relative_to(ws.root)))}",
         ]
         if not onto:
-            commands.insert(0, f"# the branch sits on the {project.distribution} "
+            commands.insert(1, f"# the branch sits on the {project.distribution} "
                                f"{project.version} source import, not upstream's history: "
                                "rebase with --onto <upstream ref> --repo <upstream checkout> "
                                "before pushing")
+        roles = machine_roles(ws.root)
+        body = portable_text(body, roles)
         (out / "title.txt").write_text(title + "\n", encoding="utf-8")
         (out / "body.md").write_text(body, encoding="utf-8")
         (out / "PR.md").write_text(f"# {title}\n\n{body}", encoding="utf-8")
@@ -227,9 +246,10 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
             "base": base, "onto": onto, "commits": commits,
             "patches": [{"name": p.name, "sha256": p.sha256} for p in wanted],
             "evidence_files": evidence.files,
+            "left_out": list(left_out),
         }, indent=1) + "\n", encoding="utf-8")
         files = tuple(sorted(p for p in out.rglob("*") if p.is_file()))
         return UpstreamPR(stack=stack.name, project=project.key, reason="", commits=tuple(
             f"{c[:12]} {short_subject(p)}" for c, p in zip(commits, wanted, strict=True)),
             branch=branch, tree=work, base=base, title=title, body=body, out_dir=out,
-            files=files, commands=tuple(commands))
+            files=files, commands=tuple(commands), left_out=left_out)

@@ -81,6 +81,46 @@ def replace_dir(staged: Path, dest: Path) -> None:
     shutil.rmtree(aside)
 
 
+_SCRATCH = "sm120fork-"
+
+
+def scratch_prefix(label: str, *, hidden: bool = True) -> str:
+    """A prefix for a temporary file or folder (tempfile.mkdtemp and friends) that names
+    the process making it, so :func:`remove_stale_scratch` knows when it is left over."""
+    return f"{'.' if hidden else ''}{_SCRATCH}{os.getpid()}-{label}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_scratch(parent: Path) -> list[Path]:
+    """Remove the scratch files and folders in ``parent`` of processes that are gone
+    (a run killed with SIGKILL leaves them); return what was removed."""
+    removed: list[Path] = []
+    if not parent.is_dir():
+        return removed
+    for path in parent.iterdir():
+        name = path.name.removeprefix(".")
+        if not name.startswith(_SCRATCH):
+            continue
+        pid = name[len(_SCRATCH):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
 def read_json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object stored at ``path``, or None when it is missing, unreadable or not one."""
     try:

@@ -1,7 +1,8 @@
 """The one wrapper for subprocesses and the one for git.
 
-Commands are echoed (``+ git am ...``) through the ``sm120fork`` logger, run with
-check, and their captured output is shown only when they fail.  GitPython's
+Commands are echoed through the ``sm120fork`` logger (``+ python -m build ...`` at info
+level, ``+ git am ...`` at debug level: ``-v`` shows them), run with check, and their
+captured output is shown only when they fail.  GitPython's
 ``GitCommandError`` becomes the toolkit's ``CommandError`` with stderr attached.
 """
 
@@ -10,8 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import git
@@ -26,6 +29,54 @@ TOOLKIT_AUTHOR_EMAIL = "sm120fork@localhost.invalid"
 FIXED_DATE = "2000-01-01T00:00:00+00:00"
 
 
+_children: set[subprocess.Popen[str]] = set()
+_children_lock = threading.Lock()
+_ending = threading.Event()
+_ended: list[int] = []
+
+
+def end_children(grace: float = 5.0) -> int:
+    """End every command started by :func:`run` (each with its own process group, so a
+    build's own children go too) and refuse new ones; return how many were ended since
+    :func:`allow_children`.
+
+    Called when the toolkit is interrupted: SIGTERM may reach only this process (nox
+    forwards it alone), and a child left running would keep building."""
+    _ending.set()
+    with _children_lock:
+        running = [p for p in _children if p.poll() is None]
+    for p in running:
+        with _suppress_gone():
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in running:
+        _reap(p, grace)
+    _ended.extend(p.pid for p in running)
+    return len(_ended)
+
+
+def _reap(child: subprocess.Popen[str], grace: float) -> None:
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        with _suppress_gone():
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def allow_children() -> None:
+    """Undo :func:`end_children` (a new command in the same process, e.g. tests)."""
+    _ending.clear()
+    _ended.clear()
+
+
+class _suppress_gone:  # noqa: N801 - a tiny context manager, used like contextlib.suppress
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
+        return kind is not None and issubclass(kind, ProcessLookupError | PermissionError)
+
+
 def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
@@ -38,25 +89,55 @@ def run(
     check: bool = True,
     timeout: float | None = None,
     quiet: bool = False,
+    on_line: Callable[[str], None] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd``, echoing it; raise ``CommandError`` with its output if it fails."""
+    """Run ``cmd``, echoing it; raise ``CommandError`` with its output if it fails.
+
+    ``on_line`` sees each line of output (stdout and stderr together) as it comes, for a
+    live progress line; the lines are then ``stdout`` of the result."""
     argv = [os.fspath(c) for c in cmd]
     if not quiet:
         log.info("+ %s", shlex.join(argv))
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
+    if _ending.is_set():
+        raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
     try:
-        proc = subprocess.run(
-            argv, cwd=cwd, env=full_env, capture_output=True, text=True,
-            timeout=timeout, check=False,
-        )
+        child = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT if on_line else subprocess.PIPE,
+                                 text=True, start_new_session=True)
     except FileNotFoundError as exc:
         raise CommandError(
             f"command not found: {argv[0]}", fix="install it or put it on PATH"
         ) from exc
+    with _children_lock:
+        _children.add(child)
+    try:
+        if on_line is not None and child.stdout is not None:
+            lines: list[str] = []
+            with child.stdout:
+                for line in child.stdout:
+                    lines.append(line)
+                    on_line(line.rstrip("\n"))
+            stdout, stderr = "".join(lines), ""
+            child.wait(timeout)
+        else:
+            stdout, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as exc:
+        with _suppress_gone():
+            os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
         raise CommandError(f"timed out after {timeout}s: {shlex.join(argv)}") from exc
+    except BaseException:  # interrupted while waiting here: the child ends with us
+        with _suppress_gone():
+            os.killpg(child.pid, signal.SIGTERM)
+        _reap(child, 5.0)
+        raise
+    finally:
+        with _children_lock:
+            _children.discard(child)
+    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         output = _tail((proc.stdout or "") + "\n" + (proc.stderr or ""))
         raise CommandError(
@@ -95,7 +176,7 @@ class Git:
     @classmethod
     def init(cls, path: Path) -> Git:
         path.mkdir(parents=True, exist_ok=True)
-        log.info("+ git init %s", path)
+        log.debug("+ git init %s", path)
         git.Repo.init(path, initial_branch="main")
         g = cls(path)
         with g.repo.config_writer() as cfg:
@@ -109,7 +190,7 @@ class Git:
     def __call__(self, *args: str, env: Mapping[str, str] | None = None,
                  quiet: bool = False, strip: bool = True) -> str:
         if not quiet:
-            log.info("+ git %s", shlex.join(args))
+            log.debug("+ git %s", shlex.join(args))
         full_env = dict(git_env())
         if env:
             full_env.update(env)

@@ -2,8 +2,9 @@
 
 For each ``Fingerprint: <path>: <text>`` of each patch: the text is present in the file
 that ships in the built wheel (the member whose path ends with the path relative to the
-package root) and absent from the same file in unpatched upstream.  A patch that applies
-to the source but never reaches the wheel fails the build.
+package root) and absent from the same file in unpatched upstream (both tested by
+:mod:`sm120fork.verify.upstream_match`, the one "already upstream" definition).  A patch
+that applies to the source but never reaches the wheel fails the build.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sm120fork.declare import Project
-from sm120fork.errors import ArtifactCheckError, CommandError
+from sm120fork.errors import ArtifactCheckError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Fingerprint, Series
 from sm120fork.util.proc import Git
+from sm120fork.verify.upstream_match import fingerprint_in, fingerprints_at
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,21 +49,14 @@ def wheel_members(zf: zipfile.ZipFile, project: Project, path: str) -> list[str]
     return [n for n in names if n.endswith("/" + rel)]
 
 
-def upstream_text(repo: Git, path: str, rev: str = UPSTREAM_TAG) -> str:
-    try:
-        return repo("show", f"{rev}:{path}", quiet=True, strip=False)
-    except CommandError:
-        return ""  # the patch adds the file
-
-
 def check_fingerprint(zf: zipfile.ZipFile, project: Project, patch: str, fp: Fingerprint,
-                      upstream: str) -> FingerprintResult:
+                      in_upstream: bool) -> FingerprintResult:
     members = wheel_members(zf, project, fp.path)
     in_wheel = bool(members) and all(
-        fp.text in zf.read(m).decode("utf-8", errors="replace") for m in members)
+        fingerprint_in(fp, zf.read(m).decode("utf-8", errors="replace")) for m in members)
     return FingerprintResult(patch=patch, path=fp.path, text=fp.text,
                              member=", ".join(members) or "(not in wheel)",
-                             in_wheel=in_wheel, in_upstream=fp.text in upstream)
+                             in_wheel=in_wheel, in_upstream=in_upstream)
 
 
 def check_wheel(wheel: Path, project: Project, series: Series, repo: Git,
@@ -69,9 +64,8 @@ def check_wheel(wheel: Path, project: Project, series: Series, repo: Git,
     results: list[FingerprintResult] = []
     with zipfile.ZipFile(wheel) as zf:
         for patch in series.patches:
-            for fp in patch.fingerprints:
-                results.append(check_fingerprint(zf, project, patch.name, fp,
-                                                 upstream_text(repo, fp.path, base)))
+            for fp, in_upstream in fingerprints_at(repo, patch, base):
+                results.append(check_fingerprint(zf, project, patch.name, fp, in_upstream))
     return results
 
 

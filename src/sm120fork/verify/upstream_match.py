@@ -1,36 +1,65 @@
 """The one definition of "already upstream": a patch's fingerprint or effect at a revision.
 
-``Fingerprint`` lines are our own text; ``Effect`` / ``Effect-Absent`` lines recognise a fix
-that upstream wrote in its own words (patches/README.md).
+``Fingerprint`` lines are our own text, matched literally; ``Effect`` / ``Effect-Absent``
+lines recognise a fix that upstream wrote in its own words (patches/README.md).  The
+artifact check (``verify/artifact.py``), ``status`` and ``bump`` all ask here.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
+from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from sm120fork.errors import CommandError
 from sm120fork.fetch.source import UPSTREAM_TAG
-from sm120fork.patch.series import (
-    Fingerprint,
-    Patch,
-)
+from sm120fork.patch.series import Fingerprint, Patch
 from sm120fork.util.proc import Git
-from sm120fork.verify.artifact import upstream_text
 
 
-def effect_check(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG) -> tuple[bool, list[str]]:
-    """Is the patch's effect present at ``rev``?  Returns (verdict, evidence lines).
+def text_at(repo: Git, path: str, rev: str = UPSTREAM_TAG) -> str:
+    """``path`` at ``rev``, or '' when it does not exist there (a patch that adds it)."""
+    try:
+        return repo("show", f"{rev}:{path}", quiet=True, strip=False)
+    except CommandError:
+        return ""
 
-    ``Effect`` lines must all be found and ``Effect-Absent`` lines all missing; without
-    either, every ``Fingerprint`` must be found literally.
-    """
+
+def fingerprint_in(fp: Fingerprint, text: str) -> bool:
+    """Is the fingerprint's literal text in ``text``?  (The one fingerprint test.)"""
+    return fp.text in text
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpstreamMatch:
+    """What of a patch a revision already holds."""
+
+    #: Each of the patch's fingerprints: found literally at the revision?
+    fingerprints: tuple[bool, ...]
+    #: Do the Effect / Effect-Absent lines hold?  None when the patch has neither.
+    effect: bool | None
+    evidence: tuple[str, ...]
+
+    @property
+    def fingerprints_present(self) -> int:
+        return sum(self.fingerprints)
+
+    @property
+    def already_upstream(self) -> bool:
+        """The effect holds, or (without Effect lines) every fingerprint is there."""
+        if self.effect is not None:
+            return self.effect
+        return all(self.fingerprints)
+
+
+def match_upstream(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG) -> UpstreamMatch:
     texts: dict[str, str] = {}
 
     def text(path: str) -> str:
         if path not in texts:
-            texts[path] = upstream_text(repo, path, rev)
+            texts[path] = text_at(repo, path, rev)
         return texts[path]
 
     def found(eff: Fingerprint) -> bool:
@@ -41,28 +70,30 @@ def effect_check(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG) -> tuple[bool
                      quiet=True).splitlines()
         return any(eff.found_in(text(n)) for n in names if fnmatch.fnmatchcase(n, eff.path))
 
+    fingerprints = tuple(fingerprint_in(fp, text(fp.path)) for fp in patch.fingerprints)
     evidence: list[str] = []
-    ok = True
+    effect: bool | None = None
     if patch.effects or patch.effects_absent:
+        effect = True
         for eff in patch.effects:
             hit = found(eff)
-            ok &= hit
+            effect &= hit
             evidence.append(f"Effect {eff}: {'present' if hit else 'ABSENT'}")
         for eff in patch.effects_absent:
             hit = found(eff)
-            ok &= not hit
+            effect &= not hit
             evidence.append(f"Effect-Absent {eff}: {'PRESENT' if hit else 'absent'}")
     else:
-        for fp in patch.fingerprints:
-            hit = fp.text in text(fp.path)
-            ok &= hit
-            evidence.append(f"Fingerprint {fp}: {'present' if hit else 'absent'}")
-    return ok, evidence
+        evidence = [f"Fingerprint {fp}: {'present' if hit else 'absent'}"
+                    for fp, hit in zip(patch.fingerprints, fingerprints, strict=True)]
+    return UpstreamMatch(fingerprints=fingerprints, effect=effect, evidence=tuple(evidence))
 
 
-def fingerprints_upstream(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG) -> int:
-    """How many of the patch's fingerprints are already in upstream at ``rev``."""
-    return sum(fp.text in upstream_text(repo, fp.path, rev) for fp in patch.fingerprints)
+def fingerprints_at(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG
+                    ) -> list[tuple[Fingerprint, bool]]:
+    """Each fingerprint of ``patch`` and whether ``rev`` already has it."""
+    return list(zip(patch.fingerprints, match_upstream(repo, patch, rev).fingerprints,
+                    strict=True))
 
 
 def applied_upstream_version(patch: Patch) -> Version | None:
@@ -72,4 +103,5 @@ def applied_upstream_version(patch: Patch) -> Version | None:
         return Version(token.removeprefix("v")) if token else None
     except InvalidVersion:
         return None
+
 

@@ -1,0 +1,310 @@
+"""Compile FlashInfer's trtllm comm module ahead of time, the way FlashInfer's AOT does.
+
+Nothing about the build is re-invented: a probe runs in the build interpreter and does
+what ``flashinfer/aot.py``'s ``compile_and_package_modules`` does for one module - point
+``flashinfer.jit.env`` at the tree's ``csrc``/``include``/``3rdparty`` and at our build
+directory, ask the tree's own ``gen_trtllm_comm_module()`` for its ``JitSpec`` (sources,
+flags, include paths; the targets its compilation context derives from
+``FLASHINFER_CUDA_ARCH_LIST``) and run FlashInfer's ``build_jit_specs`` (its ninja
+generation and ninja).  Only ``flashinfer/jit`` is imported (the package modules are
+stubbed, as the SM12x proof does), so the build needs torch (CPU is enough), tvm-ffi,
+filelock, packaging and ninja, not FlashInfer's runtime dependencies.
+
+nvcc's ``--time`` table (added through FlashInfer's ``FLASHINFER_EXTRA_CUDAFLAGS`` hook)
+gives the seconds each target's device passes took.  Results are cached under a key over
+the generated ninja file, the tree's C++ sources and the compiler, so a rebuild of the
+fork tree that leaves them alone costs nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sm120fork.aot import targets as targets_mod
+from sm120fork.aot.toolchain import Toolchain
+from sm120fork.errors import BuildError, ConfigError
+from sm120fork.util import proc
+
+log = logging.getLogger("sm120fork")
+
+MODULE = "trtllm_comm"
+_MARK = "@@sm120fork-aot@@"
+#: What the compiled module depends on inside a FlashInfer tree (digested for the cache key).
+SOURCE_DIRS: tuple[str, ...] = ("csrc", "include", "3rdparty")
+
+_PROBE = r"""
+import importlib, json, os, sys, types
+from pathlib import Path
+
+tree, build_dir = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
+mode, mark = sys.argv[3], sys.argv[4]
+for name in ("flashinfer", "flashinfer.jit"):
+    module = types.ModuleType(name)
+    module.__path__ = [str(tree.joinpath(*name.split(".")))]
+    sys.modules[name] = module
+jit_env = importlib.import_module("flashinfer.jit.env")
+# As flashinfer/aot.py compile_and_package_modules: sources from the tree, work in build_dir.
+jit_env.FLASHINFER_CSRC_DIR = tree / "csrc"
+jit_env.FLASHINFER_INCLUDE_DIR = tree / "include"
+jit_env.CUTLASS_INCLUDE_DIRS = [tree / "3rdparty" / "cutlass" / "include",
+                                tree / "3rdparty" / "cutlass" / "tools" / "util" / "include"]
+jit_env.SPDLOG_INCLUDE_DIR = tree / "3rdparty" / "spdlog" / "include"
+jit_env.FLASHINFER_WORKSPACE_DIR = build_dir
+jit_env.FLASHINFER_JIT_DIR = build_dir / "cached_ops"
+jit_env.FLASHINFER_GEN_SRC_DIR = build_dir / "generated"
+core = importlib.import_module("flashinfer.jit.core")
+cpp_ext = importlib.import_module("flashinfer.jit.cpp_ext")
+comm = importlib.import_module("flashinfer.jit.comm")
+version = importlib.import_module("flashinfer.version").__version__
+import tvm_ffi
+try:
+    spec = comm.gen_trtllm_comm_module()
+except Exception as exc:
+    print(mark + json.dumps({"refused": f"{type(exc).__name__}: {exc}"}))
+    raise SystemExit(0)
+ninja = cpp_ext.generate_ninja_build_for_op(
+    name=spec.name, sources=spec.sources, extra_cflags=spec.extra_cflags,
+    extra_cuda_cflags=spec.extra_cuda_cflags, extra_ldflags=spec.extra_ldflags,
+    extra_include_dirs=spec.extra_include_dirs, needs_device_linking=spec.needs_device_linking)
+result = {"name": spec.name, "sources": [str(s) for s in spec.sources],
+          "cuda_flags": list(spec.extra_cuda_cflags or []), "ninja": ninja,
+          "flashinfer_version": version, "tvm_ffi_version": tvm_ffi.__version__,
+          "arch_list": os.environ.get("FLASHINFER_CUDA_ARCH_LIST"), "prefix": sys.prefix}
+if mode == "build":
+    jit_env.FLASHINFER_JIT_DIR.mkdir(parents=True, exist_ok=True)
+    jit_env.FLASHINFER_GEN_SRC_DIR.mkdir(parents=True, exist_ok=True)
+    core.build_jit_specs([spec], verbose=True, skip_prebuilt=False)
+    result["so"] = str(spec.jit_library_path)
+print(mark + json.dumps(result))
+"""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What FlashInfer's JIT would build for these capabilities (no compiling yet)."""
+
+    module: str
+    arch_list: str
+    targets: tuple[str, ...]
+    sources: tuple[str, ...]
+    cuda_flags: tuple[str, ...]
+    ninja: str
+    flashinfer_version: str
+    tvm_ffi_version: str
+    prefix: str  # the build interpreter's sys.prefix (left out of the cache key)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PhaseTime:
+    """One row of nvcc's ``--time`` table: a pass over one source for one target."""
+
+    source: str
+    phase: str
+    target: str
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Compiled:
+    """A built module: the shared library and how it was made."""
+
+    plan: Plan
+    so: Path
+    key: str
+    cached: bool
+    wall_seconds: float
+    phases: tuple[PhaseTime, ...]
+    toolchain: str
+    jobs: int
+
+    def seconds_per_target(self) -> dict[str, float]:
+        """Device passes (preprocess, cicc, ptxas) summed per target, over all sources."""
+        out: dict[str, float] = defaultdict(float)
+        for phase in self.phases:
+            if phase.target:
+                out[phase.target] += phase.seconds
+        return dict(out)
+
+    def host_seconds(self) -> float:
+        return sum(p.seconds for p in self.phases if not p.target)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"module": self.plan.module, "arch_list": self.plan.arch_list,
+                "targets": list(self.plan.targets), "key": self.key, "cached": self.cached,
+                "wall_seconds": round(self.wall_seconds, 1), "jobs": self.jobs,
+                "toolchain": self.toolchain,
+                "flashinfer_version": self.plan.flashinfer_version,
+                "tvm_ffi_version": self.plan.tvm_ffi_version,
+                "seconds_per_target": {k: round(v, 1)
+                                       for k, v in self.seconds_per_target().items()},
+                "host_seconds": round(self.host_seconds(), 1),
+                "sources": list(self.plan.sources), "cuda_flags": list(self.plan.cuda_flags)}
+
+
+def _device_target(phase: str, arch: str) -> str:
+    """nvcc names a device pass's target compute_XY (cicc, preprocess) or sm_XY (ptxas)."""
+    device_phases = ("gcc (preprocessing 1)", "cicc", "ptxas")
+    if phase not in device_phases or not arch:
+        return ""
+    return "sm_" + arch.split("_", 1)[1]
+
+
+def parse_nvcc_times(text: str) -> tuple[PhaseTime, ...]:
+    """nvcc ``--time`` CSV (appended to by several nvcc processes) -> its rows.
+
+    Device passes carry their target (``sm_90a``); host passes (``cudafe++``, the host
+    compile) carry ``""`` even where nvcc labels them with the last target.
+    """
+    rows: list[PhaseTime] = []
+    for record in csv.reader(io.StringIO(text)):
+        cells = [c.strip() for c in record]
+        if len(cells) < 8 or cells[0] == "source file name" or cells[7] != "ms":
+            continue
+        try:
+            ms = float(cells[6])
+        except ValueError:
+            continue
+        if not cells[0]:  # the "nvcc (driver)" summary row
+            continue
+        rows.append(PhaseTime(source=Path(cells[0]).name, phase=cells[1],
+                              target=_device_target(cells[1], cells[4]), seconds=ms / 1000))
+    return tuple(rows)
+
+
+def _probe(python: Path, tree: Path, build_dir: Path, mode: str,
+           env: Mapping[str, str]) -> dict[str, Any]:
+    log.info("+ FLASHINFER_CUDA_ARCH_LIST=%r %s -c <FlashInfer %s probe> %s %s",
+             env.get("FLASHINFER_CUDA_ARCH_LIST"), python, mode, tree, build_dir)
+    out = proc.run([python, "-c", _PROBE, tree, build_dir, mode, _MARK], env=env,
+                   cwd=build_dir, quiet=True)
+    payload = next((line.removeprefix(_MARK) for line in reversed(out.stdout.splitlines())
+                    if line.startswith(_MARK)), None)
+    if payload is None:
+        raise BuildError("the FlashInfer build probe printed no result", where=str(tree),
+                         detail=(out.stdout + out.stderr)[-3000:])
+    result: dict[str, Any] = json.loads(payload)
+    return result
+
+
+def _base_env(toolchain: Toolchain, arch_list: str, build_dir: Path,
+              jobs: int) -> dict[str, str]:
+    return {**toolchain.env(), "FLASHINFER_CUDA_ARCH_LIST": arch_list,
+           "FLASHINFER_WORKSPACE_BASE": str(build_dir / "workspace"),
+           "FLASHINFER_EXTRA_CUDAFLAGS": "", "FLASHINFER_JIT_VERBOSE": "0",
+           "FLASHINFER_JIT_DEBUG": "0", "PYTHONDONTWRITEBYTECODE": "1",
+           "MAX_JOBS": str(jobs)}
+
+
+def plan(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, *,
+         python: Path | None = None, scratch: Path) -> Plan:
+    """Ask the tree's JIT what it would build for ``capabilities`` (refusal is an error)."""
+    arch_list = targets_mod.arch_list(capabilities)
+    scratch.mkdir(parents=True, exist_ok=True)
+    env = _base_env(toolchain, arch_list, scratch, 1)
+    result = _probe(python or Path(sys.executable), tree, scratch, "plan", env)
+    if "refused" in result:
+        raise BuildError(f"FlashInfer's JIT refuses {MODULE} for {arch_list}: "
+                         f"{result['refused']}", where=str(tree))
+    return _plan_from(result)
+
+
+def _plan_from(result: Mapping[str, Any]) -> Plan:
+    flags = tuple(result["cuda_flags"])
+    return Plan(module=result["name"], arch_list=result["arch_list"],
+                targets=targets_mod.targets_from_flags(flags),
+                sources=tuple(result["sources"]), cuda_flags=flags, ninja=result["ninja"],
+                flashinfer_version=result["flashinfer_version"],
+                tvm_ffi_version=result["tvm_ffi_version"], prefix=result["prefix"])
+
+
+def tree_digest(tree: Path, dirs: Sequence[str] = SOURCE_DIRS) -> str:
+    """sha256 over every file (path and content) under the tree's C++ source folders."""
+    digest = hashlib.sha256()
+    for name in dirs:
+        base = tree / name
+        if not base.is_dir():
+            continue
+        for path in sorted(p for p in base.rglob("*") if p.is_file() and ".git" not in p.parts):
+            digest.update(path.relative_to(tree).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def cache_key(plan_: Plan, tree: Path, scratch: Path, toolchain: Toolchain) -> str:
+    """Changes when anything that goes into the .so does: flags, paths' contents, nvcc."""
+    ninja = (plan_.ninja.replace(str(tree.resolve()), "<tree>")
+             .replace(str(scratch.resolve()), "<build>").replace(plan_.prefix, "<python>"))
+    parts = {"ninja": ninja, "tree": tree_digest(tree), "nvcc": toolchain.version_text,
+             "tvm_ffi": plan_.tvm_ffi_version}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: Path, *,
+          python: Path | None = None, jobs: int = 2, rebuild: bool = False) -> Compiled:
+    """Compile (or reuse) the module for ``capabilities``; returns where its .so is."""
+    if not (tree / "csrc").is_dir() or not (tree / "flashinfer" / "jit").is_dir():
+        raise ConfigError("not a FlashInfer source tree (no csrc/ or flashinfer/jit/)",
+                          where=str(tree), fix="run `nox -s build` first to make the fork tree")
+    interpreter = python or Path(sys.executable)
+    arch_list = targets_mod.arch_list(capabilities)
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="plan-", dir=cache) as scratch:
+        planned = plan(tree, capabilities, toolchain, python=interpreter, scratch=Path(scratch))
+        key = cache_key(planned, tree, Path(scratch), toolchain)
+    done = cache / key
+    record = done / "compiled.json"
+    if record.is_file() and not rebuild:
+        data = json.loads(record.read_text())
+        log.info("%s for %s: cached (%s)", MODULE, " ".join(planned.targets), key)
+        return Compiled(plan=planned, so=done / f"{MODULE}.so", key=key, cached=True,
+                        wall_seconds=data["wall_seconds"], jobs=data["jobs"],
+                        toolchain=data["toolchain"],
+                        phases=tuple(PhaseTime(**p) for p in data["phases"]))
+    # One work folder per key: builds for other targets can run beside this one.
+    work = cache / f"work-{key}"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    times = work / "nvcc-time.csv"
+    env = _base_env(toolchain, arch_list, work, jobs)
+    env["FLASHINFER_EXTRA_CUDAFLAGS"] = f"--time={times}"
+    log.info("compiling %s for %s (%s, %d jobs): this takes minutes per target",
+             MODULE, " ".join(planned.targets), toolchain.version_text, jobs)
+    started = time.monotonic()
+    result = _probe(interpreter, tree, work, "build", env)
+    wall = time.monotonic() - started
+    so = Path(result["so"])
+    if not so.is_file():
+        raise BuildError(f"FlashInfer's build reported no {so.name}", where=str(work))
+    phases = parse_nvcc_times(times.read_text() if times.is_file() else "")
+    tmp = cache / f".{key}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    shutil.copy2(so, tmp / so.name)
+    (tmp / "build.ninja").write_text(planned.ninja)
+    compiled = Compiled(plan=planned, so=done / so.name, key=key, cached=False,
+                        wall_seconds=wall, phases=phases, toolchain=toolchain.version_text,
+                        jobs=jobs)
+    (tmp / "compiled.json").write_text(json.dumps(
+        {**compiled.to_dict(), "phases": [dataclasses.asdict(p) for p in phases]}, indent=1))
+    if done.exists():
+        shutil.rmtree(done)
+    os.replace(tmp, done)
+    shutil.rmtree(work, ignore_errors=True)
+    log.info("%s built in %.0f s: %s", MODULE, wall, compiled.seconds_per_target())
+    return compiled

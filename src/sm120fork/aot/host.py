@@ -1,0 +1,135 @@
+"""cibuildwheel's build of ``aot/``, run on this host (no container engine here).
+
+The steps and their commands are not restated here: they are read from ``aot/pyproject.toml``
+through cibuildwheel's own options reader for the identifier cibuildwheel would build on
+this machine, then run in the order cibuildwheel's Linux platform runs them - before-build,
+the build frontend, repair-wheel-command, then the test step in a fresh virtual
+environment (before-test, install the wheel, test-command).  What differs from a
+cibuildwheel run: the host's interpreter and glibc instead of the manylinux image's, and
+the test environment sees the build environment's packages (``--system-site-packages``,
+so torch is not installed twice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform as platform_mod
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from sm120fork.errors import BuildError, ConfigError
+from sm120fork.util import proc
+
+log = logging.getLogger("sm120fork")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HostPlan:
+    """What cibuildwheel would run for ``identifier``, placeholders still in place."""
+
+    identifier: str
+    before_build: str
+    frontend: str
+    frontend_args: tuple[str, ...]
+    repair: str
+    before_test: str
+    test_command: str
+    environment: Mapping[str, str]
+
+
+def identifiers(package_dir: Path, arch: str | None = None) -> list[str]:
+    """``cibuildwheel --print-build-identifiers`` for Linux (and ``arch``, default: this one)."""
+    arch = arch or platform_mod.machine()
+    out = proc.run([sys.executable, "-m", "cibuildwheel", "--print-build-identifiers",
+                    "--platform", "linux", "--archs", arch, package_dir], quiet=True)
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def resolve(package_dir: Path, identifier: str,
+            env: Mapping[str, str] | None = None) -> HostPlan:
+    """The build options cibuildwheel's options reader gives ``identifier``."""
+    from cibuildwheel.options import CommandLineArguments, compute_options
+
+    args = CommandLineArguments.defaults()
+    args.platform = "linux"
+    args.package_dir = package_dir
+    options = compute_options("linux", args, env=dict(env or {}))
+    build = options.build_options(identifier)
+    environment = build.environment.as_dictionary(prev_environment={})
+    return HostPlan(identifier=identifier, before_build=build.before_build or "",
+                    frontend=build.build_frontend.name,
+                    frontend_args=tuple(build.build_frontend.args),
+                    repair=build.repair_command, before_test=build.before_test or "",
+                    test_command=build.test_command or "", environment=environment)
+
+
+def _sh(command: str, env: Mapping[str, str], cwd: Path) -> None:
+    if command.strip():
+        proc.run(["sh", "-c", command], env=env, cwd=cwd)
+
+
+def _fill(command: str, **values: str | Path) -> str:
+    from cibuildwheel.util.helpers import prepare_command
+
+    return prepare_command(command, **values)
+
+
+def run(project: Path, package_dir: Path, out: Path, *,
+        identifier: str | None = None) -> Path:
+    """Build, repair and test the AOT wheel as cibuildwheel would; returns the wheel in out."""
+    found = identifiers(package_dir)
+    if identifier is None:
+        if not found:
+            raise ConfigError("cibuildwheel selects no build for this machine",
+                              where=str(package_dir / "pyproject.toml"))
+        identifier = found[0]
+    elif identifier not in found:
+        raise ConfigError(f"cibuildwheel does not build {identifier} here", fix=f"one of {found}")
+    plan = resolve(package_dir, identifier, os.environ)
+    if plan.frontend != "build":
+        raise ConfigError(f"build frontend {plan.frontend!r}: only 'build' runs on the host",
+                          where=str(package_dir / "pyproject.toml"))
+    env = {**os.environ, **plan.environment}
+    places: dict[str, str | Path] = {"project": project, "package": package_dir}
+    log.info("cibuildwheel %s, on this host", identifier)
+    _sh(_fill(plan.before_build, **places), env, project)
+    with tempfile.TemporaryDirectory(prefix="sm120fork-cibw-") as tmp:
+        built_dir, repaired_dir = Path(tmp) / "built", Path(tmp) / "repaired"
+        proc.run([sys.executable, "-m", "build", "--wheel", *plan.frontend_args,
+                  "--outdir", built_dir, package_dir], env=env, cwd=project)
+        built = _one_wheel(built_dir)
+        if plan.repair.strip():
+            repaired_dir.mkdir()
+            _sh(_fill(plan.repair, wheel=built, dest_dir=repaired_dir, **places), env, project)
+            wheel = _one_wheel(repaired_dir)
+        else:
+            wheel = built
+        if plan.test_command.strip():
+            venv = Path(tmp) / "venv"
+            proc.run([sys.executable, "-m", "venv", "--system-site-packages", venv])
+            test_env = {**env, "VIRTUAL_ENV": str(venv),
+                        "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+            _sh(_fill(plan.before_test, **places), test_env, project)
+            proc.run([venv / "bin" / "python", "-m", "pip", "install", "-q", wheel],
+                     env=test_env)
+            cwd = Path(tmp) / "test_cwd"
+            cwd.mkdir()
+            _sh(_fill(plan.test_command, wheel=wheel, **places), test_env, cwd)
+        out.mkdir(parents=True, exist_ok=True)
+        final = out / wheel.name
+        for stale in out.glob("flashinfer_jit_cache-*.whl"):
+            stale.unlink()
+        shutil.copy2(wheel, final)
+    return final
+
+
+def _one_wheel(folder: Path) -> Path:
+    wheels = sorted(folder.glob("*.whl"))
+    if len(wheels) != 1:
+        raise BuildError(f"expected one wheel, found {len(wheels)}", where=str(folder))
+    return wheels[0]

@@ -1,0 +1,145 @@
+"""``build-aot``: stack's FlashInfer tree -> compiled module -> checked -> AOT wheel.
+
+The FlashInfer the module is built for is the one the stack last published
+(``manifest.json`` beside its wheels): its fork tree must still be the tree that wheel was
+built from (same git tree hash), so the module matches the wheel it pins, byte for byte of
+source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sm120fork import __version__
+from sm120fork.aot import compile as compile_mod
+from sm120fork.aot import inspect as inspect_mod
+from sm120fork.aot import provenance
+from sm120fork.aot import toolchain as toolchain_mod
+from sm120fork.aot import wheel as wheel_mod
+from sm120fork.aot.targets import DEFAULT_CAPABILITIES
+from sm120fork.declare import Stack
+from sm120fork.errors import BuildError, ConfigError
+from sm120fork.util import proc
+from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+
+FLASHINFER_KEY = "flashinfer"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AotBuild:
+    wheel: Path
+    compiled: compile_mod.Compiled
+    manifest: dict[str, Any]
+    code: tuple[inspect_mod.TargetCode, ...]
+    checks: tuple[inspect_mod.TargetCheck, ...]
+
+
+def aot_cache(ws: Workspace, stack: Stack) -> Path:
+    return ws.state_dir / "aot" / stack.name
+
+
+def default_out(ws: Workspace, stack: Stack) -> Path:
+    """``wheels/aot/<stack>/``: beside, not inside, the folder the stack's build replaces."""
+    return ws.wheels_dir / "aot" / stack.name
+
+
+def flashinfer_build(wheels_dir: Path, stack: Stack) -> wheel_mod.FlashInferBuild:
+    """The FlashInfer wheel this stack published (its entry in manifest.json)."""
+    path = wheels_dir / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError("no readable manifest.json", where=str(path),
+                          fix=f"run `nox -s build -- --stack {stack.name}` first") from exc
+    if manifest.get("stack") != stack.name:
+        raise ConfigError(f"manifest.json is for stack {manifest.get('stack')!r}, not "
+                          f"{stack.name!r}", where=str(path),
+                          fix=f"run `nox -s build -- --stack {stack.name}`")
+    entry = next((w for w in manifest.get("wheels", []) if w.get("project") == FLASHINFER_KEY),
+                 None)
+    if entry is None:
+        raise ConfigError("manifest.json has no flashinfer wheel", where=str(path))
+    return wheel_mod.FlashInferBuild.from_manifest(entry, where=str(path))
+
+
+def tree_hash(tree: Path) -> str:
+    """The git tree hash of the fork tree's HEAD (refusing uncommitted changes)."""
+    dirty = proc.run(["git", "-C", tree, "status", "--porcelain", "--untracked-files=no"],
+                     quiet=True).stdout.strip()
+    if dirty:
+        raise ConfigError("the fork tree has uncommitted changes", where=str(tree),
+                          fix="commit them (and refresh the series) or rebuild the stack")
+    return proc.run(["git", "-C", tree, "rev-parse", "HEAD^{tree}"], quiet=True).stdout.strip()
+
+
+def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
+              wheels_dir: Path | None = None, out: Path | None = None, jobs: int = 2,
+              rebuild: bool = False, python: Path | None = None,
+              platform: str | None = None) -> AotBuild:
+    """Compile the stack's trtllm comm module and write the AOT wheel (into ``out``)."""
+    wheels_dir = wheels_dir or ws.stack_wheels(stack.name)
+    flashinfer = flashinfer_build(wheels_dir, stack)
+    project = stack.project(FLASHINFER_KEY)
+    tree = ws.work_tree(stack, project)
+    if not tree.is_dir():
+        raise ConfigError("no FlashInfer fork tree", where=str(tree),
+                          fix=f"run `nox -s build -- --stack {stack.name}` first")
+    found = tree_hash(tree)
+    if found != flashinfer.tree:
+        raise BuildError(f"the fork tree ({found[:12]}) is not the tree "
+                         f"{flashinfer.wheel} was built from ({flashinfer.tree[:12]})",
+                         where=str(tree), fix=f"run `nox -s build -- --stack {stack.name}`")
+    cache = aot_cache(ws, stack)
+    toolchain = toolchain_mod.prepare(cache / "link")
+    compiled = compile_mod.build(tree, capabilities, toolchain, cache / "modules",
+                                 python=python, jobs=jobs, rebuild=rebuild)
+    if compiled.plan.flashinfer_version.split("+")[0] != flashinfer.upstream_version:
+        raise BuildError(f"the tree says FlashInfer {compiled.plan.flashinfer_version}, the "
+                         f"manifest {flashinfer.upstream_version}", where=str(tree))
+    code = tuple(inspect_mod.embedded_code(compiled.so))
+    checks = tuple(inspect_mod.check_module(code))
+    bad = [c for c in checks if not c.ok]
+    if bad:
+        raise BuildError("kernels missing or empty: " + "; ".join(
+            f"{c.target}: {len(c.missing)} missing, {len(c.empty)} empty" for c in bad),
+            where=str(compiled.so), fix="the tree's SM12x fixes are not in effect")
+    digest, digest_by = provenance.tree_digest(tree)
+    module = wheel_mod.Module(name=compile_mod.MODULE, so=compiled.so,
+                              targets=compiled.plan.targets, sources_digest=digest,
+                              info={"arch_list": compiled.plan.arch_list,
+                                    "sources_digest_by": digest_by,
+                                    "cache_key": compiled.key,
+                                    "tvm_ffi_version": compiled.plan.tvm_ffi_version,
+                                    "code": inspect_mod.summary(code, checks)})
+    target = out or default_out(ws, stack)
+    with tempfile.TemporaryDirectory(prefix="sm120fork-aot-", dir=ws.state_dir) as tmp:
+        built = wheel_mod.write_wheel(
+            Path(tmp), flashinfer=flashinfer, modules=[module],
+            cuda_version=toolchain.version, platform=platform or _platform(), stack=stack.name,
+            toolkit_version=__version__,
+            toolchain={"nvcc": toolchain.version_text, "cuda": toolchain.version,
+                       "source": toolchain.source,
+                       "compile": compiled.to_dict()})
+        target.mkdir(parents=True, exist_ok=True)
+        for stale in target.glob(f"{wheel_mod.PACKAGE}-*.whl"):
+            stale.unlink()
+        final = target / built.name
+        built.replace(final)
+    manifest = wheel_mod.read_wheel(final)
+    log.info("wrote %s", final)
+    return AotBuild(wheel=final, compiled=compiled, manifest=manifest, code=code, checks=checks)
+
+
+def _platform() -> str:
+    """This machine's wheel platform tag (``linux_x86_64``); auditwheel makes it manylinux."""
+    import sysconfig
+
+    return sysconfig.get_platform().replace("-", "_").replace(".", "_")

@@ -1,0 +1,119 @@
+"""The CUDA toolkit the AOT build compiles with: a system install or the pip packages.
+
+FlashInfer's JIT links every module with ``-L$cuda_home/lib64 -L$cuda_home/lib64/stubs
+-lcudart -lcuda``.  A build machine has no driver, and neither the pip packages
+(``nvidia-cuda-nvcc``, ``nvidia-cuda-runtime``, ... laid out as ``nvidia/cu13/{bin,include,
+lib,nvvm}``) nor every system install ship ``lib64/stubs/libcuda.so`` or an unversioned
+``libcudart.so``.  So we make a link directory with what the linker needs and hand it to
+FlashInfer through its own ``FLASHINFER_EXTRA_LDFLAGS`` hook: a ``libcuda.so`` stub with the
+driver's soname (the module then needs ``libcuda.so.1`` at run time, as a JIT-built one
+does) and a ``libcudart.so`` link to the toolkit's ``libcudart.so.<major>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from sm120fork.errors import ConfigError
+from sm120fork.util import proc
+
+_VERSION = re.compile(r"release (\d+)\.(\d+)")
+_STUB_SOURCE = "/* libcuda.so link stub: the real driver library is found at run time. */\n"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Toolchain:
+    """``cuda_home`` holds ``bin/nvcc``; ``link_dir`` what the linker needs besides it."""
+
+    cuda_home: Path
+    nvcc: Path
+    version: str
+    version_text: str
+    link_dir: Path
+    source: str  # "system" or "pip"
+
+    def env(self) -> dict[str, str]:
+        """What FlashInfer's JIT reads to find and link with this toolkit."""
+        lib_dirs = [d for d in (self.cuda_home / "lib64", self.cuda_home / "lib") if d.is_dir()]
+        flags = [f"-L{d}" for d in (*lib_dirs, self.link_dir)]
+        path = os.pathsep.join([str(self.cuda_home / "bin"), os.environ.get("PATH", "")])
+        return {"CUDA_HOME": str(self.cuda_home), "PATH": path,
+                "FLASHINFER_EXTRA_LDFLAGS": " ".join(flags)}
+
+
+def _pip_cuda_home(python_paths: list[str]) -> Path | None:
+    for entry in python_paths:
+        for candidate in sorted(Path(entry or ".").glob("nvidia/cu[0-9]*")):
+            if (candidate / "bin" / "nvcc").is_file():
+                return candidate
+    return None
+
+
+def find_cuda_home() -> tuple[Path, str]:
+    """``CUDA_HOME``, else the nvcc on PATH, else the pip packages in this interpreter."""
+    env = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if env:
+        home = Path(env)
+        if not (home / "bin" / "nvcc").is_file():
+            raise ConfigError("CUDA_HOME has no bin/nvcc", where=env,
+                              fix="point CUDA_HOME at a CUDA toolkit or unset it")
+        return home, "system"
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        # /usr/local/bin/nvcc may be a wrapper script: ask nvcc where its toolkit is.
+        out = proc.run([nvcc, "--dryrun", "-x", "cu", "-E", os.devnull], quiet=True, check=False)
+        for line in (out.stdout + out.stderr).splitlines():
+            if "TOP=" in line:
+                top = Path(line.split("TOP=", 1)[1].strip()).resolve()
+                if (top / "bin" / "nvcc").is_file():
+                    return top, "system"
+        return Path(nvcc).resolve().parents[1], "system"
+    pip_home = _pip_cuda_home(sys.path)
+    if pip_home is None:
+        raise ConfigError("no CUDA toolkit: no CUDA_HOME, no nvcc on PATH, no nvidia-cuda-nvcc",
+                          fix="pip install -r aot/requirements-build.txt (the CUDA toolchain "
+                          "from the package index) or install the CUDA toolkit")
+    return pip_home, "pip"
+
+
+def _cudart(cuda_home: Path) -> Path | None:
+    for lib in ("lib64", "lib"):
+        found = sorted((cuda_home / lib).glob("libcudart.so.[0-9]*"))
+        if found:
+            return found[0]
+    return None
+
+
+def prepare(link_dir: Path, cuda_home: Path | None = None) -> Toolchain:
+    """Locate the toolkit and fill ``link_dir`` with the stubs FlashInfer's link needs."""
+    home, source = (cuda_home, "system") if cuda_home else find_cuda_home()
+    nvcc = home / "bin" / "nvcc"
+    text = proc.run([nvcc, "--version"], quiet=True).stdout.strip()
+    match = _VERSION.search(text)
+    if not match:
+        raise ConfigError("cannot read the CUDA version from nvcc --version", where=str(nvcc))
+    link_dir.mkdir(parents=True, exist_ok=True)
+    has_cudart = any((home / lib / "libcudart.so").exists() for lib in ("lib64", "lib"))
+    if not has_cudart:
+        versioned = _cudart(home)
+        if versioned is None:
+            raise ConfigError("the CUDA toolkit has no libcudart.so", where=str(home),
+                              fix="install nvidia-cuda-runtime of the same CUDA version")
+        link = link_dir / "libcudart.so"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(versioned)
+    has_driver = any((home / d / "libcuda.so").exists() for d in ("lib64/stubs", "lib/stubs"))
+    if not has_driver and not (link_dir / "libcuda.so").exists():
+        stub_c = link_dir / "libcuda_stub.c"
+        stub_c.write_text(_STUB_SOURCE)
+        cc = os.environ.get("CC", "cc")
+        proc.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                  link_dir / "libcuda.so", stub_c], quiet=True)
+    return Toolchain(cuda_home=home, nvcc=nvcc, version=f"{match.group(1)}.{match.group(2)}",
+                     version_text=text.splitlines()[-1], link_dir=link_dir, source=source)

@@ -1,0 +1,135 @@
+"""``build-aot`` and ``aot-check``: the AOT wheel of a stack's trtllm comm module."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from sm120fork.workspace import Workspace
+
+BUILD_HELP = "prebuilt trtllm comm module of a stack's FlashInfer as a wheel (needs nvcc)"
+CHECK_HELP = "check an AOT wheel: FlashInfer's own lookup finds it, and its SASS per target"
+
+
+def build_args(p: argparse.ArgumentParser) -> None:
+    from sm120fork.aot.targets import DEFAULT_CAPABILITIES
+
+    p.add_argument("--stack", help="stack (default: the default stack)")
+    p.add_argument("--capabilities", default=",".join(DEFAULT_CAPABILITIES),
+                   help="GPU compute capabilities to build for; FlashInfer picks each one's "
+                   "target and drops those its module refuses (default: %(default)s)")
+    p.add_argument("--jobs", type=int, default=2, help="parallel nvcc runs (default 2)")
+    p.add_argument("--rebuild", action="store_true", help="ignore the compile cache")
+    p.add_argument("--wheels-dir", type=Path,
+                   help="where the stack's wheels and manifest.json are (default: wheels/<stack>/)")
+    p.add_argument("--out", type=Path, help="where the AOT wheel goes "
+                   "(default: wheels/aot/<stack>/)")
+    p.add_argument("--platform", help="wheel platform tag (default: this machine's)")
+    p.add_argument("--via-cibuildwheel", action="store_true",
+                   help="run cibuildwheel's steps for aot/ (before-build, build, repair, test) "
+                   "on this host, as read from aot/pyproject.toml")
+
+
+def run_build(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    from sm120fork.aot.pipeline import build_aot, default_out
+    from sm120fork.aot.targets import parse_capabilities
+
+    if args.via_cibuildwheel:
+        import os
+
+        from sm120fork.aot import host
+
+        stack = ws.stack(args.stack)
+        os.environ["SM120FORK_STACK"] = stack.name
+        wheel = host.run(ws.root, ws.root / "aot", args.out or default_out(ws, stack))
+        console.print(f"cibuildwheel steps on this host: built, repaired and tested {wheel}")
+        return 0
+    result = build_aot(ws, ws.stack(args.stack),
+                       capabilities=parse_capabilities(args.capabilities.split(",")),
+                       wheels_dir=args.wheels_dir, out=args.out, jobs=args.jobs,
+                       rebuild=args.rebuild, platform=args.platform)
+    table = Table(title=f"{result.wheel.name}")
+    for col in ("target", "kernels", "SASS bytes", "vs sm_90a", "compile s (device passes)"):
+        table.add_column(col)
+    per_target = result.compiled.seconds_per_target()
+    checks = {c.target: c for c in result.checks}
+    for code in result.code:
+        check = checks.get(code.target)
+        verdict = ("reference" if check is None else
+                   f"{check.present}/{check.reference_kernels} present, {len(check.empty)} empty")
+        seconds = next((v for k, v in per_target.items() if k.startswith(code.target)), None)
+        table.add_row(code.target, str(len(code.kernels)), str(sum(code.kernels.values())),
+                      verdict, "-" if seconds is None else f"{seconds:.0f}")
+    console.print(table)
+    state = "cached" if result.compiled.cached else f"{result.compiled.wall_seconds:.0f} s"
+    console.print(f"compile: {state}; wheel: {result.wheel}")
+    return 0
+
+
+def check_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("wheel", type=Path, help="the AOT wheel (installed in this environment, "
+                   "with the FlashInfer it pins)")
+    p.add_argument("--code", action="store_true",
+                   help="also list the embedded SASS per target with cuobjdump and compare "
+                   "every target's kernels with sm_90a")
+    p.add_argument("--no-lookup", action="store_true",
+                   help="skip asking the installed FlashInfer (the wheel alone)")
+    p.add_argument("--json", type=Path, help="write the findings here")
+
+
+def run_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Runs anywhere (cibuildwheel's test step, the GPU machine): no checkout needed."""
+    import tempfile
+
+    from sm120fork.aot import check, inspect
+    from sm120fork.aot.wheel import PACKAGE, read_wheel
+    from sm120fork.errors import VerifyError
+
+    console = Console(highlight=False)
+    manifest = read_wheel(args.wheel)
+    findings: dict[str, object] = {"wheel": args.wheel.name, "version": manifest["version"],
+                                   "flashinfer": manifest["flashinfer"]["version"]}
+    problems: list[str] = []
+    if not args.no_lookup:
+        with tempfile.TemporaryDirectory(prefix="sm120fork-aot-check-") as tmp:
+            found = check.lookup(env={"FLASHINFER_WORKSPACE_BASE": tmp})
+        problems += check.check_installed(manifest, found)
+        findings["lookup"] = found
+        console.print(f"FlashInfer {found['flashinfer_version']} loads trtllm_comm from "
+                      f"{found['aot_path']} (prebuilt: {found['is_aot']})")
+    if args.code:
+        with tempfile.TemporaryDirectory(prefix="sm120fork-aot-so-") as tmp:
+            for name, entry in manifest["modules"].items():
+                so = Path(tmp) / f"{name}.so"
+                with zipfile.ZipFile(args.wheel) as zf:
+                    so.write_bytes(zf.read(f"{PACKAGE}/{entry['path']}"))
+                code = inspect.embedded_code(so)
+                checks = inspect.check_module(code)
+                findings[f"code:{name}"] = {**inspect.summary(code, checks),
+                                            "families": inspect.family_rows(code)}
+                problems += [f"{name} {c.target}: {len(c.missing)} kernels missing, "
+                             f"{len(c.empty)} empty" for c in checks if not c.ok]
+                table = Table(title=f"{name}: embedded SASS")
+                for col in ("target", "cubin", "kernels", "SASS bytes", "vs sm_90a"):
+                    table.add_column(col)
+                by_target = {c.target: c for c in checks}
+                for c in code:
+                    k = by_target.get(c.target)
+                    table.add_row(c.target, c.cubin, str(len(c.kernels)),
+                                  str(sum(c.kernels.values())), "reference" if k is None else
+                                  f"{k.present}/{k.reference_kernels}, {len(k.empty)} empty")
+                console.print(table)
+    findings["problems"] = problems
+    if args.json:
+        args.json.write_text(json.dumps(findings, indent=1) + "\n")
+    if problems:
+        raise VerifyError("; ".join(problems), where=str(args.wheel))
+    console.print(f"{args.wheel.name}: ok")
+    return 0
+

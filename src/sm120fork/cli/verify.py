@@ -1,0 +1,38 @@
+"""``verify-sm120``: every patch's evidence, checked and rendered (reports/sm120/)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from sm120fork.errors import VerifyError
+from sm120fork.workspace import Workspace
+
+HELP = "check every patch's evidence (compile proof for SM12x, behaviour checks) -> reports/sm120/"
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stack", help="stack (default: the default stack)")
+    p.add_argument("--jobs", type=int, default=2, help="parallel nvcc runs (default 2)")
+    p.add_argument("--force", action="store_true",
+                   help="discard local work in the fork trees it needs")
+
+
+def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    from sm120fork.verify.proof.report import write_reports
+    from sm120fork.verify.proof.stack import run_verify
+
+    result = run_verify(ws, ws.stack(args.stack), jobs=args.jobs, force=args.force)
+    out = write_reports(ws, result)
+    table = Table(title=f"SM12x verification of {result.stack}")
+    for col in ("patch", "evidence", "checks", "result"):
+        table.add_column(col, overflow="fold")
+    for v in result.verdicts:
+        table.add_row(v.subject, v.evidence, "\n".join(v.checks),
+                      "pass" if v.passed else "FAIL")
+    console.print(table)
+    console.print(f"{'PASS' if result.passed else 'FAIL'} in {result.seconds:.0f}s; "
+                  f"report: {(out / 'verify.md').relative_to(ws.root)}")
+    return 0 if result.passed else VerifyError.exit_code

@@ -1,0 +1,51 @@
+"""Test-only variants of a patched project: its series plus test patches, never published.
+
+A test variant answers a question the shipped build cannot be asked on the hardware at
+hand, e.g. "what if the device reported cluster size 6?" (issue 9.3). Its patches live in
+``<series dir>-test/`` (an ordered ``series`` file, like the real one), are applied on top
+of the whole real series in a fork work tree of their own, and the wheel is built into
+``.forks/test-variants/<stack>/<name>/`` with the local label ``<label>.<name>`` so that it
+can never be mistaken for, or published as, the real build.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import shutil
+from pathlib import Path
+
+from sm120fork.build.wheel import build_wheel
+from sm120fork.declare import Stack
+from sm120fork.errors import ConfigError
+from sm120fork.patch.series import load_series
+from sm120fork.patch.tree import prepare_tree
+from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+_NAME = re.compile(r"^[a-z0-9]+$")
+
+
+def variant_series_dir(ws: Workspace, stack: Stack, project_key: str) -> Path:
+    series = ws.series_dir(stack.project(project_key))
+    return series.with_name(series.name + "-test")
+
+
+def build_test_variant(ws: Workspace, stack: Stack, *, project_key: str = "flashinfer",
+                       name: str = "test", force: bool = False) -> Path:
+    """Build ``project_key`` with its series and its test series; return the wheel."""
+    if not _NAME.match(name):
+        raise ConfigError(f"bad test variant name {name!r}", fix="lower-case letters and digits")
+    project = stack.project(project_key)
+    real = load_series(ws.series_dir(project)).patches
+    tests = load_series(variant_series_dir(ws, stack, project_key)).patches
+    tree = prepare_tree(ws, stack, project, patches=[*real, *tests], variant=name, force=force)
+    variant = dataclasses.replace(project, local_label=f"{project.local_label}.{name}")
+    out = ws.state_dir / "test-variants" / stack.name / name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    log.info("building test variant %s of %s (%d + %d patches)", name, project_key, len(real),
+             len(tests))
+    return build_wheel(variant, tree.repo, out)

@@ -1,0 +1,124 @@
+"""The plugin step of ``build``: for a stack whose SGLang has the plugin framework.
+
+SGLang's plugin framework (``sglang/srt/plugins/hook_registry.py``, entry-point group
+``sglang.srt.plugins``) arrived in 0.5.11.  For such a stack the step generates the hooks
+from the stack's SGLang fork tree (:mod:`.generate`), builds the plugin wheel
+(:mod:`.package`) and publishes it into ``<stack wheels>/plugin/`` with ``plugin.json``
+(hooks, wheel-only patches, sha256), apart from the patched wheels so that
+``pip install <dir>/*.whl`` installs one way or the other, never both.  For an older
+SGLang it says so: the patched wheel is the way there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from sm120fork.declare import Project, Stack
+from sm120fork.patch.series import load_series
+from sm120fork.patch.tree import prepare_tree
+from sm120fork.plugin import generate as generate_module
+from sm120fork.plugin.generate import UPSTREAM_TAG, generate_spec, patch_commits
+from sm120fork.plugin.package import DISTRIBUTION, build_plugin_wheel
+from sm120fork.plugin.runtime import Spec
+from sm120fork.util.files import atomic_copy, atomic_write_text, sha256_file
+from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+
+FRAMEWORK_SINCE = Version("0.5.11")
+FRAMEWORK_FILE = "sglang/srt/plugins/hook_registry.py"
+PLUGIN_DIR = "plugin"
+PLUGIN_JSON = "plugin.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PluginResult:
+    stack: str
+    message: str                  # the one line the build prints
+    wheel: Path | None = None
+    spec: Spec | None = None
+    cached: bool = False
+
+    def entry(self) -> dict[str, Any]:
+        assert self.wheel is not None
+        assert self.spec is not None
+        return {
+            "stack": self.stack, "distribution": DISTRIBUTION, "wheel": self.wheel.name,
+            "sha256": sha256_file(self.wheel), "sglang": self.spec.version,
+            "hooks": [{"patch": h.patch, "kind": h.kind, "target": f"{h.module}."
+                       + ",".join(h.names), "upstream_sha256": h.upstream_sha256,
+                       "patched_sha256": h.patched_sha256} for h in self.spec.hooks],
+            "wheel_only": [{"patch": p, "why": w} for p, w in self.spec.wheel_only],
+        }
+
+
+def sglang_project(stack: Stack) -> Project | None:
+    return next((p for p in stack.projects if p.normalized_name == "sglang"), None)
+
+
+def build_plugin(ws: Workspace, stack: Stack, *, force: bool = False) -> PluginResult:
+    """Generate and build the stack's plugin wheel, or say why there is none."""
+    project = sglang_project(stack)
+    if project is None:
+        return PluginResult(stack=stack.name, message=f"stack {stack.name} has no sglang: "
+                            "no plugin wheel")
+    if Version(project.version) < FRAMEWORK_SINCE:
+        return PluginResult(stack=stack.name, message=(
+            f"sglang {project.version} has no plugin framework (SGLang {FRAMEWORK_SINCE}+): "
+            "no plugin wheel for this stack; its patched sglang wheel is the way there"))
+    series = load_series(ws.series_dir(project))
+    ids = [p.subject.split()[0] for p in series.patches]
+    cache = ws.state_dir / "plugins" / stack.name
+    # The spec depends on the pin, the series and the generator only: with those unchanged
+    # a rebuild touches no fork tree.
+    key = hashlib.sha256(json.dumps({
+        "project": asdict(project), "series": series.digest,
+        "generator": hashlib.sha256(Path(generate_module.__file__).read_bytes()).hexdigest(),
+    }, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    spec_file = cache / f"spec-{key}.json"
+    try:
+        spec = Spec.from_json(json.loads(spec_file.read_text()))
+    except (OSError, ValueError, KeyError):
+        tree = prepare_tree(ws, stack, project, patches=series.patches, force=force)
+        prefix = "" if project.package_root.strip("/") in ("", ".") else \
+            project.package_root.strip("/") + "/"
+        if not tree.repo("ls-tree", "--name-only", UPSTREAM_TAG, "--",
+                         prefix + FRAMEWORK_FILE, quiet=True):
+            return PluginResult(stack=stack.name, message=(
+                f"sglang {project.version} ships no {FRAMEWORK_FILE}: no plugin wheel; its "
+                "patched sglang wheel is the way there"))
+        spec = generate_spec(tree.repo, patch_commits(tree.repo, ids),
+                             package_root=project.package_root, package="sglang",
+                             stack=stack.name, distribution=project.distribution,
+                             version=project.version)
+        cache.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(spec_file, json.dumps(spec.to_json()) + "\n")
+    built = build_plugin_wheel(spec, project.local_label, cache)
+    only = "; wheel only: " + ", ".join(f"{p} ({w})" for p, w in spec.wheel_only) \
+        if spec.wheel_only else ""
+    return PluginResult(stack=stack.name, wheel=built.wheel, spec=spec, cached=built.cached,
+                        message=(f"plugin {built.wheel.name}: {len(spec.hooks)} hook(s) from "
+                                 f"{len(ids)} patch(es){only}"))
+
+
+def publish_plugin(result: PluginResult, out: Path) -> Path | None:
+    """Place the plugin wheel and ``plugin.json`` into ``out/plugin/`` (atomically)."""
+    target = out / PLUGIN_DIR
+    if result.wheel is None:
+        return None
+    target.mkdir(parents=True, exist_ok=True)
+    dest = target / result.wheel.name
+    if not dest.is_file() or sha256_file(dest) != sha256_file(result.wheel):
+        atomic_copy(result.wheel, dest)
+    atomic_write_text(target / PLUGIN_JSON, json.dumps(result.entry(), indent=2) + "\n")
+    for stale in target.glob("*.whl"):
+        if stale.name != dest.name:
+            stale.unlink()
+    return dest

@@ -1,0 +1,233 @@
+"""Reading what nvcc produced: kernels and their SASS sizes, PDL instructions, host calls.
+
+A cubin is an ELF file whose ``.text.<mangled name>`` sections are the kernels; a host
+object is an ELF file whose undefined symbols are the functions it calls elsewhere (the
+CUDA runtime API among them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import struct
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+
+from sm120fork.errors import VerifyError
+from sm120fork.util import proc
+from sm120fork.verify.proof.nvcc import Tools
+
+log = logging.getLogger("sm120fork")
+
+_ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
+_ELF_SECTION = struct.Struct("<IIQQQQIIQQ")
+_ELF_SYMBOL = struct.Struct("<IBBHQQ")
+_SHT_SYMTAB = 2
+_SHN_UNDEF = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ElfSection:
+    name: str
+    type: int
+    offset: int
+    size: int
+    link: int = 0
+    entsize: int = 0
+
+
+def parse_elf_sections(data: bytes, *, where: str = "<bytes>") -> tuple[ElfSection, ...]:
+    """Section headers of a little-endian ELF64 file (cubins and x86-64 objects are)."""
+    if len(data) < _ELF_HEADER.size or data[:4] != b"\x7fELF":
+        raise VerifyError("not an ELF file", where=where)
+    if data[4] != 2 or data[5] != 1:
+        raise VerifyError("not a little-endian ELF64 file", where=where)
+    fields = _ELF_HEADER.unpack_from(data, 0)
+    shoff, shentsize, shnum, shstrndx = fields[6], fields[11], fields[12], fields[13]
+    if shentsize != _ELF_SECTION.size or shoff + shnum * shentsize > len(data):
+        raise VerifyError("truncated or malformed section header table", where=where)
+    raw = [_ELF_SECTION.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
+    if not raw or shstrndx >= shnum:
+        raise VerifyError("no section name table", where=where)
+    names = _strings(data, raw[shstrndx][4], raw[shstrndx][5])
+    return tuple(ElfSection(name=_name_at(names, r[0]), type=r[1], offset=r[4], size=r[5],
+                            link=r[6], entsize=r[9]) for r in raw)
+
+
+def _strings(data: bytes, offset: int, size: int) -> bytes:
+    return data[offset:offset + size]
+
+
+def _name_at(table: bytes, index: int) -> str:
+    end = table.find(b"\0", index)
+    return table[index:end if end >= 0 else len(table)].decode("utf-8", "replace")
+
+
+def undefined_symbols(data: bytes, *, where: str = "<bytes>") -> frozenset[str]:
+    """Names an object file references but does not define (what it calls elsewhere)."""
+    sections = parse_elf_sections(data, where=where)
+    found: set[str] = set()
+    for section in sections:
+        if section.type != _SHT_SYMTAB:
+            continue
+        if section.entsize != _ELF_SYMBOL.size or section.link >= len(sections):
+            raise VerifyError("malformed symbol table", where=where)
+        strtab = sections[section.link]
+        names = _strings(data, strtab.offset, strtab.size)
+        for start in range(section.offset, section.offset + section.size, _ELF_SYMBOL.size):
+            st_name, _, _, st_shndx, _, _ = _ELF_SYMBOL.unpack_from(data, start)
+            if st_shndx == _SHN_UNDEF and st_name:
+                found.add(_name_at(names, st_name))
+    return frozenset(found)
+
+
+#: What the proof keeps of a host object's undefined symbols: the CUDA runtime API calls.
+def runtime_calls(host_object: Path) -> tuple[str, ...]:
+    symbols = undefined_symbols(host_object.read_bytes(), where=str(host_object))
+    return tuple(sorted(s for s in symbols if s.startswith("cuda")))
+
+
+def kernel_sizes(cubin: Path) -> dict[str, int]:
+    """Mangled kernel name -> bytes of SASS, from the cubin's ``.text.<name>`` sections.
+
+    A kernel's non-inlined device functions live inside its own section, so the size is
+    the whole body a launch runs.
+    """
+    sections = parse_elf_sections(cubin.read_bytes(), where=str(cubin))
+    return {
+        s.name.removeprefix(".text."): s.size for s in sections if s.name.startswith(".text.")
+    }
+
+
+def kernel_family(demangled: str) -> str:
+    """The template (or function) a kernel instantiates: qualified name, no arguments."""
+    text = demangled.removeprefix("void ")
+    for index, char in enumerate(text):
+        if char in "<(":
+            return text[:index]
+    return text
+
+
+# --------------------------------------------------------------------------- SASS / PDL
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PdlOpcodes:
+    """SASS opcodes that ``griddepcontrol.wait`` / ``.launch_dependents`` become on ``arch``."""
+
+    arch: str
+    wait: tuple[str, ...]
+    launch: tuple[str, ...]
+
+
+#: Compiled per architecture to learn which SASS opcodes griddepcontrol becomes.
+PDL_CALIBRATION_CU = """\
+extern "C" __global__ void pdl_wait(float* x) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  x[threadIdx.x] += 2.0f;
+}
+extern "C" __global__ void pdl_launch(float* x) {
+  x[threadIdx.x] += 3.0f;
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+}
+extern "C" __global__ void plain(float* x) { x[threadIdx.x] += 4.0f; }
+"""
+
+_SASS_FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
+_SASS_INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+
+
+def parse_sass_opcodes(sass: str) -> dict[str, Counter[str]]:
+    """``cuobjdump -sass`` text -> per function, how often each base opcode occurs."""
+    per_function: dict[str, Counter[str]] = {}
+    current: Counter[str] | None = None
+    for line in sass.splitlines():
+        function = _SASS_FUNCTION.match(line)
+        if function:
+            current = per_function.setdefault(function.group(1), Counter())
+            continue
+        instruction = _SASS_INSTRUCTION.match(line)
+        if instruction and current is not None:
+            current[instruction.group(1)] += 1
+    return per_function
+
+
+def disassemble(cubin: Path, tools: Tools) -> dict[str, Counter[str]]:
+    if tools.cuobjdump is None or tools.nvdisasm is None:
+        raise VerifyError("cannot disassemble without cuobjdump and nvdisasm")
+    out = proc.run([tools.cuobjdump, "-sass", cubin], quiet=True,
+                   env={"NVDISASM_PATH": str(tools.nvdisasm.parent)}).stdout
+    return parse_sass_opcodes(out)
+
+
+def calibrate_pdl_opcodes(arch: str, tools: Tools, workdir: Path) -> PdlOpcodes:
+    """Compile kernels that differ only by one griddepcontrol and diff their SASS."""
+    from sm120fork.verify.proof.gate import gencode_flag
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    source = workdir / "pdl_calibration.cu"
+    source.write_text(PDL_CALIBRATION_CU)
+    cubin = workdir / f"pdl_calibration_{arch}.cubin"
+    proc.run([tools.nvcc, gencode_flag(arch), "-cubin", "-o", cubin, source])
+    functions = disassemble(cubin, tools)
+    try:
+        plain = functions["plain"]
+        wait = tuple(sorted(functions["pdl_wait"] - plain))
+        launch = tuple(sorted(functions["pdl_launch"] - plain))
+    except KeyError as exc:
+        raise VerifyError(f"calibration kernel {exc} missing from the SASS",
+                          where=str(cubin)) from exc
+    if not wait or not launch:
+        raise VerifyError(f"griddepcontrol left no SASS trace on {arch}", where=str(cubin),
+                          fix="inspect the calibration cubin with cuobjdump -sass")
+    log.info("PDL opcodes on %s: wait=%s launch=%s", arch, wait, launch)
+    return PdlOpcodes(arch=arch, wait=wait, launch=launch)
+
+
+def pdl_counts(cubin: Path, opcodes: PdlOpcodes, tools: Tools) -> dict[str, tuple[int, int]]:
+    """Per kernel, how many PDL wait / launch instructions its SASS holds.
+
+    Disassembling a cubin of ~900 kernels takes tens of seconds and ~150 MB of text, so
+    the counts are kept beside the cubin, keyed by the opcodes they counted.
+    """
+    memo = cubin.with_suffix(".pdl.json")
+    wanted = {"wait": list(opcodes.wait), "launch": list(opcodes.launch)}
+    if memo.exists():
+        stored = json.loads(memo.read_text())
+        if stored["opcodes"] == wanted:
+            return {name: (w, la) for name, (w, la) in stored["counts"].items()}
+    log.info("disassembling %s", cubin.name)
+    counts = {
+        name: (sum(ops[o] for o in opcodes.wait), sum(ops[o] for o in opcodes.launch))
+        for name, ops in disassemble(cubin, tools).items()
+    }
+    memo.write_text(json.dumps({"opcodes": wanted, "counts": counts}) + "\n")
+    return counts
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Kernel:
+    name: str
+    display: str
+    family: str
+    size: int
+    pdl_wait: int | None = None
+    pdl_launch: int | None = None
+
+
+def inspect_cubin(cubin: Path, tools: Tools, opcodes: PdlOpcodes | None,
+                  names: Mapping[str, str]) -> tuple[Kernel, ...]:
+    sizes = kernel_sizes(cubin)
+    counts = pdl_counts(cubin, opcodes, tools) if opcodes is not None else None
+    kernels = []
+    for name, size in sorted(sizes.items()):
+        wait = launch = None
+        if counts is not None:
+            wait, launch = counts.get(name, (0, 0))
+        display = names.get(name, name)
+        kernels.append(Kernel(name=name, display=display, family=kernel_family(display),
+                              size=size, pdl_wait=wait, pdl_launch=launch))
+    return tuple(kernels)

@@ -1,0 +1,138 @@
+"""``reports/sm120/verify.{md,json}``: the per-patch verdicts, the behaviour checks and the
+compile proof, with what they were made from (stack, series digests, wheel sha256)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+from sm120fork.util.files import atomic_write_text
+from sm120fork.util.markdown import markdown_table
+from sm120fork.verify.proof.markdown import render_markdown
+from sm120fork.verify.proof.stack import VerifyResult
+from sm120fork.workspace import Workspace
+
+#: Name lists longer than this are cut in the committed JSON (the full one keeps them).
+NAMES_SHOWN = 5
+
+
+#: Machine-specific folders in compiler flags, named by role in the committed report.
+_ROLES = (
+    (re.compile(r"/[^\s\"']*/site-packages/"), "<site-packages>/"),
+    (re.compile(r"/[^\s\"']*/include/python3\.\d+"), "<python-include>"),
+    (re.compile(r"/usr/local/include"), "<system-include>"),
+)
+
+
+def portable(value: Any, root: Path) -> Any:
+    """``value`` with the checkout's path made relative and other machine folders named by
+    role (reports carry no absolute path of the machine that made them)."""
+    if isinstance(value, str):
+        text = value.replace(f"{root}/", "").replace(str(root), ".")
+        for pattern, role in _ROLES:
+            text = pattern.sub(role, text)
+        return text
+    if isinstance(value, list):
+        return [portable(v, root) for v in value]
+    if isinstance(value, dict):
+        return {k: portable(v, root) for k, v in value.items()}
+    return value
+
+
+def to_json(result: VerifyResult, root: Path) -> dict[str, Any]:
+    proof = json.loads(result.proof.to_json(root)) if result.proof else None
+    document: dict[str, Any] = portable({
+        "stack": result.stack,
+        "made_from": [dataclasses.asdict(p) for p in result.provenance],
+        "passed": result.passed,
+        "seconds": round(result.seconds, 1),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpus": os.cpu_count()},
+        "patches": [dataclasses.asdict(v) for v in result.verdicts],
+        "sglang_checks": [dataclasses.asdict(r) for r in result.sglang],
+        # the compile proof's verdict per variant and architecture, for upstream_pr
+        "verdicts": proof["verdicts"] if proof else [],
+        "proof": proof["report"] if proof else None,
+    }, root)
+    return document
+
+
+def to_markdown(result: VerifyResult) -> str:
+    made_from = markdown_table(
+        ["project", "series", "series digest", "wheel", "wheel sha256"],
+        [[p.project, p.series, p.series_digest[:16], p.wheel, p.wheel_sha256[:16]]
+         for p in result.provenance])
+    lines = [
+        f"# SM120/SM121 verification of the stack {result.stack}",
+        "",
+        "Produced by `nox -s verify_sm120` (`python -m sm120fork verify-sm120`). No SM120 GPU "
+        "was used. Each patch's evidence comes from its `Verified-By` header fields "
+        "(patches/README.md): the compile proof on cubins and host objects for sm_120f (the "
+        "binary FlashInfer builds for every 12.x GPU), sm_120a and sm_121a against sm_90a; "
+        "SGLang behaviour checks on the real patched modules with only the GPU query "
+        "stubbed; CPU tests of the suite; committed SM90 GPU runs. Every patch is also "
+        "checked in the built wheel (fingerprint). `verify.json` beside this file has the "
+        "results with counts; the per-kernel detail is written to "
+        "`.forks/reports/sm120/verify-full.json` (not committed: several MB).",
+        "",
+        f"Overall: **{'PASS' if result.passed else 'FAIL'}** in {result.seconds:.0f} s on "
+        f"{os.cpu_count()} CPUs ({platform.platform()}).",
+        "",
+        "Made from:",
+        "",
+        *made_from,
+        "",
+        "## Per patch",
+        "",
+    ]
+    lines += markdown_table(
+        ["patch", "evidence", "checks", "artifact", "result"],
+        [[v.subject, v.evidence, "<br>".join(v.checks), v.artifact,
+          "pass" if v.passed else "**FAIL**"] for v in result.verdicts])
+    if result.sglang:
+        lines += ["", "## SGLang behaviour checks", ""]
+        lines += markdown_table(
+            ["check", "capability", "expected", "observed", "result"],
+            [[r.name, r.capability, f"`{r.expected}`", f"`{r.observed}`",
+              "pass" if r.passed else "**FAIL**"] for r in result.sglang])
+    if result.proof:
+        names = ", ".join(v.name for v in result.proof.variants)
+        lines += ["", f"## FlashInfer compile proof ({names} side by side)",
+                  render_markdown(result.proof).split("\n", 1)[1]]
+    return "\n".join(lines) + "\n"
+
+
+def compact(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` without per-kernel detail: counts and a few names instead of lists.
+
+    The full document (1449 kernels x 10 builds, several MB) stays in the ignored
+    ``.forks/``; the committed report keeps what a reader or upstream_pr needs.
+    """
+    out: dict[str, Any] = json.loads(json.dumps(document))
+    for verdict in out["verdicts"]:
+        for key in ("missing", "empty", "pdl_lost"):
+            names = verdict[key]
+            verdict[key] = {"count": len(names), "first": names[:NAMES_SHOWN]}
+    for variant in (out["proof"] or {}).get("variants", []):
+        for arch in variant["archs"]:
+            for unit in arch["units"]:
+                kernels = unit.pop("kernels")
+                unit["kernel_count"] = len(kernels)
+    return out
+
+
+def write_reports(ws: Workspace, result: VerifyResult) -> Path:
+    out = ws.reports_dir / "sm120"
+    out.mkdir(parents=True, exist_ok=True)
+    document = to_json(result, ws.root)
+    full = ws.state_dir / "reports" / "sm120"
+    full.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(full / "verify-full.json", json.dumps(document, indent=1) + "\n")
+    atomic_write_text(out / "verify.json", json.dumps(compact(document), indent=1) + "\n")
+    atomic_write_text(out / "verify.md", to_markdown(result))
+    return out

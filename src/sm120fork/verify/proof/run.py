@@ -1,0 +1,185 @@
+"""The proof's driver: gates, cached compiles and inspection for every variant."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from sm120fork.errors import CommandError, VerifyError
+from sm120fork.verify.proof.cubin import (
+    PdlOpcodes,
+    calibrate_pdl_opcodes,
+    inspect_cubin,
+    kernel_sizes,
+    runtime_calls,
+)
+from sm120fork.verify.proof.gate import REFERENCE_ARCH, GateResult, retarget, run_gate
+from sm120fork.verify.proof.nvcc import (
+    Job,
+    cache_key,
+    cached_seconds,
+    compile_job,
+    cubin_path,
+    demangle,
+    find_tools,
+    host_object_path,
+    require_tools_in_ci,
+)
+from sm120fork.verify.proof.verdict import ArchResult, ProofReport, UnitResult, VariantResult
+
+log = logging.getLogger("sm120fork")
+
+_Unit = tuple[Path, str, tuple[str, ...]]
+
+
+def _raise_first(futures: Iterable[Future[Any]], what: str) -> None:
+    for future in futures:
+        error = future.exception()
+        if error is None:
+            continue
+        if isinstance(error, VerifyError):
+            raise error
+        if isinstance(error, CommandError):
+            raise VerifyError(f"{what} failed: {error.what}", where=error.where,
+                              fix="see the output below", detail=error.detail) from error
+        raise VerifyError(f"{what} failed: {error!r}") from error
+
+
+def _plan(tree: Path, gates: Mapping[str, GateResult], arch: str, *, planned: bool,
+          forced: bool, reference_arch: str) -> tuple[list[_Unit], bool]:
+    """The units to compile for ``arch`` and whether they are a forced (gate-refused) build."""
+    gate = gates[arch]
+    if not planned:
+        return [], False
+    if gate.accepted:
+        return [(tree, source, gate.compile_flags) for source in gate.sources], False
+    ref = gates[reference_arch]
+    if forced and ref.accepted:
+        flags = retarget(ref.compile_flags, reference_arch, arch)
+        return [(tree, source, flags) for source in ref.sources], True
+    return [], False
+
+
+def prove(
+    variants: Mapping[str, Path],
+    *,
+    archs: Sequence[str],
+    cache_dir: Path,
+    jobs: int = 2,
+    compile_archs: Mapping[str, Sequence[str]] | None = None,
+    force_compile: Iterable[str] = (),
+    host_archs: Iterable[str] = (),
+    python: str | os.PathLike[str] | None = None,
+    reference_arch: str = REFERENCE_ARCH,
+) -> ProofReport:
+    """Gate every variant for ``archs``; compile and inspect its trtllm comm module.
+
+    ``compile_archs`` limits, per variant, the architectures compiled (default: all; the
+    gate still runs for every one). ``force_compile`` names architectures to compile even
+    where the gate refuses (with the reference architecture's JIT flags, retargeted), to
+    show what an unpatched tree would build. ``host_archs``: architectures whose host
+    objects are kept, so that the CUDA runtime calls of the launchers can be read.
+    ``python`` is the interpreter that imports the trees' ``flashinfer.jit``. At most
+    ``jobs`` compilers or disassemblers run at once.
+    """
+    started = time.perf_counter()
+    if reference_arch not in archs:
+        raise VerifyError(f"the reference architecture {reference_arch} is not among {archs}")
+    forced = set(force_compile)
+    hosts = tuple(a for a in archs if a in set(host_archs))
+    tools = find_tools(python)
+    require_tools_in_ci(tools)
+    cache = cache_dir.resolve() / "cubins"
+    cache.mkdir(parents=True, exist_ok=True)
+    workers = max(1, jobs)
+
+    opcodes: dict[str, PdlOpcodes] = {}
+    if tools.can_disassemble:
+        with tempfile.TemporaryDirectory(prefix="sm120proof-pdl-") as scratch:
+            for arch in archs:
+                opcodes[arch] = calibrate_pdl_opcodes(arch, tools, Path(scratch))
+
+    # 1. gates, and the compile each accepted (or forced) architecture asks for
+    planned: dict[tuple[str, str], tuple[GateResult, list[_Unit], bool, bool]] = {}
+    for name, given_tree in variants.items():
+        tree = given_tree.resolve()
+        gates = {arch: run_gate(tree, arch, tools) for arch in archs}
+        wanted = set(compile_archs[name]) if compile_archs and name in compile_archs \
+            else set(archs)
+        wanted.add(reference_arch)
+        for arch in archs:
+            units, was_forced = _plan(tree, gates, arch, planned=arch in wanted,
+                                      forced=arch in forced, reference_arch=reference_arch)
+            planned[(name, arch)] = (gates[arch], units, was_forced, arch in wanted)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        # 2. content keys (nvcc -M per unit), then the compiles the cache lacks
+        key_futures = {
+            (name, arch, unit[1]): pool.submit(cache_key, unit[0], unit[1], unit[2], tools)
+            for (name, arch), (_, units, _, _) in planned.items() for unit in units
+        }
+        _raise_first(key_futures.values(), "computing cache keys")
+        jobs_by_plan: dict[tuple[str, str], list[Job]] = {}
+        all_jobs: dict[str, Job] = {}
+        for (name, arch), (_, units, _, _) in planned.items():
+            job_list = []
+            for tree, source, flags in units:
+                key = key_futures[(name, arch, source)].result()
+                host = arch in hosts or (key in all_jobs and all_jobs[key].host)
+                job = Job(key=key, arch=arch, source=source,
+                          argv=(str(tools.nvcc), str(tree / source), *flags), host=host)
+                job_list.append(job)
+                all_jobs[key] = job
+            jobs_by_plan[(name, arch)] = job_list
+        pending = [job for job in all_jobs.values() if cached_seconds(cache, job) is None]
+        log.info("%d cubins needed, %d cached, compiling %d with %d jobs",
+                 len(all_jobs), len(all_jobs) - len(pending), len(pending), workers)
+        compiled = {job.key: pool.submit(compile_job, job, cache) for job in pending}
+        _raise_first(compiled.values(), "compiling the trtllm comm module")
+
+        # 3. inspect every cubin (and host object) once
+        all_names: set[str] = set()
+        for key in all_jobs:
+            all_names.update(kernel_sizes(cubin_path(cache, key)))
+        names = demangle(sorted(all_names), tools)
+        inspections = {
+            key: pool.submit(inspect_cubin, cubin_path(cache, key), tools,
+                             opcodes.get(job.arch), names)
+            for key, job in all_jobs.items()
+        }
+        _raise_first(inspections.values(), "inspecting the cubins")
+    calls = {key: runtime_calls(host_object_path(cache, key))
+             for key, job in all_jobs.items() if job.host}
+
+    # 4. results; a cubin counts as compiled by the first unit that needed it in this run
+    results: list[VariantResult] = []
+    charged: set[str] = set()
+    for name, given_tree in variants.items():
+        arch_results = []
+        for arch in archs:
+            gate, _, was_forced, was_planned = planned[(name, arch)]
+            unit_results = []
+            for job in jobs_by_plan[(name, arch)]:
+                fresh = job.key in compiled and job.key not in charged
+                charged.add(job.key)
+                unit_results.append(UnitResult(
+                    source=job.source, cubin=cubin_path(cache, job.key), key=job.key,
+                    seconds=cached_seconds(cache, all_jobs[job.key]) or 0.0,
+                    cached=not fresh, kernels=inspections[job.key].result(),
+                    host_calls=calls.get(job.key) if arch in hosts else None))
+            arch_results.append(ArchResult(arch=arch, gate=gate, compiled=bool(unit_results),
+                                           forced=was_forced, planned=was_planned,
+                                           units=tuple(unit_results),
+                                           pdl_opcodes=opcodes.get(arch)))
+        results.append(VariantResult(name=name, tree=given_tree.resolve(),
+                                     archs=tuple(arch_results)))
+    return ProofReport(variants=tuple(results), archs=tuple(archs),
+                       reference_arch=reference_arch, nvcc_version=tools.nvcc_version,
+                       pdl_opcodes=tuple(opcodes[a] for a in archs if a in opcodes),
+                       wall_seconds=time.perf_counter() - started, host_archs=hosts)

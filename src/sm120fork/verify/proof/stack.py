@@ -1,0 +1,168 @@
+"""``verify-sm120`` for one stack: every patch's evidence, checked, without SM120 GPUs.
+
+Each project is built (the artifact check gives every patch's fingerprint evidence). The
+project whose patches claim ``proof:*`` evidence goes through the compile proof as three
+trees: unpatched, the gate patch alone (the patches claiming ``proof:jit-gate``) and the
+full series; projects whose patches claim ``sglang:*`` go through the SGLang behaviour
+checks (patched against unpatched). Then each patch's ``Verified-By`` claims are checked
+(:mod:`.patches`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sm120fork.build.publish import ProjectBuild
+from sm120fork.build.stack import build_project
+from sm120fork.declare import Stack
+from sm120fork.errors import VerifyError
+from sm120fork.patch.series import Patch, load_series
+from sm120fork.patch.tree import prepare_tree
+from sm120fork.verify.proof.gate import REFERENCE_ARCH, SHIPPED_SM12X_ARCH
+from sm120fork.verify.proof.patches import (
+    FULL,
+    UNPATCHED,
+    Context,
+    Outcome,
+    check,
+    claims,
+    evidence_label,
+    needs,
+)
+from sm120fork.verify.proof.run import prove
+from sm120fork.verify.proof.verdict import ProofReport
+from sm120fork.verify_sglang import CheckResult, check_sglang
+from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+
+#: sm_90a is the reference; sm_120f is what FlashInfer builds for every 12.x GPU (the
+#: binary SM120 and SM121 users run); sm_120a/sm_121a are the arch-specific neighbours.
+PROOF_ARCHS = (REFERENCE_ARCH, SHIPPED_SM12X_ARCH, "sm_120a", "sm_121a")
+#: The trees that only show the "before": compiled where users run, not everywhere.
+BEFORE_ARCHS = (REFERENCE_ARCH, SHIPPED_SM12X_ARCH)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PatchVerdict:
+    project: str
+    patch: str
+    subject: str
+    checks: tuple[str, ...]
+    artifact: str
+    #: What backs the patch beyond its fingerprint (compile proof, CPU behaviour check...).
+    evidence: str
+    passed: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Provenance:
+    """What the verification was made from."""
+
+    project: str
+    series: str
+    series_digest: str
+    wheel: str
+    wheel_sha256: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VerifyResult:
+    stack: str
+    provenance: tuple[Provenance, ...]
+    verdicts: tuple[PatchVerdict, ...]
+    proof: ProofReport | None
+    sglang: tuple[CheckResult, ...]
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        unchanged = all(r.passed for r in self.sglang if r.name.startswith("unchanged"))
+        return unchanged and all(v.passed for v in self.verdicts)
+
+
+def patch_id(patch: Patch) -> str:
+    return patch.subject.split()[0]
+
+
+def fingerprint_check(build: ProjectBuild, patch: Patch) -> tuple[str, bool]:
+    rows = [r for r in build.entry["artifact_check"] if r["patch"] == patch.name]
+    ok = bool(rows) and all(r["passed"] for r in rows)
+    return (f"fingerprint in wheel, absent upstream ({len(rows)} string(s)): "
+            f"{'pass' if ok else 'FAIL'}"), ok
+
+
+def _tree(ws: Workspace, stack: Stack, key: str, patches: Sequence[Patch], variant: str,
+          force: bool) -> Path:
+    slug = "" if variant == FULL else variant.replace(" ", "-").lower()
+    return prepare_tree(ws, stack, stack.project(key), patches=patches, variant=slug,
+                        force=force).path
+
+
+def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = False,
+               python: str | None = None) -> VerifyResult:
+    start = time.monotonic()
+    series = {p.key: load_series(ws.series_dir(p)) for p in stack.projects}
+    patches = {key: s.patches for key, s in series.items()}
+    proof_projects = needs(patches, "proof")
+    if len(proof_projects) > 1:
+        raise VerifyError(f"patches of {', '.join(proof_projects)} claim proof:* evidence; "
+                          "the compile proof covers one project", where=f"stack {stack.name}")
+    proof: ProofReport | None = None
+    gate_variant: str | None = None
+    sglang: list[CheckResult] = []
+    with ws.lock():
+        builds = {key: build_project(ws, stack, stack.project(key), force=force)
+                  for key in patches}
+        for key in proof_projects:
+            gate = [p for p in patches[key] if any(c.text == "proof:jit-gate" for c in claims(p))]
+            trees = {UNPATCHED: _tree(ws, stack, key, (), UNPATCHED, force)}
+            compile_archs = {UNPATCHED: BEFORE_ARCHS}
+            if gate:
+                gate_variant = "+".join(patch_id(p) for p in gate) + " only"
+                trees[gate_variant] = _tree(ws, stack, key, gate, gate_variant, force)
+                compile_archs[gate_variant] = BEFORE_ARCHS
+            trees[FULL] = _tree(ws, stack, key, patches[key], FULL, force)
+            log.info("compile proof of %s: %s x %s (cached cubins reused)", key,
+                     ", ".join(trees), "/".join(PROOF_ARCHS))
+            proof = prove(trees, archs=PROOF_ARCHS, cache_dir=ws.state_dir / "proof",
+                          jobs=jobs, compile_archs=compile_archs,
+                          force_compile=(SHIPPED_SM12X_ARCH,),
+                          host_archs=(SHIPPED_SM12X_ARCH,), python=python)
+        for key in needs(patches, "sglang"):
+            log.info("SGLang behaviour checks of %s (patched vs unpatched)", key)
+            sglang += check_sglang(_tree(ws, stack, key, patches[key], FULL, force),
+                                   baseline=_tree(ws, stack, key, (), UNPATCHED, force),
+                                   python=python or sys.executable)
+    ctx = Context(root=ws.root, proof=proof, gate_variant=gate_variant,
+                  behaviour=tuple((r.name, r.capability, r.passed) for r in sglang))
+    verdicts: list[PatchVerdict] = []
+    for key, build in builds.items():
+        for patch in patches[key]:
+            fp_text, fp_ok = fingerprint_check(build, patch)
+            outcomes: list[Outcome] = [check(c, ctx) for c in claims(patch)]
+            artifacts = [build.wheel.name]
+            kinds = {o.claim.partition(":")[0] for o in outcomes}
+            if "proof" in kinds:
+                artifacts.append(f"{'/'.join(PROOF_ARCHS)} cubins and {SHIPPED_SM12X_ARCH} "
+                                 "host objects of the trtllm comm module")
+            if "sglang" in kinds:
+                artifacts.append("patched SGLang modules, GPU query stubbed")
+            verdicts.append(PatchVerdict(
+                project=key, patch=patch.name, subject=patch.subject,
+                checks=(fp_text, *(f"[{o.claim}] {o.text}: {'pass' if o.passed else 'FAIL'}"
+                                   for o in outcomes)),
+                artifact="; ".join(artifacts), evidence=evidence_label(outcomes),
+                passed=fp_ok and all(o.passed for o in outcomes)))
+    provenance = tuple(
+        Provenance(project=key, series=stack.project(key).series,
+                   series_digest=series[key].digest, wheel=build.wheel.name,
+                   wheel_sha256=build.sha256)
+        for key, build in builds.items())
+    return VerifyResult(stack=stack.name, provenance=provenance, verdicts=tuple(verdicts),
+                        proof=proof, sglang=tuple(sglang), seconds=time.monotonic() - start)

@@ -1,0 +1,223 @@
+"""Results of the compile proof and the verdict per tree variant and architecture."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from sm120fork.verify.proof.cubin import Kernel, PdlOpcodes
+from sm120fork.verify.proof.gate import REFERENCE_ARCH, GateResult
+
+#: A kernel body at most this large is "empty" when its sm_90a body is large.
+EMPTY_BODY_BYTES = 256
+#: ... and so is one smaller than this fraction of its sm_90a body.
+EMPTY_BODY_FRACTION = 0.10
+#: An sm_90a body must exceed this to call its SM12x counterpart empty.
+LARGE_BODY_BYTES = 4 * EMPTY_BODY_BYTES
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class UnitResult:
+    """One translation unit compiled for one architecture."""
+
+    source: str
+    cubin: Path
+    key: str
+    seconds: float
+    cached: bool
+    kernels: tuple[Kernel, ...]
+    #: The CUDA runtime functions its host object calls (None: no host object was built).
+    host_calls: tuple[str, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArchResult:
+    """One tree variant on one architecture."""
+
+    arch: str
+    gate: GateResult
+    compiled: bool
+    forced: bool = False
+    #: Whether the proof meant to compile it (a variant need not be built everywhere).
+    planned: bool = True
+    units: tuple[UnitResult, ...] = ()
+    pdl_opcodes: PdlOpcodes | None = None
+
+    @property
+    def kernels(self) -> dict[str, Kernel]:
+        return {k.name: k for unit in self.units for k in unit.kernels}
+
+    @property
+    def compile_seconds(self) -> float:
+        return sum(unit.seconds for unit in self.units)
+
+    @property
+    def all_cached(self) -> bool:
+        return bool(self.units) and all(unit.cached for unit in self.units)
+
+    def units_calling(self, function: str) -> dict[str, bool] | None:
+        """Per translation unit, whether its host object calls ``function`` (None: no
+        host objects were built for this architecture)."""
+        if not self.units or any(u.host_calls is None for u in self.units):
+            return None
+        return {u.source: function in (u.host_calls or ()) for u in self.units}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VariantResult:
+    name: str
+    tree: Path
+    archs: tuple[ArchResult, ...]
+
+    def arch(self, arch: str) -> ArchResult | None:
+        return next((a for a in self.archs if a.arch == arch), None)
+
+
+class Status(enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    NOT_CHECKED = "not checked"
+
+
+def lost_pdl(kernel: Kernel, reference: Kernel) -> bool:
+    """The reference kernel waits on / triggers dependent launches and ``kernel`` does not.
+
+    Unknown counts (no disassembler) are never a loss; the verdict reports them apart.
+    """
+    if None in (kernel.pdl_wait, kernel.pdl_launch, reference.pdl_wait, reference.pdl_launch):
+        return False
+    return bool(((reference.pdl_wait or 0) > 0 and kernel.pdl_wait == 0)
+                or ((reference.pdl_launch or 0) > 0 and kernel.pdl_launch == 0))
+
+
+def is_empty_body(size: int, reference_size: int) -> bool:
+    """A body that shrank to (almost) nothing against a large sm_90a body."""
+    if reference_size <= LARGE_BODY_BYTES:
+        return False
+    return size <= EMPTY_BODY_BYTES or size < EMPTY_BODY_FRACTION * reference_size
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """Whether a variant's ``arch`` build carries every sm_90a kernel with a real body."""
+
+    variant: str
+    arch: str
+    status: Status
+    reasons: tuple[str, ...]
+    reference_kernels: int
+    present: int
+    missing: tuple[str, ...]
+    empty: tuple[str, ...]
+    pdl_reference: tuple[int, int] | None
+    pdl: tuple[int, int] | None
+    pdl_lost: tuple[str, ...]
+
+
+def _pdl_totals(kernels: Iterable[Kernel]) -> tuple[int, int] | None:
+    wait = launch = 0
+    for kernel in kernels:
+        if kernel.pdl_wait is None or kernel.pdl_launch is None:
+            return None
+        wait += kernel.pdl_wait
+        launch += kernel.pdl_launch
+    return wait, launch
+
+
+def verdict(variant: VariantResult, arch: str, *,
+            reference_arch: str = REFERENCE_ARCH) -> Verdict:
+    """Pass when the gate accepts, every reference kernel exists with a real body and
+    every kernel with PDL instructions on the reference keeps them.  A build the proof
+    did not plan (and whose gate accepts) is "not checked"."""
+    reasons: list[str] = []
+    result = variant.arch(arch)
+    reference = variant.arch(reference_arch)
+
+    def done(status: Status, **fields: Any) -> Verdict:
+        base: dict[str, Any] = {"reference_kernels": 0, "present": 0, "missing": (),
+                                "empty": (), "pdl_reference": None, "pdl": None,
+                                "pdl_lost": ()}
+        base.update(fields)
+        return Verdict(variant=variant.name, arch=arch, status=status, reasons=tuple(reasons),
+                       **base)
+
+    if result is None:
+        reasons.append(f"{arch} was not part of the proof")
+        return done(Status.FAIL)
+    if not result.gate.accepted:
+        reasons.append(f"JIT gate refused {result.gate.arch_list}: {result.gate.error}")
+    if not result.compiled and not result.planned and result.gate.accepted:
+        reasons.append(f"gate accepts; not compiled for {arch} in this proof")
+        return done(Status.NOT_CHECKED)
+    if reference is None or not reference.compiled or not reference.kernels:
+        reasons.append(f"no compiled {reference_arch} reference")
+        return done(Status.FAIL)
+    if not result.compiled:
+        reasons.append(f"not compiled for {arch}")
+        return done(Status.FAIL, reference_kernels=len(reference.kernels))
+    ref_kernels = reference.kernels
+    kernels = result.kernels
+    missing = tuple(sorted(set(ref_kernels) - set(kernels)))
+    empty = tuple(sorted(
+        name for name, ref in ref_kernels.items()
+        if name in kernels and is_empty_body(kernels[name].size, ref.size)))
+    if missing:
+        reasons.append(f"{len(missing)} of {len(ref_kernels)} {reference_arch} kernels missing")
+    if empty:
+        reasons.append(f"{len(empty)} kernels have an empty body")
+    pdl_reference = _pdl_totals(ref_kernels.values())
+    pdl = _pdl_totals(kernels.values())
+    lost: list[str] = []
+    if pdl_reference is not None and pdl is not None:
+        lost = [name for name, ref in ref_kernels.items()
+                if name in kernels and lost_pdl(kernels[name], ref)]
+        if lost:
+            reasons.append(f"{len(lost)} kernels lost their PDL instructions")
+    status = Status.FAIL if reasons else Status.PASS
+    if status is Status.PASS and arch != reference_arch and (pdl_reference is None
+                                                             or pdl is None):
+        reasons.append("PDL instructions not checked (no cuobjdump/nvdisasm)")
+        status = Status.NOT_CHECKED
+    return done(status, reference_kernels=len(ref_kernels),
+                present=len(ref_kernels) - len(missing), missing=missing, empty=empty,
+                pdl_reference=pdl_reference, pdl=pdl, pdl_lost=tuple(sorted(lost)))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProofReport:
+    variants: tuple[VariantResult, ...]
+    archs: tuple[str, ...]
+    reference_arch: str
+    nvcc_version: str
+    pdl_opcodes: tuple[PdlOpcodes, ...]
+    wall_seconds: float
+    #: Architectures whose host objects were built (the CUDA runtime calls are read there).
+    host_archs: tuple[str, ...] = ()
+
+    def variant(self, name: str) -> VariantResult | None:
+        return next((v for v in self.variants if v.name == name), None)
+
+    def verdicts(self) -> list[Verdict]:
+        return [verdict(v, a, reference_arch=self.reference_arch)
+                for v in self.variants for a in self.archs]
+
+    def to_json(self, root: Path | None = None) -> str:
+        """The report as JSON; paths under ``root`` are written relative to it."""
+        def encode(value: Any) -> Any:
+            if isinstance(value, Path):
+                if root is not None and value.is_relative_to(root):
+                    return value.relative_to(root).as_posix()
+                return value.name if value.is_absolute() else str(value)
+            if isinstance(value, enum.Enum):
+                return value.value
+            raise TypeError(type(value).__name__)
+
+        document = {
+            "report": dataclasses.asdict(self),
+            "verdicts": [dataclasses.asdict(v) for v in self.verdicts()],
+        }
+        return json.dumps(document, indent=1, default=encode, sort_keys=False) + "\n"

@@ -1,0 +1,59 @@
+"""build-aot refuses a FlashInfer tree or manifest that is not the published wheel's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sm120fork.aot import pipeline
+from sm120fork.declare import load_stacks
+from sm120fork.errors import ConfigError
+
+from conftest import git
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _manifest(path: Path, **changes: object) -> None:
+    entry: dict[str, object] = {"project": "flashinfer", "distribution": "flashinfer-python",
+             "version": "0.6.7.post3+sm120.1", "wheel": "w.whl", "sha256": "a" * 64,
+             "tree": "b" * 40, "patched_commit": "c" * 40, "upstream_version": "0.6.7.post3",
+             "series_digest": "d" * 64}
+    entry.update(changes)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.10",
+                                                    "wheels": [entry]}))
+
+
+def test_the_flashinfer_entry_of_the_stacks_manifest(tmp_path: Path) -> None:
+    stack = load_stacks(REPO / "forks")["sglang-0.5.10"]
+    _manifest(tmp_path)
+    build = pipeline.flashinfer_build(tmp_path, stack)
+    assert build.version == "0.6.7.post3+sm120.1"
+    assert build.sha256 == "a" * 64
+    with pytest.raises(ConfigError, match=r"no readable manifest\.json"):
+        pipeline.flashinfer_build(tmp_path / "none", stack)
+    other = load_stacks(REPO / "forks")["flashinfer-0.7.4"]
+    with pytest.raises(ConfigError, match=r"not 'flashinfer-0\.7\.4'"):
+        pipeline.flashinfer_build(tmp_path, other)
+    _manifest(tmp_path / "short", sha256=None)
+    data = json.loads((tmp_path / "short" / "manifest.json").read_text())
+    del data["wheels"][0]["sha256"]
+    (tmp_path / "short" / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="lacks 'sha256'"):
+        pipeline.flashinfer_build(tmp_path / "short", stack)
+
+
+def test_tree_hash_is_heads_tree_and_refuses_local_changes(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    git(tree, "init", "-q")
+    (tree / "a.cu").write_text("x")
+    git(tree, "add", "a.cu")
+    git(tree, "commit", "-qm", "one")
+    assert pipeline.tree_hash(tree) == git(tree, "rev-parse", "HEAD^{tree}")
+    (tree / "a.cu").write_text("changed")
+    with pytest.raises(ConfigError, match="uncommitted changes"):
+        pipeline.tree_hash(tree)

@@ -1,0 +1,122 @@
+"""The AOT wheel without a compiler: targets, version pin, layout, manifest, install."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sm120fork.aot import targets, wheel
+from sm120fork.errors import BuildError, ConfigError
+
+FLASHINFER = wheel.FlashInferBuild(
+    distribution="flashinfer-python", version="0.6.7.post3+sm120.1",
+    wheel="flashinfer_python-0.6.7.post3+sm120.1-py3-none-any.whl", sha256="ab" * 32,
+    tree="cd" * 20, patched_commit="ef" * 20, upstream_version="0.6.7.post3",
+    series_digest="12" * 32)
+
+
+def test_capabilities_are_validated_and_ordered() -> None:
+    assert targets.parse_capabilities(["9.0", " 12.0", "9.0", "12.1"]) == ("9.0", "12.0",
+                                                                            "12.1")
+    assert targets.arch_list(("9.0", "12.0")) == "9.0 12.0"
+    with pytest.raises(ConfigError, match="not a compute capability"):
+        targets.parse_capabilities(["sm_120"])
+    with pytest.raises(ConfigError, match="no compute capabilities"):
+        targets.parse_capabilities([])
+
+
+def test_targets_come_from_the_gencode_flags_in_order() -> None:
+    flags = ["-O3", "-gencode=arch=compute_90a,code=sm_90a",
+             "-gencode=arch=compute_120f,code=sm_120f", "-gencode=arch=compute_90a,code=sm_90a"]
+    assert targets.targets_from_flags(flags) == ("sm_90a", "sm_120f")
+
+
+def test_version_pins_the_flashinfer_build_and_passes_both_import_checks() -> None:
+    version = wheel.wheel_version("0.6.7.post3+sm120.1", "13.0")
+    assert version == "0.6.7.post3+sm120.1.cu130"
+    assert version.startswith("0.6.7.post3+sm120.1")  # upstream's check: startswith
+    assert version.split("+")[0] == "0.6.7.post3"       # patch 0001: public versions equal
+    assert wheel.wheel_version("0.7.2", "12.9") == "0.7.2+cu129"
+    with pytest.raises(ConfigError):
+        wheel.cuda_tag("13")
+
+
+def _fake_so(tmp_path: Path) -> Path:
+    so = tmp_path / "trtllm_comm.so"
+    so.write_bytes(b"\x7fELF fake module bytes")
+    return so
+
+
+def _write(tmp_path: Path) -> Path:
+    module = wheel.Module(name="trtllm_comm", so=_fake_so(tmp_path),
+                          targets=("sm_90a", "sm_120f"), info={"arch_list": "9.0 12.0"},
+                          sources_digest="sha256:" + "0" * 64)
+    return wheel.write_wheel(tmp_path / "out", flashinfer=FLASHINFER, modules=[module],
+                             cuda_version="13.0", platform="linux_x86_64",
+                             stack="sglang-0.5.10", toolkit_version="0.1.0",
+                             toolchain={"nvcc": "V13.0.88"})
+
+
+def test_wheel_layout_metadata_and_manifest(tmp_path: Path) -> None:
+    built = _write(tmp_path)
+    assert built.name == ("flashinfer_jit_cache-0.6.7.post3+sm120.1.cu130-py3-none-"
+                          "linux_x86_64.whl")
+    with zipfile.ZipFile(built) as zf:
+        names = set(zf.namelist())
+        metadata = zf.read("flashinfer_jit_cache-0.6.7.post3+sm120.1.cu130.dist-info/"
+                           "METADATA").decode()
+        record = zf.read("flashinfer_jit_cache-0.6.7.post3+sm120.1.cu130.dist-info/"
+                         "RECORD").decode()
+        so_bytes = zf.read("flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so")
+    assert "flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so" in names
+    assert "flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so.sources" in names
+    assert "Name: flashinfer-jit-cache" in metadata
+    assert "Requires-Dist: flashinfer-python==0.6.7.post3+sm120.1" in metadata
+    assert "flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so,sha256=" in record
+    manifest = wheel.read_wheel(built)
+    assert manifest["flashinfer"]["sha256"] == FLASHINFER.sha256
+    assert manifest["flashinfer"]["version"] == "0.6.7.post3+sm120.1"
+    entry = manifest["modules"]["trtllm_comm"]
+    assert entry["sha256"] == hashlib.sha256(so_bytes).hexdigest()
+    assert entry["targets"] == ["sm_90a", "sm_120f"]
+    assert entry["sources_digest"] == "sha256:" + "0" * 64
+    # Byte-stable: the same inputs give the same wheel.
+    first = built.read_bytes()
+    assert _write(tmp_path).read_bytes() == first
+
+
+def test_a_tampered_module_is_caught(tmp_path: Path) -> None:
+    built = _write(tmp_path)
+    bad = tmp_path / "bad.whl"
+    with zipfile.ZipFile(built) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename.endswith("trtllm_comm.so"):
+                data = b"something else"
+            dst.writestr(item, data)
+    with pytest.raises(BuildError, match="does not match its sha256"):
+        wheel.read_wheel(bad)
+
+
+def test_installed_package_points_flashinfer_at_its_modules(tmp_path: Path) -> None:
+    built = _write(tmp_path)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(target), str(built)],
+                   check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import json, flashinfer_jit_cache as j; print(json.dumps("
+         "[j.__version__, j.BUILT_BY, j.get_jit_cache_dir(), j.manifest()['version']]))"],
+        check=True, capture_output=True, text=True, env={"PYTHONPATH": str(target)},
+        cwd=tmp_path).stdout
+    version, built_by, cache_dir, manifest_version = json.loads(out)
+    assert version == manifest_version == "0.6.7.post3+sm120.1.cu130"
+    assert built_by == "sm120fork"
+    assert (Path(cache_dir) / "trtllm_comm" / "trtllm_comm.so").is_file()
+    assert Path(cache_dir).is_relative_to(target)

@@ -1,0 +1,123 @@
+"""Interrupting is clean: child builds end, scratch folders go, one line says so; what
+a hard kill leaves is removed by the next run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sm120fork.build.stack import remove_leftovers
+from sm120fork.errors import EXIT_INTERRUPTED, CommandError
+from sm120fork.util import proc
+
+from helpers_ws import STACK, DemoWorkspace, make_demo
+
+_SLOW_BUILD = """
+import sys
+from pathlib import Path
+import sm120fork.build.stack as stack
+from sm120fork.util import proc
+
+mark = Path(sys.argv[2])
+
+def slow_wheel(project, repo, out_dir, on_line=None):
+    proc.run([sys.executable, "-c", "import os, sys, time; "
+              "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)",
+              f"{mark}.{project.key}"])
+    raise AssertionError("the sleeper was not ended")
+
+stack.build_wheel = slow_wheel
+from sm120fork.cli.main import main
+sys.exit(main(["--root", sys.argv[1], "build"]))
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _start_slow_build(demo: DemoWorkspace, tmp_path: Path) -> tuple[subprocess.Popen[str],
+                                                                     list[int]]:
+    mark = tmp_path / "sleeping"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.Popen([sys.executable, "-c", _SLOW_BUILD, str(demo.ws.root), str(mark)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    marks = [Path(f"{mark}.{key}") for key in ("lib", "app")]
+    for _ in range(1200):  # a hang guard, not a timing assertion
+        if all(m.is_file() and m.read_text() for m in marks) or run.poll() is not None:
+            break
+        time.sleep(0.1)
+    assert run.poll() is None, run.communicate()
+    return run, [int(m.read_text()) for m in marks]
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_toolkit_alone_ends_child_builds_and_cleans_up(tmp_path: Path) -> None:
+    demo = make_demo(tmp_path)
+    run, sleepers = _start_slow_build(demo, tmp_path)
+    assert [p for p in demo.ws.state_dir.iterdir() if p.name.startswith(".sm120fork-")]
+    run.send_signal(signal.SIGTERM)  # as nox forwards it: to our process only
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == EXIT_INTERRUPTED
+    lines = [line for line in err.splitlines() if "interrupted" in line]
+    assert len(lines) == 1
+    assert "interrupted: build stopped, 2 running command(s) ended" in lines[0]
+    assert not any(_alive(pid) for pid in sleepers)
+    assert not [p for p in demo.ws.state_dir.iterdir() if p.name.startswith(".sm120fork-")]
+    assert not demo.ws.stack_wheels(STACK).exists()
+
+
+@pytest.mark.slow
+def test_what_a_hard_kill_leaves_is_removed_by_the_next_run(tmp_path: Path) -> None:
+    demo = make_demo(tmp_path)
+    run, sleepers = _start_slow_build(demo, tmp_path)
+    run.kill()
+    run.communicate()
+    for pid in sleepers:  # a SIGKILL ends nothing else: the test ends the orphans
+        os.killpg(pid, signal.SIGKILL)
+    left = [p for p in demo.ws.state_dir.iterdir() if p.name.startswith(".sm120fork-")]
+    assert left
+    mine = demo.ws.state_dir / f".sm120fork-{os.getpid()}-running-x"
+    mine.mkdir()  # a live process's scratch folder stays
+    remove_leftovers(demo.ws, demo.ws.stack(STACK))
+    assert not any(p.exists() for p in left)
+    assert mine.is_dir()
+
+
+def test_ending_children_stops_a_running_command_and_refuses_new_ones() -> None:
+    errors: list[CommandError] = []
+
+    def sleeper() -> None:
+        try:
+            proc.run([sys.executable, "-c", "import time; time.sleep(600)"])
+        except CommandError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=sleeper)
+    thread.start()
+    try:
+        for _ in range(600):
+            with proc._children_lock:
+                if proc._children:
+                    break
+            time.sleep(0.05)
+        assert proc.end_children() == 1
+        thread.join(60)
+        assert not thread.is_alive()
+        assert errors
+        with pytest.raises(CommandError, match="being interrupted"):
+            proc.run([sys.executable, "-c", "pass"])
+    finally:
+        proc.allow_children()
+    assert proc.run([sys.executable, "-c", "print('ok')"]).stdout == "ok\n"

@@ -1,0 +1,188 @@
+"""The plugin on the real sglang 0.5.23 wheel and the real 0.5.23 series (network, ~2 min).
+
+Stock sglang 0.5.23 is installed with ``--no-deps`` into a fresh directory; the fork
+tree is its files laid out as the upstream repository (``python/``) with the series
+applied by ``git am``; the plugin wheel is generated from that tree and built with
+pypa/build; the "patched wheel" install is stock with the series' files replaced, as the
+stack's wheel build repacks them.  The same behaviour cases (``plugin_probe.py``) run on
+(a) the patched install and (b) stock + plugin through SGLang's own ``load_plugins()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm120fork.plugin import package, runtime
+from sm120fork.plugin.generate import generate_spec, patch_commits
+from sm120fork.util.proc import Git
+
+from conftest import git
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+SERIES = ROOT / "patches" / "sglang-0.5.23" / "sglang"
+WHEEL = "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
+#: What the modules under test import beyond tests/requirements.txt, at sglang 0.5.23's pins.
+PROBE_DEPS = ROOT / "tests" / "requirements-sglang-0.5.23.txt"
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
+
+
+@dataclass(frozen=True)
+class Sites:
+    stock: Path
+    patched: Path
+    plugin: Path
+    deps: Path
+    spec: runtime.Spec
+    patch_ids: list[str]
+
+
+def _patch_names() -> list[str]:
+    lines = (SERIES / "series").read_text().splitlines()
+    return [n.strip() for n in lines if n.strip() and not n.startswith("#")]
+
+
+@pytest.fixture(scope="session")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> Sites:
+    base = tmp_path_factory.mktemp("sglang-0.5.23")
+    pip("download", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
+        "--platform", "manylinux_2_34_x86_64", "sglang==0.5.23", "-d", str(base / "dl"))
+    pip("install", "--no-deps", "--no-compile", "--target", str(base / "stock"),
+        str(base / "dl" / WHEEL))
+    pip("install", "--no-deps", "--no-compile", "--target", str(base / "deps"),
+        "-r", str(PROBE_DEPS))
+
+    fork = base / "fork"
+    fork.mkdir()
+    git(fork, "init", "-q", "-b", "main")
+    names = _patch_names()
+    touched = sorted({line.split(" b/", 1)[1] for n in names
+                      for line in (SERIES / n).read_text().splitlines()
+                      if line.startswith("diff --git ")})
+    for rel in touched:
+        target = fork / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(base / "stock" / rel.removeprefix("python/"), target)
+    git(fork, "add", "-A")
+    git(fork, "commit", "-q", "-m", "sglang 0.5.23 as published")
+    git(fork, "tag", "upstream")
+    git(fork, "am", "-q", *(str(SERIES / n) for n in names))
+    repo = Git(fork)
+    ids = [n.split("-")[1] for n in names]
+    spec = generate_spec(repo, patch_commits(repo, ids), package_root="python",
+                         package="sglang", stack="sglang-0.5.23", distribution="sglang",
+                         version="0.5.23")
+    built = package.build_plugin_wheel(spec, "sm120.1", base / "plugin-cache")
+    pip("install", "--no-deps", "--no-compile", "--target", str(base / "plugin"),
+        str(built.wheel))
+
+    patched = base / "patched"
+    shutil.copytree(base / "stock", patched, copy_function=os.link)
+    for rel in touched:
+        dest = patched / rel.removeprefix("python/")
+        dest.unlink()
+        shutil.copyfile(fork / rel, dest)
+    return Sites(stock=base / "stock", patched=patched, plugin=base / "plugin",
+                 deps=base / "deps", spec=spec, patch_ids=ids)
+
+
+_STOCK: dict[str, dict[str, Any]] = {}
+
+
+def stock_probe(sites: Sites, capability: str) -> dict[str, Any]:
+    """Stock sglang without the plugin (memoised: three tests compare against it)."""
+    if capability not in _STOCK:
+        _STOCK[capability] = probe(sites, sites.stock, capability, plugin=False)
+    return _STOCK[capability]
+
+
+def probe(sites: Sites, site: Path, capability: str, *, plugin: bool,
+          env: dict[str, str] | None = None) -> dict[str, Any]:
+    paths = [str(sites.deps), str(ROOT / "src"), *([str(sites.plugin)] if plugin else [])]
+    full = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **(env or {}))
+    done = subprocess.run([sys.executable, str(TESTS / "plugin_probe.py"), str(site),
+                           capability, *(["--load-plugins"] if plugin else [])],
+                          capture_output=True, text=True, env=full, timeout=600, check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("PLUGIN-PROBE "):
+            result: dict[str, Any] = json.loads(line.removeprefix("PLUGIN-PROBE "))
+            return result
+    raise AssertionError(f"probe printed no result:\n{done.stderr[-3000:]}")
+
+
+def test_every_patch_of_the_series_becomes_a_hook(sites: Sites) -> None:
+    assert sites.spec.wheel_only == ()
+    assert sorted(h.patch for h in sites.spec.hooks) == sites.patch_ids
+    assert {h.kind for h in sites.spec.hooks} == {"replace"}
+    assert {h.names[0] for h in sites.spec.hooks} == {
+        "_resolve_backend", "_flashinfer_trtllm_workspace_allocation_sizes",
+        "_flashinfer_allreduce_fusion_auto_enable", "flashinfer_ar_fusion_applies",
+        "_set_all_reduce_flags"}
+
+
+@pytest.mark.parametrize("capability", ["12.0", "12.1", "9.0"])
+def test_plugin_on_stock_agrees_with_the_patched_wheel(sites: Sites, capability: str) -> None:
+    patched = probe(sites, sites.patched, capability, plugin=False)
+    with_plugin = probe(sites, sites.stock, capability, plugin=True)
+    assert with_plugin["plugin"] == [
+        f"sm120fork plugin: {h.label}: applied" for h in sites.spec.hooks]
+    assert patched["cases"].keys() == with_plugin["cases"].keys()
+    disagree = {name: (patched["cases"][name], with_plugin["cases"][name])
+                for name in patched["cases"]
+                if patched["cases"][name] != with_plugin["cases"][name]}
+    assert disagree == {}
+    if capability.startswith("12."):  # the suite does tell the series from stock
+        stock = stock_probe(sites, capability)
+        assert sum(stock["cases"][n] != patched["cases"][n] for n in stock["cases"]) >= 10
+
+
+def test_another_sglang_version_stays_stock(sites: Sites, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(sites.stock, other, copy_function=os.link, ignore=shutil.ignore_patterns(
+        "sglang-0.5.23.dist-info"))
+    info = other / "sglang-0.5.22.dist-info"
+    shutil.copytree(sites.stock / "sglang-0.5.23.dist-info", info)
+    meta = info / "METADATA"
+    meta.write_text(meta.read_text().replace("Version: 0.5.23\n", "Version: 0.5.22\n", 1))
+    stock = stock_probe(sites, "12.0")
+    result = probe(sites, other, "12.0", plugin=True)
+    assert result["plugin"] == [
+        f"sm120fork plugin: {h.label}: not applied (installed sglang 0.5.22; this plugin is "
+        "for 0.5.23 (stack sglang-0.5.23))" for h in sites.spec.hooks]
+    assert result["cases"] == stock["cases"]
+
+
+def test_disabled_plugin_leaves_sglang_stock(sites: Sites) -> None:
+    stock = stock_probe(sites, "12.0")
+    result = probe(sites, sites.stock, "12.0", plugin=True, env={"SM120FORK_PLUGIN": "0"})
+    assert result["plugin"] == ["sm120fork plugin: disabled by SM120FORK_PLUGIN=0; SGLang is stock"]
+    assert result["cases"] == stock["cases"]
+
+
+def test_the_plugin_wheels_doctor_runs_without_the_toolkit(sites: Sites) -> None:
+    """``python -S``: no site-packages, so only the two --no-deps installs are importable."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(sites.stock), str(sites.plugin)]))
+    done = subprocess.run([sys.executable, "-S", "-c", "import sys, importlib.util\n"
+                           "assert importlib.util.find_spec('sm120fork') is None\n"
+                           "from sm120fork_sglang_plugin.doctor import main\n"
+                           "sys.exit(main(['--json', '--decide-timeout', '60']))"],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    report = json.loads(done.stdout)
+    hooks = report["packages"]["plugin_hooks"]
+    assert [h["state"] for h in hooks] == ["applied"] * len(sites.spec.hooks)
+    assert report["packages"]["plugin_active"] is True
+    assert done.returncode == (15 if report["blockers"] else 0)

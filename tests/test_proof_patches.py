@@ -1,0 +1,166 @@
+"""Per-patch evidence from ``Verified-By`` headers, and the committed report's shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm120fork.errors import SeriesError
+from sm120fork.patch.series import parse_patch
+from sm120fork.verify.proof.patches import (
+    NO_EVIDENCE,
+    Claim,
+    Context,
+    Outcome,
+    check,
+    check_behaviour,
+    check_cpu_test,
+    check_gpu_report,
+    claims,
+    evidence_label,
+)
+from sm120fork.verify.proof.report import NAMES_SHOWN, compact
+
+PATCH = """\
+From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: SM12x fork maintainers <sm12x-fork@users.noreply.invalid>
+Date: Sun, 29 Nov 2026 00:00:00 +0000
+Subject: [PATCH] F9 comm: something
+
+Description: Something.
+Origin: vendor, sm120fork
+Forwarded: no
+Last-Update: 2026-11-29
+Fingerprint: a.txt: new
+{verified}
+---
+ a.txt | 1 +
+ 1 file changed, 1 insertion(+)
+
+diff --git a/a.txt b/a.txt
+index 0000000000000000000000000000000000000000..1111111111111111111111111111111111111111 100644
+--- a/a.txt
++++ b/a.txt
+@@ -0,0 +1 @@
++new
+"""
+
+
+def patch_with(tmp_path: Path, verified: str) -> Any:
+    path = tmp_path / "0001-x.patch"
+    path.write_text(PATCH.format(verified=verified))
+    return parse_patch(path)
+
+
+def test_verified_by_fields_are_parsed_in_order(tmp_path: Path) -> None:
+    patch = patch_with(tmp_path, "Verified-By: proof:cluster-query\n"
+                                 "Verified-By: gpu:reports/gpu/f5-cluster")
+    assert claims(patch) == (Claim(kind="proof", check="cluster-query"),
+                             Claim(kind="gpu", check="reports/gpu/f5-cluster"))
+
+
+@pytest.mark.parametrize("bad", ["Verified-By: cluster-query", "Verified-By: ci:x",
+                                 "Verified-By: proof:"])
+def test_a_malformed_verified_by_names_the_patch(tmp_path: Path, bad: str) -> None:
+    patch = patch_with(tmp_path, bad)
+    with pytest.raises(SeriesError, match="bad Verified-By") as info:
+        claims(patch)
+    assert "0001-x.patch" in str(info.value)
+
+
+def test_no_claim_means_no_evidence_yet() -> None:
+    assert evidence_label([]) == NO_EVIDENCE
+    outcomes = [Outcome(claim="proof:jit-gate", evidence="compile proof", text="", passed=True),
+                Outcome(claim="gpu:x", evidence="SM90 GPU run", text="", passed=True),
+                Outcome(claim="proof:kernel-bodies", evidence="compile proof", text="",
+                        passed=True)]
+    assert evidence_label(outcomes) == "compile proof + SM90 GPU run"
+
+
+def test_cpu_test_must_exist(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("def test_real() -> None:\n    pass\n")
+    ctx = Context(root=tmp_path)
+    assert check_cpu_test(ctx, "tests/test_x.py::test_real")[1]
+    assert not check_cpu_test(ctx, "tests/test_x.py::test_renamed")[1]
+    assert not check_cpu_test(ctx, "tests/test_y.py::test_real")[1]
+
+
+def _gpu_report(where: Path, statuses: dict[str, tuple[str, str]]) -> None:
+    """test-ab.json with a patched and an unpatched variant: key -> (patched, unpatched)."""
+    def results(index: int) -> list[dict[str, Any]]:
+        return [{"key": key, "case": {"api": key.split("/")[0]}, "status": pair[index]}
+                for key, pair in statuses.items()]
+
+    where.mkdir(parents=True)
+    (where / "test-ab.json").write_text(json.dumps({
+        "primary": "patched", "baseline": "unpatched",
+        "results": {"patched": results(0), "unpatched": results(1)}}))
+
+
+def test_gpu_report_check_reads_the_committed_runs(tmp_path: Path) -> None:
+    _gpu_report(tmp_path / "reports" / "gpu" / "a", {
+        "custom_lamport/t1": ("pass", "fail"), "fusion_unified/t1": ("pass", "pass"),
+        "fusion_unified/t2": ("skip", "skip")})
+    ctx = Context(root=tmp_path)
+    text, ok = check_gpu_report(ctx, "reports/gpu/a:custom_lamport")
+    assert ok
+    assert "1 custom_lamport cases, 0 failing, 1 fixed" in text
+    assert not check_gpu_report(ctx, "reports/gpu/a:fusion_unified")[1]  # nothing fixed
+    assert check_gpu_report(ctx, "reports/gpu/a")[1]  # no API named: only "none failing"
+    assert not check_gpu_report(ctx, "reports/gpu/missing")[1]
+    _gpu_report(tmp_path / "reports" / "gpu" / "b", {"custom_lamport/t1": ("fail", "fail")})
+    assert not check_gpu_report(ctx, "reports/gpu/b")[1]
+
+
+def test_behaviour_claims_need_checks_that_ran_and_passed(tmp_path: Path) -> None:
+    ctx = Context(root=tmp_path, behaviour=(("S1 tp2", "12.0", True), ("S2 tp4", "12.0", False)))
+    assert check_behaviour(ctx, "S1")[1]
+    assert not check_behaviour(ctx, "S2")[1]
+    assert not check_behaviour(ctx, "S9")[1]
+
+
+def test_proof_claims_fail_without_a_proof_or_with_an_unknown_check(tmp_path: Path) -> None:
+    ctx = Context(root=tmp_path)
+    for name in ("jit-gate", "kernel-bodies", "cluster-query", "no-such-check"):
+        assert not check(Claim(kind="proof", check=name), ctx).passed
+
+
+def test_compact_keeps_verdicts_and_counts_but_not_kernel_lists() -> None:
+    names = [f"kernel{i}" for i in range(480)]
+    document: dict[str, Any] = {
+        "passed": True,
+        "verdicts": [{"variant": "F1 only", "arch": "sm_120a", "status": "fail",
+                      "missing": [], "empty": names, "pdl_lost": names[:3]}],
+        "proof": {"variants": [{"name": "F1 only", "archs": [{"arch": "sm_120a", "units": [
+            {"source": "csrc/x.cu", "seconds": 1.0, "kernels": [{"name": n} for n in names]}]}]}]},
+    }
+    out = compact(document)
+    verdict = out["verdicts"][0]
+    assert verdict["status"] == "fail"
+    assert verdict["empty"] == {"count": 480, "first": names[:NAMES_SHOWN]}
+    assert verdict["pdl_lost"] == {"count": 3, "first": names[:3]}
+    unit = out["proof"]["variants"][0]["archs"][0]["units"][0]
+    assert unit["kernel_count"] == 480
+    assert "kernels" not in unit
+    assert len(document["verdicts"][0]["empty"]) == 480  # the input is left whole
+
+
+def test_portable_names_machine_folders_by_role() -> None:
+    from sm120fork.verify.proof.report import portable
+
+    root = Path("/home/me/checkout")
+    flags = ["-isystem", "/home/me/.venv/lib/python3.11/site-packages/tvm_ffi/include",
+             "-isystem", "/root/.pyenv/versions/3.11.7/include/python3.11",
+             "-isystem", "/usr/local/include/cccl",
+             "-isystem", "/home/me/checkout/.forks/work/s/flashinfer@unpatched/include"]
+    out = portable({"flags": flags, "n": 3}, root)
+    assert out["flags"][1] == "<site-packages>/tvm_ffi/include"
+    assert out["flags"][3] == "<python-include>"
+    assert out["flags"][5] == "<system-include>/cccl"
+    assert out["flags"][7] == ".forks/work/s/flashinfer@unpatched/include"
+    assert out["n"] == 3
+    assert "/home/" not in json.dumps(out)

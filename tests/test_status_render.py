@@ -1,0 +1,62 @@
+"""The status table: readable at 80 columns, every field with --wide, and Forwarded /
+Applied-Upstream shown as one statement that cannot contradict itself."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from sm120fork.cli.maintain import render_status, upstream_cell
+from sm120fork.maintain.status import PatchStatus, ProjectStatus
+
+PR = "https://github.com/flashinfer-ai/flashinfer/pull/3903"
+
+
+def _project() -> ProjectStatus:
+    wheel = "flashinfer_python-0.6.7.post3+sm120.1-py3-none-any.whl"
+    rows = (
+        PatchStatus(patch="0002-F1-jit-build-the-trtllm-comm-module-for-SM12x.patch",
+                    subject="F1", applies="yes", forwarded="no",
+                    applied_upstream=f"0.6.17, {PR}", bug_upstream="",
+                    fingerprint_upstream="absent", effect_upstream="absent", wheel=wheel),
+        PatchStatus(patch="0007-F6-workspace-multicast-only-when-requested.patch",
+                    subject="F6", applies="yes",
+                    forwarded="https://github.com/flashinfer-ai/flashinfer/pull/3701",
+                    applied_upstream="", bug_upstream="",
+                    fingerprint_upstream="partly (1/2)", effect_upstream="present",
+                    wheel=wheel),
+    )
+    return ProjectStatus(stack="sglang-0.5.10", default=True, project="flashinfer",
+                         version="0.6.7.post3", source="sdist", series="patches/x",
+                         patches=rows)
+
+
+def _render(wide: bool) -> str:
+    console = Console(width=80, record=True, color_system=None)
+    render_status([_project()], console, wide=wide)
+    return console.export_text()
+
+
+def test_the_default_table_fits_80_columns_and_says_one_thing_about_upstream() -> None:
+    text = _render(wide=False)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "in 0.6.17" in text  # cells wrap; upstream_cell's whole text is tested below
+    assert "#3903" in text
+    assert "Forwarded" not in text  # no "Forwarded: no" beside "Applied-Upstream: 0.6.17"
+    assert "applies" in text
+    assert "0.6.7.post3" in text
+
+
+def test_wide_shows_every_field() -> None:
+    text = Console(width=200, record=True, color_system=None)
+    render_status([_project()], text, wide=True)
+    out = text.export_text()
+    for header in ("Forwarded", "Applied-Upstream", "Bug-Upstream", "fingerprint in pin",
+                   "effect in pin"):
+        assert header in out
+
+
+def test_upstream_cell() -> None:
+    assert upstream_cell("no", "") == "not forwarded"
+    assert upstream_cell("not-needed", "") == "not needed"
+    assert upstream_cell("no", f"0.6.17, {PR}") == "in 0.6.17 (flashinfer#3903)"
+    assert upstream_cell("yes", "0.6.16") == "in 0.6.16"
