@@ -23,6 +23,7 @@ from sm120fork.errors import (
     CommandError,
     ConfigError,
     MaintenanceError,
+    SourceError,
 )
 from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import UPSTREAM_TAG
@@ -113,7 +114,7 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
                 "source": "git",
                 "git": {"url": project.git.url, "tag": "", "commit": revision,
                         "commit_verified": True, "note": ""},
-                "sdist": dataclasses.asdict(project.sdist)}
+                "sdist": {}}
         else:
             new_version = version or revision
             new_pin = {}
@@ -132,7 +133,17 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             raise MaintenanceError(f"{new_version} is older than the pinned {project.version}",
                                    where=f"{stack.name}/{project.key}",
                                    fix="pass --allow-downgrade if you mean it")
-        if not new_pin:
+        if new_pin:  # a git commit: the declaration still pins an sdist, of that version
+            try:
+                filename, sha256, _ = index_sdist(project, new)
+            except SourceError as exc:
+                raise MaintenanceError(
+                    f"{project.distribution} {new_version} has no sdist on the package index, "
+                    "and the declaration pins one for every version", where=stack.name,
+                    fix="bump to a released version, or pass the --version of one",
+                    detail=exc.message) from exc
+            new_pin["sdist"] = {"filename": filename, "sha256": sha256, "url": ""}
+        else:
             filename, sha256, url = index_sdist(project, new)
             probe = dataclasses.replace(
                 project, version=new_version,
