@@ -133,16 +133,12 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             raise MaintenanceError(f"{new_version} is older than the pinned {project.version}",
                                    where=f"{stack.name}/{project.key}",
                                    fix="pass --allow-downgrade if you mean it")
-        if new_pin:  # a git commit: the declaration still pins an sdist, of that version
+        if new_pin:  # a git commit: pin that version's sdist when the index has one
             try:
                 filename, sha256, _ = index_sdist(project, new)
-            except SourceError as exc:
-                raise MaintenanceError(
-                    f"{project.distribution} {new_version} has no sdist on the package index, "
-                    "and the declaration pins one for every version", where=stack.name,
-                    fix="bump to a released version, or pass the --version of one",
-                    detail=exc.message) from exc
-            new_pin["sdist"] = {"filename": filename, "sha256": sha256, "url": ""}
+                new_pin["sdist"] = {"filename": filename, "sha256": sha256, "url": ""}
+            except SourceError:  # an unreleased commit: the sdist pin stays (unused by git)
+                new_pin["sdist"] = dataclasses.asdict(project.sdist)
         else:
             filename, sha256, url = index_sdist(project, new)
             probe = dataclasses.replace(
