@@ -507,5 +507,8 @@ def test_bump_to_a_git_commit(bw: BumpWorkspace) -> None:
         UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY, STILL_NEEDED, RESOLVED]
     project = bw.ws.stack(STACK).project("lib")
     assert (project.source, project.version, project.git_pin.commit) == ("git", "1.3.0", sha)
+    # The declaration's sdist pin follows the version (its file name must name it).
+    assert (project.sdist_pin.filename, project.sdist_pin.sha256) == ("demo_lib-1.3.0.tar.gz",
+                                                              sha256(bw.new.sdist))
     assert project.git_pin.commit_verified
     assert build_stack(bw.ws, bw.ws.stack(STACK))[0].version == "1.3.0+sm120.1"

@@ -18,13 +18,17 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=2, help="parallel nvcc runs (default 2)")
     p.add_argument("--force", action="store_true",
                    help="discard local work in the fork trees it needs")
+    p.add_argument("--arch", action="append", dest="archs", metavar="ARCH",
+                   help="compile-proof architectures besides sm_90a and sm_120f (repeatable; "
+                        "default: sm_120a and sm_121a too)")
 
 
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.verify.proof.report import write_reports
-    from sm120fork.verify.proof.stack import run_verify
+    from sm120fork.verify.proof.stack import PROOF_ARCHS, run_verify
 
-    result = run_verify(ws, ws.stack(args.stack), jobs=args.jobs, force=args.force)
+    result = run_verify(ws, ws.stack(args.stack), jobs=args.jobs, force=args.force,
+                        archs=args.archs or PROOF_ARCHS)
     out = write_reports(ws, result)
     table = Table(title=f"SM12x verification of {result.stack}")
     for col in ("patch", "evidence", "checks", "result"):

@@ -23,6 +23,7 @@ from sm120fork.errors import (
     CommandError,
     ConfigError,
     MaintenanceError,
+    SourceError,
 )
 from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import UPSTREAM_TAG
@@ -113,7 +114,7 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
                 "source": "git",
                 "git": {"url": project.git_pin.url, "tag": "", "commit": revision,
                         "commit_verified": True, "note": ""},
-                "sdist": dataclasses.asdict(project.sdist_pin)}
+                "sdist": {}}
         else:
             new_version = version or revision
             new_pin = {}
@@ -132,7 +133,13 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             raise MaintenanceError(f"{new_version} is older than the pinned {project.version}",
                                    where=f"{stack.name}/{project.key}",
                                    fix="pass --allow-downgrade if you mean it")
-        if not new_pin:
+        if new_pin:  # a git commit: pin that version's sdist when the index has one
+            try:
+                filename, sha256, _ = index_sdist(project, new)
+                new_pin["sdist"] = {"filename": filename, "sha256": sha256, "url": ""}
+            except SourceError:  # an unreleased commit: the sdist pin stays (unused by git)
+                new_pin["sdist"] = dataclasses.asdict(project.sdist_pin)
+        else:
             filename, sha256, url = index_sdist(project, new)
             probe = dataclasses.replace(
                 project, version=new_version,

@@ -105,8 +105,11 @@ def _tree(ws: Workspace, stack: Stack, key: str, patches: Sequence[Patch], varia
 
 
 def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = False,
-               python: str | None = None) -> VerifyResult:
+               python: str | None = None,
+               archs: Sequence[str] = PROOF_ARCHS) -> VerifyResult:
+    """``archs``: the compile proof's architectures (sm_90a and sm_120f always among them)."""
     start = time.monotonic()
+    archs = tuple(dict.fromkeys((*BEFORE_ARCHS, *archs)))
     series = {p.key: load_series(ws.series_dir(p)) for p in stack.projects}
     patches = {key: s.patches for key, s in series.items()}
     proof_projects = needs(patches, "proof")
@@ -129,8 +132,8 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
                 compile_archs[gate_variant] = BEFORE_ARCHS
             trees[FULL] = _tree(ws, stack, key, patches[key], FULL, force)
             log.info("compile proof of %s: %s x %s (cached cubins reused)", key,
-                     ", ".join(trees), "/".join(PROOF_ARCHS))
-            proof = prove(trees, archs=PROOF_ARCHS, cache_dir=ws.state_dir / "proof",
+                     ", ".join(trees), "/".join(archs))
+            proof = prove(trees, archs=archs, cache_dir=ws.state_dir / "proof",
                           jobs=jobs, compile_archs=compile_archs,
                           force_compile=(SHIPPED_SM12X_ARCH,),
                           host_archs=(SHIPPED_SM12X_ARCH,), python=python)
@@ -149,7 +152,8 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
             artifacts = [build.wheel.name]
             kinds = {o.claim.partition(":")[0] for o in outcomes}
             if "proof" in kinds:
-                artifacts.append(f"{'/'.join(PROOF_ARCHS)} cubins and {SHIPPED_SM12X_ARCH} "
+                artifacts.append(f"{'/'.join(proof.archs if proof else archs)} cubins and "
+                                 f"{SHIPPED_SM12X_ARCH} "
                                  "host objects of the trtllm comm module")
             if "sglang" in kinds:
                 artifacts.append("patched SGLang modules, GPU query stubbed")
