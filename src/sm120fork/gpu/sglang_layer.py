@@ -1,0 +1,225 @@
+"""SGLang's own fused-norm layer path, rank against rank, on a GPU or (faked) on the CPU.
+
+For each case a fresh group of rank processes (:mod:`sm120fork.gpu.sglang_rank`) imports
+the SGLang tree under test, and this module judges what they report:
+
+- ``fused``: the gate takes the fused path on every rank and the fused kernel's norm and
+  residual match the float32 reference at every token count;
+- a workspace-creation fault on every rank or on one rank only (before any collective,
+  between two of FlashInfer's handle exchanges, after the last one) and a host-side
+  error of the fused call: every rank falls back (S4: together; S3: the fallback
+  all-reduces, so its output still matches), each logs exactly one warning, the gate
+  stays off afterwards, and no rank hangs (a watchdog ends a case that outlives
+  ``timeout`` and records it as hung).
+
+Processes run with the multicast switches off (``NCCL_NVLS_ENABLE=0`` ...); the TP group
+is a gloo group, so nothing here creates a multicast object or an NCCL communicator.
+This module imports neither torch nor SGLang: the CPU checks and the tests use it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sm120fork.gpu.safety import rank_environment
+
+RANK_MODULE = "sm120fork.gpu.sglang_rank"
+RESULT_MARKER = "SM120FORK-SGLANG-RANK "
+
+#: The cases, in the order they run; "no-p2p" needs distinct devices (CPU only here).
+GPU_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
+             "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises")
+CPU_CASES = (*GPU_CASES, "no-p2p")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CaseOutcome:
+    """One case: what every rank reported, and the verdict."""
+
+    case: str
+    passed: bool
+    hung: bool
+    problems: list[str]
+    ranks: list[dict[str, Any]]
+    seconds: float
+    tails: list[str]
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """End a rank we started and its children (it leads its own session)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _parse(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            result: dict[str, Any] = json.loads(line.removeprefix(RESULT_MARKER))
+            return result
+    return None
+
+
+def expected_problems(case: str, ranks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What is wrong with the ranks' reports for ``case`` (empty: the case passed)."""
+    problems: list[str] = []
+    for obs in ranks:
+        who = f"rank {obs['rank']}"
+        wrong = [s["tokens"] for s in obs["steps"] if not s["correct"]]
+        if wrong:
+            problems.append(f"{who}: output differs from the reference at tokens {wrong}")
+        paths = {s["path"] for s in obs["steps"]}
+        warnings = obs["warnings"]
+        if case == "fused":
+            if paths != {"fused"}:
+                problems.append(f"{who}: expected the fused path throughout, got {sorted(paths)}")
+            if warnings:
+                problems.append(f"{who}: unexpected warnings {warnings}")
+            continue
+        if "fused" in paths:
+            problems.append(f"{who}: took the fused path although fusion failed")
+        if len(warnings) != 1:
+            problems.append(f"{who}: expected exactly one warning, got {len(warnings)}")
+        elif "\n" in warnings[0] or "unfused path" not in warnings[0]:
+            problems.append(f"{who}: the warning is not one line naming the unfused path")
+        if obs["gate_after"] or not obs["unavailable"]:
+            problems.append(f"{who}: fusion is still on after the failure")
+        if obs.get("fake_buffers_alive", 0):
+            problems.append(f"{who}: {obs['fake_buffers_alive']} workspace buffers not freed")
+    if case != "fused" and ranks and len({s["path"] for o in ranks for s in o["steps"][:1]}) > 1:
+        problems.append("the ranks took different paths on the first call")
+    return problems
+
+
+def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = sys.executable,
+             device: str = "cuda", world_size: int = 2, tokens: Sequence[int] | None = None,
+             hidden: int | None = None, timeout: float = 120.0,
+             extra_path: Sequence[Path] = (), env: Mapping[str, str] | None = None,
+             gates_in_memory: bool = False, flavour: str | None = None) -> CaseOutcome:
+    """Run ``case`` on ``world_size`` fresh rank processes; judge their reports."""
+    package_root = Path(__file__).resolve().parents[2]
+    pythonpath = [str(sglang_path), *map(str, extra_path), str(package_root)]
+    port = _free_port()
+    started = time.monotonic()
+    procs: list[tuple[subprocess.Popen[bytes], Any, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="sm120fork-sglang-layer-") as tmp:
+        for rank in range(world_size):
+            request: dict[str, Any] = {
+                "rank": rank, "world_size": world_size, "case": case, "device": device,
+                "init_method": f"tcp://127.0.0.1:{port}",
+                "collective_timeout_s": timeout * 2, "gates_in_memory": gates_in_memory,
+            }
+            if tokens is not None:
+                request["tokens"] = list(tokens)
+            if hidden is not None:
+                request["hidden"] = hidden
+            if flavour is not None:
+                request["flavour"] = flavour
+            rank_env = rank_environment({**os.environ, **(env or {})})
+            rank_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+            rank_env["PYTHONUNBUFFERED"] = "1"
+            out = open(Path(tmp) / f"rank{rank}.out", "w+b")  # noqa: SIM115
+            err = open(Path(tmp) / f"rank{rank}.err", "w+b")  # noqa: SIM115
+            proc = subprocess.Popen(  # noqa: S603
+                [str(python), "-m", RANK_MODULE, json.dumps(request)],
+                stdout=out, stderr=err, env=rank_env, start_new_session=True)
+            procs.append((proc, out, err))
+        hung = False
+        deadline = started + timeout
+        while any(p.poll() is None for p, _, _ in procs):
+            if time.monotonic() > deadline:
+                hung = True
+                break
+            if any(p.returncode not in (None, 0) for p, _, _ in procs):
+                time.sleep(2.0)  # let the peers finish or fail, then stop them
+                break
+            time.sleep(0.1)
+        for proc, _, _ in procs:
+            _kill(proc)
+        reports, tails, problems = [], [], []
+        for rank, (proc, out, err) in enumerate(procs):
+            out.seek(0)
+            err.seek(0)
+            stdout = out.read().decode("utf-8", "replace")
+            stderr = err.read().decode("utf-8", "replace")
+            out.close()
+            err.close()
+            report = _parse(stdout)
+            useful = [line for line in stderr.splitlines() if "registered at" not in line]
+            tails.append(f"rank {rank} (exit {proc.returncode}): "
+                         + "\n".join(useful[-20:]))
+            if report is None:
+                problems.append(f"rank {rank}: {'hung' if hung else 'exited'} without a "
+                                f"result (exit {proc.returncode})")
+            else:
+                reports.append(report)
+    if hung:
+        problems.insert(0, f"hung: not finished after {timeout:.0f} s")
+    if len(reports) == world_size:
+        problems += expected_problems(case, reports)
+    return CaseOutcome(case=case, passed=not problems, hung=hung, problems=problems,
+                       ranks=reports, seconds=round(time.monotonic() - started, 1),
+                       tails=[] if not problems else tails)
+
+
+def run_cases(cases: Sequence[str], **kwargs: Any) -> list[CaseOutcome]:
+    """Each case in its own fresh group of ranks, one after the other."""
+    return [run_case(case, **kwargs) for case in cases]
+
+
+def render(outcomes: Sequence[CaseOutcome], *, title: str, notes: Sequence[str]) -> str:
+    """A Markdown report: one row per case and rank, then the notes and any failures."""
+    lines = [f"# {title}", ""]
+    lines += [f"- {note}" for note in notes]
+    lines += ["", "| case | verdict | rank | injected | paths | max rel. error (norm / "
+              "residual) | warnings | fusion after | s |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for outcome in outcomes:
+        verdict = "PASS" if outcome.passed else ("HUNG" if outcome.hung else "FAIL")
+        if not outcome.ranks:
+            lines.append(f"| {outcome.case} | {verdict} | - | - | - | - | - | - | "
+                         f"{outcome.seconds} |")
+        for obs in outcome.ranks:
+            steps = obs["steps"]
+            paths = "/".join(sorted({s["path"] for s in steps}))
+            err_n = max(s["norm_error"] for s in steps)
+            err_r = max(s["residual_error"] for s in steps)
+            lines.append(
+                f"| {outcome.case} | {verdict} | {obs['rank']} | {obs['injected'] or '-'} | "
+                f"{paths} | {err_n:.2e} / {err_r:.2e} | {len(obs['warnings'])} | "
+                f"{'on' if obs['gate_after'] else 'off'} | {outcome.seconds} |")
+    warned = [(o.case, obs["rank"], obs["warnings"][0]) for o in outcomes for obs in o.ranks
+              if obs["warnings"]]
+    if warned:
+        lines += ["", "## The warning each rank logged", ""]
+        lines += [f"- {case}, rank {rank}: `{text}`" for case, rank, text in warned]
+    failed = [o for o in outcomes if not o.passed]
+    if failed:
+        lines += ["", "## Problems", ""]
+        for outcome in failed:
+            lines += [f"- {outcome.case}: {p}" for p in outcome.problems]
+            lines += ["", "```", *outcome.tails, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(outcomes: Sequence[CaseOutcome]) -> list[dict[str, Any]]:
+    return [dataclasses.asdict(o) for o in outcomes]
