@@ -16,7 +16,7 @@ import pytest
 
 from sm120fork.errors import VerifyError
 from sm120fork.patch.tree import prepare_tree
-from sm120fork.verify_sglang import SM12X, UNCHANGED, CheckResult, check_sglang
+from sm120fork.verify.sglang import SM12X, UNCHANGED, CheckResult, check_sglang
 from sm120fork.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ What is replaced, and nothing else:
 - on a GPU, ``sgl_kernel`` (compiled for another torch; the unfused norm then runs
   SGLang's own ``forward_native``);
 - with ``device: "cpu"`` (the CPU behaviour checks), everything the probe of
-  ``verify_sglang`` fakes, plus a FlashInfer stand-in whose workspace creation makes the
+  ``verify.sglang`` fakes, plus a FlashInfer stand-in whose workspace creation makes the
   same collectives as FlashInfer's trtllm backend (one exchange per buffer, then a
   barrier) and whose fused call computes the fused kernel's arithmetic over gloo.
 
@@ -134,7 +134,7 @@ def _stub_packages(names: Sequence[str]) -> None:
 
 
 def _probe() -> Any:
-    return _module("sm120fork._sglang_probe")
+    return _module("sm120fork.verify.sglang_probe")
 
 
 # --- a FlashInfer stand-in for the CPU checks ----------------------------------------

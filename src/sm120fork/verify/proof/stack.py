@@ -36,7 +36,7 @@ from sm120fork.verify.proof.patches import (
 )
 from sm120fork.verify.proof.run import prove
 from sm120fork.verify.proof.verdict import ProofReport
-from sm120fork.verify_sglang import CheckResult, check_sglang
+from sm120fork.verify.sglang import CheckResult, check_sglang
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")

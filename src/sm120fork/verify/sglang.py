@@ -3,7 +3,7 @@
 The SGLang series (S1-S4) changes decisions that depend on the GPU, so the checks run
 the real ``server_args``, ``layers.communicator``, ``layers.layernorm`` and
 ``layers.flashinfer_comm_fusion`` of a tree with only the GPU query faked (see
-``_sglang_probe``).  Every probe runs in its own interpreter with
+``verify.sglang_probe``).  Every probe runs in its own interpreter with
 ``PYTHONPATH=<tree>/python``, so a patched and an unpatched tree never meet in one
 process and the module-level GPU gates are evaluated afresh per capability.
 
@@ -37,7 +37,7 @@ from typing import Any
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.util import proc
 
-PROBE_MODULE = "sm120fork._sglang_probe"
+PROBE_MODULE = "sm120fork.verify.sglang_probe"
 RESULT_MARKER = "SM120FORK-PROBE-RESULT "
 REQUIREMENTS = "pip install --group sglang-probe  # in the checkout, pip >= 25.1"
 
@@ -126,7 +126,7 @@ def run_probe(tree: Path, suite: str, capability: str | None, *,
               python: str | os.PathLike[str] = sys.executable,
               timeout: float = 600) -> list[dict[str, Any]]:
     """Run one probe suite against ``tree`` in a fresh interpreter; its observations."""
-    package_root = Path(__file__).resolve().parent.parent
+    package_root = Path(__file__).resolve().parents[2]
     request: dict[str, Any] = {"suite": suite}
     if capability is not None:
         request["capability"] = [int(part) for part in capability.split(".")]

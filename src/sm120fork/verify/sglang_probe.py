@@ -1,6 +1,6 @@
-"""Probe of the real SGLang modules with a faked GPU, run by ``verify_sglang``.
+"""Probe of the real SGLang modules with a faked GPU, run by ``verify.sglang``.
 
-Run as ``python -m sm120fork._sglang_probe '<json request>'`` in a fresh interpreter
+Run as ``python -m sm120fork.verify.sglang_probe '<json request>'`` in a fresh interpreter
 with ``PYTHONPATH=<tree>/python``, so one interpreter only ever sees one tree.  Only the
 GPU query is faked (``torch.cuda`` capability, device name, peer access, and
 ``torch.version.cuda``), and packages that exist only for GPUs (``sgl_kernel``,
@@ -8,7 +8,7 @@ GPU query is faked (``torch.cuda`` capability, device name, peer access, and
 ``sys.modules``.  The modules under test (``server_args``, ``layers.communicator``,
 ``layers.layernorm``, ``layers.flashinfer_comm_fusion``) are imported for real.
 
-The probe observes; ``verify_sglang`` judges.  It prints one line
+The probe observes; ``verify.sglang`` judges.  It prints one line
 ``SM120FORK-PROBE-RESULT <json>``: a list of ``{"name", "observed", "detail"}``.
 This file must not import ``sm120fork``: it runs beside the tree under test.
 """
