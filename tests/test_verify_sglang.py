@@ -16,7 +16,13 @@ import pytest
 
 from sm120fork.errors import VerifyError
 from sm120fork.patch.tree import prepare_tree
-from sm120fork.verify.sglang import SM12X, UNCHANGED, CheckResult, check_sglang
+from sm120fork.verify.sglang import (
+    SM12X,
+    TOGETHER_CASES,
+    UNCHANGED,
+    CheckResult,
+    check_sglang,
+)
 from sm120fork.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,20 +101,58 @@ def test_nothing_changes_for_sm80_sm90_sm100(results: list[CheckResult]) -> None
 
 @pytest.mark.slow
 @pytest.mark.network
-def test_unfused_fallback_all_reduces(results: list[CheckResult]) -> None:
-    (fallback,) = [r for r in results if r.name.startswith("S3")]
-    assert fallback.passed, fallback
-    assert "all-reduce called with [(3, 64)]" in fallback.detail
+@pytest.mark.parametrize("cap", SM12X)
+def test_the_sm12x_decision_is_logged_in_one_line(results: list[CheckResult], cap: str) -> None:
+    decisions = {**_named(results, "S1", cap), **_named(results, "S2", cap)}
+    for name, result in decisions.items():
+        if result.observed != '"error"':
+            assert '"sm12x_lines":1' in result.observed, (name, result)
+    assert "Auto-enabling FlashInfer AllReduce Fusion on SM12x" in decisions["auto tp2"].detail
+    assert "TP2 measured faster upstream" in decisions["auto tp2"].detail
+    assert "FlashInfer AllReduce Fusion on SM12x (TP4" in decisions["auto tp4"].detail
+    assert "explicitly enabled, at any TP size" in decisions["explicit-flag tp8"].detail
 
 
 @pytest.mark.slow
 @pytest.mark.network
-def test_missing_p2p_or_workspace_fails_closed(results: list[CheckResult]) -> None:
-    fail_closed = {r.name: r for r in results if r.name.startswith("S4")}
-    assert sorted(fail_closed) == ["S4 no P2P between the GPUs", "S4 workspace creation raises"]
-    assert all(r.passed for r in fail_closed.values()), fail_closed
-    assert "GPU 0" in fail_closed["S4 no P2P between the GPUs"].detail
-    assert "multicast" in fail_closed["S4 workspace creation raises"].detail
+def test_below_cuda_12_9_fusion_stays_off_and_says_why(results: list[CheckResult]) -> None:
+    old = {r.name: r for r in results if r.capability == "12.0 CUDA 12.8"}
+    assert len(old) == len(_named(results, "S1", "12.0")) + len(_named(results, "S2", "12.0"))
+    assert all(r.passed for r in old.values()), [r for r in old.values() if not r.passed]
+    for name in ("S1 explicit-flag tp2", "S2 auto tp2"):
+        assert old[name].observed == '{"flag":false,"fused":false,"sm12x_lines":1}'
+        assert "FlashInfer needs CUDA >= 12.9 to build for SM12x" in old[name].detail
+        assert "CUDA 12.8" in old[name].detail
+    assert "explicitly enabled but off" in old["S1 explicit-flag tp4"].detail
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_unfused_fallback_all_reduces_over_the_attention_group(
+        results: list[CheckResult]) -> None:
+    (fallback,) = [r for r in results if r.name.startswith("S3")]
+    assert fallback.passed, fallback
+    assert "attention TP group called with [(3, 64)], over the TP group with []" in (
+        fallback.detail)
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_two_ranks_fail_closed_together(results: list[CheckResult]) -> None:
+    together = {r.name.removeprefix("S4 two ranks: "): r for r in results
+                if r.name.startswith("S4 two ranks")}
+    assert set(together) == set(TOGETHER_CASES)
+    assert all(r.passed for r in together.values()), [
+        r for r in together.values() if not r.passed]
+    assert '"paths":["fused"]' in together["fused"].observed
+    # One rank failing alone, at any point of the collective creation: both ranks fall
+    # back, both outputs match the reference, one warning each, nobody hangs.
+    for case in ("one-rank-create-fails", "one-rank-fails-midway", "one-rank-fails-late"):
+        assert "could not be created on 1 of 2 ranks" in together[case].detail, case
+        assert "rank 1:" in together[case].detail
+    assert "GPU 0" in together["no-p2p"].detail
+    assert "GPU 1" in together["no-p2p"].detail
+    assert "the fused all-reduce call raised" in together["fused-call-raises"].detail
 
 
 @pytest.mark.slow

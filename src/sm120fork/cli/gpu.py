@@ -25,7 +25,7 @@ from typing import Any
 from sm120fork.cli.usage import Parser
 from sm120fork.errors import ConfigError, ToolkitError, VerifyError
 from sm120fork.gpu import cases as cases_mod
-from sm120fork.gpu import launcher, report
+from sm120fork.gpu import launcher, report, sglang_layer
 from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG, check_backend
 from sm120fork.util import portable
 
@@ -108,6 +108,29 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     b = sub.add_parser("bench", help="latency of fused vs NCCL + RMSNorm")
     common(b)
     b.add_argument("--world-size", type=int, help="default: the GPU count, at least 2")
+
+    s = sub.add_parser("sglang-layer", help="SGLang's fused-norm layer path, fused and "
+                       "under injected workspace faults (ranks share the GPUs)")
+    s.add_argument("--sglang-path", type=Path, required=True,
+                   help="the directory holding the sglang package under test (python/)")
+    s.add_argument("--site", type=Path, action="append", default=[],
+                   help="extra import directories for the ranks (FlashInfer, SGLang's deps)")
+    s.add_argument("--case", action="append", choices=sglang_layer.CPU_CASES,
+                   help="default: every case this device can run")
+    s.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    s.add_argument("--world-size", type=int, default=2)
+    s.add_argument("--tokens", type=_counts)
+    s.add_argument("--timeout", type=float, default=120.0,
+                   help="per case once every rank has imported SGLang, seconds; the first "
+                   "case's includes FlashInfer's JIT build of the comm module if not cached")
+    s.add_argument("--first-timeout", type=float, help="the first case's limit")
+    s.add_argument("--start-timeout", type=float, default=300.0,
+                   help="imports and set-up of each case's ranks, seconds")
+    s.add_argument("--gates-in-memory", action="store_true",
+                   help="stock 0.5.23: accept SM12x in its gates in memory (G1/G3 stand-in)")
+    s.add_argument("--title", default="SGLang fused-norm layer path")
+    s.add_argument("--note", action="append", default=[])
+    s.add_argument("--out", type=Path, required=True)
 
     r = sub.add_parser("report", help="re-render reports from their JSON")
     r.add_argument("--test", type=Path)
@@ -381,6 +404,39 @@ def _terminate(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Every case in fresh rank groups; report.md + report.json under ``--out``."""
+    cases = args.case or list(sglang_layer.GPU_CASES if args.device == "cuda"
+                              else sglang_layer.CPU_CASES)
+    outcomes = []
+    for index, case in enumerate(cases):
+        timeout = args.first_timeout if index == 0 and args.first_timeout else args.timeout
+        outcome = sglang_layer.run_case(
+            case, sglang_path=args.sglang_path, device=args.device,
+            world_size=args.world_size, tokens=args.tokens, timeout=timeout,
+            start_timeout=args.start_timeout, extra_path=args.site,
+            gates_in_memory=args.gates_in_memory)
+        log.info("%s: %s in %.0f s %s", case, "PASS" if outcome.passed else "FAIL",
+                 outcome.seconds, "; ".join(outcome.problems))
+        outcomes.append(outcome)
+        _write_sglang_layer_report(args, argv, outcomes, done=index + 1 == len(cases))
+    return 0 if all(o.passed for o in outcomes) else 1
+
+
+def _write_sglang_layer_report(args: argparse.Namespace, argv: Sequence[str],
+                               outcomes: Sequence[sglang_layer.CaseOutcome], *,
+                               done: bool) -> None:
+    """Rewritten after every case, so a run cut short still leaves what it finished."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    notes = [f"command: `python -m sm120fork.gpu {shlex.join(argv)}`",
+             f"{'finished' if done else 'in progress'} {_now()}", *args.note]
+    (args.out / "report.md").write_text(
+        sglang_layer.render(outcomes, title=args.title, notes=notes), encoding="utf-8")
+    (args.out / "report.json").write_text(
+        json.dumps({"notes": notes, "cases": sglang_layer.to_json(outcomes)}, indent=1),
+        encoding="utf-8")
+
+
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the parsed GPU verb; ``argv`` (from the verb on) is recorded in the reports."""
     global _T0  # noqa: PLW0603 - the time budget counts from the start of this command
@@ -392,6 +448,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             return cmd_test(args, argv)
         if args.gpu_command == "bench":
             return cmd_bench(args, argv)
+        if args.gpu_command == "sglang-layer":
+            return cmd_sglang_layer(args, argv)
         return cmd_report(args)
     finally:
         if main_thread:

@@ -37,6 +37,7 @@ from sm120fork.gpu.safety import rank_environment
 
 RANK_MODULE = "sm120fork.gpu.sglang_rank"
 RESULT_MARKER = "SM120FORK-SGLANG-RANK "
+READY_MARKER = "SM120FORK-SGLANG-READY"
 
 #: The cases, in the order they run; "no-p2p" needs distinct devices (CPU only here).
 GPU_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
@@ -112,10 +113,14 @@ def expected_problems(case: str, ranks: Sequence[Mapping[str, Any]]) -> list[str
 
 def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = sys.executable,
              device: str = "cuda", world_size: int = 2, tokens: Sequence[int] | None = None,
-             hidden: int | None = None, timeout: float = 120.0,
+             hidden: int | None = None, timeout: float = 120.0, start_timeout: float = 300.0,
              extra_path: Sequence[Path] = (), env: Mapping[str, str] | None = None,
              gates_in_memory: bool = False, flavour: str | None = None) -> CaseOutcome:
-    """Run ``case`` on ``world_size`` fresh rank processes; judge their reports."""
+    """Run ``case`` on ``world_size`` fresh rank processes; judge their reports.
+
+    ``start_timeout`` bounds the imports and set-up (until every rank says it is ready);
+    ``timeout`` bounds the case itself from then on: a rank still running after it hangs.
+    """
     package_root = Path(__file__).resolve().parents[2]
     pythonpath = [str(sglang_path), *map(str, extra_path), str(package_root)]
     port = _free_port()
@@ -137,15 +142,20 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
             rank_env = rank_environment({**os.environ, **(env or {})})
             rank_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
             rank_env["PYTHONUNBUFFERED"] = "1"
-            out = open(Path(tmp) / f"rank{rank}.out", "w+b")  # noqa: SIM115
-            err = open(Path(tmp) / f"rank{rank}.err", "w+b")  # noqa: SIM115
-            proc = subprocess.Popen(  # noqa: S603
+            out = open(Path(tmp) / f"rank{rank}.out", "w+b")
+            err = open(Path(tmp) / f"rank{rank}.err", "w+b")
+            proc = subprocess.Popen(
                 [str(python), "-m", RANK_MODULE, json.dumps(request)],
                 stdout=out, stderr=err, env=rank_env, start_new_session=True)
             procs.append((proc, out, err))
         hung = False
-        deadline = started + timeout
+        deadline = started + start_timeout
+        ready = False
         while any(p.poll() is None for p, _, _ in procs):
+            if not ready and all(READY_MARKER in (Path(tmp) / f"rank{r}.out").read_text(
+                    errors="replace") for r in range(world_size)):
+                ready = True
+                deadline = time.monotonic() + timeout
             if time.monotonic() > deadline:
                 hung = True
                 break
@@ -173,7 +183,9 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
             else:
                 reports.append(report)
     if hung:
-        problems.insert(0, f"hung: not finished after {timeout:.0f} s")
+        limit = f"{timeout:.0f} s after every rank was ready" if ready else (
+            f"{start_timeout:.0f} s, before every rank was ready")
+        problems.insert(0, f"hung: not finished {limit}")
     if len(reports) == world_size:
         problems += expected_problems(case, reports)
     return CaseOutcome(case=case, passed=not problems, hung=hung, problems=problems,

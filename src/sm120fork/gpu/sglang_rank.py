@@ -40,11 +40,11 @@ import logging
 import os
 import sys
 import time
-import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 RESULT_MARKER = "SM120FORK-SGLANG-RANK "
+READY_MARKER = "SM120FORK-SGLANG-READY"
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 STUBBED_CAPABILITY = (12, 0)
 #: Packages replaced by import stubs on a GPU machine (compiled for another torch).
@@ -114,7 +114,7 @@ def stub_capability_for_sglang(capability: tuple[int, int]) -> None:
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if caller == "sglang" or caller.startswith("sglang."):
             return capability
-        return tuple(real(device))  # type: ignore[return-value]
+        return tuple(real(device))
 
     torch.cuda.get_device_capability = get_device_capability
 
@@ -202,7 +202,7 @@ class FakeFlashInferComm:
     """
 
     class AllReduceFusionPattern:
-        kARResidualRMSNorm = 1
+        kARResidualRMSNorm = 1  # noqa: N815 - FlashInfer's name
 
     def __init__(self) -> None:
         self.allocations = 0
@@ -224,7 +224,7 @@ class FakeFlashInferComm:
         backend.barrier()
         return _FakeWorkspace(buffers)
 
-    def allreduce_fusion(self, *, input: Any, residual_in: Any, rms_gamma: Any,  # noqa: A002
+    def allreduce_fusion(self, *, input: Any, residual_in: Any, rms_gamma: Any,
                          rms_eps: float, norm_out: Any, residual_out: Any,
                          **_: Any) -> None:
         torch, dist = _module("torch"), _module("torch.distributed")
@@ -232,7 +232,7 @@ class FakeFlashInferComm:
         dist.all_reduce(total)
         hidden = total + residual_in.float()
         variance = hidden.pow(2).mean(dim=-1, keepdim=True)
-        norm_out.copy_((hidden * torch.rsqrt(variance + rms_eps) * rms_gamma.float()))
+        norm_out.copy_(hidden * torch.rsqrt(variance + rms_eps) * rms_gamma.float())
         residual_out.copy_(hidden)
 
 
@@ -437,14 +437,15 @@ def run_rank(request: dict[str, Any]) -> Observation:
     if device_kind == "cpu":
         fake = FakeFlashInferComm()
         layer.fusion._flashinfer_comm = fake
-    if fault is not None and (where == "all" or where == rank):
+    if fault is not None and (where in ("all", rank)):
         _inject(layer, fault, fake=fake)
 
     dev = torch.device("cpu") if device_kind == "cpu" else torch.device("cuda")
     dtype = torch.float32 if device_kind == "cpu" else torch.bfloat16
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     eps = 1e-6
-    norm = layer.layernorm.RMSNorm(hidden, eps=eps).to(dev)
+    # The model's dtype: FlashInfer's fused kernel reads gamma in the input's dtype.
+    norm = layer.layernorm.RMSNorm(hidden, eps=eps).to(device=dev, dtype=dtype)
     gen = torch.Generator().manual_seed(7168)
     weight = (torch.rand(hidden, generator=gen) + 0.5)
     with _no_grad():
@@ -453,6 +454,9 @@ def run_rank(request: dict[str, Any]) -> Observation:
 
     warnings = _Warnings()
     logging.getLogger(FUSION_MODULE).addHandler(warnings)
+    dist.barrier()
+    sys.stdout.write(READY_MARKER + "\n")
+    sys.stdout.flush()
     gate_before = layer.gate(tokens_list[0])
     steps = []
     started = time.monotonic()
@@ -483,7 +487,7 @@ def run_rank(request: dict[str, Any]) -> Observation:
         "case": case,
         "flavour": layer.flavour,
         "device": device_kind,
-        "injected": fault if (fault is not None and (where == "all" or where == rank))
+        "injected": fault if (fault is not None and (where in ("all", rank)))
         else None,
         "gate_before": gate_before,
         "gate_after": layer.gate(tokens_list[0]),

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import CommandError, VerifyError
+from sm120fork.gpu import sglang_layer
 from sm120fork.util import proc
 
 PROBE_MODULE = "sm120fork.verify.sglang_probe"
@@ -48,6 +49,12 @@ SM120_ENV = "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO"
 ON = {"flag": True, "fused": True}
 OFF = {"flag": False, "fused": False}
 FLAG_ONLY = {"flag": True, "fused": False}
+#: The CUDA below which FlashInfer cannot build for SM12x (S1/S2 gate on it).
+OLD_CUDA = "12.8"
+#: S4's two-rank cases (gpu.sglang_layer on the CPU), each judged there.
+TOGETHER_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
+                  "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises",
+                  "no-p2p")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,50 +78,43 @@ def _env(scenario: str) -> str | None:
     return value if sep else None
 
 
-def expected_sm12x(scenario: str) -> Any:
-    """What the series promises on SM120/SM121 for one decision scenario."""
-    if scenario.startswith("enforce-disable"):
-        return OFF
-    if scenario.startswith("explicit-flag"):
-        return ON
+def _logged(decision: dict[str, bool]) -> dict[str, Any]:
+    """On SM12x every decision is logged in exactly one start-up line."""
+    return {**decision, "sm12x_lines": 1}
+
+
+def expected_sm12x(scenario: str, *, buildable: bool = True) -> Any:
+    """What the series promises on SM120/SM121 for one decision scenario.
+
+    ``buildable`` False: CUDA below what FlashInfer needs for SM12x; fusion stays off.
+    """
     env = _env(scenario)
+    if env is not None and env not in ("0", "off", "1", "on"):
+        return "error"
+    if not buildable or scenario.startswith("enforce-disable"):
+        return _logged(OFF)
+    if scenario.startswith("explicit-flag"):
+        return _logged(ON)
     if env is None:
-        return ON if _tp(scenario) == 2 else OFF
-    if env in ("0", "off"):
-        return OFF
-    if env in ("1", "on"):
-        return ON
-    return "error"
+        return _logged(ON if _tp(scenario) == 2 else OFF)
+    return _logged(OFF if env in ("0", "off") else ON)
 
 
 def expected_upstream(capability: str, scenario: str) -> Any:
     """How unpatched upstream 0.5.10.post1 decides on 8.0 / 9.0 / 10.0 (no env var)."""
+    quiet = {"sm12x_lines": 0}
     if scenario.startswith("enforce-disable"):
-        return OFF
+        return {**OFF, **quiet}
     fusion_arch = capability in ("9.0", "10.0")
     if scenario.startswith("explicit-flag"):
-        return ON if fusion_arch else FLAG_ONLY
-    return ON if fusion_arch and _tp(scenario) > 1 else OFF
-
-
-def _fail_closed(*, names_gpus: bool) -> dict[str, Any]:
-    return {
-        "gate_before": True,
-        "workspace_ready": [False, False],
-        "unavailable": True,
-        "gate_after": False,
-        "warnings": 1,
-        "one_line": True,
-        "says_unfused": True,
-        "names_gpus": names_gpus,
-    }
+        return {**(ON if fusion_arch else FLAG_ONLY), **quiet}
+    return {**(ON if fusion_arch and _tp(scenario) > 1 else OFF), **quiet}
 
 
 #: The probe's "fallbacks" suite, run at 12.0: case -> (patch ID, expected observation).
 FALLBACKS: dict[str, tuple[str, Any]] = {
-    "fused call returns None": ("S3", {"all_reduce_calls": 1, "matches_reference": True}),
-    "no P2P between the GPUs": ("S4", _fail_closed(names_gpus=True)),
-    "workspace creation raises": ("S4", _fail_closed(names_gpus=False)),
+    "fused call returns None": ("S3", {"attention_tp_all_reduce_calls": 1,
+                                       "tp_all_reduce_calls": 0, "matches_reference": True}),
 }
 
 
@@ -124,12 +124,14 @@ def _compact(value: Any) -> str:
 
 def run_probe(tree: Path, suite: str, capability: str | None, *,
               python: str | os.PathLike[str] = sys.executable,
-              timeout: float = 600) -> list[dict[str, Any]]:
+              timeout: float = 600, cuda: str | None = None) -> list[dict[str, Any]]:
     """Run one probe suite against ``tree`` in a fresh interpreter; its observations."""
     package_root = Path(__file__).resolve().parents[2]
     request: dict[str, Any] = {"suite": suite}
     if capability is not None:
         request["capability"] = [int(part) for part in capability.split(".")]
+    if cuda is not None:
+        request["cuda"] = cuda
     env = {"PYTHONPATH": os.pathsep.join([str(tree / "python"), str(package_root)])}
     try:
         completed = proc.run([python, "-m", PROBE_MODULE, json.dumps(request)],
@@ -184,16 +186,26 @@ def check_sglang(tree: Path, *, baseline: Path | None,
                               fix="pass the repository root of an SGLang tree")
     runs: list[tuple[Path, str, str]] = [(tree, "decisions", cap) for cap in SM12X + UNCHANGED]
     runs.append((tree, "fallbacks", "12.0"))
+    runs.append((tree, "decisions-old-cuda", "12.0"))
     if baseline is not None:
         runs += [(baseline, "decisions", cap) for cap in UNCHANGED]
     workers = jobs or max(1, min(len(runs), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {
-            run: pool.submit(run_probe, run[0], run[1], run[2], python=python, timeout=timeout)
+            run: pool.submit(run_probe, run[0], run[1].removesuffix("-old-cuda"), run[2],
+                             python=python, timeout=timeout,
+                             cuda=OLD_CUDA if run[1].endswith("-old-cuda") else None)
             for run in runs
+        }
+        together = {
+            case: pool.submit(sglang_layer.run_case, case, sglang_path=tree / "python",
+                              python=python, device="cpu", tokens=(3, 16), timeout=30,
+                              start_timeout=timeout)
+            for case in TOGETHER_CASES
         }
         try:
             observed = {run: future.result() for run, future in futures.items()}
+            outcomes = {case: future.result() for case, future in together.items()}
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
@@ -215,8 +227,33 @@ def check_sglang(tree: Path, *, baseline: Path | None,
             note = "(expected = upstream 0.5.10.post1 decisions, no baseline tree)"
         results += _results(observed[(tree, "decisions", cap)], cap, "unchanged", upstream,
                             extra_detail=note)
+    for obs in observed[(tree, "decisions-old-cuda", "12.0")]:
+        name = str(obs["name"])
+        results += _results([obs], f"12.0 CUDA {OLD_CUDA}", _decision_prefix(name),
+                            {name: expected_sm12x(name, buildable=False)})
     for obs in observed[(tree, "fallbacks", "12.0")]:
         name = str(obs["name"])
         check_id, expect = FALLBACKS[name]
         results += _results([obs], "12.0", check_id, {name: expect})
+    for case, outcome in outcomes.items():
+        results.append(_together_result(case, outcome))
     return results
+
+
+def _together_result(case: str, outcome: sglang_layer.CaseOutcome) -> CheckResult:
+    """One two-rank case: every rank's paths, correctness, warnings and gate afterwards."""
+    observed = [{
+        "paths": sorted({s["path"] for s in obs["steps"]}),
+        "correct": all(s["correct"] for s in obs["steps"]),
+        "warnings": len(obs["warnings"]),
+        "fusion_after": bool(obs["gate_after"]),
+    } for obs in outcome.ranks]
+    fused = case == "fused"
+    expected = [{"paths": ["fused"] if fused else ["fallback", "unfused"], "correct": True,
+                 "warnings": 0 if fused else 1, "fusion_after": fused}] * 2
+    warnings = [obs["warnings"][0] for obs in outcome.ranks if obs["warnings"]]
+    detail = " | ".join([*outcome.problems, *warnings[:1]])
+    return CheckResult(name=f"S4 two ranks: {case}", capability="12.0",
+                       expected=_compact(expected),
+                       observed=_compact(observed) if not outcome.hung else '"hung"',
+                       passed=outcome.passed and observed == expected, detail=detail)
