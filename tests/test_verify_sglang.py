@@ -66,7 +66,7 @@ def test_explicit_flag_fuses_on_sm12x_at_every_tp(results: list[CheckResult], ca
     assert sorted(explicit) == ["explicit-flag tp2", "explicit-flag tp4", "explicit-flag tp8"]
     for result in explicit.values():
         assert result.passed, result
-        assert result.observed == '{"flag":true,"fused":true}'
+        assert result.observed == '{"flag":true,"fused":true,"sm12x_lines":1}'
 
 
 @pytest.mark.slow
