@@ -24,7 +24,7 @@ from sm120fork.build.stack import build_stack
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.util.files import sha256_file
 from sm120fork.verify.sglang_0523 import SM12X, UNCHANGED, check_sglang_0523, ensure_overlay
-from sm120fork.verify_sglang import CheckResult
+from sm120fork.verify.sglang import CheckResult
 from sm120fork.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def test_cp311_wheel_installs_and_imports_here(builds: list[ProjectBuild],
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                     "--target", str(target), str(cp311.wheel)], check=True)
     overlay = ensure_overlay(REPO / ".forks" / "probe", python=PROBE_PYTHON)
-    code = ("from sm120fork._sglang_probe import fake_gpu; fake_gpu((12, 0)); "
+    code = ("from sm120fork.verify.sglang_probe import fake_gpu; fake_gpu((12, 0)); "
             "import importlib.metadata as m, sglang.srt.layers.flashinfer_comm_fusion as f; "
             "print(m.version('sglang')); print(f.__file__)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(overlay), str(target),

@@ -35,7 +35,7 @@ from typing import Any
 
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.util import proc
-from sm120fork.verify_sglang import RESULT_MARKER, CheckResult, _compact
+from sm120fork.verify.sglang import RESULT_MARKER, CheckResult, _compact
 
 PROBE_MODULE = "sm120fork.verify.sglang_0523_probe"
 OVERLAY_REQUIREMENTS = Path(__file__).with_name("sglang_0523_requirements.txt")

@@ -24,7 +24,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sm120fork._sglang_probe import RESULT_MARKER, captured_logs, environ, fake_gpu
+from sm120fork.verify.sglang_probe import RESULT_MARKER, captured_logs, environ, fake_gpu
 
 #: The model that motivated the work (61 layers, hidden 7168), on upstream's fusion list.
 FUSION_MODEL_ARCH = "KimiK25ForConditionalGeneration"
