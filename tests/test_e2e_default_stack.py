@@ -195,7 +195,7 @@ def test_a_stock_jit_cache_module_is_not_loaded_but_ours_is(built: Path, tmp_pat
     from its own patched sources; a module carrying our sources digest is loaded."""
     pytest.importorskip("torch")  # flashinfer.compilation_context imports it
     site = tmp_path / "site"
-    wheel = next((built / "wheels").glob("flashinfer_python-*.whl"))
+    wheel = next((built / STACK_WHEELS).glob("flashinfer_python-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                     "--disable-pip-version-check", "--target", str(site), str(wheel)],
                    check=True)
