@@ -23,8 +23,8 @@ from sm120fork.build.publish import ProjectBuild
 from sm120fork.build.stack import build_stack
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.util.files import sha256_file
-from sm120fork.verify.sglang_0523 import SM12X, UNCHANGED, check_sglang_0523, ensure_overlay
 from sm120fork.verify.sglang import CheckResult
+from sm120fork.verify.sglang_0523 import SM12X, UNCHANGED, check_sglang_0523, ensure_overlay
 from sm120fork.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[1]
