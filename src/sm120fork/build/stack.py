@@ -86,6 +86,15 @@ def _cached(ws: Workspace, stack: Stack, project: Project) -> bool:
 Stage = Callable[[str, str], None]
 
 
+def _commit_entry(staging: Path, entry_dir: Path, entry: dict[str, Any]) -> None:
+    """Write the cache entry's record into ``staging``, then swap it in as ``entry_dir``."""
+    atomic_write_text(staging / ENTRY, json.dumps(entry, indent=2) + "\n")
+    if entry_dir.exists():
+        shutil.rmtree(entry_dir)
+    entry_dir.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staging, entry_dir)
+
+
 def _no_stage(project: str, what: str) -> None:
     return None
 
@@ -145,11 +154,7 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *, force: bool 
             "artifact_check": [r.to_json() for r in results],
             "toolkit_version": __version__,
         }
-        atomic_write_text(staging / ENTRY, json.dumps(entry, indent=2) + "\n")
-        if entry_dir.exists():
-            shutil.rmtree(entry_dir)
-        entry_dir.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging, entry_dir)
+        _commit_entry(staging, entry_dir, entry)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return ProjectBuild(project=project.key, distribution=project.distribution,
@@ -258,11 +263,7 @@ def _make_wheel_entries(ws: Workspace, stack: Stack, project: Project, series: S
                     "artifact_check": [r.to_json() for r in results],
                     "toolkit_version": __version__,
                 })
-        atomic_write_text(staging / ENTRY, json.dumps({"wheels": entries}, indent=2) + "\n")
-        if entry_dir.exists():
-            shutil.rmtree(entry_dir)
-        entry_dir.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staging, entry_dir)
+        _commit_entry(staging, entry_dir, {"wheels": entries})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return entries
