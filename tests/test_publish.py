@@ -134,3 +134,22 @@ def test_gpu_runs_record_the_manifest_beside_the_patched_wheel(tmp_path: Path) -
     assert _manifest([f"patched={patched / 'demo_lib-1.0+a-py3-none-any.whl'}"],
                      "patched") == {"stack": "one"}
     assert _manifest(specs, "unpatched") is None
+
+
+def _made(distribution: str, wheel: str) -> ProjectBuild:
+    return ProjectBuild(project=distribution, distribution=distribution, upstream_version="1",
+                        version="1+sm120.1", wheel=Path(wheel), sha256="0" * 64, cached=True,
+                        seconds=0.0, entry={})
+
+
+def test_install_line_picks_one_wheel_per_platform_when_a_stack_ships_several(
+        tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    out = ws.root / "wheels" / "s"
+    pure = [_made("a", "a-1-py3-none-any.whl"), _made("b", "b-1-py3-none-any.whl")]
+    assert pub.install_command(ws, out, pure) == (
+        "pip install -c wheels/s/constraints.txt wheels/s/*.whl")
+    per_platform = [*pure, _made("b", "b-1-cp312-cp312-manylinux_2_34_aarch64.whl")]
+    # '*.whl' would hand pip the other platforms' wheels, which it refuses.
+    assert pub.install_command(ws, out, per_platform) == (
+        "pip install -c wheels/s/constraints.txt --find-links wheels/s a b")

@@ -52,9 +52,20 @@ def _shown(ws: Workspace, path: Path) -> str:
         return str(path)
 
 
-def install_command(ws: Workspace, out: Path) -> str:
+def install_command(ws: Workspace, out: Path, builds: list[ProjectBuild] | None = None) -> str:
+    """The pip line that installs exactly this build.
+
+    A stack that ships one wheel per platform (sglang 0.5.23: cp311/cp312, x86_64/aarch64)
+    cannot be installed as ``*.whl`` (pip refuses the other platforms' wheels), so pip then
+    picks the right one from the folder by the pinned versions in constraints.txt.
+    """
     where = _shown(ws, out)
-    return f"pip install -c {where}/{CONSTRAINTS} {where}/*.whl"
+    if builds is None:
+        builds = []
+    names = sorted({b.distribution for b in builds})
+    if len(names) == len(builds):
+        return f"pip install -c {where}/{CONSTRAINTS} {where}/*.whl"
+    return f"pip install -c {where}/{CONSTRAINTS} --find-links {where} {' '.join(names)}"
 
 
 def _texts(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path) -> dict[str, str]:
@@ -66,7 +77,7 @@ def _texts(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path) -
         "wheels": [b.entry for b in builds],
     }
     return {
-        CONSTRAINTS: f"# {stack.name}: {install_command(ws, out)}\n" + constraints,
+        CONSTRAINTS: f"# {stack.name}: {install_command(ws, out, builds)}\n" + constraints,
         MANIFEST: json.dumps(manifest, indent=2) + "\n",
     }
 
