@@ -284,3 +284,36 @@ def test_missing_extra_and_undeclared_requirement_are_refused(scenario: WheelSce
     toml.write_text(_toml(scenario.app_wheels, bare))
     with pytest.raises(BuildError, match=r"the stack's pin demo-lib 1.2.3 .* no extra cu13"):
         build_stack(scenario.ws, scenario.ws.stack(STACK))
+
+
+def test_a_wheel_tree_left_by_a_killed_run_is_scratch_the_next_run_removes(
+        scenario: WheelScenario, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wheel kind stages its fork tree like the sdist kind: in a folder named for the
+    process, so what a SIGKILL leaves (no ``finally`` ran) is removed by the next run."""
+    import os
+    import shutil
+
+    from sm120fork.fetch import source
+    from sm120fork.fetch.wheel import init_from_wheel
+    from sm120fork.util.files import remove_stale_scratch
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stack = scenario.ws.stack(STACK)
+    work = scenario.ws.work_tree(stack, stack.project("app"))
+    work.parent.mkdir(parents=True, exist_ok=True)
+
+    def killed(_repo_dir: Path) -> None:
+        raise KeyboardInterrupt("killed here")
+
+    with monkeypatch.context() as m:  # a process that dies mid-way: no cleanup runs
+        m.setattr(os, "getpid", lambda: gone.pid)
+        m.setattr(shutil, "rmtree", lambda *a, **k: None)
+        m.setattr(source.Git, "init", killed)
+        with pytest.raises(KeyboardInterrupt):
+            init_from_wheel(stack.project("app"), scenario.app_wheels[0], work)
+    (left,) = list(work.parent.iterdir())
+    assert [p.name for p in (left / "repo").rglob("gate.py")] == ["gate.py"]
+    assert remove_stale_scratch(work.parent) == [left]
+    assert not left.exists()
+    assert not work.exists()

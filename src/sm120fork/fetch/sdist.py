@@ -18,9 +18,8 @@ from sm120fork.declare import Project
 from sm120fork.errors import ChecksumError, SourceError
 from sm120fork.fetch.archive import safe_extract
 from sm120fork.fetch.index import open_url, resolve_file_url
-from sm120fork.fetch.source import Progress, SourceInfo, commit_upstream
+from sm120fork.fetch.source import Progress, SourceInfo, make_upstream_tree
 from sm120fork.util.files import scratch_prefix, sha256_file
-from sm120fork.util.proc import Git
 
 log = logging.getLogger("sm120fork")
 
@@ -73,21 +72,13 @@ def download_pinned(project: Project, filename: str, sha256: str, url: str, cach
 
 def init_from_sdist(project: Project, sdist: Path, work: Path) -> SourceInfo:
     """Create ``work`` as a git repo whose first commit is the sdist under the package root."""
-    staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(work.name), dir=work.parent))
-    try:
-        top = safe_extract(sdist, staging / "x")
-        repo_dir = staging / "repo"
-        root = project.package_root.strip("/")
-        dest = repo_dir if root in ("", ".") else repo_dir / root
-        dest.parent.mkdir(parents=True, exist_ok=True)
+    def fill(scratch: Path, dest: Path) -> None:
+        top = safe_extract(sdist, scratch / "x")
+        dest.rmdir()
         shutil.move(str(top), str(dest))
-        repo = Git.init(repo_dir)
-        base = commit_upstream(
-            repo, f"Upstream {project.distribution} {project.version}\n\n"
-                  f"sdist {project.sdist_pin.filename} sha256 {project.sdist_pin.sha256}\n")
-        if work.exists():
-            shutil.rmtree(work)
-        os.replace(repo_dir, work)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    base = make_upstream_tree(
+        project, work, fill,
+        f"Upstream {project.distribution} {project.version}\n\n"
+        f"sdist {project.sdist_pin.filename} sha256 {project.sdist_pin.sha256}\n")
     return SourceInfo(kind="sdist", digest=project.sdist_pin.sha256, base_commit=base)

@@ -10,17 +10,14 @@ unchanged.  :mod:`sm120fork.build.repack` turns the patched tree back into wheel
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
 from sm120fork.declare import Project, WheelPin
 from sm120fork.errors import SourceError, UnsafeArchiveError
 from sm120fork.fetch.sdist import download_pinned
-from sm120fork.fetch.source import Progress, SourceInfo, commit_upstream, source_digest
-from sm120fork.util.proc import Git
+from sm120fork.fetch.source import Progress, SourceInfo, make_upstream_tree, source_digest
 
 #: Suffixes of compiled files: never part of the tree, never changed by a series.
 COMPILED_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".cubin", ".fatbin")
@@ -62,15 +59,11 @@ def source_members(wheel: Path) -> list[str]:
 
 def init_from_wheel(project: Project, wheel: Path, work: Path) -> SourceInfo:
     """Create ``work`` as a git repo whose first commit is the wheel's sources."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{work.name}.", dir=work.parent))
-    try:
-        repo_dir = staging / "repo"
-        root = project.package_root.strip("/")
-        dest = repo_dir if root in ("", ".") else repo_dir / root
-        dest.mkdir(parents=True)
-        members = source_members(wheel)
-        if not members:
-            raise SourceError("the wheel holds no source files", where=str(wheel))
+    members = source_members(wheel)
+    if not members:
+        raise SourceError("the wheel holds no source files", where=str(wheel))
+
+    def fill(_scratch: Path, dest: Path) -> None:
         with zipfile.ZipFile(wheel) as zf:
             for name in members:
                 info = zf.getinfo(name)
@@ -81,14 +74,10 @@ def init_from_wheel(project: Project, wheel: Path, work: Path) -> SourceInfo:
                 mode = (info.external_attr >> 16) & 0o777
                 if mode & 0o111:
                     target.chmod(0o755)
-        repo = Git.init(repo_dir)
-        pin = project.wheels[0]
-        base = commit_upstream(
-            repo, f"Upstream {project.distribution} {project.version}\n\n"
-                  f"wheel {pin.filename} sha256 {pin.sha256} (compiled files left out)\n")
-        if work.exists():
-            shutil.rmtree(work)
-        os.replace(repo_dir, work)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+
+    pin = project.wheels[0]
+    base = make_upstream_tree(
+        project, work, fill,
+        f"Upstream {project.distribution} {project.version}\n\n"
+        f"wheel {pin.filename} sha256 {pin.sha256} (compiled files left out)\n")
     return SourceInfo(kind="wheel", digest=source_digest(project, "wheel"), base_commit=base)
