@@ -43,7 +43,9 @@ def build(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The test suite (everything that runs on a CPU machine; -m 'not network' offline)."""
     session.install("-q", "-e", ".", *groups("test"))
-    session.run("pytest", *session.posargs)
+    # One worker per core, each test file on one worker (files that share a checkout
+    # cache, such as test_stack2's, stay whole); `-- -n 0` runs it in one process.
+    session.run("pytest", "-n", "auto", "--dist", "loadfile", *session.posargs)
 
 
 @nox.session(python=PYTHON)
