@@ -293,9 +293,9 @@ def test_a_wheel_tree_left_by_a_killed_run_is_scratch_the_next_run_removes(
     import os
     import shutil
 
-    from sm120fork.fetch import source
     from sm120fork.fetch.wheel import init_from_wheel
     from sm120fork.util.files import remove_stale_scratch
+    from sm120fork.util.proc import Git
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -309,7 +309,7 @@ def test_a_wheel_tree_left_by_a_killed_run_is_scratch_the_next_run_removes(
     with monkeypatch.context() as m:  # a process that dies mid-way: no cleanup runs
         m.setattr(os, "getpid", lambda: gone.pid)
         m.setattr(shutil, "rmtree", lambda *a, **k: None)
-        m.setattr(source.Git, "init", killed)
+        m.setattr(Git, "init", killed)
         with pytest.raises(KeyboardInterrupt):
             init_from_wheel(stack.project("app"), scenario.app_wheels[0], work)
     (left,) = list(work.parent.iterdir())
