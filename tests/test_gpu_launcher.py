@@ -13,6 +13,7 @@ import pytest
 from sm120fork.errors import ConfigError
 from sm120fork.gpu import launcher
 from sm120fork.gpu.cases import Case
+from sm120fork.util.files import sha256_file
 
 FAKE_RANK = textwrap.dedent("""\
     import json, os, sys, time
@@ -155,7 +156,7 @@ def test_find_wheel_needs_exactly_one(tmp_path: Path) -> None:
     wheel = tmp_path / "flashinfer_python-0.6.7.post3-py3-none-any.whl"
     wheel.write_bytes(b"x")
     assert launcher.find_flashinfer_wheel(tmp_path) == wheel
-    assert json.dumps(launcher.sha256_of(wheel))
+    assert json.dumps(sha256_file(wheel))
 
 
 def _fake_flashinfer_wheel(directory: Path) -> Path:
@@ -200,7 +201,7 @@ def test_install_variant_with_prebuilt_modules(tmp_path: Path) -> None:
     # the sources digest travels with the module (a patched FlashInfer checks it)
     assert aot.with_name("trtllm_comm.so.sources").read_text() == "sha256:" + "1" * 64 + "\n"
     assert not aot.with_name("build.ninja").exists()
-    assert v.sha256 == launcher.sha256_of(wheels / "flashinfer_python-0.0.1-py3-none-any.whl")
+    assert v.sha256 == sha256_file(wheels / "flashinfer_python-0.0.1-py3-none-any.whl")
     plain = v.without_prebuilt()
     assert plain.aot_modules == ()
     assert not aot.exists()

@@ -33,6 +33,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from sm120fork.errors import BuildError, ConfigError
+from sm120fork.util.files import sha256_file
 
 DISTRIBUTION = "flashinfer-jit-cache"
 PACKAGE = "flashinfer_jit_cache"
@@ -156,14 +157,6 @@ def _wheel_file(tag: Tag) -> str:
 def _record_hash(data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return f"sha256={digest}"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def build_manifest(*, version: str, flashinfer: FlashInferBuild, modules: Sequence[Module],

@@ -26,6 +26,7 @@ from sm120fork.errors import ConfigError
 from sm120fork.gpu import protocol
 from sm120fork.gpu.cases import CUSTOM_API, Case
 from sm120fork.gpu.safety import rank_environment
+from sm120fork.util.files import sha256_file
 
 log = logging.getLogger("sm120fork")
 
@@ -224,16 +225,6 @@ def find_flashinfer_wheel(path: Path) -> Path:
     return wheels[0]
 
 
-def sha256_of(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def install_variant(name: str, source: Path | None, work_dir: Path,
                     prebuilt: Path | None = None) -> Variant:
     """Install the variant's wheel into its own target directory (no index, no deps).
@@ -248,7 +239,7 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
     if source is None:
         return Variant(name=name, wheel=None, sha256=None, site=None, jit_base=jit)
     wheel = find_flashinfer_wheel(source)
-    digest = sha256_of(wheel)
+    digest = sha256_file(wheel)
     site = base / "site"
     marker = base / "installed.sha256"
     if not (marker.exists() and marker.read_text().strip() == digest and site.is_dir()):
