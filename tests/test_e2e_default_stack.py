@@ -109,8 +109,9 @@ def test_git_source_from_a_repo_made_of_the_real_sdist(built: Path, tmp_path: Pa
     assert sdist_manifest["wheels"][0]["tree"] == fi["tree"]
 
 
-_ENV_PROBE = r"""
-import importlib, sys, types
+# Imports flashinfer submodules from the site in argv[1] without flashinfer/__init__ (GPU-heavy).
+_FLASHINFER_SITE = r"""
+import importlib, json, sys, types
 from pathlib import Path
 site = Path(sys.argv[1])
 sys.path.insert(0, str(site))
@@ -118,6 +119,9 @@ for name in ("flashinfer", "flashinfer.jit"):  # skip flashinfer/__init__ (GPU-h
     module = types.ModuleType(name)
     module.__path__ = [str(site.joinpath(*name.split(".")))]
     sys.modules[name] = module
+"""
+
+_ENV_PROBE = _FLASHINFER_SITE + r"""
 env = importlib.import_module("flashinfer.jit.env")
 print("cubin dir:", env.FLASHINFER_CUBIN_DIR)
 """
@@ -153,15 +157,7 @@ def test_flashinfer_imports_beside_the_pinned_flashinfer_cubin(built: Path, tmp_
     assert "does not match" in theirs.stderr
 
 
-_PREBUILT_PROBE = r"""
-import importlib, json, sys, types
-from pathlib import Path
-site = Path(sys.argv[1])
-sys.path.insert(0, str(site))
-for name in ("flashinfer", "flashinfer.jit"):  # skip flashinfer/__init__ (GPU-heavy imports)
-    module = types.ModuleType(name)
-    module.__path__ = [str(site.joinpath(*name.split(".")))]
-    sys.modules[name] = module
+_PREBUILT_PROBE = _FLASHINFER_SITE + r"""
 comm = importlib.import_module("flashinfer.jit.comm")
 spec = comm.gen_trtllm_comm_module()
 print(json.dumps({"name": spec.name, "aot": spec.is_aot,

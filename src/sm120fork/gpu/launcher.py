@@ -363,6 +363,18 @@ class Timeouts:
     max_crash_streak: int = 12
 
 
+def _run_ranks(worker: Sequence[str], spec_path: Path, world: int, variant: Variant,
+               log_stem: Path, timeouts: Timeouts, on_line: Callable[[int, str], None]
+               ) -> GroupOutcome:
+    """One worker process per rank on ``spec_path``, logging to ``<log_stem>-rank<r>.log``."""
+    return run_group(
+        [[*worker, str(spec_path), str(r)] for r in range(world)],
+        envs=[variant.env(os.environ)] * world,
+        log_paths=[log_stem.with_name(f"{log_stem.name}-rank{r}.log") for r in range(world)],
+        idle_timeout=timeouts.case, first_timeout=timeouts.startup, on_line=on_line,
+        deadline=timeouts.deadline)
+
+
 def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
               backend: str = "trtllm", allow_multicast: bool = False,
               timeouts: Timeouts = Timeouts(),
@@ -416,12 +428,8 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
             elif tag_ == "ENV":
                 env_info.update(payload)
 
-        outcome = run_group(
-            [[*worker, str(spec_path), str(r)] for r in range(world)],
-            envs=[variant.env(os.environ)] * world,
-            log_paths=[run_dir / f"{tag}-rank{r}.log" for r in range(world)],
-            idle_timeout=timeouts.case, first_timeout=timeouts.startup, on_line=on_line,
-            deadline=timeouts.deadline)
+        outcome = _run_ranks(worker, spec_path, world, variant, run_dir / tag, timeouts,
+                             on_line)
         remaining = []
         for case in pending:
             recs = per_rank.get(case.key, {})
@@ -525,10 +533,6 @@ def run_bench(plan_dict: dict[str, Any], variant: Variant, run_dir: Path, *,
         elif parsed[0] == "ENV":
             env_info.update(parsed[1])
 
-    outcome = run_group(
-        [[*worker, str(spec_path), str(r)] for r in range(world)],
-        envs=[variant.env(os.environ)] * world,
-        log_paths=[run_dir / f"bench-{variant.name}-rank{r}.log" for r in range(world)],
-        idle_timeout=timeouts.case, first_timeout=timeouts.startup, on_line=on_line,
-        deadline=timeouts.deadline)
+    outcome = _run_ranks(worker, spec_path, world, variant,
+                         run_dir / f"bench-{variant.name}", timeouts, on_line)
     return records, env_info, outcome
