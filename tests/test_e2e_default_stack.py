@@ -101,7 +101,7 @@ def test_git_source_from_a_repo_made_of_the_real_sdist(built: Path, tmp_path: Pa
     fi = manifest["wheels"][0]
     assert fi["source"]["kind"] == "git"
     assert fi["source"]["digest"] == sha
-    work = built / ".forks" / "work" / "sglang-0.5.10" / "flashinfer"
+    work = built / ".forks" / "trees" / "sglang-0.5.10" / "flashinfer"
     assert git(work, "rev-parse", "upstream") == sha
     # Same content as the sdist-based tree: identical patched tree hash.
     assert main(["--root", str(built), "build", "--force"]) == 0
@@ -148,7 +148,7 @@ def test_flashinfer_imports_beside_the_pinned_flashinfer_cubin(built: Path, tmp_
     assert ours.returncode == 0, ours.stderr[-2000:]
     assert "flashinfer_cubin" in ours.stdout
     # The same check with upstream's env.py refuses our local-label version: patch 0001.
-    work = built / ".forks" / "work" / "sglang-0.5.10" / "flashinfer"
+    work = built / ".forks" / "trees" / "sglang-0.5.10" / "flashinfer"
     (site / "flashinfer" / "jit" / "env.py").write_text(
         git(work, "show", "upstream:flashinfer/jit/env.py") + "\n")
     theirs = subprocess.run([sys.executable, "-c", _ENV_PROBE, str(site)], capture_output=True,
@@ -231,7 +231,7 @@ def test_a_stock_jit_cache_module_is_not_loaded_but_ours_is(built: Path, tmp_pat
 
     # Upstream's loader takes the stock module (the bug patch 0002 fixes).
     marker.unlink()
-    work = built / ".forks" / "work" / "sglang-0.5.10" / "flashinfer"
+    work = built / ".forks" / "trees" / "sglang-0.5.10" / "flashinfer"
     (site / "flashinfer" / "jit" / "core.py").write_text(
         git(work, "show", "upstream:flashinfer/jit/core.py") + "\n")
     theirs, _ = _probe_prebuilt(site, tmp_path)

@@ -61,7 +61,7 @@ def bw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BumpWorkspac
 
 
 def work_tree(bw: BumpWorkspace) -> Path:
-    return bw.ws.root / ".forks" / "work" / STACK / "lib"
+    return bw.ws.trees_dir / STACK / "lib"
 
 
 def start_bump(bw: BumpWorkspace, **kw: str) -> MaintenanceError:
@@ -322,7 +322,7 @@ def test_bump_abort_restores_pin_series_and_tree_exactly(bw: BumpWorkspace) -> N
 def test_bump_into_new_stack_leaves_the_source_stack_alone(bw: BumpWorkspace) -> None:
     before = snapshot(bw.ws.root)
     start_bump(bw, new_stack="demo-next")
-    (bw.ws.root / ".forks/work/demo-next/lib/demo_lib/conf.py").write_text("LIMIT = 16\n")
+    (bw.ws.root / ".forks/trees/demo-next/lib/demo_lib/conf.py").write_text("LIMIT = 16\n")
     result = bump_continue(bw.ws, "demo-next", "lib")
     assert result.new_stack_created
     after = snapshot(bw.ws.root)

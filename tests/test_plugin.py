@@ -369,7 +369,7 @@ def test_build_says_an_old_sglang_has_no_plugin_framework(
 def test_rebuild_with_nothing_changed_touches_no_fork_tree(tmp_path: Path) -> None:
     ws = _sglang_stack(tmp_path, "0.5.23", framework=True)
     build_stack(ws, ws.stack("s"))
-    shutil.rmtree(ws.state_dir / "work")  # a second build must not need the fork tree
+    shutil.rmtree(ws.trees_dir)  # a second build must not need the fork tree
     from sm120fork.plugin.build import build_plugin
     again = build_plugin(ws, ws.stack("s"))
     assert again.cached

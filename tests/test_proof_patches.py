@@ -156,11 +156,11 @@ def test_portable_names_machine_folders_by_role() -> None:
     flags = ["-isystem", "/home/me/.venv/lib/python3.11/site-packages/tvm_ffi/include",
              "-isystem", "/root/.pyenv/versions/3.11.7/include/python3.11",
              "-isystem", "/usr/local/include/cccl",
-             "-isystem", "/home/me/checkout/.forks/work/s/flashinfer@unpatched/include"]
+             "-isystem", "/home/me/checkout/.forks/trees/s/flashinfer@unpatched/include"]
     out = portable({"flags": flags, "n": 3}, root)
     assert out["flags"][1] == "<site-packages>/tvm_ffi/include"
     assert out["flags"][3] == "<python-include>"
     assert out["flags"][5] == "<system-include>/cccl"
-    assert out["flags"][7] == ".forks/work/s/flashinfer@unpatched/include"
+    assert out["flags"][7] == ".forks/trees/s/flashinfer@unpatched/include"
     assert out["n"] == 3
     assert "/home/" not in json.dumps(out)

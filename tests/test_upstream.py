@@ -276,4 +276,4 @@ def test_writes_tracked_reports_only_when_asked_and_says_what_it_left_out(
     for path in written.rglob("*"):
         if path.is_file():
             assert str(demo.ws.root) not in path.read_text(), path
-    assert "git -C .forks/work/demo/lib push" in (written / "commands.sh").read_text()
+    assert "git -C .forks/trees/demo/lib push" in (written / "commands.sh").read_text()

@@ -322,7 +322,7 @@ def _as_list(fn: Callable[..., ProjectBuild], *args: Any, **kwargs: Any) -> list
 
 def remove_leftovers(ws: Workspace, stack: Stack) -> None:
     """Scratch files and folders of runs that were killed (SIGKILL) before cleaning up."""
-    for parent in (ws.state_dir, ws.state_dir / "work" / stack.name, ws.sdist_cache,
+    for parent in (ws.state_dir, ws.trees_dir / stack.name, ws.sdist_cache,
                    Path(tempfile.gettempdir())):
         for path in remove_stale_scratch(parent):
             log.info("removed %s, left by a killed run", path)

@@ -126,6 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return verb.run_argv(args, _verb_argv(argv, args.command))
         assert verb.run is not None
         ws = Workspace(args.root.resolve()) if args.root else Workspace.find()
+        legacy = ws.adopt_legacy_trees()
+        if legacy is not None:
+            log.info("moved the fork trees from %s to %s (local work kept)",
+                     legacy.relative_to(ws.root), ws.trees_dir.relative_to(ws.root))
         return verb.run(args, ws, console)
     except ToolkitError as exc:
         if exc.detail:

@@ -390,8 +390,8 @@ def bump_abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
         else:
             report_path(ws, state).unlink(missing_ok=True)
         stack = ws.stack(state.stack) if Path(state.declaration).is_file() else None
-        work = ws.state_dir / "work" / state.stack / state.project
-        pre = ws.state_dir / "work" / state.stack / f"{state.project}@pre-bump"
+        work = ws.trees_dir / state.stack / state.project
+        pre = ws.trees_dir / state.stack / f"{state.project}@pre-bump"
         if pre.exists():
             shutil.rmtree(work, ignore_errors=True)
             os.replace(pre, work)
