@@ -7,7 +7,7 @@
 #  3. SGLang's fused-norm layer path from the installed cp312 wheel, reusing step 2's JIT cache.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 SM120FORK_SHARED_GPU_HOST=1
-D=.device/stack2b; R=/tmp/s2b; mkdir -p $R/sgtree $R/fi $R/wheel $R/sgwhl; T0=$(date +%s)
+D=.device/stack2b; R=$PWD/.device/stack2b/run; mkdir -p $R/sgtree $R/fi $R/wheel $R/sgwhl; T0=$(date +%s)
 WANT=d3ad8ec516e83a6070cd61f86de37e0398cf093e323fdc209968b0ac1a6eafc4  # manifest.json, cp312 x86_64
 EPOCH=1796083200
 tar xJf $D/sglang-cp312-tree.tar.xz -C $R/sgtree & tar xJf $D/fi72.tar.xz -C $R/fi &
@@ -45,4 +45,4 @@ FLASHINFER_WORKSPACE_BASE=$G/stack2/jit timeout -s TERM $LEFT python3 -m sm120fo
    --out $OUT/sglang-layer-cp312 > $OUT/layer-cp312.log 2>&1
 echo "layer rc $? at $(( $(date +%s) - T0 )) s"; tail -12 $OUT/layer-cp312.log
 # at most 8 files come back from a call: everything else travels in one archive
-cd $OUT && tar czf /tmp/results.tgz -C $OUT . && mv /tmp/results.tgz $OUT/ && find . -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name layer-cp312.log ! -name gpu-test.log ! -name cp312-wheel.txt -exec rm -rf {} + ; ls $OUT
+cd $OUT && tar czf $R/results.tgz -C $OUT . && mv $R/results.tgz $OUT/ && find . -mindepth 1 -maxdepth 1 ! -name results.tgz ! -name layer-cp312.log ! -name gpu-test.log ! -name cp312-wheel.txt -exec rm -rf {} + ; ls $OUT
