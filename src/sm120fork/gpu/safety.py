@@ -1,9 +1,9 @@
 """Multicast safety: the environment every rank gets and the workspace backend policy.
 
-FlashInfer 0.6.7.post3's ``create_allreduce_fusion_workspace(backend="auto")`` picks the
-MNNVL backend whenever it is offered, and MNNVL creates CUDA multicast objects
-(``cuMulticastCreate``), which can take every GPU of a shared host out of service.  So
-the harness always asks for ``backend="trtllm"`` and refuses the other two unless the
+In FlashInfer 0.6.7.post3 the workspace factory, left to choose its backend, picks the
+NVLink-fabric backend whenever it is offered, and that backend allocates CUDA multicast
+memory, which can take every GPU of a shared host out of service.  So the harness always
+asks for the trtllm backend (:data:`SAFE_BACKEND`) and refuses the other two unless the
 user states, with a flag, that their machine supports multicast.  Even the flag is
 refused on a host whose own environment switches multicast off (``NCCL_NVLS_ENABLE=0``
 and friends, as the shared GPU machines we lease set) or that says it is shared
