@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
-import os
 import sys
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sm120fork.verify.sglang_probe import RESULT_MARKER, captured_logs, environ, fake_gpu
+from sm120fork.verify.sglang_probe import captured_logs, emit, environ, start_probe
 
 #: The model that motivated the work (61 layers, hidden 7168), on upstream's fusion list.
 FUSION_MODEL_ARCH = "KimiK25ForConditionalGeneration"
@@ -245,15 +243,9 @@ SUITES: dict[str, Callable[[], list[Observation]]] = {
 
 def main(argv: Sequence[str]) -> int:
     request = json.loads(argv[0])
-    for name in [name for name in os.environ if name.startswith("SGLANG_")]:
-        del os.environ[name]  # the caller's SGLang settings must not steer the decisions
-    capability = request["capability"]
-    fake_gpu((int(capability[0]), int(capability[1])))
-    logging.basicConfig(level=logging.WARNING)
-    results = [{**obs, "name": f"{suite}: {obs['name']}"}
-               for suite in request["suites"] for obs in SUITES[suite]()]
-    sys.stdout.write(RESULT_MARKER + json.dumps(results) + "\n")
-    return 0
+    start_probe(request["capability"])
+    return emit([{**obs, "name": f"{suite}: {obs['name']}"}
+                 for suite in request["suites"] for obs in SUITES[suite]()])
 
 
 if __name__ == "__main__":

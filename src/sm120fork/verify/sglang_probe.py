@@ -382,17 +382,26 @@ SUITES: dict[str, Callable[[], list[Observation]]] = {
 }
 
 
-def main(argv: Sequence[str]) -> int:
-    request = json.loads(argv[0])
+def start_probe(capability: Sequence[int] | None, cuda_version: str = "12.9") -> None:
+    """What every probe process does first: drop the caller's SGLang settings (they must
+    not steer the decisions), fake the GPU, log warnings."""
     for name in [name for name in os.environ if name.startswith("SGLANG_")]:
-        del os.environ[name]  # the caller's SGLang settings must not steer the decisions
-    capability = request.get("capability")
+        del os.environ[name]
     fake_gpu((int(capability[0]), int(capability[1])) if capability else None,
-             cuda_version=str(request.get("cuda", "12.9")))
+             cuda_version=cuda_version)
     logging.basicConfig(level=logging.WARNING)
-    results = SUITES[request["suite"]]()
+
+
+def emit(results: list[Observation]) -> int:
+    """The probe's one result line (the caller reads the line after RESULT_MARKER)."""
     sys.stdout.write(RESULT_MARKER + json.dumps(results) + "\n")
     return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    request = json.loads(argv[0])
+    start_probe(request.get("capability"), cuda_version=str(request.get("cuda", "12.9")))
+    return emit(SUITES[request["suite"]]())
 
 
 if __name__ == "__main__":
