@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,20 @@ from sm120fork.workspace import Workspace
 from conftest import Upstream, make_patch, make_upstream, stack_toml, write_series
 
 STACK = "demo"
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def checkout_copy(base: Path, *, sdists: bool = True) -> Path:
+    """A toolkit root under ``base`` with this checkout's ``forks/`` and ``patches/``; with
+    ``sdists``, the checkout's downloaded sdists too (their sha256 is checked on use)."""
+    root = base / "toolkit"
+    root.mkdir()
+    shutil.copytree(CHECKOUT / "forks", root / "forks")
+    shutil.copytree(CHECKOUT / "patches", root / "patches")
+    cache = CHECKOUT / ".forks" / "cache" / "sdists"
+    if sdists and cache.is_dir():
+        shutil.copytree(cache, root / ".forks" / "cache" / "sdists")
+    return root
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -16,6 +15,7 @@ import pytest
 from sm120fork.cli.main import main
 
 from conftest import git
+from helpers_ws import checkout_copy
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[1]
@@ -24,13 +24,7 @@ STACK_WHEELS = Path("wheels", "sglang-0.5.10")
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("e2e") / "toolkit"
-    root.mkdir()
-    shutil.copytree(REPO / "forks", root / "forks")
-    shutil.copytree(REPO / "patches", root / "patches")
-    cache = REPO / ".forks" / "cache" / "sdists"
-    if cache.is_dir():  # reuse downloads; the sha256 is checked again anyway
-        shutil.copytree(cache, root / ".forks" / "cache" / "sdists")
+    root = checkout_copy(tmp_path_factory.mktemp("e2e"))
     assert main(["--root", str(root), "build"]) == 0
     return root
 

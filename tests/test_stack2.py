@@ -11,7 +11,6 @@ The behaviour tests need an interpreter with src/sm120fork/verify_requirements.t
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -27,6 +26,8 @@ from sm120fork.verify.sglang import CheckResult
 from sm120fork.verify.sglang_0523 import SM12X, UNCHANGED, check_sglang_0523, ensure_overlay
 from sm120fork.workspace import Workspace
 
+from helpers_ws import checkout_copy
+
 REPO = Path(__file__).resolve().parents[1]
 STACK = "sglang-0.5.23"
 PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
@@ -37,10 +38,7 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
-    root = tmp_path_factory.mktemp("stack2") / "toolkit"
-    root.mkdir()
-    shutil.copytree(REPO / "forks", root / "forks")
-    shutil.copytree(REPO / "patches", root / "patches")
+    root = checkout_copy(tmp_path_factory.mktemp("stack2"), sdists=False)
     CACHE.mkdir(parents=True, exist_ok=True)
     (root / ".forks" / "cache").mkdir(parents=True)
     # The downloads are shared with the checkout (sha256 is checked on every use).

@@ -8,7 +8,6 @@ an interpreter with the sglang-probe dependency group installed
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -25,6 +24,8 @@ from sm120fork.verify.sglang import (
 )
 from sm120fork.workspace import Workspace
 
+from helpers_ws import checkout_copy
+
 REPO = Path(__file__).resolve().parents[1]
 PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
 
@@ -32,13 +33,7 @@ PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
 @pytest.fixture(scope="module")
 def sglang_trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(patched, upstream) fork trees made by the toolkit's own pipeline."""
-    root = tmp_path_factory.mktemp("sglang") / "toolkit"
-    root.mkdir()
-    shutil.copytree(REPO / "forks", root / "forks")
-    shutil.copytree(REPO / "patches", root / "patches")
-    cache = REPO / ".forks" / "cache" / "sdists"
-    if cache.is_dir():  # reuse downloads; sha256 is checked again anyway
-        shutil.copytree(cache, root / ".forks" / "cache" / "sdists")
+    root = checkout_copy(tmp_path_factory.mktemp("sglang"))
     ws = Workspace(root)
     stack = ws.stack(None)
     project = stack.project("sglang")
