@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.build.stack import remove_leftovers
 from sm120fork.errors import EXIT_INTERRUPTED, CommandError
+from sm120fork.package.stack import remove_leftovers
 from sm120fork.util import proc
 
 from helpers_ws import STACK, DemoWorkspace, make_demo
@@ -22,7 +22,7 @@ from helpers_ws import STACK, DemoWorkspace, make_demo
 _SLOW_BUILD = """
 import sys
 from pathlib import Path
-import sm120fork.build.stack as stack
+import sm120fork.package.stack as stack
 from sm120fork.util import proc
 
 mark = Path(sys.argv[2])

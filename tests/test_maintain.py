@@ -24,7 +24,6 @@ from helpers_maintain import (
     reauthor_last_patch,
     snapshot,
 )
-from sm120fork.build.stack import build_stack
 from sm120fork.cli.main import main
 from sm120fork.errors import (
     ConfigError,
@@ -43,6 +42,7 @@ from sm120fork.maintain.state import (
     UPSTREAMED_IDENTICALLY,
 )
 from sm120fork.maintain.status import status
+from sm120fork.package.stack import build_stack
 from sm120fork.patch.refresh import refresh
 from sm120fork.patch.series import Fingerprint, parse_patch
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.build.stack import build_stack
 from sm120fork.errors import ArtifactCheckError, DirtyTreeError, LockError, PatchError
+from sm120fork.package.stack import build_stack
 from sm120fork.patch.tree import read_state
 
 from conftest import git, make_patch, write_series

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sm120fork.build.stack import build_stack
+from sm120fork.package.stack import build_stack
 from sm120fork.plugin import package, runtime
 from sm120fork.plugin.generate import generate_spec, patch_commits
 from sm120fork.util.proc import Git

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.build import publish as pub
-from sm120fork.build.publish import ProjectBuild, load_manifest, publish
 from sm120fork.errors import BuildError
+from sm120fork.package import publish as pub
+from sm120fork.package.publish import ProjectBuild, load_manifest, publish
 from sm120fork.util import files
 from sm120fork.workspace import Workspace
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from helpers_maintain import commit_checkout, hint_commands, run_hint
-from sm120fork.build.stack import build_stack
 from sm120fork.cli.main import main
 from sm120fork.errors import DirtyTreeError
+from sm120fork.package.stack import build_stack
 from sm120fork.patch.refresh import refresh
 
 from conftest import git

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.build.publish import ProjectBuild
-from sm120fork.build.stack import build_stack
+from sm120fork.package.publish import ProjectBuild
+from sm120fork.package.stack import build_stack
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.util.files import sha256_file
 from sm120fork.verify.sglang import CheckResult

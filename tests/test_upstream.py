@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from helpers_maintain import ENCODED_AUTHOR, hint_commands, reauthor_last_patch, run_hint
-from sm120fork.build.stack import build_stack
 from sm120fork.cli.main import main
 from sm120fork.errors import DirtyTreeError, MaintenanceError
 from sm120fork.gpu.report import made_from
+from sm120fork.package.stack import build_stack
 from sm120fork.upstream.pr import commit_message, github_slug, short_subject, upstream_pr
 
 from conftest import git

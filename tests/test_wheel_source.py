@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from installer.sources import WheelFile
 
-from sm120fork.build.stack import build_stack
 from sm120fork.errors import BuildError, ChecksumError, ConfigError, PatchError
+from sm120fork.package.stack import build_stack
 from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 

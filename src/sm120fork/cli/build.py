@@ -21,9 +21,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from sm120fork.build.publish import install_command
-from sm120fork.build.stack import build_stack
 from sm120fork.declare import Stack
+from sm120fork.package.publish import install_command
+from sm120fork.package.stack import build_stack
 from sm120fork.workspace import Workspace
 
 HELP = "patched wheels of a stack into wheels/<stack>/"

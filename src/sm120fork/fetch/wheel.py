@@ -5,7 +5,7 @@ files, each declared wheel is downloaded and sha256-checked, and the first one b
 the fork tree: its files (not its ``.dist-info``, not its compiled extensions, which the
 upstream repository does not hold either) under the package root, committed and tagged
 ``upstream`` like every other kind, so the series written against the git layout applies
-unchanged.  :mod:`sm120fork.build.repack` turns the patched tree back into wheels.
+unchanged.  :mod:`sm120fork.package.repack` turns the patched tree back into wheels.
 """
 
 from __future__ import annotations

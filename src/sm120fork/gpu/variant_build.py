@@ -16,9 +16,9 @@ import re
 import shutil
 from pathlib import Path
 
-from sm120fork.build.wheel import build_wheel
 from sm120fork.declare import Stack
 from sm120fork.errors import ConfigError
+from sm120fork.package.wheel import build_wheel
 from sm120fork.patch.series import load_series
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.workspace import Workspace

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sm120fork.build.publish import load_manifest
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import ConfigError, ToolkitError
 from sm120fork.fetch.source import source_key
 from sm120fork.maintain.state import (
     BumpState,
 )
+from sm120fork.package.publish import load_manifest
 from sm120fork.patch.apply import check_series
 from sm120fork.patch.series import (
     Patch,

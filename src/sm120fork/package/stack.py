@@ -3,7 +3,7 @@
 Work is cached per project under ``.forks/builds/<stack>/<project>/<key>``, the key
 hashing the pin, the source digest and the series digest: a second build with nothing
 changed touches no git tree, and changing one project's series rebuilds only that one.
-``wheels/<stack>/`` is replaced as a whole (:mod:`sm120fork.build.publish`) only after
+``wheels/<stack>/`` is replaced as a whole (:mod:`sm120fork.package.publish`) only after
 every project built and passed.
 """
 
@@ -26,14 +26,14 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from sm120fork import __version__
-from sm120fork.build.publish import ProjectBuild, publish
-from sm120fork.build.repack import check_same_preimage, check_series_for_wheel, repack_wheel
-from sm120fork.build.wheel import build_wheel, wheel_extras, wheel_requirements
 from sm120fork.declare import Project, Stack, pinned_for, requirement_applies
 from sm120fork.errors import BuildError
 from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import Progress, source_key
 from sm120fork.fetch.wheel import download_wheels
+from sm120fork.package.publish import ProjectBuild, publish
+from sm120fork.package.repack import check_same_preimage, check_series_for_wheel, repack_wheel
+from sm120fork.package.wheel import build_wheel, wheel_extras, wheel_requirements
 from sm120fork.patch.series import Series, load_series
 from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree
 from sm120fork.plugin.build import build_plugin, publish_plugin

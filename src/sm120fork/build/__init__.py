@@ -1,1 +1,0 @@
-"""Build: a patched fork tree -> a checked wheel; a whole stack; publishing it."""
