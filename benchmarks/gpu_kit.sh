@@ -43,8 +43,8 @@ for stack in "$@"; do
       *) continue ;;  # other Pythons and platforms stay behind
     esac
     if [ "$(stat -c %s "$whl")" -gt 20000000 ]; then
-      t=$(mktemp -d); python3 -m wheel unpack -d "$t" "$whl" >/dev/null
-      tar -C "$t" -cJf "$K/$stack/$(basename "$whl" .whl).tree.tar.xz" .; rm -rf "$t"
+      t=$(mktemp -d); python3 -m pip install -q --target "$t/tool" wheel >/dev/null && PYTHONPATH="$t/tool" python3 -m wheel unpack -d "$t" "$whl" >/dev/null
+      rm -rf "$t/tool"; tar -C "$t" -cJf "$K/$stack/$(basename "$whl" .whl).tree.tar.xz" .; rm -rf "$t"
     else
       cp "$whl" "$K/$stack/"
     fi
