@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import ConfigError
-from sm120fork.gpu import launcher
+from sm120fork.gpu import launcher, supervise, variants
 from sm120fork.gpu.cases import Case
 from sm120fork.util.files import sha256_file
 
@@ -48,10 +48,10 @@ def _cases(*tokens: int) -> list[Case]:
 
 
 @pytest.fixture
-def fake(tmp_path: Path) -> tuple[list[str], launcher.Variant]:
+def fake(tmp_path: Path) -> tuple[list[str], variants.Variant]:
     script = tmp_path / "fake_rank.py"
     script.write_text(FAKE_RANK)
-    variant = launcher.Variant(name="v", wheel=None, sha256=None, site=None,
+    variant = variants.Variant(name="v", wheel=None, sha256=None, site=None,
                                jit_base=tmp_path / "jit")
     return [sys.executable, str(script)], variant
 
@@ -59,7 +59,7 @@ def fake(tmp_path: Path) -> tuple[list[str], launcher.Variant]:
 FAST = launcher.Timeouts(startup=20.0, case=1.5)
 
 
-def test_all_pass_in_one_group(tmp_path: Path, fake: tuple[list[str], launcher.Variant]
+def test_all_pass_in_one_group(tmp_path: Path, fake: tuple[list[str], variants.Variant]
                                ) -> None:
     worker, variant = fake
     out = launcher.run_cases(_cases(1, 2, 3), variant, tmp_path, timeouts=FAST, worker=worker)
@@ -68,7 +68,7 @@ def test_all_pass_in_one_group(tmp_path: Path, fake: tuple[list[str], launcher.V
 
 
 def test_crash_is_recorded_and_the_run_continues(
-        tmp_path: Path, fake: tuple[list[str], launcher.Variant]) -> None:
+        tmp_path: Path, fake: tuple[list[str], variants.Variant]) -> None:
     worker, variant = fake
     out = launcher.run_cases(_cases(1, 13, 2, 15), variant, tmp_path, timeouts=FAST,
                              worker=worker)
@@ -87,7 +87,7 @@ def test_crash_is_recorded_and_the_run_continues(
 
 
 def test_hang_is_ended_by_the_watchdog(tmp_path: Path,
-                                       fake: tuple[list[str], launcher.Variant]) -> None:
+                                       fake: tuple[list[str], variants.Variant]) -> None:
     worker, variant = fake
     out = launcher.run_cases(_cases(14, 1), variant, tmp_path, timeouts=FAST, worker=worker)
     hung, after = out
@@ -101,7 +101,7 @@ def test_hang_is_ended_by_the_watchdog(tmp_path: Path,
 def test_ranks_that_cannot_start_fail_every_case_once(tmp_path: Path) -> None:
     script = tmp_path / "broken.py"
     script.write_text("import sys\nprint('ImportError: no flashinfer')\nsys.exit(1)\n")
-    variant = launcher.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
+    variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
     out = launcher.run_cases(_cases(1, 2), variant, tmp_path, timeouts=FAST,
                              worker=[sys.executable, str(script)])
     assert [r["status"] for r in out] == ["fail", "fail"]
@@ -113,7 +113,7 @@ def test_fatal_line_stops_without_retry(tmp_path: Path) -> None:
     script = tmp_path / "fatal.py"
     script.write_text("import sys, time\nprint('@@FATAL no P2P between GPU 0 and 1', "
                       "flush=True)\ntime.sleep(600)\n")
-    variant = launcher.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
+    variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
     out = launcher.run_cases(_cases(1, 2), variant, tmp_path, timeouts=FAST,
                              worker=[sys.executable, str(script)])
     assert all(r["status"] == "fail" and "no P2P" in r["reason"] for r in out)
@@ -123,7 +123,7 @@ def test_fatal_line_stops_without_retry(tmp_path: Path) -> None:
 def test_run_group_without_fail_fast_waits_for_all(tmp_path: Path) -> None:
     cmds = [[sys.executable, "-c", "import sys; sys.exit(2)"],
             [sys.executable, "-c", "import time; time.sleep(0.5); print('done')"]]
-    outcome = launcher.run_group(cmds, envs=[{}, {}], log_paths=[tmp_path / "a", tmp_path / "b"],
+    outcome = supervise.run_group(cmds, envs=[{}, {}], log_paths=[tmp_path / "a", tmp_path / "b"],
                                  idle_timeout=10, first_timeout=10, fail_fast=False)
     assert outcome.returncodes == [2, 0]
     assert not outcome.ok
@@ -131,16 +131,16 @@ def test_run_group_without_fail_fast_waits_for_all(tmp_path: Path) -> None:
 
 
 def test_variant_specs() -> None:
-    assert launcher.parse_variant_specs(["patched=a", "unpatched=b/c"]) == {
+    assert variants.parse_variant_specs(["patched=a", "unpatched=b/c"]) == {
         "patched": Path("a"), "unpatched": Path("b/c")}
     with pytest.raises(ConfigError, match="NAME=DIR"):
-        launcher.parse_variant_specs(["patched"])
+        variants.parse_variant_specs(["patched"])
     with pytest.raises(ConfigError, match="twice"):
-        launcher.parse_variant_specs(["a=x", "a=y"])
+        variants.parse_variant_specs(["a=x", "a=y"])
 
 
 def test_variant_env_isolates_import_path_and_jit_cache(tmp_path: Path) -> None:
-    v = launcher.Variant(name="p", wheel=None, sha256=None, site=tmp_path / "site",
+    v = variants.Variant(name="p", wheel=None, sha256=None, site=tmp_path / "site",
                          jit_base=tmp_path / "jit")
     env = v.env({"PYTHONPATH": "/base", "NCCL_NVLS_ENABLE": "1"})
     parts = env["PYTHONPATH"].split(":")
@@ -152,10 +152,10 @@ def test_variant_env_isolates_import_path_and_jit_cache(tmp_path: Path) -> None:
 
 def test_find_wheel_needs_exactly_one(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="exactly one"):
-        launcher.find_flashinfer_wheel(tmp_path)
+        variants.find_flashinfer_wheel(tmp_path)
     wheel = tmp_path / "flashinfer_python-0.6.7.post3-py3-none-any.whl"
     wheel.write_bytes(b"x")
-    assert launcher.find_flashinfer_wheel(tmp_path) == wheel
+    assert variants.find_flashinfer_wheel(tmp_path) == wheel
     assert json.dumps(sha256_file(wheel))
 
 
@@ -192,7 +192,7 @@ def test_install_variant_with_prebuilt_modules(tmp_path: Path) -> None:
     (prebuilt / "trtllm_comm.so").write_bytes(b"\x7fELF")
     (prebuilt / "build.ninja").write_text("ignored")
     (prebuilt / "trtllm_comm.so.sources").write_text("sha256:" + "1" * 64 + "\n")
-    v = launcher.install_variant("patched", wheels, tmp_path / "work", prebuilt.parent)
+    v = variants.install_variant("patched", wheels, tmp_path / "work", prebuilt.parent)
     assert v.site is not None
     assert (v.site / "flashinfer" / "__init__.py").is_file()
     assert v.aot_modules == ("trtllm_comm",)
@@ -206,11 +206,11 @@ def test_install_variant_with_prebuilt_modules(tmp_path: Path) -> None:
     assert plain.aot_modules == ()
     assert not aot.exists()
     with pytest.raises(ConfigError, match="module"):
-        launcher.install_variant("x", wheels, tmp_path / "work", tmp_path / "wheels")
+        variants.install_variant("x", wheels, tmp_path / "work", tmp_path / "wheels")
 
 
 def test_time_budget_ends_a_hung_group_and_reports_the_rest_as_not_run(
-        tmp_path: Path, fake: tuple[list[str], launcher.Variant]) -> None:
+        tmp_path: Path, fake: tuple[list[str], variants.Variant]) -> None:
     worker, variant = fake
     budget = launcher.Timeouts(startup=20.0, case=60.0, deadline=time.monotonic() + 8.0)
     out = launcher.run_cases(_cases(1, 14, 2), variant, tmp_path, timeouts=budget,
@@ -220,7 +220,7 @@ def test_time_budget_ends_a_hung_group_and_reports_the_rest_as_not_run(
 
 
 def test_circuit_breaker_stops_one_api_after_repeated_hangs(
-        tmp_path: Path, fake: tuple[list[str], launcher.Variant]) -> None:
+        tmp_path: Path, fake: tuple[list[str], variants.Variant]) -> None:
     worker, variant = fake
     hangs = [Case(world_size=2, api="fusion_legacy", pattern="ar_rmsnorm", tokens=14,
                   hidden=h, dtype="bf16", strategy="oneshot", pdl=False) for h in (256, 512, 1024)]
@@ -242,7 +242,7 @@ def test_crash_after_a_reported_case_is_not_a_startup_failure(tmp_path: Path) ->
     script.write_text(FAKE_RANK.replace(
         '\nprint("@@DONE", flush=True)',
         '\n    if c["tokens"] == 12:\n        sys.exit(3)\nprint("@@DONE", flush=True)'))
-    variant = launcher.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
+    variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
     cases = [Case(world_size=2, api="custom_lamport", pattern="ar_rmsnorm", tokens=12,
                   hidden=h, dtype="bf16", strategy="oneshot", pdl=False) for h in (256, 512, 768)]
     out = launcher.run_cases([*cases, *_cases(1)], variant, tmp_path, timeouts=FAST,

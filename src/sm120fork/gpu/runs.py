@@ -1,0 +1,402 @@
+"""The GPU verbs' work: install the variants, build their modules, run, write the reports.
+
+``python -m sm120fork.gpu`` and ``sm120fork gpu`` parse their arguments into the options
+here and print what these functions return; nothing here prints or exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sm120fork.errors import ConfigError, VerifyError
+from sm120fork.gpu import cases as cases_mod
+from sm120fork.gpu import launcher, report, sglang_layer, variants
+from sm120fork.gpu.safety import check_backend
+from sm120fork.util import portable
+
+log = logging.getLogger("sm120fork")
+
+DEFAULT_WORK_DIR = Path(os.environ.get("SM120FORK_GPU_WORK", "/tmp/sm120fork-gpu"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """What ``test`` and ``bench`` share (the parser's common options)."""
+
+    command: str  # recorded in the reports
+    wheel_dirs: tuple[str, ...] = ()
+    prebuilt: tuple[str, ...] = ()
+    also_build: tuple[str, ...] = ()
+    quick: bool = False
+    out: Path | None = None
+    work_dir: Path = DEFAULT_WORK_DIR
+    backend: str = "trtllm"
+    allow_multicast: bool = False
+    startup_timeout: float = 300.0
+    case_timeout: float = 90.0
+    compile_timeout: float = 1200.0
+    time_budget: float | None = None
+    not_run: tuple[str, ...] = ()
+    started: float = dataclasses.field(default_factory=time.monotonic)
+
+    def timeouts(self) -> launcher.Timeouts:
+        deadline = None if self.time_budget is None else self.started + self.time_budget
+        return launcher.Timeouts(startup=self.startup_timeout, case=self.case_timeout,
+                                 deadline=deadline)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TestOptions(RunOptions):
+    world_sizes: tuple[int, ...] = (2, 4, 8)
+    apis: tuple[str, ...] | None = None
+    patterns: tuple[str, ...] | None = None
+    tokens: tuple[int, ...] | None = None
+    max_cases: int | None = None
+    primary: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchOptions(RunOptions):
+    world_size: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TestRun:
+    """What a ``test`` run wrote and found."""
+
+    paths: list[Path]
+    logs: Path
+    primary: str
+    total: int
+    failed: list[str]
+    summary: dict[str, int]
+
+    def error(self) -> VerifyError | None:
+        if not self.failed:
+            return None
+        return VerifyError(f"{len(self.failed)} cases fail with {self.primary}",
+                           fix=f"see {self.paths[1]}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchRun:
+    paths: list[Path]
+    failure: str | None
+
+    def error(self) -> VerifyError | None:
+        return None if self.failure is None else VerifyError(
+            f"bench ranks failed: {self.failure}")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
+
+
+def _run_dir(work: Path, what: str) -> Path:
+    path = work / "runs" / f"{what}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _nvidia_smi() -> dict[str, Any]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {}
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return {}
+    rows = [line.split(", ") for line in out.strip().splitlines() if line]
+    return {"driver": rows[0][1]} if rows and len(rows[0]) > 1 else {}
+
+
+def _nvcc() -> str | None:
+    exe = shutil.which("nvcc")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return out.strip().splitlines()[-1] if out.strip() else None
+
+
+def _manifest(wheel_dirs: Sequence[str], primary: str) -> dict[str, Any] | None:
+    """The toolkit manifest published beside the primary variant's wheel (if any)."""
+    for spec in wheel_dirs:
+        name, _, where = spec.partition("=")
+        if name != primary:
+            continue
+        folder = Path(where) if Path(where).is_dir() else Path(where).parent
+        path = folder / "manifest.json"
+        if path.is_file():
+            try:
+                data: dict[str, Any] = json.loads(path.read_text())
+                return data
+            except json.JSONDecodeError:
+                return {"error": f"{path} is not valid JSON"}
+    return None
+
+
+def prepare(opts: RunOptions, what: str, modules: Sequence[str],
+            ) -> tuple[Path, list[variants.Variant], dict[str, dict[str, Any]]]:
+    """Install every variant and build (or load) its modules; returns the run folder too."""
+    check_backend(opts.backend, allow_multicast=opts.allow_multicast,
+                  host_environ=os.environ)
+    specs = variants.parse_variant_specs(opts.wheel_dirs)
+    work = opts.work_dir
+    run_dir = _run_dir(work, what)
+    prebuilt = variants.parse_variant_specs(opts.prebuilt)
+    unknown = sorted(set(prebuilt) - set(specs))
+    if unknown:
+        raise ConfigError(f"--prebuilt for unknown variants {unknown}", where="--prebuilt")
+    installed = [variants.install_variant(name, path, work, prebuilt.get(name))
+                 for name, path in (specs.items() if specs else [("installed", None)])]
+    modules = [*modules, *(m for m in opts.also_build if m not in modules)]
+    log.info("building/loading FlashInfer modules %s for %s (cached under %s)", modules,
+             [v.name for v in installed], work)
+    started = time.monotonic()
+    compiled = variants.compile_variants(installed, run_dir, modules=modules,
+                                         timeout=opts.compile_timeout)
+    retry = [i for i, v in enumerate(installed)
+             if v.aot_modules and not compiled[v.name]["ok"]]
+    if retry:
+        for i in retry:
+            log.warning("variant %s: prebuilt modules failed to load, JIT-compiling:\n%s",
+                        installed[i].name, "\n".join(compiled[installed[i].name]["tail"]))
+            installed[i] = installed[i].without_prebuilt()
+        again = variants.compile_variants([installed[i] for i in retry], run_dir,
+                                          modules=modules, timeout=opts.compile_timeout)
+        for name, info in again.items():
+            info["prebuilt_failure"] = compiled[name]["failure"]
+            compiled[name] = info
+    log.info("module step took %.0f s", time.monotonic() - started)
+    for name, info in compiled.items():
+        if not info["ok"]:
+            log.error("variant %s: JIT build failed: %s\n%s", name, info["failure"],
+                      "\n".join(info["tail"]))
+    return run_dir, installed, compiled
+
+
+def _environment(compiled: dict[str, dict[str, Any]], primary: str,
+                 wheel_dirs: Sequence[str]) -> dict[str, Any]:
+    env = dict(compiled.get(primary, {}).get("env", {}))
+    env.update(_nvidia_smi())
+    env["nvcc"] = _nvcc()
+    manifest = _manifest(wheel_dirs, primary)
+    if manifest is not None:
+        env["wheels_manifest"] = manifest
+    return env
+
+
+def _out_dir(opts: RunOptions, env: dict[str, Any]) -> Path:
+    if opts.out:
+        return opts.out
+    gpus = env.get("gpus") or ["unknown"]
+    return Path("reports/gpu") / report.gpu_slug(gpus[0], int(env.get("gpu_count") or 0))
+
+
+def _roles(opts: RunOptions, out: Path) -> portable.Roles:
+    """This machine's paths by role, for reports that travel (issue 8: no machine path)."""
+    return portable.machine_roles(Path.cwd(), {"gpu-work": opts.work_dir, "out": out})
+
+
+def _collect_logs(run_dir: Path, dest: Path, roles: portable.Roles) -> None:
+    """One log file per variant and world size: every attempt's rank logs, concatenated."""
+    dest.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, list[Path]] = {}
+    for path in sorted(run_dir.glob("*.log")):
+        stem = path.stem
+        group = stem.split("-a")[0] if "-ws" in stem else stem.split("-rank")[0]
+        groups.setdefault(group, []).append(path)
+    for group, paths in groups.items():
+        with (dest / f"{group}.log").open("w") as out:
+            for path in paths:
+                out.write(f"===== {path.name} =====\n")
+                out.write(portable.portable_text(path.read_text(errors="replace"), roles))
+                out.write("\n")
+
+
+def run_test(opts: TestOptions) -> TestRun:
+    """The correctness matrix over every variant (A/B), report under ``opts.out``."""
+    run_dir, installed, compiled = prepare(opts, "test", ["comm"])
+    names = [v.name for v in installed]
+    primary = opts.primary or ("patched" if "patched" in names else names[0])
+    if primary not in names:
+        raise ConfigError(f"--primary {primary} is not a variant", fix=f"one of {names}")
+    others = [n for n in names if n != primary]
+    baseline = "unpatched" if "unpatched" in others else (others[0] if others else None)
+    world_sizes = list(opts.world_sizes)
+    matrix = (cases_mod.quick_matrix if opts.quick else cases_mod.full_matrix)(world_sizes)
+    matrix = cases_mod.select(matrix, apis=opts.apis, patterns=opts.patterns,
+                              tokens=opts.tokens, max_cases=opts.max_cases)
+    timeouts = opts.timeouts()
+    results: dict[str, list[dict[str, Any]]] = {v.name: [] for v in installed}
+    # Variants alternate per batch, so a time budget leaves a complete A/B of what ran.
+    for batch in cases_mod.phases(matrix):
+        ws = batch[0].world_size
+        for variant in installed:
+            info = compiled[variant.name]
+            if not info["ok"]:
+                results[variant.name] += [
+                    {"key": c.key, "case": c.to_dict(), "status": "fail", "failure": "build",
+                     "reason": f"JIT build failed: {info['failure']}", "log_tail": info["tail"]}
+                    for c in batch]
+                continue
+            log.info("variant %s, world size %d: %d cases (%s)", variant.name, ws, len(batch),
+                     batch[0].api)
+            started = time.monotonic()
+            results[variant.name] += launcher.run_cases(
+                batch, variant, run_dir, backend=opts.backend,
+                allow_multicast=opts.allow_multicast, timeouts=timeouts, progress=log.info)
+            log.info("variant %s, world size %d took %.0f s", variant.name, ws,
+                     time.monotonic() - started)
+    env = _environment(compiled, primary, opts.wheel_dirs)
+    shared = any(ws > int(env.get("gpu_count") or 1) for ws in world_sizes)
+    from sm120fork.gpu.reference import tolerance_table
+
+    doc = {
+        "kind": "gpu-test", "created": _now(), "command": opts.command,
+        "title": f"{(env.get('gpus') or ['?'])[0]} x{env.get('gpu_count', '?')}",
+        "environment": env, "shared": shared, "quick": opts.quick,
+        "world_sizes": world_sizes, "primary": primary, "baseline": baseline,
+        "variants": {v.name: {**v.describe(), "flashinfer": compiled[v.name]["env"].get(
+            "flashinfer"), "compiled": compiled[v.name]["ok"],
+            "compile_failure": compiled[v.name]["failure"],
+            "prebuilt_failure": compiled[v.name].get("prebuilt_failure")}
+            for v in installed},
+        "tolerances": tolerance_table(), "results": results, "not_run": list(opts.not_run),
+    }
+    out = _out_dir(opts, env)
+    roles = _roles(opts, out)
+    paths = report.write_test_report(doc, out, roles)
+    _collect_logs(run_dir, out / "logs", roles)
+    failed = [r["key"] for r in results[primary] if r["status"] == "fail"]
+    order, table = report.ab_rows(doc)
+    classes = [report.classify({v: r["status"] for v, r in table[k].items()}, primary,
+                               baseline) for k in order]
+    summary = {c: classes.count(c) for c in sorted(set(classes))}
+    return TestRun(paths=paths, logs=out / "logs", primary=primary,
+                   total=len(results[primary]), failed=failed, summary=summary)
+
+
+def run_bench(opts: BenchOptions) -> BenchRun:
+    """One variant's latency against the baselines, report under ``opts.out``."""
+    if len(opts.wheel_dirs) > 1:
+        raise ConfigError("bench measures one variant", where="--wheel-dir")
+    run_dir, installed, compiled = prepare(opts, "bench", ["comm", "norm"])
+    variant = installed[0]
+    env = _environment(compiled, variant.name, opts.wheel_dirs)
+    if not compiled[variant.name]["ok"]:
+        raise VerifyError(f"JIT build failed for {variant.name}",
+                          detail="\n".join(compiled[variant.name]["tail"]))
+    gpu_count = int(env.get("gpu_count") or 1)
+    world = opts.world_size or max(2, gpu_count)
+    plan = cases_mod.bench_plan(world, quick=opts.quick)
+    started = time.monotonic()
+    records, rank_env, outcome = launcher.run_bench(
+        plan.to_dict(), variant, run_dir, backend=opts.backend,
+        allow_multicast=opts.allow_multicast, timeouts=opts.timeouts())
+    log.info("bench took %.0f s", time.monotonic() - started)
+    shared = world > gpu_count
+    doc = {
+        "kind": "gpu-bench", "created": _now(), "command": opts.command,
+        "title": f"{(env.get('gpus') or ['?'])[0]} x{gpu_count}, world size {world}"
+        + (f" ({report.SHARED_LABEL})" if shared else ""),
+        "environment": {**env, **{k: v for k, v in rank_env.items() if k not in env}},
+        "shared": shared, "label": report.SHARED_LABEL if shared else None,
+        "world_size": world, "dtype": plan.dtype, "plan": plan.to_dict(),
+        "variant": variant.name, **variant.describe(), "records": records,
+        "outcome": {"ok": outcome.ok, "failure": outcome.failure, "kind": outcome.kind,
+                    "log_tail": None if outcome.ok else outcome.tails},
+        "not_run": list(opts.not_run),
+    }
+    out = _out_dir(opts, env)
+    roles = _roles(opts, out)
+    paths = report.write_bench_report(doc, out, roles)
+    _collect_logs(run_dir, out / "logs", roles)
+    return BenchRun(paths=paths, failure=None if outcome.ok else outcome.failure)
+
+
+def rerender(test: Path | None, bench: Path | None, out: Path) -> list[Path]:
+    """Re-render reports from their JSON."""
+    written: list[Path] = []
+    if test:
+        written += report.write_test_report(json.loads(test.read_text()), out)
+    if bench:
+        written += report.write_bench_report(json.loads(bench.read_text()), out)
+    if not written:
+        raise ConfigError("nothing to render", fix="pass --test and/or --bench")
+    return written
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerOptions:
+    """``sglang-layer``: SGLang's fused-norm layer path in fresh rank groups."""
+
+    command: str
+    sglang_path: Path
+    out: Path
+    site: tuple[Path, ...] = ()
+    cases: tuple[str, ...] | None = None
+    device: str = "cuda"
+    world_size: int = 2
+    tokens: tuple[int, ...] | None = None
+    timeout: float = 120.0
+    first_timeout: float | None = None
+    start_timeout: float = 300.0
+    gates_in_memory: bool = False
+    title: str = "SGLang fused-norm layer path"
+    notes: tuple[str, ...] = ()
+
+
+def run_sglang_layer(opts: LayerOptions) -> list[sglang_layer.CaseOutcome]:
+    """Every case in fresh rank groups; report.md + report.json under ``opts.out``."""
+    chosen = list(opts.cases or (sglang_layer.GPU_CASES if opts.device == "cuda"
+                                 else sglang_layer.CPU_CASES))
+    outcomes = []
+    for index, case in enumerate(chosen):
+        timeout = opts.first_timeout if index == 0 and opts.first_timeout else opts.timeout
+        outcome = sglang_layer.run_case(
+            case, sglang_path=opts.sglang_path, device=opts.device,
+            world_size=opts.world_size, tokens=list(opts.tokens) if opts.tokens else None,
+            timeout=timeout, start_timeout=opts.start_timeout, extra_path=list(opts.site),
+            gates_in_memory=opts.gates_in_memory)
+        log.info("%s: %s in %.0f s %s", case, "PASS" if outcome.passed else "FAIL",
+                 outcome.seconds, "; ".join(outcome.problems))
+        outcomes.append(outcome)
+        _write_sglang_layer_report(opts, outcomes, done=index + 1 == len(chosen))
+    return outcomes
+
+
+def _write_sglang_layer_report(opts: LayerOptions,
+                               outcomes: Sequence[sglang_layer.CaseOutcome], *,
+                               done: bool) -> None:
+    """Rewritten after every case, so a run cut short still leaves what it finished."""
+    opts.out.mkdir(parents=True, exist_ok=True)
+    notes = [f"command: `{opts.command}`",
+             f"{'finished' if done else 'in progress'} {_now()}", *opts.notes]
+    (opts.out / "report.md").write_text(
+        sglang_layer.render(outcomes, title=opts.title, notes=notes), encoding="utf-8")
+    (opts.out / "report.json").write_text(
+        json.dumps({"notes": notes, "cases": sglang_layer.to_json(outcomes)}, indent=1),
+        encoding="utf-8")
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """How a report names the command that made it."""
+    return shlex.join(["python", "-m", "sm120fork.gpu", *argv])

@@ -1,0 +1,181 @@
+"""The FlashInfer builds under test: installed each into its own directory, modules built once.
+
+A variant is one flashinfer_python wheel with its own import path and JIT cache, so that
+patched and unpatched builds never share compiled modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sm120fork.errors import ConfigError
+from sm120fork.gpu import protocol
+from sm120fork.gpu.safety import rank_environment
+from sm120fork.gpu.supervise import run_group
+from sm120fork.util.files import sha256_file
+
+log = logging.getLogger("sm120fork")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Variant:
+    """One FlashInfer build under test, with its own import path and JIT cache."""
+
+    name: str
+    wheel: Path | None
+    sha256: str | None
+    site: Path | None
+    jit_base: Path
+    aot_modules: tuple[str, ...] = ()
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        paths = [str(self.site)] if self.site else []
+        paths.append(str(source_root()))
+        if base.get("PYTHONPATH"):
+            paths.append(base["PYTHONPATH"])
+        return rank_environment(base, {
+            "PYTHONPATH": os.pathsep.join(paths),
+            "FLASHINFER_WORKSPACE_BASE": str(self.jit_base),
+        })
+
+    def describe(self) -> dict[str, Any]:
+        return {"wheel": self.wheel.name if self.wheel else None, "sha256": self.sha256,
+                "site": str(self.site) if self.site else None,
+                "prebuilt_modules": list(self.aot_modules)}
+
+    def aot_dir(self) -> Path | None:
+        """Where FlashInfer looks for prebuilt modules (when no flashinfer-jit-cache)."""
+        return self.site / "flashinfer" / "data" / "aot" if self.site else None
+
+    def without_prebuilt(self) -> Variant:
+        """Remove the prebuilt modules so that FlashInfer JIT-compiles them instead."""
+        aot = self.aot_dir()
+        for module in self.aot_modules:
+            if aot is not None and (aot / module).exists():
+                shutil.rmtree(aot / module)
+        return dataclasses.replace(self, aot_modules=())
+
+
+def source_root() -> Path:
+    """The directory that holds the ``sm120fork`` package (goes on the ranks' PYTHONPATH)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def parse_variant_specs(specs: Sequence[str]) -> dict[str, Path]:
+    """``NAME=DIR_OR_WHEEL`` options -> {name: path}, names unique."""
+    out: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"bad variant {spec!r}", where="--wheel-dir",
+                              fix="write NAME=DIR, e.g. patched=wheels/sglang-0.5.10")
+        if name in out:
+            raise ConfigError(f"variant {name!r} given twice", where="--wheel-dir")
+        out[name] = Path(path)
+    return out
+
+
+def find_flashinfer_wheel(path: Path) -> Path:
+    if path.is_file():
+        return path
+    wheels = sorted(path.glob("flashinfer_python-*.whl"))
+    if len(wheels) != 1:
+        raise ConfigError(
+            f"expected exactly one flashinfer_python-*.whl, found {len(wheels)}",
+            where=str(path), fix="point --wheel-dir at a directory with one FlashInfer wheel")
+    return wheels[0]
+
+
+def install_variant(name: str, source: Path | None, work_dir: Path,
+                    prebuilt: Path | None = None) -> Variant:
+    """Install the variant's wheel into its own target directory (no index, no deps).
+
+    ``prebuilt``: a directory of ``<module>/<module>.so`` built elsewhere from the same
+    wheel (e.g. on a CPU machine with the same nvcc); they go where FlashInfer looks for
+    AOT modules, which saves the minutes of JIT compilation per variant on the GPU box.
+    """
+    base = work_dir / name
+    jit = base / "jit"
+    jit.mkdir(parents=True, exist_ok=True)
+    if source is None:
+        return Variant(name=name, wheel=None, sha256=None, site=None, jit_base=jit)
+    wheel = find_flashinfer_wheel(source)
+    digest = sha256_file(wheel)
+    site = base / "site"
+    marker = base / "installed.sha256"
+    if not (marker.exists() and marker.read_text().strip() == digest and site.is_dir()):
+        if site.exists():
+            shutil.rmtree(site)
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+               "--no-compile", "--target", str(site), str(wheel)]
+        log.info("+ %s", " ".join(cmd))
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            from sm120fork.errors import CommandError
+
+            raise CommandError(f"installing {wheel.name} for variant {name} failed",
+                               detail=(proc.stdout + proc.stderr)[-4000:])
+        marker.write_text(digest + "\n")
+    variant = Variant(name=name, wheel=wheel, sha256=digest, site=site, jit_base=jit)
+    aot = variant.aot_dir()
+    assert aot is not None
+    modules: list[str] = []
+    if prebuilt is not None:
+        for so in sorted(prebuilt.glob("*/*.so")):
+            if so.stem != so.parent.name:
+                continue
+            (aot / so.stem).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(so, aot / so.stem / so.name)
+            # the sources digest a patched FlashInfer checks before it loads a prebuilt
+            # module (patches/sglang-0.5.10/flashinfer/README-prebuilt.md)
+            marker = so.with_name(so.name + ".sources")
+            if marker.is_file():
+                shutil.copy2(marker, aot / so.stem / marker.name)
+            modules.append(so.stem)
+        if not modules:
+            raise ConfigError("no <module>/<module>.so files", where=str(prebuilt),
+                              fix="point --prebuilt at a FlashInfer cached_ops directory")
+    return dataclasses.replace(variant, aot_modules=tuple(modules))
+
+
+# ---- compile ---------------------------------------------------------------------------
+def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Sequence[str],
+                     timeout: float) -> dict[str, dict[str, Any]]:
+    """JIT-build each variant's modules once, all variants in parallel.
+
+    Returns per variant: {"ok", "env" (the probe's environment), "failure", "tail"}.
+    """
+    spec = run_dir / "compile-spec.json"
+    spec.write_text(json.dumps({"mode": "compile", "modules": list(modules)}))
+    envs: dict[int, dict[str, Any]] = {}
+
+    def on_line(idx: int, line: str) -> None:
+        parsed = protocol.parse(line)
+        if parsed and parsed[0] == "ENV":
+            envs[idx] = parsed[1]
+
+    outcome = run_group(
+        [[sys.executable, "-m", "sm120fork.gpu.worker", str(spec)] for _ in variants],
+        envs=[v.env(os.environ) for v in variants],
+        log_paths=[run_dir / f"compile-{v.name}.log" for v in variants],
+        idle_timeout=timeout, first_timeout=timeout, on_line=on_line, fail_fast=False)
+    result = {}
+    for idx, v in enumerate(variants):
+        rc = outcome.returncodes[idx]
+        ok = rc == 0
+        last = next((line for line in reversed(outcome.tails[idx]) if line.strip()), "")
+        failure = None if ok else (f"exit code {rc}: {last}" if rc is not None
+                                   else outcome.failure)
+        result[v.name] = {"ok": ok, "env": envs.get(idx, {}), "failure": failure,
+                          "tail": outcome.tails[idx]}
+    return result
+
