@@ -22,7 +22,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.gpu.variant_build import build_test_variant
+    from sm120fork.package.variant import build_test_variant
 
     wheel = build_test_variant(ws, ws.stack(args.stack), project_key=args.project,
                                name=args.name, force=args.force)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import ConfigError
-from sm120fork.gpu.variant_build import build_test_variant, variant_series_dir
+from sm120fork.package.variant import build_test_variant, variant_series_dir
 
 from conftest import make_patch, write_series
 from helpers_ws import make_demo
