@@ -60,8 +60,8 @@ from sm120fork.patch.series import (
     load_series,
 )
 from sm120fork.patch.tree import prepare_tree
+from sm120fork.patch.upstream_match import match_upstream
 from sm120fork.util.proc import Git
-from sm120fork.verify.upstream_match import match_upstream
 from sm120fork.workspace import Workspace
 
 _SHA1 = re.compile(r"[0-9a-f]{40}")

@@ -25,8 +25,8 @@ from sm120fork.patch.series import (
     load_series,
 )
 from sm120fork.patch.tree import prepare_tree, read_state
+from sm120fork.patch.upstream_match import match_upstream
 from sm120fork.util.proc import Git
-from sm120fork.verify.upstream_match import match_upstream
 from sm120fork.workspace import Workspace
 
 

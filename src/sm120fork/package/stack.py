@@ -31,6 +31,7 @@ from sm120fork.errors import BuildError
 from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import Progress, source_key
 from sm120fork.fetch.wheel import download_wheels
+from sm120fork.package.artifact import check_wheel, require_passed
 from sm120fork.package.publish import ProjectBuild, publish
 from sm120fork.package.repack import check_same_preimage, check_series_for_wheel, repack_wheel
 from sm120fork.package.wheel import build_wheel, wheel_extras, wheel_requirements
@@ -46,7 +47,6 @@ from sm120fork.util.files import (
     sha256_file,
 )
 from sm120fork.util.proc import allow_children, end_children
-from sm120fork.verify.artifact import check_wheel, require_passed
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")

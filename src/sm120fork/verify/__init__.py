@@ -1,2 +1,1 @@
-"""Verify: what each patch does, checked in the artifact we ship; the one "already
-upstream" matcher (:mod:`.upstream_match`)."""
+"""Verify: the evidence each patch's ``Verified-By`` header names, made from the stack."""

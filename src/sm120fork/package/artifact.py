@@ -3,7 +3,7 @@
 For each ``Fingerprint: <path>: <text>`` of each patch: the text is present in the file
 that ships in the built wheel (the member whose path ends with the path relative to the
 package root) and absent from the same file in unpatched upstream (both tested by
-:mod:`sm120fork.verify.upstream_match`, the one "already upstream" definition).  A patch
+:mod:`sm120fork.patch.upstream_match`, the one "already upstream" definition).  A patch
 that applies to the source but never reaches the wheel fails the build.
 """
 
@@ -17,8 +17,8 @@ from sm120fork.declare import Project
 from sm120fork.errors import ArtifactCheckError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Fingerprint, Series
+from sm120fork.patch.upstream_match import fingerprint_in, fingerprints_at
 from sm120fork.util.proc import Git
-from sm120fork.verify.upstream_match import fingerprint_in, fingerprints_at
 
 
 @dataclass(frozen=True, kw_only=True)

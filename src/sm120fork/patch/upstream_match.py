@@ -2,7 +2,7 @@
 
 ``Fingerprint`` lines are our own text, matched literally; ``Effect`` / ``Effect-Absent``
 lines recognise a fix that upstream wrote in its own words (patches/README.md).  The
-artifact check (``verify/artifact.py``), ``status`` and ``bump`` all ask here.
+artifact check (``package/artifact.py``), ``status`` and ``bump`` all ask here.
 """
 
 from __future__ import annotations
