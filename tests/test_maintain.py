@@ -34,6 +34,7 @@ from sm120fork.errors import (
 )
 from sm120fork.maintain.bump import bump, bump_abort, bump_continue
 from sm120fork.maintain.pin import set_toml_values
+from sm120fork.maintain.refresh import refresh
 from sm120fork.maintain.state import (
     CONFLICT,
     RESOLVED,
@@ -43,7 +44,6 @@ from sm120fork.maintain.state import (
 )
 from sm120fork.maintain.status import status
 from sm120fork.package.stack import build_stack
-from sm120fork.patch.refresh import refresh
 from sm120fork.patch.series import Fingerprint, parse_patch
 
 from conftest import git, make_patch, write_series

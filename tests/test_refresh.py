@@ -10,8 +10,8 @@ import pytest
 from helpers_maintain import commit_checkout, hint_commands, run_hint
 from sm120fork.cli.main import main
 from sm120fork.errors import DirtyTreeError
+from sm120fork.maintain.refresh import refresh
 from sm120fork.package.stack import build_stack
-from sm120fork.patch.refresh import refresh
 
 from conftest import git
 from helpers_ws import DemoWorkspace, make_demo

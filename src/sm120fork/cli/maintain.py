@@ -171,7 +171,7 @@ def refresh_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.patch.refresh import refresh
+    from sm120fork.maintain.refresh import refresh
 
     r = refresh(ws, args.stack, args.project, force=args.force)
     for label, names in (("added", r.added), ("removed", r.removed), ("changed", r.changed)):

@@ -10,7 +10,6 @@ import datetime as dt
 import email.utils
 import os
 import re
-import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,21 +17,16 @@ from pathlib import Path
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import (
     CommandError,
-    DirtyTreeError,
-    MaintenanceError,
     SeriesError,
 )
 from sm120fork.fetch.source import UPSTREAM_TAG, source_key
-from sm120fork.maintain.state import (
-    BumpState,
-)
 from sm120fork.patch.apply import apply_series
 from sm120fork.patch.series import (
     load_series,
     parse_patch,
     read_series_file,
 )
-from sm120fork.patch.tree import TreeState, keep_uncommitted_hint, open_tree, write_state
+from sm120fork.patch.tree import TreeState, write_state
 from sm120fork.util.proc import Git
 from sm120fork.workspace import Workspace
 
@@ -144,60 +138,3 @@ def uncommitted_series_files(ws: Workspace, directory: Path) -> list[str]:
     out = checkout("status", "--porcelain", "--untracked-files=all", "--", rel, quiet=True,
                    strip=False)
     return [line[3:] for line in out.splitlines() if line.strip()]
-
-
-def refresh(ws: Workspace, stack_name: str, project_key: str, *,
-            force: bool = False) -> RefreshResult:
-    """Export the fork tree's commits into the project's series.
-
-    Refuses, unless ``force``, when patch files of the series have uncommitted edits: the
-    export would overwrite them with the fork tree's version.
-    """
-    stack = ws.stack(stack_name)
-    project = stack.project(project_key)
-    again = shlex.join(["python", "-m", "sm120fork", "refresh", stack.name, project.key])
-    with ws.lock():
-        if BumpState.load(ws, stack.name, project.key):
-            bump = shlex.join(["python", "-m", "sm120fork", "bump", stack.name, project.key])
-            raise MaintenanceError(
-                "a bump of this project is in progress", where=f"{stack.name}/{project.key}",
-                fix=f"finish it: `{bump} --continue` (or `{bump} --abort`)")
-        tree = open_tree(ws, stack, project)
-        work, state, repo = tree.path, tree.state, tree.repo
-        if repo.am_in_progress():
-            raise DirtyTreeError(
-                "a git am is in progress in the fork tree", where=str(work),
-                fix=f"finish it (`git -C {shlex.quote(str(work))} am --continue`) or drop it "
-                    f"(`git -C {shlex.quote(str(work))} am --abort`), then `{again}`")
-        if repo.is_dirty():
-            raise DirtyTreeError(
-                "the fork tree has uncommitted changes; refresh exports commits only",
-                where=str(work), fix=keep_uncommitted_hint(work, then=f"`{again}`"))
-        if state.source != source_key(project):
-            saved = shlex.quote(str(ws.state_dir / "saved" / stack.name / project.key))
-            raise MaintenanceError(
-                "the fork tree was made for another pin; its commits cannot be exported "
-                "onto this one", where=str(work),
-                fix=f"save them (`git -C {shlex.quote(str(work))} format-patch -o {saved} "
-                    f"upstream..HEAD`), then `python -m sm120fork build --stack {stack.name} "
-                    "--force`")
-        series_dir = ws.series_dir(project)
-        edited = uncommitted_series_files(ws, series_dir)
-        if edited and not force:
-            rel = shlex.quote(os.path.relpath(series_dir, ws.root))
-            root = shlex.quote(str(ws.root))
-            clean_tree = repo.head() == state.head and state.complete
-            build = (f"`python -m sm120fork build --stack {stack.name}` makes the fork tree "
-                     "from them (no refresh needed then); or " if clean_tree else "")
-            raise DirtyTreeError(
-                f"patch files have uncommitted edits that refresh would overwrite: "
-                f"{', '.join(edited)}", where=str(series_dir),
-                fix=f"{build}commit them first (`git -C {root} add -A {rel} && git -C {root} "
-                    f"commit -m 'patches: keep edits'`), then `{again}`; or `{again} --force` "
-                    "to overwrite them with the fork tree's commits")
-        result = export_series(repo, series_dir, stack=stack.name, project=project.key)
-        series = load_series(series_dir)
-        if result.wrote_anything or state.series != series.digest or (
-                repo.head() != state.head) or not state.complete:
-            reapply_series(ws, stack, project, repo, state.base)
-        return result
