@@ -59,9 +59,13 @@ def _merge(case: Case, records: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+NOT_RUN_REASON = "not run: the run's time budget (--time-budget) was used up"
+
+
 def _not_run(case: Case) -> dict[str, Any]:
-    return {"key": case.key, "case": case.to_dict(), "status": "skip",
-            "reason": "not run: the run's time budget (--time-budget) was used up"}
+    """A case the budget left out: a skip that says so (``not_run``), never a pass."""
+    return {"key": case.key, "case": case.to_dict(), "status": "skip", "not_run": True,
+            "reason": NOT_RUN_REASON}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -99,6 +99,22 @@ def _worst_rel(rec: dict[str, Any] | None) -> str:
     return f"{max(vals):.2e}" if vals else "NaN"
 
 
+def _completion_lines(doc: dict[str, Any]) -> list[str]:
+    """Whether every planned case ran, and the module build's time (outside the budget)."""
+    lines = []
+    if doc.get("finished") is False:
+        missing = sum(1 for recs in doc.get("results", {}).values() for r in recs
+                      if r.get("not_run"))
+        lines.append("**Not finished**: " + (f"{missing} planned case runs did not run "
+                     "(time budget used up)" if missing else "the run ended early") + ".")
+    if "module_seconds" in doc:
+        budget = doc.get("time_budget")
+        lines.append(f"Module build: {doc['module_seconds']:.0f} s"
+                     + (f", outside the cases' time budget of {budget:.0f} s." if budget
+                        else "."))
+    return [*lines, ""] if lines else []
+
+
 def render_test_markdown(doc: dict[str, Any]) -> str:
     primary: str = doc["primary"]
     baseline: str | None = doc.get("baseline")
@@ -107,6 +123,7 @@ def render_test_markdown(doc: dict[str, Any]) -> str:
     lines = [f"# Fused all-reduce correctness: {doc.get('title', '')}".rstrip(), ""]
     command = doc.get("command", "python -m sm120fork.gpu test")
     lines += [f"Created {doc.get('created', '?')} by `{command}`.", ""]
+    lines += _completion_lines(doc)
     if doc.get("shared"):
         lines += ["**Ranks shared GPUs** (more ranks than GPUs): each rank is its own process "
                   "with its own CUDA context; handles went over a gloo group and buffers over "
@@ -281,6 +298,7 @@ def render_bench_markdown(doc: dict[str, Any]) -> str:
     lines = [f"# Fused all-reduce throughput: {doc.get('title', '')}".rstrip(), ""]
     command = doc.get("command", "python -m sm120fork.gpu bench")
     lines += [f"Created {doc.get('created', '?')} by `{command}`.", ""]
+    lines += _completion_lines(doc)
     if doc.get("shared"):
         lines += [f"**{SHARED_LABEL}.** {doc.get('world_size')} ranks time-slice "
                   f"{doc.get('environment', {}).get('gpu_count', '?')} GPU(s); every number "

@@ -48,10 +48,11 @@ class RunOptions:
     compile_timeout: float = 1200.0
     time_budget: float | None = None
     not_run: tuple[str, ...] = ()
-    started: float = dataclasses.field(default_factory=time.monotonic)
+    allow_partial: bool = False
 
     def timeouts(self) -> launcher.Timeouts:
-        deadline = None if self.time_budget is None else self.started + self.time_budget
+        """The cases' limits; the budget counts from now (after the module build)."""
+        deadline = None if self.time_budget is None else time.monotonic() + self.time_budget
         return launcher.Timeouts(startup=self.startup_timeout, case=self.case_timeout,
                                  deadline=deadline)
 
@@ -72,31 +73,111 @@ class BenchOptions(RunOptions):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Tally:
+    """One variant's records counted: what ran, what was skipped, what the budget left out."""
+
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    not_run: int = 0
+
+    @classmethod
+    def of(cls, records: Sequence[dict[str, Any]]) -> Tally:
+        def count(status: str, not_run: bool = False) -> int:
+            return sum(1 for r in records
+                       if r["status"] == status and bool(r.get("not_run")) == not_run)
+        return cls(passed=count("pass"), failed=count("fail"), skipped=count("skip"),
+                   not_run=count("skip", not_run=True))
+
+    @property
+    def total(self) -> int:
+        return self.passed + self.failed + self.skipped + self.not_run
+
+    @property
+    def ran(self) -> int:
+        return self.passed + self.failed
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TestRun:
     """What a ``test`` run wrote and found."""
 
     paths: list[Path]
     logs: Path
     primary: str
-    total: int
+    tallies: dict[str, Tally]
     failed: list[str]
     summary: dict[str, int]
+    module_seconds: float
+    time_budget: float | None = None
+    allow_partial: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.tallies[self.primary].total
+
+    @property
+    def not_run(self) -> int:
+        return sum(t.not_run for t in self.tallies.values())
+
+    def headline(self) -> list[str]:
+        """A line per variant, then the module build and whether the run is partial."""
+        lines = []
+        for name, t in self.tallies.items():
+            line = (f"{name}: {t.failed} failing, {t.passed} passing, {t.skipped} skipped"
+                    f" of {t.total}")
+            if t.not_run:
+                line += f"; {t.not_run} NOT RUN (time budget used up)"
+            if not t.ran:
+                line += "; NOTHING RAN"
+            lines.append(line)
+        budget = ("" if self.time_budget is None else
+                  f"; cases' time budget {self.time_budget:.0f} s, counted after it")
+        lines.append(f"module build {self.module_seconds:.0f} s{budget}; A/B: {self.summary}")
+        if self.not_run:
+            lines.append("PARTIAL RUN: not every planned case ran"
+                         + (" (accepted: --allow-partial)" if self.allow_partial else ""))
+        return lines
 
     def error(self) -> VerifyError | None:
-        if not self.failed:
-            return None
-        return VerifyError(f"{len(self.failed)} cases fail with {self.primary}",
-                           fix=f"see {self.paths[1]}")
+        if self.failed:
+            return VerifyError(f"{len(self.failed)} cases fail with {self.primary}",
+                               fix=f"see {self.paths[1]}")
+        nothing = [n for n, t in self.tallies.items() if not t.ran]
+        if nothing:
+            return VerifyError(f"no case ran for {', '.join(nothing)}: every case was skipped "
+                               "or not run", fix=f"see {self.paths[1]}")
+        if self.not_run and not self.allow_partial:
+            return VerifyError(
+                f"{self.not_run} planned cases did not run: the time budget was used up",
+                fix="raise --time-budget, or pass --allow-partial to accept a partial run")
+        return None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BenchRun:
     paths: list[Path]
     failure: str | None
+    kind: str | None = None
+    timed: int = 0
+    module_seconds: float = 0.0
+    allow_partial: bool = False
+
+    def headline(self) -> list[str]:
+        return [f"{self.timed} bench points timed; module build {self.module_seconds:.0f} s"
+                + ("; PARTIAL RUN: the time budget was used up" if self.kind == "budget"
+                   else "")]
 
     def error(self) -> VerifyError | None:
-        return None if self.failure is None else VerifyError(
-            f"bench ranks failed: {self.failure}")
+        if self.kind == "budget" and self.timed and self.allow_partial:
+            return None
+        if self.failure is not None:
+            return VerifyError(f"bench ranks failed: {self.failure}", fix=(
+                "raise --time-budget, or pass --allow-partial to accept a partial run"
+                if self.kind == "budget" else None))
+        if not self.timed:
+            return VerifyError("the bench timed nothing", fix="see the bench report")
+        return None
 
 
 def _now() -> str:
@@ -152,8 +233,17 @@ def _manifest(wheel_dirs: Sequence[str], primary: str) -> dict[str, Any] | None:
     return None
 
 
-def prepare(opts: RunOptions, what: str, modules: Sequence[str],
-            ) -> tuple[Path, list[variants.Variant], dict[str, dict[str, Any]]]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """The run folder, the installed variants and their module build (outside the budget)."""
+
+    run_dir: Path
+    variants: list[variants.Variant]
+    compiled: dict[str, dict[str, Any]]
+    module_seconds: float
+
+
+def prepare(opts: RunOptions, what: str, modules: Sequence[str]) -> Prepared:
     """Install every variant and build (or load) its modules; returns the run folder too."""
     check_backend(opts.backend, allow_multicast=opts.allow_multicast,
                   host_environ=os.environ)
@@ -184,12 +274,14 @@ def prepare(opts: RunOptions, what: str, modules: Sequence[str],
         for name, info in again.items():
             info["prebuilt_failure"] = compiled[name]["failure"]
             compiled[name] = info
-    log.info("module step took %.0f s", time.monotonic() - started)
+    seconds = time.monotonic() - started
+    log.info("module step took %.0f s (not counted in --time-budget)", seconds)
     for name, info in compiled.items():
         if not info["ok"]:
             log.error("variant %s: JIT build failed: %s\n%s", name, info["failure"],
                       "\n".join(info["tail"]))
-    return run_dir, installed, compiled
+    return Prepared(run_dir=run_dir, variants=installed, compiled=compiled,
+                    module_seconds=seconds)
 
 
 def _environment(compiled: dict[str, dict[str, Any]], primary: str,
@@ -233,7 +325,8 @@ def _collect_logs(run_dir: Path, dest: Path, roles: portable.Roles) -> None:
 
 def run_test(opts: TestOptions) -> TestRun:
     """The correctness matrix over every variant (A/B), report under ``opts.out``."""
-    run_dir, installed, compiled = prepare(opts, "test", ["comm"])
+    prepared = prepare(opts, "test", ["comm"])
+    run_dir, installed, compiled = prepared.run_dir, prepared.variants, prepared.compiled
     names = [v.name for v in installed]
     primary = opts.primary or ("patched" if "patched" in names else names[0])
     if primary not in names:
@@ -280,6 +373,8 @@ def run_test(opts: TestOptions) -> TestRun:
             "prebuilt_failure": compiled[v.name].get("prebuilt_failure")}
             for v in installed},
         "tolerances": tolerance_table(), "results": results, "not_run": list(opts.not_run),
+        "module_seconds": round(prepared.module_seconds, 1), "time_budget": opts.time_budget,
+        "finished": not any(r.get("not_run") for recs in results.values() for r in recs),
     }
     out = _out_dir(opts, env)
     roles = _roles(opts, out)
@@ -287,18 +382,22 @@ def run_test(opts: TestOptions) -> TestRun:
     _collect_logs(run_dir, out / "logs", roles)
     failed = [r["key"] for r in results[primary] if r["status"] == "fail"]
     order, table = report.ab_rows(doc)
-    classes = [report.classify({v: r["status"] for v, r in table[k].items()}, primary,
-                               baseline) for k in order]
+    classes = ["not run" if any(r.get("not_run") for r in table[k].values())
+               else report.classify({v: r["status"] for v, r in table[k].items()}, primary,
+                                    baseline) for k in order]
     summary = {c: classes.count(c) for c in sorted(set(classes))}
     return TestRun(paths=paths, logs=out / "logs", primary=primary,
-                   total=len(results[primary]), failed=failed, summary=summary)
+                   tallies={name: Tally.of(recs) for name, recs in results.items()},
+                   failed=failed, summary=summary, module_seconds=prepared.module_seconds,
+                   time_budget=opts.time_budget, allow_partial=opts.allow_partial)
 
 
 def run_bench(opts: BenchOptions) -> BenchRun:
     """One variant's latency against the baselines, report under ``opts.out``."""
     if len(opts.wheel_dirs) > 1:
         raise ConfigError("bench measures one variant", where="--wheel-dir")
-    run_dir, installed, compiled = prepare(opts, "bench", ["comm", "norm"])
+    prepared = prepare(opts, "bench", ["comm", "norm"])
+    run_dir, installed, compiled = prepared.run_dir, prepared.variants, prepared.compiled
     variant = installed[0]
     env = _environment(compiled, variant.name, opts.wheel_dirs)
     if not compiled[variant.name]["ok"]:
@@ -324,12 +423,17 @@ def run_bench(opts: BenchOptions) -> BenchRun:
         "outcome": {"ok": outcome.ok, "failure": outcome.failure, "kind": outcome.kind,
                     "log_tail": None if outcome.ok else outcome.tails},
         "not_run": list(opts.not_run),
+        "module_seconds": round(prepared.module_seconds, 1), "time_budget": opts.time_budget,
+        "finished": outcome.ok,
     }
     out = _out_dir(opts, env)
     roles = _roles(opts, out)
     paths = report.write_bench_report(doc, out, roles)
     _collect_logs(run_dir, out / "logs", roles)
-    return BenchRun(paths=paths, failure=None if outcome.ok else outcome.failure)
+    timed = sum(1 for r in records if r.get("kind") == "point" and "median_us" in r)
+    return BenchRun(paths=paths, failure=None if outcome.ok else outcome.failure,
+                    kind=outcome.kind, timed=timed, module_seconds=prepared.module_seconds,
+                    allow_partial=opts.allow_partial)
 
 
 def rerender(test: Path | None, bench: Path | None, out: Path) -> list[Path]:

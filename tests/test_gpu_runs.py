@@ -1,0 +1,118 @@
+"""``gpu test`` end to end on CPU: fake module build, fake rank processes, the real runs.
+
+What a user relies on: a run whose cases did not run never reads as a pass, and the
+module build's minutes do not eat the cases' time budget (issue 22 item 4).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import textwrap
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm120fork.cli.gpu import main
+from sm120fork.gpu import launcher, runs, variants
+
+FAKE_RANK = textwrap.dedent("""\
+    import json, os, sys, time
+    from sm120fork.gpu.cases import Case
+    spec = json.load(open(sys.argv[1])); rank = int(sys.argv[2])
+    mode = os.environ["FAKE_RANK_MODE"]
+    for c in spec["cases"]:
+        key = Case.from_dict(c).key
+        print("@@START " + key, flush=True)
+        if mode == "hang":
+            time.sleep(600)
+        status = "skip" if mode == "skip" else "pass"
+        print("@@RESULT " + json.dumps({"key": key, "rank": rank, "status": status,
+              "reason": "needs sm_100+" if status == "skip" else None, "checks": []}),
+              flush=True)
+    print("@@DONE", flush=True)
+""")
+
+
+@pytest.fixture
+def fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Module build that takes 3 s and succeeds; ranks are the fake script above."""
+    script = tmp_path / "fake_rank.py"
+    script.write_text(FAKE_RANK)
+
+    def compile_variants(installed: Sequence[variants.Variant], _run_dir: Path, **_: Any
+                         ) -> dict[str, dict[str, Any]]:
+        time.sleep(3.0)
+        return {v.name: {"ok": True, "env": {"gpu_count": 1, "gpus": ["Fake GPU"]},
+                         "failure": None, "tail": []} for v in installed}
+
+    monkeypatch.setattr(variants, "compile_variants", compile_variants)
+    monkeypatch.setattr(launcher, "run_cases", functools.partial(
+        launcher.run_cases, worker=(sys.executable, str(script))))
+    return tmp_path
+
+
+def _test(tmp: Path, *extra: str) -> list[str]:
+    return ["test", "--quick", "--world-sizes", "2", "--api", "fusion_legacy",
+            "--max-cases", "3", "--work-dir", str(tmp / "work"), "--out", str(tmp / "out"),
+            "--startup-timeout", "60", *extra]
+
+
+def test_the_time_budget_starts_after_the_module_build(
+        fake_gpu: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FAKE_RANK_MODE", "pass")
+    assert main(_test(fake_gpu, "--time-budget", "2")) == 0
+    doc = json.loads((fake_gpu / "out" / "test-ab.json").read_text())
+    assert [r["status"] for r in doc["results"]["installed"]] == ["pass"] * 3
+    assert doc["finished"] is True
+    assert doc["module_seconds"] >= 3
+    out = capsys.readouterr().out
+    assert "installed: 0 failing, 3 passing, 0 skipped of 3" in out
+    assert "module build 3 s; cases' time budget 2 s, counted after it" in out
+
+
+def test_cases_left_out_by_the_budget_make_the_run_fail_unless_partial_is_allowed(
+        fake_gpu: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FAKE_RANK_MODE", "hang")
+    assert main(_test(fake_gpu, "--time-budget", "2", "--case-timeout", "120")) == 13
+    captured = capsys.readouterr()
+    assert "3 NOT RUN (time budget used up)" in captured.out
+    assert "NOTHING RAN" in captured.out
+    assert "PARTIAL RUN" in captured.out
+    assert "no case ran for installed" in captured.err
+    doc = json.loads((fake_gpu / "out" / "test-ab.json").read_text())
+    assert doc["finished"] is False
+    assert "**Not finished**: 3 planned case runs did not run" in (
+        fake_gpu / "out" / "test-ab.md").read_text()
+
+
+def test_allow_partial_accepts_a_partial_run_but_says_so() -> None:
+    done = runs.TestRun(
+        paths=[Path("a.json"), Path("a.md")], logs=Path("logs"), primary="patched",
+        tallies={"patched": runs.Tally(passed=5, not_run=4),
+                 "unpatched": runs.Tally(passed=5, not_run=4)},
+        failed=[], summary={"pass both": 5, "not run": 4}, module_seconds=178.0,
+        time_budget=150.0, allow_partial=True)
+    assert done.error() is None
+    assert done.headline()[-1] == "PARTIAL RUN: not every planned case ran (accepted: " \
+        "--allow-partial)"
+    strict = runs.TestRun(**{**done.__dict__, "allow_partial": False})
+    error = strict.error()
+    assert error is not None
+    assert "8 planned cases did not run" in error.message
+
+
+def test_a_run_whose_cases_were_all_skipped_is_a_failure(
+        fake_gpu: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FAKE_RANK_MODE", "skip")
+    assert main(_test(fake_gpu, "--allow-partial")) == 13
+    captured = capsys.readouterr()
+    assert "installed: 0 failing, 0 passing, 3 skipped of 3; NOTHING RAN" in captured.out
+    assert "no case ran" in captured.err
