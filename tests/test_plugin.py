@@ -7,6 +7,7 @@ installed with a dist-info, so version checks and file lookups run as they do fo
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import logging
@@ -354,6 +355,46 @@ def test_build_publishes_the_plugin_beside_the_patched_wheel(tmp_path: Path) -> 
         ("G1", "sglang.supported_majors")]
     assert [w.name for w in ws.stack_wheels("s").glob("*.whl")] == [
         "sglang-0.5.23+sm120.1-py3-none-any.whl"]
+
+
+def _tree(folder: Path) -> dict[str, tuple[bytes, int, int]]:
+    """Every file under ``folder``: bytes, inode and mtime (a rewrite changes the last two)."""
+    return {p.relative_to(folder).as_posix(): (p.read_bytes(), p.stat().st_ino,
+                                               p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_second_build_with_the_plugin_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
+    ws = _sglang_stack(tmp_path, "0.5.23", framework=True)
+    build_stack(ws, ws.stack("s"))
+    out = ws.stack_wheels("s")
+    first = _tree(out)
+    assert "plugin/plugin.json" in first
+    build_stack(ws, ws.stack("s"))  # failed: "it holds files a build did not publish (plugin)"
+    assert _tree(out) == first
+
+
+def test_the_plugin_is_swapped_in_with_the_wheels(tmp_path: Path) -> None:
+    """A new series replaces wheel and plugin in the one swap: no old plugin is left."""
+    ws = _sglang_stack(tmp_path, "0.5.23", framework=True)
+    build_stack(ws, ws.stack("s"))
+    out = ws.stack_wheels("s")
+    (out / "plugin" / "sm120fork_sglang_plugin-0.5.23+sm120.0-py3-none-any.whl").write_bytes(
+        b"an older build's plugin")
+    series = ws.root / "patches" / "s" / "sglang"
+    patch = next(series.glob("*.patch"))
+    patch.write_text(patch.read_text().replace("allow 12", "allow 12 and 13"))
+    build_stack(ws, ws.stack("s"))
+    assert sorted(_tree(out)) == [
+        "constraints.txt", "manifest.json", "plugin/plugin.json",
+        "plugin/sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl",
+        "sglang-0.5.23+sm120.1-py3-none-any.whl"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    plugin = json.loads((out / "plugin" / "plugin.json").read_text())
+    assert manifest["wheels"][0]["patches"][0]["sha256"] == hashlib.sha256(
+        patch.read_bytes()).hexdigest()
+    assert plugin["sha256"] == hashlib.sha256(
+        (out / "plugin" / plugin["wheel"]).read_bytes()).hexdigest()
 
 
 def test_build_says_an_old_sglang_has_no_plugin_framework(

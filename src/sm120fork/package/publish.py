@@ -1,9 +1,11 @@
-"""Publish a stack's checked wheels, ``constraints.txt`` and ``manifest.json``.
+"""The release step: a stack's checked wheels, ``constraints.txt``, ``manifest.json``
+and whatever else the build made for that folder (the plugin's ``plugin/``), in one swap.
 
 Each stack has its own folder, ``wheels/<stack>/``: publishing one stack never touches
-another's.  The folder is written complete beside its final place and swapped in as a
-whole (:func:`sm120fork.util.files.replace_dir`), only after every project built and
-passed, so a reader never sees wheels of two builds mixed.
+another's.  Everything the folder will hold is staged beside its final place and swapped
+in as a whole (:func:`sm120fork.util.files.replace_dir`), only after every project built
+and passed, so a reader never sees files of two builds mixed, and a second build with
+nothing changed finds the folder as it would write it and leaves it alone.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,15 +85,45 @@ def _texts(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path) -
     }
 
 
-def _unchanged(out: Path, builds: list[ProjectBuild], texts: dict[str, str]) -> bool:
-    if not out.is_dir():
+#: What a published folder holds besides the wheels: a path relative to the folder ->
+#: the file to copy (a Path) or the text to write (a str).
+Files = Mapping[str, Path | str]
+
+
+def _wanted(builds: list[ProjectBuild], texts: dict[str, str],
+            extra: Files) -> dict[str, Path | str]:
+    wanted: dict[str, Path | str] = {b.wheel.name: b.wheel for b in builds}
+    for name, content in [*texts.items(), *extra.items()]:
+        if name in wanted:
+            raise BuildError(f"two files of one build would be published as {name}",
+                             where="publish", fix="report this as a toolkit bug")
+        wanted[name] = content
+    return wanted
+
+
+def _files(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()}
+
+
+def _unchanged(out: Path, wanted: dict[str, Path | str]) -> bool:
+    if not out.is_dir() or _files(out) != set(wanted):
         return False
-    wanted = {b.wheel.name for b in builds} | set(texts)
-    if {p.name for p in out.iterdir()} != wanted:
-        return False
-    return (all(sha256_file(out / b.wheel.name) == b.sha256 for b in builds)
-            and all((out / name).read_text(encoding="utf-8") == text
-                    for name, text in texts.items()))
+    for name, content in wanted.items():
+        have = out / name
+        if isinstance(content, Path):
+            if have.stat().st_size != content.stat().st_size or \
+                    sha256_file(have) != sha256_file(content):
+                return False
+        elif have.read_text(encoding="utf-8") != content:
+            return False
+    return True
+
+
+def _published_before(name: str, wanted: dict[str, Path | str]) -> bool:
+    """Whether a file found in the folder is one a publish writes (so it may be replaced)."""
+    folder = name.rpartition("/")[0]
+    same_folder = {n.rpartition("/")[0] for n in wanted}
+    return name in wanted or (name.endswith(".whl") and folder in same_folder)
 
 
 def remove_leftovers(out: Path) -> None:
@@ -105,19 +138,20 @@ def remove_leftovers(out: Path) -> None:
 
 
 def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
-            out: Path | None = None) -> Path:
-    """Replace ``wheels/<stack>/`` (or ``out``) by these wheels, constraints and manifest.
+            out: Path | None = None, *, extra: Files | None = None) -> Path:
+    """Replace ``wheels/<stack>/`` (or ``out``) by these wheels, constraints, manifest and
+    ``extra`` files (relative path -> source file or text), staged together, swapped once.
 
     Call with the workspace lock held: staging folders of killed runs are removed here.
     """
     out = out or ws.stack_wheels(stack.name)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(out)
-    texts = _texts(ws, stack, builds, out)
-    if _unchanged(out, builds, texts):
+    wanted = _wanted(builds, _texts(ws, stack, builds, out), extra or {})
+    if _unchanged(out, wanted):
         return out
-    foreign = sorted(p.name for p in out.iterdir()
-                     if p.suffix != ".whl" and p.name not in texts) if out.is_dir() else []
+    foreign = sorted(n for n in _files(out) if not _published_before(n, wanted)) \
+        if out.is_dir() else []
     if foreign:
         raise BuildError(f"it holds files a build did not publish ({', '.join(foreign[:5])}); "
                          "publishing replaces the whole folder",
@@ -125,11 +159,16 @@ def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
     staged = Path(tempfile.mkdtemp(prefix=f".{out.name}{_STAGING}", dir=out.parent))
     try:
         os.chmod(staged, 0o755)
-        for b in builds:
-            atomic_copy(b.wheel, staged / b.wheel.name)
-        for name, text in texts.items():
-            (staged / name).write_text(text, encoding="utf-8")
-            os.chmod(staged / name, 0o644)
+        for name, content in wanted.items():
+            dest = staged / name
+            if not dest.parent.is_dir():
+                dest.parent.mkdir(parents=True)
+                os.chmod(dest.parent, 0o755)
+            if isinstance(content, Path):
+                atomic_copy(content, dest)
+            else:
+                dest.write_text(content, encoding="utf-8")
+                os.chmod(dest, 0o644)
         replace_dir(staged, out)
     finally:
         shutil.rmtree(staged, ignore_errors=True)

@@ -37,7 +37,7 @@ from sm120fork.package.repack import check_same_preimage, check_series_for_wheel
 from sm120fork.package.wheel import build_wheel, wheel_extras, wheel_requirements
 from sm120fork.patch.series import Series, load_series
 from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree
-from sm120fork.plugin.build import build_plugin, publish_plugin
+from sm120fork.plugin.build import build_plugin, plugin_files
 from sm120fork.util.files import (
     atomic_copy,
     atomic_write_text,
@@ -365,5 +365,5 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
         if not only:
             plugin = build_plugin(ws, stack, force=force)
             log.info("%s", plugin.message)
-            publish_plugin(plugin, publish(ws, stack, builds, out))
+            publish(ws, stack, builds, out, extra=plugin_files(plugin))
     return builds

@@ -2,9 +2,10 @@
 
 SGLang's plugin framework (``sglang/srt/plugins/hook_registry.py``, entry-point group
 ``sglang.srt.plugins``) arrived in 0.5.11.  For such a stack the step generates the hooks
-from the stack's SGLang fork tree (:mod:`.generate`), builds the plugin wheel
-(:mod:`.package`) and publishes it into ``<stack wheels>/plugin/`` with ``plugin.json``
-(hooks, wheel-only patches, sha256), apart from the patched wheels so that
+from the stack's SGLang fork tree (:mod:`.generate`) and builds the plugin wheel
+(:mod:`.package`); the release step (:mod:`sm120fork.build.publish`) publishes it with the
+patched wheels, into ``<stack wheels>/plugin/`` with ``plugin.json`` (hooks, wheel-only
+patches, sha256), apart from the patched wheels so that
 ``pip install <dir>/*.whl`` installs one way or the other, never both.  For an older
 SGLang it says so: the patched wheel is the way there.
 """
@@ -27,7 +28,7 @@ from sm120fork.plugin import generate as generate_module
 from sm120fork.plugin.generate import UPSTREAM_TAG, generate_spec, patch_commits
 from sm120fork.plugin.package import DISTRIBUTION, build_plugin_wheel
 from sm120fork.plugin.runtime import Spec
-from sm120fork.util.files import atomic_copy, atomic_write_text, sha256_file
+from sm120fork.util.files import atomic_write_text, sha256_file
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -108,17 +109,9 @@ def build_plugin(ws: Workspace, stack: Stack, *, force: bool = False) -> PluginR
                                  f"{len(ids)} patch(es){only}"))
 
 
-def publish_plugin(result: PluginResult, out: Path) -> Path | None:
-    """Place the plugin wheel and ``plugin.json`` into ``out/plugin/`` (atomically)."""
-    target = out / PLUGIN_DIR
+def plugin_files(result: PluginResult) -> dict[str, Path | str]:
+    """What the release step publishes of the plugin: ``plugin/<wheel>`` and ``plugin.json``."""
     if result.wheel is None:
-        return None
-    target.mkdir(parents=True, exist_ok=True)
-    dest = target / result.wheel.name
-    if not dest.is_file() or sha256_file(dest) != sha256_file(result.wheel):
-        atomic_copy(result.wheel, dest)
-    atomic_write_text(target / PLUGIN_JSON, json.dumps(result.entry(), indent=2) + "\n")
-    for stale in target.glob("*.whl"):
-        if stale.name != dest.name:
-            stale.unlink()
-    return dest
+        return {}
+    return {f"{PLUGIN_DIR}/{result.wheel.name}": result.wheel,
+            f"{PLUGIN_DIR}/{PLUGIN_JSON}": json.dumps(result.entry(), indent=2) + "\n"}
