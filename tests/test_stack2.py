@@ -51,6 +51,23 @@ def builds(workspace: Workspace) -> list[ProjectBuild]:
     return build_stack(workspace, workspace.stack(STACK))
 
 
+def test_a_second_build_leaves_the_stack_folder_byte_identical(
+        workspace: Workspace, builds: list[ProjectBuild]) -> None:
+    """The release step stages the plugin with the wheels (a second build failed: "it
+    holds files a build did not publish (plugin)")."""
+    out = workspace.stack_wheels(STACK)
+
+    def tree() -> dict[str, str]:
+        return {p.relative_to(out).as_posix(): sha256_file(p)
+                for p in sorted(out.rglob("*")) if p.is_file()}
+
+    first = tree()
+    assert "plugin/plugin.json" in first
+    again = build_stack(workspace, workspace.stack(STACK))
+    assert all(b.cached for b in again)
+    assert tree() == first
+
+
 def test_flashinfer_is_used_as_published(builds: list[ProjectBuild]) -> None:
     (fi,) = [b for b in builds if b.project == "flashinfer"]
     assert fi.wheel.name == "flashinfer_python-0.7.2-py3-none-any.whl"
