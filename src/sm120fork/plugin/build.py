@@ -3,7 +3,7 @@
 SGLang's plugin framework (``sglang/srt/plugins/hook_registry.py``, entry-point group
 ``sglang.srt.plugins``) arrived in 0.5.11.  For such a stack the step generates the hooks
 from the stack's SGLang fork tree (:mod:`.generate`) and builds the plugin wheel
-(:mod:`.package`); the release step (:mod:`sm120fork.build.publish`) publishes it with the
+(:mod:`.package`); the release step (:mod:`sm120fork.package.publish`) publishes it with the
 patched wheels, into ``<stack wheels>/plugin/`` with ``plugin.json`` (hooks, wheel-only
 patches, sha256), apart from the patched wheels so that
 ``pip install <dir>/*.whl`` installs one way or the other, never both.  For an older
