@@ -95,7 +95,7 @@ def test_select_filters() -> None:
 def test_bench_plan_round_trips() -> None:
     plan = m.bench_plan(2, quick=False)
     assert plan.tokens[0] == 1
-    assert plan.tokens[-1] == 2048
+    assert plan.tokens[-1] == 512  # issue 22: tokens 1-512, hidden 4096/6144/7168
     assert 3 in plan.tokens
-    assert set(plan.hidden) == {7168, 4096}
+    assert set(plan.hidden) == {7168, 6144, 4096}
     assert m.BenchPlan.from_dict(plan.to_dict()) == plan

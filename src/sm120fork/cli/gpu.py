@@ -19,7 +19,7 @@ from typing import Any
 from sm120fork.cli.usage import Parser
 from sm120fork.errors import ToolkitError
 from sm120fork.gpu import cases as cases_mod
-from sm120fork.gpu import runs, sglang_layer
+from sm120fork.gpu import methods, runs, sglang_layer
 from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG
 
 DEFAULT_WORK_DIR = runs.DEFAULT_WORK_DIR
@@ -99,9 +99,15 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--max-cases", type=int)
     t.add_argument("--primary", help="the variant under test (default: patched, else first)")
 
-    b = sub.add_parser("bench", help="latency of fused vs NCCL + RMSNorm")
+    b = sub.add_parser("bench", help="every all-reduce + RMSNorm method, checked then timed, "
+                       "side by side; writes the policy")
     common(b)
-    b.add_argument("--world-size", type=int, help="default: the GPU count, at least 2")
+    b.add_argument("--world-sizes", "--world-size", dest="world_sizes", type=_ints,
+                   help="default: the GPU count, at least 2")
+    b.add_argument("--method", action="append", choices=list(methods.METHODS),
+                   help="only these methods (default: every one)")
+    b.add_argument("--tokens", type=_counts, help="token counts, e.g. 1,16,128")
+    b.add_argument("--hidden", type=_counts, help="hidden sizes, e.g. 4096,7168")
 
     s = sub.add_parser("sglang-layer", help="SGLang's fused-norm layer path, fused and "
                        "under injected workspace faults (ranks share the GPUs)")
@@ -159,8 +165,10 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    done = runs.run_bench(runs.BenchOptions(**_common(args, argv),
-                                            world_size=args.world_size))
+    done = runs.run_bench(runs.BenchOptions(
+        **_common(args, argv), world_sizes=_optional(args.world_sizes),
+        methods=_optional(args.method), tokens=_optional(args.tokens),
+        hidden=_optional(args.hidden)))
     print(f"wrote {', '.join(map(str, done.paths))}")
     print("\n".join(done.headline()))
     return _finish(done.error())

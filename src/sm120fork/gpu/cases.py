@@ -41,9 +41,9 @@ STRATEGIES = ("oneshot", "twoshot", "auto")
 LAMPORT_TOKEN_THRESHOLD = 16
 CUSTOM_TOKENS = (1, 2, 4, 8, 15, 16, 17, 64)
 
-BENCH_TOKENS = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-BENCH_TOKENS_QUICK = (1, 3, 8, 16, 64, 128, 512, 2048)
-BENCH_HIDDEN = (7168, 4096)
+BENCH_TOKENS = (1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 512)
+BENCH_TOKENS_QUICK = (1, 3, 16, 64, 128, 512)
+BENCH_HIDDEN = (7168, 6144, 4096)
 BENCH_HIDDEN_QUICK = (7168,)
 
 
@@ -191,6 +191,7 @@ class BenchPlan:
     replays: int = 30
     rotate: int = 8
     calls_per_buffer: int = 4
+    floors: bool = True  # the empty-graph and flag-handoff floors (once per run)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -203,8 +204,10 @@ class BenchPlan:
         return cls(**data)
 
 
-def bench_plan(world_size: int, *, quick: bool) -> BenchPlan:
-    if quick:
-        return BenchPlan(world_size=world_size, tokens=BENCH_TOKENS_QUICK,
-                         hidden=BENCH_HIDDEN_QUICK, replays=15)
-    return BenchPlan(world_size=world_size, tokens=BENCH_TOKENS, hidden=BENCH_HIDDEN)
+def bench_plan(world_size: int, *, quick: bool, tokens: Sequence[int] | None = None,
+               hidden: Sequence[int] | None = None) -> BenchPlan:
+    base = (BenchPlan(world_size=world_size, tokens=BENCH_TOKENS_QUICK,
+                      hidden=BENCH_HIDDEN_QUICK, replays=15) if quick
+            else BenchPlan(world_size=world_size, tokens=BENCH_TOKENS, hidden=BENCH_HIDDEN))
+    return dataclasses.replace(base, tokens=tuple(tokens or base.tokens),
+                               hidden=tuple(hidden or base.hidden))

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +80,13 @@ class Timeouts:
 
 
 def _run_ranks(worker: Sequence[str], spec_path: Path, world: int, variant: Variant,
-               log_stem: Path, timeouts: Timeouts, on_line: Callable[[int, str], None]
-               ) -> GroupOutcome:
+               log_stem: Path, timeouts: Timeouts, on_line: Callable[[int, str], None],
+               extra_env: Mapping[str, str] | None = None) -> GroupOutcome:
     """One worker process per rank on ``spec_path``, logging to ``<log_stem>-rank<r>.log``."""
+    env = {**variant.env(os.environ), **(extra_env or {})}
     return run_group(
         [[*worker, str(spec_path), str(r)] for r in range(world)],
-        envs=[variant.env(os.environ)] * world,
+        envs=[env] * world,
         log_paths=[log_stem.with_name(f"{log_stem.name}-rank{r}.log") for r in range(world)],
         idle_timeout=timeouts.case, first_timeout=timeouts.startup, on_line=on_line,
         deadline=timeouts.deadline)
@@ -222,20 +223,29 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
 
 
 def run_bench(plan_dict: dict[str, Any], variant: Variant, run_dir: Path, *,
+              methods: Sequence[str], tag: str = "bench",
+              extra_env: Mapping[str, str] | None = None,
+              module_failures: Mapping[str, str] | None = None,
               backend: str = "trtllm", allow_multicast: bool = False,
               timeouts: Timeouts = Timeouts(),
               worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.worker"),
               ) -> tuple[list[dict[str, Any]], dict[str, Any], GroupOutcome]:
-    """Run one bench group; returns (bench records, environment, outcome)."""
+    """Run one bench group of ``methods``; returns (bench records, environment, outcome).
+
+    ``extra_env`` is the group's own environment (a tuned NCCL row's settings, which NCCL
+    reads once per process); ``module_failures`` the optional modules that did not build.
+    """
     world = int(plan_dict["world_size"])
-    spec_path = run_dir / f"spec-bench-{variant.name}.json"
-    store = run_dir / f"store-bench-{variant.name}"
+    name = f"{tag}-{variant.name}"
+    spec_path = run_dir / f"spec-{name}.json"
+    store = run_dir / f"store-{name}"
     if store.exists():
         store.unlink()
     spec_path.write_text(json.dumps({
         "mode": "bench", "world_size": world, "store": str(store), "backend": backend,
         "allow_multicast": allow_multicast, "max_tokens": max(plan_dict["tokens"]),
-        "max_hidden": max(plan_dict["hidden"]), "bench": plan_dict}))
+        "max_hidden": max(plan_dict["hidden"]), "bench": plan_dict,
+        "methods": list(methods), "module_failures": dict(module_failures or {})}))
     records: list[dict[str, Any]] = []
     env_info: dict[str, Any] = {}
 
@@ -243,12 +253,11 @@ def run_bench(plan_dict: dict[str, Any], variant: Variant, run_dir: Path, *,
         parsed = protocol.parse(line)
         if not parsed:
             return
-        if parsed[0] == "BENCH" and (rank == 0 or parsed[1].get("kind") != "point"):
-            if rank == 0:
-                records.append(parsed[1])
+        if parsed[0] == "BENCH" and rank == 0:
+            records.append(parsed[1])
         elif parsed[0] == "ENV":
             env_info.update(parsed[1])
 
-    outcome = _run_ranks(worker, spec_path, world, variant,
-                         run_dir / f"bench-{variant.name}", timeouts, on_line)
+    outcome = _run_ranks(worker, spec_path, world, variant, run_dir / name, timeouts,
+                         on_line, extra_env)
     return records, env_info, outcome

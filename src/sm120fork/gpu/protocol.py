@@ -2,8 +2,9 @@
 
 A rank prints ordinary output freely; lines that start with ``@@`` carry data:
 ``@@START <key>`` before a case, ``@@RESULT <json>`` after it, ``@@BENCH <json>`` per
-measurement, ``@@ENV <json>`` once, ``@@FATAL <message>`` when the machine cannot run
-the work at all (retrying would not help), ``@@DONE`` at a clean end.
+measurement, ``@@MODULE <json>`` per module built, ``@@ENV <json>`` once,
+``@@FATAL <message>`` when the machine cannot run the work at all (retrying would not
+help), ``@@DONE`` at a clean end.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def parse(line: str) -> tuple[str, Any] | None:
     if not line.startswith(PREFIX):
         return None
     tag, _, rest = line[len(PREFIX):].rstrip("\n").partition(" ")
-    if tag in {"RESULT", "BENCH", "ENV"}:
+    if tag in {"RESULT", "BENCH", "ENV", "MODULE"}:
         try:
             return tag, json.loads(rest)
         except json.JSONDecodeError:

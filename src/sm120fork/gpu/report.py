@@ -235,6 +235,46 @@ def bench_points(doc: dict[str, Any]) -> dict[int, dict[str, dict[int, float]]]:
     return out
 
 
+def bench_p90(doc: dict[str, Any]) -> dict[int, dict[str, dict[int, float]]]:
+    """{hidden: {method: {tokens: p90_us}}}: the slowest rank's p90."""
+    out: dict[int, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for rec in doc.get("records", []):
+        p90s = [v for v in rec.get("rank_p90_us") or [] if v is not None]
+        if rec.get("kind") == "point" and p90s:
+            out[int(rec["hidden"])][rec["method"]][int(rec["tokens"])] = float(max(p90s))
+    return out
+
+
+def method_rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(method, what it is, what happened to it): timed, failed its check, not runnable."""
+    from sm120fork.gpu.methods import METHODS
+
+    per: dict[str, Counter[str]] = defaultdict(Counter)
+    reasons: dict[str, list[str]] = defaultdict(list)
+    for rec in doc.get("records", []):
+        if rec.get("kind") not in ("method", "point") or "status" not in rec:
+            continue
+        name, status = rec["method"], rec["status"]
+        if rec["kind"] == "method" and status == "runnable":
+            per[name]
+            continue
+        per[name][status] += 1
+        if status != "timed" and rec.get("reason"):
+            where = (f" (t={rec['tokens']} h={rec['hidden']})" if rec["kind"] == "point"
+                     else "")
+            if len(reasons[name]) < 3:
+                reasons[name].append(f"{status}{where}: {rec['reason']}")
+    rows = []
+    for name in [m for m in METHODS if m in per] + sorted(set(per) - set(METHODS)):
+        counts = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in sorted(per[name].items()))
+        label = METHODS[name].label if name in METHODS else name
+        text = counts or "no points"
+        if reasons[name]:
+            text += "; " + "; ".join(reasons[name])
+        rows.append((name, label, text.replace("|", "/")))
+    return rows
+
+
 def floors(doc: dict[str, Any]) -> dict[str, float]:
     return {r["method"]: float(r["median_us"]) for r in doc.get("records", [])
             if r.get("kind") == "floor" and r.get("median_us") is not None}
@@ -331,13 +371,24 @@ def render_bench_markdown(doc: dict[str, Any]) -> str:
         ("floor of a fused op (the two together; the 2x target's reference)",
          _fmt(op_floor(doc)))])
     lines += [""]
+    rows = method_rows(doc)
+    if rows:
+        lines += ["## Methods", "",
+                  "Each method's output (residual sum and normed output) is checked against "
+                  "the fp32 reference, eagerly and in a CUDA-graph replay, on the same inputs, "
+                  "before it is timed; a method that fails its check is never timed.", ""]
+        lines += _md_table(("method", "what", "points"), rows)
+        lines += [""]
+    p90 = bench_p90(doc)
     for hidden in sorted(pts, reverse=True):
         methods = sorted(pts[hidden])
         tokens = sorted({t for m in methods for t in pts[hidden][m]})
-        lines += [f"## Latency per op, hidden {hidden}, {doc.get('dtype', 'bf16')} (us)", ""]
+        lines += [f"## Latency per op, hidden {hidden}, {doc.get('dtype', 'bf16')} "
+                  "(us, slowest rank's median (p90))", ""]
         lines += _md_table(["tokens", *methods],
-                           [[t, *[_fmt(pts[hidden][m].get(t)) for m in methods]]
-                            for t in tokens])
+                           [[t, *[_fmt(pts[hidden][m].get(t)) + (
+                               f" ({_fmt(p90[hidden][m][t])})" if t in p90[hidden][m] else "")
+                               for m in methods]] for t in tokens])
         lines += [""]
     lines += [f"## Model projection ({PROJECTION_LAYERS} layers x 2 = "
               f"{PROJECTION_ALLREDUCES} all-reduces per forward, hidden {PROJECTION_HIDDEN})",

@@ -1,4 +1,5 @@
-"""The bench inside a rank: CUDA-graph timing of each method, the floors."""
+"""The bench inside a rank: each method checked against the fp32 reference, then timed
+in CUDA-graph replays; the floors (empty graph op, flag handoff)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sm120fork.gpu.cases import BenchPlan
+from sm120fork.gpu.adapters import FACTORIES, Adapter, BufferSet, Unbuilt
+from sm120fork.gpu.cases import BenchPlan, Case
+from sm120fork.gpu.methods import METHODS, Point, drive
 from sm120fork.gpu.rank import Rank, cuda_broken, say
-from sm120fork.gpu.reference import RMS_EPS, TORCH_DTYPES
+from sm120fork.gpu.reference import TORCH_DTYPES, compare, expected, generate
 
 
 def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], *, rotate: int,
-                calls_per_buffer: int, replays: int) -> list[float]:
+                calls_per_buffer: int, replays: int,
+                after_capture: Callable[[], None] = lambda: None) -> list[float]:
     """Per-op microseconds of each timed replay of a graph cycling ``rotate`` buffers."""
     fns = [build(i) for i in range(rotate)]
     for fn in fns:
@@ -31,6 +35,7 @@ def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], *, rotate:
             for fn in fns:
                 fn()
     torch.cuda.synchronize()
+    after_capture()
     rk.barrier()
     for _ in range(2):
         graph.replay()
@@ -48,7 +53,7 @@ def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], *, rotate:
     return [s.elapsed_time(e) * 1000.0 / n_ops for s, e in events]
 
 
-def _summary(samples: list[float]) -> dict[str, float]:
+def summary(samples: list[float]) -> dict[str, float]:
     q = statistics.quantiles(samples, n=10) if len(samples) >= 2 else samples * 9
     return {"median_us": statistics.median(samples), "p10_us": q[0], "p90_us": q[-1],
             "samples": len(samples)}
@@ -93,38 +98,109 @@ def _flag_handoff_us(rk: Rank, iters: int) -> float | None:
     return statistics.median(results) if results else None
 
 
-def run_bench(rk: Rank, plan: BenchPlan) -> None:
-    dtype = TORCH_DTYPES[plan.dtype]
+def run_bench(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
     rotate, calls_per_buffer, replays = plan.rotate, plan.calls_per_buffer, plan.replays
     if rk.shared:  # time-sliced ranks: numbers mean nothing, keep the run short
         rotate, calls_per_buffer, replays = 2, 2, 5
-    dev = rk.device
-    skipped: dict[str, str] = {}
-    try:
-        ws: Any = rk.workspace("fusion_unified")
-        fused_api = "fusion_unified"
-    except Exception as exc:
-        if cuda_broken(exc):
-            raise
-        skipped["fused via unified API"] = f"{type(exc).__name__}: {exc}"[:300]
-        ws = rk.workspace("fusion_legacy")
-        fused_api = "fusion_legacy"
-    nccl_group = None
-    if rk.shared:
-        skipped["nccl_rmsnorm"] = ("ranks share a GPU: NCCL refuses two ranks on one GPU, so "
-                                   "the NCCL + RMSNorm baseline cannot run")
-    else:
-        try:
-            nccl_group = dist.new_group(list(range(rk.world)), backend="nccl")
-        except Exception as exc:
-            skipped["nccl_rmsnorm"] = f"NCCL unavailable: {type(exc).__name__}: {exc}"[:300]
-    say("BENCH", {"kind": "meta", "fused_api": fused_api, "skipped": skipped,
-                  "shared": rk.shared, "rotate": rotate, "calls_per_buffer": calls_per_buffer,
+    say("BENCH", {"kind": "meta", "methods": methods, "shared": rk.shared,
+                  "rotate": rotate, "calls_per_buffer": calls_per_buffer,
                   "replays": replays})
+    if plan.floors:
+        _floors(rk, rotate, calls_per_buffer, replays)
+    failed_modules: dict[str, str] = dict(rk.spec.get("module_failures", {}))
+    adapters = [Unbuilt(rk, name, f"FlashInfer's {METHODS[name].module} module did not "
+                        f"build: {failed_modules[METHODS[name].module or '']}")
+                if METHODS[name].module in failed_modules else FACTORIES[name](rk)
+                for name in methods]
+    dtype = TORCH_DTYPES[plan.dtype]
+    state: dict[str, Any] = {}
 
-    # floors
+    def gather(value: Any) -> list[Any]:
+        every: list[Any] = [None] * rk.world
+        dist.all_gather_object(every, value)
+        return every
+
+    def buffers(point: Point) -> tuple[list[BufferSet], torch.Tensor]:
+        """One set of rotating buffers and gamma per point, shared by every method."""
+        if state.get("point") != point:
+            dev = rk.device
+            state["point"] = point
+            state["bufs"] = [tuple(torch.empty(point.tokens, point.hidden, dtype=dtype,
+                                               device=dev) for _ in range(4))
+                             for _ in range(rotate)]
+            state["gamma"] = torch.empty(point.hidden, dtype=dtype, device=dev)
+            state["data"] = generate(_case(rk, point, plan.dtype), dev)
+            state["ref"] = expected(state["data"])
+        return state["bufs"], state["gamma"]
+
+    def load(i: int) -> None:
+        """Every rank's input of the point's case into set ``i``; outputs NaN."""
+        data = state["data"]
+        x, res, r_out, n_out = state["bufs"][i]
+        x.copy_(data.inputs[rk.rank])
+        res.copy_(data.residual)
+        r_out.fill_(float("nan"))
+        n_out.fill_(float("nan"))
+        state["gamma"].copy_(data.gamma)
+        torch.cuda.synchronize()
+        rk.barrier()
+
+    def verify(adapter: Adapter, stage: str) -> list[dict[str, Any]]:
+        torch.cuda.synchronize()
+        residual, norm = adapter.outputs(0)
+        ref = state["ref"]
+        out = []
+        for name, got, want in (("residual", residual, ref["residual"]),
+                                ("norm", norm, ref["norm"])):
+            verdict = compare(name, got, want, plan.dtype, rk.world)
+            verdict["stage"] = stage
+            out.append(verdict)
+        return out
+
+    def check(adapter: Adapter, point: Point) -> tuple[bool, list[dict[str, Any]]]:
+        bufs, gamma = buffers(point)
+        adapter.bind(bufs, gamma, point)
+        load(0)
+        adapter.op(0)()
+        checks = verify(adapter, "eager")
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(graph, stream=stream):
+            adapter.op(0)()
+        torch.cuda.synchronize()
+        adapter.after_capture()
+        load(0)
+        graph.replay()
+        checks += verify(adapter, "graph replay")
+        del graph
+        return all(c["ok"] for c in checks), checks
+
+    def time(adapter: Adapter, point: Point) -> dict[str, Any]:
+        samples = _time_graph(rk, adapter.op, rotate=rotate,
+                              calls_per_buffer=calls_per_buffer, replays=replays,
+                              after_capture=adapter.after_capture)
+        return summary(samples)
+
+    def emit(record: dict[str, Any]) -> None:
+        if rk.rank == 0:
+            say("BENCH", record)
+
+    points = [Point(tokens=t, hidden=h) for h in plan.hidden for t in plan.tokens]
+    drive(adapters, points, check=check, time=time, emit=emit, gather=gather,
+          is_fatal=cuda_broken)
+
+
+def _case(rk: Rank, point: Point, dtype: str) -> Case:
+    """The point as a correctness case: its seed regenerates every rank's inputs."""
+    return Case(world_size=rk.world, api="fusion_unified", pattern="ar_rmsnorm",
+                tokens=point.tokens, hidden=point.hidden, dtype=dtype, strategy="auto",
+                pdl=True)
+
+
+def _floors(rk: Rank, rotate: int, calls_per_buffer: int, replays: int) -> None:
     try:
-        tiny = torch.zeros(1, device=dev)
+        tiny = torch.zeros(1, device=rk.device)
 
         def bump(_i: int) -> Callable[[], None]:
             def run() -> None:
@@ -134,109 +210,16 @@ def run_bench(rk: Rank, plan: BenchPlan) -> None:
         # Same graph shape as the methods (rotate x calls ops per replay), per op.
         samples = _time_graph(rk, bump, rotate=rotate, calls_per_buffer=calls_per_buffer,
                               replays=max(replays, 20))
-        say("BENCH", {"kind": "floor", "method": "empty_graph", **_summary(samples)})
+        say("BENCH", {"kind": "floor", "method": "empty_graph", **summary(samples)})
     except Exception as exc:
+        if cuda_broken(exc):
+            raise
         say("BENCH", {"kind": "floor", "method": "empty_graph", "skipped": str(exc)[:300]})
     try:
         one_way = _flag_handoff_us(rk, iters=20 if rk.shared else 2000)
         say("BENCH", {"kind": "floor", "method": "flag_handoff", "median_us": one_way})
     except Exception as exc:
+        if cuda_broken(exc):
+            raise
         say("BENCH", {"kind": "floor", "method": "flag_handoff",
                       "skipped": f"{type(exc).__name__}: {exc}"[:300]})
-
-    for hidden in plan.hidden:
-        for tokens in plan.tokens:
-            _bench_point(rk, ws, fused_api, nccl_group, tokens, hidden, dtype,
-                         rotate=rotate, calls_per_buffer=calls_per_buffer, replays=replays)
-
-
-Buffers = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
-
-
-def _bench_methods(rk: Rank, ws: Any, fused_api: str, nccl_group: Any, bufs: Buffers,
-                   gamma: torch.Tensor, tokens: int, hidden: int,
-                   ) -> dict[str, Callable[[int], Callable[[], None]]]:
-    """Method name -> builder of the op on rotating buffer set ``i``."""
-    from flashinfer.norm import fused_add_rmsnorm  # type: ignore[import-not-found, unused-ignore]
-
-    fc = rk.fc
-    methods: dict[str, Callable[[int], Callable[[], None]]] = {}
-
-    def fused(oneshot: bool | None) -> Callable[[int], Callable[[], None]]:
-        def build(i: int) -> Callable[[], None]:
-            xin, res, r_out, n_out = bufs[i]
-            if fused_api == "fusion_unified":
-                def run_unified() -> None:
-                    fc.allreduce_fusion(
-                        input=xin, workspace=ws, pattern=1, launch_with_pdl=True,
-                        residual_out=r_out, norm_out=n_out, residual_in=res,
-                        rms_gamma=gamma, rms_eps=RMS_EPS, use_oneshot=oneshot)
-                return run_unified
-
-            def run_legacy() -> None:
-                fc.trtllm_allreduce_fusion(
-                    allreduce_in=xin.view(-1), world_size=rk.world, world_rank=rk.rank,
-                    token_num=tokens, hidden_dim=hidden, workspace_ptrs=ws["tensor"],
-                    launch_with_pdl=True, trigger_completion_at_end=True, fp32_acc=False,
-                    pattern_code=1, use_oneshot=oneshot, allreduce_out=None,
-                    residual_in=res.view(-1), residual_out=r_out.view(-1),
-                    norm_out=n_out.view(-1), quant_out=None, scale_out=None,
-                    rms_gamma=gamma, rms_eps=RMS_EPS, scale_factor=None, layout_code=None,
-                    metadata=ws["metadata"])
-            return run_legacy
-        return build
-
-    for strategy, oneshot in (("oneshot", True), ("twoshot", False), ("auto", None)):
-        if strategy == "twoshot" and tokens <= rk.world:
-            continue
-        methods[f"fused_{strategy}"] = fused(oneshot)
-
-    def norm_only(i: int) -> Callable[[], None]:
-        xin, res, _r, _n = bufs[i]
-
-        def run() -> None:
-            fused_add_rmsnorm(xin, res, gamma, RMS_EPS)
-        return run
-
-    methods["rmsnorm_only"] = norm_only
-    if nccl_group is not None:
-        def nccl_norm(i: int) -> Callable[[], None]:
-            xin, res, _r, _n = bufs[i]
-
-            def run() -> None:
-                dist.all_reduce(xin, group=nccl_group)
-                fused_add_rmsnorm(xin, res, gamma, RMS_EPS)
-            return run
-
-        methods["nccl_rmsnorm"] = nccl_norm
-    return methods
-
-
-def _bench_point(rk: Rank, ws: Any, fused_api: str, nccl_group: Any, tokens: int,
-                 hidden: int, dtype: torch.dtype, *, rotate: int, calls_per_buffer: int,
-                 replays: int) -> None:
-    dev = rk.device
-    gamma = torch.ones(hidden, dtype=dtype, device=dev)
-    bufs: Buffers = [(torch.randn(tokens, hidden, device=dev).to(dtype),
-                      torch.randn(tokens, hidden, device=dev).to(dtype),
-                      torch.empty(tokens, hidden, dtype=dtype, device=dev),
-                      torch.empty(tokens, hidden, dtype=dtype, device=dev))
-                     for _ in range(rotate)]
-    methods = _bench_methods(rk, ws, fused_api, nccl_group, bufs, gamma, tokens, hidden)
-    for method, build in methods.items():
-        record: dict[str, Any] = {"kind": "point", "method": method, "tokens": tokens,
-                                  "hidden": hidden}
-        try:
-            samples = _time_graph(rk, build, rotate=rotate,
-                                  calls_per_buffer=calls_per_buffer, replays=replays)
-            gathered: list[Any] = [None] * rk.world
-            dist.all_gather_object(gathered, statistics.median(samples))
-            record.update(_summary(samples), rank_medians_us=gathered)
-        except Exception as exc:
-            if cuda_broken(exc):
-                raise
-            record["error"] = f"{type(exc).__name__}: {exc}"[:500]
-            rk.barrier()
-        if rk.rank == 0:
-            say("BENCH", record)
-

@@ -152,16 +152,20 @@ def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Seq
                      timeout: float) -> dict[str, dict[str, Any]]:
     """JIT-build each variant's modules once, all variants in parallel.
 
-    Returns per variant: {"ok", "env" (the probe's environment), "failure", "tail"}.
+    Returns per variant: {"ok", "env" (the probe's environment), "failure", "tail",
+    "module_failures" ({module: reason} of the optional modules that did not build)}.
     """
     spec = run_dir / "compile-spec.json"
     spec.write_text(json.dumps({"mode": "compile", "modules": list(modules)}))
     envs: dict[int, dict[str, Any]] = {}
+    module_failures: dict[int, dict[str, str]] = {}
 
     def on_line(idx: int, line: str) -> None:
         parsed = protocol.parse(line)
         if parsed and parsed[0] == "ENV":
             envs[idx] = parsed[1]
+        elif parsed and parsed[0] == "MODULE" and not parsed[1].get("ok"):
+            module_failures.setdefault(idx, {})[parsed[1]["module"]] = parsed[1]["reason"]
 
     outcome = run_group(
         [[sys.executable, "-m", "sm120fork.gpu.worker", str(spec)] for _ in variants],
@@ -176,6 +180,7 @@ def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Seq
         failure = None if ok else (f"exit code {rc}: {last}" if rc is not None
                                    else outcome.failure)
         result[v.name] = {"ok": ok, "env": envs.get(idx, {}), "failure": failure,
-                          "tail": outcome.tails[idx]}
+                          "tail": outcome.tails[idx],
+                          "module_failures": module_failures.get(idx, {})}
     return result
 

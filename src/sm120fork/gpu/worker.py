@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
     if mode == "test":
         run_tests(rk, [Case.from_dict(c) for c in spec["cases"]])
     elif mode == "bench":
-        run_bench(rk, BenchPlan.from_dict(spec["bench"]))
+        run_bench(rk, BenchPlan.from_dict(spec["bench"]), list(spec["methods"]))
     else:
         raise ValueError(f"unknown mode {mode}")
     rk.barrier()

@@ -1,0 +1,373 @@
+"""The bench's methods inside a rank: one adapter per entry of :data:`.methods.METHODS`.
+
+An adapter says whether it can run here (``unavailable``) and for which shapes
+(``unsupported``), binds a point's rotating buffer sets (``bind``), builds the op on set
+``i`` (``op``) and names where its residual sum and normed output land (``outputs``).
+Upstream APIs are called as their released sources document them; where one needs a
+step after CUDA-graph capture (the vLLM-style custom all-reduce registers the captured
+buffers), ``after_capture`` does it.  FlashInfer and torch are untyped here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sm120fork.gpu.methods import METHODS, Point
+from sm120fork.gpu.rank import Rank, cuda_broken
+from sm120fork.gpu.reference import RMS_EPS
+
+#: (x, residual, residual_out, norm_out) of one rotating buffer set
+BufferSet = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _norm() -> Callable[..., None]:
+    from flashinfer.norm import fused_add_rmsnorm  # type: ignore[import-not-found, unused-ignore]
+
+    fn: Callable[..., None] = fused_add_rmsnorm
+    return fn
+
+
+class Adapter:
+    """Base: in-place ``fused_add_rmsnorm`` after an all-reduce into ``residual_out``."""
+
+    name = ""
+
+    def __init__(self, rk: Rank) -> None:
+        self.rk = rk
+        self.bufs: list[BufferSet] = []
+        self.gamma: torch.Tensor | None = None
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def unsupported(self, point: Point) -> str | None:
+        return None
+
+    def bind(self, bufs: list[BufferSet], gamma: torch.Tensor, point: Point) -> None:
+        self.bufs, self.gamma = bufs, gamma
+
+    def op(self, i: int) -> Callable[[], None]:
+        raise NotImplementedError
+
+    def outputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual sum, normed output) after ``op(i)``: the norm runs in place on the
+        all-reduced tensor and leaves the sum in the residual."""
+        _x, res, r_out, _n = self.bufs[i]
+        return res, r_out
+
+    def after_capture(self) -> None:
+        """Called on every rank after each CUDA-graph capture of this method's ops."""
+
+
+class Unbuilt(Adapter):
+    """A method whose module failed in the module step: it says so, nothing is retried."""
+
+    def __init__(self, rk: Rank, name: str, reason: str) -> None:
+        super().__init__(rk)
+        self.name, self.reason = name, reason
+
+    def unavailable(self) -> str | None:
+        return self.reason
+
+
+class Nccl(Adapter):
+    """NCCL all-reduce in place, then ``fused_add_rmsnorm``; NCCL's own tuning env."""
+
+    def __init__(self, rk: Rank, name: str) -> None:
+        super().__init__(rk)
+        self.name = name
+        self.group: Any = None
+
+    def unavailable(self) -> str | None:
+        if self.rk.shared:
+            return ("ranks share a GPU: NCCL refuses two ranks on one GPU, so this row "
+                    "cannot run on this machine")
+        wanted = METHODS[self.name].env
+        off = {k: v for k, v in wanted.items() if os.environ.get(k) != v}
+        if off:
+            return f"this rank group was not started with {off} (launcher error)"
+        self.group = dist.new_group(list(range(self.rk.world)), backend="nccl")
+        return None
+
+    def op(self, i: int) -> Callable[[], None]:
+        x, res, _r, _n = self.bufs[i]
+        norm, gamma, group = _norm(), self.gamma, self.group
+
+        def run() -> None:
+            dist.all_reduce(x, group=group)
+            norm(x, res, gamma, RMS_EPS)
+        return run
+
+    def outputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, res, _r, _n = self.bufs[i]
+        return res, x
+
+
+class Fused(Adapter):
+    """Our fused kernel through FlashInfer's unified API (legacy API if that fails)."""
+
+    def __init__(self, rk: Rank, name: str, oneshot: bool | None) -> None:
+        super().__init__(rk)
+        self.name = name
+        self.oneshot = oneshot
+        self.ws: Any = None
+        self.api = ""
+
+    def unavailable(self) -> str | None:
+        try:
+            self.ws, self.api = self.rk.workspace("fusion_unified"), "fusion_unified"
+        except Exception as exc:
+            if cuda_broken(exc):
+                raise
+            self.ws, self.api = self.rk.workspace("fusion_legacy"), "fusion_legacy"
+        return None
+
+    def unsupported(self, point: Point) -> str | None:
+        if self.oneshot is False and point.tokens <= self.rk.world:
+            return "two-shot needs more tokens than ranks (FlashInfer asserts it)"
+        return None
+
+    def op(self, i: int) -> Callable[[], None]:
+        fc, ws, oneshot, gamma, rk = self.rk.fc, self.ws, self.oneshot, self.gamma, self.rk
+        xin, res, r_out, n_out = self.bufs[i]
+        tokens, hidden = xin.shape
+        if self.api == "fusion_unified":
+            def run_unified() -> None:
+                fc.allreduce_fusion(
+                    input=xin, workspace=ws, pattern=1, launch_with_pdl=True,
+                    residual_out=r_out, norm_out=n_out, residual_in=res,
+                    rms_gamma=gamma, rms_eps=RMS_EPS, use_oneshot=oneshot)
+            return run_unified
+
+        def run_legacy() -> None:
+            fc.trtllm_allreduce_fusion(
+                allreduce_in=xin.view(-1), world_size=rk.world, world_rank=rk.rank,
+                token_num=tokens, hidden_dim=hidden, workspace_ptrs=ws["tensor"],
+                launch_with_pdl=True, trigger_completion_at_end=True, fp32_acc=False,
+                pattern_code=1, use_oneshot=oneshot, allreduce_out=None,
+                residual_in=res.view(-1), residual_out=r_out.view(-1),
+                norm_out=n_out.view(-1), quant_out=None, scale_out=None,
+                rms_gamma=gamma, rms_eps=RMS_EPS, scale_factor=None, layout_code=None,
+                metadata=ws["metadata"])
+        return run_legacy
+
+    def outputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        _x, _res, r_out, n_out = self.bufs[i]
+        return r_out, n_out
+
+
+class PcieIpc(Adapter):
+    """FlashInfer's ``PcieIpcAllReduceWorkspace`` (0.7.x), then ``fused_add_rmsnorm``."""
+
+    name = "pcie_ipc_rmsnorm"
+
+    def __init__(self, rk: Rank) -> None:
+        super().__init__(rk)
+        self.ws: Any = None
+
+    def unavailable(self) -> str | None:
+        try:
+            from flashinfer.comm import (  # type: ignore[import-not-found, unused-ignore]
+                PcieIpcAllReduceWorkspace,
+            )
+        except ImportError:
+            return (f"FlashInfer {_flashinfer_version()} has no pcie_ipc all-reduce "
+                    "(FlashInfer 0.7.x has it)")
+        if self.rk.world not in (2, 4, 8):
+            return "pcie_ipc supports world sizes 2, 4 and 8"
+        spec = self.rk.spec
+        cache = Path(spec["store"]).with_name("pcie_ipc_tune.json")
+        # Every rank passes the same arguments (the constructor is collective).  On a
+        # shared GPU the topology probe has nothing to find: name the profile.
+        self.ws = PcieIpcAllReduceWorkspace(
+            group=dist.group.WORLD,
+            max_numel=int(spec["max_tokens"]) * int(spec["max_hidden"]),
+            dtype=torch.bfloat16, profile="rootcplx" if self.rk.shared else None,
+            tune_cache=str(cache))
+        return None
+
+    def unsupported(self, point: Point) -> str | None:
+        probe = torch.empty((point.tokens, point.hidden), dtype=torch.bfloat16,
+                            device=self.rk.device)
+        return None if self.ws.supports(probe) else "pcie_ipc does not support this shape"
+
+    def bind(self, bufs: list[BufferSet], gamma: torch.Tensor, point: Point) -> None:
+        super().bind(bufs, gamma, point)
+        # resolve the launch configuration now, collectively: a capture cannot
+        self.ws.prepare([(point.tokens, point.hidden)], dtype=torch.bfloat16)
+
+    def op(self, i: int) -> Callable[[], None]:
+        x, res, r_out, _n = self.bufs[i]
+        ws, norm, gamma = self.ws, _norm(), self.gamma
+
+        def run() -> None:
+            ws.all_reduce(x, out=r_out)
+            norm(r_out, res, gamma, RMS_EPS)
+        return run
+
+
+class CustomAllReduce(Adapter):
+    """The vLLM-style one/two-stage custom all-reduce (FlashInfer's copy, or SGLang's).
+
+    The input is staged into a registered IPC buffer by the op itself; under capture the
+    kernel records the buffers, which ``after_capture`` registers on every rank.
+    ``full_nvlink`` is False: the PCIe case, where FlashInfer's copy launches a kernel
+    only at two ranks (a 4/8-rank call then fails the output check).
+    """
+
+    MAX_CTAS = 36  # the kernel's upper bound
+
+    def __init__(self, rk: Rank, name: str, ops: Callable[[], Any]) -> None:
+        super().__init__(rk)
+        self.name = name
+        self._ops_loader = ops
+        self.ops: Any = None
+        self.fa: Any = None
+        self.buffer_ptrs: list[int] = []
+        self.max_bytes = 0
+
+    def unavailable(self) -> str | None:
+        try:
+            self.ops = self._ops_loader()
+        except (ImportError, AttributeError) as exc:
+            return str(exc)
+        if self.rk.world not in (2, 4, 6, 8):
+            return "the custom all-reduce supports 2, 4, 6 or 8 ranks"
+        fc, rk = self.rk.fc, self.rk
+        spec = rk.spec
+        self.max_bytes = int(spec["max_tokens"]) * int(spec["max_hidden"]) * 2
+        meta_bytes = int(self.ops.meta_size()) + self.max_bytes
+        meta = fc.create_shared_buffer(meta_bytes, None)
+        fc.cuda_ipc.cudart.cudaMemset(ctypes.c_void_p(meta[rk.rank]), 0, meta_bytes)
+        torch.cuda.synchronize()
+        rk.barrier()
+        self.rank_data = torch.empty(8 * 1024 * 1024, dtype=torch.uint8, device=rk.device)
+        self.buffer_ptrs = fc.create_shared_buffer(self.max_bytes, None)
+        self.fa = self.ops.init_custom_ar(meta, self.rank_data, rk.rank, False)
+        self.ops.register_buffer(self.fa, self.buffer_ptrs)
+        rk.barrier()
+        return None
+
+    def op(self, i: int) -> Callable[[], None]:
+        x, res, r_out, _n = self.bufs[i]
+        ops, fa, staging = self.ops, self.fa, self.buffer_ptrs[self.rk.rank]
+        size, norm, gamma = self.max_bytes, _norm(), self.gamma
+
+        def run() -> None:
+            ops.all_reduce(fa, x, r_out, staging, size, self.MAX_CTAS)
+            norm(r_out, res, gamma, RMS_EPS)
+        return run
+
+    def after_capture(self) -> None:
+        handles, offsets = self.ops.get_graph_buffer_ipc_meta(self.fa)
+        every: list[Any] = [None] * self.rk.world
+        dist.all_gather_object(every, (list(handles), list(offsets)))
+        self.ops.register_graph_buffers(self.fa, [h for h, _ in every],
+                                        [o for _, o in every])
+
+
+def _flashinfer_custom_ops() -> Any:
+    import flashinfer.comm as fc  # type: ignore[import-not-found, unused-ignore]
+
+    class Ops:
+        init_custom_ar = staticmethod(fc.vllm_init_custom_ar)
+        register_buffer = staticmethod(fc.vllm_register_buffer)
+        all_reduce = staticmethod(fc.vllm_all_reduce)
+        meta_size = staticmethod(fc.vllm_meta_size)
+        get_graph_buffer_ipc_meta = staticmethod(fc.vllm_get_graph_buffer_ipc_meta)
+        register_graph_buffers = staticmethod(fc.vllm_register_graph_buffers)
+    return Ops
+
+
+def _sglang_custom_ops() -> Any:
+    try:
+        from sgl_kernel import allreduce  # type: ignore[import-not-found, unused-ignore]
+    except ImportError as exc:
+        raise ImportError(f"sgl_kernel (SGLang's kernels) does not import here: {exc}"
+                          ) from exc
+    for name in ("init_custom_ar", "register_buffer", "all_reduce", "meta_size",
+                 "get_graph_buffer_ipc_meta", "register_graph_buffers"):
+        if not hasattr(allreduce, name):
+            raise AttributeError(f"sgl_kernel.allreduce has no {name}")
+    return allreduce
+
+
+class B12x(Adapter):
+    """b12x's PCIe one-shot all-reduce with the residual add and RMSNorm fused (SM12x)."""
+
+    name = "b12x_fused"
+    MAX_FUSED_TOKENS = 36  # b12x fuses the norm only up to this many rows
+
+    def __init__(self, rk: Rank) -> None:
+        super().__init__(rk)
+        self.runtime: Any = None
+        self.plans: dict[int, Any] = {}
+
+    def unavailable(self) -> str | None:
+        major, minor = self.rk.capability
+        if major != 12:
+            return f"b12x runs on SM12x only; this GPU is sm_{major}{minor}"
+        try:
+            from b12x.comm import pcie  # type: ignore[import-not-found, unused-ignore]
+        except ImportError as exc:
+            return f"b12x does not import here: {exc}"
+        max_bytes = int(self.rk.spec["max_tokens"]) * int(self.rk.spec["max_hidden"]) * 2
+        self.runtime = pcie.AllReduce.from_exchange_group(
+            exchange_group=dist.group.WORLD, device=self.rk.device,
+            eager_buffer_bytes=max_bytes, max_size=max_bytes)
+        return None
+
+    def unsupported(self, point: Point) -> str | None:
+        if point.tokens > self.MAX_FUSED_TOKENS:
+            return f"b12x fuses the norm only up to {self.MAX_FUSED_TOKENS} tokens"
+        return None
+
+    def bind(self, bufs: list[BufferSet], gamma: torch.Tensor, point: Point) -> None:
+        super().bind(bufs, gamma, point)
+        self.plans = {i: self.runtime.plan(b[0], operation="all_reduce_fused_add_rms_norm")
+                      for i, b in enumerate(bufs)}
+
+    def op(self, i: int) -> Callable[[], None]:
+        x, res, r_out, n_out = self.bufs[i]
+        runtime, plan, gamma = self.runtime, self.plans[i], self.gamma
+
+        def run() -> None:
+            runtime.all_reduce_fused_add_rms_norm(x, res, gamma, RMS_EPS, plan=plan,
+                                                  out=n_out, residual_out=r_out)
+        return run
+
+    def outputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        _x, _res, r_out, n_out = self.bufs[i]
+        return r_out, n_out
+
+
+def _flashinfer_version() -> str:
+    try:
+        import flashinfer  # type: ignore[import-not-found, unused-ignore]
+
+        return str(flashinfer.__version__)
+    except Exception:
+        return "?"
+
+
+#: method name -> adapter factory; the registry's keys and these must agree (tested)
+FACTORIES: dict[str, Callable[[Rank], Adapter]] = {
+    "nccl_rmsnorm": lambda rk: Nccl(rk, "nccl_rmsnorm"),
+    "nccl_tuned_rmsnorm": lambda rk: Nccl(rk, "nccl_tuned_rmsnorm"),
+    "fused_oneshot": lambda rk: Fused(rk, "fused_oneshot", True),
+    "fused_twoshot": lambda rk: Fused(rk, "fused_twoshot", False),
+    "fused_auto": lambda rk: Fused(rk, "fused_auto", None),
+    "pcie_ipc_rmsnorm": PcieIpc,
+    "custom_vllm_rmsnorm": lambda rk: CustomAllReduce(rk, "custom_vllm_rmsnorm",
+                                                      _flashinfer_custom_ops),
+    "custom_sglang_rmsnorm": lambda rk: CustomAllReduce(rk, "custom_sglang_rmsnorm",
+                                                        _sglang_custom_ops),
+    "b12x_fused": B12x,
+}

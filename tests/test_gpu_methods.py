@@ -1,0 +1,113 @@
+"""The bench's method registry and driver, with fake adapters (no GPU, no FlashInfer)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sm120fork.gpu import methods
+from sm120fork.gpu.methods import Point
+
+
+class FakeAdapter:
+    def __init__(self, name: str, *, unavailable: str | None = None, ok: bool = True,
+                 unsupported_at: int | None = None) -> None:
+        self.name = name
+        self._unavailable = unavailable
+        self.ok = ok
+        self.unsupported_at = unsupported_at
+        self.checked: list[Point] = []
+        self.timed: list[Point] = []
+
+    def unavailable(self) -> str | None:
+        return self._unavailable
+
+    def unsupported(self, point: Point) -> str | None:
+        return "too few tokens" if point.tokens == self.unsupported_at else None
+
+
+def _run(adapters: list[FakeAdapter], points: list[Point],
+         gather: Any = None) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+
+    def check(adapter: FakeAdapter, point: Point) -> tuple[bool, list[dict[str, Any]]]:
+        adapter.checked.append(point)
+        return adapter.ok, [{"output": "norm", "ok": adapter.ok,
+                             "reason": "" if adapter.ok else "rel L2 0.9 > 0.015"}]
+
+    def time(adapter: FakeAdapter, point: Point) -> dict[str, Any]:
+        adapter.timed.append(point)
+        return {"median_us": float(point.tokens), "p90_us": point.tokens + 0.5}
+
+    kwargs = {"gather": gather} if gather else {}
+    methods.drive(adapters, points, check=check, time=time, emit=records.append, **kwargs)
+    return records
+
+
+def test_every_registered_method_has_an_adapter() -> None:
+    from sm120fork.gpu.adapters import FACTORIES
+
+    assert list(FACTORIES) == list(methods.METHODS)
+
+
+def test_a_method_is_timed_only_after_its_check_passed() -> None:
+    good = FakeAdapter("fused_auto")
+    wrong = FakeAdapter("custom_vllm_rmsnorm", ok=False)
+    absent = FakeAdapter("pcie_ipc_rmsnorm", unavailable="FlashInfer 0.6.7 has no pcie_ipc")
+    points = [Point(1, 7168), Point(64, 7168)]
+    records = _run([good, wrong, absent], points)
+    assert good.timed == points
+    assert wrong.checked == points
+    assert wrong.timed == []
+    assert absent.checked == []
+    assert absent.timed == []
+    by = {(r["method"], r.get("tokens")): r for r in records}
+    assert by[("pcie_ipc_rmsnorm", None)]["status"] == methods.NOT_RUNNABLE
+    assert "no pcie_ipc" in by[("pcie_ipc_rmsnorm", None)]["reason"]
+    assert by[("custom_vllm_rmsnorm", 64)]["status"] == methods.FAILED_CHECK
+    assert "median_us" not in by[("custom_vllm_rmsnorm", 64)]
+    assert by[("fused_auto", 64)]["status"] == methods.TIMED
+    assert by[("fused_auto", 64)]["rank_medians_us"] == [64.0]
+    assert by[("fused_auto", 64)]["rank_p90_us"] == [64.5]
+
+
+def test_an_unsupported_shape_is_reported_and_the_rest_still_run() -> None:
+    twoshot = FakeAdapter("fused_twoshot", unsupported_at=1)
+    records = _run([twoshot], [Point(1, 4096), Point(16, 4096)])
+    assert [r["status"] for r in records if r["kind"] == "point"] == [
+        methods.NOT_RUNNABLE, methods.TIMED]
+    assert twoshot.checked == [Point(16, 4096)]
+
+
+def test_every_rank_takes_the_same_branch() -> None:
+    """Rank 1 cannot run the method: rank 0 (this one) must not check it alone."""
+    adapter = FakeAdapter("nccl_rmsnorm")
+    records = _run([adapter], [Point(1, 4096)],
+                   gather=lambda own: [own, "no NCCL here"] if not isinstance(own, tuple)
+                   else [own, own])
+    assert records == [{"kind": "method", "method": "nccl_rmsnorm",
+                        "status": methods.NOT_RUNNABLE, "reason": "rank 1: no NCCL here"}]
+    assert adapter.checked == []
+
+
+def test_a_check_that_raises_is_a_failed_check_not_a_crash() -> None:
+    adapter = FakeAdapter("fused_oneshot")
+    records: list[dict[str, Any]] = []
+
+    def boom(_a: Any, _p: Point) -> tuple[bool, list[dict[str, Any]]]:
+        raise RuntimeError("workspace says no")
+
+    methods.drive([adapter], [Point(8, 4096)], check=boom,
+                  time=lambda *_: pytest.fail("timed after a failed check"),
+                  emit=records.append)
+    assert records[-1]["status"] == methods.FAILED_CHECK
+    assert "workspace says no" in records[-1]["reason"]
+
+
+def test_tuned_nccl_runs_in_a_group_of_its_own() -> None:
+    groups = methods.group_envs(methods.select(None))
+    assert groups[()][:2] == ["nccl_rmsnorm", "fused_oneshot"]
+    assert groups[(("NCCL_ALGO", "Ring"), ("NCCL_PROTO", "LL"))] == ["nccl_tuned_rmsnorm"]
+    assert methods.modules(["pcie_ipc_rmsnorm", "fused_auto", "custom_vllm_rmsnorm"]) == [
+        "pcie_ipc", "vllm"]

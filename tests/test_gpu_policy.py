@@ -1,0 +1,128 @@
+"""The all-reduce policy made from bench records, and the bench run that writes it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm120fork.errors import ConfigError
+from sm120fork.gpu import policy
+
+
+def _point(method: str, tokens: int, hidden: int, us: float | None,
+           status: str = "timed") -> dict[str, Any]:
+    rec: dict[str, Any] = {"kind": "point", "method": method, "tokens": tokens,
+                           "hidden": hidden, "status": status}
+    if us is not None:
+        rec.update(median_us=us, rank_medians_us=[us * 0.9, us], rank_p90_us=[us, us])
+    return rec
+
+
+def _records() -> list[dict[str, Any]]:
+    """fused_auto wins 1-16 at both hidden sizes; at 64 it wins at 4096 only; pcie_ipc
+    wins from 64 on; the vLLM custom AR is fastest but wrong."""
+    recs = []
+    for hidden in (4096, 7168):
+        for tokens, fused, pcie_us, nccl in ((1, 5, 8, 30), (16, 6, 9, 31),
+                                             (64, 12, 11, 40), (512, 40, 20, 60)):
+            pcie = 13 if tokens == 64 and hidden == 4096 else pcie_us
+            recs += [_point("fused_auto", tokens, hidden, fused),
+                     _point("fused_oneshot", tokens, hidden, fused - 1),
+                     _point("pcie_ipc_rmsnorm", tokens, hidden, pcie),
+                     _point("nccl_rmsnorm", tokens, hidden, nccl),
+                     _point("custom_vllm_rmsnorm", tokens, hidden, None, "failed_check")]
+    return recs
+
+
+def test_the_fused_path_stops_where_a_measured_method_beat_it() -> None:
+    doc = policy.derive({2: _records()}, made={"gpu": "X"}, for_use=True)
+    entry = doc["tp"]["2"]
+    # 64 tokens: pcie_ipc beat fused_auto at hidden 7168 (11 < 12)
+    assert entry["fused_max_tokens"] == 16
+    assert [(r["min_tokens"], r["max_tokens"], r["method"]) for r in entry["ranges"]] == [
+        (1, 64, "fused_oneshot"), (65, 512, "pcie_ipc_rmsnorm")]
+    assert "custom_vllm_rmsnorm" in entry["excluded"]
+    assert policy.validate(json.loads(json.dumps(doc)), "p.json") == doc
+
+
+def test_fused_never_chosen_when_beaten_at_one_token() -> None:
+    recs = [_point("fused_auto", 1, 7168, 9), _point("nccl_rmsnorm", 1, 7168, 8),
+            _point("fused_auto", 16, 7168, 5), _point("nccl_rmsnorm", 16, 7168, 8)]
+    assert policy.derive({4: recs}, made={}, for_use=True)["tp"]["4"][
+        "fused_max_tokens"] == 0
+
+
+def test_the_slowest_rank_decides() -> None:
+    """Rank medians [0.9x, 1x]: the max is compared, not the mean."""
+    recs = [_point("fused_auto", 1, 7168, 10), _point("nccl_rmsnorm", 1, 7168, 9.5)]
+    recs[1]["rank_medians_us"] = [1.0, 9.5]
+    assert policy.derive({2: recs}, made={}, for_use=True)["tp"]["2"][
+        "fused_max_tokens"] == 0
+
+
+@pytest.mark.parametrize(("edit", "where"), [
+    ({"version": 2}, "version"),
+    ({"for_use": "yes"}, "for_use"),
+    ({"tp": {"2": {"fused_max_tokens": -1, "ranges": []}}}, "tp.2.fused_max_tokens"),
+    ({"tp": {"2": {"fused_max_tokens": 4, "ranges": [
+        {"min_tokens": 2, "max_tokens": 4, "method": "x"}]}}}, "tp.2.ranges[0]"),
+])
+def test_a_bad_policy_names_the_key(edit: dict[str, Any], where: str) -> None:
+    doc = {**policy.derive({2: _records()}, made={}, for_use=True), **edit}
+    with pytest.raises(ConfigError) as err:
+        policy.validate(doc, "policy.json")
+    assert where in err.value.message + str(err.value.where)
+
+
+def test_describe_says_when_a_policy_is_not_for_use() -> None:
+    doc = policy.derive({2: _records()}, made={"note": "made on a shared GPU"},
+                        for_use=False)
+    lines = policy.describe(doc)
+    assert lines[0].startswith("marked NOT FOR USE (made on a shared GPU)")
+    assert lines[1] == ("TP2: fused path for 1-16 tokens; winners 1-64: fused_oneshot, "
+                        "65-512: pcie_ipc_rmsnorm")
+
+
+def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The bench's orchestration with the rank groups faked: one group per environment,
+    the tuned NCCL row reported as not runnable without starting ranks."""
+    from sm120fork.cli.gpu import main
+    from sm120fork.gpu import launcher, supervise, variants
+
+    monkeypatch.setattr(variants, "compile_variants", lambda installed, *_a, **_k: {
+        v.name: {"ok": True, "env": {"gpu_count": 1, "gpus": ["Fake GPU"]},
+                 "failure": None, "tail": [], "module_failures": {"pcie_ipc": "absent"}}
+        for v in installed})
+    groups: list[dict[str, Any]] = []
+
+    def run_bench(plan: dict[str, Any], _variant: Any, _run_dir: Path, **kw: Any) -> Any:
+        groups.append({"methods": kw["methods"], "env": kw["extra_env"],
+                       "module_failures": kw["module_failures"]})
+        recs = [r for r in _records() if r["method"] in kw["methods"]
+                and r["tokens"] in plan["tokens"]]
+        return recs, {"shared": True}, supervise.GroupOutcome(ok=True)
+
+    monkeypatch.setattr(launcher, "run_bench", run_bench)
+    out = tmp_path / "out"
+    rc = main(["bench", "--world-sizes", "2", "--tokens", "1,16,64", "--hidden", "4096,7168",
+               "--work-dir", str(tmp_path / "work"), "--out", str(out)])
+    assert rc == 0, capsys.readouterr()
+    assert len(groups) == 1  # the tuned NCCL group never started on a shared GPU
+    assert "nccl_tuned_rmsnorm" not in groups[0]["methods"]
+    assert groups[0]["module_failures"] == {"pcie_ipc": "absent"}
+    doc = json.loads((out / "bench.json").read_text())
+    tuned = [r for r in doc["records"] if r["method"] == "nccl_tuned_rmsnorm"]
+    assert tuned[0]["status"] == "not_runnable"
+    assert "share a GPU" in tuned[0]["reason"]
+    written = policy.load(out / "policy.json")
+    assert written["for_use"] is False
+    assert "not for use" in written["made"]["note"]
+    md = (out / "bench.md").read_text()
+    assert "| custom_vllm_rmsnorm |" in md
+    assert "failed check" in md
+    assert "policy: marked NOT FOR USE" in capsys.readouterr().out
