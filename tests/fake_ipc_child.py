@@ -1,53 +1,109 @@
-"""A stand-in for ``doctor.ipc``'s child that speaks its protocol over files, not GPUs.
+"""The real ``doctor.ipc`` child over a stand-in driver whose "device memory" is files.
 
-"Device memory" is a file of 32-bit words in $FAKE_IPC_DIR; the "IPC handle" is that
-file's name.  FAKE_IPC_DROP=<device> drops the writes of the process on that device
-(as an IOMMU that swallows peer writes does); FAKE_IPC_HANG=<device> never answers.
+A VMM allocation is a file in $FAKE_IPC_DIR and its exported handle that file's open
+descriptor (so the parent's SCM_RIGHTS relay is exercised for real); a legacy IPC handle
+is the file's name.  FAKE_IPC_DROP=<device> drops the copies the process on that device
+makes into a peer's memory (as an IOMMU that swallows peer writes does);
+FAKE_IPC_HANG=<device>:<owner device> makes the process on <device> hang when it maps
+<owner device>'s memory.
 """
 
 from __future__ import annotations
 
-import json
+import mmap
 import os
-import struct
 import sys
 import time
 from pathlib import Path
 
-from sm120fork.doctor.ipc import SLOT, seed
+from sm120fork.doctor import ipc
+from sm120fork.doctor.cuda import VmmBuffer
+
+ROOT = Path(os.environ["FAKE_IPC_DIR"])
+STRIDE = 1 << 32
 
 
-def main() -> int:
-    device = int(sys.argv[1])
-    root = Path(os.environ["FAKE_IPC_DIR"])
-    if os.environ.get("FAKE_IPC_HANG") == str(device):
-        time.sleep(3600)
-    first = json.loads(sys.stdin.readline())
-    me, slots = int(first["index"]), int(first["slots"])
-    mine = root / f"buf{me}"
-    mine.write_bytes(bytes(slots * SLOT * 4))
-    print(json.dumps({"handle": mine.name.encode().hex()}), flush=True)
-    peers = json.loads(sys.stdin.readline())["peers"]
-    for owner, handle in peers:
-        data = b"".join(struct.pack("<I", k ^ seed(me, int(owner))) for k in range(SLOT))
-        if os.environ.get("FAKE_IPC_DROP") == str(device):
-            continue
-        with open(root / bytes.fromhex(handle).decode(), "r+b") as f:
-            f.seek(me * SLOT * 4)
-            f.write(data)
-    print(json.dumps({"written": {}}), flush=True)
-    sys.stdin.readline()
-    words = mine.read_bytes()
-    received = {}
-    for writer in range(slots):
-        if writer == me:
-            continue
-        chunk = struct.unpack(f"<{SLOT}I", words[writer * SLOT * 4:(writer + 1) * SLOT * 4])
-        bad = sum(1 for k, w in enumerate(chunk) if w != (k ^ seed(writer, me)))
-        received[str(writer)] = "ok" if bad == 0 else f"{bad} of {SLOT} words missing"
-    print(json.dumps({"received": received}), flush=True)
-    return 0
+class FakeDriver:
+    def __init__(self) -> None:
+        self.regions: dict[int, tuple[mmap.mmap, bool]] = {}   # base -> (memory, peer's)
+        self.device = -1
 
+    def use(self, index: int) -> None:
+        self.device = index
+
+    def attribute(self, index: int, attribute: int) -> int:
+        return 2
+
+    def _new(self, path: Path, size: int, peer: bool) -> int:
+        with open(path, "r+b") as f:
+            memory = mmap.mmap(f.fileno(), size)
+        base = (len(self.regions) + 1) * STRIDE
+        self.regions[base] = (memory, peer)
+        return base
+
+    def _file(self, size: int) -> Path:
+        path = ROOT / f"dev{self.device}-pid{os.getpid()}-{len(self.regions)}"
+        path.write_bytes(bytes(size))
+        return path
+
+    def _at(self, ptr: int) -> tuple[mmap.mmap, int, bool]:
+        memory, peer = self.regions[ptr // STRIDE * STRIDE]
+        return memory, ptr % STRIDE, peer
+
+    def _hang_if(self, path: str) -> None:
+        owner = Path(path).name.split("-")[0].removeprefix("dev")
+        if os.environ.get("FAKE_IPC_HANG") == f"{self.device}:{owner}":
+            time.sleep(3600)
+
+    def vmm_alloc(self, index: int, nbytes: int) -> VmmBuffer:
+        path = self._file(nbytes)
+        ptr = self._new(path, nbytes, peer=False)
+        return VmmBuffer(handle=0, ptr=ptr, size=nbytes, fd=os.open(path, os.O_RDWR))
+
+    def vmm_import(self, fd: int, size: int, index: int) -> int:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        self._hang_if(path)
+        return self._new(Path(path), size, peer=True)
+
+    def alloc_zeroed(self, nbytes: int) -> int:
+        return self._new(self._file(nbytes), nbytes, peer=False)
+
+    def ipc_handle(self, ptr: int) -> bytes:
+        name = f"dev{self.device}-pid{os.getpid()}-{ptr // STRIDE - 1}"
+        return name.encode().ljust(64, b"\0")
+
+    def ipc_open(self, handle: bytes) -> int:
+        path = ROOT / handle.rstrip(b"\0").decode()
+        self._hang_if(str(path))
+        return self._new(path, path.stat().st_size, peer=True)
+
+    def write_u32(self, ptr: int, words: list[int]) -> None:
+        memory, offset, _ = self._at(ptr)
+        memory[offset:offset + 4 * len(words)] = b"".join(
+            w.to_bytes(4, "little") for w in words)
+
+    def read_u32(self, ptr: int, count: int) -> list[int]:
+        memory, offset, _ = self._at(ptr)
+        data = memory[offset:offset + 4 * count]
+        return [int.from_bytes(data[i:i + 4], "little") for i in range(0, len(data), 4)]
+
+    def copy(self, dst: int, src: int, nbytes: int, blocks: int = 64) -> None:
+        target, at, peer = self._at(dst)
+        if peer and os.environ.get("FAKE_IPC_DROP") == str(self.device):
+            return
+        source, frm, _ = self._at(src)
+        target[at:at + nbytes] = source[frm:frm + nbytes]
+
+    def timed_copy(self, dst: int, src: int, nbytes: int, repeats: int, blocks: int) -> float:
+        self.copy(dst, src, nbytes, blocks)
+        return 10.0
+
+    def synchronize(self) -> None:
+        pass
+
+
+setattr(ipc, "Driver", FakeDriver)  # noqa: B010
+ipc.BANDWIDTH_BYTES = 1 << 16   # file-backed copies are slow on a loaded CPU machine
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(ipc._child(*(int(x) for x in sys.argv[1:5])))

@@ -1,8 +1,10 @@
-"""The CUDA driver API through ctypes: device queries and the IPC peer-write probe.
+"""The CUDA driver API through ctypes: device queries and what the peer probe does.
 
 Standard library only (the doctor ships inside the plugin wheel and must run without
-torch, nvcc or a package index).  It only ever queries attributes, allocates ordinary
-device memory and opens CUDA IPC handles; it never creates multicast objects.
+torch, nvcc or a package index).  It only ever queries attributes, allocates device
+memory (ordinary, and VMM memory exported as a POSIX file descriptor the way FlashInfer's
+trtllm workspace shares it), opens legacy CUDA IPC handles and runs one copy kernel; it
+never creates multicast objects.
 """
 
 from __future__ import annotations
@@ -12,45 +14,61 @@ from dataclasses import dataclass
 
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
 CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
+# VMM (cuMemCreate) as FlashInfer's SymmDeviceMemory uses it on one node without multicast
+CU_MEM_ALLOCATION_TYPE_PINNED = 1
+CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
+CU_MEM_LOCATION_TYPE_DEVICE = 1
+CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
+CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
 
-#: A store kernel in PTX, JIT-compiled by the driver (no nvcc): dst[i] = i ^ seed.
-#: ISA 7.0 / sm_75 is the oldest the CUDA 13 driver still JITs; it runs on every newer GPU.
-WRITE_KERNEL_PTX = b"""\
+#: A grid-stride copy in PTX, JIT-compiled by the driver (no nvcc): 16 bytes per thread
+#: and step, dst and src may each be a peer's memory.  Peer writes and peer reads (and
+#: their bandwidth) are this kernel with the peer on one side.
+COPY_KERNEL_PTX = b"""\
 .version 7.0
 .target sm_75
 .address_size 64
 
-.visible .entry sm120fork_peer_write(
+.visible .entry sm120fork_copy(
     .param .u64 dst,
-    .param .u32 n,
-    .param .u32 seed
+    .param .u64 src,
+    .param .u32 n
 )
 {
     .reg .pred %p;
-    .reg .b32 %r<7>;
-    .reg .b64 %rd<4>;
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<8>;
     ld.param.u64 %rd1, [dst];
+    ld.param.u64 %rd2, [src];
     ld.param.u32 %r1, [n];
-    ld.param.u32 %r2, [seed];
-    mov.u32 %r3, %ctaid.x;
-    mov.u32 %r4, %ntid.x;
-    mov.u32 %r5, %tid.x;
-    mad.lo.s32 %r6, %r3, %r4, %r5;
-    setp.ge.u32 %p, %r6, %r1;
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    mov.u32 %r6, %nctaid.x;
+    mul.lo.s32 %r6, %r6, %r3;
+LOOP:
+    setp.ge.u32 %p, %r5, %r1;
     @%p bra DONE;
-    cvta.to.global.u64 %rd2, %rd1;
-    mul.wide.u32 %rd3, %r6, 4;
-    add.s64 %rd2, %rd2, %rd3;
-    xor.b32 %r3, %r6, %r2;
-    st.volatile.global.u32 [%rd2], %r3;
-    membar.sys;
+    mul.wide.u32 %rd3, %r5, 16;
+    add.s64 %rd4, %rd2, %rd3;
+    add.s64 %rd5, %rd1, %rd3;
+    ld.global.v4.u32 {%r7, %r8, %r9, %r10}, [%rd4];
+    st.global.v4.u32 [%rd5], {%r7, %r8, %r9, %r10};
+    add.s32 %r5, %r5, %r6;
+    bra LOOP;
 DONE:
+    membar.sys;
     ret;
 }
 """
-KERNEL_NAME = b"sm120fork_peer_write"
+COPY_KERNEL_NAME = b"sm120fork_copy"
+
 
 
 class CudaError(RuntimeError):
@@ -62,12 +80,46 @@ class IpcHandle(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_ubyte * 64)]
 
 
+class MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class AllocFlags(ctypes.Structure):
+    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class AllocationProp(ctypes.Structure):
+    """``CUmemAllocationProp`` (32 bytes)."""
+
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int),
+                ("location", MemLocation), ("win32HandleMetaData", ctypes.c_void_p),
+                ("allocFlags", AllocFlags)]
+
+
+class AccessDesc(ctypes.Structure):
+    """``CUmemAccessDesc`` (12 bytes)."""
+
+    _fields_ = [("location", MemLocation), ("flags", ctypes.c_int)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VmmBuffer:
+    """Device memory made with ``cuMemCreate``, mapped here, exportable as a POSIX FD."""
+
+    handle: int
+    ptr: int
+    size: int
+    fd: int
+
+
 @dataclass(frozen=True, kw_only=True)
 class Device:
     index: int
     name: str
     capability: tuple[int, int]
     multicast: bool | None      # None: the driver does not know the attribute
+    pci_bus_id: str | None = None
 
 
 class Driver:
@@ -119,8 +171,18 @@ class Driver:
                 self.attribute(index, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED))
         except CudaError:
             multicast = None
+        try:
+            bus: str | None = self.pci_bus_id(index)
+        except CudaError:
+            bus = None
         return Device(index=index, name=buf.value.decode(), capability=(major, minor),
-                      multicast=multicast)
+                      multicast=multicast, pci_bus_id=bus)
+
+    def pci_bus_id(self, index: int) -> str:
+        buf = ctypes.create_string_buffer(32)
+        self._check("cuDeviceGetPCIBusId",
+                    self.lib.cuDeviceGetPCIBusId(buf, 32, self._device(index)))
+        return buf.value.decode()
 
     def can_access_peer(self, a: int, b: int) -> bool:
         value = ctypes.c_int()
@@ -158,20 +220,107 @@ class Driver:
             ctypes.byref(ptr), value, ctypes.c_uint(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)))
         return ptr.value
 
-    def write_pattern(self, ptr: int, count: int, seed: int) -> None:
-        """Run the store kernel on the current device into ``ptr`` (maybe a peer's memory)."""
+    def _function(self) -> ctypes.c_void_p:
+        cached: ctypes.c_void_p | None = getattr(self, "_copy_function", None)
+        if cached is not None:
+            return cached
         module, function = ctypes.c_void_p(), ctypes.c_void_p()
         self._check("cuModuleLoadData",
-                    self.lib.cuModuleLoadData(ctypes.byref(module), WRITE_KERNEL_PTX))
+                    self.lib.cuModuleLoadData(ctypes.byref(module), COPY_KERNEL_PTX))
         self._check("cuModuleGetFunction", self.lib.cuModuleGetFunction(
-            ctypes.byref(function), module, KERNEL_NAME))
-        dst, n, s = ctypes.c_uint64(ptr), ctypes.c_uint32(count), ctypes.c_uint32(seed)
+            ctypes.byref(function), module, COPY_KERNEL_NAME))
+        self._copy_function = function
+        return function
+
+    def copy(self, dst: int, src: int, nbytes: int, blocks: int = 64) -> None:
+        """Run the copy kernel on the current device (``nbytes`` a multiple of 16)."""
+        function = self._function()
+        d, s, n = ctypes.c_uint64(dst), ctypes.c_uint64(src), ctypes.c_uint32(nbytes // 16)
         params = (ctypes.c_void_p * 3)(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p)
-                                         for v in (dst, n, s)))
-        block = 256
+                                         for v in (d, s, n)))
         self._check("cuLaunchKernel", self.lib.cuLaunchKernel(
-            function, (count + block - 1) // block, 1, 1, block, 1, 1, 0, None, params, None))
+            function, blocks, 1, 1, 256, 1, 1, 0, None, params, None))
+
+    def timed_copy(self, dst: int, src: int, nbytes: int, repeats: int, blocks: int) -> float:
+        """Milliseconds for ``repeats`` copies after one warm-up (CUDA events)."""
+        self.copy(dst, src, nbytes, blocks)
         self.synchronize()
+        start, stop = ctypes.c_void_p(), ctypes.c_void_p()
+        self._check("cuEventCreate", self.lib.cuEventCreate(ctypes.byref(start), 0))
+        self._check("cuEventCreate", self.lib.cuEventCreate(ctypes.byref(stop), 0))
+        self._check("cuEventRecord", self.lib.cuEventRecord(start, None))
+        for _ in range(repeats):
+            self.copy(dst, src, nbytes, blocks)
+        self._check("cuEventRecord", self.lib.cuEventRecord(stop, None))
+        self._check("cuEventSynchronize", self.lib.cuEventSynchronize(stop))
+        ms = ctypes.c_float()
+        self._check("cuEventElapsedTime",
+                    self.lib.cuEventElapsedTime(ctypes.byref(ms), start, stop))
+        return ms.value
+
+    def write_u32(self, ptr: int, words: list[int]) -> None:
+        host = (ctypes.c_uint32 * len(words))(*words)
+        self._check("cuMemcpyHtoD", self.lib.cuMemcpyHtoD_v2(
+            ctypes.c_uint64(ptr), host, ctypes.c_size_t(len(words) * 4)))
+
+    # --- VMM memory shared through a POSIX file descriptor (FlashInfer's trtllm workspace)
+
+    def _prop(self, index: int) -> AllocationProp:
+        prop = AllocationProp()
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        prop.location = MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, index)
+        prop.allocFlags.gpuDirectRDMACapable = 1   # as FlashInfer sets it
+        return prop
+
+    def _map(self, handle: int, size: int, granularity: int, index: int) -> int:
+        ptr = ctypes.c_uint64()
+        self._check("cuMemAddressReserve", self.lib.cuMemAddressReserve(
+            ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_size_t(granularity),
+            ctypes.c_uint64(0), ctypes.c_ulonglong(0)))
+        self._check("cuMemMap", self.lib.cuMemMap(
+            ctypes.c_uint64(ptr.value), ctypes.c_size_t(size), ctypes.c_size_t(0),
+            ctypes.c_ulonglong(handle), ctypes.c_ulonglong(0)))
+        access = AccessDesc(MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, index),
+                            CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        self._check("cuMemSetAccess", self.lib.cuMemSetAccess(
+            ctypes.c_uint64(ptr.value), ctypes.c_size_t(size), ctypes.byref(access),
+            ctypes.c_size_t(1)))
+        return ptr.value
+
+    def granularity(self, index: int) -> int:
+        value = ctypes.c_size_t()
+        prop = self._prop(index)
+        self._check("cuMemGetAllocationGranularity", self.lib.cuMemGetAllocationGranularity(
+            ctypes.byref(value), ctypes.byref(prop), CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
+        return value.value
+
+    def vmm_alloc(self, index: int, nbytes: int) -> VmmBuffer:
+        """``cuMemCreate`` on ``index``, mapped and zeroed here, exported as a POSIX FD."""
+        granularity = self.granularity(index)
+        size = -(-nbytes // granularity) * granularity
+        handle = ctypes.c_ulonglong()
+        prop = self._prop(index)
+        self._check("cuMemCreate", self.lib.cuMemCreate(
+            ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop),
+            ctypes.c_ulonglong(0)))
+        fd = ctypes.c_int(-1)
+        self._check("cuMemExportToShareableHandle", self.lib.cuMemExportToShareableHandle(
+            ctypes.byref(fd), handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            ctypes.c_ulonglong(0)))
+        ptr = self._map(handle.value, size, granularity, index)
+        self._check("cuMemsetD32", self.lib.cuMemsetD32_v2(
+            ctypes.c_uint64(ptr), ctypes.c_uint(0), ctypes.c_size_t(size // 4)))
+        self.synchronize()
+        return VmmBuffer(handle=handle.value, ptr=ptr, size=size, fd=fd.value)
+
+    def vmm_import(self, fd: int, size: int, index: int) -> int:
+        """Map a peer's exported VMM memory here (accessed from device ``index``)."""
+        handle = ctypes.c_ulonglong()
+        self._check("cuMemImportFromShareableHandle", self.lib.cuMemImportFromShareableHandle(
+            ctypes.byref(handle), ctypes.c_void_p(fd),
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
+        return self._map(handle.value, size, self.granularity(index), index)
 
     def read_u32(self, ptr: int, count: int) -> list[int]:
         host = (ctypes.c_uint32 * count)()

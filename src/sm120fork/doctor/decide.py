@@ -1,24 +1,38 @@
-"""What SGLang would decide about the fused all-reduce at ``--tp 2/4/8`` on this box.
+"""What the installed SGLang would decide about the fused all-reduce at each ``--tp``.
 
-Runs in its own interpreter (``python -m <package>.doctor.decide``): it loads SGLang's
-plugins as the server does (so our plugin applies if installed), then calls the
-installed SGLang's own auto-enable pass, ``arg_groups.overrides.
-_flashinfer_allreduce_fusion_auto_enable``, on this box's real platform, for one of the
-model architectures upstream auto-enables the fusion for.  Only the model configuration
-and the data-parallel-attention query are fixed inputs, not SGLang's decision code.  The
-log lines the pass writes are the policy lines that decided.  Prints one JSON line.
+Runs in its own interpreter (``python -m <package>.doctor.decide 2 4``): it loads SGLang's
+plugins as the server does where that SGLang has a plugin framework (so our plugin
+applies if installed and allowed), then calls that SGLang's own auto-enable code on this
+box's real platform, for one model architecture every SGLang release here auto-enables
+the fusion for.  Which code that is depends on what the installed SGLang has, not on its
+version number (a registry of decision sources, first match wins):
+
+- ``arg_groups``: ``sglang.srt.arg_groups.overrides._flashinfer_allreduce_fusion_auto_enable``
+  (SGLang with the arg-group overrides, 0.5.11 and later);
+- ``server_args``: ``ServerArgs._handle_model_specific_adjustments`` on a ServerArgs whose
+  fields hold their declared defaults (SGLang 0.5.10, which has neither
+  ``sglang.srt.plugins`` nor ``arg_groups``).
+
+Only the model configuration (and, for ``arg_groups``, the DP-attention query) are fixed
+inputs, not SGLang's decision code.  The log lines the code writes are the policy lines
+that decided.  Prints one JSON line.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import importlib.util
 import json
 import logging
 import sys
 import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 MODEL_ARCH = "Qwen3MoeForCausalLM"
-TP_SIZES = (2, 4, 8)
+PREFIX = "SM120FORK-DECIDE "
 
 
 class _Capture(logging.Handler):
@@ -30,54 +44,119 @@ class _Capture(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def _view(tp: int) -> Any:
-    return types.SimpleNamespace(
-        tp_size=tp, nnodes=1, flashinfer_allreduce_fusion_backend=None, attn_cp_size=1,
-        encoder_only=False, enable_pdmux=False, disable_custom_all_reduce=False,
-        moe_a2a_backend="none")
+class _Config(types.SimpleNamespace):
+    """A model configuration: the attributes named, None for the rest."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
 
 
-def decide() -> dict[str, Any]:
-    import importlib
+def _model_config() -> _Config:
+    hf = _Config(architectures=[MODEL_ARCH], model_type="qwen3_moe", hidden_size=4096)
+    return _Config(hf_config=hf, dtype=None, is_multimodal=False, quantization=None)
 
-    plugins = importlib.import_module("sglang.srt.plugins")
-    plugins.load_plugins()
+
+def _has(module: str, attribute: str) -> bool:
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+    return found and hasattr(importlib.import_module(module), attribute)
+
+
+def _lines(logger_name: str) -> _Capture:
+    capture = _Capture()
+    logger = logging.getLogger(logger_name)
+    logger.addHandler(capture)
+    logger.setLevel(logging.INFO)
+    return capture
+
+
+def _arg_groups(tp: int) -> tuple[bool | None, str | None, list[str]]:
     overrides = importlib.import_module("sglang.srt.arg_groups.overrides")
-    config = types.SimpleNamespace(
-        hf_config=types.SimpleNamespace(architectures=[MODEL_ARCH], model_type="qwen3_moe",
-                                        hidden_size=4096), dtype=None)
+    config = _model_config()
     # The decision's inputs, not its code: the model and whether DP attention is on.
     setattr(overrides, "model_config_of", lambda view: config)  # noqa: B010
     setattr(overrides, "attn_dp_enabled_of", lambda view: False)  # noqa: B010
-    capture = _Capture()
-    logger = logging.getLogger(overrides.__name__)
-    logger.addHandler(capture)
-    logger.setLevel(logging.INFO)
+    capture = _lines(overrides.__name__)
+    view = types.SimpleNamespace(
+        tp_size=tp, nnodes=1, flashinfer_allreduce_fusion_backend=None, attn_cp_size=1,
+        encoder_only=False, enable_pdmux=False, disable_custom_all_reduce=False,
+        moe_a2a_backend="none")
+    declared = overrides._flashinfer_allreduce_fusion_auto_enable(view)
+    backend = declared.get("flashinfer_allreduce_fusion_backend")
+    return backend is not None, backend, capture.lines
+
+
+def _server_args(tp: int) -> tuple[bool | None, str | None, list[str]]:
+    module = importlib.import_module("sglang.srt.server_args")
+    cls = module.ServerArgs
+    args = object.__new__(cls)
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            value = None
+        object.__setattr__(args, f.name, value)
+    args.model_path = "sm120fork-doctor-model"
+    args.tp_size = tp
+    args.model_config = _model_config()     # what get_model_config() returns
+    capture = _lines(module.__name__)
+    args._handle_model_specific_adjustments()
+    enabled = bool(args.enable_flashinfer_allreduce_fusion)
+    return enabled, "trtllm" if enabled else None, capture.lines
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    present: Callable[[], bool]
+    decide: Callable[[int], tuple[bool | None, str | None, list[str]]]
+
+
+SOURCES = (
+    Source("arg_groups", lambda: _has("sglang.srt.arg_groups.overrides",
+                                      "_flashinfer_allreduce_fusion_auto_enable"), _arg_groups),
+    Source("server_args", lambda: _has("sglang.srt.server_args", "ServerArgs"), _server_args),
+)
+
+
+def decide(tp_sizes: Sequence[int]) -> dict[str, Any]:
+    plugins_loaded = False
+    if importlib.util.find_spec("sglang.srt.plugins") is not None:
+        importlib.import_module("sglang.srt.plugins").load_plugins()
+        plugins_loaded = True
+    source = next((s for s in SOURCES if s.present()), None)
+    if source is None:
+        return {"error": "this SGLang has neither arg_groups.overrides nor ServerArgs"}
     decisions = []
-    for tp in TP_SIZES:
-        capture.lines.clear()
+    for tp in tp_sizes:
         try:
-            declared = overrides._flashinfer_allreduce_fusion_auto_enable(_view(tp))
+            fusion, backend, lines = source.decide(tp)
         except Exception as exc:
-            decisions.append({"tp": tp, "fusion": None,
+            decisions.append({"tp": tp, "fusion": None, "backend": None,
                               "line": f"{type(exc).__name__}: {exc}"})
             continue
-        backend = declared.get("flashinfer_allreduce_fusion_backend")
-        line = capture.lines[-1] if capture.lines else (
-            "no policy line logged: the installed auto-enable pass did not enable it")
-        decisions.append({"tp": tp, "fusion": backend is not None, "backend": backend,
-                          "line": line})
-    return {"model": MODEL_ARCH, "decisions": decisions}
+        relevant = [x for x in lines if "usion" in x] or lines
+        line = relevant[-1] if relevant else (
+            "no policy line logged: SGLang's auto-enable code did not enable it")
+        decisions.append({"tp": tp, "fusion": fusion, "backend": backend, "line": line})
+    return {"model": MODEL_ARCH, "source": source.name, "plugins_loaded": plugins_loaded,
+            "decisions": decisions}
 
 
-def main() -> int:
+def main(argv: Sequence[str]) -> int:
     try:
-        result: dict[str, Any] = decide()
+        result: dict[str, Any] = decide([int(x) for x in argv])
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
-    sys.stdout.write("SM120FORK-DECIDE " + json.dumps(result) + "\n")
+    sys.stdout.write(PREFIX + json.dumps(result) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,15 +1,20 @@
-"""Do peer writes really arrive?  A bounded-time write-and-read-back through CUDA IPC.
+"""Do peer writes and peer reads really arrive, and how fast?  Per GPU pair, bounded.
 
-``cuDeviceCanAccessPeer`` can say yes on a platform whose IOMMU/ACS drops peer writes;
-the fused kernel's lamport spin loops would then hang with no error.  So: one process
-per GPU (two on GPU 0 when there is only one) allocates a buffer with a slot per peer
-and publishes its IPC handle; every process opens the others' handles, as the fused
-kernel's workspace does, and a kernel on its own GPU writes a pattern into its slot of
-each peer's buffer; then each process reads its own buffer back.  Every step has a
-deadline; a process that misses it is killed and its pairs are reported as timed out.
+``cuDeviceCanAccessPeer`` can say yes on a platform whose IOMMU/ACS drops peer traffic;
+the fused kernel's lamport spin loops would then hang with no error.  So the probe does
+what the workspace does: one process per GPU (two on GPU 0 when there is only one)
+allocates its buffers the two ways FlashInfer shares them (VMM memory exported as a
+POSIX file descriptor and passed over a Unix socket with SCM_RIGHTS, as the unified
+trtllm workspace does; a legacy CUDA IPC handle, as the custom all-reduce does), then,
+pair by pair, each side maps the other's memory, writes a pattern into its slot there
+(the one-shot kernel pushes to every peer), reads the peer's published pattern back
+(the two-shot kernel reads peers' buffers), and times a large copy both ways.
 
-The parent speaks to the children in JSON lines over stdin/stdout.  Run a child with
-``python -m <package>.doctor.ipc <device>``.
+Each pair has its own deadline: a pair that hangs is named, its two processes are
+killed and started again for the pairs after it, and the rest of the box is still
+probed.  The parent speaks to a child in JSON lines over stdin/stdout and passes file
+descriptors over a socket pair; run a child with
+``python -m <package>.doctor.ipc <device> <index> <processes> <socket fd>``.
 """
 
 from __future__ import annotations
@@ -17,174 +22,363 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .cuda import CudaError, Driver
 
-SLOT = 1024  # 32-bit words per (writer, owner) slot
+SLOT = 1024                  # 32-bit words per pattern (published, and per writer)
+BANDWIDTH_BYTES = 32 << 20   # per timed copy
+REPEATS = 5
+SHARINGS = ("vmm", "ipc")    # VMM + POSIX FD (unified trtllm workspace), legacy CUDA IPC
 
 
 def seed(writer: int, owner: int) -> int:
     return 0x5EED0000 | (writer << 8) | owner
 
 
+def pattern(writer: int, owner: int) -> list[int]:
+    return [k ^ seed(writer, owner) for k in range(SLOT)]
+
+
+def mismatch(words: Sequence[int], expected: Sequence[int]) -> str:
+    bad = sum(1 for w, e in zip(words, expected, strict=True) if w != e)
+    return "ok" if bad == 0 else f"{bad} of {SLOT} words wrong"
+
+
 @dataclass(frozen=True, kw_only=True)
-class PairResult:
-    writer: int      # process index (its GPU is devices[writer])
+class LinkResult:
+    """What process ``writer`` (on ``writer_gpu``) did with the memory of ``owner``."""
+
+    writer: int
     owner: int
     writer_gpu: int
     owner_gpu: int
-    ok: bool
-    detail: str
+    #: per sharing kind: {"open": ..., "write": ..., "read": ...}, each "ok" or why not
+    sharing: dict[str, dict[str, str]] = field(default_factory=dict)
+    write_gbps: float | None = None
+    read_gbps: float | None = None
+    error: str | None = None     # the pair did not finish (hang, crash, no process)
+    seconds: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.sharing) and all(
+            v == "ok" for steps in self.sharing.values() for v in steps.values())
+
+    @property
+    def detail(self) -> str:
+        if self.error is not None:
+            return self.error
+        bad = [f"{kind} {step}: {v}" for kind, steps in self.sharing.items()
+               for step, v in steps.items() if v != "ok"]
+        return "; ".join(bad) if bad else "writes and reads arrived (VMM/FD and CUDA IPC)"
 
     def to_json(self) -> dict[str, Any]:
-        return {"writer_gpu": self.writer_gpu, "owner_gpu": self.owner_gpu, "ok": self.ok,
+        return {"writer": self.writer, "owner": self.owner, "writer_gpu": self.writer_gpu,
+                "owner_gpu": self.owner_gpu, "sharing": self.sharing,
+                "write_gbps": self.write_gbps, "read_gbps": self.read_gbps,
+                "error": self.error, "seconds": self.seconds, "ok": self.ok,
                 "detail": self.detail}
 
 
-def _child(device: int) -> int:
-    """One probe process: allocate, publish, write into peers, read back its own slots."""
+# --- the child --------------------------------------------------------------------------
+
+class _Memory:
+    """One sharing kind's buffer: [published pattern][one slot per writer][bandwidth]."""
+
+    def __init__(self, base: int, processes: int) -> None:
+        self.base = base
+        self.processes = processes
+
+    def published(self) -> int:
+        return self.base
+
+    def slot(self, writer: int) -> int:
+        return self.base + (1 + writer) * SLOT * 4
+
+    def bandwidth(self) -> int:
+        return self.base + (1 + self.processes) * SLOT * 4
+
+
+def _size(processes: int, with_bandwidth: bool) -> int:
+    return (1 + processes) * SLOT * 4 + (BANDWIDTH_BYTES if with_bandwidth else 0)
+
+
+def _child(device: int, me: int, processes: int, sock_fd: int) -> int:
+    """One probe process: share its memory both ways, then serve the parent's steps."""
     def say(**msg: Any) -> None:
         sys.stdout.write(json.dumps(msg) + "\n")
         sys.stdout.flush()
 
+    sock = socket.socket(fileno=sock_fd)
     try:
         drv = Driver()
         drv.use(device)
-        first = json.loads(sys.stdin.readline())
-        me, slots = int(first["index"]), int(first["slots"])
-        base = drv.alloc_zeroed(slots * SLOT * 4)
-        say(handle=drv.ipc_handle(base).hex())
-        peers = json.loads(sys.stdin.readline())["peers"]
-        errors: dict[str, str] = {}
-        for owner, handle in peers:
-            try:
-                remote = drv.ipc_open(bytes.fromhex(handle))
-                drv.write_pattern(remote + me * SLOT * 4, SLOT, seed(me, int(owner)))
-            except CudaError as exc:
-                errors[str(owner)] = str(exc)
-        say(written=errors)
-        sys.stdin.readline()  # "check"
-        received: dict[str, str] = {}
-        for writer in range(slots):
-            if writer == me:
-                continue
-            words = drv.read_u32(base + writer * SLOT * 4, SLOT)
-            bad = sum(1 for k, w in enumerate(words) if w != (k ^ seed(writer, me)))
-            received[str(writer)] = "ok" if bad == 0 else f"{bad} of {SLOT} words missing"
-        say(received=received)
-    except (CudaError, ValueError, KeyError) as exc:
+        blocks = 4 * drv.attribute(device, 16)
+        mine: dict[str, _Memory] = {}
+        ready: dict[str, str] = {}
+        fd: int | None = None
+        vmm_size = 0
+        try:
+            vmm = drv.vmm_alloc(device, _size(processes, True))
+            mine["vmm"], fd, vmm_size = _Memory(vmm.ptr, processes), vmm.fd, vmm.size
+            ready["vmm"] = "ok"
+        except CudaError as exc:
+            ready["vmm"] = str(exc)
+        try:
+            base = drv.alloc_zeroed(_size(processes, False))
+            mine["ipc"] = _Memory(base, processes)
+            handle = drv.ipc_handle(base).hex()
+            ready["ipc"] = "ok"
+        except CudaError as exc:
+            ready["ipc"], handle = str(exc), ""
+        for memory in mine.values():
+            drv.write_u32(memory.published(), pattern(me, me))
+        staging = drv.alloc_zeroed(SLOT * 4)
+        local_bw = drv.alloc_zeroed(BANDWIDTH_BYTES)
+        say(ready=ready, ipc=handle, vmm_size=vmm_size, vmm_fd=fd is not None)
+        if fd is not None:
+            socket.send_fds(sock, [b"f"], [fd])
+        for line in sys.stdin:
+            step = json.loads(line)
+            if step["op"] == "open":
+                peer = int(step["peer"])
+                result: dict[str, dict[str, str]] = {}
+                remote: dict[str, int] = {}
+                if step.get("vmm_fd"):
+                    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+                    try:
+                        remote["vmm"] = drv.vmm_import(fds[0], int(step["vmm_size"]), device)
+                        result["vmm"] = {"open": "ok"}
+                    except CudaError as exc:
+                        result["vmm"] = {"open": str(exc)}
+                    finally:
+                        os.close(fds[0])
+                elif "vmm" in step:
+                    result["vmm"] = {"open": f"the peer has none: {step['vmm']}"}
+                if step.get("ipc"):
+                    try:
+                        remote["ipc"] = drv.ipc_open(bytes.fromhex(step["ipc"]))
+                        result["ipc"] = {"open": "ok"}
+                    except CudaError as exc:
+                        result["ipc"] = {"open": str(exc)}
+                else:
+                    result["ipc"] = {"open": f"the peer has none: {step.get('ipc_error')}"}
+                bandwidth: dict[str, float] = {}
+                for kind, ptr in remote.items():
+                    theirs = _Memory(ptr, processes)
+                    try:
+                        drv.write_u32(staging, pattern(me, peer))
+                        drv.copy(theirs.slot(me), staging, SLOT * 4, blocks)
+                        drv.synchronize()
+                        result[kind]["write"] = "ok"
+                        drv.copy(staging, theirs.published(), SLOT * 4, blocks)
+                        drv.synchronize()
+                        result[kind]["read"] = mismatch(drv.read_u32(staging, SLOT),
+                                                        pattern(peer, peer))
+                        if kind == "vmm":
+                            gb = BANDWIDTH_BYTES * REPEATS / 1e6
+                            bandwidth["write_gbps"] = gb / drv.timed_copy(
+                                theirs.bandwidth(), local_bw, BANDWIDTH_BYTES, REPEATS, blocks)
+                            bandwidth["read_gbps"] = gb / drv.timed_copy(
+                                local_bw, theirs.bandwidth(), BANDWIDTH_BYTES, REPEATS, blocks)
+                    except CudaError as exc:
+                        result[kind].setdefault("write", str(exc))
+                        result[kind].setdefault("read", str(exc))
+                say(opened=result, **bandwidth)
+            elif step["op"] == "check":
+                writer = int(step["writer"])
+                checked = {kind: mismatch(drv.read_u32(memory.slot(writer), SLOT),
+                                          pattern(writer, me))
+                           for kind, memory in mine.items()}
+                say(checked=checked)
+    except (CudaError, ValueError, KeyError, OSError) as exc:
         say(error=str(exc))
         return 1
     return 0
 
 
-class _Children:
-    def __init__(self, devices: Sequence[int], module: str, deadline: float) -> None:
-        self.deadline = deadline
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.procs = [subprocess.Popen([sys.executable, "-m", module, str(d)],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=subprocess.DEVNULL, text=True, env=env)
-                      for d in devices]
+# --- the parent -------------------------------------------------------------------------
 
-    def send(self, index: int, msg: Any) -> None:
-        stdin = self.procs[index].stdin
+class _Process:
+    """One probe child: its pipes, its end of the FD socket, what it shared."""
+
+    def __init__(self, device: int, index: int, processes: int, module: str) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock = parent
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, str(device), str(index), str(processes),
+             str(child.fileno())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True, env=env, pass_fds=(child.fileno(),))
+        child.close()
+        self.ready: dict[str, Any] = {}
+        self.vmm_fd: int | None = None
+
+    def send(self, msg: Any) -> None:
+        stdin = self.proc.stdin
         assert stdin is not None
-        stdin.write((msg if isinstance(msg, str) else json.dumps(msg)) + "\n")
+        stdin.write(json.dumps(msg) + "\n")
         stdin.flush()
 
-    def receive(self, index: int) -> dict[str, Any]:
-        stdout: IO[str] | None = self.procs[index].stdout
+    def receive(self, deadline: float) -> dict[str, Any]:
+        stdout: IO[str] | None = self.proc.stdout
         assert stdout is not None
         with selectors.DefaultSelector() as sel:
             sel.register(stdout, selectors.EVENT_READ)
-            if not sel.select(timeout=max(0.0, self.deadline - time.monotonic())):
+            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
                 raise TimeoutError
         line = stdout.readline()
         if not line:
             raise EOFError
         msg: dict[str, Any] = json.loads(line)
+        if "error" in msg:
+            raise RuntimeError(str(msg["error"]))
         return msg
 
-    def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-            for stream in (p.stdin, p.stdout):
-                if stream is not None:
-                    stream.close()
-
-
-def probe(devices: Sequence[int], *, timeout: float = 60.0,
-          module: str = f"{__package__}.ipc") -> list[PairResult]:
-    """Write-and-read-back for every ordered pair of the probe processes on ``devices``."""
-    n = len(devices)
-    children = _Children(devices, module, time.monotonic() + timeout)
-    handles: dict[int, str] = {}
-    failed: dict[int, str] = {}
-    written: dict[int, dict[str, str]] = {}
-    received: dict[int, dict[str, str]] = {}
-
-    def step(i: int, msg: Any, key: str) -> Any:
-        if i in failed:
-            return None
+    def receive_fd(self, deadline: float) -> int:
+        self.sock.settimeout(max(0.01, deadline - time.monotonic()))
         try:
-            if msg is not None:
-                children.send(i, msg)
-            reply = children.receive(i)
+            _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
         except TimeoutError:
-            failed[i] = f"no answer within {timeout:.0f}s (a hang: peer writes never completed?)"
-            return None
-        except (EOFError, BrokenPipeError, ValueError):
-            failed[i] = "the probe process died"
-            return None
-        if "error" in reply:
-            failed[i] = str(reply["error"])
-            return None
-        return reply.get(key)
+            raise
+        except OSError as exc:
+            raise EOFError from exc
+        if not fds:
+            raise EOFError
+        return fds[0]
 
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+        self.sock.close()
+        if self.vmm_fd is not None:
+            os.close(self.vmm_fd)
+            self.vmm_fd = None
+
+
+def _failure(exc: BaseException, timeout: float, doing: str) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout:.0f}s while {doing} (a hang)"
+    if isinstance(exc, (EOFError, BrokenPipeError, ValueError)):
+        return f"the probe process died while {doing}"
+    return f"{doing}: {exc}"
+
+
+class _Probe:
+    def __init__(self, devices: Sequence[int], module: str, setup_timeout: float) -> None:
+        self.devices = list(devices)
+        self.module = module
+        self.setup_timeout = setup_timeout
+        self.procs: dict[int, _Process] = {}
+        self.broken: dict[int, str] = {}
+
+    def process(self, i: int) -> _Process | None:
+        """Process ``i``, started (again) if needed; None (and why in ``broken``)."""
+        if i in self.procs:
+            return self.procs[i]
+        proc = _Process(self.devices[i], i, len(self.devices), self.module)
+        deadline = time.monotonic() + self.setup_timeout
+        try:
+            proc.ready = proc.receive(deadline)
+            if proc.ready.get("vmm_fd"):
+                proc.vmm_fd = proc.receive_fd(deadline)
+        except (TimeoutError, EOFError, BrokenPipeError, ValueError, RuntimeError) as exc:
+            proc.close()
+            self.broken[i] = _failure(exc, self.setup_timeout,
+                                      f"setting up on GPU {self.devices[i]}")
+            return None
+        self.broken.pop(i, None)
+        self.procs[i] = proc
+        return proc
+
+    def drop(self, *indices: int) -> None:
+        for i in indices:
+            proc = self.procs.pop(i, None)
+            if proc is not None:
+                proc.close()
+
+    def open_step(self, w: int, o: int, deadline: float) -> dict[str, Any]:
+        writer, owner = self.procs[w], self.procs[o]
+        ready = owner.ready.get("ready", {})
+        msg: dict[str, Any] = {"op": "open", "peer": o, "ipc": owner.ready.get("ipc"),
+                               "ipc_error": ready.get("ipc"), "vmm": ready.get("vmm"),
+                               "vmm_fd": owner.vmm_fd is not None,
+                               "vmm_size": owner.ready.get("vmm_size", 0)}
+        writer.send(msg)
+        if owner.vmm_fd is not None:
+            socket.send_fds(writer.sock, [b"f"], [owner.vmm_fd])
+        return writer.receive(deadline)
+
+    def pair(self, a: int, b: int, timeout: float) -> list[LinkResult]:
+        """Both directions of the pair (a, b), under one deadline of their own."""
+        start = time.monotonic()
+        deadline = start + timeout
+        ga, gb = self.devices[a], self.devices[b]
+        links = {(a, b): LinkResult(writer=a, owner=b, writer_gpu=ga, owner_gpu=gb),
+                 (b, a): LinkResult(writer=b, owner=a, writer_gpu=gb, owner_gpu=ga)}
+        for i in (a, b):
+            if self.process(i) is None:
+                why = f"not probed: {self.broken[i]}"
+                return [LinkResult(writer=w, owner=o, writer_gpu=self.devices[w],
+                                   owner_gpu=self.devices[o], error=why)
+                        for w, o in links]
+        opened: dict[tuple[int, int], dict[str, Any]] = {}
+        doing = ""
+        try:
+            for w, o in links:
+                doing = (f"GPU {self.devices[w]} mapped, wrote into and read from "
+                         f"GPU {self.devices[o]}'s memory")
+                opened[(w, o)] = self.open_step(w, o, deadline)
+            for w, o in links:
+                doing = f"GPU {self.devices[o]} checked what GPU {self.devices[w]} wrote"
+                self.procs[o].send({"op": "check", "writer": w})
+                checked = self.procs[o].receive(deadline)["checked"]
+                sharing = {kind: dict(steps) for kind, steps in opened[(w, o)]["opened"].items()}
+                for kind, steps in sharing.items():
+                    if steps.get("write") == "ok":
+                        steps["write"] = checked.get(kind, "not checked")
+                links[(w, o)] = LinkResult(
+                    writer=w, owner=o, writer_gpu=self.devices[w], owner_gpu=self.devices[o],
+                    sharing=sharing, write_gbps=opened[(w, o)].get("write_gbps"),
+                    read_gbps=opened[(w, o)].get("read_gbps"))
+        except (TimeoutError, EOFError, BrokenPipeError, ValueError, RuntimeError,
+                OSError) as exc:
+            why = _failure(exc, timeout, doing)
+            self.drop(a, b)   # a hung or dead pair must not poison the next pairs
+            links = {k: LinkResult(writer=k[0], owner=k[1], writer_gpu=self.devices[k[0]],
+                                   owner_gpu=self.devices[k[1]], error=why) for k in links}
+        seconds = round(time.monotonic() - start, 2)
+        return [LinkResult(**{**r.__dict__, "seconds": seconds}) for r in links.values()]
+
+    def close(self) -> None:
+        self.drop(*list(self.procs))
+
+
+def probe(devices: Sequence[int], *, pair_timeout: float = 30.0, setup_timeout: float = 60.0,
+          module: str = f"{__package__}.ipc") -> list[LinkResult]:
+    """Writes, reads and bandwidth for every pair of probe processes on ``devices``."""
+    runner = _Probe(devices, module, setup_timeout)
+    results: list[LinkResult] = []
     try:
-        for i in range(n):
-            value = step(i, {"index": i, "slots": n}, "handle")
-            if value is not None:
-                handles[i] = str(value)
-        for i in range(n):
-            peers = [[j, h] for j, h in handles.items() if j != i]
-            value = step(i, {"peers": peers}, "written")
-            if value is not None:
-                written[i] = dict(value)
-        for i in range(n):
-            value = step(i, "check", "received")
-            if value is not None:
-                received[i] = dict(value)
+        for a in range(len(devices)):
+            for b in range(a + 1, len(devices)):
+                results += runner.pair(a, b, pair_timeout)
     finally:
-        children.close()
-
-    results = []
-    for w in range(n):
-        for o in range(n):
-            if w == o:
-                continue
-            if w in failed or o in failed:
-                ok, detail = False, failed.get(w) or failed[o]
-            elif str(o) in written.get(w, {}):
-                ok, detail = False, written[w][str(o)]
-            else:
-                detail = received.get(o, {}).get(str(w), "not read back")
-                ok = detail == "ok"
-                if ok:
-                    detail = f"{SLOT} words written and read back"
-            results.append(PairResult(writer=w, owner=o, writer_gpu=devices[w],
-                                      owner_gpu=devices[o], ok=ok, detail=detail))
+        runner.close()
     return results
 
 
 if __name__ == "__main__":
-    sys.exit(_child(int(sys.argv[1])))
+    sys.exit(_child(*(int(x) for x in sys.argv[1:5])))

@@ -1,0 +1,169 @@
+"""Ask the installed FlashInfer where it would load the trtllm comm module from, and why.
+
+Runs in its own interpreter (``python -m <package>.doctor.flashinfer_probe``), because it
+imports FlashInfer (and torch) as SGLang would.  Every answer is FlashInfer's own: its
+``jit.env`` paths (the AOT dir: ``flashinfer_jit_cache.get_jit_cache_dir()`` or
+``flashinfer/data/aot``; the JIT cache keyed by its full version, local label included),
+its CUDA version (nvcc's, else torch's), its architecture mapping per compute capability
+and the lowest CUDA version that mapping accepts, its comm module spec (which raises
+before any prebuilt module is looked at when no architecture is left), and its own
+``is_aot`` verdict; where its ``jit.provenance`` exists (our builds), the marker beside a
+prebuilt module and the digest recomputed over its ``data/csrc`` + ``data/include``.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+#: CUDA versions tried against FlashInfer's own architecture mapping to find its floor.
+CANDIDATE_CUDA = ("11.8", "12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.7",
+                  "12.8", "12.9", "13.0", "13.1", "13.2", "13.3", "14.0")
+PREFIX = "SM120FORK-FLASHINFER "
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _floors(capabilities: list[tuple[int, int]]) -> dict[str, Any]:
+    """Per capability: FlashInfer's arch for it at the CUDA it sees, and its lowest CUDA."""
+    context = importlib.import_module("flashinfer.compilation_context")
+    cpp_ext = importlib.import_module("flashinfer.jit.cpp_ext")
+    from packaging.version import Version
+
+    normalize = context.CompilationContext._normalize_cuda_arch
+    real: Any = cpp_ext.is_cuda_version_at_least
+    out: dict[str, Any] = {}
+    for major, minor in capabilities:
+        entry: dict[str, Any] = {}
+        try:
+            entry["arch"] = "".join(map(str, normalize(major, minor)))
+        except Exception as exc:
+            entry["error"] = str(exc)
+        floor = None
+        try:
+            for candidate in CANDIDATE_CUDA:
+                setattr(cpp_ext, "is_cuda_version_at_least",  # noqa: B010
+                        lambda v, c=candidate: Version(c) >= Version(v))
+                try:
+                    normalize(major, minor)
+                except Exception:
+                    continue
+                # accepted by the oldest CUDA tried: no floor of its own
+                floor = None if candidate == CANDIDATE_CUDA[0] else candidate
+                break
+        finally:
+            setattr(cpp_ext, "is_cuda_version_at_least", real)  # noqa: B010
+        entry["floor"] = floor
+        out[f"{major}.{minor}"] = entry
+    return out
+
+
+def _cuda(facts: dict[str, Any]) -> None:
+    cpp_ext = importlib.import_module("flashinfer.jit.cpp_ext")
+    try:
+        facts["cuda_version"] = str(cpp_ext.get_cuda_version())
+    except Exception as exc:
+        facts["cuda_version"], facts["cuda_error"] = None, _error(exc)
+    try:
+        home = cpp_ext.get_cuda_path()
+        nvcc = Path(home) / "bin" / "nvcc"
+        facts["cuda_from"] = "nvcc" if nvcc.is_file() else "torch"
+        facts["nvcc"] = str(nvcc) if nvcc.is_file() else None
+    except Exception as exc:
+        facts["cuda_from"], facts["nvcc"] = "torch", None
+        facts["cuda_path_error"] = _error(exc)
+    torch = sys.modules.get("torch") or importlib.import_module("torch")
+    facts["torch_cuda"] = getattr(torch.version, "cuda", None)
+
+
+def _comm(facts: dict[str, Any], env: Any) -> None:
+    comm: dict[str, Any] = {}
+    facts["comm"] = comm
+    try:
+        spec = importlib.import_module("flashinfer.jit.comm").gen_trtllm_comm_module()
+    except Exception as exc:
+        comm["spec_error"] = str(exc)
+        return
+    aot, jit = Path(spec.aot_path), Path(spec.jit_library_path)
+    comm.update(aot_path=str(aot), aot_exists=aot.is_file(), jit_path=str(jit),
+                jit_exists=jit.is_file())
+    comm["is_aot"] = bool(spec.is_aot)      # FlashInfer's own verdict (ours checks the digest)
+    try:
+        provenance = importlib.import_module("flashinfer.jit.provenance")
+    except ImportError:
+        comm["provenance"] = None   # stock FlashInfer: loads any prebuilt module that exists
+        return
+    marker = Path(provenance.marker_path(aot))
+    comm["provenance"] = {"marker": str(marker), "recorded": None, "sources": None,
+                          "mismatch": None}
+    with contextlib.suppress(OSError):
+        comm["provenance"]["recorded"] = marker.read_text(encoding="utf-8").strip()
+    comm["provenance"]["sources"] = provenance.sources_digest(env.FLASHINFER_CSRC_DIR,
+                                                              env.FLASHINFER_INCLUDE_DIR)
+    if aot.is_file():
+        comm["provenance"]["mismatch"] = provenance.prebuilt_mismatch(
+            aot, env.FLASHINFER_CSRC_DIR, env.FLASHINFER_INCLUDE_DIR)
+
+
+def probe(capabilities: list[tuple[int, int]]) -> dict[str, Any]:
+    logging.disable(logging.WARNING)   # FlashInfer's import-time warnings go to stderr anyway
+    facts: dict[str, Any] = {}
+    try:
+        importlib.import_module("flashinfer")
+    except Exception as exc:
+        facts["import_error"] = _error(exc)
+    try:
+        env = importlib.import_module("flashinfer.jit.env")
+    except Exception as exc:
+        facts.setdefault("import_error", _error(exc))
+        return facts
+    facts["version"] = str(env.flashinfer_version)
+    facts["aot_dir"] = str(env.FLASHINFER_AOT_DIR)
+    facts["jit_cache_package"] = bool(env.has_flashinfer_jit_cache())
+    facts["workspace_dir"] = str(env.FLASHINFER_WORKSPACE_DIR)
+    facts["jit_dir"] = str(env.FLASHINFER_JIT_DIR)
+    facts["cache_root"] = str(env.FLASHINFER_CACHE_DIR)
+    own = Path(env.FLASHINFER_WORKSPACE_DIR)
+    facts["other_caches"] = sorted(
+        str(p) for p in Path(env.FLASHINFER_CACHE_DIR).glob("*/*/cached_ops/trtllm_comm/*.so")
+        if own not in p.parents)
+    try:
+        context = importlib.import_module("flashinfer.jit.core").current_compilation_context
+        facts["target_archs"] = sorted(f"{a}{b}" for a, b in context.TARGET_CUDA_ARCHS)
+    except Exception as exc:
+        facts["target_archs_error"] = _error(exc)
+    def archs() -> None:
+        facts["archs"] = _floors(capabilities)
+
+    steps: list[Callable[[], None]] = [lambda: _cuda(facts), archs, lambda: _comm(facts, env)]
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:
+            facts.setdefault("errors", []).append(_error(exc))
+    facts["disable_jit"] = bool(os.environ.get("FLASHINFER_DISABLE_JIT"))
+    return facts
+
+
+def main(argv: list[str]) -> int:
+    capabilities = [(int(a), int(b)) for a, b in (x.split(".") for x in argv)]
+    try:
+        result = probe(capabilities)
+    except Exception as exc:
+        result = {"import_error": _error(exc)}
+    sys.stdout.write(PREFIX + json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,274 @@
+"""The doctor's probing: every fact it needs about this box, as one JSON-able dict.
+
+Nothing here judges.  The facts are what ``--record FILE`` writes and ``--facts FILE``
+reads back; :mod:`.rules` turns them into verdicts, the same way on the box and
+offline.  Everything that touches the machine goes through ``Probes``, so tests can
+replace one probe and keep the rest real.  Needs no package index and no nvcc; the
+FlashInfer and SGLang questions run in child interpreters (their imports stay out of
+this one).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cuda import CudaError, Device, Driver
+from .ipc import LinkResult
+from .ipc import probe as ipc_probe
+
+SCHEMA = "sm120fork-doctor-facts/1"
+PLUGIN_DISTRIBUTION = "sm120fork-sglang-plugin"
+PLUGIN_PACKAGE = "sm120fork_sglang_plugin"
+DISTRIBUTIONS = ("sglang", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache",
+                 "torch", PLUGIN_DISTRIBUTION, "sm120fork")
+
+#: Environment variables that change what SGLang/FlashInfer/NCCL do with the fused path.
+OVERRIDES = (
+    "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO", "SGLANG_SM120_FLASHINFER_PLAIN_ALLREDUCE",
+    "SM120FORK_PLUGIN", "SGLANG_PLUGINS", "SGLANG_PLATFORM", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+    "FLASHINFER_CUDA_ARCH_LIST", "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_DISABLE_VERSION_CHECK",
+    "FLASHINFER_DISABLE_JIT", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+)
+
+
+def tp_sizes(gpus: int) -> list[int]:
+    """The TP sizes a box of ``gpus`` GPUs can run (powers of two from 2)."""
+    return [2 ** k for k in range(1, 5) if 2 ** k <= gpus]
+
+
+# --- single probes ------------------------------------------------------------------------
+
+def numa_node(pci_bus_id: str | None) -> int | None:
+    if not pci_bus_id:
+        return None
+    try:
+        value = int(Path(f"/sys/bus/pci/devices/{pci_bus_id.lower()}/numa_node").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if value < 0 else value
+
+
+def query_gpus() -> dict[str, Any]:
+    """Driver, devices (in the order CUDA and so SGLang number them), P2P matrix."""
+    try:
+        drv = Driver()
+        version = drv.version()
+        devices: list[Device] = [drv.device(i) for i in range(drv.count())]
+        p2p = [[a == b or drv.can_access_peer(a, b) for b in range(len(devices))]
+               for a in range(len(devices))]
+    except CudaError as exc:
+        return {"driver": None, "devices": [], "p2p": [], "error": str(exc)}
+    return {"driver": f"{version // 1000}.{version % 1000 // 10}", "error": None,
+            "devices": [{"index": d.index, "name": d.name,
+                         "capability": f"{d.capability[0]}.{d.capability[1]}",
+                         "multicast": d.multicast, "pci_bus_id": d.pci_bus_id,
+                         "numa_node": numa_node(d.pci_bus_id)} for d in devices],
+            "p2p": p2p}
+
+
+def torch_facts() -> dict[str, Any] | None:
+    """torch's version and CUDA from its ``version.py``, without importing torch."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text(encoding="utf-8")
+    except OSError as exc:
+        return {"version": None, "cuda": None, "error": str(exc)}
+    def field_of(name: str) -> str | None:
+        match = re.search(rf"^{name}\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)",
+                          text, re.MULTILINE)
+        return (match.group(1) or match.group(2)) if match else None
+    return {"version": field_of("__version__"), "cuda": field_of("cuda")}
+
+
+def installed(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def requirements(distribution: str) -> list[str]:
+    """``Requires-Dist`` of an installed distribution (empty if not installed)."""
+    try:
+        return list(importlib.metadata.requires(distribution) or [])
+    except importlib.metadata.PackageNotFoundError:
+        return []
+
+
+def plugin_report() -> dict[str, Any]:
+    """Our plugin's per-hook verdict for the installed SGLang (without applying anything)."""
+    try:
+        plugin = importlib.import_module(PLUGIN_PACKAGE)
+        runtime = importlib.import_module(f"{PLUGIN_PACKAGE}.plugin.runtime")
+        return {"hooks": [s.to_json() for s in runtime.evaluate(plugin.spec())],
+                "stack": getattr(plugin, "STACK", None)}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def nvcc_version() -> dict[str, str] | None:
+    """The nvcc FlashInfer's JIT would use (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda)."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    candidates = [str(Path(home) / "bin" / "nvcc")] if home else []
+    candidates += [p for p in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc") if p]
+    for path in candidates:
+        if not Path(path).is_file():
+            continue
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                 timeout=30, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        match = re.search(r"release (\d+\.\d+)", out)
+        if match:
+            return {"path": path, "version": match.group(1)}
+    return None
+
+
+def _child_json(module: str, args: Sequence[str], prefix: str, timeout: float) -> dict[str, Any]:
+    """Run ``python -m module args`` and read its one prefixed JSON line."""
+    try:
+        done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"no answer within {timeout:.0f}s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(prefix):
+            result: dict[str, Any] = json.loads(line.removeprefix(prefix))
+            return result
+    return {"error": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"}
+
+
+def flashinfer_facts(capabilities: Sequence[str], timeout: float = 300) -> dict[str, Any]:
+    from .flashinfer_probe import PREFIX
+    result = _child_json(f"{__package__}.flashinfer_probe", list(capabilities), PREFIX, timeout)
+    if "error" in result and len(result) == 1:
+        return {"probe_error": result["error"]}
+    return result
+
+
+def sglang_decisions(sizes: Sequence[int], timeout: float = 300) -> dict[str, Any]:
+    from .decide import PREFIX
+    return _child_json(f"{__package__}.decide", [str(t) for t in sizes], PREFIX, timeout)
+
+
+def topology() -> str | None:
+    """``nvidia-smi topo -m`` (PCIe switches, host bridges, NUMA affinity), if present."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True,
+                              timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Probes:
+    gpus: Callable[[], dict[str, Any]] = query_gpus
+    torch: Callable[[], dict[str, Any] | None] = torch_facts
+    peers: Callable[[Sequence[int]], list[LinkResult]] = ipc_probe
+    installed: Callable[[str], str | None] = installed
+    requirements: Callable[[str], list[str]] = requirements
+    plugin: Callable[[], dict[str, Any]] = plugin_report
+    nvcc: Callable[[], dict[str, str] | None] = nvcc_version
+    flashinfer: Callable[[Sequence[str]], dict[str, Any]] = flashinfer_facts
+    decisions: Callable[[Sequence[int]], dict[str, Any]] = sglang_decisions
+    topology: Callable[[], str | None] = topology
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+# --- all facts ----------------------------------------------------------------------------
+
+def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> dict[str, Any]:
+    """Every fact the rules read, probed on this box."""
+    probes = probes or Probes()
+    facts: dict[str, Any] = {
+        "schema": SCHEMA,
+        "made_by": {"doctor": probes.installed("sm120fork")
+                    or probes.installed(PLUGIN_DISTRIBUTION),
+                    "python": platform.python_version(), "machine": platform.machine()},
+        "environ": {k: probes.environ[k] for k in OVERRIDES if k in probes.environ},
+        "skipped": {},
+    }
+    gpus = probes.gpus()
+    facts["gpus"] = gpus
+    facts["topology"] = probes.topology() if gpus["devices"] else None
+    facts["torch"] = probes.torch()
+    facts["nvcc"] = probes.nvcc()
+    packages = {d: probes.installed(d) for d in DISTRIBUTIONS}
+    facts["packages"] = packages
+    facts["requires"] = {"sglang": [r for r in probes.requirements("sglang")
+                                    if r.lower().replace("_", "-").startswith("flashinfer")]}
+    facts["plugin"] = probes.plugin() if packages[PLUGIN_DISTRIBUTION] else None
+    n = len(gpus["devices"])
+    if n == 0:
+        why = "no GPU visible" + (f" ({gpus['error']})" if gpus.get("error") else "")
+        facts["peers"] = None
+        facts["skipped"]["peers"] = why
+    else:
+        devices = [0, 0] if n == 1 else list(range(n))
+        facts["peers"] = {"processes_on_one_gpu": n == 1,
+                          "links": [r.to_json() for r in probes.peers(devices)]}
+    if packages["flashinfer-python"] is None:
+        facts["flashinfer"] = None
+        facts["skipped"]["flashinfer"] = "flashinfer-python is not installed"
+    elif n == 0:
+        facts["flashinfer"] = None
+        facts["skipped"]["flashinfer"] = ("no GPU visible: FlashInfer picks its architectures "
+                                          "from the GPUs torch sees")
+    else:
+        capabilities = sorted({d["capability"] for d in gpus["devices"]})
+        facts["flashinfer"] = probes.flashinfer(capabilities)
+    sizes = sorted(set(tp_sizes(n)) | {t for t in extra_tp if 1 < t <= n})
+    if packages["sglang"] is None:
+        facts["decisions"] = None
+        facts["skipped"]["decisions"] = "sglang is not installed"
+    elif n == 0:
+        facts["decisions"] = None
+        facts["skipped"]["decisions"] = ("no GPU visible: SGLang's --tp decisions read the "
+                                         "platform of a GPU")
+    elif not sizes:
+        facts["decisions"] = None
+        facts["skipped"]["decisions"] = f"{n} GPU: no --tp above 1 fits on this box"
+    else:
+        facts["decisions"] = probes.decisions(sizes)
+    return facts
+
+
+def portable(facts: dict[str, Any], home: Path | None = None) -> dict[str, Any]:
+    """The facts with this machine's site-packages folders and home folder replaced by
+    their role (``<site-packages>``, ``~``), so a record can be sent, committed and
+    re-judged elsewhere."""
+    roles = [(sysconfig.get_paths()[k], "<site-packages>") for k in ("purelib", "platlib")]
+    roles += [(p, "<site-packages>") for p in sys.path if p.endswith(("site-packages",
+                                                                      "dist-packages"))]
+    roles.append((str(home or Path.home()), "~"))
+    text = json.dumps(facts)
+    for path, role in sorted(roles, key=lambda x: -len(x[0])):
+        if len(path) > 1:
+            text = text.replace(json.dumps(path)[1:-1], role)
+    result: dict[str, Any] = json.loads(text)
+    return result

@@ -1,0 +1,497 @@
+"""The doctor's judging: pure rules over a facts dict (from :mod:`.probe` or a record).
+
+The same rules judge this box and a recorded one (``--facts FILE``): nothing here asks
+the machine.  The result is a ``Report``: lines per section (what the text shows), the
+same lines and the structured verdicts in ``to_json`` (what ``--json`` shows), and one
+line per blocker.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .probe import PLUGIN_DISTRIBUTION, tp_sizes
+
+PLUGIN_ENTRY_POINT = "sm120fork"
+OUR_LABEL = "sm120"
+COMM_MODULE = "trtllm_comm"
+#: A peer write this much slower than the pair's reads is the collapse seen on some
+#: PCIe root complexes (2.6 GB/s writes vs 52 GB/s reads on a 16x RTX PRO 6000 box).
+WRITE_COLLAPSE = 0.25
+PLUGIN_WHEEL = "wheels/<stack>/plugin/sm120fork_sglang_plugin-*.whl"
+
+
+@dataclass
+class Report:
+    sections: dict[str, Any] = field(default_factory=dict)
+    lines: list[tuple[str, str]] = field(default_factory=list)   # (section, text)
+    blockers: list[str] = field(default_factory=list)
+
+    def say(self, section: str, text: str) -> None:
+        self.lines.append((section, text))
+
+    def block(self, text: str) -> None:
+        self.blockers.append(text)
+
+    def text_of(self, section: str) -> list[str]:
+        return [t for s, t in self.lines if s == section]
+
+    def to_json(self) -> dict[str, Any]:
+        order = list(dict.fromkeys(s for s, _ in self.lines))
+        return {**self.sections, "text": {s: self.text_of(s) for s in order},
+                "blockers": self.blockers, "ok": not self.blockers}
+
+
+def _is_ours(version: str | None) -> bool:
+    return version is not None and f"+{OUR_LABEL}" in version
+
+
+def _cap(device: dict[str, Any]) -> tuple[int, int]:
+    major, minor = str(device["capability"]).split(".")
+    return int(major), int(minor)
+
+
+def _sm12x(facts: dict[str, Any]) -> bool:
+    return any(_cap(d)[0] == 12 for d in facts["gpus"]["devices"])
+
+
+def _span(gpus: Sequence[int]) -> str:
+    ordered = sorted(gpus)
+    if ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"GPUs {ordered[0]}-{ordered[-1]}"
+    return "GPUs " + ",".join(map(str, ordered))
+
+
+# --- GPUs ---------------------------------------------------------------------------------
+
+def judge_gpus(report: Report, facts: dict[str, Any]) -> bool:
+    gpus = facts["gpus"]
+    torch = facts.get("torch") or {}
+    report.sections["gpus"] = gpus
+    if gpus.get("error"):
+        report.say("gpus", f"no GPU: {gpus['error']}")
+        report.block(f"GPUs: {gpus['error']} (install the NVIDIA driver; run on the GPU box)")
+        return False
+    shown = torch.get("cuda") or ("none (torch is a CPU build)" if torch else
+                                  "unknown (torch not installed)")
+    report.say("gpus", f"driver CUDA {gpus['driver']}, torch CUDA {shown}")
+    for d in gpus["devices"]:
+        mc = {True: "yes", False: "no", None: "unknown"}[d.get("multicast")]
+        where = ""
+        if d.get("pci_bus_id"):
+            numa = d.get("numa_node")
+            where = f", PCI {d['pci_bus_id']}" + ("" if numa is None else f", NUMA node {numa}")
+        report.say("gpus", f"GPU {d['index']}: {d['name']}, compute capability "
+                           f"{d['capability']}, multicast {mc}{where}")
+    if not gpus["devices"]:
+        report.say("gpus", "the driver reports no GPU")
+        report.block("GPUs: the driver reports no GPU (check CUDA_VISIBLE_DEVICES)")
+        return False
+    n = len(gpus["devices"])
+    if n > 1:
+        p2p = gpus["p2p"]
+        report.say("gpus", "P2P access (row can access column): " + "; ".join(
+            f"{a}: " + " ".join("yes" if p2p[a][b] else "no" for b in range(n))
+            for a in range(n)))
+    if any(d.get("multicast") is False for d in gpus["devices"]):
+        report.say("gpus", "no multicast: only FlashInfer's trtllm backend (CUDA IPC / VMM "
+                           "unicast) can run here, which is what our SGLang asks for")
+    return True
+
+
+# --- peers --------------------------------------------------------------------------------
+
+def _gbps(link: dict[str, Any]) -> str:
+    w, r = link.get("write_gbps"), link.get("read_gbps")
+    if w is None or r is None:
+        return ""
+    return f", write {w:.1f} GB/s, read {r:.1f} GB/s"
+
+
+def judge_peers(report: Report, facts: dict[str, Any]) -> None:
+    peers = facts.get("peers")
+    report.sections["peers"] = peers
+    if peers is None:
+        report.say("peers", f"skipped: {facts['skipped'].get('peers', 'not probed')}")
+        return
+    one = peers["processes_on_one_gpu"]
+    if one:
+        report.say("peers", "one GPU: testing memory sharing between two processes on GPU 0 "
+                            "(bandwidth there is the GPU's own memory, not a peer link)")
+    for link in peers["links"]:
+        pair = (f"process {link['writer']} -> process {link['owner']} on GPU "
+                f"{link['owner_gpu']}" if one
+                else f"GPU {link['writer_gpu']} -> GPU {link['owner_gpu']}")
+        state = "ok" if link["ok"] else "FAILED"
+        report.say("peers", f"{pair}: {state}: {link['detail']}{_gbps(link)}")
+    if one:
+        bad = [x for x in peers["links"] if not x["ok"]]
+        if bad:
+            report.block(f"peers: {bad[0]['detail']} between two processes on one GPU: the "
+                         "workspace shares memory this way; check the driver, IPC/ptrace "
+                         "limits of the container (SCM_RIGHTS, /dev/shm)")
+
+
+def _links(facts: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
+    peers = facts.get("peers")
+    if not peers or peers["processes_on_one_gpu"]:
+        return {}
+    return {(x["writer_gpu"], x["owner_gpu"]): x for x in peers["links"]}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    tp: int
+    gpus: tuple[int, ...]
+    ok: bool
+    why: str
+    warning: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tp": self.tp, "gpus": list(self.gpus), "ok": self.ok, "why": self.why,
+                "warning": self.warning}
+
+
+def _window(facts: dict[str, Any], gpus: Sequence[int]) -> tuple[bool, str, str]:
+    """(ok, why, warning) of the fused all-reduce on exactly these GPUs."""
+    p2p = facts["gpus"]["p2p"]
+    links = _links(facts)
+    for a in gpus:
+        for b in gpus:
+            if a != b and not p2p[a][b]:
+                return False, f"GPU {a} cannot access GPU {b} (no P2P)", ""
+    for a in gpus:
+        for b in gpus:
+            if a == b:
+                continue
+            link = links.get((a, b))
+            if link is None:
+                return False, f"GPU {a} -> GPU {b} was not probed", ""
+            if not link["ok"]:
+                return False, f"GPU {a} -> GPU {b}: {link['detail']}", ""
+    pairs = [links[(a, b)] for a in gpus for b in gpus if a != b]
+    reads = [x["read_gbps"] for x in pairs if x.get("read_gbps")]
+    warning = ""
+    if reads:
+        typical = statistics.median(reads)
+        slow = [x for x in pairs if x.get("write_gbps") is not None
+                and x["write_gbps"] < WRITE_COLLAPSE * typical]
+        if slow:
+            worst = min(slow, key=lambda x: x["write_gbps"])
+            warning = (f"peer writes collapse: GPU {worst['writer_gpu']} -> GPU "
+                       f"{worst['owner_gpu']} writes {worst['write_gbps']:.1f} GB/s against "
+                       f"{typical:.1f} GB/s reads; the lamport one-shot kernel pushes to every "
+                       "peer, so measure before enabling fusion at this size")
+    numa = {facts["gpus"]["devices"][g].get("numa_node") for g in gpus}
+    where = (f"one socket (NUMA node {numa.pop()})" if len(numa) == 1 and None not in numa
+             else "across NUMA nodes " + ",".join(str(x) for x in sorted(
+                 n for n in numa if n is not None)) if None not in numa else "")
+    return True, where, warning
+
+
+def tp_verdicts(facts: dict[str, Any], base: int = 0,
+                requested: Sequence[int] = ()) -> list[Verdict]:
+    """One verdict per TP size, on the GPUs SGLang would use: ``base`` .. ``base+tp-1``
+    in CUDA's (visible-device) order; where those fail, the first other base that works."""
+    n = len(facts["gpus"]["devices"])
+    verdicts = []
+    for tp in sorted(set(tp_sizes(n)) | set(requested)):
+        gpus = tuple(range(base, base + tp))
+        if base + tp > n:
+            verdicts.append(Verdict(tp, gpus, False,
+                                    f"needs GPUs {base}-{base + tp - 1}, this box shows {n}"))
+            continue
+        ok, why, warning = _window(facts, gpus)
+        if not ok:
+            for other in range(n - tp + 1):
+                if other != base and _window(facts, range(other, other + tp))[0]:
+                    why += (f"; ok with --base-gpu-id {other} "
+                            f"({_span(range(other, other + tp))})")
+                    break
+        verdicts.append(Verdict(tp, gpus, ok, why, warning))
+    return verdicts
+
+
+def judge_tp(report: Report, facts: dict[str, Any], base: int,
+             requested: Sequence[int]) -> list[Verdict]:
+    n = len(facts["gpus"]["devices"])
+    if n == 0:
+        return []
+    if n == 1 and not requested:
+        report.say("tp", "one GPU: --tp 1 only; the fused all-reduce needs --tp 2 or more")
+        report.sections["tp"] = []
+        return []
+    verdicts = tp_verdicts(facts, base, requested)
+    report.sections["tp"] = [v.to_json() for v in verdicts]
+    for v in verdicts:
+        if v.ok:
+            where = f" ({v.why})" if v.why else ""
+            report.say("tp", f"--tp {v.tp} ok on {_span(v.gpus)}{where}"
+                       + (f"; warning: {v.warning}" if v.warning else ""))
+        else:
+            report.say("tp", f"--tp {v.tp} NOT on {_span(v.gpus)}: {v.why}")
+    if not _sm12x(facts):
+        return verdicts
+    for v in verdicts:
+        if v.tp in requested and not v.ok:
+            report.block(f"--tp {v.tp}: the fused all-reduce cannot run on {_span(v.gpus)}: "
+                         f"{v.why} (SGLang fails closed to the unfused all-reduce)")
+    if not requested and verdicts and not any(v.ok for v in verdicts):
+        first = verdicts[0]
+        report.block(f"no --tp size can use the fused all-reduce here: --tp {first.tp} on "
+                     f"{_span(first.gpus)}: {first.why} (check the BIOS/ACS/IOMMU and "
+                     "NCCL_P2P_DISABLE; GeForce drivers block P2P)")
+    return verdicts
+
+
+# --- packages -----------------------------------------------------------------------------
+
+def _pins_ours(requires: Sequence[str]) -> bool:
+    return any(r.lower().replace("_", "-").startswith("flashinfer-python")
+               and f"+{OUR_LABEL}" in r for r in requires)
+
+
+def judge_packages(report: Report, facts: dict[str, Any]) -> dict[str, Any]:
+    packages = facts["packages"]
+    env = facts["environ"]
+    sglang, flashinfer = packages.get("sglang"), packages.get("flashinfer-python")
+    plugin = packages.get(PLUGIN_DISTRIBUTION)
+    requires = facts.get("requires", {}).get("sglang", [])
+    if sglang is None:
+        sglang_kind = "not installed"
+    elif _is_ours(sglang):
+        sglang_kind = "ours"
+    elif _is_ours(flashinfer):
+        sglang_kind = "stock, installed over ours"
+    else:
+        sglang_kind = "stock"
+    if flashinfer is None:
+        fi_kind = "not installed"
+    elif _is_ours(flashinfer):
+        fi_kind = "ours"
+    elif _is_ours(sglang) and _pins_ours(requires):
+        fi_kind = "stock, installed over ours"
+    elif _is_ours(sglang) or plugin:
+        fi_kind = "as published (this stack uses it unpatched)"
+    else:
+        fi_kind = "stock"
+    info: dict[str, Any] = {**packages, "sglang_kind": sglang_kind, "flashinfer_kind": fi_kind}
+    report.sections["packages"] = info
+    report.say("packages", f"sglang {sglang or '-'} ({sglang_kind}); flashinfer-python "
+                           f"{flashinfer or '-'} ({fi_kind})")
+    for extra in ("flashinfer-cubin", "flashinfer-jit-cache"):
+        if packages.get(extra):
+            report.say("packages", f"{extra} {packages[extra]}")
+    plugin_facts = facts.get("plugin")
+    active, state = False, None
+    hooks: list[dict[str, str]] = []
+    if plugin is not None:
+        disabled = env.get("SM120FORK_PLUGIN", "").strip().lower() in ("0", "off", "false", "no")
+        whitelist = env.get("SGLANG_PLUGINS")
+        skipped = bool(whitelist) and PLUGIN_ENTRY_POINT not in {
+            x.strip() for x in (whitelist or "").split(",")}
+        if not plugin_facts or "error" in plugin_facts:
+            why = (plugin_facts or {}).get("error", "not probed")
+            state = f"broken: {why}"
+            report.block(f"plugin: {PLUGIN_DISTRIBUTION} {plugin} is installed but cannot "
+                         f"run: {why} (reinstall it)")
+        else:
+            hooks = plugin_facts["hooks"]
+            bad = [h for h in hooks if h["state"] == "not applied"]
+            if disabled:
+                state = f"off: SM120FORK_PLUGIN={env['SM120FORK_PLUGIN']} disables it"
+            elif skipped:
+                state = (f"off: SGLANG_PLUGINS={whitelist} does not list "
+                         f"'{PLUGIN_ENTRY_POINT}', so SGLang never loads it")
+                report.block(f"plugin: SGLANG_PLUGINS={whitelist} does not list "
+                             f"'{PLUGIN_ENTRY_POINT}', so SGLang never loads it (add it)")
+            elif bad:
+                state = f"off: {len(bad)} hook(s) cannot apply, so none is applied"
+                if sglang_kind != "ours":
+                    report.block(f"plugin: {len(bad)} hook(s) cannot apply to sglang {sglang} "
+                                 f"(first: {bad[0]['hook']}: {bad[0]['why']}); install the "
+                                 f"plugin wheel built for this SGLang ({PLUGIN_WHEEL})")
+            elif any(h["state"] == "applied" for h in hooks):
+                active, state = True, "active: SGLang's load_plugins() applies its hooks"
+            else:
+                state = "off: no hook applies to this SGLang"
+        report.say("packages", f"plugin {PLUGIN_DISTRIBUTION} {plugin}: {state}")
+        for h in hooks:
+            why = f" ({h['why']})" if h["why"] else ""
+            shown = h["state"]
+            if shown == "applied":
+                shown = "applies when SGLang loads plugins" if active else (
+                    "would apply, but the plugin is off")
+            report.say("packages", f"  {h['hook']}: {shown}{why}")
+    info["plugin_state"] = state
+    info["plugin_active"] = active
+    info["plugin_hooks"] = hooks if plugin_facts and "hooks" in plugin_facts else (
+        (plugin_facts or {}).get("error"))
+    if not _sm12x(facts):
+        return info
+    if sglang is None:
+        report.block("sglang: not installed (install our patched wheels, or stock SGLang "
+                     f"plus the plugin wheel {PLUGIN_WHEEL})")
+    elif sglang_kind != "ours" and not active:
+        how = ("pip install -U sglang replaced our patched build" if "over ours" in sglang_kind
+               else f"stock sglang {sglang} refuses SM12x for the fused all-reduce")
+        report.block(f"sglang: {how}: install the plugin wheel for this SGLang "
+                     f"({PLUGIN_WHEEL}) or our patched wheels with "
+                     "pip install -c wheels/<stack>/constraints.txt wheels/<stack>/*.whl")
+    if fi_kind == "stock, installed over ours":
+        report.block(f"flashinfer-python: {flashinfer} replaced our patched build that sglang "
+                     f"{sglang} pins ({requires[0] if requires else 'its requirement'}): "
+                     "reinstall with pip install -c wheels/<stack>/constraints.txt "
+                     "wheels/<stack>/*.whl")
+    return info
+
+
+# --- the comm module ----------------------------------------------------------------------
+
+def _version_dir(path: str) -> str | None:
+    match = re.search(r"\.cache/flashinfer/([^/]+)/", path)
+    return match.group(1) if match else None
+
+
+def judge_comm(report: Report, facts: dict[str, Any]) -> None:
+    fi = facts.get("flashinfer")
+    section: dict[str, Any] = {"facts": fi, "loads_from": None}
+    report.sections["comm_module"] = section
+    sm12x = bool(facts["gpus"]["devices"]) and _sm12x(facts)
+    if fi is None:
+        why = facts["skipped"].get("flashinfer", "not probed")
+        report.say("comm module", f"skipped: {why}")
+        if sm12x and facts["packages"].get("flashinfer-python") is None:
+            report.block("flashinfer: not installed (the fused all-reduce is FlashInfer's)")
+        return
+    failure = fi.get("probe_error") or fi.get("import_error")
+    if failure:
+        report.say("comm module", f"FlashInfer could not be asked: {failure}")
+        if sm12x:
+            report.block(f"flashinfer: importing it fails ({failure}); SGLang fails the same "
+                         "way (reinstall the stack's wheels with its constraints)")
+        return
+    version = fi.get("version")
+    cuda, source = fi.get("cuda_version"), fi.get("cuda_from")
+    shown = (f"CUDA {cuda} from nvcc ({fi.get('nvcc')})" if source == "nvcc"
+             else f"CUDA {cuda} from torch (no nvcc found)")
+    report.say("comm module", f"flashinfer {version} sees {shown}; prebuilt modules from "
+                              f"{fi.get('aot_dir')}"
+                              + (" (flashinfer-jit-cache)" if fi.get("jit_cache_package")
+                                 else "") + f"; JIT cache {fi.get('jit_dir')}")
+    archs: dict[str, Any] = fi.get("archs") or {}
+    refused = False
+    for cap, entry in sorted(archs.items()):
+        floor = entry.get("floor")
+        if "error" in entry:
+            refused = True
+            report.say("comm module", f"compute capability {cap}: refused with CUDA {cuda}: "
+                                      f"{entry['error']} (this FlashInfer needs >= {floor})")
+            fix = (f"install a CUDA toolkit >= {floor} and point CUDA_HOME at it, or a torch "
+                   f"built for CUDA >= {floor}" if source == "torch" else
+                   f"install a CUDA toolkit >= {floor} (CUDA_HOME)")
+            report.block(f"comm module: flashinfer {version} refuses compute capability {cap} "
+                         f"with {shown}: it needs CUDA >= {floor}, and refuses before any "
+                         f"prebuilt module is considered: {fix}")
+        else:
+            report.say("comm module", f"compute capability {cap}: builds for "
+                                      f"compute_{entry.get('arch')} (needs CUDA >= {floor})")
+    comm = fi.get("comm") or {}
+    if "spec_error" in comm:
+        report.say("comm module", f"{COMM_MODULE}: FlashInfer refuses the module: "
+                                  f"{comm['spec_error']}")
+        if sm12x and not refused:
+            report.block(f"comm module: flashinfer {version} refuses {COMM_MODULE} on this "
+                         f"box: {comm['spec_error']} (install our FlashInfer, or 0.6.17 or "
+                         "newer)")
+        return
+    if not comm:
+        return
+    for path in fi.get("other_caches", []):
+        report.say("comm module", f"ignored: {path} (JIT cache of flashinfer "
+                                  f"{_version_dir(path) or 'another build'}; this one looks "
+                                  f"only in {fi.get('jit_dir')})")
+    provenance = comm.get("provenance")
+    if comm.get("aot_exists"):
+        if comm.get("is_aot"):
+            what = ("its sources digest matches" if provenance
+                    else "stock FlashInfer loads any prebuilt module")
+            section["loads_from"] = "prebuilt"
+            report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']} "
+                                      f"({what})")
+            return
+        why = (provenance or {}).get("mismatch") or "FlashInfer does not load it"
+        report.say("comm module", f"{COMM_MODULE}: does NOT load the prebuilt "
+                                  f"{comm['aot_path']}: {why}")
+        if provenance and provenance.get("recorded") and provenance.get("sources"):
+            report.say("comm module", f"  marker {provenance['recorded'][:23]}..., sources "
+                                      f"recomputed {provenance['sources'][:23]}...")
+    else:
+        report.say("comm module", f"{COMM_MODULE}: no prebuilt module at {comm.get('aot_path')}")
+    if fi.get("disable_jit"):
+        report.block(f"comm module: FLASHINFER_DISABLE_JIT is set and no loadable prebuilt "
+                     f"{COMM_MODULE}: FlashInfer raises MissingJITCacheError (unset it, or "
+                     "install the AOT wheel of our comm module)")
+        return
+    floor = max((str(e.get("floor")) for e in archs.values() if e.get("floor")), default="?")
+    if source == "nvcc":
+        section["loads_from"] = "jit"
+        report.say("comm module", f"{COMM_MODULE}: JIT-compiled by nvcc {cuda} on first use "
+                                  f"(~3 min once) into {comm.get('jit_path')}")
+        return
+    if comm.get("jit_exists"):
+        section["loads_from"] = "jit cache"
+        report.say("comm module", f"{COMM_MODULE}: a JIT-compiled module from an earlier run "
+                                  f"is at {comm['jit_path']}; without nvcc FlashInfer loads it "
+                                  "only while ninja finds it up to date")
+        return
+    if sm12x:
+        report.block(f"comm module: no loadable prebuilt {COMM_MODULE} and no nvcc: install "
+                     "the AOT wheel of our comm module, or a CUDA toolkit >= "
+                     f"{floor} (CUDA_HOME) so FlashInfer can JIT it (~3 min once)")
+
+
+# --- SGLang's decisions -------------------------------------------------------------------
+
+def judge_decisions(report: Report, facts: dict[str, Any], verdicts: Sequence[Verdict]) -> None:
+    env = facts["environ"]
+    report.sections["environment"] = env
+    report.say("environment", "overrides in force: " + (
+        ", ".join(f"{k}={v}" for k, v in env.items()) if env else "none"))
+    result = facts.get("decisions")
+    report.sections["decisions"] = result
+    if result is None:
+        report.say("decisions", f"--tp decisions skipped: "
+                                f"{facts['skipped'].get('decisions', 'not evaluated')}")
+        return
+    if "error" in result:
+        report.say("decisions", f"--tp decisions not evaluated: {result['error']}")
+        return
+    by_tp = {v.tp: v for v in verdicts}
+    for d in result["decisions"]:
+        state = {True: "on", False: "off", None: "error"}[d["fusion"]]
+        report.say("decisions", f"--tp {d['tp']} ({result['model']}, SGLang's "
+                                f"{result.get('source', 'auto-enable')} code): fusion {state}: "
+                                f"{d['line']}")
+        verdict = by_tp.get(d["tp"])
+        if d["fusion"] and verdict is not None and not verdict.ok:
+            report.say("decisions", f"  but the box cannot run it on {_span(verdict.gpus)} "
+                                    f"({verdict.why}): SGLang fails closed to the unfused "
+                                    "all-reduce")
+
+
+def judge(facts: dict[str, Any], *, base_gpu: int = 0, tp: Sequence[int] = ()) -> Report:
+    """Every rule, over recorded or freshly probed facts."""
+    report = Report()
+    report.sections["made_by"] = facts.get("made_by")
+    have_gpus = judge_gpus(report, facts)
+    judge_peers(report, facts)
+    verdicts = judge_tp(report, facts, base_gpu, tp) if have_gpus else []
+    judge_packages(report, facts)
+    judge_comm(report, facts)
+    judge_decisions(report, facts, verdicts)
+    return report
