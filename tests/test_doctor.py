@@ -391,8 +391,8 @@ def cross_socket(n: int = 8) -> dict[str, Any]:
 def test_an_8_gpu_box_without_cross_socket_p2p_still_serves_tp2_and_tp4() -> None:
     report = rules.judge(cross_socket())
     assert report.text_of("tp") == [
-        "--tp 2 ok on GPUs 0-1 (one socket (NUMA node 0))",
-        "--tp 4 ok on GPUs 0-3 (one socket (NUMA node 0))",
+        "--tp 2 ok on GPUs 0-1 (one socket: NUMA node 0)",
+        "--tp 4 ok on GPUs 0-3 (one socket: NUMA node 0)",
         "--tp 8 NOT on GPUs 0-7: GPU 0 cannot access GPU 4 (no P2P)"]
     assert report.blockers == []
     assert any("--tp 8: the fused all-reduce cannot run on GPUs 0-7" in b
@@ -453,7 +453,7 @@ def test_collapsed_peer_writes_warn_at_the_tp_size_they_hit() -> None:
              for w, o in ((0, 1), (1, 0))]
     report = rules.judge(box(2, links=links))
     assert report.text_of("tp") == [
-        "--tp 2 ok on GPUs 0-1 (one socket (NUMA node 0)); warning: peer writes collapse: "
+        "--tp 2 ok on GPUs 0-1 (one socket: NUMA node 0); warning: peer writes collapse: "
         "GPU 1 -> GPU 0 writes 2.6 GB/s against 52.0 GB/s reads; the lamport one-shot kernel "
         "pushes to every peer, so measure before enabling fusion at this size"]
 
@@ -465,7 +465,7 @@ def test_a_peer_that_fails_blocks_only_the_tp_sizes_that_use_it() -> None:
                                for w, o in ((a, b), (b, a))]
     report = rules.judge(facts)
     assert report.text_of("tp") == [
-        "--tp 2 ok on GPUs 0-1 (one socket (NUMA node 0))",
+        "--tp 2 ok on GPUs 0-1 (one socket: NUMA node 0)",
         "--tp 4 NOT on GPUs 0-3: GPU 3 -> GPU 2: vmm write: 1024 of 1024 words wrong; ipc "
         "write: 1024 of 1024 words wrong"]
     assert report.blockers == []
@@ -504,7 +504,7 @@ def test_stack_0523s_as_published_flashinfer_is_not_installed_over_ours() -> Non
     patched = box(2, packages={"sglang": "0.5.23+sm120.1", probe.PLUGIN_DISTRIBUTION: None},
                   plugin=None)
     info = rules.judge(patched).sections["packages"]
-    assert info["flashinfer_kind"] == "as published (this stack uses it unpatched)"
+    assert info["flashinfer_kind"] == "as published: this stack uses it unpatched"
     default = box(2, packages={"sglang": "0.5.10.post1+sm120.1",
                                "flashinfer-python": "0.6.7.post3",
                                probe.PLUGIN_DISTRIBUTION: None}, plugin=None,

@@ -187,7 +187,7 @@ def _window(facts: dict[str, Any], gpus: Sequence[int]) -> tuple[bool, str, str]
                        f"{typical:.1f} GB/s reads; the lamport one-shot kernel pushes to every "
                        "peer, so measure before enabling fusion at this size")
     numa = {facts["gpus"]["devices"][g].get("numa_node") for g in gpus}
-    where = (f"one socket (NUMA node {numa.pop()})" if len(numa) == 1 and None not in numa
+    where = (f"one socket: NUMA node {numa.pop()}" if len(numa) == 1 and None not in numa
              else "across NUMA nodes " + ",".join(str(x) for x in sorted(
                  n for n in numa if n is not None)) if None not in numa else "")
     return True, where, warning
@@ -276,7 +276,7 @@ def judge_packages(report: Report, facts: dict[str, Any]) -> dict[str, Any]:
     elif _is_ours(sglang) and _pins_ours(requires):
         fi_kind = "stock, installed over ours"
     elif _is_ours(sglang) or plugin:
-        fi_kind = "as published (this stack uses it unpatched)"
+        fi_kind = "as published: this stack uses it unpatched"
     else:
         fi_kind = "stock"
     info: dict[str, Any] = {**packages, "sglang_kind": sglang_kind, "flashinfer_kind": fi_kind}
