@@ -86,8 +86,10 @@ def test_every_rank_takes_the_same_branch() -> None:
     records = _run([adapter], [Point(1, 4096)],
                    gather=lambda own: [own, "no NCCL here"] if not isinstance(own, tuple)
                    else [own, own])
-    assert records == [{"kind": "method", "method": "nccl_rmsnorm",
-                        "status": methods.NOT_RUNNABLE, "reason": "rank 1: no NCCL here"}]
+    assert records == [
+        {"kind": "method", "method": "nccl_rmsnorm", "status": methods.STARTING},
+        {"kind": "method", "method": "nccl_rmsnorm", "status": methods.NOT_RUNNABLE,
+         "reason": "rank 1: no NCCL here"}]
     assert adapter.checked == []
 
 

@@ -126,3 +126,41 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
     assert "| custom_vllm_rmsnorm |" in md
     assert "failed check" in md
     assert "policy: marked NOT FOR USE" in capsys.readouterr().out
+
+
+def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sm120fork.cli.gpu import main
+    from sm120fork.gpu import launcher, supervise, variants
+
+    monkeypatch.setattr(variants, "compile_variants", lambda installed, *_a, **_k: {
+        v.name: {"ok": True, "env": {"gpu_count": 2, "gpus": ["Fake GPU"]},
+                 "failure": None, "tail": [], "module_failures": {}} for v in installed})
+    asked: list[list[str]] = []
+
+    def run_bench(plan: dict[str, Any], _variant: Any, _run_dir: Path, **kw: Any) -> Any:
+        names = list(kw["methods"])
+        asked.append(names)
+        recs: list[dict[str, Any]] = []
+        for name in names:
+            recs.append({"kind": "method", "method": name, "status": "starting"})
+            if name == "fused_twoshot":  # an illegal address: the ranks exit
+                return recs, {}, supervise.GroupOutcome(ok=False, kind="crash",
+                                                        failure="rank 1 exited with code 3")
+            recs.append(_point(name, 1, 7168, 5.0))
+        return recs, {}, supervise.GroupOutcome(ok=True)
+
+    monkeypatch.setattr(launcher, "run_bench", run_bench)
+    out = tmp_path / "out"
+    rc = main(["bench", "--world-sizes", "2", "--method", "nccl_rmsnorm", "--method",
+               "fused_twoshot", "--method", "fused_auto", "--work-dir", str(tmp_path / "w"),
+               "--out", str(out)])
+    assert asked == [["nccl_rmsnorm", "fused_twoshot", "fused_auto"], ["fused_auto"]]
+    assert rc == 13  # a method died: the run is not a pass
+    doc = json.loads((out / "bench.json").read_text())
+    died = [r for r in doc["records"] if r.get("status") == "error"]
+    assert died[0]["method"] == "fused_twoshot"
+    assert "ranks died" in died[0]["reason"]
+    timed = {r["method"] for r in doc["records"] if r.get("status") == "timed"}
+    assert timed == {"nccl_rmsnorm", "fused_auto"}
+    assert policy.load(out / "policy.json")["for_use"] is False  # partial: not for use

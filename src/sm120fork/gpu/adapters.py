@@ -216,8 +216,9 @@ class PcieIpc(Adapter):
 class CustomAllReduce(Adapter):
     """The vLLM-style one/two-stage custom all-reduce (FlashInfer's copy, or SGLang's).
 
-    The input is staged into a registered IPC buffer by the op itself; under capture the
-    kernel records the buffers, which ``after_capture`` registers on every rank.
+    Eagerly the input is staged into a registered IPC buffer by the op itself; under
+    capture the kernel records the input buffers, which ``after_capture`` registers on
+    every rank (vLLM's graph path).
     ``full_nvlink`` is False: the PCIe case, where FlashInfer's copy launches a kernel
     only at two ranks (a 4/8-rank call then fails the output check).
     """
@@ -261,7 +262,12 @@ class CustomAllReduce(Adapter):
         size, norm, gamma = self.max_bytes, _norm(), self.gamma
 
         def run() -> None:
-            ops.all_reduce(fa, x, r_out, staging, size, self.MAX_CTAS)
+            if torch.cuda.is_current_stream_capturing():
+                # captured: the kernel reads the input itself (recorded for
+                # after_capture to register), as vLLM does under graphs
+                ops.all_reduce(fa, x, r_out, 0, 0, self.MAX_CTAS)
+            else:  # eager: staged into the registered buffer
+                ops.all_reduce(fa, x, r_out, staging, size, self.MAX_CTAS)
             norm(r_out, res, gamma, RMS_EPS)
         return run
 

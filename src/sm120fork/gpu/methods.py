@@ -19,6 +19,8 @@ TIMED = "timed"
 FAILED_CHECK = "failed_check"
 NOT_RUNNABLE = "not_runnable"
 ERROR = "error"
+#: a method's first record: it is being set up (the last one seen names a crash's method)
+STARTING = "starting"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -130,13 +132,20 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
           is_fatal: Callable[[BaseException], bool] = lambda _exc: False) -> None:
     """Check, then time, every runnable method at every point; report the others.
 
+    Methods one after the other, each over every point; a ``kind: method`` record
+    with status ``starting`` before each tells the launcher which method was running
+    if the ranks die.
+
     ``gather`` collects one value from every rank (identity on one rank), so that every
     rank takes the same branch: a method is checked only where every rank can run it,
     and timed only where every rank's check passed.  ``is_fatal`` says which errors
     poisoned the process (they propagate; the launcher restarts nothing for the bench).
     """
-    runnable = []
+    # Method by method, each set up just before its points: a method that kills the
+    # ranks (a CUDA error poisons the context) leaves the methods before it measured,
+    # and its "starting" record tells the launcher which one to skip when it resumes.
     for adapter in adapters:
+        emit({"kind": "method", "method": adapter.name, "status": STARTING})
         try:
             own = adapter.unavailable()
         except Exception as exc:
@@ -147,11 +156,8 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
         if reason:
             emit({"kind": "method", "method": adapter.name, "status": NOT_RUNNABLE,
                   "reason": reason})
-        else:
-            emit({"kind": "method", "method": adapter.name, "status": "runnable"})
-            runnable.append(adapter)
-    for point in points:
-        for adapter in runnable:
+            continue
+        for point in points:
             record: dict[str, Any] = {"kind": "point", "method": adapter.name,
                                       "tokens": point.tokens, "hidden": point.hidden}
             reason = agree(gather(adapter.unsupported(point)))

@@ -255,7 +255,7 @@ def method_rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
         if rec.get("kind") not in ("method", "point") or "status" not in rec:
             continue
         name, status = rec["method"], rec["status"]
-        if rec["kind"] == "method" and status == "runnable":
+        if rec["kind"] == "method" and status in ("runnable", "starting"):
             per[name]
             continue
         per[name][status] += 1

@@ -446,21 +446,34 @@ def run_bench(opts: BenchOptions) -> BenchRun:
                              "GPU, so this row cannot run on this machine"}
                             for name in names]
                 continue
-            group_plan = dataclasses.replace(plan, floors=index == 0)
-            started = time.monotonic()
-            got, got_env, outcome = launcher.run_bench(
-                group_plan.to_dict(), variant, run_dir, methods=names,
-                tag=f"bench-ws{world}-g{index}", extra_env=dict(group_env),
-                module_failures=module_failures, backend=opts.backend,
-                allow_multicast=opts.allow_multicast, timeouts=timeouts)
-            log.info("bench, world size %d, %s: %.0f s", world, names,
-                     time.monotonic() - started)
-            records += got
-            rank_env = rank_env or got_env
-            outcomes.append(outcome)
-            if not outcome.ok:
-                failures.append(f"world size {world}, {names}: {outcome.failure}")
+            pending, attempt = list(names), 0
+            while pending:
+                group_plan = dataclasses.replace(plan, floors=index == 0 and attempt == 0)
+                started = time.monotonic()
+                got, got_env, outcome = launcher.run_bench(
+                    group_plan.to_dict(), variant, run_dir, methods=pending,
+                    tag=f"bench-ws{world}-g{index}-a{attempt}", extra_env=dict(group_env),
+                    module_failures=module_failures, backend=opts.backend,
+                    allow_multicast=opts.allow_multicast, timeouts=timeouts)
+                log.info("bench, world size %d, %s: %.0f s", world, pending,
+                         time.monotonic() - started)
+                records += got
+                rank_env = rank_env or got_env
+                outcomes.append(outcome)
+                if outcome.ok:
+                    break
+                failures.append(f"world size {world}, {pending}: {outcome.failure}")
                 partial = partial or outcome.kind == "budget"
+                if outcome.kind == "budget":
+                    break
+                culprit, pending = resume_after(pending, got)
+                if culprit is not None:
+                    records.append({"kind": "method", "method": culprit,
+                                    "status": methods_mod.ERROR,
+                                    "reason": f"the ranks died while it ran "
+                                    f"({outcome.kind}: {outcome.failure}); the methods "
+                                    "after it ran in a new group"})
+                attempt += 1
         finished = all(o.ok for o in outcomes)
         doc = {
             "kind": "gpu-bench", "created": _now(), "command": opts.command,
@@ -502,6 +515,20 @@ def run_bench(opts: BenchOptions) -> BenchRun:
                     module_seconds=prepared.module_seconds,
                     allow_partial=opts.allow_partial,
                     policy=policy_mod.describe(policy))
+
+
+def resume_after(methods: Sequence[str], records: Sequence[dict[str, Any]],
+                 ) -> tuple[str | None, list[str]]:
+    """The method that was running when a bench group died, and the ones still to run.
+
+    Nothing started (the ranks died before any method): no culprit, nothing resumed.
+    """
+    started = [r["method"] for r in records
+               if r.get("kind") == "method" and r.get("status") == methods_mod.STARTING]
+    if not started:
+        return None, []
+    culprit = started[-1]
+    return culprit, list(methods[list(methods).index(culprit) + 1:])
 
 
 def rerender(test: Path | None, bench: Path | None, out: Path) -> list[Path]:
