@@ -61,6 +61,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                        help="a variant: a directory holding one flashinfer_python wheel (or "
                        "the wheel); repeat for A/B, e.g. patched=wheels/sglang-0.5.10 "
                        "unpatched=up/")
+        p.add_argument("--stack", metavar="NAME",
+                       help="the stack's built wheels (wheels/NAME/) as 'patched'; for "
+                       "test also upstream's, built from the stack's pinned sdist "
+                       "(sha256-checked, cached) as 'unpatched'")
         p.add_argument("--prebuilt", action="append", default=[], metavar="NAME=DIR",
                        help="FlashInfer modules prebuilt for variant NAME (DIR holds "
                        "<module>/<module>.so); if they fail to load, the run JIT-compiles")
@@ -147,6 +151,7 @@ def _common(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         "startup_timeout": args.startup_timeout, "case_timeout": args.case_timeout,
         "compile_timeout": args.compile_timeout, "time_budget": args.time_budget,
         "not_run": tuple(args.not_run), "allow_partial": args.allow_partial,
+        "stack": args.stack,
     }
 
 

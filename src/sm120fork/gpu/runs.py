@@ -17,7 +17,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sm120fork.errors import ConfigError, VerifyError
 from sm120fork.gpu import cases as cases_mod
@@ -30,6 +30,9 @@ from sm120fork.util import portable
 log = logging.getLogger("sm120fork")
 
 DEFAULT_WORK_DIR = Path(os.environ.get("SM120FORK_GPU_WORK", "/tmp/sm120fork-gpu"))
+
+
+_Opts = TypeVar("_Opts", bound="RunOptions")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,6 +54,20 @@ class RunOptions:
     time_budget: float | None = None
     not_run: tuple[str, ...] = ()
     allow_partial: bool = False
+    stack: str | None = None  # the stack's built wheels (and upstream's, for test)
+
+    def with_stack(self: _Opts, *, baseline: bool) -> _Opts:
+        """``--stack``: the variants from the stack's build and pin (no --wheel-dir)."""
+        if self.stack is None:
+            return self
+        if self.wheel_dirs:
+            raise ConfigError("--stack and --wheel-dir exclude each other",
+                              fix="pass one of them")
+        from sm120fork.gpu import stack_wheels
+
+        found = stack_wheels.resolve(self.stack, baseline=baseline)
+        notes = (*self.not_run, found.note) if found.note else self.not_run
+        return dataclasses.replace(self, wheel_dirs=found.specs, not_run=notes)
 
     def timeouts(self) -> launcher.Timeouts:
         """The cases' limits; the budget counts from now (after the module build)."""
@@ -332,6 +349,7 @@ def _collect_logs(run_dir: Path, dest: Path, roles: portable.Roles) -> None:
 
 def run_test(opts: TestOptions) -> TestRun:
     """The correctness matrix over every variant (A/B), report under ``opts.out``."""
+    opts = opts.with_stack(baseline=True)
     prepared = prepare(opts, "test", ["comm"])
     run_dir, installed, compiled = prepared.run_dir, prepared.variants, prepared.compiled
     names = [v.name for v in installed]
@@ -407,6 +425,7 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     which get a group of their own.  Each method is checked against the fp32 reference
     before it is timed (:mod:`.methods`).
     """
+    opts = opts.with_stack(baseline=False)
     if len(opts.wheel_dirs) > 1:
         raise ConfigError("bench measures one variant", where="--wheel-dir")
     chosen = methods_mod.select(opts.methods)

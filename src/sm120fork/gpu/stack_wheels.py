@@ -1,0 +1,95 @@
+"""``--stack NAME``: the variants of a GPU run from a stack, with no hand download.
+
+``patched`` is the FlashInfer wheel ``nox -s build -- --stack NAME`` published in
+``wheels/<stack>/`` (its manifest.json gives the report its provenance).  ``unpatched``
+is upstream built from the stack's own pin: the pinned sdist (sha256-checked against
+``forks/<stack>.toml``, cached) built unchanged into a wheel (cached by the sdist's
+sha256), the same way the committed A/B runs made their baseline; for a project the
+stack ships as published (``used_as_published``) the published wheel *is* upstream, so
+there is no A/B and no baseline variant.  Needs the package index only the first time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sm120fork.errors import BuildError, ConfigError
+from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+
+PROJECT = "flashinfer"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StackWheels:
+    """What ``--stack`` resolved to: ``NAME=PATH`` variant specs and why no baseline."""
+
+    stack: str
+    specs: tuple[str, ...]
+    note: str | None = None
+
+
+def _manifest_entry(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
+    folder = ws.stack_wheels(stack)
+    path = folder / "manifest.json"
+    if not path.is_file():
+        raise ConfigError(f"stack {stack} has no build in {folder}",
+                          fix=f"nox -s build -- --stack {stack}")
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    entries = [w for w in manifest.get("wheels", []) if w.get("project") == PROJECT]
+    if not entries:
+        raise ConfigError(f"the build of {stack} has no {PROJECT} wheel", where=str(path))
+    wheel = folder / entries[0]["wheel"]
+    if not wheel.is_file():
+        raise ConfigError(f"{wheel.name} is listed in the manifest but missing",
+                          where=str(folder), fix=f"nox -s build -- --stack {stack}")
+    return wheel, entries[0]
+
+
+def upstream_wheel(ws: Workspace, stack_name: str) -> Path:
+    """Upstream FlashInfer of the stack's pin, built unchanged from its pinned sdist."""
+    from sm120fork.fetch.archive import safe_extract
+    from sm120fork.fetch.sdist import download_sdist
+    from sm120fork.util.proc import run
+
+    project = ws.stack(stack_name).project(PROJECT)
+    sdist = download_sdist(project, ws.sdist_cache)  # sha256-checked against the pin
+    cache = ws.state_dir / "cache" / "upstream-wheels" / project.sdist_pin.sha256[:16]
+    found = sorted(cache.glob("*.whl"))
+    if len(found) == 1:
+        return found[0]
+    with tempfile.TemporaryDirectory(prefix="sm120fork-upstream-") as tmp:
+        top = safe_extract(sdist, Path(tmp) / "src")
+        dist = Path(tmp) / "dist"
+        log.info("building upstream %s %s from its pinned sdist (unchanged)",
+                 project.distribution, project.version)
+        run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(top)])
+        wheels = sorted(dist.glob("*.whl"))
+        if len(wheels) != 1:
+            raise BuildError(f"expected one wheel, got {[w.name for w in wheels]}",
+                             where=f"upstream {project.distribution} {project.version}")
+        cache.mkdir(parents=True, exist_ok=True)
+        final = cache / wheels[0].name
+        wheels[0].replace(final)
+    return final
+
+
+def resolve(stack: str, *, baseline: bool, root: Path | None = None) -> StackWheels:
+    """The variants of ``stack``: patched, and (``baseline``) upstream for the A/B."""
+    ws = Workspace.find(root)
+    wheel, entry = _manifest_entry(ws, stack)
+    specs = [f"patched={wheel}"]
+    note = None
+    if entry.get("used_as_published"):
+        note = (f"{stack} ships upstream's {wheel.name} as published (empty series): "
+                "no A/B, the one variant is upstream")
+    elif baseline:
+        specs.append(f"unpatched={upstream_wheel(ws, stack)}")
+    return StackWheels(stack=stack, specs=tuple(specs), note=note)

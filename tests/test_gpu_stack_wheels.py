@@ -1,0 +1,110 @@
+"""``gpu test|bench --stack NAME``: variants from the stack's build and pin (issue 22 item 3)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sm120fork.errors import ConfigError
+from sm120fork.gpu import runs, stack_wheels
+
+from helpers_ws import checkout_copy
+
+
+def _built(root: Path, stack: str, wheel: str, *, as_published: bool) -> Path:
+    folder = root / "wheels" / stack
+    folder.mkdir(parents=True)
+    (folder / wheel).write_bytes(b"wheel")
+    (folder / "manifest.json").write_text(json.dumps({"stack": stack, "wheels": [
+        {"project": "flashinfer", "wheel": wheel, "sha256": "ab" * 32,
+         "series_digest": "cd" * 32, "used_as_published": as_published}]}))
+    return folder / wheel
+
+
+def test_the_stack_build_is_patched_and_upstream_comes_from_its_pin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = checkout_copy(tmp_path, sdists=False)
+    monkeypatch.setenv("SM120FORK_ROOT", str(root))
+    wheel = _built(root, "sglang-0.5.10", "flashinfer_python-0.6.7.post3+sm120.1-py3-none-any.whl",
+                   as_published=False)
+    built: list[str] = []
+
+    def upstream(ws: object, stack: str) -> Path:
+        built.append(stack)
+        return tmp_path / "flashinfer_python-0.6.7.post3-py3-none-any.whl"
+
+    monkeypatch.setattr(stack_wheels, "upstream_wheel", upstream)
+    found = stack_wheels.resolve("sglang-0.5.10", baseline=True)
+    assert found.specs == (f"patched={wheel}",
+                           f"unpatched={tmp_path}/flashinfer_python-0.6.7.post3-py3-none-any.whl")
+    assert built == ["sglang-0.5.10"]
+    assert stack_wheels.resolve("sglang-0.5.10", baseline=False).specs == (f"patched={wheel}",)
+
+
+def test_a_stack_shipping_upstream_as_published_has_no_ab(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = checkout_copy(tmp_path, sdists=False)
+    monkeypatch.setenv("SM120FORK_ROOT", str(root))
+    _built(root, "sglang-0.5.23", "flashinfer_python-0.7.2-py3-none-any.whl", as_published=True)
+    monkeypatch.setattr(stack_wheels, "upstream_wheel", lambda *_: pytest.fail("fetched"))
+    found = stack_wheels.resolve("sglang-0.5.23", baseline=True)
+    assert len(found.specs) == 1
+    assert found.note is not None
+    assert "no A/B" in found.note
+
+
+def test_an_unbuilt_stack_says_how_to_build_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SM120FORK_ROOT", str(checkout_copy(tmp_path, sdists=False)))
+    with pytest.raises(ConfigError) as err:
+        stack_wheels.resolve("sglang-0.5.10", baseline=True)
+    assert err.value.fix == "nox -s build -- --stack sglang-0.5.10"
+
+
+def test_stack_and_wheel_dir_exclude_each_other() -> None:
+    opts = runs.TestOptions(command="x", stack="sglang-0.5.10", wheel_dirs=("patched=a",))
+    with pytest.raises(ConfigError, match="exclude each other"):
+        opts.with_stack(baseline=True)
+
+
+def test_a_bench_from_a_stack_records_its_provenance(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stack, series digest and wheel sha256 in bench.json (upstream_pr's provenance)."""
+    from sm120fork.cli.gpu import main
+    from sm120fork.gpu import launcher, supervise, variants
+
+    root = checkout_copy(tmp_path, sdists=False)
+    monkeypatch.setenv("SM120FORK_ROOT", str(root))
+    _built(root, "sglang-0.5.23", "flashinfer_python-0.7.2-py3-none-any.whl", as_published=True)
+    installed: list[str] = []
+
+    def install(name: str, source: Path | None, work: Path, _prebuilt: object = None
+                ) -> variants.Variant:
+        installed.append(f"{name}={source}")
+        return variants.Variant(name=name, wheel=source, sha256="ab" * 32, site=None,
+                                jit_base=work / name)
+
+    monkeypatch.setattr(variants, "install_variant", install)
+    monkeypatch.setattr(variants, "compile_variants", lambda vs, *_a, **_k: {
+        v.name: {"ok": True, "env": {"gpu_count": 2, "gpus": ["Fake GPU"]}, "failure": None,
+                 "tail": [], "module_failures": {}} for v in vs})
+    monkeypatch.setattr(launcher, "run_bench", lambda *_a, **kw: (
+        [{"kind": "point", "method": m, "tokens": 1, "hidden": 7168, "status": "timed",
+          "median_us": 5.0, "rank_medians_us": [5.0, 5.0], "rank_p90_us": [6.0, 6.0]}
+         for m in kw["methods"]], {}, supervise.GroupOutcome(ok=True)))
+    out = tmp_path / "out"
+    assert main(["bench", "--stack", "sglang-0.5.23", "--world-sizes", "2",
+                 "--method", "fused_auto", "--work-dir", str(tmp_path / "w"),
+                 "--out", str(out)]) == 0
+    assert installed == [f"patched={root}/wheels/sglang-0.5.23/"
+                         "flashinfer_python-0.7.2-py3-none-any.whl"]
+    doc = json.loads((out / "bench.json").read_text())
+    assert doc["stack"] == "sglang-0.5.23"
+    assert doc["made_from"] == [{"project": "flashinfer", "series": None,
+                                 "series_digest": "cd" * 32,
+                                 "wheel": "flashinfer_python-0.7.2-py3-none-any.whl",
+                                 "wheel_sha256": "ab" * 32}]
+    assert any("no A/B" in line for line in doc["not_run"])
+    assert json.loads((out / "policy.json").read_text())["made"]["stack"] == "sglang-0.5.23"
