@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# issue 22 on one H200 (SM90, ranks sharing the GPU: correctness only, no timing claims, no policy
+# for use): every bench method at world size 2, each output checked against the fp32 reference
+# (eager and CUDA-graph replay) before it is timed, for both stacks' FlashInfer at once:
+#   sglang-0.5.10's patched 0.6.7.post3 (.device/bench/s510) and sglang-0.5.23's 0.7.2 as
+#   published (.device/bench/s523, checked against its RECORD and rezipped here): pcie_ipc is 0.7.2's.
+# Writes under $OUT: reports.tgz (<stack>/bench.{json,md,png}, policy.json, logs/), bench-<stack>.log,
+# rc-<stack>, box.txt. Both runs go in parallel so their module builds (comm, norm, pcie_ipc, vllm)
+# overlap; each stops starting points 150 s after its modules are built.
+set -uo pipefail
+export SM120FORK_SHARED_GPU_HOST=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
+  TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+R=$PWD K=$PWD/.device/bench T=$(mktemp -d)
+{ python3 -V; nvidia-smi -L; nvcc --version | tail -1; } > "$OUT/box.txt" 2>&1
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$T/deps" "$K"/deps/*.whl \
+  > "$OUT/install.txt" 2>&1 || { cat "$OUT/install.txt"; exit 1; }
+mkdir -p "$T/fi072" "$T/s523"
+tar xJf "$K/s523/fi072.tree.tar.xz" -C "$T/fi072" && python3 "$R/benchmarks/gpu_stack2_check_tree.py" \
+  "$T/fi072" "$(cat "$K/s523/record.sha256")" "$T/s523/flashinfer_python-0.7.2-py3-none-any.whl" \
+  >> "$OUT/install.txt" 2>&1 || { cat "$OUT/install.txt"; exit 1; }
+[ -f "$K/s523/manifest.json" ] && cp "$K/s523/manifest.json" "$T/s523/"
+export PYTHONPATH=$T/deps:$R/src
+run() {  # stack, wheel dir
+  timeout 500 python3 -m sm120fork.gpu bench --wheel-dir "patched=$2" --work-dir "$T/work-$1" \
+    --out "$T/report/$1" --world-sizes 2 --tokens 1,16,128,512 --hidden 4096,7168 --quick \
+    --compile-timeout 330 --time-budget 150 --startup-timeout 200 --case-timeout 120 \
+    --not-run "ranks share one H200 (SM90): correctness only; timings and the policy are not for use" \
+    --not-run "SM120/SM121 GPUs: none available (b12x needs SM12x)" \
+    --not-run "world sizes 4 and 8 on separate GPUs; NCCL rows (NCCL refuses two ranks on one GPU)" \
+    > "$OUT/bench-$1.log" 2>&1
+  echo $? > "$OUT/rc-$1"
+}
+run sglang-0.5.10 "$K/s510" &
+run sglang-0.5.23 "$T/s523" &
+wait
+tar czf "$OUT/reports.tgz" -C "$T/report" .
+tail -n 15 "$OUT"/bench-*.log; cat "$OUT"/rc-*
