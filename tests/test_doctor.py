@@ -700,3 +700,15 @@ def test_driver_glue_against_a_host_memory_libcuda(tmp_path: Path, drop: bool) -
 def test_an_unchanged_copy_of_the_facts_judges_the_same() -> None:
     facts = cross_socket()
     assert rules.judge(copy.deepcopy(facts)).to_json() == rules.judge(facts).to_json()
+
+
+def test_the_readme_shows_a_verdict_the_rules_give() -> None:
+    readme = (ROOT / "README.md").read_text()
+    example = readme.partition("    $ sm120fork-doctor --tp 2\n")[2].partition(
+        "    [blockers] 0\n")[0]
+    shown = [x.strip() for x in example.splitlines() if x.strip() and "..." not in x]
+    verdict = (SCENARIOS / "8x-rtx-pro-6000-pcie-cross-socket-p2p-off" / "verdict.txt")
+    judged = [x.strip() for x in cli.render(rules.judge(
+        cli.read_facts(verdict.with_name("facts.json")), tp=[2])).splitlines()]
+    assert len(shown) > 10
+    assert [x for x in shown if x not in judged] == []

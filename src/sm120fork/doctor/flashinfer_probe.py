@@ -130,6 +130,10 @@ def probe(capabilities: list[tuple[int, int]]) -> dict[str, Any]:
     facts["version"] = str(env.flashinfer_version)
     facts["aot_dir"] = str(env.FLASHINFER_AOT_DIR)
     facts["jit_cache_package"] = bool(env.has_flashinfer_jit_cache())
+    if facts["jit_cache_package"]:
+        cache = importlib.import_module("flashinfer_jit_cache")
+        facts["jit_cache"] = {"version": str(getattr(cache, "__version__", None)),
+                              "built_by": getattr(cache, "BUILT_BY", None)}
     facts["workspace_dir"] = str(env.FLASHINFER_WORKSPACE_DIR)
     facts["jit_dir"] = str(env.FLASHINFER_JIT_DIR)
     facts["cache_root"] = str(env.FLASHINFER_CACHE_DIR)

@@ -357,6 +357,16 @@ def _version_dir(path: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _jit_cache(fi: dict[str, Any]) -> str:
+    if not fi.get("jit_cache_package"):
+        return ""
+    cache = fi.get("jit_cache") or {}
+    if not cache:
+        return " (flashinfer-jit-cache)"
+    return (f" (flashinfer-jit-cache {cache.get('version')}, built by "
+            f"{cache.get('built_by') or 'upstream'})")
+
+
 def judge_comm(report: Report, facts: dict[str, Any]) -> None:
     fi = facts.get("flashinfer")
     section: dict[str, Any] = {"facts": fi, "loads_from": None}
@@ -381,8 +391,7 @@ def judge_comm(report: Report, facts: dict[str, Any]) -> None:
              else f"CUDA {cuda} from torch (no nvcc found)")
     report.say("comm module", f"flashinfer {version} sees {shown}; prebuilt modules from "
                               f"{fi.get('aot_dir')}"
-                              + (" (flashinfer-jit-cache)" if fi.get("jit_cache_package")
-                                 else "") + f"; JIT cache {fi.get('jit_dir')}")
+                              + _jit_cache(fi) + f"; JIT cache {fi.get('jit_dir')}")
     archs: dict[str, Any] = fi.get("archs") or {}
     refused = False
     for cap, entry in sorted(archs.items()):
