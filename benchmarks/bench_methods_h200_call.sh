@@ -6,7 +6,7 @@
 #   published (.device/bench/s523, checked against its RECORD and rezipped here): pcie_ipc is 0.7.2's.
 # Writes under $OUT: reports.tgz (<stack>/bench.{json,md,png}, policy.json, logs/), bench-<stack>.log,
 # rc-<stack>, box.txt. Both runs go in parallel so their module builds (comm, norm, pcie_ipc, vllm)
-# overlap; each stops starting points 150 s after its modules are built.
+# overlap; each stops starting points 120 s after its modules are built (module step <= 360 s).
 set -uo pipefail
 export SM120FORK_SHARED_GPU_HOST=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -21,9 +21,9 @@ tar xJf "$K/s523/fi072.tree.tar.xz" -C "$T/fi072" && python3 "$R/benchmarks/gpu_
 [ -f "$K/s523/manifest.json" ] && cp "$K/s523/manifest.json" "$T/s523/"
 export PYTHONPATH=$T/deps:$R/src
 run() {  # stack, wheel dir
-  timeout 500 python3 -m sm120fork.gpu bench --wheel-dir "patched=$2" --work-dir "$T/work-$1" \
+  timeout 510 python3 -m sm120fork.gpu bench --wheel-dir "patched=$2" --work-dir "$T/work-$1" \
     --out "$T/report/$1" --world-sizes 2 --tokens 1,16,128,512 --hidden 4096,7168 --quick \
-    --compile-timeout 330 --time-budget 150 --startup-timeout 200 --case-timeout 120 \
+    --compile-timeout 360 --time-budget 120 --startup-timeout 200 --case-timeout 120 \
     --not-run "ranks share one H200 (SM90): correctness only; timings and the policy are not for use" \
     --not-run "SM120/SM121 GPUs: none available (b12x needs SM12x)" \
     --not-run "world sizes 4 and 8 on separate GPUs; NCCL rows (NCCL refuses two ranks on one GPU)" \
