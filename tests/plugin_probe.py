@@ -2,7 +2,7 @@
 
 ``python plugin_probe.py <site> <major.minor> [--load-plugins]``: ``<site>`` holds an
 installed sglang (stock or patched) and, for the plugin run, the installed plugin wheel.
-Only the GPU query is faked (``sm120fork.verify.sglang_probe.fake_gpu``, which also stubs the
+Only the GPU query is faked (``sm120fork.harness.fake_gpu.fake_gpu``, which also stubs the
 GPU-only packages), and ``sglang/__init__.py`` is not run (it imports the whole server;
 the modules under test are imported for real).  With ``--load-plugins`` SGLang's own
 ``load_plugins()`` runs first, as in every SGLang process.  Where a gate reads process
@@ -41,7 +41,7 @@ def main() -> int:
     site, capability = sys.argv[1], tuple(int(x) for x in sys.argv[2].split("."))
     load = "--load-plugins" in sys.argv[3:]
     sys.path.insert(0, site)
-    from sm120fork.verify.sglang_probe import fake_gpu
+    from sm120fork.harness.fake_gpu import fake_gpu
 
     fake_gpu((capability[0], capability[1]))
     package = types.ModuleType("sglang")

@@ -111,7 +111,7 @@ def test_cp311_wheel_installs_and_imports_here(builds: list[ProjectBuild],
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                     "--target", str(target), str(cp311.wheel)], check=True)
     overlay = ensure_overlay(REPO / ".forks" / "probe", python=PROBE_PYTHON)
-    code = ("from sm120fork.verify.sglang_probe import fake_gpu; fake_gpu((12, 0)); "
+    code = ("from sm120fork.harness.fake_gpu import fake_gpu; fake_gpu((12, 0)); "
             "import importlib.metadata as m, sglang.srt.layers.flashinfer_comm_fusion as f; "
             "print(m.version('sglang')); print(f.__file__)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(overlay), str(target),

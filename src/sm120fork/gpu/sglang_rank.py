@@ -134,7 +134,7 @@ def _stub_packages(names: Sequence[str]) -> None:
 
 
 def _probe() -> Any:
-    return _module("sm120fork.verify.sglang_probe")
+    return _module("sm120fork.harness.fake_gpu")
 
 
 # --- a FlashInfer stand-in for the CPU checks ----------------------------------------

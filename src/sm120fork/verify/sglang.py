@@ -3,7 +3,7 @@
 The SGLang series (S1-S4) changes decisions that depend on the GPU, so the checks run
 the real ``server_args``, ``layers.communicator``, ``layers.layernorm`` and
 ``layers.flashinfer_comm_fusion`` of a tree with only the GPU query faked (see
-``verify.sglang_probe``).  Every probe runs in its own interpreter with
+``harness.fake_gpu``).  Every probe runs in its own interpreter with
 ``PYTHONPATH=<tree>/python``, so a patched and an unpatched tree never meet in one
 process and the module-level GPU gates are evaluated afresh per capability.
 
@@ -38,7 +38,7 @@ from sm120fork.errors import CommandError, VerifyError
 from sm120fork.gpu import sglang_layer
 from sm120fork.util import proc
 
-PROBE_MODULE = "sm120fork.verify.sglang_probe"
+PROBE_MODULE = "sm120fork.harness.fake_gpu"
 RESULT_MARKER = "SM120FORK-PROBE-RESULT "
 REQUIREMENTS = "pip install --group sglang-probe  # in the checkout, pip >= 25.1"
 

@@ -22,7 +22,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sm120fork.verify.sglang_probe import captured_logs, emit, environ, start_probe
+from sm120fork.harness.fake_gpu import captured_logs, emit, environ, start_probe
 
 #: The model that motivated the work (61 layers, hidden 7168), on upstream's fusion list.
 FUSION_MODEL_ARCH = "KimiK25ForConditionalGeneration"

@@ -1,6 +1,6 @@
 """Probe of the real SGLang modules with a faked GPU, run by ``verify.sglang``.
 
-Run as ``python -m sm120fork.verify.sglang_probe '<json request>'`` in a fresh interpreter
+Run as ``python -m sm120fork.harness.fake_gpu '<json request>'`` in a fresh interpreter
 with ``PYTHONPATH=<tree>/python``, so one interpreter only ever sees one tree.  Only the
 GPU query is faked (``torch.cuda`` capability, device name, peer access, and
 ``torch.version.cuda``), and packages that exist only for GPUs (``sgl_kernel``,
