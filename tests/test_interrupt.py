@@ -121,3 +121,51 @@ def test_ending_children_stops_a_running_command_and_refuses_new_ones() -> None:
     finally:
         proc.allow_children()
     assert proc.run([sys.executable, "-c", "print('ok')"]).stdout == "ok\n"
+
+
+def test_ending_children_also_stops_a_running_git_am(tmp_path: Path) -> None:
+    """git runs through the one runner: Ctrl-C ends a ``git am`` and what git started (here
+    a hook that would sleep for ten minutes), not only the toolkit's own commands."""
+    from sm120fork.util.git import Git
+
+    repo = Git.init(tmp_path / "tree")
+    (repo.path / "f.txt").write_text("one\n")
+    repo("add", "f.txt")
+    repo("commit", "-q", "-m", "one")
+    (repo.path / "f.txt").write_text("two\n")
+    repo("commit", "-q", "-am", "two")
+    patch = tmp_path / "two.patch"
+    patch.write_text(repo("format-patch", "--stdout", "HEAD~1", strip=False))
+    repo("reset", "-q", "--hard", "HEAD~1")
+    hook_pid = tmp_path / "hook.pid"
+    hook = repo.path / ".git" / "hooks" / "applypatch-msg"
+    hook.write_text(f"#!/bin/sh\necho $$ > {hook_pid}\nexec sleep 600\n")
+    hook.chmod(0o755)
+    errors: list[CommandError] = []
+
+    def am() -> None:
+        try:
+            repo("am", str(patch))
+        except CommandError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=am)
+    thread.start()
+    try:
+        for _ in range(1200):  # a hang guard, not a timing assertion
+            if hook_pid.is_file() and hook_pid.read_text().strip():
+                break
+            time.sleep(0.05)
+        pid = int(hook_pid.read_text())
+        assert proc.end_children() == 1
+        thread.join(60)
+        assert not thread.is_alive()
+        assert errors
+        assert "git am" in errors[0].what
+        for _ in range(200):
+            if not _alive(pid):
+                break
+            time.sleep(0.05)
+        assert not _alive(pid), "git am's hook still runs"
+    finally:
+        proc.allow_children()

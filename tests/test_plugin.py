@@ -25,7 +25,7 @@ import pytest
 from sm120fork.package.stack import build_stack
 from sm120fork.plugin import package, runtime
 from sm120fork.plugin.generate import generate_spec, patch_commits
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
 
 from conftest import git, make_patch, make_upstream, stack_toml, write_series

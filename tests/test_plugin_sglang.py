@@ -23,7 +23,7 @@ import pytest
 
 from sm120fork.plugin import package, runtime
 from sm120fork.plugin.generate import generate_spec, patch_commits
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 
 from conftest import git
 

@@ -11,7 +11,7 @@ from sm120fork.declare import Project
 from sm120fork.errors import CommandError, SourceError
 from sm120fork.fetch.source import UPSTREAM_TAG, SourceInfo
 from sm120fork.util.files import scratch_prefix
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 
 
 def init_from_git(project: Project, work: Path, url: str | None = None) -> SourceInfo:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sm120fork.declare import Project
 from sm120fork.util.files import scratch_prefix
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 
 UPSTREAM_TAG = "upstream"
 #: Called as ``progress(bytes_done, bytes_total_or_None)`` while downloading.

@@ -61,7 +61,7 @@ from sm120fork.patch.series import (
 )
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.patch.upstream_match import match_upstream
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
 
 _SHA1 = re.compile(r"[0-9a-f]{40}")

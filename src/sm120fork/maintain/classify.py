@@ -22,7 +22,7 @@ from sm120fork.maintain.state import (
 )
 from sm120fork.patch.series import Patch
 from sm120fork.patch.upstream_match import applied_upstream_version, match_upstream
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 
 MERGES_3WAY = "but merges cleanly (3-way): rebased; review it"
 

@@ -18,7 +18,7 @@ from sm120fork.errors import ArtifactCheckError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Fingerprint, Series
 from sm120fork.patch.upstream_match import fingerprint_in, fingerprints_at
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,7 +25,8 @@ from packaging.version import Version
 from sm120fork.declare import Project
 from sm120fork.errors import BuildError, CommandError
 from sm120fork.util.files import scratch_prefix
-from sm120fork.util.proc import Git, run
+from sm120fork.util.git import Git
+from sm120fork.util.proc import run
 
 log = logging.getLogger("sm120fork")
 

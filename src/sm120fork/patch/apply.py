@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from sm120fork.errors import CommandError, PatchError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Patch, Series
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 
 log = logging.getLogger("sm120fork")
 

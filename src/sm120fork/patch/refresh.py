@@ -27,7 +27,7 @@ from sm120fork.patch.series import (
     read_series_file,
 )
 from sm120fork.patch.tree import TreeState, write_state
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
 
 #: The canonical export (patches/README.md); refresh writes exactly this.

@@ -21,7 +21,7 @@ from sm120fork.fetch.kinds import fetch_source
 from sm120fork.fetch.source import Progress, source_key
 from sm120fork.patch.apply import apply_series
 from sm120fork.patch.series import Patch, Series
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")

@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 from sm120fork.errors import CommandError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Fingerprint, Patch
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 
 
 def text_at(repo: Git, path: str, rev: str = UPSTREAM_TAG) -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from sm120fork.errors import BuildError
 from sm120fork.plugin.runtime import Hook, Spec, bound_names, sha256_text, unit_source
-from sm120fork.util.proc import Git
+from sm120fork.util.git import Git
 
 UPSTREAM_TAG = "upstream"
 

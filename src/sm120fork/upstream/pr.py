@@ -27,8 +27,8 @@ from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Patch, load_series
 from sm120fork.patch.tree import keep_uncommitted_hint, open_tree
 from sm120fork.upstream.evidence import Evidence, collect_evidence, evidence_sections
+from sm120fork.util.git import Git
 from sm120fork.util.portable import machine_roles, portable_text
-from sm120fork.util.proc import Git
 from sm120fork.workspace import Workspace
 
 ONTO_REF = "refs/sm120fork/onto"

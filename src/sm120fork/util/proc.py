@@ -1,9 +1,10 @@
-"""The one wrapper for subprocesses and the one for git.
+"""The one process runner: every command the toolkit starts goes through :func:`run`.
 
 Commands are echoed through the ``sm120fork`` logger (``+ python -m build ...`` at info
-level, ``+ git am ...`` at debug level: ``-v`` shows them), run with check, and their
-captured output is shown only when they fail.  GitPython's
-``GitCommandError`` becomes the toolkit's ``CommandError`` with stderr attached.
+level), run with check in a process group of their own, and their captured output is shown
+only when they fail (``CommandError`` with the output's tail).  :func:`end_children` ends
+every running one (Ctrl-C, SIGTERM), a build's own children included.  git goes through it
+too (:mod:`sm120fork.util.git`).  Stdlib only: the doctor and the GPU harness import it.
 """
 
 from __future__ import annotations
@@ -17,17 +18,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import git
-
 from sm120fork.errors import CommandError
 
 log = logging.getLogger("sm120fork")
-
-#: Fixed identity and dates so that commits made by the toolkit are reproducible.
-TOOLKIT_AUTHOR_NAME = "sm120fork"
-TOOLKIT_AUTHOR_EMAIL = "sm120fork@localhost.invalid"
-FIXED_DATE = "2000-01-01T00:00:00+00:00"
-
 
 _children: set[subprocess.Popen[str]] = set()
 _children_lock = threading.Lock()
@@ -106,7 +99,8 @@ def run(
     try:
         child = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT if on_line else subprocess.PIPE,
-                                 text=True, start_new_session=True)
+                                 text=True, encoding="utf-8", errors="replace",
+                                 start_new_session=True)
     except FileNotFoundError as exc:
         raise CommandError(
             f"command not found: {argv[0]}", fix="install it or put it on PATH"
@@ -146,77 +140,3 @@ def run(
             detail=output,
         )
     return proc
-
-
-def git_env(date: str = FIXED_DATE) -> dict[str, str]:
-    """Environment that pins the toolkit's git identity and commit dates."""
-    return {
-        "GIT_AUTHOR_NAME": TOOLKIT_AUTHOR_NAME,
-        "GIT_AUTHOR_EMAIL": TOOLKIT_AUTHOR_EMAIL,
-        "GIT_COMMITTER_NAME": TOOLKIT_AUTHOR_NAME,
-        "GIT_COMMITTER_EMAIL": TOOLKIT_AUTHOR_EMAIL,
-        "GIT_AUTHOR_DATE": date,
-        "GIT_COMMITTER_DATE": date,
-    }
-
-
-class Git:
-    """Thin wrapper over a GitPython ``Repo`` that echoes and translates errors."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            self.repo = git.Repo(path)
-        except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
-            raise CommandError(
-                "not a git repository", where=str(path),
-                fix="remove the directory so the toolkit can recreate it",
-            ) from exc
-
-    @classmethod
-    def init(cls, path: Path) -> Git:
-        path.mkdir(parents=True, exist_ok=True)
-        log.debug("+ git init %s", path)
-        git.Repo.init(path, initial_branch="main")
-        g = cls(path)
-        with g.repo.config_writer() as cfg:
-            cfg.set_value("user", "name", TOOLKIT_AUTHOR_NAME)
-            cfg.set_value("user", "email", TOOLKIT_AUTHOR_EMAIL)
-            cfg.set_value("core", "autocrlf", "false")
-            cfg.set_value("core", "fileMode", "true")
-            cfg.set_value("gc", "auto", "0")
-        return g
-
-    def __call__(self, *args: str, env: Mapping[str, str] | None = None,
-                 quiet: bool = False, strip: bool = True) -> str:
-        if not quiet:
-            log.debug("+ git %s", shlex.join(args))
-        full_env = dict(git_env())
-        if env:
-            full_env.update(env)
-        try:
-            out: str = self.repo.git.execute(
-                ["git", *args], env=full_env, strip_newline_in_stdout=strip,
-            )
-        except git.GitCommandError as exc:
-            stderr = str(exc.stderr or "").strip().removeprefix("stderr: ").strip("'")
-            stdout = str(exc.stdout or "").strip().removeprefix("stdout: ").strip("'")
-            raise CommandError(
-                f"git {args[0]} failed (exit {exc.status})",
-                where=str(self.path),
-                detail=_tail(f"{stdout}\n{stderr}"),
-            ) from exc
-        return out
-
-    def head(self) -> str:
-        return self("rev-parse", "HEAD", quiet=True)
-
-    def is_dirty(self) -> bool:
-        return bool(self("status", "--porcelain", "--untracked-files=all", quiet=True))
-
-    def am_in_progress(self) -> bool:
-        """A ``git am`` stopped half-way (conflict or interruption)."""
-        return (self.path / ".git" / "rebase-apply").exists()
-
-    def tree_hash(self, rev: str = "HEAD") -> str:
-        return self("rev-parse", f"{rev}^{{tree}}", quiet=True)
