@@ -17,30 +17,32 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.errors import VerifyError
-from sm120fork.util import proc
-from sm120fork.verify.proof.cubin import (
+from sm120fork.cuda.arch import arch_list_entry, gencode_flag
+from sm120fork.cuda.cubin import (
+    EMPTY_BODY_BYTES,
     Kernel,
     PdlOpcodes,
     calibrate_pdl_opcodes,
+    is_empty_body,
     kernel_family,
     kernel_sizes,
     parse_elf_sections,
     parse_sass_opcodes,
     undefined_symbols,
 )
-from sm120fork.verify.proof.gate import GateResult, arch_list_entry, gencode_flag, run_gate
+from sm120fork.cuda.tools import Tools, find_tools
+from sm120fork.errors import VerifyError
+from sm120fork.util import proc
+from sm120fork.verify.proof.gate import GateResult, run_gate
 from sm120fork.verify.proof.markdown import render_markdown
-from sm120fork.verify.proof.nvcc import Tools, find_tools, make_dependencies
+from sm120fork.verify.proof.nvcc import make_dependencies
 from sm120fork.verify.proof.run import prove
 from sm120fork.verify.proof.verdict import (
-    EMPTY_BODY_BYTES,
     ArchResult,
     ProofReport,
     Status,
     UnitResult,
     VariantResult,
-    is_empty_body,
     lost_pdl,
     verdict,
 )
@@ -564,7 +566,7 @@ def test_an_unplanned_build_whose_gate_accepts_is_not_checked() -> None:
 
 
 def test_missing_tools_fail_on_ci(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sm120fork.verify.proof.nvcc import require_tools_in_ci
+    from sm120fork.cuda.tools import require_tools_in_ci
 
     tools = Tools(python=Path(sys.executable), nvcc=Path("nvcc"), nvcc_version="x",
                   cuobjdump=None, nvdisasm=None, cxxfilt=None)

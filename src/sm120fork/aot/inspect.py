@@ -2,8 +2,8 @@
 
 ``cuobjdump`` lists and extracts the ELF cubins embedded in the module's fatbinary (one per
 target).  Each cubin's kernels are measured and judged with the SM12x proof's own rules
-(``verify.proof.cubin.kernel_sizes`` / ``kernel_family``,
-``verify.proof.verdict.is_empty_body``): every sm_90a kernel must be present in every
+(``cuda.cubin.kernel_sizes`` / ``kernel_family``,
+``cuda.cubin.is_empty_body``): every sm_90a kernel must be present in every
 other target with a body that is not empty (SM120-FACTS F3 is exactly an empty lamport
 kernel on SM12x).
 """
@@ -12,41 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 import statistics
-import sys
 import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sm120fork.errors import ConfigError, VerifyError
+from sm120fork.cuda import cubin
+from sm120fork.cuda.arch import REFERENCE_ARCH
+from sm120fork.cuda.tools import demangle, demangling_tools, find_cuobjdump
+from sm120fork.errors import VerifyError
 from sm120fork.util import proc
-from sm120fork.verify.proof import cubin, nvcc, verdict
-from sm120fork.verify.proof.gate import REFERENCE_ARCH
 
 _ELF_LINE = re.compile(r"^ELF file\s+\d+:\s+(\S+\.cubin)\s*$")
 _CUBIN_TARGET = re.compile(r"\.(sm_\d+[a-z]?)\.cubin$")
-
-
-def find_cuobjdump() -> Path:
-    """cuobjdump on PATH, else the one pip's ``nvidia-cuda-cuobjdump`` installs."""
-    found = shutil.which("cuobjdump")
-    if found:
-        return Path(found)
-    for entry in sys.path:
-        for hit in sorted(Path(entry or ".").glob("nvidia/cu*/bin/cuobjdump")):
-            return hit
-    raise ConfigError("cuobjdump not found", fix="pip install nvidia-cuda-cuobjdump "
-                      "(or put the CUDA toolkit's bin/ on PATH)")
-
-
-def _cxxfilt_tools(cuobjdump: Path) -> nvcc.Tools:
-    cxxfilt = shutil.which("c++filt")
-    return nvcc.Tools(python=Path(sys.executable), nvcc=Path("nvcc"), nvcc_version="",
-                       cuobjdump=cuobjdump, nvdisasm=None,
-                       cxxfilt=Path(cxxfilt) if cxxfilt else None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,10 +70,10 @@ def embedded_code(so: Path, cuobjdump: Path | None = None) -> list[TargetCode]:
             target = match.group(1) if match else name
             kernels.setdefault(target, {}).update(cubin.kernel_sizes(Path(tmp) / name))
             cubins.setdefault(target, []).append(name)
-    tools = _cxxfilt_tools(tool)
+    tools = demangling_tools(tool)
     out: list[TargetCode] = []
     for target, sizes in kernels.items():
-        demangled = nvcc.demangle(sorted(sizes), tools)
+        demangled = demangle(sorted(sizes), tools)
         out.append(TargetCode(target=target, cubin=", ".join(cubins[target]), kernels=sizes,
                               families={k: cubin.kernel_family(demangled[k]) for k in sizes}))
     return out
@@ -104,7 +84,7 @@ def check_against(reference: TargetCode, other: TargetCode) -> TargetCheck:
     missing = tuple(sorted(set(reference.kernels) - set(other.kernels)))
     empty = tuple(sorted(
         name for name, size in reference.kernels.items()
-        if name in other.kernels and verdict.is_empty_body(other.kernels[name], size)))
+        if name in other.kernels and cubin.is_empty_body(other.kernels[name], size)))
     return TargetCheck(target=other.target, reference_kernels=len(reference.kernels),
                        present=len(reference.kernels) - len(missing), missing=missing,
                        empty=empty)

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import shutil
-import sys
 from pathlib import Path
 
+from sm120fork.cuda.toolkit import require_nvcc
 from sm120fork.errors import ConfigError
 from sm120fork.util import proc
 
-_VERSION = re.compile(r"release (\d+)\.(\d+)")
 _STUB_SOURCE = "/* libcuda.so link stub: the real driver library is found at run time. */\n"
 
 
@@ -46,41 +43,6 @@ class Toolchain:
                 "FLASHINFER_EXTRA_LDFLAGS": " ".join(flags)}
 
 
-def _pip_cuda_home(python_paths: list[str]) -> Path | None:
-    for entry in python_paths:
-        for candidate in sorted(Path(entry or ".").glob("nvidia/cu[0-9]*")):
-            if (candidate / "bin" / "nvcc").is_file():
-                return candidate
-    return None
-
-
-def find_cuda_home() -> tuple[Path, str]:
-    """``CUDA_HOME``, else the nvcc on PATH, else the pip packages in this interpreter."""
-    env = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if env:
-        home = Path(env)
-        if not (home / "bin" / "nvcc").is_file():
-            raise ConfigError("CUDA_HOME has no bin/nvcc", where=env,
-                              fix="point CUDA_HOME at a CUDA toolkit or unset it")
-        return home, "system"
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        # /usr/local/bin/nvcc may be a wrapper script: ask nvcc where its toolkit is.
-        out = proc.run([nvcc, "--dryrun", "-x", "cu", "-E", os.devnull], quiet=True, check=False)
-        for line in (out.stdout + out.stderr).splitlines():
-            if "TOP=" in line:
-                top = Path(line.split("TOP=", 1)[1].strip()).resolve()
-                if (top / "bin" / "nvcc").is_file():
-                    return top, "system"
-        return Path(nvcc).resolve().parents[1], "system"
-    pip_home = _pip_cuda_home(sys.path)
-    if pip_home is None:
-        raise ConfigError("no CUDA toolkit: no CUDA_HOME, no nvcc on PATH, no nvidia-cuda-nvcc",
-                          fix="pip install -r aot/requirements-build.txt (the CUDA toolchain "
-                          "from the package index) or install the CUDA toolkit")
-    return pip_home, "pip"
-
-
 def _cudart(cuda_home: Path) -> Path | None:
     for lib in ("lib64", "lib"):
         found = sorted((cuda_home / lib).glob("libcudart.so.[0-9]*"))
@@ -89,14 +51,12 @@ def _cudart(cuda_home: Path) -> Path | None:
     return None
 
 
-def prepare(link_dir: Path, cuda_home: Path | None = None) -> Toolchain:
-    """Locate the toolkit and fill ``link_dir`` with the stubs FlashInfer's link needs."""
-    home, source = (cuda_home, "system") if cuda_home else find_cuda_home()
-    nvcc = home / "bin" / "nvcc"
-    text = proc.run([nvcc, "--version"], quiet=True).stdout.strip()
-    match = _VERSION.search(text)
-    if not match:
-        raise ConfigError("cannot read the CUDA version from nvcc --version", where=str(nvcc))
+def prepare(link_dir: Path) -> Toolchain:
+    """Locate the toolkit (the one nvcc locator, pip's ``nvidia-cuda-nvcc`` included) and
+    fill ``link_dir`` with the stubs FlashInfer's link needs."""
+    nvcc = require_nvcc(pip=True, fix="pip install -r aot/requirements-build.txt (the CUDA "
+                        "toolchain from the package index) or install the CUDA toolkit")
+    home, source = nvcc.home, "pip" if nvcc.found_in == "pip" else "system"
     link_dir.mkdir(parents=True, exist_ok=True)
     has_cudart = any((home / lib / "libcudart.so").exists() for lib in ("lib64", "lib"))
     if not has_cudart:
@@ -115,5 +75,5 @@ def prepare(link_dir: Path, cuda_home: Path | None = None) -> Toolchain:
         cc = os.environ.get("CC", "cc")
         proc.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
                   link_dir / "libcuda.so", stub_c], quiet=True)
-    return Toolchain(cuda_home=home, nvcc=nvcc, version=f"{match.group(1)}.{match.group(2)}",
-                     version_text=text.splitlines()[-1], link_dir=link_dir, source=source)
+    return Toolchain(cuda_home=home, nvcc=nvcc.path, version=nvcc.version,
+                     version_text=nvcc.version_text, link_dir=link_dir, source=source)

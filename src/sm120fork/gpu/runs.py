@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sm120fork.cuda.toolkit import locate_nvcc
 from sm120fork.errors import ConfigError, VerifyError
 from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import launcher, report, sglang_layer, variants
@@ -228,18 +229,6 @@ def _nvidia_smi() -> dict[str, Any]:
     return {"driver": rows[0][1]} if rows and len(rows[0]) > 1 else {}
 
 
-def _nvcc() -> str | None:
-    exe = shutil.which("nvcc")
-    if not exe:
-        return None
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True,
-                             timeout=30, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None
-    return out.strip().splitlines()[-1] if out.strip() else None
-
-
 def _manifest(wheel_dirs: Sequence[str], primary: str) -> dict[str, Any] | None:
     """The toolkit manifest published beside the primary variant's wheel (if any)."""
     for spec in wheel_dirs:
@@ -312,7 +301,8 @@ def _environment(compiled: dict[str, dict[str, Any]], primary: str,
                  wheel_dirs: Sequence[str]) -> dict[str, Any]:
     env = dict(compiled.get(primary, {}).get("env", {}))
     env.update(_nvidia_smi())
-    env["nvcc"] = _nvcc()
+    nvcc = locate_nvcc()
+    env["nvcc"] = nvcc.version_text if nvcc else None
     manifest = _manifest(wheel_dirs, primary)
     if manifest is not None:
         env["wheels_manifest"] = manifest

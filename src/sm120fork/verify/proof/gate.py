@@ -11,18 +11,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sm120fork.cuda.arch import arch_list_entry, gencode_flag
+from sm120fork.cuda.tools import PROBE_MARK, Tools
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
-from sm120fork.verify.proof.nvcc import PROBE_MARK, Tools
 
 log = logging.getLogger("sm120fork")
-
-REFERENCE_ARCH = "sm_90a"
-#: What FlashInfer's compilation context builds for every 12.x GPU (CUDA >= 12.9): the
-#: cubin SM120 and SM121 users run.
-SHIPPED_SM12X_ARCH = "sm_120f"
-
-_ARCH_RE = re.compile(r"^sm_(\d+)(\d)([a-z]?)$")
 
 #: The editable-install links build_backend.py makes under flashinfer/data (an sdist or a
 #: git checkout has none; the JIT's paths point through them).
@@ -64,32 +58,6 @@ else:
     }
 print(mark + json.dumps(result))
 """
-
-
-def arch_list_entry(arch: str) -> str:
-    """The FLASHINFER_CUDA_ARCH_LIST entry for ``arch``: ``sm_120a`` -> ``12.0a``.
-
-    ``sm_120f`` -> ``12.0``: a GPU's own capability, which FlashInfer's compilation context
-    normalises to compute_120f itself, as it does on every SM12x user's machine.
-    """
-    match = _ARCH_RE.match(arch)
-    if not match:
-        raise VerifyError(f"not an architecture name: {arch!r}",
-                          fix="use e.g. sm_90a, sm_120a or sm_120f")
-    major, minor, suffix = match.groups()
-    return f"{major}.{minor}" + ("" if suffix == "f" else suffix)
-
-
-def gencode_flag(arch: str) -> str:
-    """``sm_120a`` -> ``-gencode=arch=compute_120a,code=sm_120a``."""
-    arch_list_entry(arch)
-    number = arch.removeprefix("sm_")
-    return f"-gencode=arch=compute_{number},code=sm_{number}"
-
-
-def is_sm12x(arch: str) -> bool:
-    match = _ARCH_RE.match(arch)
-    return bool(match) and match.group(1) == "12"  # type: ignore[union-attr]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -7,17 +7,19 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
-from sm120fork.util.markdown import markdown_table
-from sm120fork.verify.proof.cubin import PdlOpcodes
-from sm120fork.verify.proof.verdict import (
+from sm120fork.cuda.cubin import (
     EMPTY_BODY_BYTES,
     EMPTY_BODY_FRACTION,
     LARGE_BODY_BYTES,
+    PdlOpcodes,
+    is_empty_body,
+)
+from sm120fork.util.markdown import markdown_table
+from sm120fork.verify.proof.verdict import (
     ArchResult,
     ProofReport,
     VariantResult,
     Verdict,
-    is_empty_body,
     lost_pdl,
 )
 

@@ -1,4 +1,4 @@
-"""The proof's programs (nvcc, c++filt, the disassemblers) and its cached compiles.
+"""The proof's cached compiles (the programs it runs are :mod:`sm120fork.cuda.tools`).
 
 Cubins (and, where asked, host objects) are cached under a content hash of everything that
 went into them: the source, every header ``nvcc -M`` reports, the flags and the compiler's
@@ -11,106 +11,17 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import re
-import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from sm120fork.cuda.tools import Tools
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
 
 log = logging.getLogger("sm120fork")
-
-PROBE_MARK = "@@sm120proof@@"
-
-_LOCATE_PROBE = r"""
-import json, sys
-from pathlib import Path
-found = {}
-for entry in sys.path:
-    base = Path(entry or ".")
-    for key, pattern in (("cuobjdump", "nvidia/cu*/bin/cuobjdump"),
-                         ("nvdisasm", "nvidia/cu*/bin/nvdisasm"),
-                         ("cuobjdump", "triton/backends/nvidia/bin/cuobjdump"),
-                         ("nvdisasm", "triton/backends/nvidia/bin/nvdisasm")):
-        for hit in sorted(base.glob(pattern)):
-            found.setdefault(key, str(hit))
-print(sys.argv[1] + json.dumps(found))
-"""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Tools:
-    """The programs the proof runs; ``None`` where one is missing and its check degrades."""
-
-    python: Path
-    nvcc: Path
-    nvcc_version: str
-    cuobjdump: Path | None
-    nvdisasm: Path | None
-    cxxfilt: Path | None
-
-    @property
-    def can_disassemble(self) -> bool:
-        return self.cuobjdump is not None and self.nvdisasm is not None
-
-
-def require_tools_in_ci(tools: Tools) -> None:
-    """On CI (``CI=true``) a missing disassembler is an error, not a degraded check."""
-    if os.environ.get("CI", "").lower() == "true" and not tools.can_disassemble:
-        raise VerifyError("cuobjdump/nvdisasm not found and CI=true",
-                          where=str(tools.python),
-                          fix="pip install --group proof (pyproject.toml)")
-
-
-def find_tools(python: str | os.PathLike[str] | None = None) -> Tools:
-    """Locate nvcc, c++filt and the disassemblers (on PATH or in the probe's packages)."""
-    interpreter = Path(python) if python else Path(sys.executable)
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise VerifyError("nvcc not found on PATH",
-                          fix="install the CUDA toolkit (nvcc >= 12.9 for sm_120a/sm_120f)")
-    version = proc.run([nvcc, "--version"], quiet=True).stdout.strip().splitlines()[-1]
-    located: dict[str, str] = {}
-    out = proc.run([interpreter, "-c", _LOCATE_PROBE, PROBE_MARK], quiet=True).stdout
-    for line in out.splitlines():
-        if line.startswith(PROBE_MARK):
-            located = json.loads(line.removeprefix(PROBE_MARK))
-
-    def pick(name: str) -> Path | None:
-        on_path = shutil.which(name)
-        if on_path:
-            return Path(on_path)
-        return Path(located[name]) if name in located else None
-
-    tools = Tools(python=interpreter, nvcc=Path(nvcc), nvcc_version=version,
-                  cuobjdump=pick("cuobjdump"), nvdisasm=pick("nvdisasm"),
-                  cxxfilt=Path(p) if (p := shutil.which("c++filt")) else None)
-    if not tools.can_disassemble:
-        log.warning("cuobjdump/nvdisasm not found: PDL instructions will be 'not checked' "
-                    "(pip install --group proof into %s)", interpreter)
-    return tools
-
-
-def demangle(names: Sequence[str], tools: Tools) -> dict[str, str]:
-    """Mangled -> demangled C++ names (identity where c++filt is unavailable)."""
-    if tools.cxxfilt is None or not names:
-        return {n: n for n in names}
-    result: dict[str, str] = {}
-    chunk = 200
-    for start in range(0, len(names), chunk):
-        batch = list(names[start:start + chunk])
-        out = proc.run([tools.cxxfilt, *batch], quiet=True).stdout.splitlines()
-        if len(out) != len(batch):
-            raise VerifyError("c++filt returned a different number of names",
-                              where=str(tools.cxxfilt))
-        result.update(zip(batch, out, strict=True))
-    return result
-
 
 def _file_digest(path: Path) -> str:
     with path.open("rb") as f:

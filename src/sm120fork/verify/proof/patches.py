@@ -24,9 +24,9 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from sm120fork.cuda.arch import is_sm12x
 from sm120fork.errors import SeriesError
 from sm120fork.patch.series import Patch
-from sm120fork.verify.proof.gate import is_sm12x
 from sm120fork.verify.proof.markdown import CLUSTER_QUERY
 from sm120fork.verify.proof.verdict import ProofReport, Status
 

@@ -11,25 +11,24 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sm120fork.errors import CommandError, VerifyError
-from sm120fork.verify.proof.cubin import (
+from sm120fork.cuda.arch import REFERENCE_ARCH
+from sm120fork.cuda.cubin import (
     PdlOpcodes,
     calibrate_pdl_opcodes,
     inspect_cubin,
     kernel_sizes,
     runtime_calls,
 )
-from sm120fork.verify.proof.gate import REFERENCE_ARCH, GateResult, retarget, run_gate
+from sm120fork.cuda.tools import demangle, find_tools, require_tools_in_ci
+from sm120fork.errors import CommandError, VerifyError
+from sm120fork.verify.proof.gate import GateResult, retarget, run_gate
 from sm120fork.verify.proof.nvcc import (
     Job,
     cache_key,
     cached_seconds,
     compile_job,
     cubin_path,
-    demangle,
-    find_tools,
     host_object_path,
-    require_tools_in_ci,
 )
 from sm120fork.verify.proof.verdict import ArchResult, ProofReport, UnitResult, VariantResult
 

@@ -17,13 +17,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from sm120fork.cuda.arch import REFERENCE_ARCH, SHIPPED_SM12X_ARCH
 from sm120fork.declare import Stack
 from sm120fork.errors import VerifyError
 from sm120fork.package.publish import ProjectBuild
 from sm120fork.package.stack import build_project
 from sm120fork.patch.series import Patch, load_series
 from sm120fork.patch.tree import prepare_tree
-from sm120fork.verify.proof.gate import REFERENCE_ARCH, SHIPPED_SM12X_ARCH
 from sm120fork.verify.proof.patches import (
     FULL,
     UNPATCHED,

@@ -9,15 +9,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sm120fork.verify.proof.cubin import Kernel, PdlOpcodes
-from sm120fork.verify.proof.gate import REFERENCE_ARCH, GateResult
-
-#: A kernel body at most this large is "empty" when its sm_90a body is large.
-EMPTY_BODY_BYTES = 256
-#: ... and so is one smaller than this fraction of its sm_90a body.
-EMPTY_BODY_FRACTION = 0.10
-#: An sm_90a body must exceed this to call its SM12x counterpart empty.
-LARGE_BODY_BYTES = 4 * EMPTY_BODY_BYTES
+from sm120fork.cuda.arch import REFERENCE_ARCH
+from sm120fork.cuda.cubin import Kernel, PdlOpcodes, is_empty_body
+from sm120fork.verify.proof.gate import GateResult
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,13 +86,6 @@ def lost_pdl(kernel: Kernel, reference: Kernel) -> bool:
         return False
     return bool(((reference.pdl_wait or 0) > 0 and kernel.pdl_wait == 0)
                 or ((reference.pdl_launch or 0) > 0 and kernel.pdl_launch == 0))
-
-
-def is_empty_body(size: int, reference_size: int) -> bool:
-    """A body that shrank to (almost) nothing against a large sm_90a body."""
-    if reference_size <= LARGE_BODY_BYTES:
-        return False
-    return size <= EMPTY_BODY_BYTES or size < EMPTY_BODY_FRACTION * reference_size
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -16,11 +16,19 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
+from sm120fork.cuda.arch import gencode_flag
+from sm120fork.cuda.tools import Tools
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
-from sm120fork.verify.proof.nvcc import Tools
 
 log = logging.getLogger("sm120fork")
+
+#: A kernel body at most this large is "empty" when its sm_90a body is large.
+EMPTY_BODY_BYTES = 256
+#: ... and so is one smaller than this fraction of its sm_90a body.
+EMPTY_BODY_FRACTION = 0.10
+#: An sm_90a body must exceed this to call its SM12x counterpart empty.
+LARGE_BODY_BYTES = 4 * EMPTY_BODY_BYTES
 
 _ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
 _ELF_SECTION = struct.Struct("<IIQQQQIIQQ")
@@ -165,8 +173,6 @@ def disassemble(cubin: Path, tools: Tools) -> dict[str, Counter[str]]:
 
 def calibrate_pdl_opcodes(arch: str, tools: Tools, workdir: Path) -> PdlOpcodes:
     """Compile kernels that differ only by one griddepcontrol and diff their SASS."""
-    from sm120fork.verify.proof.gate import gencode_flag
-
     workdir.mkdir(parents=True, exist_ok=True)
     source = workdir / "pdl_calibration.cu"
     source.write_text(PDL_CALIBRATION_CU)
@@ -231,3 +237,10 @@ def inspect_cubin(cubin: Path, tools: Tools, opcodes: PdlOpcodes | None,
         kernels.append(Kernel(name=name, display=display, family=kernel_family(display),
                               size=size, pdl_wait=wait, pdl_launch=launch))
     return tuple(kernels)
+
+
+def is_empty_body(size: int, reference_size: int) -> bool:
+    """A body that shrank to (almost) nothing against a large sm_90a body."""
+    if reference_size <= LARGE_BODY_BYTES:
+        return False
+    return size <= EMPTY_BODY_BYTES or size < EMPTY_BODY_FRACTION * reference_size
