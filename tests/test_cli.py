@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +13,23 @@ from sm120fork.cli import main as cli_main
 from sm120fork.cli.main import VERBS, main, make_parser
 
 
-def test_every_verb_comes_from_the_table() -> None:
-    sub = next(a for a in make_parser()._actions if a.dest == "command")
-    assert sub.choices is not None
-    assert set(sub.choices) == set(VERBS)
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_every_verb_shows_its_help(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each verb's module imports and adds its arguments (loaded only for that verb)."""
+    with pytest.raises(SystemExit) as exited:
+        main([verb, "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ")
+    assert ("--json" if verb == "doctor" else VERBS[verb].help.split()[0]) in out
+
+
+def test_every_nox_session_runs_a_verb_of_the_table() -> None:
+    noxfile = (Path(__file__).resolve().parents[1] / "noxfile.py").read_text()
+    named = set(re.findall(r'"-m", "sm120fork", "([a-z0-9-]+)"', noxfile))
     assert {"build", "status", "bump", "refresh", "upstream-pr", "verify-sm120",
-            "gpu"} <= set(VERBS)
+            "gpu", "doctor"} <= named
+    assert named <= set(VERBS)
 
 
 def test_gpu_verbs_through_the_toolkit_command_line(
@@ -56,8 +68,8 @@ def test_doctor_keeps_its_own_arguments_after_global_options(
 
 
 def test_usage_errors_have_their_own_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
-    from sm120fork.cli import gpu
     from sm120fork.errors import ConfigError, UsageError
+    from sm120fork.gpu import cli as gpu
 
     assert UsageError.exit_code != ConfigError.exit_code
     assert main(["build", "--no-such-option"]) == UsageError.exit_code

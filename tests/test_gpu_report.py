@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from sm120fork.cli.gpu import main
 from sm120fork.gpu import report
+from sm120fork.gpu.cli import main
 
 
 def _rec(key: str, api: str, ws: int, status: str, **extra: Any) -> dict[str, Any]:

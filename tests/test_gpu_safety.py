@@ -46,7 +46,7 @@ def test_shared_hosts_refuse_multicast_even_with_the_flag(host: dict[str, str],
 
 def test_the_cli_refuses_multicast_on_a_shared_host(monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from sm120fork.cli.gpu import main
+    from sm120fork.gpu.cli import main
 
     monkeypatch.setenv("SM120FORK_SHARED_GPU_HOST", "1")
     assert main(["test", "--backend", "auto", "--i-know-this-machine-supports-multicast",

@@ -121,7 +121,7 @@ def test_an_unchanged_publish_rewrites_nothing(tmp_path: Path) -> None:
 
 
 def test_gpu_runs_record_the_manifest_beside_the_patched_wheel(tmp_path: Path) -> None:
-    from sm120fork.cli.gpu import _manifest
+    from sm120fork.gpu.runs import _manifest
 
     patched = tmp_path / "wheels" / "one"
     patched.mkdir(parents=True)

@@ -120,8 +120,12 @@ class UsageError(ToolkitError):
     exit_code = 16
 
 
-#: Exit codes that belong to no error class.
+#: Exit codes that belong to no error class (each means one thing: an uncaught exception
+#: is EXIT_INTERNAL at every entry point, never Python's 1; a failing GPU or layer case is
+#: VerifyError's).
 #: A report (``status``) that lists problems, each shown in its row.
 EXIT_PROBLEMS_FOUND = 1
+#: A bug: an exception the toolkit did not expect (its traceback is shown). BSD's EX_SOFTWARE.
+EXIT_INTERNAL = 70
 #: Interrupted (Ctrl-C, SIGINT or SIGTERM): 128 + SIGINT, as shells report it.
 EXIT_INTERRUPTED = 130

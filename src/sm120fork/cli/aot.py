@@ -13,9 +13,6 @@ from rich.table import Table
 
 from sm120fork.workspace import Workspace
 
-BUILD_HELP = "prebuilt trtllm comm module of a stack's FlashInfer as a wheel (needs nvcc)"
-CHECK_HELP = "check an AOT wheel: FlashInfer's own lookup finds it, and its SASS per target"
-
 
 def build_args(p: argparse.ArgumentParser) -> None:
     from sm120fork.aot.targets import DEFAULT_CAPABILITIES

@@ -22,11 +22,10 @@ from rich.progress import (
 from rich.table import Table
 
 from sm120fork.declare import Stack
+from sm120fork.errors import UsageError
 from sm120fork.package.publish import install_command
 from sm120fork.package.stack import build_stack
 from sm120fork.workspace import Workspace
-
-HELP = "patched wheels of a stack into wheels/<stack>/"
 
 
 def _download_progress(console: Console) -> Callable[[str], Callable[[int, int | None], None]]:
@@ -97,8 +96,9 @@ class StageLine:
 
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     if args.all_stacks and args.out:
-        console.print("--out takes one stack; --all-stacks publishes each into wheels/<stack>/")
-        return 2
+        raise UsageError("--out takes one stack; --all-stacks publishes each into "
+                         "wheels/<stack>/", where="python -m sm120fork build",
+                         fix="drop --out, or name one --stack")
     stacks = list(ws.stacks().values()) if args.all_stacks else [ws.stack(args.stack)]
     for stack in stacks:
         _build_one(args, ws, console, stack)

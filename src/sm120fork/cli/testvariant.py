@@ -8,9 +8,6 @@ from rich.console import Console
 
 from sm120fork.workspace import Workspace
 
-HELP = ("build a test-only variant (series + <series>-test/) under .forks/test-variants/ "
-        "for the GPU harness; never published")
-
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", help="stack (default: the default stack)")

@@ -1,22 +1,10 @@
-"""The argument parser of every verb: a usage error is a ``UsageError``, not exit 2.
-
-argparse exits with 2 on a bad command line, the code :class:`ConfigError` has; here
-the usage is printed and a :class:`UsageError` carries its own exit code instead.
-"""
+"""Options every verb of ``python -m sm120fork`` accepts (the parser is :mod:`sm120fork.entry`)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import NoReturn
 
-from sm120fork.errors import UsageError
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        raise UsageError(message, where=self.prog, fix=f"see {self.prog} --help")
+from sm120fork.entry import Parser
 
 
 def verbosity_options() -> Parser:

@@ -10,8 +10,6 @@ from rich.table import Table
 from sm120fork.errors import VerifyError
 from sm120fork.workspace import Workspace
 
-HELP = "check every patch's evidence (compile proof for SM12x, behaviour checks) -> reports/sm120/"
-
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", help="stack (default: the default stack)")

@@ -8,7 +8,6 @@ box can be judged again elsewhere.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
@@ -16,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..entry import Parser, boundary
 from ..errors import DoctorError, UsageError
 from .probe import SCHEMA, Probes, collect, flashinfer_facts, portable, sglang_decisions
 from .rules import Report, judge
@@ -45,8 +45,8 @@ def read_facts(path: Path) -> dict[str, Any]:
     return facts
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def parser() -> Parser:
+    p = Parser(
         prog="sm120fork-doctor",
         description="Check this box for SGLang's fused all-reduce on SM12x: GPUs, P2P, "
                     "peer writes and reads, packages, the comm module, SGLang's --tp "
@@ -66,11 +66,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, probes: Probes | None = None) -> int:
-    try:
-        return _main(argv, probes)
-    except UsageError as exc:
-        sys.stderr.write(f"sm120fork-doctor: {exc}\n")
-        return exc.exit_code
+    """The doctor's entry point, in the one error boundary (:mod:`sm120fork.entry`)."""
+    return boundary(lambda: _main(argv, probes), name="sm120fork-doctor")
 
 
 def _main(argv: Sequence[str] | None, probes: Probes | None) -> int:

@@ -5,9 +5,9 @@ Ranks are separate processes started by :mod:`sm120fork.gpu.launcher`; each runs
 (and without FlashInfer) so that the case matrix, the reference math, the tolerances,
 the watchdog and the report rendering are unit-tested on CPU machines.
 
-This subpackage deliberately does not import :mod:`sm120fork.util.proc`: the GPU machines
-these commands run on have torch and nvcc but not necessarily GitPython, and the
-launcher needs streaming, killable process groups rather than run-to-completion calls.
+The GPU machines have torch and nvcc but not the toolkit's CLI dependencies: this
+subpackage imports only the stdlib base (errors, entry, util.proc, cuda/, harness/), never
+cli/ (its entry point is :mod:`sm120fork.gpu.cli`) and never rich or git.
 """
 
 from __future__ import annotations

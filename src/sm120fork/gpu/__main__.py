@@ -2,6 +2,6 @@
 
 import sys
 
-from sm120fork.cli.gpu import main
+from sm120fork.gpu.cli import main
 
 sys.exit(main())

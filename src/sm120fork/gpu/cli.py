@@ -1,26 +1,26 @@
-"""``python -m sm120fork gpu {test,bench,report}`` (or ``python -m sm120fork.gpu ...``).
+"""``python -m sm120fork.gpu {test,bench,sglang-layer,report}`` (``python -m sm120fork gpu ...``).
 
 Runs on a GPU machine with torch (and nvcc for FlashInfer's JIT) but no nox and no
 package index: wheels are installed from local directories with ``pip --no-index``.
-This module parses and prints; the work is :mod:`sm120fork.gpu.runs`.
+This module parses and prints; the work is :mod:`sm120fork.gpu.runs`.  It is the GPU
+harness's own entry point (like the doctor's), so gpu/ never imports the toolkit's cli/.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sm120fork.cli.usage import Parser
-from sm120fork.errors import ToolkitError
+from sm120fork.entry import Parser, boundary
+from sm120fork.errors import ToolkitError, VerifyError
 from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import methods, runs, sglang_layer
 from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG
+from sm120fork.util import proc
 
 DEFAULT_WORK_DIR = runs.DEFAULT_WORK_DIR
 
@@ -41,8 +41,6 @@ def _counts(text: str) -> list[int]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text}") from exc
 
-
-HELP = "multi-rank correctness (A/B) and latency on this machine's GPUs"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,11 +190,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    """SIGTERM (e.g. from ``timeout``) unwinds like Ctrl-C, so rank groups get killed."""
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
     outcomes = runs.run_sglang_layer(runs.LayerOptions(
         command=runs.command_line(argv), sglang_path=args.sglang_path, out=args.out,
@@ -204,35 +197,25 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
         world_size=args.world_size, tokens=_optional(args.tokens), timeout=args.timeout,
         first_timeout=args.first_timeout, start_timeout=args.start_timeout,
         gates_in_memory=args.gates_in_memory, title=args.title, notes=tuple(args.note)))
-    return 0 if all(o.passed for o in outcomes) else 1
+    failed = [o for o in outcomes if not o.passed]
+    return VerifyError.exit_code if failed else 0
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the parsed GPU verb; ``argv`` (from the verb on) is recorded in the reports."""
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
-    try:
-        if args.gpu_command == "test":
-            return cmd_test(args, argv)
-        if args.gpu_command == "bench":
-            return cmd_bench(args, argv)
-        if args.gpu_command == "sglang-layer":
-            return cmd_sglang_layer(args, argv)
-        return cmd_report(args)
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+    if args.gpu_command == "test":
+        return cmd_test(args, argv)
+    if args.gpu_command == "bench":
+        return cmd_bench(args, argv)
+    if args.gpu_command == "sglang-layer":
+        return cmd_sglang_layer(args, argv)
+    return cmd_report(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m sm120fork.gpu``: needs neither rich nor a checkout's forks/."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    try:
-        args = build_parser().parse_args(argv)
-        return run(args, argv)
-    except ToolkitError as err:
-        print(f"error: {err.message}", file=sys.stderr)
-        if err.detail:
-            print(err.detail, file=sys.stderr)
-        return err.exit_code
+    return boundary(lambda: run(build_parser().parse_args(argv), argv),
+                    name="python -m sm120fork.gpu", root=Path.cwd,
+                    on_interrupt=proc.end_children)

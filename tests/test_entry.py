@@ -1,0 +1,181 @@
+"""The one error boundary (entry.py) of every entry point, and verbs that import only what
+they need."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import sm120fork.errors as errors_mod
+from sm120fork.entry import boundary, error_line, relative
+from sm120fork.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_PROBLEMS_FOUND,
+    CommandError,
+    ToolkitError,
+    UsageError,
+    VerifyError,
+)
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _raise(exc: BaseException) -> int:
+    raise exc
+
+
+def test_every_exit_code_means_one_thing() -> None:
+    codes = [cls.exit_code for cls in vars(errors_mod).values()
+             if isinstance(cls, type) and issubclass(cls, ToolkitError) and cls is not ToolkitError]
+    others = [EXIT_PROBLEMS_FOUND, EXIT_INTERNAL, EXIT_INTERRUPTED]
+    assert len(set(codes)) == len(codes)
+    assert not set(codes) & {0, *others}
+    assert len(set(others)) == len(others)
+
+
+def test_an_error_is_one_line_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+    exc = CommandError("git am failed\n  (exit 128)", where=str(tmp_path / ".forks" / "t"),
+                       fix="resolve it,\n then --continue", detail=f"{tmp_path}/x: conflict")
+    out = io.StringIO()
+    code = boundary(lambda: _raise(exc), name="build", root=lambda: tmp_path, stderr=out)
+    assert code == CommandError.exit_code
+    detail, line = out.getvalue().splitlines()
+    assert detail == "x: conflict"
+    assert line == "error: .forks/t: git am failed (exit 128) (resolve it, then --continue)"
+    tty = _Terminal()
+    boundary(lambda: _raise(exc), name="build", root=lambda: tmp_path, stderr=tty)
+    assert "git am failed\n  (exit 128)" in tty.getvalue()  # a terminal shows it as written
+
+
+def test_paths_are_named_relative_to_the_checkout() -> None:
+    root = Path("/srv/checkout")
+    assert relative("/srv/checkout/wheels/a: bad; run in /srv/checkout.", root) == (
+        "wheels/a: bad; run in ..")
+    assert relative("/srv/checkout2/x and /srv/checkoutx", root) == (
+        "/srv/checkout2/x and /srv/checkoutx")
+    assert relative("/srv/checkout/x", None) == "/srv/checkout/x"
+    assert error_line(UsageError("bad"), root=None, tty=False) == "error: bad"
+
+
+def test_a_bug_is_a_traceback_and_its_own_exit_code() -> None:
+    out = io.StringIO()
+    code = boundary(lambda: _raise(ZeroDivisionError("x")), name="status", stderr=out)
+    assert code == EXIT_INTERNAL
+    assert "Traceback" in out.getvalue()
+    assert "ZeroDivisionError" in out.getvalue()
+    assert out.getvalue().rstrip().endswith("(a bug: please report the traceback above)")
+
+
+def test_ctrl_c_ends_the_running_commands_and_exits_130() -> None:
+    out = io.StringIO()
+    ended: list[bool] = []
+
+    def end_children() -> int:
+        ended.append(True)
+        return 2
+
+    code = boundary(lambda: _raise(KeyboardInterrupt()), name="build", stderr=out,
+                    on_interrupt=end_children)
+    assert code == EXIT_INTERRUPTED
+    assert ended == [True]
+    assert out.getvalue().startswith("interrupted: build stopped, 2 running command(s) ended")
+
+
+def test_every_entry_point_runs_in_the_boundary(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A usage error is UsageError's code at each of them; a ToolkitError one line."""
+    from sm120fork.cli.main import main
+    from sm120fork.doctor.cli import main as doctor_main
+    from sm120fork.gpu.cli import main as gpu_main
+
+    assert main(["status", "--no-such-flag"]) == UsageError.exit_code
+    assert gpu_main(["test", "--no-such-flag"]) == UsageError.exit_code
+    assert doctor_main(["--no-such-flag"]) == UsageError.exit_code
+    capsys.readouterr()
+    assert main(["--root", str(tmp_path), "build", "--all-stacks", "--out", "x"]) == (
+        UsageError.exit_code)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: python -m sm120fork build: --out takes one stack")
+
+
+def test_a_failing_layer_case_is_a_verify_failure_not_exit_1(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sm120fork.gpu import cli, sglang_layer
+
+    def failing(case: str, **_: object) -> sglang_layer.CaseOutcome:
+        return sglang_layer.CaseOutcome(case=case, passed=False, hung=True,
+                                        problems=["rank 1 hung"], ranks=[], seconds=1.0,
+                                        tails=[])
+
+    monkeypatch.setattr(sglang_layer, "run_case", failing)
+    code = cli.main(["sglang-layer", "--sglang-path", str(tmp_path), "--out",
+                     str(tmp_path / "out"), "--device", "cpu", "--case", "fused"])
+    assert code == VerifyError.exit_code
+    assert "rank 1 hung" in (tmp_path / "out" / "report.md").read_text()
+
+
+# --- a verb imports only what it needs -------------------------------------------------
+_BLOCK = textwrap.dedent("""
+    import importlib.abc, sys
+
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in {"git", "rich"}:
+                raise ImportError(f"{name} is not installed on this box (test)")
+            return None
+
+    sys.meta_path.insert(0, Refuse())
+""")
+
+
+def _without_git_and_rich(tmp_path: Path, *args: str, timeout: float = 300,
+                          ) -> subprocess.CompletedProcess[str]:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_BLOCK)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(SRC)]),
+               CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=timeout, check=False)
+
+
+def test_the_blocker_really_blocks(tmp_path: Path) -> None:
+    done = _without_git_and_rich(tmp_path, "-c", "import rich")
+    assert done.returncode != 0
+    assert "not installed on this box" in done.stderr
+
+
+def test_doctor_runs_without_gitpython_and_rich(tmp_path: Path) -> None:
+    """A serving box has neither: the doctor's help and its checks still run (no GPU here:
+    blockers, exit 15), as ``python -m sm120fork doctor`` and after global options."""
+    helped = _without_git_and_rich(tmp_path, "-m", "sm120fork", "doctor", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "--json" in helped.stdout
+    helped = _without_git_and_rich(tmp_path, "-m", "sm120fork", "-q", "doctor", "--help")
+    assert helped.returncode == 0, helped.stderr
+    ran = _without_git_and_rich(tmp_path, "-m", "sm120fork", "doctor", "--json",
+                                "--decide-timeout", "30")
+    assert ran.returncode in (0, errors_mod.DoctorError.exit_code), ran.stderr
+    assert '"blockers"' in ran.stdout
+    assert "not installed on this box" not in ran.stderr
+
+
+def test_gpu_verbs_run_without_gitpython_and_rich(tmp_path: Path) -> None:
+    helped = _without_git_and_rich(tmp_path, "-m", "sm120fork.gpu", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "sglang-layer" in helped.stdout
+    helped = _without_git_and_rich(tmp_path, "-m", "sm120fork", "gpu", "test", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "--wheel-dir" in helped.stdout
