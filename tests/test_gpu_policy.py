@@ -91,7 +91,7 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
         capsys: pytest.CaptureFixture[str]) -> None:
     """The bench's orchestration with the rank groups faked: one group per environment,
     the tuned NCCL row reported as not runnable without starting ranks."""
-    from sm120fork.cli.gpu import main
+    from sm120fork.gpu.cli import main
     from sm120fork.gpu import launcher, supervise, variants
 
     monkeypatch.setattr(variants, "compile_variants", lambda installed, *_a, **_k: {

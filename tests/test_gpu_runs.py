@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sm120fork.cli.gpu import main
+from sm120fork.gpu.cli import main
 from sm120fork.gpu import launcher, runs, variants
 
 FAKE_RANK = textwrap.dedent("""\
