@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu.cli import main
 from sm120fork.gpu import launcher, runs, variants
+from sm120fork.gpu.cli import main
 
 FAKE_RANK = textwrap.dedent("""\
     import json, os, sys, time
