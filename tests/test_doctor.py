@@ -712,3 +712,20 @@ def test_the_readme_shows_a_verdict_the_rules_give() -> None:
         cli.read_facts(verdict.with_name("facts.json")), tp=[2])).splitlines()]
     assert len(shown) > 10
     assert [x for x in shown if x not in judged] == []
+
+
+def test_a_capability_without_a_floor_says_so() -> None:
+    fi = flashinfer()
+    fi["archs"] = {"9.0": {"arch": "90a", "floor": None}}
+    report = rules.judge(box(1, capability="9.0", flashinfer=fi))
+    assert "compute capability 9.0: builds for compute_90a (no CUDA floor of its own)" in \
+        report.text_of("comm module")
+
+
+def test_visible_devices_renumber_the_gpus_and_the_text_says_so() -> None:
+    facts = cross_socket()
+    facts["environ"] = {"CUDA_VISIBLE_DEVICES": "4,5,6,7,0,1,2,3"}
+    report = rules.judge(facts)
+    assert report.text_of("gpus")[1] == ("GPU numbers are CUDA's, as SGLang numbers them: "
+                                         "after CUDA_VISIBLE_DEVICES=4,5,6,7,0,1,2,3")
+    assert report.text_of("tp")[1] == "--tp 4 ok on GPUs 0-3 (one socket: NUMA node 0)"

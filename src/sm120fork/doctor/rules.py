@@ -79,6 +79,12 @@ def judge_gpus(report: Report, facts: dict[str, Any]) -> bool:
     shown = torch.get("cuda") or ("none (torch is a CPU build)" if torch else
                                   "unknown (torch not installed)")
     report.say("gpus", f"driver CUDA {gpus['driver']}, torch CUDA {shown}")
+    visible = facts["environ"].get("CUDA_VISIBLE_DEVICES")
+    order = facts["environ"].get("CUDA_DEVICE_ORDER")
+    if visible is not None or order is not None:
+        report.say("gpus", "GPU numbers are CUDA's, as SGLang numbers them: after " + ", ".join(
+            f"{k}={v}" for k, v in (("CUDA_VISIBLE_DEVICES", visible),
+                                    ("CUDA_DEVICE_ORDER", order)) if v is not None))
     for d in gpus["devices"]:
         mc = {True: "yes", False: "no", None: "unknown"}[d.get("multicast")]
         where = ""
@@ -407,8 +413,9 @@ def judge_comm(report: Report, facts: dict[str, Any]) -> None:
                          f"with {shown}: it needs CUDA >= {floor}, and refuses before any "
                          f"prebuilt module is considered: {fix}")
         else:
+            need = f"needs CUDA >= {floor}" if floor else "no CUDA floor of its own"
             report.say("comm module", f"compute capability {cap}: builds for "
-                                      f"compute_{entry.get('arch')} (needs CUDA >= {floor})")
+                                      f"compute_{entry.get('arch')} ({need})")
     comm = fi.get("comm") or {}
     if "spec_error" in comm:
         report.say("comm module", f"{COMM_MODULE}: FlashInfer refuses the module: "
