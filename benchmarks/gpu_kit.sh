@@ -8,8 +8,8 @@
 #   .device/kit/<stack>/        that stack's built wheels (wheels/<stack>/, with manifest.json)
 #   .device/kit/<stack>/upstream/  the stock FlashInfer wheel of the stack's pin (A/B baseline)
 # Wheels larger than one call can carry (sglang 0.5.23's cp312, flashinfer 0.7.2) travel as
-# their unpacked trees, xz-compressed; benchmarks/gpu_stack2_check_tree.py checks each
-# against its RECORD there and zips it back.
+# their unpacked trees, xz-compressed, without compiled extensions (<wheel>.dropped.txt lists
+# them), with the RECORD's sha256 (<wheel>.record.sha256) to check the tree against there.
 # Usage: bash benchmarks/gpu_kit.sh [stack ...]   (after `nox -s build -- --stack <stack>`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,7 +44,12 @@ for stack in "$@"; do
     esac
     if [ "$(stat -c %s "$whl")" -gt 20000000 ]; then
       t=$(mktemp -d); python3 -m pip install -q --target "$t/tool" wheel >/dev/null && PYTHONPATH="$t/tool" python3 -m wheel unpack -d "$t" "$whl" >/dev/null
-      rm -rf "$t/tool"; tar -C "$t" -cJf "$K/$stack/$(basename "$whl" .whl).tree.tar.xz" .; rm -rf "$t"
+      rm -rf "$t/tool"; name=$K/$stack/$(basename "$whl" .whl)
+      # compiled extensions stay behind (the layer harnesses import none; sglang 0.5.23's
+      # are 46 of its 123 MB): listed, with the RECORD's sha256 for the check there
+      (cd "$t" && find . -name '*.so' -printf '%P\n' | sort > "$OLDPWD/$name.dropped.txt" && find . -name '*.so' -delete)
+      sha256sum "$t"/*/*.dist-info/RECORD | cut -d' ' -f1 > "$name.record.sha256"
+      tar -C "$t" -cf - . | xz -9 -T2 > "$name.tree.tar.xz"; rm -rf "$t"
     else
       cp "$whl" "$K/$stack/"
     fi
