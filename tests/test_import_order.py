@@ -38,7 +38,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "plugin": frozenset({"declare", "workspace", "patch"}),
     "package": frozenset({"declare", "workspace", "fetch", "patch", "plugin"}),
     "aot": frozenset({"declare", "workspace", "cuda"}),
-    "gpu": frozenset({"cuda", "harness"}),
+    # --stack NAME resolves a stack's wheels (its pin, its sdist), lazily: the GPU box's
+    # plain runs still import none of them.
+    "gpu": frozenset({"cuda", "harness", "declare", "workspace", "fetch"}),
     "doctor": frozenset({"cuda"}),
     "verify": frozenset({"declare", "workspace", "cuda", "harness", "fetch", "patch",
                          "package", "gpu"}),
