@@ -729,3 +729,12 @@ def test_visible_devices_renumber_the_gpus_and_the_text_says_so() -> None:
     assert report.text_of("gpus")[1] == ("GPU numbers are CUDA's, as SGLang numbers them: "
                                          "after CUDA_VISIBLE_DEVICES=4,5,6,7,0,1,2,3")
     assert report.text_of("tp")[1] == "--tp 4 ok on GPUs 0-3 (one socket: NUMA node 0)"
+
+
+def test_a_record_hides_pythonpath_install_folders(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "target"
+    monkeypatch.setenv("PYTHONPATH", f"{target}{os.pathsep}/elsewhere")
+    facts = box(2)
+    facts["flashinfer"]["aot_dir"] = f"{target}/flashinfer/data/aot"
+    assert probe.portable(facts)["flashinfer"]["aot_dir"] == "<site-packages>/flashinfer/data/aot"

@@ -259,12 +259,17 @@ def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> dict[
 
 
 def portable(facts: dict[str, Any], home: Path | None = None) -> dict[str, Any]:
-    """The facts with this machine's site-packages folders and home folder replaced by
-    their role (``<site-packages>``, ``~``), so a record can be sent, committed and
-    re-judged elsewhere."""
+    """The facts with this machine's package folders (site-packages, PYTHONPATH) and home
+    folder replaced by their role (``<site-packages>``, ``~``), so a record can be sent,
+    committed and re-judged elsewhere."""
     roles = [(sysconfig.get_paths()[k], "<site-packages>") for k in ("purelib", "platlib")]
     roles += [(p, "<site-packages>") for p in sys.path if p.endswith(("site-packages",
                                                                       "dist-packages"))]
+    # folders on PYTHONPATH hold installed packages too (pip install --target)
+    roles += [(str(Path(p).resolve()), "<site-packages>") for p in
+              os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    roles += [(p, "<site-packages>") for p in os.environ.get("PYTHONPATH", "").split(
+        os.pathsep) if p]
     roles.append((str(home or Path.home()), "~"))
     text = json.dumps(facts)
     for path, role in sorted(roles, key=lambda x: -len(x[0])):
