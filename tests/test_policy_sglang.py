@@ -1,0 +1,104 @@
+"""Both stacks' patched SGLang read the all-reduce policy the bench writes (issue 22 item 2).
+
+The real patched modules are imported on CPU with the GPU faked, as the SGLang probes do
+(``sm120fork.verify.sglang*_probe``): the start-up decision (S2 / G2) follows the policy
+when one is usable and names it, keeps today's rule when none is (and says why), and the
+fused path (S1 / G3) is never taken above the policy's ``fused_max_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm120fork.patch.tree import prepare_tree
+from sm120fork.workspace import Workspace
+
+from helpers_ws import checkout_copy
+
+pytestmark = [pytest.mark.network, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _policy(tmp: Path, name: str, tp: dict[str, int], *, for_use: bool = True) -> str:
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps({
+        "format": "sm120fork-allreduce-policy", "version": 1, "for_use": for_use,
+        "made": {"created": "2026-12-01T20:00:00+00:00", "gpu": "RTX PRO 6000",
+                 "gpu_count": 8},
+        "tp": {k: {"fused_max_tokens": v, "ranges": []} for k, v in tp.items()}}))
+    return str(path)
+
+
+S510 = textwrap.dedent("""\
+    import json, os, sys
+    from sm120fork.verify import sglang_probe as p
+    p.start_probe([12, 0])
+    common = p._module("sglang.srt.utils.common")
+    communicator = p._module("sglang.srt.layers.communicator")
+    out = {}
+    for name, policy, tp, env in json.loads(sys.argv[1]):
+        common.sm120_allreduce_policy.cache_clear()
+        os.environ["SGLANG_SM120_ALLREDUCE_POLICY"] = policy
+        obs = p._decide(tp=tp, explicit=False, env=env, enforce_disable=False)
+        fused = {n: bool(communicator.apply_flashinfer_allreduce_fusion(n))
+                 for n in (1, 64, 65, 600)}
+        out[name] = {"flag": obs["observed"]["flag"], "fused": fused,
+                     "detail": obs["detail"]}
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def _run(tree: Path, script: str, scenarios: list[Any]) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "python"),
+                                                        str(REPO / "src")])}
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(scenarios)], cwd=tree,
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+    return result
+
+
+@pytest.fixture(scope="module")
+def tree_510(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ws = Workspace(checkout_copy(tmp_path_factory.mktemp("s510")))
+    stack = ws.stack("sglang-0.5.10")
+    return prepare_tree(ws, stack, stack.project("sglang")).path
+
+
+def test_sglang_0510_follows_the_policy_and_names_it(tree_510: Path, tmp_path: Path) -> None:
+    cap64 = _policy(tmp_path, "cap64", {"2": 64, "4": 0, "8": 128})
+    shared = _policy(tmp_path, "shared", {"2": 64}, for_use=False)
+    missing = str(tmp_path / "absent.json")
+    got = _run(tree_510, S510, [
+        ["absent", missing, 2, None], ["cap64", cap64, 2, None],
+        ["beaten", cap64, 4, None], ["tp8", cap64, 8, None],
+        ["not-for-use", shared, 2, None], ["env-wins", cap64, 2, "0"]])
+    # no policy: today's rule (TP2 on), no cap, and the line says why
+    assert got["absent"]["flag"] is True
+    assert got["absent"]["fused"] == {"1": True, "64": True, "65": True, "600": True}
+    assert f"default rule: no policy at {missing}" in got["absent"]["detail"]
+    # a policy: the fused path only up to its cap, the line names the file
+    assert got["cap64"]["flag"] is True
+    assert got["cap64"]["fused"] == {"1": True, "64": True, "65": False, "600": False}
+    assert f"policy {cap64} (measured 2026-12-01" in got["cap64"]["detail"]
+    assert "won for 1-64 tokens" in got["cap64"]["detail"]
+    # beaten everywhere at TP4: not auto-enabled; TP8 auto-enabled (the policy, not TP2-only)
+    assert got["beaten"]["flag"] is False
+    assert "a measured method beat the fused path at TP4" in got["beaten"]["detail"]
+    assert got["tp8"]["flag"] is True
+    assert got["tp8"]["fused"]["600"] is False
+    # a shared-GPU policy is ignored, and the line says so
+    assert got["not-for-use"]["flag"] is True
+    assert got["not-for-use"]["fused"]["600"] is True
+    assert "marked not for use" in got["not-for-use"]["detail"]
+    # the explicit override still wins over the policy
+    assert got["env-wins"]["flag"] is False
