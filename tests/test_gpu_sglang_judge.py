@@ -1,7 +1,8 @@
 """The layer harness's verdict on what the ranks report (gpu.sglang_layer.expected_problems).
 
-Each SGLang flavour says its one fallback warning in its own words: 0.5.10's S4 in ours,
-0.5.23 in upstream's.  A wording of the other flavour, two lines, or two warnings fail.
+Each upstream layout says its one fallback warning in its own words (its adapter's):
+communicator (0.5.10) in S4's, layer_boundary (0.5.23) in upstream's.  A wording of the
+other layout, two lines, or two warnings fail.
 """
 
 from __future__ import annotations
@@ -10,51 +11,51 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu.sglang_layer import WARNING_SAYS, expected_problems
+from sm120fork.gpu.sglang_layer import expected_problems, warning_says
 
 S4_WORDS = ("FlashInfer all-reduce fusion is off for this process: workspace creation "
             "failed on a rank; every rank takes the unfused path")
-UPSTREAM_0523 = ("Failed to initialize FlashInfer workspace (backend=trtllm): "
+UPSTREAM_WORDS = ("Failed to initialize FlashInfer workspace (backend=trtllm): "
                  "CUDA_ERROR_OUT_OF_MEMORY: out of memory. Disabling flashinfer "
                  "allreduce fusion permanently.")
 
 
-def _rank(rank: int, flavour: str, warnings: list[str], *, correct: bool = True,
+def _rank(rank: int, layout: str, warnings: list[str], *, correct: bool = True,
           path: str = "fallback/unfused") -> dict[str, Any]:
-    return {"rank": rank, "flavour": flavour, "warnings": warnings, "gate_after": False,
+    return {"rank": rank, "layout": layout, "warnings": warnings, "gate_after": False,
             "unavailable": True,
             "steps": [{"tokens": t, "path": path, "correct": correct} for t in (1, 16)]}
 
 
-@pytest.mark.parametrize(("flavour", "words"), [("0.5.10", S4_WORDS),
-                                                ("0.5.23", UPSTREAM_0523)])
-def test_each_flavour_passes_with_its_own_one_line_warning(flavour: str, words: str) -> None:
-    ranks = [_rank(r, flavour, [words]) for r in (0, 1)]
+@pytest.mark.parametrize(("layout", "words"), [("communicator", S4_WORDS),
+                                                ("layer_boundary", UPSTREAM_WORDS)])
+def test_each_layout_passes_with_its_own_one_line_warning(layout: str, words: str) -> None:
+    ranks = [_rank(r, layout, [words]) for r in (0, 1)]
     assert expected_problems("all-ranks-create-fails", ranks) == []
 
 
-@pytest.mark.parametrize(("flavour", "words"), [("0.5.10", UPSTREAM_0523),
-                                                ("0.5.23", S4_WORDS)])
-def test_the_other_flavours_wording_fails(flavour: str, words: str) -> None:
-    problems = expected_problems("all-ranks-create-fails", [_rank(0, flavour, [words])])
+@pytest.mark.parametrize(("layout", "words"), [("communicator", UPSTREAM_WORDS),
+                                                ("layer_boundary", S4_WORDS)])
+def test_the_other_layouts_wording_fails(layout: str, words: str) -> None:
+    problems = expected_problems("all-ranks-create-fails", [_rank(0, layout, [words])])
     assert problems == [f"rank 0: the warning is not one line saying "
-                        f"{WARNING_SAYS[flavour]!r}: {words!r}"]
+                        f"{warning_says(layout)!r}: {words!r}"]
 
 
 def test_two_lines_or_two_warnings_or_a_wrong_output_fail() -> None:
     two_lines = expected_problems("one-rank-create-fails",
-                                  [_rank(0, "0.5.23", [UPSTREAM_0523 + "\nmore"])])
+                                  [_rank(0, "layer_boundary", [UPSTREAM_WORDS + "\nmore"])])
     assert len(two_lines) == 1
     assert "not one line" in two_lines[0]
     two = expected_problems("one-rank-create-fails",
-                            [_rank(0, "0.5.23", [UPSTREAM_0523, UPSTREAM_0523])])
+                            [_rank(0, "layer_boundary", [UPSTREAM_WORDS, UPSTREAM_WORDS])])
     assert two == ["rank 0: expected exactly one warning, got 2"]
     wrong = expected_problems("all-ranks-create-fails",
-                              [_rank(1, "0.5.10", [S4_WORDS], correct=False)])
+                              [_rank(1, "communicator", [S4_WORDS], correct=False)])
     assert wrong == ["rank 1: output differs from the reference at tokens [1, 16]"]
 
 
 def test_a_fused_path_after_a_failure_fails() -> None:
     problems = expected_problems("all-ranks-create-fails",
-                                 [_rank(0, "0.5.23", [UPSTREAM_0523], path="fused")])
+                                 [_rank(0, "layer_boundary", [UPSTREAM_WORDS], path="fused")])
     assert problems == ["rank 0: took the fused path although fusion failed"]

@@ -29,7 +29,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "util": frozenset({"errors"}),
     "entry": frozenset({"errors"}),
     "__init__": frozenset(),
-    "declare": frozenset(),
+    # The upstream SGLang layouts' adapters (declare validates a stack's layout name).
+    "layouts": frozenset({"harness"}),
+    "declare": frozenset({"layouts"}),
     "workspace": frozenset({"declare"}),
     "cuda": frozenset(),
     "harness": frozenset(),
@@ -40,10 +42,10 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "aot": frozenset({"declare", "workspace", "cuda"}),
     # --stack NAME resolves a stack's wheels (its pin, its sdist), lazily: the GPU box's
     # plain runs still import none of them.
-    "gpu": frozenset({"cuda", "harness", "declare", "workspace", "fetch"}),
+    "gpu": frozenset({"cuda", "harness", "declare", "workspace", "fetch", "layouts"}),
     "doctor": frozenset({"cuda"}),
     "verify": frozenset({"declare", "workspace", "cuda", "harness", "fetch", "patch",
-                         "package", "gpu"}),
+                         "package", "gpu", "layouts"}),
     "maintain": frozenset({"declare", "workspace", "fetch", "patch", "package"}),
     "upstream": frozenset({"declare", "workspace", "fetch", "patch"}),
     "cli": frozenset({"declare", "workspace", "fetch", "patch", "plugin", "package", "aot",

@@ -9,6 +9,7 @@ import pytest
 
 from sm120fork.errors import BuildError
 from sm120fork.package import publish as pub
+from sm120fork.package.entry import ManifestEntry, SourceRecord
 from sm120fork.package.publish import ProjectBuild, load_manifest, publish
 from sm120fork.util import files
 from sm120fork.workspace import Workspace
@@ -28,6 +29,14 @@ def _workspace(tmp_path: Path) -> Workspace:
     return Workspace(root)
 
 
+def _entry(project: str, wheel: str, sha256: str) -> ManifestEntry:
+    return ManifestEntry(project=project, distribution=project, upstream_version="1.0",
+                         version="1.0", upstream_commit=None, upstream_commit_verified=False,
+                         source=SourceRecord(kind="sdist", digest="b" * 64), series="s",
+                         series_digest="c" * 64, patches=(), wheel=wheel, sha256=sha256,
+                         toolkit_version="0")
+
+
 def _build(tmp_path: Path, stack: str, version: str) -> ProjectBuild:
     wheel = tmp_path / "built" / stack / version / f"demo_lib-{version}-py3-none-any.whl"
     wheel.parent.mkdir(parents=True)
@@ -35,7 +44,7 @@ def _build(tmp_path: Path, stack: str, version: str) -> ProjectBuild:
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     return ProjectBuild(project="lib", distribution="demo-lib", upstream_version="1.0",
                         version=version, wheel=wheel, sha256=digest, cached=False,
-                        seconds=0.0, entry={"project": "lib", "wheel": wheel.name})
+                        seconds=0.0, entry=_entry("lib", wheel.name, digest))
 
 
 def _contents(folder: Path) -> dict[str, bytes]:
@@ -139,7 +148,7 @@ def test_gpu_runs_record_the_manifest_beside_the_patched_wheel(tmp_path: Path) -
 def _made(distribution: str, wheel: str) -> ProjectBuild:
     return ProjectBuild(project=distribution, distribution=distribution, upstream_version="1",
                         version="1+sm120.1", wheel=Path(wheel), sha256="0" * 64, cached=True,
-                        seconds=0.0, entry={})
+                        seconds=0.0, entry=_entry(distribution, wheel, "0" * 64))
 
 
 def test_install_line_picks_one_wheel_per_platform_when_a_stack_ships_several(

@@ -4,7 +4,7 @@ Marked network + slow: the first run downloads sglang 0.5.23 (four wheels, ~150 
 flashinfer-python 0.7.2 (62 MiB) into this checkout's ``.forks/cache/wheels`` and the
 probe overlay into ``.forks/probe``; later runs (and CI re-runs) reuse them.  The stack
 is built once per session (module fixture) and every test reads that build.
-The behaviour tests need an interpreter with src/sm120fork/verify_requirements.txt
+The behaviour tests need an interpreter with the sglang-probe dependency group
 (SM120FORK_VERIFY_PYTHON, default: this one).
 """
 
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from sm120fork.layouts.layer_boundary.checks import SM12X, UNCHANGED, check_trees, ensure_overlay
+from sm120fork.layouts.results import CheckResult
 from sm120fork.package.publish import ProjectBuild
 from sm120fork.package.stack import build_stack
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.util.files import sha256_file
-from sm120fork.verify.sglang import CheckResult
-from sm120fork.verify.sglang_0523 import SM12X, UNCHANGED, check_sglang_0523, ensure_overlay
 from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy
@@ -71,7 +71,7 @@ def test_a_second_build_leaves_the_stack_folder_byte_identical(
 def test_flashinfer_is_used_as_published(builds: list[ProjectBuild]) -> None:
     (fi,) = [b for b in builds if b.project == "flashinfer"]
     assert fi.wheel.name == "flashinfer_python-0.7.2-py3-none-any.whl"
-    assert fi.entry["used_as_published"] is True
+    assert fi.entry.used_as_published is True
     assert fi.sha256 == sha256_file(fi.wheel) == (
         "770550a0aa92b2f10e6c9a1f048dd43713f0f3bb6a12710186fcf8e4e9c99bd8")
 
@@ -87,9 +87,9 @@ def test_sglang_wheels_are_patched_and_otherwise_the_published_bytes(
                "sglang/srt/layers/layer_boundary/residual/add_norm.py",
                "sglang/srt/distributed/bootstrap.py"}
     for b in sglang:
-        assert all(r["passed"] for r in b.entry["artifact_check"])
-        assert len(b.entry["artifact_check"]) == 5
-        original = CACHE / b.entry["source"]["filename"]
+        assert all(r.passed for r in b.entry.artifact_check)
+        assert len(b.entry.artifact_check) == 5
+        original = CACHE / str(b.entry.source.filename)
         with zipfile.ZipFile(original) as old, zipfile.ZipFile(b.wheel) as new:
             # Files only: the published wheel also lists directories, wheel pack does not.
             old_files = [n for n in old.namelist() if not n.endswith("/")]
@@ -132,7 +132,7 @@ def results(workspace: Workspace, builds: list[ProjectBuild],
     patched = prepare_tree(workspace, stack, project).path
     upstream = prepare_tree(workspace, stack, project, patches=(), variant="unpatched").path
     overlay = ensure_overlay(REPO / ".forks" / "probe", python=PROBE_PYTHON)
-    return check_sglang_0523(patched, baseline=upstream, overlay=overlay,
+    return check_trees(patched, baseline=upstream, overlay=overlay,
                              pycache=tmp_path_factory.mktemp("pycache"), python=PROBE_PYTHON)
 
 

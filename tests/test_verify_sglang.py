@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import VerifyError
-from sm120fork.patch.tree import prepare_tree
-from sm120fork.verify.sglang import (
+from sm120fork.gpu.sglang_layer import run_case
+from sm120fork.layouts.communicator.checks import (
     SM12X,
     TOGETHER_CASES,
     UNCHANGED,
-    CheckResult,
     check_sglang,
 )
+from sm120fork.layouts.results import CheckResult
+from sm120fork.patch.tree import prepare_tree
 from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy
@@ -45,7 +46,7 @@ def sglang_trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def results(sglang_trees: tuple[Path, Path]) -> list[CheckResult]:
     patched, upstream = sglang_trees
-    return check_sglang(patched, baseline=upstream, python=PROBE_PYTHON)
+    return check_sglang(patched, baseline=upstream, layer=run_case, python=PROBE_PYTHON)
 
 
 def _named(results: list[CheckResult], prefix: str, cap: str) -> dict[str, CheckResult]:
@@ -154,7 +155,7 @@ def test_two_ranks_fail_closed_together(results: list[CheckResult]) -> None:
 @pytest.mark.network
 def test_unpatched_upstream_fails_the_sm12x_checks(sglang_trees: tuple[Path, Path]) -> None:
     _, upstream = sglang_trees
-    results = check_sglang(upstream, baseline=None, python=PROBE_PYTHON)
+    results = check_sglang(upstream, baseline=None, layer=run_case, python=PROBE_PYTHON)
     failed = {r.name.split()[0] for r in results if not r.passed}
     assert failed == {"S1", "S2", "S3", "S4"}
     # Without a baseline, 8.0/9.0/10.0 are judged by the known upstream decisions.
@@ -165,10 +166,11 @@ def test_a_probe_that_cannot_run_is_a_verify_error(tmp_path: Path) -> None:
     (tmp_path / "python" / "sglang").mkdir(parents=True)  # a package without srt/
     (tmp_path / "python" / "sglang" / "__init__.py").touch()
     with pytest.raises(VerifyError, match="probe") as info:
-        check_sglang(tmp_path, baseline=None, python=sys.executable, jobs=1)
+        check_sglang(tmp_path, baseline=None, layer=run_case, python=sys.executable, jobs=1)
     assert "--group sglang-probe" in str(info.value)
 
 
 def test_a_tree_without_python_dir_is_a_verify_error(tmp_path: Path) -> None:
     with pytest.raises(VerifyError, match="python/sglang"):
-        check_sglang(tmp_path / "patched", baseline=tmp_path, python=sys.executable)
+        check_sglang(tmp_path / "patched", baseline=tmp_path, layer=run_case,
+                     python=sys.executable)

@@ -179,20 +179,20 @@ def test_repacked_wheels_differ_only_where_the_series_and_the_label_say(
         with WheelFile.open(build.wheel) as wf:
             wf.validate_record()  # RECORD lists every file with its correct hash
         entry = build.entry
-        assert entry["used_as_published"] is False
-        assert entry["source"]["filename"] == original.name
-        assert entry["source"]["digest"] == sha256_file(original)
-        assert entry["changed_files"] == ["demo_app/gate.py"]
-        assert [r["passed"] for r in entry["artifact_check"]] == [True]
+        assert entry.used_as_published is False
+        assert entry.source.filename == original.name
+        assert entry.source.digest == sha256_file(original)
+        assert entry.changed_files == ("demo_app/gate.py",)
+        assert [r.passed for r in entry.artifact_check] == [True]
 
 
 def test_empty_series_ships_the_published_wheel(scenario: WheelScenario) -> None:
     builds = build_stack(scenario.ws, scenario.ws.stack(STACK))
     (lib,) = [b for b in builds if b.project == "lib"]
     assert lib.wheel.name == scenario.lib_wheel.name
-    assert lib.sha256 == sha256_file(scenario.lib_wheel) == lib.entry["sha256"]
+    assert lib.sha256 == sha256_file(scenario.lib_wheel) == lib.entry.sha256
     assert lib.version == "1.2.3"
-    assert lib.entry["used_as_published"] is True
+    assert lib.entry.used_as_published is True
     out = scenario.ws.stack_wheels(STACK)
     manifest = json.loads((out / "manifest.json").read_text())
     assert [(w["project"], w["used_as_published"]) for w in manifest["wheels"]] == [

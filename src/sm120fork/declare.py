@@ -15,7 +15,7 @@ import difflib
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +31,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from sm120fork.errors import ConfigError
+from sm120fork.layouts import LAYOUTS
 
 SourceKind = Literal["sdist", "git", "wheel"]
 SOURCE_KINDS: tuple[SourceKind, ...] = ("sdist", "git", "wheel")
@@ -129,6 +130,14 @@ class Project:
     wheels: tuple[WheelPin, ...] = ()
     #: Upstream's own requirements on the stack's projects, as its metadata states them.
     upstream_requires: tuple[Requirement, ...] = ()
+    #: The upstream layout (:mod:`sm120fork.layouts`) whose adapter checks this project's
+    #: behaviour; empty for a project without behaviour checks.
+    layout: str = ""
+
+    def build_inputs(self) -> dict[str, Any]:
+        """The declaration's fields that shape the wheel (build caches are keyed on them;
+        the layout only chooses how the behaviour is checked)."""
+        return {k: v for k, v in asdict(self).items() if k != "layout"}
 
     @property
     def local_version(self) -> str:
@@ -266,7 +275,8 @@ def _check_file_name(r: _Reader, name: str, distribution: str, version: str,
 
 
 _PROJECT_KEYS = ("distribution", "version", "local_label", "package_root", "series", "source",
-                 "requires", "upstream_requires", "git", "sdist", "wheels", "version_stamp")
+                 "requires", "upstream_requires", "git", "sdist", "wheels", "version_stamp",
+                 "layout")
 
 
 def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
@@ -285,6 +295,12 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
                       _suggest(source, list(SOURCE_KINDS)) or "use 'sdist' or 'git'")
     requires = r.get("requires", tuple, default=())
     upstream_requires = _requirements(r, "upstream_requires")
+    layout = r.get("layout", str, default="")
+    if layout and layout not in LAYOUTS:
+        raise r.error("layout", f"unknown upstream layout {layout!r}",
+                      _suggest(layout, list(LAYOUTS))
+                      or f"use one of {', '.join(map(repr, LAYOUTS))}, or add an adapter "
+                         "under src/sm120fork/layouts/ (CONTRIBUTING.md)")
 
     git_pin = None
     if source != "wheel" or "git" in table:
@@ -334,7 +350,7 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
         key=key, distribution=distribution, version=version, local_label=local_label,
         package_root=package_root, series=series, source=source, git=git_pin,
         sdist=sdist_pin, version_stamp=stamp, requires=requires, wheels=wheels,
-        upstream_requires=upstream_requires,
+        upstream_requires=upstream_requires, layout=layout,
     )
 
 

@@ -117,9 +117,9 @@ def _build_one(args: argparse.Namespace, ws: Workspace, console: Console, stack:
         table.add_column(col, overflow="fold")
     for b in builds:
         how = "cached" if b.cached else f"{b.seconds:.1f}s"
-        if b.entry.get("used_as_published"):
+        if b.entry.used_as_published:
             how = f"used as published ({how})"
-        table.add_row(b.project, b.upstream_version, str(len(b.entry["patches"])), b.wheel.name,
+        table.add_row(b.project, b.upstream_version, str(len(b.entry.patches)), b.wheel.name,
                       b.sha256[:12], how)
     console.print(table)
     console.print(f"done in {time.monotonic() - start:.2f}s; install with: "

@@ -20,6 +20,7 @@ from sm120fork.errors import ToolkitError, VerifyError
 from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import methods, runs, sglang_layer
 from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG
+from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
 
 DEFAULT_WORK_DIR = runs.DEFAULT_WORK_DIR
@@ -115,6 +116,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                        "under injected workspace faults (ranks share the GPUs)")
     s.add_argument("--sglang-path", type=Path, required=True,
                    help="the directory holding the sglang package under test (python/)")
+    s.add_argument("--layout", required=True, choices=tuple(LAYOUTS),
+                   help="the tree's upstream layout, as its stack's forks/<stack>.toml names "
+                   "it (sglang-0.5.10: communicator, sglang-0.5.23: layer_boundary)")
     s.add_argument("--site", type=Path, action="append", default=[],
                    help="extra import directories for the ranks (FlashInfer, SGLang's deps)")
     s.add_argument("--case", action="append", choices=sglang_layer.CPU_CASES,
@@ -129,7 +133,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--start-timeout", type=float, default=300.0,
                    help="imports and set-up of each case's ranks, seconds")
     s.add_argument("--gates-in-memory", action="store_true",
-                   help="stock 0.5.23: accept SM12x in its gates in memory (G1/G3 stand-in)")
+                   help="stock upstream of layout layer_boundary: accept SM12x in its gates "
+                   "in memory (G1/G3 stand-in)")
     s.add_argument("--title", default="SGLang fused-norm layer path")
     s.add_argument("--note", action="append", default=[])
     s.add_argument("--out", type=Path, required=True)
@@ -193,6 +198,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
     outcomes = runs.run_sglang_layer(runs.LayerOptions(
         command=runs.command_line(argv), sglang_path=args.sglang_path, out=args.out,
+        layout=args.layout,
         site=tuple(args.site), cases=_optional(args.case), device=args.device,
         world_size=args.world_size, tokens=_optional(args.tokens), timeout=args.timeout,
         first_timeout=args.first_timeout, start_timeout=args.start_timeout,

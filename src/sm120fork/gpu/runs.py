@@ -559,6 +559,8 @@ class LayerOptions:
     command: str
     sglang_path: Path
     out: Path
+    #: The tree's upstream layout (:mod:`sm120fork.layouts`).
+    layout: str
     site: tuple[Path, ...] = ()
     cases: tuple[str, ...] | None = None
     device: str = "cuda"
@@ -583,7 +585,7 @@ def run_sglang_layer(opts: LayerOptions) -> list[sglang_layer.CaseOutcome]:
             case, sglang_path=opts.sglang_path, device=opts.device,
             world_size=opts.world_size, tokens=list(opts.tokens) if opts.tokens else None,
             timeout=timeout, start_timeout=opts.start_timeout, extra_path=list(opts.site),
-            gates_in_memory=opts.gates_in_memory)
+            gates_in_memory=opts.gates_in_memory, layout=opts.layout)
         log.info("%s: %s in %.0f s %s", case, "PASS" if outcome.passed else "FAIL",
                  outcome.seconds, "; ".join(outcome.problems))
         outcomes.append(outcome)

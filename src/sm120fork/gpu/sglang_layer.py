@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.gpu.safety import rank_environment
+from sm120fork.layouts import adapter
 
 RANK_MODULE = "sm120fork.gpu.sglang_rank"
 RESULT_MARKER = "SM120FORK-SGLANG-RANK "
@@ -80,10 +81,9 @@ def _parse(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-#: What the one warning must say, per SGLang flavour: S4's own words in 0.5.10's series;
-#: 0.5.23 already warns once per rank in upstream's words when creation fails.
-WARNING_SAYS = {"0.5.10": "unfused path",
-                "0.5.23": "Disabling flashinfer allreduce fusion permanently"}
+def warning_says(layout: str) -> str:
+    """What the one fallback warning must say, in the layout's words (its adapter's)."""
+    return str(adapter(layout, "rank").WARNING_SAYS)
 
 
 def expected_problems(case: str, ranks: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -91,7 +91,7 @@ def expected_problems(case: str, ranks: Sequence[Mapping[str, Any]]) -> list[str
     problems: list[str] = []
     for obs in ranks:
         who = f"rank {obs['rank']}"
-        says = WARNING_SAYS[obs.get("flavour", "0.5.10")]
+        says = warning_says(str(obs["layout"]))
         wrong = [s["tokens"] for s in obs["steps"] if not s["correct"]]
         if wrong:
             problems.append(f"{who}: output differs from the reference at tokens {wrong}")
@@ -123,7 +123,7 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
              device: str = "cuda", world_size: int = 2, tokens: Sequence[int] | None = None,
              hidden: int | None = None, timeout: float = 120.0, start_timeout: float = 300.0,
              extra_path: Sequence[Path] = (), env: Mapping[str, str] | None = None,
-             gates_in_memory: bool = False, flavour: str | None = None) -> CaseOutcome:
+             gates_in_memory: bool = False, layout: str) -> CaseOutcome:
     """Run ``case`` on ``world_size`` fresh rank processes; judge their reports.
 
     ``start_timeout`` bounds the imports and set-up (until every rank says it is ready);
@@ -140,13 +140,12 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
                 "rank": rank, "world_size": world_size, "case": case, "device": device,
                 "init_method": f"tcp://127.0.0.1:{port}",
                 "collective_timeout_s": timeout * 2, "gates_in_memory": gates_in_memory,
+                "layout": layout,
             }
             if tokens is not None:
                 request["tokens"] = list(tokens)
             if hidden is not None:
                 request["hidden"] = hidden
-            if flavour is not None:
-                request["flavour"] = flavour
             rank_env = rank_environment({**os.environ, **(env or {})})
             rank_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
             rank_env["PYTHONUNBUFFERED"] = "1"

@@ -3,8 +3,8 @@
 Run as ``python -m sm120fork.gpu.sglang_rank '<json request>'`` with the SGLang tree
 under test first on ``PYTHONPATH``.  It imports the real SGLang layer modules (the
 RMSNorm that calls the fused all-reduce, ``layers.flashinfer_comm_fusion`` and the gate
-that decides whether the fused path is taken: ``layers.communicator`` in 0.5.10,
-``layers.layer_boundary.residual.add_norm`` in 0.5.23), backs SGLang's TP group with a
+that decides whether the fused path is taken, wired up by the request's upstream layout:
+``sm120fork.layouts.<layout>.rank``), backs SGLang's TP group with a
 gloo process group over the ranks (ranks are processes; on one GPU they share it), and
 runs one case: the fused path, or a fault injected into workspace creation or into the
 fused call on some ranks.  For each token count it compares the norm's output and the
@@ -19,7 +19,7 @@ What is replaced, and nothing else:
 - on a GPU, ``sgl_kernel`` (compiled for another torch; the unfused norm then runs
   SGLang's own ``forward_native``);
 - with ``device: "cpu"`` (the CPU behaviour checks), everything the probe of
-  ``verify.sglang`` fakes, plus a FlashInfer stand-in whose workspace creation makes the
+  ``harness.fake_gpu`` fakes, plus a FlashInfer stand-in whose workspace creation makes the
   same collectives as FlashInfer's trtllm backend (one exchange per buffer, then a
   barrier) and whose fused call computes the fused kernel's arithmetic over gloo.
 
@@ -31,17 +31,18 @@ It prints one line ``SM120FORK-SGLANG-RANK <json>``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import importlib
-import importlib.util
 import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+from sm120fork.layouts import Layer
+from sm120fork.layouts import adapter as layout_adapter
 
 RESULT_MARKER = "SM120FORK-SGLANG-RANK "
 READY_MARKER = "SM120FORK-SGLANG-READY"
@@ -236,93 +237,6 @@ class FakeFlashInferComm:
         residual_out.copy_(hidden)
 
 
-# --- the SGLang versions ---------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Layer:
-    """The modules of one SGLang version and how to wire them up."""
-
-    flavour: str
-    fusion: Any
-    layernorm: Any
-    gate: Callable[[int], bool]
-    workspace_ready: Callable[[], bool]
-
-
-def _setup_0_5_10(group: GlooTPGroup) -> Layer:
-    ps = _module("sglang.srt.distributed.parallel_state")
-    for name in ("_TP", "_ATTN_TP", "_MOE_TP"):
-        setattr(ps, name, group)
-    sa = _module("sglang.srt.server_args")
-    args: Any = sa.ServerArgs.__new__(sa.ServerArgs)
-    for field in dataclasses.fields(sa.ServerArgs):
-        if field.default is not dataclasses.MISSING:
-            setattr(args, field.name, field.default)
-        elif field.default_factory is not dataclasses.MISSING:
-            setattr(args, field.name, field.default_factory())
-    args.tp_size = group.world_size
-    args.enable_flashinfer_allreduce_fusion = True
-    sa.set_global_server_args_for_scheduler(args)
-    fusion = _module(FUSION_MODULE)
-    communicator = _module("sglang.srt.layers.communicator")
-    return Layer(
-        flavour="0.5.10",
-        fusion=fusion,
-        layernorm=_module("sglang.srt.layers.layernorm"),
-        gate=lambda tokens: bool(communicator.apply_flashinfer_allreduce_fusion(tokens)),
-        workspace_ready=lambda: bool(fusion._workspace_manager.initialized),
-    )
-
-
-def _setup_0_5_23(group: GlooTPGroup) -> Layer:
-    rc = _module("sglang.srt.runtime_context")
-    rc.get_context().override_server_args(
-        flashinfer_allreduce_fusion_backend="trtllm", tp_size=group.world_size).install()
-    rc.get_parallel().override_permanently(
-        tp_size=group.world_size, tp_rank=group.rank, attn_tp_size=group.world_size,
-        attn_tp_rank=group.rank, tp_group=group, attn_tp_group=group)
-    fusion = _module(FUSION_MODULE)
-    add_norm = _module("sglang.srt.layers.layer_boundary.residual.add_norm")
-
-    def ready() -> bool:
-        manager = fusion._get_workspace_manager(True)
-        return bool(manager.initialized)
-
-    return Layer(
-        flavour="0.5.23",
-        fusion=fusion,
-        layernorm=_module("sglang.srt.layers.layernorm"),
-        gate=lambda tokens: bool(add_norm.flashinfer_ar_fusion_applies(tokens)),
-        workspace_ready=ready,
-    )
-
-
-def _flavour() -> str:
-    """0.5.10 has ``layers/communicator.py``; 0.5.23 moved the gate to ``layer_boundary``."""
-    spec = importlib.util.find_spec("sglang.srt.layers.communicator")
-    return "0.5.10" if spec is not None else "0.5.23"
-
-
-def patch_gates_in_memory(layer: Layer) -> None:
-    """Stock 0.5.23 only: let its gates accept SM12x, as the G1/G3 patches do.
-
-    ``_resolve_backend`` answers "trtllm" on one node; ``flashinfer_ar_fusion_applies``
-    reads ``_is_sm90_supported``, which is set when the (stubbed) device is 12.x.
-    """
-    fusion = layer.fusion
-    add_norm = _module("sglang.srt.layers.layer_boundary.residual.add_norm")
-    real_resolve = fusion._resolve_backend
-
-    def resolve(backend: str, is_multi_node: bool = False) -> str:
-        if backend in ("trtllm", "auto") and not is_multi_node:
-            return "trtllm"
-        return str(real_resolve(backend, is_multi_node))
-
-    fusion._resolve_backend = resolve
-    add_norm._is_sm90_supported = True
-
-
 # --- fault injection -------------------------------------------------------------------
 
 
@@ -430,10 +344,10 @@ def run_rank(request: dict[str, Any]) -> Observation:
         "gloo", init_method=request["init_method"], rank=rank, world_size=world,
         timeout=dt.timedelta(seconds=float(request.get("collective_timeout_s", 120))))
     group = GlooTPGroup(rank, world)
-    flavour = request.get("flavour") or _flavour()
-    layer = (_setup_0_5_10 if flavour == "0.5.10" else _setup_0_5_23)(group)
+    adapter = layout_adapter(request["layout"], "rank")
+    layer: Layer = adapter.setup(group)
     if request.get("gates_in_memory"):
-        patch_gates_in_memory(layer)
+        adapter.patch_gates_in_memory(layer)
     if device_kind == "cpu":
         fake = FakeFlashInferComm()
         layer.fusion._flashinfer_comm = fake
@@ -485,7 +399,7 @@ def run_rank(request: dict[str, Any]) -> Observation:
     observation: Observation = {
         "rank": rank,
         "case": case,
-        "flavour": layer.flavour,
+        "layout": layer.layout,
         "device": device_kind,
         "injected": fault if (fault is not None and (where in ("all", rank)))
         else None,

@@ -23,6 +23,7 @@ from typing import Any
 from sm120fork import __version__
 from sm120fork.declare import Stack
 from sm120fork.errors import BuildError
+from sm120fork.package.entry import ManifestEntry
 from sm120fork.util.files import atomic_copy, read_json_object, replace_dir, sha256_file
 from sm120fork.workspace import Workspace
 
@@ -44,7 +45,7 @@ class ProjectBuild:
     sha256: str
     cached: bool
     seconds: float
-    entry: dict[str, Any]
+    entry: ManifestEntry
 
 
 def _shown(ws: Workspace, path: Path) -> str:
@@ -77,7 +78,7 @@ def _texts(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path) -
     manifest = {
         "toolkit_version": __version__,
         "stack": stack.name,
-        "wheels": [b.entry for b in builds],
+        "wheels": [b.entry.to_json() for b in builds],
     }
     return {
         CONSTRAINTS: f"# {stack.name}: {install_command(ws, out, builds)}\n" + constraints,

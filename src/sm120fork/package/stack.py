@@ -18,28 +18,22 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from sm120fork import __version__
 from sm120fork.declare import Project, Stack, pinned_for, requirement_applies
 from sm120fork.errors import BuildError
-from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import Progress, source_key
-from sm120fork.fetch.wheel import download_wheels
-from sm120fork.package.artifact import check_wheel, require_passed
+from sm120fork.package.entry import ManifestEntry
+from sm120fork.package.kinds import Job, Stage, kind_for, no_stage
 from sm120fork.package.publish import ProjectBuild, publish
-from sm120fork.package.repack import check_same_preimage, check_series_for_wheel, repack_wheel
-from sm120fork.package.wheel import build_wheel, wheel_extras, wheel_requirements
+from sm120fork.package.wheel import wheel_extras, wheel_requirements
 from sm120fork.patch.series import Series, load_series
-from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree
-from sm120fork.plugin.build import build_plugin, plugin_files
+from sm120fork.patch.tree import keep_local_work_hint, local_work
+from sm120fork.plugin.build import build_plugin, plugin_files, sglang_project
 from sm120fork.util.files import (
-    atomic_copy,
     atomic_write_text,
     read_json_object,
     remove_stale_scratch,
@@ -58,215 +52,87 @@ BUILD_RECIPE = 1
 def cache_key(project: Project, series: Series, kind: str) -> str:
     payload = json.dumps({
         "recipe": BUILD_RECIPE,
-        "project": asdict(project),
+        "project": project.build_inputs(),
         "source": source_key(project, kind),
         "series": series.digest,
     }, sort_keys=True, default=str)  # Requirement objects as their PEP 508 text
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
-def _load_entry(entry_dir: Path) -> dict[str, Any] | None:
-    entry = read_json_object(entry_dir / ENTRY)
-    if entry is None:
+def _load_entries(entry_dir: Path) -> list[ManifestEntry] | None:
+    """The cached entries (``{"wheels": [...]}``, or one entry as older toolkits wrote),
+    or None unless every wheel they name is there with its sha256."""
+    data = read_json_object(entry_dir / ENTRY)
+    if data is None:
         return None
-    wheel = entry_dir / str(entry.get("wheel", ""))
-    if not wheel.is_file() or sha256_file(wheel) != entry.get("sha256"):
+    records = data.get("wheels", [data])
+    try:
+        entries = [ManifestEntry.from_json(r) for r in records]
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    return entry
+    for entry in entries:
+        wheel = entry_dir / entry.wheel
+        if not wheel.is_file() or sha256_file(wheel) != entry.sha256:
+            return None
+    return entries or None
 
 
-def _cached(ws: Workspace, stack: Stack, project: Project) -> bool:
-    series = load_series(ws.series_dir(project))
-    key = cache_key(project, series, project.source)
-    return _load_entry(ws.build_cache(stack, project) / key) is not None
+def _entry_dir(ws: Workspace, stack: Stack, project: Project, series: Series) -> Path:
+    kind = kind_for(project, series)
+    return ws.build_cache(stack, project) / cache_key(project, series, kind.cache_kind)
 
 
-#: Called as ``stage(project_key, what)`` as a project moves on ("patching", each line
-#: of the wheel build, "checking the wheel"): the CLI's live progress line.
-Stage = Callable[[str, str], None]
-
-
-def _commit_entry(staging: Path, entry_dir: Path, entry: dict[str, Any]) -> None:
+def _commit_entry(staging: Path, entry_dir: Path, entries: list[ManifestEntry]) -> None:
     """Write the cache entry's record into ``staging``, then swap it in as ``entry_dir``."""
-    atomic_write_text(staging / ENTRY, json.dumps(entry, indent=2) + "\n")
+    record = {"wheels": [e.to_json() for e in entries]}
+    atomic_write_text(staging / ENTRY, json.dumps(record, indent=2) + "\n")
     if entry_dir.exists():
         shutil.rmtree(entry_dir)
     entry_dir.parent.mkdir(parents=True, exist_ok=True)
     os.replace(staging, entry_dir)
 
 
-def _no_stage(project: str, what: str) -> None:
-    return None
+def build_project(ws: Workspace, stack: Stack, project: Project, *,
+                  series: Series | None = None, force: bool = False, rebuild: bool = False,
+                  progress: Progress | None = None, inputs: list[Path] | None = None,
+                  stage: Stage = no_stage) -> list[ProjectBuild]:
+    """The project's checked wheels, whatever its source kind (:mod:`.kinds`): from the
+    build cache when the pin, source and series are unchanged, else built now.
 
-
-def build_project(ws: Workspace, stack: Stack, project: Project, *, force: bool = False,
-                  rebuild: bool = False, progress: Progress | None = None,
-                  stage: Stage = _no_stage) -> ProjectBuild:
+    ``inputs``: the kind's downloads, when the caller made them already.
+    """
     start = time.monotonic()
-    series = load_series(ws.series_dir(project))
-    kind = project.source
-    key = cache_key(project, series, kind)
+    series = series if series is not None else load_series(ws.series_dir(project))
+    kind = kind_for(project, series)
+    key = cache_key(project, series, kind.cache_kind)
     entry_dir = ws.build_cache(stack, project) / key
-    entry = None if rebuild else _load_entry(entry_dir)
-    if entry is not None:
-        log.info("%s: inputs unchanged, reusing %s", project.key, entry["wheel"])
-        why = local_work(ws, stack, project)
+    entries = None if rebuild else _load_entries(entry_dir)
+    cached = entries is not None
+    if entries is not None:
+        log.info("%s: inputs unchanged, reusing %s", project.key,
+                 ", ".join(e.wheel for e in entries))
+        why = local_work(ws, stack, project) if kind.name != "as-published" else None
         if why:  # the cache is keyed on the series: say that the tree's work is not in it
             work = ws.work_tree(stack, project)
             log.warning("%s: the fork tree %s has local work (%s); the cached wheel holds "
                         "the series without it. To build it: %s", project.key, work, why,
                         keep_local_work_hint(work, why, stack, project))
-        return ProjectBuild(project=project.key, distribution=project.distribution,
-                            upstream_version=project.version, version=project.local_version,
-                            wheel=entry_dir / entry["wheel"], sha256=entry["sha256"],
-                            cached=True, seconds=time.monotonic() - start, entry=entry)
-    stage(project.key, "fetching and patching")
-    tree = prepare_tree(ws, stack, project, patches=series.patches, force=force,
-                        progress=progress)
-    staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(key), dir=ws.state_dir))
-    try:
-        stage(project.key, "building the wheel")
-        wheel = build_wheel(project, tree.repo, staging,
-                            on_line=lambda line: stage(project.key, f"building: {line}"))
-        stage(project.key, "checking the wheel")
-        results = check_wheel(wheel, project, series, tree.repo)
-        require_passed(results, project)
-        digest = sha256_file(wheel)
-        entry = {
-            "project": project.key,
-            "distribution": project.distribution,
-            "upstream_version": project.version,
-            "version": project.local_version,
-            "upstream_commit": project.git_pin.commit,
-            "upstream_commit_verified": project.git_pin.commit_verified,
-            "source": {"kind": kind, "digest": tree.state.source.split(":", 1)[1],
-                       "filename": project.sdist_pin.filename if kind == "sdist" else None,
-                       "url": project.git_pin.url if kind == "git" else None},
-            "series": project.series,
-            "series_digest": series.digest,
-            "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject,
-                         "applied_upstream": p.applied_upstream}
-                        for p in series.patches],
-            "patched_commit": tree.state.head,
-            "tree": tree.repo.tree_hash(),
-            "wheel": wheel.name,
-            "sha256": digest,
-            "artifact_check": [r.to_json() for r in results],
-            "toolkit_version": __version__,
-        }
-        _commit_entry(staging, entry_dir, entry)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return ProjectBuild(project=project.key, distribution=project.distribution,
-                        upstream_version=project.version, version=project.local_version,
-                        wheel=entry_dir / wheel.name, sha256=digest, cached=False,
-                        seconds=time.monotonic() - start, entry=entry)
-
-
-def _load_entries(entry_dir: Path) -> list[dict[str, Any]] | None:
-    """The cached entries of a project that ships several wheels (``wheels`` in entry.json)."""
-    data = read_json_object(entry_dir / ENTRY)
-    entries = data.get("wheels") if data is not None else None
-    if not isinstance(entries, list) or not entries:
-        return None
-    for entry in entries:
-        wheel = entry_dir / str(entry.get("wheel", ""))
-        if not wheel.is_file() or sha256_file(wheel) != entry.get("sha256"):
-            return None
-    return entries
-
-
-def ships_wheels(project: Project, series: Series) -> bool:
-    """Built from published wheels: a ``wheel`` source, or an empty series (as published)."""
-    return project.source == "wheel" or (not series.patches and bool(project.wheels))
-
-
-def _common_entry(project: Project, series: Series) -> dict[str, Any]:
-    git = project.git
-    return {
-        "project": project.key,
-        "distribution": project.distribution,
-        "upstream_version": project.version,
-        "upstream_commit": git.commit if git else None,
-        "upstream_commit_verified": git.commit_verified if git else False,
-        "series": project.series,
-        "series_digest": series.digest,
-        "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject,
-                     "applied_upstream": p.applied_upstream} for p in series.patches],
-    }
-
-
-def build_from_wheels(ws: Workspace, stack: Stack, project: Project, *, force: bool = False,
-                      rebuild: bool = False,
-                      progress: Progress | None = None) -> list[ProjectBuild]:
-    """Each declared wheel: as published (empty series), or patched and repacked."""
-    start = time.monotonic()
-    series = load_series(ws.series_dir(project))
-    key = cache_key(project, series, "wheel")
-    entry_dir = ws.build_cache(stack, project) / key
-    entries = None if rebuild else _load_entries(entry_dir)
-    cached = entries is not None
-    if entries is None:
-        entries = _make_wheel_entries(ws, stack, project, series, key, force=force,
-                                      progress=progress)
     else:
-        log.info("%s: inputs unchanged, reusing %d wheel(s)", project.key, len(entries))
+        job = Job(ws=ws, stack=stack, project=project, series=series, force=force,
+                  progress=progress, stage=stage)
+        if inputs is None:
+            inputs = kind.download(job)
+        staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(key), dir=ws.state_dir))
+        try:
+            entries = kind.make(job, inputs, staging)
+            _commit_entry(staging, entry_dir, entries)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     seconds = time.monotonic() - start
     return [ProjectBuild(project=project.key, distribution=project.distribution,
-                         upstream_version=project.version, version=str(e["version"]),
-                         wheel=entry_dir / e["wheel"], sha256=e["sha256"], cached=cached,
+                         upstream_version=project.version, version=e.version,
+                         wheel=entry_dir / e.wheel, sha256=e.sha256, cached=cached,
                          seconds=seconds, entry=e) for e in entries]
-
-
-def _make_wheel_entries(ws: Workspace, stack: Stack, project: Project, series: Series,
-                        key: str, *, force: bool,
-                        progress: Progress | None) -> list[dict[str, Any]]:
-    entry_dir = ws.build_cache(stack, project) / key
-    originals = download_wheels(project, ws.wheel_cache, progress)
-    common = _common_entry(project, series)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=ws.state_dir))
-    entries: list[dict[str, Any]] = []
-    try:
-        if not series.patches:
-            for pin, original in zip(project.wheels, originals, strict=True):
-                atomic_copy(original, staging / original.name)
-                entries.append({
-                    **common, "version": project.version, "used_as_published": True,
-                    "source": {"kind": "wheel", "digest": pin.sha256,
-                               "filename": pin.filename, "url": pin.url or None},
-                    "wheel": original.name, "sha256": pin.sha256, "artifact_check": [],
-                    "toolkit_version": __version__,
-                })
-                log.info("%s: %s used as published (sha256 %s)", project.key, pin.filename,
-                         pin.sha256[:12])
-        else:
-            changed = check_series_for_wheel(project, series, originals[0], stack=stack.name)
-            for other in originals[1:]:
-                check_same_preimage(originals[0], other, list(changed.values()))
-            tree = prepare_tree(ws, stack, project, patches=series.patches, force=force,
-                                progress=progress)
-            replacements = {member: (tree.path / path).read_bytes()
-                            for path, member in changed.items()}
-            epoch = tree.repo("log", "-1", "--format=%ct", quiet=True)
-            for pin, original in zip(project.wheels, originals, strict=True):
-                wheel = repack_wheel(project, original, replacements, staging,
-                                     source_date_epoch=epoch)
-                results = check_wheel(wheel, project, series, tree.repo)
-                require_passed(results, project)
-                entries.append({
-                    **common, "version": project.local_version, "used_as_published": False,
-                    "source": {"kind": "wheel", "digest": pin.sha256,
-                               "filename": pin.filename, "url": pin.url or None},
-                    "patched_commit": tree.state.head, "tree": tree.repo.tree_hash(),
-                    "changed_files": sorted(changed.values()),
-                    "wheel": wheel.name, "sha256": sha256_file(wheel),
-                    "artifact_check": [r.to_json() for r in results],
-                    "toolkit_version": __version__,
-                })
-        _commit_entry(staging, entry_dir, {"wheels": entries})
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return entries
 
 
 def check_requirements(stack: Stack, builds: list[ProjectBuild]) -> None:
@@ -316,10 +182,6 @@ def check_requirements(stack: Stack, builds: list[ProjectBuild]) -> None:
                         f"{project.version} requires")
 
 
-def _as_list(fn: Callable[..., ProjectBuild], *args: Any, **kwargs: Any) -> list[ProjectBuild]:
-    return [fn(*args, **kwargs)]
-
-
 def remove_leftovers(ws: Workspace, stack: Stack) -> None:
     """Scratch files and folders of runs that were killed (SIGKILL) before cleaning up."""
     for parent in (ws.state_dir, ws.trees_dir / stack.name, ws.sdist_cache,
@@ -332,27 +194,29 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
                 only: list[str] | None = None,
                 progress: Callable[[str], Progress | None] | None = None,
                 lock_timeout: float = -1, out: Path | None = None,
-                jobs: int = os.cpu_count() or 1, stage: Stage = _no_stage) -> list[ProjectBuild]:
+                jobs: int = os.cpu_count() or 1, stage: Stage = no_stage) -> list[ProjectBuild]:
     """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or out)."""
     projects = [stack.project(k) for k in only] if only else list(stack.projects)
     allow_children()
     with ws.lock(lock_timeout):
         remove_leftovers(ws, stack)
-        # Downloads one at a time (one progress bar), then the projects' patch + build +
-        # check concurrently: they share nothing, and a wheel build leaves cores idle.
-        from_wheels = {p.key for p in projects
-                       if ships_wheels(p, load_series(ws.series_dir(p)))}
+        # The series once per build; downloads one at a time (one progress bar), then the
+        # projects' patch + build + check concurrently: they share nothing, and a wheel
+        # build leaves cores idle.
+        series = {p.key: load_series(ws.series_dir(p)) for p in projects}
+        inputs: dict[str, list[Path] | None] = {}
         for p in projects:
-            bar = progress(p.key) if progress else None
-            if p.key in from_wheels:
-                download_wheels(p, ws.wheel_cache, bar)
-            elif p.source == "sdist" and (rebuild or not _cached(ws, stack, p)):
-                download_sdist(p, ws.sdist_cache, bar)
+            cached = not rebuild and _load_entries(_entry_dir(ws, stack, p, series[p.key]))
+            if cached:
+                inputs[p.key] = None
+                continue
+            job = Job(ws=ws, stack=stack, project=p, series=series[p.key],
+                      progress=progress(p.key) if progress else None)
+            inputs[p.key] = kind_for(p, series[p.key]).download(job)
         with ThreadPoolExecutor(max_workers=max(1, min(len(projects), jobs))) as pool:
-            futures = [pool.submit(build_from_wheels, ws, stack, p, force=force,
-                                   rebuild=rebuild) if p.key in from_wheels
-                       else pool.submit(_as_list, build_project, ws, stack, p, force=force,
-                                        rebuild=rebuild, stage=stage)
+            futures = [pool.submit(build_project, ws, stack, p, series=series[p.key],
+                                   force=force, rebuild=rebuild, inputs=inputs[p.key],
+                                   stage=stage)
                        for p in projects]
             try:
                 builds = [b for f in futures for b in f.result()]
@@ -363,7 +227,9 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
                 raise
         check_requirements(stack, builds)
         if not only:
-            plugin = build_plugin(ws, stack, force=force)
+            sglang = sglang_project(stack)
+            plugin = build_plugin(ws, stack, force=force,
+                                  series=series.get(sglang.key) if sglang else None)
             log.info("%s", plugin.message)
             publish(ws, stack, builds, out, extra=plugin_files(plugin))
     return builds

@@ -15,14 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
 from sm120fork.declare import Project, Stack
-from sm120fork.patch.series import load_series
+from sm120fork.patch.series import Series, load_series
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.plugin import generate as generate_module
 from sm120fork.plugin.generate import UPSTREAM_TAG, generate_spec, patch_commits
@@ -64,8 +64,12 @@ def sglang_project(stack: Stack) -> Project | None:
     return next((p for p in stack.projects if p.normalized_name == "sglang"), None)
 
 
-def build_plugin(ws: Workspace, stack: Stack, *, force: bool = False) -> PluginResult:
-    """Generate and build the stack's plugin wheel, or say why there is none."""
+def build_plugin(ws: Workspace, stack: Stack, *, force: bool = False,
+                 series: Series | None = None) -> PluginResult:
+    """Generate and build the stack's plugin wheel, or say why there is none.
+
+    ``series``: the SGLang project's, when the build loaded it already.
+    """
     project = sglang_project(stack)
     if project is None:
         return PluginResult(stack=stack.name, message=f"stack {stack.name} has no sglang: "
@@ -74,13 +78,14 @@ def build_plugin(ws: Workspace, stack: Stack, *, force: bool = False) -> PluginR
         return PluginResult(stack=stack.name, message=(
             f"sglang {project.version} has no plugin framework (SGLang {FRAMEWORK_SINCE}+): "
             "no plugin wheel for this stack; its patched sglang wheel is the way there"))
-    series = load_series(ws.series_dir(project))
+    if series is None:
+        series = load_series(ws.series_dir(project))
     ids = [p.subject.split()[0] for p in series.patches]
     cache = ws.state_dir / "plugins" / stack.name
     # The spec depends on the pin, the series and the generator only: with those unchanged
     # a rebuild touches no fork tree.
     key = hashlib.sha256(json.dumps({
-        "project": asdict(project), "series": series.digest,
+        "project": project.build_inputs(), "series": series.digest,
         "generator": hashlib.sha256(Path(generate_module.__file__).read_bytes()).hexdigest(),
     }, sort_keys=True, default=str).encode()).hexdigest()[:24]
     spec_file = cache / f"spec-{key}.json"

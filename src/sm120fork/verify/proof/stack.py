@@ -20,6 +20,9 @@ from pathlib import Path
 from sm120fork.cuda.arch import REFERENCE_ARCH, SHIPPED_SM12X_ARCH
 from sm120fork.declare import Stack
 from sm120fork.errors import VerifyError
+from sm120fork.gpu import sglang_layer
+from sm120fork.layouts import LAYOUTS, adapter
+from sm120fork.layouts.results import CheckResult
 from sm120fork.package.publish import ProjectBuild
 from sm120fork.package.stack import build_project
 from sm120fork.patch.series import Patch, load_series
@@ -36,7 +39,6 @@ from sm120fork.verify.proof.patches import (
 )
 from sm120fork.verify.proof.run import prove
 from sm120fork.verify.proof.verdict import ProofReport
-from sm120fork.verify.sglang import CheckResult, check_sglang
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -90,10 +92,13 @@ def patch_id(patch: Patch) -> str:
     return patch.subject.split()[0]
 
 
-def fingerprint_check(build: ProjectBuild, patch: Patch) -> tuple[str, bool]:
-    rows = [r for r in build.entry["artifact_check"] if r["patch"] == patch.name]
-    ok = bool(rows) and all(r["passed"] for r in rows)
-    return (f"fingerprint in wheel, absent upstream ({len(rows)} string(s)): "
+def fingerprint_check(builds: Sequence[ProjectBuild], patch: Patch) -> tuple[str, bool]:
+    """The build's artifact check of ``patch``, in every wheel of the project."""
+    per_wheel = [[r for r in b.entry.artifact_check if r.patch == patch.name] for b in builds]
+    ok = bool(per_wheel) and all(rows and all(r.passed for r in rows) for rows in per_wheel)
+    count = len(per_wheel[0]) if per_wheel else 0
+    where = "wheel" if len(builds) == 1 else f"each of {len(builds)} wheels"
+    return (f"fingerprint in {where}, absent upstream ({count} string(s)): "
             f"{'pass' if ok else 'FAIL'}"), ok
 
 
@@ -120,7 +125,8 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     gate_variant: str | None = None
     sglang: list[CheckResult] = []
     with ws.lock():
-        builds = {key: build_project(ws, stack, stack.project(key), force=force)
+        builds = {key: build_project(ws, stack, stack.project(key), series=series[key],
+                                     force=force)
                   for key in patches}
         for key in proof_projects:
             gate = [p for p in patches[key] if any(c.text == "proof:jit-gate" for c in claims(p))]
@@ -138,18 +144,28 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
                           force_compile=(SHIPPED_SM12X_ARCH,),
                           host_archs=(SHIPPED_SM12X_ARCH,), python=python)
         for key in needs(patches, "sglang"):
-            log.info("SGLang behaviour checks of %s (patched vs unpatched)", key)
-            sglang += check_sglang(_tree(ws, stack, key, patches[key], FULL, force),
+            project = stack.project(key)
+            if not project.layout:
+                raise VerifyError(f"patches of {key} claim sglang:* evidence, but the project "
+                                  "names no upstream layout to check them with",
+                                  where=str(stack.path),
+                                  fix=f"set projects.{key}.layout (one of: "
+                                      f"{', '.join(LAYOUTS)})")
+            log.info("SGLang behaviour checks of %s (layout %s, patched vs unpatched)", key,
+                     project.layout)
+            checks = adapter(project.layout, "checks")
+            sglang += checks.check(_tree(ws, stack, key, patches[key], FULL, force),
                                    baseline=_tree(ws, stack, key, (), UNPATCHED, force),
-                                   python=python or sys.executable)
+                                   python=python or sys.executable,
+                                   cache=ws.state_dir / "probe", layer=sglang_layer.run_case)
     ctx = Context(root=ws.root, proof=proof, gate_variant=gate_variant,
                   behaviour=tuple((r.name, r.capability, r.passed) for r in sglang))
     verdicts: list[PatchVerdict] = []
-    for key, build in builds.items():
+    for key, made in builds.items():
         for patch in patches[key]:
-            fp_text, fp_ok = fingerprint_check(build, patch)
+            fp_text, fp_ok = fingerprint_check(made, patch)
             outcomes: list[Outcome] = [check(c, ctx) for c in claims(patch)]
-            artifacts = [build.wheel.name]
+            artifacts = [", ".join(b.wheel.name for b in made)]
             kinds = {o.claim.partition(":")[0] for o in outcomes}
             if "proof" in kinds:
                 artifacts.append(f"{'/'.join(proof.archs if proof else archs)} cubins and "
@@ -163,10 +179,12 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
                                    for o in outcomes)),
                 artifact="; ".join(artifacts), evidence=evidence_label(outcomes),
                 passed=fp_ok and all(o.passed for o in outcomes)))
+    # One line per project: the series is one; a project of several wheels (one per
+    # Python and platform, the same patched files in each) is named by its first.
     provenance = tuple(
         Provenance(project=key, series=stack.project(key).series,
-                   series_digest=series[key].digest, wheel=build.wheel.name,
-                   wheel_sha256=build.sha256)
-        for key, build in builds.items())
+                   series_digest=series[key].digest, wheel=made[0].wheel.name,
+                   wheel_sha256=made[0].sha256)
+        for key, made in builds.items())
     return VerifyResult(stack=stack.name, provenance=provenance, verdicts=tuple(verdicts),
                         proof=proof, sglang=tuple(sglang), seconds=time.monotonic() - start)

@@ -1,9 +1,9 @@
-"""Behaviour checks of a patched SGLang tree, on a CPU machine.
+"""Layout ``communicator`` (SGLang 0.5.10): behaviour checks of a patched tree, on a CPU.
 
 The SGLang series (S1-S4) changes decisions that depend on the GPU, so the checks run
 the real ``server_args``, ``layers.communicator``, ``layers.layernorm`` and
 ``layers.flashinfer_comm_fusion`` of a tree with only the GPU query faked (see
-``harness.fake_gpu``).  Every probe runs in its own interpreter with
+``layouts.communicator.probe``).  Every probe runs in its own interpreter with
 ``PYTHONPATH=<tree>/python``, so a patched and an unpatched tree never meet in one
 process and the module-level GPU gates are evaluated afresh per capability.
 
@@ -30,17 +30,21 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import CommandError, VerifyError
-from sm120fork.gpu import sglang_layer
+from sm120fork.layouts.results import (
+    REQUIREMENTS,
+    RESULT_MARKER,
+    CheckResult,
+    LayerOutcome,
+    LayerRunner,
+    compact,
+)
 from sm120fork.util import proc
 
-PROBE_MODULE = "sm120fork.harness.fake_gpu"
-RESULT_MARKER = "SM120FORK-PROBE-RESULT "
-REQUIREMENTS = "pip install --group sglang-probe  # in the checkout, pip >= 25.1"
+PROBE_MODULE = "sm120fork.layouts.communicator.probe"
 
 SM12X = ("12.0", "12.1")
 UNCHANGED = ("8.0", "9.0", "10.0")
@@ -55,18 +59,6 @@ OLD_CUDA = "12.8"
 TOGETHER_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
                   "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises",
                   "no-p2p")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckResult:
-    """One observed behaviour against the one expected; values are compact JSON."""
-
-    name: str
-    capability: str
-    expected: str
-    observed: str
-    passed: bool
-    detail: str
 
 
 def _tp(scenario: str) -> int:
@@ -118,15 +110,11 @@ FALLBACKS: dict[str, tuple[str, Any]] = {
 }
 
 
-def _compact(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
 def run_probe(tree: Path, suite: str, capability: str | None, *,
               python: str | os.PathLike[str] = sys.executable,
               timeout: float = 600, cuda: str | None = None) -> list[dict[str, Any]]:
     """Run one probe suite against ``tree`` in a fresh interpreter; its observations."""
-    package_root = Path(__file__).resolve().parents[2]
+    package_root = Path(__file__).resolve().parents[3]
     request: dict[str, Any] = {"suite": suite}
     if capability is not None:
         request["capability"] = [int(part) for part in capability.split(".")]
@@ -156,7 +144,7 @@ def _results(observations: Iterable[Mapping[str, Any]], capability: str, prefix:
     results = []
     for obs in observations:
         name = str(obs["name"])
-        expected, observed = _compact(expect[name]), _compact(obs["observed"])
+        expected, observed = compact(expect[name]), compact(obs["observed"])
         results.append(CheckResult(
             name=f"{prefix} {name}", capability=capability, expected=expected,
             observed=observed, passed=expected == observed,
@@ -169,7 +157,7 @@ def _decision_prefix(scenario: str) -> str:
     return "S1" if scenario.startswith("explicit-flag") else "S2"
 
 
-def check_sglang(tree: Path, *, baseline: Path | None,
+def check_sglang(tree: Path, *, baseline: Path | None, layer: LayerRunner,
                  python: str | os.PathLike[str] = sys.executable,
                  jobs: int | None = None, timeout: float = 600) -> list[CheckResult]:
     """Check the SM12x behaviour of ``tree`` and that 8.0/9.0/10.0 decide as upstream.
@@ -177,8 +165,10 @@ def check_sglang(tree: Path, *, baseline: Path | None,
     ``tree`` and ``baseline`` are repository roots with the package under ``python/``
     (``baseline`` unpatched upstream; None compares 8.0/9.0/10.0 with the known upstream
     decisions instead).  ``python`` is an interpreter with the ``sglang-probe`` group
-    installed.  Raises ``VerifyError`` if a probe cannot run; a behaviour that differs is
-    a result with ``passed=False``, not an exception.
+    installed; ``layer`` runs one two-rank case of the GPU layer harness on the CPU
+    (:func:`sm120fork.gpu.sglang_layer.run_case`).  Raises ``VerifyError`` if a probe
+    cannot run; a behaviour that differs is a result with ``passed=False``, not an
+    exception.
     """
     for root in (tree, baseline):
         if root is not None and not (root / "python" / "sglang").is_dir():
@@ -198,7 +188,8 @@ def check_sglang(tree: Path, *, baseline: Path | None,
             for run in runs
         }
         together = {
-            case: pool.submit(sglang_layer.run_case, case, sglang_path=tree / "python",
+            case: pool.submit(layer, case, sglang_path=tree / "python",
+                              layout="communicator",
                               python=python, device="cpu", tokens=(3, 16), timeout=30,
                               start_timeout=timeout)
             for case in TOGETHER_CASES
@@ -240,7 +231,7 @@ def check_sglang(tree: Path, *, baseline: Path | None,
     return results
 
 
-def _together_result(case: str, outcome: sglang_layer.CaseOutcome) -> CheckResult:
+def _together_result(case: str, outcome: LayerOutcome) -> CheckResult:
     """One two-rank case: every rank's paths, correctness, warnings and gate afterwards."""
     observed = [{
         "paths": sorted({s["path"] for s in obs["steps"]}),
@@ -254,6 +245,12 @@ def _together_result(case: str, outcome: sglang_layer.CaseOutcome) -> CheckResul
     warnings = [obs["warnings"][0] for obs in outcome.ranks if obs["warnings"]]
     detail = " | ".join([*outcome.problems, *warnings[:1]])
     return CheckResult(name=f"S4 two ranks: {case}", capability="12.0",
-                       expected=_compact(expected),
-                       observed=_compact(observed) if not outcome.hung else '"hung"',
+                       expected=compact(expected),
+                       observed=compact(observed) if not outcome.hung else '"hung"',
                        passed=outcome.passed and observed == expected, detail=detail)
+
+
+def check(tree: Path, *, baseline: Path | None, python: str | os.PathLike[str],
+          cache: Path, layer: LayerRunner) -> list[CheckResult]:
+    """The layout's entry point for ``verify-sm120`` (``cache`` is unused here)."""
+    return check_sglang(tree, baseline=baseline, layer=layer, python=python)

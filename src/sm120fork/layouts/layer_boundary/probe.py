@@ -1,6 +1,6 @@
-"""Probe of the real SGLang 0.5.23 gate functions with a faked GPU, run by ``verify.sglang_0523``.
+"""Probe of layout ``layer_boundary``'s gate functions (SGLang 0.5.23) with a faked GPU.
 
-Run as ``python -m sm120fork.verify.sglang_0523_probe '<json request>'`` in a fresh interpreter
+Run as ``python -m sm120fork.layouts.layer_boundary.probe '<json request>'`` in a fresh interpreter
 with ``PYTHONPATH=<overlay>:<tree>/python:<toolkit src>``.  It reuses the 0.5.10 probe's
 GPU fake (``torch.cuda`` capability and device name, ``torch.version.cuda``, stubs for the
 GPU-only packages); the CUDA driver bindings that the workspace preflight calls are a
@@ -8,7 +8,7 @@ small fake as well.  Everything else is SGLang's own code: ``ServerArgs``, its
 resolution passes, its runtime context (published through SGLang's own
 ``override_server_args`` test facility) and the four gated modules.
 
-The probe observes; ``verify.sglang_0523`` judges.  It prints one line
+The probe observes; ``layouts.layer_boundary.checks`` judges.  It prints one line
 ``SM120FORK-PROBE-RESULT <json>``: a list of ``{"name", "observed", "detail"}``.
 Like the 0.5.10 probe it imports nothing of the toolkit but that probe.
 """

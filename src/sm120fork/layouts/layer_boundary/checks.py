@@ -1,6 +1,6 @@
-"""Behaviour checks of the SGLang 0.5.23 series (G1-G5) on a CPU machine.
+"""Layout ``layer_boundary`` (SGLang 0.5.23): behaviour checks of G1-G5, on a CPU.
 
-The probe (``verify.sglang_0523_probe``) runs the real 0.5.23 gate functions of a tree with only
+The probe (``layouts.layer_boundary.probe``) runs the real 0.5.23 gate functions of a tree with only
 the GPU faked, at compute capabilities 8.0, 9.0, 10.0, 12.0 and 12.1, in one fresh
 interpreter per (tree, capability).  What is checked:
 
@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import CommandError, VerifyError
+from sm120fork.layouts.results import RESULT_MARKER, CheckResult, LayerRunner, compact
 from sm120fork.util import proc
-from sm120fork.verify.sglang import RESULT_MARKER, CheckResult, _compact
 
-PROBE_MODULE = "sm120fork.verify.sglang_0523_probe"
-OVERLAY_REQUIREMENTS = Path(__file__).with_name("sglang_0523_requirements.txt")
+PROBE_MODULE = "sm120fork.layouts.layer_boundary.probe"
+OVERLAY_REQUIREMENTS = Path(__file__).with_name("requirements.txt")
 SUITES = ("resolve", "auto", "applies", "plain", "preflight")
 SM12X = ("12.0", "12.1")
 UNCHANGED = ("8.0", "9.0", "10.0")
@@ -65,7 +65,7 @@ def ensure_overlay(cache_dir: Path, *, python: str | os.PathLike[str] = sys.exec
         proc.run([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(staging),
                   "-r", str(requirements)])
     except CommandError as exc:
-        raise VerifyError("installing the SGLang 0.5.23 probe overlay failed",
+        raise VerifyError("installing the layer_boundary probe overlay failed",
                           where=str(requirements), detail=exc.detail,
                           fix="check the package index is reachable") from exc
     (staging / ".complete").write_text(digest + "\n")
@@ -77,7 +77,7 @@ def run_probe(tree: Path, capability: str, *, overlay: Path, pycache: Path,
               python: str | os.PathLike[str] = sys.executable,
               timeout: float = 600) -> list[dict[str, Any]]:
     """Every suite against ``tree`` at ``capability`` in a fresh interpreter."""
-    package_root = Path(__file__).resolve().parents[2]
+    package_root = Path(__file__).resolve().parents[3]
     request = {"capability": [int(part) for part in capability.split(".")],
                "suites": list(SUITES)}
     env = {
@@ -89,14 +89,14 @@ def run_probe(tree: Path, capability: str, *, overlay: Path, pycache: Path,
         completed = proc.run([python, "-m", PROBE_MODULE, json.dumps(request)],
                              cwd=tree, env=env, timeout=timeout)
     except CommandError as exc:
-        raise VerifyError(f"the SGLang 0.5.23 probe (capability {capability}) failed",
+        raise VerifyError(f"the layer_boundary probe (capability {capability}) failed",
                           where=str(tree), detail=exc.detail,
                           fix="install the probe's requirements and its overlay") from exc
     for line in reversed(completed.stdout.splitlines()):
         if line.startswith(RESULT_MARKER):
             results: list[dict[str, Any]] = json.loads(line.removeprefix(RESULT_MARKER))
             return results
-    raise VerifyError("the SGLang 0.5.23 probe printed no result", where=str(tree),
+    raise VerifyError("the layer_boundary probe printed no result", where=str(tree),
                       detail="\n".join(completed.stderr.splitlines()[-40:]))
 
 
@@ -145,12 +145,12 @@ def _expected_auto(scenario: str) -> Any:
 
 def _check(name: str, capability: str, expected: Any, obs: Mapping[str, Any],
            *, prefix: str, note: str = "", require_in_detail: str = "") -> CheckResult:
-    observed = _compact(obs["observed"])
+    observed = compact(obs["observed"])
     detail = str(obs["detail"])
-    passed = _compact(expected) == observed and (not require_in_detail
+    passed = compact(expected) == observed and (not require_in_detail
                                                  or require_in_detail in detail)
     return CheckResult(name=f"{prefix} {name}", capability=capability,
-                       expected=_compact(expected), observed=observed, passed=passed,
+                       expected=compact(expected), observed=observed, passed=passed,
                        detail=" ".join(part for part in (detail, note) if part))
 
 
@@ -193,7 +193,7 @@ def _preflight_check(name: str, cap: str, obs: Mapping[str, Any],
                      baseline: Mapping[str, Mapping[str, Any]]) -> CheckResult:
     """Without multicast: upstream's sizes at allocation granularity, never asking for mc."""
     scenario = name.partition(": ")[2]
-    upstream = _compact(baseline[name]["observed"])
+    upstream = compact(baseline[name]["observed"])
     if scenario == "no multicast":
         reference = baseline["preflight: multicast at allocation granularity"]["observed"]
         expected: Any = {"multicast_queried": False, "sizes": reference["sizes"]}
@@ -205,7 +205,7 @@ def _preflight_check(name: str, cap: str, obs: Mapping[str, Any],
     return _check(name, cap, expected, obs, prefix="G4", note=note)
 
 
-def check_sglang_0523(tree: Path, *, baseline: Path, overlay: Path, pycache: Path,
+def check_trees(tree: Path, *, baseline: Path, overlay: Path, pycache: Path,
                       python: str | os.PathLike[str] = sys.executable,
                       jobs: int | None = None, timeout: float = 600) -> list[CheckResult]:
     """Check ``tree`` (patched) against ``baseline`` (unpatched upstream 0.5.23).
@@ -232,3 +232,16 @@ def check_sglang_0523(tree: Path, *, baseline: Path, overlay: Path, pycache: Pat
             pool.shutdown(wait=False, cancel_futures=True)
             raise
     return judge(observed)
+
+
+def check(tree: Path, *, baseline: Path | None, python: str | os.PathLike[str],
+          cache: Path, layer: LayerRunner) -> list[CheckResult]:
+    """The layout's entry point for ``verify-sm120``: the overlay and byte code under
+    ``cache``; ``baseline`` (unpatched upstream) is required.  (The G series has no
+    two-rank layer cases yet: ``layer`` is unused.)"""
+    if baseline is None:
+        raise VerifyError("the layer_boundary checks compare with unpatched upstream",
+                          where=str(tree), fix="pass the unpatched tree as baseline")
+    overlay = ensure_overlay(cache, python=python)
+    return check_trees(tree, baseline=baseline, overlay=overlay, pycache=cache / "pycache",
+                       python=python)

@@ -1,0 +1,218 @@
+"""Probe of layout ``communicator`` (SGLang 0.5.10) with a faked GPU: its scenarios.
+
+Run as ``python -m sm120fork.layouts.communicator.probe '<json request>'`` in a fresh
+interpreter with ``PYTHONPATH=<tree>/python``.  The modules under test (``server_args``,
+``layers.communicator``, ``layers.layernorm``, ``layers.flashinfer_comm_fusion``) are
+imported for real; the GPU is faked by :mod:`sm120fork.harness.fake_gpu`.  The probe
+observes; ``layouts.communicator.checks`` judges.  Imports nothing of ``sm120fork`` beyond
+that machinery: it runs beside the tree under test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sys
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from sm120fork.harness.fake_gpu import (
+    Observation,
+    _module,
+    captured_logs,
+    emit,
+    environ,
+    start_probe,
+)
+
+#: One of the model architectures upstream auto-enables the fusion for.
+FUSION_MODEL_ARCH = "Qwen3MoeForCausalLM"
+SM120_ENV = "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO"
+BATCH = 16
+
+def _server_args(**overrides: Any) -> Any:
+    """A ServerArgs with its field defaults, without running __post_init__."""
+    ServerArgs = _module("sglang.srt.server_args").ServerArgs  # noqa: N806
+
+    args: Any = ServerArgs.__new__(ServerArgs)
+    for field in dataclasses.fields(ServerArgs):
+        if field.default is not dataclasses.MISSING:
+            setattr(args, field.name, field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            setattr(args, field.name, field.default_factory())
+    args.model_path = "sm120fork/probe-model"
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    hf_config = types.SimpleNamespace(architectures=[FUSION_MODEL_ARCH])
+    args.get_model_config = lambda: types.SimpleNamespace(hf_config=hf_config)
+    return args
+
+
+def _decide(*, tp: int, explicit: bool, env: str | None, enforce_disable: bool) -> Observation:
+    """Run upstream's model-specific adjustments, then ask the communicator gate."""
+    sa = _module("sglang.srt.server_args")
+    communicator = _module("sglang.srt.layers.communicator")
+
+    args = _server_args(
+        tp_size=tp,
+        enable_flashinfer_allreduce_fusion=explicit,
+        enforce_disable_flashinfer_allreduce_fusion=enforce_disable,
+    )
+    with environ(SM120_ENV, env), captured_logs("sglang.srt.server_args") as logs:
+        try:
+            sa.ServerArgs._handle_model_specific_adjustments(args)
+        except ValueError as exc:
+            return {"observed": "error", "detail": str(exc)}
+    sa.set_global_server_args_for_scheduler(args)
+    fused = bool(communicator.apply_flashinfer_allreduce_fusion(BATCH))
+    flag = bool(args.enable_flashinfer_allreduce_fusion)
+    notes = [msg for _, msg in logs.lines if "AllReduce Fusion" in msg or "allreduce" in msg]
+    sm12x_lines = sum("on SM12x" in msg for _, msg in logs.lines)
+    return {"observed": {"flag": flag, "fused": fused, "sm12x_lines": sm12x_lines},
+            "detail": " | ".join(notes)}
+
+
+def decision_scenarios() -> list[tuple[str, dict[str, Any]]]:
+    """The decisions compared across capabilities and against upstream."""
+    scenarios: list[tuple[str, dict[str, Any]]] = []
+    for tp in (2, 4, 8):
+        scenarios.append((f"explicit-flag tp{tp}", {"tp": tp, "explicit": True}))
+    for tp in (1, 2, 4, 8):
+        scenarios.append((f"auto tp{tp}", {"tp": tp}))
+    for env in ("0", "off", "1", "on"):
+        for tp in (2, 4, 8):
+            scenarios.append((f"auto tp{tp} {SM120_ENV}={env}", {"tp": tp, "env": env}))
+    scenarios.append((f"auto tp2 {SM120_ENV}=maybe", {"tp": 2, "env": "maybe"}))
+    scenarios.append(("enforce-disable auto tp2", {"tp": 2, "enforce_disable": True}))
+    scenarios.append(
+        ("enforce-disable explicit tp4", {"tp": 4, "explicit": True, "enforce_disable": True})
+    )
+    return scenarios
+
+
+def run_decisions() -> list[Observation]:
+    results = []
+    for name, params in decision_scenarios():
+        observation = _decide(
+            tp=params["tp"],
+            explicit=params.get("explicit", False),
+            env=params.get("env"),
+            enforce_disable=params.get("enforce_disable", False),
+        )
+        results.append({"name": name, **observation})
+    return results
+
+
+def _reference_norm(x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:
+    """All-reduced x + residual, then RMSNorm, in float64 on the CPU."""
+    hidden = x.double() + residual.double()
+    variance = hidden.pow(2).mean(dim=-1, keepdim=True)
+    return hidden * (variance + eps).rsqrt() * weight.double(), hidden
+
+
+def _fallback_case() -> Observation:
+    """Fused norm whose fused call yields None: it must all-reduce, then add + norm.
+
+    The all-reduce is a recorder that adds a fixed "peer" partial sum, as a second rank
+    would; the fused call is replaced by one returning (None, None), as it does when the
+    workspace is unavailable (the real one is a CUDA-only torch op).
+    """
+    torch = _module("torch")
+    dist = _module("sglang.srt.distributed")
+    fusion = _module("sglang.srt.layers.flashinfer_comm_fusion")
+    RMSNorm = _module("sglang.srt.layers.layernorm").RMSNorm  # noqa: N806
+
+    hidden, tokens, eps = 64, 3, 1e-6
+    gen = torch.Generator().manual_seed(120)
+    x = torch.randn(tokens, hidden, generator=gen)
+    peer = torch.randn(tokens, hidden, generator=gen)
+    residual = torch.randn(tokens, hidden, generator=gen)
+    norm = RMSNorm(hidden, eps=eps)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(hidden, generator=gen) + 0.5)
+    # The CUDA kernel behind forward_cuda does not exist on a CPU; forward_native is
+    # the same norm in plain torch.  The code under test is the fallback around it.
+    norm._forward_method = norm.forward_native
+
+    calls: list[tuple[int, ...]] = []
+    tp_calls: list[tuple[int, ...]] = []
+
+    def attention_all_reduce(tensor: Any) -> Any:
+        calls.append(tuple(tensor.shape))
+        return tensor + peer
+
+    def tp_all_reduce(tensor: Any) -> Any:  # a TP group wider than the attention group
+        tp_calls.append(tuple(tensor.shape))
+        return tensor + 2 * peer
+
+    patches: dict[Any, dict[str, Any]] = {
+        dist: {
+            "attention_tensor_model_parallel_all_reduce": attention_all_reduce,
+            "tensor_model_parallel_all_reduce": tp_all_reduce,
+            "get_attn_tensor_model_parallel_world_size": lambda: 2,
+        },
+        fusion: {"flashinfer_allreduce_residual_rmsnorm": lambda **_: (None, None)},
+    }
+    with torch.no_grad(), _patched(patches):
+        out, residual_out = norm.forward_with_allreduce_fusion(
+            x.clone(), residual.clone(), use_attn_tp_group=True
+        )
+        want_out, want_residual = _reference_norm(x + peer, residual, norm.weight, eps)
+        out_ok = bool(torch.allclose(out.double(), want_out, rtol=1e-5, atol=1e-5))
+        residual_ok = bool(
+            torch.allclose(residual_out.double(), want_residual, rtol=1e-5, atol=1e-5)
+        )
+        max_err = float((out.double() - want_out).abs().max())
+    return {
+        "observed": {"attention_tp_all_reduce_calls": len(calls),
+                     "tp_all_reduce_calls": len(tp_calls),
+                     "matches_reference": out_ok and residual_ok},
+        "detail": f"all-reduce over the attention TP group called with {calls}, over the "
+                  f"TP group with {tp_calls}; max |norm - reference| = {max_err:.3g}",
+    }
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def _patched(patches: dict[Any, dict[str, Any]]) -> Iterator[None]:
+    """Set attributes for the duration; ones the tree lacks (upstream) are added."""
+    saved = [
+        (obj, key, getattr(obj, key, _MISSING)) for obj, attrs in patches.items() for key in attrs
+    ]
+    for obj, attrs in patches.items():
+        for key, value in attrs.items():
+            setattr(obj, key, value)
+    try:
+        yield
+    finally:
+        for obj, key, value in saved:
+            if value is _MISSING:
+                delattr(obj, key)
+            else:
+                setattr(obj, key, value)
+
+
+def run_fallbacks() -> list[Observation]:
+    """S3's all-reducing fallback (S4's failing closed runs on two ranks: gpu.sglang_layer)."""
+    return [{"name": "fused call returns None", **_fallback_case()}]
+
+
+SUITES: dict[str, Callable[[], list[Observation]]] = {
+    "decisions": run_decisions,
+    "fallbacks": run_fallbacks,
+}
+
+
+
+def main(argv: Sequence[str]) -> int:
+    request = json.loads(argv[0])
+    start_probe(request.get("capability"), cuda_version=str(request.get("cuda", "12.9")))
+    return emit(SUITES[request["suite"]]())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

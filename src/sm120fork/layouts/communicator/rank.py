@@ -1,0 +1,47 @@
+"""Layout ``communicator`` in the GPU layer harness's ranks (:mod:`sm120fork.gpu.sglang_rank`).
+
+Imports nothing beyond the standard library and :mod:`sm120fork.layouts`: it runs beside
+the tree under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+from sm120fork.layouts import Layer
+
+FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
+#: What the one fallback warning must say: S4's own words (this layout's series).
+WARNING_SAYS = "unfused path"
+
+
+def setup(group: Any) -> Layer:
+    """SGLang's TP groups backed by ``group``, server args with the fusion on."""
+    ps = importlib.import_module("sglang.srt.distributed.parallel_state")
+    for name in ("_TP", "_ATTN_TP", "_MOE_TP"):
+        setattr(ps, name, group)
+    sa = importlib.import_module("sglang.srt.server_args")
+    args: Any = sa.ServerArgs.__new__(sa.ServerArgs)
+    for field in dataclasses.fields(sa.ServerArgs):
+        if field.default is not dataclasses.MISSING:
+            setattr(args, field.name, field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            setattr(args, field.name, field.default_factory())
+    args.tp_size = group.world_size
+    args.enable_flashinfer_allreduce_fusion = True
+    sa.set_global_server_args_for_scheduler(args)
+    fusion = importlib.import_module(FUSION_MODULE)
+    communicator = importlib.import_module("sglang.srt.layers.communicator")
+    return Layer(
+        layout="communicator",
+        fusion=fusion,
+        layernorm=importlib.import_module("sglang.srt.layers.layernorm"),
+        gate=lambda tokens: bool(communicator.apply_flashinfer_allreduce_fusion(tokens)),
+        workspace_ready=lambda: bool(fusion._workspace_manager.initialized),
+    )
+
+
+def patch_gates_in_memory(layer: Layer) -> None:
+    raise ValueError("layout communicator has no in-memory gate patch: run a patched tree")

@@ -1,0 +1,61 @@
+"""Layout ``layer_boundary`` in the GPU layer harness's ranks (:mod:`sm120fork.gpu.sglang_rank`).
+
+Imports nothing beyond the standard library and :mod:`sm120fork.layouts`: it runs beside
+the tree under test.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from sm120fork.layouts import Layer
+
+FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
+ADD_NORM = "sglang.srt.layers.layer_boundary.residual.add_norm"
+#: What the one fallback warning must say: upstream already warns once per rank in its
+#: own words when workspace creation fails.
+WARNING_SAYS = "Disabling flashinfer allreduce fusion permanently"
+
+
+def setup(group: Any) -> Layer:
+    """The runtime context's server args (trtllm backend) and TP groups backed by ``group``."""
+    rc = importlib.import_module("sglang.srt.runtime_context")
+    rc.get_context().override_server_args(
+        flashinfer_allreduce_fusion_backend="trtllm", tp_size=group.world_size).install()
+    rc.get_parallel().override_permanently(
+        tp_size=group.world_size, tp_rank=group.rank, attn_tp_size=group.world_size,
+        attn_tp_rank=group.rank, tp_group=group, attn_tp_group=group)
+    fusion = importlib.import_module(FUSION_MODULE)
+    add_norm: Any = importlib.import_module(ADD_NORM)
+
+    def ready() -> bool:
+        manager = fusion._get_workspace_manager(True)
+        return bool(manager.initialized)
+
+    return Layer(
+        layout="layer_boundary",
+        fusion=fusion,
+        layernorm=importlib.import_module("sglang.srt.layers.layernorm"),
+        gate=lambda tokens: bool(add_norm.flashinfer_ar_fusion_applies(tokens)),
+        workspace_ready=ready,
+    )
+
+
+def patch_gates_in_memory(layer: Layer) -> None:
+    """Stock upstream only: let its gates accept SM12x, as the G1/G3 patches do.
+
+    ``_resolve_backend`` answers "trtllm" on one node; ``flashinfer_ar_fusion_applies``
+    reads ``_is_sm90_supported``, which is set when the (stubbed) device is 12.x.
+    """
+    fusion = layer.fusion
+    add_norm: Any = importlib.import_module(ADD_NORM)
+    real_resolve = fusion._resolve_backend
+
+    def resolve(backend: str, is_multi_node: bool = False) -> str:
+        if backend in ("trtllm", "auto") and not is_multi_node:
+            return "trtllm"
+        return str(real_resolve(backend, is_multi_node))
+
+    fusion._resolve_backend = resolve
+    add_norm._is_sm90_supported = True

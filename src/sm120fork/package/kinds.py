@@ -1,0 +1,196 @@
+"""The source kinds a project is built from, as a registry: one class per kind.
+
+Each kind says what it downloads (once per build, before the projects build side by side)
+and how it turns a project and its series into checked wheels and their manifest entries.
+:func:`sm120fork.package.stack.build_project` is the one entry point for every kind; it
+picks the kind with :func:`kind_for`.  A new kind is a class here and a line in ``KINDS``.
+
+- ``sdist``, ``git``: the fork tree (pinned upstream + series) is built with pypa/build;
+- ``wheel``: the series is applied to a tree laid out like the repository and each pinned
+  wheel is repacked with the changed files (every other file keeps its bytes);
+- ``as-published``: the series is empty and the project pins published wheels: they ship
+  as they are (``used_as_published`` in the manifest).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from sm120fork import __version__
+from sm120fork.declare import Project, Stack
+from sm120fork.fetch.sdist import download_sdist
+from sm120fork.fetch.source import Progress
+from sm120fork.fetch.wheel import download_wheels
+from sm120fork.package.artifact import FingerprintResult, check_wheel, require_passed
+from sm120fork.package.entry import ManifestEntry, PatchRecord, SourceRecord
+from sm120fork.package.repack import check_same_preimage, check_series_for_wheel, repack_wheel
+from sm120fork.package.wheel import build_wheel
+from sm120fork.patch.series import Series
+from sm120fork.patch.tree import prepare_tree
+from sm120fork.util.files import atomic_copy, sha256_file
+from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+
+#: Called as ``stage(project_key, what)`` as a project moves on ("patching", each line
+#: of the wheel build, "checking the wheel"): the CLI's live progress line.
+Stage = Callable[[str, str], None]
+
+
+def no_stage(project: str, what: str) -> None:
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One project of one stack to build, with its series (loaded once per build)."""
+
+    ws: Workspace
+    stack: Stack
+    project: Project
+    series: Series
+    force: bool = False
+    progress: Progress | None = None
+    stage: Stage = no_stage
+
+    def entry(self, *, version: str, source: SourceRecord, wheel: Path, sha256: str,
+              used_as_published: bool = False, patched_commit: str | None = None,
+              tree: str | None = None, changed_files: tuple[str, ...] | None = None,
+              artifact_check: tuple[FingerprintResult, ...] = ()) -> ManifestEntry:
+        """The manifest entry of one wheel: the project's and series' fields, and the kind's."""
+        git = self.project.git
+        return ManifestEntry(
+            project=self.project.key, distribution=self.project.distribution,
+            upstream_version=self.project.version, version=version,
+            upstream_commit=git.commit if git else None,
+            upstream_commit_verified=git.commit_verified if git else False,
+            source=source, series=self.project.series, series_digest=self.series.digest,
+            patches=tuple(PatchRecord.of(p) for p in self.series.patches),
+            wheel=wheel.name, sha256=sha256, toolkit_version=__version__,
+            used_as_published=used_as_published, patched_commit=patched_commit, tree=tree,
+            changed_files=changed_files, artifact_check=artifact_check)
+
+
+class SourceKind(Protocol):
+    #: The kind's name in the registry.
+    name: str
+    #: The kind its build cache is keyed by (kinds that share inputs share a key).
+    cache_kind: str
+
+    def download(self, job: Job) -> list[Path]:
+        """The kind's downloads, cached and sha256-checked."""
+
+    def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
+        """Build and check the project's wheels into ``staging``; their entries."""
+
+
+class FromSource:
+    """An sdist or a git commit, patched in a fork tree and built with pypa/build."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.cache_kind = name
+
+    def download(self, job: Job) -> list[Path]:
+        if self.name != "sdist":
+            return []  # a git source is fetched into the fork tree itself
+        return [download_sdist(job.project, job.ws.sdist_cache, job.progress)]
+
+    def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
+        project, key = job.project, job.project.key
+        job.stage(key, "fetching and patching")
+        tree = prepare_tree(job.ws, job.stack, project, patches=job.series.patches,
+                            force=job.force, progress=job.progress)
+        job.stage(key, "building the wheel")
+        wheel = build_wheel(project, tree.repo, staging,
+                            on_line=lambda line: job.stage(key, f"building: {line}"))
+        job.stage(key, "checking the wheel")
+        results = check_wheel(wheel, project, job.series, tree.repo)
+        require_passed(results, project)
+        source = SourceRecord(
+            kind=self.name, digest=tree.state.source.split(":", 1)[1],
+            filename=project.sdist_pin.filename if self.name == "sdist" else None,
+            url=project.git_pin.url if self.name == "git" else None)
+        return [job.entry(version=project.local_version, source=source, wheel=wheel,
+                          sha256=sha256_file(wheel), patched_commit=tree.state.head,
+                          tree=tree.repo.tree_hash(), artifact_check=tuple(results))]
+
+
+class RepackedWheels:
+    """Published wheels, the series applied to a tree laid out like the repository and
+    each wheel repacked with the changed files (``source = "wheel"``)."""
+
+    name = "wheel"
+    cache_kind = "wheel"
+
+    def download(self, job: Job) -> list[Path]:
+        return download_wheels(job.project, job.ws.wheel_cache, job.progress)
+
+    def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
+        project, series = job.project, job.series
+        changed = check_series_for_wheel(project, series, inputs[0], stack=job.stack.name)
+        for other in inputs[1:]:
+            check_same_preimage(inputs[0], other, list(changed.values()))
+        job.stage(project.key, "fetching and patching")
+        tree = prepare_tree(job.ws, job.stack, project, patches=series.patches,
+                            force=job.force, progress=job.progress)
+        replacements = {member: (tree.path / path).read_bytes()
+                        for path, member in changed.items()}
+        epoch = tree.repo("log", "-1", "--format=%ct", quiet=True)
+        entries = []
+        for pin, original in zip(project.wheels, inputs, strict=True):
+            job.stage(project.key, f"repacking {original.name}")
+            wheel = repack_wheel(project, original, replacements, staging,
+                                 source_date_epoch=epoch)
+            results = check_wheel(wheel, project, series, tree.repo)
+            require_passed(results, project)
+            entries.append(job.entry(
+                version=project.local_version, wheel=wheel, sha256=sha256_file(wheel),
+                source=SourceRecord(kind="wheel", digest=pin.sha256, filename=pin.filename,
+                                    url=pin.url or None),
+                patched_commit=tree.state.head, tree=tree.repo.tree_hash(),
+                changed_files=tuple(sorted(changed.values())), artifact_check=tuple(results)))
+        return entries
+
+
+class AsPublished:
+    """An empty series and pinned published wheels: they ship byte for byte."""
+
+    name = "as-published"
+    cache_kind = "wheel"
+
+    def download(self, job: Job) -> list[Path]:
+        return download_wheels(job.project, job.ws.wheel_cache, job.progress)
+
+    def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
+        entries = []
+        for pin, original in zip(job.project.wheels, inputs, strict=True):
+            atomic_copy(original, staging / original.name)
+            entries.append(job.entry(
+                version=job.project.version, wheel=original, sha256=pin.sha256,
+                source=SourceRecord(kind="wheel", digest=pin.sha256, filename=pin.filename,
+                                    url=pin.url or None),
+                used_as_published=True))
+            log.info("%s: %s used as published (sha256 %s)", job.project.key, pin.filename,
+                     pin.sha256[:12])
+        return entries
+
+
+KINDS: dict[str, SourceKind] = {
+    "sdist": FromSource("sdist"),
+    "git": FromSource("git"),
+    "wheel": RepackedWheels(),
+    "as-published": AsPublished(),
+}
+
+
+def kind_for(project: Project, series: Series) -> SourceKind:
+    """The project's kind: its declared ``source``, or as published when its series is
+    empty and it pins published wheels."""
+    if not series.patches and project.wheels:
+        return KINDS["as-published"]
+    return KINDS[project.source]
