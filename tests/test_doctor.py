@@ -135,6 +135,7 @@ def stub_probes(facts: dict[str, Any]) -> probe.Probes:
         gpus=lambda: facts["gpus"], torch=lambda: facts["torch"], peers=peers,
         installed=pkgs.get, requirements=lambda d: facts["requires"].get(d, []),
         plugin=lambda: facts["plugin"], nvcc=lambda: facts["nvcc"],
+        plugin_framework=lambda: facts.get("sglang_plugin_framework"),
         flashinfer=lambda caps: facts["flashinfer"],
         decisions=lambda sizes: facts["decisions"], topology=lambda: None,
         environ=facts["environ"])
@@ -219,7 +220,7 @@ def test_a_marker_whose_digest_does_not_match_is_not_loaded() -> None:
 
 
 def fake_flashinfer(root: Path, version: str = "0.6.7.post3+sm120.1",
-                    floor: str = "12.9") -> Path:
+                    floor: str = "12.9", verdicts: bool = False) -> Path:
     """A package laid out like FlashInfer's (version, jit.env, compilation_context,
     jit.cpp_ext, jit.core, jit.comm) with the real jit/provenance.py of patch 0002."""
     pkg = root / "flashinfer"
@@ -308,6 +309,23 @@ def gen_trtllm_comm_module():
     return JitSpec("trtllm_comm")
 ''',
     }
+    if verdicts:   # a build that searches provider folders too (JitSpec.prebuilt_verdicts)
+        files["jit/env.py"] += (
+            "def prebuilt_provider_dirs():\n"
+            "    return ((\"sm120fork\", _package_root.parent / \"provider\" / \"jit_cache\"),)\n")
+        files["jit/core.py"] += '''
+def _verdicts(self):
+    out = []
+    for folder in [d for _, d in jit_env.prebuilt_provider_dirs()] + [jit_env.FLASHINFER_AOT_DIR]:
+        so = folder / self.name / f"{self.name}.so"
+        if so.exists():
+            why = provenance.prebuilt_mismatch(so, jit_env.FLASHINFER_CSRC_DIR,
+                                               jit_env.FLASHINFER_INCLUDE_DIR)
+            out.append((so, why is None, why or "built from this build's sources"))
+    return out
+JitSpec.prebuilt_verdicts = _verdicts
+JitSpec.is_aot = property(lambda self: any(load for _, load, _ in self.prebuilt_verdicts()))
+'''
     for name, text in files.items():
         (pkg / name).write_text(text)
     hunk = PROVENANCE_PATCH.read_text().partition("+++ b/flashinfer/jit/provenance.py\n")[2]
@@ -357,17 +375,41 @@ def test_the_probe_asks_flashinfer_where_it_loads_from(tmp_path: Path) -> None:
     assert again["provenance"]["mismatch"] is None
 
 
+def test_the_probe_reports_every_prebuilt_copy_as_flashinfer_judges_it(tmp_path: Path) -> None:
+    pkg = fake_flashinfer(tmp_path / "site", verdicts=True)
+    stock = pkg / "data" / "aot" / "trtllm_comm"
+    stock.mkdir(parents=True)
+    (stock / "trtllm_comm.so").write_bytes(b"\x7fELF stock")
+    ours = tmp_path / "site" / "provider" / "jit_cache" / "trtllm_comm"
+    ours.mkdir(parents=True)
+    (ours / "trtllm_comm.so").write_bytes(b"\x7fELF ours")
+    first = ask_flashinfer(tmp_path / "site", tmp_path / "ws", FAKE_CUDA="13.0",
+                           FAKE_GPUS="12.0")
+    (ours / "trtllm_comm.so.sources").write_text(first["comm"]["provenance"]["sources"])
+    facts = ask_flashinfer(tmp_path / "site", tmp_path / "ws", FAKE_CUDA="13.0",
+                           FAKE_GPUS="12.0")
+    assert facts["prebuilt_providers"] == [["sm120fork", str(ours.parent)]]
+    copies = facts["comm"]["copies"]
+    assert [(Path(c["path"]), c["load"]) for c in copies] == [
+        (ours / "trtllm_comm.so", True), (stock / "trtllm_comm.so", False)]
+    report = rules.judge(box(2, nvcc=None, flashinfer=facts))
+    assert report.blockers == []
+    assert f"trtllm_comm: prebuilt {stock / 'trtllm_comm.so'}: NOT loaded: no sources digest " \
+           "beside it (trtllm_comm.so.sources)" in report.text_of("comm module")
+    assert report.sections["comm_module"]["loads_from"] == "prebuilt"
+
+
 # --- item 2: the CUDA version that counts ---------------------------------------------------
 
-def test_without_nvcc_torch_cuda_12_8_is_refused_by_flashinfer_0_6_7(tmp_path: Path) -> None:
-    facts = ask_flashinfer(fake_flashinfer(tmp_path / "site").parent, tmp_path / "ws",
-                           FAKE_CUDA="12.8", FAKE_GPUS="12.0")
+def test_without_nvcc_torch_cuda_12_8_is_refused_by_stock_flashinfer_0_6_7(tmp_path: Path) -> None:
+    facts = ask_flashinfer(fake_flashinfer(tmp_path / "site", version="0.6.7.post3").parent,
+                           tmp_path / "ws", FAKE_CUDA="12.8", FAKE_GPUS="12.0")
     assert facts["archs"]["12.0"] == {"error": "SM 12.x requires CUDA >= 12.9", "floor": "12.9"}
     assert facts["comm"] == {"spec_error": "No supported CUDA architectures found for major "
                                            "versions [9, 10, 12]."}
     report = rules.judge(box(2, nvcc=None, flashinfer=facts, packages={
-        "flashinfer-python": "0.6.7.post3+sm120.1", "sglang": "0.5.10.post1+sm120.1"}))
-    assert any(b.startswith("comm module: flashinfer 0.6.7.post3+sm120.1 refuses compute "
+        "flashinfer-python": "0.6.7.post3", "sglang": "0.5.10.post1"}))
+    assert any(b.startswith("comm module: flashinfer 0.6.7.post3 refuses compute "
                             "capability 12.0 with CUDA 12.8 from torch (no nvcc found): it "
                             "needs CUDA >= 12.9, and refuses before any prebuilt module")
                for b in report.blockers)
@@ -498,6 +540,24 @@ def test_the_fix_hint_points_at_the_plugin_folder() -> None:
     facts = box(2, packages={probe.PLUGIN_DISTRIBUTION: None}, plugin=None)
     hint = next(b for b in blockers(facts) if b.startswith("sglang: stock sglang 0.5.23"))
     assert "wheels/<stack>/plugin/sm120fork_sglang_plugin-*.whl" in hint
+
+
+def test_an_sglang_without_a_plugin_framework_is_not_offered_the_plugin(tmp_path: Path) -> None:
+    facts = box(2, packages={"sglang": "0.5.10.post1", probe.PLUGIN_DISTRIBUTION: None},
+                plugin=None, sglang_plugin_framework=False)
+    hint = next(b for b in blockers(facts) if b.startswith("sglang: stock sglang 0.5.10"))
+    assert "no plugin framework" in hint
+    assert "sm120fork_sglang_plugin" not in hint
+    (tmp_path / "sglang" / "srt" / "plugins").mkdir(parents=True)
+    (tmp_path / "sglang" / "__init__.py").write_text("")
+    (tmp_path / "sglang" / "srt" / "__init__.py").write_text("")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert probe.has_plugin_framework() is False
+        (tmp_path / "sglang" / "srt" / "plugins" / "__init__.py").write_text("")
+        assert probe.has_plugin_framework() is True
+    finally:
+        sys.path.remove(str(tmp_path))
 
 
 def test_stack_0523s_as_published_flashinfer_is_not_installed_over_ours() -> None:

@@ -7,8 +7,10 @@ imports FlashInfer (and torch) as SGLang would.  Every answer is FlashInfer's ow
 its CUDA version (nvcc's, else torch's), its architecture mapping per compute capability
 and the lowest CUDA version that mapping accepts, its comm module spec (which raises
 before any prebuilt module is looked at when no architecture is left), and its own
-``is_aot`` verdict; where its ``jit.provenance`` exists (our builds), the marker beside a
-prebuilt module and the digest recomputed over its ``data/csrc`` + ``data/include``.
+``is_aot`` verdict (and, where it has them, its ``prebuilt_verdicts``: every prebuilt copy
+in search order, whether it loads and why, and the provider folders it searches); where
+its ``jit.provenance`` exists (our builds), the marker beside a prebuilt module and the
+digest recomputed over its ``data/csrc`` + ``data/include``.
 Prints one JSON line.
 """
 
@@ -94,6 +96,10 @@ def _comm(facts: dict[str, Any], env: Any) -> None:
     except Exception as exc:
         comm["spec_error"] = str(exc)
         return
+    verdicts = getattr(spec, "prebuilt_verdicts", None)
+    if callable(verdicts):   # our builds that search several prebuilt folders
+        comm["copies"] = [{"path": str(path), "load": bool(load), "why": str(why)}
+                          for path, load, why in verdicts()]
     aot, jit = Path(spec.aot_path), Path(spec.jit_library_path)
     comm.update(aot_path=str(aot), aot_exists=aot.is_file(), jit_path=str(jit),
                 jit_exists=jit.is_file())
@@ -110,9 +116,10 @@ def _comm(facts: dict[str, Any], env: Any) -> None:
         comm["provenance"]["recorded"] = marker.read_text(encoding="utf-8").strip()
     comm["provenance"]["sources"] = provenance.sources_digest(env.FLASHINFER_CSRC_DIR,
                                                               env.FLASHINFER_INCLUDE_DIR)
-    if aot.is_file():
-        comm["provenance"]["mismatch"] = provenance.prebuilt_mismatch(
-            aot, env.FLASHINFER_CSRC_DIR, env.FLASHINFER_INCLUDE_DIR)
+    mismatch = getattr(provenance, "prebuilt_mismatch", None)
+    if aot.is_file() and callable(mismatch):
+        comm["provenance"]["mismatch"] = mismatch(aot, env.FLASHINFER_CSRC_DIR,
+                                                  env.FLASHINFER_INCLUDE_DIR)
 
 
 def probe(capabilities: list[tuple[int, int]]) -> dict[str, Any]:
@@ -130,6 +137,9 @@ def probe(capabilities: list[tuple[int, int]]) -> dict[str, Any]:
     facts["version"] = str(env.flashinfer_version)
     facts["aot_dir"] = str(env.FLASHINFER_AOT_DIR)
     facts["jit_cache_package"] = bool(env.has_flashinfer_jit_cache())
+    providers = getattr(env, "prebuilt_provider_dirs", None)
+    if callable(providers):   # packages with a flashinfer.prebuilt entry point (our builds)
+        facts["prebuilt_providers"] = [[str(n), str(d)] for n, d in providers()]
     if facts["jit_cache_package"]:
         cache = importlib.import_module("flashinfer_jit_cache")
         facts["jit_cache"] = {"version": str(getattr(cache, "__version__", None)),

@@ -115,6 +115,19 @@ def requirements(distribution: str) -> list[str]:
         return []
 
 
+def has_plugin_framework() -> bool | None:
+    """Whether the installed SGLang has ``sglang.srt.plugins`` (0.5.11+), read from its
+    files without importing SGLang; None without SGLang."""
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return any((Path(p) / "srt" / "plugins" / "__init__.py").is_file()
+               for p in spec.submodule_search_locations)
+
+
 def plugin_report() -> dict[str, Any]:
     """Our plugin's per-hook verdict for the installed SGLang (without applying anything)."""
     try:
@@ -193,6 +206,7 @@ class Probes:
     installed: Callable[[str], str | None] = installed
     requirements: Callable[[str], list[str]] = requirements
     plugin: Callable[[], dict[str, Any]] = plugin_report
+    plugin_framework: Callable[[], bool | None] = has_plugin_framework
     nvcc: Callable[[], dict[str, str] | None] = nvcc_version
     flashinfer: Callable[[Sequence[str]], dict[str, Any]] = flashinfer_facts
     decisions: Callable[[Sequence[int]], dict[str, Any]] = sglang_decisions
@@ -223,6 +237,7 @@ def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> dict[
     facts["requires"] = {"sglang": [r for r in probes.requirements("sglang")
                                     if r.lower().replace("_", "-").startswith("flashinfer")]}
     facts["plugin"] = probes.plugin() if packages[PLUGIN_DISTRIBUTION] else None
+    facts["sglang_plugin_framework"] = probes.plugin_framework()
     n = len(gpus["devices"])
     if n == 0:
         why = "no GPU visible" + (f" ({gpus['error']})" if gpus.get("error") else "")

@@ -345,9 +345,14 @@ def judge_packages(report: Report, facts: dict[str, Any]) -> dict[str, Any]:
     elif sglang_kind != "ours" and not active:
         how = ("pip install -U sglang replaced our patched build" if "over ours" in sglang_kind
                else f"stock sglang {sglang} refuses SM12x for the fused all-reduce")
-        report.block(f"sglang: {how}: install the plugin wheel for this SGLang "
-                     f"({PLUGIN_WHEEL}) or our patched wheels with "
-                     "pip install -c wheels/<stack>/constraints.txt wheels/<stack>/*.whl")
+        wheels = "pip install -c wheels/<stack>/constraints.txt wheels/<stack>/*.whl"
+        if facts.get("sglang_plugin_framework") is False:
+            fix = (f"this SGLang has no plugin framework (sglang.srt.plugins, 0.5.11+), so "
+                   f"install our patched wheels: {wheels}")
+        else:
+            fix = (f"install the plugin wheel for this SGLang ({PLUGIN_WHEEL}) or our "
+                   f"patched wheels with {wheels}")
+        report.block(f"sglang: {how}: {fix}")
     if fi_kind == "stock, installed over ours":
         report.block(f"flashinfer-python: {flashinfer} replaced our patched build that sglang "
                      f"{sglang} pins ({requires[0] if requires else 'its requirement'}): "
@@ -432,7 +437,20 @@ def judge_comm(report: Report, facts: dict[str, Any]) -> None:
                                   f"{_version_dir(path) or 'another build'}; this one looks "
                                   f"only in {fi.get('jit_dir')})")
     provenance = comm.get("provenance")
-    if comm.get("aot_exists"):
+    for name, folder in fi.get("prebuilt_providers", []):
+        report.say("comm module", f"prebuilt provider {name}: {folder}")
+    if "copies" in comm:   # FlashInfer's own verdict on every prebuilt copy, in search order
+        for c in comm["copies"]:
+            report.say("comm module", f"{COMM_MODULE}: prebuilt {c['path']}: "
+                                      f"{'loads' if c['load'] else 'NOT loaded'}: {c['why']}")
+        if comm.get("is_aot"):
+            section["loads_from"] = "prebuilt"
+            report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']}")
+            return
+        if not comm["copies"]:
+            report.say("comm module", f"{COMM_MODULE}: no prebuilt module in any folder it "
+                                      "searches")
+    elif comm.get("aot_exists"):
         if comm.get("is_aot"):
             what = ("its sources digest matches" if provenance
                     else "stock FlashInfer loads any prebuilt module")
