@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One leased-GPU call that runs several of the device scripts in benchmarks/ side by side, each
+# with its own $OUT folder, returned as one archive a job (a call returns at most 8 files).
+# They share the one GPU (and its 16 cores for their module builds): correctness only, which
+# is all any of them claims there. Every script sets the multicast switches itself; they are
+# set here too, for every process started from here.
+# Usage: bash benchmarks/gpu_session.sh [--budget S] JOB...
+#   JOB: doctor | ab-s510 | ab-s523 | bench | failclosed-s510 | failclosed-s523 |
+#        failclosed-s523-plugin | aot
+# Inputs: .device/kit (benchmarks/gpu_kit.sh), carried or left by an earlier call on the same
+# warm machine; the per-script kits (.device/doctor, .device/ab, .device/bench) are assembled
+# here from it, so no artefact travels twice.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+  NVSHMEM_DISABLE_NVLS=1 SM120FORK_SHARED_GPU_HOST=1
+BUDGET=560
+if [ "${1:-}" = --budget ]; then BUDGET=$2; shift 2; fi
+K=.device/kit; TOP=${OUT:?}; T0=$(date +%s)
+have() { compgen -G "$1" > /dev/null; }
+kit_doctor() {
+  rm -rf .device/doctor; mkdir -p .device/doctor/site .device/doctor/plugin
+  cp $K/sglang-0.5.10/flashinfer_python-*.whl $K/sglang-0.5.10/sglang-*.whl \
+     $K/whl312/common/apache_tvm_ffi-*.whl $K/whl312/common/cuda_tile-*.whl .device/doctor/site/
+  if have "$K/sglang-0.5.23/plugin/*.whl"; then cp $K/sglang-0.5.23/plugin/*.whl .device/doctor/plugin/; fi
+}
+kit_ab() {  # the layout benchmarks/gpu_ab_kit.sh makes
+  local A=.device/ab; rm -rf $A; mkdir -p $A/sglang-0.5.10/upstream $A/sglang-0.5.23 $A/deps
+  cp $K/whl312/common/apache_tvm_ffi-*.whl $K/whl312/common/cuda_tile-*.whl $A/deps/
+  if [ -d $K/sglang-0.5.10 ]; then
+    cp $K/sglang-0.5.10/manifest.json $K/sglang-0.5.10/flashinfer_python-*.whl $A/sglang-0.5.10/
+    cp $K/sglang-0.5.10/upstream/flashinfer_python-*.whl $A/sglang-0.5.10/upstream/
+  fi
+  if [ -d $K/sglang-0.5.23 ]; then
+    cp $K/sglang-0.5.23/manifest.json $K/sglang-0.5.23/flashinfer_python-*.tree.tar.xz $A/sglang-0.5.23/
+    cp $K/sglang-0.5.23/flashinfer_python-*.record.sha256 $A/sglang-0.5.23/record.sha256
+  fi
+}
+kit_bench() {  # the layout benchmarks/bench_methods_kit.sh makes
+  local B=.device/bench; rm -rf $B; mkdir -p $B/s510 $B/s523 $B/deps
+  cp $K/whl312/common/apache_tvm_ffi-*.whl $K/whl312/common/cuda_tile-*.whl $B/deps/
+  cp $K/sglang-0.5.10/flashinfer_python-*.whl $K/sglang-0.5.10/manifest.json $B/s510/
+  cp $K/sglang-0.5.23/flashinfer_python-*.tree.tar.xz $B/s523/fi072.tree.tar.xz
+  cp $K/sglang-0.5.23/flashinfer_python-*.record.sha256 $B/s523/record.sha256
+  cp $K/sglang-0.5.23/manifest.json $B/s523/
+}
+job() {  # name: assemble, run under the budget left, archive
+  local name=$1 left; left=$(( BUDGET - ($(date +%s) - T0) ))
+  local d=$TOP/$name; mkdir -p "$d"
+  case $name in
+    doctor) kit_doctor; set -- bash benchmarks/doctor_h200_call.sh ;;
+    ab-s510|ab-s523) kit_ab; set -- env AB_STACKS="${name#ab-}" bash benchmarks/gpu_ab_run.sh ;;
+    bench) kit_bench; set -- bash benchmarks/bench_methods_h200_call.sh ;;
+    failclosed-*) set -- bash benchmarks/gpu_failclosed.sh "${name#failclosed-}" ;;
+    aot) set -- bash benchmarks/aot_gpu_proof.sh ;;
+    *) echo "unknown job $name" >&2; return 2 ;;
+  esac
+  echo "[$(( $(date +%s) - T0 )) s] $name starts ($left s left): $*"
+  OUT=$d timeout -s TERM -k 10 "$left" "$@" > "$d/console.log" 2>&1
+  local rc=$?
+  echo "[$(( $(date +%s) - T0 )) s] $name ended rc=$rc"; echo "rc=$rc" >> "$d/console.log"
+  tar czf "$TOP/$name.tgz" -C "$TOP" "$name" && rm -rf "$d"
+}
+{ nvidia-smi -L; python3 -V; nvcc --version | tail -1; } 2>&1 | tee "$TOP/box.txt"
+for name in "$@"; do job "$name" & done
+wait
+echo "all jobs ended at $(( $(date +%s) - T0 )) s"; ls -la "$TOP"
