@@ -120,8 +120,9 @@ def test_a_failing_layer_case_is_a_verify_failure_not_exit_1(
                                         tails=[])
 
     monkeypatch.setattr(sglang_layer, "run_case", failing)
-    code = cli.main(["sglang-layer", "--sglang-path", str(tmp_path), "--out",
-                     str(tmp_path / "out"), "--device", "cpu", "--case", "fused"])
+    code = cli.main(["sglang-layer", "--sglang-path", str(tmp_path), "--layout",
+                     "communicator", "--out", str(tmp_path / "out"), "--device", "cpu",
+                     "--case", "fused"])
     assert code == VerifyError.exit_code
     assert "rank 1 hung" in (tmp_path / "out" / "report.md").read_text()
 

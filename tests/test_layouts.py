@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import ConfigError
+from sm120fork.gpu.sglang_layer import layout_of
 from sm120fork.layouts import LAYOUTS, adapter
 from sm120fork.patch.series import load_series
 from sm120fork.verify.proof.patches import claims
@@ -111,3 +112,21 @@ def test_a_stack_on_a_known_layout_needs_only_a_toml_and_patches(tmp_path: Path)
     assert result.sglang
     assert all(r.passed for r in result.sglang)
     assert result.passed
+
+
+@pytest.mark.parametrize(("file", "text", "layout"), [
+    ("version.py", '__version__ = "0.5.10.post1"\n', "communicator"),
+    ("_version.py", "__version__ = version = '0.5.23+sm120.1'\n", "layer_boundary")])
+def test_the_layer_harness_takes_the_layout_a_stack_names_for_the_trees_version(
+        tmp_path: Path, file: str, text: str, layout: str) -> None:
+    """Not a guess from which files exist: the version, looked up in forks/*.toml."""
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / file).write_text(text)
+    assert layout_of(tmp_path, REPO) == layout
+
+
+def test_a_tree_of_a_release_no_stack_pins_needs_layout_named(tmp_path: Path) -> None:
+    (tmp_path / "sglang").mkdir()
+    (tmp_path / "sglang" / "version.py").write_text('__version__ = "0.5.99"\n')
+    with pytest.raises(ConfigError, match="pass --layout"):
+        layout_of(tmp_path, REPO)

@@ -116,9 +116,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                        "under injected workspace faults (ranks share the GPUs)")
     s.add_argument("--sglang-path", type=Path, required=True,
                    help="the directory holding the sglang package under test (python/)")
-    s.add_argument("--layout", required=True, choices=tuple(LAYOUTS),
-                   help="the tree's upstream layout, as its stack's forks/<stack>.toml names "
-                   "it (sglang-0.5.10: communicator, sglang-0.5.23: layer_boundary)")
+    s.add_argument("--layout", choices=tuple(LAYOUTS),
+                   help="the tree's upstream layout (default: the one forks/<stack>.toml "
+                   "names for the tree's SGLang version; sglang-0.5.10: communicator, "
+                   "sglang-0.5.23: layer_boundary)")
     s.add_argument("--site", type=Path, action="append", default=[],
                    help="extra import directories for the ranks (FlashInfer, SGLang's deps)")
     s.add_argument("--case", action="append", choices=sglang_layer.CPU_CASES,
@@ -198,7 +199,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
     outcomes = runs.run_sglang_layer(runs.LayerOptions(
         command=runs.command_line(argv), sglang_path=args.sglang_path, out=args.out,
-        layout=args.layout,
+        layout=args.layout or sglang_layer.layout_of(args.sglang_path),
         site=tuple(args.site), cases=_optional(args.case), device=args.device,
         world_size=args.world_size, tokens=_optional(args.tokens), timeout=args.timeout,
         first_timeout=args.first_timeout, start_timeout=args.start_timeout,

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -33,8 +34,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sm120fork.errors import ConfigError
 from sm120fork.gpu.safety import rank_environment
-from sm120fork.layouts import adapter
+from sm120fork.layouts import LAYOUTS, adapter
 
 RANK_MODULE = "sm120fork.gpu.sglang_rank"
 RESULT_MARKER = "SM120FORK-SGLANG-RANK "
@@ -79,6 +81,39 @@ def _parse(stdout: str) -> dict[str, Any] | None:
             result: dict[str, Any] = json.loads(line.removeprefix(RESULT_MARKER))
             return result
     return None
+
+
+_VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""", re.M)
+
+
+def layout_of(sglang_path: Path, root: Path | None = None) -> str:
+    """The upstream layout the stacks (``forks/*.toml``) name for the SGLang release under
+    ``sglang_path`` (its ``sglang/version.py`` or ``_version.py``, local label ignored)."""
+    from packaging.version import InvalidVersion, Version
+
+    from sm120fork.workspace import Workspace
+
+    found = ""
+    for name in ("_version.py", "version.py"):
+        path = sglang_path / "sglang" / name
+        match = _VERSION.search(path.read_text(encoding="utf-8")) if path.is_file() else None
+        if match:
+            found = match.group(1)
+            break
+    try:
+        version = Version(found).public
+    except InvalidVersion:
+        raise ConfigError(f"no SGLang version found under {sglang_path}",
+                          fix="pass --layout (one of: " + ", ".join(LAYOUTS) + ")") from None
+    ws = Workspace.find(root)
+    layouts = {p.layout for s in ws.stacks().values() for p in s.projects
+               if p.normalized_name == "sglang" and p.layout
+               and Version(p.version).public == version}
+    if len(layouts) != 1:
+        raise ConfigError(f"no one stack in {ws.forks_dir.name}/ pins SGLang {version} with a "
+                          f"layout ({', '.join(sorted(layouts)) or 'none'})",
+                          fix="pass --layout (one of: " + ", ".join(LAYOUTS) + ")")
+    return layouts.pop()
 
 
 def warning_says(layout: str) -> str:
