@@ -133,6 +133,9 @@ class Project:
     #: The upstream layout (:mod:`sm120fork.layouts`) whose adapter checks this project's
     #: behaviour; empty for a project without behaviour checks.
     layout: str = ""
+    #: A file (relative to the package root) the build writes the files the series
+    #: changes into, for the patched code to read at run time ("" for none).
+    series_record: str = ""
 
     def build_inputs(self) -> dict[str, Any]:
         """The declaration's fields that shape the wheel (build caches are keyed on them;
@@ -276,7 +279,7 @@ def _check_file_name(r: _Reader, name: str, distribution: str, version: str,
 
 _PROJECT_KEYS = ("distribution", "version", "local_label", "package_root", "series", "source",
                  "requires", "upstream_requires", "git", "sdist", "wheels", "version_stamp",
-                 "layout")
+                 "layout", "series_record")
 
 
 def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
@@ -301,6 +304,11 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
                       _suggest(layout, list(LAYOUTS))
                       or f"use one of {', '.join(map(repr, LAYOUTS))}, or add an adapter "
                          "under src/sm120fork/layouts/ (CONTRIBUTING.md)")
+    series_record = r.get("series_record", str, default="")
+    if series_record and (series_record.startswith("/") or ".." in Path(series_record).parts
+                          or source == "wheel"):
+        raise r.error("series_record", "must be a relative path inside the package root of "
+                      "a project that is built (not a wheel source)")
 
     git_pin = None
     if source != "wheel" or "git" in table:
@@ -350,7 +358,7 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
         key=key, distribution=distribution, version=version, local_label=local_label,
         package_root=package_root, series=series, source=source, git=git_pin,
         sdist=sdist_pin, version_stamp=stamp, requires=requires, wheels=wheels,
-        upstream_requires=upstream_requires, layout=layout,
+        upstream_requires=upstream_requires, layout=layout, series_record=series_record,
     )
 
 

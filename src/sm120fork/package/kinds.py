@@ -107,7 +107,8 @@ class FromSource:
                             force=job.force, progress=job.progress)
         job.stage(key, "building the wheel")
         wheel = build_wheel(project, tree.repo, staging,
-                            on_line=lambda line: job.stage(key, f"building: {line}"))
+                            on_line=lambda line: job.stage(key, f"building: {line}"),
+                            changed_files=[f for p in job.series.patches for f in p.files])
         job.stage(key, "checking the wheel")
         results = check_wheel(wheel, project, job.series, tree.repo)
         require_passed(results, project)

@@ -48,4 +48,5 @@ def build_test_variant(ws: Workspace, stack: Stack, *, project_key: str = "flash
     out.mkdir(parents=True)
     log.info("building test variant %s of %s (%d + %d patches)", name, project_key, len(real),
              len(tests))
-    return build_wheel(variant, tree.repo, out)
+    return build_wheel(variant, tree.repo, out,
+                       changed_files=[f for p in [*real, *tests] for f in p.files])

@@ -7,13 +7,14 @@ runs on the package root.  So a build killed halfway leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import shutil
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from email.message import Message
 from email.parser import Parser
 from pathlib import Path
@@ -61,11 +62,32 @@ def stamp_version(project: Project, package_dir: Path) -> dict[str, str]:
     return {}
 
 
+def series_record_text(changed_files: Sequence[str]) -> str:
+    """The ``series_record`` module: the files the series changes, sorted, as Python."""
+    lines = "".join(f"    {json.dumps(path)},\n" for path in sorted(set(changed_files)))
+    return ('"""The files this build\'s patch series changes, upstream repository paths '
+            '(written by sm120fork\'s build)."""\n\nCHANGED_FILES = (\n' + lines + ")\n")
+
+
+def write_series_record(project: Project, package_dir: Path,
+                        changed_files: Sequence[str]) -> None:
+    """Write the files the series changes where the patched code reads them, if declared."""
+    if not project.series_record:
+        return
+    target = package_dir / project.series_record
+    if not target.parent.is_dir():
+        raise BuildError(f"series_record {project.series_record}: its folder does not exist",
+                         where=f"project {project.key}", fix="fix series_record")
+    target.write_text(series_record_text(changed_files), encoding="utf-8")
+
+
 def build_wheel(project: Project, repo: Git, out_dir: Path,
-                on_line: Callable[[str], None] | None = None) -> Path:
+                on_line: Callable[[str], None] | None = None,
+                changed_files: Sequence[str] = ()) -> Path:
     """Build the project's wheel from HEAD of ``repo`` into ``out_dir``; return its path.
 
-    ``on_line`` sees pypa/build's output line by line while it runs."""
+    ``on_line`` sees pypa/build's output line by line while it runs; ``changed_files``
+    (the files the series' patches touch) go into the project's ``series_record``."""
     with tempfile.TemporaryDirectory(
             prefix=scratch_prefix(f"build-{project.key}", hidden=False)) as tmp:
         src = Path(tmp) / "src"
@@ -73,6 +95,7 @@ def build_wheel(project: Project, repo: Git, out_dir: Path,
         root = project.package_root.strip("/")
         package_dir = src if root in ("", ".") else src / root
         env = stamp_version(project, package_dir)
+        write_series_record(project, package_dir, changed_files)
         # Reproducible archives: wheel/setuptools date zip entries from this.
         env["SOURCE_DATE_EPOCH"] = repo("log", "-1", "--format=%ct", quiet=True)
         dist = Path(tmp) / "dist"
