@@ -48,8 +48,10 @@ def test_the_trees_own_implementation_is_used_and_must_agree(tmp_path: Path) -> 
 
 @pytest.mark.network
 @pytest.mark.slow
-def test_flashinfers_own_lookup_finds_the_wheels_module(tmp_path: Path) -> None:
-    """Stock FlashInfer 0.6.7.post3 from the index, our wheel beside it: is_aot, same bytes."""
+def test_stock_flashinfer_never_looks_in_the_aot_wheel_and_aot_check_says_so(
+        tmp_path: Path) -> None:
+    """Stock FlashInfer 0.6.7.post3 from the index, our wheel beside it: the wheel is a
+    distribution of its own, found only by our FlashInfer's added lookup (patch 0003)."""
     dl = tmp_path / "dl"
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
                     "--disable-pip-version-check", "-d", str(dl),
@@ -59,32 +61,26 @@ def test_flashinfers_own_lookup_finds_the_wheels_module(tmp_path: Path) -> None:
                     "--disable-pip-version-check", "--target", str(site),
                     *map(str, dl.glob("*.whl"))], check=True)
     data = site / "flashinfer" / "data"
-    shipped = provenance.own_digest(data / "csrc", data / "include")
     so = tmp_path / "trtllm_comm.so"
     so.write_bytes(b"\x7fELF stand-in")
     build = wheel.FlashInferBuild(
         distribution="flashinfer-python", version="0.6.7.post3", wheel="x.whl",
         sha256="0" * 64, tree="0" * 40, patched_commit="0" * 40,
         upstream_version="0.6.7.post3", series_digest="0" * 64)
-
-    def install(digest: str, name: str) -> tuple[dict[str, object], list[str]]:
-        made = wheel.write_wheel(
-            tmp_path / name, flashinfer=build, cuda_version="13.0", platform="linux_x86_64",
-            modules=[wheel.Module(name="trtllm_comm", so=so, targets=("sm_90a",), info={},
-                                  sources_digest=digest)],
-            stack="sglang-0.5.10", toolkit_version="0", toolchain={})
-        target = tmp_path / f"site-{name}"
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                        "--disable-pip-version-check", "--target", str(target), str(made)],
-                       check=True)
-        found = check.lookup(env={"PYTHONPATH": f"{target}:{site}",
-                                  "FLASHINFER_WORKSPACE_BASE": str(tmp_path / name)})
-        return found, check.check_installed(wheel.read_wheel(made), found)
-
-    found, problems = install(shipped, "good")
-    assert problems == []
-    assert found["is_aot"] is True
-    assert Path(str(found["aot_path"])).is_relative_to(tmp_path / "site-good")
-    assert found["jit_cache_version"] == "0.6.7.post3+cu130"
-    _, problems = install("sha256:" + "1" * 64, "stale")
-    assert any("would be refused" in p for p in problems)
+    made = wheel.write_wheel(
+        tmp_path / "ours", flashinfer=build, cuda_version="13.0", platform="linux_x86_64",
+        modules=[wheel.Module(name="trtllm_comm", so=so, targets=("sm_90a",), info={},
+                              sources_digest=provenance.own_digest(data / "csrc",
+                                                                   data / "include"))],
+        stack="sglang-0.5.10", toolkit_version="0", toolchain={})
+    target = tmp_path / "site-ours"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(target), str(made)],
+                   check=True)
+    found = check.lookup(env={"PYTHONPATH": f"{target}:{site}",
+                              "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws")})
+    assert found["lookup"] is False
+    assert found["modules"]["trtllm_comm"]["loads_from"] is None
+    problems = check.check_installed(wheel.read_wheel(made), found)
+    assert any("has no lookup for prebuilt-module packages" in p for p in problems), problems
+    assert "trtllm_comm: loads from nowhere prebuilt: JIT-compiled" in check.describe(found)

@@ -65,20 +65,28 @@ def _write(tmp_path: Path) -> Path:
 
 def test_wheel_layout_metadata_and_manifest(tmp_path: Path) -> None:
     built = _write(tmp_path)
-    assert built.name == ("flashinfer_jit_cache-0.6.7.post3+sm120.1.cu130-py3-none-"
+    assert built.name == ("sm120fork_flashinfer_aot-0.6.7.post3+sm120.1.cu130-py3-none-"
                           "linux_x86_64.whl")
     with zipfile.ZipFile(built) as zf:
         names = set(zf.namelist())
-        metadata = zf.read("flashinfer_jit_cache-0.6.7.post3+sm120.1.cu130.dist-info/"
+        metadata = zf.read("sm120fork_flashinfer_aot-0.6.7.post3+sm120.1.cu130.dist-info/"
                            "METADATA").decode()
-        record = zf.read("flashinfer_jit_cache-0.6.7.post3+sm120.1.cu130.dist-info/"
+        record = zf.read("sm120fork_flashinfer_aot-0.6.7.post3+sm120.1.cu130.dist-info/"
                          "RECORD").decode()
-        so_bytes = zf.read("flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so")
-    assert "flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so" in names
-    assert "flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so.sources" in names
-    assert "Name: flashinfer-jit-cache" in metadata
+        entry_points = zf.read("sm120fork_flashinfer_aot-0.6.7.post3+sm120.1.cu130.dist-info/"
+                               "entry_points.txt").decode()
+        so_bytes = zf.read("sm120fork_flashinfer_aot/jit_cache/trtllm_comm/trtllm_comm.so")
+    assert "sm120fork_flashinfer_aot/jit_cache/trtllm_comm/trtllm_comm.so" in names
+    assert "sm120fork_flashinfer_aot/jit_cache/trtllm_comm/trtllm_comm.so.sources" in names
+    # A name of its own: installing it never uninstalls upstream's flashinfer-jit-cache.
+    assert "Name: sm120fork-flashinfer-aot" in metadata
+    assert "flashinfer-jit-cache" not in metadata
+    assert entry_points == ("[flashinfer.prebuilt]\n"
+                            "sm120fork = sm120fork_flashinfer_aot:get_jit_cache_dir\n")
     assert "Requires-Dist: flashinfer-python==0.6.7.post3+sm120.1" in metadata
-    assert "flashinfer_jit_cache/jit_cache/trtllm_comm/trtllm_comm.so,sha256=" in record
+    # The module links libcudart.so.13: required, since the stack's torch may not bring it.
+    assert "Requires-Dist: nvidia-cuda-runtime>=13.0,<14" in metadata
+    assert "sm120fork_flashinfer_aot/jit_cache/trtllm_comm/trtllm_comm.so,sha256=" in record
     manifest = wheel.read_wheel(built)
     assert manifest["flashinfer"]["sha256"] == FLASHINFER.sha256
     assert manifest["flashinfer"]["version"] == "0.6.7.post3+sm120.1"
@@ -111,8 +119,10 @@ def test_installed_package_points_flashinfer_at_its_modules(tmp_path: Path) -> N
                     "--disable-pip-version-check", "--target", str(target), str(built)],
                    check=True)
     out = subprocess.run(
-        [sys.executable, "-c", "import json, flashinfer_jit_cache as j; print(json.dumps("
-         "[j.__version__, j.BUILT_BY, j.get_jit_cache_dir(), j.manifest()['version']]))"],
+        [sys.executable, "-c", "import json; from importlib.metadata import entry_points; "
+         "(e,) = entry_points(group='flashinfer.prebuilt'); "
+         "import sm120fork_flashinfer_aot as j; print(json.dumps("
+         "[j.__version__, j.BUILT_BY, e.load()(), j.manifest()['version']]))"],
         check=True, capture_output=True, text=True, env={"PYTHONPATH": str(target)},
         cwd=tmp_path).stdout
     version, built_by, cache_dir, manifest_version = json.loads(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -231,3 +232,247 @@ def test_a_stock_jit_cache_module_is_not_loaded_but_ours_is(built: Path, tmp_pat
     theirs, _ = _probe_prebuilt(site, tmp_path)
     assert theirs["aot"] is True
     assert Path(str(theirs["library"])) == stock
+
+
+# Modules of a stock flashinfer-jit-cache the stand-in holds, with the JitSpec makers our
+# FlashInfer asks (names as FlashInfer gives them).  trtllm_comm is built from sources the
+# series changes; the others are not.
+_STOCK_MODULES = {
+    "trtllm_comm": "flashinfer.jit.comm:gen_trtllm_comm_module",
+    "norm": "flashinfer.jit.norm:gen_norm_module",
+    "sampling": "flashinfer.jit.sampling:gen_sampling_module",
+    "page": "flashinfer.jit.page:gen_page_module",
+    "rope": "flashinfer.jit.rope:gen_rope_module",
+}
+
+_MODULES_PROBE = _FLASHINFER_SITE + r"""
+out = {}
+for maker in sys.argv[2:]:
+    where, _, function = maker.partition(":")
+    spec = getattr(importlib.import_module(where), function)()
+    # Asked several times, as FlashInfer does (build_jit_specs, build_and_load, ...).
+    aot = [spec.is_aot, spec.is_aot, spec.is_aot]
+    out[spec.name] = {"aot": aot, "library": str(spec.get_library_path())}
+print(json.dumps(out))
+"""
+
+
+def _stock_cache(site: Path, names: list[str], *, package: str = "flashinfer_jit_cache"
+                 ) -> Path:
+    """A stock flashinfer-jit-cache 0.6.7.post3: fake modules in its layout, no markers."""
+    pkg = site / package
+    for name in names:
+        (pkg / "jit_cache" / name).mkdir(parents=True)
+        (pkg / "jit_cache" / name / f"{name}.so").write_bytes(b"\x7fELF stock " + name.encode())
+    (pkg / "__init__.py").write_text(
+        '__version__ = "0.6.7.post3+cu130"\n\nfrom pathlib import Path\n\n'
+        'def get_jit_cache_dir():\n    return str(Path(__file__).parent / "jit_cache")\n')
+    return pkg / "jit_cache"
+
+
+def _install_flashinfer(built: Path, site: Path) -> None:
+    wheel = next((built / STACK_WHEELS).glob("flashinfer_python-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(site), str(wheel)],
+                   check=True)
+
+
+def test_a_stock_jit_cache_serves_every_module_the_series_does_not_change(
+        built: Path, tmp_path: Path) -> None:
+    """Patch 0002 narrowed: beside a stock flashinfer-jit-cache every module whose sources
+    the series leaves alone loads from it; its trtllm_comm (built from sources the series
+    changes) does not; each decision is logged once."""
+    pytest.importorskip("torch")  # flashinfer.compilation_context imports it
+    from sm120fork.patch.series import load_series
+
+    site = tmp_path / "site"
+    _install_flashinfer(built, site)
+    # The build recorded the files the series changes, from the series itself.
+    record = (site / "flashinfer" / "jit" / "series_sources.py").read_text()
+    recorded = set(re.findall(r'^    "([^"]+)",$', record, re.M))
+    series = load_series(built / "patches" / "sglang-0.5.10" / "flashinfer")
+    assert recorded == {f for p in series.patches for f in p.files}
+    assert "csrc/trtllm_allreduce.cu" in recorded
+
+    cache = _stock_cache(site, list(_STOCK_MODULES))
+    env = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": "9.0a",
+           "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws"), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-c", _MODULES_PROBE, str(site),
+                           *_STOCK_MODULES.values()],
+                          capture_output=True, text=True, check=False, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(found) == set(_STOCK_MODULES)
+    for name, result in found.items():
+        stock = cache / name / f"{name}.so"
+        lines = [line for line in done.stderr.splitlines() if f"prebuilt {name} " in line]
+        assert len(lines) == 1, (name, done.stderr[-3000:])
+        if name == "trtllm_comm":
+            assert result["aot"] == [False] * 3
+            assert Path(result["library"]) != stock
+            assert "not loading prebuilt trtllm_comm" in lines[0]
+            assert "csrc/trtllm_allreduce.cu" in lines[0]
+            assert "JIT-compiling it instead" in lines[0]
+        else:
+            assert result["aot"] == [True] * 3, (name, done.stderr[-3000:])
+            assert Path(result["library"]) == stock
+            assert f"loading prebuilt {name} from {stock}" in lines[0]
+            assert "none of its sources is changed by this build's patches" in lines[0]
+
+
+def _stock_jit_cache_wheel(out: Path, names: list[str]) -> Path:
+    """A stand-in of upstream's flashinfer-jit-cache wheel (fake modules, its layout)."""
+    src = out / "src"
+    _stock_cache(src, names)
+    version = "0.6.7.post3+cu130"
+    dist_info = f"flashinfer_jit_cache-{version}.dist-info"
+    members = {p.relative_to(src).as_posix(): p.read_bytes()
+               for p in sorted(src.rglob("*")) if p.is_file()}
+    members[f"{dist_info}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: flashinfer-jit-cache\nVersion: {version}\n\n").encode()
+    members[f"{dist_info}/WHEEL"] = (
+        b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\n"
+        b"Tag: py3-none-linux_x86_64\n")
+    members[f"{dist_info}/RECORD"] = "".join(f"{n},,\n" for n in [*members, f"{dist_info}/RECORD"]
+                                             ).encode()
+    wheel = out / f"flashinfer_jit_cache-{version}-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return wheel
+
+
+def test_our_aot_wheel_installs_beside_a_stock_jit_cache_and_each_module_loads_from_its_own(
+        built: Path, tmp_path: Path) -> None:
+    """Issue 18.2: the AOT wheel is a distribution of its own; pip keeps upstream's
+    jit-cache beside it (either order), our FlashInfer finds it through its added lookup
+    (patch 0003) and aot-check's lookup says which module loads from where."""
+    pytest.importorskip("torch")
+    from sm120fork.aot import check
+    from sm120fork.aot import provenance as aot_provenance
+    from sm120fork.aot import wheel as aot_wheel
+    from sm120fork.aot.pipeline import flashinfer_build
+    from sm120fork.declare import load_stack
+
+    flashinfer = flashinfer_build(built / STACK_WHEELS,
+                                  load_stack(built / "forks" / "sglang-0.5.10.toml"))
+    probe_site = tmp_path / "probe"
+    _install_flashinfer(built, probe_site)
+    data = probe_site / "flashinfer" / "data"
+    so = tmp_path / "trtllm_comm.so"
+    so.write_bytes(b"\x7fELF ours")
+    ours = aot_wheel.write_wheel(
+        tmp_path / "ours", flashinfer=flashinfer, cuda_version="13.0", platform="linux_x86_64",
+        modules=[aot_wheel.Module(name="trtllm_comm", so=so, targets=("sm_90a",), info={},
+                                  sources_digest=aot_provenance.own_digest(
+                                      data / "csrc", data / "include"))],
+        stack="sglang-0.5.10", toolkit_version="0", toolchain={})
+    stock = _stock_jit_cache_wheel(tmp_path, ["trtllm_comm", "norm", "sampling"])
+    fi_wheel = next((built / STACK_WHEELS).glob("flashinfer_python-*.whl"))
+
+    for order in ([stock, ours], [ours, stock]):
+        venv = tmp_path / f"venv-{order[0].name[:9]}"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        python = venv / "bin" / "python"
+        for wheel in [fi_wheel, *order]:
+            subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                            "-q", "--no-deps", "--disable-pip-version-check", str(wheel)],
+                           check=True)
+        listed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "list",
+                                 "--format", "json", "--disable-pip-version-check"],
+                                check=True, capture_output=True, text=True).stdout
+        names = {d["name"].lower(): d["version"] for d in json.loads(listed)}
+        assert names.get("flashinfer-jit-cache") == "0.6.7.post3+cu130", names
+        assert names.get("sm120fork-flashinfer-aot") == "0.6.7.post3+sm120.1.cu130", names
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        found = check.lookup(env={"PYTHONPATH": str(site),
+                                  "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws")},
+                             specs=[*check.DEFAULT_SPECS, _STOCK_MODULES["norm"],
+                                    _STOCK_MODULES["sampling"]])
+        assert check.check_installed(aot_wheel.read_wheel(ours), found) == []
+        modules = found["modules"]
+        ours_dir = site / "sm120fork_flashinfer_aot" / "jit_cache"
+        stock_dir = site / "flashinfer_jit_cache" / "jit_cache"
+        assert Path(modules["trtllm_comm"]["loads_from"]) == ours_dir / "trtllm_comm" / \
+            "trtllm_comm.so"
+        refused = [c for c in modules["trtllm_comm"]["copies"] if not c["load"]]
+        assert [Path(c["path"]) for c in refused] == [stock_dir / "trtllm_comm" /
+                                                     "trtllm_comm.so"]
+        for name in ("norm", "sampling"):
+            assert Path(modules[name]["loads_from"]) == stock_dir / name / f"{name}.so"
+        text = "\n".join(check.describe(found))
+        assert f"trtllm_comm: loads from {ours_dir}" in text
+        assert "refused" in text
+
+
+#: sglang 0.5.10.post1 pins torch==2.9.1; that torch on the package index is built for
+#: CUDA 12.8 (torch.version.cuda), and it brings libcudart.so.12, not .13.
+_STACK_TORCH = ("2.9.1", "12.8")
+
+_OWN_TORCH_PROBE = r"""
+import importlib, json, sys, types
+import torch
+torch.__version__, torch.version.cuda = sys.argv[2], sys.argv[3]
+""" + _FLASHINFER_SITE.replace("import importlib, json, sys, types\n", "") + r"""
+comm = importlib.import_module("flashinfer.jit.comm")
+spec = comm.gen_trtllm_comm_module()
+print(json.dumps({"aot": spec.is_aot, "library": str(spec.get_library_path())}))
+"""
+
+
+def test_the_aot_module_loads_on_the_stacks_own_torch_without_nvcc(
+        built: Path, tmp_path: Path) -> None:
+    """Issue 18.3: on the default stack's own torch (2.9.1, CUDA 12.8) with no nvcc, an
+    SM12x box loads the AOT wheel's module (patch 0004), and the wheel requires the CUDA
+    13 runtime its module links, which that torch does not bring."""
+    pytest.importorskip("torch")
+    from sm120fork.aot import provenance as aot_provenance
+    from sm120fork.aot import wheel as aot_wheel
+    from sm120fork.aot.pipeline import flashinfer_build
+    from sm120fork.declare import load_stack
+    from sm120fork.package.wheel import wheel_requirements
+
+    sglang = next((built / STACK_WHEELS).glob("sglang-*.whl"))
+    torch_pins = [r for r in wheel_requirements(sglang) if r.name == "torch"]
+    assert [str(r.specifier) for r in torch_pins] == [f"=={_STACK_TORCH[0]}"]
+
+    site = tmp_path / "site"
+    _install_flashinfer(built, site)
+    data = site / "flashinfer" / "data"
+    so = tmp_path / "trtllm_comm.so"
+    so.write_bytes(b"\x7fELF ours")
+    flashinfer = flashinfer_build(built / STACK_WHEELS,
+                                  load_stack(built / "forks" / "sglang-0.5.10.toml"))
+    ours = aot_wheel.write_wheel(
+        tmp_path / "ours", flashinfer=flashinfer, cuda_version="13.0", platform="linux_x86_64",
+        modules=[aot_wheel.Module(name="trtllm_comm", so=so, targets=("sm_120f",), info={},
+                                  sources_digest=aot_provenance.own_digest(
+                                      data / "csrc", data / "include"))],
+        stack="sglang-0.5.10", toolkit_version="0", toolchain={})
+    with zipfile.ZipFile(ours) as zf:
+        metadata = zf.read(next(n for n in zf.namelist() if n.endswith("METADATA"))).decode()
+    assert "Requires-Dist: nvidia-cuda-runtime>=13.0,<14" in metadata
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(site), str(ours)], check=True)
+
+    no_nvcc = tmp_path / "no-cuda"
+    no_nvcc.mkdir()
+    env = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": "12.0", "CUDA_HOME": str(no_nvcc),
+           "PATH": "/usr/bin:/bin", "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws"),
+           "PYTHONDONTWRITEBYTECODE": "1", "FLASHINFER_DISABLE_JIT": "1"}
+    argv = [sys.executable, "-c", _OWN_TORCH_PROBE, str(site), f"{_STACK_TORCH[0]}+cu128",
+            _STACK_TORCH[1]]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["aot"] is True
+    assert Path(found["library"]) == (site / "sm120fork_flashinfer_aot" / "jit_cache" /
+                                      "trtllm_comm" / "trtllm_comm.so")
+
+    # Upstream's compilation context refuses SM 12.x by torch's CUDA version first.
+    work = built / ".forks" / "trees" / "sglang-0.5.10" / "flashinfer"
+    (site / "flashinfer" / "compilation_context.py").write_text(
+        git(work, "show", "upstream:flashinfer/compilation_context.py") + "\n")
+    theirs = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+    assert theirs.returncode != 0
+    assert "SM 12.x requires CUDA >= 12.9" in theirs.stderr

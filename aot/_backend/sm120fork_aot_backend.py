@@ -26,6 +26,7 @@ def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) 
 
 def build_wheel(wheel_directory: str, config_settings: dict[str, Any] | None = None,
                 metadata_directory: str | None = None) -> str:
+    from sm120fork.aot.wheel import PACKAGE
     from sm120fork.cli.main import main
 
     argv = ["--root", str(_ROOT), "build-aot", "--out", wheel_directory]
@@ -37,7 +38,7 @@ def build_wheel(wheel_directory: str, config_settings: dict[str, Any] | None = N
             argv += [f"--{key}", str(config_settings[key])]  # type: ignore[index]
     if main(argv) != 0:
         raise RuntimeError("sm120fork build-aot failed (its error is printed above)")
-    wheels = sorted(Path(wheel_directory).glob("flashinfer_jit_cache-*.whl"))
+    wheels = sorted(Path(wheel_directory).glob(f"{PACKAGE}-*.whl"))
     if len(wheels) != 1:
         raise RuntimeError(f"expected one AOT wheel in {wheel_directory}, found {len(wheels)}")
     return wheels[0].name

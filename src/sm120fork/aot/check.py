@@ -1,10 +1,14 @@
-"""Does an installed AOT wheel do its job?  FlashInfer's own lookup must land on it.
+"""Which prebuilt module does the installed FlashInfer load, and from where?
 
-Run in an environment where the AOT wheel and its FlashInfer are installed (the test step
-of cibuildwheel, ``nox -s build_aot``, the GPU machine).  A probe imports the installed
-``flashinfer.jit.env`` / ``flashinfer.jit.comm`` the way FlashInfer does at run time (the
-package ``__init__`` is skipped, so no GPU is needed) and asks the module's ``JitSpec``
-where it would load from; that must be our wheel's file, byte for byte as the manifest says.
+Run in an environment where FlashInfer (and, for ``aot-check``, the AOT wheel) is
+installed: cibuildwheel's test step, ``nox -s build_aot``, the GPU machine, the doctor.  A
+probe imports the installed ``flashinfer.jit`` the way FlashInfer does at run time (the
+package ``__init__`` is skipped, so no GPU is needed), makes each module's ``JitSpec`` and
+asks it where it would load from.  Our FlashInfer (the default stack's patches 0002/0003)
+answers for every prebuilt copy with its verdict (``JitSpec.prebuilt_verdicts``); upstream's
+only knows its one folder.  The answer names every prebuilt folder (providers of the entry
+point group ``flashinfer.prebuilt``, then the jit-cache or ``flashinfer/data/aot``) and, per
+module, the file it loads (or ``None``: JIT) and why each copy is or is not taken.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +26,14 @@ from sm120fork.aot.compile import MODULE
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
 
+#: ``module:function`` making the JitSpec of each module asked about by default.
+DEFAULT_SPECS: tuple[str, ...] = ("flashinfer.jit.comm:gen_trtllm_comm_module",)
+
 _MARK = "@@sm120fork-aot-check@@"
 _LOOKUP_PROBE = r"""
-import importlib, importlib.util, json, os, sys, types
+import importlib, importlib.util, json, sys, types
 from pathlib import Path
-mark = sys.argv[1]
+mark, makers = sys.argv[1], sys.argv[2:]
 spec = importlib.util.find_spec("flashinfer")
 if spec is None or not spec.submodule_search_locations:
     print(mark + json.dumps({"error": "flashinfer is not installed"})); raise SystemExit(0)
@@ -36,29 +43,60 @@ for name in ("flashinfer", "flashinfer.jit"):
     module.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
     sys.modules[name] = module
 jit_env = importlib.import_module("flashinfer.jit.env")
-comm = importlib.import_module("flashinfer.jit.comm")
-import flashinfer_jit_cache
-jit_spec = comm.gen_trtllm_comm_module()
-marker = Path(str(jit_spec.aot_path) + ".sources")
+core = importlib.import_module("flashinfer.jit.core")
+lookup = hasattr(jit_env, "prebuilt_provider_dirs")
+providers = [[n, str(d)] for n, d in jit_env.prebuilt_provider_dirs()] if lookup else []
+folders = [{"provider": n, "path": d} for n, d in providers]
+folders.append({"provider": "FLASHINFER_AOT_DIR", "path": str(jit_env.FLASHINFER_AOT_DIR)})
+for folder in folders:
+    path = Path(folder["path"])
+    folder["modules"] = sorted(p.name for p in path.iterdir()
+                               if (p / (p.name + ".so")).is_file()) if path.is_dir() else []
+modules = {}
+for maker in makers:
+    where, _, function = maker.partition(":")
+    try:
+        jit_spec = getattr(importlib.import_module(where), function)()
+    except Exception as exc:
+        modules[maker] = {"error": f"{type(exc).__name__}: {exc}"}
+        continue
+    if hasattr(jit_spec, "prebuilt_verdicts"):
+        copies = [{"path": str(p), "load": ok, "why": why}
+                  for p, ok, why in jit_spec.prebuilt_verdicts()]
+    elif jit_spec.aot_path.exists():
+        copies = [{"path": str(jit_spec.aot_path), "load": True,
+                   "why": "upstream's lookup loads any file there"}]
+    else:
+        copies = []
+    is_aot = jit_spec.is_aot
+    marker = Path(str(jit_spec.aot_path) + ".sources")
+    modules[jit_spec.name] = {
+        "is_aot": is_aot, "loads_from": str(jit_spec.aot_path) if is_aot else None,
+        "copies": copies, "marker": marker.read_text().strip() if marker.is_file() else None}
 print(mark + json.dumps({
-    "marker": marker.read_text().strip() if marker.is_file() else None,
     "flashinfer": str(root), "flashinfer_version": importlib.import_module(
-        "flashinfer.version").__version__,
-    "aot_dir": str(jit_env.FLASHINFER_AOT_DIR), "aot_path": str(jit_spec.aot_path),
-    "is_aot": jit_spec.is_aot, "jit_cache_version": flashinfer_jit_cache.__version__,
-    "jit_cache_built_by": getattr(flashinfer_jit_cache, "BUILT_BY", None),
-    "jit_cache_dir": flashinfer_jit_cache.get_jit_cache_dir()}))
+        "flashinfer.version").__version__, "lookup": lookup,
+    "aot_dir": str(jit_env.FLASHINFER_AOT_DIR), "providers": providers,
+    "provider_errors": dict(getattr(jit_env, "PREBUILT_PROVIDER_ERRORS", {})),
+    "folders": folders, "modules": modules}))
 """
 
 
 def lookup(python: Path | None = None, env: Mapping[str, str] | None = None,
-           arch_list: str = "9.0") -> dict[str, Any]:
-    """Where the installed FlashInfer would load ``trtllm_comm`` from (no GPU needed)."""
-    full = {"FLASHINFER_CUDA_ARCH_LIST": arch_list, "PYTHONDONTWRITEBYTECODE": "1",
-            **(env or {})}
+           arch_list: str = "9.0", specs: Sequence[str] = DEFAULT_SPECS) -> dict[str, Any]:
+    """Where the installed FlashInfer would load each module from (no GPU needed).
+
+    ``specs``: ``module:function`` names of JitSpec makers (no arguments) to ask about.
+    The doctor calls this too: its ``folders`` and ``modules`` say which module loads from
+    where, and why each prebuilt copy is or is not taken.
+    """
+    full = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": arch_list,
+            "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
     interpreter = python or Path(sys.executable)
-    out = proc.run([interpreter, "-c", _LOOKUP_PROBE, _MARK], env=full, quiet=True,
-                   cwd=Path(full.get("FLASHINFER_WORKSPACE_BASE") or os.getcwd()))
+    cwd = Path(full.get("FLASHINFER_WORKSPACE_BASE") or os.getcwd())
+    cwd.mkdir(parents=True, exist_ok=True)
+    out = proc.run([interpreter, "-c", _LOOKUP_PROBE, _MARK, *specs], env=full, quiet=True,
+                   cwd=cwd)
     payload = next((line.removeprefix(_MARK) for line in out.stdout.splitlines()
                     if line.startswith(_MARK)), None)
     if payload is None:
@@ -70,35 +108,70 @@ def lookup(python: Path | None = None, env: Mapping[str, str] | None = None,
     return result
 
 
+def describe(found: Mapping[str, Any]) -> list[str]:
+    """One line per prebuilt folder and per module: what loads from where, and why."""
+    lines = []
+    for folder in found["folders"]:
+        held = ", ".join(folder["modules"]) or "no modules"
+        lines.append(f"prebuilt folder ({folder['provider']}): {folder['path']}: {held}")
+    for name, module in found["modules"].items():
+        if "error" in module:
+            lines.append(f"{name}: cannot make its JIT spec: {module['error']}")
+            continue
+        where = module["loads_from"] or "nowhere prebuilt: JIT-compiled"
+        lines.append(f"{name}: loads from {where}")
+        for copy in module["copies"]:
+            verdict = "taken" if copy["path"] == module["loads_from"] else (
+                "acceptable, not first" if copy["load"] else "refused")
+            lines.append(f"  {copy['path']}: {verdict} ({copy['why']})")
+    return lines
+
+
+def _ours(found: Mapping[str, Any]) -> str | None:
+    from sm120fork.aot.wheel import ENTRY_POINT_NAME
+
+    return next((str(path) for name, path in found["providers"] if name == ENTRY_POINT_NAME),
+                None)
+
+
 def check_installed(manifest: Mapping[str, Any], found: Mapping[str, Any]) -> list[str]:
     """Problems (empty when FlashInfer will load our module) from :func:`lookup`'s answer."""
     problems: list[str] = []
     entry = manifest["modules"].get(MODULE)
     if entry is None:
         return [f"the wheel has no {MODULE} module"]
-    if found["jit_cache_built_by"] != manifest["built_by"]:
-        problems.append(f"flashinfer_jit_cache {found['jit_cache_version']} is not ours "
-                        f"(built by {found['jit_cache_built_by']!r})")
-    if found["jit_cache_version"] != manifest["version"]:
-        problems.append(f"installed flashinfer_jit_cache is {found['jit_cache_version']}, the "
-                        f"wheel is {manifest['version']}")
     if found["flashinfer_version"] != manifest["flashinfer"]["version"]:
         problems.append(f"installed FlashInfer is {found['flashinfer_version']}, the wheel was "
                         f"built for {manifest['flashinfer']['version']}")
-    if Path(found["aot_dir"]).resolve() != Path(found["jit_cache_dir"]).resolve():
-        problems.append(f"FlashInfer looks for prebuilt modules in {found['aot_dir']}, not in "
-                        f"the wheel's {found['jit_cache_dir']}")
-    if not found["is_aot"]:
-        problems.append(f"FlashInfer finds no prebuilt {MODULE} at {found['aot_path']}: it "
-                        "would JIT-compile")
-    else:
-        digest = hashlib.sha256(Path(found["aot_path"]).read_bytes()).hexdigest()
-        if digest != entry["sha256"]:
-            problems.append(f"{found['aot_path']} does not match the manifest's sha256")
+    if not found["lookup"]:
+        problems.append("the installed FlashInfer has no lookup for prebuilt-module packages "
+                        "(entry point group flashinfer.prebuilt): it never looks in the AOT "
+                        "wheel; install the FlashInfer wheel it pins")
+        return problems
+    ours = _ours(found)
+    if ours is None:
+        errors = found.get("provider_errors") or {}
+        problems.append("FlashInfer sees no prebuilt folder of the AOT wheel (entry point "
+                        "flashinfer.prebuilt: sm120fork)"
+                        + (f": {errors}" if errors else ": is the AOT wheel installed?"))
+        return problems
+    module = found["modules"].get(MODULE, {})
+    if "error" in module:
+        return [*problems, f"FlashInfer cannot make {MODULE}'s JIT spec: {module['error']}"]
+    loads_from = module.get("loads_from")
+    own = Path(ours) / MODULE / f"{MODULE}.so"
+    if loads_from is None or Path(loads_from).resolve() != own.resolve():
+        why = "; ".join(f"{c['path']}: {c['why']}" for c in module.get("copies", []))
+        problems.append(f"FlashInfer loads {MODULE} from {loads_from or 'nowhere (JIT)'}, not "
+                        f"from the AOT wheel's {own}" + (f" ({why})" if why else ""))
+    elif hashlib.sha256(own.read_bytes()).hexdigest() != entry["sha256"]:
+        problems.append(f"{own} does not match the manifest's sha256")
     # What our FlashInfer checks before it loads the module (README-prebuilt.md).
     data = Path(found["flashinfer"]) / "data"
     shipped = provenance.own_digest(data / "csrc", data / "include")
-    if found["marker"] != shipped:
-        problems.append(f"the module's sources marker {found['marker']} is not the digest of "
-                        f"the installed FlashInfer's sources ({shipped}): it would be refused")
+    marker = own.with_name(own.name + provenance.MARKER_SUFFIX)
+    recorded = marker.read_text().strip() if marker.is_file() else None
+    if recorded != shipped:
+        problems.append(f"the module's sources marker {recorded} is not the digest of the "
+                        f"installed FlashInfer's sources ({shipped}): it would be refused")
     return problems

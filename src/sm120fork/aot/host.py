@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from sm120fork.aot import wheel as wheel_mod
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util import proc
 
@@ -122,7 +123,7 @@ def run(project: Path, package_dir: Path, out: Path, *,
             _sh(_fill(plan.test_command, wheel=wheel, **places), test_env, cwd)
         out.mkdir(parents=True, exist_ok=True)
         final = out / wheel.name
-        for stale in out.glob("flashinfer_jit_cache-*.whl"):
+        for stale in out.glob(f"{wheel_mod.PACKAGE}-*.whl"):
             stale.unlink()
         shutil.copy2(wheel, final)
     return final

@@ -1,19 +1,18 @@
-"""The AOT wheel: where FlashInfer 0.6.x looks for prebuilt modules, and what it pins.
+"""The AOT wheel: our prebuilt modules in a distribution of their own, and what it pins.
 
-FlashInfer 0.6.7.post3 (``flashinfer/jit/env.py`` ``_get_aot_dir``) loads prebuilt modules
-from ``flashinfer_jit_cache.get_jit_cache_dir()`` when that package is importable, else from
-``flashinfer/data/aot``; ``JitSpec.build_and_load`` takes ``<dir>/<name>/<name>.so`` when it
-exists and JIT-compiles otherwise.  Upstream ships its prebuilt modules as the distribution
-``flashinfer-jit-cache`` (version ``<flashinfer>+cu<NNN>``).
-
-So the AOT wheel *is* a ``flashinfer-jit-cache`` distribution, with the version
-``<our flashinfer version>.cu<NNN>`` (e.g. ``0.6.7.post3+sm120.1.cu130``): one distribution
-name means pip never has ours and upstream's installed at once (installing one uninstalls
-the other, and says so), neither can overwrite the other's files unnoticed, and
-``flashinfer_jit_cache.__version__`` / ``pip list`` tell which one is in place.  It
-requires exactly the FlashInfer wheel it was built from (``flashinfer-python==<version
-with our local label>``), and its ``manifest.json`` records that wheel's sha256, the fork
-tree and each module's sha256.
+FlashInfer 0.6.7.post3 loads prebuilt modules from ``flashinfer_jit_cache.get_jit_cache_dir()``
+when that package is importable (upstream ships them as the distribution
+``flashinfer-jit-cache``), else from ``flashinfer/data/aot``.  Taking that distribution name
+would make pip uninstall upstream's jit-cache, and every other prebuilt kernel with it.  So
+the AOT wheel is the distribution ``sm120fork-flashinfer-aot`` (package
+``sm120fork_flashinfer_aot``), installable beside upstream's: our FlashInfer finds it
+through the entry point group ``flashinfer.prebuilt`` (patch 0003 of the default stack's
+series), searched before the jit-cache, and loads a module from it only when its sources
+marker matches (patch 0002).  Its version is ``<our flashinfer version>.cu<NNN>`` (e.g.
+``0.6.7.post3+sm120.1.cu130``); it requires exactly the FlashInfer wheel it was built from
+(``flashinfer-python==<version with our local label>``) and what the module needs at run
+time (:mod:`sm120fork.aot.runtime`), and its ``manifest.json`` records that wheel's sha256,
+the fork tree and each module's sha256.
 """
 
 from __future__ import annotations
@@ -35,9 +34,14 @@ from packaging.version import InvalidVersion, Version
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util.files import sha256_file
 
-DISTRIBUTION = "flashinfer-jit-cache"
-PACKAGE = "flashinfer_jit_cache"
+DISTRIBUTION = "sm120fork-flashinfer-aot"
+PACKAGE = "sm120fork_flashinfer_aot"
 CACHE_DIR = "jit_cache"
+#: Upstream's prebuilt-module distribution: never ours, so both can be installed.
+UPSTREAM_DISTRIBUTION = "flashinfer-jit-cache"
+#: The entry point our FlashInfer's lookup reads (the default stack's patch 0003).
+ENTRY_POINT_GROUP = "flashinfer.prebuilt"
+ENTRY_POINT_NAME = "sm120fork"
 MANIFEST = "manifest.json"
 #: Set in the package so that a program can tell our build from upstream's.
 BUILDER = "sm120fork"
@@ -108,14 +112,40 @@ def wheel_version(flashinfer_version: str, cuda_version: str) -> str:
     return text
 
 
-def _init_py(version: str, flashinfer: FlashInferBuild) -> str:
+#: What a module compiled with CUDA <major> needs at run time besides the driver: the
+#: runtime library it links (``libcudart.so.<major>``), as the package index ships it.
+#: Not every stack's torch brings it (torch 2.9.1 from the index is CUDA 12.8).
+RUNTIME_REQUIRES: dict[str, tuple[str, ...]] = {
+    "12": ("nvidia-cuda-runtime-cu12>=12.9",),
+    "13": ("nvidia-cuda-runtime>=13.0,<14",),
+}
+#: Where that package puts the library, relative to site-packages.
+RUNTIME_LIBRARY_DIRS: dict[str, str] = {"12": "nvidia/cuda_runtime/lib", "13": "nvidia/cu13/lib"}
+
+
+def runtime_requires(cuda_version: str) -> tuple[str, ...]:
+    """The requirements of a module built with this CUDA version (``13.0`` -> cudart 13)."""
+    major = cuda_version.split(".", 1)[0]
+    if major not in RUNTIME_REQUIRES:
+        raise ConfigError(f"no runtime requirement known for CUDA {cuda_version}",
+                          fix="add it to sm120fork.aot.wheel.RUNTIME_REQUIRES")
+    return RUNTIME_REQUIRES[major]
+
+
+def _init_py(version: str, flashinfer: FlashInferBuild, cuda_version: str) -> str:
+    major = cuda_version.split(".", 1)[0]
     return f'''"""Prebuilt FlashInfer modules built by {BUILDER} for {flashinfer.distribution} \
 {flashinfer.version}.
 
-FlashInfer loads ``<get_jit_cache_dir()>/<module>/<module>.so`` instead of JIT-compiling it.
-``manifest()`` says what was built, from which sources, for which GPUs.
+Our FlashInfer finds this folder through the entry point ``{ENTRY_POINT_GROUP}``
+``{ENTRY_POINT_NAME}`` and loads ``<get_jit_cache_dir()>/<module>/<module>.so`` instead of
+JIT-compiling it.  ``manifest()`` says what was built, from which sources, for which GPUs.
+The modules link the CUDA {major} runtime (``libcudart.so.{major}``); where torch did not
+load it (a torch built for another CUDA), ``get_jit_cache_dir()`` loads it from the
+package this wheel requires, so FlashInfer can load the modules.
 """
 
+import ctypes as _ctypes
 import json as _json
 import pathlib as _pathlib
 
@@ -123,11 +153,29 @@ __version__ = "{version}"
 BUILT_BY = "{BUILDER}"
 FLASHINFER_VERSION = "{flashinfer.version}"
 FLASHINFER_WHEEL_SHA256 = "{flashinfer.sha256}"
+CUDA_RUNTIME = "libcudart.so.{major}"
 
 _HERE = _pathlib.Path(__file__).resolve().parent
 
 
+def load_cuda_runtime():
+    """Load {{CUDA_RUNTIME}} (already loaded, on the search path, or from site-packages);
+    returns where from, or None when it is nowhere (the modules then cannot load)."""
+    try:
+        _ctypes.CDLL(CUDA_RUNTIME, mode=_ctypes.RTLD_GLOBAL)
+        return CUDA_RUNTIME
+    except OSError:
+        pass
+    candidate = _HERE.parent / "{RUNTIME_LIBRARY_DIRS.get(major, "")}" / CUDA_RUNTIME
+    try:
+        _ctypes.CDLL(str(candidate), mode=_ctypes.RTLD_GLOBAL)
+        return str(candidate)
+    except OSError:
+        return None
+
+
 def get_jit_cache_dir() -> str:
+    load_cuda_runtime()
     return str(_HERE / "{CACHE_DIR}")
 
 
@@ -136,7 +184,7 @@ def manifest() -> dict:
 '''
 
 
-def _metadata(version: str, flashinfer: FlashInferBuild) -> str:
+def _metadata(version: str, flashinfer: FlashInferBuild, requires: Sequence[str]) -> str:
     return "\n".join([
         "Metadata-Version: 2.1",
         f"Name: {DISTRIBUTION}",
@@ -146,7 +194,12 @@ def _metadata(version: str, flashinfer: FlashInferBuild) -> str:
         "License: Apache-2.0",
         "Requires-Python: >=3.9",
         f"Requires-Dist: {flashinfer.distribution}=={flashinfer.version}",
+        *(f"Requires-Dist: {r}" for r in requires),
         "", ""])
+
+
+def _entry_points() -> str:
+    return f"[{ENTRY_POINT_GROUP}]\n{ENTRY_POINT_NAME} = {PACKAGE}:get_jit_cache_dir\n"
 
 
 def _wheel_file(tag: Tag) -> str:
@@ -178,19 +231,23 @@ def build_manifest(*, version: str, flashinfer: FlashInferBuild, modules: Sequen
 
 def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence[Module],
                 cuda_version: str, platform: str, stack: str, toolkit_version: str,
-                toolchain: Mapping[str, Any]) -> Path:
+                toolchain: Mapping[str, Any], requires: Sequence[str] | None = None) -> Path:
     """Write the wheel into ``out_dir``; returns its path.  Byte-stable for equal inputs."""
     if not modules:
         raise BuildError("no prebuilt modules to put into the AOT wheel")
     version = wheel_version(flashinfer.version, cuda_version)
+    if requires is None:
+        requires = runtime_requires(cuda_version)
     tag = Tag("py3", "none", platform)
     name = canonicalize_name(DISTRIBUTION).replace("-", "_")
     dist_info = f"{name}-{version}.dist-info"
     manifest = build_manifest(version=version, flashinfer=flashinfer, modules=modules,
                               stack=stack, toolkit_version=toolkit_version,
                               toolchain=toolchain)
+    manifest["requires"] = [f"{flashinfer.distribution}=={flashinfer.version}", *requires]
     files: list[tuple[str, bytes, int]] = [
-        (f"{PACKAGE}/__init__.py", _init_py(version, flashinfer).encode(), 0o644),
+        (f"{PACKAGE}/__init__.py", _init_py(version, flashinfer, cuda_version).encode(),
+         0o644),
         (f"{PACKAGE}/{MANIFEST}", (json.dumps(manifest, indent=1, sort_keys=True)
                                    + "\n").encode(), 0o644),
     ]
@@ -198,7 +255,9 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
         base = f"{PACKAGE}/{CACHE_DIR}/{m.name}/{m.name}.so"
         files += [(base, m.so.read_bytes(), 0o755),
                   (base + ".sources", f"{m.sources_digest}\n".encode(), 0o644)]
-    files += [(f"{dist_info}/METADATA", _metadata(version, flashinfer).encode(), 0o644),
+    files += [(f"{dist_info}/METADATA", _metadata(version, flashinfer, requires).encode(),
+               0o644),
+              (f"{dist_info}/entry_points.txt", _entry_points().encode(), 0o644),
               (f"{dist_info}/WHEEL", _wheel_file(tag).encode(), 0o644)]
     record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data, _ in files)
     record += f"{dist_info}/RECORD,,\n"

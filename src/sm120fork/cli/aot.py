@@ -75,6 +75,9 @@ def check_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--code", action="store_true",
                    help="also list the embedded SASS per target with cuobjdump and compare "
                    "every target's kernels with sm_90a")
+    p.add_argument("--module", action="append", default=[], metavar="IMPORT:FUNCTION",
+                   help="also say where this module loads from: the JitSpec maker that "
+                   "takes no arguments, e.g. flashinfer.jit.norm:gen_norm_module (repeatable)")
     p.add_argument("--no-lookup", action="store_true",
                    help="skip asking the installed FlashInfer (the wheel alone)")
     p.add_argument("--json", type=Path, help="write the findings here")
@@ -95,11 +98,13 @@ def run_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
     problems: list[str] = []
     if not args.no_lookup:
         with tempfile.TemporaryDirectory(prefix="sm120fork-aot-check-") as tmp:
-            found = check.lookup(env={"FLASHINFER_WORKSPACE_BASE": tmp})
+            found = check.lookup(env={"FLASHINFER_WORKSPACE_BASE": tmp},
+                                 specs=[*check.DEFAULT_SPECS, *args.module])
         problems += check.check_installed(manifest, found)
         findings["lookup"] = found
-        console.print(f"FlashInfer {found['flashinfer_version']} loads trtllm_comm from "
-                      f"{found['aot_path']} (prebuilt: {found['is_aot']})")
+        console.print(f"FlashInfer {found['flashinfer_version']}:")
+        for line in check.describe(found):
+            console.print(line, markup=False)
     if args.code:
         with tempfile.TemporaryDirectory(prefix="sm120fork-aot-so-") as tmp:
             for name, entry in manifest["modules"].items():

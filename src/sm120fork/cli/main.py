@@ -72,8 +72,8 @@ VERBS: dict[str, Verb] = {
     "build-aot": Verb(help="prebuilt trtllm comm module of a stack's FlashInfer as a wheel "
                            "(needs nvcc)",
                       module="sm120fork.cli.aot", add_args="build_args", run="run_build"),
-    "aot-check": Verb(help="check an AOT wheel: FlashInfer's own lookup finds it, and its "
-                           "SASS per target",
+    "aot-check": Verb(help="check an AOT wheel: which module the installed FlashInfer loads "
+                           "from where, and its SASS per target",
                       module="sm120fork.cli.aot", add_args="check_args", run_argv="run_check"),
     "doctor": Verb(help="check this box for the fused all-reduce on SM12x (no checkout, "
                         "index or nvcc needed; --json)",
