@@ -1,6 +1,6 @@
 """Stack sglang-0.5.23 for real: the published wheels, the series G1-G5, the behaviour.
 
-Marked network + slow: the first run downloads sglang 0.5.23 (four wheels, ~150 MB) and
+Marked network + slow: the first run downloads sglang 0.5.23 (six wheels, ~230 MB) and
 flashinfer-python 0.7.2 (62 MiB) into this checkout's ``.forks/cache/wheels`` and the
 probe overlay into ``.forks/probe``; later runs (and CI re-runs) reuse them.  The stack
 is built once per session (module fixture) and every test reads that build.
@@ -10,6 +10,7 @@ The behaviour tests need an interpreter with the sglang-probe dependency group
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -80,9 +81,8 @@ def test_sglang_wheels_are_patched_and_otherwise_the_published_bytes(
         workspace: Workspace, builds: list[ProjectBuild]) -> None:
     sglang = [b for b in builds if b.project == "sglang"]
     assert sorted(b.wheel.name for b in sglang) == sorted(
-        f"sglang-0.5.23+sm120.1-{tag}.whl" for tag in (
-            "cp311-cp311-manylinux_2_34_x86_64", "cp312-cp312-manylinux_2_34_x86_64",
-            "cp311-cp311-manylinux_2_34_aarch64", "cp312-cp312-manylinux_2_34_aarch64"))
+        f"sglang-0.5.23+sm120.1-cp3{minor}-cp3{minor}-manylinux_2_34_{arch}.whl"
+        for minor in (11, 12, 13) for arch in ("x86_64", "aarch64"))
     changed = {"sglang/srt/layers/flashinfer_comm_fusion.py", "sglang/srt/arg_groups/overrides.py",
                "sglang/srt/layers/layer_boundary/residual/add_norm.py",
                "sglang/srt/distributed/bootstrap.py"}
@@ -102,6 +102,26 @@ def test_sglang_wheels_are_patched_and_otherwise_the_published_bytes(
             assert differ == changed
             assert old.read("sglang-0.5.23.dist-info/WHEEL") == new.read(
                 "sglang-0.5.23+sm120.1.dist-info/WHEEL")
+
+
+@pytest.mark.parametrize("python", ["3.11", "3.12", "3.13"])
+@pytest.mark.parametrize("platform", ["manylinux_2_34_x86_64", "manylinux_2_34_aarch64"])
+def test_pip_resolves_our_build_on_every_python_and_platform_of_the_release(
+        workspace: Workspace, builds: list[ProjectBuild], python: str, platform: str,
+        tmp_path: Path) -> None:
+    """Issue 18.5: the install line of the README resolves to our sglang build on every
+    Python and platform sglang 0.5.23 publishes a wheel for (cp313 included)."""
+    folder = workspace.root / "wheels" / STACK
+    report = tmp_path / "report.json"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--no-index",
+                    "--no-deps", "--ignore-installed", "--only-binary=:all:",
+                    "--python-version", python, "--platform", platform,
+                    "--target", str(tmp_path / "t"), "--report", str(report),
+                    "-c", str(folder / "constraints.txt"), "--find-links", str(folder),
+                    "sglang"], check=True)
+    (chosen,) = json.loads(report.read_text())["install"]
+    assert chosen["metadata"]["version"] == "0.5.23+sm120.1"
+    assert f"cp{python.replace('.', '')}" in chosen["download_info"]["url"]
 
 
 def test_cp311_wheel_installs_and_imports_here(builds: list[ProjectBuild],

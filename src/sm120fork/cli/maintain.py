@@ -94,6 +94,12 @@ def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool
                               _in_pin(p.fingerprint_upstream, p.effect_upstream),
                               _short_wheel(p.wheel))
         console.print(table)
+        if ps.undeclared_files:
+            console.print(f"[bold yellow]release files:[/] {ps.release_files} (declare them "
+                          f"in forks/{ps.stack}.toml, or on that Python/platform pip finds "
+                          "no patched build)", highlight=False)
+        elif ps.release_files:
+            console.print(f"release files: {ps.release_files}", highlight=False)
         if ps.error:
             console.print(f"[bold red]error:[/] {ps.error}", highlight=False)
         elif not ps.patches:

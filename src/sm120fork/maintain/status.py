@@ -14,7 +14,9 @@ from typing import Any
 
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import ConfigError, ToolkitError
+from sm120fork.fetch.index import project_page
 from sm120fork.fetch.source import source_key
+from sm120fork.maintain.release import undeclared_wheels
 from sm120fork.maintain.state import (
     BumpState,
 )
@@ -71,6 +73,10 @@ class ProjectStatus:
     patches: tuple[PatchStatus, ...]
     bump_in_progress: str = ""
     error: str = ""
+    #: Wheels of the pinned release (package index) that a wheel source does not declare.
+    undeclared_files: tuple[str, ...] = ()
+    #: What the release check found: "" (not a wheel source), "all declared", or why not.
+    release_files: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -93,16 +99,32 @@ def _wheel_for(manifest: dict[str, Any] | None, stack: Stack, project: Project,
     return "-"
 
 
+def release_check(project: Project) -> tuple[tuple[str, ...], str]:
+    """(undeclared wheels, summary) of a wheel source's pinned release on the index."""
+    if project.source != "wheel":
+        return (), ""
+    try:
+        undeclared = undeclared_wheels(project, project_page(project))
+    except ToolkitError as exc:
+        return (), f"not checked: {exc.message}"
+    if undeclared:
+        return undeclared, f"{len(undeclared)} NOT DECLARED: {', '.join(undeclared)}"
+    return (), "all declared"
+
+
 def project_status(ws: Workspace, stack: Stack, project: Project,
                    manifest: dict[str, Any] | None) -> ProjectStatus:
     pending = BumpState.load(ws, stack.name, project.key)
     in_progress = f"to {pending.new_version}" if pending else ""
 
+    undeclared, release = release_check(project)
+
     def result(patches: tuple[PatchStatus, ...], error: str = "") -> ProjectStatus:
         return ProjectStatus(stack=stack.name, default=stack.default, project=project.key,
                              version=project.version, source=project.source,
                              series=project.series, patches=patches,
-                             bump_in_progress=in_progress, error=error)
+                             bump_in_progress=in_progress, error=error,
+                             undeclared_files=undeclared, release_files=release)
     try:
         series = load_series(ws.series_dir(project))
         repo = pinned_upstream(ws, stack, project)

@@ -1,0 +1,42 @@
+"""Does a stack declare every file of the release it pins?
+
+A ``wheel`` source repacks each published wheel it declares; a wheel the release has but
+the stack does not declare (a new Python, a new platform) has no patched build, so on that
+Python or platform ``pip install -c constraints.txt --find-links ...`` cannot resolve ours.
+``status`` and ``bump`` say so, naming the files.
+"""
+
+from __future__ import annotations
+
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from sm120fork.declare import Project
+from sm120fork.fetch.index import ProjectPage
+
+
+def release_wheels(project: Project, page: ProjectPage, version: str | None = None
+                   ) -> tuple[str, ...]:
+    """The wheels of ``project`` at ``version`` (default: its pin) that the index lists,
+    yanked ones left out, sorted."""
+    wanted = Version(version or project.version)
+    found = []
+    for f in page.files:
+        try:
+            name, file_version, _, _ = parse_wheel_filename(f.filename)
+        except InvalidWheelFilename:
+            continue
+        if canonicalize_name(name) == project.normalized_name and file_version == wanted \
+                and not f.yanked:
+            found.append(f.filename)
+    return tuple(sorted(found))
+
+
+def undeclared_wheels(project: Project, page: ProjectPage, version: str | None = None
+                      ) -> tuple[str, ...]:
+    """Wheels of the release a ``wheel`` source does not declare (others build one wheel
+    from source, so none is missing)."""
+    if project.source != "wheel":
+        return ()
+    declared = {w.filename for w in project.wheels}
+    return tuple(f for f in release_wheels(project, page, version) if f not in declared)

@@ -1,0 +1,71 @@
+"""status/bump: a release's files the stack does not declare (issue 18 item 5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sm120fork.declare import load_stack
+from sm120fork.fetch.index import IndexFile, ProjectPage
+from sm120fork.maintain.release import release_wheels, undeclared_wheels
+
+REPO = Path(__file__).resolve().parents[1]
+TAGS = [f"cp3{minor}-cp3{minor}-manylinux_2_34_{arch}"
+        for minor in (11, 12, 13) for arch in ("x86_64", "aarch64")]
+
+
+def _page(*names: str, yanked: tuple[str, ...] = ()) -> ProjectPage:
+    return ProjectPage(url="https://index.invalid/simple/sglang/", files=tuple(
+        IndexFile(filename=n, url=f"https://index.invalid/{n}", sha256="0" * 64,
+                  yanked=n in yanked) for n in names))
+
+
+def test_the_sglang_0_5_23_stack_declares_every_wheel_of_its_release() -> None:
+    """The index lists six wheels of sglang 0.5.23 (cp311-cp313, x86_64 and aarch64)."""
+    project = load_stack(REPO / "forks" / "sglang-0.5.23.toml").project("sglang")
+    page = _page(*(f"sglang-0.5.23-{t}.whl" for t in TAGS), "sglang-0.5.22-cp313-cp313-"
+                 "manylinux_2_34_x86_64.whl", "sglang-0.5.23.tar.gz")
+    assert len(release_wheels(project, page)) == 6
+    assert undeclared_wheels(project, page) == ()
+
+
+def test_a_release_file_the_stack_does_not_declare_is_named() -> None:
+    project = load_stack(REPO / "forks" / "sglang-0.5.23.toml").project("sglang")
+    extra = "sglang-0.5.23-cp314-cp314-manylinux_2_34_x86_64.whl"
+    page = _page(*(f"sglang-0.5.23-{t}.whl" for t in TAGS), extra,
+                 "sglang-0.5.23-cp314-cp314-manylinux_2_34_aarch64.whl",
+                 yanked=("sglang-0.5.23-cp314-cp314-manylinux_2_34_aarch64.whl",))
+    assert undeclared_wheels(project, page) == (extra,)
+    # A new pin (bump): every wheel of that release is undeclared until declared.
+    assert len(undeclared_wheels(project, _page("sglang-0.5.24-py3-none-any.whl"),
+                                 "0.5.24")) == 1
+
+
+def test_an_sdist_source_builds_its_wheel_so_nothing_is_undeclared() -> None:
+    project = load_stack(REPO / "forks" / "sglang-0.5.10.toml").project("flashinfer")
+    page = _page("flashinfer_python-0.6.7.post3-py3-none-any.whl")
+    assert undeclared_wheels(project, page) == ()
+
+
+def test_status_says_which_release_files_are_not_declared(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from sm120fork.cli.maintain import render_status
+    from sm120fork.maintain import status
+
+    stack = load_stack(REPO / "forks" / "sglang-0.5.23.toml")
+    extra = "sglang-0.5.23-cp314-cp314-manylinux_2_34_x86_64.whl"
+    monkeypatch.setattr(status, "project_page", lambda project: _page(
+        *(f"sglang-0.5.23-{t}.whl" for t in TAGS), extra))
+    assert status.release_check(stack.project("sglang")) == (
+        (extra,), f"1 NOT DECLARED: {extra}")
+    assert status.release_check(stack.project("flashinfer")) == ((), "all declared")
+    row = status.ProjectStatus(stack=stack.name, default=False, project="sglang",
+                               version="0.5.23", source="wheel", series="s", patches=(),
+                               undeclared_files=(extra,), release_files=f"1 NOT DECLARED: {extra}")
+    console = Console(record=True, width=200)
+    render_status([row], console, wide=False)
+    assert f"release files: 1 NOT DECLARED: {extra}" in console.export_text()
+    assert list(row.to_json()["undeclared_files"]) == [extra]
