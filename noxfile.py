@@ -68,6 +68,7 @@ def verify_sm120(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def build_aot(session: nox.Session) -> None:
     """AOT wheel of the trtllm comm module: cibuildwheel's steps for aot/, on this host."""
+    session.install("-q", "-r", "aot/requirements-torch-cpu.txt")  # CPU torch serves the compile
     session.install("-q", ".", "-r", "aot/requirements-build.txt", "cibuildwheel==4.3.5")
     session.run("python", "-m", "sm120fork", "build-aot", "--via-cibuildwheel",
                 *session.posargs)

@@ -117,3 +117,29 @@ def test_build_workflow_covers_every_declared_stack() -> None:
     # declaration landing (sglang-0.5.23), and nothing else.
     assert set(load_stacks(REPO / "forks")) <= set(matrix)
     assert all((REPO / "patches" / name).is_dir() for name in matrix), matrix
+
+
+def test_the_build_and_test_steps_take_a_cpu_torch_only() -> None:
+    """Issue 18.6: the compile needs torch only for its ABI flag; the CUDA build (~10 GB,
+    twice) is never what the AOT steps install."""
+    torch_cpu = (AOT / "requirements-torch-cpu.txt").read_text()
+    assert re.search(r"^--extra-index-url https://download\.pytorch\.org/whl/cpu$", torch_cpu,
+                     re.M)
+    assert re.search(r"^torch==[\d.]+\+cpu$", torch_cpu, re.M)
+    for name in ("requirements-build.txt", "requirements-test.txt"):
+        assert not re.search(r"^torch\b", (AOT / name).read_text(), re.M), name
+    for identifier in ("cp312-manylinux_x86_64", "cp312-manylinux_aarch64"):
+        plan = host.resolve(AOT, identifier)
+        for steps in (plan.before_build, plan.before_test):
+            first, _, rest = steps.partition("&&")
+            assert "requirements-torch-cpu.txt" in first, steps
+            assert "requirements-build.txt" in rest or "requirements-test.txt" in rest
+    noxfile = (REPO / "noxfile.py").read_text()
+    assert '"-r", "aot/requirements-torch-cpu.txt"' in noxfile.split("def build_aot")[1]
+
+
+def test_the_workflow_says_the_aarch64_build_has_never_run() -> None:
+    text = (WORKFLOWS / "wheels.yml").read_text()
+    assert "aarch64" in text
+    assert "NOT YET RUN" in text
+    assert "never run" in text
