@@ -7,6 +7,7 @@ installed with a dist-info, so version checks and file lookups run as they do fo
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -129,19 +130,37 @@ def fakesg(module: str) -> Any:
 
 
 class FakeRegistry:
-    """SGLang's REPLACE semantics: set the attribute, rebind from-imported names."""
+    """SGLang's REPLACE semantics: set the attribute, rebind from-imported names.
+
+    ``apply`` is what SGLang's ``load_plugins()`` does once every plugin registered; the
+    plugin itself must never call it (``applied`` counts the calls)."""
 
     def __init__(self) -> None:
         self.hooks: list[tuple[str, Callable[..., Any]]] = []
+        self.applied = 0
 
     def register(self, target: str, fn: Callable[..., Any]) -> None:
         self.hooks.append((target, fn))
 
+    def unregister(self, target: str, fn: Callable[..., Any]) -> None:
+        self.hooks = [(t, f) for t, f in self.hooks if not (t == target and f is fn)]
+
+    @property
+    def pair(self) -> tuple[Callable[[str, Callable[..., Any]], None],
+                            Callable[[str, Callable[..., Any]], None]]:
+        return self.register, self.unregister
+
     def apply(self) -> None:
+        self.applied += 1
         for target, fn in self.hooks:
-            module_name, _, attr = target.rpartition(".")
-            module = importlib.import_module(module_name)
-            original = getattr(module, attr)
+            owner_name, _, attr = target.rpartition(".")
+            try:
+                owner: Any = importlib.import_module(owner_name)
+            except ImportError:
+                module_name, _, cls = owner_name.rpartition(".")
+                owner = getattr(importlib.import_module(module_name), cls)
+            original = vars(owner)[attr]
+            setattr(owner, attr, fn)
             for mod in list(sys.modules.values()):
                 if isinstance(mod, types.ModuleType) and vars(mod).get(attr) is original:
                     setattr(mod, attr, fn)
@@ -206,16 +225,19 @@ def test_applies_every_hook_and_rebinds_from_imports(fork: Git, tmp_path: Path,
     consumer, gates = fakesg("consumer"), fakesg("gates")  # imported first, as in SGLang
     assert consumer.decide(12) is False
     registry = FakeRegistry()
-    statuses = runtime.activate(spec, registry=(registry.register, registry.apply), environ={})
+    statuses = runtime.activate(spec, registry=registry.pair, environ={})
     assert [s.state for s in statuses] == ["applied"] * 5, [s.line for s in statuses]
+    assert registry.applied == 0  # SGLang's load_plugins() applies, after every plugin
+    assert consumer.decide(12) is False
+    registry.apply()
     assert consumer.decide(12) is True
     assert gates.gate(12) is True
     assert gates.gate(8) is False
     with pytest.raises(ValueError, match="SM12X"):
         gates.resolve(8)
-    assert gates._registry == ["gate", "gate"]  # the decorator ran for the patched function too
+    assert gates._registry == ["gate"]  # upstream's decorator is not run a second time
     # once per process: a second call reports the first and changes nothing
-    assert runtime.activate(spec, registry=(registry.register, registry.apply),
+    assert runtime.activate(spec, registry=registry.pair,
                             environ={}) is statuses
     assert len(registry.hooks) == 2
 
@@ -232,7 +254,7 @@ def test_mismatch_leaves_everything_stock(fork: Git, tmp_path: Path,
     gates = fakesg("gates")
     before = dict(vars(gates))
     registry = FakeRegistry()
-    statuses = runtime.activate(spec, registry=(registry.register, registry.apply), environ={})
+    statuses = runtime.activate(spec, registry=registry.pair, environ={})
     by_name = {s.label.rsplit(".", 1)[1]: s for s in statuses}
     assert by_name["resolve"].state == "not applied"
     assert "differs from upstream's" in by_name["resolve"].why
@@ -250,7 +272,7 @@ def test_other_version_is_one_line_per_hook_and_stock(fork: Git, tmp_path: Path,
     spec = spec_for(fork, ["G1", "G2", "G3"])
     site(install(fork, "upstream", tmp_path / "stock", "1.1"))
     registry = FakeRegistry()
-    statuses = runtime.activate(spec, registry=(registry.register, registry.apply), environ={})
+    statuses = runtime.activate(spec, registry=registry.pair, environ={})
     assert {s.why for s in statuses} == {
         "installed fakesg 1.1; this plugin is for 1.0 (stack fake-1.0)"}
     assert len(statuses) == 5
@@ -271,31 +293,65 @@ def test_disabled_by_environment(fork: Git, tmp_path: Path,
     spec = spec_for(fork, ["G1", "G2", "G3"])
     site(install(fork, "upstream", tmp_path / "stock", "1.0"))
     registry = FakeRegistry()
-    assert runtime.activate(spec, registry=(registry.register, registry.apply),
+    assert runtime.activate(spec, registry=registry.pair,
                             environ={"SM120FORK_PLUGIN": "0"}) == []
     assert registry.hooks == []
     assert "fakesg.gates" not in sys.modules
 
 
-def test_failure_while_applying_rolls_back(fork: Git, tmp_path: Path,
-                                           site: Callable[[Path], None]) -> None:
+def test_a_hook_that_cannot_compile_leaves_registry_and_modules_untouched(
+        fork: Git, tmp_path: Path, site: Callable[[Path], None]) -> None:
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    broken = tuple(dataclasses.replace(h, source=h.source.replace("return", "return (", 1))
+                   if h.names == ("resolve",) else h for h in spec.hooks)
+    spec = dataclasses.replace(spec, hooks=broken)
+    site(install(fork, "upstream", tmp_path / "stock", "1.0"))
+    gates = fakesg("gates")
+    before = dict(vars(gates))
+    registry = FakeRegistry()
+    statuses = runtime.activate(spec, registry=registry.pair, environ={})
+    assert {s.state for s in statuses} == {"not applied"}
+    assert "preparing failed, SGLang left stock: SyntaxError" in statuses[0].why
+    assert registry.hooks == []
+    assert vars(gates) == before
+
+
+def test_a_failing_registration_takes_ours_out_again(
+        fork: Git, tmp_path: Path, site: Callable[[Path], None]) -> None:
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    site(install(fork, "upstream", tmp_path / "stock", "1.0"))
+    gates = fakesg("gates")
+    before = dict(vars(gates))
+    registry = FakeRegistry()
+    def other() -> None:
+        return None
+
+    registry.register("fakesg.gates.gate", other)  # another plugin's hook stays
+
+    def register(target: str, fn: Callable[..., Any]) -> None:
+        if target.endswith(".resolve"):
+            raise RuntimeError("registry refused")
+        registry.register(target, fn)
+
+    statuses = runtime.activate(spec, registry=(register, registry.unregister), environ={})
+    assert {s.state for s in statuses} == {"not applied"}
+    assert "RuntimeError: registry refused" in statuses[0].why
+    assert registry.hooks == [("fakesg.gates.gate", other)]
+    assert vars(gates) == before
+
+
+def test_a_second_plugin_loaded_after_ours_keeps_its_hooks(
+        fork: Git, tmp_path: Path, site: Callable[[Path], None]) -> None:
+    """Ours only registers; the host's one apply step then applies both plugins' hooks."""
     spec = spec_for(fork, ["G1", "G2", "G3"])
     site(install(fork, "upstream", tmp_path / "stock", "1.0"))
     consumer, gates = fakesg("consumer"), fakesg("gates")
-    original = gates.gate
     registry = FakeRegistry()
-
-    def half_apply() -> None:
-        registry.hooks = registry.hooks[:1]
-        registry.apply()
-
-    statuses = runtime.activate(spec, registry=(registry.register, half_apply), environ={})
-    assert {s.state for s in statuses} == {"not applied"}
-    assert "HookRegistry left fakesg.gates.resolve unchanged" in statuses[0].why
-    assert gates.gate is original
-    assert consumer.gate is original
-    assert not hasattr(gates, "_is_sm12x")
-    assert not hasattr(gates, "path")
+    runtime.activate(spec, registry=registry.pair, environ={})
+    registry.register("fakesg.consumer.decide", lambda major: "second plugin")
+    registry.apply()
+    assert consumer.decide(12) == "second plugin"
+    assert gates.gate(12) is True
 
 
 def test_plugin_project_vendors_toolkit_files_unchanged(fork: Git, tmp_path: Path) -> None:
@@ -415,3 +471,46 @@ def test_rebuild_with_nothing_changed_touches_no_fork_tree(tmp_path: Path) -> No
     again = build_plugin(ws, ws.stack("s"))
     assert again.cached
     assert not (ws.state_dir / "work").exists()
+
+
+CLASS_BEFORE = '''\
+class Manager:
+    """Holds a workspace."""
+
+    size = 1
+
+    def initialize(self, n):
+        return n
+
+    def cleanup(self):
+        return None
+'''
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (("        return n\n", "        return n + 1\n"), ("replace", ("Manager.initialize",))),
+    (("    size = 1\n", "    size = 2\n"), ("wheel only", ())),
+    (("        return n\n", "        return super().initialize(n)\n"), ("wheel only", ())),
+    (("    def initialize", "    @staticmethod\n    def initialize"), ("wheel only", ())),
+])
+def test_a_class_changed_only_inside_plain_methods_is_one_replace_per_method(
+        edit: tuple[str, str], expected: tuple[str, tuple[str, ...]]) -> None:
+    from sm120fork.plugin.generate import diff_file
+
+    after = CLASS_BEFORE.replace(*edit)
+    (change,) = diff_file("pkg/m.py", CLASS_BEFORE, after)
+    assert (change.kind or "wheel only", change.names if change.kind else ()) == expected
+    if change.kind == "replace":
+        assert change.source == runtime.ModuleUnits.parse(after).function("Manager.initialize")
+        assert change.source.startswith("    def initialize(self, n):\n")
+
+
+def test_a_replaced_method_is_compiled_outside_its_class() -> None:
+    hook = runtime.Hook(patch="G9", kind="replace", module="m", path="m.py",
+                        names=("Manager.initialize",),
+                        source=("    @register\n    def initialize(self, n):\n"
+                                "        return n + 1\n"),
+                        patched_sha256="", upstream_sha256="")
+    module = types.ModuleType("m")
+    bound = runtime._compile_unit(hook, module, 0)  # no NameError: `register` is not run
+    assert bound["initialize"](None, 1) == 2

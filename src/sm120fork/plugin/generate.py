@@ -15,12 +15,20 @@ each Python file it changes are compared before and after it:
 from __future__ import annotations
 
 import ast
+import copy
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sm120fork.errors import BuildError
-from sm120fork.plugin.runtime import Hook, Spec, bound_names, sha256_text, unit_source
+from sm120fork.plugin.runtime import (
+    Hook,
+    ModuleUnits,
+    Spec,
+    bound_names,
+    sha256_text,
+    unit_source,
+)
 from sm120fork.util.git import Git
 
 UPSTREAM_TAG = "upstream"
@@ -108,6 +116,73 @@ def _added_from_import(old: ast.ImportFrom, new: ast.ImportFrom) -> str | None:
     return f"from {'.' * new.level}{new.module or ''} import {names}\n"
 
 
+def _method_changes(path: str, key: Key, old: _Unit, new: _Unit) -> list[_Change]:
+    """A changed class: one ``replace`` per changed method, if nothing else changed.
+
+    The class itself (bases, decorators, other statements) must be upstream's, and each
+    changed method a plain one (no decorator) that neither uses zero-argument ``super()``
+    nor a private ``__name`` (both depend on being compiled inside the class body).
+    """
+    assert isinstance(old.node, ast.ClassDef)
+    assert isinstance(new.node, ast.ClassDef)
+    name = new.node.name
+    wheel_only = [_Change(path, key, "", (name,), wheel_only=(
+        f"changes module-level code in {path} ({_describe(key)} other than inside "
+        "plain methods)"))]
+    before, after = _members(old.node), _members(new.node)
+    if _header(old.node) != _header(new.node) or before.keys() != after.keys():
+        return wheel_only
+    changes: list[_Change] = []
+    for member, node in after.items():
+        text = unit_source(new.text, _shifted(node, new.node))
+        if text == unit_source(old.text, _shifted(before[member], old.node)):
+            continue
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or \
+                node.decorator_list or _needs_class_body(node):
+            return wheel_only
+        dotted = f"{name}.{node.name}"
+        changes.append(_Change(path, ("def", dotted), "replace", (dotted,), text))
+    return changes
+
+
+def _members(node: ast.ClassDef) -> dict[str, ast.stmt]:
+    return {f"{type(n).__name__}:{getattr(n, 'name', i)}": n for i, n in enumerate(node.body)}
+
+
+def _header(node: ast.ClassDef) -> str:
+    return ast.dump(ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords,
+                                 body=[], decorator_list=node.decorator_list))
+
+
+def _shifted(member: ast.stmt, owner: ast.ClassDef) -> ast.stmt:
+    """``member`` with line numbers relative to the class's own text (its first line 1)."""
+    first = min([owner.lineno, *(d.lineno for d in owner.decorator_list)])
+    shifted = copy.copy(member)
+    shifted.lineno = member.lineno - first + 1
+    assert member.end_lineno is not None
+    shifted.end_lineno = member.end_lineno - first + 1
+    if isinstance(member, ast.FunctionDef | ast.AsyncFunctionDef):
+        decorators = []
+        for d in member.decorator_list:
+            moved = copy.copy(d)
+            moved.lineno = d.lineno - first + 1
+            decorators.append(moved)
+        shifted.decorator_list = decorators  # type: ignore[attr-defined]
+    return shifted
+
+
+def _needs_class_body(node: ast.stmt) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and \
+                sub.func.id == "super" and not sub.args:
+            return True
+        ident = sub.id if isinstance(sub, ast.Name) else \
+            sub.attr if isinstance(sub, ast.Attribute) else ""
+        if ident.startswith("__") and not ident.endswith("__"):
+            return True
+    return False
+
+
 def diff_file(path: str, before: str | None, after: str | None) -> list[_Change]:
     """The unit-level changes of one file (``path`` relative to the package root)."""
     if not path.endswith(".py"):
@@ -124,7 +199,9 @@ def diff_file(path: str, before: str | None, after: str | None) -> list[_Change]
         names = tuple(bound_names(unit.node))
         if key[0] == "def" and prior is not None:
             changes.append(_Change(path, key, "replace", names, unit.text))
-        elif prior is None and (key[0] in ("def", "from", "import")
+        elif key[0] == "class" and prior is not None:
+            changes += _method_changes(path, key, prior, unit)
+        elif prior is None and (key[0] in ("def", "class", "from", "import")
                                 or (key[0] == "assign" and _is_literal(unit.node))):
             changes.append(_Change(path, key, "provide", names, unit.text))
         elif key[0] == "from" and prior is not None:
@@ -243,8 +320,7 @@ def generate_spec(repo: Git, patches: Sequence[PatchRef], *, package_root: str, 
 def _units_function(source: str | None, name: str, where: str) -> str:
     if source is None:
         raise BuildError(f"{where} is missing", where=where)
-    for unit in _units(source, where).values():
-        node = unit.node
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-            return unit.text
-    raise BuildError(f"no top-level function {name}", where=where)
+    text = ModuleUnits.parse(source, filename=where).function(name)
+    if text is None:
+        raise BuildError(f"no top-level function or method {name}", where=where)
+    return text

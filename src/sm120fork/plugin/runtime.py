@@ -15,9 +15,17 @@ A hook is one top-level unit of an SGLang module that our series changes:
 - ``provide``: a name the series adds to a module (a helper function, an import, a
   literal constant).  It applies only if the installed module binds none of its names.
 
-All or nothing: if any hook cannot apply, none is applied and SGLang stays exactly stock.
-Each hook reports one line, once per process; ``SM120FORK_PLUGIN=0`` disables the plugin,
-and nothing here raises into SGLang.
+A ``replace`` hook may also name a method (``Class.method``) of a class the series
+changes only inside its methods; its source is compiled without upstream's decorators
+(they ran at import already; running them again would register twice).
+
+All or nothing: every hook is checked and prepared (imported, compiled) first; only if
+all succeeded are names provided and REPLACE hooks registered, and a failure on the way
+takes our entries out again, so SGLang stays exactly stock.  The hooks are applied by
+SGLang's ``load_plugins()`` once every plugin registered (never from here: applying
+early would drop the hooks of plugins loaded after this one).  Each hook reports one
+line, once per process (``applied``: registered for SGLang's apply step);
+``SM120FORK_PLUGIN=0`` disables the plugin, and nothing here raises into SGLang.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import importlib.util
 import logging
 import os
 import sys
+import textwrap
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,9 +117,18 @@ class ModuleUnits:
         return cls(source=source, tree=tree, bindings=bindings)
 
     def function(self, name: str) -> str | None:
-        """The source of the top-level function ``name`` (None if there is none)."""
-        for node in self.tree.body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+        """The source of the top-level function ``name``, or of the method ``Class.name``
+        of a top-level class (None if there is none)."""
+        *outer, last = name.split(".")
+        body: list[ast.stmt] = self.tree.body
+        for part in outer:
+            owner = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == part),
+                         None)
+            if owner is None:
+                return None
+            body = owner.body
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == last:
                 return unit_source(self.source, node)
         return None
 
@@ -288,82 +306,137 @@ def _read_units(parent: Path | None, path: str) -> ModuleUnits | str:
         return f"cannot read {path}: {exc}"
 
 
-# --- Applying ------------------------------------------------------------------------------
+# --- Applying ---------------------------------------------------------------------------
 
 RegisterFn = Callable[[str, Callable[..., Any]], None]
+#: (register, unregister): put one REPLACE hook into SGLang's HookRegistry, take ours out.
+Registry = tuple[RegisterFn, Callable[[str, Callable[..., Any]], None]]
 
 
-def _sglang_registry() -> tuple[RegisterFn, Callable[[], None]]:
+def _sglang_registry() -> Registry:
     hook_registry = importlib.import_module("sglang.srt.plugins.hook_registry")
     registry, replace = hook_registry.HookRegistry, hook_registry.HookType.REPLACE
 
     def register(target: str, fn: Callable[..., Any]) -> None:
         registry.register(target, fn, replace)
 
-    apply_hooks: Callable[[], None] = registry.apply_hooks
-    return register, apply_hooks
+    def unregister(target: str, fn: Callable[..., Any]) -> None:
+        hooks = registry._hooks.get(target)
+        if hooks is not None:
+            hooks[:] = [entry for entry in hooks if entry[1] is not fn]
+            if not hooks:
+                del registry._hooks[target]
+
+    return register, unregister
+
+
+def _without_decorators(source: str) -> ast.Module:
+    """The unit's source as a module, its function's decorators removed.
+
+    Upstream's decorators already ran on upstream's function when SGLang imported the
+    module (``@register_post_process`` appended it to a list); running them again would
+    register a second function.  ``_prepare`` checks that they returned the function
+    itself, so the bare function is exactly what they left in the module.
+    """
+    tree = ast.parse(textwrap.dedent(source))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            node.decorator_list = []
+    return tree
 
 
 def _compile_unit(hook: Hook, module: types.ModuleType, flags: int) -> dict[str, Any]:
-    """Run one unit's source with the module's globals; return the names it bound."""
-    code = compile(hook.source, f"<sm120fork plugin {hook.path}>", "exec",
-                   flags=flags, dont_inherit=True)
+    """Run one unit's source with the module's globals; return the names it bound.
+
+    A ``replace`` unit is compiled without its decorators (see ``_without_decorators``);
+    a ``provide`` unit is new to the module, so its decorators run once, as in the wheel.
+    """
+    where = f"<sm120fork plugin {hook.path}>"
+    code = compile(_without_decorators(hook.source) if hook.kind == "replace"
+                   else hook.source, where, "exec", flags=flags, dont_inherit=True)
     bound: dict[str, Any] = {}
     exec(code, vars(module), bound)
     return bound
 
 
-def _rebind(old: object, new: object) -> None:
-    """Put ``new`` wherever a module holds ``old`` (undoing a REPLACE)."""
-    for mod in list(sys.modules.values()):
-        if not isinstance(mod, types.ModuleType):
-            continue
-        try:
-            items = list(vars(mod).items())
-        except TypeError:
-            continue
-        for name, value in items:
-            if value is old:
-                with contextlib.suppress(AttributeError, TypeError):
-                    setattr(mod, name, new)
+def _owner(module: types.ModuleType, dotted: str) -> tuple[Any, str]:
+    """The object holding the last part of ``dotted`` (a module or a class) and that name."""
+    *outer, attr = dotted.split(".")
+    owner: Any = module
+    for part in outer:
+        owner = getattr(owner, part)
+    return owner, attr
+
+
+def _current_function(owner: Any, attr: str) -> types.FunctionType:
+    """What the owner binds now, if decorators left the plain function there; else raise."""
+    current = vars(owner).get(attr)
+    if not isinstance(current, types.FunctionType) or current.__code__.co_name != attr \
+            or hasattr(current, "__wrapped__"):
+        raise RuntimeError(f"{attr} is not the plain function upstream defines (a wrapping "
+                           "decorator, or another plugin replaced it first)")
+    return current
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """One hook, ready: what to set (provide) or to register (replace)."""
+
+    hook: Hook
+    module: types.ModuleType
+    values: dict[str, Any]
+
+
+def _prepare(hook: Hook) -> _Prepared:
+    """Import the target, compile our unit; change nothing."""
+    module = importlib.import_module(hook.module)
+    bound = _compile_unit(hook, module, _flags_of(module))
+    if hook.kind == "provide":
+        return _Prepared(hook, module, {name: bound[name] for name in hook.names})
+    (dotted,) = hook.names
+    owner, attr = _owner(module, dotted)
+    _current_function(owner, attr)
+    if not isinstance(bound.get(attr), types.FunctionType):
+        raise RuntimeError(f"our source of {dotted} defines no function {attr}")
+    return _Prepared(hook, module, {dotted: bound[attr]})
 
 
 def _apply(spec: Spec, statuses: list[HookStatus],
-           registry: tuple[RegisterFn, Callable[[], None]] | None) -> list[HookStatus]:
-    todo = [(h, s) for h, s in zip(spec.hooks, statuses, strict=False) if s.state == APPLIED]
+           registry: Registry | None) -> list[HookStatus]:
+    """Prepare every hook; only if all succeeded, provide names and register REPLACEs.
+
+    SGLang's ``load_plugins()`` applies every plugin's hooks itself once all plugins
+    registered; applying here would mark our targets patched early and drop the hooks
+    of plugins loaded after this one, so this never calls ``HookRegistry.apply_hooks``.
+    On any failure the registry and the modules are left without anything of ours.
+    """
+    todo = [h for h, s in zip(spec.hooks, statuses, strict=False) if s.state == APPLIED]
     if not todo:
         return statuses
-    register, apply_hooks = registry or _sglang_registry()
+    register, unregister = registry or _sglang_registry()
     provided: list[tuple[types.ModuleType, str]] = []
-    replaced: list[tuple[types.ModuleType, str, object]] = []
+    registered: list[tuple[str, Callable[..., Any]]] = []
     try:
-        for hook, _ in todo:
-            module = importlib.import_module(hook.module)
-            flags = _flags_of(module)
-            bound = _compile_unit(hook, module, flags)
-            if hook.kind == "provide":
-                for name in hook.names:
-                    setattr(module, name, bound[name])
-                    provided.append((module, name))
-            else:
-                (name,) = hook.names
-                replaced.append((module, name, getattr(module, name)))
-                register(f"{hook.module}.{name}", bound[name])
-        apply_hooks()
-        missed = [f"{m.__name__}.{n}" for m, n, original in replaced
-                  if getattr(m, n) is original]
-        if missed:
-            raise RuntimeError(f"HookRegistry left {', '.join(missed)} unchanged "
-                               "(see SGLang's log above)")
+        prepared = [_prepare(hook) for hook in todo]
+        for item in prepared:
+            if item.hook.kind == "provide":
+                for name, value in item.values.items():
+                    setattr(item.module, name, value)
+                    provided.append((item.module, name))
+        for item in prepared:
+            if item.hook.kind == "replace":
+                for dotted, fn in item.values.items():
+                    target = f"{item.hook.module}.{dotted}"
+                    register(target, fn)
+                    registered.append((target, fn))
     except Exception as exc:
-        for module, name, original in replaced:
-            current = getattr(module, name, original)
-            if current is not original:
-                _rebind(current, original)
+        for target, fn in registered:
+            with contextlib.suppress(Exception):
+                unregister(target, fn)
         for module, name in provided:
-            if hasattr(module, name):
+            if name in vars(module):
                 delattr(module, name)
-        why = f"applying failed, SGLang left stock: {type(exc).__name__}: {exc}"
+        why = f"preparing failed, SGLang left stock: {type(exc).__name__}: {exc}"
         return [HookStatus(label=s.label, state=NOT_APPLIED, why=why)
                 if s.state == APPLIED else s for s in statuses]
     return statuses
@@ -376,7 +449,7 @@ def _flags_of(module: types.ModuleType) -> int:
 
 
 def activate(spec: Spec, *,
-             registry: tuple[RegisterFn, Callable[[], None]] | None = None,
+             registry: Registry | None = None,
              environ: Mapping[str, str] = os.environ) -> list[HookStatus]:
     """Check every hook and apply all of them, or none; log one line per hook, once.
 
