@@ -1,13 +1,17 @@
 """Behaviour cases of sglang 0.5.23's SM12x gates, run in a fresh interpreter.
 
-``python plugin_probe.py <site> <major.minor> [--load-plugins]``: ``<site>`` holds an
-installed sglang (stock or patched) and, for the plugin run, the installed plugin wheel.
+``python plugin_probe.py <site> <major.minor> [--load-plugins] [--second-plugin]``:
+``<site>`` holds an installed sglang (stock or patched) and, for the plugin run, the
+installed plugin wheel.
 Only the GPU query is faked (``sm120fork.harness.fake_gpu.fake_gpu``, which also stubs the
 GPU-only packages), and ``sglang/__init__.py`` is not run (it imports the whole server;
 the modules under test are imported for real).  With ``--load-plugins`` SGLang's own
 ``load_plugins()`` runs first, as in every SGLang process.  Where a gate reads process
 state (the exec config, DP attention), the case sets that input on the module under test.
-Prints one line ``PLUGIN-PROBE <json>``: {"plugin": [log lines], "cases": {name: result}}.
+With ``--second-plugin`` a second plugin (``zz_probe_plugin``, loaded after ours) has
+AROUND hooks on G1's target and on another function; what they recorded is reported.
+Prints one line ``PLUGIN-PROBE <json>``: {"plugin": [log lines], "cases": {name: result},
+"second_plugin": [targets called]}.
 """
 
 from __future__ import annotations
@@ -94,8 +98,13 @@ def main() -> int:
         for batch in (16, 4096):
             cases[f"G3 flashinfer_ar_fusion_applies({batch}) backend={fused_backend}"] = _result(
                 add_norm.flashinfer_ar_fusion_applies, batch)
+    second: list[str] = []
+    if "--second-plugin" in sys.argv[3:]:  # its AROUND hooks record each call they wrap
+        fusion.is_flashinfer_allreduce_unavailable()
+        second = list(importlib.import_module("zz_probe_plugin").CALLS)
     sys.stdout.write("PLUGIN-PROBE " + json.dumps(
-        {"plugin": plugin_lines.lines, "cases": cases}, sort_keys=True) + "\n")
+        {"plugin": plugin_lines.lines, "cases": cases, "second_plugin": second},
+        sort_keys=True) + "\n")
     return 0
 
 

@@ -59,3 +59,16 @@ def test_a_fused_path_after_a_failure_fails() -> None:
     problems = expected_problems("all-ranks-create-fails",
                                  [_rank(0, "layer_boundary", [UPSTREAM_WORDS], path="fused")])
     assert problems == ["rank 0: took the fused path although fusion failed"]
+
+
+def test_a_failed_fused_call_keeps_the_workspace_for_captured_graphs() -> None:
+    def ranks(alive: int) -> list[dict[str, Any]]:
+        return [{**_rank(r, "layer_boundary", [UPSTREAM_WORDS]), "fake_buffers_alive": alive}
+                for r in (0, 1)]
+
+    assert expected_problems("fused-call-raises", ranks(3)) == []
+    assert expected_problems("fused-call-raises", ranks(0)) == [
+        f"rank {r}: the workspace was freed after the fused call failed, while captured "
+        "CUDA graphs may still use it" for r in (0, 1)]
+    assert expected_problems("one-rank-create-fails", ranks(3)) == [
+        f"rank {r}: 3 workspace buffers not freed" for r in (0, 1)]

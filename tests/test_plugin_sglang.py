@@ -110,12 +110,46 @@ def stock_probe(sites: Sites, capability: str) -> dict[str, Any]:
     return _STOCK[capability]
 
 
+SECOND_PLUGIN = '''\
+"""A second sglang plugin: AROUND hooks on G1's target and on another function."""
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+CALLS = []
+FUSION = "sglang.srt.layers.flashinfer_comm_fusion"
+
+
+def _around(name):
+    def hook(original, *args, **kwargs):
+        CALLS.append(name)
+        return original(*args, **kwargs)
+    return hook
+
+
+def load():
+    for name in ("_resolve_backend", "is_flashinfer_allreduce_unavailable"):
+        HookRegistry.register(f"{FUSION}.{name}", _around(name), HookType.AROUND)
+'''
+
+
+def second_plugin_site(base: Path) -> Path:
+    """An installed second plugin (entry point ``zzprobe``), found after ours on the path."""
+    site = base / "second-plugin"
+    info = site / "zz_probe_plugin-1.0.dist-info"
+    info.mkdir(parents=True)
+    (site / "zz_probe_plugin.py").write_text(SECOND_PLUGIN)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: zz-probe-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[sglang.srt.plugins]\nzzprobe = zz_probe_plugin:load\n")
+    return site
+
+
 def probe(sites: Sites, site: Path, capability: str, *, plugin: bool,
-          env: dict[str, str] | None = None) -> dict[str, Any]:
-    paths = [str(sites.deps), str(ROOT / "src"), *([str(sites.plugin)] if plugin else [])]
+          env: dict[str, str] | None = None, second: Path | None = None) -> dict[str, Any]:
+    paths = [str(sites.deps), str(ROOT / "src"), *([str(sites.plugin)] if plugin else []),
+             *([str(second)] if second else [])]
     full = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **(env or {}))
     done = subprocess.run([sys.executable, str(TESTS / "plugin_probe.py"), str(site),
-                           capability, *(["--load-plugins"] if plugin else [])],
+                           capability, *(["--load-plugins"] if plugin else []),
+                           *(["--second-plugin"] if second else [])],
                           capture_output=True, text=True, env=full, timeout=600, check=False)
     for line in done.stdout.splitlines():
         if line.startswith("PLUGIN-PROBE "):
@@ -148,6 +182,21 @@ def test_plugin_on_stock_agrees_with_the_patched_wheel(sites: Sites, capability:
     if capability.startswith("12."):  # the suite does tell the series from stock
         stock = stock_probe(sites, capability)
         assert sum(stock["cases"][n] != patched["cases"][n] for n in stock["cases"]) >= 10
+
+
+@pytest.mark.parametrize("ours", ["on", "off"])
+def test_a_second_plugin_loaded_after_ours_keeps_its_hooks(sites: Sites, tmp_path: Path,
+                                                           ours: str) -> None:
+    """SGLang's load_plugins() applies every plugin's hooks once all registered: ours must
+    not apply early (that dropped the second plugin's hooks, on G1's target and others)."""
+    env = {"SM120FORK_PLUGIN": "0"} if ours == "off" else {}
+    result = probe(sites, sites.stock, "12.0", plugin=True, env=env,
+                   second=second_plugin_site(tmp_path))
+    assert "is_flashinfer_allreduce_unavailable" in result["second_plugin"]
+    assert "_resolve_backend" in result["second_plugin"]
+    reference = probe(sites, sites.patched if ours == "on" else sites.stock, "12.0",
+                      plugin=False)
+    assert result["cases"] == reference["cases"]  # G1 applied under the second's AROUND
 
 
 def test_another_sglang_version_stays_stock(sites: Sites, tmp_path: Path) -> None:

@@ -136,6 +136,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--gates-in-memory", action="store_true",
                    help="stock upstream of layout layer_boundary: accept SM12x in its gates "
                    "in memory (G1/G3 stand-in)")
+    s.add_argument("--load-plugins", action="store_true",
+                   help="each rank runs SGLang's load_plugins() first, as SGLang's own "
+                   "processes do (stock SGLang + a plugin on --site)")
     s.add_argument("--title", default="SGLang fused-norm layer path")
     s.add_argument("--note", action="append", default=[])
     s.add_argument("--out", type=Path, required=True)
@@ -203,7 +206,8 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
         site=tuple(args.site), cases=_optional(args.case), device=args.device,
         world_size=args.world_size, tokens=_optional(args.tokens), timeout=args.timeout,
         first_timeout=args.first_timeout, start_timeout=args.start_timeout,
-        gates_in_memory=args.gates_in_memory, title=args.title, notes=tuple(args.note)))
+        gates_in_memory=args.gates_in_memory, load_plugins=args.load_plugins,
+        title=args.title, notes=tuple(args.note)))
     failed = [o for o in outcomes if not o.passed]
     return VerifyError.exit_code if failed else 0
 

@@ -570,6 +570,7 @@ class LayerOptions:
     first_timeout: float | None = None
     start_timeout: float = 300.0
     gates_in_memory: bool = False
+    load_plugins: bool = False
     title: str = "SGLang fused-norm layer path"
     notes: tuple[str, ...] = ()
 
@@ -585,7 +586,8 @@ def run_sglang_layer(opts: LayerOptions) -> list[sglang_layer.CaseOutcome]:
             case, sglang_path=opts.sglang_path, device=opts.device,
             world_size=opts.world_size, tokens=list(opts.tokens) if opts.tokens else None,
             timeout=timeout, start_timeout=opts.start_timeout, extra_path=list(opts.site),
-            gates_in_memory=opts.gates_in_memory, layout=opts.layout)
+            gates_in_memory=opts.gates_in_memory, layout=opts.layout,
+            load_plugins=opts.load_plugins)
         log.info("%s: %s in %.0f s %s", case, "PASS" if outcome.passed else "FAIL",
                  outcome.seconds, "; ".join(outcome.problems))
         outcomes.append(outcome)

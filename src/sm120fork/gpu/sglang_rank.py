@@ -73,7 +73,12 @@ def _module(name: str) -> Any:
 
 
 class GlooTPGroup:
-    """SGLang's group coordinator as far as the layer path uses it, over one gloo group."""
+    """SGLang's group coordinator as far as the layer path uses it, over gloo.
+
+    Its device group is a second gloo group over the same ranks: in SGLang it is another
+    communicator (NCCL) than the CPU group, so a collective on one never matches one on
+    the other, and a rank in the wrong one waits (as on a GPU) instead of pairing up.
+    """
 
     def __init__(self, rank: int, world_size: int) -> None:
         dist = _module("torch.distributed")
@@ -82,7 +87,8 @@ class GlooTPGroup:
         self.ranks = list(range(world_size))
         self.first_rank, self.last_rank = 0, world_size - 1
         self.unique_name = "tp:0"
-        self.cpu_group = self.device_group = dist.group.WORLD
+        self.cpu_group = dist.group.WORLD
+        self.device_group = dist.new_group(backend="gloo")
         self.all_reduce_calls = 0
 
     def all_reduce(self, input_: Any) -> Any:
@@ -169,9 +175,11 @@ class _FakeBuffer:
 class _FakeWorkspace:
     backend = "trtllm"
 
-    def __init__(self, buffers: list[_FakeBuffer]) -> None:
+    def __init__(self, buffers: list[_FakeBuffer], *, use_fp32_lamport: bool = False) -> None:
         self.buffers = buffers
         self.destroyed = False
+        self.group: Any = None
+        self.metadata = {"use_fp32_lamport": use_fp32_lamport}
 
     def is_buffer_size_sufficient(self, **_: Any) -> bool:
         return not self.destroyed
@@ -182,16 +190,20 @@ class _FakeWorkspace:
 
 
 class _WorldBackend:
-    """What FlashInfer uses when SGLang passes no comm_backend: the default group."""
+    """What FlashInfer uses when SGLang passes no comm_backend: ``TorchDistBackend`` over
+    the ``group`` SGLang passed (0.5.23: its device group), else the default group."""
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
 
     def allgather(self, data: Any) -> list[Any]:
         dist = _module("torch.distributed")
-        out: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, data)
+        out: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(out, data, group=self.group)
         return out
 
     def barrier(self) -> None:
-        _module("torch.distributed").barrier()
+        _module("torch.distributed").barrier(group=self.group)
 
 
 class FakeFlashInferComm:
@@ -210,8 +222,9 @@ class FakeFlashInferComm:
         self.fail_at_allocation: int | None = None
 
     def create_allreduce_fusion_workspace(self, *, comm_backend: Any = None,
-                                          **_: Any) -> _FakeWorkspace:
-        backend = comm_backend if comm_backend is not None else _WorldBackend()
+                                          use_fp32_lamport: bool = False,
+                                          group: Any = None, **_: Any) -> _FakeWorkspace:
+        backend = comm_backend if comm_backend is not None else _WorldBackend(group)
         buffers = []
         for _index in range(3):
             self.allocations += 1
@@ -223,18 +236,31 @@ class FakeFlashInferComm:
             buffers.append(buffer)
             backend.allgather(id(buffer))
         backend.barrier()
-        return _FakeWorkspace(buffers)
+        workspace = _FakeWorkspace(buffers, use_fp32_lamport=use_fp32_lamport)
+        workspace.group = group
+        return workspace
 
     def allreduce_fusion(self, *, input: Any, residual_in: Any, rms_gamma: Any,
                          rms_eps: float, norm_out: Any, residual_out: Any,
-                         **_: Any) -> None:
+                         workspace: Any = None, **_: Any) -> None:
+        """The kernel's arithmetic; it reduces over the workspace's peers (its group)."""
         torch, dist = _module("torch"), _module("torch.distributed")
         total = input.float().clone()
-        dist.all_reduce(total)
+        dist.all_reduce(total, group=getattr(workspace, "group", None))
         hidden = total + residual_in.float()
         variance = hidden.pow(2).mean(dim=-1, keepdim=True)
         norm_out.copy_(hidden * torch.rsqrt(variance + rms_eps) * rms_gamma.float())
         residual_out.copy_(hidden)
+
+
+def use_fake_flashinfer(adapter: Any, fusion: Any, fake: FakeFlashInferComm) -> None:
+    """Point SGLang's fusion module at the stand-in, as its import-time probe of FlashInfer
+    would have; a layout whose module binds more of FlashInfer at import (the creation
+    function, its signature, a cuMemCreate preflight) binds them in its adapter."""
+    fusion._flashinfer_comm = fake
+    bind = getattr(adapter, "use_fake_flashinfer", None)
+    if bind is not None:
+        bind(fusion, fake.create_allreduce_fusion_workspace)
 
 
 # --- fault injection -------------------------------------------------------------------
@@ -290,8 +316,8 @@ def _inject(layer: Layer, fault: str, *, fake: FakeFlashInferComm | None) -> Non
 
 
 class _Warnings(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
+    def __init__(self, level: int = logging.WARNING) -> None:
+        super().__init__(level)
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -343,6 +369,11 @@ def run_rank(request: dict[str, Any]) -> Observation:
     dist.init_process_group(
         "gloo", init_method=request["init_method"], rank=rank, world_size=world,
         timeout=dt.timedelta(seconds=float(request.get("collective_timeout_s", 120))))
+    plugin_lines = _Warnings(logging.INFO)
+    if request.get("load_plugins"):  # as every SGLang process does, before its work
+        logging.getLogger("sm120fork.plugin").addHandler(plugin_lines)
+        logging.getLogger("sm120fork.plugin").setLevel(logging.INFO)
+        _module("sglang.srt.plugins").load_plugins()
     group = GlooTPGroup(rank, world)
     adapter = layout_adapter(request["layout"], "rank")
     layer: Layer = adapter.setup(group)
@@ -350,7 +381,7 @@ def run_rank(request: dict[str, Any]) -> Observation:
         adapter.patch_gates_in_memory(layer)
     if device_kind == "cpu":
         fake = FakeFlashInferComm()
-        layer.fusion._flashinfer_comm = fake
+        use_fake_flashinfer(adapter, layer.fusion, fake)
     if fault is not None and (where in ("all", rank)):
         _inject(layer, fault, fake=fake)
 
@@ -408,6 +439,7 @@ def run_rank(request: dict[str, Any]) -> Observation:
         "unavailable": bool(layer.fusion.is_flashinfer_allreduce_unavailable()),
         "workspace_ready": layer.workspace_ready(),
         "warnings": warnings.messages,
+        "plugin": plugin_lines.messages,
         "steps": steps,
         "tolerance": tolerance,
         "seconds": round(time.monotonic() - started, 3),

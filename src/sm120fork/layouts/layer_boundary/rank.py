@@ -59,3 +59,16 @@ def patch_gates_in_memory(layer: Layer) -> None:
 
     fusion._resolve_backend = resolve
     add_norm._is_sm90_supported = True
+
+
+def use_fake_flashinfer(fusion: Any, create: Any) -> None:
+    """The CPU stand-in (``gpu.sglang_rank``) as this module's import would have bound
+    FlashInfer: the creation function, what its signature offers, and a cuMemCreate
+    preflight whose allocations succeed (the vote over the ranks stays SGLang's)."""
+    fusion._create_allreduce_fusion_workspace = create
+    fusion._flashinfer_create_workspace_supports_comm_backend = True
+    fusion._flashinfer_create_workspace_supports_group = True
+    fusion.get_cuda_driver_bindings = lambda: None
+    fusion._make_flashinfer_workspace_allocation_prop = lambda driver: None
+    fusion._flashinfer_trtllm_workspace_allocation_sizes = lambda *args: [1 << 21]
+    fusion._probe_cumem_create_sequence = lambda *args: True

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One leased-GPU call per install route (issue 19 item 5): SGLang's own fused-norm layer path,
+# two rank processes sharing the H200 over a gloo TP group, all six cases
+# (fused, all-ranks-create-fails, one-rank-create-fails, one-rank-fails-midway,
+# one-rank-fails-late, fused-call-raises). Multicast off, FlashInfer backend "trtllm" only.
+#   bash benchmarks/gpu_failclosed.sh s510          default stack: patched sglang 0.5.10 + FlashInfer 0.6.7.post3 wheels
+#   bash benchmarks/gpu_failclosed.sh s523          stack sglang-0.5.23: the patched cp312 wheel (G1-G6), FlashInfer 0.7.2
+#   bash benchmarks/gpu_failclosed.sh s523-plugin   stock sglang 0.5.23 + the generated plugin, load_plugins() in each rank
+# Carried (git-ignored, made here by `bash benchmarks/gpu_kit.sh sglang-0.5.10 sglang-0.5.23`
+# and `bash benchmarks/gpu_failclosed_kit.sh`): .device/kit/whl312/common, .device/kit/whl312/<s510|s523>,
+# .device/kit/<stack>, and for s523-plugin .device/failclosed (upstream's bytes of the series' files).
+# The comm module's JIT cache stays under .device/failclosed/jit-* (kept on a warm machine, so the
+# second 0.7.2 route reuses it). Each call stops its cases in time to end within 9 minutes.
+set -uo pipefail
+ROUTE=${1:?route: s510, s523 or s523-plugin}
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 SM120FORK_SHARED_GPU_HOST=1
+K=.device/kit; F=.device/failclosed; R=$PWD/$F/run-$ROUTE; T0=$(date +%s)
+rm -rf "$R"; mkdir -p "$R/site_common" "$R/site_deps" "$R/sg" "$R/fi" "$R/plugin"
+OUTD=$OUT/$ROUTE; mkdir -p "$OUTD"
+pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --target "$@"; }
+untree() { local d; d=$(mktemp -d "$R/tree.XXXX"); tar xJf "$1" -C "$d"; ls -d "$d"/*/ | head -1; }
+pipi "$R/site_common" $K/whl312/common/*.whl
+case $ROUTE in
+  s510)
+    pipi "$R/site_deps" $K/whl312/s510/*.whl
+    pipi "$R/sg" $K/sglang-0.5.10/sglang-*.whl
+    pipi "$R/fi" $K/sglang-0.5.10/flashinfer_python-*.whl
+    SG=$R/sg; FI=$R/fi; JIT=$PWD/$F/jit-067; EXTRA=() ;;
+  s523|s523-plugin)
+    pipi "$R/site_deps" $K/whl312/s523/*.whl
+    SG=$(untree $K/sglang-0.5.23/sglang-*cp312*x86_64.tree.tar.xz); FI=$(untree $K/sglang-0.5.23/flashinfer_python-*.tree.tar.xz)
+    JIT=$PWD/$F/jit-072; EXTRA=()
+    if [ "$ROUTE" = s523-plugin ]; then
+      # stock: the wheel's tree with every file the series changes put back to upstream's bytes,
+      # each checked against the stock wheel's RECORD; then the plugin wheel beside it
+      python3 - "$SG" $F/stock-overlay <<'PY' || exit 1
+import base64, hashlib, shutil, sys
+from pathlib import Path
+tree, overlay = Path(sys.argv[1]), Path(sys.argv[2])
+record = {l.split(",")[0]: l.split(",")[1] for l in (overlay / "RECORD.stock").read_text().splitlines() if l}
+for f in sorted(p for p in (overlay / "files").rglob("*") if p.is_file()):
+    rel = f.relative_to(overlay / "files").as_posix()
+    digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(f.read_bytes()).digest()).rstrip(b"=").decode()
+    assert record[rel] == digest, (rel, digest, record.get(rel))
+    shutil.copyfile(f, tree / rel); print("stock", rel, digest)
+PY
+      python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" $K/sglang-0.5.23/plugin/*.whl "$R/plugin"
+      EXTRA=(--site "$R/plugin" --load-plugins)
+    fi ;;
+  *) echo "unknown route $ROUTE" >&2; exit 2 ;;
+esac
+echo "unpacked in $(( $(date +%s) - T0 )) s: sglang $SG, flashinfer $FI" | tee "$OUTD/setup.log"
+nvidia-smi -L | tee -a "$OUTD/setup.log"
+FLASHINFER_WORKSPACE_BASE=$JIT PYTHONPATH=$FI:$R/site_common python3 -c "import time; t=time.time()
+from flashinfer.comm.trtllm_ar import get_trtllm_comm_module as g; g(); print('comm module ready in %.0f s' % (time.time()-t))" > "$OUTD/jit.log" 2>&1
+echo "jit rc $? at $(( $(date +%s) - T0 )) s"; tail -2 "$OUTD/jit.log"
+LEFT=$(( 520 - ($(date +%s) - T0) )); echo "layer cases get ${LEFT} s"
+PYTHONPATH=$PWD/src FLASHINFER_WORKSPACE_BASE=$JIT timeout -s TERM $LEFT python3 -m sm120fork.gpu sglang-layer \
+  --sglang-path "$SG" --site "$FI" --site "$R/site_deps" --site "$R/site_common" "${EXTRA[@]}" \
+  --timeout 45 --first-timeout 120 --start-timeout 150 \
+  --case fused --case all-ranks-create-fails --case one-rank-create-fails --case one-rank-fails-midway \
+  --case one-rank-fails-late --case fused-call-raises \
+  --title "Issue 19 fault matrix, route $ROUTE: SGLang's fused-norm layer path on one H200 (2 ranks sharing it)" \
+  --note "route $ROUTE; capability query stubbed to 12.0 for callers in sglang.* only; FlashInfer builds and runs for the real SM90" \
+  --note "TP group: gloo over the 2 rank processes (device group a second gloo group); sgl_kernel an import stub, so the unfused norm is SGLang's forward_native" \
+  --out "$OUTD/layer" > "$OUTD/layer.log" 2>&1
+echo "layer rc $? at $(( $(date +%s) - T0 )) s"; tail -8 "$OUTD/layer.log"
+# at most 8 files come back, 2 folders down: one archive plus the report
+cp "$OUTD/layer/report.md" "$OUT/report-$ROUTE.md" 2>/dev/null
+tar czf "$OUT/results-$ROUTE.tgz" -C "$OUT" "$ROUTE" && rm -rf "$OUTD"; ls -la "$OUT"
