@@ -42,10 +42,11 @@ RANK_MODULE = "sm120fork.gpu.sglang_rank"
 RESULT_MARKER = "SM120FORK-SGLANG-RANK "
 READY_MARKER = "SM120FORK-SGLANG-READY"
 
-#: The cases, in the order they run; "no-p2p" needs distinct devices (CPU only here).
+#: The cases, in the order they run; "no-p2p" needs distinct devices and the POSIX-fd
+#: exchange case a stand-in of FlashInfer 0.6.7's exchanger (CPU only here).
 GPU_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
              "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises")
-CPU_CASES = (*GPU_CASES, "no-p2p")
+CPU_CASES = (*GPU_CASES, "no-p2p", "one-rank-fails-in-fd-exchange")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

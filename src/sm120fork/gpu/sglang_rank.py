@@ -36,10 +36,11 @@ import importlib
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from sm120fork.layouts import Layer
 from sm120fork.layouts import adapter as layout_adapter
@@ -60,6 +61,7 @@ CASES: dict[str, tuple[str | None, str | int | None]] = {
     "one-rank-fails-late": ("create-returns-then-raises", 1),
     "fused-call-raises": ("fused-call-raises", "all"),
     "no-p2p": ("no-p2p", "all"),
+    "one-rank-fails-in-fd-exchange": ("fd-exchange-raises", 1),
 }
 
 Observation = dict[str, Any]
@@ -205,6 +207,58 @@ class _WorldBackend:
     def barrier(self) -> None:
         _module("torch.distributed").barrier(group=self.group)
 
+    def bcast(self, data: Any, root: int) -> Any:
+        return self.allgather(data)[root]
+
+    def Get_rank(self) -> int:  # noqa: N802 - FlashInfer's CommBackend names
+        return int(_module("torch.distributed").get_rank(self.group))
+
+    def Get_size(self) -> int:  # noqa: N802
+        return int(_module("torch.distributed").get_world_size(self.group))
+
+
+class _PosixFdExchange:
+    """FlashInfer 0.6.7's ``PosixFDHandleExchanger``, as its creation uses it: an AF_UNIX
+    datagram socket per buffer (its name agreed by a ``bcast``); ``allgather`` takes, per
+    peer, one barrier on the comm backend, then sends this rank's fd and blocks in
+    ``recvmsg`` for the next one.  Outside the comm backend: a peer that fails between two
+    barriers never sends.  ``fail_at`` makes this rank raise after that barrier."""
+
+    def __init__(self, backend: Any, fail_at: int | None) -> None:
+        self.backend, self.fail_at = backend, fail_at
+        self.rank, self.size = backend.Get_rank(), backend.Get_size()
+        op = backend.bcast(os.urandom(8).hex() if self.rank == 0 else None, 0)
+        self.name = f"\0sm120fork-fd-{op}-"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.name + str(self.rank))
+
+    #: A failing rank's socket stays open: FlashInfer's half-built buffer holds it until
+    #: collected, so a peer's send still lands and the peer waits in recvmsg (the window).
+    kept_open: ClassVar[list[socket.socket]] = []
+
+    def allgather(self, fd: int) -> list[int]:
+        import array
+        received = []
+        try:
+            for step in range(self.size):
+                self.backend.barrier()
+                if step == self.fail_at:
+                    _PosixFdExchange.kept_open.append(self.sock.dup())
+                    raise RuntimeError("CUDA_ERROR_INVALID_HANDLE (injected inside the "
+                                       "POSIX-fd handle exchange, after its barrier)")
+                peer = (self.rank + step) % self.size
+                self.sock.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                             array.array("i", [fd]))], 0, self.name + str(peer))
+                _, ancdata, _, _ = self.sock.recvmsg(1, socket.CMSG_SPACE(4))
+                got = array.array("i")
+                got.frombytes(ancdata[0][2][:4])
+                received.append(got[0])
+        finally:
+            self.sock.close()
+            for other in received:
+                os.close(other)
+        return received
+
 
 class FakeFlashInferComm:
     """``flashinfer.comm`` as SGLang 0.5.10's fusion module calls it, on the CPU.
@@ -220,6 +274,9 @@ class FakeFlashInferComm:
     def __init__(self) -> None:
         self.allocations = 0
         self.fail_at_allocation: int | None = None
+        #: model 0.6.7's POSIX-fd exchange; fail inside it at this step (None: do not)
+        self.posix_fd_exchange = False
+        self.fail_in_fd_exchange_at: int | None = None
 
     def create_allreduce_fusion_workspace(self, *, comm_backend: Any = None,
                                           use_fp32_lamport: bool = False,
@@ -234,7 +291,12 @@ class FakeFlashInferComm:
                     f"{self.allocations})")
             buffer = _FakeBuffer()
             buffers.append(buffer)
-            backend.allgather(id(buffer))
+            if self.posix_fd_exchange:
+                with open(os.devnull) as handle:  # the exported handle: a real fd
+                    _PosixFdExchange(backend, self.fail_in_fd_exchange_at).allgather(
+                        handle.fileno())
+            else:
+                backend.allgather(id(buffer))
         backend.barrier()
         workspace = _FakeWorkspace(buffers, use_fp32_lamport=use_fp32_lamport)
         workspace.group = group
@@ -305,6 +367,10 @@ def _inject(layer: Layer, fault: str, *, fake: FakeFlashInferComm | None) -> Non
         def fused(*args: Any, **kwargs: Any) -> Any:
             raise ValueError("injected host-side check failure in allreduce_fusion")
         comm.allreduce_fusion = fused
+    elif fault == "fd-exchange-raises":
+        if fake is None:
+            raise ValueError("fd-exchange-raises runs on the CPU (FlashInfer stand-in) only")
+        fake.fail_in_fd_exchange_at = 1
     elif fault == "no-p2p":
         torch = _module("torch")
         torch.cuda.can_device_access_peer = lambda device, peer: False
@@ -382,6 +448,8 @@ def run_rank(request: dict[str, Any]) -> Observation:
     if device_kind == "cpu":
         fake = FakeFlashInferComm()
         use_fake_flashinfer(adapter, layer.fusion, fake)
+    if fake is not None and case == "one-rank-fails-in-fd-exchange":
+        fake.posix_fd_exchange = True  # every rank, as FlashInfer picks it per machine
     if fault is not None and (where in ("all", rank)):
         _inject(layer, fault, fake=fake)
 

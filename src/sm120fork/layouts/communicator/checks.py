@@ -58,7 +58,9 @@ OLD_CUDA = "12.8"
 #: S4's two-rank cases (gpu.sglang_layer on the CPU), each judged there.
 TOGETHER_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
                   "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises",
-                  "no-p2p")
+                  "no-p2p", "one-rank-fails-in-fd-exchange")
+#: A case that waits for S4's 30 s bound on FlashInfer's POSIX-fd socket receive.
+TOGETHER_TIMEOUT = {"one-rank-fails-in-fd-exchange": 90}
 
 
 def _tp(scenario: str) -> int:
@@ -190,8 +192,8 @@ def check_sglang(tree: Path, *, baseline: Path | None, layer: LayerRunner,
         together = {
             case: pool.submit(layer, case, sglang_path=tree / "python",
                               layout="communicator",
-                              python=python, device="cpu", tokens=(3, 16), timeout=30,
-                              start_timeout=timeout)
+                              python=python, device="cpu", tokens=(3, 16),
+                              timeout=TOGETHER_TIMEOUT.get(case, 30), start_timeout=timeout)
             for case in TOGETHER_CASES
         }
         try:
