@@ -160,12 +160,14 @@ def probe(sites: Sites, site: Path, capability: str, *, plugin: bool,
 
 def test_every_patch_of_the_series_becomes_a_hook(sites: Sites) -> None:
     assert sites.spec.wheel_only == ()
-    assert sorted(h.patch for h in sites.spec.hooks) == sites.patch_ids
-    assert {h.kind for h in sites.spec.hooks} == {"replace"}
-    assert {h.names[0] for h in sites.spec.hooks} == {
+    assert sorted({h.patch for h in sites.spec.hooks}) == sites.patch_ids
+    assert {h.names[0] for h in sites.spec.hooks if h.kind == "replace"} == {
         "_resolve_backend", "_flashinfer_trtllm_workspace_allocation_sizes",
         "_flashinfer_allreduce_fusion_auto_enable", "flashinfer_ar_fusion_applies",
-        "_set_all_reduce_flags"}
+        "_set_all_reduce_flags", "FlashInferWorkspaceManager.initialize",
+        "_forward_with_allreduce_fusion"}
+    # G6's new helpers, class and imports are provided to the module
+    assert {h.patch for h in sites.spec.hooks if h.kind == "provide"} == {"G6"}
 
 
 @pytest.mark.parametrize("capability", ["12.0", "12.1", "9.0"])
