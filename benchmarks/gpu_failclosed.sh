@@ -7,8 +7,11 @@
 #   bash benchmarks/gpu_failclosed.sh s523          stack sglang-0.5.23: the patched cp312 wheel (G1-G6), FlashInfer 0.7.2
 #   bash benchmarks/gpu_failclosed.sh s523-plugin   stock sglang 0.5.23 + the generated plugin, load_plugins() in each rank
 # Carried (git-ignored, made here by `bash benchmarks/gpu_kit.sh sglang-0.5.10 sglang-0.5.23`
-# and `bash benchmarks/gpu_failclosed_kit.sh`): .device/kit/whl312/common, .device/kit/whl312/<s510|s523>,
-# .device/kit/<stack>, and for s523-plugin .device/failclosed (upstream's bytes of the series' files).
+# and `bash benchmarks/gpu_failclosed_kit.sh`): .device/kit/whl312/common and
+#   s510:         .device/kit/whl312/s510, .device/kit/sglang-0.5.10 (the built wheels)
+#   s523(-plugin): .device/kit/whl312/s523, .device/failclosed (the cp312 wheel's files and
+#                 FlashInfer 0.7.2's as the layer path imports them, upstream's bytes of the
+#                 series' files), .device/kit/sglang-0.5.23/plugin
 # The comm module's JIT cache stays under .device/failclosed/jit-* (kept on a warm machine, so the
 # second 0.7.2 route reuses it). Each call stops its cases in time to end within 9 minutes.
 set -uo pipefail
@@ -18,7 +21,6 @@ K=.device/kit; F=.device/failclosed; R=$PWD/$F/run-$ROUTE; T0=$(date +%s)
 rm -rf "$R"; mkdir -p "$R/site_common" "$R/site_deps" "$R/sg" "$R/fi" "$R/plugin"
 OUTD=$OUT/$ROUTE; mkdir -p "$OUTD"
 pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --target "$@"; }
-untree() { local d; d=$(mktemp -d "$R/tree.XXXX"); tar xJf "$1" -C "$d"; ls -d "$d"/*/ | head -1; }
 pipi "$R/site_common" $K/whl312/common/*.whl
 case $ROUTE in
   s510)
@@ -28,7 +30,8 @@ case $ROUTE in
     SG=$R/sg; FI=$R/fi; JIT=$PWD/$F/jit-067; EXTRA=() ;;
   s523|s523-plugin)
     pipi "$R/site_deps" $K/whl312/s523/*.whl
-    SG=$(untree $K/sglang-0.5.23/sglang-*cp312*x86_64.tree.tar.xz); FI=$(untree $K/sglang-0.5.23/flashinfer_python-*.tree.tar.xz)
+    SG=$R/sg; FI=$R/fi
+    tar xJf $F/sglang-0.5.23-cp312-layer.tar.xz -C "$SG" & tar xJf $F/flashinfer-0.7.2-layer.tar.xz -C "$FI" & wait
     JIT=$PWD/$F/jit-072; EXTRA=()
     if [ "$ROUTE" = s523-plugin ]; then
       # stock: the wheel's tree with every file the series changes put back to upstream's bytes,
