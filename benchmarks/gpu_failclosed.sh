@@ -27,12 +27,12 @@ case $ROUTE in
     pipi "$R/site_deps" $K/whl312/s510/*.whl
     pipi "$R/sg" $K/sglang-0.5.10/sglang-*.whl
     pipi "$R/fi" $K/sglang-0.5.10/flashinfer_python-*.whl
-    SG=$R/sg; FI=$R/fi; JIT=$PWD/$F/jit-067; EXTRA=() ;;
+    SG=$R/sg; FI=$R/fi; JIT=$PWD/$F/jit-067; EXTRA=(--layout communicator) ;;
   s523|s523-plugin)
     pipi "$R/site_deps" $K/whl312/s523/*.whl
     SG=$R/sg; FI=$R/fi
     tar xJf $F/sglang-0.5.23-cp312-layer.tar.xz -C "$SG" & tar xJf $F/flashinfer-0.7.2-layer.tar.xz -C "$FI" & wait
-    JIT=$PWD/$F/jit-072; EXTRA=()
+    JIT=$PWD/$F/jit-072; EXTRA=(--layout layer_boundary)
     if [ "$ROUTE" = s523-plugin ]; then
       # stock: the wheel's tree with every file the series changes put back to upstream's bytes,
       # each checked against the stock wheel's RECORD; then the plugin wheel beside it
@@ -48,7 +48,7 @@ for f in sorted(p for p in (overlay / "files").rglob("*") if p.is_file()):
     shutil.copyfile(f, tree / rel); print("stock", rel, digest)
 PY
       python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" $K/sglang-0.5.23/plugin/*.whl "$R/plugin"
-      EXTRA=(--site "$R/plugin" --load-plugins)
+      EXTRA+=(--site "$R/plugin" --load-plugins)
     fi ;;
   *) echo "unknown route $ROUTE" >&2; exit 2 ;;
 esac

@@ -30,7 +30,7 @@ def _run(cases: tuple[str, ...], site: Path, extra: list[Path], *,
         futures = {case: pool.submit(
             sglang_layer.run_case, case, sglang_path=site, device="cpu", tokens=(3, 16),
             timeout=30, start_timeout=240, extra_path=extra, gates_in_memory=gates_in_memory,
-            load_plugins=load_plugins) for case in cases}
+            load_plugins=load_plugins, layout="layer_boundary") for case in cases}
         return {case: future.result() for case, future in futures.items()}
 
 

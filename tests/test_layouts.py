@@ -105,7 +105,7 @@ def test_a_stack_on_a_known_layout_needs_only_a_toml_and_patches(tmp_path: Path)
     result = run_verify(ws, ws.stack("sglang-next"), python=PROBE_PYTHON)
     assert result.stack == "sglang-next"
     verdicts = {v.patch.split("-")[1]: v for v in result.verdicts if v.project == "sglang"}
-    assert sorted(verdicts) == ["G1", "G2", "G3", "G4", "G5"]
+    assert sorted(verdicts) == ["G1", "G2", "G3", "G4", "G5", "G6"]
     for gid, verdict in verdicts.items():
         assert verdict.passed, verdict.checks
         assert verdict.evidence == "CPU behaviour check", gid
