@@ -2,7 +2,8 @@
 # One leased-GPU call: the AOT wheel of today's series on an H200 without nvcc, alone and
 # beside a stock-like flashinfer-jit-cache (issue 18, items 1, 2 and 4).
 # Run from the repository root (the toolkit's src/ is used from there).
-# Inputs (carried, git-ignored), under $D (default .device/aot):
+# Inputs (carried, git-ignored), under $D (default .device/aot); all but aot/ are taken from
+# the session kit $K (default .device/kit) when absent:
 #   whl/        apache-tvm-ffi and cuda-tile for the GPU box's Python
 #   flashinfer/ our flashinfer_python wheel (the default stack, today's series)
 #   aot/        the AOT wheel (sm120fork-flashinfer-aot) built from the same tree
@@ -31,6 +32,28 @@ QUICK_BUDGET=${QUICK_BUDGET:-200}
 T=$(mktemp -d /tmp/aot18-XXXX)
 SRC=$(pwd)/src
 mkdir -p "$OUT" "$T/r"
+# Only aot/ must be carried when the session kit (benchmarks/gpu_kit.sh) is there: the rest
+# is taken from it. The FlashInfer wheel must be the one the AOT wheel was built for.
+K=${K:-.device/kit}
+if ! compgen -G "$D/flashinfer/*.whl" > /dev/null; then
+  mkdir -p "$D/flashinfer"; cp "$K"/sglang-0.5.10/flashinfer_python-*.whl "$D/flashinfer/"; fi
+if ! compgen -G "$D/stock/*.whl" > /dev/null; then
+  mkdir -p "$D/stock"; cp "$K"/sglang-0.5.10/upstream/flashinfer_python-*.whl "$D/stock/"; fi
+if ! compgen -G "$D/whl/*.whl" > /dev/null; then
+  mkdir -p "$D/whl"
+  cp "$K"/whl312/common/apache_tvm_ffi-*.whl "$K"/whl312/common/cuda_tile-*.whl "$D/whl/"
+fi
+python3 - "$D" > "$OUT/pins.txt" <<'EOF' || { cat "$OUT/pins.txt"; echo "the FlashInfer wheel is not the one the AOT wheel pins" >&2; exit 1; }
+import hashlib, json, sys, zipfile
+from pathlib import Path
+d = Path(sys.argv[1])
+(aot,), (fi,) = sorted(d.glob("aot/*.whl")), sorted(d.glob("flashinfer/*.whl"))
+with zipfile.ZipFile(aot) as zf:
+    pinned = json.loads(zf.read("sm120fork_flashinfer_aot/manifest.json"))["flashinfer"]["sha256"]
+have = hashlib.sha256(fi.read_bytes()).hexdigest()
+print("flashinfer wheel", fi.name, have, "| pinned by", aot.name, pinned)
+raise SystemExit(have != pinned)
+EOF
 now() { date +%s.%N; }
 inst() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
   --disable-pip-version-check "$@"; }
