@@ -16,8 +16,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sm120fork.errors import CommandError, ConfigError
-from sm120fork.util import proc
+from ..errors import CommandError, ConfigError
+from ..util import proc
 
 _RELEASE = re.compile(r"release (\d+)\.(\d+)")
 DEFAULT_HOME = Path("/usr/local/cuda")

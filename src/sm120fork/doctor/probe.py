@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cuda.toolkit import locate_nvcc
 from .cuda import CudaError, Device, Driver
 from .ipc import LinkResult
 from .ipc import probe as ipc_probe
@@ -140,22 +141,10 @@ def plugin_report() -> dict[str, Any]:
 
 
 def nvcc_version() -> dict[str, str] | None:
-    """The nvcc FlashInfer's JIT would use (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda)."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    candidates = [str(Path(home) / "bin" / "nvcc")] if home else []
-    candidates += [p for p in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc") if p]
-    for path in candidates:
-        if not Path(path).is_file():
-            continue
-        try:
-            out = subprocess.run([path, "--version"], capture_output=True, text=True,
-                                 timeout=30, check=False).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        match = re.search(r"release (\d+\.\d+)", out)
-        if match:
-            return {"path": path, "version": match.group(1)}
-    return None
+    """The nvcc FlashInfer's JIT would use (the toolkit's one locator, in its order)."""
+    found = locate_nvcc()
+    return None if found is None else {"path": str(found.path), "version": found.version,
+                                       "found_in": found.found_in}
 
 
 def _child_json(module: str, args: Sequence[str], prefix: str, timeout: float) -> dict[str, Any]:

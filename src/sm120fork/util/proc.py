@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from sm120fork.errors import CommandError
+from ..errors import CommandError
 
 log = logging.getLogger("sm120fork")
 
