@@ -798,3 +798,16 @@ def test_a_record_hides_pythonpath_install_folders(tmp_path: Path,
     facts = box(2)
     facts["flashinfer"]["aot_dir"] = f"{target}/flashinfer/data/aot"
     assert probe.portable(facts)["flashinfer"]["aot_dir"] == "<site-packages>/flashinfer/data/aot"
+
+
+def test_one_gpu_whose_processes_cannot_share_memory_is_warned_not_blocked() -> None:
+    facts = box(1, capability="12.1")
+    for x in facts["peers"]["links"]:
+        x["sharing"]["vmm"]["open"] = "cuMemImportFromShareableHandle failed: CUDA_ERROR_FAKE"
+        x["ok"] = False
+        x["detail"] = "vmm open: cuMemImportFromShareableHandle failed: CUDA_ERROR_FAKE"
+    report = rules.judge(facts)
+    assert report.blockers == []
+    assert report.text_of("peers")[-1].startswith(
+        "warning: vmm open: cuMemImportFromShareableHandle failed: CUDA_ERROR_FAKE between two "
+        "processes on one GPU")
