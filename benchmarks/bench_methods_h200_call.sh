@@ -15,9 +15,11 @@ R=$PWD K=$PWD/.device/bench T=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$T/deps" "$K"/deps/*.whl \
   > "$OUT/install.txt" 2>&1 || { cat "$OUT/install.txt"; exit 1; }
 mkdir -p "$T/fi072" "$T/s523"
-tar xJf "$K/s523/fi072.tree.tar.xz" -C "$T/fi072" && python3 "$R/benchmarks/gpu_stack2_check_tree.py" \
-  "$T/fi072" "$(cat "$K/s523/record.sha256")" "$T/s523/flashinfer_python-0.7.2-py3-none-any.whl" \
-  >> "$OUT/install.txt" 2>&1 || { cat "$OUT/install.txt"; exit 1; }
+tar xJf "$K/s523/fi072.tree.tar.xz" -C "$T/fi072" || exit 1
+tree=$T/fi072; [ -d "$tree/flashinfer_python-0.7.2" ] && tree=$tree/flashinfer_python-0.7.2
+python3 "$R/benchmarks/gpu_stack2_check_tree.py" "$tree" "$(cat "$K/s523/record.sha256")" \
+  "$T/s523/flashinfer_python-0.7.2-py3-none-any.whl" >> "$OUT/install.txt" 2>&1 \
+  || { cat "$OUT/install.txt"; exit 1; }
 [ -f "$K/s523/manifest.json" ] && cp "$K/s523/manifest.json" "$T/s523/"
 export PYTHONPATH=$T/deps:$R/src
 run() {  # stack, wheel dir

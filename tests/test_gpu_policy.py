@@ -164,3 +164,18 @@ def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_gro
     timed = {r["method"] for r in doc["records"] if r.get("status") == "timed"}
     assert timed == {"nccl_rmsnorm", "fused_auto"}
     assert policy.load(out / "policy.json")["for_use"] is False  # partial: not for use
+
+
+def test_the_doctor_says_which_policy_sglang_follows(tmp_path: Path) -> None:
+    env = {policy.ENV_VAR: str(tmp_path / "p.json")}
+    assert "none at" in policy.doctor_lines(environ=env)[0]
+    assert "keeps its default decision" in policy.doctor_lines(environ=env)[0]
+    (tmp_path / "p.json").write_text("{}")
+    assert "is not usable" in policy.doctor_lines(environ=env)[0]
+    doc = policy.derive({2: _records()}, made={"gpu": "RTX PRO 6000", "gpu_count": 8,
+                                              "created": "2026-12-01"}, for_use=True)
+    policy.write(doc, tmp_path)
+    lines = policy.doctor_lines(tmp_path / "policy.json")
+    assert lines[0].endswith("(measured 2026-12-01 on RTX PRO 6000 x8)")
+    assert lines[1].startswith("  TP2: fused path for 1-16 tokens")
+    assert policy.locate({}) == Path("~/.config/sm120fork/allreduce-policy.json").expanduser()

@@ -176,3 +176,34 @@ def describe(doc: Mapping[str, Any]) -> list[str]:
                            for r in entry.get("ranges", []))
         lines.append(f"TP{tp}: {fused}; winners {ranges or 'none measured'}")
     return lines
+
+
+def locate(environ: Mapping[str, str] | None = None) -> Path:
+    """Where SGLang's patched start-up (S1/S2, G2/G3) looks for the policy."""
+    import os
+
+    env = os.environ if environ is None else environ
+    return Path(os.path.expanduser(env.get(ENV_VAR) or DEFAULT_PATH))
+
+
+def doctor_lines(path: Path | None = None,
+                 environ: Mapping[str, str] | None = None) -> list[str]:
+    """For the doctor: which policy SGLang would follow here, per TP size, or why none.
+
+    Never raises: a missing or bad file is a line saying SGLang keeps its default
+    decision (the TP2 rule), which is what the patched SGLang then does.
+    """
+    where = path or locate(environ)
+    if not where.is_file():
+        return [f"all-reduce policy: none at {where} ({ENV_VAR} names another): SGLang "
+                "keeps its default decision (fused path auto-enabled at TP2 only)"]
+    try:
+        doc = load(where)
+    except ConfigError as exc:
+        return [f"all-reduce policy: {where} is not usable ({exc.message}): SGLang keeps "
+                "its default decision"]
+    made = doc.get("made", {})
+    head = (f"all-reduce policy: {where} (measured {made.get('created', '?')} on "
+            f"{made.get('gpu', '?')} x{made.get('gpu_count', '?')}"
+            + (f", stack {made['stack']}" if made.get("stack") else "") + ")")
+    return [head, *(f"  {line}" for line in describe(doc))]
