@@ -39,8 +39,9 @@ def _policy(tmp: Path, name: str, tp: dict[str, int], *, for_use: bool = True) -
 
 S510 = textwrap.dedent("""\
     import json, os, sys
-    from sm120fork.verify import sglang_probe as p
-    p.start_probe([12, 0])
+    from sm120fork.harness.fake_gpu import start_probe
+    from sm120fork.layouts.communicator import probe as p
+    start_probe([12, 0])
     common = p._module("sglang.srt.utils.common")
     communicator = p._module("sglang.srt.layers.communicator")
     out = {}
@@ -56,8 +57,10 @@ S510 = textwrap.dedent("""\
 """)
 
 
-def _run(tree: Path, script: str, scenarios: list[Any]) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "python"),
+def _run(tree: Path, script: str, scenarios: list[Any], overlay: Path | None = None
+         ) -> dict[str, Any]:
+    paths = [str(overlay)] if overlay else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(tree / "python"),
                                                         str(REPO / "src")])}
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(scenarios)], cwd=tree,
                           env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -102,3 +105,71 @@ def test_sglang_0510_follows_the_policy_and_names_it(tree_510: Path, tmp_path: P
     assert "marked not for use" in got["not-for-use"]["detail"]
     # the explicit override still wins over the policy
     assert got["env-wins"]["flag"] is False
+
+
+S523 = textwrap.dedent("""\
+    import importlib, json, os, sys
+    from sm120fork.harness.fake_gpu import start_probe
+    start_probe([12, 0])
+    from sm120fork.layouts.layer_boundary import probe as lb
+    ctx = importlib.import_module("sglang.srt.runtime_context")
+    add_norm = importlib.import_module("sglang.srt.layers.layer_boundary.residual.add_norm")
+    out = {}
+    for name, policy, tp, env in json.loads(sys.argv[1]):
+        os.environ["SGLANG_SM120_ALLREDUCE_POLICY"] = policy
+        add_norm.__dict__.pop("_sm120fork_policy_caps", None)
+        obs = lb._auto_case(tp=tp, nodes=1, env=env)
+        with ctx.get_context().override_server_args(
+                flashinfer_allreduce_fusion_backend="trtllm", tp_size=tp), \\
+                ctx.get_parallel().override(tp_size=tp):
+            fused = {n: bool(add_norm.flashinfer_ar_fusion_applies(n))
+                     for n in (1, 64, 65, 600)}
+        out[name] = {"backend": obs["observed"]["backend"], "fused": fused,
+                     "detail": obs["detail"]}
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def tree_523(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The patched 0.5.23 tree and the layer_boundary probe's overlay."""
+    import shutil
+
+    from sm120fork.layouts.layer_boundary.checks import ensure_overlay
+
+    root = checkout_copy(tmp_path_factory.mktemp("s523"))
+    wheels = REPO / ".forks" / "cache" / "wheels"
+    if wheels.is_dir():  # the pinned wheels, sha256-checked on use
+        shutil.copytree(wheels, root / ".forks" / "cache" / "wheels")
+    ws = Workspace(root)
+    stack = ws.stack("sglang-0.5.23")
+    tree = prepare_tree(ws, stack, stack.project("sglang")).path
+    return tree, ensure_overlay(root / ".forks" / "probe")
+
+
+def test_sglang_0523_follows_the_policy_and_names_it(tree_523: tuple[Path, Path],
+                                                      tmp_path: Path) -> None:
+    """G2's auto-enable and G3's fused-path gate (the functions the plugin replaces too)."""
+    tree, overlay = tree_523
+    cap64 = _policy(tmp_path, "cap64", {"2": 64, "4": 0, "8": 128})
+    shared = _policy(tmp_path, "shared", {"2": 64}, for_use=False)
+    missing = str(tmp_path / "absent.json")
+    got = _run(tree, S523, [
+        ["absent", missing, 2, None], ["cap64", cap64, 2, None],
+        ["beaten", cap64, 4, None], ["tp8", cap64, 8, None],
+        ["not-for-use", shared, 2, None], ["env-wins", cap64, 2, "0"]], overlay)
+    assert got["absent"]["backend"] == "auto"
+    assert got["absent"]["fused"] == {"1": True, "64": True, "65": True, "600": True}
+    assert f"default rule: no policy at {missing}" in got["absent"]["detail"]
+    assert got["cap64"]["backend"] == "auto"
+    assert got["cap64"]["fused"] == {"1": True, "64": True, "65": False, "600": False}
+    assert f"policy {cap64} (measured 2026-12-01" in got["cap64"]["detail"]
+    assert got["beaten"]["backend"] is None
+    assert "a measured method beat the fused path at TP4" in got["beaten"]["detail"]
+    assert got["beaten"]["fused"]["1"] is False  # cap 0: never, even when enabled
+    assert got["tp8"]["backend"] == "auto"
+    assert got["tp8"]["fused"]["600"] is False
+    assert got["not-for-use"]["backend"] == "auto"
+    assert got["not-for-use"]["fused"]["600"] is True
+    assert "marked not for use" in got["not-for-use"]["detail"]
+    assert got["env-wins"]["backend"] is None

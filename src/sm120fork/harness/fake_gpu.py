@@ -199,10 +199,14 @@ def environ(name: str, value: str | None) -> Iterator[None]:
 
 
 def start_probe(capability: Sequence[int] | None, cuda_version: str = "12.9") -> None:
-    """What every probe process does first: drop the caller's SGLang settings (they must
-    not steer the decisions), fake the GPU, log warnings."""
+    """What every probe process does first: drop the caller's SGLang settings and point
+    the all-reduce policy at no file (they must not steer the decisions), fake the GPU,
+    log warnings."""
     for name in [name for name in os.environ if name.startswith("SGLANG_")]:
         del os.environ[name]
+    # nor an all-reduce policy the user's bench left in their home (S1/S2, G2/G3 read it)
+    os.environ["SGLANG_SM120_ALLREDUCE_POLICY"] = os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "no-such-policy.json")
     fake_gpu((int(capability[0]), int(capability[1])) if capability else None,
              cuda_version=cuda_version)
     logging.basicConfig(level=logging.WARNING)
