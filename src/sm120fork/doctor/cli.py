@@ -17,6 +17,7 @@ from typing import Any
 
 from ..entry import Parser, boundary
 from ..errors import DoctorError, UsageError
+from .ipc import probe as ipc_probe
 from .probe import SCHEMA, Probes, collect, flashinfer_facts, portable, sglang_decisions
 from .rules import Report, judge
 
@@ -62,6 +63,9 @@ def parser() -> Parser:
                    help="SGLang's --base-gpu-id (its ranks use GPUs I..I+tp-1)")
     p.add_argument("--decide-timeout", type=float, default=300, metavar="S",
                    help="seconds for SGLang's --tp decisions (they import SGLang)")
+    p.add_argument("--pair-timeout", type=float, default=30, metavar="S",
+                   help="seconds each GPU pair of the peer probe may take before it is "
+                        "named a hang")
     return p
 
 
@@ -78,6 +82,7 @@ def _main(argv: Sequence[str] | None, probes: Probes | None) -> int:
         facts = read_facts(args.facts)
     else:
         facts = collect(probes or Probes(
+            peers=functools.partial(ipc_probe, pair_timeout=args.pair_timeout),
             decisions=functools.partial(sglang_decisions, timeout=args.decide_timeout),
             flashinfer=functools.partial(flashinfer_facts, timeout=args.decide_timeout)),
             extra_tp=args.tp)
