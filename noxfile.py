@@ -61,7 +61,8 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def verify_sm120(session: nox.Session) -> None:
     """Compile-and-inspect proof of the series for sm_120a/sm_121a -> reports/sm120/."""
-    session.install("-q", ".", *groups("proof", "sglang-probe"))
+    # "test": the proof's and the probe's groups, and pytest for the `cpu:` evidence it runs.
+    session.install("-q", ".", *groups("test"))
     session.run("python", "-m", "sm120fork", "verify-sm120", *session.posargs)
 
 

@@ -21,6 +21,7 @@ from sm120fork.verify.proof.patches import (
     check_gpu_report,
     claims,
     evidence_label,
+    run_cpu_tests,
 )
 from sm120fork.verify.proof.report import NAMES_SHOWN, compact
 
@@ -80,13 +81,29 @@ def test_no_claim_means_no_evidence_yet() -> None:
     assert evidence_label(outcomes) == "compile proof + SM90 GPU run"
 
 
-def test_cpu_test_must_exist(tmp_path: Path) -> None:
+def test_cpu_evidence_is_a_test_that_ran_and_passed(tmp_path: Path) -> None:
+    """A ``cpu:`` claim is run and its outcome recorded: existing is not enough (the check
+    used to pass for a skipped or failing test that merely exists)."""
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_x.py").write_text("def test_real() -> None:\n    pass\n")
-    ctx = Context(root=tmp_path)
-    assert check_cpu_test(ctx, "tests/test_x.py::test_real")[1]
-    assert not check_cpu_test(ctx, "tests/test_x.py::test_renamed")[1]
-    assert not check_cpu_test(ctx, "tests/test_y.py::test_real")[1]
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "import pytest\n\n"
+        "def test_real() -> None:\n    pass\n\n"
+        "def test_skipped() -> None:\n    pytest.skip('needs the package index')\n\n"
+        "def test_failing() -> None:\n    assert 1 == 2, 'the patch regressed'\n")
+    nodes = [f"tests/test_x.py::{n}" for n in ("test_real", "test_skipped", "test_failing",
+                                                "test_renamed")]
+    results = run_cpu_tests(tmp_path, [*nodes, "tests/test_y.py::test_real"])
+    assert results[nodes[0]][1]
+    assert results[nodes[0]][0].startswith("passed")
+    assert results[nodes[1]] == ("skipped: needs the package index", False)
+    assert not results[nodes[2]][1]
+    assert results[nodes[2]][0].startswith("failed: AssertionError: the patch regressed")
+    assert results[nodes[3]] == ("tests/test_x.py::test_renamed: no such test", False)
+    assert not results["tests/test_y.py::test_real"][1]
+    ctx = Context(root=tmp_path, cpu=results)
+    assert check_cpu_test(ctx, nodes[1]) == (
+        "tests/test_x.py::test_skipped: skipped: needs the package index", False)
+    assert check_cpu_test(Context(root=tmp_path), nodes[0])[1]  # run on its own
 
 
 def _gpu_report(where: Path, statuses: dict[str, tuple[str, str]]) -> None:

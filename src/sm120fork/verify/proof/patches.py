@@ -9,7 +9,8 @@
 - ``proof:cluster-query``: the host code of every translation unit calls
   ``cudaOccupancyMaxPotentialClusterSize`` with the full series, and not unpatched;
 - ``sglang:<prefix>``: the SGLang behaviour checks whose names start with ``<prefix>``;
-- ``cpu:<tests/file.py>::<test>``: a CPU test of the suite (it must exist; the suite runs it);
+- ``cpu:<tests/file.py>::<test>``: a CPU test of the suite, run here: it must pass (a
+  skipped or failing one is no evidence);
 - ``gpu:<report dir>[:<api>]``: a committed GPU report: every run under it found the
   primary variant failing no case, and (with ``<api>``) the A/B fixed some of that API's.
 
@@ -21,12 +22,17 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import os
+import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from xml.etree import ElementTree
 
 from sm120fork.cuda.arch import is_sm12x
 from sm120fork.errors import SeriesError
 from sm120fork.patch.series import Patch
+from sm120fork.util import proc
 from sm120fork.verify.proof.markdown import CLUSTER_QUERY
 from sm120fork.verify.proof.verdict import ProofReport, Status
 
@@ -88,6 +94,8 @@ class Context:
     gate_variant: str | None = None
     #: (name, capability, passed) of every SGLang behaviour check that ran.
     behaviour: tuple[tuple[str, str, bool], ...] = ()
+    #: node -> (what happened, passed) of the ``cpu:`` tests already run (run_cpu_tests).
+    cpu: Mapping[str, tuple[str, bool]] = dataclasses.field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- proof checks
@@ -191,15 +199,71 @@ def check_behaviour(ctx: Context, prefix: str) -> tuple[str, bool]:
     return text + (f"; failed: {', '.join(failed)}" if failed else ""), not failed
 
 
-def check_cpu_test(ctx: Context, node: str) -> tuple[str, bool]:
-    """The named test exists (a function of that name in that file of the suite)."""
+def _test_exists(root: Path, node: str) -> str | None:
+    """Why ``node`` names no test of the suite, or None."""
     file, sep, name = node.partition("::")
-    path = ctx.root / file
+    path = root / file
     if not sep or not path.is_file():
-        return f"{node}: no such test file", False
+        return f"{node}: no such test file"
     tree = ast.parse(path.read_text(), filename=str(path))
-    found = any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body)
-    return f"{node} (run by the test suite)" + ("" if found else ": no such test"), found
+    if not any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body):
+        return f"{node}: no such test"
+    return None
+
+
+def _junit_outcomes(xml: Path, root: Path) -> dict[str, tuple[str, bool]]:
+    """node -> (outcome, passed) from pytest's JUnit XML."""
+    found: dict[str, tuple[str, bool]] = {}
+    for case in ElementTree.parse(xml).getroot().iter("testcase"):
+        node = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        seconds = float(case.get("time") or 0)
+        bad = [c for c in case if c.tag in ("failure", "error", "skipped")]
+        if not bad:
+            found[node] = (f"passed ({seconds:.0f} s)", True)
+            continue
+        message = (bad[0].get("message") or bad[0].text or "").strip().splitlines()
+        word = {"failure": "failed", "error": "error", "skipped": "skipped"}[bad[0].tag]
+        found[node] = (f"{word}: {message[0][:200] if message else '?'}", False)
+    return found
+
+
+def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None,
+                  timeout: float = 3600) -> dict[str, tuple[str, bool]]:
+    """Run the named tests of the checkout's suite in one pytest; each one's outcome.
+
+    Evidence is a test that ran and passed here, not one that exists: a skipped (e.g. no
+    network) or failing test backs nothing."""
+    results: dict[str, tuple[str, bool]] = {}
+    runnable = []
+    for node in dict.fromkeys(nodes):
+        missing = _test_exists(root, node)
+        if missing:
+            results[node] = (missing, False)
+        else:
+            runnable.append(node)
+    if not runnable:
+        return results
+    with tempfile.TemporaryDirectory(prefix="sm120fork-cpu-evidence-") as tmp:
+        xml = Path(tmp) / "junit.xml"
+        src = str(root / "src")
+        pythonpath = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
+        done = proc.run([python or sys.executable, "-m", "pytest", *runnable, "-q",
+                         "-p", "no:cacheprovider", f"--junitxml={xml}"],
+                        cwd=root, env={"PYTHONPATH": pythonpath}, check=False,
+                        timeout=timeout)
+        ran = _junit_outcomes(xml, root) if xml.is_file() else {}
+    for node in runnable:
+        results[node] = ran.get(node) or (
+            f"did not run (pytest exit {done.returncode}: "
+            f"{(done.stdout + done.stderr).strip().splitlines()[-1:] or ['no output']})",
+            False)
+    return results
+
+
+def check_cpu_test(ctx: Context, node: str) -> tuple[str, bool]:
+    """The named test of the suite, run (here or by :func:`run_cpu_tests` before)."""
+    text, ok = ctx.cpu[node] if node in ctx.cpu else run_cpu_tests(ctx.root, [node])[node]
+    return f"{node}: {text}" if not text.startswith(node) else text, ok
 
 
 def check_gpu_report(ctx: Context, spec: str) -> tuple[str, bool]:

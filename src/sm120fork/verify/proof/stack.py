@@ -36,6 +36,7 @@ from sm120fork.verify.proof.patches import (
     claims,
     evidence_label,
     needs,
+    run_cpu_tests,
 )
 from sm120fork.verify.proof.run import prove
 from sm120fork.verify.proof.verdict import ProofReport
@@ -158,8 +159,13 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
                                    baseline=_tree(ws, stack, key, (), UNPATCHED, force),
                                    python=python or sys.executable,
                                    cache=ws.state_dir / "probe", layer=sglang_layer.run_case)
+    cpu_nodes = [c.check for series_ in patches.values() for p in series_ for c in claims(p)
+                 if c.kind == "cpu"]
+    if cpu_nodes:
+        log.info("CPU tests named as evidence: %s", ", ".join(cpu_nodes))
     ctx = Context(root=ws.root, proof=proof, gate_variant=gate_variant,
-                  behaviour=tuple((r.name, r.capability, r.passed) for r in sglang))
+                  behaviour=tuple((r.name, r.capability, r.passed) for r in sglang),
+                  cpu=run_cpu_tests(ws.root, cpu_nodes) if cpu_nodes else {})
     verdicts: list[PatchVerdict] = []
     for key, made in builds.items():
         for patch in patches[key]:
