@@ -470,7 +470,7 @@ def test_rebuild_with_nothing_changed_touches_no_fork_tree(tmp_path: Path) -> No
     from sm120fork.plugin.build import build_plugin
     again = build_plugin(ws, ws.stack("s"))
     assert again.cached
-    assert not (ws.state_dir / "work").exists()
+    assert not ws.trees_dir.exists()  # no fork tree was made again
 
 
 CLASS_BEFORE = '''\
