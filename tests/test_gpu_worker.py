@@ -1,0 +1,119 @@
+"""The rank process (gpu/worker.py and what it runs) on a CPU machine: what it refuses, the
+protocol lines it prints, and how a failing case is reported and ends the rank or not."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm120fork.gpu import correctness, protocol, rank
+from sm120fork.gpu.cases import Case, quick_matrix
+from sm120fork.gpu.safety import MULTICAST_OFF_ENV
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _worker(tmp_path: Path, spec: dict[str, Any], env: dict[str, str],
+            ) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    return subprocess.run([sys.executable, "-m", "sm120fork.gpu.worker", str(path), "0"],
+                          capture_output=True, text=True, check=False, timeout=300,
+                          env={**env, "PYTHONPATH": str(SRC), "CUDA_VISIBLE_DEVICES": ""})
+
+
+def _spec(tmp_path: Path) -> dict[str, Any]:
+    return {"mode": "test", "world_size": 2, "store": str(tmp_path / "store"),
+            "max_tokens": 16, "max_hidden": 1024, "cases": []}
+
+
+def test_a_rank_refuses_to_run_with_multicast_switched_on(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in MULTICAST_OFF_ENV}
+    done = _worker(tmp_path, _spec(tmp_path), env)
+    assert done.returncode == 1
+    assert "refusing to run: NCCL_NVLS_ENABLE must be 0 in every rank" in done.stderr
+
+
+def test_a_rank_without_a_gpu_says_fatal_and_exits_at_once(tmp_path: Path) -> None:
+    done = _worker(tmp_path, _spec(tmp_path), {**os.environ, **MULTICAST_OFF_ENV})
+    assert done.returncode == rank.EXIT_FATAL
+    lines = [protocol.parse(line) for line in done.stdout.splitlines()]
+    assert ("FATAL", "no CUDA device visible to the rank") in lines
+
+
+class _Rank:
+    rank = 0
+    capability = (9, 0)
+
+    def __init__(self) -> None:
+        self.barriers = 0
+
+    def barrier(self) -> None:
+        self.barriers += 1
+
+
+def _lines(out: str) -> list[tuple[str, Any]]:
+    return [p for p in map(protocol.parse, out.splitlines()) if p]
+
+
+def _cases() -> list[Case]:
+    cases = [c for c in quick_matrix([2]) if c.strategy != "twoshot"]
+    return [cases[0], cases[1]]
+
+
+def test_a_failing_case_is_reported_and_the_next_one_runs(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    first, second = _cases()
+
+    def run_case(rk: Any, case: Case) -> dict[str, Any]:
+        if case is first:
+            raise RuntimeError("workspace creation failed earlier: no IPC")
+        return {"status": "pass", "failure": None, "checks": []}
+
+    monkeypatch.setattr(correctness, "run_case", run_case)
+    rk = _Rank()
+    correctness.run_tests(rk, [first, second])  # type: ignore[arg-type]
+    lines = _lines(capsys.readouterr().out)
+    assert [t for t, _ in lines] == ["START", "RESULT", "START", "RESULT"]
+    failed, passed = lines[1][1], lines[3][1]
+    assert (failed["key"], failed["status"], failed["failure"]) == (first.key, "fail", "error")
+    assert failed["reason"] == "RuntimeError: workspace creation failed earlier: no IPC"
+    assert passed == {"key": second.key, "rank": 0, "status": "pass", "failure": None,
+                      "checks": []}
+    assert rk.barriers == 2  # the ranks stay in step after a failed case
+
+
+def test_a_cuda_error_ends_the_rank_so_the_launcher_restarts_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    first, second = _cases()
+
+    def run_case(rk: Any, case: Case) -> dict[str, Any]:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def hard_exit(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(correctness, "run_case", run_case)
+    monkeypatch.setattr(correctness, "hard_exit", hard_exit)
+    with pytest.raises(SystemExit) as exited:
+        correctness.run_tests(_Rank(), [first, second])  # type: ignore[arg-type]
+    assert exited.value.code == rank.EXIT_CUDA_ERROR
+    lines = _lines(capsys.readouterr().out)
+    assert [t for t, _ in lines] == ["START", "RESULT"]  # the second case never starts
+    assert lines[1][1]["status"] == "fail"
+
+
+def test_a_case_this_gpu_cannot_run_is_a_skip_with_its_reason(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    fp4 = next(c for c in quick_matrix([2]) if c.pattern.endswith("fp4"))
+    correctness.run_tests(_Rank(), [fp4])  # type: ignore[arg-type]
+    (_, start), (_, result) = _lines(capsys.readouterr().out)
+    assert start == fp4.key
+    assert result["status"] == "skip"
+    assert result["reason"].startswith("FP4 quantization needs sm_100 or newer (GPU is sm_90)")
