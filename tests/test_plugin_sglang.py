@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 SERIES = ROOT / "patches" / "sglang-0.5.23" / "sglang"
 WHEEL = "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
-#: What the modules under test import beyond tests/requirements.txt, at sglang 0.5.23's pins.
+#: What the modules under test import beyond the test group, at sglang 0.5.23's pins.
 PROBE_DEPS = ROOT / "tests" / "requirements-sglang-0.5.23.txt"
 
 

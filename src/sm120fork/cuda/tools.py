@@ -22,7 +22,7 @@ from sm120fork.util import proc
 
 log = logging.getLogger("sm120fork")
 
-PROBE_MARK = "@@sm120proof@@"
+PROBE_MARK = "@@sm120fork-probe@@"
 
 _LOCATE_PROBE = r"""
 import json, sys

@@ -117,7 +117,7 @@ def run_gate(tree: Path, arch: str, tools: Tools) -> GateResult:
     """Ask the tree's own JIT for the trtllm comm module, targeting ``arch`` only."""
     tree = tree.resolve()
     entry = arch_list_entry(arch)
-    with tempfile.TemporaryDirectory(prefix="sm120proof-jit-") as workspace:
+    with tempfile.TemporaryDirectory(prefix="sm120fork-proof-jit-") as workspace:
         env = {"PYTHONPATH": str(tree), "FLASHINFER_CUDA_ARCH_LIST": entry,
                "FLASHINFER_WORKSPACE_BASE": workspace, "PYTHONDONTWRITEBYTECODE": "1"}
         log.info("+ FLASHINFER_CUDA_ARCH_LIST=%s PYTHONPATH=%s %s -c <gen_trtllm_comm_module "

@@ -77,7 +77,7 @@ def compile_job(job: Job, cache: Path) -> float:
     """Run the job's nvcc; its cubin (and host object) land in ``cache`` atomically."""
     log.info("compiling %s for %s%s", job.source, job.arch, " (+ host object)" if job.host else "")
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="sm120proof-nvcc-", dir=cache) as scratch:
+    with tempfile.TemporaryDirectory(prefix="sm120fork-proof-nvcc-", dir=cache) as scratch:
         work = Path(scratch)
         if job.host:
             # One nvcc run gives both: the object, and the cubin it embeds (kept).

@@ -100,7 +100,7 @@ def prove(
 
     opcodes: dict[str, PdlOpcodes] = {}
     if tools.can_disassemble:
-        with tempfile.TemporaryDirectory(prefix="sm120proof-pdl-") as scratch:
+        with tempfile.TemporaryDirectory(prefix="sm120fork-proof-pdl-") as scratch:
             for arch in archs:
                 opcodes[arch] = calibrate_pdl_opcodes(arch, tools, Path(scratch))
 
