@@ -4,6 +4,7 @@ a hard kill leaves is removed by the next run."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -169,3 +170,47 @@ def test_ending_children_also_stops_a_running_git_am(tmp_path: Path) -> None:
         assert not _alive(pid), "git am's hook still runs"
     finally:
         proc.allow_children()
+
+
+def test_one_process_runner() -> None:
+    """Only util/proc.py starts or ends processes (the doctor ships alone in the plugin
+    wheel, without util/, and keeps its own calls)."""
+    src = Path(__file__).resolve().parents[1] / "src" / "sm120fork"
+    starts = re.compile(r"subprocess\.(Popen|run|call|check_call|check_output)\(|os\.killpg\(|"
+                        r"start_new_session")
+    hits = sorted(str(p.relative_to(src)) for p in src.rglob("*.py")
+                  if p.parent.name != "doctor" and starts.search(p.read_text(encoding="utf-8")))
+    assert hits == ["util/proc.py"]
+
+
+def test_a_process_group_is_ended_whole_by_ctrl_c_and_by_its_with_block(tmp_path: Path) -> None:
+    """GPU ranks and the layer harness's ranks run in a ProcessGroup: end_children (Ctrl-C)
+    ends them and what they started; leaving the block kills whatever still runs."""
+    child = ("import subprocess, sys, time; "
+             "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+             "open(sys.argv[1], 'w').write(str(g.pid)); time.sleep(600)")
+    marks = [tmp_path / "a", tmp_path / "b"]
+    try:
+        with proc.ProcessGroup() as group:
+            for mark in marks:
+                group.start([sys.executable, "-c", child, str(mark)], env=os.environ,
+                            stdout=subprocess.DEVNULL)
+            for _ in range(1200):  # a hang guard, not a timing assertion
+                if all(m.is_file() and m.read_text() for m in marks):
+                    break
+                time.sleep(0.05)
+            grandchildren = [int(m.read_text()) for m in marks]
+            assert proc.end_children() == 2
+            assert group.poll() == [-signal.SIGTERM, -signal.SIGTERM]
+        for pid in grandchildren:
+            for _ in range(200):
+                if not _alive(pid):
+                    break
+                time.sleep(0.05)
+            assert not _alive(pid)
+    finally:
+        proc.allow_children()
+    with proc.ProcessGroup() as group:
+        sleeper = group.start([sys.executable, "-c", "import time; time.sleep(600)"],
+                              env=os.environ)
+    assert sleeper.returncode == -signal.SIGKILL

@@ -13,20 +13,19 @@ import logging
 import os
 import shlex
 import shutil
-import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sm120fork.cuda.toolkit import locate_nvcc
-from sm120fork.errors import ConfigError, VerifyError
+from sm120fork.errors import CommandError, ConfigError, VerifyError
 from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import launcher, report, sglang_layer, variants
 from sm120fork.gpu import methods as methods_mod
 from sm120fork.gpu import policy as policy_mod
 from sm120fork.gpu.safety import check_backend
-from sm120fork.util import portable
+from sm120fork.util import portable, proc
 
 log = logging.getLogger("sm120fork")
 
@@ -220,10 +219,9 @@ def _nvidia_smi() -> dict[str, Any]:
     if not exe:
         return {}
     try:
-        out = subprocess.run(
-            [exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
+        out = proc.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                       timeout=30, quiet=True).stdout
+    except CommandError:
         return {}
     rows = [line.split(", ") for line in out.strip().splitlines() if line]
     return {"driver": rows[0][1]} if rows and len(rows[0]) > 1 else {}

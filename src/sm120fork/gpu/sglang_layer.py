@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.safety import rank_environment
 from sm120fork.layouts import LAYOUTS, adapter
+from sm120fork.util import proc as proc_mod
 
 RANK_MODULE = "sm120fork.gpu.sglang_rank"
 RESULT_MARKER = "SM120FORK-SGLANG-RANK "
@@ -66,14 +66,6 @@ def _free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """End a rank we started and its children (it leads its own session)."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def _parse(stdout: str) -> dict[str, Any] | None:
@@ -178,7 +170,8 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
     port = _free_port()
     started = time.monotonic()
     procs: list[tuple[subprocess.Popen[bytes], Any, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="sm120fork-sglang-layer-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sm120fork-sglang-layer-") as tmp, \
+            proc_mod.ProcessGroup() as group:
         for rank in range(world_size):
             request: dict[str, Any] = {
                 "rank": rank, "world_size": world_size, "case": case, "device": device,
@@ -196,9 +189,8 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
             rank_env["PYTHONUNBUFFERED"] = "1"
             out = open(Path(tmp) / f"rank{rank}.out", "w+b")
             err = open(Path(tmp) / f"rank{rank}.err", "w+b")
-            proc = subprocess.Popen(
-                [str(python), "-m", RANK_MODULE, json.dumps(request)],
-                stdout=out, stderr=err, env=rank_env, start_new_session=True)
+            proc = group.start([python, "-m", RANK_MODULE, json.dumps(request)],
+                               env=rank_env, stdout=out, stderr=err)
             procs.append((proc, out, err))
         hung = False
         deadline = started + start_timeout
@@ -215,8 +207,7 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
                 time.sleep(2.0)  # let the peers finish or fail, then stop them
                 break
             time.sleep(0.1)
-        for proc, _, _ in procs:
-            _kill(proc)
+        group.kill()
         reports, tails, problems = [], [], []
         for rank, (proc, out, err) in enumerate(procs):
             out.seek(0)

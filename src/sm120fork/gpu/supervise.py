@@ -1,21 +1,21 @@
 """Process groups under a watchdog: start them, follow their logs, end them as a whole.
 
+The processes are started and ended by the one runner's :class:`~sm120fork.util.proc.ProcessGroup`;
+this module is the watchdog's policy.
+
 A group ends when a process exits with an error, prints a ``@@FATAL`` line, stays silent
 too long, or runs past a deadline; how it ended is returned, never raised.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sm120fork.gpu import protocol
+from sm120fork.util import proc
 
 TAIL_LINES = 25
 
@@ -58,15 +58,6 @@ class _Follower:
         return (self.tail + ([self.partial] if self.partial else []))[-TAIL_LINES:]
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    """End a process we started and everything in its session (it is the group leader)."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 def run_group(commands: Sequence[Sequence[str]], *, envs: Sequence[Mapping[str, str]],
               log_paths: Sequence[Path], idle_timeout: float, first_timeout: float,
               on_line: Callable[[int, str], None] | None = None, fail_fast: bool = True,
@@ -78,14 +69,13 @@ def run_group(commands: Sequence[Sequence[str]], *, envs: Sequence[Mapping[str, 
     process that exits non-zero (or a ``@@FATAL`` line) ends the whole group.  Past
     ``deadline`` (a ``time.monotonic()`` value) the group is ended as "budget".
     """
-    procs: list[subprocess.Popen[bytes]] = []
+    group = proc.ProcessGroup()
+    procs = group.procs
     followers = [_Follower(p) for p in log_paths]
     for cmd, env, path in zip(commands, envs, log_paths, strict=True):
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as out:
-            procs.append(subprocess.Popen(
-                list(cmd), stdout=out, stderr=subprocess.STDOUT, env=dict(env),
-                start_new_session=True))
+            group.start(cmd, env=env, stdout=out)
     seen_output = False
     last = time.monotonic()
     outcome = GroupOutcome(ok=False)
@@ -131,8 +121,7 @@ def run_group(commands: Sequence[Sequence[str]], *, envs: Sequence[Mapping[str, 
                 break
             time.sleep(poll_interval)
     finally:
-        for proc in procs:
-            _kill(proc)
+        group.kill()
         for idx, follower in enumerate(followers):
             for line in follower.poll():
                 if on_line:

@@ -11,16 +11,16 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sm120fork.errors import ConfigError
+from sm120fork.errors import CommandError, ConfigError
 from sm120fork.gpu import protocol
 from sm120fork.gpu.safety import rank_environment
 from sm120fork.gpu.supervise import run_group
+from sm120fork.util import proc
 from sm120fork.util.files import sha256_file
 
 log = logging.getLogger("sm120fork")
@@ -117,13 +117,10 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
             shutil.rmtree(site)
         cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
                "--no-compile", "--target", str(site), str(wheel)]
-        log.info("+ %s", " ".join(cmd))
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            from sm120fork.errors import CommandError
-
+        done = proc.run(cmd, check=False)
+        if done.returncode != 0:
             raise CommandError(f"installing {wheel.name} for variant {name} failed",
-                               detail=(proc.stdout + proc.stderr)[-4000:])
+                               detail=(done.stdout + done.stderr)[-4000:])
         marker.write_text(digest + "\n")
     variant = Variant(name=name, wheel=wheel, sha256=digest, site=site, jit_base=jit)
     aot = variant.aot_dir()

@@ -17,21 +17,23 @@ import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
 
 from ..errors import CommandError
 
 log = logging.getLogger("sm120fork")
 
-_children: set[subprocess.Popen[str]] = set()
+_children: set[subprocess.Popen[Any]] = set()
 _children_lock = threading.Lock()
 _ending = threading.Event()
 _ended: list[int] = []
 
 
 def end_children(grace: float = 5.0) -> int:
-    """End every command started by :func:`run` (each with its own process group, so a
-    build's own children go too) and refuse new ones; return how many were ended since
-    :func:`allow_children`.
+    """End every command started by :func:`run` or a :class:`ProcessGroup` (each with its
+    own process group, so a build's own children go too) and refuse new ones; return how
+    many were ended since :func:`allow_children`.
 
     Called when the toolkit is interrupted: SIGTERM may reach only this process (nox
     forwards it alone), and a child left running would keep building."""
@@ -47,7 +49,7 @@ def end_children(grace: float = 5.0) -> int:
     return len(_ended)
 
 
-def _reap(child: subprocess.Popen[str], grace: float) -> None:
+def _reap(child: subprocess.Popen[Any], grace: float) -> None:
     try:
         child.wait(grace)
     except subprocess.TimeoutExpired:
@@ -140,3 +142,55 @@ def run(
             detail=output,
         )
     return proc
+
+
+class ProcessGroup:
+    """Long-running processes started together and ended together: GPU ranks, the layer
+    harness's ranks.  The one supervisor of such children.
+
+    Each process leads a process group of its own (what it starts goes with it), is known
+    to :func:`end_children` (Ctrl-C ends it too), and :meth:`kill` (or leaving the ``with``
+    block, however) kills every one still running, with its group, and reaps it.  The
+    caller's watchdog decides *when*; this decides *how*.
+    """
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, cmd: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str],
+              stdout: IO[bytes] | int | None = None,
+              stderr: IO[bytes] | int | None = subprocess.STDOUT) -> subprocess.Popen[bytes]:
+        """Start ``cmd`` with exactly ``env`` (the caller builds the whole environment)."""
+        argv = [os.fspath(c) for c in cmd]
+        if _ending.is_set():
+            raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
+        try:
+            child = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=dict(env),
+                                     start_new_session=True)
+        except FileNotFoundError as exc:
+            raise CommandError(f"command not found: {argv[0]}",
+                               fix="install it or put it on PATH") from exc
+        with _children_lock:
+            _children.add(child)
+        self.procs.append(child)
+        return child
+
+    def poll(self) -> list[int | None]:
+        return [p.poll() for p in self.procs]
+
+    def kill(self) -> None:
+        """SIGKILL every process still running, with its process group; reap them all."""
+        for child in self.procs:
+            if child.poll() is None:
+                with _suppress_gone():
+                    os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            with _children_lock:
+                _children.discard(child)
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.kill()
