@@ -187,10 +187,10 @@ def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _finish(error: ToolkitError | None) -> int:
-    if error is None:
-        return 0
-    print(error.message, file=sys.stderr)
-    return error.exit_code
+    """The run's own failure (cases failing, nothing run) goes to the one error boundary."""
+    if error is not None:
+        raise error
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
