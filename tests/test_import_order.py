@@ -68,8 +68,35 @@ def _stage(module: str) -> str:
     return "__init__" if len(parts) == 1 else parts[1]
 
 
+def _module_strings(tree: ast.AST) -> Iterator[ast.Constant]:
+    """Module names in strings that load a module: an argument of ``import_module``,
+    ``_module``, ``run_module``, ``find_spec``; a ``python -m`` target; a ``*MODULE``
+    constant.  (A logger named ``sm120fork.plugin`` imports nothing.)"""
+    def names(node: ast.AST) -> Iterator[ast.Constant]:
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and _MODULE_NAME.match(node.value)):
+            yield node
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if "module" in called.lower() or called == "find_spec":
+                for arg in node.args:
+                    yield from names(arg)
+        elif isinstance(node, ast.List | ast.Tuple):
+            for flag, value in zip(node.elts, node.elts[1:], strict=False):
+                if isinstance(flag, ast.Constant) and flag.value == "-m":
+                    yield from names(value)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.value is not None and any(
+                    isinstance(t, ast.Name) and t.id.endswith("MODULE") for t in targets):
+                yield from names(node.value)
+
+
 def imported_modules(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[str, int]]:
-    """Every ``sm120fork`` module ``tree`` imports or names in a string, with its line."""
+    """Every ``sm120fork`` module ``tree`` imports or loads by name, with its line."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -84,9 +111,8 @@ def imported_modules(tree: ast.AST, module: str, is_package: bool) -> Iterator[t
             yield target, node.lineno
             for alias in node.names:  # from sm120fork import gpu: the stage gpu
                 yield f"{target}.{alias.name}", node.lineno
-        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
-              and _MODULE_NAME.match(node.value)):
-            yield node.value, node.lineno
+    for constant in _module_strings(tree):
+        yield str(constant.value), constant.lineno
 
 
 def stage_arrows(root: Path) -> dict[tuple[str, str], list[str]]:
@@ -184,6 +210,8 @@ def _package(tmp_path: Path, files: Mapping[str, str]) -> Path:
     ("def f():\n    from sm120fork.verify.check import x\n", ("patch", "verify")),
     ("import importlib\nM = importlib.import_module('sm120fork.verify.check')\n",
      ("patch", "verify")),
+    ("PROBE_MODULE = 'sm120fork.verify.check'\n", ("patch", "verify")),
+    ("CMD = [sys.executable, '-m', 'sm120fork.verify.check']\n", ("patch", "verify")),
     ("from sm120fork import verify\n", ("patch", "verify")),
     ("from ..verify import check\n", ("patch", "verify")),
 ])
@@ -194,6 +222,13 @@ def test_a_back_arrow_is_found_however_it_is_written(tmp_path: Path, text: str,
     arrows = stage_arrows(root)
     assert arrow in arrows
     assert back_arrows(arrows, {"patch": frozenset(), "verify": frozenset({"patch"})})
+
+
+def test_a_logger_name_is_no_import(tmp_path: Path) -> None:
+    root = _package(tmp_path, {"patch/__init__.py": "", "verify/__init__.py": "",
+                               "patch/apply.py": "import logging\n"
+                                                 "log = logging.getLogger('sm120fork.verify')\n"})
+    assert ("patch", "verify") not in stage_arrows(root)
 
 
 def test_an_allowed_arrow_passes(tmp_path: Path) -> None:
