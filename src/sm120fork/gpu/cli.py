@@ -143,6 +143,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--note", action="append", default=[])
     s.add_argument("--out", type=Path, required=True)
 
+    j = sub.add_parser("project", help="PROJECTION (not a measurement) of the methods on an "
+                       "8x RTX PRO 6000 PCIe box from the facts file's figures")
+    j.add_argument("--out", type=Path, required=True)
+
     r = sub.add_parser("report", help="re-render reports from their JSON")
     r.add_argument("--test", type=Path)
     r.add_argument("--bench", type=Path)
@@ -218,6 +222,12 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return cmd_test(args, argv)
     if args.gpu_command == "bench":
         return cmd_bench(args, argv)
+    if args.gpu_command == "project":
+        from sm120fork.gpu import projection
+
+        written = projection.write(projection.table(), args.out)
+        print(f"wrote {', '.join(map(str, written))} ({projection.LABEL})")
+        return 0
     if args.gpu_command == "sglang-layer":
         return cmd_sglang_layer(args, argv)
     return cmd_report(args)

@@ -1,0 +1,175 @@
+"""A PROJECTION (not a measurement) of the bench's methods on a PCIe SM12x box.
+
+No SM12x machine was available, so this estimates from the public figures in the
+project's facts file (``/work/shared/SM120-FACTS.md``, "Physical limits" and the
+pcie_ipc / NCCL numbers): per-rank P2P bandwidth, flag latencies, the published NCCL and
+pcie_ipc small-message times.  Every number is a (low, high) range in microseconds and
+every report says it is a projection.  A real run of ``bench`` on the box replaces it.
+
+The model, per all-reduce + residual add + RMSNorm of ``tokens x hidden`` bf16 (B bytes)
+at world size w:
+
+- one-shot fused (Lamport): launch floor + one synchronisation + every rank pushes B to
+  each of its w-1 peers over its own link: ``(w-1) B / bw``;
+- two-shot fused: launch floor + two synchronisations + ``2 (w-1)/w B / bw``;
+- NCCL + RMSNorm: the published small-message latency of such boxes (low: a tuned 8x box
+  on PCIe switches; high: the cross-NUMA 8x box of the pcie_ipc numbers) plus the ring's
+  ``2 (w-1)/w B / bw``, plus the norm kernel;
+- pcie_ipc + RMSNorm: the published TP8 figures (5.3 / 15.3 / 34.6 us at 12 / 96 /
+  384 KiB), interpolated in size (extrapolated above 384 KiB), plus the norm kernel;
+  TP2/TP4 use the two-shot model (pcie_ipc stages a reduce-scatter + all-gather);
+- two-shot is left out where tokens <= ranks (FlashInfer refuses it there).
+- a "write collapse" fabric (2.6 GB/s peer writes, seen on one root-complex box) bounds
+  the push-based methods from above where that trap applies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+Range = tuple[float, float]
+LABEL = ("PROJECTION from public figures (SM120-FACTS.md), not a measurement: no SM12x "
+         "box was available")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Fabric:
+    """What the projection assumes of a box (all from the facts file)."""
+
+    name: str
+    bw_gbps: Range  # per-rank P2P bandwidth, GB/s
+    sync_us: dict[int, Range]  # one cross-rank synchronisation at world size w
+    floor_us: Range = (1.1, 2.0)  # one kernel in a graph (1.1 us measured on H200)
+    norm_us: Range = (2.0, 3.0)  # a separate fused_add_rmsnorm launch
+    nccl_small_us: dict[int, Range] = dataclasses.field(default_factory=dict)
+    pcie_ipc_tp8: Sequence[tuple[int, float]] = ()  # (bytes, us), published
+    collapse_write_gbps: float = 2.6
+
+
+RTX_PRO_6000_8X = Fabric(
+    name="8x RTX PRO 6000 Blackwell, PCIe Gen5 x16, no NVLink, two NUMA nodes",
+    bw_gbps=(39.0, 56.0),  # measured P2P: 53-56 same NUMA, 39-51 cross
+    # a 128 B remote read takes 2-4 us (4 GPUs), 6-7 us (8 GPUs); a one-shot's flags
+    # are writes (~0.4 us) plus the spin: "2-4 us sync" at TP8 in the facts
+    sync_us={2: (0.8, 2.0), 4: (2.0, 4.0), 8: (2.0, 7.0)},
+    # 4x on PCIe switches 13-16 us; 8x 24-26 us (switches or a tuned graph); the
+    # cross-NUMA 8x box: 205 us at 12 KiB
+    nccl_small_us={2: (10.0, 39.0), 4: (13.0, 16.0), 8: (24.0, 205.0)},
+    pcie_ipc_tp8=((12 << 10, 5.3), (96 << 10, 15.3), (384 << 10, 34.6)),
+)
+
+
+def _interp(points: Sequence[tuple[int, float]], size: int) -> float:
+    """Piecewise-linear in bytes; below the first point the first value (a latency floor),
+    above the last the last slope."""
+    pts = sorted(points)
+    if size <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if size <= x1:
+            return y0 + (y1 - y0) * (size - x0) / (x1 - x0)
+    (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    return y1 + (y1 - y0) * (size - x1) / (x1 - x0)
+
+
+def _us(nbytes: float, gbps: float) -> float:
+    return nbytes / (gbps * 1e3)  # GB/s = 1e3 bytes per us
+
+
+def project(world: int, tokens: int, hidden: int, fabric: Fabric = RTX_PRO_6000_8X,
+            ) -> dict[str, Range]:
+    """(low, high) microseconds per method for one all-reduce + add + RMSNorm."""
+    size = tokens * hidden * 2
+    lo_bw, hi_bw = fabric.bw_gbps
+    s_lo, s_hi = fabric.sync_us[world]
+    f_lo, f_hi = fabric.floor_us
+    n_lo, n_hi = fabric.norm_us
+    one = (world - 1) * size
+    two = 2 * (world - 1) / world * size
+    out: dict[str, Range] = {
+        "fused_oneshot": (f_lo + s_lo + _us(one, hi_bw), f_hi + s_hi + _us(one, lo_bw)),
+        "fused_twoshot": (f_lo + 2 * s_lo + _us(two, hi_bw),
+                          f_hi + 2 * s_hi + _us(two, lo_bw)),
+        "fused_oneshot_write_collapse": (f_lo + s_lo + _us(one, fabric.collapse_write_gbps),
+                                         f_hi + s_hi + _us(one, fabric.collapse_write_gbps)),
+    }
+    if tokens <= world:  # FlashInfer's two-shot asserts token_num > world_size
+        del out["fused_twoshot"]
+    c_lo, c_hi = fabric.nccl_small_us[world]
+    out["nccl_rmsnorm"] = (c_lo + _us(two, hi_bw) + n_lo, c_hi + _us(two, lo_bw) + n_hi)
+    if world == 8 and fabric.pcie_ipc_tp8:
+        base = _interp(fabric.pcie_ipc_tp8, size)
+        out["pcie_ipc_rmsnorm"] = (base + n_lo, base + n_hi)
+    else:
+        out["pcie_ipc_rmsnorm"] = (f_lo + 2 * s_lo + _us(two, hi_bw) + n_lo,
+                                   f_hi + 2 * s_hi + _us(two, lo_bw) + n_hi)
+    return out
+
+
+def table(worlds: Sequence[int] = (2, 4, 8), tokens: Sequence[int] = (1, 3, 8, 16, 64, 128,
+                                                                       512),
+          hidden: int = 7168, fabric: Fabric = RTX_PRO_6000_8X) -> dict[str, Any]:
+    """The projection document: every (world, tokens) point, and the likely winner."""
+    rows = []
+    for w in worlds:
+        for t in tokens:
+            est = project(w, t, hidden, fabric)
+            honest = {m: r for m, r in est.items() if not m.endswith("write_collapse")}
+            mid = {m: (lo + hi) / 2 for m, (lo, hi) in honest.items()}
+            winner = min(mid, key=mid.__getitem__)
+            overlap = [m for m, (lo, _hi) in honest.items()
+                       if m != winner and lo <= honest[winner][1]]
+            rows.append({"world_size": w, "tokens": t, "hidden": hidden, "bytes": t * hidden * 2,
+                         "us": {m: [round(lo, 1), round(hi, 1)] for m, (lo, hi) in est.items()},
+                         "likely_fastest": winner, "ranges_overlap_with": sorted(overlap)})
+    return {"kind": "gpu-projection", "label": LABEL, "fabric": dataclasses.asdict(fabric),
+            "hidden": hidden, "rows": rows}
+
+
+def render(doc: dict[str, Any]) -> str:
+    lines = [f"# Projection: {doc['fabric']['name']}", "", f"**{doc['label']}.**", "",
+             "Per all-reduce + residual add + RMSNorm, bf16, hidden "
+             f"{doc['hidden']}, in microseconds as (low-high) ranges. The model and its "
+             "inputs: `src/sm120fork/gpu/projection.py` (every input is a figure of the "
+             "facts file). 'likely fastest' compares range midpoints; where another "
+             "method's range overlaps the winner's, the projection cannot tell them apart "
+             "and only a `bench` run on the box can. The write-collapse column is the "
+             "one-shot on a fabric whose peer writes collapse to 2.6 GB/s (seen on one "
+             "root-complex box); it is not used to pick the winner.", ""]
+    methods = ["fused_oneshot", "fused_twoshot", "pcie_ipc_rmsnorm", "nccl_rmsnorm",
+               "fused_oneshot_write_collapse"]
+    for w in sorted({r["world_size"] for r in doc["rows"]}):
+        lines += [f"## TP{w}", "", "| tokens | KiB | " + " | ".join(methods)
+                  + " | likely fastest | overlaps |",
+                  "|" + "---|" * (len(methods) + 4)]
+        for r in [r for r in doc["rows"] if r["world_size"] == w]:
+            cells = [f"{r['us'][m][0]:.1f}-{r['us'][m][1]:.1f}" if m in r["us"]
+                     else "n/a (tokens <= ranks)" for m in methods]
+            lines.append(f"| {r['tokens']} | {r['bytes'] / 1024:.0f} | " + " | ".join(cells)
+                         + f" | {r['likely_fastest']} | "
+                         f"{', '.join(r['ranges_overlap_with']) or '-'} |")
+        lines.append("")
+    step = [r for r in doc["rows"] if r["world_size"] == 8 and r["tokens"] == 3]
+    if step:
+        r = step[0]
+        lines += ["## One EAGLE-3 verify step of Kimi-K2.5 at TP8 (3 tokens, 122 all-reduces)",
+                  ""]
+        for m in [m for m in methods[:4] if m in r["us"]]:
+            lo, hi = r["us"][m]
+            lines.append(f"- {m}: {lo * 122 / 1000:.2f}-{hi * 122 / 1000:.2f} ms")
+        lines += ["", "(The facts file's measured step on such a box: ~25 ms of ~30 ms in "
+                  "NCCL all-reduces.)", ""]
+    return "\n".join(lines)
+
+
+def write(doc: dict[str, Any], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    j, m = out / "projection.json", out / "projection.md"
+    j.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    m.write_text(render(doc), encoding="utf-8")
+    return [j, m]
