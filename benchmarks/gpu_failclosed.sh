@@ -32,7 +32,7 @@ case $ROUTE in
     pipi "$R/site_deps" $K/whl312/s523/*.whl
     SG=$R/sg; FI=$R/fi
     tar xJf $F/sglang-0.5.23-cp312-layer.tar.xz -C "$SG" & tar xJf $F/flashinfer-0.7.2-layer.tar.xz -C "$FI" & wait
-    JIT=$PWD/$F/jit-072; EXTRA=(--layout layer_boundary)
+    JIT=$PWD/$F/jit-072-$ROUTE; EXTRA=(--layout layer_boundary)  # own cache: the routes run side by side (gpu_session.sh), and the sources sit in per-route folders, so a shared one would rebuild anyway
     if [ "$ROUTE" = s523-plugin ]; then
       # stock: the wheel's tree with every file the series changes put back to upstream's bytes,
       # each checked against the stock wheel's RECORD; then the plugin wheel beside it
