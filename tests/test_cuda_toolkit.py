@@ -72,9 +72,12 @@ def test_no_nvcc_says_where_it_looked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_one_nvcc_locator() -> None:
-    """verify, aot and gpu find nvcc only through cuda/toolkit.py.  The doctor's own lookups
-    stay while the plugin wheel ships the doctor without cuda/ (plugin/package.py)."""
+    """verify, aot, gpu and the doctor find nvcc only through cuda/toolkit.py (the plugin
+    wheel ships it with the doctor); the doctor's FlashInfer probe asks FlashInfer's own
+    get_cuda_path() which toolkit its JIT uses, and locates nothing itself."""
     finders = re.compile(r"""which\(\s*["']nvcc["']|["']bin["']\s*/\s*["']nvcc["']|/bin/nvcc""")
     hits = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
-                  if p.parent.name != "doctor" and finders.search(p.read_text(encoding="utf-8")))
-    assert hits == ["cuda/toolkit.py"]
+                  if finders.search(p.read_text(encoding="utf-8")))
+    assert hits == ["cuda/toolkit.py", "doctor/flashinfer_probe.py"]
+    probe = (SRC / "doctor" / "flashinfer_probe.py").read_text(encoding="utf-8")
+    assert "cpp_ext.get_cuda_path()" in probe
