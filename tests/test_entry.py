@@ -45,7 +45,8 @@ def test_every_exit_code_means_one_thing() -> None:
     assert len(set(others)) == len(others)
 
 
-def test_an_error_is_one_line_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
+def test_an_error_is_one_line_unless_at_a_terminal(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     exc = CommandError("git am failed\n  (exit 128)", where=str(tmp_path / ".forks" / "t"),
                        fix="resolve it,\n then --continue", detail=f"{tmp_path}/x: conflict")
     out = io.StringIO()
@@ -56,7 +57,27 @@ def test_an_error_is_one_line_when_stderr_is_not_a_terminal(tmp_path: Path) -> N
     assert line == "error: .forks/t: git am failed (exit 128) (resolve it, then --continue)"
     tty = _Terminal()
     boundary(lambda: _raise(exc), name="build", root=lambda: tmp_path, stderr=tty)
+    assert tty.getvalue().splitlines()[-1].startswith("error: ")  # stdout is piped here
+    assert "git am failed (exit 128)" in tty.getvalue()
+    monkeypatch.setattr(sys, "stdout", _Terminal())
+    tty = _Terminal()
+    boundary(lambda: _raise(exc), name="build", root=lambda: tmp_path, stderr=tty)
     assert "git am failed\n  (exit 128)" in tty.getvalue()  # a terminal shows it as written
+
+
+def test_a_long_error_of_the_command_line_is_one_relative_line(tmp_path: Path) -> None:
+    """rich wrapped it at 80 columns and named the absolute path."""
+    (tmp_path / "forks").mkdir()
+    (tmp_path / "forks" / "demo.toml").write_text(
+        '[stack]\nname = "demo"\ndefault = true\n'
+        "this_is_a_rather_long_misspelt_key_name_to_make_the_line_wrap_in_rich = 1\n")
+    done = subprocess.run([sys.executable, "-m", "sm120fork", "--root", str(tmp_path),
+                           "status"], capture_output=True, text=True, check=False,
+                          env=dict(os.environ, PYTHONPATH=str(SRC)), timeout=120)
+    assert done.returncode == errors_mod.ConfigError.exit_code
+    assert done.stderr.splitlines()[-1] == (
+        "error: forks/demo.toml: stack.this_is_a_rather_long_misspelt_key_name_to_make_the_"
+        "line_wrap_in_rich: unknown key (known: name, description, default)")
 
 
 def test_paths_are_named_relative_to_the_checkout() -> None:

@@ -5,8 +5,8 @@
 ``error: ...`` line on stderr and its class's exit code; Ctrl-C or SIGTERM (nox and
 ``timeout`` send it) ends the running commands and exits 130; anything else is a bug: its
 traceback and :data:`~sm120fork.errors.EXIT_INTERNAL`.  So an exit code says one thing.
-Paths under the checkout are shown relative to it; when stderr is not a terminal the error
-is exactly one line (a log reader greps it), never wrapped.
+Paths under the checkout are shown relative to it; unless both stdout and stderr are a
+terminal the error is exactly one line (a log reader greps it), never wrapped.
 
 Stdlib only: the plugin wheel ships it with the doctor.
 """
@@ -67,7 +67,8 @@ def boundary(body: Callable[[], int], *, name: str, root: Callable[[], Path | No
     are). ``on_interrupt`` ends the running commands and says how many it ended.
     """
     err = stderr if stderr is not None else sys.stderr
-    tty = err.isatty()
+    # Wrapped as written only for a person at a terminal; piped or logged: one line.
+    tty = err.isatty() and sys.stdout.isatty()
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _sigterm) if main_thread else None
     try:
