@@ -57,3 +57,19 @@ def test_tree_hash_is_heads_tree_and_refuses_local_changes(tmp_path: Path) -> No
     (tree / "a.cu").write_text("changed")
     with pytest.raises(ConfigError, match="uncommitted changes"):
         pipeline.tree_hash(tree)
+
+
+def test_a_flashinfer_without_the_prebuilt_lookup_gets_no_aot_wheel(tmp_path: Path) -> None:
+    """Issue 18.3 for stack sglang-0.5.23: FlashInfer 0.7.2 as published never looks in a
+    package of our own name, so build-aot refuses instead of making a wheel that never loads."""
+    stacks = load_stacks(REPO / "forks")
+    env = tmp_path / "flashinfer" / "jit" / "env.py"
+    env.parent.mkdir(parents=True)
+    env.write_text("FLASHINFER_AOT_DIR = _package_root / 'data' / 'aot'\n")
+    with pytest.raises(ConfigError, match="no lookup for prebuilt-module packages"):
+        pipeline.require_lookup(tmp_path, stacks["sglang-0.5.23"])
+    # The default stack's series adds it (patch 0003).
+    patch = next((REPO / "patches" / "sglang-0.5.10" / "flashinfer").glob("0009-*.patch"))
+    assert '+PREBUILT_ENTRY_POINT_GROUP = "flashinfer.prebuilt"' in patch.read_text()
+    env.write_text('PREBUILT_ENTRY_POINT_GROUP = "flashinfer.prebuilt"\n')
+    pipeline.require_lookup(tmp_path, stacks["sglang-0.5.10"])

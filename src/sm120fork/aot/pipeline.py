@@ -80,6 +80,28 @@ def tree_hash(tree: Path) -> str:
     return proc.run(["git", "-C", tree, "rev-parse", "HEAD^{tree}"], quiet=True).stdout.strip()
 
 
+def require_lookup(tree: Path, stack: Stack) -> None:
+    """Refuse a FlashInfer that would never look in the AOT wheel.
+
+    The wheel is a distribution of its own, found only through the entry point group
+    ``flashinfer.prebuilt`` (the default stack's patch 0003).  A FlashInfer without that
+    lookup (0.7.2 as published, for stack sglang-0.5.23) would never load its module.
+    """
+    env = tree / "flashinfer" / "jit" / "env.py"
+    try:
+        text = env.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("the FlashInfer tree has no readable flashinfer/jit/env.py",
+                          where=str(env)) from exc
+    if f'"{wheel_mod.ENTRY_POINT_GROUP}"' not in text:
+        raise ConfigError(
+            f"stack {stack.name}'s FlashInfer has no lookup for prebuilt-module packages "
+            f"(entry point group {wheel_mod.ENTRY_POINT_GROUP}): it would never load the AOT "
+            "wheel's module", where=str(env),
+            fix="add the lookup to the stack's FlashInfer series (patch 0003 of "
+                "patches/sglang-0.5.10/flashinfer), or JIT-compile with nvcc >= 12.9")
+
+
 def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
               wheels_dir: Path | None = None, out: Path | None = None, jobs: int = 2,
               rebuild: bool = False, python: Path | None = None,
@@ -92,6 +114,7 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
     if not tree.is_dir():
         raise ConfigError("no FlashInfer fork tree", where=str(tree),
                           fix=f"run `nox -s build -- --stack {stack.name}` first")
+    require_lookup(tree, stack)
     found = tree_hash(tree)
     if found != flashinfer.tree:
         raise BuildError(f"the fork tree ({found[:12]}) is not the tree "
