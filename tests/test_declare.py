@@ -53,6 +53,8 @@ def test_typo_names_file_key_and_suggestion(tmp_path: Path) -> None:
     ('source = "sdist"\n\n[projects.flashinfer.git]',
      'source = "sdsit"\n\n[projects.flashinfer.git]', "did you mean 'sdist'"),
     ('name = "sglang-0.5.10"', 'name = "other"', "differs from the file name"),
+    ('series_record = "flashinfer/jit/series_sources.py"', 'series_record = "../x.py"',
+     "projects.flashinfer.series_record: must be a relative path inside the package root"),
     ('requires = ["flashinfer"]', 'requires = ["flashinfr"]', "did you mean 'flashinfer'"),
     ('tag = "v0.6.7.post3"\n', '', "projects.flashinfer.git.tag: missing required key"),
     # a typo in a nested table is named as such, not as the required key it hides
