@@ -113,3 +113,40 @@ def test_tuned_nccl_runs_in_a_group_of_its_own() -> None:
     assert groups[(("NCCL_ALGO", "Ring"), ("NCCL_PROTO", "LL"))] == ["nccl_tuned_rmsnorm"]
     assert methods.modules(["pcie_ipc_rmsnorm", "fused_auto", "custom_vllm_rmsnorm"]) == [
         "pcie_ipc", "vllm"]
+
+
+def test_module_step_imports_in_the_main_thread_and_optional_failures_are_reported(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Threads importing one package at once saw half-initialised FlashInfer modules."""
+    import threading
+
+    from sm120fork.gpu import probe
+
+    seen: list[str] = []
+
+    def loader(name: str, *, fail_import: bool = False, fail_build: bool = False) -> Any:
+        def load() -> Any:
+            main = threading.current_thread() is threading.main_thread()
+            seen.append(f"import {name} main={main}")
+            if fail_import:
+                raise ImportError(f"no {name} here")
+
+            def build() -> None:
+                if fail_build:
+                    raise RuntimeError(f"{name} did not build")
+            return build
+        return load
+
+    monkeypatch.setattr(probe, "environment", dict)
+    monkeypatch.setattr(probe, "MODULES", {
+        "comm": (loader("comm"), True), "pcie_ipc": (loader("pcie_ipc", fail_import=True), False),
+        "vllm": (loader("vllm", fail_build=True), False)})
+    probe.run_compile(["comm", "pcie_ipc", "vllm"])
+    assert seen == ["import comm main=True", "import pcie_ipc main=True", "import vllm main=True"]
+    out = capsys.readouterr().out
+    assert '"module": "pcie_ipc", "ok": false, "reason": "ImportError: no pcie_ipc here"' in out
+    assert '"module": "vllm", "ok": false' in out
+    assert '"module": "comm", "ok": true' in out
+    monkeypatch.setattr(probe, "MODULES", {"comm": (loader("comm", fail_build=True), True)})
+    with pytest.raises(RuntimeError, match="required modules failed"):
+        probe.run_compile(["comm"])

@@ -45,44 +45,52 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def _build_comm() -> None:
+def _load_comm() -> Callable[[], object]:
     from flashinfer.comm.trtllm_ar import (  # type: ignore[import-not-found, unused-ignore]
         get_trtllm_comm_module,
     )
 
-    get_trtllm_comm_module()
+    fn: Callable[[], object] = get_trtllm_comm_module
+    return fn
 
 
-def _build_norm() -> None:
+def _load_norm() -> Callable[[], object]:
     from flashinfer.norm import fused_add_rmsnorm  # type: ignore[import-not-found, unused-ignore]
 
-    x = torch.randn(2, 256, device="cuda", dtype=torch.bfloat16)
-    fused_add_rmsnorm(x, torch.randn_like(x), torch.ones(256, device="cuda",
-                                                         dtype=torch.bfloat16))
-    torch.cuda.synchronize()
+    def build() -> None:
+        x = torch.randn(2, 256, device="cuda", dtype=torch.bfloat16)
+        fused_add_rmsnorm(x, torch.randn_like(x), torch.ones(256, device="cuda",
+                                                             dtype=torch.bfloat16))
+        torch.cuda.synchronize()
+    return build
 
 
-def _build_pcie_ipc() -> None:
+def _load_pcie_ipc() -> Callable[[], object]:
     from flashinfer.comm import (  # type: ignore[import-not-found, unused-ignore]
         get_pcie_ipc_comm_module,
     )
 
-    get_pcie_ipc_comm_module()
+    fn: Callable[[], object] = get_pcie_ipc_comm_module
+    return fn
 
 
-def _build_vllm() -> None:
+def _load_vllm() -> Callable[[], object]:
     from flashinfer.comm.vllm_ar import (  # type: ignore[import-not-found, unused-ignore]
         get_vllm_comm_module,
     )
 
-    get_vllm_comm_module()
+    fn: Callable[[], object] = get_vllm_comm_module
+    return fn
 
 
-#: module name -> (build, required): a required module that fails fails the variant; an
-#: optional one (a bench method's) is reported and its method then says it cannot run
-MODULES: dict[str, tuple[Callable[[], None], bool]] = {
-    "comm": (_build_comm, True), "norm": (_build_norm, True),
-    "pcie_ipc": (_build_pcie_ipc, False), "vllm": (_build_vllm, False),
+#: module name -> (loader, required).  A loader imports (in the main thread: Python
+#: imports of one package from several threads can see half-initialised modules) and
+#: returns the build step, which runs in a thread.  A required module that fails fails
+#: the variant; an optional one (a bench method's) is reported and its method then says
+#: it cannot run.
+MODULES: dict[str, tuple[Callable[[], Callable[[], object]], bool]] = {
+    "comm": (_load_comm, True), "norm": (_load_norm, True),
+    "pcie_ipc": (_load_pcie_ipc, False), "vllm": (_load_vllm, False),
 }
 
 
@@ -92,20 +100,29 @@ def run_compile(modules: list[str]) -> None:
     say("ENV", environment())
     failed_required: list[str] = []
 
-    def build(name: str) -> None:
-        fn, required = MODULES[name]
+    def failed(name: str, exc: BaseException) -> None:
+        say("MODULE", {"module": name, "ok": False,
+                       "reason": f"{type(exc).__name__}: {exc}"[:1000]})
+        if MODULES[name][1]:
+            failed_required.append(name)
+
+    steps: dict[str, Callable[[], object]] = {}
+    for name in modules:  # imports one after the other, here
         try:
-            fn()
+            steps[name] = MODULES[name][0]()
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"[:1000]
-            say("MODULE", {"module": name, "ok": False, "reason": reason})
-            if required:
-                failed_required.append(name)
+            failed(name, exc)
+
+    def build(name: str) -> None:
+        try:
+            steps[name]()
+        except Exception as exc:
+            failed(name, exc)
             return
         say("MODULE", {"module": name, "ok": True})
         print(f"compiled/loaded {name} module", flush=True)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(modules) or 1) as pool:
-        list(pool.map(build, modules))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(steps) or 1) as pool:
+        list(pool.map(build, steps))
     if failed_required:
         raise RuntimeError(f"required modules failed: {failed_required}")
