@@ -40,7 +40,7 @@ def write_evidence(root: Path, *, gpu_status: str = "pass", proof: str = "pass",
     """verify.json, test-ab.json and bench.json/.md; ``made`` overrides their provenance."""
     origin = provenance(root) if (root / "wheels" / "demo").is_dir() else {}
     made = made or {}
-    sm120 = root / "reports" / "sm120"
+    sm120 = root / "reports" / "sm120" / "demo"
     sm120.mkdir(parents=True, exist_ok=True)
     (sm120 / "verify.json").write_text(json.dumps({"report": {}, "verdicts": [
         {"variant": "patched", "arch": "sm_120a", "status": proof, "reasons": []},
@@ -70,7 +70,7 @@ def test_refuses_naming_every_missing_piece_of_evidence(demo: DemoWorkspace) -> 
     with pytest.raises(MaintenanceError) as err:
         upstream_pr(demo.ws, "demo", "lib")
     msg = err.value.message
-    assert "reports/sm120/verify.json" in msg
+    assert "reports/sm120/demo/verify.json" in msg
     assert "reports/gpu/*/test-ab.json" in msg
     assert not (demo.ws.reports_dir / "upstream").exists()
     assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib"]) == 14
@@ -110,7 +110,7 @@ def test_prepares_branch_body_and_commands_without_pushing(demo: DemoWorkspace) 
     assert any(c.startswith("gh pr create") for c in pr.commands)
     assert any(" push " in c for c in pr.commands)
     evidence = json.loads((out / "evidence.json").read_text())
-    assert "reports/sm120/verify.json" in evidence["evidence_files"]
+    assert "reports/sm120/demo/verify.json" in evidence["evidence_files"]
 
 
 def test_refuses_failed_tests_and_failed_proof(demo: DemoWorkspace) -> None:
@@ -220,7 +220,7 @@ def _stale(origin: dict[str, Any], **change: str) -> dict[str, Any]:
 def test_refuses_evidence_of_another_series_or_wheel_and_tells_absence_apart(
         demo: DemoWorkspace, kind: str) -> None:
     origin = provenance(demo.ws.root)
-    shown = {"verify": "reports/sm120/verify.json", "test": "reports/gpu/h200-1x/test-ab.json",
+    shown = {"verify": "reports/sm120/demo/verify.json", "test": "reports/gpu/h200-1x/test-ab.json",
              "bench": "reports/gpu/h200-1x/bench.json"}[kind]
     cases = {
         "absent": ({}, f"{shown} does not record the stack, series and wheel it was made"),

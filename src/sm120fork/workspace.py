@@ -62,6 +62,10 @@ class Workspace:
     def reports_dir(self) -> Path:
         return self.root / "reports"
 
+    def verify_reports(self, stack_name: str) -> Path:
+        """``reports/sm120/<stack>/``: one stack's committed evidence (verify.md, .json)."""
+        return self.reports_dir / "sm120" / stack_name
+
     @property
     def trees_dir(self) -> Path:
         """``.forks/trees/``: the fork work trees, ``<stack>/<project>[@variant]``."""

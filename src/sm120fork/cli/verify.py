@@ -1,4 +1,4 @@
-"""``verify-sm120``: every patch's evidence, checked and rendered (reports/sm120/)."""
+"""``verify-sm120``: every patch's evidence, checked and rendered (reports/sm120/<stack>/)."""
 
 from __future__ import annotations
 

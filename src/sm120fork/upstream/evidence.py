@@ -1,6 +1,6 @@
 """The evidence an upstream PR carries, gathered and checked: refused when missing or failing.
 
-The wheel manifest, the SM120 compile proof (``reports/sm120/verify.json``), the GPU A/B
+The wheel manifest, the SM120 compile proof (``reports/sm120/<stack>/verify.json``), the GPU A/B
 results (``reports/gpu/*/test-ab.json``) and the bench tables, each with its sha256.
 """
 
@@ -57,7 +57,9 @@ _RERUN = {"verify": "nox -s verify_sm120 -- --stack {stack}", "test": "nox -s gp
 def current_builds(ws: Workspace, stack: Stack, wheels: list[dict[str, Any]]
                    ) -> dict[str, tuple[str, str]]:
     """project -> (series digest now, sha256 of its published wheel or '')."""
-    sha = {str(w.get("project")): str(w.get("sha256") or "") for w in wheels}
+    sha: dict[str, str] = {}
+    for w in wheels:  # a project of several wheels is named by its first (verify.json too)
+        sha.setdefault(str(w.get("project")), str(w.get("sha256") or ""))
     return {p.key: (load_series(ws.series_dir(p)).digest, sha.get(p.key, ""))
             for p in stack.projects}
 
@@ -128,13 +130,14 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
             problems.append(f"the {project.key} wheel failed its artifact check")
         files[shown] = _sha256(manifest_path)
     current = current_builds(ws, stack, wheels)
-    verify_path = ws.reports_dir / "sm120" / "verify.json"
+    verify_path = ws.verify_reports(stack.name) / "verify.json"
+    verify_shown = verify_path.relative_to(ws.root).as_posix()
     verify = _load_json(verify_path) or {}
-    _, why = provenance_problem("reports/sm120/verify.json", verify, stack, "verify", current,
+    _, why = provenance_problem(verify_shown, verify, stack, "verify", current,
                                 require=project.key)
     if not verify:
-        problems.append("no SM120 compile proof reports/sm120/verify.json "
-                        "(run: nox -s verify_sm120)")
+        problems.append(f"no SM120 compile proof {verify_shown} "
+                        f"(run: nox -s verify_sm120 -- --stack {stack.name})")
     elif why:
         problems.append(why)
     else:
@@ -144,9 +147,9 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
         if failing:
             problems.append(f"the SM120 compile proof fails for {', '.join(failing)}")
         elif verify.get("passed") is False:
-            problems.append("reports/sm120/verify.json says a patch check failed")
+            problems.append(f"{verify_shown} says a patch check failed")
         elif not verify.get("verdicts"):
-            problems.append("reports/sm120/verify.json holds no verdicts")
+            problems.append(f"{verify_shown} holds no verdicts")
     gpu_tests: list[tuple[Path, dict[str, Any]]] = []
     elsewhere: list[str] = []  # evidence of other stacks: not ours, not a refusal
     for path in sorted((ws.reports_dir / "gpu").glob("*/test-ab.json")):

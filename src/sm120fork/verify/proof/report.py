@@ -1,4 +1,4 @@
-"""``reports/sm120/verify.{md,json}``: the per-patch verdicts, the behaviour checks and the
+"""``reports/sm120/<stack>/verify.{md,json}``: the per-patch verdicts, the behaviour checks and the
 compile proof, with what they were made from (stack, series digests, wheel sha256)."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def to_markdown(result: VerifyResult) -> str:
         "stubbed; CPU tests of the suite; committed SM90 GPU runs. Every patch is also "
         "checked in the built wheel (fingerprint). `verify.json` beside this file has the "
         "results with counts; the per-kernel detail is written to "
-        "`.forks/reports/sm120/verify-full.json` (not committed: several MB).",
+        "`.forks/reports/sm120/<stack>/verify-full.json` (not committed: several MB).",
         "",
         f"Overall: **{'PASS' if result.passed else 'FAIL'}** in {result.seconds:.0f} s on "
         f"{os.cpu_count()} CPUs ({platform.platform()}).",
@@ -127,10 +127,10 @@ def compact(document: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_reports(ws: Workspace, result: VerifyResult) -> Path:
-    out = ws.reports_dir / "sm120"
+    out = ws.verify_reports(result.stack)
     out.mkdir(parents=True, exist_ok=True)
     document = to_json(result, ws.root)
-    full = ws.state_dir / "reports" / "sm120"
+    full = ws.state_dir / "reports" / "sm120" / result.stack
     full.mkdir(parents=True, exist_ok=True)
     atomic_write_text(full / "verify-full.json", json.dumps(document, indent=1) + "\n")
     atomic_write_text(out / "verify.json", json.dumps(compact(document), indent=1) + "\n")
