@@ -514,3 +514,22 @@ def test_a_replaced_method_is_compiled_outside_its_class() -> None:
     module = types.ModuleType("m")
     bound = runtime._compile_unit(hook, module, 0)  # no NameError: `register` is not run
     assert bound["initialize"](None, 1) == 2
+
+
+def test_a_build_loads_each_series_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The series is read once per build and handed on (it was read four times)."""
+    from sm120fork.package import stack as stack_module
+    from sm120fork.patch import series as series_module
+    from sm120fork.plugin import build as plugin_module
+
+    ws = _sglang_stack(tmp_path, "0.5.23", framework=True)
+    loaded: list[Path] = []
+
+    def counting(directory: Path) -> series_module.Series:
+        loaded.append(directory)
+        return series_module.load_series(directory)
+
+    for module in (stack_module, plugin_module):
+        monkeypatch.setattr(module, "load_series", counting)
+    build_stack(ws, ws.stack("s"))
+    assert loaded == [ws.root / "patches" / "s" / "sglang"]
