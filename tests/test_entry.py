@@ -124,6 +124,10 @@ def test_every_entry_point_runs_in_the_boundary(tmp_path: Path,
     assert main(["status", "--no-such-flag"]) == UsageError.exit_code
     assert gpu_main(["test", "--no-such-flag"]) == UsageError.exit_code
     assert doctor_main(["--no-such-flag"]) == UsageError.exit_code
+    # usage a verb finds wrong after parsing is a UsageError too, not ConfigError's 2
+    assert gpu_main(["report", "--out", str(tmp_path / "r")]) == UsageError.exit_code
+    (tmp_path / "forks").mkdir()
+    assert main(["--root", str(tmp_path), "bump", "demo", "lib"]) == UsageError.exit_code
     capsys.readouterr()
     assert main(["--root", str(tmp_path), "build", "--all-stacks", "--out", "x"]) == (
         UsageError.exit_code)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.errors import ConfigError
+from sm120fork.errors import ConfigError, UsageError
 from sm120fork.gpu import runs, stack_wheels
 
 from helpers_ws import checkout_copy
@@ -65,7 +65,7 @@ def test_an_unbuilt_stack_says_how_to_build_it(
 
 def test_stack_and_wheel_dir_exclude_each_other() -> None:
     opts = runs.TestOptions(command="x", stack="sglang-0.5.10", wheel_dirs=("patched=a",))
-    with pytest.raises(ConfigError, match="exclude each other"):
+    with pytest.raises(UsageError, match="exclude each other"):
         opts.with_stack(baseline=True)
 
 

@@ -16,7 +16,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
-from sm120fork.errors import EXIT_PROBLEMS_FOUND, ConfigError
+from sm120fork.errors import EXIT_PROBLEMS_FOUND, UsageError
 from sm120fork.maintain.status import ProjectStatus, status
 from sm120fork.workspace import Workspace
 
@@ -147,8 +147,8 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         result = bump_continue(ws, args.stack, args.project)
     else:
         if not args.revision:
-            raise ConfigError("bump needs a version or a git SHA (or --continue / --abort)",
-                              where="bump")
+            raise UsageError("bump needs a version or a git SHA (or --continue / --abort)",
+                             where="python -m sm120fork bump")
         result = bump(ws, args.stack, args.project, args.revision,
                       allow_downgrade=args.allow_downgrade, new_stack=args.new_stack,
                       version=args.pep440, git_commit=args.git_commit)

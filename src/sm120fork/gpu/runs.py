@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sm120fork.cuda.toolkit import locate_nvcc
-from sm120fork.errors import CommandError, ConfigError, VerifyError
+from sm120fork.errors import CommandError, UsageError, VerifyError
 from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import launcher, report, sglang_layer, variants
 from sm120fork.gpu import methods as methods_mod
@@ -61,7 +61,7 @@ class RunOptions:
         if self.stack is None:
             return self
         if self.wheel_dirs:
-            raise ConfigError("--stack and --wheel-dir exclude each other",
+            raise UsageError("--stack and --wheel-dir exclude each other",
                               fix="pass one of them")
         from sm120fork.gpu import stack_wheels
 
@@ -264,7 +264,7 @@ def prepare(opts: RunOptions, what: str, modules: Sequence[str]) -> Prepared:
     prebuilt = variants.parse_variant_specs(opts.prebuilt)
     unknown = sorted(set(prebuilt) - set(specs))
     if unknown:
-        raise ConfigError(f"--prebuilt for unknown variants {unknown}", where="--prebuilt")
+        raise UsageError(f"--prebuilt for unknown variants {unknown}", where="--prebuilt")
     installed = [variants.install_variant(name, path, work, prebuilt.get(name))
                  for name, path in (specs.items() if specs else [("installed", None)])]
     modules = [*modules, *(m for m in opts.also_build if m not in modules)]
@@ -343,7 +343,7 @@ def run_test(opts: TestOptions) -> TestRun:
     names = [v.name for v in installed]
     primary = opts.primary or ("patched" if "patched" in names else names[0])
     if primary not in names:
-        raise ConfigError(f"--primary {primary} is not a variant", fix=f"one of {names}")
+        raise UsageError(f"--primary {primary} is not a variant", fix=f"one of {names}")
     others = [n for n in names if n != primary]
     baseline = "unpatched" if "unpatched" in others else (others[0] if others else None)
     world_sizes = list(opts.world_sizes)
@@ -415,11 +415,11 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     """
     opts = opts.with_stack(baseline=False)
     if len(opts.wheel_dirs) > 1:
-        raise ConfigError("bench measures one variant", where="--wheel-dir")
+        raise UsageError("bench measures one variant", where="--wheel-dir")
     chosen = methods_mod.select(opts.methods)
     unknown = sorted(set(opts.methods or ()) - set(methods_mod.METHODS))
     if unknown:
-        raise ConfigError(f"unknown methods {unknown}", where="--method",
+        raise UsageError(f"unknown methods {unknown}", where="--method",
                           fix=f"one of {list(methods_mod.METHODS)}")
     prepared = prepare(opts, "bench", ["comm", "norm", *methods_mod.modules(chosen)])
     run_dir, installed, compiled = prepared.run_dir, prepared.variants, prepared.compiled
@@ -546,7 +546,7 @@ def rerender(test: Path | None, bench: Path | None, out: Path) -> list[Path]:
     if bench:
         written += report.write_bench_report(json.loads(bench.read_text()), out)
     if not written:
-        raise ConfigError("nothing to render", fix="pass --test and/or --bench")
+        raise UsageError("nothing to render", fix="pass --test and/or --bench")
     return written
 
 
