@@ -29,8 +29,10 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 SCENARIOS = ROOT / "reports" / "doctor" / "scenarios"
 SM120 = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
-PROVENANCE_PATCH = (ROOT / "patches" / "sglang-0.5.10" / "flashinfer" /
-                    "0008-0002-packaging-load-prebuilt-modules-only-if-built-f.patch")
+#: The default stack's patch that adds FlashInfer's prebuilt-module rule (jit/provenance.py).
+PROVENANCE_PATCH = next(
+    p for p in sorted((ROOT / "patches" / "sglang-0.5.10" / "flashinfer").glob("*.patch"))
+    if "+++ b/flashinfer/jit/provenance.py\n" in p.read_text())
 
 
 # --- facts of boxes we do not have --------------------------------------------------------
