@@ -14,13 +14,17 @@ R=$PWD K=$PWD/.device/bench T=$(mktemp -d)
 { python3 -V; nvidia-smi -L; nvcc --version | tail -1; } > "$OUT/box.txt" 2>&1
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$T/deps" "$K"/deps/*.whl \
   > "$OUT/install.txt" 2>&1 || { cat "$OUT/install.txt"; exit 1; }
-mkdir -p "$T/fi072" "$T/s523"
-tar xJf "$K/s523/fi072.tree.tar.xz" -C "$T/fi072" || exit 1
-tree=$T/fi072; [ -d "$tree/flashinfer_python-0.7.2" ] && tree=$tree/flashinfer_python-0.7.2
-python3 "$R/benchmarks/gpu_stack2_check_tree.py" "$tree" "$(cat "$K/s523/record.sha256")" \
-  "$T/s523/flashinfer_python-0.7.2-py3-none-any.whl" >> "$OUT/install.txt" 2>&1 \
-  || { cat "$OUT/install.txt"; exit 1; }
-[ -f "$K/s523/manifest.json" ] && cp "$K/s523/manifest.json" "$T/s523/"
+# BENCH_STACKS: which stacks' halves run (a call carries one stack's kit at a time)
+STACKS=${BENCH_STACKS:-sglang-0.5.10 sglang-0.5.23}
+if [[ " $STACKS " == *" sglang-0.5.23 "* ]]; then
+  mkdir -p "$T/fi072" "$T/s523"
+  tar xJf "$K/s523/fi072.tree.tar.xz" -C "$T/fi072" || exit 1
+  tree=$T/fi072; [ -d "$tree/flashinfer_python-0.7.2" ] && tree=$tree/flashinfer_python-0.7.2
+  python3 "$R/benchmarks/gpu_stack2_check_tree.py" "$tree" "$(cat "$K/s523/record.sha256")" \
+    "$T/s523/flashinfer_python-0.7.2-py3-none-any.whl" >> "$OUT/install.txt" 2>&1 \
+    || { cat "$OUT/install.txt"; exit 1; }
+  [ -f "$K/s523/manifest.json" ] && cp "$K/s523/manifest.json" "$T/s523/"
+fi
 export PYTHONPATH=$T/deps:$R/src
 run() {  # stack, wheel dir
   timeout 510 python3 -m sm120fork.gpu bench --wheel-dir "patched=$2" --work-dir "$T/work-$1" \
@@ -32,8 +36,13 @@ run() {  # stack, wheel dir
     > "$OUT/bench-$1.log" 2>&1
   echo $? > "$OUT/rc-$1"
 }
-run sglang-0.5.10 "$K/s510" &
-run sglang-0.5.23 "$T/s523" &
+for stack in $STACKS; do
+  case $stack in
+    sglang-0.5.10) run sglang-0.5.10 "$K/s510" & ;;
+    sglang-0.5.23) run sglang-0.5.23 "$T/s523" & ;;
+    *) echo "unknown stack $stack" >&2; exit 2 ;;
+  esac
+done
 wait
 tar czf "$OUT/reports.tgz" -C "$T/report" .
 tail -n 15 "$OUT"/bench-*.log; cat "$OUT"/rc-*

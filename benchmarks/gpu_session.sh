@@ -5,7 +5,7 @@
 # is all any of them claims there. Every script sets the multicast switches itself; they are
 # set here too, for every process started from here.
 # Usage: bash benchmarks/gpu_session.sh [--budget S] JOB...
-#   JOB: doctor | ab-s510 | ab-s523 | bench | failclosed-s510 | failclosed-s523 |
+#   JOB: doctor | ab-s510 | ab-s523 | bench-s510 | bench-s523 | failclosed-s510 | failclosed-s523 |
 #        failclosed-s523-plugin | aot
 # Inputs: .device/kit (benchmarks/gpu_kit.sh), carried or left by an earlier call on the same
 # warm machine; the per-script kits (.device/doctor, .device/ab, .device/bench) are assembled
@@ -38,10 +38,14 @@ kit_ab() {  # the layout benchmarks/gpu_ab_kit.sh makes
 kit_bench() {  # the layout benchmarks/bench_methods_kit.sh makes
   local B=.device/bench; rm -rf $B; mkdir -p $B/s510 $B/s523 $B/deps
   cp $K/whl312/common/apache_tvm_ffi-*.whl $K/whl312/common/cuda_tile-*.whl $B/deps/
-  cp $K/sglang-0.5.10/flashinfer_python-*.whl $K/sglang-0.5.10/manifest.json $B/s510/
-  cp $K/sglang-0.5.23/flashinfer_python-*.tree.tar.xz $B/s523/fi072.tree.tar.xz
-  cp $K/sglang-0.5.23/flashinfer_python-*.record.sha256 $B/s523/record.sha256
-  cp $K/sglang-0.5.23/manifest.json $B/s523/
+  if [ -d $K/sglang-0.5.10 ]; then
+    cp $K/sglang-0.5.10/flashinfer_python-*.whl $K/sglang-0.5.10/manifest.json $B/s510/
+  fi
+  if have "$K/sglang-0.5.23/flashinfer_python-*.tree.tar.xz"; then
+    cp $K/sglang-0.5.23/flashinfer_python-*.tree.tar.xz $B/s523/fi072.tree.tar.xz
+    cp $K/sglang-0.5.23/flashinfer_python-*.record.sha256 $B/s523/record.sha256
+    cp $K/sglang-0.5.23/manifest.json $B/s523/
+  fi
 }
 job() {  # name: assemble, run under the budget left, archive
   local name=$1 left; left=$(( BUDGET - ($(date +%s) - T0) ))
@@ -49,7 +53,8 @@ job() {  # name: assemble, run under the budget left, archive
   case $name in
     doctor) kit_doctor; set -- bash benchmarks/doctor_h200_call.sh ;;
     ab-s510|ab-s523) kit_ab; set -- env AB_STACKS="${name#ab-}" bash benchmarks/gpu_ab_run.sh ;;
-    bench) kit_bench; set -- bash benchmarks/bench_methods_h200_call.sh ;;
+    bench-s510) kit_bench; set -- env BENCH_STACKS=sglang-0.5.10 bash benchmarks/bench_methods_h200_call.sh ;;
+    bench-s523) kit_bench; set -- env BENCH_STACKS=sglang-0.5.23 bash benchmarks/bench_methods_h200_call.sh ;;
     failclosed-*) set -- bash benchmarks/gpu_failclosed.sh "${name#failclosed-}" ;;
     aot) set -- bash benchmarks/aot_gpu_proof.sh ;;
     *) echo "unknown job $name" >&2; return 2 ;;
