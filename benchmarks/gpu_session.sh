@@ -47,12 +47,23 @@ kit_bench() {  # the layout benchmarks/bench_methods_kit.sh makes
     cp $K/sglang-0.5.23/manifest.json $B/s523/
   fi
 }
+ab_s510() {  # the default stack's quick A/B with provenance: our FlashInfer against its pin's stock wheel
+  local A=.device/ab R=$PWD/.device/abrun-s510; rm -rf "$R"; mkdir -p "$R"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$R/deps" $A/deps/*.whl || return 1
+  PYTHONPATH=$PWD/src:$R/deps python3 -m sm120fork.gpu test --quick --world-sizes 2 \
+    --wheel-dir patched=$A/sglang-0.5.10 --wheel-dir unpatched=$A/sglang-0.5.10/upstream \
+    --work-dir "$R/g510" --case-timeout 90 --time-budget 240 --out "$OUT/h200-1x" \
+    --not-run "FP4 patterns: need sm_100 or newer (skipped on H200)" \
+    --not-run "SM120/SM121 GPUs: none available here; on SM90 this checks F4 and F6 and that nothing regresses, not the SM12x-only fixes (F1, F3, F5)" \
+    --not-run "world sizes 4 and 8: one GPU here; the ranks share it (and share it with other jobs of this call)"
+}
 job() {  # name: assemble, run under the budget left, archive
   local name=$1 left; left=$(( BUDGET - ($(date +%s) - T0) ))
   local d=$TOP/$name; mkdir -p "$d"
   case $name in
     doctor) kit_doctor; set -- bash benchmarks/doctor_h200_call.sh ;;
-    ab-s510|ab-s523) kit_ab; set -- env AB_STACKS="${name#ab-}" bash benchmarks/gpu_ab_run.sh ;;
+    ab-s510) kit_ab; set -- ab_s510 ;;
+    ab-s523) kit_ab; set -- env AB_STACKS=s523 bash benchmarks/gpu_ab_run.sh ;;
     bench-s510) kit_bench; set -- env BENCH_STACKS=sglang-0.5.10 bash benchmarks/bench_methods_h200_call.sh ;;
     bench-s523) kit_bench; set -- env BENCH_STACKS=sglang-0.5.23 bash benchmarks/bench_methods_h200_call.sh ;;
     failclosed-*) set -- bash benchmarks/gpu_failclosed.sh "${name#failclosed-}" ;;
