@@ -62,7 +62,7 @@ job() {  # name: assemble, run under the budget left, archive
   local d=$TOP/$name; mkdir -p "$d"
   case $name in
     doctor) kit_doctor; set -- bash benchmarks/doctor_h200_call.sh ;;
-    ab-s510) kit_ab; set -- ab_s510 ;;
+    ab-s510) kit_ab; export -f ab_s510; set -- bash -c ab_s510 ;;
     ab-s523) kit_ab; set -- env AB_STACKS=s523 bash benchmarks/gpu_ab_run.sh ;;
     bench-s510) kit_bench; set -- env BENCH_STACKS=sglang-0.5.10 bash benchmarks/bench_methods_h200_call.sh ;;
     bench-s523) kit_bench; set -- env BENCH_STACKS=sglang-0.5.23 bash benchmarks/bench_methods_h200_call.sh ;;
