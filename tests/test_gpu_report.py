@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from sm120fork.errors import UsageError
 from sm120fork.gpu import report
 from sm120fork.gpu.cli import main
 
@@ -120,7 +121,7 @@ def test_report_command_rerenders(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["report", "--test", str(src), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "test-ab.md").is_file()
     assert "wrote" in capsys.readouterr().out
-    assert main(["report", "--out", str(tmp_path / "x")]) == 2
+    assert main(["report", "--out", str(tmp_path / "x")]) == UsageError.exit_code
 
 
 def test_gpu_slug() -> None:
