@@ -42,8 +42,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sm120fork.errors import ConfigError
-from sm120fork.gpu.methods import FAILED_CHECK, METHODS, TIMED
+from ..errors import ConfigError  # relative: the plugin wheel may vendor policy + methods
+from .methods import FAILED_CHECK, METHODS, TIMED
 
 FORMAT = "sm120fork-allreduce-policy"
 VERSION = 1
