@@ -27,6 +27,17 @@ def first_python(running: tuple[int, int],
     return found[0] if found else PYTHON
 
 
+#: Tells the toolkit it runs under nox, so its hints say `nox -s <session> -- ...`.
+FRONT_DOOR = {"SM120FORK_FRONT_DOOR": "nox"}
+
+
+def toolkit(session: nox.Session, *verb: str) -> None:
+    """``python -m sm120fork VERB <posargs>``, its stderr kept apart from its stdout (nox
+    merges them unless told not to: `--json` output must be only JSON)."""
+    session.run("python", "-m", "sm120fork", *verb, *session.posargs, env=FRONT_DOOR,
+                stderr=None)
+
+
 def groups(*names: str) -> list[str]:
     """The requirements of PEP 735 dependency groups of pyproject.toml."""
     return [req for name in names for req in nox.project.dependency_groups(PYPROJECT, name)]
@@ -36,7 +47,7 @@ def groups(*names: str) -> list[str]:
 def build(session: nox.Session) -> None:
     """Patched wheels of the default stack (or --stack NAME) into wheels/<stack>/."""
     session.install("-q", ".")
-    session.run("python", "-m", "sm120fork", "build", *session.posargs)
+    toolkit(session, "build")
 
 
 @nox.session(python=PYTHON)
@@ -63,7 +74,7 @@ def verify_sm120(session: nox.Session) -> None:
     """Compile-and-inspect proof of the series for sm_120a/sm_121a -> reports/sm120/."""
     # "test": the proof's and the probe's groups, and pytest for the `cpu:` evidence it runs.
     session.install("-q", ".", *groups("test"))
-    session.run("python", "-m", "sm120fork", "verify-sm120", *session.posargs)
+    toolkit(session, "verify-sm120")
 
 
 @nox.session(python=PYTHON)
@@ -71,8 +82,7 @@ def build_aot(session: nox.Session) -> None:
     """AOT wheel of the trtllm comm module: cibuildwheel's steps for aot/, on this host."""
     session.install("-q", "-r", "aot/requirements-torch-cpu.txt")  # CPU torch serves the compile
     session.install("-q", ".", "-r", "aot/requirements-build.txt", "cibuildwheel==4.3.5")
-    session.run("python", "-m", "sm120fork", "build-aot", "--via-cibuildwheel",
-                *session.posargs)
+    toolkit(session, "build-aot", "--via-cibuildwheel")
 
 
 @nox.session(python="3.12")
@@ -87,46 +97,46 @@ def cibuildwheel(session: nox.Session) -> None:
 def gpu_test(session: nox.Session) -> None:
     """Multi-rank fusion correctness on this machine's GPUs (A/B patched vs upstream)."""
     session.install("-q", ".[gpu]")
-    session.run("python", "-m", "sm120fork", "gpu", "test", *session.posargs)
+    toolkit(session, "gpu", "test")
 
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Fused vs unfused all-reduce latency on this machine's GPUs."""
     session.install("-q", ".[gpu]")
-    session.run("python", "-m", "sm120fork", "gpu", "bench", *session.posargs)
+    toolkit(session, "gpu", "bench")
 
 
 @nox.session(python=PYTHON)
 def status(session: nox.Session) -> None:
     """One table for every stack and patch (--json for machines)."""
     session.install("-q", ".")
-    session.run("python", "-m", "sm120fork", "status", *session.posargs)
+    toolkit(session, "status")
 
 
 @nox.session(python=PYTHON)
 def bump(session: nox.Session) -> None:
     """Re-pin a project: nox -s bump -- <stack> <project> <version|sha>."""
     session.install("-q", ".")
-    session.run("python", "-m", "sm120fork", "bump", *session.posargs)
+    toolkit(session, "bump")
 
 
 @nox.session(python=PYTHON)
 def refresh(session: nox.Session) -> None:
     """Export a fork tree's commits back into its series: nox -s refresh -- <stack> <project>."""
     session.install("-q", ".")
-    session.run("python", "-m", "sm120fork", "refresh", *session.posargs)
+    toolkit(session, "refresh")
 
 
 @nox.session(python=PYTHON)
 def upstream_pr(session: nox.Session) -> None:
     """Prepare (never push) an upstream PR: nox -s upstream_pr -- <stack> <project>."""
     session.install("-q", ".")
-    session.run("python", "-m", "sm120fork", "upstream-pr", *session.posargs)
+    toolkit(session, "upstream-pr")
 
 
 @nox.session(python=PYTHON)
 def doctor(session: nox.Session) -> None:
     """Check this box for the fused all-reduce on SM12x (--json for machines)."""
     session.install("-q", ".")
-    session.run("python", "-m", "sm120fork", "doctor", *session.posargs)
+    toolkit(session, "doctor")

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -80,7 +81,7 @@ class _Index(http.server.BaseHTTPRequestHandler):
 
 @contextmanager
 def package_index(sdists: list[Path], name: str) -> Iterator[str]:
-    """Serve ``sdists`` under a PEP 691 JSON simple index; yield the index URL."""
+    """Serve ``sdists`` (and wheels) under a PEP 691 JSON simple index; yield its URL."""
     routes: dict[str, tuple[str, bytes]] = {}
     files = []
     for sdist in sdists:
@@ -180,3 +181,19 @@ def commit_checkout(root: Path) -> None:
     git(root, "init", "-q", "-b", "main")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "checkout")
+
+
+def pack_wheel(upstream: Upstream, out: Path) -> Path:
+    """The upstream release as the package index publishes it: a pure-Python wheel of its
+    package (``wheel pack``, no network)."""
+    root = out / f"{upstream.pkg}-{upstream.version}-unpacked"
+    shutil.copytree(upstream.repo / upstream.pkg, root / upstream.pkg)
+    info = root / f"{upstream.pkg}-{upstream.version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.4\nName: {upstream.name}\nVersion: {upstream.version}\n")
+    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                "Tag: py3-none-any\n")
+    subprocess.run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(out), str(root)],
+                   check=True, capture_output=True, env={"SOURCE_DATE_EPOCH": "1700000000"})
+    return out / f"{upstream.pkg}-{upstream.version}-py3-none-any.whl"

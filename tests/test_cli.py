@@ -106,3 +106,28 @@ def test_the_live_stage_line_shows_what_each_project_is_doing() -> None:
     assert "sglang: checking the wheel" in shown
     assert "x" * 70 not in shown  # a long line is cut to the terminal's width
     assert "…" in shown
+
+
+def test_log_lines_and_hints_are_never_wrapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipe or a log file is 80 columns to rich: a long command must still be one line."""
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from sm120fork.cli.main import LineHandler
+    from sm120fork.util.hint import command
+
+    out = io.StringIO()
+    handler = LineHandler(Console(file=out, width=80, force_terminal=False))
+    url = "https://files.pythonhosted.org/packages/ad/7e/" + "a" * 60 + "/x-1.0.tar.gz"
+    handler.emit(logging.LogRecord("sm120fork", logging.INFO, __file__, 1, "downloading %s",
+                                   (url,), None))
+    assert out.getvalue() == f"INFO     downloading {url}\n"
+    monkeypatch.delenv("SM120FORK_FRONT_DOOR", raising=False)
+    assert command("bump", "s", "p", "--skip") == "python -m sm120fork bump s p --skip"
+    assert command("gpu test", "--quick") == "python -m sm120fork gpu test --quick"
+    monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
+    assert command("bump", "s", "p", "--skip") == "nox -s bump -- s p --skip"
+    assert command("upstream-pr", "s", "p") == "nox -s upstream_pr -- s p"
+    assert command("gpu bench") == "nox -s bench"

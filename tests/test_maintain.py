@@ -20,6 +20,7 @@ from helpers_maintain import (
     STACK,
     BumpWorkspace,
     make_bump_workspace,
+    pack_wheel,
     package_index,
     reauthor_last_patch,
     snapshot,
@@ -37,10 +38,12 @@ from sm120fork.maintain.pin import set_toml_values
 from sm120fork.maintain.refresh import refresh
 from sm120fork.maintain.state import (
     CONFLICT,
+    DROPPED_BY_HAND,
     RESOLVED,
     STILL_NEEDED,
     UPSTREAMED_DIFFERENTLY,
     UPSTREAMED_IDENTICALLY,
+    Classification,
 )
 from sm120fork.maintain.status import status
 from sm120fork.package.stack import build_stack
@@ -256,6 +259,67 @@ def test_bump_classifies_each_patch_stops_at_conflict_and_finishes(bw: BumpWorks
 
 
 @pytest.mark.slow
+def test_a_bump_whose_series_ends_empty_ships_the_release_as_published(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Everything upstream but one patch that conflicts and is dropped (--skip): the bump
+    finishes, the stack ships upstream's wheel unchanged, and it builds."""
+    monkeypatch.setenv("SM120FORK_TODAY", "2026-11-30")
+    monkeypatch.setenv("COLUMNS", "80")
+    bw = make_bump_workspace(tmp_path, new_files={
+        "{pkg}/util.py": "def helper():\n    return 2  # sm12x\n"})  # S3 identically
+    wheel = pack_wheel(bw.new, tmp_path)
+    with package_index([bw.old.sdist, bw.new.sdist, wheel], "demo-lib") as url:
+        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
+        root = ["--root", str(bw.ws.root)]
+        assert main([*root, "bump", STACK, "lib", "1.3.0", "--git-commit", bw.new.commit,
+                     "--new-stack", "demo-next"]) == 14
+        err = capsys.readouterr().err
+        assert "0004-S4-conf-larger-limit.patch conflicts" in err
+        skip = "python -m sm120fork bump demo-next lib --skip"
+        # At 80 columns (a pipe, a log) nothing is wrapped: the error is one line, and
+        # each command in it pastes as printed.
+        (error,) = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert f"`{skip}`" in error
+        assert "`python -m sm120fork bump demo-next lib --abort`" in error
+        assert "re:" not in err  # the regexes are in the report, not on the console
+        assert main([*root, "bump", "demo-next", "lib", "--skip"]) == 0
+        out = capsys.readouterr().out
+        assert "next: python -m sm120fork build --stack demo-next\n" in out
+        assert "ships demo-lib 1.3.0 as published (demo_lib-1.3.0-py3-none-any.whl)" in out
+        assert "4 patch(es) left the series, 0 kept" in out
+        assert "1 conflict, dropped by hand\n" in out
+        builds = build_stack(bw.ws, bw.ws.stack("demo-next"))
+    series_dir = bw.ws.root / "patches" / "demo-next" / "lib"
+    assert (series_dir / "series").read_text().split() == []
+    assert not list(series_dir.glob("*.patch"))
+    project = bw.ws.stack("demo-next").project("lib")
+    assert [(w.filename, w.sha256) for w in project.wheels] == [(wheel.name, sha256(wheel))]
+    assert (builds[0].version, builds[0].sha256) == ("1.3.0", sha256(wheel))
+    assert builds[0].entry["used_as_published"]
+    report = (bw.ws.reports_dir / "bump" / "demo-next-lib-1.2.3-to-1.3.0.md").read_text()
+    assert "the series is empty: the stack ships demo-lib 1.3.0 as published" in report
+    assert f"`{wheel.name}` sha256 `{sha256(wheel)}`" in report
+    assert re.search(r"^4:  [0-9a-f]{7} < -:  ------- S4 conf: larger limit$", report, re.M)
+    changelog = (bw.ws.root / "patches" / "demo-next" / "CHANGELOG.md").read_text()
+    dropped = re.findall(r"^- dropped (\S+) ", changelog, re.MULTILINE)
+    assert [d[:4] for d in dropped] == ["0001", "0002", "0003", "0004"]
+    assert "at its conflict with demo-lib 1.3.0 (--skip)" in changelog
+    assert "demo-lib 1.3.0 is used as published" in changelog
+    assert [c.verdict for c in bump_result_verdicts(bw)] == [
+        UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY, UPSTREAMED_IDENTICALLY, DROPPED_BY_HAND]
+    assert bw.ws.stack(STACK).project("lib").version == "1.2.3"  # the source stack stays
+
+
+def bump_result_verdicts(bw: BumpWorkspace) -> list[Classification]:
+    report = (bw.ws.reports_dir / "bump" / "demo-next-lib-1.2.3-to-1.3.0.md").read_text()
+    table = report.split("## Classification (as applied)")[1].split("##")[0]
+    return [Classification(patch=r.split(" | ")[0][2:], subject="", evidence=(),
+                           applied_upstream="", verdict=r.split(" | ")[2].strip("*"))
+            for r in table.splitlines() if r.startswith("| 000")]
+
+
+@pytest.mark.slow
 def test_a_first_patch_that_conflicts_still_reports_every_later_patch(bw: BumpWorkspace) -> None:
     names = (bw.series_dir / "series").read_text().split()
     reordered = [names[3], *names[:3]]  # S4 (conflicts) first; the patches touch other files
@@ -265,7 +329,7 @@ def test_a_first_patch_that_conflicts_still_reports_every_later_patch(bw: BumpWo
     expected = dict(zip(reordered, [CONFLICT, UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY,
                                     STILL_NEEDED], strict=True))
     for name, verdict in expected.items():
-        assert f"  {name}: {verdict} (" in (err.detail or "")
+        assert f"  {name}: {verdict}\n" in f"{err.detail}\n"
     # The report exists before the bump is resolved, names every patch, and no machine path.
     report = (bw.ws.reports_dir / "bump" / "demo-lib-1.2.3-to-1.3.0.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| 000")]

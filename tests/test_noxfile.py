@@ -79,3 +79,31 @@ def test_a_stale_requirements_file_is_found_at_any_depth(tmp_path: Path) -> None
     (tmp_path / ".forks" / "requirements.txt").write_text("not ours\n")
     assert stray_requirements(tmp_path) == ["src/pkg/verify/verify_requirements.txt",
                                             "tests/requirements.txt"]
+
+
+class _Recorder:
+    """What a session asks nox to run (a stand-in for nox.Session)."""
+
+    def __init__(self, posargs: list[str]) -> None:
+        self.posargs = posargs
+        self.runs: list[tuple[tuple[str, ...], dict[str, object]]] = []
+
+    def install(self, *args: str) -> None:
+        pass
+
+    def run(self, *args: str, **kwargs: object) -> None:
+        self.runs.append((args, kwargs))
+
+
+def test_toolkit_sessions_print_nox_hints_and_keep_stderr_apart() -> None:
+    """Under nox the hints say `nox -s ...`, and stdout carries only the toolkit's stdout
+    (nox merges stderr into it unless told not to: `status -- --json` would not parse)."""
+    nf = _noxfile()
+    for name in ("build", "status", "bump", "refresh", "upstream_pr", "verify_sm120",
+                 "gpu_test", "bench", "doctor", "build_aot"):
+        session = _Recorder(["--json"])
+        getattr(nf, name).func(session)
+        (args, kwargs), = [r for r in session.runs if r[0][:3] == ("python", "-m", "sm120fork")]
+        assert args[-1] == "--json", name
+        assert kwargs["env"] == {"SM120FORK_FRONT_DOOR": "nox"}, name
+        assert kwargs["stderr"] is None, name

@@ -94,7 +94,8 @@ def test_patch_needing_fuzz_stops_naming_patch_file_hunk(demo: DemoWorkspace) ->
     assert "stack demo, project lib" in msg
     assert patch.name in msg
     assert "demo_lib/__init__.py" in msg
-    assert "hunk #1" in msg
+    assert "hunk #1 `@@ -" in msg
+    assert f"`python -m sm120fork refresh {STACK} lib`" in (err.value.fix or "")
     # the dry run failed first: the tree keeps its last good state, wheels/ intact
     assert git(work, "rev-parse", "HEAD") == head_before
     assert git(work, "status", "--porcelain") == ""

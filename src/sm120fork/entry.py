@@ -60,11 +60,13 @@ def _sigterm(signum: int, _frame: object) -> None:
 
 def boundary(body: Callable[[], int], *, name: str, root: Callable[[], Path | None] = lambda: None,
              on_interrupt: Callable[[], int] | None = None,
+             cleanup: Callable[[], list[str]] | None = None,
              stderr: TextIO | None = None) -> int:
     """Run an entry point's ``body`` and turn how it ends into an exit code.
 
     ``root`` says, when asked, which checkout to show paths relative to (None: as they
-    are). ``on_interrupt`` ends the running commands and says how many it ended.
+    are). ``on_interrupt`` ends the running commands and says how many it ended;
+    ``cleanup`` then removes the run's temporary folders and names those that remain.
     """
     err = stderr if stderr is not None else sys.stderr
     # Wrapped as written only for a person at a terminal; piped or logged: one line.
@@ -81,10 +83,14 @@ def boundary(body: Callable[[], int], *, name: str, root: Callable[[], Path | No
         return exc.exit_code
     except KeyboardInterrupt:
         ended = on_interrupt() if on_interrupt is not None else 0
+        left = cleanup() if cleanup is not None else []
         err.write(f"interrupted: {name} stopped"
                   + (f", {ended} running command(s) ended" if ended else "")
-                  + "; its temporary folders are removed (the next run removes any a hard "
-                    "kill leaves)\n")
+                  + ("; its temporary folders are removed" if cleanup is not None and not left
+                     else f"; temporary folders remain, the next run removes them: "
+                          f"{relative(', '.join(left), root())}" if left else
+                     "; the next run removes any temporary folders it left")
+                  + "\n")
         return EXIT_INTERRUPTED
     except Exception:  # a bug: say so, with where it happened
         err.write(traceback.format_exc())

@@ -123,4 +123,4 @@ def _build_one(args: argparse.Namespace, ws: Workspace, console: Console, stack:
                       b.sha256[:12], how)
     console.print(table)
     console.print(f"done in {time.monotonic() - start:.2f}s; install with: "
-                  f"{install_command(ws, out, list(builds))}")
+                  f"{install_command(ws, out, list(builds))}", markup=False, soft_wrap=True)

@@ -140,13 +140,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(own_main(argv[1:]))
     state: dict[str, Any] = {}
     return boundary(lambda: _run(argv, state), name=name or "sm120fork",
-                    root=lambda: state.get("root"), on_interrupt=_end_children)
+                    root=lambda: state.get("root"), on_interrupt=_end_children,
+                    cleanup=lambda: _remove_scratch(state.get("root")))
 
 
 def _end_children() -> int:
     from sm120fork.util.proc import end_children
 
     return end_children()
+
+
+def _remove_scratch(root: Path | None) -> list[str]:
+    """Remove this run's scratch folders (temp directory, the checkout's .forks/), which
+    an interrupted worker thread may not reach; return those that remain."""
+    import tempfile
+
+    from sm120fork.util.files import remove_own_scratch
+
+    parents = [Path(tempfile.gettempdir())]
+    if root is not None:
+        parents.append(root / ".forks")
+    return [str(p) for p in remove_own_scratch(parents)]
 
 
 def _run(argv: list[str], state: dict[str, Any]) -> int:
@@ -158,13 +172,12 @@ def _run(argv: list[str], state: dict[str, Any]) -> int:
     if verb.own_main is not None:
         return int(verb.function(verb.own_main)(_verb_argv(argv, args.command)))
     from rich.console import Console
-    from rich.logging import RichHandler
+
+    from sm120fork.cli.logs import LineHandler
 
     console = Console(stderr=False, highlight=False)
     err_console = Console(stderr=True, highlight=False)
-    handler = RichHandler(console=err_console, show_time=False, show_path=False,
-                          markup=False, rich_tracebacks=False)
-    log.handlers[:] = [handler]
+    log.handlers[:] = [LineHandler(err_console)]
     log.setLevel(logging.WARNING if args.quiet else
                  logging.DEBUG if args.verbose else logging.INFO)
     log.propagate = False

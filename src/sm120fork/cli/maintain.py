@@ -17,7 +17,10 @@ from rich.console import Console
 from rich.table import Table
 
 from sm120fork.errors import EXIT_PROBLEMS_FOUND, UsageError
+from sm120fork.maintain.report import outcome_lines
 from sm120fork.maintain.status import ProjectStatus, status
+from sm120fork.patch.series import display_name
+from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 _VERDICT_STYLE = {"still needed": "green", "upstreamed identically": "cyan",
@@ -116,13 +119,19 @@ def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int
 
 
 def bump_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stack")
-    p.add_argument("project")
+    p.add_argument("stack", help="the stack whose pin moves (forks/STACK.toml); with "
+                                 "--new-stack the one copied from; with --continue, --skip "
+                                 "or --abort the stack being bumped")
+    p.add_argument("project", help="the project of that stack to re-pin "
+                                   "(its [projects.PROJECT] table, e.g. flashinfer)")
     p.add_argument("revision", nargs="?",
                    help="new upstream version (sdist from the index) or a 40-hex git SHA")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--continue", dest="cont", action="store_true",
                       help="resume after resolving a conflict in the fork tree")
+    what.add_argument("--skip", action="store_true",
+                      help="drop the patch the bump stopped at (upstream does without it) "
+                           "and resume")
     what.add_argument("--abort", action="store_true",
                       help="restore the previous fork tree, pin and series exactly")
     p.add_argument("--allow-downgrade", action="store_true", help="accept an older version")
@@ -143,8 +152,8 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         console.print(f"aborted: {ab.stack}/{ab.project} is back at {ab.restored_version}"
                       + (f"; stack {ab.stack} removed" if ab.removed_stack else ""))
         return 0
-    if args.cont:
-        result = bump_continue(ws, args.stack, args.project)
+    if args.cont or args.skip:
+        result = bump_continue(ws, args.stack, args.project, skip=args.skip)
     else:
         if not args.revision:
             raise UsageError("bump needs a version or a git SHA (or --continue / --abort)",
@@ -154,18 +163,23 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
                       version=args.pep440, git_commit=args.git_commit)
     table = Table(title=f"{result.stack}/{result.project}: {result.old_version} -> "
                         f"{result.new_version}", title_justify="left")
-    for col in ("patch", "verdict", "evidence"):
-        table.add_column(col, overflow="fold")
+    table.add_column("patch", overflow="ellipsis", no_wrap=True, max_width=48)
+    table.add_column("verdict", no_wrap=True)
     for c in result.classifications:
         style = _VERDICT_STYLE.get(c.verdict, "yellow")
-        table.add_row(c.patch, f"[{style}]{c.verdict}[/]", "\n".join(c.evidence))
+        table.add_row(display_name(c.patch), f"[{style}]{c.verdict}[/]")
     console.print(table)
     r = result.refresh
-    console.print(f"series: {len(r.added)} added, {len(r.removed)} removed, "
-                  f"{len(r.changed)} changed, {len(r.unchanged)} unchanged")
-    console.print(f"report: {result.report.relative_to(ws.root)}; changelog: "
-                  f"{result.changelog.relative_to(ws.root)}")
-    console.print(f"next: python -m sm120fork build --stack {result.stack}")
+    kept = len(r.added) + len(r.changed) + len(r.unchanged)
+    project = ws.stack(result.stack).project(result.project)
+    for line in outcome_lines(project, result.old_version, result.new_version,
+                              result.classifications, kept, result.used_as_published):
+        console.print(line, markup=False, soft_wrap=True)
+    console.print(f"report (the evidence for each verdict): "
+                  f"{result.report.relative_to(ws.root)}; changelog: "
+                  f"{result.changelog.relative_to(ws.root)}", markup=False, soft_wrap=True)
+    console.print(f"next: {command('build', '--stack', result.stack)}", markup=False,
+                  soft_wrap=True)
     return 0
 
 

@@ -14,7 +14,13 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 from packaging.version import Version
 
 from sm120fork.declare import Project
@@ -107,6 +113,26 @@ def find_sdist(project: Project, version: Version) -> IndexFile:
     if not found.sha256:
         raise SourceError(f"the index lists no sha256 for {found.filename}", where=page.url)
     return found
+
+
+def find_wheels(project: Project, version: Version) -> tuple[IndexFile, ...]:
+    """Every published wheel of ``version`` (not yanked, with a sha256), for a project
+    that ships as published once its series is empty (``bump``)."""
+    page = project_page(project)
+    found: list[IndexFile] = []
+    for f in page.files:
+        try:
+            name, wheel_version, _, _ = parse_wheel_filename(f.filename)
+        except InvalidWheelFilename:
+            continue
+        if canonicalize_name(name) != project.normalized_name or wheel_version != version:
+            continue
+        if f.yanked or not f.sha256:
+            log.info("skipping %s: %s", f.filename,
+                     "yanked on the package index" if f.yanked else "no sha256 listed")
+            continue
+        found.append(f)
+    return tuple(sorted(found, key=lambda f: f.filename))
 
 
 def resolve_sdist_url(project: Project) -> str:

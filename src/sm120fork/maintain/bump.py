@@ -7,10 +7,10 @@ resumes and ``--abort`` restores the previous tree, pin and series byte for byte
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
-import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +18,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from sm120fork.declare import Project, SdistPin, Stack
+from sm120fork.declare import Project, SdistPin, Stack, WheelPin
 from sm120fork.errors import (
     CommandError,
     ConfigError,
@@ -33,6 +33,7 @@ from sm120fork.maintain.pin import (
     create_stack,
     declaration_with_pin,
     index_sdist,
+    index_wheels,
     pinned_project,
     remove_created_stack,
 )
@@ -62,6 +63,7 @@ from sm120fork.patch.series import (
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.patch.upstream_match import match_upstream
 from sm120fork.util.git import Git
+from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 _SHA1 = re.compile(r"[0-9a-f]{40}")
@@ -80,6 +82,8 @@ class BumpResult:
     refresh: RefreshResult
     range_diff: str
     new_stack_created: bool
+    #: The published wheels the stack now ships unchanged: the series ended empty.
+    used_as_published: tuple[WheelPin, ...] = ()
 
 
 def _state_paths(ws: Workspace, state: BumpState) -> tuple[Path, Path, Path]:
@@ -180,12 +184,12 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             stack=stack.name, project=project.key, old_version=project.version,
             new_version=new_version, new_pin=new_pin, created_stack=created,
             declaration=str(stack.path), series_dir=str(ws.series_dir(project)),
-            results=[], started=today(), command=shlex.join(
-                ["python", "-m", "sm120fork", "bump", stack_name, project_key, revision,
-                 *(["--new-stack", new_stack] if new_stack else []),
-                 *(["--version", version] if version else []),
-                 *(["--git-commit", git_commit] if git_commit else []),
-                 *(["--allow-downgrade"] if allow_downgrade else [])]))
+            results=[], started=today(), command=command(
+                "bump", stack_name, project_key, revision,
+                *(["--new-stack", new_stack] if new_stack else []),
+                *(["--version", version] if version else []),
+                *(["--git-commit", git_commit] if git_commit else []),
+                *(["--allow-downgrade"] if allow_downgrade else [])))
         d, series_backup, decl_backup = _state_paths(ws, state)
         if d.exists():
             shutil.rmtree(d)
@@ -242,7 +246,7 @@ def _conflict_message(state: BumpState, patch: Patch, repo: Git, tree: str) -> s
             "with conflict markers in place")
 
 
-def _resume(ws: Workspace, state: BumpState) -> BumpResult:
+def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResult:
     stack = ws.stack(state.stack)
     project = stack.project(state.project)
     if not state.head:
@@ -250,10 +254,16 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
     repo = Git(ws.work_tree(stack, project))
     series = _series_before(ws, state)
     new_version = Version(state.new_version)
-    cmd = f"python -m sm120fork bump {state.stack} {state.project}"
+    def cmd(option: str) -> str:
+        return command("bump", state.stack, state.project, option)
+    if skip and not state.conflict_head:
+        raise MaintenanceError("no conflict to skip", where=f"{state.stack}/{state.project}",
+                               fix=f"`{cmd('--continue')}` resumes the bump")
     if state.phase == "classify":
         if state.conflict_head:
             patch = series.patches[state.next_index]
+            if skip and repo.am_in_progress():  # drop the conflicting patch, like git am
+                repo("am", "--skip")
             if repo.am_in_progress():
                 unmerged = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
                 marked = [f for f in sorted({*unmerged, *patch.files})
@@ -263,7 +273,8 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
                     raise MaintenanceError(
                         f"patch {patch.name} still has conflict markers: {', '.join(marked)}",
                         where=str(repo.path),
-                        fix=f"edit them, then `{cmd} --continue`; or `{cmd} --abort`")
+                        fix=f"edit them, then `{cmd('--continue')}`; or drop the patch: "
+                            f"`{cmd('--skip')}`; or `{cmd('--abort')}`")
                 repo("add", "-A")
                 if repo("diff", "--cached", "--name-only", "HEAD", quiet=True):
                     repo("am", "--continue")
@@ -278,7 +289,7 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
             else:
                 _record(state, patch, DROPPED_BY_HAND, [
                     *state.conflict_evidence,
-                    "conflict resolved by dropping the patch (git am --skip)"])
+                    "conflict resolved by dropping the patch (--skip)"])
             state.next_index += 1
             state.conflict_head = ""
             state.head = repo.head()
@@ -308,9 +319,10 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
                          "--committer-date-is-author-date", str(patch.path))
                 except CommandError:
                     def fix(tree: str) -> str:
-                        return (f"resolve the conflicts there, then `{cmd} --continue` (or "
-                                f"drop the patch with `git -C {tree} am --skip` first); "
-                                f"`{cmd} --abort` restores the previous pin and series")
+                        return (f"resolve the conflicts in {tree}, then "
+                                f"`{cmd('--continue')}`; or drop the patch: "
+                                f"`{cmd('--skip')}`; or "
+                                f"`{cmd('--abort')}` to restore the previous pin and series")
                     # The report names the tree relative to the checkout: no machine path.
                     rel = os.path.relpath(repo.path, ws.root)
                     report = write_bump_report(
@@ -320,8 +332,10 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
                     raise MaintenanceError(
                         _conflict_message(state, patch, repo, str(repo.path)),
                         where=state.stack, fix=fix(str(repo.path)),
-                        detail="\n".join([*evidence, "", *preview_lines(state),
-                                          f"report: {report.relative_to(ws.root)}"])) from None
+                        detail="\n".join([f"{patch.name} stops the bump: {evidence[-1]}",
+                                          *preview_lines(state),
+                                          f"report (the evidence for each verdict): "
+                                          f"{report.relative_to(ws.root)}"])) from None
                 verdict = STILL_NEEDED
                 evidence = [*evidence, MERGES_3WAY]
                 state.conflict_head = ""
@@ -334,11 +348,52 @@ def _resume(ws: Workspace, state: BumpState) -> BumpResult:
     return _finalize(ws, stack, project, repo, state)
 
 
+def _commits(repo: Git, rev_range: str) -> list[str]:
+    """``<short sha> <subject>`` of each commit of ``rev_range``, oldest first."""
+    out = repo("log", "--reverse", "--format=%h %s", rev_range, quiet=True)
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def _range_diff(repo: Git) -> str:
+    """``git range-diff`` of the series before and after; git refuses an empty range, so
+    a side with no commit is written in range-diff's own notation."""
+    before = _commits(repo, f"{BEFORE_BASE_REF}..{BEFORE_REF}")
+    after = _commits(repo, f"{UPSTREAM_TAG}..HEAD")
+    if before and after:
+        return repo("range-diff", "--no-color", f"{BEFORE_BASE_REF}..{BEFORE_REF}",
+                    f"{UPSTREAM_TAG}..HEAD", quiet=True)
+    gone = [f"{i}:  {c.split(' ', 1)[0]} < -:  ------- {c.partition(' ')[2]}"
+            for i, c in enumerate(before, 1)]
+    new = [f"-:  ------- > {i}:  {c.split(' ', 1)[0]} {c.partition(' ')[2]}"
+           for i, c in enumerate(after, 1)]
+    return "\n".join([*gone, *new])
+
+
 def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
               state: BumpState) -> BumpResult:
     d, _, decl_backup = _state_paths(ws, state)
-    new_project = pinned_project(project, state)
     series_dir = Path(state.series_dir)
+    # Everything that can fail without changing a file comes first: a failure here leaves
+    # the declaration and series as they were, and --continue tries again.
+    range_diff = _range_diff(repo)
+    empty = not _commits(repo, f"{UPSTREAM_TAG}..HEAD")
+    ships_published = empty or project.source == "wheel"
+    if ships_published or project.wheels:
+        # An empty series ships the published wheels unchanged (like a stack whose
+        # FlashInfer is used as published); otherwise the old version's pins must go.
+        wheels = (index_wheels(pinned_project(project, state), Version(state.new_version))
+                  if ships_published else [])
+        if ships_published and not wheels:
+            raise MaintenanceError(
+                f"{project.distribution} {state.new_version} has no wheel on the package "
+                "index" + (" to ship as published: every patch left the series" if empty
+                           else ""), where=f"{state.stack}/{state.project}",
+                fix=f"`{command('bump', state.stack, state.project, '--abort')}`, or "
+                    f"`{command('bump', state.stack, state.project, '--continue')}` once "
+                    "upstream publishes its wheels")
+        state.new_pin["wheels"] = wheels
+        state.save(ws)
+    new_project = pinned_project(project, state)
     refreshed = export_series(repo, series_dir, stack=stack.name, project=project.key)
     decl = declaration_with_pin(decl_backup.read_text(encoding="utf-8"), project, state,
                                  state.declaration)
@@ -347,27 +402,30 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
     project = stack.project(project.key)
     base = repo("rev-parse", UPSTREAM_TAG, quiet=True)
     reapply_series(ws, stack, project, repo, base)
-    range_diff = repo("range-diff", "--no-color", f"{BEFORE_BASE_REF}..{BEFORE_REF}",
-                      f"{UPSTREAM_TAG}..HEAD", quiet=True)
     results = state.classifications()
+    published = new_project.wheels if empty else ()
     report = write_bump_report(ws, stack, project, state, new_project, results=results,
-                               range_diff=range_diff, refreshed=refreshed)
-    changelog = write_changelog(ws, stack, project, state, results, report)
+                               range_diff=range_diff, refreshed=refreshed,
+                               published=published)
+    changelog = write_changelog(ws, stack, project, state, results, report,
+                                published=published)
     pre = ws.work_tree(stack, project, "pre-bump")
     shutil.rmtree(pre, ignore_errors=True)
     shutil.rmtree(d, ignore_errors=True)
     return BumpResult(stack=stack.name, project=project.key, old_version=state.old_version,
                       new_version=state.new_version, classifications=results, report=report,
                       changelog=changelog, refresh=refreshed, range_diff=range_diff,
-                      new_stack_created=state.created_stack)
+                      new_stack_created=state.created_stack, used_as_published=published)
 
 
-def bump_continue(ws: Workspace, stack_name: str, project_key: str) -> BumpResult:
+def bump_continue(ws: Workspace, stack_name: str, project_key: str, *,
+                  skip: bool = False) -> BumpResult:
+    """Resume a stopped bump; with ``skip``, drop the patch it stopped at (``git am --skip``)."""
     with ws.lock():
         state = BumpState.load(ws, stack_name, project_key)
         if state is None:
             raise MaintenanceError("no bump in progress", where=f"{stack_name}/{project_key}")
-        return _resume(ws, state)
+        return _resume(ws, state, skip=skip)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -398,6 +456,8 @@ def bump_abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
         if state.created_stack:
             remove_created_stack(ws, state)
             shutil.rmtree(work, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the stack's folder, when nothing else is left
+                work.parent.rmdir()
         else:
             series_dir = Path(state.series_dir)
             shutil.rmtree(series_dir, ignore_errors=True)

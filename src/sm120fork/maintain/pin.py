@@ -14,12 +14,12 @@ from typing import Any
 import tomlkit
 from packaging.version import Version
 
-from sm120fork.declare import GitPin, Project, SdistPin, Stack
+from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin
 from sm120fork.errors import (
     ConfigError,
     MaintenanceError,
 )
-from sm120fork.fetch.index import find_sdist
+from sm120fork.fetch.index import find_sdist, find_wheels
 from sm120fork.maintain.state import (
     BumpState,
 )
@@ -34,6 +34,12 @@ def index_sdist(project: Project, version: Version) -> tuple[str, str, str]:
     """(filename, sha256, url) of the ``version`` sdist on the package index (PEP 691)."""
     found = find_sdist(project, version)
     return found.filename, found.sha256, found.url
+
+
+def index_wheels(project: Project, version: Version) -> list[dict[str, str]]:
+    """The published wheels of ``version`` as ``[[projects.<key>.wheels]]`` pins."""
+    return [{"filename": f.filename, "sha256": f.sha256, "url": ""}
+            for f in find_wheels(project, version)]
 
 
 def commit_from_sdist(sdist: Path) -> str:
@@ -128,16 +134,18 @@ def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> S
 
 def pinned_project(project: Project, state: BumpState) -> Project:
     pin = state.new_pin
+    wheels = (tuple(WheelPin(**w) for w in pin["wheels"]) if "wheels" in pin else
+              project.wheels)
     return dataclasses.replace(
         project, version=state.new_version, source=pin["source"],
-        git=GitPin(**pin["git"]), sdist=SdistPin(**pin["sdist"]))
+        git=GitPin(**pin["git"]), sdist=SdistPin(**pin["sdist"]), wheels=wheels)
 
 
 def declaration_with_pin(text: str, project: Project, state: BumpState, where: str) -> str:
     pin = state.new_pin
     key = project.key
     git, sd = pin["git"], pin["sdist"]
-    return edit_toml(text, {
+    text = edit_toml(text, {
         f"projects.{key}": {"version": state.new_version, "source": pin["source"]},
         f"projects.{key}.git": {
             "url": git["url"], "tag": git["tag"], "commit": git["commit"],
@@ -145,6 +153,25 @@ def declaration_with_pin(text: str, project: Project, state: BumpState, where: s
         f"projects.{key}.sdist": {
             "filename": sd["filename"], "sha256": sd["sha256"], "url": sd["url"] or None},
     }, where)
+    if "wheels" not in pin:
+        return text
+    # The published wheels of the new version (an empty series ships them as published),
+    # or none: pins of the old version's wheels would name the wrong version.
+    doc = tomlkit.parse(text)
+    table = doc["projects"][key]
+    assert isinstance(table, MutableMapping)
+    table.pop("wheels", None)
+    if pin["wheels"]:
+        wheels = tomlkit.aot()
+        for w in pin["wheels"]:
+            entry = tomlkit.table()
+            entry["filename"] = w["filename"]
+            entry["sha256"] = w["sha256"]
+            if w.get("url"):
+                entry["url"] = w["url"]
+            wheels.append(entry)
+        table["wheels"] = wheels
+    return tomlkit.dumps(doc)
 
 
 def remove_created_stack(ws: Workspace, state: BumpState) -> None:

@@ -21,6 +21,7 @@ from sm120fork.patch.refresh import (
 )
 from sm120fork.patch.series import load_series
 from sm120fork.patch.tree import keep_uncommitted_hint, open_tree
+from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 
@@ -33,13 +34,14 @@ def refresh(ws: Workspace, stack_name: str, project_key: str, *,
     """
     stack = ws.stack(stack_name)
     project = stack.project(project_key)
-    again = shlex.join(["python", "-m", "sm120fork", "refresh", stack.name, project.key])
+    again = command("refresh", stack.name, project.key)
     with ws.lock():
         if BumpState.load(ws, stack.name, project.key):
-            bump = shlex.join(["python", "-m", "sm120fork", "bump", stack.name, project.key])
+            def bump(option: str) -> str:
+                return command("bump", stack.name, project.key, option)
             raise MaintenanceError(
                 "a bump of this project is in progress", where=f"{stack.name}/{project.key}",
-                fix=f"finish it: `{bump} --continue` (or `{bump} --abort`)")
+                fix=f"finish it: `{bump('--continue')}` (or `{bump('--abort')}`)")
         tree = open_tree(ws, stack, project)
         work, state, repo = tree.path, tree.state, tree.repo
         if repo.am_in_progress():
@@ -57,15 +59,15 @@ def refresh(ws: Workspace, stack_name: str, project_key: str, *,
                 "the fork tree was made for another pin; its commits cannot be exported "
                 "onto this one", where=str(work),
                 fix=f"save them (`git -C {shlex.quote(str(work))} format-patch -o {saved} "
-                    f"upstream..HEAD`), then `python -m sm120fork build --stack {stack.name} "
-                    "--force`")
+                    f"upstream..HEAD`), then "
+                    f"`{command('build', '--stack', stack.name, '--force')}`")
         series_dir = ws.series_dir(project)
         edited = uncommitted_series_files(ws, series_dir)
         if edited and not force:
             rel = shlex.quote(os.path.relpath(series_dir, ws.root))
             root = shlex.quote(str(ws.root))
             clean_tree = repo.head() == state.head and state.complete
-            build = (f"`python -m sm120fork build --stack {stack.name}` makes the fork tree "
+            build = (f"`{command('build', '--stack', stack.name)}` makes the fork tree "
                      "from them (no refresh needed then); or " if clean_tree else "")
             raise DirtyTreeError(
                 f"patch files have uncommitted edits that refresh would overwrite: "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from sm120fork.declare import Project, Stack
+from sm120fork.declare import Project, Stack, WheelPin
 from sm120fork.maintain.state import (
     DROPPED_BY_HAND,
     RESOLVED,
@@ -37,17 +37,40 @@ def _table(results: Sequence[Classification]) -> list[str]:
     return lines
 
 
+def verdict_counts(results: Sequence[Classification]) -> str:
+    """``6 upstreamed differently, 2 conflict``: how many patches got each verdict."""
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.verdict] = counts.get(r.verdict, 0) + 1
+    return "; ".join(f"{n} {verdict}" for verdict, n in counts.items()) or "no patches"
+
+
 def preview_lines(state: BumpState) -> list[str]:
-    """The look-before-you-leap preview as plain text, one patch a line."""
-    return [f"before applying, against {state.new_version}:",
-            *(f"  {r.patch}: {r.verdict} ({'; '.join(r.evidence)})"
-              for r in state.classifications("preview"))]
+    """The look-before-you-leap preview, one patch a line (the evidence is in the report)."""
+    preview = state.classifications("preview")
+    return [f"before applying, against {state.new_version}: {verdict_counts(preview)}",
+            *(f"  {r.patch}: {r.verdict}" for r in preview)]
+
+
+def outcome_lines(project: Project, old_version: str, new_version: str,
+                  results: Sequence[Classification], kept: int,
+                  published: Sequence[WheelPin]) -> list[str]:
+    """What the finished bump did, in a few lines: the report's summary and the console's."""
+    dropped = [r for r in results if r.verdict in (*UPSTREAMED, DROPPED_BY_HAND)]
+    lines = [f"{project.key} {old_version} -> {new_version}: "
+             f"{verdict_counts(results)}",
+             f"{len(dropped)} patch(es) left the series, {kept} kept"]
+    if published:
+        lines.append(f"the series is empty: the stack ships {project.distribution} "
+                     f"{new_version} as published ("
+                     + ", ".join(w.filename for w in published) + ")")
+    return lines
 
 
 def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: BumpState,
                       new_project: Project, *, results: Sequence[Classification] = (),
                       range_diff: str = "", refreshed: RefreshResult | None = None,
-                      stopped: str = "") -> Path:
+                      stopped: str = "", published: Sequence[WheelPin] = ()) -> Path:
     """The bump's report: written before any patch is applied, again at a conflict, and
     complete when the bump finishes."""
     path = report_path(ws, state)
@@ -74,12 +97,19 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
         lines += ["## Status", "", stopped or "in progress", ""]
         path.write_text("\n".join(lines), encoding="utf-8")
         return path
+    kept = len(refreshed.added) + len(refreshed.changed) + len(refreshed.unchanged)
+    summary = outcome_lines(project, state.old_version, state.new_version, results, kept,
+                            published)
+    lines[lines.index("## New pin"):lines.index("## New pin")] = [
+        "## Summary", "", *(f"- {line}" for line in summary), ""]
     lines += ["## Classification (as applied)", "", *_table(results)]
-    dropped = [r for r in results if r.verdict in UPSTREAMED]
-    lines += ["", "## Left the series (upstreamed)", ""]
+    dropped = [r for r in results if r.verdict in (*UPSTREAMED, DROPPED_BY_HAND)]
+    lines += ["", "## Left the series", ""]
     if dropped:
         for r in dropped:
-            lines.append(f"- {r.patch} ({r.subject}): {r.verdict} in {state.new_version}"
+            how = (f"{r.verdict} in {state.new_version}" if r.verdict in UPSTREAMED else
+                   "dropped at its conflict (--skip)")
+            lines.append(f"- {r.patch} ({r.subject}): {how}"
                          f"{'; upstream: ' + r.applied_upstream if r.applied_upstream else ''}")
     else:
         lines.append("None.")
@@ -89,6 +119,11 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
               f"patch(es); added {len(refreshed.added)}, removed {len(refreshed.removed)}, "
               f"changed {len(refreshed.changed)}, unchanged {len(refreshed.unchanged)}.", ""]
     lines += [f"- {n}" for n in (*refreshed.added, *refreshed.changed, *refreshed.unchanged)]
+    if published:
+        lines += ["", f"Used as published: with no patch left, the stack ships "
+                      f"{project.distribution} {state.new_version} unchanged (no local "
+                      "label, no rebuild); the declaration pins its wheels:", "",
+                  *(f"- `{w.filename}` sha256 `{w.sha256}`" for w in published)]
     lines += ["", "## Range-diff (series before -> after)", "",
               "`git range-diff before-base..before upstream..HEAD` in the fork tree:", "",
               "```", range_diff.rstrip() or "(empty: no patch left on either side)", "```", ""]
@@ -97,7 +132,8 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
 
 
 def write_changelog(ws: Workspace, stack: Stack, project: Project, state: BumpState,
-                    results: Sequence[Classification], report: Path) -> Path:
+                    results: Sequence[Classification], report: Path,
+                    published: Sequence[WheelPin] = ()) -> Path:
     path = ws.root / "patches" / stack.name / "CHANGELOG.md"
     title = f"# Patch series changelog: stack {stack.name}\n"
     old = path.read_text(encoding="utf-8") if path.is_file() else title
@@ -108,9 +144,13 @@ def write_changelog(ws: Workspace, stack: Stack, project: Project, state: BumpSt
             entry.append(f"- dropped {r.patch} ({r.subject}): {r.verdict} in "
                          f"{project.distribution} {state.new_version}{pr}")
         elif r.verdict == DROPPED_BY_HAND:
-            entry.append(f"- dropped {r.patch} ({r.subject}) during conflict resolution")
+            entry.append(f"- dropped {r.patch} ({r.subject}) at its conflict with "
+                         f"{project.distribution} {state.new_version} (--skip)")
         else:
             entry.append(f"- kept {r.patch}: {r.verdict}")
+    if published:
+        entry.append(f"- the series is empty: {project.distribution} {state.new_version} "
+                     "is used as published")
     entry += ["", f"Report: {report.relative_to(ws.root)}", ""]
     head, _, rest = old.partition("\n")
     body = rest.lstrip("\n")

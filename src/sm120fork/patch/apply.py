@@ -18,6 +18,7 @@ from sm120fork.errors import CommandError, PatchError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Patch, Series
 from sm120fork.util.git import Git
+from sm120fork.util.hint import command
 
 log = logging.getLogger("sm120fork")
 
@@ -45,7 +46,8 @@ def _locate(patch: Patch, output: str) -> tuple[str, str]:
             body = section[1].split("\ndiff --git ", 1)[0]
             for number, hm in enumerate(_HUNK.finditer(body), 1):
                 if int(hm.group(1)) == line:
-                    return file, f"hunk #{number} ({hm.group(0).strip()})"
+                    # Quoted: the header's context often holds a lone "(" of the code.
+                    return file, f"hunk #{number} `{hm.group(0).strip()}`"
         return file, f"hunk at line {line}"
     m2 = _MISSING.search(output)
     if m2:
@@ -96,7 +98,8 @@ def apply_series(repo: Git, series: Series, *, stack: str, project: str,
         raise PatchError(
             f"patch {f.patch} does not apply exactly: {f.file}, {f.hunk}",
             where=f"stack {stack}, project {project}",
-            fix="rebase the patch on the pinned upstream (nox -s refresh) and try again",
+            fix="rebase the patch on the pinned upstream (its fork tree's commit, exported "
+                f"by `{command('refresh', stack, project)}`) and build again",
             detail=f.message)
     reset_to_upstream(repo)
     for p in patches:

@@ -244,3 +244,13 @@ def load_series(directory: Path) -> Series:
                           where=str(directory / "series"),
                           fix="add them to series in the right order, or delete them")
     return Series(directory=directory, patches=tuple(parse_patch(directory / n) for n in names))
+
+
+_DOUBLED_NUMBER = re.compile(r"^(\d{4})-\1-")
+
+
+def display_name(name: str) -> str:
+    """A patch file's name as shown to people: without ``.patch``, and without the doubled
+    number ``git format-patch`` writes for a subject that starts with its own
+    (``0001-0001-packaging-...`` is shown as ``0001-packaging-...``)."""
+    return _DOUBLED_NUMBER.sub(r"\1-", name.removesuffix(".patch"))

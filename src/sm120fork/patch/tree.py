@@ -22,6 +22,7 @@ from sm120fork.fetch.source import Progress, source_key
 from sm120fork.patch.apply import apply_series
 from sm120fork.patch.series import Patch, Series
 from sm120fork.util.git import Git
+from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -98,7 +99,7 @@ def keep_local_work_hint(work: Path, why: str, stack: Stack, project: Project,
     discard = "pass --force to discard it"
     if variant or why not in (UNCOMMITTED, LOCAL_COMMITS):
         return f"refresh cannot export it: {discard}"  # not a tree refresh knows
-    refresh = shlex.join(["python", "-m", "sm120fork", "refresh", stack.name, project.key])
+    refresh = command("refresh", stack.name, project.key)
     if why == UNCOMMITTED:
         return f"{keep_uncommitted_hint(work, then=f'`{refresh}`')}; or {discard}"
     return f"keep it in the series: `{refresh}`; or {discard}"
@@ -118,7 +119,7 @@ def open_tree(ws: Workspace, stack: Stack, project: Project) -> Tree:
     state = read_state(work) if work.exists() else None
     if state is None:
         raise MaintenanceError("there is no fork tree", where=str(work),
-                               fix=f"run: python -m sm120fork build --stack {stack.name}")
+                               fix=f"run: {command('build', '--stack', stack.name)}")
     return Tree(path=work, repo=Git(work), state=state, reused=True)
 
 

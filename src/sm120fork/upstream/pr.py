@@ -28,6 +28,7 @@ from sm120fork.patch.series import Patch, load_series
 from sm120fork.patch.tree import keep_uncommitted_hint, open_tree
 from sm120fork.upstream.evidence import Evidence, collect_evidence, evidence_sections
 from sm120fork.util.git import Git
+from sm120fork.util.hint import command
 from sm120fork.util.portable import machine_roles, portable_text
 from sm120fork.workspace import Workspace
 
@@ -176,9 +177,8 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
     with ws.lock():
         tree = open_tree(ws, stack, project)
         work, state, git = tree.path, tree.state, tree.repo
-        again = shlex.join(["python", "-m", "sm120fork", "upstream-pr", stack.name,
-                            project.key])
-        refresh = shlex.join(["python", "-m", "sm120fork", "refresh", stack.name, project.key])
+        again = command("upstream-pr", stack.name, project.key)
+        refresh = command("refresh", stack.name, project.key)
         if git.am_in_progress():
             w = shlex.quote(str(work))
             raise DirtyTreeError("a git am is in progress in the fork tree", where=str(work),
@@ -195,7 +195,7 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
         if not state.complete or state.series != series.digest:
             raise MaintenanceError("the fork tree does not hold the current series",
                                    where=str(work),
-                                   fix=f"`python -m sm120fork build --stack {stack.name}`, "
+                                   fix=f"`{command('build', '--stack', stack.name)}`, "
                                        f"then `{again}`")
         evidence = collect_evidence(ws, stack, project, series.digest, wheels_dir)
         base = git("rev-parse", UPSTREAM_TAG, quiet=True)

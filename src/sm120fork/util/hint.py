@@ -1,0 +1,29 @@
+"""A hint is a command the user can paste, in the form they have.
+
+Run through nox (the noxfile sets ``SM120FORK_FRONT_DOOR=nox``), the toolkit exists only
+inside ``.nox/``: hints say ``nox -s bump -- ...``.  Run directly, they say
+``python -m sm120fork bump ...``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+FRONT_DOOR_ENV = "SM120FORK_FRONT_DOOR"
+
+#: The nox session of each verb whose session name differs (noxfile.py).
+_SESSIONS = {"upstream-pr": "upstream_pr", "verify-sm120": "verify_sm120",
+             "build-aot": "build_aot", "gpu test": "gpu_test", "gpu bench": "bench"}
+
+
+def via_nox() -> bool:
+    return os.environ.get(FRONT_DOOR_ENV) == "nox"
+
+
+def command(verb: str, *args: str) -> str:
+    """The command line that runs ``verb`` (``"gpu test"`` for a sub-verb) with ``args``."""
+    if via_nox():
+        session = _SESSIONS.get(verb, verb)
+        return shlex.join(["nox", "-s", session, *(["--", *args] if args else [])])
+    return shlex.join(["python", "-m", "sm120fork", *verb.split(), *args])
