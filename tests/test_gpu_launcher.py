@@ -249,3 +249,25 @@ def test_crash_after_a_reported_case_is_not_a_startup_failure(tmp_path: Path) ->
                              worker=[sys.executable, str(script)])
     assert [r["status"] for r in out] == ["pass", "pass", "pass", "pass"]
     assert len(list(tmp_path.glob("spec-*.json"))) == 4
+
+
+def test_a_variant_records_its_wheels_record_digest(tmp_path: Path) -> None:
+    """A rezipped published wheel keeps its RECORD: the digest that ties it to the original."""
+    import hashlib
+    import zipfile
+
+    from sm120fork.gpu.variants import record_sha256
+
+    record = b"flashinfer/__init__.py,sha256=abc,1\n"
+    wheels = []
+    for i, method in enumerate((zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED)):
+        wheel = tmp_path / f"{i}" / "flashinfer_python-1.0-py3-none-any.whl"
+        wheel.parent.mkdir()
+        with zipfile.ZipFile(wheel, "w", method) as zf:
+            zf.writestr("flashinfer/__init__.py", "x = 1\n")
+            zf.writestr("flashinfer_python-1.0.dist-info/RECORD", record)
+        wheels.append(wheel)
+    assert wheels[0].read_bytes() != wheels[1].read_bytes()
+    assert record_sha256(wheels[0]) == record_sha256(wheels[1]) == hashlib.sha256(
+        record).hexdigest()
+    assert record_sha256(tmp_path / "missing.whl") is None

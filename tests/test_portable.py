@@ -47,4 +47,12 @@ def test_gpu_reports_record_their_wheel_and_hold_no_machine_path(tmp_path: Path)
     for path in out.iterdir():
         assert str(tmp_path) not in path.read_text(), path
     # A wheel that is no toolkit build claims nothing.
-    assert made_from(manifest, "c" * 64) == {"stack": "demo", "made_from": []}
+    assert made_from(manifest, {"sha256": "c" * 64}) == {"stack": "demo", "made_from": []}
+    # A published wheel too large to carry, zipped again from its checked tree: other
+    # bytes, same name and RECORD; recorded so that upstream_pr can check the RECORD.
+    rezipped = {"wheel": "app-1.0+sm120.1-py3-none-any.whl", "sha256": "e" * 64,
+                "record_sha256": "f" * 64}
+    assert made_from(manifest, rezipped)["made_from"] == [{
+        "project": "app", "series": "patches/demo/app", "series_digest": "e" * 64,
+        "wheel": "app-1.0+sm120.1-py3-none-any.whl", "wheel_sha256": "b" * 64,
+        "tested_sha256": "e" * 64, "record_sha256": "f" * 64}]

@@ -31,7 +31,7 @@ def demo(tmp_path: Path) -> DemoWorkspace:
 def provenance(root: Path, stack: str = "demo") -> dict[str, Any]:
     """What the evidence writers record: the stack and every wheel of its manifest."""
     manifest = json.loads((root / "wheels" / stack / "manifest.json").read_text())
-    docs = [made_from(manifest, w["sha256"]) for w in manifest["wheels"]]
+    docs = [made_from(manifest, {"sha256": w["sha256"]}) for w in manifest["wheels"]]
     return {"stack": manifest["stack"], "made_from": [m for d in docs for m in d["made_from"]]}
 
 

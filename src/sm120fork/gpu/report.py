@@ -446,31 +446,44 @@ def render_bench_plot(doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def made_from(manifest: dict[str, Any] | None, sha256: str | None) -> dict[str, Any]:
+def made_from(manifest: dict[str, Any] | None, tested: dict[str, Any] | None
+              ) -> dict[str, Any]:
     """``stack`` and ``made_from`` of a GPU report: the toolkit build of the tested wheel.
 
     The same shape as verify.json's, so that upstream_pr can refuse evidence of another
-    stack, series or wheel.  An empty ``made_from`` means the wheel is no toolkit build.
+    stack, series or wheel.  ``tested`` is the primary variant (its wheel's name, sha256
+    and RECORD digest).  A manifest wheel of the same name but other bytes (a published
+    wheel too large to carry, zipped again from its checked tree) is recorded with the
+    tested sha256 and RECORD digest, for upstream_pr to check against the published wheel.
+    An empty ``made_from`` means the wheel is no toolkit build.
     """
-    wheels = (manifest or {}).get("wheels", [])
-    return {"stack": (manifest or {}).get("stack"), "made_from": [
-        {"project": w.get("project"), "series": w.get("series"),
-         "series_digest": w.get("series_digest"), "wheel": w.get("wheel"),
-         "wheel_sha256": w.get("sha256")}
-        for w in wheels if sha256 and w.get("sha256") == sha256]}
+    tested = tested or {}
+    sha256, name = tested.get("sha256"), tested.get("wheel")
+    rows = []
+    for w in (manifest or {}).get("wheels", []):
+        same_bytes = bool(sha256) and w.get("sha256") == sha256
+        if not same_bytes and not (name and w.get("wheel") == name):
+            continue
+        row = {"project": w.get("project"), "series": w.get("series"),
+               "series_digest": w.get("series_digest"), "wheel": w.get("wheel"),
+               "wheel_sha256": w.get("sha256")}
+        if not same_bytes:
+            row.update(tested_sha256=sha256, record_sha256=tested.get("record_sha256"))
+        rows.append(row)
+    return {"stack": (manifest or {}).get("stack"), "made_from": rows}
 
 
-def _provenance(doc: dict[str, Any], sha256: str | None) -> dict[str, Any]:
+def _provenance(doc: dict[str, Any], tested: dict[str, Any] | None) -> dict[str, Any]:
     if "stack" in doc and "made_from" in doc:
         return {}
-    return made_from(doc.get("environment", {}).get("wheels_manifest"), sha256)
+    return made_from(doc.get("environment", {}).get("wheels_manifest"), tested)
 
 
 def write_test_report(doc: dict[str, Any], out_dir: Path,
                       roles: portable.Roles | None = None) -> list[Path]:
     """test-ab.json/.md; ``roles`` rewrites this machine's paths (see util/portable)."""
     primary = doc.get("variants", {}).get(doc.get("primary"), {})
-    doc = portable.portable({**doc, **_provenance(doc, primary.get("sha256"))}, roles or [])
+    doc = portable.portable({**doc, **_provenance(doc, primary)}, roles or [])
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m = out_dir / "test-ab.json", out_dir / "test-ab.md"
     j.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
@@ -482,7 +495,7 @@ def write_bench_report(doc: dict[str, Any], out_dir: Path,
                        roles: portable.Roles | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m, p = out_dir / "bench.json", out_dir / "bench.md", out_dir / "bench.png"
-    doc = portable.portable({**doc, **_provenance(doc, doc.get("sha256")),
+    doc = portable.portable({**doc, **_provenance(doc, {"sha256": doc.get("sha256")}),
                              "projection": projection(bench_points(doc)),
                              "targets": target_checks(doc)}, roles or [])
     j.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -7,11 +7,13 @@ patched and unpatched builds never share compiled modules.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
 import shutil
 import sys
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,9 @@ class Variant:
     site: Path | None
     jit_base: Path
     aot_modules: tuple[str, ...] = ()
+    #: sha256 of the wheel's RECORD: names a published wheel whose tree travelled and was
+    #: zipped again (other bytes, the same files; upstream_pr checks it against the wheel).
+    record_sha256: str | None = None
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
         paths = [str(self.site)] if self.site else []
@@ -49,6 +54,7 @@ class Variant:
 
     def describe(self) -> dict[str, Any]:
         return {"wheel": self.wheel.name if self.wheel else None, "sha256": self.sha256,
+                "record_sha256": self.record_sha256,
                 "site": str(self.site) if self.site else None,
                 "prebuilt_modules": list(self.aot_modules)}
 
@@ -82,6 +88,17 @@ def parse_variant_specs(specs: Sequence[str]) -> dict[str, Path]:
             raise ConfigError(f"variant {name!r} given twice", where="--wheel-dir")
         out[name] = Path(path)
     return out
+
+
+def record_sha256(wheel: Path) -> str | None:
+    """sha256 of the wheel's ``*.dist-info/RECORD`` (every file's own sha256 is in it)."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = [n for n in zf.namelist() if n.count("/") == 1
+                     and n.endswith(".dist-info/RECORD")]
+            return hashlib.sha256(zf.read(names[0])).hexdigest() if len(names) == 1 else None
+    except (OSError, zipfile.BadZipFile):
+        return None
 
 
 def find_flashinfer_wheel(path: Path) -> Path:
@@ -122,7 +139,8 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
             raise CommandError(f"installing {wheel.name} for variant {name} failed",
                                detail=(done.stdout + done.stderr)[-4000:])
         marker.write_text(digest + "\n")
-    variant = Variant(name=name, wheel=wheel, sha256=digest, site=site, jit_base=jit)
+    variant = Variant(name=name, wheel=wheel, sha256=digest, site=site, jit_base=jit,
+                      record_sha256=record_sha256(wheel))
     aot = variant.aot_dir()
     assert aot is not None
     modules: list[str] = []
