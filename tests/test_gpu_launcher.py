@@ -256,7 +256,7 @@ def test_a_variant_records_its_wheels_record_digest(tmp_path: Path) -> None:
     import hashlib
     import zipfile
 
-    from sm120fork.gpu.variants import record_sha256
+    from sm120fork.util.files import wheel_record_sha256 as record_sha256
 
     record = b"flashinfer/__init__.py,sha256=abc,1\n"
     wheels = []

@@ -70,8 +70,10 @@ def test_refuses_naming_every_missing_piece_of_evidence(demo: DemoWorkspace) -> 
     with pytest.raises(MaintenanceError) as err:
         upstream_pr(demo.ws, "demo", "lib")
     msg = err.value.message
-    assert "reports/sm120/demo/verify.json" in msg
-    assert "reports/gpu/*/test-ab.json" in msg
+    assert "no SM120 compile proof of stack demo reports/sm120/demo/verify.json (run: " \
+        "python -m sm120fork verify-sm120 --stack demo)" in msg
+    assert "reports/gpu/*/test-ab.json (on a machine with GPUs, run: python -m sm120fork gpu " \
+        "test --quick --world-sizes 2 --wheel-dir patched=wheels/demo)" in msg
     assert not (demo.ws.reports_dir / "upstream").exists()
     assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib"]) == 14
 
@@ -222,6 +224,11 @@ def test_refuses_evidence_of_another_series_or_wheel_and_tells_absence_apart(
     origin = provenance(demo.ws.root)
     shown = {"verify": "reports/sm120/demo/verify.json", "test": "reports/gpu/h200-1x/test-ab.json",
              "bench": "reports/gpu/h200-1x/bench.json"}[kind]
+    rerun = {"verify": "python -m sm120fork verify-sm120 --stack demo",
+             "test": "python -m sm120fork gpu test --quick --world-sizes 2 --wheel-dir "
+                     "patched=wheels/demo",
+             "bench": "python -m sm120fork gpu bench --quick --world-size 2 --wheel-dir "
+                      "patched=wheels/demo"}[kind]
     cases = {
         "absent": ({}, f"{shown} does not record the stack, series and wheel it was made"),
         "series": (_stale(origin, series_digest="0" * 64),
@@ -231,9 +238,16 @@ def test_refuses_evidence_of_another_series_or_wheel_and_tells_absence_apart(
     }
     for made, message in cases.values():
         write_evidence(demo.ws.root, made={kind: made})
+        if kind == "bench":  # timing is no refusal: the body says there is none, and why
+            body = upstream_pr(demo.ws, "demo", "lib").body
+            assert "Timing evidence: none of this series" in body
+            assert f"Not used: {message}" in body
+            assert f"`{rerun}`" in body
+            continue
         with pytest.raises(MaintenanceError) as err:
             upstream_pr(demo.ws, "demo", "lib")
         assert message in err.value.message
+        assert rerun in err.value.message
     write_evidence(demo.ws.root)
     assert upstream_pr(demo.ws, "demo", "lib").commits
 
@@ -246,8 +260,9 @@ def test_evidence_of_another_stack_is_not_this_stacks(demo: DemoWorkspace) -> No
         upstream_pr(demo.ws, "demo", "lib")
     # A GPU run of another stack is skipped, and named when nothing of this stack is left.
     write_evidence(demo.ws.root, made={"test": other, "bench": other})
-    with pytest.raises(MaintenanceError, match=r"no GPU test results of this stack .*"
-                                               r"test-ab\.json was made from stack 'other'"):
+    with pytest.raises(MaintenanceError, match=r"no GPU test results of stack demo's current "
+                                               r"series .*test-ab\.json was made from stack "
+                                               r"'other'"):
         upstream_pr(demo.ws, "demo", "lib")
 
 
@@ -277,3 +292,64 @@ def test_writes_tracked_reports_only_when_asked_and_says_what_it_left_out(
         if path.is_file():
             assert str(demo.ws.root) not in path.read_text(), path
     assert "git -C .forks/trees/demo/lib push" in (written / "commands.sh").read_text()
+
+
+def test_each_stack_has_its_own_evidence_and_older_runs_are_history(
+        demo: DemoWorkspace) -> None:
+    write_evidence(demo.ws.root)
+    # A report at the older single reports/sm120/verify.json is nobody's, even when it
+    # names this stack: each stack has its own folder.
+    own = demo.ws.root / "reports" / "sm120" / "demo" / "verify.json"
+    legacy = own.parents[1] / "verify.json"
+    text = own.read_text()
+    legacy.write_text(text)
+    own.unlink()
+    with pytest.raises(MaintenanceError, match=r"no SM120 compile proof of stack demo "
+                                               r"reports/sm120/demo/verify\.json"):
+        upstream_pr(demo.ws, "demo", "lib")
+    own.write_text(text)
+    # A GPU run of an older toolkit beside today's is history, not a refusal or evidence.
+    old = demo.ws.root / "reports" / "gpu" / "h200-2x"
+    old.mkdir()
+    (old / "test-ab.json").write_text(json.dumps({"primary": "patched", "results": {}}))
+    pr = upstream_pr(demo.ws, "demo", "lib")
+    assert "h200-2x" not in pr.body
+    assert "reports/gpu/h200-2x/test-ab.json" not in json.loads(
+        (pr.out_dir / "evidence.json").read_text())["evidence_files"]
+
+
+def test_the_body_says_what_the_timing_evidence_is(demo: DemoWorkspace) -> None:
+    write_evidence(demo.ws.root)
+    bench = demo.ws.root / "reports" / "gpu" / "h200-1x" / "bench.json"
+    doc = json.loads(bench.read_text())
+    bench.write_text(json.dumps({**doc, "shared": True, "world_size": 2,
+                                 "environment": {"gpu_count": 1}}))
+    body = upstream_pr(demo.ws, "demo", "lib").body
+    assert ("`reports/gpu/h200-1x/bench.md` (not timing evidence: its 2 ranks shared 1 GPU"
+            in body)
+    assert ("Timing evidence: none of this series (a bench with one rank per GPU; on a "
+            "machine with 2 or more GPUs run `python -m sm120fork gpu bench --quick "
+            "--world-size 2 --wheel-dir patched=wheels/demo`)") in body
+    bench.write_text(json.dumps({**doc, "shared": False, "world_size": 2,
+                                 "environment": {"gpu_count": 2}}))
+    body = upstream_pr(demo.ws, "demo", "lib").body
+    assert "(timing evidence: 2 ranks, one per GPU, 2 GPU(s)):" in body
+    assert "Timing evidence: none" not in body
+
+
+def test_a_published_wheel_that_travelled_as_its_tree_counts_by_its_record(
+        demo: DemoWorkspace) -> None:
+    from sm120fork.util.files import wheel_record_sha256
+
+    origin = provenance(demo.ws.root)
+    lib = next(m for m in origin["made_from"] if m["project"] == "lib")
+    record = wheel_record_sha256(demo.ws.stack_wheels("demo") / lib["wheel"])
+    assert record
+    copy = {**origin, "made_from": [{**lib, "tested_sha256": "e" * 64,
+                                     "record_sha256": record}]}
+    write_evidence(demo.ws.root, made={"test": copy})
+    assert upstream_pr(demo.ws, "demo", "lib").commits
+    write_evidence(demo.ws.root, made={"test": _stale(copy, record_sha256="9" * 64)})
+    with pytest.raises(MaintenanceError, match=r"tested another lib wheel than the one "
+                                               r"published \(RECORD 999999999999"):
+        upstream_pr(demo.ws, "demo", "lib")

@@ -7,13 +7,11 @@ patched and unpatched builds never share compiled modules.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
 import shutil
 import sys
-import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +21,7 @@ from sm120fork.gpu import protocol
 from sm120fork.gpu.safety import rank_environment
 from sm120fork.gpu.supervise import run_group
 from sm120fork.util import proc
-from sm120fork.util.files import sha256_file
+from sm120fork.util.files import sha256_file, wheel_record_sha256
 
 log = logging.getLogger("sm120fork")
 
@@ -90,17 +88,6 @@ def parse_variant_specs(specs: Sequence[str]) -> dict[str, Path]:
     return out
 
 
-def record_sha256(wheel: Path) -> str | None:
-    """sha256 of the wheel's ``*.dist-info/RECORD`` (every file's own sha256 is in it)."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            names = [n for n in zf.namelist() if n.count("/") == 1
-                     and n.endswith(".dist-info/RECORD")]
-            return hashlib.sha256(zf.read(names[0])).hexdigest() if len(names) == 1 else None
-    except (OSError, zipfile.BadZipFile):
-        return None
-
-
 def find_flashinfer_wheel(path: Path) -> Path:
     if path.is_file():
         return path
@@ -140,7 +127,7 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
                                detail=(done.stdout + done.stderr)[-4000:])
         marker.write_text(digest + "\n")
     variant = Variant(name=name, wheel=wheel, sha256=digest, site=site, jit_base=jit,
-                      record_sha256=record_sha256(wheel))
+                      record_sha256=wheel_record_sha256(wheel))
     aot = variant.aot_dir()
     assert aot is not None
     modules: list[str] = []

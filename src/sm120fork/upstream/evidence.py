@@ -16,6 +16,8 @@ from typing import Any
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import MaintenanceError
 from sm120fork.patch.series import load_series
+from sm120fork.util.files import wheel_record_sha256
+from sm120fork.util.hint import command
 from sm120fork.util.markdown import markdown_table as _md_table
 from sm120fork.workspace import Workspace
 
@@ -31,9 +33,13 @@ class Evidence:
     verify: dict[str, Any]
     verify_path: Path
     gpu_tests: list[tuple[Path, dict[str, Any]]]
-    bench: list[tuple[Path, str]]
+    #: bench.md, its text and its bench.json, of today's series.
+    bench: list[tuple[Path, str, dict[str, Any]]]
     files: dict[str, str] = field(default_factory=dict)  # path -> sha256
     manifest_name: str = "wheels/<stack>/manifest.json"
+    stack: str = ""
+    #: Why each bench report in reports/gpu/ is not of today's series.
+    bench_history: tuple[str, ...] = ()
 
 
 
@@ -49,9 +55,15 @@ def _load_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
-#: What a re-run of each kind of evidence takes.
-_RERUN = {"verify": "nox -s verify_sm120 -- --stack {stack}", "test": "nox -s gpu_test -- ...",
-          "bench": "nox -s bench -- ..."}
+def rerun_command(kind: str, stack: str) -> str:
+    """The one command that re-makes ``kind`` of evidence of ``stack`` (the GPU kinds on a
+    machine with the GPUs: they write ``reports/gpu/<gpu>-<count>x/``)."""
+    wheels = f"patched=wheels/{stack}"
+    if kind == "verify":
+        return command("verify-sm120", "--stack", stack)
+    if kind == "test":
+        return command("gpu test", "--quick", "--world-sizes", "2", "--wheel-dir", wheels)
+    return command("gpu bench", "--quick", "--world-size", "2", "--wheel-dir", wheels)
 
 
 def current_builds(ws: Workspace, stack: Stack, wheels: list[dict[str, Any]]
@@ -64,16 +76,30 @@ def current_builds(ws: Workspace, stack: Stack, wheels: list[dict[str, Any]]
             for p in stack.projects}
 
 
+def published_records(folder: Path, wheels: list[dict[str, Any]]) -> dict[str, str]:
+    """project -> sha256 of the RECORD of its published wheel in ``folder`` (when there)."""
+    records: dict[str, str] = {}
+    for w in wheels:
+        path = folder / str(w.get("wheel"))
+        if path.is_file() and (digest := wheel_record_sha256(path)):
+            records[str(w.get("project"))] = digest
+    return records
+
+
 def provenance_problem(shown: str, doc: dict[str, Any], stack: Stack, kind: str,
                        current: dict[str, tuple[str, str]],
-                       require: str | None = None) -> tuple[str, str]:
+                       require: str | None = None,
+                       records: dict[str, str] | None = None) -> tuple[str, str]:
     """("", "") when ``doc`` was made from this stack's current series and wheels
     (and, with ``require``, from that project's among them).
+
+    A GPU run of a published wheel that travelled as its tree (other bytes) counts when its
+    RECORD digest is that of the wheel published here (``records``).
 
     Otherwise (reason, message), reason one of ``absent`` (it records nothing to check),
     ``other stack`` and ``stale`` (another series or wheel of this stack).
     """
-    rerun = _RERUN[kind].format(stack=stack.name)
+    rerun = rerun_command(kind, stack.name)
     if "stack" not in doc or "made_from" not in doc:
         return "absent", (f"{shown} does not record the stack, series and wheel it was made "
                           f"from (made by an older toolkit? re-run: {rerun})")
@@ -98,12 +124,29 @@ def provenance_problem(shown: str, doc: dict[str, Any], stack: Stack, kind: str,
             return "stale", (f"{shown} was made from another {project} wheel (sha256 "
                              f"{str(m.get('wheel_sha256'))[:12]}, published {sha[:12]}; "
                              f"re-run: {rerun})")
+        tested = m.get("tested_sha256")
+        if tested and tested != m.get("wheel_sha256"):
+            published = (records or {}).get(project)
+            if not published:
+                return "stale", (f"{shown} tested a copy of {m.get('wheel')} (sha256 "
+                                 f"{str(tested)[:12]}) whose RECORD cannot be compared: the "
+                                 f"published wheel is not here (run: "
+                                 f"{command('build', '--stack', stack.name)})")
+            if m.get("record_sha256") != published:
+                return "stale", (f"{shown} tested another {project} wheel than the one "
+                                 f"published (RECORD {str(m.get('record_sha256'))[:12]}, "
+                                 f"published {published[:12]}; re-run: {rerun})")
     return "", ""
 
 
 def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_digest: str,
                      wheels_dir: Path | None = None) -> Evidence:
-    """Gather the evidence, or refuse naming everything missing or failing."""
+    """Gather the evidence, or refuse naming everything missing or failing.
+
+    Evidence is of today's series: a GPU report of an older series, another stack or no
+    recorded provenance is history, not evidence; it is named (with the command that
+    re-makes it) only when no report of today's series is left.
+    """
     problems: list[str] = []
     files: dict[str, str] = {}
     manifest_path = (wheels_dir or ws.stack_wheels(stack.name)) / "manifest.json"
@@ -112,9 +155,10 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
     entry: dict[str, Any] = {}
     wheels: list[dict[str, Any]] = []
     if manifest is None:
-        problems.append(f"no {shown} (run: python -m sm120fork build --stack {stack.name}"
-                        + (f" --out {os.path.relpath(manifest_path.parent, ws.root)})"
-                           if wheels_dir else ")"))
+        problems.append(f"no {shown} (run: "
+                        + command("build", "--stack", stack.name,
+                                  *(["--out", os.path.relpath(manifest_path.parent, ws.root)]
+                                    if wheels_dir else [])) + ")")
     elif manifest.get("stack") != stack.name:
         problems.append(f"{shown} is for stack {manifest.get('stack')!r}, not "
                         f"{stack.name!r} (build this stack, or pass --wheels)")
@@ -125,23 +169,25 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
             problems.append(f"{shown} has no {project.key} wheel")
         elif entry.get("series_digest") != series_digest:
             problems.append(f"the {project.key} wheel was built from another series "
-                            "(rebuild after the last change)")
+                            f"(run: {command('build', '--stack', stack.name)})")
         elif not all(r.get("passed") for r in entry.get("artifact_check", [])):
             problems.append(f"the {project.key} wheel failed its artifact check")
         files[shown] = _sha256(manifest_path)
     current = current_builds(ws, stack, wheels)
+    records = published_records(manifest_path.parent, wheels)
     verify_path = ws.verify_reports(stack.name) / "verify.json"
     verify_shown = verify_path.relative_to(ws.root).as_posix()
     verify = _load_json(verify_path) or {}
     _, why = provenance_problem(verify_shown, verify, stack, "verify", current,
                                 require=project.key)
     if not verify:
-        problems.append(f"no SM120 compile proof {verify_shown} "
-                        f"(run: nox -s verify_sm120 -- --stack {stack.name})")
+        problems.append(f"no SM120 compile proof of stack {stack.name} "
+                        f"{ws.verify_reports(stack.name).relative_to(ws.root)}/verify.json "
+                        f"(run: {rerun_command('verify', stack.name)})")
     elif why:
         problems.append(why)
     else:
-        files[str(verify_path.relative_to(ws.root))] = _sha256(verify_path)
+        files[verify_shown] = _sha256(verify_path)
         failing = [f"{v.get('variant')}/{v.get('arch')}" for v in verify.get("verdicts", [])
                    if v.get("variant") not in BASELINE_VARIANTS and v.get("status") == "fail"]
         if failing:
@@ -151,42 +197,48 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
         elif not verify.get("verdicts"):
             problems.append(f"{verify_shown} holds no verdicts")
     gpu_tests: list[tuple[Path, dict[str, Any]]] = []
-    elsewhere: list[str] = []  # evidence of other stacks: not ours, not a refusal
+    history: list[str] = []  # GPU reports that are not of today's series
     for path in sorted((ws.reports_dir / "gpu").glob("*/test-ab.json")):
         doc = _load_json(path)
+        rel = str(path.relative_to(ws.root))
         if doc is None:
-            problems.append(f"{path.relative_to(ws.root)} is not valid JSON")
+            problems.append(f"{rel} is not valid JSON")
             continue
-        reason, why = provenance_problem(str(path.relative_to(ws.root)), doc, stack, "test",
-                                         current)
-        if reason == "other stack":
-            elsewhere.append(why)
-            continue
+        _, why = provenance_problem(rel, doc, stack, "test", current, records=records)
         if why:
-            problems.append(why)
+            history.append(why)
             continue
-        files[str(path.relative_to(ws.root))] = _sha256(path)
+        files[rel] = _sha256(path)
         primary = str(doc.get("primary", "patched"))
         failed = [r.get("key") for r in doc.get("results", {}).get(primary, [])
                   if r.get("status") == "fail"]
+        ran = [r for r in doc.get("results", {}).get(primary, [])
+               if r.get("status") in ("pass", "fail")]
         if failed:
-            problems.append(f"GPU tests failed in {path.relative_to(ws.root)}: "
+            problems.append(f"GPU tests failed in {rel}: "
                             f"{len(failed)} case(s), e.g. {failed[0]}")
+        elif not ran:
+            problems.append(f"{rel} ran no case of {primary} (re-run: "
+                            f"{rerun_command('test', stack.name)})")
+        elif doc.get("finished") is False:
+            problems.append(f"{rel} did not finish: cases were left out (re-run: "
+                            f"{rerun_command('test', stack.name)})")
         gpu_tests.append((path, doc))
-    if not gpu_tests and not any("GPU tests" in p or "test-ab.json" in p for p in problems):
-        problems.append("no GPU test results of this stack reports/gpu/*/test-ab.json "
-                        "(run: nox -s gpu_test)" + "".join(f"; {e}" for e in elsewhere))
-    bench: list[tuple[Path, str]] = []
+    if not gpu_tests:
+        problems.append(f"no GPU test results of stack {stack.name}'s current series in "
+                        f"reports/gpu/*/test-ab.json (on a machine with GPUs, run: "
+                        f"{rerun_command('test', stack.name)})"
+                        + "".join(f"; {h}" for h in history))
+    bench: list[tuple[Path, str, dict[str, Any]]] = []
+    bench_history: list[str] = []
     for path in sorted((ws.reports_dir / "gpu").glob("*/bench.md")):
         doc = _load_json(path.with_suffix(".json")) or {}
-        reason, why = provenance_problem(str(path.with_suffix(".json").relative_to(ws.root)),
-                                         doc, stack, "bench", current)
-        if reason == "other stack":
-            continue
+        _, why = provenance_problem(str(path.with_suffix(".json").relative_to(ws.root)),
+                                    doc, stack, "bench", current, records=records)
         if why:
-            problems.append(why)
+            bench_history.append(why)
             continue
-        bench.append((path, path.read_text(encoding="utf-8")))
+        bench.append((path, path.read_text(encoding="utf-8"), doc))
         files[str(path.relative_to(ws.root))] = _sha256(path)
     if problems:
         raise MaintenanceError(
@@ -195,9 +247,7 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
             fix="produce the missing evidence (or fix what failed) and run upstream_pr again")
     return Evidence(manifest_entry=entry, manifest_wheels=wheels, verify=verify,
                     verify_path=verify_path, gpu_tests=gpu_tests, bench=bench, files=files,
-                    manifest_name=shown)
-
-
+                    manifest_name=shown, stack=stack.name, bench_history=tuple(bench_history))
 
 
 def evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
@@ -215,23 +265,39 @@ def evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
         for r in doc.get("results", {}).get(primary, []):
             statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
         counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "no cases"
-        command = f", `{doc['command']}`" if doc.get("command") else ""
+        run = f", `{doc['command']}`" if doc.get("command") else ""
         tests.append(f"- {doc.get('title', path.parent.name)} (`{path.relative_to(ws.root)}`"
-                     f"{command}): {primary}: {counts}"
+                     f"{run}): {primary}: {counts}"
                      + (f"; baseline {doc['baseline']}" if doc.get("baseline") else ""))
         for k, v in sorted(doc.get("environment", {}).items()):
             env_rows.append([path.parent.name, str(k), json.dumps(v) if not isinstance(
                 v, str) else v])
     bench: list[str] = []
-    for path, text in ev.bench:
-        bench += [f"From `{path.relative_to(ws.root)}`:", "", text.strip(), ""]
+    timing = False
+    for path, text, doc in ev.bench:
+        gpus = doc.get("environment", {}).get("gpu_count")
+        ranks = doc.get("world_size")
+        if doc.get("shared"):
+            what = (f"not timing evidence: its {ranks or 'several'} ranks shared "
+                    f"{gpus or 'one'} GPU, so the latencies measure the sharing, not the "
+                    "kernels; it shows the fused path runs")
+        else:
+            timing = True
+            what = (f"timing evidence: {ranks} ranks, one per GPU"
+                    + (f", {gpus} GPU(s)" if gpus else ""))
+        bench += [f"From `{path.relative_to(ws.root)}` ({what}):", "", text.strip(), ""]
+    if not timing:
+        bench += [f"Timing evidence: none of this series (a bench with one rank per GPU; "
+                  f"on a machine with 2 or more GPUs run "
+                  f"`{rerun_command('bench', ev.stack)}`)."
+                  + "".join(f" Not used: {h}." for h in ev.bench_history)]
     wheel_rows = [[str(w.get("wheel")), f"`{w.get('sha256')}`",
                    f"{sum(bool(r.get('passed')) for r in w.get('artifact_check', []))}/"
                    f"{len(w.get('artifact_check', []))}"] for w in ev.manifest_wheels]
     return {
         "proof": proof,
         "tests": tests,
-        "bench": bench or ["Not measured: no reports/gpu/*/bench.md."],
+        "bench": bench,
         "env": _md_table(["report", "key", "value"], env_rows) if env_rows else ["-"],
         "wheels": ["Wheels built by the fork toolkit from these commits "
                    f"(`{ev.manifest_name}`):", "",

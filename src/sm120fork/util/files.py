@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,18 @@ def sha256_file(path: Path) -> str:
     """The sha256 hex digest of the file at ``path``."""
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def wheel_record_sha256(wheel: Path) -> str | None:
+    """sha256 of a wheel's ``*.dist-info/RECORD``, which holds every file's own sha256: two
+    zips with the same RECORD and checked files are the same wheel in other bytes."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = [n for n in zf.namelist() if n.count("/") == 1
+                     and n.endswith(".dist-info/RECORD")]
+            return hashlib.sha256(zf.read(names[0])).hexdigest() if len(names) == 1 else None
+    except (OSError, zipfile.BadZipFile):
+        return None
 
 
 def atomic_write_text(path: Path, text: str) -> None:
