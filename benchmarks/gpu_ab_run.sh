@@ -23,14 +23,14 @@ cp $A/sglang-0.5.23/manifest.json "$R/w523/"
 echo "unpacked in $(( $(date +%s) - T0 )) s"
 export PYTHONPATH=$PWD/src:$R/deps  # tvm_ffi, cuda_tile for FlashInfer 0.7.2
 NOT_SM12X="SM120/SM121 GPUs: none available here; on SM90 this checks F4 and F6 and that nothing regresses, not the SM12x-only fixes (F1, F3, F5)"
-timeout -s TERM 500 python3 -m sm120fork.gpu test --quick --world-sizes 2 \
+timeout -s TERM 470 python3 -m sm120fork.gpu test --quick --world-sizes 2 \
   --wheel-dir patched=$A/sglang-0.5.10 --wheel-dir unpatched=$A/sglang-0.5.10/upstream \
-  --work-dir "$R/g510" --case-timeout 60 --time-budget 270 --out "$OUT/h200-1x" \
+  --work-dir "$R/g510" --case-timeout 60 --time-budget 210 --out "$OUT/h200-1x" \
   --not-run "FP4 patterns: need sm_100 or newer (skipped on H200)" --not-run "$NOT_SM12X" \
   --not-run "world sizes 4 and 8: one GPU here; the ranks share it" > "$OUT/ab-0.5.10.log" 2>&1 &
-timeout -s TERM 500 python3 -m sm120fork.gpu test --quick --world-sizes 2 --api fusion_unified \
+timeout -s TERM 470 python3 -m sm120fork.gpu test --quick --world-sizes 2 --api fusion_unified \
   --wheel-dir published="$R/w523" --primary published \
-  --work-dir "$R/g523" --case-timeout 60 --time-budget 270 --out "$OUT/sglang-0.5.23-h200" \
+  --work-dir "$R/g523" --case-timeout 60 --time-budget 210 --out "$OUT/sglang-0.5.23-h200" \
   --not-run "A/B against another FlashInfer: 0.7.2 needs no patch, so only the published wheel is run" \
   --not-run "SM120/SM121 GPUs: none available here (SM90)" \
   --not-run "FP4 patterns: need sm_100 or newer" > "$OUT/ab-0.5.23.log" 2>&1 &

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.build.stack import build_stack
 from sm120fork.cli.main import main
 from sm120fork.maintain.state import DROPPED_BY_HAND, UPSTREAMED_DIFFERENTLY
+from sm120fork.package.stack import build_stack
 from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy

@@ -73,7 +73,7 @@ def test_refuses_naming_every_missing_piece_of_evidence(demo: DemoWorkspace) -> 
     assert "no SM120 compile proof of stack demo reports/sm120/demo/verify.json (run: " \
         "python -m sm120fork verify-sm120 --stack demo)" in msg
     assert "reports/gpu/*/test-ab.json (on a machine with GPUs, run: python -m sm120fork gpu " \
-        "test --quick --world-sizes 2 --wheel-dir patched=wheels/demo)" in msg
+        "test --stack demo --quick --world-sizes 2)" in msg
     assert not (demo.ws.reports_dir / "upstream").exists()
     assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib"]) == 14
 
@@ -225,10 +225,9 @@ def test_refuses_evidence_of_another_series_or_wheel_and_tells_absence_apart(
     shown = {"verify": "reports/sm120/demo/verify.json", "test": "reports/gpu/h200-1x/test-ab.json",
              "bench": "reports/gpu/h200-1x/bench.json"}[kind]
     rerun = {"verify": "python -m sm120fork verify-sm120 --stack demo",
-             "test": "python -m sm120fork gpu test --quick --world-sizes 2 --wheel-dir "
-                     "patched=wheels/demo",
-             "bench": "python -m sm120fork gpu bench --quick --world-size 2 --wheel-dir "
-                      "patched=wheels/demo"}[kind]
+             "test": "python -m sm120fork gpu test --stack demo --quick --world-sizes 2",
+             "bench": "python -m sm120fork gpu bench --stack demo --quick --world-size 2"
+             }[kind]
     cases = {
         "absent": ({}, f"{shown} does not record the stack, series and wheel it was made"),
         "series": (_stale(origin, series_digest="0" * 64),
@@ -328,8 +327,8 @@ def test_the_body_says_what_the_timing_evidence_is(demo: DemoWorkspace) -> None:
     assert ("`reports/gpu/h200-1x/bench.md` (not timing evidence: its 2 ranks shared 1 GPU"
             in body)
     assert ("Timing evidence: none of this series (a bench with one rank per GPU; on a "
-            "machine with 2 or more GPUs run `python -m sm120fork gpu bench --quick "
-            "--world-size 2 --wheel-dir patched=wheels/demo`)") in body
+            "machine with 2 or more GPUs run `python -m sm120fork gpu bench --stack demo "
+            "--quick --world-size 2`)") in body
     bench.write_text(json.dumps({**doc, "shared": False, "world_size": 2,
                                  "environment": {"gpu_count": 2}}))
     body = upstream_pr(demo.ws, "demo", "lib").body

@@ -57,13 +57,13 @@ def _load_json(path: Path) -> dict[str, Any] | None:
 
 def rerun_command(kind: str, stack: str) -> str:
     """The one command that re-makes ``kind`` of evidence of ``stack`` (the GPU kinds on a
-    machine with the GPUs: they write ``reports/gpu/<gpu>-<count>x/``)."""
-    wheels = f"patched=wheels/{stack}"
+    machine with the GPUs, after the stack's build: they write
+    ``reports/gpu/<gpu>-<count>x/``)."""
     if kind == "verify":
         return command("verify-sm120", "--stack", stack)
     if kind == "test":
-        return command("gpu test", "--quick", "--world-sizes", "2", "--wheel-dir", wheels)
-    return command("gpu bench", "--quick", "--world-size", "2", "--wheel-dir", wheels)
+        return command("gpu test", "--stack", stack, "--quick", "--world-sizes", "2")
+    return command("gpu bench", "--stack", stack, "--quick", "--world-size", "2")
 
 
 def current_builds(ws: Workspace, stack: Stack, wheels: list[dict[str, Any]]
