@@ -576,3 +576,23 @@ def test_bump_to_a_git_commit(bw: BumpWorkspace) -> None:
                                                               sha256(bw.new.sdist))
     assert project.git_pin.commit_verified
     assert build_stack(bw.ws, bw.ws.stack(STACK))[0].version == "1.3.0+sm120.1"
+
+
+@pytest.mark.slow
+def test_status_says_what_it_fetches_and_why_or_does_not_fetch(
+        bw: BumpWorkspace, capsys: pytest.CaptureFixture[str]) -> None:
+    root = ["--root", str(bw.ws.root)]
+    assert main([*root, "status", "--no-fetch", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["patches"] == []
+    assert row["not_checked"] == ("not checked: the pinned upstream is not here "
+                                  "(demo_lib-1.2.3.tar.gz); without --no-fetch status "
+                                  "downloads it")
+    assert not (bw.ws.sdist_cache / "demo_lib-1.2.3.tar.gz").exists()
+    assert main([*root, "status", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert len(json.loads(out)[0]["patches"]) == 4  # stdout is only the JSON
+    assert ("INFO     status: demo/lib was never built here: fetching demo_lib-1.2.3.tar.gz "
+            "to check its 4 patch(es) against the pin (once; --no-fetch skips it)\n") in err
+    assert main([*root, "status", "--json"]) == 0
+    assert "fetching" not in capsys.readouterr().err  # checked once: nothing to fetch now

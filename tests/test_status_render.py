@@ -60,3 +60,30 @@ def test_upstream_cell() -> None:
     assert upstream_cell("not-needed", "") == "not needed"
     assert upstream_cell("no", f"0.6.17, {PR}") == "in 0.6.17 (flashinfer#3903)"
     assert upstream_cell("yes", "0.6.16") == "in 0.6.16"
+
+
+def test_wide_at_80_columns_or_in_a_pipe_is_a_record_per_patch() -> None:
+    console = Console(width=80, record=True, color_system=None)
+    render_status([_project()], console, wide=True)
+    out = console.export_text()
+    assert "  0002-F1-jit-build-the-trtllm-comm-module-for-SM12x\n" in out
+    assert "    Applied-Upstream: 0.6.17, flashinfer#3903\n" in out
+    assert "    fingerprint in pin: partly (1/2)\n" in out
+    assert "    Forwarded: https://github.com/flashinfer-ai/flashinfer/pull/3701\n" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+
+
+def test_a_doubled_patch_number_is_shown_once() -> None:
+    from sm120fork.patch.series import display_name
+
+    assert display_name("0001-0001-packaging-match-companion.patch") == \
+        "0001-packaging-match-companion"
+    assert display_name("0008-0002-packaging-load.patch") == "0008-0002-packaging-load"
+    assert display_name("0002-F1-jit.patch") == "0002-F1-jit"
+    project = _project()
+    doubled = (PatchStatus(**{**project.patches[0].to_json(),
+                              "patch": "0001-0001-packaging-match-companion.patch"}),)
+    console = Console(width=80, record=True, color_system=None)
+    render_status([ProjectStatus(**{**project.to_json(), "patches": doubled})], console,
+                  wide=False)
+    assert "0001-0001" not in console.export_text()

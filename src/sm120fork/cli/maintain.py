@@ -18,7 +18,7 @@ from rich.table import Table
 
 from sm120fork.errors import EXIT_PROBLEMS_FOUND, UsageError
 from sm120fork.maintain.report import outcome_lines
-from sm120fork.maintain.status import ProjectStatus, status
+from sm120fork.maintain.status import PatchStatus, ProjectStatus, status
 from sm120fork.patch.series import display_name
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
@@ -47,7 +47,11 @@ def status_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack", nargs="?", help="only this stack (default: every stack)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--wide", action="store_true",
-                   help="every DEP-3 field and check in its own column (wider than 80)")
+                   help="every DEP-3 field and check in its own column (a record per patch "
+                        f"below {WIDE_MIN_WIDTH} columns, e.g. in a pipe)")
+    p.add_argument("--no-fetch", action="store_true",
+                   help="do not download the pinned upstream of a stack never built here "
+                        "(its patches are then not checked)")
     p.add_argument("--wheels", type=Path, metavar="DIR",
                    help="read the wheel column from DIR/manifest.json (see build --out)")
 
@@ -69,34 +73,49 @@ def _in_pin(fingerprint: str, effect: str) -> str:
     return fingerprint if effect in ("-", fingerprint) else f"{fingerprint}, effect {effect}"
 
 
+_WIDE_COLUMNS = ("applies", "Forwarded", "Applied-Upstream", "Bug-Upstream",
+                 "fingerprint in pin", "effect in pin", "wheel")
+#: Below this width the --wide table cannot show its seven columns: a record per patch.
+WIDE_MIN_WIDTH = 160
+
+
+def _wide_cells(p: PatchStatus) -> list[str]:
+    return [p.applies, p.forwarded, _short_links(p.applied_upstream),
+            _short_links(p.bug_upstream), p.fingerprint_upstream, p.effect_upstream, p.wheel]
+
+
 def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool) -> None:
-    """One table per project: five columns that fit 80 columns, or every field (--wide)."""
+    """One table per project: five columns that fit 80 columns, or every field (--wide):
+    a table where the console is wide enough, else one record per patch (a pipe, a log
+    or an 80-column terminal), every field on its own line, nothing cut."""
+    records = wide and console.width < WIDE_MIN_WIDTH
     for ps in projects:
         title = (f"{ps.stack}{' (default)' if ps.default else ''} / {ps.project} "
                  f"{ps.version} [{ps.source}]")
         if ps.bump_in_progress:
             title += f"  BUMP IN PROGRESS {ps.bump_in_progress}"
-        table = Table(title=title, title_justify="left")
-        table.add_column("patch", overflow="ellipsis", no_wrap=True,
-                         max_width=None if wide else 24)
-        if wide:
-            for col in ("applies", "Forwarded", "Applied-Upstream", "Bug-Upstream",
-                        "fingerprint in pin", "effect in pin", "wheel"):
-                table.add_column(col, overflow="fold")
+        if records:
+            console.print(title, markup=False, soft_wrap=True)
+            for p in ps.patches:
+                console.print(f"  {display_name(p.patch)}", markup=False, soft_wrap=True)
+                for col, cell in zip(_WIDE_COLUMNS, _wide_cells(p), strict=True):
+                    console.print(f"    {col}: {cell or '-'}", markup=False, soft_wrap=True)
         else:
-            for col in ("applies", "upstream", "in pin", "wheel"):
+            table = Table(title=title, title_justify="left")
+            table.add_column("patch", overflow="ellipsis", no_wrap=True,
+                             max_width=None if wide else 24)
+            for col in _WIDE_COLUMNS if wide else ("applies", "upstream", "in pin", "wheel"):
                 table.add_column(col, overflow="fold")
-        for p in ps.patches:
-            name = p.patch.removesuffix(".patch")
-            if wide:
-                table.add_row(name, p.applies, p.forwarded, _short_links(p.applied_upstream),
-                              _short_links(p.bug_upstream), p.fingerprint_upstream,
-                              p.effect_upstream, p.wheel)
-            else:
-                table.add_row(name, p.applies, upstream_cell(p.forwarded, p.applied_upstream),
-                              _in_pin(p.fingerprint_upstream, p.effect_upstream),
-                              _short_wheel(p.wheel))
-        console.print(table)
+            for p in ps.patches:
+                name = display_name(p.patch)
+                if wide:
+                    table.add_row(name, *_wide_cells(p))
+                else:
+                    table.add_row(name, p.applies,
+                                  upstream_cell(p.forwarded, p.applied_upstream),
+                                  _in_pin(p.fingerprint_upstream, p.effect_upstream),
+                                  _short_wheel(p.wheel))
+            console.print(table)
         if ps.undeclared_files:
             console.print(f"[bold yellow]release files:[/] {ps.release_files} (declare them "
                           f"in forks/{ps.stack}.toml, or on that Python/platform pip finds "
@@ -104,13 +123,15 @@ def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool
         elif ps.release_files:
             console.print(f"release files: {ps.release_files}", highlight=False)
         if ps.error:
-            console.print(f"[bold red]error:[/] {ps.error}", highlight=False)
+            console.print(f"[bold red]error:[/] {ps.error}", highlight=False, soft_wrap=True)
+        elif ps.not_checked:
+            console.print(ps.not_checked, markup=False, soft_wrap=True)
         elif not ps.patches:
             console.print("(empty series)")
 
 
 def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    projects = status(ws, args.stack, args.wheels)
+    projects = status(ws, args.stack, args.wheels, fetch=not args.no_fetch)
     if args.json:
         console.print_json(json.dumps([p.to_json() for p in projects]))
     else:

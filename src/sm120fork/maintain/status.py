@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,28 @@ from sm120fork.patch.tree import prepare_tree, read_state
 from sm120fork.patch.upstream_match import match_upstream
 from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+
+
+def _at_pin(ws: Workspace, stack: Stack, project: Project, variant: str = "") -> bool:
+    work = ws.work_tree(stack, project, variant)
+    state = read_state(work) if work.exists() else None
+    return state is not None and state.source == source_key(project)
+
+
+def to_download(ws: Workspace, stack: Stack, project: Project) -> list[str]:
+    """The files status must download to check ``project`` (none once it was built or
+    checked here: the fork tree, or the pristine tree status made, serves)."""
+    if _at_pin(ws, stack, project) or _at_pin(ws, stack, project, "upstream"):
+        return []
+    if project.source == "sdist":
+        files = [(ws.sdist_cache, project.sdist_pin.filename)]
+    elif project.source == "wheel":
+        files = [(ws.wheel_cache, w.filename) for w in project.wheels[:1]]
+    else:
+        return [f"{project.git_pin.url} at {project.git_pin.commit[:12]}"]
+    return [name for cache, name in files if not (cache / name).is_file()]
 
 
 def pinned_upstream(ws: Workspace, stack: Stack, project: Project) -> Git:
@@ -77,6 +100,8 @@ class ProjectStatus:
     undeclared_files: tuple[str, ...] = ()
     #: What the release check found: "" (not a wheel source), "all declared", or why not.
     release_files: str = ""
+    #: Why the patches were not checked (``--no-fetch`` and the upstream is not here).
+    not_checked: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -113,20 +138,33 @@ def release_check(project: Project) -> tuple[tuple[str, ...], str]:
 
 
 def project_status(ws: Workspace, stack: Stack, project: Project,
-                   manifest: dict[str, Any] | None) -> ProjectStatus:
+                   manifest: dict[str, Any] | None, *, fetch: bool = True) -> ProjectStatus:
     pending = BumpState.load(ws, stack.name, project.key)
     in_progress = f"to {pending.new_version}" if pending else ""
 
     undeclared, release = release_check(project)
 
-    def result(patches: tuple[PatchStatus, ...], error: str = "") -> ProjectStatus:
+    def result(patches: tuple[PatchStatus, ...], error: str = "",
+               not_checked: str = "") -> ProjectStatus:
         return ProjectStatus(stack=stack.name, default=stack.default, project=project.key,
                              version=project.version, source=project.source,
                              series=project.series, patches=patches,
                              bump_in_progress=in_progress, error=error,
-                             undeclared_files=undeclared, release_files=release)
+                             undeclared_files=undeclared, release_files=release,
+                             not_checked=not_checked)
     try:
         series = load_series(ws.series_dir(project))
+        if not series.patches:  # nothing to check against the pin: fetch nothing
+            return result(())
+        missing = to_download(ws, stack, project)
+        if missing and not fetch:
+            return result((), not_checked=f"not checked: the pinned upstream is not here "
+                                          f"({', '.join(missing)}); without --no-fetch "
+                                          "status downloads it")
+        if missing:
+            log.info("status: %s/%s was never built here: fetching %s to check its %d "
+                     "patch(es) against the pin (once; --no-fetch skips it)", stack.name,
+                     project.key, ", ".join(missing), len(series.patches))
         repo = pinned_upstream(ws, stack, project)
     except ToolkitError as exc:  # a bad series, an unreachable pin: a row, keep going
         return result((), exc.message)
@@ -153,7 +191,7 @@ def project_status(ws: Workspace, stack: Stack, project: Project,
 
 
 def status(ws: Workspace, stack_name: str | None = None,
-           wheels_dir: Path | None = None) -> list[ProjectStatus]:
+           wheels_dir: Path | None = None, *, fetch: bool = True) -> list[ProjectStatus]:
     """The status of every project of every stack (or of ``stack_name``).
 
     The wheel column comes from ``wheels/<stack>/manifest.json``, or from ``wheels_dir``
@@ -168,6 +206,7 @@ def status(ws: Workspace, stack_name: str | None = None,
         except (OSError, ValueError) as exc:
             raise ConfigError("no readable manifest.json", where=str(wheels_dir)) from exc
     with ws.lock():
-        return [project_status(ws, s, p, given if wheels_dir else load_manifest(ws, s.name))
+        return [project_status(ws, s, p, given if wheels_dir else load_manifest(ws, s.name),
+                               fetch=fetch)
                 for s in stacks for p in s.projects]
 
