@@ -131,3 +131,33 @@ def test_log_lines_and_hints_are_never_wrapped(monkeypatch: pytest.MonkeyPatch) 
     assert command("bump", "s", "p", "--skip") == "nox -s bump -- s p --skip"
     assert command("upstream-pr", "s", "p") == "nox -s upstream_pr -- s p"
     assert command("gpu bench") == "nox -s bench"
+
+
+def test_the_build_summary_lists_the_plugin_wheel_beside_the_projects(tmp_path: Path) -> None:
+    import json
+    from types import SimpleNamespace
+    from typing import cast
+
+    from rich.console import Console
+
+    from sm120fork.cli.build import summary_table
+    from sm120fork.declare import Stack
+    from sm120fork.package.publish import ProjectBuild
+
+    out = tmp_path / "wheels" / "s"
+    (out / "plugin").mkdir(parents=True)
+    (out / "plugin" / "plugin.json").write_text(json.dumps({
+        "wheel": "sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl", "sha256": "ab" * 32,
+        "sglang": "0.5.23", "hooks": [{}] * 5}))
+    build = ProjectBuild(project="sglang", distribution="sglang", upstream_version="0.5.23",
+                         version="0.5.23+sm120.1", wheel=out / "sglang-0.5.23+sm120.1.whl",
+                         sha256="cd" * 32, cached=True, seconds=0.0,
+                         entry={"patches": [{}] * 5})
+    console = Console(width=200, record=True, color_system=None)
+    console.print(summary_table(cast(Stack, SimpleNamespace(name="s")), out, [build]))
+    rows = [line for line in console.export_text().splitlines() if "│" in line]
+    assert any(" sglang " in r and "cached" in r for r in rows)
+    (plugin,) = [r for r in rows if " plugin " in r]
+    assert "plugin/sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl" in plugin
+    assert "5 hooks" in plugin
+    assert "abababababab" in plugin

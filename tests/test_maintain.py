@@ -503,8 +503,14 @@ def test_refresh_refuses_uncommitted_changes_and_headerless_commits(demo: DemoWo
     assert main(["--root", str(demo.ws.root), "-q", "refresh", "demo", "lib"]) == 8
     git(work, "add", "-A")
     git(work, "commit", "-q", "-m", "wip without a header")
-    with pytest.raises(SeriesError, match="DEP-3"):
+    commit = git(work, "rev-parse", "HEAD")
+    with pytest.raises(SeriesError) as err:
         refresh(demo.ws, "demo", "lib")
+    # The commit is named (the patch file it went to is a deleted scratch file).
+    assert err.value.what == (f"commit {commit[:12]} ('wip without a header') cannot become "
+                              "a patch: DEP-3 header lacks 'Description'")
+    assert "sm120fork-refresh-" not in err.value.message
+    assert "rebase -i upstream` and reword it" in (err.value.fix or "")
     assert {p.name: p.read_bytes() for p in lib.iterdir()} == before
 
 

@@ -25,6 +25,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -185,12 +186,37 @@ def parse_nvcc_times(text: str) -> tuple[PhaseTime, ...]:
     return tuple(rows)
 
 
+class NinjaProgress:
+    """Each ninja step of the module build as one log line: which file, for which targets,
+    how far (``[3/12] nvcc ... -gencode=arch=compute_120f,code=sm_120f ... x.cu``)."""
+
+    _STEP = re.compile(r"^\[(\d+)/(\d+)\]\s")
+    _SOURCE = re.compile(r"(\S+\.(?:cu|cpp|cc))\b")
+    _TARGET = re.compile(r"code=(sm_\w+)")
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def __call__(self, line: str) -> None:
+        step = self._STEP.match(line.strip())
+        if not step:
+            return
+        text = line.strip()
+        source = self._SOURCE.search(text)
+        targets = list(dict.fromkeys(self._TARGET.findall(text)))
+        what = Path(source.group(1)).name if source else text[step.end():][:60]
+        log.info("AOT build step %s/%s after %.0f s: %s%s", step.group(1), step.group(2),
+                 time.monotonic() - self.started, what,
+                 f" ({', '.join(targets)})" if targets else "")
+
+
 def _probe(python: Path, tree: Path, build_dir: Path, mode: str,
            env: Mapping[str, str]) -> dict[str, Any]:
     log.info("+ FLASHINFER_CUDA_ARCH_LIST=%r %s -c <FlashInfer %s probe> %s %s",
              env.get("FLASHINFER_CUDA_ARCH_LIST"), python, mode, tree, build_dir)
     out = proc.run([python, "-c", _PROBE, tree, build_dir, mode, _MARK], env=env,
-                   cwd=build_dir, quiet=True)
+                   cwd=build_dir, quiet=True,
+                   on_line=NinjaProgress() if mode == "build" else None)
     payload = next((line.removeprefix(_MARK) for line in reversed(out.stdout.splitlines())
                     if line.startswith(_MARK)), None)
     if payload is None:

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sm120fork.aot import wheel as wheel_mod
+from sm120fork.aot.targets import DEFAULT_CAPABILITIES
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util import proc
 
@@ -101,8 +102,14 @@ def run(project: Path, package_dir: Path, out: Path, *,
     _sh(_fill(plan.before_build, **places), env, project)
     with tempfile.TemporaryDirectory(prefix="sm120fork-cibw-") as tmp:
         built_dir, repaired_dir = Path(tmp) / "built", Path(tmp) / "repaired"
+        capabilities = next((a.split("capabilities=", 1)[1] for a in plan.frontend_args
+                             if "capabilities=" in a), ",".join(DEFAULT_CAPABILITIES))
+        log.info("building the AOT wheel: FlashInfer's trtllm comm module for compute "
+                 "capabilities %s (nvcc, minutes per target; about 40 min on 2 cores); "
+                 "progress follows", capabilities)
         proc.run([sys.executable, "-m", "build", "--wheel", *plan.frontend_args,
-                  "--outdir", built_dir, package_dir], env=env, cwd=project)
+                  "--outdir", built_dir, package_dir], env=env, cwd=project,
+                 on_line=_forward_progress)
         built = _one_wheel(built_dir)
         if plan.repair.strip():
             repaired_dir.mkdir()
@@ -127,6 +134,15 @@ def run(project: Path, package_dir: Path, out: Path, *,
             stale.unlink()
         shutil.copy2(wheel, final)
     return final
+
+
+def _forward_progress(line: str) -> None:
+    """Show the AOT backend's progress lines (what it compiles, each ninja step) live;
+    everything else stays captured, shown only on failure."""
+    text = line.strip()
+    if "AOT build step " in text or ("trtllm_comm" in text and (
+            "compiling" in text or "built in" in text or "cached" in text)):
+        log.info("%s", text.split(None, 1)[1] if text.startswith("INFO") else text)
 
 
 def _one_wheel(folder: Path) -> Path:

@@ -23,8 +23,10 @@ from rich.table import Table
 
 from sm120fork.declare import Stack
 from sm120fork.errors import UsageError
-from sm120fork.package.publish import install_command
+from sm120fork.package.publish import ProjectBuild, install_command
 from sm120fork.package.stack import build_stack
+from sm120fork.plugin.build import PLUGIN_DIR, PLUGIN_JSON
+from sm120fork.util.files import read_json_object
 from sm120fork.workspace import Workspace
 
 
@@ -94,6 +96,27 @@ class StageLine:
             self.progress.stop()
 
 
+def summary_table(stack: Stack, out: Path, builds: list[ProjectBuild]) -> Table:
+    """One row per published wheel: each project's, and the plugin wheel the build
+    generated beside them (``plugin/``, stacks whose SGLang has the plugin framework)."""
+    table = Table(title=f"stack {stack.name} -> {out}")
+    for col in ("project", "upstream", "patches", "wheel", "sha256", "build"):
+        table.add_column(col, overflow="fold")
+    for b in builds:
+        how = "cached" if b.cached else f"{b.seconds:.1f}s"
+        if b.entry.used_as_published:
+            how = f"used as published ({how})"
+        table.add_row(b.project, b.upstream_version, str(len(b.entry.patches)), b.wheel.name,
+                      b.sha256[:12], how)
+    plugin = read_json_object(out / PLUGIN_DIR / PLUGIN_JSON)
+    if plugin is not None:
+        table.add_row("plugin", f"sglang {plugin.get('sglang')}",
+                      f"{len(plugin.get('hooks', []))} hooks",
+                      f"{PLUGIN_DIR}/{plugin.get('wheel')}", str(plugin.get("sha256"))[:12],
+                      "generated from the series")
+    return table
+
+
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     if args.all_stacks and args.out:
         raise UsageError("--out takes one stack; --all-stacks publishes each into "
@@ -112,15 +135,6 @@ def _build_one(args: argparse.Namespace, ws: Workspace, console: Console, stack:
                              progress=_download_progress(console),
                              lock_timeout=args.lock_timeout, out=args.out, stage=stage)
     out = args.out or ws.stack_wheels(stack.name)
-    table = Table(title=f"stack {stack.name} -> {out}")
-    for col in ("project", "upstream", "patches", "wheel", "sha256", "build"):
-        table.add_column(col, overflow="fold")
-    for b in builds:
-        how = "cached" if b.cached else f"{b.seconds:.1f}s"
-        if b.entry.used_as_published:
-            how = f"used as published ({how})"
-        table.add_row(b.project, b.upstream_version, str(len(b.entry.patches)), b.wheel.name,
-                      b.sha256[:12], how)
-    console.print(table)
+    console.print(summary_table(stack, out, builds))
     console.print(f"done in {time.monotonic() - start:.2f}s; install with: "
                   f"{install_command(ws, out, list(builds))}", markup=False, soft_wrap=True)

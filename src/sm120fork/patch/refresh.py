@@ -10,6 +10,7 @@ import datetime as dt
 import email.utils
 import os
 import re
+import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +69,20 @@ def export_series(repo: Git, directory: Path, base: str = UPSTREAM_TAG,
     with tempfile.TemporaryDirectory(prefix="sm120fork-refresh-") as tmp:
         out = repo(*FORMAT_PATCH, "-o", tmp, f"{base}..HEAD")
         exported = [Path(line) for line in out.splitlines() if line.strip()]
+        commits = repo("rev-list", "--reverse", f"{base}..HEAD", quiet=True).split()
         new: dict[str, bytes] = {}
-        for path in exported:
+        for path, commit in zip(exported, commits, strict=True):
             text = path.read_text(encoding="utf-8")
-            patch = parse_patch(path)  # refuses a commit without a DEP-3 header
+            try:
+                patch = parse_patch(path)  # refuses a commit without a DEP-3 header
+            except SeriesError as exc:  # name the commit, not the scratch file it went to
+                subject = repo("log", "-1", "--format=%s", commit, quiet=True)
+                raise SeriesError(
+                    f"commit {commit[:12]} ({subject!r}) cannot become a patch: "
+                    f"{exc.what}", where=str(repo.path),
+                    fix=f"give its message a DEP-3 header (patches/README.md): `git -C "
+                        f"{shlex.quote(str(repo.path))} rebase -i {base}` and reword it") \
+                    from None
             text = _canonical_date(text, patch.field("Last-Update"))
             new[path.name] = text.encode("utf-8")
     directory.mkdir(parents=True, exist_ok=True)

@@ -134,6 +134,26 @@ def remove_stale_scratch(parent: Path) -> list[Path]:
     return removed
 
 
+def remove_own_scratch(parents: list[Path]) -> list[Path]:
+    """Remove this process's scratch files and folders in ``parents`` (an interrupted run:
+    a worker thread may not reach its own clean-up); return those that could not go."""
+    mine = f"{_SCRATCH}{os.getpid()}-"
+    left: list[Path] = []
+    for parent in parents:
+        if not parent.is_dir():
+            continue
+        for path in parent.iterdir():
+            if not path.name.removeprefix(".").startswith(mine):
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            if path.exists() or path.is_symlink():
+                left.append(path)
+    return left
+
+
 def read_json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object stored at ``path``, or None when it is missing, unreadable or not one."""
     try:
