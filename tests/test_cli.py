@@ -115,7 +115,7 @@ def test_log_lines_and_hints_are_never_wrapped(monkeypatch: pytest.MonkeyPatch) 
 
     from rich.console import Console
 
-    from sm120fork.cli.main import LineHandler
+    from sm120fork.cli.logs import LineHandler
     from sm120fork.util.hint import command
 
     out = io.StringIO()
@@ -142,6 +142,7 @@ def test_the_build_summary_lists_the_plugin_wheel_beside_the_projects(tmp_path: 
 
     from sm120fork.cli.build import summary_table
     from sm120fork.declare import Stack
+    from sm120fork.package.entry import ManifestEntry
     from sm120fork.package.publish import ProjectBuild
 
     out = tmp_path / "wheels" / "s"
@@ -152,7 +153,8 @@ def test_the_build_summary_lists_the_plugin_wheel_beside_the_projects(tmp_path: 
     build = ProjectBuild(project="sglang", distribution="sglang", upstream_version="0.5.23",
                          version="0.5.23+sm120.1", wheel=out / "sglang-0.5.23+sm120.1.whl",
                          sha256="cd" * 32, cached=True, seconds=0.0,
-                         entry={"patches": [{}] * 5})
+                         entry=cast(ManifestEntry, SimpleNamespace(
+                             patches=(None,) * 5, used_as_published=False)))
     console = Console(width=200, record=True, color_system=None)
     console.print(summary_table(cast(Stack, SimpleNamespace(name="s")), out, [build]))
     rows = [line for line in console.export_text().splitlines() if "│" in line]

@@ -50,5 +50,5 @@ def test_bump_to_0_6_18_post1_ends_as_published_and_builds(
         "flashinfer_python-0.6.18.post1-py3-none-any.whl"]
     (build,) = build_stack(ws, ws.stack(NEW))
     assert (build.version, build.sha256) == ("0.6.18.post1", project.wheels[0].sha256)
-    assert build.entry["used_as_published"]
+    assert build.entry.used_as_published
     assert ws.stack("sglang-0.5.10").project("flashinfer").version == "0.6.7.post3"

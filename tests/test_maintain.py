@@ -296,7 +296,7 @@ def test_a_bump_whose_series_ends_empty_ships_the_release_as_published(
     project = bw.ws.stack("demo-next").project("lib")
     assert [(w.filename, w.sha256) for w in project.wheels] == [(wheel.name, sha256(wheel))]
     assert (builds[0].version, builds[0].sha256) == ("1.3.0", sha256(wheel))
-    assert builds[0].entry["used_as_published"]
+    assert builds[0].entry.used_as_published
     report = (bw.ws.reports_dir / "bump" / "demo-next-lib-1.2.3-to-1.3.0.md").read_text()
     assert "the series is empty: the stack ships demo-lib 1.3.0 as published" in report
     assert f"`{wheel.name}` sha256 `{sha256(wheel)}`" in report
