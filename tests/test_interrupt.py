@@ -24,7 +24,7 @@ from helpers_ws import STACK, DemoWorkspace, make_demo
 _SLOW_BUILD = """
 import sys, tempfile
 from pathlib import Path
-import sm120fork.package.stack as stack
+import sm120fork.package.kinds as kinds
 from sm120fork.util import proc
 from sm120fork.util.files import scratch_prefix
 
@@ -38,7 +38,7 @@ def slow_wheel(project, repo, out_dir, on_line=None):
               f"{mark}.{project.key}"])
     raise AssertionError("the sleeper was not ended")
 
-stack.build_wheel = slow_wheel
+kinds.build_wheel = slow_wheel  # where the sdist kind builds
 from sm120fork.cli.main import main
 sys.exit(main(["--root", sys.argv[1], "build"]))
 """

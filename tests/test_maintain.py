@@ -26,6 +26,7 @@ from helpers_maintain import (
     snapshot,
 )
 from sm120fork.cli.main import main
+from sm120fork.entry import relative
 from sm120fork.errors import (
     ConfigError,
     DirtyTreeError,
@@ -356,7 +357,8 @@ def test_the_reports_command_line_reruns_as_printed(bw: BumpWorkspace) -> None:
     rerun = subprocess.run([sys.executable, *argv[1:]], cwd=bw.ws.root, capture_output=True,
                            text=True, check=False, env={**os.environ, "COLUMNS": "1000"})
     assert rerun.returncode == 14, rerun.stderr
-    assert f"error: {first.message}" in rerun.stderr
+    # The same error, its paths shown relative to the checkout (the error boundary's way).
+    assert f"error: {relative(first.message, bw.ws.root)}" in rerun.stderr
     bump_abort(bw.ws, STACK, "lib")
 
 
