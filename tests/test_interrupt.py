@@ -30,7 +30,7 @@ from sm120fork.util.files import scratch_prefix
 
 mark = Path(sys.argv[2])
 
-def slow_wheel(project, repo, out_dir, on_line=None):
+def slow_wheel(project, repo, out_dir, **options):
     # What a real wheel build's worker thread holds when the run is interrupted.
     tempfile.mkdtemp(prefix=scratch_prefix(f"build-{project.key}", hidden=False))
     proc.run([sys.executable, "-c", "import os, sys, time; "

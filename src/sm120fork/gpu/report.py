@@ -495,7 +495,7 @@ def write_bench_report(doc: dict[str, Any], out_dir: Path,
                        roles: portable.Roles | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m, p = out_dir / "bench.json", out_dir / "bench.md", out_dir / "bench.png"
-    doc = portable.portable({**doc, **_provenance(doc, {"sha256": doc.get("sha256")}),
+    doc = portable.portable({**doc, **_provenance(doc, doc),
                              "projection": projection(bench_points(doc)),
                              "targets": target_checks(doc)}, roles or [])
     j.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
