@@ -26,6 +26,7 @@ from sm120fork.aot.targets import DEFAULT_CAPABILITIES
 from sm120fork.declare import Stack
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util import proc
+from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -58,11 +59,11 @@ def flashinfer_build(wheels_dir: Path, stack: Stack) -> wheel_mod.FlashInferBuil
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError("no readable manifest.json", where=str(path),
-                          fix=f"run `nox -s build -- --stack {stack.name}` first") from exc
+                          fix=f"run `{command('build', '--stack', stack.name)}` first") from exc
     if manifest.get("stack") != stack.name:
         raise ConfigError(f"manifest.json is for stack {manifest.get('stack')!r}, not "
                           f"{stack.name!r}", where=str(path),
-                          fix=f"run `nox -s build -- --stack {stack.name}`")
+                          fix=f"run `{command('build', '--stack', stack.name)}`")
     entry = next((w for w in manifest.get("wheels", []) if w.get("project") == FLASHINFER_KEY),
                  None)
     if entry is None:
@@ -113,13 +114,13 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
     tree = ws.work_tree(stack, project)
     if not tree.is_dir():
         raise ConfigError("no FlashInfer fork tree", where=str(tree),
-                          fix=f"run `nox -s build -- --stack {stack.name}` first")
+                          fix=f"run `{command('build', '--stack', stack.name)}` first")
     require_lookup(tree, stack)
     found = tree_hash(tree)
     if found != flashinfer.tree:
         raise BuildError(f"the fork tree ({found[:12]}) is not the tree "
                          f"{flashinfer.wheel} was built from ({flashinfer.tree[:12]})",
-                         where=str(tree), fix=f"run `nox -s build -- --stack {stack.name}`")
+                         where=str(tree), fix=f"run `{command('build', '--stack', stack.name)}`")
     cache = aot_cache(ws, stack)
     toolchain = toolchain_mod.prepare(cache / "link")
     compiled = compile_mod.build(tree, capabilities, toolchain, cache / "modules",
