@@ -290,6 +290,11 @@ def test_a_bump_whose_series_ends_empty_ships_the_release_as_published(
         assert "ships demo-lib 1.3.0 as published (demo_lib-1.3.0-py3-none-any.whl)" in out
         assert "4 patch(es) left the series, 0 kept" in out
         assert "1 conflict, dropped by hand\n" in out
+        assert main([*root, "build", "--stack", "demo-next"]) == 0
+        out = capsys.readouterr().out
+        # The install line is one line at 80 columns (a pipe, a log): it pastes as printed.
+        assert ("; install with: pip install -c wheels/demo-next/constraints.txt "
+                "wheels/demo-next/*.whl\n") in out
         builds = build_stack(bw.ws, bw.ws.stack("demo-next"))
     series_dir = bw.ws.root / "patches" / "demo-next" / "lib"
     assert (series_dir / "series").read_text().split() == []
