@@ -66,6 +66,12 @@ def rerun_command(kind: str, stack: str) -> str:
     return command("gpu bench", "--stack", stack, "--quick", "--world-size", "2")
 
 
+def _without_rerun(why: str, rerun: str) -> str:
+    """``why`` without its re-run hint: a list of stale reports names the command once."""
+    return why.replace(f"; re-run: {rerun}", "").replace(f" re-run: {rerun}", "").replace(
+        f" (re-run: {rerun})", "")
+
+
 def current_builds(ws: Workspace, stack: Stack, wheels: list[dict[str, Any]]
                    ) -> dict[str, tuple[str, str]]:
     """project -> (series digest now, sha256 of its published wheel or '')."""
@@ -225,10 +231,10 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
                             f"{rerun_command('test', stack.name)})")
         gpu_tests.append((path, doc))
     if not gpu_tests:
+        rerun = rerun_command("test", stack.name)
         problems.append(f"no GPU test results of stack {stack.name}'s current series in "
-                        f"reports/gpu/*/test-ab.json (on a machine with GPUs, run: "
-                        f"{rerun_command('test', stack.name)})"
-                        + "".join(f"; {h}" for h in history))
+                        f"reports/gpu/*/test-ab.json (on a machine with GPUs, run: {rerun})"
+                        + "".join(f"; {_without_rerun(h, rerun)}" for h in history))
     bench: list[tuple[Path, str, dict[str, Any]]] = []
     bench_history: list[str] = []
     for path in sorted((ws.reports_dir / "gpu").glob("*/bench.md")):
