@@ -130,3 +130,32 @@ def test_installed_package_points_flashinfer_at_its_modules(tmp_path: Path) -> N
     assert built_by == "sm120fork"
     assert (Path(cache_dir) / "trtllm_comm" / "trtllm_comm.so").is_file()
     assert Path(cache_dir).is_relative_to(target)
+
+
+def test_the_package_loads_the_cuda_runtime_from_site_packages_when_torch_did_not(
+        tmp_path: Path) -> None:
+    """Issue 18.3: on a torch built for CUDA 12.8 nothing has loaded libcudart.so.13, which
+    the module links; the package loads it from the nvidia-cuda-runtime it requires."""
+    import shutil
+
+    real = next(iter(sorted(Path("/usr/local/cuda/lib64").glob("libcudart.so.1*"))), None) \
+        if Path("/usr/local/cuda/lib64").is_dir() else None
+    if real is None:
+        pytest.skip("no CUDA runtime library on this machine to stand in for the package's")
+    built = _write(tmp_path)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(target), str(built)],
+                   check=True)
+    probe = ("import sm120fork_flashinfer_aot as j; j.CUDA_RUNTIME = 'libsm120forktest.so.13'; "
+             "print(j.load_cuda_runtime())")
+    run = [sys.executable, "-c", probe]
+    env = {"PYTHONPATH": str(target)}
+    # Not on the search path and not in site-packages: the package says so (None).
+    out = subprocess.run(run, check=True, capture_output=True, text=True, env=env).stdout
+    assert out.strip() == "None"
+    lib = target / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    shutil.copy(real, lib / "libsm120forktest.so.13")
+    out = subprocess.run(run, check=True, capture_output=True, text=True, env=env).stdout
+    assert Path(out.strip()) == (lib / "libsm120forktest.so.13").resolve()
