@@ -33,8 +33,9 @@ from .ipc import probe as ipc_probe
 SCHEMA = "sm120fork-doctor-facts/1"
 PLUGIN_DISTRIBUTION = "sm120fork-sglang-plugin"
 PLUGIN_PACKAGE = "sm120fork_sglang_plugin"
+AOT_DISTRIBUTION = "sm120fork-flashinfer-aot"
 DISTRIBUTIONS = ("sglang", "flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache",
-                 "torch", PLUGIN_DISTRIBUTION, "sm120fork")
+                 AOT_DISTRIBUTION, "torch", PLUGIN_DISTRIBUTION, "sm120fork")
 
 #: Environment variables that change what SGLang/FlashInfer/NCCL do with the fused path.
 OVERRIDES = (

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .probe import PLUGIN_DISTRIBUTION, tp_sizes
+from .probe import AOT_DISTRIBUTION, PLUGIN_DISTRIBUTION, tp_sizes
 
 PLUGIN_ENTRY_POINT = "sm120fork"
 OUR_LABEL = "sm120"
@@ -290,7 +290,7 @@ def judge_packages(report: Report, facts: dict[str, Any]) -> dict[str, Any]:
     report.sections["packages"] = info
     report.say("packages", f"sglang {sglang or '-'} ({sglang_kind}); flashinfer-python "
                            f"{flashinfer or '-'} ({fi_kind})")
-    for extra in ("flashinfer-cubin", "flashinfer-jit-cache"):
+    for extra in ("flashinfer-cubin", "flashinfer-jit-cache", AOT_DISTRIBUTION):
         if packages.get(extra):
             report.say("packages", f"{extra} {packages[extra]}")
     plugin_facts = facts.get("plugin")
