@@ -242,3 +242,22 @@ def test_an_allowed_arrow_passes(tmp_path: Path) -> None:
 def test_a_cycle_in_the_table_is_found() -> None:
     assert cycle({"patch": frozenset({"maintain"}), "maintain": frozenset({"patch"})}) == [
         "maintain", "patch", "maintain"]
+
+
+def test_contributing_shows_the_same_table() -> None:
+    """CONTRIBUTING.md's 'what it may import' column is this table, not a copy that drifts."""
+    text = (PACKAGE.parents[1] / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    section = text.split("## Where each stage lives", 1)[1].split("\n## ", 1)[0]
+    shown: dict[str, frozenset[str]] = {}
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        stages = [s.strip("/").removesuffix(".py") for s in re.findall(r"`([^`]+)`", cells[0])]
+        deps = frozenset(re.findall(r"`([a-z_]+)`", cells[2]))
+        if cells[2] != "-" and not deps:
+            continue  # cli/: "the stages"
+        for stage in stages:
+            shown[stage] = deps
+    assert set(shown) >= {"fetch", "patch", "package", "verify", "gpu", "doctor", "cuda"}
+    assert {s: ALLOWED[s] for s in shown} == shown
