@@ -28,6 +28,11 @@ fetch $K/whl312/common apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0 openai==2.6
   typing-inspection==0.4.5 typing-extensions==4.16.0 orjson==3.13.0 starlette==1.10.0 \
   partial-json-parser==0.2.1.1.post7 pyzmq==27.3.0 dill==0.4.1 compressed-tensors==0.20.1 \
   loguru==0.7.3 gguf==0.19.0 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1
+# sglang/utils.py imports IPython.display at import time: ipython and what it imports
+fetch $K/whl312/common ipython==9.18.1 ipython-pygments-lexers==1.1.1 traitlets==5.14.3 \
+  jedi==0.19.2 parso==0.8.5 prompt-toolkit==3.0.52 wcwidth==0.2.14 pexpect==4.9.0 ptyprocess==0.7.0 \
+  decorator==5.2.1 matplotlib-inline==0.2.1 stack-data==0.6.3 executing==2.2.1 asttokens==3.0.0 \
+  pure-eval==0.2.3
 fetch $K/whl312/s510 transformers==5.3.0
 fetch $K/whl312/s523 transformers==5.19.0 msgspec==0.23.0 fastapi==0.165.0 uvicorn==0.54.0 \
   opentelemetry-api==1.45.2
