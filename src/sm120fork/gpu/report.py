@@ -348,7 +348,8 @@ def render_bench_markdown(doc: dict[str, Any]) -> str:
         (r for r in doc.get("records", []) if r.get("kind") == "meta"), {})
     lines += [f"Variant: {doc.get('variant')} ({doc.get('wheel') or 'installed'}"
               f"{', sha256 ' + doc['sha256'][:16] if doc.get('sha256') else ''}); "
-              f"fused calls through `{meta.get('fused_api', '?')}`; world size "
+              + (f"fused calls through `{meta['fused_api']}`; " if meta.get("fused_api") else "")
+              + "world size "
               f"{doc.get('world_size')}; per-op latency = median over "
               f"{meta.get('replays', '?')} CUDA-graph replays of "
               f"{meta.get('rotate', '?')} rotating buffer sets x "
