@@ -33,7 +33,8 @@ fetch $K/whl312/common ipython==9.18.1 ipython-pygments-lexers==1.1.1 traitlets=
   jedi==0.19.2 parso==0.8.5 prompt-toolkit==3.0.52 wcwidth==0.2.14 pexpect==4.9.0 ptyprocess==0.7.0 \
   decorator==5.2.1 matplotlib-inline==0.2.1 stack-data==0.6.3 executing==2.2.1 asttokens==3.0.0 \
   pure-eval==0.2.3
-fetch $K/whl312/s510 transformers==5.3.0
+# transformers 5.3.0 accepts tokenizers <= 0.23.0; the GPU image has 0.23.2
+fetch $K/whl312/s510 transformers==5.3.0 tokenizers==0.22.2
 fetch $K/whl312/s523 transformers==5.19.0 msgspec==0.23.0 fastapi==0.165.0 uvicorn==0.54.0 \
   opentelemetry-api==1.45.2
 for stack in "$@"; do
