@@ -228,36 +228,33 @@ def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> dict[
                                     if r.lower().replace("_", "-").startswith("flashinfer")]}
     facts["plugin"] = probes.plugin() if packages[PLUGIN_DISTRIBUTION] else None
     facts["sglang_plugin_framework"] = probes.plugin_framework()
+
+    def skip(fact: str, why: str) -> None:
+        facts[fact] = None
+        facts["skipped"][fact] = why
+
     n = len(gpus["devices"])
     if n == 0:
-        why = "no GPU visible" + (f" ({gpus['error']})" if gpus.get("error") else "")
-        facts["peers"] = None
-        facts["skipped"]["peers"] = why
+        skip("peers", "no GPU visible" + (f" ({gpus['error']})" if gpus.get("error") else ""))
     else:
         devices = [0, 0] if n == 1 else list(range(n))
         facts["peers"] = {"processes_on_one_gpu": n == 1,
                           "links": [r.to_json() for r in probes.peers(devices)]}
     if packages["flashinfer-python"] is None:
-        facts["flashinfer"] = None
-        facts["skipped"]["flashinfer"] = "flashinfer-python is not installed"
+        skip("flashinfer", "flashinfer-python is not installed")
     elif n == 0:
-        facts["flashinfer"] = None
-        facts["skipped"]["flashinfer"] = ("no GPU visible: FlashInfer picks its architectures "
-                                          "from the GPUs torch sees")
+        skip("flashinfer", "no GPU visible: FlashInfer picks its architectures from the GPUs "
+                           "torch sees")
     else:
         capabilities = sorted({d["capability"] for d in gpus["devices"]})
         facts["flashinfer"] = probes.flashinfer(capabilities)
     sizes = sorted(set(tp_sizes(n)) | {t for t in extra_tp if 1 < t <= n})
     if packages["sglang"] is None:
-        facts["decisions"] = None
-        facts["skipped"]["decisions"] = "sglang is not installed"
+        skip("decisions", "sglang is not installed")
     elif n == 0:
-        facts["decisions"] = None
-        facts["skipped"]["decisions"] = ("no GPU visible: SGLang's --tp decisions read the "
-                                         "platform of a GPU")
+        skip("decisions", "no GPU visible: SGLang's --tp decisions read the platform of a GPU")
     elif not sizes:
-        facts["decisions"] = None
-        facts["skipped"]["decisions"] = f"{n} GPU: no --tp above 1 fits on this box"
+        skip("decisions", f"{n} GPU: no --tp above 1 fits on this box")
     else:
         facts["decisions"] = probes.decisions(sizes)
     return facts
