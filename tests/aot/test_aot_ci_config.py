@@ -14,7 +14,7 @@ import yaml
 from sm120fork.aot import host
 from sm120fork.declare import load_stacks
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 AOT = REPO / "aot"
 WORKFLOWS = REPO / ".github" / "workflows"
 

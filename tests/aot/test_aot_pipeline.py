@@ -13,7 +13,7 @@ from sm120fork.errors import ConfigError
 
 from conftest import git
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _manifest(path: Path, **changes: object) -> None:

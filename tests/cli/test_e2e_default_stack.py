@@ -19,7 +19,7 @@ from conftest import git
 from helpers_ws import checkout_copy
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STACK_WHEELS = Path("wheels", "sglang-0.5.10")
 
 

@@ -7,7 +7,7 @@ import pytest
 from sm120fork.declare import load_stack, load_stacks, select_stack
 from sm120fork.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GOOD = (REPO / "forks" / "sglang-0.5.10.toml").read_text()
 
 

@@ -24,7 +24,7 @@ from sm120fork.errors import (
     VerifyError,
 )
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 class _Terminal(io.StringIO):

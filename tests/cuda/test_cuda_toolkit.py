@@ -10,7 +10,7 @@ import pytest
 from sm120fork.cuda import toolkit
 from sm120fork.errors import ConfigError
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "sm120fork"
+SRC = Path(__file__).resolve().parents[2] / "src" / "sm120fork"
 
 
 def _nvcc(home: Path, release: str) -> Path:

@@ -26,7 +26,7 @@ from sm120fork.doctor.cuda import COPY_KERNEL_PTX, CudaError, Driver
 from sm120fork.errors import DoctorError
 
 TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
+ROOT = TESTS.parents[1]
 SCENARIOS = ROOT / "reports" / "doctor" / "scenarios"
 SM120 = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 #: The default stack's patch that adds FlashInfer's prebuilt-module rule (jit/provenance.py).

@@ -5,7 +5,7 @@ FlashInfer stand-in whose creation makes the trtllm backend's collectives on SGL
 device group and whose fused call reduces over it).  Stock 0.5.23 hangs when one rank
 fails (bounded here by the case timeout); with G6, in the patched wheel and through the
 plugin on stock, every rank falls back together with one warning and correct output.
-Network (the sglang 0.5.23 wheel, via test_plugin_sglang's fixture), ~5 min on 2 cores.
+Network (the sglang 0.5.23 wheel, via helpers_sglang's fixture), ~5 min on 2 cores.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from sm120fork.gpu import sglang_layer
-from test_plugin_sglang import Sites, sites  # noqa: F401  (the session fixture)
+
+from helpers_sglang import Sites
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -34,14 +35,14 @@ def _run(cases: tuple[str, ...], site: Path, extra: list[Path], *,
         return {case: future.result() for case, future in futures.items()}
 
 
-def test_stock_hangs_when_one_rank_fails_creation(sites: Sites) -> None:  # noqa: F811
+def test_stock_hangs_when_one_rank_fails_creation(sites: Sites) -> None:
     """The reproducer: upstream's ranks wait in different collectives (bounded: 30 s)."""
     outcome = _run(("one-rank-create-fails",), sites.stock, [sites.deps],
                    gates_in_memory=True)["one-rank-create-fails"]
     assert outcome.hung, outcome.problems
 
 
-def test_one_rank_failing_creation_fails_closed_on_every_rank(sites: Sites) -> None:  # noqa: F811
+def test_one_rank_failing_creation_fails_closed_on_every_rank(sites: Sites) -> None:
     outcomes = _run((*ONE_RANK, "fused-call-raises", "all-ranks-create-fails", "fused"),
                     sites.patched, [sites.deps])
     failed = {case: o.problems for case, o in outcomes.items() if not o.passed}
@@ -52,7 +53,7 @@ def test_one_rank_failing_creation_fails_closed_on_every_rank(sites: Sites) -> N
             assert "on the whole group): rank 1: RuntimeError" in warning, warning
 
 
-def test_the_plugin_on_stock_fails_closed_too(sites: Sites) -> None:  # noqa: F811
+def test_the_plugin_on_stock_fails_closed_too(sites: Sites) -> None:
     outcomes = _run(("one-rank-create-fails", "fused-call-raises", "fused"), sites.stock,
                     [sites.deps, sites.plugin], load_plugins=True)
     failed = {case: o.problems for case, o in outcomes.items() if not o.passed}

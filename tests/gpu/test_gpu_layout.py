@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-GPU = Path(__file__).resolve().parents[1] / "src" / "sm120fork" / "gpu"
+GPU = Path(__file__).resolve().parents[2] / "src" / "sm120fork" / "gpu"
 
 
 def _imports(path: Path) -> set[str]:

@@ -8,7 +8,7 @@ import pytest
 
 from sm120fork.gpu import projection
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "reports" / "gpu" / "projection-8x-rtxpro6000"
 
 

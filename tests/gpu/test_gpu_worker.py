@@ -16,7 +16,7 @@ from sm120fork.gpu import correctness, protocol, rank
 from sm120fork.gpu.cases import Case, quick_matrix
 from sm120fork.gpu.safety import MULTICAST_OFF_ENV
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _worker(tmp_path: Path, spec: dict[str, Any], env: dict[str, str],

@@ -24,7 +24,7 @@ from sm120fork.workspace import Workspace
 from helpers_ws import checkout_copy
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _policy(tmp: Path, name: str, tp: dict[str, int], *, for_use: bool = True) -> str:

@@ -30,7 +30,7 @@ from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STACK = "sglang-0.5.23"
 PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
 CACHE = REPO / ".forks" / "cache" / "wheels"

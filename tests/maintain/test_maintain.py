@@ -15,16 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers_maintain import (
-    ENCODED_AUTHOR,
-    STACK,
-    BumpWorkspace,
-    make_bump_workspace,
-    pack_wheel,
-    package_index,
-    reauthor_last_patch,
-    snapshot,
-)
 from sm120fork.cli.main import main
 from sm120fork.entry import relative
 from sm120fork.errors import (
@@ -51,6 +41,16 @@ from sm120fork.package.stack import build_stack
 from sm120fork.patch.series import Fingerprint, parse_patch
 
 from conftest import git, make_patch, write_series
+from helpers_maintain import (
+    ENCODED_AUTHOR,
+    STACK,
+    BumpWorkspace,
+    make_bump_workspace,
+    pack_wheel,
+    package_index,
+    reauthor_last_patch,
+    snapshot,
+)
 from helpers_ws import DemoWorkspace, make_demo, sha256
 
 

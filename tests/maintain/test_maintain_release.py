@@ -10,7 +10,7 @@ from sm120fork.declare import load_stack
 from sm120fork.fetch.index import IndexFile, ProjectPage
 from sm120fork.maintain.release import release_wheels, undeclared_wheels
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TAGS = [f"cp3{minor}-cp3{minor}-manylinux_2_34_{arch}"
         for minor in (11, 12, 13) for arch in ("x86_64", "aarch64")]
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers_maintain import commit_checkout, hint_commands, run_hint
 from sm120fork.cli.main import main
 from sm120fork.errors import DirtyTreeError
 from sm120fork.maintain.refresh import refresh
 from sm120fork.package.stack import build_stack
 
 from conftest import git
+from helpers_maintain import commit_checkout, hint_commands, run_hint
 from helpers_ws import DemoWorkspace, make_demo
 
 pytestmark = pytest.mark.slow

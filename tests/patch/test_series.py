@@ -9,7 +9,7 @@ from sm120fork.patch.series import load_series
 
 from helpers_ws import make_demo
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_demo_series_parses(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from sm120fork.patch.series import load_series
 from sm120fork.upstream.evidence import current_builds, provenance_problem
 from sm120fork.workspace import Workspace
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WS = Workspace(REPO)
 #: Every stack whose series hold a patch: each has evidence of its own.
 PATCHED = sorted(s.name for s in WS.stacks().values()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "sm120fork"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sm120fork"
 
 #: The shared base every stage may use: the errors, the process runner and git, the entry
 #: points' error boundary.
@@ -185,7 +185,7 @@ def test_the_table_of_allowed_imports_has_no_cycle() -> None:
 
 def test_no_stage_imports_a_later_stage() -> None:
     problems = back_arrows(stage_arrows(PACKAGE), ALLOWED)
-    assert not problems, "imports against the stage order (tests/test_import_order.py):\n" + \
+    assert not problems, "imports against the stage order (tests/repo/test_import_order.py):\n" + \
         "\n".join(problems)
 
 

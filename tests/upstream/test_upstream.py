@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from helpers_maintain import ENCODED_AUTHOR, hint_commands, reauthor_last_patch, run_hint
 from sm120fork.cli.main import main
 from sm120fork.errors import DirtyTreeError, MaintenanceError
 from sm120fork.gpu.report import made_from
@@ -16,6 +15,7 @@ from sm120fork.package.stack import build_stack
 from sm120fork.upstream.pr import commit_message, github_slug, short_subject, upstream_pr
 
 from conftest import git
+from helpers_maintain import ENCODED_AUTHOR, hint_commands, reauthor_last_patch, run_hint
 from helpers_ws import DemoWorkspace, make_demo
 
 pytestmark = pytest.mark.slow

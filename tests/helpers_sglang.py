@@ -1,0 +1,92 @@
+"""Stock sglang 0.5.23, patched by its series, and the plugin built from that series.
+
+The session fixture ``sites`` (network, ~2 min) is shared by the plugin's tests
+(tests/plugin/test_plugin_sglang.py) and the fail-closed tests (tests/gpu/test_fail_closed.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sm120fork.plugin import package, runtime
+from sm120fork.plugin.generate import generate_spec, patch_commits
+from sm120fork.util.git import Git
+
+from conftest import git
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+SERIES = ROOT / "patches" / "sglang-0.5.23" / "sglang"
+WHEEL = "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
+#: What the modules under test import beyond the test group, at sglang 0.5.23's pins.
+PROBE_DEPS = TESTS / "requirements-sglang-0.5.23.txt"
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "-q", *args], check=True)
+
+
+@dataclass(frozen=True)
+class Sites:
+    stock: Path
+    patched: Path
+    plugin: Path
+    deps: Path
+    spec: runtime.Spec
+    patch_ids: list[str]
+
+
+def _patch_names() -> list[str]:
+    lines = (SERIES / "series").read_text().splitlines()
+    return [n.strip() for n in lines if n.strip() and not n.startswith("#")]
+
+
+@pytest.fixture(scope="session")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> Sites:
+    base = tmp_path_factory.mktemp("sglang-0.5.23")
+    pip("download", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
+        "--platform", "manylinux_2_34_x86_64", "sglang==0.5.23", "-d", str(base / "dl"))
+    pip("install", "--no-deps", "--no-compile", "--target", str(base / "stock"),
+        str(base / "dl" / WHEEL))
+    pip("install", "--no-deps", "--no-compile", "--target", str(base / "deps"),
+        "-r", str(PROBE_DEPS))
+
+    fork = base / "fork"
+    fork.mkdir()
+    git(fork, "init", "-q", "-b", "main")
+    names = _patch_names()
+    touched = sorted({line.split(" b/", 1)[1] for n in names
+                      for line in (SERIES / n).read_text().splitlines()
+                      if line.startswith("diff --git ")})
+    for rel in touched:
+        target = fork / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(base / "stock" / rel.removeprefix("python/"), target)
+    git(fork, "add", "-A")
+    git(fork, "commit", "-q", "-m", "sglang 0.5.23 as published")
+    git(fork, "tag", "upstream")
+    git(fork, "am", "-q", *(str(SERIES / n) for n in names))
+    repo = Git(fork)
+    ids = [n.split("-")[1] for n in names]
+    spec = generate_spec(repo, patch_commits(repo, ids), package_root="python",
+                         package="sglang", stack="sglang-0.5.23", distribution="sglang",
+                         version="0.5.23")
+    built = package.build_plugin_wheel(spec, "sm120.1", base / "plugin-cache")
+    pip("install", "--no-deps", "--no-compile", "--target", str(base / "plugin"),
+        str(built.wheel))
+
+    patched = base / "patched"
+    shutil.copytree(base / "stock", patched, copy_function=os.link)
+    for rel in touched:
+        dest = patched / rel.removeprefix("python/")
+        dest.unlink()
+        shutil.copyfile(fork / rel, dest)
+    return Sites(stock=base / "stock", patched=patched, plugin=base / "plugin",
+                 deps=base / "deps", spec=spec, patch_ids=ids)
