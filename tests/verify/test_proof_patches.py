@@ -22,6 +22,7 @@ from sm120fork.verify.proof.patches import (
     claims,
     evidence_label,
     run_cpu_tests,
+    suite_node,
 )
 from sm120fork.verify.proof.report import NAMES_SHOWN, compact
 
@@ -104,6 +105,26 @@ def test_cpu_evidence_is_a_test_that_ran_and_passed(tmp_path: Path) -> None:
     assert check_cpu_test(ctx, nodes[1]) == (
         "tests/test_x.py::test_skipped: skipped: needs the package index", False)
     assert check_cpu_test(Context(root=tmp_path), nodes[0])[1]  # run on its own
+
+
+def test_a_cpu_claim_finds_its_test_module_in_the_stage_folder(tmp_path: Path) -> None:
+    """``cpu:tests/test_x.py::t`` (as the committed patches write it) runs the module that
+    moved to ``tests/<stage>/test_x.py``; an ambiguous or absent name backs nothing."""
+    stage = tmp_path / "tests" / "gpu"
+    stage.mkdir(parents=True)
+    (stage / "test_x.py").write_text("def test_real() -> None:\n    pass\n")
+    for other in ("plugin", "cli"):
+        (tmp_path / "tests" / other).mkdir()
+        (tmp_path / "tests" / other / "test_twice.py").write_text(
+            "def test_real() -> None:\n    pass\n")
+    assert suite_node(tmp_path, "tests/test_x.py::test_real") == "tests/gpu/test_x.py::test_real"
+    results = run_cpu_tests(tmp_path, ["tests/test_x.py::test_real",
+                                       "tests/gpu/test_x.py::test_real",
+                                       "tests/test_twice.py::test_real"])
+    assert results["tests/test_x.py::test_real"][0].startswith("passed"), results
+    assert results["tests/gpu/test_x.py::test_real"][0].startswith("passed"), results
+    assert results["tests/test_twice.py::test_real"] == (
+        "tests/test_twice.py::test_real: no such test file", False)
 
 
 def _gpu_report(where: Path, statuses: dict[str, tuple[str, str]]) -> None:

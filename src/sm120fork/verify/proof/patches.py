@@ -10,7 +10,8 @@
   ``cudaOccupancyMaxPotentialClusterSize`` with the full series, and not unpatched;
 - ``sglang:<prefix>``: the SGLang behaviour checks whose names start with ``<prefix>``;
 - ``cpu:<tests/file.py>::<test>``: a CPU test of the suite, run here: it must pass (a
-  skipped or failing one is no evidence);
+  skipped or failing one is no evidence); ``tests/<file>.py`` also finds the module in its
+  stage folder (``tests/<stage>/<file>.py``: test module names are unique in the suite);
 - ``gpu:<report dir>[:<api>]``: a committed GPU report: every run under it found the
   primary variant failing no case, and (with ``<api>``) the A/B fixed some of that API's.
 
@@ -199,9 +200,20 @@ def check_behaviour(ctx: Context, prefix: str) -> tuple[str, bool]:
     return text + (f"; failed: {', '.join(failed)}" if failed else ""), not failed
 
 
+def suite_node(root: Path, node: str) -> str:
+    """``node`` as pytest names it: ``tests/<file>.py::<test>`` of a module that lives in a
+    stage folder (``tests/<stage>/<file>.py``) is that module's, else ``node`` as written."""
+    file, sep, name = node.partition("::")
+    parts = Path(file).parts
+    if not sep or (root / file).is_file() or len(parts) != 2 or parts[0] != "tests":
+        return node
+    found = sorted((root / "tests").glob(f"*/{parts[1]}"))
+    return f"{found[0].relative_to(root).as_posix()}::{name}" if len(found) == 1 else node
+
+
 def _test_exists(root: Path, node: str) -> str | None:
     """Why ``node`` names no test of the suite, or None."""
-    file, sep, name = node.partition("::")
+    file, sep, name = suite_node(root, node).partition("::")
     path = root / file
     if not sep or not path.is_file():
         return f"{node}: no such test file"
@@ -234,26 +246,26 @@ def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None
     Evidence is a test that ran and passed here, not one that exists: a skipped (e.g. no
     network) or failing test backs nothing."""
     results: dict[str, tuple[str, bool]] = {}
-    runnable = []
+    runnable: dict[str, str] = {}  # node as written -> as pytest names it
     for node in dict.fromkeys(nodes):
         missing = _test_exists(root, node)
         if missing:
             results[node] = (missing, False)
         else:
-            runnable.append(node)
+            runnable[node] = suite_node(root, node)
     if not runnable:
         return results
     with tempfile.TemporaryDirectory(prefix="sm120fork-cpu-evidence-") as tmp:
         xml = Path(tmp) / "junit.xml"
         src = str(root / "src")
         pythonpath = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
-        done = proc.run([python or sys.executable, "-m", "pytest", *runnable, "-q",
+        done = proc.run([python or sys.executable, "-m", "pytest", *runnable.values(), "-q",
                          "-p", "no:cacheprovider", f"--junitxml={xml}"],
                         cwd=root, env={"PYTHONPATH": pythonpath}, check=False,
                         timeout=timeout)
         ran = _junit_outcomes(xml, root) if xml.is_file() else {}
-    for node in runnable:
-        results[node] = ran.get(node) or (
+    for node, actual in runnable.items():
+        results[node] = ran.get(actual) or (
             f"did not run (pytest exit {done.returncode}: "
             f"{(done.stdout + done.stderr).strip().splitlines()[-1:] or ['no output']})",
             False)
