@@ -3,7 +3,7 @@ and whatever else the build made for that folder (the plugin's ``plugin/``), in 
 
 Each stack has its own folder, ``wheels/<stack>/``: publishing one stack never touches
 another's.  Everything the folder will hold is staged beside its final place and swapped
-in as a whole (:func:`sm120fork.util.files.replace_dir`), only after every project built
+in as a whole (:func:`sm120fork.util.files.staged_dir`), only after every project built
 and passed, so a reader never sees files of two builds mixed, and a second build with
 nothing changed finds the folder as it would write it and leaves it alone.
 """
@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +23,22 @@ from sm120fork import __version__
 from sm120fork.declare import Stack
 from sm120fork.errors import BuildError
 from sm120fork.package.entry import ManifestEntry
-from sm120fork.util.files import atomic_copy, read_json_object, replace_dir, sha256_file
+from sm120fork.util.files import (
+    atomic_copy,
+    read_json_object,
+    remove_stale_scratch,
+    sha256_file,
+    staged_dir,
+)
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 MANIFEST = "manifest.json"
 CONSTRAINTS = "constraints.txt"
-#: Prefix of the staging folders beside a stack folder (removed by the next run if a
-#: run was killed before it could).
-_STAGING = ".staging-"
+#: The names of staging folders beside a stack folder before :func:`staged_dir`
+#: (``.<stack>.staging-*``, ``.<stack>.old-*``): a killed run of an older toolkit may
+#: have left some.
+_OLD_STAGING = (".staging-", ".old-")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,13 +135,14 @@ def _published_before(name: str, wanted: dict[str, Path | str]) -> bool:
 
 def remove_leftovers(out: Path) -> None:
     """Staging folders of runs that were killed before they could remove them."""
+    for leftover in remove_stale_scratch(out.parent):
+        log.info("removed %s, left by a killed run", leftover)
     if not out.parent.is_dir():
         return
-    for leftover in out.parent.glob(f".{out.name}{_STAGING}*"):
-        log.info("removing %s (left by an interrupted run)", leftover)
-        shutil.rmtree(leftover, ignore_errors=True)
-    for leftover in out.parent.glob(f".{out.name}.old-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
+    for old in _OLD_STAGING:
+        for leftover in out.parent.glob(f".{out.name}{old}*"):
+            log.info("removing %s (left by an interrupted run)", leftover)
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
@@ -157,8 +164,8 @@ def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
         raise BuildError(f"it holds files a build did not publish ({', '.join(foreign[:5])}); "
                          "publishing replaces the whole folder",
                          where=str(out), fix="choose a new or empty folder for --out")
-    staged = Path(tempfile.mkdtemp(prefix=f".{out.name}{_STAGING}", dir=out.parent))
-    try:
+    with staged_dir(out) as staged:
+        staged.mkdir()
         os.chmod(staged, 0o755)
         for name, content in wanted.items():
             dest = staged / name
@@ -170,9 +177,6 @@ def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
             else:
                 dest.write_text(content, encoding="utf-8")
                 os.chmod(dest, 0o644)
-        replace_dir(staged, out)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
     return out
 
 

@@ -1,7 +1,8 @@
-"""File digests, atomic writes and JSON reading: one definition each."""
+"""File digests, atomic writes, folder swaps and JSON reading: one definition each."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import hashlib
@@ -10,6 +11,7 @@ import os
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +82,8 @@ def replace_dir(staged: Path, dest: Path) -> None:
 
     A reader sees the old folder or the new one, never files of both: where the system
     can, the two are exchanged in one step; elsewhere the old one is renamed aside first
-    (``dest`` is briefly absent, never mixed).  ``staged`` must be beside ``dest``.
+    (``dest`` is briefly absent, never mixed) into ``staged``'s folder.  ``staged`` must
+    be on the file system of ``dest`` (beside it, or in a folder beside it).
     """
     if not dest.exists():
         os.rename(staged, dest)
@@ -88,9 +91,13 @@ def replace_dir(staged: Path, dest: Path) -> None:
     if _exchange(staged, dest):
         shutil.rmtree(staged)
         return
-    aside = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    aside = staged.with_name(f".{dest.name}.old-{os.getpid()}")
     os.rename(dest, aside)
-    os.rename(staged, dest)
+    try:
+        os.rename(staged, dest)
+    except BaseException:
+        os.rename(aside, dest)
+        raise
     shutil.rmtree(aside)
 
 
@@ -101,6 +108,29 @@ def scratch_prefix(label: str, *, hidden: bool = True) -> str:
     """A prefix for a temporary file or folder (tempfile.mkdtemp and friends) that names
     the process making it, so :func:`remove_stale_scratch` knows when it is left over."""
     return f"{'.' if hidden else ''}{_SCRATCH}{os.getpid()}-{label}-"
+
+
+@contextlib.contextmanager
+def staged_dir(dest: Path, *, label: str = "") -> Iterator[Path]:
+    """Make a folder's new content apart, then put it at ``dest`` in one swap.
+
+    Yields a path, not made yet, inside a scratch folder beside ``dest`` (one file system,
+    so a rename swaps it in); the block makes the new folder there and may keep other
+    temporary files in the scratch folder (the path's parent).  When the block returns,
+    the new folder replaces ``dest`` as a whole (:func:`replace_dir`); when it raises,
+    ``dest`` is left as it was.  The scratch folder, with the old ``dest`` after a swap,
+    is removed either way; one that a killed run left is named by :func:`scratch_prefix`,
+    so :func:`remove_stale_scratch` of ``dest``'s parent removes it.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(label or dest.name),
+                                    dir=dest.parent))
+    try:
+        new = scratch / "new"
+        yield new
+        replace_dir(new, dest)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
