@@ -313,7 +313,7 @@ def test_a_wheel_tree_left_by_a_killed_run_is_scratch_the_next_run_removes(
         with pytest.raises(KeyboardInterrupt):
             init_from_wheel(stack.project("app"), scenario.app_wheels[0], work)
     (left,) = list(work.parent.iterdir())
-    assert [p.name for p in (left / "repo").rglob("gate.py")] == ["gate.py"]
+    assert [p.name for p in left.rglob("gate.py")] == ["gate.py"]  # the half-made tree
     assert remove_stale_scratch(work.parent) == [left]
     assert not left.exists()
     assert not work.exists()

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from sm120fork.declare import Project
 from sm120fork.errors import CommandError, SourceError
 from sm120fork.fetch.source import UPSTREAM_TAG, SourceInfo
-from sm120fork.util.files import scratch_prefix
+from sm120fork.util.files import staged_dir
 from sm120fork.util.git import Git
 
 
 def init_from_git(project: Project, work: Path, url: str | None = None) -> SourceInfo:
     """Fetch only the pinned commit of ``url`` (default: the declared URL) into ``work``."""
-    staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(work.name), dir=work.parent))
-    try:
-        repo_dir = staging / "repo"
+    with staged_dir(work) as repo_dir:
         repo = Git.init(repo_dir)
         remote = url or project.git_pin.url
         try:
@@ -35,9 +30,4 @@ def init_from_git(project: Project, work: Path, url: str | None = None) -> Sourc
                               where=f"project {project.key}",
                               fix="the remote served another commit; never trust a tag")
         repo("tag", "-f", UPSTREAM_TAG)
-        if work.exists():
-            shutil.rmtree(work)
-        os.replace(repo_dir, work)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return SourceInfo(kind="git", digest=project.git_pin.commit, base_commit=project.git_pin.commit)

@@ -9,15 +9,12 @@ against the git layout apply unchanged.  A new kind adds its digest to
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sm120fork.declare import Project
-from sm120fork.util.files import scratch_prefix
+from sm120fork.util.files import staged_dir
 from sm120fork.util.git import Git
 
 UPSTREAM_TAG = "upstream"
@@ -70,19 +67,11 @@ def make_upstream_tree(project: Project, work: Path, fill: Callable[[Path, Path]
     ``fill(scratch, dest)`` gets a scratch folder and ``dest``, the package root inside
     the repository to be (it exists).  Everything happens in a staging folder beside
     ``work`` named for this process (a killed run's leftovers are removed by the next
-    run); ``work`` is replaced only once the commit exists.
+    run); ``work`` is replaced only once the commit exists (:func:`staged_dir`).
     """
-    staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(work.name), dir=work.parent))
-    try:
-        repo_dir = staging / "repo"
+    with staged_dir(work) as repo_dir:
         root = project.package_root.strip("/")
         dest = repo_dir if root in ("", ".") else repo_dir / root
         dest.mkdir(parents=True)
-        fill(staging, dest)
-        base = commit_upstream(Git.init(repo_dir), message)
-        if work.exists():
-            shutil.rmtree(work)
-        os.replace(repo_dir, work)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return base
+        fill(repo_dir.parent, dest)
+        return commit_upstream(Git.init(repo_dir), message)
