@@ -16,7 +16,6 @@ import json
 import logging
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from packaging.version import Version
 
 from sm120fork.errors import BuildError, CommandError
 from sm120fork.plugin.runtime import Spec
+from sm120fork.util.files import staged_dir
 from sm120fork.util.proc import run
 
 log = logging.getLogger("sm120fork")
@@ -153,10 +153,9 @@ def build_plugin_wheel(spec: Spec, local_label: str, cache: Path, *,
     found = sorted(entry.glob("*.whl")) if entry.is_dir() else []
     if len(found) == 1:
         return PluginWheel(wheel=found[0], version=version, cached=True)
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="sm120fork-plugin-", dir=cache) as tmp:
-        project = write_project(spec, local_label, Path(tmp) / "project")
-        dist = Path(tmp) / "dist"
+    with staged_dir(entry, label="plugin") as staged:
+        project = write_project(spec, local_label, staged.parent / "project")
+        dist = staged.parent / "dist"
         log.info("building %s %s", DISTRIBUTION, version)
         try:
             run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(project)],
@@ -172,10 +171,6 @@ def build_plugin_wheel(spec: Spec, local_label: str, cache: Path, *,
         if built_version != Version(version) or {str(t) for t in tags} != {"py3-none-any"}:
             raise BuildError(f"built {wheels[0].name}, expected a py3-none-any wheel of "
                              f"{version}", where=spec.stack)
-        staged = Path(tmp) / "entry"
         staged.mkdir()
         shutil.copy2(wheels[0], staged / wheels[0].name)
-        if entry.exists():
-            shutil.rmtree(entry)
-        staged.rename(entry)
     return PluginWheel(wheel=entry / wheels[0].name, version=version, cached=False)
