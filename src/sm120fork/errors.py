@@ -88,6 +88,8 @@ class CommandError(ToolkitError):
     """An external command failed; ``detail`` carries its captured output."""
 
     exit_code = 11
+    #: True when it ran past its timeout (and was killed with its process group).
+    timed_out = False
 
 
 class LockError(ToolkitError):

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pytest
 from sm120fork.doctor import cli, ipc, probe, rules
 from sm120fork.doctor.cuda import COPY_KERNEL_PTX, CudaError, Driver
 from sm120fork.errors import DoctorError
+from sm120fork.util import proc
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parents[1]
@@ -490,6 +492,55 @@ def test_dropped_peer_writes_are_found_per_sharing_and_reads_still_checked(
     assert results[(1, 0)].sharing == {
         "vmm": {"open": "ok", "write": "1024 of 1024 words wrong", "read": "ok"},
         "ipc": {"open": "ok", "write": "1024 of 1024 words wrong", "read": "ok"}}
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed grandchild may wait a moment for its reaper)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _running(pid)
+
+
+def test_a_child_query_past_its_timeout_is_ended_with_what_it_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FlashInfer and SGLang questions run through the one process runner: at the
+    timeout the child goes with its process group (a bare subprocess.run left the
+    grandchild running)."""
+    mark = tmp_path / "grandchild"
+    (tmp_path / "stuck_child.py").write_text(
+        "import subprocess, sys, time\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(mark)!r}, 'w').write(str(g.pid))\n"
+        "time.sleep(600)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    assert probe._child_json("stuck_child", [], "X:", timeout=8) == {
+        "error": "no answer within 8s"}
+    assert mark.is_file(), "the child did not start its grandchild within the timeout"
+    assert _gone(int(mark.read_text())), "the grandchild outlived the timed-out query"
+
+
+def test_ctrl_c_ends_the_peer_probes_processes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peer probe's children are the runner's: end_children (what the doctor's error
+    boundary calls on Ctrl-C or SIGTERM) ends them, with their process groups."""
+    fake_child_env(tmp_path, monkeypatch)
+    child = ipc._Process(0, 0, 1, "fake_ipc_child")
+    try:
+        assert child.receive(time.monotonic() + 60)   # set up and answering
+        assert proc.end_children(grace=10) >= 1
+        assert child.proc.poll() is not None
+    finally:
+        proc.allow_children()
+        child.close()
 
 
 def test_collapsed_peer_writes_warn_at_the_tp_size_they_hit() -> None:

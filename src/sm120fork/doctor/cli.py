@@ -17,6 +17,7 @@ from typing import Any
 
 from ..entry import Parser, boundary
 from ..errors import DoctorError, UsageError
+from ..util import proc
 from .ipc import probe as ipc_probe
 from .probe import SCHEMA, Probes, collect, flashinfer_facts, portable, sglang_decisions
 from .rules import Report, judge
@@ -71,7 +72,8 @@ def parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None, probes: Probes | None = None) -> int:
     """The doctor's entry point, in the one error boundary (:mod:`sm120fork.entry`)."""
-    return boundary(lambda: _main(argv, probes), name="sm120fork-doctor")
+    return boundary(lambda: _main(argv, probes), name="sm120fork-doctor",
+                    on_interrupt=proc.end_children)
 
 
 def _main(argv: Sequence[str] | None, probes: Probes | None) -> int:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from ..util import proc
 from .cuda import CudaError, Driver
 
 SLOT = 1024                  # 32-bit words per pattern (published, and per writer)
@@ -213,23 +214,26 @@ class _Process:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock = parent
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, str(device), str(index), str(processes),
-             str(child.fileno())],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True, env=env, pass_fds=(child.fileno(),))
-        child.close()
+        self.group = proc.ProcessGroup()   # Ctrl-C (end_children) ends it too
+        try:
+            self.proc = self.group.start(
+                [sys.executable, "-m", module, str(device), str(index), str(processes),
+                 str(child.fileno())],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env=env, pass_fds=(child.fileno(),))
+        finally:
+            child.close()
         self.ready: dict[str, Any] = {}
         self.vmm_fd: int | None = None
 
     def send(self, msg: Any) -> None:
         stdin = self.proc.stdin
         assert stdin is not None
-        stdin.write(json.dumps(msg) + "\n")
+        stdin.write((json.dumps(msg) + "\n").encode())
         stdin.flush()
 
     def receive(self, deadline: float) -> dict[str, Any]:
-        stdout: IO[str] | None = self.proc.stdout
+        stdout: IO[bytes] | None = self.proc.stdout
         assert stdout is not None
         with selectors.DefaultSelector() as sel:
             sel.register(stdout, selectors.EVENT_READ)
@@ -256,9 +260,7 @@ class _Process:
         return fds[0]
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+        self.group.kill()   # with its process group; reaped
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 stream.close()

@@ -17,7 +17,6 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import sysconfig
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..cuda.toolkit import locate_nvcc
+from ..errors import CommandError
+from ..util import proc
 from .cuda import CudaError, Device, Driver
 from .ipc import LinkResult
 from .ipc import probe as ipc_probe
@@ -151,10 +152,10 @@ def nvcc_version() -> dict[str, str] | None:
 def _child_json(module: str, args: Sequence[str], prefix: str, timeout: float) -> dict[str, Any]:
     """Run ``python -m module args`` and read its one prefixed JSON line."""
     try:
-        done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True,
-                              text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        return {"error": f"no answer within {timeout:.0f}s"}
+        done = proc.run([sys.executable, "-m", module, *args], check=False, timeout=timeout,
+                        quiet=True)
+    except CommandError as exc:
+        return {"error": f"no answer within {timeout:.0f}s" if exc.timed_out else exc.what}
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(prefix):
             result: dict[str, Any] = json.loads(line.removeprefix(prefix))
@@ -181,9 +182,8 @@ def topology() -> str | None:
     if smi is None:
         return None
     try:
-        done = subprocess.run([smi, "topo", "-m"], capture_output=True, text=True,
-                              timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        done = proc.run([smi, "topo", "-m"], check=False, timeout=30, quiet=True)
+    except (OSError, CommandError):
         return None
     return done.stdout if done.returncode == 0 else None
 

@@ -124,7 +124,9 @@ def run(
         with _suppress_gone():
             os.killpg(child.pid, signal.SIGKILL)
         child.communicate()
-        raise CommandError(f"timed out after {timeout}s: {shlex.join(argv)}") from exc
+        error = CommandError(f"timed out after {timeout}s: {shlex.join(argv)}")
+        error.timed_out = True
+        raise error from exc
     except BaseException:  # interrupted while waiting here: the child ends with us
         with _suppress_gone():
             os.killpg(child.pid, signal.SIGTERM)
@@ -159,13 +161,17 @@ class ProcessGroup:
 
     def start(self, cmd: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str],
               stdout: IO[bytes] | int | None = None,
-              stderr: IO[bytes] | int | None = subprocess.STDOUT) -> subprocess.Popen[bytes]:
-        """Start ``cmd`` with exactly ``env`` (the caller builds the whole environment)."""
+              stderr: IO[bytes] | int | None = subprocess.STDOUT,
+              stdin: IO[bytes] | int | None = None,
+              pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
+        """Start ``cmd`` with exactly ``env`` (the caller builds the whole environment);
+        ``pass_fds`` stay open in the child (e.g. its end of a socket pair)."""
         argv = [os.fspath(c) for c in cmd]
         if _ending.is_set():
             raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
         try:
-            child = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=dict(env),
+            child = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr,
+                                     env=dict(env), pass_fds=tuple(pass_fds),
                                      start_new_session=True)
         except FileNotFoundError as exc:
             raise CommandError(f"command not found: {argv[0]}",
