@@ -25,6 +25,7 @@ import pytest
 from sm120fork.doctor import cli, ipc, probe, rules
 from sm120fork.doctor.cuda import COPY_KERNEL_PTX, CudaError, Driver
 from sm120fork.errors import DoctorError
+from sm120fork.gpu import policy as allreduce_policy
 from sm120fork.util import proc
 
 TESTS = Path(__file__).resolve().parent
@@ -104,6 +105,8 @@ def box(n: int = 2, *, capability: str = "12.0", numa: Sequence[int] | None = No
                            "line": "Auto-enabling ... on SM12x: TP2" if t == 2 else
                            f"not auto-enabled: only TP2 (TP{t})"} for t in sizes]}
         if sizes else None}
+    facts["policy"] = {"path": "~/.config/sm120fork/allreduce-policy.json",
+                       "named_by": "default", "found": False, "document": None, "error": None}
     if n == 1:
         facts["peers"]["links"] = [link(0, 1), link(1, 0)]
         for x in facts["peers"]["links"]:
@@ -142,7 +145,7 @@ def stub_probes(facts: dict[str, Any]) -> probe.Probes:
         plugin_framework=lambda: facts.get("sglang_plugin_framework"),
         flashinfer=lambda caps: facts["flashinfer"],
         decisions=lambda sizes: facts["decisions"], topology=lambda: None,
-        environ=facts["environ"])
+        policy=lambda environ: facts["policy"], environ=facts["environ"])
 
 
 def test_record_then_judge_offline_gives_the_same_verdict(
@@ -867,3 +870,150 @@ def test_one_gpu_whose_processes_cannot_share_memory_is_warned_not_blocked() -> 
     assert report.text_of("peers")[-1].startswith(
         "warning: vmm open: cuMemImportFromShareableHandle failed: CUDA_ERROR_FAKE between two "
         "processes on one GPU")
+
+
+# --- issue 22: the all-reduce policy per TP size ------------------------------------------
+
+def _point(method: str, tokens: int, us: float | None, status: str = "timed",
+           hidden: int = 4096) -> dict[str, Any]:
+    rec: dict[str, Any] = {"kind": "point", "method": method, "tokens": tokens,
+                           "hidden": hidden, "status": status}
+    if us is not None:
+        rec.update(median_us=us, rank_medians_us=[us])
+    return rec
+
+
+def measured_policy(*, for_use: bool = True, **made: Any) -> dict[str, Any]:
+    """TP2: fused_auto wins 1-64, pcie_ipc from 512 on, the vLLM custom AR fails its check;
+    TP4: NCCL beats the fused path from 1 token on.  TP8 was not measured."""
+    tp2 = [_point("fused_auto", 1, 5), _point("pcie_ipc_rmsnorm", 1, 8),
+           _point("fused_auto", 64, 9), _point("pcie_ipc_rmsnorm", 64, 10),
+           _point("fused_auto", 512, 40), _point("pcie_ipc_rmsnorm", 512, 20),
+           _point("custom_vllm_rmsnorm", 1, None, "failed_check")]
+    tp4 = [_point("fused_auto", 1, 9), _point("nccl_rmsnorm", 1, 8),
+           _point("fused_auto", 512, 50), _point("nccl_rmsnorm", 512, 45)]
+    return allreduce_policy.derive({2: tp2, 4: tp4}, for_use=for_use, made={
+        "created": "2026-12-01", "gpu": "RTX PRO 6000", "gpu_count": 8, **made})
+
+
+def with_policy(doc: Any, *, path: str = "/srv/policy.json", **extra: Any) -> dict[str, Any]:
+    facts = box(8, **extra)
+    facts["policy"] = {"path": path, "named_by": allreduce_policy.ENV_VAR,
+                       "found": doc is not None, "document": doc, "error": None}
+    return facts
+
+
+def test_the_doctor_prints_the_policy_per_tp_size_in_text_and_json(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, text = run(with_policy(measured_policy()), tmp_path, capsys=capsys)
+    section = [x[2:] for x in text.split("[policy]\n", 1)[1].split("\n[", 1)[0].splitlines()]
+    assert section == [
+        "policy file: /srv/policy.json (named by SGLANG_SM120_ALLREDUCE_POLICY)",
+        "format sm120fork-allreduce-policy version 1, measured 2026-12-01 on RTX PRO 6000 "
+        "x8; for use: SGLang follows it",
+        "TP2: fused path for 1-64 tokens, unfused above; measured winners 1-64: fused_auto, "
+        "65-512: pcie_ipc_rmsnorm; above 512 tokens not measured",
+        "  TP2: custom_vllm_rmsnorm left out: failed its output check at 1 tokens, hidden 4096",
+        "TP4: fused path never (a measured method beat it from 1 token on); measured "
+        "winners 1-512: nccl_rmsnorm",
+        "TP8: not in the policy: today's decision: not auto-enabled (only TP2 is)"]
+    assert cli.main(["--facts", str(tmp_path / "facts.json"), "--json"]) == code
+    report = json.loads(capsys.readouterr().out)
+    assert report["text"]["policy"] == section
+    shown = report["policy"]
+    assert shown["applies"] is True
+    assert shown["read_by_sglang"] is True
+    assert (shown["source"]["path"], shown["source"]["version"],
+            shown["source"]["for_use"]) == ("/srv/policy.json", 1, True)
+    assert [(t["tp"], t["decided_by"], t["auto_enable"], t["fused_max_tokens"])
+            for t in shown["tp"]] == [(2, "policy", True, 64), (4, "policy", False, 0),
+                                      (8, "today's rule", False, None)]
+    assert [(r["min_tokens"], r["max_tokens"], r["method"])
+            for r in shown["tp"][0]["ranges"]] == [(1, 64, "fused_auto"),
+                                                   (65, 512, "pcie_ipc_rmsnorm")]
+
+
+def test_without_a_policy_the_doctor_says_what_sglang_decides_instead() -> None:
+    report = rules.judge(with_policy(None))
+    assert report.text_of("policy")[1:] == [
+        "no policy there: SGLang keeps today's decision",
+        "TP2: today's decision: fused path auto-enabled at TP2 on one node, no token cap "
+        "beyond SGLang's own",
+        "TP4: today's decision: not auto-enabled (only TP2 is)",
+        "TP8: today's decision: not auto-enabled (only TP2 is)"]
+    shown = report.to_json()["policy"]
+    assert shown["applies"] is False
+    assert [(t["tp"], t["decided_by"], t["auto_enable"], t["fused_max_tokens"])
+            for t in shown["tp"]] == [(2, "today's rule", True, None),
+                                      (4, "today's rule", False, None),
+                                      (8, "today's rule", False, None)]
+    assert not report.blockers
+
+
+def test_a_policy_made_on_a_shared_gpu_is_shown_and_not_followed() -> None:
+    doc = measured_policy(for_use=False, shared_gpu=True, note="made on a shared GPU")
+    report = rules.judge(with_policy(doc))
+    lines = report.text_of("policy")
+    assert lines[1] == ("format sm120fork-allreduce-policy version 1, measured 2026-12-01 "
+                        "on RTX PRO 6000 x8, on a shared GPU; marked NOT FOR USE (made on a "
+                        "shared GPU): SGLang ignores it and keeps today's decision")
+    assert lines[2] == ("TP2: today's decision: fused path auto-enabled at TP2 on one node, "
+                        "no token cap beyond SGLang's own; measured (not followed): 1-64: "
+                        "fused_auto, 65-512: pcie_ipc_rmsnorm")
+    source = report.to_json()["policy"]["source"]
+    assert (source["for_use"], source["shared_gpu"]) == (False, True)
+    assert [t["decided_by"] for t in report.to_json()["policy"]["tp"]] == ["today's rule"] * 3
+
+
+def test_a_policy_sglang_cannot_use_names_the_key() -> None:
+    doc = {**measured_policy(), "version": 2}
+    lines = rules.judge(with_policy(doc)).text_of("policy")
+    assert lines[1] == ("not usable (/srv/policy.json: version: policy version 2 is not 1 "
+                        "(re-make it with this toolkit's bench)): SGLang keeps today's decision")
+    assert lines[2].startswith("TP2: today's decision: fused path auto-enabled")
+
+
+def test_the_override_decides_the_auto_enable_and_the_cap_still_holds() -> None:
+    facts = with_policy(measured_policy(), environ={allreduce_policy.AUTO_ENV: "0"})
+    report = rules.judge(facts)
+    assert ("SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO=0 decides the auto-enable at every "
+            "TP size (the policy's token cap still holds)") in report.text_of("policy")
+    tp2 = report.to_json()["policy"]["tp"][0]
+    assert (tp2["decided_by"], tp2["auto_enable"], tp2["fused_max_tokens"]) == (
+        allreduce_policy.AUTO_ENV, False, 64)
+
+
+def test_stock_sglang_without_the_plugin_reads_no_policy() -> None:
+    facts = with_policy(measured_policy(),
+                        packages={probe.PLUGIN_DISTRIBUTION: None}, plugin=None)
+    report = rules.judge(facts)
+    assert ("sglang 0.5.23 (stock) reads no policy (our patched SGLang does, and our plugin "
+            "when it is on); what ours would decide:") in report.text_of("policy")
+    assert report.to_json()["policy"]["read_by_sglang"] is False
+
+
+def test_the_probe_finds_the_policy_sglang_reads_and_a_record_names_home_by_role(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    allreduce_policy.write(measured_policy(), tmp_path / ".config" / "sm120fork")
+    (tmp_path / ".config" / "sm120fork" / "policy.json").rename(
+        allreduce_policy.locate({}))
+    facts = probe.collect(probe.Probes(gpus=lambda: {"driver": None, "devices": [], "p2p": [],
+                                                     "error": "no GPU (test)"},
+                                       decisions=lambda s: {"error": "skipped"},
+                                       environ={}))
+    assert facts["policy"]["found"] is True
+    assert facts["policy"]["document"]["tp"]["2"]["fused_max_tokens"] == 64
+    recorded = probe.portable(facts, home=tmp_path)
+    assert recorded["policy"]["path"] == allreduce_policy.DEFAULT_PATH
+    lines = rules.judge(recorded).text_of("policy")
+    assert lines[0] == (f"policy file: {allreduce_policy.DEFAULT_PATH} (the default place; "
+                        "SGLANG_SM120_ALLREDUCE_POLICY names another)")
+    assert lines[2].startswith("TP2: fused path for 1-64 tokens")
+    named = probe.collect(probe.Probes(
+        gpus=lambda: {"driver": None, "devices": [], "p2p": [], "error": "no GPU (test)"},
+        decisions=lambda s: {"error": "skipped"},
+        environ={allreduce_policy.ENV_VAR: str(tmp_path / "elsewhere.json")}))
+    assert (named["policy"]["found"], named["policy"]["named_by"]) == (
+        False, allreduce_policy.ENV_VAR)
+    assert named["environ"] == {allreduce_policy.ENV_VAR: str(tmp_path / "elsewhere.json")}

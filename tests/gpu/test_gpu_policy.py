@@ -166,16 +166,52 @@ def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_gro
     assert policy.load(out / "policy.json")["for_use"] is False  # partial: not for use
 
 
-def test_the_doctor_says_which_policy_sglang_follows(tmp_path: Path) -> None:
-    env = {policy.ENV_VAR: str(tmp_path / "p.json")}
-    assert "none at" in policy.doctor_lines(environ=env)[0]
-    assert "keeps its default decision" in policy.doctor_lines(environ=env)[0]
-    (tmp_path / "p.json").write_text("{}")
-    assert "is not usable" in policy.doctor_lines(environ=env)[0]
-    doc = policy.derive({2: _records()}, made={"gpu": "RTX PRO 6000", "gpu_count": 8,
-                                              "created": "2026-12-01"}, for_use=True)
+def test_the_doctor_reads_where_sglang_looks(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variable names the file; else the default place under the home folder."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    default = tmp_path / ".config" / "sm120fork" / "allreduce-policy.json"
+    assert policy.locate({}) == default
+    found = policy.read_for_doctor({})
+    assert (found["path"], found["named_by"], found["found"]) == (str(default), "default",
+                                                                  False)
+    default.parent.mkdir(parents=True)
+    default.write_text("{not json")
+    assert policy.read_for_doctor({})["error"].startswith("cannot read it: ")
+    doc = policy.derive({2: _records()}, made={}, for_use=True)
     policy.write(doc, tmp_path)
-    lines = policy.doctor_lines(tmp_path / "policy.json")
-    assert lines[0].endswith("(measured 2026-12-01 on RTX PRO 6000 x8)")
-    assert lines[1].startswith("  TP2: fused path for 1-16 tokens")
-    assert policy.locate({}) == Path("~/.config/sm120fork/allreduce-policy.json").expanduser()
+    named = policy.read_for_doctor({policy.ENV_VAR: str(tmp_path / "policy.json")})
+    assert named["named_by"] == policy.ENV_VAR
+    assert named["document"] == json.loads(json.dumps(doc))
+    assert named["error"] is None
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _added_code(patch: Path) -> str:
+    return "\n".join(line[1:] for line in patch.read_text().splitlines()
+                     if line.startswith("+") and not line.startswith("+++"))
+
+
+def test_sglang_looks_where_the_doctor_looks() -> None:
+    """Every patch that reads the policy (S1 for the default stack, G2 and G3 for 0.5.23
+    and so the plugin's hooks) reads the file the variable names, else the default place:
+    the two values the doctor's :func:`policy.locate` uses, and no other."""
+    import re
+
+    readers: dict[str, tuple[str, str]] = {}
+    for patch in sorted(ROOT.glob("patches/*/sglang/*.patch")):
+        code = _added_code(patch)
+        reads = re.findall(r"os\.environ\.get\(\s*([\w\"-]+)\s*\)\s*or\s*([\w\"~/.-]+)", code)
+        consts = dict(re.findall(r'^\s*(\w+)\s*=\s*("[^"]*")\s*$', code, re.MULTILINE))
+        for env_name, default_name in reads:
+            env, default = consts.get(env_name, env_name), consts.get(default_name, default_name)
+            if "POLICY" in env or "policy" in default:
+                readers[patch.name.split("-")[1]] = (env.strip('"'), default.strip('"'))
+        named = set(re.findall(r'"(SGLANG_SM120_\w*POLICY\w*)"', code))
+        places = set(re.findall(r'"(~/[^"]*policy[^"]*)"', code))
+        assert named <= {policy.ENV_VAR}, (patch.name, named)
+        assert places <= {policy.DEFAULT_PATH}, (patch.name, places)
+    assert set(readers) >= {"S1", "G2", "G3"}
+    assert set(readers.values()) == {(policy.ENV_VAR, policy.DEFAULT_PATH)}

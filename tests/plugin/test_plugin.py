@@ -383,6 +383,14 @@ def test_plugin_wheel_builds_with_entry_point_and_script(fork: Git, tmp_path: Pa
     again = package.build_plugin_wheel(spec, "sm120.1", tmp_path / "cache")
     assert again.cached
     assert again.wheel == built.wheel
+    # the installed wheel's doctor reads the policy with the vendored reader (issue 22)
+    assert {"sm120fork_sglang_plugin/gpu/policy.py",
+            "sm120fork_sglang_plugin/gpu/methods.py"} <= names
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "pip", "-q", "install", "--no-deps", "--no-compile",
+                    "--target", str(tmp_path / "site"), str(built.wheel)], check=True)
+    _check_plugin_doctor_policy(tmp_path / "site", tmp_path)
 
 
 def _sglang_stack(tmp_path: Path, version: str, framework: bool) -> Workspace:
@@ -533,3 +541,62 @@ def test_a_build_loads_each_series_once(tmp_path: Path, monkeypatch: pytest.Monk
         monkeypatch.setattr(module, "load_series", counting)
     build_stack(ws, ws.stack("s"))
     assert loaded == [ws.root / "patches" / "s" / "sglang"]
+
+
+def _plugin_doctor(site: Path, home: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The plugin package's doctor in ``python -S`` (no site-packages, so no toolkit):
+    its --json report (no GPU here: blockers, exit 15)."""
+    import os
+    import subprocess
+
+    full = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",
+                                                              "SGLANG_SM120_ALLREDUCE_POLICY")}
+    full.update(PYTHONPATH=str(site), HOME=str(home), CUDA_VISIBLE_DEVICES="", **env)
+    done = subprocess.run([sys.executable, "-S", "-c", textwrap.dedent("""\
+        import sys, importlib.util
+        assert importlib.util.find_spec("sm120fork") is None
+        from sm120fork_sglang_plugin.doctor import main
+        sys.exit(main(["--json", "--decide-timeout", "30"]))""")],
+        capture_output=True, text=True, env=full, timeout=300, check=False)
+    assert done.returncode == 15, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def _check_plugin_doctor_policy(site: Path, tmp_path: Path) -> None:
+    from sm120fork.gpu import policy
+
+    doc = policy.derive({2: [
+        {"kind": "point", "method": m, "tokens": t, "hidden": 4096, "status": "timed",
+         "median_us": us, "rank_medians_us": [us]}
+        for m, t, us in (("fused_auto", 1, 5.0), ("nccl_rmsnorm", 1, 9.0),
+                         ("fused_auto", 128, 30.0), ("nccl_rmsnorm", 128, 20.0))]},
+        made={"created": "2026-12-01", "gpu": "RTX PRO 6000", "gpu_count": 2},
+        for_use=True)
+    home = tmp_path / "home"
+    policy.write(doc, tmp_path / "measured")
+    named = _plugin_doctor(site, home, {policy.ENV_VAR: str(tmp_path / "measured" /
+                                                            "policy.json")})
+    assert named["text"]["policy"][0] == (f"policy file: {tmp_path}/measured/policy.json "
+                                          f"(named by {policy.ENV_VAR})")
+    assert named["text"]["policy"][2] == ("TP2: fused path for 1-1 tokens, unfused above; "
+                                          "measured winners 1-1: fused_auto, 2-128: "
+                                          "nccl_rmsnorm; above 128 tokens not measured")
+    assert named["policy"]["tp"][0]["fused_max_tokens"] == 1
+    # no variable: the default place under the home folder, where SGLang looks too
+    absent = _plugin_doctor(site, home, {})
+    assert absent["policy"]["source"]["path"] == str(
+        home / ".config" / "sm120fork" / "allreduce-policy.json")
+    assert absent["text"]["policy"][1] == "no policy there: SGLang keeps today's decision"
+    assert absent["text"]["policy"][2].startswith("TP2: today's decision: fused path "
+                                                  "auto-enabled at TP2")
+
+
+def test_the_plugin_projects_doctor_prints_the_policy_without_the_toolkit(
+        fork: Git, tmp_path: Path) -> None:
+    """The plugin's files as the build lays them out (no wheel build: offline)."""
+    project = package.write_project(spec_for(fork, ["G1", "G2", "G3"]), "sm120.1",
+                                    tmp_path / "project")
+    assert (project / package.IMPORT_PACKAGE / "gpu" / "policy.py").read_bytes() == (
+        package.TOOLKIT / "gpu" / "policy.py").read_bytes()
+    _check_plugin_doctor_policy(project, tmp_path)

@@ -43,7 +43,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # --stack NAME resolves a stack's wheels (its pin, its sdist), lazily: the GPU box's
     # plain runs still import none of them.
     "gpu": frozenset({"cuda", "harness", "declare", "workspace", "fetch", "layouts"}),
-    "doctor": frozenset({"cuda"}),
+    # the all-reduce policy's reader and the methods' names (gpu/policy.py, gpu/methods.py,
+    # vendored into the plugin wheel with the doctor)
+    "doctor": frozenset({"cuda", "gpu"}),
     "verify": frozenset({"declare", "workspace", "cuda", "harness", "fetch", "patch",
                          "package", "gpu", "layouts"}),
     "maintain": frozenset({"declare", "workspace", "fetch", "patch", "package"}),

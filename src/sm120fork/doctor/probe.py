@@ -26,6 +26,7 @@ from typing import Any
 
 from ..cuda.toolkit import locate_nvcc
 from ..errors import CommandError
+from ..gpu import policy as allreduce_policy
 from ..util import proc
 from .cuda import CudaError, Device, Driver
 from .ipc import LinkResult
@@ -41,6 +42,7 @@ DISTRIBUTIONS = ("sglang", "flashinfer-python", "flashinfer-cubin", "flashinfer-
 #: Environment variables that change what SGLang/FlashInfer/NCCL do with the fused path.
 OVERRIDES = (
     "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO", "SGLANG_SM120_FLASHINFER_PLAIN_ALLREDUCE",
+    allreduce_policy.ENV_VAR,
     "SM120FORK_PLUGIN", "SGLANG_PLUGINS", "SGLANG_PLATFORM", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
     "FLASHINFER_CUDA_ARCH_LIST", "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_DISABLE_VERSION_CHECK",
     "FLASHINFER_DISABLE_JIT", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES",
@@ -201,6 +203,8 @@ class Probes:
     flashinfer: Callable[[Sequence[str]], dict[str, Any]] = flashinfer_facts
     decisions: Callable[[Sequence[int]], dict[str, Any]] = sglang_decisions
     topology: Callable[[], str | None] = topology
+    #: where SGLang looks for the all-reduce policy and what is there (gpu/policy.py)
+    policy: Callable[[Mapping[str, str]], dict[str, Any]] = allreduce_policy.read_for_doctor
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -228,6 +232,7 @@ def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> dict[
                                     if r.lower().replace("_", "-").startswith("flashinfer")]}
     facts["plugin"] = probes.plugin() if packages[PLUGIN_DISTRIBUTION] else None
     facts["sglang_plugin_framework"] = probes.plugin_framework()
+    facts["policy"] = probes.policy(probes.environ)
 
     def skip(fact: str, why: str) -> None:
         facts[fact] = None

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..gpu import policy as allreduce_policy
 from .probe import AOT_DISTRIBUTION, PLUGIN_DISTRIBUTION, tp_sizes
 
 PLUGIN_ENTRY_POINT = "sm120fork"
@@ -519,6 +520,41 @@ def judge_decisions(report: Report, facts: dict[str, Any], verdicts: Sequence[Ve
                                     "all-reduce")
 
 
+# --- the all-reduce policy ------------------------------------------------------------------
+
+def judge_policy(report: Report, facts: dict[str, Any], packages: dict[str, Any],
+                 requested: Sequence[int]) -> None:
+    """Which method wins where per TP size, by the policy SGLang finds here, or today's
+    decision when there is none (``gpu/policy.py``: the one reader and the one place)."""
+    found = facts.get("policy")
+    if found is None:
+        report.sections["policy"] = None
+        report.say("policy", "not in this record (recorded before the doctor read the "
+                             "all-reduce policy)")
+        return
+    n = len(facts["gpus"]["devices"])
+    # the TP sizes this box can serve (or asked for); a box that shows no GPU: the usual
+    sizes = sorted(set(tp_sizes(n)) | {t for t in requested if t > 1}) or (
+        [] if n == 1 else [2, 4, 8])
+    seen = allreduce_policy.view(found, sizes,
+                                 override=facts["environ"].get(allreduce_policy.AUTO_ENV))
+    head, lines = seen.pop("head"), seen.pop("lines")
+    sglang = packages.get("sglang")
+    readers = packages.get("sglang_kind") == "ours" or bool(packages.get("plugin_active"))
+    seen["read_by_sglang"] = readers if sglang else None
+    report.sections["policy"] = seen
+    for line in head:
+        report.say("policy", line)
+    if sglang and not readers:
+        report.say("policy", f"sglang {sglang} ({packages.get('sglang_kind')}) reads no "
+                             "policy (our patched SGLang does, and our plugin when it is on); "
+                             "what ours would decide:")
+    if n == 1 and not lines:
+        report.say("policy", "one GPU: no --tp above 1 to decide for")
+    for line in lines:
+        report.say("policy", line)
+
+
 def judge(facts: dict[str, Any], *, base_gpu: int = 0, tp: Sequence[int] = ()) -> Report:
     """Every rule, over recorded or freshly probed facts."""
     report = Report()
@@ -526,7 +562,8 @@ def judge(facts: dict[str, Any], *, base_gpu: int = 0, tp: Sequence[int] = ()) -
     have_gpus = judge_gpus(report, facts)
     judge_peers(report, facts)
     verdicts = judge_tp(report, facts, base_gpu, tp) if have_gpus else []
-    judge_packages(report, facts)
+    packages = judge_packages(report, facts)
     judge_comm(report, facts)
     judge_decisions(report, facts, verdicts)
+    judge_policy(report, facts, packages, tp)
     return report

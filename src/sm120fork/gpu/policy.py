@@ -178,32 +178,140 @@ def describe(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+
+# --- where SGLang looks, and what it then decides (the doctor's view) ---------------------
+#
+# SGLang's patched code (S1's ``sm120_allreduce_policy`` in utils/common.py, G2's
+# ``_flashinfer_allreduce_fusion_auto_enable``, G3's ``flashinfer_ar_fusion_applies``, and
+# so the plugin's hooks made from G2/G3) cannot import this module, so it spells the
+# place out; a test (``test_sglang_looks_where_the_doctor_looks``) checks that every patch
+# that reads a policy reads ENV_VAR, else DEFAULT_PATH, and nothing else.  The doctor
+# uses :func:`locate`.
+
+#: SGLang's explicit auto-enable override (S2/G2): it decides before any policy does
+AUTO_ENV = "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO"
+#: the TP size today's rule auto-enables on SM12x (one node) when no policy applies
+DEFAULT_TP = 2
+
+
 def locate(environ: Mapping[str, str] | None = None) -> Path:
-    """Where SGLang's patched start-up (S1/S2, G2/G3) looks for the policy."""
+    """Where SGLang's patched start-up (S1/S2, G2/G3) looks for the policy: the file
+    ``SGLANG_SM120_ALLREDUCE_POLICY`` names, else ``DEFAULT_PATH`` (``~`` expanded)."""
     import os
 
     env = os.environ if environ is None else environ
     return Path(os.path.expanduser(env.get(ENV_VAR) or DEFAULT_PATH))
 
 
-def doctor_lines(path: Path | None = None,
-                 environ: Mapping[str, str] | None = None) -> list[str]:
-    """For the doctor: which policy SGLang would follow here, per TP size, or why none.
+def read_for_doctor(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The doctor's facts about the policy: where SGLang looks, who named that place,
+    and the document found there (as read, so a record can be judged elsewhere).
+    Never raises."""
+    import os
 
-    Never raises: a missing or bad file is a line saying SGLang keeps its default
-    decision (the TP2 rule), which is what the patched SGLang then does.
+    env = os.environ if environ is None else environ
+    where = locate(env)
+    facts: dict[str, Any] = {"path": str(where),
+                             "named_by": ENV_VAR if env.get(ENV_VAR) else "default",
+                             "found": where.is_file(), "document": None, "error": None}
+    if facts["found"]:
+        try:
+            facts["document"] = json.loads(where.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            facts["error"] = f"cannot read it: {exc}"
+    elif os.path.lexists(where):
+        facts["error"] = "not a file"
+    return facts
+
+
+def _method(name: str) -> str:
+    return name if name in METHODS else f"{name} (a method this toolkit does not know)"
+
+
+def view(facts: Mapping[str, Any], sizes: Sequence[int], *,
+         override: str | None = None) -> dict[str, Any]:
+    """What SGLang does with the policy the doctor found, per TP size, as data and text
+    (``head``: the file's lines, ``lines``: one per TP size).
+
+    ``facts``: :func:`read_for_doctor`'s; ``sizes``: the TP sizes to show (the policy's
+    own are added); ``override``: the value of :data:`AUTO_ENV` in force, if any.  The
+    decision per TP size is the one the patched SGLang makes: the policy's where it is
+    usable and has the TP size, else today's rule (:data:`DEFAULT_TP` only); an override
+    decides the auto-enable, and the policy's token cap holds even then.
     """
-    where = path or locate(environ)
-    if not where.is_file():
-        return [f"all-reduce policy: none at {where} ({ENV_VAR} names another): SGLang "
-                "keeps its default decision (fused path auto-enabled at TP2 only)"]
-    try:
-        doc = load(where)
-    except ConfigError as exc:
-        return [f"all-reduce policy: {where} is not usable ({exc.message}): SGLang keeps "
-                "its default decision"]
-    made = doc.get("made", {})
-    head = (f"all-reduce policy: {where} (measured {made.get('created', '?')} on "
-            f"{made.get('gpu', '?')} x{made.get('gpu_count', '?')}"
-            + (f", stack {made['stack']}" if made.get("stack") else "") + ")")
-    return [head, *(f"  {line}" for line in describe(doc))]
+    raw = facts.get("document")
+    error = facts.get("error")
+    doc: dict[str, Any] = {}
+    if raw is not None and error is None:
+        try:
+            doc = validate(raw, str(facts["path"]))
+        except ConfigError as exc:
+            error = exc.message
+    valid = bool(doc)
+    made = doc.get("made") or {}
+    applies = valid and doc["for_use"] is True
+    named = (f"named by {ENV_VAR}" if facts.get("named_by") == ENV_VAR
+             else f"the default place; {ENV_VAR} names another")
+    source: dict[str, Any] = {
+        "path": facts.get("path"), "named_by": facts.get("named_by"),
+        "found": bool(facts.get("found")), "usable": valid, "error": error,
+        "version": raw.get("version") if isinstance(raw, dict) else None,
+        "for_use": doc.get("for_use") if valid else None,
+        "shared_gpu": made.get("shared_gpu"), "note": made.get("note"),
+        "made": made or None}
+    lines = [f"policy file: {facts.get('path')} ({named})"]
+    if not facts.get("found"):
+        lines.append("no policy there: SGLang keeps today's decision")
+    elif not valid:
+        lines.append(f"not usable ({error}): SGLang keeps today's decision")
+    else:
+        where = (f"measured {made.get('created', '?')} on {made.get('gpu', '?')} "
+                 f"x{made.get('gpu_count', '?')}"
+                 + (f", stack {made['stack']}" if made.get("stack") else "")
+                 + (", on a shared GPU" if made.get("shared_gpu") else ""))
+        state = ("for use: SGLang follows it" if applies else
+                 f"marked NOT FOR USE ({made.get('note') or 'made on a shared GPU'}): "
+                 "SGLang ignores it and keeps today's decision")
+        lines.append(f"format {doc['format']} version {doc['version']}, {where}; {state}")
+    if override is not None:
+        lines.append(f"{AUTO_ENV}={override} decides the auto-enable at every TP size"
+                     + (" (the policy's token cap still holds)" if applies else ""))
+    head, lines = lines, []
+    tps: dict[str, Any] = doc["tp"] if valid else {}
+    shown = sorted({*sizes, *(int(t) for t in tps)})
+    per_tp: list[dict[str, Any]] = []
+    for tp in shown:
+        entry = tps.get(str(tp)) if applies else None
+        ranges = list((tps.get(str(tp)) or {}).get("ranges", []))
+        excluded = dict((tps.get(str(tp)) or {}).get("excluded", {}))
+        if entry is not None:
+            cap: int | None = int(entry["fused_max_tokens"])
+            by, auto = "policy", bool(cap)
+            what = (f"fused path for 1-{cap} tokens, unfused above" if cap else
+                    "fused path never (a measured method beat it from 1 token on)")
+        else:
+            cap, by, auto = None, "today's rule", tp == DEFAULT_TP
+            why = ("not in the policy" if applies else "")
+            what = ((f"{why}: " if why else "") + "today's decision: " + (
+                f"fused path auto-enabled at TP{DEFAULT_TP} on one node, no token cap "
+                "beyond SGLang's own" if auto else
+                f"not auto-enabled (only TP{DEFAULT_TP} is)"))
+        if override is not None:
+            by = AUTO_ENV
+            auto = override.strip().lower() in ("1", "on")
+        per_tp.append({"tp": tp, "decided_by": by, "auto_enable": auto,
+                       "fused_max_tokens": cap, "ranges": ranges, "excluded": excluded,
+                       "followed": entry is not None})
+        winners = ", ".join(f"{r['min_tokens']}-{r['max_tokens']}: {_method(r['method'])}"
+                            for r in ranges)
+        measured = ""
+        if winners:
+            measured = ("; measured winners " if entry is not None
+                        else "; measured (not followed): ") + winners
+            if cap:
+                measured += f"; above {ranges[-1]['max_tokens']} tokens not measured"
+        lines.append(f"TP{tp}: {what}{measured}")
+        for name, why_out in sorted(excluded.items()):
+            lines.append(f"  TP{tp}: {_method(name)} left out: {why_out}")
+    return {"source": source, "applies": applies, "override": override, "tp": per_tp,
+            "head": head, "lines": lines}
