@@ -130,6 +130,26 @@ def test_run_group_without_fail_fast_waits_for_all(tmp_path: Path) -> None:
     assert outcome.tails[1] == ["done"]
 
 
+def test_a_rank_that_starts_slower_than_the_other_is_not_a_hang(tmp_path: Path) -> None:
+    """Rank 0 is up and waits (silent) for rank 1, which is still starting: the startup
+    bound holds until every rank has spoken; the idle bound only after that."""
+    cmds = [[sys.executable, "-c", "import time; print('up', flush=True); time.sleep(2.5); "
+                                   "print('joined', flush=True)"],
+            [sys.executable, "-c", "import time; time.sleep(2.0); print('up', flush=True)"]]
+    outcome = supervise.run_group(cmds, envs=[{}, {}], log_paths=[tmp_path / "a", tmp_path / "b"],
+                                 idle_timeout=1.0, first_timeout=60)
+    assert outcome.ok, outcome.failure
+    assert outcome.tails == [["up", "joined"], ["up"]]
+
+
+def test_ranks_that_have_all_spoken_and_go_silent_are_a_hang(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
+    outcome = supervise.run_group([cmd, cmd], envs=[{}, {}],
+                                 log_paths=[tmp_path / "a", tmp_path / "b"],
+                                 idle_timeout=1.0, first_timeout=60)
+    assert outcome.kind == "hang", outcome.failure
+
+
 def test_variant_specs() -> None:
     assert variants.parse_variant_specs(["patched=a", "unpatched=b/c"]) == {
         "patched": Path("a"), "unpatched": Path("b/c")}
@@ -245,7 +265,10 @@ def test_crash_after_a_reported_case_is_not_a_startup_failure(tmp_path: Path) ->
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
     cases = [Case(world_size=2, api="custom_lamport", pattern="ar_rmsnorm", tokens=12,
                   hidden=h, dtype="bf16", strategy="oneshot", pdl=False) for h in (256, 512, 768)]
-    out = launcher.run_cases([*cases, *_cases(1)], variant, tmp_path, timeouts=FAST,
+    # No case here hangs, so no timeout decides the outcome: generous ones keep a loaded
+    # machine's slow interpreter starts from reading as hangs.
+    out = launcher.run_cases([*cases, *_cases(1)], variant, tmp_path,
+                             timeouts=launcher.Timeouts(startup=120.0, case=60.0),
                              worker=[sys.executable, str(script)])
     assert [r["status"] for r in out] == ["pass", "pass", "pass", "pass"]
     assert len(list(tmp_path.glob("spec-*.json"))) == 4

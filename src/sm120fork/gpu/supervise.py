@@ -64,11 +64,12 @@ def run_group(commands: Sequence[Sequence[str]], *, envs: Sequence[Mapping[str, 
               poll_interval: float = 0.1, deadline: float | None = None) -> GroupOutcome:
     """Run ``commands`` concurrently under a watchdog.
 
-    ``first_timeout`` bounds the time to the first output line of any process,
-    ``idle_timeout`` the time between lines after that.  With ``fail_fast``, the first
-    process that exits non-zero (or a ``@@FATAL`` line) ends the whole group.  Past
-    ``deadline`` (a ``time.monotonic()`` value) the group is ended as "budget".
-    """
+    ``first_timeout`` bounds the time to each process's first output line (a rank that
+    starts slower than the others, e.g. on a loaded machine, is not a hang while it does),
+    ``idle_timeout`` the time between lines once every running process has spoken.  With
+    ``fail_fast``, the first process that exits non-zero (or a ``@@FATAL`` line) ends the
+    whole group.  Past ``deadline`` (a ``time.monotonic()`` value) the group is ended as
+    "budget"."""
     group = proc.ProcessGroup()
     procs = group.procs
     followers = [_Follower(p) for p in log_paths]
@@ -76,15 +77,15 @@ def run_group(commands: Sequence[Sequence[str]], *, envs: Sequence[Mapping[str, 
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as out:
             group.start(cmd, env=env, stdout=out)
-    seen_output = False
-    last = time.monotonic()
+    spoken = [False] * len(procs)
+    started = last = time.monotonic()
     outcome = GroupOutcome(ok=False)
     fatal: str | None = None
     try:
         while True:
             for idx, follower in enumerate(followers):
                 for line in follower.poll():
-                    seen_output = True
+                    spoken[idx] = True
                     last = time.monotonic()
                     parsed = protocol.parse(line)
                     if parsed and parsed[0] == "FATAL":
@@ -112,8 +113,10 @@ def run_group(commands: Sequence[Sequence[str]], *, envs: Sequence[Mapping[str, 
             if deadline is not None and time.monotonic() > deadline:
                 outcome.failure, outcome.kind = "time budget exhausted", "budget"
                 break
-            limit = idle_timeout if seen_output else first_timeout
-            if time.monotonic() - last > limit:
+            starting = any(not s and c is None for s, c in zip(spoken, codes, strict=True))
+            now = time.monotonic()
+            limit = first_timeout if starting else idle_timeout
+            if now - (started if starting else last) > limit and now - last > idle_timeout:
                 stuck = [i for i, c in enumerate(codes) if c is None]
                 outcome.failure = (f"watchdog: no output for {limit:.0f} s; ranks still running: "
                                    f"{stuck}")
