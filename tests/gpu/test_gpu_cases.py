@@ -99,3 +99,15 @@ def test_bench_plan_round_trips() -> None:
     assert 3 in plan.tokens
     assert set(plan.hidden) == {7168, 6144, 4096}
     assert m.BenchPlan.from_dict(plan.to_dict()) == plan
+
+
+def test_hidden_runs_the_selected_cases_at_sizes_the_matrix_lacks() -> None:
+    quick = m.quick_matrix([2])
+    picked = m.select(quick, apis=[m.CUSTOM_API], tokens=[1, 16], hidden=[4608, 5376])
+    assert {c.hidden for c in picked} == {4608, 5376}
+    assert {c.tokens for c in picked} == {1, 16}
+    assert all(c.lamport for c in picked)
+    # each selected case once per size, no duplicates of the matrix's own two sizes
+    once = m.select(quick, apis=[m.CUSTOM_API], tokens=[1, 16])
+    assert len(picked) == 2 * len({dataclasses.replace(c, hidden=1) for c in once})
+    assert len({c.key for c in picked}) == len(picked)

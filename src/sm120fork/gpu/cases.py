@@ -172,11 +172,16 @@ def phases(cases: Sequence[Case]) -> list[list[Case]]:
 
 def select(cases: Iterable[Case], *, apis: Sequence[str] | None = None,
            patterns: Sequence[str] | None = None, tokens: Sequence[int] | None = None,
-           max_cases: int | None = None) -> list[Case]:
-    """Filter the matrix by the command line's ``--api`` / ``--pattern`` / ``--tokens``."""
+           hidden: Sequence[int] | None = None, max_cases: int | None = None) -> list[Case]:
+    """Filter the matrix by the command line's ``--api`` / ``--pattern`` / ``--tokens``;
+    ``--hidden`` runs every selected case at these hidden sizes instead (sizes the matrix
+    does not hold, e.g. 4608 and 5376, where a cluster that does not divide the warps per
+    token misaligns or skips elements)."""
     out = [c for c in cases
            if (not apis or c.api in apis) and (not patterns or c.pattern in patterns)
            and (not tokens or c.tokens in tokens)]
+    if hidden:
+        out = order(dataclasses.replace(c, hidden=h) for c in out for h in hidden)
     return out[:max_cases] if max_cases else out
 
 

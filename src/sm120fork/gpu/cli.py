@@ -99,6 +99,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--api", action="append", choices=cases_mod.APIS)
     t.add_argument("--pattern", action="append", choices=list(cases_mod.PATTERN_CODES))
     t.add_argument("--tokens", type=_counts, help="only these token counts, e.g. 1,16")
+    t.add_argument("--hidden", type=_counts, help="run the selected cases at these hidden "
+                   "sizes instead, e.g. 4608,5376")
+    t.add_argument("--title", help="what this run is, before the GPU in the report's title "
+                   "(e.g. 'cluster answer forced to 8')")
     t.add_argument("--max-cases", type=int)
     t.add_argument("--primary", help="the variant under test (default: patched, else first)")
 
@@ -174,7 +178,8 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
     done = runs.run_test(runs.TestOptions(
         **_common(args, argv), world_sizes=tuple(args.world_sizes),
         apis=_optional(args.api), patterns=_optional(args.pattern),
-        tokens=_optional(args.tokens), max_cases=args.max_cases, primary=args.primary))
+        tokens=_optional(args.tokens), hidden=_optional(args.hidden),
+        max_cases=args.max_cases, primary=args.primary, title=args.title))
     print(f"wrote {', '.join(map(str, done.paths))} and {done.logs}")
     print("\n".join(done.headline()))
     return _finish(done.error())

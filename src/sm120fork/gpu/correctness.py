@@ -9,7 +9,15 @@ from typing import Any
 import torch
 
 from sm120fork.gpu.cases import CUSTOM_API, PATTERN_CODES, Case, skip_reason
-from sm120fork.gpu.rank import EXIT_CUDA_ERROR, Rank, cuda_broken, hard_exit, say, stage
+from sm120fork.gpu.rank import (
+    EXIT_CUDA_ERROR,
+    Rank,
+    cuda_broken,
+    hard_exit,
+    legacy_custom_all_reduce,
+    say,
+    stage,
+)
 from sm120fork.gpu.reference import (
     FP4_BLOCK,
     RMS_EPS,
@@ -121,8 +129,10 @@ def run_case(rk: Rank, case: Case) -> dict[str, Any]:
         inter = outs["residual_out"]
         norm = outs["norm_out"]
 
+        custom_all_reduce = legacy_custom_all_reduce(fc)
+
         def call_custom(flag: int) -> None:
-            fc.trtllm_custom_all_reduce(
+            custom_all_reduce(
                 x, norm, case.world_size, rk.rank, t,
                 fc.AllReduceFusionOp.RESIDUAL_RMS_NORM, fc.AllReduceStrategyType.ONESHOT,
                 0, case.pdl, flag, p[0], p[2], p[3], None, data.residual, data.gamma, None,

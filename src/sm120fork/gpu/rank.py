@@ -57,6 +57,37 @@ class WorkspaceError(RuntimeError):
     """Creating an API's workspace failed; every case of that API fails with it."""
 
 
+#: The legacy custom all-reduce's constants (``trtllm_ar.py`` up to FlashInfer 0.7.2 and
+#: ``trtllm_allreduce.cuh``): the flag buffers' blocks and the lamport path's token limit.
+MAX_ALL_REDUCE_BLOCKS = 24
+LAMPORT_TOKEN_NUM_THRESHOLD = 16
+
+
+def legacy_workspace_sizes(world: int, max_tokens: int, hidden: int) -> list[int]:
+    """The seven IPC buffers of ``trtllm_custom_all_reduce`` (data x2, barrier flags x2,
+    lamport x3), each rounded up to 2 MiB, as FlashInfer's own workspace creator sized them
+    before 0.7.4 removed it (the kernel entry point stayed)."""
+    data = world * max_tokens * hidden * 4
+    flags = (MAX_ALL_REDUCE_BLOCKS + 1) * 4 * world * 2
+    lamport = world * LAMPORT_TOKEN_NUM_THRESHOLD * world * hidden * 2
+    align = 1 << 21
+    return [-(-size // align) * align for size in (data, data, flags, flags,
+                                                   lamport, lamport, lamport)]
+
+
+def legacy_custom_all_reduce(fc: Any) -> Any:
+    """``trtllm_custom_all_reduce``: FlashInfer's wrapper where it has one, else the comm
+    module's own entry point (same arguments; FlashInfer 0.7.4 kept only that)."""
+    wrapper = getattr(fc, "trtllm_custom_all_reduce", None)
+    if wrapper is not None:
+        return wrapper
+    from flashinfer.jit.comm import (  # type: ignore[import-not-found, unused-ignore]
+        gen_trtllm_comm_module,
+    )
+
+    return gen_trtllm_comm_module().build_and_load().trtllm_custom_all_reduce
+
+
 class Rank:
     """One rank's process-wide state: process group, device, workspaces, flag counter."""
 
@@ -135,17 +166,23 @@ class Rank:
                 gpus_per_node=min(self.world, self.device_count))
         if api == CUSTOM_API:
             custom_tokens = int(self.spec.get("custom_max_tokens", max_tokens))
-            handles = fc.trtllm_create_ipc_workspace_for_all_reduce(
-                self.rank, self.world, custom_tokens, max_hidden, group=None)
-            flag_bytes = (fc.trtllm_ar.MAX_ALL_REDUCE_BLOCKS + 1) * 4 * self.world * 2
+            sizes = legacy_workspace_sizes(self.world, custom_tokens, max_hidden)
+            if hasattr(fc, "trtllm_create_ipc_workspace_for_all_reduce"):
+                handles = fc.trtllm_create_ipc_workspace_for_all_reduce(
+                    self.rank, self.world, custom_tokens, max_hidden, group=None)
+            else:  # FlashInfer >= 0.7.4 dropped the wrapper; the kernel entry point stays
+                handles = [fc.cuda_ipc.create_shared_buffer(size, None) for size in sizes]
+                fc.trtllm_lamport_initialize_all(handles[4][self.rank], handles[5][self.rank],
+                                                 handles[6][self.rank], sizes[4] // 2,
+                                                 torch.float16)
+            flag_bytes = (MAX_ALL_REDUCE_BLOCKS + 1) * 4 * self.world * 2
             cudart = fc.cuda_ipc.cudart
             for idx in (2, 3):  # barrier flags must start at zero (cudaMalloc does not clear)
                 cudart.cudaMemset(ctypes.c_void_p(handles[idx][self.rank]), 0, flag_bytes)
             torch.cuda.synchronize()
             self.barrier()
             # lamportInitializeAll divides its size by sizeof(T): it takes bytes.
-            lamport_bytes = self.world * fc.trtllm_ar.LamportTokenNumThreshold * self.world \
-                * max_hidden * 2
+            lamport_bytes = self.world * LAMPORT_TOKEN_NUM_THRESHOLD * self.world * max_hidden * 2
             ptrs = [torch.tensor(h, dtype=torch.int64) for h in handles]
             return {"handles": handles, "ptrs": ptrs, "lamport_bytes": lamport_bytes}
         raise ValueError(f"unknown api {api}")

@@ -82,8 +82,10 @@ class TestOptions(RunOptions):
     apis: tuple[str, ...] | None = None
     patterns: tuple[str, ...] | None = None
     tokens: tuple[int, ...] | None = None
+    hidden: tuple[int, ...] | None = None
     max_cases: int | None = None
     primary: str | None = None
+    title: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -349,7 +351,8 @@ def run_test(opts: TestOptions) -> TestRun:
     world_sizes = list(opts.world_sizes)
     matrix = (cases_mod.quick_matrix if opts.quick else cases_mod.full_matrix)(world_sizes)
     matrix = cases_mod.select(matrix, apis=opts.apis, patterns=opts.patterns,
-                              tokens=opts.tokens, max_cases=opts.max_cases)
+                              tokens=opts.tokens, hidden=opts.hidden,
+                              max_cases=opts.max_cases)
     timeouts = opts.timeouts()
     results: dict[str, list[dict[str, Any]]] = {v.name: [] for v in installed}
     # Variants alternate per batch, so a time budget leaves a complete A/B of what ran.
@@ -377,7 +380,8 @@ def run_test(opts: TestOptions) -> TestRun:
 
     doc = {
         "kind": "gpu-test", "created": _now(), "command": opts.command,
-        "title": f"{(env.get('gpus') or ['?'])[0]} x{env.get('gpu_count', '?')}",
+        "title": (f"{opts.title}, " if opts.title else "")
+        + f"{(env.get('gpus') or ['?'])[0]} x{env.get('gpu_count', '?')}",
         "environment": env, "shared": shared, "quick": opts.quick,
         "world_sizes": world_sizes, "primary": primary, "baseline": baseline,
         "variants": {v.name: {**v.describe(), "flashinfer": compiled[v.name]["env"].get(
