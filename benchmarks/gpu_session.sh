@@ -6,7 +6,10 @@
 # set here too, for every process started from here.
 # Usage: bash benchmarks/gpu_session.sh [--budget S] JOB...
 #   JOB: doctor | ab-s510 | ab-s523 | bench-s510 | bench-s523 | failclosed-s510 | failclosed-s523 |
-#        failclosed-s523-plugin | aot
+#        failclosed-s523-plugin | aot | fi074
+#   fi074 (benchmarks/gpu_fi074_run.sh) carries its own kit, .device/fi074
+#   (benchmarks/gpu_fi074_kit.sh), and JITs two comm modules on the 16 cores: give it a
+#   call of its own or beside jobs that build nothing.
 # Inputs: .device/kit (benchmarks/gpu_kit.sh), carried or left by an earlier call on the same
 # warm machine; the per-script kits (.device/doctor, .device/ab, .device/bench) are assembled
 # here from it, so no artefact travels twice.
@@ -68,6 +71,7 @@ job() {  # name: assemble, run under the budget left, archive
     bench-s523) kit_bench; set -- env BENCH_STACKS=sglang-0.5.23 bash benchmarks/bench_methods_h200_call.sh ;;
     failclosed-*) set -- bash benchmarks/gpu_failclosed.sh "${name#failclosed-}" ;;
     aot) set -- bash benchmarks/aot_gpu_proof.sh ;;
+    fi074) set -- env FI074_BUDGET=$(( left - 10 )) bash benchmarks/gpu_fi074_run.sh ;;
     *) echo "unknown job $name" >&2; return 2 ;;
   esac
   echo "[$(( $(date +%s) - T0 )) s] $name starts ($left s left): $*"
