@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
+import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from sm120fork.aot import pipeline
+from sm120fork.aot import compile as compile_mod
+from sm120fork.aot import lookup, pipeline
 from sm120fork.declare import load_stacks
 from sm120fork.errors import ConfigError
+from sm120fork.workspace import Workspace
 
 from conftest import git
 
@@ -59,17 +65,111 @@ def test_tree_hash_is_heads_tree_and_refuses_local_changes(tmp_path: Path) -> No
         pipeline.tree_hash(tree)
 
 
-def test_a_flashinfer_without_the_prebuilt_lookup_gets_no_aot_wheel(tmp_path: Path) -> None:
-    """Issue 18.3 for stack sglang-0.5.23: FlashInfer 0.7.2 as published never looks in a
-    package of our own name, so build-aot refuses instead of making a wheel that never loads."""
-    stacks = load_stacks(REPO / "forks")
+def test_the_lookup_comes_from_the_flashinfer_sources(tmp_path: Path) -> None:
+    """How a FlashInfer finds the AOT wheel is read from its env.py, not from a stack name:
+    the default stack's series adds ``flashinfer.prebuilt`` (patch 0009); 0.7.x as published
+    asks upstream's jit-cache shim for providers; a FlashInfer with neither is refused."""
     env = tmp_path / "flashinfer" / "jit" / "env.py"
     env.parent.mkdir(parents=True)
     env.write_text("FLASHINFER_AOT_DIR = _package_root / 'data' / 'aot'\n")
     with pytest.raises(ConfigError, match="no lookup for prebuilt-module packages"):
-        pipeline.require_lookup(tmp_path, stacks["sglang-0.5.23"])
-    # The default stack's series adds it (patch 0003).
+        lookup.of_tree(tmp_path, "s")
     patch = next((REPO / "patches" / "sglang-0.5.10" / "flashinfer").glob("0009-*.patch"))
     assert '+PREBUILT_ENTRY_POINT_GROUP = "flashinfer.prebuilt"' in patch.read_text()
     env.write_text('PREBUILT_ENTRY_POINT_GROUP = "flashinfer.prebuilt"\n')
-    pipeline.require_lookup(tmp_path, stacks["sglang-0.5.10"])
+    assert lookup.of_tree(tmp_path, "s") is lookup.PREBUILT
+    env.write_text("    for provider in flashinfer_jit_cache.get_jit_cache_providers():\n")
+    assert lookup.of_tree(tmp_path, "s") is lookup.JIT_CACHE_PROVIDERS
+
+
+def _published_flashinfer(root: Path, env_text: str) -> tuple[Path, str]:
+    """A stand-in of a published FlashInfer wheel (its JIT sources under flashinfer/data)."""
+    wheel = root / "flashinfer_python-0.7.2-py3-none-any.whl"
+    root.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("flashinfer/jit/env.py", env_text)
+        zf.writestr("flashinfer/data/csrc/trtllm_allreduce.cu", "kernels")
+        zf.writestr("flashinfer/data/include/flashinfer/comm.cuh", "header")
+    return wheel, hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+def _stack_root(tmp_path: Path) -> Workspace:
+    root = tmp_path / "root"
+    shutil.copytree(REPO / "forks", root / "forks")
+    shutil.copytree(REPO / "patches" / "sglang-0.5.23", root / "patches" / "sglang-0.5.23")
+    return Workspace(root)
+
+
+def test_build_aot_for_a_flashinfer_used_as_published(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18.3, stack sglang-0.5.23: no fork tree, the published 0.7.2 wheel (checked by
+    its sha256) is the module's source, and the wheel is a provider of upstream's jit-cache
+    shim, requiring that shim at its own version (FlashInfer takes a provider only then)."""
+    ws = _stack_root(tmp_path)
+    stack = ws.stack("sglang-0.5.23")
+    wheels = ws.stack_wheels(stack.name)
+    published, sha = _published_flashinfer(
+        wheels, "for provider in flashinfer_jit_cache.get_jit_cache_providers():\n")
+    (wheels / "manifest.json").write_text(json.dumps({"stack": stack.name, "wheels": [{
+        "project": "flashinfer", "distribution": "flashinfer-python", "version": "0.7.2",
+        "upstream_version": "0.7.2", "used_as_published": True, "wheel": published.name,
+        "sha256": sha, "series_digest": "e3" * 32}]}))
+    seen: dict[str, Path] = {}
+
+    def compile_stand_in(tree: Path, capabilities: object, toolchain: object, cache: Path,
+                         **_: object) -> compile_mod.Compiled:
+        seen["tree"] = tree
+        so = cache / "trtllm_comm.so"
+        so.parent.mkdir(parents=True, exist_ok=True)
+        so.write_bytes(b"\x7fELF stand-in")
+        plan = compile_mod.Plan(module="trtllm_comm", arch_list="12.0 12.1",
+                                targets=("sm_120f", "sm_121a"), sources=(), cuda_flags=(),
+                                ninja="", flashinfer_version="0.7.2", tvm_ffi_version="0",
+                                prefix="")
+        return compile_mod.Compiled(plan=plan, so=so, key="k", cached=False, wall_seconds=0,
+                                    phases=(), toolchain="nvcc 13.0", jobs=1)
+
+    toolchain = SimpleNamespace(version="13.0", version_text="nvcc 13.0", source="system")
+    monkeypatch.setattr("sm120fork.aot.toolchain.prepare", lambda link: toolchain)
+    monkeypatch.setattr("sm120fork.aot.compile.build", compile_stand_in)
+    monkeypatch.setattr("sm120fork.aot.inspect.embedded_code", lambda so: [])
+    monkeypatch.setattr("sm120fork.aot.inspect.check_module", lambda code: [])
+    built = pipeline.build_aot(ws, stack, capabilities=("12.0", "12.1"),
+                               platform="linux_x86_64")
+
+    assert (seen["tree"] / "flashinfer" / "data" / "csrc" / "trtllm_allreduce.cu").is_file()
+    assert built.wheel.parent == ws.wheels_dir / "aot" / "sglang-0.5.23"
+    assert built.wheel.name == "sm120fork_flashinfer_aot-0.7.2+cu130-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(built.wheel) as zf:
+        names = zf.namelist()
+        metadata = zf.read(next(n for n in names if n.endswith("METADATA"))).decode()
+        entry_points = zf.read(next(n for n in names if n.endswith("entry_points.txt")))
+    assert "Requires-Dist: flashinfer-python==0.7.2\n" in metadata
+    assert "Requires-Dist: flashinfer-jit-cache==0.7.2+cu130\n" in metadata
+    assert "Requires-Dist: nvidia-cuda-runtime>=13.0,<14\n" in metadata
+    assert entry_points.decode() == ("[flashinfer.jit_cache.providers]\n"
+                                     "sm120fork = sm120fork_flashinfer_aot:get_provider\n")
+    assert built.manifest["flashinfer"]["tree"] is None
+    assert built.manifest["lookup"]["name"] == "jit-cache-providers"
+
+    # The published wheel is the source only while it is the one the stack pins.
+    published.write_bytes(published.read_bytes() + b"\0")
+    with pytest.raises(ConfigError, match=r"not the wheel manifest\.json pins"):
+        pipeline.build_aot(ws, stack, capabilities=("12.0",), platform="linux_x86_64")
+
+
+def test_a_published_flashinfer_without_a_lookup_gets_no_aot_wheel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A FlashInfer that never looks in a package of another name: refused before compiling."""
+    ws = _stack_root(tmp_path)
+    stack = ws.stack("sglang-0.5.23")
+    wheels = ws.stack_wheels(stack.name)
+    published, sha = _published_flashinfer(wheels, "FLASHINFER_AOT_DIR = 'data/aot'\n")
+    (wheels / "manifest.json").write_text(json.dumps({"stack": stack.name, "wheels": [{
+        "project": "flashinfer", "distribution": "flashinfer-python", "version": "0.7.2",
+        "upstream_version": "0.7.2", "used_as_published": True, "wheel": published.name,
+        "sha256": sha, "series_digest": "e3" * 32}]}))
+    monkeypatch.setattr("sm120fork.aot.toolchain.prepare",
+                        lambda link: pytest.fail("compiled without a lookup"))
+    with pytest.raises(ConfigError, match="no lookup for prebuilt-module packages"):
+        pipeline.build_aot(ws, stack, platform="linux_x86_64")

@@ -4,11 +4,13 @@ Run in an environment where FlashInfer (and, for ``aot-check``, the AOT wheel) i
 installed: cibuildwheel's test step, ``nox -s build_aot``, the GPU machine, the doctor.  A
 probe imports the installed ``flashinfer.jit`` the way FlashInfer does at run time (the
 package ``__init__`` is skipped, so no GPU is needed), makes each module's ``JitSpec`` and
-asks it where it would load from.  Our FlashInfer (the default stack's patches 0002/0003)
-answers for every prebuilt copy with its verdict (``JitSpec.prebuilt_verdicts``); upstream's
-only knows its one folder.  The answer names every prebuilt folder (providers of the entry
-point group ``flashinfer.prebuilt``, then the jit-cache or ``flashinfer/data/aot``) and, per
-module, the file it loads (or ``None``: JIT) and why each copy is or is not taken.
+asks it where it would load from.  Our FlashInfer (the default stack's patches 0008/0009)
+answers for every prebuilt copy with its verdict (``JitSpec.prebuilt_verdicts``); 0.7.x as
+published names the providers its jit-cache shim found and the artifacts it picked per
+target; an older upstream only knows its one folder.  The answer names the lookup
+(``prebuilt``, ``jit-cache-providers`` or ``None``), every prebuilt folder (providers, then
+the jit-cache or ``flashinfer/data/aot``) and, per module, the file it loads (or ``None``:
+JIT) and why each copy is or is not taken.
 """
 
 from __future__ import annotations
@@ -44,8 +46,14 @@ for name in ("flashinfer", "flashinfer.jit"):
     sys.modules[name] = module
 jit_env = importlib.import_module("flashinfer.jit.env")
 core = importlib.import_module("flashinfer.jit.core")
-lookup = hasattr(jit_env, "prebuilt_provider_dirs")
-providers = [[n, str(d)] for n, d in jit_env.prebuilt_provider_dirs()] if lookup else []
+if hasattr(jit_env, "prebuilt_provider_dirs"):  # ours: entry points flashinfer.prebuilt
+    lookup = "prebuilt"
+    providers = [[n, str(d)] for n, d in jit_env.prebuilt_provider_dirs()]
+elif hasattr(jit_env, "FLASHINFER_AOT_PROVIDERS"):  # 0.7.x: providers of upstream's shim
+    lookup = "jit-cache-providers"
+    providers = [[p.provider_id, str(p.jit_cache_dir)] for p in jit_env.FLASHINFER_AOT_PROVIDERS]
+else:
+    lookup, providers = None, []
 folders = [{"provider": n, "path": d} for n, d in providers]
 folders.append({"provider": "FLASHINFER_AOT_DIR", "path": str(jit_env.FLASHINFER_AOT_DIR)})
 for folder in folders:
@@ -63,6 +71,10 @@ for maker in makers:
     if hasattr(jit_spec, "prebuilt_verdicts"):
         copies = [{"path": str(p), "load": ok, "why": why}
                   for p, ok, why in jit_spec.prebuilt_verdicts()]
+    elif hasattr(jit_spec, "aot_artifacts"):
+        copies = [{"path": str(a.path), "load": True,
+                   "why": f"provider {a.provider_id} fits the target"}
+                  for a in jit_spec.aot_artifacts]
     elif jit_spec.aot_path.exists():
         copies = [{"path": str(jit_spec.aot_path), "load": True,
                    "why": "upstream's lookup loads any file there"}]
@@ -143,17 +155,24 @@ def check_installed(manifest: Mapping[str, Any], found: Mapping[str, Any]) -> li
     if found["flashinfer_version"] != manifest["flashinfer"]["version"]:
         problems.append(f"installed FlashInfer is {found['flashinfer_version']}, the wheel was "
                         f"built for {manifest['flashinfer']['version']}")
-    if not found["lookup"]:
-        problems.append("the installed FlashInfer has no lookup for prebuilt-module packages "
-                        "(entry point group flashinfer.prebuilt): it never looks in the AOT "
-                        "wheel; install the FlashInfer wheel it pins")
+    wanted = manifest.get("lookup", {}).get("name", "prebuilt")
+    if found["lookup"] != wanted:
+        has = ("has no lookup for prebuilt-module packages" if found["lookup"] is None else
+               f"finds prebuilt-module packages by {found['lookup']}, the wheel is for {wanted}")
+        problems.append(f"the installed FlashInfer {has}: it never looks in the AOT wheel; "
+                        "install the FlashInfer wheel it pins")
         return problems
     ours = _ours(found)
     if ours is None:
         errors = found.get("provider_errors") or {}
-        problems.append("FlashInfer sees no prebuilt folder of the AOT wheel (entry point "
-                        "flashinfer.prebuilt: sm120fork)"
-                        + (f": {errors}" if errors else ": is the AOT wheel installed?"))
+        through = manifest.get("lookup", {}).get("through")
+        hint = (f": FlashInfer asks upstream's {through} shim for providers; install "
+                f"{through}=={manifest['version']} (FlashInfer's index, e.g. "
+                f"`flashinfer install-jit-cache-wheel --mode minimal`)" if through else
+                ": is the AOT wheel installed?")
+        problems.append(f"FlashInfer sees no prebuilt folder of the AOT wheel (entry point "
+                        f"{manifest.get('lookup', {}).get('group', 'flashinfer.prebuilt')}: "
+                        "sm120fork)" + (f": {errors}" if errors else hint))
         return problems
     module = found["modules"].get(MODULE, {})
     if "error" in module:

@@ -46,6 +46,23 @@ MODULE = "trtllm_comm"
 _MARK = "@@sm120fork-aot@@"
 #: What the compiled module depends on inside a FlashInfer tree (digested for the cache key).
 SOURCE_DIRS: tuple[str, ...] = ("csrc", "include", "3rdparty")
+#: The same inside a published wheel: FlashInfer's JIT sources under its package.
+WHEEL_SOURCE_DIRS: tuple[str, ...] = ("flashinfer/data",)
+
+
+def sources_root(tree: Path) -> Path:
+    """The folder holding ``csrc/`` and ``include/``: the tree itself (an sdist or fork
+    tree) or ``flashinfer/data`` (a published wheel, unpacked)."""
+    for root in (tree, tree / "flashinfer" / "data"):
+        if (root / "csrc").is_dir() and (tree / "flashinfer" / "jit").is_dir():
+            return root
+    raise ConfigError("not FlashInfer sources (no csrc/ or flashinfer/data/csrc/, or no "
+                      "flashinfer/jit/)", where=str(tree),
+                      fix="run `nox -s build` first to make the fork tree")
+
+
+def source_dirs(tree: Path) -> tuple[str, ...]:
+    return SOURCE_DIRS if sources_root(tree) == tree else WHEEL_SOURCE_DIRS
 
 _PROBE = r"""
 import importlib, json, os, sys, types
@@ -59,11 +76,13 @@ for name in ("flashinfer", "flashinfer.jit"):
     sys.modules[name] = module
 jit_env = importlib.import_module("flashinfer.jit.env")
 # As flashinfer/aot.py compile_and_package_modules: sources from the tree, work in build_dir.
-jit_env.FLASHINFER_CSRC_DIR = tree / "csrc"
-jit_env.FLASHINFER_INCLUDE_DIR = tree / "include"
-jit_env.CUTLASS_INCLUDE_DIRS = [tree / "3rdparty" / "cutlass" / "include",
-                                tree / "3rdparty" / "cutlass" / "tools" / "util" / "include"]
-jit_env.SPDLOG_INCLUDE_DIR = tree / "3rdparty" / "spdlog" / "include"
+# A published wheel (no csrc/ at the top) keeps env.py's own paths into flashinfer/data/.
+if (tree / "csrc").is_dir():
+    jit_env.FLASHINFER_CSRC_DIR = tree / "csrc"
+    jit_env.FLASHINFER_INCLUDE_DIR = tree / "include"
+    jit_env.CUTLASS_INCLUDE_DIRS = [tree / "3rdparty" / "cutlass" / "include",
+                                    tree / "3rdparty" / "cutlass" / "tools" / "util" / "include"]
+    jit_env.SPDLOG_INCLUDE_DIR = tree / "3rdparty" / "spdlog" / "include"
 jit_env.FLASHINFER_WORKSPACE_DIR = build_dir
 jit_env.FLASHINFER_JIT_DIR = build_dir / "cached_ops"
 jit_env.FLASHINFER_GEN_SRC_DIR = build_dir / "generated"
@@ -257,10 +276,10 @@ def _plan_from(result: Mapping[str, Any]) -> Plan:
                 tvm_ffi_version=result["tvm_ffi_version"], prefix=result["prefix"])
 
 
-def tree_digest(tree: Path, dirs: Sequence[str] = SOURCE_DIRS) -> str:
+def tree_digest(tree: Path, dirs: Sequence[str] | None = None) -> str:
     """sha256 over every file (path and content) under the tree's C++ source folders."""
     digest = hashlib.sha256()
-    for name in dirs:
+    for name in source_dirs(tree) if dirs is None else dirs:
         base = tree / name
         if not base.is_dir():
             continue
@@ -282,9 +301,7 @@ def cache_key(plan_: Plan, tree: Path, scratch: Path, toolchain: Toolchain) -> s
 def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: Path, *,
           python: Path | None = None, jobs: int = 2, rebuild: bool = False) -> Compiled:
     """Compile (or reuse) the module for ``capabilities``; returns where its .so is."""
-    if not (tree / "csrc").is_dir() or not (tree / "flashinfer" / "jit").is_dir():
-        raise ConfigError("not a FlashInfer source tree (no csrc/ or flashinfer/jit/)",
-                          where=str(tree), fix="run `nox -s build` first to make the fork tree")
+    sources_root(tree)
     interpreter = python or Path(sys.executable)
     arch_list = targets_mod.arch_list(capabilities)
     cache.mkdir(parents=True, exist_ok=True)

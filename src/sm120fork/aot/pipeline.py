@@ -3,7 +3,10 @@
 The FlashInfer the module is built for is the one the stack last published
 (``manifest.json`` beside its wheels): its fork tree must still be the tree that wheel was
 built from (same git tree hash), so the module matches the wheel it pins, byte for byte of
-source.
+source.  A FlashInfer the stack ships as published (an empty series: stack sglang-0.5.23's
+0.7.2) has no fork tree: its sources are that published wheel (JIT sources under
+``flashinfer/data/``), checked by the sha256 the stack pins.  How that FlashInfer finds
+the wheel is read from its sources (:mod:`sm120fork.aot.lookup`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,7 @@ from typing import Any
 from sm120fork import __version__
 from sm120fork.aot import compile as compile_mod
 from sm120fork.aot import inspect as inspect_mod
+from sm120fork.aot import lookup as lookup_mod
 from sm120fork.aot import provenance
 from sm120fork.aot import toolchain as toolchain_mod
 from sm120fork.aot import wheel as wheel_mod
@@ -26,6 +32,7 @@ from sm120fork.aot.targets import DEFAULT_CAPABILITIES
 from sm120fork.declare import Stack
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util import proc
+from sm120fork.util.files import sha256_file
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
@@ -81,26 +88,42 @@ def tree_hash(tree: Path) -> str:
     return proc.run(["git", "-C", tree, "rev-parse", "HEAD^{tree}"], quiet=True).stdout.strip()
 
 
-def require_lookup(tree: Path, stack: Stack) -> None:
-    """Refuse a FlashInfer that would never look in the AOT wheel.
+def published_sources(ws: Workspace, wheels_dir: Path,
+                      flashinfer: wheel_mod.FlashInferBuild) -> Path:
+    """The published FlashInfer wheel, unpacked once (by its sha256) as the module's sources."""
+    wheel = wheels_dir / flashinfer.wheel
+    if not wheel.is_file() or sha256_file(wheel) != flashinfer.sha256:
+        raise ConfigError(f"{flashinfer.wheel} is missing or not the wheel manifest.json pins "
+                          f"(sha256 {flashinfer.sha256[:12]})", where=str(wheel),
+                          fix="rebuild the stack with `nox -s build`")
+    target = ws.state_dir / "aot" / "sources" / flashinfer.sha256[:24]
+    if not (target / "flashinfer" / "jit" / "env.py").is_file():
+        partial = target.with_name(target.name + ".partial")
+        for stale in (partial, target):
+            if stale.exists():
+                shutil.rmtree(stale)
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(partial)
+        partial.replace(target)
+    return target
 
-    The wheel is a distribution of its own, found only through the entry point group
-    ``flashinfer.prebuilt`` (the default stack's patch 0003).  A FlashInfer without that
-    lookup (0.7.2 as published, for stack sglang-0.5.23) would never load its module.
-    """
-    env = tree / "flashinfer" / "jit" / "env.py"
-    try:
-        text = env.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError("the FlashInfer tree has no readable flashinfer/jit/env.py",
-                          where=str(env)) from exc
-    if f'"{wheel_mod.ENTRY_POINT_GROUP}"' not in text:
-        raise ConfigError(
-            f"stack {stack.name}'s FlashInfer has no lookup for prebuilt-module packages "
-            f"(entry point group {wheel_mod.ENTRY_POINT_GROUP}): it would never load the AOT "
-            "wheel's module", where=str(env),
-            fix="add the lookup to the stack's FlashInfer series (patch 0003 of "
-                "patches/sglang-0.5.10/flashinfer), or JIT-compile with nvcc >= 12.9")
+
+def sources(ws: Workspace, stack: Stack, wheels_dir: Path,
+            flashinfer: wheel_mod.FlashInferBuild) -> Path:
+    """The FlashInfer sources the module is compiled from: the fork tree the stack's wheel
+    was built from, or the published wheel itself when the stack ships it as published."""
+    if flashinfer.tree is None:
+        return published_sources(ws, wheels_dir, flashinfer)
+    tree = ws.work_tree(stack, stack.project(FLASHINFER_KEY))
+    if not tree.is_dir():
+        raise ConfigError("no FlashInfer fork tree", where=str(tree),
+                          fix=f"run `{command('build', '--stack', stack.name)}` first")
+    found = tree_hash(tree)
+    if found != flashinfer.tree:
+        raise BuildError(f"the fork tree ({found[:12]}) is not the tree "
+                         f"{flashinfer.wheel} was built from ({flashinfer.tree[:12]})",
+                         where=str(tree), fix=f"run `{command('build', '--stack', stack.name)}`")
+    return tree
 
 
 def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
@@ -110,17 +133,8 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
     """Compile the stack's trtllm comm module and write the AOT wheel (into ``out``)."""
     wheels_dir = wheels_dir or ws.stack_wheels(stack.name)
     flashinfer = flashinfer_build(wheels_dir, stack)
-    project = stack.project(FLASHINFER_KEY)
-    tree = ws.work_tree(stack, project)
-    if not tree.is_dir():
-        raise ConfigError("no FlashInfer fork tree", where=str(tree),
-                          fix=f"run `{command('build', '--stack', stack.name)}` first")
-    require_lookup(tree, stack)
-    found = tree_hash(tree)
-    if found != flashinfer.tree:
-        raise BuildError(f"the fork tree ({found[:12]}) is not the tree "
-                         f"{flashinfer.wheel} was built from ({flashinfer.tree[:12]})",
-                         where=str(tree), fix=f"run `{command('build', '--stack', stack.name)}`")
+    tree = sources(ws, stack, wheels_dir, flashinfer)
+    lookup = lookup_mod.of_tree(tree, stack.name)
     cache = aot_cache(ws, stack)
     toolchain = toolchain_mod.prepare(cache / "link")
     compiled = compile_mod.build(tree, capabilities, toolchain, cache / "modules",
@@ -148,7 +162,7 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
         built = wheel_mod.write_wheel(
             Path(tmp), flashinfer=flashinfer, modules=[module],
             cuda_version=toolchain.version, platform=platform or _platform(), stack=stack.name,
-            toolkit_version=__version__,
+            toolkit_version=__version__, lookup=lookup,
             toolchain={"nvcc": toolchain.version_text, "cuda": toolchain.version,
                        "source": toolchain.source,
                        "compile": compiled.to_dict()})

@@ -35,8 +35,10 @@ def own_digest(csrc: Path, include: Path) -> str:
 
 
 def tree_digest(tree: Path) -> tuple[str, str]:
-    """(digest, how) for a FlashInfer source tree: its own provenance.py where it has one."""
-    csrc, include = tree / "csrc", tree / "include"
+    """(digest, how) for a FlashInfer source tree (or a published wheel, unpacked: its
+    ``flashinfer/data/``): its own provenance.py where it has one."""
+    root = tree / "flashinfer" / "data" if not (tree / "csrc").is_dir() else tree
+    csrc, include = root / "csrc", root / "include"
     mine = own_digest(csrc, include)
     implementation = tree / _IMPLEMENTATION
     if not implementation.is_file():

@@ -6,9 +6,12 @@ when that package is importable (upstream ships them as the distribution
 would make pip uninstall upstream's jit-cache, and every other prebuilt kernel with it.  So
 the AOT wheel is the distribution ``sm120fork-flashinfer-aot`` (package
 ``sm120fork_flashinfer_aot``), installable beside upstream's: our FlashInfer finds it
-through the entry point group ``flashinfer.prebuilt`` (patch 0003 of the default stack's
+through the entry point group ``flashinfer.prebuilt`` (patch 0009 of the default stack's
 series), searched before the jit-cache, and loads a module from it only when its sources
-marker matches (patch 0002).  Its version is ``<our flashinfer version>.cu<NNN>`` (e.g.
+marker matches (patch 0008).  A FlashInfer 0.7.x as published finds it as a provider of
+upstream's jit-cache shim instead (entry point group ``flashinfer.jit_cache.providers``;
+:mod:`sm120fork.aot.lookup`), and then the wheel also requires that shim at its own version.
+Its version is ``<our flashinfer version>.cu<NNN>`` (e.g.
 ``0.6.7.post3+sm120.1.cu130``); it requires exactly the FlashInfer wheel it was built from
 (``flashinfer-python==<version with our local label>``) and what the module needs at run
 time (:mod:`sm120fork.aot.runtime`), and its ``manifest.json`` records that wheel's sha256,
@@ -31,6 +34,7 @@ from packaging.tags import Tag
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from sm120fork.aot.lookup import PREBUILT, PROVIDER_SCHEMA_VERSION, Lookup, provider_architectures
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util.files import sha256_file
 
@@ -39,8 +43,9 @@ PACKAGE = "sm120fork_flashinfer_aot"
 CACHE_DIR = "jit_cache"
 #: Upstream's prebuilt-module distribution: never ours, so both can be installed.
 UPSTREAM_DISTRIBUTION = "flashinfer-jit-cache"
-#: The entry point our FlashInfer's lookup reads (the default stack's patch 0003).
-ENTRY_POINT_GROUP = "flashinfer.prebuilt"
+#: The entry point our FlashInfer's lookup reads (the default stack's patch 0009).
+ENTRY_POINT_GROUP = PREBUILT.group
+#: The entry point's name in either group: also the provider id FlashInfer 0.7.x reports.
 ENTRY_POINT_NAME = "sm120fork"
 MANIFEST = "manifest.json"
 #: Set in the package so that a program can tell our build from upstream's.
@@ -57,17 +62,22 @@ class FlashInferBuild:
     version: str
     wheel: str
     sha256: str
-    tree: str
-    patched_commit: str
+    #: The fork tree's git tree hash and patched commit; ``None`` for a FlashInfer the stack
+    #: ships as published (its sources are the published wheel, pinned by ``sha256``).
+    tree: str | None
+    patched_commit: str | None
     upstream_version: str
     series_digest: str
 
     @classmethod
     def from_manifest(cls, entry: Mapping[str, Any], *, where: str) -> FlashInferBuild:
         try:
+            published = bool(entry.get("used_as_published"))
             return cls(distribution=entry["distribution"], version=entry["version"],
-                       wheel=entry["wheel"], sha256=entry["sha256"], tree=entry["tree"],
-                       patched_commit=entry["patched_commit"],
+                       wheel=entry["wheel"], sha256=entry["sha256"],
+                       tree=entry.get("tree") if published else entry["tree"],
+                       patched_commit=(entry.get("patched_commit") if published
+                                       else entry["patched_commit"]),
                        upstream_version=entry["upstream_version"],
                        series_digest=entry["series_digest"])
         except KeyError as exc:
@@ -132,13 +142,14 @@ def runtime_requires(cuda_version: str) -> tuple[str, ...]:
     return RUNTIME_REQUIRES[major]
 
 
-def _init_py(version: str, flashinfer: FlashInferBuild, cuda_version: str) -> str:
+def _init_py(version: str, flashinfer: FlashInferBuild, cuda_version: str, lookup: Lookup,
+             modules: Sequence[Module]) -> str:
     major = cuda_version.split(".", 1)[0]
+    architectures = sorted({a for m in modules for a in provider_architectures(m.targets)})
     return f'''"""Prebuilt FlashInfer modules built by {BUILDER} for {flashinfer.distribution} \
 {flashinfer.version}.
 
-Our FlashInfer finds this folder through the entry point ``{ENTRY_POINT_GROUP}``
-``{ENTRY_POINT_NAME}`` and loads ``<get_jit_cache_dir()>/<module>/<module>.so`` instead of
+{_how_found(lookup)} instead of
 JIT-compiling it.  ``manifest()`` says what was built, from which sources, for which GPUs.
 The modules link the CUDA {major} runtime (``libcudart.so.{major}``); where torch did not
 load it (a torch built for another CUDA), ``get_jit_cache_dir()`` loads it from the
@@ -181,7 +192,35 @@ def get_jit_cache_dir() -> str:
 
 def manifest() -> dict:
     return _json.loads((_HERE / "{MANIFEST}").read_text())
+{"" if lookup is PREBUILT else _provider_py(architectures, modules)}'''
+
+
+def _how_found(lookup: Lookup) -> str:
+    if lookup is PREBUILT:  # the default stack's wheel keeps its bytes
+        return (f"Our FlashInfer finds this folder through the entry point ``{lookup.group}``\n"
+                f"``{ENTRY_POINT_NAME}`` and loads ``<get_jit_cache_dir()>/<module>/<module>.so``")
+    return (f"FlashInfer finds this folder through the entry point ``{lookup.group}``\n"
+            f"``{ENTRY_POINT_NAME}`` (``{lookup.function}()``, asked by "
+            f"{lookup.through or 'FlashInfer'}) and loads\n"
+            "``<get_jit_cache_dir()>/<module>/<module>.so``")
+
+
+def _provider_py(architectures: Sequence[str], modules: Sequence[Module]) -> str:
+    return f'''
+
+def get_provider() -> dict:
+    """This wheel as a provider of FlashInfer's jit-cache shim (manifest schema \\
+{PROVIDER_SCHEMA_VERSION})."""
+    return {{"schema_version": {PROVIDER_SCHEMA_VERSION}, "distribution": "{DISTRIBUTION}",
+            "version": __version__, "jit_cache_dir": get_jit_cache_dir(),
+            "cuda_architectures": {list(architectures)!r},
+            "modules": {[m.name for m in modules]!r}}}
 '''
+
+
+def lookup_requires(lookup: Lookup, version: str) -> tuple[str, ...]:
+    """What FlashInfer asks through to find the wheel, at exactly the wheel's version."""
+    return () if lookup.through is None else (f"{lookup.through}=={version}",)
 
 
 def _metadata(version: str, flashinfer: FlashInferBuild, requires: Sequence[str]) -> str:
@@ -198,8 +237,8 @@ def _metadata(version: str, flashinfer: FlashInferBuild, requires: Sequence[str]
         "", ""])
 
 
-def _entry_points() -> str:
-    return f"[{ENTRY_POINT_GROUP}]\n{ENTRY_POINT_NAME} = {PACKAGE}:get_jit_cache_dir\n"
+def _entry_points(lookup: Lookup) -> str:
+    return f"[{lookup.group}]\n{ENTRY_POINT_NAME} = {PACKAGE}:{lookup.function}\n"
 
 
 def _wheel_file(tag: Tag) -> str:
@@ -231,13 +270,18 @@ def build_manifest(*, version: str, flashinfer: FlashInferBuild, modules: Sequen
 
 def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence[Module],
                 cuda_version: str, platform: str, stack: str, toolkit_version: str,
-                toolchain: Mapping[str, Any], requires: Sequence[str] | None = None) -> Path:
-    """Write the wheel into ``out_dir``; returns its path.  Byte-stable for equal inputs."""
+                toolchain: Mapping[str, Any], requires: Sequence[str] | None = None,
+                lookup: Lookup = PREBUILT) -> Path:
+    """Write the wheel into ``out_dir``; returns its path.  Byte-stable for equal inputs.
+
+    ``lookup``: how the FlashInfer it pins finds it (:func:`sm120fork.aot.lookup.of_tree`).
+    """
     if not modules:
         raise BuildError("no prebuilt modules to put into the AOT wheel")
     version = wheel_version(flashinfer.version, cuda_version)
     if requires is None:
         requires = runtime_requires(cuda_version)
+    requires = [*lookup_requires(lookup, version), *requires]
     tag = Tag("py3", "none", platform)
     name = canonicalize_name(DISTRIBUTION).replace("-", "_")
     dist_info = f"{name}-{version}.dist-info"
@@ -245,9 +289,13 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
                               stack=stack, toolkit_version=toolkit_version,
                               toolchain=toolchain)
     manifest["requires"] = [f"{flashinfer.distribution}=={flashinfer.version}", *requires]
+    if lookup is not PREBUILT:  # the default stack's wheel keeps its bytes
+        manifest["lookup"] = {"name": lookup.name, "group": lookup.group,
+                              "entry_point": f"{ENTRY_POINT_NAME} = {PACKAGE}:{lookup.function}",
+                              "through": lookup.through}
     files: list[tuple[str, bytes, int]] = [
-        (f"{PACKAGE}/__init__.py", _init_py(version, flashinfer, cuda_version).encode(),
-         0o644),
+        (f"{PACKAGE}/__init__.py",
+         _init_py(version, flashinfer, cuda_version, lookup, modules).encode(), 0o644),
         (f"{PACKAGE}/{MANIFEST}", (json.dumps(manifest, indent=1, sort_keys=True)
                                    + "\n").encode(), 0o644),
     ]
@@ -257,7 +305,7 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
                   (base + ".sources", f"{m.sources_digest}\n".encode(), 0o644)]
     files += [(f"{dist_info}/METADATA", _metadata(version, flashinfer, requires).encode(),
                0o644),
-              (f"{dist_info}/entry_points.txt", _entry_points().encode(), 0o644),
+              (f"{dist_info}/entry_points.txt", _entry_points(lookup).encode(), 0o644),
               (f"{dist_info}/WHEEL", _wheel_file(tag).encode(), 0o644)]
     record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data, _ in files)
     record += f"{dist_info}/RECORD,,\n"
