@@ -80,14 +80,18 @@ class _Index(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def package_index(sdists: list[Path], name: str) -> Iterator[str]:
-    """Serve ``sdists`` (and wheels) under a PEP 691 JSON simple index; yield its URL."""
+def package_index(sdists: list[Path], name: str, unhashed: tuple[str, ...] = ()
+                  ) -> Iterator[str]:
+    """Serve ``sdists`` (and wheels) under a PEP 691 JSON simple index; yield its URL.
+
+    ``unhashed``: file names the page lists with no sha256 (so nothing can pin them)."""
     routes: dict[str, tuple[str, bytes]] = {}
-    files = []
+    files: list[dict[str, object]] = []
     for sdist in sdists:
         routes[f"/files/{sdist.name}"] = ("application/octet-stream", sdist.read_bytes())
         files.append({"filename": sdist.name, "url": f"../../files/{sdist.name}",
                       "hashes": {"sha256": sha256(sdist)}})
+    files += [{"filename": n, "url": f"../../files/{n}", "hashes": {}} for n in unhashed]
     routes[f"/simple/{name}/"] = ("application/vnd.pypi.simple.v1+json",
                                   json.dumps({"meta": {"api-version": "1.1"}, "name": name,
                                               "files": files}).encode())

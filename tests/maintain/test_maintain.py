@@ -270,7 +270,10 @@ def test_a_bump_whose_series_ends_empty_ships_the_release_as_published(
     bw = make_bump_workspace(tmp_path, new_files={
         "{pkg}/util.py": "def helper():\n    return 2  # sm12x\n"})  # S3 identically
     wheel = pack_wheel(bw.new, tmp_path)
-    with package_index([bw.old.sdist, bw.new.sdist, wheel], "demo-lib") as url:
+    # A file of the release the new pin cannot declare (the index lists no sha256 for it).
+    unpinned = "demo_lib-1.3.0-cp313-cp313-manylinux_2_34_aarch64.whl"
+    with package_index([bw.old.sdist, bw.new.sdist, wheel], "demo-lib",
+                       unhashed=(unpinned,)) as url:
         monkeypatch.setenv("SM120FORK_INDEX_URL", url)
         root = ["--root", str(bw.ws.root)]
         assert main([*root, "bump", STACK, "lib", "1.3.0", "--git-commit", bw.new.commit,
@@ -290,6 +293,10 @@ def test_a_bump_whose_series_ends_empty_ships_the_release_as_published(
         assert "ships demo-lib 1.3.0 as published (demo_lib-1.3.0-py3-none-any.whl)" in out
         assert "4 patch(es) left the series, 0 kept" in out
         assert "1 conflict, dropped by hand\n" in out
+        # What `status` says of a release file the stack does not declare, bump says too.
+        assert (f"release files: 1 NOT DECLARED: {unpinned} (declare them in "
+                "forks/demo-next.toml, or on that Python/platform pip finds no patched "
+                "build)\n") in out
         assert main([*root, "build", "--stack", "demo-next"]) == 0
         out = capsys.readouterr().out
         # The install line is one line at 80 columns (a pipe, a log): it pastes as printed.

@@ -53,15 +53,17 @@ def test_status_says_which_release_files_are_not_declared(
     from rich.console import Console
 
     from sm120fork.cli.maintain import render_status
-    from sm120fork.maintain import status
+    from sm120fork.maintain import release, status
 
     stack = load_stack(REPO / "forks" / "sglang-0.5.23.toml")
     extra = "sglang-0.5.23-cp314-cp314-manylinux_2_34_x86_64.whl"
-    monkeypatch.setattr(status, "project_page", lambda project: _page(
+    monkeypatch.setattr(release, "project_page", lambda project: _page(
         *(f"sglang-0.5.23-{t}.whl" for t in TAGS), extra))
-    assert status.release_check(stack.project("sglang")) == (
+    # status and bump call this one function (maintain/release.py).
+    assert "release_check(project)" in Path(status.__file__).read_text()
+    assert release.release_check(stack.project("sglang")) == (
         (extra,), f"1 NOT DECLARED: {extra}")
-    assert status.release_check(stack.project("flashinfer")) == ((), "all declared")
+    assert release.release_check(stack.project("flashinfer")) == ((), "all declared")
     row = status.ProjectStatus(stack=stack.name, default=False, project="sglang",
                                version="0.5.23", source="wheel", series="s", patches=(),
                                undeclared_files=(extra,), release_files=f"1 NOT DECLARED: {extra}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -116,12 +117,7 @@ def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool
                                   _in_pin(p.fingerprint_upstream, p.effect_upstream),
                                   _short_wheel(p.wheel))
             console.print(table)
-        if ps.undeclared_files:
-            console.print(f"[bold yellow]release files:[/] {ps.release_files} (declare them "
-                          f"in forks/{ps.stack}.toml, or on that Python/platform pip finds "
-                          "no patched build)", highlight=False)
-        elif ps.release_files:
-            console.print(f"release files: {ps.release_files}", highlight=False)
+        print_release_files(console, ps.stack, ps.undeclared_files, ps.release_files)
         if ps.error:
             console.print(f"[bold red]error:[/] {ps.error}", highlight=False, soft_wrap=True)
         elif ps.not_checked:
@@ -196,12 +192,24 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     for line in outcome_lines(project, result.old_version, result.new_version,
                               result.classifications, kept, result.used_as_published):
         console.print(line, markup=False, soft_wrap=True)
+    print_release_files(console, result.stack, result.undeclared_files, result.release_files)
     console.print(f"report (the evidence for each verdict): "
                   f"{result.report.relative_to(ws.root)}; changelog: "
                   f"{result.changelog.relative_to(ws.root)}", markup=False, soft_wrap=True)
     console.print(f"next: {command('build', '--stack', result.stack)}", markup=False,
                   soft_wrap=True)
     return 0
+
+
+def print_release_files(console: Console, stack: str, undeclared: Sequence[str],
+                        summary: str) -> None:
+    """The release-files line of ``status`` and ``bump`` (``maintain.release``)."""
+    if undeclared:
+        console.print(f"[bold yellow]release files:[/] {summary} (declare them in "
+                      f"forks/{stack}.toml, or on that Python/platform pip finds no patched "
+                      "build)", highlight=False, soft_wrap=True)
+    elif summary:
+        console.print(f"release files: {summary}", highlight=False, soft_wrap=True)
 
 
 def refresh_args(p: argparse.ArgumentParser) -> None:

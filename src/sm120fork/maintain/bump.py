@@ -37,6 +37,7 @@ from sm120fork.maintain.pin import (
     pinned_project,
     remove_created_stack,
 )
+from sm120fork.maintain.release import release_check
 from sm120fork.maintain.report import (
     preview_lines,
     report_path,
@@ -84,6 +85,10 @@ class BumpResult:
     new_stack_created: bool
     #: The published wheels the stack now ships unchanged: the series ended empty.
     used_as_published: tuple[WheelPin, ...] = ()
+    #: Wheels of the new release the new pin does not declare, and the summary line
+    #: (``maintain.release.release_check``, as ``status`` shows it).
+    undeclared_files: tuple[str, ...] = ()
+    release_files: str = ""
 
 
 def _state_paths(ws: Workspace, state: BumpState) -> tuple[Path, Path, Path]:
@@ -404,6 +409,7 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
     reapply_series(ws, stack, project, repo, base)
     results = state.classifications()
     published = new_project.wheels if empty else ()
+    undeclared, release_files = release_check(project)
     report = write_bump_report(ws, stack, project, state, new_project, results=results,
                                range_diff=range_diff, refreshed=refreshed,
                                published=published)
@@ -415,7 +421,8 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
     return BumpResult(stack=stack.name, project=project.key, old_version=state.old_version,
                       new_version=state.new_version, classifications=results, report=report,
                       changelog=changelog, refresh=refreshed, range_diff=range_diff,
-                      new_stack_created=state.created_stack, used_as_published=published)
+                      new_stack_created=state.created_stack, used_as_published=published,
+                      undeclared_files=undeclared, release_files=release_files)
 
 
 def bump_continue(ws: Workspace, stack_name: str, project_key: str, *,

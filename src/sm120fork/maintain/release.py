@@ -12,7 +12,8 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from sm120fork.declare import Project
-from sm120fork.fetch.index import ProjectPage
+from sm120fork.errors import ToolkitError
+from sm120fork.fetch.index import ProjectPage, project_page
 
 
 def release_wheels(project: Project, page: ProjectPage, version: str | None = None
@@ -34,9 +35,24 @@ def release_wheels(project: Project, page: ProjectPage, version: str | None = No
 
 def undeclared_wheels(project: Project, page: ProjectPage, version: str | None = None
                       ) -> tuple[str, ...]:
-    """Wheels of the release a ``wheel`` source does not declare (others build one wheel
-    from source, so none is missing)."""
-    if project.source != "wheel":
+    """Wheels of the release a project that ships published wheels does not declare: a
+    ``wheel`` source, or one whose empty series ships the wheels it pins (``bump``).  Others
+    build one wheel from source, so none is missing."""
+    if project.source != "wheel" and not project.wheels:
         return ()
     declared = {w.filename for w in project.wheels}
     return tuple(f for f in release_wheels(project, page, version) if f not in declared)
+
+
+def release_check(project: Project) -> tuple[tuple[str, ...], str]:
+    """(undeclared wheels, summary) of the project's pinned release on the index: what
+    ``status`` shows per project and ``bump`` for the pin it wrote."""
+    if project.source != "wheel" and not project.wheels:
+        return (), ""
+    try:
+        undeclared = undeclared_wheels(project, project_page(project))
+    except ToolkitError as exc:
+        return (), f"not checked: {exc.message}"
+    if undeclared:
+        return undeclared, f"{len(undeclared)} NOT DECLARED: {', '.join(undeclared)}"
+    return (), "all declared"

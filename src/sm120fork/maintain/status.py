@@ -15,9 +15,8 @@ from typing import Any
 
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import ConfigError, ToolkitError
-from sm120fork.fetch.index import project_page
 from sm120fork.fetch.source import source_key
-from sm120fork.maintain.release import undeclared_wheels
+from sm120fork.maintain.release import release_check
 from sm120fork.maintain.state import (
     BumpState,
 )
@@ -122,19 +121,6 @@ def _wheel_for(manifest: dict[str, Any] | None, stack: Stack, project: Project,
                 return str(entry["wheel"]) + ("" if same else " (patch changed since)")
         return "-"
     return "-"
-
-
-def release_check(project: Project) -> tuple[tuple[str, ...], str]:
-    """(undeclared wheels, summary) of a wheel source's pinned release on the index."""
-    if project.source != "wheel":
-        return (), ""
-    try:
-        undeclared = undeclared_wheels(project, project_page(project))
-    except ToolkitError as exc:
-        return (), f"not checked: {exc.message}"
-    if undeclared:
-        return undeclared, f"{len(undeclared)} NOT DECLARED: {', '.join(undeclared)}"
-    return (), "all declared"
 
 
 def project_status(ws: Workspace, stack: Stack, project: Project,
