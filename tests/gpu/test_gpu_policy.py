@@ -215,3 +215,26 @@ def test_sglang_looks_where_the_doctor_looks() -> None:
         assert places <= {policy.DEFAULT_PATH}, (patch.name, places)
     assert set(readers) >= {"S1", "G2", "G3"}
     assert set(readers.values()) == {(policy.ENV_VAR, policy.DEFAULT_PATH)}
+
+
+def test_the_readme_documents_every_key_a_policy_has() -> None:
+    """The format table in README.md names each key the bench writes (the committed H200
+    policies, made by the bench's run, and one derived here), so the doc cannot drift."""
+    import re
+
+    section = (ROOT / "README.md").read_text().split(
+        "format `sm120fork-allreduce-policy` version 1", 1)[1].split("\n\n", 2)[1]
+    documented = set(re.findall(r"`([a-z0-9_.N]+)`", section))
+    docs = [json.loads(p.read_text()) for p in
+            sorted(ROOT.glob("reports/gpu/bench-methods-h200/*/policy.json"))]
+    docs.append(policy.derive({2: _records()}, made={}, for_use=True))
+    assert len(docs) >= 3
+    keys: set[str] = set()
+    for doc in docs:
+        keys |= set(doc) | set(doc["made"])
+        for entry in doc["tp"].values():
+            keys |= {f"tp.N.{k}" for k in entry}
+            for rng in entry["ranges"]:
+                keys |= set(rng)
+    assert keys - documented == set()
+    assert f"version` | `{policy.VERSION}`" in section

@@ -2,7 +2,8 @@
 
 The file (JSON, ``policy.json`` beside the bench report) is what SGLang's patched
 start-up decision (S2 / G2), its fused-path token cap and the plugin read; the doctor
-prints it.  Format version 1::
+prints it.  README.md documents the format for users (a test checks that its table names
+every key the bench writes).  Format version 1::
 
     {
       "format": "sm120fork-allreduce-policy",
