@@ -104,6 +104,20 @@ def test_git_source_from_a_repo_made_of_the_real_sdist(built: Path, tmp_path: Pa
     assert sdist_manifest["wheels"][0]["tree"] == fi["tree"]
 
 
+def _install_flashinfer(built: Path, site: Path) -> None:
+    """Our FlashInfer wheel of the stack, installed into the folder ``site``."""
+    wheel = next((built / STACK_WHEELS).glob("flashinfer_python-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(site), str(wheel)],
+                   check=True)
+
+
+def _put_upstream_file(built: Path, site: Path, path: str) -> None:
+    """Replace the installed ``path`` (``flashinfer/...``) by unpatched upstream's."""
+    work = built / ".forks" / "trees" / "sglang-0.5.10" / "flashinfer"
+    (site / path).write_text(git(work, "show", f"upstream:{path}") + "\n")
+
+
 # Imports flashinfer submodules from the site in argv[1] without flashinfer/__init__ (GPU-heavy).
 _FLASHINFER_SITE = r"""
 import importlib, json, sys, types
@@ -133,19 +147,14 @@ def _cubin_stand_in(site: Path) -> None:
 def test_flashinfer_imports_beside_the_pinned_flashinfer_cubin(built: Path, tmp_path: Path) -> None:
     pytest.importorskip("torch")  # flashinfer.compilation_context imports it
     site = tmp_path / "site"
-    wheel = next((built / STACK_WHEELS).glob("flashinfer_python-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(site), str(wheel)],
-                   check=True)
+    _install_flashinfer(built, site)
     _cubin_stand_in(site)
     ours = subprocess.run([sys.executable, "-c", _ENV_PROBE, str(site)], capture_output=True,
                           text=True, check=False)
     assert ours.returncode == 0, ours.stderr[-2000:]
     assert "flashinfer_cubin" in ours.stdout
     # The same check with upstream's env.py refuses our local-label version: patch 0001.
-    work = built / ".forks" / "trees" / "sglang-0.5.10" / "flashinfer"
-    (site / "flashinfer" / "jit" / "env.py").write_text(
-        git(work, "show", "upstream:flashinfer/jit/env.py") + "\n")
+    _put_upstream_file(built, site, "flashinfer/jit/env.py")
     theirs = subprocess.run([sys.executable, "-c", _ENV_PROBE, str(site)], capture_output=True,
                             text=True, check=False)
     assert theirs.returncode != 0
@@ -186,10 +195,7 @@ def test_a_stock_jit_cache_module_is_not_loaded_but_ours_is(built: Path, tmp_pat
     from its own patched sources; a module carrying our sources digest is loaded."""
     pytest.importorskip("torch")  # flashinfer.compilation_context imports it
     site = tmp_path / "site"
-    wheel = next((built / STACK_WHEELS).glob("flashinfer_python-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(site), str(wheel)],
-                   check=True)
+    _install_flashinfer(built, site)
     stock = _jit_cache_stand_in(site)
 
     ours, stderr = _probe_prebuilt(site, tmp_path)
@@ -226,9 +232,7 @@ def test_a_stock_jit_cache_module_is_not_loaded_but_ours_is(built: Path, tmp_pat
 
     # Upstream's loader takes the stock module (the bug patch 0002 fixes).
     marker.unlink()
-    work = built / ".forks" / "trees" / "sglang-0.5.10" / "flashinfer"
-    (site / "flashinfer" / "jit" / "core.py").write_text(
-        git(work, "show", "upstream:flashinfer/jit/core.py") + "\n")
+    _put_upstream_file(built, site, "flashinfer/jit/core.py")
     theirs, _ = _probe_prebuilt(site, tmp_path)
     assert theirs["aot"] is True
     assert Path(str(theirs["library"])) == stock
@@ -268,13 +272,6 @@ def _stock_cache(site: Path, names: list[str], *, package: str = "flashinfer_jit
         '__version__ = "0.6.7.post3+cu130"\n\nfrom pathlib import Path\n\n'
         'def get_jit_cache_dir():\n    return str(Path(__file__).parent / "jit_cache")\n')
     return pkg / "jit_cache"
-
-
-def _install_flashinfer(built: Path, site: Path) -> None:
-    wheel = next((built / STACK_WHEELS).glob("flashinfer_python-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(site), str(wheel)],
-                   check=True)
 
 
 def test_a_stock_jit_cache_serves_every_module_the_series_does_not_change(
@@ -342,6 +339,27 @@ def _stock_jit_cache_wheel(out: Path, names: list[str]) -> Path:
     return wheel
 
 
+def _our_aot_wheel(built: Path, site: Path, tmp_path: Path, target: str) -> Path:
+    """Our AOT wheel with a stand-in trtllm_comm module for ``target``, recorded as built
+    from the sources of the FlashInfer installed in ``site``."""
+    from sm120fork.aot import provenance as aot_provenance
+    from sm120fork.aot import wheel as aot_wheel
+    from sm120fork.aot.pipeline import flashinfer_build
+    from sm120fork.declare import load_stack
+
+    data = site / "flashinfer" / "data"
+    so = tmp_path / "trtllm_comm.so"
+    so.write_bytes(b"\x7fELF ours")
+    flashinfer = flashinfer_build(built / STACK_WHEELS,
+                                  load_stack(built / "forks" / "sglang-0.5.10.toml"))
+    return aot_wheel.write_wheel(
+        tmp_path / "ours", flashinfer=flashinfer, cuda_version="13.0", platform="linux_x86_64",
+        modules=[aot_wheel.Module(name="trtllm_comm", so=so, targets=(target,), info={},
+                                  sources_digest=aot_provenance.own_digest(
+                                      data / "csrc", data / "include"))],
+        stack="sglang-0.5.10", toolkit_version="0", toolchain={})
+
+
 def test_our_aot_wheel_installs_beside_a_stock_jit_cache_and_each_module_loads_from_its_own(
         built: Path, tmp_path: Path) -> None:
     """Issue 18.2: the AOT wheel is a distribution of its own; pip keeps upstream's
@@ -349,24 +367,11 @@ def test_our_aot_wheel_installs_beside_a_stock_jit_cache_and_each_module_loads_f
     (patch 0003) and aot-check's lookup says which module loads from where."""
     pytest.importorskip("torch")
     from sm120fork.aot import check
-    from sm120fork.aot import provenance as aot_provenance
     from sm120fork.aot import wheel as aot_wheel
-    from sm120fork.aot.pipeline import flashinfer_build
-    from sm120fork.declare import load_stack
 
-    flashinfer = flashinfer_build(built / STACK_WHEELS,
-                                  load_stack(built / "forks" / "sglang-0.5.10.toml"))
     probe_site = tmp_path / "probe"
     _install_flashinfer(built, probe_site)
-    data = probe_site / "flashinfer" / "data"
-    so = tmp_path / "trtllm_comm.so"
-    so.write_bytes(b"\x7fELF ours")
-    ours = aot_wheel.write_wheel(
-        tmp_path / "ours", flashinfer=flashinfer, cuda_version="13.0", platform="linux_x86_64",
-        modules=[aot_wheel.Module(name="trtllm_comm", so=so, targets=("sm_90a",), info={},
-                                  sources_digest=aot_provenance.own_digest(
-                                      data / "csrc", data / "include"))],
-        stack="sglang-0.5.10", toolkit_version="0", toolchain={})
+    ours = _our_aot_wheel(built, probe_site, tmp_path, "sm_90a")
     stock = _stock_jit_cache_wheel(tmp_path, ["trtllm_comm", "norm", "sampling"])
     fi_wheel = next((built / STACK_WHEELS).glob("flashinfer_python-*.whl"))
 
@@ -426,10 +431,6 @@ def test_the_aot_module_loads_on_the_stacks_own_torch_without_nvcc(
     SM12x box loads the AOT wheel's module (patch 0004), and the wheel requires the CUDA
     13 runtime its module links, which that torch does not bring."""
     pytest.importorskip("torch")
-    from sm120fork.aot import provenance as aot_provenance
-    from sm120fork.aot import wheel as aot_wheel
-    from sm120fork.aot.pipeline import flashinfer_build
-    from sm120fork.declare import load_stack
     from sm120fork.package.wheel import wheel_requirements
 
     sglang = next((built / STACK_WHEELS).glob("sglang-*.whl"))
@@ -438,17 +439,7 @@ def test_the_aot_module_loads_on_the_stacks_own_torch_without_nvcc(
 
     site = tmp_path / "site"
     _install_flashinfer(built, site)
-    data = site / "flashinfer" / "data"
-    so = tmp_path / "trtllm_comm.so"
-    so.write_bytes(b"\x7fELF ours")
-    flashinfer = flashinfer_build(built / STACK_WHEELS,
-                                  load_stack(built / "forks" / "sglang-0.5.10.toml"))
-    ours = aot_wheel.write_wheel(
-        tmp_path / "ours", flashinfer=flashinfer, cuda_version="13.0", platform="linux_x86_64",
-        modules=[aot_wheel.Module(name="trtllm_comm", so=so, targets=("sm_120f",), info={},
-                                  sources_digest=aot_provenance.own_digest(
-                                      data / "csrc", data / "include"))],
-        stack="sglang-0.5.10", toolkit_version="0", toolchain={})
+    ours = _our_aot_wheel(built, site, tmp_path, "sm_120f")
     with zipfile.ZipFile(ours) as zf:
         metadata = zf.read(next(n for n in zf.namelist() if n.endswith("METADATA"))).decode()
     assert "Requires-Dist: nvidia-cuda-runtime>=13.0,<14" in metadata
@@ -470,9 +461,7 @@ def test_the_aot_module_loads_on_the_stacks_own_torch_without_nvcc(
                                       "trtllm_comm" / "trtllm_comm.so")
 
     # Upstream's compilation context refuses SM 12.x by torch's CUDA version first.
-    work = built / ".forks" / "trees" / "sglang-0.5.10" / "flashinfer"
-    (site / "flashinfer" / "compilation_context.py").write_text(
-        git(work, "show", "upstream:flashinfer/compilation_context.py") + "\n")
+    _put_upstream_file(built, site, "flashinfer/compilation_context.py")
     theirs = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
     assert theirs.returncode != 0
     assert "SM 12.x requires CUDA >= 12.9" in theirs.stderr
