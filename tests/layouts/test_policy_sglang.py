@@ -37,6 +37,23 @@ def _policy(tmp: Path, name: str, tp: dict[str, int], *, for_use: bool = True) -
     return str(path)
 
 
+@pytest.fixture
+def policies(tmp_path: Path) -> dict[str, str]:
+    """The policy files the cases read: one capped per TP size, one measured on a shared
+    GPU (not for use), and a path where there is none."""
+    return {"cap64": _policy(tmp_path, "cap64", {"2": 64, "4": 0, "8": 128}),
+            "shared": _policy(tmp_path, "shared", {"2": 64}, for_use=False),
+            "missing": str(tmp_path / "absent.json")}
+
+
+def _cases(policies: dict[str, str]) -> list[list[Any]]:
+    """The cases both stacks run: [name, policy file, TP size, the explicit override]."""
+    cap64 = policies["cap64"]
+    return [["absent", policies["missing"], 2, None], ["cap64", cap64, 2, None],
+            ["beaten", cap64, 4, None], ["tp8", cap64, 8, None],
+            ["not-for-use", policies["shared"], 2, None], ["env-wins", cap64, 2, "0"]]
+
+
 S510 = textwrap.dedent("""\
     import json, os, sys
     from sm120fork.harness.fake_gpu import start_probe
@@ -77,14 +94,10 @@ def tree_510(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return prepare_tree(ws, stack, stack.project("sglang")).path
 
 
-def test_sglang_0510_follows_the_policy_and_names_it(tree_510: Path, tmp_path: Path) -> None:
-    cap64 = _policy(tmp_path, "cap64", {"2": 64, "4": 0, "8": 128})
-    shared = _policy(tmp_path, "shared", {"2": 64}, for_use=False)
-    missing = str(tmp_path / "absent.json")
-    got = _run(tree_510, S510, [
-        ["absent", missing, 2, None], ["cap64", cap64, 2, None],
-        ["beaten", cap64, 4, None], ["tp8", cap64, 8, None],
-        ["not-for-use", shared, 2, None], ["env-wins", cap64, 2, "0"]])
+def test_sglang_0510_follows_the_policy_and_names_it(tree_510: Path,
+                                                      policies: dict[str, str]) -> None:
+    cap64, missing = policies["cap64"], policies["missing"]
+    got = _run(tree_510, S510, _cases(policies))
     # no policy: today's rule (TP2 on), no cap, and the line says why
     assert got["absent"]["flag"] is True
     assert got["absent"]["fused"] == {"1": True, "64": True, "65": True, "600": True}
@@ -148,16 +161,11 @@ def tree_523(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_sglang_0523_follows_the_policy_and_names_it(tree_523: tuple[Path, Path],
-                                                      tmp_path: Path) -> None:
+                                                      policies: dict[str, str]) -> None:
     """G2's auto-enable and G3's fused-path gate (the functions the plugin replaces too)."""
     tree, overlay = tree_523
-    cap64 = _policy(tmp_path, "cap64", {"2": 64, "4": 0, "8": 128})
-    shared = _policy(tmp_path, "shared", {"2": 64}, for_use=False)
-    missing = str(tmp_path / "absent.json")
-    got = _run(tree, S523, [
-        ["absent", missing, 2, None], ["cap64", cap64, 2, None],
-        ["beaten", cap64, 4, None], ["tp8", cap64, 8, None],
-        ["not-for-use", shared, 2, None], ["env-wins", cap64, 2, "0"]], overlay)
+    cap64, missing = policies["cap64"], policies["missing"]
+    got = _run(tree, S523, _cases(policies), overlay)
     assert got["absent"]["backend"] == "auto"
     assert got["absent"]["fused"] == {"1": True, "64": True, "65": True, "600": True}
     assert f"default rule: no policy at {missing}" in got["absent"]["detail"]
