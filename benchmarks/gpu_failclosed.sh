@@ -27,12 +27,21 @@ case $ROUTE in
     pipi "$R/site_deps" $K/whl312/s510/*.whl
     pipi "$R/sg" $K/sglang-0.5.10/sglang-*.whl
     pipi "$R/fi" $K/sglang-0.5.10/flashinfer_python-*.whl
-    SG=$R/sg; FI=$R/fi; JIT=$PWD/$F/jit-067; EXTRA=(--layout communicator) ;;
+    SG=$R/sg; FI=$R/fi; JIT=$PWD/$F/jit-067; EXTRA=(--layout communicator)
+    # provenance (issue 21): the stack's manifest and the two wheel files installed above
+    EXTRA+=(--manifest $K/sglang-0.5.10/manifest.json)
+    for w in $K/sglang-0.5.10/sglang-*.whl $K/sglang-0.5.10/flashinfer_python-*.whl; do
+      EXTRA+=(--made-from "$(basename "$w")=$w"); done ;;
   s523|s523-plugin)
     pipi "$R/site_deps" $K/whl312/s523/*.whl
     SG=$R/sg; FI=$R/fi
     tar xJf $F/sglang-0.5.23-cp312-layer.tar.xz -C "$SG" & tar xJf $F/flashinfer-0.7.2-layer.tar.xz -C "$FI" & wait
     JIT=$PWD/$F/jit-072-$ROUTE; EXTRA=(--layout layer_boundary)  # own cache: the routes run side by side (gpu_session.sh), and the sources sit in per-route folders, so a shared one would rebuild anyway
+    if [ "$ROUTE" = s523 ]; then  # provenance (issue 21): both trees against their wheels' RECORDs
+      EXTRA+=(--manifest $K/sglang-0.5.23/manifest.json
+              --made-from "sglang-0.5.23+sm120.1-cp312-cp312-manylinux_2_34_x86_64.whl=$SG"
+              --made-from "flashinfer_python-0.7.2-py3-none-any.whl=$FI")
+    fi
     if [ "$ROUTE" = s523-plugin ]; then
       # stock: the wheel's tree with every file the series changes put back to upstream's bytes,
       # each checked against the stock wheel's RECORD; then the plugin wheel beside it

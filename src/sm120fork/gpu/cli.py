@@ -143,6 +143,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--load-plugins", action="store_true",
                    help="each rank runs SGLang's load_plugins() first, as SGLang's own "
                    "processes do (stock SGLang + a plugin on --site)")
+    s.add_argument("--manifest", type=Path, metavar="PATH",
+                   help="the stack's manifest.json (wheels/<stack>/) the tested builds come "
+                   "from: the report records its stack and, per --made-from, the wheel")
+    s.add_argument("--made-from", action="append", default=[], metavar="WHEEL=PATH",
+                   help="a tested build: the manifest's wheel name and that wheel file, or "
+                   "a folder unpacked from it (checked against its RECORD); repeat per "
+                   "wheel (SGLang's, FlashInfer's)")
     s.add_argument("--title", default="SGLang fused-norm layer path")
     s.add_argument("--note", action="append", default=[])
     s.add_argument("--out", type=Path, required=True)
@@ -216,7 +223,8 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
         world_size=args.world_size, tokens=_optional(args.tokens), timeout=args.timeout,
         first_timeout=args.first_timeout, start_timeout=args.start_timeout,
         gates_in_memory=args.gates_in_memory, load_plugins=args.load_plugins,
-        title=args.title, notes=tuple(args.note)))
+        title=args.title, notes=tuple(args.note), manifest=args.manifest,
+        made_from=tuple(args.made_from)))
     failed = [o for o in outcomes if not o.passed]
     return VerifyError.exit_code if failed else 0
 

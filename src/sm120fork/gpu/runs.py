@@ -575,12 +575,18 @@ class LayerOptions:
     load_plugins: bool = False
     title: str = "SGLang fused-norm layer path"
     notes: tuple[str, ...] = ()
+    #: The stack's manifest.json and WHEEL=PATH of each tested build (gpu/provenance.py).
+    manifest: Path | None = None
+    made_from: tuple[str, ...] = ()
 
 
 def run_sglang_layer(opts: LayerOptions) -> list[sglang_layer.CaseOutcome]:
     """Every case in fresh rank groups; report.md + report.json under ``opts.out``."""
+    from sm120fork.gpu.provenance import layer_provenance
+
     chosen = list(opts.cases or (sglang_layer.GPU_CASES if opts.device == "cuda"
                                  else sglang_layer.CPU_CASES))
+    made = layer_provenance(opts.manifest, opts.made_from)
     outcomes = []
     for index, case in enumerate(chosen):
         timeout = opts.first_timeout if index == 0 and opts.first_timeout else opts.timeout
@@ -593,13 +599,15 @@ def run_sglang_layer(opts: LayerOptions) -> list[sglang_layer.CaseOutcome]:
         log.info("%s: %s in %.0f s %s", case, "PASS" if outcome.passed else "FAIL",
                  outcome.seconds, "; ".join(outcome.problems))
         outcomes.append(outcome)
-        _write_sglang_layer_report(opts, outcomes, done=index + 1 == len(chosen))
+        _write_sglang_layer_report(opts, outcomes, done=index + 1 == len(chosen),
+                                   planned=chosen, made=made)
     return outcomes
 
 
 def _write_sglang_layer_report(opts: LayerOptions,
                                outcomes: Sequence[sglang_layer.CaseOutcome], *,
-                               done: bool) -> None:
+                               done: bool, planned: Sequence[str] = (),
+                               made: dict[str, Any] | None = None) -> None:
     """Rewritten after every case, so a run cut short still leaves what it finished."""
     opts.out.mkdir(parents=True, exist_ok=True)
     notes = [f"command: `{opts.command}`",
@@ -607,7 +615,9 @@ def _write_sglang_layer_report(opts: LayerOptions,
     (opts.out / "report.md").write_text(
         sglang_layer.render(outcomes, title=opts.title, notes=notes), encoding="utf-8")
     (opts.out / "report.json").write_text(
-        json.dumps({"notes": notes, "cases": sglang_layer.to_json(outcomes)}, indent=1),
+        json.dumps({"kind": "sglang-layer", "notes": notes, "planned": list(planned),
+                    "finished": done, "layout": opts.layout, **(made or {}),
+                    "cases": sglang_layer.to_json(outcomes)}, indent=1),
         encoding="utf-8")
 
 
