@@ -84,5 +84,7 @@ def test_the_layer_report_records_stack_made_from_and_whether_it_finished(
                              layout="layer_boundary")
     runs._write_sglang_layer_report(opts, [], done=False, planned=["fused"], made=made)
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert doc["stack"] == "sglang-0.5.23" and doc["made_from"] == made["made_from"]
-    assert doc["finished"] is False and doc["planned"] == ["fused"]
+    assert doc["stack"] == "sglang-0.5.23"
+    assert doc["made_from"] == made["made_from"]
+    assert doc["finished"] is False
+    assert doc["planned"] == ["fused"]
