@@ -153,8 +153,8 @@ def bump_args(p: argparse.ArgumentParser) -> None:
                       help="restore the previous fork tree, pin and series exactly")
     p.add_argument("--allow-downgrade", action="store_true", help="accept an older version")
     p.add_argument("--new-stack", metavar="NAME",
-                   help="copy the project into a new one-project stack NAME and bump that, "
-                        "leaving STACK as it is")
+                   help="copy the project (and the projects it requires, as STACK pins "
+                        "them) into a new stack NAME and bump that, leaving STACK as it is")
     p.add_argument("--version", dest="pep440", metavar="V",
                    help="the PEP 440 version of a git SHA revision")
     p.add_argument("--git-commit", metavar="SHA",

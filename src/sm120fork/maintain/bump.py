@@ -105,7 +105,8 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
         pending = BumpState.load(ws, target_stack, project_key)
         if pending is not None:
             wanted = version or revision
-            if wanted not in (pending.new_version, pending.new_pin["git"]["commit"]):
+            if wanted not in (pending.new_version,
+                              (pending.new_pin.get("git") or {}).get("commit")):
                 raise MaintenanceError(
                     f"a bump to {pending.new_version} is in progress",
                     where=f"{target_stack}/{project_key}",
@@ -148,6 +149,8 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
                 new_pin["sdist"] = {"filename": filename, "sha256": sha256, "url": ""}
             except SourceError:  # an unreleased commit: the sdist pin stays (unused by git)
                 new_pin["sdist"] = dataclasses.asdict(project.sdist_pin)
+        elif project.source == "wheel":  # the published wheels are the input: no sdist
+            new_pin = _wheel_pin(project, new_version, git_commit)
         else:
             filename, sha256, url = index_sdist(project, new)
             probe = dataclasses.replace(
@@ -182,7 +185,7 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
         except BaseException:
             if created:  # leave nothing behind: the new stack is only a copy so far
                 (ws.forks_dir / f"{stack.name}.toml").unlink(missing_ok=True)
-                shutil.rmtree(ws.series_dir(project), ignore_errors=True)
+                shutil.rmtree(ws.root / "patches" / stack.name, ignore_errors=True)
                 shutil.rmtree(ws.work_tree(stack, project), ignore_errors=True)
             raise
         state = BumpState(
@@ -219,6 +222,25 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             raise
         _start_new_tree(ws, stack, project, state, tree.repo)
         return _resume(ws, state)
+
+
+def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> dict[str, Any]:
+    """The pin of a ``wheel`` source at ``new_version``: its published wheels (the series
+    is applied to them), and a git pin only when the commit is given."""
+    probe = dataclasses.replace(project, version=new_version, wheels=())
+    wheels = index_wheels(probe, Version(new_version))
+    if not wheels:
+        raise MaintenanceError(
+            f"{project.distribution} {new_version} has no wheel on the package index",
+            where=f"projects.{project.key}", fix="check the version, or wait until upstream "
+                                                 "publishes its wheels")
+    git = None
+    if git_commit:
+        git = {"url": project.git.url if project.git else "", "tag": f"v{new_version}",
+               "commit": git_commit, "commit_verified": False,
+               "note": "commit given with --git-commit; not checked against the upstream "
+                       "repository"}
+    return {"source": "wheel", "git": git, "sdist": None, "wheels": wheels}
 
 
 def _start_new_tree(ws: Workspace, stack: Stack, project: Project, state: BumpState,

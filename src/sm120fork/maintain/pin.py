@@ -96,9 +96,9 @@ def _project_tables(text: str, key: str) -> str:
     inside = False
     for line in text.splitlines(keepends=True):
         stripped = line.strip()
-        if stripped.startswith("["):
-            inside = stripped in (f"[projects.{key}]",) or stripped.startswith(
-                f"[projects.{key}.")
+        if stripped.startswith("["):  # a table or an array of tables ([[...wheels]])
+            header = stripped.lstrip("[").split("]", 1)[0].strip()
+            inside = header == f"projects.{key}" or header.startswith(f"projects.{key}.")
         if inside:
             out.append(line)
     while out and (not out[-1].strip() or out[-1].lstrip().startswith("#")):
@@ -106,53 +106,84 @@ def _project_tables(text: str, key: str) -> str:
     return "".join(out)
 
 
+def _closure(stack: Stack, project: Project) -> list[Project]:
+    """``project`` and the projects it requires, directly or not, in the stack's order."""
+    wanted = {project.key}
+    todo = [project]
+    while todo:
+        for key in todo.pop().requires:
+            if key not in wanted:
+                wanted.add(key)
+                todo.append(stack.project(key))
+    return [p for p in stack.projects if p.key in wanted]
+
+
 def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> Stack:
-    """A one-project stack ``name`` copied from ``source`` (declaration and series)."""
+    """A stack ``name`` copied from ``source``: ``project`` and the projects it requires
+    (their declarations, layout key included, and series), as ``source`` pins them."""
     target = ws.forks_dir / f"{name}.toml"
     if target.exists():
         raise MaintenanceError(f"stack {name!r} already exists", where=str(target),
                                fix="bump it directly, or choose another --new-stack name")
-    if project.requires:
-        raise MaintenanceError(f"project {project.key} requires {', '.join(project.requires)};"
-                               " --new-stack copies a single project", where=source.name)
-    series_rel = f"patches/{name}/{project.key}"
-    if (ws.root / series_rel).exists():
-        raise MaintenanceError("series directory already exists", where=series_rel)
-    tables = _project_tables(source.path.read_text(encoding="utf-8"), project.key)
-    description = f"{project.distribution} fork, bumped from stack {source.name}"
+    series_root = ws.root / "patches" / name
+    if series_root.exists():
+        raise MaintenanceError("series directory already exists",
+                               where=series_root.relative_to(ws.root).as_posix(),
+                               fix="remove it, or choose another --new-stack name")
+    copied = _closure(source, project)
+    source_text = source.path.read_text(encoding="utf-8")
+    tables = "\n".join(_project_tables(source_text, p.key) for p in copied)
+    others = [p.key for p in copied if p.key != project.key]
+    description = (f"{project.distribution} fork, bumped from stack {source.name}"
+                   + (f" (with its {', '.join(others)} as that stack pins "
+                      f"{'it' if len(others) == 1 else 'them'})"
+                      if others else ""))
     text = (f"# Copied from forks/{source.path.name} by `bump --new-stack {name}` to follow\n"
             f"# {project.distribution} past the release that stack pins; not the default.\n\n"
             f"[stack]\nname = {tomlkit.string(name).as_string()}\ndefault = false\n"
             f"description = {tomlkit.string(description).as_string()}\n\n"
             f"{tables}\n")
-    text = set_toml_values(text, f"projects.{project.key}", {"series": series_rel},
-                           where=str(target))
-    shutil.copytree(ws.series_dir(project), ws.root / series_rel)
+    text = edit_toml(text, {f"projects.{p.key}": {"series": f"patches/{name}/{p.key}"}
+                            for p in copied}, where=str(target))
+    for p in copied:
+        shutil.copytree(ws.series_dir(p), series_root / p.key)
     target.write_text(text, encoding="utf-8")
     return ws.stack(name)
 
 
 def pinned_project(project: Project, state: BumpState) -> Project:
+    """``project`` at the new pin; a ``wheel`` source's pin may have no git or sdist."""
     pin = state.new_pin
     wheels = (tuple(WheelPin(**w) for w in pin["wheels"]) if "wheels" in pin else
               project.wheels)
     return dataclasses.replace(
         project, version=state.new_version, source=pin["source"],
-        git=GitPin(**pin["git"]), sdist=SdistPin(**pin["sdist"]), wheels=wheels)
+        git=GitPin(**pin["git"]) if pin.get("git") else None,
+        sdist=SdistPin(**pin["sdist"]) if pin.get("sdist") else None, wheels=wheels)
 
 
 def declaration_with_pin(text: str, project: Project, state: BumpState, where: str) -> str:
     pin = state.new_pin
     key = project.key
-    git, sd = pin["git"], pin["sdist"]
-    text = edit_toml(text, {
-        f"projects.{key}": {"version": state.new_version, "source": pin["source"]},
-        f"projects.{key}.git": {
+    git, sd = pin.get("git"), pin.get("sdist")
+    tables: dict[str, TomlValues] = {
+        f"projects.{key}": {"version": state.new_version, "source": pin["source"]}}
+    if git:
+        tables[f"projects.{key}.git"] = {
             "url": git["url"], "tag": git["tag"], "commit": git["commit"],
-            "commit_verified": bool(git["commit_verified"]), "note": git["note"] or None},
-        f"projects.{key}.sdist": {
-            "filename": sd["filename"], "sha256": sd["sha256"], "url": sd["url"] or None},
-    }, where)
+            "commit_verified": bool(git["commit_verified"]), "note": git["note"] or None}
+    if sd:
+        tables[f"projects.{key}.sdist"] = {
+            "filename": sd["filename"], "sha256": sd["sha256"], "url": sd["url"] or None}
+    text = edit_toml(text, tables, where)
+    # A wheel source pinned without a git or sdist pin: the old version's would be wrong.
+    doc = tomlkit.parse(text)
+    table = doc["projects"][key]
+    assert isinstance(table, MutableMapping)
+    for name, value in (("git", git), ("sdist", sd)):
+        if not value and name in table:
+            table.pop(name)
+    text = tomlkit.dumps(doc)
     if "wheels" not in pin:
         return text
     # The published wheels of the new version (an empty series ships them as published),
@@ -175,10 +206,8 @@ def declaration_with_pin(text: str, project: Project, state: BumpState, where: s
 
 
 def remove_created_stack(ws: Workspace, state: BumpState) -> None:
+    """Undo :func:`create_stack`: its declaration and ``patches/<stack>/`` (every series it
+    copied; the folder did not exist before)."""
     Path(state.declaration).unlink(missing_ok=True)
-    series = Path(state.series_dir)
-    shutil.rmtree(series, ignore_errors=True)
-    parent = series.parent
-    if parent.is_dir() and not any(parent.iterdir()):
-        parent.rmdir()
+    shutil.rmtree(ws.root / "patches" / state.stack, ignore_errors=True)
 

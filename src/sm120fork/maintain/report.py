@@ -67,6 +67,24 @@ def outcome_lines(project: Project, old_version: str, new_version: str,
     return lines
 
 
+def _pin_lines(project: Project) -> list[str]:
+    """The new pin: the sdist and git pin where the project has them, a ``wheel`` source's
+    published wheels otherwise."""
+    lines = []
+    if project.sdist is not None:
+        lines.append(f"- sdist: `{project.sdist.filename}` sha256 `{project.sdist.sha256}` "
+                     "(from the package index listing; the download was checked against it)")
+    if project.source == "wheel":
+        lines += [f"- wheel: `{w.filename}` sha256 `{w.sha256}` (from the package index "
+                  "listing)" for w in project.wheels]
+    git = project.git
+    lines.append(f"- git: {git.url} tag `{git.tag}` commit `{git.commit}` "
+                 f"({'verified' if git.commit_verified else 'unverified'}"
+                 f"{': ' + git.note if git.note else ''})" if git is not None else
+                 "- git: none (the wheels record no commit; pass --git-commit to pin one)")
+    return lines
+
+
 def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: BumpState,
                       new_project: Project, *, results: Sequence[Classification] = (),
                       range_diff: str = "", refreshed: RefreshResult | None = None,
@@ -75,19 +93,13 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
     complete when the bump finishes."""
     path = report_path(ws, state)
     path.parent.mkdir(parents=True, exist_ok=True)
-    git = new_project.git_pin
     lines = [
         f"# Bump {project.distribution} {state.old_version} -> {state.new_version} "
         f"(stack {stack.name})", "",
         f"Date: {today()}. Command: `{state.command}`"
         + (" (conflicts resolved by hand, then `--continue`)." if any(
             r.verdict in (RESOLVED, DROPPED_BY_HAND) for r in results) else "."), "",
-        "## New pin", "",
-        f"- sdist: `{new_project.sdist_pin.filename}` sha256 `{new_project.sdist_pin.sha256}` "
-        "(from the package index listing; the download was checked against it)",
-        f"- git: {git.url} tag `{git.tag}` commit `{git.commit}` "
-        f"({'verified' if git.commit_verified else 'unverified'}"
-        f"{': ' + git.note if git.note else ''})",
+        "## New pin", "", *_pin_lines(new_project),
         f"- source used to build: {new_project.source}", "",
         f"## Before applying: each patch against {state.new_version}", "",
         "Classified before anything was applied; a conflict does not hide the patches "

@@ -1,0 +1,206 @@
+"""``bump --new-stack`` of an SGLang project: the new stack is a toml and patches on a known
+layout, which the toolkit loads and checks through that layout (issue 17 item 1).
+
+The stack is shaped like ``sglang-0.5.23``: sglang as a ``wheel`` source (no sdist) with
+its series, ``requires = ["flashinfer"]`` and ``layout = "layer_boundary"``; FlashInfer as
+published.  The wheels are made here and served by a local package index (no network).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import sm120fork.verify.proof.stack as verify_stack
+from sm120fork.errors import MaintenanceError
+from sm120fork.layouts.results import CheckResult
+from sm120fork.maintain.bump import bump, bump_abort
+from sm120fork.util.files import sha256_file
+from sm120fork.workspace import Workspace
+
+from conftest import git, make_patch, write_series
+from helpers_maintain import package_index, snapshot
+
+STACK = "sg"
+GATE = "def fused_allowed(major):\n    return major in (9, 10)\n"
+
+
+def _pack(out: Path, name: str, version: str, files: dict[str, str], requires: list[str]) -> Path:
+    pkg = name.replace("-", "_")
+    root = out / f"src-{pkg}-{version}" / f"{pkg}-{version}"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    info = root / f"{pkg}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("\n".join([
+        "Metadata-Version: 2.4", f"Name: {name}", f"Version: {version}",
+        *(f"Requires-Dist: {r}" for r in requires)]) + "\n")
+    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                "Tag: py3-none-any\n")
+    subprocess.run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(out), str(root)],
+                   check=True, capture_output=True, env={"SOURCE_DATE_EPOCH": "1700000000"})
+    return out / f"{pkg}-{version}-py3-none-any.whl"
+
+
+def _sglang_files(version: str) -> dict[str, str]:
+    return {"sglang/__init__.py": f'__version__ = "{version}"\n',
+            "sglang/srt/layers/layer_boundary/gate.py": GATE}
+
+
+def _toml(sglang: Path, flashinfer: Path) -> str:
+    return textwrap.dedent(f"""\
+        # A stack shaped like sglang-0.5.23.
+        [stack]
+        name = "{STACK}"
+        default = true
+
+        [projects.flashinfer]
+        distribution = "flashinfer-python"
+        version = "0.7.2"
+        local_label = "sm120.1"
+        package_root = "."
+        series = "patches/{STACK}/flashinfer"
+        source = "wheel"
+
+        [[projects.flashinfer.wheels]]
+        filename = "{flashinfer.name}"
+        sha256 = "{sha256_file(flashinfer)}"
+        url = "{flashinfer.as_uri()}"
+
+        [projects.sglang]
+        distribution = "sglang"
+        version = "0.5.23"
+        local_label = "sm120.1"
+        package_root = "python"
+        series = "patches/{STACK}/sglang"
+        source = "wheel"
+        requires = ["flashinfer"]
+        upstream_requires = ["flashinfer-python==0.7.2"]
+        # Where this release keeps the code the series changes.
+        layout = "layer_boundary"
+
+        [[projects.sglang.wheels]]
+        filename = "{sglang.name}"
+        sha256 = "{sha256_file(sglang)}"
+        """)
+
+
+@dataclass
+class SglangStack:
+    ws: Workspace
+    new_wheel: Path
+
+
+@pytest.fixture
+def sg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+       request: pytest.FixtureRequest) -> Iterator[SglangStack]:
+    """``request.param``: the gate file of the new release (default: unchanged)."""
+    monkeypatch.setenv("SM120FORK_TODAY", "2026-12-01")
+    made = tmp_path / "made"
+    made.mkdir()
+    flashinfer = _pack(made, "flashinfer-python", "0.7.2", {"flashinfer/__init__.py": ""}, [])
+    old = _pack(made, "sglang", "0.5.23", _sglang_files("0.5.23"),
+                ["flashinfer-python==0.7.2"])
+    new_files = {**_sglang_files("0.5.24"), "sglang/srt/server_args.py": "TP = 1\n",
+                 "sglang/srt/layers/layer_boundary/gate.py": getattr(request, "param", GATE)}
+    new = _pack(made, "sglang", "0.5.24", new_files, ["flashinfer-python==0.7.2"])
+    # The upstream repository as the series author sees it (the package under python/).
+    repo = tmp_path / "sglang-repo"
+    for rel, text in _sglang_files("0.5.23").items():
+        (repo / "python" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "python" / rel).write_text(text)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "release 0.5.23")
+    root = tmp_path / "toolkit"
+    (root / "forks").mkdir(parents=True)
+    (root / "forks" / f"{STACK}.toml").write_text(_toml(old, flashinfer))
+    write_series(root / "patches" / STACK / "flashinfer", [])
+    series = root / "patches" / STACK / "sglang"
+    patch = make_patch(repo, series, "G1 layer_boundary: allow the fused path on 12", {
+        "python/sglang/srt/layers/layer_boundary/gate.py": ("(9, 10)", "(9, 10, 12)  # sm12x")},
+        "python/sglang/srt/layers/layer_boundary/gate.py: (9, 10, 12)  # sm12x",
+        extra_fields="Verified-By: sglang:G1\n")
+    write_series(series, [patch.name])
+    with package_index([old, new], "sglang") as url:
+        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
+        yield SglangStack(ws=Workspace(root), new_wheel=new)
+
+
+@pytest.mark.slow
+def test_bump_new_stack_of_sglang_writes_a_stack_on_its_layout(
+        sg: SglangStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = snapshot(sg.ws.root)
+    result = bump(sg.ws, STACK, "sglang", "0.5.24", new_stack="sg-next")
+    assert result.new_stack_created
+    assert [c.verdict for c in result.classifications] == ["still needed"]
+    # The source stack is as it was.
+    after = snapshot(sg.ws.root)
+    assert {k: v for k, v in after.items() if k in before} == before
+    # The toml: the layout key, the series of each project, the new pin.
+    declared = tomllib.loads((sg.ws.forks_dir / "sg-next.toml").read_text())
+    sglang, flashinfer = declared["projects"]["sglang"], declared["projects"]["flashinfer"]
+    assert declared["stack"]["default"] is False
+    assert sglang["layout"] == "layer_boundary"
+    assert sglang["requires"] == ["flashinfer"]
+    assert sglang["series"] == "patches/sg-next/sglang"
+    assert flashinfer["series"] == "patches/sg-next/flashinfer"
+    assert sglang["version"] == "0.5.24"
+    assert [w["filename"] for w in sglang["wheels"]] == [sg.new_wheel.name]
+    assert "git" not in sglang
+    assert "sdist" not in sglang
+    assert flashinfer["version"] == "0.7.2"
+    # Its series: the patches, and FlashInfer's (empty) series beside them.
+    names = (sg.ws.root / "patches/sg-next/sglang/series").read_text().split()
+    assert len(names) == 1
+    assert "Verified-By: sglang:G1" in (sg.ws.root / "patches/sg-next/sglang" /
+                                         names[0]).read_text()
+    assert (sg.ws.root / "patches/sg-next/flashinfer/series").read_text().split() == []
+    # The toolkit loads it ...
+    stack = sg.ws.stack("sg-next")
+    assert [p.key for p in stack.projects] == ["flashinfer", "sglang"]
+    assert stack.project("sglang").layout == "layer_boundary"
+    # ... and dispatches its behaviour checks by that layout (the adapter is recorded and
+    # stood in for: the real checks need SGLang's own modules).
+    asked: list[tuple[str, str]] = []
+
+    def check(tree: Path, **_: Any) -> list[CheckResult]:
+        assert (tree / "python/sglang/srt/layers/layer_boundary/gate.py").read_text() == (
+            GATE.replace("(9, 10)", "(9, 10, 12)  # sm12x"))
+        return [CheckResult(name="G1 fused path on 12", capability="12.0", expected="true",
+                            observed="true", passed=True, detail="")]
+
+    def adapter(name: str, part: str = "") -> SimpleNamespace:
+        asked.append((name, part))
+        return SimpleNamespace(check=check)
+
+    monkeypatch.setattr(verify_stack, "adapter", adapter)
+    verified = verify_stack.run_verify(sg.ws, stack)
+    assert asked == [("layer_boundary", "checks")]
+    (g1,) = verified.verdicts
+    assert g1.passed, g1.checks
+    assert g1.evidence == "CPU behaviour check"
+    assert verified.provenance[1].wheel == "sglang-0.5.24+sm120.1-py3-none-any.whl"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sg", [GATE.replace("(9, 10)", "(9, 10, 11)")], indirect=True)
+def test_aborting_a_bump_into_a_new_stack_removes_every_series_it_copied(
+        sg: SglangStack) -> None:
+    """The copy holds FlashInfer's series too; --abort leaves no patches/<stack>/ behind."""
+    with pytest.raises(MaintenanceError, match=r"conflicts with sglang 0\.5\.24"):
+        bump(sg.ws, STACK, "sglang", "0.5.24", new_stack="sg-other")
+    assert (sg.ws.root / "patches" / "sg-other" / "flashinfer" / "series").is_file()
+    bump_abort(sg.ws, "sg-other", "sglang")
+    assert not (sg.ws.forks_dir / "sg-other.toml").exists()
+    assert not (sg.ws.root / "patches" / "sg-other").exists()
