@@ -108,3 +108,47 @@ def test_a_bench_from_a_stack_records_its_provenance(
                                  "wheel_sha256": "ab" * 32}]
     assert any("no A/B" in line for line in doc["not_run"])
     assert json.loads((out / "policy.json").read_text())["made"]["stack"] == "sglang-0.5.23"
+
+
+def _zip_wheel(path: Path, files: dict[str, bytes]) -> str:
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = path.name.split("-")[0] + "-" + path.name.split("-")[1] + ".dist-info"
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+    rows = [f"{n},sha256={b64(d)},{len(d)}" for n, d in files.items()] + [f"{dist}/RECORD,,"]
+    with zipfile.ZipFile(path, "w") as zf:
+        for n, d in files.items():
+            zf.writestr(n, d)
+        zf.writestr(f"{dist}/RECORD", "\n".join(rows) + "\n")
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_layer_stack_unpacks_this_pythons_sglang_wheel_with_its_provenance(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sglang-layer --stack``: the one command that re-makes a layer report of a stack."""
+    from sm120fork.gpu.provenance import layer_provenance
+
+    root = checkout_copy(tmp_path, sdists=False)
+    monkeypatch.setenv("SM120FORK_ROOT", str(root))
+    folder = root / "wheels" / "sglang-0.5.23"
+    folder.mkdir(parents=True)
+    other = "sglang-0.5.23+sm120.1-cp39-cp39-win32.whl"  # no platform here takes it
+    mine = "sglang-0.5.23+sm120.1-py3-none-any.whl"
+    fi = "flashinfer_python-0.7.2-py3-none-any.whl"
+    rows = []
+    for name, project in ((other, "sglang"), (mine, "sglang"), (fi, "flashinfer")):
+        top = "sglang" if project == "sglang" else "flashinfer"
+        sha = _zip_wheel(folder / name, {f"{top}/__init__.py": name.encode()})
+        rows.append({"project": project, "wheel": name, "sha256": sha, "series_digest": "e" * 64})
+    (folder / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.23", "wheels": rows}))
+    trees = stack_wheels.layer_trees("sglang-0.5.23", tmp_path / "work")
+    assert (trees.sglang_path / "sglang" / "__init__.py").read_bytes() == mine.encode()
+    assert [p.name for p in trees.site] == ["flashinfer"]
+    made = layer_provenance(trees.manifest, trees.made_from)
+    assert made["stack"] == "sglang-0.5.23"
+    assert [m["wheel"] for m in made["made_from"]] == [mine, fi]
+    assert all(m["files_checked"] == 1 for m in made["made_from"])

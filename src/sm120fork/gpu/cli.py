@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.entry import Parser, boundary
-from sm120fork.errors import ToolkitError, VerifyError
+from sm120fork.errors import ToolkitError, UsageError, VerifyError
 from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import methods, runs, sglang_layer
 from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG
@@ -118,8 +118,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
     s = sub.add_parser("sglang-layer", help="SGLang's fused-norm layer path, fused and "
                        "under injected workspace faults (ranks share the GPUs)")
-    s.add_argument("--sglang-path", type=Path, required=True,
+    s.add_argument("--sglang-path", type=Path,
                    help="the directory holding the sglang package under test (python/)")
+    s.add_argument("--stack", metavar="NAME",
+                   help="instead of --sglang-path: the stack's built SGLang (for this Python) "
+                   "and FlashInfer wheels (wheels/NAME/), unpacked under --work-dir, with "
+                   "their provenance (--manifest, --made-from)")
+    s.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
+                   help="where --stack unpacks the wheels (kept between runs)")
     s.add_argument("--layout", choices=tuple(LAYOUTS),
                    help="the tree's upstream layout (default: the one forks/<stack>.toml "
                    "names for the tree's SGLang version; sglang-0.5.10: communicator, "
@@ -216,6 +222,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    if (args.stack is None) == (args.sglang_path is None):
+        raise UsageError("give --stack or --sglang-path", where="sglang-layer",
+                         fix="e.g. --stack sglang-0.5.23 on a checkout with that build")
+    if args.stack is not None:
+        from sm120fork.gpu.stack_wheels import layer_trees
+
+        trees = layer_trees(args.stack, args.work_dir)
+        args.sglang_path = trees.sglang_path
+        args.site = [*trees.site, *args.site]
+        args.manifest = args.manifest or trees.manifest
+        args.made_from = [*trees.made_from, *args.made_from]
     outcomes = runs.run_sglang_layer(runs.LayerOptions(
         command=runs.command_line(argv), sglang_path=args.sglang_path, out=args.out,
         layout=args.layout or sglang_layer.layout_of(args.sglang_path),

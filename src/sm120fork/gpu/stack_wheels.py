@@ -93,3 +93,66 @@ def resolve(stack: str, *, baseline: bool, root: Path | None = None) -> StackWhe
     elif baseline:
         specs.append(f"unpatched={upstream_wheel(ws, stack)}")
     return StackWheels(stack=stack, specs=tuple(specs), note=note)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerTrees:
+    """What ``sglang-layer --stack`` resolved to: the stack's wheels unpacked, and their
+    provenance (``--manifest``, ``--made-from``)."""
+
+    sglang_path: Path
+    site: tuple[Path, ...]
+    manifest: Path
+    made_from: tuple[str, ...]
+
+
+def _unpack(wheel: Path, dest: Path, sha256: str) -> Path:
+    """``wheel`` unpacked (zip extract: its RECORD stays the wheel's own) once per sha256."""
+    import zipfile
+
+    marker = dest / ".sm120fork-wheel.sha256"
+    if marker.is_file() and marker.read_text().strip() == sha256:
+        return dest
+    if dest.exists():
+        import shutil
+
+        shutil.rmtree(dest)
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(dest)
+    marker.write_text(sha256 + "\n")
+    return dest
+
+
+def layer_trees(stack: str, work_dir: Path, root: Path | None = None) -> LayerTrees:
+    """The stack's SGLang wheel for this interpreter and its FlashInfer wheel, unpacked
+    under ``work_dir``, for the layer harness (``gpu sglang-layer --stack``)."""
+    from packaging.tags import sys_tags
+    from packaging.utils import parse_wheel_filename
+
+    ws = Workspace.find(root)
+    folder = ws.stack_wheels(stack)
+    path = folder / "manifest.json"
+    if not path.is_file():
+        raise ConfigError(f"stack {stack} has no build in {folder}",
+                          fix=f"nox -s build -- --stack {stack}")
+    wheels = json.loads(path.read_text(encoding="utf-8")).get("wheels", [])
+    here = set(sys_tags())
+    chosen: dict[str, dict[str, Any]] = {}
+    for w in wheels:
+        project = str(w.get("project"))
+        if project in chosen or project not in ("sglang", PROJECT):
+            continue
+        _name, _version, _build, tags = parse_wheel_filename(str(w.get("wheel")))
+        if tags & here:
+            chosen[project] = w
+    if "sglang" not in chosen:
+        raise ConfigError(f"stack {stack} has no sglang wheel for this Python and platform",
+                          where=str(path), fix="run on a Python the stack builds for")
+    trees = {project: _unpack(folder / str(w["wheel"]),
+                              work_dir / "layer-trees" / stack / project, str(w["sha256"]))
+             for project, w in chosen.items()}
+    return LayerTrees(
+        sglang_path=trees["sglang"],
+        site=tuple(t for p, t in trees.items() if p != "sglang"),
+        manifest=path,
+        made_from=tuple(f"{chosen[p]['wheel']}={t}" for p, t in trees.items()))
