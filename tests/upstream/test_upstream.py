@@ -36,16 +36,23 @@ def provenance(root: Path, stack: str = "demo") -> dict[str, Any]:
 
 
 def write_evidence(root: Path, *, gpu_status: str = "pass", proof: str = "pass",
-                   made: dict[str, dict[str, Any]] | None = None) -> None:
+                   made: dict[str, dict[str, Any]] | None = None,
+                   patch_evidence: str = "compile proof", patch_passed: bool = True,
+                   verdicts: bool = True) -> None:
     """verify.json, test-ab.json and bench.json/.md; ``made`` overrides their provenance."""
     origin = provenance(root) if (root / "wheels" / "demo").is_dir() else {}
     made = made or {}
     sm120 = root / "reports" / "sm120" / "demo"
     sm120.mkdir(parents=True, exist_ok=True)
+    series = root / "patches" / "demo" / "lib" / "series"
+    names = series.read_text().split() if series.is_file() else []
     (sm120 / "verify.json").write_text(json.dumps({"report": {}, "verdicts": [
         {"variant": "patched", "arch": "sm_120a", "status": proof, "reasons": []},
         {"variant": "unpatched", "arch": "sm_120a", "status": "fail",
-         "reasons": ["empty lamport kernel bodies"]}], **made.get("verify", origin)}))
+         "reasons": ["empty lamport kernel bodies"]}] if verdicts else [],
+        "patches": [{"project": "lib", "patch": n, "evidence": patch_evidence,
+                     "passed": patch_passed} for n in names],
+        **made.get("verify", origin)}))
     gpu = root / "reports" / "gpu" / "h200-1x"
     gpu.mkdir(parents=True, exist_ok=True)
     (gpu / "test-ab.json").write_text(json.dumps({
@@ -352,3 +359,98 @@ def test_a_published_wheel_that_travelled_as_its_tree_counts_by_its_record(
     with pytest.raises(MaintenanceError, match=r"tested another lib wheel than the one "
                                                r"published \(RECORD 999999999999"):
         upstream_pr(demo.ws, "demo", "lib")
+
+
+def test_the_compile_proof_is_required_only_where_a_patch_names_it(
+        demo: DemoWorkspace) -> None:
+    """Issue 21: a stack whose patches claim CPU checks or GPU runs has no compile proof
+    (sglang-0.5.23, flashinfer-0.7.4); its PR stands on verify's per-patch checks."""
+    write_evidence(demo.ws.root, verdicts=False)
+    with pytest.raises(MaintenanceError, match="names the compile proof but holds no verdicts"):
+        upstream_pr(demo.ws, "demo", "lib")
+    write_evidence(demo.ws.root, verdicts=False, patch_evidence="CPU behaviour check")
+    pr = upstream_pr(demo.ws, "demo", "lib")
+    assert "| CPU behaviour check | pass |" in pr.body
+    assert "compile proof (the series compiled" not in pr.body
+    write_evidence(demo.ws.root, verdicts=False, patch_evidence="CPU behaviour check",
+                   patch_passed=False)
+    with pytest.raises(MaintenanceError, match="failed its checks"):
+        upstream_pr(demo.ws, "demo", "lib")
+
+
+def test_any_published_wheel_of_a_project_of_several_counts(demo: DemoWorkspace) -> None:
+    """SGLang 0.5.23 publishes a wheel per Python and platform: a GPU run of the cp312
+    one is of today's build, not 'another wheel' because the manifest lists cp311 first."""
+    manifest_path = demo.ws.stack_wheels("demo") / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    lib = next(w for w in manifest["wheels"] if w["project"] == "lib")
+    second = {**lib, "wheel": "second-" + lib["wheel"], "sha256": "5" * 64}
+    manifest["wheels"].insert(manifest["wheels"].index(lib) + 1, second)
+    manifest_path.write_text(json.dumps(manifest))
+    origin = provenance(demo.ws.root)
+    tested = {**origin, "made_from": [m for m in origin["made_from"]
+                                      if m["wheel_sha256"] == "5" * 64]}
+    write_evidence(demo.ws.root, made={"test": tested})
+    assert upstream_pr(demo.ws, "demo", "lib").commits
+
+
+def _layer_report(root: Path, made: dict[str, Any], cases: list[dict[str, Any]],
+                  planned: list[str], *, finished: bool = True) -> Path:
+    path = root / "reports" / "gpu" / "demo-layer" / "report.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"kind": "sglang-layer", "planned": planned,
+                                "finished": finished, "cases": cases, **made}))
+    return path
+
+
+def test_an_sglang_pr_needs_the_layer_path_of_todays_series(demo: DemoWorkspace) -> None:
+    """SGLang's layer path on a GPU (the fault matrix): of this stack's wheel, every planned
+    case passed and none hung; else the refusal names the one command that re-makes it."""
+    from sm120fork.upstream.evidence import (
+        _layer_runs,
+        current_builds,
+        published_records,
+    )
+
+    ws = demo.ws
+    stack = ws.stack("demo")
+    project = stack.project("lib")
+    manifest = json.loads((ws.stack_wheels("demo") / "manifest.json").read_text())
+    current = current_builds(ws, stack, manifest["wheels"])
+    records = published_records(ws.stack_wheels("demo"), manifest["wheels"])
+    rerun = "python -m sm120fork gpu sglang-layer --stack demo --out reports/gpu/demo-layer"
+
+    def judge() -> tuple[list[tuple[Path, dict[str, Any]]], list[str]]:
+        problems: list[str] = []
+        found = _layer_runs(ws, stack, project, current, records, {}, problems)
+        return found, problems
+
+    found, problems = judge()
+    assert found == []
+    assert len(problems) == 1
+    assert "no GPU run of SGLang's layer path" in problems[0]
+    assert rerun in problems[0]
+    origin = provenance(ws.root)
+    ok = [{"case": "fused", "passed": True, "hung": False},
+          {"case": "one-rank-create-fails", "passed": True, "hung": False}]
+    planned = ["fused", "one-rank-create-fails"]
+    _layer_report(ws.root, origin, ok, planned)
+    found, problems = judge()
+    assert problems == []
+    assert len(found) == 1
+    _layer_report(ws.root, origin, ok[:1], planned, finished=False)
+    assert "did not finish: one-rank-create-fails not run" in judge()[1][0]
+    hung = [ok[0], {"case": "one-rank-create-fails", "passed": False, "hung": True}]
+    _layer_report(ws.root, origin, hung, planned)
+    assert "failed in reports/gpu/demo-layer/report.json: one-rank-create-fails (hung)" in \
+        judge()[1][0]
+    # A folder of a published wheel counts by its RECORD; of another wheel it is history.
+    lib = next(m for m in origin["made_from"] if m["project"] == "lib")
+    tree = {**origin, "made_from": [{**lib, "tested_sha256": None,
+                                     "record_sha256": records[lib["wheel"]]}]}
+    _layer_report(ws.root, tree, ok, planned)
+    assert judge()[1] == []
+    _layer_report(ws.root, _stale(tree, record_sha256="9" * 64), ok, planned)
+    found, problems = judge()
+    assert found == []
+    assert "tested another lib wheel than the one published" in problems[0]

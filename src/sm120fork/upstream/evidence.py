@@ -33,11 +33,14 @@ class Evidence:
     verify: dict[str, Any]
     verify_path: Path
     gpu_tests: list[tuple[Path, dict[str, Any]]]
+    #: SGLang's layer path on a GPU (``gpu sglang-layer``: the fault matrix), of today's series.
+    layer: list[tuple[Path, dict[str, Any]]]
     #: bench.md, its text and its bench.json, of today's series.
     bench: list[tuple[Path, str, dict[str, Any]]]
     files: dict[str, str] = field(default_factory=dict)  # path -> sha256
     manifest_name: str = "wheels/<stack>/manifest.json"
     stack: str = ""
+    project: str = ""
     #: Why each bench report in reports/gpu/ is not of today's series.
     bench_history: tuple[str, ...] = ()
 
@@ -57,12 +60,15 @@ def _load_json(path: Path) -> dict[str, Any] | None:
 
 def rerun_command(kind: str, stack: str) -> str:
     """The one command that re-makes ``kind`` of evidence of ``stack`` (the GPU kinds on a
-    machine with the GPUs, after the stack's build: they write
-    ``reports/gpu/<gpu>-<count>x/``)."""
+    machine with the GPUs, after the stack's build: test and bench write
+    ``reports/gpu/<gpu>-<count>x/``, the SGLang layer path ``reports/gpu/<stack>-layer/``)."""
     if kind == "verify":
         return command("verify-sm120", "--stack", stack)
     if kind == "test":
         return command("gpu test", "--stack", stack, "--quick", "--world-sizes", "2")
+    if kind == "layer":
+        return command("gpu sglang-layer", "--stack", stack, "--out",
+                       f"reports/gpu/{stack}-layer")
     return command("gpu bench", "--stack", stack, "--quick", "--world-size", "2")
 
 
@@ -73,34 +79,40 @@ def _without_rerun(why: str, rerun: str) -> str:
 
 
 def current_builds(ws: Workspace, stack: Stack, wheels: list[dict[str, Any]]
-                   ) -> dict[str, tuple[str, str]]:
-    """project -> (series digest now, sha256 of its published wheel or '')."""
-    sha: dict[str, str] = {}
-    for w in wheels:  # a project of several wheels is named by its first (verify.json too)
-        sha.setdefault(str(w.get("project")), str(w.get("sha256") or ""))
-    return {p.key: (load_series(ws.series_dir(p)).digest, sha.get(p.key, ""))
+                   ) -> dict[str, tuple[str, frozenset[str]]]:
+    """project -> (series digest now, sha256 of each of its published wheels).
+
+    A project of several wheels (SGLang 0.5.23: one per Python and platform) is tested as
+    one of them: any published one is of today's build.
+    """
+    sha: dict[str, set[str]] = {}
+    for w in wheels:
+        if w.get("sha256"):
+            sha.setdefault(str(w.get("project")), set()).add(str(w["sha256"]))
+    return {p.key: (load_series(ws.series_dir(p)).digest, frozenset(sha.get(p.key, ())))
             for p in stack.projects}
 
 
 def published_records(folder: Path, wheels: list[dict[str, Any]]) -> dict[str, str]:
-    """project -> sha256 of the RECORD of its published wheel in ``folder`` (when there)."""
+    """wheel file name -> sha256 of its RECORD, for each published wheel in ``folder``."""
     records: dict[str, str] = {}
     for w in wheels:
         path = folder / str(w.get("wheel"))
         if path.is_file() and (digest := wheel_record_sha256(path)):
-            records[str(w.get("project"))] = digest
+            records[str(w.get("wheel"))] = digest
     return records
 
 
 def provenance_problem(shown: str, doc: dict[str, Any], stack: Stack, kind: str,
-                       current: dict[str, tuple[str, str]],
+                       current: dict[str, tuple[str, frozenset[str]]],
                        require: str | None = None,
                        records: dict[str, str] | None = None) -> tuple[str, str]:
     """("", "") when ``doc`` was made from this stack's current series and wheels
     (and, with ``require``, from that project's among them).
 
-    A GPU run of a published wheel that travelled as its tree (other bytes) counts when its
-    RECORD digest is that of the wheel published here (``records``).
+    A GPU run of a published wheel that travelled as its tree (zipped again: other bytes; or
+    imported as a folder: no bytes of its own) counts when its RECORD digest is that of the
+    wheel of that name published here (``records``).
 
     Otherwise (reason, message), reason one of ``absent`` (it records nothing to check),
     ``other stack`` and ``stale`` (another series or wheel of this stack).
@@ -121,21 +133,22 @@ def provenance_problem(shown: str, doc: dict[str, Any], stack: Stack, kind: str,
         project = str(m.get("project"))
         if project not in current:
             return "stale", f"{shown} was made from project {project!r}, not in {stack.name}"
-        digest, sha = current[project]
+        digest, shas = current[project]
         if m.get("series_digest") != digest:
             return "stale", (f"{shown} was made from another {project} series (digest "
                              f"{str(m.get('series_digest'))[:12]}, now {digest[:12]}; "
                              f"re-run: {rerun})")
-        if sha and m.get("wheel_sha256") != sha:
+        if shas and m.get("wheel_sha256") not in shas:
             return "stale", (f"{shown} was made from another {project} wheel (sha256 "
-                             f"{str(m.get('wheel_sha256'))[:12]}, published {sha[:12]}; "
-                             f"re-run: {rerun})")
+                             f"{str(m.get('wheel_sha256'))[:12]}, published "
+                             f"{', '.join(sorted(x[:12] for x in shas))}; re-run: {rerun})")
         tested = m.get("tested_sha256")
-        if tested and tested != m.get("wheel_sha256"):
-            published = (records or {}).get(project)
+        if (tested or "record_sha256" in m) and tested != m.get("wheel_sha256"):
+            published = (records or {}).get(str(m.get("wheel")))
             if not published:
                 return "stale", (f"{shown} tested a copy of {m.get('wheel')} (sha256 "
-                                 f"{str(tested)[:12]}) whose RECORD cannot be compared: the "
+                                 f"{str(tested)[:12] if tested else 'none: a folder'}) whose "
+                                 "RECORD cannot be compared: the "
                                  f"published wheel is not here (run: "
                                  f"{command('build', '--stack', stack.name)})")
             if m.get("record_sha256") != published:
@@ -143,6 +156,68 @@ def provenance_problem(shown: str, doc: dict[str, Any], stack: Stack, kind: str,
                                  f"published (RECORD {str(m.get('record_sha256'))[:12]}, "
                                  f"published {published[:12]}; re-run: {rerun})")
     return "", ""
+
+
+def _verify_problems(shown: str, verify: dict[str, Any], project: Project, stack: str
+                     ) -> list[str]:
+    """What verify.json (of this stack, today's series) says against ``project``'s PR.
+
+    Each of the project's patches must have passed its checks there; the compile proof's
+    verdicts are required only where a patch names the proof as its evidence (a stack
+    whose FlashInfer needs no patch, or whose patches claim GPU runs, has none).
+    """
+    rerun = rerun_command("verify", stack)
+    mine = [p for p in verify.get("patches", []) if p.get("project") == project.key]
+    failing = [f"{v.get('variant')}/{v.get('arch')}" for v in verify.get("verdicts", [])
+               if v.get("variant") not in BASELINE_VARIANTS and v.get("status") == "fail"]
+    if failing:
+        return [f"the SM120 compile proof fails for {', '.join(failing)}"]
+    if not mine:
+        return [f"{shown} has no check of a {project.key} patch (re-run: {rerun})"]
+    if bad := [str(p.get("patch")) for p in mine if not p.get("passed")]:
+        return [f"{shown} says {', '.join(bad)} failed its checks"]
+    if any("compile proof" in str(p.get("evidence")) for p in mine) and \
+            not verify.get("verdicts"):
+        return [f"{shown} names the compile proof but holds no verdicts (re-run: {rerun})"]
+    return []
+
+
+def _layer_runs(ws: Workspace, stack: Stack, project: Project,
+                current: dict[str, tuple[str, frozenset[str]]], records: dict[str, str],
+                files: dict[str, str], problems: list[str]) -> list[tuple[Path, dict[str, Any]]]:
+    """SGLang's layer path on a GPU (the fault matrix) made from this stack's ``project``."""
+    found: list[tuple[Path, dict[str, Any]]] = []
+    history: list[str] = []
+    rerun = rerun_command("layer", stack.name)
+    for path in sorted((ws.reports_dir / "gpu").glob("**/report.json")):
+        doc = _load_json(path) or {}
+        if "cases" not in doc:
+            continue
+        rel = path.relative_to(ws.root).as_posix()
+        _, why = provenance_problem(rel, doc, stack, "layer", current, require=project.key,
+                                    records=records)
+        if why:
+            history.append(why)
+            continue
+        files[rel] = _sha256(path)
+        cases = doc.get("cases", [])
+        failed = [str(c.get("case")) + (" (hung)" if c.get("hung") else "")
+                  for c in cases if not c.get("passed")]
+        left = [c for c in doc.get("planned", []) if c not in {x.get("case") for x in cases}]
+        if failed:
+            problems.append(f"SGLang's layer path failed in {rel}: {', '.join(failed)}")
+        elif left or not doc.get("finished") or not cases:
+            problems.append(f"{rel} did not finish: {', '.join(left) or 'cases'} not run "
+                            f"(re-run: {rerun})")
+        found.append((path, doc))
+    if not found:
+        problems.append(f"no GPU run of SGLang's layer path (the fault matrix) of stack "
+                        f"{stack.name}'s current series in reports/gpu/**/report.json (on a "
+                        f"machine with a GPU, run: {rerun})"
+                        + "".join(f"; {_without_rerun(h, rerun)}" for h in history[:3])
+                        + (f"; and {len(history) - 3} older reports" if len(history) > 3
+                           else ""))
+    return found
 
 
 def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_digest: str,
@@ -194,14 +269,7 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
         problems.append(why)
     else:
         files[verify_shown] = _sha256(verify_path)
-        failing = [f"{v.get('variant')}/{v.get('arch')}" for v in verify.get("verdicts", [])
-                   if v.get("variant") not in BASELINE_VARIANTS and v.get("status") == "fail"]
-        if failing:
-            problems.append(f"the SM120 compile proof fails for {', '.join(failing)}")
-        elif verify.get("passed") is False:
-            problems.append(f"{verify_shown} says a patch check failed")
-        elif not verify.get("verdicts"):
-            problems.append(f"{verify_shown} holds no verdicts")
+        problems += _verify_problems(verify_shown, verify, project, stack.name)
     gpu_tests: list[tuple[Path, dict[str, Any]]] = []
     history: list[str] = []  # GPU reports that are not of today's series
     for path in sorted((ws.reports_dir / "gpu").glob("*/test-ab.json")):
@@ -230,6 +298,9 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
             problems.append(f"{rel} did not finish: cases were left out (re-run: "
                             f"{rerun_command('test', stack.name)})")
         gpu_tests.append((path, doc))
+    layer: list[tuple[Path, dict[str, Any]]] = []
+    if project.normalized_name == "sglang":
+        layer = _layer_runs(ws, stack, project, current, records, files, problems)
     if not gpu_tests:
         rerun = rerun_command("test", stack.name)
         problems.append(f"no GPU test results of stack {stack.name}'s current series in "
@@ -252,7 +323,8 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
             where=f"{stack.name}/{project.key}",
             fix="produce the missing evidence (or fix what failed) and run upstream_pr again")
     return Evidence(manifest_entry=entry, manifest_wheels=wheels, verify=verify,
-                    verify_path=verify_path, gpu_tests=gpu_tests, bench=bench, files=files,
+                    verify_path=verify_path, gpu_tests=gpu_tests, layer=layer, bench=bench,
+                    files=files, project=project.key,
                     manifest_name=shown, stack=stack.name, bench_history=tuple(bench_history))
 
 
@@ -260,9 +332,25 @@ def evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
     verdict_rows = [[str(v.get("variant")), str(v.get("arch")), str(v.get("status")),
                      "; ".join(map(str, v.get("reasons", [])))[:200] or "-"]
                     for v in ev.verify.get("verdicts", [])]
-    proof = ["SM120/SM121 compile proof (the series compiled with nvcc and the cubins "
-             f"inspected kernel by kernel; `{ev.verify_path.relative_to(ws.root)}`):", "",
-             *_md_table(["variant", "arch", "verdict", "reasons"], verdict_rows)]
+    verify_shown = ev.verify_path.relative_to(ws.root).as_posix()
+    patch_rows = [[str(p.get("patch")), str(p.get("evidence")),
+                   "pass" if p.get("passed") else "fail"]
+                  for p in ev.verify.get("patches", []) if p.get("project") == ev.project]
+    proof = [f"Per patch, `nox -s verify_sm120 -- --stack {ev.stack}` on a CPU machine (no "
+             f"GPU; `{verify_shown}`, made from this series and these wheels):", "",
+             *_md_table(["patch", "evidence", "result"], patch_rows)]
+    if verdict_rows:
+        proof += ["", "SM120/SM121 compile proof (the series compiled with nvcc and the "
+                  "cubins inspected kernel by kernel):", "",
+                  *_md_table(["variant", "arch", "verdict", "reasons"], verdict_rows)]
+    layer: list[str] = []
+    for path, doc in ev.layer:
+        cases = doc.get("cases", [])
+        passed = sum(bool(c.get("passed")) for c in cases)
+        layer.append(f"- SGLang's own fused-norm layer path under injected workspace faults "
+                     f"(`{path.relative_to(ws.root)}`): {passed}/{len(cases)} cases pass "
+                     f"({', '.join(str(c.get('case')) for c in cases)}), none hung"
+                     + ("; ranks shared one GPU" if doc.get("shared", True) else ""))
     tests: list[str] = []
     env_rows: list[list[str]] = []
     for path, doc in ev.gpu_tests:
@@ -302,7 +390,7 @@ def evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
                    f"{len(w.get('artifact_check', []))}"] for w in ev.manifest_wheels]
     return {
         "proof": proof,
-        "tests": tests,
+        "tests": [*tests, *layer],
         "bench": bench,
         "env": _md_table(["report", "key", "value"], env_rows) if env_rows else ["-"],
         "wheels": ["Wheels built by the fork toolkit from these commits "
