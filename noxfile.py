@@ -101,6 +101,13 @@ def gpu_test(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def sglang_layer(session: nox.Session) -> None:
+    """SGLang's own fused-norm layer path under injected workspace faults (the fault matrix)."""
+    session.install("-q", ".[gpu]")
+    toolkit(session, "gpu", "sglang-layer")
+
+
+@nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Fused vs unfused all-reduce latency on this machine's GPUs."""
     session.install("-q", ".[gpu]")

@@ -100,10 +100,20 @@ def test_toolkit_sessions_print_nox_hints_and_keep_stderr_apart() -> None:
     (nox merges stderr into it unless told not to: `status -- --json` would not parse)."""
     nf = _noxfile()
     for name in ("build", "status", "bump", "refresh", "upstream_pr", "verify_sm120",
-                 "gpu_test", "bench", "doctor", "build_aot"):
+                 "gpu_test", "sglang_layer", "bench", "doctor", "build_aot"):
         session = _Recorder(["--json"])
         getattr(nf, name).func(session)
         (args, kwargs), = [r for r in session.runs if r[0][:3] == ("python", "-m", "sm120fork")]
         assert args[-1] == "--json", name
         assert kwargs["env"] == {"SM120FORK_FRONT_DOOR": "nox"}, name
         assert kwargs["stderr"] is None, name
+
+
+def test_every_session_a_hint_names_exists() -> None:
+    """A hint runs as printed: `nox -s <session>` of each verb is a session of the noxfile."""
+    from sm120fork.util import hint
+
+    nf = _noxfile()
+    for verb, session in hint._SESSIONS.items():
+        assert callable(getattr(nf, session, None)), (verb, session)
+    assert hint._SESSIONS["gpu sglang-layer"] == "sglang_layer"

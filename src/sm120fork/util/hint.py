@@ -14,7 +14,8 @@ FRONT_DOOR_ENV = "SM120FORK_FRONT_DOOR"
 
 #: The nox session of each verb whose session name differs (noxfile.py).
 _SESSIONS = {"upstream-pr": "upstream_pr", "verify-sm120": "verify_sm120",
-             "build-aot": "build_aot", "gpu test": "gpu_test", "gpu bench": "bench"}
+             "build-aot": "build_aot", "gpu test": "gpu_test", "gpu bench": "bench",
+             "gpu sglang-layer": "sglang_layer"}
 
 
 def via_nox() -> bool:
