@@ -454,3 +454,22 @@ def test_an_sglang_pr_needs_the_layer_path_of_todays_series(demo: DemoWorkspace)
     found, problems = judge()
     assert found == []
     assert "tested another lib wheel than the one published" in problems[0]
+
+
+def test_a_packages_reproducer_is_kept_and_cited_in_the_body(demo: DemoWorkspace) -> None:
+    """Issue 19.6: the G6 package's CPU reproducer (script + before/after output, made by
+    hand) survives upstream_pr writing the package again, and the body quotes its summary."""
+    write_evidence(demo.ws.root)
+    folder = demo.ws.reports_dir / "upstream" / "demo-lib" / "reproducer"
+    folder.mkdir(parents=True)
+    (folder / "run.sh").write_text("#!/bin/sh\n")
+    (folder / "summary.txt").write_text("before: one-rank-create-fails: HUNG\n"
+                                        "after: one-rank-create-fails: pass\n")
+    pr = upstream_pr(demo.ws, "demo", "lib", write=True)
+    assert (folder / "run.sh").is_file()
+    assert (folder / "summary.txt").is_file()
+    assert "`reports/upstream/demo-lib/reproducer/run.sh`" in pr.body
+    assert "before: one-rank-create-fails: HUNG\nafter: one-rank-create-fails: pass" in pr.body
+    assert all("reproducer" not in p.parts for p in pr.files)
+    # Written elsewhere (no --write), the body still cites the committed reproducer.
+    assert "reproducer/run.sh" in upstream_pr(demo.ws, "demo", "lib").body

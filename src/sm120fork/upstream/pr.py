@@ -73,9 +73,26 @@ def github_slug(url: str) -> str:
 
 
 
+#: A package's own folder that upstream_pr keeps when it writes the package again: a
+#: reproducer made by hand, with its script and its before/after output.
+REPRODUCER = "reproducer"
+
+
+def reproducer_lines(ws: Workspace, folder: Path) -> list[str]:
+    """What the body says of the package's reproducer (its summary.txt), if it has one."""
+    summary = folder / "summary.txt"
+    if not (folder / "run.sh").is_file() or not summary.is_file():
+        return []
+    rel = folder.relative_to(ws.root).as_posix()
+    return [f"Reproducer (CPU only, gloo ranks; `{rel}/run.sh`, its output in `{rel}/`): "
+            "before is the release, after the same files plus this fix:", "", "```",
+            *summary.read_text(encoding="utf-8").strip().splitlines(), "```"]
+
+
 def render_body(ws: Workspace, project: Project, patches: list[Patch], ev: Evidence,
-                onto: str | None) -> str:
+                onto: str | None, reproducer: list[str] | None = None) -> str:
     sec = evidence_sections(ws, ev)
+    repro = [*(reproducer or []), ""] if reproducer else []
     changes: list[str] = []
     for p in patches:
         changes += [f"### {short_subject(p)}", "", p.description.strip(), "",
@@ -88,7 +105,7 @@ def render_body(ws: Workspace, project: Project, patches: list[Patch], ev: Evide
     if name == "sglang":  # .github/pull_request_template.md of sgl-project/sglang
         lines = ["## Motivation", "", based, "", *changes,
                  "## Modifications", "", *mods, "",
-                 "## Accuracy Tests", "", *sec["tests"], "", *sec["proof"], "",
+                 "## Accuracy Tests", "", *repro, *sec["tests"], "", *sec["proof"], "",
                  "## Benchmarking and Profiling", "", *sec["bench"], "",
                  "### Environment", "", *sec["env"], "", *sec["wheels"], "",
                  "## Checklist", "",
@@ -104,12 +121,12 @@ def render_body(ws: Workspace, project: Project, patches: list[Patch], ev: Evide
                  "- [ ] I have installed `pre-commit` and run `pre-commit run --all-files`.",
                  "", "## 🧪 Tests", "",
                  "- [x] Tests have been run (evidence below).", "",
-                 *sec["tests"], "", *sec["proof"], "",
+                 *repro, *sec["tests"], "", *sec["proof"], "",
                  "### Benchmark", "", *sec["bench"], "",
                  "## Reviewer Notes", "", *sec["env"], "", *sec["wheels"]]
     else:
         lines = ["## Description", "", based, "", *changes, "## Changes", "", *mods, "",
-                 "## Tests", "", *sec["tests"], "", *sec["proof"], "",
+                 "## Tests", "", *repro, *sec["tests"], "", *sec["proof"], "",
                  "## Benchmarks", "", *sec["bench"], "", "## Environment", "", *sec["env"],
                  "", *sec["wheels"]]
     return "\n".join(lines).rstrip() + "\n"
@@ -212,10 +229,17 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
         branch = f"sm12x/{project.key}-{project.version}" + ("-onto" if onto else "")
         git("update-ref", f"refs/heads/{branch}", commits[-1])
         title = _title(project, wanted)
-        body = render_body(ws, project, wanted, evidence, onto)
         out = output_dir(ws, stack.name, project.key, write=write)
+        kept = output_dir(ws, stack.name, project.key, write=True) / REPRODUCER
+        body = render_body(ws, project, wanted, evidence, onto, reproducer_lines(ws, kept))
         if out.exists():
-            shutil.rmtree(out)
+            for child in out.iterdir():
+                if child.name == REPRODUCER:
+                    continue
+                if child.is_dir():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
         (out / "patches").mkdir(parents=True)
         git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
             str(out / "patches"), f"{base}..{commits[-1]}")
@@ -248,7 +272,8 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
             "evidence_files": evidence.files,
             "left_out": list(left_out),
         }, indent=1) + "\n", encoding="utf-8")
-        files = tuple(sorted(p for p in out.rglob("*") if p.is_file()))
+        files = tuple(sorted(p for p in out.rglob("*")
+                             if p.is_file() and REPRODUCER not in p.relative_to(out).parts))
         return UpstreamPR(stack=stack.name, project=project.key, reason="", commits=tuple(
             f"{c[:12]} {short_subject(p)}" for c, p in zip(commits, wanted, strict=True)),
             branch=branch, tree=work, base=base, title=title, body=body, out_dir=out,
