@@ -288,6 +288,9 @@ def test_writes_tracked_reports_only_when_asked_and_says_what_it_left_out(
     assert pr.left_out == (f"{first.name}: Applied-Upstream 1.3.0, "
                            "https://example.invalid/pull/9 (upstream has it)",)
     assert len(pr.commits) == 1
+    # verify's per-patch table shows the PR's patches, not the one upstream has
+    assert f"| {first.name} |" not in pr.body
+    assert "| compile proof | pass |" in pr.body
     assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib", "--write"]) == 0
     out = capsys.readouterr().out
     assert f"left out of the branch: {first.name}: Applied-Upstream 1.3.0" in out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ class Evidence:
     manifest_name: str = "wheels/<stack>/manifest.json"
     stack: str = ""
     project: str = ""
+    #: The patches of the PR (file names; None: every patch of the project).
+    patches: tuple[str, ...] | None = None
     #: Why each bench report in reports/gpu/ is not of today's series.
     bench_history: tuple[str, ...] = ()
 
@@ -158,8 +161,8 @@ def provenance_problem(shown: str, doc: dict[str, Any], stack: Stack, kind: str,
     return "", ""
 
 
-def _verify_problems(shown: str, verify: dict[str, Any], project: Project, stack: str
-                     ) -> list[str]:
+def _verify_problems(shown: str, verify: dict[str, Any], project: Project, stack: str,
+                     patches: Sequence[str] | None = None) -> list[str]:
     """What verify.json (of this stack, today's series) says against ``project``'s PR.
 
     Each of the project's patches must have passed its checks there; the compile proof's
@@ -167,7 +170,8 @@ def _verify_problems(shown: str, verify: dict[str, Any], project: Project, stack
     whose FlashInfer needs no patch, or whose patches claim GPU runs, has none).
     """
     rerun = rerun_command("verify", stack)
-    mine = [p for p in verify.get("patches", []) if p.get("project") == project.key]
+    mine = [p for p in verify.get("patches", []) if p.get("project") == project.key
+            and (patches is None or p.get("patch") in patches)]
     failing = [f"{v.get('variant')}/{v.get('arch')}" for v in verify.get("verdicts", [])
                if v.get("variant") not in BASELINE_VARIANTS and v.get("status") == "fail"]
     if failing:
@@ -221,7 +225,8 @@ def _layer_runs(ws: Workspace, stack: Stack, project: Project,
 
 
 def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_digest: str,
-                     wheels_dir: Path | None = None) -> Evidence:
+                     wheels_dir: Path | None = None,
+                     patches: Sequence[str] | None = None) -> Evidence:
     """Gather the evidence, or refuse naming everything missing or failing.
 
     Evidence is of today's series: a GPU report of an older series, another stack or no
@@ -269,7 +274,7 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
         problems.append(why)
     else:
         files[verify_shown] = _sha256(verify_path)
-        problems += _verify_problems(verify_shown, verify, project, stack.name)
+        problems += _verify_problems(verify_shown, verify, project, stack.name, patches)
     gpu_tests: list[tuple[Path, dict[str, Any]]] = []
     history: list[str] = []  # GPU reports that are not of today's series
     for path in sorted((ws.reports_dir / "gpu").glob("*/test-ab.json")):
@@ -325,6 +330,7 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
     return Evidence(manifest_entry=entry, manifest_wheels=wheels, verify=verify,
                     verify_path=verify_path, gpu_tests=gpu_tests, layer=layer, bench=bench,
                     files=files, project=project.key,
+                    patches=tuple(patches) if patches is not None else None,
                     manifest_name=shown, stack=stack.name, bench_history=tuple(bench_history))
 
 
@@ -333,9 +339,12 @@ def evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
                      "; ".join(map(str, v.get("reasons", [])))[:200] or "-"]
                     for v in ev.verify.get("verdicts", [])]
     verify_shown = ev.verify_path.relative_to(ws.root).as_posix()
+    mine = [p for p in ev.verify.get("patches", []) if p.get("project") == ev.project
+            and (ev.patches is None or p.get("patch") in ev.patches)]
     patch_rows = [[str(p.get("patch")), str(p.get("evidence")),
-                   "pass" if p.get("passed") else "fail"]
-                  for p in ev.verify.get("patches", []) if p.get("project") == ev.project]
+                   "pass" if p.get("passed") else "fail"] for p in mine]
+    if not any("compile proof" in str(p.get("evidence")) for p in mine):
+        verdict_rows = []  # no patch of this PR stands on the proof
     proof = [f"Per patch, `nox -s verify_sm120 -- --stack {ev.stack}` on a CPU machine (no "
              f"GPU; `{verify_shown}`, made from this series and these wheels):", "",
              *_md_table(["patch", "evidence", "result"], patch_rows)]
@@ -364,6 +373,8 @@ def evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
                      f"{run}): {primary}: {counts}"
                      + (f"; baseline {doc['baseline']}" if doc.get("baseline") else ""))
         for k, v in sorted(doc.get("environment", {}).items()):
+            if k == "wheels_manifest":  # the wheels table below says it, readably
+                continue
             env_rows.append([path.parent.name, str(k), json.dumps(v) if not isinstance(
                 v, str) else v])
     bench: list[str] = []

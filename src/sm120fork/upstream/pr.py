@@ -214,7 +214,8 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
                                    where=str(work),
                                    fix=f"`{command('build', '--stack', stack.name)}`, "
                                        f"then `{again}`")
-        evidence = collect_evidence(ws, stack, project, series.digest, wheels_dir)
+        evidence = collect_evidence(ws, stack, project, series.digest, wheels_dir,
+                                    patches=[p.name for p in wanted])
         base = git("rev-parse", UPSTREAM_TAG, quiet=True)
         if onto:
             source = repo or project.git_pin.url
