@@ -476,3 +476,16 @@ def test_a_packages_reproducer_is_kept_and_cited_in_the_body(demo: DemoWorkspace
     assert all("reproducer" not in p.parts for p in pr.files)
     # Written elsewhere (no --write), the body still cites the committed reproducer.
     assert "reproducer/run.sh" in upstream_pr(demo.ws, "demo", "lib").body
+
+
+def test_a_project_from_published_wheels_finds_its_upstream_in_another_stacks_pin() -> None:
+    """sglang-0.5.23 takes SGLang from published wheels (no git pin): its PR's `gh pr create`
+    still names SGLang's repository, from the default stack's pin of the same distribution."""
+    from sm120fork.upstream.pr import upstream_url
+    from sm120fork.workspace import Workspace
+
+    ws = Workspace(Path(__file__).resolve().parents[2])
+    project = ws.stack("sglang-0.5.23").project("sglang")
+    assert project.git is None
+    assert github_slug(upstream_url(ws, project)) == github_slug(
+        ws.stack("sglang-0.5.10").project("sglang").git_pin.url)

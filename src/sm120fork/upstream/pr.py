@@ -67,6 +67,18 @@ def commit_message(patch: Patch) -> str:
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
 
 
+def upstream_url(ws: Workspace, project: Project) -> str:
+    """The project's upstream repository: its git pin's, else that of another stack's pin
+    of the same distribution (a project taken from published wheels pins no git), else ''."""
+    if project.git is not None:
+        return project.git.url
+    for stack in ws.stacks().values():
+        for other in stack.projects:
+            if other.distribution == project.distribution and other.git is not None:
+                return other.git.url
+    return ""
+
+
 def github_slug(url: str) -> str:
     m = re.search(r"github\.com[:/]([^/]+/[^/]+?)(?:\.git)?/?$", url)
     return m.group(1) if m else ""
@@ -218,7 +230,11 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
                                     patches=[p.name for p in wanted])
         base = git("rev-parse", UPSTREAM_TAG, quiet=True)
         if onto:
-            source = repo or project.git_pin.url
+            source = repo or upstream_url(ws, project)
+            if not source:
+                raise MaintenanceError(f"{project.key} pins no upstream repository to fetch "
+                                       f"{onto} from", where=f"{stack.name}/{project.key}",
+                                       fix="pass --repo with a local upstream checkout")
             try:
                 git("fetch", "--quiet", "--no-tags", source, f"+{onto}:{ONTO_REF}")
             except CommandError as exc:
@@ -244,7 +260,7 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
         (out / "patches").mkdir(parents=True)
         git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
             str(out / "patches"), f"{base}..{commits[-1]}")
-        slug = github_slug(project.git_pin.url) or "<owner>/<repo>"
+        slug = github_slug(upstream_url(ws, project)) or "<owner>/<repo>"
         # Relative to the project root: the files travel, no machine path in them.
         commands = [
             "# from the project root",
