@@ -43,6 +43,7 @@ CARRY="files of the wheels not carried: the other kernels' sources (upstream; pa
 NOT_SM12X="SM120/SM121 GPUs: none available here (SM90); F5's arithmetic is architecture-independent"
 VARIANTS=(--wheel-dir "patched=$R/patched" --wheel-dir "unpatched=$R/unpatched" --work-dir "$R/g074")
 # 1. the forced cluster answer; the JIT of both builds happens here (outside --time-budget)
+: > "$OUT/f5-cluster.log"
 SM120FORK_TEST_CLUSTER_SIZE=8 LD_PRELOAD="$R/shim.so" timeout -s TERM -k 10 $(( $(left) - 20 )) \
   python3 -m sm120fork.gpu test --quick --world-sizes 2 --api custom_lamport --tokens 1,16 \
   --hidden 4608,5376 "${VARIANTS[@]}" --compile-timeout 420 --case-timeout 30 --time-budget 90 \
