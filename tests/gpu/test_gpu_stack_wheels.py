@@ -152,3 +152,13 @@ def test_layer_stack_unpacks_this_pythons_sglang_wheel_with_its_provenance(
     assert made["stack"] == "sglang-0.5.23"
     assert [m["wheel"] for m in made["made_from"]] == [mine, fi]
     assert all(m["files_checked"] == 1 for m in made["made_from"])
+
+
+def test_layer_needs_stack_or_sglang_path_not_both(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from sm120fork.gpu import cli
+
+    assert cli.main(["sglang-layer", "--out", str(tmp_path)]) == UsageError.exit_code
+    assert "give --stack or --sglang-path" in capsys.readouterr().err
+    assert cli.main(["sglang-layer", "--stack", "x", "--sglang-path", str(tmp_path),
+                     "--out", str(tmp_path)]) == UsageError.exit_code
