@@ -111,9 +111,9 @@ def test_prepares_branch_body_and_commands_without_pushing(demo: DemoWorkspace) 
     manifest = json.loads((demo.ws.stack_wheels("demo") / "manifest.json").read_text())
     assert manifest["wheels"][0]["sha256"] in text
     assert "sm_120a" in text
-    # The GPU test line counts the patched results and names the baseline.
+    # The GPU test line counts the patched results and the baseline's (before/after).
     assert ("(`reports/gpu/h200-1x/test-ab.json`, `python -m sm120fork.gpu test`): "
-            "patched: 2 pass; baseline unpatched") in text
+            "patched: 2 pass; baseline unpatched: 1 fail") in text
     assert "| 1 | 12.0 |" in text
     assert "NVIDIA H200" in text
     assert any(c.startswith("gh pr create") for c in pr.commands)

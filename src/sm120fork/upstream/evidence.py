@@ -362,16 +362,21 @@ def evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
                      + ("; ranks shared one GPU" if doc.get("shared", True) else ""))
     tests: list[str] = []
     env_rows: list[list[str]] = []
+    def counts(records: list[dict[str, Any]]) -> str:
+        statuses: dict[str, int] = {}
+        for r in records:
+            statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
+        return ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "no cases"
+
     for path, doc in ev.gpu_tests:
         primary = str(doc.get("primary", "patched"))
-        statuses: dict[str, int] = {}
-        for r in doc.get("results", {}).get(primary, []):
-            statuses[str(r.get("status"))] = statuses.get(str(r.get("status")), 0) + 1
-        counts = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "no cases"
+        results = doc.get("results", {})
         run = f", `{doc['command']}`" if doc.get("command") else ""
+        baseline = doc.get("baseline")
         tests.append(f"- {doc.get('title', path.parent.name)} (`{path.relative_to(ws.root)}`"
-                     f"{run}): {primary}: {counts}"
-                     + (f"; baseline {doc['baseline']}" if doc.get("baseline") else ""))
+                     f"{run}): {primary}: {counts(results.get(primary, []))}"
+                     + (f"; baseline {baseline}: {counts(results.get(baseline, []))}"
+                        if baseline else ""))
         for k, v in sorted(doc.get("environment", {}).items()):
             if k == "wheels_manifest":  # the wheels table below says it, readably
                 continue
