@@ -186,3 +186,19 @@ def test_flashinfer_072_as_published_finds_and_loads_the_aot_wheel_on_the_stacks
     problems = check.check_installed(wheel.read_wheel(ours),
                                      check.lookup(env=env, arch_list="9.0"))
     assert any("install flashinfer-jit-cache==0.7.2+cu130" in p for p in problems), problems
+
+    # The doctor's FlashInfer probe names the provider and where trtllm_comm loads from.
+    from sm120fork.doctor import flashinfer_probe
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(theirs), str(site), str(shim)]),
+           "CUDA_HOME": str(no_nvcc), "PATH": "/usr/bin:/bin", "FLASHINFER_CUDA_ARCH_LIST": "9.0",
+           "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws"), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-c", "import sys; from sm120fork.doctor import "
+                           "flashinfer_probe as p; sys.exit(p.main(['9.0']))"],
+                          capture_output=True, text=True, check=True, env={
+                              **env, "PYTHONPATH": env["PYTHONPATH"] + os.pathsep +
+                              str(REPO / "src")})
+    line = next(x for x in done.stdout.splitlines() if x.startswith(flashinfer_probe.PREFIX))
+    facts = json.loads(line.removeprefix(flashinfer_probe.PREFIX))
+    assert [n for n, _ in facts["prebuilt_providers"]] == ["sm120fork"]
+    assert facts["comm"]["is_aot"] is True
+    assert Path(facts["comm"]["aot_path"]) == expected

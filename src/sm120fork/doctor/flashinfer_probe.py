@@ -140,6 +140,9 @@ def probe(capabilities: list[tuple[int, int]]) -> dict[str, Any]:
     providers = getattr(env, "prebuilt_provider_dirs", None)
     if callable(providers):   # packages with a flashinfer.prebuilt entry point (our builds)
         facts["prebuilt_providers"] = [[str(n), str(d)] for n, d in providers()]
+    elif hasattr(env, "FLASHINFER_AOT_PROVIDERS"):   # 0.7.x: providers its jit-cache shim found
+        facts["prebuilt_providers"] = [[str(p.provider_id), str(p.jit_cache_dir)]
+                                       for p in env.FLASHINFER_AOT_PROVIDERS]
     if facts["jit_cache_package"]:
         cache = importlib.import_module("flashinfer_jit_cache")
         facts["jit_cache"] = {"version": str(getattr(cache, "__version__", None)),
