@@ -17,6 +17,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,6 +87,35 @@ def _shim(site: Path, version: str) -> None:
     info.mkdir()
     (info / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: flashinfer-jit-cache\nVersion: {version}\n")
+
+
+def _index_metadata(tmp: Path, requirement: str) -> dict[str, Any]:
+    """The metadata the package index gives for ``requirement`` (cp311, x86_64), no download
+    of the wheel itself."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    report = tmp / "report.json"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--no-deps",
+                    "--ignore-installed", "--only-binary=:all:", "--python-version", "3.11",
+                    "--platform", "manylinux_2_34_x86_64", "--platform", "manylinux_2_28_x86_64",
+                    "--target", str(tmp / "t"),
+                    "--disable-pip-version-check", "--report", str(report), requirement],
+                   check=True)
+    metadata: dict[str, Any] = json.loads(report.read_text())["install"][0]["metadata"]
+    return metadata
+
+
+@pytest.mark.network
+def test_the_stacks_torch_is_the_cuda_13_0_build(tmp_path: Path) -> None:
+    """sglang 0.5.23 pins the torch the CPU test below stands in for, and that torch on the
+    index is built for CUDA 13.0, whose runtime (libcudart.so.13) the module links."""
+    stack = load_stacks(REPO / "forks")["sglang-0.5.23"]
+    sglang = _index_metadata(tmp_path / "s", f"sglang=={stack.project('sglang').version}")
+    assert f"torch=={STACK_TORCH[0]}" in sglang["requires_dist"]
+    torch = _index_metadata(tmp_path / "t", f"torch=={STACK_TORCH[0]}")
+    toolkit = [r for r in torch["requires_dist"] if r.startswith("cuda-toolkit[")]
+    assert len(toolkit) == 1
+    assert "cudart" in toolkit[0]
+    assert f"=={STACK_TORCH[1]}." in toolkit[0]
 
 
 @pytest.fixture(scope="module")
