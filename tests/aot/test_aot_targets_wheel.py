@@ -159,3 +159,41 @@ def test_the_package_loads_the_cuda_runtime_from_site_packages_when_torch_did_no
     shutil.copy(real, lib / "libsm120forktest.so.13")
     out = subprocess.run(run, check=True, capture_output=True, text=True, env=env).stdout
     assert Path(out.strip()) == (lib / "libsm120forktest.so.13").resolve()
+
+
+def test_as_a_jit_cache_provider_it_returns_the_shims_manifest(tmp_path: Path) -> None:
+    """For a FlashInfer 0.7.x as published: the entry point of upstream's shim returns a
+    schema-1 manifest (distribution, version, jit_cache_dir, cuda_architectures, modules),
+    its version the wheel's, which 0.7.2 requires to equal the shim's exactly."""
+    from sm120fork.aot import lookup
+
+    so = tmp_path / "trtllm_comm.so"
+    so.write_bytes(b"\x7fELF")
+    published = wheel.FlashInferBuild(
+        distribution="flashinfer-python", version="0.7.2", wheel="w.whl", sha256="ab" * 32,
+        tree=None, patched_commit=None, upstream_version="0.7.2", series_digest="12" * 32)
+    built = wheel.write_wheel(
+        tmp_path / "out", flashinfer=published, cuda_version="13.0", platform="linux_x86_64",
+        modules=[wheel.Module(name="trtllm_comm", so=so, targets=("sm_90a", "sm_120f",
+                                                                   "sm_121a"),
+                              info={}, sources_digest="sha256:" + "0" * 64)],
+        stack="sglang-0.5.23", toolkit_version="0", toolchain={},
+        lookup=lookup.JIT_CACHE_PROVIDERS)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(target), str(built)],
+                   check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import json; from importlib.metadata import entry_points; "
+         "(e,) = entry_points(group='flashinfer.jit_cache.providers'); "
+         "print(json.dumps([e.name, e.load()()]))"],
+        check=True, capture_output=True, text=True, env={"PYTHONPATH": str(target)},
+        cwd=tmp_path).stdout
+    name, manifest = json.loads(out)
+    assert name == "sm120fork"
+    assert manifest == {
+        "schema_version": 1, "provider_id": "sm120fork",
+        "distribution": "sm120fork-flashinfer-aot", "version": "0.7.2+cu130",
+        "jit_cache_dir": str(target / "sm120fork_flashinfer_aot" / "jit_cache"),
+        "cuda_architectures": ["sm120f", "sm121a", "sm90a"], "modules": ["trtllm_comm"]}
+    assert (Path(manifest["jit_cache_dir"]) / "trtllm_comm" / "trtllm_comm.so").is_file()

@@ -211,7 +211,8 @@ def _provider_py(architectures: Sequence[str], modules: Sequence[Module]) -> str
 def get_provider() -> dict:
     """This wheel as a provider of FlashInfer's jit-cache shim (manifest schema \\
 {PROVIDER_SCHEMA_VERSION})."""
-    return {{"schema_version": {PROVIDER_SCHEMA_VERSION}, "distribution": "{DISTRIBUTION}",
+    return {{"schema_version": {PROVIDER_SCHEMA_VERSION}, "provider_id": "{ENTRY_POINT_NAME}",
+            "distribution": "{DISTRIBUTION}",
             "version": __version__, "jit_cache_dir": get_jit_cache_dir(),
             "cuda_architectures": {list(architectures)!r},
             "modules": {[m.name for m in modules]!r}}}
