@@ -117,3 +117,39 @@ def test_a_case_this_gpu_cannot_run_is_a_skip_with_its_reason(
     assert start == fp4.key
     assert result["status"] == "skip"
     assert result["reason"].startswith("FP4 quantization needs sm_100 or newer (GPU is sm_90)")
+
+
+def test_legacy_fusion_on_ranks_sharing_a_gpu_is_a_skip_where_its_workspace_is_torch_symm(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """FlashInfer 0.7.x's legacy fusion workspace is torch symmetric memory, which refuses ranks
+    sharing one GPU: those cases are skipped with that reason (the H200 run of 0.7.4 failed all
+    of them, patched and unpatched alike), not failed; on a GPU per rank, or with a FlashInfer
+    whose workspace is not torch symmetric memory, they run."""
+    legacy = next(c for c in quick_matrix([2])
+                  if c.api == "fusion_legacy" and c.strategy != "twoshot")
+    unified = next(c for c in quick_matrix([2])
+                   if c.api == "fusion_unified" and c.strategy != "twoshot")
+    ran: list[str] = []
+
+    def run_case(rk: Any, case: Case) -> dict[str, Any]:
+        ran.append(case.key)
+        return {"status": "pass", "failure": None, "checks": []}
+
+    monkeypatch.setattr(correctness, "run_case", run_case)
+    trtllm_ar = type(sys)("flashinfer.comm.trtllm_ar")
+    trtllm_ar._alloc_symm_buffer_bytes = lambda *a: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flashinfer.comm.trtllm_ar", trtllm_ar)
+    shared = _Rank()
+    shared.shared = True  # type: ignore[attr-defined]
+    correctness.run_tests(shared, [legacy, unified])  # type: ignore[arg-type]
+    results = [r for t, r in _lines(capsys.readouterr().out) if t == "RESULT"]
+    assert results[0]["status"] == "skip"
+    assert "torch symmetric memory" in results[0]["reason"]
+    assert ran == [unified.key]
+    separate = _Rank()
+    separate.shared = False  # type: ignore[attr-defined]
+    correctness.run_tests(separate, [legacy])  # type: ignore[arg-type]
+    assert ran == [unified.key, legacy.key]
+    del trtllm_ar._alloc_symm_buffer_bytes  # type: ignore[attr-defined]
+    correctness.run_tests(shared, [legacy])  # type: ignore[arg-type]
+    assert ran == [unified.key, legacy.key, legacy.key]

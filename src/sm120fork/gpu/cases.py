@@ -107,6 +107,26 @@ def skip_reason(case: Case, capability: tuple[int, int]) -> str | None:
     return None
 
 
+#: Why FlashInfer's legacy fusion workspace cannot be made on ranks that share a GPU when it
+#: is torch symmetric memory (FlashInfer 0.7.x allocates it with ``_alloc_symm_buffer_bytes``).
+TORCH_SYMM_SHARED_GPU = (
+    "needs a GPU per rank here: this FlashInfer's legacy fusion workspace is torch symmetric "
+    "memory, whose rendezvous refuses ranks sharing one GPU (\"detected allocations from "
+    "overlapping devices\")")
+
+
+def environment_reason(api: str, *, shared: bool, legacy_workspace_torch_symm: bool,
+                       ) -> str | None:
+    """Why ``api`` cannot run on these ranks at all (None: it can), before any case runs.
+
+    ``legacy_workspace_torch_symm``: the FlashInfer under test allocates the legacy fusion
+    workspace as torch symmetric memory (read from the module by the rank).
+    """
+    if api == "fusion_legacy" and shared and legacy_workspace_torch_symm:
+        return TORCH_SYMM_SHARED_GPU
+    return None
+
+
 def _fusion(world_sizes: Iterable[int], apis: Iterable[str], patterns: Iterable[str],
             tokens: Iterable[int], hidden: Iterable[int], dtypes: Iterable[str],
             strategies: Iterable[str], pdls: Iterable[bool]) -> list[Case]:

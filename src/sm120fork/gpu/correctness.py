@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from sm120fork.gpu.cases import CUSTOM_API, PATTERN_CODES, Case, skip_reason
+from sm120fork.gpu.cases import (
+    CUSTOM_API,
+    PATTERN_CODES,
+    Case,
+    environment_reason,
+    skip_reason,
+)
 from sm120fork.gpu.rank import (
     EXIT_CUDA_ERROR,
     Rank,
@@ -210,11 +217,20 @@ def run_case(rk: Rank, case: Case) -> dict[str, Any]:
             "checks": verdicts}
 
 
+def legacy_workspace_is_torch_symm() -> bool:
+    """Whether the imported FlashInfer makes the legacy fusion workspace as torch symmetric
+    memory (its ``comm.trtllm_ar`` uses ``_alloc_symm_buffer_bytes``, FlashInfer 0.7.x)."""
+    module = sys.modules.get("flashinfer.comm.trtllm_ar")
+    return module is not None and hasattr(module, "_alloc_symm_buffer_bytes")
+
+
 def run_tests(rk: Rank, cases: list[Case]) -> None:
     for case in cases:
         say("START", case.key)
         record: dict[str, Any] = {"key": case.key, "rank": rk.rank}
-        reason = skip_reason(case, rk.capability)
+        reason = skip_reason(case, rk.capability) or environment_reason(
+            case.api, shared=bool(getattr(rk, "shared", False)),
+            legacy_workspace_torch_symm=legacy_workspace_is_torch_symm())
         if reason:
             record.update(status="skip", reason=reason)
             say("RESULT", record)
