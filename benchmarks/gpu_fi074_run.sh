@@ -16,6 +16,9 @@
 #   $OUT/carry.log  each carried file checked against its wheel's RECORD; $OUT/summary.txt
 # Carries .device/fi074 (benchmarks/gpu_fi074_kit.sh). Usage: bash benchmarks/gpu_fi074_run.sh
 # (or the job fi074 of benchmarks/gpu_session.sh). FI074_BUDGET: seconds for everything (575).
+# FI074_RUNS=ab: the quick A/B only (the forced-cluster run is already committed);
+# FI074_PREBUILT=DIR: DIR/<variant>/trtllm_comm/trtllm_comm.so built on the CPU machine from the
+# same wheels (benchmarks/gpu_fi074_prebuild.sh), loaded instead of the JIT (its report says so).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 SM120FORK_SHARED_GPU_HOST=1
@@ -42,6 +45,22 @@ LEFT_OUT=$(grep -o "[0-9]* RECORD entries not carried" "$OUT/carry.log" | paste 
 CARRY="files of the wheels not carried: the other kernels' sources (upstream; patched: $LEFT_OUT); every carried file was checked against its wheel's RECORD (carry.log)"
 NOT_SM12X="SM120/SM121 GPUs: none available here (SM90); F5's arithmetic is architecture-independent"
 VARIANTS=(--wheel-dir "patched=$R/patched" --wheel-dir "unpatched=$R/unpatched" --work-dir "$R/g074")
+PRE=()
+if [ -n "${FI074_PREBUILT:-}" ]; then
+  for v in patched unpatched; do PRE+=(--prebuilt "$v=$PWD/$FI074_PREBUILT/$v"); done
+  sha256sum "$FI074_PREBUILT"/*/trtllm_comm/trtllm_comm.so | tee -a "$OUT/carry.log"
+fi
+if [ "${FI074_RUNS:-all}" = ab ]; then
+  B=$(( $(left) - 40 ))
+  timeout -s TERM -k 10 $(( B + 30 )) python3 -m sm120fork.gpu test --quick --world-sizes 2 \
+    "${VARIANTS[@]}" "${PRE[@]}" --compile-timeout 420 --case-timeout 45 --time-budget "$B" \
+    --out "$OUT/flashinfer-0.7.4-h200" --not-run "$CARRY" --not-run "$NOT_SM12X" \
+    --not-run "FP4 patterns: need sm_100 or newer (skipped on H200)" \
+    --not-run "world sizes 4 and 8: one GPU here; the ranks share it" > "$OUT/ab.log" 2>&1
+  echo "A/B run rc=$? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/summary.txt"
+  tail -n 6 "$OUT/ab.log"
+  exit 0
+fi
 # 1. the forced cluster answer; the JIT of both builds happens here (outside --time-budget)
 : > "$OUT/f5-cluster.log"
 SM120FORK_TEST_CLUSTER_SIZE=8 LD_PRELOAD="$R/shim.so" timeout -s TERM -k 10 $(( $(left) - 20 )) \
