@@ -124,7 +124,9 @@ def test_prepares_branch_body_and_commands_without_pushing(demo: DemoWorkspace) 
 
 def test_refuses_failed_tests_and_failed_proof(demo: DemoWorkspace) -> None:
     write_evidence(demo.ws.root, gpu_status="fail")
-    with pytest.raises(MaintenanceError, match=r"GPU tests failed .*1 case\(s\), e\.g\. ws2-t1"):
+    with pytest.raises(MaintenanceError, match=r"GPU tests failed .*1 case\(s\), e\.g\. ws2-t1 "
+                                               r"\(once fixed, re-run: python -m sm120fork gpu "
+                                               r"test --stack demo --quick --world-sizes 2\)"):
         upstream_pr(demo.ws, "demo", "lib")
     write_evidence(demo.ws.root, proof="fail")
     with pytest.raises(MaintenanceError, match="compile proof fails for patched/sm_120a"):

@@ -295,7 +295,8 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
                if r.get("status") in ("pass", "fail")]
         if failed:
             problems.append(f"GPU tests failed in {rel}: "
-                            f"{len(failed)} case(s), e.g. {failed[0]}")
+                            f"{len(failed)} case(s), e.g. {failed[0]} (once fixed, re-run: "
+                            f"{rerun_command('test', stack.name)})")
         elif not ran:
             problems.append(f"{rel} ran no case of {primary} (re-run: "
                             f"{rerun_command('test', stack.name)})")
