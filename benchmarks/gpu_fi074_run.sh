@@ -41,8 +41,8 @@ gcc -shared -fPIC -O2 -o "$R/shim.so" $F/shim/cluster_answer_shim.c \
   -Wl,--version-script=$F/shim/cluster_answer_shim.map -ldl || exit 1
 echo "unpacked and checked in $(( $(date +%s) - T0 )) s" | tee -a "$OUT/carry.log"
 export PYTHONPATH=$PWD/src:$R/deps  # tvm_ffi, cuda_tile for FlashInfer 0.7.4
-LEFT_OUT=$(grep -o "[0-9]* RECORD entries not carried" "$OUT/carry.log" | paste -sd ";" -)
-CARRY="files of the wheels not carried: the other kernels' sources (upstream; patched: $LEFT_OUT); every carried file was checked against its wheel's RECORD (carry.log)"
+LEFT_OUT=$(grep -o "[0-9]* RECORD entries not carried" "$OUT/carry.log" | cut -d' ' -f1 | paste -sd/ -)
+CARRY="files of the wheels not carried: the other kernels' sources ($LEFT_OUT RECORD entries of upstream's/our wheel); every carried file was checked against its wheel's RECORD (carry.log)"
 NOT_SM12X="SM120/SM121 GPUs: none available here (SM90); F5's arithmetic is architecture-independent"
 VARIANTS=(--wheel-dir "patched=$R/patched" --wheel-dir "unpatched=$R/unpatched" --work-dir "$R/g074")
 PRE=()
