@@ -150,6 +150,6 @@ def test_legacy_fusion_on_ranks_sharing_a_gpu_is_a_skip_where_its_workspace_is_t
     separate.shared = False  # type: ignore[attr-defined]
     correctness.run_tests(separate, [legacy])  # type: ignore[arg-type]
     assert ran == [unified.key, legacy.key]
-    del trtllm_ar._alloc_symm_buffer_bytes  # type: ignore[attr-defined]
+    del trtllm_ar._alloc_symm_buffer_bytes
     correctness.run_tests(shared, [legacy])  # type: ignore[arg-type]
     assert ran == [unified.key, legacy.key, legacy.key]
