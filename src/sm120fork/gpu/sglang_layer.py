@@ -10,7 +10,17 @@ the SGLang tree under test, and this module judges what they report:
   error of the fused call: every rank falls back (S4: together; S3: the fallback
   all-reduces, so its output still matches), each logs exactly one warning, the gate
   stays off afterwards, and no rank hangs (a watchdog ends a case that outlives
-  ``timeout`` and records it as hung).
+  ``timeout`` and records it as hung);
+- ``one-rank-fused-call-raises`` (rank 1) and ``rank-0-fused-call-raises``: the fused
+  call raises on one rank only, so its peers wait inside the fused kernel for its data
+  and no fallback can match them: as S4's and G6's headers say, that rank must end with
+  one RuntimeError saying so within the agreement timeout (their
+  ``_FUSED_CALL_AGREEMENT_TIMEOUT_S``, set by ``agreement_timeout_s``), and no peer may
+  outlive it by more than ``PEER_GRACE_S`` (a peer still running then is stopped and
+  recorded as such: on a GPU it spins in the kernel; the CPU stand-in's kernel is a gloo
+  all-reduce, which fails once the raising rank has exited).  Only rank 0 meets that
+  bound today: on any other rank torch's gloo ``monitored_barrier`` first sends to rank 0,
+  and that send waits with the group's own timeout (SGLang's TP CPU group: 120 min).
 
 Processes run with the multicast switches off (``NCCL_NVLS_ENABLE=0`` ...); the TP group
 is a gloo group, so nothing here creates a multicast object or an NCCL communicator.
@@ -41,12 +51,21 @@ from sm120fork.util import proc as proc_mod
 RANK_MODULE = "sm120fork.gpu.sglang_rank"
 RESULT_MARKER = "SM120FORK-SGLANG-RANK "
 READY_MARKER = "SM120FORK-SGLANG-READY"
+RAISED_MARKER = "SM120FORK-SGLANG-RAISED "
 
 #: The cases, in the order they run; "no-p2p" needs distinct devices and the POSIX-fd
 #: exchange case a stand-in of FlashInfer 0.6.7's exchanger (CPU only here).
 GPU_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
              "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises")
-CPU_CASES = (*GPU_CASES, "no-p2p", "one-rank-fails-in-fd-exchange")
+#: Cases a run names with ``--case`` (on a GPU too): the fused call raising on one rank.
+ALONE_CASES = ("one-rank-fused-call-raises", "rank-0-fused-call-raises")
+CPU_CASES = (*GPU_CASES, "no-p2p", "one-rank-fails-in-fd-exchange", *ALONE_CASES)
+#: case -> the rank whose fused call raises alone (the ranks' CASES say the same).
+RAISES_ALONE = {"one-rank-fused-call-raises": 1, "rank-0-fused-call-raises": 0}
+#: How long the harness lets the other ranks run on after one exited with an error.
+PEER_GRACE_S = 2.0
+#: What the raising rank may take beyond the agreement timeout (a loaded machine).
+ALONE_SLACK_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,6 +79,10 @@ class CaseOutcome:
     ranks: list[dict[str, Any]]
     seconds: float
     tails: list[str]
+    #: how each rank ended: ``rank``, ``exit`` (its status), ``stopped_by_harness`` (still
+    #: running when the case ended), ``ended_after_ready_s`` (when it exited by itself,
+    #: seconds after every rank was ready) and ``raised`` (its error line, or None)
+    exits: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def _free_port() -> int:
@@ -68,10 +91,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _parse(stdout: str) -> dict[str, Any] | None:
+def _parse(stdout: str, marker: str = RESULT_MARKER) -> dict[str, Any] | None:
     for line in reversed(stdout.splitlines()):
-        if line.startswith(RESULT_MARKER):
-            result: dict[str, Any] = json.loads(line.removeprefix(RESULT_MARKER))
+        if line.startswith(marker):
+            result: dict[str, Any] = json.loads(line.removeprefix(marker))
             return result
     return None
 
@@ -112,6 +135,49 @@ def layout_of(sglang_path: Path, root: Path | None = None) -> str:
 def warning_says(layout: str) -> str:
     """What the one fallback warning must say, in the layout's words (its adapter's)."""
     return str(adapter(layout, "rank").WARNING_SAYS)
+
+
+def raised_alone_says(layout: str) -> str:
+    """What the error of a rank whose fused call raised alone must say (its adapter's)."""
+    return str(adapter(layout, "rank").RAISED_ALONE_SAYS)
+
+
+def alone_problems(case: str, exits: Sequence[Mapping[str, Any]], *, layout: str,
+                   ) -> list[str]:
+    """What is wrong with how the ranks ended in a case whose fused call raised on one
+    rank only (``RAISES_ALONE``): that rank ends with one RuntimeError in the layout's
+    words within its agreement timeout (plus ``ALONE_SLACK_S``); every peer ends too, by
+    its own error or stopped by the harness after the raising rank's exit; no rank
+    finishes the case as if nothing happened.  A hang is the harness's own problem."""
+    alone = RAISES_ALONE[case]
+    says = raised_alone_says(layout)
+    problems: list[str] = []
+    for ended in exits:
+        who = f"rank {ended['rank']}"
+        raised: Mapping[str, Any] | None = ended.get("raised")
+        if ended["exit"] == 0 and raised is None:
+            problems.append(f"{who}: finished the case although the fused call raised on "
+                            f"rank {alone} only")
+            continue
+        if ended["rank"] != alone:
+            continue
+        if raised is None:
+            problems.append(f"{who}: its fused call raised alone, but it ended without "
+                            f"an error (exit {ended['exit']}, stopped by the harness: "
+                            f"{ended['stopped_by_harness']})")
+            continue
+        error = str(raised["error"])
+        if not error.startswith("RuntimeError: ") or says not in error:
+            problems.append(f"{who}: expected one RuntimeError saying {says!r}, got "
+                            f"{error[:300]!r}")
+        bound, took = raised.get("agreement_timeout_s"), raised.get("after_fused_call_error_s")
+        if bound is None:
+            problems.append(f"{who}: the tree under test has no agreement timeout "
+                            "(_FUSED_CALL_AGREEMENT_TIMEOUT_S in its fusion module)")
+        elif took is None or float(took) > float(bound) + ALONE_SLACK_S:
+            problems.append(f"{who}: its error came {took} s after the fused call raised, "
+                            f"beyond its {bound:g} s agreement timeout")
+    return problems
 
 
 def expected_problems(case: str, ranks: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -159,11 +225,15 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
              hidden: int | None = None, timeout: float = 120.0, start_timeout: float = 300.0,
              extra_path: Sequence[Path] = (), env: Mapping[str, str] | None = None,
              gates_in_memory: bool = False, layout: str,
-             load_plugins: bool = False) -> CaseOutcome:
+             load_plugins: bool = False, agreement_timeout_s: float | None = None,
+             collective_timeout_s: float | None = None) -> CaseOutcome:
     """Run ``case`` on ``world_size`` fresh rank processes; judge their reports.
 
     ``start_timeout`` bounds the imports and set-up (until every rank says it is ready);
     ``timeout`` bounds the case itself from then on: a rank still running after it hangs.
+    Once a rank exits with an error the others get ``PEER_GRACE_S``, then are stopped.
+    ``agreement_timeout_s`` sets the tree's fused-call agreement timeout (None: its own);
+    ``collective_timeout_s`` the ranks' gloo groups' timeout (None: twice ``timeout``).
     """
     package_root = Path(__file__).resolve().parents[2]
     pythonpath = [str(sglang_path), *map(str, extra_path), str(package_root)]
@@ -176,9 +246,11 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
             request: dict[str, Any] = {
                 "rank": rank, "world_size": world_size, "case": case, "device": device,
                 "init_method": f"tcp://127.0.0.1:{port}",
-                "collective_timeout_s": timeout * 2, "gates_in_memory": gates_in_memory,
+                "collective_timeout_s": collective_timeout_s or timeout * 2,
+                "gates_in_memory": gates_in_memory,
                 "layout": layout,
                 "load_plugins": load_plugins,
+                "fused_call_agreement_timeout_s": agreement_timeout_s,
             }
             if tokens is not None:
                 request["tokens"] = list(tokens)
@@ -195,20 +267,35 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
         hung = False
         deadline = started + start_timeout
         ready = False
+        ready_at = started
+        ended_at: dict[int, float] = {}
+
+        def note_ended() -> None:
+            for r, (p, _, _) in enumerate(procs):
+                if r not in ended_at and p.poll() is not None:
+                    ended_at[r] = time.monotonic()
+
         while any(p.poll() is None for p, _, _ in procs):
+            note_ended()
             if not ready and all(READY_MARKER in (Path(tmp) / f"rank{r}.out").read_text(
                     errors="replace") for r in range(world_size)):
                 ready = True
-                deadline = time.monotonic() + timeout
+                ready_at = time.monotonic()
+                deadline = ready_at + timeout
             if time.monotonic() > deadline:
                 hung = True
                 break
             if any(p.returncode not in (None, 0) for p, _, _ in procs):
-                time.sleep(2.0)  # let the peers finish or fail, then stop them
+                # let the peers finish or fail, then stop them
+                grace = time.monotonic() + PEER_GRACE_S
+                while time.monotonic() < grace and any(p.poll() is None for p, _, _ in procs):
+                    note_ended()
+                    time.sleep(0.1)
                 break
             time.sleep(0.1)
+        note_ended()
         group.kill()
-        reports, tails, problems = [], [], []
+        reports, tails, problems, exits = [], [], [], []
         for rank, (proc, out, err) in enumerate(procs):
             out.seek(0)
             err.seek(0)
@@ -217,23 +304,32 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
             out.close()
             err.close()
             report = _parse(stdout)
+            raised = _parse(stdout, RAISED_MARKER)
             useful = [line for line in stderr.splitlines() if "registered at" not in line]
             tails.append(f"rank {rank} (exit {proc.returncode}): "
                          + "\n".join(useful[-20:]))
-            if report is None:
+            exits.append({
+                "rank": rank, "exit": proc.returncode, "stopped_by_harness": rank not in ended_at,
+                "ended_after_ready_s": round(ended_at[rank] - ready_at, 1)
+                if rank in ended_at else None,
+                "raised": raised})
+            if report is None and case not in RAISES_ALONE:
+                said = f": {str(raised['error'])[:300]}" if raised else ""
                 problems.append(f"rank {rank}: {'hung' if hung else 'exited'} without a "
-                                f"result (exit {proc.returncode})")
-            else:
+                                f"result (exit {proc.returncode}){said}")
+            elif report is not None:
                 reports.append(report)
     if hung:
         limit = f"{timeout:.0f} s after every rank was ready" if ready else (
             f"{start_timeout:.0f} s, before every rank was ready")
         problems.insert(0, f"hung: not finished {limit}")
-    if len(reports) == world_size:
+    if case in RAISES_ALONE:
+        problems += alone_problems(case, exits, layout=layout)
+    elif len(reports) == world_size:
         problems += expected_problems(case, reports)
     return CaseOutcome(case=case, passed=not problems, hung=hung, problems=problems,
                        ranks=reports, seconds=round(time.monotonic() - started, 1),
-                       tails=[] if not problems else tails)
+                       tails=[] if not problems else tails, exits=exits)
 
 
 def run_cases(cases: Sequence[str], **kwargs: Any) -> list[CaseOutcome]:
@@ -250,7 +346,19 @@ def render(outcomes: Sequence[CaseOutcome], *, title: str, notes: Sequence[str])
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for outcome in outcomes:
         verdict = "PASS" if outcome.passed else ("HUNG" if outcome.hung else "FAIL")
-        if not outcome.ranks:
+        if not outcome.ranks and outcome.exits:  # a case that ends in errors
+            for ended in outcome.exits:
+                raised = ended.get("raised") or {}
+                how = ("stopped by the harness" if ended["stopped_by_harness"] else
+                       f"exit {ended['exit']} at {ended['ended_after_ready_s']} s")
+                took = raised.get("after_fused_call_error_s")
+                error = str(raised.get("error", "-")).replace("|", "/")
+                lines.append(f"| {outcome.case} | {verdict} | {ended['rank']} | "
+                             f"{'fused-call-raises' if took is not None else '-'} | "
+                             f"ended: {how}"
+                             f"{f', {took} s after its fused call raised' if took else ''}"
+                             f" | - | {error[:160]} | - | {outcome.seconds} |")
+        elif not outcome.ranks:
             lines.append(f"| {outcome.case} | {verdict} | - | - | - | - | - | - | "
                          f"{outcome.seconds} |")
         for obs in outcome.ranks:

@@ -47,6 +47,11 @@ from sm120fork.layouts import adapter as layout_adapter
 
 RESULT_MARKER = "SM120FORK-SGLANG-RANK "
 READY_MARKER = "SM120FORK-SGLANG-READY"
+#: The line of a rank whose case raised (instead of a result): what, and when.
+RAISED_MARKER = "SM120FORK-SGLANG-RAISED "
+#: How long a rank whose fused call raised waits for its peers (S4's and G6's module
+#: constant in the fusion module; the request's ``fused_call_agreement_timeout_s`` sets it).
+AGREEMENT_TIMEOUT = "_FUSED_CALL_AGREEMENT_TIMEOUT_S"
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 STUBBED_CAPABILITY = (12, 0)
 #: Packages replaced by import stubs on a GPU machine (compiled for another torch).
@@ -60,11 +65,16 @@ CASES: dict[str, tuple[str | None, str | int | None]] = {
     "one-rank-fails-midway": ("second-buffer-raises", 1),
     "one-rank-fails-late": ("create-returns-then-raises", 1),
     "fused-call-raises": ("fused-call-raises", "all"),
+    "one-rank-fused-call-raises": ("fused-call-raises", 1),
+    "rank-0-fused-call-raises": ("fused-call-raises", 0),
     "no-p2p": ("no-p2p", "all"),
     "one-rank-fails-in-fd-exchange": ("fd-exchange-raises", 1),
 }
 
 Observation = dict[str, Any]
+
+#: "at": when the injected fused-call error was raised on this rank (monotonic), if it was.
+_FUSED_CALL_RAISED: dict[str, float] = {}
 
 
 def _module(name: str) -> Any:
@@ -365,6 +375,7 @@ def _inject(layer: Layer, fault: str, *, fake: FakeFlashInferComm | None) -> Non
             trtllm_ar.SymmDeviceMemory = symm
     elif fault == "fused-call-raises":
         def fused(*args: Any, **kwargs: Any) -> Any:
+            _FUSED_CALL_RAISED["at"] = time.monotonic()
             raise ValueError("injected host-side check failure in allreduce_fusion")
         comm.allreduce_fusion = fused
     elif fault == "fd-exchange-raises":
@@ -445,6 +456,9 @@ def run_rank(request: dict[str, Any]) -> Observation:
     layer: Layer = adapter.setup(group)
     if request.get("gates_in_memory"):
         adapter.patch_gates_in_memory(layer)
+    bound = request.get("fused_call_agreement_timeout_s")
+    if bound is not None and hasattr(layer.fusion, AGREEMENT_TIMEOUT):  # stock has none
+        setattr(layer.fusion, AGREEMENT_TIMEOUT, float(bound))
     if device_kind == "cpu":
         fake = FakeFlashInferComm()
         use_fake_flashinfer(adapter, layer.fusion, fake)
@@ -519,10 +533,30 @@ def run_rank(request: dict[str, Any]) -> Observation:
     return observation
 
 
+def _raised(request: dict[str, Any], error: BaseException) -> dict[str, Any]:
+    """What a rank whose case raised reports: the error, how long after the injected
+    fused-call error it came, and the agreement timeout the tree under test had."""
+    fusion = sys.modules.get(FUSION_MODULE)
+    bound = getattr(fusion, AGREEMENT_TIMEOUT, None)
+    return {
+        "rank": int(request["rank"]), "case": request["case"],
+        "layout": request.get("layout"),
+        "error": f"{type(error).__name__}: {error}",
+        "after_fused_call_error_s": None if "at" not in _FUSED_CALL_RAISED
+        else round(time.monotonic() - _FUSED_CALL_RAISED["at"], 3),
+        "agreement_timeout_s": None if bound is None else float(bound),
+    }
+
+
 def main(argv: Sequence[str]) -> int:
     request = json.loads(argv[0])
     logging.basicConfig(level=logging.WARNING)
-    observation = run_rank(request)
+    try:
+        observation = run_rank(request)
+    except Exception as e:
+        sys.stdout.write(RAISED_MARKER + json.dumps(_raised(request, e)) + "\n")
+        sys.stdout.flush()
+        raise
     sys.stdout.write(RESULT_MARKER + json.dumps(observation) + "\n")
     sys.stdout.flush()
     return 0

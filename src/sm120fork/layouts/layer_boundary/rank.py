@@ -17,6 +17,10 @@ ADD_NORM = "sglang.srt.layers.layer_boundary.residual.add_norm"
 #: own words when workspace creation fails.
 WARNING_SAYS = "Disabling flashinfer allreduce fusion permanently"
 
+#: What the one error of a rank whose fused call raised alone must say (after the
+#: agreement timeout; its peers wait inside the fused kernel): the series' words.
+RAISED_ALONE_SAYS = "peers did not fail with it"
+
 
 def setup(group: Any) -> Layer:
     """The runtime context's server args (trtllm backend) and TP groups backed by ``group``."""
