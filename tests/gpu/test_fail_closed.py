@@ -1,23 +1,30 @@
-"""Issue 19 item 1: one rank failing FlashInfer's workspace creation (sglang 0.5.23).
+"""Issue 19 items 1 and 2: one rank failing workspace creation or the fused call.
 
 SGLang's own layer path on two CPU ranks over gloo (``gpu.sglang_layer``, CPU mode: a
 FlashInfer stand-in whose creation makes the trtllm backend's collectives on SGLang's
 device group and whose fused call reduces over it).  Stock 0.5.23 hangs when one rank
-fails (bounded here by the case timeout); with G6, in the patched wheel and through the
-plugin on stock, every rank falls back together with one warning and correct output.
-Network (the sglang 0.5.23 wheel, via helpers_sglang's fixture), ~5 min on 2 cores.
+fails creation (bounded here by the case timeout); with G6, in the patched wheel and
+through the plugin on stock, every rank falls back together with one warning and correct
+output.  A fused call raising on one rank only (S4 on the default stack, G6 on 0.5.23)
+is the ``*-fused-call-raises`` cases with a 3 s agreement timeout and 12 s gloo groups.
+Network (the sglang 0.5.23 wheel, via helpers_sglang's fixture; the default stack's
+sdist unless cached), ~7 min on 2 cores.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sm120fork.gpu import sglang_layer
+from sm120fork.patch.tree import prepare_tree
+from sm120fork.workspace import Workspace
 
 from helpers_sglang import Sites
+from helpers_ws import checkout_copy
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -61,3 +68,112 @@ def test_the_plugin_on_stock_fails_closed_too(sites: Sites) -> None:
     lines = outcomes["fused"].ranks[0]["plugin"]
     assert lines
     assert all(line.endswith(": applied") for line in lines), lines
+
+
+#: The agreement timeout the tests give S4/G6 (theirs: 60 s); the case is stopped as hung
+#: 30 s after the ranks are ready; the ranks' gloo groups time out after 60 s (twice
+#: that), in the rank-1 case after GROUP_S (SGLang's TP CPU group: after 120 min).
+AGREEMENT_S, GROUP_S, CASE_S = 3.0, 12.0, 30
+ALONE = ("rank-0-fused-call-raises", "one-rank-fused-call-raises")
+
+
+@pytest.fixture(scope="module")
+def default_stack_sglang(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default stack's SGLang (0.5.10) patched by its series (S1-S4), by the toolkit."""
+    ws = Workspace(checkout_copy(tmp_path_factory.mktemp("s510")))
+    stack = ws.stack(None)
+    return prepare_tree(ws, stack, stack.project("sglang")).path / "python"
+
+
+def _alone(runs: dict[str, tuple[Path, list[Path], str, str, bool]],
+           ) -> dict[str, sglang_layer.CaseOutcome]:
+    """label -> (site, extra path, case, layout, plugins), two at a time.  A site without
+    a series or plugin (label "stock") has its gates opened in memory."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {label: pool.submit(
+            sglang_layer.run_case, case, sglang_path=site, device="cpu", tokens=(3, 16),
+            timeout=CASE_S, start_timeout=240, extra_path=extra, load_plugins=plugins,
+            gates_in_memory=label == "stock", layout=layout,
+            agreement_timeout_s=AGREEMENT_S,
+            collective_timeout_s=GROUP_S if case == "one-rank-fused-call-raises" else None)
+            for label, (site, extra, case, layout, plugins) in runs.items()}
+        return {label: future.result() for label, future in futures.items()}
+
+
+def _by_rank(outcome: sglang_layer.CaseOutcome) -> dict[int, dict[str, Any]]:
+    """How each rank ended; printed (``pytest -rP`` shows it) for the record."""
+    for e in outcome.exits:
+        raised = e["raised"] or {}
+        print(f"{outcome.case} rank {e['rank']}: exit {e['exit']}, stopped by the harness "
+              f"{e['stopped_by_harness']}, ended {e['ended_after_ready_s']} s after ready, "
+              f"{raised.get('after_fused_call_error_s')} s after its fused call raised: "
+              f"{str(raised.get('error'))[:240]}")
+    return {int(e["rank"]): e for e in outcome.exits}
+
+
+def _check_rank_0_alone(outcome: sglang_layer.CaseOutcome) -> float:
+    """Rank 0 raised alone: one RuntimeError after the agreement timeout (monitored_barrier
+    on rank 0 waits ``timeout`` for its peers' arrival); without that bound it would wait
+    past the case's 30 s (the peer's groups: 60 s) and the case would be hung.  Rank 1,
+    waiting in the stand-in's fused all-reduce, fails once rank 0's exit closes the gloo
+    pair and ends with its own error within the harness's grace (on a GPU it would spin
+    in the kernel and be stopped by the harness: accepted too)."""
+    assert outcome.passed, (outcome.problems, outcome.exits, outcome.tails)
+    assert not outcome.hung
+    ended = _by_rank(outcome)
+    took = float(ended[0]["raised"]["after_fused_call_error_s"])
+    assert AGREEMENT_S - 0.5 <= took <= AGREEMENT_S + sglang_layer.ALONE_SLACK_S, took
+    assert "within 3 s" in ended[0]["raised"]["error"]
+    assert ended[1]["stopped_by_harness"] or "Connection closed by peer" in (
+        ended[1]["raised"] or {}).get("error", ""), ended[1]
+    return took
+
+
+def _check_rank_1_alone(outcome: sglang_layer.CaseOutcome) -> float:
+    """Rank 1 raised alone: S4/G6's claim does NOT hold.  monitored_barrier on a rank
+    other than 0 first sends to rank 0, and that send waits for rank 0's matching receive
+    with the group's own timeout, not the barrier's: its error comes after GROUP_S (in
+    SGLang the CPU group's 120 min), still in the header's words ("within 3 s")."""
+    assert not outcome.hung, outcome.problems
+    ended = _by_rank(outcome)
+    raised = ended[1]["raised"]
+    took = float(raised["after_fused_call_error_s"])
+    assert GROUP_S - 0.5 <= took <= GROUP_S + sglang_layer.ALONE_SLACK_S, took
+    assert "Timed out waiting 12000ms for send operation" in raised["error"]
+    assert outcome.problems == [f"rank 1: its error came {took} s after the fused call "
+                                "raised, beyond its 3 s agreement timeout"]
+    return took
+
+
+def test_a_fused_call_raising_on_one_rank_only_default_stack(
+        default_stack_sglang: Path) -> None:
+    """S4 (sglang 0.5.10): bounded by the agreement timeout on rank 0 only.  Stock 0.5.10
+    never takes the fused path on SM12x (S1 enables it), so it has no such case here."""
+    outcomes = _alone({f"s4 {case}": (default_stack_sglang, [], case, "communicator", False)
+                       for case in ALONE})
+    _check_rank_0_alone(outcomes["s4 rank-0-fused-call-raises"])
+    _check_rank_1_alone(outcomes["s4 one-rank-fused-call-raises"])
+
+
+def test_a_fused_call_raising_on_one_rank_only_sglang_0_5_23(sites: Sites) -> None:
+    """G6 in the patched wheel: as S4 (its port)."""
+    outcomes = _alone({f"g6 {case}": (sites.patched, [sites.deps], case, "layer_boundary",
+                                      False) for case in ALONE})
+    _check_rank_0_alone(outcomes["g6 rank-0-fused-call-raises"])
+    _check_rank_1_alone(outcomes["g6 one-rank-fused-call-raises"])
+
+
+def test_a_fused_call_raising_on_one_rank_only_plugin_and_stock(sites: Sites) -> None:
+    """The plugin on stock 0.5.23 carries G6's bound (rank 0); stock 0.5.23 (its gates
+    opened in memory) lets the injected error escape the layer at once, without a word
+    of the peers: the raising rank ends with the raw ValueError."""
+    case = "rank-0-fused-call-raises"
+    outcomes = _alone({
+        "plugin": (sites.stock, [sites.deps, sites.plugin], case, "layer_boundary", True),
+        "stock": (sites.stock, [sites.deps], case, "layer_boundary", False)})
+    _check_rank_0_alone(outcomes["plugin"])
+    stock = _by_rank(outcomes["stock"])[0]["raised"]
+    assert stock["error"] == "ValueError: injected host-side check failure in allreduce_fusion"
+    assert float(stock["after_fused_call_error_s"]) < 1.0
+    assert stock["agreement_timeout_s"] is None
+    assert not outcomes["stock"].passed
