@@ -63,6 +63,13 @@ def _write(tmp_path: Path) -> Path:
                              toolchain={"nvcc": "V13.0.88"})
 
 
+def _install(built: Path, target: Path) -> None:
+    """pip-install the built wheel alone into ``target`` (no index, no dependencies)."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", str(target), str(built)],
+                   check=True)
+
+
 def test_wheel_layout_metadata_and_manifest(tmp_path: Path) -> None:
     built = _write(tmp_path)
     assert built.name == ("sm120fork_flashinfer_aot-0.6.7.post3+sm120.1.cu130-py3-none-"
@@ -115,9 +122,7 @@ def test_a_tampered_module_is_caught(tmp_path: Path) -> None:
 def test_installed_package_points_flashinfer_at_its_modules(tmp_path: Path) -> None:
     built = _write(tmp_path)
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(target), str(built)],
-                   check=True)
+    _install(built, target)
     out = subprocess.run(
         [sys.executable, "-c", "import json; from importlib.metadata import entry_points; "
          "(e,) = entry_points(group='flashinfer.prebuilt'); "
@@ -144,9 +149,7 @@ def test_the_package_loads_the_cuda_runtime_from_site_packages_when_torch_did_no
         pytest.skip("no CUDA runtime library on this machine to stand in for the package's")
     built = _write(tmp_path)
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(target), str(built)],
-                   check=True)
+    _install(built, target)
     probe = ("import sm120fork_flashinfer_aot as j; j.CUDA_RUNTIME = 'libsm120forktest.so.13'; "
              "print(j.load_cuda_runtime())")
     run = [sys.executable, "-c", probe]
@@ -180,9 +183,7 @@ def test_as_a_jit_cache_provider_it_returns_the_shims_manifest(tmp_path: Path) -
         stack="sglang-0.5.23", toolkit_version="0", toolchain={},
         lookup=lookup.JIT_CACHE_PROVIDERS)
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(target), str(built)],
-                   check=True)
+    _install(built, target)
     out = subprocess.run(
         [sys.executable, "-c", "import json; from importlib.metadata import entry_points; "
          "(e,) = entry_points(group='flashinfer.jit_cache.providers'); "
