@@ -38,7 +38,7 @@ case $ROUTE in
     tar xJf $F/sglang-0.5.23-cp312-layer.tar.xz -C "$SG" & tar xJf $F/flashinfer-0.7.2-layer.tar.xz -C "$FI" & wait
     JIT=$PWD/$F/jit-072-$ROUTE; EXTRA=(--layout layer_boundary)  # own cache: the routes run side by side (gpu_session.sh), and the sources sit in per-route folders, so a shared one would rebuild anyway
     if [ "$ROUTE" = s523 ]; then  # provenance (issue 21): both trees against their wheels' RECORDs
-      EXTRA+=(--manifest $K/sglang-0.5.23/manifest.json
+      EXTRA+=(--manifest $F/manifest.json
               --made-from "sglang-0.5.23+sm120.1-cp312-cp312-manylinux_2_34_x86_64.whl=$SG"
               --made-from "flashinfer_python-0.7.2-py3-none-any.whl=$FI")
     fi
