@@ -50,14 +50,17 @@ if [ -n "${FI074_PREBUILT:-}" ]; then
   for v in patched unpatched; do PRE+=(--prebuilt "$v=$PWD/$FI074_PREBUILT/$v"); done
   sha256sum "$FI074_PREBUILT"/*/trtllm_comm/trtllm_comm.so | tee -a "$OUT/carry.log"
 fi
-if [ "${FI074_RUNS:-all}" = ab ]; then
-  B=$(( $(left) - 40 ))
-  timeout -s TERM -k 10 $(( B + 30 )) python3 -m sm120fork.gpu test --quick --world-sizes 2 \
-    "${VARIANTS[@]}" "${PRE[@]}" --compile-timeout 420 --case-timeout 45 --time-budget "$B" \
+# the quick A/B of both builds, with provenance: quick_ab BUDGET COMPILE_TIMEOUT KILL_MARGIN
+quick_ab() {
+  timeout -s TERM -k 10 $(( $1 + $3 )) python3 -m sm120fork.gpu test --quick --world-sizes 2 \
+    "${VARIANTS[@]}" "${PRE[@]}" --compile-timeout "$2" --case-timeout 45 --time-budget "$1" \
     --out "$OUT/flashinfer-0.7.4-h200" --not-run "$CARRY" --not-run "$NOT_SM12X" \
     --not-run "FP4 patterns: need sm_100 or newer (skipped on H200)" \
     --not-run "world sizes 4 and 8: one GPU here; the ranks share it" > "$OUT/ab.log" 2>&1
   echo "A/B run rc=$? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/summary.txt"
+}
+if [ "${FI074_RUNS:-all}" = ab ]; then
+  quick_ab $(( $(left) - 40 )) 420 30
   tail -n 6 "$OUT/ab.log"
   exit 0
 fi
@@ -76,12 +79,7 @@ while kill -0 $P1 2> /dev/null && ! grep -q "module step took" "$OUT/f5-cluster.
 echo "modules built at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/summary.txt"
 B=$(( $(left) - 60 ))
 if [ "$B" -gt 30 ]; then
-  timeout -s TERM -k 10 $(( B + 40 )) python3 -m sm120fork.gpu test --quick --world-sizes 2 \
-    "${VARIANTS[@]}" --compile-timeout 120 --case-timeout 45 --time-budget "$B" \
-    --out "$OUT/flashinfer-0.7.4-h200" --not-run "$CARRY" --not-run "$NOT_SM12X" \
-    --not-run "FP4 patterns: need sm_100 or newer (skipped on H200)" \
-    --not-run "world sizes 4 and 8: one GPU here; the ranks share it" > "$OUT/ab.log" 2>&1
-  echo "A/B run rc=$? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/summary.txt"
+  quick_ab "$B" 120 40
 else
   echo "A/B run not started: $B s left" | tee -a "$OUT/summary.txt"
 fi
