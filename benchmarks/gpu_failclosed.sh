@@ -62,19 +62,6 @@ PY
   *) echo "unknown route $ROUTE" >&2; exit 2 ;;
 esac
 echo "unpacked in $(( $(date +%s) - T0 )) s: sglang $SG, flashinfer $FI" | tee "$OUTD/setup.log"
-# What this run tests, checked before it runs: the stack, its series digests and wheel sha256
-# (benchmarks/gpu_tree_check.py; the plugin route's sglang tree holds upstream's bytes, so
-# there only FlashInfer's tree is checked)
-case $ROUTE in
-  s510) PROV=(--manifest $K/sglang-0.5.10/manifest.json --wheel $K/sglang-0.5.10/sglang-*.whl
-              --wheel $K/sglang-0.5.10/flashinfer_python-*.whl) ;;
-  s523) PROV=(--manifest $F/manifest.json
-              --tree "$SG=$(ls $F/sglang-0.5.23+*cp312*.record.sha256)"
-              --tree "$FI=$(ls $F/flashinfer_python-*.record.sha256)") ;;
-  s523-plugin) PROV=(--manifest $F/manifest.json --tree "$FI=$(ls $F/flashinfer_python-*.record.sha256)") ;;
-esac
-python3 benchmarks/gpu_tree_check.py "${PROV[@]}" --out "$OUTD/provenance.json" 2>&1 | tee -a "$OUTD/setup.log"
-[ "${PIPESTATUS[0]}" = 0 ] || { echo "provenance check failed: not running" | tee -a "$OUTD/setup.log"; exit 1; }
 nvidia-smi -L | tee -a "$OUTD/setup.log"
 FLASHINFER_WORKSPACE_BASE=$JIT PYTHONPATH=$FI:$R/site_common python3 -c "import time; t=time.time()
 from flashinfer.comm.trtllm_ar import get_trtllm_comm_module as g; g(); print('comm module ready in %.0f s' % (time.time()-t))" > "$OUTD/jit.log" 2>&1

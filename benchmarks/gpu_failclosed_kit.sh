@@ -31,12 +31,6 @@ python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.arg
 find "$t/fi/flashinfer/data/csrc" -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +
 rm -rf "$t/fi/flashinfer/data/cubin" 2>/dev/null || true
 tar -C "$t/fi" -cJf $S/flashinfer-0.7.2-layer.tar.xz .
-# Provenance (benchmarks/gpu_tree_check.py there): the stack's manifest, and the sha256 of each
-# carried wheel's RECORD, which the trees are checked against file by file on the device
+# The stack's manifest: sglang-layer --manifest/--made-from checks the trees against it there
 cp wheels/sglang-0.5.23/manifest.json $S/manifest.json
-for whl in wheels/sglang-0.5.23/sglang-0.5.23+sm120.1-cp312-cp312-manylinux_2_34_x86_64.whl \
-           wheels/sglang-0.5.23/flashinfer_python-0.7.2-py3-none-any.whl; do
-  python3 -c "import hashlib, sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); n = [m for m in z.namelist() if m.count('/') == 1 and m.endswith('.dist-info/RECORD')][0]; print(hashlib.sha256(z.read(n)).hexdigest())" "$whl" \
-    > "$S/$(basename "$whl" .whl).record.sha256"
-done
 rm -rf "$t"; du -sh $S/*
