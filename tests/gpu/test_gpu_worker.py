@@ -50,6 +50,7 @@ def test_a_rank_without_a_gpu_says_fatal_and_exits_at_once(tmp_path: Path) -> No
 class _Rank:
     rank = 0
     capability = (9, 0)
+    shared = False
 
     def __init__(self) -> None:
         self.barriers = 0
@@ -140,14 +141,14 @@ def test_legacy_fusion_on_ranks_sharing_a_gpu_is_a_skip_where_its_workspace_is_t
     trtllm_ar._alloc_symm_buffer_bytes = lambda *a: None  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "flashinfer.comm.trtllm_ar", trtllm_ar)
     shared = _Rank()
-    shared.shared = True  # type: ignore[attr-defined]
+    shared.shared = True
     correctness.run_tests(shared, [legacy, unified])  # type: ignore[arg-type]
     results = [r for t, r in _lines(capsys.readouterr().out) if t == "RESULT"]
     assert results[0]["status"] == "skip"
     assert "torch symmetric memory" in results[0]["reason"]
     assert ran == [unified.key]
     separate = _Rank()
-    separate.shared = False  # type: ignore[attr-defined]
+    separate.shared = False
     correctness.run_tests(separate, [legacy])  # type: ignore[arg-type]
     assert ran == [unified.key, legacy.key]
     del trtllm_ar._alloc_symm_buffer_bytes

@@ -229,7 +229,7 @@ def run_tests(rk: Rank, cases: list[Case]) -> None:
         say("START", case.key)
         record: dict[str, Any] = {"key": case.key, "rank": rk.rank}
         reason = skip_reason(case, rk.capability) or environment_reason(
-            case.api, shared=bool(getattr(rk, "shared", False)),
+            case.api, shared=rk.shared,
             legacy_workspace_torch_symm=legacy_workspace_is_torch_symm())
         if reason:
             record.update(status="skip", reason=reason)
