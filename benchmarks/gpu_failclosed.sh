@@ -2,7 +2,10 @@
 # One leased-GPU call per install route (issue 19 item 5): SGLang's own fused-norm layer path,
 # two rank processes sharing the H200 over a gloo TP group, all six cases
 # (fused, all-ranks-create-fails, one-rank-create-fails, one-rank-fails-midway,
-# one-rank-fails-late, fused-call-raises). Multicast off, FlashInfer backend "trtllm" only.
+# one-rank-fails-late, fused-call-raises) and the two of a fused call raising on one rank
+# only (rank-0-fused-call-raises, one-rank-fused-call-raises: rank 1), with the agreement
+# timeout set to 5 s and the gloo groups' to 60 s, so a bound that came from the group's
+# timeout would show. Multicast off, FlashInfer backend "trtllm" only.
 #   bash benchmarks/gpu_failclosed.sh s510          default stack: patched sglang 0.5.10 + FlashInfer 0.6.7.post3 wheels
 #   bash benchmarks/gpu_failclosed.sh s523          stack sglang-0.5.23: the patched cp312 wheel (G1-G6), FlashInfer 0.7.2
 #   bash benchmarks/gpu_failclosed.sh s523-plugin   stock sglang 0.5.23 + the generated plugin, load_plugins() in each rank
@@ -74,6 +77,7 @@ PYTHONPATH=$PWD/src FLASHINFER_WORKSPACE_BASE=$JIT timeout -s TERM $LEFT python3
   --timeout 45 --first-timeout 120 --start-timeout 150 \
   --case fused --case all-ranks-create-fails --case one-rank-create-fails --case one-rank-fails-midway \
   --case one-rank-fails-late --case fused-call-raises \
+  --case rank-0-fused-call-raises --case one-rank-fused-call-raises --agreement-timeout 5 --group-timeout 60 \
   --title "Issue 19 fault matrix, route $ROUTE: SGLang's fused-norm layer path on one H200 (2 ranks sharing it)" \
   --note "route $ROUTE; capability query stubbed to 12.0 for callers in sglang.* only; FlashInfer builds and runs for the real SM90" \
   --note "TP group: gloo over the 2 rank processes (device group a second gloo group); sgl_kernel an import stub, so the unfused norm is SGLang's forward_native" \

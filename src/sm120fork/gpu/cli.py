@@ -141,6 +141,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="per case once every rank has imported SGLang, seconds; the first "
                    "case's includes FlashInfer's JIT build of the comm module if not cached")
     s.add_argument("--first-timeout", type=float, help="the first case's limit")
+    s.add_argument("--agreement-timeout", type=float, metavar="S",
+                   help="set the tree's fused-call agreement timeout "
+                   "(_FUSED_CALL_AGREEMENT_TIMEOUT_S, S4/G6: 60 s) in every rank")
+    s.add_argument("--group-timeout", type=float, metavar="S",
+                   help="the ranks' gloo groups' timeout (default: twice --timeout)")
     s.add_argument("--start-timeout", type=float, default=300.0,
                    help="imports and set-up of each case's ranks, seconds")
     s.add_argument("--gates-in-memory", action="store_true",
@@ -241,7 +246,8 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
         first_timeout=args.first_timeout, start_timeout=args.start_timeout,
         gates_in_memory=args.gates_in_memory, load_plugins=args.load_plugins,
         title=args.title, notes=tuple(args.note), manifest=args.manifest,
-        made_from=tuple(args.made_from)))
+        made_from=tuple(args.made_from), agreement_timeout=args.agreement_timeout,
+        group_timeout=args.group_timeout))
     failed = [o for o in outcomes if not o.passed]
     return VerifyError.exit_code if failed else 0
 

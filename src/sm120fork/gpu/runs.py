@@ -578,6 +578,10 @@ class LayerOptions:
     #: The stack's manifest.json and WHEEL=PATH of each tested build (gpu/provenance.py).
     manifest: Path | None = None
     made_from: tuple[str, ...] = ()
+    #: The tree's fused-call agreement timeout (None: its own) and the ranks' gloo groups'
+    #: timeout (None: twice the case's), seconds (sglang_layer.run_case).
+    agreement_timeout: float | None = None
+    group_timeout: float | None = None
 
 
 def run_sglang_layer(opts: LayerOptions) -> list[sglang_layer.CaseOutcome]:
@@ -595,7 +599,8 @@ def run_sglang_layer(opts: LayerOptions) -> list[sglang_layer.CaseOutcome]:
             world_size=opts.world_size, tokens=list(opts.tokens) if opts.tokens else None,
             timeout=timeout, start_timeout=opts.start_timeout, extra_path=list(opts.site),
             gates_in_memory=opts.gates_in_memory, layout=opts.layout,
-            load_plugins=opts.load_plugins)
+            load_plugins=opts.load_plugins, agreement_timeout_s=opts.agreement_timeout,
+            collective_timeout_s=opts.group_timeout)
         log.info("%s: %s in %.0f s %s", case, "PASS" if outcome.passed else "FAIL",
                  outcome.seconds, "; ".join(outcome.problems))
         outcomes.append(outcome)

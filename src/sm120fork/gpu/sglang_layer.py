@@ -18,9 +18,9 @@ the SGLang tree under test, and this module judges what they report:
   ``_FUSED_CALL_AGREEMENT_TIMEOUT_S``, set by ``agreement_timeout_s``), and no peer may
   outlive it by more than ``PEER_GRACE_S`` (a peer still running then is stopped and
   recorded as such: on a GPU it spins in the kernel; the CPU stand-in's kernel is a gloo
-  all-reduce, which fails once the raising rank has exited).  Only rank 0 meets that
-  bound today: on any other rank torch's gloo ``monitored_barrier`` first sends to rank 0,
-  and that send waits with the group's own timeout (SGLang's TP CPU group: 120 min).
+  all-reduce, which fails once the raising rank has exited).  The rank-1 case is the one
+  torch's gloo ``monitored_barrier`` does not bound: there its send to rank 0 waits with
+  the group's own timeout (SGLang's TP CPU group: 120 min), not the barrier's.
 
 Processes run with the multicast switches off (``NCCL_NVLS_ENABLE=0`` ...); the TP group
 is a gloo group, so nothing here creates a multicast object or an NCCL communicator.
