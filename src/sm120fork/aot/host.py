@@ -16,15 +16,20 @@ import dataclasses
 import logging
 import os
 import platform as platform_mod
+import re
 import shutil
 import sys
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 from sm120fork.aot import wheel as wheel_mod
 from sm120fork.aot.targets import DEFAULT_CAPABILITIES
-from sm120fork.errors import BuildError, ConfigError
+from sm120fork.errors import BuildError, CommandError, ConfigError
 from sm120fork.util import proc
 
 log = logging.getLogger("sm120fork")
@@ -118,22 +123,73 @@ def run(project: Path, package_dir: Path, out: Path, *,
         else:
             wheel = built
         if plan.test_command.strip():
-            venv = Path(tmp) / "venv"
-            proc.run([sys.executable, "-m", "venv", "--system-site-packages", venv])
-            test_env = {**env, "VIRTUAL_ENV": str(venv),
-                        "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
-            _sh(_fill(plan.before_test, **places), test_env, project)
-            proc.run([venv / "bin" / "python", "-m", "pip", "install", "-q", wheel],
-                     env=test_env)
-            cwd = Path(tmp) / "test_cwd"
-            cwd.mkdir()
-            _sh(_fill(plan.test_command, wheel=wheel, **places), test_env, cwd)
+            run_test_step(plan, wheel, out, env, places, Path(tmp))
         out.mkdir(parents=True, exist_ok=True)
         final = out / wheel.name
         for stale in out.glob(f"{wheel_mod.PACKAGE}-*.whl"):
             stale.unlink()
         shutil.copy2(wheel, final)
     return final
+
+
+def install_index_args(wheel: Path) -> list[str]:
+    """pip options that reach what the wheel requires beyond the default index.
+
+    A wheel for a FlashInfer that finds providers through upstream's shim requires the shim
+    (``flashinfer-jit-cache==<version>+cu<NNN>``), which FlashInfer publishes on its own
+    index only (``Lookup.through_index``)."""
+    from sm120fork.aot.lookup import LOOKUPS
+
+    with zipfile.ZipFile(wheel) as archive:
+        name = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
+        text = archive.read(name).decode("utf-8") if name else ""
+    requires = [Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines()
+                if line.startswith("Requires-Dist:")]
+    args: list[str] = []
+    for lookup in LOOKUPS:
+        if lookup.through is None or lookup.through_index is None:
+            continue
+        for req in requires:
+            if canonicalize_name(req.name) != canonicalize_name(lookup.through):
+                continue
+            cuda = re.search(r"\+cu(\d+)", str(req.specifier))
+            if cuda:
+                args += ["--extra-index-url", lookup.through_index.format(cuda=cuda.group(1))]
+    return args
+
+
+def run_test_step(plan: HostPlan, wheel: Path, out: Path, env: Mapping[str, str],
+                  places: Mapping[str, str | Path], tmp: Path) -> None:
+    """cibuildwheel's test step for the built wheel: a fresh virtual environment,
+    before-test, the wheel installed (with the index its requirements live on), then
+    test-command.  A failing step keeps the wheel (minutes to hours of nvcc) under
+    ``<out>/untested/`` and says so; the error names the step and what to do."""
+    venv = tmp / "venv"
+    proc.run([sys.executable, "-m", "venv", "--system-site-packages", venv])
+    test_env = {**env, "VIRTUAL_ENV": str(venv),
+                "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+    index = install_index_args(wheel)
+    step = "before-test"
+    try:
+        _sh(_fill(plan.before_test, **places), test_env, Path(places["project"]))
+        step = "installing the wheel" + (f" (with {' '.join(index)})" if index else "")
+        proc.run([venv / "bin" / "python", "-m", "pip", "install", "-q", *index, wheel],
+                 env=test_env)
+        step = "test-command"
+        cwd = tmp / "test_cwd"
+        cwd.mkdir(exist_ok=True)
+        _sh(_fill(plan.test_command, wheel=wheel, **places), test_env, cwd)
+    except (CommandError, BuildError) as exc:
+        kept = out / "untested" / wheel.name
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(wheel, kept)
+        needs = (f"; it requires what only {index[-1]} serves: reach that index, or put "
+                 "those wheels in a folder and set PIP_FIND_LINKS to it" if index else "")
+        raise BuildError(
+            f"the AOT wheel was built but its test step failed at {step}: {exc.what}",
+            where=str(kept),
+            fix=f"the wheel is kept there, untested{needs}; check it with `python -m "
+                f"sm120fork aot-check <that wheel>` once it installs") from exc
 
 
 def _forward_progress(line: str) -> None:
