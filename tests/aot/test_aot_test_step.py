@@ -17,7 +17,7 @@ SHIM = "flashinfer-jit-cache==0.7.2+cu130"
 
 def _wheel(folder: Path, name: str, requires: list[str]) -> Path:
     path = folder / name
-    dist = name.split("-")[0] + "-" + name.split("-")[1] + ".dist-info"
+    dist = "-".join(name.split("-")[:2]) + ".dist-info"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr(f"{dist}/METADATA", "Metadata-Version: 2.1\nName: x\nVersion: 1\n"
                          + "".join(f"Requires-Dist: {r}\n" for r in requires))
