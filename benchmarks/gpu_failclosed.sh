@@ -38,9 +38,10 @@ case $ROUTE in
   s523|s523-plugin)
     pipi "$R/site_deps" $K/whl312/s523/*.whl
     # FlashInfer 0.7.2 is the same tree on both routes: unpacked afresh at one place (tar keeps
-    # its files' times), so the second route on a warm machine reuses the first one's comm module
-    # build (JIT cache .device/jit-072, outside the carried .device/failclosed, which a call replaces). Run these two routes one after the other,
-    # not side by side (FAILCLOSED_SHARED_JIT=0 gives each route its own folders again).
+    # its files' times), so the second route on a warm machine can reuse the first one's comm
+    # module build (JIT cache .device/jit-072, outside the carried .device/failclosed, which a
+    # call replaces). Run these two routes one after the other, not side by side
+    # (FAILCLOSED_SHARED_JIT=0 gives each route its own folders again).
     SG=$R/sg; FI=$R/fi; JIT=$PWD/$F/jit-072-$ROUTE
     if [ "${FAILCLOSED_SHARED_JIT:-1}" = 1 ]; then FI=$PWD/.device/fi-072; JIT=$PWD/.device/jit-072; rm -rf "$FI"; mkdir -p "$FI"; fi
     tar xJf $F/sglang-0.5.23-cp312-layer.tar.xz -C "$SG" & tar xJf $F/flashinfer-0.7.2-layer.tar.xz -C "$FI" & wait

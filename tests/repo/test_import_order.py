@@ -39,7 +39,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "patch": frozenset({"declare", "workspace", "fetch"}),
     "plugin": frozenset({"declare", "workspace", "patch"}),
     "package": frozenset({"declare", "workspace", "fetch", "patch", "plugin"}),
-    "aot": frozenset({"declare", "workspace", "cuda"}),
+    # a built wheel's requirements (package/wheel.py), for its test step's index
+    "aot": frozenset({"declare", "workspace", "cuda", "package"}),
     # --stack NAME resolves a stack's wheels (its pin, its sdist), lazily: the GPU box's
     # plain runs still import none of them.
     "gpu": frozenset({"cuda", "harness", "declare", "workspace", "fetch", "layouts"}),

@@ -20,16 +20,16 @@ import re
 import shutil
 import sys
 import tempfile
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from sm120fork.aot import wheel as wheel_mod
+from sm120fork.aot.lookup import LOOKUPS
 from sm120fork.aot.targets import DEFAULT_CAPABILITIES
 from sm120fork.errors import BuildError, CommandError, ConfigError
+from sm120fork.package.wheel import wheel_requirements
 from sm120fork.util import proc
 
 log = logging.getLogger("sm120fork")
@@ -138,13 +138,7 @@ def install_index_args(wheel: Path) -> list[str]:
     A wheel for a FlashInfer that finds providers through upstream's shim requires the shim
     (``flashinfer-jit-cache==<version>+cu<NNN>``), which FlashInfer publishes on its own
     index only (``Lookup.through_index``)."""
-    from sm120fork.aot.lookup import LOOKUPS
-
-    with zipfile.ZipFile(wheel) as archive:
-        name = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
-        text = archive.read(name).decode("utf-8") if name else ""
-    requires = [Requirement(line.split(":", 1)[1].strip()) for line in text.splitlines()
-                if line.startswith("Requires-Dist:")]
+    requires = wheel_requirements(wheel)
     args: list[str] = []
     for lookup in LOOKUPS:
         if lookup.through is None or lookup.through_index is None:
