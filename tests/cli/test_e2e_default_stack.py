@@ -465,3 +465,53 @@ def test_the_aot_module_loads_on_the_stacks_own_torch_without_nvcc(
     theirs = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
     assert theirs.returncode != 0
     assert "SM 12.x requires CUDA >= 12.9" in theirs.stderr
+
+
+# Which modules FlashInfer's own AOT build (flashinfer/aot.py, what flashinfer-jit-cache is
+# made with) generates for each architecture given in argv[2:], comm modules on.
+_AOT_MODULES_PROBE = _FLASHINFER_SITE.replace(
+    'for name in ("flashinfer", "flashinfer.jit"):', 'for name in ("flashinfer",):') + r"""
+import torch
+aot = importlib.import_module("flashinfer.aot")
+found = {}
+for sm in sys.argv[2:]:
+    specs = aot.gen_all_modules([torch.float16], [], [], [], [False], [False], {sm: True},
+                                add_comm=True, add_gemma=False, add_oai_oss=False,
+                                add_moe=False, add_act=False, add_misc=False, add_xqa=False)
+    found[sm] = sorted(spec.name for spec in specs)
+print(json.dumps(found))
+"""
+
+
+def _aot_modules(site: Path, tmp_path: Path, archs: list[str]) -> dict[str, list[str]]:
+    # Only specs are generated (sources written under the workspace), nothing is compiled:
+    # no nvcc, no GPU. The nvshmem paths are read, not opened.
+    env = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": "9.0a 12.0a 12.1a",
+           "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws"), "PYTHONDONTWRITEBYTECODE": "1",
+           "NVSHMEM_INCLUDE_PATH": str(tmp_path / "nvshmem" / "include"),
+           "NVSHMEM_LIBRARY_PATH": str(tmp_path / "nvshmem" / "lib")}
+    done = subprocess.run([sys.executable, "-c", _AOT_MODULES_PROBE, str(site), *archs],
+                          capture_output=True, text=True, check=False, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found: dict[str, list[str]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_an_aot_build_for_sm90_or_sm12x_ships_the_trtllm_comm_module(
+        built: Path, tmp_path: Path) -> None:
+    """Patch 0003 (F2): FlashInfer's AOT build (flashinfer/aot.py gen_all_modules) includes
+    the trtllm comm module when its targets are SM90, SM120 or SM121 alone; upstream's adds
+    it only with SM100, so a jit-cache for those architectures shipped none."""
+    pytest.importorskip("torch")  # flashinfer/aot.py imports it
+    archs = ["sm90", "sm120", "sm121"]
+    site = tmp_path / "site"
+    _install_flashinfer(built, site)
+    ours = _aot_modules(site, tmp_path, archs)
+    assert {sm: "trtllm_comm" in names for sm, names in ours.items()} == dict.fromkeys(
+        archs, True)
+    _put_upstream_file(built, site, "flashinfer/aot.py")
+    theirs = _aot_modules(site, tmp_path, archs)
+    assert {sm: "trtllm_comm" in names for sm, names in theirs.items()} == dict.fromkeys(
+        archs, False)
+    # Otherwise the two builds generate the same modules for these targets.
+    assert {sm: sorted(set(n) - {"trtllm_comm"}) for sm, n in ours.items()} == theirs
