@@ -15,6 +15,7 @@ from sm120fork.aot import compile as compile_mod
 from sm120fork.aot import lookup, pipeline
 from sm120fork.declare import load_stacks
 from sm120fork.errors import ConfigError
+from sm120fork.util import proc
 from sm120fork.workspace import Workspace
 
 from conftest import git
@@ -173,3 +174,26 @@ def test_a_published_flashinfer_without_a_lookup_gets_no_aot_wheel(
                         lambda link: pytest.fail("compiled without a lookup"))
     with pytest.raises(ConfigError, match="no lookup for prebuilt-module packages"):
         pipeline.build_aot(ws, stack, platform="linux_x86_64")
+
+
+def test_the_build_probe_is_given_absolute_paths_as_it_runs_in_its_build_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tree named relative to the caller's folder (as benchmarks/gpu_fi074_prebuild.sh
+    does) is the same tree for the probe, which runs in the build folder."""
+    (tmp_path / "work" / "site").mkdir(parents=True)
+    (tmp_path / "work" / "scratch").mkdir()
+    monkeypatch.chdir(tmp_path)
+    seen: dict[str, object] = {}
+
+    def run(cmd: list[object], **kw: object) -> SimpleNamespace:
+        seen.update(argv=[str(c) for c in cmd], cwd=kw.get("cwd"))
+        return SimpleNamespace(stdout=compile_mod._MARK + '{"ok": 1}\n', stderr="")
+
+    monkeypatch.setattr(proc, "run", run)
+    got = compile_mod._probe(Path("python3"), Path("work/site"), Path("work/scratch"),
+                             "plan", {})
+    assert got == {"ok": 1}
+    argv = seen["argv"]
+    assert isinstance(argv, list)
+    assert argv[3:5] == [str(tmp_path / "work" / "site"), str(tmp_path / "work" / "scratch")]
+    assert seen["cwd"] == tmp_path / "work" / "scratch"

@@ -231,6 +231,9 @@ class NinjaProgress:
 
 def _probe(python: Path, tree: Path, build_dir: Path, mode: str,
            env: Mapping[str, str]) -> dict[str, Any]:
+    # The probe runs in build_dir: paths the caller gave relative to its own folder would
+    # name other places (or nothing) there.
+    tree, build_dir = tree.resolve(), build_dir.resolve()
     log.info("+ FLASHINFER_CUDA_ARCH_LIST=%r %s -c <FlashInfer %s probe> %s %s",
              env.get("FLASHINFER_CUDA_ARCH_LIST"), python, mode, tree, build_dir)
     out = proc.run([python, "-c", _PROBE, tree, build_dir, mode, _MARK], env=env,
