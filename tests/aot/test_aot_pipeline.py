@@ -176,24 +176,45 @@ def test_a_published_flashinfer_without_a_lookup_gets_no_aot_wheel(
         pipeline.build_aot(ws, stack, platform="linux_x86_64")
 
 
-def test_the_build_probe_is_given_absolute_paths_as_it_runs_in_its_build_folder(
+
+def test_the_module_build_names_absolute_paths_as_it_runs_in_its_work_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tree named relative to the caller's folder (as benchmarks/gpu_fi074_prebuild.sh
-    does) is the same tree for the probe, which runs in the build folder."""
+    """A tree and cache named relative to the caller's folder (as
+    benchmarks/gpu_fi074_prebuild.sh names them) are the same places for the probe and for
+    nvcc, which run in the work folder: the probe's arguments, its workspace and nvcc's
+    --time file are absolute."""
     (tmp_path / "work" / "site").mkdir(parents=True)
-    (tmp_path / "work" / "scratch").mkdir()
     monkeypatch.chdir(tmp_path)
-    seen: dict[str, object] = {}
+    calls: list[dict[str, object]] = []
 
     def run(cmd: list[object], **kw: object) -> SimpleNamespace:
-        seen.update(argv=[str(c) for c in cmd], cwd=kw.get("cwd"))
-        return SimpleNamespace(stdout=compile_mod._MARK + '{"ok": 1}\n', stderr="")
+        calls.append({"argv": [str(c) for c in cmd], "cwd": kw.get("cwd"),
+                      "env": dict(kw.get("env") or {})})  # type: ignore[call-overload]
+        if len(calls) > 1:
+            raise RuntimeError("stop after the build probe's call")
+        result = {"name": "trtllm_comm", "cuda_flags": ["-gencode=arch=compute_90a,code=sm_90a"],
+                  "sources": [], "ninja": "", "flashinfer_version": "0",
+                  "tvm_ffi_version": "0", "arch_list": "9.0a", "prefix": "/p"}
+        return SimpleNamespace(stdout=compile_mod._MARK + json.dumps(result) + "\n", stderr="")
 
     monkeypatch.setattr(proc, "run", run)
-    got = compile_mod._probe(Path("python3"), Path("work/site"), Path("work/scratch"),
-                             "plan", {})
-    assert got == {"ok": 1}
-    argv = seen["argv"]
-    assert isinstance(argv, list)
-    assert argv[3:5] == [str(tmp_path / "work" / "site"), str(tmp_path / "work" / "scratch")]
-    assert seen["cwd"] == tmp_path / "work" / "scratch"
+    monkeypatch.setattr(compile_mod, "sources_root", lambda tree: tree)
+    monkeypatch.setattr(compile_mod, "cache_key", lambda *a: "k")
+    chain = SimpleNamespace(env=lambda: {}, version_text="nvcc")
+    with pytest.raises(RuntimeError, match="stop after"):
+        compile_mod.build(Path("work/site"), ["9.0a"], chain,  # type: ignore[arg-type]
+                          Path("work/cache"), jobs=1)
+    assert len(calls) == 2
+    for call in calls:
+        argv, env, cwd = call["argv"], call["env"], call["cwd"]
+        assert isinstance(argv, list)
+        assert isinstance(env, dict)
+        assert isinstance(cwd, Path)
+        assert argv[3] == str(tmp_path / "work" / "site")
+        assert Path(argv[4]).is_absolute()
+        assert cwd.is_absolute()
+        assert Path(env["FLASHINFER_WORKSPACE_BASE"]).is_absolute()
+    build_env = calls[1]["env"]
+    assert isinstance(build_env, dict)
+    assert build_env["FLASHINFER_EXTRA_CUDAFLAGS"] == (
+        f"--time={tmp_path / 'work' / 'cache' / 'work-k' / 'nvcc-time.csv'}")

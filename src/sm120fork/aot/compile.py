@@ -262,6 +262,7 @@ def plan(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, *,
     """Ask the tree's JIT what it would build for ``capabilities`` (refusal is an error)."""
     arch_list = targets_mod.arch_list(capabilities)
     scratch.mkdir(parents=True, exist_ok=True)
+    tree, scratch = tree.resolve(), scratch.resolve()
     env = _base_env(toolchain, arch_list, scratch, 1)
     result = _probe(python or Path(sys.executable), tree, scratch, "plan", env)
     if "refused" in result:
@@ -304,6 +305,8 @@ def cache_key(plan_: Plan, tree: Path, scratch: Path, toolchain: Toolchain) -> s
 def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: Path, *,
           python: Path | None = None, jobs: int = 2, rebuild: bool = False) -> Compiled:
     """Compile (or reuse) the module for ``capabilities``; returns where its .so is."""
+    # nvcc and the probe run in the work folder: every path they get is absolute.
+    tree, cache = tree.resolve(), cache.resolve()
     sources_root(tree)
     interpreter = python or Path(sys.executable)
     arch_list = targets_mod.arch_list(capabilities)
