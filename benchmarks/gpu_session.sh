@@ -27,7 +27,11 @@ kit_doctor() {
   if have "$K/sglang-0.5.23/plugin/*.whl"; then cp $K/sglang-0.5.23/plugin/*.whl .device/doctor/plugin/; fi
 }
 kit_ab() {  # the layout benchmarks/gpu_ab_kit.sh makes
-  local A=.device/ab; rm -rf $A; mkdir -p $A/sglang-0.5.10/upstream $A/sglang-0.5.23 $A/deps
+  local A=.device/ab
+  # carried ready-made (without .device/kit, when the kit and the other jobs' inputs would not
+  # fit one call): keep it
+  if ! have "$K/sglang-0.5.*" && [ -d $A/deps ]; then echo "kit_ab: the carried $A"; return 0; fi
+  rm -rf $A; mkdir -p $A/sglang-0.5.10/upstream $A/sglang-0.5.23 $A/deps
   cp $K/whl312/common/apache_tvm_ffi-*.whl $K/whl312/common/cuda_tile-*.whl $A/deps/
   if [ -d $K/sglang-0.5.10 ]; then
     cp $K/sglang-0.5.10/manifest.json $K/sglang-0.5.10/flashinfer_python-*.whl $A/sglang-0.5.10/
