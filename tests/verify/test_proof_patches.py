@@ -154,6 +154,28 @@ def test_gpu_report_check_reads_the_committed_runs(tmp_path: Path) -> None:
     assert not check_gpu_report(ctx, "reports/gpu/b")[1]
 
 
+def test_a_gpu_report_of_another_series_of_the_stack_backs_nothing(tmp_path: Path) -> None:
+    where = tmp_path / "reports" / "gpu" / "a"
+    _gpu_report(where, {"custom_lamport/t1": ("pass", "fail")})
+    doc = json.loads((where / "test-ab.json").read_text())
+    ctx = Context(root=tmp_path, stack="s", series={"flashinfer": "d1", "sglang": "d2"})
+    assert check_gpu_report(ctx, "reports/gpu/a")[1]  # records no series: results only
+    for made, ok in (([{"project": "flashinfer", "series_digest": "d1"}], True),
+                     ([{"project": "flashinfer", "series_digest": "d0"}], False),
+                     ([{"project": "flashinfer", "series_digest": "d1"},
+                       {"project": "sglang", "series_digest": "d0"}], False)):
+        (where / "test-ab.json").write_text(json.dumps({**doc, "stack": "s",
+                                                        "made_from": made}))
+        text, passed = check_gpu_report(ctx, "reports/gpu/a")
+        assert passed is ok, text
+        if not ok:
+            assert "reports/gpu/a/test-ab.json was made from another" in text
+    # Another stack's report is judged by its results, as before.
+    (where / "test-ab.json").write_text(json.dumps({**doc, "stack": "other", "made_from": [
+        {"project": "flashinfer", "series_digest": "d0"}]}))
+    assert check_gpu_report(ctx, "reports/gpu/a")[1]
+
+
 def test_behaviour_claims_need_checks_that_ran_and_passed(tmp_path: Path) -> None:
     ctx = Context(root=tmp_path, behaviour=(("S1 tp2", "12.0", True), ("S2 tp4", "12.0", False)))
     assert check_behaviour(ctx, "S1")[1]

@@ -97,6 +97,10 @@ class Context:
     behaviour: tuple[tuple[str, str, bool], ...] = ()
     #: node -> (what happened, passed) of the ``cpu:`` tests already run (run_cpu_tests).
     cpu: Mapping[str, tuple[str, bool]] = dataclasses.field(default_factory=dict)
+    #: The stack verified and its projects' series digests now: a GPU report that records
+    #: it was made from another series of this stack backs nothing.
+    stack: str = ""
+    series: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- proof checks
@@ -289,6 +293,10 @@ def check_gpu_report(ctx: Context, spec: str) -> tuple[str, bool]:
     wheels: set[str] = set()
     for path in reports:
         document = json.loads(path.read_text())
+        if stale := _stale(ctx, document):
+            return (f"{path.relative_to(ctx.root).as_posix()} was made from another "
+                    f"{stale} series of stack {ctx.stack} (re-run it with today's series)",
+                    False)
         results = document["results"]
         primary = results[document["primary"]]
         wheels.add(str(document.get("variants", {}).get(document["primary"], {})
@@ -304,6 +312,22 @@ def check_gpu_report(ctx: Context, spec: str) -> tuple[str, bool]:
             + (f", {fixed} fixed against the baseline" if api else "")
             + f" (wheel sha256 {', '.join(sorted(wheels))})")
     return text, cases > 0 and failed == 0 and (fixed > 0 or not api)
+
+
+def _stale(ctx: Context, document: Mapping[str, object]) -> str:
+    """The project of this stack whose series the report records it was made from, when
+    that is not today's (a report of another stack, or one recording no series, e.g. a
+    test variant's, is judged by its results only)."""
+    made = document.get("made_from")
+    if document.get("stack") != ctx.stack or not isinstance(made, list):
+        return ""
+    for entry in made:
+        if not isinstance(entry, dict):
+            continue
+        project = str(entry.get("project"))
+        if project in ctx.series and entry.get("series_digest") != ctx.series[project]:
+            return project
+    return ""
 
 
 def check(claim: Claim, ctx: Context) -> Outcome:
