@@ -88,3 +88,15 @@ def test_embedded_code_and_the_empty_body_check(
     assert [by_target["sm_90a"].families[name] for name in check.empty] == ["guarded"]
     rows = inspect.family_rows(code)
     assert [row[0] for row in rows] == ["`guarded`", "`kept`"]
+
+
+def test_the_link_folder_is_absolute_when_named_relative(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashInfer links in its build folder: a stub folder named relative to the caller's
+    (``-L.device/...``) was not found there ("cannot find -lcuda")."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    monkeypatch.chdir(tmp_path)
+    tc = toolchain.prepare(Path("work") / "link")
+    assert tc.link_dir == tmp_path / "work" / "link"
+    assert f"-L{tmp_path / 'work' / 'link'}" in tc.env()["FLASHINFER_EXTRA_LDFLAGS"].split()

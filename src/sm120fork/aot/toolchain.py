@@ -58,6 +58,7 @@ def prepare(link_dir: Path) -> Toolchain:
                         "toolchain from the package index) or install the CUDA toolkit")
     home, source = nvcc.home, "pip" if nvcc.found_in == "pip" else "system"
     link_dir.mkdir(parents=True, exist_ok=True)
+    link_dir = link_dir.resolve()  # the link runs in the build's work folder
     has_cudart = any((home / lib / "libcudart.so").exists() for lib in ("lib64", "lib"))
     if not has_cudart:
         versioned = _cudart(home)
