@@ -64,11 +64,12 @@ if [ "${FI074_RUNS:-all}" = ab ]; then
   tail -n 6 "$OUT/ab.log"
   exit 0
 fi
-# 1. the forced cluster answer; the JIT of both builds happens here (outside --time-budget)
+# 1. the forced cluster answer; the module step of both builds happens here (outside
+# --time-budget): the JIT, or with FI074_PREBUILT the prebuilt modules loaded
 : > "$OUT/f5-cluster.log"
 SM120FORK_TEST_CLUSTER_SIZE=8 LD_PRELOAD="$R/shim.so" timeout -s TERM -k 10 $(( $(left) - 20 )) \
   python3 -m sm120fork.gpu test --quick --world-sizes 2 --api custom_lamport --tokens 1,16 \
-  --hidden 4608,5376 "${VARIANTS[@]}" --compile-timeout 420 --case-timeout 30 --time-budget 90 \
+  --hidden 4608,5376 "${VARIANTS[@]}" "${PRE[@]}" --compile-timeout 420 --case-timeout 30 --time-budget 90 \
   --title "cluster answer forced to 8 (LD_PRELOAD shim)" --out "$OUT/f5-cluster-0.7.4" \
   --not-run "$CARRY" --not-run "$NOT_SM12X" \
   --not-run "world sizes 4 and 8: one GPU here; the ranks share it" > "$OUT/f5-cluster.log" 2>&1 &
