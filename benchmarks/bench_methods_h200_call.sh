@@ -44,5 +44,9 @@ for stack in $STACKS; do
   esac
 done
 wait
+# no machine paths in what comes back: the scratch folder, the checkout and the interpreter by role
+PY=$(python3 -c 'import sys; print(sys.executable)')
+grep -rlF -e "$T" -e "$R/" -e "$PY" "$T/report" "$OUT"/bench-*.log "$OUT/install.txt" 2>/dev/null \
+  | while read -r f; do sed -i -e "s#$PY#<gpu-python>#g" -e "s#$T#<tmp>#g" -e "s#$R/#<checkout>/#g" "$f"; done
 tar czf "$OUT/reports.tgz" -C "$T/report" .
 tail -n 15 "$OUT"/bench-*.log; cat "$OUT"/rc-*

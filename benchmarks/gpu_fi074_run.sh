@@ -26,7 +26,8 @@ F=.device/fi074; R=$PWD/.device/fi074run; OUT=${OUT:?}; T0=$(date +%s)
 BUDGET=${FI074_BUDGET:-575}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 rm -rf "$R"; mkdir -p "$R/unpatched" "$R/patched" "$OUT"
-{ nvidia-smi -L; python3 -V; nvcc --version | tail -1; echo "checkout $PWD"; echo "out $OUT"; } \
+{ nvidia-smi -L; python3 -V; nvcc --version | tail -1; echo "checkout $PWD"; echo "out $OUT"
+  echo "python $(python3 -c 'import sys; print(sys.executable)')"; } \
   > "$OUT/box.txt" 2>&1
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$R/deps" $F/deps/*.whl || exit 1
 UPW=flashinfer_python-0.7.4-py3-none-any.whl
