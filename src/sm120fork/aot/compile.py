@@ -231,9 +231,6 @@ class NinjaProgress:
 
 def _probe(python: Path, tree: Path, build_dir: Path, mode: str,
            env: Mapping[str, str]) -> dict[str, Any]:
-    # The probe runs in build_dir: paths the caller gave relative to its own folder would
-    # name other places (or nothing) there.
-    tree, build_dir = tree.resolve(), build_dir.resolve()
     log.info("+ FLASHINFER_CUDA_ARCH_LIST=%r %s -c <FlashInfer %s probe> %s %s",
              env.get("FLASHINFER_CUDA_ARCH_LIST"), python, mode, tree, build_dir)
     out = proc.run([python, "-c", _PROBE, tree, build_dir, mode, _MARK], env=env,
@@ -262,6 +259,7 @@ def plan(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, *,
     """Ask the tree's JIT what it would build for ``capabilities`` (refusal is an error)."""
     arch_list = targets_mod.arch_list(capabilities)
     scratch.mkdir(parents=True, exist_ok=True)
+    # The probe runs in scratch: every path it gets is absolute (as in build()).
     tree, scratch = tree.resolve(), scratch.resolve()
     env = _base_env(toolchain, arch_list, scratch, 1)
     result = _probe(python or Path(sys.executable), tree, scratch, "plan", env)
