@@ -16,6 +16,7 @@ import pytest
 from sm120fork.cli.main import main
 
 from conftest import git
+from helpers_flashinfer import cubin_stand_in, install_flashinfer, put_upstream_file
 from helpers_ws import checkout_copy
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
@@ -106,16 +107,12 @@ def test_git_source_from_a_repo_made_of_the_real_sdist(built: Path, tmp_path: Pa
 
 def _install_flashinfer(built: Path, site: Path) -> None:
     """Our FlashInfer wheel of the stack, installed into the folder ``site``."""
-    wheel = next((built / STACK_WHEELS).glob("flashinfer_python-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(site), str(wheel)],
-                   check=True)
+    install_flashinfer(built, STACK_WHEELS.name, site)
 
 
 def _put_upstream_file(built: Path, site: Path, path: str) -> None:
     """Replace the installed ``path`` (``flashinfer/...``) by unpatched upstream's."""
-    work = built / ".forks" / "trees" / "sglang-0.5.10" / "flashinfer"
-    (site / path).write_text(git(work, "show", f"upstream:{path}") + "\n")
+    put_upstream_file(built, STACK_WHEELS.name, site, path)
 
 
 # Imports flashinfer submodules from the site in argv[1] without flashinfer/__init__ (GPU-heavy).
@@ -138,10 +135,7 @@ print("cubin dir:", env.FLASHINFER_CUBIN_DIR)
 
 def _cubin_stand_in(site: Path) -> None:
     """flashinfer_cubin as SGLang pins it: only what FlashInfer's version check reads."""
-    pkg = site / "flashinfer_cubin"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text(
-        '__version__ = "0.6.7.post3"\n\ndef get_cubin_dir():\n    return __file__ + "/cubins"\n')
+    cubin_stand_in(site, "0.6.7.post3")
 
 
 def test_flashinfer_imports_beside_the_pinned_flashinfer_cubin(built: Path, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from sm120fork.cli.main import main
 
-from conftest import git
+from helpers_flashinfer import cubin_stand_in, install_flashinfer, put_upstream_file
 from helpers_ws import checkout_copy
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
@@ -25,25 +25,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = checkout_copy(tmp_path_factory.mktemp("e2e"))
     assert main(["--root", str(root), "build", "--stack", STACK]) == 0
     return root
-
-
-def _install(built: Path, site: Path) -> str:
-    """Our FlashInfer wheel of the stack installed into ``site``; its version."""
-    wheel = next((built / "wheels" / STACK).glob("flashinfer_python-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "--disable-pip-version-check", "--target", str(site), str(wheel)],
-                   check=True)
-    return wheel.name.split("-")[1]
-
-
-def _cubin_stand_in(site: Path, version: str) -> Path:
-    """flashinfer-cubin of the release: only what FlashInfer's version check reads."""
-    pkg = site / "flashinfer_cubin"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text(
-        f'__version__ = "{version}"\n\ndef get_cubin_dir():\n'
-        '    return __file__.rsplit("/", 1)[0] + "/cubins"\n')
-    return pkg / "cubins"
 
 
 # flashinfer.jit.env from the site in argv[1] without flashinfer/__init__ (GPU-heavy): the
@@ -85,9 +66,9 @@ def test_our_flashinfer_takes_the_companion_packages_of_its_release(
     demand) and refuses that jit-cache for our local-label version."""
     pytest.importorskip("torch")  # flashinfer.compilation_context imports it
     site = tmp_path / "site"
-    version = _install(built, site)
+    version = install_flashinfer(built, STACK, site)
     assert version == f"{RELEASE}+sm120.1"
-    cubins = _cubin_stand_in(site, RELEASE)
+    cubins = cubin_stand_in(site, RELEASE)
     caches = [f"{RELEASE}+cu130", f"{RELEASE}+cu129", "0.7.3+cu130", "0.7.5"]
     ours, log = _probe(site, tmp_path, caches)
     assert ours["cubin_dir"] == str(cubins), log[-2000:]
@@ -95,9 +76,7 @@ def test_our_flashinfer_takes_the_companion_packages_of_its_release(
                                  "0.7.3+cu130": False, "0.7.5": False}
     assert "Ignoring incompatible flashinfer-cubin" not in log
 
-    work = built / ".forks" / "trees" / STACK / "flashinfer"
-    (site / "flashinfer" / "jit" / "env.py").write_text(
-        git(work, "show", "upstream:flashinfer/jit/env.py") + "\n")
+    put_upstream_file(built, STACK, site, "flashinfer/jit/env.py")
     theirs, log = _probe(site, tmp_path, caches)
     assert theirs["cubin_dir"] != str(cubins)
     assert "Ignoring incompatible flashinfer-cubin" in log
