@@ -143,6 +143,13 @@ def upstream_pr(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def record_import(session: nox.Session) -> None:
+    """Publish the records a GPU run wrote: nox -s record_import -- DIR."""
+    session.install("-q", ".")
+    toolkit(session, "record", "import")
+
+
+@nox.session(python=PYTHON)
 def doctor(session: nox.Session) -> None:
     """Check this box for the fused all-reduce on SM12x (--json for machines)."""
     session.install("-q", ".")

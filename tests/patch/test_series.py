@@ -70,3 +70,31 @@ def test_shipped_series_are_well_formed(project: str) -> None:
     for p in series.patches:
         assert p.field("Origin")
         assert p.field("Forwarded")
+
+
+def test_a_reworded_description_keeps_the_patch_id_a_changed_line_does_not(
+        tmp_path: Path) -> None:
+    """Evidence is keyed on the change, not its commentary (issue 29)."""
+    demo = make_demo(tmp_path)
+    d = demo.series_dir("lib")
+    before = load_series(d)
+    first = before.patches[0]
+    text = first.path.read_text()
+    assert "Description: " in text
+    first.path.write_text(text.replace("Description: ", "Description: Reworded. ", 1)
+                          .replace("Forwarded: no", "Forwarded: not-needed"))
+    reworded = load_series(d)
+    assert reworded.digest != before.digest  # a build cache still sees new bytes
+    assert reworded.patch_ids == before.patch_ids
+    first.path.write_text(text.replace("return [9, 10, 12]", "return [9, 10, 12, 13]"))
+    changed = load_series(d)
+    assert changed.patches[0].patch_id != first.patch_id
+    assert changed.patches[1].patch_id == before.patches[1].patch_id
+    assert len(first.patch_id) == 40
+
+
+def test_a_patch_without_a_diff_has_no_patch_id() -> None:
+    from sm120fork.patch.series import patch_id_of
+
+    with pytest.raises(SeriesError, match="no diff"):
+        patch_id_of(b"Subject: nothing\n\njust words\n", where="x.patch")

@@ -67,6 +67,9 @@ VERBS: dict[str, Verb] = {
                                     "under .forks/test-variants/ for the GPU harness; never "
                                     "published",
                                module="sm120fork.cli.testvariant", run="run"),
+    "record": Verb(help="evidence records: import DIR validates each record.json under DIR "
+                         "and publishes it to reports/<stack>/<kind>/",
+                   module="sm120fork.cli.record", run="run"),
     "gpu": Verb(help="multi-rank correctness (A/B) and latency on this machine's GPUs",
                 module="sm120fork.gpu.cli", run_argv="run"),
     "build-aot": Verb(help="prebuilt trtllm comm module of a stack's FlashInfer as a wheel "

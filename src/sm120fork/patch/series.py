@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import email.parser
 import email.policy
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm120fork.errors import SeriesError
+from sm120fork.errors import CommandError, SeriesError
+from sm120fork.util import proc
 
 REQUIRED_FIELDS = ("Description", "Origin", "Forwarded", "Last-Update")
 KNOWN_FIELDS = (*REQUIRED_FIELDS, "Applied-Upstream", "Bug", "Bug-Upstream", "Author",
@@ -74,6 +76,15 @@ class Patch:
     def applied_upstream(self) -> str:
         return self.field("Applied-Upstream")
 
+    @property
+    def patch_id(self) -> str:
+        """The patch's change identity: ``git patch-id --stable`` over its diff.
+
+        Its header, message and diffstat do not enter it (nor whitespace or line numbers),
+        so evidence keyed on it survives a reworded Description; a changed code line
+        gives another id."""
+        return _patch_id(self.sha256, self.path)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Series:
@@ -82,7 +93,10 @@ class Series:
 
     @property
     def digest(self) -> str:
-        """Content hash of the series: order and every patch's bytes."""
+        """Content hash of the series: order and every patch's bytes, headers included.
+
+        For caches of build outputs only (a wheel carries the patches' text); evidence is
+        keyed on :attr:`patch_ids`, which a commentary edit leaves alone."""
         h = hashlib.sha256()
         for p in self.patches:
             h.update(f"{p.name}\0{p.sha256}\n".encode())
@@ -90,6 +104,33 @@ class Series:
 
     def names(self) -> list[str]:
         return [p.name for p in self.patches]
+
+    @property
+    def patch_ids(self) -> tuple[tuple[str, str], ...]:
+        """(file name, patch id) of each patch, in series order."""
+        return tuple((p.name, p.patch_id) for p in self.patches)
+
+
+@functools.lru_cache(maxsize=4096)
+def _patch_id(sha256: str, path: Path) -> str:
+    """Keyed on the file's sha256 too: a patch rewritten in place is identified anew."""
+    return patch_id_of(path.read_bytes(), where=str(path))
+
+
+def patch_id_of(data: bytes, *, where: str = "patch") -> str:
+    """``git patch-id --stable`` of a patch's text (a ``git format-patch`` file or a bare
+    diff), run through the toolkit's process runner."""
+    try:
+        done = proc.run(["git", "patch-id", "--stable"], quiet=True,
+                        input=data.decode("utf-8", errors="replace"))
+    except CommandError as exc:
+        raise SeriesError(f"git patch-id failed: {exc.what}", where=where,
+                          detail=exc.detail) from exc
+    fields = done.stdout.split()
+    if not fields or not re.fullmatch(r"[0-9a-f]{40}", fields[0]):
+        raise SeriesError("git patch-id found no diff in it", where=where,
+                          fix="a patch file holds a diff (git format-patch)")
+    return fields[0]
 
 
 _HEADERS = email.parser.BytesHeaderParser(policy=email.policy.default)

@@ -85,11 +85,15 @@ def run(
     timeout: float | None = None,
     quiet: bool = False,
     on_line: Callable[[str], None] | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``cmd``, echoing it; raise ``CommandError`` with its output if it fails.
 
     ``on_line`` sees each line of output (stdout and stderr together) as it comes, for a
-    live progress line; the lines are then ``stdout`` of the result."""
+    live progress line; the lines are then ``stdout`` of the result.  ``input`` is written
+    to its stdin (not with ``on_line``)."""
+    if input is not None and on_line is not None:
+        raise ValueError("input and on_line do not go together")
     argv = [os.fspath(c) for c in cmd]
     if not quiet:
         log.info("+ %s", shlex.join(argv))
@@ -100,6 +104,7 @@ def run(
         raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
     try:
         child = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                                 stdin=subprocess.PIPE if input is not None else None,
                                  stderr=subprocess.STDOUT if on_line else subprocess.PIPE,
                                  text=True, encoding="utf-8", errors="replace",
                                  start_new_session=True)
@@ -119,7 +124,7 @@ def run(
             stdout, stderr = "".join(lines), ""
             child.wait(timeout)
         else:
-            stdout, stderr = child.communicate(timeout=timeout)
+            stdout, stderr = child.communicate(input, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         with _suppress_gone():
             os.killpg(child.pid, signal.SIGKILL)
