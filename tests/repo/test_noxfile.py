@@ -1,10 +1,9 @@
-"""The front door: which Python the build runs on, and where session requirements live."""
+"""The front door: which Python the build runs on, and what the toolkit's sessions run."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
-import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -31,54 +30,6 @@ def test_build_runs_on_a_machine_that_has_only_python_3_12() -> None:
     assert nf.first_python((3, 13), only_312) == "3.13"
     running = (sys.version_info.major, sys.version_info.minor)
     assert nf.build.python == nf.first_python(running)
-
-
-def test_session_requirements_come_from_dependency_groups() -> None:
-    nf = _noxfile()
-    test = nf.groups("test")
-    assert "matplotlib==3.10.8" in test
-    assert "torch==2.13.0" in test  # through the included sglang-probe and proof groups
-    assert "triton==3.9.0" in nf.groups("proof")
-    assert set(test) <= set(nf.groups("lint"))
-    assert not stray_requirements(ROOT)
-
-
-#: Not part of the checkout's sources.
-_IGNORED = {".git", ".forks", ".nox", ".venv", ".mypy_cache", ".ruff_cache", "wheels",
-            "__pycache__", ".pytest_cache", ".device"}
-
-
-def _sources(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file()
-            and not _IGNORED & set(p.relative_to(root).parts)]
-
-
-def stray_requirements(root: Path) -> list[str]:
-    """Requirements files, at any depth, that nothing in the checkout names: a stale copy
-    of what a dependency group (or a file the code reads) now holds."""
-    files = _sources(root)
-    found = [p for p in files if p.suffix == ".txt" and "requirements" in p.name]
-    texts = {p: p.read_text(encoding="utf-8", errors="replace") for p in files
-             if p.suffix in {".py", ".toml", ".md", ".yml", ".yaml", ".sh", ".cfg", ".txt"}}
-    def named(path: Path) -> bool:
-        name = re.compile(rf"(?<![\w.-]){re.escape(path.name)}")
-        return any(name.search(text) for other, text in texts.items() if other != path)
-
-    return sorted(p.relative_to(root).as_posix() for p in found if not named(p))
-
-
-def test_a_stale_requirements_file_is_found_at_any_depth(tmp_path: Path) -> None:
-    read = tmp_path / "src" / "pkg" / "probe" / "probe_requirements.txt"
-    stale = tmp_path / "src" / "pkg" / "verify" / "verify_requirements.txt"
-    for path in (read, stale, tmp_path / "tests" / "requirements.txt"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("torch\n")
-    (tmp_path / "src" / "pkg" / "probe" / "probe.py").write_text(
-        'REQUIREMENTS = "probe_requirements.txt"\n')
-    (tmp_path / ".forks").mkdir()
-    (tmp_path / ".forks" / "requirements.txt").write_text("not ours\n")
-    assert stray_requirements(tmp_path) == ["src/pkg/verify/verify_requirements.txt",
-                                            "tests/requirements.txt"]
 
 
 class _Recorder:
