@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
 import pytest
 
 from sm120fork.cli.main import main
-from sm120fork.errors import DirtyTreeError
+from sm120fork.errors import DirtyTreeError, ToolkitError
 from sm120fork.maintain.refresh import refresh
 from sm120fork.package.stack import build_stack
 
@@ -136,3 +137,45 @@ def test_fork_trees_of_an_older_toolkit_move_whole_with_their_local_work(
     err = " ".join(capsys.readouterr().err.split())
     assert "moved the fork trees from .forks/work to .forks/trees (local work kept)" in err
     assert "has local work" in err
+
+
+@pytest.mark.parametrize("edit", ["reverted edit", "corrupt patch"])
+def test_a_fork_tree_of_another_series_is_neither_reused_nor_exported(
+        demo: DemoWorkspace, edit: str) -> None:
+    """The tree records the series it was made from: after the series went back (a patch
+    edit reverted in patches/, a corrupt patch restored), a cached build refuses the tree
+    that still holds the other series and refresh will not write it back; the fix the
+    error names (``build --rebuild``) makes the tree from the series."""
+    root, patch = demo.ws.root, last_patch(demo)
+    original = patch.read_bytes()
+    if edit == "reverted edit":  # an edit that builds, later reverted
+        patch.write_text(patch.read_text().replace("Description: F3 guards",
+                                                   "Description: F3 guards (edited)"))
+        build_stack(demo.ws, demo.ws.stack("demo"), only=["lib"])
+    else:  # applies, but commits another change than the series' (whatever the build says)
+        patch.write_text("".join(
+            line.replace("guard removed", "garbled") if line.startswith("+#") else line
+            for line in patch.read_text().splitlines(keepends=True)))
+        with contextlib.suppress(ToolkitError):
+            build_stack(demo.ws, demo.ws.stack("demo"), only=["lib"])
+        assert "garbled" in git(lib_tree(demo), "show", "HEAD")
+    held = git(lib_tree(demo), "log", "-1", "--format=%H")
+    git(root, "checkout", "-q", "--", "patches")
+    assert patch.read_bytes() == original
+    with pytest.raises(DirtyTreeError, match="made from another series") as err:
+        build_stack(demo.ws, demo.ws.stack("demo"), only=["lib"])
+    assert git(lib_tree(demo), "log", "-1", "--format=%H") == held
+    with pytest.raises(DirtyTreeError, match="will not export the fork tree"):
+        refresh(demo.ws, "demo", "lib")
+    assert patch.read_bytes() == original
+    assert main(["--root", str(root), "-q", "refresh", "demo", "lib"]) == 8
+    (rebuild,) = hint_commands(err.value.fix)
+    assert rebuild == "python -m sm120fork build --stack demo --rebuild"
+    done = run_hint(rebuild, root)
+    assert done.returncode == 0, done.stderr
+    log = git(lib_tree(demo), "log", "-p", "upstream..HEAD")
+    assert "(edited)" not in log
+    assert "garbled" not in log
+    assert not refresh(demo.ws, "demo", "lib").wrote_anything
+    assert patch.read_bytes() == original
+    assert build_stack(demo.ws, demo.ws.stack("demo"), only=["lib"])[0].cached

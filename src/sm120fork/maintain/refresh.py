@@ -20,7 +20,12 @@ from sm120fork.patch.refresh import (
     uncommitted_series_files,
 )
 from sm120fork.patch.series import load_series
-from sm120fork.patch.tree import keep_uncommitted_hint, open_tree
+from sm120fork.patch.tree import (
+    keep_uncommitted_hint,
+    open_tree,
+    other_series,
+    other_series_fix,
+)
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
@@ -75,6 +80,12 @@ def refresh(ws: Workspace, stack_name: str, project_key: str, *,
                 fix=f"{build}commit them first (`git -C {root} add -A {rel} && git -C {root} "
                     f"commit -m 'patches: keep edits'`), then `{again}`; or `{again} --force` "
                     "to overwrite them with the fork tree's commits")
+        stale = other_series(ws, stack, project, load_series(series_dir))
+        if stale and not force:  # its export would write that series back into patches/
+            raise DirtyTreeError(
+                f"refresh will not export the fork tree: {stale}", where=str(work),
+                fix=f"{other_series_fix(ws, stack, project)}; or, to write the tree's "
+                    f"commits over the series, `{again} --force`")
         result = export_series(repo, series_dir, stack=stack.name, project=project.key)
         series = load_series(series_dir)
         if result.wrote_anything or state.series != series.digest or (

@@ -24,14 +24,19 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from sm120fork.declare import Project, Stack, pinned_for, requirement_applies
-from sm120fork.errors import BuildError
+from sm120fork.errors import BuildError, DirtyTreeError
 from sm120fork.fetch.source import Progress, source_key
 from sm120fork.package.entry import ManifestEntry
 from sm120fork.package.kinds import Job, Stage, kind_for, no_stage
 from sm120fork.package.publish import ProjectBuild, publish
 from sm120fork.package.wheel import wheel_extras, wheel_requirements
 from sm120fork.patch.series import Series, load_series
-from sm120fork.patch.tree import keep_local_work_hint, local_work
+from sm120fork.patch.tree import (
+    keep_local_work_hint,
+    local_work,
+    other_series,
+    other_series_fix,
+)
 from sm120fork.plugin.build import build_plugin, plugin_files, sglang_project
 from sm120fork.util.files import (
     atomic_write_text,
@@ -108,6 +113,13 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *,
     entry_dir = ws.build_cache(stack, project) / key
     entries = None if rebuild else _load_entries(entry_dir)
     cached = entries is not None
+    if entries is not None and kind.name != "as-published" and (
+            stale := other_series(ws, stack, project, series)):
+        # The cached wheel is of the series, the fork tree is not: a refresh from it
+        # would write the other series back into patches/.
+        raise DirtyTreeError(f"the fork tree of {project.key} cannot be reused: {stale}",
+                             where=str(ws.work_tree(stack, project)),
+                             fix=other_series_fix(ws, stack, project))
     if entries is not None:
         log.info("%s: inputs unchanged, reusing %s", project.key,
                  ", ".join(e.wheel for e in entries))

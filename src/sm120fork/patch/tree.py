@@ -113,6 +113,49 @@ def local_work(ws: Workspace, stack: Stack, project: Project) -> str | None:
     return _local_changes(work, read_state(work))
 
 
+def other_series(ws: Workspace, stack: Stack, project: Project, series: Series) -> str | None:
+    """Why the project's fork tree was made from another series than ``series``, or None.
+
+    The tree's state records the digest and patch names of the series it was made from; a
+    tree made from another one (a patch edit since reverted in ``patches/``, a corrupt patch
+    that left a broken commit) must be neither reused nor exported back into the series.
+    """
+    work = ws.work_tree(stack, project)
+    state = read_state(work) if work.exists() else None
+    if state is None or not state.complete or state.series == series.digest:
+        return None
+    made, now = list(state.applied), series.names()
+    if made == now:
+        changed = "the same patch names, other bytes"
+    else:
+        gone = [n for n in made if n not in now]
+        new = [n for n in now if n not in made]
+        changed = "; ".join(part for part in (
+            f"not in the series now: {', '.join(gone)}" if gone else "",
+            f"new in the series: {', '.join(new)}" if new else "",
+            "another order" if not gone and not new else "") if part)
+    return (f"it was made from another series than {project.series} holds now "
+            f"(series digest {state.series[:12]}, now {series.digest[:12]}: {changed})")
+
+
+def other_series_fix(ws: Workspace, stack: Stack, project: Project) -> str:
+    """How to get a fork tree of the current series, keeping any commits made in it."""
+    work = ws.work_tree(stack, project)
+    state = read_state(work)
+    rebuild = command("build", "--stack", stack.name, "--rebuild")
+    try:
+        moved = state is not None and Git(work).head() != state.head
+    except CommandError:
+        moved = False
+    if not moved:
+        return f"make it again from the series: `{rebuild}`"
+    saved = shlex.quote(str(ws.state_dir / "saved" / stack.name / project.key))
+    w = shlex.quote(str(work))
+    return (f"save the commits you made in it (`git -C {w} format-patch -o {saved} "
+            f"{state.head if state else 'upstream'}..HEAD`), then make it again from the "
+            f"series: `{rebuild} --force`")
+
+
 def open_tree(ws: Workspace, stack: Stack, project: Project) -> Tree:
     """The project's existing fork tree, for the commands that work on what build made."""
     work = ws.work_tree(stack, project)
