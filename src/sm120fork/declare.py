@@ -180,6 +180,15 @@ class Stack:
     default: bool
     projects: tuple[Project, ...]
     path: Path
+    #: Where the pins disagree with a project's ``upstream_requires`` (the stack loads so
+    #: that ``status`` and ``bump --abort`` can say so; every other command refuses it).
+    pin_problems: tuple[ConfigError, ...] = ()
+
+    def check_pins(self) -> Stack:
+        """The stack, unless its pins disagree: then the first disagreement, as an error."""
+        if self.pin_problems:
+            raise self.pin_problems[0]
+        return self
 
     def project(self, key: str) -> Project:
         for p in self.projects:
@@ -391,8 +400,9 @@ def _wheels(r: _Reader, distribution: str, version: str) -> tuple[WheelPin, ...]
         pins.append(pin)
     return tuple(pins)
 
-def load_stack(file: Path) -> Stack:
-    """Load and validate one stack declaration."""
+def load_stack(file: Path, *, strict: bool = True) -> Stack:
+    """Load and validate one stack declaration; with ``strict`` (the default) pins that
+    disagree are refused, otherwise recorded in ``Stack.pin_problems``."""
     try:
         data = tomllib.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
@@ -424,10 +434,10 @@ def load_stack(file: Path) -> Stack:
             if keys.index(dep) >= i:
                 raise ConfigError(f"{dep!r} must be declared before {p.key!r}",
                                   where=f"{file}: projects.{p.key}.requires")
-    for p in projects:
-        check_coordinated_pins(file, p, projects)
-    return Stack(name=name, description=description, default=default,
-                 projects=tuple(projects), path=file)
+    problems = tuple(e for p in projects for e in coordinated_pin_problems(file, p, projects))
+    stack = Stack(name=name, description=description, default=default,
+                  projects=tuple(projects), path=file, pin_problems=problems)
+    return stack.check_pins() if strict else stack
 
 
 def pinned_for(requirement: Requirement, projects: Sequence[Project]) -> Project | None:
@@ -447,8 +457,10 @@ def requirement_applies(requirement: Requirement, project: Project) -> bool:
     return any(requirement.marker.evaluate({**env, "extra": ""}) for env in envs)
 
 
-def check_coordinated_pins(file: Path, project: Project, projects: Sequence[Project]) -> None:
-    """Refuse a stack whose pins do not satisfy ``project``'s own requirements on them."""
+def coordinated_pin_problems(file: Path, project: Project, projects: Sequence[Project]
+                             ) -> list[ConfigError]:
+    """Where the stack's pins do not satisfy ``project``'s own requirements on them."""
+    problems: list[ConfigError] = []
     for i, req in enumerate(project.upstream_requires):
         where = f"{file}: projects.{project.key}.upstream_requires[{i}]"
         target = pinned_for(req, projects)
@@ -465,13 +477,15 @@ def check_coordinated_pins(file: Path, project: Project, projects: Sequence[Proj
         versions = (target.version,) if companion else (target.version, target.local_version)
         for version in versions:
             if not req.specifier.contains(version, prereleases=True):
-                raise ConfigError(
+                problems.append(ConfigError(
                     f"{project.distribution} {project.version} requires {req}, which the "
                     f"stack's pin {pin} does not satisfy"
                     + ("" if version == target.version else f" once labelled {version}"),
                     where=where,
                     fix=f"pin the {target.distribution} release that {project.distribution} "
-                        f"{project.version} requires, or bump {project.distribution}")
+                        f"{project.version} requires, or bump {project.distribution}"))
+                break
+    return problems
 
 
 def load_stacks(forks_dir: Path) -> dict[str, Stack]:
@@ -479,7 +493,7 @@ def load_stacks(forks_dir: Path) -> dict[str, Stack]:
     files = sorted(forks_dir.glob("*.toml"))
     if not files:
         raise ConfigError("no stack declarations (*.toml)", where=str(forks_dir))
-    stacks = {s.name: s for s in (load_stack(f) for f in files)}
+    stacks = {s.name: s for s in (load_stack(f, strict=False) for f in files)}
     defaults = [s.name for s in stacks.values() if s.default]
     if len(defaults) != 1:
         raise ConfigError(f"exactly one stack must set default = true, found {defaults or 'none'}",
@@ -487,10 +501,15 @@ def load_stacks(forks_dir: Path) -> dict[str, Stack]:
     return stacks
 
 
-def select_stack(stacks: Mapping[str, Stack], name: str | None) -> Stack:
+def select_stack(stacks: Mapping[str, Stack], name: str | None, *,
+                 strict: bool = True) -> Stack:
+    """The stack ``name`` (default: the default one); with ``strict``, refused when its
+    pins disagree (another stack's disagreement never blocks this one)."""
     if name is None:
-        return next(s for s in stacks.values() if s.default)
-    if name not in stacks:
+        chosen = next(s for s in stacks.values() if s.default)
+    elif name not in stacks:
         raise ConfigError(f"unknown stack {name!r}",
                           fix=_suggest(name, list(stacks)) or f"choose one of: {', '.join(stacks)}")
-    return stacks[name]
+    else:
+        chosen = stacks[name]
+    return chosen.check_pins() if strict else chosen

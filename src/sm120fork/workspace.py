@@ -91,10 +91,12 @@ class Workspace:
         return self.root / project.series
 
     def stacks(self) -> dict[str, Stack]:
+        """Every stack, also one whose pins disagree (``Stack.pin_problems`` says where)."""
         return load_stacks(self.forks_dir)
 
-    def stack(self, name: str | None = None) -> Stack:
-        return select_stack(self.stacks(), name)
+    def stack(self, name: str | None = None, *, strict: bool = True) -> Stack:
+        """One stack; ``strict`` (the default) refuses it when its pins disagree."""
+        return select_stack(self.stacks(), name, strict=strict)
 
     @contextlib.contextmanager
     def lock(self, timeout: float = -1) -> Iterator[None]:

@@ -616,3 +616,31 @@ def test_status_says_what_it_fetches_and_why_or_does_not_fetch(
             "to check its 4 patch(es) against the pin (once; --no-fetch skips it)\n") in err
     assert main([*root, "status", "--json"]) == 0
     assert "fetching" not in capsys.readouterr().err  # checked once: nothing to fetch now
+
+
+def test_status_loads_a_stack_whose_pins_disagree_and_says_what_disagrees(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A hand edit (or a bump stopped half-way) can leave pins that disagree: ``status``
+    still shows the workspace and names the disagreement; ``build`` of that stack refuses
+    it (exit 2), and another stack's commands are not blocked by it."""
+    demo = make_demo(tmp_path)
+    toml = demo.ws.forks_dir / "demo.toml"
+    toml.write_text(toml.read_text().replace('upstream_requires = ["demo-lib==1.2.3"]',
+                                             'upstream_requires = ["demo-lib==1.3.0"]'))
+    other = toml.read_text().replace('name = "demo"', 'name = "other"').replace(
+        "default = true", "default = false").replace('upstream_requires = ["demo-lib==1.3.0"]',
+                                                     'upstream_requires = ["demo-lib==1.2.3"]')
+    (demo.ws.forks_dir / "other.toml").write_text(other)
+    root = ["--root", str(demo.ws.root)]
+    assert main([*root, "status", "--no-fetch", "--json"]) == 1
+    rows = {(r["stack"], r["project"]): r for r in json.loads(capsys.readouterr().out)}
+    (disagree,) = rows["demo", "app"]["pins_disagree"]
+    assert "projects.app.upstream_requires[0]" in disagree
+    assert "demo-app 0.9.0 requires demo-lib==1.3.0" in disagree
+    assert "demo-lib 1.2.3 (projects.lib.version) does not satisfy" in disagree
+    assert rows["demo", "lib"]["pins_disagree"] == []
+    assert rows["other", "app"]["pins_disagree"] == []
+    assert main([*root, "status", "--no-fetch"]) == 1
+    assert "pins disagree:" in " ".join(capsys.readouterr().out.split())
+    assert main([*root, "-q", "build", "--stack", "demo"]) == 2
+    assert demo.ws.stack("other", strict=True).name == "other"

@@ -122,7 +122,8 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         raise UsageError("--out takes one stack; --all-stacks publishes each into "
                          "wheels/<stack>/", where="python -m sm120fork build",
                          fix="drop --out, or name one --stack")
-    stacks = list(ws.stacks().values()) if args.all_stacks else [ws.stack(args.stack)]
+    stacks = ([s.check_pins() for s in ws.stacks().values()] if args.all_stacks
+              else [ws.stack(args.stack)])
     for stack in stacks:
         _build_one(args, ws, console, stack)
     return 0

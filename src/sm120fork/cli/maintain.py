@@ -118,6 +118,9 @@ def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool
                                   _short_wheel(p.wheel))
             console.print(table)
         print_release_files(console, ps.stack, ps.undeclared_files, ps.release_files)
+        for line in ps.pins_disagree:
+            console.print(f"[bold red]pins disagree:[/] {line}", highlight=False,
+                          soft_wrap=True)
         if ps.error:
             console.print(f"[bold red]error:[/] {ps.error}", highlight=False, soft_wrap=True)
         elif ps.not_checked:
@@ -132,7 +135,7 @@ def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int
         console.print_json(json.dumps([p.to_json() for p in projects]))
     else:
         render_status(projects, console, wide=args.wide)
-    return EXIT_PROBLEMS_FOUND if any(p.error for p in projects) else 0
+    return EXIT_PROBLEMS_FOUND if any(p.error or p.pins_disagree for p in projects) else 0
 
 
 def bump_args(p: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sm120fork.declare import Project, Stack
+from sm120fork.declare import Project, Stack, coordinated_pin_problems
 from sm120fork.errors import ConfigError, ToolkitError
 from sm120fork.fetch.source import source_key
 from sm120fork.maintain.release import release_check
@@ -101,6 +101,9 @@ class ProjectStatus:
     release_files: str = ""
     #: Why the patches were not checked (``--no-fetch`` and the upstream is not here).
     not_checked: str = ""
+    #: Where the stack's pins do not satisfy this project's ``upstream_requires``: each
+    #: disagreement with its fix (a stack in that state builds nothing until fixed).
+    pins_disagree: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -129,6 +132,8 @@ def project_status(ws: Workspace, stack: Stack, project: Project,
     in_progress = f"to {pending.new_version}" if pending else ""
 
     undeclared, release = release_check(project)
+    disagree = tuple(e.message
+                     for e in coordinated_pin_problems(stack.path, project, stack.projects))
 
     def result(patches: tuple[PatchStatus, ...], error: str = "",
                not_checked: str = "") -> ProjectStatus:
@@ -137,7 +142,7 @@ def project_status(ws: Workspace, stack: Stack, project: Project,
                              series=project.series, patches=patches,
                              bump_in_progress=in_progress, error=error,
                              undeclared_files=undeclared, release_files=release,
-                             not_checked=not_checked)
+                             not_checked=not_checked, pins_disagree=disagree)
     try:
         series = load_series(ws.series_dir(project))
         if not series.patches:  # nothing to check against the pin: fetch nothing
@@ -183,7 +188,7 @@ def status(ws: Workspace, stack_name: str | None = None,
     The wheel column comes from ``wheels/<stack>/manifest.json``, or from ``wheels_dir``
     for a stack published elsewhere with ``build --out``.
     """
-    stacks = [ws.stack(stack_name)] if stack_name else sorted(
+    stacks = [ws.stack(stack_name, strict=False)] if stack_name else sorted(
         ws.stacks().values(), key=lambda s: (not s.default, s.name))
     given: dict[str, Any] | None = None
     if wheels_dir is not None:
