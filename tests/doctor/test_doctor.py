@@ -25,6 +25,7 @@ import pytest
 from sm120fork.doctor import cli, ipc, probe, rules
 from sm120fork.doctor.cuda import COPY_KERNEL_PTX, CudaError, Driver
 from sm120fork.errors import DoctorError
+from sm120fork.gpu import decision
 from sm120fork.gpu import policy as allreduce_policy
 from sm120fork.util import proc
 
@@ -107,6 +108,9 @@ def box(n: int = 2, *, capability: str = "12.0", numa: Sequence[int] | None = No
         if sizes else None}
     facts["policy"] = {"path": "~/.config/sm120fork/allreduce-policy.json",
                        "named_by": "default", "found": False, "document": None, "error": None}
+    facts["modules"] = {"asked": decision.needed_names(),
+                        "present": ["flashinfer.comm:PcieIpcAllReduceWorkspace",
+                                    "flashinfer.comm:trtllm_allreduce_fusion"]}
     if n == 1:
         facts["peers"]["links"] = [link(0, 1), link(1, 0)]
         for x in facts["peers"]["links"]:
@@ -145,7 +149,8 @@ def stub_probes(facts: dict[str, Any]) -> probe.Probes:
         plugin_framework=lambda: facts.get("sglang_plugin_framework"),
         flashinfer=lambda caps: facts["flashinfer"],
         decisions=lambda sizes: facts["decisions"], topology=lambda: None,
-        policy=lambda environ: facts["policy"], environ=facts["environ"])
+        policy=lambda environ: facts["policy"], modules=lambda: facts["modules"],
+        environ=facts["environ"])
 
 
 def test_record_then_judge_offline_gives_the_same_verdict(
@@ -909,14 +914,14 @@ def test_the_doctor_prints_the_policy_per_tp_size_in_text_and_json(
     section = [x[2:] for x in text.split("[policy]\n", 1)[1].split("\n[", 1)[0].splitlines()]
     assert section == [
         "policy file: /srv/policy.json (named by SGLANG_SM120_ALLREDUCE_POLICY)",
-        "format sm120fork-allreduce-policy version 1, measured 2026-12-01 on RTX PRO 6000 "
+        "format sm120fork-allreduce-policy version 2, measured 2026-12-01 on RTX PRO 6000 "
         "x8; for use: SGLang follows it",
-        "TP2: fused path for 1-64 tokens, unfused above; measured winners 1-64: fused_auto, "
-        "65-512: pcie_ipc_rmsnorm; above 512 tokens not measured",
+        "TP2: fused_auto for 1-64, pcie_ipc_rmsnorm for 65-512, nccl_rmsnorm for 513+ "
+        "tokens (by the policy)",
         "  TP2: custom_vllm_rmsnorm left out: failed its output check at 1 tokens, hidden 4096",
-        "TP4: fused path never (a measured method beat it from 1 token on); measured "
-        "winners 1-512: nccl_rmsnorm",
-        "TP8: not in the policy: today's decision: not auto-enabled (only TP2 is)"]
+        "TP4: nccl_rmsnorm for 1+ tokens (by the policy)",
+        "TP8: nccl_rmsnorm for 1+ tokens (today's rule: our fused path at TP2 only; the "
+        "policy has no entry for TP8)"]
     assert cli.main(["--facts", str(tmp_path / "facts.json"), "--json"]) == code
     report = json.loads(capsys.readouterr().out)
     assert report["text"]["policy"] == section
@@ -924,29 +929,41 @@ def test_the_doctor_prints_the_policy_per_tp_size_in_text_and_json(
     assert shown["applies"] is True
     assert shown["read_by_sglang"] is True
     assert (shown["source"]["path"], shown["source"]["version"],
-            shown["source"]["for_use"]) == ("/srv/policy.json", 1, True)
-    assert [(t["tp"], t["decided_by"], t["auto_enable"], t["fused_max_tokens"])
-            for t in shown["tp"]] == [(2, "policy", True, 64), (4, "policy", False, 0),
-                                      (8, "today's rule", False, None)]
+            shown["source"]["for_use"]) == ("/srv/policy.json", 2, True)
+    assert [(t["tp"], t["decided_by"]) for t in shown["tp"]] == [
+        (2, "policy"), (4, "policy"), (8, "today's rule")]
     assert [(r["min_tokens"], r["max_tokens"], r["method"])
             for r in shown["tp"][0]["ranges"]] == [(1, 64, "fused_auto"),
-                                                   (65, 512, "pcie_ipc_rmsnorm")]
+                                                   (65, 512, "pcie_ipc_rmsnorm"),
+                                                   (513, None, "nccl_rmsnorm")]
+
+
+def test_a_method_the_box_cannot_run_falls_back_with_one_line_each() -> None:
+    """FlashInfer without pcie_ipc (0.6.x): TP2's 65-512 range falls back to the next
+    measured method, and the doctor says so once."""
+    facts = with_policy(measured_policy(), modules={
+        "asked": decision.needed_names(),
+        "present": ["flashinfer.comm:trtllm_allreduce_fusion"]})
+    lines = rules.judge(facts).text_of("policy")
+    assert lines[2:4] == [
+        "TP2: fused_auto for 1-512, nccl_rmsnorm for 513+ tokens (by the policy)",
+        "  TP2 tokens 65-512: pcie_ipc_rmsnorm cannot run here "
+        "(flashinfer.comm:PcieIpcAllReduceWorkspace does not import here); falling back to "
+        "fused_auto"]
 
 
 def test_without_a_policy_the_doctor_says_what_sglang_decides_instead() -> None:
     report = rules.judge(with_policy(None))
+    rule = "today's rule: our fused path at TP2 only; no policy"
     assert report.text_of("policy")[1:] == [
         "no policy there: SGLang keeps today's decision",
-        "TP2: today's decision: fused path auto-enabled at TP2 on one node, no token cap "
-        "beyond SGLang's own",
-        "TP4: today's decision: not auto-enabled (only TP2 is)",
-        "TP8: today's decision: not auto-enabled (only TP2 is)"]
+        f"TP2: fused_auto for 1+ tokens ({rule})",
+        f"TP4: nccl_rmsnorm for 1+ tokens ({rule})",
+        f"TP8: nccl_rmsnorm for 1+ tokens ({rule})"]
     shown = report.to_json()["policy"]
     assert shown["applies"] is False
-    assert [(t["tp"], t["decided_by"], t["auto_enable"], t["fused_max_tokens"])
-            for t in shown["tp"]] == [(2, "today's rule", True, None),
-                                      (4, "today's rule", False, None),
-                                      (8, "today's rule", False, None)]
+    assert [(t["tp"], t["decided_by"]) for t in shown["tp"]] == [
+        (2, "today's rule"), (4, "today's rule"), (8, "today's rule")]
     assert not report.blockers
 
 
@@ -954,33 +971,49 @@ def test_a_policy_made_on_a_shared_gpu_is_shown_and_not_followed() -> None:
     doc = measured_policy(for_use=False, shared_gpu=True, note="made on a shared GPU")
     report = rules.judge(with_policy(doc))
     lines = report.text_of("policy")
-    assert lines[1] == ("format sm120fork-allreduce-policy version 1, measured 2026-12-01 "
+    assert lines[1] == ("format sm120fork-allreduce-policy version 2, measured 2026-12-01 "
                         "on RTX PRO 6000 x8, on a shared GPU; marked NOT FOR USE (made on a "
                         "shared GPU): SGLang ignores it and keeps today's decision")
-    assert lines[2] == ("TP2: today's decision: fused path auto-enabled at TP2 on one node, "
-                        "no token cap beyond SGLang's own; measured (not followed): 1-64: "
-                        "fused_auto, 65-512: pcie_ipc_rmsnorm")
+    assert lines[2:4] == [
+        "TP2: fused_auto for 1+ tokens (today's rule: our fused path at TP2 only; the policy "
+        "is marked not for use)",
+        "  measured (not followed): 1-64: fused_auto, 65-512: pcie_ipc_rmsnorm"]
     source = report.to_json()["policy"]["source"]
     assert (source["for_use"], source["shared_gpu"]) == (False, True)
     assert [t["decided_by"] for t in report.to_json()["policy"]["tp"]] == ["today's rule"] * 3
 
 
 def test_a_policy_sglang_cannot_use_names_the_key() -> None:
-    doc = {**measured_policy(), "version": 2}
+    doc = {**measured_policy(), "version": 3}
     lines = rules.judge(with_policy(doc)).text_of("policy")
-    assert lines[1] == ("not usable (/srv/policy.json: version: policy version 2 is not 1 "
-                        "(re-make it with this toolkit's bench)): SGLang keeps today's decision")
-    assert lines[2].startswith("TP2: today's decision: fused path auto-enabled")
+    assert lines[1] == ("not usable (/srv/policy.json: version: policy version 3: this "
+                        "reader takes versions 1, 2 (re-make it with this toolkit: nox -s "
+                        "tune -- --stack NAME)): SGLang keeps today's decision")
+    assert lines[2].startswith("TP2: fused_auto for 1+ tokens (today's rule")
 
 
-def test_the_override_decides_the_auto_enable_and_the_cap_still_holds() -> None:
+def test_a_version_1_policy_is_shown_with_its_meaning() -> None:
+    v1 = {"format": "sm120fork-allreduce-policy", "version": 1, "for_use": True,
+          "made": {"created": "2026-12-01", "gpu": "RTX PRO 6000", "gpu_count": 8},
+          "tp": {"2": {"fused_max_tokens": 64, "ranges": []}}}
+    lines = rules.judge(with_policy(v1)).text_of("policy")
+    assert lines[1].startswith("format sm120fork-allreduce-policy version 1, read as "
+                               "version 2, measured")
+    assert lines[2] == "TP2: fused_auto for 1-64, nccl_rmsnorm for 65+ tokens (by the policy)"
+
+
+def test_the_override_turns_the_fused_path_off_and_the_ranges_still_hold() -> None:
     facts = with_policy(measured_policy(), environ={allreduce_policy.AUTO_ENV: "0"})
     report = rules.judge(facts)
-    assert ("SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO=0 decides the auto-enable at every "
-            "TP size (the policy's token cap still holds)") in report.text_of("policy")
+    lines = report.text_of("policy")
+    assert ("SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO=0 decides our fused path's "
+            "auto-enable (the policy's ranges still hold)") in lines
+    assert ("TP2: pcie_ipc_rmsnorm for 1-512, nccl_rmsnorm for 513+ tokens (by the policy)"
+            in lines)
     tp2 = report.to_json()["policy"]["tp"][0]
-    assert (tp2["decided_by"], tp2["auto_enable"], tp2["fused_max_tokens"]) == (
-        allreduce_policy.AUTO_ENV, False, 64)
+    assert tp2["fallbacks"] == [
+        "TP2 tokens 1-64: fused_auto cannot run here (SGLANG_SM120_FLASHINFER_ALLREDUCE_"
+        "FUSION_AUTO=0 turns our fused path off); falling back to pcie_ipc_rmsnorm"]
 
 
 def test_stock_sglang_without_the_plugin_reads_no_policy() -> None:
@@ -998,18 +1031,19 @@ def test_the_probe_finds_the_policy_sglang_reads_and_a_record_names_home_by_role
     allreduce_policy.write(measured_policy(), tmp_path / ".config" / "sm120fork")
     (tmp_path / ".config" / "sm120fork" / "policy.json").rename(
         allreduce_policy.locate({}))
+    every = {"asked": decision.needed_names(), "present": decision.needed_names()}
     facts = probe.collect(probe.Probes(gpus=lambda: {"driver": None, "devices": [], "p2p": [],
                                                      "error": "no GPU (test)"},
                                        decisions=lambda s: {"error": "skipped"},
-                                       environ={}))
+                                       modules=lambda: every, environ={}))
     assert facts["policy"]["found"] is True
-    assert facts["policy"]["document"]["tp"]["2"]["fused_max_tokens"] == 64
+    assert facts["policy"]["document"]["tp"]["2"]["ranges"][0]["max_tokens"] == 64
     recorded = probe.portable(facts, home=tmp_path)
     assert recorded["policy"]["path"] == allreduce_policy.DEFAULT_PATH
     lines = rules.judge(recorded).text_of("policy")
     assert lines[0] == (f"policy file: {allreduce_policy.DEFAULT_PATH} (the default place; "
                         "SGLANG_SM120_ALLREDUCE_POLICY names another)")
-    assert lines[2].startswith("TP2: fused path for 1-64 tokens")
+    assert lines[2].startswith("TP2: fused_auto for 1-64, ")
     named = probe.collect(probe.Probes(
         gpus=lambda: {"driver": None, "devices": [], "p2p": [], "error": "no GPU (test)"},
         decisions=lambda s: {"error": "skipped"},

@@ -579,17 +579,19 @@ def _check_plugin_doctor_policy(site: Path, tmp_path: Path) -> None:
                                                             "policy.json")})
     assert named["text"]["policy"][0] == (f"policy file: {tmp_path}/measured/policy.json "
                                           f"(named by {policy.ENV_VAR})")
-    assert named["text"]["policy"][2] == ("TP2: fused path for 1-1 tokens, unfused above; "
-                                          "measured winners 1-1: fused_auto, 2-128: "
-                                          "nccl_rmsnorm; above 128 tokens not measured")
-    assert named["policy"]["tp"][0]["fused_max_tokens"] == 1
+    tp2 = named["policy"]["tp"][0]
+    assert (tp2["tp"], tp2["decided_by"]) == (2, "policy")
+    assert [(r["min_tokens"], r["max_tokens"], r["method"]) for r in tp2["measured"]] == [
+        (1, 1, "fused_auto"), (2, 128, "nccl_rmsnorm")]
+    assert any(x.startswith("TP2: ") and x.endswith("(by the policy)")
+               for x in named["text"]["policy"])
     # no variable: the default place under the home folder, where SGLang looks too
     absent = _plugin_doctor(site, home, {})
     assert absent["policy"]["source"]["path"] == str(
         home / ".config" / "sm120fork" / "allreduce-policy.json")
     assert absent["text"]["policy"][1] == "no policy there: SGLang keeps today's decision"
-    assert absent["text"]["policy"][2].startswith("TP2: today's decision: fused path "
-                                                  "auto-enabled at TP2")
+    assert any(x.startswith("TP2: ") and "(today's rule: our fused path at TP2 only; no "
+               "policy)" in x for x in absent["text"]["policy"])
 
 
 def test_the_plugin_projects_doctor_prints_the_policy_without_the_toolkit(

@@ -178,6 +178,24 @@ def sglang_decisions(sizes: Sequence[int], timeout: float = 300) -> dict[str, An
     return _child_json(f"{__package__}.decide", [str(t) for t in sizes], PREFIX, timeout)
 
 
+def importable_names(timeout: float = 300) -> dict[str, Any]:
+    """Which names the all-reduce methods need import in this interpreter (asked in a
+    child: importing FlashInfer here would load CUDA into the doctor)."""
+    from ..gpu.decision import PREFIX, needed_names
+    names = needed_names()
+    module = f"{__package__.rpartition('.')[0]}.gpu.decision"
+    try:
+        done = proc.run([sys.executable, "-m", module, *names], check=False,
+                        timeout=timeout, quiet=True)
+    except CommandError as exc:
+        return {"asked": names, "error": f"no answer within {timeout:.0f}s"
+                if exc.timed_out else exc.what}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(PREFIX):
+            return {"asked": names, "present": json.loads(line.removeprefix(PREFIX))}
+    return {"asked": names, "error": f"exit {done.returncode}"}
+
+
 def topology() -> str | None:
     """``nvidia-smi topo -m`` (PCIe switches, host bridges, NUMA affinity), if present."""
     smi = shutil.which("nvidia-smi")
@@ -205,6 +223,8 @@ class Probes:
     topology: Callable[[], str | None] = topology
     #: where SGLang looks for the all-reduce policy and what is there (gpu/policy.py)
     policy: Callable[[Mapping[str, str]], dict[str, Any]] = allreduce_policy.read_for_doctor
+    #: which names the policy's methods need import here (gpu/decision.py)
+    modules: Callable[[], dict[str, Any]] = importable_names
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -233,6 +253,7 @@ def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> dict[
     facts["plugin"] = probes.plugin() if packages[PLUGIN_DISTRIBUTION] else None
     facts["sglang_plugin_framework"] = probes.plugin_framework()
     facts["policy"] = probes.policy(probes.environ)
+    facts["modules"] = probes.modules()
 
     def skip(fact: str, why: str) -> None:
         facts[fact] = None

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..gpu import decision
 from ..gpu import policy as allreduce_policy
 from .probe import AOT_DISTRIBUTION, PLUGIN_DISTRIBUTION, tp_sizes
 
@@ -536,8 +537,14 @@ def judge_policy(report: Report, facts: dict[str, Any], packages: dict[str, Any]
     # the TP sizes this box can serve (or asked for); a box that shows no GPU: the usual
     sizes = sorted(set(tp_sizes(n)) | {t for t in requested if t > 1}) or (
         [] if n == 1 else [2, 4, 8])
-    seen = allreduce_policy.view(found, sizes,
-                                 override=facts["environ"].get(allreduce_policy.AUTO_ENV))
+    modules = facts.get("modules") or {}
+    present = (frozenset(modules["present"]) if isinstance(modules.get("present"), list)
+               else None)
+    majors = {_cap(d)[0] for d in facts["gpus"]["devices"]}
+    seen = decision.view(found, sizes,
+                         override=facts["environ"].get(allreduce_policy.AUTO_ENV),
+                         gpu_major=majors.pop() if len(majors) == 1 else None,
+                         present=present)
     head, lines = seen.pop("head"), seen.pop("lines")
     sglang = packages.get("sglang")
     readers = packages.get("sglang_kind") == "ours" or bool(packages.get("plugin_active"))
@@ -545,6 +552,10 @@ def judge_policy(report: Report, facts: dict[str, Any], packages: dict[str, Any]
     report.sections["policy"] = seen
     for line in head:
         report.say("policy", line)
+    if present is None:
+        report.say("policy", "which methods' modules import here: not known "
+                             + (f"({modules['error']})" if modules.get("error") else
+                                "(not in this record)") + "; taken as present")
     if sglang and not readers:
         report.say("policy", f"sglang {sglang} ({packages.get('sglang_kind')}) reads no "
                              "policy (our patched SGLang does, and our plugin when it is on); "

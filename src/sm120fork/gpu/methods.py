@@ -37,15 +37,40 @@ class MethodSpec:
     ours: bool = False
     #: the FlashInfer module the module step builds for it (besides comm and norm)
     module: str | None = None
+    #: how SGLang runs it when a policy names it (a key of ROUTES); None: SGLang cannot
+    #: select it (a bench-only variant), so a policy never names it
+    route: str | None = None
+    #: what the serving process needs for it (:mod:`.decision` checks these): one of
+    #: these importable names ("module" or "module:attribute"); the dtypes, world sizes
+    #: and GPU majors it runs with (empty: any); the most tokens it takes (None: any);
+    #: whether it can be recorded into a CUDA graph
+    needs_any: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    world_sizes: tuple[int, ...] = ()
+    gpu_majors: tuple[int, ...] = ()
+    max_tokens: int | None = None
+    in_graphs: bool = True
 
 
 #: NCCL settings for small messages from the facts file (SM12x PCIe boxes): the LL
 #: protocol over a ring, the lowest-latency pair for messages of a few KB to ~100 KB.
 NCCL_TUNED_ENV: Mapping[str, str] = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
 
+#: How SGLang runs each method a policy may name (the keys are what SGLang's side switches
+#: on; :mod:`.decision` and docs/policy.md describe them).
+ROUTES: Mapping[str, str] = {
+    "fused": "SGLang's FlashInfer all-reduce + add + RMSNorm fusion (our fused path; "
+             "FlashInfer picks one-shot or two-shot)",
+    "pcie_ipc": "SGLang's pcie_ipc all-reduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE), then its "
+                "fused_add_rmsnorm",
+    "b12x": "b12x's fused all-reduce + add + RMSNorm (flashinfer.experimental.b12x)",
+    "sglang_dispatch": "SGLang's own unfused all-reduce (its custom all-reduce where it "
+                       "applies, else NCCL; pcie_ipc off), then its fused_add_rmsnorm",
+}
+
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     MethodSpec(name="nccl_rmsnorm", label="NCCL all-reduce + fused_add_rmsnorm (defaults)",
-               fused=False),
+               fused=False, route="sglang_dispatch"),
     MethodSpec(name="nccl_tuned_rmsnorm",
                label="NCCL all-reduce (NCCL_PROTO=LL, NCCL_ALGO=Ring) + fused_add_rmsnorm",
                fused=False, env=NCCL_TUNED_ENV),
@@ -54,19 +79,28 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     MethodSpec(name="fused_twoshot", label="our fused kernel, two-shot", fused=True,
                ours=True),
     MethodSpec(name="fused_auto", label="our fused kernel, FlashInfer's one/two-shot choice",
-               fused=True, ours=True),
+               fused=True, ours=True, route="fused",
+               needs_any=("flashinfer.comm:trtllm_allreduce_fusion",),
+               dtypes=("bf16", "fp16")),
     MethodSpec(name="pcie_ipc_rmsnorm",
                label="FlashInfer pcie_ipc all-reduce + fused_add_rmsnorm", fused=False,
-               module="pcie_ipc"),
+               module="pcie_ipc", route="pcie_ipc",
+               needs_any=("flashinfer.comm:PcieIpcAllReduceWorkspace",),
+               dtypes=("bf16",), world_sizes=(2, 4, 8)),
     MethodSpec(name="custom_vllm_rmsnorm",
                label="FlashInfer's vLLM custom all-reduce + fused_add_rmsnorm", fused=False,
                module="vllm"),
     MethodSpec(name="custom_sglang_rmsnorm",
                label="SGLang's custom all-reduce (sgl_kernel) + fused_add_rmsnorm",
-               fused=False),
+               fused=False, route="sglang_dispatch"),
     MethodSpec(name="b12x_fused", label="b12x PCIe one-shot all-reduce + add + RMSNorm",
-               fused=True),
+               fused=True, route="b12x",
+               needs_any=("flashinfer.experimental.b12x",),
+               dtypes=("bf16",), gpu_majors=(12,), max_tokens=36),
 )}
+
+#: what SGLang runs where nothing else can: its own unfused dispatch, always usable
+UNFUSED = "nccl_rmsnorm"
 
 #: the method every other is compared with in reports (the projection, the targets)
 BASELINE = "nccl_rmsnorm"

@@ -1,13 +1,14 @@
-"""The all-reduce policy: from a bench's measurements, per TP size, which method wins where.
+"""The all-reduce policy: from a bench's measurements, per TP size, which method runs where.
 
-The file (JSON, ``policy.json`` beside the bench report) is what SGLang's patched
-start-up decision (S2 / G2), its fused-path token cap and the plugin read; the doctor
-prints it.  README.md documents the format for users (a test checks that its table names
-every key the bench writes).  Format version 1::
+The file (JSON, ``policy.json`` beside the bench report; ``tune`` installs it where SGLang
+looks) names, for every token range of every TP size the bench measured, the method
+SGLang runs there and the methods to fall back to, fastest first, when the serving
+process cannot run it (:mod:`.decision` makes that call).  docs/policy.md documents the
+format for users (a test checks that it names every key the bench writes).  Version 2::
 
     {
       "format": "sm120fork-allreduce-policy",
-      "version": 1,
+      "version": 2,
       "for_use": true,             # false: made on a shared GPU (or partial); readers
                                    # ignore the file and keep their default decision
       "made": {"created": "...", "gpu": "...", "gpu_count": 8, "shared_gpu": false,
@@ -15,24 +16,30 @@ every key the bench writes).  Format version 1::
                "note": "..."},
       "tp": {
         "2": {
-          "fused_max_tokens": 64,  # SGLang's fused path (fused_auto) is taken only for
-                                   # 1..64 tokens; 0 = never (fusion off at this TP)
-          "ranges": [              # the winner over each range of measured token counts
-            {"min_tokens": 1, "max_tokens": 64, "method": "fused_auto", "fused": true},
-            {"min_tokens": 65, "max_tokens": 512, "method": "pcie_ipc_rmsnorm",
-             "fused": false}],
+          "ranges": [              # contiguous from 1 token; above the last: not measured
+            {"min_tokens": 1, "max_tokens": 16, "method": "fused_auto",
+             "fallback": ["pcie_ipc_rmsnorm", "nccl_rmsnorm"]},
+            {"min_tokens": 17, "max_tokens": 512, "method": "pcie_ipc_rmsnorm",
+             "fallback": ["nccl_rmsnorm"]}],
           "measured_tokens": [1, 2, 4, ...],
-          "excluded": {"custom_vllm_rmsnorm": "failed its output check at ..."}
+          "excluded": {"custom_vllm_rmsnorm": "failed its output check at ..."},
+          "not_measured": {"b12x_fused": "b12x runs on SM12x only; ..."}
         }
       }
     }
 
-Token counts above the last range were not measured: readers take no fused path there.
-The fused path is never chosen where a measured method beat it: ``fused_max_tokens`` is
-the largest count T such that at every measured count <= T, at every hidden size, no
-other correct method (our other fused variants aside: SGLang cannot choose them) was
-faster than ``fused_auto``.  Only the fused-path part is applied by SGLang; the winner
-among unfused methods is reported for the user (SGLang's own dispatch picks those).
+Only methods SGLang can run (``methods.MethodSpec.route``) are ranked; the bench-only
+variants (our one-shot/two-shot kernels, FlashInfer's vLLM custom all-reduce, the tuned
+NCCL row) are measured for the report but never named.  Per measured token count the
+methods that ran at every hidden size are ranked by their worst ratio to the fastest
+(the one that wins at every hidden size, if one does, comes first); consecutive counts
+with the same winner make one range, whose fallbacks are the other methods that ran over
+the whole range, by their worst ratio there.  A method that failed its output check
+anywhere is left out of the whole TP size.
+
+Version 1 (``fused_max_tokens`` per TP size: our fused path for 1..N tokens, SGLang's own
+unfused dispatch above) is still read: :func:`validate` returns it as the equivalent
+version 2 document (``from_version`` 1).
 """
 
 from __future__ import annotations
@@ -43,11 +50,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError  # relative: the plugin wheel may vendor policy + methods
-from .methods import FAILED_CHECK, METHODS, TIMED
+from ..errors import ConfigError  # relative: the plugin wheel vendors policy + methods
+from .methods import FAILED_CHECK, METHODS, NOT_RUNNABLE, TIMED, UNFUSED
 
 FORMAT = "sm120fork-allreduce-policy"
-VERSION = 1
+VERSION = 2
+#: the versions this reader takes (older ones are returned as version 2)
+READS = (1, 2)
 FILE_NAME = "policy.json"
 #: the method that is SGLang's fused path (it passes use_oneshot=None: FlashInfer picks)
 SGLANG_FUSED = "fused_auto"
@@ -62,51 +71,76 @@ def _latency(rec: Mapping[str, Any]) -> float:
     return float(max(medians) if medians else rec["median_us"])
 
 
+def servable(name: str) -> bool:
+    """Whether SGLang can run this bench method when a policy names it."""
+    spec = METHODS.get(name)
+    return spec is not None and spec.route is not None
+
+
+def _order(names: Sequence[str]) -> dict[str, int]:
+    registry = list(METHODS)
+    return {n: registry.index(n) for n in names}
+
+
+def _worst_ratios(by_hidden: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
+    """Per method that ran at every hidden size: its worst latency / the fastest's."""
+    names = set.intersection(*(set(m) for m in by_hidden.values()))
+    return {n: max(m[n] / min(m.values()) for m in by_hidden.values()) for n in names}
+
+
 def _tp_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One world size's records -> its policy entry."""
     excluded: dict[str, str] = {}
+    not_measured: dict[str, str] = {}
     for rec in records:
         if rec.get("kind") == "point" and rec.get("status") == FAILED_CHECK:
             excluded.setdefault(rec["method"], f"failed its output check at "
                                 f"{rec['tokens']} tokens, hidden {rec['hidden']}")
+        elif (rec.get("kind") == "method" and rec.get("status") == NOT_RUNNABLE
+              and servable(str(rec.get("method")))):
+            not_measured.setdefault(rec["method"], str(rec.get("reason") or "not runnable"))
     lat: dict[int, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
     for rec in records:
         if (rec.get("kind") == "point" and rec.get("status") == TIMED
-                and rec["method"] not in excluded and rec["method"] in METHODS):
+                and rec["method"] not in excluded and servable(rec["method"])):
             lat[int(rec["tokens"])][int(rec["hidden"])][rec["method"]] = _latency(rec)
     tokens = sorted(lat)
-    winners: list[str] = []
-    fused_ok: list[bool] = []
+    ratios: dict[int, dict[str, float]] = {}
+    winners: dict[int, str] = {}
     for t in tokens:
         by_hidden = lat[t]
+        worst = _worst_ratios(by_hidden)
+        if not worst:
+            continue
         per_hidden = {h: min(m, key=m.__getitem__) for h, m in by_hidden.items()}
-        if len(set(per_hidden.values())) == 1:
-            winner = next(iter(per_hidden.values()))
+        order = _order(list(worst))
+        if len(set(per_hidden.values())) == 1 and next(iter(per_hidden.values())) in worst:
+            winners[t] = next(iter(per_hidden.values()))
         else:  # no method wins at every hidden size: the best worst-case ratio
-            names = set.intersection(*(set(m) for m in by_hidden.values()))
-            winner = min(names, key=lambda n: max(
-                m[n] / min(m.values()) for m in by_hidden.values()))
-        winners.append(winner)
-        fused_ok.append(all(
-            SGLANG_FUSED in m and all(v >= m[SGLANG_FUSED] for n, v in m.items()
-                                      if not METHODS[n].ours)
-            for m in by_hidden.values()))
-    cap = 0
-    for t, ok in zip(tokens, fused_ok, strict=True):
-        if not ok:
-            break
-        cap = t
+            winners[t] = min(worst, key=lambda n: (worst[n], order[n]))
+        ratios[t] = worst
+    ranked = [t for t in tokens if t in winners]
+    groups: list[list[int]] = []
+    for t in ranked:
+        if groups and winners[groups[-1][-1]] == winners[t]:
+            groups[-1].append(t)
+        else:
+            groups.append([t])
     ranges: list[dict[str, Any]] = []
     low = 1
-    for t, winner in zip(tokens, winners, strict=True):
-        if ranges and ranges[-1]["method"] == winner:
-            ranges[-1]["max_tokens"] = t
-        else:
-            ranges.append({"min_tokens": low, "max_tokens": t, "method": winner,
-                           "fused": METHODS[winner].fused})
-        low = t + 1
-    return {"fused_max_tokens": cap, "ranges": ranges, "measured_tokens": tokens,
-            "excluded": excluded}
+    for group in groups:
+        winner = winners[group[0]]
+        others = set.intersection(*(set(ratios[t]) for t in group)) - {winner}
+        worst = {n: max(ratios[t][n] for t in group) for n in others}
+        order = _order(list(others))
+        ranges.append({"min_tokens": low, "max_tokens": group[-1], "method": winner,
+                       "fallback": sorted(others, key=lambda n: (worst[n], order[n]))})
+        low = group[-1] + 1
+    for name in not_measured.copy():
+        if any(name == r["method"] or name in r["fallback"] for r in ranges):
+            del not_measured[name]
+    return {"ranges": ranges, "measured_tokens": ranked, "excluded": excluded,
+            "not_measured": not_measured}
 
 
 def derive(records_by_world: Mapping[int, Sequence[Mapping[str, Any]]], *,
@@ -124,36 +158,82 @@ def write(doc: Mapping[str, Any], out_dir: Path) -> Path:
     return path
 
 
+def _int_at_least(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _v1_entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """A version 1 TP entry in version 2 terms: our fused path for 1..fused_max_tokens,
+    SGLang's own unfused dispatch above (the winners it listed were only reported)."""
+    cap = entry.get("fused_max_tokens")
+    if not _int_at_least(cap, 0):
+        raise ConfigError("fused_max_tokens must be an integer >= 0",
+                          where=f"{key}.fused_max_tokens")
+    ranges = ([{"min_tokens": 1, "max_tokens": cap, "method": SGLANG_FUSED,
+                "fallback": [UNFUSED]}] if cap else [])
+    return {"ranges": ranges, "measured_tokens": list(entry.get("measured_tokens") or []),
+            "excluded": dict(entry.get("excluded") or {}), "not_measured": {},
+            "fused_max_tokens": cap}
+
+
+def _v2_entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
+    low = 1
+    ranges = entry.get("ranges")
+    if not isinstance(ranges, list):
+        raise ConfigError("ranges must be a list", where=f"{key}.ranges")
+    for i, rng in enumerate(ranges):
+        where = f"{key}.ranges[{i}]"
+        if not isinstance(rng, dict):
+            raise ConfigError("each range is a table", where=where)
+        if rng.get("min_tokens") != low:
+            raise ConfigError(f"min_tokens must be {low}: ranges are contiguous from 1 token",
+                              where=f"{where}.min_tokens")
+        if not _int_at_least(rng.get("max_tokens"), low):
+            raise ConfigError(f"max_tokens must be an integer >= {low}",
+                              where=f"{where}.max_tokens")
+        if not isinstance(rng.get("method"), str) or not rng["method"]:
+            raise ConfigError("method must name a method", where=f"{where}.method",
+                              fix=f"one of {sorted(n for n in METHODS if servable(n))}")
+        fallback = rng.get("fallback", [])
+        if not isinstance(fallback, list) or not all(isinstance(f, str) for f in fallback):
+            raise ConfigError("fallback must be a list of method names",
+                              where=f"{where}.fallback")
+        low = rng["max_tokens"] + 1
+    return {**entry, "ranges": [{**r, "fallback": list(r.get("fallback", []))}
+                                for r in ranges]}
+
+
 def validate(doc: Any, where: str) -> dict[str, Any]:
-    """The document, or a ConfigError naming the file and the dotted key."""
+    """The document as version 2 (a version 1 one converted, ``from_version`` 1), or a
+    ConfigError naming the file and the dotted key."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ConfigError(f"not an all-reduce policy (format must be {FORMAT!r})",
-                          where=where)
-    if doc.get("version") != VERSION:
-        raise ConfigError(f"policy version {doc.get('version')!r} is not {VERSION}",
-                          where=f"{where}: version", fix="re-make it with this toolkit's bench")
+                          where=f"{where}: format")
+    version = doc.get("version")
+    if version not in READS:
+        raise ConfigError(f"policy version {version!r}: this reader takes versions "
+                          f"{', '.join(map(str, READS))}", where=f"{where}: version",
+                          fix="re-make it with this toolkit: nox -s tune -- --stack NAME")
     if not isinstance(doc.get("for_use"), bool):
         raise ConfigError("for_use must be true or false", where=f"{where}: for_use")
     tps = doc.get("tp")
     if not isinstance(tps, dict):
         raise ConfigError("tp must be a table of TP sizes", where=f"{where}: tp")
+    entries: dict[str, Any] = {}
     for tp, entry in tps.items():
         key = f"{where}: tp.{tp}"
-        if not str(tp).isdigit() or not isinstance(entry, dict):
+        if not str(tp).isdigit() or int(tp) < 2:
+            raise ConfigError("TP sizes are integers >= 2", where=key)
+        if not isinstance(entry, dict):
             raise ConfigError("each TP size maps to a table", where=key)
-        cap = entry.get("fused_max_tokens")
-        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
-            raise ConfigError("fused_max_tokens must be an integer >= 0",
-                              where=f"{key}.fused_max_tokens")
-        low = 1
-        for i, rng in enumerate(entry.get("ranges", [])):
-            if (not isinstance(rng, dict) or rng.get("min_tokens") != low
-                    or not isinstance(rng.get("max_tokens"), int)
-                    or rng["max_tokens"] < low or not isinstance(rng.get("method"), str)):
-                raise ConfigError("ranges must be contiguous from 1, each with min_tokens, "
-                                  "max_tokens and method", where=f"{key}.ranges[{i}]")
-            low = rng["max_tokens"] + 1
-    return doc
+        entries[str(tp)] = (_v1_entry if version == 1 else _v2_entry)(entry, key)
+    made = doc.get("made", {})
+    if not isinstance(made, dict):
+        raise ConfigError("made must be a table", where=f"{where}: made")
+    out = {**doc, "version": VERSION, "made": made, "tp": entries}
+    if version != VERSION:
+        out["from_version"] = version
+    return out
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -164,18 +244,38 @@ def load(path: Path) -> dict[str, Any]:
     return validate(doc, str(path))
 
 
+def as_version_1(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The document as version 1, for readers that take only that (the SGLang gates of
+    the series before the fork-only policy patch): per TP size our fused path up to the
+    end of a first range that names it, else never; every other range is dropped."""
+    tps = {}
+    for tp, entry in doc["tp"].items():
+        ranges = entry.get("ranges", [])
+        cap = (ranges[0]["max_tokens"] if ranges and ranges[0]["method"] == SGLANG_FUSED
+               else 0)
+        tps[tp] = {"fused_max_tokens": cap, "ranges": [
+            {"min_tokens": r["min_tokens"], "max_tokens": r["max_tokens"],
+             "method": r["method"], "fused": METHODS[r["method"]].fused
+             if r["method"] in METHODS else False} for r in ranges],
+                   "measured_tokens": list(entry.get("measured_tokens", [])),
+                   "excluded": dict(entry.get("excluded", {}))}
+    return {"format": FORMAT, "version": 1, "for_use": doc["for_use"],
+            "made": dict(doc.get("made", {})), "tp": tps}
+
+
 def describe(doc: Mapping[str, Any]) -> list[str]:
-    """One line per TP size: what SGLang takes, and the winner per token range."""
+    """One line per TP size: the method per token range, fallbacks in brackets."""
     lines = []
     if not doc.get("for_use"):
         lines.append("marked NOT FOR USE (" + str(doc.get("made", {}).get(
             "note") or "made on a shared GPU") + "): SGLang ignores it")
     for tp, entry in sorted(doc.get("tp", {}).items(), key=lambda kv: int(kv[0])):
-        cap = entry["fused_max_tokens"]
-        fused = f"fused path for 1-{cap} tokens" if cap else "fused path never"
-        ranges = ", ".join(f"{r['min_tokens']}-{r['max_tokens']}: {r['method']}"
-                           for r in entry.get("ranges", []))
-        lines.append(f"TP{tp}: {fused}; winners {ranges or 'none measured'}")
+        ranges = ", ".join(
+            f"{r['min_tokens']}-{r['max_tokens']}: {r['method']}"
+            + (f" (then {', '.join(r['fallback'])})" if r.get("fallback") else "")
+            for r in entry.get("ranges", []))
+        lines.append(f"TP{tp}: {ranges or 'none measured'}"
+                     + ("; above: SGLang's own dispatch" if ranges else ""))
     return lines
 
 
@@ -223,96 +323,3 @@ def read_for_doctor(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     elif os.path.lexists(where):
         facts["error"] = "not a file"
     return facts
-
-
-def _method(name: str) -> str:
-    return name if name in METHODS else f"{name} (a method this toolkit does not know)"
-
-
-def view(facts: Mapping[str, Any], sizes: Sequence[int], *,
-         override: str | None = None) -> dict[str, Any]:
-    """What SGLang does with the policy the doctor found, per TP size, as data and text
-    (``head``: the file's lines, ``lines``: one per TP size).
-
-    ``facts``: :func:`read_for_doctor`'s; ``sizes``: the TP sizes to show (the policy's
-    own are added); ``override``: the value of :data:`AUTO_ENV` in force, if any.  The
-    decision per TP size is the one the patched SGLang makes: the policy's where it is
-    usable and has the TP size, else today's rule (:data:`DEFAULT_TP` only); an override
-    decides the auto-enable, and the policy's token cap holds even then.
-    """
-    raw = facts.get("document")
-    error = facts.get("error")
-    doc: dict[str, Any] = {}
-    if raw is not None and error is None:
-        try:
-            doc = validate(raw, str(facts["path"]))
-        except ConfigError as exc:
-            error = exc.message
-    valid = bool(doc)
-    made = doc.get("made") or {}
-    applies = valid and doc["for_use"] is True
-    named = (f"named by {ENV_VAR}" if facts.get("named_by") == ENV_VAR
-             else f"the default place; {ENV_VAR} names another")
-    source: dict[str, Any] = {
-        "path": facts.get("path"), "named_by": facts.get("named_by"),
-        "found": bool(facts.get("found")), "usable": valid, "error": error,
-        "version": raw.get("version") if isinstance(raw, dict) else None,
-        "for_use": doc.get("for_use") if valid else None,
-        "shared_gpu": made.get("shared_gpu"), "note": made.get("note"),
-        "made": made or None}
-    lines = [f"policy file: {facts.get('path')} ({named})"]
-    if not facts.get("found"):
-        lines.append("no policy there: SGLang keeps today's decision")
-    elif not valid:
-        lines.append(f"not usable ({error}): SGLang keeps today's decision")
-    else:
-        where = (f"measured {made.get('created', '?')} on {made.get('gpu', '?')} "
-                 f"x{made.get('gpu_count', '?')}"
-                 + (f", stack {made['stack']}" if made.get("stack") else "")
-                 + (", on a shared GPU" if made.get("shared_gpu") else ""))
-        state = ("for use: SGLang follows it" if applies else
-                 f"marked NOT FOR USE ({made.get('note') or 'made on a shared GPU'}): "
-                 "SGLang ignores it and keeps today's decision")
-        lines.append(f"format {doc['format']} version {doc['version']}, {where}; {state}")
-    if override is not None:
-        lines.append(f"{AUTO_ENV}={override} decides the auto-enable at every TP size"
-                     + (" (the policy's token cap still holds)" if applies else ""))
-    head, lines = lines, []
-    tps: dict[str, Any] = doc["tp"] if valid else {}
-    shown = sorted({*sizes, *(int(t) for t in tps)})
-    per_tp: list[dict[str, Any]] = []
-    for tp in shown:
-        entry = tps.get(str(tp)) if applies else None
-        ranges = list((tps.get(str(tp)) or {}).get("ranges", []))
-        excluded = dict((tps.get(str(tp)) or {}).get("excluded", {}))
-        if entry is not None:
-            cap: int | None = int(entry["fused_max_tokens"])
-            by, auto = "policy", bool(cap)
-            what = (f"fused path for 1-{cap} tokens, unfused above" if cap else
-                    "fused path never (a measured method beat it from 1 token on)")
-        else:
-            cap, by, auto = None, "today's rule", tp == DEFAULT_TP
-            why = ("not in the policy" if applies else "")
-            what = ((f"{why}: " if why else "") + "today's decision: " + (
-                f"fused path auto-enabled at TP{DEFAULT_TP} on one node, no token cap "
-                "beyond SGLang's own" if auto else
-                f"not auto-enabled (only TP{DEFAULT_TP} is)"))
-        if override is not None:
-            by = AUTO_ENV
-            auto = override.strip().lower() in ("1", "on")
-        per_tp.append({"tp": tp, "decided_by": by, "auto_enable": auto,
-                       "fused_max_tokens": cap, "ranges": ranges, "excluded": excluded,
-                       "followed": entry is not None})
-        winners = ", ".join(f"{r['min_tokens']}-{r['max_tokens']}: {_method(r['method'])}"
-                            for r in ranges)
-        measured = ""
-        if winners:
-            measured = ("; measured winners " if entry is not None
-                        else "; measured (not followed): ") + winners
-            if cap:
-                measured += f"; above {ranges[-1]['max_tokens']} tokens not measured"
-        lines.append(f"TP{tp}: {what}{measured}")
-        for name, why_out in sorted(excluded.items()):
-            lines.append(f"  TP{tp}: {_method(name)} left out: {why_out}")
-    return {"source": source, "applies": applies, "override": override, "tp": per_tp,
-            "head": head, "lines": lines}

@@ -1,0 +1,328 @@
+"""Which all-reduce method SGLang runs per token range, in one serving process.
+
+The one pure decision that SGLang's side (the fork's patched SGLang and the plugin), the
+doctor, ``tune`` and docs/policy.md's worked example all call: the process's facts
+(world size, dtype, GPU capability, which modules import, whether a CUDA graph is being
+captured, the explicit fused-path override) and the policy (a version 2 document from
+:func:`.policy.validate`, or None) go in; per token range the method that runs, why, and
+one log line per method it had to fall back past come out.  It reads no file and asks
+no GPU, so every branch is a CPU test; :func:`importable` is the one helper that looks
+at the process (standard library only: the plugin wheel vendors this file).
+
+Without a usable policy (none, marked not for use, or no entry for this TP size)
+today's rule holds: our fused path at TP :data:`.policy.DEFAULT_TP` only, SGLang's own
+unfused dispatch otherwise.  Above a policy's last measured range nothing was measured:
+SGLang's own unfused dispatch runs there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .methods import METHODS, ROUTES, UNFUSED, MethodSpec
+from .policy import AUTO_ENV, DEFAULT_TP, SGLANG_FUSED
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Process:
+    """What the serving process is and has (SGLang's side fills it in at start-up)."""
+
+    world_size: int
+    dtype: str = "bf16"
+    #: the GPU's compute capability major (12 for SM120/SM121); None: not known
+    gpu_major: int | None = None
+    #: which of the methods' needed names import here (:func:`importable`); None: not
+    #: known (the doctor of an old record), taken as present
+    present: frozenset[str] | None = None
+    #: a CUDA graph is being captured
+    capturing: bool = False
+    #: SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO: True/False decides our fused path's
+    #: auto-enable (a policy's ranges still hold where it names another method)
+    fused_override: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """Tokens ``min_tokens``..``max_tokens`` (None: no upper end) run ``method``."""
+
+    min_tokens: int
+    max_tokens: int | None
+    method: str
+    wanted: str
+    why: str
+
+    @property
+    def span(self) -> str:
+        return (f"{self.min_tokens}-{self.max_tokens}" if self.max_tokens is not None
+                else f"{self.min_tokens}+")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """One TP size's methods per token range, and the fallback lines to log."""
+
+    tp: int
+    by_policy: bool
+    source: str
+    ranges: tuple[Range, ...]
+    fallbacks: tuple[str, ...]
+
+    def method_for(self, tokens: int) -> str:
+        for rng in self.ranges:
+            if tokens >= rng.min_tokens and (rng.max_tokens is None
+                                             or tokens <= rng.max_tokens):
+                return rng.method
+        return UNFUSED
+
+    def route_for(self, tokens: int) -> str:
+        """What SGLang switches on (a key of :data:`.methods.ROUTES`)."""
+        return str(METHODS[self.method_for(tokens)].route)
+
+    @property
+    def summary(self) -> str:
+        """Per range the method that runs: ``fused_auto for 1-16, ... for 513+ tokens``."""
+        merged: list[tuple[str, int, int | None]] = []
+        for r in self.ranges:
+            if merged and merged[-1][0] == r.method:
+                merged[-1] = (r.method, merged[-1][1], r.max_tokens)
+            else:
+                merged.append((r.method, r.min_tokens, r.max_tokens))
+        return ", ".join(f"{m} for {lo}-{hi}" if hi is not None else f"{m} for {lo}+"
+                         for m, lo, hi in merged) + " tokens"
+
+    @property
+    def line(self) -> str:
+        """The start-up decision line: per range the method that runs, and the source."""
+        return f"all-reduce at TP{self.tp}: {self.summary} ({self.source})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tp": self.tp, "by_policy": self.by_policy, "source": self.source,
+                "ranges": [r.to_json() for r in self.ranges],
+                "fallbacks": list(self.fallbacks)}
+
+
+def needed_names(registry: Mapping[str, MethodSpec] = METHODS) -> list[str]:
+    """Every importable name some method needs (what :func:`importable` is asked)."""
+    return sorted({n for spec in registry.values() for n in spec.needs_any})
+
+
+def importable(names: Iterable[str]) -> frozenset[str]:
+    """Which of ``names`` ("module" or "module:attribute") import in this process.
+
+    A ``module:attribute`` imports the module (SGLang has imported FlashInfer already
+    where it matters); a bare module is only looked up.  Never raises.
+    """
+    found = set()
+    for name in names:
+        module, _, attribute = name.partition(":")
+        try:
+            if attribute:
+                if hasattr(importlib.import_module(module), attribute):
+                    found.add(name)
+            elif importlib.util.find_spec(module) is not None:
+                found.add(name)
+        except Exception:  # a broken install is "not importable", never an error here
+            continue
+    return frozenset(found)
+
+
+def blocker(name: str, process: Process, *, up_to: int | None = None,
+            registry: Mapping[str, MethodSpec] = METHODS) -> str | None:
+    """Why this process cannot run method ``name`` for tokens up to ``up_to`` (None: it can)."""
+    spec = registry.get(name)
+    if spec is None:
+        return "this reader does not know the method (a policy from a newer toolkit?)"
+    if spec.route is None or spec.route not in ROUTES:
+        return "SGLang cannot select it (a bench-only variant)"
+    if spec.name == SGLANG_FUSED and process.fused_override is False:
+        return f"{AUTO_ENV}=0 turns our fused path off"
+    if spec.dtypes and process.dtype not in spec.dtypes:
+        return f"it runs {'/'.join(spec.dtypes)} only; this process all-reduces {process.dtype}"
+    if spec.world_sizes and process.world_size not in spec.world_sizes:
+        return (f"it runs at TP {', '.join(map(str, spec.world_sizes))} only; "
+                f"this process is TP{process.world_size}")
+    if spec.gpu_majors and process.gpu_major is not None \
+            and process.gpu_major not in spec.gpu_majors:
+        return (f"it runs on SM{'/'.join(f'{m}x' for m in spec.gpu_majors)} only; this GPU "
+                f"is SM{process.gpu_major}x")
+    if spec.needs_any and process.present is not None \
+            and not set(spec.needs_any) & process.present:
+        return f"{' or '.join(spec.needs_any)} does not import here"
+    if spec.max_tokens is not None and (up_to is None or up_to > spec.max_tokens):
+        return f"it takes at most {spec.max_tokens} tokens"
+    if process.capturing and not spec.in_graphs:
+        return "it cannot be captured into a CUDA graph"
+    return None
+
+
+def _walk(tp: int, lo: int, hi: int | None, candidates: list[str], why: str,
+          process: Process, lines: list[str],
+          registry: Mapping[str, MethodSpec]) -> Range:
+    """The first candidate this process can run over lo..hi; one line per one skipped."""
+    order = list(dict.fromkeys([*candidates, UNFUSED]))
+    span = f"{lo}-{hi}" if hi is not None else f"{lo}+"
+    for i, name in enumerate(order):
+        reason = None if name == UNFUSED else blocker(name, process, up_to=hi,
+                                                      registry=registry)
+        if reason is None:
+            return Range(lo, hi, name, order[0], why if i == 0 else
+                         f"{why}; {order[0]} cannot run here, fallen back")
+        lines.append(f"TP{tp} tokens {span}: {name} cannot run here ({reason}); falling "
+                     f"back to {order[i + 1]}")
+    raise AssertionError("UNFUSED always runs")  # pragma: no cover
+
+
+def decide(policy: Mapping[str, Any] | None, process: Process, *, source: str = "",
+           registry: Mapping[str, MethodSpec] = METHODS) -> Decision:
+    """The methods per token range at this process's TP size.
+
+    ``policy``: a validated document (:func:`.policy.validate`) or None; ``source``:
+    how the start-up line names it (the file and where it was measured).
+    """
+    tp = process.world_size
+    lines: list[str] = []
+    entry = None
+    why_not = "no policy"
+    if policy is not None:
+        if not policy.get("for_use"):
+            why_not = "the policy is marked not for use"
+        else:
+            entry = policy["tp"].get(str(tp))
+            why_not = f"the policy has no entry for TP{tp}"
+    if entry is None:
+        if process.fused_override is not None:
+            want = SGLANG_FUSED if process.fused_override else UNFUSED
+            why = f"{AUTO_ENV}={int(process.fused_override)}; {why_not}"
+        else:
+            want = SGLANG_FUSED if tp == DEFAULT_TP else UNFUSED
+            why = f"today's rule: our fused path at TP{DEFAULT_TP} only; {why_not}"
+        rng = _walk(tp, 1, None, [want], why, process, lines, registry)
+        return Decision(tp, False, why, (rng,), tuple(lines))
+    ranges = []
+    last = 0
+    for r in entry["ranges"]:
+        ranges.append(_walk(tp, r["min_tokens"], r["max_tokens"],
+                            [r["method"], *r.get("fallback", [])],
+                            "measured fastest here", process, lines, registry))
+        last = r["max_tokens"]
+    ranges.append(Range(last + 1, None, UNFUSED, UNFUSED,
+                        "not measured above" if last else "no range measured"))
+    return Decision(tp, True, source or "the policy", tuple(ranges), tuple(lines))
+
+
+# --- the doctor's view: what SGLang decides with the policy the doctor found -------------
+
+def _override(value: str | None) -> bool | None:
+    if value is None or not value.strip():
+        return None
+    return value.strip().lower() in ("1", "on", "true", "yes")
+
+
+def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None = None,
+         gpu_major: int | None = None, present: frozenset[str] | None = None,
+         ) -> dict[str, Any]:
+    """What SGLang runs per TP size with the policy the doctor found, as data and text
+    (``head``: the file's lines, ``lines``: per TP size its ranges and fallbacks).
+
+    ``facts``: :func:`.policy.read_for_doctor`'s; ``sizes``: the TP sizes to show (the
+    policy's own are added); ``override``: the value of :data:`.policy.AUTO_ENV` in force;
+    ``gpu_major``/``present``: the box's GPU and the importable names (None: not known).
+    """
+    from .policy import ENV_VAR, validate  # policy imports nothing of this module
+
+    raw = facts.get("document")
+    error = facts.get("error")
+    doc: dict[str, Any] = {}
+    if raw is not None and error is None:
+        try:
+            doc = validate(raw, str(facts["path"]))
+        except Exception as exc:  # ConfigError: shown, never raised into the doctor
+            error = getattr(exc, "message", str(exc))
+    valid = bool(doc)
+    made = doc.get("made") or {}
+    applies = valid and doc["for_use"] is True
+    named = (f"named by {ENV_VAR}" if facts.get("named_by") == ENV_VAR
+             else f"the default place; {ENV_VAR} names another")
+    source: dict[str, Any] = {
+        "path": facts.get("path"), "named_by": facts.get("named_by"),
+        "found": bool(facts.get("found")), "usable": valid, "error": error,
+        "version": raw.get("version") if isinstance(raw, dict) else None,
+        "for_use": doc.get("for_use") if valid else None,
+        "shared_gpu": made.get("shared_gpu"), "note": made.get("note"),
+        "made": made or None}
+    head = [f"policy file: {facts.get('path')} ({named})"]
+    where = ""
+    if not facts.get("found"):
+        head.append("no policy there: SGLang keeps today's decision")
+    elif not valid:
+        head.append(f"not usable ({error}): SGLang keeps today's decision")
+    else:
+        where = (f"measured {made.get('created', '?')} on {made.get('gpu', '?')} "
+                 f"x{made.get('gpu_count', '?')}"
+                 + (f", stack {made['stack']}" if made.get("stack") else "")
+                 + (", on a shared GPU" if made.get("shared_gpu") else ""))
+        state = ("for use: SGLang follows it" if applies else
+                 f"marked NOT FOR USE ({made.get('note') or 'made on a shared GPU'}): "
+                 "SGLang ignores it and keeps today's decision")
+        version = (f"version {doc['from_version']}, read as version {doc['version']}"
+                   if doc.get("from_version") else f"version {doc['version']}")
+        head.append(f"format {doc['format']} {version}, {where}; {state}")
+    forced = _override(override)
+    if override is not None:
+        head.append(f"{AUTO_ENV}={override} decides our fused path's auto-enable"
+                    + (" (the policy's ranges still hold)" if applies else ""))
+    tps: dict[str, Any] = doc["tp"] if valid else {}
+    lines: list[str] = []
+    per_tp: list[dict[str, Any]] = []
+    for tp in sorted({*sizes, *(int(t) for t in tps)}):
+        process = Process(world_size=tp, gpu_major=gpu_major, present=present,
+                          fused_override=forced)
+        decision = decide(doc if valid else None, process,
+                          source=f"policy {facts.get('path')}" + (f", {where}" if where
+                                                                  else ""))
+        entry = tps.get(str(tp)) or {}
+        per_tp.append({**decision.to_json(),
+                       "decided_by": "policy" if decision.by_policy else (
+                           AUTO_ENV if forced is not None else "today's rule"),
+                       "followed": decision.by_policy,
+                       "measured": list(entry.get("ranges", [])),
+                       "excluded": dict(entry.get("excluded", {})),
+                       "not_measured": dict(entry.get("not_measured", {}))})
+        lines.append(f"TP{tp}: {decision.summary} ("
+                     + ("by the policy" if decision.by_policy else decision.source) + ")")
+        lines += [f"  {line}" for line in decision.fallbacks]
+        if entry and not decision.by_policy:
+            measured = ", ".join(f"{r['min_tokens']}-{r['max_tokens']}: {r['method']}"
+                                 for r in entry.get("ranges", []))
+            lines.append(f"  measured (not followed): {measured or 'nothing'}")
+        for name, why_out in sorted(entry.get("excluded", {}).items()):
+            lines.append(f"  TP{tp}: {name} left out: {why_out}")
+    return {"source": source, "applies": applies, "override": override, "tp": per_tp,
+            "head": head, "lines": lines}
+
+
+#: the doctor reads :func:`main`'s answer from the line with this prefix
+PREFIX = "SM120FORK-IMPORTABLE "
+
+
+def main(argv: list[str]) -> int:
+    """``python -m <package>.gpu.decision NAME...``: which names import in this interpreter
+    (the doctor asks in a child, so FlashInfer's imports stay out of its own process)."""
+    import json
+    import sys
+
+    sys.stdout.write(PREFIX + json.dumps(sorted(importable(argv or needed_names()))) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
