@@ -122,6 +122,13 @@ class UsageError(ToolkitError):
     exit_code = 16
 
 
+class NoGpuError(ToolkitError):
+    """A GPU harness cannot run here: this Python has no torch, a CPU-only torch, or a
+    torch that sees no CUDA GPU (not a failing case: nothing was tried)."""
+
+    exit_code = 17
+
+
 #: Exit codes that belong to no error class (each means one thing: an uncaught exception
 #: is EXIT_INTERNAL at every entry point, never Python's 1; a failing GPU or layer case is
 #: VerifyError's).

@@ -130,6 +130,7 @@ def test_describe_says_when_a_policy_is_not_for_use() -> None:
                         "SGLang's own dispatch")
 
 
+@pytest.mark.usefixtures("gpu_here")
 def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -172,6 +173,7 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
     assert "policy: marked NOT FOR USE" in capsys.readouterr().out
 
 
+@pytest.mark.usefixtures("gpu_here")
 def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_group(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sm120fork.gpu import launcher, supervise, variants

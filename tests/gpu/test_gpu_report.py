@@ -138,9 +138,11 @@ def test_test_refuses_multicast_backends_before_touching_anything(
     assert not (tmp_path / "runs").exists()
 
 
-def test_test_command_without_a_gpu_reports_every_case_as_a_build_failure(
+@pytest.mark.usefixtures("gpu_here")
+def test_test_command_whose_module_build_fails_reports_every_case_as_a_build_failure(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The whole `test` path on a CPU machine: the module step fails, nothing hangs, the
+    """The whole `test` path on a CPU machine past the preflight: the module step fails
+    (no CUDA here), nothing hangs, the
     report says why, and the exit code says the build is not to be trusted."""
     out = tmp_path / "report"
     rc = main(["test", "--quick", "--world-sizes", "2", "--max-cases", "3",

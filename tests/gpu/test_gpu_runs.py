@@ -39,7 +39,7 @@ FAKE_RANK = textwrap.dedent("""\
 
 
 @pytest.fixture
-def fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_here: None) -> Path:
     """Module build that takes 3 s and succeeds; ranks are the fake script above."""
     script = tmp_path / "fake_rank.py"
     script.write_text(FAKE_RANK)

@@ -69,6 +69,7 @@ def test_stack_and_wheel_dir_exclude_each_other() -> None:
         opts.with_stack(baseline=True)
 
 
+@pytest.mark.usefixtures("gpu_here")
 def test_a_bench_from_a_stack_records_its_provenance(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """stack, series digest and wheel sha256 in bench.json (upstream_pr's provenance)."""

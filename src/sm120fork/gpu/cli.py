@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,8 +19,8 @@ from typing import Any
 from sm120fork.entry import Parser, boundary
 from sm120fork.errors import ToolkitError, UsageError, VerifyError
 from sm120fork.gpu import cases as cases_mod
-from sm120fork.gpu import methods, runs, sglang_layer
-from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG
+from sm120fork.gpu import methods, preflight, runs, sglang_layer
+from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG, check_backend
 from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
 
@@ -252,8 +253,23 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return VerifyError.exit_code if failed else 0
 
 
+def _ready(args: argparse.Namespace) -> None:
+    """Refuse what cannot run here before anything is resolved, installed or built: a
+    multicast backend on a shared host, then a box whose Python has no CUDA torch or GPU."""
+    if args.gpu_command in ("test", "bench"):
+        check_backend(args.backend, allow_multicast=args.allow_multicast,
+                      host_environ=os.environ)
+    if args.gpu_command == "sglang-layer" and (args.stack is None) == (args.sglang_path is None):
+        raise UsageError("give --stack or --sglang-path", where="sglang-layer",
+                         fix="e.g. --stack sglang-0.5.23 on a checkout with that build")
+    if args.gpu_command in ("test", "bench") or (
+            args.gpu_command == "sglang-layer" and args.device == "cuda"):
+        preflight.require_gpu()
+
+
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the parsed GPU verb; ``argv`` (from the verb on) is recorded in the reports."""
+    _ready(args)
     if args.gpu_command == "test":
         return cmd_test(args, argv)
     if args.gpu_command == "bench":

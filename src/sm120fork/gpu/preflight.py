@@ -1,0 +1,67 @@
+"""Before a GPU run: has this Python a torch, and does that torch see a CUDA GPU?
+
+Asked first, before any wheel is resolved, installed or built, so that a box without
+either ends in one line and :class:`~sm120fork.errors.NoGpuError`'s exit code instead of
+a traceback from the first rank.  The question is put to a child process: the harness's
+own process never imports torch (the case matrix, the reports and the watchdog run on
+CPU machines without it), and a torch that crashes on import takes only the child down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+
+from sm120fork.errors import CommandError, NoGpuError
+from sm120fork.util import proc
+
+#: What the child prints: one JSON line.
+_PROBE = ("import json, torch; n = torch.cuda.device_count() if torch.version.cuda else 0; "
+          "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
+          "'gpus': [torch.cuda.get_device_name(i) for i in range(n)]}))")
+
+#: Where to go from any of these errors.
+FIX = ("run it on a GPU box, with the Python that has its CUDA torch (nox's GPU sessions "
+       "use the Python that runs nox: python3 -m nox -s ...); see docs/gpu.md")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GpuHost:
+    """What the probe found: torch's version, its CUDA and the GPUs it sees."""
+
+    torch: str
+    cuda: str
+    gpus: tuple[str, ...]
+
+
+def _here() -> str:
+    return f"Python {sys.version.split()[0]} ({sys.executable})"
+
+
+def require_gpu(*, timeout: float = 300.0) -> GpuHost:
+    """The GPUs this Python's torch sees; :class:`NoGpuError` when it sees none."""
+    if importlib.util.find_spec("torch") is None:
+        raise NoGpuError(f"no torch in {_here()}: the GPU harnesses need a CUDA build of "
+                         "torch", fix=FIX)
+    try:
+        done = proc.run([sys.executable, "-c", _PROBE], check=False, quiet=True,
+                        timeout=timeout)
+    except CommandError as exc:
+        raise NoGpuError(f"torch did not answer within {timeout:.0f} s in {_here()}",
+                         fix=FIX) from exc
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        last = next((line for line in reversed((done.stderr or done.stdout).splitlines())
+                     if line.strip()), f"exit code {done.returncode}")
+        raise NoGpuError(f"torch does not import in {_here()}: {last.strip()}", fix=FIX)
+    found = json.loads(lines[-1])
+    if not found.get("cuda"):
+        raise NoGpuError(f"torch {found.get('torch')} in {_here()} is a CPU-only build",
+                         fix=FIX)
+    if not found.get("gpus"):
+        raise NoGpuError(f"torch {found['torch']} (CUDA {found['cuda']}) sees no GPU on this "
+                         "machine", fix=FIX)
+    return GpuHost(torch=str(found["torch"]), cuda=str(found["cuda"]),
+                   gpus=tuple(found["gpus"]))
