@@ -94,25 +94,46 @@ def cibuildwheel(session: nox.Session) -> None:
                 *session.posargs)
 
 
-@nox.session(python=PYTHON)
+#: The GPU sessions run on the Python that runs nox (python3 -m nox on the GPU box) and
+#: see its packages: the box's own CUDA torch is built for its driver, where the stack's
+#: pinned torch would be a download of GBs that need not match the driver (and a box
+#: without network could not fetch it).  --system-site-packages covers a system Python;
+#: boot.py see-host covers one that is itself a venv (its packages are not "system" ones).
+GPU_VENV = ["--system-site-packages"]
+
+
+def gpu(session: nox.Session, verb: str) -> None:
+    """Install the toolkit into a venv that sees this Python's torch, then run ``gpu VERB``.
+    Offline: PIP_NO_INDEX=1 PIP_FIND_LINKS=<kit>/wheels (``nox -s gpu_kit`` carries them)."""
+    session.run("python", "src/sm120fork/kit/boot.py", "see-host", sys.executable,
+                silent=True)
+    session.install("-q", ".[gpu]")
+    toolkit(session, "gpu", verb)
+
+
+@nox.session(python=None, venv_params=GPU_VENV)
 def gpu_test(session: nox.Session) -> None:
     """Multi-rank fusion correctness on this machine's GPUs (A/B patched vs upstream)."""
-    session.install("-q", ".[gpu]")
-    toolkit(session, "gpu", "test")
+    gpu(session, "test")
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=None, venv_params=GPU_VENV)
 def sglang_layer(session: nox.Session) -> None:
     """SGLang's own fused-norm layer path under injected workspace faults (the fault matrix)."""
-    session.install("-q", ".[gpu]")
-    toolkit(session, "gpu", "sglang-layer")
+    gpu(session, "sglang-layer")
+
+
+@nox.session(python=None, venv_params=GPU_VENV)
+def bench(session: nox.Session) -> None:
+    """Fused vs unfused all-reduce latency on this machine's GPUs."""
+    gpu(session, "bench")
 
 
 @nox.session(python=PYTHON)
-def bench(session: nox.Session) -> None:
-    """Fused vs unfused all-reduce latency on this machine's GPUs."""
-    session.install("-q", ".[gpu]")
-    toolkit(session, "gpu", "bench")
+def gpu_kit(session: nox.Session) -> None:
+    """One folder that runs the GPU sessions on a box with no network (docs/gpu.md)."""
+    session.install("-q", ".")
+    toolkit(session, "gpu-kit")
 
 
 @nox.session(python=PYTHON)

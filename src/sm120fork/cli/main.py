@@ -72,6 +72,9 @@ VERBS: dict[str, Verb] = {
                    module="sm120fork.cli.record", run="run"),
     "gpu": Verb(help="multi-rank correctness (A/B) and latency on this machine's GPUs",
                 module="sm120fork.gpu.cli", run_argv="run"),
+    "gpu-kit": Verb(help="one folder that runs the GPU harnesses on a box with no network "
+                         "(the stack's wheels, upstream's, their dependencies, the toolkit)",
+                    module="sm120fork.cli.kit", run="run"),
     "build-aot": Verb(help="prebuilt trtllm comm module of a stack's FlashInfer as a wheel "
                            "(needs nvcc)",
                       module="sm120fork.cli.aot", add_args="build_args", run="run_build"),

@@ -60,11 +60,12 @@ def upstream_wheel(ws: Workspace, stack_name: str) -> Path:
     from sm120fork.util.proc import run
 
     project = ws.stack(stack_name).project(PROJECT)
-    sdist = download_sdist(project, ws.sdist_cache)  # sha256-checked against the pin
+    # Keyed by the pin's sha256, so a box that carries the cache needs no sdist or index.
     cache = ws.state_dir / "cache" / "upstream-wheels" / project.sdist_pin.sha256[:16]
     found = sorted(cache.glob("*.whl"))
     if len(found) == 1:
         return found[0]
+    sdist = download_sdist(project, ws.sdist_cache)  # sha256-checked against the pin
     with tempfile.TemporaryDirectory(prefix="sm120fork-upstream-") as tmp:
         top = safe_extract(sdist, Path(tmp) / "src")
         dist = Path(tmp) / "dist"

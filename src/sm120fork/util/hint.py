@@ -15,7 +15,7 @@ FRONT_DOOR_ENV = "SM120FORK_FRONT_DOOR"
 #: The nox session of each verb whose session name differs (noxfile.py).
 _SESSIONS = {"upstream-pr": "upstream_pr", "verify-sm120": "verify_sm120",
              "build-aot": "build_aot", "gpu test": "gpu_test", "gpu bench": "bench",
-             "gpu sglang-layer": "sglang_layer"}
+             "gpu sglang-layer": "sglang_layer", "gpu-kit": "gpu_kit"}
 
 
 def via_nox() -> bool:

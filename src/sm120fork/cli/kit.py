@@ -1,0 +1,50 @@
+"""``gpu-kit``: one self-contained folder for a GPU box with no network (:mod:`sm120fork.kit`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from sm120fork.workspace import Workspace
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    from sm120fork.kit.build import DEFAULT_HARNESSES, HARNESSES
+
+    p.add_argument("--stack", help="stack (default: the default stack)")
+    p.add_argument("--python", required=True, metavar="X.Y",
+                   help="the box's Python that has torch, e.g. 3.12")
+    p.add_argument("--out", type=Path, required=True, help="the kit's folder (replaced)")
+    p.add_argument("--harness", action="append", choices=HARNESSES,
+                   help="only these harnesses' wheels (default: "
+                   f"{', '.join(DEFAULT_HARNESSES)}; sglang_layer carries SGLang's imports)")
+    p.add_argument("--box-has", action="append", default=[], metavar="FILE|NAMES",
+                   help="what the box has already, left out of the kit: a file of "
+                   "`python3 -m pip list --format=freeze` there, or comma-separated names")
+    p.add_argument("--include", action="append", default=[], metavar="NAME",
+                   help="carry this requirement even if the box has it")
+    p.add_argument("--max-size", metavar="SIZE",
+                   help="refuse a kit larger than this (e.g. 64MiB), naming what is big")
+    p.add_argument("--prebuilt-modules", type=Path, metavar="DIR",
+                   help="comm modules compiled here for a box without nvcc: "
+                   "DIR/<variant>/<module>/<module>.so (variant patched or unpatched)")
+    p.add_argument("--no-nox", dest="nox", action="store_false",
+                   help="leave out nox and setuptools (the checkout's sessions offline)")
+
+
+def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    from sm120fork.kit.build import MIB, KitOptions, make, parse_size
+
+    stack = ws.stack(args.stack).name
+    kit = make(KitOptions(
+        stack=stack, python=args.python, out=args.out,
+        harnesses=tuple(args.harness) if args.harness else KitOptions.harnesses,
+        box_has=tuple(args.box_has), include=tuple(args.include),
+        max_size=parse_size(args.max_size) if args.max_size else None,
+        prebuilt=args.prebuilt_modules, nox=args.nox), root=ws.root)
+    wheels = sum(1 for name in kit.files if name.endswith(".whl"))
+    console.print(f"wrote {kit.path}: {wheels} wheels, {kit.size / MIB:.1f} MiB; on the box: "
+                  f"sh {kit.path}/run gpu_test --quick --out results")
+    return 0

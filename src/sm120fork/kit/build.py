@@ -1,0 +1,413 @@
+"""One self-contained folder that runs the GPU harnesses on a box with no network.
+
+``nox -s gpu_kit -- --stack NAME --python 3.12 --out DIR`` writes, staged and swapped in
+at once:
+
+- ``stack/``     the stack's built wheels for the target (``wheels/<stack>/``, manifest.json)
+- ``upstream/``  upstream's FlashInfer of the stack's pin, unchanged: the A/B's baseline
+                 (the same wheel ``nox -s gpu_test -- --stack NAME`` compares against)
+- ``wheels/``    every wheel the harnesses import that a CUDA-torch box may lack, for the
+                 target Python and platform, resolved and downloaded by pip itself; the
+                 toolkit's own wheel; nox and setuptools (so the checkout's nox sessions
+                 also run there offline)
+- ``prebuilt/``  (``--prebuilt-modules``) comm modules compiled here, for a box without nvcc
+- ``kit.json``, ``boot.py`` and ``run``: ``sh DIR/run gpu_test|bench|sglang_layer|doctor``
+
+torch is not carried: the box's own is built for its driver (and is GBs).  What only torch
+needs (its CUDA libraries, triton, sympy...) is left out with it; ``--box-has`` leaves out
+more (a ``pip list --format=freeze`` of the box, or names), ``--include`` forces a name in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from packaging.markers import Marker
+from packaging.requirements import Requirement
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from sm120fork import __version__
+from sm120fork.errors import ConfigError
+from sm120fork.kit import boot
+from sm120fork.package.wheel import wheel_requirements
+from sm120fork.util import proc
+from sm120fork.util.files import sha256_file, staged_dir
+from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+
+HARNESSES = ("gpu_test", "bench", "sglang_layer", "doctor")
+DEFAULT_HARNESSES = ("gpu_test", "bench", "doctor")
+MIB = 1024 * 1024
+
+#: What FlashInfer declares but the harnesses' paths (the comm module, its JIT, the norm
+#: kernels) never import: each is a large download the box would never use.
+FLASHINFER_UNUSED = {
+    "nvidia-cutlass-dsl": "the CuTe-DSL kernels (GEMM/attention), not the comm path",
+    "nvidia-cudnn-frontend": "the cuDNN kernels, not the comm path",
+}
+#: SGLang's requirements its layer modules import (the names of the sglang-probe
+#: dependency group, which imports those modules on a CPU machine in the test suite).
+SGLANG_LAYER_IMPORTS = (
+    "transformers", "openai", "numpy", "tqdm", "pybase64", "requests", "ipython", "pydantic",
+    "aiohttp", "safetensors", "orjson", "packaging", "pillow", "starlette",
+    "partial-json-parser", "huggingface-hub", "pyzmq", "dill", "sentencepiece",
+    "compressed-tensors", "gguf",
+)
+#: What nox's GPU sessions need on the box to install the checkout offline.
+NOX_TOOLS = ("nox", "setuptools>=69")
+#: Left out by default: the box's torch, and (by the graph) what only torch needs.
+BOX_TORCH = ("torch",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Target:
+    """The box's interpreter and platform, as pip's --python-version/--platform take them."""
+
+    python: str
+    platforms: tuple[str, ...]
+
+    @property
+    def pip_options(self) -> list[str]:
+        nodot = self.python.replace(".", "")
+        return ["--only-binary=:all:", "--python-version", self.python, "--implementation",
+                "cp", "--abi", f"cp{nodot}", "--abi", "abi3", "--abi", "none",
+                *(x for p in self.platforms for x in ("--platform", p))]
+
+    def tags(self) -> set[Tag]:
+        version = tuple(int(x) for x in self.python.split("."))
+        return (set(cpython_tags(version, platforms=self.platforms))
+                | set(compatible_tags(version, platforms=[*self.platforms, "any"])))
+
+    def environment(self) -> dict[str, str]:
+        return {"python_version": self.python, "python_full_version": f"{self.python}.0",
+                "sys_platform": "linux", "platform_system": "Linux",
+                "platform_machine": "x86_64", "os_name": "posix",
+                "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+
+
+def manylinux(arch: str = "x86_64", newest: int = 39) -> tuple[str, ...]:
+    """Every manylinux tag of ``arch`` up to glibc 2.``newest`` (pip matches tags exactly)."""
+    return (*(f"manylinux_2_{n}_{arch}" for n in range(newest, 16, -1)),
+            f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KitOptions:
+    stack: str
+    python: str
+    out: Path
+    harnesses: tuple[str, ...] = DEFAULT_HARNESSES
+    platforms: tuple[str, ...] = manylinux()
+    box_has: tuple[str, ...] = ()
+    include: tuple[str, ...] = ()
+    max_size: int | None = None
+    prebuilt: Path | None = None
+    nox: bool = True
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Kit:
+    path: Path
+    files: dict[str, int]  # path inside the kit -> bytes
+
+    @property
+    def size(self) -> int:
+        return sum(self.files.values())
+
+
+# ------------------------------------------------------------------ what to carry
+
+
+def _parse_box_has(entries: Iterable[str]) -> dict[str, str | None]:
+    """``name==version`` or bare names (from a file, or the option) -> {name: version}."""
+    found: dict[str, str | None] = {}
+    for entry in entries:
+        path = Path(entry)
+        lines = (path.read_text(encoding="utf-8").splitlines() if path.is_file()
+                 else entry.split(","))
+        for raw in lines:
+            line = raw.split("#")[0].strip()
+            if not line or line.startswith("-"):
+                continue
+            name, _, version = line.partition("==")
+            found[canonicalize_name(name.split(" @ ")[0].strip())] = version.strip() or None
+    return found
+
+
+def _marker_holds(marker: Marker | None, env: dict[str, str], extras: Iterable[str]) -> bool:
+    if marker is None:
+        return True
+    return any(marker.evaluate({**env, "extra": e}) for e in ("", *extras))
+
+
+def needed(report: dict[str, Any], roots: Sequence[Requirement], target: Target,
+           provided: dict[str, str | None]) -> list[tuple[str, str]]:
+    """(name, version) of what pip's resolution installs that the box lacks: reached from
+    ``roots`` without passing through what the box provides (torch, ``--box-has``)."""
+    env = target.environment()
+    items: dict[str, Any] = {canonicalize_name(i["metadata"]["name"]): i
+                             for i in report["install"]}
+
+    def gone(name: str) -> bool:
+        if name not in provided:
+            return False
+        version = provided[name]
+        return version is None or items[name]["metadata"]["version"] == version
+
+    seen: set[str] = set()
+    todo = [canonicalize_name(r.name) for r in roots if _marker_holds(r.marker, env, ())]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in items or gone(name):
+            continue
+        seen.add(name)
+        item = items[name]
+        extras = item.get("requested_extras") or []
+        for text in item["metadata"].get("requires_dist") or []:
+            req = Requirement(text)
+            if _marker_holds(req.marker, env, extras):
+                todo.append(canonicalize_name(req.name))
+    return sorted((name, items[name]["metadata"]["version"]) for name in seen)
+
+
+def _pip(*args: str | Path) -> None:
+    proc.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *map(str, args)])
+
+
+def resolve(roots: Sequence[Requirement], target: Target, scratch: Path) -> dict[str, Any]:
+    """pip's own resolution of ``roots`` for the target (metadata only, nothing installed)."""
+    report = scratch / "resolution.json"
+    _pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", report,
+         *target.pip_options, *map(str, roots))
+    data: dict[str, Any] = json.loads(report.read_text(encoding="utf-8"))
+    return data
+
+
+def download(pins: Sequence[tuple[str, str]], target: Target, dest: Path) -> None:
+    if pins:
+        _pip("download", "--no-deps", "--quiet", "--dest", dest, *target.pip_options,
+             *(f"{n}=={v}" for n, v in pins))
+
+
+# ------------------------------------------------------------------ the stack's wheels
+
+
+def _manifest(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
+    folder = ws.stack_wheels(stack)
+    path = folder / "manifest.json"
+    if not path.is_file():
+        raise ConfigError(f"stack {stack} has no build in {folder}",
+                          fix=f"nox -s build -- --stack {stack}")
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return folder, data
+
+
+def stack_wheels(folder: Path, manifest: dict[str, Any], target: Target
+                 ) -> dict[str, Path]:
+    """{project: wheel} of the stack's build that install on the target."""
+    tags = target.tags()
+    chosen: dict[str, Path] = {}
+    for entry in manifest.get("wheels", []):
+        project, name = str(entry.get("project")), str(entry.get("wheel"))
+        if project in chosen or not name.endswith(".whl"):
+            continue
+        if parse_wheel_filename(name)[3] & tags:
+            wheel = folder / name
+            if not wheel.is_file():
+                raise ConfigError(f"{name} is listed in the manifest but missing",
+                                  where=str(folder),
+                                  fix=f"nox -s build -- --stack {manifest.get('stack')}")
+            chosen[project] = wheel
+    if "flashinfer" not in chosen:
+        raise ConfigError(f"the build has no FlashInfer wheel for Python {target.python} "
+                          "on the target platform", where=str(folder / "manifest.json"))
+    return chosen
+
+
+def toolkit_source(root: Path) -> Path:
+    """The toolkit's source tree: the checkout, else the one this code runs from."""
+    for candidate in (root, Path(__file__).resolve().parents[3]):
+        if (candidate / "pyproject.toml").is_file() and (
+                candidate / "src" / "sm120fork" / "__init__.py").is_file():
+            return candidate
+    raise ConfigError("no toolkit source tree (pyproject.toml, src/sm120fork/)",
+                      where=str(root), fix="run it in a checkout of the toolkit")
+
+
+def _toolkit_wheel(root: Path, dest: Path) -> Path:
+    root = toolkit_source(root)
+    proc.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+              "--disable-pip-version-check", "--wheel-dir", str(dest), str(root)])
+    found = sorted(dest.glob("sm120fork-*.whl"))
+    if len(found) != 1:
+        raise ConfigError(f"expected one sm120fork wheel, got {[w.name for w in found]}",
+                          where=str(dest))
+    return found[0]
+
+
+def _roots(harness: str, wheels: dict[str, Path], toolkit: Path) -> list[Requirement]:
+    """What ``harness`` imports beyond the standard library and torch."""
+    roots = [r for r in wheel_requirements(toolkit) if r.marker is None]
+    fi = [r for r in wheel_requirements(wheels["flashinfer"])
+          if canonicalize_name(r.name) not in FLASHINFER_UNUSED and r.marker is None]
+    if harness in ("gpu_test", "bench", "doctor"):
+        return roots + fi
+    sglang = {canonicalize_name(r.name): r for r in wheel_requirements(wheels["sglang"])
+              if r.marker is None}
+    layer = [sglang.get(canonicalize_name(n), Requirement(n)) for n in SGLANG_LAYER_IMPORTS]
+    return roots + fi + layer
+
+
+def _check_size(files: dict[str, int], limit: int | None) -> None:
+    total = sum(files.values())
+    if limit is None or total <= limit:
+        return
+    big = sorted(files.items(), key=lambda kv: -kv[1])[:6]
+    raise ConfigError(
+        f"the kit would be {total / MIB:.1f} MiB, over --max-size {limit / MIB:.0f} MiB; "
+        "the biggest: " + ", ".join(f"{n} {s / MIB:.1f} MiB" for n, s in big),
+        fix="carry fewer harnesses (--harness gpu_test), leave out what the box has "
+            "(--box-has FILE from `python3 -m pip list --format=freeze` there), "
+            "or raise --max-size")
+
+
+RUN_SCRIPT = """#!/bin/sh
+# The offline GPU kit of {stack} for Python {python}: sh run VERB [ARGS...]
+#   VERB: gpu_test | bench | sglang_layer | doctor; ARGS: the harness's own (--help).
+# Needs only this folder, the box's GPUs and its Python with torch ($PYTHON, or python3).
+exec "${{PYTHON:-python3}}" "$(dirname "$0")/boot.py" "$@"
+"""
+
+
+def make(opts: KitOptions, root: Path | None = None) -> Kit:
+    """Write the kit for ``opts.stack`` at ``opts.out`` (replaced as a whole)."""
+    unknown = sorted(set(opts.harnesses) - set(HARNESSES))
+    if unknown:
+        raise ConfigError(f"unknown harness {unknown}", where="--harness",
+                          fix=f"one of {', '.join(HARNESSES)}")
+    if not re.fullmatch(r"3\.\d+", opts.python):
+        raise ConfigError(f"bad Python version {opts.python!r}", where="--python",
+                          fix="e.g. --python 3.12")
+    ws = Workspace.find(root)
+    folder, manifest = _manifest(ws, opts.stack)
+    target = Target(python=opts.python, platforms=opts.platforms)
+    wheels = stack_wheels(folder, manifest, target)
+    if "sglang_layer" in opts.harnesses and "sglang" not in wheels:
+        raise ConfigError(f"stack {opts.stack} has no SGLang wheel for Python {opts.python}",
+                          where="--harness sglang_layer",
+                          fix=f"nox -s build -- --stack {opts.stack}, or leave sglang_layer out")
+    fi_entry = next(w for w in manifest["wheels"] if w.get("project") == "flashinfer")
+    upstream = None
+    if not fi_entry.get("used_as_published"):
+        from sm120fork.gpu.stack_wheels import upstream_wheel
+
+        upstream = upstream_wheel(ws, opts.stack)
+    provided: dict[str, str | None] = {canonicalize_name(n): None for n in BOX_TORCH}
+    provided.update(_parse_box_has(opts.box_has))
+    for name in opts.include:
+        provided.pop(canonicalize_name(name), None)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    with staged_dir(opts.out.absolute(), label="kit") as new, \
+            tempfile.TemporaryDirectory(prefix="sm120fork-kit-") as tmp:
+        scratch = Path(tmp)
+        for sub in ("stack", "upstream", "wheels"):
+            (new / sub).mkdir(parents=True)
+        patched = {}
+        for project, wheel in wheels.items():
+            shutil.copy2(wheel, new / "stack" / wheel.name)
+            patched[project] = f"stack/{wheel.name}"
+        shutil.copy2(folder / "manifest.json", new / "stack" / "manifest.json")
+        ups = {}
+        if upstream is not None:
+            shutil.copy2(upstream, new / "upstream" / upstream.name)
+            ups["flashinfer"] = f"upstream/{upstream.name}"
+        toolkit = _toolkit_wheel(ws.root, new / "wheels")
+        requirements: dict[str, list[str]] = {}
+        all_roots: list[Requirement] = [Requirement(n) for n in opts.include]
+        for harness in opts.harnesses:
+            roots = _roots(harness, wheels, toolkit)
+            all_roots += roots
+            requirements[harness] = ["sm120fork", *sorted({str(r) for r in roots}
+                                                          - {"sm120fork"})]
+        if opts.nox:
+            all_roots += [Requirement(n) for n in NOX_TOOLS]
+        # What the box provides is not resolved at all (torch's metadata names GBs of CUDA
+        # libraries); what reaches it only through another root is cut by needed().
+        all_roots = [r for r in all_roots if canonicalize_name(r.name) not in provided
+                     or provided[canonicalize_name(r.name)] is not None]
+        log.info("resolving what the harnesses import, for Python %s (pip)", opts.python)
+        report = resolve(all_roots, target, scratch)
+        pins = needed(report, all_roots, target, provided)
+        log.info("downloading %d wheels the box may lack", len(pins))
+        download(pins, target, new / "wheels")
+        # Requirements the box provides are not installed by the entry (pip would look for
+        # them in wheels/ when the box's version does not satisfy: the box's wins).
+        kept = {n for n, _ in pins}
+        for harness, reqs in requirements.items():
+            requirements[harness] = [r for r in reqs if r == "sm120fork"
+                                     or canonicalize_name(Requirement(r).name) in kept]
+        prebuilt = {}
+        if opts.prebuilt is not None:
+            prebuilt = _copy_prebuilt(opts.prebuilt, new / "prebuilt")
+        shutil.copy2(Path(boot.__file__), new / "boot.py")
+        files = {p.relative_to(new).as_posix(): p.stat().st_size
+                 for p in sorted(new.rglob("*")) if p.is_file()}
+        data = {
+            "format": boot.KIT_FORMAT, "stack": opts.stack, "python": opts.python,
+            "platforms": list(opts.platforms), "toolkit": __version__,
+            "patched": patched, "upstream": ups, "prebuilt": prebuilt,
+            "requirements": requirements,
+            "left_out": sorted(set(provided)),
+            "wheels": [{"file": name, "sha256": sha256_file(new / name), "size": size}
+                       for name, size in files.items() if name.endswith(".whl")],
+        }
+        (new / boot.KIT_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n",
+                                         encoding="utf-8")
+        run = new / "run"
+        run.write_text(RUN_SCRIPT.format(stack=opts.stack, python=opts.python),
+                       encoding="utf-8")
+        run.chmod(0o755)
+        files = {p.relative_to(new).as_posix(): p.stat().st_size
+                 for p in sorted(new.rglob("*")) if p.is_file()}
+        _check_size(files, opts.max_size)
+    return Kit(path=opts.out, files=files)
+
+
+def _copy_prebuilt(source: Path, dest: Path) -> dict[str, str]:
+    """``source/<variant>/<module>/<module>.so`` (+ its ``.sources``) -> the kit's."""
+    found: dict[str, str] = {}
+    for so in sorted(source.glob("*/*/*.so")):
+        module, variant = so.parent.name, so.parent.parent.name
+        if so.stem != module:
+            continue
+        target = dest / variant / module
+        target.mkdir(parents=True, exist_ok=True)
+        for f in (so, so.with_name(so.name + ".sources")):
+            if f.is_file():
+                shutil.copy2(f, target / f.name)
+        found[variant] = f"prebuilt/{variant}"
+    if not found:
+        raise ConfigError("holds no <variant>/<module>/<module>.so", where=str(source),
+                          fix="e.g. patched/trtllm_comm/trtllm_comm.so, compiled with "
+                              "sm120fork.aot.compile for the box's GPU")
+    return found
+
+
+def parse_size(text: str) -> int:
+    """``64MiB``, ``64M``, ``500k``, ``1G`` or bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(?:i?[bB])?\s*", text)
+    if not m:
+        raise ConfigError(f"bad size {text!r}", where="--max-size", fix="e.g. 64MiB")
+    scale = {"": 1, "k": 1024, "m": MIB, "g": 1024 * MIB}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)

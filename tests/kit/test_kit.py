@@ -1,0 +1,180 @@
+"""The offline GPU kit: what it carries, and that a box with no index installs and runs it."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from packaging.requirements import Requirement
+
+from sm120fork.errors import ConfigError, NoGpuError
+from sm120fork.kit import boot
+from sm120fork.kit.build import KitOptions, Target, make, needed, parse_size
+
+from helpers_ws import checkout_copy
+
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS_MODULES = ("sm120fork.gpu.cli", "sm120fork.gpu.runs", "sm120fork.gpu.launcher",
+                   "sm120fork.gpu.sglang_layer", "sm120fork.gpu.variants",
+                   "sm120fork.gpu.report", "sm120fork.doctor.cli")
+
+
+@functools.cache
+def _noxfile() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("noxfile_kit", ROOT / "noxfile.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.posargs: list[str] = []
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def install(self, *args: str) -> None:
+        self.calls.append(("install", args))
+
+    def run(self, *args: str, **_: object) -> None:
+        self.calls.append(("run", args))
+
+
+@pytest.mark.parametrize("name", ["gpu_test", "bench", "sglang_layer"])
+def test_gpu_sessions_see_the_torch_of_the_python_running_nox(name: str) -> None:
+    nf = _noxfile()
+    session = getattr(nf, name)
+    assert session.python is None  # the Python that runs nox (python3 -m nox there)
+    assert session.venv_params == ["--system-site-packages"]
+    recorder = _Recorder()
+    session.func(recorder)
+    # before the toolkit is installed: the venv sees that Python's packages (its torch)
+    assert recorder.calls[0] == ("run", ("python", "src/sm120fork/kit/boot.py", "see-host",
+                                         sys.executable))
+    assert recorder.calls[1][0] == "install"
+
+
+def test_see_host_makes_a_venv_see_the_packages_of_another_python(tmp_path: Path) -> None:
+    """The box's Python may itself be a venv (its torch is then no "system" package)."""
+    venv = tmp_path / "v"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    probe = [python, "-c", "import packaging, sm120fork; print(packaging.__file__)"]
+    assert subprocess.run(probe, capture_output=True, check=False).returncode != 0
+    subprocess.run([python, str(ROOT / "src/sm120fork/kit/boot.py"), "see-host",
+                    sys.executable], check=True, capture_output=True)
+    done = subprocess.run(probe, capture_output=True, text=True, check=True)
+    assert done.stdout.strip().startswith(str(Path(sys.prefix)))
+
+
+def _report(*items: tuple[str, str, list[str]]) -> dict[str, object]:
+    return {"install": [{"metadata": {"name": n, "version": v, "requires_dist": deps}}
+                        for n, v, deps in items]}
+
+
+def test_what_only_torch_needs_stays_behind_with_torch() -> None:
+    report = _report(
+        ("flashinfer-python", "1", ["torch", "numpy", "cuda-tile"]),
+        ("torch", "2", ["sympy", "nvidia-nccl-cu13; platform_system == 'Linux'", "numpy"]),
+        ("sympy", "1", ["mpmath"]), ("mpmath", "1", []), ("nvidia-nccl-cu13", "2", []),
+        ("numpy", "2", []), ("cuda-tile", "1.7", ["typing-extensions; python_version<'3.0'"]),
+        ("typing-extensions", "4", []))
+    target = Target(python="3.12", platforms=("manylinux_2_28_x86_64",))
+    roots = [Requirement("flashinfer-python")]
+    assert needed(report, roots, target, {"torch": None}) == [
+        ("cuda-tile", "1.7"), ("flashinfer-python", "1"), ("numpy", "2")]
+    # the box has numpy: any version (a name), or this one (name==version)
+    assert ("numpy", "2") not in needed(report, roots, target, {"torch": None, "numpy": None})
+    assert ("numpy", "2") not in needed(report, roots, target, {"torch": None, "numpy": "2"})
+    assert ("numpy", "2") in needed(report, roots, target, {"torch": None, "numpy": "1.26"})
+
+
+def test_sizes() -> None:
+    assert parse_size("64MiB") == 64 * 1024 * 1024
+    assert parse_size("500k") == 500 * 1024
+    with pytest.raises(ConfigError, match="bad size"):
+        parse_size("lots")
+
+
+def test_a_stack_without_a_build_names_the_command_that_makes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = checkout_copy(tmp_path, sdists=False)
+    with pytest.raises(ConfigError) as err:
+        make(KitOptions(stack="sglang-0.5.23", python="3.12", out=tmp_path / "kit"), root=root)
+    assert err.value.fix == "nox -s build -- --stack sglang-0.5.23"
+    assert not (tmp_path / "kit").exists()
+
+
+def _wheel(folder: Path, name: str, version: str, requires: list[str]) -> Path:
+    dist = f"{name.replace('-', '_')}-{version}"
+    path = folder / f"{dist}-py3-none-any.whl"
+    meta = "".join([f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+                    *(f"Requires-Dist: {r}\n" for r in requires)])
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name.replace('-', '_')}/__init__.py", f"__version__ = '{version}'\n")
+        zf.writestr(f"{dist}.dist-info/METADATA", meta)
+        zf.writestr(f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: test\n"
+                    "Root-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{dist}.dist-info/RECORD", "")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_a_kit_installs_with_no_index_and_runs_its_harness(tmp_path: Path) -> None:
+    """A kit of a stack (a FlashInfer stand-in that requires torch and CuTe-DSL, which stay
+    behind, and packaging): a fresh venv installs it from the folder alone and imports
+    every harness; the entry gets as far as the GPU check (this machine has none)."""
+    root = checkout_copy(tmp_path, sdists=False)
+    folder = root / "wheels" / "sglang-0.5.23"
+    folder.mkdir(parents=True)
+    fi = _wheel(folder, "flashinfer-python", "0.7.2",
+                ["torch", "packaging>=24", "nvidia-cutlass-dsl>=4"])
+    (folder / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.23", "wheels": [
+        {"project": "flashinfer", "wheel": fi.name, "sha256": "ab" * 32,
+         "used_as_published": True}]}))
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    kit = make(KitOptions(stack="sglang-0.5.23", python=python, out=tmp_path / "kit",
+                          harnesses=("gpu_test",), nox=False), root=root).path
+    files = sorted(p.name for p in (kit / "wheels").glob("*.whl"))
+    assert any(f.startswith("sm120fork-") for f in files)
+    assert any(f.startswith("packaging-") for f in files)
+    assert not any(f.startswith(("torch-", "nvidia_cutlass")) for f in files)
+    data = json.loads((kit / "kit.json").read_text())
+    assert data["patched"] == {"flashinfer": f"stack/{fi.name}"}
+    assert data["upstream"] == {}  # as published: no A/B
+    venv = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index",
+                    "--find-links", kit / "wheels", *data["requirements"]["gpu_test"]],
+                   check=True, env=env)
+    subprocess.run([venv / "bin" / "python", "-c", "; ".join(
+        f"import {m}" for m in HARNESS_MODULES)], check=True)
+    # The entry, with this Python as the box's (CPU torch: no GPU), and the kit's own venv.
+    done = subprocess.run(["sh", kit / "run", "gpu_test", "--quick", "--out", tmp_path / "r"],
+                          capture_output=True, text=True, check=False, cwd=tmp_path,
+                          env={**env, "PYTHON": sys.executable,
+                               "SM120FORK_KIT_HOME": str(tmp_path / "home")})
+    assert done.returncode == NoGpuError.exit_code, done.stderr
+    assert "error: " in done.stderr.splitlines()[-1]
+
+
+def test_the_entry_refuses_another_python(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    (kit / boot.KIT_FILE).write_text(json.dumps({"format": boot.KIT_FORMAT, "python": "3.99",
+                                                 "requirements": {}, "wheels": []}))
+    data = boot.load(kit)
+    with pytest.raises(boot.KitError, match=r"this kit is for Python 3\.99"):
+        boot.prepare(kit, data, "gpu_test", tmp_path / "home")
