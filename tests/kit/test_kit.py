@@ -29,11 +29,20 @@ HARNESS_MODULES = ("sm120fork.gpu.cli", "sm120fork.gpu.runs", "sm120fork.gpu.lau
 
 @functools.cache
 def _noxfile() -> ModuleType:
+    """Loaded once, leaving nox's registry as it was (another test file loads it too)."""
+    import nox.registry
+
+    before = nox.registry.get()
     spec = importlib.util.spec_from_file_location("noxfile_kit", ROOT / "noxfile.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    nox.registry.reset()
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        nox.registry.reset()
+        nox.registry._REGISTRY.update(before)
     return module
 
 
