@@ -180,7 +180,7 @@ def test_a_published_flashinfer_without_a_lookup_gets_no_aot_wheel(
 def test_the_module_build_names_absolute_paths_as_it_runs_in_its_work_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A tree and cache named relative to the caller's folder (as
-    benchmarks/gpu_fi074_prebuild.sh names them) are the same places for the probe and for
+    a caller may name them) are the same places for the probe and for
     nvcc, which run in the work folder: the probe's arguments, its workspace and nvcc's
     --time file are absolute."""
     (tmp_path / "work" / "site").mkdir(parents=True)

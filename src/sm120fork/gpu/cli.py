@@ -19,7 +19,7 @@ from typing import Any
 from sm120fork.entry import Parser, boundary
 from sm120fork.errors import ToolkitError, UsageError, VerifyError
 from sm120fork.gpu import cases as cases_mod
-from sm120fork.gpu import methods, preflight, runs, sglang_layer
+from sm120fork.gpu import methods, preflight, records, runs, sglang_layer
 from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG, check_backend
 from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
@@ -186,6 +186,7 @@ def _common(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         "compile_timeout": args.compile_timeout, "time_budget": args.time_budget,
         "not_run": tuple(args.not_run), "allow_partial": args.allow_partial,
         "stack": args.stack,
+        "record_command": records.recorded_command(argv[0] if argv else "test", argv),
     }
 
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from sm120fork.cuda.toolkit import locate_nvcc
 from sm120fork.errors import CommandError, UsageError, VerifyError
 from sm120fork.gpu import cases as cases_mod
-from sm120fork.gpu import launcher, report, sglang_layer, variants
+from sm120fork.gpu import launcher, records, report, sglang_layer, variants
 from sm120fork.gpu import methods as methods_mod
 from sm120fork.gpu import policy as policy_mod
 from sm120fork.gpu.safety import check_backend
@@ -55,6 +55,10 @@ class RunOptions:
     not_run: tuple[str, ...] = ()
     allow_partial: bool = False
     stack: str | None = None  # the stack's built wheels (and upstream's, for test)
+    #: The command the record names (as typed, without this machine's paths).
+    record_command: str | None = None
+    #: The record's ``tested`` block (``--stack``); else tested.json beside the wheel.
+    tested: dict[str, Any] | None = None
 
     def with_stack(self: _Opts, *, baseline: bool) -> _Opts:
         """``--stack``: the variants from the stack's build and pin (no --wheel-dir)."""
@@ -67,7 +71,8 @@ class RunOptions:
 
         found = stack_wheels.resolve(self.stack, baseline=baseline)
         notes = (*self.not_run, found.note) if found.note else self.not_run
-        return dataclasses.replace(self, wheel_dirs=found.specs, not_run=notes)
+        return dataclasses.replace(self, wheel_dirs=found.specs, not_run=notes,
+                                   tested=found.tested)
 
     def timeouts(self) -> launcher.Timeouts:
         """The cases' limits; the budget counts from now (after the module build)."""
@@ -396,6 +401,13 @@ def run_test(opts: TestOptions) -> TestRun:
     out = _out_dir(opts, env)
     roles = _roles(opts, out)
     paths = report.write_test_report(doc, out, roles)
+    rec = records.test_record({**doc, "command": opts.record_command or opts.command},
+                              opts.tested or records.read_tested(opts.wheel_dirs, primary))
+    if rec is not None:
+        paths.append(records.write(rec, out))
+    else:
+        log.warning("no record: the tested wheel is no stack's build (no manifest.json "
+                    "beside it)")
     _collect_logs(run_dir, out / "logs", roles)
     failed = [r["key"] for r in results[primary] if r["status"] == "fail"]
     order, table = report.ab_rows(doc)

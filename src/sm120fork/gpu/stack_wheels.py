@@ -34,6 +34,24 @@ class StackWheels:
     stack: str
     specs: tuple[str, ...]
     note: str | None = None
+    #: The record's ``tested`` block of the build (gpu/records.py).
+    tested: dict[str, Any] | None = None
+
+
+def patch_ids(ws: Workspace, stack: str) -> dict[str, list[tuple[str, str]]]:
+    """project -> (file name, ``git patch-id --stable``) of each patch of its series now."""
+    from sm120fork.patch.series import load_series
+
+    return {project.key: list(load_series(ws.series_dir(project)).patch_ids)
+            for project in ws.stack(stack).projects if project.series}
+
+
+def tested(ws: Workspace, stack: str) -> dict[str, Any]:
+    """The ``tested`` block of the stack's build (wheels/<stack>/manifest.json)."""
+    from sm120fork.gpu.records import tested_of
+
+    path = ws.stack_wheels(stack) / "manifest.json"
+    return tested_of(json.loads(path.read_text(encoding="utf-8")), patch_ids(ws, stack))
 
 
 def _manifest_entry(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
@@ -93,7 +111,7 @@ def resolve(stack: str, *, baseline: bool, root: Path | None = None) -> StackWhe
                 "no A/B, the one variant is upstream")
     elif baseline:
         specs.append(f"unpatched={upstream_wheel(ws, stack)}")
-    return StackWheels(stack=stack, specs=tuple(specs), note=note)
+    return StackWheels(stack=stack, specs=tuple(specs), note=note, tested=tested(ws, stack))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

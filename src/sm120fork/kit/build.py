@@ -38,6 +38,8 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from sm120fork import __version__
 from sm120fork.errors import ConfigError
+from sm120fork.gpu.records import TESTED_FILE
+from sm120fork.gpu.stack_wheels import tested
 from sm120fork.kit import boot
 from sm120fork.package.wheel import wheel_requirements
 from sm120fork.util import proc
@@ -328,6 +330,10 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
             shutil.copy2(wheel, new / "stack" / wheel.name)
             patched[project] = f"stack/{wheel.name}"
         shutil.copy2(folder / "manifest.json", new / "stack" / "manifest.json")
+        # What the record of a run on the box names as tested (patch ids need the series).
+        (new / "stack" / TESTED_FILE).write_text(
+            json.dumps(tested(ws, opts.stack), indent=1, sort_keys=True) + "\n",
+            encoding="utf-8")
         ups = {}
         if upstream is not None:
             shutil.copy2(upstream, new / "upstream" / upstream.name)

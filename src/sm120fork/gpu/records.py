@@ -1,0 +1,162 @@
+"""A GPU run's evidence record (:mod:`sm120fork.record`, kind ``gpu-test``).
+
+The harness writes ``record.json`` beside its own output; ``nox -s record_import -- DIR``
+publishes it into ``reports/<stack>/gpu-test/``.  What was tested comes from the stack's
+build: the wheels' sha256 (each variant's), and the patched trees and each patch's change
+identity, as ``tested.json`` beside the build's ``manifest.json`` gives them (the kit
+writes it, :func:`tested_of`; in a checkout ``--stack`` computes it).  A run whose wheels
+are no stack's build writes no record.  Cases that never ran (a module that did not build,
+a budget used up) are left out of ``cases``: the record is then unfinished, never
+"0 failing".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sm120fork import __version__, record
+from sm120fork.gpu import report
+
+TESTED_FILE = "tested.json"
+#: Options whose values are this machine's paths: not part of the recorded command.
+PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--stack-dir")
+#: The kit's entry sets this to the command as the user typed it there.
+COMMAND_ENV = "SM120FORK_COMMAND"
+_AGAINST = {"fixed": "fixed", "pass both": "pass-both", "regressed": "regressed",
+            "fail both": "fail-both"}
+
+
+def tested_of(manifest: Mapping[str, Any], patch_ids: Mapping[str, Sequence[tuple[str, str]]],
+              ) -> dict[str, Any]:
+    """The ``tested`` block of a build: trees from its manifest, each patch the build
+    applied with its id (``patch_ids``: project -> (file name, patch id) of the series now;
+    a patch whose file changed since the build is left out, and a record then is stale)."""
+    trees, patches = [], []
+    for entry in manifest.get("wheels", []):
+        project = str(entry.get("project"))
+        if entry.get("used_as_published"):
+            continue
+        if entry.get("tree"):
+            trees.append({"project": project, "tree": entry["tree"]})
+        ids = dict(patch_ids.get(project, ()))
+        for patch in entry.get("patches", []):
+            if patch.get("name") in ids:
+                patches.append({"project": project, "patch": patch["name"],
+                                "patch_id": ids[patch["name"]]})
+    return {"trees": trees, "patches": patches}
+
+
+def recorded_command(verb: str, argv: Sequence[str]) -> str:
+    """The command that re-makes the run, as its user typed it, less this machine's paths."""
+    shown = os.environ.get(COMMAND_ENV)
+    if shown:
+        return shown
+    from sm120fork.util import hint
+
+    args: list[str] = []
+    skip = False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if arg in PATH_OPTIONS:
+            skip = True
+            continue
+        if not any(arg.startswith(o + "=") for o in PATH_OPTIONS):
+            args.append(arg)
+    return hint.command(f"gpu {verb}", *args) if hint.via_nox() else shlex.join(
+        ["python", "-m", "sm120fork", "gpu", verb, *args])
+
+
+def _machine(env: Mapping[str, Any], shared: bool) -> record.Machine:
+    gpus = tuple(str(g) for g in env.get("gpus") or ())
+    cap = env.get("capability")
+    return record.Machine(
+        description=f"{gpus[0] if gpus else 'unknown GPU'} x{env.get('gpu_count', len(gpus))}",
+        gpus=gpus, capability=".".join(map(str, cap)) if cap else None,
+        driver=env.get("driver"), cuda=env.get("torch_cuda"), torch=env.get("torch"),
+        python=env.get("python"), cpus=os.cpu_count(), shared_gpu=shared)
+
+
+def _detail(rec: Mapping[str, Any]) -> str:
+    if rec["status"] == "pass":
+        worst = max((c.get("rel_l2") or 0 for c in rec.get("checks", [])), default=0)
+        return f"rel_l2 {worst:.1e}" if worst else "pass"
+    return " ".join(str(rec.get("reason") or rec["status"]).split())[:200]
+
+
+def test_record(doc: Mapping[str, Any], tested: Mapping[str, Any] | None
+                ) -> record.Record | None:
+    """The record of a ``gpu test`` run (its test-ab.json document), or None when its
+    primary wheel is no stack's build."""
+    manifest = doc.get("environment", {}).get("wheels_manifest") or {}
+    stack = manifest.get("stack")
+    if not stack:
+        return None
+    primary, baseline = doc["primary"], doc.get("baseline")
+    order, table = report.ab_rows(dict(doc))
+    project_of = {w.get("wheel"): str(w.get("project")) for w in manifest.get("wheels", [])}
+    wheels = []
+    for name, variant in doc["variants"].items():
+        if variant.get("wheel") and variant.get("sha256"):
+            project = project_of.get(variant["wheel"], "flashinfer")
+            wheels.append(record.TestedWheel(
+                variant="upstream" if name == baseline else name, project=project,
+                file=variant["wheel"], sha256=variant["sha256"]))
+    cases = []
+    for key in order:
+        row = table[key]
+        statuses = {v: r["status"] for v, r in row.items()}
+        against = _AGAINST.get(report.classify(statuses, primary, baseline))
+        for name, rec in row.items():
+            if rec.get("not_run") or rec.get("failure") == "build":
+                continue  # never ran: the record is unfinished
+            outcome = rec["status"] if rec["status"] in ("pass", "fail", "skip") else "error"
+            cases.append(record.Case(
+                id=key, variant="upstream" if name == baseline else name, outcome=outcome,
+                detail=_detail(rec), against=against if name == primary else None))
+    planned = sum(len(recs) for recs in doc["results"].values())
+    built = [n for n, v in doc["variants"].items() if not v.get("compiled", True)]
+    notes = [f"the module build of {', '.join(built)} failed: its cases never ran"] if built \
+        else []
+    if doc.get("shared"):
+        notes.append("ranks shared GPUs: correctness only, timings mean nothing")
+    tested = tested or {}
+    return record.make(
+        kind="gpu-test", stack=stack, command=doc["command"], created=doc["created"],
+        toolkit=__version__, machine=_machine(doc.get("environment", {}),
+                                              bool(doc.get("shared"))),
+        tested=record.Tested(
+            wheels=tuple(wheels),
+            trees=tuple(record.TestedTree(**t) for t in tested.get("trees", ())),
+            patches=tuple(record.TestedPatch(**p) for p in tested.get("patches", ()))),
+        planned=planned, cases=tuple(cases), not_run=tuple(doc.get("not_run") or ()),
+        notes=tuple(notes))
+
+
+def read_tested(wheel_dirs: Sequence[str], primary: str) -> dict[str, Any] | None:
+    """``tested.json`` beside the primary variant's wheel (a kit's, or a build's)."""
+    for spec in wheel_dirs:
+        name, _, where = spec.partition("=")
+        if name != primary:
+            continue
+        folder = Path(where) if Path(where).is_dir() else Path(where).parent
+        path = folder / TESTED_FILE
+        if path.is_file():
+            data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+            return data
+    return None
+
+
+def write(rec: record.Record, out: Path) -> Path:
+    """``record.json`` and ``summary.md`` of ``rec`` in ``out`` (the run's own folder)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / record.RECORD_FILE
+    path.write_text(record.dumps(rec), encoding="utf-8")
+    (out / record.SUMMARY_FILE).write_text(record.summary(rec), encoding="utf-8")
+    return path

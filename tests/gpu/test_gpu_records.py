@@ -1,0 +1,114 @@
+"""A GPU run's record (kind gpu-test): what was tested, each case, and the verdict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm120fork import record
+from sm120fork.gpu import records
+
+PATCHED = "flashinfer_python-0.6.7.post3+sm120.1-py3-none-any.whl"
+UPSTREAM = "flashinfer_python-0.6.7.post3-py3-none-any.whl"
+
+
+def _rec(key: str, status: str, **extra: Any) -> dict[str, Any]:
+    return {"key": key, "status": status, "checks": [{"rel_l2": 2.3e-3}], **extra}
+
+
+def _doc(patched: list[dict[str, Any]], unpatched: list[dict[str, Any]],
+         compiled: bool = True) -> dict[str, Any]:
+    return {
+        "kind": "gpu-test", "created": "2026-12-03T17:00:00+00:00",
+        "command": "nox -s gpu_test -- --stack sglang-0.5.10 --quick",
+        "environment": {"gpus": ["NVIDIA H200"], "gpu_count": 1, "capability": [9, 0],
+                        "torch": "2.11.0", "torch_cuda": "13.0", "python": "3.12.3",
+                        "driver": "580.159.04",
+                        "flashinfer_path": "/root/work/.device/abrun/site/flashinfer",
+                        "wheels_manifest": {"stack": "sglang-0.5.10", "wheels": [
+                            {"project": "flashinfer", "wheel": PATCHED}]}},
+        "shared": True, "primary": "patched", "baseline": "unpatched",
+        "variants": {"patched": {"wheel": PATCHED, "sha256": "a" * 64,
+                                 "site": "/tmp/x/site", "compiled": True},
+                     "unpatched": {"wheel": UPSTREAM, "sha256": "b" * 64,
+                                   "compiled": compiled}},
+        "results": {"patched": patched, "unpatched": unpatched},
+        "not_run": ["FP4 patterns: need sm_100 or newer"],
+    }
+
+
+TESTED = {"trees": [{"project": "flashinfer", "tree": "c" * 40}],
+          "patches": [{"project": "flashinfer", "patch": "0002-F1.patch", "patch_id": "d" * 40}]}
+
+
+def test_an_ab_run_is_a_record_of_each_variants_cases() -> None:
+    doc = _doc([_rec("a", "pass"), _rec("b", "pass"), _rec("c", "skip", reason="needs sm_100")],
+               [_rec("a", "fail", reason="wrong sum"), _rec("b", "pass"),
+                _rec("c", "skip", reason="needs sm_100")])
+    rec = records.test_record(doc, TESTED)
+    assert rec is not None
+    assert (rec.kind, rec.stack, rec.verdict, rec.finished) == (
+        "gpu-test", "sglang-0.5.10", "pass", True)
+    assert rec.planned == 6
+    assert rec.counts == {"pass": 3, "fail": 1, "skip": 2, "error": 0}
+    mine = {c.id: c.against for c in rec.cases if c.variant == "patched"}
+    assert mine == {"a": "fixed", "b": "pass-both", "c": None}
+    assert {w.variant for w in rec.tested.wheels} == {"patched", "upstream"}
+    assert rec.tested.patches[0].patch_id == "d" * 40
+    assert rec.machine.description == "NVIDIA H200 x1"
+    assert rec.machine.shared_gpu is True
+    text = record.dumps(rec)
+    assert "/root" not in text
+    assert "/tmp" not in text  # the doc's machine paths stay out of the record
+
+
+def test_a_run_whose_module_did_not_build_is_unfinished_not_zero_failing() -> None:
+    build = {"failure": "build", "reason": "JIT build failed"}
+    doc = _doc([_rec("a", "pass")], [_rec("a", "fail", **build)], compiled=False)
+    rec = records.test_record(doc, TESTED)
+    assert rec is not None
+    assert rec.verdict == "unfinished"
+    assert any("never ran" in n for n in rec.notes)
+
+
+def test_wheels_of_no_stack_make_no_record() -> None:
+    doc = _doc([_rec("a", "pass")], [_rec("a", "pass")])
+    doc["environment"]["wheels_manifest"] = None
+    assert records.test_record(doc, None) is None
+
+
+def test_the_record_comes_back_with_one_import(tmp_path: Path) -> None:
+    rec = records.test_record(_doc([_rec("a", "pass")], [_rec("a", "fail", reason="x")]),
+                              TESTED)
+    assert rec is not None
+    records.write(rec, tmp_path / "box-out" / "s510")
+    published = record.import_records(tmp_path / "box-out", tmp_path / "reports")
+    assert published == [tmp_path / "reports" / "sglang-0.5.10" / "gpu-test"]
+
+
+def test_the_recorded_command_names_no_path_of_this_machine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(records.COMMAND_ENV, raising=False)
+    monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
+    argv = ["test", "--stack", "sglang-0.5.10", "--quick", "--out", "/tmp/o",
+            "--work-dir=/tmp/w"]
+    assert records.recorded_command("test", argv) == (
+        "nox -s gpu_test -- --stack sglang-0.5.10 --quick")
+    monkeypatch.setenv(records.COMMAND_ENV, "sh <kit sglang-0.5.10>/run gpu_test --quick")
+    assert records.recorded_command("test", argv).startswith("sh <kit")
+
+
+def test_tested_of_a_build_names_the_patches_it_applied_with_their_ids() -> None:
+    manifest = {"wheels": [
+        {"project": "flashinfer", "tree": "c" * 40,
+         "patches": [{"name": "0001-a.patch"}, {"name": "0002-b.patch"}]},
+        {"project": "sglang", "used_as_published": True, "patches": []}]}
+    ids = {"flashinfer": [("0001-a.patch", "1" * 40), ("0002-b.patch", "2" * 40)]}
+    assert records.tested_of(manifest, ids) == {
+        "trees": [{"project": "flashinfer", "tree": "c" * 40}],
+        "patches": [{"project": "flashinfer", "patch": "0001-a.patch", "patch_id": "1" * 40},
+                    {"project": "flashinfer", "patch": "0002-b.patch", "patch_id": "2" * 40}]}
+    assert json.dumps(records.tested_of(manifest, {}))  # no series here: no patches
