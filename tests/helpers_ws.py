@@ -15,16 +15,25 @@ STACK = "demo"
 CHECKOUT = Path(__file__).resolve().parents[1]
 
 
+#: The checkout's own download cache (what `nox -s build` fills): every copy below shares
+#: it, so each pinned sdist and wheel is downloaded once per checkout, not once per test
+#: module and run.  Every use checks the file's sha256; downloads land atomically, so two
+#: workers may share it.
+DOWNLOADS = CHECKOUT / ".forks" / "cache"
+
+
 def checkout_copy(base: Path, *, sdists: bool = True) -> Path:
     """A toolkit root under ``base`` with this checkout's ``forks/`` and ``patches/``; with
-    ``sdists``, the checkout's downloaded sdists too (their sha256 is checked on use)."""
+    ``sdists``, its download cache (sdists and wheels) is the checkout's, shared."""
     root = base / "toolkit"
     root.mkdir()
     shutil.copytree(CHECKOUT / "forks", root / "forks")
     shutil.copytree(CHECKOUT / "patches", root / "patches")
-    cache = CHECKOUT / ".forks" / "cache" / "sdists"
-    if sdists and cache.is_dir():
-        shutil.copytree(cache, root / ".forks" / "cache" / "sdists")
+    if sdists:
+        (root / ".forks" / "cache").mkdir(parents=True)
+        for kind in ("sdists", "wheels"):
+            (DOWNLOADS / kind).mkdir(parents=True, exist_ok=True)
+            (root / ".forks" / "cache" / kind).symlink_to(DOWNLOADS / kind)
     return root
 
 
