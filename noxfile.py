@@ -54,9 +54,10 @@ def build(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The test suite (everything that runs on a CPU machine; -m 'not network' offline)."""
     session.install("-q", "-e", ".", *groups("test"))
-    # One worker per core, each test file on one worker (files that share a checkout
-    # cache, such as test_stack2's, stay whole); `-- -n 0` runs it in one process.
-    session.run("pytest", "-n", "auto", "--dist", "loadfile", *session.posargs)
+    # One worker per core.  Tests are handed out one by one, except a file with expensive
+    # module fixtures (or files sharing a session fixture), marked xdist_group, which runs
+    # whole on one worker; `-- -n 0` runs the suite in one process.
+    session.run("pytest", "-n", "auto", "--dist", "loadgroup", *session.posargs)
 
 
 @nox.session(python=PYTHON)

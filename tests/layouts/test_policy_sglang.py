@@ -23,7 +23,9 @@ from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy
 
-pytestmark = [pytest.mark.network, pytest.mark.slow]
+#: one xdist worker runs this file (its module fixtures once): `nox -s tests` uses --dist loadgroup
+pytestmark = [pytest.mark.network, pytest.mark.slow,
+              pytest.mark.xdist_group("policy_sglang")]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -35,7 +35,9 @@ STACK = "sglang-0.5.23"
 PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
 CACHE = REPO / ".forks" / "cache" / "wheels"
 
-pytestmark = [pytest.mark.network, pytest.mark.slow]
+#: one xdist worker runs this file (its module fixtures once): `nox -s tests` uses --dist loadgroup
+pytestmark = [pytest.mark.network, pytest.mark.slow,
+              pytest.mark.xdist_group("stack2")]
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,10 @@ from sm120fork.plugin import package
 
 from helpers_sglang import ROOT, Sites
 
-pytestmark = [pytest.mark.network, pytest.mark.slow]
+#: one xdist worker runs the files that share the session fixture `sites` (built once):
+#: `nox -s tests` uses --dist loadgroup
+pytestmark = [pytest.mark.network, pytest.mark.slow,
+              pytest.mark.xdist_group("sites")]
 
 TOKENS = (1, 64, 65, 128, 129)
 

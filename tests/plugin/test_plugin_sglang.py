@@ -22,7 +22,10 @@ import pytest
 
 from helpers_sglang import Sites
 
-pytestmark = [pytest.mark.network, pytest.mark.slow]
+#: one xdist worker runs the files that share the session fixture `sites` (built once):
+#: `nox -s tests` uses --dist loadgroup
+pytestmark = [pytest.mark.network, pytest.mark.slow,
+              pytest.mark.xdist_group("sites")]
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parents[1]
