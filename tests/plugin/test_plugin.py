@@ -408,9 +408,42 @@ def _sglang_stack(tmp_path: Path, version: str, framework: bool) -> Workspace:
     return Workspace(root)
 
 
-def test_build_publishes_the_plugin_beside_the_patched_wheel(tmp_path: Path) -> None:
-    ws = _sglang_stack(tmp_path, "0.5.23", framework=True)
-    build_stack(ws, ws.stack("s"))
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """Stack ``s`` (sglang 0.5.23 with the plugin framework) built once, and the series
+    folders the build read."""
+
+    ws: Workspace
+    loaded: list[Path]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    from sm120fork.package import stack as stack_module
+    from sm120fork.patch import series as series_module
+    from sm120fork.plugin import build as plugin_module
+
+    ws = _sglang_stack(tmp_path_factory.mktemp("built"), "0.5.23", framework=True)
+    loaded: list[Path] = []
+
+    def counting(directory: Path) -> series_module.Series:
+        loaded.append(directory)
+        return series_module.load_series(directory)
+
+    with pytest.MonkeyPatch.context() as mp:
+        for module in (stack_module, plugin_module):
+            mp.setattr(module, "load_series", counting)
+        build_stack(ws, ws.stack("s"))
+    return Built(ws=ws, loaded=loaded)
+
+
+#: the tests of the one build above run on one xdist worker (--dist loadgroup)
+ONE_BUILD = pytest.mark.xdist_group("test_plugin_built")
+
+
+@ONE_BUILD
+def test_build_publishes_the_plugin_beside_the_patched_wheel(built: Built) -> None:
+    ws = built.ws
     plugin_dir = ws.stack_wheels("s") / "plugin"
     assert [w.name for w in plugin_dir.glob("*.whl")] == [
         "sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl"]
@@ -421,6 +454,12 @@ def test_build_publishes_the_plugin_beside_the_patched_wheel(tmp_path: Path) -> 
         "sglang-0.5.23+sm120.1-py3-none-any.whl"]
 
 
+@ONE_BUILD
+def test_a_build_loads_each_series_once(built: Built) -> None:
+    """The series is read once per build and handed on (it was read four times)."""
+    assert built.loaded == [built.ws.root / "patches" / "s" / "sglang"]
+
+
 def _tree(folder: Path) -> dict[str, tuple[bytes, int, int]]:
     """Every file under ``folder``: bytes, inode and mtime (a rewrite changes the last two)."""
     return {p.relative_to(folder).as_posix(): (p.read_bytes(), p.stat().st_ino,
@@ -428,9 +467,9 @@ def _tree(folder: Path) -> dict[str, tuple[bytes, int, int]]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_a_second_build_with_the_plugin_leaves_the_folder_as_it_was(tmp_path: Path) -> None:
-    ws = _sglang_stack(tmp_path, "0.5.23", framework=True)
-    build_stack(ws, ws.stack("s"))
+@ONE_BUILD
+def test_a_second_build_with_the_plugin_leaves_the_folder_as_it_was(built: Built) -> None:
+    ws = built.ws
     out = ws.stack_wheels("s")
     first = _tree(out)
     assert "plugin/plugin.json" in first
@@ -522,25 +561,6 @@ def test_a_replaced_method_is_compiled_outside_its_class() -> None:
     module = types.ModuleType("m")
     bound = runtime._compile_unit(hook, module, 0)  # no NameError: `register` is not run
     assert bound["initialize"](None, 1) == 2
-
-
-def test_a_build_loads_each_series_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The series is read once per build and handed on (it was read four times)."""
-    from sm120fork.package import stack as stack_module
-    from sm120fork.patch import series as series_module
-    from sm120fork.plugin import build as plugin_module
-
-    ws = _sglang_stack(tmp_path, "0.5.23", framework=True)
-    loaded: list[Path] = []
-
-    def counting(directory: Path) -> series_module.Series:
-        loaded.append(directory)
-        return series_module.load_series(directory)
-
-    for module in (stack_module, plugin_module):
-        monkeypatch.setattr(module, "load_series", counting)
-    build_stack(ws, ws.stack("s"))
-    assert loaded == [ws.root / "patches" / "s" / "sglang"]
 
 
 def _plugin_doctor(site: Path, home: Path, env: dict[str, str]) -> dict[str, Any]:
