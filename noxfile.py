@@ -138,6 +138,13 @@ def gpu_kit(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def tune(session: nox.Session) -> None:
+    """Measure this box at every TP size it can run; install the policy SGLang follows."""
+    session.install("-q", ".[gpu]")
+    toolkit(session, "tune")
+
+
+@nox.session(python=PYTHON)
 def status(session: nox.Session) -> None:
     """One table for every stack and patch (--json for machines)."""
     session.install("-q", ".")

@@ -81,6 +81,9 @@ VERBS: dict[str, Verb] = {
     "aot-check": Verb(help="check an AOT wheel: which module the installed FlashInfer loads "
                            "from where, and its SASS per target",
                       module="sm120fork.cli.aot", add_args="check_args", run_argv="run_check"),
+    "tune": Verb(help="measure this box's all-reduce methods at every TP size it can run and "
+                      "install the policy SGLang follows (--yes to replace one)",
+                 module="sm120fork.tune.cli", run_argv="run"),
     "doctor": Verb(help="check this box for the fused all-reduce on SM12x (no checkout, "
                         "index or nvcc needed; --json)",
                    module="sm120fork.doctor", own_main="main"),

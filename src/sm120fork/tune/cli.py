@@ -1,0 +1,101 @@
+"""``python -m sm120fork tune`` (``nox -s tune -- ...``): parse, run :mod:`.run`, print.
+
+The real box: the doctor's own probes, the bench of ``gpu/runs.py`` one TP size at a
+time (its reports and logs under ``--work-dir``), the question on the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sm120fork.errors import EXIT_INTERRUPTED, VerifyError
+from sm120fork.tune.run import Box, TuneOptions, WorldBench, tune
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text}") from exc
+    if not values or any(v < 2 for v in values):
+        raise argparse.ArgumentTypeError("TP sizes are integers >= 2")
+    return values
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stack", required=True, metavar="NAME",
+                        help="the stack whose built wheels (wheels/NAME/) the bench runs")
+    parser.add_argument("--world-sizes", type=_sizes, metavar="N,N",
+                        help="measure these TP sizes (default: every size the doctor says "
+                        "this box can run)")
+    parser.add_argument("--yes", action="store_true",
+                        help="replace an installed policy without asking")
+    parser.add_argument("--quick", action="store_true",
+                        help="the bench's quick subset (fewer token counts, one hidden size)")
+    parser.add_argument("--time-budget", type=float, metavar="SECONDS",
+                        help="stop this long after the doctor: the bench starts no case "
+                        "after it, and the policy holds only the TP sizes that finished")
+    parser.add_argument("--reports", type=Path, default=Path("reports"),
+                        help="where the record goes (<reports>/<stack>/policy/)")
+    parser.add_argument("--work-dir", type=Path,
+                        help="the bench's installs, JIT caches, reports and logs (default: "
+                        "the bench's, SM120FORK_GPU_WORK or /tmp/sm120fork-gpu)")
+
+
+def _bench(args: argparse.Namespace, command: str
+           ) -> Callable[[int, float | None], WorldBench]:
+    from sm120fork.gpu import runs
+
+    work = args.work_dir or runs.DEFAULT_WORK_DIR
+
+    def bench(tp: int, left: float | None) -> WorldBench:
+        out = work / "tune" / f"tp{tp}"
+        runs.run_bench(runs.BenchOptions(
+            command=command, stack=args.stack, out=out, work_dir=work, world_sizes=(tp,),
+            quick=args.quick, time_budget=left, allow_partial=True))
+        doc = json.loads((out / "bench.json").read_text(encoding="utf-8"))
+        plan = doc.get("plan") or {}
+        return WorldBench(
+            world=tp, records=list(doc["records"]), tokens=tuple(plan.get("tokens", ())),
+            hidden=tuple(plan.get("hidden", ())), methods=tuple(doc.get("methods", ())),
+            finished=bool(doc.get("finished")), shared=bool(doc.get("shared")),
+            failure=(doc.get("outcome") or {}).get("failure"),
+            environment=doc.get("environment") or {},
+            wheel=(doc["wheel"], doc["sha256"]) if doc.get("wheel") and doc.get("sha256")
+            else None)
+    return bench
+
+
+def _doctor() -> dict[str, Any]:
+    from sm120fork.doctor.probe import collect
+
+    return collect()
+
+
+def _ask(question: str) -> bool:
+    sys.stderr.write(question)
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from sm120fork.util import proc
+
+    command = "nox -s tune -- " + " ".join(argv)
+    done = tune(TuneOptions(stack=args.stack, command=command.strip(), reports=args.reports,
+                            world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
+                            yes=args.yes, time_budget=args.time_budget),
+                Box(doctor=_doctor, bench=_bench(args, command),
+                    ask=_ask if sys.stdin.isatty() else None, stop=proc.end_children))
+    print("\n".join(done.lines()))
+    if done.interrupted:
+        return EXIT_INTERRUPTED
+    if not done.measured:
+        raise VerifyError("nothing was measured: no policy installed",
+                          fix="see the lines above for each TP size's reason")
+    return VerifyError.exit_code if done.cut_short else 0
