@@ -137,9 +137,11 @@ def gpu_kit(session: nox.Session) -> None:
     toolkit(session, "gpu-kit")
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=None, venv_params=GPU_VENV)
 def tune(session: nox.Session) -> None:
     """Measure this box at every TP size it can run; install the policy SGLang follows."""
+    session.run("python", "src/sm120fork/kit/boot.py", "see-host", sys.executable,
+                silent=True)
     session.install("-q", ".[gpu]")
     toolkit(session, "tune")
 

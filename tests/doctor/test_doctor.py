@@ -988,7 +988,7 @@ def test_a_policy_sglang_cannot_use_names_the_key() -> None:
     lines = rules.judge(with_policy(doc)).text_of("policy")
     assert lines[1] == ("not usable (/srv/policy.json: version: policy version 3: this "
                         "reader takes versions 1, 2 (re-make it with this toolkit: nox -s "
-                        "bench -- --stack NAME)): SGLang keeps today's decision")
+                        "tune -- --stack NAME)): SGLang keeps today's decision")
     assert lines[2].startswith("TP2: fused_auto for 1+ tokens (today's rule")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,7 @@ def run_tune(tmp: Path, fake: FakeBox, **opts: Any) -> Tuned:
 
 
 @pytest.fixture
-def tmp(tmp_path: Path) -> Iterator[Path]:
+def tmp(tmp_path: Path) -> Path:
     return tmp_path
 
 

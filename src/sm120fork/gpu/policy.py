@@ -1,7 +1,7 @@
 """The all-reduce policy: from a bench's measurements, per TP size, which method runs where.
 
-The file (JSON, ``policy.json`` beside the bench report, copied to where SGLang looks)
-names, for every token range of every TP size the bench measured, the method
+The file (JSON, ``policy.json`` beside the bench report; ``tune`` installs it where SGLang
+looks) names, for every token range of every TP size the bench measured, the method
 SGLang runs there and the methods to fall back to, fastest first, when the serving
 process cannot run it (:mod:`.decision` makes that call).  docs/policy.md documents the
 format for users (a test checks that it names every key the bench writes).  Version 2::
@@ -213,7 +213,7 @@ def validate(doc: Any, where: str) -> dict[str, Any]:
     if version not in READS:
         raise ConfigError(f"policy version {version!r}: this reader takes versions "
                           f"{', '.join(map(str, READS))}", where=f"{where}: version",
-                          fix="re-make it with this toolkit: nox -s bench -- --stack NAME")
+                          fix="re-make it with this toolkit: nox -s tune -- --stack NAME")
     if not isinstance(doc.get("for_use"), bool):
         raise ConfigError("for_use must be true or false", where=f"{where}: for_use")
     tps = doc.get("tp")
