@@ -131,8 +131,6 @@ def _zip_wheel(path: Path, files: dict[str, bytes]) -> str:
 def test_layer_stack_unpacks_this_pythons_sglang_wheel_with_its_provenance(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``sglang-layer --stack``: the one command that re-makes a layer report of a stack."""
-    from sm120fork.gpu.provenance import layer_provenance
-
     root = checkout_copy(tmp_path, sdists=False)
     monkeypatch.setenv("SM120FORK_ROOT", str(root))
     folder = root / "wheels" / "sglang-0.5.23"
@@ -146,13 +144,29 @@ def test_layer_stack_unpacks_this_pythons_sglang_wheel_with_its_provenance(
         sha = _zip_wheel(folder / name, {f"{top}/__init__.py": name.encode()})
         rows.append({"project": project, "wheel": name, "sha256": sha, "series_digest": "e" * 64})
     (folder / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.23", "wheels": rows}))
-    trees = stack_wheels.layer_trees("sglang-0.5.23", tmp_path / "work")
+    trees = stack_wheels.layer_trees(stack_wheels.stack_dir("sglang-0.5.23"), tmp_path / "work")
     assert (trees.sglang_path / "sglang" / "__init__.py").read_bytes() == mine.encode()
     assert [p.name for p in trees.site] == ["flashinfer"]
-    made = layer_provenance(trees.manifest, trees.made_from)
-    assert made["stack"] == "sglang-0.5.23"
-    assert [m["wheel"] for m in made["made_from"]] == [mine, fi]
-    assert all(m["files_checked"] == 1 for m in made["made_from"])
+    assert trees.made["stack"] == "sglang-0.5.23"
+    assert [m["wheel"] for m in trees.made["made_from"]] == [mine, fi]
+    opts = runs.LayerOptions(command="x", sglang_path=trees.sglang_path,
+                             out=tmp_path / "out", layout="layer_boundary", made=trees.made)
+    runs._write_sglang_layer_report(opts, [], done=False, planned=["fused"], made=opts.made)
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert doc["made_from"] == trees.made["made_from"]
+    assert (doc["finished"], doc["planned"]) == (False, ["fused"])
+
+
+def test_a_layer_tree_is_unpacked_only_from_the_wheel_its_manifest_lists(
+        tmp_path: Path) -> None:
+    folder = tmp_path / "kit" / "stack"
+    folder.mkdir(parents=True)
+    name = "sglang-0.5.23+sm120.1-py3-none-any.whl"
+    _zip_wheel(folder / name, {"sglang/__init__.py": b"x"})
+    (folder / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.23", "wheels": [
+        {"project": "sglang", "wheel": name, "sha256": "0" * 64}]}))
+    with pytest.raises(ConfigError, match="is not the wheel its manifest lists"):
+        stack_wheels.layer_trees(folder, tmp_path / "work")
 
 
 def test_layer_needs_stack_or_sglang_path_not_both(tmp_path: Path,
@@ -160,6 +174,6 @@ def test_layer_needs_stack_or_sglang_path_not_both(tmp_path: Path,
     from sm120fork.gpu import cli
 
     assert cli.main(["sglang-layer", "--out", str(tmp_path)]) == UsageError.exit_code
-    assert "give --stack or --sglang-path" in capsys.readouterr().err
+    assert "give one of --stack, --stack-dir, --sglang-path" in capsys.readouterr().err
     assert cli.main(["sglang-layer", "--stack", "x", "--sglang-path", str(tmp_path),
                      "--out", str(tmp_path)]) == UsageError.exit_code

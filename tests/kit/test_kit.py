@@ -187,3 +187,15 @@ def test_the_entry_refuses_another_python(tmp_path: Path,
     data = boot.load(kit)
     with pytest.raises(boot.KitError, match=r"this kit is for Python 3\.99"):
         boot.prepare(kit, data, "gpu_test", tmp_path / "home")
+
+
+def test_the_entry_names_a_harness_the_kit_does_not_carry(tmp_path: Path) -> None:
+    kit = tmp_path / "kit"
+    kit.mkdir()
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    (kit / boot.KIT_FILE).write_text(json.dumps({
+        "format": boot.KIT_FORMAT, "python": python, "wheels": [],
+        "requirements": {"gpu_test": ["sm120fork"]}}))
+    with pytest.raises(boot.KitError, match="--harness sglang_layer") as err:
+        boot.prepare(kit, boot.load(kit), "sglang_layer", tmp_path / "home")
+    assert err.value.code == boot.EXIT_USAGE

@@ -123,16 +123,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="the directory holding the sglang package under test (python/)")
     s.add_argument("--stack", metavar="NAME",
                    help="instead of --sglang-path: the stack's built SGLang (for this Python) "
-                   "and FlashInfer wheels (wheels/NAME/), unpacked under --work-dir, with "
-                   "their provenance (--manifest, --made-from)")
+                   "and FlashInfer wheels (wheels/NAME/), unpacked under --work-dir; the "
+                   "report records their sha256")
+    s.add_argument("--stack-dir", type=Path, metavar="DIR",
+                   help="as --stack, from a stack's wheels folder elsewhere (a kit's stack/)")
     s.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
                    help="where --stack unpacks the wheels (kept between runs)")
     s.add_argument("--layout", choices=tuple(LAYOUTS),
                    help="the tree's upstream layout (default: the one forks/<stack>.toml "
                    "names for the tree's SGLang version; sglang-0.5.10: communicator, "
                    "sglang-0.5.23: layer_boundary)")
-    s.add_argument("--site", type=Path, action="append", default=[],
-                   help="extra import directories for the ranks (FlashInfer, SGLang's deps)")
     s.add_argument("--case", action="append", choices=sglang_layer.CPU_CASES,
                    help="default: every case this device can run")
     s.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -154,14 +154,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    "in memory (G1/G3 stand-in)")
     s.add_argument("--load-plugins", action="store_true",
                    help="each rank runs SGLang's load_plugins() first, as SGLang's own "
-                   "processes do (stock SGLang + a plugin on --site)")
-    s.add_argument("--manifest", type=Path, metavar="PATH",
-                   help="the stack's manifest.json (wheels/<stack>/) the tested builds come "
-                   "from: the report records its stack and, per --made-from, the wheel")
-    s.add_argument("--made-from", action="append", default=[], metavar="WHEEL=PATH",
-                   help="a tested build: the manifest's wheel name and that wheel file, or "
-                   "a folder unpacked from it (checked against its RECORD); repeat per "
-                   "wheel (SGLang's, FlashInfer's)")
+                   "processes do (stock SGLang + a plugin installed beside it)")
     s.add_argument("--title", default="SGLang fused-norm layer path")
     s.add_argument("--note", action="append", default=[])
     s.add_argument("--out", type=Path, required=True)
@@ -229,27 +222,27 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    if (args.stack is None) == (args.sglang_path is None):
-        raise UsageError("give --stack or --sglang-path", where="sglang-layer",
-                         fix="e.g. --stack sglang-0.5.23 on a checkout with that build")
+    site: tuple[Path, ...] = ()
+    made: dict[str, Any] = {}
+    folder = args.stack_dir
     if args.stack is not None:
+        from sm120fork.gpu.stack_wheels import stack_dir
+
+        folder = stack_dir(args.stack)
+    if folder is not None:
         from sm120fork.gpu.stack_wheels import layer_trees
 
-        trees = layer_trees(args.stack, args.work_dir)
-        args.sglang_path = trees.sglang_path
-        args.site = [*trees.site, *args.site]
-        args.manifest = args.manifest or trees.manifest
-        args.made_from = [*trees.made_from, *args.made_from]
+        trees = layer_trees(folder, args.work_dir)
+        args.sglang_path, site, made = trees.sglang_path, trees.site, trees.made
     outcomes = runs.run_sglang_layer(runs.LayerOptions(
         command=runs.command_line(argv), sglang_path=args.sglang_path, out=args.out,
         layout=args.layout or sglang_layer.layout_of(args.sglang_path),
-        site=tuple(args.site), cases=_optional(args.case), device=args.device,
+        site=site, cases=_optional(args.case), device=args.device,
         world_size=args.world_size, tokens=_optional(args.tokens), timeout=args.timeout,
         first_timeout=args.first_timeout, start_timeout=args.start_timeout,
         gates_in_memory=args.gates_in_memory, load_plugins=args.load_plugins,
-        title=args.title, notes=tuple(args.note), manifest=args.manifest,
-        made_from=tuple(args.made_from), agreement_timeout=args.agreement_timeout,
-        group_timeout=args.group_timeout))
+        title=args.title, notes=tuple(args.note), made=made,
+        agreement_timeout=args.agreement_timeout, group_timeout=args.group_timeout))
     failed = [o for o in outcomes if not o.passed]
     return VerifyError.exit_code if failed else 0
 
@@ -260,8 +253,10 @@ def _ready(args: argparse.Namespace) -> None:
     if args.gpu_command in ("test", "bench"):
         check_backend(args.backend, allow_multicast=args.allow_multicast,
                       host_environ=os.environ)
-    if args.gpu_command == "sglang-layer" and (args.stack is None) == (args.sglang_path is None):
-        raise UsageError("give --stack or --sglang-path", where="sglang-layer",
+    if args.gpu_command == "sglang-layer" and sum(
+            x is not None for x in (args.stack, args.stack_dir, args.sglang_path)) != 1:
+        raise UsageError("give one of --stack, --stack-dir, --sglang-path",
+                         where="sglang-layer",
                          fix="e.g. --stack sglang-0.5.23 on a checkout with that build")
     if args.gpu_command in ("test", "bench") or (
             args.gpu_command == "sglang-layer" and args.device == "cuda"):

@@ -587,9 +587,8 @@ class LayerOptions:
     load_plugins: bool = False
     title: str = "SGLang fused-norm layer path"
     notes: tuple[str, ...] = ()
-    #: The stack's manifest.json and WHEEL=PATH of each tested build (gpu/provenance.py).
-    manifest: Path | None = None
-    made_from: tuple[str, ...] = ()
+    #: ``stack`` and ``made_from`` (each tested wheel's sha256) of the stack's build.
+    made: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The tree's fused-call agreement timeout (None: its own) and the ranks' gloo groups'
     #: timeout (None: twice the case's), seconds (sglang_layer.run_case).
     agreement_timeout: float | None = None
@@ -598,11 +597,8 @@ class LayerOptions:
 
 def run_sglang_layer(opts: LayerOptions) -> list[sglang_layer.CaseOutcome]:
     """Every case in fresh rank groups; report.md + report.json under ``opts.out``."""
-    from sm120fork.gpu.provenance import layer_provenance
-
     chosen = list(opts.cases or (sglang_layer.GPU_CASES if opts.device == "cuda"
                                  else sglang_layer.CPU_CASES))
-    made = layer_provenance(opts.manifest, opts.made_from)
     outcomes = []
     for index, case in enumerate(chosen):
         timeout = opts.first_timeout if index == 0 and opts.first_timeout else opts.timeout
@@ -617,7 +613,7 @@ def run_sglang_layer(opts: LayerOptions) -> list[sglang_layer.CaseOutcome]:
                  outcome.seconds, "; ".join(outcome.problems))
         outcomes.append(outcome)
         _write_sglang_layer_report(opts, outcomes, done=index + 1 == len(chosen),
-                                   planned=chosen, made=made)
+                                   planned=chosen, made=opts.made)
     return outcomes
 
 

@@ -116,25 +116,28 @@ def resolve(stack: str, *, baseline: bool, root: Path | None = None) -> StackWhe
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerTrees:
-    """What ``sglang-layer --stack`` resolved to: the stack's wheels unpacked, and their
-    provenance (``--manifest``, ``--made-from``)."""
+    """What ``sglang-layer --stack``/``--stack-dir`` resolved to: the stack's wheels
+    unpacked, and what the report records of them (its stack, each wheel's sha256)."""
 
     sglang_path: Path
     site: tuple[Path, ...]
-    manifest: Path
-    made_from: tuple[str, ...]
+    made: dict[str, Any]
 
 
 def _unpack(wheel: Path, dest: Path, sha256: str) -> Path:
     """``wheel`` unpacked (zip extract: its RECORD stays the wheel's own) once per sha256."""
+    import shutil
     import zipfile
+
+    from sm120fork.util.files import sha256_file
 
     marker = dest / ".sm120fork-wheel.sha256"
     if marker.is_file() and marker.read_text().strip() == sha256:
         return dest
+    if sha256_file(wheel) != sha256:
+        raise ConfigError(f"{wheel.name} is not the wheel its manifest lists (sha256)",
+                          where=str(wheel.parent), fix="build the stack again")
     if dest.exists():
-        import shutil
-
         shutil.rmtree(dest)
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(dest)
@@ -142,22 +145,28 @@ def _unpack(wheel: Path, dest: Path, sha256: str) -> Path:
     return dest
 
 
-def layer_trees(stack: str, work_dir: Path, root: Path | None = None) -> LayerTrees:
-    """The stack's SGLang wheel for this interpreter and its FlashInfer wheel, unpacked
-    under ``work_dir``, for the layer harness (``gpu sglang-layer --stack``)."""
+def stack_dir(stack: str, root: Path | None = None) -> Path:
+    """``wheels/<stack>/`` of the checkout."""
+    return Workspace.find(root).stack_wheels(stack)
+
+
+def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
+    """The SGLang wheel for this interpreter and the FlashInfer wheel of a stack's build
+    (``folder``: wheels/<stack>/, or a kit's stack/), unpacked under ``work_dir``, for the
+    layer harness."""
     from packaging.tags import sys_tags
     from packaging.utils import parse_wheel_filename
 
-    ws = Workspace.find(root)
-    folder = ws.stack_wheels(stack)
     path = folder / "manifest.json"
     if not path.is_file():
-        raise ConfigError(f"stack {stack} has no build in {folder}",
+        stack = folder.name
+        raise ConfigError(f"no build in {folder} (no manifest.json)",
                           fix=f"nox -s build -- --stack {stack}")
-    wheels = json.loads(path.read_text(encoding="utf-8")).get("wheels", [])
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    stack = str(manifest.get("stack"))
     here = set(sys_tags())
     chosen: dict[str, dict[str, Any]] = {}
-    for w in wheels:
+    for w in manifest.get("wheels", []):
         project = str(w.get("project"))
         if project in chosen or project not in ("sglang", PROJECT):
             continue
@@ -170,8 +179,8 @@ def layer_trees(stack: str, work_dir: Path, root: Path | None = None) -> LayerTr
     trees = {project: _unpack(folder / str(w["wheel"]),
                               work_dir / "layer-trees" / stack / project, str(w["sha256"]))
              for project, w in chosen.items()}
-    return LayerTrees(
-        sglang_path=trees["sglang"],
-        site=tuple(t for p, t in trees.items() if p != "sglang"),
-        manifest=path,
-        made_from=tuple(f"{chosen[p]['wheel']}={t}" for p, t in trees.items()))
+    made = {"stack": stack, "made_from": [
+        {"project": p, "series": w.get("series"), "series_digest": w.get("series_digest"),
+         "wheel": w["wheel"], "wheel_sha256": w["sha256"]} for p, w in chosen.items()]}
+    return LayerTrees(sglang_path=trees["sglang"],
+                      site=tuple(t for p, t in trees.items() if p != "sglang"), made=made)

@@ -103,6 +103,9 @@ def prepare(kit: Path, data: dict[str, object], verb: str, home: Path) -> Path:
                        f"({sys.executable}): run it with PYTHON=python{want} sh "
                        f"{kit}/run ..., or make a kit with --python {have}")
     requirements = dict(data["requirements"])  # type: ignore[call-overload]
+    if verb not in requirements:
+        raise KitError(f"this kit carries no {verb} (it has {', '.join(requirements)}): make "
+                       f"it with --harness {verb}", EXIT_USAGE)
     reqs = [str(r) for r in requirements[verb]]
     digest = hashlib.sha256(json.dumps([data["wheels"], reqs, sys.executable])
                             .encode()).hexdigest()[:16]
