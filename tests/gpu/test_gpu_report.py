@@ -155,4 +155,4 @@ def test_test_command_whose_module_build_fails_reports_every_case_as_a_build_fai
     assert all(r["status"] == "fail" and r["failure"] == "build" for r in recs)
     assert "build FAILED" in (out / "test-ab.md").read_text()
     assert (out / "logs").is_dir()
-    assert "3 cases fail" in capsys.readouterr().err
+    assert "unfinished: 3 planned case runs never ran" in capsys.readouterr().err

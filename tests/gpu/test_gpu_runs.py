@@ -62,30 +62,44 @@ def _test(tmp: Path, *extra: str) -> list[str]:
             "--startup-timeout", "60", *extra]
 
 
+def _budgeted(tmp: Path, budget: float, **extra: Any) -> runs.TestOptions:
+    """What ``tune`` passes (the command line has no time budget: per-case limits only)."""
+    return runs.TestOptions(command="x", quick=True, world_sizes=(2,),
+                            apis=("fusion_legacy",), max_cases=3, work_dir=tmp / "work",
+                            out=tmp / "out", startup_timeout=60, time_budget=budget, **extra)
+
+
 def test_the_time_budget_starts_after_the_module_build(
-        fake_gpu: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        fake_gpu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_RANK_MODE", "pass")
-    assert main(_test(fake_gpu, "--time-budget", "2")) == 0
+    done = runs.run_test(_budgeted(fake_gpu, 2))
+    assert done.error() is None
     doc = json.loads((fake_gpu / "out" / "test-ab.json").read_text())
     assert [r["status"] for r in doc["results"]["installed"]] == ["pass"] * 3
     assert doc["finished"] is True
     assert doc["module_seconds"] >= 3
-    out = capsys.readouterr().out
+    out = "\n".join(done.headline())
     assert "installed: 0 failing, 3 passing, 0 skipped of 3" in out
     assert "module build 3 s; cases' time budget 2 s, counted after it" in out
 
 
+def test_the_command_line_has_no_time_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    """Per-case limits and the module build's own limit; no budget "for leased machines"."""
+    assert main(["test", "--quick", "--time-budget", "2"]) == 16
+    assert "unrecognized arguments: --time-budget" in capsys.readouterr().err
+
+
 def test_cases_left_out_by_the_budget_make_the_run_fail_unless_partial_is_allowed(
-        fake_gpu: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+        fake_gpu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_RANK_MODE", "hang")
-    assert main(_test(fake_gpu, "--time-budget", "2", "--case-timeout", "120")) == 13
-    captured = capsys.readouterr()
-    assert "3 NOT RUN (time budget used up)" in captured.out
-    assert "NOTHING RAN" in captured.out
-    assert "PARTIAL RUN" in captured.out
-    assert "no case ran for installed" in captured.err
+    done = runs.run_test(_budgeted(fake_gpu, 2, case_timeout=120))
+    out = "\n".join(done.headline())
+    assert "3 NEVER RAN" in out
+    assert "NOTHING RAN" in out
+    assert "UNFINISHED" in out
+    error = done.error()
+    assert error is not None
+    assert "did not run" in error.message or "no case ran" in error.message
     doc = json.loads((fake_gpu / "out" / "test-ab.json").read_text())
     assert doc["finished"] is False
     assert "**Not finished**: 3 planned case runs did not run" in (
@@ -100,19 +114,31 @@ def test_allow_partial_accepts_a_partial_run_but_says_so() -> None:
         failed=[], summary={"pass both": 5, "not run": 4}, module_seconds=178.0,
         time_budget=150.0, allow_partial=True)
     assert done.error() is None
-    assert done.headline()[-1] == "PARTIAL RUN: not every planned case ran (accepted: " \
-        "--allow-partial)"
+    assert done.headline()[-1] == "UNFINISHED: not every planned case ran (accepted)"
     strict = runs.TestRun(**{**done.__dict__, "allow_partial": False})
     error = strict.error()
     assert error is not None
     assert "8 planned cases did not run" in error.message
 
 
+def test_cases_whose_module_did_not_build_never_ran_the_run_is_unfinished() -> None:
+    """Not "0 failing": a variant whose module did not build ran none of its cases."""
+    build = {"status": "fail", "failure": "build", "reason": "JIT build failed"}
+    tally = runs.Tally.of([{**build, "key": k} for k in "abc"])
+    assert (tally.failed, tally.not_run, tally.ran) == (0, 3, 0)
+    done = runs.TestRun(paths=[Path("a.json"), Path("a.md")], logs=Path("logs"),
+                        primary="patched", tallies={"patched": tally}, failed=[],
+                        summary={"not run": 3}, module_seconds=1.0)
+    error = done.error()
+    assert error is not None
+    assert error.message.startswith("unfinished: 3 planned case runs never ran")
+
+
 def test_a_run_whose_cases_were_all_skipped_is_a_failure(
         fake_gpu: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("FAKE_RANK_MODE", "skip")
-    assert main(_test(fake_gpu, "--allow-partial")) == 13
+    assert main(_test(fake_gpu)) == 13
     captured = capsys.readouterr()
     assert "installed: 0 failing, 0 passing, 3 skipped of 3; NOTHING RAN" in captured.out
     assert "no case ran" in captured.err

@@ -84,13 +84,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--case-timeout", type=float, default=90.0,
                        help="watchdog: seconds without rank output before a case is ended")
         p.add_argument("--compile-timeout", type=float, default=1200.0)
-        p.add_argument("--time-budget", type=float, metavar="SECONDS",
-                       help="stop starting cases this long after the module build; the "
-                       "rest are reported as not run and the exit is non-zero (for "
-                       "machines leased by the minute)")
-        p.add_argument("--allow-partial", action="store_true",
-                       help="exit 0 when cases were left out by --time-budget (the "
-                       "headline and report still say so)")
         p.add_argument("--not-run", action="append", default=[],
                        help="a line for the report's 'Not run here' section")
 
@@ -176,8 +169,7 @@ def _common(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
         "quick": args.quick, "out": args.out, "work_dir": args.work_dir,
         "backend": args.backend, "allow_multicast": args.allow_multicast,
         "startup_timeout": args.startup_timeout, "case_timeout": args.case_timeout,
-        "compile_timeout": args.compile_timeout, "time_budget": args.time_budget,
-        "not_run": tuple(args.not_run), "allow_partial": args.allow_partial,
+        "compile_timeout": args.compile_timeout, "not_run": tuple(args.not_run),
         "stack": args.stack,
         "record_command": records.recorded_command(argv[0] if argv else "test", argv),
     }

@@ -59,7 +59,7 @@ def _merge(case: Case, records: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
-NOT_RUN_REASON = "not run: the run's time budget (--time-budget) was used up"
+NOT_RUN_REASON = "not run: the run's time budget was used up"
 
 
 def _not_run(case: Case) -> dict[str, Any]:

@@ -51,8 +51,11 @@ class RunOptions:
     startup_timeout: float = 300.0
     case_timeout: float = 90.0
     compile_timeout: float = 1200.0
+    #: Seconds after the module build past which no case starts (``tune`` passes what it
+    #: has left); cases left out are not run, and the run is partial.
     time_budget: float | None = None
     not_run: tuple[str, ...] = ()
+    #: A partial run (time budget) is no error (``tune`` keeps the sizes that finished).
     allow_partial: bool = False
     stack: str | None = None  # the stack's built wheels (and upstream's, for test)
     #: The command the record names (as typed, without this machine's paths).
@@ -101,9 +104,15 @@ class BenchOptions(RunOptions):
     hidden: tuple[int, ...] | None = None
 
 
+def _never_ran(rec: dict[str, Any]) -> bool:
+    """Left out by a time budget, or its variant's module did not build."""
+    return bool(rec.get("not_run")) or rec.get("failure") == "build"
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Tally:
-    """One variant's records counted: what ran, what was skipped, what the budget left out."""
+    """One variant's records counted: what ran, what was skipped, what never ran (a budget
+    used up, a module that did not build): those are neither passing nor failing."""
 
     passed: int = 0
     failed: int = 0
@@ -112,11 +121,12 @@ class Tally:
 
     @classmethod
     def of(cls, records: Sequence[dict[str, Any]]) -> Tally:
-        def count(status: str, not_run: bool = False) -> int:
-            return sum(1 for r in records
-                       if r["status"] == status and bool(r.get("not_run")) == not_run)
+        ran = [r for r in records if not _never_ran(r)]
+
+        def count(status: str) -> int:
+            return sum(1 for r in ran if r["status"] == status)
         return cls(passed=count("pass"), failed=count("fail"), skipped=count("skip"),
-                   not_run=count("skip", not_run=True))
+                   not_run=len(records) - len(ran))
 
     @property
     def total(self) -> int:
@@ -156,7 +166,7 @@ class TestRun:
             line = (f"{name}: {t.failed} failing, {t.passed} passing, {t.skipped} skipped"
                     f" of {t.total}")
             if t.not_run:
-                line += f"; {t.not_run} NOT RUN (time budget used up)"
+                line += f"; {t.not_run} NEVER RAN (module build failed or time budget)"
             if not t.ran:
                 line += "; NOTHING RAN"
             lines.append(line)
@@ -164,22 +174,26 @@ class TestRun:
                   f"; cases' time budget {self.time_budget:.0f} s, counted after it")
         lines.append(f"module build {self.module_seconds:.0f} s{budget}; A/B: {self.summary}")
         if self.not_run:
-            lines.append("PARTIAL RUN: not every planned case ran"
-                         + (" (accepted: --allow-partial)" if self.allow_partial else ""))
+            lines.append("UNFINISHED: not every planned case ran"
+                         + (" (accepted)" if self.allow_partial else ""))
         return lines
 
     def error(self) -> VerifyError | None:
         if self.failed:
             return VerifyError(f"{len(self.failed)} cases fail with {self.primary}",
                                fix=f"see {self.paths[1]}")
+        built = sum(1 for t in self.tallies.values() if t.not_run and not self.time_budget)
+        if built:
+            return VerifyError(f"unfinished: {self.not_run} planned case runs never ran (a "
+                               "module did not build)", fix=f"see {self.paths[1]}")
         nothing = [n for n, t in self.tallies.items() if not t.ran]
         if nothing:
             return VerifyError(f"no case ran for {', '.join(nothing)}: every case was skipped "
                                "or not run", fix=f"see {self.paths[1]}")
         if self.not_run and not self.allow_partial:
             return VerifyError(
-                f"{self.not_run} planned cases did not run: the time budget was used up",
-                fix="raise --time-budget, or pass --allow-partial to accept a partial run")
+                f"unfinished: {self.not_run} planned cases did not run: the time budget "
+                "was used up")
         return None
 
 
@@ -202,9 +216,7 @@ class BenchRun:
         if self.kind == "budget" and self.timed and self.allow_partial:
             return None
         if self.failure is not None:
-            return VerifyError(f"bench ranks failed: {self.failure}", fix=(
-                "raise --time-budget, or pass --allow-partial to accept a partial run"
-                if self.kind == "budget" else None))
+            return VerifyError(f"bench ranks failed: {self.failure}")
         if not self.timed:
             return VerifyError("the bench timed nothing (every method was not runnable or "
                                "failed its check)", fix="see the bench report")
@@ -293,7 +305,7 @@ def prepare(opts: RunOptions, what: str, modules: Sequence[str]) -> Prepared:
             info["prebuilt_failure"] = compiled[name]["failure"]
             compiled[name] = info
     seconds = time.monotonic() - started
-    log.info("module step took %.0f s (not counted in --time-budget)", seconds)
+    log.info("module step took %.0f s (its own limit, --compile-timeout)", seconds)
     for name, info in compiled.items():
         if not info["ok"]:
             log.error("variant %s: JIT build failed: %s\n%s", name, info["failure"],
@@ -396,7 +408,7 @@ def run_test(opts: TestOptions) -> TestRun:
             for v in installed},
         "tolerances": tolerance_table(), "results": results, "not_run": list(opts.not_run),
         "module_seconds": round(prepared.module_seconds, 1), "time_budget": opts.time_budget,
-        "finished": not any(r.get("not_run") for recs in results.values() for r in recs),
+        "finished": not any(_never_ran(r) for recs in results.values() for r in recs),
     }
     out = _out_dir(opts, env)
     roles = _roles(opts, out)
@@ -409,9 +421,9 @@ def run_test(opts: TestOptions) -> TestRun:
         log.warning("no record: the tested wheel is no stack's build (no manifest.json "
                     "beside it)")
     _collect_logs(run_dir, out / "logs", roles)
-    failed = [r["key"] for r in results[primary] if r["status"] == "fail"]
+    failed = [r["key"] for r in results[primary] if r["status"] == "fail" and not _never_ran(r)]
     order, table = report.ab_rows(doc)
-    classes = ["not run" if any(r.get("not_run") for r in table[k].values())
+    classes = ["not run" if any(_never_ran(r) for r in table[k].values())
                else report.classify({v: r["status"] for v, r in table[k].items()}, primary,
                                     baseline) for k in order]
     summary = {c: classes.count(c) for c in sorted(set(classes))}
