@@ -1051,3 +1051,45 @@ def test_the_probe_finds_the_policy_sglang_reads_and_a_record_names_home_by_role
     assert (named["policy"]["found"], named["policy"]["named_by"]) == (
         False, allreduce_policy.ENV_VAR)
     assert named["environ"] == {allreduce_policy.ENV_VAR: str(tmp_path / "elsewhere.json")}
+
+
+# --- issue 33 item 4: the doctor looks at the environment SGLang serves from -------------
+
+def test_the_doctor_runs_in_the_serving_interpreter(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--python: a venv with no toolkit, whose sglang this test's environment lacks."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    venv = tmp_path / "serving"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; "
+                              "print(sysconfig.get_paths()['purelib'])"], check=True,
+                             capture_output=True, text=True).stdout.strip()
+    info = Path(purelib) / "sglang-0.5.23.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
+    assert probe.installed("sglang") is None or sysconfig.get_paths()["purelib"] != purelib
+    code = cli.main(["--python", str(python), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["packages"]["sglang"] == "0.5.23"
+    assert report["made_by"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert code in (0, 15)
+
+
+def test_the_doctor_says_where_to_look_when_sglang_is_not_here() -> None:
+    facts = box(2, packages={"sglang": None})
+    assert any("--python /path/to/serving/python" in line
+               for line in rules.judge(facts).text_of("packages"))
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--python", "/no/such/python"], "--python /no/such/python: no such interpreter"),
+    (["--python", "python3", "--facts", "x.json"], "--facts judges a record; --python"),
+])
+def test_a_bad_python_is_named(argv: list[str], says: str,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) != 0
+    assert says in capsys.readouterr().err

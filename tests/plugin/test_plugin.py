@@ -205,6 +205,25 @@ def test_generator_classifies_each_unit(fork: Git) -> None:
     assert spec.wheel_only == ()
 
 
+def test_start_up_lines_name_the_functions_not_the_globals_carried_along(
+        fork: Git, tmp_path: Path, site: Callable[[Path], None],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """G3 provides an import name and a constant its helper uses: they are applied with
+    it, but the start-up lines (and the doctor) name only functions."""
+    spec = spec_for(fork, ["G1", "G2", "G3"])
+    site(install(fork, "upstream", tmp_path / "stock", "1.0"))
+    fakesg("consumer")
+    with caplog.at_level(logging.INFO, logger="sm120fork.plugin"):
+        statuses = runtime.activate(spec, registry=FakeRegistry().pair, environ={})
+    assert [s.carried for s in statuses] == [h.names in (("path",), ("SM12X_MAJOR",))
+                                             for h in spec.hooks]
+    lines = [r.getMessage() for r in caplog.records]
+    assert sorted(lines) == sorted(f"sm120fork plugin: {h.label}: applied"
+                                   for h in spec.hooks if h.names in (("gate",), ("resolve",),
+                                                                      ("_is_sm12x",)))
+    assert not any("path" in x.split(": ")[1] or "SM12X_MAJOR" in x for x in lines)
+
+
 def test_module_level_code_is_wheel_only(tmp_path: Path) -> None:
     repo = make_fork_tree(tmp_path, [*PATCHES, WHEEL_ONLY_PATCH])
     spec = spec_for(repo, ["G1", "G2", "G3", "G4"])

@@ -67,7 +67,39 @@ def parser() -> Parser:
     p.add_argument("--pair-timeout", type=float, default=30, metavar="S",
                    help="seconds each GPU pair of the peer probe may take before it is "
                         "named a hang")
+    p.add_argument("--python", type=Path, metavar="PATH",
+                   help="look at the environment SGLang serves from: run the doctor in that "
+                        "interpreter (e.g. /srv/venv/bin/python), which needs nothing of the "
+                        "toolkit installed")
     return p
+
+
+def elsewhere(python: Path, argv: Sequence[str]) -> int:
+    """Run this doctor, unchanged, in another interpreter; pass its output and exit on.
+
+    The doctor imports only the standard library and its own package, so the package
+    folder alone is put on that interpreter's path (through a link in a temporary folder:
+    never the folder holding it, whose other packages would shadow the serving
+    environment's).  Its children (the SGLang and FlashInfer probes) inherit the path.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    found = shutil.which(str(python))
+    if found is None or not os.access(found, os.X_OK):
+        raise UsageError(f"--python {python}: no such interpreter",
+                         fix="give the python that runs SGLang, e.g. /srv/venv/bin/python")
+    package_dir = Path(__file__).resolve().parent.parent
+    package = __package__.rpartition(".")[0]
+    with tempfile.TemporaryDirectory(prefix="sm120fork-doctor-") as tmp:
+        (Path(tmp) / package).symlink_to(package_dir, target_is_directory=True)
+        path = os.pathsep.join([tmp, *filter(None, [os.environ.get("PYTHONPATH")])])
+        done = proc.run([found, "-m", f"{package}.doctor", *argv], check=False, quiet=True,
+                        env={"PYTHONPATH": path})
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    return done.returncode
 
 
 def main(argv: Sequence[str] | None = None, probes: Probes | None = None) -> int:
@@ -78,6 +110,14 @@ def main(argv: Sequence[str] | None = None, probes: Probes | None = None) -> int
 
 def _main(argv: Sequence[str] | None, probes: Probes | None) -> int:
     args = parser().parse_args(argv)
+    if args.python is not None:
+        if args.facts is not None:
+            raise UsageError("--facts judges a record; --python looks at an environment: "
+                             "use one of them")
+        rest = list(sys.argv[1:] if argv is None else argv)
+        at = next(i for i, a in enumerate(rest) if a == "--python" or a.startswith("--python="))
+        del rest[at:at + (1 if "=" in rest[at] else 2)]
+        return elsewhere(args.python, rest)
     if args.facts is not None and args.record is not None:
         raise UsageError("--facts judges a record; --record makes one: use one of them")
     if args.facts is not None:

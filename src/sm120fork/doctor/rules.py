@@ -292,12 +292,17 @@ def judge_packages(report: Report, facts: dict[str, Any]) -> dict[str, Any]:
     report.sections["packages"] = info
     report.say("packages", f"sglang {sglang or '-'} ({sglang_kind}); flashinfer-python "
                            f"{flashinfer or '-'} ({fi_kind})")
+    if sglang is None:
+        report.say("packages", "this is the environment the doctor runs in, not necessarily "
+                               "SGLang's: point it at the interpreter SGLang serves with "
+                               "(nox -s doctor -- --python /path/to/serving/python), or run "
+                               "sm120fork-doctor (the plugin wheel's) in that environment")
     for extra in ("flashinfer-cubin", "flashinfer-jit-cache", AOT_DISTRIBUTION):
         if packages.get(extra):
             report.say("packages", f"{extra} {packages[extra]}")
     plugin_facts = facts.get("plugin")
     active, state = False, None
-    hooks: list[dict[str, str]] = []
+    hooks: list[dict[str, Any]] = []
     if plugin is not None:
         disabled = env.get("SM120FORK_PLUGIN", "").strip().lower() in ("0", "off", "false", "no")
         whitelist = env.get("SGLANG_PLUGINS")
@@ -330,6 +335,8 @@ def judge_packages(report: Report, facts: dict[str, Any]) -> dict[str, Any]:
                 state = "off: no hook applies to this SGLang"
         report.say("packages", f"plugin {PLUGIN_DISTRIBUTION} {plugin}: {state}")
         for h in hooks:
+            if h.get("carried") and h["state"] != "not applied":
+                continue  # an import or constant the replaced functions use
             why = f" ({h['why']})" if h["why"] else ""
             shown = h["state"]
             if shown == "applied":

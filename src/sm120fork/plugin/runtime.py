@@ -23,8 +23,10 @@ All or nothing: every hook is checked and prepared (imported, compiled) first; o
 all succeeded are names provided and REPLACE hooks registered, and a failure on the way
 takes our entries out again, so SGLang stays exactly stock.  The hooks are applied by
 SGLang's ``load_plugins()`` once every plugin registered (never from here: applying
-early would drop the hooks of plugins loaded after this one).  Each hook reports one
-line, once per process (``applied``: registered for SGLang's apply step);
+early would drop the hooks of plugins loaded after this one).  Each hook that replaces or
+adds a function reports one line, once per process (``applied``: registered for SGLang's
+apply step); module globals carried along for those functions (imports, constants) are
+reported only when they cannot apply;
 ``SM120FORK_PLUGIN=0`` disables the plugin, and nothing here raises into SGLang.
 """
 
@@ -150,6 +152,19 @@ class Hook:
     def label(self) -> str:
         return f"{self.patch} {self.module}.{','.join(self.names)}"
 
+    @property
+    def carried(self) -> bool:
+        """A ``provide`` of module globals only (imports, constants) that the replaced
+        functions use: carried along, not a change of its own, so not a start-up line."""
+        if self.kind != "provide":
+            return False
+        try:
+            body = ast.parse(textwrap.dedent(self.source)).body
+        except SyntaxError:
+            return False
+        return not any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                       for n in body)
+
     def to_json(self) -> dict[str, Any]:
         return {"patch": self.patch, "kind": self.kind, "module": self.module,
                 "path": self.path, "names": list(self.names), "source": self.source,
@@ -200,14 +215,17 @@ class HookStatus:
     label: str
     state: str      # APPLIED | NOT_NEEDED | NOT_APPLIED | WHEEL_ONLY
     why: str = ""
+    #: module globals carried along for the replaced functions (:attr:`Hook.carried`)
+    carried: bool = False
 
     @property
     def line(self) -> str:
         return f"sm120fork plugin: {self.label}: {self.state}" + (
             f" ({self.why})" if self.why else "")
 
-    def to_json(self) -> dict[str, str]:
-        return {"hook": self.label, "state": self.state, "why": self.why}
+    def to_json(self) -> dict[str, Any]:
+        return {"hook": self.label, "state": self.state, "why": self.why,
+                "carried": self.carried}
 
 
 # --- Checking against the installed SGLang --------------------------------------------------
@@ -279,16 +297,18 @@ def evaluate(spec: Spec) -> list[HookStatus]:
     statuses: list[HookStatus] = []
     for hook in spec.hooks:
         if version_why:
-            statuses.append(HookStatus(label=hook.label, state=NOT_APPLIED, why=version_why))
+            statuses.append(HookStatus(label=hook.label, state=NOT_APPLIED, why=version_why,
+                                       carried=hook.carried))
             continue
         if hook.path not in parsed:
             parsed[hook.path] = _read_units(parent, hook.path)
         state, why = _judge(hook, parsed[hook.path])
-        statuses.append(HookStatus(label=hook.label, state=state, why=why))
+        statuses.append(HookStatus(label=hook.label, state=state, why=why,
+                                   carried=hook.carried))
     blockers = [s for s in statuses if s.state == NOT_APPLIED]
     if blockers and not version_why:
         held = f"held back because {blockers[0].label} cannot apply; all hooks or none"
-        statuses = [HookStatus(label=s.label, state=NOT_APPLIED, why=held)
+        statuses = [HookStatus(label=s.label, state=NOT_APPLIED, why=held, carried=s.carried)
                     if s.state == APPLIED else s for s in statuses]
     statuses += [HookStatus(label=patch, state=WHEEL_ONLY,
                             why=f"{why}; the patched sglang wheel carries it")
@@ -437,7 +457,7 @@ def _apply(spec: Spec, statuses: list[HookStatus],
             if name in vars(module):
                 delattr(module, name)
         why = f"preparing failed, SGLang left stock: {type(exc).__name__}: {exc}"
-        return [HookStatus(label=s.label, state=NOT_APPLIED, why=why)
+        return [HookStatus(label=s.label, state=NOT_APPLIED, why=why, carried=s.carried)
                 if s.state == APPLIED else s for s in statuses]
     return statuses
 
@@ -466,11 +486,14 @@ def activate(spec: Spec, *,
     try:
         statuses = _apply(spec, evaluate(spec), registry)
     except Exception as exc:  # the plugin must never break SGLang's start-up
-        statuses = [HookStatus(label=h.label, state=NOT_APPLIED,
+        statuses = [HookStatus(label=h.label, state=NOT_APPLIED, carried=h.carried,
                                why=f"plugin error, nothing applied: {type(exc).__name__}: {exc}")
                     for h in spec.hooks]
     for status in statuses:
-        (log.warning if status.state == NOT_APPLIED else log.info)("%s", status.line)
+        if status.state == NOT_APPLIED:
+            log.warning("%s", status.line)
+        elif not status.carried:  # imports and constants the functions use: no line
+            log.info("%s", status.line)
     _STATE["report"] = statuses
     return statuses
 
