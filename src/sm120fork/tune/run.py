@@ -120,7 +120,7 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
 
 
-def _sizes(facts: Mapping[str, Any], asked: Sequence[int] | None
+def doctor_sizes(facts: Mapping[str, Any], asked: Sequence[int] | None
            ) -> tuple[list[int], dict[int, str], list[str]]:
     """(TP sizes to measure, sizes left out with the doctor's reason, the doctor's lines)."""
     from sm120fork.doctor.rules import judge
@@ -238,7 +238,7 @@ def tune(opts: TuneOptions, box: Box) -> Tuned:
     started = box.clock()
     log.info("tune: the doctor looks at this box")
     facts = box.doctor()
-    sizes, not_covered, doctor_lines = _sizes(facts, opts.world_sizes)
+    sizes, not_covered, doctor_lines = doctor_sizes(facts, opts.world_sizes)
     log.info("tune: measuring TP %s; the doctor: %s", ", ".join(map(str, sizes)),
              "; ".join(doctor_lines) or "-")
     benches: dict[int, WorldBench] = {}
