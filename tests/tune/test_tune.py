@@ -212,6 +212,7 @@ def test_the_verb_runs_the_library_and_says_what_it_did(
     from sm120fork.cli.main import main
     from sm120fork.tune import cli
 
+    monkeypatch.setattr(cli, "_ready", lambda: None)   # the GPU preflight: no GPU here
     monkeypatch.setattr(cli, "_doctor", lambda: facts("2x-rtx-pro-6000-one-socket"))
     monkeypatch.setattr(cli, "_bench", lambda args, command: lambda tp, left: _bench_of(tp))
     monkeypatch.setenv(policy.ENV_VAR, str(tmp / "p.json"))
@@ -222,3 +223,18 @@ def test_the_verb_runs_the_library_and_says_what_it_did(
     assert f"installed the policy at {tmp / 'p.json'}" in out
     rec = record.read(tmp / "r" / "sglang-0.5.23" / "policy" / "record.json")
     assert rec.command == "nox -s tune -- --stack sglang-0.5.23 --reports <path> --yes"
+
+
+def test_a_bench_that_fails_stops_the_run_and_says_so(tmp: Path) -> None:
+    from sm120fork.errors import VerifyError
+
+    def bench(tp: int) -> WorldBench:
+        raise VerifyError("JIT build failed for patched")
+
+    fake = FakeBox(tmp, "4x-one-pcie-switch", bench=bench)
+    done = run_tune(tmp, fake)
+    assert fake.asked_tp == [2]
+    assert done.not_covered == {2: "the bench failed: JIT build failed for patched",
+                                4: "not reached: the bench failed before it"}
+    assert done.installed is None
+    assert not fake.target.exists()

@@ -83,9 +83,17 @@ def _ask(question: str) -> bool:
     return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
+def _ready() -> None:
+    """This Python's torch sees a GPU (the bench's own preflight), before anything runs."""
+    from sm120fork.gpu import preflight
+
+    preflight.require_gpu()
+
+
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from sm120fork.util import proc
 
+    _ready()
     command = "nox -s tune -- " + " ".join(argv)
     done = tune(TuneOptions(stack=args.stack, command=command.strip(), reports=args.reports,
                             world_sizes=tuple(args.world_sizes) if args.world_sizes else None,

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork import __version__, record
-from sm120fork.errors import UsageError
+from sm120fork.errors import ToolkitError, UsageError
 from sm120fork.gpu import methods, policy
 
 log = logging.getLogger("sm120fork")
@@ -253,6 +253,11 @@ def tune(opts: TuneOptions, box: Box) -> Tuned:
         log.info("tune: TP%d (%d of %d): bench", tp, i + 1, len(sizes))
         try:
             result = box.bench(tp, left)
+        except ToolkitError as exc:  # e.g. the module build failed: the next size would too
+            for rest in sizes[i:]:
+                not_covered[rest] = (f"the bench failed: {exc.message}" if rest == tp
+                                     else "not reached: the bench failed before it")
+            break
         except KeyboardInterrupt:
             box.stop()
             interrupted = True
