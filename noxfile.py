@@ -73,7 +73,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def verify_sm120(session: nox.Session) -> None:
-    """Compile-and-inspect proof of the series for sm_120a/sm_121a -> reports/sm120/."""
+    """Compile-and-inspect proof of the series for sm_120a/sm_121a -> reports/<stack>/."""
     # "test": the proof's and the probe's groups, and pytest for the `cpu:` evidence it runs.
     session.install("-q", ".", *groups("test"))
     toolkit(session, "verify-sm120")

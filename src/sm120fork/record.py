@@ -4,7 +4,7 @@ One record per kind of run per stack, ``reports/<stack>/<kind>/record.json`` (wi
 ``<subject>/`` level for kinds of several subjects per stack) and a ``summary.md`` rendered
 from it here.  The record is keyed on what was tested (the wheels' sha256, the patched
 trees, each patch's ``git patch-id --stable``), never on how a patch is described, so a
-commentary edit stales nothing.  The format is /work/RECORD-FORMAT.md's
+commentary edit stales nothing.  The format is
 ``sm120fork-record/1``; this module is its one reader and writer, below every stage:
 standard library and the toolkit's errors only.
 """
@@ -41,12 +41,15 @@ class Kind:
 
     name: str
     description: str
-    #: ``{stack}`` and ``{subject}`` are filled in by :meth:`command`.
+    #: ``{stack}`` and ``{subject}`` are filled in by :meth:`command`; empty: the kind has
+    #: no session of its own, and a record is re-made by running its ``command`` again.
     remake: str
     #: Several records per stack, one per subject (``reports/<stack>/<kind>/<subject>/``).
     has_subjects: bool = False
 
     def command(self, stack: str, subject: str | None = None) -> str:
+        if not self.remake:
+            return f"the command recorded in reports/{stack}/{self.name}/{subject or '<subject>'}"
         return self.remake.format(stack=stack, subject=subject or "<subject>")
 
 
@@ -66,6 +69,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          remake="nox -s upstream_pr -- {stack} {subject}", has_subjects=True),
     Kind(name="policy", description="a box's tuned policy measurement",
          remake="nox -s tune -- --stack {stack}"),
+    Kind(name="gpu-scenario", description="A/B correctness under a forced condition (a "
+                                          "test-only variant build or a shim), one per subject",
+         remake="", has_subjects=True),
 )}
 
 #: An absolute path into a folder that only the machine of the run had (a POSIX folder
@@ -126,10 +132,12 @@ class Tested:
 
     @property
     def projects(self) -> tuple[str, ...]:
-        """The projects the run tested as built by us (with patches or a patched wheel)."""
+        """The projects of the stack the run tested as built by us (with patches or a
+        patched wheel); a test-only variant build (``<project>@<variant>``) is not one."""
         return tuple(dict.fromkeys(
-            [p.project for p in self.patches]
-            + [w.project for w in self.wheels if w.variant not in BASELINE_VARIANTS]))
+            [p.project for p in self.patches if "@" not in p.project]
+            + [w.project for w in self.wheels
+               if w.variant not in BASELINE_VARIANTS and "@" not in w.project]))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,7 +176,9 @@ class Record:
 
     @property
     def remake(self) -> str:
-        return KINDS[self.kind].command(self.stack, self.subject)
+        """The one command that re-makes this record."""
+        return KINDS[self.kind].command(self.stack, self.subject) if KINDS[self.kind].remake \
+            else self.command
 
 
 # --------------------------------------------------------------------------- the rules

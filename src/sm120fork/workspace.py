@@ -63,7 +63,8 @@ class Workspace:
         return self.root / "reports"
 
     def verify_reports(self, stack_name: str) -> Path:
-        """``reports/sm120/<stack>/``: one stack's committed evidence (verify.md, .json)."""
+        """``reports/sm120/<stack>/``: where an older toolkit committed verify.{md,json}
+        (now the record ``reports/<stack>/verify-sm120/``)."""
         return self.reports_dir / "sm120" / stack_name
 
     @property

@@ -120,8 +120,11 @@ def test_every_kind_names_its_remake_command() -> None:
     assert record.KINDS["verify-sm120"].command("s") == "nox -s verify_sm120 -- --stack s"
     assert record.KINDS["upstream-pr"].has_subjects
     for kind in record.KINDS.values():
-        assert kind.remake.startswith("nox -s ")
+        assert kind.remake.startswith("nox -s ") or kind.has_subjects
         assert kind.description
+    scenario = _record(kind="gpu-scenario", subject="f5-cluster",
+                       command="python -m sm120fork.gpu test --quick --out <out>")
+    assert scenario.remake == "python -m sm120fork.gpu test --quick --out <out>"
 
 
 def test_import_publishes_valid_records_and_refuses_all_on_one_bad(

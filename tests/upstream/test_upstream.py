@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,9 @@ import pytest
 
 from sm120fork.cli.main import main
 from sm120fork.errors import DirtyTreeError, MaintenanceError
-from sm120fork.gpu.report import made_from
 from sm120fork.package.stack import build_stack
+from sm120fork.patch.series import load_series
+from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
 from sm120fork.upstream.pr import commit_message, github_slug, short_subject, upstream_pr
 
 from conftest import git
@@ -28,44 +30,55 @@ def demo(tmp_path: Path) -> DemoWorkspace:
     return d
 
 
-def provenance(root: Path, stack: str = "demo") -> dict[str, Any]:
-    """What the evidence writers record: the stack and every wheel of its manifest."""
+def _tested(root: Path, stack: str = "demo") -> Tested:
+    """What the stack is today: its patches' ids and the wheels of its manifest."""
     manifest = json.loads((root / "wheels" / stack / "manifest.json").read_text())
-    docs = [made_from(manifest, {"sha256": w["sha256"]}) for w in manifest["wheels"]]
-    return {"stack": manifest["stack"], "made_from": [m for d in docs for m in d["made_from"]]}
+    patches = [TestedPatch(project=key, patch=p.name, patch_id=p.patch_id)
+               for key in ("lib", "app") if (root / "patches" / stack / key).is_dir()
+               for p in load_series(root / "patches" / stack / key).patches]
+    return Tested(wheels=tuple(TestedWheel(variant="patched", project=w["project"],
+                                           file=w["wheel"], sha256=w["sha256"])
+                               for w in manifest["wheels"]), patches=tuple(patches))
+
+
+def record_of(root: Path, kind: str, cases: list[Case], *, tested: Tested | None = None,
+              stack: str = "demo", shared: bool = True, planned: int | None = None) -> Path:
+    rec = make(kind=kind, stack=stack, command={
+                   "verify-sm120": "nox -s verify_sm120 -- --stack demo",
+                   "gpu-test": "python -m sm120fork.gpu test",
+                   "sglang-layer": "python -m sm120fork.gpu sglang-layer",
+                   "bench": "python -m sm120fork.gpu bench"}[kind],
+               created="2026-12-03T17:00:00+00:00", toolkit="0",
+               machine=Machine(description="NVIDIA H200 x1", gpus=("NVIDIA H200",),
+                               torch="2.11", shared_gpu=shared),
+               tested=tested or _tested(root), planned=len(cases) if planned is None else planned,
+               cases=tuple(cases))
+    return write(rec, root / "reports") / "record.json"
 
 
 def write_evidence(root: Path, *, gpu_status: str = "pass", proof: str = "pass",
-                   made: dict[str, dict[str, Any]] | None = None,
+                   tested: dict[str, Tested] | None = None,
                    patch_evidence: str = "compile proof", patch_passed: bool = True,
-                   verdicts: bool = True) -> None:
-    """verify.json, test-ab.json and bench.json/.md; ``made`` overrides their provenance."""
-    origin = provenance(root) if (root / "wheels" / "demo").is_dir() else {}
-    made = made or {}
-    sm120 = root / "reports" / "sm120" / "demo"
-    sm120.mkdir(parents=True, exist_ok=True)
+                   verdicts: bool = True, shared: bool = True) -> None:
+    """The verify-sm120, gpu-test and bench records of today's build; ``tested`` overrides
+    what a kind of record says it tested."""
+    tested = tested or {}
     series = root / "patches" / "demo" / "lib" / "series"
     names = series.read_text().split() if series.is_file() else []
-    (sm120 / "verify.json").write_text(json.dumps({"report": {}, "verdicts": [
-        {"variant": "patched", "arch": "sm_120a", "status": proof, "reasons": []},
-        {"variant": "unpatched", "arch": "sm_120a", "status": "fail",
-         "reasons": ["empty lamport kernel bodies"]}] if verdicts else [],
-        "patches": [{"project": "lib", "patch": n, "evidence": patch_evidence,
-                     "passed": patch_passed} for n in names],
-        **made.get("verify", origin)}))
-    gpu = root / "reports" / "gpu" / "h200-1x"
-    gpu.mkdir(parents=True, exist_ok=True)
-    (gpu / "test-ab.json").write_text(json.dumps({
-        "title": "NVIDIA H200 x1", "command": "python -m sm120fork.gpu test",
-        "primary": "patched", "baseline": "unpatched",
-        "environment": {"gpus": ["NVIDIA H200"], "torch": "2.11"},
-        "results": {"patched": [{"key": "ws2-t1", "status": gpu_status},
-                                {"key": "ws2-t8", "status": "pass"}],
-                    "unpatched": [{"key": "ws2-t1", "status": "fail"}]},
-        **made.get("test", origin)}))
-    (gpu / "bench.json").write_text(json.dumps({"kind": "gpu-bench",
-                                                **made.get("bench", origin)}))
-    (gpu / "bench.md").write_text("| tokens | fused us |\n|---|---|\n| 1 | 12.0 |\n")
+    proof_cases = [Case(id="proof/full series/sm_120a", variant="full series", outcome=proof),
+                   Case(id="proof/unpatched/sm_120a", variant="baseline", outcome="fail",
+                        detail="empty lamport kernel bodies")] if verdicts else []
+    record_of(root, "verify-sm120", [
+        *(Case(id=f"lib/{n}", variant="full series",
+               outcome="pass" if patch_passed else "fail", detail=patch_evidence)
+          for n in names), *proof_cases], tested=tested.get("verify"))
+    record_of(root, "gpu-test", [
+        Case(id="ws2-t1", variant="patched", outcome=gpu_status, against="fixed"),
+        Case(id="ws2-t8", variant="patched", outcome="pass", against="pass-both")],
+        tested=tested.get("test"))
+    record_of(root, "bench", [Case(id="fused_auto/t1/h4096", variant="patched",
+                                   outcome="pass", detail="median 12.0 us")],
+              tested=tested.get("bench"), shared=shared)
 
 
 def work_tree(demo: DemoWorkspace) -> Path:
@@ -77,10 +90,11 @@ def test_refuses_naming_every_missing_piece_of_evidence(demo: DemoWorkspace) -> 
     with pytest.raises(MaintenanceError) as err:
         upstream_pr(demo.ws, "demo", "lib")
     msg = err.value.message
-    assert "no SM120 compile proof of stack demo reports/sm120/demo/verify.json (run: " \
+    assert "no SM120 compile proof of stack demo reports/demo/verify-sm120/record.json (run: " \
         "python -m sm120fork verify-sm120 --stack demo)" in msg
-    assert "reports/gpu/*/test-ab.json (on a machine with GPUs, run: python -m sm120fork gpu " \
-        "test --stack demo --quick --world-sizes 2)" in msg
+    assert "no GPU test results of stack demo's current build in reports/demo/gpu-test/ (on a " \
+        "machine with a GPU, run: python -m sm120fork gpu test --stack demo --quick " \
+        "--world-sizes 2; then python -m sm120fork record import DIR)" in msg
     assert not (demo.ws.reports_dir / "upstream").exists()
     assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib"]) == 14
 
@@ -111,25 +125,27 @@ def test_prepares_branch_body_and_commands_without_pushing(demo: DemoWorkspace) 
     manifest = json.loads((demo.ws.stack_wheels("demo") / "manifest.json").read_text())
     assert manifest["wheels"][0]["sha256"] in text
     assert "sm_120a" in text
-    # The GPU test line counts the patched results and the baseline's (before/after).
-    assert ("(`reports/gpu/h200-1x/test-ab.json`, `python -m sm120fork.gpu test`): "
-            "patched: 2 pass; baseline unpatched: 1 fail") in text
-    assert "| 1 | 12.0 |" in text
+    # The GPU test line counts the results and how they compare with the baseline.
+    assert ("(`reports/demo/gpu-test/record.json`, `python -m sm120fork.gpu test`): "
+            "2 pass; against the baseline: 1 fixed, 1 pass-both") in text
+    assert "| fused_auto/t1/h4096 | pass | median 12.0 us |" in text
     assert "NVIDIA H200" in text
     assert any(c.startswith("gh pr create") for c in pr.commands)
     assert any(" push " in c for c in pr.commands)
     evidence = json.loads((out / "evidence.json").read_text())
-    assert "reports/sm120/demo/verify.json" in evidence["evidence_files"]
+    assert "reports/demo/verify-sm120/record.json" in evidence["evidence_files"]
 
 
 def test_refuses_failed_tests_and_failed_proof(demo: DemoWorkspace) -> None:
     write_evidence(demo.ws.root, gpu_status="fail")
-    with pytest.raises(MaintenanceError, match=r"GPU tests failed .*1 case\(s\), e\.g\. ws2-t1 "
+    with pytest.raises(MaintenanceError, match=r"GPU test results failed in "
+                                               r"reports/demo/gpu-test/record\.json: "
+                                               r"1 case\(s\), e\.g\. ws2-t1 "
                                                r"\(once fixed, re-run: python -m sm120fork gpu "
                                                r"test --stack demo --quick --world-sizes 2\)"):
         upstream_pr(demo.ws, "demo", "lib")
     write_evidence(demo.ws.root, proof="fail")
-    with pytest.raises(MaintenanceError, match="compile proof fails for patched/sm_120a"):
+    with pytest.raises(MaintenanceError, match="compile proof fails for full series/sm_120a"):
         upstream_pr(demo.ws, "demo", "lib")
 
 
@@ -223,32 +239,33 @@ def test_encoded_subject_and_author_reach_the_commits_and_title(tmp_path: Path) 
     assert "=?UTF-8?" not in pr.body
 
 
-def _stale(origin: dict[str, Any], **change: str) -> dict[str, Any]:
-    return {**origin, "made_from": [{**m, **change} for m in origin["made_from"]]}
-
-
 @pytest.mark.parametrize("kind", ["verify", "test", "bench"])
-def test_refuses_evidence_of_another_series_or_wheel_and_tells_absence_apart(
+def test_refuses_evidence_of_another_change_or_wheel_and_tells_absence_apart(
         demo: DemoWorkspace, kind: str) -> None:
-    origin = provenance(demo.ws.root)
-    shown = {"verify": "reports/sm120/demo/verify.json", "test": "reports/gpu/h200-1x/test-ab.json",
-             "bench": "reports/gpu/h200-1x/bench.json"}[kind]
+    root = demo.ws.root
+    folder = {"verify": "verify-sm120", "test": "gpu-test", "bench": "bench"}[kind]
+    shown = f"reports/demo/{folder}/record.json"
     rerun = {"verify": "python -m sm120fork verify-sm120 --stack demo",
              "test": "python -m sm120fork gpu test --stack demo --quick --world-sizes 2",
              "bench": "python -m sm120fork gpu bench --stack demo --quick --world-size 2"
              }[kind]
+    today = _tested(root)
+    first = today.patches[0]
+    changed = dataclasses.replace(today, patches=(
+        dataclasses.replace(first, patch_id="0" * 40), *today.patches[1:]))
+    other_wheel = dataclasses.replace(today, wheels=tuple(
+        dataclasses.replace(w, sha256="f" * 64) for w in today.wheels))
+    name = first.patch.removesuffix(".patch")
     cases = {
-        "absent": ({}, f"{shown} does not record the stack, series and wheel it was made"),
-        "series": (_stale(origin, series_digest="0" * 64),
-                   f"{shown} was made from another lib series (digest 000000000000, now "),
-        "wheel": (_stale(origin, wheel_sha256="f" * 64),
-                  f"{shown} was made from another lib wheel (sha256 ffffffffffff, published "),
+        "change": (changed, f"{shown} is stale: lib patch(es) changed or added since: {name}"),
+        "wheel": (other_wheel, f"{shown} is stale: the lib wheel it ran (sha256 ffffffffffff) "
+                               "is not the one built now (wheels/demo/manifest.json: "),
     }
     for made, message in cases.values():
-        write_evidence(demo.ws.root, made={kind: made})
+        write_evidence(root, tested={kind: made})
         if kind == "bench":  # timing is no refusal: the body says there is none, and why
             body = upstream_pr(demo.ws, "demo", "lib").body
-            assert "Timing evidence: none of this series" in body
+            assert "Timing evidence: none of this build" in body
             assert f"Not used: {message}" in body
             assert f"`{rerun}`" in body
             continue
@@ -256,22 +273,44 @@ def test_refuses_evidence_of_another_series_or_wheel_and_tells_absence_apart(
             upstream_pr(demo.ws, "demo", "lib")
         assert message in err.value.message
         assert err.value.message.count(rerun) == 1  # the one command, named once
-    write_evidence(demo.ws.root)
+    write_evidence(root)
     assert upstream_pr(demo.ws, "demo", "lib").commits
 
 
+def test_a_reworded_description_stales_no_evidence(demo: DemoWorkspace) -> None:
+    """Issue 29: commentary (Description, Forwarded, Verified-By) is not what was tested;
+    after a rebuild the records of the patches' changes still back the PR."""
+    write_evidence(demo.ws.root)
+    lib = demo.series_dir("lib")
+    first = lib / (lib / "series").read_text().split()[0]
+    first.write_text(first.read_text().replace("Description: ", "Description: Reworded. ", 1)
+                     .replace("Forwarded: no", "Forwarded: not-needed"))
+    build_stack(demo.ws, demo.ws.stack("demo"))
+    assert upstream_pr(demo.ws, "demo", "lib").commits
+    # One changed code line is another change: the records of it are stale, each named
+    # with the command that re-makes it.
+    first.write_text(first.read_text().replace("+    return [9, 10, 12]",
+                                               "+    return [9, 10, 12]  # changed"))
+    build_stack(demo.ws, demo.ws.stack("demo"))
+    with pytest.raises(MaintenanceError) as err:
+        upstream_pr(demo.ws, "demo", "lib")
+    msg = err.value.message
+    assert "reports/demo/verify-sm120/record.json is stale: lib patch(es) changed" in msg
+    assert "python -m sm120fork verify-sm120 --stack demo" in msg
+    assert "reports/demo/gpu-test/record.json is stale" in msg
+    assert "python -m sm120fork gpu test --stack demo" in msg
+
+
 def test_evidence_of_another_stack_is_not_this_stacks(demo: DemoWorkspace) -> None:
-    other = {**provenance(demo.ws.root), "stack": "other"}
-    write_evidence(demo.ws.root, made={"verify": other})
-    with pytest.raises(MaintenanceError,
-                       match=r"verify\.json was made from stack 'other', not 'demo'"):
+    root = demo.ws.root
+    record_of(root, "verify-sm120", [Case(id="lib/x.patch", variant="full series",
+                                          outcome="pass")], stack="other")
+    record_of(root, "gpu-test", [Case(id="a", variant="patched", outcome="pass")],
+              stack="other")
+    with pytest.raises(MaintenanceError) as err:
         upstream_pr(demo.ws, "demo", "lib")
-    # A GPU run of another stack is skipped, and named when nothing of this stack is left.
-    write_evidence(demo.ws.root, made={"test": other, "bench": other})
-    with pytest.raises(MaintenanceError, match=r"no GPU test results of stack demo's current "
-                                               r"series .*test-ab\.json was made from stack "
-                                               r"'other'"):
-        upstream_pr(demo.ws, "demo", "lib")
+    assert "no SM120 compile proof of stack demo" in err.value.message
+    assert "no GPU test results of stack demo's current build" in err.value.message
 
 
 def test_writes_tracked_reports_only_when_asked_and_says_what_it_left_out(
@@ -308,20 +347,20 @@ def test_writes_tracked_reports_only_when_asked_and_says_what_it_left_out(
 def test_each_stack_has_its_own_evidence_and_older_runs_are_history(
         demo: DemoWorkspace) -> None:
     write_evidence(demo.ws.root)
-    # A report at the older single reports/sm120/verify.json is nobody's, even when it
-    # names this stack: each stack has its own folder.
-    own = demo.ws.root / "reports" / "sm120" / "demo" / "verify.json"
-    legacy = own.parents[1] / "verify.json"
+    # A report of an older toolkit (reports/sm120/<stack>/verify.json) is no record.
+    own = demo.ws.root / "reports" / "demo" / "verify-sm120" / "record.json"
+    legacy = demo.ws.root / "reports" / "sm120" / "demo" / "verify.json"
+    legacy.parent.mkdir(parents=True)
     text = own.read_text()
     legacy.write_text(text)
     own.unlink()
     with pytest.raises(MaintenanceError, match=r"no SM120 compile proof of stack demo "
-                                               r"reports/sm120/demo/verify\.json"):
+                                               r"reports/demo/verify-sm120/record\.json"):
         upstream_pr(demo.ws, "demo", "lib")
     own.write_text(text)
     # A GPU run of an older toolkit beside today's is history, not a refusal or evidence.
     old = demo.ws.root / "reports" / "gpu" / "h200-2x"
-    old.mkdir()
+    old.mkdir(parents=True)
     (old / "test-ab.json").write_text(json.dumps({"primary": "patched", "results": {}}))
     pr = upstream_pr(demo.ws, "demo", "lib")
     assert "h200-2x" not in pr.body
@@ -331,39 +370,16 @@ def test_each_stack_has_its_own_evidence_and_older_runs_are_history(
 
 def test_the_body_says_what_the_timing_evidence_is(demo: DemoWorkspace) -> None:
     write_evidence(demo.ws.root)
-    bench = demo.ws.root / "reports" / "gpu" / "h200-1x" / "bench.json"
-    doc = json.loads(bench.read_text())
-    bench.write_text(json.dumps({**doc, "shared": True, "world_size": 2,
-                                 "environment": {"gpu_count": 1}}))
     body = upstream_pr(demo.ws, "demo", "lib").body
-    assert ("`reports/gpu/h200-1x/bench.md` (not timing evidence: its 2 ranks shared 1 GPU"
+    assert ("`reports/demo/bench/record.json` (not timing evidence: its ranks shared a GPU"
             in body)
-    assert ("Timing evidence: none of this series (a bench with one rank per GPU; on a "
+    assert ("Timing evidence: none of this build (a bench with one rank per GPU; on a "
             "machine with 2 or more GPUs run `python -m sm120fork gpu bench --stack demo "
             "--quick --world-size 2`)") in body
-    bench.write_text(json.dumps({**doc, "shared": False, "world_size": 2,
-                                 "environment": {"gpu_count": 2}}))
+    write_evidence(demo.ws.root, shared=False)
     body = upstream_pr(demo.ws, "demo", "lib").body
-    assert "(timing evidence: 2 ranks, one per GPU, 2 GPU(s)):" in body
+    assert "(timing evidence: one rank per GPU):" in body
     assert "Timing evidence: none" not in body
-
-
-def test_a_published_wheel_that_travelled_as_its_tree_counts_by_its_record(
-        demo: DemoWorkspace) -> None:
-    from sm120fork.util.files import wheel_record_sha256
-
-    origin = provenance(demo.ws.root)
-    lib = next(m for m in origin["made_from"] if m["project"] == "lib")
-    record = wheel_record_sha256(demo.ws.stack_wheels("demo") / lib["wheel"])
-    assert record
-    copy = {**origin, "made_from": [{**lib, "tested_sha256": "e" * 64,
-                                     "record_sha256": record}]}
-    write_evidence(demo.ws.root, made={"test": copy})
-    assert upstream_pr(demo.ws, "demo", "lib").commits
-    write_evidence(demo.ws.root, made={"test": _stale(copy, record_sha256="9" * 64)})
-    with pytest.raises(MaintenanceError, match=r"tested another lib wheel than the one "
-                                               r"published \(RECORD 999999999999"):
-        upstream_pr(demo.ws, "demo", "lib")
 
 
 def test_the_compile_proof_is_required_only_where_a_patch_names_it(
@@ -389,76 +405,52 @@ def test_any_published_wheel_of_a_project_of_several_counts(demo: DemoWorkspace)
     manifest_path = demo.ws.stack_wheels("demo") / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     lib = next(w for w in manifest["wheels"] if w["project"] == "lib")
-    second = {**lib, "wheel": "second-" + lib["wheel"], "sha256": "5" * 64}
+    second = {**lib, "wheel": lib["wheel"].replace("py3-none-any", "cp312-cp312-linux_x86_64"),
+              "sha256": "5" * 64}
     manifest["wheels"].insert(manifest["wheels"].index(lib) + 1, second)
     manifest_path.write_text(json.dumps(manifest))
-    origin = provenance(demo.ws.root)
-    tested = {**origin, "made_from": [m for m in origin["made_from"]
-                                      if m["wheel_sha256"] == "5" * 64]}
-    write_evidence(demo.ws.root, made={"test": tested})
+    today = _tested(demo.ws.root)
+    tested = dataclasses.replace(today, wheels=tuple(
+        dataclasses.replace(w, sha256="5" * 64, file=second["wheel"])
+        for w in today.wheels if w.project == "lib"))
+    write_evidence(demo.ws.root, tested={"test": tested})
     assert upstream_pr(demo.ws, "demo", "lib").commits
 
 
-def _layer_report(root: Path, made: dict[str, Any], cases: list[dict[str, Any]],
-                  planned: list[str], *, finished: bool = True) -> Path:
-    path = root / "reports" / "gpu" / "demo-layer" / "report.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"kind": "sglang-layer", "planned": planned,
-                                "finished": finished, "cases": cases, **made}))
-    return path
-
-
-def test_an_sglang_pr_needs_the_layer_path_of_todays_series(demo: DemoWorkspace) -> None:
-    """SGLang's layer path on a GPU (the fault matrix): of this stack's wheel, every planned
+def test_an_sglang_pr_needs_the_layer_path_of_todays_build(demo: DemoWorkspace) -> None:
+    """SGLang's layer path on a GPU (the fault matrix): of this stack's build, every planned
     case passed and none hung; else the refusal names the one command that re-makes it."""
-    from sm120fork.upstream.evidence import (
-        _layer_runs,
-        current_builds,
-        published_records,
-    )
+    from sm120fork.standing import Today
+    from sm120fork.upstream.evidence import _gather
 
     ws = demo.ws
     stack = ws.stack("demo")
-    project = stack.project("lib")
-    manifest = json.loads((ws.stack_wheels("demo") / "manifest.json").read_text())
-    current = current_builds(ws, stack, manifest["wheels"])
-    records = published_records(ws.stack_wheels("demo"), manifest["wheels"])
-    rerun = "python -m sm120fork gpu sglang-layer --stack demo --out reports/gpu/demo-layer"
+    rerun = "python -m sm120fork gpu sglang-layer --stack demo"
 
-    def judge() -> tuple[list[tuple[Path, dict[str, Any]]], list[str]]:
+    def judge() -> tuple[list[tuple[Path, Any]], list[str]]:
         problems: list[str] = []
-        found = _layer_runs(ws, stack, project, current, records, {}, problems)
+        found, _ = _gather(ws, stack, "layer", Today.of(ws, stack), "GPU run of SGLang's "
+                           "layer path", {}, problems)
         return found, problems
 
     found, problems = judge()
     assert found == []
     assert len(problems) == 1
-    assert "no GPU run of SGLang's layer path" in problems[0]
+    assert "no GPU run of SGLang's layer path of stack demo's current build" in problems[0]
     assert rerun in problems[0]
-    origin = provenance(ws.root)
-    ok = [{"case": "fused", "passed": True, "hung": False},
-          {"case": "one-rank-create-fails", "passed": True, "hung": False}]
-    planned = ["fused", "one-rank-create-fails"]
-    _layer_report(ws.root, origin, ok, planned)
+    ok = [Case(id="fused", variant="patched", outcome="pass"),
+          Case(id="one-rank-create-fails", variant="patched", outcome="pass")]
+    record_of(ws.root, "sglang-layer", ok)
     found, problems = judge()
     assert problems == []
     assert len(found) == 1
-    _layer_report(ws.root, origin, ok[:1], planned, finished=False)
-    assert "did not finish: one-rank-create-fails not run" in judge()[1][0]
-    hung = [ok[0], {"case": "one-rank-create-fails", "passed": False, "hung": True}]
-    _layer_report(ws.root, origin, hung, planned)
-    assert "failed in reports/gpu/demo-layer/report.json: one-rank-create-fails (hung)" in \
-        judge()[1][0]
-    # A folder of a published wheel counts by its RECORD; of another wheel it is history.
-    lib = next(m for m in origin["made_from"] if m["project"] == "lib")
-    tree = {**origin, "made_from": [{**lib, "tested_sha256": None,
-                                     "record_sha256": records[lib["wheel"]]}]}
-    _layer_report(ws.root, tree, ok, planned)
-    assert judge()[1] == []
-    _layer_report(ws.root, _stale(tree, record_sha256="9" * 64), ok, planned)
-    found, problems = judge()
-    assert found == []
-    assert "tested another lib wheel than the one published" in problems[0]
+    record_of(ws.root, "sglang-layer", ok[:1], planned=2)
+    assert "did not finish: 1 planned case(s) not run" in judge()[1][0]
+    hung = [ok[0], Case(id="one-rank-create-fails", variant="patched", outcome="fail",
+                        detail="hung")]
+    record_of(ws.root, "sglang-layer", hung)
+    assert ("failed in reports/demo/sglang-layer/record.json: 1 case(s), e.g. "
+            "one-rank-create-fails (hung)") in judge()[1][0]
 
 
 def test_a_packages_reproducer_is_kept_and_cited_in_the_body(demo: DemoWorkspace) -> None:

@@ -127,53 +127,64 @@ def test_a_cpu_claim_finds_its_test_module_in_the_stage_folder(tmp_path: Path) -
         "tests/test_twice.py::test_real: no such test file", False)
 
 
-def _gpu_report(where: Path, statuses: dict[str, tuple[str, str]]) -> None:
-    """test-ab.json with a patched and an unpatched variant: key -> (patched, unpatched)."""
-    def results(index: int) -> list[dict[str, Any]]:
-        return [{"key": key, "case": {"api": key.split("/")[0]}, "status": pair[index]}
-                for key, pair in statuses.items()]
+def _gpu_record(reports: Path, statuses: dict[str, tuple[str, str | None]], *,
+                stack: str = "s", patch_ids: tuple[str, ...] = ()) -> Path:
+    """A gpu-test record of ``stack``: case -> (outcome, how it compares with the baseline)."""
+    from sm120fork.record import Case, Machine, Tested, TestedPatch, make, write
 
-    where.mkdir(parents=True)
-    (where / "test-ab.json").write_text(json.dumps({
-        "primary": "patched", "baseline": "unpatched",
-        "results": {"patched": results(0), "unpatched": results(1)}}))
+    rec = make(kind="gpu-test", stack=stack, command="nox -s gpu_test -- --stack s --quick",
+               created="2026-12-02T17:57:35+00:00", toolkit="0", machine=Machine(
+                   description="NVIDIA H200 x1"),
+               tested=Tested(patches=tuple(TestedPatch(project="flashinfer", patch=f"{i}.patch",
+                                                       patch_id=pid)
+                                           for i, pid in enumerate(patch_ids))),
+               planned=len(statuses),
+               cases=tuple(Case(id=key, variant="patched", outcome=outcome,
+                                detail="FP4" if outcome == "skip" else "", against=against)
+                           for key, (outcome, against) in statuses.items()))
+    return write(rec, reports)
 
 
-def test_gpu_report_check_reads_the_committed_runs(tmp_path: Path) -> None:
-    _gpu_report(tmp_path / "reports" / "gpu" / "a", {
-        "custom_lamport/t1": ("pass", "fail"), "fusion_unified/t1": ("pass", "pass"),
-        "fusion_unified/t2": ("skip", "skip")})
-    ctx = Context(root=tmp_path)
-    text, ok = check_gpu_report(ctx, "reports/gpu/a:custom_lamport")
+def test_gpu_report_check_reads_the_committed_record(tmp_path: Path) -> None:
+    _gpu_record(tmp_path / "reports", {
+        "custom_lamport/t1": ("pass", "fixed"), "fusion_unified/t1": ("pass", "pass-both"),
+        "fusion_unified/t2": ("skip", None)})
+    ctx = Context(root=tmp_path, stack="s")
+    text, ok = check_gpu_report(ctx, "reports/s/gpu-test:custom_lamport")
     assert ok
-    assert "1 custom_lamport cases, 0 failing, 1 fixed" in text
-    assert not check_gpu_report(ctx, "reports/gpu/a:fusion_unified")[1]  # nothing fixed
-    assert check_gpu_report(ctx, "reports/gpu/a")[1]  # no API named: only "none failing"
-    assert not check_gpu_report(ctx, "reports/gpu/missing")[1]
-    _gpu_report(tmp_path / "reports" / "gpu" / "b", {"custom_lamport/t1": ("fail", "fail")})
-    assert not check_gpu_report(ctx, "reports/gpu/b")[1]
+    assert "1 custom_lamport cases ran, 0 failing, 1 fixed" in text
+    assert not check_gpu_report(ctx, "reports/s/gpu-test:fusion_unified")[1]  # none fixed
+    assert check_gpu_report(ctx, "reports/s/gpu-test")[1]  # no API named: "none failing"
+    assert not check_gpu_report(ctx, "reports/s/missing")[1]
+    _gpu_record(tmp_path / "reports", {"custom_lamport/t1": ("fail", "fail-both")},
+                stack="t")
+    assert not check_gpu_report(Context(root=tmp_path, stack="t"), "reports/t/gpu-test")[1]
 
 
-def test_a_gpu_report_of_another_series_of_the_stack_backs_nothing(tmp_path: Path) -> None:
-    where = tmp_path / "reports" / "gpu" / "a"
-    _gpu_report(where, {"custom_lamport/t1": ("pass", "fail")})
-    doc = json.loads((where / "test-ab.json").read_text())
-    ctx = Context(root=tmp_path, stack="s", series={"flashinfer": "d1", "sglang": "d2"})
-    assert check_gpu_report(ctx, "reports/gpu/a")[1]  # records no series: results only
-    for made, ok in (([{"project": "flashinfer", "series_digest": "d1"}], True),
-                     ([{"project": "flashinfer", "series_digest": "d0"}], False),
-                     ([{"project": "flashinfer", "series_digest": "d1"},
-                       {"project": "sglang", "series_digest": "d0"}], False)):
-        (where / "test-ab.json").write_text(json.dumps({**doc, "stack": "s",
-                                                        "made_from": made}))
-        text, passed = check_gpu_report(ctx, "reports/gpu/a")
-        assert passed is ok, text
-        if not ok:
-            assert "reports/gpu/a/test-ab.json was made from another" in text
-    # Another stack's report is judged by its results, as before.
-    (where / "test-ab.json").write_text(json.dumps({**doc, "stack": "other", "made_from": [
-        {"project": "flashinfer", "series_digest": "d0"}]}))
-    assert check_gpu_report(ctx, "reports/gpu/a")[1]
+def test_a_gpu_record_counts_only_for_its_stack_and_the_patch_as_it_is(
+        tmp_path: Path) -> None:
+    """A claim backed by another stack's run does not count (issue 29); neither does a run
+    made before the patch's change; a reworded header does not matter."""
+    patch = patch_with(tmp_path, "Verified-By: gpu:reports/s/gpu-test")
+    _gpu_record(tmp_path / "reports", {"custom_lamport/t1": ("pass", "fixed")},
+                stack="other", patch_ids=(patch.patch_id,))
+    text, ok = check_gpu_report(Context(root=tmp_path, stack="s"), "reports/other/gpu-test",
+                                patch, "flashinfer")
+    assert not ok
+    assert "ran on stack other's build: it does not count for stack s" in text
+    _gpu_record(tmp_path / "reports", {"custom_lamport/t1": ("pass", "fixed")},
+                patch_ids=(patch.patch_id,))
+    ctx = Context(root=tmp_path, stack="s")
+    assert check_gpu_report(ctx, "reports/s/gpu-test", patch, "flashinfer")[1]
+    reworded = tmp_path / "reworded.patch"
+    reworded.write_text(patch.path.read_text().replace("Description: ", "Description: Now ",
+                                                       1))
+    assert check_gpu_report(ctx, "reports/s/gpu-test", parse_patch(reworded), "flashinfer")[1]
+    changed = tmp_path / "changed.patch"
+    changed.write_text(patch.path.read_text().replace("+new", "+newer"))
+    text, ok = check_gpu_report(ctx, "reports/s/gpu-test", parse_patch(changed), "flashinfer")
+    assert not ok
+    assert "made before this patch's change" in text
 
 
 def test_behaviour_claims_need_checks_that_ran_and_passed(tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ VERBS: dict[str, Verb] = {
                         module="sm120fork.cli.maintain", add_args="upstream_args",
                         run="run_upstream_pr"),
     "verify-sm120": Verb(help="check every patch's evidence (compile proof for SM12x, "
-                              "behaviour checks) -> reports/sm120/<stack>/",
+                              "behaviour checks) -> reports/<stack>/verify-sm120/",
                          module="sm120fork.cli.verify", run="run"),
     "build-test-variant": Verb(help="build a test-only variant (series + <series>-test/) "
                                     "under .forks/test-variants/ for the GPU harness; never "

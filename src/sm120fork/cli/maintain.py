@@ -85,6 +85,29 @@ def _wide_cells(p: PatchStatus) -> list[str]:
             _short_links(p.bug_upstream), p.fingerprint_upstream, p.effect_upstream, p.wheel]
 
 
+def render_evidence(projects: list[ProjectStatus], console: Console) -> None:
+    """One stack's evidence: each record per kind, current or stale (with the command that
+    re-makes a stale one), and each stale claim of its patches."""
+    records = list({e.name: e for ps in projects for e in ps.evidence}.values())
+    stale_claims = [c for ps in projects for c in ps.claims if not c.current]
+    if not records:
+        return
+    table = Table(title=f"{projects[0].stack}: evidence", title_justify="left")
+    for col in ("kind", "record", "state", "verdict / why"):
+        table.add_column(col, overflow="fold")
+    for e in sorted(records, key=lambda e: (e.kind, e.name)):
+        why = "; ".join(e.reasons)
+        table.add_row(e.kind, e.name, e.state,
+                      (e.verdict or "-") if e.current else
+                      f"{why}; re-make: {e.command}" if e.command else why)
+    console.print(table)
+    claimed = sum(len(ps.claims) for ps in projects)
+    console.print(f"claims (Verified-By): {claimed - len(stale_claims)} of {claimed} current",
+                  markup=False, soft_wrap=True)
+    for c in stale_claims:
+        console.print(f"  stale: {c.message()}", markup=False, soft_wrap=True)
+
+
 def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool) -> None:
     """One table per project: five columns that fit 80 columns, or every field (--wide):
     a table where the console is wide enough, else one record per patch (a pipe, a log
@@ -121,6 +144,9 @@ def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool
         for line in ps.pins_disagree:
             console.print(f"[bold red]pins disagree:[/] {line}", highlight=False,
                           soft_wrap=True)
+        last_of_stack = ps is projects[-1] or projects[projects.index(ps) + 1].stack != ps.stack
+        if last_of_stack:
+            render_evidence([p for p in projects if p.stack == ps.stack], console)
         if ps.error:
             console.print(f"[bold red]error:[/] {ps.error}", highlight=False, soft_wrap=True)
         elif ps.not_checked:

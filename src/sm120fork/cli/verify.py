@@ -1,4 +1,4 @@
-"""``verify-sm120``: every patch's evidence, checked and rendered (reports/sm120/<stack>/)."""
+"""``verify-sm120``: every patch's evidence, checked; its record: reports/<stack>/verify-sm120/."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         table.add_row(v.subject, v.evidence, "\n".join(v.checks),
                       "pass" if v.passed else "FAIL")
     console.print(table)
+    full = ws.state_dir / "reports" / "sm120" / result.stack / "verify.md"
     console.print(f"{'PASS' if result.passed else 'FAIL'} in {result.seconds:.0f}s; "
-                  f"report: {(out / 'verify.md').relative_to(ws.root)}")
+                  f"record: {(out / 'summary.md').relative_to(ws.root)} (full report: "
+                  f"{full.relative_to(ws.root)})")
     return 0 if result.passed else VerifyError.exit_code

@@ -9,9 +9,21 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sm120fork import __version__
+from sm120fork.record import (
+    Case,
+    Machine,
+    Record,
+    Tested,
+    TestedPatch,
+    TestedTree,
+    TestedWheel,
+    make,
+)
 from sm120fork.util import portable
 from sm120fork.util.markdown import markdown_table as _md_table
 
@@ -503,3 +515,170 @@ def write_bench_report(doc: dict[str, Any], out_dir: Path,
     m.write_text(render_bench_markdown(doc))
     render_bench_plot(doc, p)
     return [j, m, p]
+
+
+# ---- the evidence record ------------------------------------------------------------------
+#: The harness's document kinds -> the record's kind (record.KINDS).
+RECORD_KINDS = {"gpu-test": "gpu-test", "gpu-bench": "bench", "sglang-layer": "sglang-layer"}
+_AGAINST = {"fixed": "fixed", "pass both": "pass-both", "regressed": "regressed",
+            "fail both": "fail-both"}
+
+
+def _machine(doc: dict[str, Any]) -> Machine:
+    env = doc.get("environment") or {}
+    cases = doc.get("cases") or []
+    if not env and cases:  # a layer report: each rank says what it ran on
+        ranks = cases[0].get("ranks") or [{}]
+        env = ranks[0].get("env") or {}
+    gpus = tuple(str(g) for g in env.get("gpus") or ())
+    cap = env.get("capability")
+    count = env.get("gpu_count") or len(gpus)
+    description = (str(doc.get("title") or "").split(",")[0].strip()
+                   or (f"{gpus[0]} x{count}" if gpus else "a GPU machine"))
+    return Machine(description=description, gpus=gpus,
+                   capability=".".join(map(str, cap)) if isinstance(cap, list) else
+                   (str(cap) if cap else None),
+                   driver=env.get("driver"), cuda=env.get("torch_cuda"),
+                   torch=env.get("torch"), python=env.get("python"),
+                   shared_gpu=doc.get("shared", env.get("shared")))
+
+
+def _tested_wheels(doc: dict[str, Any]) -> list[TestedWheel]:
+    made = [m for m in doc.get("made_from") or [] if isinstance(m, dict)]
+    by_wheel = {str(m.get("wheel")): str(m.get("project")) for m in made}
+    dist_project = {str(m.get("wheel")).split("-", 1)[0]: str(m.get("project")) for m in made}
+    wheels: list[TestedWheel] = []
+    for variant, info in (doc.get("variants") or {}).items():
+        name = str(info.get("wheel") or "")
+        if not name or not info.get("sha256"):
+            continue
+        dist = name.split("-", 1)[0]
+        project = by_wheel.get(name) or dist_project.get(dist) or dist
+        # A published wheel that travelled to the GPU box as its tree is tested under
+        # other bytes: the record names the published wheel (its RECORD matched).
+        sha = next((str(m["wheel_sha256"]) for m in made
+                    if m.get("wheel") == name and m.get("wheel_sha256")), str(info["sha256"]))
+        wheels.append(TestedWheel(variant=str(variant), project=project, file=name, sha256=sha))
+    if not wheels:
+        variant = str(doc.get("variant") or "patched")
+        wheels = [TestedWheel(variant=variant, project=str(m.get("project")),
+                              file=str(m.get("wheel")), sha256=str(m.get("wheel_sha256")))
+                  for m in made if m.get("wheel_sha256")]
+    return wheels
+
+
+def _test_cases(doc: dict[str, Any]) -> tuple[int, list[Case]]:
+    primary = str(doc["primary"])
+    baseline = doc.get("baseline")
+    order, table = ab_rows(doc)
+    planned, cases = 0, []
+    for key in order:
+        rec = table[key].get(primary)
+        if rec is None:
+            continue
+        planned += 1
+        if rec.get("not_run"):
+            continue
+        status = str(rec["status"])
+        outcome = status if status in ("pass", "fail", "skip") else "error"
+        detail = (str(rec.get("failure") or "error") + (f": {rec.get('reason')}"
+                                                        if rec.get("reason") else "")
+                  if status == "fail" else str(rec.get("reason") or "") if status == "skip"
+                  else (f"rel_l2 {_worst_rel(rec)}" if rec.get("checks") else ""))
+        against = None
+        if baseline:
+            cls = classify({v: str(r["status"]) for v, r in table[key].items()}, primary,
+                           baseline)
+            against = _AGAINST.get(cls)
+        cases.append(Case(id=key, variant=primary, outcome=outcome,
+                          detail=detail.splitlines()[0][:200] if detail else "",
+                          against=against))
+    return planned, cases
+
+
+def _bench_cases(doc: dict[str, Any]) -> tuple[int, list[Case]]:
+    variant = str(doc.get("variant") or "patched")
+    cases = []
+    for rec in doc.get("records", []):
+        status = rec.get("status")
+        if rec.get("kind") == "point":
+            key = f"{rec.get('method')}/t{rec.get('tokens')}/h{rec.get('hidden')}"
+        elif rec.get("kind") == "method" and status not in (None, "starting"):
+            key = str(rec.get("method"))
+        else:
+            continue
+        if status == "timed":
+            outcome = "pass" if all(c.get("ok", True) for c in rec.get("checks", [])) else "fail"
+            detail = f"median {rec.get('median_us', 0):.1f} us"
+        elif status == "not_runnable":
+            outcome, detail = "skip", str(rec.get("reason") or "not runnable here")
+        else:
+            outcome, detail = ("fail" if status == "failed_check" else "error",
+                               str(rec.get("reason") or rec.get("failure") or status))
+        cases.append(Case(id=key, variant=variant, outcome=outcome, detail=detail[:200]))
+    planned = len(cases) if doc.get("finished") else len(cases) + 1
+    return planned, cases
+
+
+def _layer_cases(doc: dict[str, Any]) -> tuple[int, list[Case]]:
+    cases = []
+    for rec in doc.get("cases", []):
+        problems = "; ".join(map(str, rec.get("problems") or []))
+        outcome = "pass" if rec.get("passed") else "fail"
+        detail = "hung" if rec.get("hung") else problems
+        cases.append(Case(id=str(rec.get("case")), variant="patched", outcome=outcome,
+                          detail=detail[:200]))
+    return len(doc.get("planned") or cases), cases
+
+
+def to_record(doc: dict[str, Any], *, patches: Sequence[TestedPatch] = (),
+              trees: Sequence[TestedTree] = (),
+              stack: str | None = None, command: str | None = None,
+              toolkit: str | None = None) -> Record:
+    """The evidence record (``sm120fork.record.Record``) of one harness document: a
+    ``test`` A/B (test-ab.json), a ``bench`` (bench.json) or an SGLang layer run.
+
+    The harness knows the wheels it ran; which patches (``TestedPatch``: their
+    ``git patch-id``) and trees they were built from comes from the checkout that built
+    them (``patches``/``trees``), or from ``made_from[*].patches`` where the document
+    carries them. Only the tested variant's cases are kept (each A/B case says how it
+    compares with the baseline); logs and per-check numbers stay out."""
+    doc_kind = str(doc.get("kind") or "")
+    if doc_kind not in RECORD_KINDS:
+        raise ValueError(f"not a harness document of a known kind: {doc_kind!r}")
+    kind = RECORD_KINDS[doc_kind]
+    made = [m for m in doc.get("made_from") or [] if isinstance(m, dict)]
+    carried = [TestedPatch(project=str(m.get("project")), patch=str(p["patch"]),
+                           patch_id=str(p["patch_id"]))
+               for m in made for p in m.get("patches") or [] if "patch_id" in p]
+    carried_trees = [TestedTree(project=str(m.get("project")), tree=str(m["tree"]))
+                     for m in made if m.get("tree")]
+    if kind == "gpu-test":
+        planned, cases = _test_cases(doc)
+    elif kind == "bench":
+        planned, cases = _bench_cases(doc)
+    else:
+        planned, cases = _layer_cases(doc)
+    name = stack or doc.get("stack")
+    if not name:
+        raise ValueError("the document names no stack: pass stack=")
+    notes = [n for n in doc.get("notes") or [] if not str(n).startswith("command:")]
+    if doc.get("shared") or doc.get("label") == SHARED_LABEL:
+        notes.append("ranks shared a GPU: timings mean nothing")
+    return make(kind=kind, stack=str(name),
+                command=command or str(doc.get("command") or f"nox -s {kind}"),
+                created=str(doc.get("created") or _finished_time(doc)),
+                toolkit=toolkit or __version__, machine=_machine(doc),
+                tested=Tested(wheels=tuple(_tested_wheels(doc)),
+                              trees=tuple(trees) or tuple(carried_trees),
+                              patches=tuple(patches) or tuple(carried)),
+                planned=planned, cases=tuple(cases),
+                not_run=tuple(str(x) for x in doc.get("not_run") or ()),
+                notes=tuple(str(n) for n in notes))
+
+
+def _finished_time(doc: dict[str, Any]) -> str:
+    for note in doc.get("notes") or ():
+        if str(note).startswith("finished "):
+            return str(note).removeprefix("finished ").strip()
+    raise ValueError("the document records no time it was made (created)")

@@ -28,6 +28,7 @@ from sm120fork.patch.series import (
 )
 from sm120fork.patch.tree import prepare_tree, read_state
 from sm120fork.patch.upstream_match import match_upstream
+from sm120fork.standing import Standing, Today, claim_standings, stack_evidence, stack_records
 from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
 
@@ -104,10 +105,16 @@ class ProjectStatus:
     #: Where the stack's pins do not satisfy this project's ``upstream_requires``: each
     #: disagreement with its fix (a stack in that state builds nothing until fixed).
     pins_disagree: tuple[str, ...] = ()
+    #: The stack's records that tested this project, current or stale (sm120fork.standing).
+    evidence: tuple[Standing, ...] = ()
+    #: Each ``Verified-By`` claim of this project's patches, current or stale.
+    claims: tuple[Standing, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["patches"] = [p.to_json() for p in self.patches]
+        d["evidence"] = [e.to_json() for e in self.evidence]
+        d["claims"] = [c.to_json() for c in self.claims]
         return d
 
 
@@ -197,7 +204,33 @@ def status(ws: Workspace, stack_name: str | None = None,
         except (OSError, ValueError) as exc:
             raise ConfigError("no readable manifest.json", where=str(wheels_dir)) from exc
     with ws.lock():
-        return [project_status(ws, s, p, given if wheels_dir else load_manifest(ws, s.name),
-                               fetch=fetch)
-                for s in stacks for p in s.projects]
+        found = [project_status(ws, s, p, given if wheels_dir else load_manifest(ws, s.name),
+                                fetch=fetch)
+                 for s in stacks for p in s.projects]
+    evidence = {s.name: stack_standings(ws, s, wheels_dir) for s in stacks}
+    return [dataclasses.replace(ps, evidence=evidence[ps.stack][0].get(ps.project, ()),
+                                claims=evidence[ps.stack][1].get(ps.project, ()))
+            for ps in found]
+
+
+def stack_standings(ws: Workspace, stack: Stack, wheels_dir: Path | None = None
+                    ) -> tuple[dict[str, tuple[Standing, ...]], dict[str, tuple[Standing, ...]]]:
+    """project -> its stack's records that tested it, and project -> its patches' claims,
+    each current or stale (cheap: series, manifest and records are read, nothing runs)."""
+    try:
+        today = Today.of(ws, stack, wheels_dir=wheels_dir)
+        records = stack_evidence(ws, stack, today=today)
+        tested = {rel.as_posix(): rec.tested.projects
+                  for rel, rec in stack_records(ws, stack.name)}
+        claims = claim_standings(ws, stack, today)
+    except ToolkitError as exc:  # a broken record or header: one row, keep going
+        broken = Standing(name=f"reports/{stack.name}", kind="record", current=False,
+                          reasons=(exc.message,))
+        return {p.key: (broken,) for p in stack.projects}, {}
+    by_project = {p.key: tuple(r for r in records if p.key in tested.get(r.name, (p.key,)))
+                  for p in stack.projects}
+    series = {p.key: p.series for p in stack.projects}
+    by_claim = {key: tuple(c for c in claims if c.name.startswith(f"{path}/"))
+                for key, path in series.items()}
+    return by_project, by_claim
 

@@ -12,5 +12,5 @@ No SM120 GPU is at hand, so the proof is made of what the compiler produces:
 4. :mod:`.verdict`: results, a verdict per variant and architecture; :mod:`.markdown`
    renders them; :mod:`.run` drives it all; :mod:`.patches` turns it (and the other
    evidence each patch header names) into one verdict per patch; :mod:`.report` writes
-   ``reports/sm120/``.
+   the record ``reports/<stack>/verify-sm120/`` (the full report stays in ``.forks/``).
 """

@@ -12,8 +12,9 @@
 - ``cpu:<tests/file.py>::<test>``: a CPU test of the suite, run here: it must pass (a
   skipped or failing one is no evidence); ``tests/<file>.py`` also finds the module in its
   stage folder (``tests/<stage>/<file>.py``: test module names are unique in the suite);
-- ``gpu:<report dir>[:<api>]``: a committed GPU report: every run under it found the
-  primary variant failing no case, and (with ``<api>``) the A/B fixed some of that API's.
+- ``gpu:<record folder>[:<api>]``: a committed GPU record (``reports/<stack>/<kind>``)
+  of the patch's own stack and of its change as it is now: its tested variant failed no
+  case, and (with ``<api>``) the A/B fixed some of that API's.
 
 The checks know no project keys or patch names: the header says what proves what.
 """
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
 import os
 import sys
 import tempfile
@@ -31,49 +31,19 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from sm120fork.cuda.arch import is_sm12x
-from sm120fork.errors import SeriesError
 from sm120fork.patch.series import Patch
+from sm120fork.record import BASELINE_VARIANTS, KINDS, RECORD_FILE
+from sm120fork.record import read as read_record
+from sm120fork.standing import EVIDENCE_LABELS, FIELD, Claim, claims
 from sm120fork.util import proc
 from sm120fork.verify.proof.markdown import CLUSTER_QUERY
 from sm120fork.verify.proof.verdict import ProofReport, Status
 
-FIELD = "Verified-By"
+#: Parsed where every stage can ask (sm120fork.standing); named here too, for verify.
+__all__ = ["EVIDENCE_LABELS", "FIELD", "Claim", "claims"]
 UNPATCHED = "unpatched"
 FULL = "full series"
-
-#: What each kind of evidence is, as the per-patch table calls it.
-EVIDENCE_LABELS = {
-    "proof": "compile proof",
-    "sglang": "CPU behaviour check",
-    "cpu": "CPU behaviour check",
-    "gpu": "SM90 GPU run",
-}
 NO_EVIDENCE = "none yet (fingerprint only)"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Claim:
-    kind: str
-    check: str
-
-    @property
-    def text(self) -> str:
-        return f"{self.kind}:{self.check}"
-
-
-def claims(patch: Patch) -> tuple[Claim, ...]:
-    """The patch's ``Verified-By`` fields, parsed; a malformed one is an error."""
-    out = []
-    for name, value in patch.fields:
-        if name.lower() != FIELD.lower():
-            continue
-        kind, sep, check = value.strip().partition(":")
-        if not sep or kind not in EVIDENCE_LABELS or not check:
-            raise SeriesError(f"bad {FIELD} {value!r}", where=str(patch.path),
-                              fix=f"write '{FIELD}: <kind>:<check>' with kind one of "
-                                  f"{', '.join(EVIDENCE_LABELS)}")
-        out.append(Claim(kind=kind, check=check))
-    return tuple(out)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -282,55 +252,43 @@ def check_cpu_test(ctx: Context, node: str) -> tuple[str, bool]:
     return f"{node}: {text}" if not text.startswith(node) else text, ok
 
 
-def check_gpu_report(ctx: Context, spec: str) -> tuple[str, bool]:
-    """Every ``test-ab.json`` under the report dir: the primary variant failed no case; with
-    an API named, the A/B fixed some of its cases (failing on the baseline, passing here)."""
+def check_gpu_report(ctx: Context, spec: str, patch: Patch | None = None,
+                     project: str = "") -> tuple[str, bool]:
+    """The record in the folder named (``reports/<stack>/<kind>[/<subject>]``): made on
+    this stack, of this patch's change as it is now, finished, and its tested variant
+    failing no case; with an API named, the A/B fixed some of that API's cases (failing
+    on the baseline, passing here)."""
     where, _, api = spec.partition(":")
-    reports = sorted((ctx.root / where).rglob("test-ab.json"))
-    if not reports:
-        return f"{where}: no committed test-ab.json", False
-    cases = failed = fixed = 0
-    wheels: set[str] = set()
-    for path in reports:
-        document = json.loads(path.read_text())
-        if stale := _stale(ctx, document):
-            return (f"{path.relative_to(ctx.root).as_posix()} was made from another "
-                    f"{stale} series of stack {ctx.stack} (re-run it with today's series)",
-                    False)
-        results = document["results"]
-        primary = results[document["primary"]]
-        wheels.add(str(document.get("variants", {}).get(document["primary"], {})
-                       .get("sha256") or "?")[:12])
-        mine = [r for r in primary if not api or r["case"]["api"] == api]
-        cases += sum(r["status"] != "skip" for r in mine)
-        failed += sum(r["status"] == "fail" for r in mine)
-        baseline = results.get(document.get("baseline") or "", [])
-        before = {r["key"]: r["status"] for r in baseline}
-        fixed += sum(r["status"] == "pass" and before.get(r["key"]) == "fail" for r in mine)
+    where = where.rstrip("/")
+    path = ctx.root / where / RECORD_FILE
+    if not path.is_file():
+        return f"{where}: no {RECORD_FILE}", False
+    rec = read_record(path, shown=f"{where}/{RECORD_FILE}")
+    if ctx.stack and rec.stack != ctx.stack:
+        return (f"{where} ran on stack {rec.stack}'s build: it does not count for stack "
+                f"{ctx.stack} (a claim counts only for the stack it ran on; make it there: "
+                f"{KINDS[rec.kind].command(ctx.stack, rec.subject)})"), False
+    if patch is not None and patch.patch_id not in {
+            p.patch_id for p in rec.tested.patches_of(project)}:
+        return (f"{where} was made before this patch's change (patch-id "
+                f"{patch.patch_id[:12]} not in it; re-make: {rec.remake})"), False
+    mine = [c for c in rec.cases if c.variant not in BASELINE_VARIANTS
+            and (not api or c.id.startswith(f"{api}/"))]
+    ran = sum(c.outcome != "skip" for c in mine)
+    failed = sum(c.outcome in ("fail", "error") for c in mine)
+    fixed = sum(c.against == "fixed" for c in mine)
+    wheels = sorted({w.sha256[:12] for w in rec.tested.wheels
+                     if w.variant not in BASELINE_VARIANTS})
     what = f" {api}" if api else ""
-    text = (f"{where}: {len(reports)} run(s), {cases}{what} cases, {failed} failing"
+    text = (f"{where}: {rec.verdict}, {ran}{what} cases ran, {failed} failing"
             + (f", {fixed} fixed against the baseline" if api else "")
-            + f" (wheel sha256 {', '.join(sorted(wheels))})")
-    return text, cases > 0 and failed == 0 and (fixed > 0 or not api)
+            + ("" if rec.finished else ", not finished")
+            + f" (wheel sha256 {', '.join(wheels) or 'none'})")
+    return text, rec.finished and ran > 0 and failed == 0 and (fixed > 0 or not api)
 
 
-def _stale(ctx: Context, document: Mapping[str, object]) -> str:
-    """The project of this stack whose series the report records it was made from, when
-    that is not today's (a report of another stack, or one recording no series, e.g. a
-    test variant's, is judged by its results only)."""
-    made = document.get("made_from")
-    if document.get("stack") != ctx.stack or not isinstance(made, list):
-        return ""
-    for entry in made:
-        if not isinstance(entry, dict):
-            continue
-        project = str(entry.get("project"))
-        if project in ctx.series and entry.get("series_digest") != ctx.series[project]:
-            return project
-    return ""
-
-
-def check(claim: Claim, ctx: Context) -> Outcome:
+def check(claim: Claim, ctx: Context, patch: Patch | None = None,
+          project: str = "") -> Outcome:
     if claim.kind == "proof":
         fn = PROOF_CHECKS.get(claim.check)
         text, ok = (fn(ctx) if fn else
@@ -341,7 +299,7 @@ def check(claim: Claim, ctx: Context) -> Outcome:
     elif claim.kind == "cpu":
         text, ok = check_cpu_test(ctx, claim.check)
     else:
-        text, ok = check_gpu_report(ctx, claim.check)
+        text, ok = check_gpu_report(ctx, claim.check, patch, project)
     return Outcome(claim=claim.text, evidence=EVIDENCE_LABELS[claim.kind], text=text,
                    passed=ok)
 
@@ -355,3 +313,4 @@ def needs(patches: Mapping[str, Sequence[Patch]], kind: str) -> list[str]:
     """The projects with at least one patch claiming evidence of ``kind``."""
     return [project for project, series in patches.items()
             if any(c.kind == kind for p in series for c in claims(p))]
+

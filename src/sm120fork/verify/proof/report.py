@@ -1,16 +1,32 @@
-"""``reports/sm120/<stack>/verify.{md,json}``: the per-patch verdicts, the behaviour checks and the
-compile proof, with what they were made from (stack, series digests, wheel sha256)."""
+"""The verify-sm120 record (``reports/<stack>/verify-sm120/``) and the full report beside the
+fork trees (``.forks/reports/sm120/<stack>/verify.{md,json}``): the per-patch verdicts, the
+behaviour checks and the compile proof, with what they were made from."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import platform
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sm120fork import __version__
+from sm120fork.patch.series import load_series
+from sm120fork.record import (
+    KINDS,
+    Case,
+    Machine,
+    Record,
+    Tested,
+    TestedPatch,
+    TestedWheel,
+    make,
+)
+from sm120fork.record import write as write_record
 from sm120fork.util.files import atomic_write_text
 from sm120fork.util.markdown import markdown_table
 from sm120fork.verify.proof.markdown import render_markdown
@@ -126,13 +142,60 @@ def compact(document: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: The variant whose proof verdicts judge the series (the others fail on purpose).
+FULL_SERIES = "full series"
+#: A proof verdict's status -> the record's outcome.
+_OUTCOMES = {"pass": "pass", "fail": "fail", "not checked": "skip"}
+
+
+def to_record(document: dict[str, Any], *, patches: Sequence[TestedPatch],
+              created: str | None = None, command: str | None = None) -> Record:
+    """The verify-sm120 record of a verify document (:func:`to_json`'s shape): one case per
+    patch (``<project>/<patch file>``), per SGLang behaviour check and per compile-proof
+    verdict (``proof/<variant>/<arch>``; variants other than the full series are the
+    baselines that fail on purpose)."""
+    cases = [Case(id=f"{p['project']}/{p['patch']}", variant=FULL_SERIES,
+                  outcome="pass" if p["passed"] else "fail", detail=str(p["evidence"]))
+             for p in document["patches"]]
+    cases += [Case(id=f"sglang/{c['name']}@{c['capability']}", variant=FULL_SERIES,
+                   outcome="pass" if c["passed"] else "fail")
+              for c in document.get("sglang_checks", [])]
+    for v in document.get("verdicts", []):
+        status = str(v["status"])
+        reasons = "; ".join(map(str, v.get("reasons") or []))
+        cases.append(Case(id=f"proof/{v['variant']}/{v['arch']}",
+                          variant=FULL_SERIES if v["variant"] == FULL_SERIES else "baseline",
+                          outcome=_OUTCOMES.get(status, "error"),
+                          detail=(reasons or ("not checked" if status == "not checked" else ""))
+                          [:200]))
+    machine = document.get("machine") or {}
+    stack = str(document["stack"])
+    return make(
+        kind="verify-sm120", stack=stack,
+        command=command or KINDS["verify-sm120"].command(stack),
+        created=created or datetime.datetime.now(datetime.UTC).isoformat(
+            timespec="seconds"),
+        toolkit=__version__,
+        machine=Machine(description=f"CPU machine, {machine.get('cpus', '?')} cores, no GPU",
+                        python=machine.get("python"), cpus=machine.get("cpus")),
+        tested=Tested(wheels=tuple(TestedWheel(variant="patched", project=m["project"],
+                                               file=m["wheel"], sha256=m["wheel_sha256"])
+                                   for m in document["made_from"]),
+                      patches=tuple(patches)),
+        planned=len(cases), cases=tuple(cases),
+        notes=(f"took {document.get('seconds', 0):.0f} s",))
+
+
 def write_reports(ws: Workspace, result: VerifyResult) -> Path:
-    out = ws.verify_reports(result.stack)
-    out.mkdir(parents=True, exist_ok=True)
+    """The record, ``reports/<stack>/verify-sm120/``; the full document and its markdown
+    (per-kernel detail, several MB) stay in ``.forks/reports/sm120/<stack>/``."""
     document = to_json(result, ws.root)
     full = ws.state_dir / "reports" / "sm120" / result.stack
     full.mkdir(parents=True, exist_ok=True)
     atomic_write_text(full / "verify-full.json", json.dumps(document, indent=1) + "\n")
-    atomic_write_text(out / "verify.json", json.dumps(compact(document), indent=1) + "\n")
-    atomic_write_text(out / "verify.md", to_markdown(result))
-    return out
+    atomic_write_text(full / "verify.json", json.dumps(compact(document), indent=1) + "\n")
+    atomic_write_text(full / "verify.md", to_markdown(result))
+    stack = ws.stack(result.stack)
+    patches = [TestedPatch(project=p.key, patch=x.name, patch_id=x.patch_id)
+               for p in stack.projects for x in load_series(ws.series_dir(p)).patches]
+    return write_record(to_record(document, patches=patches), ws.reports_dir)

@@ -172,7 +172,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     for key, made in builds.items():
         for patch in patches[key]:
             fp_text, fp_ok = fingerprint_check(made, patch)
-            outcomes: list[Outcome] = [check(c, ctx) for c in claims(patch)]
+            outcomes: list[Outcome] = [check(c, ctx, patch, key) for c in claims(patch)]
             artifacts = [", ".join(b.wheel.name for b in made)]
             kinds = {o.claim.partition(":")[0] for o in outcomes}
             if "proof" in kinds:

@@ -1,0 +1,295 @@
+"""Which evidence still stands: each record of a stack, and each patch's claim, CURRENT or
+STALE, with the reason and the one command that re-makes it (the format: sm120fork.record).
+A stage below verify, maintain and upstream, which all ask it.
+
+A record is current when, for every project it tested as built by us, the patch ids of
+that project's series today are the ones it lists (same ones, same order), its patched
+wheels are of today's pins, and, where the stack's wheels are built here
+(``wheels/<stack>/manifest.json``), their sha256 and patched trees are the ones it ran.
+A claim (``Verified-By``) is current when the record it names is of the patch's own stack
+and lists the patch's patch id today.  ``git patch-id --stable`` ignores headers and
+messages: editing a Description or a Verified-By line stales nothing.
+
+Cheap by design: it reads the series, the manifest and the records, and runs
+``git patch-id`` once per patch; nothing is built or run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sm120fork.declare import Stack
+from sm120fork.errors import ConfigError, SeriesError
+from sm120fork.patch.series import Patch, Series, display_name, load_series
+from sm120fork.record import (
+    BASELINE_VARIANTS,
+    KINDS,
+    RECORD_FILE,
+    Record,
+    published,
+    read,
+)
+from sm120fork.workspace import Workspace
+
+#: The claim kinds verify-sm120 checks when it runs: its record backs them.
+VERIFY_CLAIMS = ("proof", "sglang", "cpu")
+FIELD = "Verified-By"
+#: What each kind of evidence is, as the per-patch table calls it.
+EVIDENCE_LABELS = {
+    "proof": "compile proof",
+    "sglang": "CPU behaviour check",
+    "cpu": "CPU behaviour check",
+    "gpu": "SM90 GPU run",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Claim:
+    """One ``Verified-By: <kind>:<check>`` line of a patch."""
+
+    kind: str
+    check: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.kind}:{self.check}"
+
+
+def claims(patch: Patch) -> tuple[Claim, ...]:
+    """The patch's ``Verified-By`` fields, parsed; a malformed one is an error."""
+    out = []
+    for name, value in patch.fields:
+        if name.lower() != FIELD.lower():
+            continue
+        kind, sep, check = value.strip().partition(":")
+        if not sep or kind not in EVIDENCE_LABELS or not check:
+            raise SeriesError(f"bad {FIELD} {value!r}", where=str(patch.path),
+                              fix=f"write '{FIELD}: <kind>:<check>' with kind one of "
+                                  f"{', '.join(EVIDENCE_LABELS)}")
+        out.append(Claim(kind=kind, check=check))
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Standing:
+    """One record or claim: current or stale, why, and the command that re-makes it."""
+
+    #: ``reports/<stack>/<kind>[/<subject>]`` for a record; ``<patch>: <claim>`` for a claim.
+    name: str
+    kind: str
+    current: bool
+    reasons: tuple[str, ...] = ()
+    command: str = ""
+    #: The record's verdict (pass / fail / unfinished), None when there is no record.
+    verdict: str | None = None
+
+    @property
+    def state(self) -> str:
+        return "current" if self.current else "stale"
+
+    def message(self) -> str:
+        why = "; ".join(self.reasons)
+        return (f"{self.name}: {self.state}" + (f" ({why})" if why else "")
+                + (f"; re-make: {self.command}" if not self.current and self.command else ""))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "state": self.state,
+                "reasons": list(self.reasons), "command": self.command,
+                "verdict": self.verdict}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Today:
+    """What a stack is today: each project's series, and its built wheels if any."""
+
+    stack: Stack
+    series: Mapping[str, Series]
+    #: project -> (sha256 of each published wheel, patched tree) from the manifest.
+    wheels: Mapping[str, tuple[frozenset[str], str | None]] | None = None
+    manifest: str = ""
+    ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, ws: Workspace, stack: Stack, *, wheels_dir: Path | None = None) -> Today:
+        series = {p.key: load_series(ws.series_dir(p)) for p in stack.projects}
+        manifest_path = (wheels_dir or ws.stack_wheels(stack.name)) / "manifest.json"
+        wheels = _manifest_wheels(manifest_path, stack.name)
+        return cls(stack=stack, series=series, wheels=wheels,
+                   manifest=_shown(manifest_path, ws.root),
+                   ids={k: tuple(p.patch_id for p in s.patches) for k, s in series.items()})
+
+
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return path.name
+
+
+def _manifest_wheels(path: Path, stack: str
+                     ) -> dict[str, tuple[frozenset[str], str | None]] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("stack") != stack:
+        return None
+    out: dict[str, tuple[set[str], str | None]] = {}
+    for w in data.get("wheels", []):
+        shas, tree = out.setdefault(str(w.get("project")), (set(), None))
+        if w.get("sha256"):
+            shas.add(str(w["sha256"]))
+        out[str(w.get("project"))] = (shas, tree or w.get("tree"))
+    return {k: (frozenset(s), t) for k, (s, t) in out.items()}
+
+
+def _version_of(wheel_file: str) -> str:
+    parts = wheel_file.split("-")
+    return parts[1].split("+")[0] if len(parts) > 1 else ""
+
+
+def record_problems(rec: Record, today: Today) -> list[str]:
+    """Why ``rec`` is not of the stack as it is today (empty: it is current)."""
+    stack = today.stack
+    if rec.stack != stack.name:
+        return [f"it ran on stack {rec.stack}, not {stack.name}"]
+    problems: list[str] = []
+    keys = {p.key for p in stack.projects}
+    for project in rec.tested.projects:
+        if project not in keys:
+            problems.append(f"it tested project {project!r}, which stack {stack.name} "
+                            "no longer has")
+            continue
+        problems += _patch_problems(project, rec, today)
+        pin = stack.project(project)
+        for w in rec.tested.wheels:
+            if w.project != project or w.variant in BASELINE_VARIANTS:
+                continue
+            if _version_of(w.file) not in (pin.version, ""):
+                problems.append(f"it ran {w.file}, but {project} is pinned at {pin.version} "
+                                "now")
+            elif today.wheels is not None and project in today.wheels:
+                shas, tree = today.wheels[project]
+                if shas and w.sha256 not in shas:
+                    problems.append(f"the {project} wheel it ran (sha256 {w.sha256[:12]}) is "
+                                    f"not the one built now ({today.manifest}: "
+                                    f"{', '.join(sorted(s[:12] for s in shas))})")
+        if today.wheels is not None and project in today.wheels:
+            _, tree = today.wheels[project]
+            for t in rec.tested.trees:
+                if t.project == project and tree and t.tree != tree:
+                    problems.append(f"it tested another patched {project} tree "
+                                    f"({t.tree[:12]}, built now {tree[:12]})")
+    return problems
+
+
+def _patch_problems(project: str, rec: Record, today: Today) -> list[str]:
+    """Which patch's change differs between the record and today's series."""
+    tested = rec.tested.patches_of(project)
+    now = today.series[project].patches
+    if [p.patch_id for p in tested] == list(today.ids[project]):
+        return []
+    before = {p.patch_id for p in tested}
+    after = set(today.ids[project])
+    changed = [display_name(p.name) for p in now if p.patch_id not in before]
+    gone = [display_name(p.patch) for p in tested if p.patch_id not in after]
+    if not changed and not gone:
+        return [f"the {project} series is in another order than it tested"]
+    out = []
+    if changed:
+        out.append(f"{project} patch(es) changed or added since: {', '.join(changed)}")
+    if gone:
+        out.append(f"{project} patch(es) it tested are gone or changed: {', '.join(gone)}")
+    return out
+
+
+def judge(rec: Record, today: Today, name: str) -> Standing:
+    problems = record_problems(rec, today)
+    return Standing(name=name, kind=rec.kind, current=not problems, reasons=tuple(problems),
+                    command=rec.remake, verdict=rec.verdict)
+
+
+def stack_records(ws: Workspace, stack: str) -> list[tuple[Path, Record]]:
+    """(folder relative to the checkout, record) of each record of ``stack``."""
+    folder = ws.reports_dir / stack
+    if not folder.is_dir():
+        return []
+    return [(Path("reports") / rel.parent, rec) for rel, rec in published(ws.reports_dir)
+            if rec.stack == stack]
+
+
+def stack_evidence(ws: Workspace, stack: Stack, *, today: Today | None = None
+                   ) -> list[Standing]:
+    """Each record of ``stack``, judged; a kind with no record is named as missing."""
+    today = today or Today.of(ws, stack)
+    found = [judge(rec, today, rel.as_posix()) for rel, rec in stack_records(ws, stack.name)]
+    have = {s.kind for s in found}
+    for kind in ("gpu-test", "verify-sm120"):
+        if kind not in have:
+            found.append(Standing(name=f"reports/{stack.name}/{kind}", kind=kind,
+                                  current=False, reasons=("no record",),
+                                  command=KINDS[kind].command(stack.name)))
+    return found
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def claim_record_path(claim_kind: str, check: str, stack: str) -> tuple[str, str]:
+    """(record folder relative to the checkout, what of it the claim looks at) for a claim:
+    ``gpu:<folder>[:<api>]`` names its record's folder, the other kinds are checked by
+    verify-sm120, whose record of the stack backs them."""
+    if claim_kind == "gpu":
+        where, _, api = check.partition(":")
+        return where.rstrip("/"), api
+    return f"reports/{stack}/verify-sm120", check
+
+
+def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim_kind: str,
+                check: str, today: Today | None = None) -> Standing:
+    """A patch's claim: current when its record is of this stack and lists the patch's
+    change as it is today."""
+    folder, _ = claim_record_path(claim_kind, check, stack.name)
+    name = f"{stack.project(project).series}/{display_name(patch.name)}: {claim_kind}:{check}"
+    path = ws.root / folder / RECORD_FILE
+    kind = ("verify-sm120" if claim_kind in VERIFY_CLAIMS else
+            Path(folder).parts[2] if len(Path(folder).parts) > 2 else "gpu-test")
+    default_cmd = KINDS[kind].command(stack.name) if kind in KINDS else ""
+    if not path.is_file():
+        return Standing(name=name, kind=kind, current=False,
+                        reasons=(f"{folder}/{RECORD_FILE} does not exist",), command=default_cmd)
+    try:
+        rec = read(path, shown=f"{folder}/{RECORD_FILE}")
+    except ConfigError as exc:
+        return Standing(name=name, kind=kind, current=False, reasons=(str(exc),),
+                        command=default_cmd)
+    if rec.stack != stack.name:
+        return Standing(name=name, kind=rec.kind, current=False, verdict=rec.verdict,
+                        reasons=(f"{folder} ran on stack {rec.stack}: it does not count for "
+                                 f"stack {stack.name}",),
+                        command=KINDS[rec.kind].command(stack.name, rec.subject))
+    ids = {p.patch_id for p in rec.tested.patches_of(project)}
+    if patch.patch_id not in ids:
+        return Standing(name=name, kind=rec.kind, current=False, verdict=rec.verdict,
+                        reasons=(f"{folder} was made before this patch's change "
+                                 f"(patch-id {patch.patch_id[:12]} not in it)",),
+                        command=rec.remake)
+    return Standing(name=name, kind=rec.kind, current=True, verdict=rec.verdict,
+                    command=rec.remake)
+
+
+def claim_standings(ws: Workspace, stack: Stack, today: Today | None = None
+                    ) -> list[Standing]:
+    """Each claim of each patch of ``stack``: current or stale (nothing is run)."""
+    today = today or Today.of(ws, stack)
+    return [judge_claim(ws, stack, key, patch, c.kind, c.check, today)
+            for key, series in today.series.items() for patch in series.patches
+            for c in claims(patch)]
+
+
+def stale(standings: Sequence[Standing]) -> list[Standing]:
+    return [s for s in standings if not s.current]
