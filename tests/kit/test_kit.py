@@ -199,3 +199,34 @@ def test_the_entry_names_a_harness_the_kit_does_not_carry(tmp_path: Path) -> Non
     with pytest.raises(boot.KitError, match="--harness sglang_layer") as err:
         boot.prepare(kit, boot.load(kit), "sglang_layer", tmp_path / "home")
     assert err.value.code == boot.EXIT_USAGE
+
+
+def test_what_the_box_has_is_a_freeze_file_or_names(tmp_path: Path) -> None:
+    from sm120fork.kit.build import _parse_box_has
+
+    freeze = tmp_path / "box.txt"
+    freeze.write_text("torch==2.11.0\nNumPy==2.5.2\n# a comment\n-e git+x#egg=y\n")
+    long_list = ",".join(f"name-{i}" for i in range(100))  # longer than a file name may be
+    found = _parse_box_has([str(freeze), "pillow,hf_xet", long_list])
+    assert found["numpy"] == "2.5.2"
+    assert found["torch"] == "2.11.0"
+    assert found["pillow"] is None
+    assert found["hf-xet"] is None
+    assert "name-99" in found
+    with pytest.raises(ConfigError, match="no such file"):
+        _parse_box_has([str(tmp_path / "missing.txt")])
+
+
+def test_prebuilt_modules_travel_per_variant_with_their_sources_marker(tmp_path: Path) -> None:
+    from sm120fork.kit.build import _copy_prebuilt
+
+    for variant in ("patched", "unpatched"):
+        module = tmp_path / "pb" / variant / "trtllm_comm"
+        module.mkdir(parents=True)
+        (module / "trtllm_comm.so").write_bytes(b"\x7fELF")
+        (module / "trtllm_comm.so.sources").write_text("digest\n")
+    assert _copy_prebuilt(tmp_path / "pb", tmp_path / "kit" / "prebuilt") == {
+        "patched": "prebuilt/patched", "unpatched": "prebuilt/unpatched"}
+    assert (tmp_path / "kit/prebuilt/patched/trtllm_comm/trtllm_comm.so.sources").is_file()
+    with pytest.raises(ConfigError, match="holds no"):
+        _copy_prebuilt(tmp_path / "kit" / "prebuilt" / "patched", tmp_path / "other")

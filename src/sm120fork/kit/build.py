@@ -135,8 +135,11 @@ def _parse_box_has(entries: Iterable[str]) -> dict[str, str | None]:
     """``name==version`` or bare names (from a file, or the option) -> {name: version}."""
     found: dict[str, str | None] = {}
     for entry in entries:
-        path = Path(entry)
-        lines = (path.read_text(encoding="utf-8").splitlines() if path.is_file()
+        looks_like_file = "," not in entry and ("/" in entry or entry.endswith(".txt"))
+        if looks_like_file and not Path(entry).is_file():
+            raise ConfigError("no such file", where=f"--box-has {entry}",
+                              fix="python3 -m pip list --format=freeze > box.txt on the box")
+        lines = (Path(entry).read_text(encoding="utf-8").splitlines() if looks_like_file
                  else entry.split(","))
         for raw in lines:
             line = raw.split("#")[0].strip()
