@@ -18,6 +18,19 @@ FIXED_DATE = "2026-11-29T00:00:00+00:00"
 PATCH_AUTHOR = "SM12x fork maintainers <sm12x-fork@users.noreply.invalid>"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test says which stack's build it runs (``runs_stack`` marks, or the fixture
+    ``sites``: sglang 0.5.23), as a JUnit property verify reads: a ``cpu:`` claim counts
+    only for the stack its test ran on."""
+    from helpers_sglang import STACK as SITES_STACK
+
+    for item in items:
+        stacks = [str(m.args[0]) for m in item.iter_markers("runs_stack")]
+        if "sites" in getattr(item, "fixturenames", ()):
+            stacks.append(SITES_STACK)
+        item.user_properties.extend(("runs_stack", s) for s in dict.fromkeys(stacks))
+
+
 @pytest.fixture(autouse=True)
 def _git_isolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fixed identity/dates, no user config, and no repo above tmp_path."""

@@ -23,7 +23,9 @@ from conftest import git
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-SERIES = ROOT / "patches" / "sglang-0.5.23" / "sglang"
+#: The stack whose build the fixture ``sites`` installs, whatever stack is verified.
+STACK = "sglang-0.5.23"
+SERIES = ROOT / "patches" / STACK / "sglang"
 WHEEL = "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
 #: What the modules under test import beyond the test group, at sglang 0.5.23's pins.
 PROBE_DEPS = TESTS / "requirements-sglang-0.5.23.txt"

@@ -138,6 +138,7 @@ def _check_alone(outcome: sglang_layer.CaseOutcome, alone: int) -> float:
     return took
 
 
+@pytest.mark.runs_stack("sglang-0.5.10")
 def test_a_fused_call_raising_on_one_rank_only_default_stack(
         default_stack_sglang: Path) -> None:
     """S4 (sglang 0.5.10): bounded by the agreement timeout on every rank.  Stock 0.5.10

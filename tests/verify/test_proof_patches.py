@@ -107,6 +107,34 @@ def test_cpu_evidence_is_a_test_that_ran_and_passed(tmp_path: Path) -> None:
     assert check_cpu_test(Context(root=tmp_path), nodes[0])[1]  # run on its own
 
 
+def test_a_cpu_test_of_another_stacks_build_backs_nothing_for_this_stack(
+        tmp_path: Path) -> None:
+    """Issue 29: a claim whose test runs another stack's build (the suite's fixture that
+    installs sglang 0.5.23, whatever stack is verified) does not count, and says why."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text(
+        "def pytest_collection_modifyitems(items):\n"
+        "    for item in items:\n"
+        "        for mark in item.iter_markers('runs_stack'):\n"
+        "            item.user_properties.append(('runs_stack', mark.args[0]))\n")
+    (tests / "test_x.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.runs_stack('sglang-0.5.23')\n"
+        "def test_on_0523() -> None:\n    pass\n\n"
+        "def test_of_no_stack() -> None:\n    pass\n")
+    on_0523, anywhere = "tests/test_x.py::test_on_0523", "tests/test_x.py::test_of_no_stack"
+    results = run_cpu_tests(tmp_path, [on_0523, anywhere], stack="sglang-0.5.22")
+    assert results[on_0523] == (
+        "ran stack sglang-0.5.23's build, not sglang-0.5.22's: it does not count for stack "
+        "sglang-0.5.22 (a claim counts only for the stack its test runs)", False)
+    assert results[anywhere][1]
+    assert run_cpu_tests(tmp_path, [on_0523], stack="sglang-0.5.23")[on_0523][1]
+    text, ok = check_cpu_test(Context(root=tmp_path, stack="sglang-0.5.22"), on_0523)
+    assert not ok
+    assert "does not count for stack sglang-0.5.22" in text
+
+
 def test_a_cpu_claim_finds_its_test_module_in_the_stage_folder(tmp_path: Path) -> None:
     """``cpu:tests/test_x.py::t`` (as the committed patches write it) runs the module that
     moved to ``tests/<stage>/test_x.py``; an ambiguous or absent name backs nothing."""

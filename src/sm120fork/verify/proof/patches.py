@@ -197,11 +197,25 @@ def _test_exists(root: Path, node: str) -> str | None:
     return None
 
 
-def _junit_outcomes(xml: Path, root: Path) -> dict[str, tuple[str, bool]]:
-    """node -> (outcome, passed) from pytest's JUnit XML."""
+#: The JUnit property a test of the suite names the stack whose build it runs with
+#: (tests/conftest.py: ``runs_stack`` marks, or the fixture that installs sglang 0.5.23).
+RUNS_STACK = "runs_stack"
+
+
+def _junit_outcomes(xml: Path, root: Path, stack: str | None = None
+                    ) -> dict[str, tuple[str, bool]]:
+    """node -> (outcome, passed) from pytest's JUnit XML.  With ``stack``, a test that
+    says it ran another stack's build backs nothing for ``stack``."""
     found: dict[str, tuple[str, bool]] = {}
     for case in ElementTree.parse(xml).getroot().iter("testcase"):
         node = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        ran_on = [p.get("value", "") for p in case.iter("property")
+                  if p.get("name") == RUNS_STACK]
+        if stack and ran_on and stack not in ran_on:
+            found[node] = (f"ran stack {', '.join(ran_on)}'s build, not {stack}'s: it does "
+                           f"not count for stack {stack} (a claim counts only for the stack "
+                           "its test runs)", False)
+            continue
         seconds = float(case.get("time") or 0)
         bad = [c for c in case if c.tag in ("failure", "error", "skipped")]
         if not bad:
@@ -214,11 +228,13 @@ def _junit_outcomes(xml: Path, root: Path) -> dict[str, tuple[str, bool]]:
 
 
 def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None,
-                  timeout: float = 3600) -> dict[str, tuple[str, bool]]:
+                  timeout: float = 3600, stack: str | None = None
+                  ) -> dict[str, tuple[str, bool]]:
     """Run the named tests of the checkout's suite in one pytest; each one's outcome.
 
     Evidence is a test that ran and passed here, not one that exists: a skipped (e.g. no
-    network) or failing test backs nothing."""
+    network) or failing test backs nothing, nor (with ``stack``) one that ran another
+    stack's build."""
     results: dict[str, tuple[str, bool]] = {}
     runnable: dict[str, str] = {}  # node as written -> as pytest names it
     for node in dict.fromkeys(nodes):
@@ -237,7 +253,7 @@ def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None
                          "-p", "no:cacheprovider", f"--junitxml={xml}"],
                         cwd=root, env={"PYTHONPATH": pythonpath}, check=False,
                         timeout=timeout)
-        ran = _junit_outcomes(xml, root) if xml.is_file() else {}
+        ran = _junit_outcomes(xml, root, stack) if xml.is_file() else {}
     for node, actual in runnable.items():
         results[node] = ran.get(actual) or (
             f"did not run (pytest exit {done.returncode}: "
@@ -248,7 +264,8 @@ def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None
 
 def check_cpu_test(ctx: Context, node: str) -> tuple[str, bool]:
     """The named test of the suite, run (here or by :func:`run_cpu_tests` before)."""
-    text, ok = ctx.cpu[node] if node in ctx.cpu else run_cpu_tests(ctx.root, [node])[node]
+    text, ok = (ctx.cpu[node] if node in ctx.cpu else
+                run_cpu_tests(ctx.root, [node], stack=ctx.stack or None)[node])
     return f"{node}: {text}" if not text.startswith(node) else text, ok
 
 

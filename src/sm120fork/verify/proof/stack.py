@@ -165,7 +165,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
         log.info("CPU tests named as evidence: %s", ", ".join(cpu_nodes))
     ctx = Context(root=ws.root, proof=proof, gate_variant=gate_variant,
                   behaviour=tuple((r.name, r.capability, r.passed) for r in sglang),
-                  cpu=run_cpu_tests(ws.root, cpu_nodes) if cpu_nodes else {},
+                  cpu=run_cpu_tests(ws.root, cpu_nodes, stack=stack.name) if cpu_nodes else {},
                   stack=stack.name, series={p.key: load_series(ws.series_dir(p)).digest
                                             for p in stack.projects})
     verdicts: list[PatchVerdict] = []
