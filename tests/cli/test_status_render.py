@@ -87,3 +87,36 @@ def test_a_doubled_patch_number_is_shown_once() -> None:
     render_status([ProjectStatus(**{**project.to_json(), "patches": doubled})], console,
                   wide=False)
     assert "0001-0001" not in console.export_text()
+
+
+def test_each_stacks_evidence_shows_current_or_stale_with_its_command() -> None:
+    """status says, per kind of record, whether the evidence stands, and for a stale one
+    why and the one command that re-makes it; stale claims are listed (issue 29)."""
+    import dataclasses
+    import json
+
+    from sm120fork.standing import Standing
+
+    current = Standing(name="reports/sglang-0.5.10/gpu-test", kind="gpu-test", current=True,
+                       command="nox -s gpu_test -- --stack sglang-0.5.10 --quick",
+                       verdict="pass")
+    stale = Standing(name="reports/sglang-0.5.10/verify-sm120", kind="verify-sm120",
+                     current=False, reasons=("flashinfer patch(es) changed or added since: "
+                                             "0005-F4",),
+                     command="nox -s verify_sm120 -- --stack sglang-0.5.10", verdict="pass")
+    claim = Standing(name="patches/x/0005-F4: gpu:reports/sglang-0.5.10/gpu-test",
+                     kind="gpu-test", current=False, reasons=("made before this change",),
+                     command="nox -s gpu_test -- --stack sglang-0.5.10 --quick")
+    project = dataclasses.replace(_project(), evidence=(current, stale), claims=(claim,))
+    console = Console(width=200, record=True, color_system=None)
+    render_status([project], console, wide=False)
+    text = console.export_text()
+    assert "sglang-0.5.10: evidence" in text
+    assert "│ gpu-test     │ reports/sglang-0.5.10/gpu-test     │ current │ pass" in text
+    assert ("stale   │ flashinfer patch(es) changed or added since: 0005-F4; re-make: nox -s "
+            "verify_sm120 -- --stack sglang-0.5.10") in text
+    assert "claims (Verified-By): 0 of 1 current" in text
+    assert "stale: patches/x/0005-F4: gpu:reports/sglang-0.5.10/gpu-test: stale" in text
+    data = json.loads(json.dumps(project.to_json()))
+    assert [e["state"] for e in data["evidence"]] == ["current", "stale"]
+    assert data["claims"][0]["command"] == "nox -s gpu_test -- --stack sglang-0.5.10 --quick"

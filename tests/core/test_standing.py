@@ -117,3 +117,14 @@ def test_a_claim_backed_by_another_stacks_record_does_not_count(
     claim = next(v for k, v in _stale(demo).items() if k.startswith("patches/"))
     assert "ran on stack other: it does not count for stack demo" in claim
     assert claim.endswith("re-make: nox -s gpu_test -- --stack demo --quick")
+
+
+def test_status_lists_each_projects_records_and_claims(demo: DemoWorkspace) -> None:
+    from sm120fork.maintain.status import stack_standings
+
+    records, claims = stack_standings(demo.ws, demo.ws.stack("demo"))
+    assert [r.name for r in records["lib"]] == ["reports/demo/gpu-test",
+                                                "reports/demo/verify-sm120"]
+    assert all(r.current for r in records["lib"])
+    assert len(claims["lib"]) == 2
+    assert claims["app"] == ()
