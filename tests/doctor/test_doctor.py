@@ -1093,3 +1093,19 @@ def test_a_bad_python_is_named(argv: list[str], says: str,
                                capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(argv) != 0
     assert says in capsys.readouterr().err
+
+
+def test_the_doctor_says_when_the_installed_sglang_reads_version_1_only() -> None:
+    """The decisions probe runs SGLang's own start-up with the file in place: a version 1
+    reader's refusal is shown, not 'SGLang follows it'."""
+    facts = with_policy(measured_policy())
+    for d in facts["decisions"]["decisions"]:
+        d["line"] = ("FlashInfer AllReduce Fusion on SM12x (TP2): default rule: /srv/policy.json "
+                     "is not an sm120fork all-reduce policy (version 1)")
+    report = rules.judge(facts)
+    assert ("the installed SGLang reads version 1 only and ignores this file (it keeps "
+            "today's rule; its own line is under [decisions]): what the version 2 decision "
+            "would be:") in report.text_of("policy")
+    assert report.to_json()["policy"]["read_by_sglang"] is False
+    assert rules.judge(with_policy(measured_policy())).to_json()["policy"][
+        "read_by_sglang"] is True

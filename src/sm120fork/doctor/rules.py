@@ -567,6 +567,14 @@ def judge_policy(report: Report, facts: dict[str, Any], packages: dict[str, Any]
         report.say("policy", f"sglang {sglang} ({packages.get('sglang_kind')}) reads no "
                              "policy (our patched SGLang does, and our plugin when it is on); "
                              "what ours would decide:")
+    # What the installed SGLang's own start-up code said about the file (the decisions
+    # probe ran it with the policy in place): a reader of version 1 refuses version 2.
+    said = [d.get("line") or "" for d in (facts.get("decisions") or {}).get("decisions", [])]
+    if seen["source"]["usable"] and any("(version 1)" in line for line in said):
+        seen["read_by_sglang"] = False
+        report.say("policy", "the installed SGLang reads version 1 only and ignores this "
+                             "file (it keeps today's rule; its own line is under "
+                             "[decisions]): what the version 2 decision would be:")
     if n == 1 and not lines:
         report.say("policy", "one GPU: no --tp above 1 to decide for")
     for line in lines:
