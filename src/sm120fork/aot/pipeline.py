@@ -31,8 +31,8 @@ from sm120fork.aot import wheel as wheel_mod
 from sm120fork.aot.targets import DEFAULT_CAPABILITIES
 from sm120fork.declare import Stack
 from sm120fork.errors import BuildError, ConfigError
-from sm120fork.util import proc
 from sm120fork.util.files import sha256_file
+from sm120fork.util.git import Git
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
@@ -80,12 +80,11 @@ def flashinfer_build(wheels_dir: Path, stack: Stack) -> wheel_mod.FlashInferBuil
 
 def tree_hash(tree: Path) -> str:
     """The git tree hash of the fork tree's HEAD (refusing uncommitted changes)."""
-    dirty = proc.run(["git", "-C", tree, "status", "--porcelain", "--untracked-files=no"],
-                     quiet=True).stdout.strip()
-    if dirty:
+    repo = Git(tree)
+    if repo("status", "--porcelain", "--untracked-files=no"):
         raise ConfigError("the fork tree has uncommitted changes", where=str(tree),
                           fix="commit them (and refresh the series) or rebuild the stack")
-    return proc.run(["git", "-C", tree, "rev-parse", "HEAD^{tree}"], quiet=True).stdout.strip()
+    return repo.tree_hash()
 
 
 def published_sources(ws: Workspace, wheels_dir: Path,

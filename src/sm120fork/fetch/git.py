@@ -29,5 +29,5 @@ def init_from_git(project: Project, work: Path, url: str | None = None) -> Sourc
             raise SourceError(f"HEAD is {head}, not the pinned {project.git_pin.commit}",
                               where=f"project {project.key}",
                               fix="the remote served another commit; never trust a tag")
-        repo("tag", "-f", UPSTREAM_TAG)
+        repo.tag(UPSTREAM_TAG)
     return SourceInfo(kind="git", digest=project.git_pin.commit, base_commit=project.git_pin.commit)

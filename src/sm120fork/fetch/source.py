@@ -53,10 +53,9 @@ def source_key(project: Project, kind: str | None = None) -> str:
 
 
 def commit_upstream(repo: Git, message: str) -> str:
-    repo("add", "-A", "--force", ".")
-    repo("commit", "-q", "--no-verify", "-m", message)
-    repo("tag", "-f", UPSTREAM_TAG)
-    return repo.head()
+    head = repo.commit_all(message)
+    repo.tag(UPSTREAM_TAG, head)
+    return head
 
 
 def make_upstream_tree(project: Project, work: Path, fill: Callable[[Path, Path], None],

@@ -141,7 +141,7 @@ class RepackedWheels:
                             force=job.force, progress=job.progress)
         replacements = {member: (tree.path / path).read_bytes()
                         for path, member in changed.items()}
-        epoch = tree.repo("log", "-1", "--format=%ct", quiet=True)
+        epoch = str(tree.repo.commit_time())
         entries = []
         for pin, original in zip(project.wheels, inputs, strict=True):
             job.stage(project.key, f"repacking {original.name}")

@@ -97,7 +97,7 @@ def build_wheel(project: Project, repo: Git, out_dir: Path,
         env = stamp_version(project, package_dir)
         write_series_record(project, package_dir, changed_files)
         # Reproducible archives: wheel/setuptools date zip entries from this.
-        env["SOURCE_DATE_EPOCH"] = repo("log", "-1", "--format=%ct", quiet=True)
+        env["SOURCE_DATE_EPOCH"] = str(repo.commit_time())
         dist = Path(tmp) / "dist"
         log.info("building %s %s", project.distribution, project.local_version)
         try:

@@ -104,8 +104,7 @@ def apply_series(repo: Git, series: Series, *, stack: str, project: str,
     reset_to_upstream(repo)
     for p in patches:
         try:
-            repo("am", "--quiet", "--no-3way", "--keep-cr", "--committer-date-is-author-date",
-                 str(p.path))
+            repo.am([p.path], extra=("--committer-date-is-author-date",))
         except CommandError as exc:
             file, hunk = _locate(p, exc.detail or "")
             reset_to_upstream(repo)

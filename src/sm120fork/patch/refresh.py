@@ -69,16 +69,15 @@ def export_series(repo: Git, directory: Path, base: str = UPSTREAM_TAG,
     with tempfile.TemporaryDirectory(prefix="sm120fork-refresh-") as tmp:
         out = repo(*FORMAT_PATCH, "-o", tmp, f"{base}..HEAD")
         exported = [Path(line) for line in out.splitlines() if line.strip()]
-        commits = repo("rev-list", "--reverse", f"{base}..HEAD", quiet=True).split()
+        commits = repo.commits(f"{base}..HEAD")
         new: dict[str, bytes] = {}
         for path, commit in zip(exported, commits, strict=True):
             text = path.read_text(encoding="utf-8")
             try:
                 patch = parse_patch(path)  # refuses a commit without a DEP-3 header
             except SeriesError as exc:  # name the commit, not the scratch file it went to
-                subject = repo("log", "-1", "--format=%s", commit, quiet=True)
                 raise SeriesError(
-                    f"commit {commit[:12]} ({subject!r}) cannot become a patch: "
+                    f"commit {commit.hexsha[:12]} ({commit.summary!r}) cannot become a patch: "
                     f"{exc.what}", where=str(repo.path),
                     fix=f"give its message a DEP-3 header (patches/README.md): `git -C "
                         f"{shlex.quote(str(repo.path))} rebase -i {base}` and reword it") \

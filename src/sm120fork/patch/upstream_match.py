@@ -22,8 +22,8 @@ from sm120fork.util.git import Git
 def text_at(repo: Git, path: str, rev: str = UPSTREAM_TAG) -> str:
     """``path`` at ``rev``, or '' when it does not exist there (a patch that adds it)."""
     try:
-        return repo("show", f"{rev}:{path}", quiet=True, strip=False)
-    except CommandError:
+        return repo.show(rev, path) or ""
+    except CommandError:  # no such revision
         return ""
 
 
@@ -66,8 +66,7 @@ def match_upstream(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG) -> Upstream
         if "*" not in eff.path:
             return eff.found_in(text(eff.path))
         prefix = eff.path.split("*", 1)[0].rpartition("/")[0]
-        names = repo("ls-tree", "-r", "--name-only", rev, "--", *([prefix] if prefix else []),
-                     quiet=True).splitlines()
+        names = repo.files(rev, under=prefix)
         return any(eff.found_in(text(n)) for n in names if fnmatch.fnmatchcase(n, eff.path))
 
     fingerprints = tuple(fingerprint_in(fp, text(fp.path)) for fp in patch.fingerprints)

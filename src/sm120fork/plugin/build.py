@@ -95,8 +95,7 @@ def build_plugin(ws: Workspace, stack: Stack, *, force: bool = False,
         tree = prepare_tree(ws, stack, project, patches=series.patches, force=force)
         prefix = "" if project.package_root.strip("/") in ("", ".") else \
             project.package_root.strip("/") + "/"
-        if not tree.repo("ls-tree", "--name-only", UPSTREAM_TAG, "--",
-                         prefix + FRAMEWORK_FILE, quiet=True):
+        if not tree.repo.exists(UPSTREAM_TAG, prefix + FRAMEWORK_FILE):
             return PluginResult(stack=stack.name, message=(
                 f"sglang {project.version} ships no {FRAMEWORK_FILE}: no plugin wheel; its "
                 "patched sglang wheel is the way there"))

@@ -230,12 +230,6 @@ def _module_name(rel: str) -> str:
     return ".".join(parts)
 
 
-def _show(repo: Git, rev: str, path: str) -> str | None:
-    if not repo("ls-tree", "--name-only", rev, "--", path, quiet=True):
-        return None
-    return repo("show", f"{rev}:{path}", quiet=True, strip=False)
-
-
 @dataclass(frozen=True, kw_only=True)
 class PatchRef:
     """A patch of the series and the commit ``git am`` made of it in the fork tree."""
@@ -246,7 +240,7 @@ class PatchRef:
 
 def patch_commits(repo: Git, patch_ids: Sequence[str]) -> list[PatchRef]:
     """Pair the series (in order) with the fork tree's commits after ``upstream``."""
-    commits = repo("rev-list", "--reverse", f"{UPSTREAM_TAG}..HEAD", quiet=True).split()
+    commits = [c.hexsha for c in repo.commits(f"{UPSTREAM_TAG}..HEAD")]
     if len(commits) != len(patch_ids):
         raise BuildError(f"the fork tree has {len(commits)} commits after '{UPSTREAM_TAG}' "
                          f"but the series has {len(patch_ids)} patches", where=str(repo.path),
@@ -269,8 +263,8 @@ def generate_spec(repo: Git, patches: Sequence[PatchRef], *, package_root: str, 
                 changes.append(_Change(rel, ("file",), "", (),
                                        wheel_only=f"changes {full}, outside the package"))
                 continue
-            changes += diff_file(rel, _show(repo, f"{ref.commit}^", full),
-                                 _show(repo, ref.commit, full))
+            changes += diff_file(rel, repo.show(f"{ref.commit}^", full),
+                                 repo.show(ref.commit, full))
         per_patch[ref.id] = changes
 
     wheel_only: dict[str, str] = {p: next(c.wheel_only for c in ch if c.wheel_only)
@@ -300,8 +294,8 @@ def generate_spec(repo: Git, patches: Sequence[PatchRef], *, package_root: str, 
             full = prefix + c.path
             if c.kind == "replace":
                 (name,) = c.names
-                upstream = _units_function(_show(repo, UPSTREAM_TAG, full), name, full)
-                patched = _units_function(_show(repo, "HEAD", full), name, full)
+                upstream = _units_function(repo.show(UPSTREAM_TAG, full), name, full)
+                patched = _units_function(repo.show("HEAD", full), name, full)
                 hooks[(c.path, c.key)] = Hook(
                     patch=ids, kind="replace", module=_module_name(c.path), path=c.path,
                     names=c.names, source=patched, patched_sha256=sha256_text(patched),

@@ -1,18 +1,33 @@
-"""The one git wrapper: every git command goes through the process runner.
+"""git through GitPython, with git's processes under the one process runner.
 
-``git`` runs as a child of :func:`sm120fork.util.proc.run`, in its own process group and
-known to :func:`~sm120fork.util.proc.end_children`, so Ctrl-C or SIGTERM also stops a
-running ``git am`` (GitPython's own subprocesses were out of the runner's reach). Each
-command is echoed at debug level (``+ git am ...``: ``-v`` shows it); a failure becomes a
-``CommandError`` naming the command and the repository, with git's output attached.
+GitPython is the repository API (:class:`Repo`: refs, tags, commits, trees, the index),
+but every ``git`` it starts goes through :mod:`sm120fork.util.proc`: :class:`RunnerGit`,
+the ``git.Git`` subclass set as ``Repo.GitCommandWrapperType``, runs each command in its
+own process group known to :func:`~sm120fork.util.proc.end_children`, so Ctrl-C or
+SIGTERM also stops a running ``git am`` and its hooks.  Each command is echoed at debug
+level (``+ git am ...``; ``-v`` shows it), runs with check, and its captured output is
+shown only when it fails: GitPython's ``GitCommandError`` becomes :class:`GitError`, the
+toolkit's ``CommandError`` (exit code 11) naming the command and the repository, with
+git's stderr attached (it stays a ``GitCommandError`` too, for GitPython's own callers).
+
+:class:`Git` is the toolkit's handle on a work tree: ``repo("am", ...)`` runs a git
+command, its methods answer the questions the stages ask, and ``.repo`` is the GitPython
+``Repo`` for anything else.
 """
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import shlex
-from collections.abc import Mapping
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
+
+import git as gitpython
+from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from sm120fork.errors import CommandError
 from sm120fork.util import proc
@@ -44,21 +59,141 @@ def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _run(path: Path, args: tuple[str, ...], env: Mapping[str, str] | None) -> str:
-    full_env = {**git_env(), **_C_LOCALE, **(env or {})}
-    try:
-        done = proc.run(["git", *args], cwd=path, env=full_env, check=False, quiet=True)
-    except CommandError as exc:  # git missing, or the run is being interrupted
-        raise CommandError(f"git {args[0]} could not run: {exc.what}", where=str(path),
-                           fix=exc.fix) from exc
-    if done.returncode != 0:
-        raise CommandError(f"git {args[0]} failed (exit {done.returncode})", where=str(path),
-                           detail=_tail(f"{done.stdout}\n{done.stderr}"))
-    return done.stdout
+def _text(value: str | bytes | None) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value or ""
+
+
+def _subcommand(argv: Sequence[str]) -> str:
+    """``am`` of ``git -c x=y am --quiet ...``."""
+    it = iter(argv[1:])
+    for arg in it:
+        if arg in ("-c", "-C"):
+            next(it, None)
+        elif not arg.startswith("-"):
+            return arg
+    return "(none)"
+
+
+class GitError(CommandError, GitCommandError):
+    """A git command failed: the toolkit's ``CommandError`` (what, where, git's output as
+    ``detail``), and GitPython's ``GitCommandError`` (``status``, ``stderr``), so GitPython's
+    own code that expects one (``Repo.is_ancestor``) still works."""
+
+    def __init__(self, argv: Sequence[str], status: int, stderr: str, stdout: str, *,
+                 where: str | None) -> None:
+        CommandError.__init__(self, f"git {_subcommand(argv)} failed (exit {status})",
+                              where=where, detail=_tail(f"{stdout}\n{stderr}"))
+        GitCommandError.__init__(self, list(argv), status, stderr, stdout)
+        self.stderr: str = stderr  # GitPython's own keeps a formatted copy
+        self.stdout: str = stdout
+        self.args = (self.message,)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class RunnerGit(gitpython.Git):
+    """GitPython's command layer with its processes under :mod:`sm120fork.util.proc`.
+
+    Every GitPython operation that runs git ends in :meth:`execute`; this one starts the
+    child through the runner instead of its own ``Popen``: ``proc.capture`` for a command
+    run to its end, ``proc.spawn`` for one GitPython streams (``cat-file --batch``)."""
+
+    def execute(  # one signature for GitPython's overloads
+        self,
+        command: str | Sequence[Any],
+        istream: int | IO[bytes] | None = None,
+        with_extended_output: bool = False,
+        with_exceptions: bool = True,
+        as_process: bool = False,
+        output_stream: IO[bytes] | None = None,
+        stdout_as_string: bool = True,
+        kill_after_timeout: float | None = None,
+        with_stdout: bool = True,
+        universal_newlines: bool = False,
+        shell: bool | None = None,
+        env: Mapping[str, str] | None = None,
+        max_chunk_size: int = 0,
+        strip_newline_in_stdout: bool = True,
+        **subprocess_kwargs: Any,
+    ) -> Any:
+        if isinstance(command, str) or shell:
+            raise CommandError("git commands run as an argument list, never through a shell",
+                               fix="pass the command as a sequence of arguments")
+        argv = [os.fspath(c) if isinstance(c, os.PathLike) else str(c) for c in command]
+        full_env = {**os.environ, **_C_LOCALE, **self._environment, **(env or {})}
+        cwd = os.fspath(self._working_dir) if self._working_dir else None
+        log.debug("+ %s", shlex.join(argv))
+        if as_process:
+            child = proc.spawn(argv, cwd=cwd, env=full_env,
+                               stdin=istream if istream is not None else subprocess.DEVNULL)
+            return self.AutoInterrupt(child, argv)
+        stdin: IO[bytes] | int | None = None
+        data: bytes | None = None
+        if isinstance(istream, io.BytesIO):
+            data = istream.read()
+        elif istream is not None:
+            stdin = istream
+        try:
+            done = proc.capture(argv, cwd=cwd, env=full_env, stdin=stdin, input=data,
+                                timeout=kill_after_timeout)
+        except CommandError as exc:  # git missing, timed out, or the run being interrupted
+            raise CommandError(f"git {_subcommand(argv)} could not run: {exc.what}",
+                               where=str(cwd) if cwd else None, fix=exc.fix) from exc
+        out: bytes = done.stdout if with_stdout else b""
+        err = _text(done.stderr)
+        if err.endswith("\n"):
+            err = err[:-1]
+        if done.returncode != 0 and with_exceptions:
+            raise GitError(argv, done.returncode, err, _text(out),
+                           where=str(cwd) if cwd else None)
+        value: str | bytes | IO[bytes]
+        if output_stream is not None:
+            output_stream.write(out)
+            value = output_stream
+        else:
+            if strip_newline_in_stdout and out.endswith(b"\n"):
+                out = out[:-1]
+            value = _text(out) if (stdout_as_string or universal_newlines) else out
+        if with_extended_output:
+            return (done.returncode, value, err)
+        return value
+
+
+    # GitPython reads objects through a ``git cat-file --batch`` it keeps running while
+    # the repository object lives, and ends it whenever the garbage collector gets to
+    # it; one ``cat-file`` per object, run to its end by the runner, leaves nothing
+    # running behind a ``Git`` handle (the toolkit reads a few objects, not thousands).
+
+    def get_object_header(self, ref: str | bytes) -> tuple[str, str, int]:
+        header = self._cat_file("--batch-check", ref).partition(b"\n")[0]
+        # bytes, as GitPython's own reader passes them (its annotation says str)
+        return self._parse_object_header(header)  # type: ignore[arg-type]
+
+    def stream_object_data(self, ref: str | bytes
+                           ) -> tuple[str, str, int, gitpython.Git.CatFileContentStream]:
+        header, _, data = self._cat_file("--batch", ref).partition(b"\n")
+        hexsha, typename, size = self._parse_object_header(header)  # type: ignore[arg-type]
+        return hexsha, typename, size, self.CatFileContentStream(size, io.BytesIO(data))
+
+    def _cat_file(self, mode: str, ref: str | bytes) -> bytes:
+        out: bytes = self.execute(["git", "cat-file", mode],
+                                  istream=io.BytesIO(self._prepare_ref(ref)),
+                                  stdout_as_string=False, strip_newline_in_stdout=False)
+        return out
+
+
+class Repo(gitpython.Repo):
+    """GitPython's ``Repo`` whose git commands run under the one runner."""
+
+    GitCommandWrapperType = RunnerGit
 
 
 class Git:
-    """A git work tree at ``path``, driven through the process runner."""
+    """A git work tree at ``path``: its GitPython :attr:`repo`, with the toolkit's fixed
+    identity and dates for every commit git makes in it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -67,36 +202,132 @@ class Git:
                 "not a git repository", where=str(path),
                 fix="remove the directory so the toolkit can recreate it",
             )
+        try:
+            self.repo = Repo(path)
+        except (InvalidGitRepositoryError, NoSuchPathError) as exc:
+            raise CommandError("not a git repository", where=str(path),
+                               fix="remove the directory so the toolkit can recreate it"
+                               ) from exc
+        self.repo.git.update_environment(**git_env())
 
     @classmethod
     def init(cls, path: Path) -> Git:
         path.mkdir(parents=True, exist_ok=True)
-        log.debug("+ git init %s", path)
-        _run(path, ("init", "--quiet", "--initial-branch=main"), None)
+        Repo.init(path, initial_branch="main", quiet=True)
         g = cls(path)
-        for key, value in (("user.name", TOOLKIT_AUTHOR_NAME),
-                           ("user.email", TOOLKIT_AUTHOR_EMAIL), ("core.autocrlf", "false"),
-                           ("core.fileMode", "true"), ("gc.auto", "0")):
-            _run(path, ("config", key, value), None)
+        with g.repo.config_writer() as config:
+            config.set_value("user", "name", TOOLKIT_AUTHOR_NAME)
+            config.set_value("user", "email", TOOLKIT_AUTHOR_EMAIL)
+            config.set_value("core", "autocrlf", "false")
+            config.set_value("core", "fileMode", "true")
+            config.set_value("gc", "auto", "0")
         return g
 
     def __call__(self, *args: str, env: Mapping[str, str] | None = None,
                  quiet: bool = False, strip: bool = True) -> str:
-        """Run ``git <args>`` in the work tree; its stdout (one trailing newline off)."""
-        if not quiet:
-            log.debug("+ git %s", shlex.join(args))
-        out = _run(self.path, args, env)
-        return out[:-1] if strip and out.endswith("\n") else out
+        """Run ``git <args>`` in the work tree; its stdout (one trailing newline off).
+
+        ``quiet`` is kept for the callers that passed it: every command is echoed at
+        debug level."""
+        del quiet
+        out: str = self.repo.git.execute(["git", *args], env=env,
+                                         strip_newline_in_stdout=strip)
+        return out
+
+    # -- questions the stages ask --------------------------------------------------------
 
     def head(self) -> str:
-        return self("rev-parse", "HEAD", quiet=True)
+        """The commit HEAD points at."""
+        return self.repo.head.commit.hexsha
+
+    def commit(self, rev: str) -> gitpython.Commit:
+        """The commit ``rev`` names (a tag is peeled to its commit); ``CommandError`` if
+        none."""
+        try:
+            return self.repo.commit(rev)
+        except (gitpython.BadName, gitpython.BadObject, ValueError, IndexError) as exc:
+            raise CommandError(f"no commit {rev!r}", where=str(self.path)) from exc
+
+    def rev_parse(self, rev: str) -> str:
+        """The full id of the commit ``rev`` names."""
+        return self.commit(rev).hexsha
+
+    def has_commit(self, rev: str) -> bool:
+        """``rev`` (a tag, branch, ref or id) names a commit here."""
+        try:
+            self.commit(rev)
+        except CommandError:
+            return False
+        return True
+
+    def tree_hash(self, rev: str = "HEAD") -> str:
+        return self.commit(rev).tree.hexsha
 
     def is_dirty(self) -> bool:
-        return bool(self("status", "--porcelain", "--untracked-files=all", quiet=True))
+        """Changes to tracked files, staged or not, or untracked files (not ignored ones)."""
+        return bool(self("status", "--porcelain", "--untracked-files=all"))
 
     def am_in_progress(self) -> bool:
         """A ``git am`` stopped half-way (conflict or interruption)."""
-        return (self.path / ".git" / "rebase-apply").exists()
+        return (Path(self.repo.git_dir) / "rebase-apply").exists()
 
-    def tree_hash(self, rev: str = "HEAD") -> str:
-        return self("rev-parse", f"{rev}^{{tree}}", quiet=True)
+    def commits(self, rev_range: str) -> list[gitpython.Commit]:
+        """The commits of ``rev_range`` (``base..HEAD``), oldest first."""
+        return list(reversed(list(self.repo.iter_commits(rev_range))))
+
+    def show(self, rev: str, path: str) -> str | None:
+        """The text of ``path`` at ``rev``; None where ``rev`` has no such file."""
+        try:
+            blob = self.commit(rev).tree / path
+        except KeyError:
+            return None
+        if not isinstance(blob, gitpython.Blob):
+            return None
+        data: bytes = blob.data_stream.read()
+        return data.decode("utf-8", "replace")
+
+    def exists(self, rev: str, path: str) -> bool:
+        """``rev`` has a file or folder at ``path``."""
+        try:
+            self.commit(rev).tree / path.rstrip("/")
+        except KeyError:
+            return False
+        return True
+
+    def commit_time(self, rev: str = "HEAD") -> int:
+        """The committer timestamp of ``rev`` (seconds since the epoch: git's ``%ct``)."""
+        return int(self.commit(rev).committed_date)
+
+    def files(self, rev: str, under: str = "") -> list[str]:
+        """Every file path at ``rev`` (below ``under``, a folder, if given), sorted."""
+        out = self("ls-tree", "-r", "-z", "--name-only", self.rev_parse(rev), "--",
+                   *([under] if under else []))
+        return sorted(name for name in out.split("\0") if name)
+
+    def tag(self, name: str, rev: str = "HEAD") -> None:
+        """Point the lightweight tag ``name`` at ``rev`` (moving it if it exists)."""
+        self.repo.create_tag(name, ref=rev, force=True)
+
+    def commit_all(self, message: str) -> str:
+        """Commit every file of the work tree (ignored ones too: an upstream source is
+        recorded as it is); the new commit's id.  Hooks do not run."""
+        self("add", "-A", "--force", ".")
+        self("commit", "-q", "--no-verify", "-m", message)
+        return self.head()
+
+    def apply_check(self, patch: Path, *, cached: bool = False,
+                    env: Mapping[str, str] | None = None) -> bool:
+        """Whether ``patch`` applies exactly (``git apply --check``)."""
+        try:
+            self("apply", "--check", *(["--cached"] if cached else []), str(patch), env=env)
+        except GitError:
+            return False
+        return True
+
+    def am(self, patches: Iterable[Path], *, three_way: bool = False,
+           extra: Sequence[str] = ()) -> None:
+        """Apply ``patches`` as commits (``git am``, carriage returns kept); a patch that
+        does not apply raises :class:`GitError` and leaves the ``am`` stopped on it
+        (:meth:`am_in_progress`)."""
+        self("am", "--quiet", "--3way" if three_way else "--no-3way", "--keep-cr", *extra,
+             *(str(p) for p in patches))

@@ -4,7 +4,8 @@ Commands are echoed through the ``sm120fork`` logger (``+ python -m build ...`` 
 level), run with check in a process group of their own, and their captured output is shown
 only when they fail (``CommandError`` with the output's tail).  :func:`end_children` ends
 every running one (Ctrl-C, SIGTERM), a build's own children included.  git goes through it
-too (:mod:`sm120fork.util.git`).  Stdlib only: the doctor and the GPU harness import it.
+too (:mod:`sm120fork.util.git`: GitPython's commands, through :func:`capture` and
+:func:`spawn`).  Stdlib only: the doctor and the GPU harness import it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shlex
 import signal
 import subprocess
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -24,7 +26,11 @@ from ..errors import CommandError
 
 log = logging.getLogger("sm120fork")
 
-_children: set[subprocess.Popen[Any]] = set()
+#: Every child still running (weakly held: a streaming child that its reader dropped is
+#: collected, ended by its own finaliser, and leaves this set by itself).
+_children: weakref.WeakSet[subprocess.Popen[Any]] = weakref.WeakSet()
+#: Streaming helpers (:func:`spawn`): ended with the rest, not counted as commands.
+_helpers: weakref.WeakSet[subprocess.Popen[Any]] = weakref.WeakSet()
 _children_lock = threading.Lock()
 _ending = threading.Event()
 _ended: list[int] = []
@@ -40,10 +46,11 @@ def end_children(grace: float = 5.0) -> int:
     _ending.set()
     with _children_lock:
         running = [p for p in _children if p.poll() is None]
-    for p in running:
+        helpers = [p for p in _helpers if p.poll() is None]
+    for p in [*running, *helpers]:
         with _suppress_gone():
             os.killpg(p.pid, signal.SIGTERM)
-    for p in running:
+    for p in [*running, *helpers]:
         _reap(p, grace)
     _ended.extend(p.pid for p in running)
     return len(_ended)
@@ -149,6 +156,73 @@ def run(
             detail=output,
         )
     return proc
+
+
+def _start_bytes(argv: list[str], *, cwd: Path | str | None, env: Mapping[str, str],
+                 stdin: IO[bytes] | int | None, stdout: IO[bytes] | int | None,
+                 stderr: IO[bytes] | int | None,
+                 registry: weakref.WeakSet[subprocess.Popen[Any]] = _children,
+                 ) -> subprocess.Popen[bytes]:
+    if _ending.is_set():
+        raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
+    try:
+        child = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout,
+                                 stderr=stderr, start_new_session=True)
+    except FileNotFoundError as exc:
+        raise CommandError(
+            f"command not found: {argv[0]}", fix="install it or put it on PATH"
+        ) from exc
+    with _children_lock:
+        registry.add(child)
+    return child
+
+
+def spawn(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = None,
+          env: Mapping[str, str], stdin: IO[bytes] | int | None = subprocess.DEVNULL,
+          stdout: IO[bytes] | int | None = subprocess.PIPE,
+          stderr: IO[bytes] | int | None = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` (with exactly ``env``) and return it running, for a caller that reads
+    its output as it streams (GitPython's ``git cat-file --batch``, ``git rev-list``).
+
+    Silent, unchecked: the caller echoes, waits and judges.  Like every child of the
+    runner it leads its own process group and :func:`end_children` ends it (without
+    counting it among the commands it ended: it is a reader, not a step of the work)."""
+    return _start_bytes([os.fspath(c) for c in cmd], cwd=cwd, env=env, stdin=stdin,
+                        stdout=stdout, stderr=stderr, registry=_helpers)
+
+
+def capture(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = None,
+            env: Mapping[str, str], stdin: IO[bytes] | int | None = None,
+            input: bytes | None = None, timeout: float | None = None,
+            ) -> subprocess.CompletedProcess[bytes]:
+    """Run ``cmd`` (with exactly ``env``) to its end, stdout and stderr captured as bytes.
+
+    Silent and unchecked, for a caller that echoes and judges itself (util/git.py: git's
+    output may be binary, and GitPython decides what a failure is).  Interrupting the
+    wait, or :func:`end_children`, ends the child with its process group."""
+    argv = [os.fspath(c) for c in cmd]
+    child = _start_bytes(argv, cwd=cwd, env=env,
+                         stdin=subprocess.PIPE if input is not None else
+                         (subprocess.DEVNULL if stdin is None else stdin),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = child.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        with _suppress_gone():
+            os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        error = CommandError(f"timed out after {timeout}s: {shlex.join(argv)}")
+        error.timed_out = True
+        raise error from exc
+    except BaseException:  # interrupted while waiting here: the child ends with us
+        with _suppress_gone():
+            os.killpg(child.pid, signal.SIGTERM)
+        _reap(child, 5.0)
+        raise
+    finally:
+        with _children_lock:
+            _children.discard(child)
+    return subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
 
 
 class ProcessGroup:
