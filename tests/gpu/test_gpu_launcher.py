@@ -274,6 +274,26 @@ def test_crash_after_a_reported_case_is_not_a_startup_failure(tmp_path: Path) ->
     assert len(list(tmp_path.glob("spec-*.json"))) == 4
 
 
+def test_a_rank_that_reports_and_exits_does_not_cut_off_the_others_report(
+        tmp_path: Path) -> None:
+    """The race behind the flaky test above, made certain: rank 0 reports its case and
+    exits at once (a poisoned CUDA context), rank 1 reports the same case a moment later
+    (a loaded machine).  Rank 1's report still counts: the case passes, and the crash,
+    which came after the case, is blamed on no case."""
+    script = tmp_path / "late.py"
+    script.write_text(FAKE_RANK.replace(
+        '\n        status = "fail" if', '\n        if rank == 1:\n            time.sleep(1.5)'
+        '\n        status = "fail" if').replace(
+        '\nprint("@@DONE", flush=True)',
+        '\n    if rank == 0:\n        sys.exit(3)\nprint("@@DONE", flush=True)'))
+    variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
+    out = launcher.run_cases(_cases(1, 2), variant, tmp_path,
+                             timeouts=launcher.Timeouts(startup=120.0, case=60.0),
+                             worker=[sys.executable, str(script)])
+    assert [(r["status"], r.get("failure")) for r in out] == [("pass", None), ("pass", None)]
+    assert len(list(tmp_path.glob("spec-*.json"))) == 2
+
+
 def test_a_variant_records_its_wheels_record_digest(tmp_path: Path) -> None:
     """A rezipped published wheel keeps its RECORD: the digest that ties it to the original."""
     import hashlib

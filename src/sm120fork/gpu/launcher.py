@@ -81,7 +81,8 @@ class Timeouts:
 
 def _run_ranks(worker: Sequence[str], spec_path: Path, world: int, variant: Variant,
                log_stem: Path, timeouts: Timeouts, on_line: Callable[[int, str], None],
-               extra_env: Mapping[str, str] | None = None) -> GroupOutcome:
+               extra_env: Mapping[str, str] | None = None,
+               settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
     """One worker process per rank on ``spec_path``, logging to ``<log_stem>-rank<r>.log``."""
     env = {**variant.env(os.environ), **(extra_env or {})}
     return run_group(
@@ -89,7 +90,30 @@ def _run_ranks(worker: Sequence[str], spec_path: Path, world: int, variant: Vari
         envs=[env] * world,
         log_paths=[log_stem.with_name(f"{log_stem.name}-rank{r}.log") for r in range(world)],
         idle_timeout=timeouts.case, first_timeout=timeouts.startup, on_line=on_line,
-        deadline=timeouts.deadline)
+        deadline=timeouts.deadline, settled=settled)
+
+
+@dataclasses.dataclass
+class _Reports:
+    """What each rank of one group said: the cases it started and those it reported."""
+
+    started: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    reported: dict[int, set[str]] = dataclasses.field(default_factory=dict)
+
+    def settled(self, codes: list[int | None]) -> bool:
+        """Every rank still running has reported each case that a failed rank reported:
+        a rank that exits right after its report (a poisoned CUDA context) ends the group
+        only once the others have reported that case too, or the watchdog gives up."""
+        done_by_failed: set[str] = set()
+        for rank, code in enumerate(codes):
+            if code not in (None, 0):
+                done_by_failed |= self.reported.get(rank, set())
+        return all(done_by_failed <= self.reported.get(rank, set())
+                   for rank, code in enumerate(codes) if code is None)
+
+    def unfinished(self, rank: int) -> list[str]:
+        """The cases ``rank`` started and did not report."""
+        return [k for k in self.started.get(rank, []) if k not in self.reported.get(rank, set())]
 
 
 def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
@@ -131,22 +155,26 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
             "cases": [c.to_dict() for c in pending]}))
         per_rank: dict[str, dict[int, dict[str, Any]]] = {}
         started: list[str] = []
+        reports = _Reports()
 
         def on_line(rank: int, line: str, per_rank: dict[str, dict[int, dict[str, Any]]]
-                    = per_rank, started: list[str] = started) -> None:
+                    = per_rank, started: list[str] = started, reports: _Reports = reports
+                    ) -> None:
             parsed = protocol.parse(line)
             if not parsed:
                 return
             tag_, payload = parsed
             if tag_ == "START":
                 started.append(payload)
+                reports.started.setdefault(rank, []).append(payload)
             elif tag_ == "RESULT":
                 per_rank.setdefault(payload["key"], {})[rank] = payload
+                reports.reported.setdefault(rank, set()).add(payload["key"])
             elif tag_ == "ENV":
                 env_info.update(payload)
 
         outcome = _run_ranks(worker, spec_path, world, variant, run_dir / tag, timeouts,
-                             on_line)
+                             on_line, settled=reports.settled)
         remaining = []
         for case in pending:
             recs = per_rank.get(case.key, {})
@@ -172,7 +200,13 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
                                      "failure": outcome.kind or "error",
                                      "reason": f"not run: {why}", "log_tail": tails}
             break
-        in_progress = [c for c in remaining if c.key in set(started)]
+        if outcome.kind == "crash" and outcome.failed is not None:
+            # The case the crashed rank was on; none when it crashed after reporting its
+            # last case (the others' next case is not to blame for its exit).
+            mine = set(reports.unfinished(outcome.failed))
+            in_progress = [c for c in remaining if c.key in mine]
+        else:
+            in_progress = [c for c in remaining if c.key in set(started)]
         if not in_progress:
             # Nothing was running when the group ended: a crash between cases (after a
             # case that reported, e.g. a CUDA error that poisoned the context) or a

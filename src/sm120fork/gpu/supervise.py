@@ -27,6 +27,8 @@ class GroupOutcome:
     ok: bool
     failure: str | None = None
     kind: str | None = None  # "crash", "hang" or "fatal"
+    #: The process whose exit ended the group (a "crash"), if one did.
+    failed: int | None = None
     returncodes: list[int | None] = dataclasses.field(default_factory=list)
     tails: list[list[str]] = dataclasses.field(default_factory=list)
 
@@ -61,15 +63,22 @@ class _Follower:
 def run_group(commands: Sequence[Sequence[str]], *, envs: Sequence[Mapping[str, str]],
               log_paths: Sequence[Path], idle_timeout: float, first_timeout: float,
               on_line: Callable[[int, str], None] | None = None, fail_fast: bool = True,
-              poll_interval: float = 0.1, deadline: float | None = None) -> GroupOutcome:
+              poll_interval: float = 0.1, deadline: float | None = None,
+              settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
     """Run ``commands`` concurrently under a watchdog.
 
     ``first_timeout`` bounds the time to each process's first output line (a rank that
     starts slower than the others, e.g. on a loaded machine, is not a hang while it does),
     ``idle_timeout`` the time between lines once every running process has spoken.  With
     ``fail_fast``, the first process that exits non-zero (or a ``@@FATAL`` line) ends the
-    whole group.  Past ``deadline`` (a ``time.monotonic()`` value) the group is ended as
-    "budget"."""
+    whole group, once ``settled(returncodes)`` holds: the caller's judgement that the
+    processes still running have reported what the failed one had finished (a rank that
+    reports its case and then exits must not cost the others their report of that same
+    case); without output for ``idle_timeout`` it is ended anyway.  Past ``deadline`` (a
+    ``time.monotonic()`` value) the group is ended as "budget".
+
+    Each round reads the exit codes *before* the logs, so whatever a process printed
+    before it exited is seen in the same round as its exit."""
     group = proc.ProcessGroup()
     procs = group.procs
     followers = [_Follower(p) for p in log_paths]
@@ -83,6 +92,7 @@ def run_group(commands: Sequence[Sequence[str]], *, envs: Sequence[Mapping[str, 
     fatal: str | None = None
     try:
         while True:
+            codes = [p.poll() for p in procs]
             for idx, follower in enumerate(followers):
                 for line in follower.poll():
                     spoken[idx] = True
@@ -92,16 +102,17 @@ def run_group(commands: Sequence[Sequence[str]], *, envs: Sequence[Mapping[str, 
                         fatal = fatal or f"rank {idx}: {parsed[1]}"
                     if on_line:
                         on_line(idx, line)
-            codes = [p.poll() for p in procs]
             failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if fatal and fail_fast:
                 outcome.failure, outcome.kind = fatal, "fatal"
                 break
-            if failed and fail_fast:
+            if failed and fail_fast and (
+                    settled is None or settled(codes) or None not in codes
+                    or time.monotonic() - last > idle_timeout):
                 i, c = failed[0]
                 outcome.failure = f"rank {i} exited with code {c}" + (
                     f" (signal {-c})" if c is not None and c < 0 else "")
-                outcome.kind = "crash"
+                outcome.kind, outcome.failed = "crash", i
                 break
             if all(c is not None for c in codes):
                 outcome.ok = not failed
