@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -8,7 +9,7 @@ import tarfile
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
@@ -96,8 +97,10 @@ class _Index(BaseHTTPRequestHandler):
     yanked: ClassVar[set[str]] = set()
 
     def do_GET(self) -> None:
+        ctype = "application/octet-stream"
         if self.path.startswith("/simple/demo-lib/"):
-            body = json.dumps({"files": [
+            ctype = "application/vnd.pypi.simple.v1+json"
+            body = json.dumps({"meta": {"api-version": "1.1"}, "name": "demo-lib", "files": [
                 {"filename": name, "url": f"/files/{name}", "yanked": name in self.yanked,
                  "hashes": {"sha256": __import__("hashlib").sha256(data).hexdigest()}}
                 for name, data in self.files.items()]}).encode()
@@ -108,6 +111,7 @@ class _Index(BaseHTTPRequestHandler):
             self.end_headers()
             return
         self.send_response(200)
+        self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -166,6 +170,85 @@ def test_index_skips_yanked_files_and_sorts_versions_as_versions(
             find_sdist(project, Version("1.9.0"))
     finally:
         index.yanked = set()
+
+
+class _QuietFiles(SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def folder_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str]]:
+    """A PEP 503 index that is only a folder (``simple/<name>/index.html`` and the files),
+    served on 127.0.0.1 by http.server, and named only in a pip configuration file: no
+    other index, no toolkit variable."""
+    root = tmp_path / "index"
+    (root / "simple").mkdir(parents=True)
+    (root / "files").mkdir()
+    handler = functools.partial(_QuietFiles, directory=str(root))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_port}/simple/"
+    config = tmp_path / "pip.conf"
+    config.write_text(f"[global]\nindex-url = {url}\nextra-index-url =\n")
+    for var in ("SM120FORK_INDEX_URL", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    yield root, url
+    server.shutdown()
+    server.server_close()
+
+
+def _publish(root: Path, name: str, files: dict[str, bytes], *, hashed: bool = True) -> None:
+    page = root / "simple" / name
+    page.mkdir(parents=True, exist_ok=True)
+    links = []
+    for filename, data in files.items():
+        (root / "files" / filename).write_bytes(data)
+        frag = f"#sha256={hashlib.sha256(data).hexdigest()}" if hashed else ""
+        links.append(f'<a href="../../files/{filename}{frag}">{filename}</a>')
+    (page / "index.html").write_text("<!DOCTYPE html><html><body>\n" + "<br>\n".join(links)
+                                     + "\n</body></html>\n")
+
+
+def test_downloads_use_the_index_named_in_pips_configuration(
+        tmp_path: Path, folder_index: tuple[Path, str]) -> None:
+    root, url = folder_index
+    demo = make_demo(tmp_path)
+    project = demo.ws.stack(STACK).project("lib")
+    project = replace(project, sdist=replace(project.sdist_pin, url=""))  # from the index
+    _publish(root, "demo-lib", {project.sdist_pin.filename: demo.lib.sdist.read_bytes(),
+                                "demo_lib-1.10.0.tar.gz": b"newer"})
+    page = project_page(project)
+    assert page.url == f"{url}demo-lib/"
+    assert [str(v) for v in page.sdists(project)] == ["1.2.3", "1.10.0"]
+    got = download_sdist(project, tmp_path / "cache")
+    assert sha256(got) == project.sdist_pin.sha256
+    # A pin the index contradicts is refused before anything is downloaded.
+    wrong = replace(project, sdist=replace(project.sdist_pin, sha256="0" * 64))
+    with pytest.raises(ChecksumError, match="the pin says 0000"):
+        download_sdist(wrong, tmp_path / "cache-wrong")
+    assert not (tmp_path / "cache-wrong").exists() or not any(
+        (tmp_path / "cache-wrong").iterdir())
+    # An index that lists no sha256: the download is checked against the pin, and
+    # nothing is kept.
+    _publish(root, "demo-lib", {project.sdist_pin.filename: b"tampered"}, hashed=False)
+    with pytest.raises(ChecksumError, match="sha256 mismatch"):
+        download_sdist(project, tmp_path / "cache-tampered")
+    assert list((tmp_path / "cache-tampered").iterdir()) == []
+
+
+def test_an_unreachable_index_in_pips_configuration_is_named(
+        tmp_path: Path, folder_index: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    demo = make_demo(tmp_path)
+    project = demo.ws.stack(STACK).project("lib")
+    (tmp_path / "pip.conf").write_text("[global]\nindex-url = http://127.0.0.1:9/simple/\n"
+                                       "extra-index-url =\nretries = 0\ntimeout = 5\n")
+    with pytest.raises(SourceError, match=r"cannot read demo-lib's page") as err:
+        project_page(project)
+    assert err.value.where == "http://127.0.0.1:9/simple/demo-lib/"
+    assert "pip config list" in (err.value.fix or "")
 
 
 def test_git_source_refuses_wrong_commit(tmp_path: Path) -> None:

@@ -1,18 +1,26 @@
-"""The one package-index client: PEP 691 (the JSON simple API).
+"""The one package-index client: pip's own, configured as the user configured pip.
+
+The index URLs (``index-url``, ``extra-index-url``), proxies, certificates, client
+certificates, trusted hosts, timeouts and retries, netrc and keyring credentials come
+from pip's configuration as pip reads it (``pip.conf`` files, ``PIP_CONFIG_FILE``,
+``PIP_*`` variables), and pages are fetched and parsed by pip's own code (PEP 691 JSON
+or PEP 503 HTML, whichever the index serves).  ``SM120FORK_INDEX_URL``, when set,
+replaces the index URLs alone (one index; the rest of pip's configuration still holds).
 
 Lists a project's files, skips yanked ones for anything but an exact pin (PEP 592, with a
-note), sorts versions as versions, and checks the index's sha256 against the pin.
+note), sorts versions as versions, and checks the index's sha256 against the pin; the
+download itself is checked against the pin before anything uses it (:mod:`.sdist`).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import dataclasses
+import hashlib
 import logging
 import os
-import urllib.error
-import urllib.parse
-import urllib.request
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 from packaging.utils import (
     InvalidSdistFilename,
@@ -27,20 +35,81 @@ from sm120fork.declare import Project
 from sm120fork.errors import ChecksumError, SourceError
 
 log = logging.getLogger("sm120fork")
-DEFAULT_INDEX = "https://pypi.org/simple"
-PEP691_JSON = "application/vnd.pypi.simple.v1+json"
+#: The toolkit's own override of pip's index URLs (tests, a one-off run).
+INDEX_URL_VARIABLE = "SM120FORK_INDEX_URL"
+_PIP_FIX = "check pip's configuration (`python -m pip config list`) and the network"
 
 
-def index_url() -> str:
-    return os.environ.get("SM120FORK_INDEX_URL", DEFAULT_INDEX).rstrip("/")
+@dataclasses.dataclass(frozen=True)
+class PipIndex:
+    """pip's session (proxies, certificates, credentials) and its link collector (the
+    index URLs), as pip's configuration sets them up."""
+
+    session: Any
+    collector: Any
+
+    @property
+    def index_urls(self) -> list[str]:
+        urls: list[str] = self.collector.search_scope.index_urls
+        return urls
 
 
-def open_url(url: str, accept: str | None = None) -> urllib.request._UrlopenRet:
-    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
-    return urllib.request.urlopen(req, timeout=60)
+@contextlib.contextmanager
+def pip_index() -> Iterator[PipIndex]:
+    """pip's view of the package index, read the way ``pip download`` reads it."""
+    try:
+        from pip._internal.cli.index_command import SessionCommandMixin
+        from pip._internal.commands import create_command
+        from pip._internal.index.collector import LinkCollector
+    except ImportError as exc:  # pragma: no cover - pip ships with every venv
+        raise SourceError("pip is not importable in the toolkit's environment",
+                          fix="install pip there (`python -m ensurepip`)") from exc
+    command = create_command("download")
+    assert isinstance(command, SessionCommandMixin)  # pip download talks to the index
+    override = os.environ.get(INDEX_URL_VARIABLE, "").strip()
+    # The toolkit caches what it downloads itself (by sha256); pip's HTTP cache would
+    # only keep a second copy.
+    args = ["--no-cache-dir", *(["--index-url", override] if override else [])]
+    try:
+        options, _ = command.parse_args(args)
+    except SystemExit as exc:  # pip's option parser exits on a bad configuration value
+        raise SourceError("pip's configuration cannot be read", fix=_PIP_FIX) from exc
+    if override:
+        options.extra_index_urls = []
+        options.find_links = []
+    session = command._build_session(options)
+    with session:
+        yield PipIndex(session=session, collector=LinkCollector.create(session, options))
 
 
-@dataclass(frozen=True, kw_only=True)
+def download(url: str, out: IO[bytes],
+             progress: Callable[[int, int | None], None] | None = None) -> str:
+    """Write the file at ``url`` to ``out`` through pip's session; its sha256 (the
+    caller compares it with the pin before using the file)."""
+    from pip._vendor.requests import RequestException
+
+    digest = hashlib.sha256()
+    with pip_index() as index:
+        try:
+            with index.session.get(url, stream=True,
+                                   headers={"Accept-Encoding": "identity"}) as resp:
+                resp.raise_for_status()
+                total_header = resp.headers.get("Content-Length")
+                total = int(total_header) if total_header else None
+                done = 0
+                for chunk in resp.iter_content(1 << 20):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    done += len(chunk)
+                    if progress:
+                        progress(done, total)
+        except RequestException as exc:
+            raise SourceError(f"download failed: {exc}", where=_redact(url),
+                              fix=_PIP_FIX) from exc
+    return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class IndexFile:
     filename: str
     url: str
@@ -50,7 +119,7 @@ class IndexFile:
     yanked: bool | str
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ProjectPage:
     url: str
     files: tuple[IndexFile, ...]
@@ -79,24 +148,43 @@ class ProjectPage:
 
 
 def project_page(project: Project) -> ProjectPage:
-    """The project's files on the index (``SM120FORK_INDEX_URL``, default PyPI)."""
-    page = f"{index_url()}/{project.normalized_name}/"
-    try:
-        with open_url(page, PEP691_JSON) as resp:
-            data = json.load(resp)
-    except urllib.error.HTTPError as exc:
-        raise SourceError(f"package index answered HTTP {exc.code} for {project.distribution}",
-                          where=page, fix="check 'distribution' in the declaration") from exc
-    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
-        raise SourceError(f"cannot read the package index: {exc}", where=page,
-                          fix="check the network or set SM120FORK_INDEX_URL") from exc
-    files = tuple(
-        IndexFile(filename=str(e.get("filename", "")),
-                  url=urllib.parse.urljoin(page, str(e.get("url", ""))),
-                  sha256=str(e.get("hashes", {}).get("sha256", "")),
-                  yanked=e.get("yanked") or False)
-        for e in data.get("files", []) if isinstance(e, dict))
-    return ProjectPage(url=page, files=files)
+    """The project's files on every index pip's configuration names."""
+    from pip._internal.index.collector import parse_links
+    from pip._internal.models.link import Link
+
+    with pip_index() as index:
+        pages = index.collector.search_scope.get_index_urls_locations(project.normalized_name)
+        if not pages:
+            raise SourceError("pip's configuration names no package index (--no-index?)",
+                              fix=_PIP_FIX)
+        files: list[IndexFile] = []
+        read = 0
+        for page in pages:
+            content = index.collector.fetch_response(Link(page), project.normalized_name)
+            if content is None:  # pip said why (a warning); another index may have it
+                continue
+            read += 1
+            # pip keeps parsed pages for the life of its process; a page read again
+            # (a bump that retries) must be read as the index serves it now.
+            content = dataclasses.replace(content, cache_link_parsing=False)
+            files += [IndexFile(filename=link.filename, url=link.url_without_fragment,
+                                sha256=link._hashes.get("sha256", ""),
+                                yanked=(link.yanked_reason or True) if link.is_yanked
+                                else False)
+                      for link in parse_links(content)]
+    where = " ".join(_redact(p) for p in pages)
+    if not read:
+        raise SourceError(f"cannot read {project.distribution}'s page on the package index",
+                          where=where, fix=f"check 'distribution' in the declaration; "
+                                           f"{_PIP_FIX}")
+    return ProjectPage(url=where, files=tuple(files))
+
+
+def _redact(url: str) -> str:
+    from pip._internal.utils.misc import redact_auth_from_url
+
+    redacted: str = redact_auth_from_url(url)
+    return redacted
 
 
 def find_sdist(project: Project, version: Version) -> IndexFile:

@@ -6,18 +6,16 @@ under the package root, so the tree is laid out like the upstream repository.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
 import tempfile
-import urllib.error
 from pathlib import Path
 
 from sm120fork.declare import Project
 from sm120fork.errors import ChecksumError, SourceError
 from sm120fork.fetch.archive import safe_extract
-from sm120fork.fetch.index import open_url, resolve_file_url
+from sm120fork.fetch.index import download, resolve_file_url
 from sm120fork.fetch.source import Progress, SourceInfo, make_upstream_tree
 from sm120fork.util.files import scratch_prefix, sha256_file
 
@@ -46,25 +44,17 @@ def download_pinned(project: Project, filename: str, sha256: str, url: str, cach
     fd, tmp_name = tempfile.mkstemp(prefix=scratch_prefix(target.name), suffix=".part",
                                     dir=cache_dir)
     tmp = Path(tmp_name)
-    h = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as out, open_url(url) as resp:
-            total_header = resp.headers.get("Content-Length")
-            total = int(total_header) if total_header else None
-            done = 0
-            while chunk := resp.read(1 << 20):
-                out.write(chunk)
-                h.update(chunk)
-                done += len(chunk)
-                if progress:
-                    progress(done, total)
-        if h.hexdigest() != sha256:
+        try:
+            with os.fdopen(fd, "wb") as out:
+                got = download(url, out, progress)
+        except OSError as exc:
+            raise SourceError(f"download failed: {exc}", where=url) from exc
+        if got != sha256:
             raise ChecksumError(
-                f"sha256 mismatch for {filename}: got {h.hexdigest()}, pinned {sha256}",
+                f"sha256 mismatch for {filename}: got {got}, pinned {sha256}",
                 where=url, fix="the download is corrupt or upstream changed; do not extract it")
         os.replace(tmp, target)
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        raise SourceError(f"download failed: {exc}", where=url) from exc
     finally:
         tmp.unlink(missing_ok=True)
     return target
