@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -27,13 +28,28 @@ from typing import NoReturn, TextIO
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ToolkitError, UsageError
 
 
+def _nox_session() -> str | None:
+    """The nox session running the toolkit, if nox runs it (the noxfile sets
+    ``SM120FORK_FRONT_DOOR=nox``; nox names its session in ``NOX_CURRENT_SESSION``)."""
+    if os.environ.get("SM120FORK_FRONT_DOOR") != "nox":
+        return None
+    return os.environ.get("NOX_CURRENT_SESSION") or ""
+
+
 class Parser(argparse.ArgumentParser):
     """argparse whose usage errors raise :class:`UsageError` (argparse exits 2, which is
-    :class:`~sm120fork.errors.ConfigError`'s code)."""
+    :class:`~sm120fork.errors.ConfigError`'s code).  The error names the command the user
+    typed and its help in the same form: ``nox -s build -- --help`` under nox."""
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        raise UsageError(message, where=self.prog, fix=f"see {self.prog} --help")
+        session = _nox_session()
+        if session is None:
+            raise UsageError(message, where=self.prog, fix=f"see {self.prog} --help")
+        if not session:  # nox, but no session named: its list of sessions
+            raise UsageError(message, where="nox", fix="see nox --list")
+        raise UsageError(message, where=f"nox -s {shlex.quote(session)}",
+                         fix=f"see nox -s {shlex.quote(session)} -- --help")
 
 
 def relative(text: str, root: Path | None) -> str:

@@ -135,6 +135,25 @@ def test_every_entry_point_runs_in_the_boundary(tmp_path: Path,
     assert err[-1].startswith("error: python -m sm120fork build: --out takes one stack")
 
 
+def test_a_usage_error_under_nox_points_to_the_sessions_help(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Run through nox, the toolkit is not on the user's PATH: the usage error names the
+    session they ran and its help in that form, not ``python -m sm120fork ... --help``."""
+    from sm120fork.cli.main import main
+
+    monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")  # the noxfile sets it
+    monkeypatch.setenv("NOX_CURRENT_SESSION", "build")  # nox sets it
+    assert main(["build", "--no-such-flag"]) == UsageError.exit_code
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == ("error: nox -s build: unrecognized arguments: --no-such-flag "
+                    "(see nox -s build -- --help)")
+    assert "python -m" not in last
+    monkeypatch.delenv("SM120FORK_FRONT_DOOR")
+    assert main(["build", "--no-such-flag"]) == UsageError.exit_code
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "(see python -m sm120fork --help)")
+
+
 def test_a_failing_layer_case_is_a_verify_failure_not_exit_1(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sm120fork.gpu import cli, sglang_layer
