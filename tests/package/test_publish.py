@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,38 @@ def test_install_line_picks_one_wheel_per_platform_when_a_stack_ships_several(
     # '*.whl' would hand pip the other platforms' wheels, which it refuses.
     assert pub.install_command(ws, out, per_platform) == (
         "pip install -c wheels/s/constraints.txt --find-links wheels/s a b")
+
+
+def test_a_read_only_wheels_folder_is_one_error_naming_it_and_the_fix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a traceback and an internal error (exit 70): a BuildError naming the folder, how
+    to make it writable, and where else to publish; before a build, and at publishing."""
+    ws = _workspace(tmp_path)
+    stack = ws.stack("one")
+    wheels = ws.root / "wheels"
+    wheels.mkdir()
+    wheels.chmod(0o555)  # read-only for a user; root writes anyway, so also:
+    real_mkdtemp = tempfile.mkdtemp
+
+    def read_only(*args: object, **kw: object) -> str:
+        where = Path(str(kw.get("dir")))
+        if where == wheels:
+            raise PermissionError(13, "Permission denied", str(where / "staging"))
+        return real_mkdtemp(*args, **kw)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    try:
+        with pytest.raises(BuildError) as err:
+            publish(ws, stack, [_build(tmp_path, "one", "1.0+a")])
+        message = err.value.message
+        assert message == (f"{wheels}: cannot publish the wheels here: permission denied "
+                           f"(make it writable (chmod u+w {wheels}) or publish elsewhere: "
+                           "python -m sm120fork build --stack one --out DIR)")
+        assert err.value.exit_code == BuildError.exit_code
+        assert list(wheels.iterdir()) == []
+        monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != wheels)
+        with pytest.raises(BuildError, match="cannot publish the wheels here"):
+            pub.check_writable(wheels / "one", stack)
+        pub.check_writable(tmp_path / "elsewhere" / "one", stack)
+    finally:
+        wheels.chmod(0o755)

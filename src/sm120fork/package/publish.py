@@ -10,9 +10,11 @@ nothing changed finds the folder as it would write it and leaves it alone.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shlex
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from sm120fork.util.files import (
     sha256_file,
     staged_dir,
 )
+from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -153,6 +156,41 @@ def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
     Call with the workspace lock held: staging folders of killed runs are removed here.
     """
     out = out or ws.stack_wheels(stack.name)
+    try:
+        return _publish(ws, stack, builds, out, extra)
+    except OSError as exc:
+        if exc.errno not in _NOT_WRITABLE:
+            raise
+        raise unwritable(out, stack, exc) from exc
+
+
+#: A folder the wheels cannot be written into: permissions, a read-only file system.
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def unwritable(out: Path, stack: Stack, exc: OSError | None = None) -> BuildError:
+    """The one-line error for a folder the wheels cannot be published into."""
+    target = Path(exc.filename) if exc is not None and exc.filename else out.parent
+    folder = target if target.is_dir() else target.parent
+    why = exc.strerror if exc is not None and exc.strerror else "not writable"
+    return BuildError(
+        f"cannot publish the wheels here: {why.lower()}", where=str(folder),
+        fix=f"make it writable (chmod u+w {shlex.quote(str(folder))}) or publish elsewhere: "
+            f"{command('build', '--stack', stack.name, '--out', 'DIR')}")
+
+
+def check_writable(out: Path, stack: Stack) -> None:
+    """Refuse, before anything is built, a folder the wheels could not be published into
+    (the new folder is staged beside ``out`` and swapped in: ``out``'s parent, or the
+    nearest folder above it that exists, must be writable)."""
+    folder = next((p for p in (out.parent, *out.parent.parents) if p.is_dir()), out.parent)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise unwritable(out, stack, PermissionError(
+            errno.EACCES, os.strerror(errno.EACCES), str(folder)))
+
+
+def _publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path,
+             extra: Files | None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(out)
     wanted = _wanted(builds, _texts(ws, stack, builds, out), extra or {})

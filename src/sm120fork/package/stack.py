@@ -28,7 +28,7 @@ from sm120fork.errors import BuildError, DirtyTreeError
 from sm120fork.fetch.source import Progress, source_key
 from sm120fork.package.entry import ManifestEntry
 from sm120fork.package.kinds import Job, Stage, kind_for, no_stage
-from sm120fork.package.publish import ProjectBuild, publish
+from sm120fork.package.publish import ProjectBuild, check_writable, publish
 from sm120fork.package.wheel import wheel_extras, wheel_requirements
 from sm120fork.patch.series import Series, load_series
 from sm120fork.patch.tree import (
@@ -209,6 +209,8 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
                 jobs: int = os.cpu_count() or 1, stage: Stage = no_stage) -> list[ProjectBuild]:
     """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or out)."""
     projects = [stack.project(k) for k in only] if only else list(stack.projects)
+    if not only:
+        check_writable(out or ws.stack_wheels(stack.name), stack)
     allow_children()
     with ws.lock(lock_timeout):
         remove_leftovers(ws, stack)
