@@ -96,7 +96,8 @@ def test_refuses_naming_every_missing_piece_of_evidence(demo: DemoWorkspace) -> 
         "machine with a GPU, run: python -m sm120fork gpu test --stack demo --quick " \
         "--world-sizes 2; then python -m sm120fork record import DIR)" in msg
     assert not (demo.ws.reports_dir / "upstream").exists()
-    assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib"]) == 14
+    assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib",
+                 "--whole-series"]) == 14
 
 
 def test_prepares_branch_body_and_commands_without_pushing(demo: DemoWorkspace) -> None:
@@ -178,7 +179,8 @@ def test_nothing_to_submit_when_every_patch_is_upstream(demo: DemoWorkspace,
     pr = upstream_pr(demo.ws, "demo", "lib")
     assert not pr.commits
     assert "Applied-Upstream" in pr.reason
-    assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib"]) == 0
+    assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib",
+                 "--whole-series"]) == 0
     assert "nothing to submit" in capsys.readouterr().out
 
 
@@ -332,7 +334,8 @@ def test_writes_tracked_reports_only_when_asked_and_says_what_it_left_out(
     # verify's per-patch table shows the PR's patches, not the one upstream has
     assert f"| {first.name} |" not in pr.body
     assert "| compile proof | pass |" in pr.body
-    assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib", "--write"]) == 0
+    assert main(["--root", str(demo.ws.root), "-q", "upstream-pr", "demo", "lib", "--write",
+                 "--whole-series"]) == 0
     out = capsys.readouterr().out
     assert f"left out of the branch: {first.name}: Applied-Upstream 1.3.0" in out
     written = demo.ws.reports_dir / "upstream" / "demo-lib"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -273,10 +274,23 @@ def upstream_args(p: argparse.ArgumentParser) -> None:
                    help="where this stack's wheels and manifest.json are (default: "
                         "wheels/<stack>/; see build --out)")
     p.add_argument("--write", action="store_true",
-                   help="write into reports/upstream/ (tracked) instead of .forks/upstream/")
+                   help="with --whole-series: write into reports/upstream/ (tracked)")
+    p.add_argument("--pr", metavar="NAME",
+                   help="prepare this PR (an Upstream-PR group of the series; without --pr "
+                        "the PRs are listed)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="with --pr: where the package goes (default: "
+                        ".forks/upstream/<stack>/<project>/<pr>/)")
+    p.add_argument("--no-tests", action="store_true",
+                   help="with --pr: do not run the PR's tests (the body then says so)")
+    p.add_argument("--whole-series", action="store_true",
+                   help="the older form: every still-needed patch in one package, with the "
+                        "fork's evidence")
 
 
 def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    if not args.whole_series:
+        return _upstream_groups(args, ws, console)
     from sm120fork.upstream.pr import upstream_pr
 
     result = upstream_pr(ws, args.stack, args.project, onto=args.onto, repo=args.repo,
@@ -297,3 +311,38 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
     for line in result.commands:
         console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def _upstream_groups(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    from sm120fork.upstream.groups import plan_project, prepare
+
+    def say(text: str) -> None:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    if not args.pr:
+        stack = ws.stack(args.stack)
+        plan = plan_project(ws, stack, stack.project(args.project))
+        for pr in plan.prs:
+            tests = f"; tests: {', '.join(t.name for t in pr.tests)}" if pr.tests else \
+                "; no upstream-form test"
+            say(f"PR {pr.name}: {', '.join(p.name for p in pr.patches)}{tests}")
+        for line in plan.not_proposed:
+            say(f"in no PR: {line}")
+        first = command("upstream-pr", args.stack, args.project, "--pr",
+                        plan.prs[0].name) if plan.prs else ""
+        say(f"{args.stack}/{args.project}: {len(plan.prs)} upstream PR(s)"
+            + (f"; prepare one: {first}" if first else ""))
+        return 0
+    done = prepare(ws, args.stack, args.project, args.pr, onto=args.onto, repo=args.repo,
+                   out=args.out, run=not args.no_tests)
+    say(f"branch {done.branch}: {len(done.commits)} commit(s) on "
+        + (done.onto or "the release as published"))
+    for r in done.runs:
+        say(f"  {'ran' if r.ran else 'not run'}: {r.command}: {r.summary}")
+    say(f"wrote {os.path.relpath(done.out, ws.root)}/ "
+        f"({', '.join(sorted(p.relative_to(done.out).as_posix() for p in done.files))})")
+    say("nothing was pushed; to submit, from that folder run:")
+    for line in done.commands:
+        say(f"  {line}")
+    failing = [r for r in done.runs if r.ran and not r.passed]
+    return EXIT_PROBLEMS_FOUND if failing else 0

@@ -27,7 +27,7 @@ from typing import Any
 RESULT_MARKER = "SM120FORK-PROBE-RESULT "
 
 #: Packages that only exist for (or only load on) a CUDA machine.
-GPU_ONLY_PACKAGES = ("sgl_kernel", "flashinfer", "triton", "torchvision")
+GPU_ONLY_PACKAGES: tuple[str, ...] = ("sgl_kernel", "flashinfer", "triton", "torchvision")
 
 #: Stub attributes that raise, as the real ones do on a machine without a GPU driver.
 NO_DRIVER = frozenset({"triton.runtime.driver"})

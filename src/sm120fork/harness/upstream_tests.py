@@ -1,0 +1,42 @@
+"""Run an upstream project's own unit tests (as a PR adds them) on a CPU machine.
+
+``python -m sm120fork.harness.upstream_tests <test file>`` runs in a fresh interpreter
+beside the tree under test (``PYTHONPATH=<overlay>:<tree>/python:<toolkit src>``): the
+packages that only exist for GPUs are stubbed (the fake-GPU machinery's finder, no GPU
+faked: the tests mock the platform themselves, as upstream's CPU suites do), the
+caller's ``SGLANG_*`` settings are dropped, and the file runs as ``__main__``, the way
+upstream's CI runs it (``python3 test_file.py``).  Its exit status is the tests'.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+
+from sm120fork.harness import fake_gpu as fake
+
+#: What upstream's test utilities import for their benchmark and dataset helpers, which a
+#: unit test never calls (sglang.test.test_utils imports sglang.benchmark, which imports
+#: ``datasets``): stubbed like the GPU-only packages rather than installed.
+TEST_UTILITY_PACKAGES = ("datasets",)
+
+
+def main(argv: Sequence[str]) -> int:
+    (path,) = argv
+    for name in [name for name in os.environ if name.startswith("SGLANG_")]:
+        del os.environ[name]
+    fake.GPU_ONLY_PACKAGES = (*fake.GPU_ONLY_PACKAGES, *TEST_UTILITY_PACKAGES)
+    fake.fake_gpu(None)
+    sys.argv = [path]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

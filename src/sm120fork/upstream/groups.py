@@ -1,0 +1,345 @@
+"""One upstream PR per logical change: the series' ``Upstream-PR`` groups, each prepared alone.
+
+A patch says in its DEP-3 header whether it goes upstream (``Forwarded: no`` plus
+``Upstream-PR: <name>``, the PR it belongs to), is the fork's own (``Forwarded:
+not-needed``), was sent already (``Forwarded: <url>``) or is upstream already
+(``Applied-Upstream``).  Upstream-form tests live beside the series in
+``upstream-tests/`` (their own ``series``; nothing there reaches a wheel) with the same
+``Upstream-PR`` header.  :func:`plan` lists the PRs; :func:`prepare` makes one: a branch of
+the group's patches on the pinned upstream (or ``--onto`` a ref of the user's upstream
+checkout), authored by the user's git identity, its tests run on that tree, and a package
+(patches, title, body in the upstream project's own template, commands) that names no fork,
+stack, patch id or path of this machine -- checked before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sm120fork.declare import Project, Stack
+from sm120fork.errors import CommandError, MaintenanceError
+from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.patch.series import Patch, Series, load_series
+from sm120fork.patch.tree import open_tree
+from sm120fork.upstream.pr import ONTO_REF, github_slug, short_subject, upstream_url
+from sm120fork.upstream.template import TestRun, render_body
+from sm120fork.util import proc
+from sm120fork.util.git import Git
+from sm120fork.util.hint import command
+from sm120fork.workspace import Workspace
+
+#: The folder beside a series that holds its upstream-form tests.
+TESTS_DIR = "upstream-tests"
+FORK_NAMES = ("sm120fork", "sm12x-fork")
+_MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:tmp|work|home|root|opt|Users|var/folders)/")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedPR:
+    name: str
+    patches: tuple[Patch, ...]
+    tests: tuple[Patch, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    stack: str
+    project: str
+    prs: tuple[PlannedPR, ...]
+    #: "<patch>: <why it goes in no PR>".
+    not_proposed: tuple[str, ...] = ()
+
+    def pr(self, name: str) -> PlannedPR:
+        for p in self.prs:
+            if p.name == name:
+                return p
+        known = ", ".join(p.name for p in self.prs) or "none"
+        raise MaintenanceError(f"{self.stack}/{self.project} has no upstream PR {name!r} "
+                               f"(its PRs: {known})", where=f"{self.stack}/{self.project}",
+                               fix="list them: "
+                                   f"`{command('upstream-pr', self.stack, self.project)}`")
+
+
+def tests_series(ws: Workspace, project: Project) -> Series | None:
+    folder = ws.series_dir(project) / TESTS_DIR
+    return load_series(folder) if (folder / "series").is_file() else None
+
+
+def _why_not(p: Patch) -> str:
+    forwarded = p.field("Forwarded").strip()
+    if p.applied_upstream:
+        return f"upstream has it (Applied-Upstream {p.applied_upstream})"
+    if forwarded == "not-needed":
+        return "fork only (Forwarded: not-needed)"
+    if forwarded not in ("", "no"):
+        return f"sent already ({forwarded})"
+    return "not grouped for upstream (no Upstream-PR header)"
+
+
+def plan(series: Series, tests: Series | None, *, stack: str, project: str) -> Plan:
+    """The PRs of a project's series, in the order their first patch appears."""
+    groups: dict[str, list[Patch]] = {}
+    not_proposed: list[str] = []
+    for p in series.patches:
+        name = p.field("Upstream-PR").strip()
+        if name and not p.applied_upstream and p.field("Forwarded").strip() == "no":
+            groups.setdefault(name, []).append(p)
+        else:
+            not_proposed.append(f"{p.name}: {_why_not(p)}")
+    found: dict[str, list[Patch]] = {}
+    for t in tests.patches if tests else ():
+        name = t.field("Upstream-PR").strip()
+        if name not in groups:
+            raise MaintenanceError(f"upstream test {t.name} names PR {name!r}, which no patch "
+                                   "of the series belongs to", where=str(t.path),
+                                   fix="set its Upstream-PR to one of: " + ", ".join(groups))
+        found.setdefault(name, []).append(t)
+    return Plan(stack=stack, project=project, not_proposed=tuple(not_proposed), prs=tuple(
+        PlannedPR(name=n, patches=tuple(ps), tests=tuple(found.get(n, ())))
+        for n, ps in groups.items()))
+
+
+def plan_project(ws: Workspace, stack: Stack, project: Project) -> Plan:
+    return plan(load_series(ws.series_dir(project)), tests_series(ws, project),
+                stack=stack.name, project=project.key)
+
+
+def fork_words(ws: Workspace, stack: Stack, project: Project) -> list[str]:
+    """What an upstream package must not name: the fork, every stack, every patch id."""
+    words = [*FORK_NAMES, *ws.stacks()]
+    for other in ws.stacks().values():
+        for proj in other.projects:
+            for p in load_series(ws.series_dir(proj)).patches:
+                first = p.subject.split()[0] if p.subject.split() else ""
+                if re.fullmatch(r"[A-Z]+\d+", first):
+                    words.append(first)
+    return sorted(set(words))
+
+
+def leaks(folder: Path, words: list[str], *, paths: list[str]) -> list[str]:
+    """``file:line: what`` for every fork word or machine path in the files of ``folder``."""
+    found: list[str] = []
+    pattern = re.compile(r"(?i)(?<![\w-])(" + "|".join(map(re.escape, words)) + r")(?![\w-])")
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for n, line in enumerate(text.splitlines(), 1):
+            hits = [m.group(1) for m in pattern.finditer(line)]
+            hits += [p for p in paths if p and p in line]
+            if _MACHINE_PATH.search(line):
+                hits.append("a machine path")
+            hits += [f"name {rel!r}" for w in words if w.lower() in rel.lower()][:1]
+            if hits:
+                found.append(f"{rel}:{n}: {', '.join(dict.fromkeys(hits))}")
+    return found
+
+
+def git_identity(where: Path) -> tuple[str, str]:
+    """(name, email) of the user's git configuration as seen from their checkout ``where``
+    (not the fork tree's own), or a refusal saying how to set it."""
+    values = [proc.run(["git", "config", "--get", key], cwd=where, check=False,
+                       quiet=True).stdout.strip() for key in ("user.name", "user.email")]
+    if not all(values):
+        raise MaintenanceError(
+            "an upstream PR is authored by you, and git knows no user.name / user.email",
+            fix='git config --global user.name "Your Name" && '
+                'git config --global user.email you@example.com')
+    return values[0], values[1]
+
+
+def commit_message(p: Patch) -> str:
+    """The subject without the fork's patch id, then the DEP-3 description."""
+    return "\n\n".join(x for x in (short_subject(p), p.description.strip()) if x) + "\n"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    plan: PlannedPR
+    branch: str
+    base: str
+    onto: str | None
+    out: Path
+    title: str
+    commits: tuple[str, ...]
+    runs: tuple[TestRun, ...]
+    commands: tuple[str, ...] = ()
+    files: tuple[Path, ...] = field(default=())
+
+
+def _commit_all(repo: Git, base: str, patches: list[Patch], who: tuple[str, str],
+                where: str) -> list[str]:
+    fd, index = tempfile.mkstemp(prefix="upstream-pr-index.")
+    os.close(fd)
+    env = {"GIT_INDEX_FILE": index}
+    parent, commits = base, []
+    try:
+        for p in patches:
+            repo("read-tree", parent, env=env, quiet=True)
+            try:
+                repo("apply", "--cached", str(p.path), env=env, quiet=True)
+            except CommandError as exc:
+                raise MaintenanceError(f"patch {p.name} does not apply onto {where}",
+                                       fix="bump the project to that upstream first",
+                                       detail=exc.detail) from exc
+            tree = repo("write-tree", env=env, quiet=True)
+            date = f"{p.field('Last-Update')}T00:00:00+00:00"
+            parent = repo("commit-tree", tree, "-p", parent, "-m", commit_message(p).rstrip(),
+                          env={**env, "GIT_AUTHOR_NAME": who[0], "GIT_AUTHOR_EMAIL": who[1],
+                               "GIT_COMMITTER_NAME": who[0], "GIT_COMMITTER_EMAIL": who[1],
+                               "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})
+            commits.append(parent)
+    finally:
+        os.unlink(index)
+    return commits
+
+
+def _added_tests(patches: tuple[Patch, ...]) -> list[str]:
+    return [f for t in patches for f in t.files
+            if re.search(r"(^|/)tests?/", f) and Path(f).name.startswith("test_")
+            and f.endswith(".py")]
+
+
+def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
+              python: str = sys.executable) -> list[TestRun]:
+    """Each CPU test file (SGLang's ``test/``) run on ``tree``; GPU ones (``tests/``) are
+    left with the command that runs them where a GPU is."""
+    runs: list[TestRun] = []
+    overlay: Path | None = None
+    src = Path(__file__).resolve().parents[2]
+    for rel in files:
+        if not rel.startswith("test/"):
+            runs.append(TestRun(path=rel, ran=False, passed=False,
+                                command=f"python -m pytest {rel} -v",
+                                summary="needs a GPU: not run here"))
+            continue
+        if overlay is None:
+            overlay = _overlay(ws, project, python)
+        env = {"PYTHONPATH": os.pathsep.join(
+                   [*([str(overlay)] if overlay else []), str(tree / project.package_root),
+                    str(src)]),
+               "PYTHONPYCACHEPREFIX": str(ws.state_dir / "pycache-upstream-tests")}
+        try:
+            done = proc.run([python, "-m", "sm120fork.harness.upstream_tests", rel], cwd=tree,
+                            env=env, check=False, timeout=1200)
+            output, rc = done.stdout + done.stderr, done.returncode
+        except CommandError as exc:
+            output, rc = exc.detail or str(exc), 1
+        ran = re.findall(r"^Ran (\d+) tests?", output, re.MULTILINE)
+        verdict = re.findall(r"^(OK|FAILED)\b.*$", output, re.MULTILINE)
+        runs.append(TestRun(path=rel, ran=True, passed=rc == 0 and bool(ran),
+                            command=f"python3 {rel}",
+                            summary=f"Ran {ran[-1] if ran else 0} tests: "
+                                    f"{verdict[-1] if verdict else 'no result'}"))
+    return runs
+
+
+def _overlay(ws: Workspace, project: Project, python: str) -> Path | None:
+    """The probe overlay of the project's SGLang layout, when it has one."""
+    if not project.layout:
+        return None
+    from sm120fork.layouts import adapter
+
+    checks = adapter(project.layout, "checks")
+    ensure = getattr(checks, "ensure_overlay", None)
+    return ensure(ws.state_dir / "probe", python=python) if ensure else None
+
+
+def default_out(ws: Workspace, stack: str, project: str, name: str) -> Path:
+    return ws.state_dir / "upstream" / stack / project / name
+
+
+def prepare(ws: Workspace, stack_name: str, project_key: str, name: str, *,
+            onto: str | None = None, repo: str | None = None, out: Path | None = None,
+            run: bool = True) -> Prepared:
+    """Make PR ``name``: its branch, its tests' runs and its package (refused if it leaks)."""
+    stack = ws.stack(stack_name)
+    project = stack.project(project_key)
+    pr = plan_project(ws, stack, project).pr(name)
+    with ws.lock():
+        tree = open_tree(ws, stack, project)
+        git = tree.repo
+        who = git_identity(ws.root)
+        base = git("rev-parse", UPSTREAM_TAG, quiet=True)
+        if onto:
+            source = repo or upstream_url(ws, project)
+            if not source:
+                raise MaintenanceError(f"{project.key} pins no upstream repository to fetch "
+                                       f"{onto} from", where=f"{stack.name}/{project.key}",
+                                       fix="pass --repo with a local upstream checkout")
+            try:
+                git("fetch", "--quiet", "--no-tags", source, f"+{onto}:{ONTO_REF}")
+            except CommandError as exc:
+                raise MaintenanceError(f"cannot fetch {onto} from {source}",
+                                       fix="pass --repo with a local upstream checkout",
+                                       detail=exc.detail) from exc
+            base = git("rev-parse", ONTO_REF, quiet=True)
+        patches = [*pr.patches, *pr.tests]
+        commits = _commit_all(git, base, patches, who,
+                              onto or f"the {project.distribution} {project.version} release")
+        branch = f"{pr.name}" + (f"-onto-{re.sub(r'[^A-Za-z0-9._-]', '-', onto)}" if onto
+                                 else f"-{project.version}")
+        git("update-ref", f"refs/heads/{branch}", commits[-1])
+        runs: list[TestRun] = []
+        if run:
+            with tempfile.TemporaryDirectory(prefix="upstream-pr-tree.") as scratch:
+                work = Path(scratch) / "tree"
+                git("worktree", "add", "--quiet", "--detach", str(work), commits[-1])
+                try:
+                    runs = run_tests(ws, project, work, _added_tests(pr.tests))
+                finally:
+                    git("worktree", "remove", "--force", str(work))
+        title = _title(pr)
+        folder = out or default_out(ws, stack.name, project.key, pr.name)
+        staging = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "patches").mkdir(parents=True)
+        git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
+            str(staging / "patches"), f"{base}..{commits[-1]}")
+        slug = github_slug(upstream_url(ws, project)) or "<owner>/<repo>"
+        commands = [
+            f"git push <your-fork-url> {branch}:{branch}",
+            f"gh pr create --repo {slug} --base main --head <your-github-user>:{branch} "
+            f"--title {shlex.quote(title)} --body-file body.md",
+        ]
+        if not onto:
+            commands.insert(0, f"# this branch sits on the {project.distribution} "
+                               f"{project.version} release as published, not on upstream's "
+                               "history: rebase it onto upstream's main first")
+        body = render_body(project.normalized_name, patches=list(pr.patches),
+                           tests=list(pr.tests), runs=runs, onto=onto,
+                           release=f"{project.distribution} {project.version}")
+        (staging / "title.txt").write_text(title + "\n", encoding="utf-8")
+        (staging / "body.md").write_text(body, encoding="utf-8")
+        (staging / "commands.sh").write_text("#!/bin/sh\n# Not run for you.\n"
+                                             + "\n".join(commands) + "\n", encoding="utf-8")
+        found = leaks(staging, fork_words(ws, stack, project),
+                      paths=[str(ws.root), str(Path.home()), str(tree.path)])
+        if found:
+            shutil.rmtree(staging)
+            raise MaintenanceError(
+                f"PR {pr.name} would carry the fork's own words or this machine's paths: "
+                + "; ".join(found[:12]) + (f"; and {len(found) - 12} more" if len(found) > 12
+                                           else ""),
+                where=f"{stack.name}/{project.key}",
+                fix="word the patch (its code, Subject and Description) as upstream would; "
+                    "split what only the fork needs into a Forwarded: not-needed patch on top")
+        if folder.exists():
+            shutil.rmtree(folder)
+        staging.rename(folder)
+        files = tuple(sorted(p for p in folder.rglob("*") if p.is_file()))
+        return Prepared(plan=pr, branch=branch, base=base, onto=onto, out=folder, title=title,
+                        commits=tuple(commits), runs=tuple(runs), commands=tuple(commands),
+                        files=files)
+
+
+def _title(pr: PlannedPR) -> str:
+    if len(pr.patches) == 1:
+        return short_subject(pr.patches[0])
+    return pr.name.replace("-", " ").capitalize().replace("Sm12x", "SM12x")

@@ -1,0 +1,118 @@
+"""A PR body in the upstream project's own template, every box ticked only on evidence.
+
+The templates are SGLang's and FlashInfer's ``.github/pull_request_template.md`` as they
+are (their headings and checklist lines, the HTML comments left out); what fills them is
+short: what and why (each patch's description), the related upstream issues and PRs, and
+how it was tested: the runs of the PR's own tests on the upstream tree, nothing else.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sm120fork.patch.series import Patch
+from sm120fork.upstream.pr import short_subject
+
+
+@dataclass(frozen=True, kw_only=True)
+class TestRun:
+    """One test file of the PR, run (or not) on the upstream tree with the PR applied."""
+
+    path: str
+    ran: bool
+    passed: bool
+    command: str
+    summary: str
+
+
+def _box(done: bool, text: str) -> str:
+    return f"- [{'x' if done else ' '}] {text}"
+
+
+def related(patches: list[Patch]) -> list[str]:
+    """``Related: owner/repo#N`` for each upstream issue or PR the patches name."""
+    refs: list[str] = []
+    for p in patches:
+        for url in re.findall(r"https://github\.com/([^/\s]+/[^/\s]+)/(?:issues|pull)/(\d+)",
+                              " ".join((p.field("Bug-Upstream"), p.field("Bug")))):
+            refs.append(f"Related: {url[0]}#{url[1]}")
+    return list(dict.fromkeys(refs))
+
+
+def _tested(runs: list[TestRun]) -> list[str]:
+    if not runs:
+        return ["No test of its own comes with this PR."]
+    lines = []
+    for r in runs:
+        if r.ran:
+            lines.append(f"- `{r.command}` on the {'' if r.passed else 'FAILING '}patched tree, "
+                         f"on a CPU: {r.summary}")
+        else:
+            lines.append(f"- `{r.command}`: {r.summary}")
+    return lines
+
+
+def render_body(project: str, *, patches: list[Patch], tests: list[Patch],
+                runs: list[TestRun], onto: str | None, release: str) -> str:
+    what: list[str] = []
+    for p in patches:
+        what += [f"**{short_subject(p)}**", "", p.description.strip(), ""]
+    refs = related(patches)
+    based = (f"Based on `{onto}`." if onto else
+             f"Made and tested on the {release} release; it applies there as is.")
+    added = bool(tests)
+    all_ran = bool(runs) and all(r.ran for r in runs)
+    passing = bool(runs) and all(r.ran and r.passed for r in runs)
+    tested = ["### Tests", "", *_tested(runs)]
+    if project == "sglang":
+        lines = ["## Motivation", "", *what, *refs, *([""] if refs else []),
+                 "## Modifications", "",
+                 *[f"- {short_subject(p)} ({', '.join(f'`{f}`' for f in p.files)})"
+                   for p in [*patches, *tests]], "", based, "", *tested, "",
+                 "## Benchmark & Profiling", "",
+                 "No benchmark with this PR.", "",
+                 "## Checklist", "",
+                 _box(False, "Format your code according to the [Code Formatting with "
+                      "Pre-Commit](https://docs.sglang.ai/references/contribution_guide.html"
+                      "#code-formatting-with-pre-commit)."),
+                 _box(added and passing, "Add unit tests as outlined in the [Running Unit "
+                      "Tests](https://docs.sglang.ai/references/contribution_guide.html"
+                      "#running-unit-tests-adding-to-ci)."),
+                 _box(False, "Update documentation / docstrings / example tutorials as "
+                      "needed, according to [Writing Documentation](https://docs.sglang.ai/"
+                      "references/contribution_guide.html#writing-documentation-running-docs-ci)."),
+                 _box(False, "Provide throughput / latency benchmark results and accuracy "
+                      "evaluation results as needed, according to [Benchmark and Profiling]"
+                      "(https://docs.sglang.ai/references/benchmark_and_profiling.html) and "
+                      "[Accuracy Results](https://docs.sglang.ai/references/"
+                      "accuracy_evaluation.html)."),
+                 _box(False, "For reviewers: If you haven't made any contributions to this PR "
+                      "and are only assisting with merging the main branch, please remove "
+                      "yourself as a co-author when merging the PR."),
+                 _box(False, "Please feel free to join our Slack channel at "
+                      "https://slack.sglang.ai to discuss your PR.")]
+    elif project.startswith("flashinfer"):
+        lines = ["## 📌 Description", "", *what, based, "",
+                 "## 🔍 Related Issues", "", *(refs or ["None found."]), "",
+                 "## 🚀 Pull Request Checklist", "",
+                 "Thank you for contributing to FlashInfer! Before we review your pull "
+                 "request, please make sure the following items are complete.", "",
+                 "### ✅ Pre-commit Checks", "",
+                 _box(False, "I have installed `pre-commit` by running `pip install "
+                      "pre-commit` (or used your preferred method)."),
+                 _box(False, "I have installed the hooks with `pre-commit install`."),
+                 _box(False, "I have run the hooks manually with `pre-commit run --all-files` "
+                      "and fixed any reported issues."), "",
+                 "## 🧪 Tests", "",
+                 _box(added, "Tests have been added or updated as needed."),
+                 _box(all_ran and passing, "All tests are passing (`unittest`, etc.)."), "",
+                 *tested, "",
+                 "## 🔬 Experimental Track", "",
+                 _box(False, "This PR is **experimental**: it adds or changes code under "
+                      "`flashinfer/experimental/` and/or an `@flashinfer_experimental_api`. "
+                      "Tracking issue: #"), "",
+                 "## Reviewer Notes", "", "-"]
+    else:
+        lines = ["## Description", "", *what, *refs, "", based, "", *tested]
+    return "\n".join(lines).rstrip() + "\n"

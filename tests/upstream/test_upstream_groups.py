@@ -1,0 +1,176 @@
+"""upstream_pr per Upstream-PR group (issue 32): the list, one PR prepared with its tests run
+on the upstream tree, a package in upstream's words, the user's identity, --onto."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from sm120fork.cli.main import main
+from sm120fork.errors import EXIT_PROBLEMS_FOUND, MaintenanceError
+from sm120fork.package.stack import build_stack
+from sm120fork.upstream.groups import leaks, plan_project, prepare
+
+from conftest import git, make_patch, write_series
+from helpers_ws import DemoWorkspace, make_demo
+
+pytestmark = pytest.mark.slow
+
+#: The fork, its patch ids and its stack (not demo-lib, upstream's own name).
+OURS = r"(?i)sm120fork|sm12x-fork|\bF[13]\b|(?<![\w-])demo(?![\w-])"
+TEST_FILE = "test/unit/test_supported_majors.py"
+UNIT_TEST = textwrap.dedent("""\
+    import unittest
+
+    import demo_lib
+
+
+    class TestSupportedMajors(unittest.TestCase):
+        def test_twelve_is_supported(self):
+            self.assertIn(12, demo_lib.supported_majors())
+
+
+    if __name__ == "__main__":
+        unittest.main()
+    """)
+
+
+def _grouped_demo(tmp_path: Path, *, description_leak: bool = False,
+                  unit_test: str = UNIT_TEST) -> DemoWorkspace:
+    """demo's lib series: a gate patch of PR ``gates`` (worded as upstream would, or naming
+    its fork id), a fork-only patch, and an upstream-form unit test of the gate beside it."""
+    d = make_demo(tmp_path)
+    lib_dir = d.ws.root / "patches" / "demo" / "lib"
+    for p in lib_dir.glob("*.patch"):
+        p.unlink()
+    git(d.lib.repo, "checkout", "-q", "main")
+    git(d.lib.repo, "branch", "-q", "-D", "scratch")
+    subject = "F1 gate: allow 12" if description_leak else "gate: allow 12"
+    p1 = make_patch(d.lib.repo, lib_dir, subject, {
+        "demo_lib/__init__.py": ("return [9, 10]", "return [9, 10, 12]")},
+        "demo_lib/__init__.py: return [9, 10, 12]", extra_fields="Upstream-PR: gates\n")
+    p2 = make_patch(d.lib.repo, lib_dir, "F3 guards: fork only", {
+        "demo_lib/kernel.cuh": (" && __CUDA_ARCH__ < 1200", "  // SM12x: guard removed")},
+        "demo_lib/kernel.cuh: // SM12x: guard removed")
+    text = p2.read_text().replace("Forwarded: no", "Forwarded: not-needed")
+    p2.write_text(text)
+    write_series(lib_dir, [p1.name, p2.name])
+    tests_dir = lib_dir / "upstream-tests"
+    t1 = make_patch(d.lib.repo, tests_dir, "test: supported majors include 12",
+                    {TEST_FILE: ("", unit_test)},
+                    f"{TEST_FILE}: class TestSupportedMajors(unittest.TestCase):",
+                    extra_fields="Upstream-PR: gates\n")
+    write_series(tests_dir, [t1.name])
+    build_stack(d.ws, d.ws.stack("demo"))
+    return d
+
+
+@pytest.fixture
+def identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's git configuration (the tests' global one is empty otherwise)."""
+    config = tmp_path / "gitconfig"
+    config.write_text("[user]\n\tname = Ada Lovelace\n\temail = ada@example.org\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+
+
+def test_lists_one_pr_per_group_and_says_why_the_rest_goes_in_none(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = _grouped_demo(tmp_path)
+    plan = plan_project(d.ws, d.ws.stack("demo"), d.ws.stack("demo").project("lib"))
+    assert [p.name for p in plan.prs] == ["gates"]
+    assert [p.subject for p in plan.prs[0].patches] == ["gate: allow 12"]
+    assert [t.subject for t in plan.prs[0].tests] == ["test: supported majors include 12"]
+    assert plan.not_proposed == ("0002-F3-guards-fork-only.patch: fork only "
+                                 "(Forwarded: not-needed)",)
+    assert main(["--root", str(d.ws.root), "-q", "upstream-pr", "demo", "lib"]) == 0
+    out = capsys.readouterr().out
+    assert "PR gates: 0001-gate-allow-12.patch; tests: " in out
+    assert "in no PR: 0002-F3-guards-fork-only.patch: fork only" in out
+    assert "--pr gates" in out
+
+
+def test_prepares_one_pr_runs_its_tests_on_the_upstream_tree_and_names_nothing_of_ours(
+        tmp_path: Path, identity: None) -> None:
+    d = _grouped_demo(tmp_path)
+    done = prepare(d.ws, "demo", "lib", "gates")
+    assert done.out == d.ws.state_dir / "upstream" / "demo" / "lib" / "gates"
+    names = sorted(p.relative_to(done.out).as_posix() for p in done.files)
+    assert names == ["body.md", "commands.sh", "patches/0001-gate-allow-12.patch",
+                     "patches/0002-test-supported-majors-include-12.patch", "title.txt"]
+    # the test ran on upstream + the PR's patches (the fork-only one is not there) and passed
+    (run,) = done.runs
+    assert (run.ran, run.passed, run.summary) == (True, True, "Ran 1 tests: OK")
+    work = d.ws.trees_dir / "demo" / "lib"
+    assert "guard removed" not in git(work, "show", f"{done.commits[-1]}:demo_lib/kernel.cuh")
+    assert git(work, "log", "-1", "--format=%an <%ae>", done.branch) == \
+        "Ada Lovelace <ada@example.org>"
+    body = (done.out / "body.md").read_text()
+    assert "- [x] Add unit tests" not in body  # not SGLang's template: demo is no project of it
+    assert "Ran 1 tests: OK" in body
+    # nothing in the package names the fork, a stack, a patch id or this machine
+    for path in done.files:
+        text = path.read_text()
+        assert not re.search(OURS, text), path
+        assert str(tmp_path) not in text, path
+        assert "/tmp/" not in text, path
+
+
+def test_a_failing_upstream_test_is_reported_as_failing(
+        tmp_path: Path, identity: None, capsys: pytest.CaptureFixture[str]) -> None:
+    d = _grouped_demo(tmp_path, unit_test=UNIT_TEST.replace("assertIn(12", "assertIn(13"))
+    assert main(["--root", str(d.ws.root), "-q", "upstream-pr", "demo", "lib",
+                 "--pr", "gates"]) == EXIT_PROBLEMS_FOUND
+    assert "ran: python3 test/unit/test_supported_majors.py: Ran 1 tests: FAILED" in \
+        capsys.readouterr().out
+    body = (d.ws.state_dir / "upstream" / "demo" / "lib" / "gates" / "body.md").read_text()
+    assert "on the FAILING patched tree" in body
+
+
+def test_an_upstream_test_of_no_group_is_refused(tmp_path: Path) -> None:
+    d = _grouped_demo(tmp_path)
+    p1 = d.ws.root / "patches" / "demo" / "lib" / "0001-gate-allow-12.patch"
+    p1.write_text(p1.read_text().replace("Upstream-PR: gates", "Upstream-PR: other"))
+    with pytest.raises(MaintenanceError, match="no patch of the series belongs to"):
+        plan_project(d.ws, d.ws.stack("demo"), d.ws.stack("demo").project("lib"))
+
+
+def test_refuses_a_package_that_names_a_patch_id(tmp_path: Path, identity: None) -> None:
+    d = _grouped_demo(tmp_path, description_leak=True)
+    with pytest.raises(MaintenanceError, match=r"fork's own words.*F1") as info:
+        prepare(d.ws, "demo", "lib", "gates")
+    assert "Forwarded: not-needed patch on top" in (info.value.fix or "")
+    assert not (d.ws.state_dir / "upstream" / "demo" / "lib" / "gates").exists()
+
+
+def test_refuses_without_a_git_identity_and_says_how_to_set_it(tmp_path: Path) -> None:
+    d = _grouped_demo(tmp_path)
+    with pytest.raises(MaintenanceError, match=r"user\.name") as info:
+        prepare(d.ws, "demo", "lib", "gates")
+    assert 'git config --global user.name "Your Name"' in (info.value.fix or "")
+
+
+def test_onto_a_ref_of_the_users_upstream_checkout(tmp_path: Path, identity: None) -> None:
+    d = _grouped_demo(tmp_path)
+    upstream = tmp_path / "users-upstream"
+    git(tmp_path, "clone", "-q", "--branch", "main", str(d.lib.repo), str(upstream))
+    (upstream / "NEWS").write_text("newer upstream work\n")
+    git(upstream, "add", "NEWS")
+    git(upstream, "commit", "-q", "-m", "upstream moved on")
+    tip = git(upstream, "rev-parse", "HEAD")
+    done = prepare(d.ws, "demo", "lib", "gates", onto="main", repo=str(upstream),
+                   out=tmp_path / "pr")
+    work = d.ws.trees_dir / "demo" / "lib"
+    assert done.base == tip
+    assert git(work, "rev-parse", f"{done.branch}~2") == tip
+    assert not any("release as published" in c for c in done.commands)
+    plain = prepare(d.ws, "demo", "lib", "gates", out=tmp_path / "pr2", run=False)
+    assert "release as published, not on upstream's history" in plain.commands[0]
+
+
+def test_leaks_names_file_line_and_word(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("fine\nPorts S4 of stack sglang-0.5.10\nsee /work/x\n")
+    assert leaks(tmp_path, ["S4", "sglang-0.5.10", "sm120fork"], paths=[]) == [
+        "a.md:2: S4, sglang-0.5.10", "a.md:3: a machine path"]
