@@ -66,7 +66,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(name="verify-sm120", description="compile-and-inspect proof and per-patch checks",
          remake="nox -s verify_sm120 -- --stack {stack}"),
     Kind(name="upstream-pr", description="what one upstream PR was tested with",
-         remake="nox -s upstream_pr -- {stack} {subject}", has_subjects=True),
+         remake="nox -s upstream_pr -- {stack} --pr {subject}", has_subjects=True),
     Kind(name="policy", description="a box's tuned policy measurement",
          remake="nox -s tune -- --stack {stack}"),
     Kind(name="gpu-scenario", description="A/B correctness under a forced condition (a "

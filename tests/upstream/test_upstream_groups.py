@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from sm120fork import record
 from sm120fork.cli.main import main
 from sm120fork.errors import EXIT_PROBLEMS_FOUND, MaintenanceError
 from sm120fork.package.stack import build_stack
 from sm120fork.upstream.groups import leaks, plan_project, prepare
+from sm120fork.util.hint import command
 
 from conftest import git, make_patch, write_series
 from helpers_ws import DemoWorkspace, make_demo
@@ -85,17 +87,18 @@ def test_lists_one_pr_per_group_and_says_why_the_rest_goes_in_none(
     assert [t.subject for t in plan.prs[0].tests] == ["test: supported majors include 12"]
     assert plan.not_proposed == ("0002-F3-guards-fork-only.patch: fork only "
                                  "(Forwarded: not-needed)",)
-    assert main(["--root", str(d.ws.root), "-q", "upstream-pr", "demo", "lib"]) == 0
+    assert main(["--root", str(d.ws.root), "-q", "upstream-pr", "demo"]) == 0
     out = capsys.readouterr().out
-    assert "PR gates: 0001-gate-allow-12.patch; tests: " in out
-    assert "in no PR: 0002-F3-guards-fork-only.patch: fork only" in out
-    assert "--pr gates" in out
+    assert "PR gates (lib): 0001-gate-allow-12.patch; tests: " in out
+    assert "in no PR (lib): 0002-F3-guards-fork-only.patch: fork only" in out
+    assert "in no PR (app): 0001-S1-gate.patch: not grouped for upstream" in out
+    assert "demo: 1 upstream PR(s); prepare one: " in out
 
 
 def test_prepares_one_pr_runs_its_tests_on_the_upstream_tree_and_names_nothing_of_ours(
         tmp_path: Path, identity: None) -> None:
     d = _grouped_demo(tmp_path)
-    done = prepare(d.ws, "demo", "lib", "gates")
+    done = prepare(d.ws, "demo", None, "gates", write=True)
     assert done.out == d.ws.state_dir / "upstream" / "demo" / "lib" / "gates"
     names = sorted(p.relative_to(done.out).as_posix() for p in done.files)
     assert names == ["body.md", "commands.sh", "patches/0001-gate-allow-12.patch",
@@ -107,6 +110,17 @@ def test_prepares_one_pr_runs_its_tests_on_the_upstream_tree_and_names_nothing_o
     assert "guard removed" not in git(work, "show", f"{done.commits[-1]}:demo_lib/kernel.cuh")
     assert git(work, "log", "-1", "--format=%an <%ae>", done.branch) == \
         "Ada Lovelace <ada@example.org>"
+    # the record of what it was tested with, published (and nothing else under reports/)
+    assert done.published == d.ws.reports_dir / "demo" / "upstream-pr" / "gates"
+    rec = record.read(done.published / "record.json")
+    assert (rec.kind, rec.subject, rec.verdict, rec.planned) == ("upstream-pr", "gates",
+                                                                "pass", 1)
+    plan = plan_project(d.ws, d.ws.stack("demo"), d.ws.stack("demo").project("lib"))
+    assert [(p.patch, p.patch_id) for p in rec.tested.patches] == [
+        (p.name, p.patch_id) for p in (*plan.prs[0].patches, *plan.prs[0].tests)]
+    assert rec.command == command("upstream-pr", "demo", "--pr", "gates")
+    assert rec.remake == "nox -s upstream_pr -- demo --pr gates"
+    assert sorted(p.name for p in done.published.iterdir()) == ["record.json", "summary.md"]
     body = (done.out / "body.md").read_text()
     assert "- [x] Add unit tests" not in body  # not SGLang's template: demo is no project of it
     assert "Ran 1 tests: OK" in body

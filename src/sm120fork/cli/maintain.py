@@ -264,7 +264,9 @@ def run_refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> in
 
 def upstream_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack")
-    p.add_argument("project")
+    p.add_argument("project", nargs="?",
+                   help="one project of the stack (default: every project; with --pr, the "
+                        "one whose series has that PR)")
     p.add_argument("--onto", metavar="REF",
                    help="rebase the branch onto REF of an upstream checkout (see --repo)")
     p.add_argument("--repo", metavar="PATH_OR_URL",
@@ -274,7 +276,9 @@ def upstream_args(p: argparse.ArgumentParser) -> None:
                    help="where this stack's wheels and manifest.json are (default: "
                         "wheels/<stack>/; see build --out)")
     p.add_argument("--write", action="store_true",
-                   help="with --whole-series: write into reports/upstream/ (tracked)")
+                   help="with --pr: publish the PR's record (what it was tested with) to "
+                        "reports/<stack>/upstream-pr/<pr>/; with --whole-series: write the "
+                        "package into reports/upstream/")
     p.add_argument("--pr", metavar="NAME",
                    help="prepare this PR (an Upstream-PR group of the series; without --pr "
                         "the PRs are listed)")
@@ -291,6 +295,9 @@ def upstream_args(p: argparse.ArgumentParser) -> None:
 def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     if not args.whole_series:
         return _upstream_groups(args, ws, console)
+    if not args.project:
+        raise UsageError("--whole-series prepares one project's package: name the project",
+                         fix=command("upstream-pr", args.stack, "<project>", "--whole-series"))
     from sm120fork.upstream.pr import upstream_pr
 
     result = upstream_pr(ws, args.stack, args.project, onto=args.onto, repo=args.repo,
@@ -321,20 +328,26 @@ def _upstream_groups(args: argparse.Namespace, ws: Workspace, console: Console) 
 
     if not args.pr:
         stack = ws.stack(args.stack)
-        plan = plan_project(ws, stack, stack.project(args.project))
-        for pr in plan.prs:
-            tests = f"; tests: {', '.join(t.name for t in pr.tests)}" if pr.tests else \
-                "; no upstream-form test"
-            say(f"PR {pr.name}: {', '.join(p.name for p in pr.patches)}{tests}")
-        for line in plan.not_proposed:
-            say(f"in no PR: {line}")
-        first = command("upstream-pr", args.stack, args.project, "--pr",
-                        plan.prs[0].name) if plan.prs else ""
-        say(f"{args.stack}/{args.project}: {len(plan.prs)} upstream PR(s)"
-            + (f"; prepare one: {first}" if first else ""))
+        projects = [stack.project(args.project)] if args.project else list(stack.projects)
+        count = 0
+        for project in projects:
+            plan = plan_project(ws, stack, project)
+            count += len(plan.prs)
+            for pr in plan.prs:
+                tests = f"; tests: {', '.join(t.name for t in pr.tests)}" if pr.tests else \
+                    "; no upstream-form test"
+                say(f"PR {pr.name} ({project.key}): {', '.join(p.name for p in pr.patches)}"
+                    f"{tests}")
+            for line in plan.not_proposed:
+                say(f"in no PR ({project.key}): {line}")
+            if not plan.prs and not plan.not_proposed:
+                say(f"in no PR ({project.key}): its series is empty")
+        say(f"{args.stack}: {count} upstream PR(s)"
+            + (f"; prepare one: {command('upstream-pr', args.stack, '--pr', '<name>')}"
+               if count else ""))
         return 0
     done = prepare(ws, args.stack, args.project, args.pr, onto=args.onto, repo=args.repo,
-                   out=args.out, run=not args.no_tests)
+                   out=args.out, run=not args.no_tests, write=args.write)
     say(f"branch {done.branch}: {len(done.commits)} commit(s) on "
         + (done.onto or "the release as published"))
     for r in done.runs:
@@ -344,5 +357,11 @@ def _upstream_groups(args: argparse.Namespace, ws: Workspace, console: Console) 
     say("nothing was pushed; to submit, from that folder run:")
     for line in done.commands:
         say(f"  {line}")
+    if done.record is not None:
+        rec = done.record
+        say(f"record: {rec.verdict} ({rec.counts.get('pass', 0)} pass, "
+            f"{rec.counts.get('fail', 0)} fail, {rec.counts.get('skip', 0)} not run here)"
+            + (f"; published to {os.path.relpath(done.published, ws.root)}/"
+               if done.published else "; --write publishes it under reports/"))
     failing = [r for r in done.runs if r.ran and not r.passed]
     return EXIT_PROBLEMS_FOUND if failing else 0

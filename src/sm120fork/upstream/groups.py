@@ -14,7 +14,9 @@ stack, patch id or path of this machine -- checked before anything is written.
 
 from __future__ import annotations
 
+import datetime
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -23,6 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sm120fork import __version__, record
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import CommandError, MaintenanceError
 from sm120fork.fetch.source import UPSTREAM_TAG
@@ -171,6 +174,9 @@ class Prepared:
     runs: tuple[TestRun, ...]
     commands: tuple[str, ...] = ()
     files: tuple[Path, ...] = field(default=())
+    record: record.Record | None = None
+    #: Where the record was published (reports/<stack>/upstream-pr/<pr>/), with ``write``.
+    published: Path | None = None
 
 
 def _commit_all(repo: Git, base: str, patches: list[Patch], who: tuple[str, str],
@@ -255,12 +261,48 @@ def default_out(ws: Workspace, stack: str, project: str, name: str) -> Path:
     return ws.state_dir / "upstream" / stack / project / name
 
 
-def prepare(ws: Workspace, stack_name: str, project_key: str, name: str, *,
+def find_project(ws: Workspace, stack: Stack, name: str) -> Project:
+    """The project of ``stack`` whose series has PR ``name``."""
+    for project in stack.projects:
+        if any(p.name == name for p in plan_project(ws, stack, project).prs):
+            return project
+    known = [p.name for project in stack.projects
+             for p in plan_project(ws, stack, project).prs]
+    raise MaintenanceError(f"stack {stack.name} has no upstream PR {name!r} (its PRs: "
+                           f"{', '.join(known) or 'none'})", where=stack.name,
+                           fix=f"list them: `{command('upstream-pr', stack.name)}`")
+
+
+def pr_record(stack: Stack, project: Project, pr: PlannedPR, tree: str,
+              runs: list[TestRun]) -> record.Record:
+    """What the PR was tested with (kind ``upstream-pr``, subject the PR's name)."""
+    cases = [record.Case(id=r.path, variant="patched",
+                         outcome=("pass" if r.passed else "fail") if r.ran else "skip",
+                         detail=r.summary if r.ran else f"{r.summary}; run: {r.command}")
+             for r in runs]
+    return record.make(
+        kind="upstream-pr", subject=pr.name, stack=stack.name,
+        command=command("upstream-pr", stack.name, "--pr", pr.name),
+        created=datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat(),
+        toolkit=__version__,
+        machine=record.Machine(description=f"CPU only, {os.cpu_count()} cores",
+                               python=platform.python_version(), cpus=os.cpu_count()),
+        tested=record.Tested(
+            trees=(record.TestedTree(project=project.key, tree=tree),),
+            patches=tuple(record.TestedPatch(project=project.key, patch=p.name,
+                                             patch_id=p.patch_id)
+                          for p in [*pr.patches, *pr.tests])),
+        planned=len(runs), cases=tuple(cases),
+        not_run=tuple(f"{r.path}: {r.summary}" for r in runs if not r.ran),
+        notes=(() if runs else ("the PR brings no test of its own",)))
+
+
+def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, *,
             onto: str | None = None, repo: str | None = None, out: Path | None = None,
-            run: bool = True) -> Prepared:
+            run: bool = True, write: bool = False) -> Prepared:
     """Make PR ``name``: its branch, its tests' runs and its package (refused if it leaks)."""
     stack = ws.stack(stack_name)
-    project = stack.project(project_key)
+    project = stack.project(project_key) if project_key else find_project(ws, stack, name)
     pr = plan_project(ws, stack, project).pr(name)
     with ws.lock():
         tree = open_tree(ws, stack, project)
@@ -334,9 +376,12 @@ def prepare(ws: Workspace, stack_name: str, project_key: str, name: str, *,
             shutil.rmtree(folder)
         staging.rename(folder)
         files = tuple(sorted(p for p in folder.rglob("*") if p.is_file()))
+        rec = pr_record(stack, project, pr, git("rev-parse", f"{commits[-1]}^{{tree}}",
+                                                quiet=True), runs) if run else None
+        published = record.write(rec, ws.reports_dir) if rec and write and not onto else None
         return Prepared(plan=pr, branch=branch, base=base, onto=onto, out=folder, title=title,
                         commits=tuple(commits), runs=tuple(runs), commands=tuple(commands),
-                        files=files)
+                        files=files, record=rec, published=published)
 
 
 def _title(pr: PlannedPR) -> str:
