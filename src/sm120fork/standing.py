@@ -35,6 +35,8 @@ from sm120fork.record import (
 )
 from sm120fork.workspace import Workspace
 
+#: The folder beside a series that holds its upstream-form tests (upstream/groups.py).
+UPSTREAM_TESTS = "upstream-tests"
 #: The claim kinds verify-sm120 checks when it runs: its record backs them.
 VERIFY_CLAIMS = ("proof", "sglang", "cpu")
 FIELD = "Verified-By"
@@ -112,15 +114,22 @@ class Today:
     wheels: Mapping[str, tuple[frozenset[str], str | None]] | None = None
     manifest: str = ""
     ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: project -> the upstream-form tests beside its series (``upstream-tests/``), which an
+    #: upstream PR applies with its patches; nothing of them is built.
+    upstream_tests: Mapping[str, Series] = field(default_factory=dict)
 
     @classmethod
     def of(cls, ws: Workspace, stack: Stack, *, wheels_dir: Path | None = None) -> Today:
         series = {p.key: load_series(ws.series_dir(p)) for p in stack.projects}
         manifest_path = (wheels_dir or ws.stack_wheels(stack.name)) / "manifest.json"
         wheels = _manifest_wheels(manifest_path, stack.name)
+        tests = {p.key: load_series(ws.series_dir(p) / UPSTREAM_TESTS)
+                 for p in stack.projects
+                 if (ws.series_dir(p) / UPSTREAM_TESTS / "series").is_file()}
         return cls(stack=stack, series=series, wheels=wheels,
                    manifest=_shown(manifest_path, ws.root),
-                   ids={k: tuple(p.patch_id for p in s.patches) for k, s in series.items()})
+                   ids={k: tuple(p.patch_id for p in s.patches) for k, s in series.items()},
+                   upstream_tests=tests)
 
 
 def _shown(path: Path, root: Path) -> str:
@@ -157,6 +166,8 @@ def record_problems(rec: Record, today: Today) -> list[str]:
     stack = today.stack
     if rec.stack != stack.name:
         return [f"it ran on stack {rec.stack}, not {stack.name}"]
+    if rec.kind == "upstream-pr":
+        return _pr_problems(rec, today)
     problems: list[str] = []
     keys = {p.key for p in stack.projects}
     for project in rec.tested.projects:
@@ -205,6 +216,25 @@ def _patch_problems(project: str, rec: Record, today: Today) -> list[str]:
     if gone:
         out.append(f"{project} patch(es) it tested are gone or changed: {', '.join(gone)}")
     return out
+
+
+def _pr_problems(rec: Record, today: Today) -> list[str]:
+    """An upstream PR's record tested some patches of a series (and upstream-form tests
+    beside it) on upstream's tree, not the stack's build: it is current while each of them
+    has the change it tested."""
+    problems: list[str] = []
+    for tested in rec.tested.patches:
+        pool = [*(today.series[tested.project].patches if tested.project in today.series
+                  else ()),
+                *(today.upstream_tests[tested.project].patches
+                  if tested.project in today.upstream_tests else ())]
+        now = next((p for p in pool if p.name == tested.patch), None)
+        if now is None:
+            problems.append(f"{tested.project} patch {display_name(tested.patch)} is gone")
+        elif now.patch_id != tested.patch_id:
+            problems.append(f"{tested.project} patch {display_name(tested.patch)} changed "
+                            f"since (patch-id {tested.patch_id[:12]}, now {now.patch_id[:12]})")
+    return problems
 
 
 def judge(rec: Record, today: Today, name: str) -> Standing:

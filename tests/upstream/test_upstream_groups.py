@@ -13,6 +13,7 @@ from sm120fork import record
 from sm120fork.cli.main import main
 from sm120fork.errors import EXIT_PROBLEMS_FOUND, MaintenanceError
 from sm120fork.package.stack import build_stack
+from sm120fork.standing import stack_evidence
 from sm120fork.upstream.groups import leaks, plan_project, prepare
 from sm120fork.util.hint import command
 
@@ -121,6 +122,15 @@ def test_prepares_one_pr_runs_its_tests_on_the_upstream_tree_and_names_nothing_o
     assert rec.command == command("upstream-pr", "demo", "--pr", "gates")
     assert rec.remake == "nox -s upstream_pr -- demo --pr gates"
     assert sorted(p.name for p in done.published.iterdir()) == ["record.json", "summary.md"]
+    # it stands while the PR's patches and tests keep the change it tested
+    (mine,) = [s for s in stack_evidence(d.ws, d.ws.stack("demo")) if s.kind == "upstream-pr"]
+    assert mine.current, mine.message()
+    (test_patch,) = (d.ws.root / "patches" / "demo" / "lib" / "upstream-tests").glob("*.patch")
+    test_patch.write_text(test_patch.read_text().replace("assertIn(12, demo_lib.supported",
+                                                         "assertTrue(12 in demo_lib.supported"))
+    (mine,) = [s for s in stack_evidence(d.ws, d.ws.stack("demo")) if s.kind == "upstream-pr"]
+    assert not mine.current
+    assert "lib patch 0001-test-supported-majors-include-12 changed since" in mine.message()
     body = (done.out / "body.md").read_text()
     assert "- [x] Add unit tests" not in body  # not SGLang's template: demo is no project of it
     assert "Ran 1 tests: OK" in body

@@ -20,7 +20,7 @@ from sm120fork.util import proc
 REQUIRED_FIELDS = ("Description", "Origin", "Forwarded", "Last-Update")
 KNOWN_FIELDS = (*REQUIRED_FIELDS, "Applied-Upstream", "Bug", "Bug-Upstream", "Author",
                 "Reviewed-by", "Fingerprint", "Subject", "Effect", "Effect-Absent",
-                "Verified-By")
+                "Verified-By", "Upstream-PR")
 #: ``Effect`` / ``Effect-Absent`` text starting with this is a regular expression.
 REGEX_PREFIX = "re:"
 #: Who a patch is by when its header names nobody (patches/README.md's canonical author).

@@ -31,6 +31,7 @@ from sm120fork.errors import CommandError, MaintenanceError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Patch, Series, load_series
 from sm120fork.patch.tree import open_tree
+from sm120fork.standing import UPSTREAM_TESTS as TESTS_DIR
 from sm120fork.upstream.pr import ONTO_REF, github_slug, short_subject, upstream_url
 from sm120fork.upstream.template import TestRun, render_body
 from sm120fork.util import proc
@@ -38,8 +39,6 @@ from sm120fork.util.git import Git
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
-#: The folder beside a series that holds its upstream-form tests.
-TESTS_DIR = "upstream-tests"
 FORK_NAMES = ("sm120fork", "sm12x-fork")
 _MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:tmp|work|home|root|opt|Users|var/folders)/")
 
