@@ -263,3 +263,36 @@ def test_portable_names_machine_folders_by_role() -> None:
     assert out["flags"][7] == ".forks/trees/s/flashinfer@unpatched/include"
     assert out["n"] == 3
     assert "/home/" not in json.dumps(out)
+
+
+def test_a_verify_document_becomes_its_record() -> None:
+    """The verify-sm120 record: a case per patch, behaviour check and proof verdict; the
+    baselines' verdicts fail on purpose and judge nothing; the wheels, trees and patch ids
+    it was made from are what staleness compares."""
+    from sm120fork.record import TestedPatch
+    from sm120fork.verify.proof.report import to_record
+
+    doc = {"stack": "s", "seconds": 950.0, "machine": {"python": "3.11.7", "cpus": 2},
+           "made_from": [{"project": "flashinfer", "series": "patches/s/flashinfer",
+                          "series_digest": "d" * 64, "wheel": "f.whl",
+                          "wheel_sha256": "a" * 64, "tree": "t" * 40}],
+           "patches": [{"project": "flashinfer", "patch": "0002-F1.patch",
+                        "evidence": "compile proof", "passed": True}],
+           "sglang_checks": [{"name": "S1 tp2", "capability": "12.0", "passed": True}],
+           "verdicts": [{"variant": "unpatched", "arch": "sm_120f", "status": "fail",
+                         "reasons": ["JIT gate refuses"]},
+                        {"variant": "full series", "arch": "sm_120f", "status": "pass"},
+                        {"variant": "F1 only", "arch": "sm_121a", "status": "not checked"}]}
+    patch = TestedPatch(project="flashinfer", patch="0002-F1.patch", patch_id="1" * 40)
+    rec = to_record(doc, patches=[patch], created="2026-12-02T00:00:00+00:00")
+    assert (rec.kind, rec.stack, rec.verdict, rec.finished) == ("verify-sm120", "s", "pass",
+                                                                True)
+    assert [(c.id, c.variant, c.outcome) for c in rec.cases] == [
+        ("flashinfer/0002-F1.patch", "full series", "pass"),
+        ("sglang/S1 tp2@12.0", "full series", "pass"),
+        ("proof/unpatched/sm_120f", "baseline", "fail"),
+        ("proof/full series/sm_120f", "full series", "pass"),
+        ("proof/F1 only/sm_121a", "baseline", "skip")]
+    assert rec.tested.trees[0].tree == "t" * 40
+    assert rec.tested.patches == (patch,)
+    assert rec.remake == "nox -s verify_sm120 -- --stack s"

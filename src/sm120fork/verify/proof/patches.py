@@ -67,10 +67,8 @@ class Context:
     behaviour: tuple[tuple[str, str, bool], ...] = ()
     #: node -> (what happened, passed) of the ``cpu:`` tests already run (run_cpu_tests).
     cpu: Mapping[str, tuple[str, bool]] = dataclasses.field(default_factory=dict)
-    #: The stack verified and its projects' series digests now: a GPU report that records
-    #: it was made from another series of this stack backs nothing.
+    #: The stack verified: a record of another stack's build backs nothing here.
     stack: str = ""
-    series: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- proof checks

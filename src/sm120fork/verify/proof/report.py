@@ -23,6 +23,7 @@ from sm120fork.record import (
     Record,
     Tested,
     TestedPatch,
+    TestedTree,
     TestedWheel,
     make,
 )
@@ -181,6 +182,8 @@ def to_record(document: dict[str, Any], *, patches: Sequence[TestedPatch],
         tested=Tested(wheels=tuple(TestedWheel(variant="patched", project=m["project"],
                                                file=m["wheel"], sha256=m["wheel_sha256"])
                                    for m in document["made_from"]),
+                      trees=tuple(TestedTree(project=m["project"], tree=m["tree"])
+                                  for m in document["made_from"] if m.get("tree")),
                       patches=tuple(patches)),
         planned=len(cases), cases=tuple(cases),
         notes=(f"took {document.get('seconds', 0):.0f} s",))

@@ -72,6 +72,8 @@ class Provenance:
     series_digest: str
     wheel: str
     wheel_sha256: str
+    #: The patched tree's git tree hash (the build's manifest), when it records one.
+    tree: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -166,8 +168,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     ctx = Context(root=ws.root, proof=proof, gate_variant=gate_variant,
                   behaviour=tuple((r.name, r.capability, r.passed) for r in sglang),
                   cpu=run_cpu_tests(ws.root, cpu_nodes, stack=stack.name) if cpu_nodes else {},
-                  stack=stack.name, series={p.key: load_series(ws.series_dir(p)).digest
-                                            for p in stack.projects})
+                  stack=stack.name)
     verdicts: list[PatchVerdict] = []
     for key, made in builds.items():
         for patch in patches[key]:
@@ -192,7 +193,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     provenance = tuple(
         Provenance(project=key, series=stack.project(key).series,
                    series_digest=series[key].digest, wheel=made[0].wheel.name,
-                   wheel_sha256=made[0].sha256)
+                   wheel_sha256=made[0].sha256, tree=made[0].entry.tree)
         for key, made in builds.items())
     return VerifyResult(stack=stack.name, provenance=provenance, verdicts=tuple(verdicts),
                         proof=proof, sglang=tuple(sglang), seconds=time.monotonic() - start)
