@@ -112,3 +112,31 @@ def test_tested_of_a_build_names_the_patches_it_applied_with_their_ids() -> None
         "patches": [{"project": "flashinfer", "patch": "0001-a.patch", "patch_id": "1" * 40},
                     {"project": "flashinfer", "patch": "0002-b.patch", "patch_id": "2" * 40}]}
     assert json.dumps(records.tested_of(manifest, {}))  # no series here: no patches
+
+
+def test_a_layer_run_of_a_stack_is_a_record_unfinished_until_every_case_ran() -> None:
+    from sm120fork.gpu.sglang_layer import CaseOutcome
+
+    made = {"stack": "sglang-0.5.23", "made_from": [
+        {"project": "sglang", "wheel": "sglang-0.5.23+sm120.1-py3-none-any.whl",
+         "wheel_sha256": "e" * 64}]}
+
+    def outcome(case: str, passed: bool) -> CaseOutcome:
+        return CaseOutcome(case=case, passed=passed, hung=False,
+                           problems=[] if passed else ["rank 1 hung"], ranks=[],
+                           seconds=12.0, tails=[])
+
+    common: dict[str, Any] = {
+        "made": made, "tested": TESTED, "command": "nox -s sglang_layer -- --stack x",
+        "created": "2026-12-03T17:00:00+00:00",
+        "machine": {"gpus": ["NVIDIA H200"], "torch": "2.11.0"},
+        "planned": ["fused", "fault-bad-ptr"]}
+    part = records.layer_record(**common, outcomes=[outcome("fused", True)])
+    assert part is not None
+    assert part.verdict == "unfinished"
+    whole = records.layer_record(**common, outcomes=[outcome("fused", True),
+                                                    outcome("fault-bad-ptr", False)])
+    assert whole is not None
+    assert (whole.kind, whole.verdict, whole.counts["fail"]) == ("sglang-layer", "fail", 1)
+    assert whole.cases[1].detail == "rank 1 hung"
+    assert records.layer_record(**{**common, "made": {}}, outcomes=[]) is None

@@ -213,14 +213,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
+                     host: preflight.GpuHost | None = None) -> int:
     site: tuple[Path, ...] = ()
     made: dict[str, Any] = {}
     folder = args.stack_dir
+    tested = records.tested_beside(folder) if folder is not None else None
     if args.stack is not None:
         from sm120fork.gpu.stack_wheels import stack_dir
+        from sm120fork.gpu.stack_wheels import tested as tested_of_stack
+        from sm120fork.workspace import Workspace
 
         folder = stack_dir(args.stack)
+        tested = tested_of_stack(Workspace.find(), args.stack)
     if folder is not None:
         from sm120fork.gpu.stack_wheels import layer_trees
 
@@ -233,13 +238,15 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str]) -> int:
         world_size=args.world_size, tokens=_optional(args.tokens), timeout=args.timeout,
         first_timeout=args.first_timeout, start_timeout=args.start_timeout,
         gates_in_memory=args.gates_in_memory, load_plugins=args.load_plugins,
-        title=args.title, notes=tuple(args.note), made=made,
+        title=args.title, notes=tuple(args.note), made=made, tested=tested,
+        machine={"gpus": list(host.gpus), "torch": host.torch, "cuda": host.cuda}
+        if host else {}, record_command=records.recorded_command("sglang-layer", argv),
         agreement_timeout=args.agreement_timeout, group_timeout=args.group_timeout))
     failed = [o for o in outcomes if not o.passed]
     return VerifyError.exit_code if failed else 0
 
 
-def _ready(args: argparse.Namespace) -> None:
+def _ready(args: argparse.Namespace) -> preflight.GpuHost | None:
     """Refuse what cannot run here before anything is resolved, installed or built: a
     multicast backend on a shared host, then a box whose Python has no CUDA torch or GPU."""
     if args.gpu_command in ("test", "bench"):
@@ -252,12 +259,13 @@ def _ready(args: argparse.Namespace) -> None:
                          fix="e.g. --stack sglang-0.5.23 on a checkout with that build")
     if args.gpu_command in ("test", "bench") or (
             args.gpu_command == "sglang-layer" and args.device == "cuda"):
-        preflight.require_gpu()
+        return preflight.require_gpu()
+    return None
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the parsed GPU verb; ``argv`` (from the verb on) is recorded in the reports."""
-    _ready(args)
+    host = _ready(args)
     if args.gpu_command == "test":
         return cmd_test(args, argv)
     if args.gpu_command == "bench":
@@ -269,7 +277,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"wrote {', '.join(map(str, written))} ({projection.LABEL})")
         return 0
     if args.gpu_command == "sglang-layer":
-        return cmd_sglang_layer(args, argv)
+        return cmd_sglang_layer(args, argv, host)
     return cmd_report(args)
 
 

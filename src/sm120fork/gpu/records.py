@@ -139,6 +139,49 @@ def test_record(doc: Mapping[str, Any], tested: Mapping[str, Any] | None
         notes=tuple(notes))
 
 
+def layer_record(*, made: Mapping[str, Any], tested: Mapping[str, Any] | None,
+                 command: str, created: str, machine: Mapping[str, Any],
+                 planned: Sequence[str], outcomes: Sequence[Any],
+                 notes: Sequence[str] = ()) -> record.Record | None:
+    """The record of an ``sglang-layer`` run of a stack's build (None without one):
+    ``outcomes`` are :class:`~sm120fork.gpu.sglang_layer.CaseOutcome`; a run cut short is
+    unfinished."""
+    stack = made.get("stack")
+    if not stack:
+        return None
+    gpus = tuple(str(g) for g in machine.get("gpus") or ())
+    tested = tested or {}
+    return record.make(
+        kind="sglang-layer", stack=stack, command=command, created=created,
+        toolkit=__version__,
+        machine=record.Machine(
+            description=f"{gpus[0]} x{len(gpus)}" if gpus else "CPU ranks (no GPU)",
+            gpus=gpus, torch=machine.get("torch"), cuda=machine.get("cuda"),
+            cpus=os.cpu_count()),
+        tested=record.Tested(
+            wheels=tuple(record.TestedWheel(variant="patched", project=str(m["project"]),
+                                            file=str(m["wheel"]),
+                                            sha256=str(m["wheel_sha256"]))
+                         for m in made.get("made_from", ())),
+            trees=tuple(record.TestedTree(**t) for t in tested.get("trees", ())),
+            patches=tuple(record.TestedPatch(**p) for p in tested.get("patches", ()))),
+        planned=len(planned),
+        cases=tuple(record.Case(
+            id=o.case, variant="patched", outcome="pass" if o.passed else "fail",
+            detail=" ".join("; ".join(o.problems).split())[:200] or f"{o.seconds:.0f} s")
+            for o in outcomes),
+        notes=tuple(notes))
+
+
+def tested_beside(folder: Path) -> dict[str, Any] | None:
+    """``tested.json`` in a stack's wheels folder (a kit's stack/), if there."""
+    path = folder / TESTED_FILE
+    if not path.is_file():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return data
+
+
 def read_tested(wheel_dirs: Sequence[str], primary: str) -> dict[str, Any] | None:
     """``tested.json`` beside the primary variant's wheel (a kit's, or a build's)."""
     for spec in wheel_dirs:

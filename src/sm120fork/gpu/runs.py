@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sm120fork.cuda.toolkit import locate_nvcc
-from sm120fork.errors import CommandError, UsageError, VerifyError
+from sm120fork.errors import CommandError, ConfigError, UsageError, VerifyError
 from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import launcher, records, report, sglang_layer, variants
 from sm120fork.gpu import methods as methods_mod
@@ -413,8 +413,12 @@ def run_test(opts: TestOptions) -> TestRun:
     out = _out_dir(opts, env)
     roles = _roles(opts, out)
     paths = report.write_test_report(doc, out, roles)
-    rec = records.test_record({**doc, "command": opts.record_command or opts.command},
-                              opts.tested or records.read_tested(opts.wheel_dirs, primary))
+    try:
+        rec = records.test_record({**doc, "command": opts.record_command or opts.command},
+                                  opts.tested or records.read_tested(opts.wheel_dirs, primary))
+    except ConfigError as exc:  # the run stands; its record would break the format
+        log.error("no record: %s", exc)
+        rec = None
     if rec is not None:
         paths.append(records.write(rec, out))
     else:
@@ -601,6 +605,10 @@ class LayerOptions:
     notes: tuple[str, ...] = ()
     #: ``stack`` and ``made_from`` (each tested wheel's sha256) of the stack's build.
     made: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The record's ``tested`` block, what the preflight found, the command it names.
+    tested: dict[str, Any] | None = None
+    machine: dict[str, Any] = dataclasses.field(default_factory=dict)
+    record_command: str | None = None
     #: The tree's fused-call agreement timeout (None: its own) and the ranks' gloo groups'
     #: timeout (None: twice the case's), seconds (sglang_layer.run_case).
     agreement_timeout: float | None = None
@@ -626,6 +634,16 @@ def run_sglang_layer(opts: LayerOptions) -> list[sglang_layer.CaseOutcome]:
         outcomes.append(outcome)
         _write_sglang_layer_report(opts, outcomes, done=index + 1 == len(chosen),
                                    planned=chosen, made=opts.made)
+        try:
+            rec = records.layer_record(
+                made=opts.made, tested=opts.tested,
+                command=opts.record_command or opts.command, created=_now(),
+                machine=opts.machine, planned=chosen, outcomes=outcomes, notes=opts.notes)
+        except ConfigError as exc:  # the run goes on; its record would break the format
+            log.error("no record: %s", exc)
+            rec = None
+        if rec is not None:
+            records.write(rec, opts.out)
     return outcomes
 
 
