@@ -47,11 +47,19 @@ def patch_ids(ws: Workspace, stack: str) -> dict[str, list[tuple[str, str]]]:
 
 
 def tested(ws: Workspace, stack: str) -> dict[str, Any]:
-    """The ``tested`` block of the stack's build (wheels/<stack>/manifest.json)."""
+    """The ``tested`` block of the stack's build (wheels/<stack>/manifest.json); without
+    the patch ids where they cannot be computed here (no git): the run goes on, and its
+    record names the wheels and trees only (a verify then calls it stale)."""
+    from sm120fork.errors import ToolkitError
     from sm120fork.gpu.records import tested_of
 
     path = ws.stack_wheels(stack) / "manifest.json"
-    return tested_of(json.loads(path.read_text(encoding="utf-8")), patch_ids(ws, stack))
+    try:
+        ids = patch_ids(ws, stack)
+    except (ToolkitError, OSError) as exc:
+        log.warning("the record will name no patch ids: %s", exc)
+        ids = {}
+    return tested_of(json.loads(path.read_text(encoding="utf-8")), ids)
 
 
 def _manifest_entry(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
