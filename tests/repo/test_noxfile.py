@@ -6,7 +6,7 @@ import functools
 import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,6 +37,7 @@ class _Recorder:
 
     def __init__(self, posargs: list[str]) -> None:
         self.posargs = posargs
+        self.virtualenv = SimpleNamespace(location=None)  # no environment: install runs
         self.runs: list[tuple[tuple[str, ...], dict[str, object]]] = []
 
     def install(self, *args: str) -> None:
@@ -68,3 +69,54 @@ def test_every_session_a_hint_names_exists() -> None:
     for verb, session in hint._SESSIONS.items():
         assert callable(getattr(nf, session, None)), (verb, session)
     assert hint._SESSIONS["gpu sglang-layer"] == "sglang_layer"
+
+
+class _Session:
+    def __init__(self, venv: Path) -> None:
+        self.virtualenv = SimpleNamespace(location=str(venv))
+        self.installs: list[tuple[str, ...]] = []
+        self.logs: list[str] = []
+
+    def install(self, *args: str) -> None:
+        self.installs.append(args)
+
+    def log(self, text: str) -> None:
+        self.logs.append(text)
+
+
+def test_a_second_session_skips_the_install_a_new_environment_does_not(
+        tmp_path: Path) -> None:
+    nf = _noxfile()
+    session = _Session(tmp_path / "venv")
+    (tmp_path / "venv").mkdir()
+    nf.install(session, ".")
+    nf.install(session, ".")
+    nf.install(session, "-e", ".", "pytest>=8")  # another install: its own stamp
+    assert session.installs == [("-q", "."), ("-q", "-e", ".", "pytest>=8")]
+    assert session.logs == ["already installed, unchanged: ."]
+    fresh = _Session(tmp_path / "fresh")
+    (tmp_path / "fresh").mkdir()
+    nf.install(fresh, ".")
+    assert fresh.installs == [("-q", ".")]
+
+
+def test_the_stamp_follows_the_sources_of_a_copy_not_of_an_editable_install(
+        tmp_path: Path) -> None:
+    nf = _noxfile()
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    module = tmp_path / "src" / "pkg" / "a.py"
+    module.write_text("one\n")
+    (tmp_path / "req.txt").write_text("a==1\n")
+    copy, editable, req = (".",), ("-e", ".", "pytest"), ("-r", "req.txt")
+    before = {args: nf.install_stamp(tmp_path, args) for args in (copy, editable, req)}
+    module.write_text("two\n")
+    (tmp_path / "src" / "pkg" / "__pycache__").mkdir()
+    (tmp_path / "src" / "pkg" / "__pycache__" / "a.pyc").write_bytes(b"x")
+    assert nf.install_stamp(tmp_path, copy) != before[copy]
+    assert nf.install_stamp(tmp_path, editable) == before[editable]
+    assert nf.install_stamp(tmp_path, req) == before[req]
+    (tmp_path / "req.txt").write_text("a==2\n")
+    assert nf.install_stamp(tmp_path, req) != before[req]
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")
+    assert nf.install_stamp(tmp_path, editable) != before[editable]
