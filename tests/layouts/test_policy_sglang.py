@@ -148,14 +148,10 @@ S523 = textwrap.dedent("""\
 @pytest.fixture(scope="module")
 def tree_523(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The patched 0.5.23 tree and the layer_boundary probe's overlay."""
-    import shutil
-
     from sm120fork.layouts.layer_boundary.checks import ensure_overlay
 
+    # The pinned wheels come from the checkout's download cache, which the copy shares.
     root = checkout_copy(tmp_path_factory.mktemp("s523"))
-    wheels = REPO / ".forks" / "cache" / "wheels"
-    if wheels.is_dir():  # the pinned wheels, sha256-checked on use
-        shutil.copytree(wheels, root / ".forks" / "cache" / "wheels")
     ws = Workspace(root)
     stack = ws.stack("sglang-0.5.23")
     tree = prepare_tree(ws, stack, stack.project("sglang")).path

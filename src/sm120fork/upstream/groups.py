@@ -327,6 +327,16 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         branch = f"{pr.name}" + (f"-onto-{re.sub(r'[^A-Za-z0-9._-]', '-', onto)}" if onto
                                  else f"-{project.version}")
         git("update-ref", f"refs/heads/{branch}", commits[-1])
+        title = _title(pr)
+        folder = out or default_out(ws, stack.name, project.key, pr.name)
+        staging = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "patches").mkdir(parents=True)
+        git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
+            str(staging / "patches"), f"{base}..{commits[-1]}")
+        words = fork_words(ws, stack, project)
+        machine = [str(ws.root), str(Path.home()), str(tree.path)]
+        _refuse_leaks(staging, words, machine, pr.name, f"{stack.name}/{project.key}")
         runs: list[TestRun] = []
         if run:
             with tempfile.TemporaryDirectory(prefix="upstream-pr-tree.") as scratch:
@@ -336,13 +346,6 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
                     runs = run_tests(ws, project, work, _added_tests(pr.tests))
                 finally:
                     git("worktree", "remove", "--force", str(work))
-        title = _title(pr)
-        folder = out or default_out(ws, stack.name, project.key, pr.name)
-        staging = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        (staging / "patches").mkdir(parents=True)
-        git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
-            str(staging / "patches"), f"{base}..{commits[-1]}")
         slug = github_slug(upstream_url(ws, project)) or "<owner>/<repo>"
         commands = [
             f"git push <your-fork-url> {branch}:{branch}",
@@ -360,17 +363,7 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         (staging / "body.md").write_text(body, encoding="utf-8")
         (staging / "commands.sh").write_text("#!/bin/sh\n# Not run for you.\n"
                                              + "\n".join(commands) + "\n", encoding="utf-8")
-        found = leaks(staging, fork_words(ws, stack, project),
-                      paths=[str(ws.root), str(Path.home()), str(tree.path)])
-        if found:
-            shutil.rmtree(staging)
-            raise MaintenanceError(
-                f"PR {pr.name} would carry the fork's own words or this machine's paths: "
-                + "; ".join(found[:12]) + (f"; and {len(found) - 12} more" if len(found) > 12
-                                           else ""),
-                where=f"{stack.name}/{project.key}",
-                fix="word the patch (its code, Subject and Description) as upstream would; "
-                    "split what only the fork needs into a Forwarded: not-needed patch on top")
+        _refuse_leaks(staging, words, machine, pr.name, f"{stack.name}/{project.key}")
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)
@@ -381,6 +374,23 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         return Prepared(plan=pr, branch=branch, base=base, onto=onto, out=folder, title=title,
                         commits=tuple(commits), runs=tuple(runs), commands=tuple(commands),
                         files=files, record=rec, published=published)
+
+
+def _refuse_leaks(staging: Path, words: list[str], machine: list[str], pr: str,
+                  where: str) -> None:
+    """Refuse (and drop) a package that names the fork, a stack, a patch id or this
+    machine: checked on the patches before the tests run, and on everything at the end."""
+    found = leaks(staging, words, paths=machine)
+    if not found:
+        return
+    shutil.rmtree(staging)
+    raise MaintenanceError(
+        f"PR {pr} would carry the fork's own words or this machine's paths: "
+        + "; ".join(found[:12]) + (f"; and {len(found) - 12} more" if len(found) > 12
+                                   else ""),
+        where=where,
+        fix="word the patch (its code, Subject and Description) as upstream would; "
+            "split what only the fork needs into a Forwarded: not-needed patch on top")
 
 
 def _title(pr: PlannedPR) -> str:
