@@ -9,7 +9,7 @@ import pytest
 from sm120fork.gpu import projection
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = REPO / "reports" / "gpu" / "projection-8x-rtxpro6000"
+COMMITTED = REPO / "reports" / "projection" / "8x-rtxpro6000"
 
 
 def test_the_committed_projection_is_what_the_function_writes(tmp_path: Path) -> None:

@@ -71,8 +71,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--also-build", action="append", default=[], choices=["norm"],
                        help="JIT-build more modules now (so a later bench finds them cached)")
         p.add_argument("--quick", action="store_true", help="the quick subset")
-        p.add_argument("--out", type=Path, help="report directory (default "
-                       "reports/gpu/<gpu>-<count>x)")
+        p.add_argument("--out", type=Path, help="the run's folder: its report, logs and "
+                       "record (default gpu-runs/<gpu>-<count>x; nox -s record_import -- "
+                       "DIR publishes the record into reports/)")
         p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
                        help="installs, JIT caches (kept between runs) and raw logs")
         p.add_argument("--backend", default="trtllm",

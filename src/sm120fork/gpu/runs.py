@@ -330,7 +330,7 @@ def _out_dir(opts: RunOptions, env: dict[str, Any]) -> Path:
     if opts.out:
         return opts.out
     gpus = env.get("gpus") or ["unknown"]
-    return Path("reports/gpu") / report.gpu_slug(gpus[0], int(env.get("gpu_count") or 0))
+    return Path("gpu-runs") / report.gpu_slug(gpus[0], int(env.get("gpu_count") or 0))
 
 
 def _roles(opts: RunOptions, out: Path) -> portable.Roles:
