@@ -60,7 +60,9 @@ def render_body(project: str, *, patches: list[Patch], tests: list[Patch],
         what += [f"**{short_subject(p)}**", "", p.description.strip(), ""]
     refs = related(patches)
     based = (f"Based on `{onto}`." if onto else
-             f"Made and tested on the {release} release; it applies there as is.")
+             f"Made on the {release} release"
+             + (" and tested there" if any(r.ran for r in runs) else "")
+             + "; it applies there as is.")
     added = bool(tests)
     all_ran = bool(runs) and all(r.ran for r in runs)
     passing = bool(runs) and all(r.ran and r.passed for r in runs)
