@@ -142,3 +142,24 @@ def test_a_run_whose_cases_were_all_skipped_is_a_failure(
     captured = capsys.readouterr()
     assert "installed: 0 failing, 0 passing, 3 skipped of 3; NOTHING RAN" in captured.out
     assert "no case ran" in captured.err
+
+
+def test_without_world_sizes_a_one_gpu_box_runs_world_size_2_only(
+        fake_gpu: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`nox -s gpu_test -- --stack S --quick` on a one-GPU box: two ranks share it; four or
+    eight ranks on one GPU would only cost time."""
+    monkeypatch.setenv("FAKE_RANK_MODE", "pass")
+    done = runs.run_test(runs.TestOptions(
+        command="x", quick=True, apis=("fusion_legacy",), max_cases=2,
+        work_dir=fake_gpu / "work", out=fake_gpu / "out", startup_timeout=60))
+    assert done.error() is None
+    doc = json.loads((fake_gpu / "out" / "test-ab.json").read_text())
+    assert doc["world_sizes"] == [2]
+    assert {r["case"]["world_size"] for r in doc["results"]["installed"]} == {2}
+
+
+def test_the_default_world_sizes_follow_the_gpu_count() -> None:
+    assert runs.default_test_world_sizes(1) == (2,)
+    assert runs.default_test_world_sizes(2) == (2,)
+    assert runs.default_test_world_sizes(4) == (2, 4)
+    assert runs.default_test_world_sizes(8) == (2, 4, 8)

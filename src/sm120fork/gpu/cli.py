@@ -90,7 +90,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
     t = sub.add_parser("test", help="correctness matrix (A/B over variants)")
     common(t)
-    t.add_argument("--world-sizes", type=_ints, default=[2, 4, 8])
+    t.add_argument("--world-sizes", type=_ints,
+                   help="default: 2, 4 and 8 up to the GPU count, at least 2")
     t.add_argument("--api", action="append", choices=cases_mod.APIS)
     t.add_argument("--pattern", action="append", choices=list(cases_mod.PATTERN_CODES))
     t.add_argument("--tokens", type=_counts, help="only these token counts, e.g. 1,16")
@@ -182,7 +183,7 @@ def _optional(values: Sequence[Any] | None) -> tuple[Any, ...] | None:
 
 def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
     done = runs.run_test(runs.TestOptions(
-        **_common(args, argv), world_sizes=tuple(args.world_sizes),
+        **_common(args, argv), world_sizes=_optional(args.world_sizes),
         apis=_optional(args.api), patterns=_optional(args.pattern),
         tokens=_optional(args.tokens), hidden=_optional(args.hidden),
         max_cases=args.max_cases, primary=args.primary, title=args.title))

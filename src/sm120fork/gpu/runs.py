@@ -86,7 +86,7 @@ class RunOptions:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TestOptions(RunOptions):
-    world_sizes: tuple[int, ...] = (2, 4, 8)
+    world_sizes: tuple[int, ...] | None = None  # default_test_world_sizes(GPU count)
     apis: tuple[str, ...] | None = None
     patterns: tuple[str, ...] | None = None
     tokens: tuple[int, ...] | None = None
@@ -354,6 +354,12 @@ def _collect_logs(run_dir: Path, dest: Path, roles: portable.Roles) -> None:
                 out.write("\n")
 
 
+def default_test_world_sizes(gpu_count: int) -> tuple[int, ...]:
+    """The A/B's world sizes when none are named: 2, 4 and 8 as far as the box has GPUs, and 2
+    (ranks sharing the GPU) on a one-GPU box, where more ranks per GPU only cost time."""
+    return tuple(ws for ws in (2, 4, 8) if ws <= max(2, gpu_count))
+
+
 def run_test(opts: TestOptions) -> TestRun:
     """The correctness matrix over every variant (A/B), report under ``opts.out``."""
     opts = opts.with_stack(baseline=True)
@@ -365,7 +371,9 @@ def run_test(opts: TestOptions) -> TestRun:
         raise UsageError(f"--primary {primary} is not a variant", fix=f"one of {names}")
     others = [n for n in names if n != primary]
     baseline = "unpatched" if "unpatched" in others else (others[0] if others else None)
-    world_sizes = list(opts.world_sizes)
+    env = _environment(compiled, primary, opts.wheel_dirs)
+    gpu_count = int(env.get("gpu_count") or 1)
+    world_sizes = list(opts.world_sizes or default_test_world_sizes(gpu_count))
     matrix = (cases_mod.quick_matrix if opts.quick else cases_mod.full_matrix)(world_sizes)
     matrix = cases_mod.select(matrix, apis=opts.apis, patterns=opts.patterns,
                               tokens=opts.tokens, hidden=opts.hidden,
@@ -391,8 +399,7 @@ def run_test(opts: TestOptions) -> TestRun:
                 allow_multicast=opts.allow_multicast, timeouts=timeouts, progress=log.info)
             log.info("variant %s, world size %d took %.0f s", variant.name, ws,
                      time.monotonic() - started)
-    env = _environment(compiled, primary, opts.wheel_dirs)
-    shared = any(ws > int(env.get("gpu_count") or 1) for ws in world_sizes)
+    shared = any(ws > gpu_count for ws in world_sizes)
     from sm120fork.gpu.reference import tolerance_table
 
     doc = {
