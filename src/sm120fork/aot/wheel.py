@@ -20,11 +20,11 @@ the fork tree and each module's sha256.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
 import json
 import re
+import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,10 +33,11 @@ from typing import Any
 from packaging.tags import Tag
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
+from wheel.wheelfile import WheelFile
 
 from sm120fork.aot.lookup import PREBUILT, PROVIDER_SCHEMA_VERSION, Lookup, provider_architectures
 from sm120fork.errors import BuildError, ConfigError
-from sm120fork.util.files import sha256_file
+from sm120fork.util.files import scratch_prefix, sha256_file
 
 DISTRIBUTION = "sm120fork-flashinfer-aot"
 PACKAGE = "sm120fork_flashinfer_aot"
@@ -247,11 +248,6 @@ def _wheel_file(tag: Tag) -> str:
                       f"Tag: {tag}", "", ""])
 
 
-def _record_hash(data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"sha256={digest}"
-
-
 def build_manifest(*, version: str, flashinfer: FlashInferBuild, modules: Sequence[Module],
                    stack: str, toolkit_version: str, toolchain: Mapping[str, Any]
                    ) -> dict[str, Any]:
@@ -308,20 +304,34 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
                0o644),
               (f"{dist_info}/entry_points.txt", _entry_points(lookup).encode(), 0o644),
               (f"{dist_info}/WHEEL", _wheel_file(tag).encode(), 0o644)]
-    record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data, _ in files)
-    record += f"{dist_info}/RECORD,,\n"
-    files.append((f"{dist_info}/RECORD", record.encode(), 0o644))
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{name}-{version}-{tag}.whl"
-    tmp = target.with_suffix(".whl.tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for path, data, mode in files:
-            info = zipfile.ZipInfo(path, date_time=_FIXED_ZIP_TIME)
-            info.external_attr = (0o100000 | mode) << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, data)
-    tmp.replace(target)
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix("aot-wheel"), dir=out_dir) as tmp:
+        staged = Path(tmp) / target.name  # WheelFile reads the name and version from it
+        with _ReproducibleWheelFile(staged, "w", compression=zipfile.ZIP_DEFLATED) as wf:
+            for path, data, mode in files:
+                wf.writestr(_zip_info(path, mode), data)
+        staged.replace(target)
     return target
+
+
+def _zip_info(path: str, mode: int) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(path, date_time=_FIXED_ZIP_TIME)
+    info.external_attr = (0o100000 | mode) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+class _ReproducibleWheelFile(WheelFile):  # type: ignore[misc]  # WheelFile is untyped
+    """``wheel``'s WheelFile (it hashes each member and writes RECORD on close), with
+    RECORD dated and permissioned like every other member, whatever the clock or
+    SOURCE_DATE_EPOCH: equal inputs give an equal wheel, byte for byte."""
+
+    def writestr(self, zinfo_or_arcname: str | zipfile.ZipInfo, data: Any,
+                 compress_type: int | None = None) -> None:
+        if isinstance(zinfo_or_arcname, str):  # RECORD, from close()
+            zinfo_or_arcname = _zip_info(zinfo_or_arcname, 0o644)
+        super().writestr(zinfo_or_arcname, data, compress_type)
 
 
 def read_wheel(path: Path) -> dict[str, Any]:
