@@ -24,7 +24,8 @@ from helpers_ws import checkout_copy
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS_MODULES = ("sm120fork.gpu.cli", "sm120fork.gpu.runs", "sm120fork.gpu.launcher",
                    "sm120fork.gpu.sglang_layer", "sm120fork.gpu.variants",
-                   "sm120fork.gpu.report", "sm120fork.doctor.cli")
+                   "sm120fork.gpu.report", "sm120fork.gpu.records",
+                   "sm120fork.doctor.cli", "sm120fork.record")
 
 
 @functools.cache
@@ -165,6 +166,7 @@ def test_a_kit_installs_with_no_index_and_runs_its_harness(tmp_path: Path) -> No
     data = json.loads((kit / "kit.json").read_text())
     assert data["patched"] == {"flashinfer": f"stack/{fi.name}"}
     assert data["upstream"] == {}  # as published: no A/B
+    assert json.loads((kit / "stack" / "tested.json").read_text())["patches"] == []
     venv = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
