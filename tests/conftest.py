@@ -34,6 +34,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True)
 def _git_isolation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fixed identity/dates, no user config, and no repo above tmp_path."""
+    isolate_git(monkeypatch, tmp_path)
+
+
+def isolate_git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """What every test runs under; a module fixture that makes repositories (before any
+    test's own isolation) calls it with a ``pytest.MonkeyPatch.context()``."""
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shutil
 from dataclasses import dataclass
@@ -87,3 +88,19 @@ def make_demo(tmp_path: Path) -> DemoWorkspace:
         "demo_app/__init__.py: return [9, 10, 12]  # sm12x")
     write_series(app_dir, [p3.name])
     return DemoWorkspace(ws=Workspace(root), lib=lib, app=app)
+
+
+def copy_demo(built: DemoWorkspace, base: Path) -> DemoWorkspace:
+    """A copy under ``base`` of a demo workspace ``built`` once: its fork trees, build cache
+    and wheels are copies too, so nothing there is built again.  Its upstream repositories
+    and sdists are copies a test may change; its declaration (as a build keys its cache on
+    it) still names the originals, which no test changes."""
+    source = built.ws.root.parent
+    shutil.copytree(source, base, symlinks=True, dirs_exist_ok=True)
+
+    def moved(up: Upstream) -> Upstream:
+        return dataclasses.replace(up, repo=base / up.repo.relative_to(source),
+                                   sdist=base / up.sdist.relative_to(source))
+
+    return DemoWorkspace(ws=Workspace(base / built.ws.root.name), lib=moved(built.lib),
+                         app=moved(built.app))

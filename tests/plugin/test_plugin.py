@@ -29,7 +29,7 @@ from sm120fork.plugin.generate import generate_spec, patch_commits
 from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
 
-from conftest import git, make_patch, make_upstream, stack_toml, write_series
+from conftest import git, isolate_git, make_patch, make_upstream, stack_toml, write_series
 from helpers_ws import project_entry
 
 GATES = '''\
@@ -442,7 +442,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     from sm120fork.patch import series as series_module
     from sm120fork.plugin import build as plugin_module
 
-    ws = _sglang_stack(tmp_path_factory.mktemp("built"), "0.5.23", framework=True)
+    base = tmp_path_factory.mktemp("built")
     loaded: list[Path] = []
 
     def counting(directory: Path) -> series_module.Series:
@@ -450,6 +450,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
         return series_module.load_series(directory)
 
     with pytest.MonkeyPatch.context() as mp:
+        isolate_git(mp, base)
+        ws = _sglang_stack(base, "0.5.23", framework=True)
         for module in (stack_module, plugin_module):
             mp.setattr(module, "load_series", counting)
         build_stack(ws, ws.stack("s"))

@@ -16,18 +16,27 @@ from sm120fork.patch.series import load_series
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
 from sm120fork.upstream.pr import commit_message, github_slug, short_subject, upstream_pr
 
-from conftest import git
+from conftest import git, isolate_git
 from helpers_maintain import ENCODED_AUTHOR, hint_commands, reauthor_last_patch, run_hint
-from helpers_ws import DemoWorkspace, make_demo
+from helpers_ws import DemoWorkspace, copy_demo, make_demo
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def demo(tmp_path: Path) -> DemoWorkspace:
-    d = make_demo(tmp_path)
-    build_stack(d.ws, d.ws.stack("demo"))
+@pytest.fixture(scope="module")
+def built_demo(tmp_path_factory: pytest.TempPathFactory) -> DemoWorkspace:
+    base = tmp_path_factory.mktemp("built")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate_git(mp, base)
+        d = make_demo(base)
+        build_stack(d.ws, d.ws.stack("demo"))
     return d
+
+
+@pytest.fixture
+def demo(built_demo: DemoWorkspace, tmp_path: Path) -> DemoWorkspace:
+    """The demo workspace, built (a copy of one build per module and worker)."""
+    return copy_demo(built_demo, tmp_path)
 
 
 def _tested(root: Path, stack: str = "demo") -> Tested:
