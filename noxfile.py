@@ -91,10 +91,12 @@ def build(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The test suite (everything that runs on a CPU machine; -m 'not network' offline)."""
     install(session, "-e", ".", *groups("test"))
-    # One worker per core.  Tests are handed out one by one, except a file with expensive
-    # module fixtures (or files sharing a session fixture), marked xdist_group, which runs
-    # whole on one worker; `-- -n 0` runs the suite in one process.
-    session.run("pytest", "-n", "auto", "--dist", "loadgroup", *session.posargs)
+    # One worker per core, each test file whole on one worker, so a module fixture (a
+    # stack built once for its file's tests) is made once.  Not --dist loadgroup: with
+    # pytest 9.2 and xdist 3.8 its groups are silently ignored (xdist sets item._nodeid,
+    # which pytest no longer reads) and module fixtures are rebuilt whenever a worker moves
+    # between files.  `-- -n 0` runs the suite in one process.
+    session.run("pytest", "-n", "auto", "--dist", "loadfile", *session.posargs)
 
 
 @nox.session(python=PYTHON)

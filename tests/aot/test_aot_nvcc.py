@@ -11,9 +11,7 @@ import pytest
 from sm120fork.aot import compile as compile_mod
 from sm120fork.aot import inspect, toolchain
 
-#: one xdist worker runs this file (its module fixtures once): `nox -s tests` uses --dist loadgroup
-pytestmark = [pytest.mark.nvcc, pytest.mark.slow,
-              pytest.mark.xdist_group("aot_nvcc")]
+pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
 # `guarded` keeps its body on sm_90a only, as FlashInfer 0.6.7.post3's lamport kernel did
 # (SM120-FACTS F3); `kept` has the same body everywhere.

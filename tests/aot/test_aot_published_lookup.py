@@ -25,9 +25,6 @@ from sm120fork.aot import check, lookup, provenance, wheel
 from sm120fork.declare import load_stacks
 
 REPO = Path(__file__).resolve().parents[2]
-#: one xdist worker runs this file (its module fixtures once): `nox -s tests` uses
-#: --dist loadgroup
-pytestmark = pytest.mark.xdist_group("aot_published_lookup")
 #: sglang 0.5.23 pins torch==2.14.1; that torch on the package index is the CUDA 13.0 build
 #: (Requires-Dist cuda-toolkit[cudart,...]==13.0.3), so torch.version.cuda is 13.0 and it
 #: brings libcudart.so.13, which the module links.

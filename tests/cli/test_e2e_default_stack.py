@@ -19,9 +19,7 @@ from conftest import git
 from helpers_flashinfer import cubin_stand_in, install_flashinfer, put_upstream_file
 from helpers_ws import checkout_copy
 
-#: one xdist worker runs this file (its module fixtures once): `nox -s tests` uses --dist loadgroup
-pytestmark = [pytest.mark.network, pytest.mark.slow, pytest.mark.runs_stack("sglang-0.5.10"),
-              pytest.mark.xdist_group("e2e_default_stack")]
+pytestmark = [pytest.mark.network, pytest.mark.slow, pytest.mark.runs_stack("sglang-0.5.10")]
 REPO = Path(__file__).resolve().parents[2]
 STACK_WHEELS = Path("wheels", "sglang-0.5.10")
 

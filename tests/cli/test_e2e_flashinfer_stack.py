@@ -15,9 +15,7 @@ from sm120fork.cli.main import main
 from helpers_flashinfer import cubin_stand_in, install_flashinfer, put_upstream_file
 from helpers_ws import checkout_copy
 
-#: one xdist worker runs this file (its module fixtures once): `nox -s tests` uses --dist loadgroup
-pytestmark = [pytest.mark.network, pytest.mark.slow, pytest.mark.runs_stack("flashinfer-0.7.4"),
-              pytest.mark.xdist_group("e2e_flashinfer_stack")]
+pytestmark = [pytest.mark.network, pytest.mark.slow, pytest.mark.runs_stack("flashinfer-0.7.4")]
 STACK = "flashinfer-0.7.4"
 RELEASE = "0.7.4"
 

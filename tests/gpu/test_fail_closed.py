@@ -26,10 +26,7 @@ from sm120fork.workspace import Workspace
 from helpers_sglang import Sites
 from helpers_ws import checkout_copy
 
-#: one xdist worker runs the files that share the session fixture `sites` (built once):
-#: `nox -s tests` uses --dist loadgroup
-pytestmark = [pytest.mark.network, pytest.mark.slow,
-              pytest.mark.xdist_group("sites")]
+pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 ONE_RANK = ("one-rank-create-fails", "one-rank-fails-midway", "one-rank-fails-late")
 

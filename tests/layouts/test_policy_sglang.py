@@ -23,9 +23,7 @@ from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy
 
-#: one xdist worker runs this file (its module fixtures once): `nox -s tests` uses --dist loadgroup
-pytestmark = [pytest.mark.network, pytest.mark.slow,
-              pytest.mark.xdist_group("policy_sglang")]
+pytestmark = [pytest.mark.network, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -35,9 +35,7 @@ STACK = "sglang-0.5.23"
 PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
 CACHE = REPO / ".forks" / "cache" / "wheels"
 
-#: one xdist worker runs this file (its module fixtures once): `nox -s tests` uses --dist loadgroup
-pytestmark = [pytest.mark.network, pytest.mark.slow,
-              pytest.mark.xdist_group("stack2")]
+pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -29,10 +29,6 @@ from helpers_ws import checkout_copy
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
-#: one xdist worker runs this file (its module fixtures once): `nox -s tests` uses
-#: --dist loadgroup
-pytestmark = pytest.mark.xdist_group("verify_sglang")
-
 
 @pytest.fixture(scope="module")
 def sglang_trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:

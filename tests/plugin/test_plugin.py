@@ -458,11 +458,6 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return Built(ws=ws, loaded=loaded)
 
 
-#: the tests of the one build above run on one xdist worker (--dist loadgroup)
-ONE_BUILD = pytest.mark.xdist_group("test_plugin_built")
-
-
-@ONE_BUILD
 def test_build_publishes_the_plugin_beside_the_patched_wheel(built: Built) -> None:
     ws = built.ws
     plugin_dir = ws.stack_wheels("s") / "plugin"
@@ -475,7 +470,6 @@ def test_build_publishes_the_plugin_beside_the_patched_wheel(built: Built) -> No
         "sglang-0.5.23+sm120.1-py3-none-any.whl"]
 
 
-@ONE_BUILD
 def test_a_build_loads_each_series_once(built: Built) -> None:
     """The series is read once per build and handed on (it was read four times)."""
     assert built.loaded == [built.ws.root / "patches" / "s" / "sglang"]
@@ -488,7 +482,6 @@ def _tree(folder: Path) -> dict[str, tuple[bytes, int, int]]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@ONE_BUILD
 def test_a_second_build_with_the_plugin_leaves_the_folder_as_it_was(built: Built) -> None:
     ws = built.ws
     out = ws.stack_wheels("s")

@@ -28,10 +28,7 @@ from sm120fork.plugin import package
 
 from helpers_sglang import ROOT, Sites
 
-#: one xdist worker runs the files that share the session fixture `sites` (built once):
-#: `nox -s tests` uses --dist loadgroup
-pytestmark = [pytest.mark.network, pytest.mark.slow,
-              pytest.mark.xdist_group("sites")]
+pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 TOKENS = (1, 64, 65, 128, 129)
 

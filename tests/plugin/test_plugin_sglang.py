@@ -22,10 +22,7 @@ import pytest
 
 from helpers_sglang import Sites
 
-#: one xdist worker runs the files that share the session fixture `sites` (built once):
-#: `nox -s tests` uses --dist loadgroup
-pytestmark = [pytest.mark.network, pytest.mark.slow,
-              pytest.mark.xdist_group("sites")]
+pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parents[1]
