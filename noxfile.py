@@ -145,10 +145,22 @@ GPU_VENV = ["--system-site-packages"]
 def gpu(session: nox.Session, verb: str) -> None:
     """Install the toolkit into a venv that sees this Python's torch, then run ``gpu VERB``.
     Offline: PIP_NO_INDEX=1 PIP_FIND_LINKS=<kit>/wheels (``nox -s gpu_kit`` carries them)."""
+    see_host_with_harness(session, {"test": "gpu_test"}.get(verb, verb.replace("-", "_")))
+    toolkit(session, "gpu", verb)
+
+
+def see_host_with_harness(session: nox.Session, harness: str) -> None:
+    """The venv sees this Python's packages; the toolkit and what the harness needs of the
+    stack's wheels' requirements (FlashInfer's tvm-ffi, say: the variants' FlashInfer is
+    installed without its dependencies) go into it."""
     session.run("python", "src/sm120fork/kit/boot.py", "see-host", sys.executable,
                 silent=True)
     install(session, ".[gpu]")
-    toolkit(session, "gpu", verb)
+    needs = session.run("python", "-m", "sm120fork", "-q", "gpu-requirements", "--harness",
+                        harness, "--", *session.posargs, env=FRONT_DOOR, silent=True,
+                        stderr=None)
+    if isinstance(needs, str) and needs.split():
+        install(session, *needs.split())
 
 
 @nox.session(python=None, venv_params=GPU_VENV)
@@ -179,9 +191,7 @@ def gpu_kit(session: nox.Session) -> None:
 @nox.session(python=None, venv_params=GPU_VENV)
 def tune(session: nox.Session) -> None:
     """Measure this box at every TP size it can run; install the policy SGLang follows."""
-    session.run("python", "src/sm120fork/kit/boot.py", "see-host", sys.executable,
-                silent=True)
-    install(session, ".[gpu]")
+    see_host_with_harness(session, "tune")
     toolkit(session, "tune")
 
 

@@ -236,3 +236,46 @@ def test_prebuilt_modules_travel_per_variant_with_their_sources_marker(tmp_path:
     assert (tmp_path / "kit/prebuilt/patched/trtllm_comm/trtllm_comm.so.sources").is_file()
     with pytest.raises(ConfigError, match="holds no"):
         _copy_prebuilt(tmp_path / "kit" / "prebuilt" / "patched", tmp_path / "other")
+
+
+class _Answering(_Recorder):
+    """A session whose ``gpu-requirements`` run prints what the stack's wheels need."""
+
+    def run(self, *args: str, **kw: object) -> str | None:  # type: ignore[override]
+        self.calls.append(("run", args))
+        return "apache-tvm-ffi<0.2,>=0.1.6\ncuda-tile\n" if "gpu-requirements" in args else None
+
+
+@pytest.mark.parametrize(("name", "harness"), [("gpu_test", "gpu_test"), ("bench", "bench"),
+                                               ("sglang_layer", "sglang_layer"),
+                                               ("tune", "tune")])
+def test_gpu_sessions_install_what_the_stacks_flashinfer_needs(name: str, harness: str) -> None:
+    """On the H200, `nox -s gpu_test -- --stack S --quick` failed in every case with 'No
+    module named tvm_ffi': the variants' FlashInfer is installed without its dependencies,
+    and the session installed only the toolkit."""
+    session = _Answering()
+    session.posargs = ["--stack", "sglang-0.5.10", "--quick"]
+    getattr(_noxfile(), name).func(session)
+    asked = next(args for kind, args in session.calls if "gpu-requirements" in args)
+    assert asked[asked.index("--harness") + 1] == harness
+    assert list(asked[asked.index("--") + 1:]) == session.posargs
+    assert ("install", ("-q", "apache-tvm-ffi<0.2,>=0.1.6", "cuda-tile")) in session.calls
+
+
+def test_the_requirements_of_a_harness_leave_torch_and_unused_kernels_behind(
+        tmp_path: Path) -> None:
+    from sm120fork.kit.build import stack_requirements
+
+    root = checkout_copy(tmp_path, sdists=False)
+    folder = root / "wheels" / "sglang-0.5.23"
+    folder.mkdir(parents=True)
+    fi = _wheel(folder, "flashinfer-python", "0.7.2",
+                ["torch", "apache-tvm-ffi<0.2", "nvidia-cutlass-dsl>=4", "cuda-tile"])
+    (folder / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.23", "wheels": [
+        {"project": "flashinfer", "wheel": fi.name, "sha256": "ab" * 32,
+         "used_as_published": True}]}))
+    assert stack_requirements(root, "sglang-0.5.23", "gpu_test") == [
+        "apache-tvm-ffi<0.2", "cuda-tile"]
+    with pytest.raises(ConfigError) as err:
+        stack_requirements(root, "sglang-0.5.23", "sglang_layer")
+    assert err.value.fix == "nox -s build -- --stack sglang-0.5.23"

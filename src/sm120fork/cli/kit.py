@@ -48,3 +48,25 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     console.print(f"wrote {kit.path}: {wheels} wheels, {kit.size / MIB:.1f} MiB; on the box: "
                   f"sh {kit.path}/run gpu_test --quick --out results")
     return 0
+
+
+def requirements_args(p: argparse.ArgumentParser) -> None:
+    from sm120fork.kit.build import HARNESSES
+
+    p.add_argument("--harness", required=True, choices=(*HARNESSES, "tune"),
+                   help="the harness the requirements are for (tune: the bench's)")
+    p.add_argument("harness_args", nargs=argparse.REMAINDER, metavar="-- ARGS",
+                   help="the harness's own arguments; only --stack is read")
+
+
+def run_requirements(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    """Print what the GPU sessions install beside the toolkit, one requirement a line."""
+    from sm120fork.kit.build import stack_requirements
+
+    inner = argparse.ArgumentParser(add_help=False)
+    inner.add_argument("--stack")
+    known, _ = inner.parse_known_args([a for a in args.harness_args if a != "--"])
+    harness = "bench" if args.harness == "tune" else args.harness
+    for line in stack_requirements(ws.root, known.stack, harness):
+        print(line)
+    return 0

@@ -75,6 +75,10 @@ VERBS: dict[str, Verb] = {
     "gpu-kit": Verb(help="one folder that runs the GPU harnesses on a box with no network "
                          "(the stack's wheels, upstream's, their dependencies, the toolkit)",
                     module="sm120fork.cli.kit", run="run"),
+    "gpu-requirements": Verb(help="what the GPU sessions install beside the toolkit: the "
+                                  "stack's FlashInfer (and SGLang) requirements, less torch",
+                             module="sm120fork.cli.kit", add_args="requirements_args",
+                             run="run_requirements"),
     "build-aot": Verb(help="prebuilt trtllm comm module of a stack's FlashInfer as a wheel "
                            "(needs nvcc)",
                       module="sm120fork.cli.aot", add_args="build_args", run="run_build"),

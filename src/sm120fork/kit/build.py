@@ -261,9 +261,11 @@ def _toolkit_wheel(root: Path, dest: Path) -> Path:
     return found[0]
 
 
-def _roots(harness: str, wheels: dict[str, Path], toolkit: Path) -> list[Requirement]:
-    """What ``harness`` imports beyond the standard library and torch."""
-    roots = [r for r in wheel_requirements(toolkit) if r.marker is None]
+def _roots(harness: str, wheels: dict[str, Path], toolkit: Path | None) -> list[Requirement]:
+    """What ``harness`` imports beyond the standard library and torch (and, with
+    ``toolkit``, the toolkit's own requirements)."""
+    roots = ([r for r in wheel_requirements(toolkit) if r.marker is None]
+             if toolkit is not None else [])
     fi = [r for r in wheel_requirements(wheels["flashinfer"])
           if canonicalize_name(r.name) not in FLASHINFER_UNUSED and r.marker is None]
     if harness in ("gpu_test", "bench", "doctor"):
@@ -272,6 +274,39 @@ def _roots(harness: str, wheels: dict[str, Path], toolkit: Path) -> list[Require
               if r.marker is None}
     layer = [sglang.get(canonicalize_name(n), Requirement(n)) for n in SGLANG_LAYER_IMPORTS]
     return roots + fi + layer
+
+
+def harness_requirements(harness: str, wheels: dict[str, Path]) -> list[Requirement]:
+    """What ``harness`` needs from the stack's wheels' requirements on a box that has the
+    toolkit and its own torch: FlashInfer's (and, for ``sglang_layer``, SGLang's layer
+    imports), less torch and what the harnesses never import.  ``nox -s gpu_test`` installs
+    these beside the toolkit, as the kit carries them (the variants' FlashInfer is installed
+    without its dependencies)."""
+    toolkit_free = {canonicalize_name(n) for n in BOX_TORCH}
+    return [r for r in _roots(harness, wheels, None)
+            if canonicalize_name(r.name) not in toolkit_free]
+
+
+def python_target() -> Target:
+    """The running interpreter as a :class:`Target` (which of the stack's wheels it takes)."""
+    import platform
+
+    arch = platform.machine() or "x86_64"
+    return Target(python=f"{sys.version_info[0]}.{sys.version_info[1]}",
+                  platforms=manylinux(arch))
+
+
+def stack_requirements(root: Path | None, stack: str | None, harness: str) -> list[str]:
+    """``harness_requirements`` of a built stack (default: the default stack), for this
+    Python, as pip takes them."""
+    ws = Workspace.find(root)
+    name = ws.stack(stack).name
+    folder, manifest = _manifest(ws, name)
+    wheels = stack_wheels(folder, manifest, python_target())
+    if harness == "sglang_layer" and "sglang" not in wheels:
+        raise ConfigError(f"stack {name} has no SGLang wheel for this Python",
+                          where=str(folder), fix=f"nox -s build -- --stack {name}")
+    return [str(r) for r in harness_requirements(harness, wheels)]
 
 
 def _check_size(files: dict[str, int], limit: int | None) -> None:
