@@ -80,21 +80,26 @@ class _Index(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def package_index(sdists: list[Path], name: str, unhashed: tuple[str, ...] = ()
-                  ) -> Iterator[str]:
+def package_index(sdists: list[Path], name: str, unhashed: tuple[str, ...] = (),
+                  more: dict[str, list[Path]] | None = None) -> Iterator[str]:
     """Serve ``sdists`` (and wheels) under a PEP 691 JSON simple index; yield its URL.
 
-    ``unhashed``: file names the page lists with no sha256 (so nothing can pin them)."""
+    ``unhashed``: file names the page lists with no sha256 (so nothing can pin them);
+    ``more``: other projects' files (name -> files), each on its own page."""
     routes: dict[str, tuple[str, bytes]] = {}
-    files: list[dict[str, object]] = []
-    for sdist in sdists:
-        routes[f"/files/{sdist.name}"] = ("application/octet-stream", sdist.read_bytes())
-        files.append({"filename": sdist.name, "url": f"../../files/{sdist.name}",
-                      "hashes": {"sha256": sha256(sdist)}})
-    files += [{"filename": n, "url": f"../../files/{n}", "hashes": {}} for n in unhashed]
-    routes[f"/simple/{name}/"] = ("application/vnd.pypi.simple.v1+json",
-                                  json.dumps({"meta": {"api-version": "1.1"}, "name": name,
-                                              "files": files}).encode())
+    for project, dists in {name: sdists, **(more or {})}.items():
+        files: list[dict[str, object]] = []
+        for sdist in dists:
+            routes[f"/files/{sdist.name}"] = ("application/octet-stream", sdist.read_bytes())
+            files.append({"filename": sdist.name, "url": f"../../files/{sdist.name}",
+                          "hashes": {"sha256": sha256(sdist)}})
+        if project == name:
+            files += [{"filename": n, "url": f"../../files/{n}", "hashes": {}}
+                      for n in unhashed]
+        routes[f"/simple/{project}/"] = (
+            "application/vnd.pypi.simple.v1+json",
+            json.dumps({"meta": {"api-version": "1.1"}, "name": project,
+                        "files": files}).encode())
     handler = type("Index", (_Index,), {"routes": routes})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -201,3 +206,24 @@ def pack_wheel(upstream: Upstream, out: Path) -> Path:
     subprocess.run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(out), str(root)],
                    check=True, capture_output=True, env={"SOURCE_DATE_EPOCH": "1700000000"})
     return out / f"{upstream.pkg}-{upstream.version}-py3-none-any.whl"
+
+
+def pack_release(out: Path, name: str, version: str, files: dict[str, str],
+                 requires: list[str]) -> Path:
+    """A release as the package index publishes it when it has no sdist: a pure-Python
+    wheel of ``files`` whose METADATA states ``requires`` (``wheel pack``, no network)."""
+    pkg = name.replace("-", "_")
+    root = out / f"src-{pkg}-{version}" / f"{pkg}-{version}"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    info = root / f"{pkg}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("\n".join([
+        "Metadata-Version: 2.4", f"Name: {name}", f"Version: {version}",
+        *(f"Requires-Dist: {r}" for r in requires)]) + "\n")
+    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                "Tag: py3-none-any\n")
+    subprocess.run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(out), str(root)],
+                   check=True, capture_output=True, env={"SOURCE_DATE_EPOCH": "1700000000"})
+    return out / f"{pkg}-{version}-py3-none-any.whl"

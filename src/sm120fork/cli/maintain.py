@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -24,6 +25,8 @@ from sm120fork.maintain.status import PatchStatus, ProjectStatus, status
 from sm120fork.patch.series import display_name
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
 
 _VERDICT_STYLE = {"still needed": "green", "upstreamed identically": "cyan",
                   "upstreamed differently": "cyan", "conflict": "bold red"}
@@ -199,15 +202,19 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         console.print(f"aborted: {ab.stack}/{ab.project} is back at {ab.restored_version}"
                       + (f"; stack {ab.stack} removed" if ab.removed_stack else ""))
         return 0
-    if args.cont or args.skip:
-        result = bump_continue(ws, args.stack, args.project, skip=args.skip)
-    else:
-        if not args.revision:
-            raise UsageError("bump needs a version or a git SHA (or --continue / --abort)",
-                             where="python -m sm120fork bump")
-        result = bump(ws, args.stack, args.project, args.revision,
-                      allow_downgrade=args.allow_downgrade, new_stack=args.new_stack,
-                      version=args.pep440, git_commit=args.git_commit)
+    if not (args.cont or args.skip or args.revision):
+        raise UsageError("bump needs a version or a git SHA (or --continue / --abort)",
+                         where="python -m sm120fork bump")
+    try:
+        if args.cont or args.skip:
+            result = bump_continue(ws, args.stack, args.project, skip=args.skip)
+        else:
+            result = bump(ws, args.stack, args.project, args.revision,
+                          allow_downgrade=args.allow_downgrade, new_stack=args.new_stack,
+                          version=args.pep440, git_commit=args.git_commit)
+    except KeyboardInterrupt:
+        _say_how_to_recover(ws, args.new_stack or args.stack, args.project)
+        raise
     table = Table(title=f"{result.stack}/{result.project}: {result.old_version} -> "
                         f"{result.new_version}", title_justify="left")
     table.add_column("patch", overflow="ellipsis", no_wrap=True, max_width=48)
@@ -229,6 +236,20 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     console.print(f"next: {command('build', '--stack', result.stack)}", markup=False,
                   soft_wrap=True)
     return 0
+
+
+def _say_how_to_recover(ws: Workspace, stack: str, project: str) -> None:
+    """After an interrupted bump: the commands that finish or undo it (or that nothing was
+    written)."""
+    from sm120fork.maintain.state import BumpState
+
+    if BumpState.load(ws, stack, project) is None:
+        log.warning("the bump stopped before it wrote anything")
+        return
+    log.warning("the bump of %s/%s stopped part-way; resume it: `%s`, or undo it (every "
+                "file back as it was): `%s`", stack, project,
+                command("bump", stack, project, "--continue"),
+                command("bump", stack, project, "--abort"))
 
 
 def print_release_files(console: Console, stack: str, undeclared: Sequence[str],

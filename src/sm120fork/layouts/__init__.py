@@ -27,6 +27,17 @@ LAYOUTS: dict[str, str] = {
 }
 
 
+def marker(name: str) -> str:
+    """The package-relative file of the module that marks layout ``name``."""
+    return LAYOUTS[name].split()[0].replace(".", "/") + ".py"
+
+
+def fitting(files: frozenset[str] | set[str]) -> list[str]:
+    """The layouts whose marking module a release's files (package-relative) hold."""
+    return [name for name in LAYOUTS
+            if marker(name) in files or marker(name)[:-3] + "/__init__.py" in files]
+
+
 def adapter(name: str, part: str = "") -> ModuleType:
     """The layout's adapter package, or one of its modules (``checks``, ``rank``)."""
     if name not in LAYOUTS:

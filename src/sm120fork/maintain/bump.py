@@ -7,6 +7,7 @@ resumes and ``--abort`` restores the previous tree, pin and series byte for byte
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import os
@@ -22,20 +23,33 @@ from sm120fork.declare import Project, SdistPin, Stack, WheelPin
 from sm120fork.errors import (
     CommandError,
     ConfigError,
+    DirtyTreeError,
     MaintenanceError,
     SourceError,
 )
 from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.fetch.wheel import download_wheel
 from sm120fork.maintain.classify import MERGES_3WAY, classification, classify, preview
 from sm120fork.maintain.pin import (
+    check_declaration,
     commit_from_sdist,
     create_stack,
+    create_stack_check,
     declaration_with_pin,
     index_sdist,
     index_wheels,
     pinned_project,
-    remove_created_stack,
+)
+from sm120fork.maintain.preflight import (
+    Release,
+    check_layout,
+    check_pins,
+    coordinated_moves,
+    missing_targets,
+    requirements_on_stack,
+    sdist_release,
+    wheel_release,
 )
 from sm120fork.maintain.release import release_check
 from sm120fork.maintain.report import (
@@ -51,8 +65,12 @@ from sm120fork.maintain.state import (
     DROPPED_BY_HAND,
     RESOLVED,
     STILL_NEEDED,
+    TARGET_MISSING,
     BumpState,
     Classification,
+    journal,
+    restore,
+    stage,
     today,
 )
 from sm120fork.patch.refresh import RefreshResult, export_series, reapply_series
@@ -61,8 +79,9 @@ from sm120fork.patch.series import (
     Series,
     load_series,
 )
-from sm120fork.patch.tree import prepare_tree
+from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree
 from sm120fork.patch.upstream_match import match_upstream
+from sm120fork.util.files import atomic_write_text
 from sm120fork.util.git import Git
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
@@ -91,15 +110,23 @@ class BumpResult:
     release_files: str = ""
 
 
-def _state_paths(ws: Workspace, state: BumpState) -> tuple[Path, Path, Path]:
+def _state_paths(ws: Workspace, state: BumpState) -> tuple[Path, Path]:
+    """The bump's folder, and the series it started from (the patches it applies)."""
     d = BumpState.directory(ws, state.stack, state.project)
-    return d, d / "series", d / "declaration.toml"
+    return d, d / "series"
 
 
 def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
          allow_downgrade: bool = False, new_stack: str | None = None,
          version: str | None = None, git_commit: str | None = None) -> BumpResult:
-    """Re-pin ``project_key`` of ``stack_name`` to ``revision`` (a version or a git SHA)."""
+    """Re-pin ``project_key`` of ``stack_name`` to ``revision`` (a version or a git SHA),
+    with the projects the new release pins (its metadata) moved with it.
+
+    A pre-flight checks everything it can before a file is written (the pins before
+    anything is downloaded); then the state, with the journal ``--abort`` restores from,
+    is saved before the first write, so an interruption at any step is recovered with
+    ``--continue`` or ``--abort``.
+    """
     with ws.lock():
         target_stack = new_stack or stack_name
         pending = BumpState.load(ws, target_stack, project_key)
@@ -112,7 +139,7 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
                     where=f"{target_stack}/{project_key}",
                     fix="finish it with --continue or undo it with --abort")
             return _resume(ws, pending)
-        stack = ws.stack(stack_name)
+        stack = ws.stack(stack_name, strict=False)
         project = stack.project(project_key)
         old = Version(project.version)
         if _SHA1.fullmatch(revision):
@@ -143,6 +170,16 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             raise MaintenanceError(f"{new_version} is older than the pinned {project.version}",
                                    where=f"{stack.name}/{project.key}",
                                    fix="pass --allow-downgrade if you mean it")
+        # Pre-flight, before anything is downloaded: the stack's other pins accept it,
+        # and the fork tree holds no work a bump would set aside.
+        check_pins(stack, project, new_version)
+        if new_stack:
+            create_stack_check(ws, new_stack)
+        elif why := local_work(ws, stack, project):
+            work = ws.work_tree(stack, project)
+            raise DirtyTreeError(f"the fork work tree has local work: {why}", where=str(work),
+                                 fix=keep_local_work_hint(work, why, stack, project))
+        release: Release | None = None
         if new_pin:  # a git commit: pin that version's sdist when the index has one
             try:
                 filename, sha256, _ = index_sdist(project, new)
@@ -151,12 +188,16 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
                 new_pin["sdist"] = dataclasses.asdict(project.sdist_pin)
         elif project.source == "wheel":  # the published wheels are the input: no sdist
             new_pin = _wheel_pin(project, new_version, git_commit)
+            first = WheelPin(**new_pin["wheels"][0])
+            release = wheel_release(download_wheel(
+                dataclasses.replace(project, version=new_version), first, ws.wheel_cache))
         else:
             filename, sha256, url = index_sdist(project, new)
             probe = dataclasses.replace(
                 project, version=new_version,
                 sdist=SdistPin(filename=filename, sha256=sha256, url=url))
             sdist = download_sdist(probe, ws.sdist_cache)
+            release = sdist_release(sdist)
             commit = git_commit or commit_from_sdist(sdist)
             if not commit:
                 raise MaintenanceError(
@@ -173,55 +214,62 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
                         "commit": commit, "commit_verified": False,
                         "note": f"{note}; not checked against the upstream repository"},
                 "sdist": {"filename": filename, "sha256": sha256, "url": ""}}
-        created = False
-        if new_stack:
-            stack = create_stack(ws, stack, project, new_stack)
-            project = stack.project(project_key)
-            created = True
-        # Keep the fork tree as it is now (old pin + series) to restore on --abort and
-        # to give `git am --3way` the blobs the patches were written against.
-        try:
-            old_tree = prepare_tree(ws, stack, project)
-        except BaseException:
-            if created:  # leave nothing behind: the new stack is only a copy so far
-                (ws.forks_dir / f"{stack.name}.toml").unlink(missing_ok=True)
-                shutil.rmtree(ws.root / "patches" / stack.name, ignore_errors=True)
-                shutil.rmtree(ws.work_tree(stack, project), ignore_errors=True)
-            raise
+        if release is not None:  # the new release's own facts, before a file is written
+            new_pin["companions"] = _companions(ws, stack, project, new_version, release)
+            new_pin["upstream_requires"] = requirements_on_stack(stack, project, release)
+            missing = missing_targets(project, load_series(ws.series_dir(project)).patches,
+                                      release)
+            new_pin["layout"] = check_layout(list(ws.stacks().values()), stack, project,
+                                             new_version, release, missing)
+        stage("pre-flight")
+        target = stack if not new_stack else None
         state = BumpState(
-            stack=stack.name, project=project.key, old_version=project.version,
-            new_version=new_version, new_pin=new_pin, created_stack=created,
-            declaration=str(stack.path), series_dir=str(ws.series_dir(project)),
-            results=[], started=today(), command=command(
+            stack=target_stack, project=project.key, old_version=project.version,
+            new_version=new_version, new_pin=new_pin, created_stack=bool(new_stack),
+            declaration=str(ws.forks_dir / f"{target_stack}.toml"),
+            series_dir=str(ws.series_dir(project) if target else
+                           ws.root / "patches" / target_stack / project.key),
+            results=[], started=today(), source_stack=stack.name, phase="start",
+            command=command(
                 "bump", stack_name, project_key, revision,
                 *(["--new-stack", new_stack] if new_stack else []),
                 *(["--version", version] if version else []),
                 *(["--git-commit", git_commit] if git_commit else []),
                 *(["--allow-downgrade"] if allow_downgrade else [])))
-        d, series_backup, decl_backup = _state_paths(ws, state)
-        if d.exists():
-            shutil.rmtree(d)
-        d.mkdir(parents=True)
-        if report_path(ws, state).is_file():  # a report of an earlier try: --abort restores it
-            shutil.copyfile(report_path(ws, state), d / "report.md")
-        shutil.copytree(ws.series_dir(project), series_backup)
-        shutil.copyfile(stack.path, decl_backup)
-        pre = ws.work_tree(stack, project, "pre-bump")
-        if pre.exists():
-            shutil.rmtree(pre)
-        state.save(ws)
-        os.replace(old_tree.path, pre)
-        try:
-            tree = prepare_tree(ws, stack, pinned_project(project, state), patches=())
-        except BaseException:
-            shutil.rmtree(ws.work_tree(stack, project), ignore_errors=True)
-            os.replace(pre, ws.work_tree(stack, project))
-            shutil.rmtree(d, ignore_errors=True)
-            if created:
-                remove_created_stack(ws, state)
-            raise
-        _start_new_tree(ws, stack, project, state, tree.repo)
+        files = [Path(state.declaration), report_path(ws, state),
+                 ws.root / "patches" / target_stack / "CHANGELOG.md"]
+        dirs = [Path(state.series_dir)] if target else [ws.root / "patches" / target_stack]
+        state.before, state.journaled_dirs = journal(ws.root, files, dirs)
+        shutil.rmtree(BumpState.directory(ws, state.stack, state.project), ignore_errors=True)
+        state.save(ws)  # from here on, --abort restores every file from the journal
+        stage("state saved")
         return _resume(ws, state)
+
+
+def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
+                release: Release) -> dict[str, dict[str, Any]]:
+    """The new pins of the projects the new release pins at another version (its
+    coordinated projects), each at the version it pins: one with an empty series ships
+    that release's published wheels; one with patches is refused (bump it alone first)."""
+    out: dict[str, dict[str, Any]] = {}
+    for move in coordinated_moves(stack, project, release):
+        other = move.project
+        series = load_series(ws.series_dir(other))
+        if series.patches or not (other.source == "wheel" or other.wheels):
+            raise MaintenanceError(
+                f"{project.distribution} {new_version} requires "
+                f"{move.requirement}; the stack pins {other.distribution} {other.version}, "
+                f"whose series ({len(series.patches)} patch(es)) a bump of {project.key} "
+                "does not carry", where=f"{stack.name}/{other.key}",
+                fix=f"bump {other.key} with its series first: "
+                    f"`{command('bump', stack.name, other.key, move.version)}`, then this "
+                    "bump")
+        pin = _wheel_pin(other, move.version, None)
+        pin["source"] = other.source
+        pin["version"] = move.version
+        pin["requirement"] = str(move.requirement)
+        out[other.key] = pin
+    return out
 
 
 def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> dict[str, Any]:
@@ -243,22 +291,46 @@ def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> di
     return {"source": "wheel", "git": git, "sdist": None, "wheels": wheels}
 
 
-def _start_new_tree(ws: Workspace, stack: Stack, project: Project, state: BumpState,
-                    repo: Git | None = None) -> None:
-    """The fork tree at the new upstream, with the old series' commits fetched beside it."""
-    if repo is None:  # a run killed while unpacking the new upstream: start it again
-        repo = prepare_tree(ws, stack, pinned_project(project, state), patches=(),
-                            force=True).repo
+def _start(ws: Workspace, state: BumpState) -> None:
+    """Step 1: the new stack's copy (``--new-stack``), and the fork tree at the old pin and
+    series kept aside (``@pre-bump``) with the series it was made from; each part redone
+    when a run stopped before it was saved."""
+    d, series_before = _state_paths(ws, state)
+    if state.created_stack and not Path(state.declaration).is_file():
+        shutil.rmtree(ws.root / "patches" / state.stack, ignore_errors=True)  # a partial copy
+        source = ws.stack(state.source_stack, strict=False)
+        create_stack(ws, source, source.project(state.project), state.stack)
+        stage("stack created")
+    stack = ws.stack(state.stack, strict=False)
+    project = stack.project(state.project)
+    pre = ws.work_tree(stack, project, "pre-bump")
+    if not pre.exists():
+        old_tree = prepare_tree(ws, stack, project)
+        shutil.rmtree(series_before, ignore_errors=True)
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(ws.series_dir(project), series_before)
+        os.replace(old_tree.path, pre)
+        stage("old tree kept")
+    state.phase = "new-tree"
+    state.save(ws)
+
+
+def _start_new_tree(ws: Workspace, stack: Stack, project: Project, state: BumpState) -> None:
+    """Step 2: the fork tree at the new upstream, with the old series' commits fetched
+    beside it (made again when a run stopped while unpacking it)."""
+    repo = prepare_tree(ws, stack, pinned_project(project, state), patches=(),
+                        force=True).repo
     pre = ws.work_tree(stack, project, "pre-bump")
     repo("fetch", "--quiet", "--no-tags", str(pre),
          f"+HEAD:{BEFORE_REF}", f"+refs/tags/{UPSTREAM_TAG}:{BEFORE_BASE_REF}")
     state.head = repo.head()
+    state.phase = "classify"
     state.save(ws)
-
+    stage("new tree made")
 
 
 def _series_before(ws: Workspace, state: BumpState) -> Series:
-    _, series_backup, _ = _state_paths(ws, state)
+    _, series_backup = _state_paths(ws, state)
     return load_series(series_backup)
 
 
@@ -274,9 +346,11 @@ def _conflict_message(state: BumpState, patch: Patch, repo: Git, tree: str) -> s
 
 
 def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResult:
-    stack = ws.stack(state.stack)
+    if state.phase == "start":
+        _start(ws, state)
+    stack = ws.stack(state.stack, strict=False)
     project = stack.project(state.project)
-    if not state.head:
+    if state.phase == "new-tree" or not state.head:
         _start_new_tree(ws, stack, project, state)
     repo = Git(ws.work_tree(stack, project))
     series = _series_before(ws, state)
@@ -331,13 +405,14 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
             state.save(ws)
             write_bump_report(ws, stack, project, state, pinned_project(project, state),
                               stopped="applying the series (the run did not finish)")
+            stage("classified")
         while state.next_index < len(series.patches):
             patch = series.patches[state.next_index]
             verdict, evidence = classify(repo, patch, new_version)
             if verdict == STILL_NEEDED:
                 repo("am", "--quiet", "--no-3way", "--keep-cr",
                      "--committer-date-is-author-date", str(patch.path))
-            elif verdict == CONFLICT:
+            elif verdict in (CONFLICT, TARGET_MISSING):
                 state.conflict_head = repo.head()
                 state.conflict_evidence = evidence
                 state.save(ws)
@@ -370,6 +445,7 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
             state.next_index += 1
             state.head = repo.head()
             state.save(ws)
+            stage("patch applied")
         state.phase = "finalize"
         state.save(ws)
     return _finalize(ws, stack, project, repo, state)
@@ -398,7 +474,7 @@ def _range_diff(repo: Git) -> str:
 
 def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
               state: BumpState) -> BumpResult:
-    d, _, decl_backup = _state_paths(ws, state)
+    d = BumpState.directory(ws, state.stack, state.project)
     series_dir = Path(state.series_dir)
     # Everything that can fail without changing a file comes first: a failure here leaves
     # the declaration and series as they were, and --continue tries again.
@@ -421,22 +497,34 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
         state.new_pin["wheels"] = wheels
         state.save(ws)
     new_project = pinned_project(project, state)
+    # The pin edit applies to the declaration as it is now: a hand fix made while the
+    # bump stopped stays (the journal holds the text from before the bump, for --abort).
+    declaration = Path(state.declaration)
+    decl = declaration_with_pin(declaration.read_text(encoding="utf-8"), project, state,
+                                state.declaration, series_empty=empty,
+                                description=_description(ws, stack, project, state, empty)
+                                if state.created_stack else "")
+    check_declaration(declaration, decl, fix=command("bump", state.stack, state.project,
+                                                     "--abort"))
     refreshed = export_series(repo, series_dir, stack=stack.name, project=project.key)
-    decl = declaration_with_pin(decl_backup.read_text(encoding="utf-8"), project, state,
-                                 state.declaration)
-    Path(state.declaration).write_text(decl, encoding="utf-8")
+    stage("series exported")
+    atomic_write_text(declaration, decl)
+    stage("declaration written")
     stack = ws.stack(stack.name)
     project = stack.project(project.key)
     base = repo("rev-parse", UPSTREAM_TAG, quiet=True)
     reapply_series(ws, stack, project, repo, base)
+    stage("tree rebuilt")
     results = state.classifications()
     published = new_project.wheels if empty else ()
     undeclared, release_files = release_check(project)
     report = write_bump_report(ws, stack, project, state, new_project, results=results,
                                range_diff=range_diff, refreshed=refreshed,
                                published=published)
+    stage("report written")
     changelog = write_changelog(ws, stack, project, state, results, report,
                                 published=published)
+    stage("changelog written")
     pre = ws.work_tree(stack, project, "pre-bump")
     shutil.rmtree(pre, ignore_errors=True)
     shutil.rmtree(d, ignore_errors=True)
@@ -445,6 +533,22 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
                       changelog=changelog, refresh=refreshed, range_diff=range_diff,
                       new_stack_created=state.created_stack, used_as_published=published,
                       undeclared_files=undeclared, release_files=release_files)
+
+
+def _description(ws: Workspace, stack: Stack, project: Project, state: BumpState,
+                 empty: bool) -> str:
+    """A new stack's description, from the releases it now pins."""
+    companions = state.new_pin.get("companions") or {}
+    parts = []
+    for p in stack.projects:
+        if p.key == project.key:
+            parts.append(f"{p.distribution} {state.new_version}"
+                         + (" (as published)" if empty else ""))
+            continue
+        version = companions.get(p.key, {}).get("version", p.version)
+        published = p.key in companions or not load_series(ws.series_dir(p)).patches
+        parts.append(f"{p.distribution} {version}" + (" (as published)" if published else ""))
+    return " + ".join(parts) + ", SM120/SM121 enabled"
 
 
 def bump_continue(ws: Workspace, stack_name: str, project_key: str, *,
@@ -465,36 +569,55 @@ class AbortResult:
     removed_stack: bool
 
 
+def _rel(ws: Workspace, path: Path) -> str:
+    return path.relative_to(ws.root).as_posix()
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode("ascii")
+
+
 def bump_abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
-    """Undo a bump in progress: the previous fork tree, pin and series, byte for byte."""
+    """Undo a bump in progress, from any step it reached: the previous fork tree (kept
+    aside, with its git refs), and every file it may have written (declaration, series,
+    report, changelog) put back byte for byte from the journal in its state; the report
+    last, once everything else is back.  Loads no stack: it works whatever the pins say."""
     with ws.lock():
         state = BumpState.load(ws, stack_name, project_key)
         if state is None:
             raise MaintenanceError("no bump in progress", where=f"{stack_name}/{project_key}")
-        d, series_backup, decl_backup = _state_paths(ws, state)
-        if (d / "report.md").is_file():
-            shutil.copyfile(d / "report.md", report_path(ws, state))
-        else:
-            report_path(ws, state).unlink(missing_ok=True)
-        stack = ws.stack(state.stack) if Path(state.declaration).is_file() else None
         work = ws.trees_dir / state.stack / state.project
         pre = ws.trees_dir / state.stack / f"{state.project}@pre-bump"
         if pre.exists():
             shutil.rmtree(work, ignore_errors=True)
             os.replace(pre, work)
         if state.created_stack:
-            remove_created_stack(ws, state)
             shutil.rmtree(work, ignore_errors=True)
             with contextlib.suppress(OSError):  # the stack's folder, when nothing else is left
                 work.parent.rmdir()
-        else:
-            series_dir = Path(state.series_dir)
-            shutil.rmtree(series_dir, ignore_errors=True)
-            shutil.copytree(series_backup, series_dir)
-            shutil.copyfile(decl_backup, state.declaration)
-        shutil.rmtree(d, ignore_errors=True)
-        del stack
+        d = BumpState.directory(ws, stack_name, project_key)
+        if not state.before and state.created_stack:  # started by an older toolkit
+            state.before = {_rel(ws, Path(state.declaration)): None,
+                            _rel(ws, report_path(ws, state)): None}
+            state.journaled_dirs = [f"patches/{state.stack}"]
+        elif not state.before and (d / "declaration.toml").is_file():
+            # Started by an older toolkit, which kept copies instead of a journal.
+            state.before, state.journaled_dirs = journal(
+                ws.root, [Path(state.declaration), report_path(ws, state)],
+                [Path(state.series_dir)])
+            state.before[_rel(ws, Path(state.declaration))] = _b64(d / "declaration.toml")
+            state.before[_rel(ws, report_path(ws, state))] = (
+                _b64(d / "report.md") if (d / "report.md").is_file() else None)
+            for key in [k for k in state.before if k.startswith(
+                    f"{_rel(ws, Path(state.series_dir))}/")]:
+                del state.before[key]
+            for f in sorted((d / "series").rglob("*")):
+                if f.is_file():
+                    rel = (Path(state.series_dir) / f.relative_to(d / "series"))
+                    state.before[_rel(ws, rel)] = _b64(f)
+        restore(ws.root, state.before, state.journaled_dirs,
+                last=[report_path(ws, state).relative_to(ws.root).as_posix()])
+        shutil.rmtree(BumpState.directory(ws, stack_name, project_key), ignore_errors=True)
         return AbortResult(stack=state.stack, project=state.project,
                            restored_version=state.old_version,
                            removed_stack=state.created_stack)
-

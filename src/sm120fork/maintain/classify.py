@@ -16,6 +16,7 @@ from sm120fork.errors import CommandError
 from sm120fork.maintain.state import (
     CONFLICT,
     STILL_NEEDED,
+    TARGET_MISSING,
     UPSTREAMED_DIFFERENTLY,
     UPSTREAMED_IDENTICALLY,
     Classification,
@@ -31,6 +32,14 @@ def _applies(repo: Git, patch: Patch, env: Mapping[str, str] | None, *extra: str
     where = ("--cached",) if env else ()
     try:
         repo("apply", "--check", *where, *extra, str(patch.path), env=env, quiet=True)
+    except CommandError:
+        return False
+    return True
+
+
+def _in_tree(repo: Git, path: str) -> bool:
+    try:
+        repo("cat-file", "-e", f"HEAD:{path}", quiet=True)
     except CommandError:
         return False
     return True
@@ -56,6 +65,11 @@ def classify(repo: Git, patch: Patch, new_version: Version,
     if _applies(repo, patch, env, "--reverse"):
         return UPSTREAMED_IDENTICALLY, ["does not apply; reverse-applies cleanly"]
     evidence = ["does not apply, does not reverse-apply", *match.evidence]
+    missing = [f for f in patch.files if not _in_tree(repo, f) and
+               f"--- a/{f}\n" in patch.path.read_text(encoding="utf-8", errors="replace")]
+    if missing:
+        return TARGET_MISSING, [*evidence, f"not in {new_version}: {', '.join(missing)} "
+                                           "(moved or removed upstream)"]
     if not match.already_upstream:
         return CONFLICT, [*evidence, "effect absent upstream"]
     claimed = applied_upstream_version(patch)
@@ -100,7 +114,7 @@ def preview(repo: Git, patches: Sequence[Patch], new_version: Version) -> list[C
             verdict, evidence = classify(repo, patch, new_version, env)
             if verdict == STILL_NEEDED:
                 repo("apply", "--cached", str(patch.path), env=env, quiet=True)
-            elif verdict == CONFLICT:
+            elif verdict in (CONFLICT, TARGET_MISSING):
                 trial = f"{index}.3way"
                 shutil.copyfile(index, trial)
                 try:

@@ -7,6 +7,8 @@ import dataclasses
 import re
 import shutil
 import tarfile
+import tempfile
+import tomllib
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 import tomlkit
 from packaging.version import Version
 
-from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin
+from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin, load_stack
 from sm120fork.errors import (
     ConfigError,
     MaintenanceError,
@@ -118,9 +120,8 @@ def _closure(stack: Stack, project: Project) -> list[Project]:
     return [p for p in stack.projects if p.key in wanted]
 
 
-def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> Stack:
-    """A stack ``name`` copied from ``source``: ``project`` and the projects it requires
-    (their declarations, layout key included, and series), as ``source`` pins them."""
+def create_stack_check(ws: Workspace, name: str) -> None:
+    """Refuse a ``--new-stack`` name that is taken, before anything is written."""
     target = ws.forks_dir / f"{name}.toml"
     if target.exists():
         raise MaintenanceError(f"stack {name!r} already exists", where=str(target),
@@ -130,25 +131,44 @@ def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> S
         raise MaintenanceError("series directory already exists",
                                where=series_root.relative_to(ws.root).as_posix(),
                                fix="remove it, or choose another --new-stack name")
+
+
+def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> Stack:
+    """A stack ``name`` copied from ``source``: ``project`` and the projects it requires
+    (their keys and series), as ``source`` pins them until the bump writes the new
+    release's facts.  Written from the data, not the text: the source's comments describe
+    its releases, not the new ones."""
+    create_stack_check(ws, name)
+    target = ws.forks_dir / f"{name}.toml"
+    series_root = ws.root / "patches" / name
     copied = _closure(source, project)
-    source_text = source.path.read_text(encoding="utf-8")
-    tables = "\n".join(_project_tables(source_text, p.key) for p in copied)
-    others = [p.key for p in copied if p.key != project.key]
-    description = (f"{project.distribution} fork, bumped from stack {source.name}"
-                   + (f" (with its {', '.join(others)} as that stack pins "
-                      f"{'it' if len(others) == 1 else 'them'})"
-                      if others else ""))
-    text = (f"# Copied from forks/{source.path.name} by `bump --new-stack {name}` to follow\n"
-            f"# {project.distribution} past the release that stack pins; not the default.\n\n"
-            f"[stack]\nname = {tomlkit.string(name).as_string()}\ndefault = false\n"
-            f"description = {tomlkit.string(description).as_string()}\n\n"
-            f"{tables}\n")
-    text = edit_toml(text, {f"projects.{p.key}": {"series": f"patches/{name}/{p.key}"}
-                            for p in copied}, where=str(target))
+    data = tomllib.loads(source.path.read_text(encoding="utf-8"))["projects"]
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment(f"Made by `bump --new-stack {name}` from stack {source.name}: "
+                            f"{project.distribution} and the releases it pins."))
+    doc.add(tomlkit.nl())
+    doc["stack"] = {"name": name, "default": False,
+                    "description": f"{project.distribution} fork (bump in progress)"}
+    doc["projects"] = {p.key: {**data[p.key], "series": f"patches/{name}/{p.key}"}
+                       for p in copied}
     for p in copied:
         shutil.copytree(ws.series_dir(p), series_root / p.key)
-    target.write_text(text, encoding="utf-8")
-    return ws.stack(name)
+    target.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    return ws.stack(name, strict=False)
+
+
+def check_declaration(path: Path, text: str, *, fix: str) -> None:
+    """Refuse to write ``text`` as the declaration ``path`` unless it loads, pins agreeing."""
+    with tempfile.TemporaryDirectory(prefix="sm120fork-decl-") as tmp:
+        trial = Path(tmp) / path.name
+        trial.write_text(text, encoding="utf-8")
+        try:
+            load_stack(trial)
+        except ConfigError as exc:
+            raise MaintenanceError(
+                f"the new pins would not load: {exc.what}",
+                where=str(path) + (f" ({exc.where.rpartition(': ')[2]})" if exc.where else ""),
+                fix=f"nothing was written; `{fix}` restores the rest") from None
 
 
 def pinned_project(project: Project, state: BumpState) -> Project:
@@ -162,52 +182,66 @@ def pinned_project(project: Project, state: BumpState) -> Project:
         sdist=SdistPin(**pin["sdist"]) if pin.get("sdist") else None, wheels=wheels)
 
 
-def declaration_with_pin(text: str, project: Project, state: BumpState, where: str) -> str:
-    pin = state.new_pin
-    key = project.key
-    git, sd = pin.get("git"), pin.get("sdist")
-    tables: dict[str, TomlValues] = {
-        f"projects.{key}": {"version": state.new_version, "source": pin["source"]}}
-    if git:
-        tables[f"projects.{key}.git"] = {
-            "url": git["url"], "tag": git["tag"], "commit": git["commit"],
-            "commit_verified": bool(git["commit_verified"]), "note": git["note"] or None}
-    if sd:
-        tables[f"projects.{key}.sdist"] = {
-            "filename": sd["filename"], "sha256": sd["sha256"], "url": sd["url"] or None}
-    text = edit_toml(text, tables, where)
-    # A wheel source pinned without a git or sdist pin: the old version's would be wrong.
-    doc = tomlkit.parse(text)
-    table = doc["projects"][key]
-    assert isinstance(table, MutableMapping)
-    for name, value in (("git", git), ("sdist", sd)):
-        if not value and name in table:
-            table.pop(name)
-    text = tomlkit.dumps(doc)
-    if "wheels" not in pin:
-        return text
-    # The published wheels of the new version (an empty series ships them as published),
-    # or none: pins of the old version's wheels would name the wrong version.
-    doc = tomlkit.parse(text)
-    table = doc["projects"][key]
-    assert isinstance(table, MutableMapping)
+def _set_wheels(table: MutableMapping[str, Any], wheels: list[dict[str, str]]) -> None:
     table.pop("wheels", None)
-    if pin["wheels"]:
-        wheels = tomlkit.aot()
-        for w in pin["wheels"]:
+    if wheels:
+        aot = tomlkit.aot()
+        for w in wheels:
             entry = tomlkit.table()
             entry["filename"] = w["filename"]
             entry["sha256"] = w["sha256"]
             if w.get("url"):
                 entry["url"] = w["url"]
-            wheels.append(entry)
-        table["wheels"] = wheels
+            aot.append(entry)
+        table["wheels"] = aot
+
+
+def _set_pin(table: MutableMapping[str, Any], pin: dict[str, Any]) -> None:
+    """Write one project's pin (version, source, git, sdist, wheels) into its table."""
+    if "version" in pin:
+        table["version"] = pin["version"]
+    table["source"] = pin["source"]
+    for name in ("git", "sdist"):
+        value = pin.get(name)
+        if not value:
+            table.pop(name, None)
+            continue
+        sub = table.get(name)
+        if not isinstance(sub, MutableMapping):
+            sub = tomlkit.table()
+            table[name] = sub
+        for key, v in value.items():
+            if v in ("", None) and key in ("note", "url"):
+                sub.pop(key, None)
+            else:
+                sub[key] = bool(v) if key == "commit_verified" else v
+    if "wheels" in pin:
+        _set_wheels(table, pin["wheels"])
+
+
+def declaration_with_pin(text: str, project: Project, state: BumpState, where: str, *,
+                         series_empty: bool = False, description: str = "") -> str:
+    """``text`` with the bump's pins written: the project's (version, source, git, sdist,
+    wheels), its ``upstream_requires`` and ``layout`` as the new release states them, and
+    the coordinated projects it moves with it; comments and layout of the text kept."""
+    del series_empty
+    pin = state.new_pin
+    doc = tomlkit.parse(text)
+    projects = doc.get("projects")
+    if not isinstance(projects, MutableMapping) or project.key not in projects:
+        raise ConfigError(f"no [projects.{project.key}] table", where=where)
+    table = projects[project.key]
+    table["version"] = state.new_version
+    _set_pin(table, pin)
+    if pin.get("upstream_requires") is not None and (
+            pin["upstream_requires"] or "upstream_requires" in table):
+        table["upstream_requires"] = list(pin["upstream_requires"])
+    if pin.get("layout") and table.get("layout") != pin["layout"]:
+        table["layout"] = pin["layout"]
+    for key, other in (pin.get("companions") or {}).items():
+        if key not in projects:
+            raise ConfigError(f"no [projects.{key}] table", where=where)
+        _set_pin(projects[key], other)
+    if description:
+        doc["stack"]["description"] = description
     return tomlkit.dumps(doc)
-
-
-def remove_created_stack(ws: Workspace, state: BumpState) -> None:
-    """Undo :func:`create_stack`: its declaration and ``patches/<stack>/`` (every series it
-    copied; the folder did not exist before)."""
-    Path(state.declaration).unlink(missing_ok=True)
-    shutil.rmtree(ws.root / "patches" / state.stack, ignore_errors=True)
-

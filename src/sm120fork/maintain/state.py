@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime as dt
 import json
 import os
+import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +22,21 @@ STILL_NEEDED = "still needed"
 UPSTREAMED_IDENTICALLY = "upstreamed identically"
 UPSTREAMED_DIFFERENTLY = "upstreamed differently"
 CONFLICT = "conflict"
+#: A file the patch changes is not in the new release: a conflict of its own kind.
+TARGET_MISSING = "target file missing"
 RESOLVED = "conflict, resolved by hand"
 DROPPED_BY_HAND = "conflict, dropped by hand"
 UPSTREAMED = (UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY)
+
+
+#: Called with the name of each step a bump reaches (tests interrupt a bump there).
+stage_hook: Callable[[str], None] | None = None
+
+
+def stage(name: str) -> None:
+    """A bump reached step ``name``: everything before it is saved."""
+    if stage_hook is not None:
+        stage_hook(name)
 
 
 def today() -> str:
@@ -60,8 +75,15 @@ class BumpState:
     phase: str = "classify"
     started: str = ""
     command: str = ""
+    #: The stack a ``--new-stack`` bump copies (its pins are the starting point).
+    source_stack: str = ""
     #: Every patch classified against the new upstream before any was applied.
     preview: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: The journal ``--abort`` restores from: each file the bump may write (relative to
+    #: the checkout) -> its bytes before (base64), or None where there was no file.
+    before: dict[str, str | None] = dataclasses.field(default_factory=dict)
+    #: Folders whose files the journal holds whole: a file not in it is removed on abort.
+    journaled_dirs: list[str] = dataclasses.field(default_factory=list)
 
     def classifications(self, which: str = "results") -> tuple[Classification, ...]:
         rows = self.preview if which == "preview" else self.results
@@ -86,3 +108,48 @@ class BumpState:
         tmp.write_text(json.dumps(dataclasses.asdict(self), indent=1))
         tmp.replace(d / "state.json")
 
+
+
+def journal(root: Path, files: Iterable[Path], dirs: Iterable[Path]) -> tuple[
+        dict[str, str | None], list[str]]:
+    """The bytes of ``files`` and of every file under ``dirs`` (None: not there), keyed by
+    their path relative to ``root``: what :func:`restore` puts back."""
+    before: dict[str, str | None] = {}
+    for path in [*files, *(f for d in dirs if d.is_dir() for f in sorted(d.rglob("*"))
+                           if f.is_file())]:
+        before[path.relative_to(root).as_posix()] = (
+            base64.b64encode(path.read_bytes()).decode("ascii") if path.is_file() else None)
+    return before, [d.relative_to(root).as_posix() for d in dirs]
+
+
+def restore(root: Path, before: dict[str, str | None], dirs: Iterable[str], *,
+            last: Iterable[str] = ()) -> None:
+    """Put every journaled file back byte for byte (``last`` after all others): a file
+    that was not there is removed, and so is a file under a journaled folder the journal
+    does not hold; a folder that did not exist is removed."""
+    for d in dirs:
+        folder = root / d
+        if not folder.is_dir():
+            continue
+        if not any(v is not None and k.startswith(f"{d}/") for k, v in before.items()):
+            shutil.rmtree(folder)
+            continue
+        for f in sorted(folder.rglob("*"), reverse=True):
+            rel = f.relative_to(root).as_posix()
+            if f.is_file() and rel not in before:
+                f.unlink()
+            elif f.is_dir() and not any(f.iterdir()):
+                f.rmdir()
+    late = set(last)
+    for rel in sorted(before, key=lambda r: r in late):
+        data, path = before[rel], root / rel
+        if data is None:
+            path.unlink(missing_ok=True)
+            continue
+        content = base64.b64decode(data)
+        if path.is_file() and path.read_bytes() == content:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.sm120fork-restore")
+        tmp.write_bytes(content)
+        tmp.replace(path)

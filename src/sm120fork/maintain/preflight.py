@@ -1,0 +1,198 @@
+"""A bump's pre-flight: what can be known before a file is written (and, for the pins,
+before anything is downloaded), checked first.
+
+- the stack's other pins accept the new version (a FlashInfer post-release that the
+  stack's SGLang pins away from is refused here, naming both pins and the fix);
+- the new release's own pins on the stack's projects (its metadata's ``Requires-Dist``),
+  which move the coordinated projects with it;
+- each patch's target files are in the new release (the wheel's or sdist's file list);
+- the upstream layout that fits the release: a gate that moved is named as such, with the
+  layout that fits (``sm120fork.layouts``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from email.parser import Parser
+from pathlib import Path, PurePosixPath
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from sm120fork.declare import Project, Stack, coordinated_pin_problems, pinned_for
+from sm120fork.errors import MaintenanceError, SourceError
+from sm120fork.fetch.wheel import is_metadata, source_members
+from sm120fork.layouts import LAYOUTS, fitting, marker
+from sm120fork.package.wheel import wheel_requirements
+from sm120fork.patch.series import Patch
+from sm120fork.util.hint import command
+
+
+@dataclass(frozen=True, kw_only=True)
+class Release:
+    """What a release says about itself: its files (relative to the package root) and its
+    requirements, from the wheel's RECORD/METADATA or the sdist's listing/PKG-INFO."""
+
+    files: frozenset[str]
+    requires: tuple[Requirement, ...]
+
+
+def wheel_release(wheel: Path) -> Release:
+    return Release(files=frozenset(source_members(wheel)),
+                   requires=tuple(wheel_requirements(wheel)))
+
+
+def sdist_release(sdist: Path) -> Release:
+    files: set[str] = set()
+    requires: list[Requirement] = []
+    try:
+        with tarfile.open(sdist, "r:*") as tf:
+            for member in tf:
+                parts = PurePosixPath(member.name).parts
+                if len(parts) < 2 or not member.isfile():
+                    continue
+                rel = "/".join(parts[1:])
+                files.add(rel)
+                if rel == "PKG-INFO":
+                    f = tf.extractfile(member)
+                    if f is not None:
+                        meta = Parser().parsestr(f.read().decode("utf-8", errors="replace"))
+                        for text in meta.get_all("Requires-Dist") or []:
+                            try:
+                                requires.append(Requirement(text))
+                            except InvalidRequirement:
+                                continue
+    except (tarfile.TarError, OSError) as exc:
+        raise SourceError(f"cannot list the sdist: {exc}", where=str(sdist)) from exc
+    return Release(files=frozenset(f for f in files if not is_metadata(f)),
+                   requires=tuple(requires))
+
+
+def pins_refusing(stack: Stack, project: Project, new_version: str) -> list[str]:
+    """Why the stack's other projects would not accept ``project`` at ``new_version``:
+    each disagreement names the requirement, its project and both pins."""
+    moved = dataclasses.replace(project, version=new_version)
+    projects = [moved if p.key == project.key else p for p in stack.projects]
+    found = []
+    for other in projects:
+        if other.key == project.key:
+            continue
+        for problem in coordinated_pin_problems(stack.path, other, projects):
+            found.append(problem.what + f" ({problem.where})")
+    return found
+
+
+def check_pins(stack: Stack, project: Project, new_version: str) -> None:
+    """Refuse, before anything is downloaded, a version the stack's other pins reject."""
+    found = pins_refusing(stack, project, new_version)
+    if not found:
+        return
+    others = [p for p in stack.projects if p.key != project.key and any(
+        pinned_for(r, stack.projects) is project for r in p.upstream_requires)]
+    fix = (f"choose the {project.distribution} release that "
+           + " and ".join(f"{o.distribution} {o.version}" for o in others)
+           + " pins, or bump "
+           + " / ".join(f"`{command('bump', stack.name, o.key, 'VERSION')}`" for o in others)
+           + f" to a release that pins {project.distribution} {new_version} (it moves "
+           f"{project.key} with it)")
+    raise MaintenanceError(
+        f"{project.distribution} {new_version} would break the stack's pins: "
+        + "; ".join(found), where=f"{stack.name}/{project.key}", fix=fix)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Coordinated:
+    """A project of the stack the new release pins at another version."""
+
+    project: Project
+    requirement: Requirement
+    version: str
+
+
+def coordinated_moves(stack: Stack, project: Project, release: Release) -> list[Coordinated]:
+    """The stack's projects whose pin the new release's own requirements reject, with the
+    version it pins (``==X``); a requirement that pins no one version is refused."""
+    moves: list[Coordinated] = []
+    for req in release.requires:
+        target = pinned_for(req, stack.projects)
+        if target is None or target is project:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        if req.specifier.contains(target.version, prereleases=True):
+            continue
+        exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        if len(exact) != 1 or "*" in exact[0]:
+            raise MaintenanceError(
+                f"{project.distribution} requires {req}, which the stack's "
+                f"{target.distribution} {target.version} does not satisfy and which names "
+                "no one version to move it to", where=f"{stack.name}/{target.key}",
+                fix=f"bump {target.key} to a release it accepts first")
+        moves.append(Coordinated(project=target, requirement=req, version=exact[0]))
+    return moves
+
+
+def requirements_on_stack(stack: Stack, project: Project, release: Release) -> list[str]:
+    """The new release's requirements on the stack's other projects, as its metadata
+    states them (the new ``upstream_requires``)."""
+    return [str(r) for r in release.requires
+            if (t := pinned_for(r, stack.projects)) is not None and t is not project
+            and canonicalize_name(r.name) != project.normalized_name]
+
+
+def _package_files(project: Project, patch: Patch) -> list[str]:
+    """The files ``patch`` changes that must exist upstream (not those it creates),
+    relative to the package root."""
+    text = patch.path.read_text(encoding="utf-8", errors="replace")
+    created = {line.split(" b/", 1)[1] for block in text.split("\ndiff --git a/")[1:]
+               for line in [block.splitlines()[0]] if "\nnew file mode" in
+               "\n".join(block.splitlines()[:3])}
+    out = []
+    for f in patch.files:
+        rel = project.package_path(f)
+        if rel is not None and f not in created:
+            out.append(rel)
+    return out
+
+
+def missing_targets(project: Project, patches: Sequence[Patch], release: Release
+                    ) -> dict[str, list[str]]:
+    """patch name -> its target files the release does not have."""
+    missing: dict[str, list[str]] = {}
+    for p in patches:
+        gone = [f for f in _package_files(project, p) if f not in release.files]
+        if gone:
+            missing[p.name] = gone
+    return missing
+
+
+def check_layout(stacks: Sequence[Stack], stack: Stack, project: Project, new_version: str,
+                 release: Release, missing: dict[str, list[str]]) -> str:
+    """The layout for the new release: the project's own when it still fits; else refused
+    when patches target the files that moved, naming the layout that fits (and the stacks
+    whose series are on it)."""
+    if not project.layout or project.layout not in LAYOUTS:
+        return project.layout
+    fits = fitting(release.files)
+    if project.layout in fits:
+        return project.layout
+    if not missing:  # nothing the series changes moved: the layout that fits, if any
+        return fits[0] if fits else project.layout
+    gate = marker(project.layout)
+    on_it = sorted(s.name for s in stacks for p in s.projects
+                   if fits and p.layout == fits[0] and p.distribution == project.distribution)
+    where_fits = (f"it fits the `{fits[0]}` layout ({LAYOUTS[fits[0]]})" if fits else
+                  "no known layout fits it (CONTRIBUTING.md: Add an upstream layout)")
+    start = (f"; start from a stack on that layout: "
+             f"`{command('bump', on_it[0], project.key, new_version, '--new-stack', 'NAME')}`"
+             if on_it else "")
+    raise MaintenanceError(
+        f"the gate moved: {project.distribution} {new_version} has no {gate} (the "
+        f"`{project.layout}` layout of stack {stack.name}); {where_fits}. The series "
+        "targets files the release does not have: "
+        + "; ".join(f"{name}: {', '.join(files)}" for name, files in missing.items()),
+        where=f"{stack.name}/{project.key}",
+        fix=f"port the series to the layout that fits{start}")

@@ -1,0 +1,192 @@
+"""A bump moves a stack as a whole and checks first (issue 31 item 3).
+
+The stack is shaped like ``sglang-0.5.23`` (sglang a ``wheel`` source with a series on the
+``layer_boundary`` layout, FlashInfer used as published); the releases are wheels made
+here and served by a local package index, no network.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sm120fork.errors import MaintenanceError
+from sm120fork.maintain.bump import bump
+from sm120fork.util.files import sha256_file
+from sm120fork.workspace import Workspace
+
+from conftest import git, make_patch, write_series
+from helpers_maintain import pack_release, package_index, snapshot
+
+STACK = "sg"
+GATE_FILE = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
+GATE = "def fused_allowed(major):\n    return major in (9, 10)\n"
+MOVED_GATE_FILE = "sglang/srt/layers/communicator.py"
+
+
+def _sglang_files(version: str, gate_file: str = GATE_FILE) -> dict[str, str]:
+    return {"sglang/__init__.py": f'__version__ = "{version}"\n', gate_file: GATE}
+
+
+def _toml(sglang: Path, flashinfer: Path) -> str:
+    return textwrap.dedent(f"""\
+        # Today's stack: a comment about sglang 0.5.23 that a new stack must not copy.
+        [stack]
+        name = "{STACK}"
+        default = true
+        description = "sglang 0.5.23 + flashinfer-python 0.7.2 (as published)"
+
+        [projects.flashinfer]
+        distribution = "flashinfer-python"
+        version = "0.7.2"
+        local_label = "sm120.1"
+        package_root = "."
+        series = "patches/{STACK}/flashinfer"
+        source = "wheel"
+
+        [[projects.flashinfer.wheels]]
+        filename = "{flashinfer.name}"
+        sha256 = "{sha256_file(flashinfer)}"
+
+        [projects.sglang]
+        distribution = "sglang"
+        version = "0.5.23"
+        local_label = "sm120.1"
+        package_root = "python"
+        series = "patches/{STACK}/sglang"
+        source = "wheel"
+        requires = ["flashinfer"]
+        # sglang 0.5.23's own Requires-Dist on FlashInfer.
+        upstream_requires = ["flashinfer_python[cu13]==0.7.2"]
+        layout = "layer_boundary"
+
+        [[projects.sglang.wheels]]
+        filename = "{sglang.name}"
+        sha256 = "{sha256_file(sglang)}"
+        """)
+
+
+@dataclass
+class Releases:
+    ws: Workspace
+    flashinfer_073: Path
+    flashinfer_072_post1: Path
+
+
+@pytest.fixture
+def rel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Releases]:
+    """sglang 0.5.23 (pins flashinfer 0.7.2), 0.5.24 (pins 0.7.3) and 0.5.25 (its gate
+    moved to the ``communicator`` layout's file); FlashInfer 0.7.2, 0.7.2.post1, 0.7.3."""
+    monkeypatch.setenv("SM120FORK_TODAY", "2026-12-01")
+    made = tmp_path / "made"
+    made.mkdir()
+    fi = {v: pack_release(made, "flashinfer-python", v, {"flashinfer/__init__.py": ""}, [])
+          for v in ("0.7.2", "0.7.2.post1", "0.7.3")}
+    sglang = {
+        "0.5.23": pack_release(made, "sglang", "0.5.23", _sglang_files("0.5.23"),
+                               ["flashinfer_python[cu13]==0.7.2", "requests"]),
+        "0.5.24": pack_release(made, "sglang", "0.5.24", _sglang_files("0.5.24"),
+                               ["flashinfer_python[cu13]==0.7.3", "requests"]),
+        "0.5.25": pack_release(made, "sglang", "0.5.25",
+                               _sglang_files("0.5.25", MOVED_GATE_FILE),
+                               ["flashinfer_python[cu13]==0.7.2"]),
+    }
+    repo = tmp_path / "sglang-repo"  # the upstream repository as the series author has it
+    for rel_path, text in _sglang_files("0.5.23").items():
+        (repo / "python" / rel_path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "python" / rel_path).write_text(text)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "release 0.5.23")
+    root = tmp_path / "toolkit"
+    (root / "forks").mkdir(parents=True)
+    (root / "forks" / f"{STACK}.toml").write_text(_toml(sglang["0.5.23"], fi["0.7.2"]))
+    write_series(root / "patches" / STACK / "flashinfer", [])
+    series = root / "patches" / STACK / "sglang"
+    patch = make_patch(repo, series, "G1 layer_boundary: allow the fused path on 12", {
+        f"python/{GATE_FILE}": ("(9, 10)", "(9, 10, 12)  # sm12x")},
+        f"python/{GATE_FILE}: (9, 10, 12)  # sm12x")
+    write_series(series, [patch.name])
+    with package_index(list(sglang.values()), "sglang",
+                       more={"flashinfer-python": list(fi.values())}) as url:
+        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
+        yield Releases(ws=Workspace(root), flashinfer_073=fi["0.7.3"],
+                       flashinfer_072_post1=fi["0.7.2.post1"])
+
+
+@pytest.mark.slow
+def test_a_new_stack_on_a_release_with_another_flashinfer_pin_moves_flashinfer_too(
+        rel: Releases) -> None:
+    """One command: sglang 0.5.24 pins flashinfer 0.7.3 in its metadata; the new stack
+    pins both, with 0.5.24's own requirement and facts, not 0.5.23's."""
+    before = snapshot(rel.ws.root)
+    result = bump(rel.ws, STACK, "sglang", "0.5.24", new_stack="sg-next")
+    assert [c.verdict for c in result.classifications] == ["still needed"]
+    assert {k: v for k, v in snapshot(rel.ws.root).items() if k in before} == before
+    text = (rel.ws.forks_dir / "sg-next.toml").read_text()
+    declared = tomllib.loads(text)
+    sglang, flashinfer = declared["projects"]["sglang"], declared["projects"]["flashinfer"]
+    assert sglang["version"] == "0.5.24"
+    assert sglang["upstream_requires"] == ["flashinfer_python[cu13]==0.7.3"]
+    assert sglang["layout"] == "layer_boundary"
+    assert flashinfer["version"] == "0.7.3"
+    assert flashinfer["wheels"] == [{"filename": rel.flashinfer_073.name,
+                                     "sha256": sha256_file(rel.flashinfer_073)}]
+    assert declared["stack"]["description"] == (
+        "flashinfer-python 0.7.3 (as published) + sglang 0.5.24, SM120/SM121 enabled")
+    assert "0.5.23" not in text
+    assert "0.7.2" not in text
+    stack = rel.ws.stack("sg-next")  # loads, its pins agreeing
+    assert stack.project("flashinfer").version == "0.7.3"
+
+
+@pytest.mark.slow
+def test_an_in_place_bump_moves_flashinfer_with_sglang(rel: Releases) -> None:
+    bump(rel.ws, STACK, "sglang", "0.5.24")
+    stack = rel.ws.stack(STACK)
+    assert stack.project("flashinfer").version == "0.7.3"
+    assert [str(r) for r in stack.project("sglang").upstream_requires] == [
+        "flashinfer_python[cu13]==0.7.3"]
+    text = stack.path.read_text()
+    assert "# sglang 0.5.23's own Requires-Dist on FlashInfer." in text  # comments kept
+
+
+def test_a_flashinfer_release_the_stacks_sglang_rejects_is_refused_before_anything(
+        rel: Releases, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before any download (the index is not even asked) and before any write: both pins
+    and the fix are named."""
+    monkeypatch.setenv("SM120FORK_INDEX_URL", "http://127.0.0.1:9/simple")
+    before = snapshot(rel.ws.root)
+    with pytest.raises(MaintenanceError) as err:
+        bump(rel.ws, STACK, "flashinfer", "0.7.2.post1")
+    message = err.value.message
+    assert "flashinfer-python 0.7.2.post1 would break the stack's pins" in message
+    assert "sglang 0.5.23 requires flashinfer_python[cu13]==0.7.2" in message
+    assert "projects.sglang.upstream_requires[0]" in message
+    assert "python -m sm120fork bump sg sglang VERSION" in (err.value.fix or "")
+    assert snapshot(rel.ws.root) == before
+    assert not (rel.ws.state_dir / "bump").exists()
+    assert not rel.ws.wheel_cache.exists() or not any(rel.ws.wheel_cache.iterdir())
+
+
+@pytest.mark.slow
+def test_a_release_whose_gate_moved_is_named_with_the_layout_that_fits(
+        rel: Releases) -> None:
+    """sglang 0.5.25 keeps the gate in layers/communicator.py: the bump says the gate
+    moved and which layout fits, before a file is written (the copied layout does not
+    stay)."""
+    before = snapshot(rel.ws.root)
+    with pytest.raises(MaintenanceError) as err:
+        bump(rel.ws, STACK, "sglang", "0.5.25", new_stack="sg-moved")
+    message = err.value.message
+    assert "the gate moved: sglang 0.5.25 has no " + GATE_FILE in message
+    assert "it fits the `communicator` layout" in message
+    assert f"{GATE_FILE}" in message.rpartition("does not have: ")[2]
+    assert snapshot(rel.ws.root) == before
+    assert not (rel.ws.forks_dir / "sg-moved.toml").exists()
+    assert not (rel.ws.state_dir / "bump").exists()
