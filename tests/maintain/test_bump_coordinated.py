@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+import sm120fork.maintain.state as bump_state
 from sm120fork.errors import MaintenanceError
-from sm120fork.maintain.bump import bump
+from sm120fork.maintain.bump import bump, bump_abort
 from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 
@@ -190,3 +191,62 @@ def test_a_release_whose_gate_moved_is_named_with_the_layout_that_fits(
     assert snapshot(rel.ws.root) == before
     assert not (rel.ws.forks_dir / "sg-moved.toml").exists()
     assert not (rel.ws.state_dir / "bump").exists()
+
+
+def _patch_flashinfer(rel: Releases, tmp_path: Path) -> None:
+    """Give the stack's FlashInfer a series of one patch (so it no longer ships as
+    published): a bump of sglang then bumps it, with its series, as a bump of its own."""
+    repo = tmp_path / "flashinfer-repo"
+    (repo / "flashinfer").mkdir(parents=True)
+    (repo / "flashinfer" / "__init__.py").write_text("")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "release 0.7.2")
+    series = rel.ws.root / "patches" / STACK / "flashinfer"
+    patch = make_patch(repo, series, "F1 comm: allow 12", {
+        "flashinfer/__init__.py": ("", "SM12X = True\n")}, "flashinfer/__init__.py: SM12X")
+    write_series(series, [patch.name])
+
+
+@pytest.mark.slow
+def test_a_coordinated_project_with_patches_is_bumped_with_its_series_first(
+        rel: Releases, tmp_path: Path) -> None:
+    _patch_flashinfer(rel, tmp_path)
+    before = snapshot(rel.ws.root)
+    result = bump(rel.ws, STACK, "sglang", "0.5.24", new_stack="sg-next")
+    assert [c.verdict for c in result.classifications] == ["still needed"]
+    assert {k: v for k, v in snapshot(rel.ws.root).items() if k in before} == before
+    stack = rel.ws.stack("sg-next")  # loads, its pins agreeing
+    flashinfer = stack.project("flashinfer")
+    assert flashinfer.version == "0.7.3"
+    assert [w.filename for w in flashinfer.wheels] == [rel.flashinfer_073.name]
+    assert len((rel.ws.root / "patches/sg-next/flashinfer/series").read_text().split()) == 1
+    assert (rel.ws.reports_dir / "bump" / "sg-next-flashinfer-0.7.2-to-0.7.3.md").is_file()
+    assert stack.description == (
+        "flashinfer-python 0.7.3 + sglang 0.5.24, SM120/SM121 enabled")
+    assert not any((rel.ws.state_dir / "bump").iterdir())
+
+
+@pytest.mark.slow
+def test_aborting_a_coordinated_bump_undoes_the_project_it_moved_too(
+        rel: Releases, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In place: interrupted once FlashInfer was bumped (its pin, series and report
+    written), ``--abort`` of the sglang bump puts every file back."""
+    _patch_flashinfer(rel, tmp_path)
+    before = snapshot(rel.ws.root)
+    report = rel.ws.reports_dir / "bump" / "sg-flashinfer-0.7.2-to-0.7.3.md"
+
+    def interrupt(name: str) -> None:
+        if name == "companion bumped":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(bump_state, "stage_hook", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        bump(rel.ws, STACK, "sglang", "0.5.24")
+    monkeypatch.setattr(bump_state, "stage_hook", None)
+    assert rel.ws.stack(STACK, strict=False).project("flashinfer").version == "0.7.3"
+    assert report.is_file()
+    bump_abort(rel.ws, STACK, "sglang")
+    assert snapshot(rel.ws.root) == before
+    assert not report.exists()
+    assert rel.ws.stack(STACK).project("flashinfer").version == "0.7.2"

@@ -233,8 +233,11 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     console.print(f"report (the evidence for each verdict): "
                   f"{result.report.relative_to(ws.root)}; changelog: "
                   f"{result.changelog.relative_to(ws.root)}", markup=False, soft_wrap=True)
-    console.print(f"next: {command('build', '--stack', result.stack)}", markup=False,
-                  soft_wrap=True)
+    waiting = sorted(d.name.partition("--")[2] for d in
+                     (ws.state_dir / "bump").glob(f"{result.stack}--*") if d.is_dir())
+    next_step = (command("bump", result.stack, waiting[0], "--continue") if waiting else
+                 command("build", "--stack", result.stack))
+    console.print(f"next: {next_step}", markup=False, soft_wrap=True)
     return 0
 
 

@@ -8,7 +8,6 @@ resumes and ``--abort`` restores the previous tree, pin and series byte for byte
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import os
 import re
@@ -33,6 +32,7 @@ from sm120fork.fetch.wheel import download_wheel
 from sm120fork.maintain.classify import MERGES_3WAY, classification, classify, preview
 from sm120fork.maintain.pin import (
     check_declaration,
+    closure,
     commit_from_sdist,
     create_stack,
     create_stack_check,
@@ -54,6 +54,7 @@ from sm120fork.maintain.preflight import (
 from sm120fork.maintain.release import release_check
 from sm120fork.maintain.report import (
     preview_lines,
+    report_file,
     report_path,
     write_bump_report,
     write_changelog,
@@ -128,148 +129,180 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
     ``--continue`` or ``--abort``.
     """
     with ws.lock():
-        target_stack = new_stack or stack_name
-        pending = BumpState.load(ws, target_stack, project_key)
-        if pending is not None:
-            wanted = version or revision
-            if wanted not in (pending.new_version,
-                              (pending.new_pin.get("git") or {}).get("commit")):
-                raise MaintenanceError(
-                    f"a bump to {pending.new_version} is in progress",
-                    where=f"{target_stack}/{project_key}",
-                    fix="finish it with --continue or undo it with --abort")
-            return _resume(ws, pending)
-        stack = ws.stack(stack_name, strict=False)
-        project = stack.project(project_key)
-        old = Version(project.version)
-        if _SHA1.fullmatch(revision):
-            if not version:
-                raise MaintenanceError("bumping to a git commit needs --version",
-                                       fix="pass the PEP 440 version of that commit")
-            new_version = version
-            new_pin: dict[str, Any] = {
-                "source": "git",
-                "git": {"url": project.git_pin.url, "tag": "", "commit": revision,
-                        "commit_verified": True, "note": ""},
-                "sdist": {}}
-        else:
-            new_version = version or revision
-            new_pin = {}
+        return _bump(ws, stack_name, project_key, revision,
+                     allow_downgrade=allow_downgrade, new_stack=new_stack, version=version,
+                     git_commit=git_commit)
+
+
+def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
+          allow_downgrade: bool = False, new_stack: str | None = None,
+          version: str | None = None, git_commit: str | None = None,
+          coordinated_with: str = "") -> BumpResult:
+    """:func:`bump`, under the lock; ``coordinated_with``: the project whose bump moves
+    this one (its pins agree again only once that bump finishes)."""
+    target_stack = new_stack or stack_name
+    pending = BumpState.load(ws, target_stack, project_key)
+    if pending is not None:
+        wanted = version or revision
+        if wanted not in (pending.new_version,
+                          (pending.new_pin.get("git") or {}).get("commit")):
+            raise MaintenanceError(
+                f"a bump to {pending.new_version} is in progress",
+                where=f"{target_stack}/{project_key}",
+                fix="finish it with --continue or undo it with --abort")
+        return _resume(ws, pending)
+    stack = ws.stack(stack_name, strict=False)
+    project = stack.project(project_key)
+    old = Version(project.version)
+    if _SHA1.fullmatch(revision):
+        if not version:
+            raise MaintenanceError("bumping to a git commit needs --version",
+                                   fix="pass the PEP 440 version of that commit")
+        new_version = version
+        new_pin: dict[str, Any] = {
+            "source": "git",
+            "git": {"url": project.git_pin.url, "tag": "", "commit": revision,
+                    "commit_verified": True, "note": ""},
+            "sdist": {}}
+    else:
+        new_version = version or revision
+        new_pin = {}
+    try:
+        new = Version(new_version)
+    except InvalidVersion:
+        raise ConfigError(f"{new_version!r} is neither a PEP 440 version nor a 40-hex "
+                          "git commit SHA", where="bump") from None
+    if new.local is not None:
+        raise ConfigError("give the upstream version, without a local label",
+                          where="bump")
+    if new == old and not new_pin:
+        raise MaintenanceError(f"{project.key} is already pinned to {project.version}",
+                               where=stack.name)
+    if new < old and not allow_downgrade:
+        raise MaintenanceError(f"{new_version} is older than the pinned {project.version}",
+                               where=f"{stack.name}/{project.key}",
+                               fix="pass --allow-downgrade if you mean it")
+    # Pre-flight, before anything is downloaded: the stack's other pins accept it,
+    # and the fork tree holds no work a bump would set aside.
+    # A new stack holds the project and those it requires (what create_stack copies).
+    scope = stack if not new_stack else dataclasses.replace(
+        stack, projects=tuple(closure(stack, project)))
+    if not coordinated_with:
+        check_pins(scope, project, new_version)
+    if new_stack:
+        create_stack_check(ws, new_stack)
+    elif why := local_work(ws, stack, project):
+        work = ws.work_tree(stack, project)
+        raise DirtyTreeError(f"the fork work tree has local work: {why}", where=str(work),
+                             fix=keep_local_work_hint(work, why, stack, project))
+    release: Release | None = None
+    companion_bumps: dict[str, str] = {}
+    if new_pin:  # a git commit: pin that version's sdist when the index has one
         try:
-            new = Version(new_version)
-        except InvalidVersion:
-            raise ConfigError(f"{new_version!r} is neither a PEP 440 version nor a 40-hex "
-                              "git commit SHA", where="bump") from None
-        if new.local is not None:
-            raise ConfigError("give the upstream version, without a local label",
-                              where="bump")
-        if new == old and not new_pin:
-            raise MaintenanceError(f"{project.key} is already pinned to {project.version}",
-                                   where=stack.name)
-        if new < old and not allow_downgrade:
-            raise MaintenanceError(f"{new_version} is older than the pinned {project.version}",
-                                   where=f"{stack.name}/{project.key}",
-                                   fix="pass --allow-downgrade if you mean it")
-        # Pre-flight, before anything is downloaded: the stack's other pins accept it,
-        # and the fork tree holds no work a bump would set aside.
-        check_pins(stack, project, new_version)
-        if new_stack:
-            create_stack_check(ws, new_stack)
-        elif why := local_work(ws, stack, project):
-            work = ws.work_tree(stack, project)
-            raise DirtyTreeError(f"the fork work tree has local work: {why}", where=str(work),
-                                 fix=keep_local_work_hint(work, why, stack, project))
-        release: Release | None = None
-        if new_pin:  # a git commit: pin that version's sdist when the index has one
-            try:
-                filename, sha256, _ = index_sdist(project, new)
-                new_pin["sdist"] = {"filename": filename, "sha256": sha256, "url": ""}
-            except SourceError:  # an unreleased commit: the sdist pin stays (unused by git)
-                new_pin["sdist"] = dataclasses.asdict(project.sdist_pin)
-        elif project.source == "wheel":  # the published wheels are the input: no sdist
-            new_pin = _wheel_pin(project, new_version, git_commit)
-            first = WheelPin(**new_pin["wheels"][0])
-            release = wheel_release(download_wheel(
-                dataclasses.replace(project, version=new_version), first, ws.wheel_cache))
-        else:
-            filename, sha256, url = index_sdist(project, new)
-            probe = dataclasses.replace(
-                project, version=new_version,
-                sdist=SdistPin(filename=filename, sha256=sha256, url=url))
-            sdist = download_sdist(probe, ws.sdist_cache)
-            release = sdist_release(sdist)
-            commit = git_commit or commit_from_sdist(sdist)
-            if not commit:
-                raise MaintenanceError(
-                    f"the git commit of {project.distribution} {new_version} is unknown",
-                    fix="pass --git-commit SHA (the sdist records none and the upstream "
-                        "repository is not consulted)")
-            note = ("commit given with --git-commit" if git_commit else
-                    "commit recorded in the sdist's own build metadata")
-            new_pin = {
-                "source": project.source,
-                "git": {"url": project.git_pin.url,
-                        "tag": project.git_pin.tag.replace(project.version, new_version)
-                        if project.version in project.git_pin.tag else f"v{new_version}",
-                        "commit": commit, "commit_verified": False,
-                        "note": f"{note}; not checked against the upstream repository"},
-                "sdist": {"filename": filename, "sha256": sha256, "url": ""}}
-        if release is not None:  # the new release's own facts, before a file is written
-            new_pin["companions"] = _companions(ws, stack, project, new_version, release)
-            new_pin["upstream_requires"] = requirements_on_stack(stack, project, release)
-            missing = missing_targets(project, load_series(ws.series_dir(project)).patches,
-                                      release)
-            new_pin["layout"] = check_layout(list(ws.stacks().values()), stack, project,
-                                             new_version, release, missing)
-        stage("pre-flight")
-        target = stack if not new_stack else None
-        state = BumpState(
-            stack=target_stack, project=project.key, old_version=project.version,
-            new_version=new_version, new_pin=new_pin, created_stack=bool(new_stack),
-            declaration=str(ws.forks_dir / f"{target_stack}.toml"),
-            series_dir=str(ws.series_dir(project) if target else
-                           ws.root / "patches" / target_stack / project.key),
-            results=[], started=today(), source_stack=stack.name, phase="start",
-            command=command(
-                "bump", stack_name, project_key, revision,
-                *(["--new-stack", new_stack] if new_stack else []),
-                *(["--version", version] if version else []),
-                *(["--git-commit", git_commit] if git_commit else []),
-                *(["--allow-downgrade"] if allow_downgrade else [])))
-        files = [Path(state.declaration), report_path(ws, state),
-                 ws.root / "patches" / target_stack / "CHANGELOG.md"]
-        dirs = [Path(state.series_dir)] if target else [ws.root / "patches" / target_stack]
-        state.before, state.journaled_dirs = journal(ws.root, files, dirs)
-        shutil.rmtree(BumpState.directory(ws, state.stack, state.project), ignore_errors=True)
-        state.save(ws)  # from here on, --abort restores every file from the journal
-        stage("state saved")
-        return _resume(ws, state)
+            filename, sha256, _ = index_sdist(project, new)
+            new_pin["sdist"] = {"filename": filename, "sha256": sha256, "url": ""}
+        except SourceError:  # an unreleased commit: the sdist pin stays (unused by git)
+            new_pin["sdist"] = dataclasses.asdict(project.sdist_pin)
+    elif project.source == "wheel" or not _has_sdist(project, new):
+        # The published wheels are the input (a release without an sdist, as SGLang
+        # publishes since 0.5.11, switches an sdist source to them).
+        new_pin = _wheel_pin(project, new_version, git_commit)
+        first = WheelPin(**new_pin["wheels"][0])
+        release = wheel_release(download_wheel(
+            dataclasses.replace(project, version=new_version), first, ws.wheel_cache))
+    else:
+        filename, sha256, url = index_sdist(project, new)
+        probe = dataclasses.replace(
+            project, version=new_version,
+            sdist=SdistPin(filename=filename, sha256=sha256, url=url))
+        sdist = download_sdist(probe, ws.sdist_cache)
+        release = sdist_release(sdist)
+        commit = git_commit or commit_from_sdist(sdist)
+        if not commit:
+            raise MaintenanceError(
+                f"the git commit of {project.distribution} {new_version} is unknown",
+                fix="pass --git-commit SHA (the sdist records none and the upstream "
+                    "repository is not consulted)")
+        note = ("commit given with --git-commit" if git_commit else
+                "commit recorded in the sdist's own build metadata")
+        new_pin = {
+            "source": project.source,
+            "git": {"url": project.git_pin.url,
+                    "tag": project.git_pin.tag.replace(project.version, new_version)
+                    if project.version in project.git_pin.tag else f"v{new_version}",
+                    "commit": commit, "commit_verified": False,
+                    "note": f"{note}; not checked against the upstream repository"},
+            "sdist": {"filename": filename, "sha256": sha256, "url": ""}}
+    if release is not None:  # the new release's own facts, before a file is written
+        new_pin["companions"], companion_bumps = _companions(ws, scope, project,
+                                                             new_version, release)
+        new_pin["upstream_requires"] = requirements_on_stack(scope, project, release)
+        missing = missing_targets(project, load_series(ws.series_dir(project)).patches,
+                                  release)
+        new_pin["layout"] = check_layout(list(ws.stacks().values()), stack, project,
+                                         new_version, release, missing)
+    stage("pre-flight")
+    target = stack if not new_stack else None
+    state = BumpState(
+        stack=target_stack, project=project.key, old_version=project.version,
+        new_version=new_version, new_pin=new_pin, created_stack=bool(new_stack),
+        declaration=str(ws.forks_dir / f"{target_stack}.toml"),
+        series_dir=str(ws.series_dir(project) if target else
+                       ws.root / "patches" / target_stack / project.key),
+        results=[], started=today(), source_stack=stack.name, phase="start",
+        companion_bumps=companion_bumps, coordinated_with=coordinated_with,
+        command=command(
+            "bump", stack_name, project_key, revision,
+            *(["--new-stack", new_stack] if new_stack else []),
+            *(["--version", version] if version else []),
+            *(["--git-commit", git_commit] if git_commit else []),
+            *(["--allow-downgrade"] if allow_downgrade else [])))
+    files = [Path(state.declaration), report_path(ws, state),
+             ws.root / "patches" / target_stack / "CHANGELOG.md",
+             *(report_file(ws, target_stack, k, stack.project(k).version, v)
+               for k, v in companion_bumps.items())]
+    dirs = ([Path(state.series_dir),
+             *(ws.series_dir(stack.project(k)) for k in companion_bumps)] if target
+            else [ws.root / "patches" / target_stack])
+    state.before, state.journaled_dirs = journal(ws.root, files, dirs)
+    shutil.rmtree(BumpState.directory(ws, state.stack, state.project), ignore_errors=True)
+    state.save(ws)  # from here on, --abort restores every file from the journal
+    stage("state saved")
+    return _resume(ws, state)
+
+
+def _has_sdist(project: Project, version: Version) -> bool:
+    """Whether the index has an sdist of ``version`` (a release with wheels only has not;
+    one with neither is refused, naming the versions it has)."""
+    try:
+        index_sdist(project, version)
+    except SourceError:
+        if not index_wheels(project, version):
+            raise
+        return False
+    return True
 
 
 def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
-                release: Release) -> dict[str, dict[str, Any]]:
-    """The new pins of the projects the new release pins at another version (its
-    coordinated projects), each at the version it pins: one with an empty series ships
-    that release's published wheels; one with patches is refused (bump it alone first)."""
-    out: dict[str, dict[str, Any]] = {}
+                release: Release) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The projects the new release pins at another version (its coordinated projects),
+    each moved to the version it pins: (new pins of those that ship as published, which
+    this bump's declaration edit writes; versions of those with patches, each bumped with
+    its series first, as a bump of its own that this one waits for)."""
+    pins: dict[str, dict[str, Any]] = {}
+    bumps: dict[str, str] = {}
     for move in coordinated_moves(stack, project, release):
         other = move.project
-        series = load_series(ws.series_dir(other))
-        if series.patches or not (other.source == "wheel" or other.wheels):
-            raise MaintenanceError(
-                f"{project.distribution} {new_version} requires "
-                f"{move.requirement}; the stack pins {other.distribution} {other.version}, "
-                f"whose series ({len(series.patches)} patch(es)) a bump of {project.key} "
-                "does not carry", where=f"{stack.name}/{other.key}",
-                fix=f"bump {other.key} with its series first: "
-                    f"`{command('bump', stack.name, other.key, move.version)}`, then this "
-                    "bump")
+        if load_series(ws.series_dir(other)).patches or not (
+                other.source == "wheel" or other.wheels):
+            bumps[other.key] = move.version
+            continue
         pin = _wheel_pin(other, move.version, None)
         pin["source"] = other.source
         pin["version"] = move.version
         pin["requirement"] = str(move.requirement)
-        out[other.key] = pin
-    return out
+        pins[other.key] = pin
+    return pins, bumps
 
 
 def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> dict[str, Any]:
@@ -311,6 +344,32 @@ def _start(ws: Workspace, state: BumpState) -> None:
         shutil.copytree(ws.series_dir(project), series_before)
         os.replace(old_tree.path, pre)
         stage("old tree kept")
+    state.phase = "companions" if state.companion_bumps else "new-tree"
+    state.save(ws)
+
+
+def _bump_companions(ws: Workspace, state: BumpState) -> None:
+    """Bump each coordinated project that carries patches to the version the new release
+    pins, with its series (a bump of its own: a conflict stops there, with its own
+    --continue / --skip / --abort, and this bump's --continue goes on after it)."""
+    resume = command("bump", state.stack, state.project, "--continue")
+    for key, version in state.companion_bumps.items():
+        pending = BumpState.load(ws, state.stack, key)
+        current = ws.stack(state.stack, strict=False).project(key)
+        if pending is None and Version(current.version) == Version(version):
+            continue  # done (by this bump, or by hand)
+        try:
+            if pending is not None:
+                _resume(ws, pending)
+            else:
+                _bump(ws, state.stack, key, version, allow_downgrade=True,
+                      coordinated_with=state.project)
+        except MaintenanceError as exc:
+            exc.fix = (f"{exc.fix}; once {key} is done, `{resume}` goes on with "
+                       f"{state.project} {state.new_version}" if exc.fix else
+                       f"`{resume}` goes on with {state.project} {state.new_version}")
+            raise
+        stage("companion bumped")
     state.phase = "new-tree"
     state.save(ws)
 
@@ -348,6 +407,8 @@ def _conflict_message(state: BumpState, patch: Patch, repo: Git, tree: str) -> s
 def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResult:
     if state.phase == "start":
         _start(ws, state)
+    if state.phase == "companions":
+        _bump_companions(ws, state)
     stack = ws.stack(state.stack, strict=False)
     project = stack.project(state.project)
     if state.phase == "new-tree" or not state.head:
@@ -505,12 +566,13 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
                                 description=_description(ws, stack, project, state, empty)
                                 if state.created_stack else "")
     check_declaration(declaration, decl, fix=command("bump", state.stack, state.project,
-                                                     "--abort"))
+                                                     "--abort"),
+                      pins=not state.coordinated_with)
     refreshed = export_series(repo, series_dir, stack=stack.name, project=project.key)
     stage("series exported")
     atomic_write_text(declaration, decl)
     stage("declaration written")
-    stack = ws.stack(stack.name)
+    stack = ws.stack(stack.name, strict=not state.coordinated_with)
     project = stack.project(project.key)
     base = repo("rev-parse", UPSTREAM_TAG, quiet=True)
     reapply_series(ws, stack, project, repo, base)
@@ -583,41 +645,46 @@ def bump_abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
     report, changelog) put back byte for byte from the journal in its state; the report
     last, once everything else is back.  Loads no stack: it works whatever the pins say."""
     with ws.lock():
-        state = BumpState.load(ws, stack_name, project_key)
-        if state is None:
-            raise MaintenanceError("no bump in progress", where=f"{stack_name}/{project_key}")
-        work = ws.trees_dir / state.stack / state.project
-        pre = ws.trees_dir / state.stack / f"{state.project}@pre-bump"
-        if pre.exists():
-            shutil.rmtree(work, ignore_errors=True)
-            os.replace(pre, work)
-        if state.created_stack:
-            shutil.rmtree(work, ignore_errors=True)
-            with contextlib.suppress(OSError):  # the stack's folder, when nothing else is left
-                work.parent.rmdir()
-        d = BumpState.directory(ws, stack_name, project_key)
-        if not state.before and state.created_stack:  # started by an older toolkit
-            state.before = {_rel(ws, Path(state.declaration)): None,
-                            _rel(ws, report_path(ws, state)): None}
-            state.journaled_dirs = [f"patches/{state.stack}"]
-        elif not state.before and (d / "declaration.toml").is_file():
-            # Started by an older toolkit, which kept copies instead of a journal.
-            state.before, state.journaled_dirs = journal(
-                ws.root, [Path(state.declaration), report_path(ws, state)],
-                [Path(state.series_dir)])
-            state.before[_rel(ws, Path(state.declaration))] = _b64(d / "declaration.toml")
-            state.before[_rel(ws, report_path(ws, state))] = (
-                _b64(d / "report.md") if (d / "report.md").is_file() else None)
-            for key in [k for k in state.before if k.startswith(
-                    f"{_rel(ws, Path(state.series_dir))}/")]:
-                del state.before[key]
-            for f in sorted((d / "series").rglob("*")):
-                if f.is_file():
-                    rel = (Path(state.series_dir) / f.relative_to(d / "series"))
-                    state.before[_rel(ws, rel)] = _b64(f)
-        restore(ws.root, state.before, state.journaled_dirs,
-                last=[report_path(ws, state).relative_to(ws.root).as_posix()])
-        shutil.rmtree(BumpState.directory(ws, stack_name, project_key), ignore_errors=True)
-        return AbortResult(stack=state.stack, project=state.project,
-                           restored_version=state.old_version,
-                           removed_stack=state.created_stack)
+        return _abort(ws, stack_name, project_key)
+
+
+def _abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
+    state = BumpState.load(ws, stack_name, project_key)
+    if state is None:
+        raise MaintenanceError("no bump in progress", where=f"{stack_name}/{project_key}")
+    for key in state.companion_bumps:  # a coordinated bump it started, stopped part-way
+        if BumpState.load(ws, state.stack, key) is not None:
+            _abort(ws, state.stack, key)
+    work = ws.trees_dir / state.stack / state.project
+    pre = ws.trees_dir / state.stack / f"{state.project}@pre-bump"
+    if pre.exists():
+        shutil.rmtree(work, ignore_errors=True)
+        os.replace(pre, work)
+    if state.created_stack:  # every fork tree of the new stack (coordinated ones too)
+        shutil.rmtree(ws.trees_dir / state.stack, ignore_errors=True)
+    d = BumpState.directory(ws, stack_name, project_key)
+    if not state.before and state.created_stack:  # started by an older toolkit
+        state.before = {_rel(ws, Path(state.declaration)): None,
+                        _rel(ws, report_path(ws, state)): None}
+        state.journaled_dirs = [f"patches/{state.stack}"]
+    elif not state.before and (d / "declaration.toml").is_file():
+        # Started by an older toolkit, which kept copies instead of a journal.
+        state.before, state.journaled_dirs = journal(
+            ws.root, [Path(state.declaration), report_path(ws, state)],
+            [Path(state.series_dir)])
+        state.before[_rel(ws, Path(state.declaration))] = _b64(d / "declaration.toml")
+        state.before[_rel(ws, report_path(ws, state))] = (
+            _b64(d / "report.md") if (d / "report.md").is_file() else None)
+        for key in [k for k in state.before if k.startswith(
+                f"{_rel(ws, Path(state.series_dir))}/")]:
+            del state.before[key]
+        for f in sorted((d / "series").rglob("*")):
+            if f.is_file():
+                rel = (Path(state.series_dir) / f.relative_to(d / "series"))
+                state.before[_rel(ws, rel)] = _b64(f)
+    restore(ws.root, state.before, state.journaled_dirs,
+            last=[report_path(ws, state).relative_to(ws.root).as_posix()])
+    shutil.rmtree(BumpState.directory(ws, stack_name, project_key), ignore_errors=True)
+    return AbortResult(stack=state.stack, project=state.project,
+                       restored_version=state.old_version,
+                       removed_stack=state.created_stack)

@@ -108,7 +108,7 @@ def _project_tables(text: str, key: str) -> str:
     return "".join(out)
 
 
-def _closure(stack: Stack, project: Project) -> list[Project]:
+def closure(stack: Stack, project: Project) -> list[Project]:
     """``project`` and the projects it requires, directly or not, in the stack's order."""
     wanted = {project.key}
     todo = [project]
@@ -141,7 +141,7 @@ def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> S
     create_stack_check(ws, name)
     target = ws.forks_dir / f"{name}.toml"
     series_root = ws.root / "patches" / name
-    copied = _closure(source, project)
+    copied = closure(source, project)
     data = tomllib.loads(source.path.read_text(encoding="utf-8"))["projects"]
     doc = tomlkit.document()
     doc.add(tomlkit.comment(f"Made by `bump --new-stack {name}` from stack {source.name}: "
@@ -157,13 +157,14 @@ def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> S
     return ws.stack(name, strict=False)
 
 
-def check_declaration(path: Path, text: str, *, fix: str) -> None:
-    """Refuse to write ``text`` as the declaration ``path`` unless it loads, pins agreeing."""
+def check_declaration(path: Path, text: str, *, fix: str, pins: bool = True) -> None:
+    """Refuse to write ``text`` as the declaration ``path`` unless it loads (and, with
+    ``pins``, its pins agree)."""
     with tempfile.TemporaryDirectory(prefix="sm120fork-decl-") as tmp:
         trial = Path(tmp) / path.name
         trial.write_text(text, encoding="utf-8")
         try:
-            load_stack(trial)
+            load_stack(trial, strict=pins)
         except ConfigError as exc:
             raise MaintenanceError(
                 f"the new pins would not load: {exc.what}",

@@ -22,9 +22,12 @@ def _md_escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def report_file(ws: Workspace, stack: str, project: str, old: str, new: str) -> Path:
+    return ws.reports_dir / "bump" / f"{stack}-{project}-{old}-to-{new}.md"
+
+
 def report_path(ws: Workspace, state: BumpState) -> Path:
-    return (ws.reports_dir / "bump" /
-            f"{state.stack}-{state.project}-{state.old_version}-to-{state.new_version}.md")
+    return report_file(ws, state.stack, state.project, state.old_version, state.new_version)
 
 
 def _table(results: Sequence[Classification]) -> list[str]:

@@ -77,6 +77,11 @@ class BumpState:
     command: str = ""
     #: The stack a ``--new-stack`` bump copies (its pins are the starting point).
     source_stack: str = ""
+    #: Coordinated projects with patches, bumped (each as a bump of its own) to the
+    #: version the new release pins before this one goes on: key -> version.
+    companion_bumps: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: For such a bump: the project whose bump moves this one (pins agree once it ends).
+    coordinated_with: str = ""
     #: Every patch classified against the new upstream before any was applied.
     preview: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     #: The journal ``--abort`` restores from: each file the bump may write (relative to

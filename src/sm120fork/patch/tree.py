@@ -122,7 +122,8 @@ def other_series(ws: Workspace, stack: Stack, project: Project, series: Series) 
     """
     work = ws.work_tree(stack, project)
     state = read_state(work) if work.exists() else None
-    if state is None or not state.complete or state.series == series.digest:
+    if state is None or not state.complete or state.series == series.digest or (
+            state.source != source_key(project)):  # another pin: remade, never reused
         return None
     made, now = list(state.applied), series.names()
     if made == now:
