@@ -225,7 +225,7 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     console.print(table)
     r = result.refresh
     kept = len(r.added) + len(r.changed) + len(r.unchanged)
-    project = ws.stack(result.stack).project(result.project)
+    project = ws.stack(result.stack, strict=False).project(result.project)
     for line in outcome_lines(project, result.old_version, result.new_version,
                               result.classifications, kept, result.used_as_published):
         console.print(line, markup=False, soft_wrap=True)
