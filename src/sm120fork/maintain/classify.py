@@ -37,14 +37,6 @@ def _applies(repo: Git, patch: Patch, env: Mapping[str, str] | None, *extra: str
     return True
 
 
-def _in_tree(repo: Git, path: str) -> bool:
-    try:
-        repo("cat-file", "-e", f"HEAD:{path}", quiet=True)
-    except CommandError:
-        return False
-    return True
-
-
 def classify(repo: Git, patch: Patch, new_version: Version,
              env: Mapping[str, str] | None = None) -> tuple[str, list[str]]:
     """Classify one patch against the work tree (or, with ``env``, a scratch index).
@@ -65,7 +57,7 @@ def classify(repo: Git, patch: Patch, new_version: Version,
     if _applies(repo, patch, env, "--reverse"):
         return UPSTREAMED_IDENTICALLY, ["does not apply; reverse-applies cleanly"]
     evidence = ["does not apply, does not reverse-apply", *match.evidence]
-    missing = [f for f in patch.files if not _in_tree(repo, f) and
+    missing = [f for f in patch.files if not repo.exists("HEAD", f) and
                f"--- a/{f}\n" in patch.path.read_text(encoding="utf-8", errors="replace")]
     if missing:
         return TARGET_MISSING, [*evidence, f"not in {new_version}: {', '.join(missing)} "
