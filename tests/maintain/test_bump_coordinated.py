@@ -17,7 +17,7 @@ import pytest
 
 import sm120fork.maintain.state as bump_state
 from sm120fork.errors import MaintenanceError
-from sm120fork.maintain.bump import bump, bump_abort
+from sm120fork.maintain.bump import bump, bump_abort, bump_continue
 from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 
@@ -250,3 +250,34 @@ def test_aborting_a_coordinated_bump_undoes_the_project_it_moved_too(
     assert snapshot(rel.ws.root) == before
     assert not report.exists()
     assert rel.ws.stack(STACK).project("flashinfer").version == "0.7.2"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recover", ["continue", "abort"])
+@pytest.mark.parametrize("step", ["state saved", "stack created", "old tree kept",
+                                  "new tree made", "declaration written"])
+def test_a_new_stack_bump_interrupted_at_each_step_recovers(
+        rel: Releases, monkeypatch: pytest.MonkeyPatch, step: str, recover: str) -> None:
+    """The new stack's copy is written after the journal: interrupted at any step,
+    ``--abort`` leaves no trace of it and ``--continue`` finishes it."""
+    before = snapshot(rel.ws.root)
+
+    def interrupt(name: str) -> None:
+        if name == step:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(bump_state, "stage_hook", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        bump(rel.ws, STACK, "sglang", "0.5.24", new_stack="sg-next")
+    monkeypatch.setattr(bump_state, "stage_hook", None)
+    if recover == "abort":
+        bump_abort(rel.ws, "sg-next", "sglang")
+        assert snapshot(rel.ws.root) == before
+        assert not (rel.ws.trees_dir / "sg-next").exists()
+        assert not (rel.ws.reports_dir / "bump").exists() or not any(
+            (rel.ws.reports_dir / "bump").iterdir())
+        return
+    result = bump_continue(rel.ws, "sg-next", "sglang")
+    assert [c.verdict for c in result.classifications] == ["still needed"]
+    assert rel.ws.stack("sg-next").project("flashinfer").version == "0.7.3"
+    assert {k: v for k, v in snapshot(rel.ws.root).items() if k in before} == before
