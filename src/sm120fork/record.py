@@ -499,15 +499,27 @@ def read(path: Path, *, shown: str | None = None) -> Record:
 # --------------------------------------------------------------------------- summary
 
 
+def _counted(record: Record) -> str:
+    """The outcomes, per variant where the run compared several (an A/B's baseline fails
+    where the patched build passes: one sum of both would read as failures of the build)."""
+    def line(c: dict[str, int]) -> str:
+        return f"{c['pass']} pass, {c['fail']} fail, {c['skip']} skip, {c['error']} error"
+
+    variants = list(dict.fromkeys(c.variant for c in record.cases))
+    if len(variants) < 2:
+        return line(record.counts)
+    return "; ".join(
+        f"{v}{' (baseline)' if v in BASELINE_VARIANTS else ''}: "
+        + line(tally(c for c in record.cases if c.variant == v)) for v in variants)
+
+
 def summary(record: Record) -> str:
     """The short markdown a person reads beside the record."""
     kind = KINDS[record.kind]
-    c = record.counts
     title = f"{record.stack}: {record.kind}" + (f" ({record.subject})" if record.subject else "")
     lines = [f"# {title}", "", f"{kind.description[0].upper()}{kind.description[1:]}.", "",
-             f"- Verdict: **{record.verdict}** ({c['pass']} pass, {c['fail']} fail, "
-             f"{c['skip']} skip, {c['error']} error; {len(record.cases)} of {record.planned} "
-             "planned cases ran)",
+             f"- Verdict: **{record.verdict}** ({_counted(record)}; {len(record.cases)} of "
+             f"{record.planned} planned cases ran)",
              f"- Command: `{record.command}`",
              f"- Made: {record.created} by sm120fork {record.toolkit}",
              f"- Machine: {record.machine.description}"

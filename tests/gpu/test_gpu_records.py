@@ -140,3 +140,27 @@ def test_a_layer_run_of_a_stack_is_a_record_unfinished_until_every_case_ran() ->
     assert (whole.kind, whole.verdict, whole.counts["fail"]) == ("sglang-layer", "fail", 1)
     assert whole.cases[1].detail == "rank 1 hung"
     assert records.layer_record(**{**common, "made": {}}, outcomes=[]) is None
+
+
+def test_an_ab_of_the_flashinfer_wheel_tested_none_of_the_sglang_series() -> None:
+    """The A/B runs the stack's FlashInfer wheel only: a change to an SGLang patch must not
+    make its record stale, so the record names FlashInfer's trees and patches alone."""
+    tested = {"trees": [*TESTED["trees"], {"project": "sglang", "tree": "e" * 40}],
+              "patches": [*TESTED["patches"],
+                          {"project": "sglang", "patch": "0001-S1.patch", "patch_id": "f" * 40}]}
+    rec = records.test_record(_doc([_rec("a", "pass")], [_rec("a", "fail")]), tested)
+    assert rec is not None
+    assert rec.tested.projects == ("flashinfer",)
+    assert {p.project for p in rec.tested.patches} == {"flashinfer"}
+    assert {t.project for t in rec.tested.trees} == {"flashinfer"}
+
+
+def test_an_ab_summary_counts_each_variant_apart() -> None:
+    """'pass (279 pass, 95 fail, ...)' summed the baseline's failures into the verdict line."""
+    doc = _doc([_rec("a", "pass"), _rec("b", "pass")],
+               [_rec("a", "fail", reason="wrong sum"), _rec("b", "pass")])
+    rec = records.test_record(doc, TESTED)
+    assert rec is not None
+    verdict = next(line for line in record.summary(rec).splitlines() if "Verdict" in line)
+    assert "patched: 2 pass, 0 fail" in verdict
+    assert "upstream (baseline): 1 pass, 1 fail" in verdict

@@ -90,6 +90,21 @@ def _detail(rec: Mapping[str, Any]) -> str:
     return " ".join(str(rec.get("reason") or rec["status"]).split())[:200]
 
 
+def _tested(wheels: Sequence[record.TestedWheel], tested: Mapping[str, Any] | None
+            ) -> record.Tested:
+    """What a run tested: its wheels, and the trees and patches of the projects whose
+    build it ran (an A/B of the FlashInfer wheel tested none of the SGLang series, so a
+    change there does not make its record stale)."""
+    tested = tested or {}
+    ran = {w.project for w in wheels if w.variant not in record.BASELINE_VARIANTS}
+    return record.Tested(
+        wheels=tuple(wheels),
+        trees=tuple(record.TestedTree(**t) for t in tested.get("trees", ())
+                    if t["project"] in ran),
+        patches=tuple(record.TestedPatch(**p) for p in tested.get("patches", ())
+                      if p["project"] in ran))
+
+
 def test_record(doc: Mapping[str, Any], tested: Mapping[str, Any] | None
                 ) -> record.Record | None:
     """The record of a ``gpu test`` run (its test-ab.json document), or None when its
@@ -126,15 +141,11 @@ def test_record(doc: Mapping[str, Any], tested: Mapping[str, Any] | None
         else []
     if doc.get("shared"):
         notes.append("ranks shared GPUs: correctness only, timings mean nothing")
-    tested = tested or {}
     return record.make(
         kind="gpu-test", stack=stack, command=doc["command"], created=doc["created"],
         toolkit=__version__, machine=_machine(doc.get("environment", {}),
                                               bool(doc.get("shared"))),
-        tested=record.Tested(
-            wheels=tuple(wheels),
-            trees=tuple(record.TestedTree(**t) for t in tested.get("trees", ())),
-            patches=tuple(record.TestedPatch(**p) for p in tested.get("patches", ()))),
+        tested=_tested(wheels, tested),
         planned=planned, cases=tuple(cases), not_run=tuple(doc.get("not_run") or ()),
         notes=tuple(notes))
 
@@ -150,7 +161,6 @@ def layer_record(*, made: Mapping[str, Any], tested: Mapping[str, Any] | None,
     if not stack:
         return None
     gpus = tuple(str(g) for g in machine.get("gpus") or ())
-    tested = tested or {}
     return record.make(
         kind="sglang-layer", stack=stack, command=command, created=created,
         toolkit=__version__,
@@ -158,13 +168,9 @@ def layer_record(*, made: Mapping[str, Any], tested: Mapping[str, Any] | None,
             description=f"{gpus[0]} x{len(gpus)}" if gpus else "CPU ranks (no GPU)",
             gpus=gpus, torch=machine.get("torch"), cuda=machine.get("cuda"),
             cpus=os.cpu_count()),
-        tested=record.Tested(
-            wheels=tuple(record.TestedWheel(variant="patched", project=str(m["project"]),
-                                            file=str(m["wheel"]),
-                                            sha256=str(m["wheel_sha256"]))
-                         for m in made.get("made_from", ())),
-            trees=tuple(record.TestedTree(**t) for t in tested.get("trees", ())),
-            patches=tuple(record.TestedPatch(**p) for p in tested.get("patches", ()))),
+        tested=_tested([record.TestedWheel(variant="patched", project=str(m["project"]),
+                                           file=str(m["wheel"]), sha256=str(m["wheel_sha256"]))
+                        for m in made.get("made_from", ())], tested),
         planned=len(planned),
         cases=tuple(record.Case(
             id=o.case, variant="patched", outcome="pass" if o.passed else "fail",
