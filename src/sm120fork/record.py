@@ -502,7 +502,7 @@ def read(path: Path, *, shown: str | None = None) -> Record:
 def _counted(record: Record) -> str:
     """The outcomes, per variant where the run compared several (an A/B's baseline fails
     where the patched build passes: one sum of both would read as failures of the build)."""
-    def line(c: dict[str, int]) -> str:
+    def line(c: Mapping[str, int]) -> str:
         return f"{c['pass']} pass, {c['fail']} fail, {c['skip']} skip, {c['error']} error"
 
     variants = list(dict.fromkeys(c.variant for c in record.cases))
