@@ -164,3 +164,19 @@ def test_an_ab_summary_counts_each_variant_apart() -> None:
     verdict = next(line for line in record.summary(rec).splitlines() if "Verdict" in line)
     assert "patched: 2 pass, 0 fail" in verdict
     assert "upstream (baseline): 1 pass, 1 fail" in verdict
+
+
+def test_a_regressed_case_fails_the_run_and_a_case_not_run_leaves_it_unfinished() -> None:
+    """Moved from gpu.report.to_record's test when that second converter went."""
+    doc = _doc([_rec("a", "pass"), _rec("b", "fail", reason="wrong sum")],
+               [_rec("a", "pass"), _rec("b", "pass")])
+    rec = records.test_record(doc, TESTED)
+    assert rec is not None
+    assert rec.verdict == "fail"
+    assert [c.against for c in rec.cases if c.variant == "patched"] == ["pass-both",
+                                                                        "regressed"]
+    assert record.from_json(json.loads(record.dumps(rec)), "x") == rec
+    doc["results"]["patched"][1] = _rec("b", "skip", reason="no", not_run=True)
+    rec = records.test_record(doc, TESTED)
+    assert rec is not None
+    assert rec.verdict == "unfinished"  # a planned case did not run

@@ -157,25 +157,3 @@ def test_test_command_whose_module_build_fails_reports_every_case_as_a_build_fai
     assert (out / "logs").is_dir()
     assert "unfinished: 3 planned case runs never ran" in capsys.readouterr().err
 
-
-def test_an_ab_document_becomes_a_record_of_the_tested_variant() -> None:
-    from sm120fork.record import TestedPatch, dumps, from_json
-
-    doc = {**_test_doc(), "stack": "demo", "created": "2026-12-02T17:57:35+00:00",
-           "command": "python -m sm120fork.gpu test --quick --out <out>",
-           "made_from": [{"project": "lib", "wheel": "p.whl", "wheel_sha256": "ab" * 32}]}
-    patch = TestedPatch(project="lib", patch="0001-x.patch", patch_id="12" * 20)
-    rec = report.to_record(doc, patches=[patch])
-    assert (rec.kind, rec.stack, rec.planned, rec.finished) == ("gpu-test", "demo", 4, True)
-    assert rec.verdict == "fail"  # the unified case regressed
-    assert [(c.outcome, c.against) for c in rec.cases] == [
-        ("pass", "fixed"), ("pass", "pass-both"), ("fail", "regressed"), ("skip", None)]
-    assert {(w.variant, w.project) for w in rec.tested.wheels} == {("patched", "lib"),
-                                                                  ("unpatched", "u.whl")}
-    assert rec.tested.patches == (patch,)
-    assert rec.machine.shared_gpu
-    assert from_json(json.loads(dumps(rec)), "x") == rec
-    doc["results"]["patched"][2] = _rec(
-        "fusion_unified/ar_rmsnorm/ws2/t8/h4096/bf16/oneshot/pdl0", "fusion_unified", 2,
-        "skip", reason="no", not_run=True)
-    assert report.to_record(doc).verdict == "unfinished"  # a planned case did not run
