@@ -10,6 +10,7 @@ too (:mod:`sm120fork.util.git`: GitPython's commands, through :func:`capture` an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -17,7 +18,7 @@ import signal
 import subprocess
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -107,21 +108,11 @@ def run(
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
-    if _ending.is_set():
-        raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
-    try:
-        child = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
-                                 stdin=subprocess.PIPE if input is not None else None,
-                                 stderr=subprocess.STDOUT if on_line else subprocess.PIPE,
-                                 text=True, encoding="utf-8", errors="replace",
-                                 start_new_session=True)
-    except FileNotFoundError as exc:
-        raise CommandError(
-            f"command not found: {argv[0]}", fix="install it or put it on PATH"
-        ) from exc
-    with _children_lock:
-        _children.add(child)
-    try:
+    child = _start(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+                   stdin=subprocess.PIPE if input is not None else None,
+                   stderr=subprocess.STDOUT if on_line else subprocess.PIPE,
+                   text=True, encoding="utf-8", errors="replace")
+    with _waiting(child, argv, timeout):
         if on_line is not None and child.stdout is not None:
             lines: list[str] = []
             with child.stdout:
@@ -132,6 +123,42 @@ def run(
             child.wait(timeout)
         else:
             stdout, stderr = child.communicate(input, timeout=timeout)
+    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
+    if check and proc.returncode != 0:
+        output = _tail((proc.stdout or "") + "\n" + (proc.stderr or ""))
+        raise CommandError(
+            f"command failed with exit code {proc.returncode}: {shlex.join(argv)}",
+            where=str(cwd) if cwd else None,
+            detail=output,
+        )
+    return proc
+
+
+def _start(argv: list[str], *,
+           registry: weakref.WeakSet[subprocess.Popen[Any]] = _children,
+           **popen: Any) -> subprocess.Popen[Any]:
+    """Start ``argv`` leading its own process group, known to :func:`end_children`
+    (``popen``: :class:`subprocess.Popen`'s other arguments)."""
+    if _ending.is_set():
+        raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
+    try:
+        child = subprocess.Popen(argv, start_new_session=True, **popen)
+    except FileNotFoundError as exc:
+        raise CommandError(
+            f"command not found: {argv[0]}", fix="install it or put it on PATH"
+        ) from exc
+    with _children_lock:
+        registry.add(child)
+    return child
+
+
+@contextlib.contextmanager
+def _waiting(child: subprocess.Popen[Any], argv: list[str], timeout: float | None,
+             ) -> Iterator[None]:
+    """The wait on a started child: past ``timeout`` its group is killed and the wait is
+    a :class:`CommandError` saying so; an interrupted wait ends the child with us."""
+    try:
+        yield
     except subprocess.TimeoutExpired as exc:
         with _suppress_gone():
             os.killpg(child.pid, signal.SIGKILL)
@@ -147,34 +174,6 @@ def run(
     finally:
         with _children_lock:
             _children.discard(child)
-    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
-    if check and proc.returncode != 0:
-        output = _tail((proc.stdout or "") + "\n" + (proc.stderr or ""))
-        raise CommandError(
-            f"command failed with exit code {proc.returncode}: {shlex.join(argv)}",
-            where=str(cwd) if cwd else None,
-            detail=output,
-        )
-    return proc
-
-
-def _start_bytes(argv: list[str], *, cwd: Path | str | None, env: Mapping[str, str],
-                 stdin: IO[bytes] | int | None, stdout: IO[bytes] | int | None,
-                 stderr: IO[bytes] | int | None,
-                 registry: weakref.WeakSet[subprocess.Popen[Any]] = _children,
-                 ) -> subprocess.Popen[bytes]:
-    if _ending.is_set():
-        raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
-    try:
-        child = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout,
-                                 stderr=stderr, start_new_session=True)
-    except FileNotFoundError as exc:
-        raise CommandError(
-            f"command not found: {argv[0]}", fix="install it or put it on PATH"
-        ) from exc
-    with _children_lock:
-        registry.add(child)
-    return child
 
 
 def spawn(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = None,
@@ -187,8 +186,10 @@ def spawn(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = Non
     Silent, unchecked: the caller echoes, waits and judges.  Like every child of the
     runner it leads its own process group and :func:`end_children` ends it (without
     counting it among the commands it ended: it is a reader, not a step of the work)."""
-    return _start_bytes([os.fspath(c) for c in cmd], cwd=cwd, env=env, stdin=stdin,
-                        stdout=stdout, stderr=stderr, registry=_helpers)
+    child: subprocess.Popen[bytes] = _start(
+        [os.fspath(c) for c in cmd], cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout,
+        stderr=stderr, registry=_helpers)
+    return child
 
 
 def capture(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = None,
@@ -201,27 +202,12 @@ def capture(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = N
     output may be binary, and GitPython decides what a failure is).  Interrupting the
     wait, or :func:`end_children`, ends the child with its process group."""
     argv = [os.fspath(c) for c in cmd]
-    child = _start_bytes(argv, cwd=cwd, env=env,
-                         stdin=subprocess.PIPE if input is not None else
-                         (subprocess.DEVNULL if stdin is None else stdin),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    child = _start(argv, cwd=cwd, env=dict(env),
+                   stdin=subprocess.PIPE if input is not None else
+                   (subprocess.DEVNULL if stdin is None else stdin),
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with _waiting(child, argv, timeout):
         stdout, stderr = child.communicate(input, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        with _suppress_gone():
-            os.killpg(child.pid, signal.SIGKILL)
-        child.communicate()
-        error = CommandError(f"timed out after {timeout}s: {shlex.join(argv)}")
-        error.timed_out = True
-        raise error from exc
-    except BaseException:  # interrupted while waiting here: the child ends with us
-        with _suppress_gone():
-            os.killpg(child.pid, signal.SIGTERM)
-        _reap(child, 5.0)
-        raise
-    finally:
-        with _children_lock:
-            _children.discard(child)
     return subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
 
 
