@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers_proc import alive, ended, pids_written, sleeping_hook
 from sm120fork.errors import EXIT_INTERRUPTED, CommandError
 from sm120fork.package.stack import remove_leftovers
 from sm120fork.util import proc
@@ -44,14 +45,6 @@ sys.exit(main(["--root", sys.argv[1], "build"]))
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _start_slow_build(demo: DemoWorkspace, tmp_path: Path) -> tuple[subprocess.Popen[str],
                                                                      list[int]]:
     mark = tmp_path / "sleeping"
@@ -79,7 +72,7 @@ def test_sigterm_to_the_toolkit_alone_ends_child_builds_and_cleans_up(tmp_path: 
     assert len(lines) == 1
     assert lines[0].endswith("interrupted: build stopped, 2 running command(s) ended; its "
                              "temporary folders are removed")
-    assert not any(_alive(pid) for pid in sleepers)
+    assert not any(alive(pid) for pid in sleepers)
     assert not list(Path(tempfile.gettempdir()).glob(f"sm120fork-{run.pid}-build-*"))
     assert not [p for p in demo.ws.state_dir.iterdir() if p.name.startswith(".sm120fork-")]
     assert not demo.ws.stack_wheels(STACK).exists()
@@ -145,9 +138,7 @@ def test_ending_children_also_stops_a_running_git_am(tmp_path: Path) -> None:
     patch.write_text(repo("format-patch", "--stdout", "HEAD~1", strip=False))
     repo("reset", "-q", "--hard", "HEAD~1")
     hook_pid = tmp_path / "hook.pid"
-    hook = repo.path / ".git" / "hooks" / "applypatch-msg"
-    hook.write_text(f"#!/bin/sh\necho $$ > {hook_pid}\nexec sleep 600\n")
-    hook.chmod(0o755)
+    sleeping_hook(repo.path / ".git", hook_pid)
     errors: list[CommandError] = []
 
     def am() -> None:
@@ -159,21 +150,13 @@ def test_ending_children_also_stops_a_running_git_am(tmp_path: Path) -> None:
     thread = threading.Thread(target=am)
     thread.start()
     try:
-        for _ in range(1200):  # a hang guard, not a timing assertion
-            if hook_pid.is_file() and hook_pid.read_text().strip():
-                break
-            time.sleep(0.05)
-        pid = int(hook_pid.read_text())
+        (pid,) = pids_written(hook_pid)
         assert proc.end_children() == 1
         thread.join(60)
         assert not thread.is_alive()
         assert errors
         assert "git am" in errors[0].what
-        for _ in range(200):
-            if not _alive(pid):
-                break
-            time.sleep(0.05)
-        assert not _alive(pid), "git am's hook still runs"
+        assert ended(pid), "git am's hook still runs"
     finally:
         proc.allow_children()
 
@@ -201,19 +184,11 @@ def test_a_process_group_is_ended_whole_by_ctrl_c_and_by_its_with_block(tmp_path
             for mark in marks:
                 group.start([sys.executable, "-c", child, str(mark)], env=os.environ,
                             stdout=subprocess.DEVNULL)
-            for _ in range(1200):  # a hang guard, not a timing assertion
-                if all(m.is_file() and m.read_text() for m in marks):
-                    break
-                time.sleep(0.05)
-            grandchildren = [int(m.read_text()) for m in marks]
+            grandchildren = pids_written(*marks)
             assert proc.end_children() == 2
             assert group.poll() == [-signal.SIGTERM, -signal.SIGTERM]
         for pid in grandchildren:
-            for _ in range(200):
-                if not _alive(pid):
-                    break
-                time.sleep(0.05)
-            assert not _alive(pid)
+            assert ended(pid)
     finally:
         proc.allow_children()
     with proc.ProcessGroup() as group:

@@ -9,12 +9,12 @@ import logging
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import git as gitpython
 import pytest
 
+from helpers_proc import ended, pids_written, sleeping_hook
 from sm120fork.errors import CommandError
 from sm120fork.util import proc
 from sm120fork.util.git import FIXED_DATE, Git, GitError, Repo, RunnerGit
@@ -130,14 +130,6 @@ def test_gitpythons_object_reads_run_under_the_runner_and_leave_nothing_running(
         assert not [p for p in proc._children if p.poll() is None]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_sigterm_to_git_am_through_gitpython_stops_it_and_its_hook(tmp_path: Path) -> None:
     """A ``git am`` started through GitPython's own API (``repo.git.am``) is the runner's
     child: ending the children (the toolkit's Ctrl-C and SIGTERM handler) ends it and the
@@ -147,9 +139,7 @@ def test_sigterm_to_git_am_through_gitpython_stops_it_and_its_hook(tmp_path: Pat
     patch.write_text(repo("format-patch", "--stdout", "upstream..HEAD", strip=False))
     repo("reset", "-q", "--hard", "upstream")
     hook_pid = tmp_path / "hook.pid"
-    hook = Path(repo.repo.git_dir) / "hooks" / "applypatch-msg"
-    hook.write_text(f"#!/bin/sh\necho $$ > {hook_pid}\nexec sleep 600\n")
-    hook.chmod(0o755)
+    sleeping_hook(Path(repo.repo.git_dir), hook_pid)
     errors: list[BaseException] = []
 
     def am() -> None:
@@ -161,11 +151,7 @@ def test_sigterm_to_git_am_through_gitpython_stops_it_and_its_hook(tmp_path: Pat
     thread = threading.Thread(target=am)
     thread.start()
     try:
-        for _ in range(1200):  # a hang guard, not a timing assertion
-            if hook_pid.is_file() and hook_pid.read_text().strip():
-                break
-            time.sleep(0.05)
-        pid = int(hook_pid.read_text())
+        (pid,) = pids_written(hook_pid)
         with proc._children_lock:
             (child,) = [p for p in proc._children if p.poll() is None]
         assert list(child.args)[:2] == ["git", "am"]  # type: ignore[arg-type]
@@ -175,10 +161,6 @@ def test_sigterm_to_git_am_through_gitpython_stops_it_and_its_hook(tmp_path: Pat
         (err,) = errors
         assert isinstance(err, GitError)
         assert err.status == -signal.SIGTERM
-        for _ in range(200):
-            if not _alive(pid):
-                break
-            time.sleep(0.05)
-        assert not _alive(pid), "git am's hook still runs"
+        assert ended(pid), "git am's hook still runs"
     finally:
         proc.allow_children()
