@@ -227,3 +227,28 @@ def pack_release(out: Path, name: str, version: str, files: dict[str, str],
     subprocess.run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(out), str(root)],
                    check=True, capture_output=True, env={"SOURCE_DATE_EPOCH": "1700000000"})
     return out / f"{pkg}-{version}-py3-none-any.whl"
+
+
+def sglang_toolkit(tmp_path: Path, stack: str, toml: str, files: dict[str, str],
+                   gate_file: str, extra_fields: str = "") -> Path:
+    """A toolkit checkout (``tmp_path/toolkit``) whose stack ``stack`` (``toml``) carries
+    one SGLang patch, G1 (``(9, 10)`` -> ``(9, 10, 12)`` in ``gate_file``), made on the
+    upstream repository as the series author has it (``files`` under python/), and an
+    empty FlashInfer series."""
+    repo = tmp_path / "sglang-repo"
+    for rel, text in files.items():
+        (repo / "python" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "python" / rel).write_text(text)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "release 0.5.23")
+    root = tmp_path / "toolkit"
+    (root / "forks").mkdir(parents=True)
+    (root / "forks" / f"{stack}.toml").write_text(toml)
+    write_series(root / "patches" / stack / "flashinfer", [])
+    series = root / "patches" / stack / "sglang"
+    patch = make_patch(repo, series, "G1 layer_boundary: allow the fused path on 12", {
+        f"python/{gate_file}": ("(9, 10)", "(9, 10, 12)  # sm12x")},
+        f"python/{gate_file}: (9, 10, 12)  # sm12x", extra_fields=extra_fields)
+    write_series(series, [patch.name])
+    return root

@@ -22,7 +22,7 @@ from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 
 from conftest import git, make_patch, write_series
-from helpers_maintain import pack_release, package_index, snapshot
+from helpers_maintain import pack_release, package_index, sglang_toolkit, snapshot
 
 STACK = "sg"
 GATE_FILE = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
@@ -97,22 +97,8 @@ def rel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Releases]:
                                _sglang_files("0.5.25", MOVED_GATE_FILE),
                                ["flashinfer_python[cu13]==0.7.2"]),
     }
-    repo = tmp_path / "sglang-repo"  # the upstream repository as the series author has it
-    for rel_path, text in _sglang_files("0.5.23").items():
-        (repo / "python" / rel_path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / "python" / rel_path).write_text(text)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "release 0.5.23")
-    root = tmp_path / "toolkit"
-    (root / "forks").mkdir(parents=True)
-    (root / "forks" / f"{STACK}.toml").write_text(_toml(sglang["0.5.23"], fi["0.7.2"]))
-    write_series(root / "patches" / STACK / "flashinfer", [])
-    series = root / "patches" / STACK / "sglang"
-    patch = make_patch(repo, series, "G1 layer_boundary: allow the fused path on 12", {
-        f"python/{GATE_FILE}": ("(9, 10)", "(9, 10, 12)  # sm12x")},
-        f"python/{GATE_FILE}: (9, 10, 12)  # sm12x")
-    write_series(series, [patch.name])
+    root = sglang_toolkit(tmp_path, STACK, _toml(sglang["0.5.23"], fi["0.7.2"]),
+                          _sglang_files("0.5.23"), GATE_FILE)
     with package_index(list(sglang.values()), "sglang",
                        more={"flashinfer-python": list(fi.values())}) as url:
         monkeypatch.setenv("SM120FORK_INDEX_URL", url)

@@ -8,8 +8,6 @@ published.  The wheels are made here and served by a local package index (no net
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 import tomllib
 from collections.abc import Iterator
@@ -27,29 +25,10 @@ from sm120fork.maintain.bump import bump, bump_abort
 from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 
-from conftest import git, make_patch, write_series
-from helpers_maintain import package_index, snapshot
+from helpers_maintain import pack_release, package_index, sglang_toolkit, snapshot
 
 STACK = "sg"
 GATE = "def fused_allowed(major):\n    return major in (9, 10)\n"
-
-
-def _pack(out: Path, name: str, version: str, files: dict[str, str], requires: list[str]) -> Path:
-    pkg = name.replace("-", "_")
-    root = out / f"src-{pkg}-{version}" / f"{pkg}-{version}"
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    info = root / f"{pkg}-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("\n".join([
-        "Metadata-Version: 2.4", f"Name: {name}", f"Version: {version}",
-        *(f"Requires-Dist: {r}" for r in requires)]) + "\n")
-    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                "Tag: py3-none-any\n")
-    subprocess.run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(out), str(root)],
-                   check=True, capture_output=True, env={"SOURCE_DATE_EPOCH": "1700000000"})
-    return out / f"{pkg}-{version}-py3-none-any.whl"
 
 
 def _sglang_files(version: str) -> dict[str, str]:
@@ -108,30 +87,16 @@ def sg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("SM120FORK_TODAY", "2026-12-01")
     made = tmp_path / "made"
     made.mkdir()
-    flashinfer = _pack(made, "flashinfer-python", "0.7.2", {"flashinfer/__init__.py": ""}, [])
-    old = _pack(made, "sglang", "0.5.23", _sglang_files("0.5.23"),
-                ["flashinfer-python==0.7.2"])
+    flashinfer = pack_release(made, "flashinfer-python", "0.7.2",
+                              {"flashinfer/__init__.py": ""}, [])
+    old = pack_release(made, "sglang", "0.5.23", _sglang_files("0.5.23"),
+                       ["flashinfer-python==0.7.2"])
     new_files = {**_sglang_files("0.5.24"), "sglang/srt/server_args.py": "TP = 1\n",
                  "sglang/srt/layers/layer_boundary/gate.py": getattr(request, "param", GATE)}
-    new = _pack(made, "sglang", "0.5.24", new_files, ["flashinfer-python==0.7.2"])
-    # The upstream repository as the series author sees it (the package under python/).
-    repo = tmp_path / "sglang-repo"
-    for rel, text in _sglang_files("0.5.23").items():
-        (repo / "python" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (repo / "python" / rel).write_text(text)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "release 0.5.23")
-    root = tmp_path / "toolkit"
-    (root / "forks").mkdir(parents=True)
-    (root / "forks" / f"{STACK}.toml").write_text(_toml(old, flashinfer))
-    write_series(root / "patches" / STACK / "flashinfer", [])
-    series = root / "patches" / STACK / "sglang"
-    patch = make_patch(repo, series, "G1 layer_boundary: allow the fused path on 12", {
-        "python/sglang/srt/layers/layer_boundary/gate.py": ("(9, 10)", "(9, 10, 12)  # sm12x")},
-        "python/sglang/srt/layers/layer_boundary/gate.py: (9, 10, 12)  # sm12x",
-        extra_fields="Verified-By: sglang:G1\n")
-    write_series(series, [patch.name])
+    new = pack_release(made, "sglang", "0.5.24", new_files, ["flashinfer-python==0.7.2"])
+    root = sglang_toolkit(tmp_path, STACK, _toml(old, flashinfer), _sglang_files("0.5.23"),
+                          "sglang/srt/layers/layer_boundary/gate.py",
+                          extra_fields="Verified-By: sglang:G1\n")
     with package_index([old, new], "sglang") as url:
         monkeypatch.setenv("SM120FORK_INDEX_URL", url)
         yield SglangStack(ws=Workspace(root), new_wheel=new)
