@@ -27,21 +27,19 @@ from sm120fork.util import proc
 DEFAULT_WORK_DIR = runs.DEFAULT_WORK_DIR
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text}") from exc
-    if not values or any(v < 2 for v in values):
-        raise argparse.ArgumentTypeError("world sizes must be >= 2")
-    return values
-
-
-def _counts(text: str) -> list[int]:
+def counts(text: str) -> list[int]:
+    """An argparse type: comma-separated integers (``1,16,128``)."""
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text}") from exc
+
+
+def _ints(text: str) -> list[int]:
+    values = counts(text)
+    if not values or any(v < 2 for v in values):
+        raise argparse.ArgumentTypeError("world sizes must be >= 2")
+    return values
 
 
 
@@ -94,8 +92,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="default: 2, 4 and 8 up to the GPU count, at least 2")
     t.add_argument("--api", action="append", choices=cases_mod.APIS)
     t.add_argument("--pattern", action="append", choices=list(cases_mod.PATTERN_CODES))
-    t.add_argument("--tokens", type=_counts, help="only these token counts, e.g. 1,16")
-    t.add_argument("--hidden", type=_counts, help="run the selected cases at these hidden "
+    t.add_argument("--tokens", type=counts, help="only these token counts, e.g. 1,16")
+    t.add_argument("--hidden", type=counts, help="run the selected cases at these hidden "
                    "sizes instead, e.g. 4608,5376")
     t.add_argument("--title", help="what this run is, before the GPU in the report's title "
                    "(e.g. 'cluster answer forced to 8')")
@@ -109,8 +107,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="default: the GPU count, at least 2")
     b.add_argument("--method", action="append", choices=list(methods.METHODS),
                    help="only these methods (default: every one)")
-    b.add_argument("--tokens", type=_counts, help="token counts, e.g. 1,16,128")
-    b.add_argument("--hidden", type=_counts, help="hidden sizes, e.g. 4096,7168")
+    b.add_argument("--tokens", type=counts, help="token counts, e.g. 1,16,128")
+    b.add_argument("--hidden", type=counts, help="hidden sizes, e.g. 4096,7168")
 
     s = sub.add_parser("sglang-layer", help="SGLang's fused-norm layer path, fused and "
                        "under injected workspace faults (ranks share the GPUs)")
@@ -132,7 +130,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="default: every case this device can run")
     s.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     s.add_argument("--world-size", type=int, default=2)
-    s.add_argument("--tokens", type=_counts)
+    s.add_argument("--tokens", type=counts)
     s.add_argument("--timeout", type=float, default=120.0,
                    help="per case once every rank has imported SGLang, seconds; the first "
                    "case's includes FlashInfer's JIT build of the comm module if not cached")

@@ -18,10 +18,9 @@ from sm120fork.tune.run import Box, TuneOptions, WorldBench, tune
 
 
 def _sizes(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text}") from exc
+    from sm120fork.gpu.cli import counts
+
+    values = counts(text)
     if not values or any(v < 2 for v in values):
         raise argparse.ArgumentTypeError("TP sizes are integers >= 2")
     return values
