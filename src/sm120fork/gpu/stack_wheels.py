@@ -62,13 +62,21 @@ def tested(ws: Workspace, stack: str) -> dict[str, Any]:
     return tested_of(json.loads(path.read_text(encoding="utf-8")), ids)
 
 
-def _manifest_entry(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
+def build_manifest(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
+    """The stack's wheels folder and its build's manifest.json (refused, naming the build
+    command, when the stack is not built)."""
     folder = ws.stack_wheels(stack)
     path = folder / "manifest.json"
     if not path.is_file():
         raise ConfigError(f"stack {stack} has no build in {folder}",
                           fix=f"nox -s build -- --stack {stack}")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return folder, data
+
+
+def _manifest_entry(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
+    folder, manifest = build_manifest(ws, stack)
+    path = folder / "manifest.json"
     entries = [w for w in manifest.get("wheels", []) if w.get("project") == PROJECT]
     if not entries:
         raise ConfigError(f"the build of {stack} has no {PROJECT} wheel", where=str(path))

@@ -39,7 +39,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from sm120fork import __version__
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.records import TESTED_FILE
-from sm120fork.gpu.stack_wheels import tested
+from sm120fork.gpu.stack_wheels import build_manifest, tested
 from sm120fork.kit import boot
 from sm120fork.package.wheel import wheel_requirements
 from sm120fork.util import proc
@@ -208,16 +208,6 @@ def download(pins: Sequence[tuple[str, str]], target: Target, dest: Path) -> Non
 # ------------------------------------------------------------------ the stack's wheels
 
 
-def _manifest(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
-    folder = ws.stack_wheels(stack)
-    path = folder / "manifest.json"
-    if not path.is_file():
-        raise ConfigError(f"stack {stack} has no build in {folder}",
-                          fix=f"nox -s build -- --stack {stack}")
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return folder, data
-
-
 def stack_wheels(folder: Path, manifest: dict[str, Any], target: Target
                  ) -> dict[str, Path]:
     """{project: wheel} of the stack's build that install on the target."""
@@ -301,7 +291,7 @@ def stack_requirements(root: Path | None, stack: str | None, harness: str) -> li
     Python, as pip takes them."""
     ws = Workspace.find(root)
     name = ws.stack(stack).name
-    folder, manifest = _manifest(ws, name)
+    folder, manifest = build_manifest(ws, name)
     wheels = stack_wheels(folder, manifest, python_target())
     if harness == "sglang_layer" and "sglang" not in wheels:
         raise ConfigError(f"stack {name} has no SGLang wheel for this Python",
@@ -340,7 +330,7 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
         raise ConfigError(f"bad Python version {opts.python!r}", where="--python",
                           fix="e.g. --python 3.12")
     ws = Workspace.find(root)
-    folder, manifest = _manifest(ws, opts.stack)
+    folder, manifest = build_manifest(ws, opts.stack)
     target = Target(python=opts.python, platforms=opts.platforms)
     wheels = stack_wheels(folder, manifest, target)
     if "sglang_layer" in opts.harnesses and "sglang" not in wheels:
