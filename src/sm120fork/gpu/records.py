@@ -194,11 +194,9 @@ def read_tested(wheel_dirs: Sequence[str], primary: str) -> dict[str, Any] | Non
         name, _, where = spec.partition("=")
         if name != primary:
             continue
-        folder = Path(where) if Path(where).is_dir() else Path(where).parent
-        path = folder / TESTED_FILE
-        if path.is_file():
-            data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-            return data
+        tested = tested_beside(Path(where) if Path(where).is_dir() else Path(where).parent)
+        if tested is not None:
+            return tested
     return None
 
 
