@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -194,18 +193,10 @@ def commit_checkout(root: Path) -> None:
 
 def pack_wheel(upstream: Upstream, out: Path) -> Path:
     """The upstream release as the package index publishes it: a pure-Python wheel of its
-    package (``wheel pack``, no network)."""
-    root = out / f"{upstream.pkg}-{upstream.version}-unpacked"
-    shutil.copytree(upstream.repo / upstream.pkg, root / upstream.pkg)
-    info = root / f"{upstream.pkg}-{upstream.version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(
-        f"Metadata-Version: 2.4\nName: {upstream.name}\nVersion: {upstream.version}\n")
-    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                                "Tag: py3-none-any\n")
-    subprocess.run([sys.executable, "-m", "wheel", "pack", "--dest-dir", str(out), str(root)],
-                   check=True, capture_output=True, env={"SOURCE_DATE_EPOCH": "1700000000"})
-    return out / f"{upstream.pkg}-{upstream.version}-py3-none-any.whl"
+    package (:func:`pack_release` of its files as committed)."""
+    files = {p.relative_to(upstream.repo).as_posix(): p.read_text()
+             for p in sorted((upstream.repo / upstream.pkg).rglob("*")) if p.is_file()}
+    return pack_release(out, upstream.name, upstream.version, files, [])
 
 
 def pack_release(out: Path, name: str, version: str, files: dict[str, str],
