@@ -28,11 +28,10 @@ from pathlib import Path
 from sm120fork import __version__, record
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import CommandError, MaintenanceError
-from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Patch, Series, load_series
 from sm120fork.patch.tree import open_tree
 from sm120fork.standing import UPSTREAM_TESTS as TESTS_DIR
-from sm120fork.upstream.pr import ONTO_REF, github_slug, short_subject, upstream_url
+from sm120fork.upstream.pr import branch_base, github_slug, short_subject, upstream_url
 from sm120fork.upstream.template import TestRun, render_body
 from sm120fork.util import proc
 from sm120fork.util.git import Git
@@ -307,20 +306,7 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         tree = open_tree(ws, stack, project)
         git = tree.repo
         who = git_identity(ws.root)
-        base = git("rev-parse", UPSTREAM_TAG, quiet=True)
-        if onto:
-            source = repo or upstream_url(ws, project)
-            if not source:
-                raise MaintenanceError(f"{project.key} pins no upstream repository to fetch "
-                                       f"{onto} from", where=f"{stack.name}/{project.key}",
-                                       fix="pass --repo with a local upstream checkout")
-            try:
-                git("fetch", "--quiet", "--no-tags", source, f"+{onto}:{ONTO_REF}")
-            except CommandError as exc:
-                raise MaintenanceError(f"cannot fetch {onto} from {source}",
-                                       fix="pass --repo with a local upstream checkout",
-                                       detail=exc.detail) from exc
-            base = git("rev-parse", ONTO_REF, quiet=True)
+        base = branch_base(git, ws, stack.name, project, onto=onto, repo=repo)
         patches = [*pr.patches, *pr.tests]
         commits = _commit_all(git, base, patches, who,
                               onto or f"the {project.distribution} {project.version} release")

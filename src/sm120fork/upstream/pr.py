@@ -67,6 +67,28 @@ def commit_message(patch: Patch) -> str:
     return "\n\n".join(p for p in parts if p).rstrip() + "\n"
 
 
+def branch_base(git: Git, ws: Workspace, stack_name: str, project: Project, *,
+                onto: str | None, repo: str | None) -> str:
+    """The commit a PR's branch starts from: the pinned release (the fork tree's upstream
+    tag) or, with ``onto``, that ref fetched from ``repo`` (default: the declared upstream
+    repository)."""
+    base = git("rev-parse", UPSTREAM_TAG, quiet=True)
+    if not onto:
+        return base
+    source = repo or upstream_url(ws, project)
+    if not source:
+        raise MaintenanceError(f"{project.key} pins no upstream repository to fetch "
+                               f"{onto} from", where=f"{stack_name}/{project.key}",
+                               fix="pass --repo with a local upstream checkout")
+    try:
+        git("fetch", "--quiet", "--no-tags", source, f"+{onto}:{ONTO_REF}")
+    except CommandError as exc:
+        raise MaintenanceError(f"cannot fetch {onto} from {source}",
+                               fix="pass --repo with a local upstream checkout",
+                               detail=exc.detail) from exc
+    return git("rev-parse", ONTO_REF, quiet=True)
+
+
 def upstream_url(ws: Workspace, project: Project) -> str:
     """The project's upstream repository: its git pin's, else that of another stack's pin
     of the same distribution (a project taken from published wheels pins no git), else ''."""
@@ -228,20 +250,7 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
                                        f"then `{again}`")
         evidence = collect_evidence(ws, stack, project, series.digest, wheels_dir,
                                     patches=[p.name for p in wanted])
-        base = git("rev-parse", UPSTREAM_TAG, quiet=True)
-        if onto:
-            source = repo or upstream_url(ws, project)
-            if not source:
-                raise MaintenanceError(f"{project.key} pins no upstream repository to fetch "
-                                       f"{onto} from", where=f"{stack.name}/{project.key}",
-                                       fix="pass --repo with a local upstream checkout")
-            try:
-                git("fetch", "--quiet", "--no-tags", source, f"+{onto}:{ONTO_REF}")
-            except CommandError as exc:
-                raise MaintenanceError(f"cannot fetch {onto} from {source}",
-                                       fix="pass --repo with a local upstream checkout",
-                                       detail=exc.detail) from exc
-            base = git("rev-parse", ONTO_REF, quiet=True)
+        base = branch_base(git, ws, stack.name, project, onto=onto, repo=repo)
         commits = _build_branch(git, base, wanted, onto)
         branch = f"sm12x/{project.key}-{project.version}" + ("-onto" if onto else "")
         git("update-ref", f"refs/heads/{branch}", commits[-1])
