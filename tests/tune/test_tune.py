@@ -108,6 +108,8 @@ def test_tune_measures_what_the_doctor_allows_installs_and_records(tmp: Path) ->
     assert rec.planned == 2 * (len(METHODS) * len(TOKENS) * len(HIDDEN) + 1)
     assert rec.counts == {"pass": 38, "fail": 0, "skip": 12, "error": 0}
     assert rec.machine.description == "NVIDIA RTX PRO 6000 Blackwell Server Edition x8"
+    # the doctor's driver fact is a CUDA version, not a driver release: a record says so
+    assert rec.machine.driver == "supports CUDA 13.0"
     b12x = [c for c in rec.cases if "b12x" in c.id]
     assert b12x[0].detail == "b12x does not import here: <path>"
     assert "TP8: doctor: GPU 0 cannot access GPU 4 (no P2P)" in rec.not_run

@@ -195,6 +195,12 @@ def _cases(bench: WorldBench) -> list[record.Case]:
     return list(cases.values())
 
 
+def _driver(cuda_api: str | None) -> str | None:
+    """The doctor's driver fact is the CUDA version the driver supports (cuDriverGetVersion),
+    not its release number: say so where a record names the driver."""
+    return f"supports CUDA {cuda_api}" if cuda_api else None
+
+
 def _machine(facts: Mapping[str, Any], shared: bool) -> record.Machine:
     devices = facts["gpus"]["devices"]
     names = tuple(d["name"] for d in devices)
@@ -203,7 +209,7 @@ def _machine(facts: Mapping[str, Any], shared: bool) -> record.Machine:
     made = facts.get("made_by") or {}
     return record.Machine(
         description=f"{names[0] if names else 'no GPU'} x{len(names)}", gpus=names,
-        capability=", ".join(caps) or None, driver=facts["gpus"].get("driver"),
+        capability=", ".join(caps) or None, driver=_driver(facts["gpus"].get("driver")),
         cuda=torch.get("cuda"), torch=torch.get("version"), python=made.get("python"),
         cpus=os.cpu_count(), shared_gpu=shared)
 
