@@ -146,8 +146,9 @@ def _wheel(folder: Path, name: str, version: str, requires: list[str]) -> Path:
 @pytest.mark.network
 def test_a_kit_installs_with_no_index_and_runs_its_harness(tmp_path: Path) -> None:
     """A kit of a stack (a FlashInfer stand-in that requires torch and CuTe-DSL, which stay
-    behind, and packaging): a fresh venv installs it from the folder alone and imports
-    every harness; the entry gets as far as the GPU check (this machine has none)."""
+    behind, and packaging), in parts: the entry of the last part joins them and gets as far
+    as the GPU check (this machine has none); a fresh venv installs from the joined folder
+    alone and imports every harness."""
     root = checkout_copy(tmp_path, sdists=False)
     folder = root / "wheels" / "sglang-0.5.23"
     folder.mkdir(parents=True)
@@ -167,21 +168,33 @@ def test_a_kit_installs_with_no_index_and_runs_its_harness(tmp_path: Path) -> No
     assert data["patched"] == {"flashinfer": f"stack/{fi.name}"}
     assert data["upstream"] == {}  # as published: no A/B
     assert json.loads((kit / "stack" / "tested.json").read_text())["patches"] == []
+    # The same kit in parts smaller than its toolkit wheel, as a size-limited transfer path
+    # takes it: the entry of any part joins them, byte for byte, before anything else.
+    from sm120fork.kit.parts import write_parts
+
+    (tmp_path / "box").mkdir()
+    parts = write_parts(kit, tmp_path / "box" / "kit", 256 * 1024)
+    assert len(parts) > 2
+    assert any(".piece-1-of-" in p.name for folder, _ in parts for p in folder.rglob("*"))
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    # The entry, with this Python as the box's (CPU torch: no GPU), and the kit's own venv.
+    done = subprocess.run(["sh", parts[-1][0] / "run", "gpu_test", "--quick", "--out",
+                           tmp_path / "r"], capture_output=True, text=True, check=False,
+                          cwd=tmp_path, env={**env, "PYTHON": sys.executable,
+                                             "SM120FORK_KIT_HOME": str(tmp_path / "home")})
+    assert done.returncode == NoGpuError.exit_code, done.stderr
+    assert "error: " in done.stderr.splitlines()[-1]
+    joined = tmp_path / "box" / "kit"
+    assert {p.relative_to(joined).as_posix(): p.read_bytes() for p in joined.rglob("*")
+            if p.is_file() and p.name != boot.JOINED_FILE} == {
+        p.relative_to(kit).as_posix(): p.read_bytes() for p in kit.rglob("*") if p.is_file()}
     venv = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
     subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index",
-                    "--find-links", kit / "wheels", *data["requirements"]["gpu_test"]],
+                    "--find-links", joined / "wheels", *data["requirements"]["gpu_test"]],
                    check=True, env=env)
     subprocess.run([venv / "bin" / "python", "-c", "; ".join(
         f"import {m}" for m in HARNESS_MODULES)], check=True)
-    # The entry, with this Python as the box's (CPU torch: no GPU), and the kit's own venv.
-    done = subprocess.run(["sh", kit / "run", "gpu_test", "--quick", "--out", tmp_path / "r"],
-                          capture_output=True, text=True, check=False, cwd=tmp_path,
-                          env={**env, "PYTHON": sys.executable,
-                               "SM120FORK_KIT_HOME": str(tmp_path / "home")})
-    assert done.returncode == NoGpuError.exit_code, done.stderr
-    assert "error: " in done.stderr.splitlines()[-1]
 
 
 def test_the_entry_refuses_another_python(tmp_path: Path,
@@ -279,3 +292,75 @@ def test_the_requirements_of_a_harness_leave_torch_and_unused_kernels_behind(
     with pytest.raises(ConfigError) as err:
         stack_requirements(root, "sglang-0.5.23", "sglang_layer")
     assert err.value.fix == "nox -s build -- --stack sglang-0.5.23"
+
+
+def _sglang_build(root: Path, python: str) -> tuple[Path, Path]:
+    """A built sglang-0.5.23 as the build leaves it: FlashInfer as published, a patched
+    SGLang of upstream's wheel (in the build's wheel cache), and the plugin wheel."""
+    from sm120fork.util.files import sha256_file
+
+    folder = root / "wheels" / "sglang-0.5.23"
+    (folder / "plugin").mkdir(parents=True)
+    fi = _wheel(folder, "flashinfer-python", "0.7.2", ["torch", "packaging>=24"])
+    tag = f"cp{python.replace('.', '')}-cp{python.replace('.', '')}-manylinux_2_34_x86_64"
+    cache = root / ".forks" / "cache" / "wheels"
+    cache.mkdir(parents=True)
+    stock = _wheel(cache, "sglang", "0.5.23", ["numpy"]).rename(
+        cache / f"sglang-0.5.23-{tag}.whl")
+    with zipfile.ZipFile(stock, "a") as zf:  # bigger than a part: it travels in pieces
+        zf.writestr("sglang/blob.bin", os.urandom(200 * 1024), zipfile.ZIP_STORED)
+    patched = _wheel(folder, "sglang", "0.5.23+sm120.1", ["numpy"]).rename(
+        folder / f"sglang-0.5.23+sm120.1-{tag}.whl")
+    plugin = _wheel(folder / "plugin", "sm120fork-sglang-plugin", "0.5.23+sm120.1", [])
+    (folder / "plugin" / "plugin.json").write_text(json.dumps({"wheel": plugin.name}))
+    (folder / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.23", "wheels": [
+        {"project": "flashinfer", "wheel": fi.name, "sha256": sha256_file(fi),
+         "used_as_published": True},
+        {"project": "sglang", "wheel": patched.name, "sha256": sha256_file(patched),
+         "patches": [{"name": "0001-G1.patch"}],
+         "source": {"kind": "wheel", "filename": stock.name, "digest": sha256_file(stock)}}]}))
+    return stock, plugin
+
+
+def test_the_layer_kit_carries_the_plugin_route_and_travels_in_parts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For a patched SGLang, the sglang_layer kit also carries stock SGLang of the pin and
+    the plugin wheel; with --part-size it is written as parts that join to that kit."""
+    from sm120fork.kit import build
+
+    root = checkout_copy(tmp_path, sdists=False)
+    stock, plugin = _sglang_build(root, "3.12")
+    # pip's resolution and downloads are the slow test's; here the kit's own plumbing
+    monkeypatch.setattr(build, "resolve", lambda *_: {"install": []})
+    monkeypatch.setattr(build, "download", lambda *_: None)
+    monkeypatch.setattr(build, "_toolkit_wheel",
+                        lambda _root, dest: _wheel(dest, "sm120fork", "0.1.0", []))
+    out = tmp_path / "box" / "kit"
+    kit = make(KitOptions(stack="sglang-0.5.23", python="3.12", out=out,
+                          harnesses=("sglang_layer",), nox=False, part_size=128 * 1024),
+               root=root)
+    assert not out.exists()
+    assert [p.name for p, _ in kit.parts] == [f"kit.{i}" for i in range(1, len(kit.parts) + 1)]
+    assert all(size <= 128 * 1024 for _, size in kit.parts)
+    last = kit.parts[-1][0]
+    joined = boot.join(last, json.loads((last / boot.KIT_FILE).read_text()))
+    assert joined == out
+    data = json.loads((joined / "kit.json").read_text())
+    assert data["plugin_route"] == {"plugin": f"stack/plugin/{plugin.name}",
+                                    "sglang": f"upstream/{stock.name}"}
+    assert (joined / "upstream" / stock.name).read_bytes() == stock.read_bytes()
+    assert (joined / "stack" / "plugin" / plugin.name).read_bytes() == plugin.read_bytes()
+    assert (joined / "stack" / "plugin" / "plugin.json").is_file()
+    assert sorted(p.relative_to(joined).as_posix() for p in joined.rglob("*")
+                  if p.is_file()) == sorted([*kit.files, boot.JOINED_FILE])
+    # without the upstream wheel the build fetched, the kit names the command that does
+    stock.unlink()
+    with pytest.raises(ConfigError, match="plugin route's SGLang") as err:
+        make(KitOptions(stack="sglang-0.5.23", python="3.12", out=out,
+                        harnesses=("sglang_layer",), nox=False), root=root)
+    assert err.value.fix == "nox -s build -- --stack sglang-0.5.23"
+    # the other harnesses do not need it
+    make(KitOptions(stack="sglang-0.5.23", python="3.12", out=out, harnesses=("gpu_test",),
+                    nox=False), root=root)
+    assert not list((out / "upstream").glob("sglang-*"))
+    assert not (out / "stack" / "plugin").exists()

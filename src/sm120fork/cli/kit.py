@@ -27,6 +27,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="carry this requirement even if the box has it")
     p.add_argument("--max-size", metavar="SIZE",
                    help="refuse a kit larger than this (e.g. 64MiB), naming what is big")
+    p.add_argument("--part-size", metavar="SIZE",
+                   help="write the kit as DIR.1 ... DIR.N, each at most SIZE (e.g. 60MiB), "
+                   "for a transfer path with a size limit; larger files are cut into pieces "
+                   "and any part's run joins and checks them on the box")
     p.add_argument("--prebuilt-modules", type=Path, metavar="DIR",
                    help="comm modules compiled here for a box without nvcc: "
                    "DIR/<variant>/<module>/<module>.so (variant patched or unpatched)")
@@ -42,11 +46,19 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         stack=stack, python=args.python, out=args.out,
         harnesses=tuple(args.harness) if args.harness else KitOptions.harnesses,
         box_has=tuple(args.box_has), include=tuple(args.include),
-        max_size=parse_size(args.max_size) if args.max_size else None,
+        max_size=parse_size(args.max_size, "--max-size") if args.max_size else None,
+        part_size=parse_size(args.part_size, "--part-size") if args.part_size else None,
         prebuilt=args.prebuilt_modules, nox=args.nox), root=ws.root)
     wheels = sum(1 for name in kit.files if name.endswith(".whl"))
-    console.print(f"wrote {kit.path}: {wheels} wheels, {kit.size / MIB:.1f} MiB; on the box: "
-                  f"sh {kit.path}/run gpu_test --quick --out results")
+    if not kit.parts:
+        console.print(f"wrote {kit.path}: {wheels} wheels, {kit.size / MIB:.1f} MiB; on the "
+                      f"box: sh {kit.path}/run gpu_test --quick --out results")
+        return 0
+    for folder, size in kit.parts:
+        console.print(f"wrote {folder}: {size / MIB:.1f} MiB")
+    console.print(f"{kit.path} in {len(kit.parts)} parts: {wheels} wheels, "
+                  f"{kit.size / MIB:.1f} MiB; copy every part to one folder on the box, then: "
+                  f"sh {kit.parts[-1][0]}/run gpu_test --quick --out results")
     return 0
 
 

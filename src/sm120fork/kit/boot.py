@@ -9,6 +9,12 @@ installs into it the kit's wheels for VERB with ``pip --no-index --find-links DI
 (pip skips what the box already has), and runs the harness there.  Nothing else is
 fetched, and nothing outside the private folder and ``--out`` is written.
 
+A kit written in parts (``--part-size``: sibling folders ``DIR.1`` ... ``DIR.N``, each small
+enough to travel alone) is joined first: any part's ``run`` checks that every part is there
+and every piece's sha256, naming the part and the file that is missing or damaged, then
+joins them into ``DIR`` (staged beside it, renamed into place only when every file's
+sha256 holds; a second run finds it joined and goes straight on).
+
 The nox GPU sessions use :func:`see_host` too (``python src/sm120fork/kit/boot.py
 see-host PYTHON``), so a checkout's venv sees the box's torch the same way.
 """
@@ -28,6 +34,10 @@ from pathlib import Path
 #: The kit's description, beside this file (written by sm120fork.kit.build).
 KIT_FILE = "kit.json"
 KIT_FORMAT = "sm120fork-kit/1"
+#: The ``kit.json`` of one part of a kit written in parts.
+PARTS_FORMAT = "sm120fork-kit-parts/1"
+#: In a joined kit: the parts' id it was joined from (a second run joins nothing).
+JOINED_FILE = ".joined-from"
 PTH_NAME = "sm120fork-host-site.pth"
 VERBS = ("gpu_test", "bench", "sglang_layer", "doctor")
 #: Exit codes as the toolkit's errors have them (errors.py): ConfigError, UsageError.
@@ -74,15 +84,132 @@ def see_host(host: str, purelib: str | None = None) -> Path:
 # ---------------------------------------------------------------- the kit
 
 
-def load(kit: Path) -> dict[str, object]:
-    path = kit / KIT_FILE
+def _read_json(path: Path) -> dict[str, object]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise KitError(f"{path}: not a kit ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != KIT_FORMAT:
+    if not isinstance(data, dict):
+        raise KitError(f"{path}: not a kit")
+    return data
+
+
+def load(kit: Path) -> dict[str, object]:
+    path = kit / KIT_FILE
+    data = _read_json(path)
+    if data.get("format") != KIT_FORMAT:
         raise KitError(f"{path}: not a kit of format {KIT_FORMAT}")
     return data
+
+
+# ---------------------------------------------------------------- a kit in parts
+
+
+def part_folders(part: Path, index: dict[str, object]) -> tuple[Path, list[Path]]:
+    """The joined kit's folder and every part's, from one part (``DIR.k`` -> ``DIR``,
+    ``DIR.1`` ... ``DIR.N``, side by side)."""
+    number, count = int(index["part"]), int(index["parts"])  # type: ignore[call-overload]
+    suffix = f".{number}"
+    if not part.name.endswith(suffix) or part.name == suffix:
+        raise KitError(f"{part} is part {number} of a kit and must keep its name "
+                       f"<kit>{suffix}, beside the other parts")
+    stem = part.name[: -len(suffix)]
+    return part.parent / stem, [part.parent / f"{stem}.{i}" for i in range(1, count + 1)]
+
+
+def _remove_stale_joins(joined: Path) -> None:
+    """What a join killed midway left beside the kit (its process is gone)."""
+    import shutil
+
+    for path in joined.parent.glob(f".{joined.name}.joining-*"):
+        pid = path.name.rsplit("-", 1)[-1]
+        try:
+            os.kill(int(pid), 0)
+        except (ValueError, ProcessLookupError):
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+def check_parts(index: dict[str, object], parts: Sequence[Path]) -> None:
+    """Every part is there, of this kit, and every piece it holds has its size (cheap:
+    no hashing); refused in one line naming each part that is missing or damaged."""
+    kit_id = index["kit_id"]
+    missing = [p for p in parts if not (p / KIT_FILE).is_file()]
+    if missing:
+        raise KitError(
+            f"part{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(p.name for p in missing)} of {len(parts)} "
+            f"{'are' if len(missing) > 1 else 'is'} missing: copy "
+            f"{'them' if len(missing) > 1 else 'it'} beside {parts[0].parent}/"
+            f"{next(p for p in parts if p not in missing).name}")
+    for p in parts:
+        other = _read_json(p / KIT_FILE)
+        if other.get("format") != PARTS_FORMAT or other.get("kit_id") != kit_id:
+            raise KitError(f"part {p.name} is from another kit (or another build of it): "
+                           "copy the parts of one build side by side")
+    damaged = []
+    for entry in index["files"]:  # type: ignore[attr-defined]
+        for piece in entry["pieces"]:
+            path = parts[piece["part"] - 1] / piece["path"]
+            if not path.is_file() or path.stat().st_size != piece["size"]:
+                damaged.append(f"{parts[piece['part'] - 1].name} ({entry['file']}: "
+                               f"{'missing' if not path.is_file() else 'wrong size'})")
+    if damaged:
+        raise KitError(f"damaged part{'s' if len(damaged) > 1 else ''}: {'; '.join(damaged)}: "
+                       "copy those parts again")
+
+
+def join(part: Path, index: dict[str, object]) -> Path:
+    """The kit ``part`` belongs to, joined beside the parts (once): every piece's and every
+    file's sha256 checked, staged and renamed into place only when all hold."""
+    import shutil
+
+    joined, parts = part_folders(part, index)
+    kit_id = str(index["kit_id"])
+    marker = joined / JOINED_FILE
+    if marker.is_file() and marker.read_text(encoding="utf-8").strip() == kit_id:
+        return joined
+    if joined.exists() and not (joined / KIT_FILE).is_file():
+        raise KitError(f"{joined} is there and is no kit: move it away, then run again")
+    check_parts(index, parts)
+    _remove_stale_joins(joined)
+    print(f"joining {len(parts)} parts into {joined}", file=sys.stderr, flush=True)
+    staging = joined.parent / f".{joined.name}.joining-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        damaged = []
+        for entry in index["files"]:  # type: ignore[attr-defined]
+            dest = staging / entry["file"]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            whole = hashlib.sha256()
+            with dest.open("wb") as out:
+                for piece in entry["pieces"]:
+                    source = parts[piece["part"] - 1] / piece["path"]
+                    with source.open("rb") as f:
+                        block_digest = hashlib.sha256()
+                        while block := f.read(1 << 20):
+                            block_digest.update(block)
+                            whole.update(block)
+                            out.write(block)
+                    if block_digest.hexdigest() != piece["sha256"]:
+                        damaged.append(f"{parts[piece['part'] - 1].name} ({entry['file']})")
+            if entry.get("executable"):
+                dest.chmod(0o755)
+            if whole.hexdigest() != entry["sha256"] and not damaged:
+                damaged.append(f"{entry['file']} (joined)")
+        if damaged:
+            raise KitError(f"damaged part{'s' if len(damaged) > 1 else ''}, sha256 does not "
+                           f"match: {'; '.join(damaged)}: copy those parts again")
+        (staging / JOINED_FILE).write_text(kit_id + "\n", encoding="utf-8")
+        if joined.exists():  # an older kit of that name: its private venv goes with it
+            old = joined.parent / f".{joined.name}.old-{os.getpid()}"
+            joined.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        staging.rename(joined)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return joined
 
 
 def _python_of(venv: Path) -> Path:
@@ -206,9 +333,9 @@ def _without(args: Sequence[str], names: Sequence[str]) -> list[str]:
 USAGE = f"usage: sh DIR/run {{{','.join(VERBS)}}} [ARGS...]   (ARGS: the harness's own; --help)"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, kit: Path | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    kit = Path(__file__).resolve().parent
+    kit = Path(__file__).resolve().parent if kit is None else kit
     if not args or args[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if args else EXIT_USAGE
@@ -221,6 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if verb not in VERBS:
             raise KitError(f"unknown verb {verb!r}: {USAGE}", EXIT_USAGE)
+        index = _read_json(kit / KIT_FILE)
+        if index.get("format") == PARTS_FORMAT:
+            kit = join(kit, index)
         data = load(kit)
         home = Path(os.environ.get("SM120FORK_KIT_HOME") or kit / ".box").absolute()
         home.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,12 @@ at once:
 - ``prebuilt/``  (``--prebuilt-modules``) comm modules compiled here, for a box without nvcc
 - ``kit.json``, ``boot.py`` and ``run``: ``sh DIR/run gpu_test|bench|sglang_layer|doctor``
 
+With ``sglang_layer``, a stack whose build has a plugin (``wheels/<stack>/plugin/``) also
+carries the plugin route: that folder as ``stack/plugin/`` and stock SGLang of the pin (the
+upstream wheel the build patched, from the build's cache) in ``upstream/``.
+
+``--part-size SIZE`` writes the kit as ``DIR.1`` ... ``DIR.N`` instead (:mod:`.parts`).
+
 torch is not carried: the box's own is built for its driver (and is GBs).  What only torch
 needs (its CUDA libraries, triton, sympy...) is left out with it; ``--box-has`` leaves out
 more (a ``pip list --format=freeze`` of the box, or names), ``--include`` forces a name in.
@@ -20,6 +26,7 @@ more (a ``pip list --format=freeze`` of the box, or names), ``--include`` forces
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -27,7 +34,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +50,7 @@ from sm120fork.gpu.stack_wheels import build_manifest, tested
 from sm120fork.kit import boot
 from sm120fork.package.wheel import wheel_requirements
 from sm120fork.util import proc
-from sm120fork.util.files import sha256_file, staged_dir
+from sm120fork.util.files import scratch_prefix, sha256_file, staged_dir
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -114,6 +121,7 @@ class KitOptions:
     box_has: tuple[str, ...] = ()
     include: tuple[str, ...] = ()
     max_size: int | None = None
+    part_size: int | None = None
     prebuilt: Path | None = None
     nox: bool = True
 
@@ -122,6 +130,7 @@ class KitOptions:
 class Kit:
     path: Path
     files: dict[str, int]  # path inside the kit -> bytes
+    parts: tuple[tuple[Path, int], ...] = ()  # with --part-size: (folder, bytes) of each
 
     @property
     def size(self) -> int:
@@ -299,6 +308,45 @@ def stack_requirements(root: Path | None, stack: str | None, harness: str) -> li
     return [str(r) for r in harness_requirements(harness, wheels)]
 
 
+def stock_sglang(ws: Workspace, manifest: dict[str, Any], patched: Path) -> Path:
+    """Upstream's SGLang wheel the build patched into ``patched`` (stock SGLang of the pin,
+    for the plugin route), from the build's wheel cache, sha256-checked."""
+    entry: dict[str, Any] = next(
+        (w for w in manifest.get("wheels", []) if w.get("wheel") == patched.name), {})
+    source = entry.get("source") or {}
+    stack = manifest.get("stack")
+    if source.get("kind") != "wheel" or not source.get("filename"):
+        raise ConfigError(f"the build of {patched.name} names no upstream wheel",
+                          where="manifest.json", fix=f"nox -s build -- --stack {stack}")
+    wheel = ws.wheel_cache / str(source["filename"])
+    if not wheel.is_file() or sha256_file(wheel) != source.get("digest"):
+        raise ConfigError(f"stock {source['filename']} (the plugin route's SGLang) is "
+                          f"{'not the one the build used' if wheel.is_file() else 'missing'}",
+                          where=str(ws.wheel_cache), fix=f"nox -s build -- --stack {stack}")
+    return wheel
+
+
+def plugin_wheel(folder: Path) -> Path | None:
+    """The stack's plugin wheel (``wheels/<stack>/plugin/``), if its build makes one."""
+    found = sorted((folder / "plugin").glob("*.whl"))
+    if len(found) > 1:
+        raise ConfigError(f"more than one plugin wheel: {[w.name for w in found]}",
+                          where=str(folder / "plugin"),
+                          fix=f"nox -s build -- --stack {folder.name}")
+    return found[0] if found else None
+
+
+@contextlib.contextmanager
+def _scratch_kit(dest: Path) -> Iterator[Path]:
+    """A folder beside ``dest`` to write the whole kit in before it is cut into parts."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(dest.name), dir=dest.parent))
+    try:
+        yield scratch / "new"
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _check_size(files: dict[str, int], limit: int | None) -> None:
     total = sum(files.values())
     if limit is None or total <= limit:
@@ -347,9 +395,13 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
     provided.update(_parse_box_has(opts.box_has))
     for name in opts.include:
         provided.pop(canonicalize_name(name), None)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    with staged_dir(opts.out.absolute(), label="kit") as new, \
-            tempfile.TemporaryDirectory(prefix="sm120fork-kit-") as tmp:
+    plugin = plugin_wheel(folder) if "sglang_layer" in opts.harnesses else None
+    stock = stock_sglang(ws, manifest, wheels["sglang"]) if plugin is not None else None
+    dest = opts.out.absolute()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    whole = staged_dir(dest, label="kit") if opts.part_size is None else _scratch_kit(dest)
+    parts: list[tuple[Path, int]] = []
+    with whole as new, tempfile.TemporaryDirectory(prefix="sm120fork-kit-") as tmp:
         scratch = Path(tmp)
         for sub in ("stack", "upstream", "wheels"):
             (new / sub).mkdir(parents=True)
@@ -366,6 +418,13 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
         if upstream is not None:
             shutil.copy2(upstream, new / "upstream" / upstream.name)
             ups["flashinfer"] = f"upstream/{upstream.name}"
+        route: dict[str, str] = {}
+        if plugin is not None and stock is not None:
+            # The plugin route: stock SGLang of the pin + the plugin, as the build has them.
+            shutil.copytree(plugin.parent, new / "stack" / "plugin")
+            shutil.copy2(stock, new / "upstream" / stock.name)
+            ups["sglang"] = f"upstream/{stock.name}"
+            route = {"plugin": f"stack/plugin/{plugin.name}", "sglang": ups["sglang"]}
         toolkit = _toolkit_wheel(ws.root, new / "wheels")
         requirements: dict[str, list[str]] = {}
         all_roots: list[Requirement] = [Requirement(n) for n in opts.include]
@@ -401,6 +460,7 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
             "format": boot.KIT_FORMAT, "stack": opts.stack, "python": opts.python,
             "platforms": list(opts.platforms), "toolkit": __version__,
             "patched": patched, "upstream": ups, "prebuilt": prebuilt,
+            "plugin_route": route,
             "requirements": requirements,
             "left_out": sorted(set(provided)),
             "wheels": [{"file": name, "sha256": sha256_file(new / name), "size": size}
@@ -415,7 +475,12 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
         files = {p.relative_to(new).as_posix(): p.stat().st_size
                  for p in sorted(new.rglob("*")) if p.is_file()}
         _check_size(files, opts.max_size)
-    return Kit(path=opts.out, files=files)
+        if opts.part_size is not None:
+            from sm120fork.kit.parts import write_parts
+
+            log.info("cutting the kit into parts of at most %.1f MiB", opts.part_size / MIB)
+            parts = write_parts(new, dest, opts.part_size)
+    return Kit(path=opts.out, files=files, parts=tuple(parts))
 
 
 def _copy_prebuilt(source: Path, dest: Path) -> dict[str, str]:
@@ -438,10 +503,10 @@ def _copy_prebuilt(source: Path, dest: Path) -> dict[str, str]:
     return found
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, option: str = "--max-size") -> int:
     """``64MiB``, ``64M``, ``500k``, ``1G`` or bytes."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(?:i?[bB])?\s*", text)
     if not m:
-        raise ConfigError(f"bad size {text!r}", where="--max-size", fix="e.g. 64MiB")
+        raise ConfigError(f"bad size {text!r}", where=option, fix="e.g. 64MiB")
     scale = {"": 1, "k": 1024, "m": MIB, "g": 1024 * MIB}[m.group(2).lower()]
     return int(float(m.group(1)) * scale)

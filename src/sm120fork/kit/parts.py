@@ -1,0 +1,191 @@
+"""A kit written in parts, for transfer paths that take at most so many bytes at a time.
+
+``--part-size SIZE`` writes the kit as sibling folders ``DIR.1`` ... ``DIR.N``, each at
+most SIZE bytes: whole files where they fit (largest first, each into the first part with
+room), a file larger than a part cut into pieces.  Every part carries the same ``run`` and
+``boot.py`` and a ``kit.json`` (format :data:`boot.PARTS_FORMAT`) that lists every file of
+the kit with its sha256 and the part, path, size and sha256 of each of its pieces, so any
+part's ``run`` can check and join them on the box (:func:`boot.join`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sm120fork.errors import ConfigError
+from sm120fork.kit import boot
+from sm120fork.util.files import replace_dir, scratch_prefix, sha256_file
+
+#: What each part holds besides its share of the kit's files.
+OWN_FILES = ("run", "boot.py")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Piece:
+    file: str  # path inside the kit
+    offset: int
+    size: int
+    index: int  # 1-based
+    count: int
+
+    @property
+    def path(self) -> str:
+        """Where the piece lies inside its part."""
+        suffix = "" if self.count == 1 else f".piece-{self.index}-of-{self.count}"
+        return f"data/{self.file}{suffix}"
+
+
+def _pieces(files: dict[str, int], budget: int) -> list[Piece]:
+    out = []
+    for name, size in files.items():
+        count = max(1, -(-size // budget))
+        out += [Piece(file=name, offset=i * budget, size=min(budget, size - i * budget),
+                      index=i + 1, count=count) for i in range(count)]
+    return out
+
+
+def layout(files: dict[str, int], budget: int) -> list[list[Piece]]:
+    """The kit's files (path -> bytes) in parts of at most ``budget`` bytes each: first fit,
+    largest first (ties by name, so the same kit gives the same parts)."""
+    bins: list[list[Piece]] = []
+    room: list[int] = []
+    for piece in sorted(_pieces(files, budget), key=lambda p: (-p.size, p.file, p.index)):
+        for i, free in enumerate(room):
+            if piece.size <= free:
+                bins[i].append(piece)
+                room[i] -= piece.size
+                break
+        else:
+            bins.append([piece])
+            room.append(budget - piece.size)
+    return bins
+
+
+def _copy_range(source: Path, dest: Path, offset: int, size: int) -> str:
+    """``size`` bytes of ``source`` from ``offset`` into ``dest``; their sha256."""
+    digest = hashlib.sha256()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with source.open("rb") as f, dest.open("wb") as out:
+        f.seek(offset)
+        left = size
+        while left:
+            block = f.read(min(left, 1 << 20))
+            if not block:
+                raise ConfigError(f"{source} shrank while the kit was cut into parts",
+                                  where=str(source))
+            digest.update(block)
+            out.write(block)
+            left -= len(block)
+    return digest.hexdigest()
+
+
+def _index(kit: Path, bins: list[list[Piece]], shas: dict[tuple[str, int], str],
+           part: int) -> dict[str, Any]:
+    where = {(p.file, p.index): n for n, pieces in enumerate(bins, 1) for p in pieces}
+    files = []
+    for name in sorted({p.file for pieces in bins for p in pieces}):
+        pieces = sorted((p for b in bins for p in b if p.file == name), key=lambda p: p.index)
+        entry: dict[str, Any] = {
+            "file": name, "size": sum(p.size for p in pieces),
+            "sha256": shas[(name, 0)],
+            "pieces": [{"part": where[(name, p.index)], "path": p.path, "size": p.size,
+                        "sha256": shas.get((name, p.index), "")} for p in pieces]}
+        if os.access(kit / name, os.X_OK):
+            entry["executable"] = True
+        files.append(entry)
+    kit_id = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return {"format": boot.PARTS_FORMAT, "kit_id": kit_id, "part": part,
+            "parts": len(bins), "files": files}
+
+
+def _encoded(index: dict[str, Any]) -> bytes:
+    return (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
+
+
+def plan(kit: Path, part_size: int) -> tuple[list[list[Piece]], int]:
+    """The parts of ``kit`` (a written kit folder) and the bytes each part spends on its own
+    files (``run``, ``boot.py``, ``kit.json``): the pieces' budget is what is left."""
+    files = {p.relative_to(kit).as_posix(): p.stat().st_size
+             for p in sorted(kit.rglob("*")) if p.is_file()}
+    own = sum((kit / name).stat().st_size for name in OWN_FILES)
+    overhead = own + 4096
+    for _ in range(8):
+        budget = part_size - overhead
+        if budget < 1024:
+            raise ConfigError(
+                f"a part of {part_size} bytes leaves no room for the kit's files (each part "
+                f"carries its own run, boot.py and kit.json, {overhead} bytes)",
+                where="--part-size", fix="e.g. --part-size 60MiB")
+        bins = layout(files, budget)
+        # The index's own size, with every sha256 as long as it will be.
+        fake = {(p.file, i): "0" * 64 for b in bins for p in b for i in (0, p.index)}
+        needed = own + len(_encoded(_index(kit, bins, fake, len(bins))))
+        if needed <= overhead:
+            return bins, overhead
+        overhead = needed + 1024
+    raise ConfigError("could not fit the kit's index into its parts", where="--part-size")
+
+
+def write_parts(kit: Path, out: Path, part_size: int) -> list[tuple[Path, int]]:
+    """``kit`` (a written kit folder) as ``out.1`` ... ``out.N``, each at most
+    ``part_size`` bytes; each part replaced as a whole, stale higher parts of an earlier
+    build removed.  Returns (part folder, bytes) of each part."""
+    bins, _ = plan(kit, part_size)
+    scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(out.name + "-parts"),
+                                    dir=out.parent))
+    try:
+        shas: dict[tuple[str, int], str] = {}
+        for n, pieces in enumerate(bins, 1):
+            for piece in pieces:
+                dest = scratch / str(n) / piece.path
+                shas[(piece.file, piece.index)] = _copy_range(
+                    kit / piece.file, dest, piece.offset, piece.size)
+                if piece.count == 1:
+                    shas[(piece.file, 0)] = shas[(piece.file, piece.index)]
+                elif (piece.file, 0) not in shas:
+                    shas[(piece.file, 0)] = sha256_file(kit / piece.file)
+        written = []
+        for n in range(1, len(bins) + 1):
+            folder = scratch / str(n)
+            for name in OWN_FILES:
+                shutil.copy2(kit / name, folder / name)
+            (folder / boot.KIT_FILE).write_bytes(_encoded(_index(kit, bins, shas, n)))
+            size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+            if size > part_size:  # plan() reserved room for this: a bug if not
+                raise ConfigError(f"part {n} would be {size} bytes, over {part_size}",
+                                  where="--part-size")
+            written.append((folder, size))
+        final = []
+        for n, (folder, size) in enumerate(written, 1):
+            dest = out.parent / f"{out.name}.{n}"
+            replace_dir(folder, dest)
+            final.append((dest, size))
+        _remove_stale_parts(out, len(bins))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return final
+
+
+def _remove_stale_parts(out: Path, count: int) -> None:
+    """``out.K`` for K > count that an earlier build in more parts left (parts only)."""
+    n = count + 1
+    while True:
+        stale = out.parent / f"{out.name}.{n}"
+        index = stale / boot.KIT_FILE
+        if not index.is_file():
+            return
+        try:
+            fmt = json.loads(index.read_text(encoding="utf-8")).get("format")
+        except (OSError, ValueError):
+            return
+        if fmt != boot.PARTS_FORMAT:
+            return
+        shutil.rmtree(stale)
+        n += 1
