@@ -327,18 +327,20 @@ def test_the_layer_kit_carries_the_plugin_route_and_travels_in_parts(
     """For a patched SGLang, the sglang_layer kit also carries stock SGLang of the pin and
     the plugin wheel; with --part-size it is written as parts that join to that kit."""
     from sm120fork.kit import build
+    from sm120fork.util.files import sha256_file
 
     root = checkout_copy(tmp_path, sdists=False)
-    stock, plugin = _sglang_build(root, "3.12")
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stock, plugin = _sglang_build(root, python)
     # pip's resolution and downloads are the slow test's; here the kit's own plumbing
     monkeypatch.setattr(build, "resolve", lambda *_: {"install": []})
     monkeypatch.setattr(build, "download", lambda *_: None)
     monkeypatch.setattr(build, "_toolkit_wheel",
                         lambda _root, dest: _wheel(dest, "sm120fork", "0.1.0", []))
     out = tmp_path / "box" / "kit"
-    kit = make(KitOptions(stack="sglang-0.5.23", python="3.12", out=out,
-                          harnesses=("sglang_layer",), nox=False, part_size=128 * 1024),
-               root=root)
+    kit = make(KitOptions(stack="sglang-0.5.23", python=python, out=out,
+                          harnesses=("sglang_layer",), nox=False, part_size=128 * 1024,
+                          platforms=(*build.manylinux(), "linux_x86_64")), root=root)
     assert not out.exists()
     assert [p.name for p, _ in kit.parts] == [f"kit.{i}" for i in range(1, len(kit.parts) + 1)]
     assert all(size <= 128 * 1024 for _, size in kit.parts)
@@ -353,14 +355,34 @@ def test_the_layer_kit_carries_the_plugin_route_and_travels_in_parts(
     assert (joined / "stack" / "plugin" / "plugin.json").is_file()
     assert sorted(p.relative_to(joined).as_posix() for p in joined.rglob("*")
                   if p.is_file()) == sorted([*kit.files, boot.JOINED_FILE])
+    # `sh run sglang_layer --plugin-route`: stock SGLang unpacked, the plugin and the
+    # stack's FlashInfer in a venv of the route's own, the record's notes naming the wheels
+    home = tmp_path / "home"
+    venv_python = boot.prepare(joined, data, "sglang_layer", home, plugin_route=True)
+    assert venv_python.parent.parent.name == "venv-plugin-route"
+    seen = subprocess.run([venv_python, "-c", "import importlib.metadata as m; print(m.version("
+                           "'sm120fork-sglang-plugin'), m.version('flashinfer-python'))"],
+                          capture_output=True, text=True, check=True)
+    assert seen.stdout.split() == ["0.5.23+sm120.1", "0.7.2"]
+    cmd, _ = boot.harness_command(joined, data, "sglang_layer",
+                                  ["--plugin-route", "--world-size", "2"], home)
+    tree = home / "plugin-route" / "sglang"
+    assert cmd[:5] == ["sm120fork.gpu", "sglang-layer", "--sglang-path", str(tree),
+                       "--load-plugins"]
+    assert (tree / "sglang" / "blob.bin").is_file()
+    notes = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--note"]
+    assert notes == [f"plugin route: stock {stock.name} sha256 {sha256_file(stock)}",
+                     f"plugin route: the plugin {plugin.name} sha256 {sha256_file(plugin)}"]
+    assert "--plugin-route" not in cmd
+    assert cmd[-2:] == ["--world-size", "2"]
     # without the upstream wheel the build fetched, the kit names the command that does
     stock.unlink()
     with pytest.raises(ConfigError, match="plugin route's SGLang") as err:
-        make(KitOptions(stack="sglang-0.5.23", python="3.12", out=out,
+        make(KitOptions(stack="sglang-0.5.23", python=python, out=out,
                         harnesses=("sglang_layer",), nox=False), root=root)
     assert err.value.fix == "nox -s build -- --stack sglang-0.5.23"
     # the other harnesses do not need it
-    make(KitOptions(stack="sglang-0.5.23", python="3.12", out=out, harnesses=("gpu_test",),
+    make(KitOptions(stack="sglang-0.5.23", python=python, out=out, harnesses=("gpu_test",),
                     nox=False), root=root)
     assert not list((out / "upstream").glob("sglang-*"))
     assert not (out / "stack" / "plugin").exists()

@@ -50,15 +50,17 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         part_size=parse_size(args.part_size, "--part-size") if args.part_size else None,
         prebuilt=args.prebuilt_modules, nox=args.nox), root=ws.root)
     wheels = sum(1 for name in kit.files if name.endswith(".whl"))
+    harness = args.harness[0] if args.harness else KitOptions.harnesses[0]
+    example = f"{harness}{' --quick' if harness in ('gpu_test', 'bench') else ''} --out results"
     if not kit.parts:
         console.print(f"wrote {kit.path}: {wheels} wheels, {kit.size / MIB:.1f} MiB; on the "
-                      f"box: sh {kit.path}/run gpu_test --quick --out results")
+                      f"box: sh {kit.path}/run {example}")
         return 0
     for folder, size in kit.parts:
         console.print(f"wrote {folder}: {size / MIB:.1f} MiB")
     console.print(f"{kit.path} in {len(kit.parts)} parts: {wheels} wheels, "
                   f"{kit.size / MIB:.1f} MiB; copy every part to one folder on the box, then: "
-                  f"sh {kit.parts[-1][0]}/run gpu_test --quick --out results")
+                  f"sh {kit.parts[-1][0]}/run {example}")
     return 0
 
 

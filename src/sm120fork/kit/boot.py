@@ -39,6 +39,8 @@ PARTS_FORMAT = "sm120fork-kit-parts/1"
 #: In a joined kit: the parts' id it was joined from (a second run joins nothing).
 JOINED_FILE = ".joined-from"
 PTH_NAME = "sm120fork-host-site.pth"
+#: ``sh DIR/run sglang_layer --plugin-route``: stock SGLang of the pin + the plugin.
+PLUGIN_ROUTE = "--plugin-route"
 VERBS = ("gpu_test", "bench", "sglang_layer", "doctor")
 #: Exit codes as the toolkit's errors have them (errors.py): ConfigError, UsageError.
 EXIT_CONFIG = 2
@@ -221,8 +223,11 @@ def _run(cmd: Sequence[str | os.PathLike[str]], **kw: object) -> int:
     return subprocess.run([os.fspath(c) for c in cmd], check=False, **kw).returncode  # type: ignore[call-overload, no-any-return]
 
 
-def prepare(kit: Path, data: dict[str, object], verb: str, home: Path) -> Path:
-    """The private venv with VERB's wheels (made once per kit and verb); its python."""
+def prepare(kit: Path, data: dict[str, object], verb: str, home: Path,
+            plugin_route: bool = False) -> Path:
+    """The private venv with VERB's wheels (made once per kit and verb); its python.  The
+    plugin route gets a venv of its own that also holds the plugin and the stack's
+    FlashInfer (the ranks import them from the environment, as a user's install would)."""
     want = str(data["python"])
     have = f"{sys.version_info[0]}.{sys.version_info[1]}"
     if have != want:
@@ -234,9 +239,18 @@ def prepare(kit: Path, data: dict[str, object], verb: str, home: Path) -> Path:
         raise KitError(f"this kit carries no {verb} (it has {', '.join(requirements)}): make "
                        f"it with --harness {verb}", EXIT_USAGE)
     reqs = [str(r) for r in requirements[verb]]
-    digest = hashlib.sha256(json.dumps([data["wheels"], reqs, sys.executable])
-                            .encode()).hexdigest()[:16]
-    venv = home / "venv"
+    beside: list[Path] = []
+    if plugin_route:
+        route = dict(data.get("plugin_route") or {})  # type: ignore[call-overload]
+        if not route:
+            raise KitError(f"this kit carries no plugin route (stack {data.get('stack')}: its "
+                           "build has no plugin, or the kit was made without --harness "
+                           "sglang_layer)", EXIT_USAGE)
+        patched = dict(data["patched"])  # type: ignore[call-overload]
+        beside = [kit / str(route["plugin"]), kit / str(patched["flashinfer"])]
+    digest = hashlib.sha256(json.dumps([data["wheels"], reqs, sys.executable,
+                                        [str(b) for b in beside]]).encode()).hexdigest()[:16]
+    venv = home / ("venv-plugin-route" if plugin_route else "venv")
     marker = venv / f".installed-{verb}"
     if marker.is_file() and marker.read_text().strip() == digest:
         return _python_of(venv)
@@ -249,13 +263,17 @@ def prepare(kit: Path, data: dict[str, object], verb: str, home: Path) -> Path:
     see_host(sys.executable, purelib)
     # The venv has no pip of its own: the host's, seen through the .pth, installs into it
     # (sys.prefix is the venv), and counts what the host has as installed.
-    cmd: list[str | os.PathLike[str]] = [
+    pip: list[str | os.PathLike[str]] = [
         _python_of(venv), "-m", "pip", "install", "--no-index", "--find-links", kit / "wheels",
-        "--disable-pip-version-check", "--no-warn-script-location", "-q", *reqs]
-    if _run(cmd, env={**os.environ, "PIP_CONFIG_FILE": os.devnull}) != 0:
+        "--disable-pip-version-check", "--no-warn-script-location", "-q"]
+    if _run([*pip, *reqs], env={**os.environ, "PIP_CONFIG_FILE": os.devnull}) != 0:
         raise KitError(f"installing the kit's wheels for {verb} failed (see pip's message "
                        "above): the box lacks a package the kit does not carry; make the kit "
                        "again with that package's name in --include")
+    if beside and _run([*pip, "--no-deps", *beside],
+                       env={**os.environ, "PIP_CONFIG_FILE": os.devnull}) != 0:
+        raise KitError("installing the plugin and the stack's FlashInfer failed (see pip's "
+                       "message above)")
     marker.write_text(digest + "\n")
     return _python_of(venv)
 
@@ -296,6 +314,9 @@ def harness_command(kit: Path, data: dict[str, object], verb: str, args: Sequenc
     if verb == "sglang_layer":
         if _option(args, "--work-dir") is None:
             extra += ["--work-dir", str(home / "work")]
+        if PLUGIN_ROUTE in args:
+            return [*plugin_route_command(kit, data, home), *extra,
+                    *(a for a in args if a != PLUGIN_ROUTE)], env
         return ["sm120fork.gpu", "sglang-layer", "--stack-dir", str(kit / "stack"),
                 *extra, *args], env
     # doctor: beside the stack's patched wheels, as a user's SGLang install would have them
@@ -311,6 +332,30 @@ def harness_command(kit: Path, data: dict[str, object], verb: str, args: Sequenc
         marker.write_text(key)
     env["PYTHONPATH"] = str(site)
     return ["sm120fork.doctor", *args], env
+
+
+def plugin_route_command(kit: Path, data: dict[str, object], home: Path) -> list[str]:
+    """``sglang-layer`` on stock SGLang of the pin (unpacked once under ``home``) with the
+    plugin applied by SGLang's own ``load_plugins()``; the record's notes name both wheels
+    and their sha256 (the kit's list)."""
+    import zipfile
+
+    route = dict(data["plugin_route"])  # type: ignore[call-overload]
+    shas = {str(w["file"]): str(w["sha256"]) for w in data["wheels"]}  # type: ignore[attr-defined]
+    stock = kit / str(route["sglang"])
+    tree = home / "plugin-route" / "sglang"
+    marker = tree / ".unpacked-from"
+    if not (marker.is_file() and marker.read_text(encoding="utf-8") == shas[route["sglang"]]):
+        import shutil
+
+        shutil.rmtree(tree, ignore_errors=True)
+        with zipfile.ZipFile(stock) as zf:
+            zf.extractall(tree)
+        marker.write_text(shas[route["sglang"]], encoding="utf-8")
+    notes = [f"plugin route: {what} {Path(str(route[k])).name} sha256 {shas[str(route[k])]}"
+             for what, k in (("stock", "sglang"), ("the plugin", "plugin"))]
+    return ["sm120fork.gpu", "sglang-layer", "--sglang-path", str(tree), "--load-plugins",
+            *(x for n in notes for x in ("--note", n))]
 
 
 def _without(args: Sequence[str], names: Sequence[str]) -> list[str]:
@@ -354,7 +399,7 @@ def main(argv: Sequence[str] | None = None, kit: Path | None = None) -> int:
         data = load(kit)
         home = Path(os.environ.get("SM120FORK_KIT_HOME") or kit / ".box").absolute()
         home.mkdir(parents=True, exist_ok=True)
-        python = prepare(kit, data, verb, home)
+        python = prepare(kit, data, verb, home, plugin_route=PLUGIN_ROUTE in rest)
         cmd, env = harness_command(kit, data, verb, rest, home)
     except KitError as exc:
         print(f"error: {exc}", file=sys.stderr)
