@@ -218,6 +218,11 @@ def _set_pin(table: MutableMapping[str, Any], pin: dict[str, Any]) -> None:
                 sub[key] = bool(v) if key == "commit_verified" else v
     if "wheels" in pin:
         _set_wheels(table, pin["wheels"])
+    if pin["source"] == "wheel":
+        # A wheel source is repacked, not built: its local version goes into the
+        # wheel's METADATA, so a build's version stamp (an sdist pin moving to a
+        # release published as wheels only) has nothing left to stamp.
+        table.pop("version_stamp", None)
 
 
 def declaration_with_pin(text: str, project: Project, state: BumpState, where: str, *,

@@ -1,0 +1,67 @@
+"""The declaration edit a bump writes at its end (``maintain.pin.declaration_with_pin``).
+
+Found on a fresh clone (issue 31's trial): a new stack from sglang-0.5.10 (an ``sdist``
+source stamped through ``SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG``) bumped to 0.5.20,
+which SGLang publishes as wheels only, resolved every conflict and then stopped at its
+last step: the written pins kept the ``version_stamp`` table a wheel source refuses, and
+``--abort`` was the only way out.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from sm120fork.declare import load_stack
+from sm120fork.maintain.pin import declaration_with_pin
+from sm120fork.maintain.state import BumpState
+
+_SDIST_STACK = textwrap.dedent("""\
+    [stack]
+    name = "sg"
+    default = false
+
+    [projects.sglang]
+    distribution = "sglang"
+    version = "0.5.10.post1"
+    local_label = "sm120.1"
+    package_root = "python"
+    series = "patches/sg/sglang"
+    source = "sdist"
+
+    [projects.sglang.git]
+    url = "https://github.com/sgl-project/sglang.git"
+    tag = "v0.5.10.post1"
+    commit = "94f03a39dbd39edfc2b118b5357bbbadaaa9ad28"
+
+    [projects.sglang.sdist]
+    filename = "sglang-0.5.10.post1.tar.gz"
+    sha256 = "{sha}"
+
+    [projects.sglang.version_stamp]
+    env = "SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SGLANG"
+    """).format(sha="0" * 64)
+
+
+def test_an_sdist_source_moved_to_a_wheels_only_release_loses_its_version_stamp(
+        tmp_path: Path) -> None:
+    path = tmp_path / "forks" / "sg.toml"
+    path.parent.mkdir()
+    path.write_text(_SDIST_STACK, encoding="utf-8")
+    (tmp_path / "patches" / "sg" / "sglang").mkdir(parents=True)
+    project = load_stack(path, strict=False).project("sglang")
+    wheel = "sglang-0.5.20-cp312-cp312-manylinux_2_34_x86_64.whl"
+    state = BumpState(
+        stack="sg", project="sglang", old_version="0.5.10.post1", new_version="0.5.20",
+        new_pin={"source": "wheel", "git": None, "sdist": None,
+                 "wheels": [{"filename": wheel, "sha256": "1" * 64, "url": ""}]},
+        created_stack=False, declaration=str(path), series_dir="", results=[])
+
+    text = declaration_with_pin(path.read_text(encoding="utf-8"), project, state,
+                                str(path))
+
+    assert "version_stamp" not in text
+    path.write_text(text, encoding="utf-8")
+    moved = load_stack(path, strict=False).project("sglang")
+    assert (moved.source, moved.version) == ("wheel", "0.5.20")
+    assert [w.filename for w in moved.wheels] == [wheel]
