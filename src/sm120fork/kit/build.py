@@ -479,7 +479,8 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
             from sm120fork.kit.parts import write_parts
 
             log.info("cutting the kit into parts of at most %.1f MiB", opts.part_size / MIB)
-            parts = write_parts(new, dest, opts.part_size)
+            parts = [(opts.out.parent / folder.name, size)  # named as the user named --out
+                     for folder, size in write_parts(new, dest, opts.part_size)]
     return Kit(path=opts.out, files=files, parts=tuple(parts))
 
 
