@@ -12,6 +12,7 @@ import dataclasses
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from sm120fork.errors import (
     ConfigError,
     DirtyTreeError,
     MaintenanceError,
+    SeriesError,
     SourceError,
 )
 from sm120fork.fetch.sdist import download_sdist
@@ -74,11 +76,12 @@ from sm120fork.maintain.state import (
     stage,
     today,
 )
-from sm120fork.patch.refresh import RefreshResult, export_series, reapply_series
+from sm120fork.patch.refresh import FORMAT_PATCH, RefreshResult, export_series, reapply_series
 from sm120fork.patch.series import (
     Patch,
     Series,
     load_series,
+    parse_patch,
 )
 from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree
 from sm120fork.patch.upstream_match import match_upstream
@@ -404,6 +407,27 @@ def _conflict_message(state: BumpState, patch: Patch, repo: Git, tree: str) -> s
             "with conflict markers in place")
 
 
+def _resolved_patch(repo: Git, patch: Patch, fix: str) -> Patch:
+    """The commit a hand resolution of ``patch`` made (HEAD), as the patch it becomes.
+
+    Checked when ``--continue`` accepts the resolution, while that commit is still HEAD
+    and ``git commit --amend`` mends it: a resolution that moved the change to another
+    file leaves Fingerprint or Effect lines naming the old one, which the series export
+    at the end of the bump refuses (and then only a rebase mends it).
+    """
+    with tempfile.TemporaryDirectory(prefix="sm120fork-resolved-") as tmp:
+        out = repo(*FORMAT_PATCH, "-o", tmp, "-1", "HEAD", quiet=True)
+        try:
+            return parse_patch(Path(out.split()[0]))
+        except SeriesError as exc:
+            raise MaintenanceError(
+                f"the resolution of {patch.name} (HEAD of the fork tree) cannot become a "
+                f"patch: {exc.what}", where=str(repo.path),
+                fix=f"make its message say what the resolved change does (a Fingerprint "
+                    f"or Effect line names a file the change touches now, patches/"
+                    f"README.md): `git -C {repo.path} commit --amend`, then {fix}") from None
+
+
 def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResult:
     if state.phase == "start":
         _start(ws, state)
@@ -443,7 +467,9 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
                 else:  # resolved to upstream's side: nothing left of the patch
                     repo("am", "--skip")
             if repo.head() != state.conflict_head:
-                holds = match_upstream(repo, patch, "HEAD").already_upstream
+                # The resolved commit's own header: it may name where the change is now.
+                resolved = _resolved_patch(repo, patch, f"`{cmd('--continue')}`")
+                holds = match_upstream(repo, resolved, "HEAD").already_upstream
                 _record(state, patch, RESOLVED, [
                     *state.conflict_evidence, "conflict resolved by hand in the fork tree",
                     "the patch's effect holds on the resolved tree" if holds else

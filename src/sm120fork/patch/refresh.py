@@ -79,7 +79,7 @@ def export_series(repo: Git, directory: Path, base: str = UPSTREAM_TAG,
                 raise SeriesError(
                     f"commit {commit.hexsha[:12]} ({commit.summary!r}) cannot become a patch: "
                     f"{exc.what}", where=str(repo.path),
-                    fix=f"give its message a DEP-3 header (patches/README.md): `git -C "
+                    fix=f"correct its message's DEP-3 header (patches/README.md): `git -C "
                         f"{shlex.quote(str(repo.path))} rebase -i {base}` and reword it") \
                     from None
             text = _canonical_date(text, patch.field("Last-Update"))
