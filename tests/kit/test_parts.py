@@ -155,3 +155,18 @@ def test_a_part_too_small_for_its_own_files_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="leaves no room") as err:
         write_parts(kit, tmp_path / "kit", 16 * KIB)
     assert err.value.where == "--part-size"
+
+
+def test_a_join_the_disk_refuses_says_where_to_copy_the_parts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _, parts = _parts(tmp_path)
+
+    def full(*_: object) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(boot, "join", full)
+    assert boot.main(["gpu_test"], kit=parts[0]) == boot.EXIT_CONFIG
+    assert capsys.readouterr().err == (
+        f"error: could not join the parts beside {parts[0]}: [Errno 28] No space left on "
+        "device: copy them to a writable folder with room for the kit, then run again\n")

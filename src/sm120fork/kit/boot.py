@@ -395,7 +395,12 @@ def main(argv: Sequence[str] | None = None, kit: Path | None = None) -> int:
             raise KitError(f"unknown verb {verb!r}: {USAGE}", EXIT_USAGE)
         index = _read_json(kit / KIT_FILE)
         if index.get("format") == PARTS_FORMAT:
-            kit = join(kit, index)
+            try:
+                kit = join(kit, index)
+            except OSError as exc:  # a read-only medium, a full disk
+                raise KitError(f"could not join the parts beside {kit}: {exc}: copy them "
+                               "to a writable folder with room for the kit, then run "
+                               "again") from None
         data = load(kit)
         home = Path(os.environ.get("SM120FORK_KIT_HOME") or kit / ".box").absolute()
         home.mkdir(parents=True, exist_ok=True)
