@@ -386,3 +386,28 @@ def test_the_layer_kit_carries_the_plugin_route_and_travels_in_parts(
                     nox=False), root=root)
     assert not list((out / "upstream").glob("sglang-*"))
     assert not (out / "stack" / "plugin").exists()
+
+
+def test_the_boxs_torch_stays_behind_whatever_version_its_freeze_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `pip list --format=freeze` of a CUDA box names torch with a local label
+    (torch==2.11.0+cu130), which no index version equals: the kit carried the index's torch
+    and its CUDA libraries (2.4 GB for sglang-0.5.23) instead of leaving the box's."""
+    from sm120fork.kit import build
+
+    root = checkout_copy(tmp_path, sdists=False)
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    _sglang_build(root, python)
+    report = _report(("flashinfer-python", "0.7.2", ["torch", "packaging>=24"]),
+                     ("torch", "2.11.0", ["nvidia-cublas"]), ("nvidia-cublas", "13", []),
+                     ("packaging", "26.0", []))
+    monkeypatch.setattr(build, "resolve", lambda *_: report)
+    downloaded: list[tuple[str, str]] = []
+    monkeypatch.setattr(build, "download", lambda pins, *_: downloaded.extend(pins))
+    monkeypatch.setattr(build, "_toolkit_wheel",
+                        lambda _root, dest: _wheel(dest, "sm120fork", "0.1.0", []))
+    freeze = tmp_path / "box.txt"
+    freeze.write_text("torch==2.11.0+cu130\npackaging==24.0\n")
+    make(KitOptions(stack="sglang-0.5.23", python=python, out=tmp_path / "kit",
+                    harnesses=("gpu_test",), nox=False, box_has=(str(freeze),)), root=root)
+    assert downloaded == [("packaging", "26.0")]  # the box has 24.0: the kit carries 26.0

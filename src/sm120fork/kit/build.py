@@ -391,8 +391,10 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
         from sm120fork.gpu.stack_wheels import upstream_wheel
 
         upstream = upstream_wheel(ws, opts.stack)
-    provided: dict[str, str | None] = {canonicalize_name(n): None for n in BOX_TORCH}
-    provided.update(_parse_box_has(opts.box_has))
+    provided = _parse_box_has(opts.box_has)
+    # The box's torch whatever its version (a freeze there says e.g. torch==2.11.0+cu130):
+    # it is built for the box's driver, and the index's would bring GBs of CUDA libraries.
+    provided.update({canonicalize_name(n): None for n in BOX_TORCH})
     for name in opts.include:
         provided.pop(canonicalize_name(name), None)
     plugin = plugin_wheel(folder) if "sglang_layer" in opts.harnesses else None
