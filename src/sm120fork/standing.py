@@ -16,12 +16,12 @@ Cheap by design: it reads the series, the manifest and the records, and runs
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sm120fork import manifest as manifest_file
 from sm120fork.declare import Stack
 from sm120fork.errors import ConfigError, SeriesError
 from sm120fork.patch.series import Patch, Series, display_name, load_series
@@ -141,19 +141,13 @@ def _shown(path: Path, root: Path) -> str:
 
 def _manifest_wheels(path: Path, stack: str
                      ) -> dict[str, tuple[frozenset[str], str | None]] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    manifest = manifest_file.load(path, stack=stack)
+    if manifest is None:
         return None
-    if not isinstance(data, dict) or data.get("stack") != stack:
-        return None
-    out: dict[str, tuple[set[str], str | None]] = {}
-    for w in data.get("wheels", []):
-        shas, tree = out.setdefault(str(w.get("project")), (set(), None))
-        if w.get("sha256"):
-            shas.add(str(w["sha256"]))
-        out[str(w.get("project"))] = (shas, tree or w.get("tree"))
-    return {k: (frozenset(s), t) for k, (s, t) in out.items()}
+    return {project: (frozenset(w.sha256 for w in entries),
+                      next((w.tree for w in entries if w.tree), None))
+            for project in dict.fromkeys(w.project for w in manifest.wheels)
+            if (entries := manifest.of(project))}
 
 
 def _version_of(wheel_file: str) -> str:

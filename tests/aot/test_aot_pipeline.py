@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from helpers_manifest import entry, write_manifest
 from sm120fork.aot import compile as compile_mod
 from sm120fork.aot import lookup, pipeline
 from sm120fork.declare import load_stacks
@@ -24,14 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _manifest(path: Path, **changes: object) -> None:
-    entry: dict[str, object] = {"project": "flashinfer", "distribution": "flashinfer-python",
-             "version": "0.6.7.post3+sm120.1", "wheel": "w.whl", "sha256": "a" * 64,
-             "tree": "b" * 40, "patched_commit": "c" * 40, "upstream_version": "0.6.7.post3",
-             "series_digest": "d" * 64}
-    entry.update(changes)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.10",
-                                                    "wheels": [entry]}))
+    fields: dict[str, object] = {
+        "distribution": "flashinfer-python", "version": "0.6.7.post3+sm120.1",
+        "wheel": "w.whl", "sha256": "a" * 64, "tree": "b" * 40, "patched_commit": "c" * 40,
+        "upstream_version": "0.6.7.post3", "series_digest": "d" * 64}
+    write_manifest(path, "sglang-0.5.10", entry("flashinfer", **{**fields, **changes}))
 
 
 def test_the_flashinfer_entry_of_the_stacks_manifest(tmp_path: Path) -> None:
@@ -49,7 +47,7 @@ def test_the_flashinfer_entry_of_the_stacks_manifest(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "short" / "manifest.json").read_text())
     del data["wheels"][0]["sha256"]
     (tmp_path / "short" / "manifest.json").write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="lacks 'sha256'"):
+    with pytest.raises(ConfigError, match="not a build manifest: KeyError: 'sha256'"):
         pipeline.flashinfer_build(tmp_path / "short", stack)
 
 
@@ -111,10 +109,10 @@ def test_build_aot_for_a_flashinfer_used_as_published(tmp_path: Path,
     wheels = ws.stack_wheels(stack.name)
     published, sha = _published_flashinfer(
         wheels, "for provider in flashinfer_jit_cache.get_jit_cache_providers():\n")
-    (wheels / "manifest.json").write_text(json.dumps({"stack": stack.name, "wheels": [{
-        "project": "flashinfer", "distribution": "flashinfer-python", "version": "0.7.2",
-        "upstream_version": "0.7.2", "used_as_published": True, "wheel": published.name,
-        "sha256": sha, "series_digest": "e3" * 32}]}))
+    write_manifest(wheels, stack.name, entry(
+        "flashinfer", distribution="flashinfer-python", version="0.7.2",
+        upstream_version="0.7.2", used_as_published=True, wheel=published.name, sha256=sha,
+        series_digest="e3" * 32))
     seen: dict[str, Path] = {}
 
     def compile_stand_in(tree: Path, capabilities: object, toolchain: object, cache: Path,
@@ -166,10 +164,10 @@ def test_a_published_flashinfer_without_a_lookup_gets_no_aot_wheel(
     stack = ws.stack("sglang-0.5.23")
     wheels = ws.stack_wheels(stack.name)
     published, sha = _published_flashinfer(wheels, "FLASHINFER_AOT_DIR = 'data/aot'\n")
-    (wheels / "manifest.json").write_text(json.dumps({"stack": stack.name, "wheels": [{
-        "project": "flashinfer", "distribution": "flashinfer-python", "version": "0.7.2",
-        "upstream_version": "0.7.2", "used_as_published": True, "wheel": published.name,
-        "sha256": sha, "series_digest": "e3" * 32}]}))
+    write_manifest(wheels, stack.name, entry(
+        "flashinfer", distribution="flashinfer-python", version="0.7.2",
+        upstream_version="0.7.2", used_as_published=True, wheel=published.name, sha256=sha,
+        series_digest="e3" * 32))
     monkeypatch.setattr("sm120fork.aot.toolchain.prepare",
                         lambda link: pytest.fail("compiled without a lookup"))
     with pytest.raises(ConfigError, match="no lookup for prebuilt-module packages"):

@@ -148,10 +148,10 @@ def test_flashinfer_072_as_published_finds_and_loads_the_aot_wheel_on_the_stacks
     data = site / "flashinfer" / "data"
     so = tmp_path / "trtllm_comm.so"
     so.write_bytes(b"\x7fELF stand-in")
-    flashinfer = wheel.FlashInferBuild.from_manifest(
-        {"distribution": "flashinfer-python", "version": "0.7.2", "wheel": published.name,
-         "sha256": "0" * 64, "upstream_version": "0.7.2", "series_digest": "e3" * 32,
-         "used_as_published": True}, where="test")
+    flashinfer = wheel.FlashInferBuild(
+        distribution="flashinfer-python", version="0.7.2", wheel=published.name,
+        sha256="0" * 64, upstream_version="0.7.2", series_digest="e3" * 32, tree=None,
+        patched_commit=None)
     ours = wheel.write_wheel(
         tmp_path / "ours", flashinfer=flashinfer, cuda_version="13.0", platform="linux_x86_64",
         modules=[wheel.Module(name="trtllm_comm", so=so, targets=("sm_90a", "sm_120f", "sm_121a"),

@@ -142,7 +142,7 @@ def test_the_build_summary_lists_the_plugin_wheel_beside_the_projects(tmp_path: 
 
     from sm120fork.cli.build import summary_table
     from sm120fork.declare import Stack
-    from sm120fork.package.entry import ManifestEntry
+    from sm120fork.manifest import ManifestEntry
     from sm120fork.package.publish import ProjectBuild
 
     out = tmp_path / "wheels" / "s"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers_manifest import entry, write_manifest
 from sm120fork.patch.series import load_series
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
 from sm120fork.standing import Today, claim_standings, stack_evidence
@@ -91,11 +92,9 @@ def test_a_wheel_built_here_that_differs_stales_the_records_that_ran_another(
         demo: DemoWorkspace) -> None:
     manifest = demo.ws.stack_wheels("demo") / "manifest.json"
     manifest.parent.mkdir(parents=True)
-    manifest.write_text(json.dumps({"stack": "demo", "wheels": [
-        {"project": "lib", "wheel": WHEEL, "sha256": "a" * 64}]}))
+    write_manifest(manifest.parent, "demo", entry("lib", wheel=WHEEL, sha256="a" * 64))
     assert _stale(demo) == {}
-    manifest.write_text(json.dumps({"stack": "demo", "wheels": [
-        {"project": "lib", "wheel": WHEEL, "sha256": "b" * 64}]}))
+    write_manifest(manifest.parent, "demo", entry("lib", wheel=WHEEL, sha256="b" * 64))
     stale = _stale(demo)
     assert sorted(stale) == ["reports/demo/gpu-test", "reports/demo/verify-sm120"]
     assert "the lib wheel it ran (sha256 aaaaaaaaaaaa) is not the one built now" in \

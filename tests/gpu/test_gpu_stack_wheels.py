@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers_manifest import entry, write_manifest
 from sm120fork.errors import ConfigError, UsageError
 from sm120fork.gpu import runs, stack_wheels
 
@@ -17,9 +18,9 @@ def _built(root: Path, stack: str, wheel: str, *, as_published: bool) -> Path:
     folder = root / "wheels" / stack
     folder.mkdir(parents=True)
     (folder / wheel).write_bytes(b"wheel")
-    (folder / "manifest.json").write_text(json.dumps({"stack": stack, "wheels": [
-        {"project": "flashinfer", "wheel": wheel, "sha256": "ab" * 32,
-         "series_digest": "cd" * 32, "used_as_published": as_published}]}))
+    write_manifest(folder, stack, entry("flashinfer", wheel=wheel, sha256="ab" * 32,
+                                        series_digest="cd" * 32,
+                                        used_as_published=as_published))
     return folder / wheel
 
 
@@ -103,7 +104,7 @@ def test_a_bench_from_a_stack_records_its_provenance(
                          "flashinfer_python-0.7.2-py3-none-any.whl"]
     doc = json.loads((out / "bench.json").read_text())
     assert doc["stack"] == "sglang-0.5.23"
-    assert doc["made_from"] == [{"project": "flashinfer", "series": None,
+    assert doc["made_from"] == [{"project": "flashinfer", "series": "flashinfer/series",
                                  "series_digest": "cd" * 32,
                                  "wheel": "flashinfer_python-0.7.2-py3-none-any.whl",
                                  "wheel_sha256": "ab" * 32}]
@@ -142,8 +143,8 @@ def test_layer_stack_unpacks_this_pythons_sglang_wheel_with_its_provenance(
     for name, project in ((other, "sglang"), (mine, "sglang"), (fi, "flashinfer")):
         top = "sglang" if project == "sglang" else "flashinfer"
         sha = _zip_wheel(folder / name, {f"{top}/__init__.py": name.encode()})
-        rows.append({"project": project, "wheel": name, "sha256": sha, "series_digest": "e" * 64})
-    (folder / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.23", "wheels": rows}))
+        rows.append(entry(project, wheel=name, sha256=sha, series_digest="e" * 64))
+    write_manifest(folder, "sglang-0.5.23", *rows)
     trees = stack_wheels.layer_trees(stack_wheels.stack_dir("sglang-0.5.23"), tmp_path / "work")
     assert (trees.sglang_path / "sglang" / "__init__.py").read_bytes() == mine.encode()
     assert [p.name for p in trees.site] == ["flashinfer"]
@@ -163,8 +164,7 @@ def test_a_layer_tree_is_unpacked_only_from_the_wheel_its_manifest_lists(
     folder.mkdir(parents=True)
     name = "sglang-0.5.23+sm120.1-py3-none-any.whl"
     _zip_wheel(folder / name, {"sglang/__init__.py": b"x"})
-    (folder / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.23", "wheels": [
-        {"project": "sglang", "wheel": name, "sha256": "0" * 64}]}))
+    write_manifest(folder, "sglang-0.5.23", entry("sglang", wheel=name, sha256="0" * 64))
     with pytest.raises(ConfigError, match="is not the wheel its manifest lists"):
         stack_wheels.layer_trees(folder, tmp_path / "work")
 

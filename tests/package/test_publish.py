@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import BuildError
+from sm120fork.manifest import ManifestEntry, SourceRecord
 from sm120fork.package import publish as pub
-from sm120fork.package.entry import ManifestEntry, SourceRecord
 from sm120fork.package.publish import ProjectBuild, load_manifest, publish
 from sm120fork.util import files
 from sm120fork.workspace import Workspace
@@ -67,7 +68,9 @@ def test_each_stack_publishes_into_its_own_folder(tmp_path: Path) -> None:
         "# two: pip install -c wheels/two/constraints.txt wheels/two/*.whl", "demo-lib==1.0+b"]
     manifest = load_manifest(ws, "two")
     assert manifest is not None
-    assert manifest["stack"] == "two"
+    assert manifest.stack == "two"
+    assert [w.wheel for w in manifest.wheels] == ["demo_lib-1.0+b-py3-none-any.whl"]
+    assert load_manifest(ws, "three") is None
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "rename-aside"])
@@ -134,17 +137,18 @@ def test_an_unchanged_publish_rewrites_nothing(tmp_path: Path) -> None:
 def test_gpu_runs_record_the_manifest_beside_the_patched_wheel(tmp_path: Path) -> None:
     from sm120fork.gpu.runs import _manifest
 
-    patched = tmp_path / "wheels" / "one"
-    patched.mkdir(parents=True)
-    (patched / "demo_lib-1.0+a-py3-none-any.whl").write_bytes(b"w")
-    (patched / "manifest.json").write_text('{"stack": "one"}')
+    ws = _workspace(tmp_path)
+    patched = publish(ws, ws.stack("one"), [_build(tmp_path, "one", "1.0+a")])
+    written = json.loads((patched / "manifest.json").read_text())
     unpatched = tmp_path / "up"
     unpatched.mkdir()
     specs = [f"unpatched={unpatched}", f"patched={patched}"]
-    assert _manifest(specs, "patched") == {"stack": "one"}
+    assert _manifest(specs, "patched") == written
     assert _manifest([f"patched={patched / 'demo_lib-1.0+a-py3-none-any.whl'}"],
-                     "patched") == {"stack": "one"}
+                     "patched") == written
     assert _manifest(specs, "unpatched") is None
+    (patched / "manifest.json").write_text('{"stack": "one"}')  # not a build's manifest
+    assert "not a build manifest" in _manifest(specs, "patched")["error"]  # type: ignore[index]
 
 
 def _made(distribution: str, wheel: str) -> ProjectBuild:

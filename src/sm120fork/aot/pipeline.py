@@ -12,7 +12,6 @@ the wheel is read from its sources (:mod:`sm120fork.aot.lookup`).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork import __version__
+from sm120fork import manifest as manifest_file
 from sm120fork.aot import compile as compile_mod
 from sm120fork.aot import inspect as inspect_mod
 from sm120fork.aot import lookup as lookup_mod
@@ -61,18 +61,14 @@ def default_out(ws: Workspace, stack: Stack) -> Path:
 
 def flashinfer_build(wheels_dir: Path, stack: Stack) -> wheel_mod.FlashInferBuild:
     """The FlashInfer wheel this stack published (its entry in manifest.json)."""
-    path = wheels_dir / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError("no readable manifest.json", where=str(path),
-                          fix=f"run `{command('build', '--stack', stack.name)}` first") from exc
-    if manifest.get("stack") != stack.name:
-        raise ConfigError(f"manifest.json is for stack {manifest.get('stack')!r}, not "
+    path = wheels_dir / manifest_file.FILE
+    manifest = manifest_file.read(path, fix=f"run `{command('build', '--stack', stack.name)}` "
+                                            "first")
+    if manifest.stack != stack.name:
+        raise ConfigError(f"manifest.json is for stack {manifest.stack!r}, not "
                           f"{stack.name!r}", where=str(path),
                           fix=f"run `{command('build', '--stack', stack.name)}`")
-    entry = next((w for w in manifest.get("wheels", []) if w.get("project") == FLASHINFER_KEY),
-                 None)
+    entry = manifest.first(FLASHINFER_KEY)
     if entry is None:
         raise ConfigError("manifest.json has no flashinfer wheel", where=str(path))
     return wheel_mod.FlashInferBuild.from_manifest(entry, where=str(path))

@@ -37,6 +37,7 @@ from wheel.wheelfile import WheelFile
 
 from sm120fork.aot.lookup import PREBUILT, PROVIDER_SCHEMA_VERSION, Lookup, provider_architectures
 from sm120fork.errors import BuildError, ConfigError
+from sm120fork.manifest import ManifestEntry
 from sm120fork.util.files import scratch_prefix, sha256_file
 
 DISTRIBUTION = "sm120fork-flashinfer-aot"
@@ -71,19 +72,13 @@ class FlashInferBuild:
     series_digest: str
 
     @classmethod
-    def from_manifest(cls, entry: Mapping[str, Any], *, where: str) -> FlashInferBuild:
-        try:
-            published = bool(entry.get("used_as_published"))
-            return cls(distribution=entry["distribution"], version=entry["version"],
-                       wheel=entry["wheel"], sha256=entry["sha256"],
-                       tree=entry.get("tree") if published else entry["tree"],
-                       patched_commit=(entry.get("patched_commit") if published
-                                       else entry["patched_commit"]),
-                       upstream_version=entry["upstream_version"],
-                       series_digest=entry["series_digest"])
-        except KeyError as exc:
-            raise ConfigError(f"manifest entry lacks {exc.args[0]!r}", where=where,
-                              fix="rebuild the stack with `nox -s build`") from exc
+    def from_manifest(cls, entry: ManifestEntry, *, where: str) -> FlashInferBuild:
+        if not entry.used_as_published and (entry.tree is None or entry.patched_commit is None):
+            raise ConfigError("manifest entry lacks its patched tree", where=where,
+                              fix="rebuild the stack with `nox -s build`")
+        return cls(distribution=entry.distribution, version=entry.version, wheel=entry.wheel,
+                   sha256=entry.sha256, tree=entry.tree, patched_commit=entry.patched_commit,
+                   upstream_version=entry.upstream_version, series_digest=entry.series_digest)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sm120fork import manifest as manifest_file
 from sm120fork.cuda.toolkit import locate_nvcc
 from sm120fork.errors import CommandError, ConfigError, UsageError, VerifyError
 from sm120fork.gpu import cases as cases_mod
@@ -253,13 +254,12 @@ def _manifest(wheel_dirs: Sequence[str], primary: str) -> dict[str, Any] | None:
         if name != primary:
             continue
         folder = Path(where) if Path(where).is_dir() else Path(where).parent
-        path = folder / "manifest.json"
+        path = folder / manifest_file.FILE
         if path.is_file():
-            try:
-                data: dict[str, Any] = json.loads(path.read_text())
-                return data
-            except json.JSONDecodeError:
-                return {"error": f"{path} is not valid JSON"}
+            try:  # read through the typed reader: the run records what it can check
+                return manifest_file.read(path).to_json()
+            except ConfigError as exc:
+                return {"error": str(exc)}
     return None
 
 

@@ -19,7 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sm120fork import manifest as manifest_file
 from sm120fork.errors import BuildError, ConfigError
+from sm120fork.manifest import Manifest, ManifestEntry
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -53,20 +55,31 @@ def tested(ws: Workspace, stack: str) -> dict[str, Any]:
     from sm120fork.errors import ToolkitError
     from sm120fork.gpu.records import tested_of
 
-    path = ws.stack_wheels(stack) / "manifest.json"
+    _, manifest = build_manifest(ws, stack)
     try:
         ids = patch_ids(ws, stack)
     except (ToolkitError, OSError) as exc:
         log.warning("the record will name no patch ids: %s", exc)
         ids = {}
-    return tested_of(json.loads(path.read_text(encoding="utf-8")), ids)
+    return tested_of(manifest, ids)
+
+
+def stack_manifest(ws: Workspace, stack: str) -> tuple[Path, Manifest]:
+    """The stack's wheels folder and its build's manifest (refused, naming the build
+    command, when the stack is not built)."""
+    folder = ws.stack_wheels(stack)
+    if not (folder / manifest_file.FILE).is_file():
+        raise ConfigError(f"stack {stack} has no build in {folder}",
+                          fix=f"nox -s build -- --stack {stack}")
+    return folder, manifest_file.read(folder, fix=f"nox -s build -- --stack {stack}")
 
 
 def build_manifest(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
-    """The stack's wheels folder and its build's manifest.json (refused, naming the build
-    command, when the stack is not built)."""
+    """The stack's wheels folder and its manifest as JSON data, unchecked: what the kit
+    (``kit/build.py``) and :func:`tested` still read; the other readers use the typed
+    :func:`stack_manifest`."""
     folder = ws.stack_wheels(stack)
-    path = folder / "manifest.json"
+    path = folder / manifest_file.FILE
     if not path.is_file():
         raise ConfigError(f"stack {stack} has no build in {folder}",
                           fix=f"nox -s build -- --stack {stack}")
@@ -74,17 +87,17 @@ def build_manifest(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
     return folder, data
 
 
-def _manifest_entry(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
-    folder, manifest = build_manifest(ws, stack)
-    path = folder / "manifest.json"
-    entries = [w for w in manifest.get("wheels", []) if w.get("project") == PROJECT]
-    if not entries:
-        raise ConfigError(f"the build of {stack} has no {PROJECT} wheel", where=str(path))
-    wheel = folder / entries[0]["wheel"]
+def _manifest_entry(ws: Workspace, stack: str) -> tuple[Path, ManifestEntry]:
+    folder, manifest = stack_manifest(ws, stack)
+    entry = manifest.first(PROJECT)
+    if entry is None:
+        raise ConfigError(f"the build of {stack} has no {PROJECT} wheel",
+                          where=str(folder / manifest_file.FILE))
+    wheel = folder / entry.wheel
     if not wheel.is_file():
         raise ConfigError(f"{wheel.name} is listed in the manifest but missing",
                           where=str(folder), fix=f"nox -s build -- --stack {stack}")
-    return wheel, entries[0]
+    return wheel, entry
 
 
 def upstream_wheel(ws: Workspace, stack_name: str) -> Path:
@@ -122,7 +135,7 @@ def resolve(stack: str, *, baseline: bool, root: Path | None = None) -> StackWhe
     wheel, entry = _manifest_entry(ws, stack)
     specs = [f"patched={wheel}"]
     note = None
-    if entry.get("used_as_published"):
+    if entry.used_as_published:
         note = (f"{stack} ships upstream's {wheel.name} as published (empty series): "
                 "no A/B, the one variant is upstream")
     elif baseline:
@@ -173,30 +186,28 @@ def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
     from packaging.tags import sys_tags
     from packaging.utils import parse_wheel_filename
 
-    path = folder / "manifest.json"
+    path = folder / manifest_file.FILE
     if not path.is_file():
-        stack = folder.name
         raise ConfigError(f"no build in {folder} (no manifest.json)",
-                          fix=f"nox -s build -- --stack {stack}")
-    manifest = json.loads(path.read_text(encoding="utf-8"))
-    stack = str(manifest.get("stack"))
+                          fix=f"nox -s build -- --stack {folder.name}")
+    manifest = manifest_file.read(path, fix=f"nox -s build -- --stack {folder.name}")
+    stack = manifest.stack
     here = set(sys_tags())
-    chosen: dict[str, dict[str, Any]] = {}
-    for w in manifest.get("wheels", []):
-        project = str(w.get("project"))
-        if project in chosen or project not in ("sglang", PROJECT):
+    chosen: dict[str, ManifestEntry] = {}
+    for w in manifest.wheels:
+        if w.project in chosen or w.project not in ("sglang", PROJECT):
             continue
-        _name, _version, _build, tags = parse_wheel_filename(str(w.get("wheel")))
+        _name, _version, _build, tags = parse_wheel_filename(w.wheel)
         if tags & here:
-            chosen[project] = w
+            chosen[w.project] = w
     if "sglang" not in chosen:
         raise ConfigError(f"stack {stack} has no sglang wheel for this Python and platform",
                           where=str(path), fix="run on a Python the stack builds for")
-    trees = {project: _unpack(folder / str(w["wheel"]),
-                              work_dir / "layer-trees" / stack / project, str(w["sha256"]))
+    trees = {project: _unpack(folder / w.wheel, work_dir / "layer-trees" / stack / project,
+                              w.sha256)
              for project, w in chosen.items()}
     made = {"stack": stack, "made_from": [
-        {"project": p, "series": w.get("series"), "series_digest": w.get("series_digest"),
-         "wheel": w["wheel"], "wheel_sha256": w["sha256"]} for p, w in chosen.items()]}
+        {"project": p, "series": w.series, "series_digest": w.series_digest,
+         "wheel": w.wheel, "wheel_sha256": w.sha256} for p, w in chosen.items()]}
     return LayerTrees(sglang_path=trees["sglang"],
                       site=tuple(t for p, t in trees.items() if p != "sglang"), made=made)

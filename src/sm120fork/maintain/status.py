@@ -7,19 +7,20 @@ already upstream, which wheel shipped it.  Results are dataclasses the CLI rende
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sm120fork import manifest as manifest_file
 from sm120fork.declare import Project, Stack, coordinated_pin_problems
-from sm120fork.errors import ConfigError, ToolkitError
+from sm120fork.errors import ToolkitError
 from sm120fork.fetch.source import source_key
 from sm120fork.maintain.release import release_check
 from sm120fork.maintain.state import (
     BumpState,
 )
+from sm120fork.manifest import Manifest
 from sm120fork.package.publish import load_manifest
 from sm120fork.patch.apply import check_series
 from sm120fork.patch.series import (
@@ -118,23 +119,17 @@ class ProjectStatus:
         return d
 
 
-def _wheel_for(manifest: dict[str, Any] | None, stack: Stack, project: Project,
+def _wheel_for(manifest: Manifest | None, stack: Stack, project: Project,
                patch: Patch) -> str:
-    if not manifest or manifest.get("stack") != stack.name:
+    entry = manifest.first(project.key) if manifest and manifest.stack == stack.name else None
+    built = entry.patch(patch.name) if entry else None
+    if entry is None or built is None:
         return "-"
-    for entry in manifest.get("wheels", []):
-        if entry.get("project") != project.key:
-            continue
-        for p in entry.get("patches", []):
-            if p.get("name") == patch.name:
-                same = p.get("sha256") == patch.sha256
-                return str(entry["wheel"]) + ("" if same else " (patch changed since)")
-        return "-"
-    return "-"
+    return entry.wheel + ("" if built.sha256 == patch.sha256 else " (patch changed since)")
 
 
 def project_status(ws: Workspace, stack: Stack, project: Project,
-                   manifest: dict[str, Any] | None, *, fetch: bool = True) -> ProjectStatus:
+                   manifest: Manifest | None, *, fetch: bool = True) -> ProjectStatus:
     pending = BumpState.load(ws, stack.name, project.key)
     in_progress = f"to {pending.new_version}" if pending else ""
 
@@ -197,12 +192,7 @@ def status(ws: Workspace, stack_name: str | None = None,
     """
     stacks = [ws.stack(stack_name, strict=False)] if stack_name else sorted(
         ws.stacks().values(), key=lambda s: (not s.default, s.name))
-    given: dict[str, Any] | None = None
-    if wheels_dir is not None:
-        try:
-            given = json.loads((wheels_dir / "manifest.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError("no readable manifest.json", where=str(wheels_dir)) from exc
+    given = manifest_file.read(wheels_dir) if wheels_dir is not None else None
     with ws.lock():
         found = [project_status(ws, s, p, given if wheels_dir else load_manifest(ws, s.name),
                                 fetch=fetch)

@@ -10,32 +10,15 @@ that applies to the source but never reaches the wheel fails the build.
 from __future__ import annotations
 
 import zipfile
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sm120fork.declare import Project
 from sm120fork.errors import ArtifactCheckError
 from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.manifest import FingerprintResult
 from sm120fork.patch.series import Fingerprint, Series
 from sm120fork.patch.upstream_match import fingerprint_in, fingerprints_at
 from sm120fork.util.git import Git
-
-
-@dataclass(frozen=True, kw_only=True)
-class FingerprintResult:
-    patch: str
-    path: str
-    text: str
-    member: str
-    in_wheel: bool
-    in_upstream: bool
-
-    @property
-    def passed(self) -> bool:
-        return self.in_wheel and not self.in_upstream
-
-    def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "passed": self.passed}
 
 
 def wheel_members(zf: zipfile.ZipFile, project: Project, path: str) -> list[str]:

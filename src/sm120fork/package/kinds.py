@@ -25,8 +25,8 @@ from sm120fork.declare import Project, Stack
 from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import Progress
 from sm120fork.fetch.wheel import download_wheels
-from sm120fork.package.artifact import FingerprintResult, check_wheel, require_passed
-from sm120fork.package.entry import ManifestEntry, PatchRecord, SourceRecord
+from sm120fork.manifest import FingerprintResult, ManifestEntry, PatchRecord, SourceRecord
+from sm120fork.package.artifact import check_wheel, require_passed
 from sm120fork.package.repack import check_same_preimage, check_series_for_wheel, repack_wheel
 from sm120fork.package.wheel import build_wheel
 from sm120fork.patch.series import Series

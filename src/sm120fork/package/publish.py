@@ -19,15 +19,14 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sm120fork import __version__
+from sm120fork import manifest as manifest_file
 from sm120fork.declare import Stack
 from sm120fork.errors import BuildError
-from sm120fork.package.entry import ManifestEntry
+from sm120fork.manifest import Manifest, ManifestEntry
 from sm120fork.util.files import (
     atomic_copy,
-    read_json_object,
     remove_stale_scratch,
     sha256_file,
     staged_dir,
@@ -36,7 +35,7 @@ from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
-MANIFEST = "manifest.json"
+MANIFEST = manifest_file.FILE
 CONSTRAINTS = "constraints.txt"
 #: The names of staging folders beside a stack folder before :func:`staged_dir`
 #: (``.<stack>.staging-*``, ``.<stack>.old-*``): a killed run of an older toolkit may
@@ -84,14 +83,11 @@ def install_command(ws: Workspace, out: Path, builds: list[ProjectBuild] | None 
 def _texts(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path) -> dict[str, str]:
     # One line per distribution: a project may ship one wheel per Python and platform.
     constraints = "".join(dict.fromkeys(f"{b.distribution}=={b.version}\n" for b in builds))
-    manifest = {
-        "toolkit_version": __version__,
-        "stack": stack.name,
-        "wheels": [b.entry.to_json() for b in builds],
-    }
+    manifest = Manifest(toolkit_version=__version__, stack=stack.name,
+                        wheels=tuple(b.entry for b in builds))
     return {
         CONSTRAINTS: f"# {stack.name}: {install_command(ws, out, builds)}\n" + constraints,
-        MANIFEST: json.dumps(manifest, indent=2) + "\n",
+        MANIFEST: json.dumps(manifest.to_json(), indent=2) + "\n",
     }
 
 
@@ -218,6 +214,6 @@ def _publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path,
     return out
 
 
-def load_manifest(ws: Workspace, stack_name: str) -> dict[str, Any] | None:
+def load_manifest(ws: Workspace, stack_name: str) -> Manifest | None:
     """The manifest of the stack's published wheels, or None when there is none."""
-    return read_json_object(ws.stack_wheels(stack_name) / MANIFEST)
+    return manifest_file.load(ws.stack_wheels(stack_name), stack=stack_name)

@@ -26,7 +26,7 @@ from packaging.version import Version
 from sm120fork.declare import Project, Stack, pinned_for, requirement_applies
 from sm120fork.errors import BuildError, DirtyTreeError
 from sm120fork.fetch.source import Progress, source_key
-from sm120fork.package.entry import ManifestEntry
+from sm120fork.manifest import ManifestEntry
 from sm120fork.package.kinds import Job, Stage, kind_for, no_stage
 from sm120fork.package.publish import ProjectBuild, check_writable, publish
 from sm120fork.package.wheel import wheel_extras, wheel_requirements

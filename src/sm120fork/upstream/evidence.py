@@ -12,15 +12,16 @@ reworded Description or a new ``Verified-By`` line stales nothing.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sm120fork import manifest as manifest_file
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import MaintenanceError
+from sm120fork.manifest import ManifestEntry
 from sm120fork.record import BASELINE_VARIANTS, RECORD_FILE, Record
 from sm120fork.standing import Today, record_problems, stack_records
 from sm120fork.util.hint import command
@@ -33,8 +34,8 @@ FULL_SERIES = "full series"
 
 @dataclass(frozen=True, kw_only=True)
 class Evidence:
-    manifest_entry: dict[str, Any]
-    manifest_wheels: list[dict[str, Any]]
+    manifest_entry: ManifestEntry | None
+    manifest_wheels: tuple[ManifestEntry, ...]
     #: The verify-sm120 record of the stack.
     verify: Record
     verify_path: Path
@@ -56,14 +57,6 @@ class Evidence:
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data
 
 
 def rerun_command(kind: str, stack: str) -> str:
@@ -175,26 +168,26 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
     files: dict[str, str] = {}
     manifest_path = (wheels_dir or ws.stack_wheels(stack.name)) / "manifest.json"
     shown = os.path.relpath(manifest_path, ws.root)
-    manifest = _load_json(manifest_path)
-    entry: dict[str, Any] = {}
-    wheels: list[dict[str, Any]] = []
+    manifest = manifest_file.load(manifest_path)
+    entry: ManifestEntry | None = None
+    wheels: tuple[ManifestEntry, ...] = ()
     if manifest is None:
         problems.append(f"no {shown} (run: "
                         + command("build", "--stack", stack.name,
                                   *(["--out", os.path.relpath(manifest_path.parent, ws.root)]
                                     if wheels_dir else [])) + ")")
-    elif manifest.get("stack") != stack.name:
-        problems.append(f"{shown} is for stack {manifest.get('stack')!r}, not "
+    elif manifest.stack != stack.name:
+        problems.append(f"{shown} is for stack {manifest.stack!r}, not "
                         f"{stack.name!r} (build this stack, or pass --wheels)")
     else:
-        wheels = list(manifest.get("wheels", []))
-        entry = next((w for w in wheels if w.get("project") == project.key), {})
-        if not entry:
+        wheels = manifest.wheels
+        entry = manifest.first(project.key)
+        if entry is None:
             problems.append(f"{shown} has no {project.key} wheel")
-        elif entry.get("series_digest") != series_digest:
+        elif entry.series_digest != series_digest:
             problems.append(f"the {project.key} wheel was built from another series "
                             f"(run: {command('build', '--stack', stack.name)})")
-        elif not all(r.get("passed") for r in entry.get("artifact_check", [])):
+        elif not all(r.passed for r in entry.artifact_check):
             problems.append(f"the {project.key} wheel failed its artifact check")
         files[shown] = _sha256(manifest_path)
     today = Today.of(ws, stack, wheels_dir=wheels_dir)
@@ -294,9 +287,9 @@ def evidence_sections(ws: Workspace, ev: Evidence) -> dict[str, list[str]]:
                   f"on a machine with 2 or more GPUs run "
                   f"`{rerun_command('bench', ev.stack)}`)."
                   + "".join(f" Not used: {h}." for h in ev.bench_history)]
-    wheel_rows = [[str(w.get("wheel")), f"`{w.get('sha256')}`",
-                   f"{sum(bool(r.get('passed')) for r in w.get('artifact_check', []))}/"
-                   f"{len(w.get('artifact_check', []))}"] for w in ev.manifest_wheels]
+    wheel_rows = [[w.wheel, f"`{w.sha256}`",
+                   f"{sum(r.passed for r in w.artifact_check)}/{len(w.artifact_check)}"]
+                  for w in ev.manifest_wheels]
     return {
         "proof": proof,
         "tests": [*tests, *layer],

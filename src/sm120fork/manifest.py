@@ -1,18 +1,42 @@
-"""One wheel's record in ``manifest.json`` and in the build cache, typed.
+"""``wheels/<stack>/manifest.json``, typed: what a build published, wheel by wheel.
 
-Every source kind (:mod:`sm120fork.package.kinds`) makes these, the release step writes
-them, and every later stage (the CLI's table, ``verify-sm120``, the AOT build, status)
-reads the same fields, not dicts by string keys.  ``from_json`` reads what ``to_json``
-wrote, and the entries an earlier toolkit cached (the same keys, some absent).
+The release step writes it (:mod:`sm120fork.package.publish`), the build cache keeps its
+entries (:mod:`sm120fork.package.stack`), and every later stage reads it through
+:func:`read` or :func:`load` (status, standing, verify-sm120, the AOT build, the GPU runs,
+upstream evidence, the kit), never as a dict by string keys.  Below every stage: standard
+library and the toolkit's errors only, since the GPU box reads it without the build's
+dependencies.  ``from_json`` reads what ``to_json`` wrote, and the entries an earlier
+toolkit cached (the same keys, some absent).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
-from sm120fork.package.artifact import FingerprintResult
-from sm120fork.patch.series import Patch
+from sm120fork.errors import ConfigError
+
+FILE = "manifest.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FingerprintResult:
+    """One ``Fingerprint`` of one patch, looked for in the shipped wheel and upstream."""
+
+    patch: str
+    path: str
+    text: str
+    member: str
+    in_wheel: bool
+    in_upstream: bool
+
+    @property
+    def passed(self) -> bool:
+        return self.in_wheel and not self.in_upstream
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "passed": self.passed}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +49,17 @@ class SourceRecord:
     url: str | None = None
 
 
+class _PatchLike(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def subject(self) -> str: ...
+    @property
+    def applied_upstream(self) -> str: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class PatchRecord:
     name: str
@@ -33,7 +68,7 @@ class PatchRecord:
     applied_upstream: str
 
     @classmethod
-    def of(cls, patch: Patch) -> PatchRecord:
+    def of(cls, patch: _PatchLike) -> PatchRecord:
         return cls(name=patch.name, sha256=patch.sha256, subject=patch.subject,
                    applied_upstream=patch.applied_upstream)
 
@@ -61,6 +96,10 @@ class ManifestEntry:
     #: Files of a repacked wheel that the series changed (wheel sources only).
     changed_files: tuple[str, ...] | None = None
     artifact_check: tuple[FingerprintResult, ...] = ()
+
+    def patch(self, name: str) -> PatchRecord | None:
+        """The record of the series' patch ``name`` this wheel was built with, if any."""
+        return next((p for p in self.patches if p.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -92,7 +131,7 @@ class ManifestEntry:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ManifestEntry:
+    def from_json(cls, data: Any) -> ManifestEntry:
         """The entry ``data`` records; KeyError/TypeError/ValueError when it is not one."""
         source = data["source"]
         changed = data.get("changed_files")
@@ -117,3 +156,63 @@ class ManifestEntry:
                 FingerprintResult(**{k: v for k, v in r.items() if k != "passed"})
                 for r in data.get("artifact_check", ())),
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """One published build: the stack, the toolkit that built it, and its wheels."""
+
+    stack: str
+    toolkit_version: str
+    wheels: tuple[ManifestEntry, ...]
+
+    def of(self, project: str) -> tuple[ManifestEntry, ...]:
+        """The entries of ``project`` (one per Python and platform for some projects)."""
+        return tuple(w for w in self.wheels if w.project == project)
+
+    def first(self, project: str) -> ManifestEntry | None:
+        return next(iter(self.of(project)), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"toolkit_version": self.toolkit_version, "stack": self.stack,
+                "wheels": [w.to_json() for w in self.wheels]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Manifest:
+        """KeyError/TypeError/ValueError/AttributeError when ``data`` is not a manifest."""
+        if not isinstance(data, dict):
+            raise TypeError("a manifest is a JSON object")
+        return cls(stack=str(data["stack"]), toolkit_version=str(data["toolkit_version"]),
+                   wheels=tuple(ManifestEntry.from_json(w) for w in data.get("wheels", ())))
+
+
+def read(path: Path, *, fix: str | None = None) -> Manifest:
+    """The manifest at ``path`` (a file, or the folder holding it); ConfigError naming the
+    file when it is missing or not a manifest."""
+    import json
+
+    if path.is_dir() or path.name != FILE:
+        path = path / FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"no readable {FILE} ({exc.strerror or exc})", where=str(path),
+                          fix=fix) from exc
+    try:
+        return Manifest.from_json(json.loads(text))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"not a build manifest: {type(exc).__name__}: {exc}",
+                          where=str(path), fix=fix) from exc
+
+
+def load(path: Path, *, stack: str | None = None) -> Manifest | None:
+    """The manifest at ``path`` (a file or its folder), or None when there is none, it
+    is unreadable, or it is of another stack than ``stack``: for the readers that show
+    what was built, if anything."""
+    try:
+        manifest = read(path)
+    except ConfigError:
+        return None
+    if stack is not None and manifest.stack != stack:
+        return None
+    return manifest
