@@ -35,6 +35,24 @@ from sm120fork.layouts import LAYOUTS
 
 SourceKind = Literal["sdist", "git", "wheel"]
 SOURCE_KINDS: tuple[SourceKind, ...] = ("sdist", "git", "wheel")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KindPins:
+    """What a source kind's declaration must pin: the data the loader checks per kind
+    (the kinds' behaviour is their registry, :mod:`sm120fork.fetch.kinds`)."""
+
+    #: The pin table the kind builds from: ``sdist``, ``git`` or ``wheels``.
+    builds_from: str
+    #: Built from source (a version stamp, a git pin for the record) rather than repacked.
+    built: bool
+
+
+KIND_PINS: dict[str, KindPins] = {
+    "sdist": KindPins(builds_from="sdist", built=True),
+    "git": KindPins(builds_from="git", built=True),
+    "wheel": KindPins(builds_from="wheels", built=False),
+}
 #: Packages that upstream ships beside a project and that must carry the project's own
 #: version (FlashInfer's import refuses a flashinfer-cubin of another version).
 COMPANIONS = {"flashinfer-cubin": "flashinfer-python", "flashinfer-jit-cache": "flashinfer-python"}
@@ -313,14 +331,15 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
                       _suggest(layout, list(LAYOUTS))
                       or f"use one of {', '.join(map(repr, LAYOUTS))}, or add an adapter "
                          "under src/sm120fork/layouts/ (CONTRIBUTING.md)")
+    pins = KIND_PINS[source]
     series_record = r.get("series_record", str, default="")
     if series_record and (series_record.startswith("/") or ".." in Path(series_record).parts
-                          or source == "wheel"):
+                          or not pins.built):
         raise r.error("series_record", "must be a relative path inside the package root of "
                       "a project that is built (not a wheel source)")
 
     git_pin = None
-    if source != "wheel" or "git" in table:
+    if pins.built or "git" in table:
         g = r.table_at("git", ("url", "tag", "commit", "commit_verified", "note"))
         git_pin = GitPin(
             url=g.get("url", str),
@@ -332,7 +351,7 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
         )
 
     sdist_pin = None
-    if source == "sdist" or "sdist" in table:
+    if pins.builds_from == "sdist" or "sdist" in table:
         s = r.table_at("sdist", ("filename", "sha256", "url"))
         sdist_pin = SdistPin(
             filename=s.get("filename", str),
@@ -342,16 +361,17 @@ def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
         )
         if not sdist_pin.filename.endswith((".tar.gz", ".zip")):
             raise s.error("filename", "an sdist must be a .tar.gz or .zip")
-        if source == "sdist":  # the file this project builds from (a git pin may keep an old one)
+        # The file this project builds from (a git pin may keep an old one).
+        if pins.builds_from == "sdist":
             _check_file_name(s, "filename", distribution, version, parse_sdist_filename)
 
     wheels = _wheels(r, distribution, version)
-    if source == "wheel" and not wheels:
+    if pins.builds_from == "wheels" and not wheels:
         raise r.error("wheels", "a wheel source needs at least one published wheel",
                       "add [[projects." + key + ".wheels]] with filename and sha256")
 
     stamp = VersionStamp()
-    if source == "wheel":
+    if not pins.built:
         if "version_stamp" in table:
             raise r.error("version_stamp", "a wheel source is repacked, not built: "
                           "the local version goes into its METADATA",

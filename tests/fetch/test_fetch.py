@@ -261,3 +261,28 @@ def test_git_source_refuses_wrong_commit(tmp_path: Path) -> None:
     bogus = replace(project, git=replace(project.git_pin, commit="1" * 40))
     with pytest.raises(SourceError, match="cannot fetch commit 1111"):
         init_from_git(bogus, tmp_path / "work" / "other", str(demo.lib.repo))
+
+
+def test_every_source_kind_is_one_entry_of_the_registry_and_answers_for_itself(
+        tmp_path: Path) -> None:
+    """What differs between kinds is the registry's (fetch side here, build side in
+    package/kinds.py): each name a declaration accepts is there, and status asks it what
+    it would download instead of naming kinds itself."""
+    from sm120fork.declare import KIND_PINS, SOURCE_KINDS
+    from sm120fork.fetch import kinds
+    from sm120fork.package.kinds import KINDS as BUILD_SIDE
+
+    assert set(kinds.KINDS) == set(SOURCE_KINDS) == set(KIND_PINS)
+    assert set(SOURCE_KINDS) <= set(BUILD_SIDE)
+    assert {k.cache_kind for k in BUILD_SIDE.values()} <= set(kinds.KINDS)
+    demo = make_demo(tmp_path)
+    lib = demo.ws.stack(STACK).project("lib")
+    kind = kinds.source_kind(lib.source)
+    caches = {"sdist_cache": tmp_path / "sdists", "wheel_cache": tmp_path / "wheels"}
+    assert kind.missing(lib, **caches) == [lib.sdist_pin.filename]
+    (tmp_path / "sdists").mkdir()
+    (tmp_path / "sdists" / lib.sdist_pin.filename).write_bytes(b"cached")
+    assert kind.missing(lib, **caches) == []
+    assert kinds.source_key(lib) == f"sdist:{lib.sdist_pin.sha256}"
+    with pytest.raises(ValueError, match="unknown source kind 'svn'"):
+        kinds.source_kind("svn")

@@ -16,7 +16,7 @@ import pytest
 import sm120fork.maintain.state as bump_state
 from sm120fork.cli.main import main
 from sm120fork.errors import MaintenanceError
-from sm120fork.fetch.source import source_key
+from sm120fork.fetch.kinds import source_key
 from sm120fork.maintain.bump import bump, bump_abort, bump_continue
 from sm120fork.patch.tree import read_state
 from sm120fork.util import proc

@@ -1,26 +1,141 @@
-"""The one dispatch on a project's source kind."""
+"""The source kinds' fetch side, as a registry: one class per kind, one interface.
+
+What a kind pins (its digest: the key a fork tree and a build cache are keyed by), what
+it downloads for a build, what ``status`` would have to download, and how it makes the
+unpatched fork tree.  Every other module asks the registry (:func:`source_kind`) instead
+of branching on a kind's name; the build side of each kind (``make``) is its class in
+:mod:`sm120fork.package.kinds`.  A new kind is a class here, a line in ``KINDS``, its
+``make`` there and its name in ``declare.SOURCE_KINDS``.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
+from typing import Protocol
 
 from sm120fork.declare import Project
 from sm120fork.fetch.git import init_from_git
 from sm120fork.fetch.sdist import download_sdist, init_from_sdist
 from sm120fork.fetch.source import Progress, SourceInfo
-from sm120fork.fetch.wheel import download_wheel, init_from_wheel
+from sm120fork.fetch.wheel import download_wheel, download_wheels, init_from_wheel
+
+
+class SourceFetch(Protocol):
+    #: The kind's name in the declaration (``source = "..."``) and the registry.
+    name: str
+    #: Its input is the release's published wheels (a bump pins a release's wheels, and
+    #: the index's listing of them is checked against the declaration).
+    ships_wheels: bool
+
+    def digest(self, project: Project) -> str:
+        """What identifies the pinned source: what fork trees and build caches key on."""
+
+    def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
+                 progress: Progress | None = None) -> list[Path]:
+        """A build's inputs of this kind, cached and sha256-checked."""
+
+    def missing(self, project: Project, *, sdist_cache: Path, wheel_cache: Path) -> list[str]:
+        """What making the unpatched fork tree would download (none when cached)."""
+
+    def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
+                  wheel_cache: Path, progress: Progress | None = None,
+                  git_url: str | None = None) -> SourceInfo:
+        """Create ``work`` as the pinned upstream (first commit tagged upstream)."""
+
+
+class Sdist:
+    name = "sdist"
+    ships_wheels = False
+
+    def digest(self, project: Project) -> str:
+        return project.sdist_pin.sha256
+
+    def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
+                 progress: Progress | None = None) -> list[Path]:
+        return [download_sdist(project, sdist_cache, progress)]
+
+    def missing(self, project: Project, *, sdist_cache: Path, wheel_cache: Path) -> list[str]:
+        name = project.sdist_pin.filename
+        return [] if (sdist_cache / name).is_file() else [name]
+
+    def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
+                  wheel_cache: Path, progress: Progress | None = None,
+                  git_url: str | None = None) -> SourceInfo:
+        return init_from_sdist(project, download_sdist(project, sdist_cache, progress), work)
+
+
+class GitCommit:
+    name = "git"
+    ships_wheels = False
+
+    def digest(self, project: Project) -> str:
+        return project.git_pin.commit
+
+    def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
+                 progress: Progress | None = None) -> list[Path]:
+        return []  # fetched into the fork tree itself
+
+    def missing(self, project: Project, *, sdist_cache: Path, wheel_cache: Path) -> list[str]:
+        return [f"{project.git_pin.url} at {project.git_pin.commit[:12]}"]
+
+    def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
+                  wheel_cache: Path, progress: Progress | None = None,
+                  git_url: str | None = None) -> SourceInfo:
+        return init_from_git(project, work, git_url)
+
+
+class PublishedWheels:
+    name = "wheel"
+    ships_wheels = True
+
+    def digest(self, project: Project) -> str:
+        """The sha256 over the declared wheels' sha256s."""
+        joined = "\n".join(f"{w.filename} {w.sha256}" for w in project.wheels)
+        return hashlib.sha256(joined.encode()).hexdigest()
+
+    def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
+                 progress: Progress | None = None) -> list[Path]:
+        return download_wheels(project, wheel_cache, progress)
+
+    def missing(self, project: Project, *, sdist_cache: Path, wheel_cache: Path) -> list[str]:
+        # The fork tree is laid out from the first wheel (the others differ in compiled
+        # files only, which the tree leaves out).
+        return [w.filename for w in project.wheels[:1] if not (wheel_cache / w.filename).is_file()]
+
+    def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
+                  wheel_cache: Path, progress: Progress | None = None,
+                  git_url: str | None = None) -> SourceInfo:
+        wheel = download_wheel(project, project.wheels[0], wheel_cache, progress)
+        return init_from_wheel(project, wheel, work, digest=self.digest(project))
+
+
+KINDS: dict[str, SourceFetch] = {k.name: k for k in (Sdist(), GitCommit(), PublishedWheels())}
+
+
+def source_kind(name: str) -> SourceFetch:
+    """The registered kind ``name`` (``declare.py`` refuses any other in a declaration)."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ValueError(f"unknown source kind {name!r}") from None
+
+
+def source_digest(project: Project, kind: str) -> str:
+    return source_kind(kind).digest(project)
+
+
+def source_key(project: Project, kind: str | None = None) -> str:
+    """``<kind>:<digest>``: what a fork tree and a build cache record of their source."""
+    kind = kind or project.source
+    return f"{kind}:{source_digest(project, kind)}"
 
 
 def fetch_source(project: Project, kind: str, work: Path, *, sdist_cache: Path,
                  wheel_cache: Path | None = None, progress: Progress | None = None,
                  git_url: str | None = None) -> SourceInfo:
     """Create ``work`` as the pinned upstream of ``kind`` (first commit tagged upstream)."""
-    if kind == "wheel":
-        cache = wheel_cache or sdist_cache.parent / "wheels"
-        return init_from_wheel(project, download_wheel(project, project.wheels[0], cache,
-                                                       progress), work)
-    if kind == "sdist":
-        return init_from_sdist(project, download_sdist(project, sdist_cache, progress), work)
-    if kind == "git":
-        return init_from_git(project, work, git_url)
-    raise ValueError(f"unknown source kind {kind!r}")  # declare.py validates kinds
+    return source_kind(kind).init_tree(
+        project, work, sdist_cache=sdist_cache,
+        wheel_cache=wheel_cache or sdist_cache.parent / "wheels", progress=progress,
+        git_url=git_url)

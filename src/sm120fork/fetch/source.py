@@ -2,13 +2,12 @@
 
 Every kind ends the same way: a git repository whose first commit (tagged ``upstream``)
 is unpatched upstream, laid out exactly like the upstream repository, so patches written
-against the git layout apply unchanged.  A new kind adds its digest to
-``source_key`` and its fetcher to :func:`sm120fork.fetch.kinds.fetch_source`.
+against the git layout apply unchanged.  The kinds themselves (digest, downloads, fork
+tree) are the registry in :mod:`sm120fork.fetch.kinds`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,24 +31,6 @@ class SourceInfo:
     @property
     def key(self) -> str:
         return f"{self.kind}:{self.digest}"
-
-
-def source_digest(project: Project, kind: str) -> str:
-    """What identifies the pinned source of ``kind``: the sdist's sha256, the git commit,
-    the sha256 over the declared wheels' sha256s."""
-    if kind == "sdist":
-        return project.sdist_pin.sha256
-    if kind == "git":
-        return project.git_pin.commit
-    if kind == "wheel":
-        joined = "\n".join(f"{w.filename} {w.sha256}" for w in project.wheels)
-        return hashlib.sha256(joined.encode()).hexdigest()
-    raise ValueError(f"unknown source kind {kind!r}")  # declare.py validates kinds
-
-
-def source_key(project: Project, kind: str | None = None) -> str:
-    kind = kind or project.source
-    return f"{kind}:{source_digest(project, kind)}"
 
 
 def commit_upstream(repo: Git, message: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from sm120fork.declare import Project, WheelPin
 from sm120fork.errors import SourceError, UnsafeArchiveError
 from sm120fork.fetch.sdist import download_pinned
-from sm120fork.fetch.source import Progress, SourceInfo, make_upstream_tree, source_digest
+from sm120fork.fetch.source import Progress, SourceInfo, make_upstream_tree
 
 #: Suffixes of compiled files: never part of the tree, never changed by a series.
 COMPILED_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".cubin", ".fatbin")
@@ -57,7 +57,7 @@ def source_members(wheel: Path) -> list[str]:
     return [n for n in names if not is_metadata(n) and not is_compiled(n)]
 
 
-def init_from_wheel(project: Project, wheel: Path, work: Path) -> SourceInfo:
+def init_from_wheel(project: Project, wheel: Path, work: Path, *, digest: str) -> SourceInfo:
     """Create ``work`` as a git repo whose first commit is the wheel's sources."""
     members = source_members(wheel)
     if not members:
@@ -80,4 +80,4 @@ def init_from_wheel(project: Project, wheel: Path, work: Path) -> SourceInfo:
         project, work, fill,
         f"Upstream {project.distribution} {project.version}\n\n"
         f"wheel {pin.filename} sha256 {pin.sha256} (compiled files left out)\n")
-    return SourceInfo(kind="wheel", digest=source_digest(project, "wheel"), base_commit=base)
+    return SourceInfo(kind="wheel", digest=digest, base_commit=base)

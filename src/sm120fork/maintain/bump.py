@@ -28,6 +28,7 @@ from sm120fork.errors import (
     SeriesError,
     SourceError,
 )
+from sm120fork.fetch.kinds import source_kind
 from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.fetch.wheel import download_wheel
@@ -206,7 +207,7 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             new_pin["sdist"] = {"filename": filename, "sha256": sha256, "url": ""}
         except SourceError:  # an unreleased commit: the sdist pin stays (unused by git)
             new_pin["sdist"] = dataclasses.asdict(project.sdist_pin)
-    elif project.source == "wheel" or not _has_sdist(project, new):
+    elif source_kind(project.source).ships_wheels or not _has_sdist(project, new):
         # The published wheels are the input (a release without an sdist, as SGLang
         # publishes since 0.5.11, switches an sdist source to them).
         new_pin = _wheel_pin(project, new_version, git_commit)
@@ -297,7 +298,7 @@ def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
     for move in coordinated_moves(stack, project, release):
         other = move.project
         if load_series(ws.series_dir(other)).patches or not (
-                other.source == "wheel" or other.wheels):
+                source_kind(other.source).ships_wheels or other.wheels):
             bumps[other.key] = move.version
             continue
         pin = _wheel_pin(other, move.version, None)
@@ -567,7 +568,7 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
     # the declaration and series as they were, and --continue tries again.
     range_diff = _range_diff(repo)
     empty = not _commits(repo, f"{UPSTREAM_TAG}..HEAD")
-    ships_published = empty or project.source == "wheel"
+    ships_published = empty or source_kind(project.source).ships_wheels
     if ships_published or project.wheels:
         # An empty series ships the published wheels unchanged (like a stack whose
         # FlashInfer is used as published); otherwise the old version's pins must go.

@@ -11,7 +11,7 @@ import os
 import shlex
 
 from sm120fork.errors import DirtyTreeError, MaintenanceError
-from sm120fork.fetch.source import source_key
+from sm120fork.fetch.kinds import source_key
 from sm120fork.maintain.state import BumpState
 from sm120fork.patch.refresh import (
     RefreshResult,

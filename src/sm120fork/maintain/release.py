@@ -14,6 +14,13 @@ from packaging.version import Version
 from sm120fork.declare import Project
 from sm120fork.errors import ToolkitError
 from sm120fork.fetch.index import ProjectPage, project_page
+from sm120fork.fetch.kinds import source_kind
+
+
+def ships_wheels(project: Project) -> bool:
+    """The project ships published wheels (its kind's input, or the ones its empty series
+    ships as published), so the release's listing of them is checked against the pins."""
+    return source_kind(project.source).ships_wheels or bool(project.wheels)
 
 
 def release_wheels(project: Project, page: ProjectPage, version: str | None = None
@@ -38,7 +45,7 @@ def undeclared_wheels(project: Project, page: ProjectPage, version: str | None =
     """Wheels of the release a project that ships published wheels does not declare: a
     ``wheel`` source, or one whose empty series ships the wheels it pins (``bump``).  Others
     build one wheel from source, so none is missing."""
-    if project.source != "wheel" and not project.wheels:
+    if not ships_wheels(project):
         return ()
     declared = {w.filename for w in project.wheels}
     return tuple(f for f in release_wheels(project, page, version) if f not in declared)
@@ -47,7 +54,7 @@ def undeclared_wheels(project: Project, page: ProjectPage, version: str | None =
 def release_check(project: Project) -> tuple[tuple[str, ...], str]:
     """(undeclared wheels, summary) of the project's pinned release on the index: what
     ``status`` shows per project and ``bump`` for the pin it wrote."""
-    if project.source != "wheel" and not project.wheels:
+    if not ships_wheels(project):
         return (), ""
     try:
         undeclared = undeclared_wheels(project, project_page(project))

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sm120fork.declare import Project, Stack, WheelPin
+from sm120fork.fetch.kinds import source_kind
 from sm120fork.maintain.state import (
     DROPPED_BY_HAND,
     RESOLVED,
@@ -77,7 +78,7 @@ def _pin_lines(project: Project) -> list[str]:
     if project.sdist is not None:
         lines.append(f"- sdist: `{project.sdist.filename}` sha256 `{project.sdist.sha256}` "
                      "(from the package index listing; the download was checked against it)")
-    if project.source == "wheel":
+    if source_kind(project.source).ships_wheels:
         lines += [f"- wheel: `{w.filename}` sha256 `{w.sha256}` (from the package index "
                   "listing)" for w in project.wheels]
     git = project.git

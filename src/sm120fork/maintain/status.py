@@ -15,7 +15,7 @@ from typing import Any
 from sm120fork import manifest as manifest_file
 from sm120fork.declare import Project, Stack, coordinated_pin_problems
 from sm120fork.errors import ToolkitError
-from sm120fork.fetch.source import source_key
+from sm120fork.fetch.kinds import source_key, source_kind
 from sm120fork.maintain.release import release_check
 from sm120fork.maintain.state import (
     BumpState,
@@ -47,13 +47,8 @@ def to_download(ws: Workspace, stack: Stack, project: Project) -> list[str]:
     checked here: the fork tree, or the pristine tree status made, serves)."""
     if _at_pin(ws, stack, project) or _at_pin(ws, stack, project, "upstream"):
         return []
-    if project.source == "sdist":
-        files = [(ws.sdist_cache, project.sdist_pin.filename)]
-    elif project.source == "wheel":
-        files = [(ws.wheel_cache, w.filename) for w in project.wheels[:1]]
-    else:
-        return [f"{project.git_pin.url} at {project.git_pin.commit[:12]}"]
-    return [name for cache, name in files if not (cache / name).is_file()]
+    return source_kind(project.source).missing(project, sdist_cache=ws.sdist_cache,
+                                               wheel_cache=ws.wheel_cache)
 
 
 def pinned_upstream(ws: Workspace, stack: Stack, project: Project) -> Git:

@@ -3,7 +3,8 @@
 Each kind says what it downloads (once per build, before the projects build side by side)
 and how it turns a project and its series into checked wheels and their manifest entries.
 :func:`sm120fork.package.stack.build_project` is the one entry point for every kind; it
-picks the kind with :func:`kind_for`.  A new kind is a class here and a line in ``KINDS``.
+picks the kind with :func:`kind_for`.  A new kind is a class here and a line in ``KINDS``,
+with its fetch side (digest, downloads, fork tree) in :mod:`sm120fork.fetch.kinds`.
 
 - ``sdist``, ``git``: the fork tree (pinned upstream + series) is built with pypa/build;
 - ``wheel``: the series is applied to a tree laid out like the repository and each pinned
@@ -22,9 +23,8 @@ from typing import Protocol
 
 from sm120fork import __version__
 from sm120fork.declare import Project, Stack
-from sm120fork.fetch.sdist import download_sdist
+from sm120fork.fetch.kinds import source_kind
 from sm120fork.fetch.source import Progress
-from sm120fork.fetch.wheel import download_wheels
 from sm120fork.manifest import FingerprintResult, ManifestEntry, PatchRecord, SourceRecord
 from sm120fork.package.artifact import check_wheel, require_passed
 from sm120fork.package.repack import check_same_preimage, check_series_for_wheel, repack_wheel
@@ -75,11 +75,20 @@ class Job:
             changed_files=changed_files, artifact_check=artifact_check)
 
 
+def _download(job: Job, kind: str) -> list[Path]:
+    return source_kind(kind).download(job.project, sdist_cache=job.ws.sdist_cache,
+                                      wheel_cache=job.ws.wheel_cache, progress=job.progress)
+
+
 class SourceKind(Protocol):
     #: The kind's name in the registry.
     name: str
-    #: The kind its build cache is keyed by (kinds that share inputs share a key).
+    #: The source kind (:mod:`sm120fork.fetch.kinds`) it fetches, and its build cache is
+    #: keyed by (kinds that share inputs share a key).
     cache_kind: str
+    #: It patches a fork tree (``.forks/trees/<stack>/<project>``), whose local work a
+    #: cached build must not silently leave out.
+    has_tree: bool
 
     def download(self, job: Job) -> list[Path]:
         """The kind's downloads, cached and sha256-checked."""
@@ -91,14 +100,16 @@ class SourceKind(Protocol):
 class FromSource:
     """An sdist or a git commit, patched in a fork tree and built with pypa/build."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.cache_kind = name
+    name: str
+    cache_kind: str
+    has_tree = True
+
+    def origin(self, project: Project) -> tuple[str | None, str | None]:
+        """The manifest's ``source.filename`` and ``source.url`` of the project's pin."""
+        raise NotImplementedError
 
     def download(self, job: Job) -> list[Path]:
-        if self.name != "sdist":
-            return []  # a git source is fetched into the fork tree itself
-        return [download_sdist(job.project, job.ws.sdist_cache, job.progress)]
+        return _download(job, self.cache_kind)
 
     def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
         project, key = job.project, job.project.key
@@ -112,13 +123,26 @@ class FromSource:
         job.stage(key, "checking the wheel")
         results = check_wheel(wheel, project, job.series, tree.repo)
         require_passed(results, project)
-        source = SourceRecord(
-            kind=self.name, digest=tree.state.source.split(":", 1)[1],
-            filename=project.sdist_pin.filename if self.name == "sdist" else None,
-            url=project.git_pin.url if self.name == "git" else None)
+        filename, url = self.origin(project)
+        source = SourceRecord(kind=self.name, digest=tree.state.source.split(":", 1)[1],
+                              filename=filename, url=url)
         return [job.entry(version=project.local_version, source=source, wheel=wheel,
                           sha256=sha256_file(wheel), patched_commit=tree.state.head,
                           tree=tree.repo.tree_hash(), artifact_check=tuple(results))]
+
+
+class FromSdist(FromSource):
+    name = cache_kind = "sdist"
+
+    def origin(self, project: Project) -> tuple[str | None, str | None]:
+        return project.sdist_pin.filename, None
+
+
+class FromGit(FromSource):
+    name = cache_kind = "git"
+
+    def origin(self, project: Project) -> tuple[str | None, str | None]:
+        return None, project.git_pin.url
 
 
 class RepackedWheels:
@@ -127,9 +151,10 @@ class RepackedWheels:
 
     name = "wheel"
     cache_kind = "wheel"
+    has_tree = True
 
     def download(self, job: Job) -> list[Path]:
-        return download_wheels(job.project, job.ws.wheel_cache, job.progress)
+        return _download(job, self.cache_kind)
 
     def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
         project, series = job.project, job.series
@@ -163,9 +188,10 @@ class AsPublished:
 
     name = "as-published"
     cache_kind = "wheel"
+    has_tree = False
 
     def download(self, job: Job) -> list[Path]:
-        return download_wheels(job.project, job.ws.wheel_cache, job.progress)
+        return _download(job, self.cache_kind)
 
     def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
         entries = []
@@ -182,8 +208,8 @@ class AsPublished:
 
 
 KINDS: dict[str, SourceKind] = {
-    "sdist": FromSource("sdist"),
-    "git": FromSource("git"),
+    "sdist": FromSdist(),
+    "git": FromGit(),
     "wheel": RepackedWheels(),
     "as-published": AsPublished(),
 }

@@ -25,7 +25,8 @@ from packaging.version import Version
 
 from sm120fork.declare import Project, Stack, pinned_for, requirement_applies
 from sm120fork.errors import BuildError, DirtyTreeError
-from sm120fork.fetch.source import Progress, source_key
+from sm120fork.fetch.kinds import source_key
+from sm120fork.fetch.source import Progress
 from sm120fork.manifest import ManifestEntry
 from sm120fork.package.kinds import Job, Stage, kind_for, no_stage
 from sm120fork.package.publish import ProjectBuild, check_writable, publish
@@ -113,7 +114,7 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *,
     entry_dir = ws.build_cache(stack, project) / key
     entries = None if rebuild else _load_entries(entry_dir)
     cached = entries is not None
-    if entries is not None and kind.name != "as-published" and (
+    if entries is not None and kind.has_tree and (
             stale := other_series(ws, stack, project, series)):
         # The cached wheel is of the series, the fork tree is not: a refresh from it
         # would write the other series back into patches/.
@@ -123,7 +124,7 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *,
     if entries is not None:
         log.info("%s: inputs unchanged, reusing %s", project.key,
                  ", ".join(e.wheel for e in entries))
-        why = local_work(ws, stack, project) if kind.name != "as-published" else None
+        why = local_work(ws, stack, project) if kind.has_tree else None
         if why:  # the cache is keyed on the series: say that the tree's work is not in it
             work = ws.work_tree(stack, project)
             log.warning("%s: the fork tree %s has local work (%s); the cached wheel holds "

@@ -20,7 +20,8 @@ from sm120fork.errors import (
     CommandError,
     SeriesError,
 )
-from sm120fork.fetch.source import UPSTREAM_TAG, source_key
+from sm120fork.fetch.kinds import source_key
+from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.apply import apply_series
 from sm120fork.patch.series import (
     load_series,

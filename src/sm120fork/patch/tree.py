@@ -17,8 +17,8 @@ from pathlib import Path
 
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import CommandError, DirtyTreeError, MaintenanceError
-from sm120fork.fetch.kinds import fetch_source
-from sm120fork.fetch.source import Progress, source_key
+from sm120fork.fetch.kinds import fetch_source, source_key
+from sm120fork.fetch.source import Progress
 from sm120fork.patch.apply import apply_series
 from sm120fork.patch.series import Patch, Series
 from sm120fork.util.git import Git
