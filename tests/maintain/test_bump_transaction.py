@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import sm120fork.maintain.bump as bump_module
 import sm120fork.maintain.state as bump_state
 from sm120fork.cli.main import main
 from sm120fork.errors import MaintenanceError
@@ -110,6 +111,8 @@ def test_a_bump_interrupted_at_each_step_is_recovered_with_the_command_it_names(
     err = " ".join(capsys.readouterr().err.split())
     if step == "pre-flight":
         assert "the bump stopped before it wrote anything" in err
+        assert hint_commands(err.partition("before it wrote anything")[2]) == [
+            f"python -m sm120fork bump {STACK} lib 1.3.0 --git-commit {clean.new.commit}"]
         assert files(root) == before
         return
     hints = hint_commands(err.partition("stopped part-way")[2])
@@ -144,6 +147,34 @@ def test_abort_at_a_conflict_restores_every_file_byte_for_byte(
         bump(conflicting.ws, STACK, "lib", "1.3.0", git_commit=conflicting.new.commit)
     assert earlier.read_text() != EARLIER_REPORT  # the bump's own report, in progress
     bump_abort(conflicting.ws, STACK, "lib")
+    assert files(root) == before
+
+
+def test_an_abort_interrupted_part_way_names_the_command_that_finishes_it(
+        conflicting: BumpWorkspace, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Found on a fresh clone (issue 31's trial): an ``--abort`` stopped by SIGTERM said
+    only "interrupted: bump stopped", naming no command; running ``--abort`` again
+    finishes it."""
+    root = conflicting.ws.root
+    before = files(root)
+    with pytest.raises(MaintenanceError, match=r"conflicts with lib 1\.3\.0"):
+        bump(conflicting.ws, STACK, "lib", "1.3.0", git_commit=conflicting.new.commit)
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # after the fork tree is back, before the files are
+
+    real = bump_module.restore
+    monkeypatch.setattr(bump_module, "restore", interrupted)
+    try:
+        assert main(["--root", str(root), "bump", STACK, "lib", "--abort"]) == 130
+    finally:
+        proc.allow_children()
+    monkeypatch.setattr(bump_module, "restore", real)
+    err = " ".join(capsys.readouterr().err.split())
+    hints = hint_commands(err.partition("stopped part-way")[2])
+    assert hints == [f"python -m sm120fork bump {STACK} lib --abort"], err
+    assert _run(root, hints[0]) == 0
     assert files(root) == before
 
 

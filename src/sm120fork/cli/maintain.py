@@ -198,7 +198,11 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.maintain.bump import bump, bump_abort, bump_continue
 
     if args.abort:
-        ab = bump_abort(ws, args.stack, args.project)
+        try:
+            ab = bump_abort(ws, args.stack, args.project)
+        except KeyboardInterrupt:
+            _say_how_to_finish_abort(ws, args.stack, args.project)
+            raise
         console.print(f"aborted: {ab.stack}/{ab.project} is back at {ab.restored_version}"
                       + (f"; stack {ab.stack} removed" if ab.removed_stack else ""))
         return 0
@@ -213,7 +217,13 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
                           allow_downgrade=args.allow_downgrade, new_stack=args.new_stack,
                           version=args.pep440, git_commit=args.git_commit)
     except KeyboardInterrupt:
-        _say_how_to_recover(ws, args.new_stack or args.stack, args.project)
+        _say_how_to_recover(ws, args.new_stack or args.stack, args.project, command(
+            "bump", args.stack, args.project,
+            *([args.revision] if args.revision else []),
+            *(["--new-stack", args.new_stack] if args.new_stack else []),
+            *(["--version", args.pep440] if args.pep440 else []),
+            *(["--git-commit", args.git_commit] if args.git_commit else []),
+            *(["--allow-downgrade"] if args.allow_downgrade else [])))
         raise
     table = Table(title=f"{result.stack}/{result.project}: {result.old_version} -> "
                         f"{result.new_version}", title_justify="left")
@@ -241,18 +251,28 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     return 0
 
 
-def _say_how_to_recover(ws: Workspace, stack: str, project: str) -> None:
+def _say_how_to_recover(ws: Workspace, stack: str, project: str, again: str) -> None:
     """After an interrupted bump: the commands that finish or undo it (or that nothing was
-    written)."""
+    written, and the command that starts it again)."""
     from sm120fork.maintain.state import BumpState
 
     if BumpState.load(ws, stack, project) is None:
-        log.warning("the bump stopped before it wrote anything")
+        log.warning("the bump stopped before it wrote anything; start it again: `%s`", again)
         return
     log.warning("the bump of %s/%s stopped part-way; resume it: `%s`, or undo it (every "
                 "file back as it was): `%s`", stack, project,
                 command("bump", stack, project, "--continue"),
                 command("bump", stack, project, "--abort"))
+
+
+def _say_how_to_finish_abort(ws: Workspace, stack: str, project: str) -> None:
+    """After an interrupted ``--abort``: the command that finishes it (it starts over from
+    the journal, whatever step the interrupted one reached)."""
+    from sm120fork.maintain.state import BumpState
+
+    if BumpState.load(ws, stack, project) is not None:
+        log.warning("the abort of %s/%s stopped part-way; finish it (every file back as it "
+                    "was): `%s`", stack, project, command("bump", stack, project, "--abort"))
 
 
 def print_release_files(console: Console, stack: str, undeclared: Sequence[str],
