@@ -164,13 +164,12 @@ def test_an_abort_interrupted_part_way_names_the_command_that_finishes_it(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt  # after the fork tree is back, before the files are
 
-    real = bump_module.restore
     monkeypatch.setattr(bump_module, "restore", interrupted)
     try:
         assert main(["--root", str(root), "bump", STACK, "lib", "--abort"]) == 130
     finally:
         proc.allow_children()
-    monkeypatch.setattr(bump_module, "restore", real)
+    monkeypatch.setattr(bump_module, "restore", bump_state.restore)
     err = " ".join(capsys.readouterr().err.split())
     hints = hint_commands(err.partition("stopped part-way")[2])
     assert hints == [f"python -m sm120fork bump {STACK} lib --abort"], err
