@@ -64,3 +64,22 @@ def test_a_resolution_that_moved_the_change_is_checked_when_continue_accepts_it(
     assert "the patch's effect holds on the resolved tree" in s4.evidence
     exported = (bw.series_dir / "0002-S4-conf-larger-limit.patch").read_text()
     assert "Fingerprint: demo_lib/limits.py: LIMIT = 16  # sm12x" in exported
+
+
+@pytest.mark.slow
+def test_a_conflict_whose_code_moved_to_another_file_names_where_it_is_now(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sglang 0.5.20 moved the code S2 changes out of ``server_args.py``; the bump said
+    only "conflict" on ``server_args.py``, and the maintainer had to find where it went."""
+    monkeypatch.setenv("SM120FORK_TODAY", "2026-11-30")
+    bw = make_bump_workspace(tmp_path, new_files={
+        "{pkg}/conf.py": "from demo_lib.limits import LIMIT  # noqa: F401\n",
+        "{pkg}/limits.py": "LIMIT = 8\n"})
+    with package_index([bw.old.sdist, bw.new.sdist], "demo-lib") as url:
+        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
+        with pytest.raises(MaintenanceError) as err:
+            bump(bw.ws, STACK, "lib", "1.3.0", git_commit=bw.new.commit)
+    assert "0004-S4-conf-larger-limit.patch conflicts" in err.value.message
+    assert ("0004-S4-conf-larger-limit.patch stops the bump: the code it changes in "
+            "demo_lib/conf.py is not there in 1.3.0: demo_lib/limits.py has 1 of its 1 "
+            "line(s)") in (err.value.detail or "")

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from packaging.version import Version
 
 from sm120fork.errors import CommandError
+from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.maintain.state import (
     CONFLICT,
     STILL_NEEDED,
@@ -22,10 +23,57 @@ from sm120fork.maintain.state import (
     Classification,
 )
 from sm120fork.patch.series import Patch
-from sm120fork.patch.upstream_match import applied_upstream_version, match_upstream
+from sm120fork.patch.upstream_match import applied_upstream_version, match_upstream, text_at
 from sm120fork.util.git import Git
 
 MERGES_3WAY = "but merges cleanly (3-way): rebased; review it"
+#: A line the patch removes counts as the code it changes only when it is this long
+#: (stripped), and as found elsewhere only in at most this many files of the release.
+_MOVED_MIN_CHARS = 8
+_MOVED_MAX_FILES = 5
+
+
+def _removed_lines(patch: Patch) -> dict[str, list[str]]:
+    """The lines each file's hunks remove (stripped, long enough to mean something)."""
+    out: dict[str, list[str]] = {}
+    current = ""
+    for line in patch.path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("diff --git "):
+            current = line.rpartition(" b/")[2]
+        elif current and line.startswith("-") and not line.startswith("--- "):
+            text = line[1:].strip()
+            if len(text) >= _MOVED_MIN_CHARS and text not in out.setdefault(current, []):
+                out[current].append(text)
+    return out
+
+
+def moved_code(repo: Git, patch: Patch, new_version: Version) -> list[str]:
+    """Where the code a conflicting patch changes is in the new release, when it left
+    the file the patch names (a release that split a module: sglang 0.5.20 moved the
+    auto-enable of S2 from ``server_args.py`` to ``arg_groups/overrides.py``)."""
+    found: list[str] = []
+    for path, lines in _removed_lines(patch).items():
+        here = text_at(repo, path)
+        gone = [line for line in lines if line not in here]
+        if not gone or len(gone) < len(lines) / 2:
+            continue  # most of it is still there: an ordinary conflict
+        hits: dict[str, int] = {}
+        for line in gone[:8]:
+            try:
+                out = repo("grep", "-F", "-l", "-e", line, UPSTREAM_TAG, "--")
+            except CommandError:  # not found anywhere
+                continue
+            names = [n.partition(":")[2] for n in out.splitlines() if n.strip()]
+            if len(names) <= _MOVED_MAX_FILES:
+                for name in names:
+                    hits[name] = hits.get(name, 0) + 1
+        best = sorted(hits.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+        if best:
+            found.append(
+                f"the code it changes in {path} is not there in {new_version}: "
+                + ", ".join(f"{n} has {k} of its {len(gone)} line(s)" for n, k in best)
+                + " (moved upstream? resolve it there)")
+    return found
 
 
 def _applies(repo: Git, patch: Patch, env: Mapping[str, str] | None, *extra: str) -> bool:
@@ -63,7 +111,8 @@ def classify(repo: Git, patch: Patch, new_version: Version,
         return TARGET_MISSING, [*evidence, f"not in {new_version}: {', '.join(missing)} "
                                            "(moved or removed upstream)"]
     if not match.already_upstream:
-        return CONFLICT, [*evidence, "effect absent upstream"]
+        return CONFLICT, [*evidence, "effect absent upstream",
+                          *moved_code(repo, patch, new_version)]
     claimed = applied_upstream_version(patch)
     if claimed is not None and claimed > new_version:
         return CONFLICT, [*evidence, f"but Applied-Upstream names {claimed}, later than "
