@@ -3,6 +3,7 @@ on the upstream tree, a package in upstream's words, the user's identity, --onto
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from pathlib import Path
@@ -14,7 +15,7 @@ from sm120fork.cli.main import main
 from sm120fork.errors import EXIT_PROBLEMS_FOUND, MaintenanceError
 from sm120fork.package.stack import build_stack
 from sm120fork.standing import stack_evidence
-from sm120fork.upstream.groups import leaks, plan_project, prepare
+from sm120fork.upstream.groups import leaks, plan_project, prepare, write_gpu_tests
 from sm120fork.util.hint import command
 
 from conftest import git, make_patch, write_series
@@ -42,7 +43,7 @@ UNIT_TEST = textwrap.dedent("""\
 
 
 def _grouped_demo(tmp_path: Path, *, description_leak: bool = False,
-                  unit_test: str = UNIT_TEST) -> DemoWorkspace:
+                  unit_test: str = UNIT_TEST, test_file: str = TEST_FILE) -> DemoWorkspace:
     """demo's lib series: a gate patch of PR ``gates`` (worded as upstream would, or naming
     its fork id), a fork-only patch, and an upstream-form unit test of the gate beside it."""
     d = make_demo(tmp_path)
@@ -63,8 +64,8 @@ def _grouped_demo(tmp_path: Path, *, description_leak: bool = False,
     write_series(lib_dir, [p1.name, p2.name])
     tests_dir = lib_dir / "upstream-tests"
     t1 = make_patch(d.lib.repo, tests_dir, "test: supported majors include 12",
-                    {TEST_FILE: ("", unit_test)},
-                    f"{TEST_FILE}: class TestSupportedMajors(unittest.TestCase):",
+                    {test_file: ("", unit_test)},
+                    f"{test_file}: class TestSupportedMajors(unittest.TestCase):",
                     extra_fields="Upstream-PR: gates\n")
     write_series(tests_dir, [t1.name])
     build_stack(d.ws, d.ws.stack("demo"))
@@ -198,3 +199,30 @@ def test_leaks_names_file_line_and_word(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("fine\nPorts S4 of stack sglang-0.5.10\nsee /work/x\n")
     assert leaks(tmp_path, ["S4", "sglang-0.5.10", "sm120fork"], paths=[]) == [
         "a.md:2: S4, sglang-0.5.10", "a.md:3: a machine path"]
+
+
+def test_a_prs_gpu_tests_go_to_the_kit_with_what_they_test_and_publish_no_cpu_record(
+        tmp_path: Path, identity: None, capsys: pytest.CaptureFixture[str]) -> None:
+    gpu_test = "tests/comm/test_supported_majors.py"
+    d = _grouped_demo(tmp_path, test_file=gpu_test)
+    assert main(["--root", str(d.ws.root), "-q", "upstream-pr", "demo", "--pr", "gates",
+                 "--write"]) == 0
+    out = capsys.readouterr().out
+    assert f"not run: python -m pytest {gpu_test} -v: needs a GPU" in out
+    assert "not published: none of its tests ran here" in out
+    assert not (d.ws.reports_dir / "demo" / "upstream-pr").exists()
+    # what the offline kit carries: the test file as the PR adds it, and what it tests
+    assert write_gpu_tests(d.ws, "demo", tmp_path / "kit-tests") == ["gates"]
+    folder = tmp_path / "kit-tests" / "gates"
+    assert "assertIn(12, demo_lib.supported_majors())" in (folder / gpu_test).read_text()
+    data = json.loads((folder / "pr.json").read_text())
+    series = plan_project(d.ws, d.ws.stack("demo"), d.ws.stack("demo").project("lib"))
+    pr = series.prs[0]
+    assert (data["pr"], data["stack"], data["project"], data["files"]) == (
+        "gates", "demo", "lib", [gpu_test])
+    assert [(p["patch"], p["patch_id"]) for p in data["patches"]] == [
+        (p.name, p.patch_id) for p in (*pr.patches, *pr.tests)] + [
+        ("0002-F3-guards-fork-only.patch", data["patches"][-1]["patch_id"])]
+    assert "0002-F3-guards-fork-only.patch" in data["notes"][0]
+    with pytest.raises(MaintenanceError, match="no upstream PR with GPU tests named other"):
+        write_gpu_tests(d.ws, "demo", tmp_path / "none", ("other",))

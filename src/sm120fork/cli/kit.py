@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 from rich.console import Console
 
+from sm120fork.errors import UsageError
 from sm120fork.workspace import Workspace
 
 
@@ -34,6 +36,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prebuilt-modules", type=Path, metavar="DIR",
                    help="comm modules compiled here for a box without nvcc: "
                    "DIR/<variant>/<module>/<module>.so (variant patched or unpatched)")
+    p.add_argument("--upstream-pr", action="append", default=[], metavar="NAME",
+                   help="with --harness upstream_tests: carry this PR's GPU tests (default: "
+                   "every upstream PR of the stack that has some)")
     p.add_argument("--no-nox", dest="nox", action="store_false",
                    help="leave out nox and setuptools (the checkout's sessions offline)")
 
@@ -42,15 +47,27 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.kit.build import MIB, KitOptions, make, parse_size
 
     stack = ws.stack(args.stack).name
-    kit = make(KitOptions(
-        stack=stack, python=args.python, out=args.out,
-        harnesses=tuple(args.harness) if args.harness else KitOptions.harnesses,
-        box_has=tuple(args.box_has), include=tuple(args.include),
-        max_size=parse_size(args.max_size, "--max-size") if args.max_size else None,
-        part_size=parse_size(args.part_size, "--part-size") if args.part_size else None,
-        prebuilt=args.prebuilt_modules, nox=args.nox), root=ws.root)
+    harnesses = tuple(args.harness) if args.harness else KitOptions.harnesses
+    if args.upstream_pr and "upstream_tests" not in harnesses:
+        raise UsageError("--upstream-pr goes with --harness upstream_tests",
+                         where="--upstream-pr", fix="add --harness upstream_tests")
+    with tempfile.TemporaryDirectory(prefix="sm120fork-kit-prs-") as tmp:
+        tests = None
+        if "upstream_tests" in harnesses:
+            from sm120fork.upstream.groups import write_gpu_tests
+
+            tests = Path(tmp) / "upstream-tests"
+            prs = write_gpu_tests(ws, stack, tests, tuple(args.upstream_pr))
+            console.print(f"carrying the GPU tests of upstream PR(s) {', '.join(prs)}")
+        kit = make(KitOptions(
+            stack=stack, python=args.python, out=args.out, harnesses=harnesses,
+            box_has=tuple(args.box_has), include=tuple(args.include),
+            max_size=parse_size(args.max_size, "--max-size") if args.max_size else None,
+            part_size=parse_size(args.part_size, "--part-size") if args.part_size else None,
+            prebuilt=args.prebuilt_modules, nox=args.nox, upstream_tests=tests),
+            root=ws.root)
     wheels = sum(1 for name in kit.files if name.endswith(".whl"))
-    harness = args.harness[0] if args.harness else KitOptions.harnesses[0]
+    harness = harnesses[0]
     example = f"{harness}{' --quick' if harness in ('gpu_test', 'bench') else ''} --out results"
     if not kit.parts:
         console.print(f"wrote {kit.path}: {wheels} wheels, {kit.size / MIB:.1f} MiB; on the "

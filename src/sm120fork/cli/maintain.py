@@ -406,6 +406,10 @@ def _upstream_groups(args: argparse.Namespace, ws: Workspace, console: Console) 
         say(f"record: {rec.verdict} ({rec.counts.get('pass', 0)} pass, "
             f"{rec.counts.get('fail', 0)} fail, {rec.counts.get('skip', 0)} not run here)"
             + (f"; published to {os.path.relpath(done.published, ws.root)}/"
-               if done.published else "; --write publishes it under reports/"))
+               if done.published else
+               "; not published: none of its tests ran here (they need a GPU: the offline "
+               "kit's upstream_tests writes its record)"
+               if args.write and not any(r.ran for r in done.runs)
+               else "; --write publishes it under reports/"))
     failing = [r for r in done.runs if r.ran and not r.passed]
     return EXIT_PROBLEMS_FOUND if failing else 0

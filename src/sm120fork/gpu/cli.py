@@ -1,4 +1,5 @@
-"""``python -m sm120fork.gpu {test,bench,sglang-layer,report}`` (``python -m sm120fork gpu ...``).
+"""``python -m sm120fork.gpu {test,bench,sglang-layer,upstream-tests,report}``
+(``python -m sm120fork gpu ...``).
 
 Runs on a GPU machine with torch (and nvcc for FlashInfer's JIT) but no nox and no
 package index: wheels are installed from local directories with ``pip --no-index``.
@@ -19,7 +20,7 @@ from typing import Any
 from sm120fork.entry import Parser, boundary
 from sm120fork.errors import ToolkitError, UsageError, VerifyError
 from sm120fork.gpu import cases as cases_mod
-from sm120fork.gpu import methods, preflight, records, runs, sglang_layer
+from sm120fork.gpu import methods, preflight, records, runs, sglang_layer, upstream_tests
 from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG, check_backend
 from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
@@ -152,6 +153,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--note", action="append", default=[])
     s.add_argument("--out", type=Path, required=True)
 
+    u = sub.add_parser("upstream-tests", help="an upstream PR's own GPU tests (pytest) on "
+                       "the patched and upstream FlashInfer; one upstream-pr record per PR")
+    upstream_tests.add_args(u)
+
     j = sub.add_parser("project", help="PROJECTION (not a measurement) of the methods on an "
                        "8x RTX PRO 6000 PCIe box from the facts file's figures")
     j.add_argument("--out", type=Path, required=True)
@@ -257,6 +262,8 @@ def _ready(args: argparse.Namespace) -> preflight.GpuHost | None:
         raise UsageError("give one of --stack, --stack-dir, --sglang-path",
                          where="sglang-layer",
                          fix="e.g. --stack sglang-0.5.23 on a checkout with that build")
+    if args.gpu_command == "upstream-tests" and args.compile:
+        return preflight.require_gpu()
     if args.gpu_command in ("test", "bench") or (
             args.gpu_command == "sglang-layer" and args.device == "cuda"):
         return preflight.require_gpu()
@@ -278,6 +285,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 0
     if args.gpu_command == "sglang-layer":
         return cmd_sglang_layer(args, argv, host)
+    if args.gpu_command == "upstream-tests":
+        return upstream_tests.run(args, argv)
     return cmd_report(args)
 
 

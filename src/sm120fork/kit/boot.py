@@ -41,7 +41,7 @@ JOINED_FILE = ".joined-from"
 PTH_NAME = "sm120fork-host-site.pth"
 #: ``sh DIR/run sglang_layer --plugin-route``: stock SGLang of the pin + the plugin.
 PLUGIN_ROUTE = "--plugin-route"
-VERBS = ("gpu_test", "bench", "sglang_layer", "doctor")
+VERBS = ("gpu_test", "bench", "sglang_layer", "doctor", "upstream_tests")
 #: Exit codes as the toolkit's errors have them (errors.py): ConfigError, UsageError.
 EXIT_CONFIG = 2
 EXIT_USAGE = 16
@@ -308,6 +308,20 @@ def harness_command(kit: Path, data: dict[str, object], verb: str, args: Sequenc
         for name, folder in prebuilt.items():
             if verb == "gpu_test" or name == "patched":
                 cmd += ["--prebuilt", f"{name}={kit / str(folder)}"]
+        if _option(args, "--work-dir") is None:
+            extra += ["--work-dir", str(home / "work")]
+        return [*cmd, *extra, *args], env
+    if verb == "upstream_tests":  # each PR's tests on the patched and upstream FlashInfer
+        if not data.get("upstream_tests"):
+            raise KitError("this kit carries no upstream tests: make it with --harness "
+                           "upstream_tests", EXIT_USAGE)
+        cmd = ["sm120fork.gpu", "upstream-tests",
+               "--tests", str(kit / str(data["upstream_tests"])),
+               "--wheel-dir", f"patched={kit / str(patched['flashinfer'])}"]
+        if "flashinfer" in upstream:
+            cmd += ["--wheel-dir", f"unpatched={kit / str(upstream['flashinfer'])}"]
+        for name, folder in prebuilt.items():
+            cmd += ["--prebuilt", f"{name}={kit / str(folder)}"]
         if _option(args, "--work-dir") is None:
             extra += ["--work-dir", str(home / "work")]
         return [*cmd, *extra, *args], env

@@ -11,7 +11,9 @@ at once:
                  toolkit's own wheel; nox and setuptools (so the checkout's nox sessions
                  also run there offline)
 - ``prebuilt/``  (``--prebuilt-modules``) comm modules compiled here, for a box without nvcc
-- ``kit.json``, ``boot.py`` and ``run``: ``sh DIR/run gpu_test|bench|sglang_layer|doctor``
+- ``upstream-tests/`` (``--harness upstream_tests``) the GPU tests of the stack's upstream PRs
+- ``kit.json``, ``boot.py`` and ``run``: ``sh DIR/run VERB`` (gpu_test, bench, sglang_layer,
+  doctor, upstream_tests)
 
 With ``sglang_layer``, a stack whose build has a plugin (``wheels/<stack>/plugin/``) also
 carries the plugin route: that folder as ``stack/plugin/`` and stock SGLang of the pin (the
@@ -55,9 +57,10 @@ from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 
-HARNESSES = ("gpu_test", "bench", "sglang_layer", "doctor")
+HARNESSES = ("gpu_test", "bench", "sglang_layer", "doctor", "upstream_tests")
 DEFAULT_HARNESSES = ("gpu_test", "bench", "doctor")
 MIB = 1024 * 1024
+UPSTREAM_TESTS = "upstream-tests"
 
 #: What FlashInfer declares but the harnesses' paths (the comm module, its JIT, the norm
 #: kernels) never import: each is a large download the box would never use.
@@ -124,6 +127,9 @@ class KitOptions:
     part_size: int | None = None
     prebuilt: Path | None = None
     nox: bool = True
+    #: The stack's upstream PRs' GPU tests (``<pr>/pr.json`` + files, written by
+    #: ``sm120fork.upstream.groups.write_gpu_tests``): carried as ``upstream-tests/``.
+    upstream_tests: Path | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -269,6 +275,8 @@ def _roots(harness: str, wheels: dict[str, Path], toolkit: Path | None) -> list[
           if canonicalize_name(r.name) not in FLASHINFER_UNUSED and r.marker is None]
     if harness in ("gpu_test", "bench", "doctor"):
         return roots + fi
+    if harness == "upstream_tests":
+        return [*roots, *fi, Requirement("pytest")]
     sglang = {canonicalize_name(r.name): r for r in wheel_requirements(wheels["sglang"])
               if r.marker is None}
     layer = [sglang.get(canonicalize_name(n), Requirement(n)) for n in SGLANG_LAYER_IMPORTS]
@@ -362,7 +370,8 @@ def _check_size(files: dict[str, int], limit: int | None) -> None:
 
 RUN_SCRIPT = """#!/bin/sh
 # The offline GPU kit of {stack} for Python {python}: sh run VERB [ARGS...]
-#   VERB: gpu_test | bench | sglang_layer | doctor; ARGS: the harness's own (--help).
+#   VERB: gpu_test | bench | sglang_layer | doctor | upstream_tests; ARGS: the harness's
+#   own (--help).
 # Needs only this folder, the box's GPUs and its Python with torch ($PYTHON, or python3).
 exec "${{PYTHON:-python3}}" "$(dirname "$0")/boot.py" "$@"
 """
@@ -455,6 +464,8 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
         prebuilt = {}
         if opts.prebuilt is not None:
             prebuilt = _copy_prebuilt(opts.prebuilt, new / "prebuilt")
+        if opts.upstream_tests is not None:
+            shutil.copytree(opts.upstream_tests, new / UPSTREAM_TESTS)
         shutil.copy2(Path(boot.__file__), new / "boot.py")
         files = {p.relative_to(new).as_posix(): p.stat().st_size
                  for p in sorted(new.rglob("*")) if p.is_file()}
@@ -464,6 +475,7 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
             "patched": patched, "upstream": ups, "prebuilt": prebuilt,
             "plugin_route": route,
             "requirements": requirements,
+            "upstream_tests": UPSTREAM_TESTS if opts.upstream_tests is not None else None,
             "left_out": sorted(set(provided)),
             "wheels": [{"file": name, "sha256": sha256_file(new / name), "size": size}
                        for name, size in files.items() if name.endswith(".whl")],

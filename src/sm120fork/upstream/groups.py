@@ -15,6 +15,7 @@ stack, patch id or path of this machine -- checked before anything is written.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import re
@@ -210,6 +211,62 @@ def _added_tests(patches: tuple[Patch, ...]) -> list[str]:
             and f.endswith(".py")]
 
 
+def needs_gpu(test_file: str) -> bool:
+    """SGLang's unit tests (``test/``) run on a CPU; FlashInfer's (``tests/``) need a GPU."""
+    return not test_file.startswith("test/")
+
+
+#: What the offline kit carries of a PR whose tests need a GPU, beside the test files.
+PR_FILE = "pr.json"
+#: The kit's own pytest configuration in each PR's folder: that folder is pytest's root,
+#: and no configuration of a checkout around the kit applies.
+PYTEST_INI = "[pytest]\n"
+
+
+def write_gpu_tests(ws: Workspace, stack_name: str, dest: Path,
+                    names: tuple[str, ...] = ()) -> list[str]:
+    """The GPU tests of the stack's PRs (``names``; default: every PR that has some) as the
+    offline kit carries them: ``dest/<pr>/`` holds the files its test patches add and
+    ``pr.json`` (the PR, its stack and project, the test files, and the patches a run
+    there tests: the PR's and its tests', then the rest of the stack's build of that
+    project, since the kit runs the stack's wheel).  Returns the PRs written."""
+    stack = ws.stack(stack_name)
+    written: list[str] = []
+    for project in stack.projects:
+        plan = plan_project(ws, stack, project)
+        series = load_series(ws.series_dir(project))
+        for pr in plan.prs:
+            files = [f for f in _added_tests(pr.tests) if needs_gpu(f)]
+            if not files or (names and pr.name not in names):
+                continue
+            folder = dest / pr.name
+            folder.mkdir(parents=True)
+            for t in pr.tests:  # new files only: applied in an empty folder, no repository
+                proc.run(["git", "apply", str(t.path)], cwd=folder, quiet=True,
+                         env={"GIT_CEILING_DIRECTORIES": str(folder.parent)})
+            (folder / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
+            own = [*pr.patches, *pr.tests]
+            rest = [p for p in series.patches if p.name not in {q.name for q in pr.patches}]
+            data = {
+                "pr": pr.name, "stack": stack.name, "project": project.key,
+                "files": files,
+                "patches": [{"project": project.key, "patch": p.name, "patch_id": p.patch_id}
+                            for p in [*own, *rest]],
+                "notes": [f"the patched wheel is the stack's build: the PR's patches and "
+                          f"{', '.join(p.name for p in rest)}" if rest else
+                          "the patched wheel is the stack's build of the PR's patches"],
+            }
+            (folder / PR_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n",
+                                          encoding="utf-8")
+            written.append(pr.name)
+    missing = sorted(set(names) - set(written))
+    if missing or not written:
+        raise MaintenanceError(f"stack {stack.name} has no upstream PR with GPU tests named "
+                               f"{', '.join(missing) or '(any)'}", where=stack.name,
+                               fix=f"list them: `{command('upstream-pr', stack.name)}`")
+    return written
+
+
 def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
               python: str = sys.executable) -> list[TestRun]:
     """Each CPU test file (SGLang's ``test/``) run on ``tree``; GPU ones (``tests/``) are
@@ -218,10 +275,11 @@ def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
     overlay: Path | None = None
     src = Path(__file__).resolve().parents[2]
     for rel in files:
-        if not rel.startswith("test/"):
+        if needs_gpu(rel):
             runs.append(TestRun(path=rel, ran=False, passed=False,
                                 command=f"python -m pytest {rel} -v",
-                                summary="needs a GPU: not run here"))
+                                summary="needs a GPU: not run here (the offline kit runs "
+                                        "it: --harness upstream_tests)"))
             continue
         if overlay is None:
             overlay = _overlay(ws, project, python)
@@ -356,7 +414,9 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         files = tuple(sorted(p for p in folder.rglob("*") if p.is_file()))
         rec = pr_record(stack, project, pr, git("rev-parse", f"{commits[-1]}^{{tree}}",
                                                 quiet=True), runs) if run else None
-        published = record.write(rec, ws.reports_dir) if rec and write and not onto else None
+        # A record of tests that all need a GPU says nothing: the kit's run writes that one.
+        published = (record.write(rec, ws.reports_dir)
+                     if rec and write and not onto and any(r.ran for r in runs) else None)
         return Prepared(plan=pr, branch=branch, base=base, onto=onto, out=folder, title=title,
                         commits=tuple(commits), runs=tuple(runs), commands=tuple(commands),
                         files=files, record=rec, published=published)
