@@ -25,7 +25,7 @@ def _kit(folder: Path) -> Path:
     folder.mkdir(parents=True)
     for sub in ("stack", "wheels", "upstream"):
         (folder / sub).mkdir()
-    (folder / "stack" / "big-1-py3-none-any.whl").write_bytes(os.urandom(300 * KIB + 7))
+    (folder / "stack" / "big-1-py3-none-any.whl").write_bytes(os.urandom(280 * KIB + 7))
     (folder / "upstream" / "mid-1-py3-none-any.whl").write_bytes(os.urandom(90 * KIB))
     for i in range(12):
         (folder / "wheels" / f"w{i}-1-py3-none-any.whl").write_bytes(os.urandom(5 * KIB + i))
@@ -52,7 +52,7 @@ def _parts(tmp_path: Path, size: int = 128 * KIB) -> tuple[Path, list[Path]]:
 def test_parts_stay_within_the_size_and_join_byte_for_byte(tmp_path: Path) -> None:
     kit, parts = _parts(tmp_path)
     assert [p.name for p in parts] == [f"kit.{i}" for i in range(1, len(parts) + 1)]
-    assert len(parts) == 5  # ~104 KiB for files: 300 KiB in three pieces, 90, 12 small
+    assert len(parts) == 5  # ~100 KiB for files: 280 KiB in three pieces, 90, 12 small
     for part in parts:
         assert sum(f.stat().st_size for f in part.rglob("*") if f.is_file()) <= 128 * KIB
         assert os.access(part / "run", os.X_OK)
