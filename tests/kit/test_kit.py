@@ -375,6 +375,13 @@ def test_the_layer_kit_carries_the_plugin_route_and_travels_in_parts(
                      f"plugin route: the plugin {plugin.name} sha256 {sha256_file(plugin)}"]
     assert "--plugin-route" not in cmd
     assert cmd[-2:] == ["--world-size", "2"]
+    # the harness reads the layout from forks/ otherwise: the box has no checkout
+    assert data["sglang_layout"] == "layer_boundary"
+    assert cmd[cmd.index("--layout") + 1] == "layer_boundary"
+    patched_cmd, _ = boot.harness_command(joined, data, "sglang_layer", [], home)
+    assert patched_cmd[:4] == ["sm120fork.gpu", "sglang-layer", "--stack-dir",
+                               str(joined / "stack")]
+    assert patched_cmd[patched_cmd.index("--layout") + 1] == "layer_boundary"
     # without the upstream wheel the build fetched, the kit names the command that does
     stock.unlink()
     with pytest.raises(ConfigError, match="plugin route's SGLang") as err:

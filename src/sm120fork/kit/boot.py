@@ -328,6 +328,8 @@ def harness_command(kit: Path, data: dict[str, object], verb: str, args: Sequenc
     if verb == "sglang_layer":
         if _option(args, "--work-dir") is None:
             extra += ["--work-dir", str(home / "work")]
+        if _option(args, "--layout") is None and data.get("sglang_layout"):
+            extra += ["--layout", str(data["sglang_layout"])]  # the harness reads forks/
         if PLUGIN_ROUTE in args:
             return [*plugin_route_command(kit, data, home), *extra,
                     *(a for a in args if a != PLUGIN_ROUTE)], env

@@ -69,12 +69,15 @@ FLASHINFER_UNUSED = {
     "nvidia-cudnn-frontend": "the cuDNN kernels, not the comm path",
 }
 #: SGLang's requirements its layer modules import (the names of the sglang-probe
-#: dependency group, which imports those modules on a CPU machine in the test suite).
+#: dependency group, which imports those modules on a CPU machine in the test suite), and
+#: what SGLang 0.5.23 imports besides, found by running the kit's layer harness on a CPU
+#: (``--device cpu``) in a venv with only the kit: msgspec (``sglang/__init__`` through
+#: ``srt.platforms``), uvicorn and fastapi (the modules the plugin's hooks prepare).
 SGLANG_LAYER_IMPORTS = (
     "transformers", "openai", "numpy", "tqdm", "pybase64", "requests", "ipython", "pydantic",
     "aiohttp", "safetensors", "orjson", "packaging", "pillow", "starlette",
     "partial-json-parser", "huggingface-hub", "pyzmq", "dill", "sentencepiece",
-    "compressed-tensors", "gguf",
+    "compressed-tensors", "gguf", "msgspec", "uvicorn", "fastapi",
 )
 #: What nox's GPU sessions need on the box to install the checkout offline.
 NOX_TOOLS = ("nox", "setuptools>=69")
@@ -474,6 +477,10 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
             "platforms": list(opts.platforms), "toolkit": __version__,
             "patched": patched, "upstream": ups, "prebuilt": prebuilt,
             "plugin_route": route,
+            # The layer harness's layout, which it otherwise reads from forks/ (no checkout
+            # on the box).
+            "sglang_layout": next((p.layout for p in ws.stack(opts.stack).projects
+                                   if p.normalized_name == "sglang"), ""),
             "requirements": requirements,
             "upstream_tests": UPSTREAM_TESTS if opts.upstream_tests is not None else None,
             "left_out": sorted(set(provided)),
