@@ -198,3 +198,32 @@ def test_run_streams_output_lines() -> None:
                on_line=lines.append)
     assert lines == ["one", "two"]
     assert done.stdout == "one\ntwo\n"
+
+
+def test_a_build_is_its_stages_each_taking_the_previous_ones_result(
+        demo: DemoWorkspace) -> None:
+    """load -> fetch -> build -> check -> stage and publish: the plan (each series read
+    once) is passed down; a project whose cached build serves downloads nothing; a
+    partial plan publishes nothing."""
+    from sm120fork.package import stack as pipeline
+
+    stack = demo.ws.stack(STACK)
+    options = pipeline.Options(jobs=1)
+    plan = pipeline.load(demo.ws, stack, ["lib"])
+    assert [i.project.key for i in plan.projects] == ["lib"]
+    assert not plan.whole
+    assert [p.name[:4] for p in plan.projects[0].series.patches] == ["0001", "0002"]
+    fetched = pipeline.fetch(plan, options)
+    (sdist,) = fetched.inputs["lib"] or []
+    assert sdist.name == stack.project("lib").sdist_pin.filename
+    built = pipeline.stage_and_publish(
+        pipeline.check(pipeline.build(fetched, options), options), options)
+    assert [(b.project, b.cached) for b in built.builds] == [("lib", False)]
+    assert not demo.ws.stack_wheels(STACK).exists()  # a partial build publishes nothing
+    whole = pipeline.load(demo.ws, stack)
+    assert pipeline.fetch(whole, options).inputs["lib"] is None  # its cached build serves
+    done = pipeline.stage_and_publish(
+        pipeline.check(pipeline.build(pipeline.fetch(whole, options), options), options),
+        options)
+    assert [(b.project, b.cached) for b in done.builds] == [("lib", True), ("app", False)]
+    assert (demo.ws.stack_wheels(STACK) / "manifest.json").is_file()

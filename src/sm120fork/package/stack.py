@@ -16,8 +16,9 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -28,7 +29,7 @@ from sm120fork.errors import BuildError, DirtyTreeError
 from sm120fork.fetch.kinds import source_key
 from sm120fork.fetch.source import Progress
 from sm120fork.manifest import ManifestEntry
-from sm120fork.package.kinds import Job, Stage, kind_for, no_stage
+from sm120fork.package.kinds import Job, SourceKind, Stage, kind_for, no_stage
 from sm120fork.package.publish import ProjectBuild, check_writable, publish
 from sm120fork.package.wheel import wheel_extras, wheel_requirements
 from sm120fork.patch.series import Series, load_series
@@ -81,11 +82,6 @@ def _load_entries(entry_dir: Path) -> list[ManifestEntry] | None:
         if not wheel.is_file() or sha256_file(wheel) != entry.sha256:
             return None
     return entries or None
-
-
-def _entry_dir(ws: Workspace, stack: Stack, project: Project, series: Series) -> Path:
-    kind = kind_for(project, series)
-    return ws.build_cache(stack, project) / cache_key(project, series, kind.cache_kind)
 
 
 def _commit_entry(staging: Path, entry_dir: Path, entries: list[ManifestEntry]) -> None:
@@ -203,48 +199,145 @@ def remove_leftovers(ws: Workspace, stack: Stack) -> None:
             log.info("removed %s, left by a killed run", path)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Planned:
+    """One project of the plan: its series and source kind, resolved once."""
+
+    project: Project
+    series: Series
+    kind: SourceKind
+    #: Its build cache entry for these inputs (:func:`cache_key`).
+    entry_dir: Path
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What a build builds, resolved once and passed down every stage: the stack, the
+    projects (all of them, or ``only`` those), each with its series and kind."""
+
+    ws: Workspace
+    stack: Stack
+    projects: tuple[Planned, ...]
+    #: Every project of the stack: the build publishes (a partial build only builds).
+    whole: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """How to run the stages (the CLI's flags), resolved once like the plan."""
+
+    force: bool = False
+    rebuild: bool = False
+    progress: Callable[[str], Progress | None] | None = None
+    out: Path | None = None
+    jobs: int = os.cpu_count() or 1
+    stage: Stage = no_stage
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fetched:
+    """The fetch stage's result: each project's downloads (None: its cached build serves)."""
+
+    plan: Plan
+    inputs: Mapping[str, list[Path] | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Built:
+    """The build stage's result (and the check's and publish's, which add no data): every
+    wheel of the plan, checked against its series."""
+
+    plan: Plan
+    builds: tuple[ProjectBuild, ...]
+
+
+def load(ws: Workspace, stack: Stack, only: Sequence[str] | None = None) -> Plan:
+    """Stage 1: the plan. Each series is read here, once per build."""
+    projects = [stack.project(k) for k in only] if only else list(stack.projects)
+    planned = []
+    for p in projects:
+        series = load_series(ws.series_dir(p))
+        kind = kind_for(p, series)
+        planned.append(Planned(project=p, series=series, kind=kind,
+                               entry_dir=ws.build_cache(stack, p)
+                               / cache_key(p, series, kind.cache_kind)))
+    return Plan(ws=ws, stack=stack, projects=tuple(planned), whole=not only)
+
+
+def fetch(plan: Plan, options: Options) -> Fetched:
+    """Stage 2: the downloads, one at a time (one progress bar each), before the projects
+    build side by side; none for a project whose cached build serves."""
+    inputs: dict[str, list[Path] | None] = {}
+    for item in plan.projects:
+        p = item.project
+        if not options.rebuild and _load_entries(item.entry_dir):
+            inputs[p.key] = None
+            continue
+        job = Job(ws=plan.ws, stack=plan.stack, project=p, series=item.series,
+                  progress=options.progress(p.key) if options.progress else None)
+        inputs[p.key] = item.kind.download(job)
+    return Fetched(plan=plan, inputs=inputs)
+
+
+def build(fetched: Fetched, options: Options) -> Built:
+    """Stages 3-5 per project, concurrently (they share nothing, and a wheel build leaves
+    cores idle): patch the fork tree, build, check the wheel (the kind's ``make``)."""
+    plan = fetched.plan
+    with ThreadPoolExecutor(max_workers=max(1, min(len(plan.projects), options.jobs))) as pool:
+        futures = [pool.submit(build_project, plan.ws, plan.stack, item.project,
+                               series=item.series, force=options.force,
+                               rebuild=options.rebuild, inputs=fetched.inputs[item.project.key],
+                               stage=options.stage)
+                   for item in plan.projects]
+        try:
+            builds = tuple(b for f in futures for b in f.result())
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the CLI's handler
+            # End the projects' builds now, so the pool's shutdown does not wait for
+            # them; each worker removes its own scratch folders as its build fails.
+            end_children()
+            raise
+    return Built(plan=plan, builds=builds)
+
+
+def check(built: Built, options: Options) -> Built:
+    """Stage 6: the wheels' requirements on one another agree with the declaration."""
+    check_requirements(built.plan.stack, list(built.builds))
+    return built
+
+
+def stage_and_publish(built: Built, options: Options) -> Built:
+    """Stage 7: the plugin built from the SGLang series, then everything the stack's
+    folder holds staged and swapped in once (a partial build publishes nothing)."""
+    plan = built.plan
+    if not plan.whole:
+        return built
+    sglang = sglang_project(plan.stack)
+    series = next((i.series for i in plan.projects if sglang and i.project.key == sglang.key),
+                  None)
+    plugin = build_plugin(plan.ws, plan.stack, force=options.force, series=series)
+    log.info("%s", plugin.message)
+    publish(plan.ws, plan.stack, list(built.builds), options.out, extra=plugin_files(plugin))
+    return built
+
+
 def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bool = False,
                 only: list[str] | None = None,
                 progress: Callable[[str], Progress | None] | None = None,
                 lock_timeout: float = -1, out: Path | None = None,
                 jobs: int = os.cpu_count() or 1, stage: Stage = no_stage) -> list[ProjectBuild]:
-    """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or out)."""
-    projects = [stack.project(k) for k in only] if only else list(stack.projects)
+    """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or out).
+
+    The stages run in order, each taking the previous one's typed result: load (the
+    plan) -> fetch -> build (patch, build, check each wheel) -> check -> stage and publish.
+    """
+    options = Options(force=force, rebuild=rebuild, progress=progress, out=out, jobs=jobs,
+                      stage=stage)
     if not only:
         check_writable(out or ws.stack_wheels(stack.name), stack)
     allow_children()
     with ws.lock(lock_timeout):
         remove_leftovers(ws, stack)
-        # The series once per build; downloads one at a time (one progress bar), then the
-        # projects' patch + build + check concurrently: they share nothing, and a wheel
-        # build leaves cores idle.
-        series = {p.key: load_series(ws.series_dir(p)) for p in projects}
-        inputs: dict[str, list[Path] | None] = {}
-        for p in projects:
-            cached = not rebuild and _load_entries(_entry_dir(ws, stack, p, series[p.key]))
-            if cached:
-                inputs[p.key] = None
-                continue
-            job = Job(ws=ws, stack=stack, project=p, series=series[p.key],
-                      progress=progress(p.key) if progress else None)
-            inputs[p.key] = kind_for(p, series[p.key]).download(job)
-        with ThreadPoolExecutor(max_workers=max(1, min(len(projects), jobs))) as pool:
-            futures = [pool.submit(build_project, ws, stack, p, series=series[p.key],
-                                   force=force, rebuild=rebuild, inputs=inputs[p.key],
-                                   stage=stage)
-                       for p in projects]
-            try:
-                builds = [b for f in futures for b in f.result()]
-            except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the CLI's handler
-                # End the projects' builds now, so the pool's shutdown does not wait for
-                # them; each worker removes its own scratch folders as its build fails.
-                end_children()
-                raise
-        check_requirements(stack, builds)
-        if not only:
-            sglang = sglang_project(stack)
-            plugin = build_plugin(ws, stack, force=force,
-                                  series=series.get(sglang.key) if sglang else None)
-            log.info("%s", plugin.message)
-            publish(ws, stack, builds, out, extra=plugin_files(plugin))
-    return builds
+        plan = load(ws, stack, only)
+        built = stage_and_publish(check(build(fetch(plan, options), options), options),
+                                  options)
+    return list(built.builds)
