@@ -24,8 +24,8 @@ from sm120fork.gpu import sglang_layer
 from sm120fork.layouts import LAYOUTS, adapter
 from sm120fork.layouts.results import CheckResult
 from sm120fork.package.publish import ProjectBuild
-from sm120fork.package.stack import build_project
-from sm120fork.patch.series import Patch, load_series
+from sm120fork.package.stack import Options, build, fetch, load
+from sm120fork.patch.series import Patch
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.verify.proof.patches import (
     FULL,
@@ -105,11 +105,23 @@ def fingerprint_check(builds: Sequence[ProjectBuild], patch: Patch) -> tuple[str
             f"{'pass' if ok else 'FAIL'}"), ok
 
 
-def _tree(ws: Workspace, stack: Stack, key: str, patches: Sequence[Patch], variant: str,
-          force: bool) -> Path:
-    slug = "" if variant == FULL else variant.replace(" ", "-").lower()
-    return prepare_tree(ws, stack, stack.project(key), patches=patches, variant=slug,
-                        force=force).path
+@dataclasses.dataclass
+class _Trees:
+    """The trees a verify checks beside the build's (unpatched, a gate alone, the full
+    series), each prepared once per run however many checks read it."""
+
+    ws: Workspace
+    stack: Stack
+    force: bool
+    made: dict[tuple[str, str], Path] = dataclasses.field(default_factory=dict)
+
+    def __call__(self, key: str, patches: Sequence[Patch], variant: str) -> Path:
+        if (key, variant) not in self.made:
+            slug = "" if variant == FULL else variant.replace(" ", "-").lower()
+            self.made[key, variant] = prepare_tree(
+                self.ws, self.stack, self.stack.project(key), patches=patches, variant=slug,
+                force=self.force).path
+        return self.made[key, variant]
 
 
 def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = False,
@@ -118,8 +130,10 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     """``archs``: the compile proof's architectures (sm_90a and sm_120f always among them)."""
     start = time.monotonic()
     archs = tuple(dict.fromkeys((*BEFORE_ARCHS, *archs)))
-    series = {p.key: load_series(ws.series_dir(p)) for p in stack.projects}
+    plan = load(ws, stack)  # the stack's series, read once for the build and the checks
+    series = {i.project.key: i.series for i in plan.projects}
     patches = {key: s.patches for key, s in series.items()}
+    _tree = _Trees(ws=ws, stack=stack, force=force)
     proof_projects = needs(patches, "proof")
     if len(proof_projects) > 1:
         raise VerifyError(f"patches of {', '.join(proof_projects)} claim proof:* evidence; "
@@ -128,18 +142,19 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     gate_variant: str | None = None
     sglang: list[CheckResult] = []
     with ws.lock():
-        builds = {key: build_project(ws, stack, stack.project(key), series=series[key],
-                                     force=force)
-                  for key in patches}
+        built = build(fetch(plan, Options(force=force, jobs=1)), Options(force=force, jobs=1))
+        builds: dict[str, list[ProjectBuild]] = {key: [] for key in patches}
+        for b in built.builds:
+            builds[b.project].append(b)
         for key in proof_projects:
             gate = [p for p in patches[key] if any(c.text == "proof:jit-gate" for c in claims(p))]
-            trees = {UNPATCHED: _tree(ws, stack, key, (), UNPATCHED, force)}
+            trees = {UNPATCHED: _tree(key, (), UNPATCHED)}
             compile_archs = {UNPATCHED: BEFORE_ARCHS}
             if gate:
                 gate_variant = "+".join(patch_id(p) for p in gate) + " only"
-                trees[gate_variant] = _tree(ws, stack, key, gate, gate_variant, force)
+                trees[gate_variant] = _tree(key, gate, gate_variant)
                 compile_archs[gate_variant] = BEFORE_ARCHS
-            trees[FULL] = _tree(ws, stack, key, patches[key], FULL, force)
+            trees[FULL] = _tree(key, patches[key], FULL)
             log.info("compile proof of %s: %s x %s (cached cubins reused)", key,
                      ", ".join(trees), "/".join(archs))
             proof = prove(trees, archs=archs, cache_dir=ws.state_dir / "proof",
@@ -157,8 +172,8 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
             log.info("SGLang behaviour checks of %s (layout %s, patched vs unpatched)", key,
                      project.layout)
             checks = adapter(project.layout, "checks")
-            sglang += checks.check(_tree(ws, stack, key, patches[key], FULL, force),
-                                   baseline=_tree(ws, stack, key, (), UNPATCHED, force),
+            sglang += checks.check(_tree(key, patches[key], FULL),
+                                   baseline=_tree(key, (), UNPATCHED),
                                    python=python or sys.executable,
                                    cache=ws.state_dir / "probe", layer=sglang_layer.run_case)
     cpu_nodes = [c.check for series_ in patches.values() for p in series_ for c in claims(p)
