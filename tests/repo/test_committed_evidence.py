@@ -64,3 +64,13 @@ def test_every_claim_is_backed_by_a_current_record_of_its_stack(name: str) -> No
     today = Today.of(WS, stack, wheels_dir=REPO / ".no-such-wheels")
     stale = [s.message() for s in claim_standings(WS, stack, today) if not s.current]
     assert not stale, "\n".join(stale)
+
+
+def test_no_upstream_package_or_patch_copy_is_committed() -> None:
+    """An upstream PR's package (patches, body, a reproducer run with this checkout's
+    harness) is made on demand by upstream_pr from patches/; what stays committed of it is
+    its record under reports/<stack>/upstream-pr/<pr>/ (issue 32)."""
+    copies = sorted(p.relative_to(REPO).as_posix() for p in WS.reports_dir.rglob("*")
+                    if p.is_file() and (p.suffix == ".patch"
+                                        or p.relative_to(WS.reports_dir).parts[0] == "upstream"))
+    assert not copies, f"not evidence but copies (upstream_pr makes them): {copies}"
