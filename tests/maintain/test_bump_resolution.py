@@ -83,3 +83,19 @@ def test_a_conflict_whose_code_moved_to_another_file_names_where_it_is_now(
     assert ("0004-S4-conf-larger-limit.patch stops the bump: the code it changes in "
             "demo_lib/conf.py is not there in 1.3.0: demo_lib/limits.py has 1 of its 1 "
             "line(s)") in (err.value.detail or "")
+
+
+@pytest.mark.slow
+def test_continue_says_at_once_when_a_resolution_lacks_the_patch_effect(
+        bw: BumpWorkspace, caplog: pytest.LogCaptureFixture) -> None:
+    """The warning was written only into the state and the report; ``--continue`` went on
+    without a word."""
+    with pytest.raises(MaintenanceError, match=r"0004-S4-conf-larger-limit\.patch conflicts"):
+        bump(bw.ws, STACK, "lib", "1.3.0", git_commit=bw.new.commit)
+    tree = bw.ws.trees_dir / STACK / "lib"
+    (tree / "demo_lib" / "conf.py").write_text("LIMIT = 32  # sm12x\n")  # not the fingerprint
+    with caplog.at_level("WARNING", logger="sm120fork"):
+        bump_continue(bw.ws, STACK, "lib")
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "0004-S4-conf-larger-limit.patch: the patch's effect does not hold" in said
+    assert "demo_lib/conf.py: LIMIT = 16  # sm12x: absent" in said

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
 import os
 import re
 import shutil
@@ -91,6 +92,7 @@ from sm120fork.util.git import Git
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
+log = logging.getLogger("sm120fork")
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 _CONFLICT_MARK = re.compile(r"^(<<<<<<<|>>>>>>>) ", re.MULTILINE)
 
@@ -470,7 +472,14 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
             if repo.head() != state.conflict_head:
                 # The resolved commit's own header: it may name where the change is now.
                 resolved = _resolved_patch(repo, patch, f"`{cmd('--continue')}`")
-                holds = match_upstream(repo, resolved, "HEAD").already_upstream
+                judged = match_upstream(repo, resolved, "HEAD")
+                holds = judged.already_upstream
+                if not holds:  # said now, not only in the report at the end
+                    log.warning("%s: the patch's effect does not hold on the resolved tree "
+                                "(%s): review the resolution in %s", patch.name,
+                                "; ".join(e for e in judged.evidence
+                                          if e.endswith(("absent", "ABSENT", "PRESENT"))),
+                                repo.path)
                 _record(state, patch, RESOLVED, [
                     *state.conflict_evidence, "conflict resolved by hand in the fork tree",
                     "the patch's effect holds on the resolved tree" if holds else
