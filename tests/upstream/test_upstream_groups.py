@@ -226,3 +226,19 @@ def test_a_prs_gpu_tests_go_to_the_kit_with_what_they_test_and_publish_no_cpu_re
     assert "0002-F3-guards-fork-only.patch" in data["notes"][0]
     with pytest.raises(MaintenanceError, match="no upstream PR with GPU tests named other"):
         write_gpu_tests(d.ws, "demo", tmp_path / "none", ("other",))
+
+
+def test_a_stack_without_prs_says_why_and_where_its_prs_are_made(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The repository's own sglang-0.5.10: each patch is upstream already, fork only, or
+    Forwarded: no without a PR group; the PRs of both projects come from the newer stacks."""
+    repo = Path(__file__).resolve().parents[2]
+    assert main(["--root", str(repo), "-q", "upstream-pr", "sglang-0.5.10"]) == 0
+    out = capsys.readouterr().out
+    assert "sglang-0.5.10: 0 upstream PR(s)\n" in out
+    assert ("  no PR from sglang: 3 not grouped for upstream (Forwarded: no, and no "
+            "Upstream-PR header), 1 upstream has it; its upstream PRs are made from stack "
+            f"sglang-0.5.23 (a newer sglang): `{command('upstream-pr', 'sglang-0.5.23')}`"
+            ) in out
+    assert "  no PR from flashinfer: 4 fork only, 6 upstream has it; its upstream PRs are " \
+           "made from stack flashinfer-0.7.4" in out

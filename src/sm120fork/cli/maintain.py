@@ -365,7 +365,12 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
 
 
 def _upstream_groups(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.upstream.groups import plan_project, prepare
+    from sm120fork.upstream.groups import (
+        newer_stacks_with_prs,
+        plan_project,
+        prepare,
+        why_none,
+    )
 
     def say(text: str) -> None:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -374,9 +379,16 @@ def _upstream_groups(args: argparse.Namespace, ws: Workspace, console: Console) 
         stack = ws.stack(args.stack)
         projects = [stack.project(args.project)] if args.project else list(stack.projects)
         count = 0
+        none: list[str] = []
         for project in projects:
             plan = plan_project(ws, stack, project)
             count += len(plan.prs)
+            if not plan.prs:
+                elsewhere = newer_stacks_with_prs(ws, stack, project)
+                none.append(f"{project.key}: {why_none(plan)}" + (
+                    f"; its upstream PRs are made from stack {', '.join(elsewhere)} (a newer "
+                    f"{project.distribution}): `{command('upstream-pr', elsewhere[0])}`"
+                    if elsewhere else ""))
             for pr in plan.prs:
                 tests = f"; tests: {', '.join(t.name for t in pr.tests)}" if pr.tests else \
                     "; no upstream-form test"
@@ -389,6 +401,8 @@ def _upstream_groups(args: argparse.Namespace, ws: Workspace, console: Console) 
         say(f"{args.stack}: {count} upstream PR(s)"
             + (f"; prepare one: {command('upstream-pr', args.stack, '--pr', '<name>')}"
                if count else ""))
+        for line in none:
+            say(f"  no PR from {line}")
         return 0
     done = prepare(ws, args.stack, args.project, args.pr, onto=args.onto, repo=args.repo,
                    out=args.out, run=not args.no_tests, write=args.write)

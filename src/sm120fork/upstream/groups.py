@@ -82,7 +82,7 @@ def _why_not(p: Patch) -> str:
         return "fork only (Forwarded: not-needed)"
     if forwarded not in ("", "no"):
         return f"sent already ({forwarded})"
-    return "not grouped for upstream (no Upstream-PR header)"
+    return "not grouped for upstream (Forwarded: no, and no Upstream-PR header)"
 
 
 def plan(series: Series, tests: Series | None, *, stack: str, project: str) -> Plan:
@@ -106,6 +106,34 @@ def plan(series: Series, tests: Series | None, *, stack: str, project: str) -> P
     return Plan(stack=stack, project=project, not_proposed=tuple(not_proposed), prs=tuple(
         PlannedPR(name=n, patches=tuple(ps), tests=tuple(found.get(n, ())))
         for n, ps in groups.items()))
+
+
+def why_none(plan: Plan) -> str:
+    """How many of the project's patches go in no PR, per reason (``3 fork only, ...``)."""
+    counts: dict[str, int] = {}
+    for line in plan.not_proposed:
+        why = line.split(": ", 1)[1]
+        why = why if why.startswith("not grouped") else why.split(" (", 1)[0]
+        counts[why] = counts.get(why, 0) + 1
+    return ", ".join(f"{n} {why}" for why, n in counts.items()) or "its series is empty"
+
+
+def newer_stacks_with_prs(ws: Workspace, stack: Stack, project: Project) -> list[str]:
+    """The other stacks that pin a newer release of ``project``'s distribution and propose
+    upstream PRs for it: an upstream PR is made against upstream's latest, from there."""
+    from packaging.version import InvalidVersion, Version
+
+    found = []
+    for other in ws.stacks().values():
+        for theirs in other.projects if other.name != stack.name else ():
+            try:
+                newer = (theirs.distribution == project.distribution
+                         and Version(theirs.version) > Version(project.version))
+            except InvalidVersion:
+                continue
+            if newer and plan_project(ws, other, theirs).prs:
+                found.append(other.name)
+    return found
 
 
 def plan_project(ws: Workspace, stack: Stack, project: Project) -> Plan:
