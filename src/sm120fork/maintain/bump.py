@@ -696,8 +696,11 @@ def _abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
     if pre.exists():
         shutil.rmtree(work, ignore_errors=True)
         os.replace(pre, work)
-    if state.created_stack:  # every fork tree of the new stack (coordinated ones too)
-        shutil.rmtree(ws.trees_dir / state.stack, ignore_errors=True)
+    trees = ws.trees_dir / state.stack
+    if state.created_stack and trees.exists():  # every fork tree of the new stack
+        # Tens of thousands of files (FlashInfer's sdist): minutes on a slow disk.
+        log.info("removing the fork trees of stack %s (%s)", state.stack, _rel(ws, trees))
+        shutil.rmtree(trees, ignore_errors=True)
     d = BumpState.directory(ws, stack_name, project_key)
     if not state.before and state.created_stack:  # started by an older toolkit
         state.before = {_rel(ws, Path(state.declaration)): None,
