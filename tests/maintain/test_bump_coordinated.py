@@ -267,3 +267,46 @@ def test_a_new_stack_bump_interrupted_at_each_step_recovers(
     assert [c.verdict for c in result.classifications] == ["still needed"]
     assert rel.ws.stack("sg-next").project("flashinfer").version == "0.7.3"
     assert {k: v for k, v in snapshot(rel.ws.root).items() if k in before} == before
+
+
+
+@pytest.mark.slow
+def test_every_stop_of_a_coordinated_bump_names_the_bump_that_goes_on_after_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the trial's sglang 0.5.20 (issue 31), FlashInfer's bump stopped four times;
+    only the first stop said that ``sglang --continue`` goes on once FlashInfer is done:
+    the stops of ``flashinfer --skip`` did not."""
+    monkeypatch.setenv("SM120FORK_TODAY", "2026-12-01")
+    made = tmp_path / "made"
+    made.mkdir()
+    fi = {v: pack_release(made, "flashinfer-python", v, {"flashinfer/__init__.py": text}, [])
+          for v, text in (("0.7.2", "A = 1\nB = 1\n"), ("0.7.3", "A = 3\nB = 3\n"))}
+    sglang = {v: pack_release(made, "sglang", v, _sglang_files(v),
+                              [f"flashinfer_python[cu13]=={f}"])
+              for v, f in (("0.5.23", "0.7.2"), ("0.5.24", "0.7.3"))}
+    root = sglang_toolkit(tmp_path, STACK, _toml(sglang["0.5.23"], fi["0.7.2"]),
+                          _sglang_files("0.5.23"), GATE_FILE)
+    ws = Workspace(root)
+    repo = tmp_path / "flashinfer-repo"
+    (repo / "flashinfer").mkdir(parents=True)
+    (repo / "flashinfer" / "__init__.py").write_text("A = 1\nB = 1\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "release 0.7.2")
+    series = root / "patches" / STACK / "flashinfer"
+    patches = [make_patch(repo, series, f"F{i} comm: allow 12 ({name})", {
+        "flashinfer/__init__.py": (f"{name} = 1", f"{name} = 12")},
+        f"flashinfer/__init__.py: {name} = 12") for i, name in ((1, "A"), (2, "B"))]
+    write_series(series, [p.name for p in patches])
+    then = "once flashinfer is done, `python -m sm120fork bump sg-next sglang --continue`"
+    with package_index(list(sglang.values()), "sglang",
+                       more={"flashinfer-python": list(fi.values())}) as url:
+        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
+        with pytest.raises(MaintenanceError) as first:
+            bump(ws, STACK, "sglang", "0.5.24", new_stack="sg-next")
+        assert "0001-F1" in first.value.message
+        assert then in (first.value.fix or "")
+        with pytest.raises(MaintenanceError) as second:
+            bump_continue(ws, "sg-next", "flashinfer", skip=True)
+    assert "0002-F2" in second.value.message
+    assert then in (second.value.fix or "")

@@ -358,7 +358,6 @@ def _bump_companions(ws: Workspace, state: BumpState) -> None:
     """Bump each coordinated project that carries patches to the version the new release
     pins, with its series (a bump of its own: a conflict stops there, with its own
     --continue / --skip / --abort, and this bump's --continue goes on after it)."""
-    resume = command("bump", state.stack, state.project, "--continue")
     for key, version in state.companion_bumps.items():
         pending = BumpState.load(ws, state.stack, key)
         current = ws.stack(state.stack, strict=False).project(key)
@@ -371,13 +370,20 @@ def _bump_companions(ws: Workspace, state: BumpState) -> None:
                 _bump(ws, state.stack, key, version, allow_downgrade=True,
                       coordinated_with=state.project)
         except MaintenanceError as exc:
-            exc.fix = (f"{exc.fix}; once {key} is done, `{resume}` goes on with "
-                       f"{state.project} {state.new_version}" if exc.fix else
-                       f"`{resume}` goes on with {state.project} {state.new_version}")
+            _then_resume(exc, key, state)
             raise
         stage("companion bumped")
     state.phase = "new-tree"
     state.save(ws)
+
+
+def _then_resume(exc: MaintenanceError, key: str, state: BumpState) -> None:
+    """Add to the hint of a coordinated bump's stop the command that goes on with the bump
+    that moved it (``state``), once this one (``key``) is done."""
+    resume = command("bump", state.stack, state.project, "--continue")
+    exc.fix = (f"{exc.fix}; once {key} is done, `{resume}` goes on with "
+               f"{state.project} {state.new_version}" if exc.fix else
+               f"`{resume}` goes on with {state.project} {state.new_version}")
 
 
 def _start_new_tree(ws: Workspace, stack: Stack, project: Project, state: BumpState) -> None:
@@ -656,7 +662,14 @@ def bump_continue(ws: Workspace, stack_name: str, project_key: str, *,
         state = BumpState.load(ws, stack_name, project_key)
         if state is None:
             raise MaintenanceError("no bump in progress", where=f"{stack_name}/{project_key}")
-        return _resume(ws, state, skip=skip)
+        mover = (BumpState.load(ws, stack_name, state.coordinated_with)
+                 if state.coordinated_with else None)
+        try:
+            return _resume(ws, state, skip=skip)
+        except MaintenanceError as exc:  # resumed on its own: still say what comes next
+            if mover is not None:
+                _then_resume(exc, project_key, mover)
+            raise
 
 
 @dataclass(frozen=True, kw_only=True)
