@@ -226,6 +226,22 @@ def test_a_prs_gpu_tests_go_to_the_kit_with_what_they_test_and_publish_no_cpu_re
     assert "0002-F3-guards-fork-only.patch" in data["notes"][0]
     with pytest.raises(MaintenanceError, match="no upstream PR with GPU tests named other"):
         write_gpu_tests(d.ws, "demo", tmp_path / "none", ("other",))
+    # once the kit's run of the PR as it is comes back, the body cites it (and only then)
+    case = f"{gpu_test}::TestSupportedMajors::test_twelve_is_supported"
+    gpu_run = record.make(
+        kind="upstream-pr", subject="gates", stack="demo", command="sh '<kit demo>/run' "
+        "upstream_tests", created="2026-12-03T22:00:00+00:00", toolkit="0",
+        machine=record.Machine(description="NVIDIA H200 x1"),
+        tested=record.Tested(patches=tuple(record.TestedPatch(**p) for p in data["patches"])),
+        planned=2, cases=(record.Case(id=case, variant="patched", outcome="pass",
+                                      against="fixed"),
+                          record.Case(id=case, variant="unpatched", outcome="fail")))
+    published = record.write(gpu_run, d.ws.reports_dir)
+    done = prepare(d.ws, "demo", "lib", "gates", write=True)
+    body = (done.out / "body.md").read_text()
+    assert (f"- `python -m pytest {gpu_test} -v` on the patched tree, on NVIDIA H200 x1: "
+            "1 passed; without this PR 1 of them fail") in body
+    assert record.read(published / "record.json") == gpu_run  # not replaced by the CPU's
 
 
 def test_a_stack_without_prs_says_why_and_where_its_prs_are_made(

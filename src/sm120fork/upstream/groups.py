@@ -418,6 +418,9 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
                     runs = run_tests(ws, project, work, _added_tests(pr.tests))
                 finally:
                     git("worktree", "remove", "--force", str(work))
+        # The body cites the GPU runs of the offline kit too, where their record is of
+        # this PR as it is (the CPU record below holds only what ran here).
+        cited = [r if r.ran else _recorded_run(ws, stack.name, pr, r) for r in runs]
         slug = github_slug(upstream_url(ws, project)) or "<owner>/<repo>"
         commands = [
             f"git push <your-fork-url> {branch}:{branch}",
@@ -429,7 +432,7 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
                                f"{project.version} release as published, not on upstream's "
                                "history: rebase it onto upstream's main first")
         body = render_body(project.normalized_name, patches=list(pr.patches),
-                           tests=list(pr.tests), runs=runs, onto=onto,
+                           tests=list(pr.tests), runs=cited, onto=onto,
                            release=f"{project.distribution} {project.version}")
         (staging / "title.txt").write_text(title + "\n", encoding="utf-8")
         (staging / "body.md").write_text(body, encoding="utf-8")
@@ -448,6 +451,33 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         return Prepared(plan=pr, branch=branch, base=base, onto=onto, out=folder, title=title,
                         commits=tuple(commits), runs=tuple(runs), commands=tuple(commands),
                         files=files, record=rec, published=published)
+
+
+def _recorded_run(ws: Workspace, stack: str, pr: PlannedPR, run: TestRun) -> TestRun:
+    """``run`` (a test not run here) as the PR's published record ran it, if that record
+    is of the PR's patches and tests as they are and ran the file to the end."""
+    path = ws.reports_dir / stack / "upstream-pr" / pr.name / record.RECORD_FILE
+    if not path.is_file():
+        return run
+    rec = record.read(path)
+    tested = {(p.patch, p.patch_id) for p in rec.tested.patches}
+    mine = [c for c in rec.cases if c.id.split("::", 1)[0] == run.path
+            and c.variant not in record.BASELINE_VARIANTS]
+    if not rec.finished or not mine or not all(
+            (p.name, p.patch_id) in tested for p in (*pr.patches, *pr.tests)):
+        return run
+    counts = record.tally(mine)
+    summary = ", ".join(f"{n} {word}" for word, n in (
+        ("passed", counts["pass"]), ("failed", counts["fail"] + counts["error"]),
+        ("skipped", counts["skip"])) if n)
+    fixed = sum(c.against == "fixed" for c in mine)
+    if any(c.against for c in mine):
+        summary += (f"; without this PR {fixed} of them fail" if fixed
+                    else "; they pass without this PR too")
+    passed = bool(counts["pass"]) and not counts["fail"] + counts["error"]
+    return TestRun(path=run.path, ran=True, passed=passed,
+                   command=run.command, summary=summary,
+                   where=f"on {rec.machine.description}")
 
 
 def _refuse_leaks(staging: Path, words: list[str], machine: list[str], pr: str,

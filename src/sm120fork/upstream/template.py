@@ -24,6 +24,8 @@ class TestRun:
     passed: bool
     command: str
     summary: str
+    #: Where it ran, as the body says it.
+    where: str = "on a CPU"
 
 
 def _box(done: bool, text: str) -> str:
@@ -47,7 +49,7 @@ def _tested(runs: list[TestRun]) -> list[str]:
     for r in runs:
         if r.ran:
             lines.append(f"- `{r.command}` on the {'' if r.passed else 'FAILING '}patched tree, "
-                         f"on a CPU: {r.summary}")
+                         f"{r.where}: {r.summary}")
         else:
             lines.append(f"- `{r.command}`: {r.summary}")
     return lines
