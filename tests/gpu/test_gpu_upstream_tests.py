@@ -139,13 +139,14 @@ def test_junit_outcomes(tmp_path: Path) -> None:
         ' 1 == 2&#10;  more"/></testcase>'
         '<testcase classname="tests.comm.test_x" name="test_c"><skipped message="needs 4'
         ' GPUs"/></testcase>'
-        '<testcase classname="tests.comm.test_x" name="test_d"><error message="boom"/>'
+        '<testcase classname="tests.comm.test_x" name="test_d"><error message="boom in'
+        ' /root/.kit/fi/.box/work/patched/site/flashinfer/comm/x.py:12"/>'
         '</testcase></testsuite></testsuites>')
     assert ut.junit_cases(xml) == [
         ("tests.comm.test_x::test_a[1]", "pass", "2 s"),
         ("tests.comm.test_x::test_b", "fail", "assert 1 == 2 more"),
         ("tests.comm.test_x::test_c", "skip", "needs 4 GPUs"),
-        ("tests.comm.test_x::test_d", "error", "boom")]
+        ("tests.comm.test_x::test_d", "error", "boom in <path>")]
     assert ut._case_key("tests/comm/test_x.py::test_a[1]") == "tests.comm.test_x::test_a[1]"
 
 

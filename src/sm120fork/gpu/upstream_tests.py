@@ -38,6 +38,9 @@ _OUTCOMES = {"failure": "fail", "error": "error", "skipped": "skip"}
 #: pytest -v's line of a finished case (what a run cut short leaves).
 _LIVE_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR)\b")
 _LIVE = {"PASSED": "pass", "FAILED": "fail", "ERROR": "error"}
+#: A path of the box in a failure message (a record names none): the whole path goes.
+_PATH = re.compile(r"(?<![\w<>.-])/(?:opt|root|work|home|tmp|scratch|mnt|data|var|usr|"
+                   r"Users)/\S*")
 
 
 def bundles(folder: Path, names: Sequence[str] = ()) -> list[tuple[Path, dict[str, Any]]]:
@@ -66,7 +69,7 @@ def junit_cases(path: Path) -> list[tuple[str, str, str]]:
             if child.tag in _OUTCOMES:
                 outcome = _OUTCOMES[child.tag]
                 text = child.get("message") or child.text or child.tag
-                detail = " ".join(text.split())[:200] or child.tag
+                detail = _PATH.sub("<path>", " ".join(text.split()))[:200] or child.tag
                 break
         cases.append((test_id, outcome, detail))
     return cases
@@ -201,8 +204,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                                  timeout=args.compile_timeout)
         env = built["patched"]["env"]
         failed = {n: b["failure"] for n, b in built.items() if not b["ok"]}
-        notes += [f"the comm module of {n} did not build ({why}): its tests JIT-build it"
-                  for n, why in failed.items()]
+        notes += [_PATH.sub("<path>", f"the comm module of {n} did not build ({why}): its "
+                            "tests JIT-build it") for n, why in failed.items()]
     else:
         from sm120fork.gpu.probe import environment
 
