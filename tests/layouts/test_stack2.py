@@ -147,15 +147,13 @@ def test_cp311_wheel_installs_and_imports_here(builds: list[ProjectBuild],
 
 
 @pytest.fixture(scope="module")
-def results(workspace: Workspace, builds: list[ProjectBuild],
-            tmp_path_factory: pytest.TempPathFactory) -> list[CheckResult]:
+def results(workspace: Workspace, builds: list[ProjectBuild]) -> list[CheckResult]:
     stack = workspace.stack(STACK)
     project = stack.project("sglang")
     patched = prepare_tree(workspace, stack, project).path
     upstream = prepare_tree(workspace, stack, project, patches=(), variant="unpatched").path
     overlay = ensure_overlay(REPO / ".forks" / "probe", python=PROBE_PYTHON)
-    return check_trees(patched, baseline=upstream, overlay=overlay,
-                             pycache=tmp_path_factory.mktemp("pycache"), python=PROBE_PYTHON)
+    return check_trees(patched, baseline=upstream, overlay=overlay, python=PROBE_PYTHON)
 
 
 def _named(results: list[CheckResult], prefix: str, cap: str) -> dict[str, CheckResult]:
