@@ -6,10 +6,13 @@ The session fixture ``sites`` (network, ~2 min) is shared by the plugin's tests
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,9 +53,41 @@ def _patch_names() -> list[str]:
     return [n.strip() for n in lines if n.strip() and not n.startswith("#")]
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def sites(tmp_path_factory: pytest.TempPathFactory) -> Sites:
-    base = tmp_path_factory.mktemp("sglang-0.5.23")
+    """Made once per run, not once per xdist worker: the files that use it may run on
+    different workers, and the second one waits for the first one's build (a file lock
+    in the run's shared temp directory) instead of building it again."""
+    own = tmp_path_factory.getbasetemp()
+    shared = own.parent if os.environ.get("PYTEST_XDIST_WORKER") else own
+    base = shared / "sites-sglang-0.5.23"
+    with _locked(shared / "sites-sglang-0.5.23.lock"):
+        if not (base / ".complete").is_file():
+            if base.exists():
+                shutil.rmtree(base)
+            base.mkdir()
+            _make_sites(base)
+            (base / ".complete").write_text("")
+    repo = Git(base / "fork")
+    ids = [n.split("-")[1] for n in _patch_names()]
+    spec = generate_spec(repo, patch_commits(repo, ids), package_root="python",
+                         package="sglang", stack="sglang-0.5.23", distribution="sglang",
+                         version="0.5.23")
+    return Sites(stock=base / "stock", patched=base / "patched", plugin=base / "plugin",
+                 deps=base / "deps", spec=spec, patch_ids=ids)
+
+
+def _make_sites(base: Path) -> None:
     pip("download", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
         "--platform", "manylinux_2_34_x86_64", "sglang==0.5.23", "-d", str(base / "dl"))
     pip("install", "--no-deps", "--no-compile", "--target", str(base / "stock"),
@@ -90,5 +125,3 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> Sites:
         dest = patched / rel.removeprefix("python/")
         dest.unlink()
         shutil.copyfile(fork / rel, dest)
-    return Sites(stock=base / "stock", patched=patched, plugin=base / "plugin",
-                 deps=base / "deps", spec=spec, patch_ids=ids)

@@ -26,14 +26,20 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parents[1]
-_STOCK: dict[str, dict[str, Any]] = {}
+_PLAIN: dict[tuple[Path, str], dict[str, Any]] = {}
+
+
+def plain_probe(sites: Sites, site: Path, capability: str) -> dict[str, Any]:
+    """An install (stock or patched) without the plugin, memoised: several tests compare
+    against the same one, and each probe is a fresh interpreter importing torch."""
+    if (site, capability) not in _PLAIN:
+        _PLAIN[site, capability] = probe(sites, site, capability, plugin=False)
+    return _PLAIN[site, capability]
 
 
 def stock_probe(sites: Sites, capability: str) -> dict[str, Any]:
-    """Stock sglang without the plugin (memoised: three tests compare against it)."""
-    if capability not in _STOCK:
-        _STOCK[capability] = probe(sites, sites.stock, capability, plugin=False)
-    return _STOCK[capability]
+    """Stock sglang without the plugin."""
+    return plain_probe(sites, sites.stock, capability)
 
 
 SECOND_PLUGIN = '''\
@@ -98,7 +104,7 @@ def test_every_patch_of_the_series_becomes_a_hook(sites: Sites) -> None:
 
 @pytest.mark.parametrize("capability", ["12.0", "12.1", "9.0"])
 def test_plugin_on_stock_agrees_with_the_patched_wheel(sites: Sites, capability: str) -> None:
-    patched = probe(sites, sites.patched, capability, plugin=False)
+    patched = plain_probe(sites, sites.patched, capability)
     with_plugin = probe(sites, sites.stock, capability, plugin=True)
     # one line per function replaced or added; G6's imports ride along unnamed
     assert with_plugin["plugin"] == [
@@ -125,8 +131,7 @@ def test_a_second_plugin_loaded_after_ours_keeps_its_hooks(sites: Sites, tmp_pat
                    second=second_plugin_site(tmp_path))
     assert "is_flashinfer_allreduce_unavailable" in result["second_plugin"]
     assert "_resolve_backend" in result["second_plugin"]
-    reference = probe(sites, sites.patched if ours == "on" else sites.stock, "12.0",
-                      plugin=False)
+    reference = plain_probe(sites, sites.patched if ours == "on" else sites.stock, "12.0")
     assert result["cases"] == reference["cases"]  # G1 applied under the second's AROUND
 
 
