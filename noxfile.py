@@ -95,8 +95,11 @@ def tests(session: nox.Session) -> None:
     # stack built once for its file's tests) is made once.  Not --dist loadgroup: with
     # pytest 9.2 and xdist 3.8 its groups are silently ignored (xdist sets item._nodeid,
     # which pytest no longer reads) and module fixtures are rebuilt whenever a worker moves
-    # between files.  `-- -n 0` runs the suite in one process.
-    session.run("pytest", "-n", "auto", "--dist", "loadfile", *session.posargs)
+    # between files.  Files go out in collection order, not xdist's "most tests first":
+    # tests/conftest.py puts the longest files first, so no long file starts last.
+    # `-- -n 0` runs the suite in one process.
+    session.run("pytest", "-n", "auto", "--dist", "loadfile", "--no-loadscope-reorder",
+                *session.posargs)
 
 
 @nox.session(python=PYTHON)

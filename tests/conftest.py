@@ -18,10 +18,33 @@ FIXED_DATE = "2026-11-29T00:00:00+00:00"
 PATCH_AUTHOR = "SM12x fork maintainers <sm12x-fork@users.noreply.invalid>"
 
 
+#: The files that take minutes (each builds or probes real SGLang trees), longest first.
+#: ``nox -s tests`` hands whole files to the two workers in collection order
+#: (``--no-loadscope-reorder``): the last file to start bounds the run, so these start
+#: first and the many short files fill in around them.  (xdist's default order, most
+#: tests first, started them last.)
+LONGEST_FIRST = (
+    "layouts/test_stack2.py",
+    "plugin/test_plugin_sglang.py",
+    "layouts/test_layouts.py",
+    "layouts/test_verify_sglang.py",
+    "gpu/test_fail_closed.py",
+    "layouts/test_policy_sglang.py",
+    "plugin/test_plugin_policy.py",
+    "cli/test_e2e_default_stack.py",
+)
+
+
+def _start_rank(item: pytest.Item) -> int:
+    where = item.path.relative_to(Path(__file__).parent).as_posix()
+    return LONGEST_FIRST.index(where) if where in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test says which stack's build it runs (``runs_stack`` marks, or the fixture
     ``sites``: sglang 0.5.23), as a JUnit property verify reads: a ``cpu:`` claim counts
-    only for the stack its test ran on."""
+    only for the stack its test ran on.  The longest files run first (a stable sort: the
+    order within a file, and of the other files, stays)."""
     from helpers_sglang import STACK as SITES_STACK
 
     for item in items:
@@ -29,6 +52,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "sites" in getattr(item, "fixturenames", ()):
             stacks.append(SITES_STACK)
         item.user_properties.extend(("runs_stack", s) for s in dict.fromkeys(stacks))
+    items.sort(key=_start_rank)
 
 
 @pytest.fixture(autouse=True)
