@@ -65,3 +65,53 @@ def test_an_sdist_source_moved_to_a_wheels_only_release_loses_its_version_stamp(
     moved = load_stack(path, strict=False).project("sglang")
     assert (moved.source, moved.version) == ("wheel", "0.5.20")
     assert [w.filename for w in moved.wheels] == [wheel]
+
+
+def test_the_pins_a_bump_writes_keep_one_blank_line_between_tables(tmp_path: Path) -> None:
+    """The trial's new stack read ``[[projects.flashinfer.wheels]]`` glued to
+    ``[projects.sglang]``, and two blank lines where the sdist tables had been."""
+    path = tmp_path / "forks" / "sg.toml"
+    path.parent.mkdir()
+    fi = textwrap.dedent("""\
+
+        [projects.flashinfer]
+        distribution = "flashinfer-python"
+        version = "0.6.7.post3"
+        local_label = "sm120.1"
+        package_root = "."
+        series = "patches/sg/flashinfer"
+        source = "wheel"
+
+        [[projects.flashinfer.wheels]]
+        filename = "flashinfer_python-0.6.7.post3-py3-none-any.whl"
+        sha256 = "{sha}"
+        """).format(sha="2" * 64)
+    text = _SDIST_STACK.replace("\n[projects.sglang]\n", fi + "\n[projects.sglang]\n")
+    text = text.replace('series = "patches/sg/sglang"\n',
+                        'series = "patches/sg/sglang"\nrequires = ["flashinfer"]\n')
+    path.write_text(text, encoding="utf-8")
+    for key in ("sglang", "flashinfer"):
+        (tmp_path / "patches" / "sg" / key).mkdir(parents=True)
+    project = load_stack(path, strict=False).project("sglang")
+    wheel = "sglang-0.5.20-cp312-cp312-manylinux_2_34_x86_64.whl"
+    fi_wheel = {"filename": "flashinfer_python-0.6.18-py3-none-any.whl", "sha256": "3" * 64,
+                "url": ""}
+    state = BumpState(
+        stack="sg", project="sglang", old_version="0.5.10.post1", new_version="0.5.20",
+        new_pin={"source": "wheel", "git": None, "sdist": None,
+                 "wheels": [{"filename": wheel, "sha256": "1" * 64, "url": ""}],
+                 "companions": {"flashinfer": {
+                     "source": "wheel", "version": "0.6.18", "git": None, "sdist": None,
+                     "wheels": [fi_wheel]}}},
+        created_stack=False, declaration=str(path), series_dir="", results=[])
+
+    out = declaration_with_pin(text, project, state, str(path))
+
+    assert "\n\n\n" not in out
+    assert out.endswith('"\n')
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("[") and i:
+            assert lines[i - 1] == "", (line, lines[i - 1])
+    path.write_text(out, encoding="utf-8")
+    assert load_stack(path, strict=False).project("flashinfer").version == "0.6.18"

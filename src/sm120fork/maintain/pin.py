@@ -194,6 +194,7 @@ def _set_wheels(table: MutableMapping[str, Any], wheels: list[dict[str, str]]) -
             if w.get("url"):
                 entry["url"] = w["url"]
             aot.append(entry)
+        entry.add(tomlkit.nl())  # a blank line before the table that follows
         table["wheels"] = aot
 
 
@@ -250,4 +251,5 @@ def declaration_with_pin(text: str, project: Project, state: BumpState, where: s
         _set_pin(projects[key], other)
     if description:
         doc["stack"]["description"] = description
-    return tomlkit.dumps(doc)
+    # The tables a pin edit removes (git, sdist, version_stamp) leave their blank lines.
+    return re.sub(r"\n{3,}", "\n\n", tomlkit.dumps(doc)).rstrip("\n") + "\n"
