@@ -418,3 +418,24 @@ def test_the_boxs_torch_stays_behind_whatever_version_its_freeze_names(
     make(KitOptions(stack="sglang-0.5.23", python=python, out=tmp_path / "kit",
                     harnesses=("gpu_test",), nox=False, box_has=(str(freeze),)), root=root)
     assert downloaded == [("packaging", "26.0")]  # the box has 24.0: the kit carries 26.0
+
+
+def test_the_tune_verb_runs_tune_on_the_kits_flashinfer_and_records_for_import(
+        tmp_path: Path) -> None:
+    """``sh DIR/run tune``: the owner's one command on a box with no checkout: tune
+    benches the kit's FlashInfer (not wheels/<stack>/, which the box lacks), names the
+    stack for the record and writes it where ``record import`` takes it from."""
+    kit = tmp_path / "kit"
+    data: dict[str, object] = {"stack": "sglang-0.5.23",
+                               "patched": {"flashinfer": "stack/fi.whl"},
+                               "prebuilt": {"patched": "prebuilt/patched"}}
+    cmd, env = boot.harness_command(kit, data, "tune", ["--world-sizes", "2", "--yes"],
+                                    tmp_path / "home")
+    assert cmd[:4] == ["sm120fork", "tune", "--stack", "sglang-0.5.23"]
+    assert cmd[cmd.index("--wheel-dir") + 1] == f"patched={kit / 'stack' / 'fi.whl'}"
+    assert cmd[cmd.index("--prebuilt") + 1] == f"patched={kit / 'prebuilt' / 'patched'}"
+    assert cmd[cmd.index("--reports") + 1] == "kit-results"
+    assert "--out" not in cmd  # tune has no --out
+    assert cmd[-3:] == ["--world-sizes", "2", "--yes"]
+    assert env["SM120FORK_COMMAND"] == "sh '<kit sglang-0.5.23>/run' tune --world-sizes 2 --yes"
+    assert "tune" in boot.VERBS

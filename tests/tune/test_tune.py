@@ -240,3 +240,38 @@ def test_a_bench_that_fails_stops_the_run_and_says_so(tmp: Path) -> None:
                                 4: "not reached: the bench failed before it"}
     assert done.installed is None
     assert not fake.target.exists()
+
+
+def test_the_verb_benches_a_given_wheel_and_records_the_command_it_was_given(
+        tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The offline kit's ``run tune``: --wheel-dir instead of the checkout's wheels/, and
+    the record names the kit's command (SM120FORK_COMMAND), not this box's paths."""
+    from sm120fork.cli.main import main
+    from sm120fork.gpu import runs
+    from sm120fork.tune import cli
+
+    seen: list[runs.BenchOptions] = []
+
+    def run_bench(opts: runs.BenchOptions) -> None:
+        seen.append(opts)
+        assert opts.out is not None
+        opts.out.mkdir(parents=True)
+        bench = _bench_of(2)
+        (opts.out / "bench.json").write_text(json.dumps({
+            "records": bench.records, "plan": {"tokens": list(bench.tokens),
+                                              "hidden": list(bench.hidden)},
+            "methods": list(bench.methods), "finished": True, "shared": False}))
+
+    monkeypatch.setattr(cli, "_ready", lambda: None)
+    monkeypatch.setattr(cli, "_doctor", lambda: facts("2x-rtx-pro-6000-one-socket"))
+    monkeypatch.setattr(runs, "run_bench", run_bench)
+    monkeypatch.setenv(policy.ENV_VAR, str(tmp / "p.json"))
+    monkeypatch.setenv("SM120FORK_COMMAND", "sh '<kit sglang-0.5.23>/run' tune --yes")
+    rc = main(["tune", "--stack", "sglang-0.5.23", "--wheel-dir", f"patched={tmp / 'fi.whl'}",
+               "--prebuilt", f"patched={tmp / 'pre'}", "--work-dir", str(tmp / "w"),
+               "--reports", str(tmp / "r"), "--yes"])
+    assert rc == 0, capsys.readouterr().out
+    assert [(o.stack, o.wheel_dirs, o.prebuilt) for o in seen] == [
+        (None, (f"patched={tmp / 'fi.whl'}",), (f"patched={tmp / 'pre'}",))]
+    rec = record.read(tmp / "r" / "sglang-0.5.23" / "policy" / "record.json")
+    assert rec.command == "sh '<kit sglang-0.5.23>/run' tune --yes"

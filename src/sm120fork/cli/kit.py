@@ -84,7 +84,7 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
 def requirements_args(p: argparse.ArgumentParser) -> None:
     from sm120fork.kit.build import HARNESSES
 
-    p.add_argument("--harness", required=True, choices=(*HARNESSES, "tune"),
+    p.add_argument("--harness", required=True, choices=HARNESSES,
                    help="the harness the requirements are for (tune: the bench's)")
     p.add_argument("harness_args", nargs=argparse.REMAINDER, metavar="-- ARGS",
                    help="the harness's own arguments; only --stack is read")

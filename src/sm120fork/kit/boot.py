@@ -41,7 +41,7 @@ JOINED_FILE = ".joined-from"
 PTH_NAME = "sm120fork-host-site.pth"
 #: ``sh DIR/run sglang_layer --plugin-route``: stock SGLang of the pin + the plugin.
 PLUGIN_ROUTE = "--plugin-route"
-VERBS = ("gpu_test", "bench", "sglang_layer", "doctor", "upstream_tests")
+VERBS = ("gpu_test", "bench", "sglang_layer", "doctor", "upstream_tests", "tune")
 #: Exit codes as the toolkit's errors have them (errors.py): ConfigError, UsageError.
 EXIT_CONFIG = 2
 EXIT_USAGE = 16
@@ -298,6 +298,17 @@ def harness_command(kit: Path, data: dict[str, object], verb: str, args: Sequenc
     env = {"SM120FORK_COMMAND": shown}
     out = _option(args, "--out")
     extra: list[str] = []
+    if verb == "tune":  # the doctor, the bench per TP size, the policy installed, a record
+        cmd = ["sm120fork", "tune", "--stack", str(data["stack"]),
+               "--wheel-dir", f"patched={kit / str(patched['flashinfer'])}"]
+        for name, folder in prebuilt.items():
+            if name == "patched":
+                cmd += ["--prebuilt", f"patched={kit / str(folder)}"]
+        if _option(args, "--work-dir") is None:
+            extra += ["--work-dir", str(home / "work")]
+        if _option(args, "--reports") is None:  # <reports>/<stack>/policy/: record import
+            extra += ["--reports", "kit-results"]
+        return [*cmd, *extra, *args], env
     if out is None:
         extra += ["--out", str(Path("kit-results") / str(data["stack"]) / verb)]
     if verb in ("gpu_test", "bench"):

@@ -57,7 +57,7 @@ from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 
-HARNESSES = ("gpu_test", "bench", "sglang_layer", "doctor", "upstream_tests")
+HARNESSES = ("gpu_test", "bench", "sglang_layer", "doctor", "upstream_tests", "tune")
 DEFAULT_HARNESSES = ("gpu_test", "bench", "doctor")
 MIB = 1024 * 1024
 UPSTREAM_TESTS = "upstream-tests"
@@ -276,7 +276,7 @@ def _roots(harness: str, wheels: dict[str, Path], toolkit: Path | None) -> list[
              if toolkit is not None else [])
     fi = [r for r in wheel_requirements(wheels["flashinfer"])
           if canonicalize_name(r.name) not in FLASHINFER_UNUSED and r.marker is None]
-    if harness in ("gpu_test", "bench", "doctor"):
+    if harness in ("gpu_test", "bench", "doctor", "tune"):  # tune: the doctor, then the bench
         return roots + fi
     if harness == "upstream_tests":
         return [*roots, *fi, Requirement("pytest")]

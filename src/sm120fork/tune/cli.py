@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -41,6 +42,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "after it, and the policy holds only the TP sizes that finished")
     parser.add_argument("--reports", type=Path, default=Path("reports"),
                         help="where the record goes (<reports>/<stack>/policy/)")
+    parser.add_argument("--wheel-dir", action="append", metavar="patched=WHEEL",
+                        help="bench this FlashInfer wheel instead of wheels/NAME/ (the "
+                        "offline kit's `run tune` passes its own); --stack still names "
+                        "the record")
+    parser.add_argument("--prebuilt", action="append", metavar="patched=DIR",
+                        help="a comm module compiled elsewhere (the kit's prebuilt/)")
     parser.add_argument("--work-dir", type=Path,
                         help="the bench's installs, JIT caches, reports and logs (default: "
                         "the bench's, SM120FORK_GPU_WORK or /tmp/sm120fork-gpu)")
@@ -54,9 +61,11 @@ def _bench(args: argparse.Namespace, command: str
 
     def bench(tp: int, left: float | None) -> WorldBench:
         out = work / "tune" / f"tp{tp}"
+        wheels = tuple(args.wheel_dir or ())
         runs.run_bench(runs.BenchOptions(
-            command=command, stack=args.stack, out=out, work_dir=work, world_sizes=(tp,),
-            quick=args.quick, time_budget=left, allow_partial=True))
+            command=command, stack=None if wheels else args.stack, wheel_dirs=wheels,
+            prebuilt=tuple(args.prebuilt or ()), out=out, work_dir=work,
+            world_sizes=(tp,), quick=args.quick, time_budget=left, allow_partial=True))
         doc = json.loads((out / "bench.json").read_text(encoding="utf-8"))
         plan = doc.get("plan") or {}
         return WorldBench(
@@ -93,7 +102,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from sm120fork.util import proc
 
     _ready()
-    command = "nox -s tune -- " + " ".join(argv)
+    # As typed (the offline kit's entry names itself, without this box's paths).
+    command = os.environ.get("SM120FORK_COMMAND") or "nox -s tune -- " + " ".join(argv)
     done = tune(TuneOptions(stack=args.stack, command=command.strip(), reports=args.reports,
                             world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
                             yes=args.yes, time_budget=args.time_budget),
