@@ -105,7 +105,9 @@ def _make_sites(base: Path) -> None:
     for rel in touched:
         target = fork / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(base / "stock" / rel.removeprefix("python/"), target)
+        published = base / "stock" / rel.removeprefix("python/")
+        if published.exists():  # else a module the series adds
+            shutil.copyfile(published, target)
     git(fork, "add", "-A")
     git(fork, "commit", "-q", "-m", "sglang 0.5.23 as published")
     git(fork, "tag", "upstream")
@@ -123,5 +125,5 @@ def _make_sites(base: Path) -> None:
     shutil.copytree(base / "stock", patched, copy_function=os.link)
     for rel in touched:
         dest = patched / rel.removeprefix("python/")
-        dest.unlink()
+        dest.unlink(missing_ok=True)
         shutil.copyfile(fork / rel, dest)

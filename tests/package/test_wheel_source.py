@@ -224,11 +224,25 @@ def _replace_series(scenario: WheelScenario, edits: dict[str, tuple[str, str]],
 
 
 def test_series_touching_a_file_the_wheel_lacks_is_refused(scenario: WheelScenario) -> None:
-    _replace_series(scenario, {"python/demo_app/new.py": ("", "X = 1  # sm12x\n")},
-                    "python/demo_app/new.py: X = 1  # sm12x")
-    with pytest.raises(PatchError, match=r"python/demo_app/new.py, which demo_app-0.9.0-cp311"):
+    _replace_series(scenario, {"python/demo_app/new.txt": ("", "X = 1  # sm12x\n")},
+                    "python/demo_app/new.txt: X = 1  # sm12x")
+    with pytest.raises(PatchError, match=r"python/demo_app/new.txt, which demo_app-0.9.0-cp311"):
         build_stack(scenario.ws, scenario.ws.stack(STACK))
     assert not scenario.ws.stack_wheels(STACK).exists()
+
+
+def test_a_module_the_series_adds_ships_in_every_wheel(scenario: WheelScenario) -> None:
+    """A fork-only module (0.5.23's G7 adds its policy reader) is packed into the wheels."""
+    _replace_series(scenario, {"python/demo_app/new.py": ("", "X = 1  # sm12x\n")},
+                    "python/demo_app/new.py: X = 1  # sm12x")
+    build_stack(scenario.ws, scenario.ws.stack(STACK))
+    wheels = sorted(scenario.ws.stack_wheels(STACK).glob("demo_app-*.whl"))
+    assert wheels
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            assert zf.read("demo_app/new.py") == b"X = 1  # sm12x\n"
+            assert any(n.endswith("RECORD") and b"demo_app/new.py," in zf.read(n)
+                       for n in zf.namelist())
 
 
 def test_series_touching_a_compiled_file_is_refused(scenario: WheelScenario) -> None:

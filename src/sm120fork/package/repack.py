@@ -7,7 +7,8 @@ unpack``, the files the series changed are replaced by the fork tree's, and ``wh
 Version updated, RECORD regenerated with the new hashes, WHEEL (and so its tags) kept.
 Every other file keeps its bytes.
 
-A series may change only files the wheel ships, and no compiled file; every wheel must
+A series may change only files the wheel ships, and no compiled file, or add a Python
+module inside the package (a fork-only module, e.g. G7's policy reader); every wheel must
 ship the same bytes as the first in each file the series changes (the patch was applied
 to exactly those bytes).
 """
@@ -15,6 +16,7 @@ to exactly those bytes).
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import tempfile
 import zipfile
@@ -28,6 +30,8 @@ from sm120fork.patch.series import Series
 from sm120fork.util.proc import run
 
 log = logging.getLogger("sm120fork")
+
+_NEW_FILE = re.compile(r"^diff --git a/(\S+) b/\1\nnew file mode ", re.MULTILINE)
 
 
 def check_series_for_wheel(project: Project, series: Series, wheel: Path, *,
@@ -45,8 +49,14 @@ def check_series_for_wheel(project: Project, series: Series, wheel: Path, *,
         if "GIT binary patch" in patch.path.read_text(encoding="utf-8", errors="replace"):
             raise PatchError("it carries a binary patch", where=where,
                              fix="a wheel source takes only text changes")
+        added = set(_NEW_FILE.findall(patch.path.read_text(encoding="utf-8",
+                                                        errors="replace")))
         for path in patch.files:
             member = project.package_path(path)
+            if path in added and path.endswith(".py") and member is not None \
+                    and member not in every:
+                changed[path] = member  # a module the series adds to the package
+                continue
             if is_compiled(path) or (member is not None and member in every
                                      and member not in shipped):
                 raise PatchError(f"it changes the compiled file {path}", where=where,
@@ -65,8 +75,10 @@ def check_series_for_wheel(project: Project, series: Series, wheel: Path, *,
 def check_same_preimage(primary: Path, other: Path, members: Sequence[str]) -> None:
     """``other`` ships the bytes the series was applied to (those of ``primary``)."""
     with zipfile.ZipFile(primary) as a, zipfile.ZipFile(other) as b:
-        names = set(b.namelist())
+        names, first = set(b.namelist()), set(a.namelist())
         for member in members:
+            if member not in first and member not in names:
+                continue  # a module the series adds: neither wheel has it
             if member not in names or a.read(member) != b.read(member):
                 raise PatchError(
                     f"{other.name} ships another {member} than {primary.name}, on which "
@@ -88,7 +100,9 @@ def repack_wheel(project: Project, wheel: Path, replacements: Mapping[str, bytes
             (root,) = list(unpacked.iterdir())
             for member, data in replacements.items():
                 target = root / member
-                if not target.is_file():
+                adds = member.endswith(".py") and target.parent.is_dir() \
+                    and not target.exists()  # a module the series adds to a package
+                if not target.is_file() and not adds:
                     raise BuildError(f"{member} is not in {wheel.name}",
                                      where=f"project {project.key}")
                 target.write_bytes(data)

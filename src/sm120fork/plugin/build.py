@@ -53,8 +53,9 @@ class PluginResult:
         return {
             "stack": self.stack, "distribution": DISTRIBUTION, "wheel": self.wheel.name,
             "sha256": sha256_file(self.wheel), "sglang": self.spec.version,
-            "hooks": [{"patch": h.patch, "kind": h.kind, "target": f"{h.module}."
-                       + ",".join(h.names), "upstream_sha256": h.upstream_sha256,
+            "hooks": [{"patch": h.patch, "kind": h.kind,
+                       "target": h.module + ("." + ",".join(h.names) if h.names else ""),
+                       "upstream_sha256": h.upstream_sha256,
                        "patched_sha256": h.patched_sha256} for h in self.spec.hooks],
             "wheel_only": [{"patch": p, "why": w} for p, w in self.spec.wheel_only],
         }

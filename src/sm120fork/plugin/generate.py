@@ -8,8 +8,11 @@ each Python file it changes are compared before and after it:
   of upstream's source from ``upstream``);
 - a new function, a new import, a new literal constant, or names added to an existing
   ``from M import ...``: a ``provide`` hook;
+- a new module (a Python file upstream lacks, not a package's ``__init__.py``): a
+  ``module`` hook carrying the whole file;
 - anything else (other module-level code, a class, a removed or changed statement, a
-  non-Python file): the patch is "wheel only", and so is any patch sharing a unit with it.
+  removed file, a non-Python file): the patch is "wheel only", and so is any patch
+  sharing a unit with it.
 """
 
 from __future__ import annotations
@@ -187,6 +190,8 @@ def diff_file(path: str, before: str | None, after: str | None) -> list[_Change]
     """The unit-level changes of one file (``path`` relative to the package root)."""
     if not path.endswith(".py"):
         return [_Change(path, ("file",), "", (), wheel_only=f"changes non-Python file {path}")]
+    if before is None and after is not None and not path.endswith("/__init__.py"):
+        return [_Change(path, ("file",), "module", (), after)]
     if before is None or after is None:
         what = "adds" if before is None else "removes"
         return [_Change(path, ("file",), "", (), wheel_only=f"{what} the file {path}")]
@@ -300,12 +305,18 @@ def generate_spec(repo: Git, patches: Sequence[PatchRef], *, package_root: str, 
                     patch=ids, kind="replace", module=_module_name(c.path), path=c.path,
                     names=c.names, source=patched, patched_sha256=sha256_text(patched),
                     upstream_sha256=sha256_text(upstream))
+            elif c.kind == "module":
+                hooks[(c.path, c.key)] = Hook(
+                    patch=ids, kind="module", module=_module_name(c.path), path=c.path,
+                    names=(), source=c.source, patched_sha256=sha256_text(c.source),
+                    upstream_sha256=None)
             else:
                 hooks.setdefault((c.path, c.key), Hook(
                     patch=ids, kind="provide", module=_module_name(c.path), path=c.path,
                     names=c.names, source=c.source, patched_sha256=sha256_text(c.source),
                     upstream_sha256=None))
-    ordered = sorted(hooks.values(), key=lambda h: (h.kind != "provide", h.patch, h.module))
+    ordered = sorted(hooks.values(), key=lambda h: (
+        {"module": 0, "provide": 1}.get(h.kind, 2), h.patch, h.module))
     return Spec(stack=stack, distribution=distribution, version=version, package=package,
                 hooks=tuple(ordered),
                 wheel_only=tuple(sorted(wheel_only.items())))

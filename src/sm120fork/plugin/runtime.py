@@ -14,6 +14,9 @@ A hook is one top-level unit of an SGLang module that our series changes:
   ``from ... import``.
 - ``provide``: a name the series adds to a module (a helper function, an import, a
   literal constant).  It applies only if the installed module binds none of its names.
+- ``module``: a module the series adds (a whole file).  It applies only if the installed
+  SGLang has no such file; it is then made from our text and put in ``sys.modules`` (and
+  on its package) before every other hook is prepared, so their functions import it.
 
 A ``replace`` hook may also name a method (``Class.method``) of a class the series
 changes only inside its methods; its source is compiled without upstream's decorators
@@ -140,7 +143,7 @@ class ModuleUnits:
 @dataclass(frozen=True, kw_only=True)
 class Hook:
     patch: str
-    kind: str                       # "replace" | "provide"
+    kind: str                       # "replace" | "provide" | "module"
     module: str                     # dotted module name
     path: str                       # file path relative to the package's parent directory
     names: tuple[str, ...]          # replace: one function name; provide: the names bound
@@ -150,6 +153,8 @@ class Hook:
 
     @property
     def label(self) -> str:
+        if self.kind == "module":
+            return f"{self.patch} {self.module} (new module)"
         return f"{self.patch} {self.module}.{','.join(self.names)}"
 
     @property
@@ -300,9 +305,12 @@ def evaluate(spec: Spec) -> list[HookStatus]:
             statuses.append(HookStatus(label=hook.label, state=NOT_APPLIED, why=version_why,
                                        carried=hook.carried))
             continue
-        if hook.path not in parsed:
-            parsed[hook.path] = _read_units(parent, hook.path)
-        state, why = _judge(hook, parsed[hook.path])
+        if hook.kind == "module":
+            state, why = _judge_module(hook, parent)
+        else:
+            if hook.path not in parsed:
+                parsed[hook.path] = _read_units(parent, hook.path)
+            state, why = _judge(hook, parsed[hook.path])
         statuses.append(HookStatus(label=hook.label, state=state, why=why,
                                    carried=hook.carried))
     blockers = [s for s in statuses if s.state == NOT_APPLIED]
@@ -314,6 +322,22 @@ def evaluate(spec: Spec) -> list[HookStatus]:
                             why=f"{why}; the patched sglang wheel carries it")
                  for patch, why in spec.wheel_only]
     return statuses
+
+
+def _judge_module(hook: Hook, parent: Path | None) -> tuple[str, str]:
+    """(state, why) of a module the series adds: applied where SGLang has no such file."""
+    if parent is None:
+        return NOT_APPLIED, "the installed package directory was not found"
+    file = parent / hook.path
+    if not file.exists():
+        return APPLIED, ""
+    try:
+        digest = sha256_text(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return NOT_APPLIED, f"cannot read {hook.path}: {exc}"
+    if digest == hook.patched_sha256:
+        return NOT_NEEDED, "the installed sglang already has this module"
+    return NOT_APPLIED, f"the installed sglang has a {hook.path} of its own"
 
 
 def _read_units(parent: Path | None, path: str) -> ModuleUnits | str:
@@ -407,6 +431,21 @@ class _Prepared:
     values: dict[str, Any]
 
 
+def _new_module(hook: Hook) -> types.ModuleType:
+    """Make the module a ``module`` hook adds, from its text (not yet installed)."""
+    package, _, _leaf = hook.module.rpartition(".")
+    module = types.ModuleType(hook.module)
+    module.__file__ = f"<sm120fork plugin {hook.path}>"
+    module.__package__ = package
+    code = compile(hook.source, module.__file__, "exec", dont_inherit=True)
+    sys.modules[hook.module] = module  # while it runs: dataclasses look their module up
+    try:
+        exec(code, vars(module))
+    finally:
+        del sys.modules[hook.module]
+    return module
+
+
 def _prepare(hook: Hook) -> _Prepared:
     """Import the target, compile our unit; change nothing."""
     module = importlib.import_module(hook.module)
@@ -436,8 +475,18 @@ def _apply(spec: Spec, statuses: list[HookStatus],
     register, unregister = registry or _sglang_registry()
     provided: list[tuple[types.ModuleType, str]] = []
     registered: list[tuple[str, Callable[..., Any]]] = []
+    added: list[str] = []
     try:
-        prepared = [_prepare(hook) for hook in todo]
+        for hook in todo:  # new modules first: the other hooks' functions import them
+            if hook.kind == "module":
+                new = _new_module(hook)
+                package, _, leaf = hook.module.rpartition(".")
+                owner = importlib.import_module(package)
+                sys.modules[hook.module] = new
+                added.append(hook.module)
+                setattr(owner, leaf, new)
+                provided.append((owner, leaf))
+        prepared = [_prepare(hook) for hook in todo if hook.kind != "module"]
         for item in prepared:
             if item.hook.kind == "provide":
                 for name, value in item.values.items():
@@ -456,6 +505,8 @@ def _apply(spec: Spec, statuses: list[HookStatus],
         for module, name in provided:
             if name in vars(module):
                 delattr(module, name)
+        for name in added:
+            sys.modules.pop(name, None)
         why = f"preparing failed, SGLang left stock: {type(exc).__name__}: {exc}"
         return [HookStatus(label=s.label, state=NOT_APPLIED, why=why, carried=s.carried)
                 if s.state == APPLIED else s for s in statuses]
