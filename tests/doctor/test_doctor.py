@@ -916,12 +916,13 @@ def test_the_doctor_prints_the_policy_per_tp_size_in_text_and_json(
         "policy file: /srv/policy.json (named by SGLANG_SM120_ALLREDUCE_POLICY)",
         "format sm120fork-allreduce-policy version 2, measured 2026-12-01 on RTX PRO 6000 "
         "x8; for use: SGLang follows it",
-        "TP2: fused_auto for 1-64, pcie_ipc_rmsnorm for 65-512, nccl_rmsnorm for 513+ "
-        "tokens (by the policy)",
+        "all-reduce at TP2: fused_auto for 1-64, pcie_ipc_rmsnorm for 65-512, nccl_rmsnorm "
+        "for 513+ tokens (policy /srv/policy.json, measured 2026-12-01 on RTX PRO 6000 x8)",
         "  TP2: custom_vllm_rmsnorm left out: failed its output check at 1 tokens, hidden 4096",
-        "TP4: nccl_rmsnorm for 1+ tokens (by the policy)",
-        "TP8: nccl_rmsnorm for 1+ tokens (today's rule: our fused path at TP2 only; the "
-        "policy has no entry for TP8)"]
+        "all-reduce at TP4: nccl_rmsnorm for 1+ tokens (policy /srv/policy.json, measured "
+        "2026-12-01 on RTX PRO 6000 x8)",
+        "all-reduce at TP8: nccl_rmsnorm for 1+ tokens (today's rule: our fused path at TP2 "
+        "only; the policy has no entry for TP8)"]
     assert cli.main(["--facts", str(tmp_path / "facts.json"), "--json"]) == code
     report = json.loads(capsys.readouterr().out)
     assert report["text"]["policy"] == section
@@ -946,7 +947,8 @@ def test_a_method_the_box_cannot_run_falls_back_with_one_line_each() -> None:
         "present": ["flashinfer.comm:trtllm_allreduce_fusion"]})
     lines = rules.judge(facts).text_of("policy")
     assert lines[2:4] == [
-        "TP2: fused_auto for 1-512, nccl_rmsnorm for 513+ tokens (by the policy)",
+        "all-reduce at TP2: fused_auto for 1-512, nccl_rmsnorm for 513+ tokens (policy "
+        "/srv/policy.json, measured 2026-12-01 on RTX PRO 6000 x8)",
         "  TP2 tokens 65-512: pcie_ipc_rmsnorm cannot run here "
         "(flashinfer.comm:PcieIpcAllReduceWorkspace does not import here); falling back to "
         "fused_auto"]
@@ -954,12 +956,12 @@ def test_a_method_the_box_cannot_run_falls_back_with_one_line_each() -> None:
 
 def test_without_a_policy_the_doctor_says_what_sglang_decides_instead() -> None:
     report = rules.judge(with_policy(None))
-    rule = "today's rule: our fused path at TP2 only; no policy"
+    rule = "today's rule: our fused path at TP2 only; no policy at /srv/policy.json"
     assert report.text_of("policy")[1:] == [
         "no policy there: SGLang keeps today's decision",
-        f"TP2: fused_auto for 1+ tokens ({rule})",
-        f"TP4: nccl_rmsnorm for 1+ tokens ({rule})",
-        f"TP8: nccl_rmsnorm for 1+ tokens ({rule})"]
+        f"all-reduce at TP2: fused_auto for 1+ tokens ({rule})",
+        f"all-reduce at TP4: nccl_rmsnorm for 1+ tokens ({rule})",
+        f"all-reduce at TP8: nccl_rmsnorm for 1+ tokens ({rule})"]
     shown = report.to_json()["policy"]
     assert shown["applies"] is False
     assert [(t["tp"], t["decided_by"]) for t in shown["tp"]] == [
@@ -975,8 +977,8 @@ def test_a_policy_made_on_a_shared_gpu_is_shown_and_not_followed() -> None:
                         "on RTX PRO 6000 x8, on a shared GPU; marked NOT FOR USE (made on a "
                         "shared GPU): SGLang ignores it and keeps today's decision")
     assert lines[2:4] == [
-        "TP2: fused_auto for 1+ tokens (today's rule: our fused path at TP2 only; the policy "
-        "is marked not for use)",
+        "all-reduce at TP2: fused_auto for 1+ tokens (today's rule: our fused path at TP2 "
+        "only; policy /srv/policy.json is marked not for use (made on a shared GPU))",
         "  measured (not followed): 1-64: fused_auto, 65-512: pcie_ipc_rmsnorm"]
     source = report.to_json()["policy"]["source"]
     assert (source["for_use"], source["shared_gpu"]) == (False, True)
@@ -989,7 +991,7 @@ def test_a_policy_sglang_cannot_use_names_the_key() -> None:
     assert lines[1] == ("not usable (/srv/policy.json: version: policy version 3: this "
                         "reader takes versions 1, 2 (re-make it with this toolkit: nox -s "
                         "tune -- --stack NAME)): SGLang keeps today's decision")
-    assert lines[2].startswith("TP2: fused_auto for 1+ tokens (today's rule")
+    assert lines[2].startswith("all-reduce at TP2: fused_auto for 1+ tokens (today's rule")
 
 
 def test_a_version_1_policy_is_shown_with_its_meaning() -> None:
@@ -999,7 +1001,8 @@ def test_a_version_1_policy_is_shown_with_its_meaning() -> None:
     lines = rules.judge(with_policy(v1)).text_of("policy")
     assert lines[1].startswith("format sm120fork-allreduce-policy version 1, read as "
                                "version 2, measured")
-    assert lines[2] == "TP2: fused_auto for 1-64, nccl_rmsnorm for 65+ tokens (by the policy)"
+    assert lines[2] == ("all-reduce at TP2: fused_auto for 1-64, nccl_rmsnorm for 65+ tokens "
+                        "(policy /srv/policy.json, measured 2026-12-01 on RTX PRO 6000 x8)")
 
 
 def test_the_override_turns_the_fused_path_off_and_the_ranges_still_hold() -> None:
@@ -1008,8 +1011,8 @@ def test_the_override_turns_the_fused_path_off_and_the_ranges_still_hold() -> No
     lines = report.text_of("policy")
     assert ("SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO=0 decides our fused path's "
             "auto-enable (the policy's ranges still hold)") in lines
-    assert ("TP2: pcie_ipc_rmsnorm for 1-512, nccl_rmsnorm for 513+ tokens (by the policy)"
-            in lines)
+    assert ("all-reduce at TP2: pcie_ipc_rmsnorm for 1-512, nccl_rmsnorm for 513+ tokens "
+            "(policy /srv/policy.json, measured 2026-12-01 on RTX PRO 6000 x8)" in lines)
     tp2 = report.to_json()["policy"]["tp"][0]
     assert tp2["fallbacks"] == [
         "TP2 tokens 1-64: fused_auto cannot run here (SGLANG_SM120_FLASHINFER_ALLREDUCE_"
@@ -1043,7 +1046,7 @@ def test_the_probe_finds_the_policy_sglang_reads_and_a_record_names_home_by_role
     lines = rules.judge(recorded).text_of("policy")
     assert lines[0] == (f"policy file: {allreduce_policy.DEFAULT_PATH} (the default place; "
                         "SGLANG_SM120_ALLREDUCE_POLICY names another)")
-    assert lines[2].startswith("TP2: fused_auto for 1-64, ")
+    assert lines[2].startswith("all-reduce at TP2: fused_auto for 1-64, ")
     named = probe.collect(probe.Probes(
         gpus=lambda: {"driver": None, "devices": [], "p2p": [], "error": "no GPU (test)"},
         decisions=lambda s: {"error": "skipped"},

@@ -617,15 +617,16 @@ def _check_plugin_doctor_policy(site: Path, tmp_path: Path) -> None:
     assert (tp2["tp"], tp2["decided_by"]) == (2, "policy")
     assert [(r["min_tokens"], r["max_tokens"], r["method"]) for r in tp2["measured"]] == [
         (1, 1, "fused_auto"), (2, 128, "nccl_rmsnorm")]
-    assert any(x.startswith("TP2: ") and x.endswith("(by the policy)")
-               for x in named["text"]["policy"])
+    assert any(x.startswith("all-reduce at TP2: ") and x.endswith(
+        f"(policy {tmp_path}/measured/policy.json, measured 2026-12-01 on RTX PRO 6000 x2)")
+        for x in named["text"]["policy"])
     # no variable: the default place under the home folder, where SGLang looks too
     absent = _plugin_doctor(site, home, {})
     assert absent["policy"]["source"]["path"] == str(
         home / ".config" / "sm120fork" / "allreduce-policy.json")
     assert absent["text"]["policy"][1] == "no policy there: SGLang keeps today's decision"
-    assert any(x.startswith("TP2: ") and "(today's rule: our fused path at TP2 only; no "
-               "policy)" in x for x in absent["text"]["policy"])
+    assert any(x.startswith("all-reduce at TP2: ") and "(today's rule: our fused path at "
+               "TP2 only; no policy at " in x for x in absent["text"]["policy"])
 
 
 def test_the_plugin_projects_doctor_prints_the_policy_without_the_toolkit(
@@ -636,3 +637,54 @@ def test_the_plugin_projects_doctor_prints_the_policy_without_the_toolkit(
     assert (project / package.IMPORT_PACKAGE / "gpu" / "policy.py").read_bytes() == (
         package.TOOLKIT / "gpu" / "policy.py").read_bytes()
     _check_plugin_doctor_policy(project, tmp_path)
+
+
+NEW_MODULE = '''\
+"""A module the series adds."""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    major: int
+
+
+def allowed(major: int) -> bool:
+    return Rule(major).major == 12
+'''
+
+
+def test_a_module_the_series_adds_is_one_module_hook_installed_first(
+        tmp_path: Path, site: Callable[[Path], None]) -> None:
+    """G7 adds a module (sglang/srt/layers/sm120fork_allreduce.py) that the functions it
+    replaces import: the plugin carries its text and puts it in place before them."""
+    repo = make_fork_tree(tmp_path, PATCHES)
+    (repo.path / "python" / "fakesg" / "rules.py").write_text(NEW_MODULE)
+    text = (repo.path / "python" / "fakesg" / "gates.py").read_text()
+    (repo.path / "python" / "fakesg" / "gates.py").write_text(text.replace(
+        "    return major in SUPPORTED or _is_sm12x(major)\n",
+        "    from fakesg.rules import allowed\n\n"
+        "    return major in SUPPORTED or allowed(major)\n"))
+    git(repo.path, "add", "-A")
+    git(repo.path, "commit", "-q", "-m", "G7 change")
+    spec = spec_for(repo, ["G1", "G2", "G3", "G7"])
+    assert spec.wheel_only == ()
+    (module,) = [h for h in spec.hooks if h.kind == "module"]
+    assert (module.module, module.source, module.label) == (
+        "fakesg.rules", NEW_MODULE, "G7 fakesg.rules (new module)")
+    site(install(repo, "upstream", tmp_path / "stock", "1.0"))
+    gates = fakesg("gates")
+    registry = FakeRegistry()
+    statuses = runtime.activate(spec, registry=registry.pair, environ={})
+    assert all(s.state == "applied" for s in statuses), [s.line for s in statuses]
+    registry.apply()
+    assert gates.gate(12) is True
+    assert gates.gate(8) is False
+    assert fakesg("rules").Rule(12).major == 12
+    # an installed SGLang with a file of that name of its own: nothing applies
+    runtime._reset_for_tests()
+    (tmp_path / "stock" / "fakesg" / "rules.py").write_text("OTHER = 1\n")
+    states = {s.label: s.state for s in runtime.evaluate(spec)}
+    assert states["G7 fakesg.rules (new module)"] == "not applied"

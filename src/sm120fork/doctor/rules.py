@@ -548,9 +548,11 @@ def judge_policy(report: Report, facts: dict[str, Any], packages: dict[str, Any]
     present = (frozenset(modules["present"]) if isinstance(modules.get("present"), list)
                else None)
     majors = {_cap(d)[0] for d in facts["gpus"]["devices"]}
+    names = {str(d.get("name")) for d in facts["gpus"]["devices"] if d.get("name")}
     seen = decision.view(found, sizes,
                          override=facts["environ"].get(allreduce_policy.AUTO_ENV),
                          gpu_major=majors.pop() if len(majors) == 1 else None,
+                         gpu_name=names.pop() if len(names) == 1 else None,
                          present=present)
     head, lines = seen.pop("head"), seen.pop("lines")
     sglang = packages.get("sglang")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .methods import METHODS, ROUTES, UNFUSED, MethodSpec
@@ -180,16 +180,17 @@ def _walk(tp: int, lo: int, hi: int | None, candidates: list[str], why: str,
 
 
 def decide(policy: Mapping[str, Any] | None, process: Process, *, source: str = "",
+           why_not: str = "no policy",
            registry: Mapping[str, MethodSpec] = METHODS) -> Decision:
     """The methods per token range at this process's TP size.
 
     ``policy``: a validated document (:func:`.policy.validate`) or None; ``source``:
-    how the start-up line names it (the file and where it was measured).
+    how the start-up line names it (the file and where it was measured); ``why_not``:
+    why there is none to follow (said in the line of today's rule).
     """
     tp = process.world_size
     lines: list[str] = []
     entry = None
-    why_not = "no policy"
     if policy is not None:
         if not policy.get("for_use"):
             why_not = "the policy is marked not for use"
@@ -217,6 +218,156 @@ def decide(policy: Mapping[str, Any] | None, process: Process, *, source: str = 
     return Decision(tp, True, source or "the policy", tuple(ranges), tuple(lines))
 
 
+# --- which policy SGLang follows, and SGLang's side -------------------------------------
+
+def measured_where(made: Mapping[str, Any]) -> str:
+    """Where and when a policy was measured, as the start-up line and the doctor say it."""
+    return (f"measured {made.get('created', '?')} on {made.get('gpu', '?')} "
+            f"x{made.get('gpu_count', '?')}"
+            + (f", stack {made['stack']}" if made.get("stack") else "")
+            + (", on a shared GPU" if made.get("shared_gpu") else ""))
+
+
+def applicable(path: str, *, found: bool, document: Any, error: str | None,
+               gpu_major: int | None, gpu_name: str | None,
+               ) -> tuple[dict[str, Any] | None, str, str]:
+    """(the policy SGLang follows or None, how the line names it, why none is followed).
+
+    A usable policy marked for use is followed on SM12x (and where the GPU is not known:
+    the doctor of a record without one); on another GPU only where it was measured on
+    this GPU model (``made.gpu`` equals the running GPU's name), so that without such a
+    file SGLang on SM90/SM100 stays exactly upstream's.
+    """
+    from .policy import validate  # policy imports nothing of this module
+
+    if not found:
+        return None, "", f"no policy at {path}" + (f" ({error})" if error else "")
+    if error is not None:
+        return None, "", f"policy {path} not usable ({error})"
+    try:
+        doc = validate(document, path)
+    except Exception as exc:  # ConfigError: said in the line, never raised into SGLang
+        return None, "", f"policy {path} not usable ({getattr(exc, 'message', exc)})"
+    made = doc.get("made") or {}
+    if not doc["for_use"]:
+        return None, "", (f"policy {path} is marked not for use ("
+                          f"{made.get('note') or 'made on a shared GPU'})")
+    if gpu_major not in (None, 12) and made.get("gpu") != gpu_name:
+        return None, "", (f"policy {path} was measured on {made.get('gpu', '?')}, not on "
+                          f"this {gpu_name or 'GPU'}: off SM12x a policy is followed only "
+                          "on the GPU model it was measured on")
+    return doc, f"policy {path}, {measured_where(made)}", ""
+
+
+def read_policy(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The file SGLang reads (:func:`.policy.locate`), as :func:`applicable` takes it."""
+    from .policy import read_for_doctor
+
+    facts = read_for_doctor(environ)
+    return {"path": facts["path"], "found": facts["found"], "document": facts["document"],
+            "error": facts["error"]}
+
+
+#: SGLang's side, per process: the policy file as read, and the decisions made from it
+#: per (TP size, dtype, capture state, GPU), so the file is read once and each decision
+#: made (and its lines logged) once
+_SGLANG: dict[Any, Any] = {}
+
+
+def sglang_forget() -> None:
+    """Read the file again at the next call (a changed environment, the CPU probes)."""
+    _SGLANG.clear()
+
+
+def gpu_facts() -> tuple[int | None, str | None]:
+    """(compute capability major, name) of this process's GPU, asked once per process of
+    the torch SGLang has loaded (never imported here; None: not known)."""
+    if "gpu" not in _SGLANG:
+        import sys
+
+        try:
+            cuda = sys.modules["torch"].cuda
+            _SGLANG["gpu"] = (int(cuda.get_device_capability()[0]),
+                              str(cuda.get_device_name()))
+        except Exception:  # no torch, no GPU: nothing known, nothing raised into SGLang
+            _SGLANG["gpu"] = (None, None)
+    major, name = _SGLANG["gpu"]
+    return major, name
+
+
+def for_sglang(tp: int, *, gpu_major: int | None, gpu_name: str | None,
+               dtype: str = "bf16", capturing: bool = False,
+               fused_override: bool | None = None,
+               announce: Callable[[str], None] | None = None,
+               announce_line: bool = True) -> Decision:
+    """The decision SGLang follows at TP ``tp`` in this process (G7 and the plugin).
+
+    The policy file is read once per process; each decision is made once, and
+    ``announce`` gets its line (unless ``announce_line`` is false) and its fallback lines
+    then.  ``Decision.by_policy`` false: no policy applies, SGLang keeps today's code.
+    """
+    if "file" not in _SGLANG:
+        _SGLANG["file"] = read_policy()
+    if "present" not in _SGLANG:
+        _SGLANG["present"] = importable(needed_names())
+    file = _SGLANG["file"]
+    key = (tp, dtype, capturing, gpu_major, gpu_name, fused_override)
+    made = _SGLANG.get(key)
+    if made is None:
+        policy, source, why_not = applicable(file["path"], found=file["found"],
+                                             document=file["document"],
+                                             error=file["error"], gpu_major=gpu_major,
+                                             gpu_name=gpu_name)
+        process = Process(world_size=tp, dtype=dtype, gpu_major=gpu_major,
+                          present=_SGLANG["present"], capturing=capturing,
+                          fused_override=fused_override)
+        made = _SGLANG[key] = decide(policy, process, source=source, why_not=why_not)
+        if announce is not None:
+            for text in ([made.line] if announce_line else []) + list(made.fallbacks):
+                announce(text)
+    return made
+
+
+def sglang_decision(tp: int, *, sm12x: bool, dtype: str = "bf16", capturing: bool = False,
+                    environ: Mapping[str, str] | None = None,
+                    announce: Callable[[str], None] | None = None,
+                    announce_line: bool = True) -> Decision | None:
+    """What SGLang's sites call: the decision at TP ``tp`` (:func:`for_sglang`), with the
+    GPU asked once (``sm12x``: SGLang's own platform test) and the explicit override
+    read from the environment; None where SGLang keeps its own code untouched (off SM12x
+    with no policy measured on this GPU model: no GPU is asked then)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if not sm12x:
+        if "file" not in _SGLANG:
+            _SGLANG["file"] = read_policy(env)
+        if not _SGLANG["file"]["found"]:
+            return None
+    major, name = gpu_facts()
+    decision = for_sglang(tp, gpu_major=12 if sm12x else major, gpu_name=name, dtype=dtype,
+                          capturing=capturing, fused_override=_override(env.get(AUTO_ENV)),
+                          announce=announce, announce_line=announce_line)
+    return decision if sm12x or decision.by_policy else None
+
+
+def sglang_route(tp: int, tokens: int, *, sm12x: bool, dtype: str = "bf16",
+                 capturing: bool = False,
+                 announce: Callable[[str], None] | None = None) -> str | None:
+    """The route (a key of :data:`.methods.ROUTES`) a policy names for a batch of
+    ``tokens`` at TP ``tp``; None where no policy decides (SGLang runs today's code)."""
+    decision = sglang_decision(tp, sm12x=sm12x, dtype=dtype, capturing=capturing,
+                               announce=announce, announce_line=False)
+    if decision is None or not decision.by_policy:
+        return None
+    return decision.route_for(int(tokens))
+
+
+def uses_route(decision: Decision, route: str) -> bool:
+    """Whether some token range of ``decision`` runs ``route`` (pcie_ipc: switch it on)."""
+    return any(METHODS[r.method].route == route for r in decision.ranges)
+
+
 # --- the doctor's view: what SGLang decides with the policy the doctor found -------------
 
 def _override(value: str | None) -> bool | None:
@@ -227,13 +378,14 @@ def _override(value: str | None) -> bool | None:
 
 def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None = None,
          gpu_major: int | None = None, present: frozenset[str] | None = None,
-         ) -> dict[str, Any]:
+         gpu_name: str | None = None) -> dict[str, Any]:
     """What SGLang runs per TP size with the policy the doctor found, as data and text
     (``head``: the file's lines, ``lines``: per TP size its ranges and fallbacks).
 
     ``facts``: :func:`.policy.read_for_doctor`'s; ``sizes``: the TP sizes to show (the
     policy's own are added); ``override``: the value of :data:`.policy.AUTO_ENV` in force;
-    ``gpu_major``/``present``: the box's GPU and the importable names (None: not known).
+    ``gpu_major``/``gpu_name``/``present``: the box's GPU and the importable names (None:
+    not known).  Per TP size the line is the one SGLang logs at start-up (:func:`for_sglang`).
     """
     from .policy import ENV_VAR, validate  # policy imports nothing of this module
 
@@ -264,10 +416,7 @@ def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None
     elif not valid:
         head.append(f"not usable ({error}): SGLang keeps today's decision")
     else:
-        where = (f"measured {made.get('created', '?')} on {made.get('gpu', '?')} "
-                 f"x{made.get('gpu_count', '?')}"
-                 + (f", stack {made['stack']}" if made.get("stack") else "")
-                 + (", on a shared GPU" if made.get("shared_gpu") else ""))
+        where = measured_where(made)
         state = ("for use: SGLang follows it" if applies else
                  f"marked NOT FOR USE ({made.get('note') or 'made on a shared GPU'}): "
                  "SGLang ignores it and keeps today's decision")
@@ -284,9 +433,10 @@ def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None
     for tp in sorted({*sizes, *(int(t) for t in tps)}):
         process = Process(world_size=tp, gpu_major=gpu_major, present=present,
                           fused_override=forced)
-        decision = decide(doc if valid else None, process,
-                          source=f"policy {facts.get('path')}" + (f", {where}" if where
-                                                                  else ""))
+        policy, source_line, why_not = applicable(
+            str(facts.get("path")), found=bool(facts.get("found")), document=raw,
+            error=facts.get("error"), gpu_major=gpu_major, gpu_name=gpu_name)
+        decision = decide(policy, process, source=source_line, why_not=why_not)
         entry = tps.get(str(tp)) or {}
         per_tp.append({**decision.to_json(),
                        "decided_by": "policy" if decision.by_policy else (
@@ -295,8 +445,7 @@ def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None
                        "measured": list(entry.get("ranges", [])),
                        "excluded": dict(entry.get("excluded", {})),
                        "not_measured": dict(entry.get("not_measured", {}))})
-        lines.append(f"TP{tp}: {decision.summary} ("
-                     + ("by the policy" if decision.by_policy else decision.source) + ")")
+        lines.append(decision.line)
         lines += [f"  {line}" for line in decision.fallbacks]
         if entry and not decision.by_policy:
             measured = ", ".join(f"{r['min_tokens']}-{r['max_tokens']}: {r['method']}"
