@@ -241,9 +241,9 @@ def _added_code(patch: Path) -> str:
 
 
 def test_sglang_looks_where_the_doctor_looks() -> None:
-    """Every patch that reads the policy (S1 for the default stack, G2 and G3 for 0.5.23
-    and so the plugin's hooks) reads the file the variable names, else the default place:
-    the two values the doctor's :func:`policy.locate` uses, and no other."""
+    """Every patch that reads the policy (S1 for the default stack, G7 for 0.5.23 and so
+    the plugin's hooks) reads the file the variable names, else the default place: the
+    two values the doctor's :func:`policy.locate` uses, and no other."""
     import re
 
     readers: dict[str, tuple[str, str]] = {}
@@ -259,8 +259,14 @@ def test_sglang_looks_where_the_doctor_looks() -> None:
         places = set(re.findall(r'"(~/[^"]*policy[^"]*)"', code))
         assert named <= {policy.ENV_VAR}, (patch.name, named)
         assert places <= {policy.DEFAULT_PATH}, (patch.name, places)
-    assert set(readers) >= {"S1", "G2", "G3"}
+    assert set(readers) >= {"S1"}
     assert set(readers.values()) == {(policy.ENV_VAR, policy.DEFAULT_PATH)}
+    # 0.5.23's G7 (and so the plugin) reads through the module it adds, the toolkit's own
+    # reader and its locate() (tests/plugin/test_bundle.py: byte for byte)
+    (g7,) = ROOT.glob("patches/sglang-0.5.23/sglang/0007-G7-*.patch")
+    assert "from sglang.srt.layers import sm120fork_allreduce" in _added_code(g7)
+    assert "return Path(os.path.expanduser(env.get(ENV_VAR) or DEFAULT_PATH))" in \
+        _added_code(g7)
 
 
 def test_the_docs_page_documents_every_key_a_policy_has() -> None:

@@ -1,9 +1,10 @@
 """Both stacks' patched SGLang read the all-reduce policy the bench writes (issue 22 item 2).
 
 The real patched modules are imported on CPU with the GPU faked, as the SGLang probes do
-(``sm120fork.verify.sglang*_probe``): the start-up decision (S2 / G2) follows the policy
-when one is usable and names it, keeps today's rule when none is (and says why), and the
-fused path (S1 / G3) is never taken above the policy's ``fused_max_tokens``.
+(``sm120fork.verify.sglang*_probe``): the start-up decision (S2 / G2+G7) follows the
+policy when one is usable and names it, keeps today's rule when none is (and says why),
+and the fused path (S1 / G3+G7) is never taken above the policy's ``fused_max_tokens``
+(0.5.23's G7 reads the version 1 file as its version 2 equivalent).
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ S523 = textwrap.dedent("""\
     out = {}
     for name, policy, tp, env in json.loads(sys.argv[1]):
         os.environ["SGLANG_SM120_ALLREDUCE_POLICY"] = policy
-        add_norm.__dict__.pop("_sm120fork_policy_caps", None)
+        importlib.import_module("sglang.srt.layers.sm120fork_allreduce").sglang_forget()
         obs = lb._auto_case(tp=tp, nodes=1, env=env)
         with ctx.get_context().override_server_args(
                 flashinfer_allreduce_fusion_backend="trtllm", tp_size=tp), \\
@@ -164,12 +165,13 @@ def test_sglang_0523_follows_the_policy_and_names_it(tree_523: tuple[Path, Path]
     got = _run(tree, S523, _cases(policies), overlay)
     assert got["absent"]["backend"] == "auto"
     assert got["absent"]["fused"] == {"1": True, "64": True, "65": True, "600": True}
-    assert f"default rule: no policy at {missing}" in got["absent"]["detail"]
+    assert f"no policy at {missing}" in got["absent"]["detail"]
     assert got["cap64"]["backend"] == "auto"
     assert got["cap64"]["fused"] == {"1": True, "64": True, "65": False, "600": False}
-    assert f"policy {cap64} (measured 2026-12-01" in got["cap64"]["detail"]
+    assert f"policy {cap64}, measured 2026-12-01" in got["cap64"]["detail"]
+    assert "fused_auto for 1-64, nccl_rmsnorm for 65+ tokens" in got["cap64"]["detail"]
     assert got["beaten"]["backend"] is None
-    assert "a measured method beat the fused path at TP4" in got["beaten"]["detail"]
+    assert "names no range for it at TP4" in got["beaten"]["detail"]
     assert got["beaten"]["fused"]["1"] is False  # cap 0: never, even when enabled
     assert got["tp8"]["backend"] == "auto"
     assert got["tp8"]["fused"]["600"] is False
