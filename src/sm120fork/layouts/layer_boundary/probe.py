@@ -113,7 +113,9 @@ def _auto_case(*, tp: int, nodes: int, env: str | None = None, backend: str | No
         except ValueError as exc:
             resolved = f"error: {exc}"
     decisions = [msg for _, msg in logs.lines if "SM12x" in msg]
-    notes = [msg for _, msg in logs.lines if "AllReduce Fusion" in msg or "allreduce" in msg]
+    # G7's decision line ("sm120fork all-reduce at TP2: ... (policy ..., measured ...)")
+    notes = [msg for _, msg in logs.lines if "AllReduce Fusion" in msg or "allreduce" in msg
+             or msg.startswith("sm120fork all-reduce")]
     return {
         "observed": {"backend": chosen, "runs": None if resolved is None or
                      resolved.startswith("error") else resolved,
