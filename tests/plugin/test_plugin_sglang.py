@@ -92,14 +92,20 @@ def probe(sites: Sites, site: Path, capability: str, *, plugin: bool,
 
 def test_every_patch_of_the_series_becomes_a_hook(sites: Sites) -> None:
     assert sites.spec.wheel_only == ()
-    assert sorted({h.patch for h in sites.spec.hooks}) == sites.patch_ids
+    assert sorted({p for h in sites.spec.hooks for p in h.patch.split("+")}) == \
+        sites.patch_ids
     assert {h.names[0] for h in sites.spec.hooks if h.kind == "replace"} == {
         "_resolve_backend", "_flashinfer_trtllm_workspace_allocation_sizes",
         "_flashinfer_allreduce_fusion_auto_enable", "flashinfer_ar_fusion_applies",
         "_set_all_reduce_flags", "FlashInferWorkspaceManager.initialize",
-        "_forward_with_allreduce_fusion"}
-    # G6's new helpers, class and imports are provided to the module
-    assert {h.patch for h in sites.spec.hooks if h.kind == "provide"} == {"G6"}
+        "_forward_with_allreduce_fusion", "eligible_group",
+        "PcieIpcCommunicator.should_pcie_ipc_ar",
+        "GroupCoordinator._resolve_outplace_all_reduce_method"}
+    # G6's new helpers, class and imports, and G7's helpers, are provided to the modules
+    assert {h.patch for h in sites.spec.hooks if h.kind == "provide"} == {"G6", "G7"}
+    # G7's policy reader and decision: a module of its own
+    assert [(h.patch, h.module) for h in sites.spec.hooks if h.kind == "module"] == [
+        ("G7", "sglang.srt.layers.sm120fork_allreduce")]
 
 
 @pytest.mark.parametrize("capability", ["12.0", "12.1", "9.0"])
