@@ -322,7 +322,9 @@ def for_sglang(tp: int, *, gpu_major: int | None, gpu_name: str | None,
                           present=_SGLANG["present"], capturing=capturing,
                           fused_override=fused_override)
         made = _SGLANG[key] = decide(policy, process, source=source, why_not=why_not)
-        if announce is not None:
+        # per batch (no line) only a policy's fallbacks are said: without one, today's
+        # code runs and says nothing new
+        if announce is not None and (announce_line or made.by_policy):
             for text in ([made.line] if announce_line else []) + list(made.fallbacks):
                 announce(text)
     return made
