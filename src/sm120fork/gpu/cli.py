@@ -149,6 +149,20 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--load-plugins", action="store_true",
                    help="each rank runs SGLang's load_plugins() first, as SGLang's own "
                    "processes do (stock SGLang + a plugin installed beside it)")
+    s.add_argument("--plugin-wheel", type=Path, metavar="WHL",
+                   help="also run every case on stock SGLang (--stock-wheel) with this "
+                   "plugin wheel beside it (wheels/<stack>/plugin/), load_plugins() in each "
+                   "rank: the record's variant 'plugin'")
+    s.add_argument("--stock-wheel", type=Path, metavar="WHL",
+                   help="the published SGLang wheel of the stack's pin, for --plugin-wheel")
+    s.add_argument("--time-budget", type=float, metavar="S",
+                   help="no case starts after S seconds from the start (the JIT build "
+                   "included); the cases left are listed as not run, the record unfinished")
+    s.add_argument("--jobs", type=int, default=1,
+                   help="cases run at once, each in its own ranks (default 1)")
+    s.add_argument("--prebuild", action="store_true",
+                   help="build FlashInfer's comm and pcie_ipc modules once before the "
+                   "cases, in parallel (on a GPU)")
     s.add_argument("--title", default="SGLang fused-norm layer path")
     s.add_argument("--note", action="append", default=[])
     s.add_argument("--out", type=Path, required=True)
@@ -236,6 +250,18 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
 
         trees = layer_trees(folder, args.work_dir)
         args.sglang_path, site, made = trees.sglang_path, trees.site, trees.made
+    routes: tuple[runs.LayerRoute, ...] = ()
+    if args.plugin_wheel is not None:
+        from sm120fork.gpu.stack_wheels import plugin_trees
+
+        if args.stock_wheel is None:
+            raise UsageError("--plugin-wheel needs --stock-wheel (stock SGLang)",
+                             where="sglang-layer")
+        stock, plugin, rows = plugin_trees(args.stock_wheel, args.plugin_wheel,
+                                           args.work_dir, str(made.get("stack", "stack")))
+        # the stack's FlashInfer (``site``) serves both routes: one JIT build for both
+        routes = (runs.LayerRoute(variant="plugin", sglang_path=stock,
+                                  site=(plugin, *site), made_from=tuple(rows)),)
     outcomes = runs.run_sglang_layer(runs.LayerOptions(
         command=runs.command_line(argv), sglang_path=args.sglang_path, out=args.out,
         layout=args.layout or sglang_layer.layout_of(args.sglang_path),
@@ -246,7 +272,9 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
         title=args.title, notes=tuple(args.note), made=made, tested=tested,
         machine={"gpus": list(host.gpus), "torch": host.torch, "cuda": host.cuda}
         if host else {}, record_command=records.recorded_command("sglang-layer", argv),
-        agreement_timeout=args.agreement_timeout, group_timeout=args.group_timeout))
+        agreement_timeout=args.agreement_timeout, group_timeout=args.group_timeout,
+        routes=routes, time_budget=args.time_budget, jobs=args.jobs,
+        prebuild=args.prebuild))
     failed = [o for o in outcomes if not o.passed]
     return VerifyError.exit_code if failed else 0
 

@@ -24,7 +24,8 @@ from sm120fork.gpu import report
 
 TESTED_FILE = "tested.json"
 #: Options whose values are this machine's paths: not part of the recorded command.
-PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--stack-dir")
+PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--stack-dir",
+                "--plugin-wheel", "--stock-wheel")
 #: The kit's entry sets this to the command as the user typed it there.
 COMMAND_ENV = "SM120FORK_COMMAND"
 _AGAINST = {"fixed": "fixed", "pass both": "pass-both", "regressed": "regressed",
@@ -152,8 +153,9 @@ def test_record(doc: Mapping[str, Any], tested: Mapping[str, Any] | None
 
 def layer_record(*, made: Mapping[str, Any], tested: Mapping[str, Any] | None,
                  command: str, created: str, machine: Mapping[str, Any],
-                 planned: Sequence[str], outcomes: Sequence[Any],
-                 notes: Sequence[str] = ()) -> record.Record | None:
+                 planned: Sequence[Any], outcomes: Sequence[Any],
+                 notes: Sequence[str] = (), not_run: Sequence[str] = (),
+                 ) -> record.Record | None:
     """The record of an ``sglang-layer`` run of a stack's build (None without one):
     ``outcomes`` are :class:`~sm120fork.gpu.sglang_layer.CaseOutcome`; a run cut short is
     unfinished."""
@@ -168,15 +170,17 @@ def layer_record(*, made: Mapping[str, Any], tested: Mapping[str, Any] | None,
             description=f"{gpus[0]} x{len(gpus)}" if gpus else "CPU ranks (no GPU)",
             gpus=gpus, torch=machine.get("torch"), cuda=machine.get("cuda"),
             cpus=os.cpu_count()),
-        tested=_tested([record.TestedWheel(variant="patched", project=str(m["project"]),
+        tested=_tested([record.TestedWheel(variant=str(m.get("variant", "patched")),
+                                           project=str(m["project"]),
                                            file=str(m["wheel"]), sha256=str(m["wheel_sha256"]))
                         for m in made.get("made_from", ())], tested),
         planned=len(planned),
         cases=tuple(record.Case(
-            id=o.case, variant="patched", outcome="pass" if o.passed else "fail",
+            id=o.case, variant=getattr(o, "variant", "patched"),
+            outcome="pass" if o.passed else "fail",
             detail=" ".join("; ".join(o.problems).split())[:200] or f"{o.seconds:.0f} s")
             for o in outcomes),
-        notes=tuple(notes))
+        not_run=tuple(not_run), notes=tuple(notes))
 
 
 def tested_beside(folder: Path) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ import logging
 import os
 import shlex
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -590,6 +591,19 @@ def rerender(test: Path | None, bench: Path | None, out: Path) -> list[Path]:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LayerRoute:
+    """A second install route of the same stack in one ``sglang-layer`` run: stock SGLang
+    (``sglang_path``) with the stack's plugin beside it (``site``), ``load_plugins()`` in
+    every rank; its cases are recorded as variant ``variant``."""
+
+    variant: str
+    sglang_path: Path
+    site: tuple[Path, ...] = ()
+    #: what the record lists of it: ``made_from`` rows as :class:`LayerOptions` ``made``
+    made_from: tuple[dict[str, Any], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerOptions:
     """``sglang-layer``: SGLang's fused-norm layer path in fresh rank groups."""
 
@@ -620,38 +634,137 @@ class LayerOptions:
     #: timeout (None: twice the case's), seconds (sglang_layer.run_case).
     agreement_timeout: float | None = None
     group_timeout: float | None = None
+    #: the route of ``sglang_path``'s cases in the record ("patched": the stack's wheel)
+    variant: str = "patched"
+    #: further routes whose cases run in the same run (the plugin on stock SGLang)
+    routes: tuple[LayerRoute, ...] = ()
+    #: seconds from the start after which no further case starts (None: no limit); the
+    #: cases left are listed as not run and the record stays unfinished
+    time_budget: float | None = None
+    #: cases run at once, each in its own group of ranks (the GPU is shared anyway)
+    jobs: int = 1
+    #: build FlashInfer's comm modules once, before the cases (on a GPU)
+    prebuild: bool = False
+
+
+#: What a case is expected to take at most when the time budget decides whether it
+#: starts (ranks import SGLang, then run a few collectives: about 30 s on the H200 box).
+CASE_ESTIMATE_S = 60.0
+#: FlashInfer modules the layer path JIT-builds on first use: our fused path's comm
+#: module and SGLang's pcie_ipc all-reduce's (the policy cases); built once, together.
+PREBUILD = {
+    "trtllm comm": "from flashinfer.comm.trtllm_ar import get_trtllm_comm_module as g; g()",
+    "pcie_ipc": "from flashinfer.comm.pcie_ipc_ar import get_pcie_ipc_comm_module as g; g()",
+}
+
+
+def planned_cases(opts: LayerOptions) -> list[tuple[str, str]]:
+    """(variant, case) of every case the run plans, route by route."""
+    if opts.cases:
+        chosen = list(opts.cases)
+    elif opts.device == "cuda":
+        chosen = list(sglang_layer.GPU_PLAN.get(opts.layout, sglang_layer.GPU_CASES))
+    else:
+        chosen = [c for c in sglang_layer.CPU_CASES if opts.layout == "layer_boundary"
+                  or c not in sglang_layer.POLICY_CASES]
+    return [(variant, case) for variant in [opts.variant, *(r.variant for r in opts.routes)]
+            for case in chosen]
+
+
+def _prebuild(opts: LayerOptions) -> None:
+    """FlashInfer's modules built once (in parallel), before any rank needs them."""
+    from sm120fork.gpu.safety import rank_environment
+
+    env = rank_environment(dict(os.environ))  # multicast off, as in every rank
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, opts.site), str(opts.sglang_path)])
+    started = time.monotonic()
+    log.info("building FlashInfer's %s modules once (JIT; a few minutes the first time)",
+             " and ".join(PREBUILD))
+    with proc.ProcessGroup() as group:
+        running = {name: group.start([sys.executable, "-c", code], env=env)
+                   for name, code in PREBUILD.items()}
+        for name, child in running.items():
+            code = child.wait()
+            log.info("module %s: %s after %.0f s", name, "built" if code == 0 else
+                     f"FAILED (exit {code}; its cases will say why)",
+                     time.monotonic() - started)
 
 
 def run_sglang_layer(opts: LayerOptions) -> list[sglang_layer.CaseOutcome]:
     """Every case in fresh rank groups; report.md + report.json under ``opts.out``."""
-    chosen = list(opts.cases or (sglang_layer.GPU_CASES if opts.device == "cuda"
-                                 else sglang_layer.CPU_CASES))
-    outcomes = []
-    for index, case in enumerate(chosen):
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = time.monotonic()
+    planned = planned_cases(opts)
+    if opts.prebuild and opts.device == "cuda":
+        _prebuild(opts)
+    routes = {opts.variant: LayerRoute(variant=opts.variant, sglang_path=opts.sglang_path,
+                                       site=opts.site),
+              **{r.variant: r for r in opts.routes}}
+    done: dict[int, sglang_layer.CaseOutcome] = {}
+    not_run: list[str] = []
+
+    def one(index: int) -> None:
+        variant, case = planned[index]
+        if opts.time_budget is not None and (
+                time.monotonic() - started + CASE_ESTIMATE_S > opts.time_budget):
+            not_run.append(f"{variant} {case}: not started, the time budget "
+                           f"({opts.time_budget:.0f} s) ran out")
+            log.info("[%d/%d] %s %s: not started (time budget)", index + 1, len(planned),
+                     variant, case)
+            return
+        route = routes[variant]
         timeout = opts.first_timeout if index == 0 and opts.first_timeout else opts.timeout
+        plugin = route is not routes[opts.variant]
+        log.info("[%d/%d] %s %s: starting at %.0f s", index + 1, len(planned), variant,
+                 case, time.monotonic() - started)
         outcome = sglang_layer.run_case(
-            case, sglang_path=opts.sglang_path, device=opts.device,
+            case, sglang_path=route.sglang_path, device=opts.device,
             world_size=opts.world_size, tokens=list(opts.tokens) if opts.tokens else None,
-            timeout=timeout, start_timeout=opts.start_timeout, extra_path=list(opts.site),
-            gates_in_memory=opts.gates_in_memory, layout=opts.layout,
-            load_plugins=opts.load_plugins, agreement_timeout_s=opts.agreement_timeout,
-            collective_timeout_s=opts.group_timeout)
-        log.info("%s: %s in %.0f s %s", case, "PASS" if outcome.passed else "FAIL",
-                 outcome.seconds, "; ".join(outcome.problems))
-        outcomes.append(outcome)
-        _write_sglang_layer_report(opts, outcomes, done=index + 1 == len(chosen),
-                                   planned=chosen, made=opts.made)
-        try:
-            rec = records.layer_record(
-                made=opts.made, tested=opts.tested,
-                command=opts.record_command or opts.command, created=_now(),
-                machine=opts.machine, planned=chosen, outcomes=outcomes, notes=opts.notes)
-        except ConfigError as exc:  # the run goes on; its record would break the format
-            log.error("no record: %s", exc)
-            rec = None
-        if rec is not None:
-            records.write(rec, opts.out)
+            timeout=timeout, start_timeout=opts.start_timeout, extra_path=list(route.site),
+            gates_in_memory=opts.gates_in_memory and not plugin, layout=opts.layout,
+            load_plugins=opts.load_plugins or plugin,
+            agreement_timeout_s=opts.agreement_timeout,
+            collective_timeout_s=opts.group_timeout, variant=variant)
+        log.info("[%d/%d] %s %s: %s in %.0f s %s", index + 1, len(planned), variant, case,
+                 "PASS" if outcome.passed else "FAIL", outcome.seconds,
+                 "; ".join(outcome.problems))
+        done[index] = outcome
+        _publish(opts, [done[i] for i in sorted(done)], planned, not_run,
+                 finished=len(done) == len(planned))
+
+    with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+        list(pool.map(one, range(len(planned))))
+    outcomes = [done[i] for i in sorted(done)]
+    _publish(opts, outcomes, planned, not_run, finished=len(done) == len(planned))
+    if len(done) < len(planned):
+        log.info("cut short: %d of %d planned cases ran (%s); not run: %s", len(done),
+                 len(planned), ", ".join(f"{o.variant} {o.case}" for o in outcomes) or "none",
+                 "; ".join(not_run))
     return outcomes
+
+
+def _publish(opts: LayerOptions, outcomes: Sequence[sglang_layer.CaseOutcome],
+             planned: Sequence[tuple[str, str]], not_run: Sequence[str], *,
+             finished: bool) -> None:
+    """report.md, report.json and the record, as far as the run got."""
+    _write_sglang_layer_report(opts, outcomes, done=finished,
+                               planned=[c if v == opts.variant else f"{v} {c}"
+                                        for v, c in planned],
+                               made=opts.made)
+    made_from = [*opts.made.get("made_from", ()),
+                 *(m for r in opts.routes for m in r.made_from)]
+    try:
+        rec = records.layer_record(
+            made={**opts.made, "made_from": made_from}, tested=opts.tested,
+            command=opts.record_command or opts.command, created=_now(),
+            machine=opts.machine, planned=planned, outcomes=outcomes,
+            notes=opts.notes, not_run=tuple(not_run))
+    except ConfigError as exc:  # the run goes on; its record would break the format
+        log.error("no record: %s", exc)
+        rec = None
+    if rec is not None:
+        records.write(rec, opts.out)
 
 
 def _write_sglang_layer_report(opts: LayerOptions,

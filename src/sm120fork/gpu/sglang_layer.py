@@ -59,7 +59,18 @@ GPU_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
              "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises")
 #: Cases a run names with ``--case`` (on a GPU too): the fused call raising on one rank.
 ALONE_CASES = ("one-rank-fused-call-raises", "rank-0-fused-call-raises")
-CPU_CASES = (*GPU_CASES, "no-p2p", "one-rank-fails-in-fd-exchange", *ALONE_CASES)
+#: The policy cases (layout layer_boundary): a version 2 policy that switches methods at
+#: token boundaries is in force (SGLANG_SM120_ALLREDUCE_POLICY in every rank); at token
+#: counts on both sides of each boundary, eagerly and inside a captured CUDA graph, the
+#: route that ran must be the one :func:`sm120fork.gpu.decision.decide` names and the
+#: output the float32 reference's.
+POLICY_CASES = ("policy-eager", "policy-graph")
+CPU_CASES = (*GPU_CASES, "no-p2p", "one-rank-fails-in-fd-exchange", *ALONE_CASES,
+             *POLICY_CASES)
+#: Every case a GPU run of a layout plans by default: the fault matrix, both one-rank
+#: fused-call cases, and (layer_boundary: SGLang 0.5.23 has pcie_ipc) the policy cases.
+GPU_PLAN = {"communicator": (*GPU_CASES, *ALONE_CASES),
+            "layer_boundary": (*GPU_CASES, *ALONE_CASES, *POLICY_CASES)}
 #: case -> the rank whose fused call raises alone (the ranks' CASES say the same).
 RAISES_ALONE = {"one-rank-fused-call-raises": 1, "rank-0-fused-call-raises": 0}
 #: How long the harness lets the other ranks run on after one exited with an error.
@@ -83,6 +94,9 @@ class CaseOutcome:
     #: running when the case ended), ``ended_after_ready_s`` (when it exited by itself,
     #: seconds after every rank was ready) and ``raised`` (its error line, or None)
     exits: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: the install route the case ran on: "patched" (the stack's SGLang wheel) or
+    #: "plugin" (stock SGLang + the stack's plugin wheel)
+    variant: str = "patched"
 
 
 def _free_port() -> int:
@@ -180,6 +194,92 @@ def alone_problems(case: str, exits: Sequence[Mapping[str, Any]], *, layout: str
     return problems
 
 
+#: The policy the policy cases put in force at every TP size they run: (last token of the
+#: range, method), contiguous from 1 token, among the methods an H200 runs (our fused path,
+#: SGLang's pcie_ipc all-reduce, SGLang's own NCCL dispatch); above the last range nothing
+#: was measured, so SGLang's own dispatch runs there too: four boundaries, 8|9, 32|33,
+#: 64|65 and 128|129 tokens.
+POLICY_RANGES: tuple[tuple[int, str], ...] = (
+    (8, "fused_auto"), (32, "pcie_ipc_rmsnorm"), (64, "nccl_rmsnorm"), (128, "fused_auto"))
+#: What the policy cases' capability stub makes the process (SGLang sees SM12x).
+POLICY_GPU_MAJOR = 12
+#: The dtype the policy cases all-reduce (pcie_ipc runs bf16 only).
+POLICY_DTYPE = "bf16"
+
+
+def policy_document(world_size: int,
+                    ranges: Sequence[tuple[int, str]] = POLICY_RANGES) -> dict[str, Any]:
+    """The version 2 policy (validated, for use) the policy cases write for the ranks."""
+    from sm120fork.gpu.methods import UNFUSED
+    from sm120fork.gpu.policy import FORMAT, VERSION, validate
+
+    low, entries = 1, []
+    for last, method in ranges:
+        entries.append({"min_tokens": low, "max_tokens": last, "method": method,
+                        "fallback": [] if method == UNFUSED else [UNFUSED]})
+        low = last + 1
+    doc = {"format": FORMAT, "version": VERSION, "for_use": True,
+           "made": {"created": "by the layer harness", "gpu": "any", "gpu_count": world_size,
+                    "shared_gpu": False, "dtype": POLICY_DTYPE,
+                    "note": "written by sm120fork's layer harness: methods switch at token "
+                            "boundaries to check correctness, not measured"},
+           "tp": {str(world_size): {"ranges": entries, "measured_tokens": [],
+                                    "excluded": {}, "not_measured": {}}}}
+    return validate(doc, "the layer harness's policy")
+
+
+def policy_tokens(doc: Mapping[str, Any], world_size: int) -> list[int]:
+    """Token counts on both sides of every boundary of the policy at this TP size (the
+    first and last token of each range, and the one after the last range)."""
+    counts: set[int] = set()
+    for rng in doc["tp"][str(world_size)]["ranges"]:
+        counts |= {int(rng["min_tokens"]), int(rng["max_tokens"])}
+    if counts:
+        counts.add(max(counts) + 1)
+    return sorted(counts)
+
+
+def expected_routes(doc: Mapping[str, Any], world_size: int, tokens: Sequence[int], *,
+                    capturing: bool) -> dict[int, str]:
+    """tokens -> the route SGLang must take with ``doc`` in force: what the one decision
+    code (:func:`sm120fork.gpu.decision.decide`) answers for this process."""
+    from sm120fork.gpu.decision import Process, decide
+
+    decision = decide(doc, Process(world_size=world_size, dtype=POLICY_DTYPE,
+                                   gpu_major=POLICY_GPU_MAJOR, capturing=capturing))
+    return {t: decision.route_for(t) for t in tokens}
+
+
+def policy_problems(case: str, ranks: Sequence[Mapping[str, Any]], doc: Mapping[str, Any],
+                    world_size: int) -> list[str]:
+    """What is wrong with a policy case: at every planned token count each rank took the
+    route the decision names and matched the float32 reference (a step that could not
+    run here says why; it still shows the route it took, and not every step may skip)."""
+    planned = policy_tokens(doc, world_size)
+    want = expected_routes(doc, world_size, planned, capturing=case == "policy-graph")
+    problems: list[str] = []
+    for obs in ranks:
+        who = f"rank {obs['rank']}"
+        steps = obs["steps"]
+        if [s["tokens"] for s in steps] != planned:
+            problems.append(f"{who}: ran tokens {[s['tokens'] for s in steps]}, planned "
+                            f"{planned}")
+        for step in steps:
+            tokens = int(step["tokens"])
+            route = step.get("route")
+            if route != want.get(tokens):
+                problems.append(f"{who}: at {tokens} tokens the route {route!r} ran, the "
+                                f"policy's decision is {want.get(tokens)!r}")
+            if step.get("skipped"):
+                continue
+            if not step["correct"]:
+                problems.append(f"{who}: output differs from the reference at {tokens} "
+                                f"tokens ({route})")
+        if steps and all(s.get("skipped") for s in steps):
+            problems.append(f"{who}: every step was skipped: nothing was checked")
+    return problems
+
+
 def expected_problems(case: str, ranks: Sequence[Mapping[str, Any]]) -> list[str]:
     """What is wrong with the ranks' reports for ``case`` (empty: the case passed)."""
     problems: list[str] = []
@@ -226,7 +326,8 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
              extra_path: Sequence[Path] = (), env: Mapping[str, str] | None = None,
              gates_in_memory: bool = False, layout: str,
              load_plugins: bool = False, agreement_timeout_s: float | None = None,
-             collective_timeout_s: float | None = None) -> CaseOutcome:
+             collective_timeout_s: float | None = None,
+             variant: str = "patched") -> CaseOutcome:
     """Run ``case`` on ``world_size`` fresh rank processes; judge their reports.
 
     ``start_timeout`` bounds the imports and set-up (until every rank says it is ready);
@@ -240,8 +341,14 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
     port = _free_port()
     started = time.monotonic()
     procs: list[tuple[subprocess.Popen[bytes], Any, Any]] = []
+    doc: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="sm120fork-sglang-layer-") as tmp, \
             proc_mod.ProcessGroup() as group:
+        if case in POLICY_CASES:  # every rank reads it where SGLang looks
+            doc = policy_document(world_size)
+            policy_path = Path(tmp) / "policy.json"
+            policy_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+            tokens = policy_tokens(doc, world_size)
         for rank in range(world_size):
             request: dict[str, Any] = {
                 "rank": rank, "world_size": world_size, "case": case, "device": device,
@@ -254,6 +361,8 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
             }
             if tokens is not None:
                 request["tokens"] = list(tokens)
+            if doc is not None:
+                request["policy_path"] = str(policy_path)
             if hidden is not None:
                 request["hidden"] = hidden
             rank_env = rank_environment({**os.environ, **(env or {})})
@@ -325,11 +434,13 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
         problems.insert(0, f"hung: not finished {limit}")
     if case in RAISES_ALONE:
         problems += alone_problems(case, exits, layout=layout)
+    elif doc is not None and len(reports) == world_size:
+        problems += policy_problems(case, reports, doc, world_size)
     elif len(reports) == world_size:
         problems += expected_problems(case, reports)
     return CaseOutcome(case=case, passed=not problems, hung=hung, problems=problems,
                        ranks=reports, seconds=round(time.monotonic() - started, 1),
-                       tails=[] if not problems else tails, exits=exits)
+                       tails=[] if not problems else tails, exits=exits, variant=variant)
 
 
 def run_cases(cases: Sequence[str], **kwargs: Any) -> list[CaseOutcome]:
@@ -344,7 +455,9 @@ def render(outcomes: Sequence[CaseOutcome], *, title: str, notes: Sequence[str])
     lines += ["", "| case | verdict | rank | injected | paths | max rel. error (norm / "
               "residual) | warnings | fusion after | s |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for outcome in outcomes:
+    labelled = [o if o.variant == "patched" else
+                dataclasses.replace(o, case=f"{o.case} ({o.variant})") for o in outcomes]
+    for outcome in labelled:
         verdict = "PASS" if outcome.passed else ("HUNG" if outcome.hung else "FAIL")
         if not outcome.ranks and outcome.exits:  # a case that ends in errors
             for ended in outcome.exits:
@@ -363,9 +476,11 @@ def render(outcomes: Sequence[CaseOutcome], *, title: str, notes: Sequence[str])
                          f"{outcome.seconds} |")
         for obs in outcome.ranks:
             steps = obs["steps"]
-            paths = "/".join(sorted({s["path"] for s in steps}))
-            err_n = max(s["norm_error"] for s in steps)
-            err_r = max(s["residual_error"] for s in steps)
+            paths = "/".join(sorted({s.get("route") or s["path"] for s in steps}))
+            checked = [s for s in steps if not s.get("skipped")] or [
+                {"norm_error": float("nan"), "residual_error": float("nan")}]
+            err_n = max(s["norm_error"] for s in checked)
+            err_r = max(s["residual_error"] for s in checked)
             lines.append(
                 f"| {outcome.case} | {verdict} | {obs['rank']} | {obs['injected'] or '-'} | "
                 f"{paths} | {err_n:.2e} / {err_r:.2e} | {len(obs['warnings'])} | "
@@ -380,7 +495,7 @@ def render(outcomes: Sequence[CaseOutcome], *, title: str, notes: Sequence[str])
     if warned:
         lines += ["", "## The warning each rank logged", ""]
         lines += [f"- {case}, rank {rank}: `{text}`" for case, rank, text in warned]
-    failed = [o for o in outcomes if not o.passed]
+    failed = [o for o in labelled if not o.passed]
     if failed:
         lines += ["", "## Problems", ""]
         for outcome in failed:

@@ -69,7 +69,24 @@ CASES: dict[str, tuple[str | None, str | int | None]] = {
     "rank-0-fused-call-raises": ("fused-call-raises", 0),
     "no-p2p": ("no-p2p", "all"),
     "one-rank-fails-in-fd-exchange": ("fd-exchange-raises", 1),
+    "policy-eager": (None, None),
+    "policy-graph": (None, None),
 }
+#: The policy cases: the request's ``policy_path`` is in force (every rank reads it where
+#: SGLang looks), the steps run SGLang's consumer of the fused kernel and its unfused
+#: completion, and each step reports the route that ran, seen by which function ran.
+POLICY_CASES = ("policy-eager", "policy-graph")
+POLICY_ENV = "SGLANG_SM120_ALLREDUCE_POLICY"
+PCIE_IPC_MODULE = "sglang.srt.distributed.device_communicators.pcie_ipc_ar"
+#: Rows the pcie_ipc workspace is built for before any step (SGLang's runner passes its
+#: widest decode batch); the policy cases run at most this many tokens through it.
+PCIE_IPC_ROWS = 256
+#: Why a step of the graph case whose route is SGLang's unfused dispatch is not captured:
+#: its all-reduce is the harness's gloo stand-in for NCCL (NCCL refuses two ranks on one
+#: GPU), and a gloo all-reduce cannot be recorded into a CUDA graph.
+NOT_CAPTURABLE = ("not captured: SGLang's unfused dispatch all-reduces through the "
+                  "harness's gloo group here (NCCL refuses two ranks on one GPU), which a "
+                  "CUDA graph cannot record; its route was taken and checked eagerly")
 
 Observation = dict[str, Any]
 
@@ -102,9 +119,31 @@ class GlooTPGroup:
         self.cpu_group = dist.group.WORLD
         self.device_group = dist.new_group(backend="gloo")
         self.all_reduce_calls = 0
+        #: SGLang's GroupCoordinator communicators its dispatch reads: none here but
+        #: pcie_ipc, which :meth:`attach_pcie_ipc` builds as SGLang does
+        self.pcie_ipc_comm: Any = None
+        self.ca_comm = self.qr_comm = self.pymscclpp_comm = None
+        self.torch_symm_mem_comm = self.pynccl_comm = None
+
+    def attach_pcie_ipc(self, device: Any) -> bool:
+        """SGLang's pcie_ipc communicator, where SGLang's own ``eligible_group`` builds it
+        for its TP group (named "tp"; the policy or SGLANG_ENABLE_PCIE_IPC_ALLREDUCE)."""
+        pcie = _module(PCIE_IPC_MODULE)
+        if pcie.eligible_group(group_name="tp", world_size=self.world_size,
+                               deterministic=False):
+            self.pcie_ipc_comm = pcie.PcieIpcCommunicator(
+                group=self.device_group, device=device, cpu_group=self.cpu_group)
+        return self.pcie_ipc_comm is not None
 
     def all_reduce(self, input_: Any) -> Any:
-        """Sum over the ranks in float32 on the CPU, as NCCL would in the tensor's dtype."""
+        """SGLang's dispatch where a pcie_ipc communicator exists (its own method choice,
+        ``GroupCoordinator._resolve_outplace_all_reduce_method``, then its pcie_ipc entry,
+        as ``_all_reduce_out_place`` calls it); otherwise the stand-in for NCCL: a sum
+        over the ranks in float32 on the CPU, as NCCL would in the tensor's dtype."""
+        if self.pcie_ipc_comm is not None:
+            coordinator = _module("sglang.srt.distributed.parallel_state").GroupCoordinator
+            if coordinator._resolve_outplace_all_reduce_method(self, input_) == "pcie_ipc":
+                return self.pcie_ipc_comm.pcie_ipc_all_reduce(input_)
         dist = _module("torch.distributed")
         self.all_reduce_calls += 1
         total = input_.detach().float().cpu().contiguous()
@@ -335,6 +374,172 @@ def use_fake_flashinfer(adapter: Any, fusion: Any, fake: FakeFlashInferComm) -> 
         bind(fusion, fake.create_allreduce_fusion_workspace)
 
 
+class FakePcieIpcWorkspace:
+    """FlashInfer's ``PcieIpcAllReduceWorkspace`` as SGLang's pcie_ipc communicator uses it,
+    on the CPU: its all-reduce sums over the group it was built on (gloo)."""
+
+    def __init__(self, *, group: Any, max_numel: int, **_: Any) -> None:
+        self.group, self.max_numel = group, max_numel
+
+    def supports(self, inp: Any) -> bool:
+        return bool(inp.numel() <= self.max_numel)
+
+    def rebind_stream(self) -> None:
+        return None
+
+    def tune(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return []
+
+    def all_reduce(self, inp: Any) -> Any:
+        total = inp.float().clone()
+        _module("torch.distributed").all_reduce(total, group=self.group)
+        return total.to(inp.dtype)
+
+    def destroy(self) -> None:
+        return None
+
+
+def use_fake_pcie_ipc() -> None:
+    """``flashinfer.comm`` offers the pcie_ipc workspace stand-in (CPU only); torch's
+    current stream, which SGLang's pcie_ipc entry compares, is one fixed object."""
+    _module("flashinfer.comm").PcieIpcAllReduceWorkspace = FakePcieIpcWorkspace
+    stream = object()
+    _module("torch").cuda.current_stream = lambda *args, **kwargs: stream
+
+
+class RouteSpy:
+    """Which all-reduce ran, seen by the functions that ran: FlashInfer's
+    ``trtllm_allreduce_fusion`` (our fused path; on the CPU the stand-in's fused call),
+    SGLang's pcie_ipc entry (``PcieIpcCommunicator.pcie_ipc_all_reduce``), and the TP
+    group's plain all-reduce (SGLang's own dispatch, NCCL's stand-in here)."""
+
+    def __init__(self, group: GlooTPGroup) -> None:
+        self.group = group
+        self.fused = self.pcie_ipc = 0
+        self._mark = (0, 0, 0)
+
+    def wrap(self, holder: Any, attr: str, counter: str) -> None:
+        real = getattr(holder, attr)
+
+        def spied(*args: Any, **kwargs: Any) -> Any:
+            setattr(self, counter, getattr(self, counter) + 1)
+            return real(*args, **kwargs)
+
+        setattr(holder, attr, spied)
+
+    def _now(self) -> tuple[int, int, int]:
+        return self.fused, self.pcie_ipc, self.group.all_reduce_calls
+
+    def start(self) -> None:
+        self._mark = self._now()
+
+    def route(self) -> str:
+        fused, pcie, plain = (n - m for n, m in zip(self._now(), self._mark, strict=True))
+        if fused and not pcie and not plain:
+            return "fused"
+        if pcie and not fused and not plain:
+            return "pcie_ipc"
+        if plain and not fused and not pcie:
+            return "sglang_dispatch"
+        return (f"mixed (trtllm_allreduce_fusion {fused}, pcie_ipc {pcie}, plain "
+                f"all-reduce {plain})")
+
+
+def spy_routes(group: GlooTPGroup, fake: FakeFlashInferComm | None) -> RouteSpy:
+    spy = RouteSpy(group)
+    if fake is not None:
+        spy.wrap(fake, "allreduce_fusion", "fused")
+    else:
+        for name in ("flashinfer.comm.allreduce", "flashinfer.comm"):
+            module = _module(name)
+            if hasattr(module, "trtllm_allreduce_fusion"):
+                spy.wrap(module, "trtllm_allreduce_fusion", "fused")
+    spy.wrap(_module(PCIE_IPC_MODULE).PcieIpcCommunicator, "pcie_ipc_all_reduce", "pcie_ipc")
+    return spy
+
+
+def _inputs(tokens: int, hidden: int, world: int, dtype: Any, seed: int = 0,
+            ) -> tuple[list[Any], Any]:
+    torch = _module("torch")
+    xs = [torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(
+        seed + 1000 * r + tokens)).to(dtype) for r in range(world)]
+    residual = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(
+        seed + tokens)).to(dtype)
+    return xs, residual
+
+
+def policy_steps(*, layer: Layer, norm: Any, group: GlooTPGroup, spy: RouteSpy,
+                 tokens_list: Sequence[int], hidden: int, dev: Any, dtype: Any,
+                 weight: Any, eps: float, tolerance: float, graph: bool,
+                 device_kind: str) -> list[dict[str, Any]]:
+    """SGLang's layer path at each token count: its consumer of the fused kernel
+    (``fused_ffn_input``, which asks ``flashinfer_ar_fusion_applies``), else its unfused
+    completion (the attention-TP all-reduce, then the norm), eagerly or (``graph``)
+    captured into a CUDA graph after one eager warm-up and replayed on new inputs."""
+    torch = _module("torch")
+    fusions = _module("sglang.srt.layers.layer_boundary.fusions.allreduce")
+    comm_op = _module("sglang.srt.distributed.communication_op")
+    plan = type("Plan", (), {"norm": norm, "fusions": None})()
+    rank, world = group.rank, group.world_size
+
+    def step(x: Any, r: Any) -> tuple[Any, Any]:
+        fused = fusions.fused_ffn_input(plan, x, r, None)
+        if fused is not None:
+            return tuple(fused)
+        return tuple(norm.forward(
+            comm_op.attention_tensor_model_parallel_all_reduce(x), r))
+
+    def check(out: Any, res: Any, xs: list[Any], residual: Any) -> dict[str, Any]:
+        want_out, want_res = _reference(xs, residual, weight.to(dtype), eps)
+        err_out, err_res = _relative_error(out, want_out), _relative_error(res, want_res)
+        return {"norm_error": err_out, "residual_error": err_res,
+                "correct": err_out <= tolerance and err_res <= tolerance}
+
+    def sync() -> None:
+        if device_kind == "cuda":
+            torch.cuda.synchronize()
+
+    steps = []
+    for tokens in tokens_list:
+        xs, residual = _inputs(tokens, hidden, world, dtype)
+        spy.start()
+        with _no_grad():
+            out, res = step(xs[rank].to(dev).clone(), residual.to(dev).clone())
+        sync()
+        route = spy.route()
+        record: dict[str, Any] = {"tokens": tokens, "route": route, "graph": graph,
+                                  "path": route, **check(out, res, xs, residual)}
+        if graph and device_kind == "cuda" and route == "sglang_dispatch":
+            record["skipped"] = NOT_CAPTURABLE
+        elif graph and device_kind == "cuda":
+            static_x, static_r = xs[rank].to(dev).clone(), residual.to(dev).clone()
+            cuda_graph = torch.cuda.CUDAGraph()
+            spy.start()
+            with _no_grad(), torch.cuda.graph(cuda_graph):
+                out, res = step(static_x, static_r)
+            record["route"] = record["path"] = spy.route()  # what was captured
+            xs2, residual2 = _inputs(tokens, hidden, world, dtype, seed=7)
+            static_x.copy_(xs2[rank].to(dev))
+            static_r.copy_(residual2.to(dev))
+            cuda_graph.replay()
+            sync()
+            record.update(check(out, res, xs2, residual2))
+            del cuda_graph
+        elif graph:  # the CPU stand-in: SGLang's side sees a capture in progress
+            capturing = torch.cuda.is_current_stream_capturing
+            torch.cuda.is_current_stream_capturing = lambda: True
+            try:
+                spy.start()
+                with _no_grad():
+                    out, res = step(xs[rank].to(dev).clone(), residual.to(dev).clone())
+                record["route"] = record["path"] = spy.route()
+                record.update(check(out, res, xs, residual))
+            finally:
+                torch.cuda.is_current_stream_capturing = capturing
+        steps.append(record)
+    return steps
+
+
 # --- fault injection -------------------------------------------------------------------
 
 
@@ -428,6 +633,9 @@ def run_rank(request: dict[str, Any]) -> Observation:
     tokens_list = [int(t) for t in request.get("tokens", [1, 3, 16, 64, 128])]
     for name in [n for n in os.environ if n.startswith("SGLANG_")]:
         del os.environ[name]
+    policy = case in POLICY_CASES
+    if policy:  # where SGLang looks for the policy, in this rank as in every other
+        os.environ[POLICY_ENV] = str(request["policy_path"])
 
     fake: FakeFlashInferComm | None = None
     if device_kind == "cpu":
@@ -466,9 +674,17 @@ def run_rank(request: dict[str, Any]) -> Observation:
         fake.posix_fd_exchange = True  # every rank, as FlashInfer picks it per machine
     if fault is not None and (where in ("all", rank)):
         _inject(layer, fault, fake=fake)
+    spy: RouteSpy | None = None
+    pcie_ipc = False
+    if policy:
+        if fake is not None:
+            use_fake_pcie_ipc()
+        pcie_ipc = group.attach_pcie_ipc(torch.device("cuda", int(request.get("gpu", 0))))
+        spy = spy_routes(group, fake)
 
     dev = torch.device("cpu") if device_kind == "cpu" else torch.device("cuda")
-    dtype = torch.float32 if device_kind == "cpu" else torch.bfloat16
+    # pcie_ipc all-reduces bf16 only: the policy cases run bf16 on the CPU too
+    dtype = torch.float32 if device_kind == "cpu" and not policy else torch.bfloat16
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     eps = 1e-6
     # The model's dtype: FlashInfer's fused kernel reads gamma in the input's dtype.
@@ -479,6 +695,9 @@ def run_rank(request: dict[str, Any]) -> Observation:
         norm.weight.copy_(weight.to(dtype))
     norm._forward_method = norm.forward_native  # sgl_kernel is not loaded here
 
+    if pcie_ipc and device_kind == "cuda":  # before any step, as SGLang's runner does
+        group.pcie_ipc_comm.prepare(hidden=hidden, max_rows=PCIE_IPC_ROWS)
+
     warnings = _Warnings()
     logging.getLogger(FUSION_MODULE).addHandler(warnings)
     dist.barrier()
@@ -487,7 +706,12 @@ def run_rank(request: dict[str, Any]) -> Observation:
     gate_before = layer.gate(tokens_list[0])
     steps = []
     started = time.monotonic()
-    for tokens in tokens_list:
+    if spy is not None:
+        steps = policy_steps(layer=layer, norm=norm, group=group, spy=spy,
+                             tokens_list=tokens_list, hidden=hidden, dev=dev, dtype=dtype,
+                             weight=weight, eps=eps, tolerance=tolerance,
+                             graph=case == "policy-graph", device_kind=device_kind)
+    for tokens in tokens_list if spy is None else ():
         xs = [torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(
             1000 * r + tokens)).to(dtype) for r in range(world)]
         residual = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(
@@ -523,6 +747,7 @@ def run_rank(request: dict[str, Any]) -> Observation:
         "warnings": warnings.messages,
         "plugin": plugin_lines.messages,
         "steps": steps,
+        "pcie_ipc_built": pcie_ipc,
         "tolerance": tolerance,
         "seconds": round(time.monotonic() - started, 3),
     }

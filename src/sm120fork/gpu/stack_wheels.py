@@ -211,3 +211,24 @@ def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
          "wheel": w.wheel, "wheel_sha256": w.sha256} for p, w in chosen.items()]}
     return LayerTrees(sglang_path=trees["sglang"],
                       site=tuple(t for p, t in trees.items() if p != "sglang"), made=made)
+
+
+def plugin_trees(stock_wheel: Path, plugin_wheel: Path, work_dir: Path,
+                 stack: str) -> tuple[Path, Path, list[dict[str, Any]]]:
+    """Stock SGLang's wheel and the stack's plugin wheel unpacked under ``work_dir`` for
+    the layer harness's plugin route: (the stock tree, the plugin's site, the record's
+    ``made_from`` rows: stock SGLang as upstream, the plugin as a test-only variant)."""
+    from sm120fork.util.files import sha256_file
+
+    rows, trees = [], []
+    for wheel, project, variant, name in (
+            (stock_wheel, "sglang", "upstream", "stock-sglang"),
+            (plugin_wheel, "sglang@plugin", "plugin", "plugin")):
+        if not wheel.is_file():
+            raise ConfigError(f"no wheel {wheel}", where=f"sglang-layer --{name}-wheel",
+                              fix="give the file (the kit's, or wheels/<stack>/plugin/)")
+        sha = sha256_file(wheel)
+        trees.append(_unpack(wheel, work_dir / "layer-trees" / stack / name, sha))
+        rows.append({"project": project, "variant": variant, "wheel": wheel.name,
+                     "wheel_sha256": sha})
+    return trees[0], trees[1], rows

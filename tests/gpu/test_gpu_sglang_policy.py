@@ -1,0 +1,154 @@
+"""The layer harness's policy cases (issue 33 item 3), judged on the CPU.
+
+A version 2 policy that switches methods at token boundaries among the methods an H200
+runs is in force in every rank; at token counts on both sides of each boundary the route
+that ran must be the one the decision code names for that process, and the output the
+float32 reference's.  These tests judge the harness's planning and verdicts with made-up
+rank reports (the ranks themselves run in tests/gpu/test_fail_closed.py's neighbours).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sm120fork.gpu import records, runs, sglang_layer
+from sm120fork.gpu.decision import Process, decide
+from sm120fork.gpu.policy import validate
+
+ROUTES = {1: "fused", 8: "fused", 9: "pcie_ipc", 32: "pcie_ipc", 33: "sglang_dispatch",
+          64: "sglang_dispatch", 65: "fused", 128: "fused", 129: "sglang_dispatch"}
+
+
+def test_the_policy_switches_h200_methods_at_token_boundaries() -> None:
+    doc = sglang_layer.policy_document(2)
+    assert validate(json.loads(json.dumps(doc)), "x")["for_use"] is True
+    methods = [r["method"] for r in doc["tp"]["2"]["ranges"]]
+    assert set(methods) == {"fused_auto", "pcie_ipc_rmsnorm", "nccl_rmsnorm"}
+    assert sglang_layer.policy_tokens(doc, 2) == sorted(ROUTES)
+    for capturing in (False, True):
+        assert sglang_layer.expected_routes(doc, 2, sorted(ROUTES),
+                                            capturing=capturing) == ROUTES
+    # the judge asks the one decision code, for the process the ranks are (SM12x, bf16)
+    decision = decide(doc, Process(world_size=2, dtype="bf16", gpu_major=12))
+    assert decision.by_policy
+    assert [decision.route_for(t) for t in sorted(ROUTES)] == list(ROUTES.values())
+
+
+def _rank(rank: int, routes: dict[int, str], *, wrong: tuple[int, ...] = (),
+          skipped: tuple[int, ...] = ()) -> dict[str, Any]:
+    steps = []
+    for tokens, route in routes.items():
+        step: dict[str, Any] = {"tokens": tokens, "route": route, "path": route,
+                                "correct": tokens not in wrong, "norm_error": 1e-3,
+                                "residual_error": 1e-3}
+        if tokens in skipped:
+            step["skipped"] = "not captured"
+        steps.append(step)
+    return {"rank": rank, "layout": "layer_boundary", "warnings": [], "steps": steps,
+            "injected": None, "gate_after": True}
+
+
+def test_a_route_other_than_the_decisions_fails_naming_the_tokens() -> None:
+    doc = sglang_layer.policy_document(2)
+    assert sglang_layer.policy_problems("policy-eager", [_rank(0, ROUTES), _rank(1, ROUTES)],
+                                        doc, 2) == []
+    stock = dict.fromkeys(ROUTES, "fused")  # a tree that ignores the policy
+    problems = sglang_layer.policy_problems("policy-eager", [_rank(0, stock)], doc, 2)
+    assert problems[0] == ("rank 0: at 9 tokens the route 'fused' ran, the policy's "
+                           "decision is 'pcie_ipc'")
+    assert len(problems) == 5
+
+
+def test_a_wrong_output_a_missing_token_or_nothing_checked_fails() -> None:
+    doc = sglang_layer.policy_document(2)
+    wrong = sglang_layer.policy_problems("policy-graph", [_rank(1, ROUTES, wrong=(33,))],
+                                         doc, 2)
+    assert wrong == ["rank 1: output differs from the reference at 33 tokens "
+                     "(sglang_dispatch)"]
+    short = dict(list(ROUTES.items())[:-1])
+    assert "planned" in sglang_layer.policy_problems("policy-eager", [_rank(0, short)],
+                                                     doc, 2)[0]
+    # a step that could not run here (a gloo all-reduce is not captured) is not judged on
+    # its output, but its route still is, and not every step may be skipped
+    skipped = _rank(0, ROUTES, wrong=(33, 64), skipped=(33, 64))
+    assert sglang_layer.policy_problems("policy-graph", [skipped], doc, 2) == []
+    every = _rank(0, ROUTES, skipped=tuple(ROUTES))
+    assert sglang_layer.policy_problems("policy-graph", [every], doc, 2) == [
+        "rank 0: every step was skipped: nothing was checked"]
+
+
+def test_a_gpu_run_of_0523_plans_the_whole_matrix_and_the_policy_cases_on_each_route(
+        tmp_path: Path) -> None:
+    opts = runs.LayerOptions(command="x", sglang_path=tmp_path, out=tmp_path / "out",
+                             layout="layer_boundary", routes=(runs.LayerRoute(
+                                 variant="plugin", sglang_path=tmp_path),))
+    planned = runs.planned_cases(opts)
+    for variant in ("patched", "plugin"):
+        cases = [c for v, c in planned if v == variant]
+        assert "one-rank-fused-call-raises" in cases  # the plugin's 8th case last time
+        assert "rank-0-fused-call-raises" in cases
+        assert {"policy-eager", "policy-graph"} <= set(cases)
+        assert len(cases) == 10
+    old = runs.LayerOptions(command="x", sglang_path=tmp_path, out=tmp_path,
+                            layout="communicator", device="cpu")
+    assert not {"policy-eager", "policy-graph"} & {c for _, c in runs.planned_cases(old)}
+
+
+def _outcome(case: str, variant: str) -> sglang_layer.CaseOutcome:
+    return sglang_layer.CaseOutcome(case=case, passed=True, hung=False, problems=[],
+                                    ranks=[], seconds=1.0, tails=[], variant=variant)
+
+
+def test_the_time_budget_stops_starting_cases_and_the_record_says_what_ran(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = {"now": 0.0}
+    ran: list[tuple[str, str]] = []
+
+    def fake_case(case: str, **kwargs: Any) -> sglang_layer.CaseOutcome:
+        ran.append((kwargs["variant"], case))
+        clock["now"] += 30.0
+        return _outcome(case, kwargs["variant"])
+
+    monkeypatch.setattr(runs.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(sglang_layer, "run_case", fake_case)
+    made = {"stack": "sglang-0.5.23", "made_from": [
+        {"project": "sglang", "wheel": "sglang-0.5.23+sm120.1-cp312-cp312-x.whl",
+         "wheel_sha256": "e" * 64}]}
+    route = runs.LayerRoute(variant="plugin", sglang_path=tmp_path, made_from=(
+        {"project": "sglang@plugin", "variant": "plugin", "wheel": "p.whl",
+         "wheel_sha256": "f" * 64},))
+    opts = runs.LayerOptions(command="x", sglang_path=tmp_path, out=tmp_path / "out",
+                             layout="layer_boundary", made=made, routes=(route,),
+                             time_budget=200.0, record_command="nox -s sglang_layer")
+    outcomes = runs.run_sglang_layer(opts)
+    # 30 s a case, none starts once 60 s (its estimate) would pass the budget: 5 ran
+    assert len(ran) == len(outcomes) == 5
+    rec = json.loads((tmp_path / "out" / "record.json").read_text())
+    assert (rec["planned"], rec["finished"], rec["verdict"]) == (20, False, "unfinished")
+    assert [c["id"] for c in rec["cases"]] == [c for _, c in ran]
+    assert len(rec["not_run"]) == 15
+    assert rec["not_run"][-1] == ("plugin policy-graph: not started, the time budget "
+                                  "(200 s) ran out")
+    assert {w["variant"] for w in rec["tested"]["wheels"]} == {"patched", "plugin"}
+
+
+def test_every_planned_case_on_both_routes_makes_a_finished_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sglang_layer, "run_case",
+                        lambda case, **kw: _outcome(case, kw["variant"]))
+    made = {"stack": "sglang-0.5.23", "made_from": []}
+    opts = runs.LayerOptions(command="x", sglang_path=tmp_path, out=tmp_path / "out",
+                             layout="layer_boundary", made=made, jobs=3, routes=(
+                                 runs.LayerRoute(variant="plugin", sglang_path=tmp_path),))
+    runs.run_sglang_layer(opts)
+    rec = json.loads((tmp_path / "out" / "record.json").read_text())
+    assert (rec["planned"], rec["finished"], rec["verdict"]) == (20, True, "pass")
+    ids = {(c["variant"], c["id"]) for c in rec["cases"]}
+    assert ("plugin", "one-rank-fused-call-raises") in ids
+    assert ("plugin", "policy-graph") in ids
+    assert ("patched", "policy-eager") in ids
+    assert records.PATH_OPTIONS[-2:] == ("--plugin-wheel", "--stock-wheel")
