@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -113,7 +114,7 @@ def test_the_time_budget_stops_starting_cases_and_the_record_says_what_ran(
         clock["now"] += 30.0
         return _outcome(case, kwargs["variant"])
 
-    monkeypatch.setattr(runs.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(runs, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
     monkeypatch.setattr(sglang_layer, "run_case", fake_case)
     made = {"stack": "sglang-0.5.23", "made_from": [
         {"project": "sglang", "wheel": "sglang-0.5.23+sm120.1-cp312-cp312-x.whl",
