@@ -153,3 +153,32 @@ def test_every_planned_case_on_both_routes_makes_a_finished_record(
     assert ("plugin", "policy-graph") in ids
     assert ("patched", "policy-eager") in ids
     assert records.PATH_OPTIONS[-2:] == ("--plugin-wheel", "--stock-wheel")
+
+
+def test_the_plugin_route_takes_a_kits_plugin_and_stock_sglang(tmp_path: Path) -> None:
+    """In a kit, ``--with-plugin-route`` finds the plugin in stack/plugin/ and stock SGLang
+    where kit.json's plugin_route names it; the record lists both by sha256."""
+    import zipfile
+
+    from sm120fork.errors import ConfigError
+    from sm120fork.gpu import stack_wheels
+
+    kit = tmp_path / "kit"
+    (kit / "stack" / "plugin").mkdir(parents=True)
+    (kit / "upstream").mkdir()
+    plugin = kit / "stack" / "plugin" / "sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl"
+    stock = kit / "upstream" / "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl"
+    for wheel, top in ((plugin, "sm120fork_sglang_plugin"), (stock, "sglang")):
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr(f"{top}/__init__.py", top)
+    with pytest.raises(ConfigError, match="no stock SGLang wheel"):
+        stack_wheels.plugin_route_wheels(kit / "stack")
+    (kit / "kit.json").write_text(json.dumps({"plugin_route": {
+        "plugin": f"stack/plugin/{plugin.name}", "sglang": f"upstream/{stock.name}"}}))
+    assert stack_wheels.plugin_route_wheels(kit / "stack") == (plugin, stock)
+    tree, site, rows = stack_wheels.plugin_trees(stock, plugin, tmp_path / "work",
+                                                 "sglang-0.5.23")
+    assert (tree / "sglang" / "__init__.py").read_text() == "sglang"
+    assert (site / "sm120fork_sglang_plugin" / "__init__.py").is_file()
+    assert [(r["project"], r["variant"], r["wheel"]) for r in rows] == [
+        ("sglang", "upstream", stock.name), ("sglang@plugin", "plugin", plugin.name)]

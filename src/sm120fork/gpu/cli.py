@@ -149,12 +149,17 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--load-plugins", action="store_true",
                    help="each rank runs SGLang's load_plugins() first, as SGLang's own "
                    "processes do (stock SGLang + a plugin installed beside it)")
+    s.add_argument("--with-plugin-route", action="store_true",
+                   help="with --stack/--stack-dir: also run every case on the stack's plugin "
+                   "route, stock SGLang of the pin with the stack's plugin wheel beside it "
+                   "(its plugin/ folder; in a kit, stock SGLang from kit.json's plugin_route), "
+                   "load_plugins() in each rank; one record, the route's cases as variant "
+                   "'plugin'")
     s.add_argument("--plugin-wheel", type=Path, metavar="WHL",
-                   help="also run every case on stock SGLang (--stock-wheel) with this "
-                   "plugin wheel beside it (wheels/<stack>/plugin/), load_plugins() in each "
-                   "rank: the record's variant 'plugin'")
+                   help="the plugin route's plugin wheel (default: the stack's plugin/)")
     s.add_argument("--stock-wheel", type=Path, metavar="WHL",
-                   help="the published SGLang wheel of the stack's pin, for --plugin-wheel")
+                   help="the plugin route's stock SGLang wheel (default in a kit: "
+                   "kit.json's plugin_route)")
     s.add_argument("--time-budget", type=float, metavar="S",
                    help="no case starts after S seconds from the start (the JIT build "
                    "included); the cases left are listed as not run, the record unfinished")
@@ -251,14 +256,16 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
         trees = layer_trees(folder, args.work_dir)
         args.sglang_path, site, made = trees.sglang_path, trees.site, trees.made
     routes: tuple[runs.LayerRoute, ...] = ()
-    if args.plugin_wheel is not None:
-        from sm120fork.gpu.stack_wheels import plugin_trees
+    if args.with_plugin_route:
+        from sm120fork.gpu.stack_wheels import plugin_route_wheels, plugin_trees
 
-        if args.stock_wheel is None:
-            raise UsageError("--plugin-wheel needs --stock-wheel (stock SGLang)",
+        if folder is None:
+            raise UsageError("--with-plugin-route needs --stack or --stack-dir",
                              where="sglang-layer")
-        stock, plugin, rows = plugin_trees(args.stock_wheel, args.plugin_wheel,
-                                           args.work_dir, str(made.get("stack", "stack")))
+        plugin_whl, stock_whl = plugin_route_wheels(folder, args.plugin_wheel,
+                                                    args.stock_wheel)
+        stock, plugin, rows = plugin_trees(stock_whl, plugin_whl, args.work_dir,
+                                           str(made.get("stack", "stack")))
         # the stack's FlashInfer (``site``) serves both routes: one JIT build for both
         routes = (runs.LayerRoute(variant="plugin", sglang_path=stock,
                                   site=(plugin, *site), made_from=tuple(rows)),)

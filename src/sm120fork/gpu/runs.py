@@ -659,7 +659,8 @@ PREBUILD = {
 
 
 def planned_cases(opts: LayerOptions) -> list[tuple[str, str]]:
-    """(variant, case) of every case the run plans, route by route."""
+    """(variant, case) of every case the run plans, the routes interleaved case by case
+    (a run cut short by its time budget has run the same cases on every route)."""
     if opts.cases:
         chosen = list(opts.cases)
     elif opts.device == "cuda":
@@ -667,8 +668,8 @@ def planned_cases(opts: LayerOptions) -> list[tuple[str, str]]:
     else:
         chosen = [c for c in sglang_layer.CPU_CASES if opts.layout == "layer_boundary"
                   or c not in sglang_layer.POLICY_CASES]
-    return [(variant, case) for variant in [opts.variant, *(r.variant for r in opts.routes)]
-            for case in chosen]
+    return [(variant, case) for case in chosen
+            for variant in [opts.variant, *(r.variant for r in opts.routes)]]
 
 
 def _prebuild(opts: LayerOptions) -> None:

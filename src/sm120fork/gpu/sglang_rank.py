@@ -700,6 +700,9 @@ def run_rank(request: dict[str, Any]) -> Observation:
 
     warnings = _Warnings()
     logging.getLogger(FUSION_MODULE).addHandler(warnings)
+    pcie_log = _Warnings(logging.INFO)  # what SGLang's pcie_ipc communicator said
+    logging.getLogger(PCIE_IPC_MODULE).addHandler(pcie_log)
+    logging.getLogger(PCIE_IPC_MODULE).setLevel(logging.INFO)
     dist.barrier()
     sys.stdout.write(READY_MARKER + "\n")
     sys.stdout.flush()
@@ -748,6 +751,7 @@ def run_rank(request: dict[str, Any]) -> Observation:
         "plugin": plugin_lines.messages,
         "steps": steps,
         "pcie_ipc_built": pcie_ipc,
+        "pcie_ipc_log": pcie_log.messages[-8:],
         "tolerance": tolerance,
         "seconds": round(time.monotonic() - started, 3),
     }

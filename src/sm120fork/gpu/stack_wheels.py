@@ -232,3 +232,29 @@ def plugin_trees(stock_wheel: Path, plugin_wheel: Path, work_dir: Path,
         rows.append({"project": project, "variant": variant, "wheel": wheel.name,
                      "wheel_sha256": sha})
     return trees[0], trees[1], rows
+
+
+def plugin_route_wheels(folder: Path, plugin: Path | None = None,
+                        stock: Path | None = None) -> tuple[Path, Path]:
+    """The plugin route's wheels for a stack's wheels folder (``folder``: wheels/<stack>/
+    or a kit's stack/): the plugin wheel in its ``plugin/``, and stock SGLang of the pin
+    as the kit beside it names it (``kit.json``'s ``plugin_route``); given ones win."""
+    if plugin is None:
+        found = sorted((folder / "plugin").glob("*.whl"))
+        if len(found) != 1:
+            raise ConfigError(f"expected one plugin wheel, found {len(found)}",
+                              where=str(folder / "plugin"),
+                              fix="build a stack with a plugin (nox -s build -- --stack "
+                              "NAME), or pass --plugin-wheel")
+        plugin = found[0]
+    if stock is None:
+        kit_json = folder.parent / "kit.json"
+        route = (json.loads(kit_json.read_text(encoding="utf-8")).get("plugin_route") or {}
+                 if kit_json.is_file() else {})
+        if not route.get("sglang"):
+            raise ConfigError("no stock SGLang wheel for the plugin route",
+                              where=str(kit_json),
+                              fix="pass --stock-wheel (the published wheel of the pin), or "
+                              "run from a kit made with --harness sglang_layer")
+        stock = folder.parent / str(route["sglang"])
+    return plugin, stock
