@@ -182,3 +182,58 @@ def test_the_plugin_route_takes_a_kits_plugin_and_stock_sglang(tmp_path: Path) -
     assert (site / "sm120fork_sglang_plugin" / "__init__.py").is_file()
     assert [(r["project"], r["variant"], r["wheel"]) for r in rows] == [
         ("sglang", "upstream", stock.name), ("sglang@plugin", "plugin", plugin.name)]
+
+
+def _wheel(path: Path, top: str) -> str:
+    import hashlib
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{top}/__init__.py", path.name)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_one_command_runs_both_routes_of_a_kit_into_one_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sglang-layer --stack-dir KIT/stack --with-plugin-route``: every case on the patched
+    wheel and on stock SGLang + the plugin, one record naming all four wheels; a run cut
+    short by its time budget exits non-zero."""
+    from sm120fork.gpu import cli
+
+    kit = tmp_path / "kit"
+    (kit / "stack" / "plugin").mkdir(parents=True)
+    (kit / "upstream").mkdir()
+    rows = [{"project": project, "wheel": name, "sha256": _wheel(kit / "stack" / name, top)}
+            for project, name, top in (
+                ("sglang", "sglang-0.5.23+sm120.1-py3-none-any.whl", "sglang"),
+                ("flashinfer", "flashinfer_python-0.7.2-py3-none-any.whl", "flashinfer"))]
+    (kit / "stack" / "manifest.json").write_text(json.dumps(
+        {"stack": "sglang-0.5.23", "wheels": rows}))
+    plugin = "sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl"
+    stock = "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl"
+    _wheel(kit / "stack" / "plugin" / plugin, "sm120fork_sglang_plugin")
+    _wheel(kit / "upstream" / stock, "sglang")
+    (kit / "kit.json").write_text(json.dumps({"plugin_route": {
+        "plugin": f"stack/plugin/{plugin}", "sglang": f"upstream/{stock}"}}))
+    seen: list[tuple[str, str, bool]] = []
+
+    def fake_case(case: str, **kw: Any) -> sglang_layer.CaseOutcome:
+        seen.append((kw["variant"], case, kw["load_plugins"]))
+        return _outcome(case, kw["variant"])
+
+    monkeypatch.setattr(sglang_layer, "run_case", fake_case)
+    out = tmp_path / "out"
+    argv = ["sglang-layer", "--stack-dir", str(kit / "stack"), "--work-dir",
+            str(tmp_path / "work"), "--device", "cpu", "--layout", "layer_boundary",
+            "--with-plugin-route", "--case", "fused", "--case", "policy-graph",
+            "--out", str(out)]
+    assert cli.main(argv) == 0
+    assert seen == [("patched", "fused", False), ("plugin", "fused", True),
+                    ("patched", "policy-graph", False), ("plugin", "policy-graph", True)]
+    rec = json.loads((out / "record.json").read_text())
+    assert (rec["planned"], rec["finished"], rec["verdict"]) == (4, True, "pass")
+    assert {(w["variant"], w["file"]) for w in rec["tested"]["wheels"]} == {
+        ("patched", rows[0]["wheel"]), ("patched", rows[1]["wheel"]),
+        ("upstream", stock), ("plugin", plugin)}
+    assert str(tmp_path) not in json.dumps(rec)
+    assert cli.main([*argv, "--time-budget", "1"]) != 0  # nothing starts: cut short

@@ -269,7 +269,7 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
         # the stack's FlashInfer (``site``) serves both routes: one JIT build for both
         routes = (runs.LayerRoute(variant="plugin", sglang_path=stock,
                                   site=(plugin, *site), made_from=tuple(rows)),)
-    outcomes = runs.run_sglang_layer(runs.LayerOptions(
+    opts = runs.LayerOptions(
         command=runs.command_line(argv), sglang_path=args.sglang_path, out=args.out,
         layout=args.layout or sglang_layer.layout_of(args.sglang_path),
         site=site, cases=_optional(args.case), device=args.device,
@@ -281,9 +281,12 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
         if host else {}, record_command=records.recorded_command("sglang-layer", argv),
         agreement_timeout=args.agreement_timeout, group_timeout=args.group_timeout,
         routes=routes, time_budget=args.time_budget, jobs=args.jobs,
-        prebuild=args.prebuild))
+        prebuild=args.prebuild)
+    outcomes = runs.run_sglang_layer(opts)
     failed = [o for o in outcomes if not o.passed]
-    return VerifyError.exit_code if failed else 0
+    # a run cut short (its time budget) is not a pass: its record is unfinished
+    cut_short = len(outcomes) < len(runs.planned_cases(opts))
+    return VerifyError.exit_code if failed or cut_short else 0
 
 
 def _ready(args: argparse.Namespace) -> preflight.GpuHost | None:

@@ -80,7 +80,7 @@ POLICY_ENV = "SGLANG_SM120_ALLREDUCE_POLICY"
 PCIE_IPC_MODULE = "sglang.srt.distributed.device_communicators.pcie_ipc_ar"
 #: Rows the pcie_ipc workspace is built for before any step (SGLang's runner passes its
 #: widest decode batch); the policy cases run at most this many tokens through it.
-PCIE_IPC_ROWS = 256
+PCIE_IPC_ROWS = 64
 #: Why a step of the graph case whose route is SGLang's unfused dispatch is not captured:
 #: its all-reduce is the harness's gloo stand-in for NCCL (NCCL refuses two ranks on one
 #: GPU), and a gloo all-reduce cannot be recorded into a CUDA graph.

@@ -23,10 +23,13 @@ RAISED_ALONE_SAYS = "peers did not fail with it"
 
 
 def setup(group: Any) -> Layer:
-    """The runtime context's server args (trtllm backend) and TP groups backed by ``group``."""
+    """The runtime context's server args (trtllm backend; FlashInfer's autotuning off, as
+    ``--disable-flashinfer-autotune`` does: the pcie_ipc communicator would otherwise time
+    its kernels on a GPU the ranks share) and TP groups backed by ``group``."""
     rc = importlib.import_module("sglang.srt.runtime_context")
     rc.get_context().override_server_args(
-        flashinfer_allreduce_fusion_backend="trtllm", tp_size=group.world_size).install()
+        flashinfer_allreduce_fusion_backend="trtllm", tp_size=group.world_size,
+        disable_flashinfer_autotune=True).install()
     rc.get_parallel().override_permanently(
         tp_size=group.world_size, tp_rank=group.rank, attn_tp_size=group.world_size,
         attn_tp_rank=group.rank, tp_group=group, attn_tp_group=group)
