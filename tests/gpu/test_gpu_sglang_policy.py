@@ -237,3 +237,40 @@ def test_one_command_runs_both_routes_of_a_kit_into_one_record(
         ("upstream", stock), ("plugin", plugin)}
     assert str(tmp_path) not in json.dumps(rec)
     assert cli.main([*argv, "--time-budget", "1"]) != 0  # nothing starts: cut short
+
+
+def test_the_route_is_the_one_function_that_ran() -> None:
+    """The rank's spy: exactly one of the fused kernel, SGLang's pcie_ipc entry and the
+    plain all-reduce ran for a step; anything else is named as a mix, never a route."""
+    from sm120fork.gpu.sglang_rank import RouteSpy
+
+    class Group:
+        all_reduce_calls = 0
+
+    class Kernels:
+        def trtllm_allreduce_fusion(self) -> None:
+            return None
+
+        def pcie_ipc_all_reduce(self) -> None:
+            return None
+
+    group, kernels = Group(), Kernels()
+    spy = RouteSpy(group)  # type: ignore[arg-type]
+    spy.wrap(kernels, "trtllm_allreduce_fusion", "fused")
+    spy.wrap(kernels, "pcie_ipc_all_reduce", "pcie_ipc")
+    spy.start()
+    kernels.trtllm_allreduce_fusion()
+    assert spy.route() == "fused"
+    spy.start()
+    kernels.pcie_ipc_all_reduce()
+    assert spy.route() == "pcie_ipc"
+    spy.start()
+    group.all_reduce_calls += 1
+    assert spy.route() == "sglang_dispatch"
+    spy.start()
+    kernels.trtllm_allreduce_fusion()
+    group.all_reduce_calls += 1  # the fused call declined and the fallback all-reduced
+    assert spy.route() == ("mixed (trtllm_allreduce_fusion 1, pcie_ipc 0, plain "
+                           "all-reduce 1)")
+    spy.start()
+    assert spy.route().startswith("mixed")  # nothing ran

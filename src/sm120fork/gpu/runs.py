@@ -647,6 +647,18 @@ class LayerOptions:
     prebuild: bool = False
 
 
+#: What every GPU layer run's record says of how the ranks ran (the harness's own terms).
+LAYER_NOTES = (
+    "ranks are processes sharing the GPUs: correctness only, timings mean nothing",
+    "SGLang's capability query answers 12.0 to callers in sglang.* only (its SM12x gates "
+    "and policy run); FlashInfer builds and runs for the real GPU",
+    "TP group: gloo over the rank processes (NCCL refuses two ranks on one GPU) as the "
+    "stand-in for NCCL; sgl_kernel is an import stub, so the unfused norm is SGLang's "
+    "forward_native",
+    "policy-graph: a step whose route is SGLang's NCCL dispatch is checked eagerly (its gloo "
+    "stand-in cannot be recorded into a CUDA graph); the fused and pcie_ipc steps are "
+    "captured and replayed on new inputs",
+)
 #: What a case is expected to take at most when the time budget decides whether it
 #: starts (ranks import SGLang, then run a few collectives: about 30 s on the H200 box).
 CASE_ESTIMATE_S = 60.0
@@ -760,7 +772,8 @@ def _publish(opts: LayerOptions, outcomes: Sequence[sglang_layer.CaseOutcome],
             made={**opts.made, "made_from": made_from}, tested=opts.tested,
             command=opts.record_command or opts.command, created=_now(),
             machine=opts.machine, planned=planned, outcomes=outcomes,
-            notes=opts.notes, not_run=tuple(not_run))
+            notes=(*opts.notes, *(LAYER_NOTES if opts.device == "cuda" else ())),
+            not_run=tuple(not_run))
     except ConfigError as exc:  # the run goes on; its record would break the format
         log.error("no record: %s", exc)
         rec = None
