@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from helpers_manifest import entry, write_manifest
 from sm120fork.gpu import records, runs, sglang_layer
 from sm120fork.gpu.decision import Process, decide
 from sm120fork.gpu.policy import validate
@@ -203,12 +204,11 @@ def test_one_command_runs_both_routes_of_a_kit_into_one_record(
     kit = tmp_path / "kit"
     (kit / "stack" / "plugin").mkdir(parents=True)
     (kit / "upstream").mkdir()
-    rows = [{"project": project, "wheel": name, "sha256": _wheel(kit / "stack" / name, top)}
+    rows = [entry(project, wheel=name, sha256=_wheel(kit / "stack" / name, top))
             for project, name, top in (
                 ("sglang", "sglang-0.5.23+sm120.1-py3-none-any.whl", "sglang"),
                 ("flashinfer", "flashinfer_python-0.7.2-py3-none-any.whl", "flashinfer"))]
-    (kit / "stack" / "manifest.json").write_text(json.dumps(
-        {"stack": "sglang-0.5.23", "wheels": rows}))
+    write_manifest(kit / "stack", "sglang-0.5.23", *rows)
     plugin = "sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl"
     stock = "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl"
     _wheel(kit / "stack" / "plugin" / plugin, "sm120fork_sglang_plugin")
