@@ -441,15 +441,17 @@ def _machine(r: _Reader) -> Machine:
 
 
 def _tested(r: _Reader) -> Tested:
+    # A tree or patch listed again (once per wheel of a multi-wheel build, as records
+    # made before gpu/records.tested_of named each once did) is the same fact: kept once.
     return Tested(
         wheels=r.objects("wheels", lambda w: TestedWheel(
             variant=w.string("variant"), project=w.string("project"), file=w.string("file"),
             sha256=w.string("sha256"))),
-        trees=r.objects("trees", lambda t: TestedTree(project=t.string("project"),
-                                                      tree=t.string("tree"))),
-        patches=r.objects("patches", lambda p: TestedPatch(
+        trees=tuple(dict.fromkeys(r.objects("trees", lambda t: TestedTree(
+            project=t.string("project"), tree=t.string("tree"))))),
+        patches=tuple(dict.fromkeys(r.objects("patches", lambda p: TestedPatch(
             project=p.string("project"), patch=p.string("patch"),
-            patch_id=p.string("patch_id"))))
+            patch_id=p.string("patch_id"))))))
 
 
 def _case(r: _Reader) -> Case:

@@ -152,3 +152,16 @@ def test_import_publishes_valid_records_and_refuses_all_on_one_bad(
     assert refused == ConfigError.exit_code
     assert not (reports / "bench" / "record.json").exists()  # nothing half-imported
     assert "c/record.json: command" in capsys.readouterr().err
+
+
+def test_a_patch_listed_once_per_wheel_is_read_as_one_tested_patch() -> None:
+    """Records made before tested_of named each patch once list a multi-wheel build's
+    patches once per wheel: read back, each is one fact, in the series' order."""
+    from sm120fork.gpu.records import tested_of
+
+    rows = tested_of({"wheels": [{"project": "p", "patches": [{"name": "a"}, {"name": "b"}]}]},
+                     {"p": [("a", "1" * 40), ("b", "2" * 40)]})["patches"]
+    assert [r["patch"] for r in rows] == ["a", "b"]
+    doc = {"patches": rows * 3}
+    got = record._tested(record._Reader(doc, "x"))
+    assert [p.patch for p in got.patches] == ["a", "b"]

@@ -180,3 +180,16 @@ def test_a_regressed_case_fails_the_run_and_a_case_not_run_leaves_it_unfinished(
     rec = records.test_record(doc, TESTED)
     assert rec is not None
     assert rec.verdict == "unfinished"  # a planned case did not run
+
+
+def test_a_build_of_several_wheels_names_each_tree_and_patch_once() -> None:
+    """An SGLang build makes one wheel per Python and platform, each listing the same
+    tree and patches: the record's tested block (and its summary) names each once."""
+    from sm120fork.gpu.records import tested_of
+
+    entry = {"project": "sglang", "tree": "t1", "patches": [{"name": "0001-a.patch"}]}
+    got = tested_of({"wheels": [entry, dict(entry), dict(entry)]},
+                    {"sglang": [("0001-a.patch", "a" * 40)]})
+    assert got == {"trees": [{"project": "sglang", "tree": "t1"}],
+                   "patches": [{"project": "sglang", "patch": "0001-a.patch",
+                                "patch_id": "a" * 40}]}

@@ -49,7 +49,13 @@ def tested_of(manifest: Mapping[str, Any], patch_ids: Mapping[str, Sequence[tupl
             if patch.get("name") in ids:
                 patches.append({"project": project, "patch": patch["name"],
                                 "patch_id": ids[patch["name"]]})
-    return {"trees": trees, "patches": patches}
+    # one entry per tree and patch, however many wheels (platforms, Pythons) a build made
+    return {"trees": _unique(trees), "patches": _unique(patches)}
+
+
+def _unique(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` without repeats, in their order."""
+    return [dict(t) for t in dict.fromkeys(tuple(sorted(r.items())) for r in rows)]
 
 
 def recorded_command(verb: str, argv: Sequence[str]) -> str:
