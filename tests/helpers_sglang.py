@@ -1,7 +1,13 @@
-"""Stock sglang 0.5.23, patched by its series, and the plugin built from that series.
+"""Stock sglang 0.5.23, patched by its series, and the plugin built from that series; and
+the default stack's sglang 0.5.10 trees.
 
 The session fixture ``sites`` (network, ~2 min) is shared by the plugin's tests
 (tests/plugin/test_plugin_sglang.py) and the fail-closed tests (tests/gpu/test_fail_closed.py).
+The session fixtures ``sglang_0510`` and ``sglang_0510_upstream`` (the 0.5.10.post1 sdist,
+patched by S1-S4 and as published, by the toolkit's own pipeline) are shared by
+tests/layouts/test_verify_sglang.py, tests/layouts/test_policy_sglang.py and
+tests/gpu/test_fail_closed.py.  All are made once per run and are read-only to tests: a
+test that would change one works on a copy.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,21 +69,68 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-@pytest.fixture(scope="session")
-def sites(tmp_path_factory: pytest.TempPathFactory) -> Sites:
-    """Made once per run, not once per xdist worker: the files that use it may run on
-    different workers, and the second one waits for the first one's build (a file lock
-    in the run's shared temp directory) instead of building it again."""
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str,
+                 make: Callable[[Path], None]) -> Path:
+    """The folder ``name`` that ``make`` fills, made once per run, not once per xdist
+    worker: the files that use it may run on different workers, and the second one waits
+    for the first one's build (a file lock in the run's shared temp directory) instead of
+    building it again."""
     own = tmp_path_factory.getbasetemp()
     shared = own.parent if os.environ.get("PYTEST_XDIST_WORKER") else own
-    base = shared / "sites-sglang-0.5.23"
-    with _locked(shared / "sites-sglang-0.5.23.lock"):
+    base = shared / name
+    with _locked(shared / f"{name}.lock"):
         if not (base / ".complete").is_file():
             if base.exists():
                 shutil.rmtree(base)
             base.mkdir()
-            _make_sites(base)
+            make(base)
             (base / ".complete").write_text("")
+    return base
+
+
+#: The default stack, whose SGLang series is S1-S4.
+DEFAULT_STACK = "sglang-0.5.10"
+
+
+def _tree_0510(tmp_path_factory: pytest.TempPathFactory, variant: str) -> Path:
+    """The default stack's sglang tree ``variant`` ("": patched by its series,
+    "unpatched": as published), made by the toolkit's ``prepare_tree`` in a toolkit root
+    copied from this checkout; each variant on its own, so a run that needs one makes one."""
+    from sm120fork.patch.tree import prepare_tree
+    from sm120fork.workspace import Workspace
+
+    from helpers_ws import checkout_copy
+
+    def make(base: Path) -> None:
+        ws = Workspace(checkout_copy(base))
+        stack = ws.stack(None)
+        assert stack.name == DEFAULT_STACK, stack.name
+        prepare_tree(ws, stack, stack.project("sglang"),
+                     patches=None if not variant else (), variant=variant)
+
+    base = once_per_run(tmp_path_factory, f"tree-{DEFAULT_STACK}-{variant or 'patched'}", make)
+    ws = Workspace(base / "toolkit")
+    stack = ws.stack(DEFAULT_STACK)
+    return ws.work_tree(stack, stack.project("sglang"), variant)
+
+
+@pytest.fixture(scope="session")
+def sglang_0510(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default stack's sglang patched by its series (S1-S4): the repository root, the
+    package under ``python/``.  Shared by the run, read only."""
+    return _tree_0510(tmp_path_factory, "")
+
+
+@pytest.fixture(scope="session")
+def sglang_0510_upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default stack's sglang as published (variant "unpatched").  Shared, read only."""
+    return _tree_0510(tmp_path_factory, "unpatched")
+
+
+@pytest.fixture(scope="session")
+def sites(tmp_path_factory: pytest.TempPathFactory) -> Sites:
+    """Made once per run (``once_per_run``)."""
+    base = once_per_run(tmp_path_factory, "sites-sglang-0.5.23", _make_sites)
     repo = Git(base / "fork")
     ids = [n.split("-")[1] for n in _patch_names()]
     spec = generate_spec(repo, patch_commits(repo, ids), package_root="python",

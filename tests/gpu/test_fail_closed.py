@@ -20,11 +20,8 @@ from typing import Any
 import pytest
 
 from sm120fork.gpu import sglang_layer
-from sm120fork.patch.tree import prepare_tree
-from sm120fork.workspace import Workspace
 
 from helpers_sglang import Sites
-from helpers_ws import checkout_copy
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -79,11 +76,10 @@ ALONE = ("rank-0-fused-call-raises", "one-rank-fused-call-raises")
 
 
 @pytest.fixture(scope="module")
-def default_stack_sglang(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default stack's SGLang (0.5.10) patched by its series (S1-S4), by the toolkit."""
-    ws = Workspace(checkout_copy(tmp_path_factory.mktemp("s510")))
-    stack = ws.stack(None)
-    return prepare_tree(ws, stack, stack.project("sglang")).path / "python"
+def default_stack_sglang(sglang_0510: Path) -> Path:
+    """The default stack's SGLang (0.5.10) patched by its series (S1-S4), by the toolkit;
+    the run shares it (helpers_sglang), read only."""
+    return sglang_0510 / "python"
 
 
 def _alone(runs: dict[str, tuple[Path, list[Path], str, str, bool]],

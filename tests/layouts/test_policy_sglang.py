@@ -89,10 +89,9 @@ def _run(tree: Path, script: str, scenarios: list[Any], overlay: Path | None = N
 
 
 @pytest.fixture(scope="module")
-def tree_510(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    ws = Workspace(checkout_copy(tmp_path_factory.mktemp("s510")))
-    stack = ws.stack("sglang-0.5.10")
-    return prepare_tree(ws, stack, stack.project("sglang")).path
+def tree_510(sglang_0510: Path) -> Path:
+    """The patched 0.5.10 tree the run shares (helpers_sglang), read only."""
+    return sglang_0510
 
 
 def test_sglang_0510_follows_the_policy_and_names_it(tree_510: Path,

@@ -22,24 +22,15 @@ from sm120fork.layouts.communicator.checks import (
     check_sglang,
 )
 from sm120fork.layouts.results import CheckResult
-from sm120fork.patch.tree import prepare_tree
-from sm120fork.workspace import Workspace
-
-from helpers_ws import checkout_copy
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
 
 @pytest.fixture(scope="module")
-def sglang_trees(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(patched, upstream) fork trees made by the toolkit's own pipeline."""
-    root = checkout_copy(tmp_path_factory.mktemp("sglang"))
-    ws = Workspace(root)
-    stack = ws.stack(None)
-    project = stack.project("sglang")
-    patched = prepare_tree(ws, stack, project).path
-    upstream = prepare_tree(ws, stack, project, patches=(), variant="unpatched").path
-    return patched, upstream
+def sglang_trees(sglang_0510: Path, sglang_0510_upstream: Path) -> tuple[Path, Path]:
+    """(patched, upstream) fork trees made by the toolkit's own pipeline, shared by the
+    run (helpers_sglang), read only."""
+    return sglang_0510, sglang_0510_upstream
 
 
 @pytest.fixture(scope="module")
