@@ -107,9 +107,10 @@ def test_a_stack_on_a_known_layout_needs_only_a_toml_and_patches(tmp_path: Path)
     result = run_verify(ws, ws.stack("sglang-next"), python=PROBE_PYTHON)
     assert result.stack == "sglang-next"
     verdicts = {v.patch.split("-")[1]: v for v in result.verdicts if v.project == "sglang"}
-    assert sorted(verdicts) == ["G1", "G2", "G3", "G4", "G5", "G6"]
-    # The layout's checks back G1-G5; G6 claims a CPU test of this checkout's tests/, which
-    # the copy's root does not have, so its verdict (and the overall one) is not asserted.
+    assert sorted(verdicts) == ["G1", "G2", "G3", "G4", "G5", "G6", "G7"]
+    # The layout's checks back G1-G5; G6 and G7 claim CPU tests of this checkout's tests/,
+    # which the copy's root does not have, so their verdicts (and the overall one) are not
+    # asserted.
     for gid in ("G1", "G2", "G3", "G4", "G5"):
         assert verdicts[gid].passed, verdicts[gid].checks
         assert verdicts[gid].evidence == "CPU behaviour check", gid
