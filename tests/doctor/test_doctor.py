@@ -654,6 +654,29 @@ def test_a_single_gpu_spark_is_never_asked_about_tp2(tmp_path: Path) -> None:
     assert not any("TP2" in t or "fusion on" in t for _, t in report.lines)
 
 
+def test_a_tp_asked_for_beyond_the_gpus_still_shows_sglangs_decision() -> None:
+    """One GPU, ``--tp 2`` asked (e.g. after ``tune`` measured TP2 with ranks sharing the
+    GPU): SGLang's own decision for TP2 is asked and shown, and the box's blocker stays."""
+    asked: list[Sequence[int]] = []
+    facts = box(1, capability="9.0")
+    probes = stub_probes(facts)
+
+    def decisions(sizes: Sequence[int]) -> dict[str, Any]:
+        asked.append(list(sizes))
+        return {"model": "Qwen3MoeForCausalLM", "source": "arg_groups", "plugins_loaded": True,
+                "decisions": [{"tp": 2, "fusion": False, "backend": None,
+                               "line": "TP2: policy ~/p.json is marked not for use"}]}
+
+    probes = probe.Probes(**{**probes.__dict__, "decisions": decisions})
+    collected = probe.collect(probes, extra_tp=[2])
+    assert asked == [[2]]
+    report = rules.judge(collected, tp=[2])
+    assert report.text_of("decisions") == [
+        "--tp 2 (Qwen3MoeForCausalLM, SGLang's arg_groups code): fusion off: TP2: policy "
+        "~/p.json is marked not for use"]
+    assert report.text_of("tp") == ["--tp 2 NOT on GPUs 0-1: needs GPUs 0-1, this box shows 1"]
+
+
 def test_without_a_gpu_the_text_says_what_was_skipped(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     facts = box(2)

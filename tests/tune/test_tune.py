@@ -116,6 +116,9 @@ def test_tune_measures_what_the_doctor_allows_installs_and_records(tmp: Path) ->
     assert record.machine_paths(rec) == []
     assert policy.load(folder / "policy.json") == installed
     assert any(line.startswith("installed the policy at ") for line in done.lines())
+    # and how to see SGLang's own start-up decision for exactly the sizes measured
+    assert ("what SGLang's own start-up code now decides: the doctor with --tp 2 --tp 4 "
+            "(in the environment SGLang serves from)") in done.lines()
 
 
 def test_an_installed_policy_is_replaced_only_when_the_owner_says_yes(tmp: Path) -> None:

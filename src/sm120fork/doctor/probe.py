@@ -274,7 +274,10 @@ def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> dict[
     else:
         capabilities = sorted({d["capability"] for d in gpus["devices"]})
         facts["flashinfer"] = probes.flashinfer(capabilities)
-    sizes = sorted(set(tp_sizes(n)) | {t for t in extra_tp if 1 < t <= n})
+    # The sizes the box fits, and every --tp asked for even where it does not fit: SGLang's
+    # decision code reads the platform, not the GPU count, so on a one-GPU box where a
+    # policy was made with ranks sharing the GPU, --tp 2 still shows what SGLang decides.
+    sizes = sorted(set(tp_sizes(n)) | {t for t in extra_tp if t > 1})
     if packages["sglang"] is None:
         skip("decisions", "sglang is not installed")
     elif n == 0:

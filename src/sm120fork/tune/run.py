@@ -110,6 +110,9 @@ class Tuned:
         if self.installed is not None:
             out.append(f"installed the policy at {self.installed}; SGLang reads it at its "
                        "next start (remove the file to go back to today's rule)")
+            tps = " ".join(f"--tp {t}" for t in self.measured)
+            out.append(f"what SGLang's own start-up code now decides: the doctor with {tps} "
+                       "(in the environment SGLang serves from)")
         elif self.kept:
             out.append(self.kept)
         out.append(f"record to send us: {self.record_dir / record.RECORD_FILE}")
