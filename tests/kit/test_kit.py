@@ -322,6 +322,23 @@ def _sglang_build(root: Path, python: str) -> tuple[Path, Path]:
     return stock, plugin
 
 
+def test_the_doctor_of_a_stack_with_sglang_carries_sglangs_imports(tmp_path: Path) -> None:
+    """On the H200 the kit's doctor ran SGLang's --tp decisions without SGLang's imports
+    ("No module named 'orjson'"): a stack with SGLang gives the doctor what SGLang imports;
+    a FlashInfer-only stack's doctor stays FlashInfer's."""
+    from sm120fork.kit.build import SGLANG_LAYER_IMPORTS, harness_requirements
+
+    fi = _wheel(tmp_path, "flashinfer-python", "0.7.2", ["torch", "packaging>=24"])
+    sgl = _wheel(tmp_path, "sglang", "0.5.23", ["orjson==3.11.0", "numpy"])
+    names = {str(r.name) for r in harness_requirements("doctor", {"flashinfer": fi,
+                                                                  "sglang": sgl})}
+    assert set(SGLANG_LAYER_IMPORTS) <= names
+    assert "orjson==3.11.0" in {str(r) for r in harness_requirements(
+        "doctor", {"flashinfer": fi, "sglang": sgl})}
+    assert {str(r) for r in harness_requirements("doctor", {"flashinfer": fi})} == \
+        {"packaging>=24"}
+
+
 def test_the_layer_kit_carries_the_plugin_route_and_travels_in_parts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """For a patched SGLang, the sglang_layer kit also carries stock SGLang of the pin and

@@ -276,10 +276,13 @@ def _roots(harness: str, wheels: dict[str, Path], toolkit: Path | None) -> list[
              if toolkit is not None else [])
     fi = [r for r in wheel_requirements(wheels["flashinfer"])
           if canonicalize_name(r.name) not in FLASHINFER_UNUSED and r.marker is None]
-    if harness in ("gpu_test", "bench", "doctor", "tune"):  # tune: the doctor, then the bench
-        return roots + fi
+    if harness in ("gpu_test", "bench", "tune") or (harness == "doctor"
+                                                     and "sglang" not in wheels):
+        return roots + fi  # tune: the doctor's facts, then the bench
     if harness == "upstream_tests":
         return [*roots, *fi, Requirement("pytest")]
+    # sglang_layer, and the doctor of a stack with SGLang: its --tp decisions import SGLang
+    # (its start-up code, plugins loaded), which needs SGLang's own imports
     sglang = {canonicalize_name(r.name): r for r in wheel_requirements(wheels["sglang"])
               if r.marker is None}
     layer = [sglang.get(canonicalize_name(n), Requirement(n)) for n in SGLANG_LAYER_IMPORTS]
