@@ -10,19 +10,22 @@ from pathlib import Path
 
 import pytest
 
+from helpers_proc import HANGING_CHILD, sigterm_ends_every_child
 from sm120fork.errors import ConfigError
-from sm120fork.gpu import launcher, supervise, variants
+from sm120fork.gpu import launcher, variants
 from sm120fork.gpu.cases import Case
+from sm120fork.util import supervise, wire
 from sm120fork.util.files import sha256_file
 
 FAKE_RANK = textwrap.dedent("""\
     import json, os, sys, time
+    from sm120fork.util.wire import encode
     spec = json.load(open(sys.argv[1])); rank = int(sys.argv[2])
     assert os.environ["NCCL_NVLS_ENABLE"] == "0"
     for c in spec["cases"]:
         key = "{api}/{pattern}/ws{world_size}/t{tokens}/h{hidden}/{dtype}/{strategy}/pdl{p}".format(
             p=int(c["pdl"]), **c)
-        print("@@START " + key, flush=True)
+        print(encode("START", key), flush=True)
         print("working on", key, flush=True)
         if c["tokens"] == 13:          # rank 1 dies with a CUDA error, rank 0 spins forever
             if rank == 1:
@@ -32,13 +35,13 @@ FAKE_RANK = textwrap.dedent("""\
         if c["tokens"] == 14:          # every rank hangs silently
             time.sleep(600)
         status = "fail" if c["tokens"] == 15 and rank == 0 else "pass"
-        print("@@RESULT " + json.dumps({"key": key, "rank": rank, "status": status,
+        print(encode("RESULT", {"key": key, "rank": rank, "status": status,
               "failure": None if status == "pass" else "wrong result",
               "checks": [{"output": "norm_out", "stage": "eager", "ok": status == "pass",
                           "rel_l2": 0.5 if status == "fail" else 1e-3,
                           "reason": "rel L2 0.5 > 0.015" if status == "fail" else ""}]}),
               flush=True)
-    print("@@DONE", flush=True)
+    print(encode("DONE"), flush=True)
 """)
 
 
@@ -56,7 +59,7 @@ def fake(tmp_path: Path) -> tuple[list[str], variants.Variant]:
     return [sys.executable, str(script)], variant
 
 
-FAST = launcher.Timeouts(startup=20.0, case=1.5)
+FAST = launcher.Timeouts(startup=20.0, idle=1.5)
 
 
 def test_all_pass_in_one_group(tmp_path: Path, fake: tuple[list[str], variants.Variant]
@@ -111,8 +114,8 @@ def test_ranks_that_cannot_start_fail_every_case_once(tmp_path: Path) -> None:
 
 def test_fatal_line_stops_without_retry(tmp_path: Path) -> None:
     script = tmp_path / "fatal.py"
-    script.write_text("import sys, time\nprint('@@FATAL no P2P between GPU 0 and 1', "
-                      "flush=True)\ntime.sleep(600)\n")
+    line = wire.encode("FATAL", "no P2P between GPU 0 and 1")
+    script.write_text(f"import sys, time\nprint({line!r}, flush=True)\ntime.sleep(600)\n")
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
     out = launcher.run_cases(_cases(1, 2), variant, tmp_path, timeouts=FAST,
                              worker=[sys.executable, str(script)])
@@ -120,11 +123,17 @@ def test_fatal_line_stops_without_retry(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("spec-*.json"))) == 1
 
 
+def _children(cmds: list[list[str]], tmp_path: Path) -> list[supervise.Child]:
+    return [supervise.Child(argv=cmd, env={}, log=tmp_path / name)
+            for cmd, name in zip(cmds, "ab", strict=False)]
+
+
 def test_run_group_without_fail_fast_waits_for_all(tmp_path: Path) -> None:
     cmds = [[sys.executable, "-c", "import sys; sys.exit(2)"],
             [sys.executable, "-c", "import time; time.sleep(0.5); print('done')"]]
-    outcome = supervise.run_group(cmds, envs=[{}, {}], log_paths=[tmp_path / "a", tmp_path / "b"],
-                                 idle_timeout=10, first_timeout=10, fail_fast=False)
+    outcome = supervise.run_group(_children(cmds, tmp_path),
+                                  timeouts=supervise.Timeouts(idle=10, startup=10),
+                                  fail_fast=False)
     assert outcome.returncodes == [2, 0]
     assert not outcome.ok
     assert outcome.tails[1] == ["done"]
@@ -136,17 +145,16 @@ def test_a_rank_that_starts_slower_than_the_other_is_not_a_hang(tmp_path: Path) 
     cmds = [[sys.executable, "-c", "import time; print('up', flush=True); time.sleep(2.5); "
                                    "print('joined', flush=True)"],
             [sys.executable, "-c", "import time; time.sleep(2.0); print('up', flush=True)"]]
-    outcome = supervise.run_group(cmds, envs=[{}, {}], log_paths=[tmp_path / "a", tmp_path / "b"],
-                                 idle_timeout=1.0, first_timeout=60)
+    outcome = supervise.run_group(_children(cmds, tmp_path),
+                                  timeouts=supervise.Timeouts(idle=1.0, startup=60))
     assert outcome.ok, outcome.failure
     assert outcome.tails == [["up", "joined"], ["up"]]
 
 
 def test_ranks_that_have_all_spoken_and_go_silent_are_a_hang(tmp_path: Path) -> None:
     cmd = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
-    outcome = supervise.run_group([cmd, cmd], envs=[{}, {}],
-                                 log_paths=[tmp_path / "a", tmp_path / "b"],
-                                 idle_timeout=1.0, first_timeout=60)
+    outcome = supervise.run_group(_children([cmd, cmd], tmp_path),
+                                  timeouts=supervise.Timeouts(idle=1.0, startup=60))
     assert outcome.kind == "hang", outcome.failure
 
 
@@ -232,7 +240,7 @@ def test_install_variant_with_prebuilt_modules(tmp_path: Path) -> None:
 def test_time_budget_ends_a_hung_group_and_reports_the_rest_as_not_run(
         tmp_path: Path, fake: tuple[list[str], variants.Variant]) -> None:
     worker, variant = fake
-    budget = launcher.Timeouts(startup=20.0, case=60.0, deadline=time.monotonic() + 8.0)
+    budget = launcher.Timeouts(startup=20.0, idle=60.0, deadline=time.monotonic() + 8.0)
     out = launcher.run_cases(_cases(1, 14, 2), variant, tmp_path, timeouts=budget,
                              worker=worker)
     assert [r["status"] for r in out] == ["pass", "skip", "skip"]
@@ -246,7 +254,7 @@ def test_circuit_breaker_stops_one_api_after_repeated_hangs(
                   hidden=h, dtype="bf16", strategy="oneshot", pdl=False) for h in (256, 512, 1024)]
     other = Case(world_size=2, api="custom_lamport", pattern="ar_rmsnorm", tokens=1, hidden=256,
                  dtype="bf16", strategy="oneshot", pdl=False)
-    quick = launcher.Timeouts(startup=20.0, case=1.0, max_hang_streak=2)
+    quick = launcher.Timeouts(startup=20.0, idle=1.0, max_hang_streak=2)
     out = {r["key"]: r for r in launcher.run_cases([*hangs, other], variant, tmp_path,
                                                     timeouts=quick, worker=worker)}
     kinds = [out[c.key]["failure"] for c in hangs]
@@ -260,15 +268,15 @@ def test_crash_after_a_reported_case_is_not_a_startup_failure(tmp_path: Path) ->
     must not make the launcher give up on the remaining cases."""
     script = tmp_path / "poisoned.py"
     script.write_text(FAKE_RANK.replace(
-        '\nprint("@@DONE", flush=True)',
-        '\n    if c["tokens"] == 12:\n        sys.exit(3)\nprint("@@DONE", flush=True)'))
+        '\nprint(encode("DONE"), flush=True)',
+        '\n    if c["tokens"] == 12:\n        sys.exit(3)\nprint(encode("DONE"), flush=True)'))
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
     cases = [Case(world_size=2, api="custom_lamport", pattern="ar_rmsnorm", tokens=12,
                   hidden=h, dtype="bf16", strategy="oneshot", pdl=False) for h in (256, 512, 768)]
     # No case here hangs, so no timeout decides the outcome: generous ones keep a loaded
     # machine's slow interpreter starts from reading as hangs.
     out = launcher.run_cases([*cases, *_cases(1)], variant, tmp_path,
-                             timeouts=launcher.Timeouts(startup=120.0, case=60.0),
+                             timeouts=launcher.Timeouts(startup=120.0, idle=60.0),
                              worker=[sys.executable, str(script)])
     assert [r["status"] for r in out] == ["pass", "pass", "pass", "pass"]
     assert len(list(tmp_path.glob("spec-*.json"))) == 4
@@ -284,11 +292,11 @@ def test_a_rank_that_reports_and_exits_does_not_cut_off_the_others_report(
     script.write_text(FAKE_RANK.replace(
         '\n        status = "fail" if', '\n        if rank == 1:\n            time.sleep(1.5)'
         '\n        status = "fail" if').replace(
-        '\nprint("@@DONE", flush=True)',
-        '\n    if rank == 0:\n        sys.exit(3)\nprint("@@DONE", flush=True)'))
+        '\nprint(encode("DONE"), flush=True)',
+        '\n    if rank == 0:\n        sys.exit(3)\nprint(encode("DONE"), flush=True)'))
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
     out = launcher.run_cases(_cases(1, 2), variant, tmp_path,
-                             timeouts=launcher.Timeouts(startup=120.0, case=60.0),
+                             timeouts=launcher.Timeouts(startup=120.0, idle=60.0),
                              worker=[sys.executable, str(script)])
     assert [(r["status"], r.get("failure")) for r in out] == [("pass", None), ("pass", None)]
     assert len(list(tmp_path.glob("spec-*.json"))) == 2
@@ -314,3 +322,40 @@ def test_a_variant_records_its_wheels_record_digest(tmp_path: Path) -> None:
     assert record_sha256(wheels[0]) == record_sha256(wheels[1]) == hashlib.sha256(
         record).hexdigest()
     assert record_sha256(tmp_path / "missing.whl") is None
+
+
+def test_a_rank_on_another_wire_version_fails_the_cases_naming_the_rank_and_line(
+        tmp_path: Path) -> None:
+    """The A/B ranks speak the one wire format: a line with its marker that is not a
+    message of this version ends the group at once and every case says which rank
+    printed which line (before, an old rank's lines were ordinary output and the cases
+    hung until the watchdog)."""
+    script = tmp_path / "old.py"
+    script.write_text(FAKE_RANK.replace('print(encode("RESULT", {',
+                                        'print("@@sm120fork/0 RESULT " + json.dumps({'))
+    variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
+    out = launcher.run_cases(_cases(1, 2), variant, tmp_path,
+                             timeouts=launcher.Timeouts(startup=120.0, idle=60.0),
+                             worker=[sys.executable, str(script)])
+    assert [r["status"] for r in out] == ["fail", "fail"]
+    assert "rank " in out[0]["reason"]
+    assert '@@sm120fork/0 RESULT {"key": "fusion_legacy/' in out[0]["reason"]
+    assert "version '0'" in out[0]["reason"]
+    assert len(list(tmp_path.glob("spec-*.json"))) == 1  # not retried
+
+
+def test_sigterm_to_the_launcher_ends_every_rank_with_its_process_group(tmp_path: Path) -> None:
+    worker = tmp_path / "hanging.py"
+    worker.write_text(HANGING_CHILD)
+    parent = textwrap.dedent(f"""\
+        import sys
+        from pathlib import Path
+        from sm120fork.gpu import launcher, variants
+        from sm120fork.gpu.cases import Case
+        tmp = Path({str(tmp_path)!r})
+        variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp)
+        case = Case(world_size=2, api="fusion_legacy", pattern="ar_rmsnorm", tokens=1,
+                    hidden=256, dtype="bf16", strategy="oneshot", pdl=False)
+        launcher.run_cases([case], variant, tmp, worker=[sys.executable, {str(worker)!r}])
+        """)
+    sigterm_ends_every_child(parent, tmp_path / "marks", children=2)

@@ -22,19 +22,20 @@ from sm120fork.gpu.cli import main
 
 FAKE_RANK = textwrap.dedent("""\
     import json, os, sys, time
+    from sm120fork.util.wire import encode
     from sm120fork.gpu.cases import Case
     spec = json.load(open(sys.argv[1])); rank = int(sys.argv[2])
     mode = os.environ["FAKE_RANK_MODE"]
     for c in spec["cases"]:
         key = Case.from_dict(c).key
-        print("@@START " + key, flush=True)
+        print(encode("START", key), flush=True)
         if mode == "hang":
             time.sleep(600)
         status = "skip" if mode == "skip" else "pass"
-        print("@@RESULT " + json.dumps({"key": key, "rank": rank, "status": status,
+        print(encode("RESULT", {"key": key, "rank": rank, "status": status,
               "reason": "needs sm_100+" if status == "skip" else None, "checks": []}),
               flush=True)
-    print("@@DONE", flush=True)
+    print(encode("DONE"), flush=True)
 """)
 
 

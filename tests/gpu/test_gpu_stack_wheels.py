@@ -74,8 +74,9 @@ def test_stack_and_wheel_dir_exclude_each_other() -> None:
 def test_a_bench_from_a_stack_records_its_provenance(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """stack, series digest and wheel sha256 in bench.json (upstream_pr's provenance)."""
-    from sm120fork.gpu import launcher, supervise, variants
+    from sm120fork.gpu import launcher, variants
     from sm120fork.gpu.cli import main
+    from sm120fork.util import supervise
 
     root = checkout_copy(tmp_path, sdists=False)
     monkeypatch.setenv("SM120FORK_ROOT", str(root))

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu import correctness, protocol, rank
+from sm120fork.gpu import correctness, rank
 from sm120fork.gpu.cases import Case, quick_matrix
 from sm120fork.gpu.safety import MULTICAST_OFF_ENV
+from sm120fork.util import wire
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -43,8 +44,8 @@ def test_a_rank_refuses_to_run_with_multicast_switched_on(tmp_path: Path) -> Non
 def test_a_rank_without_a_gpu_says_fatal_and_exits_at_once(tmp_path: Path) -> None:
     done = _worker(tmp_path, _spec(tmp_path), {**os.environ, **MULTICAST_OFF_ENV})
     assert done.returncode == rank.EXIT_FATAL
-    lines = [protocol.parse(line) for line in done.stdout.splitlines()]
-    assert ("FATAL", "no CUDA device visible to the rank") in lines
+    lines = [wire.decode(line) for line in done.stdout.splitlines()]
+    assert wire.Message("FATAL", "no CUDA device visible to the rank") in lines
 
 
 class _Rank:
@@ -60,7 +61,7 @@ class _Rank:
 
 
 def _lines(out: str) -> list[tuple[str, Any]]:
-    return [p for p in map(protocol.parse, out.splitlines()) if p]
+    return [(m.tag, m.data) for m in map(wire.decode, out.splitlines()) if m]
 
 
 def _cases() -> list[Case]:

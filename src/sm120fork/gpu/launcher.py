@@ -1,8 +1,10 @@
 """Batches of rank processes: correctness cases and the bench, crashes and hangs recorded.
 
-Each batch of cases runs in a fresh group of rank processes (:mod:`.supervise`).  When a
-group ends early, the case that was in progress is recorded as a failure with every
-rank's last output lines, and the remaining cases continue in a new group.
+Each batch of cases runs in a fresh group of rank processes under the one supervisor
+(:mod:`sm120fork.util.supervise`); the ranks speak the one wire format
+(:mod:`sm120fork.util.wire`).  When a group ends early, the case that was in progress is
+recorded as a failure with every rank's last output lines, and the remaining cases
+continue in a new group.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import ConfigError
-from sm120fork.gpu import protocol
 from sm120fork.gpu.cases import CUSTOM_API, Case
-from sm120fork.gpu.supervise import GroupOutcome, run_group
 from sm120fork.gpu.variants import Variant
+from sm120fork.util import supervise, wire
+from sm120fork.util.supervise import Child, GroupOutcome
 
 
 def _merge(case: Case, records: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -69,10 +71,15 @@ def _not_run(case: Case) -> dict[str, Any]:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Timeouts:
-    startup: float = 300.0  # to the first line: interpreter, torch, FlashInfer load, gloo
-    case: float = 90.0  # between lines once running (a case prints START and RESULT)
-    deadline: float | None = None  # time.monotonic() after which no case starts
+class Timeouts(supervise.Timeouts):
+    """The supervisor's bounds with the launcher's defaults, and its circuit breaker.
+
+    ``startup``: to each rank's first line (interpreter, torch, FlashInfer load, gloo);
+    ``idle``: between lines once running (a case prints START and RESULT); ``deadline``:
+    after which no case starts and a running group is ended."""
+
+    startup: float | None = 300.0
+    idle: float | None = 90.0
     #: circuit breaker: after this many hangs (crashes) in a row of one API, the rest of
     #: that API's cases in the batch are reported as not attempted
     max_hang_streak: int = 4
@@ -80,17 +87,16 @@ class Timeouts:
 
 
 def _run_ranks(worker: Sequence[str], spec_path: Path, world: int, variant: Variant,
-               log_stem: Path, timeouts: Timeouts, on_line: Callable[[int, str], None],
+               log_stem: Path, timeouts: Timeouts,
+               on_message: Callable[[int, wire.Message], None],
                extra_env: Mapping[str, str] | None = None,
                settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
     """One worker process per rank on ``spec_path``, logging to ``<log_stem>-rank<r>.log``."""
     env = {**variant.env(os.environ), **(extra_env or {})}
-    return run_group(
-        [[*worker, str(spec_path), str(r)] for r in range(world)],
-        envs=[env] * world,
-        log_paths=[log_stem.with_name(f"{log_stem.name}-rank{r}.log") for r in range(world)],
-        idle_timeout=timeouts.case, first_timeout=timeouts.startup, on_line=on_line,
-        deadline=timeouts.deadline, settled=settled)
+    return supervise.run_group(
+        [Child(argv=[*worker, str(spec_path), str(r)], env=env, name=f"rank {r}",
+               log=log_stem.with_name(f"{log_stem.name}-rank{r}.log")) for r in range(world)],
+        timeouts=timeouts, on_message=on_message, settled=settled)
 
 
 @dataclasses.dataclass
@@ -157,13 +163,10 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
         started: list[str] = []
         reports = _Reports()
 
-        def on_line(rank: int, line: str, per_rank: dict[str, dict[int, dict[str, Any]]]
-                    = per_rank, started: list[str] = started, reports: _Reports = reports
-                    ) -> None:
-            parsed = protocol.parse(line)
-            if not parsed:
-                return
-            tag_, payload = parsed
+        def on_message(rank: int, message: wire.Message,
+                       per_rank: dict[str, dict[int, dict[str, Any]]] = per_rank,
+                       started: list[str] = started, reports: _Reports = reports) -> None:
+            tag_, payload = message.tag, message.data
             if tag_ == "START":
                 started.append(payload)
                 reports.started.setdefault(rank, []).append(payload)
@@ -174,7 +177,7 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
                 env_info.update(payload)
 
         outcome = _run_ranks(worker, spec_path, world, variant, run_dir / tag, timeouts,
-                             on_line, settled=reports.settled)
+                             on_message, settled=reports.settled)
         remaining = []
         for case in pending:
             recs = per_rank.get(case.key, {})
@@ -193,7 +196,7 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
             for case in remaining:
                 results[case.key] = _not_run(case)
             break
-        if outcome.ok or outcome.kind == "fatal":
+        if outcome.ok or outcome.kind in ("fatal", "protocol"):
             why = outcome.failure or "ranks exited without reporting these cases"
             for case in remaining:
                 results[case.key] = {"key": case.key, "case": case.to_dict(), "status": "fail",
@@ -283,15 +286,12 @@ def run_bench(plan_dict: dict[str, Any], variant: Variant, run_dir: Path, *,
     records: list[dict[str, Any]] = []
     env_info: dict[str, Any] = {}
 
-    def on_line(rank: int, line: str) -> None:
-        parsed = protocol.parse(line)
-        if not parsed:
-            return
-        if parsed[0] == "BENCH" and rank == 0:
-            records.append(parsed[1])
-        elif parsed[0] == "ENV":
-            env_info.update(parsed[1])
+    def on_message(rank: int, message: wire.Message) -> None:
+        if message.tag == "BENCH" and rank == 0:
+            records.append(message.data)
+        elif message.tag == "ENV":
+            env_info.update(message.data)
 
     outcome = _run_ranks(worker, spec_path, world, variant, run_dir / name, timeouts,
-                         on_line, extra_env)
+                         on_message, extra_env)
     return records, env_info, outcome

@@ -2,7 +2,7 @@
 
 Ranks talk through a gloo process group (FileStore rendezvous) and CUDA IPC buffers set
 up by FlashInfer's own helpers, so several ranks may share one GPU.  Results go to stdout
-as protocol lines (:mod:`sm120fork.gpu.protocol`).  FlashInfer and torch are untyped
+as wire messages (:mod:`sm120fork.util.wire`).  FlashInfer and torch are untyped
 here; the ``type: ignore`` comments are confined to their calls.
 """
 
@@ -16,16 +16,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sm120fork.gpu import protocol
 from sm120fork.gpu.cases import CUSTOM_API
 from sm120fork.gpu.safety import MULTICAST_OFF_ENV, check_backend
+from sm120fork.util import wire
 
 EXIT_CUDA_ERROR = 3
 EXIT_FATAL = 4
 
 
 def say(tag: str, payload: Any = None) -> None:
-    print(protocol.emit(tag, payload), flush=True)
+    wire.say(tag, payload)
 
 
 def stage(name: str) -> None:

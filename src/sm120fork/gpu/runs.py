@@ -82,7 +82,7 @@ class RunOptions:
     def timeouts(self) -> launcher.Timeouts:
         """The cases' limits; the budget counts from now (after the module build)."""
         deadline = None if self.time_budget is None else time.monotonic() + self.time_budget
-        return launcher.Timeouts(startup=self.startup_timeout, case=self.case_timeout,
+        return launcher.Timeouts(startup=self.startup_timeout, idle=self.case_timeout,
                                  deadline=deadline)
 
 

@@ -17,10 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import CommandError, ConfigError
-from sm120fork.gpu import protocol
 from sm120fork.gpu.safety import rank_environment
-from sm120fork.gpu.supervise import run_group
-from sm120fork.util import proc
+from sm120fork.util import proc, supervise, wire
 from sm120fork.util.files import sha256_file, wheel_record_sha256
 
 log = logging.getLogger("sm120fork")
@@ -162,18 +160,18 @@ def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Seq
     envs: dict[int, dict[str, Any]] = {}
     module_failures: dict[int, dict[str, str]] = {}
 
-    def on_line(idx: int, line: str) -> None:
-        parsed = protocol.parse(line)
-        if parsed and parsed[0] == "ENV":
-            envs[idx] = parsed[1]
-        elif parsed and parsed[0] == "MODULE" and not parsed[1].get("ok"):
-            module_failures.setdefault(idx, {})[parsed[1]["module"]] = parsed[1]["reason"]
+    def on_message(idx: int, message: wire.Message) -> None:
+        if message.tag == "ENV":
+            envs[idx] = message.data
+        elif message.tag == "MODULE" and not message.data.get("ok"):
+            module_failures.setdefault(idx, {})[message.data["module"]] = message.data["reason"]
 
-    outcome = run_group(
-        [[sys.executable, "-m", "sm120fork.gpu.worker", str(spec)] for _ in variants],
-        envs=[v.env(os.environ) for v in variants],
-        log_paths=[run_dir / f"compile-{v.name}.log" for v in variants],
-        idle_timeout=timeout, first_timeout=timeout, on_line=on_line, fail_fast=False)
+    outcome = supervise.run_group(
+        [supervise.Child(argv=[sys.executable, "-m", "sm120fork.gpu.worker", str(spec)],
+                         env=v.env(os.environ), log=run_dir / f"compile-{v.name}.log",
+                         name=f"variant {v.name}") for v in variants],
+        timeouts=supervise.Timeouts(startup=timeout, idle=timeout), on_message=on_message,
+        fail_fast=False)
     result = {}
     for idx, v in enumerate(variants):
         rc = outcome.returncodes[idx]

@@ -1,0 +1,93 @@
+"""The one wire format between the toolkit and every child it starts and waits on.
+
+A child (an A/B rank, a layer rank, a layout probe) prints ordinary output freely; a line
+that carries data is ``@@sm120fork/<version> <TAG> <json>``: one marker with the format's
+version, an upper-case tag, and one JSON value (``null`` when the tag says it all)::
+
+    @@sm120fork/1 START "fusion_legacy/ar_rmsnorm/ws2/t1/h256/bf16/oneshot/pdl0"
+    @@sm120fork/1 RESULT {"key": "...", "status": "pass"}
+    @@sm120fork/1 DONE null
+
+:func:`encode` writes a line, :func:`decode` reads one, and both sides import this module
+(the parent and its children run the same checkout), so a tag or a marker is never
+copied between files.  A line that starts with the marker but is not a whole message of
+this version (bad JSON, another version, no tag) is a :class:`WireError`, never ordinary
+output: a child of another toolkit version, or a message cut in half, is named with the
+line, not silently dropped.  Stdlib only: children that run beside a tree under test and
+the plugin wheel's doctor import it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from ..errors import CommandError
+
+MARK = "@@sm120fork/"
+VERSION = 1
+_TAG = re.compile(r"[A-Z][A-Z0-9_]*\Z")
+
+
+class WireError(CommandError):
+    """A child printed a line with the wire's marker that is not a message this toolkit
+    reads; ``str()`` names the line (the supervisor adds the child)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One decoded line: its ``tag`` and its JSON ``data``."""
+
+    tag: str
+    data: Any = None
+
+
+def encode(tag: str, data: Any = None) -> str:
+    """The line (without its newline) that carries ``tag`` and ``data`` (JSON-serializable)."""
+    if not _TAG.match(tag):
+        raise ValueError(f"a wire tag is upper case: {tag!r}")
+    return f"{MARK}{VERSION} {tag} {json.dumps(data, sort_keys=True)}"
+
+
+def decode(line: str) -> Message | None:
+    """The message ``line`` carries; None for ordinary output; :class:`WireError` for a
+    line with the marker that is not a message of this version."""
+    text = line.rstrip("\r\n")
+    if not text.startswith(MARK):
+        return None
+    head, _, rest = text[len(MARK):].partition(" ")
+    shown = text if len(text) <= 200 else text[:200] + "..."
+    if head != str(VERSION):
+        raise WireError(f"wire format version {head!r} in {shown!r}; this toolkit reads "
+                        f"version {VERSION}",
+                        fix="run the child from the same checkout as the toolkit")
+    tag, _, payload = rest.partition(" ")
+    if not _TAG.match(tag):
+        raise WireError(f"no tag in wire line {shown!r}")
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise WireError(f"the {tag} message is not one JSON value ({exc.msg}): {shown!r}"
+                        ) from None
+    return Message(tag, data)
+
+
+def say(tag: str, data: Any = None, *, stream: TextIO | None = None) -> None:
+    """Print one message and flush (a child about to hang or crash has still said it)."""
+    out = stream if stream is not None else sys.stdout
+    out.write(encode(tag, data) + "\n")
+    out.flush()
+
+
+def last(text: str, tag: str) -> Any:
+    """The data of the last ``tag`` message in ``text`` (a finished child's output); None
+    when it said none.  Lines with the marker that do not decode raise :class:`WireError`."""
+    found: Any = None
+    for line in text.splitlines():
+        message = decode(line)
+        if message is not None and message.tag == tag:
+            found = message.data
+    return found
