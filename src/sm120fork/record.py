@@ -321,13 +321,7 @@ def to_json(record: Record) -> dict[str, Any]:
                                "capability": m.capability, "driver": m.driver,
                                "cuda": m.cuda, "torch": m.torch, "python": m.python,
                                "cpus": m.cpus, "shared_gpu": m.shared_gpu}),
-        "tested": {
-            "wheels": [{"variant": w.variant, "project": w.project, "file": w.file,
-                        "sha256": w.sha256} for w in record.tested.wheels],
-            "trees": [{"project": t.project, "tree": t.tree} for t in record.tested.trees],
-            "patches": [{"project": p.project, "patch": p.patch, "patch_id": p.patch_id}
-                        for p in record.tested.patches],
-        },
+        "tested": tested_to_json(record.tested),
         "planned": record.planned,
         "finished": record.finished,
         "counts": dict(record.counts),
@@ -452,6 +446,33 @@ def _tested(r: _Reader) -> Tested:
         patches=tuple(dict.fromkeys(r.objects("patches", lambda p: TestedPatch(
             project=p.string("project"), patch=p.string("patch"),
             patch_id=p.string("patch_id"))))))
+
+
+def tested_to_json(tested: Tested) -> dict[str, list[dict[str, str]]]:
+    """``tested`` as the record's ``tested`` block and ``tested.json`` hold it."""
+    return {
+        "wheels": [{"variant": w.variant, "project": w.project, "file": w.file,
+                    "sha256": w.sha256} for w in tested.wheels],
+        "trees": [{"project": t.project, "tree": t.tree} for t in tested.trees],
+        "patches": [{"project": p.project, "patch": p.patch, "patch_id": p.patch_id}
+                    for p in tested.patches],
+    }
+
+
+def read_tested(path: Path) -> Tested:
+    """``tested.json`` (what a build tested: its trees and each patch's id, written beside
+    the build's wheels by the kit), refused naming the file and the dotted key."""
+    where = str(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read it: {exc.strerror}", where=where) from exc
+    except ValueError as exc:
+        raise ConfigError(f"is not JSON: {exc}", where=where) from exc
+    reader = _Reader(data, where)
+    tested = _tested(reader)
+    reader.done()
+    return tested
 
 
 def _case(r: _Reader) -> Case:

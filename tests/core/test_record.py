@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
+from helpers_manifest import entry
 from sm120fork import record
 from sm120fork.cli.main import main
 from sm120fork.errors import ConfigError
+from sm120fork.manifest import Manifest
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel
 
 SHA = "a" * 64
@@ -159,8 +161,10 @@ def test_a_patch_listed_once_per_wheel_is_read_as_one_tested_patch() -> None:
     patches once per wheel: read back, each is one fact, in the series' order."""
     from sm120fork.gpu.records import tested_of
 
-    rows = tested_of({"wheels": [{"project": "p", "patches": [{"name": "a"}, {"name": "b"}]}]},
-                     {"p": [("a", "1" * 40), ("b", "2" * 40)]})["patches"]
+    manifest = Manifest.from_json({"stack": "s", "toolkit_version": "0", "wheels": [
+        entry("p", patches=[{"name": n, "sha256": "0" * 64, "subject": n} for n in "ab"])]})
+    rows = record.tested_to_json(tested_of(manifest, {"p": [("a", "1" * 40),
+                                                             ("b", "2" * 40)]}))["patches"]
     assert [r["patch"] for r in rows] == ["a", "b"]
     doc = {"patches": rows * 3}
     got = record._tested(record._Reader(doc, "x"))

@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from helpers_manifest import entry
 from sm120fork import record
 from sm120fork.gpu import records
+from sm120fork.manifest import Manifest
 
 PATCHED = "flashinfer_python-0.6.7.post3+sm120.1-py3-none-any.whl"
 UPSTREAM = "flashinfer_python-0.6.7.post3-py3-none-any.whl"
@@ -40,8 +42,18 @@ def _doc(patched: list[dict[str, Any]], unpatched: list[dict[str, Any]],
     }
 
 
-TESTED = {"trees": [{"project": "flashinfer", "tree": "c" * 40}],
-          "patches": [{"project": "flashinfer", "patch": "0002-F1.patch", "patch_id": "d" * 40}]}
+TESTED = record.Tested(
+    trees=(record.TestedTree(project="flashinfer", tree="c" * 40),),
+    patches=(record.TestedPatch(project="flashinfer", patch="0002-F1.patch",
+                                patch_id="d" * 40),))
+
+
+def _manifest(*entries: dict[str, Any]) -> Manifest:
+    return Manifest.from_json({"stack": "s", "toolkit_version": "0", "wheels": list(entries)})
+
+
+def _patches(*names: str) -> list[dict[str, str]]:
+    return [{"name": n, "sha256": "0" * 64, "subject": n} for n in names]
 
 
 def test_an_ab_run_is_a_record_of_each_variants_cases() -> None:
@@ -102,16 +114,17 @@ def test_the_recorded_command_names_no_path_of_this_machine(
 
 
 def test_tested_of_a_build_names_the_patches_it_applied_with_their_ids() -> None:
-    manifest = {"wheels": [
-        {"project": "flashinfer", "tree": "c" * 40,
-         "patches": [{"name": "0001-a.patch"}, {"name": "0002-b.patch"}]},
-        {"project": "sglang", "used_as_published": True, "patches": []}]}
+    manifest = _manifest(
+        entry("flashinfer", tree="c" * 40, patched_commit="e" * 40,
+              patches=_patches("0001-a.patch", "0002-b.patch")),
+        entry("sglang", used_as_published=True))
     ids = {"flashinfer": [("0001-a.patch", "1" * 40), ("0002-b.patch", "2" * 40)]}
-    assert records.tested_of(manifest, ids) == {
+    assert record.tested_to_json(records.tested_of(manifest, ids)) == {
+        "wheels": [],
         "trees": [{"project": "flashinfer", "tree": "c" * 40}],
         "patches": [{"project": "flashinfer", "patch": "0001-a.patch", "patch_id": "1" * 40},
                     {"project": "flashinfer", "patch": "0002-b.patch", "patch_id": "2" * 40}]}
-    assert json.dumps(records.tested_of(manifest, {}))  # no series here: no patches
+    assert records.tested_of(manifest, {}).patches == ()  # no series here: no patches
 
 
 def test_a_layer_run_of_a_stack_is_a_record_unfinished_until_every_case_ran() -> None:
@@ -145,9 +158,10 @@ def test_a_layer_run_of_a_stack_is_a_record_unfinished_until_every_case_ran() ->
 def test_an_ab_of_the_flashinfer_wheel_tested_none_of_the_sglang_series() -> None:
     """The A/B runs the stack's FlashInfer wheel only: a change to an SGLang patch must not
     make its record stale, so the record names FlashInfer's trees and patches alone."""
-    tested = {"trees": [*TESTED["trees"], {"project": "sglang", "tree": "e" * 40}],
-              "patches": [*TESTED["patches"],
-                          {"project": "sglang", "patch": "0001-S1.patch", "patch_id": "f" * 40}]}
+    tested = record.Tested(
+        trees=(*TESTED.trees, record.TestedTree(project="sglang", tree="e" * 40)),
+        patches=(*TESTED.patches, record.TestedPatch(project="sglang", patch="0001-S1.patch",
+                                                     patch_id="f" * 40)))
     rec = records.test_record(_doc([_rec("a", "pass")], [_rec("a", "fail")]), tested)
     assert rec is not None
     assert rec.tested.projects == ("flashinfer",)
@@ -187,9 +201,29 @@ def test_a_build_of_several_wheels_names_each_tree_and_patch_once() -> None:
     tree and patches: the record's tested block (and its summary) names each once."""
     from sm120fork.gpu.records import tested_of
 
-    entry = {"project": "sglang", "tree": "t1", "patches": [{"name": "0001-a.patch"}]}
-    got = tested_of({"wheels": [entry, dict(entry), dict(entry)]},
-                    {"sglang": [("0001-a.patch", "a" * 40)]})
-    assert got == {"trees": [{"project": "sglang", "tree": "t1"}],
-                   "patches": [{"project": "sglang", "patch": "0001-a.patch",
-                                "patch_id": "a" * 40}]}
+    one = entry("sglang", tree="t1", patched_commit="c1", patches=_patches("0001-a.patch"))
+    got = tested_of(_manifest(one, one, one), {"sglang": [("0001-a.patch", "a" * 40)]})
+    assert got == record.Tested(
+        trees=(record.TestedTree(project="sglang", tree="t1"),),
+        patches=(record.TestedPatch(project="sglang", patch="0001-a.patch",
+                                    patch_id="a" * 40),))
+
+
+def test_a_tested_json_that_is_not_one_is_refused_naming_the_file_and_key(
+        tmp_path: Path) -> None:
+    """The kit's tested.json is read through the record's reader: a malformed patch row
+    names the file and the dotted key instead of a KeyError deep in the record."""
+    from sm120fork.errors import ConfigError
+
+    folder = tmp_path / "stack"
+    folder.mkdir()
+    assert records.tested_beside(folder) is None  # none there: a run of no stack's build
+    good = record.tested_to_json(TESTED)
+    (folder / records.TESTED_FILE).write_text(json.dumps(good))
+    assert records.tested_beside(folder) == TESTED
+    bad = {**good, "patches": [{"project": "flashinfer", "patch": "0002-F1.patch"}]}
+    (folder / records.TESTED_FILE).write_text(json.dumps(bad))
+    with pytest.raises(ConfigError) as err:
+        records.tested_beside(folder)
+    assert err.value.where == f"{folder / records.TESTED_FILE}: patches[0].patch_id"
+    assert "missing" in str(err.value)

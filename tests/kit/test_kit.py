@@ -15,6 +15,7 @@ from types import ModuleType
 import pytest
 from packaging.requirements import Requirement
 
+from helpers_manifest import entry, write_manifest
 from sm120fork.errors import ConfigError, NoGpuError
 from sm120fork.kit import boot
 from sm120fork.kit.build import KitOptions, Target, make, needed, parse_size
@@ -154,9 +155,8 @@ def test_a_kit_installs_with_no_index_and_runs_its_harness(tmp_path: Path) -> No
     folder.mkdir(parents=True)
     fi = _wheel(folder, "flashinfer-python", "0.7.2",
                 ["torch", "packaging>=24", "nvidia-cutlass-dsl>=4"])
-    (folder / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.23", "wheels": [
-        {"project": "flashinfer", "wheel": fi.name, "sha256": "ab" * 32,
-         "used_as_published": True}]}))
+    write_manifest(folder, "sglang-0.5.23", entry("flashinfer", wheel=fi.name,
+                                                  sha256="ab" * 32, used_as_published=True))
     python = f"{sys.version_info[0]}.{sys.version_info[1]}"
     kit = make(KitOptions(stack="sglang-0.5.23", python=python, out=tmp_path / "kit",
                           harnesses=("gpu_test",), nox=False), root=root).path
@@ -284,9 +284,8 @@ def test_the_requirements_of_a_harness_leave_torch_and_unused_kernels_behind(
     folder.mkdir(parents=True)
     fi = _wheel(folder, "flashinfer-python", "0.7.2",
                 ["torch", "apache-tvm-ffi<0.2", "nvidia-cutlass-dsl>=4", "cuda-tile"])
-    (folder / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.23", "wheels": [
-        {"project": "flashinfer", "wheel": fi.name, "sha256": "ab" * 32,
-         "used_as_published": True}]}))
+    write_manifest(folder, "sglang-0.5.23", entry("flashinfer", wheel=fi.name,
+                                                  sha256="ab" * 32, used_as_published=True))
     assert stack_requirements(root, "sglang-0.5.23", "gpu_test") == [
         "apache-tvm-ffi<0.2", "cuda-tile"]
     with pytest.raises(ConfigError) as err:
@@ -313,12 +312,12 @@ def _sglang_build(root: Path, python: str) -> tuple[Path, Path]:
         folder / f"sglang-0.5.23+sm120.1-{tag}.whl")
     plugin = _wheel(folder / "plugin", "sm120fork-sglang-plugin", "0.5.23+sm120.1", [])
     (folder / "plugin" / "plugin.json").write_text(json.dumps({"wheel": plugin.name}))
-    (folder / "manifest.json").write_text(json.dumps({"stack": "sglang-0.5.23", "wheels": [
-        {"project": "flashinfer", "wheel": fi.name, "sha256": sha256_file(fi),
-         "used_as_published": True},
-        {"project": "sglang", "wheel": patched.name, "sha256": sha256_file(patched),
-         "patches": [{"name": "0001-G1.patch"}],
-         "source": {"kind": "wheel", "filename": stock.name, "digest": sha256_file(stock)}}]}))
+    write_manifest(
+        folder, "sglang-0.5.23",
+        entry("flashinfer", wheel=fi.name, sha256=sha256_file(fi), used_as_published=True),
+        entry("sglang", wheel=patched.name, sha256=sha256_file(patched),
+              patches=[{"name": "0001-G1.patch", "sha256": "0" * 64, "subject": "G1"}],
+              source={"kind": "wheel", "filename": stock.name, "digest": sha256_file(stock)}))
     return stock, plugin
 
 

@@ -12,7 +12,6 @@ a budget used up) are left out of ``cases``: the record is then unfinished, neve
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from typing import Any
 
 from sm120fork import __version__, record
 from sm120fork.gpu import report
+from sm120fork.manifest import Manifest
 
 TESTED_FILE = "tested.json"
 #: Options whose values are this machine's paths: not part of the recorded command.
@@ -32,30 +32,24 @@ _AGAINST = {"fixed": "fixed", "pass both": "pass-both", "regressed": "regressed"
             "fail both": "fail-both"}
 
 
-def tested_of(manifest: Mapping[str, Any], patch_ids: Mapping[str, Sequence[tuple[str, str]]],
-              ) -> dict[str, Any]:
+def tested_of(manifest: Manifest, patch_ids: Mapping[str, Sequence[tuple[str, str]]],
+              ) -> record.Tested:
     """The ``tested`` block of a build: trees from its manifest, each patch the build
     applied with its id (``patch_ids``: project -> (file name, patch id) of the series now;
     a patch whose file changed since the build is left out, and a record then is stale)."""
     trees, patches = [], []
-    for entry in manifest.get("wheels", []):
-        project = str(entry.get("project"))
-        if entry.get("used_as_published"):
+    for entry in manifest.wheels:
+        if entry.used_as_published:
             continue
-        if entry.get("tree"):
-            trees.append({"project": project, "tree": entry["tree"]})
-        ids = dict(patch_ids.get(project, ()))
-        for patch in entry.get("patches", []):
-            if patch.get("name") in ids:
-                patches.append({"project": project, "patch": patch["name"],
-                                "patch_id": ids[patch["name"]]})
+        if entry.tree:
+            trees.append(record.TestedTree(project=entry.project, tree=entry.tree))
+        ids = dict(patch_ids.get(entry.project, ()))
+        patches += [record.TestedPatch(project=entry.project, patch=p.name,
+                                       patch_id=ids[p.name])
+                    for p in entry.patches if p.name in ids]
     # one entry per tree and patch, however many wheels (platforms, Pythons) a build made
-    return {"trees": _unique(trees), "patches": _unique(patches)}
-
-
-def _unique(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``rows`` without repeats, in their order."""
-    return [dict(t) for t in dict.fromkeys(tuple(sorted(r.items())) for r in rows)]
+    return record.Tested(trees=tuple(dict.fromkeys(trees)),
+                         patches=tuple(dict.fromkeys(patches)))
 
 
 def recorded_command(verb: str, argv: Sequence[str]) -> str:
@@ -97,22 +91,20 @@ def _detail(rec: Mapping[str, Any]) -> str:
     return " ".join(str(rec.get("reason") or rec["status"]).split())[:200]
 
 
-def _tested(wheels: Sequence[record.TestedWheel], tested: Mapping[str, Any] | None
+def _tested(wheels: Sequence[record.TestedWheel], tested: record.Tested | None
             ) -> record.Tested:
     """What a run tested: its wheels, and the trees and patches of the projects whose
     build it ran (an A/B of the FlashInfer wheel tested none of the SGLang series, so a
     change there does not make its record stale)."""
-    tested = tested or {}
+    tested = tested or record.Tested()
     ran = {w.project for w in wheels if w.variant not in record.BASELINE_VARIANTS}
     return record.Tested(
         wheels=tuple(wheels),
-        trees=tuple(record.TestedTree(**t) for t in tested.get("trees", ())
-                    if t["project"] in ran),
-        patches=tuple(record.TestedPatch(**p) for p in tested.get("patches", ())
-                      if p["project"] in ran))
+        trees=tuple(t for t in tested.trees if t.project in ran),
+        patches=tuple(p for p in tested.patches if p.project in ran))
 
 
-def test_record(doc: Mapping[str, Any], tested: Mapping[str, Any] | None
+def test_record(doc: Mapping[str, Any], tested: record.Tested | None
                 ) -> record.Record | None:
     """The record of a ``gpu test`` run (its test-ab.json document), or None when its
     primary wheel is no stack's build."""
@@ -157,7 +149,7 @@ def test_record(doc: Mapping[str, Any], tested: Mapping[str, Any] | None
         notes=tuple(notes))
 
 
-def layer_record(*, made: Mapping[str, Any], tested: Mapping[str, Any] | None,
+def layer_record(*, made: Mapping[str, Any], tested: record.Tested | None,
                  command: str, created: str, machine: Mapping[str, Any],
                  planned: Sequence[Any], outcomes: Sequence[Any],
                  notes: Sequence[str] = (), not_run: Sequence[str] = (),
@@ -189,16 +181,14 @@ def layer_record(*, made: Mapping[str, Any], tested: Mapping[str, Any] | None,
         not_run=tuple(not_run), notes=tuple(notes))
 
 
-def tested_beside(folder: Path) -> dict[str, Any] | None:
-    """``tested.json`` in a stack's wheels folder (a kit's stack/), if there."""
+def tested_beside(folder: Path) -> record.Tested | None:
+    """``tested.json`` in a stack's wheels folder (a kit's stack/), if there (refused,
+    naming the file and key, when it is there but not one)."""
     path = folder / TESTED_FILE
-    if not path.is_file():
-        return None
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data
+    return record.read_tested(path) if path.is_file() else None
 
 
-def read_tested(wheel_dirs: Sequence[str], primary: str) -> dict[str, Any] | None:
+def read_tested(wheel_dirs: Sequence[str], primary: str) -> record.Tested | None:
     """``tested.json`` beside the primary variant's wheel (a kit's, or a build's)."""
     for spec in wheel_dirs:
         name, _, where = spec.partition("=")

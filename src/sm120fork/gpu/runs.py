@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sm120fork import manifest as manifest_file
+from sm120fork import record
 from sm120fork.cuda.toolkit import locate_nvcc
 from sm120fork.errors import CommandError, ConfigError, UsageError, VerifyError
 from sm120fork.gpu import cases as cases_mod
@@ -63,7 +64,7 @@ class RunOptions:
     #: The command the record names (as typed, without this machine's paths).
     record_command: str | None = None
     #: The record's ``tested`` block (``--stack``); else tested.json beside the wheel.
-    tested: dict[str, Any] | None = None
+    tested: record.Tested | None = None
 
     def with_stack(self: _Opts, *, baseline: bool) -> _Opts:
         """``--stack``: the variants from the stack's build and pin (no --wheel-dir)."""
@@ -627,7 +628,7 @@ class LayerOptions:
     #: ``stack`` and ``made_from`` (each tested wheel's sha256) of the stack's build.
     made: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The record's ``tested`` block, what the preflight found, the command it names.
-    tested: dict[str, Any] | None = None
+    tested: record.Tested | None = None
     machine: dict[str, Any] = dataclasses.field(default_factory=dict)
     record_command: str | None = None
     #: The tree's fused-call agreement timeout (None: its own) and the ranks' gloo groups'

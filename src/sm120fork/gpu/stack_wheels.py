@@ -22,6 +22,7 @@ from typing import Any
 from sm120fork import manifest as manifest_file
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.manifest import Manifest, ManifestEntry
+from sm120fork.record import Tested
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -37,7 +38,7 @@ class StackWheels:
     specs: tuple[str, ...]
     note: str | None = None
     #: The record's ``tested`` block of the build (gpu/records.py).
-    tested: dict[str, Any] | None = None
+    tested: Tested | None = None
 
 
 def patch_ids(ws: Workspace, stack: str) -> dict[str, list[tuple[str, str]]]:
@@ -48,14 +49,14 @@ def patch_ids(ws: Workspace, stack: str) -> dict[str, list[tuple[str, str]]]:
             for project in ws.stack(stack).projects if project.series}
 
 
-def tested(ws: Workspace, stack: str) -> dict[str, Any]:
+def tested(ws: Workspace, stack: str) -> Tested:
     """The ``tested`` block of the stack's build (wheels/<stack>/manifest.json); without
     the patch ids where they cannot be computed here (no git): the run goes on, and its
     record names the wheels and trees only (a verify then calls it stale)."""
     from sm120fork.errors import ToolkitError
     from sm120fork.gpu.records import tested_of
 
-    _, manifest = build_manifest(ws, stack)
+    _, manifest = stack_manifest(ws, stack)
     try:
         ids = patch_ids(ws, stack)
     except (ToolkitError, OSError) as exc:
@@ -72,19 +73,6 @@ def stack_manifest(ws: Workspace, stack: str) -> tuple[Path, Manifest]:
         raise ConfigError(f"stack {stack} has no build in {folder}",
                           fix=f"nox -s build -- --stack {stack}")
     return folder, manifest_file.read(folder, fix=f"nox -s build -- --stack {stack}")
-
-
-def build_manifest(ws: Workspace, stack: str) -> tuple[Path, dict[str, Any]]:
-    """The stack's wheels folder and its manifest as JSON data, unchecked: what the kit
-    (``kit/build.py``) and :func:`tested` still read; the other readers use the typed
-    :func:`stack_manifest`."""
-    folder = ws.stack_wheels(stack)
-    path = folder / manifest_file.FILE
-    if not path.is_file():
-        raise ConfigError(f"stack {stack} has no build in {folder}",
-                          fix=f"nox -s build -- --stack {stack}")
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return folder, data
 
 
 def _manifest_entry(ws: Workspace, stack: str) -> tuple[Path, ManifestEntry]:

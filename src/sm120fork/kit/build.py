@@ -48,9 +48,11 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from sm120fork import __version__
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.records import TESTED_FILE
-from sm120fork.gpu.stack_wheels import build_manifest, tested
+from sm120fork.gpu.stack_wheels import stack_manifest, tested
 from sm120fork.kit import boot
+from sm120fork.manifest import Manifest
 from sm120fork.package.wheel import wheel_requirements
+from sm120fork.record import tested_to_json
 from sm120fork.util import proc
 from sm120fork.util.files import scratch_prefix, sha256_file, staged_dir
 from sm120fork.workspace import Workspace
@@ -226,13 +228,12 @@ def download(pins: Sequence[tuple[str, str]], target: Target, dest: Path) -> Non
 # ------------------------------------------------------------------ the stack's wheels
 
 
-def stack_wheels(folder: Path, manifest: dict[str, Any], target: Target
-                 ) -> dict[str, Path]:
+def stack_wheels(folder: Path, manifest: Manifest, target: Target) -> dict[str, Path]:
     """{project: wheel} of the stack's build that install on the target."""
     tags = target.tags()
     chosen: dict[str, Path] = {}
-    for entry in manifest.get("wheels", []):
-        project, name = str(entry.get("project")), str(entry.get("wheel"))
+    for entry in manifest.wheels:
+        project, name = entry.project, entry.wheel
         if project in chosen or not name.endswith(".whl"):
             continue
         if parse_wheel_filename(name)[3] & tags:
@@ -240,7 +241,7 @@ def stack_wheels(folder: Path, manifest: dict[str, Any], target: Target
             if not wheel.is_file():
                 raise ConfigError(f"{name} is listed in the manifest but missing",
                                   where=str(folder),
-                                  fix=f"nox -s build -- --stack {manifest.get('stack')}")
+                                  fix=f"nox -s build -- --stack {manifest.stack}")
             chosen[project] = wheel
     if "flashinfer" not in chosen:
         raise ConfigError(f"the build has no FlashInfer wheel for Python {target.python} "
@@ -314,7 +315,7 @@ def stack_requirements(root: Path | None, stack: str | None, harness: str) -> li
     Python, as pip takes them."""
     ws = Workspace.find(root)
     name = ws.stack(stack).name
-    folder, manifest = build_manifest(ws, name)
+    folder, manifest = stack_manifest(ws, name)
     wheels = stack_wheels(folder, manifest, python_target())
     if harness == "sglang_layer" and "sglang" not in wheels:
         raise ConfigError(f"stack {name} has no SGLang wheel for this Python",
@@ -322,19 +323,18 @@ def stack_requirements(root: Path | None, stack: str | None, harness: str) -> li
     return [str(r) for r in harness_requirements(harness, wheels)]
 
 
-def stock_sglang(ws: Workspace, manifest: dict[str, Any], patched: Path) -> Path:
+def stock_sglang(ws: Workspace, manifest: Manifest, patched: Path) -> Path:
     """Upstream's SGLang wheel the build patched into ``patched`` (stock SGLang of the pin,
     for the plugin route), from the build's wheel cache, sha256-checked."""
-    entry: dict[str, Any] = next(
-        (w for w in manifest.get("wheels", []) if w.get("wheel") == patched.name), {})
-    source = entry.get("source") or {}
-    stack = manifest.get("stack")
-    if source.get("kind") != "wheel" or not source.get("filename"):
+    entry = next((w for w in manifest.wheels if w.wheel == patched.name), None)
+    source = entry.source if entry is not None else None
+    stack = manifest.stack
+    if source is None or source.kind != "wheel" or not source.filename:
         raise ConfigError(f"the build of {patched.name} names no upstream wheel",
                           where="manifest.json", fix=f"nox -s build -- --stack {stack}")
-    wheel = ws.wheel_cache / str(source["filename"])
-    if not wheel.is_file() or sha256_file(wheel) != source.get("digest"):
-        raise ConfigError(f"stock {source['filename']} (the plugin route's SGLang) is "
+    wheel = ws.wheel_cache / source.filename
+    if not wheel.is_file() or sha256_file(wheel) != source.digest:
+        raise ConfigError(f"stock {source.filename} (the plugin route's SGLang) is "
                           f"{'not the one the build used' if wheel.is_file() else 'missing'}",
                           where=str(ws.wheel_cache), fix=f"nox -s build -- --stack {stack}")
     return wheel
@@ -393,16 +393,16 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
         raise ConfigError(f"bad Python version {opts.python!r}", where="--python",
                           fix="e.g. --python 3.12")
     ws = Workspace.find(root)
-    folder, manifest = build_manifest(ws, opts.stack)
+    folder, manifest = stack_manifest(ws, opts.stack)
     target = Target(python=opts.python, platforms=opts.platforms)
     wheels = stack_wheels(folder, manifest, target)
     if "sglang_layer" in opts.harnesses and "sglang" not in wheels:
         raise ConfigError(f"stack {opts.stack} has no SGLang wheel for Python {opts.python}",
                           where="--harness sglang_layer",
                           fix=f"nox -s build -- --stack {opts.stack}, or leave sglang_layer out")
-    fi_entry = next(w for w in manifest["wheels"] if w.get("project") == "flashinfer")
+    fi_entry = manifest.first("flashinfer")  # there: stack_wheels refused a build without
     upstream = None
-    if not fi_entry.get("used_as_published"):
+    if fi_entry is not None and not fi_entry.used_as_published:
         from sm120fork.gpu.stack_wheels import upstream_wheel
 
         upstream = upstream_wheel(ws, opts.stack)
@@ -429,7 +429,8 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
         shutil.copy2(folder / "manifest.json", new / "stack" / "manifest.json")
         # What the record of a run on the box names as tested (patch ids need the series).
         (new / "stack" / TESTED_FILE).write_text(
-            json.dumps(tested(ws, opts.stack), indent=1, sort_keys=True) + "\n",
+            json.dumps(tested_to_json(tested(ws, opts.stack)), indent=1, sort_keys=True)
+            + "\n",
             encoding="utf-8")
         ups = {}
         if upstream is not None:
