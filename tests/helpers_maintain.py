@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+import pytest
+
 from sm120fork.workspace import Workspace
 
 from conftest import Upstream, git, make_patch, make_upstream, stack_toml, write_series
@@ -243,3 +245,24 @@ def sglang_toolkit(tmp_path: Path, stack: str, toml: str, files: dict[str, str],
         f"python/{gate_file}: (9, 10, 12)  # sm12x", extra_fields=extra_fields)
     write_series(series, [patch.name])
     return root
+
+
+def count_series_loads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every series folder read from now on, by any toolkit module that imported
+    ``load_series`` (the list grows as they are read)."""
+    import sys as _sys
+
+    from sm120fork.patch import series as series_module
+
+    loaded: list[Path] = []
+    real = series_module.load_series
+
+    def counting(directory: Path) -> series_module.Series:
+        loaded.append(directory)
+        return real(directory)
+
+    for name, module in list(_sys.modules.items()):
+        if (name.startswith("sm120fork.") and module is not series_module
+                and getattr(module, "load_series", None) is real):
+            monkeypatch.setattr(module, "load_series", counting)
+    return loaded

@@ -24,6 +24,7 @@ from typing import Any
 from sm120fork import manifest as manifest_file
 from sm120fork.declare import Stack
 from sm120fork.errors import ConfigError, SeriesError
+from sm120fork.manifest import Manifest
 from sm120fork.patch.series import Patch, Series, display_name, load_series
 from sm120fork.record import (
     BASELINE_VARIANTS,
@@ -118,18 +119,28 @@ class Today:
     #: upstream PR applies with its patches; nothing of them is built.
     upstream_tests: Mapping[str, Series] = field(default_factory=dict)
 
+    #: The build's manifest as read (None: no readable one; it may be of another stack).
+    built: Manifest | None = None
+    #: Where that manifest is (or would be).
+    manifest_path: Path | None = None
+
     @classmethod
     def of(cls, ws: Workspace, stack: Stack, *, wheels_dir: Path | None = None) -> Today:
+        """The stack resolved once: every series, the upstream-form tests, the build's
+        manifest; the commands that read a stack as it is (status, upstream-pr) take this
+        instead of reading series and manifest again by name."""
         series = {p.key: load_series(ws.series_dir(p)) for p in stack.projects}
         manifest_path = (wheels_dir or ws.stack_wheels(stack.name)) / "manifest.json"
-        wheels = _manifest_wheels(manifest_path, stack.name)
+        built = manifest_file.load(manifest_path)
         tests = {p.key: load_series(ws.series_dir(p) / UPSTREAM_TESTS)
                  for p in stack.projects
                  if (ws.series_dir(p) / UPSTREAM_TESTS / "series").is_file()}
-        return cls(stack=stack, series=series, wheels=wheels,
+        return cls(stack=stack, series=series,
+                   wheels=_manifest_wheels(built) if built and built.stack == stack.name
+                   else None,
                    manifest=_shown(manifest_path, ws.root),
                    ids={k: tuple(p.patch_id for p in s.patches) for k, s in series.items()},
-                   upstream_tests=tests)
+                   upstream_tests=tests, built=built, manifest_path=manifest_path)
 
 
 def _shown(path: Path, root: Path) -> str:
@@ -139,11 +150,7 @@ def _shown(path: Path, root: Path) -> str:
         return path.name
 
 
-def _manifest_wheels(path: Path, stack: str
-                     ) -> dict[str, tuple[frozenset[str], str | None]] | None:
-    manifest = manifest_file.load(path, stack=stack)
-    if manifest is None:
-        return None
+def _manifest_wheels(manifest: Manifest) -> dict[str, tuple[frozenset[str], str | None]]:
     return {project: (frozenset(w.sha256 for w in entries),
                       next((w.tree for w in entries if w.tree), None))
             for project in dict.fromkeys(w.project for w in manifest.wheels)

@@ -17,7 +17,13 @@ from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, ma
 from sm120fork.upstream.pr import commit_message, github_slug, short_subject, upstream_pr
 
 from conftest import git, isolate_git
-from helpers_maintain import ENCODED_AUTHOR, hint_commands, reauthor_last_patch, run_hint
+from helpers_maintain import (
+    ENCODED_AUTHOR,
+    count_series_loads,
+    hint_commands,
+    reauthor_last_patch,
+    run_hint,
+)
 from helpers_ws import DemoWorkspace, copy_demo, make_demo
 
 pytestmark = pytest.mark.slow
@@ -495,3 +501,34 @@ def test_a_project_from_published_wheels_finds_its_upstream_in_another_stacks_pi
     assert project.git is None
     assert github_slug(upstream_url(ws, project)) == github_slug(
         ws.stack("sglang-0.5.10").project("sglang").git_pin.url)
+
+
+def test_an_upstream_pr_reads_the_series_and_the_stack_once(
+        demo: DemoWorkspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stack, its series and its build's manifest are resolved once and passed down
+    (the checks, the evidence, the branch), not read again by name in each step."""
+    write_evidence(demo.ws.root)
+    loaded = count_series_loads(monkeypatch)
+    stacks: list[str] = []
+    real_stack = type(demo.ws).stack
+
+    def stack(self: Any, name: str | None = None) -> Any:
+        stacks.append(str(name))
+        return real_stack(self, name)
+
+    monkeypatch.setattr(type(demo.ws), "stack", stack)
+    from sm120fork import manifest as manifest_module
+
+    manifests: list[Path] = []
+    real_load = manifest_module.load
+
+    def load(path: Path, **kw: Any) -> Any:
+        manifests.append(path)
+        return real_load(path, **kw)
+
+    monkeypatch.setattr(manifest_module, "load", load)
+    upstream_pr(demo.ws, "demo", "lib")
+    series = demo.ws.root / "patches" / "demo"
+    assert sorted(loaded) == [series / "app", series / "lib"]  # each once (lib was twice)
+    assert stacks == ["demo"]
+    assert len(manifests) == 1  # and the build's manifest (it was read twice)

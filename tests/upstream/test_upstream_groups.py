@@ -19,6 +19,7 @@ from sm120fork.upstream.groups import leaks, plan_project, prepare, write_gpu_te
 from sm120fork.util.hint import command
 
 from conftest import git, make_patch, write_series
+from helpers_maintain import count_series_loads
 from helpers_ws import DemoWorkspace, make_demo
 
 pytestmark = pytest.mark.slow
@@ -258,3 +259,15 @@ def test_a_stack_without_prs_says_why_and_where_its_prs_are_made(
             ) in out
     assert "  no PR from flashinfer: 4 fork only, 6 upstream has it; its upstream PRs are " \
            "made from stack flashinfer-0.7.4" in out
+
+
+@pytest.mark.usefixtures("identity")
+def test_a_pr_is_prepared_from_the_stack_resolved_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PR's plan, its tests and the leak check's words come from one read of each
+    series (the lib series was read twice, once for the plan and once for the words)."""
+    d = _grouped_demo(tmp_path)
+    loaded = count_series_loads(monkeypatch)
+    prepare(d.ws, "demo", "lib", "gates", run=False)
+    series = d.ws.root / "patches" / "demo"
+    assert sorted(loaded) == [series / "app", series / "lib", series / "lib" / "upstream-tests"]

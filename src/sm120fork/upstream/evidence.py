@@ -159,16 +159,20 @@ def _gather(ws: Workspace, stack: Stack, kind: str, today: Today, what: str,
     return found, history
 
 
-def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_digest: str,
-                     wheels_dir: Path | None = None,
+def collect_evidence(ws: Workspace, today: Today, project: Project,
                      patches: Sequence[str] | None = None) -> Evidence:
-    """Gather the evidence, or refuse naming everything missing, stale or failing, each
-    with the one command that re-makes it."""
+    """Gather the evidence of ``project`` of the stack as resolved in ``today`` (its
+    series and build manifest, read once by the caller), or refuse naming everything
+    missing, stale or failing, each with the one command that re-makes it."""
     problems: list[str] = []
     files: dict[str, str] = {}
-    manifest_path = (wheels_dir or ws.stack_wheels(stack.name)) / "manifest.json"
+    stack = today.stack
+    series_digest = today.series[project.key].digest
+    manifest_path = today.manifest_path or ws.stack_wheels(stack.name) / manifest_file.FILE
+    wheels_dir = (manifest_path.parent
+                  if manifest_path.parent != ws.stack_wheels(stack.name) else None)
     shown = os.path.relpath(manifest_path, ws.root)
-    manifest = manifest_file.load(manifest_path)
+    manifest = today.built
     entry: ManifestEntry | None = None
     wheels: tuple[ManifestEntry, ...] = ()
     if manifest is None:
@@ -190,7 +194,6 @@ def collect_evidence(ws: Workspace, stack: Stack, project: Project, series_diges
         elif not all(r.passed for r in entry.artifact_check):
             problems.append(f"the {project.key} wheel failed its artifact check")
         files[shown] = _sha256(manifest_path)
-    today = Today.of(ws, stack, wheels_dir=wheels_dir)
     verify_path = ws.reports_dir / stack.name / RECORD_KIND["verify"] / RECORD_FILE
     verify_shown = verify_path.relative_to(ws.root).as_posix()
     verify_records = _records(ws, stack, "verify")

@@ -32,6 +32,7 @@ from sm120fork.errors import CommandError, MaintenanceError
 from sm120fork.patch.series import Patch, Series, load_series
 from sm120fork.patch.tree import open_tree
 from sm120fork.standing import UPSTREAM_TESTS as TESTS_DIR
+from sm120fork.standing import Today
 from sm120fork.upstream.pr import branch_base, github_slug, short_subject, upstream_url
 from sm120fork.upstream.template import TestRun, render_body
 from sm120fork.util import proc
@@ -141,12 +142,21 @@ def plan_project(ws: Workspace, stack: Stack, project: Project) -> Plan:
                 stack=stack.name, project=project.key)
 
 
-def fork_words(ws: Workspace, stack: Stack, project: Project) -> list[str]:
-    """What an upstream package must not name: the fork, every stack, every patch id."""
+def plan_of(today: Today, project: Project) -> Plan:
+    """The PRs of ``project`` of the stack as resolved in ``today`` (no series read again)."""
+    return plan(today.series[project.key], today.upstream_tests.get(project.key),
+                stack=today.stack.name, project=project.key)
+
+
+def fork_words(ws: Workspace, today: Today) -> list[str]:
+    """What an upstream package must not name: the fork, every stack, every patch id
+    (the series of ``today``'s stack as resolved there, the other stacks' read here)."""
     words = [*FORK_NAMES, *ws.stacks()]
     for other in ws.stacks().values():
         for proj in other.projects:
-            for p in load_series(ws.series_dir(proj)).patches:
+            series = (today.series[proj.key] if other.name == today.stack.name
+                      else load_series(ws.series_dir(proj)))
+            for p in series.patches:
                 first = p.subject.split()[0] if p.subject.split() else ""
                 if re.fullmatch(r"[A-Z]+\d+", first):
                     words.append(first)
@@ -259,10 +269,11 @@ def write_gpu_tests(ws: Workspace, stack_name: str, dest: Path,
     there tests: the PR's and its tests', then the rest of the stack's build of that
     project, since the kit runs the stack's wheel).  Returns the PRs written."""
     stack = ws.stack(stack_name)
+    today = Today.of(ws, stack)
     written: list[str] = []
     for project in stack.projects:
-        plan = plan_project(ws, stack, project)
-        series = load_series(ws.series_dir(project))
+        plan = plan_of(today, project)
+        series = today.series[project.key]
         for pr in plan.prs:
             files = [f for f in _added_tests(pr.tests) if needs_gpu(f)]
             if not files or (names and pr.name not in names):
@@ -345,13 +356,13 @@ def default_out(ws: Workspace, stack: str, project: str, name: str) -> Path:
     return ws.state_dir / "upstream" / stack / project / name
 
 
-def find_project(ws: Workspace, stack: Stack, name: str) -> Project:
-    """The project of ``stack`` whose series has PR ``name``."""
+def find_project(today: Today, name: str) -> Project:
+    """The project of ``today``'s stack whose series has PR ``name``."""
+    stack = today.stack
     for project in stack.projects:
-        if any(p.name == name for p in plan_project(ws, stack, project).prs):
+        if any(p.name == name for p in plan_of(today, project).prs):
             return project
-    known = [p.name for project in stack.projects
-             for p in plan_project(ws, stack, project).prs]
+    known = [p.name for project in stack.projects for p in plan_of(today, project).prs]
     raise MaintenanceError(f"stack {stack.name} has no upstream PR {name!r} (its PRs: "
                            f"{', '.join(known) or 'none'})", where=stack.name,
                            fix=f"list them: `{command('upstream-pr', stack.name)}`")
@@ -386,8 +397,11 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
             run: bool = True, write: bool = False) -> Prepared:
     """Make PR ``name``: its branch, its tests' runs and its package (refused if it leaks)."""
     stack = ws.stack(stack_name)
-    project = stack.project(project_key) if project_key else find_project(ws, stack, name)
-    pr = plan_project(ws, stack, project).pr(name)
+    # The stack resolved once (every series, its upstream-form tests): the PR's plan, the
+    # leak check's words and the record below read this, none reads a series by name.
+    today = Today.of(ws, stack)
+    project = stack.project(project_key) if project_key else find_project(today, name)
+    pr = plan_of(today, project).pr(name)
     with ws.lock():
         tree = open_tree(ws, stack, project)
         git = tree.repo
@@ -406,7 +420,7 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         (staging / "patches").mkdir(parents=True)
         git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
             str(staging / "patches"), f"{base}..{commits[-1]}")
-        words = fork_words(ws, stack, project)
+        words = fork_words(ws, today)
         machine = [str(ws.root), str(Path.home()), str(tree.path)]
         _refuse_leaks(staging, words, machine, pr.name, f"{stack.name}/{project.key}")
         runs: list[TestRun] = []

@@ -24,8 +24,9 @@ from pathlib import Path
 from sm120fork.declare import Project
 from sm120fork.errors import CommandError, DirtyTreeError, MaintenanceError
 from sm120fork.fetch.source import UPSTREAM_TAG
-from sm120fork.patch.series import Patch, load_series
+from sm120fork.patch.series import Patch
 from sm120fork.patch.tree import keep_uncommitted_hint, open_tree
+from sm120fork.standing import Today
 from sm120fork.upstream.evidence import Evidence, collect_evidence, evidence_sections
 from sm120fork.util.git import Git
 from sm120fork.util.hint import command
@@ -216,7 +217,10 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
     """Prepare the PR.  Its files go to reports/upstream/ (tracked) only with ``write``."""
     stack = ws.stack(stack_name)
     project = stack.project(project_key)
-    series = load_series(ws.series_dir(project))
+    # The stack resolved once (every series, the build's manifest): the checks, the
+    # evidence and the branch below all read this, none reads a series again by name.
+    today = Today.of(ws, stack, wheels_dir=wheels_dir)
+    series = today.series[project.key]
     wanted = [p for p in series.patches if not p.applied_upstream]
     left_out = tuple(f"{p.name}: Applied-Upstream {p.applied_upstream} (upstream has it)"
                      for p in series.patches if p.applied_upstream)
@@ -248,8 +252,7 @@ def upstream_pr(ws: Workspace, stack_name: str, project_key: str, *, onto: str |
                                    where=str(work),
                                    fix=f"`{command('build', '--stack', stack.name)}`, "
                                        f"then `{again}`")
-        evidence = collect_evidence(ws, stack, project, series.digest, wheels_dir,
-                                    patches=[p.name for p in wanted])
+        evidence = collect_evidence(ws, today, project, patches=[p.name for p in wanted])
         base = branch_base(git, ws, stack.name, project, onto=onto, repo=repo)
         commits = _build_branch(git, base, wanted, onto)
         branch = f"sm12x/{project.key}-{project.version}" + ("-onto" if onto else "")
