@@ -931,6 +931,29 @@ def with_policy(doc: Any, *, path: str = "/srv/policy.json", **extra: Any) -> di
     return facts
 
 
+def test_off_sm12x_a_tp_size_no_policy_decides_is_sglangs_own_code(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On the H200 (SM90) after tune made a shared-GPU policy (not for use), the doctor
+    said "today's rule: our fused path at TP2 only", an SM12x rule: SM90 SGLang runs its
+    own code unchanged there (fusion at any TP for its models), which [decisions] shows."""
+    doc = measured_policy(for_use=False, shared_gpu=True, gpu="NVIDIA H200", gpu_count=1,
+                          note="ranks shared a GPU")
+    facts = with_policy(doc, capability="9.0")
+    _, text = run(facts, tmp_path, capsys=capsys)
+    section = [x[2:] for x in text.split("[policy]\n", 1)[1].split("\n[", 1)[0].splitlines()]
+    tp_lines = [x for x in section if x.startswith("all-reduce at TP")]
+    assert tp_lines == [
+        f"all-reduce at TP{t}: SGLang's own code, as upstream (SM9x: without a policy SGLang "
+        "follows here, the patches change nothing; what it decides is under [decisions])"
+        for t in (2, 4, 8)]
+    assert "  measured (not followed): 1-64: fused_auto, 65-512: pcie_ipc_rmsnorm" in section
+    # on SM12x the same file leaves SGLang on the fork's TP-gated rule, said as such
+    facts = with_policy(doc)
+    _, text = run(facts, tmp_path, capsys=capsys)
+    assert "all-reduce at TP8: nccl_rmsnorm for 1+ tokens (today's rule: our fused path at " \
+        "TP2 only; policy /srv/policy.json is marked not for use (ranks shared a GPU))" in text
+
+
 def test_the_doctor_prints_the_policy_per_tp_size_in_text_and_json(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, text = run(with_policy(measured_policy()), tmp_path, capsys=capsys)

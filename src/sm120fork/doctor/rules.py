@@ -548,6 +548,7 @@ def judge_policy(report: Report, facts: dict[str, Any], packages: dict[str, Any]
     present = (frozenset(modules["present"]) if isinstance(modules.get("present"), list)
                else None)
     majors = {_cap(d)[0] for d in facts["gpus"]["devices"]}
+    majors_all = set(majors)
     names = {str(d.get("name")) for d in facts["gpus"]["devices"] if d.get("name")}
     seen = decision.view(found, sizes,
                          override=facts["environ"].get(allreduce_policy.AUTO_ENV),
@@ -579,8 +580,32 @@ def judge_policy(report: Report, facts: dict[str, Any], packages: dict[str, Any]
                              "[decisions]): what the version 2 decision would be:")
     if n == 1 and not lines:
         report.say("policy", "one GPU: no --tp above 1 to decide for")
+    major = next(iter(majors_all)) if len(majors_all) == 1 else None
+    if major is not None and major != 12:
+        lines = _upstream_off_sm12x(seen, lines, major)
     for line in lines:
         report.say("policy", line)
+
+
+_TP_LINE = re.compile(r"^all-reduce at TP(\d+):")
+
+
+def _upstream_off_sm12x(seen: dict[str, Any], lines: list[str], major: int) -> list[str]:
+    """Off SM12x, a TP size no policy decides runs SGLang's code as upstream wrote it
+    (the patches change nothing there): say so instead of the SM12x rule, and point to
+    SGLang's own decision (its line is under [decisions])."""
+    upstream = {int(t["tp"]) for t in seen["tp"] if not t["followed"]}
+    for t in seen["tp"]:
+        if int(t["tp"]) in upstream:
+            t["decided_by"] = "SGLang's own code (off SM12x)"
+    out = []
+    for line in lines:
+        m = _TP_LINE.match(line)
+        out.append(line if not (m and int(m.group(1)) in upstream) else
+                   f"all-reduce at TP{m.group(1)}: SGLang's own code, as upstream (SM{major}x: "
+                   "without a policy SGLang follows here, the patches change nothing; "
+                   "what it decides is under [decisions])")
+    return out
 
 
 def judge(facts: dict[str, Any], *, base_gpu: int = 0, tp: Sequence[int] = ()) -> Report:
