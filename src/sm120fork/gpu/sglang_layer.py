@@ -35,7 +35,6 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,13 +44,11 @@ from typing import Any
 
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.safety import rank_environment
+from sm120fork.gpu.sglang_rank import RAISED, READY, RESULT
 from sm120fork.layouts import LAYOUTS, adapter
-from sm120fork.util import proc as proc_mod
+from sm120fork.util import supervise
 
 RANK_MODULE = "sm120fork.gpu.sglang_rank"
-RESULT_MARKER = "SM120FORK-SGLANG-RANK "
-READY_MARKER = "SM120FORK-SGLANG-READY"
-RAISED_MARKER = "SM120FORK-SGLANG-RAISED "
 
 #: The cases, in the order they run; "no-p2p" needs distinct devices and the POSIX-fd
 #: exchange case a stand-in of FlashInfer 0.6.7's exchanger (CPU only here).
@@ -103,14 +100,6 @@ def _free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _parse(stdout: str, marker: str = RESULT_MARKER) -> dict[str, Any] | None:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(marker):
-            result: dict[str, Any] = json.loads(line.removeprefix(marker))
-            return result
-    return None
 
 
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""", re.M)
@@ -340,15 +329,14 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
     pythonpath = [str(sglang_path), *map(str, extra_path), str(package_root)]
     port = _free_port()
     started = time.monotonic()
-    procs: list[tuple[subprocess.Popen[bytes], Any, Any]] = []
     doc: dict[str, Any] | None = None
-    with tempfile.TemporaryDirectory(prefix="sm120fork-sglang-layer-") as tmp, \
-            proc_mod.ProcessGroup() as group:
+    with tempfile.TemporaryDirectory(prefix="sm120fork-sglang-layer-") as tmp:
         if case in POLICY_CASES:  # every rank reads it where SGLang looks
             doc = policy_document(world_size)
             policy_path = Path(tmp) / "policy.json"
             policy_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
             tokens = policy_tokens(doc, world_size)
+        children = []
         for rank in range(world_size):
             request: dict[str, Any] = {
                 "rank": rank, "world_size": world_size, "case": case, "device": device,
@@ -368,65 +356,38 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
             rank_env = rank_environment({**os.environ, **(env or {})})
             rank_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
             rank_env["PYTHONUNBUFFERED"] = "1"
-            out = open(Path(tmp) / f"rank{rank}.out", "w+b")
-            err = open(Path(tmp) / f"rank{rank}.err", "w+b")
-            proc = group.start([python, "-m", RANK_MODULE, json.dumps(request)],
-                               env=rank_env, stdout=out, stderr=err)
-            procs.append((proc, out, err))
-        hung = False
-        deadline = started + start_timeout
-        ready = False
-        ready_at = started
-        ended_at: dict[int, float] = {}
-
-        def note_ended() -> None:
-            for r, (p, _, _) in enumerate(procs):
-                if r not in ended_at and p.poll() is not None:
-                    ended_at[r] = time.monotonic()
-
-        while any(p.poll() is None for p, _, _ in procs):
-            note_ended()
-            if not ready and all(READY_MARKER in (Path(tmp) / f"rank{r}.out").read_text(
-                    errors="replace") for r in range(world_size)):
-                ready = True
-                ready_at = time.monotonic()
-                deadline = ready_at + timeout
-            if time.monotonic() > deadline:
-                hung = True
-                break
-            if any(p.returncode not in (None, 0) for p, _, _ in procs):
-                # let the peers finish or fail, then stop them
-                grace = time.monotonic() + PEER_GRACE_S
-                while time.monotonic() < grace and any(p.poll() is None for p, _, _ in procs):
-                    note_ended()
-                    time.sleep(0.1)
-                break
-            time.sleep(0.1)
-        note_ended()
-        group.kill()
+            children.append(supervise.Child(
+                argv=[os.fspath(python), "-m", RANK_MODULE, json.dumps(request)],
+                env=rank_env, name=f"rank {rank}", log=Path(tmp) / f"rank{rank}.out",
+                stderr=Path(tmp) / f"rank{rank}.err"))
+        # Until every rank said READY: start_timeout; from then on: timeout; once a rank
+        # exited with an error, its peers get PEER_GRACE_S to finish or fail.
+        outcome = supervise.run_group(
+            children, ready=READY,
+            timeouts=supervise.Timeouts(startup=start_timeout, run=timeout, grace=PEER_GRACE_S))
+        hung = outcome.kind == "hang"
+        ready = outcome.ready_at is not None
+        ready_at = outcome.ready_at if outcome.ready_at is not None else started
         reports, tails, problems, exits = [], [], [], []
-        for rank, (proc, out, err) in enumerate(procs):
-            out.seek(0)
-            err.seek(0)
-            stdout = out.read().decode("utf-8", "replace")
-            stderr = err.read().decode("utf-8", "replace")
-            out.close()
-            err.close()
-            report = _parse(stdout)
-            raised = _parse(stdout, RAISED_MARKER)
+        if outcome.kind == "protocol":
+            problems.append(f"wire: {outcome.failure}")
+        for rank, end in enumerate(outcome.children):
+            stderr = (Path(tmp) / f"rank{rank}.err").read_text("utf-8", errors="replace")
+            report = end.last(RESULT)
+            raised = end.last(RAISED)
             useful = [line for line in stderr.splitlines() if "registered at" not in line]
-            tails.append(f"rank {rank} (exit {proc.returncode}): "
+            tails.append(f"rank {rank} (exit {end.returncode}): "
                          + "\n".join(useful[-20:]))
             exits.append({
-                "rank": rank, "exit": proc.returncode, "stopped_by_harness": rank not in ended_at,
-                "ended_after_ready_s": round(ended_at[rank] - ready_at, 1)
-                if rank in ended_at else None,
+                "rank": rank, "exit": end.returncode, "stopped_by_harness": end.stopped,
+                "ended_after_ready_s": round(end.ended_at - ready_at, 1)
+                if end.ended_at is not None else None,
                 "raised": raised})
             if report is None and case not in RAISES_ALONE:
-                said = f": {str(raised['error'])[:300]}" if raised else ""
+                said = f": {str(raised['error'])[:300]}" if isinstance(raised, dict) else ""
                 problems.append(f"rank {rank}: {'hung' if hung else 'exited'} without a "
-                                f"result (exit {proc.returncode}){said}")
-            elif report is not None:
+                                f"result (exit {end.returncode}){said}")
+            elif isinstance(report, dict):
                 reports.append(report)
     if hung:
         limit = f"{timeout:.0f} s after every rank was ready" if ready else (

@@ -25,7 +25,8 @@ What is replaced, and nothing else:
 
 This module must not import ``sm120fork`` beyond the probe's stubs: it runs beside the
 tree under test, on machines that have torch but not the toolkit's dependencies.
-It prints one line ``SM120FORK-SGLANG-RANK <json>``.
+It speaks the one wire format (:mod:`sm120fork.util.wire`, stdlib only): ``READY`` once
+set up, then one ``RESULT`` (its observation) or one ``RAISED`` (its case raised).
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ from typing import Any, ClassVar
 
 from sm120fork.layouts import Layer
 from sm120fork.layouts import adapter as layout_adapter
+from sm120fork.util import wire
 
-RESULT_MARKER = "SM120FORK-SGLANG-RANK "
-READY_MARKER = "SM120FORK-SGLANG-READY"
-#: The line of a rank whose case raised (instead of a result): what, and when.
-RAISED_MARKER = "SM120FORK-SGLANG-RAISED "
+#: The wire tags: set up (every rank: the case's clock starts), the observation, and (a
+#: rank whose case raised, instead of a result) what it raised, and when.
+READY, RESULT, RAISED = "READY", "RESULT", "RAISED"
 #: How long a rank whose fused call raised waits for its peers (S4's and G6's module
 #: constant in the fusion module; the request's ``fused_call_agreement_timeout_s`` sets it).
 AGREEMENT_TIMEOUT = "_FUSED_CALL_AGREEMENT_TIMEOUT_S"
@@ -704,8 +705,7 @@ def run_rank(request: dict[str, Any]) -> Observation:
     logging.getLogger(PCIE_IPC_MODULE).addHandler(pcie_log)
     logging.getLogger(PCIE_IPC_MODULE).setLevel(logging.INFO)
     dist.barrier()
-    sys.stdout.write(READY_MARKER + "\n")
-    sys.stdout.flush()
+    wire.say(READY)
     gate_before = layer.gate(tokens_list[0])
     steps = []
     started = time.monotonic()
@@ -783,11 +783,9 @@ def main(argv: Sequence[str]) -> int:
     try:
         observation = run_rank(request)
     except Exception as e:
-        sys.stdout.write(RAISED_MARKER + json.dumps(_raised(request, e)) + "\n")
-        sys.stdout.flush()
+        wire.say(RAISED, _raised(request, e))
         raise
-    sys.stdout.write(RESULT_MARKER + json.dumps(observation) + "\n")
-    sys.stdout.flush()
+    wire.say(RESULT, observation)
     return 0
 
 

@@ -152,10 +152,10 @@ def _sigterm(signum: int, _frame: object) -> None:
 
 
 @contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C while the group runs (so the children are ended with
-    their groups), unless the program already handles SIGTERM (the CLI's boundary does
-    the same)."""
+def sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C inside the block (so a child the block waits on is
+    ended with its group), unless the program already handles SIGTERM (the CLI's boundary
+    does the same) or this is not the main thread (only it receives signals)."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
         yield
@@ -165,6 +165,20 @@ def _sigterm_unwinds() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def ending_children() -> Iterator[None]:
+    """A block that waits on children started in other threads (a pool of probes): Ctrl-C
+    or SIGTERM there ends every running child with its group at once, so the threads'
+    waits return (a pool's exit would otherwise wait for each child to finish), and goes
+    on.  Children not yet started are refused (:func:`sm120fork.util.proc.end_children`)."""
+    with sigterm_unwinds():
+        try:
+            yield
+        except KeyboardInterrupt:
+            proc.end_children()
+            raise
 
 
 def _exit_text(name: str, code: int) -> str:
@@ -211,7 +225,7 @@ def run_group(children: Sequence[Child], *, timeouts: Timeouts,
         if on_message:
             on_message(idx, message)
 
-    with _sigterm_unwinds(), proc.ProcessGroup() as group:
+    with sigterm_unwinds(), proc.ProcessGroup() as group:
         for child in children:
             child.log.parent.mkdir(parents=True, exist_ok=True)
             with child.log.open("wb") as out:

@@ -49,7 +49,7 @@ def encode(tag: str, data: Any = None) -> str:
     """The line (without its newline) that carries ``tag`` and ``data`` (JSON-serializable)."""
     if not _TAG.match(tag):
         raise ValueError(f"a wire tag is upper case: {tag!r}")
-    return f"{MARK}{VERSION} {tag} {json.dumps(data, sort_keys=True)}"
+    return f"{MARK}{VERSION} {tag} {json.dumps(data)}"
 
 
 def decode(line: str) -> Message | None:
