@@ -5,9 +5,10 @@ only ever sees one tree.  Only the GPU query is faked (``torch.cuda`` capability
 name, peer access, and ``torch.version.cuda``), and packages that exist only for GPUs
 (``sgl_kernel``, ``flashinfer``, triton, torchvision) are replaced by permissive stubs in
 ``sys.modules``; the modules under test are imported for real.  Each layout's probe
-(``sm120fork.layouts.<layout>.probe``) holds its scenarios and prints one line
-``SM120FORK-PROBE-RESULT <json>`` (:func:`emit`): a list of ``{"name", "observed",
-"detail"}``.  This file must not import ``sm120fork``: it runs beside the tree under test.
+(``sm120fork.layouts.<layout>.probe``) holds its scenarios and prints one ``RESULT``
+message of the one wire format (:func:`emit`, :mod:`sm120fork.util.wire`): a list of
+``{"name", "observed", "detail"}``.  This file imports nothing of ``sm120fork`` but that
+stdlib-only wire: it runs beside the tree under test.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
-import json
 import logging
 import os
 import sys
@@ -24,7 +24,7 @@ import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-RESULT_MARKER = "SM120FORK-PROBE-RESULT "
+from sm120fork.util import wire
 
 #: Packages that only exist for (or only load on) a CUDA machine.
 GPU_ONLY_PACKAGES: tuple[str, ...] = ("sgl_kernel", "flashinfer", "triton", "torchvision")
@@ -213,8 +213,8 @@ def start_probe(capability: Sequence[int] | None, cuda_version: str = "12.9") ->
 
 
 def emit(results: list[Observation]) -> int:
-    """The probe's one result line (the caller reads the line after RESULT_MARKER)."""
-    sys.stdout.write(RESULT_MARKER + json.dumps(results) + "\n")
+    """The probe's one result message (``layouts.results.run_probe`` reads it)."""
+    wire.say("RESULT", results)
     return 0
 
 

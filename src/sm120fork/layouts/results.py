@@ -1,5 +1,6 @@
-"""What every layout's behaviour checks share: the result type, the probe's line, and
-the shape of a GPU layer harness case the checks judge.
+"""What every layout's behaviour checks share: the result type, running a probe (its
+``RESULT`` message on the one wire format), and the shape of a GPU layer harness case the
+checks judge.
 
 Below verify/ and gpu/ (both use the adapters): the adapters get the harness's case
 runner passed in (:data:`LayerRunner`), they do not import it.
@@ -8,11 +9,17 @@ runner passed in (:data:`LayerRunner`), they do not import it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
-RESULT_MARKER = "SM120FORK-PROBE-RESULT "
+from sm120fork.errors import CommandError, VerifyError
+from sm120fork.util import proc, supervise, wire
+
+#: The probe's one message: its observations (``harness.fake_gpu.emit``).
+RESULT = "RESULT"
 REQUIREMENTS = "pip install --group sglang-probe  # in the checkout, pip >= 25.1"
 
 
@@ -51,3 +58,26 @@ class LayerOutcome(Protocol):
 #: ``run(case, sglang_path=..., layout=..., python=..., device="cpu", tokens=...,
 #: timeout=..., start_timeout=...)``: :func:`sm120fork.gpu.sglang_layer.run_case`.
 LayerRunner = Callable[..., LayerOutcome]
+
+
+def run_probe(module: str, request: Mapping[str, Any], *, tree: Path, env: Mapping[str, str],
+              python: str | os.PathLike[str], timeout: float, what: str,
+              fix: str) -> list[dict[str, Any]]:
+    """Run probe ``module`` on ``request`` in a fresh interpreter in ``tree`` (the one
+    runner: echoed, killed with its group past ``timeout``; SIGTERM unwinds and ends it);
+    its observations.  ``what`` names the probe in errors, ``fix`` says what to install."""
+    try:
+        with supervise.sigterm_unwinds():
+            completed = proc.run([python, "-m", module, json.dumps(request)],
+                                 cwd=tree, env=env, timeout=timeout)
+        results: Any = wire.last(completed.stdout, RESULT)
+    except wire.WireError as exc:
+        raise VerifyError(f"{what} spoke another wire format: {exc.what}", where=str(tree),
+                          fix=exc.fix) from exc
+    except CommandError as exc:
+        raise VerifyError(f"{what} failed", where=str(tree), fix=fix,
+                          detail=exc.detail) from exc
+    if not isinstance(results, list):
+        raise VerifyError(f"{what} printed no result", where=str(tree),
+                          detail="\n".join(completed.stderr.splitlines()[-40:]))
+    return results

@@ -25,7 +25,6 @@ torch and what those modules import); pass that interpreter as ``python``.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -33,16 +32,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sm120fork.errors import CommandError, VerifyError
+from sm120fork.errors import VerifyError
 from sm120fork.layouts.results import (
     REQUIREMENTS,
-    RESULT_MARKER,
     CheckResult,
     LayerOutcome,
     LayerRunner,
     compact,
 )
-from sm120fork.util import proc
+from sm120fork.layouts.results import run_probe as run_probe_module
 
 PROBE_MODULE = "sm120fork.layouts.communicator.probe"
 
@@ -123,22 +121,10 @@ def run_probe(tree: Path, suite: str, capability: str | None, *,
     if cuda is not None:
         request["cuda"] = cuda
     env = {"PYTHONPATH": os.pathsep.join([str(tree / "python"), str(package_root)])}
-    try:
-        completed = proc.run([python, "-m", PROBE_MODULE, json.dumps(request)],
-                             cwd=tree, env=env, timeout=timeout)
-    except CommandError as exc:
-        raise VerifyError(
-            f"the SGLang probe ({suite}, capability {capability}) failed",
-            where=str(tree),
-            fix=f"install the probe's requirements: {REQUIREMENTS}",
-            detail=exc.detail,
-        ) from exc
-    for line in reversed(completed.stdout.splitlines()):
-        if line.startswith(RESULT_MARKER):
-            results: list[dict[str, Any]] = json.loads(line.removeprefix(RESULT_MARKER))
-            return results
-    raise VerifyError(f"the SGLang probe ({suite}) printed no result", where=str(tree),
-                      detail="\n".join(completed.stderr.splitlines()[-40:]))
+    return run_probe_module(
+        PROBE_MODULE, request, tree=tree, env=env, python=python, timeout=timeout,
+        what=f"the SGLang probe ({suite}, capability {capability})",
+        fix=f"install the probe's requirements: {REQUIREMENTS}")
 
 
 def _results(observations: Iterable[Mapping[str, Any]], capability: str, prefix: str,

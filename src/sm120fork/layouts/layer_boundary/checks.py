@@ -25,7 +25,6 @@ probe's ``PYTHONPATH`` (:func:`ensure_overlay`), so one test environment serves 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -34,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import CommandError, VerifyError
-from sm120fork.layouts.results import RESULT_MARKER, CheckResult, LayerRunner, compact
+from sm120fork.layouts.results import CheckResult, LayerRunner, compact
+from sm120fork.layouts.results import run_probe as run_probe_module
 from sm120fork.util import proc
 
 PROBE_MODULE = "sm120fork.layouts.layer_boundary.probe"
@@ -89,19 +89,10 @@ def run_probe(tree: Path, capability: str, *, overlay: Path,
         # 25 s of CPU a probe instead of 11 (measured, sglang 0.5.23 at 12.0).
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    try:
-        completed = proc.run([python, "-m", PROBE_MODULE, json.dumps(request)],
-                             cwd=tree, env=env, timeout=timeout)
-    except CommandError as exc:
-        raise VerifyError(f"the layer_boundary probe (capability {capability}) failed",
-                          where=str(tree), detail=exc.detail,
-                          fix="install the probe's requirements and its overlay") from exc
-    for line in reversed(completed.stdout.splitlines()):
-        if line.startswith(RESULT_MARKER):
-            results: list[dict[str, Any]] = json.loads(line.removeprefix(RESULT_MARKER))
-            return results
-    raise VerifyError("the layer_boundary probe printed no result", where=str(tree),
-                      detail="\n".join(completed.stderr.splitlines()[-40:]))
+    return run_probe_module(
+        PROBE_MODULE, request, tree=tree, env=env, python=python, timeout=timeout,
+        what=f"the layer_boundary probe (capability {capability})",
+        fix="install the probe's requirements and its overlay")
 
 
 def _env(scenario: str, variable: str) -> str | None:

@@ -8,9 +8,9 @@ small fake as well.  Everything else is SGLang's own code: ``ServerArgs``, its
 resolution passes, its runtime context (published through SGLang's own
 ``override_server_args`` test facility) and the four gated modules.
 
-The probe observes; ``layouts.layer_boundary.checks`` judges.  It prints one line
-``SM120FORK-PROBE-RESULT <json>``: a list of ``{"name", "observed", "detail"}``.
-Like the 0.5.10 probe it imports nothing of the toolkit but that probe.
+The probe observes; ``layouts.layer_boundary.checks`` judges.  It prints one ``RESULT``
+message of the one wire format (``fake_gpu.emit``): a list of ``{"name", "observed",
+"detail"}``.  Like the 0.5.10 probe it imports nothing of the toolkit but that machinery.
 """
 
 from __future__ import annotations

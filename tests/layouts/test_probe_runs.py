@@ -1,0 +1,72 @@
+"""A layout's probe runs under the one runner and speaks the one wire format: fake probes
+(an interpreter wrapper that runs a script instead of ``-m <probe module>``) that report,
+speak another wire version, hang, and outlive a SIGTERM to the parent."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers_proc import HANGING_CHILD, sigterm_ends_every_child
+from sm120fork.errors import VerifyError
+from sm120fork.layouts import results
+
+
+def _python(tmp_path: Path, probe_code: str) -> Path:
+    script = tmp_path / "fake_probe.py"
+    script.write_text(textwrap.dedent(probe_code))
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {script} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+def _probe(tmp_path: Path, code: str, timeout: float = 60) -> list[dict[str, object]]:
+    return results.run_probe("sm120fork.layouts.x.probe", {"suite": "s"}, tree=tmp_path,
+                             env={}, python=_python(tmp_path, code), timeout=timeout,
+                             what="the x probe", fix="install it")
+
+
+def test_the_probes_result_is_its_wire_message(tmp_path: Path) -> None:
+    code = """\
+        import json, sys
+        from sm120fork.harness.fake_gpu import emit
+        print("noise")
+        emit([{"name": "n", "observed": json.loads(sys.argv[1]), "detail": ""}])
+        """
+    assert _probe(tmp_path, code) == [{"name": "n", "observed": {"suite": "s"}, "detail": ""}]
+
+
+def test_a_probe_on_another_wire_version_is_named_with_its_line(tmp_path: Path) -> None:
+    with pytest.raises(VerifyError, match="the x probe spoke another wire format") as caught:
+        _probe(tmp_path, "print('@@sm120fork/7 RESULT []')\n")
+    assert "'@@sm120fork/7 RESULT []'" in str(caught.value)
+
+
+def test_a_probe_that_says_nothing_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(VerifyError, match="printed no result"):
+        _probe(tmp_path, "print('SM120FORK-PROBE-RESULT []')\n")
+
+
+def test_a_hanging_probe_is_ended_at_its_timeout(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(VerifyError, match="the x probe failed") as caught:
+        _probe(tmp_path, "import time; time.sleep(600)\n", timeout=1.0)
+    assert isinstance(caught.value.__cause__, Exception)
+    assert "timed out after 1.0s" in str(caught.value.__cause__)
+    assert time.monotonic() - started < 30
+
+
+def test_sigterm_to_the_parent_ends_the_probe_with_its_process_group(tmp_path: Path) -> None:
+    python = _python(tmp_path, HANGING_CHILD)
+    parent = textwrap.dedent(f"""\
+        from pathlib import Path
+        from sm120fork.layouts import results
+        results.run_probe("m", {{}}, tree=Path({str(tmp_path)!r}), env={{}},
+                          python={str(python)!r}, timeout=600, what="p", fix="f")
+        """)
+    sigterm_ends_every_child(parent, tmp_path / "marks", children=1)
