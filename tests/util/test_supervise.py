@@ -101,3 +101,21 @@ def test_sigterm_to_the_parent_ends_every_child_with_its_group(tmp_path: Path) -
         supervise.run_group(kids, timeouts=supervise.Timeouts())
         """)
     sigterm_ends_every_child(parent, marks, children=2)
+
+
+def test_sigterm_while_waiting_on_a_pools_children_ends_them_at_once(tmp_path: Path) -> None:
+    """A pool's exit waits for its threads: without ending their children first, SIGTERM
+    to the parent would wait for each probe to finish."""
+    parent = textwrap.dedent(f"""\
+        import sys
+        from concurrent.futures import ThreadPoolExecutor
+        from sm120fork.util import proc, supervise
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = [pool.submit(proc.run, [sys.executable, "-c", {HANGING_CHILD!r}],
+                                   timeout=600) for _ in range(2)]
+            with supervise.ending_children():
+                [f.result() for f in futures]
+        """)
+    started = time.monotonic()
+    sigterm_ends_every_child(parent, tmp_path / "marks", children=2)
+    assert time.monotonic() - started < 60

@@ -41,6 +41,7 @@ from sm120fork.layouts.results import (
     compact,
 )
 from sm120fork.layouts.results import run_probe as run_probe_module
+from sm120fork.util import supervise
 
 PROBE_MODULE = "sm120fork.layouts.communicator.probe"
 
@@ -183,8 +184,9 @@ def check_sglang(tree: Path, *, baseline: Path | None, layer: LayerRunner,
             for case in TOGETHER_CASES
         }
         try:
-            observed = {run: future.result() for run, future in futures.items()}
-            outcomes = {case: future.result() for case, future in together.items()}
+            with supervise.ending_children():  # Ctrl-C/SIGTERM: the probes end now
+                observed = {run: future.result() for run, future in futures.items()}
+                outcomes = {case: future.result() for case, future in together.items()}
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise

@@ -35,7 +35,7 @@ from typing import Any
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.layouts.results import CheckResult, LayerRunner, compact
 from sm120fork.layouts.results import run_probe as run_probe_module
-from sm120fork.util import proc
+from sm120fork.util import proc, supervise
 
 PROBE_MODULE = "sm120fork.layouts.layer_boundary.probe"
 OVERLAY_REQUIREMENTS = Path(__file__).with_name("requirements.txt")
@@ -221,7 +221,8 @@ def check_trees(tree: Path, *, baseline: Path, overlay: Path,
                                              python=python, timeout=timeout)
                    for label, root, cap in runs}
         try:
-            observed = {key: future.result() for key, future in futures.items()}
+            with supervise.ending_children():  # Ctrl-C/SIGTERM: the probes end now
+                observed = {key: future.result() for key, future in futures.items()}
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
