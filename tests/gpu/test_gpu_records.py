@@ -4,34 +4,37 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from helpers_manifest import entry
 from sm120fork import record
 from sm120fork.gpu import records
+from sm120fork.gpu.documents import AbDoc, CaseResult, parse_ab
 from sm120fork.manifest import Manifest
 
 PATCHED = "flashinfer_python-0.6.7.post3+sm120.1-py3-none-any.whl"
 UPSTREAM = "flashinfer_python-0.6.7.post3-py3-none-any.whl"
 
 
-def _rec(key: str, status: str, **extra: Any) -> dict[str, Any]:
-    return {"key": key, "status": status, "checks": [{"rel_l2": 2.3e-3}], **extra}
+def _rec(key: str, status: str, **extra: Any) -> CaseResult:
+    case = {"api": "fusion_unified", "world_size": 2}
+    return cast(CaseResult, {"key": key, "status": status, "case": case,
+                             "checks": [{"rel_l2": 2.3e-3}], **extra})
 
 
-def _doc(patched: list[dict[str, Any]], unpatched: list[dict[str, Any]],
-         compiled: bool = True) -> dict[str, Any]:
-    return {
+def _doc(patched: list[CaseResult], unpatched: list[CaseResult],
+         compiled: bool = True) -> AbDoc:
+    return parse_ab({
         "kind": "gpu-test", "created": "2026-12-03T17:00:00+00:00",
         "command": "nox -s gpu_test -- --stack sglang-0.5.10 --quick",
         "environment": {"gpus": ["NVIDIA H200"], "gpu_count": 1, "capability": [9, 0],
                         "torch": "2.11.0", "torch_cuda": "13.0", "python": "3.12.3",
                         "driver": "580.159.04",
                         "flashinfer_path": "/root/work/.device/abrun/site/flashinfer",
-                        "wheels_manifest": {"stack": "sglang-0.5.10", "wheels": [
-                            {"project": "flashinfer", "wheel": PATCHED}]}},
+                        "wheels_manifest": {"stack": "sglang-0.5.10", "toolkit_version": "0",
+                                            "wheels": [entry("flashinfer", wheel=PATCHED)]}},
         "shared": True, "primary": "patched", "baseline": "unpatched",
         "variants": {"patched": {"wheel": PATCHED, "sha256": "a" * 64,
                                  "site": "/tmp/x/site", "compiled": True},
@@ -39,7 +42,7 @@ def _doc(patched: list[dict[str, Any]], unpatched: list[dict[str, Any]],
                                    "compiled": compiled}},
         "results": {"patched": patched, "unpatched": unpatched},
         "not_run": ["FP4 patterns: need sm_100 or newer"],
-    }
+    }, "test-ab.json")
 
 
 TESTED = record.Tested(

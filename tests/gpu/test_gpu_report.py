@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from sm120fork.errors import UsageError
+from sm120fork.errors import ConfigError, UsageError
 from sm120fork.gpu import report
 from sm120fork.gpu.cli import main
+from sm120fork.gpu.documents import AbDoc, BenchDoc, parse_ab, parse_bench
 
 
 def _rec(key: str, api: str, ws: int, status: str, **extra: Any) -> dict[str, Any]:
@@ -19,13 +20,13 @@ def _rec(key: str, api: str, ws: int, status: str, **extra: Any) -> dict[str, An
     return {"key": key, "case": case, "status": status, **extra}
 
 
-def _test_doc() -> dict[str, Any]:
+def _test_doc() -> AbDoc:
     lam = "custom_lamport/ar_rmsnorm/ws2/t8/h4096/bf16/oneshot/pdl0"
     fus = "fusion_legacy/ar_rmsnorm/ws2/t8/h4096/bf16/oneshot/pdl0"
     reg = "fusion_unified/ar_rmsnorm/ws2/t8/h4096/bf16/oneshot/pdl0"
     skp = "fusion_legacy/ar_rmsnorm_fp4/ws2/t8/h4096/bf16/oneshot/pdl0"
     ok = [{"output": "norm_out", "stage": "eager", "ok": True, "rel_l2": 2.5e-3}]
-    return {
+    return parse_ab({
         "kind": "gpu-test", "primary": "patched", "baseline": "unpatched", "shared": True,
         "environment": {"gpus": ["NVIDIA H200"], "gpu_count": 1, "torch": "2.11"},
         "variants": {"patched": {"wheel": "p.whl", "sha256": "ab" * 32},
@@ -44,7 +45,7 @@ def _test_doc() -> dict[str, Any]:
                           _rec(skp, "fusion_legacy", 2, "skip", reason="FP4 needs sm_100")],
         },
         "not_run": ["world size 8 on 8 GPUs: multi-GPU machines withheld"],
-    }
+    }, "test-ab.json")
 
 
 def test_classify() -> None:
@@ -71,7 +72,7 @@ def test_ab_markdown_shows_fixed_regressed_and_lamport_cases() -> None:
     assert "Ranks shared GPUs" in md
 
 
-def _bench_doc(shared: bool) -> dict[str, Any]:
+def _bench_doc(shared: bool) -> BenchDoc:
     records: list[dict[str, Any]] = [
         {"kind": "meta", "fused_api": "fusion_unified", "skipped": {}, "replays": 30,
          "rotate": 8, "calls_per_buffer": 4},
@@ -83,9 +84,10 @@ def _bench_doc(shared: bool) -> dict[str, Any]:
                         "median_us": 5.0 + t / 10, "rank_medians_us": [5.0 + t / 10, 6.0]})
         records.append({"kind": "point", "method": "nccl_rmsnorm", "tokens": t,
                         "hidden": 7168, "median_us": 20.0 + t / 10})
-    return {"kind": "gpu-bench", "shared": shared, "world_size": 8, "dtype": "bf16",
-            "environment": {"gpus": ["NVIDIA H200"] * 8, "gpu_count": 8},
-            "records": records, "variant": "patched"}
+    return parse_bench({"kind": "gpu-bench", "shared": shared, "world_size": 8,
+                        "dtype": "bf16",
+                        "environment": {"gpus": ["NVIDIA H200"] * 8, "gpu_count": 8},
+                        "records": records, "variant": "patched"}, "bench.json")
 
 
 def test_bench_projection_uses_122_allreduces_and_slowest_rank() -> None:
@@ -122,6 +124,26 @@ def test_report_command_rerenders(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert (tmp_path / "out" / "test-ab.md").is_file()
     assert "wrote" in capsys.readouterr().out
     assert main(["report", "--out", str(tmp_path / "x")]) == UsageError.exit_code
+
+
+def test_a_report_that_is_not_one_is_refused_naming_the_file_and_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpu report`` reads test-ab.json and bench.json through their typed readers: a
+    malformed case or bench line names the file and the dotted key, not a KeyError."""
+    doc = json.loads(json.dumps(_test_doc()))
+    del doc["results"]["unpatched"][1]["status"]
+    src = tmp_path / "t.json"
+    src.write_text(json.dumps(doc))
+    assert main(["report", "--test", str(src), "--out", str(tmp_path / "out")]) == \
+        ConfigError.exit_code
+    assert f"{src}: results.unpatched[1].status: is missing" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    bench = json.loads(json.dumps(_bench_doc(False)))
+    del bench["records"][3]["hidden"]
+    src.write_text(json.dumps(bench))
+    with pytest.raises(ConfigError) as err:
+        report.write_bench_report(json.loads(src.read_text()), tmp_path / "b", where=str(src))
+    assert err.value.where == f"{src}: records[3].hidden"
 
 
 def test_gpu_slug() -> None:

@@ -6,7 +6,10 @@ import json
 import tempfile
 from pathlib import Path
 
+from helpers_manifest import entry
+from sm120fork.gpu.documents import VariantInfo
 from sm120fork.gpu.report import made_from, write_test_report
+from sm120fork.manifest import Manifest
 from sm120fork.util.portable import machine_roles, portable, portable_text
 
 
@@ -23,11 +26,12 @@ def test_paths_become_relative_or_named_by_role(tmp_path: Path) -> None:
 
 def test_gpu_reports_record_their_wheel_and_hold_no_machine_path(tmp_path: Path) -> None:
     root, work = tmp_path / "checkout", tmp_path / "gpu-work"
-    manifest = {"stack": "demo", "wheels": [
-        {"project": "lib", "series": "patches/demo/lib", "series_digest": "d" * 64,
-         "wheel": "lib-1.0+sm120.1-py3-none-any.whl", "sha256": "a" * 64},
-        {"project": "app", "series": "patches/demo/app", "series_digest": "e" * 64,
-         "wheel": "app-1.0+sm120.1-py3-none-any.whl", "sha256": "b" * 64}]}
+    manifest = {"stack": "demo", "toolkit_version": "0", "wheels": [
+        entry("lib", series="patches/demo/lib", series_digest="d" * 64,
+              wheel="lib-1.0+sm120.1-py3-none-any.whl", sha256="a" * 64),
+        entry("app", series="patches/demo/app", series_digest="e" * 64,
+              wheel="app-1.0+sm120.1-py3-none-any.whl", sha256="b" * 64)]}
+    built = Manifest.from_json(manifest)
     doc = {"primary": "patched", "command": f"python -m sm120fork.gpu test --work-dir {work}",
            "environment": {"wheels_manifest": manifest},
            "variants": {"patched": {"sha256": "a" * 64, "site": f"{work}/patched/site",
@@ -47,12 +51,13 @@ def test_gpu_reports_record_their_wheel_and_hold_no_machine_path(tmp_path: Path)
     for path in out.iterdir():
         assert str(tmp_path) not in path.read_text(), path
     # A wheel that is no toolkit build claims nothing.
-    assert made_from(manifest, {"sha256": "c" * 64}) == {"stack": "demo", "made_from": []}
+    claimed = made_from(built, {"sha256": "c" * 64})
+    assert (claimed["stack"], claimed["made_from"]) == ("demo", [])
     # A published wheel too large to carry, zipped again from its checked tree: other
     # bytes, same name and RECORD; recorded so that upstream_pr can check the RECORD.
-    rezipped = {"wheel": "app-1.0+sm120.1-py3-none-any.whl", "sha256": "e" * 64,
-                "record_sha256": "f" * 64}
-    assert made_from(manifest, rezipped)["made_from"] == [{
+    rezipped: VariantInfo = {"wheel": "app-1.0+sm120.1-py3-none-any.whl", "sha256": "e" * 64,
+                             "record_sha256": "f" * 64}
+    assert made_from(built, rezipped)["made_from"] == [{
         "project": "app", "series": "patches/demo/app", "series_digest": "e" * 64,
         "wheel": "app-1.0+sm120.1-py3-none-any.whl", "wheel_sha256": "b" * 64,
         "tested_sha256": "e" * 64, "record_sha256": "f" * 64}]

@@ -6,15 +6,15 @@ import concurrent.futures
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from sm120fork.gpu.documents import Environment
 from sm120fork.gpu.rank import say
 
 
-def environment() -> dict[str, Any]:
-    env: dict[str, Any] = {
+def environment() -> Environment:
+    env: Environment = {
         "python": sys.version.split()[0], "torch": torch.__version__,
         "torch_cuda": torch.version.cuda, "gpu_count": torch.cuda.device_count(),
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],

@@ -20,6 +20,7 @@ from typing import Any
 
 from sm120fork import __version__, record
 from sm120fork.gpu import report
+from sm120fork.gpu.documents import AbDoc, CaseResult, Environment
 from sm120fork.manifest import Manifest
 
 TESTED_FILE = "tested.json"
@@ -74,7 +75,7 @@ def recorded_command(verb: str, argv: Sequence[str]) -> str:
         ["python", "-m", "sm120fork", "gpu", verb, *args])
 
 
-def _machine(env: Mapping[str, Any], shared: bool) -> record.Machine:
+def _machine(env: Environment, shared: bool) -> record.Machine:
     gpus = tuple(str(g) for g in env.get("gpus") or ())
     cap = env.get("capability")
     return record.Machine(
@@ -84,7 +85,7 @@ def _machine(env: Mapping[str, Any], shared: bool) -> record.Machine:
         python=env.get("python"), cpus=os.cpu_count(), shared_gpu=shared)
 
 
-def _detail(rec: Mapping[str, Any]) -> str:
+def _detail(rec: CaseResult) -> str:
     if rec["status"] == "pass":
         worst = max((c.get("rel_l2") or 0 for c in rec.get("checks", [])), default=0)
         return f"rel_l2 {worst:.1e}" if worst else "pass"
@@ -104,24 +105,21 @@ def _tested(wheels: Sequence[record.TestedWheel], tested: record.Tested | None
         patches=tuple(p for p in tested.patches if p.project in ran))
 
 
-def test_record(doc: Mapping[str, Any], tested: record.Tested | None
-                ) -> record.Record | None:
+def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | None:
     """The record of a ``gpu test`` run (its test-ab.json document), or None when its
     primary wheel is no stack's build."""
-    manifest = doc.get("environment", {}).get("wheels_manifest") or {}
-    stack = manifest.get("stack")
-    if not stack:
+    manifest = report.built_manifest(doc.get("environment", {}))
+    if manifest is None or not manifest.stack:
         return None
     primary, baseline = doc["primary"], doc.get("baseline")
-    order, table = report.ab_rows(dict(doc))
-    project_of = {w.get("wheel"): str(w.get("project")) for w in manifest.get("wheels", [])}
+    order, table = report.ab_rows(doc)
+    project_of = {w.wheel: w.project for w in manifest.wheels}
     wheels = []
-    for name, variant in doc["variants"].items():
-        if variant.get("wheel") and variant.get("sha256"):
-            project = project_of.get(variant["wheel"], "flashinfer")
+    for name, variant in doc.get("variants", {}).items():
+        if (file := variant.get("wheel")) and (sha256 := variant.get("sha256")):
             wheels.append(record.TestedWheel(
-                variant="upstream" if name == baseline else name, project=project,
-                file=variant["wheel"], sha256=variant["sha256"]))
+                variant="upstream" if name == baseline else name,
+                project=project_of.get(file, "flashinfer"), file=file, sha256=sha256))
     cases = []
     for key in order:
         row = table[key]
@@ -135,13 +133,14 @@ def test_record(doc: Mapping[str, Any], tested: record.Tested | None
                 id=key, variant="upstream" if name == baseline else name, outcome=outcome,
                 detail=_detail(rec), against=against if name == primary else None))
     planned = sum(len(recs) for recs in doc["results"].values())
-    built = [n for n, v in doc["variants"].items() if not v.get("compiled", True)]
+    built = [n for n, v in doc.get("variants", {}).items() if not v.get("compiled", True)]
     notes = [f"the module build of {', '.join(built)} failed: its cases never ran"] if built \
         else []
     if doc.get("shared"):
         notes.append("ranks shared GPUs: correctness only, timings mean nothing")
     return record.make(
-        kind="gpu-test", stack=stack, command=doc["command"], created=doc["created"],
+        kind="gpu-test", stack=manifest.stack, command=doc["command"],
+        created=doc["created"],
         toolkit=__version__, machine=_machine(doc.get("environment", {}),
                                               bool(doc.get("shared"))),
         tested=_tested(wheels, tested),

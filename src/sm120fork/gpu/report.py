@@ -1,7 +1,8 @@
 """Render the JSON results of ``test`` and ``bench`` as markdown and a PNG plot.
 
 Pure functions of the JSON documents (no torch, no GPU), so reports can be re-rendered
-anywhere with ``python -m sm120fork.gpu report``.
+anywhere with ``python -m sm120fork.gpu report``; each document is read through its typed
+reader (:mod:`.documents`) first.
 """
 
 from __future__ import annotations
@@ -9,9 +10,22 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+from sm120fork.gpu.documents import (
+    AbDoc,
+    BenchDoc,
+    BenchRecord,
+    CaseResult,
+    Environment,
+    MadeFrom,
+    Provenance,
+    VariantInfo,
+    parse_ab,
+    parse_bench,
+)
+from sm120fork.manifest import Manifest
 from sm120fork.util import portable
 from sm120fork.util.markdown import markdown_table as _md_table
 
@@ -35,15 +49,16 @@ def gpu_slug(name: str, count: int) -> str:
 
 
 
-def _env_lines(env: dict[str, Any]) -> list[str]:
+def _env_lines(env: Environment) -> list[str]:
     keys = ("gpus", "gpu_count", "capability", "driver", "driver_cuda_api", "torch",
             "torch_cuda", "python", "flashinfer", "multicast_supported_attr", "nvcc")
-    rows = [(k, json.dumps(env[k]) if isinstance(env[k], list) else env[k])
-            for k in keys if k in env]
+    fields: Mapping[str, object] = env
+    rows = [(k, json.dumps(fields[k]) if isinstance(fields[k], list) else fields[k])
+            for k in keys if k in fields]
     return _md_table(("", ""), rows)
 
 
-def _modules(info: dict[str, Any]) -> str:
+def _modules(info: VariantInfo) -> str:
     if not info.get("compiled", True):
         return f"build FAILED: {info.get('compile_failure')}"
     if info.get("prebuilt_modules"):
@@ -71,10 +86,10 @@ def classify(statuses: dict[str, str], primary: str, baseline: str | None) -> st
     return "fail both" if p == "fail" else f"{p}/{b}"
 
 
-def ab_rows(doc: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, dict[str, Any]]]]:
+def ab_rows(doc: AbDoc) -> tuple[list[str], dict[str, dict[str, CaseResult]]]:
     """Case keys in run order and {key: {variant: record}}."""
     order: list[str] = []
-    table: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    table: dict[str, dict[str, CaseResult]] = defaultdict(dict)
     for variant, records in doc["results"].items():
         for rec in records:
             if rec["key"] not in table:
@@ -83,7 +98,7 @@ def ab_rows(doc: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, dict[st
     return order, table
 
 
-def _short(rec: dict[str, Any] | None) -> str:
+def _short(rec: CaseResult | None) -> str:
     if rec is None:
         return "missing"
     status = str(rec["status"])
@@ -92,19 +107,18 @@ def _short(rec: dict[str, Any] | None) -> str:
     return status
 
 
-def _worst_rel(rec: dict[str, Any] | None) -> str:
+def _worst_rel(rec: CaseResult | None) -> str:
     if not rec or not rec.get("checks"):
         return ""
-    vals = [c["rel_l2"] for c in rec["checks"] if c.get("rel_l2") is not None]
+    vals = [rel for c in rec["checks"] if (rel := c.get("rel_l2")) is not None]
     return f"{max(vals):.2e}" if vals else "NaN"
 
 
-def _completion_lines(doc: dict[str, Any]) -> list[str]:
-    """Whether every planned case ran, and the module build's time (outside the budget)."""
+def _completion_lines(doc: AbDoc | BenchDoc, missing: int = 0) -> list[str]:
+    """Whether every planned case ran (``missing``: the planned case runs that did not),
+    and the module build's time (outside the budget)."""
     lines = []
     if doc.get("finished") is False:
-        missing = sum(1 for recs in doc.get("results", {}).values() for r in recs
-                      if r.get("not_run"))
         lines.append("**Not finished**: " + (f"{missing} planned case runs did not run "
                      "(time budget used up)" if missing else "the run ended early") + ".")
     if "module_seconds" in doc:
@@ -115,7 +129,7 @@ def _completion_lines(doc: dict[str, Any]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
-def render_test_markdown(doc: dict[str, Any]) -> str:
+def render_test_markdown(doc: AbDoc) -> str:
     primary: str = doc["primary"]
     baseline: str | None = doc.get("baseline")
     variants = list(doc["results"])
@@ -123,7 +137,8 @@ def render_test_markdown(doc: dict[str, Any]) -> str:
     lines = [f"# Fused all-reduce correctness: {doc.get('title', '')}".rstrip(), ""]
     command = doc.get("command", "python -m sm120fork.gpu test")
     lines += [f"Created {doc.get('created', '?')} by `{command}`.", ""]
-    lines += _completion_lines(doc)
+    lines += _completion_lines(doc, sum(1 for recs in doc["results"].values() for r in recs
+                                        if r.get("not_run")))
     if doc.get("shared"):
         lines += ["**Ranks shared GPUs** (more ranks than GPUs): each rank is its own process "
                   "with its own CUDA context; handles went over a gloo group and buffers over "
@@ -160,7 +175,7 @@ def render_test_markdown(doc: dict[str, Any]) -> str:
         header += ["fixed", "regressed", "pass both", "fail both"]
     rows = []
     for (api, ws), counts in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        row: list[Any] = [api, ws]
+        row: list[object] = [api, ws]
         for v in variants:
             c = per_variant[(api, ws, v)]
             row.append(f"{c['pass']}/{c['fail']}/{c['skip']}")
@@ -223,19 +238,19 @@ def render_test_markdown(doc: dict[str, Any]) -> str:
 
 
 # ---- bench -----------------------------------------------------------------------------
-def bench_points(doc: dict[str, Any]) -> dict[int, dict[str, dict[int, float]]]:
+def bench_points(doc: BenchDoc) -> dict[int, dict[str, dict[int, float]]]:
     """{hidden: {method: {tokens: median_us}}} of the measured points."""
     out: dict[int, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for rec in doc.get("records", []):
-        if rec.get("kind") == "point" and rec.get("median_us") is not None:
+        if rec.get("kind") == "point" and (median := rec.get("median_us")) is not None:
             # the slowest rank bounds a collective: use the max of the ranks' medians
             medians = [m for m in rec.get("rank_medians_us") or [] if m is not None]
-            value = max(medians) if medians else rec["median_us"]
+            value = max(medians) if medians else median
             out[int(rec["hidden"])][rec["method"]][int(rec["tokens"])] = float(value)
     return out
 
 
-def bench_p90(doc: dict[str, Any]) -> dict[int, dict[str, dict[int, float]]]:
+def bench_p90(doc: BenchDoc) -> dict[int, dict[str, dict[int, float]]]:
     """{hidden: {method: {tokens: p90_us}}}: the slowest rank's p90."""
     out: dict[int, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for rec in doc.get("records", []):
@@ -245,7 +260,7 @@ def bench_p90(doc: dict[str, Any]) -> dict[int, dict[str, dict[int, float]]]:
     return out
 
 
-def method_rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+def method_rows(doc: BenchDoc) -> list[tuple[str, str, str]]:
     """(method, what it is, what happened to it): timed, failed its check, not runnable."""
     from sm120fork.gpu.methods import METHODS
 
@@ -275,12 +290,12 @@ def method_rows(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
-def floors(doc: dict[str, Any]) -> dict[str, float]:
-    return {r["method"]: float(r["median_us"]) for r in doc.get("records", [])
-            if r.get("kind") == "floor" and r.get("median_us") is not None}
+def floors(doc: BenchDoc) -> dict[str, float]:
+    return {r["method"]: float(median) for r in doc.get("records", [])
+            if r.get("kind") == "floor" and (median := r.get("median_us")) is not None}
 
 
-def projection(points: dict[int, dict[str, dict[int, float]]]) -> list[dict[str, Any]]:
+def projection(points: dict[int, dict[str, dict[int, float]]]) -> list[dict[str, float | None]]:
     """Per decode step comm time: 122 all-reduces at hidden 7168, fused vs unfused."""
     rows = []
     by_method = points.get(PROJECTION_HIDDEN, {})
@@ -296,7 +311,7 @@ def projection(points: dict[int, dict[str, dict[int, float]]]) -> list[dict[str,
     return rows
 
 
-def target_checks(doc: dict[str, Any]) -> list[tuple[str, str]]:
+def target_checks(doc: BenchDoc) -> list[tuple[str, str]]:
     """The issue's targets, each with a verdict or the reason none can be given."""
     if doc.get("shared"):
         return [(t, f"not evaluated ({SHARED_LABEL})") for t in
@@ -325,7 +340,7 @@ def target_checks(doc: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def op_floor(doc: dict[str, Any]) -> float | None:
+def op_floor(doc: BenchDoc) -> float | None:
     """No fused all-reduce op can beat launching one kernel in a graph plus one one-way
     flag handoff to a peer GPU; either alone when only one was measured."""
     fl = floors(doc)
@@ -333,7 +348,7 @@ def op_floor(doc: dict[str, Any]) -> float | None:
     return sum(parts) if parts else None
 
 
-def render_bench_markdown(doc: dict[str, Any]) -> str:
+def render_bench_markdown(doc: BenchDoc) -> str:
     pts = bench_points(doc)
     lines = [f"# Fused all-reduce throughput: {doc.get('title', '')}".rstrip(), ""]
     command = doc.get("command", "python -m sm120fork.gpu bench")
@@ -344,22 +359,24 @@ def render_bench_markdown(doc: dict[str, Any]) -> str:
                   f"{doc.get('environment', {}).get('gpu_count', '?')} GPU(s); every number "
                   "below measures the time-slicing, not the kernels.", ""]
     lines += ["## Environment", "", *_env_lines(doc.get("environment", {})), ""]
-    meta: dict[str, Any] = next(
-        (r for r in doc.get("records", []) if r.get("kind") == "meta"), {})
+    meta = next((r for r in doc.get("records", []) if r.get("kind") == "meta"),
+                BenchRecord())
+    sha256 = doc.get("sha256")
     lines += [f"Variant: {doc.get('variant')} ({doc.get('wheel') or 'installed'}"
-              f"{', sha256 ' + doc['sha256'][:16] if doc.get('sha256') else ''}); "
+              f"{', sha256 ' + sha256[:16] if sha256 else ''}); "
               + (f"fused calls through `{meta['fused_api']}`; " if meta.get("fused_api") else "")
               + "world size "
               f"{doc.get('world_size')}; per-op latency = median over "
               f"{meta.get('replays', '?')} CUDA-graph replays of "
               f"{meta.get('rotate', '?')} rotating buffer sets x "
               f"{meta.get('calls_per_buffer', '?')} calls, max over ranks.", ""]
-    skipped = dict(meta.get("skipped", {}))
+    meta_skipped = meta.get("skipped")
+    skipped = dict(meta_skipped) if isinstance(meta_skipped, dict) else {}
     for r in doc.get("records", []):
-        if r.get("kind") == "floor" and r.get("skipped"):
-            skipped[f"floor {r['method']}"] = r["skipped"]
-        if r.get("kind") == "point" and r.get("error"):
-            skipped[f"{r['method']} t={r['tokens']} h={r['hidden']}"] = r["error"]
+        if r.get("kind") == "floor" and (why := r.get("skipped")):
+            skipped[f"floor {r['method']}"] = str(why)
+        if r.get("kind") == "point" and (error := r.get("error")):
+            skipped[f"{r['method']} t={r['tokens']} h={r['hidden']}"] = error
     if skipped:
         lines += ["Skipped or failed:", ""]
         lines += [f"- {k}: {v}" for k, v in sorted(skipped.items())] + [""]
@@ -410,7 +427,7 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def render_bench_plot(doc: dict[str, Any], path: Path) -> None:
+def render_bench_plot(doc: BenchDoc, path: Path) -> None:
     """Latency vs tokens, one line per method, floors drawn; one panel per hidden size."""
     import matplotlib
 
@@ -447,8 +464,8 @@ def render_bench_plot(doc: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def made_from(manifest: dict[str, Any] | None, tested: dict[str, Any] | None
-              ) -> dict[str, Any]:
+def made_from(manifest: Manifest | None, tested: VariantInfo | BenchDoc | None
+              ) -> Provenance:
     """``stack`` and ``made_from`` of a GPU report: the toolkit build of the tested wheel.
 
     The same shape as verify.json's, so that upstream_pr can refuse evidence of another
@@ -458,49 +475,68 @@ def made_from(manifest: dict[str, Any] | None, tested: dict[str, Any] | None
     tested sha256 and RECORD digest, for upstream_pr to check against the published wheel.
     An empty ``made_from`` means the wheel is no toolkit build.
     """
-    tested = tested or {}
-    sha256, name = tested.get("sha256"), tested.get("wheel")
-    rows = []
-    for w in (manifest or {}).get("wheels", []):
-        same_bytes = bool(sha256) and w.get("sha256") == sha256
-        if not same_bytes and not (name and w.get("wheel") == name):
+    sha256 = tested.get("sha256") if tested else None
+    name = tested.get("wheel") if tested else None
+    rows: list[MadeFrom] = []
+    for w in manifest.wheels if manifest else ():
+        same_bytes = bool(sha256) and w.sha256 == sha256
+        if not same_bytes and not (name and w.wheel == name):
             continue
-        row = {"project": w.get("project"), "series": w.get("series"),
-               "series_digest": w.get("series_digest"), "wheel": w.get("wheel"),
-               "wheel_sha256": w.get("sha256")}
+        row: MadeFrom = {"project": w.project, "series": w.series,
+                         "series_digest": w.series_digest, "wheel": w.wheel,
+                         "wheel_sha256": w.sha256}
         if not same_bytes:
-            row.update(tested_sha256=sha256, record_sha256=tested.get("record_sha256"))
+            row["tested_sha256"] = sha256
+            row["record_sha256"] = tested.get("record_sha256") if tested else None
         rows.append(row)
-    return {"stack": (manifest or {}).get("stack"), "made_from": rows}
+    return {"stack": manifest.stack if manifest else None, "made_from": rows}
 
 
-def _provenance(doc: dict[str, Any], tested: dict[str, Any] | None) -> dict[str, Any]:
+def built_manifest(env: Environment) -> Manifest | None:
+    """The build manifest a run recorded in its environment (``wheels_manifest``), typed;
+    None when the wheels were no stack's build (or the run could not read its manifest)."""
+    data = env.get("wheels_manifest")
+    if not data or "error" in data:
+        return None
+    try:
+        return Manifest.from_json(data)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _provenance(doc: AbDoc | BenchDoc, tested: VariantInfo | BenchDoc | None
+                ) -> Provenance | None:
     if "stack" in doc and "made_from" in doc:
-        return {}
-    return made_from(doc.get("environment", {}).get("wheels_manifest"), tested)
+        return None
+    return made_from(built_manifest(doc.get("environment", {})), tested)
 
 
-def write_test_report(doc: dict[str, Any], out_dir: Path,
-                      roles: portable.Roles | None = None) -> list[Path]:
+def write_test_report(doc: object, out_dir: Path,
+                      roles: portable.Roles | None = None, *,
+                      where: str = "test-ab.json") -> list[Path]:
     """test-ab.json/.md; ``roles`` rewrites this machine's paths (see util/portable)."""
-    primary = doc.get("variants", {}).get(doc.get("primary"), {})
-    doc = portable.portable({**doc, **_provenance(doc, primary)}, roles or [])
+    ab = parse_ab(doc, where)
+    primary = ab.get("variants", {}).get(ab["primary"], {})
+    ab = parse_ab(portable.portable({**ab, **(_provenance(ab, primary) or {})}, roles or []),
+                  where)
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m = out_dir / "test-ab.json", out_dir / "test-ab.md"
-    j.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    m.write_text(render_test_markdown(doc))
+    j.write_text(json.dumps(ab, indent=1, sort_keys=True) + "\n")
+    m.write_text(render_test_markdown(ab))
     return [j, m]
 
 
-def write_bench_report(doc: dict[str, Any], out_dir: Path,
-                       roles: portable.Roles | None = None) -> list[Path]:
+def write_bench_report(doc: object, out_dir: Path,
+                       roles: portable.Roles | None = None, *,
+                       where: str = "bench.json") -> list[Path]:
+    bench = parse_bench(doc, where)
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m, p = out_dir / "bench.json", out_dir / "bench.md", out_dir / "bench.png"
-    doc = portable.portable({**doc, **_provenance(doc, doc),
-                             "projection": projection(bench_points(doc)),
-                             "targets": target_checks(doc)}, roles or [])
-    j.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    m.write_text(render_bench_markdown(doc))
-    render_bench_plot(doc, p)
+    bench = parse_bench(portable.portable({**bench, **(_provenance(bench, bench) or {}),
+                                           "projection": projection(bench_points(bench)),
+                                           "targets": target_checks(bench)}, roles or []),
+                        where)
+    j.write_text(json.dumps(bench, indent=1, sort_keys=True) + "\n")
+    m.write_text(render_bench_markdown(bench))
+    render_bench_plot(bench, p)
     return [j, m, p]
-

@@ -15,7 +15,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,7 +24,7 @@ from sm120fork import record
 from sm120fork.cuda.toolkit import locate_nvcc
 from sm120fork.errors import CommandError, ConfigError, UsageError, VerifyError
 from sm120fork.gpu import cases as cases_mod
-from sm120fork.gpu import launcher, records, report, sglang_layer, variants
+from sm120fork.gpu import documents, launcher, records, report, sglang_layer, variants
 from sm120fork.gpu import methods as methods_mod
 from sm120fork.gpu import policy as policy_mod
 from sm120fork.gpu.safety import check_backend
@@ -107,7 +107,7 @@ class BenchOptions(RunOptions):
     hidden: tuple[int, ...] | None = None
 
 
-def _never_ran(rec: dict[str, Any]) -> bool:
+def _never_ran(rec: Mapping[str, object]) -> bool:
     """Left out by a time budget, or its variant's module did not build."""
     return bool(rec.get("not_run")) or rec.get("failure") == "build"
 
@@ -423,8 +423,10 @@ def run_test(opts: TestOptions) -> TestRun:
     roles = _roles(opts, out)
     paths = report.write_test_report(doc, out, roles)
     try:
-        rec = records.test_record({**doc, "command": opts.record_command or opts.command},
-                                  opts.tested or records.read_tested(opts.wheel_dirs, primary))
+        rec = records.test_record(
+            documents.parse_ab({**doc, "command": opts.record_command or opts.command},
+                               "test-ab.json"),
+            opts.tested or records.read_tested(opts.wheel_dirs, primary))
     except ConfigError as exc:  # the run stands; its record would break the format
         log.error("no record: %s", exc)
         rec = None
@@ -435,7 +437,7 @@ def run_test(opts: TestOptions) -> TestRun:
                     "beside it)")
     _collect_logs(run_dir, out / "logs", roles)
     failed = [r["key"] for r in results[primary] if r["status"] == "fail" and not _never_ran(r)]
-    order, table = report.ab_rows(doc)
+    order, table = report.ab_rows(documents.parse_ab(doc, "test-ab.json"))
     classes = ["not run" if any(_never_ran(r) for r in table[k].values())
                else report.classify({v: r["status"] for v, r in table[k].items()}, primary,
                                     baseline) for k in order]
@@ -583,9 +585,9 @@ def rerender(test: Path | None, bench: Path | None, out: Path) -> list[Path]:
     """Re-render reports from their JSON."""
     written: list[Path] = []
     if test:
-        written += report.write_test_report(json.loads(test.read_text()), out)
+        written += report.write_test_report(documents.read(test), out, where=str(test))
     if bench:
-        written += report.write_bench_report(json.loads(bench.read_text()), out)
+        written += report.write_bench_report(documents.read(bench), out, where=str(bench))
     if not written:
         raise UsageError("nothing to render", fix="pass --test and/or --bench")
     return written

@@ -28,6 +28,7 @@ from typing import Any
 from sm120fork import __version__, record
 from sm120fork.errors import CommandError, ConfigError
 from sm120fork.gpu import records
+from sm120fork.gpu.documents import Environment
 from sm120fork.gpu.variants import Variant, compile_variants, install_variant
 from sm120fork.util import proc
 
@@ -154,7 +155,7 @@ def pr_record(pr: Mapping[str, Any], planned: Sequence[str],
         notes=(*pr.get("notes", ()), *notes))
 
 
-def _machine(env: Mapping[str, Any]) -> record.Machine:
+def _machine(env: Environment) -> record.Machine:
     if env.get("gpus"):
         return dataclasses.replace(records._machine(env, shared=False), shared_gpu=None)
     return record.Machine(description="no GPU", python=sys.version.split()[0],
@@ -197,7 +198,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     variants = [install_variant(n, specs[n], args.work_dir, prebuilt.get(n)) for n in names]
     run_dir = args.out / ".logs"
     run_dir.mkdir(parents=True, exist_ok=True)
-    env: dict[str, Any] = {}
+    env: Environment = {}
     notes: list[str] = []
     if args.compile:
         built = compile_variants(variants, run_dir, modules=["comm"],

@@ -1,0 +1,272 @@
+"""The JSON documents of a GPU run, typed: ``test-ab.json`` (an A/B correctness run) and
+``bench.json`` (a latency bench), as the harness writes them and ``gpu report`` reads
+them back.
+
+The harness builds them as plain JSON data (ranks send their results over the wire);
+:func:`parse_ab` and :func:`parse_bench` check the keys the reports and records read and
+return the same data typed, refusing a document that is not one with the file (``where``)
+and the dotted key.  Standard library only: the GPU box renders its reports without the
+toolkit's build dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TypedDict, cast
+
+from sm120fork.errors import ConfigError
+
+
+class CaseSpec(TypedDict, total=False):
+    """One case of the matrix (``gpu/cases.py``'s ``Case``)."""
+
+    api: str
+    world_size: int
+    pattern: str
+    tokens: int
+    hidden: int
+    dtype: str
+    strategy: str
+
+
+class Check(TypedDict, total=False):
+    """One output of a case compared with the fp32 reference."""
+
+    output: str
+    stage: str
+    ok: bool
+    rel_l2: float | None
+
+
+class CaseResult(TypedDict, total=False):
+    """One case run by one variant: its status and why."""
+
+    key: str
+    case: CaseSpec
+    status: str
+    failure: str | None
+    reason: str | None
+    checks: list[Check]
+    not_run: bool
+    log_tail: list[str]
+
+
+class VariantInfo(TypedDict, total=False):
+    """One variant of an A/B: its wheel and how its modules were built."""
+
+    wheel: str | None
+    sha256: str | None
+    record_sha256: str | None
+    site: str | None
+    flashinfer: str | None
+    compiled: bool
+    compile_failure: str | None
+    prebuilt_modules: list[str]
+    prebuilt_failure: str | None
+
+
+class Environment(TypedDict, total=False):
+    """The box the run ran on, as the ranks and nvidia-smi saw it."""
+
+    gpus: list[str]
+    gpu_count: int
+    capability: list[int] | None
+    driver: str
+    driver_cuda_api: int
+    torch: str
+    torch_cuda: str | None
+    python: str
+    flashinfer: str
+    flashinfer_path: str
+    flashinfer_git: str | None
+    flashinfer_error: str
+    multicast_supported_attr: int
+    driver_query_error: str
+    nvcc: str | None
+    #: ``manifest.json`` of the primary wheel's build, as :mod:`sm120fork.manifest` wrote it.
+    wheels_manifest: dict[str, object] | None
+
+
+class MadeFrom(TypedDict, total=False):
+    """One wheel of a run and the toolkit build it came from."""
+
+    project: str | None
+    series: str | None
+    series_digest: str | None
+    wheel: str | None
+    wheel_sha256: str | None
+    tested_sha256: str | None
+    record_sha256: str | None
+
+
+class Provenance(TypedDict):
+    """``stack`` and ``made_from`` of a report: the stack's build of the tested wheels."""
+
+    stack: str | None
+    made_from: list[MadeFrom]
+
+
+class AbDoc(TypedDict, total=False):
+    """``test-ab.json``."""
+
+    kind: str
+    created: str
+    command: str
+    title: str
+    environment: Environment
+    shared: bool
+    quick: bool
+    world_sizes: list[int]
+    primary: str
+    baseline: str | None
+    variants: dict[str, VariantInfo]
+    results: dict[str, list[CaseResult]]
+    tolerances: list[list[str]]
+    not_run: list[str]
+    module_seconds: float
+    time_budget: float | None
+    finished: bool
+    stack: str | None
+    made_from: list[MadeFrom]
+
+
+class BenchRecord(TypedDict, total=False):
+    """One line of a bench: a method's state, a timed point, a floor, or the run's meta."""
+
+    kind: str
+    method: str
+    status: str
+    reason: str | None
+    tokens: int
+    hidden: int
+    median_us: float | None
+    rank_medians_us: list[float | None] | None
+    rank_p90_us: list[float | None] | None
+    error: str | None
+    #: a floor's reason it was not measured; the meta line's {what: why} of skipped rows
+    skipped: str | dict[str, str] | None
+    fused_api: str | None
+    replays: int
+    rotate: int
+    calls_per_buffer: int
+
+
+class BenchDoc(TypedDict, total=False):
+    """``bench.json`` (one world size)."""
+
+    kind: str
+    created: str
+    command: str
+    title: str
+    environment: Environment
+    shared: bool
+    world_size: int
+    dtype: str
+    variant: str
+    wheel: str | None
+    sha256: str | None
+    record_sha256: str | None
+    records: list[BenchRecord]
+    not_run: list[str]
+    module_seconds: float
+    time_budget: float | None
+    finished: bool
+    stack: str | None
+    made_from: list[MadeFrom]
+
+
+def _kind(value: object) -> str:
+    return {dict: "an object", list: "a list", type(None): "null"}.get(
+        type(value), type(value).__name__)
+
+
+def _object(value: object, where: str, key: str) -> Mapping[str, object]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"is {_kind(value)}, not an object",
+                          where=f"{where}: {key or '(top level)'}")
+    return cast(Mapping[str, object], value)
+
+
+def _list(data: Mapping[str, object], name: str, where: str, key: str,
+          *, required: bool = False) -> list[object]:
+    dotted = f"{key}.{name}" if key else name
+    if name not in data:
+        if required:
+            raise ConfigError("is missing", where=f"{where}: {dotted}")
+        return []
+    value = data[name]
+    if not isinstance(value, list):
+        raise ConfigError(f"is {_kind(value)}, not a list", where=f"{where}: {dotted}")
+    return value
+
+
+def _string(data: Mapping[str, object], name: str, where: str, key: str) -> str:
+    dotted = f"{key}.{name}" if key else name
+    value = data.get(name)
+    if not isinstance(value, str) or not value:
+        raise ConfigError("is missing" if name not in data else
+                          f"is {_kind(value)}, not a non-empty string",
+                          where=f"{where}: {dotted}")
+    return value
+
+
+def _case_results(data: Mapping[str, object], where: str) -> None:
+    results = _object(data.get("results"), where, "results")
+    for variant in results:
+        for i, rec in enumerate(_list(results, variant, where, "results", required=True)):
+            key = f"results.{variant}[{i}]"
+            row = _object(rec, where, key)
+            _string(row, "key", where, key)
+            _string(row, "status", where, key)
+            case = _object(row.get("case"), where, f"{key}.case")
+            _string(case, "api", where, f"{key}.case")
+            if not isinstance(case.get("world_size"), int):
+                raise ConfigError("is missing or not an integer",
+                                  where=f"{where}: {key}.case.world_size")
+
+
+def parse_ab(data: object, where: str) -> AbDoc:
+    """``data`` (parsed ``test-ab.json``) typed, once the keys the reports read are there."""
+    doc = _object(data, where, "")
+    primary = _string(doc, "primary", where, "")
+    _case_results(doc, where)
+    variants = _object(doc.get("variants", {}), where, "variants")
+    for name, info in variants.items():
+        _object(info, where, f"variants.{name}")
+    results = cast(Mapping[str, object], doc["results"])
+    if primary not in results:
+        raise ConfigError(f"names no results of the primary variant {primary!r}",
+                          where=f"{where}: results",
+                          fix=f"known: {', '.join(results) or 'none'}")
+    _object(doc.get("environment", {}), where, "environment")
+    return cast(AbDoc, doc)
+
+
+def parse_bench(data: object, where: str) -> BenchDoc:
+    """``data`` (parsed ``bench.json``) typed, once the keys the reports read are there."""
+    doc = _object(data, where, "")
+    for i, rec in enumerate(_list(doc, "records", where, "")):
+        key = f"records[{i}]"
+        row = _object(rec, where, key)
+        kind = row.get("kind")
+        if kind in ("point", "floor", "method"):
+            _string(row, "method", where, key)
+        if kind == "point":
+            for name in ("tokens", "hidden"):
+                if not isinstance(row.get(name), int):
+                    raise ConfigError("is missing or not an integer",
+                                      where=f"{where}: {key}.{name}")
+    _object(doc.get("environment", {}), where, "environment")
+    return cast(BenchDoc, doc)
+
+
+def read(path: Path) -> object:
+    """The JSON in ``path``, refused naming the file."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read it: {exc.strerror}", where=str(path)) from exc
+    except ValueError as exc:
+        raise ConfigError(f"is not JSON: {exc}", where=str(path)) from exc
