@@ -11,9 +11,10 @@ toolkit cached (the same keys, some absent).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sm120fork.errors import ConfigError
 
@@ -131,31 +132,94 @@ class ManifestEntry:
         return data
 
     @classmethod
-    def from_json(cls, data: Any) -> ManifestEntry:
-        """The entry ``data`` records; KeyError/TypeError/ValueError when it is not one."""
-        source = data["source"]
-        changed = data.get("changed_files")
+    def from_json(cls, data: object, key: str = "") -> ManifestEntry:
+        """The entry ``data`` records (``key``: where it sits, for errors); :class:`MalformedError`
+        naming the dotted key when it is not one."""
+        r = _Fields(data, key)
+        source = _Fields(r.need("source", dict), r.dotted("source"))
+        changed = r.maybe("changed_files", list)
         return cls(
-            project=str(data["project"]), distribution=str(data["distribution"]),
-            upstream_version=str(data["upstream_version"]), version=str(data["version"]),
-            upstream_commit=data.get("upstream_commit"),
-            upstream_commit_verified=bool(data.get("upstream_commit_verified", False)),
-            source=SourceRecord(kind=str(source["kind"]), digest=str(source["digest"]),
-                                filename=source.get("filename"), url=source.get("url")),
-            series=str(data["series"]), series_digest=str(data["series_digest"]),
-            patches=tuple(PatchRecord(name=p["name"], sha256=p["sha256"],
-                                      subject=p["subject"],
-                                      applied_upstream=p.get("applied_upstream") or "")
-                          for p in data["patches"]),
-            wheel=str(data["wheel"]), sha256=str(data["sha256"]),
-            toolkit_version=str(data["toolkit_version"]),
-            used_as_published=bool(data.get("used_as_published", False)),
-            patched_commit=data.get("patched_commit"), tree=data.get("tree"),
-            changed_files=tuple(changed) if changed is not None else None,
+            project=r.text("project"), distribution=r.text("distribution"),
+            upstream_version=r.text("upstream_version"), version=r.text("version"),
+            upstream_commit=r.maybe("upstream_commit", str),
+            upstream_commit_verified=bool(r.maybe("upstream_commit_verified", bool)),
+            source=SourceRecord(kind=source.text("kind"), digest=source.text("digest"),
+                                filename=source.maybe("filename", str),
+                                url=source.maybe("url", str)),
+            series=r.text("series"), series_digest=r.text("series_digest"),
+            patches=tuple(PatchRecord(name=p.text("name"), sha256=p.text("sha256"),
+                                      subject=p.text("subject"),
+                                      applied_upstream=p.maybe("applied_upstream", str) or "")
+                          for p in r.objects("patches")),
+            wheel=r.text("wheel"), sha256=r.text("sha256"),
+            toolkit_version=r.text("toolkit_version"),
+            used_as_published=bool(r.maybe("used_as_published", bool)),
+            patched_commit=r.maybe("patched_commit", str),
+            tree=r.maybe("tree", str),
+            changed_files=(tuple(_Fields.string(f, f"{r.dotted('changed_files')}[{i}]")
+                                 for i, f in enumerate(changed))
+                           if changed is not None else None),
             artifact_check=tuple(
-                FingerprintResult(**{k: v for k, v in r.items() if k != "passed"})
-                for r in data.get("artifact_check", ())),
+                FingerprintResult(patch=f.text("patch"), path=f.text("path"),
+                                  text=f.text("text"), member=f.text("member"),
+                                  in_wheel=f.need("in_wheel", bool),
+                                  in_upstream=f.need("in_upstream", bool))
+                for f in r.objects("artifact_check")),
         )
+
+
+class MalformedError(ValueError):
+    """A manifest (or a cached entry) that is not one: ``key`` is the dotted key."""
+
+    def __init__(self, key: str, what: str) -> None:
+        super().__init__(f"{key or '(top level)'}: {what}")
+        self.key = key or "(top level)"
+        self.what = what
+
+
+_T = TypeVar("_T")
+
+
+class _Fields:
+    """Typed access to one JSON object of the manifest, each error naming the dotted key."""
+
+    def __init__(self, data: object, key: str) -> None:
+        if not isinstance(data, dict):
+            raise MalformedError(key, f"is {type(data).__name__}, not an object")
+        self.data: Mapping[str, object] = data
+        self.key = key
+
+    def dotted(self, name: str) -> str:
+        return f"{self.key}.{name}" if self.key else name
+
+    def maybe(self, name: str, kind: type[_T]) -> _T | None:
+        """The value of ``name`` if there (and not null), of type ``kind``."""
+        value = self.data.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, kind):
+            raise MalformedError(self.dotted(name),
+                                 f"is {type(value).__name__}, not {kind.__name__}")
+        return value
+
+    def need(self, name: str, kind: type[_T]) -> _T:
+        value = self.maybe(name, kind)
+        if value is None:
+            raise MalformedError(self.dotted(name), "is missing")
+        return value
+
+    def text(self, name: str) -> str:
+        return self.need(name, str)
+
+    @staticmethod
+    def string(value: object, key: str) -> str:
+        if not isinstance(value, str):
+            raise MalformedError(key, f"is {type(value).__name__}, not str")
+        return value
+
+    def objects(self, name: str) -> list[_Fields]:
+        items = self.maybe(name, list) or []
+        return [_Fields(item, f"{self.dotted(name)}[{i}]") for i, item in enumerate(items)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,12 +242,14 @@ class Manifest:
                 "wheels": [w.to_json() for w in self.wheels]}
 
     @classmethod
-    def from_json(cls, data: Any) -> Manifest:
-        """KeyError/TypeError/ValueError/AttributeError when ``data`` is not a manifest."""
-        if not isinstance(data, dict):
-            raise TypeError("a manifest is a JSON object")
-        return cls(stack=str(data["stack"]), toolkit_version=str(data["toolkit_version"]),
-                   wheels=tuple(ManifestEntry.from_json(w) for w in data.get("wheels", ())))
+    def from_json(cls, data: object) -> Manifest:
+        """:class:`MalformedError` (a ValueError) naming the dotted key when ``data`` is not a
+        manifest."""
+        r = _Fields(data, "")
+        wheels = r.maybe("wheels", list) or []
+        return cls(stack=r.text("stack"), toolkit_version=r.text("toolkit_version"),
+                   wheels=tuple(ManifestEntry.from_json(w, f"wheels[{i}]")
+                                for i, w in enumerate(wheels)))
 
 
 def read(path: Path, *, fix: str | None = None) -> Manifest:
@@ -199,10 +265,15 @@ def read(path: Path, *, fix: str | None = None) -> Manifest:
         raise ConfigError(f"no readable {FILE} ({exc.strerror or exc})", where=str(path),
                           fix=fix) from exc
     try:
-        return Manifest.from_json(json.loads(text))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"not a build manifest: {type(exc).__name__}: {exc}",
-                          where=str(path), fix=fix) from exc
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"not a build manifest: not JSON: {exc}", where=str(path),
+                          fix=fix) from exc
+    try:
+        return Manifest.from_json(data)
+    except MalformedError as exc:
+        raise ConfigError(f"not a build manifest: {exc.what}", where=f"{path}: {exc.key}",
+                          fix=fix) from exc
 
 
 def load(path: Path, *, stack: str | None = None) -> Manifest | None:

@@ -47,8 +47,10 @@ def test_the_flashinfer_entry_of_the_stacks_manifest(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "short" / "manifest.json").read_text())
     del data["wheels"][0]["sha256"]
     (tmp_path / "short" / "manifest.json").write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="not a build manifest: KeyError: 'sha256'"):
+    with pytest.raises(ConfigError, match="not a build manifest: is missing") as err:
         pipeline.flashinfer_build(tmp_path / "short", stack)
+    assert err.value.where is not None
+    assert err.value.where.endswith("manifest.json: wheels[0].sha256")
 
 
 def test_tree_hash_is_heads_tree_and_refuses_local_changes(tmp_path: Path) -> None:

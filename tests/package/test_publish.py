@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sm120fork.errors import BuildError
+from sm120fork.errors import BuildError, ConfigError
 from sm120fork.manifest import ManifestEntry, SourceRecord
 from sm120fork.package import publish as pub
 from sm120fork.package.publish import ProjectBuild, load_manifest, publish
@@ -203,3 +206,33 @@ def test_a_read_only_wheels_folder_is_one_error_naming_it_and_the_fix(
         pub.check_writable(tmp_path / "elsewhere" / "one", stack)
     finally:
         wheels.chmod(0o755)
+
+
+@pytest.mark.parametrize(("edit", "key", "what"), [
+    (lambda d: d["wheels"][0].pop("sha256"), "wheels[0].sha256", "is missing"),
+    (lambda d: d["wheels"][0]["source"].update(digest=7), "wheels[0].source.digest",
+     "is int, not str"),
+    (lambda d: d["wheels"][0]["patches"][0].pop("subject"), "wheels[0].patches[0].subject",
+     "is missing"),
+    (lambda d: d.update(wheels=[["not", "an", "entry"]]), "wheels[0]", "is list, not an object"),
+    (lambda d: d.pop("stack"), "stack", "is missing"),
+])
+def test_a_manifest_that_is_not_one_is_refused_naming_the_file_and_key(
+        tmp_path: Path, edit: Callable[[dict[str, Any]], object], key: str, what: str) -> None:
+    """Every stage reads manifest.json through manifest.read: a malformed record names the
+    file and the dotted key (it said "KeyError: 'sha256'")."""
+    from sm120fork import manifest as manifest_file
+
+    entry = _entry("lib", "lib-1.0-py3-none-any.whl", "a" * 64)
+    entry = dataclasses.replace(entry, patches=(manifest_file.PatchRecord(
+        name="0001-a.patch", sha256="b" * 64, subject="a", applied_upstream=""),))
+    data = manifest_file.Manifest(stack="s", toolkit_version="0", wheels=(entry,)).to_json()
+    assert manifest_file.Manifest.from_json(json.loads(json.dumps(data))).wheels == (entry,)
+    edit(data)
+    path = tmp_path / manifest_file.FILE
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as err:
+        manifest_file.read(path)
+    assert err.value.where == f"{path}: {key}"
+    assert err.value.what == f"not a build manifest: {what}"
+    assert manifest_file.load(path) is None  # the lenient readers show nothing built
