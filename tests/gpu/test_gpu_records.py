@@ -155,7 +155,8 @@ def test_a_layer_run_of_a_stack_is_a_record_unfinished_until_every_case_ran() ->
     assert whole is not None
     assert (whole.kind, whole.verdict, whole.counts["fail"]) == ("sglang-layer", "fail", 1)
     assert whole.cases[1].detail == "rank 1 hung"
-    assert records.layer_record(**{**common, "made": {}}, outcomes=[]) is None
+    assert records.layer_record(**{**common, "made": {"stack": None, "made_from": []}},
+                                outcomes=[]) is None
 
 
 def test_an_ab_of_the_flashinfer_wheel_tested_none_of_the_sglang_series() -> None:

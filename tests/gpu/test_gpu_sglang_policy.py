@@ -19,6 +19,7 @@ import pytest
 from helpers_manifest import entry, write_manifest
 from sm120fork.gpu import records, runs, sglang_layer
 from sm120fork.gpu.decision import Process, decide
+from sm120fork.gpu.documents import Provenance
 from sm120fork.gpu.policy import validate
 
 ROUTES = {1: "fused", 8: "fused", 9: "pcie_ipc", 32: "pcie_ipc", 33: "sglang_dispatch",
@@ -117,7 +118,7 @@ def test_the_time_budget_stops_starting_cases_and_the_record_says_what_ran(
 
     monkeypatch.setattr(runs, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
     monkeypatch.setattr(sglang_layer, "run_case", fake_case)
-    made = {"stack": "sglang-0.5.23", "made_from": [
+    made: Provenance = {"stack": "sglang-0.5.23", "made_from": [
         {"project": "sglang", "wheel": "sglang-0.5.23+sm120.1-cp312-cp312-x.whl",
          "wheel_sha256": "e" * 64}]}
     route = runs.LayerRoute(variant="plugin", sglang_path=tmp_path, made_from=(
@@ -142,7 +143,7 @@ def test_every_planned_case_on_both_routes_makes_a_finished_record(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sglang_layer, "run_case",
                         lambda case, **kw: _outcome(case, kw["variant"]))
-    made = {"stack": "sglang-0.5.23", "made_from": []}
+    made: Provenance = {"stack": "sglang-0.5.23", "made_from": []}
     opts = runs.LayerOptions(command="x", sglang_path=tmp_path, out=tmp_path / "out",
                              layout="layer_boundary", made=made, jobs=3, routes=(
                                  runs.LayerRoute(variant="plugin", sglang_path=tmp_path),))

@@ -21,6 +21,7 @@ from sm120fork.entry import Parser, boundary
 from sm120fork.errors import ToolkitError, UsageError, VerifyError
 from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import methods, preflight, records, runs, sglang_layer, upstream_tests
+from sm120fork.gpu.documents import Provenance
 from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG, check_backend
 from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
@@ -240,7 +241,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
                      host: preflight.GpuHost | None = None) -> int:
     site: tuple[Path, ...] = ()
-    made: dict[str, Any] = {}
+    made: Provenance | None = None
     folder = args.stack_dir
     tested = records.tested_beside(folder) if folder is not None else None
     if args.stack is not None:
@@ -265,7 +266,7 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
         plugin_whl, stock_whl = plugin_route_wheels(folder, args.plugin_wheel,
                                                     args.stock_wheel)
         stock, plugin, rows = plugin_trees(stock_whl, plugin_whl, args.work_dir,
-                                           str(made.get("stack", "stack")))
+                                           (made["stack"] if made else None) or "stack")
         # the stack's FlashInfer (``site``) serves both routes: one JIT build for both
         routes = (runs.LayerRoute(variant="plugin", sglang_path=stock,
                                   site=(plugin, *site), made_from=tuple(rows)),)

@@ -92,6 +92,8 @@ class Environment(TypedDict, total=False):
 class MadeFrom(TypedDict, total=False):
     """One wheel of a run and the toolkit build it came from."""
 
+    #: the route that installed it, where not the stack's build (``upstream``, ``plugin``)
+    variant: str
     project: str | None
     series: str | None
     series_digest: str | None
@@ -106,6 +108,14 @@ class Provenance(TypedDict):
 
     stack: str | None
     made_from: list[MadeFrom]
+
+
+class LayerMachine(TypedDict, total=False):
+    """The box of a layer run, as its preflight found it."""
+
+    gpus: list[str]
+    torch: str | None
+    cuda: str | None
 
 
 class AbDoc(TypedDict, total=False):

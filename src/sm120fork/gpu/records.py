@@ -20,7 +20,13 @@ from typing import Any
 
 from sm120fork import __version__, record
 from sm120fork.gpu import report
-from sm120fork.gpu.documents import AbDoc, CaseResult, Environment
+from sm120fork.gpu.documents import (
+    AbDoc,
+    CaseResult,
+    Environment,
+    LayerMachine,
+    Provenance,
+)
 from sm120fork.manifest import Manifest
 
 TESTED_FILE = "tested.json"
@@ -148,15 +154,15 @@ def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | Non
         notes=tuple(notes))
 
 
-def layer_record(*, made: Mapping[str, Any], tested: record.Tested | None,
-                 command: str, created: str, machine: Mapping[str, Any],
+def layer_record(*, made: Provenance, tested: record.Tested | None,
+                 command: str, created: str, machine: LayerMachine,
                  planned: Sequence[Any], outcomes: Sequence[Any],
                  notes: Sequence[str] = (), not_run: Sequence[str] = (),
                  ) -> record.Record | None:
     """The record of an ``sglang-layer`` run of a stack's build (None without one):
     ``outcomes`` are :class:`~sm120fork.gpu.sglang_layer.CaseOutcome`; a run cut short is
     unfinished."""
-    stack = made.get("stack")
+    stack = made["stack"]
     if not stack:
         return None
     gpus = tuple(str(g) for g in machine.get("gpus") or ())
@@ -167,10 +173,11 @@ def layer_record(*, made: Mapping[str, Any], tested: record.Tested | None,
             description=f"{gpus[0]} x{len(gpus)}" if gpus else "CPU ranks (no GPU)",
             gpus=gpus, torch=machine.get("torch"), cuda=machine.get("cuda"),
             cpus=os.cpu_count()),
-        tested=_tested([record.TestedWheel(variant=str(m.get("variant", "patched")),
+        tested=_tested([record.TestedWheel(variant=m.get("variant", "patched"),
                                            project=str(m["project"]),
-                                           file=str(m["wheel"]), sha256=str(m["wheel_sha256"]))
-                        for m in made.get("made_from", ())], tested),
+                                           file=str(m["wheel"]),
+                                           sha256=str(m["wheel_sha256"]))
+                        for m in made["made_from"]], tested),
         planned=len(planned),
         cases=tuple(record.Case(
             id=o.case, variant=getattr(o, "variant", "patched"),

@@ -27,6 +27,7 @@ from sm120fork.gpu import cases as cases_mod
 from sm120fork.gpu import documents, launcher, records, report, sglang_layer, variants
 from sm120fork.gpu import methods as methods_mod
 from sm120fork.gpu import policy as policy_mod
+from sm120fork.gpu.documents import LayerMachine, MadeFrom, Provenance
 from sm120fork.gpu.safety import check_backend
 from sm120fork.util import portable, proc
 
@@ -603,7 +604,7 @@ class LayerRoute:
     sglang_path: Path
     site: tuple[Path, ...] = ()
     #: what the record lists of it: ``made_from`` rows as :class:`LayerOptions` ``made``
-    made_from: tuple[dict[str, Any], ...] = ()
+    made_from: tuple[MadeFrom, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -628,10 +629,10 @@ class LayerOptions:
     title: str = "SGLang fused-norm layer path"
     notes: tuple[str, ...] = ()
     #: ``stack`` and ``made_from`` (each tested wheel's sha256) of the stack's build.
-    made: dict[str, Any] = dataclasses.field(default_factory=dict)
+    made: Provenance | None = None
     #: The record's ``tested`` block, what the preflight found, the command it names.
     tested: record.Tested | None = None
-    machine: dict[str, Any] = dataclasses.field(default_factory=dict)
+    machine: LayerMachine = dataclasses.field(default_factory=LayerMachine)
     record_command: str | None = None
     #: The tree's fused-call agreement timeout (None: its own) and the ranks' gloo groups'
     #: timeout (None: twice the case's), seconds (sglang_layer.run_case).
@@ -768,11 +769,12 @@ def _publish(opts: LayerOptions, outcomes: Sequence[sglang_layer.CaseOutcome],
                                planned=[c if v == opts.variant else f"{v} {c}"
                                         for v, c in planned],
                                made=opts.made)
-    made_from = [*opts.made.get("made_from", ()),
+    made_from = [*(opts.made["made_from"] if opts.made else ()),
                  *(m for r in opts.routes for m in r.made_from)]
     try:
         rec = records.layer_record(
-            made={**opts.made, "made_from": made_from}, tested=opts.tested,
+            made={"stack": opts.made["stack"] if opts.made else None, "made_from": made_from},
+            tested=opts.tested,
             command=opts.record_command or opts.command, created=_now(),
             machine=opts.machine, planned=planned, outcomes=outcomes,
             notes=(*opts.notes, *(LAYER_NOTES if opts.device == "cuda" else ())),
@@ -787,7 +789,7 @@ def _publish(opts: LayerOptions, outcomes: Sequence[sglang_layer.CaseOutcome],
 def _write_sglang_layer_report(opts: LayerOptions,
                                outcomes: Sequence[sglang_layer.CaseOutcome], *,
                                done: bool, planned: Sequence[str] = (),
-                               made: dict[str, Any] | None = None) -> None:
+                               made: Provenance | None = None) -> None:
     """Rewritten after every case, so a run cut short still leaves what it finished."""
     opts.out.mkdir(parents=True, exist_ok=True)
     notes = [f"command: `{opts.command}`",

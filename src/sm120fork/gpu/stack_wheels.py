@@ -17,10 +17,10 @@ import logging
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from sm120fork import manifest as manifest_file
 from sm120fork.errors import BuildError, ConfigError
+from sm120fork.gpu.documents import MadeFrom, Provenance
 from sm120fork.manifest import Manifest, ManifestEntry
 from sm120fork.record import Tested
 from sm120fork.workspace import Workspace
@@ -138,7 +138,7 @@ class LayerTrees:
 
     sglang_path: Path
     site: tuple[Path, ...]
-    made: dict[str, Any]
+    made: Provenance
 
 
 def _unpack(wheel: Path, dest: Path, sha256: str) -> Path:
@@ -194,7 +194,7 @@ def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
     trees = {project: _unpack(folder / w.wheel, work_dir / "layer-trees" / stack / project,
                               w.sha256)
              for project, w in chosen.items()}
-    made = {"stack": stack, "made_from": [
+    made: Provenance = {"stack": stack, "made_from": [
         {"project": p, "series": w.series, "series_digest": w.series_digest,
          "wheel": w.wheel, "wheel_sha256": w.sha256} for p, w in chosen.items()]}
     return LayerTrees(sglang_path=trees["sglang"],
@@ -202,13 +202,14 @@ def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
 
 
 def plugin_trees(stock_wheel: Path, plugin_wheel: Path, work_dir: Path,
-                 stack: str) -> tuple[Path, Path, list[dict[str, Any]]]:
+                 stack: str) -> tuple[Path, Path, list[MadeFrom]]:
     """Stock SGLang's wheel and the stack's plugin wheel unpacked under ``work_dir`` for
     the layer harness's plugin route: (the stock tree, the plugin's site, the record's
     ``made_from`` rows: stock SGLang as upstream, the plugin as a test-only variant)."""
     from sm120fork.util.files import sha256_file
 
-    rows, trees = [], []
+    rows: list[MadeFrom] = []
+    trees: list[Path] = []
     for wheel, project, variant, name in (
             (stock_wheel, "sglang", "upstream", "stock-sglang"),
             (plugin_wheel, "sglang@plugin", "plugin", "plugin")):
