@@ -141,8 +141,8 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
     from sm120fork.util import supervise
 
     monkeypatch.setattr(variants, "compile_variants", lambda installed, *_a, **_k: {
-        v.name: {"ok": True, "env": {"gpu_count": 1, "gpus": ["Fake GPU"]},
-                 "failure": None, "tail": [], "module_failures": {"pcie_ipc": "absent"}}
+        v.name: variants.ModuleBuild(ok=True, env={"gpu_count": 1, "gpus": ["Fake GPU"]},
+                                     module_failures={"pcie_ipc": "absent"})
         for v in installed})
     groups: list[dict[str, Any]] = []
 
@@ -182,8 +182,8 @@ def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_gro
     from sm120fork.util import supervise
 
     monkeypatch.setattr(variants, "compile_variants", lambda installed, *_a, **_k: {
-        v.name: {"ok": True, "env": {"gpu_count": 2, "gpus": ["Fake GPU"]},
-                 "failure": None, "tail": [], "module_failures": {}} for v in installed})
+        v.name: variants.ModuleBuild(ok=True, env={"gpu_count": 2, "gpus": ["Fake GPU"]})
+        for v in installed})
     asked: list[list[str]] = []
 
     def run_bench(plan: dict[str, Any], _variant: Any, _run_dir: Path, **kw: Any) -> Any:

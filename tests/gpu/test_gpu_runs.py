@@ -46,10 +46,10 @@ def fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_here: None) ->
     script.write_text(FAKE_RANK)
 
     def compile_variants(installed: Sequence[variants.Variant], _run_dir: Path, **_: Any
-                         ) -> dict[str, dict[str, Any]]:
+                         ) -> dict[str, variants.ModuleBuild]:
         time.sleep(3.0)
-        return {v.name: {"ok": True, "env": {"gpu_count": 1, "gpus": ["Fake GPU"]},
-                         "failure": None, "tail": []} for v in installed}
+        return {v.name: variants.ModuleBuild(ok=True, env={"gpu_count": 1, "gpus": ["Fake GPU"]})
+                for v in installed}
 
     monkeypatch.setattr(variants, "compile_variants", compile_variants)
     monkeypatch.setattr(launcher, "run_cases", functools.partial(

@@ -29,6 +29,7 @@ from sm120fork.gpu import methods as methods_mod
 from sm120fork.gpu import policy as policy_mod
 from sm120fork.gpu.documents import LayerMachine, MadeFrom, Provenance
 from sm120fork.gpu.safety import check_backend
+from sm120fork.gpu.variants import ModuleBuild
 from sm120fork.util import portable, proc
 
 log = logging.getLogger("sm120fork")
@@ -272,7 +273,7 @@ class Prepared:
 
     run_dir: Path
     variants: list[variants.Variant]
-    compiled: dict[str, dict[str, Any]]
+    compiled: dict[str, ModuleBuild]
     module_seconds: float
 
 
@@ -296,30 +297,30 @@ def prepare(opts: RunOptions, what: str, modules: Sequence[str]) -> Prepared:
     compiled = variants.compile_variants(installed, run_dir, modules=modules,
                                          timeout=opts.compile_timeout)
     retry = [i for i, v in enumerate(installed)
-             if v.aot_modules and not compiled[v.name]["ok"]]
+             if v.aot_modules and not compiled[v.name].ok]
     if retry:
         for i in retry:
             log.warning("variant %s: prebuilt modules failed to load, JIT-compiling:\n%s",
-                        installed[i].name, "\n".join(compiled[installed[i].name]["tail"]))
+                        installed[i].name, "\n".join(compiled[installed[i].name].tail))
             installed[i] = installed[i].without_prebuilt()
         again = variants.compile_variants([installed[i] for i in retry], run_dir,
                                           modules=modules, timeout=opts.compile_timeout)
         for name, info in again.items():
-            info["prebuilt_failure"] = compiled[name]["failure"]
-            compiled[name] = info
+            compiled[name] = dataclasses.replace(info,
+                                                 prebuilt_failure=compiled[name].failure)
     seconds = time.monotonic() - started
     log.info("module step took %.0f s (its own limit, --compile-timeout)", seconds)
     for name, info in compiled.items():
-        if not info["ok"]:
-            log.error("variant %s: JIT build failed: %s\n%s", name, info["failure"],
-                      "\n".join(info["tail"]))
+        if not info.ok:
+            log.error("variant %s: JIT build failed: %s\n%s", name, info.failure,
+                      "\n".join(info.tail))
     return Prepared(run_dir=run_dir, variants=installed, compiled=compiled,
                     module_seconds=seconds)
 
 
-def _environment(compiled: dict[str, dict[str, Any]], primary: str,
+def _environment(compiled: dict[str, ModuleBuild], primary: str,
                  wheel_dirs: Sequence[str]) -> dict[str, Any]:
-    env = dict(compiled.get(primary, {}).get("env", {}))
+    env: dict[str, Any] = dict(compiled[primary].env) if primary in compiled else {}
     env.update(_nvidia_smi())
     nvcc = locate_nvcc()
     env["nvcc"] = nvcc.version_text if nvcc else None
@@ -388,10 +389,10 @@ def run_test(opts: TestOptions) -> TestRun:
         ws = batch[0].world_size
         for variant in installed:
             info = compiled[variant.name]
-            if not info["ok"]:
+            if not info.ok:
                 results[variant.name] += [
                     {"key": c.key, "case": c.to_dict(), "status": "fail", "failure": "build",
-                     "reason": f"JIT build failed: {info['failure']}", "log_tail": info["tail"]}
+                     "reason": f"JIT build failed: {info.failure}", "log_tail": list(info.tail)}
                     for c in batch]
                 continue
             log.info("variant %s, world size %d: %d cases (%s)", variant.name, ws, len(batch),
@@ -411,10 +412,10 @@ def run_test(opts: TestOptions) -> TestRun:
         + f"{(env.get('gpus') or ['?'])[0]} x{env.get('gpu_count', '?')}",
         "environment": env, "shared": shared, "quick": opts.quick,
         "world_sizes": world_sizes, "primary": primary, "baseline": baseline,
-        "variants": {v.name: {**v.describe(), "flashinfer": compiled[v.name]["env"].get(
-            "flashinfer"), "compiled": compiled[v.name]["ok"],
-            "compile_failure": compiled[v.name]["failure"],
-            "prebuilt_failure": compiled[v.name].get("prebuilt_failure")}
+        "variants": {v.name: {**v.describe(), "flashinfer": compiled[v.name].env.get(
+            "flashinfer"), "compiled": compiled[v.name].ok,
+            "compile_failure": compiled[v.name].failure,
+            "prebuilt_failure": compiled[v.name].prebuilt_failure}
             for v in installed},
         "tolerances": tolerance_table(), "results": results, "not_run": list(opts.not_run),
         "module_seconds": round(prepared.module_seconds, 1), "time_budget": opts.time_budget,
@@ -469,10 +470,10 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     run_dir, installed, compiled = prepared.run_dir, prepared.variants, prepared.compiled
     variant = installed[0]
     env = _environment(compiled, variant.name, opts.wheel_dirs)
-    if not compiled[variant.name]["ok"]:
+    if not compiled[variant.name].ok:
         raise VerifyError(f"JIT build failed for {variant.name}",
-                          detail="\n".join(compiled[variant.name]["tail"]))
-    module_failures = compiled[variant.name].get("module_failures", {})
+                          detail="\n".join(compiled[variant.name].tail))
+    module_failures = dict(compiled[variant.name].module_failures)
     gpu_count = int(env.get("gpu_count") or 1)
     worlds = list(opts.world_sizes or (max(2, gpu_count),))
     timeouts = opts.timeouts()

@@ -203,8 +203,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.compile:
         built = compile_variants(variants, run_dir, modules=["comm"],
                                  timeout=args.compile_timeout)
-        env = built["patched"]["env"]
-        failed = {n: b["failure"] for n, b in built.items() if not b["ok"]}
+        env = built["patched"].env
+        failed = {n: b.failure for n, b in built.items() if not b.ok}
         notes += [_PATH.sub("<path>", f"the comm module of {n} did not build ({why}): its "
                             "tests JIT-build it") for n, why in failed.items()]
     else:

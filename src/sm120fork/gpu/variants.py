@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import CommandError, ConfigError
+from sm120fork.gpu.documents import Environment
 from sm120fork.gpu.safety import rank_environment
 from sm120fork.util import proc, supervise, wire
 from sm120fork.util.files import sha256_file, wheel_record_sha256
@@ -148,16 +149,27 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
 
 
 # ---- compile ---------------------------------------------------------------------------
-def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Sequence[str],
-                     timeout: float) -> dict[str, dict[str, Any]]:
-    """JIT-build each variant's modules once, all variants in parallel.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModuleBuild:
+    """One variant's module build: whether it built, what its probe saw, why not."""
 
-    Returns per variant: {"ok", "env" (the probe's environment), "failure", "tail",
-    "module_failures" ({module: reason} of the optional modules that did not build)}.
-    """
+    ok: bool
+    #: the probe's environment (the box and the FlashInfer of the variant)
+    env: Environment
+    failure: str | None = None
+    tail: tuple[str, ...] = ()
+    #: {module: reason} of the optional modules that did not build
+    module_failures: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: why its prebuilt modules did not load (this build then JIT-compiled them)
+    prebuilt_failure: str | None = None
+
+
+def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Sequence[str],
+                     timeout: float) -> dict[str, ModuleBuild]:
+    """JIT-build each variant's modules once, all variants in parallel."""
     spec = run_dir / "compile-spec.json"
     spec.write_text(json.dumps({"mode": "compile", "modules": list(modules)}))
-    envs: dict[int, dict[str, Any]] = {}
+    envs: dict[int, Environment] = {}
     module_failures: dict[int, dict[str, str]] = {}
 
     def on_message(idx: int, message: wire.Message) -> None:
@@ -179,8 +191,8 @@ def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Seq
         last = next((line for line in reversed(outcome.tails[idx]) if line.strip()), "")
         failure = None if ok else (f"exit code {rc}: {last}" if rc is not None
                                    else outcome.failure)
-        result[v.name] = {"ok": ok, "env": envs.get(idx, {}), "failure": failure,
-                          "tail": outcome.tails[idx],
-                          "module_failures": module_failures.get(idx, {})}
+        result[v.name] = ModuleBuild(ok=ok, env=envs.get(idx, {}), failure=failure,
+                                     tail=tuple(outcome.tails[idx]),
+                                     module_failures=module_failures.get(idx, {}))
     return result
 
