@@ -18,7 +18,15 @@ from packaging.requirements import Requirement
 from helpers_manifest import entry, write_manifest
 from sm120fork.errors import ConfigError, NoGpuError
 from sm120fork.kit import boot
-from sm120fork.kit.build import KitOptions, Target, make, needed, parse_size
+from sm120fork.kit.build import (
+    KitOptions,
+    Resolved,
+    Target,
+    make,
+    needed,
+    parse_size,
+    resolution,
+)
 
 from helpers_ws import checkout_copy
 
@@ -91,9 +99,21 @@ def test_see_host_makes_a_venv_see_the_packages_of_another_python(tmp_path: Path
     assert done.stdout.strip().startswith(str(Path(sys.prefix)))
 
 
-def _report(*items: tuple[str, str, list[str]]) -> dict[str, object]:
-    return {"install": [{"metadata": {"name": n, "version": v, "requires_dist": deps}}
-                        for n, v, deps in items]}
+def _report(*items: tuple[str, str, list[str]]) -> dict[str, Resolved]:
+    return resolution({"install": [{"metadata": {"name": n, "version": v,
+                                                 "requires_dist": deps}}
+                                   for n, v, deps in items]}, "resolution.json")
+
+
+def test_a_pip_report_that_is_not_one_is_refused_naming_the_file_and_key() -> None:
+    with pytest.raises(ConfigError) as err:
+        resolution({"install": [{"metadata": {"name": "a", "version": "1"}},
+                                {"metadata": {"name": "b"}}]}, "resolution.json")
+    assert err.value.where == "resolution.json: install[1].metadata"
+    with pytest.raises(ConfigError) as err:
+        resolution({"install": [{"metadata": {"name": "a", "version": "1",
+                                              "requires_dist": "b"}}]}, "r.json")
+    assert err.value.where == "r.json: install[0].metadata.requires_dist"
 
 
 def test_what_only_torch_needs_stays_behind_with_torch() -> None:

@@ -36,9 +36,8 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from packaging.markers import Marker
 from packaging.requirements import Requirement
@@ -176,19 +175,61 @@ def _marker_holds(marker: Marker | None, env: dict[str, str], extras: Iterable[s
     return any(marker.evaluate({**env, "extra": e}) for e in ("", *extras))
 
 
-def needed(report: dict[str, Any], roots: Sequence[Requirement], target: Target,
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """One distribution of pip's resolution: an ``install`` item of its installation
+    report (``pip install --report``, format version 1)."""
+
+    name: str
+    version: str
+    requires_dist: tuple[str, ...] = ()
+    requested_extras: tuple[str, ...] = ()
+
+
+def resolution(data: object, where: str) -> dict[str, Resolved]:
+    """pip's installation report ``data`` as {canonical name: what it installs}; refused
+    naming ``where`` and the key when it is not one."""
+    def bad(key: str, what: str) -> ConfigError:
+        return ConfigError(f"not a pip installation report: {what}", where=f"{where}: {key}",
+                           fix="pip >= 23 writes it (python -m pip install -U pip)")
+
+    def strings(value: object, key: str) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad(key, "is not a list of strings")
+        return tuple(value)
+
+    if not isinstance(data, dict) or not isinstance(data.get("install"), list):
+        raise bad("install", "is missing or not a list")
+    out: dict[str, Resolved] = {}
+    for i, item in enumerate(data["install"]):
+        key = f"install[{i}]"
+        metadata = item.get("metadata") if isinstance(item, dict) else None
+        if not isinstance(metadata, dict):
+            raise bad(f"{key}.metadata", "is missing or not an object")
+        name, version = metadata.get("name"), metadata.get("version")
+        if not isinstance(name, str) or not isinstance(version, str):
+            raise bad(f"{key}.metadata", "has no name and version")
+        out[canonicalize_name(name)] = Resolved(
+            name=name, version=version,
+            requires_dist=strings(metadata.get("requires_dist"), f"{key}.metadata.requires_dist"),
+            requested_extras=strings(item.get("requested_extras"), f"{key}.requested_extras"))
+    return out
+
+
+def needed(items: Mapping[str, Resolved], roots: Sequence[Requirement], target: Target,
            provided: dict[str, str | None]) -> list[tuple[str, str]]:
-    """(name, version) of what pip's resolution installs that the box lacks: reached from
-    ``roots`` without passing through what the box provides (torch, ``--box-has``)."""
+    """(name, version) of what pip's resolution (``items``, :func:`resolution`) installs
+    that the box lacks: reached from ``roots`` without passing through what the box
+    provides (torch, ``--box-has``)."""
     env = target.environment()
-    items: dict[str, Any] = {canonicalize_name(i["metadata"]["name"]): i
-                             for i in report["install"]}
 
     def gone(name: str) -> bool:
         if name not in provided:
             return False
         version = provided[name]
-        return version is None or items[name]["metadata"]["version"] == version
+        return version is None or items[name].version == version
 
     seen: set[str] = set()
     todo = [canonicalize_name(r.name) for r in roots if _marker_holds(r.marker, env, ())]
@@ -198,25 +239,28 @@ def needed(report: dict[str, Any], roots: Sequence[Requirement], target: Target,
             continue
         seen.add(name)
         item = items[name]
-        extras = item.get("requested_extras") or []
-        for text in item["metadata"].get("requires_dist") or []:
+        for text in item.requires_dist:
             req = Requirement(text)
-            if _marker_holds(req.marker, env, extras):
+            if _marker_holds(req.marker, env, item.requested_extras):
                 todo.append(canonicalize_name(req.name))
-    return sorted((name, items[name]["metadata"]["version"]) for name in seen)
+    return sorted((name, items[name].version) for name in seen)
 
 
 def _pip(*args: str | Path) -> None:
     proc.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *map(str, args)])
 
 
-def resolve(roots: Sequence[Requirement], target: Target, scratch: Path) -> dict[str, Any]:
+def resolve(roots: Sequence[Requirement], target: Target, scratch: Path
+            ) -> dict[str, Resolved]:
     """pip's own resolution of ``roots`` for the target (metadata only, nothing installed)."""
     report = scratch / "resolution.json"
     _pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", report,
          *target.pip_options, *map(str, roots))
-    data: dict[str, Any] = json.loads(report.read_text(encoding="utf-8"))
-    return data
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ConfigError(f"not a pip installation report: {exc}", where=str(report)) from exc
+    return resolution(data, str(report))
 
 
 def download(pins: Sequence[tuple[str, str]], target: Target, dest: Path) -> None:
