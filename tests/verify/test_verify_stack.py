@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from sm120fork import record
+from sm120fork.patch.series import load_series
 from sm120fork.verify.proof.patches import NO_EVIDENCE
+from sm120fork.verify.proof.report import write_reports
 from sm120fork.verify.proof.stack import run_verify
 
+from helpers_maintain import count_series_loads
 from helpers_ws import STACK, make_demo
 
 GATE_TEST = "tests/test_gate.py::test_the_gate_allows_12"
@@ -25,7 +29,8 @@ def _claim_cpu_evidence(series: Path, test_body: str, root: Path) -> None:
         f"def test_the_gate_allows_12() -> None:\n    {test_body}\n")
 
 
-def test_run_verify_checks_fingerprints_and_runs_the_named_evidence(tmp_path: Path) -> None:
+def test_run_verify_checks_fingerprints_and_runs_the_named_evidence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     demo = make_demo(tmp_path)
     _claim_cpu_evidence(demo.series_dir("lib"), "assert 12 in [9, 10, 12]", demo.ws.root)
     result = run_verify(demo.ws, demo.ws.stack(STACK))
@@ -40,6 +45,14 @@ def test_run_verify_checks_fingerprints_and_runs_the_named_evidence(tmp_path: Pa
     assert by_subject["F3"].passed
     assert {p.project for p in result.provenance} == {"lib", "app"}
     assert all(len(p.wheel_sha256) == 64 for p in result.provenance)
+    # The record names the patches of the run's own plan: no series is read again.
+    loaded = count_series_loads(monkeypatch)
+    folder = write_reports(demo.ws, result)
+    assert loaded == []
+    rec = record.read(folder / record.RECORD_FILE)
+    assert [(p.project, p.patch, p.patch_id) for p in rec.tested.patches] == [
+        (key, p.name, p.patch_id) for key in ("lib", "app")
+        for p in load_series(demo.series_dir(key)).patches]
 
 
 def test_failing_evidence_fails_the_patch_and_the_run(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork import __version__
-from sm120fork.patch.series import load_series
 from sm120fork.record import (
     KINDS,
     Case,
@@ -198,7 +197,5 @@ def write_reports(ws: Workspace, result: VerifyResult) -> Path:
     atomic_write_text(full / "verify-full.json", json.dumps(document, indent=1) + "\n")
     atomic_write_text(full / "verify.json", json.dumps(compact(document), indent=1) + "\n")
     atomic_write_text(full / "verify.md", to_markdown(result))
-    stack = ws.stack(result.stack)
-    patches = [TestedPatch(project=p.key, patch=x.name, patch_id=x.patch_id)
-               for p in stack.projects for x in load_series(ws.series_dir(p)).patches]
-    return write_record(to_record(document, patches=patches), ws.reports_dir)
+    # the patches the run's plan read (no series is read again here)
+    return write_record(to_record(document, patches=result.patches), ws.reports_dir)

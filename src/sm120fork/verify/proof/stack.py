@@ -27,6 +27,7 @@ from sm120fork.package.publish import ProjectBuild
 from sm120fork.package.stack import Options, build, fetch, load
 from sm120fork.patch.series import Patch
 from sm120fork.patch.tree import prepare_tree
+from sm120fork.record import TestedPatch
 from sm120fork.verify.proof.patches import (
     FULL,
     UNPATCHED,
@@ -84,6 +85,9 @@ class VerifyResult:
     proof: ProofReport | None
     sglang: tuple[CheckResult, ...]
     seconds: float
+    #: Each patch of the stack's series with its change's id (``git patch-id --stable``),
+    #: from the plan the run built: what its record names as tested.
+    patches: tuple[TestedPatch, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -211,4 +215,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
                    wheel_sha256=made[0].sha256, tree=made[0].entry.tree)
         for key, made in builds.items())
     return VerifyResult(stack=stack.name, provenance=provenance, verdicts=tuple(verdicts),
-                        proof=proof, sglang=tuple(sglang), seconds=time.monotonic() - start)
+                        proof=proof, sglang=tuple(sglang), seconds=time.monotonic() - start,
+                        patches=tuple(TestedPatch(project=key, patch=p.name,
+                                                  patch_id=p.patch_id)
+                                      for key, s in series.items() for p in s.patches))
