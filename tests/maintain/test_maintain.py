@@ -45,6 +45,7 @@ from helpers_maintain import (
     ENCODED_AUTHOR,
     STACK,
     BumpWorkspace,
+    count_series_loads,
     make_bump_workspace,
     pack_wheel,
     package_index,
@@ -185,6 +186,18 @@ def test_status_reports_every_patch_and_its_wheel(bw: BumpWorkspace) -> None:
     assert applies[0] == "yes"
     assert applies[1].startswith("NO: demo_lib/kernel.cuh")
     assert applies[2:] == ["not checked", "not checked"]
+
+
+@pytest.mark.slow
+def test_status_reads_each_series_once(bw: BumpWorkspace,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stack is resolved once for its rows and its evidence (each series was read
+    twice: once for the patch rows, once for the records' standing)."""
+    build_stack(bw.ws, bw.ws.stack(STACK))
+    loaded = count_series_loads(monkeypatch)
+    rows = status(bw.ws, STACK)
+    assert rows[0].patches
+    assert loaded == [bw.series_dir]
 
 
 @pytest.mark.slow

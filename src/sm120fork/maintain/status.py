@@ -25,6 +25,7 @@ from sm120fork.package.publish import load_manifest
 from sm120fork.patch.apply import check_series
 from sm120fork.patch.series import (
     Patch,
+    Series,
     load_series,
 )
 from sm120fork.patch.tree import prepare_tree, read_state
@@ -124,7 +125,9 @@ def _wheel_for(manifest: Manifest | None, stack: Stack, project: Project,
 
 
 def project_status(ws: Workspace, stack: Stack, project: Project,
-                   manifest: Manifest | None, *, fetch: bool = True) -> ProjectStatus:
+                   manifest: Manifest | None, *, fetch: bool = True,
+                   series: Series | None = None) -> ProjectStatus:
+    """``series``: the project's series as the caller resolved it (else read here)."""
     pending = BumpState.load(ws, stack.name, project.key)
     in_progress = f"to {pending.new_version}" if pending else ""
 
@@ -141,7 +144,7 @@ def project_status(ws: Workspace, stack: Stack, project: Project,
                              undeclared_files=undeclared, release_files=release,
                              not_checked=not_checked, pins_disagree=disagree)
     try:
-        series = load_series(ws.series_dir(project))
+        series = series if series is not None else load_series(ws.series_dir(project))
         if not series.patches:  # nothing to check against the pin: fetch nothing
             return result(())
         missing = to_download(ws, stack, project)
@@ -188,22 +191,34 @@ def status(ws: Workspace, stack_name: str | None = None,
     stacks = [ws.stack(stack_name, strict=False)] if stack_name else sorted(
         ws.stacks().values(), key=lambda s: (not s.default, s.name))
     given = manifest_file.read(wheels_dir) if wheels_dir is not None else None
+    # Each stack resolved once (every series, its build's manifest) for its rows and its
+    # evidence; a series that does not load leaves it to each row to say which.
+    todays: dict[str, Today | None] = {}
+    for s in stacks:
+        try:
+            todays[s.name] = Today.of(ws, s, wheels_dir=wheels_dir)
+        except ToolkitError:
+            todays[s.name] = None
     with ws.lock():
-        found = [project_status(ws, s, p, given if wheels_dir else load_manifest(ws, s.name),
-                                fetch=fetch)
+        found = [project_status(
+                     ws, s, p, given if wheels_dir else (
+                         t.built if (t := todays[s.name]) else load_manifest(ws, s.name)),
+                     fetch=fetch, series=t.series[p.key] if t else None)
                  for s in stacks for p in s.projects]
-    evidence = {s.name: stack_standings(ws, s, wheels_dir) for s in stacks}
+    evidence = {s.name: stack_standings(ws, s, wheels_dir, today=todays[s.name])
+                for s in stacks}
     return [dataclasses.replace(ps, evidence=evidence[ps.stack][0].get(ps.project, ()),
                                 claims=evidence[ps.stack][1].get(ps.project, ()))
             for ps in found]
 
 
-def stack_standings(ws: Workspace, stack: Stack, wheels_dir: Path | None = None
+def stack_standings(ws: Workspace, stack: Stack, wheels_dir: Path | None = None, *,
+                    today: Today | None = None
                     ) -> tuple[dict[str, tuple[Standing, ...]], dict[str, tuple[Standing, ...]]]:
     """project -> its stack's records that tested it, and project -> its patches' claims,
     each current or stale (cheap: series, manifest and records are read, nothing runs)."""
     try:
-        today = Today.of(ws, stack, wheels_dir=wheels_dir)
+        today = today or Today.of(ws, stack, wheels_dir=wheels_dir)
         records = stack_evidence(ws, stack, today=today)
         tested = {rel.as_posix(): rec.tested.projects
                   for rel, rec in stack_records(ws, stack.name)}
