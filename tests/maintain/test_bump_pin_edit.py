@@ -115,3 +115,33 @@ def test_the_pins_a_bump_writes_keep_one_blank_line_between_tables(tmp_path: Pat
             assert lines[i - 1] == "", (line, lines[i - 1])
     path.write_text(out, encoding="utf-8")
     assert load_stack(path, strict=False).project("flashinfer").version == "0.6.18"
+
+
+def test_a_bump_state_keeps_its_classifications_typed_across_a_save(tmp_path: Path) -> None:
+    """``state.json`` holds each patch's classification; read back it is a Classification
+    again (it was a dict every reader re-parsed), and a row that is not one is no state."""
+    import json
+
+    from sm120fork.maintain.state import Classification
+    from sm120fork.workspace import Workspace
+
+    (tmp_path / "forks").mkdir()
+    ws = Workspace(root=tmp_path)
+    row = Classification(patch="0001-a.patch", subject="F1 a", verdict="applies",
+                         evidence=("applies cleanly",), applied_upstream="")
+    state = BumpState(stack="sg", project="sglang", old_version="1", new_version="2",
+                      new_pin={}, created_stack=False, declaration="", series_dir="",
+                      results=[row], preview=[row])
+    state.save(ws)
+    path = BumpState.directory(ws, "sg", "sglang") / "state.json"
+    assert json.loads(path.read_text())["results"] == [
+        {"patch": "0001-a.patch", "subject": "F1 a", "verdict": "applies",
+         "evidence": ["applies cleanly"], "applied_upstream": ""}]
+    loaded = BumpState.load(ws, "sg", "sglang")
+    assert loaded is not None
+    assert loaded.results == [row]
+    assert loaded.classifications("preview") == (row,)
+    data = json.loads(path.read_text())
+    data["results"][0]["verdict"] = 3
+    path.write_text(json.dumps(data))
+    assert BumpState.load(ws, "sg", "sglang") is None

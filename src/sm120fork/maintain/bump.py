@@ -406,7 +406,7 @@ def _series_before(ws: Workspace, state: BumpState) -> Series:
 
 
 def _record(state: BumpState, patch: Patch, verdict: str, evidence: list[str]) -> None:
-    state.results.append(classification(patch, verdict, evidence).to_json())
+    state.results.append(classification(patch, verdict, evidence))
 
 
 def _conflict_message(state: BumpState, patch: Patch, repo: Git, tree: str) -> str:
@@ -504,7 +504,7 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
             repo("reset", "-q", "--hard", state.head)  # a run killed mid-way: redo
             repo("clean", "-q", "-fdx")
         if not state.preview and state.next_index == 0:
-            state.preview = [c.to_json() for c in preview(repo, series.patches, new_version)]
+            state.preview = list(preview(repo, series.patches, new_version))
             state.save(ws)
             write_bump_report(ws, stack, project, state, pinned_project(project, state),
                               stopped="applying the series (the run did not finish)")

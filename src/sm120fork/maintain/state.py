@@ -51,8 +51,16 @@ class Classification:
     evidence: tuple[str, ...]
     applied_upstream: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "evidence": list(self.evidence)}
+    @classmethod
+    def from_json(cls, data: object) -> Classification:
+        """A row of ``state.json``; TypeError when it is not one."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a classification is an object, not {type(data).__name__}")
+        row = cls(**data)
+        if not all(isinstance(v, str) for v in (row.patch, row.subject, row.verdict,
+                                                row.applied_upstream)):
+            raise TypeError(f"a classification of {row.patch!r} has a field not a string")
+        return dataclasses.replace(row, evidence=tuple(map(str, row.evidence)))
 
 
 @dataclass
@@ -67,7 +75,7 @@ class BumpState:
     created_stack: bool
     declaration: str
     series_dir: str
-    results: list[dict[str, Any]]
+    results: list[Classification]
     next_index: int = 0
     head: str = ""
     conflict_head: str = ""
@@ -83,7 +91,7 @@ class BumpState:
     #: For such a bump: the project whose bump moves this one (pins agree once it ends).
     coordinated_with: str = ""
     #: Every patch classified against the new upstream before any was applied.
-    preview: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    preview: list[Classification] = dataclasses.field(default_factory=list)
     #: The journal ``--abort`` restores from: each file the bump may write (relative to
     #: the checkout) -> its bytes before (base64), or None where there was no file.
     before: dict[str, str | None] = dataclasses.field(default_factory=dict)
@@ -91,8 +99,7 @@ class BumpState:
     journaled_dirs: list[str] = dataclasses.field(default_factory=list)
 
     def classifications(self, which: str = "results") -> tuple[Classification, ...]:
-        rows = self.preview if which == "preview" else self.results
-        return tuple(Classification(**{**r, "evidence": tuple(r["evidence"])}) for r in rows)
+        return tuple(self.preview if which == "preview" else self.results)
 
     @staticmethod
     def directory(ws: Workspace, stack: str, project: str) -> Path:
@@ -102,9 +109,12 @@ class BumpState:
     def load(cls, ws: Workspace, stack: str, project: str) -> BumpState | None:
         path = cls.directory(ws, stack, project) / "state.json"
         try:
-            return cls(**json.loads(path.read_text()))
+            state = cls(**json.loads(path.read_text()))
+            state.results = [Classification.from_json(r) for r in state.results]
+            state.preview = [Classification.from_json(r) for r in state.preview]
         except (OSError, ValueError, TypeError):
             return None
+        return state
 
     def save(self, ws: Workspace) -> None:
         d = self.directory(ws, self.stack, self.project)
