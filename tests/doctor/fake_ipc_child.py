@@ -5,7 +5,9 @@ descriptor (so the parent's SCM_RIGHTS relay is exercised for real); a legacy IP
 is the file's name.  FAKE_IPC_DROP=<device> drops the copies the process on that device
 makes into a peer's memory (as an IOMMU that swallows peer writes does);
 FAKE_IPC_HANG=<device>:<owner device> makes the process on <device> hang when it maps
-<owner device>'s memory.
+<owner device>'s memory.  FAKE_IPC_OLD_WIRE=<device> makes the process on that device
+speak another version of the wire format.  Every process first prints a line that is not
+a message (a library's noise on stdout), which the parent passes over.
 """
 
 from __future__ import annotations
@@ -106,4 +108,7 @@ setattr(ipc, "Driver", FakeDriver)  # noqa: B010
 ipc.BANDWIDTH_BYTES = 1 << 16   # file-backed copies are slow on a loaded CPU machine
 
 if __name__ == "__main__":
+    if os.environ.get("FAKE_IPC_OLD_WIRE") == sys.argv[1]:   # a child of another version
+        print('@@sm120fork/0 PROBE {"ready": {}}', flush=True)
+    print("a library's stray line on stdout", flush=True)
     sys.exit(ipc._child(*(int(x) for x in sys.argv[1:5])))

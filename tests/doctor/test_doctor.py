@@ -502,6 +502,21 @@ def test_dropped_peer_writes_are_found_per_sharing_and_reads_still_checked(
         "ipc": {"open": "ok", "write": "1024 of 1024 words wrong", "read": "ok"}}
 
 
+def test_a_probe_process_on_another_wire_version_is_named_with_its_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peer probe speaks the toolkit's one wire format: a child of another version is
+    named with its line (before, a line that was not this JSON read as a dead process)."""
+    fake_child_env(tmp_path, monkeypatch, FAKE_IPC_OLD_WIRE="1")
+    results = ipc.probe([0, 1, 2], pair_timeout=60, module="fake_ipc_child")
+    by_pair = {(r.writer_gpu, r.owner_gpu): r for r in results}
+    assert by_pair[(0, 2)].ok   # ordinary output was passed over
+    assert by_pair[(2, 0)].ok
+    detail = by_pair[(0, 1)].detail
+    assert detail.startswith("not probed: setting up on GPU 1: the probe process spoke "
+                             "another wire format: wire format version '0'"), detail
+    assert '\'@@sm120fork/0 PROBE {"ready": {}}\'' in detail
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie (a killed grandchild may wait a moment for its reaper)."""
     try:

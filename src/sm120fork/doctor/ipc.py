@@ -12,14 +12,15 @@ pair by pair, each side maps the other's memory, writes a pattern into its slot 
 
 Each pair has its own deadline: a pair that hangs is named, its two processes are
 killed and started again for the pairs after it, and the rest of the box is still
-probed.  The parent speaks to a child in JSON lines over stdin/stdout and passes file
-descriptors over a socket pair; run a child with
+probed.  The parent and a child speak the toolkit's one wire format
+(:mod:`sm120fork.util.wire`: ``STEP`` messages on the child's stdin, ``PROBE`` messages
+on its stdout; a line of another wire version is a failure naming the line) and pass
+file descriptors over a socket pair; run a child with
 ``python -m <package>.doctor.ipc <device> <index> <processes> <socket fd>``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import socket
@@ -30,13 +31,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from ..util import proc
+from ..util import proc, wire
 from .cuda import CudaError, Driver
 
 SLOT = 1024                  # 32-bit words per pattern (published, and per writer)
 BANDWIDTH_BYTES = 32 << 20   # per timed copy
 REPEATS = 5
 SHARINGS = ("vmm", "ipc")    # VMM + POSIX FD (unified trtllm workspace), legacy CUDA IPC
+STEP, PROBE = "STEP", "PROBE"  # the wire tags: the parent's steps, the child's answers
 
 
 def seed(writer: int, owner: int) -> int:
@@ -114,8 +116,7 @@ def _size(processes: int, with_bandwidth: bool) -> int:
 def _child(device: int, me: int, processes: int, sock_fd: int) -> int:
     """One probe process: share its memory both ways, then serve the parent's steps."""
     def say(**msg: Any) -> None:
-        sys.stdout.write(json.dumps(msg) + "\n")
-        sys.stdout.flush()
+        wire.say(PROBE, msg)
 
     sock = socket.socket(fileno=sock_fd)
     try:
@@ -147,7 +148,10 @@ def _child(device: int, me: int, processes: int, sock_fd: int) -> int:
         if fd is not None:
             socket.send_fds(sock, [b"f"], [fd])
         for line in sys.stdin:
-            step = json.loads(line)
+            message = wire.decode(line)
+            if message is None or message.tag != STEP:
+                continue
+            step = message.data
             if step["op"] == "open":
                 peer = int(step["peer"])
                 result: dict[str, dict[str, str]] = {}
@@ -199,7 +203,7 @@ def _child(device: int, me: int, processes: int, sock_fd: int) -> int:
                                           pattern(writer, me))
                            for kind, memory in mine.items()}
                 say(checked=checked)
-    except (CudaError, ValueError, KeyError, OSError) as exc:
+    except (CudaError, ValueError, KeyError, OSError, wire.WireError) as exc:
         say(error=str(exc))
         return 1
     return 0
@@ -225,24 +229,42 @@ class _Process:
             child.close()
         self.ready: dict[str, Any] = {}
         self.vmm_fd: int | None = None
+        self.buffer = b""
 
     def send(self, msg: Any) -> None:
         stdin = self.proc.stdin
         assert stdin is not None
-        stdin.write((json.dumps(msg) + "\n").encode())
+        stdin.write((wire.encode(STEP, msg) + "\n").encode())
         stdin.flush()
 
-    def receive(self, deadline: float) -> dict[str, Any]:
+    def _line(self, deadline: float) -> str:
+        """The child's next line of output, read straight from its pipe (a buffered
+        reader could hold a line that the selector then waits for in vain)."""
         stdout: IO[bytes] | None = self.proc.stdout
         assert stdout is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(stdout, selectors.EVENT_READ)
-            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                raise TimeoutError
-        line = stdout.readline()
-        if not line:
-            raise EOFError
-        msg: dict[str, Any] = json.loads(line)
+        while b"\n" not in self.buffer:
+            with selectors.DefaultSelector() as sel:
+                sel.register(stdout, selectors.EVENT_READ)
+                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                    raise TimeoutError
+            chunk = os.read(stdout.fileno(), 1 << 16)
+            if not chunk:
+                raise EOFError
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode("utf-8", "replace")
+
+    def receive(self, deadline: float) -> dict[str, Any]:
+        """The child's next ``PROBE`` message (ordinary output is passed over)."""
+        while True:
+            try:
+                message = wire.decode(self._line(deadline))
+            except wire.WireError as exc:
+                raise RuntimeError(f"the probe process spoke another wire format: "
+                                   f"{exc.what}") from exc
+            if message is not None and message.tag == PROBE:
+                break
+        msg: dict[str, Any] = message.data
         if "error" in msg:
             raise RuntimeError(str(msg["error"]))
         return msg

@@ -50,7 +50,7 @@ def vendored_files() -> list[str]:
     # its all-reduce policy section reads the policy with the bench's own reader and
     # names the methods from the bench's registry (gpu/policy.py, gpu/methods.py)
     return ["errors.py", "entry.py", "plugin/runtime.py", "cuda/__init__.py", "cuda/toolkit.py",
-            "util/__init__.py", "util/proc.py", "gpu/policy.py", "gpu/methods.py",
+            "util/__init__.py", "util/proc.py", "util/wire.py", "gpu/policy.py", "gpu/methods.py",
             "gpu/decision.py", *doctor]
 
 
