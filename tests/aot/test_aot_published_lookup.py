@@ -23,6 +23,7 @@ import pytest
 
 from sm120fork.aot import check, lookup, provenance, wheel
 from sm120fork.declare import load_stacks
+from sm120fork.util import wire
 
 REPO = Path(__file__).resolve().parents[2]
 #: sglang 0.5.23 pins torch==2.14.1; that torch on the package index is the CUDA 13.0 build
@@ -227,8 +228,7 @@ def test_flashinfer_072_as_published_finds_and_loads_the_aot_wheel_on_the_stacks
                           capture_output=True, text=True, check=True, env={
                               **env, "PYTHONPATH": env["PYTHONPATH"] + os.pathsep +
                               str(REPO / "src")})
-    line = next(x for x in done.stdout.splitlines() if x.startswith(flashinfer_probe.PREFIX))
-    facts = json.loads(line.removeprefix(flashinfer_probe.PREFIX))
+    facts = wire.last(done.stdout, flashinfer_probe.TAG)
     assert [n for n, _ in facts["prebuilt_providers"]] == ["sm120fork"]
     assert facts["comm"]["is_aot"] is True
     assert Path(facts["comm"]["aot_path"]) == expected

@@ -27,7 +27,7 @@ from sm120fork.doctor.cuda import COPY_KERNEL_PTX, CudaError, Driver
 from sm120fork.errors import DoctorError
 from sm120fork.gpu import decision
 from sm120fork.gpu import policy as allreduce_policy
-from sm120fork.util import proc
+from sm120fork.util import proc, wire
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parents[1]
@@ -351,8 +351,7 @@ def ask_flashinfer(site: Path, workspace: Path, **env: str) -> dict[str, Any]:
                    FLASHINFER_WORKSPACE_BASE=str(workspace), **env)
     done = subprocess.run([sys.executable, "-m", "sm120fork.doctor.flashinfer_probe", "12.0"],
                           env=environ, capture_output=True, text=True, timeout=300, check=True)
-    line = done.stdout.splitlines()[-1]
-    result: dict[str, Any] = json.loads(line.removeprefix("SM120FORK-FLASHINFER "))
+    result: dict[str, Any] = wire.last(done.stdout, "FLASHINFER")
     return result
 
 
@@ -545,10 +544,25 @@ def test_a_child_query_past_its_timeout_is_ended_with_what_it_started(
         f"open({str(mark)!r}, 'w').write(str(g.pid))\n"
         "time.sleep(600)\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
-    assert probe._child_json("stuck_child", [], "X:", timeout=8) == {
+    assert probe._child_json("stuck_child", [], "X", timeout=8) == {
         "error": "no answer within 8s"}
     assert mark.is_file(), "the child did not start its grandchild within the timeout"
     assert _gone(int(mark.read_text())), "the grandchild outlived the timed-out query"
+
+
+def test_a_doctor_question_answered_on_another_wire_version_names_the_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doctor's questions (FlashInfer's facts, SGLang's --tp decisions) are answered
+    on the one wire format; an answer of another version is named, not taken for none."""
+    (tmp_path / "old_child.py").write_text(
+        "print('@@sm120fork/0 DECIDE {\"2\": \"fused\"}')\n")
+    (tmp_path / "new_child.py").write_text(
+        "from sm120fork.util import wire\nprint('noise')\nwire.say('DECIDE', {'2': 'f'})\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    assert probe._child_json("new_child", [], "DECIDE", timeout=120) == {"2": "f"}
+    error = probe._child_json("old_child", [], "DECIDE", timeout=120)["error"]
+    assert error.startswith("old_child spoke another wire format: wire format version '0'")
+    assert '@@sm120fork/0 DECIDE {"2": "fused"}' in error
 
 
 def test_ctrl_c_ends_the_peer_probes_processes(
@@ -753,7 +767,7 @@ def test_each_sglang_decides_with_its_own_code(tmp_path: Path, flavour: str) -> 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
     done = subprocess.run([sys.executable, "-m", "sm120fork.doctor.decide", "2", "4"], env=env,
                           capture_output=True, text=True, timeout=120, check=True)
-    result = json.loads(done.stdout.splitlines()[-1].removeprefix("SM120FORK-DECIDE "))
+    result = wire.last(done.stdout, "DECIDE")
     assert result["source"] == flavour
     assert result["plugins_loaded"] is (flavour == "arg_groups")
     assert [(d["tp"], d["fusion"]) for d in result["decisions"]] == [(2, True), (4, False)]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import json
 import logging
 import sys
 import types
@@ -31,8 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..util import wire
+
 MODEL_ARCH = "Qwen3MoeForCausalLM"
-PREFIX = "SM120FORK-DECIDE "
+TAG = "DECIDE"  # its one message on the one wire format (util/wire.py)
 
 
 class _Capture(logging.Handler):
@@ -154,7 +155,7 @@ def main(argv: Sequence[str]) -> int:
         result: dict[str, Any] = decide([int(x) for x in argv])
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
-    sys.stdout.write(PREFIX + json.dumps(result) + "\n")
+    wire.say(TAG, result)
     return 0
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import logging
 import os
 import sys
@@ -26,10 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..util import wire
+
 #: CUDA versions tried against FlashInfer's own architecture mapping to find its floor.
 CANDIDATE_CUDA = ("11.8", "12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.7",
                   "12.8", "12.9", "13.0", "13.1", "13.2", "13.3", "14.0")
-PREFIX = "SM120FORK-FLASHINFER "
+TAG = "FLASHINFER"  # its one message on the one wire format (util/wire.py)
 
 
 def _error(exc: BaseException) -> str:
@@ -178,7 +179,7 @@ def main(argv: list[str]) -> int:
         result = probe(capabilities)
     except Exception as exc:
         result = {"import_error": _error(exc)}
-    sys.stdout.write(PREFIX + json.dumps(result) + "\n")
+    wire.say(TAG, result)
     return 0
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from ..cuda.toolkit import locate_nvcc
 from ..errors import CommandError
 from ..gpu import policy as allreduce_policy
-from ..util import proc
+from ..util import proc, wire
 from .cuda import CudaError, Device, Driver
 from .ipc import LinkResult
 from .ipc import probe as ipc_probe
@@ -151,31 +151,33 @@ def nvcc_version() -> dict[str, str] | None:
                                        "found_in": found.found_in}
 
 
-def _child_json(module: str, args: Sequence[str], prefix: str, timeout: float) -> dict[str, Any]:
-    """Run ``python -m module args`` and read its one prefixed JSON line."""
+def _child_json(module: str, args: Sequence[str], tag: str, timeout: float) -> dict[str, Any]:
+    """Run ``python -m module args`` and read its one ``tag`` message (the one wire)."""
     try:
         done = proc.run([sys.executable, "-m", module, *args], check=False, timeout=timeout,
                         quiet=True)
     except CommandError as exc:
         return {"error": f"no answer within {timeout:.0f}s" if exc.timed_out else exc.what}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(prefix):
-            result: dict[str, Any] = json.loads(line.removeprefix(prefix))
-            return result
+    try:
+        result: Any = wire.last(done.stdout, tag)
+    except wire.WireError as exc:
+        return {"error": f"{module} spoke another wire format: {exc.what}"}
+    if isinstance(result, dict):
+        return result
     return {"error": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"}
 
 
 def flashinfer_facts(capabilities: Sequence[str], timeout: float = 300) -> dict[str, Any]:
-    from .flashinfer_probe import PREFIX
-    result = _child_json(f"{__package__}.flashinfer_probe", list(capabilities), PREFIX, timeout)
+    from .flashinfer_probe import TAG
+    result = _child_json(f"{__package__}.flashinfer_probe", list(capabilities), TAG, timeout)
     if "error" in result and len(result) == 1:
         return {"probe_error": result["error"]}
     return result
 
 
 def sglang_decisions(sizes: Sequence[int], timeout: float = 300) -> dict[str, Any]:
-    from .decide import PREFIX
-    return _child_json(f"{__package__}.decide", [str(t) for t in sizes], PREFIX, timeout)
+    from .decide import TAG
+    return _child_json(f"{__package__}.decide", [str(t) for t in sizes], TAG, timeout)
 
 
 def importable_names(timeout: float = 300) -> dict[str, Any]:
