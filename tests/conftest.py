@@ -18,20 +18,24 @@ FIXED_DATE = "2026-11-29T00:00:00+00:00"
 PATCH_AUTHOR = "SM12x fork maintainers <sm12x-fork@users.noreply.invalid>"
 
 
-#: The files that take minutes (each builds or probes real SGLang trees), longest first.
-#: ``nox -s tests`` hands whole files to the two workers in collection order
+#: The files that take minutes (each builds or probes real SGLang trees, or builds a stack
+#: from its sdist), longest first, by their durations in a fresh-clone run of `nox -s tests`
+#: (2 workers).  ``nox -s tests`` hands whole files to the two workers in collection order
 #: (``--no-loadscope-reorder``): the last file to start bounds the run, so these start
 #: first and the many short files fill in around them.  (xdist's default order, most
 #: tests first, started them last.)
 LONGEST_FIRST = (
-    "layouts/test_stack2.py",
-    "plugin/test_plugin_sglang.py",
-    "layouts/test_layouts.py",
     "layouts/test_verify_sglang.py",
+    "cli/test_e2e_flashinfer_stack.py",
     "gpu/test_fail_closed.py",
-    "layouts/test_policy_sglang.py",
-    "plugin/test_plugin_policy.py",
     "cli/test_e2e_default_stack.py",
+    "gpu/test_layer_policy_sglang.py",
+    "layouts/test_stack2.py",
+    "plugin/test_plugin_policy.py",
+    "plugin/test_plugin_sglang.py",
+    "kit/test_kit.py",
+    "layouts/test_layouts.py",
+    "upstream/test_upstream_groups.py",
 )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import py_compile
 import shutil
 import subprocess
 import sys
@@ -143,9 +144,12 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> Sites:
 def _make_sites(base: Path) -> None:
     pip("download", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
         "--platform", "manylinux_2_34_x86_64", "sglang==0.5.23", "-d", str(base / "dl"))
-    pip("install", "--no-deps", "--no-compile", "--target", str(base / "stock"),
+    # Byte code compiled once here: the probes and ranks that import these sites run
+    # with PYTHONDONTWRITEBYTECODE (CI and the toolkit's own probes set it), so without
+    # it every fresh interpreter compiled sglang and transformers again.
+    pip("install", "--no-deps", "--target", str(base / "stock"),
         str(base / "dl" / WHEEL))
-    pip("install", "--no-deps", "--no-compile", "--target", str(base / "deps"),
+    pip("install", "--no-deps", "--target", str(base / "deps"),
         "-r", str(PROBE_DEPS))
 
     fork = base / "fork"
@@ -171,7 +175,7 @@ def _make_sites(base: Path) -> None:
                          package="sglang", stack="sglang-0.5.23", distribution="sglang",
                          version="0.5.23")
     built = package.build_plugin_wheel(spec, "sm120.1", base / "plugin-cache")
-    pip("install", "--no-deps", "--no-compile", "--target", str(base / "plugin"),
+    pip("install", "--no-deps", "--target", str(base / "plugin"),
         str(built.wheel))
 
     patched = base / "patched"
@@ -180,3 +184,6 @@ def _make_sites(base: Path) -> None:
         dest = patched / rel.removeprefix("python/")
         dest.unlink(missing_ok=True)
         shutil.copyfile(fork / rel, dest)
+        # its own byte code (written beside, replacing the link to stock's, not stock's)
+        py_compile.compile(str(dest), doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
