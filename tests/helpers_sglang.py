@@ -6,7 +6,9 @@ The session fixture ``sites`` (network, ~2 min) is shared by the plugin's tests
 The session fixtures ``sglang_0510`` and ``sglang_0510_upstream`` (the 0.5.10.post1 sdist,
 patched by S1-S4 and as published, by the toolkit's own pipeline) are shared by
 tests/layouts/test_verify_sglang.py, tests/layouts/test_policy_sglang.py and
-tests/gpu/test_fail_closed.py.  All are made once per run and are read-only to tests: a
+tests/gpu/test_fail_closed.py.  The session fixture ``sglang_next_verify`` (sglang-0.5.23
+renamed, verified end to end) is shared by tests/layouts/test_layouts.py and
+tests/layouts/test_stack2.py.  All are made once per run and are read-only to tests: a
 test that would change one works on a copy.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import pickle
 import py_compile
 import shutil
 import subprocess
@@ -28,8 +31,9 @@ import pytest
 from sm120fork.plugin import package, runtime
 from sm120fork.plugin.generate import generate_spec, patch_commits
 from sm120fork.util.git import Git
+from sm120fork.verify.proof.stack import VerifyResult
 
-from conftest import git
+from conftest import git, isolate_git
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -187,3 +191,51 @@ def _make_sites(base: Path) -> None:
         # its own byte code (written beside, replacing the link to stock's, not stock's)
         py_compile.compile(str(dest), doraise=True,
                            invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+
+
+#: The interpreter the behaviour probes run on (it needs the sglang-probe group).
+PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
+
+
+def copy_stack(root: Path, source: str, name: str, *, keep_wheels: int) -> None:
+    """``source`` under the name ``name``: its toml (one wheel per project kept, to build
+    fast) and its patches, nothing else."""
+    text = (root / "forks" / f"{source}.toml").read_text()
+    text = text.replace(f'name = "{source}"', f'name = "{name}"')
+    text = text.replace(f'series = "patches/{source}/', f'series = "patches/{name}/')
+    blocks = text.split("[[projects.sglang.wheels]]")
+    text = "[[projects.sglang.wheels]]".join(blocks[:1 + keep_wheels])
+    (root / "forks" / f"{name}.toml").write_text(text)
+    shutil.copytree(root / "patches" / source, root / "patches" / name)
+
+
+@pytest.fixture(scope="session")
+def sglang_next_verify(tmp_path_factory: pytest.TempPathFactory) -> VerifyResult:
+    """``run_verify`` of sglang-0.5.23 copied under the name ``sglang-next`` (its toml with
+    its first wheel, its patches; nothing in the toolkit names the stack): the build, the
+    fingerprints and the layer_boundary checks (``check_trees`` of the patched tree against
+    the unpatched one, made from the same published wheel and series as sglang-0.5.23's
+    own).  Made once per run: test_layouts asserts the verdicts, test_stack2 the checks."""
+    from sm120fork.verify.proof.stack import run_verify
+    from sm120fork.workspace import Workspace
+
+    from helpers_ws import CHECKOUT, checkout_copy
+
+    def make(base: Path) -> None:
+        with pytest.MonkeyPatch.context() as mp:
+            isolate_git(mp, base)
+            root = checkout_copy(base, sdists=False)
+            cache = CHECKOUT / ".forks" / "cache" / "wheels"
+            cache.mkdir(parents=True, exist_ok=True)
+            (root / ".forks" / "cache").mkdir(parents=True)
+            (root / ".forks" / "cache" / "wheels").symlink_to(cache)
+            (CHECKOUT / ".forks" / "probe").mkdir(exist_ok=True)  # the overlay, shared
+            (root / ".forks" / "probe").symlink_to(CHECKOUT / ".forks" / "probe")
+            copy_stack(root, "sglang-0.5.23", "sglang-next", keep_wheels=1)
+            ws = Workspace(root)
+            result = run_verify(ws, ws.stack("sglang-next"), python=PROBE_PYTHON)
+        (base / "result.pickle").write_bytes(pickle.dumps(result))
+
+    base = once_per_run(tmp_path_factory, "verify-sglang-next", make)
+    result: VerifyResult = pickle.loads((base / "result.pickle").read_bytes())
+    return result

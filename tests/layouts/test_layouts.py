@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from sm120fork.gpu.sglang_layer import layout_of
 from sm120fork.layouts import LAYOUTS, adapter
 from sm120fork.patch.series import load_series
 from sm120fork.verify.proof.patches import claims
-from sm120fork.verify.proof.stack import run_verify
+from sm120fork.verify.proof.stack import VerifyResult
 from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy
@@ -78,33 +77,14 @@ def test_an_unknown_layout_is_refused_naming_the_key(tmp_path: Path) -> None:
         Workspace(root).stack("sglang-0.5.23")
 
 
-def _copy_stack(root: Path, source: str, name: str, *, keep_wheels: int) -> None:
-    """``source`` under the name ``name``: its toml (one wheel per project kept, to build
-    fast) and its patches, nothing else."""
-    text = (root / "forks" / f"{source}.toml").read_text()
-    text = text.replace(f'name = "{source}"', f'name = "{name}"')
-    text = text.replace(f'series = "patches/{source}/', f'series = "patches/{name}/')
-    blocks = text.split("[[projects.sglang.wheels]]")
-    text = "[[projects.sglang.wheels]]".join(blocks[:1 + keep_wheels])
-    (root / "forks" / f"{name}.toml").write_text(text)
-    shutil.copytree(root / "patches" / source, root / "patches" / name)
-
-
 @pytest.mark.network
 @pytest.mark.slow
-def test_a_stack_on_a_known_layout_needs_only_a_toml_and_patches(tmp_path: Path) -> None:
+def test_a_stack_on_a_known_layout_needs_only_a_toml_and_patches(
+        sglang_next_verify: VerifyResult) -> None:
     """A copy of sglang-0.5.23 under another name runs the evidence end to end (build,
-    fingerprints, the layer_boundary checks): nothing in the toolkit names the stack."""
-    root = checkout_copy(tmp_path, sdists=False)
-    cache = REPO / ".forks" / "cache" / "wheels"
-    cache.mkdir(parents=True, exist_ok=True)
-    (root / ".forks" / "cache").mkdir(parents=True)
-    (root / ".forks" / "cache" / "wheels").symlink_to(cache)
-    (REPO / ".forks" / "probe").mkdir(exist_ok=True)  # the probe's overlay, shared
-    (root / ".forks" / "probe").symlink_to(REPO / ".forks" / "probe")
-    _copy_stack(root, "sglang-0.5.23", "sglang-next", keep_wheels=1)
-    ws = Workspace(root)
-    result = run_verify(ws, ws.stack("sglang-next"), python=PROBE_PYTHON)
+    fingerprints, the layer_boundary checks): nothing in the toolkit names the stack.
+    (helpers_sglang makes the run once; test_stack2 reads its checks.)"""
+    result = sglang_next_verify
     assert result.stack == "sglang-next"
     verdicts = {v.patch.split("-")[1]: v for v in result.verdicts if v.project == "sglang"}
     assert sorted(verdicts) == ["G1", "G2", "G3", "G4", "G5", "G6", "G7"]

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.layouts.layer_boundary.checks import SM12X, UNCHANGED, check_trees, ensure_overlay
+from sm120fork.layouts.layer_boundary.checks import SM12X, UNCHANGED, ensure_overlay
 from sm120fork.layouts.results import CheckResult
 from sm120fork.package.publish import ProjectBuild
 from sm120fork.package.stack import build_stack
 from sm120fork.patch.series import load_series
-from sm120fork.patch.tree import prepare_tree
 from sm120fork.util.files import sha256_file
+from sm120fork.verify.proof.stack import VerifyResult
 from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy
@@ -150,23 +150,22 @@ def test_cp311_wheel_installs_and_imports_here(builds: list[ProjectBuild],
 
 
 @pytest.fixture(scope="module")
-def results(workspace: Workspace, builds: list[ProjectBuild]) -> list[CheckResult]:
-    stack = workspace.stack(STACK)
-    project = stack.project("sglang")
-    patched = prepare_tree(workspace, stack, project).path
-    upstream = prepare_tree(workspace, stack, project, patches=(), variant="unpatched").path
-    overlay = ensure_overlay(REPO / ".forks" / "probe", python=PROBE_PYTHON)
-    return check_trees(patched, baseline=upstream, overlay=overlay, python=PROBE_PYTHON)
+def results(sglang_next_verify: VerifyResult) -> tuple[CheckResult, ...]:
+    """The layer_boundary checks of sglang-0.5.23's patched tree against the unpatched one
+    (``check_trees``), as ``run_verify`` runs them on this stack's copy under another name
+    (its first wheel, the same series: the same trees, made once per run and shared with
+    test_layouts, which asserts that run's verdicts)."""
+    return sglang_next_verify.sglang
 
 
-def _named(results: list[CheckResult], prefix: str, cap: str) -> dict[str, CheckResult]:
+def _named(results: tuple[CheckResult, ...], prefix: str, cap: str) -> dict[str, CheckResult]:
     return {r.name.removeprefix(prefix).strip(): r for r in results
             if r.name.startswith(prefix) and r.capability == cap}
 
 
 @pytest.mark.parametrize("cap", SM12X)
 def test_g1_trtllm_resolves_on_one_node_and_multicast_backends_are_refused(
-        results: list[CheckResult], cap: str) -> None:
+        results: tuple[CheckResult, ...], cap: str) -> None:
     resolve = _named(results, "G1 resolve:", cap)
     assert all(r.passed for r in resolve.values()), [r for r in resolve.values() if not r.passed]
     assert resolve["auto nodes1"].observed == '"trtllm"'
@@ -176,7 +175,7 @@ def test_g1_trtllm_resolves_on_one_node_and_multicast_backends_are_refused(
 
 @pytest.mark.parametrize("cap", SM12X)
 def test_g2_auto_enable_only_at_tp2_on_one_node_unless_overridden(
-        results: list[CheckResult], cap: str) -> None:
+        results: tuple[CheckResult, ...], cap: str) -> None:
     auto = _named(results, "G2 auto:", cap)
     assert all(r.passed for r in auto.values()), [r for r in auto.values() if not r.passed]
     enabled = {n for n, r in auto.items() if '"backend":"auto"' in r.observed}
@@ -187,7 +186,7 @@ def test_g2_auto_enable_only_at_tp2_on_one_node_unless_overridden(
 
 
 @pytest.mark.parametrize("cap", SM12X)
-def test_g3_g4_g5_on_sm12x(results: list[CheckResult], cap: str) -> None:
+def test_g3_g4_g5_on_sm12x(results: tuple[CheckResult, ...], cap: str) -> None:
     for prefix in ("G3 applies:", "G4 preflight:", "G5 plain:"):
         checks = _named(results, prefix, cap)
         assert checks, prefix
@@ -199,7 +198,7 @@ def test_g3_g4_g5_on_sm12x(results: list[CheckResult], cap: str) -> None:
 
 
 @pytest.mark.parametrize("cap", UNCHANGED)
-def test_other_gpus_decide_as_upstream(results: list[CheckResult], cap: str) -> None:
+def test_other_gpus_decide_as_upstream(results: tuple[CheckResult, ...], cap: str) -> None:
     unchanged = _named(results, "unchanged", cap)
     assert len(unchanged) > 40
     assert all(r.passed for r in unchanged.values()), [r for r in unchanged.values()
