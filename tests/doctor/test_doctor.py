@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,8 @@ import pytest
 
 from sm120fork.doctor import cli, ipc, probe, rules
 from sm120fork.doctor.cuda import COPY_KERNEL_PTX, CudaError, Driver
-from sm120fork.errors import DoctorError
+from sm120fork.doctor.facts import SCHEMA, Modules
+from sm120fork.errors import ConfigError, DoctorError
 from sm120fork.gpu import decision
 from sm120fork.gpu import policy as allreduce_policy
 from sm120fork.util import proc, wire
@@ -42,7 +43,7 @@ PROVENANCE_PATCH = next(
 # --- facts of boxes we do not have --------------------------------------------------------
 
 def link(w: int, o: int, *, ok: bool = True, write: float = 52.0, read: float = 52.0,
-         error: str | None = None) -> dict[str, Any]:
+         error: str | None = None) -> Any:
     steps = {"open": "ok", "write": "ok" if ok else "1024 of 1024 words wrong", "read": "ok"}
     result = ipc.LinkResult(writer=w, owner=o, writer_gpu=w, owner_gpu=o,
                             sharing={"vmm": dict(steps), "ipc": dict(steps)},
@@ -70,7 +71,7 @@ def flashinfer(version: str = "0.7.2", cuda: str = "13.0", source: str = "nvcc",
 
 def box(n: int = 2, *, capability: str = "12.0", numa: Sequence[int] | None = None,
         p2p: Any = True, links: list[dict[str, Any]] | None = None,
-        packages: dict[str, str | None] | None = None, **extra: Any) -> dict[str, Any]:
+        packages: dict[str, str | None] | None = None, **extra: Any) -> Any:
     """Facts of an n-GPU SM120 box with stock SGLang 0.5.23 + our plugin, FlashInfer 0.7.2."""
     numa = list(numa or [0] * n)
     matrix = [[a == b or (p2p(a, b) if callable(p2p) else p2p) for b in range(n)]
@@ -85,7 +86,7 @@ def box(n: int = 2, *, capability: str = "12.0", numa: Sequence[int] | None = No
     pkgs.update(packages or {})
     sizes = probe.tp_sizes(n)
     facts: dict[str, Any] = {
-        "schema": probe.SCHEMA, "made_by": {"doctor": "test", "python": "3.12",
+        "schema": SCHEMA, "made_by": {"doctor": "test", "python": "3.12",
                                             "machine": "x86_64"},
         "environ": {}, "skipped": {},
         "gpus": {"driver": "13.0", "error": None, "p2p": matrix, "devices": [
@@ -120,7 +121,7 @@ def box(n: int = 2, *, capability: str = "12.0", numa: Sequence[int] | None = No
     return facts
 
 
-def run(facts: dict[str, Any], tmp_path: Path, *args: str,
+def run(facts: Any, tmp_path: Path, *args: str,
         capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     path = tmp_path / "facts.json"
     path.write_text(json.dumps(facts))
@@ -128,7 +129,7 @@ def run(facts: dict[str, Any], tmp_path: Path, *args: str,
     return code, capsys.readouterr().out
 
 
-def blockers(facts: dict[str, Any], **kw: Any) -> list[str]:
+def blockers(facts: Any, **kw: Any) -> list[str]:
     return rules.judge(facts, **kw).blockers
 
 
@@ -160,7 +161,7 @@ def test_record_then_judge_offline_gives_the_same_verdict(
     assert cli.main(["--record", str(record), "--json"], stub_probes(facts)) == 0
     live = json.loads(capsys.readouterr().out)
     recorded = json.loads(record.read_text())
-    assert recorded["schema"] == probe.SCHEMA
+    assert recorded["schema"] == SCHEMA
     assert recorded["gpus"] == facts["gpus"]
     assert recorded["peers"]["links"] == \
         facts["peers"]["links"]
@@ -172,7 +173,7 @@ def test_a_record_carries_no_home_or_site_packages_path(tmp_path: Path) -> None:
     facts = box(2)
     facts["flashinfer"]["aot_dir"] = f"{sys.path[-1]}/flashinfer/data/aot"
     facts["flashinfer"]["jit_dir"] = f"{Path.home()}/.cache/flashinfer/0.7.2/120f/cached_ops"
-    out = probe.portable(facts)
+    out: Any = probe.portable(facts)
     assert out["flashinfer"]["jit_dir"] == "~/.cache/flashinfer/0.7.2/120f/cached_ops"
     if sys.path[-1].endswith(("site-packages", "dist-packages")):
         assert out["flashinfer"]["aot_dir"] == "<site-packages>/flashinfer/data/aot"
@@ -184,6 +185,36 @@ def test_facts_of_another_schema_are_refused(tmp_path: Path,
     path.write_text(json.dumps({"schema": "something-else"}))
     assert cli.main(["--facts", str(path)]) == 16
     assert "schema 'something-else'" in capsys.readouterr().err
+
+
+def _capability_as_int(facts: Any) -> None:
+    facts["gpus"]["devices"][0]["capability"] = 120
+
+
+def _links_as_object(facts: Any) -> None:
+    facts["peers"]["links"] = {"0-1": True}
+
+
+def _write_as_text(facts: Any) -> None:
+    facts["peers"]["links"][1]["write_gbps"] = "fast"
+
+
+@pytest.mark.parametrize(("spoil", "key", "said"), [
+    (_capability_as_int, "gpus.devices[0].capability", "is an int, not a string"),
+    (_links_as_object, "peers.links", "is an object, not a list"),
+    (_write_as_text, "peers.links[1].write_gbps", "is a string, not a number or null"),
+])
+def test_a_record_with_a_key_of_the_wrong_type_is_refused_naming_file_and_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], spoil: Callable[[Any], None],
+        key: str, said: str) -> None:
+    """Not a KeyError/TypeError deep in a rule (an internal error, exit 70): the one
+    reader (doctor/facts.py) names the file and the dotted key, a ConfigError (exit 2)."""
+    facts = box(2)
+    spoil(facts)
+    path = tmp_path / "spoiled.json"
+    path.write_text(json.dumps(facts))
+    assert cli.main(["--facts", str(path)]) == ConfigError("").exit_code
+    assert f"{path}: {key}: {said}" in capsys.readouterr().err
 
 
 def test_text_and_json_are_the_same_lines(tmp_path: Path,
@@ -436,7 +467,7 @@ def test_the_cuda_floor_is_the_installed_flashinfers(tmp_path: Path) -> None:
 
 # --- item 3: per TP size, on the GPUs SGLang would use ----------------------------------------
 
-def cross_socket(n: int = 8) -> dict[str, Any]:
+def cross_socket(n: int = 8) -> Any:
     half = n // 2
     return box(n, numa=[0] * half + [1] * half, p2p=lambda a, b: (a < half) == (b < half))
 
@@ -913,7 +944,8 @@ def test_a_record_hides_pythonpath_install_folders(tmp_path: Path,
     monkeypatch.setenv("PYTHONPATH", f"{target}{os.pathsep}/elsewhere")
     facts = box(2)
     facts["flashinfer"]["aot_dir"] = f"{target}/flashinfer/data/aot"
-    assert probe.portable(facts)["flashinfer"]["aot_dir"] == "<site-packages>/flashinfer/data/aot"
+    out: Any = probe.portable(facts)
+    assert out["flashinfer"]["aot_dir"] == "<site-packages>/flashinfer/data/aot"
 
 
 def test_one_gpu_whose_processes_cannot_share_memory_is_warned_not_blocked() -> None:
@@ -953,7 +985,7 @@ def measured_policy(*, for_use: bool = True, **made: Any) -> dict[str, Any]:
         "created": "2026-12-01", "gpu": "RTX PRO 6000", "gpu_count": 8, **made})
 
 
-def with_policy(doc: Any, *, path: str = "/srv/policy.json", **extra: Any) -> dict[str, Any]:
+def with_policy(doc: Any, *, path: str = "/srv/policy.json", **extra: Any) -> Any:
     facts = box(8, **extra)
     facts["policy"] = {"path": path, "named_by": allreduce_policy.ENV_VAR,
                        "found": doc is not None, "document": doc, "error": None}
@@ -1109,15 +1141,17 @@ def test_the_probe_finds_the_policy_sglang_reads_and_a_record_names_home_by_role
     allreduce_policy.write(measured_policy(), tmp_path / ".config" / "sm120fork")
     (tmp_path / ".config" / "sm120fork" / "policy.json").rename(
         allreduce_policy.locate({}))
-    every = {"asked": decision.needed_names(), "present": decision.needed_names()}
+    every: Modules = {"asked": decision.needed_names(), "present": decision.needed_names()}
     facts = probe.collect(probe.Probes(gpus=lambda: {"driver": None, "devices": [], "p2p": [],
                                                      "error": "no GPU (test)"},
                                        decisions=lambda s: {"error": "skipped"},
                                        modules=lambda: every, environ={}))
-    assert facts["policy"]["found"] is True
-    assert facts["policy"]["document"]["tp"]["2"]["ranges"][0]["max_tokens"] == 64
+    found = facts["policy"]
+    assert found is not None
+    assert found["found"] is True
+    assert found["document"]["tp"]["2"]["ranges"][0]["max_tokens"] == 64
     recorded = probe.portable(facts, home=tmp_path)
-    assert recorded["policy"]["path"] == allreduce_policy.DEFAULT_PATH
+    assert (recorded["policy"] or {})["path"] == allreduce_policy.DEFAULT_PATH
     lines = rules.judge(recorded).text_of("policy")
     assert lines[0] == (f"policy file: {allreduce_policy.DEFAULT_PATH} (the default place; "
                         "SGLANG_SM120_ALLREDUCE_POLICY names another)")
@@ -1126,7 +1160,9 @@ def test_the_probe_finds_the_policy_sglang_reads_and_a_record_names_home_by_role
         gpus=lambda: {"driver": None, "devices": [], "p2p": [], "error": "no GPU (test)"},
         decisions=lambda s: {"error": "skipped"},
         environ={allreduce_policy.ENV_VAR: str(tmp_path / "elsewhere.json")}))
-    assert (named["policy"]["found"], named["policy"]["named_by"]) == (
+    found = named["policy"]
+    assert found is not None
+    assert (found["found"], found["named_by"]) == (
         False, allreduce_policy.ENV_VAR)
     assert named["environ"] == {allreduce_policy.ENV_VAR: str(tmp_path / "elsewhere.json")}
 

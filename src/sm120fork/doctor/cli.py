@@ -18,8 +18,9 @@ from typing import Any
 from ..entry import Parser, boundary
 from ..errors import DoctorError, UsageError
 from ..util import proc
+from .facts import SCHEMA, Facts, parse_facts
 from .ipc import probe as ipc_probe
-from .probe import SCHEMA, Probes, collect, flashinfer_facts, portable, sglang_decisions
+from .probe import Probes, collect, flashinfer_facts, portable, sglang_decisions
 from .rules import Report, judge
 
 
@@ -36,15 +37,19 @@ def render(report: Report) -> str:
     return "\n".join(out) + "\n"
 
 
-def read_facts(path: Path) -> dict[str, Any]:
+def read_facts(path: Path) -> Facts:
+    """The record in ``path``: unreadable or of another schema is a usage error; a
+    record of this schema with a key of the wrong type names the file and the key
+    (ConfigError, :func:`.facts.parse_facts`)."""
     try:
-        facts: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"--facts {path}: cannot read a facts file: {exc}") from exc
-    if facts.get("schema") != SCHEMA:
-        raise UsageError(f"--facts {path}: schema {facts.get('schema')!r}, this doctor "
+    schema = data.get("schema") if isinstance(data, dict) else None
+    if schema != SCHEMA:
+        raise UsageError(f"--facts {path}: schema {schema!r}, this doctor "
                          f"reads {SCHEMA!r}")
-    return facts
+    return parse_facts(data, str(path))
 
 
 def parser() -> Parser:

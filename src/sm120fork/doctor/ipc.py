@@ -33,6 +33,7 @@ from typing import IO, Any
 
 from ..util import proc, wire
 from .cuda import CudaError, Driver
+from .facts import Link
 
 SLOT = 1024                  # 32-bit words per pattern (published, and per writer)
 BANDWIDTH_BYTES = 32 << 20   # per timed copy
@@ -82,7 +83,7 @@ class LinkResult:
                for step, v in steps.items() if v != "ok"]
         return "; ".join(bad) if bad else "writes and reads arrived (VMM/FD and CUDA IPC)"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Link:
         return {"writer": self.writer, "owner": self.owner, "writer_gpu": self.writer_gpu,
                 "owner_gpu": self.owner_gpu, "sharing": self.sharing,
                 "write_gbps": self.write_gbps, "read_gbps": self.read_gbps,

@@ -22,17 +22,17 @@ import sysconfig
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from ..cuda.toolkit import locate_nvcc
 from ..errors import CommandError
 from ..gpu import policy as allreduce_policy
 from ..util import proc, wire
 from .cuda import CudaError, Device, Driver
+from .facts import SCHEMA, Decisions, Facts, FlashInfer, Gpus, Modules, Nvcc, Plugin, Torch
 from .ipc import LinkResult
 from .ipc import probe as ipc_probe
 
-SCHEMA = "sm120fork-doctor-facts/1"
 PLUGIN_DISTRIBUTION = "sm120fork-sglang-plugin"
 PLUGIN_PACKAGE = "sm120fork_sglang_plugin"
 AOT_DISTRIBUTION = "sm120fork-flashinfer-aot"
@@ -68,7 +68,7 @@ def numa_node(pci_bus_id: str | None) -> int | None:
     return None if value < 0 else value
 
 
-def query_gpus() -> dict[str, Any]:
+def query_gpus() -> Gpus:
     """Driver, devices (in the order CUDA and so SGLang number them), P2P matrix."""
     try:
         drv = Driver()
@@ -86,7 +86,7 @@ def query_gpus() -> dict[str, Any]:
             "p2p": p2p}
 
 
-def torch_facts() -> dict[str, Any] | None:
+def torch_facts() -> Torch | None:
     """torch's version and CUDA from its ``version.py``, without importing torch."""
     try:
         spec = importlib.util.find_spec("torch")
@@ -133,7 +133,7 @@ def has_plugin_framework() -> bool | None:
                for p in spec.submodule_search_locations)
 
 
-def plugin_report() -> dict[str, Any]:
+def plugin_report() -> Plugin:
     """Our plugin's per-hook verdict for the installed SGLang (without applying anything)."""
     try:
         plugin = importlib.import_module(PLUGIN_PACKAGE)
@@ -144,7 +144,7 @@ def plugin_report() -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def nvcc_version() -> dict[str, str] | None:
+def nvcc_version() -> Nvcc | None:
     """The nvcc FlashInfer's JIT would use (the toolkit's one locator, in its order)."""
     found = locate_nvcc()
     return None if found is None else {"path": str(found.path), "version": found.version,
@@ -167,20 +167,21 @@ def _child_json(module: str, args: Sequence[str], tag: str, timeout: float) -> d
     return {"error": f"exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}"}
 
 
-def flashinfer_facts(capabilities: Sequence[str], timeout: float = 300) -> dict[str, Any]:
+def flashinfer_facts(capabilities: Sequence[str], timeout: float = 300) -> FlashInfer:
     from .flashinfer_probe import TAG
     result = _child_json(f"{__package__}.flashinfer_probe", list(capabilities), TAG, timeout)
     if "error" in result and len(result) == 1:
         return {"probe_error": result["error"]}
-    return result
+    return cast(FlashInfer, result)
 
 
-def sglang_decisions(sizes: Sequence[int], timeout: float = 300) -> dict[str, Any]:
+def sglang_decisions(sizes: Sequence[int], timeout: float = 300) -> Decisions:
     from .decide import TAG
-    return _child_json(f"{__package__}.decide", [str(t) for t in sizes], TAG, timeout)
+    return cast(Decisions, _child_json(f"{__package__}.decide", [str(t) for t in sizes], TAG,
+                                       timeout))
 
 
-def importable_names(timeout: float = 300) -> dict[str, Any]:
+def importable_names(timeout: float = 300) -> Modules:
     """Which names the all-reduce methods need import in this interpreter (asked in a
     child: importing FlashInfer here would load CUDA into the doctor)."""
     from ..gpu.decision import PREFIX, needed_names
@@ -212,30 +213,30 @@ def topology() -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class Probes:
-    gpus: Callable[[], dict[str, Any]] = query_gpus
-    torch: Callable[[], dict[str, Any] | None] = torch_facts
+    gpus: Callable[[], Gpus] = query_gpus
+    torch: Callable[[], Torch | None] = torch_facts
     peers: Callable[[Sequence[int]], list[LinkResult]] = ipc_probe
     installed: Callable[[str], str | None] = installed
     requirements: Callable[[str], list[str]] = requirements
-    plugin: Callable[[], dict[str, Any]] = plugin_report
+    plugin: Callable[[], Plugin] = plugin_report
     plugin_framework: Callable[[], bool | None] = has_plugin_framework
-    nvcc: Callable[[], dict[str, str] | None] = nvcc_version
-    flashinfer: Callable[[Sequence[str]], dict[str, Any]] = flashinfer_facts
-    decisions: Callable[[Sequence[int]], dict[str, Any]] = sglang_decisions
+    nvcc: Callable[[], Nvcc | None] = nvcc_version
+    flashinfer: Callable[[Sequence[str]], FlashInfer] = flashinfer_facts
+    decisions: Callable[[Sequence[int]], Decisions] = sglang_decisions
     topology: Callable[[], str | None] = topology
     #: where SGLang looks for the all-reduce policy and what is there (gpu/policy.py)
     policy: Callable[[Mapping[str, str]], dict[str, Any]] = allreduce_policy.read_for_doctor
     #: which names the policy's methods need import here (gpu/decision.py)
-    modules: Callable[[], dict[str, Any]] = importable_names
+    modules: Callable[[], Modules] = importable_names
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
 # --- all facts ----------------------------------------------------------------------------
 
-def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> dict[str, Any]:
+def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> Facts:
     """Every fact the rules read, probed on this box."""
     probes = probes or Probes()
-    facts: dict[str, Any] = {
+    facts: Facts = {
         "schema": SCHEMA,
         "made_by": {"doctor": probes.installed("sm120fork")
                     or probes.installed(PLUGIN_DISTRIBUTION),
@@ -257,7 +258,7 @@ def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> dict[
     facts["policy"] = probes.policy(probes.environ)
     facts["modules"] = probes.modules()
 
-    def skip(fact: str, why: str) -> None:
+    def skip(fact: Literal["peers", "flashinfer", "decisions"], why: str) -> None:
         facts[fact] = None
         facts["skipped"][fact] = why
 
@@ -291,7 +292,7 @@ def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> dict[
     return facts
 
 
-def portable(facts: dict[str, Any], home: Path | None = None) -> dict[str, Any]:
+def portable(facts: Facts, home: Path | None = None) -> Facts:
     """The facts with this machine's package folders (site-packages, PYTHONPATH) and home
     folder replaced by their role (``<site-packages>``, ``~``), so a record can be sent,
     committed and re-judged elsewhere."""
@@ -308,5 +309,5 @@ def portable(facts: dict[str, Any], home: Path | None = None) -> dict[str, Any]:
     for path, role in sorted(roles, key=lambda x: -len(x[0])):
         if len(path) > 1:
             text = text.replace(json.dumps(path)[1:-1], role)
-    result: dict[str, Any] = json.loads(text)
+    result: Facts = json.loads(text)
     return result

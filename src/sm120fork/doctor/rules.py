@@ -16,6 +16,7 @@ from typing import Any
 
 from ..gpu import decision
 from ..gpu import policy as allreduce_policy
+from .facts import Device, Facts, FlashInfer, Hook, Link
 from .probe import AOT_DISTRIBUTION, PLUGIN_DISTRIBUTION, tp_sizes
 
 PLUGIN_ENTRY_POINT = "sm120fork"
@@ -52,12 +53,12 @@ def _is_ours(version: str | None) -> bool:
     return version is not None and f"+{OUR_LABEL}" in version
 
 
-def _cap(device: dict[str, Any]) -> tuple[int, int]:
+def _cap(device: Device) -> tuple[int, int]:
     major, minor = str(device["capability"]).split(".")
     return int(major), int(minor)
 
 
-def _sm12x(facts: dict[str, Any]) -> bool:
+def _sm12x(facts: Facts) -> bool:
     return any(_cap(d)[0] == 12 for d in facts["gpus"]["devices"])
 
 
@@ -70,7 +71,7 @@ def _span(gpus: Sequence[int]) -> str:
 
 # --- GPUs ---------------------------------------------------------------------------------
 
-def judge_gpus(report: Report, facts: dict[str, Any]) -> bool:
+def judge_gpus(report: Report, facts: Facts) -> bool:
     gpus = facts["gpus"]
     torch = facts.get("torch") or {}
     report.sections["gpus"] = gpus
@@ -113,14 +114,14 @@ def judge_gpus(report: Report, facts: dict[str, Any]) -> bool:
 
 # --- peers --------------------------------------------------------------------------------
 
-def _gbps(link: dict[str, Any]) -> str:
+def _gbps(link: Link) -> str:
     w, r = link.get("write_gbps"), link.get("read_gbps")
     if w is None or r is None:
         return ""
     return f", write {w:.1f} GB/s, read {r:.1f} GB/s"
 
 
-def judge_peers(report: Report, facts: dict[str, Any]) -> None:
+def judge_peers(report: Report, facts: Facts) -> None:
     peers = facts.get("peers")
     report.sections["peers"] = peers
     if peers is None:
@@ -145,7 +146,7 @@ def judge_peers(report: Report, facts: dict[str, Any]) -> None:
                                 "(check the container's IPC limits: SCM_RIGHTS, /dev/shm)")
 
 
-def _links(facts: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
+def _links(facts: Facts) -> dict[tuple[int, int], Link]:
     peers = facts.get("peers")
     if not peers or peers["processes_on_one_gpu"]:
         return {}
@@ -165,7 +166,7 @@ class Verdict:
                 "warning": self.warning}
 
 
-def _window(facts: dict[str, Any], gpus: Sequence[int]) -> tuple[bool, str, str]:
+def _window(facts: Facts, gpus: Sequence[int]) -> tuple[bool, str, str]:
     """(ok, why, warning) of the fused all-reduce on exactly these GPUs."""
     p2p = facts["gpus"]["p2p"]
     links = _links(facts)
@@ -183,16 +184,16 @@ def _window(facts: dict[str, Any], gpus: Sequence[int]) -> tuple[bool, str, str]
             if not link["ok"]:
                 return False, f"GPU {a} -> GPU {b}: {link['detail']}", ""
     pairs = [links[(a, b)] for a in gpus for b in gpus if a != b]
-    reads = [x["read_gbps"] for x in pairs if x.get("read_gbps")]
+    reads = [r for x in pairs if (r := x.get("read_gbps"))]
     warning = ""
     if reads:
         typical = statistics.median(reads)
-        slow = [x for x in pairs if x.get("write_gbps") is not None
-                and x["write_gbps"] < WRITE_COLLAPSE * typical]
+        slow = [(w, x) for x in pairs if (w := x.get("write_gbps")) is not None
+                and w < WRITE_COLLAPSE * typical]
         if slow:
-            worst = min(slow, key=lambda x: x["write_gbps"])
+            least, worst = min(slow, key=lambda wx: wx[0])
             warning = (f"peer writes collapse: GPU {worst['writer_gpu']} -> GPU "
-                       f"{worst['owner_gpu']} writes {worst['write_gbps']:.1f} GB/s against "
+                       f"{worst['owner_gpu']} writes {least:.1f} GB/s against "
                        f"{typical:.1f} GB/s reads; the lamport one-shot kernel pushes to every "
                        "peer, so measure before enabling fusion at this size")
     numa = {facts["gpus"]["devices"][g].get("numa_node") for g in gpus}
@@ -202,7 +203,7 @@ def _window(facts: dict[str, Any], gpus: Sequence[int]) -> tuple[bool, str, str]
     return True, where, warning
 
 
-def tp_verdicts(facts: dict[str, Any], base: int = 0,
+def tp_verdicts(facts: Facts, base: int = 0,
                 requested: Sequence[int] = ()) -> list[Verdict]:
     """One verdict per TP size, on the GPUs SGLang would use: ``base`` .. ``base+tp-1``
     in CUDA's (visible-device) order; where those fail, the first other base that works."""
@@ -225,7 +226,7 @@ def tp_verdicts(facts: dict[str, Any], base: int = 0,
     return verdicts
 
 
-def judge_tp(report: Report, facts: dict[str, Any], base: int,
+def judge_tp(report: Report, facts: Facts, base: int,
              requested: Sequence[int]) -> list[Verdict]:
     n = len(facts["gpus"]["devices"])
     if n == 0:
@@ -264,7 +265,7 @@ def _pins_ours(requires: Sequence[str]) -> bool:
                and f"+{OUR_LABEL}" in r for r in requires)
 
 
-def judge_packages(report: Report, facts: dict[str, Any]) -> dict[str, Any]:
+def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
     packages = facts["packages"]
     env = facts["environ"]
     sglang, flashinfer = packages.get("sglang"), packages.get("flashinfer-python")
@@ -302,7 +303,7 @@ def judge_packages(report: Report, facts: dict[str, Any]) -> dict[str, Any]:
             report.say("packages", f"{extra} {packages[extra]}")
     plugin_facts = facts.get("plugin")
     active, state = False, None
-    hooks: list[dict[str, Any]] = []
+    hooks: list[Hook] = []
     if plugin is not None:
         disabled = env.get("SM120FORK_PLUGIN", "").strip().lower() in ("0", "off", "false", "no")
         whitelist = env.get("SGLANG_PLUGINS")
@@ -378,7 +379,7 @@ def _version_dir(path: str) -> str | None:
     return match.group(1) if match else None
 
 
-def _jit_cache(fi: dict[str, Any]) -> str:
+def _jit_cache(fi: FlashInfer) -> str:
     if not fi.get("jit_cache_package"):
         return ""
     cache = fi.get("jit_cache") or {}
@@ -388,7 +389,7 @@ def _jit_cache(fi: dict[str, Any]) -> str:
             f"{cache.get('built_by') or 'upstream'})")
 
 
-def judge_comm(report: Report, facts: dict[str, Any]) -> None:
+def judge_comm(report: Report, facts: Facts) -> None:
     fi = facts.get("flashinfer")
     section: dict[str, Any] = {"facts": fi, "loads_from": None}
     report.sections["comm_module"] = section
@@ -501,7 +502,7 @@ def judge_comm(report: Report, facts: dict[str, Any]) -> None:
 
 # --- SGLang's decisions -------------------------------------------------------------------
 
-def judge_decisions(report: Report, facts: dict[str, Any], verdicts: Sequence[Verdict]) -> None:
+def judge_decisions(report: Report, facts: Facts, verdicts: Sequence[Verdict]) -> None:
     env = facts["environ"]
     report.sections["environment"] = env
     report.say("environment", "overrides in force: " + (
@@ -530,7 +531,7 @@ def judge_decisions(report: Report, facts: dict[str, Any], verdicts: Sequence[Ve
 
 # --- the all-reduce policy ------------------------------------------------------------------
 
-def judge_policy(report: Report, facts: dict[str, Any], packages: dict[str, Any],
+def judge_policy(report: Report, facts: Facts, packages: dict[str, Any],
                  requested: Sequence[int]) -> None:
     """Which method wins where per TP size, by the policy SGLang finds here, or today's
     decision when there is none (``gpu/policy.py``: the one reader and the one place)."""
@@ -608,7 +609,7 @@ def _upstream_off_sm12x(seen: dict[str, Any], lines: list[str], major: int) -> l
     return out
 
 
-def judge(facts: dict[str, Any], *, base_gpu: int = 0, tp: Sequence[int] = ()) -> Report:
+def judge(facts: Facts, *, base_gpu: int = 0, tp: Sequence[int] = ()) -> Report:
     """Every rule, over recorded or freshly probed facts."""
     report = Report()
     report.sections["made_by"] = facts.get("made_by")

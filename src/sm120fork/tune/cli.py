@@ -12,8 +12,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
+from sm120fork.doctor.facts import Facts
 from sm120fork.errors import EXIT_INTERRUPTED, VerifyError
 from sm120fork.tune.run import Box, TuneOptions, WorldBench, tune
 
@@ -79,7 +79,7 @@ def _bench(args: argparse.Namespace, command: str
     return bench
 
 
-def _doctor() -> dict[str, Any]:
+def _doctor() -> Facts:
     from sm120fork.doctor.probe import collect
 
     return collect()

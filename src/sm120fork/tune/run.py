@@ -58,7 +58,7 @@ class Box:
     """What the run asks of the machine."""
 
     #: the doctor's facts (``doctor.probe.collect``)
-    doctor: Callable[[], dict[str, Any]]
+    doctor: Callable[[], Mapping[str, Any]]
     #: the bench at one TP size, with the seconds left of the budget (None: no budget)
     bench: Callable[[int, float | None], WorldBench]
     #: a yes/no question on the terminal; None: no terminal (the answer is no)
@@ -126,9 +126,10 @@ def _now() -> str:
 def doctor_sizes(facts: Mapping[str, Any], asked: Sequence[int] | None
            ) -> tuple[list[int], dict[int, str], list[str]]:
     """(TP sizes to measure, sizes left out with the doctor's reason, the doctor's lines)."""
+    from sm120fork.doctor.facts import parse_facts
     from sm120fork.doctor.rules import judge
 
-    report = judge(dict(facts), tp=list(asked or ()))
+    report = judge(parse_facts(dict(facts), "the doctor's facts"), tp=list(asked or ()))
     verdicts = report.sections.get("tp") or []
     lines = report.text_of("tp")
     if asked:
