@@ -199,10 +199,15 @@ def _write_as_text(facts: Any) -> None:
     facts["peers"]["links"][1]["write_gbps"] = "fast"
 
 
+def _floor_as_number(facts: Any) -> None:
+    facts["flashinfer"]["archs"]["12.0"]["floor"] = 12.8
+
+
 @pytest.mark.parametrize(("spoil", "key", "said"), [
     (_capability_as_int, "gpus.devices[0].capability", "is an int, not a string"),
     (_links_as_object, "peers.links", "is an object, not a list"),
     (_write_as_text, "peers.links[1].write_gbps", "is a string, not a number or null"),
+    (_floor_as_number, "flashinfer.archs.12.0.floor", "is a number, not a string or null"),
 ])
 def test_a_record_with_a_key_of_the_wrong_type_is_refused_naming_file_and_key(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], spoil: Callable[[Any], None],

@@ -80,6 +80,43 @@ class Plugin(TypedDict, total=False):
     error: str
 
 
+class Arch(TypedDict, total=False):
+    """What FlashInfer builds for one compute capability, and the CUDA it needs."""
+    arch: str | None         # "120f"
+    floor: str | None        # the oldest CUDA it accepts; None: no floor of its own
+    error: str               # refused with this CUDA
+
+
+class Copy(TypedDict):
+    """FlashInfer's own verdict on one prebuilt copy of the comm module (our builds)."""
+    path: str
+    load: bool
+    why: str
+
+
+class Provenance(TypedDict):
+    marker: str
+    recorded: str | None
+    sources: str | None
+    mismatch: str | None
+
+
+class Comm(TypedDict, total=False):
+    spec_error: str
+    copies: list[Copy]
+    aot_path: str
+    aot_exists: bool
+    jit_path: str
+    jit_exists: bool
+    is_aot: bool
+    provenance: Provenance | None   # None: stock FlashInfer (loads any prebuilt module)
+
+
+class JitCache(TypedDict):
+    version: str
+    built_by: str | None
+
+
 class FlashInfer(TypedDict, total=False):
     """What the FlashInfer child answered (``flashinfer_probe``), or why it did not."""
     probe_error: str
@@ -91,10 +128,10 @@ class FlashInfer(TypedDict, total=False):
     nvcc: str | None
     aot_dir: str | None
     jit_dir: str | None
-    jit_cache_package: Any
-    jit_cache: dict[str, Any] | None
-    archs: dict[str, dict[str, Any]]
-    comm: dict[str, Any]
+    jit_cache_package: bool
+    jit_cache: JitCache | None
+    archs: dict[str, Arch]
+    comm: Comm
     other_caches: list[str]
     prebuilt_providers: list[list[str]]
     disable_jit: bool
@@ -268,6 +305,24 @@ def parse_facts(data: object, where: str) -> Facts:
             r.field(hook, "hook", key, str)
             r.field(hook, "state", key, str)
             r.field(hook, "why", key, str, N)
+    fi = r.obj(doc.get("flashinfer"), "flashinfer", null=True)
+    if fi is not None:
+        archs = r.obj(fi.get("archs", {}), "flashinfer.archs")
+        for cap, entry in (archs or {}).items():
+            key = f"flashinfer.archs.{cap}"
+            arch = cast(Mapping[str, object], r.obj(entry, key))
+            for name in ("arch", "floor"):
+                r.field(arch, name, key, str, N, required=False)
+        comm = r.obj(fi.get("comm", {}), "flashinfer.comm", null=True)
+        provenance = r.obj((comm or {}).get("provenance"), "flashinfer.comm.provenance",
+                           null=True)
+        for name in ("recorded", "sources", "mismatch"):
+            r.field(provenance or {}, name, "flashinfer.comm.provenance", str, N,
+                    required=False)
+        for key, copy in r.items(comm or {}, "copies", "flashinfer.comm", required=False):
+            r.field(copy, "path", key, str)
+            r.field(copy, "load", key, bool)
+            r.field(copy, "why", key, str)
     decisions = r.obj(doc.get("decisions"), "decisions", null=True)
     if decisions is not None:
         for key, d in r.items(decisions, "decisions", "decisions", required=False):

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..gpu import decision
 from ..gpu import policy as allreduce_policy
-from .facts import Device, Facts, FlashInfer, Hook, Link
+from .facts import Arch, Device, Facts, FlashInfer, Hook, Link
 from .probe import AOT_DISTRIBUTION, PLUGIN_DISTRIBUTION, tp_sizes
 
 PLUGIN_ENTRY_POINT = "sm120fork"
@@ -382,7 +382,7 @@ def _version_dir(path: str) -> str | None:
 def _jit_cache(fi: FlashInfer) -> str:
     if not fi.get("jit_cache_package"):
         return ""
-    cache = fi.get("jit_cache") or {}
+    cache = fi.get("jit_cache")
     if not cache:
         return " (flashinfer-jit-cache)"
     return (f" (flashinfer-jit-cache {cache.get('version')}, built by "
@@ -414,7 +414,7 @@ def judge_comm(report: Report, facts: Facts) -> None:
     report.say("comm module", f"flashinfer {version} sees {shown}; prebuilt modules from "
                               f"{fi.get('aot_dir')}"
                               + _jit_cache(fi) + f"; JIT cache {fi.get('jit_dir')}")
-    archs: dict[str, Any] = fi.get("archs") or {}
+    archs: dict[str, Arch] = fi.get("archs") or {}
     refused = False
     for cap, entry in sorted(archs.items()):
         floor = entry.get("floor")
@@ -469,12 +469,15 @@ def judge_comm(report: Report, facts: Facts) -> None:
             report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']} "
                                       f"({what})")
             return
-        why = (provenance or {}).get("mismatch") or "FlashInfer does not load it"
+        why = (provenance.get("mismatch") if provenance else None) or (
+            "FlashInfer does not load it")
         report.say("comm module", f"{COMM_MODULE}: does NOT load the prebuilt "
                                   f"{comm['aot_path']}: {why}")
-        if provenance and provenance.get("recorded") and provenance.get("sources"):
-            report.say("comm module", f"  marker {provenance['recorded'][:23]}..., sources "
-                                      f"recomputed {provenance['sources'][:23]}...")
+        recorded = provenance.get("recorded") if provenance else None
+        sources = provenance.get("sources") if provenance else None
+        if recorded and sources:
+            report.say("comm module", f"  marker {recorded[:23]}..., sources "
+                                      f"recomputed {sources[:23]}...")
     else:
         report.say("comm module", f"{COMM_MODULE}: no prebuilt module at {comm.get('aot_path')}")
     if fi.get("disable_jit"):
