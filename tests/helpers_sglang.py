@@ -14,6 +14,7 @@ test that would change one works on a copy.
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import fcntl
 import os
@@ -110,8 +111,16 @@ def _tree_0510(tmp_path_factory: pytest.TempPathFactory, variant: str) -> Path:
         ws = Workspace(checkout_copy(base))
         stack = ws.stack(None)
         assert stack.name == DEFAULT_STACK, stack.name
-        prepare_tree(ws, stack, stack.project("sglang"),
-                     patches=None if not variant else (), variant=variant)
+        tree = prepare_tree(ws, stack, stack.project("sglang"),
+                            patches=None if not variant else (), variant=variant).path
+        # Byte code compiled once here, as for the sites: the probes and ranks importing
+        # this tree run with PYTHONDONTWRITEBYTECODE.  git does not see it (info/exclude),
+        # so the fork tree stays clean.
+        compileall.compile_dir(tree / "python", quiet=1)
+        exclude = tree / git(tree, "rev-parse", "--git-path", "info/exclude")
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        with exclude.open("a", encoding="utf-8") as handle:
+            handle.write("__pycache__/\n")
 
     base = once_per_run(tmp_path_factory, f"tree-{DEFAULT_STACK}-{variant or 'patched'}", make)
     ws = Workspace(base / "toolkit")
