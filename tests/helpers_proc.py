@@ -4,6 +4,8 @@ and a ``git am`` hook that sleeps until it is ended."""
 from __future__ import annotations
 
 import os
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -92,3 +94,14 @@ def sigterm_ends_every_child(parent: str, marks: Path, children: int) -> None:
             for pid in map(int, m.read_text().split()):
                 if alive(pid):
                     os.kill(pid, 9)
+
+
+def module_python(tmp_path: Path, code: str) -> Path:
+    """An "interpreter" whose ``-m MODULE ARGS...`` runs ``code`` with the real interpreter
+    and ARGS (a fake rank or probe started the way the harness starts the real one)."""
+    script = tmp_path / "fake_module.py"
+    script.write_text(textwrap.dedent(code))
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {script} "$@"\n')
+    python.chmod(0o755)
+    return python

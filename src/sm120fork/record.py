@@ -463,13 +463,7 @@ def read_tested(path: Path) -> Tested:
     """``tested.json`` (what a build tested: its trees and each patch's id, written beside
     the build's wheels by the kit), refused naming the file and the dotted key."""
     where = str(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read it: {exc.strerror}", where=where) from exc
-    except ValueError as exc:
-        raise ConfigError(f"is not JSON: {exc}", where=where) from exc
-    reader = _Reader(data, where)
+    reader = _Reader(_json_file(path, where), where)
     tested = _tested(reader)
     reader.done()
     return tested
@@ -510,13 +504,18 @@ def from_json(data: Any, where: str) -> Record:
 def read(path: Path, *, shown: str | None = None) -> Record:
     """The record in ``path`` (a record.json); errors name ``shown`` (default: ``path``)."""
     where = shown or str(path)
+    return from_json(_json_file(path, where), where)
+
+
+def _json_file(path: Path, where: str) -> Any:
+    """The parsed JSON of ``path``; a file that cannot be read or is not JSON is refused
+    naming ``where``."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read it: {exc.strerror}", where=where) from exc
     except ValueError as exc:
         raise ConfigError(f"is not JSON: {exc}", where=where) from exc
-    return from_json(data, where)
 
 
 # --------------------------------------------------------------------------- summary

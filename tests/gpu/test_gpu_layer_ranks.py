@@ -4,29 +4,17 @@ that report, speak another wire version, hang, and outlive a SIGTERM to the harn
 
 from __future__ import annotations
 
-import sys
 import textwrap
 import time
 from pathlib import Path
 
-from helpers_proc import HANGING_CHILD, sigterm_ends_every_child
+from helpers_proc import HANGING_CHILD, module_python, sigterm_ends_every_child
 from sm120fork.gpu import sglang_layer
-
-
-def _python(tmp_path: Path, rank_code: str) -> Path:
-    """An "interpreter" whose ``-m sm120fork.gpu.sglang_rank <request>`` runs ``rank_code``
-    (argv[1] is the request) with the real interpreter."""
-    script = tmp_path / "fake_rank.py"
-    script.write_text(textwrap.dedent(rank_code))
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {script} "$@"\n')
-    python.chmod(0o755)
-    return python
 
 
 def _run(tmp_path: Path, rank_code: str, **kwargs: object) -> sglang_layer.CaseOutcome:
     return sglang_layer.run_case("fused", sglang_path=tmp_path, device="cpu",
-                                 python=_python(tmp_path, rank_code), layout="layer_boundary",
+                                 python=module_python(tmp_path, rank_code), layout="layer_boundary",
                                  **kwargs)  # type: ignore[arg-type]
 
 
@@ -67,7 +55,7 @@ def test_the_case_bound_ends_ready_ranks_that_hang(tmp_path: Path) -> None:
 
 
 def test_sigterm_to_the_harness_ends_every_rank_with_its_process_group(tmp_path: Path) -> None:
-    python = _python(tmp_path, HANGING_CHILD)
+    python = module_python(tmp_path, HANGING_CHILD)
     parent = textwrap.dedent(f"""\
         from pathlib import Path
         from sm120fork.gpu import sglang_layer

@@ -4,30 +4,20 @@ speak another wire version, hang, and outlive a SIGTERM to the parent."""
 
 from __future__ import annotations
 
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from helpers_proc import HANGING_CHILD, sigterm_ends_every_child
+from helpers_proc import HANGING_CHILD, module_python, sigterm_ends_every_child
 from sm120fork.errors import VerifyError
 from sm120fork.layouts import results
 
 
-def _python(tmp_path: Path, probe_code: str) -> Path:
-    script = tmp_path / "fake_probe.py"
-    script.write_text(textwrap.dedent(probe_code))
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nshift 2\nexec {sys.executable} {script} "$@"\n')
-    python.chmod(0o755)
-    return python
-
-
 def _probe(tmp_path: Path, code: str, timeout: float = 60) -> list[dict[str, object]]:
     return results.run_probe("sm120fork.layouts.x.probe", {"suite": "s"}, tree=tmp_path,
-                             env={}, python=_python(tmp_path, code), timeout=timeout,
+                             env={}, python=module_python(tmp_path, code), timeout=timeout,
                              what="the x probe", fix="install it")
 
 
@@ -62,7 +52,7 @@ def test_a_hanging_probe_is_ended_at_its_timeout(tmp_path: Path) -> None:
 
 
 def test_sigterm_to_the_parent_ends_the_probe_with_its_process_group(tmp_path: Path) -> None:
-    python = _python(tmp_path, HANGING_CHILD)
+    python = module_python(tmp_path, HANGING_CHILD)
     parent = textwrap.dedent(f"""\
         from pathlib import Path
         from sm120fork.layouts import results

@@ -118,8 +118,8 @@ class LayerMachine(TypedDict, total=False):
     cuda: str | None
 
 
-class AbDoc(TypedDict, total=False):
-    """``test-ab.json``."""
+class _Head(TypedDict, total=False):
+    """What every harness document starts with."""
 
     kind: str
     created: str
@@ -127,6 +127,11 @@ class AbDoc(TypedDict, total=False):
     title: str
     environment: Environment
     shared: bool
+
+
+class AbDoc(_Head, total=False):
+    """``test-ab.json``."""
+
     quick: bool
     world_sizes: list[int]
     primary: str
@@ -163,15 +168,9 @@ class BenchRecord(TypedDict, total=False):
     calls_per_buffer: int
 
 
-class BenchDoc(TypedDict, total=False):
+class BenchDoc(_Head, total=False):
     """``bench.json`` (one world size)."""
 
-    kind: str
-    created: str
-    command: str
-    title: str
-    environment: Environment
-    shared: bool
     world_size: int
     dtype: str
     variant: str
