@@ -119,7 +119,7 @@ class LayerMachine(TypedDict, total=False):
 
 
 class _Head(TypedDict, total=False):
-    """What every harness document starts with."""
+    """What every harness document has: what made it, and how its run ended."""
 
     kind: str
     created: str
@@ -127,6 +127,12 @@ class _Head(TypedDict, total=False):
     title: str
     environment: Environment
     shared: bool
+    not_run: list[str]
+    module_seconds: float
+    time_budget: float | None
+    finished: bool
+    stack: str | None
+    made_from: list[MadeFrom]
 
 
 class AbDoc(_Head, total=False):
@@ -139,12 +145,6 @@ class AbDoc(_Head, total=False):
     variants: dict[str, VariantInfo]
     results: dict[str, list[CaseResult]]
     tolerances: list[list[str]]
-    not_run: list[str]
-    module_seconds: float
-    time_budget: float | None
-    finished: bool
-    stack: str | None
-    made_from: list[MadeFrom]
 
 
 class BenchRecord(TypedDict, total=False):
@@ -178,12 +178,6 @@ class BenchDoc(_Head, total=False):
     sha256: str | None
     record_sha256: str | None
     records: list[BenchRecord]
-    not_run: list[str]
-    module_seconds: float
-    time_budget: float | None
-    finished: bool
-    stack: str | None
-    made_from: list[MadeFrom]
 
 
 def _kind(value: object) -> str:
