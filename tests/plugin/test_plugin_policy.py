@@ -32,16 +32,8 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 TOKENS = (1, 64, 65, 128, 129)
 
-PROBE = textwrap.dedent("""\
-    import importlib, json, logging, os, sys, types
-    site, scenarios, load = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "plugin"
-    sys.path.insert(0, site)
-    from sm120fork.harness.fake_gpu import fake_gpu
-    fake_gpu((12, 0))
-    package = types.ModuleType("sglang")
-    package.__path__ = [os.path.join(site, "sglang")]
-    sys.modules["sglang"] = package
-
+#: both probes: every log line SGLang (and the plugin) writes is kept, then the plugins load
+CAPTURE = textwrap.dedent("""\
     class Lines(logging.Handler):
         def __init__(self):
             super().__init__(logging.INFO)
@@ -54,6 +46,19 @@ PROBE = textwrap.dedent("""\
     logging.getLogger().setLevel(logging.INFO)
     if load:
         importlib.import_module("sglang.srt.plugins").load_plugins()
+""")
+
+PROBE = textwrap.dedent("""\
+    import importlib, json, logging, os, sys, types
+    site, scenarios, load = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "plugin"
+    sys.path.insert(0, site)
+    from sm120fork.harness.fake_gpu import fake_gpu
+    fake_gpu((12, 0))
+    package = types.ModuleType("sglang")
+    package.__path__ = [os.path.join(site, "sglang")]
+    sys.modules["sglang"] = package
+
+    # CAPTURE
     reader = importlib.import_module(
         "sm120fork_sglang_plugin.gpu.policy" if load else "sm120fork.gpu.policy")
     overrides = importlib.import_module("sglang.srt.arg_groups.overrides")
@@ -96,7 +101,7 @@ PROBE = textwrap.dedent("""\
                                   "fused": fused}
         out[name] = got
     print("POLICY-PROBE " + json.dumps(out, sort_keys=True))
-""")
+""").replace("# CAPTURE\n", CAPTURE)
 
 
 def _point(method: str, tokens: int, us: float) -> dict[str, Any]:
@@ -231,18 +236,7 @@ V2_PROBE = textwrap.dedent("""\
                         "flashinfer.experimental.b12x.comm": comm,
                         "flashinfer.experimental.b12x.comm.pcie": pcie})
 
-    class Lines(logging.Handler):
-        def __init__(self):
-            super().__init__(logging.INFO)
-            self.lines = []
-        def emit(self, record):
-            self.lines.append(record.getMessage())
-
-    lines = Lines()
-    logging.getLogger().addHandler(lines)
-    logging.getLogger().setLevel(logging.INFO)
-    if load:
-        importlib.import_module("sglang.srt.plugins").load_plugins()
+    # CAPTURE
     follow = importlib.import_module("sglang.srt.layers.sm120fork_allreduce")
     overrides = importlib.import_module("sglang.srt.arg_groups.overrides")
     model_hook = importlib.import_module("sglang.srt.arg_groups.model_hook")
@@ -336,7 +330,7 @@ V2_PROBE = textwrap.dedent("""\
                             "batches": per_batch}
         out[name] = got
     print("POLICY-PROBE " + json.dumps(out, sort_keys=True))
-""")
+""").replace("# CAPTURE\n", CAPTURE)
 
 
 def v2_policy(*, gpu: str = SM120_NAME, for_use: bool = True) -> dict[str, Any]:
