@@ -424,9 +424,17 @@ def load_stack(file: Path, *, strict: bool = True) -> Stack:
     """Load and validate one stack declaration; with ``strict`` (the default) pins that
     disagree are refused, otherwise recorded in ``Stack.pin_problems``."""
     try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
+        text = file.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
         raise ConfigError("no such declaration file", where=str(file)) from exc
+    return parse_stack(file, text, strict=strict)
+
+
+def parse_stack(file: Path, text: str, *, strict: bool = True) -> Stack:
+    """:func:`load_stack` of ``text`` as the declaration ``file`` would hold it (a bump
+    checks the pins it is about to write before writing them)."""
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", where=str(file)) from exc
     top = _Reader(file, data, "", ("stack", "projects"))

@@ -12,9 +12,9 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from sm120fork.declare import load_stack
+from sm120fork.declare import WheelPin, load_stack
 from sm120fork.maintain.pin import declaration_with_pin
-from sm120fork.maintain.state import BumpState
+from sm120fork.maintain.state import BumpState, NewPin
 
 _SDIST_STACK = textwrap.dedent("""\
     [stack]
@@ -53,8 +53,7 @@ def test_an_sdist_source_moved_to_a_wheels_only_release_loses_its_version_stamp(
     wheel = "sglang-0.5.20-cp312-cp312-manylinux_2_34_x86_64.whl"
     state = BumpState(
         stack="sg", project="sglang", old_version="0.5.10.post1", new_version="0.5.20",
-        new_pin={"source": "wheel", "git": None, "sdist": None,
-                 "wheels": [{"filename": wheel, "sha256": "1" * 64, "url": ""}]},
+        new_pin=NewPin(source="wheel", wheels=(WheelPin(filename=wheel, sha256="1" * 64),)),
         created_stack=False, declaration=str(path), series_dir="", results=[])
 
     text = declaration_with_pin(path.read_text(encoding="utf-8"), project, state,
@@ -94,15 +93,13 @@ def test_the_pins_a_bump_writes_keep_one_blank_line_between_tables(tmp_path: Pat
         (tmp_path / "patches" / "sg" / key).mkdir(parents=True)
     project = load_stack(path, strict=False).project("sglang")
     wheel = "sglang-0.5.20-cp312-cp312-manylinux_2_34_x86_64.whl"
-    fi_wheel = {"filename": "flashinfer_python-0.6.18-py3-none-any.whl", "sha256": "3" * 64,
-                "url": ""}
+    fi_wheel = WheelPin(filename="flashinfer_python-0.6.18-py3-none-any.whl",
+                        sha256="3" * 64)
     state = BumpState(
         stack="sg", project="sglang", old_version="0.5.10.post1", new_version="0.5.20",
-        new_pin={"source": "wheel", "git": None, "sdist": None,
-                 "wheels": [{"filename": wheel, "sha256": "1" * 64, "url": ""}],
-                 "companions": {"flashinfer": {
-                     "source": "wheel", "version": "0.6.18", "git": None, "sdist": None,
-                     "wheels": [fi_wheel]}}},
+        new_pin=NewPin(source="wheel", wheels=(WheelPin(filename=wheel, sha256="1" * 64),),
+                       companions={"flashinfer": NewPin(source="wheel", version="0.6.18",
+                                                        wheels=(fi_wheel,))}),
         created_stack=False, declaration=str(path), series_dir="", results=[])
 
     out = declaration_with_pin(text, project, state, str(path))
@@ -130,7 +127,8 @@ def test_a_bump_state_keeps_its_classifications_typed_across_a_save(tmp_path: Pa
     row = Classification(patch="0001-a.patch", subject="F1 a", verdict="applies",
                          evidence=("applies cleanly",), applied_upstream="")
     state = BumpState(stack="sg", project="sglang", old_version="1", new_version="2",
-                      new_pin={}, created_stack=False, declaration="", series_dir="",
+                      new_pin=NewPin(source="sdist"), created_stack=False, declaration="",
+                      series_dir="",
                       results=[row], preview=[row])
     state.save(ws)
     path = BumpState.directory(ws, "sg", "sglang") / "state.json"
@@ -145,3 +143,49 @@ def test_a_bump_state_keeps_its_classifications_typed_across_a_save(tmp_path: Pa
     data["results"][0]["verdict"] = 3
     path.write_text(json.dumps(data))
     assert BumpState.load(ws, "sg", "sglang") is None
+
+
+def test_a_bump_state_keeps_its_new_pin_typed_and_reads_an_older_one(tmp_path: Path) -> None:
+    """The new pin is declare's own pin types in ``state.json`` and back (it was a dict
+    mirroring them); a state an older toolkit wrote (no ``wheels`` for the declared ones,
+    ``{}`` for no sdist, a companion's ``requirement``) still reads, and a pin that is no
+    pin is no state."""
+    import json
+
+    from sm120fork.declare import GitPin, SdistPin
+    from sm120fork.workspace import Workspace
+
+    (tmp_path / "forks").mkdir()
+    ws = Workspace(root=tmp_path)
+    pin = NewPin(source="sdist", git=GitPin(url="u", tag="v2", commit="a" * 40,
+                                            commit_verified=False, note="n"),
+                 sdist=SdistPin(filename="lib-2.tar.gz", sha256="1" * 64),
+                 upstream_requires=("fi==2",), layout="layer_boundary",
+                 companions={"fi": NewPin(source="wheel", version="2", wheels=(
+                     WheelPin(filename="fi-2-py3-none-any.whl", sha256="2" * 64),))})
+    state = BumpState(stack="sg", project="lib", old_version="1", new_version="2",
+                      new_pin=pin, created_stack=False, declaration="", series_dir="",
+                      results=[])
+    state.save(ws)
+    loaded = BumpState.load(ws, "sg", "lib")
+    assert loaded is not None
+    assert loaded.new_pin == pin
+    path = BumpState.directory(ws, "sg", "lib") / "state.json"
+    data = json.loads(path.read_text())
+    data["new_pin"] = {"source": "git", "git": {"url": "u", "tag": "", "commit": "b" * 40,
+                                                "commit_verified": True, "note": ""},
+                       "sdist": {}, "companions": {"fi": {
+                           "source": "wheel", "git": None, "sdist": None, "version": "2",
+                           "requirement": "fi==2", "wheels": [
+                               {"filename": "fi-2-py3-none-any.whl", "sha256": "2" * 64,
+                                "url": ""}]}}}
+    path.write_text(json.dumps(data))
+    older = BumpState.load(ws, "sg", "lib")
+    assert older is not None
+    assert older.new_pin.sdist is None
+    assert older.new_pin.wheels is None
+    assert older.new_pin.git == GitPin(url="u", tag="", commit="b" * 40)
+    assert older.new_pin.companions["fi"].wheels == pin.companions["fi"].wheels
+    data["new_pin"] = {"source": "git", "git": ["u"]}
+    path.write_text(json.dumps(data))
+    assert BumpState.load(ws, "sg", "lib") is None

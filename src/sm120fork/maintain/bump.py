@@ -16,11 +16,10 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from sm120fork.declare import Project, SdistPin, Stack, WheelPin
+from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin
 from sm120fork.errors import (
     CommandError,
     ConfigError,
@@ -43,7 +42,6 @@ from sm120fork.maintain.pin import (
     declaration_with_pin,
     index_sdist,
     index_wheels,
-    pinned_project,
 )
 from sm120fork.maintain.preflight import (
     Release,
@@ -73,6 +71,7 @@ from sm120fork.maintain.state import (
     TARGET_MISSING,
     BumpState,
     Classification,
+    NewPin,
     journal,
     restore,
     stage,
@@ -150,8 +149,8 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
     pending = BumpState.load(ws, target_stack, project_key)
     if pending is not None:
         wanted = version or revision
-        if wanted not in (pending.new_version,
-                          (pending.new_pin.get("git") or {}).get("commit")):
+        pinned_commit = pending.new_pin.git.commit if pending.new_pin.git else None
+        if wanted not in (pending.new_version, pinned_commit):
             raise MaintenanceError(
                 f"a bump to {pending.new_version} is in progress",
                 where=f"{target_stack}/{project_key}",
@@ -165,14 +164,10 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             raise MaintenanceError("bumping to a git commit needs --version",
                                    fix="pass the PEP 440 version of that commit")
         new_version = version
-        new_pin: dict[str, Any] = {
-            "source": "git",
-            "git": {"url": project.git_pin.url, "tag": "", "commit": revision,
-                    "commit_verified": True, "note": ""},
-            "sdist": {}}
+        commit: GitPin | None = GitPin(url=project.git_pin.url, tag="", commit=revision)
     else:
         new_version = version or revision
-        new_pin = {}
+        commit = None
     try:
         new = Version(new_version)
     except InvalidVersion:
@@ -181,7 +176,7 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
     if new.local is not None:
         raise ConfigError("give the upstream version, without a local label",
                           where="bump")
-    if new == old and not new_pin:
+    if new == old and commit is None:
         raise MaintenanceError(f"{project.key} is already pinned to {project.version}",
                                where=stack.name)
     if new < old and not allow_downgrade:
@@ -203,17 +198,19 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
                              fix=keep_local_work_hint(work, why, stack, project))
     release: Release | None = None
     companion_bumps: dict[str, str] = {}
-    if new_pin:  # a git commit: pin that version's sdist when the index has one
+    new_pin: NewPin
+    if commit is not None:  # a git commit: pin that version's sdist when the index has one
         try:
             filename, sha256, _ = index_sdist(project, new)
-            new_pin["sdist"] = {"filename": filename, "sha256": sha256, "url": ""}
+            sdist_pin = SdistPin(filename=filename, sha256=sha256)
         except SourceError:  # an unreleased commit: the sdist pin stays (unused by git)
-            new_pin["sdist"] = dataclasses.asdict(project.sdist_pin)
+            sdist_pin = project.sdist_pin
+        new_pin = NewPin(source="git", git=commit, sdist=sdist_pin)
     elif source_kind(project.source).ships_wheels or not _has_sdist(project, new):
         # The published wheels are the input (a release without an sdist, as SGLang
         # publishes since 0.5.11, switches an sdist source to them).
         new_pin = _wheel_pin(project, new_version, git_commit)
-        first = WheelPin(**new_pin["wheels"][0])
+        first = (new_pin.wheels or ())[0]
         release = wheel_release(download_wheel(
             dataclasses.replace(project, version=new_version), first, ws.wheel_cache))
     else:
@@ -223,30 +220,31 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             sdist=SdistPin(filename=filename, sha256=sha256, url=url))
         sdist = download_sdist(probe, ws.sdist_cache)
         release = sdist_release(sdist)
-        commit = git_commit or commit_from_sdist(sdist)
-        if not commit:
+        recorded = git_commit or commit_from_sdist(sdist)
+        if not recorded:
             raise MaintenanceError(
                 f"the git commit of {project.distribution} {new_version} is unknown",
                 fix="pass --git-commit SHA (the sdist records none and the upstream "
                     "repository is not consulted)")
         note = ("commit given with --git-commit" if git_commit else
                 "commit recorded in the sdist's own build metadata")
-        new_pin = {
-            "source": project.source,
-            "git": {"url": project.git_pin.url,
-                    "tag": project.git_pin.tag.replace(project.version, new_version)
-                    if project.version in project.git_pin.tag else f"v{new_version}",
-                    "commit": commit, "commit_verified": False,
-                    "note": f"{note}; not checked against the upstream repository"},
-            "sdist": {"filename": filename, "sha256": sha256, "url": ""}}
+        new_pin = NewPin(
+            source=project.source,
+            git=GitPin(url=project.git_pin.url,
+                       tag=project.git_pin.tag.replace(project.version, new_version)
+                       if project.version in project.git_pin.tag else f"v{new_version}",
+                       commit=recorded, commit_verified=False,
+                       note=f"{note}; not checked against the upstream repository"),
+            sdist=SdistPin(filename=filename, sha256=sha256))
     if release is not None:  # the new release's own facts, before a file is written
-        new_pin["companions"], companion_bumps = _companions(ws, scope, project,
-                                                             new_version, release)
-        new_pin["upstream_requires"] = requirements_on_stack(scope, project, release)
+        companions, companion_bumps = _companions(ws, scope, project, new_version, release)
         missing = missing_targets(project, load_series(ws.series_dir(project)).patches,
                                   release)
-        new_pin["layout"] = check_layout(list(ws.stacks().values()), stack, project,
-                                         new_version, release, missing)
+        new_pin = dataclasses.replace(
+            new_pin, companions=companions,
+            upstream_requires=tuple(requirements_on_stack(scope, project, release)),
+            layout=check_layout(list(ws.stacks().values()), stack, project, new_version,
+                                release, missing))
     stage("pre-flight")
     target = stack if not new_stack else None
     state = BumpState(
@@ -290,12 +288,12 @@ def _has_sdist(project: Project, version: Version) -> bool:
 
 
 def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
-                release: Release) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+                release: Release) -> tuple[dict[str, NewPin], dict[str, str]]:
     """The projects the new release pins at another version (its coordinated projects),
     each moved to the version it pins: (new pins of those that ship as published, which
     this bump's declaration edit writes; versions of those with patches, each bumped with
     its series first, as a bump of its own that this one waits for)."""
-    pins: dict[str, dict[str, Any]] = {}
+    pins: dict[str, NewPin] = {}
     bumps: dict[str, str] = {}
     for move in coordinated_moves(stack, project, release):
         other = move.project
@@ -303,15 +301,12 @@ def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
                 source_kind(other.source).ships_wheels or other.wheels):
             bumps[other.key] = move.version
             continue
-        pin = _wheel_pin(other, move.version, None)
-        pin["source"] = other.source
-        pin["version"] = move.version
-        pin["requirement"] = str(move.requirement)
-        pins[other.key] = pin
+        pins[other.key] = dataclasses.replace(_wheel_pin(other, move.version, None),
+                                              source=other.source, version=move.version)
     return pins, bumps
 
 
-def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> dict[str, Any]:
+def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> NewPin:
     """The pin of a ``wheel`` source at ``new_version``: its published wheels (the series
     is applied to them), and a git pin only when the commit is given."""
     probe = dataclasses.replace(project, version=new_version, wheels=())
@@ -323,11 +318,11 @@ def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> di
                                                  "publishes its wheels")
     git = None
     if git_commit:
-        git = {"url": project.git.url if project.git else "", "tag": f"v{new_version}",
-               "commit": git_commit, "commit_verified": False,
-               "note": "commit given with --git-commit; not checked against the upstream "
-                       "repository"}
-    return {"source": "wheel", "git": git, "sdist": None, "wheels": wheels}
+        git = GitPin(url=project.git.url if project.git else "", tag=f"v{new_version}",
+                     commit=git_commit, commit_verified=False,
+                     note="commit given with --git-commit; not checked against the upstream "
+                          "repository")
+    return NewPin(source="wheel", git=git, wheels=wheels)
 
 
 def _start(ws: Workspace, state: BumpState) -> None:
@@ -389,7 +384,7 @@ def _then_resume(exc: MaintenanceError, key: str, state: BumpState) -> None:
 def _start_new_tree(ws: Workspace, stack: Stack, project: Project, state: BumpState) -> None:
     """Step 2: the fork tree at the new upstream, with the old series' commits fetched
     beside it (made again when a run stopped while unpacking it)."""
-    repo = prepare_tree(ws, stack, pinned_project(project, state), patches=(),
+    repo = prepare_tree(ws, stack, state.pinned(project), patches=(),
                         force=True).repo
     pre = ws.work_tree(stack, project, "pre-bump")
     repo("fetch", "--quiet", "--no-tags", str(pre),
@@ -506,7 +501,7 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
         if not state.preview and state.next_index == 0:
             state.preview = list(preview(repo, series.patches, new_version))
             state.save(ws)
-            write_bump_report(ws, stack, project, state, pinned_project(project, state),
+            write_bump_report(ws, stack, project, state, state.pinned(project),
                               stopped="applying the series (the run did not finish)")
             stage("classified")
         while state.next_index < len(series.patches):
@@ -531,7 +526,7 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
                     # The report names the tree relative to the checkout: no machine path.
                     rel = os.path.relpath(repo.path, ws.root)
                     report = write_bump_report(
-                        ws, stack, project, state, pinned_project(project, state),
+                        ws, stack, project, state, state.pinned(project),
                         stopped=f"{_conflict_message(state, patch, repo, rel)}. "
                                 f"Next: {fix(rel)}.")
                     raise MaintenanceError(
@@ -587,8 +582,8 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
     if ships_published or project.wheels:
         # An empty series ships the published wheels unchanged (like a stack whose
         # FlashInfer is used as published); otherwise the old version's pins must go.
-        wheels = (index_wheels(pinned_project(project, state), Version(state.new_version))
-                  if ships_published else [])
+        wheels = (index_wheels(state.pinned(project), Version(state.new_version))
+                  if ships_published else ())
         if ships_published and not wheels:
             raise MaintenanceError(
                 f"{project.distribution} {state.new_version} has no wheel on the package "
@@ -597,9 +592,9 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
                 fix=f"`{command('bump', state.stack, state.project, '--abort')}`, or "
                     f"`{command('bump', state.stack, state.project, '--continue')}` once "
                     "upstream publishes its wheels")
-        state.new_pin["wheels"] = wheels
+        state.new_pin = dataclasses.replace(state.new_pin, wheels=wheels)
         state.save(ws)
-    new_project = pinned_project(project, state)
+    new_project = state.pinned(project)
     # The pin edit applies to the declaration as it is now: a hand fix made while the
     # bump stopped stays (the journal holds the text from before the bump, for --abort).
     declaration = Path(state.declaration)
@@ -607,15 +602,16 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
                                 state.declaration, series_empty=empty,
                                 description=_description(ws, stack, project, state, empty)
                                 if state.created_stack else "")
-    check_declaration(declaration, decl, fix=command("bump", state.stack, state.project,
-                                                     "--abort"),
-                      pins=not state.coordinated_with)
+    # The stack the edit declares, checked before a file is written: what follows
+    # rebuilds and reports from it (no reload of the file it writes).
+    pinned = check_declaration(declaration, decl, fix=command("bump", state.stack,
+                                                              state.project, "--abort"),
+                               pins=not state.coordinated_with)
     refreshed = export_series(repo, series_dir, stack=stack.name, project=project.key)
     stage("series exported")
     atomic_write_text(declaration, decl)
     stage("declaration written")
-    stack = ws.stack(stack.name, strict=not state.coordinated_with)
-    project = stack.project(project.key)
+    stack, project = pinned, pinned.project(project.key)
     base = repo("rev-parse", UPSTREAM_TAG, quiet=True)
     reapply_series(ws, stack, project, repo, base)
     stage("tree rebuilt")
@@ -642,14 +638,14 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
 def _description(ws: Workspace, stack: Stack, project: Project, state: BumpState,
                  empty: bool) -> str:
     """A new stack's description, from the releases it now pins."""
-    companions = state.new_pin.get("companions") or {}
+    companions = state.new_pin.companions
     parts = []
     for p in stack.projects:
         if p.key == project.key:
             parts.append(f"{p.distribution} {state.new_version}"
                          + (" (as published)" if empty else ""))
             continue
-        version = companions.get(p.key, {}).get("version", p.version)
+        version = companions[p.key].version if p.key in companions else p.version
         published = p.key in companions or not load_series(ws.series_dir(p)).patches
         parts.append(f"{p.distribution} {version}" + (" (as published)" if published else ""))
     return " + ".join(parts) + ", SM120/SM121 enabled"

@@ -7,7 +7,6 @@ import dataclasses
 import re
 import shutil
 import tarfile
-import tempfile
 import tomllib
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -16,15 +15,13 @@ from typing import Any
 import tomlkit
 from packaging.version import Version
 
-from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin, load_stack
+from sm120fork.declare import Project, Stack, WheelPin, parse_stack
 from sm120fork.errors import (
     ConfigError,
     MaintenanceError,
 )
 from sm120fork.fetch.index import find_sdist, find_wheels
-from sm120fork.maintain.state import (
-    BumpState,
-)
+from sm120fork.maintain.state import BumpState, NewPin
 from sm120fork.workspace import Workspace
 
 _COMMIT_IN_SOURCE = re.compile(
@@ -38,10 +35,10 @@ def index_sdist(project: Project, version: Version) -> tuple[str, str, str]:
     return found.filename, found.sha256, found.url
 
 
-def index_wheels(project: Project, version: Version) -> list[dict[str, str]]:
+def index_wheels(project: Project, version: Version) -> tuple[WheelPin, ...]:
     """The published wheels of ``version`` as ``[[projects.<key>.wheels]]`` pins."""
-    return [{"filename": f.filename, "sha256": f.sha256, "url": ""}
-            for f in find_wheels(project, version)]
+    return tuple(WheelPin(filename=f.filename, sha256=f.sha256)
+                 for f in find_wheels(project, version))
 
 
 def commit_from_sdist(sdist: Path) -> str:
@@ -157,69 +154,54 @@ def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> S
     return ws.stack(name, strict=False)
 
 
-def check_declaration(path: Path, text: str, *, fix: str, pins: bool = True) -> None:
-    """Refuse to write ``text`` as the declaration ``path`` unless it loads (and, with
-    ``pins``, its pins agree)."""
-    with tempfile.TemporaryDirectory(prefix="sm120fork-decl-") as tmp:
-        trial = Path(tmp) / path.name
-        trial.write_text(text, encoding="utf-8")
-        try:
-            load_stack(trial, strict=pins)
-        except ConfigError as exc:
-            raise MaintenanceError(
-                f"the new pins would not load: {exc.what}",
-                where=str(path) + (f" ({exc.where.rpartition(': ')[2]})" if exc.where else ""),
-                fix=f"nothing was written; `{fix}` restores the rest") from None
+def check_declaration(path: Path, text: str, *, fix: str, pins: bool = True) -> Stack:
+    """The stack ``text`` declares as the file ``path``; refused unless it loads (and,
+    with ``pins``, its pins agree): checked before the text is written."""
+    try:
+        return parse_stack(path, text, strict=pins)
+    except ConfigError as exc:
+        raise MaintenanceError(
+            f"the new pins would not load: {exc.what}",
+            where=str(path) + (f" ({exc.where.rpartition(': ')[2]})" if exc.where else ""),
+            fix=f"nothing was written; `{fix}` restores the rest") from None
 
 
-def pinned_project(project: Project, state: BumpState) -> Project:
-    """``project`` at the new pin; a ``wheel`` source's pin may have no git or sdist."""
-    pin = state.new_pin
-    wheels = (tuple(WheelPin(**w) for w in pin["wheels"]) if "wheels" in pin else
-              project.wheels)
-    return dataclasses.replace(
-        project, version=state.new_version, source=pin["source"],
-        git=GitPin(**pin["git"]) if pin.get("git") else None,
-        sdist=SdistPin(**pin["sdist"]) if pin.get("sdist") else None, wheels=wheels)
-
-
-def _set_wheels(table: MutableMapping[str, Any], wheels: list[dict[str, str]]) -> None:
+def _set_wheels(table: MutableMapping[str, Any], wheels: tuple[WheelPin, ...]) -> None:
     table.pop("wheels", None)
     if wheels:
         aot = tomlkit.aot()
         for w in wheels:
             entry = tomlkit.table()
-            entry["filename"] = w["filename"]
-            entry["sha256"] = w["sha256"]
-            if w.get("url"):
-                entry["url"] = w["url"]
+            entry["filename"] = w.filename
+            entry["sha256"] = w.sha256
+            if w.url:
+                entry["url"] = w.url
             aot.append(entry)
         entry.add(tomlkit.nl())  # a blank line before the table that follows
         table["wheels"] = aot
 
 
-def _set_pin(table: MutableMapping[str, Any], pin: dict[str, Any]) -> None:
-    """Write one project's pin (version, source, git, sdist, wheels) into its table."""
-    if "version" in pin:
-        table["version"] = pin["version"]
-    table["source"] = pin["source"]
-    for name in ("git", "sdist"):
-        value = pin.get(name)
-        if not value:
+def _set_pin(table: MutableMapping[str, Any], pin: NewPin) -> None:
+    """Write one project's pin (source, git, sdist, wheels) into its table: each pin
+    table's fields in declare's order, an empty ``url`` or ``note`` left out."""
+    table["source"] = pin.source
+    for name, value in (("git", pin.git), ("sdist", pin.sdist)):
+        if value is None:
             table.pop(name, None)
             continue
         sub = table.get(name)
         if not isinstance(sub, MutableMapping):
             sub = tomlkit.table()
             table[name] = sub
-        for key, v in value.items():
-            if v in ("", None) and key in ("note", "url"):
-                sub.pop(key, None)
+        for field in dataclasses.fields(value):
+            v = getattr(value, field.name)
+            if v == "" and field.name in ("note", "url"):
+                sub.pop(field.name, None)
             else:
-                sub[key] = bool(v) if key == "commit_verified" else v
-    if "wheels" in pin:
-        _set_wheels(table, pin["wheels"])
-    if pin["source"] == "wheel":
+                sub[field.name] = v
+    if pin.wheels is not None:
+        _set_wheels(table, pin.wheels)
+    if pin.source == "wheel":
         # A wheel source is repacked, not built: its local version goes into the
         # wheel's METADATA, so a build's version stamp (an sdist pin moving to a
         # release published as wheels only) has nothing left to stamp.
@@ -240,14 +222,15 @@ def declaration_with_pin(text: str, project: Project, state: BumpState, where: s
     table = projects[project.key]
     table["version"] = state.new_version
     _set_pin(table, pin)
-    if pin.get("upstream_requires") is not None and (
-            pin["upstream_requires"] or "upstream_requires" in table):
-        table["upstream_requires"] = list(pin["upstream_requires"])
-    if pin.get("layout") and table.get("layout") != pin["layout"]:
-        table["layout"] = pin["layout"]
-    for key, other in (pin.get("companions") or {}).items():
+    if pin.upstream_requires is not None and (
+            pin.upstream_requires or "upstream_requires" in table):
+        table["upstream_requires"] = list(pin.upstream_requires)
+    if pin.layout and table.get("layout") != pin.layout:
+        table["layout"] = pin.layout
+    for key, other in pin.companions.items():
         if key not in projects:
             raise ConfigError(f"no [projects.{key}] table", where=where)
+        projects[key]["version"] = other.version
         _set_pin(projects[key], other)
     if description:
         doc["stack"]["description"] = description

@@ -11,8 +11,9 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypeVar, cast
 
+from sm120fork.declare import SOURCE_KINDS, GitPin, Project, SdistPin, SourceKind, WheelPin
 from sm120fork.workspace import Workspace
 
 BEFORE_REF = "refs/sm120fork/before-bump"
@@ -63,6 +64,66 @@ class Classification:
         return dataclasses.replace(row, evidence=tuple(map(str, row.evidence)))
 
 
+_P = TypeVar("_P", GitPin, SdistPin, WheelPin)
+
+
+def _pin_of(kind: type[_P], data: object) -> _P:
+    if not isinstance(data, dict):
+        raise TypeError(f"a {kind.__name__} is an object, not {type(data).__name__}")
+    return kind(**data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewPin:
+    """What a bump pins a project to, in :mod:`sm120fork.declare`'s own pin types: the
+    one typed value the bump's pre-flight makes, ``state.json`` keeps and the declaration
+    edit (:func:`sm120fork.maintain.pin.declaration_with_pin`) writes."""
+
+    source: SourceKind
+    git: GitPin | None = None
+    sdist: SdistPin | None = None
+    #: The published wheels; None keeps the ones declared.
+    wheels: tuple[WheelPin, ...] | None = None
+    #: A coordinated project's new version (the bumped project's is ``new_version``).
+    version: str = ""
+    #: The new release's own requirements on the stack (None: not read, as for a commit).
+    upstream_requires: tuple[str, ...] | None = None
+    #: The layout that fits the new release ("" keeps the declared one).
+    layout: str = ""
+    #: Coordinated projects shipped as published, moved with this one: key -> their pin.
+    companions: dict[str, NewPin] = dataclasses.field(default_factory=dict)
+
+    def pinned(self, project: Project, version: str) -> Project:
+        """``project`` at this pin and ``version`` (a ``wheel`` source may have no git or
+        sdist pin)."""
+        return dataclasses.replace(
+            project, version=version, source=self.source, git=self.git, sdist=self.sdist,
+            wheels=project.wheels if self.wheels is None else self.wheels)
+
+    @classmethod
+    def from_json(cls, data: object) -> NewPin:
+        """The ``new_pin`` of ``state.json`` (as older toolkits wrote it too: no
+        ``wheels`` key for the declared ones, ``{}`` for no sdist); TypeError when it is
+        not one."""
+        if not isinstance(data, dict) or data.get("source") not in SOURCE_KINDS:
+            raise TypeError(f"a new pin is an object with a source kind, not {data!r}")
+        git, sdist = data.get("git"), data.get("sdist")
+        wheels, requires = data.get("wheels"), data.get("upstream_requires")
+        companions = data.get("companions") or {}
+        if not all(isinstance(v, list | None) for v in (wheels, requires)) or not isinstance(
+                companions, dict) or not isinstance(data.get("version", ""), str) or \
+                not isinstance(data.get("layout") or "", str):
+            raise TypeError(f"a new pin has a field of the wrong type: {data!r}")
+        return cls(
+            source=cast(SourceKind, data["source"]),
+            git=_pin_of(GitPin, git) if git else None,
+            sdist=_pin_of(SdistPin, sdist) if sdist else None,
+            wheels=None if wheels is None else tuple(_pin_of(WheelPin, w) for w in wheels),
+            version=data.get("version", ""), layout=data.get("layout") or "",
+            upstream_requires=None if requires is None else tuple(map(str, requires)),
+            companions={str(k): cls.from_json(v) for k, v in companions.items()})
+
+
 @dataclass
 class BumpState:
     """A bump in progress, in ``.forks/bump/<stack>--<project>/state.json``."""
@@ -71,7 +132,7 @@ class BumpState:
     project: str
     old_version: str
     new_version: str
-    new_pin: dict[str, Any]
+    new_pin: NewPin
     created_stack: bool
     declaration: str
     series_dir: str
@@ -98,6 +159,10 @@ class BumpState:
     #: Folders whose files the journal holds whole: a file not in it is removed on abort.
     journaled_dirs: list[str] = dataclasses.field(default_factory=list)
 
+    def pinned(self, project: Project) -> Project:
+        """``project`` at the bump's new pin and version."""
+        return self.new_pin.pinned(project, self.new_version)
+
     def classifications(self, which: str = "results") -> tuple[Classification, ...]:
         return tuple(self.preview if which == "preview" else self.results)
 
@@ -110,6 +175,7 @@ class BumpState:
         path = cls.directory(ws, stack, project) / "state.json"
         try:
             state = cls(**json.loads(path.read_text()))
+            state.new_pin = NewPin.from_json(state.new_pin)
             state.results = [Classification.from_json(r) for r in state.results]
             state.preview = [Classification.from_json(r) for r in state.preview]
         except (OSError, ValueError, TypeError):
