@@ -143,6 +143,41 @@ def test_an_in_place_bump_moves_flashinfer_with_sglang(rel: Releases) -> None:
     assert "# sglang 0.5.23's own Requires-Dist on FlashInfer." in text  # comments kept
 
 
+@pytest.mark.slow
+def test_a_companion_declared_as_an_sdist_source_is_moved_to_its_published_wheels(
+        rel: Releases) -> None:
+    """FlashInfer declared as an ``sdist`` source with an empty series ships its published
+    wheels; moved with sglang 0.5.24, its new pin is those of 0.7.3 (a ``wheel`` source:
+    the sdist, git and version stamp of 0.7.2 pin nothing of 0.7.3).  The bump wrote the
+    source kind back with no sdist or git pin, and stopped at its last step: "the new
+    pins would not load"."""
+    path = rel.ws.forks_dir / f"{STACK}.toml"
+    text = path.read_text().replace('source = "wheel"\n', textwrap.dedent(f"""\
+        source = "sdist"
+
+        [projects.flashinfer.git]
+        url = "https://github.com/flashinfer-ai/flashinfer.git"
+        tag = "v0.7.2"
+        commit = "{'a' * 40}"
+
+        [projects.flashinfer.sdist]
+        filename = "flashinfer_python-0.7.2.tar.gz"
+        sha256 = "{'0' * 64}"
+
+        [projects.flashinfer.version_stamp]
+        file = "flashinfer/__init__.py"
+        """), 1)
+    path.write_text(text)
+    assert rel.ws.stack(STACK).project("flashinfer").source == "sdist"
+
+    bump(rel.ws, STACK, "sglang", "0.5.24")
+
+    flashinfer = rel.ws.stack(STACK).project("flashinfer")
+    assert (flashinfer.source, flashinfer.version) == ("wheel", "0.7.3")
+    assert [w.filename for w in flashinfer.wheels] == [rel.flashinfer_073.name]
+    assert (flashinfer.git, flashinfer.sdist) == (None, None)
+
+
 def test_a_flashinfer_release_the_stacks_sglang_rejects_is_refused_before_anything(
         rel: Releases, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before any download (the index is not even asked) and before any write: both pins

@@ -292,7 +292,10 @@ def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
     """The projects the new release pins at another version (its coordinated projects),
     each moved to the version it pins: (new pins of those that ship as published, which
     this bump's declaration edit writes; versions of those with patches, each bumped with
-    its series first, as a bump of its own that this one waits for)."""
+    its series first, as a bump of its own that this one waits for).  A project shipped as
+    published is pinned as a ``wheel`` source, whatever kind declared it: its published
+    wheels are all it ships, and the old release's sdist and git pins pin nothing of the
+    new one."""
     pins: dict[str, NewPin] = {}
     bumps: dict[str, str] = {}
     for move in coordinated_moves(stack, project, release):
@@ -302,7 +305,7 @@ def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
             bumps[other.key] = move.version
             continue
         pins[other.key] = dataclasses.replace(_wheel_pin(other, move.version, None),
-                                              source=other.source, version=move.version)
+                                              version=move.version)
     return pins, bumps
 
 
