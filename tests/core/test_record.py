@@ -159,7 +159,7 @@ def test_import_publishes_valid_records_and_refuses_all_on_one_bad(
 def test_a_patch_listed_once_per_wheel_is_read_as_one_tested_patch() -> None:
     """Records made before tested_of named each patch once list a multi-wheel build's
     patches once per wheel: read back, each is one fact, in the series' order."""
-    from sm120fork.gpu.records import tested_of
+    from sm120fork.gpu.core.records import tested_of
 
     manifest = Manifest.from_json({"stack": "s", "toolkit_version": "0", "wheels": [
         entry("p", patches=[{"name": n, "sha256": "0" * 64, "subject": n} for n in "ab"])]})

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from sm120fork.errors import ConfigError
-from sm120fork.gpu import cases as m
+from sm120fork.gpu.core import cases as m
 
 
 def test_full_matrix_straddles_every_threshold() -> None:

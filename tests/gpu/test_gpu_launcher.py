@@ -12,8 +12,9 @@ import pytest
 
 from helpers_proc import HANGING_CHILD, sigterm_ends_every_child
 from sm120fork.errors import ConfigError
-from sm120fork.gpu import launcher, variants
-from sm120fork.gpu.cases import Case
+from sm120fork.gpu import launcher
+from sm120fork.gpu.core import variants
+from sm120fork.gpu.core.cases import Case
 from sm120fork.util import supervise, wire
 from sm120fork.util.files import sha256_file
 
@@ -350,8 +351,9 @@ def test_sigterm_to_the_launcher_ends_every_rank_with_its_process_group(tmp_path
     parent = textwrap.dedent(f"""\
         import sys
         from pathlib import Path
-        from sm120fork.gpu import launcher, variants
-        from sm120fork.gpu.cases import Case
+        from sm120fork.gpu import launcher
+        from sm120fork.gpu.core import variants
+        from sm120fork.gpu.core.cases import Case
         tmp = Path({str(tmp_path)!r})
         variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp)
         case = Case(world_size=2, api="fusion_legacy", pattern="ar_rmsnorm", tokens=1,

@@ -47,7 +47,7 @@ def test_the_toolkit_command_line_and_the_session_say_the_same(
 def test_a_cpu_only_torch_is_no_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     """The test environment's torch is the CPU build: the probe says so."""
     pytest.importorskip("torch")
-    from sm120fork.gpu import preflight
+    from sm120fork.gpu.core import preflight
 
     with pytest.raises(NoGpuError, match=r"CPU-only build|sees no GPU"):
         preflight.require_gpu()

@@ -10,8 +10,8 @@ import pytest
 
 from helpers_manifest import entry
 from sm120fork import record
-from sm120fork.gpu import records
-from sm120fork.gpu.documents import AbDoc, CaseResult, parse_ab
+from sm120fork.gpu.core import records
+from sm120fork.gpu.core.documents import AbDoc, CaseResult, parse_ab
 from sm120fork.manifest import Manifest
 
 PATCHED = "flashinfer_python-0.6.7.post3+sm120.1-py3-none-any.whl"
@@ -203,7 +203,7 @@ def test_a_regressed_case_fails_the_run_and_a_case_not_run_leaves_it_unfinished(
 def test_a_build_of_several_wheels_names_each_tree_and_patch_once() -> None:
     """An SGLang build makes one wheel per Python and platform, each listing the same
     tree and patches: the record's tested block (and its summary) names each once."""
-    from sm120fork.gpu.records import tested_of
+    from sm120fork.gpu.core.records import tested_of
 
     one = entry("sglang", tree="t1", patched_commit="c1", patches=_patches("0001-a.patch"))
     got = tested_of(_manifest(one, one, one), {"sglang": [("0001-a.patch", "a" * 40)]})

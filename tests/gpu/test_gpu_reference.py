@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from sm120fork.gpu import reference as ref
-from sm120fork.gpu.cases import Case
+from sm120fork.gpu.core import reference as ref
+from sm120fork.gpu.core.cases import Case
 
 _BASE = Case(world_size=4, api="fusion_legacy", pattern="ar_rmsnorm", tokens=8, hidden=256,
              dtype="bf16", strategy="auto", pdl=False)

@@ -11,7 +11,7 @@ import pytest
 from sm120fork.errors import ConfigError, UsageError
 from sm120fork.gpu import report
 from sm120fork.gpu.cli import main
-from sm120fork.gpu.documents import AbDoc, BenchDoc, parse_ab, parse_bench
+from sm120fork.gpu.core.documents import AbDoc, BenchDoc, parse_ab, parse_bench
 
 
 def _rec(key: str, api: str, ws: int, status: str, **extra: Any) -> dict[str, Any]:

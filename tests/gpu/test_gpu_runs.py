@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu import launcher, runs, variants
+from sm120fork.gpu import launcher, runs
 from sm120fork.gpu.cli import main
+from sm120fork.gpu.core import variants
 
 FAKE_RANK = textwrap.dedent("""\
     import json, os, sys, time
     from sm120fork.util.wire import encode
-    from sm120fork.gpu.cases import Case
+    from sm120fork.gpu.core.cases import Case
     spec = json.load(open(sys.argv[1])); rank = int(sys.argv[2])
     mode = os.environ["FAKE_RANK_MODE"]
     for c in spec["cases"]:

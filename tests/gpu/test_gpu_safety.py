@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sm120fork.errors import ConfigError
-from sm120fork.gpu import safety
+from sm120fork.gpu.core import safety
 
 
 def test_trtllm_is_the_only_backend_by_default() -> None:

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 
 from helpers_manifest import entry, write_manifest
-from sm120fork.gpu import records, runs, sglang_layer
+from sm120fork.gpu import runs, sglang_layer
+from sm120fork.gpu.core import records
+from sm120fork.gpu.core.documents import Provenance
 from sm120fork.gpu.decision import Process, decide
-from sm120fork.gpu.documents import Provenance
 from sm120fork.gpu.policy import validate
 
 ROUTES = {1: "fused", 8: "fused", 9: "pcie_ipc", 32: "pcie_ipc", 33: "sglang_dispatch",
@@ -163,7 +164,7 @@ def test_the_plugin_route_takes_a_kits_plugin_and_stock_sglang(tmp_path: Path) -
     import zipfile
 
     from sm120fork.errors import ConfigError
-    from sm120fork.gpu import stack_wheels
+    from sm120fork.gpu.core import stack_wheels
 
     kit = tmp_path / "kit"
     (kit / "stack" / "plugin").mkdir(parents=True)

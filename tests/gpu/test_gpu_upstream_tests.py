@@ -16,7 +16,7 @@ from sm120fork import record
 from sm120fork.errors import ConfigError
 from sm120fork.gpu import upstream_tests as ut
 from sm120fork.gpu.cli import main
-from sm120fork.gpu.variants import Variant
+from sm120fork.gpu.core.variants import Variant
 from sm120fork.kit import boot
 
 PR = {"pr": "split-fix", "stack": "fi-1.0", "project": "flashinfer",

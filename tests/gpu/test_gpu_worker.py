@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu import correctness, rank
-from sm120fork.gpu.cases import Case, quick_matrix
-from sm120fork.gpu.safety import MULTICAST_OFF_ENV
+from sm120fork.gpu import correctness
+from sm120fork.gpu.core import rank
+from sm120fork.gpu.core.cases import Case, quick_matrix
+from sm120fork.gpu.core.safety import MULTICAST_OFF_ENV
 from sm120fork.util import wire
 
 SRC = Path(__file__).resolve().parents[2] / "src"

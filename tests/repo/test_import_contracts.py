@@ -42,7 +42,7 @@ BAD_IMPORTS = {
     "patch/series.py": ("def _late() -> None:\n    from sm120fork.verify import proof\n",
                         "sm120fork.patch is not allowed to import sm120fork.verify"),
     # a lower stage the table does not list for it
-    "gpu/cases.py": ("from sm120fork.plugin import package\n",
+    "gpu/core/cases.py": ("from sm120fork.plugin import package\n",
                      "sm120fork.gpu is not allowed to import sm120fork.plugin"),
     # the plugin wheel's vendored doctor: a dependency of the toolkit ...
     "doctor/rules.py": ("import rich\n", "sm120fork.doctor is not allowed to import rich"),

@@ -19,10 +19,11 @@ from typing import Any
 
 from sm120fork.entry import Parser, boundary
 from sm120fork.errors import ToolkitError, UsageError, VerifyError
-from sm120fork.gpu import cases as cases_mod
-from sm120fork.gpu import methods, preflight, records, runs, sglang_layer, upstream_tests
-from sm120fork.gpu.documents import Provenance
-from sm120fork.gpu.safety import ALLOW_MULTICAST_FLAG, check_backend
+from sm120fork.gpu import methods, runs, sglang_layer, upstream_tests
+from sm120fork.gpu.core import cases as cases_mod
+from sm120fork.gpu.core import preflight, records
+from sm120fork.gpu.core.documents import Provenance
+from sm120fork.gpu.core.safety import ALLOW_MULTICAST_FLAG, check_backend
 from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
 
@@ -245,20 +246,20 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
     folder = args.stack_dir
     tested = records.tested_beside(folder) if folder is not None else None
     if args.stack is not None:
-        from sm120fork.gpu.stack_wheels import stack_dir
-        from sm120fork.gpu.stack_wheels import tested as tested_of_stack
+        from sm120fork.gpu.core.stack_wheels import stack_dir
+        from sm120fork.gpu.core.stack_wheels import tested as tested_of_stack
         from sm120fork.workspace import Workspace
 
         folder = stack_dir(args.stack)
         tested = tested_of_stack(Workspace.find(), args.stack)
     if folder is not None:
-        from sm120fork.gpu.stack_wheels import layer_trees
+        from sm120fork.gpu.core.stack_wheels import layer_trees
 
         trees = layer_trees(folder, args.work_dir)
         args.sglang_path, site, made = trees.sglang_path, trees.site, trees.made
     routes: tuple[runs.LayerRoute, ...] = ()
     if args.with_plugin_route:
-        from sm120fork.gpu.stack_wheels import plugin_route_wheels, plugin_trees
+        from sm120fork.gpu.core.stack_wheels import plugin_route_wheels, plugin_trees
 
         if folder is None:
             raise UsageError("--with-plugin-route needs --stack or --stack-dir",

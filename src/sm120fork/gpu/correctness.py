@@ -9,14 +9,14 @@ from typing import Any
 
 import torch
 
-from sm120fork.gpu.cases import (
+from sm120fork.gpu.core.cases import (
     CUSTOM_API,
     PATTERN_CODES,
     Case,
     environment_reason,
     skip_reason,
 )
-from sm120fork.gpu.rank import (
+from sm120fork.gpu.core.rank import (
     EXIT_CUDA_ERROR,
     Rank,
     cuda_broken,
@@ -25,7 +25,7 @@ from sm120fork.gpu.rank import (
     say,
     stage,
 )
-from sm120fork.gpu.reference import (
+from sm120fork.gpu.core.reference import (
     FP4_BLOCK,
     RMS_EPS,
     TORCH_DTYPES,

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import ConfigError
-from sm120fork.gpu.cases import CUSTOM_API, Case
-from sm120fork.gpu.variants import Variant
+from sm120fork.gpu.core.cases import CUSTOM_API, Case
+from sm120fork.gpu.core.variants import Variant
 from sm120fork.util import supervise, wire
 from sm120fork.util.supervise import Child, GroupOutcome
 

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 
-from sm120fork.gpu.documents import (
+from sm120fork.gpu.core.documents import (
     AbDoc,
     BenchDoc,
     BenchRecord,

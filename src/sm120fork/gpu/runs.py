@@ -23,13 +23,14 @@ from sm120fork import manifest as manifest_file
 from sm120fork import record
 from sm120fork.cuda.toolkit import locate_nvcc
 from sm120fork.errors import CommandError, ConfigError, UsageError, VerifyError
-from sm120fork.gpu import cases as cases_mod
-from sm120fork.gpu import documents, launcher, records, report, sglang_layer, variants
+from sm120fork.gpu import launcher, report, sglang_layer
 from sm120fork.gpu import methods as methods_mod
 from sm120fork.gpu import policy as policy_mod
-from sm120fork.gpu.documents import LayerMachine, MadeFrom, Provenance
-from sm120fork.gpu.safety import check_backend
-from sm120fork.gpu.variants import ModuleBuild
+from sm120fork.gpu.core import cases as cases_mod
+from sm120fork.gpu.core import documents, records, variants
+from sm120fork.gpu.core.documents import LayerMachine, MadeFrom, Provenance
+from sm120fork.gpu.core.safety import check_backend
+from sm120fork.gpu.core.variants import ModuleBuild
 from sm120fork.util import portable, proc
 
 log = logging.getLogger("sm120fork")
@@ -75,7 +76,7 @@ class RunOptions:
         if self.wheel_dirs:
             raise UsageError("--stack and --wheel-dir exclude each other",
                               fix="pass one of them")
-        from sm120fork.gpu import stack_wheels
+        from sm120fork.gpu.core import stack_wheels
 
         found = stack_wheels.resolve(self.stack, baseline=baseline)
         notes = (*self.not_run, found.note) if found.note else self.not_run
@@ -404,7 +405,7 @@ def run_test(opts: TestOptions) -> TestRun:
             log.info("variant %s, world size %d took %.0f s", variant.name, ws,
                      time.monotonic() - started)
     shared = any(ws > gpu_count for ws in world_sizes)
-    from sm120fork.gpu.reference import tolerance_table
+    from sm120fork.gpu.core.reference import tolerance_table
 
     doc = {
         "kind": "gpu-test", "created": _now(), "command": opts.command,
@@ -691,7 +692,7 @@ def planned_cases(opts: LayerOptions) -> list[tuple[str, str]]:
 
 def _prebuild(opts: LayerOptions) -> None:
     """FlashInfer's modules built once (in parallel), before any rank needs them."""
-    from sm120fork.gpu.safety import rank_environment
+    from sm120fork.gpu.core.safety import rank_environment
 
     env = rank_environment(dict(os.environ))  # multicast off, as in every rank
     env["PYTHONPATH"] = os.pathsep.join([*map(str, opts.site), str(opts.sglang_path)])

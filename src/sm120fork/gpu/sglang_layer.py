@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import ConfigError
-from sm120fork.gpu.safety import rank_environment
+from sm120fork.gpu.core.safety import rank_environment
 from sm120fork.gpu.sglang_rank import RAISED, READY, RESULT
 from sm120fork.layouts import LAYOUTS, adapter
 from sm120fork.util import supervise

@@ -4,7 +4,7 @@ box against the stack's patched FlashInfer and upstream's, one ``upstream-pr`` r
 The offline kit carries each PR's tests as ``upstream-tests/<pr>/``: the files the PR's
 test patches add, and ``pr.json`` (written by ``sm120fork.upstream.groups``: the PR, its
 stack and project, and the patches it was tested with).  Each variant's FlashInfer is
-installed in its own folder with its own JIT cache (:mod:`sm120fork.gpu.variants`), its
+installed in its own folder with its own JIT cache (:mod:`sm120fork.gpu.core.variants`), its
 comm module built once, then pytest runs the files with that variant first on the path.
 The test is an A/B: each case of the patched build says whether the fix made it pass
 (``fixed``), it passes on both (``pass-both``), and so on.  Cases that never ran (a
@@ -27,9 +27,9 @@ from typing import Any
 
 from sm120fork import __version__, record
 from sm120fork.errors import CommandError, ConfigError
-from sm120fork.gpu import records
-from sm120fork.gpu.documents import Environment
-from sm120fork.gpu.variants import Variant, compile_variants, install_variant
+from sm120fork.gpu.core import records
+from sm120fork.gpu.core.documents import Environment
+from sm120fork.gpu.core.variants import Variant, compile_variants, install_variant
 from sm120fork.util import proc
 
 PR_FILE = "pr.json"
@@ -187,7 +187,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run each PR's tests with each variant; write one record per PR; 0 when all pass."""
-    from sm120fork.gpu.variants import parse_variant_specs
+    from sm120fork.gpu.core.variants import parse_variant_specs
 
     specs = parse_variant_specs(args.wheel_dir)
     if "patched" not in specs:
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         notes += [_PATH.sub("<path>", f"the comm module of {n} did not build ({why}): its "
                             "tests JIT-build it") for n, why in failed.items()]
     else:
-        from sm120fork.gpu.probe import environment
+        from sm120fork.gpu.core.probe import environment
 
         env = environment()
         notes.append("run with --no-compile")

@@ -12,10 +12,10 @@ import sys
 import traceback
 from pathlib import Path
 
-from sm120fork.gpu.cases import BenchPlan, Case
+from sm120fork.gpu.core.cases import BenchPlan, Case
+from sm120fork.gpu.core.probe import environment, run_compile
+from sm120fork.gpu.core.rank import Rank, hard_exit, say
 from sm120fork.gpu.correctness import run_tests
-from sm120fork.gpu.probe import environment, run_compile
-from sm120fork.gpu.rank import Rank, hard_exit, say
 from sm120fork.gpu.timing import run_bench
 
 

@@ -46,8 +46,8 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from sm120fork import __version__
 from sm120fork.errors import ConfigError
-from sm120fork.gpu.records import TESTED_FILE
-from sm120fork.gpu.stack_wheels import stack_manifest, tested
+from sm120fork.gpu.core.records import TESTED_FILE
+from sm120fork.gpu.core.stack_wheels import stack_manifest, tested
 from sm120fork.kit import boot
 from sm120fork.manifest import Manifest
 from sm120fork.package.wheel import wheel_requirements
@@ -447,7 +447,7 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
     fi_entry = manifest.first("flashinfer")  # there: stack_wheels refused a build without
     upstream = None
     if fi_entry is not None and not fi_entry.used_as_published:
-        from sm120fork.gpu.stack_wheels import upstream_wheel
+        from sm120fork.gpu.core.stack_wheels import upstream_wheel
 
         upstream = upstream_wheel(ws, opts.stack)
     provided = _parse_box_has(opts.box_has)

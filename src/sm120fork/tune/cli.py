@@ -93,7 +93,7 @@ def _ask(question: str) -> bool:
 
 def _ready() -> None:
     """This Python's torch sees a GPU (the bench's own preflight), before anything runs."""
-    from sm120fork.gpu import preflight
+    from sm120fork.gpu.core import preflight
 
     preflight.require_gpu()
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sm120fork import manifest as manifest_file
 from sm120fork.errors import BuildError, ConfigError
-from sm120fork.gpu.documents import MadeFrom, Provenance
+from sm120fork.gpu.core.documents import MadeFrom, Provenance
 from sm120fork.manifest import Manifest, ManifestEntry
 from sm120fork.record import Tested
 from sm120fork.workspace import Workspace
@@ -37,7 +37,7 @@ class StackWheels:
     stack: str
     specs: tuple[str, ...]
     note: str | None = None
-    #: The record's ``tested`` block of the build (gpu/records.py).
+    #: The record's ``tested`` block of the build (gpu/core/records.py).
     tested: Tested | None = None
 
 
@@ -54,7 +54,7 @@ def tested(ws: Workspace, stack: str) -> Tested:
     the patch ids where they cannot be computed here (no git): the run goes on, and its
     record names the wheels and trees only (a verify then calls it stale)."""
     from sm120fork.errors import ToolkitError
-    from sm120fork.gpu.records import tested_of
+    from sm120fork.gpu.core.records import tested_of
 
     _, manifest = stack_manifest(ws, stack)
     try:

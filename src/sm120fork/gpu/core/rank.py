@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sm120fork.gpu.cases import CUSTOM_API
-from sm120fork.gpu.safety import MULTICAST_OFF_ENV, check_backend
+from sm120fork.gpu.core.cases import CUSTOM_API
+from sm120fork.gpu.core.safety import MULTICAST_OFF_ENV, check_backend
 from sm120fork.util import wire
 
 EXIT_CUDA_ERROR = 3

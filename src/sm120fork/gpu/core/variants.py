@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import CommandError, ConfigError
-from sm120fork.gpu.documents import Environment
-from sm120fork.gpu.safety import rank_environment
+from sm120fork.gpu.core.documents import Environment
+from sm120fork.gpu.core.safety import rank_environment
 from sm120fork.util import proc, supervise, wire
 from sm120fork.util.files import sha256_file, wheel_record_sha256
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from sm120fork.gpu.documents import Environment
-from sm120fork.gpu.rank import say
+from sm120fork.gpu.core.documents import Environment
+from sm120fork.gpu.core.rank import say
 
 
 def environment() -> Environment:

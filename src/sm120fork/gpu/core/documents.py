@@ -20,7 +20,7 @@ from sm120fork.errors import ConfigError
 
 
 class CaseSpec(TypedDict, total=False):
-    """One case of the matrix (``gpu/cases.py``'s ``Case``)."""
+    """One case of the matrix (``gpu/core/cases.py``'s ``Case``)."""
 
     api: str
     world_size: int

@@ -20,7 +20,7 @@ from typing import Any
 
 from sm120fork import __version__, record
 from sm120fork.gpu import report
-from sm120fork.gpu.documents import (
+from sm120fork.gpu.core.documents import (
     AbDoc,
     CaseResult,
     Environment,

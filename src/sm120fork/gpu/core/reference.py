@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from sm120fork.gpu.cases import Case
+from sm120fork.gpu.core.cases import Case
 
 RMS_EPS = 1e-6
 FP8_E4M3_MAX = 448.0
