@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu import sglang_layer
+from sm120fork.gpu.layer import cases as layer_cases
 
 from helpers_sglang import Sites
 
@@ -30,10 +30,10 @@ ONE_RANK = ("one-rank-create-fails", "one-rank-fails-midway", "one-rank-fails-la
 
 def _run(cases: tuple[str, ...], site: Path, extra: list[Path], *,
          gates_in_memory: bool = False, load_plugins: bool = False,
-         ) -> dict[str, sglang_layer.CaseOutcome]:
+         ) -> dict[str, layer_cases.CaseOutcome]:
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {case: pool.submit(
-            sglang_layer.run_case, case, sglang_path=site, device="cpu", tokens=(3, 16),
+            layer_cases.run_case, case, sglang_path=site, device="cpu", tokens=(3, 16),
             timeout=30, start_timeout=240, extra_path=extra, gates_in_memory=gates_in_memory,
             load_plugins=load_plugins, layout="layer_boundary") for case in cases}
         return {case: future.result() for case, future in futures.items()}
@@ -83,12 +83,12 @@ def default_stack_sglang(sglang_0510: Path) -> Path:
 
 
 def _alone(runs: dict[str, tuple[Path, list[Path], str, str, bool]],
-           ) -> dict[str, sglang_layer.CaseOutcome]:
+           ) -> dict[str, layer_cases.CaseOutcome]:
     """label -> (site, extra path, case, layout, plugins), two at a time.  A site without
     a series or plugin (label "stock") has its gates opened in memory."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {label: pool.submit(
-            sglang_layer.run_case, case, sglang_path=site, device="cpu", tokens=(3, 16),
+            layer_cases.run_case, case, sglang_path=site, device="cpu", tokens=(3, 16),
             timeout=CASE_S, start_timeout=240, extra_path=extra, load_plugins=plugins,
             gates_in_memory=label == "stock", layout=layout,
             agreement_timeout_s=AGREEMENT_S,
@@ -97,7 +97,7 @@ def _alone(runs: dict[str, tuple[Path, list[Path], str, str, bool]],
         return {label: future.result() for label, future in futures.items()}
 
 
-def _by_rank(outcome: sglang_layer.CaseOutcome) -> dict[int, dict[str, Any]]:
+def _by_rank(outcome: layer_cases.CaseOutcome) -> dict[int, dict[str, Any]]:
     """How each rank ended; printed (``pytest -rP`` shows it) for the record."""
     for e in outcome.exits:
         raised = e["raised"] or {}
@@ -108,7 +108,7 @@ def _by_rank(outcome: sglang_layer.CaseOutcome) -> dict[int, dict[str, Any]]:
     return {int(e["rank"]): e for e in outcome.exits}
 
 
-def _check_alone(outcome: sglang_layer.CaseOutcome, alone: int) -> float:
+def _check_alone(outcome: layer_cases.CaseOutcome, alone: int) -> float:
     """Rank ``alone`` raised alone: one RuntimeError after the agreement timeout, whichever
     rank it is.  Without that bound it would wait past the case's 30 s (rank 0: the peer's
     groups, 60 s) and the case would be hung; rank 1 would wait GROUP_S (in SGLang the CPU
@@ -122,7 +122,7 @@ def _check_alone(outcome: sglang_layer.CaseOutcome, alone: int) -> float:
     ended = _by_rank(outcome)
     raised = ended[alone]["raised"]
     took = float(raised["after_fused_call_error_s"])
-    assert AGREEMENT_S - 0.5 <= took <= AGREEMENT_S + sglang_layer.ALONE_SLACK_S < GROUP_S, took
+    assert AGREEMENT_S - 0.5 <= took <= AGREEMENT_S + layer_cases.ALONE_SLACK_S < GROUP_S, took
     assert raised["error"].startswith("RuntimeError: ")
     assert "within 3 s" in raised["error"]
     peer = ended[1 - alone]

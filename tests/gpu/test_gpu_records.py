@@ -12,6 +12,7 @@ from helpers_manifest import entry
 from sm120fork import record
 from sm120fork.gpu.core import records
 from sm120fork.gpu.core.documents import AbDoc, CaseResult, parse_ab
+from sm120fork.gpu.layer import run as layer_run
 from sm120fork.manifest import Manifest
 
 PATCHED = "flashinfer_python-0.6.7.post3+sm120.1-py3-none-any.whl"
@@ -131,7 +132,7 @@ def test_tested_of_a_build_names_the_patches_it_applied_with_their_ids() -> None
 
 
 def test_a_layer_run_of_a_stack_is_a_record_unfinished_until_every_case_ran() -> None:
-    from sm120fork.gpu.sglang_layer import CaseOutcome
+    from sm120fork.gpu.layer.cases import CaseOutcome
 
     made = {"stack": "sglang-0.5.23", "made_from": [
         {"project": "sglang", "wheel": "sglang-0.5.23+sm120.1-py3-none-any.whl",
@@ -147,15 +148,15 @@ def test_a_layer_run_of_a_stack_is_a_record_unfinished_until_every_case_ran() ->
         "created": "2026-12-03T17:00:00+00:00",
         "machine": {"gpus": ["NVIDIA H200"], "torch": "2.11.0"},
         "planned": ["fused", "fault-bad-ptr"]}
-    part = records.layer_record(**common, outcomes=[outcome("fused", True)])
+    part = layer_run.layer_record(**common, outcomes=[outcome("fused", True)])
     assert part is not None
     assert part.verdict == "unfinished"
-    whole = records.layer_record(**common, outcomes=[outcome("fused", True),
+    whole = layer_run.layer_record(**common, outcomes=[outcome("fused", True),
                                                     outcome("fault-bad-ptr", False)])
     assert whole is not None
     assert (whole.kind, whole.verdict, whole.counts["fail"]) == ("sglang-layer", "fail", 1)
     assert whole.cases[1].detail == "rank 1 hung"
-    assert records.layer_record(**{**common, "made": {"stack": None, "made_from": []}},
+    assert layer_run.layer_record(**{**common, "made": {"stack": None, "made_from": []}},
                                 outcomes=[]) is None
 
 

@@ -1,4 +1,4 @@
-"""The layer harness's verdict on what the ranks report (gpu.sglang_layer.expected_problems).
+"""The layer harness's verdict on what the ranks report (gpu.layer.cases.expected_problems).
 
 Each upstream layout says its one fallback warning in its own words (its adapter's):
 communicator (0.5.10) in S4's, layer_boundary (0.5.23) in upstream's.  A wording of the
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu.sglang_layer import (
+from sm120fork.gpu.layer.cases import (
     ALONE_SLACK_S,
     CaseOutcome,
     alone_problems,

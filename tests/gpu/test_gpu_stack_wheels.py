@@ -11,6 +11,7 @@ from helpers_manifest import entry, write_manifest
 from sm120fork.errors import ConfigError, UsageError
 from sm120fork.gpu import runs
 from sm120fork.gpu.core import stack_wheels
+from sm120fork.gpu.layer import run as layer_run
 
 from helpers_ws import checkout_copy
 
@@ -153,9 +154,9 @@ def test_layer_stack_unpacks_this_pythons_sglang_wheel_with_its_provenance(
     assert [p.name for p in trees.site] == ["flashinfer"]
     assert trees.made["stack"] == "sglang-0.5.23"
     assert [m["wheel"] for m in trees.made["made_from"]] == [mine, fi]
-    opts = runs.LayerOptions(command="x", sglang_path=trees.sglang_path,
+    opts = layer_run.LayerOptions(command="x", sglang_path=trees.sglang_path,
                              out=tmp_path / "out", layout="layer_boundary", made=trees.made)
-    runs._write_sglang_layer_report(opts, [], done=False, planned=["fused"], made=opts.made)
+    layer_run._write_sglang_layer_report(opts, [], done=False, planned=["fused"], made=opts.made)
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     assert doc["made_from"] == trees.made["made_from"]
     assert (doc["finished"], doc["planned"]) == (False, ["fused"])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.gpu import sglang_layer
+from sm120fork.gpu.layer import cases as layer_cases
 
 from helpers_sglang import SERIES, Sites
 
@@ -30,11 +30,11 @@ G7_READS_V2 = any("sm120fork_allreduce.py" in p.read_text(encoding="utf-8")
 
 
 def _run(runs: dict[str, tuple[Path, list[Path], str, bool]],
-         ) -> dict[str, sglang_layer.CaseOutcome]:
+         ) -> dict[str, layer_cases.CaseOutcome]:
     """label -> (site, extra path, case, plugins); "stock" opens the gates in memory."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {label: pool.submit(
-            sglang_layer.run_case, case, sglang_path=site, device="cpu", timeout=90,
+            layer_cases.run_case, case, sglang_path=site, device="cpu", timeout=90,
             start_timeout=240, extra_path=extra, load_plugins=plugins,
             gates_in_memory=label.startswith("stock"), layout="layer_boundary",
             variant="plugin" if plugins else "patched")
@@ -58,7 +58,7 @@ def test_the_patched_wheel_and_the_plugin_follow_the_policy(sites: Sites) -> Non
         f"{route} {case}": (site, extra, case, route == "plugin")
         for route, site, extra in (("patched", sites.patched, [sites.deps]),
                                    ("plugin", sites.stock, [sites.deps, sites.plugin]))
-        for case in sglang_layer.POLICY_CASES})
+        for case in layer_cases.POLICY_CASES})
     failed = {label: o.problems for label, o in outcomes.items() if not o.passed}
     assert failed == {}
     for outcome in outcomes.values():

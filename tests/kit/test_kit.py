@@ -32,7 +32,7 @@ from helpers_ws import checkout_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS_MODULES = ("sm120fork.gpu.cli", "sm120fork.gpu.runs", "sm120fork.gpu.launcher",
-                   "sm120fork.gpu.sglang_layer", "sm120fork.gpu.core.variants",
+                   "sm120fork.gpu.layer.cases", "sm120fork.gpu.core.variants",
                    "sm120fork.gpu.report", "sm120fork.gpu.core.records",
                    "sm120fork.doctor.cli", "sm120fork.record")
 

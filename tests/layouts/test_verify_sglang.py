@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import VerifyError
-from sm120fork.gpu.sglang_layer import run_case
+from sm120fork.gpu.layer.cases import run_case
 from sm120fork.layouts.communicator.checks import (
     SM12X,
     TOGETHER_CASES,

@@ -19,11 +19,13 @@ from typing import Any
 
 from sm120fork.entry import Parser, boundary
 from sm120fork.errors import ToolkitError, UsageError, VerifyError
-from sm120fork.gpu import methods, runs, sglang_layer, upstream_tests
+from sm120fork.gpu import methods, runs, upstream_tests
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import preflight, records
 from sm120fork.gpu.core.documents import Provenance
 from sm120fork.gpu.core.safety import ALLOW_MULTICAST_FLAG, check_backend
+from sm120fork.gpu.layer import cases as layer_cases
+from sm120fork.gpu.layer import run as layer_run
 from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
 
@@ -129,7 +131,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="the tree's upstream layout (default: the one forks/<stack>.toml "
                    "names for the tree's SGLang version; sglang-0.5.10: communicator, "
                    "sglang-0.5.23: layer_boundary)")
-    s.add_argument("--case", action="append", choices=sglang_layer.CPU_CASES,
+    s.add_argument("--case", action="append", choices=layer_cases.CPU_CASES,
                    help="default: every case this device can run")
     s.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     s.add_argument("--world-size", type=int, default=2)
@@ -190,7 +192,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def _common(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     return {
-        "command": runs.command_line(argv), "wheel_dirs": tuple(args.wheel_dir),
+        "command": records.command_line(argv), "wheel_dirs": tuple(args.wheel_dir),
         "prebuilt": tuple(args.prebuilt), "also_build": tuple(args.also_build),
         "quick": args.quick, "out": args.out, "work_dir": args.work_dir,
         "backend": args.backend, "allow_multicast": args.allow_multicast,
@@ -257,7 +259,7 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
 
         trees = layer_trees(folder, args.work_dir)
         args.sglang_path, site, made = trees.sglang_path, trees.site, trees.made
-    routes: tuple[runs.LayerRoute, ...] = ()
+    routes: tuple[layer_run.LayerRoute, ...] = ()
     if args.with_plugin_route:
         from sm120fork.gpu.core.stack_wheels import plugin_route_wheels, plugin_trees
 
@@ -269,11 +271,11 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
         stock, plugin, rows = plugin_trees(stock_whl, plugin_whl, args.work_dir,
                                            (made["stack"] if made else None) or "stack")
         # the stack's FlashInfer (``site``) serves both routes: one JIT build for both
-        routes = (runs.LayerRoute(variant="plugin", sglang_path=stock,
+        routes = (layer_run.LayerRoute(variant="plugin", sglang_path=stock,
                                   site=(plugin, *site), made_from=tuple(rows)),)
-    opts = runs.LayerOptions(
-        command=runs.command_line(argv), sglang_path=args.sglang_path, out=args.out,
-        layout=args.layout or sglang_layer.layout_of(args.sglang_path),
+    opts = layer_run.LayerOptions(
+        command=records.command_line(argv), sglang_path=args.sglang_path, out=args.out,
+        layout=args.layout or layer_cases.layout_of(args.sglang_path),
         site=site, cases=_optional(args.case), device=args.device,
         world_size=args.world_size, tokens=_optional(args.tokens), timeout=args.timeout,
         first_timeout=args.first_timeout, start_timeout=args.start_timeout,
@@ -284,10 +286,10 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
         agreement_timeout=args.agreement_timeout, group_timeout=args.group_timeout,
         routes=routes, time_budget=args.time_budget, jobs=args.jobs,
         prebuild=args.prebuild)
-    outcomes = runs.run_sglang_layer(opts)
+    outcomes = layer_run.run_sglang_layer(opts)
     failed = [o for o in outcomes if not o.passed]
     # a run cut short (its time budget) is not a pass: its record is unfinished
-    cut_short = len(outcomes) < len(runs.planned_cases(opts))
+    cut_short = len(outcomes) < len(layer_run.planned_cases(opts))
     return VerifyError.exit_code if failed or cut_short else 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import re
@@ -144,7 +143,7 @@ def pr_record(pr: Mapping[str, Any], planned: Sequence[str],
                 if v.name != BASELINE else None))
     return record.make(
         kind="upstream-pr", subject=pr["pr"], stack=pr["stack"], command=command,
-        created=datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat(),
+        created=records.now(),
         toolkit=__version__, machine=machine,
         tested=record.Tested(
             wheels=tuple(record.TestedWheel(variant=v.name, project=pr["project"],

@@ -40,7 +40,7 @@ def compact(value: Any) -> str:
 
 
 class LayerOutcome(Protocol):
-    """One case of the GPU layer harness (:class:`sm120fork.gpu.sglang_layer.CaseOutcome`)."""
+    """One case of the GPU layer harness (:class:`sm120fork.gpu.layer.cases.CaseOutcome`)."""
 
     @property
     def passed(self) -> bool: ...
@@ -56,7 +56,7 @@ class LayerOutcome(Protocol):
 
 
 #: ``run(case, sglang_path=..., layout=..., python=..., device="cpu", tokens=...,
-#: timeout=..., start_timeout=...)``: :func:`sm120fork.gpu.sglang_layer.run_case`.
+#: timeout=..., start_timeout=...)``: :func:`sm120fork.gpu.layer.cases.run_case`.
 LayerRunner = Callable[..., LayerOutcome]
 
 

@@ -12,11 +12,11 @@ a budget used up) are left out of ``cases``: the record is then unfinished, neve
 
 from __future__ import annotations
 
+import datetime
 import os
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from sm120fork import __version__, record
 from sm120fork.gpu import report
@@ -24,8 +24,6 @@ from sm120fork.gpu.core.documents import (
     AbDoc,
     CaseResult,
     Environment,
-    LayerMachine,
-    Provenance,
 )
 from sm120fork.manifest import Manifest
 
@@ -57,6 +55,16 @@ def tested_of(manifest: Manifest, patch_ids: Mapping[str, Sequence[tuple[str, st
     # one entry per tree and patch, however many wheels (platforms, Pythons) a build made
     return record.Tested(trees=tuple(dict.fromkeys(trees)),
                          patches=tuple(dict.fromkeys(patches)))
+
+
+def now() -> str:
+    """When a run's report or record was made (UTC, to the second)."""
+    return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """How a report names the command that made it."""
+    return shlex.join(["python", "-m", "sm120fork.gpu", *argv])
 
 
 def recorded_command(verb: str, argv: Sequence[str]) -> str:
@@ -98,7 +106,7 @@ def _detail(rec: CaseResult) -> str:
     return " ".join(str(rec.get("reason") or rec["status"]).split())[:200]
 
 
-def _tested(wheels: Sequence[record.TestedWheel], tested: record.Tested | None
+def tested_block(wheels: Sequence[record.TestedWheel], tested: record.Tested | None
             ) -> record.Tested:
     """What a run tested: its wheels, and the trees and patches of the projects whose
     build it ran (an A/B of the FlashInfer wheel tested none of the SGLang series, so a
@@ -149,42 +157,9 @@ def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | Non
         created=doc["created"],
         toolkit=__version__, machine=_machine(doc.get("environment", {}),
                                               bool(doc.get("shared"))),
-        tested=_tested(wheels, tested),
+        tested=tested_block(wheels, tested),
         planned=planned, cases=tuple(cases), not_run=tuple(doc.get("not_run") or ()),
         notes=tuple(notes))
-
-
-def layer_record(*, made: Provenance, tested: record.Tested | None,
-                 command: str, created: str, machine: LayerMachine,
-                 planned: Sequence[Any], outcomes: Sequence[Any],
-                 notes: Sequence[str] = (), not_run: Sequence[str] = (),
-                 ) -> record.Record | None:
-    """The record of an ``sglang-layer`` run of a stack's build (None without one):
-    ``outcomes`` are :class:`~sm120fork.gpu.sglang_layer.CaseOutcome`; a run cut short is
-    unfinished."""
-    stack = made["stack"]
-    if not stack:
-        return None
-    gpus = tuple(str(g) for g in machine.get("gpus") or ())
-    return record.make(
-        kind="sglang-layer", stack=stack, command=command, created=created,
-        toolkit=__version__,
-        machine=record.Machine(
-            description=f"{gpus[0]} x{len(gpus)}" if gpus else "CPU ranks (no GPU)",
-            gpus=gpus, torch=machine.get("torch"), cuda=machine.get("cuda"),
-            cpus=os.cpu_count()),
-        tested=_tested([record.TestedWheel(variant=m.get("variant", "patched"),
-                                           project=str(m["project"]),
-                                           file=str(m["wheel"]),
-                                           sha256=str(m["wheel_sha256"]))
-                        for m in made["made_from"]], tested),
-        planned=len(planned),
-        cases=tuple(record.Case(
-            id=o.case, variant=getattr(o, "variant", "patched"),
-            outcome="pass" if o.passed else "fail",
-            detail=" ".join("; ".join(o.problems).split())[:200] or f"{o.seconds:.0f} s")
-            for o in outcomes),
-        not_run=tuple(not_run), notes=tuple(notes))
 
 
 def tested_beside(folder: Path) -> record.Tested | None:

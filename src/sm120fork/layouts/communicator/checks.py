@@ -54,7 +54,7 @@ OFF = {"flag": False, "fused": False}
 FLAG_ONLY = {"flag": True, "fused": False}
 #: The CUDA below which FlashInfer cannot build for SM12x (S1/S2 gate on it).
 OLD_CUDA = "12.8"
-#: S4's two-rank cases (gpu.sglang_layer on the CPU), each judged there.
+#: S4's two-rank cases (gpu.layer.cases on the CPU), each judged there.
 TOGETHER_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
                   "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises",
                   "no-p2p", "one-rank-fails-in-fd-exchange")
@@ -155,7 +155,7 @@ def check_sglang(tree: Path, *, baseline: Path | None, layer: LayerRunner,
     (``baseline`` unpatched upstream; None compares 8.0/9.0/10.0 with the known upstream
     decisions instead).  ``python`` is an interpreter with the ``sglang-probe`` group
     installed; ``layer`` runs one two-rank case of the GPU layer harness on the CPU
-    (:func:`sm120fork.gpu.sglang_layer.run_case`).  Raises ``VerifyError`` if a probe
+    (:func:`sm120fork.gpu.layer.cases.run_case`).  Raises ``VerifyError`` if a probe
     cannot run; a behaviour that differs is a result with ``passed=False``, not an
     exception.
     """

@@ -197,7 +197,7 @@ def _patched(patches: dict[Any, dict[str, Any]]) -> Iterator[None]:
 
 
 def run_fallbacks() -> list[Observation]:
-    """S3's all-reducing fallback (S4's failing closed runs on two ranks: gpu.sglang_layer)."""
+    """S3's all-reducing fallback (S4's failing closed runs on two ranks: gpu.layer.cases)."""
     return [{"name": "fused call returns None", **_fallback_case()}]
 
 

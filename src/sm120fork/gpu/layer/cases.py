@@ -1,6 +1,6 @@
 """SGLang's own fused-norm layer path, rank against rank, on a GPU or (faked) on the CPU.
 
-For each case a fresh group of rank processes (:mod:`sm120fork.gpu.sglang_rank`) imports
+For each case a fresh group of rank processes (:mod:`sm120fork.gpu.layer.rank`) imports
 the SGLang tree under test, and this module judges what they report:
 
 - ``fused``: the gate takes the fused path on every rank and the fused kernel's norm and
@@ -44,11 +44,11 @@ from typing import Any
 
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.safety import rank_environment
-from sm120fork.gpu.sglang_rank import RAISED, READY, RESULT
+from sm120fork.gpu.layer.rank import RAISED, READY, RESULT
 from sm120fork.layouts import LAYOUTS, adapter
 from sm120fork.util import supervise
 
-RANK_MODULE = "sm120fork.gpu.sglang_rank"
+RANK_MODULE = "sm120fork.gpu.layer.rank"
 
 #: The cases, in the order they run; "no-p2p" needs distinct devices and the POSIX-fd
 #: exchange case a stand-in of FlashInfer 0.6.7's exchanger (CPU only here).

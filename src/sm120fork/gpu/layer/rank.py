@@ -1,6 +1,6 @@
-"""One rank of SGLang's fused-norm layer path, started by :mod:`sm120fork.gpu.sglang_layer`.
+"""One rank of SGLang's fused-norm layer path, started by :mod:`sm120fork.gpu.layer.cases`.
 
-Run as ``python -m sm120fork.gpu.sglang_rank '<json request>'`` with the SGLang tree
+Run as ``python -m sm120fork.gpu.layer.rank '<json request>'`` with the SGLang tree
 under test first on ``PYTHONPATH``.  It imports the real SGLang layer modules (the
 RMSNorm that calls the fused all-reduce, ``layers.flashinfer_comm_fusion`` and the gate
 that decides whether the fused path is taken, wired up by the request's upstream layout:
