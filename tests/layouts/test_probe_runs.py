@@ -15,7 +15,7 @@ from sm120fork.errors import VerifyError
 from sm120fork.layouts import results
 
 
-def _probe(tmp_path: Path, code: str, timeout: float = 60) -> list[dict[str, object]]:
+def _probe(tmp_path: Path, code: str, timeout: float = 60) -> list[results.Observation]:
     return results.run_probe("sm120fork.layouts.x.probe", {"suite": "s"}, tree=tmp_path,
                              env={}, python=module_python(tmp_path, code), timeout=timeout,
                              what="the x probe", fix="install it")
@@ -28,7 +28,21 @@ def test_the_probes_result_is_its_wire_message(tmp_path: Path) -> None:
         print("noise")
         emit([{"name": "n", "observed": json.loads(sys.argv[1]), "detail": ""}])
         """
-    assert _probe(tmp_path, code) == [{"name": "n", "observed": {"suite": "s"}, "detail": ""}]
+    assert _probe(tmp_path, code) == [
+        results.Observation(name="n", observed={"suite": "s"}, detail="")]
+
+
+def test_an_observation_without_its_name_is_named_as_such(tmp_path: Path) -> None:
+    """Read once, typed, where the message arrives (a check read it by string keys and
+    ended in a KeyError, an internal error)."""
+    code = """\
+        from sm120fork.harness.fake_gpu import emit
+        emit([{"name": "n", "observed": 1, "detail": ""}, {"observed": 2, "detail": ""}])
+        """
+    with pytest.raises(VerifyError, match=r"a probe observation is not \{name, observed, "
+                       r"detail\}") as caught:
+        _probe(tmp_path, code)
+    assert caught.value.where == "the x probe: RESULT[1]"
 
 
 def test_a_probe_on_another_wire_version_is_named_with_its_line(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ DEVICE_NAMES = {
     (12, 1): "NVIDIA GB10",
 }
 
-Observation = dict[str, Any]
+Observation = dict[str, object]
 
 
 def _stub_attr(owner: str, attr: str) -> Any:

@@ -35,8 +35,30 @@ class CheckResult:
     detail: str
 
 
-def compact(value: Any) -> str:
+def compact(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Observation:
+    """What a probe saw of one named scenario: an item of its ``RESULT`` message
+    (``{"name", "observed", "detail"}``); the checks compare ``observed`` as compact JSON."""
+
+    name: str
+    #: A JSON value (a string, a number, an object of the decisions seen, ...).
+    observed: object
+    detail: str
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> Observation:
+        """One item of the message; VerifyError naming ``where`` when it is not one."""
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) \
+                or "observed" not in data or not isinstance(data.get("detail", ""), str):
+            raise VerifyError(f"a probe observation is not {{name, observed, detail}}: "
+                              f"{compact(data)[:200]}", where=where,
+                              fix="run the probe of this toolkit's version")
+        return cls(name=data["name"], observed=data["observed"],
+                   detail=data.get("detail", ""))
 
 
 class LayerOutcome(Protocol):
@@ -60,9 +82,9 @@ class LayerOutcome(Protocol):
 LayerRunner = Callable[..., LayerOutcome]
 
 
-def run_probe(module: str, request: Mapping[str, Any], *, tree: Path, env: Mapping[str, str],
-              python: str | os.PathLike[str], timeout: float, what: str,
-              fix: str) -> list[dict[str, Any]]:
+def run_probe(module: str, request: Mapping[str, object], *, tree: Path,
+              env: Mapping[str, str], python: str | os.PathLike[str], timeout: float,
+              what: str, fix: str) -> list[Observation]:
     """Run probe ``module`` on ``request`` in a fresh interpreter in ``tree`` (the one
     runner: echoed, killed with its group past ``timeout``; SIGTERM unwinds and ends it);
     its observations.  ``what`` names the probe in errors, ``fix`` says what to install."""
@@ -70,7 +92,7 @@ def run_probe(module: str, request: Mapping[str, Any], *, tree: Path, env: Mappi
         with supervise.sigterm_unwinds():
             completed = proc.run([python, "-m", module, json.dumps(request)],
                                  cwd=tree, env=env, timeout=timeout)
-        results: Any = wire.last(completed.stdout, RESULT)
+        results = wire.last(completed.stdout, RESULT)
     except wire.WireError as exc:
         raise VerifyError(f"{what} spoke another wire format: {exc.what}", where=str(tree),
                           fix=exc.fix) from exc
@@ -80,4 +102,5 @@ def run_probe(module: str, request: Mapping[str, Any], *, tree: Path, env: Mappi
     if not isinstance(results, list):
         raise VerifyError(f"{what} printed no result", where=str(tree),
                           detail="\n".join(completed.stderr.splitlines()[-40:]))
-    return results
+    return [Observation.from_json(item, f"{what}: RESULT[{i}]")
+            for i, item in enumerate(results)]

@@ -38,6 +38,7 @@ from sm120fork.layouts.results import (
     CheckResult,
     LayerOutcome,
     LayerRunner,
+    Observation,
     compact,
 )
 from sm120fork.layouts.results import run_probe as run_probe_module
@@ -71,7 +72,7 @@ def _env(scenario: str) -> str | None:
     return value if sep else None
 
 
-def _logged(decision: dict[str, bool]) -> dict[str, Any]:
+def _logged(decision: dict[str, bool]) -> dict[str, bool | int]:
     """On SM12x every decision is logged in exactly one start-up line."""
     return {**decision, "sm12x_lines": 1}
 
@@ -113,10 +114,10 @@ FALLBACKS: dict[str, tuple[str, Any]] = {
 
 def run_probe(tree: Path, suite: str, capability: str | None, *,
               python: str | os.PathLike[str] = sys.executable,
-              timeout: float = 600, cuda: str | None = None) -> list[dict[str, Any]]:
+              timeout: float = 600, cuda: str | None = None) -> list[Observation]:
     """Run one probe suite against ``tree`` in a fresh interpreter; its observations."""
     package_root = Path(__file__).resolve().parents[3]
-    request: dict[str, Any] = {"suite": suite}
+    request: dict[str, object] = {"suite": suite}
     if capability is not None:
         request["capability"] = [int(part) for part in capability.split(".")]
     if cuda is not None:
@@ -128,16 +129,16 @@ def run_probe(tree: Path, suite: str, capability: str | None, *,
         fix=f"install the probe's requirements: {REQUIREMENTS}")
 
 
-def _results(observations: Iterable[Mapping[str, Any]], capability: str, prefix: str,
-             expect: Mapping[str, Any], *, extra_detail: str = "") -> list[CheckResult]:
+def _results(observations: Iterable[Observation], capability: str, prefix: str,
+             expect: Mapping[str, object], *, extra_detail: str = "") -> list[CheckResult]:
     results = []
     for obs in observations:
-        name = str(obs["name"])
-        expected, observed = compact(expect[name]), compact(obs["observed"])
+        name = obs.name
+        expected, observed = compact(expect[name]), compact(obs.observed)
         results.append(CheckResult(
             name=f"{prefix} {name}", capability=capability, expected=expected,
             observed=observed, passed=expected == observed,
-            detail=" ".join(part for part in (str(obs["detail"]), extra_detail) if part),
+            detail=" ".join(part for part in (obs.detail, extra_detail) if part),
         ))
     return results
 
@@ -194,26 +195,25 @@ def check_sglang(tree: Path, *, baseline: Path | None, layer: LayerRunner,
     results: list[CheckResult] = []
     for cap in SM12X:
         for obs in observed[(tree, "decisions", cap)]:
-            name = str(obs["name"])
+            name = obs.name
             results += _results([obs], cap, _decision_prefix(name),
                                 {name: expected_sm12x(name)})
     for cap in UNCHANGED:
         if baseline is not None:
-            upstream = {str(o["name"]): o["observed"]
-                        for o in observed[(baseline, "decisions", cap)]}
+            upstream = {o.name: o.observed for o in observed[(baseline, "decisions", cap)]}
             note = "(expected = unpatched upstream tree)"
         else:
-            upstream = {str(o["name"]): expected_upstream(cap, str(o["name"]))
+            upstream = {o.name: expected_upstream(cap, o.name)
                         for o in observed[(tree, "decisions", cap)]}
             note = "(expected = upstream 0.5.10.post1 decisions, no baseline tree)"
         results += _results(observed[(tree, "decisions", cap)], cap, "unchanged", upstream,
                             extra_detail=note)
     for obs in observed[(tree, "decisions-old-cuda", "12.0")]:
-        name = str(obs["name"])
+        name = obs.name
         results += _results([obs], f"12.0 CUDA {OLD_CUDA}", _decision_prefix(name),
                             {name: expected_sm12x(name, buildable=False)})
     for obs in observed[(tree, "fallbacks", "12.0")]:
-        name = str(obs["name"])
+        name = obs.name
         check_id, expect = FALLBACKS[name]
         results += _results([obs], "12.0", check_id, {name: expect})
     for case, outcome in outcomes.items():

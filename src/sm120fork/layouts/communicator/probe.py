@@ -16,7 +16,7 @@ import json
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from sm120fork.harness.fake_gpu import (
     Observation,
@@ -74,9 +74,18 @@ def _decide(*, tp: int, explicit: bool, env: str | None, enforce_disable: bool) 
             "detail": " | ".join(notes)}
 
 
-def decision_scenarios() -> list[tuple[str, dict[str, Any]]]:
+class Decision(TypedDict):
+    """The parameters of one decision scenario (:func:`_decide`)."""
+
+    tp: int
+    explicit: NotRequired[bool]
+    env: NotRequired[str]
+    enforce_disable: NotRequired[bool]
+
+
+def decision_scenarios() -> list[tuple[str, Decision]]:
     """The decisions compared across capabilities and against upstream."""
-    scenarios: list[tuple[str, dict[str, Any]]] = []
+    scenarios: list[tuple[str, Decision]] = []
     for tp in (2, 4, 8):
         scenarios.append((f"explicit-flag tp{tp}", {"tp": tp, "explicit": True}))
     for tp in (1, 2, 4, 8):
@@ -147,7 +156,7 @@ def _fallback_case() -> Observation:
         tp_calls.append(tuple(tensor.shape))
         return tensor + 2 * peer
 
-    patches: dict[Any, dict[str, Any]] = {
+    patches: dict[object, dict[str, Callable[..., object]]] = {
         dist: {
             "attention_tensor_model_parallel_all_reduce": attention_all_reduce,
             "tensor_model_parallel_all_reduce": tp_all_reduce,
@@ -178,7 +187,7 @@ _MISSING = object()
 
 
 @contextlib.contextmanager
-def _patched(patches: dict[Any, dict[str, Any]]) -> Iterator[None]:
+def _patched(patches: dict[object, dict[str, Callable[..., object]]]) -> Iterator[None]:
     """Set attributes for the duration; ones the tree lacks (upstream) are added."""
     saved = [
         (obj, key, getattr(obj, key, _MISSING)) for obj, attrs in patches.items() for key in attrs
@@ -189,11 +198,11 @@ def _patched(patches: dict[Any, dict[str, Any]]) -> Iterator[None]:
     try:
         yield
     finally:
-        for obj, key, value in saved:
-            if value is _MISSING:
+        for obj, key, before in saved:
+            if before is _MISSING:
                 delattr(obj, key)
             else:
-                setattr(obj, key, value)
+                setattr(obj, key, before)
 
 
 def run_fallbacks() -> list[Observation]:

@@ -27,13 +27,13 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import CommandError, VerifyError
-from sm120fork.layouts.results import CheckResult, LayerRunner, compact
+from sm120fork.layouts.results import CheckResult, LayerRunner, Observation, compact
 from sm120fork.layouts.results import run_probe as run_probe_module
 from sm120fork.util import proc, supervise
 
@@ -75,7 +75,7 @@ def ensure_overlay(cache_dir: Path, *, python: str | os.PathLike[str] = sys.exec
 
 def run_probe(tree: Path, capability: str, *, overlay: Path,
               python: str | os.PathLike[str] = sys.executable,
-              timeout: float = 600) -> list[dict[str, Any]]:
+              timeout: float = 600) -> list[Observation]:
     """Every suite against ``tree`` at ``capability`` in a fresh interpreter."""
     package_root = Path(__file__).resolve().parents[3]
     request = {"capability": [int(part) for part in capability.split(".")],
@@ -138,10 +138,10 @@ def _expected_auto(scenario: str) -> Any:
     return on if env in ("1", "on") or tp == 2 else off
 
 
-def _check(name: str, capability: str, expected: Any, obs: Mapping[str, Any],
+def _check(name: str, capability: str, expected: object, obs: Observation,
            *, prefix: str, note: str = "", require_in_detail: str = "") -> CheckResult:
-    observed = compact(obs["observed"])
-    detail = str(obs["detail"])
+    observed = compact(obs.observed)
+    detail = obs.detail
     passed = compact(expected) == observed and (not require_in_detail
                                                  or require_in_detail in detail)
     return CheckResult(name=f"{prefix} {name}", capability=capability,
@@ -149,11 +149,11 @@ def _check(name: str, capability: str, expected: Any, obs: Mapping[str, Any],
                        detail=" ".join(part for part in (detail, note) if part))
 
 
-def _by_name(observations: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    return {str(o["name"]): o for o in observations}
+def _by_name(observations: Iterable[Observation]) -> dict[str, Observation]:
+    return {o.name: o for o in observations}
 
 
-def judge(observed: Mapping[tuple[str, str], list[dict[str, Any]]]) -> list[CheckResult]:
+def judge(observed: Mapping[tuple[str, str], Sequence[Observation]]) -> list[CheckResult]:
     """Turn probe observations, keyed by (``patched``/``baseline``, capability), into checks."""
     results: list[CheckResult] = []
     # The preflight sizing does not depend on the capability: one baseline serves all.
@@ -179,23 +179,24 @@ def judge(observed: Mapping[tuple[str, str], list[dict[str, Any]]]) -> list[Chec
                 # G4 is not SM12x-only: any GPU without multicast (H100 PCIe too) gains.
                 results.append(_preflight_check(name, cap, obs, baseline))
                 continue
-            results.append(_check(name, cap, baseline[name]["observed"], obs,
+            results.append(_check(name, cap, baseline[name].observed, obs,
                                   prefix="unchanged", note="(expected = unpatched upstream)"))
     return results
 
 
-def _preflight_check(name: str, cap: str, obs: Mapping[str, Any],
-                     baseline: Mapping[str, Mapping[str, Any]]) -> CheckResult:
+def _preflight_check(name: str, cap: str, obs: Observation,
+                     baseline: Mapping[str, Observation]) -> CheckResult:
     """Without multicast: upstream's sizes at allocation granularity, never asking for mc."""
     scenario = name.partition(": ")[2]
-    upstream = compact(baseline[name]["observed"])
+    upstream = compact(baseline[name].observed)
     if scenario == "no multicast":
-        reference = baseline["preflight: multicast at allocation granularity"]["observed"]
-        expected: Any = {"multicast_queried": False, "sizes": reference["sizes"]}
+        reference = baseline["preflight: multicast at allocation granularity"].observed
+        expected: object = {"multicast_queried": False, "sizes": reference.get("sizes")
+                            if isinstance(reference, dict) else None}
         note = (f"(expected sizes = upstream's when multicast granularity equals allocation "
                 f"granularity; unpatched upstream here: {upstream})")
     else:
-        expected = baseline[name]["observed"]
+        expected = baseline[name].observed
         note = "(expected = unpatched upstream)"
     return _check(name, cap, expected, obs, prefix="G4", note=note)
 

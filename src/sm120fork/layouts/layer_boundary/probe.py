@@ -20,9 +20,9 @@ import json
 import sys
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-from sm120fork.harness.fake_gpu import captured_logs, emit, environ, start_probe
+from sm120fork.harness.fake_gpu import Observation, captured_logs, emit, environ, start_probe
 
 #: The model that motivated the work (61 layers, hidden 7168), on upstream's fusion list.
 FUSION_MODEL_ARCH = "KimiK25ForConditionalGeneration"
@@ -33,7 +33,15 @@ BACKENDS = ("auto", "trtllm", "mnnvl", "cutedsl")
 ALLOC_GRANULARITY = 2 << 20
 MULTICAST_GRANULARITY = 64 << 20
 
-Observation = dict[str, Any]
+
+class AutoScenario(TypedDict):
+    """The parameters of one auto-enable scenario (:func:`_auto_case`)."""
+
+    tp: int
+    nodes: int
+    env: NotRequired[str]
+    backend: NotRequired[str]
+    enforce_disable: NotRequired[bool]
 
 
 def _module(name: str) -> Any:
@@ -61,8 +69,8 @@ def run_resolve() -> list[Observation]:
 
 
 # ------------------------------------------------------- G2 auto-enable (+ enforce-disable)
-def auto_scenarios() -> list[tuple[str, dict[str, Any]]]:
-    scenarios: list[tuple[str, dict[str, Any]]] = []
+def auto_scenarios() -> list[tuple[str, AutoScenario]]:
+    scenarios: list[tuple[str, AutoScenario]] = []
     for nodes in (1, 2):
         for tp in (1, 2, 4, 8):
             scenarios.append((f"auto tp{tp} nodes{nodes}", {"tp": tp, "nodes": nodes}))
