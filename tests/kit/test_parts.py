@@ -59,7 +59,7 @@ def test_parts_stay_within_the_size_and_join_byte_for_byte(tmp_path: Path) -> No
     # the big file is cut; the others travel whole
     pieces = sorted(p.name for part in parts for p in part.rglob("big-*"))
     assert pieces == [f"big-1-py3-none-any.whl.piece-{i}-of-3" for i in (1, 2, 3)]
-    joined = boot.join(parts[-1], json.loads((parts[-1] / boot.KIT_FILE).read_text()))
+    joined = boot.join(parts[-1], boot.read_parts(parts[-1]))
     assert joined == tmp_path / "box" / "kit"
     assert _tree(joined) == {**_tree(kit), boot.JOINED_FILE: _tree(joined)[boot.JOINED_FILE]}
     assert os.access(joined / "run", os.X_OK)
@@ -68,7 +68,7 @@ def test_parts_stay_within_the_size_and_join_byte_for_byte(tmp_path: Path) -> No
 
 def test_a_second_run_joins_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _, parts = _parts(tmp_path)
-    index = json.loads((parts[0] / boot.KIT_FILE).read_text())
+    index = boot.read_parts(parts[0])
     joined = boot.join(parts[0], index)
     (joined / ".box").mkdir()  # the private venv made on the first run stays
 
@@ -76,7 +76,7 @@ def test_a_second_run_joins_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         raise AssertionError("joined again")
 
     monkeypatch.setattr(boot, "check_parts", no)
-    assert boot.join(parts[1], json.loads((parts[1] / boot.KIT_FILE).read_text())) == joined
+    assert boot.join(parts[1], boot.read_parts(parts[1])) == joined
     assert (joined / ".box").is_dir()
 
 
@@ -98,21 +98,21 @@ def test_a_missing_part_is_named_in_one_line_by_the_entry(tmp_path: Path) -> Non
 def test_a_damaged_part_is_named_with_its_file_and_nothing_is_left_joined(
         tmp_path: Path) -> None:
     _, parts = _parts(tmp_path)
-    index = json.loads((parts[0] / boot.KIT_FILE).read_text())
-    entry = next(e for e in index["files"] if e["file"] == "stack/big-1-py3-none-any.whl")
-    piece = entry["pieces"][1]
-    path = parts[piece["part"] - 1] / piece["path"]
+    index = boot.read_parts(parts[0])
+    entry = next(e for e in index.files if e.file == "stack/big-1-py3-none-any.whl")
+    piece = entry.pieces[1]
+    path = parts[piece.part - 1] / piece.path
     data = bytearray(path.read_bytes())
     data[1000] ^= 0xFF  # one flipped byte, same size
     path.write_bytes(bytes(data))
     with pytest.raises(boot.KitError) as err:
         boot.join(parts[0], index)
-    assert str(err.value) == (f"damaged part, sha256 does not match: kit.{piece['part']} "
+    assert str(err.value) == (f"damaged part, sha256 does not match: kit.{piece.part} "
                               "(stack/big-1-py3-none-any.whl): copy those parts again")
     assert sorted(p.name for p in (tmp_path / "box").iterdir()) == [p.name for p in parts]
     # cut short (a copy that stopped midway): named without hashing anything
     path.write_bytes(bytes(data[:-10]))
-    with pytest.raises(boot.KitError, match=rf"damaged part: kit\.{piece['part']} "
+    with pytest.raises(boot.KitError, match=rf"damaged part: kit\.{piece.part} "
                        r"\(stack/big-1-py3-none-any\.whl: wrong size\)"):
         boot.join(parts[0], index)
 
@@ -125,14 +125,14 @@ def test_a_part_of_another_build_is_refused(tmp_path: Path) -> None:
     shutil.rmtree(parts[2])
     shutil.copytree(second[2][0], parts[2])
     with pytest.raises(boot.KitError, match=r"part kit\.3 is from another kit"):
-        boot.join(parts[0], json.loads((parts[0] / boot.KIT_FILE).read_text()))
+        boot.join(parts[0], boot.read_parts(parts[0]))
 
 
 def test_a_renamed_part_says_it_must_keep_its_name(tmp_path: Path) -> None:
     _, parts = _parts(tmp_path)
     moved = parts[0].rename(tmp_path / "box" / "first")
     with pytest.raises(boot.KitError, match=r"must keep its name <kit>\.1"):
-        boot.join(moved, json.loads((moved / boot.KIT_FILE).read_text()))
+        boot.join(moved, boot.read_parts(moved))
 
 
 def test_a_rebuild_in_fewer_parts_leaves_no_stale_part(tmp_path: Path) -> None:
@@ -170,3 +170,16 @@ def test_a_join_the_disk_refuses_says_where_to_copy_the_parts(
     assert capsys.readouterr().err == (
         f"error: could not join the parts beside {parts[0]}: [Errno 28] No space left on "
         "device: copy them to a writable folder with room for the kit, then run again\n")
+
+
+def test_a_part_whose_index_is_not_one_is_named_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A hand-edited or truncated ``kit.json`` of a part: the entry names the file and the
+    key (it read the index by string keys and ended in a KeyError traceback)."""
+    _, parts = _parts(tmp_path)
+    index = json.loads((parts[0] / boot.KIT_FILE).read_text())
+    del index["files"][0]["sha256"]
+    (parts[0] / boot.KIT_FILE).write_text(json.dumps(index))
+    assert boot.main(["gpu_test"], kit=parts[0]) == boot.EXIT_CONFIG
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: {parts[0] / boot.KIT_FILE}: not a kit part (sha256 is not a string)"]

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import sysconfig
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 #: The kit's description, beside this file (written by sm120fork.kit.build).
@@ -107,10 +108,100 @@ def load(kit: Path) -> dict[str, object]:
 # ---------------------------------------------------------------- a kit in parts
 
 
-def part_folders(part: Path, index: dict[str, object]) -> tuple[Path, list[Path]]:
+@dataclass(frozen=True, kw_only=True)
+class PartPiece:
+    """Where one piece of a file lies: its part (1-based), its path inside it."""
+
+    part: int
+    path: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartFile:
+    """One file of the kit, and the pieces it is joined from, in order."""
+
+    file: str
+    size: int
+    sha256: str
+    pieces: tuple[PartPiece, ...]
+    executable: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartsIndex:
+    """The ``kit.json`` of one part (format :data:`PARTS_FORMAT`): its one reader and
+    writer (``sm120fork.kit.parts`` writes it, :func:`join` reads it on the box)."""
+
+    kit_id: str
+    part: int
+    parts: int
+    files: tuple[PartFile, ...]
+
+    @staticmethod
+    def files_json(files: Sequence[PartFile]) -> list[dict[str, object]]:
+        out: list[dict[str, object]] = []
+        for f in files:
+            entry: dict[str, object] = {
+                "file": f.file, "size": f.size, "sha256": f.sha256,
+                "pieces": [{"part": p.part, "path": p.path, "size": p.size,
+                            "sha256": p.sha256} for p in f.pieces]}
+            if f.executable:
+                entry["executable"] = True
+            out.append(entry)
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        return {"format": PARTS_FORMAT, "kit_id": self.kit_id, "part": self.part,
+                "parts": self.parts, "files": self.files_json(self.files)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object], where: Path) -> PartsIndex:
+        """KitError naming ``where`` and the key when ``data`` is not a parts index."""
+        def items(obj: object, key: str) -> list[dict[str, object]]:
+            value = obj.get(key) if isinstance(obj, dict) else None
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise KitError(f"{where}: not a kit part ({key} is not a list of objects)")
+            return value
+
+        def text(obj: dict[str, object], key: str) -> str:
+            value = obj.get(key)
+            if not isinstance(value, str):
+                raise KitError(f"{where}: not a kit part ({key} is not a string)")
+            return value
+
+        def number(obj: dict[str, object], key: str) -> int:
+            value = obj.get(key)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise KitError(f"{where}: not a kit part ({key} is not a number)")
+            return value
+
+        return cls(
+            kit_id=text(data, "kit_id"), part=number(data, "part"),
+            parts=number(data, "parts"),
+            files=tuple(PartFile(
+                file=text(f, "file"), size=number(f, "size"), sha256=text(f, "sha256"),
+                executable=f.get("executable") is True,
+                pieces=tuple(PartPiece(part=number(p, "part"), path=text(p, "path"),
+                                       size=number(p, "size"), sha256=text(p, "sha256"))
+                             for p in items(f, "pieces")))
+                        for f in items(data, "files")))
+
+
+def read_parts(part: Path) -> PartsIndex:
+    """The index of the kit part ``part`` (its ``kit.json``)."""
+    path = part / KIT_FILE
+    data = _read_json(path)
+    if data.get("format") != PARTS_FORMAT:
+        raise KitError(f"{path}: not a kit part of format {PARTS_FORMAT}")
+    return PartsIndex.from_json(data, path)
+
+
+def part_folders(part: Path, index: PartsIndex) -> tuple[Path, list[Path]]:
     """The joined kit's folder and every part's, from one part (``DIR.k`` -> ``DIR``,
     ``DIR.1`` ... ``DIR.N``, side by side)."""
-    number, count = int(index["part"]), int(index["parts"])  # type: ignore[call-overload]
+    number, count = index.part, index.parts
     suffix = f".{number}"
     if not part.name.endswith(suffix) or part.name == suffix:
         raise KitError(f"{part} is part {number} of a kit and must keep its name "
@@ -133,10 +224,10 @@ def _remove_stale_joins(joined: Path) -> None:
             pass
 
 
-def check_parts(index: dict[str, object], parts: Sequence[Path]) -> None:
+def check_parts(index: PartsIndex, parts: Sequence[Path]) -> None:
     """Every part is there, of this kit, and every piece it holds has its size (cheap:
     no hashing); refused in one line naming each part that is missing or damaged."""
-    kit_id = index["kit_id"]
+    kit_id = index.kit_id
     missing = [p for p in parts if not (p / KIT_FILE).is_file()]
     if missing:
         raise KitError(
@@ -151,24 +242,24 @@ def check_parts(index: dict[str, object], parts: Sequence[Path]) -> None:
             raise KitError(f"part {p.name} is from another kit (or another build of it): "
                            "copy the parts of one build side by side")
     damaged = []
-    for entry in index["files"]:  # type: ignore[attr-defined]
-        for piece in entry["pieces"]:
-            path = parts[piece["part"] - 1] / piece["path"]
-            if not path.is_file() or path.stat().st_size != piece["size"]:
-                damaged.append(f"{parts[piece['part'] - 1].name} ({entry['file']}: "
+    for entry in index.files:
+        for piece in entry.pieces:
+            path = parts[piece.part - 1] / piece.path
+            if not path.is_file() or path.stat().st_size != piece.size:
+                damaged.append(f"{parts[piece.part - 1].name} ({entry.file}: "
                                f"{'missing' if not path.is_file() else 'wrong size'})")
     if damaged:
         raise KitError(f"damaged part{'s' if len(damaged) > 1 else ''}: {'; '.join(damaged)}: "
                        "copy those parts again")
 
 
-def join(part: Path, index: dict[str, object]) -> Path:
+def join(part: Path, index: PartsIndex) -> Path:
     """The kit ``part`` belongs to, joined beside the parts (once): every piece's and every
     file's sha256 checked, staged and renamed into place only when all hold."""
     import shutil
 
     joined, parts = part_folders(part, index)
-    kit_id = str(index["kit_id"])
+    kit_id = index.kit_id
     marker = joined / JOINED_FILE
     if marker.is_file() and marker.read_text(encoding="utf-8").strip() == kit_id:
         return joined
@@ -181,25 +272,25 @@ def join(part: Path, index: dict[str, object]) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     try:
         damaged = []
-        for entry in index["files"]:  # type: ignore[attr-defined]
-            dest = staging / entry["file"]
+        for entry in index.files:
+            dest = staging / entry.file
             dest.parent.mkdir(parents=True, exist_ok=True)
             whole = hashlib.sha256()
             with dest.open("wb") as out:
-                for piece in entry["pieces"]:
-                    source = parts[piece["part"] - 1] / piece["path"]
+                for piece in entry.pieces:
+                    source = parts[piece.part - 1] / piece.path
                     with source.open("rb") as f:
                         block_digest = hashlib.sha256()
                         while block := f.read(1 << 20):
                             block_digest.update(block)
                             whole.update(block)
                             out.write(block)
-                    if block_digest.hexdigest() != piece["sha256"]:
-                        damaged.append(f"{parts[piece['part'] - 1].name} ({entry['file']})")
-            if entry.get("executable"):
+                    if block_digest.hexdigest() != piece.sha256:
+                        damaged.append(f"{parts[piece.part - 1].name} ({entry.file})")
+            if entry.executable:
                 dest.chmod(0o755)
-            if whole.hexdigest() != entry["sha256"] and not damaged:
-                damaged.append(f"{entry['file']} (joined)")
+            if whole.hexdigest() != entry.sha256 and not damaged:
+                damaged.append(f"{entry.file} (joined)")
         if damaged:
             raise KitError(f"damaged part{'s' if len(damaged) > 1 else ''}, sha256 does not "
                            f"match: {'; '.join(damaged)}: copy those parts again")
@@ -423,7 +514,7 @@ def main(argv: Sequence[str] | None = None, kit: Path | None = None) -> int:
         index = _read_json(kit / KIT_FILE)
         if index.get("format") == PARTS_FORMAT:
             try:
-                kit = join(kit, index)
+                kit = join(kit, PartsIndex.from_json(index, kit / KIT_FILE))
             except OSError as exc:  # a read-only medium, a full disk
                 raise KitError(f"could not join the parts beside {kit}: {exc}: copy them "
                                "to a writable folder with room for the kit, then run "

@@ -17,7 +17,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from sm120fork.errors import ConfigError
 from sm120fork.kit import boot
@@ -87,26 +86,24 @@ def _copy_range(source: Path, dest: Path, offset: int, size: int) -> str:
 
 
 def _index(kit: Path, bins: list[list[Piece]], shas: dict[tuple[str, int], str],
-           part: int) -> dict[str, Any]:
+           part: int) -> boot.PartsIndex:
     where = {(p.file, p.index): n for n, pieces in enumerate(bins, 1) for p in pieces}
     files = []
     for name in sorted({p.file for pieces in bins for p in pieces}):
         pieces = sorted((p for b in bins for p in b if p.file == name), key=lambda p: p.index)
-        entry: dict[str, Any] = {
-            "file": name, "size": sum(p.size for p in pieces),
-            "sha256": shas[(name, 0)],
-            "pieces": [{"part": where[(name, p.index)], "path": p.path, "size": p.size,
-                        "sha256": shas.get((name, p.index), "")} for p in pieces]}
-        if os.access(kit / name, os.X_OK):
-            entry["executable"] = True
-        files.append(entry)
-    kit_id = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
-    return {"format": boot.PARTS_FORMAT, "kit_id": kit_id, "part": part,
-            "parts": len(bins), "files": files}
+        files.append(boot.PartFile(
+            file=name, size=sum(p.size for p in pieces), sha256=shas[(name, 0)],
+            pieces=tuple(boot.PartPiece(part=where[(name, p.index)], path=p.path,
+                                        size=p.size, sha256=shas.get((name, p.index), ""))
+                         for p in pieces),
+            executable=os.access(kit / name, os.X_OK)))
+    kit_id = hashlib.sha256(json.dumps(boot.PartsIndex.files_json(files),
+                                       sort_keys=True).encode()).hexdigest()
+    return boot.PartsIndex(kit_id=kit_id, part=part, parts=len(bins), files=tuple(files))
 
 
-def _encoded(index: dict[str, Any]) -> bytes:
-    return (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
+def _encoded(index: boot.PartsIndex) -> bytes:
+    return (json.dumps(index.to_json(), indent=1, sort_keys=True) + "\n").encode()
 
 
 def plan(kit: Path, part_size: int) -> tuple[list[list[Piece]], int]:
