@@ -265,26 +265,46 @@ def test_portable_names_machine_folders_by_role() -> None:
     assert "/home/" not in json.dumps(out)
 
 
-def test_a_verify_document_becomes_its_record() -> None:
+def test_a_verify_run_becomes_its_record() -> None:
     """The verify-sm120 record: a case per patch, behaviour check and proof verdict; the
     baselines' verdicts fail on purpose and judge nothing; the wheels, trees and patch ids
-    it was made from are what staleness compares."""
+    it was made from are what staleness compares.  Made from the run's typed result (it
+    went through the report's JSON and back by string keys)."""
+    from sm120fork.layouts.results import CheckResult
     from sm120fork.record import TestedPatch
     from sm120fork.verify.proof.report import to_record
+    from sm120fork.verify.proof.stack import PatchVerdict, Provenance, VerifyResult
+    from sm120fork.verify.proof.verdict import ProofReport, Status, Verdict
 
-    doc = {"stack": "s", "seconds": 950.0, "machine": {"python": "3.11.7", "cpus": 2},
-           "made_from": [{"project": "flashinfer", "series": "patches/s/flashinfer",
-                          "series_digest": "d" * 64, "wheel": "f.whl",
-                          "wheel_sha256": "a" * 64, "tree": "t" * 40}],
-           "patches": [{"project": "flashinfer", "patch": "0002-F1.patch",
-                        "evidence": "compile proof", "passed": True}],
-           "sglang_checks": [{"name": "S1 tp2", "capability": "12.0", "passed": True}],
-           "verdicts": [{"variant": "unpatched", "arch": "sm_120f", "status": "fail",
-                         "reasons": ["JIT gate refuses"]},
-                        {"variant": "full series", "arch": "sm_120f", "status": "pass"},
-                        {"variant": "F1 only", "arch": "sm_121a", "status": "not checked"}]}
+    def verdict(variant: str, arch: str, status: Status, *reasons: str) -> Verdict:
+        return Verdict(variant=variant, arch=arch, status=status, reasons=reasons,
+                       reference_kernels=1, present=1, missing=(), empty=(),
+                       pdl_reference=None, pdl=None, pdl_lost=())
+
+    class Proof(ProofReport):
+        def verdicts(self) -> list[Verdict]:
+            return [verdict("unpatched", "sm_120f", Status.FAIL, "JIT gate refuses"),
+                    verdict("full series", "sm_120f", Status.PASS),
+                    verdict("F1 only", "sm_121a", Status.NOT_CHECKED)]
+
+    root = Path("/home/me/checkout")
     patch = TestedPatch(project="flashinfer", patch="0002-F1.patch", patch_id="1" * 40)
-    rec = to_record(doc, patches=[patch], created="2026-12-02T00:00:00+00:00")
+    result = VerifyResult(
+        stack="s", seconds=949.96,
+        provenance=(Provenance(project="flashinfer", series="patches/s/flashinfer",
+                               series_digest="d" * 64, wheel="f.whl",
+                               wheel_sha256="a" * 64, tree="t" * 40),),
+        verdicts=(PatchVerdict(project="flashinfer", patch="0002-F1.patch", subject="F1",
+                               checks=(), artifact="", passed=True,
+                               evidence=f"compile proof ({root}/.forks/x)"),),
+        sglang=(CheckResult(name="S1 tp2", capability="12.0", expected="", observed="",
+                            passed=True, detail=""),),
+        proof=Proof(variants=(), archs=(), reference_arch="sm_90a", nvcc_version="",
+                    pdl_opcodes=(), wall_seconds=0.0),
+        patches=(patch,))
+    rec = to_record(result, root, created="2026-12-02T00:00:00+00:00")
+    assert rec.cases[0].detail == "compile proof (.forks/x)"
+    assert rec.notes == ("took 950 s",)
     assert (rec.kind, rec.stack, rec.verdict, rec.finished) == ("verify-sm120", "s", "pass",
                                                                 True)
     assert [(c.id, c.variant, c.outcome) for c in rec.cases] == [

@@ -9,7 +9,6 @@ import re
 import shlex
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from sm120fork.cuda.arch import arch_list_entry, gencode_flag
 from sm120fork.cuda.tools import PROBE_MARK, Tools
@@ -87,7 +86,10 @@ def parse_gate_output(out: str, tree: Path, arch: str, entry: str, tools: Tools)
                     if line.startswith(PROBE_MARK)), None)
     if payload is None:
         raise VerifyError("the JIT gate probe printed no result", where=str(tree), fix=out[-2000:])
-    result: dict[str, Any] = json.loads(payload)
+    result = json.loads(payload)
+    if not isinstance(result, dict):
+        raise VerifyError("the JIT gate probe printed no result object", where=str(tree),
+                          fix=out[-2000:])
     if "import_error" in result:
         raise VerifyError(
             f"cannot import flashinfer.jit.comm: {result['import_error']}", where=str(tree),

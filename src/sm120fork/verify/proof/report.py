@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from sm120fork.record import (
     Machine,
     Record,
     Tested,
-    TestedPatch,
     TestedTree,
     TestedWheel,
     make,
@@ -148,44 +146,43 @@ FULL_SERIES = "full series"
 _OUTCOMES = {"pass": "pass", "fail": "fail", "not checked": "skip"}
 
 
-def to_record(document: dict[str, Any], *, patches: Sequence[TestedPatch],
-              created: str | None = None, command: str | None = None) -> Record:
-    """The verify-sm120 record of a verify document (:func:`to_json`'s shape): one case per
-    patch (``<project>/<patch file>``), per SGLang behaviour check and per compile-proof
-    verdict (``proof/<variant>/<arch>``; variants other than the full series are the
-    baselines that fail on purpose)."""
-    cases = [Case(id=f"{p['project']}/{p['patch']}", variant=FULL_SERIES,
-                  outcome="pass" if p["passed"] else "fail", detail=str(p["evidence"]))
-             for p in document["patches"]]
-    cases += [Case(id=f"sglang/{c['name']}@{c['capability']}", variant=FULL_SERIES,
-                   outcome="pass" if c["passed"] else "fail")
-              for c in document.get("sglang_checks", [])]
-    for v in document.get("verdicts", []):
-        status = str(v["status"])
-        reasons = "; ".join(map(str, v.get("reasons") or []))
-        cases.append(Case(id=f"proof/{v['variant']}/{v['arch']}",
-                          variant=FULL_SERIES if v["variant"] == FULL_SERIES else "baseline",
+def to_record(result: VerifyResult, root: Path, *, created: str | None = None,
+              command: str | None = None) -> Record:
+    """The verify-sm120 record of a run, from its typed result: one case per patch
+    (``<project>/<patch file>``), per SGLang behaviour check and per compile-proof verdict
+    (``proof/<variant>/<arch>``; variants other than the full series are the baselines
+    that fail on purpose); the texts portable as in the report (``root``: the checkout)."""
+    cases = [Case(id=f"{v.project}/{v.patch}", variant=FULL_SERIES,
+                  outcome="pass" if v.passed else "fail", detail=portable(v.evidence, root))
+             for v in result.verdicts]
+    cases += [Case(id=f"sglang/{c.name}@{c.capability}", variant=FULL_SERIES,
+                   outcome="pass" if c.passed else "fail")
+              for c in result.sglang]
+    for v in result.proof.verdicts() if result.proof else ():
+        status = v.status.value
+        reasons = "; ".join(portable(r, root) for r in v.reasons)
+        cases.append(Case(id=f"proof/{v.variant}/{v.arch}",
+                          variant=FULL_SERIES if v.variant == FULL_SERIES else "baseline",
                           outcome=_OUTCOMES.get(status, "error"),
                           detail=(reasons or ("not checked" if status == "not checked" else ""))
                           [:200]))
-    machine = document.get("machine") or {}
-    stack = str(document["stack"])
+    cpus = os.cpu_count()
     return make(
-        kind="verify-sm120", stack=stack,
-        command=command or KINDS["verify-sm120"].command(stack),
+        kind="verify-sm120", stack=result.stack,
+        command=command or KINDS["verify-sm120"].command(result.stack),
         created=created or datetime.datetime.now(datetime.UTC).isoformat(
             timespec="seconds"),
         toolkit=__version__,
-        machine=Machine(description=f"CPU machine, {machine.get('cpus', '?')} cores, no GPU",
-                        python=machine.get("python"), cpus=machine.get("cpus")),
-        tested=Tested(wheels=tuple(TestedWheel(variant="patched", project=m["project"],
-                                               file=m["wheel"], sha256=m["wheel_sha256"])
-                                   for m in document["made_from"]),
-                      trees=tuple(TestedTree(project=m["project"], tree=m["tree"])
-                                  for m in document["made_from"] if m.get("tree")),
-                      patches=tuple(patches)),
+        machine=Machine(description=f"CPU machine, {cpus} cores, no GPU",
+                        python=platform.python_version(), cpus=cpus),
+        tested=Tested(wheels=tuple(TestedWheel(variant="patched", project=m.project,
+                                               file=m.wheel, sha256=m.wheel_sha256)
+                                   for m in result.provenance),
+                      trees=tuple(TestedTree(project=m.project, tree=m.tree)
+                                  for m in result.provenance if m.tree),
+                      patches=result.patches),
         planned=len(cases), cases=tuple(cases),
-        notes=(f"took {document.get('seconds', 0):.0f} s",))
+        notes=(f"took {round(result.seconds, 1):.0f} s",))
 
 
 def write_reports(ws: Workspace, result: VerifyResult) -> Path:
@@ -198,4 +195,4 @@ def write_reports(ws: Workspace, result: VerifyResult) -> Path:
     atomic_write_text(full / "verify.json", json.dumps(compact(document), indent=1) + "\n")
     atomic_write_text(full / "verify.md", to_markdown(result))
     # the patches the run's plan read (no series is read again here)
-    return write_record(to_record(document, patches=result.patches), ws.reports_dir)
+    return write_record(to_record(result, ws.root), ws.reports_dir)

@@ -125,12 +125,10 @@ def verdict(variant: VariantResult, arch: str, *,
     reference = variant.arch(reference_arch)
 
     def done(status: Status, **fields: Any) -> Verdict:
-        base: dict[str, Any] = {"reference_kernels": 0, "present": 0, "missing": (),
-                                "empty": (), "pdl_reference": None, "pdl": None,
-                                "pdl_lost": ()}
-        base.update(fields)
-        return Verdict(variant=variant.name, arch=arch, status=status, reasons=tuple(reasons),
-                       **base)
+        return dataclasses.replace(
+            Verdict(variant=variant.name, arch=arch, status=status, reasons=tuple(reasons),
+                    reference_kernels=0, present=0, missing=(), empty=(),
+                    pdl_reference=None, pdl=None, pdl_lost=()), **fields)
 
     if result is None:
         reasons.append(f"{arch} was not part of the proof")
