@@ -150,8 +150,8 @@ def test_build_aot_for_a_flashinfer_used_as_published(tmp_path: Path,
     assert "Requires-Dist: nvidia-cuda-runtime>=13.0,<14\n" in metadata
     assert entry_points.decode() == ("[flashinfer.jit_cache.providers]\n"
                                      "sm120fork = sm120fork_flashinfer_aot:get_provider\n")
-    assert built.manifest["flashinfer"]["tree"] is None
-    assert built.manifest["lookup"]["name"] == "jit-cache-providers"
+    assert built.manifest.flashinfer.tree is None
+    assert built.manifest.lookup.name == "jit-cache-providers"
 
     # The published wheel is the source only while it is the one the stack pins.
     published.write_bytes(published.read_bytes() + b"\0")

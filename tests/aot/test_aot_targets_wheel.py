@@ -95,12 +95,12 @@ def test_wheel_layout_metadata_and_manifest(tmp_path: Path) -> None:
     assert "Requires-Dist: nvidia-cuda-runtime>=13.0,<14" in metadata
     assert "sm120fork_flashinfer_aot/jit_cache/trtllm_comm/trtllm_comm.so,sha256=" in record
     manifest = wheel.read_wheel(built)
-    assert manifest["flashinfer"]["sha256"] == FLASHINFER.sha256
-    assert manifest["flashinfer"]["version"] == "0.6.7.post3+sm120.1"
-    entry = manifest["modules"]["trtllm_comm"]
-    assert entry["sha256"] == hashlib.sha256(so_bytes).hexdigest()
-    assert entry["targets"] == ["sm_90a", "sm_120f"]
-    assert entry["sources_digest"] == "sha256:" + "0" * 64
+    assert manifest.flashinfer == FLASHINFER
+    assert manifest.flashinfer.version == "0.6.7.post3+sm120.1"
+    entry = manifest.modules["trtllm_comm"]
+    assert entry.sha256 == hashlib.sha256(so_bytes).hexdigest()
+    assert entry.targets == ("sm_90a", "sm_120f")
+    assert entry.sources_digest == "sha256:" + "0" * 64
     # Byte-stable: the same inputs give the same wheel.
     first = built.read_bytes()
     assert _write(tmp_path).read_bytes() == first

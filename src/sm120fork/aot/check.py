@@ -25,6 +25,7 @@ from typing import Any
 
 from sm120fork.aot import provenance
 from sm120fork.aot.compile import MODULE
+from sm120fork.aot.wheel import AotManifest
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
 
@@ -146,16 +147,16 @@ def _ours(found: Mapping[str, Any]) -> str | None:
                 None)
 
 
-def check_installed(manifest: Mapping[str, Any], found: Mapping[str, Any]) -> list[str]:
+def check_installed(manifest: AotManifest, found: Mapping[str, Any]) -> list[str]:
     """Problems (empty when FlashInfer will load our module) from :func:`lookup`'s answer."""
     problems: list[str] = []
-    entry = manifest["modules"].get(MODULE)
+    entry = manifest.modules.get(MODULE)
     if entry is None:
         return [f"the wheel has no {MODULE} module"]
-    if found["flashinfer_version"] != manifest["flashinfer"]["version"]:
+    if found["flashinfer_version"] != manifest.flashinfer.version:
         problems.append(f"installed FlashInfer is {found['flashinfer_version']}, the wheel was "
-                        f"built for {manifest['flashinfer']['version']}")
-    wanted = manifest.get("lookup", {}).get("name", "prebuilt")
+                        f"built for {manifest.flashinfer.version}")
+    wanted = manifest.lookup.name
     if found["lookup"] != wanted:
         has = ("has no lookup for prebuilt-module packages" if found["lookup"] is None else
                f"finds prebuilt-module packages by {found['lookup']}, the wheel is for {wanted}")
@@ -165,13 +166,13 @@ def check_installed(manifest: Mapping[str, Any], found: Mapping[str, Any]) -> li
     ours = _ours(found)
     if ours is None:
         errors = found.get("provider_errors") or {}
-        through = manifest.get("lookup", {}).get("through")
+        through = manifest.lookup.through
         hint = (f": FlashInfer asks upstream's {through} shim for providers; install "
-                f"{through}=={manifest['version']} (FlashInfer's index, e.g. "
+                f"{through}=={manifest.version} (FlashInfer's index, e.g. "
                 f"`flashinfer install-jit-cache-wheel --mode minimal`)" if through else
                 ": is the AOT wheel installed?")
         problems.append(f"FlashInfer sees no prebuilt folder of the AOT wheel (entry point "
-                        f"{manifest.get('lookup', {}).get('group', 'flashinfer.prebuilt')}: "
+                        f"{manifest.lookup.group}: "
                         "sm120fork)" + (f": {errors}" if errors else hint))
         return problems
     module = found["modules"].get(MODULE, {})
@@ -183,7 +184,7 @@ def check_installed(manifest: Mapping[str, Any], found: Mapping[str, Any]) -> li
         why = "; ".join(f"{c['path']}: {c['why']}" for c in module.get("copies", []))
         problems.append(f"FlashInfer loads {MODULE} from {loads_from or 'nowhere (JIT)'}, not "
                         f"from the AOT wheel's {own}" + (f" ({why})" if why else ""))
-    elif hashlib.sha256(own.read_bytes()).hexdigest() != entry["sha256"]:
+    elif hashlib.sha256(own.read_bytes()).hexdigest() != entry.sha256:
         problems.append(f"{own} does not match the manifest's sha256")
     # What our FlashInfer checks before it loads the module (README-prebuilt.md).
     data = Path(found["flashinfer"]) / "data"

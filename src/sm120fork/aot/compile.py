@@ -162,7 +162,7 @@ class Compiled:
     def host_seconds(self) -> float:
         return sum(p.seconds for p in self.phases if not p.target)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"module": self.plan.module, "arch_list": self.plan.arch_list,
                 "targets": list(self.plan.targets), "key": self.key, "cached": self.cached,
                 "wall_seconds": round(self.wall_seconds, 1), "jobs": self.jobs,
@@ -230,7 +230,9 @@ class NinjaProgress:
 
 
 def _probe(python: Path, tree: Path, build_dir: Path, mode: str,
-           env: Mapping[str, str]) -> dict[str, Any]:
+           env: Mapping[str, str]) -> tuple[Plan, str]:
+    """The probe's answer, read once: the plan of FlashInfer's JIT and (``build``) the
+    module it built; BuildError when the JIT refuses."""
     log.info("+ FLASHINFER_CUDA_ARCH_LIST=%r %s -c <FlashInfer %s probe> %s %s",
              env.get("FLASHINFER_CUDA_ARCH_LIST"), python, mode, tree, build_dir)
     out = proc.run([python, "-c", _PROBE, tree, build_dir, mode, _MARK], env=env,
@@ -241,8 +243,15 @@ def _probe(python: Path, tree: Path, build_dir: Path, mode: str,
     if payload is None:
         raise BuildError("the FlashInfer build probe printed no result", where=str(tree),
                          detail=(out.stdout + out.stderr)[-3000:])
-    result: dict[str, Any] = json.loads(payload)
-    return result
+    result = json.loads(payload)
+    if not isinstance(result, dict):
+        raise BuildError("the FlashInfer build probe printed no result object",
+                         where=str(tree), detail=payload[-3000:])
+    if "refused" in result:
+        raise BuildError(f"FlashInfer's JIT refuses {MODULE} for "
+                         f"{env.get('FLASHINFER_CUDA_ARCH_LIST')}: {result['refused']}",
+                         where=str(tree))
+    return _plan_from(result), str(result.get("so", ""))
 
 
 def _base_env(toolchain: Toolchain, arch_list: str, build_dir: Path,
@@ -262,11 +271,7 @@ def plan(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, *,
     # The probe runs in scratch: every path it gets is absolute (as in build()).
     tree, scratch = tree.resolve(), scratch.resolve()
     env = _base_env(toolchain, arch_list, scratch, 1)
-    result = _probe(python or Path(sys.executable), tree, scratch, "plan", env)
-    if "refused" in result:
-        raise BuildError(f"FlashInfer's JIT refuses {MODULE} for {arch_list}: "
-                         f"{result['refused']}", where=str(tree))
-    return _plan_from(result)
+    return _probe(python or Path(sys.executable), tree, scratch, "plan", env)[0]
 
 
 def _plan_from(result: Mapping[str, Any]) -> Plan:
@@ -332,11 +337,10 @@ def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: 
     log.info("compiling %s for %s (%s, %d jobs): this takes minutes per target",
              MODULE, " ".join(planned.targets), toolchain.version_text, jobs)
     started = time.monotonic()
-    result = _probe(interpreter, tree, work, "build", env)
+    so = Path(_probe(interpreter, tree, work, "build", env)[1])
     wall = time.monotonic() - started
-    so = Path(result["so"])
-    if not so.is_file():
-        raise BuildError(f"FlashInfer's build reported no {so.name}", where=str(work))
+    if not so.name or not so.is_file():
+        raise BuildError(f"FlashInfer's build reported no {so.name or 'module'}", where=str(work))
     phases = parse_nvcc_times(times.read_text() if times.is_file() else "")
     tmp = cache / f".{key}.tmp"
     if tmp.exists():

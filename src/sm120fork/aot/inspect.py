@@ -17,7 +17,6 @@ import tempfile
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from sm120fork.cuda import cubin
 from sm120fork.cuda.arch import REFERENCE_ARCH
@@ -116,7 +115,7 @@ def family_rows(code: Sequence[TargetCode]) -> list[list[str]]:
     return rows
 
 
-def summary(code: Sequence[TargetCode], checks: Sequence[TargetCheck]) -> dict[str, Any]:
+def summary(code: Sequence[TargetCode], checks: Sequence[TargetCheck]) -> dict[str, object]:
     return {
         "targets": [{"target": c.target, "cubin": c.cubin, "kernels": len(c.kernels),
                      "sass_bytes": sum(c.kernels.values())} for c in code],

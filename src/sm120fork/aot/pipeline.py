@@ -18,7 +18,6 @@ import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from sm120fork import __version__
 from sm120fork import manifest as manifest_file
@@ -45,7 +44,7 @@ FLASHINFER_KEY = "flashinfer"
 class AotBuild:
     wheel: Path
     compiled: compile_mod.Compiled
-    manifest: dict[str, Any]
+    manifest: wheel_mod.AotManifest
     code: tuple[inspect_mod.TargetCode, ...]
     checks: tuple[inspect_mod.TargetCheck, ...]
 

@@ -245,7 +245,7 @@ def _wheel_file(tag: Tag) -> str:
 
 def build_manifest(*, version: str, flashinfer: FlashInferBuild, modules: Sequence[Module],
                    stack: str, toolkit_version: str, toolchain: Mapping[str, Any]
-                   ) -> dict[str, Any]:
+                   ) -> dict[str, object]:
     return {
         "distribution": DISTRIBUTION, "version": version, "built_by": BUILDER,
         "toolkit_version": toolkit_version, "stack": stack,
@@ -329,7 +329,61 @@ class _ReproducibleWheelFile(WheelFile):  # type: ignore[misc]  # WheelFile is u
         super().writestr(zinfo_or_arcname, data, compress_type)
 
 
-def read_wheel(path: Path) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AotModule:
+    """One prebuilt module as the wheel's manifest records it."""
+
+    #: The ``.so`` and its sources marker, relative to the package.
+    path: str
+    marker: str
+    sha256: str
+    sources_digest: str
+    targets: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AotLookup:
+    """How the FlashInfer the wheel pins finds it (absent from the manifest: ``prebuilt``)."""
+
+    name: str = PREBUILT.name
+    group: str = PREBUILT.group
+    through: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AotManifest:
+    """``manifest.json`` inside an AOT wheel: its one typed reader (:func:`read_wheel`);
+    :func:`build_manifest` writes it."""
+
+    version: str
+    flashinfer: FlashInferBuild
+    modules: Mapping[str, AotModule]
+    lookup: AotLookup
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> AotManifest:
+        """BuildError naming ``where`` and the key when ``data`` is not a manifest."""
+        try:
+            if not isinstance(data, dict):
+                raise TypeError("not an object")
+            lookup = data.get("lookup") or {}
+            return cls(
+                version=str(data["version"]),
+                flashinfer=FlashInferBuild(**data["flashinfer"]),
+                modules={str(name): AotModule(
+                    path=str(m["path"]), marker=str(m["marker"]), sha256=str(m["sha256"]),
+                    sources_digest=str(m["sources_digest"]),
+                    targets=tuple(map(str, m["targets"])))
+                    for name, m in data["modules"].items()},
+                lookup=AotLookup(name=str(lookup.get("name", PREBUILT.name)),
+                                 group=str(lookup.get("group", PREBUILT.group)),
+                                 through=lookup.get("through")))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise BuildError(f"not an AOT wheel's manifest: {exc}", where=where,
+                             fix="rebuild the AOT wheel with this toolkit") from None
+
+
+def read_wheel(path: Path) -> AotManifest:
     """The manifest inside an AOT wheel, checked against the files beside it.
 
     Raises ``BuildError`` when a module's bytes do not match its recorded sha256 or the
@@ -337,22 +391,23 @@ def read_wheel(path: Path) -> dict[str, Any]:
     """
     with zipfile.ZipFile(path) as zf:
         names = set(zf.namelist())
-        manifest: dict[str, Any] = json.loads(zf.read(f"{PACKAGE}/{MANIFEST}"))
-        for module, entry in manifest["modules"].items():
-            member = f"{PACKAGE}/{entry['path']}"
+        manifest = AotManifest.from_json(json.loads(zf.read(f"{PACKAGE}/{MANIFEST}")),
+                                         f"{path}:{PACKAGE}/{MANIFEST}")
+        for module, entry in manifest.modules.items():
+            member = f"{PACKAGE}/{entry.path}"
             if member not in names:
                 raise BuildError(f"module {module} missing from the wheel", where=str(path))
-            if hashlib.sha256(zf.read(member)).hexdigest() != entry["sha256"]:
+            if hashlib.sha256(zf.read(member)).hexdigest() != entry.sha256:
                 raise BuildError(f"module {module} does not match its sha256",
                                  where=f"{path}:{member}")
-            marker = f"{PACKAGE}/{entry['marker']}"
-            if marker not in names or zf.read(marker).decode().strip() != entry[
-                    "sources_digest"]:
+            marker = f"{PACKAGE}/{entry.marker}"
+            if marker not in names or zf.read(marker).decode().strip() != \
+                    entry.sources_digest:
                 raise BuildError(f"module {module}'s sources marker is missing or differs "
                                  "from the manifest", where=f"{path}:{marker}")
         metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
         text = zf.read(metadata).decode()
     version = re.search(r"^Version: (.+)$", text, re.M)
-    if not version or version.group(1) != manifest["version"]:
+    if not version or version.group(1) != manifest.version:
         raise BuildError("METADATA and manifest.json disagree on the version", where=str(path))
     return manifest

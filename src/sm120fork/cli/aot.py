@@ -93,8 +93,8 @@ def run_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     console = Console(highlight=False)
     manifest = read_wheel(args.wheel)
-    findings: dict[str, object] = {"wheel": args.wheel.name, "version": manifest["version"],
-                                   "flashinfer": manifest["flashinfer"]["version"]}
+    findings: dict[str, object] = {"wheel": args.wheel.name, "version": manifest.version,
+                                   "flashinfer": manifest.flashinfer.version}
     problems: list[str] = []
     if not args.no_lookup:
         with tempfile.TemporaryDirectory(prefix="sm120fork-aot-check-") as tmp:
@@ -107,10 +107,10 @@ def run_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
             console.print(line, markup=False)
     if args.code:
         with tempfile.TemporaryDirectory(prefix="sm120fork-aot-so-") as tmp:
-            for name, entry in manifest["modules"].items():
+            for name, entry in manifest.modules.items():
                 so = Path(tmp) / f"{name}.so"
                 with zipfile.ZipFile(args.wheel) as zf:
-                    so.write_bytes(zf.read(f"{PACKAGE}/{entry['path']}"))
+                    so.write_bytes(zf.read(f"{PACKAGE}/{entry.path}"))
                 code = inspect.embedded_code(so)
                 checks = inspect.check_module(code)
                 findings[f"code:{name}"] = {**inspect.summary(code, checks),
