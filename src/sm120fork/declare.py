@@ -155,7 +155,7 @@ class Project:
     #: changes into, for the patched code to read at run time ("" for none).
     series_record: str = ""
 
-    def build_inputs(self) -> dict[str, Any]:
+    def build_inputs(self) -> dict[str, object]:
         """The declaration's fields that shape the wheel (build caches are keyed on them;
         the layout only chooses how the behaviour is checked)."""
         return {k: v for k, v in asdict(self).items() if k != "layout"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from sm120fork.errors import ConfigError
 
@@ -102,8 +102,8 @@ class ManifestEntry:
         """The record of the series' patch ``name`` this wheel was built with, if any."""
         return next((p for p in self.patches if p.name == name), None)
 
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = {
             "project": self.project,
             "distribution": self.distribution,
             "upstream_version": self.upstream_version,
@@ -237,7 +237,7 @@ class Manifest:
     def first(self, project: str) -> ManifestEntry | None:
         return next(iter(self.of(project)), None)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"toolkit_version": self.toolkit_version, "stack": self.stack,
                 "wheels": [w.to_json() for w in self.wheels]}
 

@@ -303,11 +303,11 @@ def _strings(value: Any, key: str) -> Iterable[tuple[str, str]]:
 # --------------------------------------------------------------------------- JSON
 
 
-def _drop_none(data: dict[str, Any], keep: Sequence[str] = ()) -> dict[str, Any]:
+def _drop_none(data: dict[str, object], keep: Sequence[str] = ()) -> dict[str, object]:
     return {k: v for k, v in data.items() if v is not None or k in keep}
 
 
-def to_json(record: Record) -> dict[str, Any]:
+def to_json(record: Record) -> dict[str, object]:
     m = record.machine
     return {
         "format": FORMAT,
@@ -349,7 +349,7 @@ class _Reader:
         self.key = key
         if not isinstance(data, dict):
             raise self.error(f"is {_type_name(data)}, not an object")
-        self.data: dict[str, Any] = data
+        self.data: dict[str, object] = data
         self.seen: set[str] = set()
 
     def error(self, what: str, key: str | None = None, fix: str | None = None) -> ConfigError:

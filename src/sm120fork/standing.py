@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sm120fork import manifest as manifest_file
 from sm120fork.declare import Stack
@@ -99,7 +98,7 @@ class Standing:
         return (f"{self.name}: {self.state}" + (f" ({why})" if why else "")
                 + (f"; re-make: {self.command}" if not self.current and self.command else ""))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"name": self.name, "kind": self.kind, "state": self.state,
                 "reasons": list(self.reasons), "command": self.command,
                 "verdict": self.verdict}

@@ -110,8 +110,9 @@ def summary_table(stack: Stack, out: Path, builds: list[ProjectBuild]) -> Table:
                       b.sha256[:12], how)
     plugin = read_json_object(out / PLUGIN_DIR / PLUGIN_JSON)
     if plugin is not None:
+        hooks = plugin.get("hooks")
         table.add_row("plugin", f"sglang {plugin.get('sglang')}",
-                      f"{len(plugin.get('hooks', []))} hooks",
+                      f"{len(hooks) if isinstance(hooks, list) else 0} hooks",
                       f"{PLUGIN_DIR}/{plugin.get('wheel')}", str(plugin.get("sha256"))[:12],
                       "generated from the series")
     return table

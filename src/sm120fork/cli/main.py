@@ -151,10 +151,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Runs before rich is imported: the doctor runs where the toolkit's deps are not.
         own_main = verb.function(verb.own_main)
         return int(own_main(argv[1:]))
-    state: dict[str, Any] = {}
+    state = _Run()
     return boundary(lambda: _run(argv, state), name=name or "sm120fork",
-                    root=lambda: state.get("root"), on_interrupt=_end_children,
-                    cleanup=lambda: _remove_scratch(state.get("root")))
+                    root=lambda: state.root, on_interrupt=_end_children,
+                    cleanup=lambda: _remove_scratch(state.root))
+
+
+@dataclass
+class _Run:
+    """What the error boundary learns of a run: the checkout, once the workspace is
+    found (its hints and scratch folders are relative to it)."""
+
+    root: Path | None = None
 
 
 def _end_children() -> int:
@@ -176,7 +184,7 @@ def _remove_scratch(root: Path | None) -> list[str]:
     return [str(p) for p in remove_own_scratch(parents)]
 
 
-def _run(argv: list[str], state: dict[str, Any]) -> int:
+def _run(argv: list[str], state: _Run) -> int:
     parser = make_parser([n] if (n := _verb_name(argv)) else [])
     args, extra = parser.parse_known_args(argv)
     verb = VERBS[args.command]
@@ -200,7 +208,7 @@ def _run(argv: list[str], state: dict[str, Any]) -> int:
     from sm120fork.workspace import Workspace
 
     ws = Workspace(args.root.resolve()) if args.root else Workspace.find()
-    state["root"] = ws.root
+    state.root = ws.root
     legacy = ws.adopt_legacy_trees()
     if legacy is not None:
         log.info("moved the fork trees from %s to %s (local work kept)",

@@ -73,6 +73,8 @@ def _load_entries(entry_dir: Path) -> list[ManifestEntry] | None:
     if data is None:
         return None
     records = data.get("wheels", [data])
+    if not isinstance(records, list):
+        return None
     try:
         entries = [ManifestEntry.from_json(r) for r in records]
     except (KeyError, TypeError, ValueError, AttributeError):

@@ -17,7 +17,6 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from packaging.version import Version
 
@@ -47,7 +46,7 @@ class PluginResult:
     spec: Spec | None = None
     cached: bool = False
 
-    def entry(self) -> dict[str, Any]:
+    def entry(self) -> dict[str, object]:
         assert self.wheel is not None
         assert self.spec is not None
         return {

@@ -13,7 +13,6 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 
 def sha256_file(path: Path) -> str:
@@ -184,7 +183,7 @@ def remove_own_scratch(parents: list[Path]) -> list[Path]:
     return left
 
 
-def read_json_object(path: Path) -> dict[str, Any] | None:
+def read_json_object(path: Path) -> dict[str, object] | None:
     """The JSON object stored at ``path``, or None when it is missing, unreadable or not one."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
