@@ -3,6 +3,8 @@ Applied-Upstream shown as one statement that cannot contradict itself."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.console import Console
 
 from sm120fork.cli.maintain import render_status, upstream_cell
@@ -81,10 +83,10 @@ def test_a_doubled_patch_number_is_shown_once() -> None:
     assert display_name("0008-0002-packaging-load.patch") == "0008-0002-packaging-load"
     assert display_name("0002-F1-jit.patch") == "0002-F1-jit"
     project = _project()
-    doubled = (PatchStatus(**{**project.patches[0].to_json(),
-                              "patch": "0001-0001-packaging-match-companion.patch"}),)
+    doubled = (dataclasses.replace(project.patches[0],
+                                   patch="0001-0001-packaging-match-companion.patch"),)
     console = Console(width=80, record=True, color_system=None)
-    render_status([ProjectStatus(**{**project.to_json(), "patches": doubled})], console,
+    render_status([dataclasses.replace(project, patches=doubled)], console,
                   wide=False)
     assert "0001-0001" not in console.export_text()
 

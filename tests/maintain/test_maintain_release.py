@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -70,4 +71,4 @@ def test_status_says_which_release_files_are_not_declared(
     console = Console(record=True, width=200)
     render_status([row], console, wide=False)
     assert f"release files: 1 NOT DECLARED: {extra}" in console.export_text()
-    assert list(row.to_json()["undeclared_files"]) == [extra]
+    assert json.loads(json.dumps(row.to_json()))["undeclared_files"] == [extra]

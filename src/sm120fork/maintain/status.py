@@ -10,7 +10,6 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sm120fork import manifest as manifest_file
 from sm120fork.declare import Project, Stack, coordinated_pin_problems
@@ -107,7 +106,7 @@ class ProjectStatus:
     #: Each ``Verified-By`` claim of this project's patches, current or stale.
     claims: tuple[Standing, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         d = dataclasses.asdict(self)
         d["patches"] = [p.to_json() for p in self.patches]
         d["evidence"] = [e.to_json() for e in self.evidence]
