@@ -79,8 +79,8 @@ def test_stock_flashinfer_never_looks_in_the_aot_wheel_and_aot_check_says_so(
                    check=True)
     found = check.lookup(env={"PYTHONPATH": f"{target}:{site}",
                               "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws")})
-    assert found["lookup"] is None
-    assert found["modules"]["trtllm_comm"]["loads_from"] is None
+    assert found.lookup is None
+    assert found.modules["trtllm_comm"].loads_from is None
     problems = check.check_installed(wheel.read_wheel(made), found)
     assert any("has no lookup for prebuilt-module packages" in p for p in problems), problems
     assert "trtllm_comm: loads from nowhere prebuilt: JIT-compiled" in check.describe(found)

@@ -211,7 +211,7 @@ def test_flashinfer_072_as_published_finds_and_loads_the_aot_wheel_on_the_stacks
            "CUDA_HOME": str(no_nvcc), "PATH": "/usr/bin:/bin",
            "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws")}
     found_check = check.lookup(env=env, arch_list="9.0")
-    assert found_check["lookup"] == "jit-cache-providers"
+    assert found_check.lookup == "jit-cache-providers"
     assert check.check_installed(wheel.read_wheel(ours), found_check) == []
     env["PYTHONPATH"] = os.pathsep.join([str(theirs), str(site)])
     problems = check.check_installed(wheel.read_wheel(ours),

@@ -198,3 +198,37 @@ def test_as_a_jit_cache_provider_it_returns_the_shims_manifest(tmp_path: Path) -
         "jit_cache_dir": str(target / "sm120fork_flashinfer_aot" / "jit_cache"),
         "cuda_architectures": ["sm120f", "sm121a", "sm90a"], "modules": ["trtllm_comm"]}
     assert (Path(manifest["jit_cache_dir"]) / "trtllm_comm" / "trtllm_comm.so").is_file()
+
+
+def test_a_manifest_that_is_not_one_is_named_with_the_wheel(tmp_path: Path) -> None:
+    """Read once, typed (AotManifest): a manifest without a module's sha256 is a BuildError
+    naming the wheel's member, not a KeyError where a reader indexed it."""
+    built = _write(tmp_path)
+    bad = tmp_path / "bad.whl"
+    member = f"{wheel.PACKAGE}/{wheel.MANIFEST}"
+    with zipfile.ZipFile(built) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == member:
+                manifest = json.loads(data)
+                del manifest["modules"]["trtllm_comm"]["sha256"]
+                data = json.dumps(manifest).encode()
+            dst.writestr(item, data)
+    with pytest.raises(BuildError, match="not an AOT wheel's manifest") as err:
+        wheel.read_wheel(bad)
+    assert err.value.where == f"{bad}:{member}"
+
+
+def test_the_lookup_probes_answer_that_is_not_one_is_named() -> None:
+    from sm120fork.aot import check
+    from sm120fork.errors import VerifyError
+
+    answer: dict[str, object] = {
+        "flashinfer": "/fi", "flashinfer_version": "0.7.2", "lookup": None, "providers": [],
+        "folders": [], "modules": {"trtllm_comm": {"copies": []}}}
+    with pytest.raises(VerifyError, match="the lookup probe's answer is not one"):
+        check.Found.from_json(answer)
+    answer["modules"] = {"trtllm_comm": {"loads_from": None, "copies": []}}
+    found = check.Found.from_json(answer)
+    assert found.modules["trtllm_comm"] == check.ModuleLookup()
+    assert found.printed is answer

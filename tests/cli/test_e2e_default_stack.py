@@ -389,16 +389,16 @@ def test_our_aot_wheel_installs_beside_a_stock_jit_cache_and_each_module_loads_f
                              specs=[*check.DEFAULT_SPECS, _STOCK_MODULES["norm"],
                                     _STOCK_MODULES["sampling"]])
         assert check.check_installed(aot_wheel.read_wheel(ours), found) == []
-        modules = found["modules"]
+        modules = found.modules
         ours_dir = site / "sm120fork_flashinfer_aot" / "jit_cache"
         stock_dir = site / "flashinfer_jit_cache" / "jit_cache"
-        assert Path(modules["trtllm_comm"]["loads_from"]) == ours_dir / "trtllm_comm" / \
+        assert Path(modules["trtllm_comm"].loads_from or "") == ours_dir / "trtllm_comm" / \
             "trtllm_comm.so"
-        refused = [c for c in modules["trtllm_comm"]["copies"] if not c["load"]]
-        assert [Path(c["path"]) for c in refused] == [stock_dir / "trtllm_comm" /
-                                                     "trtllm_comm.so"]
+        refused = [c for c in modules["trtllm_comm"].copies if not c.load]
+        assert [Path(c.path) for c in refused] == [stock_dir / "trtllm_comm" /
+                                                   "trtllm_comm.so"]
         for name in ("norm", "sampling"):
-            assert Path(modules[name]["loads_from"]) == stock_dir / name / f"{name}.so"
+            assert Path(modules[name].loads_from or "") == stock_dir / name / f"{name}.so"
         text = "\n".join(check.describe(found))
         assert f"trtllm_comm: loads from {ours_dir}" in text
         assert "refused" in text

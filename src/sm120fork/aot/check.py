@@ -20,8 +20,8 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sm120fork.aot import provenance
 from sm120fork.aot.compile import MODULE
@@ -95,8 +95,80 @@ print(mark + json.dumps({
 """
 
 
+@dataclass(frozen=True, kw_only=True)
+class PrebuiltCopy:
+    """One prebuilt copy of a module, and whether FlashInfer takes it, and why."""
+
+    path: str
+    load: bool
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleLookup:
+    """Where FlashInfer loads one module from (``loads_from`` None: it JIT-compiles it),
+    or why it cannot make its JIT spec (``error``)."""
+
+    loads_from: str | None = None
+    copies: tuple[PrebuiltCopy, ...] = ()
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrebuiltFolder:
+    provider: str
+    path: str
+    modules: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Found:
+    """The lookup probe's answer (:func:`lookup`), read once: its one typed reader."""
+
+    #: The installed FlashInfer's package folder, and its version.
+    flashinfer: str
+    flashinfer_version: str
+    #: How it finds prebuilt modules: ``prebuilt``, ``jit-cache-providers`` or None.
+    lookup: str | None
+    #: (provider name, folder) of each provider it found, and why others failed.
+    providers: tuple[tuple[str, str], ...]
+    provider_errors: Mapping[str, str]
+    folders: tuple[PrebuiltFolder, ...]
+    modules: Mapping[str, ModuleLookup]
+    #: The answer as the probe printed it (``aot-check --json`` shows it whole).
+    printed: Mapping[str, object]
+
+    @classmethod
+    def from_json(cls, data: object) -> Found:
+        """VerifyError naming the key when ``data`` is not the probe's answer."""
+        try:
+            if not isinstance(data, dict):
+                raise TypeError("not an object")
+            modules = {str(name): ModuleLookup(error=str(m["error"])) if "error" in m else
+                       ModuleLookup(loads_from=m["loads_from"] and str(m["loads_from"]),
+                                    copies=tuple(PrebuiltCopy(path=str(c["path"]),
+                                                              load=bool(c["load"]),
+                                                              why=str(c["why"]))
+                                                 for c in m["copies"]))
+                       for name, m in data["modules"].items()}
+            return cls(
+                flashinfer=str(data["flashinfer"]),
+                flashinfer_version=str(data["flashinfer_version"]),
+                lookup=data["lookup"] and str(data["lookup"]),
+                providers=tuple((str(n), str(d)) for n, d in data["providers"]),
+                provider_errors={str(k): str(v)
+                                 for k, v in (data.get("provider_errors") or {}).items()},
+                folders=tuple(PrebuiltFolder(provider=str(f["provider"]), path=str(f["path"]),
+                                             modules=tuple(map(str, f["modules"])))
+                              for f in data["folders"]),
+                modules=modules, printed=data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise VerifyError(f"the lookup probe's answer is not one: {exc!r}",
+                              fix="run aot-check of this toolkit's version") from None
+
+
 def lookup(python: Path | None = None, env: Mapping[str, str] | None = None,
-           arch_list: str = "9.0", specs: Sequence[str] = DEFAULT_SPECS) -> dict[str, Any]:
+           arch_list: str = "9.0", specs: Sequence[str] = DEFAULT_SPECS) -> Found:
     """Where the installed FlashInfer would load each module from (no GPU needed).
 
     ``specs``: ``module:function`` names of JitSpec makers (no arguments) to ask about.
@@ -115,57 +187,57 @@ def lookup(python: Path | None = None, env: Mapping[str, str] | None = None,
     if payload is None:
         raise VerifyError("the lookup probe printed no result",
                           detail=(out.stdout + out.stderr)[-2000:])
-    result: dict[str, Any] = json.loads(payload)
-    if "error" in result:
-        raise VerifyError(result["error"], fix="install the FlashInfer wheel beside the AOT wheel")
-    return result
+    result = json.loads(payload)
+    if isinstance(result, dict) and "error" in result:
+        raise VerifyError(str(result["error"]),
+                          fix="install the FlashInfer wheel beside the AOT wheel")
+    return Found.from_json(result)
 
 
-def describe(found: Mapping[str, Any]) -> list[str]:
+def describe(found: Found) -> list[str]:
     """One line per prebuilt folder and per module: what loads from where, and why."""
     lines = []
-    for folder in found["folders"]:
-        held = ", ".join(folder["modules"]) or "no modules"
-        lines.append(f"prebuilt folder ({folder['provider']}): {folder['path']}: {held}")
-    for name, module in found["modules"].items():
-        if "error" in module:
-            lines.append(f"{name}: cannot make its JIT spec: {module['error']}")
+    for folder in found.folders:
+        held = ", ".join(folder.modules) or "no modules"
+        lines.append(f"prebuilt folder ({folder.provider}): {folder.path}: {held}")
+    for name, module in found.modules.items():
+        if module.error:
+            lines.append(f"{name}: cannot make its JIT spec: {module.error}")
             continue
-        where = module["loads_from"] or "nowhere prebuilt: JIT-compiled"
+        where = module.loads_from or "nowhere prebuilt: JIT-compiled"
         lines.append(f"{name}: loads from {where}")
-        for copy in module["copies"]:
-            verdict = "taken" if copy["path"] == module["loads_from"] else (
-                "acceptable, not first" if copy["load"] else "refused")
-            lines.append(f"  {copy['path']}: {verdict} ({copy['why']})")
+        for copy in module.copies:
+            verdict = "taken" if copy.path == module.loads_from else (
+                "acceptable, not first" if copy.load else "refused")
+            lines.append(f"  {copy.path}: {verdict} ({copy.why})")
     return lines
 
 
-def _ours(found: Mapping[str, Any]) -> str | None:
+def _ours(found: Found) -> str | None:
     from sm120fork.aot.wheel import ENTRY_POINT_NAME
 
-    return next((str(path) for name, path in found["providers"] if name == ENTRY_POINT_NAME),
-                None)
+    return next((path for name, path in found.providers if name == ENTRY_POINT_NAME), None)
 
 
-def check_installed(manifest: AotManifest, found: Mapping[str, Any]) -> list[str]:
+def check_installed(manifest: AotManifest, found: Found) -> list[str]:
     """Problems (empty when FlashInfer will load our module) from :func:`lookup`'s answer."""
     problems: list[str] = []
     entry = manifest.modules.get(MODULE)
     if entry is None:
         return [f"the wheel has no {MODULE} module"]
-    if found["flashinfer_version"] != manifest.flashinfer.version:
-        problems.append(f"installed FlashInfer is {found['flashinfer_version']}, the wheel was "
+    if found.flashinfer_version != manifest.flashinfer.version:
+        problems.append(f"installed FlashInfer is {found.flashinfer_version}, the wheel was "
                         f"built for {manifest.flashinfer.version}")
     wanted = manifest.lookup.name
-    if found["lookup"] != wanted:
-        has = ("has no lookup for prebuilt-module packages" if found["lookup"] is None else
-               f"finds prebuilt-module packages by {found['lookup']}, the wheel is for {wanted}")
+    if found.lookup != wanted:
+        has = ("has no lookup for prebuilt-module packages" if found.lookup is None else
+               f"finds prebuilt-module packages by {found.lookup}, the wheel is for {wanted}")
         problems.append(f"the installed FlashInfer {has}: it never looks in the AOT wheel; "
                         "install the FlashInfer wheel it pins")
         return problems
     ours = _ours(found)
     if ours is None:
-        errors = found.get("provider_errors") or {}
+        errors = dict(found.provider_errors)
         through = manifest.lookup.through
         hint = (f": FlashInfer asks upstream's {through} shim for providers; install "
                 f"{through}=={manifest.version} (FlashInfer's index, e.g. "
@@ -175,19 +247,19 @@ def check_installed(manifest: AotManifest, found: Mapping[str, Any]) -> list[str
                         f"{manifest.lookup.group}: "
                         "sm120fork)" + (f": {errors}" if errors else hint))
         return problems
-    module = found["modules"].get(MODULE, {})
-    if "error" in module:
-        return [*problems, f"FlashInfer cannot make {MODULE}'s JIT spec: {module['error']}"]
-    loads_from = module.get("loads_from")
+    module = found.modules.get(MODULE, ModuleLookup())
+    if module.error:
+        return [*problems, f"FlashInfer cannot make {MODULE}'s JIT spec: {module.error}"]
+    loads_from = module.loads_from
     own = Path(ours) / MODULE / f"{MODULE}.so"
     if loads_from is None or Path(loads_from).resolve() != own.resolve():
-        why = "; ".join(f"{c['path']}: {c['why']}" for c in module.get("copies", []))
+        why = "; ".join(f"{c.path}: {c.why}" for c in module.copies)
         problems.append(f"FlashInfer loads {MODULE} from {loads_from or 'nowhere (JIT)'}, not "
                         f"from the AOT wheel's {own}" + (f" ({why})" if why else ""))
     elif hashlib.sha256(own.read_bytes()).hexdigest() != entry.sha256:
         problems.append(f"{own} does not match the manifest's sha256")
     # What our FlashInfer checks before it loads the module (README-prebuilt.md).
-    data = Path(found["flashinfer"]) / "data"
+    data = Path(found.flashinfer) / "data"
     shipped = provenance.own_digest(data / "csrc", data / "include")
     marker = own.with_name(own.name + provenance.MARKER_SUFFIX)
     recorded = marker.read_text().strip() if marker.is_file() else None

@@ -101,8 +101,8 @@ def run_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
             found = check.lookup(env={"FLASHINFER_WORKSPACE_BASE": tmp},
                                  specs=[*check.DEFAULT_SPECS, *args.module])
         problems += check.check_installed(manifest, found)
-        findings["lookup"] = found
-        console.print(f"FlashInfer {found['flashinfer_version']}:")
+        findings["lookup"] = found.printed
+        console.print(f"FlashInfer {found.flashinfer_version}:")
         for line in check.describe(found):
             console.print(line, markup=False)
     if args.code:
