@@ -12,9 +12,10 @@ import pytest
 
 from helpers_proc import HANGING_CHILD, sigterm_ends_every_child
 from sm120fork.errors import ConfigError
-from sm120fork.gpu import launcher
+from sm120fork.gpu.ab import launcher
 from sm120fork.gpu.core import variants
 from sm120fork.gpu.core.cases import Case
+from sm120fork.gpu.core.launcher import Timeouts
 from sm120fork.util import supervise, wire
 from sm120fork.util.files import sha256_file
 
@@ -60,7 +61,7 @@ def fake(tmp_path: Path) -> tuple[list[str], variants.Variant]:
     return [sys.executable, str(script)], variant
 
 
-FAST = launcher.Timeouts(startup=20.0, idle=1.5)
+FAST = Timeouts(startup=20.0, idle=1.5)
 
 
 def test_all_pass_in_one_group(tmp_path: Path, fake: tuple[list[str], variants.Variant]
@@ -241,7 +242,7 @@ def test_install_variant_with_prebuilt_modules(tmp_path: Path) -> None:
 def test_time_budget_ends_a_hung_group_and_reports_the_rest_as_not_run(
         tmp_path: Path, fake: tuple[list[str], variants.Variant]) -> None:
     worker, variant = fake
-    budget = launcher.Timeouts(startup=20.0, idle=60.0, deadline=time.monotonic() + 8.0)
+    budget = Timeouts(startup=20.0, idle=60.0, deadline=time.monotonic() + 8.0)
     out = launcher.run_cases(_cases(1, 14, 2), variant, tmp_path, timeouts=budget,
                              worker=worker)
     assert [r["status"] for r in out] == ["pass", "skip", "skip"]
@@ -255,7 +256,7 @@ def test_circuit_breaker_stops_one_api_after_repeated_hangs(
                   hidden=h, dtype="bf16", strategy="oneshot", pdl=False) for h in (256, 512, 1024)]
     other = Case(world_size=2, api="custom_lamport", pattern="ar_rmsnorm", tokens=1, hidden=256,
                  dtype="bf16", strategy="oneshot", pdl=False)
-    quick = launcher.Timeouts(startup=20.0, idle=1.0, max_hang_streak=2)
+    quick = Timeouts(startup=20.0, idle=1.0, max_hang_streak=2)
     out = {r["key"]: r for r in launcher.run_cases([*hangs, other], variant, tmp_path,
                                                     timeouts=quick, worker=worker)}
     kinds = [out[c.key]["failure"] for c in hangs]
@@ -277,7 +278,7 @@ def test_crash_after_a_reported_case_is_not_a_startup_failure(tmp_path: Path) ->
     # No case here hangs, so no timeout decides the outcome: generous ones keep a loaded
     # machine's slow interpreter starts from reading as hangs.
     out = launcher.run_cases([*cases, *_cases(1)], variant, tmp_path,
-                             timeouts=launcher.Timeouts(startup=120.0, idle=60.0),
+                             timeouts=Timeouts(startup=120.0, idle=60.0),
                              worker=[sys.executable, str(script)])
     assert [r["status"] for r in out] == ["pass", "pass", "pass", "pass"]
     assert len(list(tmp_path.glob("spec-*.json"))) == 4
@@ -297,7 +298,7 @@ def test_a_rank_that_reports_and_exits_does_not_cut_off_the_others_report(
         '\n    if rank == 0:\n        sys.exit(3)\nprint(encode("DONE"), flush=True)'))
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
     out = launcher.run_cases(_cases(1, 2), variant, tmp_path,
-                             timeouts=launcher.Timeouts(startup=120.0, idle=60.0),
+                             timeouts=Timeouts(startup=120.0, idle=60.0),
                              worker=[sys.executable, str(script)])
     assert [(r["status"], r.get("failure")) for r in out] == [("pass", None), ("pass", None)]
     assert len(list(tmp_path.glob("spec-*.json"))) == 2
@@ -336,7 +337,7 @@ def test_a_rank_on_another_wire_version_fails_the_cases_naming_the_rank_and_line
                                         'print("@@sm120fork/0 RESULT " + json.dumps({'))
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
     out = launcher.run_cases(_cases(1, 2), variant, tmp_path,
-                             timeouts=launcher.Timeouts(startup=120.0, idle=60.0),
+                             timeouts=Timeouts(startup=120.0, idle=60.0),
                              worker=[sys.executable, str(script)])
     assert [r["status"] for r in out] == ["fail", "fail"]
     assert "rank " in out[0]["reason"]
@@ -351,7 +352,7 @@ def test_sigterm_to_the_launcher_ends_every_rank_with_its_process_group(tmp_path
     parent = textwrap.dedent(f"""\
         import sys
         from pathlib import Path
-        from sm120fork.gpu import launcher
+        from sm120fork.gpu.ab import launcher
         from sm120fork.gpu.core import variants
         from sm120fork.gpu.core.cases import Case
         tmp = Path({str(tmp_path)!r})

@@ -46,7 +46,7 @@ def _run(adapters: list[FakeAdapter], points: list[Point],
 
 
 def test_every_registered_method_has_an_adapter() -> None:
-    from sm120fork.gpu.adapters import FACTORIES
+    from sm120fork.gpu.bench.adapters import FACTORIES
 
     assert list(FACTORIES) == list(methods.METHODS)
 

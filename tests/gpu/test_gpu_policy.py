@@ -136,7 +136,7 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
         capsys: pytest.CaptureFixture[str]) -> None:
     """The bench's orchestration with the rank groups faked: one group per environment,
     the tuned NCCL row reported as not runnable without starting ranks."""
-    from sm120fork.gpu import launcher
+    from sm120fork.gpu.bench import launcher
     from sm120fork.gpu.cli import main
     from sm120fork.gpu.core import variants
     from sm120fork.util import supervise
@@ -178,7 +178,7 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
 @pytest.mark.usefixtures("gpu_here")
 def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_group(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sm120fork.gpu import launcher
+    from sm120fork.gpu.bench import launcher
     from sm120fork.gpu.cli import main
     from sm120fork.gpu.core import variants
     from sm120fork.util import supervise

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.gpu import projection
+from sm120fork.gpu.bench import projection
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "reports" / "projection" / "8x-rtxpro6000"

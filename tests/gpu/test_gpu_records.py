@@ -10,6 +10,7 @@ import pytest
 
 from helpers_manifest import entry
 from sm120fork import record
+from sm120fork.gpu.ab import run as ab_run
 from sm120fork.gpu.core import records
 from sm120fork.gpu.core.documents import AbDoc, CaseResult, parse_ab
 from sm120fork.gpu.layer import run as layer_run
@@ -64,7 +65,7 @@ def test_an_ab_run_is_a_record_of_each_variants_cases() -> None:
     doc = _doc([_rec("a", "pass"), _rec("b", "pass"), _rec("c", "skip", reason="needs sm_100")],
                [_rec("a", "fail", reason="wrong sum"), _rec("b", "pass"),
                 _rec("c", "skip", reason="needs sm_100")])
-    rec = records.test_record(doc, TESTED)
+    rec = ab_run.test_record(doc, TESTED)
     assert rec is not None
     assert (rec.kind, rec.stack, rec.verdict, rec.finished) == (
         "gpu-test", "sglang-0.5.10", "pass", True)
@@ -84,7 +85,7 @@ def test_an_ab_run_is_a_record_of_each_variants_cases() -> None:
 def test_a_run_whose_module_did_not_build_is_unfinished_not_zero_failing() -> None:
     build = {"failure": "build", "reason": "JIT build failed"}
     doc = _doc([_rec("a", "pass")], [_rec("a", "fail", **build)], compiled=False)
-    rec = records.test_record(doc, TESTED)
+    rec = ab_run.test_record(doc, TESTED)
     assert rec is not None
     assert rec.verdict == "unfinished"
     assert any("never ran" in n for n in rec.notes)
@@ -93,11 +94,11 @@ def test_a_run_whose_module_did_not_build_is_unfinished_not_zero_failing() -> No
 def test_wheels_of_no_stack_make_no_record() -> None:
     doc = _doc([_rec("a", "pass")], [_rec("a", "pass")])
     doc["environment"]["wheels_manifest"] = None
-    assert records.test_record(doc, None) is None
+    assert ab_run.test_record(doc, None) is None
 
 
 def test_the_record_comes_back_with_one_import(tmp_path: Path) -> None:
-    rec = records.test_record(_doc([_rec("a", "pass")], [_rec("a", "fail", reason="x")]),
+    rec = ab_run.test_record(_doc([_rec("a", "pass")], [_rec("a", "fail", reason="x")]),
                               TESTED)
     assert rec is not None
     records.write(rec, tmp_path / "box-out" / "s510")
@@ -167,7 +168,7 @@ def test_an_ab_of_the_flashinfer_wheel_tested_none_of_the_sglang_series() -> Non
         trees=(*TESTED.trees, record.TestedTree(project="sglang", tree="e" * 40)),
         patches=(*TESTED.patches, record.TestedPatch(project="sglang", patch="0001-S1.patch",
                                                      patch_id="f" * 40)))
-    rec = records.test_record(_doc([_rec("a", "pass")], [_rec("a", "fail")]), tested)
+    rec = ab_run.test_record(_doc([_rec("a", "pass")], [_rec("a", "fail")]), tested)
     assert rec is not None
     assert rec.tested.projects == ("flashinfer",)
     assert {p.project for p in rec.tested.patches} == {"flashinfer"}
@@ -178,7 +179,7 @@ def test_an_ab_summary_counts_each_variant_apart() -> None:
     """'pass (279 pass, 95 fail, ...)' summed the baseline's failures into the verdict line."""
     doc = _doc([_rec("a", "pass"), _rec("b", "pass")],
                [_rec("a", "fail", reason="wrong sum"), _rec("b", "pass")])
-    rec = records.test_record(doc, TESTED)
+    rec = ab_run.test_record(doc, TESTED)
     assert rec is not None
     verdict = next(line for line in record.summary(rec).splitlines() if "Verdict" in line)
     assert "patched: 2 pass, 0 fail" in verdict
@@ -189,14 +190,14 @@ def test_a_regressed_case_fails_the_run_and_a_case_not_run_leaves_it_unfinished(
     """Moved from gpu.report.to_record's test when that second converter went."""
     doc = _doc([_rec("a", "pass"), _rec("b", "fail", reason="wrong sum")],
                [_rec("a", "pass"), _rec("b", "pass")])
-    rec = records.test_record(doc, TESTED)
+    rec = ab_run.test_record(doc, TESTED)
     assert rec is not None
     assert rec.verdict == "fail"
     assert [c.against for c in rec.cases if c.variant == "patched"] == ["pass-both",
                                                                         "regressed"]
     assert record.from_json(json.loads(record.dumps(rec)), "x") == rec
     doc["results"]["patched"][1] = _rec("b", "skip", reason="no", not_run=True)
-    rec = records.test_record(doc, TESTED)
+    rec = ab_run.test_record(doc, TESTED)
     assert rec is not None
     assert rec.verdict == "unfinished"  # a planned case did not run
 

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 
 from sm120fork.errors import ConfigError, UsageError
-from sm120fork.gpu import report
+from sm120fork.gpu.ab import report as ab_report
+from sm120fork.gpu.bench import report as bench_report
 from sm120fork.gpu.cli import main
+from sm120fork.gpu.core import report as core_report
 from sm120fork.gpu.core.documents import AbDoc, BenchDoc, parse_ab, parse_bench
 
 
@@ -49,16 +51,16 @@ def _test_doc() -> AbDoc:
 
 
 def test_classify() -> None:
-    assert report.classify({"p": "pass", "u": "fail"}, "p", "u") == "fixed"
-    assert report.classify({"p": "fail", "u": "pass"}, "p", "u") == "regressed"
-    assert report.classify({"p": "pass", "u": "pass"}, "p", "u") == "pass both"
-    assert report.classify({"p": "fail", "u": "fail"}, "p", "u") == "fail both"
-    assert report.classify({"p": "skip", "u": "skip"}, "p", "u") == "skip"
-    assert report.classify({"p": "fail"}, "p", None) == "fail"
+    assert ab_report.classify({"p": "pass", "u": "fail"}, "p", "u") == "fixed"
+    assert ab_report.classify({"p": "fail", "u": "pass"}, "p", "u") == "regressed"
+    assert ab_report.classify({"p": "pass", "u": "pass"}, "p", "u") == "pass both"
+    assert ab_report.classify({"p": "fail", "u": "fail"}, "p", "u") == "fail both"
+    assert ab_report.classify({"p": "skip", "u": "skip"}, "p", "u") == "skip"
+    assert ab_report.classify({"p": "fail"}, "p", None) == "fail"
 
 
 def test_ab_markdown_shows_fixed_regressed_and_lamport_cases() -> None:
-    md = report.render_test_markdown(_test_doc())
+    md = ab_report.render_test_markdown(_test_doc())
     fixed = md.split("## Cases the series fixes")[1].split("##")[0]
     assert "custom_lamport/ar_rmsnorm/ws2/t8" in fixed
     assert "FAIL (crash)" in fixed
@@ -91,28 +93,28 @@ def _bench_doc(shared: bool) -> BenchDoc:
 
 
 def test_bench_projection_uses_122_allreduces_and_slowest_rank() -> None:
-    pts = report.bench_points(_bench_doc(False))
+    pts = bench_report.bench_points(_bench_doc(False))
     assert pts[7168]["fused_auto"][1] == 6.0  # max over ranks' medians
-    rows = {r["tokens"]: r for r in report.projection(pts)}
+    rows = {r["tokens"]: r for r in bench_report.projection(pts)}
     assert rows[3]["unfused_ms"] == pytest.approx(20.3 * 122 / 1000)
     assert rows[1]["speedup"] == pytest.approx(20.1 / 6.0)
 
 
 def test_targets_evaluated_only_when_not_shared() -> None:
-    verdicts = dict(report.target_checks(_bench_doc(False)))
+    verdicts = dict(bench_report.target_checks(_bench_doc(False)))
     assert any(v.startswith("MET") for v in verdicts.values())
     assert verdicts["fused >= 1.5x NCCL+RMSNorm at 128 tokens"].startswith("MET")
-    assert report.op_floor(_bench_doc(False)) == 5.0
-    shared = dict(report.target_checks(_bench_doc(True)))
-    assert all(report.SHARED_LABEL in v for v in shared.values())
+    assert bench_report.op_floor(_bench_doc(False)) == 5.0
+    shared = dict(bench_report.target_checks(_bench_doc(True)))
+    assert all(bench_report.SHARED_LABEL in v for v in shared.values())
 
 
 def test_bench_outputs_json_markdown_png(tmp_path: Path) -> None:
-    paths = report.write_bench_report(_bench_doc(True), tmp_path)
+    paths = bench_report.write_bench_report(_bench_doc(True), tmp_path)
     assert [p.name for p in paths] == ["bench.json", "bench.md", "bench.png"]
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = paths[1].read_text()
-    assert report.SHARED_LABEL in md
+    assert bench_report.SHARED_LABEL in md
     assert "Model projection" in md
     assert json.loads(paths[0].read_text())["projection"][0]["tokens"] == 1
 
@@ -142,13 +144,13 @@ def test_a_report_that_is_not_one_is_refused_naming_the_file_and_key(
     del bench["records"][3]["hidden"]
     src.write_text(json.dumps(bench))
     with pytest.raises(ConfigError) as err:
-        report.write_bench_report(json.loads(src.read_text()), tmp_path / "b", where=str(src))
+        bench_report.write_bench_report(json.loads(src.read_text()), tmp_path / "b", where=str(src))
     assert err.value.where == f"{src}: records[3].hidden"
 
 
 def test_gpu_slug() -> None:
-    assert report.gpu_slug("NVIDIA H200", 1) == "h200-1x"
-    assert report.gpu_slug("NVIDIA RTX PRO 6000 Blackwell Server Edition", 8) == \
+    assert core_report.gpu_slug("NVIDIA H200", 1) == "h200-1x"
+    assert core_report.gpu_slug("NVIDIA RTX PRO 6000 Blackwell Server Edition", 8) == \
         "rtx-pro-6000-blackwell-server-edition-8x"
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu import launcher, runs
+from sm120fork.gpu.ab import launcher
+from sm120fork.gpu.ab import run as runs
 from sm120fork.gpu.cli import main
 from sm120fork.gpu.core import variants
 

@@ -9,7 +9,7 @@ import pytest
 
 from helpers_manifest import entry, write_manifest
 from sm120fork.errors import ConfigError, UsageError
-from sm120fork.gpu import runs
+from sm120fork.gpu.ab import run as runs
 from sm120fork.gpu.core import stack_wheels
 from sm120fork.gpu.layer import run as layer_run
 
@@ -76,7 +76,7 @@ def test_stack_and_wheel_dir_exclude_each_other() -> None:
 def test_a_bench_from_a_stack_records_its_provenance(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """stack, series digest and wheel sha256 in bench.json (upstream_pr's provenance)."""
-    from sm120fork.gpu import launcher
+    from sm120fork.gpu.bench import launcher
     from sm120fork.gpu.cli import main
     from sm120fork.gpu.core import variants
     from sm120fork.util import supervise

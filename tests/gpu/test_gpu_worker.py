@@ -1,5 +1,6 @@
-"""The rank process (gpu/worker.py and what it runs) on a CPU machine: what it refuses, the
-protocol lines it prints, and how a failing case is reported and ends the rank or not."""
+"""The rank process (gpu/ab/worker.py, gpu/core/worker.py and what they run) on a CPU
+machine: what it refuses, the protocol lines it prints, and how a failing case is reported
+and ends the rank or not."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu import correctness
+from sm120fork.gpu.ab import correctness
 from sm120fork.gpu.core import rank
 from sm120fork.gpu.core.cases import Case, quick_matrix
 from sm120fork.gpu.core.safety import MULTICAST_OFF_ENV
@@ -25,7 +26,7 @@ def _worker(tmp_path: Path, spec: dict[str, Any], env: dict[str, str],
             ) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
-    return subprocess.run([sys.executable, "-m", "sm120fork.gpu.worker", str(path), "0"],
+    return subprocess.run([sys.executable, "-m", "sm120fork.gpu.ab.worker", str(path), "0"],
                           capture_output=True, text=True, check=False, timeout=300,
                           env={**env, "PYTHONPATH": str(SRC), "CUDA_VISIBLE_DEVICES": ""})
 

@@ -31,9 +31,9 @@ from sm120fork.kit.build import (
 from helpers_ws import checkout_copy
 
 ROOT = Path(__file__).resolve().parents[2]
-HARNESS_MODULES = ("sm120fork.gpu.cli", "sm120fork.gpu.runs", "sm120fork.gpu.launcher",
-                   "sm120fork.gpu.layer.cases", "sm120fork.gpu.core.variants",
-                   "sm120fork.gpu.report", "sm120fork.gpu.core.records",
+HARNESS_MODULES = ("sm120fork.gpu.cli", "sm120fork.gpu.ab.run", "sm120fork.gpu.bench.run",
+                   "sm120fork.gpu.layer.run", "sm120fork.gpu.upstream_tests",
+                   "sm120fork.gpu.core.variants", "sm120fork.gpu.core.records",
                    "sm120fork.doctor.cli", "sm120fork.record")
 
 

@@ -44,6 +44,11 @@ BAD_IMPORTS = {
     # a lower stage the table does not list for it
     "gpu/core/cases.py": ("from sm120fork.plugin import package\n",
                      "sm120fork.gpu is not allowed to import sm120fork.plugin"),
+    # one GPU harness importing another, or the harnesses' core importing one
+    "gpu/ab/report.py": ("from sm120fork.gpu.bench import report as bench_report\n",
+                         "sm120fork.gpu.ab is not allowed to import sm120fork.gpu.bench"),
+    "gpu/core/runs.py": ("def _late() -> None:\n    from sm120fork.gpu.layer import run\n",
+                         "sm120fork.gpu.core is not allowed to import sm120fork.gpu.layer"),
     # the plugin wheel's vendored doctor: a dependency of the toolkit ...
     "doctor/rules.py": ("import rich\n", "sm120fork.doctor is not allowed to import rich"),
     # ... or a stage the wheel does not carry, however indirectly

@@ -250,7 +250,7 @@ def test_the_verb_benches_a_given_wheel_and_records_the_command_it_was_given(
     """The offline kit's ``run tune``: --wheel-dir instead of the checkout's wheels/, and
     the record names the kit's command (SM120FORK_COMMAND), not this box's paths."""
     from sm120fork.cli.main import main
-    from sm120fork.gpu import runs
+    from sm120fork.gpu.bench import run as runs
     from sm120fork.tune import cli
 
     seen: list[runs.BenchOptions] = []

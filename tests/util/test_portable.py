@@ -7,8 +7,9 @@ import tempfile
 from pathlib import Path
 
 from helpers_manifest import entry
+from sm120fork.gpu.ab.report import write_test_report
 from sm120fork.gpu.core.documents import VariantInfo
-from sm120fork.gpu.report import made_from, write_test_report
+from sm120fork.gpu.core.report import made_from
 from sm120fork.manifest import Manifest
 from sm120fork.util.portable import machine_roles, portable, portable_text
 

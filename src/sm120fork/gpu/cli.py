@@ -3,7 +3,9 @@
 
 Runs on a GPU machine with torch (and nvcc for FlashInfer's JIT) but no nox and no
 package index: wheels are installed from local directories with ``pip --no-index``.
-This module parses and prints; the work is :mod:`sm120fork.gpu.runs`.  It is the GPU
+This module parses and prints; the work is each harness's ``run`` module
+(:mod:`sm120fork.gpu.ab.run`, :mod:`sm120fork.gpu.bench.run`, :mod:`sm120fork.gpu.layer.run`,
+:mod:`sm120fork.gpu.upstream_tests`).  It is the GPU
 harness's own entry point (like the doctor's), so gpu/ never imports the toolkit's cli/.
 """
 
@@ -19,9 +21,12 @@ from typing import Any
 
 from sm120fork.entry import Parser, boundary
 from sm120fork.errors import ToolkitError, UsageError, VerifyError
-from sm120fork.gpu import methods, runs, upstream_tests
+from sm120fork.gpu import methods, upstream_tests
+from sm120fork.gpu.ab import run as ab_run
+from sm120fork.gpu.bench import run as bench_run
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import preflight, records
+from sm120fork.gpu.core import runs as core_runs
 from sm120fork.gpu.core.documents import Provenance
 from sm120fork.gpu.core.safety import ALLOW_MULTICAST_FLAG, check_backend
 from sm120fork.gpu.layer import cases as layer_cases
@@ -29,7 +34,7 @@ from sm120fork.gpu.layer import run as layer_run
 from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
 
-DEFAULT_WORK_DIR = runs.DEFAULT_WORK_DIR
+DEFAULT_WORK_DIR = core_runs.DEFAULT_WORK_DIR
 
 
 def counts(text: str) -> list[int]:
@@ -208,7 +213,7 @@ def _optional(values: Sequence[Any] | None) -> tuple[Any, ...] | None:
 
 
 def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    done = runs.run_test(runs.TestOptions(
+    done = ab_run.run_test(ab_run.TestOptions(
         **_common(args, argv), world_sizes=_optional(args.world_sizes),
         apis=_optional(args.api), patterns=_optional(args.pattern),
         tokens=_optional(args.tokens), hidden=_optional(args.hidden),
@@ -219,7 +224,7 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    done = runs.run_bench(runs.BenchOptions(
+    done = bench_run.run_bench(bench_run.BenchOptions(
         **_common(args, argv), world_sizes=_optional(args.world_sizes),
         methods=_optional(args.method), tokens=_optional(args.tokens),
         hidden=_optional(args.hidden)))
@@ -236,7 +241,10 @@ def _finish(error: ToolkitError | None) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    written = runs.rerender(args.test, args.bench, args.out)
+    written = [*(ab_run.rerender(args.test, args.out) if args.test else []),
+               *(bench_run.rerender(args.bench, args.out) if args.bench else [])]
+    if not written:
+        raise UsageError("nothing to render", fix="pass --test and/or --bench")
     print(f"wrote {', '.join(map(str, written))}")
     return 0
 
@@ -320,7 +328,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.gpu_command == "bench":
         return cmd_bench(args, argv)
     if args.gpu_command == "project":
-        from sm120fork.gpu import projection
+        from sm120fork.gpu.bench import projection
 
         written = projection.write(projection.table(), args.out)
         print(f"wrote {', '.join(map(str, written))} ({projection.LABEL})")

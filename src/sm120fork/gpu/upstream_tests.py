@@ -156,7 +156,7 @@ def pr_record(pr: Mapping[str, Any], planned: Sequence[str],
 
 def _machine(env: Environment) -> record.Machine:
     if env.get("gpus"):
-        return dataclasses.replace(records._machine(env, shared=False), shared_gpu=None)
+        return dataclasses.replace(records.machine_of(env, shared=False), shared_gpu=None)
     return record.Machine(description="no GPU", python=sys.version.split()[0],
                           torch=env.get("torch"), cpus=os.cpu_count())
 

@@ -1,6 +1,6 @@
 """``python -m sm120fork tune`` (``nox -s tune -- ...``): parse, run :mod:`.run`, print.
 
-The real box: the doctor's own probes, the bench of ``gpu/runs.py`` one TP size at a
+The real box: the doctor's own probes, the bench of ``gpu/bench/run.py`` one TP size at a
 time (its reports and logs under ``--work-dir``), the question on the terminal.
 """
 
@@ -55,14 +55,15 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def _bench(args: argparse.Namespace, command: str
            ) -> Callable[[int, float | None], WorldBench]:
-    from sm120fork.gpu import runs
+    from sm120fork.gpu.bench import run as bench_run
+    from sm120fork.gpu.core.runs import DEFAULT_WORK_DIR
 
-    work = args.work_dir or runs.DEFAULT_WORK_DIR
+    work = args.work_dir or DEFAULT_WORK_DIR
 
     def bench(tp: int, left: float | None) -> WorldBench:
         out = work / "tune" / f"tp{tp}"
         wheels = tuple(args.wheel_dir or ())
-        runs.run_bench(runs.BenchOptions(
+        bench_run.run_bench(bench_run.BenchOptions(
             command=command, stack=None if wheels else args.stack, wheel_dirs=wheels,
             prebuilt=tuple(args.prebuilt or ()), out=out, work_dir=work,
             world_sizes=(tp,), quick=args.quick, time_budget=left, allow_partial=True))

@@ -18,23 +18,22 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sm120fork import __version__, record
-from sm120fork.gpu import report
+from sm120fork import record
 from sm120fork.gpu.core.documents import (
-    AbDoc,
-    CaseResult,
     Environment,
 )
 from sm120fork.manifest import Manifest
 
 TESTED_FILE = "tested.json"
+
+
 #: Options whose values are this machine's paths: not part of the recorded command.
 PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--stack-dir",
                 "--plugin-wheel", "--stock-wheel")
+
+
 #: The kit's entry sets this to the command as the user typed it there.
 COMMAND_ENV = "SM120FORK_COMMAND"
-_AGAINST = {"fixed": "fixed", "pass both": "pass-both", "regressed": "regressed",
-            "fail both": "fail-both"}
 
 
 def tested_of(manifest: Manifest, patch_ids: Mapping[str, Sequence[tuple[str, str]]],
@@ -89,7 +88,7 @@ def recorded_command(verb: str, argv: Sequence[str]) -> str:
         ["python", "-m", "sm120fork", "gpu", verb, *args])
 
 
-def _machine(env: Environment, shared: bool) -> record.Machine:
+def machine_of(env: Environment, shared: bool) -> record.Machine:
     gpus = tuple(str(g) for g in env.get("gpus") or ())
     cap = env.get("capability")
     return record.Machine(
@@ -97,13 +96,6 @@ def _machine(env: Environment, shared: bool) -> record.Machine:
         gpus=gpus, capability=".".join(map(str, cap)) if cap else None,
         driver=env.get("driver"), cuda=env.get("torch_cuda"), torch=env.get("torch"),
         python=env.get("python"), cpus=os.cpu_count(), shared_gpu=shared)
-
-
-def _detail(rec: CaseResult) -> str:
-    if rec["status"] == "pass":
-        worst = max((c.get("rel_l2") or 0 for c in rec.get("checks", [])), default=0)
-        return f"rel_l2 {worst:.1e}" if worst else "pass"
-    return " ".join(str(rec.get("reason") or rec["status"]).split())[:200]
 
 
 def tested_block(wheels: Sequence[record.TestedWheel], tested: record.Tested | None
@@ -117,49 +109,6 @@ def tested_block(wheels: Sequence[record.TestedWheel], tested: record.Tested | N
         wheels=tuple(wheels),
         trees=tuple(t for t in tested.trees if t.project in ran),
         patches=tuple(p for p in tested.patches if p.project in ran))
-
-
-def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | None:
-    """The record of a ``gpu test`` run (its test-ab.json document), or None when its
-    primary wheel is no stack's build."""
-    manifest = report.built_manifest(doc.get("environment", {}))
-    if manifest is None or not manifest.stack:
-        return None
-    primary, baseline = doc["primary"], doc.get("baseline")
-    order, table = report.ab_rows(doc)
-    project_of = {w.wheel: w.project for w in manifest.wheels}
-    wheels = []
-    for name, variant in doc.get("variants", {}).items():
-        if (file := variant.get("wheel")) and (sha256 := variant.get("sha256")):
-            wheels.append(record.TestedWheel(
-                variant="upstream" if name == baseline else name,
-                project=project_of.get(file, "flashinfer"), file=file, sha256=sha256))
-    cases = []
-    for key in order:
-        row = table[key]
-        statuses = {v: r["status"] for v, r in row.items()}
-        against = _AGAINST.get(report.classify(statuses, primary, baseline))
-        for name, rec in row.items():
-            if rec.get("not_run") or rec.get("failure") == "build":
-                continue  # never ran: the record is unfinished
-            outcome = rec["status"] if rec["status"] in ("pass", "fail", "skip") else "error"
-            cases.append(record.Case(
-                id=key, variant="upstream" if name == baseline else name, outcome=outcome,
-                detail=_detail(rec), against=against if name == primary else None))
-    planned = sum(len(recs) for recs in doc["results"].values())
-    built = [n for n, v in doc.get("variants", {}).items() if not v.get("compiled", True)]
-    notes = [f"the module build of {', '.join(built)} failed: its cases never ran"] if built \
-        else []
-    if doc.get("shared"):
-        notes.append("ranks shared GPUs: correctness only, timings mean nothing")
-    return record.make(
-        kind="gpu-test", stack=manifest.stack, command=doc["command"],
-        created=doc["created"],
-        toolkit=__version__, machine=_machine(doc.get("environment", {}),
-                                              bool(doc.get("shared"))),
-        tested=tested_block(wheels, tested),
-        planned=planned, cases=tuple(cases), not_run=tuple(doc.get("not_run") or ()),
-        notes=tuple(notes))
 
 
 def tested_beside(folder: Path) -> record.Tested | None:

@@ -179,7 +179,7 @@ def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Seq
             module_failures.setdefault(idx, {})[message.data["module"]] = message.data["reason"]
 
     outcome = supervise.run_group(
-        [supervise.Child(argv=[sys.executable, "-m", "sm120fork.gpu.worker", str(spec)],
+        [supervise.Child(argv=[sys.executable, "-m", "sm120fork.gpu.core.worker", str(spec)],
                          env=v.env(os.environ), log=run_dir / f"compile-{v.name}.log",
                          name=f"variant {v.name}") for v in variants],
         timeouts=supervise.Timeouts(startup=timeout, idle=timeout), on_message=on_message,

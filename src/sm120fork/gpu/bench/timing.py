@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sm120fork.gpu.adapters import FACTORIES, Adapter, BufferSet, Unbuilt
+from sm120fork.gpu.bench.adapters import FACTORIES, Adapter, BufferSet, Unbuilt
 from sm120fork.gpu.core.cases import BenchPlan, Case
 from sm120fork.gpu.core.rank import Rank, cuda_broken, say
 from sm120fork.gpu.core.reference import TORCH_DTYPES, compare, expected, generate

@@ -1,4 +1,5 @@
-"""The bench's methods inside a rank: one adapter per entry of :data:`.methods.METHODS`.
+"""The bench's methods inside a rank: one adapter per entry of
+:data:`sm120fork.gpu.methods.METHODS`.
 
 An adapter says whether it can run here (``unavailable``) and for which shapes
 (``unsupported``), binds a point's rotating buffer sets (``bind``), builds the op on set

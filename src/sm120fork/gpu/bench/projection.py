@@ -135,7 +135,7 @@ def render(doc: dict[str, Any]) -> str:
     lines = [f"# Projection: {doc['fabric']['name']}", "", f"**{doc['label']}.**", "",
              "Per all-reduce + residual add + RMSNorm, bf16, hidden "
              f"{doc['hidden']}, in microseconds as (low-high) ranges. The model and its "
-             "inputs: `src/sm120fork/gpu/projection.py` (every input is a figure of the "
+             "inputs: `src/sm120fork/gpu/bench/projection.py` (every input is a figure of the "
              "facts file). 'likely fastest' compares range midpoints; where another "
              "method's range overlaps the winner's, the projection cannot tell them apart "
              "and only a `bench` run on the box can. The write-collapse column is the "

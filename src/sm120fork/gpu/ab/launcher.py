@@ -1,4 +1,4 @@
-"""Batches of rank processes: correctness cases and the bench, crashes and hangs recorded.
+"""Batches of A/B rank processes: correctness cases, crashes and hangs recorded.
 
 Each batch of cases runs in a fresh group of rank processes under the one supervisor
 (:mod:`sm120fork.util.supervise`); the ranks speak the one wire format
@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.cases import CUSTOM_API, Case
+from sm120fork.gpu.core.launcher import DEFAULT_TIMEOUTS, Timeouts, run_ranks
 from sm120fork.gpu.core.variants import Variant
-from sm120fork.util import supervise, wire
-from sm120fork.util.supervise import Child, GroupOutcome
+from sm120fork.util import wire
 
 
 def _merge(case: Case, records: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -70,35 +69,6 @@ def _not_run(case: Case) -> dict[str, Any]:
             "reason": NOT_RUN_REASON}
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Timeouts(supervise.Timeouts):
-    """The supervisor's bounds with the launcher's defaults, and its circuit breaker.
-
-    ``startup``: to each rank's first line (interpreter, torch, FlashInfer load, gloo);
-    ``idle``: between lines once running (a case prints START and RESULT); ``deadline``:
-    after which no case starts and a running group is ended."""
-
-    startup: float | None = 300.0
-    idle: float | None = 90.0
-    #: circuit breaker: after this many hangs (crashes) in a row of one API, the rest of
-    #: that API's cases in the batch are reported as not attempted
-    max_hang_streak: int = 4
-    max_crash_streak: int = 12
-
-
-def _run_ranks(worker: Sequence[str], spec_path: Path, world: int, variant: Variant,
-               log_stem: Path, timeouts: Timeouts,
-               on_message: Callable[[int, wire.Message], None],
-               extra_env: Mapping[str, str] | None = None,
-               settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
-    """One worker process per rank on ``spec_path``, logging to ``<log_stem>-rank<r>.log``."""
-    env = {**variant.env(os.environ), **(extra_env or {})}
-    return supervise.run_group(
-        [Child(argv=[*worker, str(spec_path), str(r)], env=env, name=f"rank {r}",
-               log=log_stem.with_name(f"{log_stem.name}-rank{r}.log")) for r in range(world)],
-        timeouts=timeouts, on_message=on_message, settled=settled)
-
-
 @dataclasses.dataclass
 class _Reports:
     """What each rank of one group said: the cases it started and those it reported."""
@@ -124,8 +94,8 @@ class _Reports:
 
 def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
               backend: str = "trtllm", allow_multicast: bool = False,
-              timeouts: Timeouts = Timeouts(),
-              worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.worker"),
+              timeouts: Timeouts = DEFAULT_TIMEOUTS,
+              worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.ab.worker"),
               progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Run ``cases`` (one world size) for ``variant``; crashes and hangs become failures."""
     if not cases:
@@ -176,7 +146,7 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
             elif tag_ == "ENV":
                 env_info.update(payload)
 
-        outcome = _run_ranks(worker, spec_path, world, variant, run_dir / tag, timeouts,
+        outcome = run_ranks(worker, spec_path, world, variant, run_dir / tag, timeouts,
                              on_message, settled=reports.settled)
         remaining = []
         for case in pending:
@@ -257,41 +227,3 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
     if env_info and ordered:
         ordered[0].setdefault("env", env_info)
     return ordered
-
-
-def run_bench(plan_dict: dict[str, Any], variant: Variant, run_dir: Path, *,
-              methods: Sequence[str], tag: str = "bench",
-              extra_env: Mapping[str, str] | None = None,
-              module_failures: Mapping[str, str] | None = None,
-              backend: str = "trtllm", allow_multicast: bool = False,
-              timeouts: Timeouts = Timeouts(),
-              worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.worker"),
-              ) -> tuple[list[dict[str, Any]], dict[str, Any], GroupOutcome]:
-    """Run one bench group of ``methods``; returns (bench records, environment, outcome).
-
-    ``extra_env`` is the group's own environment (a tuned NCCL row's settings, which NCCL
-    reads once per process); ``module_failures`` the optional modules that did not build.
-    """
-    world = int(plan_dict["world_size"])
-    name = f"{tag}-{variant.name}"
-    spec_path = run_dir / f"spec-{name}.json"
-    store = run_dir / f"store-{name}"
-    if store.exists():
-        store.unlink()
-    spec_path.write_text(json.dumps({
-        "mode": "bench", "world_size": world, "store": str(store), "backend": backend,
-        "allow_multicast": allow_multicast, "max_tokens": max(plan_dict["tokens"]),
-        "max_hidden": max(plan_dict["hidden"]), "bench": plan_dict,
-        "methods": list(methods), "module_failures": dict(module_failures or {})}))
-    records: list[dict[str, Any]] = []
-    env_info: dict[str, Any] = {}
-
-    def on_message(rank: int, message: wire.Message) -> None:
-        if message.tag == "BENCH" and rank == 0:
-            records.append(message.data)
-        elif message.tag == "ENV":
-            env_info.update(message.data)
-
-    outcome = _run_ranks(worker, spec_path, world, variant, run_dir / name, timeouts,
-                         on_message, extra_env)
-    return records, env_info, outcome

@@ -1,0 +1,201 @@
+"""Render an A/B run's JSON (``test-ab.json``) as markdown.
+
+Pure functions of the document (no torch, no GPU), so a report can be re-rendered anywhere
+with ``python -m sm120fork.gpu report``; the document is read through its typed reader
+(:mod:`sm120fork.gpu.core.documents`) first.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from sm120fork.gpu.core.documents import (
+    AbDoc,
+    CaseResult,
+    VariantInfo,
+    parse_ab,
+)
+from sm120fork.gpu.core.report import completion_lines, env_lines, provenance
+from sm120fork.util import portable
+from sm120fork.util.markdown import markdown_table as _md_table
+
+
+def _modules(info: VariantInfo) -> str:
+    if not info.get("compiled", True):
+        return f"build FAILED: {info.get('compile_failure')}"
+    if info.get("prebuilt_modules"):
+        return ("prebuilt from this wheel's sources: " + ", ".join(info["prebuilt_modules"]))
+    if info.get("prebuilt_failure"):
+        return "JIT-compiled here (prebuilt modules failed to load)"
+    return "JIT-compiled here"
+
+
+# ---- test / A-B ------------------------------------------------------------------------
+def classify(statuses: dict[str, str], primary: str, baseline: str | None) -> str:
+    """A/B class of one case: fixed, regressed, pass, fail, skip, or the primary's status."""
+    p = statuses.get(primary, "missing")
+    if baseline is None:
+        return p
+    b = statuses.get(baseline, "missing")
+    if p == "skip" and b == "skip":
+        return "skip"
+    if p == "pass" and b == "pass":
+        return "pass both"
+    if p == "pass" and b != "pass":
+        return "fixed"
+    if p != "pass" and b == "pass":
+        return "regressed"
+    return "fail both" if p == "fail" else f"{p}/{b}"
+
+
+def ab_rows(doc: AbDoc) -> tuple[list[str], dict[str, dict[str, CaseResult]]]:
+    """Case keys in run order and {key: {variant: record}}."""
+    order: list[str] = []
+    table: dict[str, dict[str, CaseResult]] = defaultdict(dict)
+    for variant, records in doc["results"].items():
+        for rec in records:
+            if rec["key"] not in table:
+                order.append(rec["key"])
+            table[rec["key"]][variant] = rec
+    return order, table
+
+
+def _short(rec: CaseResult | None) -> str:
+    if rec is None:
+        return "missing"
+    status = str(rec["status"])
+    if status == "fail":
+        return f"FAIL ({rec.get('failure') or 'error'})"
+    return status
+
+
+def _worst_rel(rec: CaseResult | None) -> str:
+    if not rec or not rec.get("checks"):
+        return ""
+    vals = [rel for c in rec["checks"] if (rel := c.get("rel_l2")) is not None]
+    return f"{max(vals):.2e}" if vals else "NaN"
+
+
+def render_test_markdown(doc: AbDoc) -> str:
+    primary: str = doc["primary"]
+    baseline: str | None = doc.get("baseline")
+    variants = list(doc["results"])
+    order, table = ab_rows(doc)
+    lines = [f"# Fused all-reduce correctness: {doc.get('title', '')}".rstrip(), ""]
+    command = doc.get("command", "python -m sm120fork.gpu test")
+    lines += [f"Created {doc.get('created', '?')} by `{command}`.", ""]
+    lines += completion_lines(doc, sum(1 for recs in doc["results"].values() for r in recs
+                                        if r.get("not_run")))
+    if doc.get("shared"):
+        lines += ["**Ranks shared GPUs** (more ranks than GPUs): each rank is its own process "
+                  "with its own CUDA context; handles went over a gloo group and buffers over "
+                  "CUDA IPC. Correctness holds as on separate GPUs; timings do not.", ""]
+    lines += ["## Environment", "", *env_lines(doc.get("environment", {})), ""]
+    lines += ["## Variants", ""]
+    lines += _md_table(("variant", "wheel", "sha256", "FlashInfer", "modules"), [
+        (name, info.get("wheel") or "(installed)", (info.get("sha256") or "")[:16],
+         info.get("flashinfer", "?"), _modules(info))
+        for name, info in doc.get("variants", {}).items()])
+    lines += ["", "## Method", "",
+              "Each rank regenerates every rank's input from the case seed; the reference is "
+              "the fp32 sum of all inputs, fp32 residual add and fp32 RMSNorm (eps 1e-6). "
+              "Outputs are NaN-filled before every call. Each case runs eagerly, then is "
+              "captured in a CUDA graph and replayed twice (the legacy custom all-reduce's "
+              "lamport path captures three calls with consecutive flags; its non-lamport "
+              "path, whose barriers compare against a host-side flag, runs three eager "
+              "calls instead). A crashed or hung case is ended "
+              "by the watchdog and recorded as a failure with the ranks' last output.", "",
+              "Tolerances (per output storage type):", ""]
+    lines += _md_table(("kind", "bound"), doc.get("tolerances", []))
+    lines += ["", "## Summary", ""]
+    groups: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
+    per_variant: dict[tuple[str, int, str], Counter[str]] = defaultdict(Counter)
+    for key in order:
+        recs = table[key]
+        case = next(iter(recs.values()))["case"]
+        g = (case["api"], case["world_size"])
+        groups[g][classify({v: r["status"] for v, r in recs.items()}, primary, baseline)] += 1
+        for v, r in recs.items():
+            per_variant[(*g, v)][r["status"]] += 1
+    header = ["api", "world size"] + [f"{v} pass/fail/skip" for v in variants]
+    if baseline:
+        header += ["fixed", "regressed", "pass both", "fail both"]
+    rows = []
+    for (api, ws), counts in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        row: list[object] = [api, ws]
+        for v in variants:
+            c = per_variant[(api, ws, v)]
+            row.append(f"{c['pass']}/{c['fail']}/{c['skip']}")
+        if baseline:
+            row += [counts["fixed"], counts["regressed"], counts["pass both"],
+                    counts["fail both"]]
+        rows.append(row)
+    lines += _md_table(header, rows)
+    total = Counter(classify({v: r["status"] for v, r in table[k].items()}, primary, baseline)
+                    for k in order)
+    lines += ["", "Totals: " + ", ".join(f"{k}: {n}" for k, n in sorted(total.items())), ""]
+
+    def detail(title: str, keys: list[str], note: str = "") -> None:
+        nonlocal lines
+        lines += [f"## {title}", ""]
+        if note:
+            lines += [note, ""]
+        if not keys:
+            lines += ["None.", ""]
+            return
+        hdr = ["case"] + [f"{v}" for v in variants] + ["worst rel L2 " + primary, "reason"]
+        body = []
+        for k in keys:
+            recs = table[k]
+            reason = ""
+            for v in [*([baseline] if baseline else []), primary]:
+                r = recs.get(v)
+                if r and r["status"] == "fail":
+                    reason = f"{v}: {r.get('reason', '')}"[:300]
+                    break
+            body.append([f"`{k}`", *[_short(recs.get(v)) for v in variants],
+                         _worst_rel(recs.get(primary)), reason])
+        lines += [*_md_table(hdr, body), ""]
+
+    cls = {k: classify({v: r["status"] for v, r in table[k].items()}, primary, baseline)
+           for k in order}
+    lamport = [k for k in order if next(iter(table[k].values()))["case"]["api"]
+               == "custom_lamport"]
+    detail("Legacy custom all-reduce (lamport path at <= 16 tokens)", lamport,
+           "trtllm_custom_all_reduce, RESIDUAL_RMS_NORM, ONESHOT. Tokens <= 16 take the "
+           "lamport one-shot kernel; 17 and 64 are controls on the other path.")
+    if baseline:
+        detail(f"Cases the series fixes (fail in {baseline}, pass in {primary})",
+               [k for k in order if cls[k] == "fixed"])
+        detail(f"Regressions (pass in {baseline}, fail in {primary})",
+               [k for k in order if cls[k] == "regressed"])
+        detail("Failing in both", [k for k in order if cls[k] not in
+                                   ("fixed", "regressed", "pass both", "skip")])
+    else:
+        detail("Failures", [k for k in order if cls[k] == "fail"])
+    skips = Counter(str(r.get("reason")) for k in order for r in table[k].values()
+                    if r["status"] == "skip")
+    lines += ["## Skipped", ""]
+    lines += (_md_table(("reason", "case runs"), sorted(skips.items())) if skips
+              else ["None."])
+    lines += [""]
+    if doc.get("not_run"):
+        lines += ["## Not run here", "", *[f"- {item}" for item in doc["not_run"]], ""]
+    return "\n".join(lines)
+
+
+def write_test_report(doc: object, out_dir: Path,
+                      roles: portable.Roles | None = None, *,
+                      where: str = "test-ab.json") -> list[Path]:
+    """test-ab.json/.md; ``roles`` rewrites this machine's paths (see util/portable)."""
+    ab = parse_ab(doc, where)
+    primary = ab.get("variants", {}).get(ab["primary"], {})
+    ab = parse_ab(portable.portable({**ab, **(provenance(ab, primary) or {})}, roles or []),
+                  where)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    j, m = out_dir / "test-ab.json", out_dir / "test-ab.md"
+    j.write_text(json.dumps(ab, indent=1, sort_keys=True) + "\n")
+    m.write_text(render_test_markdown(ab))
+    return [j, m]

@@ -1,0 +1,290 @@
+"""``test``: the correctness matrix over every variant (A/B), its report and its record.
+
+``python -m sm120fork.gpu test`` parses its arguments into :class:`TestOptions` and prints
+what :func:`run_test` returns; nothing here prints or exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sm120fork import __version__, record
+from sm120fork.errors import ConfigError, UsageError, VerifyError
+from sm120fork.gpu.ab import launcher, report
+from sm120fork.gpu.core import cases as cases_mod
+from sm120fork.gpu.core import documents, records
+from sm120fork.gpu.core.documents import AbDoc, CaseResult
+from sm120fork.gpu.core.records import now
+from sm120fork.gpu.core.report import built_manifest
+from sm120fork.gpu.core.runs import (
+    RunOptions,
+    collect_logs,
+    prepare,
+    run_environment,
+    run_out_dir,
+    run_roles,
+)
+
+log = logging.getLogger("sm120fork")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TestOptions(RunOptions):
+    world_sizes: tuple[int, ...] | None = None  # default_test_world_sizes(GPU count)
+    apis: tuple[str, ...] | None = None
+    patterns: tuple[str, ...] | None = None
+    tokens: tuple[int, ...] | None = None
+    hidden: tuple[int, ...] | None = None
+    max_cases: int | None = None
+    primary: str | None = None
+    title: str | None = None
+
+
+def _never_ran(rec: Mapping[str, object]) -> bool:
+    """Left out by a time budget, or its variant's module did not build."""
+    return bool(rec.get("not_run")) or rec.get("failure") == "build"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Tally:
+    """One variant's records counted: what ran, what was skipped, what never ran (a budget
+    used up, a module that did not build): those are neither passing nor failing."""
+
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    not_run: int = 0
+
+    @classmethod
+    def of(cls, records: Sequence[dict[str, Any]]) -> Tally:
+        ran = [r for r in records if not _never_ran(r)]
+
+        def count(status: str) -> int:
+            return sum(1 for r in ran if r["status"] == status)
+        return cls(passed=count("pass"), failed=count("fail"), skipped=count("skip"),
+                   not_run=len(records) - len(ran))
+
+    @property
+    def total(self) -> int:
+        return self.passed + self.failed + self.skipped + self.not_run
+
+    @property
+    def ran(self) -> int:
+        return self.passed + self.failed
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TestRun:
+    """What a ``test`` run wrote and found."""
+
+    paths: list[Path]
+    logs: Path
+    primary: str
+    tallies: dict[str, Tally]
+    failed: list[str]
+    summary: dict[str, int]
+    module_seconds: float
+    time_budget: float | None = None
+    allow_partial: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.tallies[self.primary].total
+
+    @property
+    def not_run(self) -> int:
+        return sum(t.not_run for t in self.tallies.values())
+
+    def headline(self) -> list[str]:
+        """A line per variant, then the module build and whether the run is partial."""
+        lines = []
+        for name, t in self.tallies.items():
+            line = (f"{name}: {t.failed} failing, {t.passed} passing, {t.skipped} skipped"
+                    f" of {t.total}")
+            if t.not_run:
+                line += f"; {t.not_run} NEVER RAN (module build failed or time budget)"
+            if not t.ran:
+                line += "; NOTHING RAN"
+            lines.append(line)
+        budget = ("" if self.time_budget is None else
+                  f"; cases' time budget {self.time_budget:.0f} s, counted after it")
+        lines.append(f"module build {self.module_seconds:.0f} s{budget}; A/B: {self.summary}")
+        if self.not_run:
+            lines.append("UNFINISHED: not every planned case ran"
+                         + (" (accepted)" if self.allow_partial else ""))
+        return lines
+
+    def error(self) -> VerifyError | None:
+        if self.failed:
+            return VerifyError(f"{len(self.failed)} cases fail with {self.primary}",
+                               fix=f"see {self.paths[1]}")
+        built = sum(1 for t in self.tallies.values() if t.not_run and not self.time_budget)
+        if built:
+            return VerifyError(f"unfinished: {self.not_run} planned case runs never ran (a "
+                               "module did not build)", fix=f"see {self.paths[1]}")
+        nothing = [n for n, t in self.tallies.items() if not t.ran]
+        if nothing:
+            return VerifyError(f"no case ran for {', '.join(nothing)}: every case was skipped "
+                               "or not run", fix=f"see {self.paths[1]}")
+        if self.not_run and not self.allow_partial:
+            return VerifyError(
+                f"unfinished: {self.not_run} planned cases did not run: the time budget "
+                "was used up")
+        return None
+
+
+def default_test_world_sizes(gpu_count: int) -> tuple[int, ...]:
+    """The A/B's world sizes when none are named: 2, 4 and 8 as far as the box has GPUs, and 2
+    (ranks sharing the GPU) on a one-GPU box, where more ranks per GPU only cost time."""
+    return tuple(ws for ws in (2, 4, 8) if ws <= max(2, gpu_count))
+
+
+def run_test(opts: TestOptions) -> TestRun:
+    """The correctness matrix over every variant (A/B), report under ``opts.out``."""
+    opts = opts.with_stack(baseline=True)
+    prepared = prepare(opts, "test", ["comm"])
+    run_dir, installed, compiled = prepared.run_dir, prepared.variants, prepared.compiled
+    names = [v.name for v in installed]
+    primary = opts.primary or ("patched" if "patched" in names else names[0])
+    if primary not in names:
+        raise UsageError(f"--primary {primary} is not a variant", fix=f"one of {names}")
+    others = [n for n in names if n != primary]
+    baseline = "unpatched" if "unpatched" in others else (others[0] if others else None)
+    env = run_environment(compiled, primary, opts.wheel_dirs)
+    gpu_count = int(env.get("gpu_count") or 1)
+    world_sizes = list(opts.world_sizes or default_test_world_sizes(gpu_count))
+    matrix = (cases_mod.quick_matrix if opts.quick else cases_mod.full_matrix)(world_sizes)
+    matrix = cases_mod.select(matrix, apis=opts.apis, patterns=opts.patterns,
+                              tokens=opts.tokens, hidden=opts.hidden,
+                              max_cases=opts.max_cases)
+    timeouts = opts.timeouts()
+    results: dict[str, list[dict[str, Any]]] = {v.name: [] for v in installed}
+    # Variants alternate per batch, so a time budget leaves a complete A/B of what ran.
+    for batch in cases_mod.phases(matrix):
+        ws = batch[0].world_size
+        for variant in installed:
+            info = compiled[variant.name]
+            if not info.ok:
+                results[variant.name] += [
+                    {"key": c.key, "case": c.to_dict(), "status": "fail", "failure": "build",
+                     "reason": f"JIT build failed: {info.failure}", "log_tail": list(info.tail)}
+                    for c in batch]
+                continue
+            log.info("variant %s, world size %d: %d cases (%s)", variant.name, ws, len(batch),
+                     batch[0].api)
+            started = time.monotonic()
+            results[variant.name] += launcher.run_cases(
+                batch, variant, run_dir, backend=opts.backend,
+                allow_multicast=opts.allow_multicast, timeouts=timeouts, progress=log.info)
+            log.info("variant %s, world size %d took %.0f s", variant.name, ws,
+                     time.monotonic() - started)
+    shared = any(ws > gpu_count for ws in world_sizes)
+    from sm120fork.gpu.core.reference import tolerance_table
+
+    doc = {
+        "kind": "gpu-test", "created": now(), "command": opts.command,
+        "title": (f"{opts.title}, " if opts.title else "")
+        + f"{(env.get('gpus') or ['?'])[0]} x{env.get('gpu_count', '?')}",
+        "environment": env, "shared": shared, "quick": opts.quick,
+        "world_sizes": world_sizes, "primary": primary, "baseline": baseline,
+        "variants": {v.name: {**v.describe(), "flashinfer": compiled[v.name].env.get(
+            "flashinfer"), "compiled": compiled[v.name].ok,
+            "compile_failure": compiled[v.name].failure,
+            "prebuilt_failure": compiled[v.name].prebuilt_failure}
+            for v in installed},
+        "tolerances": tolerance_table(), "results": results, "not_run": list(opts.not_run),
+        "module_seconds": round(prepared.module_seconds, 1), "time_budget": opts.time_budget,
+        "finished": not any(_never_ran(r) for recs in results.values() for r in recs),
+    }
+    out = run_out_dir(opts, env)
+    roles = run_roles(opts, out)
+    paths = report.write_test_report(doc, out, roles)
+    try:
+        rec = test_record(
+            documents.parse_ab({**doc, "command": opts.record_command or opts.command},
+                               "test-ab.json"),
+            opts.tested or records.read_tested(opts.wheel_dirs, primary))
+    except ConfigError as exc:  # the run stands; its record would break the format
+        log.error("no record: %s", exc)
+        rec = None
+    if rec is not None:
+        paths.append(records.write(rec, out))
+    else:
+        log.warning("no record: the tested wheel is no stack's build (no manifest.json "
+                    "beside it)")
+    collect_logs(run_dir, out / "logs", roles)
+    failed = [r["key"] for r in results[primary] if r["status"] == "fail" and not _never_ran(r)]
+    order, table = report.ab_rows(documents.parse_ab(doc, "test-ab.json"))
+    classes = ["not run" if any(_never_ran(r) for r in table[k].values())
+               else report.classify({v: r["status"] for v, r in table[k].items()}, primary,
+                                    baseline) for k in order]
+    summary = {c: classes.count(c) for c in sorted(set(classes))}
+    return TestRun(paths=paths, logs=out / "logs", primary=primary,
+                   tallies={name: Tally.of(recs) for name, recs in results.items()},
+                   failed=failed, summary=summary, module_seconds=prepared.module_seconds,
+                   time_budget=opts.time_budget, allow_partial=opts.allow_partial)
+
+
+
+_AGAINST = {"fixed": "fixed", "pass both": "pass-both", "regressed": "regressed",
+            "fail both": "fail-both"}
+
+
+def _detail(rec: CaseResult) -> str:
+    if rec["status"] == "pass":
+        worst = max((c.get("rel_l2") or 0 for c in rec.get("checks", [])), default=0)
+        return f"rel_l2 {worst:.1e}" if worst else "pass"
+    return " ".join(str(rec.get("reason") or rec["status"]).split())[:200]
+
+
+def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | None:
+    """The record of a ``gpu test`` run (its test-ab.json document), or None when its
+    primary wheel is no stack's build."""
+    manifest = built_manifest(doc.get("environment", {}))
+    if manifest is None or not manifest.stack:
+        return None
+    primary, baseline = doc["primary"], doc.get("baseline")
+    order, table = report.ab_rows(doc)
+    project_of = {w.wheel: w.project for w in manifest.wheels}
+    wheels = []
+    for name, variant in doc.get("variants", {}).items():
+        if (file := variant.get("wheel")) and (sha256 := variant.get("sha256")):
+            wheels.append(record.TestedWheel(
+                variant="upstream" if name == baseline else name,
+                project=project_of.get(file, "flashinfer"), file=file, sha256=sha256))
+    cases = []
+    for key in order:
+        row = table[key]
+        statuses = {v: r["status"] for v, r in row.items()}
+        against = _AGAINST.get(report.classify(statuses, primary, baseline))
+        for name, rec in row.items():
+            if rec.get("not_run") or rec.get("failure") == "build":
+                continue  # never ran: the record is unfinished
+            outcome = rec["status"] if rec["status"] in ("pass", "fail", "skip") else "error"
+            cases.append(record.Case(
+                id=key, variant="upstream" if name == baseline else name, outcome=outcome,
+                detail=_detail(rec), against=against if name == primary else None))
+    planned = sum(len(recs) for recs in doc["results"].values())
+    built = [n for n, v in doc.get("variants", {}).items() if not v.get("compiled", True)]
+    notes = [f"the module build of {', '.join(built)} failed: its cases never ran"] if built \
+        else []
+    if doc.get("shared"):
+        notes.append("ranks shared GPUs: correctness only, timings mean nothing")
+    return record.make(
+        kind="gpu-test", stack=manifest.stack, command=doc["command"],
+        created=doc["created"],
+        toolkit=__version__, machine=records.machine_of(doc.get("environment", {}),
+                                              bool(doc.get("shared"))),
+        tested=records.tested_block(wheels, tested),
+        planned=planned, cases=tuple(cases), not_run=tuple(doc.get("not_run") or ()),
+        notes=tuple(notes))
+
+
+def rerender(test: Path, out: Path) -> list[Path]:
+    """Re-render a ``test`` report from its JSON."""
+    return report.write_test_report(documents.read(test), out, where=str(test))

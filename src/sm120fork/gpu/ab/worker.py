@@ -1,0 +1,20 @@
+"""Entry point of one A/B rank: ``python -m sm120fork.gpu.ab.worker SPEC RANK`` (mode
+``test``: the spec's cases, :mod:`.correctness`), in the frame of
+:mod:`sm120fork.gpu.core.worker`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sm120fork.gpu.ab.correctness import run_tests
+from sm120fork.gpu.core import worker
+from sm120fork.gpu.core.cases import Case
+from sm120fork.gpu.core.rank import Rank
+
+
+def run(rank: Rank, spec: dict[str, Any]) -> None:
+    run_tests(rank, [Case.from_dict(c) for c in spec["cases"]])
+
+
+if __name__ == "__main__":
+    worker.serve({"test": run})

@@ -1,0 +1,206 @@
+"""``bench``: every all-reduce + RMSNorm method, checked then timed, per world size; its
+reports and the all-reduce policy.
+
+``python -m sm120fork.gpu bench`` (and ``tune``) parse their arguments into
+:class:`BenchOptions` and read what :func:`run_bench` returns; nothing here prints or exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sm120fork.errors import UsageError, VerifyError
+from sm120fork.gpu import methods as methods_mod
+from sm120fork.gpu import policy as policy_mod
+from sm120fork.gpu.bench import launcher, report
+from sm120fork.gpu.core import cases as cases_mod
+from sm120fork.gpu.core import documents
+from sm120fork.gpu.core.records import now
+from sm120fork.gpu.core.runs import (
+    RunOptions,
+    collect_logs,
+    prepare,
+    run_environment,
+    run_out_dir,
+    run_roles,
+)
+
+log = logging.getLogger("sm120fork")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchOptions(RunOptions):
+    world_sizes: tuple[int, ...] | None = None  # default: the GPU count, at least 2
+    methods: tuple[str, ...] | None = None  # default: every registered method
+    tokens: tuple[int, ...] | None = None
+    hidden: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchRun:
+    paths: list[Path]
+    failure: str | None
+    kind: str | None = None
+    timed: int = 0
+    module_seconds: float = 0.0
+    allow_partial: bool = False
+    policy: list[str] = dataclasses.field(default_factory=list)
+
+    def headline(self) -> list[str]:
+        return [f"{self.timed} bench points timed; module build {self.module_seconds:.0f} s"
+                + ("; PARTIAL RUN: the time budget was used up" if self.kind == "budget"
+                   else ""), *(f"policy: {line}" for line in self.policy)]
+
+    def error(self) -> VerifyError | None:
+        if self.kind == "budget" and self.timed and self.allow_partial:
+            return None
+        if self.failure is not None:
+            return VerifyError(f"bench ranks failed: {self.failure}")
+        if not self.timed:
+            return VerifyError("the bench timed nothing (every method was not runnable or "
+                               "failed its check)", fix="see the bench report")
+        return None
+
+
+def run_bench(opts: BenchOptions) -> BenchRun:
+    """Every method at every point, per world size, one report each; and the policy.
+
+    Per world size, the methods run in one group of ranks, except those whose
+    environment differs (a tuned NCCL row: NCCL reads its settings once per process),
+    which get a group of their own.  Each method is checked against the fp32 reference
+    before it is timed (:mod:`sm120fork.gpu.methods`).
+    """
+    opts = opts.with_stack(baseline=False)
+    if len(opts.wheel_dirs) > 1:
+        raise UsageError("bench measures one variant", where="--wheel-dir")
+    chosen = methods_mod.select(opts.methods)
+    unknown = sorted(set(opts.methods or ()) - set(methods_mod.METHODS))
+    if unknown:
+        raise UsageError(f"unknown methods {unknown}", where="--method",
+                          fix=f"one of {list(methods_mod.METHODS)}")
+    prepared = prepare(opts, "bench", ["comm", "norm", *methods_mod.modules(chosen)])
+    run_dir, installed, compiled = prepared.run_dir, prepared.variants, prepared.compiled
+    variant = installed[0]
+    env = run_environment(compiled, variant.name, opts.wheel_dirs)
+    if not compiled[variant.name].ok:
+        raise VerifyError(f"JIT build failed for {variant.name}",
+                          detail="\n".join(compiled[variant.name].tail))
+    module_failures = dict(compiled[variant.name].module_failures)
+    gpu_count = int(env.get("gpu_count") or 1)
+    worlds = list(opts.world_sizes or (max(2, gpu_count),))
+    timeouts = opts.timeouts()
+    out = run_out_dir(opts, env)
+    roles = run_roles(opts, out)
+    paths: list[Path] = []
+    by_world: dict[int, list[dict[str, Any]]] = {}
+    failures: list[str] = []
+    partial = False
+    for world in worlds:
+        plan = cases_mod.bench_plan(world, quick=opts.quick, tokens=opts.tokens,
+                                    hidden=opts.hidden)
+        shared = world > gpu_count
+        records: list[dict[str, Any]] = []
+        rank_env: dict[str, Any] = {}
+        outcomes = []
+        for index, (group_env, names) in enumerate(methods_mod.group_envs(chosen).items()):
+            if group_env and shared:
+                records += [{"kind": "method", "method": name,
+                             "status": methods_mod.NOT_RUNNABLE,
+                             "reason": "ranks share a GPU: NCCL refuses two ranks on one "
+                             "GPU, so this row cannot run on this machine"}
+                            for name in names]
+                continue
+            pending, attempt = list(names), 0
+            while pending:
+                group_plan = dataclasses.replace(plan, floors=index == 0 and attempt == 0)
+                started = time.monotonic()
+                got, got_env, outcome = launcher.run_bench(
+                    group_plan.to_dict(), variant, run_dir, methods=pending,
+                    tag=f"bench-ws{world}-g{index}-a{attempt}", extra_env=dict(group_env),
+                    module_failures=module_failures, backend=opts.backend,
+                    allow_multicast=opts.allow_multicast, timeouts=timeouts)
+                log.info("bench, world size %d, %s: %.0f s", world, pending,
+                         time.monotonic() - started)
+                records += got
+                rank_env = rank_env or got_env
+                outcomes.append(outcome)
+                if outcome.ok:
+                    break
+                failures.append(f"world size {world}, {pending}: {outcome.failure}")
+                partial = partial or outcome.kind == "budget"
+                if outcome.kind == "budget":
+                    break
+                culprit, pending = resume_after(pending, got)
+                if culprit is not None:
+                    records.append({"kind": "method", "method": culprit,
+                                    "status": methods_mod.ERROR,
+                                    "reason": f"the ranks died while it ran "
+                                    f"({outcome.kind}: {outcome.failure}); the methods "
+                                    "after it ran in a new group"})
+                attempt += 1
+        finished = all(o.ok for o in outcomes)
+        doc = {
+            "kind": "gpu-bench", "created": now(), "command": opts.command,
+            "title": f"{(env.get('gpus') or ['?'])[0]} x{gpu_count}, world size {world}"
+            + (f" ({report.SHARED_LABEL})" if shared else ""),
+            "environment": {**env, **{k: v for k, v in rank_env.items() if k not in env}},
+            "shared": shared, "label": report.SHARED_LABEL if shared else None,
+            "world_size": world, "dtype": plan.dtype, "plan": plan.to_dict(),
+            "methods": chosen, "module_failures": module_failures,
+            "variant": variant.name, **variant.describe(), "records": records,
+            "outcome": {"ok": finished, "failure": "; ".join(
+                o.failure or "" for o in outcomes if not o.ok) or None,
+                "kinds": [o.kind for o in outcomes],
+                "log_tail": None if finished else [o.tails for o in outcomes]},
+            "not_run": list(opts.not_run),
+            "module_seconds": round(prepared.module_seconds, 1),
+            "time_budget": opts.time_budget, "finished": finished,
+        }
+        dest = out if len(worlds) == 1 else out / f"ws{world}"
+        paths += report.write_bench_report(doc, dest, roles)
+        by_world[world] = records
+    shared_any = any(w > gpu_count for w in worlds)
+    manifest = env.get("wheels_manifest") or {}
+    made = {"created": now(), "gpu": (env.get("gpus") or ["?"])[0], "gpu_count": gpu_count,
+            "shared_gpu": shared_any, "stack": manifest.get("stack"),
+            "flashinfer": env.get("flashinfer"), "wheel_sha256": variant.sha256,
+            "dtype": "bf16", "hidden": sorted({int(r["hidden"]) for recs in by_world.values()
+                                                for r in recs if r.get("kind") == "point"}),
+            "note": (report.SHARED_LABEL + ": made on a shared GPU, not for use")
+            if shared_any else ("partial run: not for use" if failures else None)}
+    policy = policy_mod.derive(by_world, made=made,
+                               for_use=not shared_any and not failures)
+    paths.append(policy_mod.write(policy, out))
+    collect_logs(run_dir, out / "logs", roles)
+    timed = sum(1 for recs in by_world.values() for r in recs
+                if r.get("kind") == "point" and r.get("status") == methods_mod.TIMED)
+    return BenchRun(paths=paths, failure="; ".join(failures) or None,
+                    kind="budget" if partial else None, timed=timed,
+                    module_seconds=prepared.module_seconds,
+                    allow_partial=opts.allow_partial,
+                    policy=policy_mod.describe(policy))
+
+
+def resume_after(methods: Sequence[str], records: Sequence[dict[str, Any]],
+                 ) -> tuple[str | None, list[str]]:
+    """The method that was running when a bench group died, and the ones still to run.
+
+    Nothing started (the ranks died before any method): no culprit, nothing resumed.
+    """
+    started = [r["method"] for r in records
+               if r.get("kind") == "method" and r.get("status") == methods_mod.STARTING]
+    if not started:
+        return None, []
+    culprit = started[-1]
+    return culprit, list(methods[list(methods).index(culprit) + 1:])
+
+
+
+def rerender(bench: Path, out: Path) -> list[Path]:
+    """Re-render a ``bench`` report from its JSON."""
+    return report.write_bench_report(documents.read(bench), out, where=str(bench))

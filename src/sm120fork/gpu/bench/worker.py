@@ -1,0 +1,20 @@
+"""Entry point of one bench rank: ``python -m sm120fork.gpu.bench.worker SPEC RANK`` (mode
+``bench``: the spec's methods, :mod:`.timing`), in the frame of
+:mod:`sm120fork.gpu.core.worker`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sm120fork.gpu.bench.timing import run_bench
+from sm120fork.gpu.core import worker
+from sm120fork.gpu.core.cases import BenchPlan
+from sm120fork.gpu.core.rank import Rank
+
+
+def run(rank: Rank, spec: dict[str, Any]) -> None:
+    run_bench(rank, BenchPlan.from_dict(spec["bench"]), list(spec["methods"]))
+
+
+if __name__ == "__main__":
+    worker.serve({"bench": run})

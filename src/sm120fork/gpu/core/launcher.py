@@ -1,0 +1,51 @@
+"""Groups of rank processes under the one supervisor (:mod:`sm120fork.util.supervise`),
+speaking the one wire format (:mod:`sm120fork.util.wire`): one worker process per rank,
+each variant's environment, every rank's log; the launcher's bounds (:class:`Timeouts`).
+
+The A/B's cases (:mod:`sm120fork.gpu.ab.launcher`) and the bench's groups
+(:mod:`sm120fork.gpu.bench.launcher`) run on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from sm120fork.gpu.core.variants import Variant
+from sm120fork.util import supervise, wire
+from sm120fork.util.supervise import Child, GroupOutcome
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Timeouts(supervise.Timeouts):
+    """The supervisor's bounds with the launcher's defaults, and its circuit breaker.
+
+    ``startup``: to each rank's first line (interpreter, torch, FlashInfer load, gloo);
+    ``idle``: between lines once running (a case prints START and RESULT); ``deadline``:
+    after which no case starts and a running group is ended."""
+
+    startup: float | None = 300.0
+    idle: float | None = 90.0
+    #: circuit breaker: after this many hangs (crashes) in a row of one API, the rest of
+    #: that API's cases in the batch are reported as not attempted
+    max_hang_streak: int = 4
+    max_crash_streak: int = 12
+
+
+def run_ranks(worker: Sequence[str], spec_path: Path, world: int, variant: Variant,
+               log_stem: Path, timeouts: Timeouts,
+               on_message: Callable[[int, wire.Message], None],
+               extra_env: Mapping[str, str] | None = None,
+               settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
+    """One worker process per rank on ``spec_path``, logging to ``<log_stem>-rank<r>.log``."""
+    env = {**variant.env(os.environ), **(extra_env or {})}
+    return supervise.run_group(
+        [Child(argv=[*worker, str(spec_path), str(r)], env=env, name=f"rank {r}",
+               log=log_stem.with_name(f"{log_stem.name}-rank{r}.log")) for r in range(world)],
+        timeouts=timeouts, on_message=on_message, settled=settled)
+
+
+#: the launcher's defaults
+DEFAULT_TIMEOUTS = Timeouts()

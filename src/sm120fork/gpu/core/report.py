@@ -1,0 +1,100 @@
+"""What the reports of ``test`` and ``bench`` share: the report folder's name, the
+environment table, how the run ended, and which toolkit build the tested wheel is.
+
+Pure functions of the JSON documents (no torch, no GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+
+from sm120fork.gpu.core.documents import (
+    AbDoc,
+    BenchDoc,
+    Environment,
+    MadeFrom,
+    Provenance,
+    VariantInfo,
+)
+from sm120fork.manifest import Manifest
+from sm120fork.util.markdown import markdown_table as _md_table
+
+
+def gpu_slug(name: str, count: int) -> str:
+    """``NVIDIA H200`` x1 -> ``h200-1x`` (the report directory name)."""
+    slug = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE).lower()
+    slug = re.sub(r"[^a-z0-9]+", "-", slug).strip("-") or "gpu"
+    return f"{slug}-{count}x"
+
+
+def env_lines(env: Environment) -> list[str]:
+    keys = ("gpus", "gpu_count", "capability", "driver", "driver_cuda_api", "torch",
+            "torch_cuda", "python", "flashinfer", "multicast_supported_attr", "nvcc")
+    fields: Mapping[str, object] = env
+    rows = [(k, json.dumps(fields[k]) if isinstance(fields[k], list) else fields[k])
+            for k in keys if k in fields]
+    return _md_table(("", ""), rows)
+
+
+def completion_lines(doc: AbDoc | BenchDoc, missing: int = 0) -> list[str]:
+    """Whether every planned case ran (``missing``: the planned case runs that did not),
+    and the module build's time (outside the budget)."""
+    lines = []
+    if doc.get("finished") is False:
+        lines.append("**Not finished**: " + (f"{missing} planned case runs did not run "
+                     "(time budget used up)" if missing else "the run ended early") + ".")
+    if "module_seconds" in doc:
+        budget = doc.get("time_budget")
+        lines.append(f"Module build: {doc['module_seconds']:.0f} s"
+                     + (f", outside the cases' time budget of {budget:.0f} s." if budget
+                        else "."))
+    return [*lines, ""] if lines else []
+
+
+def made_from(manifest: Manifest | None, tested: VariantInfo | BenchDoc | None
+              ) -> Provenance:
+    """``stack`` and ``made_from`` of a GPU report: the toolkit build of the tested wheel.
+
+    The same shape as verify.json's, so that upstream_pr can refuse evidence of another
+    stack, series or wheel.  ``tested`` is the primary variant (its wheel's name, sha256
+    and RECORD digest).  A manifest wheel of the same name but other bytes (a published
+    wheel too large to carry, zipped again from its checked tree) is recorded with the
+    tested sha256 and RECORD digest, for upstream_pr to check against the published wheel.
+    An empty ``made_from`` means the wheel is no toolkit build.
+    """
+    sha256 = tested.get("sha256") if tested else None
+    name = tested.get("wheel") if tested else None
+    rows: list[MadeFrom] = []
+    for w in manifest.wheels if manifest else ():
+        same_bytes = bool(sha256) and w.sha256 == sha256
+        if not same_bytes and not (name and w.wheel == name):
+            continue
+        row: MadeFrom = {"project": w.project, "series": w.series,
+                         "series_digest": w.series_digest, "wheel": w.wheel,
+                         "wheel_sha256": w.sha256}
+        if not same_bytes:
+            row["tested_sha256"] = sha256
+            row["record_sha256"] = tested.get("record_sha256") if tested else None
+        rows.append(row)
+    return {"stack": manifest.stack if manifest else None, "made_from": rows}
+
+
+def built_manifest(env: Environment) -> Manifest | None:
+    """The build manifest a run recorded in its environment (``wheels_manifest``), typed;
+    None when the wheels were no stack's build (or the run could not read its manifest)."""
+    data = env.get("wheels_manifest")
+    if not data or "error" in data:
+        return None
+    try:
+        return Manifest.from_json(data)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def provenance(doc: AbDoc | BenchDoc, tested: VariantInfo | BenchDoc | None
+                ) -> Provenance | None:
+    if "stack" in doc and "made_from" in doc:
+        return None
+    return made_from(built_manifest(doc.get("environment", {})), tested)

@@ -1,0 +1,208 @@
+"""The GPU verbs' work: install the variants, build their modules, run, write the reports.
+
+``python -m sm120fork.gpu`` and ``sm120fork gpu`` parse their arguments into the options
+here and print what these functions return; nothing here prints or exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sm120fork import manifest as manifest_file
+from sm120fork import record
+from sm120fork.cuda.toolkit import locate_nvcc
+from sm120fork.errors import CommandError, ConfigError, UsageError
+from sm120fork.gpu.core import launcher, report, variants
+from sm120fork.gpu.core.safety import check_backend
+from sm120fork.gpu.core.variants import ModuleBuild
+from sm120fork.util import portable, proc
+
+log = logging.getLogger("sm120fork")
+
+
+DEFAULT_WORK_DIR = Path(os.environ.get("SM120FORK_GPU_WORK", "/tmp/sm120fork-gpu"))
+
+
+_Opts = TypeVar("_Opts", bound="RunOptions")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """What ``test`` and ``bench`` share (the parser's common options)."""
+
+    command: str  # recorded in the reports
+    wheel_dirs: tuple[str, ...] = ()
+    prebuilt: tuple[str, ...] = ()
+    also_build: tuple[str, ...] = ()
+    quick: bool = False
+    out: Path | None = None
+    work_dir: Path = DEFAULT_WORK_DIR
+    backend: str = "trtllm"
+    allow_multicast: bool = False
+    startup_timeout: float = 300.0
+    case_timeout: float = 90.0
+    compile_timeout: float = 1200.0
+    #: Seconds after the module build past which no case starts (``tune`` passes what it
+    #: has left); cases left out are not run, and the run is partial.
+    time_budget: float | None = None
+    not_run: tuple[str, ...] = ()
+    #: A partial run (time budget) is no error (``tune`` keeps the sizes that finished).
+    allow_partial: bool = False
+    stack: str | None = None  # the stack's built wheels (and upstream's, for test)
+    #: The command the record names (as typed, without this machine's paths).
+    record_command: str | None = None
+    #: The record's ``tested`` block (``--stack``); else tested.json beside the wheel.
+    tested: record.Tested | None = None
+
+    def with_stack(self: _Opts, *, baseline: bool) -> _Opts:
+        """``--stack``: the variants from the stack's build and pin (no --wheel-dir)."""
+        if self.stack is None:
+            return self
+        if self.wheel_dirs:
+            raise UsageError("--stack and --wheel-dir exclude each other",
+                              fix="pass one of them")
+        from sm120fork.gpu.core import stack_wheels
+
+        found = stack_wheels.resolve(self.stack, baseline=baseline)
+        notes = (*self.not_run, found.note) if found.note else self.not_run
+        return dataclasses.replace(self, wheel_dirs=found.specs, not_run=notes,
+                                   tested=found.tested)
+
+    def timeouts(self) -> launcher.Timeouts:
+        """The cases' limits; the budget counts from now (after the module build)."""
+        deadline = None if self.time_budget is None else time.monotonic() + self.time_budget
+        return launcher.Timeouts(startup=self.startup_timeout, idle=self.case_timeout,
+                                 deadline=deadline)
+
+
+def _run_dir(work: Path, what: str) -> Path:
+    path = work / "runs" / f"{what}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _nvidia_smi() -> dict[str, Any]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {}
+    try:
+        out = proc.run([exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                       timeout=30, quiet=True).stdout
+    except CommandError:
+        return {}
+    rows = [line.split(", ") for line in out.strip().splitlines() if line]
+    return {"driver": rows[0][1]} if rows and len(rows[0]) > 1 else {}
+
+
+def _manifest(wheel_dirs: Sequence[str], primary: str) -> dict[str, Any] | None:
+    """The toolkit manifest published beside the primary variant's wheel (if any)."""
+    for spec in wheel_dirs:
+        name, _, where = spec.partition("=")
+        if name != primary:
+            continue
+        folder = Path(where) if Path(where).is_dir() else Path(where).parent
+        path = folder / manifest_file.FILE
+        if path.is_file():
+            try:  # read through the typed reader: the run records what it can check
+                return manifest_file.read(path).to_json()
+            except ConfigError as exc:
+                return {"error": str(exc)}
+    return None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """The run folder, the installed variants and their module build (outside the budget)."""
+
+    run_dir: Path
+    variants: list[variants.Variant]
+    compiled: dict[str, ModuleBuild]
+    module_seconds: float
+
+
+def prepare(opts: RunOptions, what: str, modules: Sequence[str]) -> Prepared:
+    """Install every variant and build (or load) its modules; returns the run folder too."""
+    check_backend(opts.backend, allow_multicast=opts.allow_multicast,
+                  host_environ=os.environ)
+    specs = variants.parse_variant_specs(opts.wheel_dirs)
+    work = opts.work_dir
+    run_dir = _run_dir(work, what)
+    prebuilt = variants.parse_variant_specs(opts.prebuilt)
+    unknown = sorted(set(prebuilt) - set(specs))
+    if unknown:
+        raise UsageError(f"--prebuilt for unknown variants {unknown}", where="--prebuilt")
+    installed = [variants.install_variant(name, path, work, prebuilt.get(name))
+                 for name, path in (specs.items() if specs else [("installed", None)])]
+    modules = [*modules, *(m for m in opts.also_build if m not in modules)]
+    log.info("building/loading FlashInfer modules %s for %s (cached under %s)", modules,
+             [v.name for v in installed], work)
+    started = time.monotonic()
+    compiled = variants.compile_variants(installed, run_dir, modules=modules,
+                                         timeout=opts.compile_timeout)
+    retry = [i for i, v in enumerate(installed)
+             if v.aot_modules and not compiled[v.name].ok]
+    if retry:
+        for i in retry:
+            log.warning("variant %s: prebuilt modules failed to load, JIT-compiling:\n%s",
+                        installed[i].name, "\n".join(compiled[installed[i].name].tail))
+            installed[i] = installed[i].without_prebuilt()
+        again = variants.compile_variants([installed[i] for i in retry], run_dir,
+                                          modules=modules, timeout=opts.compile_timeout)
+        for name, info in again.items():
+            compiled[name] = dataclasses.replace(info,
+                                                 prebuilt_failure=compiled[name].failure)
+    seconds = time.monotonic() - started
+    log.info("module step took %.0f s (its own limit, --compile-timeout)", seconds)
+    for name, info in compiled.items():
+        if not info.ok:
+            log.error("variant %s: JIT build failed: %s\n%s", name, info.failure,
+                      "\n".join(info.tail))
+    return Prepared(run_dir=run_dir, variants=installed, compiled=compiled,
+                    module_seconds=seconds)
+
+
+def run_environment(compiled: dict[str, ModuleBuild], primary: str,
+                 wheel_dirs: Sequence[str]) -> dict[str, Any]:
+    env: dict[str, Any] = dict(compiled[primary].env) if primary in compiled else {}
+    env.update(_nvidia_smi())
+    nvcc = locate_nvcc()
+    env["nvcc"] = nvcc.version_text if nvcc else None
+    manifest = _manifest(wheel_dirs, primary)
+    if manifest is not None:
+        env["wheels_manifest"] = manifest
+    return env
+
+
+def run_out_dir(opts: RunOptions, env: dict[str, Any]) -> Path:
+    if opts.out:
+        return opts.out
+    gpus = env.get("gpus") or ["unknown"]
+    return Path("gpu-runs") / report.gpu_slug(gpus[0], int(env.get("gpu_count") or 0))
+
+
+def run_roles(opts: RunOptions, out: Path) -> portable.Roles:
+    """This machine's paths by role, for reports that travel (issue 8: no machine path)."""
+    return portable.machine_roles(Path.cwd(), {"gpu-work": opts.work_dir, "out": out})
+
+
+def collect_logs(run_dir: Path, dest: Path, roles: portable.Roles) -> None:
+    """One log file per variant and world size: every attempt's rank logs, concatenated."""
+    dest.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, list[Path]] = {}
+    for path in sorted(run_dir.glob("*.log")):
+        stem = path.stem
+        group = stem.split("-a")[0] if "-ws" in stem else stem.split("-rank")[0]
+        groups.setdefault(group, []).append(path)
+    for group, paths in groups.items():
+        with (dest / f"{group}.log").open("w") as out:
+            for path in paths:
+                out.write(f"===== {path.name} =====\n")
+                out.write(portable.portable_text(path.read_text(errors="replace"), roles))
+                out.write("\n")

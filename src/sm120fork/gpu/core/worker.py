@@ -1,0 +1,56 @@
+"""The frame of one rank process: ``python -m sm120fork.gpu.<harness>.worker SPEC [RANK]``.
+
+Each harness's worker module hands :func:`serve` its job for the spec's mode (``test``:
+:mod:`sm120fork.gpu.ab.worker`, ``bench``: :mod:`sm120fork.gpu.bench.worker`); the rank
+state is :mod:`.rank`.  Mode ``compile`` (build/load FlashInfer's modules once,
+:mod:`.probe`) needs no job: it is what ``python -m sm120fork.gpu.core.worker SPEC`` runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sm120fork.gpu.core.probe import environment, run_compile
+from sm120fork.gpu.core.rank import Rank, hard_exit, say
+
+#: what a harness runs in a rank: the rank's state and the spec
+Job = Callable[[Rank, dict[str, Any]], None]
+
+
+def main(argv: list[str], jobs: Mapping[str, Job]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    mode = spec["mode"]
+    if mode == "compile":
+        run_compile(list(spec.get("modules", ["comm"])))
+        say("DONE")
+        return 0
+    rank = int(argv[1])
+    rk = Rank(spec, rank)
+    if rank == 0:
+        say("ENV", {**environment(), "shared": rk.shared, "world_size": rk.world})
+    job = jobs.get(mode)
+    if job is None:
+        raise ValueError(f"unknown mode {mode}")
+    job(rk, spec)
+    rk.barrier()
+    say("DONE")
+    hard_exit(0)
+    return 0
+
+
+def serve(jobs: Mapping[str, Job]) -> None:
+    """A worker module's ``__main__``: run, and leave without torch's atexit handlers."""
+    try:
+        hard_exit(main(sys.argv[1:], jobs))
+    except Exception:
+        traceback.print_exc()
+        hard_exit(1)
+
+
+if __name__ == "__main__":
+    serve({})
