@@ -151,7 +151,9 @@ def test_gpu_runs_record_the_manifest_beside_the_patched_wheel(tmp_path: Path) -
                      "patched") == written
     assert _manifest(specs, "unpatched") is None
     (patched / "manifest.json").write_text('{"stack": "one"}')  # not a build's manifest
-    assert "not a build manifest" in _manifest(specs, "patched")["error"]  # type: ignore[index]
+    refused = _manifest(specs, "patched")
+    assert refused is not None
+    assert "not a build manifest" in str(refused["error"])
 
 
 def _made(distribution: str, wheel: str) -> ProjectBuild:

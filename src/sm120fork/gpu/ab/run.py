@@ -17,29 +17,19 @@ from sm120fork import __version__, record
 from sm120fork.errors import ConfigError, UsageError, VerifyError
 from sm120fork.gpu.ab import launcher, report
 from sm120fork.gpu.core import cases as cases_mod
-from sm120fork.gpu.core import documents, records
+from sm120fork.gpu.core import documents, records, runs
 from sm120fork.gpu.core.documents import AbDoc, CaseResult
 from sm120fork.gpu.core.records import now
 from sm120fork.gpu.core.report import built_manifest
-from sm120fork.gpu.core.runs import (
-    RunOptions,
-    collect_logs,
-    prepare,
-    run_environment,
-    run_out_dir,
-    run_roles,
-)
+from sm120fork.gpu.core.runs import RunOptions
 
 log = logging.getLogger("sm120fork")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TestOptions(RunOptions):
-    world_sizes: tuple[int, ...] | None = None  # default_test_world_sizes(GPU count)
     apis: tuple[str, ...] | None = None
     patterns: tuple[str, ...] | None = None
-    tokens: tuple[int, ...] | None = None
-    hidden: tuple[int, ...] | None = None
     max_cases: int | None = None
     primary: str | None = None
     title: str | None = None
@@ -147,7 +137,7 @@ def default_test_world_sizes(gpu_count: int) -> tuple[int, ...]:
 def run_test(opts: TestOptions) -> TestRun:
     """The correctness matrix over every variant (A/B), report under ``opts.out``."""
     opts = opts.with_stack(baseline=True)
-    prepared = prepare(opts, "test", ["comm"])
+    prepared = runs.prepare(opts, "test", ["comm"])
     run_dir, installed, compiled = prepared.run_dir, prepared.variants, prepared.compiled
     names = [v.name for v in installed]
     primary = opts.primary or ("patched" if "patched" in names else names[0])
@@ -155,7 +145,7 @@ def run_test(opts: TestOptions) -> TestRun:
         raise UsageError(f"--primary {primary} is not a variant", fix=f"one of {names}")
     others = [n for n in names if n != primary]
     baseline = "unpatched" if "unpatched" in others else (others[0] if others else None)
-    env = run_environment(compiled, primary, opts.wheel_dirs)
+    env = runs.run_environment(compiled, primary, opts.wheel_dirs)
     gpu_count = int(env.get("gpu_count") or 1)
     world_sizes = list(opts.world_sizes or default_test_world_sizes(gpu_count))
     matrix = (cases_mod.quick_matrix if opts.quick else cases_mod.full_matrix)(world_sizes)
@@ -201,8 +191,8 @@ def run_test(opts: TestOptions) -> TestRun:
         "module_seconds": round(prepared.module_seconds, 1), "time_budget": opts.time_budget,
         "finished": not any(_never_ran(r) for recs in results.values() for r in recs),
     }
-    out = run_out_dir(opts, env)
-    roles = run_roles(opts, out)
+    out = runs.run_out_dir(opts, env)
+    roles = runs.run_roles(opts, out)
     paths = report.write_test_report(doc, out, roles)
     try:
         rec = test_record(
@@ -217,7 +207,7 @@ def run_test(opts: TestOptions) -> TestRun:
     else:
         log.warning("no record: the tested wheel is no stack's build (no manifest.json "
                     "beside it)")
-    collect_logs(run_dir, out / "logs", roles)
+    runs.collect_logs(run_dir, out / "logs", roles)
     failed = [r["key"] for r in results[primary] if r["status"] == "fail" and not _never_ran(r)]
     order, table = report.ab_rows(documents.parse_ab(doc, "test-ab.json"))
     classes = ["not run" if any(_never_ran(r) for r in table[k].values())

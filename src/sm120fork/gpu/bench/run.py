@@ -19,26 +19,16 @@ from sm120fork.gpu import methods as methods_mod
 from sm120fork.gpu import policy as policy_mod
 from sm120fork.gpu.bench import launcher, report
 from sm120fork.gpu.core import cases as cases_mod
-from sm120fork.gpu.core import documents
+from sm120fork.gpu.core import documents, runs
 from sm120fork.gpu.core.records import now
-from sm120fork.gpu.core.runs import (
-    RunOptions,
-    collect_logs,
-    prepare,
-    run_environment,
-    run_out_dir,
-    run_roles,
-)
+from sm120fork.gpu.core.runs import RunOptions
 
 log = logging.getLogger("sm120fork")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BenchOptions(RunOptions):
-    world_sizes: tuple[int, ...] | None = None  # default: the GPU count, at least 2
     methods: tuple[str, ...] | None = None  # default: every registered method
-    tokens: tuple[int, ...] | None = None
-    hidden: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -83,10 +73,10 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     if unknown:
         raise UsageError(f"unknown methods {unknown}", where="--method",
                           fix=f"one of {list(methods_mod.METHODS)}")
-    prepared = prepare(opts, "bench", ["comm", "norm", *methods_mod.modules(chosen)])
+    prepared = runs.prepare(opts, "bench", ["comm", "norm", *methods_mod.modules(chosen)])
     run_dir, installed, compiled = prepared.run_dir, prepared.variants, prepared.compiled
     variant = installed[0]
-    env = run_environment(compiled, variant.name, opts.wheel_dirs)
+    env = runs.run_environment(compiled, variant.name, opts.wheel_dirs)
     if not compiled[variant.name].ok:
         raise VerifyError(f"JIT build failed for {variant.name}",
                           detail="\n".join(compiled[variant.name].tail))
@@ -94,8 +84,8 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     gpu_count = int(env.get("gpu_count") or 1)
     worlds = list(opts.world_sizes or (max(2, gpu_count),))
     timeouts = opts.timeouts()
-    out = run_out_dir(opts, env)
-    roles = run_roles(opts, out)
+    out = runs.run_out_dir(opts, env)
+    roles = runs.run_roles(opts, out)
     paths: list[Path] = []
     by_world: dict[int, list[dict[str, Any]]] = {}
     failures: list[str] = []
@@ -176,7 +166,7 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     policy = policy_mod.derive(by_world, made=made,
                                for_use=not shared_any and not failures)
     paths.append(policy_mod.write(policy, out))
-    collect_logs(run_dir, out / "logs", roles)
+    runs.collect_logs(run_dir, out / "logs", roles)
     timed = sum(1 for recs in by_world.values() for r in recs
                 if r.get("kind") == "point" and r.get("status") == methods_mod.TIMED)
     return BenchRun(paths=paths, failure="; ".join(failures) or None,

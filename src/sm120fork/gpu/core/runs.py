@@ -13,13 +13,14 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sm120fork import manifest as manifest_file
 from sm120fork import record
 from sm120fork.cuda.toolkit import locate_nvcc
 from sm120fork.errors import CommandError, ConfigError, UsageError
 from sm120fork.gpu.core import launcher, report, variants
+from sm120fork.gpu.core.documents import Environment
 from sm120fork.gpu.core.safety import check_backend
 from sm120fork.gpu.core.variants import ModuleBuild
 from sm120fork.util import portable, proc
@@ -56,6 +57,11 @@ class RunOptions:
     #: A partial run (time budget) is no error (``tune`` keeps the sizes that finished).
     allow_partial: bool = False
     stack: str | None = None  # the stack's built wheels (and upstream's, for test)
+    #: default: the harness's (test: 2, 4 and 8 up to the GPU count; bench: the GPU count,
+    #: at least 2)
+    world_sizes: tuple[int, ...] | None = None
+    tokens: tuple[int, ...] | None = None
+    hidden: tuple[int, ...] | None = None
     #: The command the record names (as typed, without this machine's paths).
     record_command: str | None = None
     #: The record's ``tested`` block (``--stack``); else tested.json beside the wheel.
@@ -88,7 +94,7 @@ def _run_dir(work: Path, what: str) -> Path:
     return path
 
 
-def _nvidia_smi() -> dict[str, Any]:
+def _nvidia_smi() -> Environment:
     exe = shutil.which("nvidia-smi")
     if not exe:
         return {}
@@ -101,7 +107,7 @@ def _nvidia_smi() -> dict[str, Any]:
     return {"driver": rows[0][1]} if rows and len(rows[0]) > 1 else {}
 
 
-def _manifest(wheel_dirs: Sequence[str], primary: str) -> dict[str, Any] | None:
+def _manifest(wheel_dirs: Sequence[str], primary: str) -> dict[str, object] | None:
     """The toolkit manifest published beside the primary variant's wheel (if any)."""
     for spec in wheel_dirs:
         name, _, where = spec.partition("=")
@@ -169,8 +175,8 @@ def prepare(opts: RunOptions, what: str, modules: Sequence[str]) -> Prepared:
 
 
 def run_environment(compiled: dict[str, ModuleBuild], primary: str,
-                 wheel_dirs: Sequence[str]) -> dict[str, Any]:
-    env: dict[str, Any] = dict(compiled[primary].env) if primary in compiled else {}
+                 wheel_dirs: Sequence[str]) -> Environment:
+    env: Environment = compiled[primary].env.copy() if primary in compiled else {}
     env.update(_nvidia_smi())
     nvcc = locate_nvcc()
     env["nvcc"] = nvcc.version_text if nvcc else None
@@ -180,7 +186,7 @@ def run_environment(compiled: dict[str, ModuleBuild], primary: str,
     return env
 
 
-def run_out_dir(opts: RunOptions, env: dict[str, Any]) -> Path:
+def run_out_dir(opts: RunOptions, env: Environment) -> Path:
     if opts.out:
         return opts.out
     gpus = env.get("gpus") or ["unknown"]
