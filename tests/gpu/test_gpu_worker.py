@@ -4,6 +4,7 @@ and ends the rank or not."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 
 from sm120fork.gpu.ab import correctness
+from sm120fork.gpu.ab import launcher as ab_launcher
+from sm120fork.gpu.bench import launcher as bench_launcher
 from sm120fork.gpu.core import rank
 from sm120fork.gpu.core.cases import Case, quick_matrix
 from sm120fork.gpu.core.safety import MULTICAST_OFF_ENV
@@ -48,6 +51,27 @@ def test_a_rank_without_a_gpu_says_fatal_and_exits_at_once(tmp_path: Path) -> No
     assert done.returncode == rank.EXIT_FATAL
     lines = [wire.decode(line) for line in done.stdout.splitlines()]
     assert wire.Message("FATAL", "no CUDA device visible to the rank") in lines
+
+
+@pytest.mark.parametrize("run_group", [ab_launcher.run_cases, bench_launcher.run_bench])
+def test_each_harness_starts_its_own_rank_entry_which_serves_the_module_build_too(
+        tmp_path: Path, run_group: Any) -> None:
+    argv = inspect.signature(run_group).parameters["worker"].default
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"mode": "compile", "modules": []}))
+    done = subprocess.run([*argv, str(spec)], capture_output=True, text=True, check=False,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert done.returncode == 0, done.stderr
+    assert wire.Message("DONE", None) in [wire.decode(line) for line in done.stdout.splitlines()]
+
+
+def test_a_rank_entry_refuses_another_harness_s_spec_before_it_joins_the_group(
+        tmp_path: Path) -> None:
+    done = _worker(tmp_path, {**_spec(tmp_path), "mode": "bench"},
+                   {**os.environ, **MULTICAST_OFF_ENV})
+    assert done.returncode == 1
+    assert "ValueError: unknown mode bench" in done.stderr
+    assert "FATAL" not in done.stdout  # it never set up a rank
 
 
 class _Rank:

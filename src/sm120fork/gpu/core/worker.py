@@ -29,13 +29,13 @@ def main(argv: list[str], jobs: Mapping[str, Job]) -> int:
         run_compile(list(spec.get("modules", ["comm"])))
         say("DONE")
         return 0
+    job = jobs.get(mode)
+    if job is None:  # another harness's spec: refused before the rank joins its group
+        raise ValueError(f"unknown mode {mode}")
     rank = int(argv[1])
     rk = Rank(spec, rank)
     if rank == 0:
         say("ENV", {**environment(), "shared": rk.shared, "world_size": rk.world})
-    job = jobs.get(mode)
-    if job is None:
-        raise ValueError(f"unknown mode {mode}")
     job(rk, spec)
     rk.barrier()
     say("DONE")
