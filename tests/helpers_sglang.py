@@ -58,6 +58,8 @@ class Sites:
     deps: Path
     spec: runtime.Spec
     patch_ids: list[str]
+    #: The interpreter for children that import these sites (``zygote_python``).
+    python: str
 
 
 def _patch_names() -> list[str]:
@@ -142,7 +144,7 @@ def sglang_0510_upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def sites(tmp_path_factory: pytest.TempPathFactory) -> Sites:
+def sites(tmp_path_factory: pytest.TempPathFactory, zygote_python: str) -> Sites:
     """Made once per run (``once_per_run``)."""
     base = once_per_run(tmp_path_factory, "sites-sglang-0.5.23", _make_sites)
     repo = Git(base / "fork")
@@ -151,7 +153,7 @@ def sites(tmp_path_factory: pytest.TempPathFactory) -> Sites:
                          package="sglang", stack="sglang-0.5.23", distribution="sglang",
                          version="0.5.23")
     return Sites(stock=base / "stock", patched=base / "patched", plugin=base / "plugin",
-                 deps=base / "deps", spec=spec, patch_ids=ids)
+                 deps=base / "deps", spec=spec, patch_ids=ids, python=zygote_python)
 
 
 def _make_sites(base: Path) -> None:
@@ -204,6 +206,35 @@ def _make_sites(base: Path) -> None:
 
 #: The interpreter the behaviour probes run on (it needs the sglang-probe group).
 PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
+
+
+def zpython(folder: Path, real: str) -> Path:
+    """An executable that runs ``real`` on its arguments through a server of
+    tests/zygote.py that imported torch and SGLang's other libraries once (servers and
+    their sockets in ``folder``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "zpython"
+    if not path.is_file():
+        text = (f"#!{real} -SE\nimport sys\nsys.path.insert(0, {str(TESTS)!r})\n"
+                f"import zygote\nzygote.client({real!r}, {str(folder)!r}, sys.argv[1:])\n")
+        scratch = path.with_suffix(f".{os.getpid()}")
+        scratch.write_text(text)
+        scratch.chmod(0o755)
+        scratch.replace(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def zygote_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The interpreter for the toolkit's probes and ranks in tests: :data:`PROBE_PYTHON`
+    behind a forking pre-import server (tests/zygote.py), shared by the run's workers.
+    The same modules run in the children; only the libraries' imports are shared.
+    ``SM120FORK_TEST_ZYGOTE=0``: every child is a fresh interpreter."""
+    if os.environ.get("SM120FORK_TEST_ZYGOTE") == "0":
+        return PROBE_PYTHON
+    own = tmp_path_factory.getbasetemp()
+    shared = own.parent if os.environ.get("PYTEST_XDIST_WORKER") else own
+    return str(zpython(shared / "zyg", PROBE_PYTHON))
 
 
 def copy_stack(root: Path, source: str, name: str, *, keep_wheels: int) -> None:

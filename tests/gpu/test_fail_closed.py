@@ -28,27 +28,28 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 ONE_RANK = ("one-rank-create-fails", "one-rank-fails-midway", "one-rank-fails-late")
 
 
-def _run(cases: tuple[str, ...], site: Path, extra: list[Path], *,
+def _run(cases: tuple[str, ...], site: Path, extra: list[Path], *, python: str,
          gates_in_memory: bool = False, load_plugins: bool = False,
          ) -> dict[str, layer_cases.CaseOutcome]:
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {case: pool.submit(
             layer_cases.run_case, case, sglang_path=site, device="cpu", tokens=(3, 16),
-            timeout=30, start_timeout=240, extra_path=extra, gates_in_memory=gates_in_memory,
+            python=python, timeout=30, start_timeout=240, extra_path=extra,
+            gates_in_memory=gates_in_memory,
             load_plugins=load_plugins, layout="layer_boundary") for case in cases}
         return {case: future.result() for case, future in futures.items()}
 
 
 def test_stock_hangs_when_one_rank_fails_creation(sites: Sites) -> None:
     """The reproducer: upstream's ranks wait in different collectives (bounded: 30 s)."""
-    outcome = _run(("one-rank-create-fails",), sites.stock, [sites.deps],
+    outcome = _run(("one-rank-create-fails",), sites.stock, [sites.deps], python=sites.python,
                    gates_in_memory=True)["one-rank-create-fails"]
     assert outcome.hung, outcome.problems
 
 
 def test_one_rank_failing_creation_fails_closed_on_every_rank(sites: Sites) -> None:
     outcomes = _run((*ONE_RANK, "fused-call-raises", "all-ranks-create-fails", "fused"),
-                    sites.patched, [sites.deps])
+                    sites.patched, [sites.deps], python=sites.python)
     failed = {case: o.problems for case, o in outcomes.items() if not o.passed}
     assert failed == {}
     for case in ONE_RANK:
@@ -59,7 +60,7 @@ def test_one_rank_failing_creation_fails_closed_on_every_rank(sites: Sites) -> N
 
 def test_the_plugin_on_stock_fails_closed_too(sites: Sites) -> None:
     outcomes = _run(("one-rank-create-fails", "fused-call-raises", "fused"), sites.stock,
-                    [sites.deps, sites.plugin], load_plugins=True)
+                    [sites.deps, sites.plugin], python=sites.python, load_plugins=True)
     failed = {case: o.problems for case, o in outcomes.items() if not o.passed}
     assert failed == {}
     lines = outcomes["fused"].ranks[0]["plugin"]
@@ -82,14 +83,15 @@ def default_stack_sglang(sglang_0510: Path) -> Path:
     return sglang_0510 / "python"
 
 
-def _alone(runs: dict[str, tuple[Path, list[Path], str, str, bool]],
+def _alone(runs: dict[str, tuple[Path, list[Path], str, str, bool]], python: str,
            ) -> dict[str, layer_cases.CaseOutcome]:
     """label -> (site, extra path, case, layout, plugins), two at a time.  A site without
     a series or plugin (label "stock") has its gates opened in memory."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {label: pool.submit(
             layer_cases.run_case, case, sglang_path=site, device="cpu", tokens=(3, 16),
-            timeout=CASE_S, start_timeout=240, extra_path=extra, load_plugins=plugins,
+            python=python, timeout=CASE_S, start_timeout=240, extra_path=extra,
+            load_plugins=plugins,
             gates_in_memory=label == "stock", layout=layout,
             agreement_timeout_s=AGREEMENT_S,
             collective_timeout_s=GROUP_S if case == "one-rank-fused-call-raises" else None)
@@ -133,11 +135,11 @@ def _check_alone(outcome: layer_cases.CaseOutcome, alone: int) -> float:
 
 @pytest.mark.runs_stack("sglang-0.5.10")
 def test_a_fused_call_raising_on_one_rank_only_default_stack(
-        default_stack_sglang: Path) -> None:
+        default_stack_sglang: Path, zygote_python: str) -> None:
     """S4 (sglang 0.5.10): bounded by the agreement timeout on every rank.  Stock 0.5.10
     never takes the fused path on SM12x (S1 enables it), so it has no such case here."""
     outcomes = _alone({f"s4 {case}": (default_stack_sglang, [], case, "communicator", False)
-                       for case in ALONE})
+                       for case in ALONE}, zygote_python)
     _check_alone(outcomes["s4 rank-0-fused-call-raises"], 0)
     _check_alone(outcomes["s4 one-rank-fused-call-raises"], 1)
 
@@ -145,7 +147,7 @@ def test_a_fused_call_raising_on_one_rank_only_default_stack(
 def test_a_fused_call_raising_on_one_rank_only_sglang_0_5_23(sites: Sites) -> None:
     """G6 in the patched wheel: as S4 (its port)."""
     outcomes = _alone({f"g6 {case}": (sites.patched, [sites.deps], case, "layer_boundary",
-                                      False) for case in ALONE})
+                                      False) for case in ALONE}, sites.python)
     _check_alone(outcomes["g6 rank-0-fused-call-raises"], 0)
     _check_alone(outcomes["g6 one-rank-fused-call-raises"], 1)
 
@@ -158,7 +160,7 @@ def test_a_fused_call_raising_on_one_rank_only_plugin_and_stock(sites: Sites) ->
         **{f"plugin {case}": (sites.stock, [sites.deps, sites.plugin], case,
                               "layer_boundary", True) for case in ALONE},
         "stock": (sites.stock, [sites.deps], "rank-0-fused-call-raises", "layer_boundary",
-                  False)})
+                  False)}, sites.python)
     _check_alone(outcomes["plugin rank-0-fused-call-raises"], 0)
     _check_alone(outcomes["plugin one-rank-fused-call-raises"], 1)
     stock = _by_rank(outcomes["stock"])[0]["raised"]

@@ -29,12 +29,13 @@ G7_READS_V2 = any("sm120fork_allreduce.py" in p.read_text(encoding="utf-8")
                   for p in SERIES.glob("0007-*.patch"))
 
 
-def _run(runs: dict[str, tuple[Path, list[Path], str, bool]],
+def _run(runs: dict[str, tuple[Path, list[Path], str, bool]], python: str,
          ) -> dict[str, layer_cases.CaseOutcome]:
     """label -> (site, extra path, case, plugins); "stock" opens the gates in memory."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {label: pool.submit(
-            layer_cases.run_case, case, sglang_path=site, device="cpu", timeout=90,
+            layer_cases.run_case, case, sglang_path=site, device="cpu", python=python,
+            timeout=90,
             start_timeout=240, extra_path=extra, load_plugins=plugins,
             gates_in_memory=label.startswith("stock"), layout="layer_boundary",
             variant="plugin" if plugins else "patched")
@@ -43,7 +44,8 @@ def _run(runs: dict[str, tuple[Path, list[Path], str, bool]],
 
 
 def test_stock_ignores_the_policy_and_the_harness_names_the_boundaries(sites: Sites) -> None:
-    outcome = _run({"stock": (sites.stock, [sites.deps], "policy-eager", False)})["stock"]
+    outcome = _run({"stock": (sites.stock, [sites.deps], "policy-eager", False)},
+                   sites.python)["stock"]
     assert not outcome.hung
     assert not outcome.passed
     wrong = {p.split(" tokens")[0].split("at ")[-1] for p in outcome.problems}
@@ -58,7 +60,7 @@ def test_the_patched_wheel_and_the_plugin_follow_the_policy(sites: Sites) -> Non
         f"{route} {case}": (site, extra, case, route == "plugin")
         for route, site, extra in (("patched", sites.patched, [sites.deps]),
                                    ("plugin", sites.stock, [sites.deps, sites.plugin]))
-        for case in layer_cases.POLICY_CASES})
+        for case in layer_cases.POLICY_CASES}, sites.python)
     failed = {label: o.problems for label, o in outcomes.items() if not o.passed}
     assert failed == {}
     for outcome in outcomes.values():

@@ -7,7 +7,6 @@ an interpreter with the sglang-probe dependency group installed
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from sm120fork.layouts.communicator.checks import (
 from sm120fork.layouts.results import CheckResult
 
 REPO = Path(__file__).resolve().parents[2]
-PROBE_PYTHON = os.environ.get("SM120FORK_VERIFY_PYTHON", sys.executable)
 
 @pytest.fixture(scope="module")
 def sglang_trees(sglang_0510: Path, sglang_0510_upstream: Path) -> tuple[Path, Path]:
@@ -34,9 +32,9 @@ def sglang_trees(sglang_0510: Path, sglang_0510_upstream: Path) -> tuple[Path, P
 
 
 @pytest.fixture(scope="module")
-def results(sglang_trees: tuple[Path, Path]) -> list[CheckResult]:
+def results(sglang_trees: tuple[Path, Path], zygote_python: str) -> list[CheckResult]:
     patched, upstream = sglang_trees
-    return check_sglang(patched, baseline=upstream, layer=run_case, python=PROBE_PYTHON)
+    return check_sglang(patched, baseline=upstream, layer=run_case, python=zygote_python)
 
 
 def _named(results: list[CheckResult], prefix: str, cap: str) -> dict[str, CheckResult]:
@@ -147,9 +145,10 @@ def test_two_ranks_fail_closed_together(results: list[CheckResult]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.network
-def test_unpatched_upstream_fails_the_sm12x_checks(sglang_trees: tuple[Path, Path]) -> None:
+def test_unpatched_upstream_fails_the_sm12x_checks(sglang_trees: tuple[Path, Path],
+                                                  zygote_python: str) -> None:
     _, upstream = sglang_trees
-    results = check_sglang(upstream, baseline=None, layer=run_case, python=PROBE_PYTHON)
+    results = check_sglang(upstream, baseline=None, layer=run_case, python=zygote_python)
     failed = {r.name.split()[0] for r in results if not r.passed}
     assert failed == {"S1", "S2", "S3", "S4"}
     # Without a baseline, 8.0/9.0/10.0 are judged by the known upstream decisions.

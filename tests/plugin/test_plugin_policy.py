@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -129,7 +128,7 @@ def run_cases(sites: Sites, *, plugin: bool, scenarios: list[Any]) -> dict[str, 
     env = {k: v for k, v in os.environ.items() if k not in (
         policy.ENV_VAR, policy.AUTO_ENV, "SM120FORK_PLUGIN", "SGLANG_PLUGINS")}
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    done = subprocess.run([sys.executable, "-c", PROBE, str(site), json.dumps(scenarios),
+    done = subprocess.run([sites.python, "-c", PROBE, str(site), json.dumps(scenarios),
                            "plugin" if plugin else "patched"], capture_output=True,
                           text=True, env=env, timeout=600, check=False)
     line = next((x for x in done.stdout.splitlines() if x.startswith("POLICY-PROBE ")), None)
@@ -359,7 +358,7 @@ def run_v2(sites: Sites, *, plugin: bool, scenarios: list[Any],
     env = {k: v for k, v in os.environ.items() if k not in (
         policy.ENV_VAR, policy.AUTO_ENV, "SM120FORK_PLUGIN", "SGLANG_PLUGINS")}
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    done = subprocess.run([sys.executable, "-c", V2_PROBE, str(site), json.dumps(scenarios),
+    done = subprocess.run([sites.python, "-c", V2_PROBE, str(site), json.dumps(scenarios),
                            "plugin" if plugin else "patched", json.dumps(capability),
                            json.dumps(V2_TOKENS)], capture_output=True, text=True, env=env,
                           timeout=600, check=False)

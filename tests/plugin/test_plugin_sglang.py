@@ -79,7 +79,7 @@ def probe(sites: Sites, site: Path, capability: str, *, plugin: bool,
     paths = [str(sites.deps), str(ROOT / "src"), *([str(sites.plugin)] if plugin else []),
              *([str(second)] if second else [])]
     full = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), **(env or {}))
-    done = subprocess.run([sys.executable, str(TESTS / "plugin_probe.py"), str(site),
+    done = subprocess.run([sites.python, str(TESTS / "plugin_probe.py"), str(site),
                            capability, *(["--load-plugins"] if plugin else []),
                            *(["--second-plugin"] if second else [])],
                           capture_output=True, text=True, env=full, timeout=600, check=False)

@@ -1,0 +1,79 @@
+"""tests/zygote.py: a child forked by the pre-import server behaves as a fresh interpreter
+where the toolkit's probes and ranks can tell (argv, sys.path, flags, environment, working
+directory, streams, exit status, signals), and dies with its caller."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers_sglang import zpython
+
+SHOW = ("import json, os, sys; print(json.dumps([sys.argv, sys.path, str(sys.flags), "
+        "os.getcwd(), os.environ.get('ZYGOTE_TEST'), sys.stdin.read()]))")
+
+
+@pytest.fixture(scope="module")
+def zpy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return zpython(tmp_path_factory.mktemp("zyg"), sys.executable)
+
+
+def _both(zpy: Path, args: list[str], cwd: Path,
+          **env: str) -> list[subprocess.CompletedProcess[str]]:
+    full = {**os.environ, "PYTHONPATH": f"{cwd}/a{os.pathsep}{cwd}/b", **env}
+    return [subprocess.run([str(python), *args], cwd=cwd, env=full, input="in\n",
+                           capture_output=True, text=True, timeout=120, check=False)
+            for python in (sys.executable, zpy)]
+
+
+def test_a_forked_child_sees_what_a_fresh_interpreter_sees(zpy: Path, tmp_path: Path) -> None:
+    fresh, forked = _both(zpy, ["-c", SHOW, "x", "--y"], tmp_path, ZYGOTE_TEST="1")
+    assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
+    assert '"1"' in forked.stdout
+    assert '"in\\n"' in forked.stdout
+    module = tmp_path / "mod_under_test.py"
+    module.write_text("import sys\nprint(sys.argv[1:], sys.path[0])\nsys.exit(3)\n")
+    fresh, forked = _both(zpy, ["-m", "mod_under_test", "z"], tmp_path)
+    assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout) == (
+        3, f"['z'] {tmp_path}\n")
+    fresh, forked = _both(zpy, [str(module), "w"], tmp_path)
+    assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
+
+
+def test_an_uncaught_error_is_exit_1_with_its_traceback(zpy: Path, tmp_path: Path) -> None:
+    fresh, forked = _both(zpy, ["-c", "raise ValueError('boom')"], tmp_path)
+    assert forked.returncode == fresh.returncode == 1
+    assert forked.stderr.splitlines()[-2:] == fresh.stderr.splitlines()[-2:]
+
+
+def test_interpreter_options_run_the_real_interpreter(zpy: Path, tmp_path: Path) -> None:
+    fresh, forked = _both(zpy, ["-S", "-c", "import sys; print(sys.flags.no_site)"], tmp_path)
+    assert forked.stdout == fresh.stdout == "1\n"
+
+
+def test_sigterm_reaches_the_child_and_a_killed_caller_takes_it_along(
+        zpy: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "pid"
+    code = (f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); "
+            "time.sleep(120)")
+    for sig, status in ((signal.SIGTERM, -signal.SIGTERM), (signal.SIGKILL, -signal.SIGKILL)):
+        marker.unlink(missing_ok=True)
+        caller = subprocess.Popen([str(zpy), "-c", code], cwd=tmp_path)
+        deadline = time.monotonic() + 120
+        while not (marker.is_file() and marker.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(marker.read_text())
+        assert child != caller.pid
+        caller.send_signal(sig)
+        assert caller.wait(timeout=30) == status
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{child}").exists() or "Z" in Path(
+            f"/proc/{child}/stat").read_text().split(")")[1][:3]
