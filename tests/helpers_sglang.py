@@ -250,7 +250,8 @@ def copy_stack(root: Path, source: str, name: str, *, keep_wheels: int) -> None:
 
 
 @pytest.fixture(scope="session")
-def sglang_next_verify(tmp_path_factory: pytest.TempPathFactory) -> VerifyResult:
+def sglang_next_verify(tmp_path_factory: pytest.TempPathFactory,
+                       zygote_python: str) -> VerifyResult:
     """``run_verify`` of sglang-0.5.23 copied under the name ``sglang-next`` (its toml with
     its first wheel, its patches; nothing in the toolkit names the stack): the build, the
     fingerprints and the layer_boundary checks (``check_trees`` of the patched tree against
@@ -273,7 +274,7 @@ def sglang_next_verify(tmp_path_factory: pytest.TempPathFactory) -> VerifyResult
             (root / ".forks" / "probe").symlink_to(CHECKOUT / ".forks" / "probe")
             copy_stack(root, "sglang-0.5.23", "sglang-next", keep_wheels=1)
             ws = Workspace(root)
-            result = run_verify(ws, ws.stack("sglang-next"), python=PROBE_PYTHON)
+            result = run_verify(ws, ws.stack("sglang-next"), python=zygote_python)
         (base / "result.pickle").write_bytes(pickle.dumps(result))
 
     base = once_per_run(tmp_path_factory, "verify-sglang-next", make)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -75,12 +74,12 @@ S510 = textwrap.dedent("""\
 """)
 
 
-def _run(tree: Path, script: str, scenarios: list[Any], overlay: Path | None = None
-         ) -> dict[str, Any]:
+def _run(python: str, tree: Path, script: str, scenarios: list[Any],
+         overlay: Path | None = None) -> dict[str, Any]:
     paths = [str(overlay)] if overlay else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(tree / "python"),
                                                         str(REPO / "src")])}
-    proc = subprocess.run([sys.executable, "-c", script, json.dumps(scenarios)], cwd=tree,
+    proc = subprocess.run([python, "-c", script, json.dumps(scenarios)], cwd=tree,
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, proc.stderr[-3000:]
@@ -94,10 +93,10 @@ def tree_510(sglang_0510: Path) -> Path:
     return sglang_0510
 
 
-def test_sglang_0510_follows_the_policy_and_names_it(tree_510: Path,
-                                                      policies: dict[str, str]) -> None:
+def test_sglang_0510_follows_the_policy_and_names_it(tree_510: Path, policies: dict[str, str],
+                                                      zygote_python: str) -> None:
     cap64, missing = policies["cap64"], policies["missing"]
-    got = _run(tree_510, S510, _cases(policies))
+    got = _run(zygote_python, tree_510, S510, _cases(policies))
     # no policy: today's rule (TP2 on), no cap, and the line says why
     assert got["absent"]["flag"] is True
     assert got["absent"]["fused"] == {"1": True, "64": True, "65": True, "600": True}
@@ -157,11 +156,12 @@ def tree_523(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def test_sglang_0523_follows_the_policy_and_names_it(tree_523: tuple[Path, Path],
-                                                      policies: dict[str, str]) -> None:
+                                                      policies: dict[str, str],
+                                                      zygote_python: str) -> None:
     """G2's auto-enable and G3's fused-path gate (the functions the plugin replaces too)."""
     tree, overlay = tree_523
     cap64, missing = policies["cap64"], policies["missing"]
-    got = _run(tree, S523, _cases(policies), overlay)
+    got = _run(zygote_python, tree, S523, _cases(policies), overlay)
     assert got["absent"]["backend"] == "auto"
     assert got["absent"]["fused"] == {"1": True, "64": True, "65": True, "600": True}
     assert f"no policy at {missing}" in got["absent"]["detail"]
