@@ -793,6 +793,9 @@ def _flashinfer_allreduce_fusion_auto_enable(view):
     if LOADED and view.tp_size == 2 and model_config_of(view).hf_config.architectures:
         logger.info("Auto-enabling FlashInfer AllReduce Fusion (plugin loaded)")
         return {"flashinfer_allreduce_fusion_backend": "trtllm"}
+    logger.info("sm120fork %s", "all-reduce at TP4: SGLang's own code, as upstream (policy "
+                "p.json is marked not for use (shared GPU))")
+    logger.info("FlashInfer AllReduce Fusion not auto-enabled")
     return {}
 ''')
 
@@ -808,6 +811,18 @@ def test_each_sglang_decides_with_its_own_code(tmp_path: Path, flavour: str) -> 
     assert result["plugins_loaded"] is (flavour == "arg_groups")
     assert [(d["tp"], d["fusion"]) for d in result["decisions"]] == [(2, True), (4, False)]
     assert result["decisions"][0]["line"].startswith("Auto-enabling FlashInfer AllReduce Fusion")
+    if flavour == "arg_groups":
+        # the policy's own line (G7, the plugin) is kept apart from SGLang's decision line
+        assert result["decisions"][1]["line"] == "FlashInfer AllReduce Fusion not auto-enabled"
+        assert result["decisions"][1]["policy_lines"] == [
+            "sm120fork all-reduce at TP4: SGLang's own code, as upstream (policy p.json is "
+            "marked not for use (shared GPU))"]
+        assert result["decisions"][0]["policy_lines"] == []
+        facts = box(2)
+        facts["decisions"] = result
+        lines = rules.judge(facts, tp=[4]).text_of("decisions")
+        assert ("  SGLang logged: sm120fork all-reduce at TP4: SGLang's own code, as "
+                "upstream (policy p.json is marked not for use (shared GPU))") in lines
 
 
 # --- item 6: the committed scenarios ------------------------------------------------------

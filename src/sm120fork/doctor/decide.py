@@ -15,7 +15,8 @@ version number (a registry of decision sources, first match wins):
 
 Only the model configuration (and, for ``arg_groups``, the DP-attention query) are fixed
 inputs, not SGLang's decision code.  The log lines the code writes are the policy lines
-that decided.  Prints one JSON line.
+that decided, and the policy's own lines (``sm120fork ...``: which file decided, or
+which was found and why it is not followed).  Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from ..util import wire
 
 MODEL_ARCH = "Qwen3MoeForCausalLM"
 TAG = "DECIDE"  # its one message on the one wire format (util/wire.py)
+#: how the all-reduce policy's lines start in SGLang's log (G7 and the plugin): the
+#: policy that decided, or the file found and not followed
+OUR_PREFIX = "sm120fork "
 
 
 class _Capture(logging.Handler):
@@ -134,7 +138,7 @@ def decide(tp_sizes: Sequence[int]) -> dict[str, Any]:
     source = next((s for s in SOURCES if s.present()), None)
     if source is None:
         return {"error": "this SGLang has neither arg_groups.overrides nor ServerArgs"}
-    decisions = []
+    decisions: list[dict[str, object]] = []
     for tp in tp_sizes:
         try:
             fusion, backend, lines = source.decide(tp)
@@ -142,10 +146,13 @@ def decide(tp_sizes: Sequence[int]) -> dict[str, Any]:
             decisions.append({"tp": tp, "fusion": None, "backend": None,
                               "line": f"{type(exc).__name__}: {exc}"})
             continue
-        relevant = [x for x in lines if "usion" in x] or lines
+        ours = [x for x in lines if x.startswith(OUR_PREFIX)]
+        relevant = [x for x in lines if "usion" in x and x not in ours] or [
+            x for x in lines if x not in ours]
         line = relevant[-1] if relevant else (
             "no policy line logged: SGLang's auto-enable code did not enable it")
-        decisions.append({"tp": tp, "fusion": fusion, "backend": backend, "line": line})
+        decisions.append({"tp": tp, "fusion": fusion, "backend": backend, "line": line,
+                          "policy_lines": ours})
     return {"model": MODEL_ARCH, "source": source.name, "plugins_loaded": plugins_loaded,
             "decisions": decisions}
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 from ..errors import ConfigError
 
@@ -141,6 +141,8 @@ class Decision(TypedDict):
     tp: int
     fusion: bool | None
     line: str
+    #: the all-reduce policy's lines SGLang logged there (absent in older records)
+    policy_lines: NotRequired[list[str]]
 
 
 class Decisions(TypedDict, total=False):
@@ -329,6 +331,9 @@ def parse_facts(data: object, where: str) -> Facts:
             r.field(d, "tp", key, int)
             r.field(d, "fusion", key, bool, N)
             r.field(d, "line", key, str)
+            for i, x in enumerate(cast(list[object], r.field(d, "policy_lines", key, list,
+                                                             required=False) or [])):
+                r.value(x, f"{key}.policy_lines[{i}]", str)
     modules = r.obj(doc.get("modules"), "modules", null=True)
     if modules is not None:
         for i, m in enumerate(cast(list[object], r.field(modules, "present", "modules", list,

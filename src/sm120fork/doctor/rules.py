@@ -525,6 +525,8 @@ def judge_decisions(report: Report, facts: Facts, verdicts: Sequence[Verdict]) -
         report.say("decisions", f"--tp {d['tp']} ({result['model']}, SGLang's "
                                 f"{result.get('source', 'auto-enable')} code): fusion {state}: "
                                 f"{d['line']}")
+        for line in d.get("policy_lines", []):
+            report.say("decisions", f"  SGLang logged: {line}")
         verdict = by_tp.get(d["tp"])
         if d["fusion"] and verdict is not None and not verdict.ok:
             report.say("decisions", f"  but the box cannot run it on {_span(verdict.gpus)} "

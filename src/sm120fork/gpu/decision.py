@@ -353,6 +353,22 @@ def sglang_decision(tp: int, *, sm12x: bool, dtype: str = "bf16", capturing: boo
     return decision if sm12x or decision.by_policy else None
 
 
+def sglang_not_followed(tp: int) -> str | None:
+    """Off SM12x, where :func:`sglang_decision` left SGLang's own code untouched: the
+    start-up line that names the policy file found there and why SGLang does not follow
+    it; None where there is no file or one is followed.  It reads nothing new: the file
+    as :func:`sglang_decision` read it."""
+    file = _SGLANG.get("file")
+    if file is None or not file["found"]:
+        return None
+    major, name = gpu_facts()
+    policy, _, why_not = applicable(file["path"], found=True, document=file["document"],
+                                    error=file["error"], gpu_major=major, gpu_name=name)
+    if policy is not None:
+        return None
+    return f"all-reduce at TP{tp}: SGLang's own code, as upstream ({why_not})"
+
+
 def sglang_route(tp: int, tokens: int, *, sm12x: bool, dtype: str = "bf16",
                  capturing: bool = False,
                  announce: Callable[[str], None] | None = None) -> str | None:
