@@ -455,9 +455,14 @@ def test_a_policy_is_followed_off_sm12x_only_on_its_own_gpu(sites: Sites,
     assert got["h200"]["2"]["said"][0].startswith("all-reduce at TP2: fused_auto for 1-16")
     # b12x needs SM12x: its range falls back to pcie_ipc on the H200, with one line
     assert "b12x_fused cannot run here (it runs on SM12x only" in got["h200"]["2"]["said"][1]
+    # a policy measured elsewhere is named in one line with why; none: nothing is said
+    assert [x.split(" (policy ")[0] for x in got["other"]["2"]["said"]] == [
+        "all-reduce at TP2: SGLang's own code, as upstream"]
+    assert "off SM12x a policy is followed only on the GPU model" in \
+        got["other"]["2"]["said"][0]
+    assert got["absent"]["2"]["said"] == []
     for name in ("other", "absent"):
         assert got[name]["4"]["backend"] == "auto", name  # upstream's SM90 rule
-        assert got[name]["2"]["said"] == [], name
         assert got[name]["2"]["pcie_ipc_built"] is False, name
         assert all(b["fused_site"] for b in got[name]["4"]["batches"].values()), name
     assert run_v2(sites, plugin=True, scenarios=scenarios, capability=(9, 0)) == got
