@@ -181,7 +181,7 @@ def test_sglang_0523_follows_the_policy_and_names_it(tree_523: tuple[Path, Path]
 
 
 def test_sglang_0523_off_sm12x_names_a_policy_it_does_not_follow(
-        tree_523: tuple[Path, Path], policies: dict[str, str]) -> None:
+        tree_523: tuple[Path, Path], policies: dict[str, str], zygote_python: str) -> None:
     """Off SM12x (an SM90 GPU) SGLang's own rule decides with or without a policy file;
     a file it finds and does not follow is named in one start-up line with why (the
     H200 trial of issue 33: tune installs a not-for-use policy there), none without one."""
@@ -189,8 +189,9 @@ def test_sglang_0523_off_sm12x_names_a_policy_it_does_not_follow(
     shared, cap64, missing = policies["shared"], policies["cap64"], policies["missing"]
     sm90 = S523.replace("start_probe([12, 0])", "start_probe([9, 0])")
     assert sm90 != S523
-    got = _run(tree, sm90, [["absent", missing, 2, None], ["not-for-use", shared, 2, None],
-                            ["other-gpu", cap64, 2, None]], overlay)
+    got = _run(zygote_python, tree, sm90,
+               [["absent", missing, 2, None], ["not-for-use", shared, 2, None],
+                ["other-gpu", cap64, 2, None]], overlay)
     # the decision is SGLang's SM90 rule every time: the file changes nothing
     assert {name: case["backend"] for name, case in got.items()} == {
         "absent": "auto", "not-for-use": "auto", "other-gpu": "auto"}
