@@ -13,7 +13,7 @@ from conftest import git
 def install_flashinfer(built: Path, stack: str, site: Path) -> str:
     """The stack's FlashInfer wheel (``wheels/<stack>/``) installed into ``site``; its version."""
     wheel = next((built / "wheels" / stack).glob("flashinfer_python-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
                     "--disable-pip-version-check", "--target", str(site), str(wheel)],
                    check=True)
     return wheel.name.split("-")[1]

@@ -57,7 +57,7 @@ def test_stock_flashinfer_never_looks_in_the_aot_wheel_and_aot_check_says_so(
                     "--disable-pip-version-check", "-d", str(dl),
                     "flashinfer-python==0.6.7.post3"], check=True)
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
                     "--disable-pip-version-check", "--target", str(site),
                     *map(str, dl.glob("*.whl"))], check=True)
     data = site / "flashinfer" / "data"
@@ -74,7 +74,7 @@ def test_stock_flashinfer_never_looks_in_the_aot_wheel_and_aot_check_says_so(
                                                                    data / "include"))],
         stack="sglang-0.5.10", toolkit_version="0", toolchain={})
     target = tmp_path / "site-ours"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
                     "--disable-pip-version-check", "--target", str(target), str(made)],
                    check=True)
     found = check.lookup(env={"PYTHONPATH": f"{target}:{site}",

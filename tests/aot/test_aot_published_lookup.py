@@ -76,7 +76,7 @@ print(json.dumps(out))
 
 
 def _pip_target(target: Path, *wheels: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
                     "--disable-pip-version-check", "--target", str(target),
                     *map(str, wheels)], check=True)
 

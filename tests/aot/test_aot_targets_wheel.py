@@ -65,7 +65,7 @@ def _write(tmp_path: Path) -> Path:
 
 def _install(built: Path, target: Path) -> None:
     """pip-install the built wheel alone into ``target`` (no index, no dependencies)."""
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
                     "--disable-pip-version-check", "--target", str(target), str(built)],
                    check=True)
 

@@ -40,7 +40,7 @@ def test_wheels_install_and_carry_the_patched_gates(built: Path, tmp_path: Path)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     target = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
         "site-packages"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
                     "--disable-pip-version-check", "--target", str(target),
                     "-c", str(built / STACK_WHEELS / "constraints.txt"), *map(str, wheels)],
                    check=True)
@@ -375,7 +375,8 @@ def test_our_aot_wheel_installs_beside_a_stock_jit_cache_and_each_module_loads_f
         python = venv / "bin" / "python"
         for wheel in [fi_wheel, *order]:
             subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
-                            "-q", "--no-deps", "--disable-pip-version-check", str(wheel)],
+                            "-q", "--no-deps", "--no-compile", "--disable-pip-version-check",
+                            str(wheel)],
                            check=True)
         listed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "list",
                                  "--format", "json", "--disable-pip-version-check"],
@@ -437,7 +438,7 @@ def test_the_aot_module_loads_on_the_stacks_own_torch_without_nvcc(
     with zipfile.ZipFile(ours) as zf:
         metadata = zf.read(next(n for n in zf.namelist() if n.endswith("METADATA"))).decode()
     assert "Requires-Dist: nvidia-cuda-runtime>=13.0,<14" in metadata
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
                     "--disable-pip-version-check", "--target", str(site), str(ours)], check=True)
 
     no_nvcc = tmp_path / "no-cuda"

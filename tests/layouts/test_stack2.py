@@ -134,7 +134,7 @@ def test_cp311_wheel_installs_and_imports_here(builds: list[ProjectBuild],
     (cp311,) = [b for b in builds if "cp311-cp311-manylinux_2_34_x86_64" in b.wheel.name]
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                    "--target", str(target), str(cp311.wheel)], check=True)
+                    "--no-compile", "--target", str(target), str(cp311.wheel)], check=True)
     overlay = ensure_overlay(REPO / ".forks" / "probe", python=PROBE_PYTHON)
     code = ("from sm120fork.harness.fake_gpu import fake_gpu; fake_gpu((12, 0)); "
             "import importlib.metadata as m, sglang.srt.layers.flashinfer_comm_fusion as f; "
