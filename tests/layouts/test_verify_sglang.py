@@ -138,8 +138,9 @@ def test_two_ranks_fail_closed_together(results: list[CheckResult]) -> None:
     assert "GPU 1" in together["no-p2p"].detail
     assert "the fused all-reduce call raised" in together["fused-call-raises"].detail
     assert "workspace stays allocated" in together["fused-call-raises"].detail  # graphs
-    # FlashInfer 0.6.7's POSIX-fd exchange: the peer's blocked receive times out (30 s)
-    # and becomes its reported failure, so both ranks fall back instead of hanging.
+    # FlashInfer 0.6.7's POSIX-fd exchange: the peer's blocked receive times out (S4's
+    # bound, 3 s here) and becomes its reported failure, so both ranks fall back instead
+    # of hanging.
     assert "TimeoutError" in together["one-rank-fails-in-fd-exchange"].detail
 
 

@@ -316,6 +316,7 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
              gates_in_memory: bool = False, layout: str,
              load_plugins: bool = False, agreement_timeout_s: float | None = None,
              collective_timeout_s: float | None = None,
+             exchange_timeout_s: float | None = None,
              variant: str = "patched") -> CaseOutcome:
     """Run ``case`` on ``world_size`` fresh rank processes; judge their reports.
 
@@ -323,7 +324,9 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
     ``timeout`` bounds the case itself from then on: a rank still running after it hangs.
     Once a rank exits with an error the others get ``PEER_GRACE_S``, then are stopped.
     ``agreement_timeout_s`` sets the tree's fused-call agreement timeout (None: its own);
-    ``collective_timeout_s`` the ranks' gloo groups' timeout (None: twice ``timeout``).
+    ``collective_timeout_s`` the ranks' gloo groups' timeout (None: twice ``timeout``);
+    ``exchange_timeout_s`` the tree's bound on FlashInfer's POSIX-fd handle exchange
+    (``_HANDLE_EXCHANGE_TIMEOUT_S`` in its fusion module; None: its own).
     """
     package_root = Path(__file__).resolve().parents[2]
     pythonpath = [str(sglang_path), *map(str, extra_path), str(package_root)]
@@ -346,6 +349,7 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
                 "layout": layout,
                 "load_plugins": load_plugins,
                 "fused_call_agreement_timeout_s": agreement_timeout_s,
+                "handle_exchange_timeout_s": exchange_timeout_s,
             }
             if tokens is not None:
                 request["tokens"] = list(tokens)

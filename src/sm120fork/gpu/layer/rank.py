@@ -53,6 +53,9 @@ READY, RESULT, RAISED = "READY", "RESULT", "RAISED"
 #: How long a rank whose fused call raised waits for its peers (S4's and G6's module
 #: constant in the fusion module; the request's ``fused_call_agreement_timeout_s`` sets it).
 AGREEMENT_TIMEOUT = "_FUSED_CALL_AGREEMENT_TIMEOUT_S"
+#: How long a rank waits for a peer's file descriptor in FlashInfer's POSIX-fd exchange
+#: (S4's constant; the request's ``handle_exchange_timeout_s`` sets it).
+EXCHANGE_TIMEOUT = "_HANDLE_EXCHANGE_TIMEOUT_S"
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 STUBBED_CAPABILITY = (12, 0)
 #: Packages replaced by import stubs on a GPU machine (compiled for another torch).
@@ -668,6 +671,9 @@ def run_rank(request: dict[str, Any]) -> Observation:
     bound = request.get("fused_call_agreement_timeout_s")
     if bound is not None and hasattr(layer.fusion, AGREEMENT_TIMEOUT):  # stock has none
         setattr(layer.fusion, AGREEMENT_TIMEOUT, float(bound))
+    exchange = request.get("handle_exchange_timeout_s")
+    if exchange is not None and hasattr(layer.fusion, EXCHANGE_TIMEOUT):  # stock has none
+        setattr(layer.fusion, EXCHANGE_TIMEOUT, float(exchange))
     if device_kind == "cpu":
         fake = FakeFlashInferComm()
         use_fake_flashinfer(adapter, layer.fusion, fake)
