@@ -16,8 +16,12 @@ the same either way, only the imports of the pre-imported libraries are shared.
 What is pre-imported is chosen so that a forked child sees what a fresh one sees: torch,
 numpy and the other libraries below look at none of the packages the probes stub
 (``harness.fake_gpu.GPU_ONLY_PACKAGES``) while they import; transformers does (it records
-whether torchvision is installed), so it is not pre-imported.  Nothing of SGLang or of the
-toolkit is.  Stdlib only on the client side: it runs with ``-S``.
+whether torchvision is installed), so a plain server does not pre-import it.  The toolkit's
+probes and CPU ranks (:data:`PREPARED`) fake a GPU first thing, then import SGLang, which
+imports transformers: for them a *prepared* server, one per capability faked, first does
+what such a child does first (the toolkit's own ``fake_gpu`` for that capability), then
+imports :data:`PREPARED_IMPORTS` (transformers, about half of such a child's CPU time).
+Nothing of SGLang is pre-imported.  Stdlib only on the client side: it runs with ``-S``.
 """
 
 from __future__ import annotations
@@ -35,20 +39,52 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 #: Libraries that do not look at the stubbed GPU-only packages while they import.
 PRELOAD = ("torch", "numpy", "sympy", "networkx", "openai", "requests", "huggingface_hub",
            "aiohttp", "pydantic")
 #: The environment that shapes an interpreter's start or these imports: one server each.
-KEY_PREFIXES = ("PYTHON", "TORCH", "OMP_", "MKL_", "CUDA", "HF_", "NUMPY", "OPENAI")
+KEY_PREFIXES = ("PYTHON", "TORCH", "OMP_", "MKL_", "CUDA", "HF_", "NUMPY", "OPENAI",
+                "TRANSFORMERS", "USE_")
+#: What a child of these modules fakes before it imports anything else, from its request
+#: (argv[1], JSON): ``(capability, CUDA version)`` for ``harness.fake_gpu.fake_gpu``, or
+#: None where it fakes nothing (a rank on a real GPU).  The probes' ``start_probe`` and the
+#: CPU rank's ``STUBBED_CAPABILITY`` (tests/util/test_zygote.py holds them to these).
+PREPARED: dict[str, Callable[[dict[str, Any]], tuple[object, str] | None]] = {
+    "sm120fork.layouts.communicator.probe":
+        lambda r: (r.get("capability"), str(r.get("cuda", "12.9"))),
+    "sm120fork.layouts.layer_boundary.probe": lambda r: (r.get("capability"), "12.9"),
+    "sm120fork.gpu.layer.rank":
+        lambda r: ([12, 0], "12.9") if r.get("device", "cuda") == "cpu" else None,
+}
+#: What a prepared server imports once it faked the GPU as its children will.
+PREPARED_IMPORTS = ("transformers", "transformers.configuration_utils",
+                    "transformers.tokenization_utils_base", "transformers.processing_utils",
+                    "transformers.image_processing_utils", "transformers.modeling_utils")
 #: A server with no request for this long exits.
 IDLE_S = 30.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _key(real: str, env: dict[str, str]) -> str:
+def _key(real: str, env: dict[str, str], prepared: object = None) -> str:
     shaped = sorted((k, v) for k, v in env.items() if k.startswith(KEY_PREFIXES))
-    return hashlib.sha256(json.dumps([real, shaped]).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([real, shaped, prepared]).encode()).hexdigest()[:16]
+
+
+def preparation(args: list[str]) -> list[object] | None:
+    """``[capability, cuda]`` a prepared server fakes for ``args``; None: a plain server."""
+    if len(args) < 3 or args[0] != "-m" or args[1] not in PREPARED:
+        return None
+    try:
+        request = json.loads(args[2])
+    except ValueError:
+        return None
+    if not isinstance(request, dict):
+        return None
+    found = PREPARED[args[1]](request)
+    return None if found is None else list(found)
 
 
 def _exec_real(real: str, args: list[str]) -> None:
@@ -76,8 +112,9 @@ def client(real: str, folder: str, args: list[str]) -> None:
     if not _runnable(args):
         _exec_real(real, args)
     env = dict(os.environ)
-    sock_path = os.path.join(folder, _key(real, env) + ".sock")
-    conn = _connect(real, sock_path, env)
+    prepared = preparation(args)
+    sock_path = os.path.join(folder, _key(real, env, prepared) + ".sock")
+    conn = _connect(real, sock_path, env, prepared)
     if conn is None:
         _exec_real(real, args)
         return
@@ -116,7 +153,8 @@ def client(real: str, folder: str, args: list[str]) -> None:
     os._exit(int(value) if kind == "EXIT" else 70)
 
 
-def _connect(real: str, sock_path: str, env: dict[str, str]) -> socket.socket | None:
+def _connect(real: str, sock_path: str, env: dict[str, str],
+             prepared: list[object] | None) -> socket.socket | None:
     def attempt() -> socket.socket | None:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -135,7 +173,8 @@ def _connect(real: str, sock_path: str, env: dict[str, str]) -> socket.socket | 
             os.unlink(sock_path)
         log = open(sock_path + ".log", "ab")
         server = subprocess.Popen(
-            [real, os.path.abspath(__file__), "serve", sock_path], env=env,
+            [real, os.path.abspath(__file__), "serve", sock_path, json.dumps(prepared)],
+            env=env,
             cwd=os.path.dirname(sock_path), stdin=subprocess.DEVNULL, stdout=log,
             stderr=log, start_new_session=True)
         log.close()
@@ -148,11 +187,20 @@ def _connect(real: str, sock_path: str, env: dict[str, str]) -> socket.socket | 
         return None
 
 
-def serve(sock_path: str) -> None:
-    """Import :data:`PRELOAD`, then fork a child per request until idle for ``IDLE_S``."""
+def serve(sock_path: str, prepared: list[object] | None = None) -> None:
+    """Import :data:`PRELOAD` (and, ``prepared``, fake that GPU and import
+    :data:`PREPARED_IMPORTS`), then fork a child per request until idle for ``IDLE_S``."""
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
+    if prepared is not None:
+        capability, cuda = prepared
+        fake_gpu = importlib.import_module("sm120fork.harness.fake_gpu").fake_gpu
+        fake_gpu(tuple(capability) if isinstance(capability, list) else None,
+                 cuda_version=str(cuda))
+        for name in PREPARED_IMPORTS:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(sock_path)
     listener.listen(64)
@@ -321,4 +369,4 @@ def _child(fds: list[int], request: dict[str, object]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
-        serve(sys.argv[2])
+        serve(sys.argv[2], json.loads(sys.argv[3]) if len(sys.argv) > 3 else None)

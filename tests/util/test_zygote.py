@@ -77,3 +77,65 @@ def test_sigterm_reaches_the_child_and_a_killed_caller_takes_it_along(
             time.sleep(0.05)
         assert not Path(f"/proc/{child}").exists() or "Z" in Path(
             f"/proc/{child}/stat").read_text().split(")")[1][:3]
+
+
+def test_a_prepared_server_fakes_what_its_children_fake_first() -> None:
+    """The toolkit's probes and CPU ranks fake a GPU before anything else: the prepared
+    server fakes the same (a capability the request names, the CUDA those modules fake)."""
+    import inspect
+    import json
+
+    import zygote
+    from sm120fork.gpu.layer import rank
+    from sm120fork.harness import fake_gpu
+
+    cuda = inspect.signature(fake_gpu.start_probe).parameters["cuda_version"].default
+    assert cuda == inspect.signature(fake_gpu.fake_gpu).parameters["cuda_version"].default
+    probe = "sm120fork.layouts.communicator.probe"
+    assert zygote.preparation(["-m", probe, json.dumps({"capability": [9, 0]})]) == [
+        [9, 0], cuda]
+    assert zygote.preparation(["-m", probe, json.dumps({"capability": [12, 0],
+                                                         "cuda": "12.8"})]) == [[12, 0], "12.8"]
+    assert zygote.preparation(["-m", "sm120fork.layouts.layer_boundary.probe",
+                               json.dumps({"capability": [12, 1]})]) == [[12, 1], cuda]
+    assert zygote.preparation(["-m", "sm120fork.gpu.layer.rank",
+                               json.dumps({"device": "cpu"})]) == [
+        list(rank.STUBBED_CAPABILITY), cuda]
+    assert zygote.preparation(["-m", "sm120fork.gpu.layer.rank",
+                               json.dumps({"device": "cuda"})]) is None
+    assert zygote.preparation(["-m", "json.tool", "{}"]) is None
+    assert zygote.preparation(["-c", "pass"]) is None
+
+
+@pytest.mark.network
+@pytest.mark.runs_stack("sglang-0.5.10")
+def test_a_probe_forked_by_a_prepared_server_observes_what_a_fresh_one_does(
+        sglang_0510: Path, sglang_0510_upstream: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The communicator probe on the patched and the unpatched tree, on two capabilities:
+    byte for byte the same output from a fresh interpreter and from a child of the
+    prepared server (which did run it: its log names the child)."""
+    import json
+
+    import zygote
+    from sm120fork.layouts.communicator import checks
+
+    folder = tmp_path_factory.mktemp("zyg-prepared")
+    zpy = zpython(folder, sys.executable)
+    src = Path(checks.__file__).resolve().parents[3]
+    for tree in (sglang_0510, sglang_0510_upstream):
+        env = {**os.environ, "PYTHONPATH": f"{tree / 'python'}{os.pathsep}{src}",
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        for capability in ([12, 0], [9, 0]):
+            args = ["-m", checks.PROBE_MODULE,
+                    json.dumps({"suite": "decisions", "capability": capability})]
+            fresh, forked = (subprocess.run([str(python), *args], cwd=tree, env=env,
+                                            capture_output=True, text=True, timeout=300,
+                                            check=False)
+                             for python in (sys.executable, zpy))
+            assert fresh.returncode == 0, fresh.stderr[-2000:]
+            assert (forked.returncode, forked.stdout) == (0, fresh.stdout)
+            assert "RESULT" in fresh.stdout
+            key = zygote._key(sys.executable, env, zygote.preparation(args))
+            log = (folder / f"{key}.sock.log").read_text()
+            assert f"cpu child '-m {checks.PROBE_MODULE}" in log
