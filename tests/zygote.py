@@ -17,11 +17,13 @@ What is pre-imported is chosen so that a forked child sees what a fresh one sees
 numpy and the other libraries below look at none of the packages the probes stub
 (``harness.fake_gpu.GPU_ONLY_PACKAGES``) while they import; transformers does (it records
 whether torchvision is installed), so a plain server does not pre-import it.  The toolkit's
-probes and CPU ranks (:data:`PREPARED`) fake a GPU first thing, then import SGLang, which
-imports transformers: for them a *prepared* server, one per capability faked, first does
-what such a child does first (the toolkit's own ``fake_gpu`` for that capability), then
-imports :data:`PREPARED_IMPORTS` (transformers, about half of such a child's CPU time).
-Nothing of SGLang is pre-imported.  Stdlib only on the client side: it runs with ``-S``.
+probes and CPU ranks (:data:`PREPARED`) stub those packages first thing (``fake_gpu``),
+then import SGLang, which imports transformers: for them a *prepared* server first stubs
+them as well (the toolkit's own ``fake_gpu``, with no GPU: each child fakes its own
+capability), then imports :data:`PREPARED_IMPORTS` (transformers, about half of such a
+child's CPU time).  tests/util/test_zygote.py compares such a probe's output with a fresh
+interpreter's, byte for byte.  Nothing of SGLang is pre-imported.  Stdlib only on the
+client side: it runs with ``-S``.
 """
 
 from __future__ import annotations
@@ -48,18 +50,15 @@ PRELOAD = ("torch", "numpy", "sympy", "networkx", "openai", "requests", "hugging
 #: The environment that shapes an interpreter's start or these imports: one server each.
 KEY_PREFIXES = ("PYTHON", "TORCH", "OMP_", "MKL_", "CUDA", "HF_", "NUMPY", "OPENAI",
                 "TRANSFORMERS", "USE_")
-#: What a child of these modules fakes before it imports anything else, from its request
-#: (argv[1], JSON): ``(capability, CUDA version)`` for ``harness.fake_gpu.fake_gpu``, or
-#: None where it fakes nothing (a rank on a real GPU).  The probes' ``start_probe`` and the
-#: CPU rank's ``STUBBED_CAPABILITY`` (tests/util/test_zygote.py holds them to these).
-PREPARED: dict[str, Callable[[dict[str, Any]], tuple[object, str] | None]] = {
-    "sm120fork.layouts.communicator.probe":
-        lambda r: (r.get("capability"), str(r.get("cuda", "12.9"))),
-    "sm120fork.layouts.layer_boundary.probe": lambda r: (r.get("capability"), "12.9"),
-    "sm120fork.gpu.layer.rank":
-        lambda r: ([12, 0], "12.9") if r.get("device", "cuda") == "cpu" else None,
+#: The modules whose children stub the GPU-only packages before they import anything
+#: else (``harness.fake_gpu``), by their request (argv[1], JSON): a rank on a real GPU
+#: imports FlashInfer first.
+PREPARED: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "sm120fork.layouts.communicator.probe": lambda r: True,
+    "sm120fork.layouts.layer_boundary.probe": lambda r: True,
+    "sm120fork.gpu.layer.rank": lambda r: r.get("device", "cuda") == "cpu",
 }
-#: What a prepared server imports once it faked the GPU as its children will.
+#: What a prepared server imports once it stubbed the GPU-only packages.
 PREPARED_IMPORTS = ("transformers", "transformers.configuration_utils",
                     "transformers.tokenization_utils_base", "transformers.processing_utils",
                     "transformers.image_processing_utils", "transformers.modeling_utils")
@@ -68,23 +67,20 @@ IDLE_S = 30.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _key(real: str, env: dict[str, str], prepared: object = None) -> str:
+def _key(real: str, env: dict[str, str], prepared: bool = False) -> str:
     shaped = sorted((k, v) for k, v in env.items() if k.startswith(KEY_PREFIXES))
     return hashlib.sha256(json.dumps([real, shaped, prepared]).encode()).hexdigest()[:16]
 
 
-def preparation(args: list[str]) -> list[object] | None:
-    """``[capability, cuda]`` a prepared server fakes for ``args``; None: a plain server."""
+def preparation(args: list[str]) -> bool:
+    """Whether ``args`` (a child's command line) goes to a prepared server."""
     if len(args) < 3 or args[0] != "-m" or args[1] not in PREPARED:
-        return None
+        return False
     try:
         request = json.loads(args[2])
     except ValueError:
-        return None
-    if not isinstance(request, dict):
-        return None
-    found = PREPARED[args[1]](request)
-    return None if found is None else list(found)
+        return False
+    return isinstance(request, dict) and PREPARED[args[1]](request)
 
 
 def _exec_real(real: str, args: list[str]) -> None:
@@ -154,7 +150,7 @@ def client(real: str, folder: str, args: list[str]) -> None:
 
 
 def _connect(real: str, sock_path: str, env: dict[str, str],
-             prepared: list[object] | None) -> socket.socket | None:
+             prepared: bool) -> socket.socket | None:
     def attempt() -> socket.socket | None:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -173,7 +169,7 @@ def _connect(real: str, sock_path: str, env: dict[str, str],
             os.unlink(sock_path)
         log = open(sock_path + ".log", "ab")
         server = subprocess.Popen(
-            [real, os.path.abspath(__file__), "serve", sock_path, json.dumps(prepared)],
+            [real, os.path.abspath(__file__), "serve", sock_path, str(int(prepared))],
             env=env,
             cwd=os.path.dirname(sock_path), stdin=subprocess.DEVNULL, stdout=log,
             stderr=log, start_new_session=True)
@@ -187,17 +183,14 @@ def _connect(real: str, sock_path: str, env: dict[str, str],
         return None
 
 
-def serve(sock_path: str, prepared: list[object] | None = None) -> None:
-    """Import :data:`PRELOAD` (and, ``prepared``, fake that GPU and import
+def serve(sock_path: str, prepared: bool = False) -> None:
+    """Import :data:`PRELOAD` (and, ``prepared``, stub the GPU-only packages and import
     :data:`PREPARED_IMPORTS`), then fork a child per request until idle for ``IDLE_S``."""
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    if prepared is not None:
-        capability, cuda = prepared
-        fake_gpu = importlib.import_module("sm120fork.harness.fake_gpu").fake_gpu
-        fake_gpu(tuple(capability) if isinstance(capability, list) else None,
-                 cuda_version=str(cuda))
+    if prepared:
+        importlib.import_module("sm120fork.harness.fake_gpu").fake_gpu(None)
         for name in PREPARED_IMPORTS:
             with contextlib.suppress(ImportError):
                 importlib.import_module(name)
@@ -369,4 +362,4 @@ def _child(fds: list[int], request: dict[str, object]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
-        serve(sys.argv[2], json.loads(sys.argv[3]) if len(sys.argv) > 3 else None)
+        serve(sys.argv[2], len(sys.argv) > 3 and sys.argv[3] == "1")

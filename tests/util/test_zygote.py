@@ -79,32 +79,22 @@ def test_sigterm_reaches_the_child_and_a_killed_caller_takes_it_along(
             f"/proc/{child}/stat").read_text().split(")")[1][:3]
 
 
-def test_a_prepared_server_fakes_what_its_children_fake_first() -> None:
-    """The toolkit's probes and CPU ranks fake a GPU before anything else: the prepared
-    server fakes the same (a capability the request names, the CUDA those modules fake)."""
-    import inspect
+def test_the_probes_and_cpu_ranks_go_to_a_prepared_server() -> None:
+    """The modules that stub the GPU-only packages first thing; a rank on a real GPU
+    imports FlashInfer before, so it goes to a plain server."""
     import json
 
     import zygote
-    from sm120fork.gpu.layer import rank
-    from sm120fork.harness import fake_gpu
 
-    cuda = inspect.signature(fake_gpu.start_probe).parameters["cuda_version"].default
-    assert cuda == inspect.signature(fake_gpu.fake_gpu).parameters["cuda_version"].default
-    probe = "sm120fork.layouts.communicator.probe"
-    assert zygote.preparation(["-m", probe, json.dumps({"capability": [9, 0]})]) == [
-        [9, 0], cuda]
-    assert zygote.preparation(["-m", probe, json.dumps({"capability": [12, 0],
-                                                         "cuda": "12.8"})]) == [[12, 0], "12.8"]
-    assert zygote.preparation(["-m", "sm120fork.layouts.layer_boundary.probe",
-                               json.dumps({"capability": [12, 1]})]) == [[12, 1], cuda]
-    assert zygote.preparation(["-m", "sm120fork.gpu.layer.rank",
-                               json.dumps({"device": "cpu"})]) == [
-        list(rank.STUBBED_CAPABILITY), cuda]
-    assert zygote.preparation(["-m", "sm120fork.gpu.layer.rank",
-                               json.dumps({"device": "cuda"})]) is None
-    assert zygote.preparation(["-m", "json.tool", "{}"]) is None
-    assert zygote.preparation(["-c", "pass"]) is None
+    for probe in ("communicator", "layer_boundary"):
+        assert zygote.preparation(["-m", f"sm120fork.layouts.{probe}.probe",
+                                   json.dumps({"capability": [9, 0]})])
+    rank = "sm120fork.gpu.layer.rank"
+    assert zygote.preparation(["-m", rank, json.dumps({"device": "cpu"})])
+    assert not zygote.preparation(["-m", rank, json.dumps({"device": "cuda"})])
+    assert not zygote.preparation(["-m", rank, "not json"])
+    assert not zygote.preparation(["-m", "json.tool", "{}"])
+    assert not zygote.preparation(["-c", "pass"])
 
 
 @pytest.mark.network
@@ -112,9 +102,10 @@ def test_a_prepared_server_fakes_what_its_children_fake_first() -> None:
 def test_a_probe_forked_by_a_prepared_server_observes_what_a_fresh_one_does(
         sglang_0510: Path, sglang_0510_upstream: Path,
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The communicator probe on the patched and the unpatched tree, on two capabilities:
-    byte for byte the same output from a fresh interpreter and from a child of the
-    prepared server (which did run it: its log names the child)."""
+    """The communicator probe on the patched tree (SM120, also with CUDA 12.8, and SM90;
+    its decisions and its fallbacks) and the unpatched one: byte for byte the same output
+    from a fresh interpreter and from a child of the prepared server (which did run it:
+    its log names the child)."""
     import json
 
     import zygote
@@ -123,12 +114,16 @@ def test_a_probe_forked_by_a_prepared_server_observes_what_a_fresh_one_does(
     folder = tmp_path_factory.mktemp("zyg-prepared")
     zpy = zpython(folder, sys.executable)
     src = Path(checks.__file__).resolve().parents[3]
-    for tree in (sglang_0510, sglang_0510_upstream):
+    sm120 = {"suite": "decisions", "capability": [12, 0]}
+    for tree, requests in (
+            (sglang_0510, (sm120, {**sm120, "cuda": "12.8"},
+                           {"suite": "decisions", "capability": [9, 0]},
+                           {"suite": "fallbacks", "capability": [12, 0]})),
+            (sglang_0510_upstream, (sm120,))):
         env = {**os.environ, "PYTHONPATH": f"{tree / 'python'}{os.pathsep}{src}",
                "PYTHONDONTWRITEBYTECODE": "1"}
-        for capability in ([12, 0], [9, 0]):
-            args = ["-m", checks.PROBE_MODULE,
-                    json.dumps({"suite": "decisions", "capability": capability})]
+        for request in requests:
+            args = ["-m", checks.PROBE_MODULE, json.dumps(request)]
             fresh, forked = (subprocess.run([str(python), *args], cwd=tree, env=env,
                                             capture_output=True, text=True, timeout=300,
                                             check=False)
@@ -136,6 +131,6 @@ def test_a_probe_forked_by_a_prepared_server_observes_what_a_fresh_one_does(
             assert fresh.returncode == 0, fresh.stderr[-2000:]
             assert (forked.returncode, forked.stdout) == (0, fresh.stdout)
             assert "RESULT" in fresh.stdout
-            key = zygote._key(sys.executable, env, zygote.preparation(args))
+            key = zygote._key(sys.executable, env, prepared=True)
             log = (folder / f"{key}.sock.log").read_text()
             assert f"cpu child '-m {checks.PROBE_MODULE}" in log
