@@ -102,8 +102,8 @@ def test_the_probes_and_cpu_ranks_go_to_a_prepared_server() -> None:
 def test_a_probe_forked_by_a_prepared_server_observes_what_a_fresh_one_does(
         sglang_0510: Path, sglang_0510_upstream: Path,
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The communicator probe on the patched tree (SM120, also with CUDA 12.8, and SM90;
-    its decisions and its fallbacks) and the unpatched one: byte for byte the same output
+    """The communicator probe on the patched tree (SM120 with CUDA 12.8: its decisions and
+    its fallbacks) and the unpatched one (SM90): byte for byte the same output
     from a fresh interpreter and from a child of the prepared server (which did run it:
     its log names the child)."""
     import json
@@ -116,10 +116,9 @@ def test_a_probe_forked_by_a_prepared_server_observes_what_a_fresh_one_does(
     src = Path(checks.__file__).resolve().parents[3]
     sm120 = {"suite": "decisions", "capability": [12, 0]}
     for tree, requests in (
-            (sglang_0510, (sm120, {**sm120, "cuda": "12.8"},
-                           {"suite": "decisions", "capability": [9, 0]},
+            (sglang_0510, ({**sm120, "cuda": "12.8"},
                            {"suite": "fallbacks", "capability": [12, 0]})),
-            (sglang_0510_upstream, (sm120,))):
+            (sglang_0510_upstream, ({"suite": "decisions", "capability": [9, 0]},))):
         env = {**os.environ, "PYTHONPATH": f"{tree / 'python'}{os.pathsep}{src}",
                "PYTHONDONTWRITEBYTECODE": "1"}
         for request in requests:
