@@ -56,6 +56,9 @@ AGREEMENT_TIMEOUT = "_FUSED_CALL_AGREEMENT_TIMEOUT_S"
 #: How long a rank waits for a peer's file descriptor in FlashInfer's POSIX-fd exchange
 #: (S4's constant; the request's ``handle_exchange_timeout_s`` sets it).
 EXCHANGE_TIMEOUT = "_HANDLE_EXCHANGE_TIMEOUT_S"
+#: The request's bounds -> the fusion module's constants they set (where the tree has one).
+TREE_BOUNDS = {"fused_call_agreement_timeout_s": AGREEMENT_TIMEOUT,
+               "handle_exchange_timeout_s": EXCHANGE_TIMEOUT}
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 STUBBED_CAPABILITY = (12, 0)
 #: Packages replaced by import stubs on a GPU machine (compiled for another torch).
@@ -668,12 +671,10 @@ def run_rank(request: dict[str, Any]) -> Observation:
     layer: Layer = adapter.setup(group)
     if request.get("gates_in_memory"):
         adapter.patch_gates_in_memory(layer)
-    bound = request.get("fused_call_agreement_timeout_s")
-    if bound is not None and hasattr(layer.fusion, AGREEMENT_TIMEOUT):  # stock has none
-        setattr(layer.fusion, AGREEMENT_TIMEOUT, float(bound))
-    exchange = request.get("handle_exchange_timeout_s")
-    if exchange is not None and hasattr(layer.fusion, EXCHANGE_TIMEOUT):  # stock has none
-        setattr(layer.fusion, EXCHANGE_TIMEOUT, float(exchange))
+    for key, constant in TREE_BOUNDS.items():
+        bound = request.get(key)
+        if bound is not None and hasattr(layer.fusion, constant):  # stock has none
+            setattr(layer.fusion, constant, float(bound))
     if device_kind == "cpu":
         fake = FakeFlashInferComm()
         use_fake_flashinfer(adapter, layer.fusion, fake)
