@@ -17,7 +17,8 @@ What is pre-imported is chosen so that a forked child sees what a fresh one sees
 numpy and the other libraries below look at none of the packages the probes stub
 (``harness.fake_gpu.GPU_ONLY_PACKAGES``) while they import; transformers does (it records
 whether torchvision is installed), so a plain server does not pre-import it.  The toolkit's
-probes and CPU ranks (:data:`PREPARED`) stub those packages first thing (``fake_gpu``),
+probes and CPU ranks (:data:`PREPARED`) and the suite's plugin probe
+(:data:`PREPARED_SCRIPTS`) stub those packages first thing (``fake_gpu``),
 then import SGLang, which imports transformers: for them a *prepared* server first stubs
 them as well (the toolkit's own ``fake_gpu``, with no GPU: each child fakes its own
 capability), then imports :data:`PREPARED_IMPORTS` (transformers, about half of such a
@@ -58,6 +59,9 @@ PREPARED: dict[str, Callable[[dict[str, Any]], bool]] = {
     "sm120fork.layouts.layer_boundary.probe": lambda r: True,
     "sm120fork.gpu.layer.rank": lambda r: r.get("device", "cuda") == "cpu",
 }
+#: The scripts of this suite that do the same (tests/plugin/plugin_probe.py: it puts the
+#: site under test first on sys.path, then calls ``fake_gpu``), by file name.
+PREPARED_SCRIPTS = frozenset({"plugin_probe.py"})
 #: What a prepared server imports once it stubbed the GPU-only packages.
 PREPARED_IMPORTS = ("transformers", "transformers.configuration_utils",
                     "transformers.tokenization_utils_base", "transformers.processing_utils",
@@ -74,6 +78,8 @@ def _key(real: str, env: dict[str, str], prepared: bool = False) -> str:
 
 def preparation(args: list[str]) -> bool:
     """Whether ``args`` (a child's command line) goes to a prepared server."""
+    if args and os.path.basename(args[0]) in PREPARED_SCRIPTS:
+        return True
     if len(args) < 3 or args[0] != "-m" or args[1] not in PREPARED:
         return False
     try:

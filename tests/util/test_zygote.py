@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers_sglang import zpython
+from helpers_sglang import Sites, zpython
 
 SHOW = ("import json, os, sys; print(json.dumps([sys.argv, sys.path, str(sys.flags), "
         "os.getcwd(), os.environ.get('ZYGOTE_TEST'), sys.stdin.read()]))")
@@ -95,17 +95,20 @@ def test_the_probes_and_cpu_ranks_go_to_a_prepared_server() -> None:
     assert not zygote.preparation(["-m", rank, "not json"])
     assert not zygote.preparation(["-m", "json.tool", "{}"])
     assert not zygote.preparation(["-c", "pass"])
+    assert zygote.preparation([str(Path(__file__).parents[1] / "plugin" / "plugin_probe.py"),
+                               "site", "12.0", "--load-plugins"])
+    assert not zygote.preparation(["other_probe.py", "site", "12.0"])
 
 
 @pytest.mark.network
 @pytest.mark.runs_stack("sglang-0.5.10")
 def test_a_probe_forked_by_a_prepared_server_observes_what_a_fresh_one_does(
-        sglang_0510: Path, sglang_0510_upstream: Path,
+        sglang_0510: Path, sglang_0510_upstream: Path, sites: Sites,
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The communicator probe on the patched tree (SM120 with CUDA 12.8: its decisions and
-    its fallbacks) and the unpatched one (SM90): byte for byte the same output
-    from a fresh interpreter and from a child of the prepared server (which did run it:
-    its log names the child)."""
+    """The communicator probe on the patched tree (SM120 with CUDA 12.8) and the
+    unpatched one (SM90), and the plugin probe on stock sglang 0.5.23 with the plugin
+    loaded (SM120): byte for byte the same output from a fresh interpreter and from a
+    child of the prepared server (which did run it: its log names the child)."""
     import json
 
     import zygote
@@ -114,22 +117,24 @@ def test_a_probe_forked_by_a_prepared_server_observes_what_a_fresh_one_does(
     folder = tmp_path_factory.mktemp("zyg-prepared")
     zpy = zpython(folder, sys.executable)
     src = Path(checks.__file__).resolve().parents[3]
-    sm120 = {"suite": "decisions", "capability": [12, 0]}
-    for tree, requests in (
-            (sglang_0510, ({**sm120, "cuda": "12.8"},
-                           {"suite": "fallbacks", "capability": [12, 0]})),
-            (sglang_0510_upstream, ({"suite": "decisions", "capability": [9, 0]},))):
-        env = {**os.environ, "PYTHONPATH": f"{tree / 'python'}{os.pathsep}{src}",
-               "PYTHONDONTWRITEBYTECODE": "1"}
-        for request in requests:
-            args = ["-m", checks.PROBE_MODULE, json.dumps(request)]
-            fresh, forked = (subprocess.run([str(python), *args], cwd=tree, env=env,
-                                            capture_output=True, text=True, timeout=300,
-                                            check=False)
-                             for python in (sys.executable, zpy))
-            assert fresh.returncode == 0, fresh.stderr[-2000:]
-            assert (forked.returncode, forked.stdout) == (0, fresh.stdout)
-            assert "RESULT" in fresh.stdout
-            key = zygote._key(sys.executable, env, prepared=True)
-            log = (folder / f"{key}.sock.log").read_text()
-            assert f"cpu child '-m {checks.PROBE_MODULE}" in log
+    runs = [(tree, {"PYTHONPATH": f"{tree / 'python'}{os.pathsep}{src}"},
+             ["-m", checks.PROBE_MODULE, json.dumps(request)], f"-m {checks.PROBE_MODULE}")
+            for tree, request in (
+                (sglang_0510, {"suite": "decisions", "capability": [12, 0], "cuda": "12.8"}),
+                (sglang_0510_upstream, {"suite": "decisions", "capability": [9, 0]}))]
+    probe = Path(__file__).resolve().parents[1] / "plugin" / "plugin_probe.py"
+    runs.append((folder, {"PYTHONPATH": os.pathsep.join(map(str, (sites.deps, src,
+                                                                   sites.plugin)))},
+                 [str(probe), str(sites.stock), "12.0", "--load-plugins"], str(probe)))
+    for cwd, paths, args, logged in runs:
+        env = {**os.environ, **paths, "PYTHONDONTWRITEBYTECODE": "1"}
+        fresh, forked = (subprocess.run([str(python), *args], cwd=cwd, env=env,
+                                        capture_output=True, text=True, timeout=300,
+                                        check=False)
+                         for python in (sys.executable, zpy))
+        assert fresh.returncode == 0, fresh.stderr[-2000:]
+        assert (forked.returncode, forked.stdout) == (0, fresh.stdout)
+        assert "RESULT" in fresh.stdout or "PLUGIN-PROBE" in fresh.stdout
+        key = zygote._key(sys.executable, env, prepared=True)
+        log = (folder / f"{key}.sock.log").read_text()
+        assert f"cpu child '{logged[:40]}" in log
