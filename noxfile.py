@@ -87,9 +87,13 @@ def build(session: nox.Session) -> None:
     toolkit(session, "build")
 
 
-@nox.session(python=PYTHON)
-def tests(session: nox.Session) -> None:
-    """The test suite (everything that runs on a CPU machine; -m 'not network' offline)."""
+#: The end-to-end tests: they download real upstream releases (the pinned sdists and
+#: wheels, into .forks/cache/ once) and build, patch, probe or run them.  `nox -s tests`
+#: leaves them to `nox -s e2e`; CI runs both.
+E2E = "network"
+
+
+def _pytest(session: nox.Session, marks: str) -> None:
     install(session, "-e", ".", *groups("test"))
     # One worker per core, each test file whole on one worker, so a module fixture (a
     # stack built once for its file's tests) is made once.  Not --dist loadgroup: with
@@ -97,9 +101,21 @@ def tests(session: nox.Session) -> None:
     # which pytest no longer reads) and module fixtures are rebuilt whenever a worker moves
     # between files.  Files go out in collection order, not xdist's "most tests first":
     # tests/conftest.py puts the longest files first, so no long file starts last.
-    # `-- -n 0` runs the suite in one process.
+    # `-- -n 0` runs them in one process; a later `-m` in the arguments replaces this one.
     session.run("pytest", "-n", "auto", "--dist", "loadfile", "--no-loadscope-reorder",
-                *session.posargs)
+                "-m", marks, *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The test suite: everything that needs no GPU and no package index."""
+    _pytest(session, f"not {E2E}")
+
+
+@nox.session(python=PYTHON)
+def e2e(session: nox.Session) -> None:
+    """End-to-end tests on the real upstream releases (downloads them once)."""
+    _pytest(session, E2E)
 
 
 @nox.session(python=PYTHON)

@@ -39,19 +39,32 @@ LONGEST_FIRST = (
 )
 
 
+#: The session fixtures of helpers_sglang made from real upstream releases (downloads,
+#: minutes): a test using one is an end-to-end test (``network``).
+REAL_RELEASES = frozenset({"sites", "sglang_0510", "sglang_0510_upstream",
+                           "sglang_next_verify"})
+
+
 def _start_rank(item: pytest.Item) -> int:
     where = item.path.relative_to(Path(__file__).parent).as_posix()
     return LONGEST_FIRST.index(where) if where in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test says which stack's build it runs (``runs_stack`` marks, or the fixture
+    """A test using a real release's fixture must be marked ``network``.  Each test says
+    which stack's build it runs (``runs_stack`` marks, or the fixture
     ``sites``: sglang 0.5.23), as a JUnit property verify reads: a ``cpu:`` claim counts
     only for the stack its test ran on.  The longest files run first (a stable sort: the
     order within a file, and of the other files, stays)."""
     from helpers_sglang import STACK as SITES_STACK
 
     for item in items:
+        real = REAL_RELEASES.intersection(getattr(item, "fixturenames", ()))
+        if real and item.get_closest_marker("network") is None:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses {', '.join(sorted(real))} (a real upstream release) but "
+                "is not marked network: mark it, so that `nox -s e2e` runs it and "
+                "`nox -s tests` does not")
         stacks = [str(m.args[0]) for m in item.iter_markers("runs_stack")]
         if "sites" in getattr(item, "fixturenames", ()):
             stacks.append(SITES_STACK)

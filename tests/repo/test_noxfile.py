@@ -122,3 +122,35 @@ def test_the_stamp_follows_the_sources_of_a_copy_not_of_an_editable_install(
     assert nf.install_stamp(tmp_path, req) != before[req]
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")
     assert nf.install_stamp(tmp_path, editable) != before[editable]
+
+
+def _collected(args: tuple[str, ...]) -> set[str]:
+    """The node ids pytest would run with ``args`` (the session's, without xdist's)."""
+    import subprocess
+
+    plain = [a for a in args if a not in ("--dist", "loadfile", "-n", "auto",
+                                          "--no-loadscope-reorder")]
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "no:cacheprovider", *plain], cwd=ROOT, check=True,
+                          capture_output=True, text=True)
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_the_suite_and_the_e2e_session_split_the_tests_between_them() -> None:
+    """`nox -s tests` runs no test that downloads a real upstream release; `nox -s e2e`
+    runs exactly those; together every test, none twice.  (The fixtures made of real
+    releases are refused on an unmarked test at collection: tests/conftest.py.)"""
+    nf = _noxfile()
+    chosen = {}
+    for name in ("tests", "e2e"):
+        session = _Recorder([])
+        getattr(nf, name).func(session)
+        ((args, _),) = session.runs
+        assert args[0] == "pytest"
+        chosen[name] = _collected(args[1:])
+    everything = _collected(())
+    assert chosen["tests"] and chosen["e2e"]
+    assert not chosen["tests"] & chosen["e2e"]
+    assert chosen["tests"] | chosen["e2e"] == everything
+    assert "tests/cli/test_e2e_default_stack.py::test_wheels_install_and_carry_the_patched_gates" \
+        in chosen["e2e"]
