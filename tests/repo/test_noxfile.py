@@ -149,7 +149,8 @@ def test_the_suite_and_the_e2e_session_split_the_tests_between_them() -> None:
         assert args[0] == "pytest"
         chosen[name] = _collected(args[1:])
     everything = _collected(())
-    assert chosen["tests"] and chosen["e2e"]
+    assert chosen["tests"]
+    assert chosen["e2e"]
     assert not chosen["tests"] & chosen["e2e"]
     assert chosen["tests"] | chosen["e2e"] == everything
     assert "tests/cli/test_e2e_default_stack.py::test_wheels_install_and_carry_the_patched_gates" \
