@@ -14,6 +14,7 @@ sdist unless cached), ~7 min on 2 cores.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,47 +27,6 @@ from helpers_sglang import Sites
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
 ONE_RANK = ("one-rank-create-fails", "one-rank-fails-midway", "one-rank-fails-late")
-
-
-def _run(cases: tuple[str, ...], site: Path, extra: list[Path], *, python: str,
-         gates_in_memory: bool = False, load_plugins: bool = False, timeout: float = 30,
-         ) -> dict[str, layer_cases.CaseOutcome]:
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {case: pool.submit(
-            layer_cases.run_case, case, sglang_path=site, device="cpu", tokens=(3, 16),
-            python=python, timeout=timeout, start_timeout=240, extra_path=extra,
-            gates_in_memory=gates_in_memory,
-            load_plugins=load_plugins, layout="layer_boundary") for case in cases}
-        return {case: future.result() for case, future in futures.items()}
-
-
-def test_stock_hangs_when_one_rank_fails_creation(sites: Sites) -> None:
-    """The reproducer: upstream's ranks wait in different collectives, still after 10 s
-    (the patched ranks of the same case end within a second or two of being ready)."""
-    outcome = _run(("one-rank-create-fails",), sites.stock, [sites.deps], python=sites.python,
-                   gates_in_memory=True, timeout=10)["one-rank-create-fails"]
-    assert outcome.hung, outcome.problems
-
-
-def test_one_rank_failing_creation_fails_closed_on_every_rank(sites: Sites) -> None:
-    outcomes = _run((*ONE_RANK, "fused-call-raises", "all-ranks-create-fails", "fused"),
-                    sites.patched, [sites.deps], python=sites.python)
-    failed = {case: o.problems for case, o in outcomes.items() if not o.passed}
-    assert failed == {}
-    for case in ONE_RANK:
-        for rank in outcomes[case].ranks:
-            (warning,) = rank["warnings"]
-            assert "on the whole group): rank 1: RuntimeError" in warning, warning
-
-
-def test_the_plugin_on_stock_fails_closed_too(sites: Sites) -> None:
-    outcomes = _run(("one-rank-create-fails", "fused-call-raises", "fused"), sites.stock,
-                    [sites.deps, sites.plugin], python=sites.python, load_plugins=True)
-    failed = {case: o.problems for case, o in outcomes.items() if not o.passed}
-    assert failed == {}
-    lines = outcomes["fused"].ranks[0]["plugin"]
-    assert lines
-    assert all(line.endswith(": applied") for line in lines), lines
 
 
 #: The agreement timeout the tests give S4/G6 (theirs: 60 s); the case is stopped as hung
@@ -145,27 +105,103 @@ def test_a_fused_call_raising_on_one_rank_only_default_stack(
     _check_alone(outcomes["s4 one-rank-fused-call-raises"], 1)
 
 
-def test_a_fused_call_raising_on_one_rank_only_sglang_0_5_23(sites: Sites) -> None:
+#: The cases on sglang 0.5.23 (stock, patched, the plugin on stock), every test's, run
+#: in one batch of BATCH at a time (each waits seconds on a bound: a stock hang, an
+#: agreement timeout), before the first of these tests asserts: label -> (case, site,
+#: plugin?, bounds?).  "bounds": the agreement timeout AGREEMENT_S (and GROUP_S groups).
+BATCH = 4
+
+
+@dataclass(frozen=True)
+class _Case:
+    case: str
+    site: str  # "stock", "patched" or "plugin" (stock with the plugin loaded)
+    bounds: bool = False
+
+
+CASES_0523 = {
+    "stock hang": _Case("one-rank-create-fails", "stock"),
+    **{f"g6 {case}": _Case(case, "patched", bounds=True) for case in ALONE},
+    **{f"plugin {case}": _Case(case, "plugin", bounds=True) for case in ALONE},
+    "stock alone": _Case("rank-0-fused-call-raises", "stock", bounds=True),
+    **{f"patched {case}": _Case(case, "patched")
+       for case in (*ONE_RANK, "fused-call-raises", "all-ranks-create-fails", "fused")},
+    **{f"plugin on stock {case}": _Case(case, "plugin")
+       for case in ("one-rank-create-fails", "fused-call-raises", "fused")},
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes(sites: Sites) -> dict[str, layer_cases.CaseOutcome]:
+    """Every case of CASES_0523, BATCH at a time.  Stock (no series, no plugin) has its
+    gates opened in memory; stock's hang is judged 10 s after its ranks are ready (the
+    patched ranks of the same case end within a second or two of being ready)."""
+    def run(label: str, c: _Case) -> layer_cases.CaseOutcome:
+        stock = c.site != "patched"
+        return layer_cases.run_case(
+            c.case, sglang_path=sites.stock if stock else sites.patched, device="cpu",
+            tokens=(3, 16), python=sites.python,
+            timeout=10 if label == "stock hang" else CASE_S, start_timeout=240,
+            extra_path=[sites.deps, *([sites.plugin] if c.site == "plugin" else [])],
+            load_plugins=c.site == "plugin", gates_in_memory=c.site == "stock",
+            layout="layer_boundary",
+            agreement_timeout_s=AGREEMENT_S if c.bounds else None,
+            collective_timeout_s=GROUP_S if c.bounds
+            and c.case == "one-rank-fused-call-raises" else None)
+
+    with ThreadPoolExecutor(max_workers=BATCH) as pool:
+        futures = {label: pool.submit(run, label, c) for label, c in CASES_0523.items()}
+        return {label: future.result() for label, future in futures.items()}
+
+
+def test_stock_hangs_when_one_rank_fails_creation(
+        outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
+    """The reproducer: upstream's ranks wait in different collectives, still after 10 s."""
+    outcome = outcomes["stock hang"]
+    assert outcome.hung, outcome.problems
+
+
+def test_one_rank_failing_creation_fails_closed_on_every_rank(
+        outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
+    patched = {label.removeprefix("patched "): o for label, o in outcomes.items()
+               if label.startswith("patched ")}
+    assert len(patched) == 6
+    failed = {case: o.problems for case, o in patched.items() if not o.passed}
+    assert failed == {}
+    for case in ONE_RANK:
+        for rank in patched[case].ranks:
+            (warning,) = rank["warnings"]
+            assert "on the whole group): rank 1: RuntimeError" in warning, warning
+
+
+def test_the_plugin_on_stock_fails_closed_too(
+        outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
+    plugin = {label.removeprefix("plugin on stock "): o for label, o in outcomes.items()
+              if label.startswith("plugin on stock ")}
+    assert len(plugin) == 3
+    failed = {case: o.problems for case, o in plugin.items() if not o.passed}
+    assert failed == {}
+    lines = plugin["fused"].ranks[0]["plugin"]
+    assert lines
+    assert all(line.endswith(": applied") for line in lines), lines
+
+
+def test_a_fused_call_raising_on_one_rank_only_sglang_0_5_23(
+        outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
     """G6 in the patched wheel: as S4 (its port)."""
-    outcomes = _alone({f"g6 {case}": (sites.patched, [sites.deps], case, "layer_boundary",
-                                      False) for case in ALONE}, sites.python)
     _check_alone(outcomes["g6 rank-0-fused-call-raises"], 0)
     _check_alone(outcomes["g6 one-rank-fused-call-raises"], 1)
 
 
-def test_a_fused_call_raising_on_one_rank_only_plugin_and_stock(sites: Sites) -> None:
+def test_a_fused_call_raising_on_one_rank_only_plugin_and_stock(
+        outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
     """The plugin on stock 0.5.23 carries G6's bound (on either rank); stock 0.5.23 (its
     gates opened in memory) lets the injected error escape the layer at once, without a
     word of the peers: the raising rank ends with the raw ValueError."""
-    outcomes = _alone({
-        **{f"plugin {case}": (sites.stock, [sites.deps, sites.plugin], case,
-                              "layer_boundary", True) for case in ALONE},
-        "stock": (sites.stock, [sites.deps], "rank-0-fused-call-raises", "layer_boundary",
-                  False)}, sites.python)
     _check_alone(outcomes["plugin rank-0-fused-call-raises"], 0)
     _check_alone(outcomes["plugin one-rank-fused-call-raises"], 1)
-    stock = _by_rank(outcomes["stock"])[0]["raised"]
+    stock = _by_rank(outcomes["stock alone"])[0]["raised"]
     assert stock["error"] == "ValueError: injected host-side check failure in allreduce_fusion"
     assert float(stock["after_fused_call_error_s"]) < 1.0
     assert stock["agreement_timeout_s"] is None
-    assert not outcomes["stock"].passed
+    assert not outcomes["stock alone"].passed
