@@ -86,7 +86,7 @@ def test_workflows_call_the_nox_sessions_a_user_runs() -> None:
             for name in used:
                 assert name in sessions, (path.name, name)
                 called.setdefault(path.stem, set()).add(name)
-    assert called == {"ci": {"lint", "tests", "verify_sm120"}, "build": {"build"},
+    assert called == {"ci": {"lint", "tests", "e2e", "verify_sm120"}, "build": {"build"},
                       "wheels": {"cibuildwheel"}, "gpu": {"build", "gpu_test", "bench"}}
 
 
