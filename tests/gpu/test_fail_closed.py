@@ -8,7 +8,7 @@ through the plugin on stock, every rank falls back together with one warning and
 output.  A fused call raising on one rank only (S4 on the default stack, G6 on 0.5.23)
 is the ``*-fused-call-raises`` cases with a 3 s agreement timeout and 12 s gloo groups.
 Network (the sglang 0.5.23 wheel, via helpers_sglang's fixture; the default stack's
-sdist unless cached), ~7 min on 2 cores.
+sdist unless cached), ~2 min on 2 cores.
 """
 
 from __future__ import annotations
