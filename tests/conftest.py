@@ -19,8 +19,8 @@ PATCH_AUTHOR = "SM12x fork maintainers <sm12x-fork@users.noreply.invalid>"
 
 
 #: The files that take minutes (each builds or probes real SGLang trees, or builds a stack
-#: from its sdist), longest first, by their durations in a fresh-clone run of `nox -s tests`
-#: (2 workers).  ``nox -s tests`` hands whole files to the two workers in collection order
+#: from its sdist; all but the last under `nox -s e2e`), longest first, by their durations
+#: in fresh-clone runs (2 workers).  nox hands whole files to the two workers in collection order
 #: (``--no-loadscope-reorder``): the last file to start bounds the run, so these start
 #: first and the many short files fill in around them.  (xdist's default order, most
 #: tests first, started them last.)
