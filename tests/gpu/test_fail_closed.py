@@ -154,6 +154,17 @@ def outcomes(sites: Sites) -> dict[str, layer_cases.CaseOutcome]:
         return {label: future.result() for label, future in futures.items()}
 
 
+def _passed(outcomes: dict[str, layer_cases.CaseOutcome], prefix: str, count: int,
+            ) -> dict[str, layer_cases.CaseOutcome]:
+    """The ``count`` outcomes labelled ``prefix`` + case, by case; each one passed."""
+    chosen = {label.removeprefix(prefix): o for label, o in outcomes.items()
+              if label.startswith(prefix)}
+    assert len(chosen) == count
+    failed = {case: o.problems for case, o in chosen.items() if not o.passed}
+    assert failed == {}
+    return chosen
+
+
 def test_stock_hangs_when_one_rank_fails_creation(
         outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
     """The reproducer: upstream's ranks wait in different collectives, still after 10 s."""
@@ -163,11 +174,7 @@ def test_stock_hangs_when_one_rank_fails_creation(
 
 def test_one_rank_failing_creation_fails_closed_on_every_rank(
         outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
-    patched = {label.removeprefix("patched "): o for label, o in outcomes.items()
-               if label.startswith("patched ")}
-    assert len(patched) == 6
-    failed = {case: o.problems for case, o in patched.items() if not o.passed}
-    assert failed == {}
+    patched = _passed(outcomes, "patched ", 6)
     for case in ONE_RANK:
         for rank in patched[case].ranks:
             (warning,) = rank["warnings"]
@@ -176,11 +183,7 @@ def test_one_rank_failing_creation_fails_closed_on_every_rank(
 
 def test_the_plugin_on_stock_fails_closed_too(
         outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
-    plugin = {label.removeprefix("plugin on stock "): o for label, o in outcomes.items()
-              if label.startswith("plugin on stock ")}
-    assert len(plugin) == 3
-    failed = {case: o.problems for case, o in plugin.items() if not o.passed}
-    assert failed == {}
+    plugin = _passed(outcomes, "plugin on stock ", 3)
     lines = plugin["fused"].ranks[0]["plugin"]
     assert lines
     assert all(line.endswith(": applied") for line in lines), lines
