@@ -87,6 +87,13 @@ def build(session: nox.Session) -> None:
     toolkit(session, "build")
 
 
+@nox.session(python=PYTHON)
+def index(session: nox.Session) -> None:
+    """The package index of every stack's built wheels (-- --url URL) into wheels/index/."""
+    install(session, ".")
+    toolkit(session, "index")
+
+
 #: The end-to-end tests: they download real upstream releases (the pinned sdists and
 #: wheels, into .forks/cache/ once) and build, patch, probe or run them.  `nox -s tests`
 #: leaves them to `nox -s e2e`; CI runs both.

@@ -17,6 +17,8 @@ from sm120fork.errors import BuildError, ConfigError
 from sm120fork.manifest import ManifestEntry, SourceRecord
 from sm120fork.package import publish as pub
 from sm120fork.package.publish import ProjectBuild, load_manifest, publish
+from sm120fork.package.routes import Pin, folder_routes, index_routes
+from sm120fork.plugin.build import PublishedPlugin
 from sm120fork.util import files
 from sm120fork.workspace import Workspace
 
@@ -173,6 +175,32 @@ def test_install_line_picks_one_wheel_per_platform_when_a_stack_ships_several(
     # '*.whl' would hand pip the other platforms' wheels, which it refuses.
     assert pub.install_command(ws, out, per_platform) == (
         "pip install -c wheels/s/constraints.txt --find-links wheels/s a b")
+
+
+def test_each_route_from_the_folder_and_from_the_index_pins_what_it_installs() -> None:
+    """The build prints the folder's lines, the index's landing page the same routes with
+    every version pinned; the plugin route names the plugin wheel itself, so that
+    ``sglang==0.5.23`` cannot match our patched 0.5.23+sm120.1 from the index."""
+    patched = dataclasses.replace(_entry("sglang", "sglang-0.5.23+sm120.1-py3-none-any.whl",
+                                         "0" * 64), version="0.5.23+sm120.1")
+    published = dataclasses.replace(_entry("flashinfer-python", "f.whl", "0" * 64),
+                                    version="0.7.2", used_as_published=True)
+    plugin = PublishedPlugin(wheel="sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl",
+                             sha256="a" * 64, sglang="0.5.23", hooks=6)
+    assert [(r.name, r.line) for r in folder_routes("wheels/s", [published, patched],
+                                                    plugin)] == [
+        ("patched wheels", "pip install -c wheels/s/constraints.txt wheels/s/*.whl"),
+        ("stock SGLang + plugin", "pip install sglang==0.5.23 "
+         "wheels/s/plugin/sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl")]
+    aot = Pin(distribution="sm120fork-flashinfer-aot", version="0.7.2+sm120.1.cu130")
+    assert [r.line for r in index_routes("https://x.test/", [published, patched],
+                                         plugin=plugin, aot=aot)] == [
+        "pip install --extra-index-url https://x.test/simple/ flashinfer-python==0.7.2 "
+        "sglang==0.5.23+sm120.1",
+        "pip install --extra-index-url https://x.test/simple/ flashinfer-python==0.7.2 "
+        "sglang==0.5.23+sm120.1 sm120fork-flashinfer-aot==0.7.2+sm120.1.cu130",
+        "pip install sglang==0.5.23 https://x.test/files/sm120fork_sglang_plugin-0.5.23"
+        f"%2Bsm120.1-py3-none-any.whl#sha256={'a' * 64}"]
 
 
 def test_a_read_only_wheels_folder_is_one_error_naming_it_and_the_fix(

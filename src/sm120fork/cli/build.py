@@ -23,10 +23,10 @@ from rich.table import Table
 
 from sm120fork.declare import Stack
 from sm120fork.errors import UsageError
-from sm120fork.package.publish import ProjectBuild, install_command
+from sm120fork.package.publish import ProjectBuild, shown
+from sm120fork.package.routes import folder_routes
 from sm120fork.package.stack import build_stack
-from sm120fork.plugin.build import PLUGIN_DIR, PLUGIN_JSON
-from sm120fork.util.files import read_json_object
+from sm120fork.plugin.build import PLUGIN_DIR, PublishedPlugin
 from sm120fork.workspace import Workspace
 
 
@@ -108,12 +108,10 @@ def summary_table(stack: Stack, out: Path, builds: list[ProjectBuild]) -> Table:
             how = f"used as published ({how})"
         table.add_row(b.project, b.upstream_version, str(len(b.entry.patches)), b.wheel.name,
                       b.sha256[:12], how)
-    plugin = read_json_object(out / PLUGIN_DIR / PLUGIN_JSON)
+    plugin = PublishedPlugin.read(out)
     if plugin is not None:
-        hooks = plugin.get("hooks")
-        table.add_row("plugin", f"sglang {plugin.get('sglang')}",
-                      f"{len(hooks) if isinstance(hooks, list) else 0} hooks",
-                      f"{PLUGIN_DIR}/{plugin.get('wheel')}", str(plugin.get("sha256"))[:12],
+        table.add_row("plugin", f"sglang {plugin.sglang}", f"{plugin.hooks} hooks",
+                      f"{PLUGIN_DIR}/{plugin.wheel}", plugin.sha256[:12],
                       "generated from the series")
     return table
 
@@ -138,5 +136,9 @@ def _build_one(args: argparse.Namespace, ws: Workspace, console: Console, stack:
                              lock_timeout=args.lock_timeout, out=args.out, stage=stage)
     out = args.out or ws.stack_wheels(stack.name)
     console.print(summary_table(stack, out, builds))
-    console.print(f"done in {time.monotonic() - start:.2f}s; install with: "
-                  f"{install_command(ws, out, list(builds))}", markup=False, soft_wrap=True)
+    first, *others = folder_routes(shown(ws, out), [b.entry for b in builds],
+                                   PublishedPlugin.read(out))
+    console.print(f"done in {time.monotonic() - start:.2f}s; install with: {first.line}",
+                  markup=False, soft_wrap=True)
+    for route in others:
+        console.print(f"or, {route.name}: {route.line}", markup=False, soft_wrap=True)

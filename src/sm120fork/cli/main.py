@@ -49,6 +49,9 @@ class Verb:
 VERBS: dict[str, Verb] = {
     "build": Verb(help="patched wheels of a stack into wheels/<stack>/",
                   module="sm120fork.cli.build", run="run"),
+    "index": Verb(help="every stack's built wheels as a static package index with a landing "
+                       "page of pip lines -> wheels/index/",
+                  module="sm120fork.cli.index", run="run"),
     "status": Verb(help="every stack and patch: applies, DEP-3 upstream fields, "
                         "fingerprint upstream, shipped wheel",
                    module="sm120fork.cli.maintain", add_args="status_args", run="run_status"),

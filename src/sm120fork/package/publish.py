@@ -25,6 +25,7 @@ from sm120fork import manifest as manifest_file
 from sm120fork.declare import Stack
 from sm120fork.errors import BuildError
 from sm120fork.manifest import Manifest, ManifestEntry
+from sm120fork.package.routes import CONSTRAINTS, folder_routes
 from sm120fork.util.files import (
     atomic_copy,
     remove_stale_scratch,
@@ -36,7 +37,6 @@ from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 MANIFEST = manifest_file.FILE
-CONSTRAINTS = "constraints.txt"
 #: The names of staging folders beside a stack folder before :func:`staged_dir`
 #: (``.<stack>.staging-*``, ``.<stack>.old-*``): a killed run of an older toolkit may
 #: have left some.
@@ -56,7 +56,7 @@ class ProjectBuild:
     entry: ManifestEntry
 
 
-def _shown(ws: Workspace, path: Path) -> str:
+def shown(ws: Workspace, path: Path) -> str:
     """``path`` as a user types it: relative to the checkout when inside it."""
     try:
         return path.resolve().relative_to(ws.root.resolve()).as_posix()
@@ -65,19 +65,8 @@ def _shown(ws: Workspace, path: Path) -> str:
 
 
 def install_command(ws: Workspace, out: Path, builds: list[ProjectBuild] | None = None) -> str:
-    """The pip line that installs exactly this build.
-
-    A stack that ships one wheel per platform (sglang 0.5.23: cp311/cp312, x86_64/aarch64)
-    cannot be installed as ``*.whl`` (pip refuses the other platforms' wheels), so pip then
-    picks the right one from the folder by the pinned versions in constraints.txt.
-    """
-    where = _shown(ws, out)
-    if builds is None:
-        builds = []
-    names = sorted({b.distribution for b in builds})
-    if len(names) == len(builds):
-        return f"pip install -c {where}/{CONSTRAINTS} {where}/*.whl"
-    return f"pip install -c {where}/{CONSTRAINTS} --find-links {where} {' '.join(names)}"
+    """The pip line that installs exactly this build (its patched wheels' route)."""
+    return folder_routes(shown(ws, out), [b.entry for b in builds or []])[0].line
 
 
 def _texts(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path) -> dict[str, str]:

@@ -27,7 +27,7 @@ from sm120fork.plugin import generate as generate_module
 from sm120fork.plugin.generate import UPSTREAM_TAG, generate_spec, patch_commits
 from sm120fork.plugin.package import DISTRIBUTION, build_plugin_wheel
 from sm120fork.plugin.runtime import Spec
-from sm120fork.util.files import atomic_write_text, sha256_file
+from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -111,6 +111,27 @@ def build_plugin(ws: Workspace, stack: Stack, *, force: bool = False,
     return PluginResult(stack=stack.name, wheel=built.wheel, spec=spec, cached=built.cached,
                         message=(f"plugin {built.wheel.name}: {len(spec.hooks)} hook(s) from "
                                  f"{len(ids)} patch(es){only}"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishedPlugin:
+    """What ``<stack wheels>/plugin/plugin.json`` says of the plugin wheel beside it."""
+
+    wheel: str
+    sha256: str
+    sglang: str
+    hooks: int
+
+    @classmethod
+    def read(cls, stack_folder: Path) -> PublishedPlugin | None:
+        """The folder's plugin, or None when the build made none."""
+        data = read_json_object(stack_folder / PLUGIN_DIR / PLUGIN_JSON)
+        if data is None:
+            return None
+        hooks = data.get("hooks")
+        return cls(wheel=str(data.get("wheel")), sha256=str(data.get("sha256")),
+                   sglang=str(data.get("sglang")),
+                   hooks=len(hooks) if isinstance(hooks, list) else 0)
 
 
 def plugin_files(result: PluginResult) -> dict[str, Path | str]:

@@ -1,0 +1,182 @@
+"""``index``: a static package index of our wheels and its landing page, in one folder.
+
+The folder is a site any static host serves (GitHub Pages, ``python -m http.server``):
+``simple/`` in PEP 503 HTML (``index.html``) and PEP 691 JSON (``index.json``, api-version
+1.1 with PEP 700's sizes), every file with its sha256 and ``Requires-Python``, and its
+METADATA beside it as ``<file>.metadata`` (PEP 658, announced by PEP 714's
+``data-core-metadata`` and ``core-metadata``); ``files/`` the wheels; ``index.html`` the
+landing page with each stack's pip line per route (:mod:`sm120fork.package.routes`) and
+what each wheel needs.  Links inside the index are relative, so the folder works where it
+is put; only the landing page's pip lines carry the site's URL.  Nothing depends on time
+or order on disk: the same wheels and URL give the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from sm120fork.errors import ConfigError, UsageError
+from sm120fork.index.collect import Served, StackWheels, digest, stack_wheels
+from sm120fork.package.routes import Route, file_path, index_routes
+from sm120fork.util.files import atomic_copy, staged_dir
+from sm120fork.util.hint import command
+from sm120fork.workspace import Workspace
+
+API_VERSION = "1.1"
+_HEAD = ('<!DOCTYPE html>\n<html>\n<head>\n<meta charset="utf-8">\n'
+         f'<meta name="pypi:repository-version" content="{API_VERSION}">\n'
+         "<title>{title}</title>\n</head>\n<body>\n")
+_TAIL = "</body>\n</html>\n"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Index:
+    """What ``index`` wrote: the folder, the stacks in it and what it left out, and why."""
+
+    out: Path
+    url: str
+    stacks: tuple[StackWheels, ...]
+    files: int
+    notes: tuple[str, ...]
+
+
+def site_url(url: str | None, out: Path) -> str:
+    """The URL the site will be served from, ending in ``/`` (default: the folder's own
+    ``file://`` URL, which pip reads as an index too)."""
+    if url is None:
+        return out.resolve().as_uri() + "/"
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http", "file") or (parts.scheme != "file"
+                                                         and not parts.netloc):
+        raise UsageError(f"not a site URL: {url!r}", where="index --url",
+                         fix=command("index", "--url", "https://OWNER.github.io/REPO/"))
+    return url if url.endswith("/") else url + "/"
+
+
+def _page(title: str, body: str) -> str:
+    return _HEAD.format(title=escape(title)) + body + _TAIL
+
+
+def _json(data: object) -> str:
+    return json.dumps(data, indent=1) + "\n"
+
+
+def _anchor(w: Served) -> str:
+    meta = f"sha256={digest(w.metadata)}"
+    python = f' data-requires-python="{escape(w.requires_python)}"' if w.requires_python else ""
+    return (f'<a href="../../{file_path(w.filename)}#sha256={w.sha256}"{python} '
+            f'data-dist-info-metadata="{meta}" data-core-metadata="{meta}">'
+            f"{escape(w.filename)}</a><br>\n")
+
+
+def _project_pages(project: str, wheels: list[Served]) -> dict[str, str]:
+    html = _page(f"Links for {project}", f"<h1>Links for {escape(project)}</h1>\n"
+                 + "".join(_anchor(w) for w in wheels))
+    files = [{"filename": w.filename, "url": f"../../{file_path(w.filename)}",
+              "hashes": {"sha256": w.sha256}, "requires-python": w.requires_python or None,
+              "core-metadata": {"sha256": digest(w.metadata)}, "size": w.size}
+             for w in wheels]
+    versions = sorted({w.version for w in wheels})
+    data = {"meta": {"api-version": API_VERSION}, "name": project,
+            "versions": [str(v) for v in versions], "files": files}
+    return {f"simple/{project}/index.html": html, f"simple/{project}/index.json": _json(data)}
+
+
+def _root_pages(projects: Iterable[str]) -> dict[str, str]:
+    names = sorted(projects)
+    html = _page("Simple index", "".join(f'<a href="{n}/">{escape(n)}</a><br>\n'
+                                          for n in names))
+    data = {"meta": {"api-version": API_VERSION}, "projects": [{"name": n} for n in names]}
+    return {"simple/index.html": html, "simple/index.json": _json(data)}
+
+
+def _table(head: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> str:
+    def row(cells: tuple[str, ...], tag: str) -> str:
+        return "<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>\n"
+    return "<table>\n" + row(head, "th") + "".join(row(r, "td") for r in rows) + "</table>\n"
+
+
+def stack_routes(url: str, s: StackWheels) -> list[Route]:
+    """The stack's routes from the index at ``url``: the lines its landing page shows."""
+    return index_routes(url, s.manifest.wheels, plugin=s.plugin,
+                        aot=s.aot.pin if s.aot is not None else None)
+
+
+def _stack_section(url: str, s: StackWheels) -> str:
+    default = " (default)" if s.stack.default else ""
+    routes = _table(("route", "command"), ((escape(r.name), f"<code>{escape(r.line)}</code>")
+                                          for r in stack_routes(url, s)))
+    wheels = _table(("wheel", "Python", "torch", "CUDA"), (
+        (escape(w.filename), escape(w.python), escape(w.torch), escape(w.cuda))
+        for w in sorted(s.served, key=lambda w: w.filename)))
+    left = "".join(f"<li>{escape(n)}</li>\n" for n in s.left_out)
+    return (f'<h2 id="{escape(s.stack.name)}">{escape(s.stack.name)}{default}</h2>\n'
+            f"<p>{escape(s.stack.description)}</p>\n{routes}{wheels}"
+            + (f"<p>Not served here:</p>\n<ul>\n{left}</ul>\n" if left else ""))
+
+
+def _landing(url: str, stacks: tuple[StackWheels, ...]) -> str:
+    intro = (
+        "<h1>sm120fork: SGLang + FlashInfer for SM120/SM121</h1>\n"
+        f"<p>A package index of our builds only: <code>{escape(url)}simple/</code>. "
+        "Each line below installs one route of one stack and pins every version exactly; "
+        "our versions carry a local label (<code>+sm120.1</code>), which pip ranks above "
+        "the public release of the same version. The plugin route names the plugin "
+        "wheel itself, so that SGLang comes stock from the public index.</p>\n")
+    return _page("sm120fork package index", intro + "".join(_stack_section(url, s)
+                                                            for s in stacks))
+
+
+def _files(stacks: tuple[StackWheels, ...]) -> dict[str, Served]:
+    """Every served wheel once by name; one name with two contents is an error."""
+    files: dict[str, Served] = {}
+    for s in stacks:
+        for w in s.served:
+            seen = files.setdefault(w.filename, w)
+            if seen.sha256 != w.sha256:
+                raise ConfigError(f"two different wheels named {w.filename}",
+                                  where=f"{seen.path} and {w.path}",
+                                  fix="rebuild one of the stacks: "
+                                      + command("build", "--all-stacks"))
+    return dict(sorted(files.items()))
+
+
+def write_index(ws: Workspace, *, url: str | None = None, out: Path | None = None) -> Index:
+    """Write the index of every built stack into ``out`` (default ``wheels/index/``), staged
+    and swapped in as a whole; refuse when no stack has been built."""
+    out = out or ws.wheels_dir / "index"
+    url = site_url(url, out)
+    found = {name: stack_wheels(ws, stack) for name, stack in sorted(ws.stacks().items())}
+    stacks = tuple(s for s in found.values() if s is not None)
+    if not any(s.served for s in stacks):
+        raise ConfigError("no built wheels of ours to serve", where=str(ws.wheels_dir),
+                          fix=command("build", "--all-stacks"))
+    files = _files(stacks)
+    by_project: dict[str, list[Served]] = {}
+    for w in files.values():
+        by_project.setdefault(w.project, []).append(w)
+    texts = {"index.html": _landing(url, stacks), **_root_pages(by_project)}
+    for project, wheels in by_project.items():
+        texts.update(_project_pages(project, wheels))
+    with staged_dir(out) as staged:
+        for name, text in texts.items():
+            _write(staged / name, text.encode())
+        for name, w in files.items():
+            (staged / "files").mkdir(parents=True, exist_ok=True)
+            atomic_copy(w.path, staged / "files" / name)
+            _write(staged / "files" / f"{name}.metadata", w.metadata)
+    notes = [f"{name}: not built; not in the index" for name, s in found.items() if s is None]
+    notes += [n for s in stacks for n in s.left_out]
+    return Index(out=out, url=url, stacks=stacks, files=len(files), notes=tuple(notes))
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    os.chmod(path, 0o644)
