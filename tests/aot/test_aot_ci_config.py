@@ -87,7 +87,8 @@ def test_workflows_call_the_nox_sessions_a_user_runs() -> None:
                 assert name in sessions, (path.name, name)
                 called.setdefault(path.stem, set()).add(name)
     assert called == {"ci": {"lint", "tests", "e2e", "verify_sm120"}, "build": {"build"},
-                      "wheels": {"cibuildwheel"}, "gpu": {"build", "gpu_test", "bench"}}
+                      "wheels": {"cibuildwheel"}, "gpu": {"build", "gpu_test", "bench"},
+                      "release": {"build", "index"}}
 
 
 def test_workflow_triggers_and_runners() -> None:
@@ -105,6 +106,7 @@ def test_workflow_triggers_and_runners() -> None:
     assert set(on("wheels.yml")) == {"push", "workflow_dispatch"}
     assert on("wheels.yml")["push"] == {"tags": ["v*"]}
     assert set(on("gpu.yml")) == {"workflow_dispatch"}
+    assert on("release.yml")["push"] == {"tags": ["v*"]}
     gpu_jobs = load("gpu.yml")["jobs"]
     assert isinstance(gpu_jobs, dict)
     assert gpu_jobs["gpu"]["runs-on"][0] == "self-hosted"
@@ -117,6 +119,21 @@ def test_build_workflow_covers_every_declared_stack() -> None:
     # declaration landing (sglang-0.5.23), and nothing else.
     assert set(load_stacks(REPO / "forks")) <= set(matrix)
     assert all((REPO / "patches" / name).is_dir() for name in matrix), matrix
+
+
+def test_the_release_publishes_the_index_of_every_stack_as_the_pages_site() -> None:
+    """On a tag every stack is built, `nox -s index` writes the site for the Pages URL,
+    and the folder uploaded is the one it writes (wheels/index/)."""
+    jobs = yaml.safe_load((WORKFLOWS / "release.yml").read_text())["jobs"]
+    steps = jobs["index"]["steps"]
+    assert "nox -s build -- --all-stacks" in _runs({"jobs": {"index": jobs["index"]}})
+    uses = {s["uses"].split("@")[0]: s for s in steps if "uses" in s}
+    assert uses["actions/upload-pages-artifact"]["with"]["path"] == "wheels/index/"
+    index = next(s for s in steps if "nox -s index" in s.get("run", ""))
+    assert index["env"]["SITE_URL"] == "${{ steps.pages.outputs.base_url }}"
+    assert jobs["deploy"]["permissions"] == {"pages": "write", "id-token": "write"}
+    assert [s["uses"].split("@")[0] for s in jobs["deploy"]["steps"]] == [
+        "actions/deploy-pages"]
 
 
 def test_the_build_and_test_steps_take_a_cpu_torch_only() -> None:
