@@ -166,7 +166,10 @@ def test_record_then_judge_offline_gives_the_same_verdict(
     assert recorded["peers"]["links"] == \
         facts["peers"]["links"]
     assert cli.main(["--facts", str(record), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == live
+    judged = json.loads(capsys.readouterr().out)
+    assert judged.pop("python") == {"path": sys.executable, "why": f"the facts in {record}"}
+    live.pop("python")
+    assert judged == live
 
 
 def test_a_record_carries_no_home_or_site_packages_path(tmp_path: Path) -> None:
@@ -935,8 +938,11 @@ def test_the_docs_show_a_verdict_the_rules_give() -> None:
         "    [blockers] 0\n")[0]
     shown = [x.strip() for x in example.splitlines() if x.strip() and "..." not in x]
     verdict = (SCENARIOS / "8x-rtx-pro-6000-pcie-cross-socket-p2p-off" / "verdict.txt")
-    judged = [x.strip() for x in cli.render(rules.judge(
-        cli.read_facts(verdict.with_name("facts.json")), tp=[2])).splitlines()]
+    facts = cli.read_facts(verdict.with_name("facts.json"))
+    facts["made_by"]["executable"] = "/srv/venv/bin/python"
+    report = rules.judge(facts, tp=[2])
+    report.examined(facts, "the Python sm120fork-doctor is installed in; --python names another")
+    judged = [x.strip() for x in cli.render(report).splitlines()]
     assert len(shown) > 10
     assert [x for x in shown if x not in judged] == []
 
@@ -1189,34 +1195,71 @@ def test_the_probe_finds_the_policy_sglang_reads_and_a_record_names_home_by_role
 
 # --- issue 33 item 4: the doctor looks at the environment SGLang serves from -------------
 
+def serving_venv(root: Path, sglang: str | None) -> Path:
+    """A venv with no toolkit, holding ``sglang`` (its metadata only) when given."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python3"
+    if sglang is not None:
+        purelib = subprocess.run([str(python), "-c", "import sysconfig; "
+                                  "print(sysconfig.get_paths()['purelib'])"], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+        info = Path(purelib) / f"sglang-{sglang}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: sglang\nVersion: {sglang}\n")
+    return python
+
+
 def test_the_doctor_runs_in_the_serving_interpreter(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--python: a venv with no toolkit, whose sglang this test's environment lacks."""
-    import subprocess
-    import sys
-    import sysconfig
-
-    venv = tmp_path / "serving"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; "
-                              "print(sysconfig.get_paths()['purelib'])"], check=True,
-                             capture_output=True, text=True).stdout.strip()
-    info = Path(purelib) / "sglang-0.5.23.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
-    assert probe.installed("sglang") is None or sysconfig.get_paths()["purelib"] != purelib
+    python = serving_venv(tmp_path / "serving", "0.5.23")
+    assert probe.installed("sglang") is None
     code = cli.main(["--python", str(python), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert report["packages"]["sglang"] == "0.5.23"
+    assert report["python"] == {"path": str(python), "why": "named by --python"}
     assert report["made_by"]["python"] == ".".join(map(str, sys.version_info[:3]))
     assert code in (0, 15)
 
 
-def test_the_doctor_says_where_to_look_when_sglang_is_not_here() -> None:
+@pytest.mark.parametrize("under_nox", [False, True])
+def test_by_default_the_doctor_examines_python3_on_path_and_says_so_first(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        under_nox: bool) -> None:
+    """Issue 42: not the toolkit's own environment (nox's, which nox puts first on PATH)."""
+    python = serving_venv(tmp_path / "serving", "0.5.10.post1+sm120.1")
+    path = [str(python.parent), os.environ["PATH"]]
+    if under_nox:
+        monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
+        monkeypatch.setenv("NOX_CURRENT_SESSION", "doctor")
+        path.insert(0, str(Path(sys.prefix) / "bin"))
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    cli.main([])
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] == (f"doctor of {python} (python3 on PATH; --python names "
+                                    "another)")
+    assert "sglang 0.5.10.post1+sm120.1 (ours)" in text
+
+
+def test_a_python_without_sglang_is_named_once_not_as_27_hooks(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    python = serving_venv(tmp_path / "bare", None)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(python.parent), os.environ["PATH"]]))
+    assert cli.main([]) == DoctorError.exit_code
+    assert f"  SGLang is not installed in {python}\n" in capsys.readouterr().out
+    # the plugin wheel beside no SGLang: its hooks cannot apply, and that is not the cause
     facts = box(2, packages={"sglang": None})
-    assert any("--python /path/to/serving/python" in line
-               for line in rules.judge(facts).text_of("packages"))
+    facts["made_by"]["executable"] = "/srv/venv/bin/python"
+    facts["plugin"]["hooks"] = [{"hook": f"G{i}", "state": "not applied",
+                                 "why": "sglang is not installed"} for i in range(27)]
+    report = rules.judge(facts)
+    assert report.text_of("packages")[1:] == [
+        "SGLang is not installed in /srv/venv/bin/python",
+        "plugin sm120fork-sglang-plugin 0.5.23+sm120.1: off: it has no SGLang to apply to"]
+    assert [b.partition(" (")[0] for b in report.blockers] == [
+        "SGLang is not installed in /srv/venv/bin/python"]
 
 
 @pytest.mark.parametrize(("argv", "says"), [

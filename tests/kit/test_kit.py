@@ -475,3 +475,24 @@ def test_the_tune_verb_runs_tune_on_the_kits_flashinfer_and_records_for_import(
     assert cmd[-3:] == ["--world-sizes", "2", "--yes"]
     assert env["SM120FORK_COMMAND"] == "sh '<kit sglang-0.5.23>/run' tune --world-sizes 2 --yes"
     assert "tune" in boot.VERBS
+
+
+def test_the_kits_doctor_examines_the_kits_venv_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 42: the doctor's own default is python3 on PATH; the kit's doctor looks at the
+    kit's venv, where the stack's wheels are beside it (``doctor-site``)."""
+    from sm120fork.doctor import cli
+
+    kit, home = tmp_path / "kit", tmp_path / "home"
+    data: dict[str, object] = {"stack": "s", "patched": {"flashinfer": "stack/fi.whl"}}
+    (home / "doctor-site").mkdir(parents=True)
+    (home / "doctor-site" / ".installed").write_text(str(kit / "stack" / "fi.whl"))
+    cmd, env = boot.harness_command(kit, data, "doctor", [], home)
+    assert cmd == ["sm120fork.doctor"]
+    monkeypatch.setenv("PATH", "")  # python3 on PATH is not asked
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    cli.main([])
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"doctor of {sys.executable} (the kit's venv, beside the stack's wheels)")

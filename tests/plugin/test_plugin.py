@@ -611,6 +611,9 @@ def _check_plugin_doctor_policy(site: Path, tmp_path: Path) -> None:
     policy.write(doc, tmp_path / "measured")
     named = _plugin_doctor(site, home, {policy.ENV_VAR: str(tmp_path / "measured" /
                                                             "policy.json")})
+    # the plugin wheel's doctor looks at the Python it is installed in (beside SGLang)
+    assert named["python"] == {"path": sys.executable, "why": "the Python sm120fork-doctor "
+                               "is installed in; --python names another"}
     assert named["text"]["policy"][0] == (f"policy file: {tmp_path}/measured/policy.json "
                                           f"(named by {policy.ENV_VAR})")
     tp2 = named["policy"]["tp"][0]

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..entry import Parser, boundary
+from ..entry import Parser, _nox_session, boundary
 from ..errors import DoctorError, UsageError
 from ..util import proc
 from .facts import SCHEMA, Facts, parse_facts
@@ -25,7 +27,8 @@ from .rules import Report, judge
 
 
 def render(report: Report) -> str:
-    out: list[str] = []
+    examined = report.sections.get("python")
+    out = [f"doctor of {examined['path']} ({examined['why']})"] if examined else []
     section = None
     for name, text in report.lines:
         if name != section:
@@ -79,7 +82,43 @@ def parser() -> Parser:
     return p
 
 
-def elsewhere(python: Path, argv: Sequence[str]) -> int:
+#: Set by a doctor that re-runs itself in the interpreter it examines: why that one.
+EXAMINED_ENV = "SM120FORK_DOCTOR_EXAMINES"
+
+
+def _same_interpreter(found: str) -> bool:
+    """``found`` is this interpreter: the same file in the same folder (a venv's python is
+    a link to its base interpreter's, so the file alone would not tell them apart)."""
+    here = Path(sys.executable)
+    return (Path(found).parent.resolve() == here.parent.resolve()
+            and os.path.samefile(found, here))
+
+
+def serving_python(named: Path | None) -> tuple[str, str]:
+    """The interpreter SGLang serves from, and why that one: ``--python``; else the one
+    the plugin wheel's doctor is installed in (beside that SGLang); else ``python3`` on
+    PATH, as the user's shell finds it (nox puts its own environment first: left out)."""
+    if named is not None:
+        found = shutil.which(str(named))
+        if found is None or not os.access(found, os.X_OK):
+            raise UsageError(f"--python {named}: no such interpreter",
+                             fix="give the python that runs SGLang, e.g. /srv/venv/bin/python")
+        return found, "named by --python"
+    if not __name__.startswith("sm120fork."):  # the plugin wheel's copy of the doctor
+        return sys.executable, "the Python sm120fork-doctor is installed in; --python names another"
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    if _nox_session() is not None:
+        own = Path(sys.prefix).resolve()
+        path = [d for d in path if d and not Path(d).resolve().is_relative_to(own)]
+    found = shutil.which("python3", path=os.pathsep.join(path))
+    if found is None:
+        raise UsageError("no python3 on PATH to examine",
+                         fix="name the Python SGLang serves from: nox -s doctor -- "
+                             "--python /path/to/serving/python")
+    return found, "python3 on PATH; --python names another"
+
+
+def elsewhere(python: str, why: str, argv: Sequence[str]) -> int:
     """Run this doctor, unchanged, in another interpreter; pass its output and exit on.
 
     The doctor imports only the standard library and its own package, so the package
@@ -87,21 +126,15 @@ def elsewhere(python: Path, argv: Sequence[str]) -> int:
     never the folder holding it, whose other packages would shadow the serving
     environment's).  Its children (the SGLang and FlashInfer probes) inherit the path.
     """
-    import os
-    import shutil
     import tempfile
 
-    found = shutil.which(str(python))
-    if found is None or not os.access(found, os.X_OK):
-        raise UsageError(f"--python {python}: no such interpreter",
-                         fix="give the python that runs SGLang, e.g. /srv/venv/bin/python")
     package_dir = Path(__file__).resolve().parent.parent
     package = __package__.rpartition(".")[0]
     with tempfile.TemporaryDirectory(prefix="sm120fork-doctor-") as tmp:
         (Path(tmp) / package).symlink_to(package_dir, target_is_directory=True)
         path = os.pathsep.join([tmp, *filter(None, [os.environ.get("PYTHONPATH")])])
-        done = proc.run([found, "-m", f"{package}.doctor", *argv], check=False, quiet=True,
-                        env={"PYTHONPATH": path})
+        done = proc.run([python, "-m", f"{package}.doctor", *argv], check=False, quiet=True,
+                        env={"PYTHONPATH": path, EXAMINED_ENV: why})
     sys.stdout.write(done.stdout)
     sys.stderr.write(done.stderr)
     return done.returncode
@@ -113,18 +146,30 @@ def main(argv: Sequence[str] | None = None, probes: Probes | None = None) -> int
                     on_interrupt=proc.end_children)
 
 
+def _without_python(argv: Sequence[str]) -> list[str]:
+    rest, skip = [], False
+    for a in argv:
+        if not skip and a != "--python" and not a.startswith("--python="):
+            rest.append(a)
+        skip = a == "--python" and not skip
+    return rest
+
+
 def _main(argv: Sequence[str] | None, probes: Probes | None) -> int:
     args = parser().parse_args(argv)
-    if args.python is not None:
-        if args.facts is not None:
-            raise UsageError("--facts judges a record; --python looks at an environment: "
-                             "use one of them")
-        rest = list(sys.argv[1:] if argv is None else argv)
-        at = next(i for i, a in enumerate(rest) if a == "--python" or a.startswith("--python="))
-        del rest[at:at + (1 if "=" in rest[at] else 2)]
-        return elsewhere(args.python, rest)
+    if args.facts is not None and args.python is not None:
+        raise UsageError("--facts judges a record; --python looks at an environment: "
+                         "use one of them")
     if args.facts is not None and args.record is not None:
         raise UsageError("--facts judges a record; --record makes one: use one of them")
+    why = os.environ.pop(EXAMINED_ENV, None)
+    if args.facts is not None:
+        why = f"the facts in {args.facts}"
+    elif why is None and probes is None:
+        python, why = serving_python(args.python)
+        if not _same_interpreter(python):
+            return elsewhere(python, why, _without_python(
+                sys.argv[1:] if argv is None else argv))
     if args.facts is not None:
         facts = read_facts(args.facts)
     else:
@@ -137,6 +182,7 @@ def _main(argv: Sequence[str] | None, probes: Probes | None) -> int:
             args.record.write_text(json.dumps(portable(facts), indent=1) + "\n",
                                    encoding="utf-8")
     report = judge(facts, base_gpu=args.base_gpu_id, tp=args.tp)
+    report.examined(facts, why or "the interpreter this doctor runs in")
     if args.json:
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     else:

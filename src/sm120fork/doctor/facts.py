@@ -163,6 +163,8 @@ class MadeBy(TypedDict):
     doctor: str | None
     python: str
     machine: str
+    #: the interpreter examined (records made before it was kept lack it)
+    executable: NotRequired[str]
 
 
 class Requires(TypedDict, total=False):

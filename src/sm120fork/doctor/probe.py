@@ -240,7 +240,8 @@ def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> Facts
         "schema": SCHEMA,
         "made_by": {"doctor": probes.installed("sm120fork")
                     or probes.installed(PLUGIN_DISTRIBUTION),
-                    "python": platform.python_version(), "machine": platform.machine()},
+                    "python": platform.python_version(), "machine": platform.machine(),
+                    "executable": sys.executable},
         "environ": {k: probes.environ[k] for k in OVERRIDES if k in probes.environ},
         "skipped": {},
     }

@@ -40,6 +40,10 @@ class Report:
     def block(self, text: str) -> None:
         self.blockers.append(text)
 
+    def examined(self, facts: Facts, why: str) -> None:
+        """The first line: which Python was examined, and why that one."""
+        self.sections["python"] = {"path": _python(facts), "why": why}
+
     def text_of(self, section: str) -> list[str]:
         return [t for s, t in self.lines if s == section]
 
@@ -47,6 +51,10 @@ class Report:
         order = list(dict.fromkeys(s for s, _ in self.lines))
         return {**self.sections, "text": {s: self.text_of(s) for s in order},
                 "blockers": self.blockers, "ok": not self.blockers}
+
+
+def _python(facts: Facts) -> str:
+    return facts.get("made_by", {}).get("executable") or "the Python the record does not name"
 
 
 def _is_ours(version: str | None) -> bool:
@@ -294,17 +302,16 @@ def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
     report.say("packages", f"sglang {sglang or '-'} ({sglang_kind}); flashinfer-python "
                            f"{flashinfer or '-'} ({fi_kind})")
     if sglang is None:
-        report.say("packages", "this is the environment the doctor runs in, not necessarily "
-                               "SGLang's: point it at the interpreter SGLang serves with "
-                               "(nox -s doctor -- --python /path/to/serving/python), or run "
-                               "sm120fork-doctor (the plugin wheel's) in that environment")
+        report.say("packages", f"SGLang is not installed in {_python(facts)}")
     for extra in ("flashinfer-cubin", "flashinfer-jit-cache", AOT_DISTRIBUTION):
         if packages.get(extra):
             report.say("packages", f"{extra} {packages[extra]}")
     plugin_facts = facts.get("plugin")
     active, state = False, None
     hooks: list[Hook] = []
-    if plugin is not None:
+    if plugin is not None and sglang is None:
+        state = "off: it has no SGLang to apply to"
+    elif plugin is not None:
         disabled = env.get("SM120FORK_PLUGIN", "").strip().lower() in ("0", "off", "false", "no")
         whitelist = env.get("SGLANG_PLUGINS")
         skipped = bool(whitelist) and PLUGIN_ENTRY_POINT not in {
@@ -334,6 +341,7 @@ def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
                 active, state = True, "active: SGLang's load_plugins() applies its hooks"
             else:
                 state = "off: no hook applies to this SGLang"
+    if plugin is not None:
         report.say("packages", f"plugin {PLUGIN_DISTRIBUTION} {plugin}: {state}")
         for h in hooks:
             if h.get("carried") and h["state"] != "not applied":
@@ -348,12 +356,14 @@ def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
     info["plugin_active"] = active
     info["plugin_hooks"] = hooks if plugin_facts and "hooks" in plugin_facts else (
         (plugin_facts or {}).get("error"))
+    if sglang is None:
+        report.block(f"SGLang is not installed in {_python(facts)} (give the doctor the "
+                     "Python SGLang serves from: --python /path/to/python; or install the "
+                     "stack's wheels there: pip install -c wheels/<stack>/constraints.txt "
+                     "wheels/<stack>/*.whl)")
     if not _sm12x(facts):
         return info
-    if sglang is None:
-        report.block("sglang: not installed (install our patched wheels, or stock SGLang "
-                     f"plus the plugin wheel {PLUGIN_WHEEL})")
-    elif sglang_kind != "ours" and not active:
+    if sglang is not None and sglang_kind != "ours" and not active:
         how = ("pip install -U sglang replaced our patched build" if "over ours" in sglang_kind
                else f"stock sglang {sglang} refuses SM12x for the fused all-reduce")
         wheels = "pip install -c wheels/<stack>/constraints.txt wheels/<stack>/*.whl"

@@ -449,6 +449,8 @@ def harness_command(kit: Path, data: dict[str, object], verb: str, args: Sequenc
             raise KitError("installing the stack's wheels for the doctor failed")
         marker.write_text(key)
     env["PYTHONPATH"] = str(site)
+    if _option(args, "--python") is None:  # the doctor's own choice is python3 on PATH
+        env["SM120FORK_DOCTOR_EXAMINES"] = "the kit's venv, beside the stack's wheels"
     return ["sm120fork.doctor", *args], env
 
 
