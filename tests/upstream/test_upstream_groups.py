@@ -15,8 +15,17 @@ from sm120fork.cli.main import main
 from sm120fork.errors import EXIT_PROBLEMS_FOUND, MaintenanceError
 from sm120fork.package.stack import build_stack
 from sm120fork.standing import stack_evidence
-from sm120fork.upstream.groups import leaks, plan_project, prepare, write_gpu_tests
+from sm120fork.upstream.groups import (
+    github_slug,
+    leaks,
+    plan_project,
+    prepare,
+    upstream_url,
+    write_gpu_tests,
+)
+from sm120fork.upstream.template import short_subject
 from sm120fork.util.hint import command
+from sm120fork.workspace import Workspace
 
 from conftest import git, make_patch, write_series
 from helpers_maintain import count_series_loads
@@ -271,3 +280,24 @@ def test_a_pr_is_prepared_from_the_stack_resolved_once(
     prepare(d.ws, "demo", "lib", "gates", run=False)
     series = d.ws.root / "patches" / "demo"
     assert sorted(loaded) == [series / "app", series / "lib", series / "lib" / "upstream-tests"]
+
+
+def test_message_helpers() -> None:
+    assert github_slug("https://github.com/flashinfer-ai/flashinfer.git") == \
+        "flashinfer-ai/flashinfer"
+    assert github_slug("git@github.com:sgl-project/sglang.git") == "sgl-project/sglang"
+
+    class P:
+        subject = "F1 jit: build the comm module"
+
+    assert short_subject(P()) == "jit: build the comm module"  # type: ignore[arg-type]
+
+
+def test_a_project_from_published_wheels_finds_its_upstream_in_another_stacks_pin() -> None:
+    """sglang-0.5.23 takes SGLang from published wheels (no git pin): its PR's `gh pr create`
+    still names SGLang's repository, from the default stack's pin of the same distribution."""
+    ws = Workspace(Path(__file__).resolve().parents[2])
+    project = ws.stack("sglang-0.5.23").project("sglang")
+    assert project.git is None
+    assert github_slug(upstream_url(ws, project)) == github_slug(
+        ws.stack("sglang-0.5.10").project("sglang").git_pin.url)

@@ -316,13 +316,9 @@ def upstream_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", metavar="PATH_OR_URL",
                    help="upstream repository to fetch --onto from (default: the declared "
                         "git URL)")
-    p.add_argument("--wheels", type=Path, metavar="DIR",
-                   help="where this stack's wheels and manifest.json are (default: "
-                        "wheels/<stack>/; see build --out)")
     p.add_argument("--write", action="store_true",
                    help="with --pr: publish the PR's record (what it was tested with) to "
-                        "reports/<stack>/upstream-pr/<pr>/; with --whole-series: write the "
-                        "package into reports/upstream/")
+                        "reports/<stack>/upstream-pr/<pr>/")
     p.add_argument("--pr", metavar="NAME",
                    help="prepare this PR (an Upstream-PR group of the series; without --pr "
                         "the PRs are listed)")
@@ -331,40 +327,9 @@ def upstream_args(p: argparse.ArgumentParser) -> None:
                         ".forks/upstream/<stack>/<project>/<pr>/)")
     p.add_argument("--no-tests", action="store_true",
                    help="with --pr: do not run the PR's tests (the body then says so)")
-    p.add_argument("--whole-series", action="store_true",
-                   help="the older form: every still-needed patch in one package, with the "
-                        "fork's evidence")
 
 
 def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    if not args.whole_series:
-        return _upstream_groups(args, ws, console)
-    if not args.project:
-        raise UsageError("--whole-series prepares one project's package: name the project",
-                         fix=command("upstream-pr", args.stack, "<project>", "--whole-series"))
-    from sm120fork.upstream.pr import upstream_pr
-
-    result = upstream_pr(ws, args.stack, args.project, onto=args.onto, repo=args.repo,
-                         wheels_dir=args.wheels, write=args.write)
-    for why in result.left_out:
-        console.print(f"left out of the branch: {why}", markup=False, highlight=False)
-    if not result.commits:
-        console.print(f"{args.stack}/{args.project}: nothing to submit: {result.reason}")
-        return 0
-    console.print(f"branch {result.branch} in {result.tree}: {len(result.commits)} commit(s)")
-    for c in result.commits:
-        console.print(f"  {c}")
-    console.print(f"title: {result.title}")
-    console.print(f"wrote {result.out_dir.relative_to(ws.root)}/ "
-                  f"({', '.join(sorted(p.name for p in result.files))})"
-                  + ("" if args.write else "; --write puts it under reports/upstream/"))
-    console.print("nothing was pushed; to submit, run:")
-    for line in result.commands:
-        console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
-    return 0
-
-
-def _upstream_groups(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.upstream.groups import (
         newer_stacks_with_prs,
         plan_project,

@@ -29,12 +29,12 @@ from pathlib import Path
 from sm120fork import __version__, record
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import CommandError, MaintenanceError
+from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Patch, Series, load_series
 from sm120fork.patch.tree import open_tree
 from sm120fork.standing import UPSTREAM_TESTS as TESTS_DIR
 from sm120fork.standing import Today
-from sm120fork.upstream.pr import branch_base, github_slug, short_subject, upstream_url
-from sm120fork.upstream.template import TestRun, render_body
+from sm120fork.upstream.template import TestRun, render_body, short_subject
 from sm120fork.util import proc
 from sm120fork.util.git import Git
 from sm120fork.util.hint import command
@@ -42,6 +42,49 @@ from sm120fork.workspace import Workspace
 
 FORK_NAMES = ("sm120fork", "sm12x-fork")
 _MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:tmp|work|home|root|opt|Users|var/folders)/")
+
+
+#: Where ``--onto REF`` is fetched to in the fork tree.
+ONTO_REF = "refs/sm120fork/onto"
+
+
+def branch_base(git: Git, ws: Workspace, stack_name: str, project: Project, *,
+                onto: str | None, repo: str | None) -> str:
+    """The commit a PR's branch starts from: the pinned release (the fork tree's upstream
+    tag) or, with ``onto``, that ref fetched from ``repo`` (default: the declared upstream
+    repository)."""
+    base = git("rev-parse", UPSTREAM_TAG, quiet=True)
+    if not onto:
+        return base
+    source = repo or upstream_url(ws, project)
+    if not source:
+        raise MaintenanceError(f"{project.key} pins no upstream repository to fetch "
+                               f"{onto} from", where=f"{stack_name}/{project.key}",
+                               fix="pass --repo with a local upstream checkout")
+    try:
+        git("fetch", "--quiet", "--no-tags", source, f"+{onto}:{ONTO_REF}")
+    except CommandError as exc:
+        raise MaintenanceError(f"cannot fetch {onto} from {source}",
+                               fix="pass --repo with a local upstream checkout",
+                               detail=exc.detail) from exc
+    return git("rev-parse", ONTO_REF, quiet=True)
+
+
+def upstream_url(ws: Workspace, project: Project) -> str:
+    """The project's upstream repository: its git pin's, else that of another stack's pin
+    of the same distribution (a project taken from published wheels pins no git), else ''."""
+    if project.git is not None:
+        return project.git.url
+    for stack in ws.stacks().values():
+        for other in stack.projects:
+            if other.distribution == project.distribution and other.git is not None:
+                return other.git.url
+    return ""
+
+
+def github_slug(url: str) -> str:
+    m = re.search(r"github\.com[:/]([^/]+/[^/]+?)(?:\.git)?/?$", url)
+    return m.group(1) if m else ""
 
 
 @dataclass(frozen=True, kw_only=True)

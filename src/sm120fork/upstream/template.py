@@ -12,7 +12,13 @@ import re
 from dataclasses import dataclass
 
 from sm120fork.patch.series import Patch
-from sm120fork.upstream.pr import short_subject
+
+_ID_PREFIX = re.compile(r"^(?:[A-Z]\d+|\d{4})\s+")
+
+
+def short_subject(patch: Patch) -> str:
+    """The subject without the fork's own patch id (``F1 ``, ``S2 ``, ``0001 ``)."""
+    return _ID_PREFIX.sub("", patch.subject)
 
 
 @dataclass(frozen=True, kw_only=True)
