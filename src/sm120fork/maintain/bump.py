@@ -114,6 +114,9 @@ class BumpResult:
     #: (``maintain.release.release_check``, as ``status`` shows it).
     undeclared_files: tuple[str, ...] = ()
     release_files: str = ""
+    #: The coordinated projects with patches bumped with it: key -> their verdicts.
+    companions: dict[str, tuple[Classification, ...]] = dataclasses.field(
+        default_factory=dict)
 
 
 def _state_paths(ws: Workspace, state: BumpState) -> tuple[Path, Path]:
@@ -363,13 +366,15 @@ def _bump_companions(ws: Workspace, state: BumpState) -> None:
             continue  # done (by this bump, or by hand)
         try:
             if pending is not None:
-                _resume(ws, pending)
+                done = _resume(ws, pending)
             else:
-                _bump(ws, state.stack, key, version, allow_downgrade=True,
-                      coordinated_with=state.project)
+                done = _bump(ws, state.stack, key, version, allow_downgrade=True,
+                             coordinated_with=state.project)
         except MaintenanceError as exc:
             _then_resume(exc, key, state)
             raise
+        state.companion_results[key] = list(done.classifications)
+        state.save(ws)
         stage("companion bumped")
     state.phase = "new-tree"
     state.save(ws)
@@ -635,7 +640,8 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
                       new_version=state.new_version, classifications=results, report=report,
                       changelog=changelog, refresh=refreshed, range_diff=range_diff,
                       new_stack_created=state.created_stack, used_as_published=published,
-                      undeclared_files=undeclared, release_files=release_files)
+                      undeclared_files=undeclared, release_files=release_files,
+                      companions={k: tuple(v) for k, v in state.companion_results.items()})
 
 
 def _description(ws: Workspace, stack: Stack, project: Project, state: BumpState,

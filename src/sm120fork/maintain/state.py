@@ -158,6 +158,9 @@ class BumpState:
     before: dict[str, str | None] = dataclasses.field(default_factory=dict)
     #: Folders whose files the journal holds whole: a file not in it is removed on abort.
     journaled_dirs: list[str] = dataclasses.field(default_factory=list)
+    #: Each coordinated bump this one ran to its end: key -> its patches' verdicts.
+    companion_results: dict[str, list[Classification]] = dataclasses.field(
+        default_factory=dict)
 
     def pinned(self, project: Project) -> Project:
         """``project`` at the bump's new pin and version."""
@@ -178,6 +181,8 @@ class BumpState:
             state.new_pin = NewPin.from_json(state.new_pin)
             state.results = [Classification.from_json(r) for r in state.results]
             state.preview = [Classification.from_json(r) for r in state.preview]
+            state.companion_results = {str(k): [Classification.from_json(r) for r in v]
+                                       for k, v in dict(state.companion_results).items()}
         except (OSError, ValueError, TypeError):
             return None
         return state
