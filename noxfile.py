@@ -236,6 +236,13 @@ def bump(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def watch(session: nox.Session) -> None:
+    """Each upstream release newer than the pins, bumped in scratch: nox -s watch -- --limit N."""
+    install(session, ".")
+    toolkit(session, "watch")
+
+
+@nox.session(python=PYTHON)
 def refresh(session: nox.Session) -> None:
     """Export a fork tree's commits back into its series: nox -s refresh -- <stack> <project>."""
     install(session, ".")

@@ -63,6 +63,10 @@ VERBS: dict[str, Verb] = {
     "upstream-pr": Verb(help="prepare (never push) an upstream PR with evidence",
                         module="sm120fork.cli.maintain", add_args="upstream_args",
                         run="run_upstream_pr"),
+    "watch": Verb(help="each upstream release newer than the pins, bumped in a scratch copy: "
+                       "per patch applies / merges / conflicts / upstream has it, the pins it "
+                       "moves, the claims to re-make -> reports/watch/",
+                  module="sm120fork.cli.maintain", add_args="watch_args", run="run_watch"),
     "verify-sm120": Verb(help="check every patch's evidence (compile proof for SM12x, "
                               "behaviour checks) -> reports/<stack>/verify-sm120/",
                          module="sm120fork.cli.verify", run="run"),

@@ -286,6 +286,46 @@ def print_release_files(console: Console, stack: str, undeclared: Sequence[str],
         console.print(f"release files: {summary}", highlight=False, soft_wrap=True)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value
+
+
+def watch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stack", action="append", default=[], metavar="NAME",
+                   help="only this stack (repeatable; default: every stack in forks/)")
+    p.add_argument("--limit", type=_positive, default=2, metavar="N",
+                   help="bump the newest N releases of each project (default: 2); every "
+                        "newer one is listed")
+    p.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+
+
+def run_watch(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    from sm120fork.maintain.watch import summary, watch, write_report
+
+    found = watch(ws, args.stack, limit=args.limit)
+    written = [write_report(ws, sw) for sw in found]
+    if args.json:
+        console.print_json(json.dumps([sw.to_json() for sw in found]))
+    else:
+        for sw in found:
+            for pw in sw.projects:
+                console.print(f"{sw.stack}/{pw.project} {pw.pinned}: "
+                              + (f"error: {pw.error}" if pw.error else
+                                 f"{len(pw.newer)} newer release(s)"),
+                              markup=False, soft_wrap=True)
+                for r in pw.releases:
+                    console.print(f"  {r.version}: {summary(r)}", markup=False,
+                                  soft_wrap=True)
+    for _, md in written:
+        log.info("report: %s", md.relative_to(ws.root))
+    incomplete = any(pw.error or any(r.outcome == "failed" for r in pw.releases)
+                     for sw in found for pw in sw.projects)
+    return EXIT_PROBLEMS_FOUND if incomplete else 0
+
+
 def refresh_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack")
     p.add_argument("project")

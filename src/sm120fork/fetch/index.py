@@ -142,6 +142,19 @@ class ProjectPage:
             found[version] = f
         return dict(sorted(found.items()))
 
+    def releases(self, project: Project) -> list[Version]:
+        """Every version of the project with a file not yanked (an sdist or a wheel: a
+        release published as wheels alone counts), oldest first."""
+        found = set(self.sdists(project))
+        for f in self.files:
+            try:
+                name, version, _, _ = parse_wheel_filename(f.filename)
+            except InvalidWheelFilename:
+                continue
+            if canonicalize_name(name) == project.normalized_name and not f.yanked:
+                found.add(version)
+        return sorted(found)
+
     def recent(self, project: Project, count: int = 6) -> str:
         versions = list(self.sdists(project))[-count:]
         return ", ".join(str(v) for v in versions) or "none"

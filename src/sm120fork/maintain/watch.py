@@ -1,0 +1,381 @@
+"""``watch``: what each upstream release newer than a stack's pins will cost, said before
+anyone starts.
+
+Each release is bumped (:func:`sm120fork.maintain.bump.bump`) in a scratch copy of the
+checkout, so nothing tracked changes; a patch the bump stops at is dropped there
+(``--skip``) so the patches after it are judged too.  The outcome of each release: every
+patch's verdict (applies / merges / conflicts / upstream has it), the pins the bump moves
+with it, the claims (``Verified-By``) whose records must be made again, and the commands a
+maintainer will run.  Written as ``reports/watch/<stack>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import Version
+
+from sm120fork.declare import Project, Stack, pinned_for
+from sm120fork.entry import relative
+from sm120fork.errors import ConfigError, MaintenanceError, ToolkitError
+from sm120fork.fetch.index import project_page
+from sm120fork.maintain.bump import BumpResult, bump, bump_continue
+from sm120fork.maintain.classify import MERGES_3WAY
+from sm120fork.maintain.preflight import pins_refusing
+from sm120fork.maintain.state import (
+    CONFLICT,
+    DROPPED_BY_HAND,
+    STILL_NEEDED,
+    TARGET_MISSING,
+    UPSTREAMED,
+    BumpState,
+    Classification,
+    today,
+)
+from sm120fork.patch.series import load_series
+from sm120fork.standing import Today, claim_record_path, claims, judge_claim, stack_evidence
+from sm120fork.util.files import atomic_write_text, scratch_prefix
+from sm120fork.util.hint import command
+from sm120fork.workspace import Workspace
+
+log = logging.getLogger("sm120fork")
+
+APPLIES = "applies"
+#: Merged by git's 3-way merge; no check of the merged code ran (none exists yet).
+MERGES = "merges (3-way, not checked)"
+CONFLICTS = "conflicts"
+UPSTREAM_HAS_IT = "upstream has it"
+#: A stop the watch cannot step over unattended: more than one per patch is a loop.
+_STOPS_PER_PATCH = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchVerdict:
+    project: str
+    patch: str
+    verdict: str
+    #: The bump's own verdict and evidence, as its report gives them.
+    bump_verdict: str
+    evidence: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """A command a maintainer runs, and when."""
+
+    run: str
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseWatch:
+    version: str
+    #: "bumps" (every patch placed), "stops" (at conflicts: resolve or skip each),
+    #: "refused" (the bump refuses this release; ``error`` says why).
+    outcome: str
+    new_stack: str = ""
+    patches: tuple[PatchVerdict, ...] = ()
+    #: "flashinfer 0.7.2 -> 0.7.3 (sglang 0.5.24 requires flashinfer_python==0.7.3)"
+    moves: tuple[str, ...] = ()
+    #: Each claim whose record must be made again: (claim, why).
+    claims: tuple[tuple[str, str], ...] = ()
+    steps: tuple[Step, ...] = ()
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProjectWatch:
+    project: str
+    distribution: str
+    pinned: str
+    #: Every release on the index newer than the pin, newest first.
+    newer: tuple[str, ...] = ()
+    #: The newest ``limit`` of them, each bumped in scratch.
+    releases: tuple[ReleaseWatch, ...] = ()
+    #: Why the index could not be read ("" when it was).
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackWatch:
+    stack: str
+    date: str
+    limit: int
+    projects: tuple[ProjectWatch, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def newer_releases(project: Project) -> list[Version]:
+    """The project's releases on the package index newer than its pin, newest first (a
+    pre-release only when the pin is one)."""
+    pinned = Version(project.version)
+    return sorted((v for v in project_page(project).releases(project)
+                   if v > pinned and (pinned.is_prerelease or not v.is_prerelease)),
+                  reverse=True)
+
+
+@contextmanager
+def scratch_checkout(ws: Workspace, cache: Path) -> Iterator[Workspace]:
+    """A copy of the checkout's declarations, series, records and build manifests, whose
+    download cache is ``cache`` (the checkout's own files linked, never written)."""
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix("watch")) as tmp:
+        root = Path(tmp) / "checkout"
+        root.mkdir()
+        for top in ("forks", "patches", "reports"):
+            if (ws.root / top).is_dir():
+                shutil.copytree(ws.root / top, root / top, symlinks=True)
+        for manifest in sorted(ws.wheels_dir.glob("*/manifest.json")):
+            (root / manifest.relative_to(ws.root)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(manifest, root / manifest.relative_to(ws.root))
+        scratch = Workspace(root)
+        scratch.state_dir.mkdir()
+        (scratch.state_dir / "cache").symlink_to(cache)
+        yield scratch
+
+
+def _link_cache(ws: Workspace, cache: Path) -> None:
+    """``cache``: a download cache whose files are links to the checkout's cached files."""
+    for real, kind in ((ws.sdist_cache, "sdists"), (ws.wheel_cache, "wheels")):
+        (cache / kind).mkdir(parents=True, exist_ok=True)
+        for f in sorted(real.glob("*")) if real.is_dir() else ():
+            if f.is_file() and not (cache / kind / f.name).exists():
+                (cache / kind / f.name).symlink_to(f.resolve())
+
+
+def _verdict(c: Classification) -> str:
+    if c.verdict in UPSTREAMED:
+        return UPSTREAM_HAS_IT
+    if c.verdict in (CONFLICT, TARGET_MISSING, DROPPED_BY_HAND):
+        return CONFLICTS
+    if c.verdict == STILL_NEEDED:
+        return MERGES if MERGES_3WAY in c.evidence else APPLIES
+    return c.verdict
+
+
+def _verdicts(project: str, rows: Sequence[Classification]) -> list[PatchVerdict]:
+    return [PatchVerdict(project=project, patch=c.patch, verdict=_verdict(c),
+                         bump_verdict=c.verdict, evidence=c.evidence) for c in rows]
+
+
+def _moves(before: Stack, after: Stack, project: str) -> list[str]:
+    """Each other project whose pin the bump moved, with the requirement that moved it."""
+    moved = after.project(project)
+    out = []
+    for old in before.projects:
+        new = next((p for p in after.projects if p.key == old.key), None)
+        if old.key == project or new is None or new.version == old.version:
+            continue
+        why = next((f" ({moved.distribution} {moved.version} requires {req})"
+                    for req in moved.upstream_requires
+                    if pinned_for(req, after.projects) is new), "")
+        out.append(f"{old.key} {old.version} -> {new.version}{why}")
+    return out
+
+
+def _stale_claims(ws: Workspace, stack: Stack) -> list[tuple[str, str, str]]:
+    """(claim, why, command) of each claim of ``stack`` that no current record backs."""
+    now = Today.of(ws, stack)
+    records = {s.name: s for s in stack_evidence(ws, stack, today=now)}
+    out = []
+    for key, series in now.series.items():
+        for patch in series.patches:
+            for c in claims(patch):
+                standing = judge_claim(ws, stack, key, patch, c.kind, c.check, now)
+                record = records.get(claim_record_path(c.kind, c.check, stack.name)[0])
+                if standing.current and (record is None or record.current):
+                    continue
+                why = standing.reasons if not standing.current else (
+                    record.reasons if record else ())
+                remake = standing.command or (record.command if record else "")
+                out.append((standing.name, "; ".join(why), remake))
+    return out
+
+
+@dataclass
+class _Run:
+    """One release's bump in scratch, driven to its end."""
+
+    ws: Workspace
+    stack: str
+    project: str
+    #: (project, patch) of each stop, in order.
+    stops: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    companions: dict[str, tuple[Classification, ...]] = dataclasses.field(
+        default_factory=dict)
+
+    def stopped(self) -> BumpState | None:
+        """The bump that stopped: a coordinated one (it goes first) or this one."""
+        states = [s for d in sorted((self.ws.state_dir / "bump").glob(f"{self.stack}--*"))
+                  if (s := BumpState.load(self.ws, self.stack, d.name.partition("--")[2]))]
+        return next((s for s in states if s.coordinated_with), states[0] if states else None)
+
+    def to_end(self, start: Callable[[], BumpResult]) -> BumpResult:
+        """Run ``start``; at each conflict drop the patch (``--skip``) and go on."""
+        call = start
+        for _ in range(_STOPS_PER_PATCH * 64):
+            try:
+                result = call()
+            except ToolkitError:
+                state = self.stopped()
+                if state is None or not state.conflict_head:
+                    raise
+                patch = load_series(BumpState.directory(self.ws, self.stack, state.project)
+                                    / "series").patches[state.next_index]
+                self.stops.append((state.project, patch.name))
+                call = functools.partial(bump_continue, self.ws, self.stack, state.project,
+                                         skip=True)
+                continue
+            if result.project == self.project:
+                return result
+            self.companions[result.project] = result.classifications
+            call = functools.partial(bump_continue, self.ws, self.stack, self.project)
+        raise ToolkitError("the bump stopped more often than its patches", where=self.stack)
+
+
+
+def watch_release(ws: Workspace, stack: Stack, project: Project, version: Version,
+                  cache: Path) -> ReleaseWatch:
+    """Bump ``project`` of ``stack`` to ``version`` in a scratch copy of the checkout: in
+    place when the stack's other pins accept it, else into a new stack of the project and
+    those it requires (as a FlashInfer release the stack's SGLang pins away from)."""
+    refusing = pins_refusing(stack, project, str(version))
+    new_stack = f"{project.key}-{version}" if refusing else ""
+    if new_stack in ws.stacks():
+        return ReleaseWatch(version=str(version), outcome="refused", new_stack=new_stack,
+                            error=f"stack {new_stack} exists: it carries this release")
+    target = new_stack or stack.name
+    args = [stack.name, project.key, str(version), *(["--new-stack", new_stack] * bool(new_stack))]
+    with scratch_checkout(ws, cache) as scratch:
+        run = _Run(ws=scratch, stack=target, project=project.key)
+        try:
+            result = run.to_end(lambda: bump(scratch, stack.name, project.key, str(version),
+                                             new_stack=new_stack or None))
+        except ToolkitError as exc:
+            return ReleaseWatch(
+                version=str(version), new_stack=new_stack,
+                error=relative(exc.message, scratch.root),
+                outcome="refused" if isinstance(exc, MaintenanceError) else "failed")
+        after = scratch.stack(target, strict=False)
+        companions = {**result.companions, **run.companions}
+        patches = [v for p in after.projects if p.key in companions
+                   for v in _verdicts(p.key, companions[p.key])]
+        patches += _verdicts(project.key, result.classifications)
+        stale = _stale_claims(scratch, after)
+    steps = [Step(run=command("bump", *args), why="moves the pin" if not new_stack else
+                  "a stack of its own: " + "; ".join(relative(r, ws.root) for r in refusing))]
+    steps += [Step(run=command("bump", target, key, "--continue"),
+                   why=f"once {patch} ({key}) is resolved in its fork tree; "
+                       f"`{command('bump', target, key, '--skip')}` drops it instead")
+              for key, patch in run.stops]
+    steps.append(Step(run=command("build", "--stack", target), why="the stack's wheels"))
+    for remake in dict.fromkeys(c for _, _, c in stale if c):
+        n = sum(1 for _, _, c in stale if c == remake)
+        steps.append(Step(run=remake, why=f"re-makes the record {n} claim(s) name"))
+    return ReleaseWatch(
+        version=str(version), outcome="stops" if run.stops else "bumps", new_stack=new_stack,
+        patches=tuple(patches), moves=tuple(_moves(stack, after, project.key)),
+        claims=tuple((name, why) for name, why, _ in stale), steps=tuple(steps))
+
+
+def watch_project(ws: Workspace, stack: Stack, project: Project, *, limit: int,
+                  cache: Path) -> ProjectWatch:
+    """The project's releases newer than its pin, the newest ``limit`` bumped in scratch."""
+    base = ProjectWatch(project=project.key, distribution=project.distribution,
+                        pinned=project.version)
+    try:
+        newer = newer_releases(project)
+    except ToolkitError as exc:
+        return dataclasses.replace(base, error=exc.message)
+    log.info("watch: %s/%s %s: %d newer release(s) on the package index%s", stack.name,
+             project.key, project.version, len(newer),
+             f"; bumping the newest {min(limit, len(newer))} in scratch" if newer else "")
+    releases = []
+    for i, version in enumerate(newer[:limit], 1):
+        log.info("watch: [%d/%d] %s/%s %s -> %s", i, min(limit, len(newer)), stack.name,
+                 project.key, project.version, version)
+        release = watch_release(ws, stack, project, version, cache)
+        log.info("watch: %s/%s %s: %s", stack.name, project.key, version, summary(release))
+        releases.append(release)
+    return dataclasses.replace(base, newer=tuple(map(str, newer)), releases=tuple(releases))
+
+
+def watch(ws: Workspace, stacks: Sequence[str] = (), *, limit: int) -> list[StackWatch]:
+    """Every stack (or those named), each project's newer releases watched."""
+    found = ws.stacks()
+    names = sorted(stacks or found)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ConfigError(f"no stack {', '.join(missing)}", where="forks/",
+                          fix=f"stacks: {', '.join(sorted(found))}")
+    with tempfile.TemporaryDirectory(prefix=scratch_prefix("watch-cache")) as tmp:
+        cache = Path(tmp)
+        _link_cache(ws, cache)
+        return [StackWatch(stack=name, date=today(), limit=limit, projects=tuple(
+                    watch_project(ws, found[name], p, limit=limit, cache=cache)
+                    for p in found[name].projects)) for name in names]
+
+
+def summary(release: ReleaseWatch) -> str:
+    """One line: what the release costs."""
+    if release.outcome in ("refused", "failed"):
+        return f"{release.outcome}: {release.error}"
+    counts: dict[str, int] = {}
+    for p in release.patches:
+        counts[p.verdict] = counts.get(p.verdict, 0) + 1
+    text = ", ".join(f"{n} {v}" for v, n in counts.items()) or "no patches"
+    extra = [*(f"moves {m}" for m in release.moves),
+             f"{len(release.claims)} claim(s) to re-make" if release.claims else ""]
+    return "; ".join([f"{release.outcome}: {text}", *filter(None, extra)])
+
+
+def report_paths(ws: Workspace, stack: str) -> tuple[Path, Path]:
+    folder = ws.reports_dir / "watch"
+    return folder / f"{stack}.json", folder / f"{stack}.md"
+
+
+def write_report(ws: Workspace, sw: StackWatch) -> tuple[Path, Path]:
+    """``reports/watch/<stack>.json`` and its summary ``.md``."""
+    json_path, md_path = report_paths(ws, sw.stack)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(json_path, json.dumps(sw.to_json(), indent=1) + "\n")
+    atomic_write_text(md_path, "\n".join(markdown(sw)) + "\n")
+    return json_path, md_path
+
+
+def markdown(sw: StackWatch) -> list[str]:
+    lines = [f"# Watch: stack {sw.stack} ({sw.date})", "",
+             "Each release on the package index newer than a pin, the newest "
+             f"{sw.limit} of each project bumped in a scratch copy of the checkout "
+             f"(`{command('watch', '--stack', sw.stack, '--limit', str(sw.limit))}`).", ""]
+    for pw in sw.projects:
+        lines += [f"## {pw.project}: {pw.distribution} {pw.pinned}", ""]
+        if pw.error:
+            lines += [f"The package index could not be read: {pw.error}", ""]
+            continue
+        untried = pw.newer[len(pw.releases):]
+        lines += [f"Newer: {', '.join(pw.newer) or 'none'}"
+                  + (f" (not bumped here: {', '.join(untried)})" if untried else ""), ""]
+        for r in pw.releases:
+            lines += [f"### {r.version}: {summary(r)}", ""]
+            if r.patches:
+                lines += ["| project | patch | verdict |", "|---|---|---|",
+                          *(f"| {p.project} | {p.patch} | {p.verdict} |" for p in r.patches),
+                          ""]
+            if r.claims:
+                lines += ["Claims to re-make:", "",
+                          *(f"- {name} ({why})" for name, why in r.claims), ""]
+            if r.steps:
+                lines += ["Then:", "",
+                          *(f"{i}. `{s.run}`: {s.why}" for i, s in enumerate(r.steps, 1)), ""]
+    return lines

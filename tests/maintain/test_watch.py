@@ -1,0 +1,202 @@
+"""``watch`` (issue 41 item 5): every release newer than a pin, bumped in a scratch copy of
+the checkout, with each patch's verdict, the pins it moves, the claims to re-make and the
+commands to run; nothing tracked changes.
+
+The stack is shaped like ``sglang-0.5.23`` (wheel sources, FlashInfer pinned by SGLang's
+metadata); the releases are wheels made here, served by a local package index.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sm120fork.cli.main import main
+from sm120fork.util.files import sha256_file
+
+from conftest import git, make_patch, write_series
+from helpers_maintain import pack_release, package_index, sglang_toolkit
+
+STACK = "sg"
+GATE_FILE = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
+GATE = "def fused_allowed(major):\n    return major in (9, 10)\n"
+FIVE = "a = 1\nb = 2\nc = 3\nd = 4\ne = 5\n"
+
+
+def _sglang(version: str, **changed: str) -> dict[str, str]:
+    files = {"sglang/__init__.py": f'__version__ = "{version}"\n', GATE_FILE: GATE,
+             "sglang/srt/five.py": FIVE, "sglang/srt/conf.py": "LIMIT = 8\n",
+             "sglang/srt/fix.py": "X = 0\n"}
+    return {**files, **changed}
+
+
+def _toml(sglang: Path, flashinfer: Path) -> str:
+    return textwrap.dedent(f"""\
+        [stack]
+        name = "{STACK}"
+        default = true
+        description = "sglang 0.5.23 + flashinfer-python 0.7.2"
+
+        [projects.flashinfer]
+        distribution = "flashinfer-python"
+        version = "0.7.2"
+        local_label = "sm120.1"
+        package_root = "."
+        series = "patches/{STACK}/flashinfer"
+        source = "wheel"
+
+        [[projects.flashinfer.wheels]]
+        filename = "{flashinfer.name}"
+        sha256 = "{sha256_file(flashinfer)}"
+
+        [projects.sglang]
+        distribution = "sglang"
+        version = "0.5.23"
+        local_label = "sm120.1"
+        package_root = "python"
+        series = "patches/{STACK}/sglang"
+        source = "wheel"
+        requires = ["flashinfer"]
+        upstream_requires = ["flashinfer_python==0.7.2"]
+        layout = "layer_boundary"
+
+        [[projects.sglang.wheels]]
+        filename = "{sglang.name}"
+        sha256 = "{sha256_file(sglang)}"
+        """)
+
+
+def _series(root: Path, tmp_path: Path) -> None:
+    """sglang: G1 (from sglang_toolkit, with a claim) and three more, each meeting 0.5.24
+    differently; flashinfer: F1, which applies on every FlashInfer release."""
+    repo = tmp_path / "sglang-repo"
+    d = root / "patches" / STACK / "sglang"
+    names = (d / "series").read_text().split()
+    for subject, rel, old, new in (
+            ("G2 five: b is 20", "five.py", "b = 2", "b = 20  # sm12x"),
+            ("G3 conf: larger limit", "conf.py", "LIMIT = 8", "LIMIT = 16  # sm12x"),
+            ("G4 fix: X is 1", "fix.py", "X = 0", "X = 1  # sm12x")):
+        names.append(make_patch(repo, d, subject, {f"python/sglang/srt/{rel}": (old, new)},
+                                f"python/sglang/srt/{rel}: {new}").name)
+    write_series(d, names)
+    fi_repo = tmp_path / "flashinfer-repo"
+    (fi_repo / "flashinfer").mkdir(parents=True)
+    (fi_repo / "flashinfer" / "__init__.py").write_text("")
+    git(fi_repo, "init", "-q", "-b", "main")
+    git(fi_repo, "add", "-A")
+    git(fi_repo, "commit", "-q", "-m", "release 0.7.2")
+    fi = root / "patches" / STACK / "flashinfer"
+    patch = make_patch(fi_repo, fi, "F1 comm: allow 12", {
+        "flashinfer/__init__.py": ("", "SM12X = True\n")}, "flashinfer/__init__.py: SM12X")
+    write_series(fi, [patch.name])
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """sglang 0.5.23 (pinned), 0.5.24 (pins flashinfer 0.7.3; G2's context changed, G3's
+    line changed, G4 merged) and 0.5.25 (its gate moved to another layout's file);
+    FlashInfer 0.7.2 (pinned), 0.7.2.post1 and 0.7.3."""
+    monkeypatch.setenv("SM120FORK_TODAY", "2026-12-07")
+    made = tmp_path / "made"
+    made.mkdir()
+    fi = {v: pack_release(made, "flashinfer-python", v, {"flashinfer/__init__.py": ""}, [])
+          for v in ("0.7.2", "0.7.2.post1", "0.7.3")}
+    moved = _sglang("0.5.25", **{"sglang/srt/layers/communicator.py": GATE})
+    del moved[GATE_FILE]
+    sglang = {
+        "0.5.23": pack_release(made, "sglang", "0.5.23", _sglang("0.5.23"),
+                               ["flashinfer_python==0.7.2"]),
+        "0.5.24": pack_release(made, "sglang", "0.5.24", _sglang("0.5.24", **{
+            "sglang/srt/five.py": FIVE.replace("e = 5", "e = 50"),
+            "sglang/srt/conf.py": "LIMIT = 4\n",
+            "sglang/srt/fix.py": "X = 1  # sm12x\n"}), ["flashinfer_python==0.7.3"]),
+        "0.5.25": pack_release(made, "sglang", "0.5.25", moved, ["flashinfer_python==0.7.2"]),
+    }
+    checkout = sglang_toolkit(tmp_path, STACK, _toml(sglang["0.5.23"], fi["0.7.2"]),
+                              _sglang("0.5.23"), GATE_FILE,
+                              extra_fields="Verified-By: sglang:G1\n")
+    _series(checkout, tmp_path)
+    with package_index(list(sglang.values()), "sglang",
+                       more={"flashinfer-python": list(fi.values())}) as url:
+        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
+        yield checkout
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.relative_to(root).as_posix().startswith("reports/watch/")}
+
+
+def _rows(release: dict[str, object]) -> list[tuple[str, str, str]]:
+    patches = release["patches"]
+    assert isinstance(patches, list)
+    return [(p["project"], p["patch"][5:7], p["verdict"]) for p in patches]
+
+
+@pytest.mark.slow
+def test_the_watch_reports_every_newer_release_with_its_verdicts_and_changes_nothing(
+        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = _files(root)
+    assert main(["--root", str(root), "watch", "--json", "--limit", "2"]) == 0
+    out, err = capsys.readouterr()
+    (report,) = json.loads(out)
+    assert _files(root) == before  # forks/, patches/, reports/ and .forks/ untouched
+    assert not (root / ".forks" / "trees").exists()
+    assert json.loads((root / "reports/watch/sg.json").read_text()) == report
+    flashinfer, sglang = report["projects"]
+    assert sglang["newer"] == ["0.5.25", "0.5.24"]
+    moved, carried = sglang["releases"]
+    assert moved["outcome"] == "refused"
+    assert "the gate moved: sglang 0.5.25 has no " + GATE_FILE in moved["error"]
+    assert carried["version"] == "0.5.24"
+    assert carried["outcome"] == "stops"
+    assert _rows(carried) == [("flashinfer", "F1", "applies"), ("sglang", "G1", "applies"),
+                              ("sglang", "G2", "merges (3-way, not checked)"),
+                              ("sglang", "G3", "conflicts"),
+                              ("sglang", "G4", "upstream has it")]
+    assert carried["moves"] == [
+        "flashinfer 0.7.2 -> 0.7.3 (sglang 0.5.24 requires flashinfer_python==0.7.3)"]
+    assert [c[0] for c in carried["claims"]] == [
+        "patches/sg/sglang/0001-G1-layer_boundary-allow-the-fused-path-on-12: sglang:G1"]
+    assert [s["run"] for s in carried["steps"]] == [
+        "python -m sm120fork bump sg sglang 0.5.24",
+        "python -m sm120fork bump sg sglang --continue",
+        "python -m sm120fork build --stack sg",
+        "nox -s verify_sm120 -- --stack sg"]  # as the record's kind names it
+    assert "0003-G3-conf-larger-limit.patch" in carried["steps"][1]["why"]
+    # FlashInfer's releases: SGLang pins it, so each goes into a stack of its own.
+    assert flashinfer["newer"] == ["0.7.3", "0.7.2.post1"]
+    newest = flashinfer["releases"][0]
+    assert newest["new_stack"] == "flashinfer-0.7.3"
+    assert (newest["outcome"], _rows(newest)) == ("bumps", [("flashinfer", "F1", "applies")])
+    assert newest["steps"][0]["run"] == (
+        "python -m sm120fork bump sg flashinfer 0.7.3 --new-stack flashinfer-0.7.3")
+    assert "sglang 0.5.23 requires flashinfer_python==0.7.2" in newest["steps"][0]["why"]
+    # The summary: a row per patch; no folder of this machine in either file.
+    md = (root / "reports/watch/sg.md").read_text()
+    assert "| sglang | 0003-G3-conf-larger-limit.patch | conflicts |" in md
+    assert "### 0.5.25: refused: " in md
+    for text in (md, json.dumps(report)):
+        assert str(root.parent) not in text
+        assert "/tmp" not in text
+    assert "watch: [1/2] sg/sglang 0.5.23 -> 0.5.25" in err
+
+
+@pytest.mark.slow
+def test_the_limit_bumps_the_newest_releases_and_lists_the_others(
+        root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--root", str(root), "watch", "--stack", STACK, "--limit", "1"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads((root / "reports/watch/sg.json").read_text())
+    assert [(p["newer"], [r["version"] for r in p["releases"]]) for p in report["projects"]
+            ] == [(["0.7.3", "0.7.2.post1"], ["0.7.3"]), (["0.5.25", "0.5.24"], ["0.5.25"])]
+    assert "sg/sglang 0.5.23: 2 newer release(s)" in out
+    md = (root / "reports/watch/sg.md").read_text()
+    assert "Newer: 0.5.25, 0.5.24 (not bumped here: 0.5.24)" in md
+    first = md
+    assert main(["--root", str(root), "watch", "--stack", STACK, "--limit", "1"]) == 0
+    assert (root / "reports/watch/sg.md").read_text() == first  # the same run, the same bytes
