@@ -88,7 +88,7 @@ def test_workflows_call_the_nox_sessions_a_user_runs() -> None:
                 called.setdefault(path.stem, set()).add(name)
     assert called == {"ci": {"lint", "tests", "e2e", "verify_sm120"}, "build": {"build"},
                       "wheels": {"cibuildwheel"}, "gpu": {"build", "gpu_test", "bench"},
-                      "release": {"build", "index"}}
+                      "release": {"build", "index"}, "watch": {"watch"}}
 
 
 def test_workflow_triggers_and_runners() -> None:
@@ -107,6 +107,7 @@ def test_workflow_triggers_and_runners() -> None:
     assert on("wheels.yml")["push"] == {"tags": ["v*"]}
     assert set(on("gpu.yml")) == {"workflow_dispatch"}
     assert on("release.yml")["push"] == {"tags": ["v*"]}
+    assert set(on("watch.yml")) == {"schedule", "workflow_dispatch"}  # weekly, and on demand
     gpu_jobs = load("gpu.yml")["jobs"]
     assert isinstance(gpu_jobs, dict)
     assert gpu_jobs["gpu"]["runs-on"][0] == "self-hosted"
