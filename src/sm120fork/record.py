@@ -46,6 +46,8 @@ class Kind:
     remake: str
     #: Several records per stack, one per subject (``reports/<stack>/<kind>/<subject>/``).
     has_subjects: bool = False
+    #: What its command needs beyond this CPU machine ("" : nothing).
+    needs: str = "a GPU"
 
     def command(self, stack: str, subject: str | None = None) -> str:
         if not self.remake:
@@ -64,9 +66,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
                                           "faults (the fault matrix)",
          remake="nox -s sglang_layer -- --stack {stack}"),
     Kind(name="verify-sm120", description="compile-and-inspect proof and per-patch checks",
-         remake="nox -s verify_sm120 -- --stack {stack}"),
+         remake="nox -s verify_sm120 -- --stack {stack}",
+         needs="nvcc >= 12.9"),
     Kind(name="upstream-pr", description="what one upstream PR was tested with",
-         remake="nox -s upstream_pr -- {stack} --pr {subject}", has_subjects=True),
+         remake="nox -s upstream_pr -- {stack} --pr {subject}", has_subjects=True, needs=""),
     Kind(name="policy", description="a box's tuned policy measurement",
          remake="nox -s tune -- --stack {stack}"),
     Kind(name="gpu-scenario", description="A/B correctness under a forced condition (a "

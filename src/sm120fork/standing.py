@@ -1,14 +1,19 @@
-"""Which evidence still stands: each record of a stack, and each patch's claim, CURRENT or
-STALE, with the reason and the one command that re-makes it (the format: sm120fork.record).
-A stage below verify, maintain and upstream, which all ask it.
+"""Which evidence still stands: each record of a stack, and each patch's claim, with the
+reason and the one command that re-makes it (the format: sm120fork.record).  A stage below
+verify, maintain and upstream, which all ask it.
 
 A record is current when, for every project it tested as built by us, the patch ids of
 that project's series today are the ones it lists (same ones, same order), its patched
 wheels are of today's pins, and, where the stack's wheels are built here
 (``wheels/<stack>/manifest.json``), their sha256 and patched trees are the ones it ran.
-A claim (``Verified-By``) is current when the record it names is of the patch's own stack
-and lists the patch's patch id today.  ``git patch-id --stable`` ignores headers and
-messages: editing a Description or a Verified-By line stales nothing.
+
+A claim (``Verified-By``) names a check, never a stack: it is judged against the record of
+the stack its patch belongs to (``reports/<stack>/...``), so a copy of a stack under
+another name claims its own records.  It is current only when that record exists
+("missing" when it was never made), lists the patch's patch id today ("stale" when not),
+and passed, for a verify-sm120 claim the patch's own case too ("fail" when not).
+``git patch-id --stable`` ignores headers and messages: editing a Description or a
+Verified-By line stales nothing.
 
 Cheap by design: it reads the series, the manifest and the records, and runs
 ``git patch-id`` once per patch; nothing is built or run.
@@ -51,7 +56,9 @@ EVIDENCE_LABELS = {
 
 @dataclass(frozen=True, kw_only=True)
 class Claim:
-    """One ``Verified-By: <kind>:<check>`` line of a patch."""
+    """One ``Verified-By: <kind>:<check>`` line of a patch.  A ``gpu`` check names a record
+    of the patch's own stack by its kind and subject (``gpu-test:custom_lamport`` is
+    ``reports/<stack>/gpu-test`` and its API custom_lamport)."""
 
     kind: str
     check: str
@@ -72,36 +79,50 @@ def claims(patch: Patch) -> tuple[Claim, ...]:
             raise SeriesError(f"bad {FIELD} {value!r}", where=str(patch.path),
                               fix=f"write '{FIELD}: <kind>:<check>' with kind one of "
                                   f"{', '.join(EVIDENCE_LABELS)}")
+        if kind == "gpu" and check.partition("/")[0].partition(":")[0] not in KINDS:
+            raise SeriesError(f"bad {FIELD} {value!r}: a gpu claim names a kind of record "
+                              "of the patch's own stack, not a folder", where=str(patch.path),
+                              fix=f"write '{FIELD}: gpu:<kind>[/<subject>][:<api>]' with kind "
+                                  f"one of {', '.join(KINDS)}")
         out.append(Claim(kind=kind, check=check))
     return tuple(out)
 
 
+#: A record or claim: of the stack as it is, and (a claim) backed by a passing record;
+#: made before a change; never made; or made and not passed.
+STATES = ("current", "stale", "missing", "fail")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Standing:
-    """One record or claim: current or stale, why, and the command that re-makes it."""
+    """One record or claim: its state (:data:`STATES`), why, and the command that
+    re-makes it with what that command needs beyond a CPU machine."""
 
     #: ``reports/<stack>/<kind>[/<subject>]`` for a record; ``<patch>: <claim>`` for a claim.
     name: str
     kind: str
-    current: bool
+    state: str
     reasons: tuple[str, ...] = ()
     command: str = ""
     #: The record's verdict (pass / fail / unfinished), None when there is no record.
     verdict: str | None = None
+    #: What ``command`` needs ("a GPU", "nvcc >= 12.9"; "": this CPU machine will do).
+    needs: str = ""
 
     @property
-    def state(self) -> str:
-        return "current" if self.current else "stale"
+    def current(self) -> bool:
+        return self.state == "current"
 
     def message(self) -> str:
         why = "; ".join(self.reasons)
         return (f"{self.name}: {self.state}" + (f" ({why})" if why else "")
-                + (f"; re-make: {self.command}" if not self.current and self.command else ""))
+                + (f"; re-make: {self.command}" if not self.current and self.command else "")
+                + (f" (needs {self.needs})" if not self.current and self.needs else ""))
 
     def to_json(self) -> dict[str, object]:
         return {"name": self.name, "kind": self.kind, "state": self.state,
                 "reasons": list(self.reasons), "command": self.command,
-                "verdict": self.verdict}
+                "verdict": self.verdict, "needs": self.needs}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,10 +258,25 @@ def _pr_problems(rec: Record, today: Today) -> list[str]:
     return problems
 
 
+def needs(kind: str, today: Today) -> str:
+    """What re-making a ``kind`` record of the stack needs beyond a CPU machine: verify-sm120
+    needs nvcc only for a stack whose patches claim a compile proof."""
+    if kind == "verify-sm120" and not any(
+            c.kind == "proof" for s in today.series.values() for p in s.patches
+            for c in claims(p)):
+        return ""
+    return KINDS[kind].needs if kind in KINDS else ""
+
+
+def _passed(rec: Record) -> str:
+    return "current" if rec.verdict == "pass" else "fail"
+
+
 def judge(rec: Record, today: Today, name: str) -> Standing:
     problems = record_problems(rec, today)
-    return Standing(name=name, kind=rec.kind, current=not problems, reasons=tuple(problems),
-                    command=rec.remake, verdict=rec.verdict)
+    return Standing(name=name, kind=rec.kind, state="stale" if problems else _passed(rec),
+                    reasons=tuple(problems), command=rec.remake, verdict=rec.verdict,
+                    needs=needs(rec.kind, today))
 
 
 def stack_records(ws: Workspace, stack: str) -> list[tuple[Path, Record]]:
@@ -261,8 +297,9 @@ def stack_evidence(ws: Workspace, stack: Stack, *, today: Today | None = None
     for kind in ("gpu-test", "verify-sm120"):
         if kind not in have:
             found.append(Standing(name=f"reports/{stack.name}/{kind}", kind=kind,
-                                  current=False, reasons=("no record",),
-                                  command=KINDS[kind].command(stack.name)))
+                                  state="missing", reasons=("never made",),
+                                  command=KINDS[kind].command(stack.name),
+                                  needs=needs(kind, today)))
     return found
 
 
@@ -270,53 +307,58 @@ def stack_evidence(ws: Workspace, stack: Stack, *, today: Today | None = None
 
 
 def claim_record_path(claim_kind: str, check: str, stack: str) -> tuple[str, str]:
-    """(record folder relative to the checkout, what of it the claim looks at) for a claim:
-    ``gpu:<folder>[:<api>]`` names its record's folder, the other kinds are checked by
-    verify-sm120, whose record of the stack backs them."""
+    """(record folder relative to the checkout, what of it the claim looks at) for a claim
+    of a patch of ``stack``: ``gpu:<kind>[/<subject>][:<api>]`` names the stack's record
+    of that kind, the other kinds are checked by verify-sm120, whose record backs them."""
     if claim_kind == "gpu":
         where, _, api = check.partition(":")
-        return where.rstrip("/"), api
+        return f"reports/{stack}/{where.strip('/')}", api
     return f"reports/{stack}/verify-sm120", check
 
 
-def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim_kind: str,
-                check: str, today: Today | None = None) -> Standing:
-    """A patch's claim: current when its record is of this stack and lists the patch's
-    change as it is today."""
-    folder, _ = claim_record_path(claim_kind, check, stack.name)
-    name = f"{stack.project(project).series}/{display_name(patch.name)}: {claim_kind}:{check}"
-    path = ws.root / folder / RECORD_FILE
-    kind = ("verify-sm120" if claim_kind in VERIFY_CLAIMS else
-            Path(folder).parts[2] if len(Path(folder).parts) > 2 else "gpu-test")
-    default_cmd = KINDS[kind].command(stack.name) if kind in KINDS else ""
+def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim: Claim,
+                today: Today) -> Standing:
+    """A patch's claim: current only when the record of ``stack`` that backs it exists,
+    lists the patch's change as it is today and passed (a verify-sm120 record: the
+    patch's own case too)."""
+    folder, _ = claim_record_path(claim.kind, claim.check, stack.name)
+    name = f"{stack.project(project).series}/{display_name(patch.name)}: {claim.text}"
+    kind, *subject = Path(folder).parts[2:4]
+    shown = f"{folder}/{RECORD_FILE}"
+
+    def standing(state: str, why: str = "", verdict: str | None = None) -> Standing:
+        return Standing(name=name, kind=kind, state=state, reasons=(why,) if why else (),
+                        command=KINDS[kind].command(stack.name, *subject), verdict=verdict,
+                        needs=needs(kind, today))
+
+    path = ws.root / shown
     if not path.is_file():
-        return Standing(name=name, kind=kind, current=False,
-                        reasons=(f"{folder}/{RECORD_FILE} does not exist",), command=default_cmd)
+        return standing("missing", f"{shown} was never made")
     try:
-        rec = read(path, shown=f"{folder}/{RECORD_FILE}")
+        rec = read(path, shown=shown)
     except ConfigError as exc:
-        return Standing(name=name, kind=kind, current=False, reasons=(str(exc),),
-                        command=default_cmd)
-    if rec.stack != stack.name:
-        return Standing(name=name, kind=rec.kind, current=False, verdict=rec.verdict,
-                        reasons=(f"{folder} ran on stack {rec.stack}: it does not count for "
-                                 f"stack {stack.name}",),
-                        command=KINDS[rec.kind].command(stack.name, rec.subject))
-    ids = {p.patch_id for p in rec.tested.patches_of(project)}
-    if patch.patch_id not in ids:
-        return Standing(name=name, kind=rec.kind, current=False, verdict=rec.verdict,
-                        reasons=(f"{folder} was made before this patch's change "
-                                 f"(patch-id {patch.patch_id[:12]} not in it)",),
-                        command=rec.remake)
-    return Standing(name=name, kind=rec.kind, current=True, verdict=rec.verdict,
-                    command=rec.remake)
+        return standing("stale", str(exc))
+    if rec.stack != stack.name or rec.kind != kind:
+        return standing("stale", f"{shown} is a {rec.kind} record of stack {rec.stack}, "
+                                 f"not stack {stack.name}'s {kind}")
+    if patch.patch_id not in {p.patch_id for p in rec.tested.patches_of(project)}:
+        return standing("stale", f"{folder} was made before this patch's change (patch-id "
+                                 f"{patch.patch_id[:12]} not in it)", rec.verdict)
+    own = next((c for c in rec.cases if c.id == f"{project}/{patch.name}"), None) \
+        if kind == "verify-sm120" else None
+    if rec.verdict != "pass":
+        return standing("fail", f"{folder}: {rec.verdict}", rec.verdict)
+    if kind == "verify-sm120" and (own is None or own.outcome != "pass"):
+        return standing("fail", f"{folder}: this patch's case "
+                                f"{own.outcome if own else 'is not in it'}", rec.verdict)
+    return standing("current", verdict=rec.verdict)
 
 
 def claim_standings(ws: Workspace, stack: Stack, today: Today | None = None
                     ) -> list[Standing]:
-    """Each claim of each patch of ``stack``: current or stale (nothing is run)."""
+    """Each claim of each patch of ``stack``, judged (nothing is run)."""
     today = today or Today.of(ws, stack)
-    return [judge_claim(ws, stack, key, patch, c.kind, c.check, today)
+    return [judge_claim(ws, stack, key, patch, c, today)
             for key, series in today.series.items() for patch in series.patches
             for c in claims(patch)]
 

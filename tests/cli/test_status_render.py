@@ -92,33 +92,44 @@ def test_a_doubled_patch_number_is_shown_once() -> None:
 
 
 def test_each_stacks_evidence_shows_current_or_stale_with_its_command() -> None:
-    """status says, per kind of record, whether the evidence stands, and for a stale one
-    why and the one command that re-makes it; stale claims are listed (issue 29)."""
+    """status says, per kind of record, whether the evidence stands, and for a stale or
+    missing one why, the one command that re-makes it and what it needs; claims not
+    current are listed with their state (issues 29 and 41)."""
     import dataclasses
     import json
 
     from sm120fork.standing import Standing
 
-    current = Standing(name="reports/sglang-0.5.10/gpu-test", kind="gpu-test", current=True,
+    current = Standing(name="reports/sglang-0.5.10/gpu-test", kind="gpu-test", state="current",
                        command="nox -s gpu_test -- --stack sglang-0.5.10 --quick",
                        verdict="pass")
     stale = Standing(name="reports/sglang-0.5.10/verify-sm120", kind="verify-sm120",
-                     current=False, reasons=("flashinfer patch(es) changed or added since: "
+                     state="stale", reasons=("flashinfer patch(es) changed or added since: "
                                              "0005-F4",),
-                     command="nox -s verify_sm120 -- --stack sglang-0.5.10", verdict="pass")
-    claim = Standing(name="patches/x/0005-F4: gpu:reports/sglang-0.5.10/gpu-test",
-                     kind="gpu-test", current=False, reasons=("made before this change",),
+                     command="nox -s verify_sm120 -- --stack sglang-0.5.10", verdict="pass",
+                     needs="nvcc >= 12.9")
+    missing = Standing(name="reports/sglang-0.5.10/bench", kind="bench", state="missing",
+                       reasons=("never made",), needs="a GPU",
+                       command="nox -s bench -- --stack sglang-0.5.10")
+    claim = Standing(name="patches/x/0005-F4: gpu:gpu-test", kind="gpu-test", state="stale",
+                     reasons=("made before this change",), needs="a GPU",
                      command="nox -s gpu_test -- --stack sglang-0.5.10 --quick")
-    project = dataclasses.replace(_project(), evidence=(current, stale), claims=(claim,))
-    console = Console(width=200, record=True, color_system=None)
+    failed = dataclasses.replace(claim, name="patches/x/0006-F5: gpu:bench", state="fail")
+    project = dataclasses.replace(_project(), evidence=(current, stale, missing),
+                                  claims=(claim, failed))
+    console = Console(width=250, record=True, color_system=None)
     render_status([project], console, wide=False)
     text = console.export_text()
     assert "sglang-0.5.10: evidence" in text
     assert "│ gpu-test     │ reports/sglang-0.5.10/gpu-test     │ current │ pass" in text
     assert ("stale   │ flashinfer patch(es) changed or added since: 0005-F4; re-make: nox -s "
-            "verify_sm120 -- --stack sglang-0.5.10") in text
-    assert "claims (Verified-By): 0 of 1 current" in text
-    assert "stale: patches/x/0005-F4: gpu:reports/sglang-0.5.10/gpu-test: stale" in text
+            "verify_sm120 -- --stack sglang-0.5.10 (needs nvcc >= 12.9)") in text
+    assert ("missing │ never made; re-make: nox -s bench -- --stack sglang-0.5.10 (needs a "
+            "GPU)") in text
+    assert "claims (Verified-By): 0 of 2 current" in text
+    assert "stale: patches/x/0005-F4: gpu:gpu-test: stale" in text
+    assert "fail: patches/x/0006-F5: gpu:bench: fail" in text
     data = json.loads(json.dumps(project.to_json()))
-    assert [e["state"] for e in data["evidence"]] == ["current", "stale"]
+    assert [e["state"] for e in data["evidence"]] == ["current", "stale", "missing"]
+    assert data["evidence"][2]["needs"] == "a GPU"
     assert data["claims"][0]["command"] == "nox -s gpu_test -- --stack sglang-0.5.10 --quick"

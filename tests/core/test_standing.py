@@ -1,15 +1,18 @@
 """Which evidence stands (issue 29's "done when", on a real series in a temp checkout):
 rewording a patch's Description stales nothing; changing one code line of one patch
-stales exactly that patch's claims and the records that tested it, each with its command."""
+stales exactly that patch's claims and the records that tested it, each with its command.
+A claim counts only when a passing record of its own stack backs it: a record never made
+is missing, a failed one fails, and a copy of the stack claims its own (issue 41)."""
 
 from __future__ import annotations
 
-import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from helpers_manifest import entry, write_manifest
+from sm120fork.errors import SeriesError
 from sm120fork.patch.series import load_series
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
 from sm120fork.standing import Today, claim_standings, stack_evidence
@@ -25,31 +28,38 @@ def demo(tmp_path: Path) -> DemoWorkspace:
     and Verified-By claims on lib's patches (one per kind of record)."""
     d = make_demo(tmp_path)
     first, second = load_series(d.series_dir("lib")).patches
-    for patch, claim in ((first, "cpu:tests/test_x.py::test_x"),
-                         (second, "gpu:reports/demo/gpu-test")):
+    for patch, claim in ((first, "cpu:tests/test_x.py::test_x"), (second, "gpu:gpu-test")):
         patch.path.write_text(patch.path.read_text().replace(
             "Last-Update:", f"Verified-By: {claim}\nLast-Update:", 1))
-    tested = _tested(d)
-    for kind, command in (("verify-sm120", "nox -s verify_sm120 -- --stack demo"),
-                          ("gpu-test", "nox -s gpu_test -- --stack demo --quick")):
-        write(make(kind=kind, stack="demo", command=command,
-                   created="2026-12-03T17:00:00+00:00", toolkit="0",
-                   machine=Machine(description="test"), tested=tested, planned=1,
-                   cases=(Case(id="a", variant="patched", outcome="pass"),)),
-              d.ws.reports_dir)
+    _records(d)
     return d
 
 
-def _tested(d: DemoWorkspace, sha: str = "a" * 64) -> Tested:
+def _records(d: DemoWorkspace, stack: str = "demo", failing: str = "") -> None:
+    """A verify-sm120 record (a case per patch; ``failing``: that patch's case fails) and a
+    gpu-test record of ``stack``, made from its series as it is."""
+    tested = _tested(d, stack=stack)
+    per_patch = tuple(Case(id=f"{p.project}/{p.patch}", variant="full series",
+                           outcome="fail" if p.patch == failing else "pass")
+                      for p in tested.patches)
+    for kind, cases in (("verify-sm120", per_patch),
+                        ("gpu-test", (Case(id="a", variant="patched", outcome="pass"),))):
+        write(make(kind=kind, stack=stack, command=f"nox -s {kind} -- --stack {stack}",
+                   created="2026-12-03T17:00:00+00:00", toolkit="0",
+                   machine=Machine(description="test"), tested=tested, planned=len(cases),
+                   cases=cases), d.ws.reports_dir)
+
+
+def _tested(d: DemoWorkspace, sha: str = "a" * 64, stack: str = "demo") -> Tested:
     return Tested(wheels=(TestedWheel(variant="patched", project="lib", file=WHEEL,
                                       sha256=sha),),
                   patches=tuple(TestedPatch(project=key, patch=p.name, patch_id=p.patch_id)
-                                for key in ("lib", "app")
-                                for p in load_series(d.series_dir(key)).patches))
+                                for key in ("lib", "app") for p in load_series(
+                                    d.ws.root / "patches" / stack / key).patches))
 
 
-def _stale(d: DemoWorkspace) -> dict[str, str]:
-    stack = d.ws.stack("demo")
+def _stale(d: DemoWorkspace, name: str = "demo") -> dict[str, str]:
+    stack = d.ws.stack(name)
     today = Today.of(d.ws, stack)
     return {s.name: s.message() for s in (*stack_evidence(d.ws, stack, today=today),
                                           *claim_standings(d.ws, stack, today))
@@ -76,16 +86,16 @@ def test_one_changed_code_line_stales_exactly_its_evidence(demo: DemoWorkspace) 
     second.path.write_text(text.replace(line, line + " for good"))
     stale = _stale(demo)
     name = second.name.removesuffix(".patch")
-    assert sorted(stale) == ["patches/demo/lib/" + name + ": gpu:reports/demo/gpu-test",
+    assert sorted(stale) == ["patches/demo/lib/" + name + ": gpu:gpu-test",
                              "reports/demo/gpu-test", "reports/demo/verify-sm120"]
     assert "lib patch(es) changed or added since: " + name in stale["reports/demo/gpu-test"]
     assert stale["reports/demo/gpu-test"].endswith(
-        "re-make: nox -s gpu_test -- --stack demo --quick")
+        "re-make: nox -s gpu_test -- --stack demo --quick (needs a GPU)")
     assert stale["reports/demo/verify-sm120"].endswith(
         "re-make: nox -s verify_sm120 -- --stack demo")
-    claim = stale["patches/demo/lib/" + name + ": gpu:reports/demo/gpu-test"]
-    assert "made before this patch's change" in claim
-    assert claim.endswith("re-make: nox -s gpu_test -- --stack demo --quick")
+    claim = stale["patches/demo/lib/" + name + ": gpu:gpu-test"]
+    assert ": stale (reports/demo/gpu-test was made before this patch's change" in claim
+    assert claim.endswith("re-make: nox -s gpu_test -- --stack demo --quick (needs a GPU)")
 
 
 def test_a_wheel_built_here_that_differs_stales_the_records_that_ran_another(
@@ -101,21 +111,65 @@ def test_a_wheel_built_here_that_differs_stales_the_records_that_ran_another(
         stale["reports/demo/gpu-test"]
 
 
-def test_a_claim_backed_by_another_stacks_record_does_not_count(
+def test_a_record_never_made_is_missing_and_backs_no_claim(demo: DemoWorkspace) -> None:
+    """Named as missing (not stale), with the command that makes it and what it needs."""
+    for kind in ("gpu-test", "verify-sm120"):
+        (demo.ws.reports_dir / "demo" / kind / "record.json").unlink()
+    stack = demo.ws.stack("demo")
+    today = Today.of(demo.ws, stack)
+    got = {s.name: s for s in (*stack_evidence(demo.ws, stack, today=today),
+                               *claim_standings(demo.ws, stack, today))}
+    assert {n: s.state for n, s in got.items()} == dict.fromkeys(got, "missing")
+    gpu = got["reports/demo/gpu-test"]
+    assert gpu.message() == ("reports/demo/gpu-test: missing (never made); re-make: nox -s "
+                             "gpu_test -- --stack demo --quick (needs a GPU)")
+    assert got["reports/demo/verify-sm120"].needs == ""  # no compile proof claimed
+    claim = next(s for n, s in got.items() if n.endswith(": gpu:gpu-test"))
+    assert claim.reasons == ("reports/demo/gpu-test/record.json was never made",)
+    assert claim.command == "nox -s gpu_test -- --stack demo --quick"
+
+
+def test_a_failed_record_backs_no_claim(demo: DemoWorkspace) -> None:
+    """A verify-sm120 record that failed: the record and the claims it would back are
+    "fail", the claim of a patch whose own case failed included."""
+    first = load_series(demo.series_dir("lib")).patches[0]
+    _records(demo, failing=first.name)
+    stack = demo.ws.stack("demo")
+    today = Today.of(demo.ws, stack)
+    records = {s.kind: s.state for s in stack_evidence(demo.ws, stack, today=today)}
+    assert records == {"verify-sm120": "fail", "gpu-test": "current"}
+    (claim,) = [s for s in claim_standings(demo.ws, stack, today) if s.kind == "verify-sm120"]
+    assert claim.state == "fail"
+    assert "reports/demo/verify-sm120: fail" in claim.message()
+
+
+def test_a_renamed_copy_of_a_stack_claims_its_own_records(demo: DemoWorkspace) -> None:
+    """A copy of the stack under another name (its toml and patch folders, nothing else)
+    resolves every claim to its own records: the original's back none of them.  (One
+    stack is the default: the copy of the default one is not.)"""
+    root = demo.ws.root
+    toml = (root / "forks" / "demo.toml").read_text()
+    (root / "forks" / "copy.toml").write_text(
+        toml.replace('name = "demo"', 'name = "copy"').replace("patches/demo/", "patches/copy/")
+        .replace("default = true", "default = false"))
+    shutil.copytree(root / "patches" / "demo", root / "patches" / "copy")
+    stack = demo.ws.stack("copy")
+    claims = claim_standings(demo.ws, stack)
+    assert [(s.kind, s.state) for s in claims] == [("verify-sm120", "missing"),
+                                                   ("gpu-test", "missing")]
+    assert all("reports/copy/" in s.reasons[0] and "--stack copy" in s.command
+               for s in claims)
+    _records(demo, stack="copy")
+    assert _stale(demo, "copy") == {}
+
+
+def test_a_gpu_claim_names_a_kind_of_record_not_another_stacks_folder(
         demo: DemoWorkspace) -> None:
-    lib = demo.series_dir("lib")
-    second = load_series(lib).patches[1]
-    other = demo.ws.reports_dir / "demo" / "gpu-test" / "record.json"
-    doc = json.loads(other.read_text())
-    target = demo.ws.reports_dir / "other" / "gpu-test" / "record.json"
-    target.parent.mkdir(parents=True)
-    target.write_text(json.dumps({**doc, "stack": "other",
-                                  "command": "nox -s gpu_test -- --stack other --quick"}))
+    second = load_series(demo.series_dir("lib")).patches[1]
     second.path.write_text(second.path.read_text().replace(
-        "gpu:reports/demo/gpu-test", "gpu:reports/other/gpu-test"))
-    claim = next(v for k, v in _stale(demo).items() if k.startswith("patches/"))
-    assert "ran on stack other: it does not count for stack demo" in claim
-    assert claim.endswith("re-make: nox -s gpu_test -- --stack demo --quick")
+        "gpu:gpu-test", "gpu:reports/other/gpu-test"))
+    with pytest.raises(SeriesError, match="names a kind of record of the patch's own stack"):
+        claim_standings(demo.ws, demo.ws.stack("demo"))
 
 
 def test_status_lists_each_projects_records_and_claims(demo: DemoWorkspace) -> None:

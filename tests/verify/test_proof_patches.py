@@ -59,13 +59,13 @@ def patch_with(tmp_path: Path, verified: str) -> Any:
 
 def test_verified_by_fields_are_parsed_in_order(tmp_path: Path) -> None:
     patch = patch_with(tmp_path, "Verified-By: proof:cluster-query\n"
-                                 "Verified-By: gpu:reports/gpu/f5-cluster")
+                                 "Verified-By: gpu:gpu-scenario/f5-cluster")
     assert claims(patch) == (Claim(kind="proof", check="cluster-query"),
-                             Claim(kind="gpu", check="reports/gpu/f5-cluster"))
+                             Claim(kind="gpu", check="gpu-scenario/f5-cluster"))
 
 
 @pytest.mark.parametrize("bad", ["Verified-By: cluster-query", "Verified-By: ci:x",
-                                 "Verified-By: proof:"])
+                                 "Verified-By: proof:", "Verified-By: gpu:reports/s/gpu-test"])
 def test_a_malformed_verified_by_names_the_patch(tmp_path: Path, bad: str) -> None:
     patch = patch_with(tmp_path, bad)
     with pytest.raises(SeriesError, match="bad Verified-By") as info:
@@ -178,39 +178,41 @@ def test_gpu_report_check_reads_the_committed_record(tmp_path: Path) -> None:
         "custom_lamport/t1": ("pass", "fixed"), "fusion_unified/t1": ("pass", "pass-both"),
         "fusion_unified/t2": ("skip", None)})
     ctx = Context(root=tmp_path, stack="s")
-    text, ok = check_gpu_report(ctx, "reports/s/gpu-test:custom_lamport")
+    text, ok = check_gpu_report(ctx, "gpu-test:custom_lamport")
     assert ok
     assert "1 custom_lamport cases ran, 0 failing, 1 fixed" in text
-    assert not check_gpu_report(ctx, "reports/s/gpu-test:fusion_unified")[1]  # none fixed
-    assert check_gpu_report(ctx, "reports/s/gpu-test")[1]  # no API named: "none failing"
-    assert not check_gpu_report(ctx, "reports/s/missing")[1]
+    assert not check_gpu_report(ctx, "gpu-test:fusion_unified")[1]  # none fixed
+    assert check_gpu_report(ctx, "gpu-test")[1]  # no API named: "none failing"
+    assert not check_gpu_report(ctx, "bench")[1]
     _gpu_record(tmp_path / "reports", {"custom_lamport/t1": ("fail", "fail-both")},
                 stack="t")
-    assert not check_gpu_report(Context(root=tmp_path, stack="t"), "reports/t/gpu-test")[1]
+    assert not check_gpu_report(Context(root=tmp_path, stack="t"), "gpu-test")[1]
 
 
 def test_a_gpu_record_counts_only_for_its_stack_and_the_patch_as_it_is(
         tmp_path: Path) -> None:
-    """A claim backed by another stack's run does not count (issue 29); neither does a run
-    made before the patch's change; a reworded header does not matter."""
-    patch = patch_with(tmp_path, "Verified-By: gpu:reports/s/gpu-test")
+    """A claim names the stack's own record: another stack's run backs nothing (issues 29
+    and 41); neither does a run made before the patch's change; a reworded header does
+    not matter."""
+    patch = patch_with(tmp_path, "Verified-By: gpu:gpu-test")
     _gpu_record(tmp_path / "reports", {"custom_lamport/t1": ("pass", "fixed")},
                 stack="other", patch_ids=(patch.patch_id,))
-    text, ok = check_gpu_report(Context(root=tmp_path, stack="s"), "reports/other/gpu-test",
-                                patch, "flashinfer")
-    assert not ok
-    assert "ran on stack other's build: it does not count for stack s" in text
+    text, ok = check_gpu_report(Context(root=tmp_path, stack="s"), "gpu-test", patch,
+                                "flashinfer")
+    assert (text, ok) == ("reports/s/gpu-test: no record.json", False)
+    assert check_gpu_report(Context(root=tmp_path, stack="other"), "gpu-test", patch,
+                            "flashinfer")[1]
     _gpu_record(tmp_path / "reports", {"custom_lamport/t1": ("pass", "fixed")},
                 patch_ids=(patch.patch_id,))
     ctx = Context(root=tmp_path, stack="s")
-    assert check_gpu_report(ctx, "reports/s/gpu-test", patch, "flashinfer")[1]
+    assert check_gpu_report(ctx, "gpu-test", patch, "flashinfer")[1]
     reworded = tmp_path / "reworded.patch"
     reworded.write_text(patch.path.read_text().replace("Description: ", "Description: Now ",
                                                        1))
-    assert check_gpu_report(ctx, "reports/s/gpu-test", parse_patch(reworded), "flashinfer")[1]
+    assert check_gpu_report(ctx, "gpu-test", parse_patch(reworded), "flashinfer")[1]
     changed = tmp_path / "changed.patch"
     changed.write_text(patch.path.read_text().replace("+new", "+newer"))
-    text, ok = check_gpu_report(ctx, "reports/s/gpu-test", parse_patch(changed), "flashinfer")
+    text, ok = check_gpu_report(ctx, "gpu-test", parse_patch(changed), "flashinfer")
     assert not ok
     assert "made before this patch's change" in text
 

@@ -90,10 +90,10 @@ def _wide_cells(p: PatchStatus) -> list[str]:
 
 
 def render_evidence(projects: list[ProjectStatus], console: Console) -> None:
-    """One stack's evidence: each record per kind, current or stale (with the command that
-    re-makes a stale one), and each stale claim of its patches."""
+    """One stack's evidence: each record per kind, its state (a missing or stale one with
+    the command that re-makes it and what that needs), and each claim not current."""
     records = list({e.name: e for ps in projects for e in ps.evidence}.values())
-    stale_claims = [c for ps in projects for c in ps.claims if not c.current]
+    not_current = [c for ps in projects for c in ps.claims if not c.current]
     if not records:
         return
     table = Table(title=f"{projects[0].stack}: evidence", title_justify="left")
@@ -103,13 +103,15 @@ def render_evidence(projects: list[ProjectStatus], console: Console) -> None:
         why = "; ".join(e.reasons)
         table.add_row(e.kind, e.name, e.state,
                       (e.verdict or "-") if e.current else
-                      f"{why}; re-make: {e.command}" if e.command else why)
+                      f"{why}; re-make: {e.command}" + (f" (needs {e.needs})" if e.needs
+                                                         else "")
+                      if e.command else why)
     console.print(table)
     claimed = sum(len(ps.claims) for ps in projects)
-    console.print(f"claims (Verified-By): {claimed - len(stale_claims)} of {claimed} current",
-                  markup=False, soft_wrap=True)
-    for c in stale_claims:
-        console.print(f"  stale: {c.message()}", markup=False, soft_wrap=True)
+    console.print(f"claims (Verified-By): {claimed - len(not_current)} of {claimed} current "
+                  "(backed by a passing record of this stack)", markup=False, soft_wrap=True)
+    for c in not_current:
+        console.print(f"  {c.state}: {c.message()}", markup=False, soft_wrap=True)
 
 
 def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool) -> None:

@@ -103,7 +103,7 @@ class ProjectStatus:
     pins_disagree: tuple[str, ...] = ()
     #: The stack's records that tested this project, current or stale (sm120fork.standing).
     evidence: tuple[Standing, ...] = ()
-    #: Each ``Verified-By`` claim of this project's patches, current or stale.
+    #: Each ``Verified-By`` claim of this project's patches, judged (sm120fork.standing).
     claims: tuple[Standing, ...] = ()
 
     def to_json(self) -> dict[str, object]:
@@ -223,7 +223,7 @@ def stack_standings(ws: Workspace, stack: Stack, wheels_dir: Path | None = None,
                   for rel, rec in stack_records(ws, stack.name)}
         claims = claim_standings(ws, stack, today)
     except ToolkitError as exc:  # a broken record or header: one row, keep going
-        broken = Standing(name=f"reports/{stack.name}", kind="record", current=False,
+        broken = Standing(name=f"reports/{stack.name}", kind="record", state="stale",
                           reasons=(exc.message,))
         return {p.key: (broken,) for p in stack.projects}, {}
     by_project = {p.key: tuple(r for r in records if p.key in tested.get(r.name, (p.key,)))

@@ -12,9 +12,9 @@
 - ``cpu:<tests/file.py>::<test>``: a CPU test of the suite, run here: it must pass (a
   skipped or failing one is no evidence); ``tests/<file>.py`` also finds the module in its
   stage folder (``tests/<stage>/<file>.py``: test module names are unique in the suite);
-- ``gpu:<record folder>[:<api>]``: a committed GPU record (``reports/<stack>/<kind>``)
-  of the patch's own stack and of its change as it is now: its tested variant failed no
-  case, and (with ``<api>``) the A/B fixed some of that API's.
+- ``gpu:<kind>[/<subject>][:<api>]``: the committed GPU record of the stack verified
+  (``reports/<stack>/<kind>[/<subject>]``) of the patch's change as it is now: its tested
+  variant failed no case, and (with ``<api>``) the A/B fixed some of that API's.
 
 The checks know no project keys or patch names: the header says what proves what.
 """
@@ -34,7 +34,7 @@ from sm120fork.cuda.arch import is_sm12x
 from sm120fork.patch.series import Patch
 from sm120fork.record import BASELINE_VARIANTS, KINDS, RECORD_FILE
 from sm120fork.record import read as read_record
-from sm120fork.standing import EVIDENCE_LABELS, FIELD, Claim, claims
+from sm120fork.standing import EVIDENCE_LABELS, FIELD, Claim, claim_record_path, claims
 from sm120fork.util import proc
 from sm120fork.verify.proof.markdown import CLUSTER_QUERY
 from sm120fork.verify.proof.verdict import ProofReport, Status
@@ -269,19 +269,18 @@ def check_cpu_test(ctx: Context, node: str) -> tuple[str, bool]:
 
 def check_gpu_report(ctx: Context, spec: str, patch: Patch | None = None,
                      project: str = "") -> tuple[str, bool]:
-    """The record in the folder named (``reports/<stack>/<kind>[/<subject>]``): made on
-    this stack, of this patch's change as it is now, finished, and its tested variant
-    failing no case; with an API named, the A/B fixed some of that API's cases (failing
-    on the baseline, passing here)."""
-    where, _, api = spec.partition(":")
-    where = where.rstrip("/")
+    """The stack's record the claim names (``<kind>[/<subject>]``, under
+    ``reports/<stack>/``): of this patch's change as it is now, finished, and its tested
+    variant failing no case; with an API named, the A/B fixed some of that API's cases
+    (failing on the baseline, passing here)."""
+    where, api = claim_record_path("gpu", spec, ctx.stack)
     path = ctx.root / where / RECORD_FILE
     if not path.is_file():
         return f"{where}: no {RECORD_FILE}", False
     rec = read_record(path, shown=f"{where}/{RECORD_FILE}")
-    if ctx.stack and rec.stack != ctx.stack:
+    if rec.stack != ctx.stack:
         return (f"{where} ran on stack {rec.stack}'s build: it does not count for stack "
-                f"{ctx.stack} (a claim counts only for the stack it ran on; make it there: "
+                f"{ctx.stack} (make it there: "
                 f"{KINDS[rec.kind].command(ctx.stack, rec.subject)})"), False
     if patch is not None and patch.patch_id not in {
             p.patch_id for p in rec.tested.patches_of(project)}:
