@@ -29,7 +29,7 @@ from packaging.tags import sys_tags
 
 from helpers_manifest import entry, write_manifest
 from sm120fork.cli.main import main
-from sm120fork.errors import ArtifactCheckError
+from sm120fork.errors import ArtifactCheckError, ConfigError, UsageError
 from sm120fork.index.write import write_index
 from sm120fork.workspace import Workspace
 
@@ -41,7 +41,7 @@ OTHER_TAG = f"{HERE_TAG.interpreter}-{HERE_TAG.abi}-manylinux_2_34_" + (
 
 
 def make_wheel(folder: Path, name: str, version: str, *, tag: str = "py3-none-any",
-               requires: tuple[str, ...] = ()) -> Path:
+               requires: tuple[str, ...] = (), extra: dict[str, str] | None = None) -> Path:
     """A tiny installable wheel, the same bytes each time."""
     folder.mkdir(parents=True, exist_ok=True)
     dist = f"{name.replace('-', '_')}-{version}"
@@ -55,6 +55,7 @@ def make_wheel(folder: Path, name: str, version: str, *, tag: str = "py3-none-an
                                     f"{'true' if tag == 'py3-none-any' else 'false'}\n"
                                     f"Tag: {tag}\n"),
         f"{dist}.dist-info/RECORD": "",
+        **(extra or {}),
     }
     with zipfile.ZipFile(path, "w") as zf:
         for member, text in files.items():
@@ -64,6 +65,18 @@ def make_wheel(folder: Path, name: str, version: str, *, tag: str = "py3-none-an
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def aot_wheel(folder: Path, version: str, flashinfer: Path) -> Path:
+    """An AOT wheel (no modules) whose manifest names the FlashInfer wheel it was built for."""
+    ours = flashinfer.name.split("-")[1]
+    built_for = {"distribution": "flashinfer-python", "version": ours,
+                 "wheel": flashinfer.name, "sha256": _sha256(flashinfer), "tree": None,
+                 "patched_commit": None, "upstream_version": "0", "series_digest": "0"}
+    manifest = {"version": version, "flashinfer": built_for, "modules": {}}
+    return make_wheel(folder, "sm120fork-flashinfer-aot", version,
+                      requires=(f"flashinfer-python=={ours}",),
+                      extra={"sm120fork_flashinfer_aot/manifest.json": json.dumps(manifest)})
 
 
 def _publish(folder: Path, stack: str, *wheels: tuple[Path, bool]) -> None:
@@ -81,13 +94,12 @@ def built_stacks(root: Path) -> None:
     """Each stack's folder as its build leaves it, with the real names and versions."""
     wheels = root / "wheels"
     default = wheels / "sglang-0.5.10"
-    _publish(default, "sglang-0.5.10", (make_wheel(
-        default, "flashinfer-python", "0.6.7.post3+sm120.1", requires=("torch",)), False),
-        (make_wheel(default, "sglang", "0.5.10.post1+sm120.1", requires=(
-            "flashinfer_python==0.6.7.post3", "torch==2.9.1")), False))
-    make_wheel(wheels / "aot" / "sglang-0.5.10", "sm120fork-flashinfer-aot",
-               "0.6.7.post3+sm120.1.cu130",
-               requires=("flashinfer-python==0.6.7.post3+sm120.1",))
+    flashinfer = make_wheel(default, "flashinfer-python", "0.6.7.post3+sm120.1",
+                            requires=("torch",))
+    _publish(default, "sglang-0.5.10", (flashinfer, False),
+             (make_wheel(default, "sglang", "0.5.10.post1+sm120.1", requires=(
+                 "flashinfer_python==0.6.7.post3", "torch==2.9.1")), False))
+    aot_wheel(wheels / "aot" / "sglang-0.5.10", "0.6.7.post3+sm120.1.cu130", flashinfer)
     today = wheels / "sglang-0.5.23"
     published = make_wheel(today, "flashinfer-python", "0.7.2")
     patched = [make_wheel(today, "sglang", "0.5.23+sm120.1", tag=tag,
@@ -97,8 +109,7 @@ def built_stacks(root: Path) -> None:
     plugin = make_wheel(today / "plugin", "sm120fork-sglang-plugin", "0.5.23+sm120.1")
     (today / "plugin" / "plugin.json").write_text(json.dumps({
         "wheel": plugin.name, "sha256": _sha256(plugin), "sglang": "0.5.23", "hooks": []}))
-    make_wheel(wheels / "aot" / "sglang-0.5.23", "sm120fork-flashinfer-aot", "0.7.2+cu130",
-               requires=("flashinfer-python==0.7.2",))
+    aot_wheel(wheels / "aot" / "sglang-0.5.23", "0.7.2+cu130", published)
     newer = wheels / "flashinfer-0.7.4"
     _publish(newer, "flashinfer-0.7.4", (make_wheel(
         newer, "flashinfer-python", "0.7.4+sm120.1", requires=("torch",)), False))
@@ -275,6 +286,38 @@ def test_a_wheel_that_differs_from_its_build_record_is_refused(tmp_path: Path) -
     with pytest.raises(ArtifactCheckError) as err:
         write_index(ws, out=tmp_path / "site")
     assert err.value.where == str(wheel)
+    assert not (tmp_path / "site").exists()
+
+
+def test_an_aot_wheel_built_for_another_flashinfer_wheel_is_left_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stack rebuilt after its AOT wheel: the AOT wheel's manifest names a FlashInfer wheel
+    the build no longer publishes, so it is not served and the page offers no AOT route."""
+    monkeypatch.delenv("SM120FORK_FRONT_DOOR", raising=False)  # hints: python -m sm120fork
+    ws = Workspace(checkout_copy(tmp_path, sdists=False))
+    built_stacks(ws.root)
+    other = make_wheel(tmp_path / "old", "flashinfer-python", "0.6.7.post3+sm120.1",
+                       requires=("torch", "numpy"))
+    stale = aot_wheel(ws.wheels_dir / "aot" / "sglang-0.5.10", "0.6.7.post3+sm120.1.cu130",
+                      other)
+    index = write_index(ws, out=tmp_path / "site")
+    assert (f"sglang-0.5.10: {stale.name}: built for a FlashInfer wheel this build did not "
+            f"publish ({other.name}, sha256 {_sha256(other)[:12]}...); not served: rebuild it "
+            "with `python -m sm120fork build-aot --stack sglang-0.5.10`") in index.notes
+    assert not (index.out / "files" / stale.name).exists()
+    assert "AOT wheel" not in (index.out / "index.html").read_text()
+
+
+def test_nothing_built_or_a_url_pip_cannot_read_is_refused_with_the_command_to_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SM120FORK_FRONT_DOOR", raising=False)  # hints: python -m sm120fork
+    ws = Workspace(checkout_copy(tmp_path, sdists=False))
+    with pytest.raises(ConfigError) as nothing:
+        write_index(ws, out=tmp_path / "site")
+    assert nothing.value.fix == "python -m sm120fork build --all-stacks"
+    with pytest.raises(UsageError) as url:
+        write_index(ws, url="owner.github.io/repo", out=tmp_path / "site")
+    assert url.value.fix == "python -m sm120fork index --url https://OWNER.github.io/REPO/"
     assert not (tmp_path / "site").exists()
 
 

@@ -21,6 +21,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from sm120fork import manifest as manifest_file
+from sm120fork.aot import wheel as aot_wheel
 from sm120fork.aot.pipeline import default_out as aot_folder
 from sm120fork.declare import Stack
 from sm120fork.errors import ArtifactCheckError, ConfigError
@@ -144,11 +145,20 @@ def stack_wheels(ws: Workspace, stack: Stack) -> StackWheels | None:
         candidates.append(_checked(folder / PLUGIN_DIR / plugin.wheel, plugin.sha256, stack))
     aots = [read_wheel(p) for p in sorted(aot_folder(ws, stack).glob("*.whl"))]
     candidates += aots
-    served = tuple(w for w in candidates if _ours(stack, w.version))
-    left_out = tuple(
-        f"{stack.name}: {w.filename}: version {w.version} has no local label of the stack "
+    left = {w.filename: (
+        f"version {w.version} has no local label of the stack "
         f"({', '.join(sorted({p.local_label for p in stack.projects}))}); not served, pip "
-        "gets a public release from the public index" for w in candidates if w not in served)
+        "gets a public release from the public index") for w in candidates
+        if not _ours(stack, w.version)}
+    for w in (a for a in aots if a.filename not in left):
+        built_for = aot_wheel.read_wheel(w.path).flashinfer
+        if built_for.sha256 not in {e.sha256 for e in manifest.wheels}:
+            left[w.filename] = (
+                f"built for a FlashInfer wheel this build did not publish ({built_for.wheel}, "
+                f"sha256 {built_for.sha256[:12]}...); not served: rebuild it with "
+                f"`{command('build-aot', '--stack', stack.name)}`")
+    served = tuple(w for w in candidates if w.filename not in left)
+    left_out = tuple(f"{stack.name}: {name}: {why}" for name, why in left.items())
     aot = next((w for w in aots if w in served), None)
     if not any(w.filename == getattr(plugin, "wheel", None) for w in served):
         plugin = None
