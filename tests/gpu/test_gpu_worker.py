@@ -181,3 +181,49 @@ def test_legacy_fusion_on_ranks_sharing_a_gpu_is_a_skip_where_its_workspace_is_t
     del trtllm_ar._alloc_symm_buffer_bytes
     correctness.run_tests(shared, [legacy])  # type: ignore[arg-type]
     assert ran == [unified.key, legacy.key, legacy.key]
+
+
+# --- issue 42: a worker sees the packages its venv sees ----------------------------------
+
+def _site(root: Path, dist: str, version: str, module: str) -> Path:
+    """A site folder holding one distribution that installs ``cuda/<module>`` (``cuda``
+    itself a namespace: no ``__init__.py``, as cuda-bindings and cuda-tile ship it)."""
+    (root / "cuda" / module).mkdir(parents=True)
+    (root / "cuda" / module / "__init__.py").write_text("")
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("cuda\n")
+    return root
+
+
+def test_a_variants_worker_sees_a_namespace_split_across_two_sites(tmp_path: Path) -> None:
+    """The H100 kit run: cuda-tile in the kit's venv, cuda-bindings in the box's; the
+    worker's path put the toolkit's package folder (with its own ``cuda``) first."""
+    from sm120fork.gpu.core.variants import Variant
+
+    kit = _site(tmp_path / "kit-site", "cuda-tile", "1.7.0", "tile")
+    box = _site(tmp_path / "box-site", "cuda-bindings", "13.3.1", "bindings")
+    variant = Variant(name="patched", wheel=None, sha256=None, site=tmp_path / "variant",
+                      jit_base=tmp_path / "jit")
+    env = variant.env({**os.environ, "PYTHONPATH": os.pathsep.join([str(kit), str(box)])})
+    done = subprocess.run([sys.executable, "-c", "import cuda.bindings, cuda.tile, sm120fork"],
+                          env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_module_that_cannot_import_says_which_package_and_where_it_looked(
+        tmp_path: Path) -> None:
+    box = _site(tmp_path / "box-site", "cuda-bindings", "13.3.1", "bindings")
+    shadow = tmp_path / "shadow"
+    (shadow / "cuda").mkdir(parents=True)
+    (shadow / "cuda" / "__init__.py").write_text("")
+    code = ("from sm120fork.gpu.core.probe import import_failure\n"
+            "try:\n    import cuda.bindings\n"
+            "except ImportError as exc:\n    print(import_failure(exc))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(box), str(SRC)])}
+    said = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert said == (f"ModuleNotFoundError: No module named 'cuda.bindings' ('cuda' resolved "
+                    f"to ['{shadow / 'cuda'}']; installed that provide 'cuda': cuda-bindings "
+                    f"13.3.1 in {box})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import importlib.metadata
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,29 @@ import torch
 
 from sm120fork.gpu.core.documents import Environment
 from sm120fork.gpu.core.rank import say
+
+
+def import_failure(exc: BaseException) -> str:
+    """``exc`` in one line and, for a module that did not import, where Python looked: the
+    folders its top-level package resolved to (a namespace split across sites lists each)
+    and the installed distributions that provide that name, with their folders."""
+    text = f"{type(exc).__name__}: {exc}"
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    missing = next((e.name for e in chain if isinstance(e, ModuleNotFoundError) and e.name),
+                   None)
+    if missing is None:
+        return text
+    top = missing.partition(".")[0]
+    module = sys.modules.get(top)
+    looked = (f"{top!r} is in none of sys.path {sys.path}" if module is None else
+              f"{top!r} resolved to {list(getattr(module, '__path__', [module.__file__]))}")
+    dists = sorted(set(importlib.metadata.packages_distributions().get(top, [])))
+    have = [f"{d} {importlib.metadata.version(d)} in "
+            f"{importlib.metadata.distribution(d).locate_file('')}" for d in dists]
+    return f"{text} ({looked}; installed that provide {top!r}: {', '.join(have) or 'none'})"
 
 
 def environment() -> Environment:
@@ -30,7 +54,7 @@ def environment() -> Environment:
 
         env["flashinfer_git"] = getattr(_build_meta, "__git_version__", None)
     except Exception as exc:
-        env["flashinfer_error"] = f"{type(exc).__name__}: {exc}"
+        env["flashinfer_error"] = import_failure(exc)
     try:
         from cuda.bindings import driver  # type: ignore[import-not-found, unused-ignore]
 
@@ -41,7 +65,7 @@ def environment() -> Environment:
         _err, mc = driver.cuDeviceGetAttribute(attr, 0)  # a query only: creates nothing
         env["multicast_supported_attr"] = int(mc)
     except Exception as exc:
-        env["driver_query_error"] = f"{type(exc).__name__}: {exc}"
+        env["driver_query_error"] = import_failure(exc)
     return env
 
 

@@ -69,8 +69,15 @@ class Variant:
 
 
 def source_root() -> Path:
-    """The directory that holds the ``sm120fork`` package (goes on the ranks' PYTHONPATH)."""
-    return Path(__file__).resolve().parents[2]
+    """The directory that holds the ``sm120fork`` package (goes on the ranks' PYTHONPATH).
+
+    Never the package itself: on a worker's path it would make the toolkit's own
+    subpackages top-level ones, and its ``cuda`` would hide the ``cuda`` namespace that
+    cuda-bindings and cuda-tile share across sites (``No module named 'cuda.bindings'``).
+    """
+    import sm120fork
+
+    return Path(sm120fork.__file__).resolve().parent.parent
 
 
 def parse_variant_specs(specs: Sequence[str]) -> dict[str, Path]:

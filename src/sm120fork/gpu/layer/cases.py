@@ -44,6 +44,7 @@ from typing import Any
 
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.safety import rank_environment
+from sm120fork.gpu.core.variants import source_root
 from sm120fork.gpu.layer.rank import RAISED, READY, RESULT
 from sm120fork.layouts import LAYOUTS, adapter
 from sm120fork.util import supervise
@@ -328,8 +329,7 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
     ``exchange_timeout_s`` the tree's bound on FlashInfer's POSIX-fd handle exchange
     (``_HANDLE_EXCHANGE_TIMEOUT_S`` in its fusion module; None: its own).
     """
-    package_root = Path(__file__).resolve().parents[2]
-    pythonpath = [str(sglang_path), *map(str, extra_path), str(package_root)]
+    pythonpath = [str(sglang_path), *map(str, extra_path), str(source_root())]
     port = _free_port()
     started = time.monotonic()
     doc: dict[str, Any] | None = None
