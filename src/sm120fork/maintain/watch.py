@@ -191,7 +191,7 @@ def _stale_claims(ws: Workspace, stack: Stack) -> list[tuple[str, str, str]]:
     for key, series in now.series.items():
         for patch in series.patches:
             for c in claims(patch):
-                standing = judge_claim(ws, stack, key, patch, c.kind, c.check, now)
+                standing = judge_claim(ws, stack, key, patch, c, now)
                 record = records.get(claim_record_path(c.kind, c.check, stack.name)[0])
                 if standing.current and (record is None or record.current):
                     continue
