@@ -74,6 +74,32 @@ def test_sglang_requirement_resolves_to_our_flashinfer(built: Path) -> None:
     assert not fi.specifier.contains(Version("0.6.8"))
 
 
+def test_the_index_of_the_real_build_resolves_its_landing_line_to_our_wheels(
+        built: Path, tmp_path: Path) -> None:
+    """The default stack's line on the landing page of `index` (its file:// URL), with
+    the user's package index as the other source: pip's report takes both our wheels from
+    the site (dependencies left out: torch alone is GBs)."""
+    import html
+
+    assert main(["--root", str(built), "index", "--out", str(tmp_path / "site")]) == 0
+    landing = (tmp_path / "site" / "index.html").read_text()
+    section = landing.split('<h2 id="sglang-0.5.10">')[1].split("<h2")[0]
+    line = html.unescape(re.findall(r"<td>patched wheels</td><td><code>([^<]+)</code>",
+                                    section)[0])
+    assert line.startswith("pip install --extra-index-url ")
+    report = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps",
+         "--quiet", "--report", "-", *line.split()[2:]],
+        check=True, capture_output=True, text=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}).stdout
+    chosen = {i["metadata"]["name"]: (i["metadata"]["version"], i["download_info"]["url"])
+              for i in json.loads(report)["install"]}
+    site = (tmp_path / "site").resolve().as_uri()
+    assert {n: v for n, (v, _) in chosen.items()} == {
+        "flashinfer-python": "0.6.7.post3+sm120.1", "sglang": "0.5.10.post1+sm120.1"}
+    assert all(url.startswith(f"{site}/files/") for _, url in chosen.values())
+
+
 def test_git_source_from_a_repo_made_of_the_real_sdist(built: Path, tmp_path: Path) -> None:
     """The git source kind gives the same patched tree as the sdist kind."""
     sdist = built / ".forks" / "cache" / "sdists" / "flashinfer_python-0.6.7.post3.tar.gz"
