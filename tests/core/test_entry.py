@@ -212,7 +212,7 @@ def test_doctor_runs_without_gitpython_and_rich(tmp_path: Path) -> None:
     helped = _without_git_and_rich(tmp_path, "-m", "sm120fork", "-q", "doctor", "--help")
     assert helped.returncode == 0, helped.stderr
     ran = _without_git_and_rich(tmp_path, "-m", "sm120fork", "doctor", "--json",
-                                "--decide-timeout", "30")
+                                "--decide-timeout", "30", "--python", sys.executable)
     assert ran.returncode in (0, errors_mod.DoctorError.exit_code), ran.stderr
     assert '"blockers"' in ran.stdout
     assert "not installed on this box" not in ran.stderr

@@ -880,7 +880,8 @@ def test_the_copy_kernel_assembles_for_sm90_and_sm12x(tmp_path: Path) -> None:
 def test_toolkit_verb_runs_outside_a_checkout(tmp_path: Path) -> None:
     """No GPU to be seen (as on CI): the verb still runs, says so as a blocker, exits 15."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run([sys.executable, "-m", "sm120fork", "doctor", "--json"],
+    done = subprocess.run([sys.executable, "-m", "sm120fork", "doctor", "--json",
+                           "--python", sys.executable],
                           cwd=tmp_path, capture_output=True, text=True, env=env, check=False,
                           timeout=300)
     report = json.loads(done.stdout)
@@ -906,7 +907,8 @@ def test_driver_glue_against_a_host_memory_libcuda(tmp_path: Path, drop: bool) -
     if drop:
         env["FAKE_DROP"] = "1"
     try:
-        done = subprocess.run([sys.executable, "-m", "sm120fork.doctor", "--json"], env=env,
+        done = subprocess.run([sys.executable, "-m", "sm120fork.doctor", "--json",
+                               "--python", sys.executable], env=env,
                               capture_output=True, text=True, timeout=300, check=False)
     finally:
         for line in (tmp_path / "map").read_text().splitlines():
