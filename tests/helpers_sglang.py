@@ -32,16 +32,18 @@ import pytest
 from sm120fork.plugin import package, runtime
 from sm120fork.plugin.generate import generate_spec, patch_commits
 from sm120fork.util.git import Git
+from sm120fork.verify.proof.patches import VERIFY_STACK_ENV
 from sm120fork.verify.proof.stack import VerifyResult
 
 from conftest import git, isolate_git
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-#: The stack whose build the fixture ``sites`` installs, whatever stack is verified.
-STACK = "sglang-0.5.23"
+#: The stack whose build the fixture ``sites`` installs: the stack verify-sm120 runs a
+#: claim's test for (``VERIFY_STACK_ENV``, so a copy of sglang-0.5.23 under another name
+#: tests its own series), else sglang-0.5.23.
+STACK = os.environ.get(VERIFY_STACK_ENV) or "sglang-0.5.23"
 SERIES = ROOT / "patches" / STACK / "sglang"
-WHEEL = "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
 #: What the modules under test import beyond the test group, at sglang 0.5.23's pins.
 PROBE_DEPS = TESTS / "requirements-sglang-0.5.23.txt"
 
@@ -146,24 +148,32 @@ def sglang_0510_upstream(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def sites(tmp_path_factory: pytest.TempPathFactory, zygote_python: str) -> Sites:
     """Made once per run (``once_per_run``)."""
-    base = once_per_run(tmp_path_factory, "sites-sglang-0.5.23", _make_sites)
+    base = once_per_run(tmp_path_factory, f"sites-{STACK}", _make_sites)
     repo = Git(base / "fork")
     ids = [n.split("-")[1] for n in _patch_names()]
     spec = generate_spec(repo, patch_commits(repo, ids), package_root="python",
-                         package="sglang", stack="sglang-0.5.23", distribution="sglang",
-                         version="0.5.23")
+                         package="sglang", stack=STACK, distribution="sglang",
+                         version=_version())
     return Sites(stock=base / "stock", patched=base / "patched", plugin=base / "plugin",
                  deps=base / "deps", spec=spec, patch_ids=ids, python=zygote_python)
 
 
+def _version() -> str:
+    """The SGLang release :data:`STACK` pins."""
+    from sm120fork.workspace import Workspace
+
+    return Workspace(ROOT).stack(STACK).project("sglang").version
+
+
 def _make_sites(base: Path) -> None:
+    version = _version()
     pip("download", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-        "--platform", "manylinux_2_34_x86_64", "sglang==0.5.23", "-d", str(base / "dl"))
+        "--platform", "manylinux_2_34_x86_64", f"sglang=={version}", "-d", str(base / "dl"))
     # Byte code compiled once here: the probes and ranks that import these sites run
     # with PYTHONDONTWRITEBYTECODE (CI and the toolkit's own probes set it), so without
     # it every fresh interpreter compiled sglang and transformers again.
     pip("install", "--no-deps", "--target", str(base / "stock"),
-        str(base / "dl" / WHEEL))
+        str(base / "dl" / f"sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"))
     pip("install", "--no-deps", "--target", str(base / "deps"),
         "-r", str(PROBE_DEPS))
 
@@ -181,14 +191,14 @@ def _make_sites(base: Path) -> None:
         if published.exists():  # else a module the series adds
             shutil.copyfile(published, target)
     git(fork, "add", "-A")
-    git(fork, "commit", "-q", "-m", "sglang 0.5.23 as published")
+    git(fork, "commit", "-q", "-m", f"sglang {version} as published")
     git(fork, "tag", "upstream")
     git(fork, "am", "-q", *(str(SERIES / n) for n in names))
     repo = Git(fork)
     ids = [n.split("-")[1] for n in names]
     spec = generate_spec(repo, patch_commits(repo, ids), package_root="python",
-                         package="sglang", stack="sglang-0.5.23", distribution="sglang",
-                         version="0.5.23")
+                         package="sglang", stack=STACK, distribution="sglang",
+                         version=version)
     built = package.build_plugin_wheel(spec, "sm120.1", base / "plugin-cache")
     pip("install", "--no-deps", "--target", str(base / "plugin"),
         str(built.wheel))

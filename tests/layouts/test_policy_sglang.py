@@ -21,6 +21,7 @@ import pytest
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.workspace import Workspace
 
+from helpers_sglang import STACK
 from helpers_ws import checkout_copy
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
@@ -144,17 +145,19 @@ S523 = textwrap.dedent("""\
 
 @pytest.fixture(scope="module")
 def tree_523(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The patched 0.5.23 tree and the layer_boundary probe's overlay."""
+    """The patched 0.5.23 tree (of the stack verified: helpers_sglang.STACK) and the
+    layer_boundary probe's overlay."""
     from sm120fork.layouts.layer_boundary.checks import ensure_overlay
 
     # The pinned wheels come from the checkout's download cache, which the copy shares.
     root = checkout_copy(tmp_path_factory.mktemp("s523"))
     ws = Workspace(root)
-    stack = ws.stack("sglang-0.5.23")
+    stack = ws.stack(STACK)
     tree = prepare_tree(ws, stack, stack.project("sglang")).path
     return tree, ensure_overlay(root / ".forks" / "probe")
 
 
+@pytest.mark.runs_stack(STACK)
 def test_sglang_0523_follows_the_policy_and_names_it(tree_523: tuple[Path, Path],
                                                       policies: dict[str, str],
                                                       zygote_python: str) -> None:
@@ -180,6 +183,7 @@ def test_sglang_0523_follows_the_policy_and_names_it(tree_523: tuple[Path, Path]
     assert got["env-wins"]["backend"] is None
 
 
+@pytest.mark.runs_stack(STACK)
 def test_sglang_0523_off_sm12x_names_a_policy_it_does_not_follow(
         tree_523: tuple[Path, Path], policies: dict[str, str], zygote_python: str) -> None:
     """Off SM12x (an SM90 GPU) SGLang's own rule decides with or without a policy file;

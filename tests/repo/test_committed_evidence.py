@@ -12,6 +12,11 @@ evidence fails here, naming per stale item the one command that re-makes it.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +30,11 @@ from sm120fork.standing import (
     claims,
     stack_evidence,
 )
+from sm120fork.verify.proof.patches import VERIFY_STACK_ENV, suite_node
 from sm120fork.workspace import Workspace
+
+from helpers_sglang import copy_stack
+from helpers_ws import checkout_copy
 
 REPO = Path(__file__).resolve().parents[2]
 WS = Workspace(REPO)
@@ -109,3 +118,41 @@ def test_no_upstream_package_or_patch_copy_is_committed() -> None:
                     if p.is_file() and (p.suffix == ".patch"
                                         or p.relative_to(WS.reports_dir).parts[0] == "upstream"))
     assert not copies, f"not evidence but copies (upstream_pr makes them): {copies}"
+
+
+_DUMP_PLUGIN = """\
+import json, os
+
+def pytest_collection_finish(session):
+    with open(os.environ["RUNS_STACK_DUMP"], "w") as out:
+        json.dump({item.nodeid: [v for k, v in item.user_properties if k == "runs_stack"]
+                   for item in session.items}, out)
+"""
+
+
+def test_a_renamed_copy_of_sglang_0523_resolves_every_claim_to_its_own_checks(
+        tmp_path: Path) -> None:
+    """sglang-0.5.23 under another name (its toml and patch folders, nothing else changed;
+    the original's records beside it): every claim names the copy's record, none is
+    backed by the original's, and each ``cpu:`` claim's test, collected as verify-sm120
+    runs it for the copy, says it runs the copy's build (verify counts it; issue 41)."""
+    shutil.copytree(REPO / "reports", checkout_copy(tmp_path, sdists=False) / "reports")
+    root = tmp_path / "toolkit"
+    copy_stack(root, "sglang-0.5.23", "sglang-copy", keep_wheels=1)
+    ws = Workspace(root)
+    standings = claim_standings(ws, ws.stack("sglang-copy"))
+    assert standings
+    assert {s.state for s in standings} == {"missing"}
+    assert all(s.reasons[0].startswith("reports/sglang-copy/") for s in standings)
+    nodes = sorted({suite_node(REPO, c.check) for s in load_series(
+        ws.series_dir(ws.stack("sglang-copy").project("sglang"))).patches
+        for c in claims(s) if c.kind == "cpu"})
+    assert nodes
+    (tmp_path / "dump_runs_stack.py").write_text(_DUMP_PLUGIN)
+    dump = tmp_path / "runs_stack.json"
+    subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "-p", "dump_runs_stack", *nodes], cwd=REPO, check=True, capture_output=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO / "src")]),
+             VERIFY_STACK_ENV: "sglang-copy", "RUNS_STACK_DUMP": str(dump)})
+    assert json.loads(dump.read_text()) == {node: ["sglang-copy"] for node in nodes}

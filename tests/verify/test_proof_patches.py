@@ -12,6 +12,7 @@ from sm120fork.errors import SeriesError
 from sm120fork.patch.series import parse_patch
 from sm120fork.verify.proof.patches import (
     NO_EVIDENCE,
+    VERIFY_STACK_ENV,
     Claim,
     Context,
     Outcome,
@@ -133,6 +134,26 @@ def test_a_cpu_test_of_another_stacks_build_backs_nothing_for_this_stack(
     text, ok = check_cpu_test(Context(root=tmp_path, stack="sglang-0.5.22"), on_0523)
     assert not ok
     assert "does not count for stack sglang-0.5.22" in text
+
+
+def test_a_cpu_test_runs_for_the_stack_verified(tmp_path: Path) -> None:
+    """Issue 41: a claim names a check, not a stack.  verify runs a claim's test for the
+    stack it verifies (its fixtures build that stack's series: tests/helpers_sglang.py),
+    so the test of a stack-relative fixture counts for a copy of the stack under another
+    name, as it does for the original."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "conftest.py").write_text(
+        "import os\n\n"
+        "def pytest_collection_modifyitems(items):\n"
+        "    for item in items:\n"
+        "        item.user_properties.append(\n"
+        f"            ('runs_stack', os.environ.get({VERIFY_STACK_ENV!r}, 'sglang-0.5.23')))\n")
+    (tests / "test_x.py").write_text("def test_g6() -> None:\n    pass\n")
+    node = "tests/test_x.py::test_g6"
+    for stack in ("sglang-0.5.23", "sglang-next"):
+        text, ok = run_cpu_tests(tmp_path, [node], stack=stack)[node]
+        assert ok, text
 
 
 def test_a_cpu_claim_finds_its_test_module_in_the_stage_folder(tmp_path: Path) -> None:

@@ -198,6 +198,9 @@ def _test_exists(root: Path, node: str) -> str | None:
 #: The JUnit property a test of the suite names the stack whose build it runs with
 #: (tests/conftest.py: ``runs_stack`` marks, or the fixture that installs sglang 0.5.23).
 RUNS_STACK = "runs_stack"
+#: The stack a claim's test is run for: a test of a stack-relative fixture builds that
+#: stack (tests/helpers_sglang.py), so a claim names a check, not a stack.
+VERIFY_STACK_ENV = "SM120FORK_VERIFY_STACK"
 
 
 def _junit_outcomes(xml: Path, root: Path, stack: str | None = None
@@ -232,7 +235,7 @@ def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None
 
     Evidence is a test that ran and passed here, not one that exists: a skipped (e.g. no
     network) or failing test backs nothing, nor (with ``stack``) one that ran another
-    stack's build."""
+    stack's build.  The tests run for ``stack`` (:data:`VERIFY_STACK_ENV`)."""
     results: dict[str, tuple[str, bool]] = {}
     runnable: dict[str, str] = {}  # node as written -> as pytest names it
     for node in dict.fromkeys(nodes):
@@ -249,7 +252,9 @@ def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None
         pythonpath = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
         done = proc.run([python or sys.executable, "-m", "pytest", *runnable.values(), "-q",
                          "-p", "no:cacheprovider", f"--junitxml={xml}"],
-                        cwd=root, env={"PYTHONPATH": pythonpath}, check=False,
+                        cwd=root, env={"PYTHONPATH": pythonpath,
+                                       **({VERIFY_STACK_ENV: stack} if stack else {})},
+                        check=False,
                         timeout=timeout)
         ran = _junit_outcomes(xml, root, stack) if xml.is_file() else {}
     for node, actual in runnable.items():
