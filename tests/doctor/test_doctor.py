@@ -25,7 +25,7 @@ import pytest
 from sm120fork.doctor import cli, ipc, probe, rules
 from sm120fork.doctor.cuda import COPY_KERNEL_PTX, CudaError, Driver
 from sm120fork.doctor.facts import SCHEMA, Modules
-from sm120fork.errors import ConfigError, DoctorError
+from sm120fork.errors import ConfigError, DoctorError, UsageError
 from sm120fork.gpu import decision
 from sm120fork.gpu import policy as allreduce_policy
 from sm120fork.util import proc, wire
@@ -1288,3 +1288,14 @@ def test_the_doctor_says_when_the_installed_sglang_reads_version_1_only() -> Non
     assert report.to_json()["policy"]["read_by_sglang"] is False
     assert rules.judge(with_policy(measured_policy())).to_json()["policy"][
         "read_by_sglang"] is True
+
+
+def test_no_python3_on_path_is_answered_with_the_command_that_names_one(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
+    monkeypatch.setenv("NOX_CURRENT_SESSION", "doctor")
+    assert cli.main([]) == UsageError.exit_code
+    assert capsys.readouterr().err.rstrip().endswith(
+        "no python3 on PATH to examine (name the Python SGLang serves from: nox -s doctor -- "
+        "--python /path/to/python)")

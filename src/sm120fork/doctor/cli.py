@@ -112,9 +112,10 @@ def serving_python(named: Path | None) -> tuple[str, str]:
         path = [d for d in path if d and not Path(d).resolve().is_relative_to(own)]
     found = shutil.which("python3", path=os.pathsep.join(path))
     if found is None:
-        raise UsageError("no python3 on PATH to examine",
-                         fix="name the Python SGLang serves from: nox -s doctor -- "
-                             "--python /path/to/serving/python")
+        from ..util import hint  # the toolkit's copy only: the plugin's returned above
+
+        raise UsageError("no python3 on PATH to examine", fix="name the Python SGLang serves "
+                         f"from: {hint.command('doctor', '--python', '/path/to/python')}")
     return found, "python3 on PATH; --python names another"
 
 
