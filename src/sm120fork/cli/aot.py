@@ -14,25 +14,6 @@ from rich.table import Table
 from sm120fork.workspace import Workspace
 
 
-def build_args(p: argparse.ArgumentParser) -> None:
-    from sm120fork.aot.targets import DEFAULT_CAPABILITIES
-
-    p.add_argument("--stack", help="stack (default: the default stack)")
-    p.add_argument("--capabilities", default=",".join(DEFAULT_CAPABILITIES),
-                   help="GPU compute capabilities to build for; FlashInfer picks each one's "
-                   "target and drops those its module refuses (default: %(default)s)")
-    p.add_argument("--jobs", type=int, default=2, help="parallel nvcc runs (default 2)")
-    p.add_argument("--rebuild", action="store_true", help="ignore the compile cache")
-    p.add_argument("--wheels-dir", type=Path,
-                   help="where the stack's wheels and manifest.json are (default: wheels/<stack>/)")
-    p.add_argument("--out", type=Path, help="where the AOT wheel goes "
-                   "(default: wheels/aot/<stack>/)")
-    p.add_argument("--platform", help="wheel platform tag (default: this machine's)")
-    p.add_argument("--via-cibuildwheel", action="store_true",
-                   help="run cibuildwheel's steps for aot/ (before-build, build, repair, test) "
-                   "on this host, as read from aot/pyproject.toml")
-
-
 def run_build(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.aot.pipeline import build_aot, default_out
     from sm120fork.aot.targets import parse_capabilities
@@ -67,20 +48,6 @@ def run_build(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     state = "cached" if result.compiled.cached else f"{result.compiled.wall_seconds:.0f} s"
     console.print(f"compile: {state}; wheel: {result.wheel}")
     return 0
-
-
-def check_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("wheel", type=Path, help="the AOT wheel (installed in this environment, "
-                   "with the FlashInfer it pins)")
-    p.add_argument("--code", action="store_true",
-                   help="also list the embedded SASS per target with cuobjdump and compare "
-                   "every target's kernels with sm_90a")
-    p.add_argument("--module", action="append", default=[], metavar="IMPORT:FUNCTION",
-                   help="also say where this module loads from: the JitSpec maker that "
-                   "takes no arguments, e.g. flashinfer.jit.norm:gen_norm_module (repeatable)")
-    p.add_argument("--no-lookup", action="store_true",
-                   help="skip asking the installed FlashInfer (the wheel alone)")
-    p.add_argument("--json", type=Path, help="write the findings here")
 
 
 def run_check(args: argparse.Namespace, argv: Sequence[str]) -> int:

@@ -53,20 +53,6 @@ def _download_progress(console: Console) -> Callable[[str], Callable[[int, int |
     return factory
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--stack", help="stack to build (default: the default stack)")
-    which.add_argument("--all-stacks", action="store_true",
-                       help="build every stack under forks/, each into wheels/<stack>/")
-    p.add_argument("--force", action="store_true",
-                   help="discard local work in fork trees (never done without it)")
-    p.add_argument("--rebuild", action="store_true", help="ignore the build cache")
-    p.add_argument("--lock-timeout", type=float, default=-1, metavar="S",
-                   help="seconds to wait for another run's lock (default: wait)")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help="publish into DIR instead of wheels/<stack>/")
-
-
 class StageLine:
     """One live line per project while it builds ("flashinfer: building: copying ..."),
     so a 2-minute wheel build is not silent; gone when the build ends (transient)."""

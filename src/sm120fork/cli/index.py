@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from rich.console import Console
 
 from sm120fork.index.write import stack_routes, write_index
 from sm120fork.package.publish import shown
 from sm120fork.workspace import Workspace
-
-
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", metavar="URL",
-                   help="where the site will be served from, as the pip lines name it "
-                        "(default: the folder's file:// URL)")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help="write the site into DIR instead of wheels/index/")
 
 
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:

@@ -12,37 +12,6 @@ from sm120fork.errors import UsageError
 from sm120fork.workspace import Workspace
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    from sm120fork.kit.build import DEFAULT_HARNESSES, HARNESSES
-
-    p.add_argument("--stack", help="stack (default: the default stack)")
-    p.add_argument("--python", required=True, metavar="X.Y",
-                   help="the box's Python that has torch, e.g. 3.12")
-    p.add_argument("--out", type=Path, required=True, help="the kit's folder (replaced)")
-    p.add_argument("--harness", action="append", choices=HARNESSES,
-                   help="only these harnesses' wheels (default: "
-                   f"{', '.join(DEFAULT_HARNESSES)}; sglang_layer carries SGLang's imports)")
-    p.add_argument("--box-has", action="append", default=[], metavar="FILE|NAMES",
-                   help="what the box has already, left out of the kit: a file of "
-                   "`python3 -m pip list --format=freeze` there, or comma-separated names")
-    p.add_argument("--include", action="append", default=[], metavar="NAME",
-                   help="carry this requirement even if the box has it")
-    p.add_argument("--max-size", metavar="SIZE",
-                   help="refuse a kit larger than this (e.g. 64MiB), naming what is big")
-    p.add_argument("--part-size", metavar="SIZE",
-                   help="write the kit as DIR.1 ... DIR.N, each at most SIZE (e.g. 60MiB), "
-                   "for a transfer path with a size limit; larger files are cut into pieces "
-                   "and any part's run joins and checks them on the box")
-    p.add_argument("--prebuilt-modules", type=Path, metavar="DIR",
-                   help="comm modules compiled here for a box without nvcc: "
-                   "DIR/<variant>/<module>/<module>.so (variant patched or unpatched)")
-    p.add_argument("--upstream-pr", action="append", default=[], metavar="NAME",
-                   help="with --harness upstream_tests: carry this PR's GPU tests (default: "
-                   "every upstream PR of the stack that has some)")
-    p.add_argument("--no-nox", dest="nox", action="store_false",
-                   help="leave out nox and setuptools (the checkout's sessions offline)")
-
-
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.kit.build import MIB, KitOptions, make, parse_size
 
@@ -79,15 +48,6 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
                   f"{kit.size / MIB:.1f} MiB; copy every part to one folder on the box, then: "
                   f"sh {kit.parts[-1][0]}/run {example}")
     return 0
-
-
-def requirements_args(p: argparse.ArgumentParser) -> None:
-    from sm120fork.kit.build import HARNESSES
-
-    p.add_argument("--harness", required=True, choices=HARNESSES,
-                   help="the harness the requirements are for (tune: the bench's)")
-    p.add_argument("harness_args", nargs=argparse.REMAINDER, metavar="-- ARGS",
-                   help="the harness's own arguments; only --stack is read")
 
 
 def run_requirements(args: argparse.Namespace, ws: Workspace, console: Console) -> int:

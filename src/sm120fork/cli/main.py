@@ -27,9 +27,12 @@ log = logging.getLogger("sm120fork")
 @dataclass(frozen=True, kw_only=True)
 class Verb:
     help: str
-    #: The module that adds the verb's arguments and runs it (imported only for this verb).
+    #: The module that runs the verb (imported only for this verb).
     module: str
-    add_args: str = "add_args"
+    #: ``module:function`` that adds the verb's arguments, default :mod:`sm120fork.cli.args`'s
+    #: function named after the verb.  The standard library alone imports it: the noxfile's
+    #: preflight parses a session's arguments with it before anything is installed.
+    args: str | None = None
     #: Runs in a checkout (``forks/`` found): ``run(args, ws, console) -> int``.
     run: str | None = None
     #: Runs anywhere, given the verb's own arguments: ``run(args, argv) -> int``.
@@ -45,6 +48,12 @@ class Verb:
         fn: Callable[..., Any] = getattr(self.load(), name)
         return fn
 
+    def add_args(self, name: str, parser: argparse.ArgumentParser) -> None:
+        """Add verb ``name``'s arguments to ``parser``."""
+        where = self.args or f"sm120fork.cli.args:{name.replace('-', '_')}"
+        module, _, function = where.partition(":")
+        getattr(importlib.import_module(module), function)(parser)
+
 
 VERBS: dict[str, Verb] = {
     "build": Verb(help="patched wheels of a stack into wheels/<stack>/",
@@ -54,19 +63,18 @@ VERBS: dict[str, Verb] = {
                   module="sm120fork.cli.index", run="run"),
     "status": Verb(help="every stack and patch: applies, DEP-3 upstream fields, "
                         "fingerprint upstream, shipped wheel",
-                   module="sm120fork.cli.maintain", add_args="status_args", run="run_status"),
+                   module="sm120fork.cli.maintain", run="run_status"),
     "bump": Verb(help="re-pin a project and re-classify its patches",
-                 module="sm120fork.cli.maintain", add_args="bump_args", run="run_bump"),
+                 module="sm120fork.cli.maintain", run="run_bump"),
     "refresh": Verb(help="export the fork tree's commits back into the series",
-                    module="sm120fork.cli.maintain", add_args="refresh_args",
-                    run="run_refresh"),
+                    module="sm120fork.cli.maintain", run="run_refresh"),
     "upstream-pr": Verb(help="prepare (never push) an upstream PR with evidence",
-                        module="sm120fork.cli.maintain", add_args="upstream_args",
+                        module="sm120fork.cli.maintain",
                         run="run_upstream_pr"),
     "watch": Verb(help="each upstream release newer than the pins, bumped in a scratch copy: "
                        "per patch applies / merges / conflicts / upstream has it, the pins it "
                        "moves, the claims to re-make -> reports/watch/",
-                  module="sm120fork.cli.maintain", add_args="watch_args", run="run_watch"),
+                  module="sm120fork.cli.maintain", run="run_watch"),
     "verify-sm120": Verb(help="check every patch's evidence (compile proof for SM12x, "
                               "behaviour checks) -> reports/<stack>/verify-sm120/",
                          module="sm120fork.cli.verify", run="run"),
@@ -78,23 +86,25 @@ VERBS: dict[str, Verb] = {
                          "and publishes it to reports/<stack>/<kind>/",
                    module="sm120fork.cli.record", run="run"),
     "gpu": Verb(help="multi-rank correctness (A/B) and latency on this machine's GPUs",
-                module="sm120fork.gpu.cli", run_argv="run"),
+                module="sm120fork.gpu.cli", args="sm120fork.gpu.cli:add_args",
+                run_argv="run"),
     "gpu-kit": Verb(help="one folder that runs the GPU harnesses on a box with no network "
                          "(the stack's wheels, upstream's, their dependencies, the toolkit)",
                     module="sm120fork.cli.kit", run="run"),
     "gpu-requirements": Verb(help="what the GPU sessions install beside the toolkit: the "
                                   "stack's FlashInfer (and SGLang) requirements, less torch",
-                             module="sm120fork.cli.kit", add_args="requirements_args",
+                             module="sm120fork.cli.kit",
                              run="run_requirements"),
     "build-aot": Verb(help="prebuilt trtllm comm module of a stack's FlashInfer as a wheel "
                            "(needs nvcc)",
-                      module="sm120fork.cli.aot", add_args="build_args", run="run_build"),
+                      module="sm120fork.cli.aot", run="run_build"),
     "aot-check": Verb(help="check an AOT wheel: which module the installed FlashInfer loads "
                            "from where, and its SASS per target",
-                      module="sm120fork.cli.aot", add_args="check_args", run_argv="run_check"),
+                      module="sm120fork.cli.aot", run_argv="run_check"),
     "tune": Verb(help="measure this box's all-reduce methods at every TP size it can run and "
                       "install the policy SGLang follows (--yes to replace one)",
-                 module="sm120fork.tune.cli", run_argv="run"),
+                 module="sm120fork.tune.cli", args="sm120fork.tune.cli:add_args",
+                 run_argv="run"),
     "doctor": Verb(help="check this box for the fused all-reduce on SM12x (no checkout, "
                         "index or nvcc needed; --json)",
                    module="sm120fork.doctor", own_main="main"),
@@ -118,7 +128,7 @@ def make_parser(verbs: Sequence[str] | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=verb.help, description=verb.help, add_help=not own,
                            parents=verbosity if not own else [])
         if not own and (verbs is None or name in verbs):
-            verb.function(verb.add_args)(p)
+            verb.add_args(name, p)
     return parser
 
 

@@ -13,12 +13,12 @@ import logging
 import os
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
+from sm120fork.cli.args import WIDE_MIN_WIDTH
 from sm120fork.errors import EXIT_PROBLEMS_FOUND, UsageError
 from sm120fork.maintain.report import outcome_lines
 from sm120fork.maintain.status import PatchStatus, ProjectStatus, status
@@ -48,19 +48,6 @@ def _short_wheel(wheel: str) -> str:
     return f"{version} {rest}".strip()
 
 
-def status_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stack", nargs="?", help="only this stack (default: every stack)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--wide", action="store_true",
-                   help="every DEP-3 field and check in its own column (a record per patch "
-                        f"below {WIDE_MIN_WIDTH} columns, e.g. in a pipe)")
-    p.add_argument("--no-fetch", action="store_true",
-                   help="do not download the pinned upstream of a stack never built here "
-                        "(its patches are then not checked)")
-    p.add_argument("--wheels", type=Path, metavar="DIR",
-                   help="read the wheel column from DIR/manifest.json (see build --out)")
-
-
 def upstream_cell(forwarded: str, applied_upstream: str) -> str:
     """Forwarded and Applied-Upstream as one statement: a fix upstream made on its own
     is "in 0.6.17 (flashinfer#3903)", not "Forwarded: no" beside "Applied-Upstream"."""
@@ -80,8 +67,6 @@ def _in_pin(fingerprint: str, effect: str) -> str:
 
 _WIDE_COLUMNS = ("applies", "Forwarded", "Applied-Upstream", "Bug-Upstream",
                  "fingerprint in pin", "effect in pin", "wheel")
-#: Below this width the --wide table cannot show its seven columns: a record per patch.
-WIDE_MIN_WIDTH = 160
 
 
 def _wide_cells(p: PatchStatus) -> list[str]:
@@ -168,32 +153,6 @@ def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int
     else:
         render_status(projects, console, wide=args.wide)
     return EXIT_PROBLEMS_FOUND if any(p.error or p.pins_disagree for p in projects) else 0
-
-
-def bump_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stack", help="the stack whose pin moves (forks/STACK.toml); with "
-                                 "--new-stack the one copied from; with --continue, --skip "
-                                 "or --abort the stack being bumped")
-    p.add_argument("project", help="the project of that stack to re-pin "
-                                   "(its [projects.PROJECT] table, e.g. flashinfer)")
-    p.add_argument("revision", nargs="?",
-                   help="new upstream version (sdist from the index) or a 40-hex git SHA")
-    what = p.add_mutually_exclusive_group()
-    what.add_argument("--continue", dest="cont", action="store_true",
-                      help="resume after resolving a conflict in the fork tree")
-    what.add_argument("--skip", action="store_true",
-                      help="drop the patch the bump stopped at (upstream does without it) "
-                           "and resume")
-    what.add_argument("--abort", action="store_true",
-                      help="restore the previous fork tree, pin and series exactly")
-    p.add_argument("--allow-downgrade", action="store_true", help="accept an older version")
-    p.add_argument("--new-stack", metavar="NAME",
-                   help="copy the project (and the projects it requires, as STACK pins "
-                        "them) into a new stack NAME and bump that, leaving STACK as it is")
-    p.add_argument("--version", dest="pep440", metavar="V",
-                   help="the PEP 440 version of a git SHA revision")
-    p.add_argument("--git-commit", metavar="SHA",
-                   help="the upstream commit of the new sdist when it records none")
 
 
 def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
@@ -288,22 +247,6 @@ def print_release_files(console: Console, stack: str, undeclared: Sequence[str],
         console.print(f"release files: {summary}", highlight=False, soft_wrap=True)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
-    return value
-
-
-def watch_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stack", action="append", default=[], metavar="NAME",
-                   help="only this stack (repeatable; default: every stack in forks/)")
-    p.add_argument("--limit", type=_positive, default=2, metavar="N",
-                   help="bump the newest N releases of each project (default: 2); every "
-                        "newer one is listed")
-    p.add_argument("--json", action="store_true", help="the report as JSON on stdout")
-
-
 def run_watch(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.maintain.watch import summary, watch, write_report
 
@@ -328,13 +271,6 @@ def run_watch(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     return EXIT_PROBLEMS_FOUND if incomplete else 0
 
 
-def refresh_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stack")
-    p.add_argument("project")
-    p.add_argument("--force", action="store_true",
-                   help="overwrite uncommitted edits of the series' patch files")
-
-
 def run_refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.maintain.refresh import refresh
 
@@ -346,29 +282,6 @@ def run_refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> in
                   f"{len(r.changed)} changed, {len(r.unchanged)} unchanged"
                   + ("" if r.wrote_anything else " (nothing written)"))
     return 0
-
-
-def upstream_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stack")
-    p.add_argument("project", nargs="?",
-                   help="one project of the stack (default: every project; with --pr, the "
-                        "one whose series has that PR)")
-    p.add_argument("--onto", metavar="REF",
-                   help="rebase the branch onto REF of an upstream checkout (see --repo)")
-    p.add_argument("--repo", metavar="PATH_OR_URL",
-                   help="upstream repository to fetch --onto from (default: the declared "
-                        "git URL)")
-    p.add_argument("--write", action="store_true",
-                   help="with --pr: publish the PR's record (what it was tested with) to "
-                        "reports/<stack>/upstream-pr/<pr>/")
-    p.add_argument("--pr", metavar="NAME",
-                   help="prepare this PR (an Upstream-PR group of the series; without --pr "
-                        "the PRs are listed)")
-    p.add_argument("--out", type=Path, metavar="DIR",
-                   help="with --pr: where the package goes (default: "
-                        ".forks/upstream/<stack>/<project>/<pr>/)")
-    p.add_argument("--no-tests", action="store_true",
-                   help="with --pr: do not run the PR's tests (the body then says so)")
 
 
 def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:

@@ -9,13 +9,6 @@ from rich.console import Console
 from sm120fork.workspace import Workspace
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="record_command", required=True, metavar="ACTION")
-    imp = sub.add_parser("import", help="validate each record.json under DIR and publish it "
-                                        "to reports/<stack>/<kind>/")
-    imp.add_argument("directory", metavar="DIR", help="the folder a run wrote its records into")
-
-
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from pathlib import Path
 

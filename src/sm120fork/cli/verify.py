@@ -11,16 +11,6 @@ from sm120fork.errors import VerifyError
 from sm120fork.workspace import Workspace
 
 
-def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stack", help="stack (default: the default stack)")
-    p.add_argument("--jobs", type=int, default=2, help="parallel nvcc runs (default 2)")
-    p.add_argument("--force", action="store_true",
-                   help="discard local work in the fork trees it needs")
-    p.add_argument("--arch", action="append", dest="archs", metavar="ARCH",
-                   help="compile-proof architectures besides sm_90a and sm_120f (repeatable; "
-                        "default: sm_120a and sm_121a too)")
-
-
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.verify.proof.report import write_reports
     from sm120fork.verify.proof.stack import PROOF_ARCHS, run_verify

@@ -43,6 +43,8 @@ PTH_NAME = "sm120fork-host-site.pth"
 #: ``sh DIR/run sglang_layer --plugin-route``: stock SGLang of the pin + the plugin.
 PLUGIN_ROUTE = "--plugin-route"
 VERBS = ("gpu_test", "bench", "sglang_layer", "doctor", "upstream_tests", "tune")
+#: What a kit carries unless ``gpu-kit --harness`` names others.
+DEFAULT_HARNESSES = ("gpu_test", "bench", "doctor")
 #: Exit codes as the toolkit's errors have them (errors.py): ConfigError, UsageError.
 EXIT_CONFIG = 2
 EXIT_USAGE = 16

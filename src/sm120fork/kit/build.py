@@ -58,8 +58,8 @@ from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 
-HARNESSES = ("gpu_test", "bench", "sglang_layer", "doctor", "upstream_tests", "tune")
-DEFAULT_HARNESSES = ("gpu_test", "bench", "doctor")
+HARNESSES = boot.VERBS
+DEFAULT_HARNESSES = boot.DEFAULT_HARNESSES
 MIB = 1024 * 1024
 UPSTREAM_TESTS = "upstream-tests"
 
