@@ -1,4 +1,8 @@
-"""The front door.  Sessions stay thin: install, then call ``python -m sm120fork``."""
+"""sm120fork: run a session with nox -s NAME, its arguments after -- (nox -s NAME -- --help)."""
+
+# The front door.  Sessions stay thin: check, install, then call ``python -m sm120fork``.
+# `nox -l` prints the first line of each docstring: what the session does, what it needs
+# ("any machine", a GPU, nvcc, docker) and its required arguments.
 
 from __future__ import annotations
 
@@ -27,6 +31,27 @@ def first_python(running: tuple[int, int],
         return f"{running[0]}.{running[1]}"
     found = [v for v in SUPPORTED if which(f"python{v}")]
     return found[0] if found else PYTHON
+
+
+ROOT = Path(__file__).resolve().parent
+
+
+def ready(session: nox.Session, *command: str) -> None:
+    """End the session in one line, before anything is installed, when the arguments or the
+    machine are wrong for ``python -m sm120fork COMMAND``: the verb's own parser reads them
+    and the verb's own first checks ask the machine (:mod:`sm120fork.cli.preflight`, which
+    needs only the standard library, so it runs here in nox's Python)."""
+    if sys.version_info < (3, 11):  # noqa: UP036 (nox may run on 3.10; the verb checks later)
+        return
+    if str(ROOT / "src") not in sys.path:
+        sys.path.insert(0, str(ROOT / "src"))
+    from sm120fork.cli.preflight import check
+    from sm120fork.errors import ToolkitError
+
+    try:
+        check(session.name, command, session.posargs)
+    except ToolkitError as exc:
+        session.error(exc.message)
 
 
 #: Tells the toolkit it runs under nox, so its hints say `nox -s <session> -- ...`.
@@ -66,7 +91,7 @@ def install(session: nox.Session, *args: str) -> None:
     location = getattr(session.virtualenv, "location", None)
     key = hashlib.sha256("\0".join(args).encode()).hexdigest()[:16]
     marker = Path(location) / f".sm120fork-install-{key}" if location else None
-    stamp = install_stamp(Path(__file__).resolve().parent, args)
+    stamp = install_stamp(ROOT, args)
     if marker is not None and marker.is_file() and marker.read_text() == stamp:
         session.log(f"already installed, unchanged: {' '.join(args)}")
         return
@@ -80,11 +105,17 @@ def groups(*names: str) -> list[str]:
     return [req for name in names for req in nox.project.dependency_groups(PYPROJECT, name)]
 
 
+def plain(session: nox.Session, *command: str) -> None:
+    """A verb that needs only the toolkit: check, install it, run."""
+    ready(session, *command)
+    install(session, ".")
+    toolkit(session, *command)
+
+
 @nox.session(python=first_python(sys.version_info[:2]))
 def build(session: nox.Session) -> None:
-    """Patched wheels of the default stack (or --stack NAME) into wheels/<stack>/."""
-    install(session, ".")
-    toolkit(session, "build")
+    """Build the patched wheels of a stack into wheels/<stack>/ (-- --stack NAME); any machine."""
+    plain(session, "build")
 
 
 @nox.session(python=PYTHON)
@@ -115,19 +146,19 @@ def _pytest(session: nox.Session, marks: str) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The test suite: everything that needs no GPU and no package index."""
+    """Run the test suite (no GPU, no nvcc, no upstream downloads); any machine."""
     _pytest(session, f"not {E2E}")
 
 
 @nox.session(python=PYTHON)
 def e2e(session: nox.Session) -> None:
-    """End-to-end tests on the real upstream releases (downloads them once)."""
+    """Run the end-to-end tests on the real upstream releases (downloads them); any machine."""
     _pytest(session, E2E)
 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff, mypy --strict, the import contracts (pyproject.toml) and actionlint."""
+    """Check the code: ruff, mypy --strict, import-linter, actionlint; any machine."""
     install(session, "-e", ".", *groups("lint"))
     session.run("ruff", "check", "src", "tests", "noxfile.py", "benchmarks")
     session.run("mypy")
@@ -138,7 +169,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def verify_sm120(session: nox.Session) -> None:
-    """Compile-and-inspect proof of the series for sm_120a/sm_121a -> reports/<stack>/."""
+    """Prove each patch for SM120/SM121 without such a GPU, into reports/<stack>/; needs nvcc."""
+    ready(session, "verify-sm120")
     # "test": the proof's and the probe's groups, and pytest for the `cpu:` evidence it runs.
     install(session, ".", *groups("test"))
     toolkit(session, "verify-sm120")
@@ -146,15 +178,19 @@ def verify_sm120(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def build_aot(session: nox.Session) -> None:
-    """AOT wheel of the trtllm comm module: cibuildwheel's steps for aot/, on this host."""
+    """Build the optional wheel of precompiled kernels here; any machine (pip brings nvcc)."""
+    ready(session, "build-aot")
     install(session, "-r", "aot/requirements-torch-cpu.txt")  # CPU torch serves the compile
     install(session, ".", "-r", "aot/requirements-build.txt", "cibuildwheel==4.3.5")
     toolkit(session, "build-aot", "--via-cibuildwheel")
 
 
-@nox.session(python="3.12")
+#: cibuildwheel itself runs on any Python it supports (>= 3.11); the wheel is built by the
+#: manylinux container's CPython 3.12 (aot/pyproject.toml), not by this one.
+@nox.session(python=first_python(sys.version_info[:2]))
 def cibuildwheel(session: nox.Session) -> None:
-    """The AOT wheel in cibuildwheel's manylinux containers (needs docker or podman)."""
+    """Build the precompiled-kernels wheel in manylinux containers; needs docker or podman."""
+    ready(session, "cibuildwheel")
     install(session, "cibuildwheel==4.3.5")
     session.run("cibuildwheel", "--platform", "linux", "--output-dir", "wheelhouse", "aot",
                 *session.posargs)
@@ -171,6 +207,7 @@ GPU_VENV = ["--system-site-packages"]
 def gpu(session: nox.Session, verb: str) -> None:
     """Install the toolkit into a venv that sees this Python's torch, then run ``gpu VERB``.
     Offline: PIP_NO_INDEX=1 PIP_FIND_LINKS=<kit>/wheels (``nox -s gpu_kit`` carries them)."""
+    ready(session, "gpu", verb)
     see_host_with_harness(session, {"test": "gpu_test"}.get(verb, verb.replace("-", "_")))
     toolkit(session, "gpu", verb)
 
@@ -191,48 +228,46 @@ def see_host_with_harness(session: nox.Session, harness: str) -> None:
 
 @nox.session(python=None, venv_params=GPU_VENV)
 def gpu_test(session: nox.Session) -> None:
-    """Multi-rank fusion correctness on this machine's GPUs (A/B patched vs upstream)."""
+    """Check the fused kernels' results, patched vs upstream, on this box's GPUs; needs GPUs."""
     gpu(session, "test")
 
 
 @nox.session(python=None, venv_params=GPU_VENV)
 def sglang_layer(session: nox.Session) -> None:
-    """SGLang's own fused-norm layer path under injected workspace faults (the fault matrix)."""
+    """Run SGLang's fused layer, also under faults; needs GPUs; -- --stack NAME --out DIR"""
     gpu(session, "sglang-layer")
 
 
 @nox.session(python=None, venv_params=GPU_VENV)
 def bench(session: nox.Session) -> None:
-    """Fused vs unfused all-reduce latency on this machine's GPUs."""
+    """Time the fused against the unfused all-reduce on this box's GPUs; needs GPUs."""
     gpu(session, "bench")
 
 
 @nox.session(python=PYTHON)
 def gpu_kit(session: nox.Session) -> None:
-    """One folder that runs the GPU sessions on a box with no network (docs/gpu.md)."""
-    install(session, ".")
-    toolkit(session, "gpu-kit")
+    """Pack the GPU sessions for a box without network; any machine; -- --python X.Y --out DIR"""
+    plain(session, "gpu-kit")
 
 
 @nox.session(python=None, venv_params=GPU_VENV)
 def tune(session: nox.Session) -> None:
-    """Measure this box at every TP size it can run; install the policy SGLang follows."""
+    """Measure this box, set the all-reduce SGLang picks per TP size; needs GPUs; -- --stack NAME"""
+    ready(session, "tune")
     see_host_with_harness(session, "tune")
     toolkit(session, "tune")
 
 
 @nox.session(python=PYTHON)
 def status(session: nox.Session) -> None:
-    """One table for every stack and patch (--json for machines)."""
-    install(session, ".")
-    toolkit(session, "status")
+    """Show every stack and patch: applies, upstreamed, in which wheel; any machine."""
+    plain(session, "status")
 
 
 @nox.session(python=PYTHON)
 def bump(session: nox.Session) -> None:
-    """Re-pin a project: nox -s bump -- <stack> <project> <version|sha>."""
-    install(session, ".")
-    toolkit(session, "bump")
+    """Move a project to a new upstream release; any machine; -- STACK PROJECT VERSION"""
+    plain(session, "bump")
 
 
 @nox.session(python=PYTHON)
@@ -244,27 +279,23 @@ def watch(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def refresh(session: nox.Session) -> None:
-    """Export a fork tree's commits back into its series: nox -s refresh -- <stack> <project>."""
-    install(session, ".")
-    toolkit(session, "refresh")
+    """Write commits made in .forks/trees/ back into patches/; any machine; -- STACK PROJECT"""
+    plain(session, "refresh")
 
 
 @nox.session(python=PYTHON)
 def upstream_pr(session: nox.Session) -> None:
-    """Prepare (never push) an upstream PR: nox -s upstream_pr -- <stack> <project>."""
-    install(session, ".")
-    toolkit(session, "upstream-pr")
+    """Prepare (never push) a pull request for upstream; any machine; -- STACK [PROJECT]"""
+    plain(session, "upstream-pr")
 
 
 @nox.session(python=PYTHON)
 def record_import(session: nox.Session) -> None:
-    """Publish the records a GPU run wrote: nox -s record_import -- DIR."""
-    install(session, ".")
-    toolkit(session, "record", "import")
+    """Publish the results a GPU run wrote into reports/; any machine; -- DIR"""
+    plain(session, "record", "import")
 
 
 @nox.session(python=PYTHON)
 def doctor(session: nox.Session) -> None:
-    """Check this box for the fused all-reduce on SM12x (--json for machines)."""
-    install(session, ".")
-    toolkit(session, "doctor")
+    """Check a serving box for the fused all-reduce on SM12x (-- --python PATH); any machine."""
+    plain(session, "doctor")

@@ -73,17 +73,22 @@ class _Recorder:
 
 
 @pytest.mark.parametrize("name", ["gpu_test", "bench", "sglang_layer"])
-def test_gpu_sessions_see_the_torch_of_the_python_running_nox(name: str) -> None:
+def test_gpu_sessions_see_the_torch_of_the_python_running_nox(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     nf = _noxfile()
     session = getattr(nf, name)
     assert session.python is None  # the Python that runs nox (python3 -m nox there)
     assert session.venv_params == ["--system-site-packages"]
     recorder = _Recorder()
+    monkeypatch.setattr(nf, "ready", lambda _, *command: recorder.calls.append(
+        ("ready", command)))
     session.func(recorder)
+    # first the arguments and this machine are checked (tests/cli/test_preflight.py)
+    assert recorder.calls[0] == ("ready", ("gpu", name.replace("gpu_", "").replace("_", "-")))
     # before the toolkit is installed: the venv sees that Python's packages (its torch)
-    assert recorder.calls[0] == ("run", ("python", "src/sm120fork/kit/boot.py", "see-host",
+    assert recorder.calls[1] == ("run", ("python", "src/sm120fork/kit/boot.py", "see-host",
                                          sys.executable))
-    assert recorder.calls[1][0] == "install"
+    assert recorder.calls[2][0] == "install"
 
 
 def test_see_host_makes_a_venv_see_the_packages_of_another_python(tmp_path: Path) -> None:
@@ -282,13 +287,16 @@ class _Answering(_Recorder):
 @pytest.mark.parametrize(("name", "harness"), [("gpu_test", "gpu_test"), ("bench", "bench"),
                                                ("sglang_layer", "sglang_layer"),
                                                ("tune", "tune")])
-def test_gpu_sessions_install_what_the_stacks_flashinfer_needs(name: str, harness: str) -> None:
+def test_gpu_sessions_install_what_the_stacks_flashinfer_needs(
+        name: str, harness: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the H200, `nox -s gpu_test -- --stack S --quick` failed in every case with 'No
     module named tvm_ffi': the variants' FlashInfer is installed without its dependencies,
     and the session installed only the toolkit."""
     session = _Answering()
     session.posargs = ["--stack", "sglang-0.5.10", "--quick"]
-    getattr(_noxfile(), name).func(session)
+    nf = _noxfile()
+    monkeypatch.setattr(nf, "ready", lambda *_: None)  # no GPU here
+    getattr(nf, name).func(session)
     asked = next(args for kind, args in session.calls if "gpu-requirements" in args)
     assert asked[asked.index("--harness") + 1] == harness
     assert list(asked[asked.index("--") + 1:]) == session.posargs

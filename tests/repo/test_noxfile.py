@@ -8,6 +8,10 @@ import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
+import pytest
+
+from sm120fork.cli.main import VERBS, make_parser
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,10 +51,12 @@ class _Recorder:
         self.runs.append((args, kwargs))
 
 
-def test_toolkit_sessions_print_nox_hints_and_keep_stderr_apart() -> None:
+def test_toolkit_sessions_print_nox_hints_and_keep_stderr_apart(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Under nox the hints say `nox -s ...`, and stdout carries only the toolkit's stdout
     (nox merges stderr into it unless told not to: `status -- --json` would not parse)."""
     nf = _noxfile()
+    monkeypatch.setattr(nf, "ready", lambda *_: None)  # the preflight: its own tests
     for name in ("build", "status", "bump", "refresh", "upstream_pr", "verify_sm120",
                  "gpu_test", "sglang_layer", "bench", "doctor", "build_aot"):
         session = _Recorder(["--json"])
@@ -155,3 +161,100 @@ def test_the_suite_and_the_e2e_session_split_the_tests_between_them() -> None:
     assert chosen["tests"] | chosen["e2e"] == everything
     assert "tests/cli/test_e2e_default_stack.py::test_wheels_install_and_carry_the_patched_gates" \
         in chosen["e2e"]
+
+
+def _nox(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[str], float]:
+    """nox itself on this noxfile: its exit code, its output's lines and its time."""
+    import os
+    import subprocess
+    import time
+
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "nox", "--noxfile", str(ROOT / "noxfile.py"),
+                           *args], capture_output=True, text=True, check=False, timeout=120,
+                          env={**os.environ, **(env or {})})
+    return done.returncode, (done.stdout + done.stderr).splitlines(), time.monotonic() - start
+
+
+@pytest.mark.parametrize(("session", "args", "says"), [
+    ("sglang_layer", [], "nox -s sglang_layer: the following arguments are required: --out "
+                         "(see nox -s sglang_layer -- --help)"),
+    ("tune", [], "nox -s tune: the following arguments are required: --stack"),
+    ("gpu_kit", [], "nox -s gpu_kit: the following arguments are required: --python, --out"),
+    ("record_import", [], "nox -s record_import: the following arguments are required: DIR"),
+    # nox's Python finds a CPU build of torch first (a stand-in on PYTHONPATH)
+    ("gpu_test", ["--quick"], "is a CPU-only build (run it on a GPU box, with the Python "
+                              "that has its CUDA torch"),
+    ("bench", [], "is a CPU-only build (run it on a GPU box"),
+    ("cibuildwheel", [], "cibuildwheel builds in containers: neither docker nor podman is on "
+                         "PATH (install one of them, or build the same wheel on this machine: "
+                         "nox -s build_aot)"),
+])
+def test_a_mistake_ends_the_session_in_one_line_before_anything_is_installed(
+        session: str, args: list[str], says: str, tmp_path: Path) -> None:
+    """The line comes from the check nox runs first, not from an install that fails:
+    without an environment (--no-venv) any install would be refused with another line."""
+    cpu_torch = tmp_path / "site" / "torch"
+    cpu_torch.mkdir(parents=True)
+    (cpu_torch / "__init__.py").write_text(
+        "__version__ = '2.13.0+cpu'\nclass version:\n    cuda = None\n")
+    code, lines, seconds = _nox("--no-venv", "--envdir", str(tmp_path), "-s", session,
+                                "--", *args, env={"PYTHONPATH": str(tmp_path / "site"),
+                                                  "PATH": str(tmp_path)})
+    assert code != 0
+    assert lines[-1].startswith(f"nox > Session {session} aborted: "), lines
+    assert says in lines[-1]
+    assert [line for line in lines if not line.startswith("nox > ")] == []
+    assert not [line for line in lines if "install" in line.lower()
+                and not line.startswith(f"nox > Session {session} aborted")], lines
+    assert seconds < 10
+
+
+def _required(command: tuple[str, ...]) -> list[str]:
+    """What the verb's own parser requires, as a user types it (``--out``, ``STACK``)."""
+    import argparse
+
+    from sm120fork.doctor.cli import parser as doctor_parser
+
+    parser = doctor_parser() if command == ("doctor",) else make_parser([command[0]])
+    for word in command if command != ("doctor",) else ():
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[word]
+    return [max(a.option_strings, key=len) if a.option_strings
+            else str(a.metavar or a.dest).upper()
+            for a in parser._actions if a.required]
+
+
+def test_nox_list_reads_as_a_menu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`nox -l` shows no note meant for the noxfile's maintainers; each session's line says
+    what it needs of the machine and names every argument its verb requires."""
+    code, lines, _ = _nox("-l")
+    assert code == 0
+    text = "\n".join(lines)
+    assert "thin" not in text
+    assert "front door" not in text.lower()
+    menu = {line.split()[1]: line for line in lines if line[:2] in ("* ", "- ")}
+    nf = _noxfile()
+    assert set(menu) == {name for name, value in vars(nf).items()
+                         if callable(getattr(value, "func", None)) and hasattr(value, "python")}
+    commands: dict[str, tuple[str, ...]] = {}
+    for name, line in menu.items():
+        assert "any machine" in line or "needs " in line, line
+        session = _Recorder([])
+        session.name = name  # type: ignore[attr-defined]
+        seen: list[tuple[str, ...]] = []
+        monkeypatch.setattr(nf, "ready", lambda _s, *command, seen=seen: seen.append(command))
+        getattr(nf, name).func(session)
+        if seen and seen[0] != ("cibuildwheel",):
+            commands[name] = seen[0]
+    assert {"build", "status", "bump", "refresh", "upstream-pr", "verify-sm120", "gpu",
+            "doctor", "tune", "gpu-kit", "record"} \
+        <= {command[0] for command in commands.values()} <= set(VERBS)
+    for name, command in commands.items():
+        for argument in _required(command):
+            assert f" {argument}" in menu[name], (name, argument)
+    for needs, sessions in (("needs GPUs", ("gpu_test", "bench", "sglang_layer", "tune")),
+                            ("needs nvcc", ("verify_sm120",)),
+                            ("needs docker or podman", ("cibuildwheel",))):
+        for name in sessions:
+            assert needs in menu[name], name

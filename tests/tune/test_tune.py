@@ -217,7 +217,7 @@ def test_the_verb_runs_the_library_and_says_what_it_did(
     from sm120fork.cli.main import main
     from sm120fork.tune import cli
 
-    monkeypatch.setattr(cli, "_ready", lambda: None)   # the GPU preflight: no GPU here
+    monkeypatch.setattr(cli, "ready", lambda: None)   # the GPU preflight: no GPU here
     monkeypatch.setattr(cli, "_doctor", lambda: facts("2x-rtx-pro-6000-one-socket"))
     monkeypatch.setattr(cli, "_bench", lambda args, command: lambda tp, left: _bench_of(tp))
     monkeypatch.setenv(policy.ENV_VAR, str(tmp / "p.json"))
@@ -265,7 +265,7 @@ def test_the_verb_benches_a_given_wheel_and_records_the_command_it_was_given(
                                               "hidden": list(bench.hidden)},
             "methods": list(bench.methods), "finished": True, "shared": False}))
 
-    monkeypatch.setattr(cli, "_ready", lambda: None)
+    monkeypatch.setattr(cli, "ready", lambda: None)
     monkeypatch.setattr(cli, "_doctor", lambda: facts("2x-rtx-pro-6000-one-socket"))
     monkeypatch.setattr(runs, "run_bench", run_bench)
     monkeypatch.setenv(policy.ENV_VAR, str(tmp / "p.json"))

@@ -301,7 +301,7 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
     return VerifyError.exit_code if failed or cut_short else 0
 
 
-def _ready(args: argparse.Namespace) -> preflight.GpuHost | None:
+def ready(args: argparse.Namespace) -> preflight.GpuHost | None:
     """Refuse what cannot run here before anything is resolved, installed or built: a
     multicast backend on a shared host, then a box whose Python has no CUDA torch or GPU."""
     if args.gpu_command in ("test", "bench"):
@@ -322,7 +322,7 @@ def _ready(args: argparse.Namespace) -> preflight.GpuHost | None:
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the parsed GPU verb; ``argv`` (from the verb on) is recorded in the reports."""
-    host = _ready(args)
+    host = ready(args)
     if args.gpu_command == "test":
         return cmd_test(args, argv)
     if args.gpu_command == "bench":

@@ -92,7 +92,7 @@ def _ask(question: str) -> bool:
     return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
-def _ready() -> None:
+def ready() -> None:
     """This Python's torch sees a GPU (the bench's own preflight), before anything runs."""
     from sm120fork.gpu.core import preflight
 
@@ -102,7 +102,7 @@ def _ready() -> None:
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from sm120fork.util import proc
 
-    _ready()
+    ready()
     # As typed (the offline kit's entry names itself, without this box's paths).
     command = os.environ.get("SM120FORK_COMMAND") or "nox -s tune -- " + " ".join(argv)
     done = tune(TuneOptions(stack=args.stack, command=command.strip(), reports=args.reports,

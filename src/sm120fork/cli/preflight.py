@@ -1,0 +1,126 @@
+"""Before a nox session installs anything: are its arguments right, and has this machine
+what the session needs?
+
+The noxfile calls :func:`check` first, in nox's own Python, where the toolkit's
+dependencies are not installed: this module, the verbs' parsers (:mod:`sm120fork.cli.args`
+and the GPU verbs' own) and the checks below import the standard library only.  The
+arguments are read by the verb's own parser and the machine is asked by the verb's own
+checks (a CUDA torch that sees a GPU; nvcc, by the proof's locator), so the session and
+the verb cannot disagree, and a mistake ends the session in one line within seconds
+instead of after minutes of installs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+from sm120fork.cli.main import VERBS, make_parser
+from sm120fork.errors import CommandError, ConfigError
+from sm120fork.util import proc
+from sm120fork.util.hint import FRONT_DOOR_ENV
+
+#: The session that runs cibuildwheel itself (no toolkit verb).
+CIBUILDWHEEL = "cibuildwheel"
+_HELP = frozenset({"-h", "--help"})
+
+
+def check(session: str, command: Sequence[str], posargs: Sequence[str]) -> None:
+    """Raise the :class:`~sm120fork.errors.ToolkitError` that nox session ``session``,
+    which runs ``python -m sm120fork COMMAND POSARGS``, would end in for a wrong argument
+    or a machine without what the verb needs; its hints say ``nox -s SESSION -- ...``.
+    Asking for ``--help`` is never refused (the verb prints it)."""
+    if _HELP & set(posargs):
+        return
+    with _as_session(session):
+        if command[0] == CIBUILDWHEEL:
+            container_engine()
+            return
+        args = _parse(command, posargs)
+        need = _NEEDS.get(command[0])
+        if need is not None:
+            need(args)
+
+
+def _parse(command: Sequence[str], posargs: Sequence[str]) -> argparse.Namespace:
+    """The verb's own parser's reading of the arguments (its usage text is not shown: the
+    error says where to see it)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        if VERBS[command[0]].own_main is not None:  # the doctor parses its own arguments
+            from sm120fork.doctor.cli import parser
+
+            return parser().parse_args(posargs)
+        return make_parser([command[0]]).parse_args([*command, *posargs])
+
+
+def _gpu(args: argparse.Namespace) -> None:
+    from sm120fork.gpu.cli import ready
+
+    ready(args)
+
+
+def _tune(_: argparse.Namespace) -> None:
+    from sm120fork.tune.cli import ready
+
+    ready()
+
+
+def _nvcc(_: argparse.Namespace) -> None:
+    from sm120fork.verify import require_compiler
+
+    require_compiler()
+
+
+#: What each verb needs of the machine: the check the verb runs first.
+_NEEDS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "gpu": _gpu, "tune": _tune, "verify-sm120": _nvcc}
+
+
+@contextlib.contextmanager
+def _as_session(session: str) -> Iterator[None]:
+    """The environment nox gives the session's commands, so errors name the session."""
+    names = (FRONT_DOOR_ENV, "NOX_CURRENT_SESSION")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({FRONT_DOOR_ENV: "nox", "NOX_CURRENT_SESSION": session})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def container_engine(environ: Mapping[str, str] | None = None,
+                     which: Callable[[str], str | None] = shutil.which) -> str:
+    """The container engine cibuildwheel will use (``CIBW_CONTAINER_ENGINE``, default
+    docker), if it is here and answers ``ENGINE info``; else a ``ConfigError`` saying so."""
+    env = os.environ if environ is None else environ
+    engine = env.get("CIBW_CONTAINER_ENGINE", "").split(";")[0].strip() or "docker"
+    found = which(engine)
+    if found is None:
+        other = next((e for e in ("docker", "podman") if e != engine and which(e)), None)
+        if other is not None:
+            raise ConfigError(f"cibuildwheel runs {engine}, which is not on PATH; {other} is",
+                              where="CIBW_CONTAINER_ENGINE",
+                              fix=f"CIBW_CONTAINER_ENGINE={other} nox -s cibuildwheel")
+        raise ConfigError("cibuildwheel builds in containers: neither docker nor podman is "
+                          "on PATH", fix="install one of them, or build the same wheel on "
+                          "this machine: nox -s build_aot")
+    try:
+        done = proc.run([found, "info"], check=False, quiet=True, timeout=60)
+    except CommandError as exc:
+        raise ConfigError(f"`{engine} info` did not answer within 60 s",
+                          fix=f"make `{engine} info` work here") from exc
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}")
+        raise ConfigError(f"`{engine} info` failed: {said.splitlines()[-1]}",
+                          fix=f"make `{engine} info` work here (its daemon running, this "
+                              "user allowed to reach it), or build the same wheel on this "
+                              "machine: nox -s build_aot")
+    return engine
