@@ -120,9 +120,8 @@ def build(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def index(session: nox.Session) -> None:
-    """The package index of every stack's built wheels (-- --url URL) into wheels/index/."""
-    install(session, ".")
-    toolkit(session, "index")
+    """Make a package index of every stack's built wheels in wheels/index/; any machine."""
+    plain(session, "index")
 
 
 #: The end-to-end tests: they download real upstream releases (the pinned sdists and
@@ -272,9 +271,8 @@ def bump(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def watch(session: nox.Session) -> None:
-    """Each upstream release newer than the pins, bumped in scratch: nox -s watch -- --limit N."""
-    install(session, ".")
-    toolkit(session, "watch")
+    """Try each upstream release newer than the pins in a scratch copy; any machine."""
+    plain(session, "watch")
 
 
 @nox.session(python=PYTHON)

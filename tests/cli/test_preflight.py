@@ -16,7 +16,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 #: What each session runs, with arguments its verb accepts.
 SESSIONS = {
-    "build": (("build",), []), "status": (("status",), ["--json"]),
+    "build": (("build",), []), "index": (("index",), ["--url", "https://x"]),
+    "status": (("status",), ["--json"]), "watch": (("watch",), ["--limit", "1"]),
     "bump": (("bump",), ["s", "p", "1.0"]), "refresh": (("refresh",), ["s", "p"]),
     "upstream_pr": (("upstream-pr",), ["s"]), "verify_sm120": (("verify-sm120",), []),
     "build_aot": (("build-aot",), []), "gpu_kit": (("gpu-kit",), ["--python", "3.12",
@@ -63,6 +64,7 @@ def test_the_preflight_of_every_session_needs_only_the_standard_library() -> Non
     ("bump", ("bump",), ["only-a-stack"], "required: project"),
     ("build", ("build",), ["--stak", "x"], "unrecognized arguments: --stak"),
     ("doctor", ("doctor",), ["--tp", "two"], "invalid int value: 'two'"),
+    ("watch", ("watch",), ["--limit", "0"], "0 is not a positive number"),
 ])
 def test_a_wrong_argument_is_refused_by_the_verbs_parser_naming_the_session(
         session: str, command: tuple[str, ...], args: list[str], says: str,

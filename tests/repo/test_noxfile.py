@@ -248,7 +248,7 @@ def test_nox_list_reads_as_a_menu(monkeypatch: pytest.MonkeyPatch) -> None:
         if seen and seen[0] != ("cibuildwheel",):
             commands[name] = seen[0]
     assert {"build", "status", "bump", "refresh", "upstream-pr", "verify-sm120", "gpu",
-            "doctor", "tune", "gpu-kit", "record"} \
+            "doctor", "tune", "gpu-kit", "record", "index", "watch"} \
         <= {command[0] for command in commands.values()} <= set(VERBS)
     for name, command in commands.items():
         for argument in _required(command):
