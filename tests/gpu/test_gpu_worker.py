@@ -227,3 +227,16 @@ def test_a_module_that_cannot_import_says_which_package_and_where_it_looked(
     assert said == (f"ModuleNotFoundError: No module named 'cuda.bindings' ('cuda' resolved "
                     f"to ['{shadow / 'cuda'}']; installed that provide 'cuda': cuda-bindings "
                     f"13.3.1 in {box})")
+
+
+def test_a_module_build_that_cannot_import_says_where_it_looked(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from sm120fork.gpu.core import probe
+
+    def load() -> Any:
+        import sm120fork_no_such_package  # type: ignore[import-not-found]  # noqa: F401
+    monkeypatch.setattr(probe, "environment", dict)
+    monkeypatch.setattr(probe, "MODULES", {"vllm": (load, False)})
+    probe.run_compile(["vllm"])
+    assert ("No module named 'sm120fork_no_such_package' ('sm120fork_no_such_package' is in "
+            "none of sys.path [") in capsys.readouterr().out

@@ -126,7 +126,7 @@ def run_compile(modules: list[str]) -> None:
 
     def failed(name: str, exc: BaseException) -> None:
         say("MODULE", {"module": name, "ok": False,
-                       "reason": f"{type(exc).__name__}: {exc}"[:1000]})
+                       "reason": import_failure(exc)[:2000]})
         if MODULES[name][1]:
             failed_required.append(name)
 
