@@ -363,5 +363,19 @@ def claim_standings(ws: Workspace, stack: Stack, today: Today | None = None
             for c in claims(patch)]
 
 
+def to_remake(ws: Workspace, stack: Stack) -> list[str]:
+    """One line per command that makes a record the stack's claims need and no passing
+    one backs: the command, what it needs, and each such claim (``<patch>: <claim>``).
+    A copy of a stack (``bump --new-stack``) carries its patches' claims to its own
+    records, none made yet: every claim is listed."""
+    by: dict[str, list[str]] = {}
+    for s in claim_standings(ws, stack):
+        if not s.current:
+            head, _, claim = s.name.partition(": ")
+            by.setdefault(f"`{s.command}`" + (f" (needs {s.needs})" if s.needs else ""),
+                          []).append(f"{head.rsplit('/', 1)[-1]}: {claim} ({s.state})")
+    return [f"{command}: {'; '.join(names)}" for command, names in by.items()]
+
+
 def stale(standings: Sequence[Standing]) -> list[Standing]:
     return [s for s in standings if not s.current]

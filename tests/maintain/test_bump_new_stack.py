@@ -131,6 +131,13 @@ def test_bump_new_stack_of_sglang_writes_a_stack_on_its_layout(
     assert "Verified-By: sglang:G1" in (sg.ws.root / "patches/sg-next/sglang" /
                                          names[0]).read_text()
     assert (sg.ws.root / "patches/sg-next/flashinfer/series").read_text().split() == []
+    # Its claims name checks, not stacks: each is carried to sg-next's own records (none
+    # made yet), and the console and the report say which command makes them (issue 41).
+    assert result.remake == (f"`nox -s verify_sm120 -- --stack sg-next`: "
+                             f"{names[0].removesuffix('.patch')}: sglang:G1 (missing)",)
+    assert (f"Stack sg-next is new: its patches' claims name checks, not stacks, so each is "
+            f"carried to sg-next's own records, which these commands make:\n- "
+            f"{result.remake[0]}") in result.report.read_text()
     # The toolkit loads it ...
     stack = sg.ws.stack("sg-next")
     assert [p.key for p in stack.projects] == ["flashinfer", "sglang"]

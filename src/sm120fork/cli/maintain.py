@@ -20,7 +20,7 @@ from rich.table import Table
 
 from sm120fork.cli.args import WIDE_MIN_WIDTH
 from sm120fork.errors import EXIT_PROBLEMS_FOUND, UsageError
-from sm120fork.maintain.report import outcome_lines
+from sm120fork.maintain.report import evidence_lines, outcome_lines
 from sm120fork.maintain.status import PatchStatus, ProjectStatus, status
 from sm120fork.patch.series import display_name
 from sm120fork.util.hint import command
@@ -201,6 +201,8 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
                               result.classifications, kept, result.used_as_published):
         console.print(line, markup=False, soft_wrap=True)
     print_release_files(console, result.stack, result.undeclared_files, result.release_files)
+    for line in evidence_lines(result.stack, result.new_stack_created, result.remake):
+        console.print(line, markup=False, soft_wrap=True)
     console.print(f"report (the evidence for each verdict): "
                   f"{result.report.relative_to(ws.root)}; changelog: "
                   f"{result.changelog.relative_to(ws.root)}", markup=False, soft_wrap=True)

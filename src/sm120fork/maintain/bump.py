@@ -27,6 +27,7 @@ from sm120fork.errors import (
     MaintenanceError,
     SeriesError,
     SourceError,
+    ToolkitError,
 )
 from sm120fork.fetch.kinds import source_kind
 from sm120fork.fetch.sdist import download_sdist
@@ -86,6 +87,7 @@ from sm120fork.patch.series import (
 )
 from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree
 from sm120fork.patch.upstream_match import match_upstream
+from sm120fork.standing import to_remake
 from sm120fork.util.files import atomic_write_text
 from sm120fork.util.git import Git
 from sm120fork.util.hint import command
@@ -117,6 +119,9 @@ class BumpResult:
     #: The coordinated projects with patches bumped with it: key -> their verdicts.
     companions: dict[str, tuple[Classification, ...]] = dataclasses.field(
         default_factory=dict)
+    #: The claims no passing record of the stack backs, per command that makes their
+    #: record (``standing.to_remake``): a new stack's are all carried to its own records.
+    remake: tuple[str, ...] = ()
 
 
 def _state_paths(ws: Workspace, state: BumpState) -> tuple[Path, Path]:
@@ -626,9 +631,13 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
     results = state.classifications()
     published = new_project.wheels if empty else ()
     undeclared, release_files = release_check(project)
+    try:
+        remake = to_remake(ws, stack)
+    except ToolkitError as exc:  # a malformed Verified-By: say so, the bump is done
+        remake = [f"claims not judged: {exc.message}"]
     report = write_bump_report(ws, stack, project, state, new_project, results=results,
                                range_diff=range_diff, refreshed=refreshed,
-                               published=published)
+                               published=published, remake=remake)
     stage("report written")
     changelog = write_changelog(ws, stack, project, state, results, report,
                                 published=published)
@@ -641,7 +650,8 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
                       changelog=changelog, refresh=refreshed, range_diff=range_diff,
                       new_stack_created=state.created_stack, used_as_published=published,
                       undeclared_files=undeclared, release_files=release_files,
-                      companions={k: tuple(v) for k, v in state.companion_results.items()})
+                      companions={k: tuple(v) for k, v in state.companion_results.items()},
+                      remake=tuple(remake))
 
 
 def _description(ws: Workspace, stack: Stack, project: Project, state: BumpState,

@@ -92,9 +92,10 @@ def _pin_lines(project: Project) -> list[str]:
 def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: BumpState,
                       new_project: Project, *, results: Sequence[Classification] = (),
                       range_diff: str = "", refreshed: RefreshResult | None = None,
-                      stopped: str = "", published: Sequence[WheelPin] = ()) -> Path:
+                      stopped: str = "", published: Sequence[WheelPin] = (),
+                      remake: Sequence[str] = ()) -> Path:
     """The bump's report: written before any patch is applied, again at a conflict, and
-    complete when the bump finishes."""
+    complete when the bump finishes (``remake``: :func:`evidence_lines`' input)."""
     path = report_path(ws, state)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [
@@ -140,11 +141,23 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
                       f"{project.distribution} {state.new_version} unchanged (no local "
                       "label, no rebuild); the declaration pins its wheels:", "",
                   *(f"- `{w.filename}` sha256 `{w.sha256}`" for w in published)]
+    lines += ["", "## Evidence to re-make", "",
+              *evidence_lines(stack.name, state.created_stack, remake)]
     lines += ["", "## Range-diff (series before -> after)", "",
               "`git range-diff before-base..before upstream..HEAD` in the fork tree:", "",
               "```", range_diff.rstrip() or "(empty: no patch left on either side)", "```", ""]
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+def evidence_lines(stack: str, created: bool, remake: Sequence[str]) -> list[str]:
+    """What the bump's console and report say of the claims (``standing.to_remake``)."""
+    head = (f"Stack {stack} is new: its patches' claims name checks, not stacks, so each "
+            f"is carried to {stack}'s own records, which these commands make:"
+            if created else
+            f"The claims no passing record of {stack} backs, by the command that makes it:")
+    return [head, *(f"- {line}" for line in remake)] if remake else [
+        f"None: a passing record of {stack} backs every claim."]
 
 
 def write_changelog(ws: Workspace, stack: Stack, project: Project, state: BumpState,
