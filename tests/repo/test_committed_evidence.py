@@ -130,23 +130,30 @@ def pytest_collection_finish(session):
 """
 
 
-def test_a_renamed_copy_of_sglang_0523_resolves_every_claim_to_its_own_checks(
-        tmp_path: Path) -> None:
-    """sglang-0.5.23 under another name (its toml and patch folders, nothing else changed;
-    the original's records beside it): every claim names the copy's record, none is
-    backed by the original's, and each ``cpu:`` claim's test, collected as verify-sm120
-    runs it for the copy, says it runs the copy's build (verify counts it; issue 41)."""
+#: The default stack's tests build it by name (tests/cli/test_e2e_default_stack.py, the
+#: fixtures of 0.5.10 in helpers_sglang): a copy of it runs them on the original.
+BOUND = ("sglang-0.5.10",)
+
+
+@pytest.mark.parametrize("name", [n for n in PATCHED if n not in BOUND])
+def test_a_renamed_copy_of_a_stack_resolves_every_claim_to_its_own_checks(
+        tmp_path: Path, name: str) -> None:
+    """A stack under another name (its toml and patch folders, nothing else changed; the
+    original's records beside it): every claim names the copy's record, none is backed
+    by the original's, and each ``cpu:`` claim's test, collected as verify-sm120 runs it
+    for the copy, says it runs the copy's build (verify counts it; issue 41)."""
     shutil.copytree(REPO / "reports", checkout_copy(tmp_path, sdists=False) / "reports")
     root = tmp_path / "toolkit"
-    copy_stack(root, "sglang-0.5.23", "sglang-copy", keep_wheels=1)
+    copy_stack(root, name, "stack-copy", keep_wheels=1)
     ws = Workspace(root)
-    standings = claim_standings(ws, ws.stack("sglang-copy"))
+    stack = ws.stack("stack-copy")
+    standings = claim_standings(ws, stack)
     assert standings
     assert {s.state for s in standings} == {"missing"}
-    assert all(s.reasons[0].startswith("reports/sglang-copy/") for s in standings)
-    nodes = sorted({suite_node(REPO, c.check) for s in load_series(
-        ws.series_dir(ws.stack("sglang-copy").project("sglang"))).patches
-        for c in claims(s) if c.kind == "cpu"})
+    assert all(s.reasons[0].startswith("reports/stack-copy/") for s in standings)
+    nodes = sorted({suite_node(REPO, c.check) for p in stack.projects
+                    for s in load_series(ws.series_dir(p)).patches
+                    for c in claims(s) if c.kind == "cpu"})
     assert nodes
     (tmp_path / "dump_runs_stack.py").write_text(_DUMP_PLUGIN)
     dump = tmp_path / "runs_stack.json"
@@ -154,5 +161,5 @@ def test_a_renamed_copy_of_sglang_0523_resolves_every_claim_to_its_own_checks(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
          "-p", "dump_runs_stack", *nodes], cwd=REPO, check=True, capture_output=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO / "src")]),
-             VERIFY_STACK_ENV: "sglang-copy", "RUNS_STACK_DUMP": str(dump)})
-    assert json.loads(dump.read_text()) == {node: ["sglang-copy"] for node in nodes}
+             VERIFY_STACK_ENV: "stack-copy", "RUNS_STACK_DUMP": str(dump)})
+    assert json.loads(dump.read_text()) == {node: ["stack-copy"] for node in nodes}
