@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from sm120fork.cli.main import main
+from sm120fork.maintain.bump import bump
 from sm120fork.util.files import sha256_file
+from sm120fork.workspace import Workspace
 
 from conftest import git, make_patch, write_series
 from helpers_maintain import pack_release, package_index, sglang_toolkit
@@ -189,11 +191,15 @@ def test_the_watch_reports_every_newer_release_with_its_verdicts_and_changes_not
 @pytest.mark.slow
 def test_the_limit_bumps_the_newest_releases_and_lists_the_others(
         root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bump(Workspace(root), STACK, "flashinfer", "0.7.3", new_stack="flashinfer-0.7.3")
     assert main(["--root", str(root), "watch", "--stack", STACK, "--limit", "1"]) == 0
     out = capsys.readouterr().out
     report = json.loads((root / "reports/watch/sg.json").read_text())
     assert [(p["newer"], [r["version"] for r in p["releases"]]) for p in report["projects"]
             ] == [(["0.7.3", "0.7.2.post1"], ["0.7.3"]), (["0.5.25", "0.5.24"], ["0.5.25"])]
+    carried = report["projects"][0]["releases"][0]
+    assert (carried["outcome"], carried["error"]) == ("carried",
+                                                      "stack flashinfer-0.7.3 carries it")
     assert "sg/sglang 0.5.23: 2 newer release(s)" in out
     md = (root / "reports/watch/sg.md").read_text()
     assert "Newer: 0.5.25, 0.5.24 (not bumped here: 0.5.24)" in md

@@ -80,7 +80,8 @@ class Step:
 class ReleaseWatch:
     version: str
     #: "bumps" (every patch placed), "stops" (at conflicts: resolve or skip each),
-    #: "refused" (the bump refuses this release; ``error`` says why).
+    #: "refused" (the bump refuses this release; ``error`` says why), "failed" (it could
+    #: not be judged: a download failed), "carried" (another stack already pins it).
     outcome: str
     new_stack: str = ""
     patches: tuple[PatchVerdict, ...] = ()
@@ -252,8 +253,8 @@ def watch_release(ws: Workspace, stack: Stack, project: Project, version: Versio
     refusing = pins_refusing(stack, project, str(version))
     new_stack = f"{project.key}-{version}" if refusing else ""
     if new_stack in ws.stacks():
-        return ReleaseWatch(version=str(version), outcome="refused", new_stack=new_stack,
-                            error=f"stack {new_stack} exists: it carries this release")
+        return ReleaseWatch(version=str(version), outcome="carried", new_stack=new_stack,
+                            error=f"stack {new_stack} carries it")
     target = new_stack or stack.name
     args = [stack.name, project.key, str(version), *(["--new-stack", new_stack] * bool(new_stack))]
     with scratch_checkout(ws, cache) as scratch:
@@ -328,7 +329,7 @@ def watch(ws: Workspace, stacks: Sequence[str] = (), *, limit: int) -> list[Stac
 
 def summary(release: ReleaseWatch) -> str:
     """One line: what the release costs."""
-    if release.outcome in ("refused", "failed"):
+    if release.outcome in ("refused", "failed", "carried"):
         return f"{release.outcome}: {release.error}"
     counts: dict[str, int] = {}
     for p in release.patches:
