@@ -17,6 +17,9 @@ import pytest
 
 from sm120fork.cli.main import main
 from sm120fork.maintain.bump import bump
+from sm120fork.patch.series import load_series
+from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
+from sm120fork.standing import claim_standings
 from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 
@@ -97,6 +100,22 @@ def _series(root: Path, tmp_path: Path) -> None:
     write_series(fi, [patch.name])
 
 
+def _verified(ws: Workspace, wheel: Path) -> None:
+    """A passing verify-sm120 record of the stack as it is (G1's claim is current)."""
+    tested = Tested(
+        wheels=(TestedWheel(variant="patched", project="sglang", file=wheel.name,
+                            sha256=sha256_file(wheel)),),
+        patches=tuple(TestedPatch(project=p.key, patch=patch.name, patch_id=patch.patch_id)
+                      for p in ws.stack(STACK).projects
+                      for patch in load_series(ws.series_dir(p)).patches))
+    cases = tuple(Case(id=f"{t.project}/{t.patch}", variant="full series", outcome="pass")
+                  for t in tested.patches)
+    write(make(kind="verify-sm120", stack=STACK, command="nox -s verify_sm120", toolkit="0",
+               created="2026-12-07T05:00:00+00:00", machine=Machine(description="test"),
+               tested=tested, planned=len(cases), cases=cases), ws.reports_dir)
+    assert [c.state for c in claim_standings(ws, ws.stack(STACK))] == ["current"]
+
+
 @pytest.fixture
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """sglang 0.5.23 (pinned), 0.5.24 (pins flashinfer 0.7.3; G2's context changed, G3's
@@ -122,6 +141,7 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
                               _sglang("0.5.23"), GATE_FILE,
                               extra_fields="Verified-By: sglang:G1\n")
     _series(checkout, tmp_path)
+    _verified(Workspace(checkout), sglang["0.5.23"])
     with package_index(list(sglang.values()), "sglang",
                        more={"flashinfer-python": list(fi.values())}) as url:
         monkeypatch.setenv("SM120FORK_INDEX_URL", url)
@@ -162,8 +182,12 @@ def test_the_watch_reports_every_newer_release_with_its_verdicts_and_changes_not
                               ("sglang", "G4", "upstream has it")]
     assert carried["moves"] == [
         "flashinfer 0.7.2 -> 0.7.3 (sglang 0.5.24 requires flashinfer_python==0.7.3)"]
-    assert [c[0] for c in carried["claims"]] == [
-        "patches/sg/sglang/0001-G1-layer_boundary-allow-the-fused-path-on-12: sglang:G1"]
+    # G1's claim holds today; its record ran 0.5.23, so the bump stales it.
+    (claim,) = carried["claims"]
+    assert claim == ["patches/sg/sglang/0001-G1-layer_boundary-allow-the-fused-path-on-12: "
+                     "sglang:G1", claim[1]]
+    assert claim[1].startswith("stale: ")
+    assert "but sglang is pinned at 0.5.24 now" in claim[1]
     assert [s["run"] for s in carried["steps"]] == [
         "python -m sm120fork bump sg sglang 0.5.24",
         "python -m sm120fork bump sg sglang --continue",

@@ -42,7 +42,14 @@ from sm120fork.maintain.state import (
     today,
 )
 from sm120fork.patch.series import load_series
-from sm120fork.standing import Today, claim_record_path, claims, judge_claim, stack_evidence
+from sm120fork.standing import (
+    Standing,
+    Today,
+    claim_record_path,
+    claims,
+    judge_claim,
+    stack_evidence,
+)
 from sm120fork.util.files import atomic_write_text, scratch_prefix
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
@@ -184,8 +191,9 @@ def _moves(before: Stack, after: Stack, project: str) -> list[str]:
     return out
 
 
-def _stale_claims(ws: Workspace, stack: Stack) -> list[tuple[str, str, str]]:
-    """(claim, why, command) of each claim of ``stack`` that no current record backs."""
+def _stale_claims(ws: Workspace, stack: Stack) -> list[Standing]:
+    """Each claim of ``stack`` that no current record backs: its own standing, or its
+    record's where the claim holds but the record is not of the stack as it is now."""
     now = Today.of(ws, stack)
     records = {s.name: s for s in stack_evidence(ws, stack, today=now)}
     out = []
@@ -194,12 +202,10 @@ def _stale_claims(ws: Workspace, stack: Stack) -> list[tuple[str, str, str]]:
             for c in claims(patch):
                 standing = judge_claim(ws, stack, key, patch, c, now)
                 record = records.get(claim_record_path(c.kind, c.check, stack.name)[0])
-                if standing.current and (record is None or record.current):
-                    continue
-                why = standing.reasons if not standing.current else (
-                    record.reasons if record else ())
-                remake = standing.command or (record.command if record else "")
-                out.append((standing.name, "; ".join(why), remake))
+                if not standing.current:
+                    out.append(standing)
+                elif record is not None and not record.current:
+                    out.append(dataclasses.replace(record, name=standing.name))
     return out
 
 
@@ -280,13 +286,15 @@ def watch_release(ws: Workspace, stack: Stack, project: Project, version: Versio
                        f"`{command('bump', target, key, '--skip')}` drops it instead")
               for key, patch in run.stops]
     steps.append(Step(run=command("build", "--stack", target), why="the stack's wheels"))
-    for remake in dict.fromkeys(c for _, _, c in stale if c):
-        n = sum(1 for _, _, c in stale if c == remake)
-        steps.append(Step(run=remake, why=f"re-makes the record {n} claim(s) name"))
+    for remake in dict.fromkeys(c.command for c in stale if c.command):
+        named = [c for c in stale if c.command == remake]
+        steps.append(Step(run=remake, why=f"re-makes the record {len(named)} claim(s) name"
+                          + (f" (needs {named[0].needs})" if named[0].needs else "")))
     return ReleaseWatch(
         version=str(version), outcome="stops" if run.stops else "bumps", new_stack=new_stack,
         patches=tuple(patches), moves=tuple(_moves(stack, after, project.key)),
-        claims=tuple((name, why) for name, why, _ in stale), steps=tuple(steps))
+        claims=tuple((c.name, f"{c.state}: {'; '.join(c.reasons)}") for c in stale),
+        steps=tuple(steps))
 
 
 def watch_project(ws: Workspace, stack: Stack, project: Project, *, limit: int,
