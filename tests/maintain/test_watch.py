@@ -14,9 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from sm120fork.cli.main import main
 from sm120fork.maintain.bump import bump
+from sm120fork.maintain.watch import APPLIES, CONFLICTS, watch_release
 from sm120fork.patch.series import load_series
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
 from sm120fork.standing import claim_standings
@@ -90,13 +92,13 @@ def _series(root: Path, tmp_path: Path) -> None:
     write_series(d, names)
     fi_repo = tmp_path / "flashinfer-repo"
     (fi_repo / "flashinfer").mkdir(parents=True)
-    (fi_repo / "flashinfer" / "__init__.py").write_text("")
+    (fi_repo / "flashinfer" / "__init__.py").write_text("X = 0\n")
     git(fi_repo, "init", "-q", "-b", "main")
     git(fi_repo, "add", "-A")
     git(fi_repo, "commit", "-q", "-m", "release 0.7.2")
     fi = root / "patches" / STACK / "flashinfer"
     patch = make_patch(fi_repo, fi, "F1 comm: allow 12", {
-        "flashinfer/__init__.py": ("", "SM12X = True\n")}, "flashinfer/__init__.py: SM12X")
+        "flashinfer/__init__.py": ("X = 0", "X = 1  # sm12x")}, "flashinfer/__init__.py: X = 1")
     write_series(fi, [patch.name])
 
 
@@ -117,15 +119,18 @@ def _verified(ws: Workspace, wheel: Path) -> None:
 
 
 @pytest.fixture
-def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+         request: pytest.FixtureRequest) -> Iterator[Path]:
     """sglang 0.5.23 (pinned), 0.5.24 (pins flashinfer 0.7.3; G2's context changed, G3's
     line changed, G4 merged) and 0.5.25 (its gate moved to another layout's file);
-    FlashInfer 0.7.2 (pinned), 0.7.2.post1 and 0.7.3."""
+    FlashInfer 0.7.2 (pinned), 0.7.2.post1 and 0.7.3 (its ``__init__.py``: the param,
+    by default 0.7.2's, so F1 applies)."""
     monkeypatch.setenv("SM120FORK_TODAY", "2026-12-07")
     made = tmp_path / "made"
     made.mkdir()
-    fi = {v: pack_release(made, "flashinfer-python", v, {"flashinfer/__init__.py": ""}, [])
-          for v in ("0.7.2", "0.7.2.post1", "0.7.3")}
+    fi = {v: pack_release(made, "flashinfer-python", v, {"flashinfer/__init__.py": init}, [])
+          for v, init in (("0.7.2", "X = 0\n"), ("0.7.2.post1", "X = 0\n"),
+                          ("0.7.3", getattr(request, "param", "X = 0\n")))}
     moved = _sglang("0.5.25", **{"sglang/srt/layers/communicator.py": GATE})
     del moved[GATE_FILE]
     sglang = {
@@ -230,3 +235,20 @@ def test_the_limit_bumps_the_newest_releases_and_lists_the_others(
     first = md
     assert main(["--root", str(root), "watch", "--stack", STACK, "--limit", "1"]) == 0
     assert (root / "reports/watch/sg.md").read_text() == first  # the same run, the same bytes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("root", ["X = 2\n"], indirect=True)
+def test_a_coordinated_project_that_conflicts_is_judged_and_its_bump_goes_on(
+        root: Path, tmp_path: Path) -> None:
+    """F1 conflicts with FlashInfer 0.7.3, which sglang 0.5.24 moves the stack to: the
+    FlashInfer bump stops first; dropped there, the sglang bump goes on."""
+    ws = Workspace(root)
+    stack = ws.stack(STACK)
+    release = watch_release(ws, stack, stack.project("sglang"), Version("0.5.24"), tmp_path)
+    assert [(p.project, p.patch[5:7], p.verdict) for p in release.patches][:2] == [
+        ("flashinfer", "F1", CONFLICTS), ("sglang", "G1", APPLIES)]
+    assert [s.run for s in release.steps][:3] == [
+        "python -m sm120fork bump sg sglang 0.5.24",
+        "python -m sm120fork bump sg flashinfer --continue",
+        "python -m sm120fork bump sg sglang --continue"]
