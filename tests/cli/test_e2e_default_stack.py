@@ -14,20 +14,24 @@ from pathlib import Path
 import pytest
 
 from sm120fork.cli.main import main
+from sm120fork.verify.proof.patches import VERIFY_STACK_ENV
 
 from conftest import git
 from helpers_flashinfer import cubin_stand_in, install_flashinfer, put_upstream_file
 from helpers_ws import checkout_copy
 
-pytestmark = [pytest.mark.network, pytest.mark.slow, pytest.mark.runs_stack("sglang-0.5.10")]
+#: The stack verify-sm120 runs a claim's test for (a copy of the default stack under
+#: another name builds its own series), else the default stack.
+STACK = os.environ.get(VERIFY_STACK_ENV) or "sglang-0.5.10"
+pytestmark = [pytest.mark.network, pytest.mark.slow, pytest.mark.runs_stack(STACK)]
 REPO = Path(__file__).resolve().parents[2]
-STACK_WHEELS = Path("wheels", "sglang-0.5.10")
+STACK_WHEELS = Path("wheels", STACK)
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = checkout_copy(tmp_path_factory.mktemp("e2e"))
-    assert main(["--root", str(root), "build"]) == 0
+    assert main(["--root", str(root), "build", "--stack", STACK]) == 0
     return root
 
 
@@ -83,7 +87,7 @@ def test_the_index_of_the_real_build_resolves_its_landing_line_to_our_wheels(
 
     assert main(["--root", str(built), "index", "--out", str(tmp_path / "site")]) == 0
     landing = (tmp_path / "site" / "index.html").read_text()
-    section = landing.split('<h2 id="sglang-0.5.10">')[1].split("<h2")[0]
+    section = landing.split(f'<h2 id="{STACK}">')[1].split("<h2")[0]
     line = html.unescape(re.findall(r"<td>patched wheels</td><td><code>([^<]+)</code>",
                                     section)[0])
     assert line.startswith("pip install --extra-index-url ")
@@ -110,7 +114,7 @@ def test_git_source_from_a_repo_made_of_the_real_sdist(built: Path, tmp_path: Pa
     git(upstream, "add", "-A", "--force", ".")
     git(upstream, "commit", "-q", "-m", "v0.6.7.post3 (from the sdist)")
     sha = git(upstream, "rev-parse", "HEAD")
-    toml = built / "forks" / "sglang-0.5.10.toml"
+    toml = built / "forks" / f"{STACK}.toml"
     original = toml.read_text()
     toml.write_text(original.replace('source = "sdist"', 'source = "git"', 1)
                     .replace("https://github.com/flashinfer-ai/flashinfer.git", str(upstream))
@@ -123,7 +127,7 @@ def test_git_source_from_a_repo_made_of_the_real_sdist(built: Path, tmp_path: Pa
     fi = manifest["wheels"][0]
     assert fi["source"]["kind"] == "git"
     assert fi["source"]["digest"] == sha
-    work = built / ".forks" / "trees" / "sglang-0.5.10" / "flashinfer"
+    work = built / ".forks" / "trees" / STACK / "flashinfer"
     assert git(work, "rev-parse", "upstream") == sha
     # Same content as the sdist-based tree: identical patched tree hash.
     assert main(["--root", str(built), "build", "--force"]) == 0
@@ -307,7 +311,7 @@ def test_a_stock_jit_cache_serves_every_module_the_series_does_not_change(
     # The build recorded the files the series changes, from the series itself.
     record = (site / "flashinfer" / "jit" / "series_sources.py").read_text()
     recorded = set(re.findall(r'^    "([^"]+)",$', record, re.M))
-    series = load_series(built / "patches" / "sglang-0.5.10" / "flashinfer")
+    series = load_series(built / "patches" / STACK / "flashinfer")
     assert recorded == {f for p in series.patches for f in p.files}
     assert "csrc/trtllm_allreduce.cu" in recorded
 
@@ -371,13 +375,13 @@ def _our_aot_wheel(built: Path, site: Path, tmp_path: Path, target: str) -> Path
     so = tmp_path / "trtllm_comm.so"
     so.write_bytes(b"\x7fELF ours")
     flashinfer = flashinfer_build(built / STACK_WHEELS,
-                                  load_stack(built / "forks" / "sglang-0.5.10.toml"))
+                                  load_stack(built / "forks" / f"{STACK}.toml"))
     return aot_wheel.write_wheel(
         tmp_path / "ours", flashinfer=flashinfer, cuda_version="13.0", platform="linux_x86_64",
         modules=[aot_wheel.Module(name="trtllm_comm", so=so, targets=(target,), info={},
                                   sources_digest=aot_provenance.own_digest(
                                       data / "csrc", data / "include"))],
-        stack="sglang-0.5.10", toolkit_version="0", toolchain={})
+        stack=STACK, toolkit_version="0", toolchain={})
 
 
 def test_our_aot_wheel_installs_beside_a_stock_jit_cache_and_each_module_loads_from_its_own(

@@ -22,7 +22,7 @@ import pytest
 
 from sm120fork.gpu.layer import cases as layer_cases
 
-from helpers_sglang import Sites
+from helpers_sglang import DEFAULT_STACK, Sites
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 
@@ -94,7 +94,7 @@ def _check_alone(outcome: layer_cases.CaseOutcome, alone: int) -> float:
     return took
 
 
-@pytest.mark.runs_stack("sglang-0.5.10")
+@pytest.mark.runs_stack(DEFAULT_STACK)
 def test_a_fused_call_raising_on_one_rank_only_default_stack(
         default_stack_sglang: Path, zygote_python: str) -> None:
     """S4 (sglang 0.5.10): bounded by the agreement timeout on every rank.  Stock 0.5.10

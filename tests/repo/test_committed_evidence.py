@@ -130,21 +130,19 @@ def pytest_collection_finish(session):
 """
 
 
-#: The default stack's tests build it by name (tests/cli/test_e2e_default_stack.py, the
-#: fixtures of 0.5.10 in helpers_sglang): a copy of it runs them on the original.
-BOUND = ("sglang-0.5.10",)
-
-
-@pytest.mark.parametrize("name", [n for n in PATCHED if n not in BOUND])
+@pytest.mark.parametrize("name", PATCHED)
 def test_a_renamed_copy_of_a_stack_resolves_every_claim_to_its_own_checks(
         tmp_path: Path, name: str) -> None:
-    """A stack under another name (its toml and patch folders, nothing else changed; the
-    original's records beside it): every claim names the copy's record, none is backed
-    by the original's, and each ``cpu:`` claim's test, collected as verify-sm120 runs it
-    for the copy, says it runs the copy's build (verify counts it; issue 41)."""
+    """A stack under another name (its toml and patch folders, nothing else changed but
+    that one stack is the default; the original's records beside it): every claim names
+    the copy's record, none is backed by the original's, and each ``cpu:`` claim's test,
+    collected as verify-sm120 runs it for the copy, says it runs the copy's build (verify
+    counts it; issue 41)."""
     shutil.copytree(REPO / "reports", checkout_copy(tmp_path, sdists=False) / "reports")
     root = tmp_path / "toolkit"
     copy_stack(root, name, "stack-copy", keep_wheels=1)
+    toml = root / "forks" / "stack-copy.toml"
+    toml.write_text(toml.read_text().replace("default = true", "default = false"))
     ws = Workspace(root)
     stack = ws.stack("stack-copy")
     standings = claim_standings(ws, stack)
