@@ -61,8 +61,6 @@ APPLIES = "applies"
 MERGES = "merges (3-way, not checked)"
 CONFLICTS = "conflicts"
 UPSTREAM_HAS_IT = "upstream has it"
-#: A stop the watch cannot step over unattended: more than one per patch is a loop.
-_STOPS_PER_PATCH = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,15 +226,18 @@ class _Run:
         return next((s for s in states if s.coordinated_with), states[0] if states else None)
 
     def to_end(self, start: Callable[[], BumpResult]) -> BumpResult:
-        """Run ``start``; at each conflict drop the patch (``--skip``) and go on."""
-        call = start
-        for _ in range(_STOPS_PER_PATCH * 64):
+        """Run ``start``; at each stop at a patch drop it (``--skip``) and go on; any other
+        stop, or one that comes again, is raised."""
+        call, seen = start, set()
+        while True:
             try:
                 result = call()
             except ToolkitError:
                 state = self.stopped()
-                if state is None or not state.conflict_head:
+                if state is None or not state.conflict_head or (
+                        state.project, state.next_index) in seen:
                     raise
+                seen.add((state.project, state.next_index))
                 patch = load_series(BumpState.directory(self.ws, self.stack, state.project)
                                     / "series").patches[state.next_index]
                 self.stops.append((state.project, patch.name))
@@ -247,7 +248,6 @@ class _Run:
                 return result
             self.companions[result.project] = result.classifications
             call = functools.partial(bump_continue, self.ws, self.stack, self.project)
-        raise ToolkitError("the bump stopped more often than its patches", where=self.stack)
 
 
 
