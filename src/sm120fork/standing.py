@@ -344,13 +344,13 @@ def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim: 
     if patch.patch_id not in {p.patch_id for p in rec.tested.patches_of(project)}:
         return standing("stale", f"{folder} was made before this patch's change (patch-id "
                                  f"{patch.patch_id[:12]} not in it)", rec.verdict)
-    own = next((c for c in rec.cases if c.id == f"{project}/{patch.name}"), None) \
-        if kind == "verify-sm120" else None
     if rec.verdict != "pass":
         return standing("fail", f"{folder}: {rec.verdict}", rec.verdict)
-    if kind == "verify-sm120" and (own is None or own.outcome != "pass"):
-        return standing("fail", f"{folder}: this patch's case "
-                                f"{own.outcome if own else 'is not in it'}", rec.verdict)
+    if kind == "verify-sm120":
+        own = next((c.outcome for c in rec.cases if c.id == f"{project}/{patch.name}"),
+                   "not in it")
+        if own != "pass":
+            return standing("fail", f"{folder}: this patch's case: {own}", rec.verdict)
     return standing("current", verdict=rec.verdict)
 
 
