@@ -220,6 +220,7 @@ def test_the_verb_runs_the_library_and_says_what_it_did(
     monkeypatch.setattr(cli, "ready", lambda: None)   # the GPU preflight: no GPU here
     monkeypatch.setattr(cli, "_doctor", lambda: facts("2x-rtx-pro-6000-one-socket"))
     monkeypatch.setattr(cli, "_bench", lambda args, command: lambda tp, left: _bench_of(tp))
+    monkeypatch.setattr(cli, "_tested", lambda args: None)  # the stack's build: none here
     monkeypatch.setenv(policy.ENV_VAR, str(tmp / "p.json"))
     rc = main(["tune", "--stack", "sglang-0.5.23", "--reports", str(tmp / "r"), "--yes"])
     out = capsys.readouterr().out
@@ -263,13 +264,19 @@ def test_the_verb_benches_a_given_wheel_and_records_the_command_it_was_given(
         (opts.out / "bench.json").write_text(json.dumps({
             "records": bench.records, "plan": {"tokens": list(bench.tokens),
                                               "hidden": list(bench.hidden)},
-            "methods": list(bench.methods), "finished": True, "shared": False}))
+            "methods": list(bench.methods), "finished": True, "shared": False,
+            "wheel": "fi.whl", "sha256": "c" * 64}))
 
     monkeypatch.setattr(cli, "ready", lambda: None)
     monkeypatch.setattr(cli, "_doctor", lambda: facts("2x-rtx-pro-6000-one-socket"))
     monkeypatch.setattr(runs, "run_bench", run_bench)
     monkeypatch.setenv(policy.ENV_VAR, str(tmp / "p.json"))
     monkeypatch.setenv("SM120FORK_COMMAND", "sh '<kit sglang-0.5.23>/run' tune --yes")
+    # what the kit's build was made from, beside its wheel: the record is keyed on it
+    built = record.Tested(patches=(record.TestedPatch(project="flashinfer", patch="0001-F1.patch",
+                                                      patch_id="a" * 40),),
+                          trees=(record.TestedTree(project="flashinfer", tree="b" * 40),))
+    (tmp / "tested.json").write_text(json.dumps(record.tested_to_json(built)))
     rc = main(["tune", "--stack", "sglang-0.5.23", "--wheel-dir", f"patched={tmp / 'fi.whl'}",
                "--prebuilt", f"patched={tmp / 'pre'}", "--work-dir", str(tmp / "w"),
                "--reports", str(tmp / "r"), "--yes"])
@@ -278,3 +285,5 @@ def test_the_verb_benches_a_given_wheel_and_records_the_command_it_was_given(
         (None, (f"patched={tmp / 'fi.whl'}",), (f"patched={tmp / 'pre'}",))]
     rec = record.read(tmp / "r" / "sglang-0.5.23" / "policy" / "record.json")
     assert rec.command == "sh '<kit sglang-0.5.23>/run' tune --yes"
+    # (issue 41: a record naming the wheel alone was stale from the day it was made)
+    assert (rec.tested.patches, rec.tested.trees) == (built.patches, built.trees)

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from sm120fork import record
 from sm120fork.doctor.facts import Facts
 from sm120fork.errors import EXIT_INTERRUPTED, VerifyError
 from sm120fork.tune.run import Box, TuneOptions, WorldBench, tune
@@ -80,6 +81,19 @@ def _bench(args: argparse.Namespace, command: str
     return bench
 
 
+def _tested(args: argparse.Namespace) -> record.Tested | None:
+    """What the benched build was made from: ``tested.json`` beside a given wheel (the
+    kit's stack/), else the stack's build in this checkout."""
+    from sm120fork.gpu.core import records
+
+    if args.wheel_dir:
+        return records.read_tested(args.wheel_dir, "patched")
+    from sm120fork.gpu.core.stack_wheels import tested
+    from sm120fork.workspace import Workspace
+
+    return tested(Workspace.find(), args.stack)
+
+
 def _doctor() -> Facts:
     from sm120fork.doctor.probe import collect
 
@@ -107,7 +121,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     command = os.environ.get("SM120FORK_COMMAND") or "nox -s tune -- " + " ".join(argv)
     done = tune(TuneOptions(stack=args.stack, command=command.strip(), reports=args.reports,
                             world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
-                            yes=args.yes, time_budget=args.time_budget),
+                            yes=args.yes, time_budget=args.time_budget,
+                            tested=_tested(args)),
                 Box(doctor=_doctor, bench=_bench(args, command),
                     ask=_ask if sys.stdin.isatty() else None, stop=proc.end_children))
     print("\n".join(done.lines()))

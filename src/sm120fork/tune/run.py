@@ -29,6 +29,7 @@ from typing import Any
 from sm120fork import __version__, record
 from sm120fork.errors import ToolkitError, UsageError
 from sm120fork.gpu import methods, policy
+from sm120fork.gpu.core import records
 
 log = logging.getLogger("sm120fork")
 
@@ -80,6 +81,9 @@ class TuneOptions:
     #: replace an installed policy without asking
     yes: bool = False
     time_budget: float | None = None
+    #: What the build benched was made from (its trees, each patch's id): the record is
+    #: keyed on it, as a gpu-test's is; None: the record names the wheel alone (stale).
+    tested: record.Tested | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -340,7 +344,7 @@ def _record(opts: TuneOptions, facts: Mapping[str, Any], benches: Mapping[int, W
     rec = record.make(
         kind="policy", stack=opts.stack, command=_portable(opts.command), created=_now(),
         toolkit=__version__, machine=_machine(facts, shared),
-        tested=record.Tested(wheels=wheels), planned=planned, cases=cases,
+        tested=records.tested_block(wheels, opts.tested), planned=planned, cases=cases,
         not_run=tuple(_portable(f"TP{tp}: {why}") for tp, why in sorted(not_covered.items())),
         notes=tuple(_portable(n) for n in notes))
     return record.write(rec, opts.reports)
