@@ -62,11 +62,6 @@ class Workspace:
     def reports_dir(self) -> Path:
         return self.root / "reports"
 
-    def verify_reports(self, stack_name: str) -> Path:
-        """``reports/sm120/<stack>/``: where an older toolkit committed verify.{md,json}
-        (now the record ``reports/<stack>/verify-sm120/``)."""
-        return self.reports_dir / "sm120" / stack_name
-
     @property
     def trees_dir(self) -> Path:
         """``.forks/trees/``: the fork work trees, ``<stack>/<project>[@variant]``."""
@@ -75,15 +70,6 @@ class Workspace:
     def work_tree(self, stack: Stack, project: Project, variant: str = "") -> Path:
         name = project.key if not variant else f"{project.key}@{variant}"
         return self.trees_dir / stack.name / name
-
-    def adopt_legacy_trees(self) -> Path | None:
-        """Move the fork trees of an older toolkit (the ``work`` folder in ``.forks``) to
-        ``trees_dir`` whole, local work included; return the old folder when it did."""
-        legacy = self.state_dir / "work"
-        if not legacy.is_dir() or self.trees_dir.exists():
-            return None
-        os.replace(legacy, self.trees_dir)
-        return legacy
 
     def build_cache(self, stack: Stack, project: Project) -> Path:
         return self.state_dir / "builds" / stack.name / project.key

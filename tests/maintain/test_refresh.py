@@ -123,22 +123,6 @@ def test_a_cached_build_says_the_fork_tree_has_local_work(demo: DemoWorkspace,
                for w in warnings), warnings
 
 
-def test_fork_trees_of_an_older_toolkit_move_whole_with_their_local_work(
-        demo: DemoWorkspace, capsys: pytest.CaptureFixture[str]) -> None:
-    """Older toolkits kept the fork trees in ``.forks/work``; the first command moves them
-    to ``.forks/trees`` as they are, and a build then finds its tree and the local edit."""
-    kernel = lib_tree(demo) / "demo_lib" / "kernel.cuh"
-    kernel.write_text(kernel.read_text() + "// wip\n")
-    legacy = demo.ws.state_dir / "work"
-    demo.ws.trees_dir.rename(legacy)
-    assert main(["--root", str(demo.ws.root), "build", "--stack", "demo"]) == 0
-    assert not legacy.exists()
-    assert kernel.read_text().endswith("// wip\n")
-    err = " ".join(capsys.readouterr().err.split())
-    assert "moved the fork trees from .forks/work to .forks/trees (local work kept)" in err
-    assert "has local work" in err
-
-
 @pytest.mark.parametrize("edit", ["reverted edit", "corrupt patch"])
 def test_a_fork_tree_of_another_series_is_neither_reused_nor_exported(
         demo: DemoWorkspace, edit: str) -> None:

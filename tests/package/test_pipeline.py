@@ -77,6 +77,18 @@ def test_second_build_is_cached_and_one_series_change_rebuilds_one(demo: DemoWor
     assert build(demo) == ["cached", "built"]
 
 
+def test_a_cache_entry_of_another_form_is_rebuilt_and_replaced(demo: DemoWorkspace) -> None:
+    """An entry that is not ``{"wheels": [...]}`` (one entry bare, as an older toolkit
+    wrote it) is a miss: the project is built again and its entry rewritten."""
+    build(demo)
+    stack = demo.ws.stack(STACK)
+    [entry] = (demo.ws.build_cache(stack, stack.project("lib"))).glob("*/entry.json")
+    entry.write_text(json.dumps(json.loads(entry.read_text())["wheels"][0]))
+    assert build(demo) == ["built", "cached"]
+    assert "wheels" in json.loads(entry.read_text())
+    assert build(demo) == ["cached", "cached"]
+
+
 def test_patch_needing_fuzz_stops_naming_patch_file_hunk(demo: DemoWorkspace) -> None:
     build(demo)
     stack = demo.ws.stack(STACK)

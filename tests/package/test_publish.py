@@ -6,6 +6,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -110,14 +112,17 @@ def test_a_failed_publish_leaves_the_previous_folder_whole(
 
 def test_staging_left_by_a_killed_run_is_removed_by_the_next(tmp_path: Path) -> None:
     ws = _workspace(tmp_path)
-    leftover = ws.root / "wheels" / ".one.staging-killed"
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    killed = files.scratch_prefix("one").replace(f"-{os.getpid()}-", f"-{gone.pid}-", 1)
+    leftover = ws.root / "wheels" / killed
     leftover.mkdir(parents=True)
     (leftover / "half.whl").write_bytes(b"x")
-    other = ws.root / "wheels" / ".two.staging-running"
+    other = ws.root / "wheels" / files.scratch_prefix("two")
     other.mkdir()
     publish(ws, ws.stack("one"), [_build(tmp_path, "one", "1.0+a")])
     assert not leftover.exists()
-    assert other.exists()  # another stack's folder is not this run's business
+    assert other.exists()  # a run still going (this process) keeps its folder
 
 
 def test_a_folder_with_other_files_is_not_replaced(tmp_path: Path) -> None:

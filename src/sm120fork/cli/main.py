@@ -226,10 +226,6 @@ def _run(argv: list[str], state: _Run) -> int:
 
     ws = Workspace(args.root.resolve()) if args.root else Workspace.find()
     state.root = ws.root
-    legacy = ws.adopt_legacy_trees()
-    if legacy is not None:
-        log.info("moved the fork trees from %s to %s (local work kept)",
-                 legacy.relative_to(ws.root), ws.trees_dir.relative_to(ws.root))
     return int(verb.function(verb.run)(args, ws, console))
 
 

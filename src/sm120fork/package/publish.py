@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +36,6 @@ from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 MANIFEST = manifest_file.FILE
-#: The names of staging folders beside a stack folder before :func:`staged_dir`
-#: (``.<stack>.staging-*``, ``.<stack>.old-*``): a killed run of an older toolkit may
-#: have left some.
-_OLD_STAGING = (".staging-", ".old-")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,12 +120,6 @@ def remove_leftovers(out: Path) -> None:
     """Staging folders of runs that were killed before they could remove them."""
     for leftover in remove_stale_scratch(out.parent):
         log.info("removed %s, left by a killed run", leftover)
-    if not out.parent.is_dir():
-        return
-    for old in _OLD_STAGING:
-        for leftover in out.parent.glob(f".{out.name}{old}*"):
-            log.info("removing %s (left by an interrupted run)", leftover)
-            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],

@@ -67,12 +67,10 @@ def cache_key(project: Project, series: Series, kind: str) -> str:
 
 
 def _load_entries(entry_dir: Path) -> list[ManifestEntry] | None:
-    """The cached entries (``{"wheels": [...]}``, or one entry as older toolkits wrote),
-    or None unless every wheel they name is there with its sha256."""
+    """The cached entries (``{"wheels": [...]}``), or None unless every wheel they name is
+    there with its sha256 (an entry of another form is rebuilt and replaced)."""
     data = read_json_object(entry_dir / ENTRY)
-    if data is None:
-        return None
-    records = data.get("wheels", [data])
+    records = data.get("wheels") if data is not None else None
     if not isinstance(records, list):
         return None
     try:
