@@ -55,6 +55,3 @@ def tree_digest(tree: Path) -> tuple[str, str]:
                          fix="align sm120fork.aot.provenance with README-prebuilt.md")
     return theirs, "flashinfer/jit/provenance.py"
 
-
-def marker_text(digest: str) -> str:
-    return digest + "\n"

@@ -84,27 +84,6 @@ def edit_toml(text: str, tables: dict[str, TomlValues], where: str = "") -> str:
     return tomlkit.dumps(doc)
 
 
-def set_toml_values(text: str, table: str, values: TomlValues, where: str = "") -> str:
-    """:func:`edit_toml` for one table."""
-    return edit_toml(text, {table: values}, where)
-
-
-def _project_tables(text: str, key: str) -> str:
-    """The text of ``[projects.<key>]`` and its sub-tables."""
-    out: list[str] = []
-    inside = False
-    for line in text.splitlines(keepends=True):
-        stripped = line.strip()
-        if stripped.startswith("["):  # a table or an array of tables ([[...wheels]])
-            header = stripped.lstrip("[").split("]", 1)[0].strip()
-            inside = header == f"projects.{key}" or header.startswith(f"projects.{key}.")
-        if inside:
-            out.append(line)
-    while out and (not out[-1].strip() or out[-1].lstrip().startswith("#")):
-        out.pop()
-    return "".join(out)
-
-
 def closure(stack: Stack, project: Project) -> list[Project]:
     """``project`` and the projects it requires, directly or not, in the stack's order."""
     wanted = {project.key}

@@ -55,13 +55,6 @@ class Timeouts:
     #: A ``time.monotonic()`` value past which the group is ended as ``budget``.
     deadline: float | None = None
 
-    def within(self, deadline: float | None) -> Timeouts:
-        """These bounds, also ended at ``deadline`` (the earlier deadline wins)."""
-        if deadline is None:
-            return self
-        ends = deadline if self.deadline is None else min(self.deadline, deadline)
-        return dataclasses.replace(self, deadline=ends)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Child:
