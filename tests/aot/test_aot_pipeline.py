@@ -218,3 +218,37 @@ def test_the_module_build_names_absolute_paths_as_it_runs_in_its_work_folder(
     assert isinstance(build_env, dict)
     assert build_env["FLASHINFER_EXTRA_CUDAFLAGS"] == (
         f"--time={tmp_path / 'work' / 'cache' / 'work-k' / 'nvcc-time.csv'}")
+
+
+def test_a_compiled_module_is_kept_whole_under_its_key_and_served_from_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The .so, its build.ninja and compiled.json land under the cache key together (the
+    work folder goes); the next build for the same key compiles nothing."""
+    (tmp_path / "site").mkdir()
+    builds: list[Path] = []
+
+    def run(cmd: list[object], **kw: object) -> SimpleNamespace:
+        result = {"name": "trtllm_comm", "cuda_flags": [], "sources": [], "ninja": "rules",
+                  "flashinfer_version": "0", "tvm_ffi_version": "0", "arch_list": "12.0a",
+                  "prefix": "/p"}
+        if cmd[5] == "build":
+            so = Path(str(cmd[4])) / "trtllm_comm.so"
+            so.write_bytes(b"\x7fELF")
+            builds.append(so)
+            result["so"] = str(so)
+        return SimpleNamespace(stdout=compile_mod._MARK + json.dumps(result) + "\n", stderr="")
+
+    monkeypatch.setattr(proc, "run", run)
+    monkeypatch.setattr(compile_mod, "sources_root", lambda tree: tree)
+    monkeypatch.setattr(compile_mod, "cache_key", lambda *a: "k")
+    chain = SimpleNamespace(env=lambda: {}, version_text="nvcc")
+    cache = tmp_path / "cache"
+    first = compile_mod.build(tmp_path / "site", ["12.0a"], chain,  # type: ignore[arg-type]
+                              cache, jobs=1)
+    assert (first.cached, first.so) == (False, cache / "k" / "trtllm_comm.so")
+    assert sorted(p.name for p in (cache / "k").iterdir()) == [
+        "build.ninja", "compiled.json", "trtllm_comm.so"]
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith("plan-")) == ["k"]
+    again = compile_mod.build(tmp_path / "site", ["12.0a"], chain,  # type: ignore[arg-type]
+                              cache, jobs=1)
+    assert (again.cached, again.so, len(builds)) == (True, first.so, 1)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,35 @@ def test_what_a_killed_run_leaves_is_removed_and_the_old_folder_stays(tmp_path: 
     assert remove_stale_scratch(dest.parent) == left
     assert sorted(p.name for p in dest.parent.iterdir()) == [mine.name, "out"]
     assert _tree(dest) == before
+
+
+def test_a_folder_is_made_once_per_digest_and_remade_whole_for_another(
+        tmp_path: Path) -> None:
+    """``made_once``: the same digest finds the folder made; another makes it again from
+    nothing; a make that fails leaves the folder and its stamp as they were."""
+    dest = tmp_path / "parent" / "out"
+    made: list[str] = []
+
+    def make(text: str) -> Callable[[Path], None]:
+        def fill(new: Path) -> None:
+            made.append(text)
+            new.mkdir()
+            (new / f"{text}.txt").write_text(text)
+        return fill
+
+    assert files.made_once(dest, "d1", make("one")) == dest
+    assert files.made_once(dest, "d1", make("two")) == dest
+    assert made == ["one"]
+    files.made_once(dest, "d2", make("two"))
+    assert sorted(p.name for p in dest.iterdir()) == [files.STAMP, "two.txt"]
+
+    def fail(new: Path) -> None:
+        new.mkdir()
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        files.made_once(dest, "d3", fail)
+    assert sorted(p.name for p in dest.iterdir()) == [files.STAMP, "two.txt"]
+    files.made_once(dest, "d2", make("three"))
+    assert made == ["one", "two"]
+    assert [p.name for p in dest.parent.iterdir()] == ["out"]  # no scratch left

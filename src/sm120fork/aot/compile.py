@@ -24,7 +24,6 @@ import hashlib
 import io
 import json
 import logging
-import os
 import re
 import shutil
 import sys
@@ -39,6 +38,7 @@ from sm120fork.aot import targets as targets_mod
 from sm120fork.aot.toolchain import Toolchain
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util import proc
+from sm120fork.util.files import staged_dir
 
 log = logging.getLogger("sm120fork")
 
@@ -342,20 +342,15 @@ def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: 
     if not so.name or not so.is_file():
         raise BuildError(f"FlashInfer's build reported no {so.name or 'module'}", where=str(work))
     phases = parse_nvcc_times(times.read_text() if times.is_file() else "")
-    tmp = cache / f".{key}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    shutil.copy2(so, tmp / so.name)
-    (tmp / "build.ninja").write_text(planned.ninja)
     compiled = Compiled(plan=planned, so=done / so.name, key=key, cached=False,
                         wall_seconds=wall, phases=phases, toolchain=toolchain.version_text,
                         jobs=jobs)
-    (tmp / "compiled.json").write_text(json.dumps(
-        {**compiled.to_dict(), "phases": [dataclasses.asdict(p) for p in phases]}, indent=1))
-    if done.exists():
-        shutil.rmtree(done)
-    os.replace(tmp, done)
+    with staged_dir(done) as tmp:
+        tmp.mkdir()
+        shutil.copy2(so, tmp / so.name)
+        (tmp / "build.ninja").write_text(planned.ninja)
+        (tmp / "compiled.json").write_text(json.dumps(
+            {**compiled.to_dict(), "phases": [dataclasses.asdict(p) for p in phases]}, indent=1))
     shutil.rmtree(work, ignore_errors=True)
     log.info("%s built in %.0f s: %s", MODULE, wall, compiled.seconds_per_target())
     return compiled

@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -130,6 +130,21 @@ def staged_dir(dest: Path, *, label: str = "") -> Iterator[Path]:
         replace_dir(new, dest)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+STAMP = ".sm120fork-stamp"  # in a folder made_once made: the digest it was made for
+
+
+def made_once(dest: Path, digest: str, make: Callable[[Path], object]) -> Path:
+    """The folder ``make(path)`` makes for ``digest`` (a hash of its inputs), made again only
+    when ``dest``'s stamp holds another digest: staged, then swapped in whole."""
+    with contextlib.suppress(OSError):
+        if (dest / STAMP).read_text(encoding="utf-8").strip() == digest:
+            return dest
+    with staged_dir(dest) as new:
+        make(new)
+        (new / STAMP).write_text(digest + "\n", encoding="utf-8")
+    return dest
 
 
 def _alive(pid: int) -> bool:

@@ -143,23 +143,18 @@ class LayerTrees:
 
 def _unpack(wheel: Path, dest: Path, sha256: str) -> Path:
     """``wheel`` unpacked (zip extract: its RECORD stays the wheel's own) once per sha256."""
-    import shutil
     import zipfile
 
-    from sm120fork.util.files import sha256_file
+    from sm120fork.util.files import made_once, sha256_file
 
-    marker = dest / ".sm120fork-wheel.sha256"
-    if marker.is_file() and marker.read_text().strip() == sha256:
-        return dest
-    if sha256_file(wheel) != sha256:
-        raise ConfigError(f"{wheel.name} is not the wheel its manifest lists (sha256)",
-                          where=str(wheel.parent), fix="build the stack again")
-    if dest.exists():
-        shutil.rmtree(dest)
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(dest)
-    marker.write_text(sha256 + "\n")
-    return dest
+    def unpack(new: Path) -> None:
+        if sha256_file(wheel) != sha256:
+            raise ConfigError(f"{wheel.name} is not the wheel its manifest lists (sha256)",
+                              where=str(wheel.parent), fix="build the stack again")
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(new)
+
+    return made_once(dest, sha256, unpack)
 
 
 def stack_dir(stack: str, root: Path | None = None) -> Path:

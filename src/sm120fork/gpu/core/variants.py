@@ -20,7 +20,7 @@ from sm120fork.errors import CommandError, ConfigError
 from sm120fork.gpu.core.documents import Environment
 from sm120fork.gpu.core.safety import rank_environment
 from sm120fork.util import proc, supervise, wire
-from sm120fork.util.files import sha256_file, wheel_record_sha256
+from sm120fork.util.files import made_once, sha256_file, wheel_record_sha256
 
 log = logging.getLogger("sm120fork")
 
@@ -120,18 +120,16 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
         return Variant(name=name, wheel=None, sha256=None, site=None, jit_base=jit)
     wheel = find_flashinfer_wheel(source)
     digest = sha256_file(wheel)
-    site = base / "site"
-    marker = base / "installed.sha256"
-    if not (marker.exists() and marker.read_text().strip() == digest and site.is_dir()):
-        if site.exists():
-            shutil.rmtree(site)
+
+    def install(site: Path) -> None:
         cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
                "--no-compile", "--target", str(site), str(wheel)]
         done = proc.run(cmd, check=False)
         if done.returncode != 0:
             raise CommandError(f"installing {wheel.name} for variant {name} failed",
                                detail=(done.stdout + done.stderr)[-4000:])
-        marker.write_text(digest + "\n")
+
+    site = made_once(base / "site", digest, install)
     variant = Variant(name=name, wheel=wheel, sha256=digest, site=site, jit_base=jit,
                       record_sha256=wheel_record_sha256(wheel))
     aot = variant.aot_dir()

@@ -36,6 +36,7 @@ from sm120fork.errors import CommandError, VerifyError
 from sm120fork.layouts.results import CheckResult, LayerRunner, Observation, compact
 from sm120fork.layouts.results import run_probe as run_probe_module
 from sm120fork.util import proc, supervise
+from sm120fork.util.files import made_once
 
 PROBE_MODULE = "sm120fork.layouts.layer_boundary.probe"
 OVERLAY_REQUIREMENTS = Path(__file__).with_name("requirements.txt")
@@ -52,25 +53,17 @@ def ensure_overlay(cache_dir: Path, *, python: str | os.PathLike[str] = sys.exec
                    requirements: Path = OVERLAY_REQUIREMENTS) -> Path:
     """The overlay for ``requirements`` (installed once, keyed by the file's digest)."""
     digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
-    target = cache_dir / f"overlay-{digest}"
-    if (target / ".complete").is_file():
-        return target
-    staging = cache_dir / f".overlay-{digest}.partial"
-    if staging.exists():
-        import shutil
 
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
-    try:
-        proc.run([python, "-m", "pip", "install", "-q", "--no-deps", "--target", str(staging),
-                  "-r", str(requirements)])
-    except CommandError as exc:
-        raise VerifyError("installing the layer_boundary probe overlay failed",
-                          where=str(requirements), detail=exc.detail,
-                          fix="check the package index is reachable") from exc
-    (staging / ".complete").write_text(digest + "\n")
-    os.replace(staging, target)
-    return target
+    def install(target: Path) -> None:
+        try:
+            proc.run([python, "-m", "pip", "install", "-q", "--no-deps", "--target",
+                      str(target), "-r", str(requirements)])
+        except CommandError as exc:
+            raise VerifyError("installing the layer_boundary probe overlay failed",
+                              where=str(requirements), detail=exc.detail,
+                              fix="check the package index is reachable") from exc
+
+    return made_once(cache_dir / f"overlay-{digest}", digest, install)
 
 
 def run_probe(tree: Path, capability: str, *, overlay: Path,
