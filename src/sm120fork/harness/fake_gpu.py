@@ -17,11 +17,12 @@ import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import logging
 import os
 import sys
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from sm120fork.util import wire
@@ -137,15 +138,47 @@ def _module(name: str) -> Any:
     return importlib.import_module(name)
 
 
-def fake_gpu(capability: tuple[int, int] | None, cuda_version: str = "12.9") -> None:
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Run ``then(module)`` once top-level module ``name`` is imported, if it ever is."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = spec.loader if spec is not None else None
+        if loader is not None:
+            run = loader.exec_module
+
+            def exec_module(module: types.ModuleType) -> None:
+                run(module)
+                self.then(module)
+            loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def fake_gpu(capability: tuple[int, int] | None, cuda_version: str = "12.9", *,
+             lazy: bool = False) -> None:
     """Make torch report one CUDA GPU of ``capability`` (None: a plain CPU machine).
 
     ``cuda_version`` is the CUDA version torch reports, and the one FlashInfer's stand-in says
-    it compiles with (as FlashInfer does when it finds no nvcc).
+    it compiles with (as FlashInfer does when it finds no nvcc).  ``lazy``: only once
+    something imports torch (a tree that never does needs no torch).
     """
     sys.meta_path.insert(0, _StubFinder())
-    torch = _module("torch")
+    if lazy and "torch" not in sys.modules:
+        sys.meta_path.insert(0, _AfterImport(
+            "torch", lambda torch: _fake_torch(torch, capability, cuda_version)))
+        return
+    _fake_torch(_module("torch"), capability, cuda_version)
 
+
+def _fake_torch(torch: Any, capability: tuple[int, int] | None, cuda_version: str) -> None:
     if capability is None:
         return
     name = DEVICE_NAMES.get(capability, f"NVIDIA sm_{capability[0]}{capability[1]}")
@@ -198,7 +231,8 @@ def environ(name: str, value: str | None) -> Iterator[None]:
             os.environ[name] = old
 
 
-def start_probe(capability: Sequence[int] | None, cuda_version: str = "12.9") -> None:
+def start_probe(capability: Sequence[int] | None, cuda_version: str = "12.9", *,
+                lazy: bool = False) -> None:
     """What every probe process does first: drop the caller's SGLang settings and point
     the all-reduce policy at no file (they must not steer the decisions), fake the GPU,
     log warnings."""
@@ -208,7 +242,7 @@ def start_probe(capability: Sequence[int] | None, cuda_version: str = "12.9") ->
     os.environ["SGLANG_SM120_ALLREDUCE_POLICY"] = os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "no-such-policy.json")
     fake_gpu((int(capability[0]), int(capability[1])) if capability else None,
-             cuda_version=cuda_version)
+             cuda_version=cuda_version, lazy=lazy)
     logging.basicConfig(level=logging.WARNING)
 
 

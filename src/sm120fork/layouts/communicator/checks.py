@@ -113,6 +113,11 @@ FALLBACKS: dict[str, tuple[str, Any]] = {
 }
 
 
+def probe_path(cache: Path, python: str | os.PathLike[str]) -> list[str]:
+    """What goes first on a probe's ``PYTHONPATH`` for this layout: nothing."""
+    return []
+
+
 def run_probe(tree: Path, suite: str, capability: str | None, *,
               python: str | os.PathLike[str] = sys.executable,
               timeout: float = 600, cuda: str | None = None) -> list[Observation]:

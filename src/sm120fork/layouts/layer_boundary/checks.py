@@ -66,6 +66,11 @@ def ensure_overlay(cache_dir: Path, *, python: str | os.PathLike[str] = sys.exec
     return made_once(cache_dir / f"overlay-{digest}", digest, install)
 
 
+def probe_path(cache: Path, python: str | os.PathLike[str]) -> list[str]:
+    """What goes first on a probe's ``PYTHONPATH`` for this layout: the overlay."""
+    return [str(ensure_overlay(cache, python=python))]
+
+
 def run_probe(tree: Path, capability: str, *, overlay: Path,
               python: str | os.PathLike[str] = sys.executable,
               timeout: float = 600) -> list[Observation]:

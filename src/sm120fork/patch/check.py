@@ -1,0 +1,171 @@
+"""Check what a series made of a fork tree before a stage says yes (bump, build, verify).
+
+Every Python file the series touches is compiled; every one that is a module of a
+package is imported under the fake-GPU probe (:mod:`sm120fork.harness.imports`) at
+compute capability 12.0 and 9.0, with the stack's layout's extra path (its probe
+overlay) first.  A file that is not Python is named "not compiled here", and a module of
+a package the probe stubs (FlashInfer, ...) "not imported": the summary says which check
+ran on what, never more.  A failure names the patch, ``file:line`` and the error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import sm120fork
+from sm120fork.errors import ToolkitError, VerifyError
+from sm120fork.harness.fake_gpu import GPU_ONLY_PACKAGES
+from sm120fork.layouts import adapter
+from sm120fork.layouts.results import REQUIREMENTS, run_probe
+from sm120fork.patch.series import Patch
+
+CAPABILITIES = ("12.0", "9.0")
+PROBE = "sm120fork.harness.imports"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckFailure:
+    patch: str
+    #: ``file:line`` relative to the tree (``file:0`` when no line is known).
+    where: str
+    error: str
+    check: str
+
+    def __str__(self) -> str:
+        return f"{self.patch}: {self.where}: {self.error} ({self.check})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TreeCheck:
+    compiled: tuple[str, ...]
+    not_compiled: tuple[str, ...]
+    imported: tuple[str, ...]
+    #: Modules not imported, each with why.
+    not_imported: tuple[str, ...]
+    failures: tuple[CheckFailure, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def summary(self) -> str:
+        """Which check ran on what (the verdict says it beside pass or fail)."""
+        parts = [f"compiled {len(self.compiled)} Python file(s) the series touches"]
+        if self.imported:
+            parts.append(f"imported {len(self.imported)} patched module(s) under the "
+                         f"fake-GPU probe at capability {' and '.join(CAPABILITIES)}")
+        if self.not_compiled:
+            parts.append(f"{len(self.not_compiled)} other file(s) not compiled here")
+        whys = Counter(line.partition(" (")[2].rstrip(")") for line in self.not_imported)
+        parts += [f"{n} file(s) not imported ({why})" for why, n in whys.items()]
+        return "; ".join(parts)
+
+
+def _owner(patches: Sequence[Patch], path: str) -> str:
+    """The last patch of the series that changes ``path``."""
+    return next((p.name for p in reversed(patches) if path in p.files), patches[-1].name)
+
+
+def _module(tree: Path, rel: str) -> tuple[str, Path] | str:
+    """(module name, package root) of a Python file, or why it is not imported.  The
+    package is the outermost folder with an ``__init__.py`` (SGLang's subpackages are
+    namespace packages, without one)."""
+    parts = Path(rel).with_suffix("").parts
+    top = next((i for i in range(len(parts) - 1)
+                if (tree.joinpath(*parts[:i + 1]) / "__init__.py").is_file()), None)
+    if top is None:
+        return f"{rel} (not in a package)"
+    names = [*parts[top:-1], *([] if parts[-1] == "__init__" else [parts[-1]])]
+    if names[0] in GPU_ONLY_PACKAGES:
+        return f"{rel} ({names[0]} is stubbed by the fake-GPU probe)"
+    return ".".join(names), tree.joinpath(*parts[:top])
+
+
+def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
+               cache: Path, python: str | os.PathLike[str] = sys.executable,
+               timeout: float = 600) -> TreeCheck:
+    """Check the files ``patches`` touch in ``tree`` (the series applied); VerifyError
+    when the probe cannot run (a requirement missing from ``python``)."""
+    files = [f for f in dict.fromkeys(f for p in patches for f in p.files)
+             if (tree / f).is_file()]
+    failures: list[CheckFailure] = []
+    compiled, not_compiled, not_imported = [], [], []
+    modules: dict[str, str] = {}
+    roots: dict[Path, None] = {}
+    for rel in files:
+        if not rel.endswith(".py"):
+            not_compiled.append(rel)
+            continue
+        try:
+            compile((tree / rel).read_bytes(), rel, "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            failures.append(CheckFailure(patch=_owner(patches, rel),
+                                         where=f"{rel}:{exc.lineno or 0}",
+                                         error=f"SyntaxError: {exc.msg}", check="compile"))
+            continue
+        compiled.append(rel)
+        found = _module(tree, rel)
+        if isinstance(found, str):
+            not_imported.append(found)
+        else:
+            modules[found[0]] = rel
+            roots[found[1]] = None
+    if modules and not failures:
+        extra = adapter(layout, "checks").probe_path(cache, python) if layout else []
+        failures += _imports(tree, patches, modules, [*extra, *map(str, roots)], python,
+                             timeout)
+    return TreeCheck(compiled=tuple(compiled), not_compiled=tuple(not_compiled),
+                     imported=tuple(modules), not_imported=tuple(not_imported),
+                     failures=tuple(failures))
+
+
+def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
+             path: list[str], python: str | os.PathLike[str],
+             timeout: float) -> list[CheckFailure]:
+    env = {"PYTHONPATH": os.pathsep.join([*path, str(Path(sm120fork.__file__).parents[1])]),
+           "PYTHONDONTWRITEBYTECODE": "1"}  # the fork tree stays clean
+    failures: dict[tuple[str, str], CheckFailure] = {}
+    for cap in CAPABILITIES:
+        request = {"capability": [int(c) for c in cap.split(".")], "tree": str(tree),
+                   "modules": list(modules)}
+        what = f"the import probe (capability {cap})"
+        seen = run_probe(PROBE, request, tree=tree, env=env, python=python, timeout=timeout,
+                         what=what, fix=_install(python))
+        for obs in seen:
+            if obs.observed == "missing":
+                raise requirement_missing(obs.detail, python, what)
+            if obs.observed != "ok":
+                where, _, error = obs.detail.partition(": ")
+                file = where.rpartition(":")[0] or modules[obs.name]
+                owner = _owner(patches, file if any(file in p.files for p in patches)
+                               else modules[obs.name])
+                failures.setdefault((where, error), CheckFailure(
+                    patch=owner, where=where or f"{modules[obs.name]}:0", error=error,
+                    check=f"import {obs.name} at capability {cap}"))
+    return list(failures.values())
+
+
+def requirement_missing(module: str, python: str | os.PathLike[str], what: str) -> VerifyError:
+    """The probe could not run: ``python`` lacks a module the tree does not hold."""
+    return VerifyError(f"{what} could not run: this Python lacks {module!r} (a requirement "
+                       "of the probe, not of the patched code)", where=str(python),
+                       fix=_install(python))
+
+
+def _install(python: str | os.PathLike[str]) -> str:
+    return f"install the probe's requirements into {python}: {REQUIREMENTS}"
+
+
+def refusal(result: TreeCheck, cls: type[ToolkitError], *, fix: str) -> ToolkitError:
+    """The error that names the first failure (patch, ``file:line``, error); every one in
+    its detail."""
+    first = result.failures[0]
+    return cls(f"patch {first.patch} fails its check: {first.error} ({first.check})",
+               where=first.where, fix=fix,
+               detail="\n".join([*map(str, result.failures), f"check: {result.summary}"]))
