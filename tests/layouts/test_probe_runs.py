@@ -74,3 +74,46 @@ def test_sigterm_to_the_parent_ends_the_probe_with_its_process_group(tmp_path: P
                           python={str(python)!r}, timeout=600, what="p", fix="f")
         """)
     sigterm_ends_every_child(parent, tmp_path / "marks", children=1)
+
+
+def _failing_probe(tmp_path: Path, module_text: str) -> VerifyError:
+    """A probe that imports ``sglang.gate`` of a tree (``python/sglang/gate.py``)."""
+    tree = tmp_path / "tree"
+    (tree / "python" / "sglang").mkdir(parents=True)
+    (tree / "python" / "sglang" / "__init__.py").write_text("")
+    (tree / "python" / "sglang" / "gate.py").write_text(module_text)
+    code = f"""\
+        import sys
+        sys.path.insert(0, {str(tree / "python")!r})
+        import sglang.gate
+        """
+    with pytest.raises(VerifyError) as caught:
+        results.run_probe("sm120fork.layouts.x.probe", {}, tree=tree, env={},
+                          python=module_python(tmp_path, code), timeout=60,
+                          what="the x probe", fix="install the probe's requirements")
+    return caught.value
+
+
+def test_an_error_in_the_tree_is_named_by_file_and_line_not_by_requirements(
+        tmp_path: Path) -> None:
+    """A merged patch used a name its release lacks; the probe's NameError was answered
+    with "install the probe's requirements and its overlay" (issue 41)."""
+    err = _failing_probe(tmp_path, "import os\n\nLIMIT = DEFAULT * 2\n")
+    assert err.what == ("the x probe met an error in the tree under test: NameError: name "
+                        "'DEFAULT' is not defined")
+    assert err.where == "python/sglang/gate.py:3"
+    assert "requirements" not in (err.fix or "")
+    assert "mend the patch that changes python/sglang/gate.py" in (err.fix or "")
+
+
+def test_a_module_the_tree_should_hold_is_an_error_of_the_tree(tmp_path: Path) -> None:
+    err = _failing_probe(tmp_path, "from sglang.srt import moved_away\n")
+    assert err.what.endswith("ModuleNotFoundError: No module named 'sglang.srt'")
+    assert err.where == "python/sglang/gate.py:1"
+
+
+def test_only_a_missing_requirement_asks_to_install_the_requirements(tmp_path: Path) -> None:
+    err = _failing_probe(tmp_path, "import transformers_not_installed_here\n")
+    assert err.what == ("the x probe could not run: this Python lacks "
+                        "'transformers_not_installed_here'")
+    assert err.fix == "install the probe's requirements"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,11 @@ from typing import Any, Protocol
 
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.util import proc, supervise, wire
+
+#: A traceback's frame, its last line (the exception), and a module that is not there.
+_FRAME = re.compile(r'^  File "([^"]+)", line (\d+)', re.MULTILINE)
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*$", re.MULTILINE)
+_MISSING = re.compile(r"ModuleNotFoundError: No module named '(([^'.]+)[^']*)'")
 
 #: The probe's one message: its observations (``harness.fake_gpu.emit``).
 RESULT = "RESULT"
@@ -82,6 +88,36 @@ class LayerOutcome(Protocol):
 LayerRunner = Callable[..., LayerOutcome]
 
 
+def probe_failure(what: str, tree: Path, fix: str, output: str) -> VerifyError:
+    """Why a probe of ``tree`` failed, by its traceback: a module neither the tree nor
+    the Python has (``fix`` installs the probe's requirements); else an error raised in
+    the tree, named by its ``file:line`` (the patched code, not the environment); else
+    its output says."""
+    raised = _RAISED.findall(output)
+    missing = _MISSING.match(raised[-1]) if raised else None
+    inside = [(f, n) for f, n in _FRAME.findall(output)
+              if Path(f).resolve().is_relative_to(tree.resolve())]
+    if missing and not any((root / missing.group(2)).exists() or
+                           (root / f"{missing.group(2)}.py").exists()
+                           for root in (tree, tree / "python")):
+        return VerifyError(f"{what} could not run: this Python lacks {missing.group(2)!r}",
+                           where=str(tree), fix=fix, detail=output)
+    if missing and not inside:  # the probe's own import: the tree is not what it expects
+        return VerifyError(f"{what} failed: the tree under test has no module "
+                           f"{missing.group(1)!r}", where=str(tree), detail=output,
+                           fix="check that it is a tree of the release the stack's layout "
+                               "names")
+    if raised and inside:
+        file, line = inside[-1]
+        rel = Path(file).resolve().relative_to(tree.resolve()).as_posix()
+        return VerifyError(f"{what} met an error in the tree under test: {raised[-1]}",
+                           where=f"{rel}:{line}", detail=output,
+                           fix=f"mend the patch that changes {rel} (in {tree}), then run "
+                               "it again")
+    return VerifyError(f"{what} failed", where=str(tree), detail=output,
+                       fix="its output (below) says why")
+
+
 def run_probe(module: str, request: Mapping[str, object], *, tree: Path,
               env: Mapping[str, str], python: str | os.PathLike[str], timeout: float,
               what: str, fix: str) -> list[Observation]:
@@ -97,8 +133,7 @@ def run_probe(module: str, request: Mapping[str, object], *, tree: Path,
         raise VerifyError(f"{what} spoke another wire format: {exc.what}", where=str(tree),
                           fix=exc.fix) from exc
     except CommandError as exc:
-        raise VerifyError(f"{what} failed", where=str(tree), fix=fix,
-                          detail=exc.detail) from exc
+        raise probe_failure(what, tree, fix, exc.detail or "") from exc
     if not isinstance(results, list):
         raise VerifyError(f"{what} printed no result", where=str(tree),
                           detail="\n".join(completed.stderr.splitlines()[-40:]))
