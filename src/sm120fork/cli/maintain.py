@@ -21,6 +21,7 @@ from rich.table import Table
 from sm120fork.cli.args import WIDE_MIN_WIDTH
 from sm120fork.errors import EXIT_PROBLEMS_FOUND, UsageError
 from sm120fork.maintain.report import evidence_lines, outcome_lines
+from sm120fork.maintain.state import CHECK_PASSES
 from sm120fork.maintain.status import PatchStatus, ProjectStatus, status
 from sm120fork.patch.series import display_name
 from sm120fork.util.hint import command
@@ -194,6 +195,9 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         style = _VERDICT_STYLE.get(c.verdict, "yellow")
         table.add_row(display_name(c.patch), f"[{style}]{c.verdict}[/]")
     console.print(table)
+    for c in result.classifications:  # what a patch that did not apply exactly went through
+        for line in (e for e in c.evidence if e.startswith(CHECK_PASSES)):
+            console.print(f"{display_name(c.patch)}: {line}", markup=False, soft_wrap=True)
     r = result.refresh
     kept = len(r.added) + len(r.changed) + len(r.unchanged)
     project = ws.stack(result.stack, strict=False).project(result.project)

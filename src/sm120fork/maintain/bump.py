@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from sm120fork.fetch.kinds import source_kind
 from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.fetch.wheel import download_wheel
-from sm120fork.maintain.classify import MERGES_3WAY, classification, classify, preview
+from sm120fork.maintain.classify import classification, classify, preview
 from sm120fork.maintain.pin import (
     check_declaration,
     closure,
@@ -65,8 +66,11 @@ from sm120fork.maintain.report import (
 from sm120fork.maintain.state import (
     BEFORE_BASE_REF,
     BEFORE_REF,
+    CHECK_PASSES,
     CONFLICT,
     DROPPED_BY_HAND,
+    MERGED_3WAY,
+    MERGED_FAILS_CHECK,
     RESOLVED,
     STILL_NEEDED,
     TARGET_MISSING,
@@ -78,6 +82,7 @@ from sm120fork.maintain.state import (
     stage,
     today,
 )
+from sm120fork.patch.check import check_tree
 from sm120fork.patch.refresh import FORMAT_PATCH, RefreshResult, export_series, reapply_series
 from sm120fork.patch.series import (
     Patch,
@@ -445,6 +450,58 @@ def _resolved_patch(repo: Git, patch: Patch, fix: str) -> Patch:
                     f"README.md): `git -C {repo.path} commit --amend`, then {fix}") from None
 
 
+def _resolution(ws: Workspace, stack: Stack, project: Project, repo: Git, state: BumpState,
+                series: Series, cmd: Callable[[str], str]) -> list[str]:
+    """The evidence for a hand resolution (HEAD), judged by its own header and checked."""
+    patch = series.patches[state.next_index]
+    # The resolved commit's own header: it may name where the change is now.
+    resolved = _resolved_patch(repo, patch, f"`{cmd('--continue')}`")
+    judged = match_upstream(repo, resolved, "HEAD")
+    holds = judged.already_upstream
+    if not holds:  # said now, not only in the report at the end
+        log.warning("%s: the patch's effect does not hold on the resolved tree "
+                    "(%s): review the resolution in %s", patch.name,
+                    "; ".join(e for e in judged.evidence
+                              if e.endswith(("absent", "ABSENT", "PRESENT"))), repo.path)
+    checked = _check_or_stop(ws, stack, project, repo, state, series)
+    return [*state.conflict_evidence, "conflict resolved by hand in the fork tree",
+            "the patch's effect holds on the resolved tree" if holds else
+            "WARNING: the patch's effect does not hold on the resolved tree: review", checked]
+
+
+def _check_or_stop(ws: Workspace, stack: Stack, project: Project, repo: Git,
+                   state: BumpState, series: Series) -> str:
+    """Check the tree a merge or a resolution of the patch at ``next_index`` made (with
+    the patches applied before it); its evidence line, or a stop like a conflict's."""
+    applied = [p for p, r in zip(series.patches, state.results, strict=False)
+               if r.verdict in (STILL_NEEDED, RESOLVED)]
+    patch = series.patches[state.next_index]
+    result = check_tree(repo.path, [*applied, patch], cache=ws.state_dir / "probe",
+                        layout=state.new_pin.layout or project.layout)
+    if result.passed:
+        return f"{CHECK_PASSES}: {result.summary}"
+    state.failed_check = [*map(str, result.failures), f"check: {result.summary}"]
+    first = result.failures[0]
+    what = (f"patch {patch.name} is {MERGED_FAILS_CHECK}: {first.where}: {first.error} "
+            f"({first.check})")
+    if (said := f"{MERGED_FAILS_CHECK}: {first}") not in state.conflict_evidence:
+        state.conflict_evidence.append(said)
+    state.save(ws)
+
+    def fix(tree: str) -> str:
+        def cmd(option: str) -> str:
+            return command("bump", state.stack, state.project, option)
+        return (f"mend it in {tree}, then `{cmd('--continue')}` (it checks again); or drop "
+                f"the patch: `{cmd('--skip')}`; or `{cmd('--abort')}` to restore the "
+                "previous pin and series")
+    rel = os.path.relpath(repo.path, ws.root)
+    report = write_bump_report(ws, stack, project, state, state.pinned(project),
+                               stopped=f"{what}. Next: {fix(rel)}.")
+    raise MaintenanceError(what, where=state.stack, fix=fix(str(repo.path)), detail="\n".join(
+        [*state.failed_check, *preview_lines(state),
+         f"report (the evidence for each verdict): {report.relative_to(ws.root)}"]))
+
+
 def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResult:
     if state.phase == "start":
         _start(ws, state)
@@ -467,6 +524,8 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
             patch = series.patches[state.next_index]
             if skip and repo.am_in_progress():  # drop the conflicting patch, like git am
                 repo("am", "--skip")
+            elif skip and repo.head() != state.conflict_head:  # merged, fails its check
+                repo("reset", "-q", "--hard", state.conflict_head)
             if repo.am_in_progress():
                 unmerged = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
                 marked = [f for f in sorted({*unmerged, *patch.files})
@@ -483,27 +542,22 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
                     repo("am", "--continue")
                 else:  # resolved to upstream's side: nothing left of the patch
                     repo("am", "--skip")
-            if repo.head() != state.conflict_head:
-                # The resolved commit's own header: it may name where the change is now.
-                resolved = _resolved_patch(repo, patch, f"`{cmd('--continue')}`")
-                judged = match_upstream(repo, resolved, "HEAD")
-                holds = judged.already_upstream
-                if not holds:  # said now, not only in the report at the end
-                    log.warning("%s: the patch's effect does not hold on the resolved tree "
-                                "(%s): review the resolution in %s", patch.name,
-                                "; ".join(e for e in judged.evidence
-                                          if e.endswith(("absent", "ABSENT", "PRESENT"))),
-                                repo.path)
-                _record(state, patch, RESOLVED, [
-                    *state.conflict_evidence, "conflict resolved by hand in the fork tree",
-                    "the patch's effect holds on the resolved tree" if holds else
-                    "WARNING: the patch's effect does not hold on the resolved tree: review"])
+            elif state.failed_check and repo.is_dirty():  # mended by hand after its check
+                repo("add", "-A")
+                repo("commit", "-q", "--amend", "--no-edit", "--no-verify")
+            if repo.head() == state.merged_head:  # the 3-way merge, as it was
+                checked = _check_or_stop(ws, stack, project, repo, state, series)
+                _record(state, patch, STILL_NEEDED, [*state.conflict_evidence, checked])
+            elif repo.head() != state.conflict_head:
+                _record(state, patch, RESOLVED, _resolution(ws, stack, project, repo, state,
+                                                            series, cmd))
             else:
                 _record(state, patch, DROPPED_BY_HAND, [
                     *state.conflict_evidence,
                     "conflict resolved by dropping the patch (--skip)"])
             state.next_index += 1
-            state.conflict_head = ""
+            state.conflict_head = state.merged_head = ""
+            state.failed_check = []
             state.head = repo.head()
             state.save(ws)
         elif repo.am_in_progress():
@@ -549,9 +603,13 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
                                           *preview_lines(state),
                                           f"report (the evidence for each verdict): "
                                           f"{report.relative_to(ws.root)}"])) from None
+                state.merged_head = repo.head()
+                state.conflict_evidence = [*evidence, MERGED_3WAY]
+                state.save(ws)
                 verdict = STILL_NEEDED
-                evidence = [*evidence, MERGES_3WAY]
-                state.conflict_head = ""
+                evidence = [*state.conflict_evidence,
+                            _check_or_stop(ws, stack, project, repo, state, series)]
+                state.conflict_head = state.merged_head = ""
             _record(state, patch, verdict, evidence)
             state.next_index += 1
             state.head = repo.head()

@@ -16,6 +16,7 @@ from sm120fork.errors import CommandError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.maintain.state import (
     CONFLICT,
+    MERGES_UNCHECKED,
     STILL_NEEDED,
     TARGET_MISSING,
     UPSTREAMED_DIFFERENTLY,
@@ -26,7 +27,7 @@ from sm120fork.patch.series import Patch
 from sm120fork.patch.upstream_match import applied_upstream_version, match_upstream, text_at
 from sm120fork.util.git import Git
 
-MERGES_3WAY = "but merges cleanly (3-way): rebased; review it"
+MERGES_3WAY = "but a 3-way merge applies it: the bump checks what it makes"
 #: A line the patch removes counts as the code it changes only when it is this long
 #: (stripped), and as found elsewhere only in at most this many files of the release.
 _MOVED_MIN_CHARS = 8
@@ -165,7 +166,7 @@ def preview(repo: Git, patches: Sequence[Patch], new_version: Version) -> list[C
                     evidence.append("a 3-way merge conflicts too: the bump stops here")
                 else:
                     os.replace(trial, index)
-                    verdict, evidence = STILL_NEEDED, [*evidence, MERGES_3WAY]
+                    verdict, evidence = MERGES_UNCHECKED, [*evidence, MERGES_3WAY]
                 finally:
                     if os.path.exists(trial):
                         os.unlink(trial)

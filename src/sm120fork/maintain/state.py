@@ -27,6 +27,15 @@ CONFLICT = "conflict"
 TARGET_MISSING = "target file missing"
 RESOLVED = "conflict, resolved by hand"
 DROPPED_BY_HAND = "conflict, dropped by hand"
+#: A patch a 3-way merge or a hand resolution landed, whose result fails its check
+#: (:mod:`sm120fork.patch.check`): the bump stops there, like at a conflict.
+MERGED_FAILS_CHECK = "merged, fails its check"
+#: The preview's verdict for a conflict that a 3-way merge applies: the bump checks what
+#: the merge makes before it says more.
+MERGES_UNCHECKED = "merges (3-way), not yet checked"
+#: Evidence: how a patch that did not apply exactly landed, and that its check passed.
+MERGED_3WAY = "merged by a 3-way merge"
+CHECK_PASSES = "its check passes"
 UPSTREAMED = (UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY)
 
 
@@ -141,6 +150,10 @@ class BumpState:
     head: str = ""
     conflict_head: str = ""
     conflict_evidence: list[str] = dataclasses.field(default_factory=list)
+    #: The commit a 3-way merge made of the patch at ``conflict_head`` (not by hand).
+    merged_head: str = ""
+    #: Why the patch there fails its check (the bump stopped at it), one line each.
+    failed_check: list[str] = dataclasses.field(default_factory=list)
     phase: str = "classify"
     started: str = ""
     command: str = ""
