@@ -112,10 +112,18 @@ def plain(session: nox.Session, *command: str) -> None:
     toolkit(session, *command)
 
 
+def checking(session: nox.Session, *command: str) -> None:
+    """A verb that checks the patched trees it makes (``patch/check.py`` imports their
+    modules under the fake-GPU probe): the toolkit and the probe's imports."""
+    ready(session, *command)
+    install(session, ".", *groups("sglang-probe"))
+    toolkit(session, *command)
+
+
 @nox.session(python=first_python(sys.version_info[:2]))
 def build(session: nox.Session) -> None:
     """Build the patched wheels of a stack into wheels/<stack>/ (-- --stack NAME); any machine."""
-    plain(session, "build")
+    checking(session, "build")
 
 
 @nox.session(python=PYTHON)
@@ -266,13 +274,13 @@ def status(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bump(session: nox.Session) -> None:
     """Move a project to a new upstream release; any machine; -- STACK PROJECT VERSION"""
-    plain(session, "bump")
+    checking(session, "bump")
 
 
 @nox.session(python=PYTHON)
 def watch(session: nox.Session) -> None:
     """Try each upstream release newer than the pins in a scratch copy; any machine."""
-    plain(session, "watch")
+    checking(session, "watch")
 
 
 @nox.session(python=PYTHON)

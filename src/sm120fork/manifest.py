@@ -74,6 +74,11 @@ class PatchRecord:
                    applied_upstream=patch.applied_upstream)
 
 
+#: How a build's ``check`` starts when it was told to publish whatever its check said
+#: (``build --unchecked``) and the check failed or could not run; then why.
+UNCHECKED = "unchecked (built with --unchecked)"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ManifestEntry:
     project: str
@@ -97,6 +102,9 @@ class ManifestEntry:
     #: Files of a repacked wheel that the series changed (wheel sources only).
     changed_files: tuple[str, ...] | None = None
     artifact_check: tuple[FingerprintResult, ...] = ()
+    #: What checked the patched tree before the build published it
+    #: (:mod:`sm120fork.patch.check`'s summary), or :data:`UNCHECKED`; "" for none made.
+    check: str = ""
 
     def patch(self, name: str) -> PatchRecord | None:
         """The record of the series' patch ``name`` this wheel was built with, if any."""
@@ -127,6 +135,7 @@ class ManifestEntry:
             "wheel": self.wheel,
             "sha256": self.sha256,
             "artifact_check": [r.to_json() for r in self.artifact_check],
+            **({"check": self.check} if self.check else {}),
             "toolkit_version": self.toolkit_version,
         })
         return data
@@ -165,6 +174,7 @@ class ManifestEntry:
                                   in_wheel=f.need("in_wheel", bool),
                                   in_upstream=f.need("in_upstream", bool))
                 for f in r.objects("artifact_check")),
+            check=r.maybe("check", str) or "",
         )
 
 

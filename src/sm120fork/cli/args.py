@@ -28,6 +28,9 @@ def build(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="discard local work in fork trees (never done without it)")
     p.add_argument("--rebuild", action="store_true", help="ignore the build cache")
+    p.add_argument("--unchecked", action="store_true",
+                   help="publish even if the patched tree fails its check (compile, import "
+                        "under the fake-GPU probe); the manifest records the build unchecked")
     p.add_argument("--lock-timeout", type=float, default=-1, metavar="S",
                    help="seconds to wait for another run's lock (default: wait)")
     p.add_argument("--out", type=Path, metavar="DIR",

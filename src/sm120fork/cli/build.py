@@ -119,7 +119,8 @@ def _build_one(args: argparse.Namespace, ws: Workspace, console: Console, stack:
     with StageLine(console) as stage:
         builds = build_stack(ws, stack, force=args.force, rebuild=args.rebuild,
                              progress=_download_progress(console),
-                             lock_timeout=args.lock_timeout, out=args.out, stage=stage)
+                             lock_timeout=args.lock_timeout, out=args.out, stage=stage,
+                             unchecked=args.unchecked)
     out = args.out or ws.stack_wheels(stack.name)
     console.print(summary_table(stack, out, builds))
     first, *others = folder_routes(shown(ws, out), [b.entry for b in builds],

@@ -19,7 +19,7 @@ from sm120fork.maintain.release import release_check
 from sm120fork.maintain.state import (
     BumpState,
 )
-from sm120fork.manifest import Manifest
+from sm120fork.manifest import UNCHECKED, Manifest
 from sm120fork.package.publish import load_manifest
 from sm120fork.patch.apply import check_series
 from sm120fork.patch.series import (
@@ -120,7 +120,8 @@ def _wheel_for(manifest: Manifest | None, stack: Stack, project: Project,
     built = entry.patch(patch.name) if entry else None
     if entry is None or built is None:
         return "-"
-    return entry.wheel + ("" if built.sha256 == patch.sha256 else " (patch changed since)")
+    return entry.wheel + ("" if built.sha256 == patch.sha256 else " (patch changed since)") + (
+        " (built unchecked)" if entry.check.startswith(UNCHECKED) else "")
 
 
 def project_status(ws: Workspace, stack: Stack, project: Project,

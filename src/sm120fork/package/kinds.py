@@ -23,15 +23,24 @@ from typing import Protocol
 
 from sm120fork import __version__
 from sm120fork.declare import Project, Stack
+from sm120fork.errors import BuildError, VerifyError
 from sm120fork.fetch.kinds import source_kind
 from sm120fork.fetch.source import Progress
-from sm120fork.manifest import FingerprintResult, ManifestEntry, PatchRecord, SourceRecord
+from sm120fork.manifest import (
+    UNCHECKED,
+    FingerprintResult,
+    ManifestEntry,
+    PatchRecord,
+    SourceRecord,
+)
 from sm120fork.package.artifact import check_wheel, require_passed
 from sm120fork.package.repack import check_same_preimage, check_series_for_wheel, repack_wheel
 from sm120fork.package.wheel import build_wheel
+from sm120fork.patch.check import check_tree, refusal
 from sm120fork.patch.series import Series
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.util.files import atomic_copy, sha256_file
+from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -56,11 +65,14 @@ class Job:
     force: bool = False
     progress: Progress | None = None
     stage: Stage = no_stage
+    #: Publish without checking the patched tree (the manifest says so).
+    unchecked: bool = False
 
     def entry(self, *, version: str, source: SourceRecord, wheel: Path, sha256: str,
               used_as_published: bool = False, patched_commit: str | None = None,
               tree: str | None = None, changed_files: tuple[str, ...] | None = None,
-              artifact_check: tuple[FingerprintResult, ...] = ()) -> ManifestEntry:
+              artifact_check: tuple[FingerprintResult, ...] = (),
+              check: str = "") -> ManifestEntry:
         """The manifest entry of one wheel: the project's and series' fields, and the kind's."""
         git = self.project.git
         return ManifestEntry(
@@ -72,7 +84,36 @@ class Job:
             patches=tuple(PatchRecord.of(p) for p in self.series.patches),
             wheel=wheel.name, sha256=sha256, toolkit_version=__version__,
             used_as_published=used_as_published, patched_commit=patched_commit, tree=tree,
-            changed_files=changed_files, artifact_check=artifact_check)
+            changed_files=changed_files, artifact_check=artifact_check, check=check)
+
+
+def check_tree_of(job: Job, tree: Path) -> str:
+    """What checked the patched tree (:mod:`sm120fork.patch.check`): its summary, or
+    BuildError naming the patch, ``file:line`` and the error; with ``job.unchecked`` a
+    failure (or a check that cannot run) is published as :data:`UNCHECKED` and why."""
+    stack, key = job.stack.name, job.project.key
+    anyway = f"`{command('build', '--stack', stack, '--unchecked')}`"
+    job.stage(key, "checking the patched tree")
+    try:
+        result = check_tree(tree, job.series.patches, layout=job.project.layout,
+                            cache=job.ws.state_dir / "probe")
+    except VerifyError as exc:  # the probe cannot run here
+        if not job.unchecked:
+            raise BuildError(exc.what, where=exc.where, detail=exc.detail,
+                             fix=f"{exc.fix}; or publish the build as unchecked: {anyway}"
+                             ) from exc
+        why = exc.what
+    else:
+        if result.passed:
+            return result.summary
+        if not job.unchecked:
+            raise refusal(result, BuildError, fix=(
+                f"mend the patch: commit the fix in {tree}, then "
+                f"`{command('refresh', stack, key)}`; or publish the build as unchecked: "
+                f"{anyway}"))
+        why = f"fails its check: {result.failures[0]}"
+    log.warning("%s: publishing a tree that was not checked (--unchecked): %s", key, why)
+    return f"{UNCHECKED}: {why}"
 
 
 def _download(job: Job, kind: str) -> list[Path]:
@@ -116,6 +157,7 @@ class FromSource:
         job.stage(key, "fetching and patching")
         tree = prepare_tree(job.ws, job.stack, project, patches=job.series.patches,
                             force=job.force, progress=job.progress)
+        check = check_tree_of(job, tree.path)
         job.stage(key, "building the wheel")
         wheel = build_wheel(project, tree.repo, staging,
                             on_line=lambda line: job.stage(key, f"building: {line}"),
@@ -128,7 +170,8 @@ class FromSource:
                               filename=filename, url=url)
         return [job.entry(version=project.local_version, source=source, wheel=wheel,
                           sha256=sha256_file(wheel), patched_commit=tree.state.head,
-                          tree=tree.repo.tree_hash(), artifact_check=tuple(results))]
+                          tree=tree.repo.tree_hash(), artifact_check=tuple(results),
+                          check=check)]
 
 
 class FromSdist(FromSource):
@@ -164,6 +207,7 @@ class RepackedWheels:
         job.stage(project.key, "fetching and patching")
         tree = prepare_tree(job.ws, job.stack, project, patches=series.patches,
                             force=job.force, progress=job.progress)
+        check = check_tree_of(job, tree.path)
         replacements = {member: (tree.path / path).read_bytes()
                         for path, member in changed.items()}
         epoch = str(tree.repo.commit_time())
@@ -179,7 +223,8 @@ class RepackedWheels:
                 source=SourceRecord(kind="wheel", digest=pin.sha256, filename=pin.filename,
                                     url=pin.url or None),
                 patched_commit=tree.state.head, tree=tree.repo.tree_hash(),
-                changed_files=tuple(sorted(changed.values())), artifact_check=tuple(results)))
+                changed_files=tuple(sorted(changed.values())), artifact_check=tuple(results),
+                check=check))
         return entries
 
 

@@ -28,7 +28,7 @@ from sm120fork.declare import Project, Stack, pinned_for, requirement_applies
 from sm120fork.errors import BuildError, DirtyTreeError
 from sm120fork.fetch.kinds import source_key
 from sm120fork.fetch.source import Progress
-from sm120fork.manifest import ManifestEntry
+from sm120fork.manifest import UNCHECKED, ManifestEntry
 from sm120fork.package.kinds import Job, SourceKind, Stage, kind_for, no_stage
 from sm120fork.package.publish import ProjectBuild, check_writable, publish
 from sm120fork.package.wheel import wheel_extras, wheel_requirements
@@ -97,11 +97,12 @@ def _commit_entry(staging: Path, entry_dir: Path, entries: list[ManifestEntry]) 
 def build_project(ws: Workspace, stack: Stack, project: Project, *,
                   series: Series | None = None, force: bool = False, rebuild: bool = False,
                   progress: Progress | None = None, inputs: list[Path] | None = None,
-                  stage: Stage = no_stage) -> list[ProjectBuild]:
+                  stage: Stage = no_stage, unchecked: bool = False) -> list[ProjectBuild]:
     """The project's checked wheels, whatever its source kind (:mod:`.kinds`): from the
     build cache when the pin, source and series are unchanged, else built now.
 
-    ``inputs``: the kind's downloads, when the caller made them already.
+    ``inputs``: the kind's downloads, when the caller made them already; ``unchecked``:
+    publish without checking the patched tree (a cached build made so is reused only then).
     """
     start = time.monotonic()
     series = series if series is not None else load_series(ws.series_dir(project))
@@ -109,6 +110,10 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *,
     key = cache_key(project, series, kind.cache_kind)
     entry_dir = ws.build_cache(stack, project) / key
     entries = None if rebuild else _load_entries(entry_dir)
+    if entries and not unchecked and any(kind.has_tree and (
+            not e.check or e.check.startswith(UNCHECKED))
+                                         for e in entries):
+        entries = None  # built unchecked (or before the check existed): check it now
     cached = entries is not None
     if entries is not None and kind.has_tree and (
             stale := other_series(ws, stack, project, series)):
@@ -128,7 +133,7 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *,
                         keep_local_work_hint(work, why, stack, project))
     else:
         job = Job(ws=ws, stack=stack, project=project, series=series, force=force,
-                  progress=progress, stage=stage)
+                  progress=progress, stage=stage, unchecked=unchecked)
         if inputs is None:
             inputs = kind.download(job)
         staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(key), dir=ws.state_dir))
@@ -232,6 +237,7 @@ class Options:
     out: Path | None = None
     jobs: int = os.cpu_count() or 1
     stage: Stage = no_stage
+    unchecked: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -287,7 +293,7 @@ def build(fetched: Fetched, options: Options) -> Built:
         futures = [pool.submit(build_project, plan.ws, plan.stack, item.project,
                                series=item.series, force=options.force,
                                rebuild=options.rebuild, inputs=fetched.inputs[item.project.key],
-                               stage=options.stage)
+                               stage=options.stage, unchecked=options.unchecked)
                    for item in plan.projects]
         try:
             builds = tuple(b for f in futures for b in f.result())
@@ -324,14 +330,15 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
                 only: list[str] | None = None,
                 progress: Callable[[str], Progress | None] | None = None,
                 lock_timeout: float = -1, out: Path | None = None,
-                jobs: int = os.cpu_count() or 1, stage: Stage = no_stage) -> list[ProjectBuild]:
+                jobs: int = os.cpu_count() or 1, stage: Stage = no_stage,
+                unchecked: bool = False) -> list[ProjectBuild]:
     """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or out).
 
     The stages run in order, each taking the previous one's typed result: load (the
     plan) -> fetch -> build (patch, build, check each wheel) -> check -> stage and publish.
     """
     options = Options(force=force, rebuild=rebuild, progress=progress, out=out, jobs=jobs,
-                      stage=stage)
+                      stage=stage, unchecked=unchecked)
     if not only:
         check_writable(out or ws.stack_wheels(stack.name), stack)
     allow_children()
