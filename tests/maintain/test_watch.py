@@ -8,6 +8,7 @@ metadata); the releases are wheels made here, served by a local package index.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from collections.abc import Iterator
@@ -18,7 +19,14 @@ from packaging.version import Version
 
 from sm120fork.cli.main import main
 from sm120fork.maintain.bump import bump
-from sm120fork.maintain.watch import APPLIES, CONFLICTS, watch_release
+from sm120fork.maintain.state import (
+    DROPPED_BY_HAND,
+    MERGED_3WAY,
+    MERGED_FAILS_CHECK,
+    STILL_NEEDED,
+    Classification,
+)
+from sm120fork.maintain.watch import APPLIES, CONFLICTS, MERGES, _verdicts, watch_release
 from sm120fork.patch.series import load_series
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
 from sm120fork.standing import claim_standings
@@ -182,7 +190,7 @@ def test_the_watch_reports_every_newer_release_with_its_verdicts_and_changes_not
     assert carried["version"] == "0.5.24"
     assert carried["outcome"] == "stops"
     assert _rows(carried) == [("flashinfer", "F1", "applies"), ("sglang", "G1", "applies"),
-                              ("sglang", "G2", "merges (3-way, not checked)"),
+                              ("sglang", "G2", MERGES),
                               ("sglang", "G3", "conflicts"),
                               ("sglang", "G4", "upstream has it")]
     assert carried["moves"] == [
@@ -252,3 +260,19 @@ def test_a_coordinated_project_that_conflicts_is_judged_and_its_bump_goes_on(
         "python -m sm120fork bump sg sglang 0.5.24",
         "python -m sm120fork bump sg flashinfer --continue",
         "python -m sm120fork bump sg sglang --continue"]
+
+
+def test_a_merge_that_fails_its_check_is_reported_as_such_not_as_a_conflict() -> None:
+    """The bump stopped at it ("merged, fails its check"); the watch dropped it (--skip),
+    which the bump records as dropped by hand: its evidence still says why."""
+    row = Classification(patch="0002-G2-x.patch", subject="G2 x", verdict=DROPPED_BY_HAND,
+                         evidence=("does not apply, does not reverse-apply", MERGED_3WAY,
+                                   f"{MERGED_FAILS_CHECK}: 0002-G2-x.patch: python/x.py:3: "
+                                   "NameError: name 'y' is not defined (import x at "
+                                   "capability 12.0)",
+                                   "conflict resolved by dropping the patch (--skip)"),
+                         applied_upstream="")
+    merged = dataclasses.replace(row, verdict=STILL_NEEDED, evidence=(
+        MERGED_3WAY, "its check passes: compiled 1 Python file(s) the series touches"))
+    assert [v.verdict for v in _verdicts("sglang", [row, merged])] == [
+        MERGED_FAILS_CHECK, MERGES]

@@ -29,11 +29,12 @@ from sm120fork.entry import relative
 from sm120fork.errors import ConfigError, MaintenanceError, ToolkitError
 from sm120fork.fetch.index import project_page
 from sm120fork.maintain.bump import BumpResult, bump, bump_continue
-from sm120fork.maintain.classify import MERGES_3WAY
 from sm120fork.maintain.preflight import pins_refusing
 from sm120fork.maintain.state import (
     CONFLICT,
     DROPPED_BY_HAND,
+    MERGED_3WAY,
+    MERGED_FAILS_CHECK,
     STILL_NEEDED,
     TARGET_MISSING,
     UPSTREAMED,
@@ -57,8 +58,8 @@ from sm120fork.workspace import Workspace
 log = logging.getLogger("sm120fork")
 
 APPLIES = "applies"
-#: Merged by git's 3-way merge; no check of the merged code ran (none exists yet).
-MERGES = "merges (3-way, not checked)"
+#: Merged by git's 3-way merge, and the merged tree passed its check (patch/check.py).
+MERGES = "merges (3-way), passes its check"
 CONFLICTS = "conflicts"
 UPSTREAM_HAS_IT = "upstream has it"
 
@@ -162,10 +163,12 @@ def _link_cache(ws: Workspace, cache: Path) -> None:
 def _verdict(c: Classification) -> str:
     if c.verdict in UPSTREAMED:
         return UPSTREAM_HAS_IT
+    if any(e.startswith(f"{MERGED_FAILS_CHECK}: ") for e in c.evidence):
+        return MERGED_FAILS_CHECK  # merged, then dropped here (--skip)
     if c.verdict in (CONFLICT, TARGET_MISSING, DROPPED_BY_HAND):
         return CONFLICTS
     if c.verdict == STILL_NEEDED:
-        return MERGES if MERGES_3WAY in c.evidence else APPLIES
+        return MERGES if MERGED_3WAY in c.evidence else APPLIES
     return c.verdict
 
 
