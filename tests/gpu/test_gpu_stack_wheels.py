@@ -58,12 +58,16 @@ def test_a_stack_shipping_upstream_as_published_has_no_ab(
     assert "no A/B" in found.note
 
 
-def test_an_unbuilt_stack_says_how_to_build_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("front_door", "fix"), [
+    ("nox", "nox -s build -- --stack sglang-0.5.10"),
+    ("", "python -m sm120fork build --stack sglang-0.5.10")])
+def test_an_unbuilt_stack_says_how_to_build_it_in_the_form_the_user_has(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, front_door: str, fix: str) -> None:
     monkeypatch.setenv("SM120FORK_ROOT", str(checkout_copy(tmp_path, sdists=False)))
+    monkeypatch.setenv("SM120FORK_FRONT_DOOR", front_door)
     with pytest.raises(ConfigError) as err:
         stack_wheels.resolve("sglang-0.5.10", baseline=True)
-    assert err.value.fix == "nox -s build -- --stack sglang-0.5.10"
+    assert err.value.fix == fix
 
 
 def test_stack_and_wheel_dir_exclude_each_other() -> None:

@@ -148,6 +148,7 @@ def test_sizes() -> None:
 def test_a_stack_without_a_build_names_the_command_that_makes_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = checkout_copy(tmp_path, sdists=False)
+    monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
     with pytest.raises(ConfigError) as err:
         make(KitOptions(stack="sglang-0.5.23", python="3.12", out=tmp_path / "kit"), root=root)
     assert err.value.fix == "nox -s build -- --stack sglang-0.5.23"
@@ -304,8 +305,10 @@ def test_gpu_sessions_install_what_the_stacks_flashinfer_needs(
 
 
 def test_the_requirements_of_a_harness_leave_torch_and_unused_kernels_behind(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sm120fork.kit.build import stack_requirements
+
+    monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
 
     root = checkout_copy(tmp_path, sdists=False)
     folder = root / "wheels" / "sglang-0.5.23"
@@ -428,6 +431,7 @@ def test_the_layer_kit_carries_the_plugin_route_and_travels_in_parts(
     assert patched_cmd[patched_cmd.index("--layout") + 1] == "layer_boundary"
     # without the upstream wheel the build fetched, the kit names the command that does
     stock.unlink()
+    monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
     with pytest.raises(ConfigError, match="plugin route's SGLang") as err:
         make(KitOptions(stack="sglang-0.5.23", python=python, out=out,
                         harnesses=("sglang_layer",), nox=False), root=root)

@@ -222,6 +222,7 @@ def test_the_verb_runs_the_library_and_says_what_it_did(
     monkeypatch.setattr(cli, "_bench", lambda args, command: lambda tp, left: _bench_of(tp))
     monkeypatch.setattr(cli, "_tested", lambda args: None)  # the stack's build: none here
     monkeypatch.setenv(policy.ENV_VAR, str(tmp / "p.json"))
+    monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")  # the noxfile sets it
     rc = main(["tune", "--stack", "sglang-0.5.23", "--reports", str(tmp / "r"), "--yes"])
     out = capsys.readouterr().out
     assert rc == 0, out

@@ -39,6 +39,7 @@ from sm120fork.aot.toolchain import Toolchain
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util import proc
 from sm120fork.util.files import staged_dir
+from sm120fork.util.hint import command
 
 log = logging.getLogger("sm120fork")
 
@@ -58,7 +59,7 @@ def sources_root(tree: Path) -> Path:
             return root
     raise ConfigError("not FlashInfer sources (no csrc/ or flashinfer/data/csrc/, or no "
                       "flashinfer/jit/)", where=str(tree),
-                      fix="run `nox -s build` first to make the fork tree")
+                      fix=f"run `{command('build')}` first to make the fork tree")
 
 
 def source_dirs(tree: Path) -> tuple[str, ...]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import tempfile
 import zipfile
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from sm120fork.aot import wheel as wheel_mod
 from sm120fork.aot.targets import DEFAULT_CAPABILITIES
 from sm120fork.declare import Stack
 from sm120fork.errors import BuildError, ConfigError
-from sm120fork.util.files import sha256_file
+from sm120fork.util.files import made_once, sha256_file
 from sm120fork.util.git import Git
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
@@ -89,17 +88,14 @@ def published_sources(ws: Workspace, wheels_dir: Path,
     if not wheel.is_file() or sha256_file(wheel) != flashinfer.sha256:
         raise ConfigError(f"{flashinfer.wheel} is missing or not the wheel manifest.json pins "
                           f"(sha256 {flashinfer.sha256[:12]})", where=str(wheel),
-                          fix="rebuild the stack with `nox -s build`")
-    target = ws.state_dir / "aot" / "sources" / flashinfer.sha256[:24]
-    if not (target / "flashinfer" / "jit" / "env.py").is_file():
-        partial = target.with_name(target.name + ".partial")
-        for stale in (partial, target):
-            if stale.exists():
-                shutil.rmtree(stale)
+                          fix=f"rebuild the stack: {command('build')}")
+
+    def unpack(new: Path) -> None:
         with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(partial)
-        partial.replace(target)
-    return target
+            zf.extractall(new)
+
+    return made_once(ws.state_dir / "aot" / "sources" / flashinfer.sha256[:24],
+                     flashinfer.sha256, unpack)
 
 
 def sources(ws: Workspace, stack: Stack, wheels_dir: Path,

@@ -39,6 +39,7 @@ from sm120fork.aot.lookup import PREBUILT, PROVIDER_SCHEMA_VERSION, Lookup, prov
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.manifest import ManifestEntry
 from sm120fork.util.files import scratch_prefix, sha256_file
+from sm120fork.util.hint import command
 
 DISTRIBUTION = "sm120fork-flashinfer-aot"
 PACKAGE = "sm120fork_flashinfer_aot"
@@ -75,7 +76,7 @@ class FlashInferBuild:
     def from_manifest(cls, entry: ManifestEntry, *, where: str) -> FlashInferBuild:
         if not entry.used_as_published and (entry.tree is None or entry.patched_commit is None):
             raise ConfigError("manifest entry lacks its patched tree", where=where,
-                              fix="rebuild the stack with `nox -s build`")
+                              fix=f"rebuild the stack: {command('build')}")
         return cls(distribution=entry.distribution, version=entry.version, wheel=entry.wheel,
                    sha256=entry.sha256, tree=entry.tree, patched_commit=entry.patched_commit,
                    upstream_version=entry.upstream_version, series_digest=entry.series_digest)

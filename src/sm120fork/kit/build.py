@@ -54,6 +54,7 @@ from sm120fork.package.wheel import wheel_requirements
 from sm120fork.record import tested_to_json
 from sm120fork.util import proc
 from sm120fork.util.files import scratch_prefix, sha256_file, staged_dir
+from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -285,7 +286,7 @@ def stack_wheels(folder: Path, manifest: Manifest, target: Target) -> dict[str, 
             if not wheel.is_file():
                 raise ConfigError(f"{name} is listed in the manifest but missing",
                                   where=str(folder),
-                                  fix=f"nox -s build -- --stack {manifest.stack}")
+                                  fix=command("build", "--stack", manifest.stack))
             chosen[project] = wheel
     if "flashinfer" not in chosen:
         raise ConfigError(f"the build has no FlashInfer wheel for Python {target.python} "
@@ -363,7 +364,7 @@ def stack_requirements(root: Path | None, stack: str | None, harness: str) -> li
     wheels = stack_wheels(folder, manifest, python_target())
     if harness == "sglang_layer" and "sglang" not in wheels:
         raise ConfigError(f"stack {name} has no SGLang wheel for this Python",
-                          where=str(folder), fix=f"nox -s build -- --stack {name}")
+                          where=str(folder), fix=command("build", "--stack", name))
     return [str(r) for r in harness_requirements(harness, wheels)]
 
 
@@ -375,12 +376,12 @@ def stock_sglang(ws: Workspace, manifest: Manifest, patched: Path) -> Path:
     stack = manifest.stack
     if source is None or source.kind != "wheel" or not source.filename:
         raise ConfigError(f"the build of {patched.name} names no upstream wheel",
-                          where="manifest.json", fix=f"nox -s build -- --stack {stack}")
+                          where="manifest.json", fix=command("build", "--stack", stack))
     wheel = ws.wheel_cache / source.filename
     if not wheel.is_file() or sha256_file(wheel) != source.digest:
         raise ConfigError(f"stock {source.filename} (the plugin route's SGLang) is "
                           f"{'not the one the build used' if wheel.is_file() else 'missing'}",
-                          where=str(ws.wheel_cache), fix=f"nox -s build -- --stack {stack}")
+                          where=str(ws.wheel_cache), fix=command("build", "--stack", stack))
     return wheel
 
 
@@ -390,7 +391,7 @@ def plugin_wheel(folder: Path) -> Path | None:
     if len(found) > 1:
         raise ConfigError(f"more than one plugin wheel: {[w.name for w in found]}",
                           where=str(folder / "plugin"),
-                          fix=f"nox -s build -- --stack {folder.name}")
+                          fix=command("build", "--stack", folder.name))
     return found[0] if found else None
 
 
@@ -443,7 +444,7 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
     if "sglang_layer" in opts.harnesses and "sglang" not in wheels:
         raise ConfigError(f"stack {opts.stack} has no SGLang wheel for Python {opts.python}",
                           where="--harness sglang_layer",
-                          fix=f"nox -s build -- --stack {opts.stack}, or leave sglang_layer out")
+                          fix=command("build", "--stack", opts.stack) + " (or drop sglang_layer)")
     fi_entry = manifest.first("flashinfer")  # there: stack_wheels refused a build without
     upstream = None
     if fi_entry is not None and not fi_entry.used_as_published:

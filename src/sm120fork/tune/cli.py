@@ -114,11 +114,11 @@ def ready() -> None:
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from sm120fork.util import proc
+    from sm120fork.util import hint, proc
 
     ready()
     # As typed (the offline kit's entry names itself, without this box's paths).
-    command = os.environ.get("SM120FORK_COMMAND") or "nox -s tune -- " + " ".join(argv)
+    command = os.environ.get("SM120FORK_COMMAND") or hint.command("tune", *argv)
     done = tune(TuneOptions(stack=args.stack, command=command.strip(), reports=args.reports,
                             world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
                             yes=args.yes, time_budget=args.time_budget,

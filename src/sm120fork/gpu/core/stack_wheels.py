@@ -23,6 +23,7 @@ from sm120fork.errors import BuildError, ConfigError
 from sm120fork.gpu.core.documents import MadeFrom, Provenance
 from sm120fork.manifest import Manifest, ManifestEntry
 from sm120fork.record import Tested
+from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -71,8 +72,8 @@ def stack_manifest(ws: Workspace, stack: str) -> tuple[Path, Manifest]:
     folder = ws.stack_wheels(stack)
     if not (folder / manifest_file.FILE).is_file():
         raise ConfigError(f"stack {stack} has no build in {folder}",
-                          fix=f"nox -s build -- --stack {stack}")
-    return folder, manifest_file.read(folder, fix=f"nox -s build -- --stack {stack}")
+                          fix=command("build", "--stack", stack))
+    return folder, manifest_file.read(folder, fix=command("build", "--stack", stack))
 
 
 def _manifest_entry(ws: Workspace, stack: str) -> tuple[Path, ManifestEntry]:
@@ -84,7 +85,7 @@ def _manifest_entry(ws: Workspace, stack: str) -> tuple[Path, ManifestEntry]:
     wheel = folder / entry.wheel
     if not wheel.is_file():
         raise ConfigError(f"{wheel.name} is listed in the manifest but missing",
-                          where=str(folder), fix=f"nox -s build -- --stack {stack}")
+                          where=str(folder), fix=command("build", "--stack", stack))
     return wheel, entry
 
 
@@ -172,8 +173,8 @@ def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
     path = folder / manifest_file.FILE
     if not path.is_file():
         raise ConfigError(f"no build in {folder} (no manifest.json)",
-                          fix=f"nox -s build -- --stack {folder.name}")
-    manifest = manifest_file.read(path, fix=f"nox -s build -- --stack {folder.name}")
+                          fix=command("build", "--stack", folder.name))
+    manifest = manifest_file.read(path, fix=command("build", "--stack", folder.name))
     stack = manifest.stack
     here = set(sys_tags())
     chosen: dict[str, ManifestEntry] = {}
@@ -228,8 +229,8 @@ def plugin_route_wheels(folder: Path, plugin: Path | None = None,
         if len(found) != 1:
             raise ConfigError(f"expected one plugin wheel, found {len(found)}",
                               where=str(folder / "plugin"),
-                              fix="build a stack with a plugin (nox -s build -- --stack "
-                              "NAME), or pass --plugin-wheel")
+                              fix=f"build a stack with a plugin "
+                              f"({command('build', '--stack', 'NAME')}), or pass --plugin-wheel")
         plugin = found[0]
     if stock is None:
         kit_json = folder.parent / "kit.json"
