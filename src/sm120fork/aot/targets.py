@@ -18,9 +18,6 @@ from sm120fork.errors import ConfigError
 #: and DGX Spark.  Thor (11.0) is listed so that a module gate that refuses it says so.
 DEFAULT_CAPABILITIES: tuple[str, ...] = ("9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
 
-#: The GPU the proof machine has: its target is built (and timed) first.
-FIRST_CAPABILITY = "9.0"
-
 _CAPABILITY = re.compile(r"^(\d+)\.(\d)$")
 _GENCODE = re.compile(r"^-gencode=arch=compute_(\w+),code=sm_(\w+)$")
 

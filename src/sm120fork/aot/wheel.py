@@ -44,8 +44,6 @@ from sm120fork.util.hint import command
 DISTRIBUTION = "sm120fork-flashinfer-aot"
 PACKAGE = "sm120fork_flashinfer_aot"
 CACHE_DIR = "jit_cache"
-#: Upstream's prebuilt-module distribution: never ours, so both can be installed.
-UPSTREAM_DISTRIBUTION = "flashinfer-jit-cache"
 #: The entry point our FlashInfer's lookup reads (the default stack's patch 0009).
 ENTRY_POINT_GROUP = PREBUILT.group
 #: The entry point's name in either group: also the provider id FlashInfer 0.7.x reports.

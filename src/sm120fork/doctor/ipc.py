@@ -38,7 +38,6 @@ from .facts import Link
 SLOT = 1024                  # 32-bit words per pattern (published, and per writer)
 BANDWIDTH_BYTES = 32 << 20   # per timed copy
 REPEATS = 5
-SHARINGS = ("vmm", "ipc")    # VMM + POSIX FD (unified trtllm workspace), legacy CUDA IPC
 STEP, PROBE = "STEP", "PROBE"  # the wire tags: the parent's steps, the child's answers
 
 
