@@ -59,8 +59,6 @@ from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 
-HARNESSES = boot.VERBS
-DEFAULT_HARNESSES = boot.DEFAULT_HARNESSES
 MIB = 1024 * 1024
 UPSTREAM_TESTS = "upstream-tests"
 
@@ -124,7 +122,7 @@ class KitOptions:
     stack: str
     python: str
     out: Path
-    harnesses: tuple[str, ...] = DEFAULT_HARNESSES
+    harnesses: tuple[str, ...] = boot.DEFAULT_HARNESSES
     platforms: tuple[str, ...] = manylinux()
     box_has: tuple[str, ...] = ()
     include: tuple[str, ...] = ()
@@ -430,10 +428,10 @@ exec "${{PYTHON:-python3}}" "$(dirname "$0")/boot.py" "$@"
 
 def make(opts: KitOptions, root: Path | None = None) -> Kit:
     """Write the kit for ``opts.stack`` at ``opts.out`` (replaced as a whole)."""
-    unknown = sorted(set(opts.harnesses) - set(HARNESSES))
+    unknown = sorted(set(opts.harnesses) - set(boot.VERBS))
     if unknown:
         raise ConfigError(f"unknown harness {unknown}", where="--harness",
-                          fix=f"one of {', '.join(HARNESSES)}")
+                          fix=f"one of {', '.join(boot.VERBS)}")
     if not re.fullmatch(r"3\.\d+", opts.python):
         raise ConfigError(f"bad Python version {opts.python!r}", where="--python",
                           fix="e.g. --python 3.12")
