@@ -25,7 +25,6 @@ from sm120fork.errors import (
     SourceError,
 )
 from sm120fork.maintain.bump import bump, bump_abort, bump_continue
-from sm120fork.maintain.pin import edit_toml
 from sm120fork.maintain.refresh import refresh
 from sm120fork.maintain.state import (
     CONFLICT,
@@ -102,14 +101,6 @@ def test_effect_text_folds_whitespace_and_regex_searches() -> None:
     assert Fingerprint(path="a", text="or has_sm120 ): append(comm())").found_in(upstream)
     assert not Fingerprint(path="a", text="has_sm90 or has_sm100").found_in(upstream)
     assert Fingerprint(path="a", text=r"re:has_sm90\b[^:]*has_sm120[^:]*:").found_in(upstream)
-
-
-def test_edit_toml_keeps_comments_and_order() -> None:
-    text = '[a]\n# keep me\nx = "1"  # and me\ny = true\n\n[a.b]\nx = "2"\n'
-    out = edit_toml(text, {"a": {"x": "new", "y": None, "z": False}})
-    assert out == '[a]\n# keep me\nx = "new"  # and me\nz = false\n\n[a.b]\nx = "2"\n'
-    with pytest.raises(ConfigError, match=r"demo\.toml: no \[a\.c\] table"):
-        edit_toml(text, {"a.c": {"x": "1"}}, where="demo.toml")
 
 
 @pytest.mark.slow

@@ -37,11 +37,6 @@ class Nvcc:
     #: Where it was found: ``CUDA_HOME``, ``PATH``, ``/usr/local/cuda`` or ``pip``.
     found_in: str
 
-    @property
-    def major_minor(self) -> tuple[int, int]:
-        major, minor = self.version.split(".")
-        return int(major), int(minor)
-
 
 def _version(nvcc: Path) -> tuple[str, str] | None:
     try:

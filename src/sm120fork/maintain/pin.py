@@ -61,29 +61,6 @@ def commit_from_sdist(sdist: Path) -> str:
     return ""
 
 
-TomlValues = dict[str, str | bool | None]
-
-
-def edit_toml(text: str, tables: dict[str, TomlValues], where: str = "") -> str:
-    """Set (or with None remove) keys of dotted ``tables``; comments and layout are kept.
-
-    tomlkit edits the document in place, so a re-pin changes only the lines it must.
-    """
-    doc = tomlkit.parse(text)
-    for dotted, values in tables.items():
-        node: Any = doc
-        for part in dotted.split("."):
-            if not isinstance(node, MutableMapping) or part not in node:
-                raise ConfigError(f"no [{dotted}] table", where=where)
-            node = node[part]
-        for key, value in values.items():
-            if value is None:
-                node.pop(key, None)
-            else:
-                node[key] = value
-    return tomlkit.dumps(doc)
-
-
 def closure(stack: Stack, project: Project) -> list[Project]:
     """``project`` and the projects it requires, directly or not, in the stack's order."""
     wanted = {project.key}
