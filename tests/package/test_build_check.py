@@ -19,6 +19,7 @@ from sm120fork.errors import BuildError
 from sm120fork.maintain.status import status
 from sm120fork.manifest import UNCHECKED
 from sm120fork.package.stack import build_stack
+from sm120fork.verify.proof.stack import run_verify
 
 from conftest import make_patch, write_series
 from helpers_ws import STACK, DemoWorkspace, make_demo
@@ -66,3 +67,15 @@ def test_unchecked_publishes_and_the_manifest_and_status_say_so(
     assert all(p.wheel.endswith("(built unchecked)") for p in lib.patches)
     # A build that checks does not take the unchecked wheel from the cache.
     assert main([*root, "build", "--stack", STACK]) == BuildError.exit_code
+
+
+def test_verify_names_the_patch_and_its_error_not_the_probes_requirements(
+        broken: tuple[DemoWorkspace, str]) -> None:
+    """verify-sm120 met the NameError in its probe and advised "install the probe's
+    requirements and its overlay"; it builds first, and the build's check names it."""
+    demo, name = broken
+    with pytest.raises(BuildError) as err:
+        run_verify(demo.ws, demo.ws.stack(STACK))
+    assert err.value.what.startswith(f"patch {name} fails its check: NameError")
+    assert err.value.where == "demo_lib/__init__.py:3"
+    assert "requirements" not in str(err.value)

@@ -109,8 +109,8 @@ def check_tree_of(job: Job, tree: Path) -> str:
         if not job.unchecked:
             raise refusal(result, BuildError, fix=(
                 f"mend the patch: commit the fix in {tree}, then "
-                f"`{command('refresh', stack, key)}`; or publish the build as unchecked: "
-                f"{anyway}"))
+                f"`{command('refresh', stack, key)}`; or publish the build as unchecked "
+                f"(verify-sm120 and a checking build still refuse it): {anyway}"))
         why = f"fails its check: {result.failures[0]}"
     log.warning("%s: publishing a tree that was not checked (--unchecked): %s", key, why)
     return f"{UNCHECKED}: {why}"
