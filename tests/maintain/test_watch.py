@@ -40,12 +40,13 @@ STACK = "sg"
 GATE_FILE = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
 GATE = "def fused_allowed(major):\n    return major in (9, 10)\n"
 FIVE = "a = 1\nb = 2\nc = 3\nd = 4\ne = 5\n"
+NAMES = "def old_name():\n    return 1\n\n\nA = 1\nB = 2\nC = 3\nD = 4\nE = 5\n"
 
 
 def _sglang(version: str, **changed: str) -> dict[str, str]:
     files = {"sglang/__init__.py": f'__version__ = "{version}"\n', GATE_FILE: GATE,
              "sglang/srt/five.py": FIVE, "sglang/srt/conf.py": "LIMIT = 8\n",
-             "sglang/srt/fix.py": "X = 0\n"}
+             "sglang/srt/fix.py": "X = 0\n", "sglang/srt/names.py": NAMES}
     return {**files, **changed}
 
 
@@ -94,7 +95,8 @@ def _series(root: Path, tmp_path: Path) -> None:
     for subject, rel, old, new in (
             ("G2 five: b is 20", "five.py", "b = 2", "b = 20  # sm12x"),
             ("G3 conf: larger limit", "conf.py", "LIMIT = 8", "LIMIT = 16  # sm12x"),
-            ("G4 fix: X is 1", "fix.py", "X = 0", "X = 1  # sm12x")):
+            ("G4 fix: X is 1", "fix.py", "X = 0", "X = 1  # sm12x"),
+            ("G5 names: B from old_name", "names.py", "B = 2", "B = old_name()  # sm12x")):
         names.append(make_patch(repo, d, subject, {f"python/sglang/srt/{rel}": (old, new)},
                                 f"python/sglang/srt/{rel}: {new}").name)
     write_series(d, names)
@@ -147,7 +149,10 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         "0.5.24": pack_release(made, "sglang", "0.5.24", _sglang("0.5.24", **{
             "sglang/srt/five.py": FIVE.replace("e = 5", "e = 50"),
             "sglang/srt/conf.py": "LIMIT = 4\n",
-            "sglang/srt/fix.py": "X = 1  # sm12x\n"}), ["flashinfer_python==0.7.3"]),
+            "sglang/srt/fix.py": "X = 1  # sm12x\n",
+            "sglang/srt/names.py": NAMES.replace("old_name", "new_name").replace("E = 5",
+                                                                               "E = 50")}),
+            ["flashinfer_python==0.7.3"]),
         "0.5.25": pack_release(made, "sglang", "0.5.25", moved, ["flashinfer_python==0.7.2"]),
     }
     checkout = sglang_toolkit(tmp_path, STACK, _toml(sglang["0.5.23"], fi["0.7.2"]),
@@ -192,7 +197,10 @@ def test_the_watch_reports_every_newer_release_with_its_verdicts_and_changes_not
     assert _rows(carried) == [("flashinfer", "F1", "applies"), ("sglang", "G1", "applies"),
                               ("sglang", "G2", MERGES),
                               ("sglang", "G3", "conflicts"),
-                              ("sglang", "G4", "upstream has it")]
+                              ("sglang", "G4", "upstream has it"),
+                              ("sglang", "G5", "merged, fails its check")]
+    g5 = carried["patches"][-1]["evidence"]
+    assert any("NameError: name 'old_name' is not defined" in e for e in g5), g5
     assert carried["moves"] == [
         "flashinfer 0.7.2 -> 0.7.3 (sglang 0.5.24 requires flashinfer_python==0.7.3)"]
     # G1's claim holds today; its record ran 0.5.23, so the bump stales it.
@@ -204,9 +212,15 @@ def test_the_watch_reports_every_newer_release_with_its_verdicts_and_changes_not
     assert [s["run"] for s in carried["steps"]] == [
         "python -m sm120fork bump sg sglang 0.5.24",
         "python -m sm120fork bump sg sglang --continue",
+        "python -m sm120fork bump sg sglang --continue",
         "python -m sm120fork build --stack sg",
         "nox -s verify_sm120 -- --stack sg"]  # as the record's kind names it
-    assert "0003-G3-conf-larger-limit.patch" in carried["steps"][1]["why"]
+    assert carried["steps"][1]["why"].startswith(
+        "once 0003-G3-conf-larger-limit.patch (sglang) is resolved in its fork tree; ")
+    assert carried["steps"][2]["why"].startswith(
+        "once 0005-G5-names-B-from-old_name.patch (sglang) is mended in its fork tree (it "
+        "merged, but 0005-G5-names-B-from-old_name.patch: python/sglang/srt/names.py:6: "
+        "NameError: name 'old_name' is not defined")
     # FlashInfer's releases: SGLang pins it, so each goes into a stack of its own.
     assert flashinfer["newer"] == ["0.7.3", "0.7.2.post1"]
     newest = flashinfer["releases"][0]

@@ -217,8 +217,8 @@ class _Run:
     ws: Workspace
     stack: str
     project: str
-    #: (project, patch) of each stop, in order.
-    stops: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    #: (project, patch, what to do there) of each stop, in order.
+    stops: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     companions: dict[str, tuple[Classification, ...]] = dataclasses.field(
         default_factory=dict)
 
@@ -243,7 +243,9 @@ class _Run:
                 seen.add((state.project, state.next_index))
                 patch = load_series(BumpState.directory(self.ws, self.stack, state.project)
                                     / "series").patches[state.next_index]
-                self.stops.append((state.project, patch.name))
+                self.stops.append((state.project, patch.name, (
+                    f"mended in its fork tree (it merged, but {state.failed_check[0]})"
+                    if state.failed_check else "resolved in its fork tree")))
                 call = functools.partial(bump_continue, self.ws, self.stack, state.project,
                                          skip=True)
                 continue
@@ -285,9 +287,9 @@ def watch_release(ws: Workspace, stack: Stack, project: Project, version: Versio
     steps = [Step(run=command("bump", *args), why="moves the pin" if not new_stack else
                   "a stack of its own: " + "; ".join(relative(r, ws.root) for r in refusing))]
     steps += [Step(run=command("bump", target, key, "--continue"),
-                   why=f"once {patch} ({key}) is resolved in its fork tree; "
+                   why=f"once {patch} ({key}) is {todo}; "
                        f"`{command('bump', target, key, '--skip')}` drops it instead")
-              for key, patch in run.stops]
+              for key, patch, todo in run.stops]
     steps.append(Step(run=command("build", "--stack", target), why="the stack's wheels"))
     for remake in dict.fromkeys(c.command for c in stale if c.command):
         named = [c for c in stale if c.command == remake]
@@ -345,7 +347,7 @@ def summary(release: ReleaseWatch) -> str:
     counts: dict[str, int] = {}
     for p in release.patches:
         counts[p.verdict] = counts.get(p.verdict, 0) + 1
-    text = ", ".join(f"{n} {v}" for v, n in counts.items()) or "no patches"
+    text = "; ".join(f"{n} {v}" for v, n in counts.items()) or "no patches"
     extra = [*(f"moves {m}" for m in release.moves),
              f"{len(release.claims)} claim(s) to re-make" if release.claims else ""]
     return "; ".join([f"{release.outcome}: {text}", *filter(None, extra)])
