@@ -85,3 +85,27 @@ def test_a_requirement_the_python_lacks_is_named_as_such(tmp_path: Path) -> None
     assert "lacks 'no_such_requirement_sm12x' (a requirement of the probe" in err.value.message
     assert err.value.where == sys.executable
     assert "pip install --group sglang-probe" in (err.value.fix or "")
+
+
+def test_the_layouts_overlay_goes_first_only_when_the_imports_need_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installing the overlay needs the package index: a tree that imports with what this
+    Python has never asks for it; one that lacks a module gets it, then imports."""
+    from sm120fork.layouts.layer_boundary import checks
+
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "overlay_only_sm12x.py").write_text("VALUE = 1\n")
+    asked: list[Path] = []
+
+    def probe_path(cache: Path, python: str) -> list[str]:
+        asked.append(cache)
+        return [str(overlay)]
+    monkeypatch.setattr(checks, "probe_path", probe_path)
+    tree, patches = patched(tmp_path, {"demo_lib/sizes.py": ("LIMIT = 1", "LIMIT = 2")})
+    assert check_tree(tree, patches, layout="layer_boundary", cache=tmp_path / "c").passed
+    assert asked == []
+    tree, patches = patched(tmp_path / "b", {"demo_lib/sizes.py": (
+        "LIMIT = 1", "from overlay_only_sm12x import VALUE as LIMIT")})
+    assert check_tree(tree, patches, layout="layer_boundary", cache=tmp_path / "c").passed
+    assert asked == [tmp_path / "c"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,17 +117,34 @@ def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
             modules[found[0]] = rel
             roots[found[1]] = None
     if modules and not failures:
-        extra = adapter(layout, "checks").probe_path(cache, python) if layout else []
-        failures += _imports(tree, patches, modules, [*extra, *map(str, roots)], python,
-                             timeout)
+        failures += _import_check(tree, patches, modules, [*map(str, roots)], python,
+                                  timeout, overlay=lambda: adapter(layout, "checks").probe_path(
+                                      cache, python) if layout else [])
     return TreeCheck(compiled=tuple(compiled), not_compiled=tuple(not_compiled),
                      imported=tuple(modules), not_imported=tuple(not_imported),
                      failures=tuple(failures))
 
 
+def _import_check(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
+                  path: list[str], python: str | os.PathLike[str], timeout: float, *,
+                  overlay: Callable[[], list[str]]) -> list[CheckFailure]:
+    """The imports' failures; the layout's ``overlay`` (its release's own pins) goes first
+    on the path only when they need more than this Python has (a test's tree never does:
+    installing it needs the package index)."""
+    failures, missing = _imports(tree, patches, modules, path, python, timeout)
+    if (missing or any(f.error.startswith("ImportError") for f in failures)) and (
+            extra := overlay()):
+        failures, missing = _imports(tree, patches, modules, [*extra, *path], python, timeout)
+    if missing:
+        raise requirement_missing(missing, python, "the import probe")
+    return failures
+
+
 def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
              path: list[str], python: str | os.PathLike[str],
-             timeout: float) -> list[CheckFailure]:
+             timeout: float) -> tuple[list[CheckFailure], str]:
+    """The failures of the imports at each capability, and a module neither the tree nor
+    ``python`` has (a requirement of the probe), if one is missing."""
     env = {"PYTHONPATH": os.pathsep.join([*path, str(Path(sm120fork.__file__).parents[1])]),
            "PYTHONDONTWRITEBYTECODE": "1"}  # the fork tree stays clean
     failures: dict[tuple[str, str], CheckFailure] = {}
@@ -139,7 +156,7 @@ def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
                          what=what, fix=_install(python))
         for obs in seen:
             if obs.observed == "missing":
-                raise requirement_missing(obs.detail, python, what)
+                return [], obs.detail
             if obs.observed != "ok":
                 where, _, error = obs.detail.partition(": ")
                 file = where.rpartition(":")[0] or modules[obs.name]
@@ -148,7 +165,7 @@ def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
                 failures.setdefault((where, error), CheckFailure(
                     patch=owner, where=where or f"{modules[obs.name]}:0", error=error,
                     check=f"import {obs.name} at capability {cap}"))
-    return list(failures.values())
+    return list(failures.values()), ""
 
 
 def requirement_missing(module: str, python: str | os.PathLike[str], what: str) -> VerifyError:
