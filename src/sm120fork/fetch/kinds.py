@@ -18,7 +18,7 @@ from sm120fork.declare import Project
 from sm120fork.fetch.git import init_from_git
 from sm120fork.fetch.sdist import download_sdist, init_from_sdist
 from sm120fork.fetch.source import Progress, SourceInfo
-from sm120fork.fetch.wheel import download_wheel, download_wheels, init_from_wheel
+from sm120fork.fetch.wheel import download_wheel, init_from_wheel
 
 
 class SourceFetch(Protocol):
@@ -96,7 +96,7 @@ class PublishedWheels:
 
     def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
                  progress: Progress | None = None) -> list[Path]:
-        return download_wheels(project, wheel_cache, progress)
+        return [download_wheel(project, pin, wheel_cache, progress) for pin in project.wheels]
 
     def missing(self, project: Project, *, sdist_cache: Path, wheel_cache: Path) -> list[str]:
         # The fork tree is laid out from the first wheel (the others differ in compiled
@@ -121,14 +121,10 @@ def source_kind(name: str) -> SourceFetch:
         raise ValueError(f"unknown source kind {name!r}") from None
 
 
-def source_digest(project: Project, kind: str) -> str:
-    return source_kind(kind).digest(project)
-
-
 def source_key(project: Project, kind: str | None = None) -> str:
     """``<kind>:<digest>``: what a fork tree and a build cache record of their source."""
     kind = kind or project.source
-    return f"{kind}:{source_digest(project, kind)}"
+    return f"{kind}:{source_kind(kind).digest(project)}"
 
 
 def fetch_source(project: Project, kind: str, work: Path, *, sdist_cache: Path,

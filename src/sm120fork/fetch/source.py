@@ -33,12 +33,6 @@ class SourceInfo:
         return f"{self.kind}:{self.digest}"
 
 
-def commit_upstream(repo: Git, message: str) -> str:
-    head = repo.commit_all(message)
-    repo.tag(UPSTREAM_TAG, head)
-    return head
-
-
 def make_upstream_tree(project: Project, work: Path, fill: Callable[[Path, Path], None],
                        message: str) -> str:
     """Build ``work`` as a git repo whose first commit (tagged upstream) is what ``fill``
@@ -54,4 +48,7 @@ def make_upstream_tree(project: Project, work: Path, fill: Callable[[Path, Path]
         dest = repo_dir if root in ("", ".") else repo_dir / root
         dest.mkdir(parents=True)
         fill(repo_dir.parent, dest)
-        return commit_upstream(Git.init(repo_dir), message)
+        repo = Git.init(repo_dir)
+        head = repo.commit_all(message)
+        repo.tag(UPSTREAM_TAG, head)
+        return head

@@ -28,12 +28,6 @@ def is_compiled(path: str) -> bool:
     return name.endswith(COMPILED_SUFFIXES) or ".so." in name
 
 
-def download_wheels(project: Project, cache_dir: Path,
-                    progress: Progress | None = None) -> list[Path]:
-    """Every declared wheel, cached and sha256-checked, in declaration order."""
-    return [download_wheel(project, pin, cache_dir, progress) for pin in project.wheels]
-
-
 def download_wheel(project: Project, pin: WheelPin, cache_dir: Path,
                    progress: Progress | None = None) -> Path:
     return download_pinned(project, pin.filename, pin.sha256, pin.url, cache_dir, progress)
