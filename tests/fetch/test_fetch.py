@@ -251,6 +251,93 @@ def test_an_unreachable_index_in_pips_configuration_is_named(
     assert "pip config list" in (err.value.fix or "")
 
 
+def test_the_download_section_find_links_and_pip_variables_are_honoured(
+        tmp_path: Path, folder_index: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``pip download`` reads its configuration: the ``download`` section over
+    ``global``, ``PIP_*`` variables over both, and the find-links searched beside the
+    index (a folder here)."""
+    root, url = folder_index
+    demo = make_demo(tmp_path)
+    project = demo.ws.stack(STACK).project("lib")
+    _publish(root, "demo-lib", {project.sdist_pin.filename: demo.lib.sdist.read_bytes()})
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "demo_lib-1.10.0.tar.gz").write_bytes(b"found beside the index")
+    (tmp_path / "pip.conf").write_text(
+        "[global]\nindex-url = http://127.0.0.1:9/simple/\nextra-index-url =\n"
+        f"[download]\nindex-url = {url}\nfind-links = {links}\n")
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    page = project_page(project)
+    assert page.url == f"{url}demo-lib/"
+    assert [str(v) for v in page.sdists(project)] == ["1.2.3", "1.10.0"]
+    assert page.sdists(project)[Version("1.10.0")].url == (links / "demo_lib-1.10.0.tar.gz"
+                                                           ).as_uri()
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple/")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    with pytest.raises(SourceError, match=r"cannot read demo-lib's page") as err:
+        project_page(project)
+    assert err.value.where == "http://127.0.0.1:9/simple/demo-lib/"
+
+
+def test_a_pip_configuration_the_index_cannot_use_is_named_and_pinned_files_need_none(
+        tmp_path: Path, folder_index: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    demo = make_demo(tmp_path)
+    project = demo.ws.stack(STACK).project("lib")
+    for var in ("PIP_CERT", "PIP_DEFAULT_TIMEOUT", "PIP_TIMEOUT"):
+        monkeypatch.delenv(var, raising=False)
+    local = f"[global]\nindex-url = {folder_index[1]}\n"
+    cases = {local + "cert = {tmp}/missing.pem\n": r"cannot be loaded \(cert '.*missing\.pem'",
+             local + "default-timeout = soon\n": r"cannot be read: .*default-timeout.*'soon'"}
+    for number, (text, said) in enumerate(cases.items()):
+        config = tmp_path / f"pip-{number}.conf"
+        config.write_text(text.format(tmp=tmp_path))
+        monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+        with pytest.raises(SourceError, match=said) as err:
+            project_page(project)
+        assert "pip config list" in (err.value.fix or "")
+        # A pinned file: URL is read as it is, whatever pip's configuration says.
+        got = download_sdist(project, tmp_path / f"cache-{number}")
+        assert sha256(got) == project.sdist_pin.sha256
+
+
+class _Proxy(_Index):
+    """A forward proxy in front of :class:`_Index`: it alone knows ``index.invalid``."""
+
+    def do_GET(self) -> None:
+        self.path = self.path.removeprefix("http://index.invalid")
+        super().do_GET()
+
+
+@pytest.mark.parametrize("where", ["pip.conf", "HTTP_PROXY"])
+def test_the_index_is_read_and_downloaded_through_the_proxy(
+        tmp_path: Path, folder_index: tuple[Path, str], monkeypatch: pytest.MonkeyPatch,
+        where: str) -> None:
+    """``proxy`` in pip's configuration, or the proxy variables, carry the pages and the
+    files (here the only way to the index)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = f"http://127.0.0.1:{server.server_port}"
+    demo = make_demo(tmp_path)
+    project = demo.ws.stack(STACK).project("lib")
+    project = replace(project, sdist=replace(project.sdist_pin, url=""))
+    _Proxy.files = {project.sdist_pin.filename: demo.lib.sdist.read_bytes()}
+    (tmp_path / "pip.conf").write_text(
+        "[global]\nindex-url = http://index.invalid/simple/\nextra-index-url =\n"
+        "trusted-host = index.invalid\n"
+        + (f"proxy = {proxy}\n" if where == "pip.conf" else ""))
+    for var in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    if where == "HTTP_PROXY":
+        monkeypatch.setenv("HTTP_PROXY", proxy)
+    try:
+        assert [str(v) for v in project_page(project).sdists(project)] == ["1.2.3"]
+        got = download_sdist(project, tmp_path / "cache")
+        assert sha256(got) == project.sdist_pin.sha256
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_git_source_refuses_wrong_commit(tmp_path: Path) -> None:
     demo = make_demo(tmp_path)
     project = demo.ws.stack(STACK).project("lib")

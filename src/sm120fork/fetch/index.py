@@ -1,11 +1,11 @@
-"""The one package-index client: pip's own, configured as the user configured pip.
+"""The one package-index client, configured as the user configured pip.
 
-The index URLs (``index-url``, ``extra-index-url``), proxies, certificates, client
-certificates, trusted hosts, timeouts and retries, netrc and keyring credentials come
-from pip's configuration as pip reads it (``pip.conf`` files, ``PIP_CONFIG_FILE``,
-``PIP_*`` variables), and pages are fetched and parsed by pip's own code (PEP 691 JSON
-or PEP 503 HTML, whichever the index serves).  ``SM120FORK_INDEX_URL``, when set,
-replaces the index URLs alone (one index; the rest of pip's configuration still holds).
+pip has no Python API: its configuration is read from ``pip config list`` (``pip.conf``,
+``PIP_CONFIG_FILE``, ``PIP_*``; taken as ``pip download`` takes it): the index URLs, find-links,
+trusted hosts, certificates, proxy, timeout and retries.  unearth's finder reads the pages
+(PEP 691 JSON or PEP 503 HTML) and its client the files (``pip download`` would build an
+sdist's metadata), with URL, netrc and keyring credentials.  ``SM120FORK_INDEX_URL``, when
+set, replaces the index URLs and find-links alone (the rest of pip's configuration holds).
 
 Lists a project's files, skips yanked ones for anything but an exact pin (PEP 592, with a
 note), sorts versions as versions, and checks the index's sha256 against the pin; the
@@ -14,14 +14,22 @@ download itself is checked against the pin before anything uses it (:mod:`.sdist
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
+import functools
 import hashlib
+import itertools
 import logging
 import os
+import posixpath
+import ssl
+import sys
+import urllib.request
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, cast
 
+import httpx2
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
@@ -30,81 +38,114 @@ from packaging.utils import (
     parse_wheel_filename,
 )
 from packaging.version import Version
+from unearth import Link, PackageFinder
+from unearth.auth import MultiDomainBasicAuth
+from unearth.fetchers import Fetcher, PyPIClient
 
 from sm120fork.declare import Project
 from sm120fork.errors import ChecksumError, SourceError
+from sm120fork.util import proc
 
 log = logging.getLogger("sm120fork")
-#: The toolkit's own override of pip's index URLs (tests, a one-off run).
-INDEX_URL_VARIABLE = "SM120FORK_INDEX_URL"
 _PIP_FIX = "check pip's configuration (`python -m pip config list`) and the network"
+_SECTIONS = ("global", "download", ":env:")  # pip download's, each over the one before
+_ALIASES = {"default-timeout": "timeout"}  # two names of one pip option
 
 
-@dataclasses.dataclass(frozen=True)
-class PipIndex:
-    """pip's session (proxies, certificates, credentials) and its link collector (the
-    index URLs), as pip's configuration sets them up."""
+def pip_config() -> dict[str, str]:
+    """pip's configuration as ``pip download`` takes it (option name -> value), read once
+    per process like pip does, again where the environment that finds it changed."""
+    return dict(_read_pip_config(tuple(sorted(
+        (k, v) for k, v in os.environ.items()
+        if k.startswith(("PIP_", "XDG_")) or k in ("HOME", "VIRTUAL_ENV")))))
 
-    session: Any
-    collector: Any
 
-    @property
-    def index_urls(self) -> list[str]:
-        urls: list[str] = self.collector.search_scope.index_urls
-        return urls
+@functools.cache
+def _read_pip_config(_environment: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    done = proc.run([sys.executable, "-m", "pip", "config", "list"], check=False, quiet=True)
+    if done.returncode != 0:
+        raise SourceError(f"pip's configuration cannot be read: {done.stderr.strip()}",
+                          fix=_PIP_FIX)
+    ranked = []
+    for line in done.stdout.splitlines():  # section.name='value'
+        key, _, value = line.partition("=")
+        section, _, name = key.rpartition(".")
+        if section in _SECTIONS:
+            ranked.append((_SECTIONS.index(section), _ALIASES.get(name, name),
+                           str(ast.literal_eval(value))))
+    return {name: value for _, name, value in sorted(ranked)}
+
+
+def _ssl_context(config: dict[str, str]) -> ssl.SSLContext:
+    """pip's certificate bundle (``cert``, else the system's) and client certificate."""
+    try:
+        context = ssl.create_default_context(cafile=config.get("cert") or None)
+        if config.get("client-cert"):
+            context.load_cert_chain(config["client-cert"])
+    except (OSError, ssl.SSLError) as exc:
+        raise SourceError(f"pip's certificates cannot be loaded (cert {config.get('cert')!r}, "
+                          f"client-cert {config.get('client-cert')!r}): {exc}",
+                          fix=_PIP_FIX) from exc
+    return context
+
+
+def _sources(config: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The index URLs and the find-links that ``pip download`` would search."""
+    if override := os.environ.get("SM120FORK_INDEX_URL", "").strip():  # tests, one-off runs
+        return [override], []
+    links = config.get("find-links", "").split()
+    for missing in [f for f in links if "://" not in f and not os.path.exists(f)]:
+        log.warning("find-links %s in pip's configuration is ignored: no such path", missing)
+        links.remove(missing)
+    if config.get("no-index", "").lower() in ("1", "true", "yes", "on"):
+        return [], links
+    return [config.get("index-url") or "https://pypi.org/simple",
+            *config.get("extra-index-url", "").split()], links
+
+
+def _transports(config: dict[str, str]) -> dict[str, httpx2.BaseTransport]:
+    """Mounted (a client's own transport would turn the proxy variables off): pip's
+    certificates, proxy (over the variables') and retries; a trusted host unverified."""
+    proxy, retries = config.get("proxy") or None, int(config.get("retries") or 5)
+    mounts: dict[str, httpx2.BaseTransport] = {"all://": httpx2.HTTPTransport(
+        verify=_ssl_context(config), proxy=proxy, retries=retries)}
+    for host, scheme in itertools.product(config.get("trusted-host", "").split(),
+                                          ("http", "https")):
+        via = proxy or (None if urllib.request.proxy_bypass(host)
+                        else urllib.request.getproxies().get(scheme))
+        mounts[f"{scheme}://{host}"] = httpx2.HTTPTransport(verify=False, proxy=via,
+                                                            retries=retries)
+    return mounts
 
 
 @contextlib.contextmanager
-def pip_index() -> Iterator[PipIndex]:
-    """pip's view of the package index, read the way ``pip download`` reads it."""
-    try:
-        from pip._internal.cli.index_command import SessionCommandMixin
-        from pip._internal.commands import create_command
-        from pip._internal.index.collector import LinkCollector
-    except ImportError as exc:  # pragma: no cover - pip ships with every venv
-        raise SourceError("pip is not importable in the toolkit's environment",
-                          fix="install pip there (`python -m ensurepip`)") from exc
-    command = create_command("download")
-    assert isinstance(command, SessionCommandMixin)  # pip download talks to the index
-    override = os.environ.get(INDEX_URL_VARIABLE, "").strip()
-    # The toolkit caches what it downloads itself (by sha256); pip's HTTP cache would
-    # only keep a second copy.
-    args = ["--no-cache-dir", *(["--index-url", override] if override else [])]
-    try:
-        options, _ = command.parse_args(args)
-    except SystemExit as exc:  # pip's option parser exits on a bad configuration value
-        raise SourceError("pip's configuration cannot be read", fix=_PIP_FIX) from exc
-    if override:
-        options.extra_index_urls = []
-        options.find_links = []
-    session = command._build_session(options)
-    with session:
-        yield PipIndex(session=session, collector=LinkCollector.create(session, options))
+def _client(config: dict[str, str], index_urls: list[str]) -> Iterator[PyPIClient]:
+    """An HTTP client as pip's configuration sets it up; URL, netrc, keyring credentials."""
+    with PyPIClient(trusted_hosts=config.get("trusted-host", "").split(),
+                    mounts=_transports(config), trust_env=not config.get("proxy"),
+                    timeout=float(config.get("timeout") or 15)) as client:
+        client.auth = MultiDomainBasicAuth(prompting=False, index_urls=index_urls)
+        yield client
 
 
 def download(url: str, out: IO[bytes],
              progress: Callable[[int, int | None], None] | None = None) -> str:
-    """Write the file at ``url`` to ``out`` through pip's session; its sha256 (the
-    caller compares it with the pin before using the file)."""
-    from pip._vendor.requests import RequestException
-
+    """Write the file at ``url`` to ``out``; its sha256 (the caller compares it with the
+    pin before using the file).  A ``file:`` URL needs nothing of pip's configuration."""
     digest = hashlib.sha256()
-    with pip_index() as index:
+    config = {} if url.startswith("file:") else pip_config()
+    with _client(config, _sources(config)[0]) as client:
         try:
-            with index.session.get(url, stream=True,
-                                   headers={"Accept-Encoding": "identity"}) as resp:
+            with client.stream("GET", url, headers={"Accept-Encoding": "identity"}) as resp:
                 resp.raise_for_status()
-                total_header = resp.headers.get("Content-Length")
-                total = int(total_header) if total_header else None
-                done = 0
-                for chunk in resp.iter_content(1 << 20):
+                total = int(resp.headers.get("Content-Length", 0)) or None
+                for chunk in resp.iter_bytes(1 << 20):
                     out.write(chunk)
                     digest.update(chunk)
-                    done += len(chunk)
                     if progress:
-                        progress(done, total)
-        except RequestException as exc:
-            raise SourceError(f"download failed: {exc}", where=_redact(url),
+                        progress(resp.num_bytes_downloaded, total)
+        except httpx2.HTTPError as exc:
+            raise SourceError(f"download failed: {exc}", where=Link(url).redacted,
                               fix=_PIP_FIX) from exc
     return digest.hexdigest()
 
@@ -128,13 +169,7 @@ class ProjectPage:
                include_yanked: bool = False) -> dict[Version, IndexFile]:
         """The project's sdists that are not yanked, by version, oldest first."""
         found: dict[Version, IndexFile] = {}
-        for f in self.files:
-            try:
-                name, version = parse_sdist_filename(f.filename)
-            except InvalidSdistFilename:
-                continue
-            if canonicalize_name(name) != project.normalized_name:
-                continue
+        for version, f in self.files_of(project, wheels=False):
             if f.yanked and not include_yanked:
                 log.info("skipping %s: yanked on the package index%s", f.filename,
                          f" ({f.yanked})" if isinstance(f.yanked, str) else "")
@@ -142,18 +177,22 @@ class ProjectPage:
             found[version] = f
         return dict(sorted(found.items()))
 
+    def files_of(self, project: Project, *,
+                 wheels: bool) -> Iterator[tuple[Version, IndexFile]]:
+        """The project's wheels or sdists (yanked ones too) with their versions."""
+        for f in self.files:
+            with contextlib.suppress(InvalidSdistFilename, InvalidWheelFilename):
+                name, version = (parse_wheel_filename(f.filename)[:2] if wheels
+                                 else parse_sdist_filename(f.filename))
+                if canonicalize_name(name) == project.normalized_name:
+                    yield version, f
+
     def releases(self, project: Project) -> list[Version]:
         """Every version of the project with a file not yanked (an sdist or a wheel: a
         release published as wheels alone counts), oldest first."""
-        found = set(self.sdists(project))
-        for f in self.files:
-            try:
-                name, version, _, _ = parse_wheel_filename(f.filename)
-            except InvalidWheelFilename:
-                continue
-            if canonicalize_name(name) == project.normalized_name and not f.yanked:
-                found.add(version)
-        return sorted(found)
+        return sorted(set(self.sdists(project))
+                      | {version for version, f in self.files_of(project, wheels=True)
+                         if not f.yanked})
 
     def recent(self, project: Project, count: int = 6) -> str:
         versions = list(self.sdists(project))[-count:]
@@ -161,43 +200,32 @@ class ProjectPage:
 
 
 def project_page(project: Project) -> ProjectPage:
-    """The project's files on every index pip's configuration names."""
-    from pip._internal.index.collector import parse_links
-    from pip._internal.models.link import Link
-
-    with pip_index() as index:
-        pages = index.collector.search_scope.get_index_urls_locations(project.normalized_name)
-        if not pages:
+    """The project's files on every index and find-links pip's configuration names."""
+    name, config = project.normalized_name, pip_config()
+    index_urls, find_links = _sources(config)
+    where = " ".join(Link(posixpath.join(url, name) + "/").redacted for url in index_urls)
+    fix = f"check 'distribution' in the declaration; {_PIP_FIX}"
+    with _client(config, index_urls) as client:
+        # unearth's own client, which its Fetcher protocol's annotations do not admit
+        finder = PackageFinder(session=cast("Fetcher", client), index_urls=index_urls,
+                               find_links=find_links, ignore_compatibility=True,
+                               trusted_hosts=config.get("trusted-host", "").split())
+        if not finder.sources:
             raise SourceError("pip's configuration names no package index (--no-index?)",
                               fix=_PIP_FIX)
-        files: list[IndexFile] = []
-        read = 0
-        for page in pages:
-            content = index.collector.fetch_response(Link(page), project.normalized_name)
-            if content is None:  # pip said why (a warning); another index may have it
-                continue
-            read += 1
-            # pip keeps parsed pages for the life of its process; a page read again
-            # (a bump that retries) must be read as the index serves it now.
-            content = dataclasses.replace(content, cache_link_parsing=False)
-            files += [IndexFile(filename=link.filename, url=link.url_without_fragment,
-                                sha256=link._hashes.get("sha256", ""),
-                                yanked=(link.yanked_reason or True) if link.is_yanked
-                                else False)
-                      for link in parse_links(content)]
-    where = " ".join(_redact(p) for p in pages)
-    if not read:
-        raise SourceError(f"cannot read {project.distribution}'s page on the package index",
-                          where=where, fix=f"check 'distribution' in the declaration; "
-                                           f"{_PIP_FIX}")
-    return ProjectPage(url=where, files=tuple(files))
-
-
-def _redact(url: str) -> str:
-    from pip._internal.utils.misc import redact_auth_from_url
-
-    redacted: str = redact_auth_from_url(url)
-    return redacted
+        try:
+            links = [p.link for p in finder.find_all_packages(name, allow_yanked=True)]
+        except httpx2.HTTPError as exc:
+            raise SourceError(f"cannot read {project.distribution}'s page on the package "
+                              f"index: {exc}", where=where, fix=fix) from exc
+    if not links:  # unearth warned of each page it could not read
+        raise SourceError(f"the package index lists no file of {project.distribution}",
+                          where=where, fix=fix)
+    return ProjectPage(url=where, files=tuple(
+        IndexFile(filename=link.filename, url=link.url_without_fragment,
+                  sha256=(link.hash_option or {}).get("sha256", [""])[0],
+                  yanked=(link.yank_reason or True) if link.is_yanked else False)
+        for link in links))
 
 
 def find_sdist(project: Project, version: Version) -> IndexFile:
@@ -219,27 +247,14 @@ def find_sdist(project: Project, version: Version) -> IndexFile:
 def find_wheels(project: Project, version: Version) -> tuple[IndexFile, ...]:
     """Every published wheel of ``version`` (not yanked, with a sha256), for a project
     that ships as published once its series is empty (``bump``)."""
-    page = project_page(project)
     found: list[IndexFile] = []
-    for f in page.files:
-        try:
-            name, wheel_version, _, _ = parse_wheel_filename(f.filename)
-        except InvalidWheelFilename:
-            continue
-        if canonicalize_name(name) != project.normalized_name or wheel_version != version:
-            continue
+    for f in (f for v, f in project_page(project).files_of(project, wheels=True) if v == version):
         if f.yanked or not f.sha256:
             log.info("skipping %s: %s", f.filename,
                      "yanked on the package index" if f.yanked else "no sha256 listed")
-            continue
-        found.append(f)
+        else:
+            found.append(f)
     return tuple(sorted(found, key=lambda f: f.filename))
-
-
-def resolve_sdist_url(project: Project) -> str:
-    """Where the pinned sdist downloads from: its pinned URL, or the index's."""
-    pin = project.sdist_pin
-    return resolve_file_url(project, pin.filename, pin.sha256, pin.url)
 
 
 def resolve_file_url(project: Project, filename: str, sha256: str, url: str = "") -> str:
@@ -247,9 +262,7 @@ def resolve_file_url(project: Project, filename: str, sha256: str, url: str = ""
     if url:
         return url
     page = project_page(project)
-    for f in page.files:
-        if f.filename != filename:
-            continue
+    for f in (f for f in page.files if f.filename == filename):
         if f.sha256 and f.sha256 != sha256:
             raise ChecksumError(
                 f"the index lists sha256 {f.sha256} for {filename}, the pin says {sha256}",
