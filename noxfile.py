@@ -226,9 +226,13 @@ def see_host_with_harness(session: nox.Session, harness: str) -> None:
     session.run("python", "src/sm120fork/kit/boot.py", "see-host", sys.executable,
                 silent=True)
     install(session, ".[gpu]")
-    needs = session.run("python", "-m", "sm120fork", "-q", "gpu-requirements", "--harness",
-                        harness, "--", *session.posargs, env=FRONT_DOOR, silent=True,
-                        stderr=None)
+    install_printed(session, "gpu-requirements", "--harness", harness, "--")
+
+
+def install_printed(session: nox.Session, *verb: str) -> None:
+    """Install what ``python -m sm120fork VERB <posargs>`` prints, one requirement a line."""
+    needs = session.run("python", "-m", "sm120fork", "-q", *verb, *session.posargs,
+                        env=FRONT_DOOR, silent=True, stderr=None)
     if isinstance(needs, str) and needs.split():
         install(session, *needs.split())
 
@@ -292,7 +296,10 @@ def refresh(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def upstream_pr(session: nox.Session) -> None:
     """Prepare (never push) a pull request for upstream; any machine; -- STACK [PROJECT]"""
-    plain(session, "upstream-pr")
+    ready(session, "upstream-pr")
+    install(session, ".")
+    install_printed(session, "upstream-pr", "--requirements")  # what the PR's tests import
+    toolkit(session, "upstream-pr")
 
 
 @nox.session(python=PYTHON)

@@ -69,6 +69,33 @@ def test_toolkit_sessions_print_nox_hints_and_keep_stderr_apart(
             assert kwargs["stderr"] is None, name
 
 
+def test_upstream_pr_installs_what_the_prs_tests_import_before_it_prepares_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session asks the toolkit (same arguments) what the PR's tests import, installs
+    that, then runs the verb: a fresh clone's session runs SGLang's CPU tests."""
+    nf = _noxfile()
+    monkeypatch.setattr(nf, "ready", lambda *_: None)  # the preflight: its own tests
+
+    class Printing(_Recorder):
+        def __init__(self, posargs: list[str]) -> None:
+            super().__init__(posargs)
+            self.installs: list[tuple[str, ...]] = []
+
+        def install(self, *args: str) -> None:
+            self.installs.append(args)
+
+        def run(self, *args: str, **kwargs: object) -> str:  # type: ignore[override]
+            super().run(*args, **kwargs)
+            return "torch==2.13.0\nnumpy==2.4.6\n" if "--requirements" in args else ""
+
+    session = Printing(["sglang-0.5.23", "--pr", "x"])
+    nf.upstream_pr.func(session)
+    asked, last = session.runs[0][0], session.runs[-1][0]
+    assert asked[3:] == ("-q", "upstream-pr", "--requirements", "sglang-0.5.23", "--pr", "x")
+    assert session.installs[-1] == ("-q", "torch==2.13.0", "numpy==2.4.6")
+    assert last[3:] == ("upstream-pr", "sglang-0.5.23", "--pr", "x")
+
+
 def test_every_session_a_hint_names_exists() -> None:
     """A hint runs as printed: `nox -s <session>` of each verb is a session of the noxfile."""
     from sm120fork.util import hint

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import subprocess
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from sm120fork.package.stack import build_stack
 from sm120fork.standing import stack_evidence
 from sm120fork.upstream.groups import (
     github_slug,
+    judge,
     leaks,
     plan_project,
     prepare,
@@ -113,7 +117,7 @@ def test_prepares_one_pr_runs_its_tests_on_the_upstream_tree_and_names_nothing_o
     done = prepare(d.ws, "demo", None, "gates", write=True)
     assert done.out == d.ws.state_dir / "upstream" / "demo" / "lib" / "gates"
     names = sorted(p.relative_to(done.out).as_posix() for p in done.files)
-    assert names == ["body.md", "commands.sh", "patches/0001-gate-allow-12.patch",
+    assert names == ["body.md", "patches/0001-gate-allow-12.patch",
                      "patches/0002-test-supported-majors-include-12.patch", "title.txt"]
     # the test ran on upstream + the PR's patches (the fork-only one is not there) and passed
     (run,) = done.runs
@@ -153,15 +157,90 @@ def test_prepares_one_pr_runs_its_tests_on_the_upstream_tree_and_names_nothing_o
         assert "/tmp/" not in text, path
 
 
-def test_a_failing_upstream_test_is_reported_as_failing(
+def test_a_failing_upstream_test_writes_no_package_unless_asked_and_never_claims_a_pass(
         tmp_path: Path, identity: None, capsys: pytest.CaptureFixture[str]) -> None:
     d = _grouped_demo(tmp_path, unit_test=UNIT_TEST.replace("assertIn(12", "assertIn(13"))
-    assert main(["--root", str(d.ws.root), "-q", "upstream-pr", "demo", "lib",
-                 "--pr", "gates"]) == EXIT_PROBLEMS_FOUND
-    assert "ran: python3 test/unit/test_supported_majors.py: Ran 1 tests: FAILED" in \
-        capsys.readouterr().out
-    body = (d.ws.state_dir / "upstream" / "demo" / "lib" / "gates" / "body.md").read_text()
-    assert "on the FAILING patched tree" in body
+    argv = ["--root", str(d.ws.root), "-q", "upstream-pr", "demo", "lib", "--pr", "gates"]
+    assert main(argv) == MaintenanceError.exit_code
+    err = capsys.readouterr().err
+    assert ("PR gates: no package written, 1 of its 1 test file(s) did not pass: "
+            f"{TEST_FILE}: ran: Ran 1 tests: FAILED (failures=1); first: AssertionError: 13 "
+            "not found in [9, 10, 12]") in err
+    assert "--even-if-failing" in err
+    package = d.ws.state_dir / "upstream" / "demo" / "lib" / "gates"
+    assert not package.exists()
+    assert not package.with_name("gates.partial").exists()
+    assert main([*argv, "--even-if-failing"]) == EXIT_PROBLEMS_FOUND
+    assert f"ran: python3 {TEST_FILE}: Ran 1 tests: FAILED" in capsys.readouterr().out
+    body = (package / "body.md").read_text()
+    assert (f"- `python3 {TEST_FILE}` on the patched tree, on a CPU: Ran 1 tests: FAILED "
+            "(failures=1); first: AssertionError: 13 not found in [9, 10, 12]") in body
+    assert "FAILING" not in body
+
+
+def test_a_test_that_cannot_run_says_why_in_one_line_and_no_package_is_written(
+        tmp_path: Path, identity: None) -> None:
+    """Its first error, not "Ran 0 tests: no result"; nothing written, no record published;
+    asked to write it anyway, the body says it could not run, not that it ran."""
+    d = _grouped_demo(tmp_path, unit_test="import no_such_module\n" + UNIT_TEST)
+    with pytest.raises(MaintenanceError) as info:
+        prepare(d.ws, "demo", "lib", "gates", write=True)
+    assert (f"{TEST_FILE}: could not run: ModuleNotFoundError: No module named "
+            "'no_such_module'") in info.value.what
+    assert "lacks" not in (info.value.fix or "")  # demo's tests need no group: no guess
+    package = d.ws.state_dir / "upstream" / "demo" / "lib" / "gates"
+    assert not package.exists()
+    assert not package.with_name("gates.partial").exists()
+    assert not (d.ws.reports_dir / "demo" / "upstream-pr").exists()
+    done = prepare(d.ws, "demo", "lib", "gates", even_if_failing=True)
+    (run,) = done.runs
+    assert (run.outcome, run.summary) == ("error", "ModuleNotFoundError: No module named "
+                                                   "'no_such_module'")
+    assert done.record is not None
+    assert done.record.verdict == "fail"
+    body = (done.out / "body.md").read_text()
+    assert (f"- `python3 {TEST_FILE}` on the patched tree, on a CPU: could not run: "
+            "ModuleNotFoundError: No module named 'no_such_module'") in body
+    assert "tested there" not in body
+    assert "Ran " not in body
+
+
+def test_the_printed_push_runs_from_the_checkout_root(
+        tmp_path: Path, identity: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Pasted as printed (the fork URL filled in), the push sends the PR's branch from the
+    fork tree that holds it, and the body file gh reads is where the command says."""
+    d = _grouped_demo(tmp_path)
+    assert main(["--root", str(d.ws.root), "-q", "upstream-pr", "demo", "--pr", "gates"]) == 0
+    out = capsys.readouterr().out
+    (push,) = [line.strip() for line in out.splitlines() if " push " in line]
+    (gh,) = [line.strip() for line in out.splitlines() if line.strip().startswith("gh pr")]
+    assert str(tmp_path) not in out
+    fork = tmp_path / "users-fork.git"
+    git(tmp_path, "init", "-q", "--bare", str(fork))
+    subprocess.run(push.replace("<your-fork-url>", str(fork)), shell=True, check=True,
+                   cwd=d.ws.root, capture_output=True)
+    branch = push.rsplit(":", 1)[1]
+    work = d.ws.trees_dir / "demo" / "lib"
+    assert git(fork, "rev-parse", branch) == git(work, "rev-parse", branch)
+    body = shlex.split(gh)[shlex.split(gh).index("--body-file") + 1]
+    assert (d.ws.root / body).read_text().startswith("## Description")
+
+
+def test_requirements_are_what_a_prs_cpu_tests_import(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The repository's own stacks: an SGLang PR with a CPU test needs the probe's group
+    (what nox -s upstream_pr installs); a FlashInfer PR's GPU tests, the list and
+    --no-tests need nothing."""
+    root = Path(__file__).resolve().parents[2]
+    group = tomllib.loads((root / "pyproject.toml").read_text())["dependency-groups"]
+    base = ["--root", str(root), "-q", "upstream-pr"]
+    for args, printed in (
+            (["sglang-0.5.23", "--pr", "fusion-fail-closed"], group["sglang-probe"]),
+            (["sglang-0.5.23", "--pr", "fusion-fail-closed", "--no-tests"], []),
+            (["sglang-0.5.23"], []),
+            (["flashinfer-0.7.4", "--pr", "lamport-cluster-split"], [])):
+        assert main([*base, *args, "--requirements"]) == 0
+        assert capsys.readouterr().out.split() == printed, args
 
 
 def test_an_upstream_test_of_no_group_is_refused(tmp_path: Path) -> None:
@@ -215,8 +294,12 @@ def test_a_prs_gpu_tests_go_to_the_kit_with_what_they_test_and_publish_no_cpu_re
         tmp_path: Path, identity: None, capsys: pytest.CaptureFixture[str]) -> None:
     gpu_test = "tests/comm/test_supported_majors.py"
     d = _grouped_demo(tmp_path, test_file=gpu_test)
-    assert main(["--root", str(d.ws.root), "-q", "upstream-pr", "demo", "--pr", "gates",
-                 "--write"]) == 0
+    argv = ["--root", str(d.ws.root), "-q", "upstream-pr", "demo", "--pr", "gates", "--write"]
+    assert main(argv) == MaintenanceError.exit_code  # not run, no record: no package
+    err = capsys.readouterr().err
+    assert f"{gpu_test}: not run: needs a GPU: not run here" in err
+    assert "--harness upstream_tests --upstream-pr gates --out DIR" in err
+    assert main([*argv, "--even-if-failing"]) == 0
     out = capsys.readouterr().out
     assert f"not run: python -m pytest {gpu_test} -v: needs a GPU" in out
     assert "not published: none of its tests ran here" in out
@@ -301,3 +384,17 @@ def test_a_project_from_published_wheels_finds_its_upstream_in_another_stacks_pi
     assert project.git is None
     assert github_slug(upstream_url(ws, project)) == github_slug(
         ws.stack("sglang-0.5.10").project("sglang").git_pin.url)
+
+
+def test_a_run_is_judged_by_what_it_ran_and_its_first_error() -> None:
+    """Every test skipped proves nothing; a chained traceback's first error is its cause."""
+    skipped = judge("test/x.py", "ss\nRan 2 tests in 0.001s\n\nOK (skipped=2)\n", 0)
+    assert (skipped.outcome, skipped.summary) == ("error", "Ran 2 tests: OK (skipped=2)")
+    chained = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n    import torch\n"
+               "ModuleNotFoundError: No module named 'torch'\n\nDuring handling of the above "
+               "exception, another exception occurred:\n\nTraceback (most recent call last):\n"
+               "RuntimeError: probe failed\n")
+    crashed = judge("test/x.py", chained, 1)
+    assert (crashed.outcome, crashed.summary) == ("error", "ModuleNotFoundError: No module "
+                                                           "named 'torch'")
+    assert judge("test/x.py", "", -9).summary == "exit status -9, no output"

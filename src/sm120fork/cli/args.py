@@ -128,6 +128,12 @@ def upstream_pr(p: argparse.ArgumentParser) -> None:
                         ".forks/upstream/<stack>/<project>/<pr>/)")
     p.add_argument("--no-tests", action="store_true",
                    help="with --pr: do not run the PR's tests (the body then says so)")
+    p.add_argument("--even-if-failing", action="store_true",
+                   help="with --pr: write the package although a test of the PR failed or "
+                        "did not run (the body says which; refused otherwise)")
+    p.add_argument("--requirements", action="store_true",
+                   help="with --pr: print what the PR's tests import beyond the toolkit, "
+                        "one requirement a line, and stop (nox -s upstream_pr installs them)")
 
 
 def verify_sm120(p: argparse.ArgumentParser) -> None:

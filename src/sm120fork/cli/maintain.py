@@ -295,8 +295,15 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
         newer_stacks_with_prs,
         plan_project,
         prepare,
+        requirements,
         why_none,
     )
+
+    if args.requirements:
+        for line in requirements(ws, args.stack, args.project, args.pr) \
+                if args.pr and not args.no_tests else []:
+            print(line)
+        return 0
 
     def say(text: str) -> None:
         console.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -331,25 +338,27 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
             say(f"  no PR from {line}")
         return 0
     done = prepare(ws, args.stack, args.project, args.pr, onto=args.onto, repo=args.repo,
-                   out=args.out, run=not args.no_tests, write=args.write)
+                   out=args.out, run=not args.no_tests, write=args.write,
+                   even_if_failing=args.even_if_failing)
     say(f"branch {done.branch}: {len(done.commits)} commit(s) on "
         + (done.onto or "the release as published"))
     for r in done.runs:
-        say(f"  {'ran' if r.ran else 'not run'}: {r.command}: {r.summary}")
+        say(f"  {r.said}: {r.command}: {r.summary}")
     say(f"wrote {os.path.relpath(done.out, ws.root)}/ "
         f"({', '.join(sorted(p.relative_to(done.out).as_posix() for p in done.files))})")
-    say("nothing was pushed; to submit, from that folder run:")
+    say("nothing was pushed; to submit, run in the checkout root:")
     for line in done.commands:
         say(f"  {line}")
     if done.record is not None:
         rec = done.record
         say(f"record: {rec.verdict} ({rec.counts.get('pass', 0)} pass, "
-            f"{rec.counts.get('fail', 0)} fail, {rec.counts.get('skip', 0)} not run here)"
+            f"{rec.counts.get('fail', 0) + rec.counts.get('error', 0)} fail, "
+            f"{rec.counts.get('skip', 0)} not run here)"
             + (f"; published to {os.path.relpath(done.published, ws.root)}/"
                if done.published else
                "; not published: none of its tests ran here (they need a GPU: the offline "
                "kit's upstream_tests writes its record)"
-               if args.write and not any(r.ran for r in done.runs)
+               if args.write and all(r.outcome == "skip" for r in done.runs)
                else "; --write publishes it under reports/"))
-    failing = [r for r in done.runs if r.ran and not r.passed]
+    failing = [r for r in done.runs if r.outcome in ("fail", "error")]
     return EXIT_PROBLEMS_FOUND if failing else 0

@@ -23,12 +23,16 @@ import shlex
 import shutil
 import sys
 import tempfile
+import tomllib
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 from sm120fork import __version__, record
 from sm120fork.declare import Project, Stack
-from sm120fork.errors import CommandError, MaintenanceError
+from sm120fork.errors import CommandError, ConfigError, MaintenanceError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Patch, Series, load_series
 from sm120fork.patch.tree import open_tree
@@ -37,7 +41,7 @@ from sm120fork.standing import Today
 from sm120fork.upstream.template import TestRun, render_body, short_subject
 from sm120fork.util import proc
 from sm120fork.util.git import Git
-from sm120fork.util.hint import command
+from sm120fork.util.hint import command, via_nox
 from sm120fork.workspace import Workspace
 
 FORK_NAMES = ("sm120fork", "sm12x-fork")
@@ -358,8 +362,7 @@ def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
     src = Path(__file__).resolve().parents[2]
     for rel in files:
         if needs_gpu(rel):
-            runs.append(TestRun(path=rel, ran=False, passed=False,
-                                command=f"python -m pytest {rel} -v",
+            runs.append(TestRun(path=rel, outcome="skip", command=f"python -m pytest {rel} -v",
                                 summary="needs a GPU: not run here (the offline kit runs "
                                         "it: --harness upstream_tests)"))
             continue
@@ -372,16 +375,45 @@ def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
         try:
             done = proc.run([python, "-m", "sm120fork.harness.upstream_tests", rel], cwd=tree,
                             env=env, check=False, timeout=1200)
-            output, rc = done.stdout + done.stderr, done.returncode
-        except CommandError as exc:
-            output, rc = exc.detail or str(exc), 1
-        ran = re.findall(r"^Ran (\d+) tests?", output, re.MULTILINE)
-        verdict = re.findall(r"^(OK|FAILED)\b.*$", output, re.MULTILINE)
-        runs.append(TestRun(path=rel, ran=True, passed=rc == 0 and bool(ran),
-                            command=f"python3 {rel}",
-                            summary=f"Ran {ran[-1] if ran else 0} tests: "
-                                    f"{verdict[-1] if verdict else 'no result'}"))
+        except CommandError as exc:  # it did not finish (timed out)
+            runs.append(TestRun(path=rel, outcome="error", command=f"python3 {rel}",
+                                summary=str(exc)))
+            continue
+        runs.append(judge(rel, done.stdout + done.stderr, done.returncode))
     return runs
+
+
+def judge(rel: str, output: str, returncode: int) -> TestRun:
+    """A unittest file's run from its output: passed (it ran tests, all OK), failed (with
+    its first error), or could not run (no test ran: its first error says why)."""
+    ran = re.findall(r"^Ran (\d+) tests?", output, re.MULTILINE)
+    verdict = re.findall(r"^((?:OK|FAILED)\b.*)$", output, re.MULTILINE)
+    command = f"python3 {rel}"
+    if not ran or ran[-1] == "0":
+        return TestRun(path=rel, outcome="error", command=command,
+                       summary="Ran 0 tests" if ran else first_error(output)
+                       or f"exit status {returncode}, no output")
+    summary = f"Ran {ran[-1]} tests: {verdict[-1] if verdict else 'no verdict'}"
+    if returncode == 0 and verdict and verdict[-1].startswith("OK"):
+        every_skipped = f"skipped={ran[-1]}" in verdict[-1]  # proves nothing
+        return TestRun(path=rel, outcome="error" if every_skipped else "pass",
+                       command=command, summary=summary)
+    error = first_error(output)
+    return TestRun(path=rel, outcome="fail", command=command,
+                   summary=summary + (f"; first: {error}" if error else ""))
+
+
+def first_error(output: str) -> str:
+    """The first exception ``output`` shows (the line that ends its first traceback), else
+    its last line."""
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            for after in lines[i + 1:]:
+                if after.strip() and not after[0].isspace():
+                    return after.strip()
+    text = [line.strip() for line in lines if line.strip()]
+    return text[-1] if text else ""
 
 
 def _overlay(ws: Workspace, project: Project, python: str) -> Path | None:
@@ -414,9 +446,9 @@ def find_project(today: Today, name: str) -> Project:
 def pr_record(stack: Stack, project: Project, pr: PlannedPR, tree: str,
               runs: list[TestRun]) -> record.Record:
     """What the PR was tested with (kind ``upstream-pr``, subject the PR's name)."""
-    cases = [record.Case(id=r.path, variant="patched",
-                         outcome=("pass" if r.passed else "fail") if r.ran else "skip",
-                         detail=r.summary if r.ran else f"{r.summary}; run: {r.command}")
+    cases = [record.Case(id=r.path, variant="patched", outcome=r.outcome,
+                         detail=f"{r.summary}; run: {r.command}" if r.outcome == "skip"
+                         else r.summary)
              for r in runs]
     return record.make(
         kind="upstream-pr", subject=pr.name, stack=stack.name,
@@ -431,20 +463,23 @@ def pr_record(stack: Stack, project: Project, pr: PlannedPR, tree: str,
                                              patch_id=p.patch_id)
                           for p in [*pr.patches, *pr.tests])),
         planned=len(runs), cases=tuple(cases),
-        not_run=tuple(f"{r.path}: {r.summary}" for r in runs if not r.ran),
+        not_run=tuple(f"{r.path}: {r.summary}" for r in runs if r.outcome == "skip"),
         notes=(() if runs else ("the PR brings no test of its own",)))
 
 
 def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, *,
             onto: str | None = None, repo: str | None = None, out: Path | None = None,
-            run: bool = True, write: bool = False) -> Prepared:
-    """Make PR ``name``: its branch, its tests' runs and its package (refused if it leaks)."""
+            run: bool = True, write: bool = False, even_if_failing: bool = False
+            ) -> Prepared:
+    """Make PR ``name``: its branch, its tests' runs and its package, refused if it leaks
+    or (unless ``even_if_failing``) if a test of it failed or did not run."""
     stack = ws.stack(stack_name)
     # The stack resolved once (every series, its upstream-form tests): the PR's plan, the
     # leak check's words and the record below read this, none reads a series by name.
     today = Today.of(ws, stack)
     project = stack.project(project_key) if project_key else find_project(today, name)
     pr = plan_of(today, project).pr(name)
+    where = f"{stack.name}/{project.key}"
     with ws.lock():
         tree = open_tree(ws, stack, project)
         git = tree.repo
@@ -465,49 +500,144 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
             str(staging / "patches"), f"{base}..{commits[-1]}")
         words = fork_words(ws, today)
         machine = [str(ws.root), str(Path.home()), str(tree.path)]
-        _refuse_leaks(staging, words, machine, pr.name, f"{stack.name}/{project.key}")
-        runs: list[TestRun] = []
-        if run:
-            with tempfile.TemporaryDirectory(prefix="upstream-pr-tree.") as scratch:
-                work = Path(scratch) / "tree"
-                git("worktree", "add", "--quiet", "--detach", str(work), commits[-1])
-                try:
-                    runs = run_tests(ws, project, work, _added_tests(pr.tests))
-                finally:
-                    git("worktree", "remove", "--force", str(work))
+        _refuse_leaks(staging, words, machine, pr.name, where)
+        runs = _run_pr_tests(ws, project, pr, git, commits[-1]) if run else [
+            TestRun(path=f, outcome="skip", command=f"python3 {f}",
+                    summary="not run: prepared without its tests") for f in _added_tests(pr.tests)]
         # The body cites the GPU runs of the offline kit too, where their record is of
         # this PR as it is (the CPU record below holds only what ran here).
-        cited = [r if r.ran else _recorded_run(ws, stack.name, pr, r) for r in runs]
-        slug = github_slug(upstream_url(ws, project)) or "<owner>/<repo>"
-        commands = [
-            f"git push <your-fork-url> {branch}:{branch}",
-            f"gh pr create --repo {slug} --base main --head <your-github-user>:{branch} "
-            f"--title {shlex.quote(title)} --body-file body.md",
-        ]
-        if not onto:
-            commands.insert(0, f"# this branch sits on the {project.distribution} "
-                               f"{project.version} release as published, not on upstream's "
-                               "history: rebase it onto upstream's main first")
+        cited = [_recorded_run(ws, stack.name, pr, r) if r.outcome == "skip" else r
+                 for r in runs]
+        if run and not even_if_failing:
+            _refuse_untested(ws, staging, cited, project, pr, stack.name)
         body = render_body(project.normalized_name, patches=list(pr.patches),
                            tests=list(pr.tests), runs=cited, onto=onto,
                            release=f"{project.distribution} {project.version}")
         (staging / "title.txt").write_text(title + "\n", encoding="utf-8")
         (staging / "body.md").write_text(body, encoding="utf-8")
-        (staging / "commands.sh").write_text("#!/bin/sh\n# Not run for you.\n"
-                                             + "\n".join(commands) + "\n", encoding="utf-8")
-        _refuse_leaks(staging, words, machine, pr.name, f"{stack.name}/{project.key}")
+        _refuse_leaks(staging, words, machine, pr.name, where)
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)
+        # Printed, not packaged: they name the fork tree (relative to the checkout root).
+        commands = push_commands(ws, project, branch, title, onto=onto, tree=tree.path,
+                                 body=folder / "body.md")
         files = tuple(sorted(p for p in folder.rglob("*") if p.is_file()))
         rec = pr_record(stack, project, pr, git("rev-parse", f"{commits[-1]}^{{tree}}",
                                                 quiet=True), runs) if run else None
         # A record of tests that all need a GPU says nothing: the kit's run writes that one.
-        published = (record.write(rec, ws.reports_dir)
-                     if rec and write and not onto and any(r.ran for r in runs) else None)
+        published = (record.write(rec, ws.reports_dir) if rec and write and not onto
+                     and any(r.outcome != "skip" for r in runs) else None)
         return Prepared(plan=pr, branch=branch, base=base, onto=onto, out=folder, title=title,
                         commits=tuple(commits), runs=tuple(runs), commands=tuple(commands),
                         files=files, record=rec, published=published)
+
+
+def _run_pr_tests(ws: Workspace, project: Project, pr: PlannedPR, git: Git,
+                  commit: str) -> list[TestRun]:
+    """The PR's tests run on a scratch worktree of ``commit`` (the PR's branch)."""
+    with tempfile.TemporaryDirectory(prefix="upstream-pr-tree.") as scratch:
+        work = Path(scratch) / "tree"
+        git("worktree", "add", "--quiet", "--detach", str(work), commit)
+        try:
+            return run_tests(ws, project, work, _added_tests(pr.tests))
+        finally:
+            git("worktree", "remove", "--force", str(work))
+
+
+def push_commands(ws: Workspace, project: Project, branch: str, title: str, *,
+                  onto: str | None, tree: Path, body: Path) -> list[str]:
+    """``git push`` and ``gh pr create`` to paste in the checkout root: the push names the
+    fork tree that holds the branch, both name their paths relative to the root."""
+    slug = github_slug(upstream_url(ws, project)) or "<owner>/<repo>"
+    commands = [
+        f"git -C {shlex.quote(os.path.relpath(tree, ws.root))} push <your-fork-url> "
+        f"{branch}:{branch}",
+        f"gh pr create --repo {slug} --base main --head <your-github-user>:{branch} "
+        f"--title {shlex.quote(title)} --body-file "
+        f"{shlex.quote(os.path.relpath(body, ws.root))}",
+    ]
+    if not onto:
+        commands.insert(0, f"# this branch sits on the {project.distribution} "
+                           f"{project.version} release as published, not on upstream's "
+                           "history: rebase it onto upstream's main first")
+    return commands
+
+
+def _refuse_untested(ws: Workspace, staging: Path, runs: list[TestRun], project: Project,
+                     pr: PlannedPR, stack: str) -> None:
+    """Refuse (and drop) a package whose tests did not all pass: each says why in a line."""
+    bad = [r for r in runs if not r.passed]
+    if not bad:
+        return
+    shutil.rmtree(staging)
+    again = command("upstream-pr", stack, "--pr", pr.name)
+    fixes = [f"to write it anyway, its body saying so: `{again} --even-if-failing`"]
+    lacking = unmet(pr_requirements(ws, project, pr)) if any(
+        r.outcome == "error" for r in bad) else []
+    if lacking:
+        listed = command("upstream-pr", stack, "--pr", pr.name, "--requirements")
+        more = f" and {len(lacking) - 3} more" if len(lacking) > 3 else ""
+        fixes.insert(0, f"this Python lacks {', '.join(lacking[:3])}{more} of what the "
+                        "tests import: " + (f"`{again}` installs them" if via_nox() else
+                                            f"`python -m pip install $({listed})`"))
+    if any(r.outcome == "skip" for r in bad):
+        kit = command("gpu-kit", "--stack", stack, "--python", "<X.Y>", "--harness",
+                      "upstream_tests", "--upstream-pr", pr.name, "--out", "DIR")
+        fixes.insert(0, f"run its GPU tests with the offline kit (`{kit}`, then "
+                        f"docs/upstream.md) and import their record")
+    raise MaintenanceError(
+        f"PR {pr.name}: no package written, {len(bad)} of its {len(runs)} test file(s) did "
+        "not pass: " + "; ".join(f"{r.path}: {r.said}: {r.summary}" for r in bad),
+        where=f"{stack}/{project.key}", fix="; ".join(fixes))
+
+
+#: pyproject.toml's dependency group of what an SGLang layout's modules import on a CPU
+#: (the fake-GPU probe's: GPU-only packages are stubbed), which SGLang's CPU tests import.
+PROBE_GROUP = "sglang-probe"
+
+
+def pr_requirements(ws: Workspace, project: Project, pr: PlannedPR) -> list[str]:
+    """What ``pr``'s CPU tests import beyond the toolkit, as pip takes them: the probe's
+    group where the project has an SGLang layout, none else (the layout's overlay of newer
+    packages is installed when the tests run)."""
+    if not project.layout or all(needs_gpu(f) for f in _added_tests(pr.tests)):
+        return []
+    return dependency_group(ws.root / "pyproject.toml", PROBE_GROUP)
+
+
+def requirements(ws: Workspace, stack_name: str, project_key: str | None, name: str
+                 ) -> list[str]:
+    """:func:`pr_requirements` of PR ``name`` of the stack (``nox -s upstream_pr``
+    installs them)."""
+    today = Today.of(ws, ws.stack(stack_name))
+    project = (today.stack.project(project_key) if project_key
+               else find_project(today, name))
+    return pr_requirements(ws, project, plan_of(today, project).pr(name))
+
+
+def dependency_group(pyproject: Path, name: str) -> list[str]:
+    """A PEP 735 dependency group of ``pyproject``, its ``include-group`` entries expanded."""
+    groups = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("dependency-groups", {})
+    if name not in groups:
+        raise ConfigError(f"no dependency group {name!r}", where=str(pyproject),
+                          fix=f"add [dependency-groups] {name} = [...]")
+    return [req for item in groups[name] for req in (
+        [item] if isinstance(item, str) else dependency_group(pyproject, item["include-group"]))]
+
+
+def unmet(required: list[str]) -> list[str]:
+    """Those of ``required`` that this Python's installed distributions do not satisfy."""
+    missing = []
+    for line in required:
+        req = Requirement(line)
+        try:
+            ok = req.specifier.contains(metadata.version(req.name), prereleases=True)
+        except metadata.PackageNotFoundError:
+            ok = False
+        if not ok:
+            missing.append(line)
+    return missing
 
 
 def _recorded_run(ws: Workspace, stack: str, pr: PlannedPR, run: TestRun) -> TestRun:
@@ -532,7 +662,7 @@ def _recorded_run(ws: Workspace, stack: str, pr: PlannedPR, run: TestRun) -> Tes
         summary += (f"; without this PR {fixed} of them fail" if fixed
                     else "; they pass without this PR too")
     passed = bool(counts["pass"]) and not counts["fail"] + counts["error"]
-    return TestRun(path=run.path, ran=True, passed=passed,
+    return TestRun(path=run.path, outcome="pass" if passed else "fail",
                    command=run.command, summary=summary,
                    where=f"on {rec.machine.description}")
 

@@ -23,15 +23,29 @@ def short_subject(patch: Patch) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class TestRun:
-    """One test file of the PR, run (or not) on the upstream tree with the PR applied."""
+    """One test file of the PR on the upstream tree with the PR applied.  ``outcome`` is a
+    record's: pass, fail, error (it could not run: ``summary`` is its first error) or skip
+    (not run here: ``summary`` says why)."""
 
     path: str
-    ran: bool
-    passed: bool
+    outcome: str
     command: str
     summary: str
     #: Where it ran, as the body says it.
     where: str = "on a CPU"
+
+    @property
+    def ran(self) -> bool:
+        return self.outcome in ("pass", "fail")
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == "pass"
+
+    @property
+    def said(self) -> str:
+        """What happened to it, in a word or three: ran, could not run, not run."""
+        return "ran" if self.ran else "could not run" if self.outcome == "error" else "not run"
 
 
 def _box(done: bool, text: str) -> str:
@@ -53,11 +67,9 @@ def _tested(runs: list[TestRun]) -> list[str]:
         return ["No test of its own comes with this PR."]
     lines = []
     for r in runs:
-        if r.ran:
-            lines.append(f"- `{r.command}` on the {'' if r.passed else 'FAILING '}patched tree, "
-                         f"{r.where}: {r.summary}")
-        else:
-            lines.append(f"- `{r.command}`: {r.summary}")
+        why = "" if r.ran else "could not run: "
+        lines.append(f"- `{r.command}`: {r.summary}" if r.outcome == "skip" else
+                     f"- `{r.command}` on the patched tree, {r.where}: {why}{r.summary}")
     return lines
 
 
@@ -73,7 +85,7 @@ def render_body(project: str, *, patches: list[Patch], tests: list[Patch],
              + "; it applies there as is.")
     added = bool(tests)
     all_ran = bool(runs) and all(r.ran for r in runs)
-    passing = bool(runs) and all(r.ran and r.passed for r in runs)
+    passing = bool(runs) and all(r.passed for r in runs)
     tested = ["### Tests", "", *_tested(runs)]
     if project == "sglang":
         lines = ["## Motivation", "", *what, *refs, *([""] if refs else []),
