@@ -335,6 +335,10 @@ def test_a_prs_gpu_tests_go_to_the_kit_with_what_they_test_and_publish_no_cpu_re
     assert (f"- `python -m pytest {gpu_test} -v` on the patched tree, on NVIDIA H200 x1: "
             "1 passed; without this PR 1 of them fail") in body
     assert record.read(published / "record.json") == gpu_run  # not replaced by the CPU's
+    # prepared without running its tests, the body cites that run all the same
+    quick = prepare(d.ws, "demo", "lib", "gates", run=False, out=tmp_path / "quick")
+    assert (f"- `python -m pytest {gpu_test} -v` on the patched tree, on NVIDIA H200 x1: "
+            "1 passed") in (quick.out / "body.md").read_text()
 
 
 def test_a_stack_without_prs_says_why_and_where_its_prs_are_made(

@@ -301,6 +301,11 @@ def needs_gpu(test_file: str) -> bool:
     return not test_file.startswith("test/")
 
 
+def unit_command(rel: str) -> str:
+    """How upstream runs the test file: SGLang's as a script, FlashInfer's under pytest."""
+    return f"python -m pytest {rel} -v" if needs_gpu(rel) else f"python3 {rel}"
+
+
 #: What the offline kit carries of a PR whose tests need a GPU, beside the test files.
 PR_FILE = "pr.json"
 #: The kit's own pytest configuration in each PR's folder: that folder is pytest's root,
@@ -362,7 +367,7 @@ def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
     src = Path(__file__).resolve().parents[2]
     for rel in files:
         if needs_gpu(rel):
-            runs.append(TestRun(path=rel, outcome="skip", command=f"python -m pytest {rel} -v",
+            runs.append(TestRun(path=rel, outcome="skip", command=unit_command(rel),
                                 summary="needs a GPU: not run here (the offline kit runs "
                                         "it: --harness upstream_tests)"))
             continue
@@ -376,7 +381,7 @@ def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
             done = proc.run([python, "-m", "sm120fork.harness.upstream_tests", rel], cwd=tree,
                             env=env, check=False, timeout=1200)
         except CommandError as exc:  # it did not finish (timed out)
-            runs.append(TestRun(path=rel, outcome="error", command=f"python3 {rel}",
+            runs.append(TestRun(path=rel, outcome="error", command=unit_command(rel),
                                 summary=str(exc)))
             continue
         runs.append(judge(rel, done.stdout + done.stderr, done.returncode))
@@ -388,7 +393,7 @@ def judge(rel: str, output: str, returncode: int) -> TestRun:
     its first error), or could not run (no test ran: its first error says why)."""
     ran = re.findall(r"^Ran (\d+) tests?", output, re.MULTILINE)
     verdict = re.findall(r"^((?:OK|FAILED)\b.*)$", output, re.MULTILINE)
-    command = f"python3 {rel}"
+    command = unit_command(rel)
     if not ran or ran[-1] == "0":
         return TestRun(path=rel, outcome="error", command=command,
                        summary="Ran 0 tests" if ran else first_error(output)
@@ -502,7 +507,7 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         machine = [str(ws.root), str(Path.home()), str(tree.path)]
         _refuse_leaks(staging, words, machine, pr.name, where)
         runs = _run_pr_tests(ws, project, pr, git, commits[-1]) if run else [
-            TestRun(path=f, outcome="skip", command=f"python3 {f}",
+            TestRun(path=f, outcome="skip", command=unit_command(f),
                     summary="not run: prepared without its tests") for f in _added_tests(pr.tests)]
         # The body cites the GPU runs of the offline kit too, where their record is of
         # this PR as it is (the CPU record below holds only what ran here).
