@@ -85,18 +85,7 @@ def test_every_claim_is_backed_by_a_passing_record_of_its_stack(name: str) -> No
     assert not stale, "\n".join(stale)
 
 
-#: Records a claim needs that are stale on main, each with what re-makes it (a GPU run the
-#: project's lead makes; strict: this fails once the record is re-made, to drop the entry).
-KNOWN_STALE = {
-    "sglang-0.5.10": "reports/sglang-0.5.10/gpu-scenario/f5-cluster: made before FlashInfer "
-                     "0008 changed and 0009/0010 were added (2026-12-01); re-make on an SM90 "
-                     "GPU by the command in its record",
-}
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_STALE[n], strict=True))
-    if n in KNOWN_STALE else n for n in PATCHED])
+@pytest.mark.parametrize("name", PATCHED)
 def test_no_record_a_claim_needs_is_stale_or_missing(name: str) -> None:
     """A claim is judged on its patch's change alone; the record that backs it must also
     be of the stack as it is (every patch it tested unchanged): a record made before

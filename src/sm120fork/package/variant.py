@@ -2,7 +2,7 @@
 
 A test variant answers a question the shipped build cannot be asked on the hardware at
 hand, e.g. "what if the device reported cluster size 6?" (F5's cluster query,
-reports/sglang-0.5.10/gpu-scenario/f5-cluster/). Its patches live in
+reports/flashinfer-0.7.4/gpu-scenario/f5-cluster/). Its patches live in
 ``<series dir>-test/`` (an ordered ``series`` file, like the real one), are applied on top
 of the whole real series in a fork work tree of their own, and the wheel is built into
 ``.forks/test-variants/<stack>/<name>/`` with the local label ``<label>.<name>`` so that it
