@@ -7,6 +7,7 @@ what the user fixed by hand meanwhile.
 from __future__ import annotations
 
 import shlex
+import shutil
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +18,12 @@ import sm120fork.maintain.bump as bump_module
 import sm120fork.maintain.state as bump_state
 from sm120fork.cli.main import main
 from sm120fork.errors import MaintenanceError
-from sm120fork.fetch.kinds import source_key
+from sm120fork.fetch.kinds import fetch_source, source_key
 from sm120fork.maintain.bump import bump, bump_abort, bump_continue
-from sm120fork.patch.tree import read_state
+from sm120fork.patch.apply import apply_series
+from sm120fork.patch.tree import prepare_tree, read_state
 from sm120fork.util import proc
+from sm120fork.workspace import Workspace
 
 from helpers_maintain import (
     STACK,
@@ -36,7 +39,7 @@ pytestmark = pytest.mark.slow
 #: Every step a bump of an existing stack reaches, in order.
 STAGES = ["pre-flight", "state saved", "old tree kept", "new tree made", "classified",
           "patch applied", "series exported", "declaration written", "tree rebuilt",
-          "report written", "changelog written"]
+          "report written", "changelog written", "old tree set aside", "finished"]
 EARLIER_REPORT = "# a report of an earlier try\n"
 
 
@@ -85,8 +88,9 @@ def _run(root: Path, hint: str) -> int:
     return done.returncode
 
 
-@pytest.mark.parametrize("recover", ["--continue", "--abort"])
-@pytest.mark.parametrize("step", STAGES)
+@pytest.mark.parametrize(("step", "recover"), [
+    (step, recover) for step in STAGES for recover in ("--continue", "--abort")
+    if step != "finished" or recover == "--continue"])  # finished: nothing to recover
 def test_a_bump_interrupted_at_each_step_is_recovered_with_the_command_it_names(
         clean: BumpWorkspace, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str], step: str, recover: str) -> None:
@@ -115,15 +119,21 @@ def test_a_bump_interrupted_at_each_step_is_recovered_with_the_command_it_names(
             f"python -m sm120fork bump {STACK} lib 1.3.0 --git-commit {clean.new.commit}"]
         assert files(root) == before
         return
-    hints = hint_commands(err.partition("stopped part-way")[2])
-    assert hints == [f"python -m sm120fork bump {STACK} lib --continue",
-                     f"python -m sm120fork bump {STACK} lib --abort"], err
-    assert _run(root, hints[["--continue", "--abort"].index(recover)]) == 0
+    if step == "finished":  # every file written: nothing to resume or undo
+        assert "had finished (every file written)" in err
+        assert hint_commands(err) == []
+        recover = "--continue"
+    else:
+        hints = hint_commands(err.partition("stopped part-way")[2])
+        assert hints == [f"python -m sm120fork bump {STACK} lib --continue",
+                         f"python -m sm120fork bump {STACK} lib --abort"], err
+        assert _run(root, hints[["--continue", "--abort"].index(recover)]) == 0
     stack = clean.ws.stack(STACK)
     lib = stack.project("lib")
     tree = read_state(clean.ws.work_tree(stack, lib))  # at the pin (or, aborted before
     assert tree is not None or recover == "--abort"  # the bump made it, not there)
     assert tree is None or tree.source == source_key(lib)
+    assert_builds_as_is(clean.ws)
     assert not (clean.ws.state_dir / "bump").exists() or not any(
         (clean.ws.state_dir / "bump").iterdir())
     if recover == "--abort":
@@ -136,6 +146,162 @@ def test_a_bump_interrupted_at_each_step_is_recovered_with_the_command_it_names(
     assert "## Summary" in report
     names = (clean.series_dir / "series").read_text().split()
     assert len(names) == 2  # the two patches 1.3.0 has not merged
+
+
+def assert_builds_as_is(ws: Workspace) -> None:
+    """The fork tree is one ``build`` uses with no flag: the pin's and the series' (made
+    now if there is none), readable by git, nothing to discard."""
+    stack = ws.stack(STACK)
+    lib = stack.project("lib")
+    existed = ws.work_tree(stack, lib).exists()
+    tree = prepare_tree(ws, stack, lib)  # build's own step; refuses a broken tree
+    assert tree.reused == existed
+    assert tree.state.source == source_key(lib)
+    assert tree.repo("rev-parse", "HEAD^{tree}", quiet=True)
+    assert not list(ws.trees_dir.glob("*/*@pre-bump"))
+    assert not (ws.state_dir / "bump").exists() or not any((ws.state_dir / "bump").iterdir())
+
+
+def _remove_git_of_old_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first removal of a folder holding the old fork tree is stopped part-way: its
+    ``.git`` is gone, the rest is there (as Ctrl-C leaves a tree of 30,000 files)."""
+    real = shutil.rmtree
+    hit: list[Path] = []
+
+    def part_way(path: str | Path, *args: object, **kwargs: object) -> None:
+        folder = Path(path)
+        trees = [t for t in (folder, *folder.glob("*"), *folder.glob("*/*"))
+                 if t.name.endswith("pre-bump") and (t / ".git").is_dir()]
+        if trees and not hit:
+            hit.append(trees[0])
+            real(trees[0] / ".git")
+            raise KeyboardInterrupt
+        real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shutil, "rmtree", part_way)
+
+
+def test_a_bump_stopped_while_it_removes_the_old_tree_leaves_a_tree_build_uses(
+        clean: BumpWorkspace, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41: interrupted in the bump's last step, the old tree half removed; the
+    ``--abort`` it advised put that tree back (no ``.git``), said "back at 1.2.3", and
+    only ``build --rebuild --force`` mended it.  Now the bump is written before the old
+    tree goes: nothing is left to undo, and the tree is the new pin's."""
+    root = clean.ws.root
+    _remove_git_of_old_tree(monkeypatch)
+    try:
+        assert main(["--root", str(root), "bump", STACK, "lib", "1.3.0",
+                     "--git-commit", clean.new.commit]) == 130
+    finally:
+        proc.allow_children()
+    monkeypatch.undo()
+    err = " ".join(capsys.readouterr().err.split())
+    for hint in hint_commands(err):  # an undo it advises, as the maintainer ran it
+        if hint.endswith("--abort"):
+            _run(root, hint)
+    assert_builds_as_is(clean.ws)
+    assert "had finished (every file written)" in err
+    assert clean.ws.stack(STACK).project("lib").version == "1.3.0"
+
+
+def test_abort_makes_a_broken_old_tree_again_before_it_says_back_at(
+        conflicting: BumpWorkspace, capsys: pytest.CaptureFixture[str]) -> None:
+    """The old tree the bump kept aside lost its ``.git`` (an older toolkit's interrupted
+    clean-up): ``--abort`` does not call that "back at 1.2.3"; it makes the tree again."""
+    ws = conflicting.ws
+    with pytest.raises(MaintenanceError, match=r"conflicts with lib 1\.3\.0"):
+        bump(ws, STACK, "lib", "1.3.0", git_commit=conflicting.new.commit)
+    kept = ws.trees_dir / STACK / "lib@pre-bump"
+    shutil.rmtree(kept / ".git")
+    assert main(["--root", str(ws.root), "bump", STACK, "lib", "--abort"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "is back at 1.2.3; lib: fork tree made again at 1.2.3 and its series" in out, out
+    assert_builds_as_is(ws)
+
+
+@pytest.mark.parametrize("recover", ["--continue", "--abort"])
+@pytest.mark.parametrize("fetch", [1, 2], ids=["old-tree", "new-tree"])
+def test_a_bump_stopped_while_it_unpacks_a_download_recovers(
+        clean: BumpWorkspace, monkeypatch: pytest.MonkeyPatch, fetch: int, recover: str
+        ) -> None:
+    """Stopped while unpacking the old release (its tree before the bump) or the new one:
+    a tree with files and no toolkit state."""
+    ws = clean.ws
+    real = fetch_source
+    calls: list[Path] = []
+
+    def part_way(project: object, kind: str, work: Path, **kwargs: object) -> object:
+        calls.append(work)
+        info = real(project, kind, work, **kwargs)  # type: ignore[arg-type]
+        if len(calls) == fetch:
+            shutil.rmtree(work / ".git")
+            raise KeyboardInterrupt
+        return info
+
+    monkeypatch.setattr("sm120fork.patch.tree.fetch_source", part_way)
+    with pytest.raises(KeyboardInterrupt):
+        bump(ws, STACK, "lib", "1.3.0", git_commit=clean.new.commit)
+    monkeypatch.undo()
+    if recover == "--abort":
+        bump_abort(ws, STACK, "lib")
+    else:
+        bump_continue(ws, STACK, "lib")
+    assert ws.stack(STACK).project("lib").version == (
+        "1.2.3" if recover == "--abort" else "1.3.0")
+    assert_builds_as_is(ws)
+
+
+def test_continue_after_a_stop_in_the_tree_rebuild_keeps_every_patch(
+        clean: BumpWorkspace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped while the last step rebuilt the tree from the exported series (one patch
+    of two applied): ``--continue`` exported that half tree as the series."""
+    ws = clean.ws
+    real = apply_series
+
+    def part_way(repo: object, series: object, **kwargs: object) -> str:
+        real(repo, series, upto=1, **kwargs)  # type: ignore[arg-type]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("sm120fork.patch.refresh.apply_series", part_way)
+    with pytest.raises(KeyboardInterrupt):
+        bump(ws, STACK, "lib", "1.3.0", git_commit=clean.new.commit)
+    monkeypatch.undo()
+    bump_continue(ws, STACK, "lib")
+    assert len((clean.series_dir / "series").read_text().split()) == 2
+    assert_builds_as_is(ws)
+
+
+#: The steps a ``--skip`` at a conflict goes through.
+SKIP_STAGES = ["series exported", "declaration written", "tree rebuilt",
+               "changelog written", "old tree set aside"]
+
+
+@pytest.mark.parametrize("recover", ["--continue", "--abort"])
+@pytest.mark.parametrize("step", SKIP_STAGES)
+def test_a_skip_interrupted_at_each_step_recovers(
+        conflicting: BumpWorkspace, monkeypatch: pytest.MonkeyPatch, step: str,
+        recover: str) -> None:
+    ws = conflicting.ws
+    before = files(ws.root)
+    with pytest.raises(MaintenanceError, match=r"conflicts with lib 1\.3\.0"):
+        bump(ws, STACK, "lib", "1.3.0", git_commit=conflicting.new.commit)
+
+    def interrupt(name: str) -> None:
+        if name == step:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(bump_state, "stage_hook", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        bump_continue(ws, STACK, "lib", skip=True)
+    monkeypatch.setattr(bump_state, "stage_hook", None)
+    if recover == "--abort":
+        bump_abort(ws, STACK, "lib")
+        assert files(ws.root) == before
+    else:
+        result = bump_continue(ws, STACK, "lib")
+        assert [c.verdict for c in result.classifications][-1] == "conflict, dropped by hand"
+    assert_builds_as_is(ws)
 
 
 def test_abort_at_a_conflict_restores_every_file_byte_for_byte(

@@ -166,7 +166,8 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
             _say_how_to_finish_abort(ws, args.stack, args.project)
             raise
         console.print(f"aborted: {ab.stack}/{ab.project} is back at {ab.restored_version}"
-                      + (f"; stack {ab.stack} removed" if ab.removed_stack else ""))
+                      + (f"; stack {ab.stack} removed" if ab.removed_stack else "")
+                      + (f"; {ab.tree}" if ab.tree else ""), markup=False, soft_wrap=True)
         return 0
     if not (args.cont or args.skip or args.revision):
         raise UsageError("bump needs a version or a git SHA (or --continue / --abort)",
@@ -221,8 +222,14 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
 def _say_how_to_recover(ws: Workspace, stack: str, project: str, again: str) -> None:
     """After an interrupted bump: the commands that finish or undo it (or that nothing was
     written, and the command that starts it again)."""
+    from sm120fork.maintain.bump import finished_here
     from sm120fork.maintain.state import BumpState
 
+    if finished_here(ws, stack, project):
+        log.warning("the bump of %s/%s had finished (every file written); it was stopped "
+                    "while removing the old fork tree, a scratch folder: nothing to resume",
+                    stack, project)
+        return
     if BumpState.load(ws, stack, project) is None:
         log.warning("the bump stopped before it wrote anything; start it again: `%s`", again)
         return

@@ -7,7 +7,6 @@ resumes and ``--abort`` restores the previous tree, pin and series byte for byte
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import logging
 import os
@@ -30,7 +29,7 @@ from sm120fork.errors import (
     SourceError,
     ToolkitError,
 )
-from sm120fork.fetch.kinds import source_kind
+from sm120fork.fetch.kinds import source_key, source_kind
 from sm120fork.fetch.sdist import download_sdist
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.fetch.wheel import download_wheel
@@ -90,10 +89,10 @@ from sm120fork.patch.series import (
     load_series,
     parse_patch,
 )
-from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree
+from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree, read_state
 from sm120fork.patch.upstream_match import match_upstream
 from sm120fork.standing import to_remake
-from sm120fork.util.files import atomic_write_text
+from sm120fork.util.files import atomic_write_text, scratch_prefix
 from sm120fork.util.git import Git
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
@@ -101,6 +100,8 @@ from sm120fork.workspace import Workspace
 log = logging.getLogger("sm120fork")
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 _CONFLICT_MARK = re.compile(r"^(<<<<<<<|>>>>>>>) ", re.MULTILINE)
+#: Where the fork tree of the old pin goes once the bump is written, until it is removed.
+_KEPT = "pre-bump"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -355,6 +356,9 @@ def _start(ws: Workspace, state: BumpState) -> None:
     project = stack.project(state.project)
     pre = ws.work_tree(stack, project, "pre-bump")
     if not pre.exists():
+        work = ws.work_tree(stack, project)
+        if work.exists() and read_state(work) is None:  # this bump's unpack, stopped
+            shutil.rmtree(work)  # (the pre-flight refused a tree with no state)
         old_tree = prepare_tree(ws, stack, project)
         shutil.rmtree(series_before, ignore_errors=True)
         d.mkdir(parents=True, exist_ok=True)
@@ -560,11 +564,7 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
             state.failed_check = []
             state.head = repo.head()
             state.save(ws)
-        elif repo.am_in_progress():
-            repo("am", "--abort")
-        if repo.head() != state.head or repo.is_dirty():
-            repo("reset", "-q", "--hard", state.head)  # a run killed mid-way: redo
-            repo("clean", "-q", "-fdx")
+        _back_to(repo, state.head)
         if not state.preview and state.next_index == 0:
             state.preview = list(preview(repo, series.patches, new_version))
             state.save(ws)
@@ -617,7 +617,19 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
             stage("patch applied")
         state.phase = "finalize"
         state.save(ws)
+    else:  # a rebuild of the tree that stopped part-way would export half the series
+        _back_to(repo, state.head)
     return _finalize(ws, stack, project, repo, state)
+
+
+def _back_to(repo: Git, head: str) -> None:
+    """The fork tree at ``head``, the commit the bump saved last, from wherever a run
+    killed mid-way left it (inside ``git am``, files half written)."""
+    if repo.am_in_progress():
+        repo("am", "--abort")
+    if repo.head() != head or repo.is_dirty():
+        repo("reset", "-q", "--hard", head)
+        repo("clean", "-q", "-fdx")
 
 
 def _commits(repo: Git, rev_range: str) -> list[str]:
@@ -643,7 +655,6 @@ def _range_diff(repo: Git) -> str:
 
 def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
               state: BumpState) -> BumpResult:
-    d = BumpState.directory(ws, state.stack, state.project)
     series_dir = Path(state.series_dir)
     # Everything that can fail without changing a file comes first: a failure here leaves
     # the declaration and series as they were, and --continue tries again.
@@ -700,9 +711,7 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
     changelog = write_changelog(ws, stack, project, state, results, report,
                                 published=published)
     stage("changelog written")
-    pre = ws.work_tree(stack, project, "pre-bump")
-    shutil.rmtree(pre, ignore_errors=True)
-    shutil.rmtree(d, ignore_errors=True)
+    _close(ws, state)
     return BumpResult(stack=stack.name, project=project.key, old_version=state.old_version,
                       new_version=state.new_version, classifications=results, report=report,
                       changelog=changelog, refresh=refreshed, range_diff=range_diff,
@@ -710,6 +719,35 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
                       undeclared_files=undeclared, release_files=release_files,
                       companions={k: tuple(v) for k, v in state.companion_results.items()},
                       remake=tuple(remake))
+
+
+def _close(ws: Workspace, state: BumpState) -> None:
+    """The bump's end, in renames that cannot be half done: the old fork tree goes into
+    the bump's folder, then that folder leaves ``.forks/bump`` (from then on no bump is in
+    progress) for a scratch folder that is removed last (by the next run, if this one is
+    stopped while removing it).  Interrupted before, ``--abort`` still finds the old tree
+    whole; never a tree half removed."""
+    d = BumpState.directory(ws, state.stack, state.project)
+    pre = ws.trees_dir / state.stack / f"{state.project}@pre-bump"
+    if pre.exists():
+        os.replace(pre, d / _KEPT)
+    stage("old tree set aside")
+    done = Path(tempfile.mkdtemp(prefix=scratch_prefix(_done_label(state.stack,
+                                                                   state.project)),
+                                 dir=ws.state_dir))
+    os.replace(d, done / "bump")
+    stage("finished")
+    shutil.rmtree(done, ignore_errors=True)
+
+
+def _done_label(stack: str, project: str) -> str:
+    return f"bump-done-{stack}--{project}"
+
+
+def finished_here(ws: Workspace, stack: str, project: str) -> bool:
+    """Whether this process finished that bump and was stopped while removing what it
+    no longer needs (the files it wrote are complete)."""
+    return any(ws.state_dir.glob(f"{scratch_prefix(_done_label(stack, project))}*"))
 
 
 def _description(ws: Workspace, stack: Stack, project: Project, state: BumpState,
@@ -751,14 +789,12 @@ class AbortResult:
     project: str
     restored_version: str
     removed_stack: bool
+    #: What became of the fork tree (checked at the old pin, or made again).
+    tree: str = ""
 
 
 def _rel(ws: Workspace, path: Path) -> str:
     return path.relative_to(ws.root).as_posix()
-
-
-def _b64(path: Path) -> str:
-    return base64.b64encode(path.read_bytes()).decode("ascii")
 
 
 def bump_abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
@@ -777,39 +813,75 @@ def _abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
     for key in state.companion_bumps:  # a coordinated bump it started, stopped part-way
         if BumpState.load(ws, state.stack, key) is not None:
             _abort(ws, state.stack, key)
-    work = ws.trees_dir / state.stack / state.project
-    pre = ws.trees_dir / state.stack / f"{state.project}@pre-bump"
-    if pre.exists():
-        shutil.rmtree(work, ignore_errors=True)
-        os.replace(pre, work)
+    d = BumpState.directory(ws, stack_name, project_key)
+    _put_back_old_tree(ws, state, d)
     trees = ws.trees_dir / state.stack
     if state.created_stack and trees.exists():  # every fork tree of the new stack
         # Tens of thousands of files (FlashInfer's sdist): minutes on a slow disk.
         log.info("removing the fork trees of stack %s (%s)", state.stack, _rel(ws, trees))
-        shutil.rmtree(trees, ignore_errors=True)
-    d = BumpState.directory(ws, stack_name, project_key)
-    if not state.before and state.created_stack:  # started by an older toolkit
-        state.before = {_rel(ws, Path(state.declaration)): None,
-                        _rel(ws, report_path(ws, state)): None}
-        state.journaled_dirs = [f"patches/{state.stack}"]
-    elif not state.before and (d / "declaration.toml").is_file():
-        # Started by an older toolkit, which kept copies instead of a journal.
-        state.before, state.journaled_dirs = journal(
-            ws.root, [Path(state.declaration), report_path(ws, state)],
-            [Path(state.series_dir)])
-        state.before[_rel(ws, Path(state.declaration))] = _b64(d / "declaration.toml")
-        state.before[_rel(ws, report_path(ws, state))] = (
-            _b64(d / "report.md") if (d / "report.md").is_file() else None)
-        for key in [k for k in state.before if k.startswith(
-                f"{_rel(ws, Path(state.series_dir))}/")]:
-            del state.before[key]
-        for f in sorted((d / "series").rglob("*")):
-            if f.is_file():
-                rel = (Path(state.series_dir) / f.relative_to(d / "series"))
-                state.before[_rel(ws, rel)] = _b64(f)
+        shutil.rmtree(trees)
     restore(ws.root, state.before, state.journaled_dirs,
             last=[report_path(ws, state).relative_to(ws.root).as_posix()])
-    shutil.rmtree(BumpState.directory(ws, stack_name, project_key), ignore_errors=True)
+    # The projects it moved with it too: a coordinated bump that finished left its tree
+    # at the new pin, which the journal put back.
+    tree = "" if state.created_stack else "; ".join(
+        _checked_tree(ws, state.stack, key) for key in (state.project, *state.companion_bumps))
+    shutil.rmtree(d, ignore_errors=True)
     return AbortResult(stack=state.stack, project=state.project,
                        restored_version=state.old_version,
-                       removed_stack=state.created_stack)
+                       removed_stack=state.created_stack, tree=tree)
+
+
+def _put_back_old_tree(ws: Workspace, state: BumpState, d: Path) -> None:
+    """The fork tree of the old pin back in its place, wherever the bump kept it (beside
+    the tree, or in its folder once written), in renames: interrupted, it is still whole
+    in one of the two places and the next ``--abort`` finds it."""
+    work = ws.trees_dir / state.stack / state.project
+    kept = [p for p in (ws.trees_dir / state.stack / f"{state.project}@pre-bump", d / _KEPT)
+            if p.exists()]
+    if not kept:
+        return
+    if work.exists():
+        scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix("bump-abort"),
+                                        dir=ws.state_dir))
+        os.replace(work, scratch / "tree")
+        os.replace(kept[0], work)
+        shutil.rmtree(scratch)
+    else:
+        os.replace(kept[0], work)
+
+
+def _checked_tree(ws: Workspace, stack_name: str, key: str) -> str:
+    """The fork tree after an abort, checked against the pin and series just put back:
+    a complete toolkit tree of both that git reads, with nothing changed; else (a tree
+    the bump made part-way, or one an earlier toolkit broke) made again from them, so that
+    ``build`` uses it as it is.  Says which."""
+    stack = ws.stack(stack_name, strict=False)
+    project = stack.project(key)
+    work = ws.work_tree(stack, project)
+    if not work.exists():
+        return f"{key}: no fork tree (`{command('build', '--stack', stack.name)}` makes it)"
+    why = _not_at_pin(ws, stack, project)
+    if why is None:
+        return f"{key}: fork tree checked at {project.version} and its series"
+    log.warning("the fork tree %s is not the old pin's (%s): making it again", work, why)
+    shutil.rmtree(work)
+    prepare_tree(ws, stack, project)
+    if (still := _not_at_pin(ws, stack, project)) is not None:
+        raise MaintenanceError(f"the fork tree made again is not at the pin: {still}",
+                               where=str(work))
+    return f"{key}: fork tree made again at {project.version} and its series ({why})"
+
+
+def _not_at_pin(ws: Workspace, stack: Stack, project: Project) -> str | None:
+    """Why the project's fork tree is not the complete, unchanged tree of its pin and
+    series, or None."""
+    work = ws.work_tree(stack, project)
+    made = read_state(work)
+    if made is None or not made.complete:
+        return "the toolkit did not finish it" if made else "it has no toolkit state"
+    if made.source != source_key(project):
+        return f"it is of another pin ({made.source})"
+    if made.series != load_series(ws.series_dir(project)).digest:
+        return "it is of another series"
+    return local_work(ws, stack, project)
