@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import sm120fork.maintain.state as bump_state
+from sm120fork.cli.main import main
 from sm120fork.errors import MaintenanceError
 from sm120fork.maintain.bump import bump, bump_abort, bump_continue
 from sm120fork.util.files import sha256_file
@@ -144,6 +145,22 @@ def test_an_in_place_bump_moves_flashinfer_with_sglang(rel: Releases) -> None:
 
 
 @pytest.mark.slow
+def test_the_bump_says_each_pin_it_moves_and_why(
+        rel: Releases, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41: the bump moved FlashInfer with sglang and no console line, report or
+    CHANGELOG said so."""
+    assert main(["--root", str(rel.ws.root), "bump", STACK, "sglang", "0.5.24"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    line = ("flashinfer-python 0.7.2 -> 0.7.3 (as published): sglang 0.5.24 requires "
+            "flashinfer_python[cu13]==0.7.3")
+    assert f"moved: {line}" in out
+    report = rel.ws.reports_dir / "bump" / f"{STACK}-sglang-0.5.23-to-0.5.24.md"
+    assert f"- moved: {line}\n" in report.read_text()
+    changelog = rel.ws.root / "patches" / STACK / "CHANGELOG.md"
+    assert f"- moved {line}\n" in changelog.read_text()
+
+
+@pytest.mark.slow
 def test_a_companion_declared_as_an_sdist_source_is_moved_to_its_published_wheels(
         rel: Releases) -> None:
     """FlashInfer declared as an ``sdist`` source with an empty series ships its published
@@ -179,10 +196,9 @@ def test_a_companion_declared_as_an_sdist_source_is_moved_to_its_published_wheel
 
 
 def test_a_flashinfer_release_the_stacks_sglang_rejects_is_refused_before_anything(
-        rel: Releases, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before any download (the index is not even asked) and before any write: both pins
-    and the fix are named."""
-    monkeypatch.setenv("SM120FORK_INDEX_URL", "http://127.0.0.1:9/simple")
+        rel: Releases) -> None:
+    """Before any download (the index is asked only whether the release exists) and
+    before any write: both pins and the fix are named."""
     before = snapshot(rel.ws.root)
     with pytest.raises(MaintenanceError) as err:
         bump(rel.ws, STACK, "flashinfer", "0.7.2.post1")
@@ -194,6 +210,22 @@ def test_a_flashinfer_release_the_stacks_sglang_rejects_is_refused_before_anythi
     assert snapshot(rel.ws.root) == before
     assert not (rel.ws.state_dir / "bump").exists()
     assert not rel.ws.wheel_cache.exists() or not any(rel.ws.wheel_cache.iterdir())
+
+
+@pytest.mark.parametrize("project", ["flashinfer", "sglang"])
+def test_a_version_that_does_not_exist_is_named_as_such(rel: Releases, project: str) -> None:
+    """Issue 41: ``bump sg flashinfer 9.9.9`` answered with a pin-conflict hint advising
+    a bump to "a release that pins flashinfer-python 9.9.9", never saying that 9.9.9
+    does not exist; sglang 9.9.9 (its pins accept it) was "no sdist (unknown version?)"."""
+    before = snapshot(rel.ws.root)
+    with pytest.raises(MaintenanceError) as err:
+        bump(rel.ws, STACK, project, "9.9.9")
+    newest = {"flashinfer": "flashinfer-python 9.9.9 ... newest: 0.7.3",
+              "sglang": "sglang 9.9.9 ... newest: 0.5.25"}[project]
+    name, _, last = newest.partition(" ... ")
+    assert err.value.what == f"{name} does not exist on the package index; {last}"
+    assert err.value.fix is None
+    assert snapshot(rel.ws.root) == before
 
 
 @pytest.mark.slow
@@ -242,7 +274,11 @@ def test_a_coordinated_project_with_patches_is_bumped_with_its_series_first(
     assert flashinfer.version == "0.7.3"
     assert [w.filename for w in flashinfer.wheels] == [rel.flashinfer_073.name]
     assert len((rel.ws.root / "patches/sg-next/flashinfer/series").read_text().split()) == 1
-    assert (rel.ws.reports_dir / "bump" / "sg-next-flashinfer-0.7.2-to-0.7.3.md").is_file()
+    why = ("flashinfer-python 0.7.2 -> 0.7.3 with its series (a bump of its own): "
+           "sglang 0.5.24 requires flashinfer_python[cu13]==0.7.3")
+    assert result.moves == (why,)
+    report = rel.ws.reports_dir / "bump" / "sg-next-flashinfer-0.7.2-to-0.7.3.md"
+    assert f"- moved: {why}\n" in report.read_text()  # its own report says why it moved
     assert stack.description == (
         "flashinfer-python 0.7.3 + sglang 0.5.24, SM120/SM121 enabled")
     assert not any((rel.ws.state_dir / "bump").iterdir())

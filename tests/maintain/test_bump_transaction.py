@@ -20,14 +20,17 @@ from sm120fork.cli.main import main
 from sm120fork.errors import MaintenanceError
 from sm120fork.fetch.kinds import fetch_source, source_key
 from sm120fork.maintain.bump import bump, bump_abort, bump_continue
+from sm120fork.maintain.refresh import refresh
 from sm120fork.patch.apply import apply_series
 from sm120fork.patch.tree import prepare_tree, read_state
 from sm120fork.util import proc
 from sm120fork.workspace import Workspace
 
+from conftest import git
 from helpers_maintain import (
     STACK,
     BumpWorkspace,
+    commit_checkout,
     hint_commands,
     make_bump_workspace,
     package_index,
@@ -363,3 +366,17 @@ def test_continue_keeps_a_hand_fix_of_the_declaration(conflicting: BumpWorkspace
     assert declared["local_label"] == "sm120.2"
     assert declared["version"] == "1.3.0"
 
+
+
+def test_refresh_accepts_the_series_a_bump_wrote(clean: BumpWorkspace) -> None:
+    """Issue 41: after a bump (its patches not committed yet) ``refresh`` refused the
+    series the bump wrote as "uncommitted edits"."""
+    ws = clean.ws
+    commit_checkout(ws.root)
+    bump(ws, STACK, "lib", "1.3.0", git_commit=clean.new.commit)
+    stack = ws.stack(STACK)
+    tree = ws.work_tree(stack, stack.project("lib"))
+    (tree / "note.txt").write_text("a fix made after the bump\n")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "--amend", "--no-edit")
+    assert len(refresh(ws, STACK, "lib").changed) == 1

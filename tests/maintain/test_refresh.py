@@ -163,3 +163,25 @@ def test_a_fork_tree_of_another_series_is_neither_reused_nor_exported(
     assert not refresh(demo.ws, "demo", "lib").wrote_anything
     assert patch.read_bytes() == original
     assert build_stack(demo.ws, demo.ws.stack("demo"), only=["lib"])[0].cached
+
+
+def amend_last_commit(tree: Path, name: str) -> None:
+    """A change made in the fork tree, folded into its last patch."""
+    (tree / name).write_text(f"{name}\n")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "--amend", "--no-edit")
+
+
+def test_refresh_accepts_the_patches_it_wrote_itself(demo: DemoWorkspace) -> None:
+    """Issue 41: a second refresh refused the first one's patches as "uncommitted
+    edits"; only an edit made by hand is refused."""
+    tree = lib_tree(demo)
+    amend_last_commit(tree, "first.txt")
+    assert refresh(demo.ws, "demo", "lib").changed == (last_patch(demo).name,)
+    amend_last_commit(tree, "second.txt")
+    assert refresh(demo.ws, "demo", "lib").changed == (last_patch(demo).name,)
+    assert "second.txt" in last_patch(demo).read_text()
+    last_patch(demo).write_text(last_patch(demo).read_text() + "\n")  # by hand
+    amend_last_commit(tree, "third.txt")
+    with pytest.raises(DirtyTreeError, match=last_patch(demo).name):
+        refresh(demo.ws, "demo", "lib")

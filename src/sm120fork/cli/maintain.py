@@ -203,7 +203,8 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     kept = len(r.added) + len(r.changed) + len(r.unchanged)
     project = ws.stack(result.stack, strict=False).project(result.project)
     for line in outcome_lines(project, result.old_version, result.new_version,
-                              result.classifications, kept, result.used_as_published):
+                              result.classifications, kept, result.used_as_published,
+                              result.moves):
         console.print(line, markup=False, soft_wrap=True)
     print_release_files(console, result.stack, result.undeclared_files, result.release_files)
     for line in evidence_lines(result.stack, result.new_stack_created, result.remake):

@@ -7,6 +7,7 @@ resumes and ``--abort`` restores the previous tree, pin and series byte for byte
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -36,6 +37,7 @@ from sm120fork.fetch.wheel import download_wheel
 from sm120fork.maintain.classify import classification, classify, preview
 from sm120fork.maintain.pin import (
     check_declaration,
+    check_released,
     closure,
     commit_from_sdist,
     create_stack,
@@ -82,7 +84,13 @@ from sm120fork.maintain.state import (
     today,
 )
 from sm120fork.patch.check import check_tree
-from sm120fork.patch.refresh import FORMAT_PATCH, RefreshResult, export_series, reapply_series
+from sm120fork.patch.refresh import (
+    FORMAT_PATCH,
+    RefreshResult,
+    export_series,
+    note_written,
+    reapply_series,
+)
 from sm120fork.patch.series import (
     Patch,
     Series,
@@ -128,6 +136,8 @@ class BumpResult:
     #: The claims no passing record of the stack backs, per command that makes their
     #: record (``standing.to_remake``): a new stack's are all carried to its own records.
     remake: tuple[str, ...] = ()
+    #: Every other pin the bump moved, and why (a line each).
+    moves: tuple[str, ...] = ()
 
 
 def _state_paths(ws: Workspace, state: BumpState) -> tuple[Path, Path]:
@@ -156,9 +166,9 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
 def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
           allow_downgrade: bool = False, new_stack: str | None = None,
           version: str | None = None, git_commit: str | None = None,
-          coordinated_with: str = "") -> BumpResult:
+          coordinated_with: str = "", moved_by: dict[str, str] | None = None) -> BumpResult:
     """:func:`bump`, under the lock; ``coordinated_with``: the project whose bump moves
-    this one (its pins agree again only once that bump finishes)."""
+    this one (its pins agree again only once that bump finishes), ``moved_by``: why."""
     target_stack = new_stack or stack_name
     pending = BumpState.load(ws, target_stack, project_key)
     if pending is not None:
@@ -203,7 +213,13 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
     scope = stack if not new_stack else dataclasses.replace(
         stack, projects=tuple(closure(stack, project)))
     if not coordinated_with:
-        check_pins(scope, project, new_version)
+        try:
+            check_pins(scope, project, new_version)
+        except MaintenanceError:
+            if commit is None:  # a version that does not exist: said as such
+                with contextlib.suppress(SourceError):  # (an index it cannot read: the pins)
+                    check_released(project, new, f"{stack.name}/{project.key}")
+            raise
     if new_stack:
         create_stack_check(ws, new_stack)
     elif why := local_work(ws, stack, project):
@@ -212,6 +228,7 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
                              fix=keep_local_work_hint(work, why, stack, project))
     release: Release | None = None
     companion_bumps: dict[str, str] = {}
+    moves = dict(moved_by or {})
     new_pin: NewPin
     if commit is not None:  # a git commit: pin that version's sdist when the index has one
         try:
@@ -251,7 +268,9 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
                        note=f"{note}; not checked against the upstream repository"),
             sdist=SdistPin(filename=filename, sha256=sha256))
     if release is not None:  # the new release's own facts, before a file is written
-        companions, companion_bumps = _companions(ws, scope, project, new_version, release)
+        companions, companion_bumps, found = _companions(ws, scope, project, new_version,
+                                                         release)
+        moves.update(found)
         missing = missing_targets(project, load_series(ws.series_dir(project)).patches,
                                   release)
         new_pin = dataclasses.replace(
@@ -268,7 +287,7 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
         series_dir=str(ws.series_dir(project) if target else
                        ws.root / "patches" / target_stack / project.key),
         results=[], started=today(), source_stack=stack.name, phase="start",
-        companion_bumps=companion_bumps, coordinated_with=coordinated_with,
+        companion_bumps=companion_bumps, coordinated_with=coordinated_with, moves=moves,
         command=command(
             "bump", stack_name, project_key, revision,
             *(["--new-stack", new_stack] if new_stack else []),
@@ -296,31 +315,38 @@ def _has_sdist(project: Project, version: Version) -> bool:
         index_sdist(project, version)
     except SourceError:
         if not index_wheels(project, version):
+            check_released(project, version, f"projects.{project.key}")
             raise
         return False
     return True
 
 
 def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
-                release: Release) -> tuple[dict[str, NewPin], dict[str, str]]:
+                release: Release) -> tuple[dict[str, NewPin], dict[str, str], dict[str, str]]:
     """The projects the new release pins at another version (its coordinated projects),
     each moved to the version it pins: (new pins of those that ship as published, which
     this bump's declaration edit writes; versions of those with patches, each bumped with
     its series first, as a bump of its own that this one waits for).  A project shipped as
     published is pinned as a ``wheel`` source, whatever kind declared it: its published
     wheels are all it ships, and the old release's sdist and git pins pin nothing of the
-    new one."""
+    new one.  Third: why each moves, a line a person reads (key -> line)."""
     pins: dict[str, NewPin] = {}
     bumps: dict[str, str] = {}
+    moves: dict[str, str] = {}
     for move in coordinated_moves(stack, project, release):
         other = move.project
+        why = f"{project.distribution} {new_version} requires {move.requirement}"
         if load_series(ws.series_dir(other)).patches or not (
                 source_kind(other.source).ships_wheels or other.wheels):
             bumps[other.key] = move.version
+            moves[other.key] = (f"{other.distribution} {other.version} -> {move.version} "
+                                f"with its series (a bump of its own): {why}")
             continue
         pins[other.key] = dataclasses.replace(_wheel_pin(other, move.version, None),
                                               version=move.version)
-    return pins, bumps
+        moves[other.key] = (f"{other.distribution} {other.version} -> {move.version} "
+                            f"(as published): {why}")
+    return pins, bumps, moves
 
 
 def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> NewPin:
@@ -329,6 +355,7 @@ def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> Ne
     probe = dataclasses.replace(project, version=new_version, wheels=())
     wheels = index_wheels(probe, Version(new_version))
     if not wheels:
+        check_released(project, Version(new_version), f"projects.{project.key}")
         raise MaintenanceError(
             f"{project.distribution} {new_version} has no wheel on the package index",
             where=f"projects.{project.key}", fix="check the version, or wait until upstream "
@@ -383,7 +410,8 @@ def _bump_companions(ws: Workspace, state: BumpState) -> None:
                 done = _resume(ws, pending)
             else:
                 done = _bump(ws, state.stack, key, version, allow_downgrade=True,
-                             coordinated_with=state.project)
+                             coordinated_with=state.project,
+                             moved_by={key: state.moves[key]} if key in state.moves else None)
         except MaintenanceError as exc:
             _then_resume(exc, key, state)
             raise
@@ -690,6 +718,7 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
                                                               state.project, "--abort"),
                                pins=not state.coordinated_with)
     refreshed = export_series(repo, series_dir, stack=stack.name, project=project.key)
+    note_written(ws, refreshed.paths)
     stage("series exported")
     atomic_write_text(declaration, decl)
     stage("declaration written")
@@ -718,7 +747,7 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
                       new_stack_created=state.created_stack, used_as_published=published,
                       undeclared_files=undeclared, release_files=release_files,
                       companions={k: tuple(v) for k, v in state.companion_results.items()},
-                      remake=tuple(remake))
+                      remake=tuple(remake), moves=tuple(state.moves.values()))
 
 
 def _close(ws: Workspace, state: BumpState) -> None:

@@ -20,8 +20,9 @@ from sm120fork.errors import (
     ConfigError,
     MaintenanceError,
 )
-from sm120fork.fetch.index import find_sdist, find_wheels
+from sm120fork.fetch.index import find_sdist, find_wheels, project_page
 from sm120fork.maintain.state import BumpState, NewPin
+from sm120fork.patch.refresh import note_written
 from sm120fork.workspace import Workspace
 
 _COMMIT_IN_SOURCE = re.compile(
@@ -33,6 +34,19 @@ def index_sdist(project: Project, version: Version) -> tuple[str, str, str]:
     """(filename, sha256, url) of the ``version`` sdist on the package index (PEP 691)."""
     found = find_sdist(project, version)
     return found.filename, found.sha256, found.url
+
+
+def check_released(project: Project, version: Version, where: str) -> None:
+    """Refuse, in one line naming the newest release, a version the package index lists
+    no file of: what is wrong is the version, not the pins that reject it."""
+    page = project_page(project)
+    versions = page.releases(project)
+    if version in versions or version in page.sdists(project, include_yanked=True):
+        return  # (yanked: the sdist lookup says so)
+    final = [v for v in versions if not v.is_prerelease] or versions
+    raise MaintenanceError(
+        f"{project.distribution} {version} does not exist on the package index; newest: "
+        f"{final[-1] if final else 'none'}", where=where)
 
 
 def index_wheels(project: Project, version: Version) -> tuple[WheelPin, ...]:
@@ -106,6 +120,7 @@ def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> S
                        for p in copied}
     for p in copied:
         shutil.copytree(ws.series_dir(p), series_root / p.key)
+        note_written(ws, (f for f in (series_root / p.key).rglob("*") if f.is_file()))
     target.write_text(tomlkit.dumps(doc), encoding="utf-8")
     return ws.stack(name, strict=False)
 

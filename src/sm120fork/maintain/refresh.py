@@ -16,6 +16,7 @@ from sm120fork.maintain.state import BumpState
 from sm120fork.patch.refresh import (
     RefreshResult,
     export_series,
+    note_written,
     reapply_series,
     uncommitted_series_files,
 )
@@ -34,8 +35,9 @@ def refresh(ws: Workspace, stack_name: str, project_key: str, *,
             force: bool = False) -> RefreshResult:
     """Export the fork tree's commits into the project's series.
 
-    Refuses, unless ``force``, when patch files of the series have uncommitted edits: the
-    export would overwrite them with the fork tree's version.
+    Refuses, unless ``force``, when patch files of the series have uncommitted edits made
+    by hand (not as a bump or refresh wrote them): the export would overwrite them with
+    the fork tree's version.
     """
     stack = ws.stack(stack_name)
     project = stack.project(project_key)
@@ -87,6 +89,7 @@ def refresh(ws: Workspace, stack_name: str, project_key: str, *,
                 fix=f"{other_series_fix(ws, stack, project)}; or, to write the tree's "
                     f"commits over the series, `{again} --force`")
         result = export_series(repo, series_dir, stack=stack.name, project=project.key)
+        note_written(ws, result.paths)
         series = load_series(series_dir)
         if result.wrote_anything or state.series != series.digest or (
                 repo.head() != state.head) or not state.complete:

@@ -58,12 +58,14 @@ def preview_lines(state: BumpState) -> list[str]:
 
 def outcome_lines(project: Project, old_version: str, new_version: str,
                   results: Sequence[Classification], kept: int,
-                  published: Sequence[WheelPin]) -> list[str]:
-    """What the finished bump did, in a few lines: the report's summary and the console's."""
+                  published: Sequence[WheelPin], moves: Sequence[str] = ()) -> list[str]:
+    """What the finished bump did, in a few lines: the report's summary and the console's
+    (each other pin it moved, and why)."""
     dropped = [r for r in results if r.verdict in (*UPSTREAMED, DROPPED_BY_HAND)]
     lines = [f"{project.key} {old_version} -> {new_version}: "
              f"{verdict_counts(results)}",
-             f"{len(dropped)} patch(es) left the series, {kept} kept"]
+             f"{len(dropped)} patch(es) left the series, {kept} kept",
+             *(f"moved: {line}" for line in moves)]
     if published:
         lines.append(f"the series is empty: the stack ships {project.distribution} "
                      f"{new_version} as published ("
@@ -116,7 +118,7 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
         return path
     kept = len(refreshed.added) + len(refreshed.changed) + len(refreshed.unchanged)
     summary = outcome_lines(project, state.old_version, state.new_version, results, kept,
-                            published)
+                            published, list(state.moves.values()))
     lines[lines.index("## New pin"):lines.index("## New pin")] = [
         "## Summary", "", *(f"- {line}" for line in summary), ""]
     lines += ["## Classification (as applied)", "", *_table(results)]
@@ -177,6 +179,7 @@ def write_changelog(ws: Workspace, stack: Stack, project: Project, state: BumpSt
                          f"{project.distribution} {state.new_version} (--skip)")
         else:
             entry.append(f"- kept {r.patch}: {r.verdict}")
+    entry += [f"- moved {line}" for line in state.moves.values()]
     if published:
         entry.append(f"- the series is empty: {project.distribution} {state.new_version} "
                      "is used as published")

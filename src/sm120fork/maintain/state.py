@@ -164,6 +164,9 @@ class BumpState:
     companion_bumps: dict[str, str] = dataclasses.field(default_factory=dict)
     #: For such a bump: the project whose bump moves this one (pins agree once it ends).
     coordinated_with: str = ""
+    #: Each pin the bump moves besides its own, and why: project key -> a line (for a
+    #: coordinated bump: its own move, and the release that moves it).
+    moves: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Every patch classified against the new upstream before any was applied.
     preview: list[Classification] = dataclasses.field(default_factory=list)
     #: The journal ``--abort`` restores from: each file the bump may write (relative to

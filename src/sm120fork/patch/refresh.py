@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import email.utils
+import json
 import os
 import re
 import shlex
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,7 @@ from sm120fork.patch.series import (
     read_series_file,
 )
 from sm120fork.patch.tree import TreeState, write_state
+from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file
 from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
 
@@ -52,6 +55,12 @@ class RefreshResult:
     @property
     def wrote_anything(self) -> bool:
         return bool(self.added or self.removed or self.changed or self.series_rewritten)
+
+    @property
+    def paths(self) -> list[Path]:
+        """Every file of the series as the export left it (those it removed too)."""
+        return [self.directory / name for name in (
+            "series", *self.added, *self.changed, *self.unchanged, *self.removed)]
 
 
 _DATE_LINE = re.compile(r"^Date: .*$", re.MULTILINE)
@@ -136,8 +145,26 @@ def reapply_series(ws: Workspace, stack: Stack, project: Project, repo: Git,
                                      head=head, applied=tuple(series.names())))
 
 
+#: In the state folder: the sha256 of each series file as the toolkit last wrote it
+#: (None: it removed the file), by path relative to the checkout.
+WRITTEN = "written.json"
+
+
+def note_written(ws: Workspace, paths: Iterable[Path]) -> None:
+    """Remember the bytes the toolkit just wrote at ``paths`` (a bump, a refresh, a new
+    stack's copy): :func:`uncommitted_series_files` tells them from edits made by hand."""
+    stamp = ws.state_dir / WRITTEN
+    known = read_json_object(stamp) or {}
+    for path in paths:
+        known[path.relative_to(ws.root).as_posix()] = (
+            sha256_file(path) if path.is_file() else None)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(stamp, json.dumps(known, indent=1, sort_keys=True) + "\n")
+
+
 def uncommitted_series_files(ws: Workspace, directory: Path) -> list[str]:
-    """Files under ``directory`` that differ from the checkout's last commit (or are new).
+    """Files under ``directory`` that differ from the checkout's last commit (or are new),
+    and not as the toolkit wrote them: edits nobody made through the toolkit.
 
     Empty when the toolkit root is not a git checkout: there is nothing to compare with.
     """
@@ -148,4 +175,12 @@ def uncommitted_series_files(ws: Workspace, directory: Path) -> list[str]:
     rel = os.path.relpath(directory, ws.root)
     out = checkout("status", "--porcelain", "--untracked-files=all", "--", rel, quiet=True,
                    strip=False)
-    return [line[3:] for line in out.splitlines() if line.strip()]
+    top = Path(checkout("rev-parse", "--show-toplevel", quiet=True)).resolve()
+    known = read_json_object(ws.state_dir / WRITTEN) or {}
+    edited = []
+    for name in (line[3:] for line in out.splitlines() if line.strip()):
+        path = top / name
+        key = os.path.relpath(path, ws.root.resolve()).replace(os.sep, "/")
+        if key not in known or known[key] != (sha256_file(path) if path.is_file() else None):
+            edited.append(name)
+    return edited
