@@ -848,7 +848,7 @@ def _abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
     if state.created_stack and trees.exists():  # every fork tree of the new stack
         # Tens of thousands of files (FlashInfer's sdist): minutes on a slow disk.
         log.info("removing the fork trees of stack %s (%s)", state.stack, _rel(ws, trees))
-        shutil.rmtree(trees)
+        shutil.rmtree(trees, ignore_errors=True)
     restore(ws.root, state.before, state.journaled_dirs,
             last=[report_path(ws, state).relative_to(ws.root).as_posix()])
     # The projects it moved with it too: a coordinated bump that finished left its tree
