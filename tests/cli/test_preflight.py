@@ -29,6 +29,13 @@ SESSIONS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run where no forks/ declares stacks, so the stack names above ("s") are the
+    verbs' business; the test of that check makes its own forks/."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_the_preflight_of_every_session_needs_only_the_standard_library() -> None:
     """nox's own Python has none of the toolkit's dependencies: with the site packages
     off (python -S), each session's check parses its arguments and asks the machine, and
@@ -75,6 +82,31 @@ def test_a_wrong_argument_is_refused_by_the_verbs_parser_naming_the_session(
     assert caught.value.where == f"nox -s {session}"
     assert caught.value.fix == f"see nox -s {session} -- --help"
     assert capsys.readouterr().err == ""  # the usage text is not printed: one line
+
+
+def test_a_stack_forks_does_not_declare_is_refused_before_the_installs(
+        tmp_path: Path) -> None:
+    """nox -s build -- --stack nope said so after 49 s of installs, bump after 96 s."""
+    (tmp_path / "forks").mkdir()
+    for name in ("sglang-0.5.10", "sglang-0.5.23"):
+        (tmp_path / "forks" / f"{name}.toml").write_text("")
+    for session, command, args in [
+            ("build", ("build",), ["--stack", "nope"]),
+            ("bump", ("bump",), ["nope", "sglang", "1.0"]),
+            ("status", ("status",), ["nope"]),
+            ("watch", ("watch",), ["--stack", "sglang-0.5.10", "--stack", "nope"]),
+            ("tune", ("tune",), ["--stack", "nope"]),  # before the GPU check
+            ("sglang_layer", ("gpu", "sglang-layer"), ["--stack", "nope", "--out", "o"])]:
+        with pytest.raises(ConfigError) as caught:
+            check(session, command, args)
+        assert caught.value.message == \
+            "forks/: unknown stack 'nope' (choose one of: sglang-0.5.10, sglang-0.5.23)"
+    with pytest.raises(ConfigError, match=r"did you mean 'sglang-0.5.10'\?"):
+        check("verify_sm120", ("verify-sm120",), ["--stack", "sglang-0.5.1"])
+    check("build", ("build",), ["--stack", "sglang-0.5.23"])
+    check("refresh", ("refresh",), ["sglang-0.5.10", "sglang"])
+    # A stopped bump's stack is its saved state's (a --new-stack one is not declared yet).
+    check("bump", ("bump",), ["sglang-0.6", "sglang", "--continue"])
 
 
 def test_asking_for_help_is_never_refused() -> None:

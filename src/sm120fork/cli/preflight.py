@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import io
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 from sm120fork.cli.main import VERBS, make_parser
 from sm120fork.errors import CommandError, ConfigError
@@ -41,6 +43,7 @@ def check(session: str, command: Sequence[str], posargs: Sequence[str]) -> None:
             container_engine()
             return
         args = _parse(command, posargs)
+        _declared(args)
         need = _NEEDS.get(command[0])
         if need is not None:
             need(args)
@@ -55,6 +58,24 @@ def _parse(command: Sequence[str], posargs: Sequence[str]) -> argparse.Namespace
 
             return parser().parse_args(posargs)
         return make_parser([command[0]]).parse_args([*command, *posargs])
+
+
+def _declared(args: argparse.Namespace, forks: Path = Path("forks")) -> None:
+    """Each stack the arguments name (``--stack NAME``, a ``STACK`` argument) is declared
+    in ``forks/`` of the checkout nox runs in (a folder without declarations is the verb's
+    to refuse), as the verb's ``select_stack`` would find after the installs.  A bump's
+    ``--continue``, ``--skip`` or ``--abort`` names the stack its saved state holds (a
+    ``--new-stack`` one too): that state, not forks/, answers for it."""
+    if any(getattr(args, flag, False) for flag in ("cont", "skip", "abort")):
+        return
+    named = getattr(args, "stack", None)
+    declared = sorted(path.stem for path in forks.glob("*.toml"))
+    for name in [named] if isinstance(named, str) else named or []:
+        if declared and name not in declared:
+            close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
+            raise ConfigError(f"unknown stack {name!r}", where=f"{forks}/",
+                              fix=f"did you mean {close[0]!r}?" if close
+                              else f"choose one of: {', '.join(declared)}")
 
 
 def _gpu(args: argparse.Namespace) -> None:
