@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 
 from sm120fork.declare import load_stack
+from sm120fork.errors import MaintenanceError
 from sm120fork.fetch.index import IndexFile, ProjectPage
+from sm120fork.layouts import marker
+from sm120fork.maintain.pin import create_stack_check
+from sm120fork.maintain.preflight import Release, check_layout
 from sm120fork.maintain.release import release_wheels, undeclared_wheels
+from sm120fork.workspace import Workspace
 
 REPO = Path(__file__).resolve().parents[2]
 TAGS = [f"cp3{minor}-cp3{minor}-manylinux_2_34_{arch}"
@@ -72,3 +77,26 @@ def test_status_says_which_release_files_are_not_declared(
     render_status([row], console, wide=False)
     assert f"release files: 1 NOT DECLARED: {extra}" in console.export_text()
     assert json.loads(json.dumps(row.to_json()))["undeclared_files"] == [extra]
+
+
+@pytest.mark.parametrize(("version", "hint"), [
+    ("0.5.23", "stack sglang-0.5.23 already pins sglang 0.5.23 on that layout: "
+               "`python -m sm120fork build --stack sglang-0.5.23`"),
+    ("0.5.24", "start from a stack on that layout: `python -m sm120fork bump sglang-0.5.23 "
+               "sglang 0.5.24 --new-stack sglang-0.5.24`")])
+def test_a_moved_gate_names_a_step_that_works_when_pasted(version: str, hint: str) -> None:
+    """Issue 41 trial: bumping sglang-0.5.10 to 0.5.23 (the gate moved to the
+    layer_boundary layout) advised `bump sglang-0.5.23 sglang 0.5.23 --new-stack NAME`,
+    which refuses (sglang-0.5.23 already pins 0.5.23) and names no stack.  Now: the stack
+    that pins the release, or a new stack copied from one on that layout under a free
+    name that --new-stack accepts."""
+    ws = Workspace(REPO)
+    stack = ws.stack("sglang-0.5.10")
+    project = stack.project("sglang")
+    release = Release(files=frozenset({marker("layer_boundary")}), requires=())
+    with pytest.raises(MaintenanceError) as err:
+        check_layout(list(ws.stacks().values()), stack, project, version, release,
+                     {"G1": [marker("communicator")]})
+    assert (err.value.fix or "").endswith(hint)
+    if version == "0.5.24":
+        create_stack_check(ws, "sglang-0.5.24")  # the name is free: no refusal

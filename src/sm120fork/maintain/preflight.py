@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from sm120fork.declare import Project, Stack, coordinated_pin_problems, pinned_for
 from sm120fork.errors import MaintenanceError, SourceError
@@ -182,13 +183,9 @@ def check_layout(stacks: Sequence[Stack], stack: Stack, project: Project, new_ve
     if not missing:  # nothing the series changes moved: the layout that fits, if any
         return fits[0] if fits else project.layout
     gate = marker(project.layout)
-    on_it = sorted(s.name for s in stacks for p in s.projects
-                   if fits and p.layout == fits[0] and p.distribution == project.distribution)
     where_fits = (f"it fits the `{fits[0]}` layout ({LAYOUTS[fits[0]]})" if fits else
                   "no known layout fits it (CONTRIBUTING.md: Add an upstream layout)")
-    start = (f"; start from a stack on that layout: "
-             f"`{command('bump', on_it[0], project.key, new_version, '--new-stack', 'NAME')}`"
-             if on_it else "")
+    start = _start_on_layout(stacks, project, new_version, fits[0]) if fits else ""
     raise MaintenanceError(
         f"the gate moved: {project.distribution} {new_version} has no {gate} (the "
         f"`{project.layout}` layout of stack {stack.name}); {where_fits}. The series "
@@ -196,3 +193,26 @@ def check_layout(stacks: Sequence[Stack], stack: Stack, project: Project, new_ve
         + "; ".join(f"{name}: {', '.join(files)}" for name, files in missing.items()),
         where=f"{stack.name}/{project.key}",
         fix=f"port the series to the layout that fits{start}")
+
+
+def _start_on_layout(stacks: Sequence[Stack], project: Project, new_version: str,
+                     layout: str) -> str:
+    """The step after a gate-moved refusal: the stack on ``layout`` that already pins
+    ``new_version`` (build it), else a new stack copied from one on that layout, under a
+    name no stack has (``--new-stack`` refuses a taken one)."""
+    on_it = sorted(((s, p) for s in stacks for p in s.projects
+                    if p.layout == layout and p.distribution == project.distribution),
+                   key=lambda sp: sp[0].name)
+    if not on_it:
+        return ""
+    pinned = [s.name for s, p in on_it if Version(p.version) == Version(new_version)]
+    if pinned:
+        return (f"; stack {pinned[0]} already pins {project.distribution} {new_version} on "
+                f"that layout: `{command('build', '--stack', pinned[0])}`")
+    taken = {s.name for s in stacks}
+    base = f"{project.key}-{new_version}"
+    name = next(n for n in (base, *(f"{base}-{i}" for i in range(2, len(taken) + 3)))
+                if n not in taken)
+    source, copied = on_it[0]
+    return ("; start from a stack on that layout: "
+            f"`{command('bump', source.name, copied.key, new_version, '--new-stack', name)}`")
