@@ -22,7 +22,7 @@ Cheap by design: it reads the series, the manifest and the records, and runs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sm120fork import manifest as manifest_file
@@ -363,17 +363,35 @@ def claim_standings(ws: Workspace, stack: Stack, today: Today | None = None
             for c in claims(patch)]
 
 
+def unbacked_claims(ws: Workspace, stack: Stack) -> list[Standing]:
+    """Each claim of ``stack`` that no current record backs: its own standing, or its
+    record's where the claim holds but the record is not of the stack as it is now (it
+    passed, but ran another pin or wheel): what ``bump`` and ``watch`` say to re-make."""
+    today = Today.of(ws, stack)
+    records = {s.name: s for s in stack_evidence(ws, stack, today=today)}
+    out = []
+    for key, series in today.series.items():
+        for patch in series.patches:
+            for c in claims(patch):
+                standing = judge_claim(ws, stack, key, patch, c, today)
+                record = records.get(claim_record_path(c.kind, c.check, stack.name)[0])
+                if not standing.current:
+                    out.append(standing)
+                elif record is not None and not record.current:
+                    out.append(replace(record, name=standing.name))
+    return out
+
+
 def to_remake(ws: Workspace, stack: Stack) -> list[str]:
     """One line per command that makes a record the stack's claims need and no passing
-    one backs: the command, what it needs, and each such claim (``<patch>: <claim>``).
-    A copy of a stack (``bump --new-stack``) carries its patches' claims to its own
-    records, none made yet: every claim is listed."""
+    one backs (:func:`unbacked_claims`): the command, what it needs, and each such claim
+    (``<patch>: <claim>``).  A copy of a stack (``bump --new-stack``) carries its patches'
+    claims to its own records, none made yet: every claim is listed."""
     by: dict[str, list[str]] = {}
-    for s in claim_standings(ws, stack):
-        if not s.current:
-            head, _, claim = s.name.partition(": ")
-            by.setdefault(f"`{s.command}`" + (f" (needs {s.needs})" if s.needs else ""),
-                          []).append(f"{head.rsplit('/', 1)[-1]}: {claim} ({s.state})")
+    for s in unbacked_claims(ws, stack):
+        head, _, claim = s.name.partition(": ")
+        by.setdefault(f"`{s.command}`" + (f" (needs {s.needs})" if s.needs else ""),
+                      []).append(f"{head.rsplit('/', 1)[-1]}: {claim} ({s.state})")
     return [f"{command}: {'; '.join(names)}" for command, names in by.items()]
 
 

@@ -15,7 +15,7 @@ from helpers_manifest import entry, write_manifest
 from sm120fork.errors import SeriesError
 from sm120fork.patch.series import load_series
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
-from sm120fork.standing import Today, claim_standings, stack_evidence
+from sm120fork.standing import Today, claim_standings, stack_evidence, to_remake
 
 from helpers_ws import DemoWorkspace, make_demo
 
@@ -109,6 +109,24 @@ def test_a_wheel_built_here_that_differs_stales_the_records_that_ran_another(
     assert sorted(stale) == ["reports/demo/gpu-test", "reports/demo/verify-sm120"]
     assert "the lib wheel it ran (sha256 aaaaaaaaaaaa) is not the one built now" in \
         stale["reports/demo/gpu-test"]
+
+
+def test_a_claim_whose_record_ran_another_build_is_to_remake(demo: DemoWorkspace) -> None:
+    """A claim's patch is in a record that passed, but the record ran another wheel (the
+    old pin, before a bump): bump's "Evidence to re-make" lists it as watch does, with the
+    record's state and command (it called the claim current)."""
+    manifest = demo.ws.stack_wheels("demo") / "manifest.json"
+    manifest.parent.mkdir(parents=True)
+    write_manifest(manifest.parent, "demo", entry("lib", wheel=WHEEL, sha256="a" * 64))
+    assert to_remake(demo.ws, demo.ws.stack("demo")) == []
+    write_manifest(manifest.parent, "demo", entry("lib", wheel=WHEEL, sha256="b" * 64))
+    first, second = (p.name.removesuffix(".patch")
+                     for p in load_series(demo.series_dir("lib")).patches)
+    assert to_remake(demo.ws, demo.ws.stack("demo")) == [
+        f"`nox -s verify_sm120 -- --stack demo`: {first}: cpu:tests/test_x.py::test_x "
+        "(stale)",
+        f"`nox -s gpu_test -- --stack demo --quick` (needs a GPU): {second}: gpu:gpu-test "
+        "(stale)"]
 
 
 def test_a_record_never_made_is_missing_and_backs_no_claim(demo: DemoWorkspace) -> None:

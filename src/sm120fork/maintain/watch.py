@@ -43,14 +43,7 @@ from sm120fork.maintain.state import (
     today,
 )
 from sm120fork.patch.series import load_series
-from sm120fork.standing import (
-    Standing,
-    Today,
-    claim_record_path,
-    claims,
-    judge_claim,
-    stack_evidence,
-)
+from sm120fork.standing import unbacked_claims
 from sm120fork.util.files import atomic_write_text, scratch_prefix
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
@@ -192,24 +185,6 @@ def _moves(before: Stack, after: Stack, project: str) -> list[str]:
     return out
 
 
-def _stale_claims(ws: Workspace, stack: Stack) -> list[Standing]:
-    """Each claim of ``stack`` that no current record backs: its own standing, or its
-    record's where the claim holds but the record is not of the stack as it is now."""
-    now = Today.of(ws, stack)
-    records = {s.name: s for s in stack_evidence(ws, stack, today=now)}
-    out = []
-    for key, series in now.series.items():
-        for patch in series.patches:
-            for c in claims(patch):
-                standing = judge_claim(ws, stack, key, patch, c, now)
-                record = records.get(claim_record_path(c.kind, c.check, stack.name)[0])
-                if not standing.current:
-                    out.append(standing)
-                elif record is not None and not record.current:
-                    out.append(dataclasses.replace(record, name=standing.name))
-    return out
-
-
 @dataclass
 class _Run:
     """One release's bump in scratch, driven to its end."""
@@ -283,7 +258,7 @@ def watch_release(ws: Workspace, stack: Stack, project: Project, version: Versio
         patches = [v for p in after.projects if p.key in companions
                    for v in _verdicts(p.key, companions[p.key])]
         patches += _verdicts(project.key, result.classifications)
-        stale = _stale_claims(scratch, after)
+        stale = unbacked_claims(scratch, after)
     steps = [Step(run=command("bump", *args), why="moves the pin" if not new_stack else
                   "a stack of its own: " + "; ".join(relative(r, ws.root) for r in refusing))]
     steps += [Step(run=command("bump", target, key, "--continue"),
