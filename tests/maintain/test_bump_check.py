@@ -22,11 +22,13 @@ from sm120fork.maintain.state import (
     DROPPED_BY_HAND,
     MERGED_3WAY,
     MERGED_FAILS_CHECK,
+    MERGED_UNCHECKED,
     MERGES_UNCHECKED,
     RESOLVED,
     STILL_NEEDED,
     BumpState,
 )
+from sm120fork.maintain.watch import APPLIES, _verdicts
 from sm120fork.workspace import Workspace
 
 from conftest import make_patch, make_upstream, stack_toml, write_series
@@ -135,3 +137,24 @@ def test_a_3way_merge_that_passes_its_check_says_which_check_ran(
     assert f"{CHECK_PASSES}: compiled 1 Python file(s) the series touches; imported 1 " \
            "patched module(s) under the fake-GPU probe at capability 12.0 and 9.0" \
            in s1.evidence
+
+
+@pytest.mark.slow
+def test_a_merge_whose_check_cannot_run_stops_saying_so_not_as_a_conflict(
+        served: Callable[..., tuple[Workspace, str]]) -> None:
+    """The merged module imports what this Python lacks (as torch on a machine without
+    it): the check could not run, which is no verdict on the patch.  The bump stopped
+    with a VerifyError that the watch, dropping the patch, reported as "conflicts"."""
+    ws, commit = served("import sm120fork_absent_dependency\n"
+                        + NEW.replace("BASE", "DEFAULT"))
+    with pytest.raises(MaintenanceError) as err:
+        bump(ws, STACK, "lib", "1.3.0", git_commit=commit)
+    message = err.value.message
+    assert (f"patch {PATCH} is {MERGED_UNCHECKED}: the import probe could not run: this "
+            "Python lacks 'sm120fork_absent_dependency'") in message
+    assert "make the check runnable (install the probe's requirements" in message
+    assert f"{PATCH}: still needed" not in message
+    result = bump_continue(ws, STACK, "lib", skip=True)
+    verdicts = [v.verdict for v in _verdicts("lib", result.classifications)]
+    assert verdicts[0].startswith(f"{MERGED_UNCHECKED}: the import probe could not run")
+    assert verdicts[1] == APPLIES

@@ -21,6 +21,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin
+from sm120fork.entry import relative
 from sm120fork.errors import (
     CommandError,
     ConfigError,
@@ -72,6 +73,7 @@ from sm120fork.maintain.state import (
     DROPPED_BY_HAND,
     MERGED_3WAY,
     MERGED_FAILS_CHECK,
+    MERGED_UNCHECKED,
     RESOLVED,
     STILL_NEEDED,
     TARGET_MISSING,
@@ -504,33 +506,54 @@ def _resolution(ws: Workspace, stack: Stack, project: Project, repo: Git, state:
 def _check_or_stop(ws: Workspace, stack: Stack, project: Project, repo: Git,
                    state: BumpState, series: Series) -> str:
     """Check the tree a merge or a resolution of the patch at ``next_index`` made (with
-    the patches applied before it); its evidence line, or a stop like a conflict's."""
+    the patches applied before it); its evidence line, or a stop like a conflict's.  A
+    check that could not run (its probe's requirements, the overlay's download) stops
+    too, saying so: it is no verdict on the patch."""
     applied = [p for p, r in zip(series.patches, state.results, strict=False)
                if r.verdict in (STILL_NEEDED, RESOLVED)]
     patch = series.patches[state.next_index]
-    result = check_tree(repo.path, [*applied, patch], cache=ws.state_dir / "probe",
-                        layout=state.new_pin.layout or project.layout)
+    state.conflict_evidence = [e for e in state.conflict_evidence
+                               if not e.startswith(f"{MERGED_UNCHECKED}: ")]
+    try:
+        result = check_tree(repo.path, [*applied, patch], cache=ws.state_dir / "probe",
+                            layout=state.new_pin.layout or project.layout)
+    except ToolkitError as exc:
+        state.conflict_evidence.append(f"{MERGED_UNCHECKED}: {exc.what}")
+        step = ("make the check runnable" + (f" ({relative(exc.fix, ws.root)})"
+                                             if exc.fix else "") + ", then")
+        raise _stop_at_check(ws, stack, project, repo, state,
+                             f"patch {patch.name} is {MERGED_UNCHECKED}: {exc.what}",
+                             lambda _: step, []) from exc
     if result.passed:
         return f"{CHECK_PASSES}: {result.summary}"
     state.failed_check = [*map(str, result.failures), f"check: {result.summary}"]
     first = result.failures[0]
-    what = (f"patch {patch.name} is {MERGED_FAILS_CHECK}: {first.where}: {first.error} "
-            f"({first.check})")
     if (said := f"{MERGED_FAILS_CHECK}: {first}") not in state.conflict_evidence:
         state.conflict_evidence.append(said)
+    raise _stop_at_check(ws, stack, project, repo, state,
+                         f"patch {patch.name} is {MERGED_FAILS_CHECK}: {first.where}: "
+                         f"{first.error} ({first.check})",
+                         lambda tree: f"mend it in {tree}, then", state.failed_check)
+
+
+def _stop_at_check(ws: Workspace, stack: Stack, project: Project, repo: Git,
+                   state: BumpState, what: str, first: Callable[[str], str],
+                   detail: list[str]) -> MaintenanceError:
+    """The stop at the patch whose check failed or could not run (saved, reported): the
+    error to raise, with the steps (``first(tree)``, then continue, skip or abort)."""
     state.save(ws)
 
     def fix(tree: str) -> str:
         def cmd(option: str) -> str:
             return command("bump", state.stack, state.project, option)
-        return (f"mend it in {tree}, then `{cmd('--continue')}` (it checks again); or drop "
+        return (f"{first(tree)} `{cmd('--continue')}` (it checks again); or drop "
                 f"the patch: `{cmd('--skip')}`; or `{cmd('--abort')}` to restore the "
                 "previous pin and series")
     rel = os.path.relpath(repo.path, ws.root)
     report = write_bump_report(ws, stack, project, state, state.pinned(project),
                                stopped=f"{what}. Next: {fix(rel)}.")
-    raise MaintenanceError(what, where=state.stack, fix=fix(str(repo.path)), detail="\n".join(
-        [*state.failed_check, *preview_lines(state),
+    return MaintenanceError(what, where=state.stack, fix=fix(str(repo.path)), detail="\n".join(
+        [*detail, *preview_lines(state),
          f"report (the evidence for each verdict): {report.relative_to(ws.root)}"]))
 
 

@@ -30,6 +30,9 @@ DROPPED_BY_HAND = "conflict, dropped by hand"
 #: A patch a 3-way merge or a hand resolution landed, whose result fails its check
 #: (:mod:`sm120fork.patch.check`): the bump stops there, like at a conflict.
 MERGED_FAILS_CHECK = "merged, fails its check"
+#: ... whose check could not run (its probe's requirements, the overlay's download): no
+#: verdict on the patch, and no yes either: the bump stops there too.
+MERGED_UNCHECKED = "merged, check could not run"
 #: The preview's verdict for a conflict that a 3-way merge applies: the bump checks what
 #: the merge makes before it says more.
 MERGES_UNCHECKED = "merges (3-way), not yet checked"

@@ -35,6 +35,7 @@ from sm120fork.maintain.state import (
     DROPPED_BY_HAND,
     MERGED_3WAY,
     MERGED_FAILS_CHECK,
+    MERGED_UNCHECKED,
     STILL_NEEDED,
     TARGET_MISSING,
     UPSTREAMED,
@@ -156,8 +157,9 @@ def _link_cache(ws: Workspace, cache: Path) -> None:
 def _verdict(c: Classification) -> str:
     if c.verdict in UPSTREAMED:
         return UPSTREAM_HAS_IT
-    if any(e.startswith(f"{MERGED_FAILS_CHECK}: ") for e in c.evidence):
-        return MERGED_FAILS_CHECK  # merged, then dropped here (--skip)
+    for said in (MERGED_FAILS_CHECK, MERGED_UNCHECKED):  # merged, then dropped (--skip)
+        if line := next((e for e in c.evidence if e.startswith(f"{said}: ")), ""):
+            return line if said == MERGED_UNCHECKED else said
     if c.verdict in (CONFLICT, TARGET_MISSING, DROPPED_BY_HAND):
         return CONFLICTS
     if c.verdict == STILL_NEEDED:
@@ -218,9 +220,12 @@ class _Run:
                 seen.add((state.project, state.next_index))
                 patch = load_series(BumpState.directory(self.ws, self.stack, state.project)
                                     / "series").patches[state.next_index]
+                unchecked = [e for e in state.conflict_evidence
+                             if e.startswith(f"{MERGED_UNCHECKED}: ")]
                 self.stops.append((state.project, patch.name, (
                     f"mended in its fork tree (it merged, but {state.failed_check[0]})"
-                    if state.failed_check else "resolved in its fork tree")))
+                    if state.failed_check else f"checked ({unchecked[0]})" if unchecked
+                    else "resolved in its fork tree")))
                 call = functools.partial(bump_continue, self.ws, self.stack, state.project,
                                          skip=True)
                 continue
