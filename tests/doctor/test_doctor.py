@@ -1225,14 +1225,31 @@ def test_the_doctor_runs_in_the_serving_interpreter(
     assert code in (0, 15)
 
 
-@pytest.mark.parametrize("under_nox", [False, True])
+def pyenv_exec_path(root: Path) -> list[str]:
+    """What ``pyenv exec`` (pyenv's ``nox`` shim) puts first on PATH: the version's bin
+    (with its python3), pyenv's libexec and its plugins' bin folders."""
+    version, libexec, plugin = (root / "versions/3.11.7/bin", root / "libexec",
+                                root / "plugins/pyenv-virtualenv/bin")
+    for folder in (version, libexec, plugin):
+        folder.mkdir(parents=True)
+    (version / "python3").symlink_to(sys.executable)
+    (libexec / "pyenv-exec").write_text("#!/bin/sh\n")
+    (libexec / "pyenv-exec").chmod(0o755)
+    return [str(version), str(libexec), str(plugin)]
+
+
+@pytest.mark.parametrize("launcher", ["shell", "nox", "pyenv's nox shim"])
 def test_by_default_the_doctor_examines_python3_on_path_and_says_so_first(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-        under_nox: bool) -> None:
-    """Issue 42: not the toolkit's own environment (nox's, which nox puts first on PATH)."""
+        launcher: str) -> None:
+    """Issue 42: not the toolkit's own environment (nox's, which nox puts first on PATH),
+    nor pyenv's version of Python that its ``nox`` shim puts before an activated venv."""
     python = serving_venv(tmp_path / "serving", "0.5.10.post1+sm120.1")
     path = [str(python.parent), os.environ["PATH"]]
-    if under_nox:
+    if launcher == "pyenv's nox shim":
+        monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
+        path[:0] = pyenv_exec_path(tmp_path / "pyenv")
+    if launcher != "shell":
         monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
         monkeypatch.setenv("NOX_CURRENT_SESSION", "doctor")
         path.insert(0, str(Path(sys.prefix) / "bin"))

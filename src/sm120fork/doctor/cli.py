@@ -110,13 +110,29 @@ def serving_python(named: Path | None) -> tuple[str, str]:
     if _nox_session() is not None:
         own = Path(sys.prefix).resolve()
         path = [d for d in path if d and not Path(d).resolve().is_relative_to(own)]
-    found = shutil.which("python3", path=os.pathsep.join(path))
+    found = shutil.which("python3", path=os.pathsep.join(_before_pyenv_exec(path)))
     if found is None:
         from ..util import hint  # the toolkit's copy only: the plugin's returned above
 
         raise UsageError("no python3 on PATH to examine", fix="name the Python SGLang serves "
                          f"from: {hint.command('doctor', '--python', '/path/to/python')}")
     return found, "python3 on PATH; --python names another"
+
+
+def _before_pyenv_exec(path: list[str]) -> list[str]:
+    """PATH as the shell had it before a pyenv shim (``nox``, ``python``) ran its program
+    through ``pyenv exec``, which puts the chosen version's bin, pyenv's libexec (where
+    ``pyenv-exec`` is) and its plugins' bin folders first: ``python3`` there is pyenv's,
+    not the one an activated venv puts on the shell's PATH."""
+    libexec = next((i for i, d in enumerate(path) if d and Path(d, "pyenv-exec").is_file()),
+                   None)
+    if libexec is None:
+        return path
+    plugins = Path(os.environ.get("PYENV_ROOT", "~/.pyenv")).expanduser().resolve() / "plugins"
+    rest = path[libexec + 1:]
+    while rest and Path(rest[0]).resolve().parent.parent == plugins:
+        rest = rest[1:]
+    return rest
 
 
 def elsewhere(python: str, why: str, argv: Sequence[str]) -> int:
