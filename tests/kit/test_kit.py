@@ -508,3 +508,30 @@ def test_the_kits_doctor_examines_the_kits_venv_and_says_so(
     cli.main([])
     assert capsys.readouterr().out.splitlines()[0] == (
         f"doctor of {sys.executable} (the kit's venv, beside the stack's wheels)")
+
+
+@pytest.mark.parametrize("parts", [False, True])
+def test_the_kits_closing_command_is_one_line_at_any_width(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parts: bool) -> None:
+    """The command to run on the box is pasted from the log: never wrapped (it was, at
+    nox's 80 columns, after 'run gpu_test')."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from sm120fork.cli import kit as cli_kit
+    from sm120fork.cli.main import make_parser
+    from sm120fork.kit import build as kit_build
+
+    out = tmp_path / "a-rather-long-folder-name" / ".kit" / "s510"
+    made = kit_build.Kit(path=out, files={"wheels/a.whl": 1},
+               parts=((out.with_name("s510.1"), 1),) if parts else ())
+    monkeypatch.setattr(kit_build, "make", lambda *_a, **_k: made)
+    ws = SimpleNamespace(root=tmp_path, stack=lambda _name: SimpleNamespace(name="s"))
+    args = make_parser(["gpu-kit"]).parse_args(
+        ["gpu-kit", "--python", "3.12", "--out", str(out)])
+    text = io.StringIO()
+    assert cli_kit.run(args, ws, Console(file=text, width=40)) == 0  # type: ignore[arg-type]
+    last = text.getvalue().splitlines()[-1]
+    assert last.endswith("/run gpu_test --quick --out results"), text.getvalue()

@@ -40,13 +40,13 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     example = f"{harness}{' --quick' if harness in ('gpu_test', 'bench') else ''} --out results"
     if not kit.parts:
         console.print(f"wrote {kit.path}: {wheels} wheels, {kit.size / MIB:.1f} MiB; on the "
-                      f"box: sh {kit.path}/run {example}")
+                      f"box: sh {kit.path}/run {example}", soft_wrap=True)
         return 0
     for folder, size in kit.parts:
-        console.print(f"wrote {folder}: {size / MIB:.1f} MiB")
+        console.print(f"wrote {folder}: {size / MIB:.1f} MiB", soft_wrap=True)
     console.print(f"{kit.path} in {len(kit.parts)} parts: {wheels} wheels, "
                   f"{kit.size / MIB:.1f} MiB; copy every part to one folder on the box, then: "
-                  f"sh {kit.parts[-1][0]}/run {example}")
+                  f"sh {kit.parts[-1][0]}/run {example}", soft_wrap=True)
     return 0
 
 
