@@ -246,6 +246,29 @@ def test_the_entry_names_a_harness_the_kit_does_not_carry(tmp_path: Path) -> Non
     assert err.value.code == boot.EXIT_USAGE
 
 
+@pytest.mark.parametrize("torch_here", [False, True])
+def test_an_install_that_fails_for_want_of_torch_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torch_here: bool) -> None:
+    """The kit carries no torch (the box's CUDA build serves): a Python without it is the
+    cause, not a package to add with --include (which said so on a CPU box's doctor)."""
+    import importlib.util
+
+    kit = tmp_path / "kit"
+    (kit / "wheels").mkdir(parents=True)
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    (kit / boot.KIT_FILE).write_text(json.dumps({
+        "format": boot.KIT_FORMAT, "python": python, "wheels": [],
+        "requirements": {"doctor": ["torch-needing-package-the-kit-lacks"]}}))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        find_spec(name, *a) if name != "torch" or torch_here else None))
+    with pytest.raises(boot.KitError) as err:
+        boot.prepare(kit, boot.load(kit), "doctor", tmp_path / "home")
+    said = str(err.value)
+    assert ("has no torch, which the kit leaves to the box" in said) is not torch_here
+    assert ("that package's name in --include" in said) is torch_here
+
+
 def test_what_the_box_has_is_a_freeze_file_or_names(tmp_path: Path) -> None:
     from sm120fork.kit.build import _parse_box_has
 

@@ -22,6 +22,7 @@ see-host PYTHON``), so a checkout's venv sees the box's torch the same way.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shlex
@@ -360,9 +361,13 @@ def prepare(kit: Path, data: dict[str, object], verb: str, home: Path,
         _python_of(venv), "-m", "pip", "install", "--no-index", "--find-links", kit / "wheels",
         "--disable-pip-version-check", "--no-warn-script-location", "-q"]
     if _run([*pip, *reqs], env={**os.environ, "PIP_CONFIG_FILE": os.devnull}) != 0:
+        cause = (f"{sys.executable} has no torch, which the kit leaves to the box (its CUDA "
+                 f"build): run it with the Python that has it, PYTHON=/path/to/python sh "
+                 f"{kit}/run {verb} ..." if importlib.util.find_spec("torch") is None else
+                 "the box lacks a package the kit does not carry; make the kit again with "
+                 "that package's name in --include")
         raise KitError(f"installing the kit's wheels for {verb} failed (see pip's message "
-                       "above): the box lacks a package the kit does not carry; make the kit "
-                       "again with that package's name in --include")
+                       f"above): {cause}")
     if beside and _run([*pip, "--no-deps", *beside],
                        env={**os.environ, "PIP_CONFIG_FILE": os.devnull}) != 0:
         raise KitError("installing the plugin and the stack's FlashInfer failed (see pip's "
