@@ -109,6 +109,16 @@ def test_a_stack_forks_does_not_declare_is_refused_before_the_installs(
     check("bump", ("bump",), ["sglang-0.6", "sglang", "--continue"])
 
 
+def test_a_bump_without_a_version_is_refused_before_the_installs() -> None:
+    """It was answered by the verb, after 89 s of installs."""
+    with pytest.raises(UsageError) as caught:
+        check("bump", ("bump",), ["s", "sglang"])
+    assert caught.value.message == ("nox -s bump: bump needs a version or a git SHA (or "
+                                    "--continue / --abort) (see nox -s bump -- --help)")
+    for resumed in ("--continue", "--skip", "--abort"):
+        check("bump", ("bump",), ["s", "sglang", resumed])
+
+
 def test_asking_for_help_is_never_refused() -> None:
     check("sglang_layer", ("gpu", "sglang-layer"), ["--help"])
     check("tune", ("tune",), ["-h"])

@@ -13,8 +13,10 @@ import argparse
 from pathlib import Path
 
 from sm120fork.aot.targets import DEFAULT_CAPABILITIES
+from sm120fork.errors import UsageError
 from sm120fork.kit.boot import DEFAULT_HARNESSES
 from sm120fork.kit.boot import VERBS as HARNESSES
+from sm120fork.util.hint import command
 
 #: Below this width ``status --wide`` cannot show its seven columns: a record per patch.
 WIDE_MIN_WIDTH = 160
@@ -82,6 +84,14 @@ def bump(p: argparse.ArgumentParser) -> None:
                    help="the PEP 440 version of a git SHA revision")
     p.add_argument("--git-commit", metavar="SHA",
                    help="the upstream commit of the new sdist when it records none")
+
+
+def bump_revision(args: argparse.Namespace) -> None:
+    """A bump needs a version or a git SHA unless it resumes or aborts (argparse has no
+    'required unless'); the noxfile's preflight asks this too, before the installs."""
+    if not (args.cont or args.skip or args.abort or args.revision):
+        raise UsageError("bump needs a version or a git SHA (or --continue / --abort)",
+                         where=command("bump"), fix=f"see {command('bump', '--help')}")
 
 
 def _positive(text: str) -> int:

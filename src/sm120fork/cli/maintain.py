@@ -18,8 +18,8 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
-from sm120fork.cli.args import WIDE_MIN_WIDTH
-from sm120fork.errors import EXIT_PROBLEMS_FOUND, UsageError
+from sm120fork.cli.args import WIDE_MIN_WIDTH, bump_revision
+from sm120fork.errors import EXIT_PROBLEMS_FOUND
 from sm120fork.maintain.report import evidence_lines, outcome_lines
 from sm120fork.maintain.state import CHECK_PASSES
 from sm120fork.maintain.status import PatchStatus, ProjectStatus, status
@@ -169,9 +169,7 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
                       + (f"; stack {ab.stack} removed" if ab.removed_stack else "")
                       + (f"; {ab.tree}" if ab.tree else ""), markup=False, soft_wrap=True)
         return 0
-    if not (args.cont or args.skip or args.revision):
-        raise UsageError("bump needs a version or a git SHA (or --continue / --abort)",
-                         where="python -m sm120fork bump")
+    bump_revision(args)
     try:
         if args.cont or args.skip:
             result = bump_continue(ws, args.stack, args.project, skip=args.skip)

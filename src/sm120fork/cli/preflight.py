@@ -21,6 +21,7 @@ import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from sm120fork.cli.args import bump_revision
 from sm120fork.cli.main import VERBS, make_parser
 from sm120fork.errors import CommandError, ConfigError
 from sm120fork.util import proc
@@ -96,9 +97,9 @@ def _nvcc(_: argparse.Namespace) -> None:
     require_compiler()
 
 
-#: What each verb needs of the machine: the check the verb runs first.
+#: What each verb checks first, of the machine or of arguments its parser cannot judge.
 _NEEDS: dict[str, Callable[[argparse.Namespace], None]] = {
-    "gpu": _gpu, "tune": _tune, "verify-sm120": _nvcc}
+    "gpu": _gpu, "tune": _tune, "verify-sm120": _nvcc, "bump": bump_revision}
 
 
 @contextlib.contextmanager
