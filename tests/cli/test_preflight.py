@@ -109,6 +109,23 @@ def test_a_stack_forks_does_not_declare_is_refused_before_the_installs(
     check("bump", ("bump",), ["sglang-0.6", "sglang", "--continue"])
 
 
+def test_a_project_its_stack_does_not_declare_is_refused_before_the_installs(
+        tmp_path: Path) -> None:
+    (tmp_path / "forks").mkdir()
+    (tmp_path / "forks" / "s.toml").write_text("[projects.sglang]\n[projects.flashinfer]\n")
+    for session, command, args in [("bump", ("bump",), ["s", "sglangg", "1.0"]),
+                                   ("refresh", ("refresh",), ["s", "sglangg"]),
+                                   ("upstream_pr", ("upstream-pr",), ["s", "sglangg"])]:
+        with pytest.raises(ConfigError) as caught:
+            check(session, command, args)
+        assert caught.value.message == ("forks/s.toml: unknown project 'sglangg' (did you "
+                                        "mean 'sglang'?)")
+    with pytest.raises(ConfigError, match="choose one of: sglang, flashinfer"):
+        check("refresh", ("refresh",), ["s", "torch"])
+    check("refresh", ("refresh",), ["s", "flashinfer"])
+    check("upstream_pr", ("upstream-pr",), ["s"])
+
+
 def test_a_bump_without_a_version_is_refused_before_the_installs() -> None:
     """It was answered by the verb, after 89 s of installs."""
     with pytest.raises(UsageError) as caught:

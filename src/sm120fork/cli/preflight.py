@@ -18,6 +18,7 @@ import difflib
 import io
 import os
 import shutil
+import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -64,19 +65,32 @@ def _parse(command: Sequence[str], posargs: Sequence[str]) -> argparse.Namespace
 def _declared(args: argparse.Namespace, forks: Path = Path("forks")) -> None:
     """Each stack the arguments name (``--stack NAME``, a ``STACK`` argument) is declared
     in ``forks/`` of the checkout nox runs in (a folder without declarations is the verb's
-    to refuse), as the verb's ``select_stack`` would find after the installs.  A bump's
-    ``--continue``, ``--skip`` or ``--abort`` names the stack its saved state holds (a
-    ``--new-stack`` one too): that state, not forks/, answers for it."""
+    to refuse), and a ``PROJECT`` argument is a project of that stack, as the verb would
+    find after the installs.  A bump's ``--continue``, ``--skip`` or ``--abort`` names the
+    stack its saved state holds (a ``--new-stack`` one too): that state answers for it."""
     if any(getattr(args, flag, False) for flag in ("cont", "skip", "abort")):
         return
     named = getattr(args, "stack", None)
     declared = sorted(path.stem for path in forks.glob("*.toml"))
     for name in [named] if isinstance(named, str) else named or []:
-        if declared and name not in declared:
-            close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
-            raise ConfigError(f"unknown stack {name!r}", where=f"{forks}/",
-                              fix=f"did you mean {close[0]!r}?" if close
-                              else f"choose one of: {', '.join(declared)}")
+        if declared:
+            _one_of("stack", name, declared, f"{forks}/")
+    project = getattr(args, "project", None)
+    if project and isinstance(named, str) and declared:
+        declaration = forks / f"{named}.toml"
+        try:
+            projects = list(tomllib.loads(declaration.read_text())["projects"])
+        except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError):
+            return  # a malformed declaration is the verb's to describe
+        _one_of("project", project, projects, str(declaration))
+
+
+def _one_of(kind: str, name: str, known: list[str], where: str) -> None:
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        raise ConfigError(f"unknown {kind} {name!r}", where=where,
+                          fix=f"did you mean {close[0]!r}?" if close
+                          else f"choose one of: {', '.join(known)}")
 
 
 def _gpu(args: argparse.Namespace) -> None:
