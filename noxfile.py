@@ -112,10 +112,18 @@ def plain(session: nox.Session, *command: str) -> None:
     toolkit(session, *command)
 
 
+def cpu_torch(session: nox.Session) -> None:
+    """The fake-GPU probe imports torch, not a GPU: the CPU build (hundreds of MB) first, so
+    that a ``torch==X`` pin after it is already met (the package index's default torch for
+    Linux pulls about 10 GB of CUDA libraries)."""
+    install(session, "-r", "aot/requirements-torch-cpu.txt")
+
+
 def checking(session: nox.Session, *command: str) -> None:
     """A verb that checks the patched trees it makes (``patch/check.py`` imports their
     modules under the fake-GPU probe): the toolkit and the probe's imports."""
     ready(session, *command)
+    cpu_torch(session)
     install(session, ".", *groups("sglang-probe"))
     toolkit(session, *command)
 
@@ -298,6 +306,7 @@ def upstream_pr(session: nox.Session) -> None:
     """Prepare (never push) a pull request for upstream; any machine; -- STACK [PROJECT]"""
     ready(session, "upstream-pr")
     install(session, ".")
+    cpu_torch(session)
     install_printed(session, "upstream-pr", "--requirements")  # what the PR's tests import
     toolkit(session, "upstream-pr")
 

@@ -96,6 +96,37 @@ def test_upstream_pr_installs_what_the_prs_tests_import_before_it_prepares_them(
     assert last[3:] == ("upstream-pr", "sglang-0.5.23", "--pr", "x")
 
 
+def test_sessions_that_probe_a_tree_install_the_cpu_torch_before_any_torch_pin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe imports torch on the CPU: a session that probes installs PyTorch's CPU build
+    first, so the pins after it (the probe's group, a PR's test requirements) are met by it
+    instead of pulling the CUDA build's 10 GB of libraries onto a user's machine."""
+    nf = _noxfile()
+    monkeypatch.setattr(nf, "ready", lambda *_: None)  # the preflight: its own tests
+
+    class Installing(_Recorder):
+        def __init__(self, posargs: list[str]) -> None:
+            super().__init__(posargs)
+            self.installs: list[tuple[str, ...]] = []
+
+        def install(self, *args: str) -> None:
+            self.installs.append(args)
+
+        def run(self, *args: str, **kwargs: object) -> str:  # type: ignore[override]
+            super().run(*args, **kwargs)
+            return "torch==2.13.0\n" if "--requirements" in args else ""
+
+    cpu = ("-q", "-r", "aot/requirements-torch-cpu.txt")
+    for name in ("build", "bump", "watch", "upstream_pr"):
+        session = Installing(["x"])
+        getattr(nf, name).func(session)
+        pins = [i for i, args in enumerate(session.installs)
+                if any(a.startswith("torch") for a in args)]
+        assert pins, name
+        assert cpu in session.installs, name
+        assert session.installs.index(cpu) < pins[0], name
+
+
 def test_every_session_a_hint_names_exists() -> None:
     """A hint runs as printed: `nox -s <session>` of each verb is a session of the noxfile."""
     from sm120fork.util import hint
