@@ -3,6 +3,7 @@ exit code, before it resolves, installs or builds anything."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -60,3 +61,26 @@ def test_the_exit_code_is_no_one_elses() -> None:
              if isinstance(c, type) and issubclass(c, errors.ToolkitError)
              and c is not NoGpuError}
     assert NoGpuError.exit_code not in codes | {errors.EXIT_INTERNAL, errors.EXIT_INTERRUPTED}
+
+
+@pytest.mark.parametrize(("env", "how"), [
+    ({"SM120FORK_COMMAND": "sh <kit sglang-0.5.10>/run gpu_test --quick"},
+     "PYTHON=/path/to/python sh <kit sglang-0.5.10>/run gpu_test --quick"),
+    ({"NOX_CURRENT_SESSION": "bench"}, "/path/to/python -m nox -s bench"),
+    ({}, "/path/to/python -m sm120fork gpu ..."),
+])
+def test_the_way_to_a_cuda_torch_is_the_command_as_given(
+        env: dict[str, str], how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kit's run was told to use nox's Python (python3 -m nox -s ...), which it never runs."""
+    from sm120fork.gpu.core import preflight
+
+    for name in ("SM120FORK_COMMAND", "NOX_CURRENT_SESSION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda _name: None)
+    with pytest.raises(NoGpuError) as caught:
+        preflight.require_gpu()
+    assert caught.value.fix == (f"run it on a GPU box with the Python that has its CUDA "
+                                f"torch: {how}; see docs/gpu.md")

@@ -241,8 +241,8 @@ def _nox(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[str],
     ("gpu_kit", [], "nox -s gpu_kit: the following arguments are required: --python, --out"),
     ("record_import", [], "nox -s record_import: the following arguments are required: DIR"),
     # nox's Python finds a CPU build of torch first (a stand-in on PYTHONPATH)
-    ("gpu_test", ["--quick"], "is a CPU-only build (run it on a GPU box, with the Python "
-                              "that has its CUDA torch"),
+    ("gpu_test", ["--quick"], "is a CPU-only build (run it on a GPU box with the Python "
+                              "that has its CUDA torch: /path/to/python -m nox -s gpu_test;"),
     ("bench", [], "is a CPU-only build (run it on a GPU box"),
     ("cibuildwheel", [], "cibuildwheel builds in containers: neither docker nor podman is on "
                          "PATH (install one of them, or build the same wheel on this machine: "

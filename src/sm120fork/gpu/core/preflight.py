@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import sys
 
 from sm120fork.errors import CommandError, NoGpuError
@@ -22,9 +23,18 @@ _PROBE = ("import json, torch; n = torch.cuda.device_count() if torch.version.cu
           "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
           "'gpus': [torch.cuda.get_device_name(i) for i in range(n)]}))")
 
-#: Where to go from any of these errors.
-FIX = ("run it on a GPU box, with the Python that has its CUDA torch (nox's GPU sessions "
-       "use the Python that runs nox: python3 -m nox -s ...); see docs/gpu.md")
+#: The command a kit's ``run`` was given (the kit's boot sets it; records name it).
+COMMAND_ENV = "SM120FORK_COMMAND"
+
+
+def _fix() -> str:
+    """Where to go from any of these errors: the command as it was given (a kit's run, a
+    nox session, the toolkit's verb) with the Python that has a CUDA torch."""
+    session = os.environ.get("NOX_CURRENT_SESSION")
+    how = (f"PYTHON=/path/to/python {os.environ[COMMAND_ENV]}" if os.environ.get(COMMAND_ENV)
+           else f"/path/to/python -m nox -s {session}" if session
+           else "/path/to/python -m sm120fork gpu ...")
+    return f"run it on a GPU box with the Python that has its CUDA torch: {how}; see docs/gpu.md"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -44,24 +54,24 @@ def require_gpu(*, timeout: float = 300.0) -> GpuHost:
     """The GPUs this Python's torch sees; :class:`NoGpuError` when it sees none."""
     if importlib.util.find_spec("torch") is None:
         raise NoGpuError(f"no torch in {_here()}: the GPU harnesses need a CUDA build of "
-                         "torch", fix=FIX)
+                         "torch", fix=_fix())
     try:
         done = proc.run([sys.executable, "-c", _PROBE], check=False, quiet=True,
                         timeout=timeout)
     except CommandError as exc:
         raise NoGpuError(f"torch did not answer within {timeout:.0f} s in {_here()}",
-                         fix=FIX) from exc
+                         fix=_fix()) from exc
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         last = next((line for line in reversed((done.stderr or done.stdout).splitlines())
                      if line.strip()), f"exit code {done.returncode}")
-        raise NoGpuError(f"torch does not import in {_here()}: {last.strip()}", fix=FIX)
+        raise NoGpuError(f"torch does not import in {_here()}: {last.strip()}", fix=_fix())
     found = json.loads(lines[-1])
     if not found.get("cuda"):
         raise NoGpuError(f"torch {found.get('torch')} in {_here()} is a CPU-only build",
-                         fix=FIX)
+                         fix=_fix())
     if not found.get("gpus"):
         raise NoGpuError(f"torch {found['torch']} (CUDA {found['cuda']}) sees no GPU on this "
-                         "machine", fix=FIX)
+                         "machine", fix=_fix())
     return GpuHost(torch=str(found["torch"]), cuda=str(found["cuda"]),
                    gpus=tuple(found["gpus"]))

@@ -22,6 +22,7 @@ from sm120fork import record
 from sm120fork.gpu.core.documents import (
     Environment,
 )
+from sm120fork.gpu.core.preflight import COMMAND_ENV
 from sm120fork.manifest import Manifest
 
 TESTED_FILE = "tested.json"
@@ -30,10 +31,6 @@ TESTED_FILE = "tested.json"
 #: Options whose values are this machine's paths: not part of the recorded command.
 PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--stack-dir",
                 "--plugin-wheel", "--stock-wheel")
-
-
-#: The kit's entry sets this to the command as the user typed it there.
-COMMAND_ENV = "SM120FORK_COMMAND"
 
 
 def tested_of(manifest: Manifest, patch_ids: Mapping[str, Sequence[tuple[str, str]]],
