@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from sm120fork.declare import load_stack
 from sm120fork.errors import MaintenanceError
 from sm120fork.fetch.index import IndexFile, ProjectPage
 from sm120fork.layouts import marker
+from sm120fork.maintain.bump import bump
 from sm120fork.maintain.pin import create_stack_check
 from sm120fork.maintain.preflight import Release, check_layout
 from sm120fork.maintain.release import release_wheels, undeclared_wheels
@@ -100,3 +102,16 @@ def test_a_moved_gate_names_a_step_that_works_when_pasted(version: str, hint: st
     assert (err.value.fix or "").endswith(hint)
     if version == "0.5.24":
         create_stack_check(ws, "sglang-0.5.24")  # the name is free: no refusal
+
+
+def test_a_downgrade_is_refused_with_the_command_that_means_it(tmp_path: Path) -> None:
+    """Issue 41 trial: `bump sglang-0.5.23 sglang 0.5.22 --new-stack sglang-0.5.22` said
+    "pass --allow-downgrade if you mean it", no command to paste; refused before a write."""
+    for folder in ("forks", "patches"):
+        shutil.copytree(REPO / folder, tmp_path / folder)
+    with pytest.raises(MaintenanceError) as err:
+        bump(Workspace(tmp_path), "sglang-0.5.23", "sglang", "0.5.22",
+             new_stack="sglang-0.5.22")
+    assert err.value.fix == ("if you mean it: `python -m sm120fork bump sglang-0.5.23 sglang "
+                             "0.5.22 --new-stack sglang-0.5.22 --allow-downgrade`")
+    assert not (tmp_path / "forks" / "sglang-0.5.22.toml").exists()

@@ -205,10 +205,18 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
     if new == old and commit is None:
         raise MaintenanceError(f"{project.key} is already pinned to {project.version}",
                                where=stack.name)
+
+    def again(downgrade: bool) -> str:
+        """This command, as given (``downgrade``: with --allow-downgrade)."""
+        return command("bump", stack_name, project_key, revision,
+                       *(["--new-stack", new_stack] if new_stack else []),
+                       *(["--version", version] if version else []),
+                       *(["--git-commit", git_commit] if git_commit else []),
+                       *(["--allow-downgrade"] if downgrade else []))
     if new < old and not allow_downgrade:
         raise MaintenanceError(f"{new_version} is older than the pinned {project.version}",
                                where=f"{stack.name}/{project.key}",
-                               fix="pass --allow-downgrade if you mean it")
+                               fix=f"if you mean it: `{again(True)}`")
     # Pre-flight, before anything is downloaded: the stack's other pins accept it,
     # and the fork tree holds no work a bump would set aside.
     # A new stack holds the project and those it requires (what create_stack copies).
@@ -290,12 +298,7 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
                        ws.root / "patches" / target_stack / project.key),
         results=[], started=today(), source_stack=stack.name, phase="start",
         companion_bumps=companion_bumps, coordinated_with=coordinated_with, moves=moves,
-        command=command(
-            "bump", stack_name, project_key, revision,
-            *(["--new-stack", new_stack] if new_stack else []),
-            *(["--version", version] if version else []),
-            *(["--git-commit", git_commit] if git_commit else []),
-            *(["--allow-downgrade"] if allow_downgrade else [])))
+        command=again(allow_downgrade))
     files = [Path(state.declaration), report_path(ws, state),
              ws.root / "patches" / target_stack / "CHANGELOG.md",
              *(report_file(ws, target_stack, k, stack.project(k).version, v)
