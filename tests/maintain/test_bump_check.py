@@ -135,8 +135,9 @@ def test_a_3way_merge_that_passes_its_check_says_which_check_ran(
     assert s1.verdict == STILL_NEEDED
     assert MERGED_3WAY in s1.evidence
     assert f"{CHECK_PASSES}: compiled 1 Python file(s) the series touches; imported 1 " \
-           "patched module(s) under the fake-GPU probe at capability 12.0 and 9.0" \
-           in s1.evidence
+           "patched module(s) under the fake-GPU probe at capability 12.0 and 9.0 and " \
+           "looked up the global names their functions use on the lines the series " \
+           "added" in s1.evidence
 
 
 @pytest.mark.slow

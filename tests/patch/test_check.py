@@ -17,10 +17,13 @@ BASE = {"demo_lib/__init__.py": "", "demo_lib/sizes.py": "LIMIT = 1\n",
         "demo_lib/kernel.cuh": "// kernel\n", "tools/run.py": "print('hi')\n"}
 
 
-def patched(tmp_path: Path, edits: dict[str, tuple[str, str]]) -> tuple[Path, list[Patch]]:
-    """A tree of BASE with one patch per edit applied (as a series makes a fork tree)."""
+def patched(tmp_path: Path, edits: dict[str, tuple[str, str]],
+            base: dict[str, str] | None = None) -> tuple[Path, list[Patch]]:
+    """A tree of BASE (``base``: files of it changed) with one patch per edit applied (as
+    a series makes a fork tree)."""
     repo = tmp_path / "tree"
-    for rel, text in BASE.items():
+    files = {**BASE, **(base or {})}
+    for rel, text in files.items():
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text(text)
     git(repo, "init", "-q", "-b", "main")
@@ -109,3 +112,26 @@ def test_the_layouts_overlay_goes_first_only_when_the_imports_need_it(
         "LIMIT = 1", "from overlay_only_sm12x import VALUE as LIMIT")})
     assert check_tree(tree, patches, layout="layer_boundary", cache=tmp_path / "c").passed
     assert asked == [tmp_path / "c"]
+
+
+def test_a_name_a_function_uses_on_an_added_line_is_looked_up(tmp_path: Path) -> None:
+    """Issue 41 trial: G2 resolved by hand onto sglang 0.5.22 kept ``is_mimo`` (0.5.23's
+    name) inside a function; the module imported, so the check passed and the bump went
+    on.  The release's own function that uses a name defined only elsewhere (as
+    ``torch_npu`` on another platform) is not the series' doing: no failure."""
+    tree, patches = patched(tmp_path, {"demo_lib/sizes.py": (
+        "LIMIT = 1", "LIMIT = 1\n\n\ndef limit(tp):\n    return 2 if is_mimo else tp")},
+        {"demo_lib/sizes.py": "def npu():\n    return torch_npu.x\n\n\nLIMIT = 1\n"})
+    assert check_tree(tree, patches, cache=tmp_path / "cache").passed  # no tag: import only
+    git(tree, "tag", "upstream", "HEAD~1")
+    result = check_tree(tree, patches, cache=tmp_path / "cache")
+    (failure,) = result.failures
+    assert str(failure) == (
+        f"{patches[0].name}: demo_lib/sizes.py:9: NameError: name 'is_mimo' is not defined "
+        "(a function uses it; neither the module nor builtins define it) (names "
+        "demo_lib.sizes at capability 12.0)")
+    assert "looked up the global names their functions use on the lines the series " \
+           "added" in result.summary
+    (tree / "demo_lib" / "sizes.py").write_text(
+        (tree / "demo_lib" / "sizes.py").read_text().replace("is_mimo", "LIMIT"))
+    assert check_tree(tree, patches, cache=tmp_path / "cache").passed

@@ -4,18 +4,25 @@ Run as ``python -m sm120fork.harness.imports '<json request>'`` (``{"capability"
 0], "tree": ..., "modules": [...]}``) in a fresh interpreter whose ``PYTHONPATH`` holds
 the tree's package roots.  Each module is one observation: ``"ok"``, ``"error"`` (an
 exception raised in the tree: ``detail`` is ``file:line: Type: message``, the deepest
-frame inside the tree) or ``"missing"`` (a module the tree does not hold and this Python
-lacks: a requirement of the probe, ``detail`` names it).  Stdlib and the fake-GPU
-machinery only: it runs beside the tree under test.
+frame inside the tree), ``"undefined"`` (a function uses, on a line the request names
+as added, a global name that neither the imported module nor builtins define: the
+NameError a call would meet) or ``"missing"`` (a module the tree does not hold and this
+Python lacks: a requirement of the probe, ``detail`` names it).  Stdlib and the
+fake-GPU machinery only: it runs beside the tree under test.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import importlib
 import json
 import os
+import symtable
 import sys
 import traceback
+from collections.abc import Collection
+from types import ModuleType
 
 from sm120fork.harness.fake_gpu import Observation, emit, start_probe
 
@@ -34,9 +41,34 @@ def _where(exc: BaseException, tree: str) -> str:
     return f"{os.path.relpath(frames[-1].filename, tree)}:{frames[-1].lineno or 0}"
 
 
-def observe(module: str, tree: str) -> Observation:
+def undefined(module: ModuleType, lines: Collection[int], tree: str) -> str:
+    """``file:line: NameError: ...`` of the first global name a function of ``module``
+    uses on one of ``lines`` that the module (imported) and builtins do not define."""
+    path = module.__file__ or ""
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    known = {*vars(module), *vars(builtins)}
+    unknown: set[str] = set()
+    tables = [symtable.symtable(source, path, "exec")]
+    while tables:  # the module's own level ran at import: its functions' bodies did not
+        table = tables.pop()
+        tables += table.get_children()
+        if table.get_type() == "function":
+            unknown |= {s.get_name() for s in table.get_symbols() if s.is_global()
+                        and s.is_referenced() and s.get_name() not in known}
+    used = sorted((n.lineno, n.id) for n in ast.walk(ast.parse(source, path))
+                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                  and n.id in unknown and n.lineno in lines)
+    if not used:
+        return ""
+    line, name = used[0]
+    return (f"{os.path.relpath(path, tree)}:{line}: NameError: name {name!r} is not defined "
+            "(a function uses it; neither the module nor builtins define it)")
+
+
+def observe(module: str, tree: str, added: Collection[int] = ()) -> Observation:
     try:
-        importlib.import_module(module)
+        imported = importlib.import_module(module)
     except Exception as exc:
         where = _where(exc, tree)
         missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
@@ -47,6 +79,8 @@ def observe(module: str, tree: str) -> Observation:
             return {"name": module, "observed": "missing", "detail": top}
         return {"name": module, "observed": "error",
                 "detail": f"{where}: {type(exc).__name__}: {exc}"}
+    if added and (found := undefined(imported, set(added), tree)):
+        return {"name": module, "observed": "undefined", "detail": found}
     return {"name": module, "observed": "ok", "detail": ""}
 
 
@@ -54,7 +88,8 @@ def main(argv: list[str]) -> int:
     request = json.loads(argv[0])
     tree = os.path.abspath(request["tree"])
     start_probe(request["capability"], lazy=True)  # torch only if the tree imports it
-    return emit([observe(m, tree) for m in request["modules"]])
+    added = request.get("added", {})
+    return emit([observe(m, tree, added.get(m, ())) for m in request["modules"]])
 
 
 if __name__ == "__main__":

@@ -3,14 +3,18 @@
 Every Python file the series touches is compiled; every one that is a module of a
 package is imported under the fake-GPU probe (:mod:`sm120fork.harness.imports`) at
 compute capability 12.0 and 9.0, with the stack's layout's extra path (its probe
-overlay) first.  A file that is not Python is named "not compiled here", and a module of
-a package the probe stubs (FlashInfer, ...) "not imported": the summary says which check
-ran on what, never more.  A failure names the patch, ``file:line`` and the error.
+overlay) first, and the global names its functions use on the lines the series added
+(against the release the fork tree tags ``upstream``) are looked up in the imported
+module: a name the release does not have fails at a call, not at import.  A file that
+is not Python is named "not compiled here", and a module of a package the probe stubs
+(FlashInfer, ...) "not imported": the summary says which check ran on what, never more.
+A failure names the patch, ``file:line`` and the error.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -18,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sm120fork
-from sm120fork.errors import ToolkitError, VerifyError
+from sm120fork.errors import CommandError, ToolkitError, VerifyError
+from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.harness.fake_gpu import GPU_ONLY_PACKAGES
 from sm120fork.layouts import adapter
 from sm120fork.layouts.results import REQUIREMENTS, run_probe
 from sm120fork.patch.series import Patch
+from sm120fork.util.git import Git
 
 CAPABILITIES = ("12.0", "9.0")
 PROBE = "sm120fork.harness.imports"
@@ -48,6 +54,9 @@ class TreeCheck:
     #: Modules not imported, each with why.
     not_imported: tuple[str, ...]
     failures: tuple[CheckFailure, ...]
+    #: The imported modules' names on the series' added lines were looked up (the tree
+    #: tags the release it patches).
+    names: bool = False
 
     @property
     def passed(self) -> bool:
@@ -59,7 +68,9 @@ class TreeCheck:
         parts = [f"compiled {len(self.compiled)} Python file(s) the series touches"]
         if self.imported:
             parts.append(f"imported {len(self.imported)} patched module(s) under the "
-                         f"fake-GPU probe at capability {' and '.join(CAPABILITIES)}")
+                         f"fake-GPU probe at capability {' and '.join(CAPABILITIES)}"
+                         + (" and looked up the global names their functions use on "
+                            "the lines the series added" if self.names else ""))
         if self.not_compiled:
             parts.append(f"{len(self.not_compiled)} other file(s) not compiled here")
         whys = Counter(line.partition(" (")[2].rstrip(")") for line in self.not_imported)
@@ -116,33 +127,56 @@ def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
         else:
             modules[found[0]] = rel
             roots[found[1]] = None
+    added = _added_lines(tree, list(modules.values())) if modules and not failures else None
     if modules and not failures:
         failures += _import_check(tree, patches, modules, [*map(str, roots)], python,
-                                  timeout, overlay=lambda: adapter(layout, "checks").probe_path(
+                                  timeout, added or {},
+                                  overlay=lambda: adapter(layout, "checks").probe_path(
                                       cache, python) if layout else [])
     return TreeCheck(compiled=tuple(compiled), not_compiled=tuple(not_compiled),
                      imported=tuple(modules), not_imported=tuple(not_imported),
-                     failures=tuple(failures))
+                     failures=tuple(failures), names=added is not None and bool(modules))
+
+
+def _added_lines(tree: Path, files: Sequence[str]) -> dict[str, list[int]] | None:
+    """file -> the numbers of the lines the series added to it (the work tree against
+    the release the fork tree tags); None when the tree tags no release."""
+    try:
+        diff = Git(tree)("diff", "-U0", "--no-color", "--no-ext-diff", UPSTREAM_TAG, "--",
+                         *files)
+    except CommandError:
+        return None
+    out: dict[str, list[int]] = {}
+    current = ""
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            current = line.removeprefix("+++ b/")
+        elif (hunk := re.match(r"@@ -\S+ \+(\d+)(?:,(\d+))? @@", line)) and current:
+            start = int(hunk[1])
+            out.setdefault(current, []).extend(range(start, start + int(hunk[2] or 1)))
+    return out
 
 
 def _import_check(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
-                  path: list[str], python: str | os.PathLike[str], timeout: float, *,
+                  path: list[str], python: str | os.PathLike[str], timeout: float,
+                  added: dict[str, list[int]], *,
                   overlay: Callable[[], list[str]]) -> list[CheckFailure]:
     """The imports' failures; the layout's ``overlay`` (its release's own pins) goes first
     on the path only when they need more than this Python has (a test's tree never does:
     installing it needs the package index)."""
-    failures, missing = _imports(tree, patches, modules, path, python, timeout)
+    failures, missing = _imports(tree, patches, modules, path, python, timeout, added)
     if (missing or any(f.error.startswith("ImportError") for f in failures)) and (
             extra := overlay()):
-        failures, missing = _imports(tree, patches, modules, [*extra, *path], python, timeout)
+        failures, missing = _imports(tree, patches, modules, [*extra, *path], python,
+                                     timeout, added)
     if missing:
         raise requirement_missing(missing, python, "the import probe")
     return failures
 
 
 def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
-             path: list[str], python: str | os.PathLike[str],
-             timeout: float) -> tuple[list[CheckFailure], str]:
+             path: list[str], python: str | os.PathLike[str], timeout: float,
+             added: dict[str, list[int]]) -> tuple[list[CheckFailure], str]:
     """The failures of the imports at each capability, and a module neither the tree nor
     ``python`` has (a requirement of the probe), if one is missing."""
     env = {"PYTHONPATH": os.pathsep.join([*path, str(Path(sm120fork.__file__).parents[1])]),
@@ -150,7 +184,8 @@ def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
     failures: dict[tuple[str, str], CheckFailure] = {}
     for cap in CAPABILITIES:
         request = {"capability": [int(c) for c in cap.split(".")], "tree": str(tree),
-                   "modules": list(modules)}
+                   "modules": list(modules),
+                   "added": {m: added.get(rel, []) for m, rel in modules.items()}}
         what = f"the import probe (capability {cap})"
         seen = run_probe(PROBE, request, tree=tree, env=env, python=python, timeout=timeout,
                          what=what, fix=_install(python))
@@ -164,7 +199,8 @@ def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
                                else modules[obs.name])
                 failures.setdefault((where, error), CheckFailure(
                     patch=owner, where=where or f"{modules[obs.name]}:0", error=error,
-                    check=f"import {obs.name} at capability {cap}"))
+                    check=f"{'names' if obs.observed == 'undefined' else 'import'} "
+                          f"{obs.name} at capability {cap}"))
     return list(failures.values()), ""
 
 
