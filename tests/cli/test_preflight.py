@@ -136,6 +136,13 @@ def test_a_bump_without_a_version_is_refused_before_the_installs() -> None:
         check("bump", ("bump",), ["s", "sglang", resumed])
 
 
+def test_a_python_the_doctor_cannot_find_is_refused_before_the_installs() -> None:
+    """nox -s doctor -- --python /nope answered after 8-17 s of installing the toolkit."""
+    with pytest.raises(UsageError, match="--python /no/such/python: no such interpreter"):
+        check("doctor", ("doctor",), ["--python", "/no/such/python", "--tp", "2"])
+    check("doctor", ("doctor",), ["--python", sys.executable])
+
+
 def test_asking_for_help_is_never_refused() -> None:
     check("sglang_layer", ("gpu", "sglang-layer"), ["--help"])
     check("tune", ("tune",), ["-h"])

@@ -105,6 +105,13 @@ def _tune(_: argparse.Namespace) -> None:
     ready()
 
 
+def _doctor(args: argparse.Namespace) -> None:
+    if args.python is not None:  # the Python the doctor would examine is there
+        from sm120fork.doctor.cli import serving_python
+
+        serving_python(args.python)
+
+
 def _nvcc(_: argparse.Namespace) -> None:
     from sm120fork.verify import require_compiler
 
@@ -113,7 +120,8 @@ def _nvcc(_: argparse.Namespace) -> None:
 
 #: What each verb checks first, of the machine or of arguments its parser cannot judge.
 _NEEDS: dict[str, Callable[[argparse.Namespace], None]] = {
-    "gpu": _gpu, "tune": _tune, "verify-sm120": _nvcc, "bump": bump_revision}
+    "gpu": _gpu, "tune": _tune, "verify-sm120": _nvcc, "bump": bump_revision,
+    "doctor": _doctor}
 
 
 @contextlib.contextmanager
