@@ -143,6 +143,22 @@ def test_a_python_the_doctor_cannot_find_is_refused_before_the_installs() -> Non
     check("doctor", ("doctor",), ["--python", sys.executable])
 
 
+def test_a_kit_of_a_stack_never_built_is_refused_before_the_installs(tmp_path: Path) -> None:
+    """On a fresh clone nox -s gpu_kit -- --python 3.12 --out K said so after 8 s."""
+    (tmp_path / "forks").mkdir()
+    (tmp_path / "forks" / "a.toml").write_text("[stack]\ndefault = false\n")
+    (tmp_path / "forks" / "b.toml").write_text("[stack]\ndefault = true\n")
+    kit = ["--python", "3.12", "--out", "k"]
+    for stack, args in (("b", kit), ("a", [*kit, "--stack", "a"])):
+        with pytest.raises(ConfigError) as caught:
+            check("gpu_kit", ("gpu-kit",), args)
+        assert caught.value.message == (f"stack {stack} has no build in wheels/{stack} "
+                                        f"(nox -s build -- --stack {stack})")
+    (tmp_path / "wheels" / "b").mkdir(parents=True)
+    (tmp_path / "wheels" / "b" / "manifest.json").write_text("{}")
+    check("gpu_kit", ("gpu-kit",), kit)
+
+
 def test_asking_for_help_is_never_refused() -> None:
     check("sglang_layer", ("gpu", "sglang-layer"), ["--help"])
     check("tune", ("tune",), ["-h"])

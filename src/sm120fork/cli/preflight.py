@@ -26,7 +26,7 @@ from sm120fork.cli.args import bump_revision
 from sm120fork.cli.main import VERBS, make_parser
 from sm120fork.errors import CommandError, ConfigError
 from sm120fork.util import proc
-from sm120fork.util.hint import FRONT_DOOR_ENV
+from sm120fork.util.hint import FRONT_DOOR_ENV, command
 
 #: The session that runs cibuildwheel itself (no toolkit verb).
 CIBUILDWHEEL = "cibuildwheel"
@@ -105,6 +105,19 @@ def _tune(_: argparse.Namespace) -> None:
     ready()
 
 
+def _built(args: argparse.Namespace, root: Path = Path()) -> None:
+    """The stack a kit packs has a build (its manifest), as the kit would find after the
+    installs; the default stack is the one whose ``[stack]`` sets ``default = true``."""
+    stack = args.stack
+    for declaration in sorted((root / "forks").glob("*.toml")) if stack is None else ():
+        with contextlib.suppress(OSError, tomllib.TOMLDecodeError, AttributeError):
+            if tomllib.loads(declaration.read_text()).get("stack", {}).get("default") is True:
+                stack = declaration.stem
+    if stack is not None and not (root / "wheels" / stack / "manifest.json").is_file():
+        raise ConfigError(f"stack {stack} has no build in wheels/{stack}",
+                          fix=command("build", "--stack", stack))
+
+
 def _doctor(args: argparse.Namespace) -> None:
     if args.python is not None:  # the Python the doctor would examine is there
         from sm120fork.doctor.cli import serving_python
@@ -121,7 +134,7 @@ def _nvcc(_: argparse.Namespace) -> None:
 #: What each verb checks first, of the machine or of arguments its parser cannot judge.
 _NEEDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "gpu": _gpu, "tune": _tune, "verify-sm120": _nvcc, "bump": bump_revision,
-    "doctor": _doctor}
+    "doctor": _doctor, "gpu-kit": _built}
 
 
 @contextlib.contextmanager
