@@ -1279,6 +1279,9 @@ def test_a_python_without_sglang_is_named_once_not_as_27_hooks(
         "plugin sm120fork-sglang-plugin 0.5.23+sm120.1: off: it has no SGLang to apply to"]
     assert [b.partition(" (")[0] for b in report.blockers] == [
         "SGLang is not installed in /srv/venv/bin/python"]
+    # its fix is the SGLang the plugin is for, not a stack's wheels (another route)
+    assert report.blockers[0].endswith("or install the SGLang its plugin 0.5.23+sm120.1 is for "
+                                       "there: pip install sglang==0.5.23)")
 
 
 @pytest.mark.parametrize(("argv", "says"), [

@@ -356,11 +356,13 @@ def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
     info["plugin_active"] = active
     info["plugin_hooks"] = hooks if plugin_facts and "hooks" in plugin_facts else (
         (plugin_facts or {}).get("error"))
-    if sglang is None:
+    if sglang is None:  # the plugin's version is SGLang's plus our local label
+        install = (f"the SGLang its plugin {plugin} is for there: pip install sglang=="
+                   f"{plugin.partition('+')[0]}" if plugin else "the stack's wheels there: "
+                   "pip install -c wheels/<stack>/constraints.txt wheels/<stack>/*.whl")
         report.block(f"SGLang is not installed in {_python(facts)} (give the doctor the "
-                     "Python SGLang serves from: --python /path/to/python; or install the "
-                     "stack's wheels there: pip install -c wheels/<stack>/constraints.txt "
-                     "wheels/<stack>/*.whl)")
+                     f"Python SGLang serves from: --python /path/to/python; or install "
+                     f"{install})")
     if not _sm12x(facts):
         return info
     if sglang is not None and sglang_kind != "ours" and not active:
