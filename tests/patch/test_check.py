@@ -135,3 +135,16 @@ def test_a_name_a_function_uses_on_an_added_line_is_looked_up(tmp_path: Path) ->
     (tree / "demo_lib" / "sizes.py").write_text(
         (tree / "demo_lib" / "sizes.py").read_text().replace("is_mimo", "LIMIT"))
     assert check_tree(tree, patches, cache=tmp_path / "cache").passed
+
+
+def test_a_failure_names_the_patch_that_wrote_its_line(tmp_path: Path) -> None:
+    """The trial's build blamed G7 (the last patch that changes overrides.py) for the
+    name G2's resolution kept: the patch is the one whose commit wrote the line."""
+    tree, patches = patched(tmp_path, {"demo_lib/sizes.py": (
+        "LIMIT = 1", "LIMIT = 1\n\n\ndef limit(tp):\n    return 2 if is_mimo else tp")})
+    later = make_patch(tree, tmp_path / "series", "P2 change the limit", {
+        "demo_lib/sizes.py": ("LIMIT = 1", "LIMIT = 3")}, "demo_lib/sizes.py: LIMIT = 3")
+    patches.append(parse_patch(later))
+    git(tree, "tag", "upstream", "HEAD~2")
+    (failure,) = check_tree(tree, patches, cache=tmp_path / "cache").failures
+    assert (failure.patch, failure.where) == (patches[0].name, "demo_lib/sizes.py:5")

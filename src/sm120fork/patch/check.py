@@ -13,6 +13,7 @@ A failure names the patch, ``file:line`` and the error.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -78,8 +79,16 @@ class TreeCheck:
         return "; ".join(parts)
 
 
-def _owner(patches: Sequence[Patch], path: str) -> str:
-    """The last patch of the series that changes ``path``."""
+def _owner(tree: Path, patches: Sequence[Patch], path: str, line: int = 0) -> str:
+    """The patch whose commit (the fork tree holds each under its subject) last changed
+    ``path`` at ``line`` (git blame); else the last patch of the series that changes
+    ``path``."""
+    if line:
+        with contextlib.suppress(CommandError):
+            blame = Git(tree)("blame", "--porcelain", "-L", f"{line},{line}", "--", path)
+            subject = next((b[8:] for b in blame.splitlines() if b.startswith("summary ")), "")
+            if found := next((p.name for p in patches if p.subject == subject), ""):
+                return found
     return next((p.name for p in reversed(patches) if path in p.files), patches[-1].name)
 
 
@@ -116,7 +125,7 @@ def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
         try:
             compile((tree / rel).read_bytes(), rel, "exec", dont_inherit=True)
         except SyntaxError as exc:
-            failures.append(CheckFailure(patch=_owner(patches, rel),
+            failures.append(CheckFailure(patch=_owner(tree, patches, rel, exc.lineno or 0),
                                          where=f"{rel}:{exc.lineno or 0}",
                                          error=f"SyntaxError: {exc.msg}", check="compile"))
             continue
@@ -194,9 +203,9 @@ def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
                 return [], obs.detail
             if obs.observed != "ok":
                 where, _, error = obs.detail.partition(": ")
-                file = where.rpartition(":")[0] or modules[obs.name]
-                owner = _owner(patches, file if any(file in p.files for p in patches)
-                               else modules[obs.name])
+                file, _, line = where.rpartition(":")
+                owner = _owner(tree, patches, file, int(line)) if any(
+                    file in p.files for p in patches) else _owner(tree, patches, modules[obs.name])
                 failures.setdefault((where, error), CheckFailure(
                     patch=owner, where=where or f"{modules[obs.name]}:0", error=error,
                     check=f"{'names' if obs.observed == 'undefined' else 'import'} "
