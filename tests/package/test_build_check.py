@@ -10,6 +10,9 @@ manifest and ``status`` then say.
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -79,3 +82,23 @@ def test_verify_names_the_patch_and_its_error_not_the_probes_requirements(
     assert err.value.what.startswith(f"patch {name} fails its check: NameError")
     assert err.value.where == "demo_lib/__init__.py:3"
     assert "requirements" not in str(err.value)
+
+
+def test_the_refusals_steps_mend_the_patch_when_pasted(
+        broken: tuple[DemoWorkspace, str]) -> None:
+    """The trial followed "commit the fix in <tree>, then refresh": a commit of its own,
+    which refresh exports as a new patch, the broken one left as it was.  The steps now
+    fold the fix into the patch's own commit; pasted, refresh mends that patch."""
+    demo, name = broken
+    with pytest.raises(BuildError) as err:
+        build_stack(demo.ws, demo.ws.stack(STACK))
+    tree = demo.ws.trees_dir / STACK / "lib"
+    init = tree / "demo_lib" / "__init__.py"
+    init.write_text(init.read_text().replace("LIMIT = ", "DEFAULT = 4\nLIMIT = "))
+    for pasted in re.findall(r"`(git [^`]+)`", err.value.fix or ""):
+        subprocess.run(shlex.split(pasted), check=True, capture_output=True)
+    before = (demo.series_dir("lib") / "series").read_text()
+    assert main(["--root", str(demo.ws.root), "refresh", STACK, "lib"]) == 0
+    assert (demo.series_dir("lib") / "series").read_text() == before
+    assert "+DEFAULT = 4\n+LIMIT = DEFAULT * 2" in (demo.series_dir("lib") / name).read_text()
+    build_stack(demo.ws, demo.ws.stack(STACK))

@@ -36,7 +36,7 @@ from sm120fork.manifest import (
 from sm120fork.package.artifact import check_wheel, require_passed
 from sm120fork.package.repack import check_same_preimage, check_series_for_wheel, repack_wheel
 from sm120fork.package.wheel import build_wheel
-from sm120fork.patch.check import check_tree, refusal
+from sm120fork.patch.check import check_tree, fold_steps, refusal
 from sm120fork.patch.series import Series
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.util.files import atomic_copy, sha256_file
@@ -107,10 +107,12 @@ def check_tree_of(job: Job, tree: Path) -> str:
         if result.passed:
             return result.summary
         if not job.unchecked:
+            fold = fold_steps(tree, job.series.patches, result.failures[0].patch)
             raise refusal(result, BuildError, fix=(
-                f"mend the patch: commit the fix in {tree}, then "
-                f"`{command('refresh', stack, key)}`; or publish the build as unchecked "
-                f"(verify-sm120 and a checking build still refuse it): {anyway}"))
+                f"mend the patch: fix it in {tree}, " + (f"fold the fix into the patch: {fold}"
+                if fold else "commit the fix") + f", then `{command('refresh', stack, key)}`; "
+                f"or publish the build as unchecked (verify-sm120 and a checking build still "
+                f"refuse it): {anyway}"))
         why = f"fails its check: {result.failures[0]}"
     log.warning("%s: publishing a tree that was not checked (--unchecked): %s", key, why)
     return f"{UNCHECKED}: {why}"

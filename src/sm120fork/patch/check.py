@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -90,6 +91,22 @@ def _owner(tree: Path, patches: Sequence[Patch], path: str, line: int = 0) -> st
             if found := next((p.name for p in patches if p.subject == subject), ""):
                 return found
     return next((p.name for p in reversed(patches) if path in p.files), patches[-1].name)
+
+
+def fold_steps(tree: Path, patches: Sequence[Patch], name: str) -> str:
+    """The commands that fold a fix made in ``tree`` into patch ``name``'s own commit (so
+    ``refresh`` mends that patch, not adds one), or "" when no commit there has its
+    subject."""
+    subject = next((p.subject for p in patches if p.name == name), "")
+    with contextlib.suppress(CommandError):
+        for row in Git(tree)("log", "--format=%H %s", f"{UPSTREAM_TAG}..HEAD").splitlines():
+            sha, _, said = row.partition(" ")
+            if subject and said == subject:
+                git = ["git", "-C", str(tree)]
+                return (f"`{shlex.join([*git, 'commit', '-a', '--fixup', sha])}`, then `"
+                        + shlex.join([*git, "-c", "sequence.editor=true", "rebase", "-i",
+                                      "--autosquash", UPSTREAM_TAG]) + "`")
+    return ""
 
 
 def _module(tree: Path, rel: str) -> tuple[str, Path] | str:
