@@ -96,7 +96,10 @@ def install(session: nox.Session, *args: str) -> None:
         session.log(f"already installed, unchanged: {' '.join(args)}")
         return
     session.install("-q", *args)
-    if marker is not None and marker.parent.is_dir():
+    # `nox -R` (--no-install, the environment reused) skips installs: then no stamp, or
+    # every later session would skip this one too (run_install is skipped exactly then).
+    if marker is not None and marker.parent.is_dir() and session.run_install(
+            "python", "-c", "", silent=True) is not None:
         marker.write_text(stamp)
 
 

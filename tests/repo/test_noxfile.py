@@ -138,13 +138,18 @@ def test_every_session_a_hint_names_exists() -> None:
 
 
 class _Session:
-    def __init__(self, venv: Path) -> None:
+    def __init__(self, venv: Path, *, no_install: bool = False) -> None:
         self.virtualenv = SimpleNamespace(location=str(venv))
         self.installs: list[tuple[str, ...]] = []
         self.logs: list[str] = []
+        self.no_install = no_install  # nox -R: installs skipped, the environment reused
 
     def install(self, *args: str) -> None:
-        self.installs.append(args)
+        if not self.no_install:
+            self.installs.append(args)
+
+    def run_install(self, *args: str, silent: bool = False) -> str | None:
+        return None if self.no_install else ""
 
     def log(self, text: str) -> None:
         self.logs.append(text)
@@ -164,6 +169,20 @@ def test_a_second_session_skips_the_install_a_new_environment_does_not(
     (tmp_path / "fresh").mkdir()
     nf.install(fresh, ".")
     assert fresh.installs == [("-q", ".")]
+
+
+def test_an_install_nox_skipped_leaves_no_stamp(tmp_path: Path) -> None:
+    """Issue 41 trial: `nox -R -s upstream_pr -- STACK --pr NAME` (-R: --no-install) skipped
+    the install of what the PR's tests import but stamped it, so the session its error
+    names, `nox -s upstream_pr -- STACK --pr NAME`, said "already installed" and the tests
+    met ModuleNotFoundError again."""
+    nf = _noxfile()
+    (tmp_path / "venv").mkdir()
+    nf.install(_Session(tmp_path / "venv", no_install=True), "numpy==2.4.6")
+    session = _Session(tmp_path / "venv")
+    nf.install(session, "numpy==2.4.6")
+    assert session.installs == [("-q", "numpy==2.4.6")]
+    assert session.logs == []
 
 
 def test_the_stamp_follows_the_sources_of_a_copy_not_of_an_editable_install(
