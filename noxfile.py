@@ -99,7 +99,7 @@ def install(session: nox.Session, *args: str) -> None:
     # `nox -R` (--no-install, the environment reused) skips installs: then no stamp, or
     # every later session would skip this one too (run_install is skipped exactly then).
     if marker is not None and marker.parent.is_dir() and session.run_install(
-            "python", "-c", "", silent=True) is not None:
+            "python", "-c", "", silent=True, log=False) is not None:
         marker.write_text(stamp)
 
 

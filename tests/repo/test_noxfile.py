@@ -148,7 +148,7 @@ class _Session:
         if not self.no_install:
             self.installs.append(args)
 
-    def run_install(self, *args: str, silent: bool = False) -> str | None:
+    def run_install(self, *args: str, silent: bool = False, log: bool = True) -> str | None:
         return None if self.no_install else ""
 
     def log(self, text: str) -> None:
