@@ -341,13 +341,17 @@ def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim: 
     if rec.stack != stack.name or rec.kind != kind:
         return standing("stale", f"{shown} is a {rec.kind} record of stack {rec.stack}, "
                                  f"not stack {stack.name}'s {kind}")
-    if patch.patch_id not in {p.patch_id for p in rec.tested.patches_of(project)}:
+    # The patch as the record tested it, found by its change: a renamed or renumbered
+    # patch (a bump that dropped one before it) is the same patch.
+    tested = next((p.patch for p in rec.tested.patches_of(project)
+                   if p.patch_id == patch.patch_id), None)
+    if tested is None:
         return standing("stale", f"{folder} was made before this patch's change (patch-id "
                                  f"{patch.patch_id[:12]} not in it)", rec.verdict)
     if rec.verdict != "pass":
         return standing("fail", f"{folder}: {rec.verdict}", rec.verdict)
     if kind == "verify-sm120":
-        own = next((c.outcome for c in rec.cases if c.id == f"{project}/{patch.name}"),
+        own = next((c.outcome for c in rec.cases if c.id == f"{project}/{tested}"),
                    "not in it")
         if own != "pass":
             return standing("fail", f"{folder}: this patch's case: {own}", rec.verdict)

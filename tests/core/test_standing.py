@@ -129,6 +129,22 @@ def test_a_claim_whose_record_ran_another_build_is_to_remake(demo: DemoWorkspace
         "(stale)"]
 
 
+def test_a_renumbered_patch_keeps_its_claim(demo: DemoWorkspace) -> None:
+    """Issue 41 trial: the watch's bump dropped G2 and G3, so G4 became 0002-G4; its
+    verify-sm120 claim was "fail: this patch's case: not in it", though the record tested
+    that very change (its patch-id) under the old name."""
+    series = demo.series_dir("lib")
+    first = load_series(series).patches[0]
+    renamed = first.path.with_name("0009-" + first.path.name.partition("-")[2])
+    first.path.rename(renamed)
+    (series / "series").write_text((series / "series").read_text().replace(
+        first.path.name, renamed.name))
+    claim = next(s for s in claim_standings(demo.ws, demo.ws.stack("demo"))
+                 if s.kind == "verify-sm120")
+    assert claim.name.partition(": ")[0].rsplit("/", 1)[1].startswith("0009-")
+    assert claim.state == "current", claim.message()
+
+
 def test_a_record_never_made_is_missing_and_backs_no_claim(demo: DemoWorkspace) -> None:
     """Named as missing (not stale), with the command that makes it and what it needs."""
     for kind in ("gpu-test", "verify-sm120"):
