@@ -189,6 +189,7 @@ def lint(session: nox.Session) -> None:
 def verify_sm120(session: nox.Session) -> None:
     """Prove each patch for SM120/SM121 without such a GPU, into reports/<stack>/; needs nvcc."""
     ready(session, "verify-sm120")
+    cpu_torch(session)
     # "test": the proof's and the probe's groups, and pytest for the `cpu:` evidence it runs.
     install(session, ".", *groups("test"))
     toolkit(session, "verify-sm120")

@@ -117,7 +117,7 @@ def test_sessions_that_probe_a_tree_install_the_cpu_torch_before_any_torch_pin(
             return "torch==2.13.0\n" if "--requirements" in args else ""
 
     cpu = ("-q", "-r", "aot/requirements-torch-cpu.txt")
-    for name in ("build", "bump", "watch", "upstream_pr"):
+    for name in ("build", "bump", "watch", "upstream_pr", "verify_sm120"):
         session = Installing(["x"])
         getattr(nf, name).func(session)
         pins = [i for i, args in enumerate(session.installs)
