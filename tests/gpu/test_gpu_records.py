@@ -13,6 +13,7 @@ from sm120fork import record
 from sm120fork.gpu.ab import run as ab_run
 from sm120fork.gpu.core import records
 from sm120fork.gpu.core.documents import AbDoc, CaseResult, parse_ab
+from sm120fork.gpu.core.preflight import COMMAND_ENV
 from sm120fork.gpu.layer import run as layer_run
 from sm120fork.manifest import Manifest
 
@@ -108,13 +109,13 @@ def test_the_record_comes_back_with_one_import(tmp_path: Path) -> None:
 
 def test_the_recorded_command_names_no_path_of_this_machine(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(records.COMMAND_ENV, raising=False)
+    monkeypatch.delenv(COMMAND_ENV, raising=False)
     monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
     argv = ["test", "--stack", "sglang-0.5.10", "--quick", "--out", "/tmp/o",
             "--work-dir=/tmp/w"]
     assert records.recorded_command("test", argv) == (
         "nox -s gpu_test -- --stack sglang-0.5.10 --quick")
-    monkeypatch.setenv(records.COMMAND_ENV, "sh <kit sglang-0.5.10>/run gpu_test --quick")
+    monkeypatch.setenv(COMMAND_ENV, "sh <kit sglang-0.5.10>/run gpu_test --quick")
     assert records.recorded_command("test", argv).startswith("sh <kit")
 
 
