@@ -1238,17 +1238,20 @@ def pyenv_exec_path(root: Path) -> list[str]:
     return [str(version), str(libexec), str(plugin)]
 
 
-@pytest.mark.parametrize("launcher", ["shell", "nox", "pyenv's nox shim"])
+@pytest.mark.parametrize("launcher", ["shell", "nox", "pyenv's nox shim",
+                                      "a venv activated in a shell that pyenv exec started"])
 def test_by_default_the_doctor_examines_python3_on_path_and_says_so_first(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         launcher: str) -> None:
     """Issue 42: not the toolkit's own environment (nox's, which nox puts first on PATH),
-    nor pyenv's version of Python that its ``nox`` shim puts before an activated venv."""
+    nor pyenv's version of Python that its ``nox`` shim puts before an activated venv; but a
+    venv put before a PATH that ``pyenv exec`` made (CI runs the suite that way) is the one."""
     python = serving_venv(tmp_path / "serving", "0.5.10.post1+sm120.1")
     path = [str(python.parent), os.environ["PATH"]]
-    if launcher == "pyenv's nox shim":
+    if "pyenv" in launcher:
         monkeypatch.setenv("PYENV_ROOT", str(tmp_path / "pyenv"))
-        path[:0] = pyenv_exec_path(tmp_path / "pyenv")
+        where = 0 if launcher == "pyenv's nox shim" else 1  # before the venv, or after it
+        path[where:where] = pyenv_exec_path(tmp_path / "pyenv")
     if launcher != "shell":
         monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
         monkeypatch.setenv("NOX_CURRENT_SESSION", "doctor")

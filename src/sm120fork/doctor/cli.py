@@ -126,9 +126,13 @@ def _before_pyenv_exec(path: list[str]) -> list[str]:
     not the one an activated venv puts on the shell's PATH."""
     libexec = next((i for i, d in enumerate(path) if d and Path(d, "pyenv-exec").is_file()),
                    None)
-    if libexec is None:
+    root = Path(os.environ.get("PYENV_ROOT", "~/.pyenv")).expanduser().resolve()
+    # Only pyenv's own prefix, at the front: a venv the user put before a PATH that was
+    # itself made by ``pyenv exec`` (a shell started from a pyenv-launched program) stays.
+    if libexec is None or not all(Path(d).resolve().is_relative_to(root / "versions")
+                                  for d in path[:libexec]):
         return path
-    plugins = Path(os.environ.get("PYENV_ROOT", "~/.pyenv")).expanduser().resolve() / "plugins"
+    plugins = root / "plugins"
     rest = path[libexec + 1:]
     while rest and Path(rest[0]).resolve().parent.parent == plugins:
         rest = rest[1:]
