@@ -5,18 +5,17 @@ entries (:mod:`sm120fork.package.stack`), and every later stage reads it through
 :func:`read` or :func:`load` (status, standing, verify-sm120, the AOT build, the GPU runs,
 upstream evidence, the kit), never as a dict by string keys.  Below every stage: standard
 library and the toolkit's errors only, since the GPU box reads it without the build's
-dependencies.  ``from_json`` reads what ``to_json`` wrote, and the entries an earlier
-toolkit cached (the same keys, some absent).
+dependencies.  ``from_json`` reads what ``to_json`` wrote.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from sm120fork.errors import ConfigError
+from sm120fork.util import typed
 
 FILE = "manifest.json"
 
@@ -66,7 +65,7 @@ class PatchRecord:
     name: str
     sha256: str
     subject: str
-    applied_upstream: str
+    applied_upstream: str = ""
 
     @classmethod
     def of(cls, patch: _PatchLike) -> PatchRecord:
@@ -140,97 +139,6 @@ class ManifestEntry:
         })
         return data
 
-    @classmethod
-    def from_json(cls, data: object, key: str = "") -> ManifestEntry:
-        """The entry ``data`` records (``key``: where it sits, for errors); :class:`MalformedError`
-        naming the dotted key when it is not one."""
-        r = _Fields(data, key)
-        source = _Fields(r.need("source", dict), r.dotted("source"))
-        changed = r.maybe("changed_files", list)
-        return cls(
-            project=r.text("project"), distribution=r.text("distribution"),
-            upstream_version=r.text("upstream_version"), version=r.text("version"),
-            upstream_commit=r.maybe("upstream_commit", str),
-            upstream_commit_verified=bool(r.maybe("upstream_commit_verified", bool)),
-            source=SourceRecord(kind=source.text("kind"), digest=source.text("digest"),
-                                filename=source.maybe("filename", str),
-                                url=source.maybe("url", str)),
-            series=r.text("series"), series_digest=r.text("series_digest"),
-            patches=tuple(PatchRecord(name=p.text("name"), sha256=p.text("sha256"),
-                                      subject=p.text("subject"),
-                                      applied_upstream=p.maybe("applied_upstream", str) or "")
-                          for p in r.objects("patches")),
-            wheel=r.text("wheel"), sha256=r.text("sha256"),
-            toolkit_version=r.text("toolkit_version"),
-            used_as_published=bool(r.maybe("used_as_published", bool)),
-            patched_commit=r.maybe("patched_commit", str),
-            tree=r.maybe("tree", str),
-            changed_files=(tuple(_Fields.string(f, f"{r.dotted('changed_files')}[{i}]")
-                                 for i, f in enumerate(changed))
-                           if changed is not None else None),
-            artifact_check=tuple(
-                FingerprintResult(patch=f.text("patch"), path=f.text("path"),
-                                  text=f.text("text"), member=f.text("member"),
-                                  in_wheel=f.need("in_wheel", bool),
-                                  in_upstream=f.need("in_upstream", bool))
-                for f in r.objects("artifact_check")),
-            check=r.maybe("check", str) or "",
-        )
-
-
-class MalformedError(ValueError):
-    """A manifest (or a cached entry) that is not one: ``key`` is the dotted key."""
-
-    def __init__(self, key: str, what: str) -> None:
-        super().__init__(f"{key or '(top level)'}: {what}")
-        self.key = key or "(top level)"
-        self.what = what
-
-
-_T = TypeVar("_T")
-
-
-class _Fields:
-    """Typed access to one JSON object of the manifest, each error naming the dotted key."""
-
-    def __init__(self, data: object, key: str) -> None:
-        if not isinstance(data, dict):
-            raise MalformedError(key, f"is {type(data).__name__}, not an object")
-        self.data: Mapping[str, object] = data
-        self.key = key
-
-    def dotted(self, name: str) -> str:
-        return f"{self.key}.{name}" if self.key else name
-
-    def maybe(self, name: str, kind: type[_T]) -> _T | None:
-        """The value of ``name`` if there (and not null), of type ``kind``."""
-        value = self.data.get(name)
-        if value is None:
-            return None
-        if not isinstance(value, kind):
-            raise MalformedError(self.dotted(name),
-                                 f"is {type(value).__name__}, not {kind.__name__}")
-        return value
-
-    def need(self, name: str, kind: type[_T]) -> _T:
-        value = self.maybe(name, kind)
-        if value is None:
-            raise MalformedError(self.dotted(name), "is missing")
-        return value
-
-    def text(self, name: str) -> str:
-        return self.need(name, str)
-
-    @staticmethod
-    def string(value: object, key: str) -> str:
-        if not isinstance(value, str):
-            raise MalformedError(key, f"is {type(value).__name__}, not str")
-        return value
-
-    def objects(self, name: str) -> list[_Fields]:
-        items = self.maybe(name, list) or []
-        return [_Fields(item, f"{self.dotted(name)}[{i}]") for i, item in enumerate(items)]
-
 
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
@@ -252,14 +160,10 @@ class Manifest:
                 "wheels": [w.to_json() for w in self.wheels]}
 
     @classmethod
-    def from_json(cls, data: object) -> Manifest:
-        """:class:`MalformedError` (a ValueError) naming the dotted key when ``data`` is not a
-        manifest."""
-        r = _Fields(data, "")
-        wheels = r.maybe("wheels", list) or []
-        return cls(stack=r.text("stack"), toolkit_version=r.text("toolkit_version"),
-                   wheels=tuple(ManifestEntry.from_json(w, f"wheels[{i}]")
-                                for i, w in enumerate(wheels)))
+    def from_json(cls, data: object, where: str | Path = "") -> Manifest:
+        """:class:`~sm120fork.util.typed.MalformedError` naming the dotted key when ``data`` is
+        not a manifest."""
+        return typed.read(cls, data, where, strict=False)
 
 
 def read(path: Path, *, fix: str | None = None) -> Manifest:
@@ -280,9 +184,9 @@ def read(path: Path, *, fix: str | None = None) -> Manifest:
         raise ConfigError(f"not a build manifest: not JSON: {exc}", where=str(path),
                           fix=fix) from exc
     try:
-        return Manifest.from_json(data)
-    except MalformedError as exc:
-        raise ConfigError(f"not a build manifest: {exc.what}", where=f"{path}: {exc.key}",
+        return Manifest.from_json(data, path)
+    except typed.MalformedError as exc:
+        raise ConfigError(f"not a build manifest: {exc.what}", where=exc.where,
                           fix=fix) from exc
 
 

@@ -12,17 +12,17 @@ standard library and the toolkit's errors only.
 from __future__ import annotations
 
 import datetime
-import difflib
 import json
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from sm120fork.errors import ConfigError
+from sm120fork.util import typed
 
 FORMAT = "sm120fork-record/1"
 RECORD_FILE = "record.json"
@@ -234,7 +234,7 @@ def check(record: Record, *, where: str) -> None:
 
     if record.kind not in KINDS:
         raise bad("kind", f"unknown kind {record.kind!r}",
-                  fix=_suggest(record.kind, KINDS) or f"one of {', '.join(KINDS)}")
+                  fix=typed.suggest(record.kind, KINDS) or f"one of {', '.join(KINDS)}")
     kind = KINDS[record.kind]
     if kind.has_subjects and not record.subject:
         raise bad("subject", f"a {record.kind} record names its subject")
@@ -292,7 +292,7 @@ def machine_paths(record: Record) -> list[tuple[str, str]]:
             if MACHINE_PATH.search(text)]
 
 
-def _strings(value: Any, key: str) -> Iterable[tuple[str, str]]:
+def _strings(value: object, key: str) -> Iterable[tuple[str, str]]:
     if isinstance(value, str):
         yield key, value
     elif isinstance(value, dict):
@@ -341,116 +341,6 @@ def dumps(record: Record) -> str:
     return json.dumps(to_json(record), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
 
 
-_T = TypeVar("_T")
-
-
-class _Reader:
-    """Typed access to one JSON object, each error naming the file and the dotted key."""
-
-    def __init__(self, data: Any, where: str, key: str = "") -> None:
-        self.where = where
-        self.key = key
-        if not isinstance(data, dict):
-            raise self.error(f"is {_type_name(data)}, not an object")
-        self.data: dict[str, object] = data
-        self.seen: set[str] = set()
-
-    def error(self, what: str, key: str | None = None, fix: str | None = None) -> ConfigError:
-        shown = key if key is not None else self.key
-        return ConfigError(what, where=f"{self.where}: {shown or '(top level)'}", fix=fix)
-
-    def dotted(self, name: str) -> str:
-        return f"{self.key}.{name}" if self.key else name
-
-    def get(self, name: str, types: tuple[type, ...], *, required: bool = True,
-            default: Any = None) -> Any:
-        self.seen.add(name)
-        if name not in self.data:
-            if required:
-                raise self.error("is missing", self.dotted(name))
-            return default
-        value = self.data[name]
-        if value is None and not required:
-            return default
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            wanted = " or ".join(t.__name__ for t in types)
-            raise self.error(f"is {_type_name(value)}, not {wanted}", self.dotted(name))
-        return value
-
-    def string(self, name: str, *, required: bool = True) -> Any:
-        value = self.get(name, (str,), required=required)
-        if required and not value:
-            raise self.error("is empty", self.dotted(name))
-        return value
-
-    def strings(self, name: str) -> tuple[str, ...]:
-        items = self.get(name, (list,), required=False, default=[])
-        for i, item in enumerate(items):
-            if not isinstance(item, str):
-                raise self.error(f"is {_type_name(item)}, not str", f"{self.dotted(name)}[{i}]")
-        return tuple(items)
-
-    def objects(self, name: str, build: Callable[[_Reader], _T], *,
-                required: bool = False) -> tuple[_T, ...]:
-        items = self.get(name, (list,), required=required, default=[])
-        out = []
-        for i, item in enumerate(items):
-            reader = _Reader(item, self.where, f"{self.dotted(name)}[{i}]")
-            out.append(build(reader))
-            reader.done()
-        return tuple(out)
-
-    def child(self, name: str) -> _Reader:
-        self.seen.add(name)
-        if name not in self.data:
-            raise self.error("is missing", self.dotted(name))
-        return _Reader(self.data[name], self.where, self.dotted(name))
-
-    def done(self) -> None:
-        """Refuse keys the format does not have, suggesting the one meant."""
-        for key in self.data:
-            if key not in self.seen:
-                hint = _suggest(key, self.seen)
-                raise self.error("is not a key of the format", self.dotted(key),
-                                 fix=hint or f"known here: {', '.join(sorted(self.seen))}")
-
-
-def _type_name(value: Any) -> str:
-    return {dict: "an object", list: "a list", type(None): "null"}.get(
-        type(value), type(value).__name__)
-
-
-def _suggest(word: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(known), n=1)
-    return f"did you mean {close[0]!r}?" if close else ""
-
-
-def _machine(r: _Reader) -> Machine:
-    return Machine(description=r.string("description"),
-                   gpus=r.strings("gpus"),
-                   capability=r.get("capability", (str,), required=False),
-                   driver=r.get("driver", (str,), required=False),
-                   cuda=r.get("cuda", (str,), required=False),
-                   torch=r.get("torch", (str,), required=False),
-                   python=r.get("python", (str,), required=False),
-                   cpus=r.get("cpus", (int,), required=False),
-                   shared_gpu=r.get("shared_gpu", (bool,), required=False))
-
-
-def _tested(r: _Reader) -> Tested:
-    # A tree or patch listed again (once per wheel of a multi-wheel build, as records
-    # made before gpu/records.tested_of named each once did) is the same fact: kept once.
-    return Tested(
-        wheels=r.objects("wheels", lambda w: TestedWheel(
-            variant=w.string("variant"), project=w.string("project"), file=w.string("file"),
-            sha256=w.string("sha256"))),
-        trees=tuple(dict.fromkeys(r.objects("trees", lambda t: TestedTree(
-            project=t.string("project"), tree=t.string("tree"))))),
-        patches=tuple(dict.fromkeys(r.objects("patches", lambda p: TestedPatch(
-            project=p.string("project"), patch=p.string("patch"),
-            patch_id=p.string("patch_id"))))))
-
-
 def tested_to_json(tested: Tested) -> dict[str, list[dict[str, str]]]:
     """``tested`` as the record's ``tested`` block and ``tested.json`` hold it."""
     return {
@@ -465,60 +355,36 @@ def tested_to_json(tested: Tested) -> dict[str, list[dict[str, str]]]:
 def read_tested(path: Path) -> Tested:
     """``tested.json`` (what a build tested: its trees and each patch's id, written beside
     the build's wheels by the kit), refused naming the file and the dotted key."""
-    where = str(path)
-    reader = _Reader(_json_file(path, where), where)
-    tested = _tested(reader)
-    reader.done()
-    return tested
+    return _once(typed.read(Tested, typed.json_file(path), path))
 
 
-def _case(r: _Reader) -> Case:
-    return Case(id=r.string("id"), variant=r.string("variant"), outcome=r.string("outcome"),
-                detail=r.get("detail", (str,), required=False, default=""),
-                against=r.get("against", (str,), required=False))
+def _once(tested: Tested) -> Tested:
+    # A tree or patch listed again (once per wheel of a multi-wheel build, as records
+    # made before gpu/records.tested_of named each once did) is the same fact: kept once.
+    return replace(tested, trees=tuple(dict.fromkeys(tested.trees)),
+                   patches=tuple(dict.fromkeys(tested.patches)))
 
 
-def from_json(data: Any, where: str) -> Record:
+def from_json(data: object, where: str | Path) -> Record:
     """The record in ``data`` (parsed JSON), refused naming ``where`` and the dotted key."""
-    r = _Reader(data, where)
-    fmt = r.get("format", (str,))
+    fields = dict(data) if isinstance(data, dict) else data
+    fmt = fields.pop("format", None) if isinstance(fields, dict) else FORMAT
     if fmt != FORMAT:
-        raise r.error(f"{fmt!r} is not {FORMAT!r}", "format",
-                      fix="made by another toolkit version: import it with that one")
-    machine = r.child("machine")
-    tested = r.child("tested")
-    counts = r.child("counts")
-    record = Record(
-        kind=r.string("kind"), subject=r.get("subject", (str,), required=False),
-        stack=r.string("stack"), command=r.string("command"), created=r.string("created"),
-        toolkit=r.string("toolkit"), machine=_machine(machine), tested=_tested(tested),
-        planned=r.get("planned", (int,)), finished=r.get("finished", (bool,)),
-        counts={k: counts.get(k, (int,)) for k in OUTCOMES},
-        verdict=r.string("verdict"), cases=r.objects("cases", _case, required=True),
-        not_run=r.strings("not_run"), notes=r.strings("notes"))
-    for reader in (machine, tested, counts, r):
-        reader.done()
+        raise typed.MalformedError(where, "format", f"{fmt!r} is not {FORMAT!r}",
+                              fix="made by another toolkit version: import it with that one")
+    record = typed.read(Record, fields, where)
+    record = replace(record, tested=_once(record.tested))
     if record.verdict not in VERDICTS:
-        raise r.error(f"{record.verdict!r} is not one of {', '.join(VERDICTS)}", "verdict")
-    check(record, where=where)
+        raise typed.MalformedError(where, "verdict",
+                              f"{record.verdict!r} is not one of {', '.join(VERDICTS)}")
+    check(record, where=str(where))
     return record
 
 
 def read(path: Path, *, shown: str | None = None) -> Record:
     """The record in ``path`` (a record.json); errors name ``shown`` (default: ``path``)."""
     where = shown or str(path)
-    return from_json(_json_file(path, where), where)
-
-
-def _json_file(path: Path, where: str) -> Any:
-    """The parsed JSON of ``path``; a file that cannot be read or is not JSON is refused
-    naming ``where``."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read it: {exc.strerror}", where=where) from exc
-    except ValueError as exc:
-        raise ConfigError(f"is not JSON: {exc}", where=where) from exc
+    return from_json(typed.json_file(path, where), where)
 
 
 # --------------------------------------------------------------------------- summary

@@ -156,7 +156,7 @@ def test_import_publishes_valid_records_and_refuses_all_on_one_bad(
     assert "c/record.json: command" in capsys.readouterr().err
 
 
-def test_a_patch_listed_once_per_wheel_is_read_as_one_tested_patch() -> None:
+def test_a_patch_listed_once_per_wheel_is_read_as_one_tested_patch(tmp_path: Path) -> None:
     """Records made before tested_of named each patch once list a multi-wheel build's
     patches once per wheel: read back, each is one fact, in the series' order."""
     from sm120fork.gpu.core.records import tested_of
@@ -166,6 +166,7 @@ def test_a_patch_listed_once_per_wheel_is_read_as_one_tested_patch() -> None:
     rows = record.tested_to_json(tested_of(manifest, {"p": [("a", "1" * 40),
                                                              ("b", "2" * 40)]}))["patches"]
     assert [r["patch"] for r in rows] == ["a", "b"]
-    doc = {"patches": rows * 3}
-    got = record._tested(record._Reader(doc, "x"))
+    path = tmp_path / "tested.json"
+    path.write_text(json.dumps({"patches": rows * 3}))
+    got = record.read_tested(path)
     assert [p.patch for p in got.patches] == ["a", "b"]

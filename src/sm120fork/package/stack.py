@@ -25,7 +25,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from sm120fork.declare import Project, Stack, pinned_for, requirement_applies
-from sm120fork.errors import BuildError, DirtyTreeError
+from sm120fork.errors import BuildError, ConfigError, DirtyTreeError
 from sm120fork.fetch.kinds import source_key
 from sm120fork.fetch.source import Progress
 from sm120fork.manifest import UNCHECKED, ManifestEntry
@@ -40,6 +40,7 @@ from sm120fork.patch.tree import (
     other_series_fix,
 )
 from sm120fork.plugin.build import build_plugin, plugin_files, sglang_project
+from sm120fork.util import typed
 from sm120fork.util.files import (
     atomic_write_text,
     read_json_object,
@@ -74,8 +75,9 @@ def _load_entries(entry_dir: Path) -> list[ManifestEntry] | None:
     if not isinstance(records, list):
         return None
     try:
-        entries = [ManifestEntry.from_json(r) for r in records]
-    except (KeyError, TypeError, ValueError, AttributeError):
+        entries = [typed.read(ManifestEntry, r, entry_dir / ENTRY, strict=False)
+                   for r in records]
+    except ConfigError:
         return None
     for entry in entries:
         wheel = entry_dir / entry.wheel

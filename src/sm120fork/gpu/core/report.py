@@ -10,6 +10,7 @@ import json
 import re
 from collections.abc import Mapping
 
+from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.documents import (
     AbDoc,
     BenchDoc,
@@ -89,7 +90,7 @@ def built_manifest(env: Environment) -> Manifest | None:
         return None
     try:
         return Manifest.from_json(data)
-    except (KeyError, TypeError, ValueError, AttributeError):
+    except ConfigError:
         return None
 
 

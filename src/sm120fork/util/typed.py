@@ -1,0 +1,142 @@
+"""Typed values from parsed JSON or TOML: a frozen dataclass read field by field from its
+annotations, each refusal naming the file and the dotted key.
+
+One reader for every artifact the toolkit reads back (the declarations, the build's
+manifest, the records, a GPU run's documents), so an error reads the same everywhere::
+
+    forks/x.toml: projects.sglang.git.commit: is int, not str
+
+A field with a default may be absent; ``X | None`` also accepts null; ``tuple[X, ...]``
+reads a list; ``Mapping[str, X]`` an object; a dataclass an object of its fields.  Keys
+the dataclass does not have are refused with the closest known one (``strict``), or
+ignored.  Standard library only: the doctor and the kit read with it too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sm120fork.errors import ConfigError
+
+_T = TypeVar("_T")
+
+
+class MalformedError(ConfigError):
+    """A value that is not what its reader wants; ``key`` is the dotted key."""
+
+    def __init__(self, where: str | Path, key: str, what: str, fix: str | None = None) -> None:
+        self.key = key or "(top level)"
+        super().__init__(what, where=f"{where}: {self.key}" if str(where) else self.key,
+                         fix=fix)
+
+
+def kind(value: object) -> str:
+    """How an error names the JSON type of ``value``."""
+    return {dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def suggest(word: str, known: Iterable[str]) -> str:
+    """``did you mean 'x'?`` for the known word closest to ``word``; "" for none close."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def dotted(key: str, name: str) -> str:
+    return f"{key}.{name}" if key else name
+
+
+def read(cls: type[_T], data: object, where: str | Path, key: str = "", *,
+         strict: bool = True) -> _T:
+    """``data`` as a ``cls`` (a dataclass), refused as :class:`MalformedError` naming ``where``
+    (the file) and the dotted key below ``key``."""
+    return typing.cast(_T, _value(cls, data, _At(str(where), key, strict)))
+
+
+def json_file(path: Path, where: str | Path | None = None) -> object:
+    """The parsed JSON of ``path``; unreadable or not JSON is refused naming ``where``
+    (default: the path)."""
+    shown = str(where if where is not None else path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read it: {exc.strerror}", where=shown) from exc
+    except ValueError as exc:
+        raise ConfigError(f"is not JSON: {exc}", where=shown) from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class _At:
+    where: str
+    key: str
+    strict: bool
+
+    def below(self, name: str) -> _At:
+        return dataclasses.replace(self, key=dotted(self.key, name))
+
+    def item(self, index: int) -> _At:
+        return dataclasses.replace(self, key=f"{self.key}[{index}]")
+
+    def error(self, what: str, fix: str | None = None) -> MalformedError:
+        return MalformedError(self.where, self.key, what, fix)
+
+
+def _object(cls: type[Any], data: object, at: _At) -> object:
+    if not isinstance(data, dict):
+        raise at.error(f"is {kind(data)}, not an object")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    if at.strict:
+        for name in data:
+            if name not in fields:
+                raise at.below(name).error("unknown key", suggest(name, fields)
+                                           or f"known: {', '.join(fields)}")
+    values = {}
+    for name, spec in fields.items():
+        if name in data:
+            values[name] = _value(hints[name], data[name], at.below(name))
+        elif (spec.default is dataclasses.MISSING
+              and spec.default_factory is dataclasses.MISSING):
+            raise at.below(name).error("is missing")
+    return cls(**values)
+
+
+def _value(hint: Any, value: object, at: _At) -> object:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return _object(typing.cast(type, hint), value, at)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _value(inner, value, at)
+    if hint is Any or hint is object:
+        return value
+    if origin is tuple:
+        items = _instance(list, value, at)
+        return tuple(_value(args[0], item, at.item(i)) for i, item in enumerate(items))
+    if origin in (Mapping, dict):
+        table = _instance(dict, value, at)
+        return {k: _value(args[1], v, at.below(k)) for k, v in table.items()}
+    if origin is typing.Literal:
+        if value not in args:
+            raise at.error(f"{value!r} is not one of {', '.join(map(str, args))}")
+        return value
+    return _instance(hint, value, at)
+
+
+def _instance(cls: type[_T], value: object, at: _At) -> _T:
+    if cls is float and isinstance(value, int) and not isinstance(value, bool):
+        return typing.cast(_T, float(value))
+    # bool is an int to isinstance; a JSON true is no count.
+    if not isinstance(value, cls) or (isinstance(value, bool) and cls is not bool):
+        name = "an object" if cls is dict else "a list" if cls is list else cls.__name__
+        raise at.error(f"is {kind(value)}, not {name}")
+    return value
