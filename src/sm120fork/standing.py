@@ -9,7 +9,11 @@ wheels are of today's pins, and, where the stack's wheels are built here
 
 A claim (``Verified-By``) names a check, never a stack: it is judged against the record of
 the stack its patch belongs to (``reports/<stack>/...``), so a copy of a stack under
-another name claims its own records.  It is current only when that record exists
+another name claims its own records.  Evidence is keyed on what was tested, not on the
+folder: where the stack has no GPU record of that kind, one of another stack that ran
+this stack's very build (the wheels' sha256 and patched trees its manifest lists now: a
+copy builds byte-identical wheels) backs a ``gpu:`` claim too (the CPU records are re-made
+for the copy here).  It is current only when that record exists
 ("missing" when it was never made), lists the patch's patch id today ("stale" when not),
 and passed, for a verify-sm120 claim the patch's own case too ("fail" when not).
 ``git patch-id --stable`` ignores headers and messages: editing a Description or a
@@ -177,6 +181,27 @@ def _manifest_wheels(manifest: Manifest) -> dict[str, tuple[frozenset[str], str 
             if (entries := manifest.of(project))}
 
 
+def same_build(rec: Record, today: Today) -> bool:
+    """``rec`` ran exactly the wheels and patched trees the stack has built now."""
+    built = today.wheels or {}
+    ran = [w for w in rec.tested.wheels if w.variant not in BASELINE_VARIANTS]
+    return bool(ran) and all(w.project in built and w.sha256 in built[w.project][0]
+                             for w in ran) \
+        and all(t.project in built and t.tree == built[t.project][1] for t in rec.tested.trees)
+
+
+def twin_record(ws: Workspace, today: Today, kind: str,
+                subject: str | None) -> tuple[str, Record] | None:
+    """(folder, record) of a ``kind`` record of another stack that ran this stack's very
+    build (:func:`same_build`); None when the stack is not built or none did."""
+    if today.wheels is None:
+        return None
+    return next(((f"reports/{rel.parent.as_posix()}", rec)
+                 for rel, rec in published(ws.reports_dir)
+                 if rec.kind == kind and rec.subject == subject
+                 and rec.stack != today.stack.name and same_build(rec, today)), None)
+
+
 def _version_of(wheel_file: str) -> str:
     parts = wheel_file.split("-")
     return parts[1].split("+")[0] if len(parts) > 1 else ""
@@ -332,13 +357,18 @@ def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim: 
                         needs=needs(kind, today))
 
     path = ws.root / shown
-    if not path.is_file():
+    twin = None if path.is_file() or claim.kind != "gpu" else twin_record(
+        ws, today, kind, subject[0] if subject else None)
+    if twin is not None:
+        folder, rec = twin
+    elif not path.is_file():
         return standing("missing", f"{shown} was never made")
-    try:
-        rec = read(path, shown=shown)
-    except ConfigError as exc:
-        return standing("stale", str(exc))
-    if rec.stack != stack.name or rec.kind != kind:
+    else:
+        try:
+            rec = read(path, shown=shown)
+        except ConfigError as exc:
+            return standing("stale", str(exc))
+    if (rec.stack != stack.name and twin is None) or rec.kind != kind:
         return standing("stale", f"{shown} is a {rec.kind} record of stack {rec.stack}, "
                                  f"not stack {stack.name}'s {kind}")
     # The patch as the record tested it, found by its change: a renamed or renumbered
@@ -355,7 +385,8 @@ def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim: 
                    "not in it")
         if own != "pass":
             return standing("fail", f"{folder}: this patch's case: {own}", rec.verdict)
-    return standing("current", verdict=rec.verdict)
+    return standing("current", f"{folder} ran this stack's very build" if twin else "",
+                    rec.verdict)
 
 
 def claim_standings(ws: Workspace, stack: Stack, today: Today | None = None

@@ -16,6 +16,7 @@ from sm120fork.errors import SeriesError
 from sm120fork.patch.series import load_series
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
 from sm120fork.standing import Today, claim_standings, stack_evidence, to_remake
+from sm120fork.verify.proof.patches import Context, check_gpu_report
 
 from helpers_ws import DemoWorkspace, make_demo
 
@@ -195,6 +196,40 @@ def test_a_renamed_copy_of_a_stack_claims_its_own_records(demo: DemoWorkspace) -
                for s in claims)
     _records(demo, stack="copy")
     assert _stale(demo, "copy") == {}
+
+
+def test_a_copy_built_byte_identical_is_backed_by_the_gpu_run_of_its_very_build(
+        demo: DemoWorkspace) -> None:
+    """Evidence is keyed on what was tested, not on the folder (issue 41: a renamed copy
+    verifies): a copy whose build is the original's wheels, sha256 for sha256, is backed by
+    the original's GPU record, which ran them; a copy not built, or built otherwise, is not,
+    and never by the original's verify-sm120 record (verify runs again for the copy)."""
+    root = demo.ws.root
+    toml = (root / "forks" / "demo.toml").read_text()
+    (root / "forks" / "copy.toml").write_text(
+        toml.replace('name = "demo"', 'name = "copy"').replace("patches/demo/", "patches/copy/")
+        .replace("default = true", "default = false"))
+    shutil.copytree(root / "patches" / "demo", root / "patches" / "copy")
+    stack = demo.ws.stack("copy")
+    wheels = demo.ws.stack_wheels("copy")
+    wheels.mkdir(parents=True)
+    for sha, state in (("b" * 64, "missing"), ("a" * 64, "current")):
+        write_manifest(wheels, "copy", entry("lib", wheel=WHEEL, sha256=sha))
+        gpu = next(s for s in claim_standings(demo.ws, stack) if s.kind == "gpu-test")
+        assert gpu.state == state, gpu.message()
+    assert gpu.reasons == ("reports/demo/gpu-test ran this stack's very build",)
+    cpu = next(s for s in claim_standings(demo.ws, stack) if s.kind == "verify-sm120")
+    assert cpu.state == "missing"
+    # verify-sm120 of the copy counts the same record, and says whose run it was
+    patch = load_series(root / "patches" / "copy" / "lib").patches[1]
+    ctx = Context(root=root, stack="copy", today=Today.of(demo.ws, stack), workspace=demo.ws)
+    text, ok = check_gpu_report(ctx, "gpu-test", patch, "lib")
+    assert ok, text
+    assert text.startswith("reports/demo/gpu-test (this very build, ran as stack demo): pass")
+    write_manifest(wheels, "copy", entry("lib", wheel=WHEEL, sha256="b" * 64))
+    ctx = Context(root=root, stack="copy", today=Today.of(demo.ws, stack), workspace=demo.ws)
+    assert check_gpu_report(ctx, "gpu-test", patch, "lib") == (
+        "reports/copy/gpu-test: no record.json", False)
 
 
 def test_a_gpu_claim_names_a_kind_of_record_not_another_stacks_folder(

@@ -34,10 +34,19 @@ from sm120fork.cuda.arch import is_sm12x
 from sm120fork.patch.series import Patch
 from sm120fork.record import BASELINE_VARIANTS, KINDS, RECORD_FILE
 from sm120fork.record import read as read_record
-from sm120fork.standing import EVIDENCE_LABELS, FIELD, Claim, claim_record_path, claims
+from sm120fork.standing import (
+    EVIDENCE_LABELS,
+    FIELD,
+    Claim,
+    Today,
+    claim_record_path,
+    claims,
+    twin_record,
+)
 from sm120fork.util import proc
 from sm120fork.verify.proof.markdown import CLUSTER_QUERY
 from sm120fork.verify.proof.verdict import ProofReport, Status
+from sm120fork.workspace import Workspace
 
 #: Parsed where every stage can ask (sm120fork.standing); named here too, for verify.
 __all__ = ["EVIDENCE_LABELS", "FIELD", "Claim", "claims"]
@@ -67,8 +76,11 @@ class Context:
     behaviour: tuple[tuple[str, str, bool], ...] = ()
     #: node -> (what happened, passed) of the ``cpu:`` tests already run (run_cpu_tests).
     cpu: Mapping[str, tuple[str, bool]] = dataclasses.field(default_factory=dict)
-    #: The stack verified: a record of another stack's build backs nothing here.
+    #: The stack verified: a record of another stack's build backs nothing here, unless
+    #: it ran this stack's very build (a copy's; ``today`` holds what is built now).
     stack: str = ""
+    today: Today | None = None
+    workspace: Workspace | None = None
 
 
 # --------------------------------------------------------------------------- proof checks
@@ -281,10 +293,16 @@ def check_gpu_report(ctx: Context, spec: str, patch: Patch | None = None,
     (failing on the baseline, passing here)."""
     where, api = claim_record_path("gpu", spec, ctx.stack)
     path = ctx.root / where / RECORD_FILE
-    if not path.is_file():
+    kind, *subject = Path(where).parts[2:4]
+    twin = None if path.is_file() or not (ctx.today and ctx.workspace) else twin_record(
+        ctx.workspace, ctx.today, kind, subject[0] if subject else None)
+    if twin is not None:
+        where, rec = twin
+    elif not path.is_file():
         return f"{where}: no {RECORD_FILE}", False
-    rec = read_record(path, shown=f"{where}/{RECORD_FILE}")
-    if rec.stack != ctx.stack:
+    else:
+        rec = read_record(path, shown=f"{where}/{RECORD_FILE}")
+    if rec.stack != ctx.stack and twin is None:
         return (f"{where} ran on stack {rec.stack}'s build: it does not count for stack "
                 f"{ctx.stack} (make it there: "
                 f"{KINDS[rec.kind].command(ctx.stack, rec.subject)})"), False
@@ -300,7 +318,8 @@ def check_gpu_report(ctx: Context, spec: str, patch: Patch | None = None,
     wheels = sorted({w.sha256[:12] for w in rec.tested.wheels
                      if w.variant not in BASELINE_VARIANTS})
     what = f" {api}" if api else ""
-    text = (f"{where}: {rec.verdict}, {ran}{what} cases ran, {failed} failing"
+    text = (f"{where}{' (this very build, ran as stack ' + rec.stack + ')' if twin else ''}: "
+            f"{rec.verdict}, {ran}{what} cases ran, {failed} failing"
             + (f", {fixed} fixed against the baseline" if api else "")
             + ("" if rec.finished else ", not finished")
             + f" (wheel sha256 {', '.join(wheels) or 'none'})")
