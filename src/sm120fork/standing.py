@@ -42,6 +42,7 @@ from sm120fork.record import (
     published,
     read,
 )
+from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 
 #: The folder beside a series that holds its upstream-form tests (upstream/groups.py).
@@ -147,6 +148,8 @@ class Today:
     built: Manifest | None = None
     #: Where that manifest is (or would be).
     manifest_path: Path | None = None
+    #: sha256 of each plugin wheel built beside it (``plugin/``); None: none built.
+    plugin: frozenset[str] | None = None
 
     @classmethod
     def of(cls, ws: Workspace, stack: Stack, *, wheels_dir: Path | None = None) -> Today:
@@ -155,6 +158,7 @@ class Today:
         instead of reading series and manifest again by name."""
         series = {p.key: load_series(ws.series_dir(p)) for p in stack.projects}
         manifest_path = (wheels_dir or ws.stack_wheels(stack.name)) / "manifest.json"
+        plugin = sorted((manifest_path.parent / "plugin").glob("*.whl"))
         built = manifest_file.load(manifest_path)
         tests = {p.key: load_series(ws.series_dir(p) / UPSTREAM_TESTS)
                  for p in stack.projects
@@ -164,7 +168,8 @@ class Today:
                    else None,
                    manifest=_shown(manifest_path, ws.root),
                    ids={k: tuple(p.patch_id for p in s.patches) for k, s in series.items()},
-                   upstream_tests=tests, built=built, manifest_path=manifest_path)
+                   upstream_tests=tests, built=built, manifest_path=manifest_path,
+                   plugin=frozenset(sha256_file(w) for w in plugin) if plugin else None)
 
 
 def _shown(path: Path, root: Path) -> str:
@@ -210,11 +215,16 @@ def _version_of(wheel_file: str) -> str:
 def record_problems(rec: Record, today: Today) -> list[str]:
     """Why ``rec`` is not of the stack as it is today (empty: it is current)."""
     stack = today.stack
-    if rec.stack != stack.name:
+    if rec.stack != stack.name and not same_build(rec, today):
         return [f"it ran on stack {rec.stack}, not {stack.name}"]
     if rec.kind == "upstream-pr":
         return _pr_problems(rec, today)
-    problems: list[str] = []
+    problems: list[str] = [
+        f"the plugin wheel it ran (sha256 {w.sha256[:12]}) is not the one built now "
+        f"({Path(today.manifest).parent.as_posix()}/plugin: "
+        f"{', '.join(sorted(s[:12] for s in today.plugin))})"
+        for w in rec.tested.wheels
+        if w.variant == "plugin" and today.plugin is not None and w.sha256 not in today.plugin]
     keys = {p.key for p in stack.projects}
     for project in rec.tested.projects:
         if project not in keys:
@@ -320,7 +330,11 @@ def stack_evidence(ws: Workspace, stack: Stack, *, today: Today | None = None
     found = [judge(rec, today, rel.as_posix()) for rel, rec in stack_records(ws, stack.name)]
     have = {s.kind for s in found}
     for kind in ("gpu-test", "verify-sm120"):
-        if kind not in have:
+        twin = twin_record(ws, today, kind, None) if kind == "gpu-test" else None
+        if kind not in have and twin:
+            found.append(replace(judge(twin[1], today, twin[0]),
+                                 reasons=(f"ran this stack's very build as {twin[1].stack}",)))
+        elif kind not in have:
             found.append(Standing(name=f"reports/{stack.name}/{kind}", kind=kind,
                                   state="missing", reasons=("never made",),
                                   command=KINDS[kind].command(stack.name),

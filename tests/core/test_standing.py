@@ -6,6 +6,7 @@ is missing, a failed one fails, and a copy of the stack claims its own (issue 41
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -230,6 +231,31 @@ def test_a_copy_built_byte_identical_is_backed_by_the_gpu_run_of_its_very_build(
     ctx = Context(root=root, stack="copy", today=Today.of(demo.ws, stack), workspace=demo.ws)
     assert check_gpu_report(ctx, "gpu-test", patch, "lib") == (
         "reports/copy/gpu-test: no record.json", False)
+
+
+def test_a_record_that_ran_another_plugin_wheel_than_the_one_built_is_stale(
+        demo: DemoWorkspace) -> None:
+    """The plugin route's record names the plugin wheel it ran (``<project>@plugin``): a
+    plugin wheel built since with other content (its doctor changed) stales it; nothing
+    built: judged on the patches alone, as CI does."""
+    plugin = demo.ws.stack_wheels("demo") / "plugin" / "demo_plugin-1.0-py3-none-any.whl"
+    plugin.parent.mkdir(parents=True)
+    plugin.write_bytes(b"as it ran")
+    tested = _tested(demo)
+    tested = Tested(wheels=(*tested.wheels, TestedWheel(
+        variant="plugin", project="lib@plugin", file=plugin.name,
+        sha256=hashlib.sha256(b"as it ran").hexdigest())), patches=tested.patches)
+    write(make(kind="sglang-layer", stack="demo", command="nox -s sglang_layer",
+               created="2026-12-03T17:00:00+00:00", toolkit="0",
+               machine=Machine(description="test"), tested=tested, planned=1,
+               cases=(Case(id="a", variant="plugin", outcome="pass"),)), demo.ws.reports_dir)
+    assert _stale(demo) == {}
+    plugin.write_bytes(b"rebuilt with another doctor")
+    assert list(_stale(demo)) == ["reports/demo/sglang-layer"]
+    assert (f"the plugin wheel it ran (sha256 {tested.wheels[-1].sha256[:12]}) is not the "
+            "one built now (wheels/demo/plugin: ") in _stale(demo)["reports/demo/sglang-layer"]
+    shutil.rmtree(plugin.parent)
+    assert _stale(demo) == {}
 
 
 def test_a_gpu_claim_names_a_kind_of_record_not_another_stacks_folder(
