@@ -219,6 +219,8 @@ def test_a_copy_built_byte_identical_is_backed_by_the_gpu_run_of_its_very_build(
         gpu = next(s for s in claim_standings(demo.ws, stack) if s.kind == "gpu-test")
         assert gpu.state == state, gpu.message()
     assert gpu.reasons == ("reports/demo/gpu-test ran this stack's very build",)
+    record = next(s for s in stack_evidence(demo.ws, stack) if s.kind == "gpu-test")
+    assert (record.name, record.state) == ("reports/demo/gpu-test", "current")
     cpu = next(s for s in claim_standings(demo.ws, stack) if s.kind == "verify-sm120")
     assert cpu.state == "missing"
     # verify-sm120 of the copy counts the same record, and says whose run it was
