@@ -41,7 +41,7 @@ def _bench_of(tp: int, *, shared: bool = False, finished: bool = True) -> WorldB
     return WorldBench(world=tp, records=recs, tokens=TOKENS, hidden=HIDDEN, methods=METHODS,
                       finished=finished, shared=shared,
                       failure=None if finished else "rank 3 exited with code 1",
-                      environment={"flashinfer": "0.7.2"},
+                      flashinfer="0.7.2",
                       wheel=("flashinfer_python-0.7.2-py3-none-any.whl", "ab" * 32))
 
 

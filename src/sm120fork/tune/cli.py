@@ -75,7 +75,7 @@ def _bench(args: argparse.Namespace, command: str
             hidden=tuple(plan.get("hidden", ())), methods=tuple(doc.get("methods", ())),
             finished=bool(doc.get("finished")), shared=bool(doc.get("shared")),
             failure=(doc.get("outcome") or {}).get("failure"),
-            environment=doc.get("environment") or {},
+            flashinfer=(doc.get("environment") or {}).get("flashinfer"),
             wheel=(doc["wheel"], doc["sha256"]) if doc.get("wheel") and doc.get("sha256")
             else None)
     return bench

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sm120fork.doctor.facts import Facts, parse_facts
 from sm120fork.doctor.probe import tp_sizes
 from sm120fork.gpu import decision, methods, policy
 from sm120fork.tune.run import doctor_sizes
@@ -39,7 +40,7 @@ def records(synthetic: Mapping[str, Any], tp: int) -> list[dict[str, Any]]:
     return recs
 
 
-def process_of(facts: Mapping[str, Any], tp: int) -> decision.Process:
+def process_of(facts: Facts, tp: int) -> decision.Process:
     majors = {int(str(d["capability"]).split(".")[0]) for d in facts["gpus"]["devices"]}
     present = (facts.get("modules") or {}).get("present")
     return decision.Process(world_size=tp, gpu_major=majors.pop() if len(majors) == 1
@@ -47,8 +48,7 @@ def process_of(facts: Mapping[str, Any], tp: int) -> decision.Process:
                             present=frozenset(present) if present is not None else None)
 
 
-def box_rows(facts: Mapping[str, Any], synthetic: Mapping[str, Any] | None
-             ) -> list[list[str]]:
+def box_rows(facts: Facts, synthetic: Mapping[str, Any] | None) -> list[list[str]]:
     """One row per TP size the box has: measured or why not, what SGLang runs, why."""
     n = len(facts["gpus"]["devices"])
     if n < 2:
@@ -77,7 +77,8 @@ def render(scenarios: Path) -> str:
     labels: set[str] = set()
     for name in BOXES:
         folder = scenarios / name
-        facts = json.loads((folder / "facts.json").read_text(encoding="utf-8"))
+        facts = parse_facts(json.loads((folder / "facts.json").read_text(encoding="utf-8")),
+                            str(folder / "facts.json"))
         file = folder / SYNTHETIC_FILE
         synthetic = json.loads(file.read_text(encoding="utf-8")) if file.is_file() else None
         if synthetic:

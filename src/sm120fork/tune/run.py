@@ -20,16 +20,17 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sm120fork import __version__, record
+from sm120fork.doctor.facts import Facts, parse_facts
 from sm120fork.errors import ToolkitError, UsageError
 from sm120fork.gpu import methods, policy
 from sm120fork.gpu.core import records
+from sm120fork.util.files import atomic_write_text
 
 log = logging.getLogger("sm120fork")
 
@@ -49,7 +50,8 @@ class WorldBench:
     finished: bool
     shared: bool
     failure: str | None = None
-    environment: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: the FlashInfer version the bench's environment reported
+    flashinfer: str | None = None
     #: the FlashInfer wheel benched: its file name and sha256
     wheel: tuple[str, str] | None = None
 
@@ -58,8 +60,8 @@ class WorldBench:
 class Box:
     """What the run asks of the machine."""
 
-    #: the doctor's facts (``doctor.probe.collect``)
-    doctor: Callable[[], Mapping[str, Any]]
+    #: the doctor's facts as collected (``doctor.probe.collect``; typed here, once)
+    doctor: Callable[[], object]
     #: the bench at one TP size, with the seconds left of the budget (None: no budget)
     bench: Callable[[int, float | None], WorldBench]
     #: a yes/no question on the terminal; None: no terminal (the answer is no)
@@ -127,13 +129,12 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
 
 
-def doctor_sizes(facts: Mapping[str, Any], asked: Sequence[int] | None
-           ) -> tuple[list[int], dict[int, str], list[str]]:
+def doctor_sizes(facts: Facts, asked: Sequence[int] | None
+                 ) -> tuple[list[int], dict[int, str], list[str]]:
     """(TP sizes to measure, sizes left out with the doctor's reason, the doctor's lines)."""
-    from sm120fork.doctor.facts import parse_facts
     from sm120fork.doctor.rules import judge
 
-    report = judge(parse_facts(dict(facts), "the doctor's facts"), tp=list(asked or ()))
+    report = judge(facts, tp=list(asked or ()))
     verdicts = report.sections.get("tp") or []
     lines = report.text_of("tp")
     if asked:
@@ -209,23 +210,24 @@ def _driver(cuda_api: str | None) -> str | None:
     return f"supports CUDA {cuda_api}" if cuda_api else None
 
 
-def _machine(facts: Mapping[str, Any], shared: bool) -> record.Machine:
+def _machine(facts: Facts, shared: bool) -> record.Machine:
     devices = facts["gpus"]["devices"]
     names = tuple(d["name"] for d in devices)
     caps = sorted({d["capability"] for d in devices})
     torch = facts.get("torch") or {}
-    made = facts.get("made_by") or {}
+    made = facts.get("made_by")
     return record.Machine(
         description=f"{names[0] if names else 'no GPU'} x{len(names)}", gpus=names,
         capability=", ".join(caps) or None, driver=_driver(facts["gpus"].get("driver")),
-        cuda=torch.get("cuda"), torch=torch.get("version"), python=made.get("python"),
+        cuda=torch.get("cuda"), torch=torch.get("version"),
+        python=made.get("python") if made else None,
         cpus=os.cpu_count(), shared_gpu=shared)
 
 
 def _install(doc: Mapping[str, Any], target: Path, *, yes: bool,
              ask: Callable[[str], bool] | None) -> tuple[Path | None, str | None]:
     """Write the policy where SGLang reads it, asking before replacing another one."""
-    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"  # as policy.write writes it
     if target.is_file():
         if target.read_text(encoding="utf-8") == text:
             return target, None
@@ -240,10 +242,7 @@ def _install(doc: Mapping[str, Any], target: Path, *, yes: bool,
     elif target.exists():
         return None, f"{target} exists and is not a file: nothing installed"
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".allreduce-policy.", dir=target.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(tmp, target)
+    atomic_write_text(target, text)
     return target, None
 
 
@@ -251,7 +250,7 @@ def tune(opts: TuneOptions, box: Box) -> Tuned:
     """Doctor, bench per TP size, derive, install, record (see the module's docstring)."""
     started = box.clock()
     log.info("tune: the doctor looks at this box")
-    facts = box.doctor()
+    facts = parse_facts(box.doctor(), "the doctor's facts")
     sizes, not_covered, doctor_lines = doctor_sizes(facts, opts.world_sizes)
     log.info("tune: measuring TP %s; the doctor: %s", ", ".join(map(str, sizes)),
              "; ".join(doctor_lines) or "-")
@@ -302,13 +301,12 @@ def tune(opts: TuneOptions, box: Box) -> Tuned:
 
 
 def _policy(measured: Sequence[int], benches: Mapping[int, WorldBench],
-            facts: Mapping[str, Any], opts: TuneOptions, *, shared: bool) -> dict[str, Any]:
+            facts: Facts, opts: TuneOptions, *, shared: bool) -> dict[str, Any]:
     first = benches[measured[0]]
-    env = first.environment
     devices = facts["gpus"]["devices"]
     made = {"created": _now(), "gpu": devices[0]["name"] if devices else "?",
             "gpu_count": len(devices), "shared_gpu": shared, "stack": opts.stack,
-            "flashinfer": env.get("flashinfer"),
+            "flashinfer": first.flashinfer,
             "wheel_sha256": first.wheel[1] if first.wheel else None, "dtype": "bf16",
             "hidden": sorted({h for tp in measured for h in benches[tp].hidden}),
             "note": "ranks shared a GPU: made to check the run, not for use" if shared
@@ -317,7 +315,7 @@ def _policy(measured: Sequence[int], benches: Mapping[int, WorldBench],
                          for_use=not shared)
 
 
-def _record(opts: TuneOptions, facts: Mapping[str, Any], benches: Mapping[int, WorldBench],
+def _record(opts: TuneOptions, facts: Facts, benches: Mapping[int, WorldBench],
             sizes: Sequence[int], not_covered: Mapping[int, str],
             doc: Mapping[str, Any] | None, *, shared: bool, doctor_lines: Sequence[str],
             installed: bool) -> Path:
