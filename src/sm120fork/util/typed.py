@@ -119,6 +119,8 @@ def _value(hint: Any, value: object, at: _At) -> object:
         return _value(inner, value, at)
     if hint is Any or hint is object:
         return value
+    if typing.is_typeddict(hint):  # a document's own shape, checked by its reader
+        return _instance(dict, value, at)
     if origin is tuple:
         items = _instance(list, value, at)
         return tuple(_value(args[0], item, at.item(i)) for i, item in enumerate(items))

@@ -11,12 +11,13 @@ toolkit's build dependencies.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict, cast
 
 from sm120fork.errors import ConfigError
+from sm120fork.util import typed
 
 
 class CaseSpec(TypedDict, total=False):
@@ -180,96 +181,64 @@ class BenchDoc(_Head, total=False):
     records: list[BenchRecord]
 
 
-def _kind(value: object) -> str:
-    return {dict: "an object", list: "a list", type(None): "null"}.get(
-        type(value), type(value).__name__)
+@dataclass(frozen=True)
+class _CaseKeys:
+    api: str
+    world_size: int
 
 
-def _object(value: object, where: str, key: str) -> Mapping[str, object]:
-    if not isinstance(value, dict):
-        raise ConfigError(f"is {_kind(value)}, not an object",
-                          where=f"{where}: {key or '(top level)'}")
-    return cast(Mapping[str, object], value)
+@dataclass(frozen=True)
+class _ResultKeys:
+    key: str
+    status: str
+    case: _CaseKeys
 
 
-def _list(data: Mapping[str, object], name: str, where: str, key: str,
-          *, required: bool = False) -> list[object]:
-    dotted = f"{key}.{name}" if key else name
-    if name not in data:
-        if required:
-            raise ConfigError("is missing", where=f"{where}: {dotted}")
-        return []
-    value = data[name]
-    if not isinstance(value, list):
-        raise ConfigError(f"is {_kind(value)}, not a list", where=f"{where}: {dotted}")
-    return value
+@dataclass(frozen=True)
+class _AbKeys:
+    """The keys of ``test-ab.json`` that the reports and records read."""
+
+    primary: str
+    results: Mapping[str, tuple[_ResultKeys, ...]]
+    variants: Mapping[str, VariantInfo] = field(default_factory=dict)
+    environment: Environment = field(default_factory=Environment)
 
 
-def _string(data: Mapping[str, object], name: str, where: str, key: str) -> str:
-    dotted = f"{key}.{name}" if key else name
-    value = data.get(name)
-    if not isinstance(value, str) or not value:
-        raise ConfigError("is missing" if name not in data else
-                          f"is {_kind(value)}, not a non-empty string",
-                          where=f"{where}: {dotted}")
-    return value
+@dataclass(frozen=True)
+class _BenchLine:
+    kind: str = ""
+    method: str | None = None
+    tokens: int | None = None
+    hidden: int | None = None
 
 
-def _case_results(data: Mapping[str, object], where: str) -> None:
-    results = _object(data.get("results"), where, "results")
-    for variant in results:
-        for i, rec in enumerate(_list(results, variant, where, "results", required=True)):
-            key = f"results.{variant}[{i}]"
-            row = _object(rec, where, key)
-            _string(row, "key", where, key)
-            _string(row, "status", where, key)
-            case = _object(row.get("case"), where, f"{key}.case")
-            _string(case, "api", where, f"{key}.case")
-            if not isinstance(case.get("world_size"), int):
-                raise ConfigError("is missing or not an integer",
-                                  where=f"{where}: {key}.case.world_size")
+@dataclass(frozen=True)
+class _BenchKeys:
+    records: tuple[_BenchLine, ...] = ()
+    environment: Environment = field(default_factory=Environment)
 
 
 def parse_ab(data: object, where: str) -> AbDoc:
     """``data`` (parsed ``test-ab.json``) typed, once the keys the reports read are there."""
-    doc = _object(data, where, "")
-    primary = _string(doc, "primary", where, "")
-    _case_results(doc, where)
-    variants = _object(doc.get("variants", {}), where, "variants")
-    for name, info in variants.items():
-        _object(info, where, f"variants.{name}")
-    results = cast(Mapping[str, object], doc["results"])
-    if primary not in results:
-        raise ConfigError(f"names no results of the primary variant {primary!r}",
+    keys = typed.read(_AbKeys, data, where, strict=False)
+    if keys.primary not in keys.results:
+        raise ConfigError(f"names no results of the primary variant {keys.primary!r}",
                           where=f"{where}: results",
-                          fix=f"known: {', '.join(results) or 'none'}")
-    _object(doc.get("environment", {}), where, "environment")
-    return cast(AbDoc, doc)
+                          fix=f"known: {', '.join(keys.results) or 'none'}")
+    return cast(AbDoc, data)
 
 
 def parse_bench(data: object, where: str) -> BenchDoc:
     """``data`` (parsed ``bench.json``) typed, once the keys the reports read are there."""
-    doc = _object(data, where, "")
-    for i, rec in enumerate(_list(doc, "records", where, "")):
-        key = f"records[{i}]"
-        row = _object(rec, where, key)
-        kind = row.get("kind")
-        if kind in ("point", "floor", "method"):
-            _string(row, "method", where, key)
-        if kind == "point":
-            for name in ("tokens", "hidden"):
-                if not isinstance(row.get(name), int):
-                    raise ConfigError("is missing or not an integer",
-                                      where=f"{where}: {key}.{name}")
-    _object(doc.get("environment", {}), where, "environment")
-    return cast(BenchDoc, doc)
+    keys = typed.read(_BenchKeys, data, where, strict=False)
+    needs = {"point": ("method", "tokens", "hidden"), "floor": ("method",), "method": ("method",)}
+    for i, line in enumerate(keys.records):
+        for name in needs.get(line.kind, ()):
+            if getattr(line, name) is None:
+                raise typed.MalformedError(where, f"records[{i}].{name}", "is missing")
+    return cast(BenchDoc, data)
 
 
 def read(path: Path) -> object:
     """The JSON in ``path``, refused naming the file."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read it: {exc.strerror}", where=str(path)) from exc
-    except ValueError as exc:
-        raise ConfigError(f"is not JSON: {exc}", where=str(path)) from exc
+    return typed.json_file(path)
