@@ -11,7 +11,6 @@ and a stack whose pins do not satisfy them does not load.
 
 from __future__ import annotations
 
-import difflib
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +31,7 @@ from packaging.version import InvalidVersion, Version
 
 from sm120fork.errors import ConfigError
 from sm120fork.layouts import LAYOUTS
+from sm120fork.util import typed
 
 SourceKind = Literal["sdist", "git", "wheel"]
 SOURCE_KINDS: tuple[SourceKind, ...] = ("sdist", "git", "wheel")
@@ -220,205 +220,162 @@ class Stack:
 
 
 def _suggest(word: str, choices: list[str]) -> str:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}?" if close else ""
+    return typed.suggest(word, choices)
 
 
-class _Reader:
-    """Walks one TOML table, tracking the dotted key for error messages.
+@dataclass(frozen=True, kw_only=True)
+class _ProjectTable:
+    """``[projects.<key>]`` as written, before the checks that need several of its keys."""
 
-    The one unknown-key check: a table's keys are declared when it is opened, so a typo
-    is reported (with the closest known key) before any "missing required key" it causes.
-    ``keys=None`` is a table of names (the projects).
-    """
-
-    def __init__(self, file: Path, table: Mapping[str, Any], prefix: str,
-                 keys: tuple[str, ...] | None) -> None:
-        self.file = file
-        self.table = table
-        self.prefix = prefix
-        unknown = [name for name in table if keys is not None and name not in keys]
-        if unknown and keys is not None:
-            raise self.error(unknown[0], "unknown key",
-                             _suggest(unknown[0], list(keys)) or f"known: {', '.join(keys)}")
-
-    def key(self, name: str) -> str:
-        return f"{self.prefix}.{name}" if self.prefix else name
-
-    def error(self, name: str, message: str, fix: str | None = None) -> ConfigError:
-        return ConfigError(message, where=f"{self.file}: {self.key(name)}", fix=fix)
-
-    def get(self, name: str, typ: type, *, default: Any = ...,
-            pattern: re.Pattern[str] | None = None, what: str = "") -> Any:
-        if name not in self.table:
-            if default is ...:
-                raise ConfigError("missing required key", where=f"{self.file}: {self.key(name)}")
-            return default
-        value = self.table[name]
-        if typ is tuple:
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise self.error(name, f"expected a list of strings, got {value!r}")
-            return tuple(value)
-        if not isinstance(value, typ) or (typ is str and isinstance(value, bool)):
-            raise self.error(name, f"expected {typ.__name__}, got {type(value).__name__} {value!r}")
-        if pattern is not None and not pattern.fullmatch(str(value)):
-            raise self.error(name, f"{value!r} is not {what}")
-        return value
-
-    def table_at(self, name: str, keys: tuple[str, ...] | None) -> _Reader:
-        value = self.table.get(name)
-        if not isinstance(value, dict):
-            raise ConfigError(
-                "missing table" if value is None else f"expected a table, got {value!r}",
-                where=f"{self.file}: {self.key(name)}",
-            )
-        return _Reader(self.file, value, self.key(name), keys)
+    distribution: str
+    version: str
+    local_label: str
+    package_root: str
+    series: str
+    source: str = "sdist"
+    requires: tuple[str, ...] = ()
+    upstream_requires: tuple[str, ...] = ()
+    git: GitPin | None = None
+    sdist: SdistPin | None = None
+    wheels: tuple[WheelPin, ...] = ()
+    version_stamp: VersionStamp | None = None
+    layout: str = ""
+    series_record: str = ""
 
 
-def _version(r: _Reader, name: str) -> str:
-    value: str = r.get(name, str)
+@dataclass(frozen=True, kw_only=True)
+class _StackTable:
+    name: str
+    description: str = ""
+    default: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class _File:
+    stack: _StackTable
+    projects: Mapping[str, _ProjectTable]
+
+
+def _bad(file: Path, key: str, what: str, fix: str | None = None) -> ConfigError:
+    return typed.MalformedError(file, key, what, fix)
+
+
+def _match(file: Path, key: str, value: str, pattern: re.Pattern[str], what: str) -> None:
+    if not pattern.fullmatch(value):
+        raise _bad(file, key, f"{value!r} is not {what}")
+
+
+def _version(file: Path, key: str, value: str) -> str:
     try:
         parsed = Version(value)
     except InvalidVersion as exc:
-        raise r.error(name, f"{value!r} is not a valid PEP 440 version") from exc
+        raise _bad(file, key, f"{value!r} is not a valid PEP 440 version") from exc
     if parsed.local is not None:
-        raise r.error(name, "the upstream version must not carry a local label",
-                      "put the label in local_label")
+        raise _bad(file, key, "the upstream version must not carry a local label",
+                   "put the label in local_label")
     return value
 
 
-def _check_file_name(r: _Reader, name: str, distribution: str, version: str,
+def _check_file_name(file: Path, key: str, filename: str, distribution: str, version: str,
                      parse: Callable[[str], tuple[Any, ...]]) -> None:
     """A pinned file (sdist, wheel) must be of the declared distribution and version:
     refused when the declaration loads, not later as a failed download or build."""
-    filename: str = r.table[name]
     try:
         file_dist, file_version = parse(filename)[:2]
     except (InvalidSdistFilename, InvalidWheelFilename, InvalidVersion) as exc:
-        raise r.error(name, f"{filename!r} is not a valid file name: {exc}") from exc
+        raise _bad(file, key, f"{filename!r} is not a valid file name: {exc}") from exc
     if canonicalize_name(str(file_dist)) != canonicalize_name(distribution):
-        raise r.error(name, f"{filename!r} is a file of {file_dist}, not of {distribution}",
-                      "fix the file name or 'distribution'")
+        raise _bad(file, key, f"{filename!r} is a file of {file_dist}, not of {distribution}",
+                   "fix the file name or 'distribution'")
     if file_version != Version(version):
-        raise r.error(name, f"{filename!r} is version {file_version}, the project declares "
-                      f"version = {version!r}", "make the file name and 'version' agree")
+        raise _bad(file, key, f"{filename!r} is version {file_version}, the project declares "
+                   f"version = {version!r}", "make the file name and 'version' agree")
 
 
-_PROJECT_KEYS = ("distribution", "version", "local_label", "package_root", "series", "source",
-                 "requires", "upstream_requires", "git", "sdist", "wheels", "version_stamp",
-                 "layout", "series_record")
+def _inside(path: str) -> bool:
+    return not path.startswith("/") and ".." not in Path(path).parts
 
 
-def _project(file: Path, key: str, table: Mapping[str, Any]) -> Project:
-    r = _Reader(file, table, f"projects.{key}", _PROJECT_KEYS)
-    distribution = r.get("distribution", str, pattern=_NAME, what="a distribution name")
-    version = _version(r, "version")
-    local_label = r.get("local_label", str, pattern=_LOCAL,
-                        what="a PEP 440 local label (lower-case letters, digits, '.')")
-    package_root = r.get("package_root", str)
-    if package_root.startswith("/") or ".." in Path(package_root).parts:
-        raise r.error("package_root", "must be a relative path inside the repository")
-    series = r.get("series", str)
-    source = r.get("source", str, default="sdist")
-    if source not in SOURCE_KINDS:
-        raise r.error("source", f"unknown source kind {source!r}",
-                      _suggest(source, list(SOURCE_KINDS)) or "use 'sdist' or 'git'")
-    requires = r.get("requires", tuple, default=())
-    upstream_requires = _requirements(r, "upstream_requires")
-    layout = r.get("layout", str, default="")
-    if layout and layout not in LAYOUTS:
-        raise r.error("layout", f"unknown upstream layout {layout!r}",
-                      _suggest(layout, list(LAYOUTS))
-                      or f"use one of {', '.join(map(repr, LAYOUTS))}, or add an adapter "
-                         "under src/sm120fork/layouts/ (CONTRIBUTING.md)")
-    pins = KIND_PINS[source]
-    series_record = r.get("series_record", str, default="")
-    if series_record and (series_record.startswith("/") or ".." in Path(series_record).parts
-                          or not pins.built):
-        raise r.error("series_record", "must be a relative path inside the package root of "
-                      "a project that is built (not a wheel source)")
+_SHA256_WHAT = "a sha256 (64 lower-case hex digits)"
 
-    git_pin = None
-    if pins.built or "git" in table:
-        g = r.table_at("git", ("url", "tag", "commit", "commit_verified", "note"))
-        git_pin = GitPin(
-            url=g.get("url", str),
-            tag=g.get("tag", str),
-            commit=g.get("commit", str, pattern=_SHA1,
-                         what="a full 40-hex commit SHA (lower case)"),
-            commit_verified=g.get("commit_verified", bool, default=True),
-            note=g.get("note", str, default=""),
-        )
 
-    sdist_pin = None
-    if pins.builds_from == "sdist" or "sdist" in table:
-        s = r.table_at("sdist", ("filename", "sha256", "url"))
-        sdist_pin = SdistPin(
-            filename=s.get("filename", str),
-            sha256=s.get("sha256", str, pattern=_SHA256,
-                         what="a sha256 (64 lower-case hex digits)"),
-            url=s.get("url", str, default=""),
-        )
-        if not sdist_pin.filename.endswith((".tar.gz", ".zip")):
-            raise s.error("filename", "an sdist must be a .tar.gz or .zip")
+def _project(file: Path, key: str, t: _ProjectTable) -> Project:
+    at = f"projects.{key}"
+    _match(file, f"{at}.distribution", t.distribution, _NAME, "a distribution name")
+    _version(file, f"{at}.version", t.version)
+    _match(file, f"{at}.local_label", t.local_label, _LOCAL,
+           "a PEP 440 local label (lower-case letters, digits, '.')")
+    if not _inside(t.package_root):
+        raise _bad(file, f"{at}.package_root", "must be a relative path inside the repository")
+    if t.source not in SOURCE_KINDS:
+        raise _bad(file, f"{at}.source", f"unknown source kind {t.source!r}",
+                   _suggest(t.source, list(SOURCE_KINDS)) or "use 'sdist' or 'git'")
+    if t.layout and t.layout not in LAYOUTS:
+        raise _bad(file, f"{at}.layout", f"unknown upstream layout {t.layout!r}",
+                   _suggest(t.layout, list(LAYOUTS))
+                   or f"use one of {', '.join(map(repr, LAYOUTS))}, or add an adapter "
+                      "under src/sm120fork/layouts/ (CONTRIBUTING.md)")
+    pins = KIND_PINS[t.source]
+    if t.series_record and (not _inside(t.series_record) or not pins.built):
+        raise _bad(file, f"{at}.series_record", "must be a relative path inside the package "
+                   "root of a project that is built (not a wheel source)")
+    if pins.built and t.git is None:
+        raise _bad(file, f"{at}.git", "missing table")
+    if t.git is not None:
+        _match(file, f"{at}.git.commit", t.git.commit, _SHA1,
+               "a full 40-hex commit SHA (lower case)")
+    if pins.builds_from == "sdist" and t.sdist is None:
+        raise _bad(file, f"{at}.sdist", "missing table")
+    if t.sdist is not None:
+        _match(file, f"{at}.sdist.sha256", t.sdist.sha256, _SHA256, _SHA256_WHAT)
+        if not t.sdist.filename.endswith((".tar.gz", ".zip")):
+            raise _bad(file, f"{at}.sdist.filename", "an sdist must be a .tar.gz or .zip")
         # The file this project builds from (a git pin may keep an old one).
         if pins.builds_from == "sdist":
-            _check_file_name(s, "filename", distribution, version, parse_sdist_filename)
-
-    wheels = _wheels(r, distribution, version)
-    if pins.builds_from == "wheels" and not wheels:
-        raise r.error("wheels", "a wheel source needs at least one published wheel",
-                      "add [[projects." + key + ".wheels]] with filename and sha256")
-
-    stamp = VersionStamp()
-    if not pins.built:
-        if "version_stamp" in table:
-            raise r.error("version_stamp", "a wheel source is repacked, not built: "
-                          "the local version goes into its METADATA",
-                          "remove the version_stamp table")
-    else:
-        v = r.table_at("version_stamp", ("file", "env"))
-        stamp = VersionStamp(file=v.get("file", str, default=""),
-                             env=v.get("env", str, default=""))
-        if bool(stamp.file) == bool(stamp.env):
-            raise ConfigError("set exactly one of 'file' or 'env'",
-                              where=f"{file}: projects.{key}.version_stamp")
+            _check_file_name(file, f"{at}.sdist.filename", t.sdist.filename, t.distribution,
+                             t.version, parse_sdist_filename)
+    _check_wheels(file, f"{at}.wheels", t)
+    if pins.builds_from == "wheels" and not t.wheels:
+        raise _bad(file, f"{at}.wheels", "a wheel source needs at least one published wheel",
+                   "add [[projects." + key + ".wheels]] with filename and sha256")
+    stamp = t.version_stamp
+    if not pins.built and stamp is not None:
+        raise _bad(file, f"{at}.version_stamp", "a wheel source is repacked, not built: "
+                   "the local version goes into its METADATA", "remove the version_stamp table")
+    if pins.built and stamp is None:
+        raise _bad(file, f"{at}.version_stamp", "missing table")
+    if stamp is not None and bool(stamp.file) == bool(stamp.env):
+        raise _bad(file, f"{at}.version_stamp", "set exactly one of 'file' or 'env'")
     return Project(
-        key=key, distribution=distribution, version=version, local_label=local_label,
-        package_root=package_root, series=series, source=source, git=git_pin,
-        sdist=sdist_pin, version_stamp=stamp, requires=requires, wheels=wheels,
-        upstream_requires=upstream_requires, layout=layout, series_record=series_record,
+        key=key, distribution=t.distribution, version=t.version, local_label=t.local_label,
+        package_root=t.package_root, series=t.series, source=t.source,
+        git=t.git, sdist=t.sdist, version_stamp=stamp or VersionStamp(), requires=t.requires,
+        wheels=t.wheels, upstream_requires=_requirements(file, f"{at}.upstream_requires", t),
+        layout=t.layout, series_record=t.series_record,
     )
 
 
-def _requirements(r: _Reader, name: str) -> tuple[Requirement, ...]:
+def _requirements(file: Path, key: str, t: _ProjectTable) -> tuple[Requirement, ...]:
     parsed = []
-    for i, text in enumerate(r.get(name, tuple, default=())):
+    for i, text in enumerate(t.upstream_requires):
         try:
             parsed.append(Requirement(text))
         except InvalidRequirement as exc:
-            raise r.error(f"{name}[{i}]", f"{text!r} is not a valid requirement: {exc}") from exc
+            raise _bad(file, f"{key}[{i}]", f"{text!r} is not a valid requirement: {exc}"
+                       ) from exc
     return tuple(parsed)
 
 
-def _wheels(r: _Reader, distribution: str, version: str) -> tuple[WheelPin, ...]:
-    raw = r.table.get("wheels", [])
-    if not isinstance(raw, list) or not all(isinstance(t, dict) for t in raw):
-        raise r.error("wheels", "expected an array of tables ([[...wheels]])")
-    pins: list[WheelPin] = []
-    for i, table in enumerate(raw):
-        w = _Reader(r.file, table, f"{r.key('wheels')}[{i}]", ("filename", "sha256", "url"))
-        pin = WheelPin(
-            filename=w.get("filename", str),
-            sha256=w.get("sha256", str, pattern=_SHA256,
-                         what="a sha256 (64 lower-case hex digits)"),
-            url=w.get("url", str, default=""),
-        )
-        _check_file_name(w, "filename", distribution, version, parse_wheel_filename)
-        if any(p.filename == pin.filename for p in pins):
-            raise w.error("filename", f"{pin.filename} is listed twice")
-        pins.append(pin)
-    return tuple(pins)
+def _check_wheels(file: Path, key: str, t: _ProjectTable) -> None:
+    seen: set[str] = set()
+    for i, pin in enumerate(t.wheels):
+        _match(file, f"{key}[{i}].sha256", pin.sha256, _SHA256, _SHA256_WHAT)
+        _check_file_name(file, f"{key}[{i}].filename", pin.filename, t.distribution,
+                         t.version, parse_wheel_filename)
+        if pin.filename in seen:
+            raise _bad(file, f"{key}[{i}].filename", f"{pin.filename} is listed twice")
+        seen.add(pin.filename)
+
 
 def load_stack(file: Path, *, strict: bool = True) -> Stack:
     """Load and validate one stack declaration; with ``strict`` (the default) pins that
@@ -437,21 +394,20 @@ def parse_stack(file: Path, text: str, *, strict: bool = True) -> Stack:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML: {exc}", where=str(file)) from exc
-    top = _Reader(file, data, "", ("stack", "projects"))
-    st = top.table_at("stack", ("name", "description", "default"))
-    name = st.get("name", str, pattern=_NAME, what="a stack name")
+    try:
+        raw = typed.read(_File, data, file)
+    except typed.MalformedError as exc:
+        if exc.what != "is missing":
+            raise
+        raise _bad(file, exc.key, "missing required key") from None
+    name = raw.stack.name
+    _match(file, "stack.name", name, _NAME, "a stack name")
     if name != file.stem:
-        raise st.error("name", f"stack name {name!r} differs from the file name {file.stem!r}")
-    description = st.get("description", str, default="")
-    default = st.get("default", bool, default=False)
-    projects_table = top.table_at("projects", None)
-    if not projects_table.table:
+        raise _bad(file, "stack.name",
+                   f"stack name {name!r} differs from the file name {file.stem!r}")
+    if not raw.projects:
         raise ConfigError("a stack needs at least one project", where=f"{file}: projects")
-    projects: list[Project] = []
-    for key, table in projects_table.table.items():
-        if not isinstance(table, dict):
-            raise projects_table.error(key, "expected a table")
-        projects.append(_project(file, key, table))
+    projects = [_project(file, key, table) for key, table in raw.projects.items()]
     keys = [p.key for p in projects]
     for i, p in enumerate(projects):
         for dep in p.requires:
@@ -463,7 +419,7 @@ def parse_stack(file: Path, text: str, *, strict: bool = True) -> Stack:
                 raise ConfigError(f"{dep!r} must be declared before {p.key!r}",
                                   where=f"{file}: projects.{p.key}.requires")
     problems = tuple(e for p in projects for e in coordinated_pin_problems(file, p, projects))
-    stack = Stack(name=name, description=description, default=default,
+    stack = Stack(name=name, description=raw.stack.description, default=raw.stack.default,
                   projects=tuple(projects), path=file, pin_problems=problems)
     return stack.check_pins() if strict else stack
 
