@@ -178,6 +178,150 @@ def _exit_text(name: str, code: int) -> str:
     return f"{name} exited with code {code}" + (f" (signal {-code})" if code < 0 else "")
 
 
+@dataclasses.dataclass
+class _Watch:
+    """One run of a group: what each child said and when, and the rules that end it."""
+
+    children: Sequence[Child]
+    timeouts: Timeouts
+    ready: str | None
+    fail_fast: bool
+    settled: Callable[[list[int | None]], bool] | None
+    on_line: Callable[[int, str], None] | None
+    on_message: Callable[[int, wire.Message], None] | None
+    outcome: GroupOutcome = dataclasses.field(init=False)
+    names: list[str] = dataclasses.field(init=False)
+    followers: list[_Follower] = dataclasses.field(init=False)
+    spoken: list[bool] = dataclasses.field(init=False)
+    #: The first line that did not decode, with its child.
+    problem: list[str] = dataclasses.field(default_factory=list)
+    failed_since: float | None = None
+    #: ``time.monotonic()`` of the last line any child printed.
+    last: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.names = [c.name or f"rank {i}" for i, c in enumerate(self.children)]
+        self.followers = [_Follower(c.log) for c in self.children]
+        self.spoken = [False] * len(self.children)
+        self.outcome = GroupOutcome(ok=False, children=[ChildEnd(name=n) for n in self.names],
+                                    started_at=time.monotonic())
+        self.last = self.outcome.started_at
+
+    def take(self, idx: int, line: str) -> None:
+        self.spoken[idx] = True
+        if self.on_line:
+            self.on_line(idx, line)
+        try:
+            message = wire.decode(line)
+        except wire.WireError as exc:
+            self.problem.append(f"{self.names[idx]}: {exc}")
+            return
+        if message is None:
+            return
+        self.outcome.children[idx].messages.append(message)
+        if self.on_message:
+            self.on_message(idx, message)
+
+    def step(self, codes: list[int | None]) -> tuple[str, str] | None:
+        """One round over the exit codes just read: read the logs, then (failure, kind)
+        when the group ends now (a failure of "" ends it as ok)."""
+        ends = self.outcome.children
+        now = time.monotonic()
+        for idx, code in enumerate(codes):
+            if code is not None and ends[idx].ended_at is None:
+                ends[idx].ended_at = now
+        for idx, follower in enumerate(self.followers):
+            for line in follower.poll():
+                self.last = time.monotonic()
+                self.take(idx, line)
+        now = time.monotonic()
+        fatal = next((f"{self.names[i]}: {m.data}" for i, e in enumerate(ends)
+                      for m in e.messages if m.tag == "FATAL"), None)
+        if self.problem and self.fail_fast:
+            return self.problem[0], "protocol"
+        if fatal and self.fail_fast:
+            return fatal, "fatal"
+        if self.outcome.ready_at is None and all(
+                (e.said(self.ready) if self.ready else self.spoken[i] or codes[i] is not None)
+                for i, e in enumerate(ends)):
+            self.outcome.ready_at = now
+        ended = self._exited(codes, now)
+        if ended is not None:
+            return ended
+        if self.timeouts.deadline is not None and now > self.timeouts.deadline:
+            return "time budget exhausted", "budget"
+        hung = self._hung(codes, now)
+        return (hung, "hang") if hung else None
+
+    def _exited(self, codes: list[int | None], now: float) -> tuple[str, str] | None:
+        """A crash that ends the group (with ``fail_fast``), or every child gone."""
+        failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+        if failed and self.failed_since is None:
+            self.failed_since = now
+        grace = self.timeouts.grace
+        idle = self.timeouts.idle
+        if failed and self.fail_fast and self.failed_since is not None and (
+                None not in codes
+                or (grace is not None and now - self.failed_since > grace)
+                or (grace is None and (self.settled is None or self.settled(codes)
+                                       or (idle is not None and now - self.last > idle)))):
+            i, c = failed[0]
+            self.outcome.failed = i
+            return _exit_text(self.names[i], c), "crash"
+        if all(c is not None for c in codes):
+            self.outcome.ok = not failed
+            return ("; ".join(f"process {i} exited with code {c}" for i, c in failed),
+                    "crash")
+        return None
+
+    def _hung(self, codes: list[int | None], now: float) -> str | None:
+        """The watchdog's verdict: a bound of :class:`Timeouts` passed."""
+        t = self.timeouts
+        stuck = [i for i, c in enumerate(codes) if c is None]
+        quiet = now - self.last
+        if self.outcome.ready_at is None:
+            starting = (self.ready is not None or any(
+                not s and c is None for s, c in zip(self.spoken, codes, strict=True)))
+            limit = t.startup if starting else t.idle
+            since = self.outcome.started_at if starting else self.last
+            if limit is None or now - since <= limit or (t.idle is not None
+                                                         and quiet <= t.idle):
+                return None
+            if not self.ready:
+                return f"watchdog: no output for {limit:.0f} s; ranks still running: {stuck}"
+            return (f"watchdog: not ready within {limit:.0f} s; still running: "
+                    f"{[self.names[i] for i in stuck]}")
+        if t.idle is not None and quiet > t.idle:
+            return f"watchdog: no output for {t.idle:.0f} s; ranks still running: {stuck}"
+        if t.run is not None and now - self.outcome.ready_at > t.run:
+            return (f"watchdog: not finished {t.run:.0f} s after every child was ready; "
+                    f"still running: {[self.names[i] for i in stuck]}")
+        return None
+
+    def finish(self, group: proc.ProcessGroup) -> None:
+        """Mark the children still running as stopped, end the group, read what is left."""
+        now = time.monotonic()
+        for end, p in zip(self.outcome.children, group.procs, strict=True):
+            end.stopped = p.poll() is None
+            if not end.stopped and end.ended_at is None:
+                end.ended_at = now
+        group.kill()
+        for idx, follower in enumerate(self.followers):
+            for line in follower.final():
+                self.take(idx, line)
+
+
+def _start(group: proc.ProcessGroup, children: Sequence[Child]) -> None:
+    for child in children:
+        child.log.parent.mkdir(parents=True, exist_ok=True)
+        with child.log.open("wb") as out:
+            if child.stderr is None:
+                group.start(child.argv, env=child.env, stdout=out)
+            else:
+                with child.stderr.open("wb") as err:
+                    group.start(child.argv, env=child.env, stdout=out, stderr=err)
+
+
 def run_group(children: Sequence[Child], *, timeouts: Timeouts,
               on_line: Callable[[int, str], None] | None = None,
               on_message: Callable[[int, wire.Message], None] | None = None,
@@ -196,129 +340,20 @@ def run_group(children: Sequence[Child], *, timeouts: Timeouts,
 
     Each round reads the exit codes *before* the logs, so whatever a child printed
     before it exited is seen in the same round as its exit."""
-    names = [c.name or f"rank {i}" for i, c in enumerate(children)]
-    ends = [ChildEnd(name=n) for n in names]
-    followers = [_Follower(c.log) for c in children]
-    outcome = GroupOutcome(ok=False, children=ends, started_at=time.monotonic())
-    spoken = [False] * len(children)
-    problem: list[str] = []   # the first line that did not decode, with its child
-
-    def take(idx: int, line: str) -> None:
-        spoken[idx] = True
-        if on_line:
-            on_line(idx, line)
-        try:
-            message = wire.decode(line)
-        except wire.WireError as exc:
-            problem.append(f"{names[idx]}: {exc}")
-            return
-        if message is None:
-            return
-        ends[idx].messages.append(message)
-        if on_message:
-            on_message(idx, message)
-
+    watch = _Watch(children, timeouts, ready, fail_fast, settled, on_line, on_message)
+    outcome = watch.outcome
     with sigterm_unwinds(), proc.ProcessGroup() as group:
-        for child in children:
-            child.log.parent.mkdir(parents=True, exist_ok=True)
-            with child.log.open("wb") as out:
-                if child.stderr is None:
-                    group.start(child.argv, env=child.env, stdout=out)
-                else:
-                    with child.stderr.open("wb") as err:
-                        group.start(child.argv, env=child.env, stdout=out, stderr=err)
-        procs = group.procs
-        started = last = outcome.started_at
-        failed_since: float | None = None
+        _start(group, children)
         try:
-            while True:
-                codes = [p.poll() for p in procs]
-                now = time.monotonic()
-                for idx, code in enumerate(codes):
-                    if code is not None and ends[idx].ended_at is None:
-                        ends[idx].ended_at = now
-                for idx, follower in enumerate(followers):
-                    for line in follower.poll():
-                        last = time.monotonic()
-                        take(idx, line)
-                now = time.monotonic()
-                fatal = next((f"{names[i]}: {m.data}" for i, e in enumerate(ends)
-                              for m in e.messages if m.tag == "FATAL"), None)
-                if problem and fail_fast:
-                    outcome.failure, outcome.kind = problem[0], "protocol"
-                    break
-                if fatal and fail_fast:
-                    outcome.failure, outcome.kind = fatal, "fatal"
-                    break
-                if outcome.ready_at is None and all(
-                        (e.said(ready) if ready else spoken[i] or codes[i] is not None)
-                        for i, e in enumerate(ends)):
-                    outcome.ready_at = now
-                failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-                if failed and failed_since is None:
-                    failed_since = now
-                if failed and fail_fast and failed_since is not None and (
-                        None not in codes
-                        or (timeouts.grace is not None and now - failed_since > timeouts.grace)
-                        or (timeouts.grace is None and (
-                            settled is None or settled(codes)
-                            or (timeouts.idle is not None and now - last > timeouts.idle)))):
-                    i, c = failed[0]
-                    outcome.failure = _exit_text(names[i], c)
-                    outcome.kind, outcome.failed = "crash", i
-                    break
-                if all(c is not None for c in codes):
-                    outcome.ok = not failed
-                    if failed:
-                        outcome.failure = "; ".join(f"process {i} exited with code {c}"
-                                                    for i, c in failed)
-                        outcome.kind = "crash"
-                    break
-                if timeouts.deadline is not None and now > timeouts.deadline:
-                    outcome.failure, outcome.kind = "time budget exhausted", "budget"
-                    break
-                stuck = [i for i, c in enumerate(codes) if c is None]
-                quiet = now - last
-                if outcome.ready_at is None:
-                    starting = (ready is not None or any(
-                        not s and c is None for s, c in zip(spoken, codes, strict=True)))
-                    limit = timeouts.startup if starting else timeouts.idle
-                    since = started if starting else last
-                    if limit is not None and now - since > limit and (
-                            timeouts.idle is None or quiet > timeouts.idle):
-                        outcome.failure = (f"watchdog: no output for {limit:.0f} s; ranks "
-                                           f"still running: {stuck}" if not ready else
-                                           f"watchdog: not ready within {limit:.0f} s; still "
-                                           f"running: {[names[i] for i in stuck]}")
-                        outcome.kind = "hang"
-                        break
-                else:
-                    if timeouts.idle is not None and quiet > timeouts.idle:
-                        outcome.failure = (f"watchdog: no output for {timeouts.idle:.0f} s; "
-                                           f"ranks still running: {stuck}")
-                        outcome.kind = "hang"
-                        break
-                    if timeouts.run is not None and now - outcome.ready_at > timeouts.run:
-                        outcome.failure = (f"watchdog: not finished {timeouts.run:.0f} s after "
-                                           f"every child was ready; still running: "
-                                           f"{[names[i] for i in stuck]}")
-                        outcome.kind = "hang"
-                        break
+            while (ended := watch.step(group.poll())) is None:
                 time.sleep(poll_interval)
+            outcome.failure, outcome.kind = ended if ended[0] else (None, None)
         finally:
-            now = time.monotonic()
-            for idx, p in enumerate(procs):
-                ends[idx].stopped = p.poll() is None
-                if not ends[idx].stopped and ends[idx].ended_at is None:
-                    ends[idx].ended_at = now
-            group.kill()
-            for idx, follower in enumerate(followers):
-                for line in follower.final():
-                    take(idx, line)
-    if problem and outcome.kind in (None, "crash"):
-        outcome.ok, outcome.failure, outcome.kind = False, problem[0], "protocol"
-    for idx, p in enumerate(procs):
-        ends[idx].returncode = p.returncode
-    outcome.returncodes = [p.returncode for p in procs]
-    outcome.tails = [f.tail[-TAIL_LINES:] for f in followers]
+            watch.finish(group)
+    if watch.problem and outcome.kind in (None, "crash"):
+        outcome.ok, outcome.failure, outcome.kind = False, watch.problem[0], "protocol"
+    for end, p in zip(outcome.children, group.procs, strict=True):
+        end.returncode = p.returncode
+    outcome.returncodes = [p.returncode for p in group.procs]
+    outcome.tails = [f.tail[-TAIL_LINES:] for f in watch.followers]
     return outcome
