@@ -1,5 +1,5 @@
 """The arguments of the toolkit's checkout verbs (``python -m sm120fork VERB``), one
-function per verb, named after it.
+function per verb, named after it (a GPU verb's own parser is imported with its verb).
 
 Standard library only, like each GPU verb's own parser (:mod:`sm120fork.gpu.cli`,
 :mod:`sm120fork.tune.cli`, :mod:`sm120fork.doctor.cli`): the noxfile's preflight
@@ -223,6 +223,18 @@ def build_aot(p: argparse.ArgumentParser) -> None:
     p.add_argument("--via-cibuildwheel", action="store_true",
                    help="run cibuildwheel's steps for aot/ (before-build, build, repair, test) "
                    "on this host, as read from aot/pyproject.toml")
+
+
+def gpu(p: argparse.ArgumentParser) -> None:
+    from sm120fork.gpu.cli import add_args
+
+    add_args(p)
+
+
+def tune(p: argparse.ArgumentParser) -> None:
+    from sm120fork.tune.cli import add_args
+
+    add_args(p)
 
 
 def aot_check(p: argparse.ArgumentParser) -> None:

@@ -1,23 +1,21 @@
 """Command line: ``python -m sm120fork <verb>``.  The only place that prints or exits.
 
-Every verb is listed in :data:`VERBS` with its help and the module that runs it; nothing
-registers itself by being imported, and a verb's module is imported only when that verb
-runs (or shows its help), so ``doctor`` needs neither GitPython nor rich.
+Every verb is listed in :data:`VERBS` with its help and the function that adds its
+arguments; the function that runs it comes from :func:`_handler` when a verb runs, so
+nothing registers itself by being imported and ``doctor`` needs neither GitPython nor rich.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 from sm120fork import __version__
+from sm120fork.cli import args as verb_args
 from sm120fork.cli.usage import verbosity_options
 from sm120fork.entry import Parser, boundary
 
@@ -27,88 +25,81 @@ log = logging.getLogger("sm120fork")
 @dataclass(frozen=True, kw_only=True)
 class Verb:
     help: str
-    #: The module that runs the verb (imported only for this verb).
-    module: str
-    #: ``module:function`` that adds the verb's arguments, default :mod:`sm120fork.cli.args`'s
-    #: function named after the verb.  The standard library alone imports it: the noxfile's
+    #: Adds the verb's arguments; the standard library alone imports it: the noxfile's
     #: preflight parses a session's arguments with it before anything is installed.
-    args: str | None = None
-    #: Runs in a checkout (``forks/`` found): ``run(args, ws, console) -> int``.
-    run: str | None = None
-    #: Runs anywhere, given the verb's own arguments: ``run(args, argv) -> int``.
-    run_argv: str | None = None
-    #: Parses its own arguments and owns its output (``main(argv) -> int``): it also ships
+    args: Callable[[argparse.ArgumentParser], None] | None = None
+    #: Runs in a checkout (``forks/`` found): ``run(args, ws, console)``; else anywhere,
+    #: given the verb's own arguments: ``run(args, argv)``.
+    checkout: bool = True
+    #: Parses its own arguments and owns its output (``main(argv)``): it also ships
     #: without the toolkit (the doctor, in the plugin wheel).
-    own_main: str | None = None
-
-    def load(self) -> ModuleType:
-        return importlib.import_module(self.module)
-
-    def function(self, name: str) -> Callable[..., Any]:
-        fn: Callable[..., Any] = getattr(self.load(), name)
-        return fn
-
-    def add_args(self, name: str, parser: argparse.ArgumentParser) -> None:
-        """Add verb ``name``'s arguments to ``parser``."""
-        where = self.args or f"sm120fork.cli.args:{name.replace('-', '_')}"
-        module, _, function = where.partition(":")
-        getattr(importlib.import_module(module), function)(parser)
+    own_main: bool = False
 
 
 VERBS: dict[str, Verb] = {
-    "build": Verb(help="patched wheels of a stack into wheels/<stack>/",
-                  module="sm120fork.cli.build", run="run"),
+    "build": Verb(help="patched wheels of a stack into wheels/<stack>/", args=verb_args.build),
     "index": Verb(help="every stack's built wheels as a static package index with a landing "
-                       "page of pip lines -> wheels/index/",
-                  module="sm120fork.cli.index", run="run"),
+                       "page of pip lines -> wheels/index/", args=verb_args.index),
     "status": Verb(help="every stack and patch: applies, DEP-3 upstream fields, "
-                        "fingerprint upstream, shipped wheel",
-                   module="sm120fork.cli.maintain", run="run_status"),
-    "bump": Verb(help="re-pin a project and re-classify its patches",
-                 module="sm120fork.cli.maintain", run="run_bump"),
+                        "fingerprint upstream, shipped wheel", args=verb_args.status),
+    "bump": Verb(help="re-pin a project and re-classify its patches", args=verb_args.bump),
     "refresh": Verb(help="export the fork tree's commits back into the series",
-                    module="sm120fork.cli.maintain", run="run_refresh"),
+                    args=verb_args.refresh),
     "upstream-pr": Verb(help="prepare (never push) an upstream PR with evidence",
-                        module="sm120fork.cli.maintain",
-                        run="run_upstream_pr"),
+                        args=verb_args.upstream_pr),
     "watch": Verb(help="each upstream release newer than the pins, bumped in a scratch copy: "
                        "per patch applies / merges / conflicts / upstream has it, the pins it "
-                       "moves, the claims to re-make -> reports/watch/",
-                  module="sm120fork.cli.maintain", run="run_watch"),
+                       "moves, the claims to re-make -> reports/watch/", args=verb_args.watch),
     "verify-sm120": Verb(help="check every patch's evidence (compile proof for SM12x, "
                               "behaviour checks) -> reports/<stack>/verify-sm120/",
-                         module="sm120fork.cli.verify", run="run"),
+                         args=verb_args.verify_sm120),
     "build-test-variant": Verb(help="build a test-only variant (series + <series>-test/) "
                                     "under .forks/test-variants/ for the GPU harness; never "
-                                    "published",
-                               module="sm120fork.cli.testvariant", run="run"),
+                                    "published", args=verb_args.build_test_variant),
     "record": Verb(help="evidence records: import DIR validates each record.json under DIR "
-                         "and publishes it to reports/<stack>/<kind>/",
-                   module="sm120fork.cli.record", run="run"),
+                         "and publishes it to reports/<stack>/<kind>/", args=verb_args.record),
     "gpu": Verb(help="multi-rank correctness (A/B) and latency on this machine's GPUs",
-                module="sm120fork.gpu.cli", args="sm120fork.gpu.cli:add_args",
-                run_argv="run"),
+                args=verb_args.gpu, checkout=False),
     "gpu-kit": Verb(help="one folder that runs the GPU harnesses on a box with no network "
                          "(the stack's wheels, upstream's, their dependencies, the toolkit)",
-                    module="sm120fork.cli.kit", run="run"),
+                    args=verb_args.gpu_kit),
     "gpu-requirements": Verb(help="what the GPU sessions install beside the toolkit: the "
                                   "stack's FlashInfer (and SGLang) requirements, less torch",
-                             module="sm120fork.cli.kit",
-                             run="run_requirements"),
+                             args=verb_args.gpu_requirements),
     "build-aot": Verb(help="prebuilt trtllm comm module of a stack's FlashInfer as a wheel "
-                           "(needs nvcc)",
-                      module="sm120fork.cli.aot", run="run_build"),
+                           "(needs nvcc)", args=verb_args.build_aot),
     "aot-check": Verb(help="check an AOT wheel: which module the installed FlashInfer loads "
                            "from where, and its SASS per target",
-                      module="sm120fork.cli.aot", run_argv="run_check"),
+                      args=verb_args.aot_check, checkout=False),
     "tune": Verb(help="measure this box's all-reduce methods at every TP size it can run and "
                       "install the policy SGLang follows (--yes to replace one)",
-                 module="sm120fork.tune.cli", args="sm120fork.tune.cli:add_args",
-                 run_argv="run"),
+                 args=verb_args.tune, checkout=False),
     "doctor": Verb(help="check this box for the fused all-reduce on SM12x (no checkout, "
-                        "index or nvcc needed; --json)",
-                   module="sm120fork.doctor", own_main="main"),
+                        "index or nvcc needed; --json)", checkout=False, own_main=True),
 }
+
+
+def _handler(name: str) -> Callable[..., int]:
+    """The function that runs verb ``name``, its modules imported now: the doctor, the GPU
+    verbs and tune import neither GitPython nor rich (a serving box has neither)."""
+    if name in ("doctor", "gpu", "tune"):
+        from sm120fork import doctor
+        from sm120fork.gpu import cli as gpu
+        from sm120fork.tune import cli as tune
+
+        anywhere: dict[str, Callable[..., int]] = {
+            "doctor": doctor.main, "gpu": gpu.run, "tune": tune.run}
+        return anywhere[name]
+    from sm120fork.cli import aot, build, index, kit, maintain, record, testvariant, verify
+
+    handlers: dict[str, Callable[..., int]] = {
+        "build": build.run, "index": index.run, "status": maintain.run_status,
+        "bump": maintain.run_bump, "refresh": maintain.run_refresh,
+        "upstream-pr": maintain.run_upstream_pr, "watch": maintain.run_watch,
+        "verify-sm120": verify.run, "build-test-variant": testvariant.run,
+        "record": record.run, "gpu-kit": kit.run, "gpu-requirements": kit.run_requirements,
+        "build-aot": aot.run_build, "aot-check": aot.run_check}
+    return handlers[name]
 
 
 def make_parser(verbs: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -124,11 +115,10 @@ def make_parser(verbs: Sequence[str] | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     verbosity = [verbosity_options()]
     for name, verb in VERBS.items():
-        own = verb.own_main is not None
-        p = sub.add_parser(name, help=verb.help, description=verb.help, add_help=not own,
-                           parents=verbosity if not own else [])
-        if not own and (verbs is None or name in verbs):
-            verb.add_args(name, p)
+        p = sub.add_parser(name, help=verb.help, description=verb.help,
+                           add_help=not verb.own_main, parents=[] if verb.own_main else verbosity)
+        if verb.args is not None and (verbs is None or name in verbs):
+            verb.args(p)
     return parser
 
 
@@ -164,10 +154,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     name = _verb_name(argv)
     verb = VERBS.get(name) if name else None
-    if verb is not None and verb.own_main is not None and argv[0] == name:
+    if verb is not None and verb.own_main and argv[0] == name:
         # Runs before rich is imported: the doctor runs where the toolkit's deps are not.
-        own_main = verb.function(verb.own_main)
-        return int(own_main(argv[1:]))
+        return _handler(name)(argv[1:])
     state = _Run()
     return boundary(lambda: _run(argv, state), name=name or "sm120fork",
                     root=lambda: state.root, on_interrupt=_end_children,
@@ -205,10 +194,11 @@ def _run(argv: list[str], state: _Run) -> int:
     parser = make_parser([n] if (n := _verb_name(argv)) else [])
     args, extra = parser.parse_known_args(argv)
     verb = VERBS[args.command]
-    if extra and verb.own_main is None:
+    if extra and not verb.own_main:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if verb.own_main is not None:
-        return int(verb.function(verb.own_main)(_verb_argv(argv, args.command)))
+    run = _handler(args.command)
+    if verb.own_main:
+        return run(_verb_argv(argv, args.command))
     from rich.console import Console
 
     from sm120fork.cli.logs import LineHandler
@@ -219,14 +209,13 @@ def _run(argv: list[str], state: _Run) -> int:
     log.setLevel(logging.WARNING if args.quiet else
                  logging.DEBUG if args.verbose else logging.INFO)
     log.propagate = False
-    if verb.run_argv is not None:
-        return int(verb.function(verb.run_argv)(args, _verb_argv(argv, args.command)))
-    assert verb.run is not None
+    if not verb.checkout:
+        return run(args, _verb_argv(argv, args.command))
     from sm120fork.workspace import Workspace
 
     ws = Workspace(args.root.resolve()) if args.root else Workspace.find()
     state.root = ws.root
-    return int(verb.function(verb.run)(args, ws, console))
+    return run(args, ws, console)
 
 
 if __name__ == "__main__":

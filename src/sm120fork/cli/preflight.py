@@ -55,7 +55,7 @@ def _parse(command: Sequence[str], posargs: Sequence[str]) -> argparse.Namespace
     """The verb's own parser's reading of the arguments (its usage text is not shown: the
     error says where to see it)."""
     with contextlib.redirect_stderr(io.StringIO()):
-        if VERBS[command[0]].own_main is not None:  # the doctor parses its own arguments
+        if VERBS[command[0]].own_main:  # the doctor parses its own arguments
             from sm120fork.doctor.cli import parser
 
             return parser().parse_args(posargs)
