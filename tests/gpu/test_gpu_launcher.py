@@ -68,7 +68,7 @@ def test_all_pass_in_one_group(tmp_path: Path, fake: tuple[list[str], variants.V
                                ) -> None:
     worker, variant = fake
     out = launcher.run_cases(_cases(1, 2, 3), variant, tmp_path, timeouts=FAST, worker=worker)
-    assert [r["status"] for r in out] == ["pass", "pass", "pass"]
+    assert [r.status for r in out] == ["pass", "pass", "pass"]
     assert len(list(tmp_path.glob("spec-*.json"))) == 1
 
 
@@ -77,18 +77,18 @@ def test_crash_is_recorded_and_the_run_continues(
     worker, variant = fake
     out = launcher.run_cases(_cases(1, 13, 2, 15), variant, tmp_path, timeouts=FAST,
                              worker=worker)
-    by_tokens = {r["case"]["tokens"]: r for r in out}
-    assert by_tokens[1]["status"] == "pass"
+    by_tokens = {r.case.tokens: r for r in out if r.case}
+    assert by_tokens[1].status == "pass"
     crashed = by_tokens[13]
-    assert crashed["status"] == "fail"
-    assert crashed["failure"] == "crash"
-    assert "rank 1 exited with code 3" in crashed["reason"]
-    assert any("illegal memory access" in line for line in crashed["log_tail"]["rank1"])
-    assert by_tokens[2]["status"] == "pass"  # ran in a fresh group after the crash
+    assert crashed.status == "fail"
+    assert crashed.failure == "crash"
+    assert "rank 1 exited with code 3" in (crashed.reason or "")
+    assert any("illegal memory access" in line for line in (crashed.log_tail or {})["rank1"])
+    assert by_tokens[2].status == "pass"  # ran in a fresh group after the crash
     wrong = by_tokens[15]
-    assert wrong["status"] == "fail"
-    assert wrong["failure"] == "wrong result"
-    assert wrong["failing_ranks"] == [0]
+    assert wrong.status == "fail"
+    assert wrong.failure == "wrong result"
+    assert wrong.failing_ranks == (0,)
 
 
 def test_hang_is_ended_by_the_watchdog(tmp_path: Path,
@@ -96,11 +96,11 @@ def test_hang_is_ended_by_the_watchdog(tmp_path: Path,
     worker, variant = fake
     out = launcher.run_cases(_cases(14, 1), variant, tmp_path, timeouts=FAST, worker=worker)
     hung, after = out
-    assert hung["status"] == "fail"
-    assert hung["failure"] == "hang"
-    assert "watchdog" in hung["reason"]
-    assert any("working on" in line for line in hung["log_tail"]["rank0"])
-    assert after["status"] == "pass"
+    assert hung.status == "fail"
+    assert hung.failure == "hang"
+    assert "watchdog" in (hung.reason or "")
+    assert any("working on" in line for line in (hung.log_tail or {})["rank0"])
+    assert after.status == "pass"
 
 
 def test_ranks_that_cannot_start_fail_every_case_once(tmp_path: Path) -> None:
@@ -109,8 +109,8 @@ def test_ranks_that_cannot_start_fail_every_case_once(tmp_path: Path) -> None:
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
     out = launcher.run_cases(_cases(1, 2), variant, tmp_path, timeouts=FAST,
                              worker=[sys.executable, str(script)])
-    assert [r["status"] for r in out] == ["fail", "fail"]
-    assert "failed twice" in out[0]["reason"]
+    assert [r.status for r in out] == ["fail", "fail"]
+    assert "failed twice" in (out[0].reason or "")
     assert len(list(tmp_path.glob("spec-*.json"))) == 2
 
 
@@ -121,7 +121,7 @@ def test_fatal_line_stops_without_retry(tmp_path: Path) -> None:
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
     out = launcher.run_cases(_cases(1, 2), variant, tmp_path, timeouts=FAST,
                              worker=[sys.executable, str(script)])
-    assert all(r["status"] == "fail" and "no P2P" in r["reason"] for r in out)
+    assert all(r.status == "fail" and "no P2P" in (r.reason or "") for r in out)
     assert len(list(tmp_path.glob("spec-*.json"))) == 1
 
 
@@ -245,8 +245,8 @@ def test_time_budget_ends_a_hung_group_and_reports_the_rest_as_not_run(
     budget = Timeouts(startup=20.0, idle=60.0, deadline=time.monotonic() + 8.0)
     out = launcher.run_cases(_cases(1, 14, 2), variant, tmp_path, timeouts=budget,
                              worker=worker)
-    assert [r["status"] for r in out] == ["pass", "skip", "skip"]
-    assert "time budget" in out[1]["reason"]
+    assert [r.status for r in out] == ["pass", "skip", "skip"]
+    assert "time budget" in (out[1].reason or "")
 
 
 def test_circuit_breaker_stops_one_api_after_repeated_hangs(
@@ -257,12 +257,12 @@ def test_circuit_breaker_stops_one_api_after_repeated_hangs(
     other = Case(world_size=2, api="custom_lamport", pattern="ar_rmsnorm", tokens=1, hidden=256,
                  dtype="bf16", strategy="oneshot", pdl=False)
     quick = Timeouts(startup=20.0, idle=1.0, max_hang_streak=2)
-    out = {r["key"]: r for r in launcher.run_cases([*hangs, other], variant, tmp_path,
+    out = {r.key: r for r in launcher.run_cases([*hangs, other], variant, tmp_path,
                                                     timeouts=quick, worker=worker)}
-    kinds = [out[c.key]["failure"] for c in hangs]
+    kinds = [out[c.key].failure for c in hangs]
     assert kinds == ["hang", "hang", "not attempted"]
-    assert "circuit breaker" in out[hangs[2].key]["reason"]
-    assert out[other.key]["status"] == "pass"
+    assert "circuit breaker" in (out[hangs[2].key].reason or "")
+    assert out[other.key].status == "pass"
 
 
 def test_crash_after_a_reported_case_is_not_a_startup_failure(tmp_path: Path) -> None:
@@ -280,7 +280,7 @@ def test_crash_after_a_reported_case_is_not_a_startup_failure(tmp_path: Path) ->
     out = launcher.run_cases([*cases, *_cases(1)], variant, tmp_path,
                              timeouts=Timeouts(startup=120.0, idle=60.0),
                              worker=[sys.executable, str(script)])
-    assert [r["status"] for r in out] == ["pass", "pass", "pass", "pass"]
+    assert [r.status for r in out] == ["pass", "pass", "pass", "pass"]
     assert len(list(tmp_path.glob("spec-*.json"))) == 4
 
 
@@ -300,7 +300,7 @@ def test_a_rank_that_reports_and_exits_does_not_cut_off_the_others_report(
     out = launcher.run_cases(_cases(1, 2), variant, tmp_path,
                              timeouts=Timeouts(startup=120.0, idle=60.0),
                              worker=[sys.executable, str(script)])
-    assert [(r["status"], r.get("failure")) for r in out] == [("pass", None), ("pass", None)]
+    assert [(r.status, r.failure) for r in out] == [("pass", None), ("pass", None)]
     assert len(list(tmp_path.glob("spec-*.json"))) == 2
 
 
@@ -339,10 +339,10 @@ def test_a_rank_on_another_wire_version_fails_the_cases_naming_the_rank_and_line
     out = launcher.run_cases(_cases(1, 2), variant, tmp_path,
                              timeouts=Timeouts(startup=120.0, idle=60.0),
                              worker=[sys.executable, str(script)])
-    assert [r["status"] for r in out] == ["fail", "fail"]
-    assert "rank " in out[0]["reason"]
-    assert '@@sm120fork/0 RESULT {"key": "fusion_legacy/' in out[0]["reason"]
-    assert "version '0'" in out[0]["reason"]
+    assert [r.status for r in out] == ["fail", "fail"]
+    assert "rank " in (out[0].reason or "")
+    assert '@@sm120fork/0 RESULT {"key": "fusion_legacy/' in (out[0].reason or "")
+    assert "version '0'" in (out[0].reason or "")
     assert len(list(tmp_path.glob("spec-*.json"))) == 1  # not retried
 
 

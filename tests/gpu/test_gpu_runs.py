@@ -19,6 +19,7 @@ import pytest
 
 from sm120fork.gpu.ab import launcher
 from sm120fork.gpu.ab import run as runs
+from sm120fork.gpu.ab.results import CaseResult
 from sm120fork.gpu.cli import main
 from sm120fork.gpu.core import variants
 
@@ -29,7 +30,7 @@ FAKE_RANK = textwrap.dedent("""\
     spec = json.load(open(sys.argv[1])); rank = int(sys.argv[2])
     mode = os.environ["FAKE_RANK_MODE"]
     for c in spec["cases"]:
-        key = Case.from_dict(c).key
+        key = Case(**c).key
         print(encode("START", key), flush=True)
         if mode == "hang":
             time.sleep(600)
@@ -126,8 +127,8 @@ def test_allow_partial_accepts_a_partial_run_but_says_so() -> None:
 
 def test_cases_whose_module_did_not_build_never_ran_the_run_is_unfinished() -> None:
     """Not "0 failing": a variant whose module did not build ran none of its cases."""
-    build = {"status": "fail", "failure": "build", "reason": "JIT build failed"}
-    tally = runs.Tally.of([{**build, "key": k} for k in "abc"])
+    tally = runs.Tally.of([CaseResult(key=k, status="fail", failure="build",
+                                      reason="JIT build failed") for k in "abc"])
     assert (tally.failed, tally.not_run, tally.ran) == (0, 3, 0)
     done = runs.TestRun(paths=[Path("a.json"), Path("a.md")], logs=Path("logs"),
                         primary="patched", tallies={"patched": tally}, failed=[],

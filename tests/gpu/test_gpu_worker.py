@@ -16,6 +16,7 @@ import pytest
 
 from sm120fork.gpu.ab import correctness
 from sm120fork.gpu.ab import launcher as ab_launcher
+from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec, to_json
 from sm120fork.gpu.bench import launcher as bench_launcher
 from sm120fork.gpu.core import rank
 from sm120fork.gpu.core.cases import Case, quick_matrix
@@ -99,10 +100,10 @@ def test_a_failing_case_is_reported_and_the_next_one_runs(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     first, second = _cases()
 
-    def run_case(rk: Any, case: Case) -> dict[str, Any]:
+    def run_case(rk: Any, case: Case) -> CaseResult:
         if case is first:
             raise RuntimeError("workspace creation failed earlier: no IPC")
-        return {"status": "pass", "failure": None, "checks": []}
+        return CaseResult(key=case.key, rank=rk.rank, status="pass")
 
     monkeypatch.setattr(correctness, "run_case", run_case)
     rk = _Rank()
@@ -112,8 +113,7 @@ def test_a_failing_case_is_reported_and_the_next_one_runs(
     failed, passed = lines[1][1], lines[3][1]
     assert (failed["key"], failed["status"], failed["failure"]) == (first.key, "fail", "error")
     assert failed["reason"] == "RuntimeError: workspace creation failed earlier: no IPC"
-    assert passed == {"key": second.key, "rank": 0, "status": "pass", "failure": None,
-                      "checks": []}
+    assert CaseResult.from_json(passed) == CaseResult(key=second.key, rank=0, status="pass")
     assert rk.barriers == 2  # the ranks stay in step after a failed case
 
 
@@ -121,7 +121,7 @@ def test_a_cuda_error_ends_the_rank_so_the_launcher_restarts_it(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     first, second = _cases()
 
-    def run_case(rk: Any, case: Case) -> dict[str, Any]:
+    def run_case(rk: Any, case: Case) -> CaseResult:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     def hard_exit(code: int) -> None:
@@ -159,9 +159,9 @@ def test_legacy_fusion_on_ranks_sharing_a_gpu_is_a_skip_where_its_workspace_is_t
                    if c.api == "fusion_unified" and c.strategy != "twoshot")
     ran: list[str] = []
 
-    def run_case(rk: Any, case: Case) -> dict[str, Any]:
+    def run_case(rk: Any, case: Case) -> CaseResult:
         ran.append(case.key)
-        return {"status": "pass", "failure": None, "checks": []}
+        return CaseResult(key=case.key, rank=rk.rank, status="pass")
 
     monkeypatch.setattr(correctness, "run_case", run_case)
     trtllm_ar = type(sys)("flashinfer.comm.trtllm_ar")
@@ -181,6 +181,28 @@ def test_legacy_fusion_on_ranks_sharing_a_gpu_is_a_skip_where_its_workspace_is_t
     del trtllm_ar._alloc_symm_buffer_bytes
     correctness.run_tests(shared, [legacy])  # type: ignore[arg-type]
     assert ran == [unified.key, legacy.key, legacy.key]
+
+
+def test_a_group_s_spec_and_a_rank_s_result_reach_the_other_side_as_they_left() -> None:
+    """Parent -> spec file -> rank, and rank -> wire -> parent: each message is serialized
+    once at its edge and read back to the same typed value."""
+    cases = tuple(_cases())
+    spec = GroupSpec(mode="test", world_size=2, store="/tmp/store", backend="trtllm",
+                    allow_multicast=False, max_tokens=16, max_hidden=1024,
+                    custom_max_tokens=1, cases=cases)
+    on_disk = json.loads(json.dumps(to_json(spec)))
+    assert on_disk["mode"] == "test"
+    assert on_disk["allow_multicast"] is False  # Rank reads the group's keys from it too
+    assert GroupSpec.from_json(on_disk) == spec
+    result = CaseResult(key=cases[0].key, case=cases[0], rank=1, status="fail",
+                        failure="wrong result", reason="norm_out: rel L2 0.5 > 0.015",
+                        checks=(Check(output="norm_out", stage="eager", ok=False, kind="bf16",
+                                      rel_l2=0.5, max_abs=2.0, reason="rel L2 0.5 > 0.015"),),
+                        failing_ranks=(1,), log_tail={"rank1": ("a", "b")})
+    line = wire.encode("RESULT", to_json(result))
+    message = wire.decode(line)
+    assert message is not None
+    assert CaseResult.from_json(message.data) == result
 
 
 # --- issue 42: a worker sees the packages its venv sees ----------------------------------

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import traceback
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
+from sm120fork.gpu.ab.results import CaseResult, Check, to_json
 from sm120fork.gpu.core.cases import (
     CUSTOM_API,
     PATTERN_CODES,
@@ -29,6 +30,7 @@ from sm120fork.gpu.core.reference import (
     FP4_BLOCK,
     RMS_EPS,
     TORCH_DTYPES,
+    CaseData,
     compare,
     dequant_fp4_linear,
     dequant_fp8,
@@ -48,73 +50,74 @@ def _nan_fill(t: torch.Tensor) -> None:
         t.fill_(0xFF)
 
 
-def run_case(rk: Rank, case: Case) -> dict[str, Any]:
-    fc = rk.fc
+@dataclasses.dataclass
+class _Outputs:
+    """A case's output buffers, what each is checked against, and the quantization scale."""
+
+    outs: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    checks: list[tuple[str, str, torch.Tensor]] = dataclasses.field(default_factory=list)
+    scale: torch.Tensor | None = None
+    fp4_scale: float = 0.0
+
+    def new(self, name: str, shape: tuple[int, ...], dt: torch.dtype, device: torch.device,
+            kind: str | None = None, reference: torch.Tensor | None = None) -> None:
+        self.outs[name] = torch.empty(shape, dtype=dt, device=device)
+        if kind is not None and reference is not None:
+            self.checks.append((name, kind, reference))
+
+    def flat(self, name: str) -> torch.Tensor | None:
+        return self.outs[name].view(-1) if name in self.outs else None
+
+
+def _outputs(rk: Rank, case: Case, ref: dict[str, torch.Tensor]) -> _Outputs:
+    t, h, pattern, dev = case.tokens, case.hidden, case.pattern, rk.device
     dtype = TORCH_DTYPES[case.dtype]
-    data = generate(case, rk.device)
-    ref = expected(data)
-    x = data.inputs[rk.rank].contiguous()
-    t, h = case.tokens, case.hidden
-    outs: dict[str, torch.Tensor] = {}
-    checks: list[tuple[str, str, torch.Tensor]] = []  # (output, kind, reference)
-    pattern = case.pattern
-    quant = pattern.endswith(("fp8", "fp4"))
-    scale_tensor: torch.Tensor | None = None
-    fp4_scale = 0.0
-
-    def new(name: str, shape: tuple[int, ...], dt: torch.dtype) -> torch.Tensor:
-        outs[name] = torch.empty(shape, dtype=dt, device=rk.device)
-        return outs[name]
-
-    new("allreduce_out", (t, h), dtype)
+    o = _Outputs()
     if pattern == "allreduce":
-        checks.append(("allreduce_out", case.dtype, ref["allreduce"]))
-    else:
-        new("residual_out", (t, h), dtype)
-        checks.append(("residual_out", case.dtype, ref["residual"]))
-        if not quant or "_out_" in pattern:
-            new("norm_out", (t, h), dtype)
-            checks.append(("norm_out", case.dtype, ref["norm"]))
+        o.new("allreduce_out", (t, h), dtype, dev, case.dtype, ref["allreduce"])
+        return o
+    o.new("allreduce_out", (t, h), dtype, dev)
+    o.new("residual_out", (t, h), dtype, dev, case.dtype, ref["residual"])
+    if not pattern.endswith(("fp8", "fp4")) or "_out_" in pattern:
+        o.new("norm_out", (t, h), dtype, dev, case.dtype, ref["norm"])
     if pattern.endswith("fp8"):
-        new("quant_out", (t, h), torch.float8_e4m3fn)
-        scale_tensor = torch.tensor([fp8_scale(ref["norm"])], dtype=torch.float32,
-                                    device=rk.device)
-        checks.append(("quant_out", "fp8", ref["norm"]))
+        o.new("quant_out", (t, h), torch.float8_e4m3fn, dev, "fp8", ref["norm"])
+        o.scale = torch.tensor([fp8_scale(ref["norm"])], dtype=torch.float32, device=dev)
     elif pattern.endswith("fp4"):
-        new("quant_out", (t, h // 2), torch.uint8)
-        sf_elems = fc.compute_fp4_swizzled_layout_sf_size(t, h // FP4_BLOCK)
-        new("scale_out", (sf_elems,), torch.uint8)
-        fp4_scale = fp4_global_scale(ref["norm"])
-        scale_tensor = torch.tensor([fp4_scale], dtype=torch.float32, device=rk.device)
-        checks.append(("quant_out", "fp4", ref["norm"]))
+        o.new("quant_out", (t, h // 2), torch.uint8, dev, "fp4", ref["norm"])
+        sf_elems = rk.fc.compute_fp4_swizzled_layout_sf_size(t, h // FP4_BLOCK)
+        o.new("scale_out", (sf_elems,), torch.uint8, dev)
+        o.fp4_scale = fp4_global_scale(ref["norm"])
+        o.scale = torch.tensor([o.fp4_scale], dtype=torch.float32, device=dev)
+    return o
 
+
+def _call(rk: Rank, case: Case, data: CaseData, o: _Outputs) -> tuple[Callable[[], None], int]:
+    """The case's one call, and how many calls a graph captures."""
+    fc, x, pattern = rk.fc, data.inputs[rk.rank].contiguous(), case.pattern
     use_oneshot = {"oneshot": True, "twoshot": False, "auto": None}[case.strategy]
     layout = fc.QuantizationSFLayout.LINEAR if pattern.endswith("fp4") else None
     residual_in = None if pattern == "allreduce" else data.residual
     gamma = None if pattern == "allreduce" else data.gamma
-
-    def flat(name: str) -> torch.Tensor | None:
-        return outs[name].view(-1) if name in outs else None
-
+    outs = o.outs
     if case.api == "fusion_legacy":
         ws = rk.workspace(case.api)
 
-        def call_once() -> None:
+        def call_legacy() -> None:
             fc.trtllm_allreduce_fusion(
                 allreduce_in=x.view(-1), world_size=case.world_size, world_rank=rk.rank,
-                token_num=t, hidden_dim=h, workspace_ptrs=ws["tensor"],
+                token_num=case.tokens, hidden_dim=case.hidden, workspace_ptrs=ws["tensor"],
                 launch_with_pdl=case.pdl, trigger_completion_at_end=case.pdl,
                 fp32_acc=False, pattern_code=PATTERN_CODES[pattern], use_oneshot=use_oneshot,
-                allreduce_out=flat("allreduce_out"),
+                allreduce_out=o.flat("allreduce_out"),
                 residual_in=None if residual_in is None else residual_in.view(-1),
-                residual_out=flat("residual_out"), norm_out=flat("norm_out"),
-                quant_out=flat("quant_out"), scale_out=outs.get("scale_out"),
-                rms_gamma=gamma, rms_eps=RMS_EPS, scale_factor=scale_tensor,
+                residual_out=o.flat("residual_out"), norm_out=o.flat("norm_out"),
+                quant_out=o.flat("quant_out"), scale_out=outs.get("scale_out"),
+                rms_gamma=gamma, rms_eps=RMS_EPS, scale_factor=o.scale,
                 layout_code=layout, metadata=ws["metadata"])
 
-        calls: Callable[[], None] = call_once
-        graph_calls = 1
-    elif case.api == "fusion_unified":
+        return call_legacy, 1
+    if case.api == "fusion_unified":
         uws = rk.workspace(case.api)
 
         def call_unified() -> None:
@@ -124,59 +127,58 @@ def run_case(rk: Rank, case: Case) -> dict[str, Any]:
                 residual_out=outs.get("residual_out"), norm_out=outs.get("norm_out"),
                 quant_out=outs.get("quant_out"), scale_out=outs.get("scale_out"),
                 residual_in=residual_in, rms_gamma=gamma, rms_eps=RMS_EPS,
-                scale_factor=scale_tensor, layout_code=layout, use_oneshot=use_oneshot,
+                scale_factor=o.scale, layout_code=layout, use_oneshot=use_oneshot,
                 fp32_acc=False)
 
-        calls = call_unified
-        graph_calls = 1
-    else:
-        cws = rk.workspace(case.api)
-        rk.reset_lamport(cws)
-        p = cws["ptrs"]
-        inter = outs["residual_out"]
-        norm = outs["norm_out"]
+        return call_unified, 1
+    cws = rk.workspace(case.api)
+    rk.reset_lamport(cws)
+    p = cws["ptrs"]
+    custom_all_reduce = legacy_custom_all_reduce(fc)
 
-        custom_all_reduce = legacy_custom_all_reduce(fc)
+    # The flag is a host argument baked into a graph: capture three consecutive flags so
+    # that replays cycle the lamport triple buffer like eager calls do.
+    def call_next_flag() -> None:
+        custom_all_reduce(
+            x, outs["norm_out"], case.world_size, rk.rank, case.tokens,
+            fc.AllReduceFusionOp.RESIDUAL_RMS_NORM, fc.AllReduceStrategyType.ONESHOT,
+            0, case.pdl, rk.next_flag(), p[0], p[2], p[3], None, data.residual, data.gamma,
+            None, RMS_EPS, outs["residual_out"], p[4], p[5], p[6])
 
-        def call_custom(flag: int) -> None:
-            custom_all_reduce(
-                x, norm, case.world_size, rk.rank, t,
-                fc.AllReduceFusionOp.RESIDUAL_RMS_NORM, fc.AllReduceStrategyType.ONESHOT,
-                0, case.pdl, flag, p[0], p[2], p[3], None, data.residual, data.gamma, None,
-                RMS_EPS, inter, p[4], p[5], p[6])
+    return call_next_flag, 3
 
-        # The flag is a host argument baked into a graph: capture three consecutive
-        # flags so that replays cycle the lamport triple buffer like eager calls do.
-        def call_next_flag() -> None:
-            call_custom(rk.next_flag())
 
-        calls = call_next_flag
-        graph_calls = 3
+def run_case(rk: Rank, case: Case) -> CaseResult:
+    """One case on this rank: eager, then captured in a CUDA graph and replayed twice."""
+    data = generate(case, rk.device)
+    o = _outputs(rk, case, expected(data))
+    call, graph_calls = _call(rk, case, data, o)
 
-    def verify(stage: str) -> list[dict[str, Any]]:
+    def verify(stage: str) -> list[Check]:
         verdicts = []
-        for name, kind, reference in checks:
-            got = outs[name]
+        for name, kind, reference in o.checks:
+            got = o.outs[name]
             if kind == "fp8":
-                got = dequant_fp8(got, float(scale_tensor))  # type: ignore[arg-type]
+                got = dequant_fp8(got, float(o.scale))  # type: ignore[arg-type]
             elif kind == "fp4":
-                got = dequant_fp4_linear(got, outs["scale_out"], fp4_scale, (t, h))
-            v = compare(name, got, reference, kind, case.world_size)
-            v["stage"] = stage
-            verdicts.append(v)
+                got = dequant_fp4_linear(got, o.outs["scale_out"], o.fp4_scale,
+                                         (case.tokens, case.hidden))
+            verdicts.append(Check(stage=stage, **compare(name, got, reference, kind,
+                                                          case.world_size)))
         return verdicts
 
-    def fill() -> None:
-        for tensor in outs.values():
+    def once(name: str, run: Callable[[], None]) -> list[Check]:
+        stage(name)
+        for tensor in o.outs.values():
             _nan_fill(tensor)
         torch.cuda.synchronize()
         rk.barrier()
+        run()
+        torch.cuda.synchronize()
+        return verify(name)
 
-    stage("eager call")
-    fill()
-    calls()
-    torch.cuda.synchronize()
-    verdicts = verify("eager")
+    verdicts = once("eager", call)
+    note = None
     if case.api == CUSTOM_API and not case.lamport:
         # The non-lamport path synchronizes ranks with flag barriers that compare for
         # equality against a host-side flag.  Baked into a graph, the flags repeat on the
@@ -185,36 +187,23 @@ def run_case(rk: Rank, case: Case) -> dict[str, Any]:
         # in lock step (seen with ranks sharing a GPU; FlashInfer's own fusion API keeps
         # its flags on the device).  So this path is checked with eager calls only, each
         # with the next flag.
-        for call in range(2):
-            stage(f"eager call {call + 2}")
-            fill()
-            calls()
-            torch.cuda.synchronize()
-            verdicts += verify(f"eager call {call + 2}")
-        ok = all(v["ok"] for v in verdicts)
-        return {"status": "pass" if ok else "fail",
-                "failure": None if ok else "wrong result", "checks": verdicts,
-                "note": "eager only: host-side barrier flags cannot be graph-replayed"}
-    stage("graph capture")
-
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(graph_calls):
-            calls()
-    torch.cuda.synchronize()
-    for replay in range(2):
-        stage(f"graph replay {replay + 1}")
-        fill()
-        graph.replay()
+        verdicts += once("eager call 2", call) + once("eager call 3", call)
+        note = "eager only: host-side barrier flags cannot be graph-replayed"
+    else:
+        stage("graph capture")
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(graph_calls):
+                call()
         torch.cuda.synchronize()
-        verdicts += verify(f"graph replay {replay + 1}")
-    del graph
-    ok = all(v["ok"] for v in verdicts)
-    return {"status": "pass" if ok else "fail",
-            "failure": None if ok else "wrong result",
-            "checks": verdicts}
+        verdicts += once("graph replay 1", graph.replay) + once("graph replay 2", graph.replay)
+        del graph
+    ok = all(v.ok for v in verdicts)
+    return CaseResult(key=case.key, rank=rk.rank, status="pass" if ok else "fail",
+                      failure=None if ok else "wrong result", checks=tuple(verdicts),
+                      note=note)
 
 
 def legacy_workspace_is_torch_symm() -> bool:
@@ -227,25 +216,23 @@ def legacy_workspace_is_torch_symm() -> bool:
 def run_tests(rk: Rank, cases: list[Case]) -> None:
     for case in cases:
         say("START", case.key)
-        record: dict[str, Any] = {"key": case.key, "rank": rk.rank}
         reason = skip_reason(case, rk.capability) or environment_reason(
             case.api, shared=rk.shared,
             legacy_workspace_torch_symm=legacy_workspace_is_torch_symm())
         if reason:
-            record.update(status="skip", reason=reason)
-            say("RESULT", record)
+            say("RESULT", to_json(CaseResult(key=case.key, rank=rk.rank, status="skip",
+                                             reason=reason)))
             continue
         try:
-            record.update(run_case(rk, case))
+            result = run_case(rk, case)
         except Exception as exc:
-            record.update(status="fail", failure="error",
-                          reason=f"{type(exc).__name__}: {exc}"[:2000],
-                          traceback=traceback.format_exc()[-3000:])
-            say("RESULT", record)
+            say("RESULT", to_json(CaseResult(
+                key=case.key, rank=rk.rank, status="fail", failure="error",
+                reason=f"{type(exc).__name__}: {exc}"[:2000],
+                traceback=traceback.format_exc()[-3000:])))
             if cuda_broken(exc):
                 hard_exit(EXIT_CUDA_ERROR)
             rk.barrier()
             continue
-        say("RESULT", record)
+        say("RESULT", to_json(result))
         rk.barrier()
-

@@ -18,55 +18,34 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import ConfigError
+from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec, to_json
 from sm120fork.gpu.core.cases import CUSTOM_API, Case
 from sm120fork.gpu.core.launcher import DEFAULT_TIMEOUTS, Timeouts, run_ranks
 from sm120fork.gpu.core.variants import Variant
 from sm120fork.util import wire
+from sm120fork.util.supervise import GroupOutcome
 
 
-def _merge(case: Case, records: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """One record per case from every rank's record (a case passes only if all ranks do)."""
-    statuses = {r["status"] for r in records.values()}
-    merged: dict[str, Any] = {"key": case.key, "case": case.to_dict()}
-    if statuses == {"skip"}:
-        merged.update(status="skip", reason=next(iter(records.values())).get("reason"))
-        return merged
-    failing = sorted(r for r, rec in records.items() if rec["status"] != "pass")
-    checks: dict[tuple[str, str], dict[str, Any]] = {}
+def _merge(case: Case, records: dict[int, CaseResult]) -> CaseResult:
+    """One result per case from every rank's (a case passes only if all ranks do)."""
+    if {r.status for r in records.values()} == {"skip"}:
+        return CaseResult(key=case.key, case=case, status="skip",
+                          reason=next(iter(records.values())).reason)
+    checks: dict[tuple[str, str], Check] = {}
     for rec in records.values():
-        for check in rec.get("checks", []):
-            k = (check["output"], check["stage"])
-            old = checks.get(k)
-            if old is None or (old["ok"] and not check["ok"]) or (
-                    old["ok"] == check["ok"] and (check.get("rel_l2") or 0) >
-                    (old.get("rel_l2") or 0)):
+        for check in rec.checks:
+            k = (check.output, check.stage)
+            if k not in checks or check.worse_than(checks[k]):
                 checks[k] = check
-    merged["checks"] = list(checks.values())
+    failing = sorted(r for r, rec in records.items() if rec.status != "pass")
     if not failing:
-        merged["status"] = "pass"
-        return merged
+        return CaseResult(key=case.key, case=case, status="pass", checks=tuple(checks.values()))
     first = records[failing[0]]
-    merged.update(status="fail", failure=first.get("failure") or "wrong result",
-                  failing_ranks=failing)
-    reasons = [c["reason"] for c in checks.values() if not c["ok"]]
-    merged["reason"] = first.get("reason") or ("; ".join(f"{c['output']} ({c['stage']}): "
-                                                        f"{c['reason']}"
-                                                        for c in checks.values()
-                                                        if not c["ok"])[:1500])
-    if not merged["reason"] and reasons:
-        merged["reason"] = reasons[0]
-    if first.get("traceback"):
-        merged["traceback"] = first["traceback"]
-    return merged
-
-
-NOT_RUN_REASON = "not run: the run's time budget was used up"
-
-
-def _not_run(case: Case) -> dict[str, Any]:
-    """A case the budget left out: a skip that says so (``not_run``), never a pass."""
-    return {"key": case.key, "case": case.to_dict(), "status": "skip", "not_run": True,
-            "reason": NOT_RUN_REASON}
+    reason = first.reason or "; ".join(f"{c.output} ({c.stage}): {c.reason}"
+                                       for c in checks.values() if not c.ok)[:1500]
+    return CaseResult.failed(case, first.failure or "wrong result", reason,
+                             checks=tuple(checks.values()), failing_ranks=tuple(failing),
+                             traceback=first.traceback)
 
 
 @dataclasses.dataclass
@@ -75,6 +54,16 @@ class _Reports:
 
     started: dict[int, list[str]] = dataclasses.field(default_factory=dict)
     reported: dict[int, set[str]] = dataclasses.field(default_factory=dict)
+    #: {case key: {rank: its result}}
+    results: dict[str, dict[int, CaseResult]] = dataclasses.field(default_factory=dict)
+
+    def on_message(self, rank: int, message: wire.Message) -> None:
+        if message.tag == "START":
+            self.started.setdefault(rank, []).append(message.data)
+        elif message.tag == "RESULT":
+            result = CaseResult.from_json(message.data)
+            self.results.setdefault(result.key, {})[rank] = result
+            self.reported.setdefault(rank, set()).add(result.key)
 
     def settled(self, codes: list[int | None]) -> bool:
         """Every rank still running has reported each case that a failed rank reported:
@@ -87,143 +76,136 @@ class _Reports:
         return all(done_by_failed <= self.reported.get(rank, set())
                    for rank, code in enumerate(codes) if code is None)
 
-    def unfinished(self, rank: int) -> list[str]:
-        """The cases ``rank`` started and did not report."""
-        return [k for k in self.started.get(rank, []) if k not in self.reported.get(rank, set())]
+    def in_progress(self, outcome: GroupOutcome) -> set[str]:
+        """The cases a group's end interrupted: those the crashed rank started and did not
+        report (none when it crashed after reporting its last case: the others' next case
+        is not to blame for its exit), else those any rank started."""
+        if outcome.kind == "crash" and outcome.failed is not None:
+            reported = self.reported.get(outcome.failed, set())
+            return {k for k in self.started.get(outcome.failed, []) if k not in reported}
+        return {k for keys in self.started.values() for k in keys}
 
 
-def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
-              backend: str = "trtllm", allow_multicast: bool = False,
-              timeouts: Timeouts = DEFAULT_TIMEOUTS,
-              worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.ab.worker"),
-              progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Run ``cases`` (one world size) for ``variant``; crashes and hangs become failures."""
-    if not cases:
+@dataclasses.dataclass
+class _Batch:
+    """One batch's results so far, and what its groups' failures cost (the circuit breaker)."""
+
+    timeouts: Timeouts
+    results: dict[str, CaseResult] = dataclasses.field(default_factory=dict)
+    streaks: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    startup_failures: int = 0
+
+    def fail(self, cases: Sequence[Case], failure: str, reason: str, **more: Any) -> None:
+        for case in cases:
+            self.results[case.key] = CaseResult.failed(case, failure, reason, **more)
+
+    def left_out(self, cases: Sequence[Case]) -> list[Case]:
+        self.results.update({c.key: CaseResult.left_out(c) for c in cases})
         return []
-    world = cases[0].world_size
-    if any(c.world_size != world for c in cases):
-        raise ConfigError("run_cases takes cases of one world size")
-    pending = list(cases)
-    label = "custom" if all(c.api == CUSTOM_API for c in cases) else "fusion"
-    results: dict[str, dict[str, Any]] = {}
-    attempt = 0
-    startup_failures = 0
-    streaks: dict[str, dict[str, int]] = {}
-    env_info: dict[str, Any] = {}
-    while pending:
-        if timeouts.deadline is not None and time.monotonic() > timeouts.deadline:
-            for case in pending:
-                results[case.key] = _not_run(case)
-            break
-        attempt += 1
-        tag = f"{variant.name}-ws{world}-{label}-a{attempt}"
-        spec_path = run_dir / f"spec-{tag}.json"
-        store = run_dir / f"store-{tag}"
-        if store.exists():
-            store.unlink()
-        custom = [c for c in pending if c.api == CUSTOM_API]
-        spec_path.write_text(json.dumps({
-            "mode": "test", "world_size": world, "store": str(store),
-            "backend": backend, "allow_multicast": allow_multicast,
-            "max_tokens": max(c.tokens for c in pending),
-            "max_hidden": max(c.hidden for c in pending),
-            "custom_max_tokens": max((c.tokens for c in custom), default=1),
-            "cases": [c.to_dict() for c in pending]}))
-        per_rank: dict[str, dict[int, dict[str, Any]]] = {}
-        started: list[str] = []
-        reports = _Reports()
 
-        def on_message(rank: int, message: wire.Message,
-                       per_rank: dict[str, dict[int, dict[str, Any]]] = per_rank,
-                       started: list[str] = started, reports: _Reports = reports) -> None:
-            tag_, payload = message.tag, message.data
-            if tag_ == "START":
-                started.append(payload)
-                reports.started.setdefault(rank, []).append(payload)
-            elif tag_ == "RESULT":
-                per_rank.setdefault(payload["key"], {})[rank] = payload
-                reports.reported.setdefault(rank, set()).add(payload["key"])
-            elif tag_ == "ENV":
-                env_info.update(payload)
-
-        outcome = run_ranks(worker, spec_path, world, variant, run_dir / tag, timeouts,
-                             on_message, settled=reports.settled)
-        remaining = []
-        for case in pending:
-            recs = per_rank.get(case.key, {})
-            if len(recs) == world:
-                results[case.key] = _merge(case, recs)
-            else:
-                remaining.append(case)
-        if progress:
-            progress(f"{tag}: {len(pending) - len(remaining)} cases done, "
-                     f"{len(remaining)} left" + (f"; {outcome.failure}" if outcome.failure
-                                                 else ""))
-        if not remaining:
-            break
-        tails = {f"rank{r}": t for r, t in enumerate(outcome.tails)}
+    def next_group(self, outcome: GroupOutcome, reports: _Reports, pending: list[Case],
+                   remaining: list[Case]) -> list[Case]:
+        """The cases the next group runs, once ``outcome`` left ``remaining`` unreported."""
+        tails = {f"rank{r}": tuple(t) for r, t in enumerate(outcome.tails)}
         if outcome.kind == "budget":
-            for case in remaining:
-                results[case.key] = _not_run(case)
-            break
+            return self.left_out(remaining)
         if outcome.ok or outcome.kind in ("fatal", "protocol"):
             why = outcome.failure or "ranks exited without reporting these cases"
-            for case in remaining:
-                results[case.key] = {"key": case.key, "case": case.to_dict(), "status": "fail",
-                                     "failure": outcome.kind or "error",
-                                     "reason": f"not run: {why}", "log_tail": tails}
-            break
-        if outcome.kind == "crash" and outcome.failed is not None:
-            # The case the crashed rank was on; none when it crashed after reporting its
-            # last case (the others' next case is not to blame for its exit).
-            mine = set(reports.unfinished(outcome.failed))
-            in_progress = [c for c in remaining if c.key in mine]
-        else:
-            in_progress = [c for c in remaining if c.key in set(started)]
+            self.fail(remaining, outcome.kind or "error", f"not run: {why}", log_tail=tails)
+            return []
+        interrupted = reports.in_progress(outcome)
+        in_progress = [c for c in remaining if c.key in interrupted]
         if not in_progress:
             # Nothing was running when the group ended: a crash between cases (after a
             # case that reported, e.g. a CUDA error that poisoned the context) or a
             # start-up failure.  Retry; two start-up failures in a row with no progress
             # mean the ranks cannot start.
             progressed = len(remaining) < len(pending)
-            startup_failures = 0 if progressed else startup_failures + 1
-            if startup_failures >= 2:
-                for case in remaining:
-                    results[case.key] = {
-                        "key": case.key, "case": case.to_dict(), "status": "fail",
-                        "failure": outcome.kind or "error",
-                        "reason": f"not run: ranks failed twice before a case: "
-                                  f"{outcome.failure}", "log_tail": tails}
-                break
-            pending = remaining
-            continue
-        startup_failures = 0
+            self.startup_failures = 0 if progressed else self.startup_failures + 1
+            if self.startup_failures < 2:
+                return remaining
+            self.fail(remaining, outcome.kind or "error",
+                      f"not run: ranks failed twice before a case: {outcome.failure}",
+                      log_tail=tails)
+            return []
+        self.startup_failures = 0
         for case in pending:
-            if case.key in results and results[case.key].get("failure") not in ("crash", "hang"):
-                streaks.pop(case.api, None)
+            if case.key in self.results and self.results[case.key].failure not in ("crash",
+                                                                                   "hang"):
+                self.streaks.pop(case.api, None)
         culprit = in_progress[0]
-        partial = per_rank.get(culprit.key, {})
-        reason = outcome.failure or "ranks ended"
-        detail = [rec.get("reason") for rec in partial.values() if rec.get("reason")]
-        results[culprit.key] = {
-            "key": culprit.key, "case": culprit.to_dict(), "status": "fail",
-            "failure": outcome.kind or "crash",
-            "reason": reason + (f"; {detail[0]}" if detail else ""),
-            "reported_ranks": sorted(partial), "log_tail": tails}
-        pending = [c for c in remaining if c is not culprit]
+        partial = reports.results.get(culprit.key, {})
+        detail = [rec.reason for rec in partial.values() if rec.reason]
         kind = outcome.kind or "crash"
-        streak = streaks.setdefault(culprit.api, {"crash": 0, "hang": 0})
+        self.fail([culprit], kind, (outcome.failure or "ranks ended")
+                  + (f"; {detail[0]}" if detail else ""),
+                  reported_ranks=tuple(sorted(partial)), log_tail=tails)
+        return self._breaker(culprit, kind, [c for c in remaining if c is not culprit])
+
+    def _breaker(self, culprit: Case, kind: str, pending: list[Case]) -> list[Case]:
+        """After too many hangs (crashes) in a row of one API, the rest of that API's
+        cases are not attempted."""
+        streak = self.streaks.setdefault(culprit.api, {"crash": 0, "hang": 0})
         streak[kind if kind in streak else "crash"] += 1
-        if (streak["hang"] >= timeouts.max_hang_streak
-                or streak["crash"] >= timeouts.max_crash_streak):
-            why = (f"not attempted: {streak['hang']} hangs / {streak['crash']} crashes in a row "
-                   f"for {culprit.api} (circuit breaker)")
-            for case in [c for c in pending if c.api == culprit.api]:
-                results[case.key] = {"key": case.key, "case": case.to_dict(),
-                                     "status": "fail", "failure": "not attempted",
-                                     "reason": why}
-            pending = [c for c in pending if c.api != culprit.api]
-    ordered = [results[c.key] for c in cases if c.key in results]
-    if env_info and ordered:
-        ordered[0].setdefault("env", env_info)
-    return ordered
+        if (streak["hang"] < self.timeouts.max_hang_streak
+                and streak["crash"] < self.timeouts.max_crash_streak):
+            return pending
+        self.fail([c for c in pending if c.api == culprit.api], "not attempted",
+                  f"not attempted: {streak['hang']} hangs / {streak['crash']} crashes in a "
+                  f"row for {culprit.api} (circuit breaker)")
+        return [c for c in pending if c.api != culprit.api]
+
+
+def _spec(cases: Sequence[Case], store: Path, backend: str, allow_multicast: bool
+          ) -> GroupSpec:
+    custom = [c for c in cases if c.api == CUSTOM_API]
+    return GroupSpec(mode="test", world_size=cases[0].world_size, store=str(store),
+                    backend=backend, allow_multicast=allow_multicast,
+                    max_tokens=max(c.tokens for c in cases),
+                    max_hidden=max(c.hidden for c in cases),
+                    custom_max_tokens=max((c.tokens for c in custom), default=1),
+                    cases=tuple(cases))
+
+
+def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
+              backend: str = "trtllm", allow_multicast: bool = False,
+              timeouts: Timeouts = DEFAULT_TIMEOUTS,
+              worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.ab.worker"),
+              progress: Callable[[str], None] | None = None) -> list[CaseResult]:
+    """Run ``cases`` (one world size) for ``variant``; crashes and hangs become failures."""
+    if not cases:
+        return []
+    world = cases[0].world_size
+    if any(c.world_size != world for c in cases):
+        raise ConfigError("run_cases takes cases of one world size")
+    label = "custom" if all(c.api == CUSTOM_API for c in cases) else "fusion"
+    batch = _Batch(timeouts)
+    pending = list(cases)
+    attempt = 0
+    while pending:
+        if timeouts.deadline is not None and time.monotonic() > timeouts.deadline:
+            pending = batch.left_out(pending)
+            break
+        attempt += 1
+        tag = f"{variant.name}-ws{world}-{label}-a{attempt}"
+        spec_path = run_dir / f"spec-{tag}.json"
+        store = run_dir / f"store-{tag}"
+        store.unlink(missing_ok=True)
+        spec_path.write_text(json.dumps(to_json(_spec(pending, store, backend,
+                                                      allow_multicast))))
+        reports = _Reports()
+        outcome = run_ranks(worker, spec_path, world, variant, run_dir / tag, timeouts,
+                            reports.on_message, settled=reports.settled)
+        remaining = []
+        for case in pending:
+            recs = reports.results.get(case.key, {})
+            if len(recs) == world:
+                batch.results[case.key] = _merge(case, recs)
+            else:
+                remaining.append(case)
+        if progress:
+            progress(f"{tag}: {len(pending) - len(remaining)} cases done, "
+                     f"{len(remaining)} left" + (f"; {outcome.failure}" if outcome.failure
+                                                 else ""))
+        pending = batch.next_group(outcome, reports, pending, remaining) if remaining else []
+    return [batch.results[c.key] for c in cases if c.key in batch.results]

@@ -11,12 +11,7 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from sm120fork.gpu.core.documents import (
-    AbDoc,
-    CaseResult,
-    VariantInfo,
-    parse_ab,
-)
+from sm120fork.gpu.core.documents import AbDoc, CaseResult, VariantInfo
 from sm120fork.gpu.core.report import completion_lines, env_lines, provenance
 from sm120fork.util import portable
 from sm120fork.util.markdown import markdown_table as _md_table
@@ -78,11 +73,89 @@ def _worst_rel(rec: CaseResult | None) -> str:
     return f"{max(vals):.2e}" if vals else "NaN"
 
 
+_METHOD = (
+    "Each rank regenerates every rank's input from the case seed; the reference is the fp32 "
+    "sum of all inputs, fp32 residual add and fp32 RMSNorm (eps 1e-6). Outputs are NaN-filled "
+    "before every call. Each case runs eagerly, then is captured in a CUDA graph and replayed "
+    "twice (the legacy custom all-reduce's lamport path captures three calls with consecutive "
+    "flags; its non-lamport path, whose barriers compare against a host-side flag, runs three "
+    "eager calls instead). A crashed or hung case is ended by the watchdog and recorded as a "
+    "failure with the ranks' last output.")
+
+
+class _Table:
+    """An A/B document's cases joined across variants, each with its A/B class."""
+
+    def __init__(self, doc: AbDoc) -> None:
+        self.primary, self.baseline = doc["primary"], doc.get("baseline")
+        self.variants = list(doc["results"])
+        self.order, self.rows = ab_rows(doc)
+        self.cls = {k: classify({v: r["status"] for v, r in self.rows[k].items()},
+                                self.primary, self.baseline) for k in self.order}
+
+    def summary(self) -> list[str]:
+        """Per API and world size: each variant's pass/fail/skip and the A/B classes."""
+        groups: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
+        per_variant: dict[tuple[str, int, str], Counter[str]] = defaultdict(Counter)
+        for key in self.order:
+            case = next(iter(self.rows[key].values()))["case"]
+            g = (case["api"], case["world_size"])
+            groups[g][self.cls[key]] += 1
+            for v, r in self.rows[key].items():
+                per_variant[(*g, v)][r["status"]] += 1
+        header = ["api", "world size"] + [f"{v} pass/fail/skip" for v in self.variants]
+        ab = ("fixed", "regressed", "pass both", "fail both") if self.baseline else ()
+        rows = []
+        for (api, ws), counts in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            c = [per_variant[(api, ws, v)] for v in self.variants]
+            rows.append([api, ws, *(f"{n['pass']}/{n['fail']}/{n['skip']}" for n in c),
+                         *(counts[k] for k in ab)])
+        total = Counter(self.cls.values())
+        return [*_md_table([*header, *ab], rows), "",
+                "Totals: " + ", ".join(f"{k}: {n}" for k, n in sorted(total.items())), ""]
+
+    def detail(self, title: str, keys: list[str], note: str = "") -> list[str]:
+        """A section listing ``keys``: each variant's status, the worst error, a reason."""
+        lines = [f"## {title}", "", *([note, ""] if note else [])]
+        if not keys:
+            return [*lines, "None.", ""]
+        body = []
+        for k in keys:
+            recs = self.rows[k]
+            reason = ""
+            for v in [*([self.baseline] if self.baseline else []), self.primary]:
+                r = recs.get(v)
+                if r and r["status"] == "fail":
+                    reason = f"{v}: {r.get('reason', '')}"[:300]
+                    break
+            body.append([f"`{k}`", *[_short(recs.get(v)) for v in self.variants],
+                         _worst_rel(recs.get(self.primary)), reason])
+        hdr = ["case", *self.variants, "worst rel L2 " + self.primary, "reason"]
+        return [*lines, *_md_table(hdr, body), ""]
+
+    def details(self) -> list[str]:
+        lamport = [k for k in self.order
+                   if next(iter(self.rows[k].values()))["case"]["api"] == "custom_lamport"]
+        lines = self.detail(
+            "Legacy custom all-reduce (lamport path at <= 16 tokens)", lamport,
+            "trtllm_custom_all_reduce, RESIDUAL_RMS_NORM, ONESHOT. Tokens <= 16 take the "
+            "lamport one-shot kernel; 17 and 64 are controls on the other path.")
+        if not self.baseline:
+            return lines + self.detail("Failures", self.of("fail"))
+        return (lines + self.detail(f"Cases the series fixes (fail in {self.baseline}, pass "
+                                    f"in {self.primary})", self.of("fixed"))
+                + self.detail(f"Regressions (pass in {self.baseline}, fail in "
+                              f"{self.primary})", self.of("regressed"))
+                + self.detail("Failing in both", [
+                    k for k in self.order
+                    if self.cls[k] not in ("fixed", "regressed", "pass both", "skip")]))
+
+    def of(self, cls: str) -> list[str]:
+        return [k for k in self.order if self.cls[k] == cls]
+
+
 def render_test_markdown(doc: AbDoc) -> str:
-    primary: str = doc["primary"]
-    baseline: str | None = doc.get("baseline")
-    variants = list(doc["results"])
-    order, table = ab_rows(doc)
+    table = _Table(doc)
     lines = [f"# Fused all-reduce correctness: {doc.get('title', '')}".rstrip(), ""]
     command = doc.get("command", "python -m sm120fork.gpu test")
     lines += [f"Created {doc.get('created', '?')} by `{command}`.", ""]
@@ -98,84 +171,10 @@ def render_test_markdown(doc: AbDoc) -> str:
         (name, info.get("wheel") or "(installed)", (info.get("sha256") or "")[:16],
          info.get("flashinfer", "?"), _modules(info))
         for name, info in doc.get("variants", {}).items()])
-    lines += ["", "## Method", "",
-              "Each rank regenerates every rank's input from the case seed; the reference is "
-              "the fp32 sum of all inputs, fp32 residual add and fp32 RMSNorm (eps 1e-6). "
-              "Outputs are NaN-filled before every call. Each case runs eagerly, then is "
-              "captured in a CUDA graph and replayed twice (the legacy custom all-reduce's "
-              "lamport path captures three calls with consecutive flags; its non-lamport "
-              "path, whose barriers compare against a host-side flag, runs three eager "
-              "calls instead). A crashed or hung case is ended "
-              "by the watchdog and recorded as a failure with the ranks' last output.", "",
-              "Tolerances (per output storage type):", ""]
+    lines += ["", "## Method", "", _METHOD, "", "Tolerances (per output storage type):", ""]
     lines += _md_table(("kind", "bound"), doc.get("tolerances", []))
-    lines += ["", "## Summary", ""]
-    groups: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
-    per_variant: dict[tuple[str, int, str], Counter[str]] = defaultdict(Counter)
-    for key in order:
-        recs = table[key]
-        case = next(iter(recs.values()))["case"]
-        g = (case["api"], case["world_size"])
-        groups[g][classify({v: r["status"] for v, r in recs.items()}, primary, baseline)] += 1
-        for v, r in recs.items():
-            per_variant[(*g, v)][r["status"]] += 1
-    header = ["api", "world size"] + [f"{v} pass/fail/skip" for v in variants]
-    if baseline:
-        header += ["fixed", "regressed", "pass both", "fail both"]
-    rows = []
-    for (api, ws), counts in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        row: list[object] = [api, ws]
-        for v in variants:
-            c = per_variant[(api, ws, v)]
-            row.append(f"{c['pass']}/{c['fail']}/{c['skip']}")
-        if baseline:
-            row += [counts["fixed"], counts["regressed"], counts["pass both"],
-                    counts["fail both"]]
-        rows.append(row)
-    lines += _md_table(header, rows)
-    total = Counter(classify({v: r["status"] for v, r in table[k].items()}, primary, baseline)
-                    for k in order)
-    lines += ["", "Totals: " + ", ".join(f"{k}: {n}" for k, n in sorted(total.items())), ""]
-
-    def detail(title: str, keys: list[str], note: str = "") -> None:
-        nonlocal lines
-        lines += [f"## {title}", ""]
-        if note:
-            lines += [note, ""]
-        if not keys:
-            lines += ["None.", ""]
-            return
-        hdr = ["case"] + [f"{v}" for v in variants] + ["worst rel L2 " + primary, "reason"]
-        body = []
-        for k in keys:
-            recs = table[k]
-            reason = ""
-            for v in [*([baseline] if baseline else []), primary]:
-                r = recs.get(v)
-                if r and r["status"] == "fail":
-                    reason = f"{v}: {r.get('reason', '')}"[:300]
-                    break
-            body.append([f"`{k}`", *[_short(recs.get(v)) for v in variants],
-                         _worst_rel(recs.get(primary)), reason])
-        lines += [*_md_table(hdr, body), ""]
-
-    cls = {k: classify({v: r["status"] for v, r in table[k].items()}, primary, baseline)
-           for k in order}
-    lamport = [k for k in order if next(iter(table[k].values()))["case"]["api"]
-               == "custom_lamport"]
-    detail("Legacy custom all-reduce (lamport path at <= 16 tokens)", lamport,
-           "trtllm_custom_all_reduce, RESIDUAL_RMS_NORM, ONESHOT. Tokens <= 16 take the "
-           "lamport one-shot kernel; 17 and 64 are controls on the other path.")
-    if baseline:
-        detail(f"Cases the series fixes (fail in {baseline}, pass in {primary})",
-               [k for k in order if cls[k] == "fixed"])
-        detail(f"Regressions (pass in {baseline}, fail in {primary})",
-               [k for k in order if cls[k] == "regressed"])
-        detail("Failing in both", [k for k in order if cls[k] not in
-                                   ("fixed", "regressed", "pass both", "skip")])
-    else:
-        detail("Failures", [k for k in order if cls[k] == "fail"])
-    skips = Counter(str(r.get("reason")) for k in order for r in table[k].values()
+    lines += ["", "## Summary", "", *table.summary(), *table.details()]
+    skips = Counter(str(r.get("reason")) for rows in table.rows.values() for r in rows.values()
                     if r["status"] == "skip")
     lines += ["## Skipped", ""]
     lines += (_md_table(("reason", "case runs"), sorted(skips.items())) if skips
@@ -186,14 +185,11 @@ def render_test_markdown(doc: AbDoc) -> str:
     return "\n".join(lines)
 
 
-def write_test_report(doc: object, out_dir: Path,
-                      roles: portable.Roles | None = None, *,
-                      where: str = "test-ab.json") -> list[Path]:
+def write_test_report(doc: AbDoc, out_dir: Path,
+                      roles: portable.Roles | None = None) -> list[Path]:
     """test-ab.json/.md; ``roles`` rewrites this machine's paths (see util/portable)."""
-    ab = parse_ab(doc, where)
-    primary = ab.get("variants", {}).get(ab["primary"], {})
-    ab = parse_ab(portable.portable({**ab, **(provenance(ab, primary) or {})}, roles or []),
-                  where)
+    primary = doc.get("variants", {}).get(doc["primary"], {})
+    ab: AbDoc = portable.portable({**doc, **(provenance(doc, primary) or {})}, roles or [])
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m = out_dir / "test-ab.json", out_dir / "test-ab.md"
     j.write_text(json.dumps(ab, indent=1, sort_keys=True) + "\n")

@@ -9,16 +9,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from sm120fork import __version__, record
 from sm120fork.errors import ConfigError, UsageError, VerifyError
 from sm120fork.gpu.ab import launcher, report
+from sm120fork.gpu.ab.results import CaseResult, to_json
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import documents, records, runs
-from sm120fork.gpu.core.documents import AbDoc, CaseResult
+from sm120fork.gpu.core.documents import AbDoc
 from sm120fork.gpu.core.records import now
 from sm120fork.gpu.core.report import built_manifest
 from sm120fork.gpu.core.runs import RunOptions
@@ -35,11 +36,6 @@ class TestOptions(RunOptions):
     title: str | None = None
 
 
-def _never_ran(rec: Mapping[str, object]) -> bool:
-    """Left out by a time budget, or its variant's module did not build."""
-    return bool(rec.get("not_run")) or rec.get("failure") == "build"
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Tally:
     """One variant's records counted: what ran, what was skipped, what never ran (a budget
@@ -51,11 +47,11 @@ class Tally:
     not_run: int = 0
 
     @classmethod
-    def of(cls, records: Sequence[dict[str, Any]]) -> Tally:
-        ran = [r for r in records if not _never_ran(r)]
+    def of(cls, records: Sequence[CaseResult]) -> Tally:
+        ran = [r for r in records if not r.never_ran]
 
         def count(status: str) -> int:
-            return sum(1 for r in ran if r["status"] == status)
+            return sum(1 for r in ran if r.status == status)
         return cls(passed=count("pass"), failed=count("fail"), skipped=count("skip"),
                    not_run=len(records) - len(ran))
 
@@ -134,71 +130,93 @@ def default_test_world_sizes(gpu_count: int) -> tuple[int, ...]:
     return tuple(ws for ws in (2, 4, 8) if ws <= max(2, gpu_count))
 
 
-def run_test(opts: TestOptions) -> TestRun:
-    """The correctness matrix over every variant (A/B), report under ``opts.out``."""
-    opts = opts.with_stack(baseline=True)
-    prepared = runs.prepare(opts, "test", ["comm"])
-    run_dir, installed, compiled = prepared.run_dir, prepared.variants, prepared.compiled
-    names = [v.name for v in installed]
-    primary = opts.primary or ("patched" if "patched" in names else names[0])
+def _primary(names: list[str], wanted: str | None) -> tuple[str, str | None]:
+    """The variant under test and the one it is compared with (None: no A/B)."""
+    primary = wanted or ("patched" if "patched" in names else names[0])
     if primary not in names:
         raise UsageError(f"--primary {primary} is not a variant", fix=f"one of {names}")
     others = [n for n in names if n != primary]
-    baseline = "unpatched" if "unpatched" in others else (others[0] if others else None)
-    env = runs.run_environment(compiled, primary, opts.wheel_dirs)
-    gpu_count = int(env.get("gpu_count") or 1)
-    world_sizes = list(opts.world_sizes or default_test_world_sizes(gpu_count))
-    matrix = (cases_mod.quick_matrix if opts.quick else cases_mod.full_matrix)(world_sizes)
-    matrix = cases_mod.select(matrix, apis=opts.apis, patterns=opts.patterns,
-                              tokens=opts.tokens, hidden=opts.hidden,
-                              max_cases=opts.max_cases)
+    return primary, "unpatched" if "unpatched" in others else (others[0] if others else None)
+
+
+def _run_matrix(opts: TestOptions, prepared: runs.Prepared, matrix: list[cases_mod.Case]
+                ) -> dict[str, list[CaseResult]]:
+    """Each variant's results; variants alternate per batch, so that a time budget leaves
+    a complete A/B of what ran."""
+    results: dict[str, list[CaseResult]] = {v.name: [] for v in prepared.variants}
     timeouts = opts.timeouts()
-    results: dict[str, list[dict[str, Any]]] = {v.name: [] for v in installed}
-    # Variants alternate per batch, so a time budget leaves a complete A/B of what ran.
     for batch in cases_mod.phases(matrix):
         ws = batch[0].world_size
-        for variant in installed:
-            info = compiled[variant.name]
+        for variant in prepared.variants:
+            info = prepared.compiled[variant.name]
             if not info.ok:
                 results[variant.name] += [
-                    {"key": c.key, "case": c.to_dict(), "status": "fail", "failure": "build",
-                     "reason": f"JIT build failed: {info.failure}", "log_tail": list(info.tail)}
-                    for c in batch]
+                    CaseResult.failed(c, "build", f"JIT build failed: {info.failure}",
+                                      log_tail={"module build": info.tail}) for c in batch]
                 continue
             log.info("variant %s, world size %d: %d cases (%s)", variant.name, ws, len(batch),
                      batch[0].api)
             started = time.monotonic()
             results[variant.name] += launcher.run_cases(
-                batch, variant, run_dir, backend=opts.backend,
+                batch, variant, prepared.run_dir, backend=opts.backend,
                 allow_multicast=opts.allow_multicast, timeouts=timeouts, progress=log.info)
             log.info("variant %s, world size %d took %.0f s", variant.name, ws,
                      time.monotonic() - started)
-    shared = any(ws > gpu_count for ws in world_sizes)
+    return results
+
+
+def _summary(results: dict[str, list[CaseResult]], primary: str, baseline: str | None
+             ) -> dict[str, int]:
+    """How many cases are in each A/B class (``not run``: some variant never ran it)."""
+    rows: dict[str, dict[str, CaseResult]] = defaultdict(dict)
+    for variant, recs in results.items():
+        for r in recs:
+            rows[r.key][variant] = r
+    return dict(sorted(Counter(
+        "not run" if any(r.never_ran for r in row.values())
+        else report.classify({v: r.status for v, r in row.items()}, primary, baseline)
+        for row in rows.values()).items()))
+
+
+def run_test(opts: TestOptions) -> TestRun:
+    """The correctness matrix over every variant (A/B), report under ``opts.out``."""
     from sm120fork.gpu.core.reference import tolerance_table
 
-    doc = {
+    opts = opts.with_stack(baseline=True)
+    prepared = runs.prepare(opts, "test", ["comm"])
+    installed, compiled = prepared.variants, prepared.compiled
+    primary, baseline = _primary([v.name for v in installed], opts.primary)
+    env = runs.run_environment(compiled, primary, opts.wheel_dirs)
+    gpu_count = int(env.get("gpu_count") or 1)
+    world_sizes = list(opts.world_sizes or default_test_world_sizes(gpu_count))
+    matrix = (cases_mod.quick_matrix if opts.quick else cases_mod.full_matrix)(world_sizes)
+    results = _run_matrix(opts, prepared, cases_mod.select(
+        matrix, apis=opts.apis, patterns=opts.patterns, tokens=opts.tokens,
+        hidden=opts.hidden, max_cases=opts.max_cases))
+    doc = documents.parse_ab({
         "kind": "gpu-test", "created": now(), "command": opts.command,
         "title": (f"{opts.title}, " if opts.title else "")
         + f"{(env.get('gpus') or ['?'])[0]} x{env.get('gpu_count', '?')}",
-        "environment": env, "shared": shared, "quick": opts.quick,
-        "world_sizes": world_sizes, "primary": primary, "baseline": baseline,
+        "environment": env, "shared": any(ws > gpu_count for ws in world_sizes),
+        "quick": opts.quick, "world_sizes": world_sizes, "primary": primary,
+        "baseline": baseline,
         "variants": {v.name: {**v.describe(), "flashinfer": compiled[v.name].env.get(
             "flashinfer"), "compiled": compiled[v.name].ok,
             "compile_failure": compiled[v.name].failure,
             "prebuilt_failure": compiled[v.name].prebuilt_failure}
             for v in installed},
-        "tolerances": tolerance_table(), "results": results, "not_run": list(opts.not_run),
+        "tolerances": tolerance_table(), "not_run": list(opts.not_run),
+        "results": {name: [to_json(r) for r in recs] for name, recs in results.items()},
         "module_seconds": round(prepared.module_seconds, 1), "time_budget": opts.time_budget,
-        "finished": not any(_never_ran(r) for recs in results.values() for r in recs),
-    }
+        "finished": not any(r.never_ran for recs in results.values() for r in recs),
+    }, "test-ab.json")
     out = runs.run_out_dir(opts, env)
     roles = runs.run_roles(opts, out)
     paths = report.write_test_report(doc, out, roles)
+    recorded = doc.copy()
+    recorded["command"] = opts.record_command or opts.command
     try:
-        rec = test_record(
-            documents.parse_ab({**doc, "command": opts.record_command or opts.command},
-                               "test-ab.json"),
-            opts.tested or records.read_tested(opts.wheel_dirs, primary))
+        rec = test_record(recorded, opts.tested or records.read_tested(opts.wheel_dirs, primary))
     except ConfigError as exc:  # the run stands; its record would break the format
         log.error("no record: %s", exc)
         rec = None
@@ -207,25 +225,21 @@ def run_test(opts: TestOptions) -> TestRun:
     else:
         log.warning("no record: the tested wheel is no stack's build (no manifest.json "
                     "beside it)")
-    runs.collect_logs(run_dir, out / "logs", roles)
-    failed = [r["key"] for r in results[primary] if r["status"] == "fail" and not _never_ran(r)]
-    order, table = report.ab_rows(documents.parse_ab(doc, "test-ab.json"))
-    classes = ["not run" if any(_never_ran(r) for r in table[k].values())
-               else report.classify({v: r["status"] for v, r in table[k].items()}, primary,
-                                    baseline) for k in order]
-    summary = {c: classes.count(c) for c in sorted(set(classes))}
+    runs.collect_logs(prepared.run_dir, out / "logs", roles)
     return TestRun(paths=paths, logs=out / "logs", primary=primary,
                    tallies={name: Tally.of(recs) for name, recs in results.items()},
-                   failed=failed, summary=summary, module_seconds=prepared.module_seconds,
+                   failed=[r.key for r in results[primary]
+                           if r.status == "fail" and not r.never_ran],
+                   summary=_summary(results, primary, baseline),
+                   module_seconds=prepared.module_seconds,
                    time_budget=opts.time_budget, allow_partial=opts.allow_partial)
-
 
 
 _AGAINST = {"fixed": "fixed", "pass both": "pass-both", "regressed": "regressed",
             "fail both": "fail-both"}
 
 
-def _detail(rec: CaseResult) -> str:
+def _detail(rec: documents.CaseResult) -> str:
     if rec["status"] == "pass":
         worst = max((c.get("rel_l2") or 0 for c in rec.get("checks", [])), default=0)
         return f"rel_l2 {worst:.1e}" if worst else "pass"
@@ -277,4 +291,4 @@ def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | Non
 
 def rerender(test: Path, out: Path) -> list[Path]:
     """Re-render a ``test`` report from its JSON."""
-    return report.write_test_report(documents.read(test), out, where=str(test))
+    return report.write_test_report(documents.parse_ab(documents.read(test), str(test)), out)

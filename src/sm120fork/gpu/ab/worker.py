@@ -4,16 +4,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from sm120fork.gpu.ab.correctness import run_tests
+from sm120fork.gpu.ab.results import GroupSpec
 from sm120fork.gpu.core import worker
-from sm120fork.gpu.core.cases import Case
 from sm120fork.gpu.core.rank import Rank
 
 
-def run(rank: Rank, spec: dict[str, Any]) -> None:
-    run_tests(rank, [Case.from_dict(c) for c in spec["cases"]])
+def run(rank: Rank, spec: object) -> None:
+    run_tests(rank, list(GroupSpec.from_json(spec).cases))
 
 
 if __name__ == "__main__":
