@@ -21,7 +21,7 @@ from sm120fork.gpu.bench import launcher as bench_launcher
 from sm120fork.gpu.core import rank
 from sm120fork.gpu.core.cases import Case, quick_matrix
 from sm120fork.gpu.core.safety import MULTICAST_OFF_ENV
-from sm120fork.util import wire
+from sm120fork.util import typed, wire
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -113,7 +113,8 @@ def test_a_failing_case_is_reported_and_the_next_one_runs(
     failed, passed = lines[1][1], lines[3][1]
     assert (failed["key"], failed["status"], failed["failure"]) == (first.key, "fail", "error")
     assert failed["reason"] == "RuntimeError: workspace creation failed earlier: no IPC"
-    assert CaseResult.from_json(passed) == CaseResult(key=second.key, rank=0, status="pass")
+    assert typed.read(CaseResult, passed, "RESULT") == CaseResult(key=second.key, rank=0,
+                                                                  status="pass")
     assert rk.barriers == 2  # the ranks stay in step after a failed case
 
 
@@ -193,7 +194,7 @@ def test_a_group_s_spec_and_a_rank_s_result_reach_the_other_side_as_they_left() 
     on_disk = json.loads(json.dumps(to_json(spec)))
     assert on_disk["mode"] == "test"
     assert on_disk["allow_multicast"] is False  # Rank reads the group's keys from it too
-    assert GroupSpec.from_json(on_disk) == spec
+    assert typed.read(GroupSpec, on_disk, "spec") == spec
     result = CaseResult(key=cases[0].key, case=cases[0], rank=1, status="fail",
                         failure="wrong result", reason="norm_out: rel L2 0.5 > 0.015",
                         checks=(Check(output="norm_out", stage="eager", ok=False, kind="bf16",
@@ -202,7 +203,7 @@ def test_a_group_s_spec_and_a_rank_s_result_reach_the_other_side_as_they_left() 
     line = wire.encode("RESULT", to_json(result))
     message = wire.decode(line)
     assert message is not None
-    assert CaseResult.from_json(message.data) == result
+    assert typed.read(CaseResult, message.data, "RESULT") == result
 
 
 # --- issue 42: a worker sees the packages its venv sees ----------------------------------

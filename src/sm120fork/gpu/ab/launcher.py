@@ -22,7 +22,7 @@ from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec, to_json
 from sm120fork.gpu.core.cases import CUSTOM_API, Case
 from sm120fork.gpu.core.launcher import DEFAULT_TIMEOUTS, Timeouts, run_ranks
 from sm120fork.gpu.core.variants import Variant
-from sm120fork.util import wire
+from sm120fork.util import typed, wire
 from sm120fork.util.supervise import GroupOutcome
 
 
@@ -61,7 +61,7 @@ class _Reports:
         if message.tag == "START":
             self.started.setdefault(rank, []).append(message.data)
         elif message.tag == "RESULT":
-            result = CaseResult.from_json(message.data)
+            result = typed.read(CaseResult, message.data, f"rank {rank}'s RESULT")
             self.results.setdefault(result.key, {})[rank] = result
             self.reported.setdefault(rank, set()).add(result.key)
 

@@ -1,8 +1,8 @@
 """What crosses the A/B's processes, typed: the parent's request to a rank group
 (:class:`GroupSpec`, the spec file) and a case's result (:class:`CaseResult`: each rank's over
 the wire, then one merged from every rank's, then a row of ``test-ab.json``).  Each is
-serialized once at its edge (:func:`to_json`) and read back by its ``from_json``.  No torch:
-the parent imports it too.
+serialized once at its edge (:func:`to_json`) and read back by :func:`sm120fork.util.typed.read`.
+No torch: the parent imports it too.
 """
 
 from __future__ import annotations
@@ -79,16 +79,6 @@ class CaseResult:
         return self.not_run or self.failure == "build"
 
     @classmethod
-    def from_json(cls, data: Any) -> CaseResult:
-        row = dict(data)
-        case, checks, tail = (row.pop(k, None) for k in ("case", "checks", "log_tail"))
-        for ranks in ("failing_ranks", "reported_ranks"):
-            row[ranks] = tuple(row.get(ranks, ()))
-        return cls(**row, case=None if case is None else Case(**case),
-                   checks=tuple(Check(**c) for c in checks or ()),
-                   log_tail=None if tail is None else {k: tuple(v) for k, v in tail.items()})
-
-    @classmethod
     def failed(cls, case: Case, failure: str, reason: str, **more: Any) -> CaseResult:
         return cls(key=case.key, case=case, status="fail", failure=failure, reason=reason,
                    **more)
@@ -114,6 +104,3 @@ class GroupSpec:
     cases: tuple[Case, ...]
     mode: str
 
-    @classmethod
-    def from_json(cls, data: Any) -> GroupSpec:
-        return cls(**{**data, "cases": tuple(Case(**c) for c in data["cases"])})
