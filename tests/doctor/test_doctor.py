@@ -611,7 +611,7 @@ def test_ctrl_c_ends_the_peer_probes_processes(
     fake_child_env(tmp_path, monkeypatch)
     child = ipc._Process(0, 0, 1, "fake_ipc_child")
     try:
-        assert child.receive(time.monotonic() + 60)   # set up and answering
+        assert child.receive(time.monotonic() + 60, ipc.Shared)   # set up and answering
         assert proc.end_children(grace=10) >= 1
         assert child.proc.poll() is not None
     finally:

@@ -12,10 +12,9 @@ pair by pair, each side maps the other's memory, writes a pattern into its slot 
 
 Each pair has its own deadline: a pair that hangs is named, its two processes are
 killed and started again for the pairs after it, and the rest of the box is still
-probed.  The parent and a child speak the toolkit's one wire format
-(:mod:`sm120fork.util.wire`: ``STEP`` messages on the child's stdin, ``PROBE`` messages
-on its stdout; a line of another wire version is a failure naming the line) and pass
-file descriptors over a socket pair; run a child with
+probed.  The parent and a child exchange the dataclasses below on the toolkit's one wire
+format (:mod:`sm120fork.util.wire`, each tagged with its class name) and pass file
+descriptors over a socket pair; run a child with
 ``python -m <package>.doctor.ipc <device> <index> <processes> <socket fd>``.
 """
 
@@ -28,8 +27,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import IO, Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import IO, TypeVar
 
 from ..util import proc, wire
 from .cuda import CudaError, Driver
@@ -38,7 +37,6 @@ from .facts import Link
 SLOT = 1024                  # 32-bit words per pattern (published, and per writer)
 BANDWIDTH_BYTES = 32 << 20   # per timed copy
 REPEATS = 5
-STEP, PROBE = "STEP", "PROBE"  # the wire tags: the parent's steps, the child's answers
 
 
 def seed(writer: int, owner: int) -> int:
@@ -90,6 +88,55 @@ class LinkResult:
                 "detail": self.detail}
 
 
+# --- the messages: each crosses the wire tagged with its class name, upper-cased --------
+
+@dataclass(frozen=True)
+class Shared:
+    """A child's first answer: per sharing kind "ok" or why it has none, and what a peer
+    needs to map its memory (the VMM memory's FD follows on the socket when it has one)."""
+
+    vmm: str
+    ipc: str
+    ipc_handle: str = ""
+    vmm_size: int = 0
+
+
+@dataclass(frozen=True)
+class Open:
+    """To a writer: map ``peer``'s memory, write into it, read it back, time copies."""
+
+    peer: int
+    shared: Shared
+
+
+@dataclass(frozen=True)
+class Opened:
+    sharing: dict[str, dict[str, str]]   # per sharing kind: {"open", "write", "read"}
+    write_gbps: float | None = None
+    read_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    """To an owner: does ``writer``'s slot in its memory hold what ``writer`` wrote?"""
+
+    writer: int
+
+
+@dataclass(frozen=True)
+class Checked:
+    slots: dict[str, str]   # per sharing kind
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: str
+
+
+def _line(message: Shared | Open | Opened | Check | Checked | Failed) -> str:
+    return wire.encode(type(message).__name__.upper(), asdict(message))
+
+
 # --- the child --------------------------------------------------------------------------
 
 class _Memory:
@@ -113,103 +160,119 @@ def _size(processes: int, with_bandwidth: bool) -> int:
     return (1 + processes) * SLOT * 4 + (BANDWIDTH_BYTES if with_bandwidth else 0)
 
 
+class _Child:
+    """One probe process: its memory shared both ways, then the parent's steps served."""
+
+    def __init__(self, device: int, me: int, processes: int, sock: socket.socket) -> None:
+        self.drv = Driver()
+        self.drv.use(device)
+        self.device, self.me, self.processes, self.sock = device, me, processes, sock
+        self.blocks = 4 * self.drv.attribute(device, 16)
+        self.mine: dict[str, _Memory] = {}
+
+    def share(self) -> tuple[Shared, int | None]:
+        drv, fd, size, handle = self.drv, None, 0, ""
+        vmm = ipc = "ok"
+        try:
+            buffer = drv.vmm_alloc(self.device, _size(self.processes, True))
+            self.mine["vmm"], fd, size = _Memory(buffer.ptr, self.processes), buffer.fd, buffer.size
+        except CudaError as exc:
+            vmm = str(exc)
+        try:
+            base = drv.alloc_zeroed(_size(self.processes, False))
+            self.mine["ipc"] = _Memory(base, self.processes)
+            handle = drv.ipc_handle(base).hex()
+        except CudaError as exc:
+            ipc = str(exc)
+        for memory in self.mine.values():
+            drv.write_u32(memory.published(), pattern(self.me, self.me))
+        self.staging = drv.alloc_zeroed(SLOT * 4)
+        self.local_bw = drv.alloc_zeroed(BANDWIDTH_BYTES)
+        return Shared(vmm=vmm, ipc=ipc, ipc_handle=handle, vmm_size=size), fd
+
+    def _map(self, theirs: Shared) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
+        """The peer's memory mapped here per sharing kind, and each kind's "open" step."""
+        remote: dict[str, int] = {}
+        result: dict[str, dict[str, str]] = {}
+        if theirs.vmm == "ok":
+            _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+            try:
+                remote["vmm"] = self.drv.vmm_import(fds[0], theirs.vmm_size, self.device)
+                result["vmm"] = {"open": "ok"}
+            except CudaError as exc:
+                result["vmm"] = {"open": str(exc)}
+            finally:
+                os.close(fds[0])
+        else:
+            result["vmm"] = {"open": f"the peer has none: {theirs.vmm}"}
+        if theirs.ipc == "ok":
+            try:
+                remote["ipc"] = self.drv.ipc_open(bytes.fromhex(theirs.ipc_handle))
+                result["ipc"] = {"open": "ok"}
+            except CudaError as exc:
+                result["ipc"] = {"open": str(exc)}
+        else:
+            result["ipc"] = {"open": f"the peer has none: {theirs.ipc}"}
+        return remote, result
+
+    def open(self, step: Open) -> Opened:
+        drv, blocks = self.drv, self.blocks
+        remote, result = self._map(step.shared)
+        bandwidth: dict[str, float] = {}
+        for kind, ptr in remote.items():
+            theirs = _Memory(ptr, self.processes)
+            try:
+                drv.write_u32(self.staging, pattern(self.me, step.peer))
+                drv.copy(theirs.slot(self.me), self.staging, SLOT * 4, blocks)
+                drv.synchronize()
+                result[kind]["write"] = "ok"
+                drv.copy(self.staging, theirs.published(), SLOT * 4, blocks)
+                drv.synchronize()
+                result[kind]["read"] = mismatch(drv.read_u32(self.staging, SLOT),
+                                                pattern(step.peer, step.peer))
+                if kind == "vmm":
+                    gb = BANDWIDTH_BYTES * REPEATS / 1e6
+                    bandwidth["write_gbps"] = gb / drv.timed_copy(
+                        theirs.bandwidth(), self.local_bw, BANDWIDTH_BYTES, REPEATS, blocks)
+                    bandwidth["read_gbps"] = gb / drv.timed_copy(
+                        self.local_bw, theirs.bandwidth(), BANDWIDTH_BYTES, REPEATS, blocks)
+            except CudaError as exc:
+                result[kind].setdefault("write", str(exc))
+                result[kind].setdefault("read", str(exc))
+        return Opened(result, **bandwidth)
+
+    def check(self, step: Check) -> Checked:
+        return Checked({kind: mismatch(self.drv.read_u32(memory.slot(step.writer), SLOT),
+                                       pattern(step.writer, self.me))
+                        for kind, memory in self.mine.items()})
+
+
 def _child(device: int, me: int, processes: int, sock_fd: int) -> int:
     """One probe process: share its memory both ways, then serve the parent's steps."""
-    def say(**msg: Any) -> None:
-        wire.say(PROBE, msg)
-
     sock = socket.socket(fileno=sock_fd)
     try:
-        drv = Driver()
-        drv.use(device)
-        blocks = 4 * drv.attribute(device, 16)
-        mine: dict[str, _Memory] = {}
-        ready: dict[str, str] = {}
-        fd: int | None = None
-        vmm_size = 0
-        try:
-            vmm = drv.vmm_alloc(device, _size(processes, True))
-            mine["vmm"], fd, vmm_size = _Memory(vmm.ptr, processes), vmm.fd, vmm.size
-            ready["vmm"] = "ok"
-        except CudaError as exc:
-            ready["vmm"] = str(exc)
-        try:
-            base = drv.alloc_zeroed(_size(processes, False))
-            mine["ipc"] = _Memory(base, processes)
-            handle = drv.ipc_handle(base).hex()
-            ready["ipc"] = "ok"
-        except CudaError as exc:
-            ready["ipc"], handle = str(exc), ""
-        for memory in mine.values():
-            drv.write_u32(memory.published(), pattern(me, me))
-        staging = drv.alloc_zeroed(SLOT * 4)
-        local_bw = drv.alloc_zeroed(BANDWIDTH_BYTES)
-        say(ready=ready, ipc=handle, vmm_size=vmm_size, vmm_fd=fd is not None)
+        child = _Child(device, me, processes, sock)
+        shared, fd = child.share()
+        print(_line(shared), flush=True)
         if fd is not None:
             socket.send_fds(sock, [b"f"], [fd])
         for line in sys.stdin:
             message = wire.decode(line)
-            if message is None or message.tag != STEP:
-                continue
-            step = message.data
-            if step["op"] == "open":
-                peer = int(step["peer"])
-                result: dict[str, dict[str, str]] = {}
-                remote: dict[str, int] = {}
-                if step.get("vmm_fd"):
-                    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
-                    try:
-                        remote["vmm"] = drv.vmm_import(fds[0], int(step["vmm_size"]), device)
-                        result["vmm"] = {"open": "ok"}
-                    except CudaError as exc:
-                        result["vmm"] = {"open": str(exc)}
-                    finally:
-                        os.close(fds[0])
-                elif "vmm" in step:
-                    result["vmm"] = {"open": f"the peer has none: {step['vmm']}"}
-                if step.get("ipc"):
-                    try:
-                        remote["ipc"] = drv.ipc_open(bytes.fromhex(step["ipc"]))
-                        result["ipc"] = {"open": "ok"}
-                    except CudaError as exc:
-                        result["ipc"] = {"open": str(exc)}
-                else:
-                    result["ipc"] = {"open": f"the peer has none: {step.get('ipc_error')}"}
-                bandwidth: dict[str, float] = {}
-                for kind, ptr in remote.items():
-                    theirs = _Memory(ptr, processes)
-                    try:
-                        drv.write_u32(staging, pattern(me, peer))
-                        drv.copy(theirs.slot(me), staging, SLOT * 4, blocks)
-                        drv.synchronize()
-                        result[kind]["write"] = "ok"
-                        drv.copy(staging, theirs.published(), SLOT * 4, blocks)
-                        drv.synchronize()
-                        result[kind]["read"] = mismatch(drv.read_u32(staging, SLOT),
-                                                        pattern(peer, peer))
-                        if kind == "vmm":
-                            gb = BANDWIDTH_BYTES * REPEATS / 1e6
-                            bandwidth["write_gbps"] = gb / drv.timed_copy(
-                                theirs.bandwidth(), local_bw, BANDWIDTH_BYTES, REPEATS, blocks)
-                            bandwidth["read_gbps"] = gb / drv.timed_copy(
-                                local_bw, theirs.bandwidth(), BANDWIDTH_BYTES, REPEATS, blocks)
-                    except CudaError as exc:
-                        result[kind].setdefault("write", str(exc))
-                        result[kind].setdefault("read", str(exc))
-                say(opened=result, **bandwidth)
-            elif step["op"] == "check":
-                writer = int(step["writer"])
-                checked = {kind: mismatch(drv.read_u32(memory.slot(writer), SLOT),
-                                          pattern(writer, me))
-                           for kind, memory in mine.items()}
-                say(checked=checked)
-    except (CudaError, ValueError, KeyError, OSError, wire.WireError) as exc:
-        say(error=str(exc))
+            if message is not None and message.tag == "OPEN":
+                step = Open(int(message.data["peer"]), Shared(**message.data["shared"]))
+                print(_line(child.open(step)), flush=True)
+            elif message is not None and message.tag == "CHECK":
+                print(_line(child.check(Check(**message.data))), flush=True)
+    except (CudaError, ValueError, KeyError, TypeError, OSError, wire.WireError) as exc:
+        print(_line(Failed(str(exc))), flush=True)
         return 1
     return 0
 
 
 # --- the parent -------------------------------------------------------------------------
+
+_M = TypeVar("_M", Shared, Opened, Checked)
+
 
 class _Process:
     """One probe child: its pipes, its end of the FD socket, what it shared."""
@@ -227,14 +290,14 @@ class _Process:
                 env=env, pass_fds=(child.fileno(),))
         finally:
             child.close()
-        self.ready: dict[str, Any] = {}
+        self.shared = Shared(vmm="not set up", ipc="not set up")
         self.vmm_fd: int | None = None
         self.buffer = b""
 
-    def send(self, msg: Any) -> None:
+    def send(self, message: Open | Check) -> None:
         stdin = self.proc.stdin
         assert stdin is not None
-        stdin.write((wire.encode(STEP, msg) + "\n").encode())
+        stdin.write((_line(message) + "\n").encode())
         stdin.flush()
 
     def _line(self, deadline: float) -> str:
@@ -254,20 +317,18 @@ class _Process:
         line, _, self.buffer = self.buffer.partition(b"\n")
         return line.decode("utf-8", "replace")
 
-    def receive(self, deadline: float) -> dict[str, Any]:
-        """The child's next ``PROBE`` message (ordinary output is passed over)."""
+    def receive(self, deadline: float, kind: type[_M]) -> _M:
+        """The child's next ``kind`` message (ordinary output is passed over)."""
         while True:
             try:
                 message = wire.decode(self._line(deadline))
             except wire.WireError as exc:
                 raise RuntimeError(f"the probe process spoke another wire format: "
                                    f"{exc.what}") from exc
-            if message is not None and message.tag == PROBE:
-                break
-        msg: dict[str, Any] = message.data
-        if "error" in msg:
-            raise RuntimeError(str(msg["error"]))
-        return msg
+            if message is not None and message.tag == "FAILED":
+                raise RuntimeError(str(message.data["error"]))
+            if message is not None and message.tag == kind.__name__.upper():
+                return kind(**message.data)
 
     def receive_fd(self, deadline: float) -> int:
         self.sock.settimeout(max(0.01, deadline - time.monotonic()))
@@ -315,8 +376,8 @@ class _Probe:
         proc = _Process(self.devices[i], i, len(self.devices), self.module)
         deadline = time.monotonic() + self.setup_timeout
         try:
-            proc.ready = proc.receive(deadline)
-            if proc.ready.get("vmm_fd"):
+            proc.shared = proc.receive(deadline, Shared)
+            if proc.shared.vmm == "ok":
                 proc.vmm_fd = proc.receive_fd(deadline)
         except (TimeoutError, EOFError, BrokenPipeError, ValueError, RuntimeError) as exc:
             proc.close()
@@ -333,32 +394,25 @@ class _Probe:
             if proc is not None:
                 proc.close()
 
-    def open_step(self, w: int, o: int, deadline: float) -> dict[str, Any]:
+    def open_step(self, w: int, o: int, deadline: float) -> Opened:
         writer, owner = self.procs[w], self.procs[o]
-        ready = owner.ready.get("ready", {})
-        msg: dict[str, Any] = {"op": "open", "peer": o, "ipc": owner.ready.get("ipc"),
-                               "ipc_error": ready.get("ipc"), "vmm": ready.get("vmm"),
-                               "vmm_fd": owner.vmm_fd is not None,
-                               "vmm_size": owner.ready.get("vmm_size", 0)}
-        writer.send(msg)
+        writer.send(Open(o, owner.shared))
         if owner.vmm_fd is not None:
             socket.send_fds(writer.sock, [b"f"], [owner.vmm_fd])
-        return writer.receive(deadline)
+        return writer.receive(deadline, Opened)
 
     def pair(self, a: int, b: int, timeout: float) -> list[LinkResult]:
         """Both directions of the pair (a, b), under one deadline of their own."""
         start = time.monotonic()
         deadline = start + timeout
-        ga, gb = self.devices[a], self.devices[b]
-        links = {(a, b): LinkResult(writer=a, owner=b, writer_gpu=ga, owner_gpu=gb),
-                 (b, a): LinkResult(writer=b, owner=a, writer_gpu=gb, owner_gpu=ga)}
+        blank = {(w, o): LinkResult(writer=w, owner=o, writer_gpu=self.devices[w],
+                                    owner_gpu=self.devices[o]) for w, o in ((a, b), (b, a))}
+        links = dict(blank)
         for i in (a, b):
             if self.process(i) is None:
                 why = f"not probed: {self.broken[i]}"
-                return [LinkResult(writer=w, owner=o, writer_gpu=self.devices[w],
-                                   owner_gpu=self.devices[o], error=why)
-                        for w, o in links]
-        opened: dict[tuple[int, int], dict[str, Any]] = {}
+                return [replace(r, error=why) for r in blank.values()]
+        opened: dict[tuple[int, int], Opened] = {}
         doing = ""
         try:
             for w, o in links:
@@ -367,24 +421,22 @@ class _Probe:
                 opened[(w, o)] = self.open_step(w, o, deadline)
             for w, o in links:
                 doing = f"GPU {self.devices[o]} checked what GPU {self.devices[w]} wrote"
-                self.procs[o].send({"op": "check", "writer": w})
-                checked = self.procs[o].receive(deadline)["checked"]
-                sharing = {kind: dict(steps) for kind, steps in opened[(w, o)]["opened"].items()}
+                self.procs[o].send(Check(w))
+                checked = self.procs[o].receive(deadline, Checked).slots
+                done = opened[(w, o)]
+                sharing = {kind: dict(steps) for kind, steps in done.sharing.items()}
                 for kind, steps in sharing.items():
                     if steps.get("write") == "ok":
                         steps["write"] = checked.get(kind, "not checked")
-                links[(w, o)] = LinkResult(
-                    writer=w, owner=o, writer_gpu=self.devices[w], owner_gpu=self.devices[o],
-                    sharing=sharing, write_gbps=opened[(w, o)].get("write_gbps"),
-                    read_gbps=opened[(w, o)].get("read_gbps"))
+                links[(w, o)] = replace(blank[(w, o)], sharing=sharing,
+                                        write_gbps=done.write_gbps, read_gbps=done.read_gbps)
         except (TimeoutError, EOFError, BrokenPipeError, ValueError, RuntimeError,
                 OSError) as exc:
             why = _failure(exc, timeout, doing)
             self.drop(a, b)   # a hung or dead pair must not poison the next pairs
-            links = {k: LinkResult(writer=k[0], owner=k[1], writer_gpu=self.devices[k[0]],
-                                   owner_gpu=self.devices[k[1]], error=why) for k in links}
+            links = {k: replace(r, error=why) for k, r in blank.items()}
         seconds = round(time.monotonic() - start, 2)
-        return [LinkResult(**{**r.__dict__, "seconds": seconds}) for r in links.values()]
+        return [replace(r, seconds=seconds) for r in links.values()]
 
     def close(self) -> None:
         self.drop(*list(self.procs))
