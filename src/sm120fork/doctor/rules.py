@@ -16,7 +16,7 @@ from typing import Any
 
 from ..gpu import decision
 from ..gpu import policy as allreduce_policy
-from .facts import Arch, Device, Facts, FlashInfer, Hook, Link
+from .facts import Arch, Comm, Device, Facts, FlashInfer, Hook, Link
 from .probe import AOT_DISTRIBUTION, PLUGIN_DISTRIBUTION, tp_sizes
 
 PLUGIN_ENTRY_POINT = "sm120fork"
@@ -273,12 +273,9 @@ def _pins_ours(requires: Sequence[str]) -> bool:
                and f"+{OUR_LABEL}" in r for r in requires)
 
 
-def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
-    packages = facts["packages"]
-    env = facts["environ"]
+def _kinds(packages: dict[str, str | None], requires: Sequence[str]) -> tuple[str, str]:
+    """Whose sglang and flashinfer-python these are: ours, stock, or stock over ours."""
     sglang, flashinfer = packages.get("sglang"), packages.get("flashinfer-python")
-    plugin = packages.get(PLUGIN_DISTRIBUTION)
-    requires = facts.get("requires", {}).get("sglang", [])
     if sglang is None:
         sglang_kind = "not installed"
     elif _is_ours(sglang):
@@ -293,10 +290,51 @@ def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
         fi_kind = "ours"
     elif _is_ours(sglang) and _pins_ours(requires):
         fi_kind = "stock, installed over ours"
-    elif _is_ours(sglang) or plugin:
+    elif _is_ours(sglang) or packages.get(PLUGIN_DISTRIBUTION):
         fi_kind = "as published: this stack uses it unpatched"
     else:
         fi_kind = "stock"
+    return sglang_kind, fi_kind
+
+
+def _plugin_state(report: Report, facts: Facts, sglang_kind: str) -> tuple[bool, str, list[Hook]]:
+    """(active, state, hooks) of our installed plugin, and its blockers."""
+    env, plugin_facts = facts["environ"], facts.get("plugin")
+    sglang, plugin = facts["packages"].get("sglang"), facts["packages"].get(PLUGIN_DISTRIBUTION)
+    if sglang is None:
+        return False, "off: it has no SGLang to apply to", []
+    if not plugin_facts or "error" in plugin_facts:
+        why = (plugin_facts or {}).get("error", "not probed")
+        report.block(f"plugin: {PLUGIN_DISTRIBUTION} {plugin} is installed but cannot "
+                     f"run: {why} (reinstall it)")
+        return False, f"broken: {why}", []
+    hooks = plugin_facts["hooks"]
+    bad = [h for h in hooks if h["state"] == "not applied"]
+    whitelist = env.get("SGLANG_PLUGINS")
+    if env.get("SM120FORK_PLUGIN", "").strip().lower() in ("0", "off", "false", "no"):
+        return False, f"off: SM120FORK_PLUGIN={env['SM120FORK_PLUGIN']} disables it", hooks
+    if whitelist and PLUGIN_ENTRY_POINT not in {x.strip() for x in whitelist.split(",")}:
+        report.block(f"plugin: SGLANG_PLUGINS={whitelist} does not list "
+                     f"'{PLUGIN_ENTRY_POINT}', so SGLang never loads it (add it)")
+        return False, (f"off: SGLANG_PLUGINS={whitelist} does not list "
+                       f"'{PLUGIN_ENTRY_POINT}', so SGLang never loads it"), hooks
+    if bad:
+        if sglang_kind != "ours":
+            report.block(f"plugin: {len(bad)} hook(s) cannot apply to sglang {sglang} "
+                         f"(first: {bad[0]['hook']}: {bad[0]['why']}); install the "
+                         f"plugin wheel built for this SGLang ({PLUGIN_WHEEL})")
+        return False, f"off: {len(bad)} hook(s) cannot apply, so none is applied", hooks
+    if any(h["state"] == "applied" for h in hooks):
+        return True, "active: SGLang's load_plugins() applies its hooks", hooks
+    return False, "off: no hook applies to this SGLang", hooks
+
+
+def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
+    packages = facts["packages"]
+    sglang, flashinfer = packages.get("sglang"), packages.get("flashinfer-python")
+    plugin = packages.get(PLUGIN_DISTRIBUTION)
+    requires = facts.get("requires", {}).get("sglang", [])
+    sglang_kind, fi_kind = _kinds(packages, requires)
     info: dict[str, Any] = {**packages, "sglang_kind": sglang_kind, "flashinfer_kind": fi_kind}
     report.sections["packages"] = info
     report.say("packages", f"sglang {sglang or '-'} ({sglang_kind}); flashinfer-python "
@@ -307,41 +345,9 @@ def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
         if packages.get(extra):
             report.say("packages", f"{extra} {packages[extra]}")
     plugin_facts = facts.get("plugin")
-    active, state = False, None
-    hooks: list[Hook] = []
-    if plugin is not None and sglang is None:
-        state = "off: it has no SGLang to apply to"
-    elif plugin is not None:
-        disabled = env.get("SM120FORK_PLUGIN", "").strip().lower() in ("0", "off", "false", "no")
-        whitelist = env.get("SGLANG_PLUGINS")
-        skipped = bool(whitelist) and PLUGIN_ENTRY_POINT not in {
-            x.strip() for x in (whitelist or "").split(",")}
-        if not plugin_facts or "error" in plugin_facts:
-            why = (plugin_facts or {}).get("error", "not probed")
-            state = f"broken: {why}"
-            report.block(f"plugin: {PLUGIN_DISTRIBUTION} {plugin} is installed but cannot "
-                         f"run: {why} (reinstall it)")
-        else:
-            hooks = plugin_facts["hooks"]
-            bad = [h for h in hooks if h["state"] == "not applied"]
-            if disabled:
-                state = f"off: SM120FORK_PLUGIN={env['SM120FORK_PLUGIN']} disables it"
-            elif skipped:
-                state = (f"off: SGLANG_PLUGINS={whitelist} does not list "
-                         f"'{PLUGIN_ENTRY_POINT}', so SGLang never loads it")
-                report.block(f"plugin: SGLANG_PLUGINS={whitelist} does not list "
-                             f"'{PLUGIN_ENTRY_POINT}', so SGLang never loads it (add it)")
-            elif bad:
-                state = f"off: {len(bad)} hook(s) cannot apply, so none is applied"
-                if sglang_kind != "ours":
-                    report.block(f"plugin: {len(bad)} hook(s) cannot apply to sglang {sglang} "
-                                 f"(first: {bad[0]['hook']}: {bad[0]['why']}); install the "
-                                 f"plugin wheel built for this SGLang ({PLUGIN_WHEEL})")
-            elif any(h["state"] == "applied" for h in hooks):
-                active, state = True, "active: SGLang's load_plugins() applies its hooks"
-            else:
-                state = "off: no hook applies to this SGLang"
+    active, state, hooks = False, None, list[Hook]()
     if plugin is not None:
+        active, state, hooks = _plugin_state(report, facts, sglang_kind)
         report.say("packages", f"plugin {PLUGIN_DISTRIBUTION} {plugin}: {state}")
         for h in hooks:
             if h.get("carried") and h["state"] != "not applied":
@@ -401,6 +407,72 @@ def _jit_cache(fi: FlashInfer) -> str:
             f"{cache.get('built_by') or 'upstream'})")
 
 
+def _archs(report: Report, fi: FlashInfer, shown: str) -> bool:
+    """What FlashInfer builds per compute capability; True where one is refused."""
+    version, cuda, source = fi.get("version"), fi.get("cuda_version"), fi.get("cuda_from")
+    refused = False
+    for cap, entry in sorted((fi.get("archs") or {}).items()):
+        floor = entry.get("floor")
+        if "error" in entry:
+            refused = True
+            report.say("comm module", f"compute capability {cap}: refused with CUDA {cuda}: "
+                                      f"{entry['error']} (this FlashInfer needs >= {floor})")
+            fix = (f"install a CUDA toolkit >= {floor} and point CUDA_HOME at it, or a torch "
+                   f"built for CUDA >= {floor}" if source == "torch" else
+                   f"install a CUDA toolkit >= {floor} (CUDA_HOME)")
+            report.block(f"comm module: flashinfer {version} refuses compute capability {cap} "
+                         f"with {shown}: it needs CUDA >= {floor}, and refuses before any "
+                         f"prebuilt module is considered: {fix}")
+        else:
+            need = f"needs CUDA >= {floor}" if floor else "no CUDA floor of its own"
+            report.say("comm module", f"compute capability {cap}: builds for "
+                                      f"compute_{entry.get('arch')} ({need})")
+    return refused
+
+
+def _loads_prebuilt(report: Report, fi: FlashInfer, comm: Comm,
+                    section: dict[str, Any]) -> bool:
+    """Which prebuilt copy of the module FlashInfer loads, if any, and why not the others."""
+    for path in fi.get("other_caches", []):
+        report.say("comm module", f"ignored: {path} (JIT cache of flashinfer "
+                                  f"{_version_dir(path) or 'another build'}; this one looks "
+                                  f"only in {fi.get('jit_dir')})")
+    provenance = comm.get("provenance")
+    for name, folder in fi.get("prebuilt_providers", []):
+        report.say("comm module", f"prebuilt provider {name}: {folder}")
+    if "copies" in comm:   # FlashInfer's own verdict on every prebuilt copy, in search order
+        for c in comm["copies"]:
+            report.say("comm module", f"{COMM_MODULE}: prebuilt {c['path']}: "
+                                      f"{'loads' if c['load'] else 'NOT loaded'}: {c['why']}")
+        if comm.get("is_aot"):
+            section["loads_from"] = "prebuilt"
+            report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']}")
+            return True
+        if not comm["copies"]:
+            report.say("comm module", f"{COMM_MODULE}: no prebuilt module in any folder it "
+                                      "searches")
+    elif comm.get("aot_exists"):
+        if comm.get("is_aot"):
+            what = ("its sources digest matches" if provenance
+                    else "stock FlashInfer loads any prebuilt module")
+            section["loads_from"] = "prebuilt"
+            report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']} "
+                                      f"({what})")
+            return True
+        why = (provenance.get("mismatch") if provenance else None) or (
+            "FlashInfer does not load it")
+        report.say("comm module", f"{COMM_MODULE}: does NOT load the prebuilt "
+                                  f"{comm['aot_path']}: {why}")
+        recorded = provenance.get("recorded") if provenance else None
+        sources = provenance.get("sources") if provenance else None
+        if recorded and sources:
+            report.say("comm module", f"  marker {recorded[:23]}..., sources "
+                                      f"recomputed {sources[:23]}...")
+    else:
+        report.say("comm module", f"{COMM_MODULE}: no prebuilt module at {comm.get('aot_path')}")
+    return False
+
+
 def judge_comm(report: Report, facts: Facts) -> None:
     fi = facts.get("flashinfer")
     section: dict[str, Any] = {"facts": fi, "loads_from": None}
@@ -426,24 +498,7 @@ def judge_comm(report: Report, facts: Facts) -> None:
     report.say("comm module", f"flashinfer {version} sees {shown}; prebuilt modules from "
                               f"{fi.get('aot_dir')}"
                               + _jit_cache(fi) + f"; JIT cache {fi.get('jit_dir')}")
-    archs: dict[str, Arch] = fi.get("archs") or {}
-    refused = False
-    for cap, entry in sorted(archs.items()):
-        floor = entry.get("floor")
-        if "error" in entry:
-            refused = True
-            report.say("comm module", f"compute capability {cap}: refused with CUDA {cuda}: "
-                                      f"{entry['error']} (this FlashInfer needs >= {floor})")
-            fix = (f"install a CUDA toolkit >= {floor} and point CUDA_HOME at it, or a torch "
-                   f"built for CUDA >= {floor}" if source == "torch" else
-                   f"install a CUDA toolkit >= {floor} (CUDA_HOME)")
-            report.block(f"comm module: flashinfer {version} refuses compute capability {cap} "
-                         f"with {shown}: it needs CUDA >= {floor}, and refuses before any "
-                         f"prebuilt module is considered: {fix}")
-        else:
-            need = f"needs CUDA >= {floor}" if floor else "no CUDA floor of its own"
-            report.say("comm module", f"compute capability {cap}: builds for "
-                                      f"compute_{entry.get('arch')} ({need})")
+    refused = _archs(report, fi, shown)
     comm = fi.get("comm") or {}
     if "spec_error" in comm:
         report.say("comm module", f"{COMM_MODULE}: FlashInfer refuses the module: "
@@ -455,48 +510,14 @@ def judge_comm(report: Report, facts: Facts) -> None:
         return
     if not comm:
         return
-    for path in fi.get("other_caches", []):
-        report.say("comm module", f"ignored: {path} (JIT cache of flashinfer "
-                                  f"{_version_dir(path) or 'another build'}; this one looks "
-                                  f"only in {fi.get('jit_dir')})")
-    provenance = comm.get("provenance")
-    for name, folder in fi.get("prebuilt_providers", []):
-        report.say("comm module", f"prebuilt provider {name}: {folder}")
-    if "copies" in comm:   # FlashInfer's own verdict on every prebuilt copy, in search order
-        for c in comm["copies"]:
-            report.say("comm module", f"{COMM_MODULE}: prebuilt {c['path']}: "
-                                      f"{'loads' if c['load'] else 'NOT loaded'}: {c['why']}")
-        if comm.get("is_aot"):
-            section["loads_from"] = "prebuilt"
-            report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']}")
-            return
-        if not comm["copies"]:
-            report.say("comm module", f"{COMM_MODULE}: no prebuilt module in any folder it "
-                                      "searches")
-    elif comm.get("aot_exists"):
-        if comm.get("is_aot"):
-            what = ("its sources digest matches" if provenance
-                    else "stock FlashInfer loads any prebuilt module")
-            section["loads_from"] = "prebuilt"
-            report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']} "
-                                      f"({what})")
-            return
-        why = (provenance.get("mismatch") if provenance else None) or (
-            "FlashInfer does not load it")
-        report.say("comm module", f"{COMM_MODULE}: does NOT load the prebuilt "
-                                  f"{comm['aot_path']}: {why}")
-        recorded = provenance.get("recorded") if provenance else None
-        sources = provenance.get("sources") if provenance else None
-        if recorded and sources:
-            report.say("comm module", f"  marker {recorded[:23]}..., sources "
-                                      f"recomputed {sources[:23]}...")
-    else:
-        report.say("comm module", f"{COMM_MODULE}: no prebuilt module at {comm.get('aot_path')}")
+    if _loads_prebuilt(report, fi, comm, section):
+        return
     if fi.get("disable_jit"):
         report.block(f"comm module: FLASHINFER_DISABLE_JIT is set and no loadable prebuilt "
                      f"{COMM_MODULE}: FlashInfer raises MissingJITCacheError (unset it, or "
                      "install the AOT wheel of our comm module)")
         return
+    archs: dict[str, Arch] = fi.get("archs") or {}
     floor = max((str(e.get("floor")) for e in archs.values() if e.get("floor")), default="?")
     if source == "nvcc":
         section["loads_from"] = "jit"
