@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..util import wire
+from .facts import Decision, Decisions
 
 MODEL_ARCH = "Qwen3MoeForCausalLM"
 TAG = "DECIDE"  # its one message on the one wire format (util/wire.py)
@@ -130,7 +131,7 @@ SOURCES = (
 )
 
 
-def decide(tp_sizes: Sequence[int]) -> dict[str, Any]:
+def decide(tp_sizes: Sequence[int]) -> Decisions:
     plugins_loaded = False
     if importlib.util.find_spec("sglang.srt.plugins") is not None:
         importlib.import_module("sglang.srt.plugins").load_plugins()
@@ -138,7 +139,7 @@ def decide(tp_sizes: Sequence[int]) -> dict[str, Any]:
     source = next((s for s in SOURCES if s.present()), None)
     if source is None:
         return {"error": "this SGLang has neither arg_groups.overrides nor ServerArgs"}
-    decisions: list[dict[str, object]] = []
+    decisions: list[Decision] = []
     for tp in tp_sizes:
         try:
             fusion, backend, lines = source.decide(tp)
@@ -159,7 +160,7 @@ def decide(tp_sizes: Sequence[int]) -> dict[str, Any]:
 
 def main(argv: Sequence[str]) -> int:
     try:
-        result: dict[str, Any] = decide([int(x) for x in argv])
+        result = decide([int(x) for x in argv])
     except Exception as exc:
         result = {"error": f"{type(exc).__name__}: {exc}"}
     wire.say(TAG, result)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..util import wire
+from .facts import Arch, Comm, FlashInfer, Provenance
 
 #: CUDA versions tried against FlashInfer's own architecture mapping to find its floor.
 CANDIDATE_CUDA = ("11.8", "12.0", "12.1", "12.2", "12.3", "12.4", "12.5", "12.6", "12.7",
@@ -37,7 +38,7 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _floors(capabilities: list[tuple[int, int]]) -> dict[str, Any]:
+def _floors(capabilities: list[tuple[int, int]]) -> dict[str, Arch]:
     """Per capability: FlashInfer's arch for it at the CUDA it sees, and its lowest CUDA."""
     context = importlib.import_module("flashinfer.compilation_context")
     cpp_ext = importlib.import_module("flashinfer.jit.cpp_ext")
@@ -45,9 +46,9 @@ def _floors(capabilities: list[tuple[int, int]]) -> dict[str, Any]:
 
     normalize = context.CompilationContext._normalize_cuda_arch
     real: Any = cpp_ext.is_cuda_version_at_least
-    out: dict[str, Any] = {}
+    out: dict[str, Arch] = {}
     for major, minor in capabilities:
-        entry: dict[str, Any] = {}
+        entry: Arch = {}
         try:
             entry["arch"] = "".join(map(str, normalize(major, minor)))
         except Exception as exc:
@@ -71,7 +72,7 @@ def _floors(capabilities: list[tuple[int, int]]) -> dict[str, Any]:
     return out
 
 
-def _cuda(facts: dict[str, Any]) -> None:
+def _cuda(facts: FlashInfer) -> None:
     cpp_ext = importlib.import_module("flashinfer.jit.cpp_ext")
     try:
         facts["cuda_version"] = str(cpp_ext.get_cuda_version())
@@ -89,8 +90,8 @@ def _cuda(facts: dict[str, Any]) -> None:
     facts["torch_cuda"] = getattr(torch.version, "cuda", None)
 
 
-def _comm(facts: dict[str, Any], env: Any) -> None:
-    comm: dict[str, Any] = {}
+def _comm(facts: FlashInfer, env: Any) -> None:
+    comm: Comm = {}
     facts["comm"] = comm
     try:
         spec = importlib.import_module("flashinfer.jit.comm").gen_trtllm_comm_module()
@@ -102,8 +103,8 @@ def _comm(facts: dict[str, Any], env: Any) -> None:
         comm["copies"] = [{"path": str(path), "load": bool(load), "why": str(why)}
                           for path, load, why in verdicts()]
     aot, jit = Path(spec.aot_path), Path(spec.jit_library_path)
-    comm.update(aot_path=str(aot), aot_exists=aot.is_file(), jit_path=str(jit),
-                jit_exists=jit.is_file())
+    comm.update({"aot_path": str(aot), "aot_exists": aot.is_file(), "jit_path": str(jit),
+                 "jit_exists": jit.is_file()})
     comm["is_aot"] = bool(spec.is_aot)      # FlashInfer's own verdict (ours checks the digest)
     try:
         provenance = importlib.import_module("flashinfer.jit.provenance")
@@ -111,21 +112,21 @@ def _comm(facts: dict[str, Any], env: Any) -> None:
         comm["provenance"] = None   # stock FlashInfer: loads any prebuilt module that exists
         return
     marker = Path(provenance.marker_path(aot))
-    comm["provenance"] = {"marker": str(marker), "recorded": None, "sources": None,
-                          "mismatch": None}
+    found: Provenance = {"marker": str(marker), "recorded": None, "sources": None,
+                         "mismatch": None}
+    comm["provenance"] = found
     with contextlib.suppress(OSError):
-        comm["provenance"]["recorded"] = marker.read_text(encoding="utf-8").strip()
-    comm["provenance"]["sources"] = provenance.sources_digest(env.FLASHINFER_CSRC_DIR,
-                                                              env.FLASHINFER_INCLUDE_DIR)
+        found["recorded"] = marker.read_text(encoding="utf-8").strip()
+    found["sources"] = provenance.sources_digest(env.FLASHINFER_CSRC_DIR,
+                                                 env.FLASHINFER_INCLUDE_DIR)
     mismatch = getattr(provenance, "prebuilt_mismatch", None)
     if aot.is_file() and callable(mismatch):
-        comm["provenance"]["mismatch"] = mismatch(aot, env.FLASHINFER_CSRC_DIR,
-                                                  env.FLASHINFER_INCLUDE_DIR)
+        found["mismatch"] = mismatch(aot, env.FLASHINFER_CSRC_DIR, env.FLASHINFER_INCLUDE_DIR)
 
 
-def probe(capabilities: list[tuple[int, int]]) -> dict[str, Any]:
+def probe(capabilities: list[tuple[int, int]]) -> FlashInfer:
     logging.disable(logging.WARNING)   # FlashInfer's import-time warnings go to stderr anyway
-    facts: dict[str, Any] = {}
+    facts: FlashInfer = {}
     try:
         importlib.import_module("flashinfer")
     except Exception as exc:

@@ -236,28 +236,27 @@ class Probes:
 def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> Facts:
     """Every fact the rules read, probed on this box."""
     probes = probes or Probes()
+    gpus = probes.gpus()
+    packages = {d: probes.installed(d) for d in DISTRIBUTIONS}
     facts: Facts = {
         "schema": SCHEMA,
-        "made_by": {"doctor": probes.installed("sm120fork")
-                    or probes.installed(PLUGIN_DISTRIBUTION),
+        "made_by": {"doctor": packages["sm120fork"] or packages[PLUGIN_DISTRIBUTION],
                     "python": platform.python_version(), "machine": platform.machine(),
                     "executable": sys.executable},
         "environ": {k: probes.environ[k] for k in OVERRIDES if k in probes.environ},
         "skipped": {},
+        "gpus": gpus,
+        "topology": probes.topology() if gpus["devices"] else None,
+        "torch": probes.torch(),
+        "nvcc": probes.nvcc(),
+        "packages": packages,
+        "requires": {"sglang": [r for r in probes.requirements("sglang")
+                                if r.lower().replace("_", "-").startswith("flashinfer")]},
+        "plugin": probes.plugin() if packages[PLUGIN_DISTRIBUTION] else None,
+        "sglang_plugin_framework": probes.plugin_framework(),
+        "policy": probes.policy(probes.environ),
+        "modules": probes.modules(),
     }
-    gpus = probes.gpus()
-    facts["gpus"] = gpus
-    facts["topology"] = probes.topology() if gpus["devices"] else None
-    facts["torch"] = probes.torch()
-    facts["nvcc"] = probes.nvcc()
-    packages = {d: probes.installed(d) for d in DISTRIBUTIONS}
-    facts["packages"] = packages
-    facts["requires"] = {"sglang": [r for r in probes.requirements("sglang")
-                                    if r.lower().replace("_", "-").startswith("flashinfer")]}
-    facts["plugin"] = probes.plugin() if packages[PLUGIN_DISTRIBUTION] else None
-    facts["sglang_plugin_framework"] = probes.plugin_framework()
-    facts["policy"] = probes.policy(probes.environ)
-    facts["modules"] = probes.modules()
 
     def skip(fact: Literal["peers", "flashinfer", "decisions"], why: str) -> None:
         facts[fact] = None
