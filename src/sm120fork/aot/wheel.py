@@ -38,6 +38,7 @@ from wheel.wheelfile import WheelFile
 from sm120fork.aot.lookup import PREBUILT, PROVIDER_SCHEMA_VERSION, Lookup, provider_architectures
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.manifest import ManifestEntry
+from sm120fork.util import typed
 from sm120fork.util.files import scratch_prefix, sha256_file
 from sm120fork.util.hint import command
 
@@ -357,30 +358,16 @@ class AotManifest:
     version: str
     flashinfer: FlashInferBuild
     modules: Mapping[str, AotModule]
-    lookup: AotLookup
+    lookup: AotLookup = AotLookup()
 
     @classmethod
     def from_json(cls, data: object, where: str) -> AotManifest:
         """BuildError naming ``where`` and the key when ``data`` is not a manifest."""
         try:
-            if not isinstance(data, dict):
-                raise TypeError("not an object")
-            lookup = data.get("lookup") or {}
-            return cls(
-                version=str(data["version"]),
-                flashinfer=FlashInferBuild(**data["flashinfer"]),
-                modules={str(name): AotModule(
-                    path=str(m["path"]), marker=str(m["marker"]), sha256=str(m["sha256"]),
-                    sources_digest=str(m["sources_digest"]),
-                    targets=tuple(map(str, m["targets"])))
-                    for name, m in data["modules"].items()},
-                lookup=AotLookup(name=str(lookup.get("name", PREBUILT.name)),
-                                 group=str(lookup.get("group", PREBUILT.group)),
-                                 through=lookup.get("through")))
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise BuildError(f"not an AOT wheel's manifest: {exc}", where=where,
+            return typed.read(cls, data, where, strict=False)
+        except typed.MalformedError as exc:
+            raise BuildError(f"not an AOT wheel's manifest: {exc.key}: {exc.what}", where=where,
                              fix="rebuild the AOT wheel with this toolkit") from None
-
 
 def read_wheel(path: Path) -> AotManifest:
     """The manifest inside an AOT wheel, checked against the files beside it.
