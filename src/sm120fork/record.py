@@ -360,7 +360,7 @@ def read_tested(path: Path) -> Tested:
 
 def _once(tested: Tested) -> Tested:
     # A tree or patch listed again (once per wheel of a multi-wheel build, as records
-    # made before gpu/records.tested_of named each once did) is the same fact: kept once.
+    # made before resolved.tested_of named each once did) is the same fact: kept once.
     return replace(tested, trees=tuple(dict.fromkeys(tested.trees)),
                    patches=tuple(dict.fromkeys(tested.patches)))
 

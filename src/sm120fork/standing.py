@@ -25,15 +25,13 @@ Cheap by design: it reads the series, the manifest and the records, and runs
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sm120fork import manifest as manifest_file
 from sm120fork.declare import Stack
 from sm120fork.errors import ConfigError, SeriesError
-from sm120fork.manifest import Manifest
-from sm120fork.patch.series import Patch, Series, display_name, load_series
+from sm120fork.patch.series import Patch, display_name
 from sm120fork.record import (
     BASELINE_VARIANTS,
     KINDS,
@@ -42,11 +40,9 @@ from sm120fork.record import (
     published,
     read,
 )
-from sm120fork.util.files import sha256_file
+from sm120fork.resolved import ResolvedStack
 from sm120fork.workspace import Workspace
 
-#: The folder beside a series that holds its upstream-form tests (upstream/groups.py).
-UPSTREAM_TESTS = "upstream-tests"
 #: The claim kinds verify-sm120 checks when it runs: its record backs them.
 VERIFY_CLAIMS = ("proof", "sglang", "cpu")
 FIELD = "Verified-By"
@@ -130,63 +126,7 @@ class Standing:
                 "verdict": self.verdict, "needs": self.needs}
 
 
-@dataclass(frozen=True, kw_only=True)
-class Today:
-    """What a stack is today: each project's series, and its built wheels if any."""
-
-    stack: Stack
-    series: Mapping[str, Series]
-    #: project -> (sha256 of each published wheel, patched tree) from the manifest.
-    wheels: Mapping[str, tuple[frozenset[str], str | None]] | None = None
-    manifest: str = ""
-    ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    #: project -> the upstream-form tests beside its series (``upstream-tests/``), which an
-    #: upstream PR applies with its patches; nothing of them is built.
-    upstream_tests: Mapping[str, Series] = field(default_factory=dict)
-
-    #: The build's manifest as read (None: no readable one; it may be of another stack).
-    built: Manifest | None = None
-    #: Where that manifest is (or would be).
-    manifest_path: Path | None = None
-    #: sha256 of each plugin wheel built beside it (``plugin/``); None: none built.
-    plugin: frozenset[str] | None = None
-
-    @classmethod
-    def of(cls, ws: Workspace, stack: Stack, *, wheels_dir: Path | None = None) -> Today:
-        """The stack resolved once: every series, the upstream-form tests, the build's
-        manifest; the commands that read a stack as it is (status, upstream-pr) take this
-        instead of reading series and manifest again by name."""
-        series = {p.key: load_series(ws.series_dir(p)) for p in stack.projects}
-        manifest_path = (wheels_dir or ws.stack_wheels(stack.name)) / "manifest.json"
-        plugin = sorted((manifest_path.parent / "plugin").glob("*.whl"))
-        built = manifest_file.load(manifest_path)
-        tests = {p.key: load_series(ws.series_dir(p) / UPSTREAM_TESTS)
-                 for p in stack.projects
-                 if (ws.series_dir(p) / UPSTREAM_TESTS / "series").is_file()}
-        return cls(stack=stack, series=series,
-                   wheels=_manifest_wheels(built) if built and built.stack == stack.name
-                   else None,
-                   manifest=_shown(manifest_path, ws.root),
-                   ids={k: tuple(p.patch_id for p in s.patches) for k, s in series.items()},
-                   upstream_tests=tests, built=built, manifest_path=manifest_path,
-                   plugin=frozenset(sha256_file(w) for w in plugin) if plugin else None)
-
-
-def _shown(path: Path, root: Path) -> str:
-    try:
-        return path.relative_to(root).as_posix()
-    except ValueError:
-        return path.name
-
-
-def _manifest_wheels(manifest: Manifest) -> dict[str, tuple[frozenset[str], str | None]]:
-    return {project: (frozenset(w.sha256 for w in entries),
-                      next((w.tree for w in entries if w.tree), None))
-            for project in dict.fromkeys(w.project for w in manifest.wheels)
-            if (entries := manifest.of(project))}
-
-
-def same_build(rec: Record, today: Today) -> bool:
+def same_build(rec: Record, today: ResolvedStack) -> bool:
     """``rec`` ran exactly the wheels and patched trees the stack has built now."""
     built = today.wheels or {}
     ran = [w for w in rec.tested.wheels if w.variant not in BASELINE_VARIANTS]
@@ -195,7 +135,7 @@ def same_build(rec: Record, today: Today) -> bool:
         and all(t.project in built and t.tree == built[t.project][1] for t in rec.tested.trees)
 
 
-def twin_record(ws: Workspace, today: Today, kind: str,
+def twin_record(ws: Workspace, today: ResolvedStack, kind: str,
                 subject: str | None) -> tuple[str, Record] | None:
     """(folder, record) of a ``kind`` record of another stack that ran this stack's very
     build (:func:`same_build`); None when the stack is not built or none did."""
@@ -212,7 +152,7 @@ def _version_of(wheel_file: str) -> str:
     return parts[1].split("+")[0] if len(parts) > 1 else ""
 
 
-def record_problems(rec: Record, today: Today) -> list[str]:
+def record_problems(rec: Record, today: ResolvedStack) -> list[str]:
     """Why ``rec`` is not of the stack as it is today (empty: it is current)."""
     stack = today.stack
     if rec.stack != stack.name and not same_build(rec, today):
@@ -254,7 +194,7 @@ def record_problems(rec: Record, today: Today) -> list[str]:
     return problems
 
 
-def _patch_problems(project: str, rec: Record, today: Today) -> list[str]:
+def _patch_problems(project: str, rec: Record, today: ResolvedStack) -> list[str]:
     """Which patch's change differs between the record and today's series."""
     tested = rec.tested.patches_of(project)
     now = today.series[project].patches
@@ -274,7 +214,7 @@ def _patch_problems(project: str, rec: Record, today: Today) -> list[str]:
     return out
 
 
-def _pr_problems(rec: Record, today: Today) -> list[str]:
+def _pr_problems(rec: Record, today: ResolvedStack) -> list[str]:
     """An upstream PR's record tested some patches of a series (and upstream-form tests
     beside it) on upstream's tree, not the stack's build: it is current while each of them
     has the change it tested."""
@@ -293,7 +233,7 @@ def _pr_problems(rec: Record, today: Today) -> list[str]:
     return problems
 
 
-def needs(kind: str, today: Today) -> str:
+def needs(kind: str, today: ResolvedStack) -> str:
     """What re-making a ``kind`` record of the stack needs beyond a CPU machine: verify-sm120
     needs nvcc only for a stack whose patches claim a compile proof."""
     if kind == "verify-sm120" and not any(
@@ -307,7 +247,7 @@ def _passed(rec: Record) -> str:
     return "current" if rec.verdict == "pass" else "fail"
 
 
-def judge(rec: Record, today: Today, name: str) -> Standing:
+def judge(rec: Record, today: ResolvedStack, name: str) -> Standing:
     problems = record_problems(rec, today)
     return Standing(name=name, kind=rec.kind, state="stale" if problems else _passed(rec),
                     reasons=tuple(problems), command=rec.remake, verdict=rec.verdict,
@@ -323,10 +263,10 @@ def stack_records(ws: Workspace, stack: str) -> list[tuple[Path, Record]]:
             if rec.stack == stack]
 
 
-def stack_evidence(ws: Workspace, stack: Stack, *, today: Today | None = None
+def stack_evidence(ws: Workspace, stack: Stack, *, today: ResolvedStack | None = None
                    ) -> list[Standing]:
     """Each record of ``stack``, judged; a kind with no record is named as missing."""
-    today = today or Today.of(ws, stack)
+    today = today or ResolvedStack.of(ws, stack)
     found = [judge(rec, today, rel.as_posix()) for rel, rec in stack_records(ws, stack.name)]
     have = {s.kind for s in found}
     for kind in ("gpu-test", "verify-sm120"):
@@ -356,7 +296,7 @@ def claim_record_path(claim_kind: str, check: str, stack: str) -> tuple[str, str
 
 
 def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim: Claim,
-                today: Today) -> Standing:
+                today: ResolvedStack) -> Standing:
     """A patch's claim: current only when the record of ``stack`` that backs it exists,
     lists the patch's change as it is today and passed (a verify-sm120 record: the
     patch's own case too)."""
@@ -403,10 +343,10 @@ def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim: 
                     rec.verdict)
 
 
-def claim_standings(ws: Workspace, stack: Stack, today: Today | None = None
+def claim_standings(ws: Workspace, stack: Stack, today: ResolvedStack | None = None
                     ) -> list[Standing]:
     """Each claim of each patch of ``stack``, judged (nothing is run)."""
-    today = today or Today.of(ws, stack)
+    today = today or ResolvedStack.of(ws, stack)
     return [judge_claim(ws, stack, key, patch, c, today)
             for key, series in today.series.items() for patch in series.patches
             for c in claims(patch)]
@@ -416,7 +356,7 @@ def unbacked_claims(ws: Workspace, stack: Stack) -> list[Standing]:
     """Each claim of ``stack`` that no current record backs: its own standing, or its
     record's where the claim holds but the record is not of the stack as it is now (it
     passed, but ran another pin or wheel): what ``bump`` and ``watch`` say to re-make."""
-    today = Today.of(ws, stack)
+    today = ResolvedStack.of(ws, stack)
     records = {s.name: s for s in stack_evidence(ws, stack, today=today)}
     out = []
     for key, series in today.series.items():

@@ -159,11 +159,11 @@ def test_import_publishes_valid_records_and_refuses_all_on_one_bad(
 def test_a_patch_listed_once_per_wheel_is_read_as_one_tested_patch(tmp_path: Path) -> None:
     """Records made before tested_of named each patch once list a multi-wheel build's
     patches once per wheel: read back, each is one fact, in the series' order."""
-    from sm120fork.gpu.core.records import tested_of
+    from sm120fork import resolved
 
     manifest = Manifest.from_json({"stack": "s", "toolkit_version": "0", "wheels": [
         entry("p", patches=[{"name": n, "sha256": "0" * 64, "subject": n} for n in "ab"])]})
-    rows = record.tested_to_json(tested_of(manifest, {"p": [("a", "1" * 40),
+    rows = record.tested_to_json(resolved.tested_of(manifest, {"p": [("a", "1" * 40),
                                                              ("b", "2" * 40)]}))["patches"]
     assert [r["patch"] for r in rows] == ["a", "b"]
     path = tmp_path / "tested.json"

@@ -16,7 +16,8 @@ from helpers_manifest import entry, write_manifest
 from sm120fork.errors import SeriesError
 from sm120fork.patch.series import load_series
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
-from sm120fork.standing import Today, claim_standings, stack_evidence, to_remake
+from sm120fork.resolved import ResolvedStack
+from sm120fork.standing import claim_standings, stack_evidence, to_remake
 from sm120fork.verify.proof.patches import Context, check_gpu_report
 
 from helpers_ws import DemoWorkspace, make_demo
@@ -62,7 +63,7 @@ def _tested(d: DemoWorkspace, sha: str = "a" * 64, stack: str = "demo") -> Teste
 
 def _stale(d: DemoWorkspace, name: str = "demo") -> dict[str, str]:
     stack = d.ws.stack(name)
-    today = Today.of(d.ws, stack)
+    today = ResolvedStack.of(d.ws, stack)
     return {s.name: s.message() for s in (*stack_evidence(d.ws, stack, today=today),
                                           *claim_standings(d.ws, stack, today))
             if not s.current}
@@ -152,7 +153,7 @@ def test_a_record_never_made_is_missing_and_backs_no_claim(demo: DemoWorkspace) 
     for kind in ("gpu-test", "verify-sm120"):
         (demo.ws.reports_dir / "demo" / kind / "record.json").unlink()
     stack = demo.ws.stack("demo")
-    today = Today.of(demo.ws, stack)
+    today = ResolvedStack.of(demo.ws, stack)
     got = {s.name: s for s in (*stack_evidence(demo.ws, stack, today=today),
                                *claim_standings(demo.ws, stack, today))}
     assert {n: s.state for n, s in got.items()} == dict.fromkeys(got, "missing")
@@ -171,7 +172,7 @@ def test_a_failed_record_backs_no_claim(demo: DemoWorkspace) -> None:
     first = load_series(demo.series_dir("lib")).patches[0]
     _records(demo, failing=first.name)
     stack = demo.ws.stack("demo")
-    today = Today.of(demo.ws, stack)
+    today = ResolvedStack.of(demo.ws, stack)
     records = {s.kind: s.state for s in stack_evidence(demo.ws, stack, today=today)}
     assert records == {"verify-sm120": "fail", "gpu-test": "current"}
     (claim,) = [s for s in claim_standings(demo.ws, stack, today) if s.kind == "verify-sm120"]
@@ -225,12 +226,14 @@ def test_a_copy_built_byte_identical_is_backed_by_the_gpu_run_of_its_very_build(
     assert cpu.state == "missing"
     # verify-sm120 of the copy counts the same record, and says whose run it was
     patch = load_series(root / "patches" / "copy" / "lib").patches[1]
-    ctx = Context(root=root, stack="copy", today=Today.of(demo.ws, stack), workspace=demo.ws)
+    ctx = Context(root=root, stack="copy", today=ResolvedStack.of(demo.ws, stack),
+                  workspace=demo.ws)
     text, ok = check_gpu_report(ctx, "gpu-test", patch, "lib")
     assert ok, text
     assert text.startswith("reports/demo/gpu-test (this very build, ran as stack demo): pass")
     write_manifest(wheels, "copy", entry("lib", wheel=WHEEL, sha256="b" * 64))
-    ctx = Context(root=root, stack="copy", today=Today.of(demo.ws, stack), workspace=demo.ws)
+    ctx = Context(root=root, stack="copy", today=ResolvedStack.of(demo.ws, stack),
+                  workspace=demo.ws)
     assert check_gpu_report(ctx, "gpu-test", patch, "lib") == (
         "reports/copy/gpu-test: no record.json", False)
 

@@ -9,7 +9,7 @@ from typing import Any, cast
 import pytest
 
 from helpers_manifest import entry
-from sm120fork import record
+from sm120fork import record, resolved
 from sm120fork.gpu.ab import run as ab_run
 from sm120fork.gpu.core import records
 from sm120fork.gpu.core.documents import AbDoc, CaseResult, parse_ab
@@ -125,12 +125,12 @@ def test_tested_of_a_build_names_the_patches_it_applied_with_their_ids() -> None
               patches=_patches("0001-a.patch", "0002-b.patch")),
         entry("sglang", used_as_published=True))
     ids = {"flashinfer": [("0001-a.patch", "1" * 40), ("0002-b.patch", "2" * 40)]}
-    assert record.tested_to_json(records.tested_of(manifest, ids)) == {
+    assert record.tested_to_json(resolved.tested_of(manifest, ids)) == {
         "wheels": [],
         "trees": [{"project": "flashinfer", "tree": "c" * 40}],
         "patches": [{"project": "flashinfer", "patch": "0001-a.patch", "patch_id": "1" * 40},
                     {"project": "flashinfer", "patch": "0002-b.patch", "patch_id": "2" * 40}]}
-    assert records.tested_of(manifest, {}).patches == ()  # no series here: no patches
+    assert resolved.tested_of(manifest, {}).patches == ()  # no series here: no patches
 
 
 def test_a_layer_run_of_a_stack_is_a_record_unfinished_until_every_case_ran() -> None:
@@ -206,10 +206,9 @@ def test_a_regressed_case_fails_the_run_and_a_case_not_run_leaves_it_unfinished(
 def test_a_build_of_several_wheels_names_each_tree_and_patch_once() -> None:
     """An SGLang build makes one wheel per Python and platform, each listing the same
     tree and patches: the record's tested block (and its summary) names each once."""
-    from sm120fork.gpu.core.records import tested_of
 
     one = entry("sglang", tree="t1", patched_commit="c1", patches=_patches("0001-a.patch"))
-    got = tested_of(_manifest(one, one, one), {"sglang": [("0001-a.patch", "a" * 40)]})
+    got = resolved.tested_of(_manifest(one, one, one), {"sglang": [("0001-a.patch", "a" * 40)]})
     assert got == record.Tested(
         trees=(record.TestedTree(project="sglang", tree="t1"),),
         patches=(record.TestedPatch(project="sglang", patch="0001-a.patch",

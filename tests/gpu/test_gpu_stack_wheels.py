@@ -12,6 +12,7 @@ from sm120fork.errors import ConfigError, UsageError
 from sm120fork.gpu.ab import run as runs
 from sm120fork.gpu.core import stack_wheels
 from sm120fork.gpu.layer import run as layer_run
+from sm120fork.resolved import ResolvedStack
 
 from helpers_ws import checkout_copy
 
@@ -34,8 +35,8 @@ def test_the_stack_build_is_patched_and_upstream_comes_from_its_pin(
                    as_published=False)
     built: list[str] = []
 
-    def upstream(ws: object, stack: str) -> Path:
-        built.append(stack)
+    def upstream(stack: ResolvedStack) -> Path:
+        built.append(stack.name)
         return tmp_path / "flashinfer_python-0.6.7.post3-py3-none-any.whl"
 
     monkeypatch.setattr(stack_wheels, "upstream_wheel", upstream)

@@ -23,8 +23,8 @@ import pytest
 
 from sm120fork.patch.series import load_series
 from sm120fork.record import published
+from sm120fork.resolved import ResolvedStack
 from sm120fork.standing import (
-    Today,
     claim_record_path,
     claim_standings,
     claims,
@@ -65,7 +65,7 @@ def test_every_stack_with_patches_is_checked() -> None:
 def test_the_committed_records_are_of_the_stack_as_it_is_and_passed(name: str) -> None:
     stack = WS.stack(name)
     # The local wheels (a developer's build) are not what CI has: judge the patches.
-    today = Today.of(WS, stack, wheels_dir=REPO / ".no-such-wheels")
+    today = ResolvedStack.of(WS, stack, wheels_dir=REPO / ".no-such-wheels")
     standings = {s.kind: s for s in stack_evidence(WS, stack, today=today)
                  if s.kind in ("verify-sm120", "gpu-test", "sglang-layer")}
     stale = [s.message() for s in standings.values() if not s.current]
@@ -73,9 +73,9 @@ def test_the_committed_records_are_of_the_stack_as_it_is_and_passed(name: str) -
     assert {k: s.verdict for k, s in standings.items()} == dict.fromkeys(standings, "pass")
 
 
-def _today(name: str) -> Today:
+def _today(name: str) -> ResolvedStack:
     # The local wheels (a developer's build) are not what CI has: judge the patches.
-    return Today.of(WS, WS.stack(name), wheels_dir=REPO / ".no-such-wheels")
+    return ResolvedStack.of(WS, WS.stack(name), wheels_dir=REPO / ".no-such-wheels")
 
 
 @pytest.mark.parametrize("name", PATCHED)

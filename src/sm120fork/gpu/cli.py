@@ -256,12 +256,11 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
     folder = args.stack_dir
     tested = records.tested_beside(folder) if folder is not None else None
     if args.stack is not None:
-        from sm120fork.gpu.core.stack_wheels import stack_dir
-        from sm120fork.gpu.core.stack_wheels import tested as tested_of_stack
+        from sm120fork.resolved import ResolvedStack
         from sm120fork.workspace import Workspace
 
-        folder = stack_dir(args.stack)
-        tested = tested_of_stack(Workspace.find(), args.stack)
+        resolved = ResolvedStack.named(Workspace.find(), args.stack)
+        folder, tested = resolved.folder, resolved.tested()
     if folder is not None:
         from sm120fork.gpu.core.stack_wheels import layer_trees
 

@@ -47,11 +47,11 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from sm120fork import __version__
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.records import TESTED_FILE
-from sm120fork.gpu.core.stack_wheels import stack_manifest, tested
 from sm120fork.kit import boot
 from sm120fork.manifest import Manifest
 from sm120fork.package.wheel import wheel_requirements
 from sm120fork.record import tested_to_json
+from sm120fork.resolved import ResolvedStack
 from sm120fork.util import proc
 from sm120fork.util.files import scratch_prefix, sha256_file, staged_dir
 from sm120fork.util.hint import command
@@ -356,10 +356,9 @@ def python_target() -> Target:
 def stack_requirements(root: Path | None, stack: str | None, harness: str) -> list[str]:
     """``harness_requirements`` of a built stack (default: the default stack), for this
     Python, as pip takes them."""
-    ws = Workspace.find(root)
-    name = ws.stack(stack).name
-    folder, manifest = stack_manifest(ws, name)
-    wheels = stack_wheels(folder, manifest, python_target())
+    resolved = ResolvedStack.named(Workspace.find(root), stack)
+    name, folder = resolved.name, resolved.folder
+    wheels = stack_wheels(folder, resolved.build(), python_target())
     if harness == "sglang_layer" and "sglang" not in wheels:
         raise ConfigError(f"stack {name} has no SGLang wheel for this Python",
                           where=str(folder), fix=command("build", "--stack", name))
@@ -426,8 +425,7 @@ exec "${{PYTHON:-python3}}" "$(dirname "$0")/boot.py" "$@"
 """
 
 
-def make(opts: KitOptions, root: Path | None = None) -> Kit:
-    """Write the kit for ``opts.stack`` at ``opts.out`` (replaced as a whole)."""
+def _check_options(opts: KitOptions) -> None:
     unknown = sorted(set(opts.harnesses) - set(boot.VERBS))
     if unknown:
         raise ConfigError(f"unknown harness {unknown}", where="--harness",
@@ -435,10 +433,33 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
     if not re.fullmatch(r"3\.\d+", opts.python):
         raise ConfigError(f"bad Python version {opts.python!r}", where="--python",
                           fix="e.g. --python 3.12")
-    ws = Workspace.find(root)
-    folder, manifest = stack_manifest(ws, opts.stack)
-    target = Target(python=opts.python, platforms=opts.platforms)
-    wheels = stack_wheels(folder, manifest, target)
+
+
+def _provided(opts: KitOptions) -> dict[str, str | None]:
+    """What the kit leaves out: ``--box-has``, and the box's torch whatever its version (a
+    freeze there says e.g. torch==2.11.0+cu130): it is built for the box's driver, and the
+    index's would bring GBs of CUDA libraries; ``--include`` forces a name back in."""
+    provided = _parse_box_has(opts.box_has)
+    provided.update({canonicalize_name(n): None for n in BOX_TORCH})
+    for name in opts.include:
+        provided.pop(canonicalize_name(name), None)
+    return provided
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Inputs:
+    """What the kit carries of the stack: its build's wheels, upstream's, the plugin's."""
+
+    stack: ResolvedStack
+    wheels: dict[str, Path]
+    upstream: Path | None
+    plugin: Path | None
+    stock: Path | None
+
+
+def _inputs(opts: KitOptions, stack: ResolvedStack, target: Target) -> _Inputs:
+    manifest = stack.build()
+    wheels = stack_wheels(stack.folder, manifest, target)
     if "sglang_layer" in opts.harnesses and "sglang" not in wheels:
         raise ConfigError(f"stack {opts.stack} has no SGLang wheel for Python {opts.python}",
                           where="--harness sglang_layer",
@@ -448,91 +469,109 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
     if fi_entry is not None and not fi_entry.used_as_published:
         from sm120fork.gpu.core.stack_wheels import upstream_wheel
 
-        upstream = upstream_wheel(ws, opts.stack)
-    provided = _parse_box_has(opts.box_has)
-    # The box's torch whatever its version (a freeze there says e.g. torch==2.11.0+cu130):
-    # it is built for the box's driver, and the index's would bring GBs of CUDA libraries.
-    provided.update({canonicalize_name(n): None for n in BOX_TORCH})
-    for name in opts.include:
-        provided.pop(canonicalize_name(name), None)
-    plugin = plugin_wheel(folder) if "sglang_layer" in opts.harnesses else None
-    stock = stock_sglang(ws, manifest, wheels["sglang"]) if plugin is not None else None
+        upstream = upstream_wheel(stack)
+    plugin = plugin_wheel(stack.folder) if "sglang_layer" in opts.harnesses else None
+    stock = (stock_sglang(stack.ws, manifest, wheels["sglang"]) if plugin is not None
+             else None)
+    return _Inputs(stack=stack, wheels=wheels, upstream=upstream, plugin=plugin, stock=stock)
+
+
+def _copy_stack(inputs: _Inputs, new: Path) -> dict[str, object]:
+    """The stack's wheels, manifest and tested.json into ``stack/``, upstream's into
+    ``upstream/``: the kit.json keys that name them."""
+    for sub in ("stack", "upstream", "wheels"):
+        (new / sub).mkdir(parents=True)
+    patched = {}
+    for project, wheel in inputs.wheels.items():
+        shutil.copy2(wheel, new / "stack" / wheel.name)
+        patched[project] = f"stack/{wheel.name}"
+    shutil.copy2(inputs.stack.manifest_path, new / "stack" / "manifest.json")
+    # What the record of a run on the box names as tested (patch ids need the series).
+    (new / "stack" / TESTED_FILE).write_text(
+        json.dumps(tested_to_json(inputs.stack.tested()), indent=1, sort_keys=True) + "\n",
+        encoding="utf-8")
+    ups = {}
+    if inputs.upstream is not None:
+        shutil.copy2(inputs.upstream, new / "upstream" / inputs.upstream.name)
+        ups["flashinfer"] = f"upstream/{inputs.upstream.name}"
+    route: dict[str, str] = {}
+    if inputs.plugin is not None and inputs.stock is not None:
+        # The plugin route: stock SGLang of the pin + the plugin, as the build has them.
+        shutil.copytree(inputs.plugin.parent, new / "stack" / "plugin")
+        shutil.copy2(inputs.stock, new / "upstream" / inputs.stock.name)
+        ups["sglang"] = f"upstream/{inputs.stock.name}"
+        route = {"plugin": f"stack/plugin/{inputs.plugin.name}", "sglang": ups["sglang"]}
+    return {"patched": patched, "upstream": ups, "plugin_route": route}
+
+
+def _carry_requirements(opts: KitOptions, inputs: _Inputs, provided: dict[str, str | None],
+                        new: Path, scratch: Path) -> dict[str, list[str]]:
+    """Download into ``wheels/`` what the harnesses import that the box may lack; each
+    harness's requirements as its entry installs them."""
+    target = Target(python=opts.python, platforms=opts.platforms)
+    toolkit = _toolkit_wheel(inputs.stack.ws.root, new / "wheels")
+    requirements: dict[str, list[str]] = {}
+    all_roots: list[Requirement] = [Requirement(n) for n in opts.include]
+    for harness in opts.harnesses:
+        roots = _roots(harness, inputs.wheels, toolkit)
+        all_roots += roots
+        requirements[harness] = ["sm120fork", *sorted({str(r) for r in roots}
+                                                      - {"sm120fork"})]
+    if opts.nox:
+        all_roots += [Requirement(n) for n in NOX_TOOLS]
+    # What the box provides is not resolved at all (torch's metadata names GBs of CUDA
+    # libraries); what reaches it only through another root is cut by needed().
+    all_roots = [r for r in all_roots if canonicalize_name(r.name) not in provided
+                 or provided[canonicalize_name(r.name)] is not None]
+    log.info("resolving what the harnesses import, for Python %s (pip)", opts.python)
+    pins = needed(resolve(all_roots, target, scratch), all_roots, target, provided)
+    log.info("downloading %d wheels the box may lack", len(pins))
+    download(pins, target, new / "wheels")
+    # Requirements the box provides are not installed by the entry (pip would look for
+    # them in wheels/ when the box's version does not satisfy: the box's wins).
+    kept = {n for n, _ in pins}
+    return {harness: [r for r in reqs if r == "sm120fork"
+                      or canonicalize_name(Requirement(r).name) in kept]
+            for harness, reqs in requirements.items()}
+
+
+def _files(folder: Path) -> dict[str, int]:
+    return {p.relative_to(folder).as_posix(): p.stat().st_size
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def make(opts: KitOptions, root: Path | None = None) -> Kit:
+    """Write the kit for ``opts.stack`` at ``opts.out`` (replaced as a whole)."""
+    _check_options(opts)
+    stack = ResolvedStack.named(Workspace.find(root), opts.stack)
+    inputs = _inputs(opts, stack, Target(python=opts.python, platforms=opts.platforms))
+    provided = _provided(opts)
     dest = opts.out.absolute()
     dest.parent.mkdir(parents=True, exist_ok=True)
     whole = staged_dir(dest, label="kit") if opts.part_size is None else _scratch_kit(dest)
     parts: list[tuple[Path, int]] = []
     with whole as new, tempfile.TemporaryDirectory(prefix="sm120fork-kit-") as tmp:
-        scratch = Path(tmp)
-        for sub in ("stack", "upstream", "wheels"):
-            (new / sub).mkdir(parents=True)
-        patched = {}
-        for project, wheel in wheels.items():
-            shutil.copy2(wheel, new / "stack" / wheel.name)
-            patched[project] = f"stack/{wheel.name}"
-        shutil.copy2(folder / "manifest.json", new / "stack" / "manifest.json")
-        # What the record of a run on the box names as tested (patch ids need the series).
-        (new / "stack" / TESTED_FILE).write_text(
-            json.dumps(tested_to_json(tested(ws, opts.stack)), indent=1, sort_keys=True)
-            + "\n",
-            encoding="utf-8")
-        ups = {}
-        if upstream is not None:
-            shutil.copy2(upstream, new / "upstream" / upstream.name)
-            ups["flashinfer"] = f"upstream/{upstream.name}"
-        route: dict[str, str] = {}
-        if plugin is not None and stock is not None:
-            # The plugin route: stock SGLang of the pin + the plugin, as the build has them.
-            shutil.copytree(plugin.parent, new / "stack" / "plugin")
-            shutil.copy2(stock, new / "upstream" / stock.name)
-            ups["sglang"] = f"upstream/{stock.name}"
-            route = {"plugin": f"stack/plugin/{plugin.name}", "sglang": ups["sglang"]}
-        toolkit = _toolkit_wheel(ws.root, new / "wheels")
-        requirements: dict[str, list[str]] = {}
-        all_roots: list[Requirement] = [Requirement(n) for n in opts.include]
-        for harness in opts.harnesses:
-            roots = _roots(harness, wheels, toolkit)
-            all_roots += roots
-            requirements[harness] = ["sm120fork", *sorted({str(r) for r in roots}
-                                                          - {"sm120fork"})]
-        if opts.nox:
-            all_roots += [Requirement(n) for n in NOX_TOOLS]
-        # What the box provides is not resolved at all (torch's metadata names GBs of CUDA
-        # libraries); what reaches it only through another root is cut by needed().
-        all_roots = [r for r in all_roots if canonicalize_name(r.name) not in provided
-                     or provided[canonicalize_name(r.name)] is not None]
-        log.info("resolving what the harnesses import, for Python %s (pip)", opts.python)
-        report = resolve(all_roots, target, scratch)
-        pins = needed(report, all_roots, target, provided)
-        log.info("downloading %d wheels the box may lack", len(pins))
-        download(pins, target, new / "wheels")
-        # Requirements the box provides are not installed by the entry (pip would look for
-        # them in wheels/ when the box's version does not satisfy: the box's wins).
-        kept = {n for n, _ in pins}
-        for harness, reqs in requirements.items():
-            requirements[harness] = [r for r in reqs if r == "sm120fork"
-                                     or canonicalize_name(Requirement(r).name) in kept]
+        carried = _copy_stack(inputs, new)
+        requirements = _carry_requirements(opts, inputs, provided, new, Path(tmp))
         prebuilt = {}
         if opts.prebuilt is not None:
             prebuilt = _copy_prebuilt(opts.prebuilt, new / "prebuilt")
         if opts.upstream_tests is not None:
             shutil.copytree(opts.upstream_tests, new / UPSTREAM_TESTS)
         shutil.copy2(Path(boot.__file__), new / "boot.py")
-        files = {p.relative_to(new).as_posix(): p.stat().st_size
-                 for p in sorted(new.rglob("*")) if p.is_file()}
         data = {
             "format": boot.KIT_FORMAT, "stack": opts.stack, "python": opts.python,
-            "platforms": list(opts.platforms), "toolkit": __version__,
-            "patched": patched, "upstream": ups, "prebuilt": prebuilt,
-            "plugin_route": route,
+            "platforms": list(opts.platforms), "toolkit": __version__, **carried,
+            "prebuilt": prebuilt,
             # The layer harness's layout, which it otherwise reads from forks/ (no checkout
             # on the box).
-            "sglang_layout": next((p.layout for p in ws.stack(opts.stack).projects
+            "sglang_layout": next((p.layout for p in stack.stack.projects
                                    if p.normalized_name == "sglang"), ""),
             "requirements": requirements,
             "upstream_tests": UPSTREAM_TESTS if opts.upstream_tests is not None else None,
             "left_out": sorted(set(provided)),
             "wheels": [{"file": name, "sha256": sha256_file(new / name), "size": size}
-                       for name, size in files.items() if name.endswith(".whl")],
+                       for name, size in _files(new).items() if name.endswith(".whl")],
         }
         (new / boot.KIT_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n",
                                          encoding="utf-8")
@@ -540,8 +579,7 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
         run.write_text(RUN_SCRIPT.format(stack=opts.stack, python=opts.python),
                        encoding="utf-8")
         run.chmod(0o755)
-        files = {p.relative_to(new).as_posix(): p.stat().st_size
-                 for p in sorted(new.rglob("*")) if p.is_file()}
+        files = _files(new)
         _check_size(files, opts.max_size)
         if opts.part_size is not None:
             from sm120fork.kit.parts import write_parts

@@ -29,7 +29,8 @@ from sm120fork.patch.series import (
 )
 from sm120fork.patch.tree import prepare_tree, read_state
 from sm120fork.patch.upstream_match import match_upstream
-from sm120fork.standing import Standing, Today, claim_standings, stack_evidence, stack_records
+from sm120fork.resolved import ResolvedStack
+from sm120fork.standing import Standing, claim_standings, stack_evidence, stack_records
 from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
 
@@ -193,10 +194,10 @@ def status(ws: Workspace, stack_name: str | None = None,
     given = manifest_file.read(wheels_dir) if wheels_dir is not None else None
     # Each stack resolved once (every series, its build's manifest) for its rows and its
     # evidence; a series that does not load leaves it to each row to say which.
-    todays: dict[str, Today | None] = {}
+    todays: dict[str, ResolvedStack | None] = {}
     for s in stacks:
         try:
-            todays[s.name] = Today.of(ws, s, wheels_dir=wheels_dir)
+            todays[s.name] = ResolvedStack.of(ws, s, wheels_dir=wheels_dir)
         except ToolkitError:
             todays[s.name] = None
     with ws.lock():
@@ -213,12 +214,12 @@ def status(ws: Workspace, stack_name: str | None = None,
 
 
 def stack_standings(ws: Workspace, stack: Stack, wheels_dir: Path | None = None, *,
-                    today: Today | None = None
+                    today: ResolvedStack | None = None
                     ) -> tuple[dict[str, tuple[Standing, ...]], dict[str, tuple[Standing, ...]]]:
     """project -> its stack's records that tested it, and project -> its patches' claims,
     each current or stale (cheap: series, manifest and records are read, nothing runs)."""
     try:
-        today = today or Today.of(ws, stack, wheels_dir=wheels_dir)
+        today = today or ResolvedStack.of(ws, stack, wheels_dir=wheels_dir)
         records = stack_evidence(ws, stack, today=today)
         tested = {rel.as_posix(): rec.tested.projects
                   for rel, rec in stack_records(ws, stack.name)}

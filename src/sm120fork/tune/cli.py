@@ -88,10 +88,10 @@ def _tested(args: argparse.Namespace) -> record.Tested | None:
 
     if args.wheel_dir:
         return records.read_tested(args.wheel_dir, "patched")
-    from sm120fork.gpu.core.stack_wheels import tested
+    from sm120fork.resolved import ResolvedStack
     from sm120fork.workspace import Workspace
 
-    return tested(Workspace.find(), args.stack)
+    return ResolvedStack.named(Workspace.find(), args.stack).tested()
 
 
 def _doctor() -> Facts:

@@ -36,8 +36,8 @@ from sm120fork.errors import CommandError, ConfigError, MaintenanceError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.series import Patch, Series, load_series
 from sm120fork.patch.tree import open_tree
-from sm120fork.standing import UPSTREAM_TESTS as TESTS_DIR
-from sm120fork.standing import Today
+from sm120fork.resolved import UPSTREAM_TESTS as TESTS_DIR
+from sm120fork.resolved import ResolvedStack
 from sm120fork.upstream.template import TestRun, render_body, short_subject
 from sm120fork.util import proc
 from sm120fork.util.git import Git
@@ -189,13 +189,13 @@ def plan_project(ws: Workspace, stack: Stack, project: Project) -> Plan:
                 stack=stack.name, project=project.key)
 
 
-def plan_of(today: Today, project: Project) -> Plan:
+def plan_of(today: ResolvedStack, project: Project) -> Plan:
     """The PRs of ``project`` of the stack as resolved in ``today`` (no series read again)."""
     return plan(today.series[project.key], today.upstream_tests.get(project.key),
                 stack=today.stack.name, project=project.key)
 
 
-def fork_words(ws: Workspace, today: Today) -> list[str]:
+def fork_words(ws: Workspace, today: ResolvedStack) -> list[str]:
     """What an upstream package must not name: the fork, every stack, every patch id
     (the series of ``today``'s stack as resolved there, the other stacks' read here)."""
     words = [*FORK_NAMES, *ws.stacks()]
@@ -321,7 +321,7 @@ def write_gpu_tests(ws: Workspace, stack_name: str, dest: Path,
     there tests: the PR's and its tests', then the rest of the stack's build of that
     project, since the kit runs the stack's wheel).  Returns the PRs written."""
     stack = ws.stack(stack_name)
-    today = Today.of(ws, stack)
+    today = ResolvedStack.of(ws, stack)
     written: list[str] = []
     for project in stack.projects:
         plan = plan_of(today, project)
@@ -436,7 +436,7 @@ def default_out(ws: Workspace, stack: str, project: str, name: str) -> Path:
     return ws.state_dir / "upstream" / stack / project / name
 
 
-def find_project(today: Today, name: str) -> Project:
+def find_project(today: ResolvedStack, name: str) -> Project:
     """The project of ``today``'s stack whose series has PR ``name``."""
     stack = today.stack
     for project in stack.projects:
@@ -481,7 +481,7 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
     stack = ws.stack(stack_name)
     # The stack resolved once (every series, its upstream-form tests): the PR's plan, the
     # leak check's words and the record below read this, none reads a series by name.
-    today = Today.of(ws, stack)
+    today = ResolvedStack.of(ws, stack)
     project = stack.project(project_key) if project_key else find_project(today, name)
     pr = plan_of(today, project).pr(name)
     where = f"{stack.name}/{project.key}"
@@ -615,7 +615,7 @@ def requirements(ws: Workspace, stack_name: str, project_key: str | None, name: 
                  ) -> list[str]:
     """:func:`pr_requirements` of PR ``name`` of the stack (``nox -s upstream_pr``
     installs them)."""
-    today = Today.of(ws, ws.stack(stack_name))
+    today = ResolvedStack.of(ws, ws.stack(stack_name))
     project = (today.stack.project(project_key) if project_key
                else find_project(today, name))
     return pr_requirements(ws, project, plan_of(today, project).pr(name))

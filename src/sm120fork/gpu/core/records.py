@@ -4,8 +4,8 @@ The harness writes ``record.json`` beside its own output; ``nox -s record_import
 publishes it into ``reports/<stack>/gpu-test/``.  What was tested comes from the stack's
 build: the wheels' sha256 (each variant's), and the patched trees and each patch's change
 identity, as ``tested.json`` beside the build's ``manifest.json`` gives them (the kit
-writes it, :func:`tested_of`; in a checkout ``--stack`` computes it).  A run whose wheels
-are no stack's build writes no record.  Cases that never ran (a module that did not build,
+writes it; in a checkout ``--stack`` computes it: :mod:`sm120fork.resolved`).  A run whose
+wheels are no stack's build writes no record.  Cases that never ran (a module that did not build,
 a budget used up) are left out of ``cases``: the record is then unfinished, never
 "0 failing".
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from sm120fork import record
@@ -23,7 +23,6 @@ from sm120fork.gpu.core.documents import (
     Environment,
 )
 from sm120fork.gpu.core.preflight import COMMAND_ENV
-from sm120fork.manifest import Manifest
 
 TESTED_FILE = "tested.json"
 
@@ -31,26 +30,6 @@ TESTED_FILE = "tested.json"
 #: Options whose values are this machine's paths: not part of the recorded command.
 PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--stack-dir",
                 "--plugin-wheel", "--stock-wheel")
-
-
-def tested_of(manifest: Manifest, patch_ids: Mapping[str, Sequence[tuple[str, str]]],
-              ) -> record.Tested:
-    """The ``tested`` block of a build: trees from its manifest, each patch the build
-    applied with its id (``patch_ids``: project -> (file name, patch id) of the series now;
-    a patch whose file changed since the build is left out, and a record then is stale)."""
-    trees, patches = [], []
-    for entry in manifest.wheels:
-        if entry.used_as_published:
-            continue
-        if entry.tree:
-            trees.append(record.TestedTree(project=entry.project, tree=entry.tree))
-        ids = dict(patch_ids.get(entry.project, ()))
-        patches += [record.TestedPatch(project=entry.project, patch=p.name,
-                                       patch_id=ids[p.name])
-                    for p in entry.patches if p.name in ids]
-    # one entry per tree and patch, however many wheels (platforms, Pythons) a build made
-    return record.Tested(trees=tuple(dict.fromkeys(trees)),
-                         patches=tuple(dict.fromkeys(patches)))
 
 
 def now() -> str:

@@ -21,8 +21,9 @@ from pathlib import Path
 from sm120fork import manifest as manifest_file
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.gpu.core.documents import MadeFrom, Provenance
-from sm120fork.manifest import Manifest, ManifestEntry
+from sm120fork.manifest import ManifestEntry
 from sm120fork.record import Tested
+from sm120fork.resolved import ResolvedStack
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
@@ -42,60 +43,26 @@ class StackWheels:
     tested: Tested | None = None
 
 
-def patch_ids(ws: Workspace, stack: str) -> dict[str, list[tuple[str, str]]]:
-    """project -> (file name, ``git patch-id --stable``) of each patch of its series now."""
-    from sm120fork.patch.series import load_series
-
-    return {project.key: list(load_series(ws.series_dir(project)).patch_ids)
-            for project in ws.stack(stack).projects if project.series}
-
-
-def tested(ws: Workspace, stack: str) -> Tested:
-    """The ``tested`` block of the stack's build (wheels/<stack>/manifest.json); without
-    the patch ids where they cannot be computed here (no git): the run goes on, and its
-    record names the wheels and trees only (a verify then calls it stale)."""
-    from sm120fork.errors import ToolkitError
-    from sm120fork.gpu.core.records import tested_of
-
-    _, manifest = stack_manifest(ws, stack)
-    try:
-        ids = patch_ids(ws, stack)
-    except (ToolkitError, OSError) as exc:
-        log.warning("the record will name no patch ids: %s", exc)
-        ids = {}
-    return tested_of(manifest, ids)
-
-
-def stack_manifest(ws: Workspace, stack: str) -> tuple[Path, Manifest]:
-    """The stack's wheels folder and its build's manifest (refused, naming the build
-    command, when the stack is not built)."""
-    folder = ws.stack_wheels(stack)
-    if not (folder / manifest_file.FILE).is_file():
-        raise ConfigError(f"stack {stack} has no build in {folder}",
-                          fix=command("build", "--stack", stack))
-    return folder, manifest_file.read(folder, fix=command("build", "--stack", stack))
-
-
-def _manifest_entry(ws: Workspace, stack: str) -> tuple[Path, ManifestEntry]:
-    folder, manifest = stack_manifest(ws, stack)
+def _manifest_entry(stack: ResolvedStack) -> tuple[Path, ManifestEntry]:
+    manifest = stack.build()
     entry = manifest.first(PROJECT)
     if entry is None:
-        raise ConfigError(f"the build of {stack} has no {PROJECT} wheel",
-                          where=str(folder / manifest_file.FILE))
-    wheel = folder / entry.wheel
+        raise ConfigError(f"the build of {stack.name} has no {PROJECT} wheel",
+                          where=str(stack.manifest_path))
+    wheel = stack.folder / entry.wheel
     if not wheel.is_file():
         raise ConfigError(f"{wheel.name} is listed in the manifest but missing",
-                          where=str(folder), fix=command("build", "--stack", stack))
+                          where=str(stack.folder), fix=command("build", "--stack", stack.name))
     return wheel, entry
 
 
-def upstream_wheel(ws: Workspace, stack_name: str) -> Path:
+def upstream_wheel(stack: ResolvedStack) -> Path:
     """Upstream FlashInfer of the stack's pin, built unchanged from its pinned sdist."""
     from sm120fork.fetch.archive import safe_extract
     from sm120fork.fetch.sdist import download_sdist
     from sm120fork.util.proc import run
 
-    project = ws.stack(stack_name).project(PROJECT)
+    ws, project = stack.ws, stack.stack.project(PROJECT)
     # Keyed by the pin's sha256, so a box that carries the cache needs no sdist or index.
     cache = ws.state_dir / "cache" / "upstream-wheels" / project.sdist_pin.sha256[:16]
     found = sorted(cache.glob("*.whl"))
@@ -120,16 +87,16 @@ def upstream_wheel(ws: Workspace, stack_name: str) -> Path:
 
 def resolve(stack: str, *, baseline: bool, root: Path | None = None) -> StackWheels:
     """The variants of ``stack``: patched, and (``baseline``) upstream for the A/B."""
-    ws = Workspace.find(root)
-    wheel, entry = _manifest_entry(ws, stack)
+    resolved = ResolvedStack.named(Workspace.find(root), stack)
+    wheel, entry = _manifest_entry(resolved)
     specs = [f"patched={wheel}"]
     note = None
     if entry.used_as_published:
         note = (f"{stack} ships upstream's {wheel.name} as published (empty series): "
                 "no A/B, the one variant is upstream")
     elif baseline:
-        specs.append(f"unpatched={upstream_wheel(ws, stack)}")
-    return StackWheels(stack=stack, specs=tuple(specs), note=note, tested=tested(ws, stack))
+        specs.append(f"unpatched={upstream_wheel(resolved)}")
+    return StackWheels(stack=stack, specs=tuple(specs), note=note, tested=resolved.tested())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -34,11 +34,11 @@ from sm120fork.cuda.arch import is_sm12x
 from sm120fork.patch.series import Patch
 from sm120fork.record import BASELINE_VARIANTS, KINDS, RECORD_FILE
 from sm120fork.record import read as read_record
+from sm120fork.resolved import ResolvedStack
 from sm120fork.standing import (
     EVIDENCE_LABELS,
     FIELD,
     Claim,
-    Today,
     claim_record_path,
     claims,
     twin_record,
@@ -79,7 +79,7 @@ class Context:
     #: The stack verified: a record of another stack's build backs nothing here, unless
     #: it ran this stack's very build (a copy's; ``today`` holds what is built now).
     stack: str = ""
-    today: Today | None = None
+    today: ResolvedStack | None = None
     workspace: Workspace | None = None
 
 

@@ -28,7 +28,7 @@ from sm120fork.package.stack import Options, build, fetch, load
 from sm120fork.patch.series import Patch
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.record import TestedPatch
-from sm120fork.standing import Today
+from sm120fork.resolved import ResolvedStack
 from sm120fork.verify.proof.patches import (
     FULL,
     UNPATCHED,
@@ -188,7 +188,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     ctx = Context(root=ws.root, proof=proof, gate_variant=gate_variant,
                   behaviour=tuple((r.name, r.capability, r.passed) for r in sglang),
                   cpu=run_cpu_tests(ws.root, cpu_nodes, stack=stack.name) if cpu_nodes else {},
-                  stack=stack.name, today=Today.of(ws, stack), workspace=ws)
+                  stack=stack.name, today=ResolvedStack.of(ws, stack), workspace=ws)
     verdicts: list[PatchVerdict] = []
     for key, made in builds.items():
         for patch in patches[key]:
