@@ -19,7 +19,7 @@ from sm120fork.cuda.cubin import (
     kernel_sizes,
     runtime_calls,
 )
-from sm120fork.cuda.tools import demangle, find_tools, require_tools_in_ci
+from sm120fork.cuda.tools import Tools, demangle, find_tools, require_tools_in_ci
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.verify.proof.gate import GateResult, retarget, run_gate
 from sm120fork.verify.proof.nvcc import (
@@ -65,6 +65,89 @@ def _plan(tree: Path, gates: Mapping[str, GateResult], arch: str, *, planned: bo
     return [], False
 
 
+_Planned = dict[tuple[str, str], tuple[GateResult, list[_Unit], bool, bool]]
+
+
+def _plan_variants(variants: Mapping[str, Path], archs: Sequence[str], tools: Tools,
+                   compile_archs: Mapping[str, Sequence[str]] | None, forced: set[str],
+                   reference_arch: str) -> _Planned:
+    """(variant, arch) -> (its gate, the units to compile, forced, planned)."""
+    planned: _Planned = {}
+    for name, given_tree in variants.items():
+        tree = given_tree.resolve()
+        gates = {arch: run_gate(tree, arch, tools) for arch in archs}
+        wanted = set(compile_archs[name]) if compile_archs and name in compile_archs \
+            else set(archs)
+        wanted.add(reference_arch)
+        for arch in archs:
+            units, was_forced = _plan(tree, gates, arch, planned=arch in wanted,
+                                      forced=arch in forced, reference_arch=reference_arch)
+            planned[(name, arch)] = (gates[arch], units, was_forced, arch in wanted)
+    return planned
+
+
+def _job(tools: Tools, arch: str, unit: _Unit, key: str, hosts: Sequence[str],
+         all_jobs: dict[str, Job]) -> Job:
+    """The compile of ``unit`` (its content ``key``), entered in ``all_jobs`` (a cubin
+    another variant's unit also needs is compiled once; a host object kept if either
+    asked for it)."""
+    tree, source, flags = unit
+    host = arch in hosts or (key in all_jobs and all_jobs[key].host)
+    job = Job(key=key, arch=arch, source=source,
+              argv=(str(tools.nvcc), str(tree / source), *flags), host=host)
+    all_jobs[key] = job
+    return job
+
+
+def _pdl_opcodes(archs: Sequence[str], tools: Tools) -> dict[str, PdlOpcodes]:
+    opcodes: dict[str, PdlOpcodes] = {}
+    if tools.can_disassemble:
+        with tempfile.TemporaryDirectory(prefix="sm120fork-proof-pdl-") as scratch:
+            for arch in archs:
+                opcodes[arch] = calibrate_pdl_opcodes(arch, tools, Path(scratch))
+    return opcodes
+
+
+def _inspect(pool: ThreadPoolExecutor, all_jobs: Mapping[str, Job], cache: Path, tools: Tools,
+             opcodes: Mapping[str, PdlOpcodes]) -> dict[str, Future[Any]]:
+    """Every cubin inspected once, its kernels' names demangled in one call."""
+    all_names: set[str] = set()
+    for key in all_jobs:
+        all_names.update(kernel_sizes(cubin_path(cache, key)))
+    names = demangle(sorted(all_names), tools)
+    inspections = {key: pool.submit(inspect_cubin, cubin_path(cache, key), tools,
+                                    opcodes.get(job.arch), names)
+                   for key, job in all_jobs.items()}
+    _raise_first(inspections.values(), "inspecting the cubins")
+    return inspections
+
+
+_Compiled = tuple[dict[tuple[str, str], list[Job]], dict[str, Job], dict[str, Future[Any]]]
+
+
+def _compile(pool: ThreadPoolExecutor, workers: int, planned: _Planned, tools: Tools,
+             hosts: Sequence[str], cache: Path) -> _Compiled:
+    """Each plan's compile jobs keyed by content (nvcc -M), and those the cache lacks
+    compiled: (jobs per plan, every job by key, the compiles started)."""
+    key_futures = {
+        (name, arch, unit[1]): pool.submit(cache_key, unit[0], unit[1], unit[2], tools)
+        for (name, arch), (_, units, _, _) in planned.items() for unit in units
+    }
+    _raise_first(key_futures.values(), "computing cache keys")
+    jobs_by_plan: dict[tuple[str, str], list[Job]] = {}
+    all_jobs: dict[str, Job] = {}
+    for (name, arch), (_, units, _, _) in planned.items():
+        jobs_by_plan[(name, arch)] = [
+            _job(tools, arch, unit, key_futures[(name, arch, unit[1])].result(), hosts,
+                 all_jobs) for unit in units]
+    pending = [job for job in all_jobs.values() if cached_seconds(cache, job) is None]
+    log.info("%d cubins needed, %d cached, compiling %d with %d jobs", len(all_jobs),
+             len(all_jobs) - len(pending), len(pending), workers)
+    compiled = {job.key: pool.submit(compile_job, job, cache) for job in pending}
+    _raise_first(compiled.values(), "compiling the trtllm comm module")
+    return jobs_by_plan, all_jobs, compiled
+
+
 def prove(
     variants: Mapping[str, Path],
     *,
@@ -97,87 +180,38 @@ def prove(
     cache = cache_dir.resolve() / "cubins"
     cache.mkdir(parents=True, exist_ok=True)
     workers = max(1, jobs)
-
-    opcodes: dict[str, PdlOpcodes] = {}
-    if tools.can_disassemble:
-        with tempfile.TemporaryDirectory(prefix="sm120fork-proof-pdl-") as scratch:
-            for arch in archs:
-                opcodes[arch] = calibrate_pdl_opcodes(arch, tools, Path(scratch))
+    opcodes = _pdl_opcodes(archs, tools)
 
     # 1. gates, and the compile each accepted (or forced) architecture asks for
-    planned: dict[tuple[str, str], tuple[GateResult, list[_Unit], bool, bool]] = {}
-    for name, given_tree in variants.items():
-        tree = given_tree.resolve()
-        gates = {arch: run_gate(tree, arch, tools) for arch in archs}
-        wanted = set(compile_archs[name]) if compile_archs and name in compile_archs \
-            else set(archs)
-        wanted.add(reference_arch)
-        for arch in archs:
-            units, was_forced = _plan(tree, gates, arch, planned=arch in wanted,
-                                      forced=arch in forced, reference_arch=reference_arch)
-            planned[(name, arch)] = (gates[arch], units, was_forced, arch in wanted)
+    planned = _plan_variants(variants, archs, tools, compile_archs, forced, reference_arch)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         # 2. content keys (nvcc -M per unit), then the compiles the cache lacks
-        key_futures = {
-            (name, arch, unit[1]): pool.submit(cache_key, unit[0], unit[1], unit[2], tools)
-            for (name, arch), (_, units, _, _) in planned.items() for unit in units
-        }
-        _raise_first(key_futures.values(), "computing cache keys")
-        jobs_by_plan: dict[tuple[str, str], list[Job]] = {}
-        all_jobs: dict[str, Job] = {}
-        for (name, arch), (_, units, _, _) in planned.items():
-            job_list = []
-            for tree, source, flags in units:
-                key = key_futures[(name, arch, source)].result()
-                host = arch in hosts or (key in all_jobs and all_jobs[key].host)
-                job = Job(key=key, arch=arch, source=source,
-                          argv=(str(tools.nvcc), str(tree / source), *flags), host=host)
-                job_list.append(job)
-                all_jobs[key] = job
-            jobs_by_plan[(name, arch)] = job_list
-        pending = [job for job in all_jobs.values() if cached_seconds(cache, job) is None]
-        log.info("%d cubins needed, %d cached, compiling %d with %d jobs",
-                 len(all_jobs), len(all_jobs) - len(pending), len(pending), workers)
-        compiled = {job.key: pool.submit(compile_job, job, cache) for job in pending}
-        _raise_first(compiled.values(), "compiling the trtllm comm module")
+        jobs_by_plan, all_jobs, compiled = _compile(pool, workers, planned, tools, hosts, cache)
 
         # 3. inspect every cubin (and host object) once
-        all_names: set[str] = set()
-        for key in all_jobs:
-            all_names.update(kernel_sizes(cubin_path(cache, key)))
-        names = demangle(sorted(all_names), tools)
-        inspections = {
-            key: pool.submit(inspect_cubin, cubin_path(cache, key), tools,
-                             opcodes.get(job.arch), names)
-            for key, job in all_jobs.items()
-        }
-        _raise_first(inspections.values(), "inspecting the cubins")
+        inspections = _inspect(pool, all_jobs, cache, tools, opcodes)
     calls = {key: runtime_calls(host_object_path(cache, key))
              for key, job in all_jobs.items() if job.host}
 
     # 4. results; a cubin counts as compiled by the first unit that needed it in this run
-    results: list[VariantResult] = []
     charged: set[str] = set()
-    for name, given_tree in variants.items():
-        arch_results = []
-        for arch in archs:
-            gate, _, was_forced, was_planned = planned[(name, arch)]
-            unit_results = []
-            for job in jobs_by_plan[(name, arch)]:
-                fresh = job.key in compiled and job.key not in charged
-                charged.add(job.key)
-                unit_results.append(UnitResult(
-                    source=job.source, cubin=cubin_path(cache, job.key), key=job.key,
-                    seconds=cached_seconds(cache, all_jobs[job.key]) or 0.0,
-                    cached=not fresh, kernels=inspections[job.key].result(),
-                    host_calls=calls.get(job.key) if arch in hosts else None))
-            arch_results.append(ArchResult(arch=arch, gate=gate, compiled=bool(unit_results),
-                                           forced=was_forced, planned=was_planned,
-                                           units=tuple(unit_results),
-                                           pdl_opcodes=opcodes.get(arch)))
-        results.append(VariantResult(name=name, tree=given_tree.resolve(),
-                                     archs=tuple(arch_results)))
+
+    def unit(job: Job) -> UnitResult:
+        fresh = job.key in compiled and job.key not in charged
+        charged.add(job.key)
+        return UnitResult(source=job.source, cubin=cubin_path(cache, job.key), key=job.key,
+                          seconds=cached_seconds(cache, all_jobs[job.key]) or 0.0,
+                          cached=not fresh, kernels=inspections[job.key].result(),
+                          host_calls=calls.get(job.key) if job.arch in hosts else None)
+
+    results = [VariantResult(name=name, tree=given_tree.resolve(), archs=tuple(
+        ArchResult(arch=arch, gate=planned[(name, arch)][0],
+                   compiled=bool(jobs_by_plan[(name, arch)]), forced=planned[(name, arch)][2],
+                   planned=planned[(name, arch)][3],
+                   units=tuple(unit(job) for job in jobs_by_plan[(name, arch)]),
+                   pdl_opcodes=opcodes.get(arch))
+        for arch in archs)) for name, given_tree in variants.items()]
     return ProofReport(variants=tuple(results), archs=tuple(archs),
                        reference_arch=reference_arch, nvcc_version=tools.nvcc_version,
                        pdl_opcodes=tuple(opcodes[a] for a in archs if a in opcodes),

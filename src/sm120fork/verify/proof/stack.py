@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sm120fork.cuda.arch import REFERENCE_ARCH, SHIPPED_SM12X_ARCH
@@ -129,6 +129,30 @@ class _Trees:
         return self.made[key, variant]
 
 
+def _verdicts(builds: Mapping[str, list[ProjectBuild]], patches: Mapping[str, Sequence[Patch]],
+              ctx: Context, archs: Sequence[str]) -> tuple[PatchVerdict, ...]:
+    """Each patch's verdict: its fingerprint in the wheel, and every claim it makes."""
+    verdicts: list[PatchVerdict] = []
+    for key, made in builds.items():
+        for patch in patches[key]:
+            fp_text, fp_ok = fingerprint_check(made, patch)
+            outcomes: list[Outcome] = [check(c, ctx, patch, key) for c in claims(patch)]
+            artifacts = [", ".join(b.wheel.name for b in made)]
+            kinds = {o.claim.partition(":")[0] for o in outcomes}
+            if "proof" in kinds:
+                artifacts.append(f"{'/'.join(archs)} cubins and {SHIPPED_SM12X_ARCH} "
+                                 "host objects of the trtllm comm module")
+            if "sglang" in kinds:
+                artifacts.append("patched SGLang modules, GPU query stubbed")
+            verdicts.append(PatchVerdict(
+                project=key, patch=patch.name, subject=patch.subject,
+                checks=(fp_text, *(f"[{o.claim}] {o.text}: {'pass' if o.passed else 'FAIL'}"
+                                   for o in outcomes)),
+                artifact="; ".join(artifacts), evidence=evidence_label(outcomes),
+                passed=fp_ok and all(o.passed for o in outcomes)))
+    return tuple(verdicts)
+
+
 def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = False,
                python: str | None = None,
                archs: Sequence[str] = PROOF_ARCHS) -> VerifyResult:
@@ -189,25 +213,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
                   behaviour=tuple((r.name, r.capability, r.passed) for r in sglang),
                   cpu=run_cpu_tests(ws.root, cpu_nodes, stack=stack.name) if cpu_nodes else {},
                   stack=stack.name, today=ResolvedStack.of(ws, stack), workspace=ws)
-    verdicts: list[PatchVerdict] = []
-    for key, made in builds.items():
-        for patch in patches[key]:
-            fp_text, fp_ok = fingerprint_check(made, patch)
-            outcomes: list[Outcome] = [check(c, ctx, patch, key) for c in claims(patch)]
-            artifacts = [", ".join(b.wheel.name for b in made)]
-            kinds = {o.claim.partition(":")[0] for o in outcomes}
-            if "proof" in kinds:
-                artifacts.append(f"{'/'.join(proof.archs if proof else archs)} cubins and "
-                                 f"{SHIPPED_SM12X_ARCH} "
-                                 "host objects of the trtllm comm module")
-            if "sglang" in kinds:
-                artifacts.append("patched SGLang modules, GPU query stubbed")
-            verdicts.append(PatchVerdict(
-                project=key, patch=patch.name, subject=patch.subject,
-                checks=(fp_text, *(f"[{o.claim}] {o.text}: {'pass' if o.passed else 'FAIL'}"
-                                   for o in outcomes)),
-                artifact="; ".join(artifacts), evidence=evidence_label(outcomes),
-                passed=fp_ok and all(o.passed for o in outcomes)))
+    verdicts = _verdicts(builds, patches, ctx, proof.archs if proof else archs)
     # One line per project: the series is one; a project of several wheels (one per
     # Python and platform, the same patched files in each) is named by its first.
     provenance = tuple(
@@ -215,7 +221,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
                    series_digest=series[key].digest, wheel=made[0].wheel.name,
                    wheel_sha256=made[0].sha256, tree=made[0].entry.tree)
         for key, made in builds.items())
-    return VerifyResult(stack=stack.name, provenance=provenance, verdicts=tuple(verdicts),
+    return VerifyResult(stack=stack.name, provenance=provenance, verdicts=verdicts,
                         proof=proof, sglang=tuple(sglang), seconds=time.monotonic() - start,
                         patches=tuple(TestedPatch(project=key, patch=p.name,
                                                   patch_id=p.patch_id)
