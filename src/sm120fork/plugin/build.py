@@ -24,7 +24,7 @@ from sm120fork.declare import Project, Stack
 from sm120fork.patch.series import Series, load_series
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.plugin import generate as generate_module
-from sm120fork.plugin.generate import UPSTREAM_TAG, generate_spec, patch_commits
+from sm120fork.plugin.generate import UPSTREAM_TAG, generate_spec, package_prefix, patch_commits
 from sm120fork.plugin.package import DISTRIBUTION, build_plugin_wheel
 from sm120fork.plugin.runtime import Spec
 from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file
@@ -93,9 +93,8 @@ def build_plugin(ws: Workspace, stack: Stack, *, force: bool = False,
         spec = Spec.from_json(json.loads(spec_file.read_text()))
     except (OSError, ValueError, KeyError):
         tree = prepare_tree(ws, stack, project, patches=series.patches, force=force)
-        prefix = "" if project.package_root.strip("/") in ("", ".") else \
-            project.package_root.strip("/") + "/"
-        if not tree.repo.exists(UPSTREAM_TAG, prefix + FRAMEWORK_FILE):
+        framework = package_prefix(project.package_root) + FRAMEWORK_FILE
+        if not tree.repo.exists(UPSTREAM_TAG, framework):
             return PluginResult(stack=stack.name, message=(
                 f"sglang {project.version} ships no {FRAMEWORK_FILE}: no plugin wheel; its "
                 "patched sglang wheel is the way there"))

@@ -228,6 +228,12 @@ def diff_file(path: str, before: str | None, after: str | None) -> list[_Change]
     return changes
 
 
+def package_prefix(package_root: str) -> str:
+    """What precedes the package's paths in the tree (``python/`` for SGLang; "" at the top)."""
+    root = package_root.strip("/")
+    return "" if root in ("", ".") else root + "/"
+
+
 def _module_name(rel: str) -> str:
     parts = rel.removesuffix(".py").split("/")
     if parts[-1] == "__init__":
@@ -256,7 +262,7 @@ def patch_commits(repo: Git, patch_ids: Sequence[str]) -> list[PatchRef]:
 def generate_spec(repo: Git, patches: Sequence[PatchRef], *, package_root: str, package: str,
                   stack: str, distribution: str, version: str) -> Spec:
     """The hooks for ``patches`` of the fork tree ``repo`` (package under ``package_root``)."""
-    prefix = "" if package_root.strip("/") in ("", ".") else package_root.strip("/") + "/"
+    prefix = package_prefix(package_root)
     per_patch: dict[str, list[_Change]] = {}
     for ref in patches:
         changed = repo("diff-tree", "--no-commit-id", "--name-only", "-r", ref.commit,
@@ -293,28 +299,18 @@ def generate_spec(repo: Git, patches: Sequence[PatchRef], *, package_root: str, 
         if patch in wheel_only:
             continue
         for c in changes:
-            if not c.kind:
+            if not c.kind or (c.path, c.key) in hooks:  # a unit several patches change
                 continue
-            ids = "+".join(owners[(c.path, c.key)])
-            full = prefix + c.path
-            if c.kind == "replace":
+            source, upstream, full = c.source, None, prefix + c.path
+            if c.kind == "replace":  # upstream's function and the series' final one
                 (name,) = c.names
-                upstream = _units_function(repo.show(UPSTREAM_TAG, full), name, full)
-                patched = _units_function(repo.show("HEAD", full), name, full)
-                hooks[(c.path, c.key)] = Hook(
-                    patch=ids, kind="replace", module=_module_name(c.path), path=c.path,
-                    names=c.names, source=patched, patched_sha256=sha256_text(patched),
-                    upstream_sha256=sha256_text(upstream))
-            elif c.kind == "module":
-                hooks[(c.path, c.key)] = Hook(
-                    patch=ids, kind="module", module=_module_name(c.path), path=c.path,
-                    names=(), source=c.source, patched_sha256=sha256_text(c.source),
-                    upstream_sha256=None)
-            else:
-                hooks.setdefault((c.path, c.key), Hook(
-                    patch=ids, kind="provide", module=_module_name(c.path), path=c.path,
-                    names=c.names, source=c.source, patched_sha256=sha256_text(c.source),
-                    upstream_sha256=None))
+                upstream = sha256_text(_units_function(repo.show(UPSTREAM_TAG, full), name,
+                                                       full))
+                source = _units_function(repo.show("HEAD", full), name, full)
+            hooks[(c.path, c.key)] = Hook(
+                patch="+".join(owners[(c.path, c.key)]), kind=c.kind,
+                module=_module_name(c.path), path=c.path, names=c.names, source=source,
+                patched_sha256=sha256_text(source), upstream_sha256=upstream)
     ordered = sorted(hooks.values(), key=lambda h: (
         {"module": 0, "provide": 1}.get(h.kind, 2), h.patch, h.module))
     return Spec(stack=stack, distribution=distribution, version=version, package=package,
