@@ -288,3 +288,29 @@ def test_the_verb_benches_a_given_wheel_and_records_the_command_it_was_given(
     assert rec.command == "sh '<kit sglang-0.5.23>/run' tune --yes"
     # (issue 41: a record naming the wheel alone was stale from the day it was made)
     assert (rec.tested.patches, rec.tested.trees) == (built.patches, built.trees)
+
+
+def test_a_failed_check_and_an_error_are_recorded_as_such(tmp: Path) -> None:
+    """A method that failed its output check at a point is a failing case, one whose run
+    errored an error case, each with the bench's reason (or what it means, if none)."""
+    def bench(tp: int) -> WorldBench:
+        done = _bench_of(tp)
+        bad = [{"kind": "point", "method": "pcie_ipc_rmsnorm", "tokens": 1, "hidden": 4096,
+                "status": "failed_check", "reason": "rel L2 0.9 > 0.015 in /tmp/x"},
+               {"kind": "point", "method": "pcie_ipc_rmsnorm", "tokens": 16, "hidden": 4096,
+                "status": "failed_check"},
+               {"kind": "point", "method": "nccl_rmsnorm", "tokens": 1, "hidden": 4096,
+                "status": "error", "reason": "RuntimeError: NCCL timeout"}]
+        keep = [r for r in done.records if not any(
+            r.get("method") == b["method"] and r.get("tokens") == b["tokens"]
+            and r.get("hidden") == b["hidden"] for b in bad)]
+        return WorldBench(world=tp, records=keep + bad, tokens=TOKENS, hidden=HIDDEN,
+                          methods=METHODS, finished=True, shared=False)
+
+    run_tune(tmp, FakeBox(tmp, "2x-rtx-pro-6000-one-socket", bench=bench))
+    rec = record.read(tmp / "reports" / "sglang-0.5.23" / "policy" / "record.json")
+    by_id = {c.id: (c.outcome, c.detail) for c in rec.cases}
+    assert by_id["tp2/pcie_ipc_rmsnorm/t1/h4096"] == ("fail", "rel L2 0.9 > 0.015 in <path>")
+    assert by_id["tp2/pcie_ipc_rmsnorm/t16/h4096"] == ("fail", "output check failed")
+    assert by_id["tp2/nccl_rmsnorm/t1/h4096"] == ("error", "RuntimeError: NCCL timeout")
+    assert by_id["tp2/fused_auto/t1/h4096"][0] == "pass"

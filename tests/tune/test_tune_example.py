@@ -28,7 +28,7 @@ def test_every_box_of_the_issue_is_shown_and_its_bench_is_labelled_synthetic() -
         assert json.loads(file.read_text())["label"].startswith("SYNTHETIC")
     rows = {name: example.box_rows(
         json.loads((SCENARIOS / name / "facts.json").read_text()),
-        json.loads((SCENARIOS / name / example.SYNTHETIC_FILE).read_text()))
+        example.load_synthetic(SCENARIOS / name))
         for name in example.BOXES[:3]}
     # across sockets without P2P, TP8 is never measured and keeps today's rule
     assert rows[example.BOXES[0]][2][0:2] == ["8", "no: GPU 0 cannot access GPU 4 (no P2P)"]
@@ -40,7 +40,8 @@ def test_tune_on_a_synthetic_box_installs_what_the_example_shows(tmp_path: Path)
     """The example's shortcut (derive, then decide) is what tune itself installs."""
     name = "8x-rtx-pro-6000-pcie-cross-socket-p2p-off"
     facts = json.loads((SCENARIOS / name / "facts.json").read_text())
-    synthetic = json.loads((SCENARIOS / name / example.SYNTHETIC_FILE).read_text())
+    synthetic = example.load_synthetic(SCENARIOS / name)
+    assert synthetic is not None
 
     def bench(tp: int, left: float | None) -> WorldBench:
         return WorldBench(world=tp, records=example.records(synthetic, tp),

@@ -166,6 +166,12 @@ def _latency(rec: Mapping[str, Any]) -> float:
     return float(max(medians) if medians else rec["median_us"])
 
 
+#: a bench point's status -> its case's outcome (any other status: "error"), and what the
+#: case says where the bench gave no reason
+_OUTCOMES = {methods.TIMED: "pass", methods.FAILED_CHECK: "fail", methods.NOT_RUNNABLE: "skip"}
+_UNSAID = {methods.FAILED_CHECK: "output check failed", methods.NOT_RUNNABLE: "not runnable"}
+
+
 def _cases(bench: WorldBench) -> list[record.Case]:
     """One case per (method, tokens, hidden) the bench planned at this TP size."""
     cases: dict[str, record.Case] = {}
@@ -181,18 +187,11 @@ def _cases(bench: WorldBench) -> list[record.Case]:
         key = f"tp{bench.world}/{method}/t{rec['tokens']}/h{rec['hidden']}"
         status = rec.get("status")
         if status == methods.TIMED:
-            case = record.Case(id=key, variant=VARIANT, outcome="pass",
-                               detail=f"{_latency(rec):.2f} us (slowest rank's median)")
-        elif status == methods.FAILED_CHECK:
-            case = record.Case(id=key, variant=VARIANT, outcome="fail",
-                               detail=_portable(str(rec.get("reason") or "output check failed")))
-        elif status == methods.NOT_RUNNABLE:
-            case = record.Case(id=key, variant=VARIANT, outcome="skip",
-                               detail=_portable(str(rec.get("reason") or "not runnable")))
+            detail = f"{_latency(rec):.2f} us (slowest rank's median)"
         else:
-            case = record.Case(id=key, variant=VARIANT, outcome="error",
-                               detail=_portable(str(rec.get("reason") or status)))
-        cases[key] = case
+            detail = _portable(str(rec.get("reason") or _UNSAID.get(str(status), status)))
+        cases[key] = record.Case(id=key, variant=VARIANT, detail=detail,
+                                 outcome=_OUTCOMES.get(str(status), "error"))
     for method, why in whole.items():
         for t in bench.tokens:
             for h in bench.hidden:
