@@ -14,8 +14,6 @@ SHIPPED_SM12X_ARCH = "sm_120f"
 
 _ARCH_RE = re.compile(r"^sm_(\d+)(\d)([a-z]?)$")
 
-_ARCH_RE = re.compile(r"^sm_(\d+)(\d)([a-z]?)$")
-
 
 def arch_list_entry(arch: str) -> str:
     """The FLASHINFER_CUDA_ARCH_LIST entry for ``arch``: ``sm_120a`` -> ``12.0a``.
