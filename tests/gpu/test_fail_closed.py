@@ -16,7 +16,6 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -60,15 +59,14 @@ def _alone(runs: dict[str, tuple[Path, list[Path], str, str, bool]], python: str
         return {label: future.result() for label, future in futures.items()}
 
 
-def _by_rank(outcome: layer_cases.CaseOutcome) -> dict[int, dict[str, Any]]:
+def _by_rank(outcome: layer_cases.CaseOutcome) -> dict[int, layer_cases.Ended]:
     """How each rank ended; printed (``pytest -rP`` shows it) for the record."""
     for e in outcome.exits:
-        raised = e["raised"] or {}
-        print(f"{outcome.case} rank {e['rank']}: exit {e['exit']}, stopped by the harness "
-              f"{e['stopped_by_harness']}, ended {e['ended_after_ready_s']} s after ready, "
-              f"{raised.get('after_fused_call_error_s')} s after its fused call raised: "
-              f"{str(raised.get('error'))[:240]}")
-    return {int(e["rank"]): e for e in outcome.exits}
+        print(f"{outcome.case} rank {e.rank}: exit {e.exit}, stopped by the harness "
+              f"{e.stopped_by_harness}, ended {e.ended_after_ready_s} s after ready, "
+              f"{e.raised and e.raised.after_fused_call_error_s} s after its fused call "
+              f"raised: {str(e.raised and e.raised.error)[:240]}")
+    return {e.rank: e for e in outcome.exits}
 
 
 def _check_alone(outcome: layer_cases.CaseOutcome, alone: int) -> float:
@@ -83,14 +81,16 @@ def _check_alone(outcome: layer_cases.CaseOutcome, alone: int) -> float:
     assert outcome.passed, (outcome.problems, outcome.exits, outcome.tails)
     assert not outcome.hung
     ended = _by_rank(outcome)
-    raised = ended[alone]["raised"]
-    took = float(raised["after_fused_call_error_s"])
+    raised = ended[alone].raised
+    assert raised is not None
+    took = raised.after_fused_call_error_s
+    assert took is not None
     assert AGREEMENT_S - 0.5 <= took <= AGREEMENT_S + layer_cases.ALONE_SLACK_S < GROUP_S, took
-    assert raised["error"].startswith("RuntimeError: ")
-    assert "within 3 s" in raised["error"]
+    assert raised.error.startswith("RuntimeError: ")
+    assert "within 3 s" in raised.error
     peer = ended[1 - alone]
-    assert peer["stopped_by_harness"] or "Connection closed by peer" in (
-        peer["raised"] or {}).get("error", ""), peer
+    assert peer.stopped_by_harness or (
+        peer.raised is not None and "Connection closed by peer" in peer.raised.error), peer
     return took
 
 
@@ -177,14 +177,14 @@ def test_one_rank_failing_creation_fails_closed_on_every_rank(
     patched = _passed(outcomes, "patched ", 6)
     for case in ONE_RANK:
         for rank in patched[case].ranks:
-            (warning,) = rank["warnings"]
+            (warning,) = rank.warnings
             assert "on the whole group): rank 1: RuntimeError" in warning, warning
 
 
 def test_the_plugin_on_stock_fails_closed_too(
         outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
     plugin = _passed(outcomes, "plugin on stock ", 3)
-    lines = plugin["fused"].ranks[0]["plugin"]
+    lines = plugin["fused"].ranks[0].plugin
     assert lines
     assert all(line.endswith(": applied") for line in lines), lines
 

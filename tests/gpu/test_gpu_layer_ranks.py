@@ -39,7 +39,7 @@ def test_the_start_bound_ends_ranks_that_never_get_ready(tmp_path: Path) -> None
     outcome = _run(tmp_path, "import time; time.sleep(600)\n", timeout=60, start_timeout=1.5)
     assert outcome.hung
     assert outcome.problems[0] == "hung: not finished 2 s, before every rank was ready"
-    assert all(e["stopped_by_harness"] for e in outcome.exits)
+    assert all(e.stopped_by_harness for e in outcome.exits)
     assert time.monotonic() - started < 30
 
 

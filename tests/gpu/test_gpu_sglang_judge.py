@@ -8,19 +8,21 @@ is judged by how the ranks ended (``alone_problems``).
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import pytest
 
 from sm120fork.gpu.layer.cases import (
     ALONE_SLACK_S,
     CaseOutcome,
+    Ended,
     alone_problems,
     expected_problems,
     raised_alone_says,
     render,
     warning_says,
 )
+from sm120fork.gpu.layer.rank import Observation, Raised, Step
 
 S4_WORDS = ("FlashInfer all-reduce fusion is off for this process: workspace creation "
             "failed on a rank; every rank takes the unfused path")
@@ -30,10 +32,11 @@ UPSTREAM_WORDS = ("Failed to initialize FlashInfer workspace (backend=trtllm): "
 
 
 def _rank(rank: int, layout: str, warnings: list[str], *, correct: bool = True,
-          path: str = "fallback/unfused") -> dict[str, Any]:
-    return {"rank": rank, "layout": layout, "warnings": warnings, "gate_after": False,
-            "unavailable": True,
-            "steps": [{"tokens": t, "path": path, "correct": correct} for t in (1, 16)]}
+          path: str = "fallback/unfused") -> Observation:
+    return Observation(rank=rank, layout=layout, warnings=tuple(warnings), gate_after=False,
+                       unavailable=True,
+                       steps=tuple(Step(tokens=t, path=path, correct=correct, norm_error=0.0,
+                                        residual_error=0.0) for t in (1, 16)))
 
 
 @pytest.mark.parametrize(("layout", "words"), [("communicator", S4_WORDS),
@@ -71,9 +74,9 @@ def test_a_fused_path_after_a_failure_fails() -> None:
 
 
 def test_a_failed_fused_call_keeps_the_workspace_for_captured_graphs() -> None:
-    def ranks(alive: int) -> list[dict[str, Any]]:
-        return [{**_rank(r, "layer_boundary", [UPSTREAM_WORDS]), "fake_buffers_alive": alive}
-                for r in (0, 1)]
+    def ranks(alive: int) -> list[Observation]:
+        return [dataclasses.replace(_rank(r, "layer_boundary", [UPSTREAM_WORDS]),
+                                    fake_buffers_alive=alive) for r in (0, 1)]
 
     assert expected_problems("fused-call-raises", ranks(3)) == []
     assert expected_problems("fused-call-raises", ranks(0)) == [
@@ -89,12 +92,11 @@ ALONE_WORDS = ("RuntimeError: FlashInfer fused all-reduce failed on this rank (V
 
 
 def _ended(rank: int, error: str | None, *, took: float | None = None, bound: float | None = 3.0,
-           exit: int = 1, stopped: bool = False) -> dict[str, Any]:
-    raised = None if error is None else {
-        "rank": rank, "error": error, "after_fused_call_error_s": took,
-        "agreement_timeout_s": bound}
-    return {"rank": rank, "exit": exit, "stopped_by_harness": stopped,
-            "ended_after_ready_s": None if stopped else 4.0, "raised": raised}
+           exit: int = 1, stopped: bool = False) -> Ended:
+    raised = None if error is None else Raised(
+        rank=rank, error=error, after_fused_call_error_s=took, agreement_timeout_s=bound)
+    return Ended(rank=rank, exit=exit, stopped_by_harness=stopped,
+                 ended_after_ready_s=None if stopped else 4.0, raised=raised)
 
 
 @pytest.mark.parametrize("layout", ["communicator", "layer_boundary"])

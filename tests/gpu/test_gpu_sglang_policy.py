@@ -22,6 +22,7 @@ from sm120fork.gpu.core.documents import Provenance
 from sm120fork.gpu.decision import Process, decide
 from sm120fork.gpu.layer import cases as layer_cases
 from sm120fork.gpu.layer import run as layer_run
+from sm120fork.gpu.layer.rank import Observation, Step
 from sm120fork.gpu.policy import validate
 
 ROUTES = {1: "fused", 8: "fused", 9: "pcie_ipc", 32: "pcie_ipc", 33: "sglang_dispatch",
@@ -44,17 +45,12 @@ def test_the_policy_switches_h200_methods_at_token_boundaries() -> None:
 
 
 def _rank(rank: int, routes: dict[int, str], *, wrong: tuple[int, ...] = (),
-          skipped: tuple[int, ...] = ()) -> dict[str, Any]:
-    steps = []
-    for tokens, route in routes.items():
-        step: dict[str, Any] = {"tokens": tokens, "route": route, "path": route,
-                                "correct": tokens not in wrong, "norm_error": 1e-3,
-                                "residual_error": 1e-3}
-        if tokens in skipped:
-            step["skipped"] = "not captured"
-        steps.append(step)
-    return {"rank": rank, "layout": "layer_boundary", "warnings": [], "steps": steps,
-            "injected": None, "gate_after": True}
+          skipped: tuple[int, ...] = ()) -> Observation:
+    steps = tuple(Step(tokens=tokens, route=route, path=route, correct=tokens not in wrong,
+                       norm_error=1e-3, residual_error=1e-3,
+                       skipped="not captured" if tokens in skipped else None)
+                  for tokens, route in routes.items())
+    return Observation(rank=rank, layout="layer_boundary", steps=steps, gate_after=True)
 
 
 def test_a_route_other_than_the_decisions_fails_naming_the_tokens() -> None:

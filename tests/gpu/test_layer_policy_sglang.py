@@ -64,5 +64,5 @@ def test_the_patched_wheel_and_the_plugin_follow_the_policy(sites: Sites) -> Non
     failed = {label: o.problems for label, o in outcomes.items() if not o.passed}
     assert failed == {}
     for outcome in outcomes.values():
-        routes = {s["route"] for r in outcome.ranks for s in r["steps"]}
+        routes = {s.route for r in outcome.ranks for s in r.steps}
         assert routes == {"fused", "pcie_ipc", "sglang_dispatch"}

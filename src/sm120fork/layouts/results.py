@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.util import proc, supervise, wire
@@ -67,6 +67,27 @@ class Observation:
                    detail=data.get("detail", ""))
 
 
+class LayerStep(Protocol):
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def correct(self) -> bool: ...
+
+
+class LayerRank(Protocol):
+    """What one rank of a layer case reported (:class:`sm120fork.gpu.layer.rank.Observation`)."""
+
+    @property
+    def steps(self) -> Sequence[LayerStep]: ...
+
+    @property
+    def warnings(self) -> Sequence[str]: ...
+
+    @property
+    def gate_after(self) -> bool: ...
+
+
 class LayerOutcome(Protocol):
     """One case of the GPU layer harness (:class:`sm120fork.gpu.layer.cases.CaseOutcome`)."""
 
@@ -80,7 +101,7 @@ class LayerOutcome(Protocol):
     def problems(self) -> Sequence[str]: ...
 
     @property
-    def ranks(self) -> Sequence[dict[str, Any]]: ...
+    def ranks(self) -> Sequence[LayerRank]: ...
 
 
 #: ``run(case, sglang_path=..., layout=..., python=..., device="cpu", tokens=...,

@@ -9,22 +9,18 @@ the SGLang tree under test, and this module judges what they report:
   between two of FlashInfer's handle exchanges, after the last one) and a host-side
   error of the fused call: every rank falls back (S4: together; S3: the fallback
   all-reduces, so its output still matches), each logs exactly one warning, the gate
-  stays off afterwards, and no rank hangs (a watchdog ends a case that outlives
-  ``timeout`` and records it as hung);
+  stays off afterwards, and no rank hangs (a case that outlives ``timeout`` is hung);
 - ``one-rank-fused-call-raises`` (rank 1) and ``rank-0-fused-call-raises``: the fused
   call raises on one rank only, so its peers wait inside the fused kernel for its data
   and no fallback can match them: as S4's and G6's headers say, that rank must end with
-  one RuntimeError saying so within the agreement timeout (their
-  ``_FUSED_CALL_AGREEMENT_TIMEOUT_S``, set by ``agreement_timeout_s``), and no peer may
-  outlive it by more than ``PEER_GRACE_S`` (a peer still running then is stopped and
-  recorded as such: on a GPU it spins in the kernel; the CPU stand-in's kernel is a gloo
-  all-reduce, which fails once the raising rank has exited).  The rank-1 case is the one
-  torch's gloo ``monitored_barrier`` does not bound: there its send to rank 0 waits with
-  the group's own timeout (SGLang's TP CPU group: 120 min), not the barrier's.
+  one RuntimeError saying so within the agreement timeout, and no peer may outlive it by
+  more than ``PEER_GRACE_S``.  The rank-1 case is the one torch's gloo
+  ``monitored_barrier`` does not bound: its send to rank 0 waits with the group's own
+  timeout (SGLang's TP CPU group: 120 min).
 
-Processes run with the multicast switches off (``NCCL_NVLS_ENABLE=0`` ...); the TP group
-is a gloo group, so nothing here creates a multicast object or an NCCL communicator.
-This module imports neither torch nor SGLang: the CPU checks and the tests use it too.
+Processes run with the multicast switches off; the TP group is a gloo group, so nothing
+here creates a multicast object or an NCCL communicator.  This module imports neither
+torch nor SGLang: the CPU checks and the tests use it too.
 """
 
 from __future__ import annotations
@@ -38,16 +34,24 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.safety import rank_environment
 from sm120fork.gpu.core.variants import source_root
-from sm120fork.gpu.layer.rank import RAISED, READY, RESULT
+from sm120fork.gpu.layer.rank import (
+    DEFAULT_TOKENS,
+    RAISED,
+    READY,
+    RESULT,
+    Observation,
+    Raised,
+    RankRequest,
+)
 from sm120fork.layouts import LAYOUTS, adapter
-from sm120fork.util import supervise
+from sm120fork.util import supervise, typed
 
 RANK_MODULE = "sm120fork.gpu.layer.rank"
 
@@ -58,15 +62,13 @@ GPU_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
 #: Cases a run names with ``--case`` (on a GPU too): the fused call raising on one rank.
 ALONE_CASES = ("one-rank-fused-call-raises", "rank-0-fused-call-raises")
 #: The policy cases (layout layer_boundary): a version 2 policy that switches methods at
-#: token boundaries is in force (SGLANG_SM120_ALLREDUCE_POLICY in every rank); at token
-#: counts on both sides of each boundary, eagerly and inside a captured CUDA graph, the
-#: route that ran must be the one :func:`sm120fork.gpu.decision.decide` names and the
-#: output the float32 reference's.
+#: token boundaries is in force in every rank; at token counts on both sides of each
+#: boundary, eagerly and inside a captured CUDA graph, the route that ran must be the one
+#: :func:`sm120fork.gpu.decision.decide` names and the output the float32 reference's.
 POLICY_CASES = ("policy-eager", "policy-graph")
 CPU_CASES = (*GPU_CASES, "no-p2p", "one-rank-fails-in-fd-exchange", *ALONE_CASES,
              *POLICY_CASES)
-#: Every case a GPU run of a layout plans by default: the fault matrix, both one-rank
-#: fused-call cases, and (layer_boundary: SGLang 0.5.23 has pcie_ipc) the policy cases.
+#: Every case a GPU run of a layout plans by default.
 GPU_PLAN = {"communicator": (*GPU_CASES, *ALONE_CASES),
             "layer_boundary": (*GPU_CASES, *ALONE_CASES, *POLICY_CASES)}
 #: case -> the rank whose fused call raises alone (the ranks' CASES say the same).
@@ -75,6 +77,21 @@ RAISES_ALONE = {"one-rank-fused-call-raises": 1, "rank-0-fused-call-raises": 0}
 PEER_GRACE_S = 2.0
 #: What the raising rank may take beyond the agreement timeout (a loaded machine).
 ALONE_SLACK_S = 5.0
+#: A validated policy document (:func:`sm120fork.gpu.policy.validate`).
+Policy = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Ended:
+    """How one rank ended: its exit status, whether the harness stopped it (still
+    running when the case ended), when it exited by itself (seconds after every rank was
+    ready), and what it raised."""
+
+    rank: int
+    exit: int | None
+    stopped_by_harness: bool
+    ended_after_ready_s: float | None
+    raised: Raised | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,13 +102,10 @@ class CaseOutcome:
     passed: bool
     hung: bool
     problems: list[str]
-    ranks: list[dict[str, Any]]
+    ranks: list[Observation]
     seconds: float
     tails: list[str]
-    #: how each rank ended: ``rank``, ``exit`` (its status), ``stopped_by_harness`` (still
-    #: running when the case ended), ``ended_after_ready_s`` (when it exited by itself,
-    #: seconds after every rank was ready) and ``raised`` (its error line, or None)
-    exits: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    exits: list[Ended] = dataclasses.field(default_factory=list)
     #: the install route the case ran on: "patched" (the stack's SGLang wheel) or
     #: "plugin" (stock SGLang + the stack's plugin wheel)
     variant: str = "patched"
@@ -146,8 +160,7 @@ def raised_alone_says(layout: str) -> str:
     return str(adapter(layout, "rank").RAISED_ALONE_SAYS)
 
 
-def alone_problems(case: str, exits: Sequence[Mapping[str, Any]], *, layout: str,
-                   ) -> list[str]:
+def alone_problems(case: str, exits: Sequence[Ended], *, layout: str) -> list[str]:
     """What is wrong with how the ranks ended in a case whose fused call raised on one
     rank only (``RAISES_ALONE``): that rank ends with one RuntimeError in the layout's
     words within its agreement timeout (plus ``ALONE_SLACK_S``); every peer ends too, by
@@ -157,28 +170,26 @@ def alone_problems(case: str, exits: Sequence[Mapping[str, Any]], *, layout: str
     says = raised_alone_says(layout)
     problems: list[str] = []
     for ended in exits:
-        who = f"rank {ended['rank']}"
-        raised: Mapping[str, Any] | None = ended.get("raised")
-        if ended["exit"] == 0 and raised is None:
+        who, raised = f"rank {ended.rank}", ended.raised
+        if ended.exit == 0 and raised is None:
             problems.append(f"{who}: finished the case although the fused call raised on "
                             f"rank {alone} only")
             continue
-        if ended["rank"] != alone:
+        if ended.rank != alone:
             continue
         if raised is None:
             problems.append(f"{who}: its fused call raised alone, but it ended without "
-                            f"an error (exit {ended['exit']}, stopped by the harness: "
-                            f"{ended['stopped_by_harness']})")
+                            f"an error (exit {ended.exit}, stopped by the harness: "
+                            f"{ended.stopped_by_harness})")
             continue
-        error = str(raised["error"])
-        if not error.startswith("RuntimeError: ") or says not in error:
+        if not raised.error.startswith("RuntimeError: ") or says not in raised.error:
             problems.append(f"{who}: expected one RuntimeError saying {says!r}, got "
-                            f"{error[:300]!r}")
-        bound, took = raised.get("agreement_timeout_s"), raised.get("after_fused_call_error_s")
+                            f"{raised.error[:300]!r}")
+        bound, took = raised.agreement_timeout_s, raised.after_fused_call_error_s
         if bound is None:
             problems.append(f"{who}: the tree under test has no agreement timeout "
                             "(_FUSED_CALL_AGREEMENT_TIMEOUT_S in its fusion module)")
-        elif took is None or float(took) > float(bound) + ALONE_SLACK_S:
+        elif took is None or took > bound + ALONE_SLACK_S:
             problems.append(f"{who}: its error came {took} s after the fused call raised, "
                             f"beyond its {bound:g} s agreement timeout")
     return problems
@@ -198,7 +209,7 @@ POLICY_DTYPE = "bf16"
 
 
 def policy_document(world_size: int,
-                    ranges: Sequence[tuple[int, str]] = POLICY_RANGES) -> dict[str, Any]:
+                    ranges: Sequence[tuple[int, str]] = POLICY_RANGES) -> Policy:
     """The version 2 policy (validated, for use) the policy cases write for the ranks."""
     from sm120fork.gpu.methods import UNFUSED
     from sm120fork.gpu.policy import FORMAT, VERSION, validate
@@ -218,7 +229,7 @@ def policy_document(world_size: int,
     return validate(doc, "the layer harness's policy")
 
 
-def policy_tokens(doc: Mapping[str, Any], world_size: int) -> list[int]:
+def policy_tokens(doc: Policy, world_size: int) -> list[int]:
     """Token counts on both sides of every boundary of the policy at this TP size (the
     first and last token of each range, and the one after the last range)."""
     counts: set[int] = set()
@@ -229,7 +240,7 @@ def policy_tokens(doc: Mapping[str, Any], world_size: int) -> list[int]:
     return sorted(counts)
 
 
-def expected_routes(doc: Mapping[str, Any], world_size: int, tokens: Sequence[int], *,
+def expected_routes(doc: Policy, world_size: int, tokens: Sequence[int], *,
                     capturing: bool) -> dict[int, str]:
     """tokens -> the route SGLang must take with ``doc`` in force: what the one decision
     code (:func:`sm120fork.gpu.decision.decide`) answers for this process."""
@@ -240,8 +251,8 @@ def expected_routes(doc: Mapping[str, Any], world_size: int, tokens: Sequence[in
     return {t: decision.route_for(t) for t in tokens}
 
 
-def policy_problems(case: str, ranks: Sequence[Mapping[str, Any]], doc: Mapping[str, Any],
-                    world_size: int) -> list[str]:
+def policy_problems(case: str, ranks: Sequence[Observation], doc: Policy, world_size: int,
+                    ) -> list[str]:
     """What is wrong with a policy case: at every planned token count each rank took the
     route the decision names and matched the float32 reference (a step that could not
     run here says why; it still shows the route it took, and not every step may skip)."""
@@ -249,43 +260,37 @@ def policy_problems(case: str, ranks: Sequence[Mapping[str, Any]], doc: Mapping[
     want = expected_routes(doc, world_size, planned, capturing=case == "policy-graph")
     problems: list[str] = []
     for obs in ranks:
-        who = f"rank {obs['rank']}"
-        steps = obs["steps"]
-        if [s["tokens"] for s in steps] != planned:
-            problems.append(f"{who}: ran tokens {[s['tokens'] for s in steps]}, planned "
+        who, steps = f"rank {obs.rank}", obs.steps
+        if [s.tokens for s in steps] != planned:
+            problems.append(f"{who}: ran tokens {[s.tokens for s in steps]}, planned "
                             f"{planned}")
         for step in steps:
-            tokens = int(step["tokens"])
-            route = step.get("route")
-            if route != want.get(tokens):
-                problems.append(f"{who}: at {tokens} tokens the route {route!r} ran, the "
-                                f"policy's decision is {want.get(tokens)!r}")
-            if step.get("skipped"):
-                continue
-            if not step["correct"]:
-                problems.append(f"{who}: output differs from the reference at {tokens} "
-                                f"tokens ({route})")
-        if steps and all(s.get("skipped") for s in steps):
+            if step.route != want.get(step.tokens):
+                problems.append(f"{who}: at {step.tokens} tokens the route {step.route!r} "
+                                f"ran, the policy's decision is {want.get(step.tokens)!r}")
+            if not step.skipped and not step.correct:
+                problems.append(f"{who}: output differs from the reference at {step.tokens} "
+                                f"tokens ({step.route})")
+        if steps and all(s.skipped for s in steps):
             problems.append(f"{who}: every step was skipped: nothing was checked")
     return problems
 
 
-def expected_problems(case: str, ranks: Sequence[Mapping[str, Any]]) -> list[str]:
+def expected_problems(case: str, ranks: Sequence[Observation]) -> list[str]:
     """What is wrong with the ranks' reports for ``case`` (empty: the case passed)."""
     problems: list[str] = []
     for obs in ranks:
-        who = f"rank {obs['rank']}"
-        says = warning_says(str(obs["layout"]))
-        wrong = [s["tokens"] for s in obs["steps"] if not s["correct"]]
+        who, warnings = f"rank {obs.rank}", obs.warnings
+        says = warning_says(obs.layout)
+        wrong = [s.tokens for s in obs.steps if not s.correct]
         if wrong:
             problems.append(f"{who}: output differs from the reference at tokens {wrong}")
-        paths = {s["path"] for s in obs["steps"]}
-        warnings = obs["warnings"]
+        paths = {s.path for s in obs.steps}
         if case == "fused":
             if paths != {"fused"}:
                 problems.append(f"{who}: expected the fused path throughout, got {sorted(paths)}")
             if warnings:
-                problems.append(f"{who}: unexpected warnings {warnings}")
+                problems.append(f"{who}: unexpected warnings {list(warnings)}")
             continue
         if "fused" in paths:
             problems.append(f"{who}: took the fused path although fusion failed")
@@ -294,9 +299,9 @@ def expected_problems(case: str, ranks: Sequence[Mapping[str, Any]]) -> list[str
         elif "\n" in warnings[0] or says not in warnings[0]:
             problems.append(f"{who}: the warning is not one line saying {says!r}: "
                             f"{warnings[0][:300]!r}")
-        if obs["gate_after"] or not obs["unavailable"]:
+        if obs.gate_after or not obs.unavailable:
             problems.append(f"{who}: fusion is still on after the failure")
-        alive = obs.get("fake_buffers_alive")
+        alive = obs.fake_buffers_alive
         if case == "fused-call-raises":
             # CUDA graphs captured before the failing call still hold the workspace's
             # pointers and replay the fused kernel: it must stay allocated (issue 19).
@@ -305,7 +310,7 @@ def expected_problems(case: str, ranks: Sequence[Mapping[str, Any]]) -> list[str
                                 "failed, while captured CUDA graphs may still use it")
         elif alive:
             problems.append(f"{who}: {alive} workspace buffers not freed")
-    if case != "fused" and ranks and len({s["path"] for o in ranks for s in o["steps"][:1]}) > 1:
+    if case != "fused" and ranks and len({s.path for o in ranks for s in o.steps[:1]}) > 1:
         problems.append("the ranks took different paths on the first call")
     return problems
 
@@ -313,7 +318,7 @@ def expected_problems(case: str, ranks: Sequence[Mapping[str, Any]]) -> list[str
 def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = sys.executable,
              device: str = "cuda", world_size: int = 2, tokens: Sequence[int] | None = None,
              hidden: int | None = None, timeout: float = 120.0, start_timeout: float = 300.0,
-             extra_path: Sequence[Path] = (), env: Mapping[str, str] | None = None,
+             extra_path: Sequence[Path] = (), env: dict[str, str] | None = None,
              gates_in_memory: bool = False, layout: str,
              load_plugins: bool = False, agreement_timeout_s: float | None = None,
              collective_timeout_s: float | None = None,
@@ -329,83 +334,81 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
     ``exchange_timeout_s`` the tree's bound on FlashInfer's POSIX-fd handle exchange
     (``_HANDLE_EXCHANGE_TIMEOUT_S`` in its fusion module; None: its own).
     """
-    pythonpath = [str(sglang_path), *map(str, extra_path), str(source_root())]
-    port = _free_port()
     started = time.monotonic()
-    doc: dict[str, Any] | None = None
+    doc = policy_document(world_size) if case in POLICY_CASES else None
+    request = RankRequest(
+        rank=0, world_size=world_size, case=case, device=device, layout=layout,
+        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        collective_timeout_s=collective_timeout_s or timeout * 2,
+        gates_in_memory=gates_in_memory, load_plugins=load_plugins,
+        fused_call_agreement_timeout_s=agreement_timeout_s,
+        handle_exchange_timeout_s=exchange_timeout_s, hidden=hidden,
+        tokens=tuple(policy_tokens(doc, world_size) if doc else tokens or DEFAULT_TOKENS))
+    rank_env = rank_environment({**os.environ, **(env or {})})
+    rank_env["PYTHONPATH"] = os.pathsep.join(
+        [str(sglang_path), *map(str, extra_path), str(source_root())])
+    rank_env["PYTHONUNBUFFERED"] = "1"
     with tempfile.TemporaryDirectory(prefix="sm120fork-sglang-layer-") as tmp:
-        if case in POLICY_CASES:  # every rank reads it where SGLang looks
-            doc = policy_document(world_size)
+        if doc is not None:  # every rank reads it where SGLang looks
             policy_path = Path(tmp) / "policy.json"
             policy_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
-            tokens = policy_tokens(doc, world_size)
-        children = []
-        for rank in range(world_size):
-            request: dict[str, Any] = {
-                "rank": rank, "world_size": world_size, "case": case, "device": device,
-                "init_method": f"tcp://127.0.0.1:{port}",
-                "collective_timeout_s": collective_timeout_s or timeout * 2,
-                "gates_in_memory": gates_in_memory,
-                "layout": layout,
-                "load_plugins": load_plugins,
-                "fused_call_agreement_timeout_s": agreement_timeout_s,
-                "handle_exchange_timeout_s": exchange_timeout_s,
-            }
-            if tokens is not None:
-                request["tokens"] = list(tokens)
-            if doc is not None:
-                request["policy_path"] = str(policy_path)
-            if hidden is not None:
-                request["hidden"] = hidden
-            rank_env = rank_environment({**os.environ, **(env or {})})
-            rank_env["PYTHONPATH"] = os.pathsep.join(pythonpath)
-            rank_env["PYTHONUNBUFFERED"] = "1"
-            children.append(supervise.Child(
-                argv=[os.fspath(python), "-m", RANK_MODULE, json.dumps(request)],
-                env=rank_env, name=f"rank {rank}", log=Path(tmp) / f"rank{rank}.out",
-                stderr=Path(tmp) / f"rank{rank}.err"))
+            request = dataclasses.replace(request, policy_path=str(policy_path))
+        children = [supervise.Child(
+            argv=[os.fspath(python), "-m", RANK_MODULE,
+                  json.dumps(dataclasses.asdict(dataclasses.replace(request, rank=rank)))],
+            env=rank_env, name=f"rank {rank}", log=Path(tmp) / f"rank{rank}.out",
+            stderr=Path(tmp) / f"rank{rank}.err") for rank in range(world_size)]
         # Until every rank said READY: start_timeout; from then on: timeout; once a rank
         # exited with an error, its peers get PEER_GRACE_S to finish or fail.
-        outcome = supervise.run_group(
+        group = supervise.run_group(
             children, ready=READY,
             timeouts=supervise.Timeouts(startup=start_timeout, run=timeout, grace=PEER_GRACE_S))
-        hung = outcome.kind == "hang"
-        ready = outcome.ready_at is not None
-        ready_at = outcome.ready_at if outcome.ready_at is not None else started
-        reports, tails, problems, exits = [], [], [], []
-        if outcome.kind == "protocol":
-            problems.append(f"wire: {outcome.failure}")
-        for rank, end in enumerate(outcome.children):
-            stderr = (Path(tmp) / f"rank{rank}.err").read_text("utf-8", errors="replace")
-            report = end.last(RESULT)
-            raised = end.last(RAISED)
-            useful = [line for line in stderr.splitlines() if "registered at" not in line]
-            tails.append(f"rank {rank} (exit {end.returncode}): "
-                         + "\n".join(useful[-20:]))
-            exits.append({
-                "rank": rank, "exit": end.returncode, "stopped_by_harness": end.stopped,
-                "ended_after_ready_s": round(end.ended_at - ready_at, 1)
-                if end.ended_at is not None else None,
-                "raised": raised})
-            if report is None and case not in RAISES_ALONE:
-                said = f": {str(raised['error'])[:300]}" if isinstance(raised, dict) else ""
-                problems.append(f"rank {rank}: {'hung' if hung else 'exited'} without a "
-                                f"result (exit {end.returncode}){said}")
-            elif isinstance(report, dict):
-                reports.append(report)
+        ranks, exits, tails, problems = _collect(group, Path(tmp), started, case)
+    hung = group.kind == "hang"
     if hung:
-        limit = f"{timeout:.0f} s after every rank was ready" if ready else (
-            f"{start_timeout:.0f} s, before every rank was ready")
+        limit = (f"{timeout:.0f} s after every rank was ready" if group.ready_at is not None
+                 else f"{start_timeout:.0f} s, before every rank was ready")
         problems.insert(0, f"hung: not finished {limit}")
     if case in RAISES_ALONE:
         problems += alone_problems(case, exits, layout=layout)
-    elif doc is not None and len(reports) == world_size:
-        problems += policy_problems(case, reports, doc, world_size)
-    elif len(reports) == world_size:
-        problems += expected_problems(case, reports)
+    elif len(ranks) == world_size:
+        problems += (expected_problems(case, ranks) if doc is None
+                     else policy_problems(case, ranks, doc, world_size))
     return CaseOutcome(case=case, passed=not problems, hung=hung, problems=problems,
-                       ranks=reports, seconds=round(time.monotonic() - started, 1),
+                       ranks=ranks, seconds=round(time.monotonic() - started, 1),
                        tails=[] if not problems else tails, exits=exits, variant=variant)
+
+
+def _collect(group: supervise.GroupOutcome, logs: Path, started: float, case: str,
+             ) -> tuple[list[Observation], list[Ended], list[str], list[str]]:
+    """What each rank reported, how it ended and the tail of its stderr; a rank that ended
+    without a result (but in a case where one raises alone) is a problem."""
+    ready_at = group.ready_at if group.ready_at is not None else started
+    ranks, exits, tails, problems = [], [], [], []
+    if group.kind == "protocol":
+        problems.append(f"wire: {group.failure}")
+    for rank, end in enumerate(group.children):
+        stderr = (logs / f"rank{rank}.err").read_text("utf-8", errors="replace")
+        useful = [line for line in stderr.splitlines() if "registered at" not in line]
+        tails.append(f"rank {rank} (exit {end.returncode}): " + "\n".join(useful[-20:]))
+        report = raised = None
+        try:
+            if (data := end.last(RESULT)) is not None:
+                report = typed.read(Observation, data, f"rank {rank}: {RESULT}")
+            if (data := end.last(RAISED)) is not None:
+                raised = typed.read(Raised, data, f"rank {rank}: {RAISED}")
+        except typed.MalformedError as exc:
+            problems.append(f"wire: {exc}")
+        exits.append(Ended(rank=rank, exit=end.returncode, stopped_by_harness=end.stopped,
+                           ended_after_ready_s=None if end.ended_at is None
+                           else round(end.ended_at - ready_at, 1), raised=raised))
+        if report is not None:
+            ranks.append(report)
+        elif case not in RAISES_ALONE:
+            said = f": {raised.error[:300]}" if raised is not None else ""
+            problems.append(f"rank {rank}: {'hung' if group.kind == 'hang' else 'exited'} "
+                            f"without a result (exit {end.returncode}){said}")
+    return ranks, exits, tails, problems
 
 
 def run_cases(cases: Sequence[str], **kwargs: Any) -> list[CaseOutcome]:
@@ -413,50 +416,47 @@ def run_cases(cases: Sequence[str], **kwargs: Any) -> list[CaseOutcome]:
     return [run_case(case, **kwargs) for case in cases]
 
 
+def _rows(outcome: CaseOutcome) -> list[str]:
+    """The report's rows of one case: one per rank, by what it reported or how it ended."""
+    verdict = "PASS" if outcome.passed else ("HUNG" if outcome.hung else "FAIL")
+    rows = []
+    for obs in outcome.ranks:
+        paths = "/".join(sorted({s.route or s.path for s in obs.steps}))
+        checked = [s for s in obs.steps if not s.skipped]
+        err_n = max((s.norm_error for s in checked), default=float("nan"))
+        err_r = max((s.residual_error for s in checked), default=float("nan"))
+        rows.append(f"| {outcome.case} | {verdict} | {obs.rank} | {obs.injected or '-'} | "
+                    f"{paths} | {err_n:.2e} / {err_r:.2e} | {len(obs.warnings)} | "
+                    f"{'on' if obs.gate_after else 'off'} | {outcome.seconds} |")
+    for ended in outcome.exits if not outcome.ranks else ():  # a case that ends in errors
+        raised = ended.raised or Raised(rank=ended.rank, error="-")
+        how = ("stopped by the harness" if ended.stopped_by_harness else
+               f"exit {ended.exit} at {ended.ended_after_ready_s} s")
+        took = raised.after_fused_call_error_s
+        rows.append(f"| {outcome.case} | {verdict} | {ended.rank} | "
+                    f"{'fused-call-raises' if took is not None else '-'} | ended: {how}"
+                    f"{f', {took} s after its fused call raised' if took else ''} | - | "
+                    f"{raised.error.replace('|', '/')[:160]} | - | {outcome.seconds} |")
+    return rows or [f"| {outcome.case} | {verdict} | - | - | - | - | - | - | "
+                    f"{outcome.seconds} |"]
+
+
 def render(outcomes: Sequence[CaseOutcome], *, title: str, notes: Sequence[str]) -> str:
     """A Markdown report: one row per case and rank, then the notes and any failures."""
-    lines = [f"# {title}", ""]
-    lines += [f"- {note}" for note in notes]
-    lines += ["", "| case | verdict | rank | injected | paths | max rel. error (norm / "
-              "residual) | warnings | fusion after | s |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [f"# {title}", "", *(f"- {note}" for note in notes), "",
+             "| case | verdict | rank | injected | paths | max rel. error (norm / "
+             "residual) | warnings | fusion after | s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     labelled = [o if o.variant == "patched" else
                 dataclasses.replace(o, case=f"{o.case} ({o.variant})") for o in outcomes]
     for outcome in labelled:
-        verdict = "PASS" if outcome.passed else ("HUNG" if outcome.hung else "FAIL")
-        if not outcome.ranks and outcome.exits:  # a case that ends in errors
-            for ended in outcome.exits:
-                raised = ended.get("raised") or {}
-                how = ("stopped by the harness" if ended["stopped_by_harness"] else
-                       f"exit {ended['exit']} at {ended['ended_after_ready_s']} s")
-                took = raised.get("after_fused_call_error_s")
-                error = str(raised.get("error", "-")).replace("|", "/")
-                lines.append(f"| {outcome.case} | {verdict} | {ended['rank']} | "
-                             f"{'fused-call-raises' if took is not None else '-'} | "
-                             f"ended: {how}"
-                             f"{f', {took} s after its fused call raised' if took else ''}"
-                             f" | - | {error[:160]} | - | {outcome.seconds} |")
-        elif not outcome.ranks:
-            lines.append(f"| {outcome.case} | {verdict} | - | - | - | - | - | - | "
-                         f"{outcome.seconds} |")
-        for obs in outcome.ranks:
-            steps = obs["steps"]
-            paths = "/".join(sorted({s.get("route") or s["path"] for s in steps}))
-            checked = [s for s in steps if not s.get("skipped")] or [
-                {"norm_error": float("nan"), "residual_error": float("nan")}]
-            err_n = max(s["norm_error"] for s in checked)
-            err_r = max(s["residual_error"] for s in checked)
-            lines.append(
-                f"| {outcome.case} | {verdict} | {obs['rank']} | {obs['injected'] or '-'} | "
-                f"{paths} | {err_n:.2e} / {err_r:.2e} | {len(obs['warnings'])} | "
-                f"{'on' if obs['gate_after'] else 'off'} | {outcome.seconds} |")
-    plugin: list[str] = next((obs["plugin"] for o in outcomes for obs in o.ranks
-                              if obs.get("plugin")), [])
+        lines += _rows(outcome)
+    plugin = next((obs.plugin for o in outcomes for obs in o.ranks if obs.plugin), ())
     if plugin:
         lines += ["", "## What the plugin logged (first rank that ran it)", ""]
         lines += [f"- `{line}`" for line in plugin]
-    warned = [(o.case, obs["rank"], obs["warnings"][0]) for o in outcomes for obs in o.ranks
-              if obs["warnings"]]
+    warned = [(o.case, obs.rank, obs.warnings[0]) for o in outcomes for obs in o.ranks
+              if obs.warnings]
     if warned:
         lines += ["", "## The warning each rank logged", ""]
         lines += [f"- {case}, rank {rank}: `{text}`" for case, rank, text in warned]
@@ -467,7 +467,3 @@ def render(outcomes: Sequence[CaseOutcome], *, title: str, notes: Sequence[str])
             lines += [f"- {outcome.case}: {p}" for p in outcome.problems]
             lines += ["", "```", *outcome.tails, "```"]
     return "\n".join(lines) + "\n"
-
-
-def to_json(outcomes: Sequence[CaseOutcome]) -> list[dict[str, Any]]:
-    return [dataclasses.asdict(o) for o in outcomes]

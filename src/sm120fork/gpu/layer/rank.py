@@ -1,14 +1,12 @@
 """One rank of SGLang's fused-norm layer path, started by :mod:`sm120fork.gpu.layer.cases`.
 
-Run as ``python -m sm120fork.gpu.layer.rank '<json request>'`` with the SGLang tree
-under test first on ``PYTHONPATH``.  It imports the real SGLang layer modules (the
-RMSNorm that calls the fused all-reduce, ``layers.flashinfer_comm_fusion`` and the gate
-that decides whether the fused path is taken, wired up by the request's upstream layout:
-``sm120fork.layouts.<layout>.rank``), backs SGLang's TP group with a
-gloo process group over the ranks (ranks are processes; on one GPU they share it), and
-runs one case: the fused path, or a fault injected into workspace creation or into the
-fused call on some ranks.  For each token count it compares the norm's output and the
-new residual with a float32 reference computed from every rank's input.
+Run as ``python -m sm120fork.gpu.layer.rank '<RankRequest as JSON>'`` with the SGLang tree
+under test first on ``PYTHONPATH``.  It imports the real SGLang layer modules (wired up by
+the request's upstream layout, ``sm120fork.layouts.<layout>.rank``), backs SGLang's TP
+group with gloo over the ranks (ranks are processes; on one GPU they share it), and runs
+one case: the fused path, or a fault injected into workspace creation or the fused call
+on some ranks.  For each token count it compares the norm's output and the new residual
+with a float32 reference computed from every rank's input.
 
 What is replaced, and nothing else:
 
@@ -18,20 +16,21 @@ What is replaced, and nothing else:
   see the real GPU and build for it;
 - on a GPU, ``sgl_kernel`` (compiled for another torch; the unfused norm then runs
   SGLang's own ``forward_native``);
-- with ``device: "cpu"`` (the CPU behaviour checks), everything the probe of
-  ``harness.fake_gpu`` fakes, plus a FlashInfer stand-in whose workspace creation makes the
-  same collectives as FlashInfer's trtllm backend (one exchange per buffer, then a
-  barrier) and whose fused call computes the fused kernel's arithmetic over gloo.
+- on the CPU, everything the probe of ``harness.fake_gpu`` fakes, plus a FlashInfer
+  stand-in whose workspace creation makes the same collectives as FlashInfer's trtllm
+  backend (one exchange per buffer, then a barrier) and whose fused call computes the
+  fused kernel's arithmetic over gloo.
 
-This module must not import ``sm120fork`` beyond the probe's stubs: it runs beside the
-tree under test, on machines that have torch but not the toolkit's dependencies.
-It speaks the one wire format (:mod:`sm120fork.util.wire`, stdlib only): ``READY`` once
-set up, then one ``RESULT`` (its observation) or one ``RAISED`` (its case raised).
+This module imports nothing of ``sm120fork`` but the probe's stubs, the layouts and the
+stdlib-only wire and reader: it runs beside the tree under test, on machines that have
+torch but not the toolkit's dependencies.  It says ``READY`` once set up, then one
+``RESULT`` (its :class:`Observation`) or one ``RAISED`` (:class:`Raised`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import importlib
 import json
@@ -45,24 +44,20 @@ from typing import Any, ClassVar
 
 from sm120fork.layouts import Layer
 from sm120fork.layouts import adapter as layout_adapter
-from sm120fork.util import wire
+from sm120fork.util import typed, wire
 
-#: The wire tags: set up (every rank: the case's clock starts), the observation, and (a
-#: rank whose case raised, instead of a result) what it raised, and when.
 READY, RESULT, RAISED = "READY", "RESULT", "RAISED"
 #: How long a rank whose fused call raised waits for its peers (S4's and G6's module
-#: constant in the fusion module; the request's ``fused_call_agreement_timeout_s`` sets it).
+#: constant in the fusion module), and for a peer's file descriptor in FlashInfer's
+#: POSIX-fd exchange (S4's); the request sets them where the tree has them.
 AGREEMENT_TIMEOUT = "_FUSED_CALL_AGREEMENT_TIMEOUT_S"
-#: How long a rank waits for a peer's file descriptor in FlashInfer's POSIX-fd exchange
-#: (S4's constant; the request's ``handle_exchange_timeout_s`` sets it).
 EXCHANGE_TIMEOUT = "_HANDLE_EXCHANGE_TIMEOUT_S"
-#: The request's bounds -> the fusion module's constants they set (where the tree has one).
-TREE_BOUNDS = {"fused_call_agreement_timeout_s": AGREEMENT_TIMEOUT,
-               "handle_exchange_timeout_s": EXCHANGE_TIMEOUT}
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 STUBBED_CAPABILITY = (12, 0)
 #: Packages replaced by import stubs on a GPU machine (compiled for another torch).
 GPU_STUBS = ("sgl_kernel",)
+DEFAULT_TOKENS = (1, 3, 16, 64, 128)
+EPS = 1e-6
 
 #: case -> (what is injected, on which ranks: "all", a rank number, or None).
 CASES: dict[str, tuple[str | None, str | int | None]] = {
@@ -79,23 +74,94 @@ CASES: dict[str, tuple[str | None, str | int | None]] = {
     "policy-eager": (None, None),
     "policy-graph": (None, None),
 }
-#: The policy cases: the request's ``policy_path`` is in force (every rank reads it where
-#: SGLang looks), the steps run SGLang's consumer of the fused kernel and its unfused
-#: completion, and each step reports the route that ran, seen by which function ran.
+#: The policy cases: the request's ``policy_path`` is in force, the steps run SGLang's
+#: consumer of the fused kernel and its unfused completion, and each step reports the
+#: route that ran, seen by which function ran.
 POLICY_CASES = ("policy-eager", "policy-graph")
 POLICY_ENV = "SGLANG_SM120_ALLREDUCE_POLICY"
 PCIE_IPC_MODULE = "sglang.srt.distributed.device_communicators.pcie_ipc_ar"
 #: Rows the pcie_ipc workspace is built for before any step (SGLang's runner passes its
 #: widest decode batch); the policy cases run at most this many tokens through it.
 PCIE_IPC_ROWS = 64
-#: Why a step of the graph case whose route is SGLang's unfused dispatch is not captured:
-#: its all-reduce is the harness's gloo stand-in for NCCL (NCCL refuses two ranks on one
-#: GPU), and a gloo all-reduce cannot be recorded into a CUDA graph.
+#: Why a step of the graph case whose route is SGLang's unfused dispatch is not captured.
 NOT_CAPTURABLE = ("not captured: SGLang's unfused dispatch all-reduces through the "
                   "harness's gloo group here (NCCL refuses two ranks on one GPU), which a "
                   "CUDA graph cannot record; its route was taken and checked eagerly")
 
-Observation = dict[str, Any]
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankRequest:
+    """What :mod:`.cases` asks of one rank: its one command-line argument, as JSON."""
+
+    rank: int
+    world_size: int
+    case: str
+    layout: str
+    init_method: str
+    device: str = "cuda"
+    collective_timeout_s: float = 120.0
+    gates_in_memory: bool = False
+    load_plugins: bool = False
+    #: the tree's constants AGREEMENT_TIMEOUT and EXCHANGE_TIMEOUT (None: its own)
+    fused_call_agreement_timeout_s: float | None = None
+    handle_exchange_timeout_s: float | None = None
+    tokens: tuple[int, ...] = DEFAULT_TOKENS
+    hidden: int | None = None
+    policy_path: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Step:
+    """One token count: the path (a policy step: the route) it took, and how far its
+    output is from the float32 reference."""
+
+    tokens: int
+    path: str
+    norm_error: float
+    residual_error: float
+    correct: bool
+    gate: bool | None = None
+    route: str | None = None
+    graph: bool = False
+    #: why the step could not run here (its route is still judged, its output not)
+    skipped: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Observation:
+    """What a rank that finished its case reports (``RESULT``)."""
+
+    rank: int
+    layout: str
+    case: str = ""
+    device: str = "cuda"
+    injected: str | None = None
+    gate_before: bool = False
+    gate_after: bool = False
+    unavailable: bool = False
+    workspace_ready: bool = False
+    warnings: tuple[str, ...] = ()
+    #: what the plugin logged (``load_plugins``)
+    plugin: tuple[str, ...] = ()
+    steps: tuple[Step, ...] = ()
+    pcie_ipc_built: bool = False
+    pcie_ipc_log: tuple[str, ...] = ()
+    tolerance: float = 0.0
+    seconds: float = 0.0
+    #: the CPU stand-in's workspace buffers still allocated (None on a GPU)
+    fake_buffers_alive: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Raised:
+    """What a rank whose case raised reports (``RAISED``): the error, how long after the
+    injected fused-call error it came, and the agreement timeout the tree had."""
+
+    rank: int
+    error: str
+    after_fused_call_error_s: float | None = None
+    agreement_timeout_s: float | None = None
+
 
 #: "at": when the injected fused-call error was raised on this rank (monotonic), if it was.
 _FUSED_CALL_RAISED: dict[str, float] = {}
@@ -475,10 +541,66 @@ def _inputs(tokens: int, hidden: int, world: int, dtype: Any, seed: int = 0,
     return xs, residual
 
 
-def policy_steps(*, layer: Layer, norm: Any, group: GlooTPGroup, spy: RouteSpy,
-                 tokens_list: Sequence[int], hidden: int, dev: Any, dtype: Any,
-                 weight: Any, eps: float, tolerance: float, graph: bool,
-                 device_kind: str) -> list[dict[str, Any]]:
+@dataclasses.dataclass(frozen=True)
+class _Norm:
+    """SGLang's RMSNorm under test on this rank, and how its output is judged."""
+
+    norm: Any
+    weight: Any
+    dev: Any
+    dtype: Any
+    hidden: int
+    tolerance: float
+    rank: int
+    world: int
+    cuda: bool
+
+    def inputs(self, tokens: int, seed: int = 0) -> tuple[list[Any], Any, Any, Any]:
+        """Every rank's inputs, and this rank's input and residual on its device."""
+        xs, residual = _inputs(tokens, self.hidden, self.world, self.dtype, seed)
+        return xs, residual, xs[self.rank].to(self.dev).clone(), residual.to(self.dev).clone()
+
+    def step(self, tokens: int, path: str, out: Any, res: Any, xs: list[Any], residual: Any,
+             **more: Any) -> Step:
+        """``out`` and ``res`` against the float32 reference of every rank's inputs."""
+        torch = _module("torch")
+        if self.cuda:
+            torch.cuda.synchronize()
+        hidden = torch.stack([x.float() for x in xs]).sum(dim=0) + residual.float()
+        variance = hidden.pow(2).mean(dim=-1, keepdim=True)
+        want = hidden * torch.rsqrt(variance + EPS) * self.weight.to(self.dtype).float()
+        err_out, err_res = _relative_error(out, want), _relative_error(res, hidden)
+        return Step(tokens=tokens, path=path, norm_error=err_out, residual_error=err_res,
+                    correct=err_out <= self.tolerance and err_res <= self.tolerance, **more)
+
+
+def _relative_error(got: Any, want: Any) -> float:
+    scale = float(want.abs().max()) or 1.0
+    return float((got.float().cpu() - want).abs().max()) / scale
+
+
+def fault_steps(layer: Layer, m: _Norm, group: GlooTPGroup,
+                tokens_list: Sequence[int]) -> list[Step]:
+    """The norm at each token count: fused where the gate says so, else what the
+    communicator does when it is off (all-reduce, then the norm)."""
+    steps = []
+    for tokens in tokens_list:
+        xs, residual, x_in, r_in = m.inputs(tokens)
+        gate = bool(layer.gate(tokens))
+        calls = group.all_reduce_calls
+        with _no_grad():
+            if gate:
+                out, res = m.norm.forward_with_allreduce_fusion(x_in, r_in)
+            else:
+                out, res = m.norm.forward(group.all_reduce(x_in), r_in)
+        reduced = group.all_reduce_calls > calls
+        path = "unfused" if not gate else ("fallback" if reduced else "fused")
+        steps.append(m.step(tokens, path, out, res, xs, residual, gate=gate))
+    return steps
+
+
+def policy_steps(layer: Layer, m: _Norm, group: GlooTPGroup, spy: RouteSpy,
+                 tokens_list: Sequence[int], *, graph: bool) -> list[Step]:
     """SGLang's layer path at each token count: its consumer of the fused kernel
     (``fused_ffn_input``, which asks ``flashinfer_ar_fusion_applies``), else its unfused
     completion (the attention-TP all-reduce, then the norm), eagerly or (``graph``)
@@ -486,64 +608,46 @@ def policy_steps(*, layer: Layer, norm: Any, group: GlooTPGroup, spy: RouteSpy,
     torch = _module("torch")
     fusions = _module("sglang.srt.layers.layer_boundary.fusions.allreduce")
     comm_op = _module("sglang.srt.distributed.communication_op")
-    plan = type("Plan", (), {"norm": norm, "fusions": None})()
-    rank, world = group.rank, group.world_size
+    plan = type("Plan", (), {"norm": m.norm, "fusions": None})()
 
-    def step(x: Any, r: Any) -> tuple[Any, Any]:
-        fused = fusions.fused_ffn_input(plan, x, r, None)
-        if fused is not None:
-            return tuple(fused)
-        return tuple(norm.forward(
-            comm_op.attention_tensor_model_parallel_all_reduce(x), r))
-
-    def check(out: Any, res: Any, xs: list[Any], residual: Any) -> dict[str, Any]:
-        want_out, want_res = _reference(xs, residual, weight.to(dtype), eps)
-        err_out, err_res = _relative_error(out, want_out), _relative_error(res, want_res)
-        return {"norm_error": err_out, "residual_error": err_res,
-                "correct": err_out <= tolerance and err_res <= tolerance}
-
-    def sync() -> None:
-        if device_kind == "cuda":
-            torch.cuda.synchronize()
+    def run(x: Any, r: Any) -> tuple[Any, Any]:
+        spy.start()
+        with _no_grad():
+            fused = fusions.fused_ffn_input(plan, x, r, None)
+            if fused is not None:
+                return tuple(fused)
+            return tuple(m.norm.forward(
+                comm_op.attention_tensor_model_parallel_all_reduce(x), r))
 
     steps = []
     for tokens in tokens_list:
-        xs, residual = _inputs(tokens, hidden, world, dtype)
-        spy.start()
-        with _no_grad():
-            out, res = step(xs[rank].to(dev).clone(), residual.to(dev).clone())
-        sync()
-        route = spy.route()
-        record: dict[str, Any] = {"tokens": tokens, "route": route, "graph": graph,
-                                  "path": route, **check(out, res, xs, residual)}
-        if graph and device_kind == "cuda" and route == "sglang_dispatch":
-            record["skipped"] = NOT_CAPTURABLE
-        elif graph and device_kind == "cuda":
-            static_x, static_r = xs[rank].to(dev).clone(), residual.to(dev).clone()
+        xs, residual, x_in, r_in = m.inputs(tokens)
+        out, res = run(x_in, r_in)
+        step = m.step(tokens, spy.route(), out, res, xs, residual, graph=graph)
+        if graph and m.cuda and step.path == "sglang_dispatch":
+            step = dataclasses.replace(step, skipped=NOT_CAPTURABLE)
+        elif graph and m.cuda:
+            _, _, x_in, r_in = m.inputs(tokens)
             cuda_graph = torch.cuda.CUDAGraph()
-            spy.start()
-            with _no_grad(), torch.cuda.graph(cuda_graph):
-                out, res = step(static_x, static_r)
-            record["route"] = record["path"] = spy.route()  # what was captured
-            xs2, residual2 = _inputs(tokens, hidden, world, dtype, seed=7)
-            static_x.copy_(xs2[rank].to(dev))
-            static_r.copy_(residual2.to(dev))
+            with torch.cuda.graph(cuda_graph):
+                out, res = run(x_in, r_in)
+            captured = spy.route()
+            xs, residual, x_new, r_new = m.inputs(tokens, seed=7)
+            x_in.copy_(x_new)
+            r_in.copy_(r_new)
             cuda_graph.replay()
-            sync()
-            record.update(check(out, res, xs2, residual2))
+            step = m.step(tokens, captured, out, res, xs, residual, graph=graph)
             del cuda_graph
         elif graph:  # the CPU stand-in: SGLang's side sees a capture in progress
             capturing = torch.cuda.is_current_stream_capturing
             torch.cuda.is_current_stream_capturing = lambda: True
             try:
-                spy.start()
-                with _no_grad():
-                    out, res = step(xs[rank].to(dev).clone(), residual.to(dev).clone())
-                record["route"] = record["path"] = spy.route()
-                record.update(check(out, res, xs, residual))
+                xs, residual, x_in, r_in = m.inputs(tokens)
+                out, res = run(x_in, r_in)
+                step = m.step(tokens, spy.route(), out, res, xs, residual, graph=graph)
             finally:
                 torch.cuda.is_current_stream_capturing = capturing
-        steps.append(record)
+        steps.append(dataclasses.replace(step, route=step.path))
     return steps
 
 
@@ -604,10 +708,15 @@ def _inject(layer: Layer, fault: str, *, fake: FakeFlashInferComm | None) -> Non
 # --- the run ---------------------------------------------------------------------------
 
 
-class _Warnings(logging.Handler):
-    def __init__(self, level: int = logging.WARNING) -> None:
+class _Lines(logging.Handler):
+    """The messages a logger logs from ``level`` up, from now on."""
+
+    def __init__(self, logger: str, level: int) -> None:
         super().__init__(level)
         self.messages: list[str] = []
+        logging.getLogger(logger).addHandler(self)
+        if level < logging.WARNING:
+            logging.getLogger(logger).setLevel(level)
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
@@ -619,183 +728,133 @@ def _no_grad() -> Iterator[None]:
         yield
 
 
-def _reference(xs: list[Any], residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:
-    torch = _module("torch")
-    hidden = torch.stack([x.float() for x in xs]).sum(dim=0) + residual.float()
-    variance = hidden.pow(2).mean(dim=-1, keepdim=True)
-    return hidden * torch.rsqrt(variance + eps) * weight.float(), hidden
-
-
-def _relative_error(got: Any, want: Any) -> float:
-    scale = float(want.abs().max()) or 1.0
-    return float((got.float().cpu() - want).abs().max()) / scale
-
-
-def run_rank(request: dict[str, Any]) -> Observation:
-    rank, world = int(request["rank"]), int(request["world_size"])
-    device_kind = request.get("device", "cuda")
-    case = request["case"]
-    fault, where = CASES[case]
-    hidden = int(request.get("hidden", 7168 if device_kind == "cuda" else 256))
-    tokens_list = [int(t) for t in request.get("tokens", [1, 3, 16, 64, 128])]
-    for name in [n for n in os.environ if n.startswith("SGLANG_")]:
-        del os.environ[name]
-    policy = case in POLICY_CASES
-    if policy:  # where SGLang looks for the policy, in this rank as in every other
-        os.environ[POLICY_ENV] = str(request["policy_path"])
-
-    fake: FakeFlashInferComm | None = None
-    if device_kind == "cpu":
+def _set_up_device(req: RankRequest) -> Any:
+    """torch, with the CPU faked as SM12x GPUs, or the real GPU with SGLang's stubs."""
+    if req.device == "cpu":
         _probe().fake_gpu(STUBBED_CAPABILITY)
         torch = _module("torch")
-        torch.cuda.current_device = lambda: rank  # one GPU per rank, as SGLang runs
+        torch.cuda.current_device = lambda: req.rank  # one GPU per rank, as SGLang runs
         _register_cuda_ops_for_cpu_too()
-    else:
-        torch = _module("torch")
-        torch.cuda.set_device(int(request.get("gpu", 0)))
-        _module("flashinfer.comm")  # FlashInfer reads the real GPU before the stub exists
-        _stub_packages(GPU_STUBS)
-        stub_capability_for_sglang(STUBBED_CAPABILITY)
+        return torch
+    torch = _module("torch")
+    torch.cuda.set_device(0)
+    _module("flashinfer.comm")  # FlashInfer reads the real GPU before the stub exists
+    _stub_packages(GPU_STUBS)
+    stub_capability_for_sglang(STUBBED_CAPABILITY)
+    return torch
 
-    dist = _module("torch.distributed")
-    dist.init_process_group(
-        "gloo", init_method=request["init_method"], rank=rank, world_size=world,
-        timeout=dt.timedelta(seconds=float(request.get("collective_timeout_s", 120))))
-    plugin_lines = _Warnings(logging.INFO)
-    if request.get("load_plugins"):  # as every SGLang process does, before its work
-        logging.getLogger("sm120fork.plugin").addHandler(plugin_lines)
-        logging.getLogger("sm120fork.plugin").setLevel(logging.INFO)
-        _module("sglang.srt.plugins").load_plugins()
-    group = GlooTPGroup(rank, world)
-    adapter = layout_adapter(request["layout"], "rank")
+
+def _set_up_layer(req: RankRequest, group: GlooTPGroup, injected: str | None,
+                  ) -> tuple[Layer, FakeFlashInferComm | None]:
+    """The layout's layer over ``group``, its bounds set, the stand-in (CPU) and the
+    case's fault in place."""
+    adapter = layout_adapter(req.layout, "rank")
     layer: Layer = adapter.setup(group)
-    if request.get("gates_in_memory"):
+    if req.gates_in_memory:
         adapter.patch_gates_in_memory(layer)
-    for key, constant in TREE_BOUNDS.items():
-        bound = request.get(key)
+    for constant, bound in ((AGREEMENT_TIMEOUT, req.fused_call_agreement_timeout_s),
+                            (EXCHANGE_TIMEOUT, req.handle_exchange_timeout_s)):
         if bound is not None and hasattr(layer.fusion, constant):  # stock has none
             setattr(layer.fusion, constant, float(bound))
-    if device_kind == "cpu":
-        fake = FakeFlashInferComm()
+    fake = FakeFlashInferComm() if req.device == "cpu" else None
+    if fake is not None:
         use_fake_flashinfer(adapter, layer.fusion, fake)
-    if fake is not None and case == "one-rank-fails-in-fd-exchange":
-        fake.posix_fd_exchange = True  # every rank, as FlashInfer picks it per machine
-    if fault is not None and (where in ("all", rank)):
-        _inject(layer, fault, fake=fake)
-    spy: RouteSpy | None = None
-    pcie_ipc = False
-    if policy:
-        if fake is not None:
-            use_fake_pcie_ipc()
-        pcie_ipc = group.attach_pcie_ipc(torch.device("cuda", int(request.get("gpu", 0))))
-        spy = spy_routes(group, fake)
+        # every rank, as FlashInfer picks its exchange per machine
+        fake.posix_fd_exchange = req.case == "one-rank-fails-in-fd-exchange"
+    if injected is not None:
+        _inject(layer, injected, fake=fake)
+    return layer, fake
 
-    dev = torch.device("cpu") if device_kind == "cpu" else torch.device("cuda")
+
+def _make_norm(req: RankRequest, layer: Layer, torch: Any) -> _Norm:
+    cuda = req.device == "cuda"
+    dev = torch.device("cuda") if cuda else torch.device("cpu")
     # pcie_ipc all-reduces bf16 only: the policy cases run bf16 on the CPU too
-    dtype = torch.float32 if device_kind == "cpu" and not policy else torch.bfloat16
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    eps = 1e-6
+    policy = req.case in POLICY_CASES
+    dtype = torch.float32 if not cuda and not policy else torch.bfloat16
+    hidden = req.hidden or (7168 if cuda else 256)
     # The model's dtype: FlashInfer's fused kernel reads gamma in the input's dtype.
-    norm = layer.layernorm.RMSNorm(hidden, eps=eps).to(device=dev, dtype=dtype)
-    gen = torch.Generator().manual_seed(7168)
-    weight = (torch.rand(hidden, generator=gen) + 0.5)
+    norm = layer.layernorm.RMSNorm(hidden, eps=EPS).to(device=dev, dtype=dtype)
+    weight = torch.rand(hidden, generator=torch.Generator().manual_seed(7168)) + 0.5
     with _no_grad():
         norm.weight.copy_(weight.to(dtype))
     norm._forward_method = norm.forward_native  # sgl_kernel is not loaded here
+    return _Norm(norm=norm, weight=weight, dev=dev, dtype=dtype, hidden=hidden,
+                 tolerance=1e-5 if dtype == torch.float32 else 2e-2, rank=req.rank,
+                 world=req.world_size, cuda=cuda)
 
-    if pcie_ipc and device_kind == "cuda":  # before any step, as SGLang's runner does
-        group.pcie_ipc_comm.prepare(hidden=hidden, max_rows=PCIE_IPC_ROWS)
 
-    warnings = _Warnings()
-    logging.getLogger(FUSION_MODULE).addHandler(warnings)
-    pcie_log = _Warnings(logging.INFO)  # what SGLang's pcie_ipc communicator said
-    logging.getLogger(PCIE_IPC_MODULE).addHandler(pcie_log)
-    logging.getLogger(PCIE_IPC_MODULE).setLevel(logging.INFO)
+def run_rank(req: RankRequest) -> Observation:
+    fault, where = CASES[req.case]
+    injected = fault if fault is not None and where in ("all", req.rank) else None
+    for name in [n for n in os.environ if n.startswith("SGLANG_")]:
+        del os.environ[name]
+    if req.policy_path is not None:  # where SGLang looks, in this rank as in every other
+        os.environ[POLICY_ENV] = req.policy_path
+    torch = _set_up_device(req)
+    dist = _module("torch.distributed")
+    dist.init_process_group(
+        "gloo", init_method=req.init_method, rank=req.rank, world_size=req.world_size,
+        timeout=dt.timedelta(seconds=req.collective_timeout_s))
+    plugin: list[str] = []
+    if req.load_plugins:  # as every SGLang process does, before its work
+        plugin = _Lines("sm120fork.plugin", logging.INFO).messages
+        _module("sglang.srt.plugins").load_plugins()
+    group = GlooTPGroup(req.rank, req.world_size)
+    layer, fake = _set_up_layer(req, group, injected)
+    spy: RouteSpy | None = None
+    pcie_ipc = False
+    if req.case in POLICY_CASES:
+        if fake is not None:
+            use_fake_pcie_ipc()
+        pcie_ipc = group.attach_pcie_ipc(torch.device("cuda", 0))
+        spy = spy_routes(group, fake)
+    m = _make_norm(req, layer, torch)
+    if pcie_ipc and m.cuda:  # before any step, as SGLang's runner does
+        group.pcie_ipc_comm.prepare(hidden=m.hidden, max_rows=PCIE_IPC_ROWS)
+    warnings = _Lines(FUSION_MODULE, logging.WARNING)
+    pcie_log = _Lines(PCIE_IPC_MODULE, logging.INFO)  # what SGLang's pcie_ipc said
     dist.barrier()
     wire.say(READY)
-    gate_before = layer.gate(tokens_list[0])
-    steps = []
+    gate_before = bool(layer.gate(req.tokens[0]))
     started = time.monotonic()
-    if spy is not None:
-        steps = policy_steps(layer=layer, norm=norm, group=group, spy=spy,
-                             tokens_list=tokens_list, hidden=hidden, dev=dev, dtype=dtype,
-                             weight=weight, eps=eps, tolerance=tolerance,
-                             graph=case == "policy-graph", device_kind=device_kind)
-    for tokens in tokens_list if spy is None else ():
-        xs = [torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(
-            1000 * r + tokens)).to(dtype) for r in range(world)]
-        residual = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(
-            tokens)).to(dtype)
-        x_in, r_in = xs[rank].to(dev), residual.to(dev)
-        gate = layer.gate(tokens)
-        calls = group.all_reduce_calls
-        with _no_grad():
-            if gate:
-                out, res = norm.forward_with_allreduce_fusion(x_in.clone(), r_in.clone())
-            else:  # what the communicator does when the gate is off
-                out, res = norm.forward(group.all_reduce(x_in.clone()), r_in.clone())
-        if device_kind == "cuda":
-            torch.cuda.synchronize()
-        reduced = group.all_reduce_calls > calls
-        path = "unfused" if not gate else ("fallback" if reduced else "fused")
-        want_out, want_res = _reference(xs, residual, weight.to(dtype), eps)
-        err_out, err_res = _relative_error(out, want_out), _relative_error(res, want_res)
-        steps.append({"tokens": tokens, "gate": gate, "path": path,
-                      "norm_error": err_out, "residual_error": err_res,
-                      "correct": err_out <= tolerance and err_res <= tolerance})
-    observation: Observation = {
-        "rank": rank,
-        "case": case,
-        "layout": layer.layout,
-        "device": device_kind,
-        "injected": fault if (fault is not None and (where in ("all", rank)))
-        else None,
-        "gate_before": gate_before,
-        "gate_after": layer.gate(tokens_list[0]),
-        "unavailable": bool(layer.fusion.is_flashinfer_allreduce_unavailable()),
-        "workspace_ready": layer.workspace_ready(),
-        "warnings": warnings.messages,
-        "plugin": plugin_lines.messages,
-        "steps": steps,
-        "pcie_ipc_built": pcie_ipc,
-        "pcie_ipc_log": pcie_log.messages[-8:],
-        "tolerance": tolerance,
-        "seconds": round(time.monotonic() - started, 3),
-    }
-    if fake is not None:
-        observation["fake_buffers_alive"] = _FakeBuffer.alive
+    steps = (fault_steps(layer, m, group, req.tokens) if spy is None else
+             policy_steps(layer, m, group, spy, req.tokens, graph=req.case == "policy-graph"))
+    observation = Observation(
+        rank=req.rank, case=req.case, layout=layer.layout, device=req.device,
+        injected=injected, gate_before=gate_before,
+        gate_after=bool(layer.gate(req.tokens[0])),
+        unavailable=bool(layer.fusion.is_flashinfer_allreduce_unavailable()),
+        workspace_ready=bool(layer.workspace_ready()), warnings=tuple(warnings.messages),
+        plugin=tuple(plugin), steps=tuple(steps), pcie_ipc_built=pcie_ipc,
+        pcie_ipc_log=tuple(pcie_log.messages[-8:]), tolerance=m.tolerance,
+        seconds=round(time.monotonic() - started, 3),
+        fake_buffers_alive=_FakeBuffer.alive if fake is not None else None)
     dist.barrier()
     dist.destroy_process_group()
     return observation
 
 
-def _raised(request: dict[str, Any], error: BaseException) -> dict[str, Any]:
-    """What a rank whose case raised reports: the error, how long after the injected
-    fused-call error it came, and the agreement timeout the tree under test had."""
-    fusion = sys.modules.get(FUSION_MODULE)
-    bound = getattr(fusion, AGREEMENT_TIMEOUT, None)
-    return {
-        "rank": int(request["rank"]), "case": request["case"],
-        "layout": request.get("layout"),
-        "error": f"{type(error).__name__}: {error}",
-        "after_fused_call_error_s": None if "at" not in _FUSED_CALL_RAISED
-        else round(time.monotonic() - _FUSED_CALL_RAISED["at"], 3),
-        "agreement_timeout_s": None if bound is None else float(bound),
-    }
+def _raised(rank: int, error: BaseException) -> Raised:
+    bound = getattr(sys.modules.get(FUSION_MODULE), AGREEMENT_TIMEOUT, None)
+    at = _FUSED_CALL_RAISED.get("at")
+    return Raised(rank=rank, error=f"{type(error).__name__}: {error}",
+                  after_fused_call_error_s=None if at is None
+                  else round(time.monotonic() - at, 3),
+                  agreement_timeout_s=None if bound is None else float(bound))
 
 
 def main(argv: Sequence[str]) -> int:
-    request = json.loads(argv[0])
+    request = typed.read(RankRequest, json.loads(argv[0]), "the rank's request")
     logging.basicConfig(level=logging.WARNING)
     try:
         observation = run_rank(request)
     except Exception as e:
-        wire.say(RAISED, _raised(request, e))
+        wire.say(RAISED, dataclasses.asdict(_raised(request.rank, e)))
         raise
-    wire.say(RESULT, observation)
+    wire.say(RESULT, dataclasses.asdict(observation))
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
-

@@ -233,7 +233,7 @@ def _write_sglang_layer_report(opts: LayerOptions,
     (opts.out / "report.json").write_text(
         json.dumps({"kind": "sglang-layer", "notes": notes, "planned": list(planned),
                     "finished": done, "layout": opts.layout, **(made or {}),
-                    "cases": cases.to_json(outcomes)}, indent=1),
+                    "cases": [dataclasses.asdict(o) for o in outcomes]}, indent=1),
         encoding="utf-8")
 
 

@@ -231,15 +231,15 @@ def check_sglang(tree: Path, *, baseline: Path | None, layer: LayerRunner,
 def _together_result(case: str, outcome: LayerOutcome) -> CheckResult:
     """One two-rank case: every rank's paths, correctness, warnings and gate afterwards."""
     observed = [{
-        "paths": sorted({s["path"] for s in obs["steps"]}),
-        "correct": all(s["correct"] for s in obs["steps"]),
-        "warnings": len(obs["warnings"]),
-        "fusion_after": bool(obs["gate_after"]),
+        "paths": sorted({s.path for s in obs.steps}),
+        "correct": all(s.correct for s in obs.steps),
+        "warnings": len(obs.warnings),
+        "fusion_after": obs.gate_after,
     } for obs in outcome.ranks]
     fused = case == "fused"
     expected = [{"paths": ["fused"] if fused else ["fallback", "unfused"], "correct": True,
                  "warnings": 0 if fused else 1, "fusion_after": fused}] * 2
-    warnings = [obs["warnings"][0] for obs in outcome.ranks if obs["warnings"]]
+    warnings = [obs.warnings[0] for obs in outcome.ranks if obs.warnings]
     detail = " | ".join([*outcome.problems, *warnings[:1]])
     return CheckResult(name=f"S4 two ranks: {case}", capability="12.0",
                        expected=compact(expected),
