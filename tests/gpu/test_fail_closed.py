@@ -203,8 +203,10 @@ def test_a_fused_call_raising_on_one_rank_only_plugin_and_stock(
     word of the peers: the raising rank ends with the raw ValueError."""
     _check_alone(outcomes["plugin rank-0-fused-call-raises"], 0)
     _check_alone(outcomes["plugin one-rank-fused-call-raises"], 1)
-    stock = _by_rank(outcomes["stock alone"])[0]["raised"]
-    assert stock["error"] == "ValueError: injected host-side check failure in allreduce_fusion"
-    assert float(stock["after_fused_call_error_s"]) < 1.0
-    assert stock["agreement_timeout_s"] is None
+    stock = _by_rank(outcomes["stock alone"])[0].raised
+    assert stock is not None
+    assert stock.error == "ValueError: injected host-side check failure in allreduce_fusion"
+    assert stock.after_fused_call_error_s is not None
+    assert stock.after_fused_call_error_s < 1.0
+    assert stock.agreement_timeout_s is None
     assert not outcomes["stock alone"].passed
