@@ -10,6 +10,7 @@ import pytest
 
 from sm120fork.errors import ConfigError
 from sm120fork.gpu import policy
+from sm120fork.gpu.core.cases import BenchPlan
 
 
 def _point(method: str, tokens: int, hidden: int, us: float | None,
@@ -147,14 +148,14 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
         for v in installed})
     groups: list[dict[str, Any]] = []
 
-    def run_bench(plan: dict[str, Any], _variant: Any, _run_dir: Path, **kw: Any) -> Any:
+    def run_group(plan: BenchPlan, _variant: Any, _run_dir: Path, **kw: Any) -> Any:
         groups.append({"methods": kw["methods"], "env": kw["extra_env"],
                        "module_failures": kw["module_failures"]})
         recs = [r for r in _records() if r["method"] in kw["methods"]
-                and r["tokens"] in plan["tokens"]]
+                and r["tokens"] in plan.tokens]
         return recs, {"shared": True}, supervise.GroupOutcome(ok=True)
 
-    monkeypatch.setattr(launcher, "run_bench", run_bench)
+    monkeypatch.setattr(launcher, "run_group", run_group)
     out = tmp_path / "out"
     rc = main(["bench", "--world-sizes", "2", "--tokens", "1,16,64", "--hidden", "4096,7168",
                "--work-dir", str(tmp_path / "work"), "--out", str(out)])
@@ -188,7 +189,7 @@ def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_gro
         for v in installed})
     asked: list[list[str]] = []
 
-    def run_bench(plan: dict[str, Any], _variant: Any, _run_dir: Path, **kw: Any) -> Any:
+    def run_group(plan: BenchPlan, _variant: Any, _run_dir: Path, **kw: Any) -> Any:
         names = list(kw["methods"])
         asked.append(names)
         recs: list[dict[str, Any]] = []
@@ -200,7 +201,7 @@ def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_gro
             recs.append(_point(name, 1, 7168, 5.0))
         return recs, {}, supervise.GroupOutcome(ok=True)
 
-    monkeypatch.setattr(launcher, "run_bench", run_bench)
+    monkeypatch.setattr(launcher, "run_group", run_group)
     out = tmp_path / "out"
     rc = main(["bench", "--world-sizes", "2", "--method", "nccl_rmsnorm", "--method",
                "fused_twoshot", "--method", "fused_auto", "--work-dir", str(tmp_path / "w"),

@@ -4,6 +4,7 @@ and ends the rank or not."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -54,7 +55,7 @@ def test_a_rank_without_a_gpu_says_fatal_and_exits_at_once(tmp_path: Path) -> No
     assert wire.Message("FATAL", "no CUDA device visible to the rank") in lines
 
 
-@pytest.mark.parametrize("run_group", [ab_launcher.run_cases, bench_launcher.run_bench])
+@pytest.mark.parametrize("run_group", [ab_launcher.run_cases, bench_launcher.run_group])
 def test_each_harness_starts_its_own_rank_entry_which_serves_the_module_build_too(
         tmp_path: Path, run_group: Any) -> None:
     argv = inspect.signature(run_group).parameters["worker"].default
@@ -263,3 +264,30 @@ def test_a_module_build_that_cannot_import_says_where_it_looked(
     probe.run_compile(["vllm"])
     assert ("No module named 'sm120fork_no_such_package' ('sm120fork_no_such_package' is in "
             "none of sys.path [") in capsys.readouterr().out
+
+
+def test_the_bench_plan_a_group_is_given_is_the_plan_its_ranks_measure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan crosses the process edge in the group's spec file, read back typed."""
+    from sm120fork.gpu.bench import worker as bench_worker
+    from sm120fork.gpu.core.cases import bench_plan
+    from sm120fork.gpu.core.variants import Variant
+    from sm120fork.util import supervise
+
+    plan = dataclasses.replace(bench_plan(4, quick=True, tokens=[1, 3]), floors=False)
+    specs: list[dict[str, Any]] = []
+
+    def run_ranks(_worker: Any, spec_path: Path, world: int, *_a: Any) -> Any:
+        specs.append({**json.loads(spec_path.read_text()), "ranks": world})
+        return supervise.GroupOutcome(ok=True)
+
+    monkeypatch.setattr(bench_launcher, "run_ranks", run_ranks)
+    variant = Variant(name="patched", wheel=None, sha256=None, site=None, jit_base=tmp_path)
+    bench_launcher.run_group(plan, variant, tmp_path, methods=["fused_auto"])
+    measured: list[tuple[object, list[str]]] = []
+    monkeypatch.setattr(bench_worker, "measure",
+                        lambda _rk, got, methods: measured.append((got, methods)))
+    bench_worker.run(_Rank(), specs[0])  # type: ignore[arg-type]
+    assert measured == [(plan, ["fused_auto"])]
+    assert (specs[0]["ranks"], specs[0]["max_tokens"], specs[0]["max_hidden"]) == (
+        4, 3, max(plan.hidden))

@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from sm120fork.errors import UsageError, VerifyError
 from sm120fork.gpu import methods as methods_mod
@@ -20,8 +19,12 @@ from sm120fork.gpu import policy as policy_mod
 from sm120fork.gpu.bench import launcher, report
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import documents, runs
+from sm120fork.gpu.core.documents import BenchRecord, Environment
+from sm120fork.gpu.core.launcher import Timeouts
 from sm120fork.gpu.core.records import now
 from sm120fork.gpu.core.runs import RunOptions
+from sm120fork.gpu.core.variants import Variant
+from sm120fork.util.supervise import GroupOutcome
 
 log = logging.getLogger("sm120fork")
 
@@ -74,86 +77,52 @@ def run_bench(opts: BenchOptions) -> BenchRun:
         raise UsageError(f"unknown methods {unknown}", where="--method",
                           fix=f"one of {list(methods_mod.METHODS)}")
     prepared = runs.prepare(opts, "bench", ["comm", "norm", *methods_mod.modules(chosen)])
-    run_dir, installed, compiled = prepared.run_dir, prepared.variants, prepared.compiled
-    variant = installed[0]
+    compiled = prepared.compiled
+    variant = prepared.variants[0]
     env = runs.run_environment(compiled, variant.name, opts.wheel_dirs)
     if not compiled[variant.name].ok:
         raise VerifyError(f"JIT build failed for {variant.name}",
                           detail="\n".join(compiled[variant.name].tail))
-    module_failures = dict(compiled[variant.name].module_failures)
     gpu_count = int(env.get("gpu_count") or 1)
     worlds = list(opts.world_sizes or (max(2, gpu_count),))
-    timeouts = opts.timeouts()
+    timeouts = opts.timeouts()  # the time budget counts from here
     out = runs.run_out_dir(opts, env)
     roles = runs.run_roles(opts, out)
     paths: list[Path] = []
-    by_world: dict[int, list[dict[str, Any]]] = {}
+    by_world: dict[int, list[BenchRecord]] = {}
     failures: list[str] = []
     partial = False
     for world in worlds:
         plan = cases_mod.bench_plan(world, quick=opts.quick, tokens=opts.tokens,
                                     hidden=opts.hidden)
-        shared = world > gpu_count
-        records: list[dict[str, Any]] = []
-        rank_env: dict[str, Any] = {}
-        outcomes = []
-        for index, (group_env, names) in enumerate(methods_mod.group_envs(chosen).items()):
-            if group_env and shared:
-                records += [{"kind": "method", "method": name,
-                             "status": methods_mod.NOT_RUNNABLE,
-                             "reason": "ranks share a GPU: NCCL refuses two ranks on one "
-                             "GPU, so this row cannot run on this machine"}
-                            for name in names]
-                continue
-            pending, attempt = list(names), 0
-            while pending:
-                group_plan = dataclasses.replace(plan, floors=index == 0 and attempt == 0)
-                started = time.monotonic()
-                got, got_env, outcome = launcher.run_bench(
-                    group_plan.to_dict(), variant, run_dir, methods=pending,
-                    tag=f"bench-ws{world}-g{index}-a{attempt}", extra_env=dict(group_env),
-                    module_failures=module_failures, backend=opts.backend,
-                    allow_multicast=opts.allow_multicast, timeouts=timeouts)
-                log.info("bench, world size %d, %s: %.0f s", world, pending,
-                         time.monotonic() - started)
-                records += got
-                rank_env = rank_env or got_env
-                outcomes.append(outcome)
-                if outcome.ok:
-                    break
-                failures.append(f"world size {world}, {pending}: {outcome.failure}")
-                partial = partial or outcome.kind == "budget"
-                if outcome.kind == "budget":
-                    break
-                culprit, pending = resume_after(pending, got)
-                if culprit is not None:
-                    records.append({"kind": "method", "method": culprit,
-                                    "status": methods_mod.ERROR,
-                                    "reason": f"the ranks died while it ran "
-                                    f"({outcome.kind}: {outcome.failure}); the methods "
-                                    "after it ran in a new group"})
-                attempt += 1
-        finished = all(o.ok for o in outcomes)
+        groups = _World(opts, plan, variant, prepared.run_dir,
+                        dict(compiled[variant.name].module_failures), timeouts,
+                        shared=world > gpu_count)
+        groups.run(chosen)
+        failures += groups.failures
+        partial = partial or groups.partial
+        finished = all(o.ok for o in groups.outcomes)
         doc = {
             "kind": "gpu-bench", "created": now(), "command": opts.command,
             "title": f"{(env.get('gpus') or ['?'])[0]} x{gpu_count}, world size {world}"
-            + (f" ({report.SHARED_LABEL})" if shared else ""),
-            "environment": {**env, **{k: v for k, v in rank_env.items() if k not in env}},
-            "shared": shared, "label": report.SHARED_LABEL if shared else None,
-            "world_size": world, "dtype": plan.dtype, "plan": plan.to_dict(),
-            "methods": chosen, "module_failures": module_failures,
-            "variant": variant.name, **variant.describe(), "records": records,
+            + (f" ({report.SHARED_LABEL})" if groups.shared else ""),
+            "environment": {**env, **{k: v for k, v in groups.rank_env.items()
+                                      if k not in env}},
+            "shared": groups.shared, "label": report.SHARED_LABEL if groups.shared else None,
+            "world_size": world, "dtype": plan.dtype, "plan": dataclasses.asdict(plan),
+            "methods": chosen, "module_failures": groups.module_failures,
+            "variant": variant.name, **variant.describe(), "records": groups.records,
             "outcome": {"ok": finished, "failure": "; ".join(
-                o.failure or "" for o in outcomes if not o.ok) or None,
-                "kinds": [o.kind for o in outcomes],
-                "log_tail": None if finished else [o.tails for o in outcomes]},
+                o.failure or "" for o in groups.outcomes if not o.ok) or None,
+                "kinds": [o.kind for o in groups.outcomes],
+                "log_tail": None if finished else [o.tails for o in groups.outcomes]},
             "not_run": list(opts.not_run),
             "module_seconds": round(prepared.module_seconds, 1),
             "time_budget": opts.time_budget, "finished": finished,
         }
-        dest = out if len(worlds) == 1 else out / f"ws{world}"
-        paths += report.write_bench_report(doc, dest, roles)
-        by_world[world] = records
+        paths += report.write_bench_report(doc, out if len(worlds) == 1 else out / f"ws{world}",
+                                           roles)
+        by_world[world] = groups.records
     shared_any = any(w > gpu_count for w in worlds)
     manifest = env.get("wheels_manifest") or {}
     made = {"created": now(), "gpu": (env.get("gpus") or ["?"])[0], "gpu_count": gpu_count,
@@ -166,7 +135,7 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     policy = policy_mod.derive(by_world, made=made,
                                for_use=not shared_any and not failures)
     paths.append(policy_mod.write(policy, out))
-    runs.collect_logs(run_dir, out / "logs", roles)
+    runs.collect_logs(prepared.run_dir, out / "logs", roles)
     timed = sum(1 for recs in by_world.values() for r in recs
                 if r.get("kind") == "point" and r.get("status") == methods_mod.TIMED)
     return BenchRun(paths=paths, failure="; ".join(failures) or None,
@@ -176,7 +145,70 @@ def run_bench(opts: BenchOptions) -> BenchRun:
                     policy=policy_mod.describe(policy))
 
 
-def resume_after(methods: Sequence[str], records: Sequence[dict[str, Any]],
+@dataclasses.dataclass
+class _World:
+    """The groups of rank processes of one world size, and what they recorded."""
+
+    opts: BenchOptions
+    plan: cases_mod.BenchPlan
+    variant: Variant
+    run_dir: Path
+    module_failures: dict[str, str]
+    timeouts: Timeouts
+    shared: bool
+    records: list[BenchRecord] = dataclasses.field(default_factory=list)
+    rank_env: Environment = dataclasses.field(default_factory=Environment)
+    outcomes: list[GroupOutcome] = dataclasses.field(default_factory=list)
+    failures: list[str] = dataclasses.field(default_factory=list)
+    partial: bool = False
+
+    def run(self, chosen: Sequence[str]) -> None:
+        """Each group of methods with the same environment; a tuned NCCL row on a shared GPU
+        is not runnable."""
+        for index, (group_env, names) in enumerate(methods_mod.group_envs(chosen).items()):
+            if group_env and self.shared:
+                self.records += [{"kind": "method", "method": name,
+                                  "status": methods_mod.NOT_RUNNABLE,
+                                  "reason": "ranks share a GPU: NCCL refuses two ranks on one "
+                                  "GPU, so this row cannot run on this machine"}
+                                 for name in names]
+            else:
+                self._group(index, dict(group_env), list(names))
+
+    def _group(self, index: int, group_env: dict[str, str], pending: list[str]) -> None:
+        """The methods in one group of ranks; after a crash, the methods after the one that
+        was running in a new group."""
+        attempt, world = 0, self.plan.world_size
+        while pending:
+            started = time.monotonic()
+            got, got_env, outcome = launcher.run_group(
+                dataclasses.replace(self.plan, floors=index == 0 and attempt == 0),
+                self.variant, self.run_dir, methods=pending,
+                tag=f"bench-ws{world}-g{index}-a{attempt}", extra_env=group_env,
+                module_failures=self.module_failures, backend=self.opts.backend,
+                allow_multicast=self.opts.allow_multicast, timeouts=self.timeouts)
+            log.info("bench, world size %d, %s: %.0f s", world, pending,
+                     time.monotonic() - started)
+            self.records += got
+            self.rank_env = self.rank_env or got_env
+            self.outcomes.append(outcome)
+            if outcome.ok:
+                return
+            self.failures.append(f"world size {world}, {pending}: {outcome.failure}")
+            if outcome.kind == "budget":
+                self.partial = True
+                return
+            culprit, pending = resume_after(pending, got)
+            if culprit is not None:
+                self.records.append({"kind": "method", "method": culprit,
+                                     "status": methods_mod.ERROR,
+                                     "reason": f"the ranks died while it ran "
+                                     f"({outcome.kind}: {outcome.failure}); the methods "
+                                     "after it ran in a new group"})
+            attempt += 1
+
+
+def resume_after(methods: Sequence[str], records: Sequence[BenchRecord],
                  ) -> tuple[str | None, list[str]]:
     """The method that was running when a bench group died, and the ones still to run.
 

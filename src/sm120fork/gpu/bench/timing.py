@@ -4,6 +4,7 @@ in CUDA-graph replays; the floors (empty graph op, flag handoff)."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -98,7 +99,9 @@ def _flag_handoff_us(rk: Rank, iters: int) -> float | None:
     return statistics.median(results) if results else None
 
 
-def run_bench(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
+def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
+    """Every method of ``methods`` checked, then timed, at every point of ``plan``; rank 0
+    says each record (``BENCH``)."""
     rotate, calls_per_buffer, replays = plan.rotate, plan.calls_per_buffer, plan.replays
     if rk.shared:  # time-sliced ranks: numbers mean nothing, keep the run short
         rotate, calls_per_buffer, replays = 2, 2, 5
@@ -112,57 +115,74 @@ def run_bench(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
                         f"build: {failed_modules[METHODS[name].module or '']}")
                 if METHODS[name].module in failed_modules else FACTORIES[name](rk)
                 for name in methods]
-    dtype = TORCH_DTYPES[plan.dtype]
-    state: dict[str, Any] = {}
+    points = _Points(rk, plan, rotate)
+
+    def time(adapter: Adapter, point: Point) -> dict[str, Any]:
+        return summary(_time_graph(rk, adapter.op, rotate=rotate,
+                                   calls_per_buffer=calls_per_buffer, replays=replays,
+                                   after_capture=adapter.after_capture))
+
+    def emit(record: dict[str, Any]) -> None:
+        if rk.rank == 0:
+            say("BENCH", record)
 
     def gather(value: Any) -> list[Any]:
         every: list[Any] = [None] * rk.world
         dist.all_gather_object(every, value)
         return every
 
-    def buffers(point: Point) -> tuple[list[BufferSet], torch.Tensor]:
-        """One set of rotating buffers and gamma per point, shared by every method."""
-        if state.get("point") != point:
-            dev = rk.device
-            state["point"] = point
-            state["bufs"] = [tuple(torch.empty(point.tokens, point.hidden, dtype=dtype,
-                                               device=dev) for _ in range(4))
-                             for _ in range(rotate)]
-            state["gamma"] = torch.empty(point.hidden, dtype=dtype, device=dev)
-            state["data"] = generate(_case(rk, point, plan.dtype), dev)
-            state["ref"] = expected(state["data"])
-        return state["bufs"], state["gamma"]
+    drive(adapters, [Point(tokens=t, hidden=h) for h in plan.hidden for t in plan.tokens],
+          check=points.check, time=time, emit=emit, gather=gather, is_fatal=cuda_broken)
 
-    def load(i: int) -> None:
+
+class _Points:
+    """One set of rotating buffers, gamma, inputs and reference per point, shared by every
+    method, and the check of a method's outputs there against the fp32 reference."""
+
+    def __init__(self, rk: Rank, plan: BenchPlan, rotate: int) -> None:
+        self.rk, self.plan, self.rotate = rk, plan, rotate
+        self.dtype = TORCH_DTYPES[plan.dtype]
+        self.point: Point | None = None
+        self.bufs: list[BufferSet] = []
+        self.gamma = torch.empty(0)
+        self.data: Any = None
+        self.ref: dict[str, torch.Tensor] = {}
+
+    def _at(self, point: Point) -> None:
+        if self.point != point:
+            dev, dtype = self.rk.device, self.dtype
+            empty = functools.partial(torch.empty, point.tokens, point.hidden, dtype=dtype,
+                                      device=dev)
+            self.point = point
+            self.bufs = [(empty(), empty(), empty(), empty()) for _ in range(self.rotate)]
+            self.gamma = torch.empty(point.hidden, dtype=dtype, device=dev)
+            self.data = generate(_case(self.rk, point, self.plan.dtype), dev)
+            self.ref = expected(self.data)
+
+    def _load(self, i: int) -> None:
         """Every rank's input of the point's case into set ``i``; outputs NaN."""
-        data = state["data"]
-        x, res, r_out, n_out = state["bufs"][i]
-        x.copy_(data.inputs[rk.rank])
-        res.copy_(data.residual)
+        x, res, r_out, n_out = self.bufs[i]
+        x.copy_(self.data.inputs[self.rk.rank])
+        res.copy_(self.data.residual)
         r_out.fill_(float("nan"))
         n_out.fill_(float("nan"))
-        state["gamma"].copy_(data.gamma)
+        self.gamma.copy_(self.data.gamma)
         torch.cuda.synchronize()
-        rk.barrier()
+        self.rk.barrier()
 
-    def verify(adapter: Adapter, stage: str) -> list[dict[str, Any]]:
+    def _verify(self, adapter: Adapter, stage: str) -> list[dict[str, Any]]:
         torch.cuda.synchronize()
         residual, norm = adapter.outputs(0)
-        ref = state["ref"]
-        out = []
-        for name, got, want in (("residual", residual, ref["residual"]),
-                                ("norm", norm, ref["norm"])):
-            verdict = compare(name, got, want, plan.dtype, rk.world)
-            verdict["stage"] = stage
-            out.append(verdict)
-        return out
+        return [{**compare(name, got, self.ref[name], self.plan.dtype, self.rk.world),
+                 "stage": stage} for name, got in (("residual", residual), ("norm", norm))]
 
-    def check(adapter: Adapter, point: Point) -> tuple[bool, list[dict[str, Any]]]:
-        bufs, gamma = buffers(point)
-        adapter.bind(bufs, gamma, point)
-        load(0)
+    def check(self, adapter: Adapter, point: Point) -> tuple[bool, list[dict[str, Any]]]:
+        """The method's outputs eagerly, then in a CUDA-graph replay, on the same inputs."""
+        self._at(point)
+        adapter.bind(self.bufs, self.gamma, point)
+        self._load(0)
         adapter.op(0)()
-        checks = verify(adapter, "eager")
+        checks = self._verify(adapter, "eager")
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
@@ -170,25 +190,11 @@ def run_bench(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
             adapter.op(0)()
         torch.cuda.synchronize()
         adapter.after_capture()
-        load(0)
+        self._load(0)
         graph.replay()
-        checks += verify(adapter, "graph replay")
+        checks += self._verify(adapter, "graph replay")
         del graph
         return all(c["ok"] for c in checks), checks
-
-    def time(adapter: Adapter, point: Point) -> dict[str, Any]:
-        samples = _time_graph(rk, adapter.op, rotate=rotate,
-                              calls_per_buffer=calls_per_buffer, replays=replays,
-                              after_capture=adapter.after_capture)
-        return summary(samples)
-
-    def emit(record: dict[str, Any]) -> None:
-        if rk.rank == 0:
-            say("BENCH", record)
-
-    points = [Point(tokens=t, hidden=h) for h in plan.hidden for t in plan.tokens]
-    drive(adapters, points, check=check, time=time, emit=emit, gather=gather,
-          is_fatal=cuda_broken)
 
 
 def _case(rk: Rank, point: Point, dtype: str) -> Case:
