@@ -20,7 +20,7 @@ def test_the_committed_projection_is_what_the_function_writes(tmp_path: Path) ->
 
 def test_it_says_it_is_a_projection_everywhere() -> None:
     doc = projection.table()
-    assert doc["label"].startswith("PROJECTION")
+    assert doc.label.startswith("PROJECTION")
     assert f"**{projection.LABEL}.**" in projection.render(doc)
 
 

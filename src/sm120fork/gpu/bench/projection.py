@@ -30,7 +30,6 @@ import itertools
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 Range = tuple[float, float]
 LABEL = ("PROJECTION from public figures (SM120-FACTS.md), not a measurement: no SM12x "
@@ -111,9 +110,32 @@ def project(world: int, tokens: int, hidden: int, fabric: Fabric = RTX_PRO_6000_
     return out
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Row:
+    """One (world, tokens) point: each method's range, and the likely winner."""
+
+    world_size: int
+    tokens: int
+    hidden: int
+    bytes: int
+    us: dict[str, list[float]]
+    likely_fastest: str
+    #: the methods whose range reaches into the winner's: the projection cannot tell
+    ranges_overlap_with: list[str]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Projection:
+    kind: str
+    label: str
+    fabric: Fabric
+    hidden: int
+    rows: list[Row]
+
+
 def table(worlds: Sequence[int] = (2, 4, 8), tokens: Sequence[int] = (1, 3, 8, 16, 64, 128,
                                                                        512),
-          hidden: int = 7168, fabric: Fabric = RTX_PRO_6000_8X) -> dict[str, Any]:
+          hidden: int = 7168, fabric: Fabric = RTX_PRO_6000_8X) -> Projection:
     """The projection document: every (world, tokens) point, and the likely winner."""
     rows = []
     for w in worlds:
@@ -124,17 +146,17 @@ def table(worlds: Sequence[int] = (2, 4, 8), tokens: Sequence[int] = (1, 3, 8, 1
             winner = min(mid, key=mid.__getitem__)
             overlap = [m for m, (lo, _hi) in honest.items()
                        if m != winner and lo <= honest[winner][1]]
-            rows.append({"world_size": w, "tokens": t, "hidden": hidden, "bytes": t * hidden * 2,
-                         "us": {m: [round(lo, 1), round(hi, 1)] for m, (lo, hi) in est.items()},
-                         "likely_fastest": winner, "ranges_overlap_with": sorted(overlap)})
-    return {"kind": "gpu-projection", "label": LABEL, "fabric": dataclasses.asdict(fabric),
-            "hidden": hidden, "rows": rows}
+            rows.append(Row(world_size=w, tokens=t, hidden=hidden, bytes=t * hidden * 2,
+                            us={m: [round(lo, 1), round(hi, 1)] for m, (lo, hi) in est.items()},
+                            likely_fastest=winner, ranges_overlap_with=sorted(overlap)))
+    return Projection(kind="gpu-projection", label=LABEL, fabric=fabric, hidden=hidden,
+                      rows=rows)
 
 
-def render(doc: dict[str, Any]) -> str:
-    lines = [f"# Projection: {doc['fabric']['name']}", "", f"**{doc['label']}.**", "",
+def render(doc: Projection) -> str:
+    lines = [f"# Projection: {doc.fabric.name}", "", f"**{doc.label}.**", "",
              "Per all-reduce + residual add + RMSNorm, bf16, hidden "
-             f"{doc['hidden']}, in microseconds as (low-high) ranges. The model and its "
+             f"{doc.hidden}, in microseconds as (low-high) ranges. The model and its "
              "inputs: `src/sm120fork/gpu/bench/projection.py` (every input is a figure of the "
              "facts file). 'likely fastest' compares range midpoints; where another "
              "method's range overlaps the winner's, the projection cannot tell them apart "
@@ -143,33 +165,33 @@ def render(doc: dict[str, Any]) -> str:
              "root-complex box); it is not used to pick the winner.", ""]
     methods = ["fused_oneshot", "fused_twoshot", "pcie_ipc_rmsnorm", "nccl_rmsnorm",
                "fused_oneshot_write_collapse"]
-    for w in sorted({r["world_size"] for r in doc["rows"]}):
+    for w in sorted({r.world_size for r in doc.rows}):
         lines += [f"## TP{w}", "", "| tokens | KiB | " + " | ".join(methods)
                   + " | likely fastest | overlaps |",
                   "|" + "---|" * (len(methods) + 4)]
-        for r in [r for r in doc["rows"] if r["world_size"] == w]:
-            cells = [f"{r['us'][m][0]:.1f}-{r['us'][m][1]:.1f}" if m in r["us"]
+        for r in [r for r in doc.rows if r.world_size == w]:
+            cells = [f"{r.us[m][0]:.1f}-{r.us[m][1]:.1f}" if m in r.us
                      else "n/a (tokens <= ranks)" for m in methods]
-            lines.append(f"| {r['tokens']} | {r['bytes'] / 1024:.0f} | " + " | ".join(cells)
-                         + f" | {r['likely_fastest']} | "
-                         f"{', '.join(r['ranges_overlap_with']) or '-'} |")
+            lines.append(f"| {r.tokens} | {r.bytes / 1024:.0f} | " + " | ".join(cells)
+                         + f" | {r.likely_fastest} | "
+                         f"{', '.join(r.ranges_overlap_with) or '-'} |")
         lines.append("")
-    step = [r for r in doc["rows"] if r["world_size"] == 8 and r["tokens"] == 3]
+    step = [r for r in doc.rows if r.world_size == 8 and r.tokens == 3]
     if step:
-        r = step[0]
         lines += ["## One EAGLE-3 verify step of Kimi-K2.5 at TP8 (3 tokens, 122 all-reduces)",
                   ""]
-        for m in [m for m in methods[:4] if m in r["us"]]:
-            lo, hi = r["us"][m]
+        for m in [m for m in methods[:4] if m in step[0].us]:
+            lo, hi = step[0].us[m]
             lines.append(f"- {m}: {lo * 122 / 1000:.2f}-{hi * 122 / 1000:.2f} ms")
         lines += ["", "(The facts file's measured step on such a box: ~25 ms of ~30 ms in "
                   "NCCL all-reduces.)", ""]
     return "\n".join(lines)
 
 
-def write(doc: dict[str, Any], out: Path) -> list[Path]:
+def write(doc: Projection, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     j, m = out / "projection.json", out / "projection.md"
-    j.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    j.write_text(json.dumps(dataclasses.asdict(doc), indent=1, sort_keys=True) + "\n",
+                 encoding="utf-8")
     m.write_text(render(doc), encoding="utf-8")
     return [j, m]

@@ -123,18 +123,10 @@ def run_bench(opts: BenchOptions) -> BenchRun:
         paths += report.write_bench_report(doc, out if len(worlds) == 1 else out / f"ws{world}",
                                            roles)
         by_world[world] = groups.records
-    shared_any = any(w > gpu_count for w in worlds)
-    manifest = env.get("wheels_manifest") or {}
-    made = {"created": now(), "gpu": (env.get("gpus") or ["?"])[0], "gpu_count": gpu_count,
-            "shared_gpu": shared_any, "stack": manifest.get("stack"),
-            "flashinfer": env.get("flashinfer"), "wheel_sha256": variant.sha256,
-            "dtype": "bf16", "hidden": sorted({int(r["hidden"]) for recs in by_world.values()
-                                                for r in recs if r.get("kind") == "point"}),
-            "note": (report.SHARED_LABEL + ": made on a shared GPU, not for use")
-            if shared_any else ("partial run: not for use" if failures else None)}
-    policy = policy_mod.derive(by_world, made=made,
-                               for_use=not shared_any and not failures)
-    paths.append(policy_mod.write(policy, out))
+    policy_path, policy = _write_policy(by_world, env, variant, out,
+                                        shared=any(w > gpu_count for w in worlds),
+                                        failed=bool(failures))
+    paths.append(policy_path)
     runs.collect_logs(prepared.run_dir, out / "logs", roles)
     timed = sum(1 for recs in by_world.values() for r in recs
                 if r.get("kind") == "point" and r.get("status") == methods_mod.TIMED)
@@ -142,7 +134,24 @@ def run_bench(opts: BenchOptions) -> BenchRun:
                     kind="budget" if partial else None, timed=timed,
                     module_seconds=prepared.module_seconds,
                     allow_partial=opts.allow_partial,
-                    policy=policy_mod.describe(policy))
+                    policy=policy)
+
+
+def _write_policy(by_world: dict[int, list[BenchRecord]], env: Environment, variant: Variant,
+                  out: Path, *, shared: bool, failed: bool) -> tuple[Path, list[str]]:
+    """The all-reduce policy the measured points give, written, and its description; not
+    for use when made on a shared GPU or by a run that failed somewhere."""
+    manifest = env.get("wheels_manifest") or {}
+    made = {"created": now(), "gpu": (env.get("gpus") or ["?"])[0],
+            "gpu_count": int(env.get("gpu_count") or 1),
+            "shared_gpu": shared, "stack": manifest.get("stack"),
+            "flashinfer": env.get("flashinfer"), "wheel_sha256": variant.sha256,
+            "dtype": "bf16", "hidden": sorted({int(r["hidden"]) for recs in by_world.values()
+                                                for r in recs if r.get("kind") == "point"}),
+            "note": (report.SHARED_LABEL + ": made on a shared GPU, not for use")
+            if shared else ("partial run: not for use" if failed else None)}
+    policy = policy_mod.derive(by_world, made=made, for_use=not shared and not failed)
+    return policy_mod.write(policy, out), policy_mod.describe(policy)
 
 
 @dataclasses.dataclass
