@@ -21,50 +21,33 @@ from sm120fork.util import portable
 from sm120fork.util.markdown import markdown_table as _md_table
 
 SHARED_LABEL = "shared GPU: timings not representative"
-
-
 #: 61 layers x 2 all-reduces per forward (Kimi-K2.5 / DeepSeek-V3 shape), hidden 7168.
 PROJECTION_LAYERS = 61
-
-
 PROJECTION_ALLREDUCES = 2 * PROJECTION_LAYERS
-
-
 PROJECTION_HIDDEN = 7168
-
-
 PROJECTION_TOKENS = (1, 3, 8, 64)
-
-
 FUSED = "fused_auto"
-
-
 UNFUSED = "nccl_rmsnorm"
-
-
 TARGETS = (("<= 16 tokens", 16, 3.0), ("128 tokens", 128, 1.5))
 
 
 # ---- bench -----------------------------------------------------------------------------
-def bench_points(doc: BenchDoc) -> dict[int, dict[str, dict[int, float]]]:
-    """{hidden: {method: {tokens: median_us}}} of the measured points."""
+def bench_points(doc: BenchDoc, stat: str = "median") -> dict[int, dict[str, dict[int, float]]]:
+    """{hidden: {method: {tokens: us}}} of the measured points: the slowest rank's median
+    (the slowest rank bounds a collective; the point's median where no rank's is known)
+    or (``stat="p90"``) p90."""
     out: dict[int, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for rec in doc.get("records", []):
-        if rec.get("kind") == "point" and (median := rec.get("median_us")) is not None:
-            # the slowest rank bounds a collective: use the max of the ranks' medians
-            medians = [m for m in rec.get("rank_medians_us") or [] if m is not None]
-            value = max(medians) if medians else median
+        if rec.get("kind") != "point":
+            continue
+        if stat == "p90":
+            values = [v for v in rec.get("rank_p90_us") or [] if v is not None]
+            value = max(values) if values else None
+        elif (value := rec.get("median_us")) is not None:
+            values = [v for v in rec.get("rank_medians_us") or [] if v is not None]
+            value = max(values) if values else value
+        if value is not None:
             out[int(rec["hidden"])][rec["method"]][int(rec["tokens"])] = float(value)
-    return out
-
-
-def bench_p90(doc: BenchDoc) -> dict[int, dict[str, dict[int, float]]]:
-    """{hidden: {method: {tokens: p90_us}}}: the slowest rank's p90."""
-    out: dict[int, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    for rec in doc.get("records", []):
-        p90s = [v for v in rec.get("rank_p90_us") or [] if v is not None]
-        if rec.get("kind") == "point" and p90s:
-            out[int(rec["hidden"])][rec["method"]][int(rec["tokens"])] = float(max(p90s))
     return out
 
 
@@ -205,7 +188,7 @@ def render_bench_markdown(doc: BenchDoc) -> str:
                   "before it is timed; a method that fails its check is never timed.", ""]
         lines += _md_table(("method", "what", "points"), rows)
         lines += [""]
-    p90 = bench_p90(doc)
+    p90 = bench_points(doc, "p90")
     for hidden in sorted(pts, reverse=True):
         methods = sorted(pts[hidden])
         tokens = sorted({t for m in methods for t in pts[hidden][m]})

@@ -411,11 +411,6 @@ def _collect(group: supervise.GroupOutcome, logs: Path, started: float, case: st
     return ranks, exits, tails, problems
 
 
-def run_cases(cases: Sequence[str], **kwargs: Any) -> list[CaseOutcome]:
-    """Each case in its own fresh group of ranks, one after the other."""
-    return [run_case(case, **kwargs) for case in cases]
-
-
 def _rows(outcome: CaseOutcome) -> list[str]:
     """The report's rows of one case: one per rank, by what it reported or how it ended."""
     verdict = "PASS" if outcome.passed else ("HUNG" if outcome.hung else "FAIL")
