@@ -15,7 +15,6 @@ the run says which. A run whose ranks shared a GPU installs its policy marked no
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import logging
 import os
@@ -123,10 +122,6 @@ class Tuned:
             out.append(self.kept)
         out.append(f"record to send us: {self.record_dir / record.RECORD_FILE}")
         return out
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
 
 
 def doctor_sizes(facts: Facts, asked: Sequence[int] | None
@@ -303,7 +298,7 @@ def _policy(measured: Sequence[int], benches: Mapping[int, WorldBench],
             facts: Facts, opts: TuneOptions, *, shared: bool) -> dict[str, Any]:
     first = benches[measured[0]]
     devices = facts["gpus"]["devices"]
-    made = {"created": _now(), "gpu": devices[0]["name"] if devices else "?",
+    made = {"created": records.now(), "gpu": devices[0]["name"] if devices else "?",
             "gpu_count": len(devices), "shared_gpu": shared, "stack": opts.stack,
             "flashinfer": first.flashinfer,
             "wheel_sha256": first.wheel[1] if first.wheel else None, "dtype": "bf16",
@@ -339,7 +334,7 @@ def _record(opts: TuneOptions, facts: Facts, benches: Mapping[int, WorldBench],
     if shared:
         notes.append("ranks shared a GPU: timings mean nothing; the policy is not for use")
     rec = record.make(
-        kind="policy", stack=opts.stack, command=_portable(opts.command), created=_now(),
+        kind="policy", stack=opts.stack, command=_portable(opts.command), created=records.now(),
         toolkit=__version__, machine=_machine(facts, shared),
         tested=records.tested_block(wheels, opts.tested), planned=planned, cases=cases,
         not_run=tuple(_portable(f"TP{tp}: {why}") for tp, why in sorted(not_covered.items())),
