@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..gpu import decision
@@ -169,9 +169,6 @@ class Verdict:
     why: str
     warning: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"tp": self.tp, "gpus": list(self.gpus), "ok": self.ok, "why": self.why,
-                "warning": self.warning}
 
 
 def _window(facts: Facts, gpus: Sequence[int]) -> tuple[bool, str, str]:
@@ -244,7 +241,7 @@ def judge_tp(report: Report, facts: Facts, base: int,
         report.sections["tp"] = []
         return []
     verdicts = tp_verdicts(facts, base, requested)
-    report.sections["tp"] = [v.to_json() for v in verdicts]
+    report.sections["tp"] = [asdict(v) for v in verdicts]
     for v in verdicts:
         if v.ok:
             where = f" ({v.why})" if v.why else ""
@@ -329,7 +326,8 @@ def _plugin_state(report: Report, facts: Facts, sglang_kind: str) -> tuple[bool,
     return False, "off: no hook applies to this SGLang", hooks
 
 
-def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
+def judge_packages(report: Report, facts: Facts) -> tuple[str, bool]:
+    """(whose SGLang this is, whether our plugin is active), and what the text says."""
     packages = facts["packages"]
     sglang, flashinfer = packages.get("sglang"), packages.get("flashinfer-python")
     plugin = packages.get(PLUGIN_DISTRIBUTION)
@@ -370,7 +368,7 @@ def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
                      f"Python SGLang serves from: --python /path/to/python; or install "
                      f"{install})")
     if not _sm12x(facts):
-        return info
+        return sglang_kind, active
     if sglang is not None and sglang_kind != "ours" and not active:
         how = ("pip install -U sglang replaced our patched build" if "over ours" in sglang_kind
                else f"stock sglang {sglang} refuses SM12x for the fused all-reduce")
@@ -387,7 +385,7 @@ def judge_packages(report: Report, facts: Facts) -> dict[str, Any]:
                      f"{sglang} pins ({requires[0] if requires else 'its requirement'}): "
                      "reinstall with pip install -c wheels/<stack>/constraints.txt "
                      "wheels/<stack>/*.whl")
-    return info
+    return sglang_kind, active
 
 
 # --- the comm module ----------------------------------------------------------------------
@@ -430,8 +428,7 @@ def _archs(report: Report, fi: FlashInfer, shown: str) -> bool:
     return refused
 
 
-def _loads_prebuilt(report: Report, fi: FlashInfer, comm: Comm,
-                    section: dict[str, Any]) -> bool:
+def _loads_prebuilt(report: Report, fi: FlashInfer, comm: Comm) -> bool:
     """Which prebuilt copy of the module FlashInfer loads, if any, and why not the others."""
     for path in fi.get("other_caches", []):
         report.say("comm module", f"ignored: {path} (JIT cache of flashinfer "
@@ -445,7 +442,7 @@ def _loads_prebuilt(report: Report, fi: FlashInfer, comm: Comm,
             report.say("comm module", f"{COMM_MODULE}: prebuilt {c['path']}: "
                                       f"{'loads' if c['load'] else 'NOT loaded'}: {c['why']}")
         if comm.get("is_aot"):
-            section["loads_from"] = "prebuilt"
+            report.sections["comm_module"]["loads_from"] = "prebuilt"
             report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']}")
             return True
         if not comm["copies"]:
@@ -455,7 +452,7 @@ def _loads_prebuilt(report: Report, fi: FlashInfer, comm: Comm,
         if comm.get("is_aot"):
             what = ("its sources digest matches" if provenance
                     else "stock FlashInfer loads any prebuilt module")
-            section["loads_from"] = "prebuilt"
+            report.sections["comm_module"]["loads_from"] = "prebuilt"
             report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']} "
                                       f"({what})")
             return True
@@ -475,8 +472,7 @@ def _loads_prebuilt(report: Report, fi: FlashInfer, comm: Comm,
 
 def judge_comm(report: Report, facts: Facts) -> None:
     fi = facts.get("flashinfer")
-    section: dict[str, Any] = {"facts": fi, "loads_from": None}
-    report.sections["comm_module"] = section
+    report.sections["comm_module"] = {"facts": fi, "loads_from": None}
     sm12x = bool(facts["gpus"]["devices"]) and _sm12x(facts)
     if fi is None:
         why = facts["skipped"].get("flashinfer", "not probed")
@@ -510,7 +506,7 @@ def judge_comm(report: Report, facts: Facts) -> None:
         return
     if not comm:
         return
-    if _loads_prebuilt(report, fi, comm, section):
+    if _loads_prebuilt(report, fi, comm):
         return
     if fi.get("disable_jit"):
         report.block(f"comm module: FLASHINFER_DISABLE_JIT is set and no loadable prebuilt "
@@ -520,12 +516,12 @@ def judge_comm(report: Report, facts: Facts) -> None:
     archs: dict[str, Arch] = fi.get("archs") or {}
     floor = max((str(e.get("floor")) for e in archs.values() if e.get("floor")), default="?")
     if source == "nvcc":
-        section["loads_from"] = "jit"
+        report.sections["comm_module"]["loads_from"] = "jit"
         report.say("comm module", f"{COMM_MODULE}: JIT-compiled by nvcc {cuda} on first use "
                                   f"(~3 min once) into {comm.get('jit_path')}")
         return
     if comm.get("jit_exists"):
-        section["loads_from"] = "jit cache"
+        report.sections["comm_module"]["loads_from"] = "jit cache"
         report.say("comm module", f"{COMM_MODULE}: a JIT-compiled module from an earlier run "
                                   f"is at {comm['jit_path']}; without nvcc FlashInfer loads it "
                                   "only while ninja finds it up to date")
@@ -569,7 +565,7 @@ def judge_decisions(report: Report, facts: Facts, verdicts: Sequence[Verdict]) -
 
 # --- the all-reduce policy ------------------------------------------------------------------
 
-def judge_policy(report: Report, facts: Facts, packages: dict[str, Any],
+def judge_policy(report: Report, facts: Facts, sglang_kind: str, plugin_active: bool,
                  requested: Sequence[int]) -> None:
     """Which method wins where per TP size, by the policy SGLang finds here, or today's
     decision when there is none (``gpu/policy.py``: the one reader and the one place)."""
@@ -595,8 +591,8 @@ def judge_policy(report: Report, facts: Facts, packages: dict[str, Any],
                          gpu_name=names.pop() if len(names) == 1 else None,
                          present=present)
     head, lines = seen.pop("head"), seen.pop("lines")
-    sglang = packages.get("sglang")
-    readers = packages.get("sglang_kind") == "ours" or bool(packages.get("plugin_active"))
+    sglang = facts["packages"].get("sglang")
+    readers = sglang_kind == "ours" or plugin_active
     seen["read_by_sglang"] = readers if sglang else None
     report.sections["policy"] = seen
     for line in head:
@@ -606,7 +602,7 @@ def judge_policy(report: Report, facts: Facts, packages: dict[str, Any],
                              + (f"({modules['error']})" if modules.get("error") else
                                 "(not in this record)") + "; taken as present")
     if sglang and not readers:
-        report.say("policy", f"sglang {sglang} ({packages.get('sglang_kind')}) reads no "
+        report.say("policy", f"sglang {sglang} ({sglang_kind}) reads no "
                              "policy (our patched SGLang does, and our plugin when it is on); "
                              "what ours would decide:")
     # What the installed SGLang's own start-up code said about the file (the decisions
@@ -654,8 +650,8 @@ def judge(facts: Facts, *, base_gpu: int = 0, tp: Sequence[int] = ()) -> Report:
     have_gpus = judge_gpus(report, facts)
     judge_peers(report, facts)
     verdicts = judge_tp(report, facts, base_gpu, tp) if have_gpus else []
-    packages = judge_packages(report, facts)
+    sglang_kind, plugin_active = judge_packages(report, facts)
     judge_comm(report, facts)
     judge_decisions(report, facts, verdicts)
-    judge_policy(report, facts, packages, tp)
+    judge_policy(report, facts, sglang_kind, plugin_active, tp)
     return report
