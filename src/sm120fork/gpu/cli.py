@@ -15,7 +15,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,43 +61,64 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    """Add the ``test``, ``bench`` and ``report`` verbs to ``parser``."""
+    """Add the GPU verbs to ``parser``, each with the function that runs it (``handler``)."""
     sub = parser.add_subparsers(dest="gpu_command", required=True, metavar="COMMAND")
+    _test_args(sub.add_parser("test", help="correctness matrix (A/B over variants)"))
+    _bench_args(sub.add_parser("bench", help="every all-reduce + RMSNorm method, checked then "
+                               "timed, side by side; writes the policy"))
+    _layer_args(sub.add_parser("sglang-layer", help="SGLang's fused-norm layer path, fused and "
+                               "under injected workspace faults (ranks share the GPUs)"))
+    u = sub.add_parser("upstream-tests", help="an upstream PR's own GPU tests (pytest) on "
+                       "the patched and upstream FlashInfer; one upstream-pr record per PR")
+    upstream_tests.add_args(u)
+    u.set_defaults(handler=upstream_tests.run)
+    j = sub.add_parser("project", help="PROJECTION (not a measurement) of the methods on an "
+                       "8x RTX PRO 6000 PCIe box from the facts file's figures")
+    j.add_argument("--out", type=Path, required=True)
+    j.set_defaults(handler=cmd_project)
+    r = sub.add_parser("report", help="re-render reports from their JSON")
+    r.add_argument("--test", type=Path)
+    r.add_argument("--bench", type=Path)
+    r.add_argument("--out", type=Path, required=True)
+    r.set_defaults(handler=cmd_report)
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--wheel-dir", action="append", default=[], metavar="NAME=DIR",
-                       help="a variant: a directory holding one flashinfer_python wheel (or "
-                       "the wheel); repeat for A/B, e.g. patched=wheels/sglang-0.5.10 "
-                       "unpatched=up/")
-        p.add_argument("--stack", metavar="NAME",
-                       help="the stack's built wheels (wheels/NAME/) as 'patched'; for "
-                       "test also upstream's, built from the stack's pinned sdist "
-                       "(sha256-checked, cached) as 'unpatched'")
-        p.add_argument("--prebuilt", action="append", default=[], metavar="NAME=DIR",
-                       help="FlashInfer modules prebuilt for variant NAME (DIR holds "
-                       "<module>/<module>.so); if they fail to load, the run JIT-compiles")
-        p.add_argument("--also-build", action="append", default=[], choices=["norm"],
-                       help="JIT-build more modules now (so a later bench finds them cached)")
-        p.add_argument("--quick", action="store_true", help="the quick subset")
-        p.add_argument("--out", type=Path, help="the run's folder: its report, logs and "
-                       "record (default gpu-runs/<gpu>-<count>x; nox -s record_import -- "
-                       "DIR publishes the record into reports/)")
-        p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
-                       help="installs, JIT caches (kept between runs) and raw logs")
-        p.add_argument("--backend", default="trtllm",
-                       help='workspace backend for the unified API (only "trtllm" unless '
-                       f"{ALLOW_MULTICAST_FLAG})")
-        p.add_argument(ALLOW_MULTICAST_FLAG, dest="allow_multicast", action="store_true",
-                       help="this machine is yours and supports CUDA multicast")
-        p.add_argument("--startup-timeout", type=float, default=300.0)
-        p.add_argument("--case-timeout", type=float, default=90.0,
-                       help="watchdog: seconds without rank output before a case is ended")
-        p.add_argument("--compile-timeout", type=float, default=1200.0)
-        p.add_argument("--not-run", action="append", default=[],
-                       help="a line for the report's 'Not run here' section")
 
-    t = sub.add_parser("test", help="correctness matrix (A/B over variants)")
-    common(t)
+def _common(p: argparse.ArgumentParser) -> None:
+    """What ``test`` and ``bench`` share: the variants, the run's folders, the bounds."""
+    p.add_argument("--wheel-dir", action="append", default=[], metavar="NAME=DIR",
+                   help="a variant: a directory holding one flashinfer_python wheel (or "
+                   "the wheel); repeat for A/B, e.g. patched=wheels/sglang-0.5.10 "
+                   "unpatched=up/")
+    p.add_argument("--stack", metavar="NAME",
+                   help="the stack's built wheels (wheels/NAME/) as 'patched'; for "
+                   "test also upstream's, built from the stack's pinned sdist "
+                   "(sha256-checked, cached) as 'unpatched'")
+    p.add_argument("--prebuilt", action="append", default=[], metavar="NAME=DIR",
+                   help="FlashInfer modules prebuilt for variant NAME (DIR holds "
+                   "<module>/<module>.so); if they fail to load, the run JIT-compiles")
+    p.add_argument("--also-build", action="append", default=[], choices=["norm"],
+                   help="JIT-build more modules now (so a later bench finds them cached)")
+    p.add_argument("--quick", action="store_true", help="the quick subset")
+    p.add_argument("--out", type=Path, help="the run's folder: its report, logs and "
+                   "record (default gpu-runs/<gpu>-<count>x; nox -s record_import -- "
+                   "DIR publishes the record into reports/)")
+    p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
+                   help="installs, JIT caches (kept between runs) and raw logs")
+    p.add_argument("--backend", default="trtllm",
+                   help='workspace backend for the unified API (only "trtllm" unless '
+                   f"{ALLOW_MULTICAST_FLAG})")
+    p.add_argument(ALLOW_MULTICAST_FLAG, dest="allow_multicast", action="store_true",
+                   help="this machine is yours and supports CUDA multicast")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--case-timeout", type=float, default=90.0,
+                   help="watchdog: seconds without rank output before a case is ended")
+    p.add_argument("--compile-timeout", type=float, default=1200.0)
+    p.add_argument("--not-run", action="append", default=[],
+                   help="a line for the report's 'Not run here' section")
+
+def _test_args(t: argparse.ArgumentParser) -> None:
+    _common(t)
+    t.set_defaults(handler=cmd_test)
     t.add_argument("--world-sizes", type=_ints,
                    help="default: 2, 4 and 8 up to the GPU count, at least 2")
     t.add_argument("--api", action="append", choices=cases_mod.APIS)
@@ -110,9 +131,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--max-cases", type=int)
     t.add_argument("--primary", help="the variant under test (default: patched, else first)")
 
-    b = sub.add_parser("bench", help="every all-reduce + RMSNorm method, checked then timed, "
-                       "side by side; writes the policy")
-    common(b)
+
+
+def _bench_args(b: argparse.ArgumentParser) -> None:
+    _common(b)
+    b.set_defaults(handler=cmd_bench)
     b.add_argument("--world-sizes", "--world-size", dest="world_sizes", type=_ints,
                    help="default: the GPU count, at least 2")
     b.add_argument("--method", action="append", choices=list(methods.METHODS),
@@ -120,8 +143,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--tokens", type=counts, help="token counts, e.g. 1,16,128")
     b.add_argument("--hidden", type=counts, help="hidden sizes, e.g. 4096,7168")
 
-    s = sub.add_parser("sglang-layer", help="SGLang's fused-norm layer path, fused and "
-                       "under injected workspace faults (ranks share the GPUs)")
+
+
+def _layer_args(s: argparse.ArgumentParser) -> None:
+    s.set_defaults(handler=cmd_sglang_layer)
     s.add_argument("--sglang-path", type=Path,
                    help="the directory holding the sglang package under test (python/)")
     s.add_argument("--stack", metavar="NAME",
@@ -181,21 +206,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--note", action="append", default=[])
     s.add_argument("--out", type=Path, required=True)
 
-    u = sub.add_parser("upstream-tests", help="an upstream PR's own GPU tests (pytest) on "
-                       "the patched and upstream FlashInfer; one upstream-pr record per PR")
-    upstream_tests.add_args(u)
 
-    j = sub.add_parser("project", help="PROJECTION (not a measurement) of the methods on an "
-                       "8x RTX PRO 6000 PCIe box from the facts file's figures")
-    j.add_argument("--out", type=Path, required=True)
-
-    r = sub.add_parser("report", help="re-render reports from their JSON")
-    r.add_argument("--test", type=Path)
-    r.add_argument("--bench", type=Path)
-    r.add_argument("--out", type=Path, required=True)
-
-
-def _common(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
+def _options(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     return {
         "command": records.command_line(argv), "wheel_dirs": tuple(args.wheel_dir),
         "prebuilt": tuple(args.prebuilt), "also_build": tuple(args.also_build),
@@ -212,9 +224,10 @@ def _optional(values: Sequence[Any] | None) -> tuple[Any, ...] | None:
     return None if values is None else tuple(values)
 
 
-def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def cmd_test(args: argparse.Namespace, argv: Sequence[str],
+             host: preflight.GpuHost | None) -> int:
     done = ab_run.run_test(ab_run.TestOptions(
-        **_common(args, argv), world_sizes=_optional(args.world_sizes),
+        **_options(args, argv), world_sizes=_optional(args.world_sizes),
         apis=_optional(args.api), patterns=_optional(args.pattern),
         tokens=_optional(args.tokens), hidden=_optional(args.hidden),
         max_cases=args.max_cases, primary=args.primary, title=args.title))
@@ -223,9 +236,10 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return _finish(done.error())
 
 
-def cmd_bench(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def cmd_bench(args: argparse.Namespace, argv: Sequence[str],
+              host: preflight.GpuHost | None) -> int:
     done = bench_run.run_bench(bench_run.BenchOptions(
-        **_common(args, argv), world_sizes=_optional(args.world_sizes),
+        **_options(args, argv), world_sizes=_optional(args.world_sizes),
         methods=_optional(args.method), tokens=_optional(args.tokens),
         hidden=_optional(args.hidden)))
     print(f"wrote {', '.join(map(str, done.paths))}")
@@ -240,7 +254,17 @@ def _finish(error: ToolkitError | None) -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
+def cmd_project(args: argparse.Namespace, argv: Sequence[str],
+                host: preflight.GpuHost | None) -> int:
+    from sm120fork.gpu.bench import projection
+
+    written = projection.write(projection.table(), args.out)
+    print(f"wrote {', '.join(map(str, written))} ({projection.LABEL})")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, argv: Sequence[str],
+               host: preflight.GpuHost | None) -> int:
     written = [*(ab_run.rerender(args.test, args.out) if args.test else []),
                *(bench_run.rerender(args.bench, args.out) if args.bench else [])]
     if not written:
@@ -250,7 +274,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
-                     host: preflight.GpuHost | None = None) -> int:
+                     host: preflight.GpuHost | None) -> int:
     site: tuple[Path, ...] = ()
     made: Provenance | None = None
     folder = args.stack_dir
@@ -322,21 +346,9 @@ def ready(args: argparse.Namespace) -> preflight.GpuHost | None:
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the parsed GPU verb; ``argv`` (from the verb on) is recorded in the reports."""
     host = ready(args)
-    if args.gpu_command == "test":
-        return cmd_test(args, argv)
-    if args.gpu_command == "bench":
-        return cmd_bench(args, argv)
-    if args.gpu_command == "project":
-        from sm120fork.gpu.bench import projection
-
-        written = projection.write(projection.table(), args.out)
-        print(f"wrote {', '.join(map(str, written))} ({projection.LABEL})")
-        return 0
-    if args.gpu_command == "sglang-layer":
-        return cmd_sglang_layer(args, argv, host)
-    if args.gpu_command == "upstream-tests":
-        return upstream_tests.run(args, argv)
-    return cmd_report(args)
+    handler: Callable[[argparse.Namespace, Sequence[str], preflight.GpuHost | None], int] = (
+        args.handler)
+    return handler(args, argv, host)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -184,7 +184,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="after --: pytest's own options, e.g. -k 'world_size'")
 
 
-def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def run(args: argparse.Namespace, argv: Sequence[str], host: object = None) -> int:
     """Run each PR's tests with each variant; write one record per PR; 0 when all pass."""
     from sm120fork.gpu.core.variants import parse_variant_specs
 
