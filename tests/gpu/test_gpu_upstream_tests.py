@@ -18,6 +18,7 @@ from sm120fork.gpu import upstream_tests as ut
 from sm120fork.gpu.cli import main
 from sm120fork.gpu.core.variants import Variant
 from sm120fork.kit import boot
+from sm120fork.util import typed
 
 PR = {"pr": "split-fix", "stack": "fi-1.0", "project": "flashinfer",
       "files": ["tests/comm/test_split.py"],
@@ -123,7 +124,8 @@ def test_a_run_cut_short_keeps_what_finished_and_is_unfinished() -> None:
                                                               ("unpatched", "b"))]
     results = {"patched": {ut._case_key(planned[0]): ("pass", "3 s")},
                "unpatched": {ut._case_key(planned[0]): ("fail", "misaligned address")}}
-    rec = ut.pr_record(PR, planned, results, variants, record.Machine(description="H200 x1"),
+    rec = ut.pr_record(typed.read(ut.PrTests, PR, "pr.json"), planned, results, variants,
+                       record.Machine(description="H200 x1"),
                        "sh <kit fi-1.0>/run upstream_tests", [])
     assert (rec.planned, rec.finished, rec.verdict) == (4, False, "unfinished")
     assert [(c.variant, c.against) for c in rec.cases] == [("patched", "fixed"),
@@ -172,5 +174,5 @@ def test_names_the_prs_the_kit_carries_when_asked_for_another(tmp_path: Path) ->
     tests = _bundle(tmp_path / "upstream-tests")
     with pytest.raises(ConfigError, match=r"PR other.*carried: split-fix"):
         ut.bundles(tests, ["other"])
-    assert [d["pr"] for _, d in ut.bundles(tests)] == ["split-fix"]
+    assert [d.pr for _, d in ut.bundles(tests)] == ["split-fix"]
 

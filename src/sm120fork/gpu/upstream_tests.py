@@ -15,21 +15,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import sys
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from sm120fork import __version__, record
 from sm120fork.errors import CommandError, ConfigError
 from sm120fork.gpu.core import records
 from sm120fork.gpu.core.documents import Environment
 from sm120fork.gpu.core.variants import Variant, compile_variants, install_variant
-from sm120fork.util import proc
+from sm120fork.util import proc, typed
 
 PR_FILE = "pr.json"
 BASELINE = "unpatched"
@@ -43,14 +41,27 @@ _PATH = re.compile(r"(?<![\w<>.-])/(?:opt|root|work|home|tmp|scratch|mnt|data|va
                    r"Users)/\S*")
 
 
-def bundles(folder: Path, names: Sequence[str] = ()) -> list[tuple[Path, dict[str, Any]]]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrTests:
+    """``pr.json``: one PR's GPU tests as the kit carries them (``sm120fork.upstream.groups``
+    writes it)."""
+
+    pr: str
+    stack: str
+    project: str
+    files: tuple[str, ...]
+    patches: tuple[record.TestedPatch, ...]
+    notes: tuple[str, ...] = ()
+
+
+def bundles(folder: Path, names: Sequence[str] = ()) -> list[tuple[Path, PrTests]]:
     """(folder, pr.json) of each PR the kit carries (``names``: only those)."""
     found = []
     for path in sorted(folder.glob(f"*/{PR_FILE}")):
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        if not names or data["pr"] in names:
+        data = typed.read(PrTests, typed.json_file(path), path)
+        if not names or data.pr in names:
             found.append((path.parent, data))
-    missing = sorted(set(names) - {d["pr"] for _, d in found})
+    missing = sorted(set(names) - {d.pr for _, d in found})
     if missing or not found:
         have = sorted(p.parent.name for p in folder.glob(f"*/{PR_FILE}"))
         raise ConfigError(f"no upstream tests of PR {', '.join(missing) or '(any)'} here "
@@ -125,7 +136,7 @@ def _case_key(collected_id: str) -> str:
     return f"{module}::{name.replace('::', '.')}" if "::" in name else f"{module}::{name}"
 
 
-def pr_record(pr: Mapping[str, Any], planned: Sequence[str],
+def pr_record(pr: PrTests, planned: Sequence[str],
               results: Mapping[str, Mapping[str, tuple[str, str]]], variants: Sequence[Variant],
               machine: record.Machine, command: str, notes: Sequence[str]) -> record.Record:
     """The ``upstream-pr`` record of PR ``pr``'s GPU tests: a case per test and variant."""
@@ -142,16 +153,16 @@ def pr_record(pr: Mapping[str, Any], planned: Sequence[str],
                 against=against(got[0], before[0] if before else None)
                 if v.name != BASELINE else None))
     return record.make(
-        kind="upstream-pr", subject=pr["pr"], stack=pr["stack"], command=command,
+        kind="upstream-pr", subject=pr.pr, stack=pr.stack, command=command,
         created=records.now(),
         toolkit=__version__, machine=machine,
         tested=record.Tested(
-            wheels=tuple(record.TestedWheel(variant=v.name, project=pr["project"],
+            wheels=tuple(record.TestedWheel(variant=v.name, project=pr.project,
                                             file=v.wheel.name, sha256=v.sha256)
                          for v in variants if v.wheel is not None and v.sha256),
-            patches=tuple(record.TestedPatch(**p) for p in pr["patches"])),
+            patches=pr.patches),
         planned=len(planned) * len(variants), cases=tuple(cases),
-        notes=(*pr.get("notes", ()), *notes))
+        notes=(*pr.notes, *notes))
 
 
 def _machine(env: Environment) -> record.Machine:
@@ -219,16 +230,16 @@ def run(args: argparse.Namespace, argv: Sequence[str], host: object = None) -> i
     command = records.recorded_command("upstream-tests", shown)
     worst = 0
     for folder, pr in bundles(args.tests, args.pr):
-        out = args.out / pr["pr"]
+        out = args.out / pr.pr
         out.mkdir(parents=True, exist_ok=True)
-        planned = collect(variants[0], folder, pr["files"], args.pytest_args,
+        planned = collect(variants[0], folder, pr.files, args.pytest_args,
                           args.compile_timeout)
-        results = {v.name: run_variant(v, folder, pr["files"], args.pytest_args, out,
+        results = {v.name: run_variant(v, folder, pr.files, args.pytest_args, out,
                                        args.timeout) for v in variants}
         rec = pr_record(pr, planned, results, variants, machine, command, notes)
         records.write(rec, out)
         counted = ", ".join(f"{n} {k}" for k, n in rec.counts.items() if n)
-        print(f"{pr['pr']}: {rec.verdict} ({counted}); record: {out / record.RECORD_FILE}",
+        print(f"{pr.pr}: {rec.verdict} ({counted}); record: {out / record.RECORD_FILE}",
               flush=True)
         worst = max(worst, 0 if rec.verdict == "pass" else 1)
     return worst
