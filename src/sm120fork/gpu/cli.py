@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sm120fork.entry import Parser, boundary
 from sm120fork.errors import ToolkitError, UsageError, VerifyError
@@ -207,30 +207,34 @@ def _layer_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--out", type=Path, required=True)
 
 
-def _options(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    return {
-        "command": records.command_line(argv), "wheel_dirs": tuple(args.wheel_dir),
-        "prebuilt": tuple(args.prebuilt), "also_build": tuple(args.also_build),
-        "quick": args.quick, "out": args.out, "work_dir": args.work_dir,
-        "backend": args.backend, "allow_multicast": args.allow_multicast,
-        "startup_timeout": args.startup_timeout, "case_timeout": args.case_timeout,
-        "compile_timeout": args.compile_timeout, "not_run": tuple(args.not_run),
-        "stack": args.stack,
-        "record_command": records.recorded_command(argv[0] if argv else "test", argv),
-    }
+_Opts = TypeVar("_Opts", bound=core_runs.RunOptions)
 
 
 def _optional(values: Sequence[Any] | None) -> tuple[Any, ...] | None:
     return None if values is None else tuple(values)
 
 
+def _options(cls: type[_Opts], args: argparse.Namespace, argv: Sequence[str], **more: Any
+             ) -> _Opts:
+    """``test``'s or ``bench``'s options: what they share from ``args``, and ``more``."""
+    return cls(
+        command=records.command_line(argv), wheel_dirs=tuple(args.wheel_dir),
+        prebuilt=tuple(args.prebuilt), also_build=tuple(args.also_build), quick=args.quick,
+        out=args.out, work_dir=args.work_dir, backend=args.backend,
+        allow_multicast=args.allow_multicast, startup_timeout=args.startup_timeout,
+        case_timeout=args.case_timeout, compile_timeout=args.compile_timeout,
+        not_run=tuple(args.not_run), stack=args.stack,
+        record_command=records.recorded_command(argv[0] if argv else "test", argv),
+        world_sizes=_optional(args.world_sizes), tokens=_optional(args.tokens),
+        hidden=_optional(args.hidden), **more)
+
+
 def cmd_test(args: argparse.Namespace, argv: Sequence[str],
              host: preflight.GpuHost | None) -> int:
-    done = ab_run.run_test(ab_run.TestOptions(
-        **_options(args, argv), world_sizes=_optional(args.world_sizes),
-        apis=_optional(args.api), patterns=_optional(args.pattern),
-        tokens=_optional(args.tokens), hidden=_optional(args.hidden),
-        max_cases=args.max_cases, primary=args.primary, title=args.title))
+    done = ab_run.run_test(_options(
+        ab_run.TestOptions, args, argv, apis=_optional(args.api),
+        patterns=_optional(args.pattern), max_cases=args.max_cases, primary=args.primary,
+        title=args.title))
     print(f"wrote {', '.join(map(str, done.paths))} and {done.logs}")
     print("\n".join(done.headline()))
     return _finish(done.error())
@@ -238,10 +242,8 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str],
 
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str],
               host: preflight.GpuHost | None) -> int:
-    done = bench_run.run_bench(bench_run.BenchOptions(
-        **_options(args, argv), world_sizes=_optional(args.world_sizes),
-        methods=_optional(args.method), tokens=_optional(args.tokens),
-        hidden=_optional(args.hidden)))
+    done = bench_run.run_bench(_options(bench_run.BenchOptions, args, argv,
+                                        methods=_optional(args.method)))
     print(f"wrote {', '.join(map(str, done.paths))}")
     print("\n".join(done.headline()))
     return _finish(done.error())

@@ -88,13 +88,6 @@ class Case:
         """Whether the legacy custom all-reduce takes its lamport one-shot path."""
         return self.api == CUSTOM_API and self.tokens <= LAMPORT_TOKEN_THRESHOLD
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Case:
-        return cls(**data)
-
 
 def skip_reason(case: Case, capability: tuple[int, int]) -> str | None:
     """Why ``case`` cannot run on a GPU of ``capability`` (None: it runs)."""
