@@ -1,15 +1,10 @@
-"""The one module G7 adds to SGLang: the toolkit's policy reader and decision, bundled.
+"""The one module G7 adds to SGLang (:data:`SGLANG_PATH`): the toolkit's policy reader and
+decision, bundled from its standard-library-only :data:`PARTS`, each unchanged but for its
+``from __future__`` line (one at the top) and its imports of the others (one namespace).
 
-SGLang cannot import this toolkit, so the fork-only patch G7 adds one module,
-``sglang/srt/layers/sm120fork_allreduce.py``, whose text is made here from the toolkit's
-own standard-library-only files (the error hierarchy, the methods' registry, the policy
-reader and the decision), in that order, each unchanged but for its
-``from __future__`` line (one at the top) and its imports of the others (one namespace
-now).  The toolkit's files stay the one source of truth: a test fails when the patch's
-copy differs from :func:`module_source` (re-make it with
-``python -m sm120fork.plugin.bundle > <fork tree>/python/sglang/srt/layers/sm120fork_allreduce.py``,
-then ``nox -s refresh -- sglang-0.5.23 sglang``), and the plugin carries the patch's copy
-as a ``module`` hook, so stock SGLang + the plugin runs the very same text.
+The toolkit's files stay the one source of truth: a test fails when the patch's copy
+differs (re-make it with ``python -m sm120fork.plugin.bundle > <fork tree>/python/<SGLANG_PATH>``,
+then ``nox -s refresh -- sglang-0.5.23 sglang``); the plugin carries the patch's copy.
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ TOOLKIT = Path(__file__).resolve().parent.parent
 PARTS = ("errors.py", "gpu/methods.py", "gpu/policy.py", "gpu/decision.py")
 #: where G7 puts the bundle, relative to SGLang's package root (``python/``)
 SGLANG_PATH = "sglang/srt/layers/sm120fork_allreduce.py"
-SGLANG_MODULE = "sglang.srt.layers.sm120fork_allreduce"
 
 _HEAD = '''"""sm120fork's all-reduce policy reader and decision (fork only, sm120fork G7).
 

@@ -146,25 +146,23 @@ def recipe_key(spec: Spec, local_label: str) -> str:
 @dataclass(frozen=True, kw_only=True)
 class PluginWheel:
     wheel: Path
-    version: str
     cached: bool
 
 
-def build_plugin_wheel(spec: Spec, local_label: str, cache: Path, *,
-                       source_date_epoch: str = "946684800") -> PluginWheel:
+def build_plugin_wheel(spec: Spec, local_label: str, cache: Path) -> PluginWheel:
     """Build (or reuse from ``cache``) the plugin wheel for ``spec``."""
     version = f"{spec.version}+{local_label}"
     entry = cache / recipe_key(spec, local_label)
     found = sorted(entry.glob("*.whl")) if entry.is_dir() else []
     if len(found) == 1:
-        return PluginWheel(wheel=found[0], version=version, cached=True)
+        return PluginWheel(wheel=found[0], cached=True)
     with staged_dir(entry, label="plugin") as staged:
         project = write_project(spec, local_label, staged.parent / "project")
         dist = staged.parent / "dist"
         log.info("building %s %s", DISTRIBUTION, version)
         try:
             run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(project)],
-                env={"SOURCE_DATE_EPOCH": source_date_epoch})
+                env={"SOURCE_DATE_EPOCH": "946684800"})  # 2000-01-01: the same bytes each time
         except CommandError as exc:
             raise BuildError(f"building the {DISTRIBUTION} wheel failed", where=spec.stack,
                              detail=exc.detail, fix="read the build output above") from exc
@@ -178,4 +176,4 @@ def build_plugin_wheel(spec: Spec, local_label: str, cache: Path, *,
                              f"{version}", where=spec.stack)
         staged.mkdir()
         shutil.copy2(wheels[0], staged / wheels[0].name)
-    return PluginWheel(wheel=entry / wheels[0].name, version=version, cached=False)
+    return PluginWheel(wheel=entry / wheels[0].name, cached=False)

@@ -253,26 +253,23 @@ def tune(opts: TuneOptions, box: Box) -> Tuned:
     for i, tp in enumerate(sizes):
         left = None if opts.time_budget is None else \
             opts.time_budget - (box.clock() - started)
+        stop = None  # (why this size has no entry, why the sizes after it have none)
         if left is not None and left <= 0:
-            for rest in sizes[i:]:
-                not_covered[rest] = "not reached: the time budget was used up"
+            stop = ("not reached: the time budget was used up",) * 2
+        else:
+            log.info("tune: TP%d (%d of %d): bench", tp, i + 1, len(sizes))
+            try:
+                result = benches[tp] = box.bench(tp, left)
+            except ToolkitError as exc:  # e.g. the module build failed: the next would too
+                stop = (f"the bench failed: {exc.message}",
+                        "not reached: the bench failed before it")
+            except KeyboardInterrupt:
+                box.stop()
+                interrupted = True
+                stop = ("interrupted while it ran", "not reached: interrupted")
+        if stop is not None:
+            not_covered.update({rest: stop[0] if rest == tp else stop[1] for rest in sizes[i:]})
             break
-        log.info("tune: TP%d (%d of %d): bench", tp, i + 1, len(sizes))
-        try:
-            result = box.bench(tp, left)
-        except ToolkitError as exc:  # e.g. the module build failed: the next size would too
-            for rest in sizes[i:]:
-                not_covered[rest] = (f"the bench failed: {exc.message}" if rest == tp
-                                     else "not reached: the bench failed before it")
-            break
-        except KeyboardInterrupt:
-            box.stop()
-            interrupted = True
-            for rest in sizes[i:]:
-                not_covered[rest] = "not reached: interrupted" if rest != tp else \
-                    "interrupted while it ran"
-            break
-        benches[tp] = result
         if not result.finished:
             not_covered[tp] = f"the bench did not finish: {result.failure or 'cut short'}"
         elif not any(r.get("kind") == "point" and r.get("status") == methods.TIMED
