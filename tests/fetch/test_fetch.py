@@ -352,18 +352,25 @@ def test_git_source_refuses_wrong_commit(tmp_path: Path) -> None:
 
 def test_every_source_kind_is_one_entry_of_the_registry_and_answers_for_itself(
         tmp_path: Path) -> None:
-    """What differs between kinds is the registry's (fetch side here, build side in
-    package/kinds.py): each name a declaration accepts is there, and status asks it what
-    it would download instead of naming kinds itself."""
+    """What differs between kinds is the registry's: each name a declaration accepts is
+    there, a build of each downloads with that kind (package/kinds.py asks it), and status
+    asks it what it would download instead of naming kinds itself."""
+    import dataclasses
+
     from sm120fork.declare import KIND_PINS, SOURCE_KINDS
     from sm120fork.fetch import kinds
-    from sm120fork.package.kinds import KINDS as BUILD_SIDE
+    from sm120fork.package.kinds import kind_for
+    from sm120fork.patch.series import load_series
 
     assert set(kinds.KINDS) == set(SOURCE_KINDS) == set(KIND_PINS)
-    assert set(SOURCE_KINDS) <= set(BUILD_SIDE)
-    assert {k.cache_kind for k in BUILD_SIDE.values()} <= set(kinds.KINDS)
     demo = make_demo(tmp_path)
     lib = demo.ws.stack(STACK).project("lib")
+    series = load_series(demo.ws.series_dir(lib))
+    assert series.patches
+    for name in SOURCE_KINDS:
+        build = kind_for(dataclasses.replace(lib, source=name), series)
+        assert build.cache_kind == name
+        assert build.source is kinds.source_kind(name)
     kind = kinds.source_kind(lib.source)
     caches = {"sdist_cache": tmp_path / "sdists", "wheel_cache": tmp_path / "wheels"}
     assert kind.missing(lib, **caches) == [lib.sdist_pin.filename]

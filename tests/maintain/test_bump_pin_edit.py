@@ -12,6 +12,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from sm120fork.declare import WheelPin, load_stack
 from sm120fork.maintain.pin import declaration_with_pin
 from sm120fork.maintain.state import BumpState, NewPin
@@ -145,14 +147,16 @@ def test_a_bump_state_keeps_its_classifications_typed_across_a_save(tmp_path: Pa
     assert BumpState.load(ws, "sg", "sglang") is None
 
 
-def test_a_bump_state_keeps_its_new_pin_typed_and_reads_an_older_one(tmp_path: Path) -> None:
+def test_a_bump_state_keeps_its_new_pin_typed_and_refuses_an_older_one(
+        tmp_path: Path) -> None:
     """The new pin is declare's own pin types in ``state.json`` and back (it was a dict
-    mirroring them); a state an older toolkit wrote (no ``wheels`` for the declared ones,
-    ``{}`` for no sdist, a companion's ``requirement``) still reads, and a pin that is no
-    pin is no state."""
+    mirroring them); a state an older toolkit wrote (no format, no ``wheels`` for the
+    declared ones, ``{}`` for no sdist) is refused, naming the file and what to do, and a
+    pin that is no pin is no state."""
     import json
 
     from sm120fork.declare import GitPin, SdistPin
+    from sm120fork.errors import MaintenanceError
     from sm120fork.workspace import Workspace
 
     (tmp_path / "forks").mkdir()
@@ -172,20 +176,15 @@ def test_a_bump_state_keeps_its_new_pin_typed_and_reads_an_older_one(tmp_path: P
     assert loaded.new_pin == pin
     path = BumpState.directory(ws, "sg", "lib") / "state.json"
     data = json.loads(path.read_text())
-    data["new_pin"] = {"source": "git", "git": {"url": "u", "tag": "", "commit": "b" * 40,
-                                                "commit_verified": True, "note": ""},
-                       "sdist": {}, "companions": {"fi": {
-                           "source": "wheel", "git": None, "sdist": None, "version": "2",
-                           "requirement": "fi==2", "wheels": [
-                               {"filename": "fi-2-py3-none-any.whl", "sha256": "2" * 64,
-                                "url": ""}]}}}
-    path.write_text(json.dumps(data))
-    older = BumpState.load(ws, "sg", "lib")
-    assert older is not None
-    assert older.new_pin.sdist is None
-    assert older.new_pin.wheels is None
-    assert older.new_pin.git == GitPin(url="u", tag="", commit="b" * 40)
-    assert older.new_pin.companions["fi"].wheels == pin.companions["fi"].wheels
     data["new_pin"] = {"source": "git", "git": ["u"]}
     path.write_text(json.dumps(data))
     assert BumpState.load(ws, "sg", "lib") is None
+    older = {k: v for k, v in data.items() if k not in ("format", "step")}
+    older.update(phase="classify", new_pin={
+        "source": "git", "git": {"url": "u", "tag": "", "commit": "b" * 40,
+                                 "commit_verified": True, "note": ""}, "sdist": {}})
+    path.write_text(json.dumps(older))
+    with pytest.raises(MaintenanceError, match="started by an older toolkit") as err:
+        BumpState.load(ws, "sg", "lib")
+    assert err.value.where == str(path)
+    assert "finish or undo it with the toolkit that started it" in (err.value.fix or "")

@@ -9,7 +9,8 @@ from pathlib import Path, PurePosixPath
 from sm120fork.errors import SourceError, UnsafeArchiveError
 
 
-def _check_member(name: str, archive: Path) -> PurePosixPath:
+def check_member(name: str, archive: Path) -> PurePosixPath:
+    """``name`` of a member of ``archive``, refused if it would land outside the destination."""
     path = PurePosixPath(name)
     if path.is_absolute() or name.startswith(("/", "\\")) or ".." in path.parts:
         raise UnsafeArchiveError(f"entry {name!r} would escape the extraction directory",
@@ -30,7 +31,7 @@ def safe_extract(archive: Path, dest: Path) -> Path:
     if archive.name.endswith(".zip"):
         with zipfile.ZipFile(archive) as zf:
             for info in zf.infolist():
-                tops.add(_check_member(info.filename, archive).parts[0])
+                tops.add(check_member(info.filename, archive).parts[0])
             zf.extractall(dest)
     else:
         try:
@@ -41,7 +42,7 @@ def safe_extract(archive: Path, dest: Path) -> Path:
             try:
                 members = tf.getmembers()
                 for m in members:
-                    tops.add(_check_member(m.name, archive).parts[0])
+                    tops.add(check_member(m.name, archive).parts[0])
                     tarfile.data_filter(m, str(dest))
                 tf.extractall(dest, members=members, filter="data")
             except tarfile.FilterError as exc:

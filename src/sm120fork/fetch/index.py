@@ -42,7 +42,7 @@ from unearth import Link, PackageFinder
 from unearth.auth import MultiDomainBasicAuth
 from unearth.fetchers import Fetcher, PyPIClient
 
-from sm120fork.declare import Project
+from sm120fork.declare import Project, WheelPin
 from sm120fork.errors import ChecksumError, SourceError
 from sm120fork.util import proc
 
@@ -244,16 +244,16 @@ def find_sdist(project: Project, version: Version) -> IndexFile:
     return found
 
 
-def find_wheels(project: Project, version: Version) -> tuple[IndexFile, ...]:
-    """Every published wheel of ``version`` (not yanked, with a sha256), for a project
-    that ships as published once its series is empty (``bump``)."""
-    found: list[IndexFile] = []
+def find_wheels(project: Project, version: Version) -> tuple[WheelPin, ...]:
+    """Every published wheel of ``version`` (not yanked, with a sha256) as the pins a bump
+    writes (``[[projects.<key>.wheels]]``)."""
+    found: list[WheelPin] = []
     for f in (f for v, f in project_page(project).files_of(project, wheels=True) if v == version):
         if f.yanked or not f.sha256:
             log.info("skipping %s: %s", f.filename,
                      "yanked on the package index" if f.yanked else "no sha256 listed")
         else:
-            found.append(f)
+            found.append(WheelPin(filename=f.filename, sha256=f.sha256))
     return tuple(sorted(found, key=lambda f: f.filename))
 
 

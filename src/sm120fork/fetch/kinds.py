@@ -1,11 +1,12 @@
-"""The source kinds' fetch side, as a registry: one class per kind, one interface.
+"""The source kinds, as the one registry: one class per kind, one interface.
 
-What a kind pins (its digest: the key a fork tree and a build cache are keyed by), what
-it downloads for a build, what ``status`` would have to download, and how it makes the
-unpatched fork tree.  Every other module asks the registry (:func:`source_kind`) instead
-of branching on a kind's name; the build side of each kind (``make``) is its class in
-:mod:`sm120fork.package.kinds`.  A new kind is a class here, a line in ``KINDS``, its
-``make`` there and its name in ``declare.SOURCE_KINDS``.
+What a kind pins (its digest: the key a fork tree and a build cache are keyed by), where
+it comes from, what it downloads for a build, what ``status`` would have to download, how
+it makes the unpatched fork tree, and whether its input is the release's published wheels
+(which decides how a build makes its wheels, :func:`sm120fork.package.kinds.kind_for`, and
+what a bump pins).  Every other module asks the registry (:func:`source_kind`) instead of
+branching on a kind's name.  A new kind is a class here, a line in ``KINDS`` and its name
+in ``declare.SOURCE_KINDS``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Protocol
 
 from sm120fork.declare import Project
 from sm120fork.fetch.git import init_from_git
-from sm120fork.fetch.sdist import download_sdist, init_from_sdist
+from sm120fork.fetch.sdist import download_pinned, download_sdist, init_from_sdist
 from sm120fork.fetch.source import Progress, SourceInfo
-from sm120fork.fetch.wheel import download_wheel, init_from_wheel
+from sm120fork.fetch.wheel import init_from_wheel
 
 
 class SourceFetch(Protocol):
@@ -30,6 +31,9 @@ class SourceFetch(Protocol):
 
     def digest(self, project: Project) -> str:
         """What identifies the pinned source: what fork trees and build caches key on."""
+
+    def origin(self, project: Project) -> tuple[str | None, str | None]:
+        """The manifest's ``source.filename`` and ``source.url`` of the project's pin."""
 
     def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
                  progress: Progress | None = None) -> list[Path]:
@@ -51,6 +55,9 @@ class Sdist:
     def digest(self, project: Project) -> str:
         return project.sdist_pin.sha256
 
+    def origin(self, project: Project) -> tuple[str | None, str | None]:
+        return project.sdist_pin.filename, None
+
     def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
                  progress: Progress | None = None) -> list[Path]:
         return [download_sdist(project, sdist_cache, progress)]
@@ -71,6 +78,9 @@ class GitCommit:
 
     def digest(self, project: Project) -> str:
         return project.git_pin.commit
+
+    def origin(self, project: Project) -> tuple[str | None, str | None]:
+        return None, project.git_pin.url
 
     def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
                  progress: Progress | None = None) -> list[Path]:
@@ -94,9 +104,12 @@ class PublishedWheels:
         joined = "\n".join(f"{w.filename} {w.sha256}" for w in project.wheels)
         return hashlib.sha256(joined.encode()).hexdigest()
 
+    def origin(self, project: Project) -> tuple[str | None, str | None]:
+        return None, None  # one per wheel: its pin's
+
     def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
                  progress: Progress | None = None) -> list[Path]:
-        return [download_wheel(project, pin, wheel_cache, progress) for pin in project.wheels]
+        return [download_pinned(project, pin, wheel_cache, progress) for pin in project.wheels]
 
     def missing(self, project: Project, *, sdist_cache: Path, wheel_cache: Path) -> list[str]:
         # The fork tree is laid out from the first wheel (the others differ in compiled
@@ -106,11 +119,13 @@ class PublishedWheels:
     def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
                   wheel_cache: Path, progress: Progress | None = None,
                   git_url: str | None = None) -> SourceInfo:
-        wheel = download_wheel(project, project.wheels[0], wheel_cache, progress)
+        wheel = download_pinned(project, project.wheels[0], wheel_cache, progress)
         return init_from_wheel(project, wheel, work, digest=self.digest(project))
 
 
-KINDS: dict[str, SourceFetch] = {k.name: k for k in (Sdist(), GitCommit(), PublishedWheels())}
+#: The published wheels, whatever kind a project declares: what an empty series ships.
+PUBLISHED = PublishedWheels()
+KINDS: dict[str, SourceFetch] = {k.name: k for k in (Sdist(), GitCommit(), PUBLISHED)}
 
 
 def source_kind(name: str) -> SourceFetch:

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from sm120fork.declare import Project
+from sm120fork.declare import Project, SdistPin, WheelPin
 from sm120fork.errors import ChecksumError, SourceError
 from sm120fork.fetch.archive import safe_extract
 from sm120fork.fetch.index import download, resolve_file_url
@@ -24,13 +24,13 @@ log = logging.getLogger("sm120fork")
 
 def download_sdist(project: Project, cache_dir: Path, progress: Progress | None = None) -> Path:
     """Return the cached sdist, downloading it when needed; always sha256-checked."""
-    pin = project.sdist_pin
-    return download_pinned(project, pin.filename, pin.sha256, pin.url, cache_dir, progress)
+    return download_pinned(project, project.sdist_pin, cache_dir, progress)
 
 
-def download_pinned(project: Project, filename: str, sha256: str, url: str, cache_dir: Path,
+def download_pinned(project: Project, pin: SdistPin | WheelPin, cache_dir: Path,
                     progress: Progress | None = None) -> Path:
-    """Return the cached ``filename``, downloading it when needed; always sha256-checked."""
+    """Return the cached file of ``pin``, downloading it when needed; always sha256-checked."""
+    filename, sha256 = pin.filename, pin.sha256
     cache_dir.mkdir(parents=True, exist_ok=True)
     target = cache_dir / filename
     if target.is_file():
@@ -39,7 +39,7 @@ def download_pinned(project: Project, filename: str, sha256: str, url: str, cach
         # Kept until a download that matches the pin replaces it: the pin may be the
         # thing that is wrong.
         log.warning("cached %s does not match its pin; downloading again", target.name)
-    url = resolve_file_url(project, filename, sha256, url)
+    url = resolve_file_url(project, filename, sha256, pin.url)
     log.info("downloading %s", url)
     fd, tmp_name = tempfile.mkstemp(prefix=scratch_prefix(target.name), suffix=".part",
                                     dir=cache_dir)

@@ -14,10 +14,10 @@ import shutil
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from sm120fork.declare import Project, WheelPin
-from sm120fork.errors import SourceError, UnsafeArchiveError
-from sm120fork.fetch.sdist import download_pinned
-from sm120fork.fetch.source import Progress, SourceInfo, make_upstream_tree
+from sm120fork.declare import Project
+from sm120fork.errors import SourceError
+from sm120fork.fetch.archive import check_member
+from sm120fork.fetch.source import SourceInfo, make_upstream_tree
 
 #: Suffixes of compiled files: never part of the tree, never changed by a series.
 COMPILED_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".cubin", ".fatbin")
@@ -26,11 +26,6 @@ COMPILED_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".cubin", ".fa
 def is_compiled(path: str) -> bool:
     name = PurePosixPath(path).name
     return name.endswith(COMPILED_SUFFIXES) or ".so." in name
-
-
-def download_wheel(project: Project, pin: WheelPin, cache_dir: Path,
-                   progress: Progress | None = None) -> Path:
-    return download_pinned(project, pin.filename, pin.sha256, pin.url, cache_dir, progress)
 
 
 def is_metadata(member: str) -> bool:
@@ -44,10 +39,7 @@ def source_members(wheel: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as zf:
         names = [i.filename for i in zf.infolist() if not i.is_dir()]
     for name in names:
-        path = PurePosixPath(name)
-        if path.is_absolute() or name.startswith(("/", "\\")) or ".." in path.parts:
-            raise UnsafeArchiveError(f"entry {name!r} would escape the extraction directory",
-                                     where=str(wheel), fix="do not use this wheel")
+        check_member(name, wheel)
     return [n for n in names if not is_metadata(n) and not is_compiled(n)]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -31,10 +32,10 @@ from sm120fork.errors import (
     SourceError,
     ToolkitError,
 )
+from sm120fork.fetch.index import find_sdist, find_wheels
 from sm120fork.fetch.kinds import source_key, source_kind
-from sm120fork.fetch.sdist import download_sdist
+from sm120fork.fetch.sdist import download_pinned, download_sdist
 from sm120fork.fetch.source import UPSTREAM_TAG
-from sm120fork.fetch.wheel import download_wheel
 from sm120fork.maintain.classify import classification, classify, preview
 from sm120fork.maintain.pin import (
     check_declaration,
@@ -44,8 +45,6 @@ from sm120fork.maintain.pin import (
     create_stack,
     create_stack_check,
     declaration_with_pin,
-    index_sdist,
-    index_wheels,
 )
 from sm120fork.maintain.preflight import (
     Release,
@@ -93,12 +92,7 @@ from sm120fork.patch.refresh import (
     note_written,
     reapply_series,
 )
-from sm120fork.patch.series import (
-    Patch,
-    Series,
-    load_series,
-    parse_patch,
-)
+from sm120fork.patch.series import Patch, Series, load_series, parse_patch
 from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree, read_state
 from sm120fork.patch.upstream_match import match_upstream
 from sm120fork.standing import to_remake
@@ -110,8 +104,9 @@ from sm120fork.workspace import Workspace
 log = logging.getLogger("sm120fork")
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 _CONFLICT_MARK = re.compile(r"^(<<<<<<<|>>>>>>>) ", re.MULTILINE)
-#: Where the fork tree of the old pin goes once the bump is written, until it is removed.
-_KEPT = "pre-bump"
+#: The fork tree of the old pin: beside the tree while the bump runs, in its folder once
+#: the bump is written (until that folder is removed).
+_PRE = "pre-bump"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,10 +137,29 @@ class BumpResult:
     moves: tuple[str, ...] = ()
 
 
-def _state_paths(ws: Workspace, state: BumpState) -> tuple[Path, Path]:
-    """The bump's folder, and the series it started from (the patches it applies)."""
-    d = BumpState.directory(ws, state.stack, state.project)
-    return d, d / "series"
+@dataclass(frozen=True, kw_only=True)
+class _Request:
+    """The bump as the user asked for it (``coordinated_with``: the project whose bump
+    moves this one, its pins agreeing again only once that bump finishes; ``moved_by``:
+    why)."""
+
+    stack: str
+    project: str
+    revision: str
+    allow_downgrade: bool = False
+    new_stack: str | None = None
+    version: str | None = None
+    git_commit: str | None = None
+    coordinated_with: str = ""
+    moved_by: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def command(self, *, downgrade: bool) -> str:
+        """This command, as given (``downgrade``: with --allow-downgrade)."""
+        return command("bump", self.stack, self.project, self.revision,
+                       *(["--new-stack", self.new_stack] if self.new_stack else []),
+                       *(["--version", self.version] if self.version else []),
+                       *(["--git-commit", self.git_commit] if self.git_commit else []),
+                       *(["--allow-downgrade"] if downgrade else []))
 
 
 def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
@@ -160,123 +174,31 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
     ``--continue`` or ``--abort``.
     """
     with ws.lock():
-        return _bump(ws, stack_name, project_key, revision,
-                     allow_downgrade=allow_downgrade, new_stack=new_stack, version=version,
-                     git_commit=git_commit)
+        return _bump(ws, _Request(stack=stack_name, project=project_key, revision=revision,
+                                  allow_downgrade=allow_downgrade, new_stack=new_stack,
+                                  version=version, git_commit=git_commit))
 
 
-def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
-          allow_downgrade: bool = False, new_stack: str | None = None,
-          version: str | None = None, git_commit: str | None = None,
-          coordinated_with: str = "", moved_by: dict[str, str] | None = None) -> BumpResult:
-    """:func:`bump`, under the lock; ``coordinated_with``: the project whose bump moves
-    this one (its pins agree again only once that bump finishes), ``moved_by``: why."""
-    target_stack = new_stack or stack_name
-    pending = BumpState.load(ws, target_stack, project_key)
+def _bump(ws: Workspace, req: _Request) -> BumpResult:
+    pending = BumpState.load(ws, req.new_stack or req.stack, req.project)
     if pending is not None:
-        wanted = version or revision
         pinned_commit = pending.new_pin.git.commit if pending.new_pin.git else None
-        if wanted not in (pending.new_version, pinned_commit):
+        if (req.version or req.revision) not in (pending.new_version, pinned_commit):
             raise MaintenanceError(
                 f"a bump to {pending.new_version} is in progress",
-                where=f"{target_stack}/{project_key}",
+                where=f"{pending.stack}/{req.project}",
                 fix="finish it with --continue or undo it with --abort")
         return _resume(ws, pending)
-    stack = ws.stack(stack_name, strict=False)
-    project = stack.project(project_key)
-    old = Version(project.version)
-    if _SHA1.fullmatch(revision):
-        if not version:
-            raise MaintenanceError("bumping to a git commit needs --version",
-                                   fix="pass the PEP 440 version of that commit")
-        new_version = version
-        commit: GitPin | None = GitPin(url=project.git_pin.url, tag="", commit=revision)
-    else:
-        new_version = version or revision
-        commit = None
-    try:
-        new = Version(new_version)
-    except InvalidVersion:
-        raise ConfigError(f"{new_version!r} is neither a PEP 440 version nor a 40-hex "
-                          "git commit SHA", where="bump") from None
-    if new.local is not None:
-        raise ConfigError("give the upstream version, without a local label",
-                          where="bump")
-    if new == old and commit is None:
-        raise MaintenanceError(f"{project.key} is already pinned to {project.version}",
-                               where=stack.name)
-
-    def again(downgrade: bool) -> str:
-        """This command, as given (``downgrade``: with --allow-downgrade)."""
-        return command("bump", stack_name, project_key, revision,
-                       *(["--new-stack", new_stack] if new_stack else []),
-                       *(["--version", version] if version else []),
-                       *(["--git-commit", git_commit] if git_commit else []),
-                       *(["--allow-downgrade"] if downgrade else []))
-    if new < old and not allow_downgrade:
-        raise MaintenanceError(f"{new_version} is older than the pinned {project.version}",
-                               where=f"{stack.name}/{project.key}",
-                               fix=f"if you mean it: `{again(True)}`")
-    # Pre-flight, before anything is downloaded: the stack's other pins accept it,
-    # and the fork tree holds no work a bump would set aside.
+    stack = ws.stack(req.stack, strict=False)
+    project = stack.project(req.project)
+    new_version, commit = _target(req, project)
     # A new stack holds the project and those it requires (what create_stack copies).
-    scope = stack if not new_stack else dataclasses.replace(
+    scope = stack if not req.new_stack else dataclasses.replace(
         stack, projects=tuple(closure(stack, project)))
-    if not coordinated_with:
-        try:
-            check_pins(scope, project, new_version)
-        except MaintenanceError:
-            if commit is None:  # a version that does not exist: said as such
-                with contextlib.suppress(SourceError):  # (an index it cannot read: the pins)
-                    check_released(project, new, f"{stack.name}/{project.key}")
-            raise
-    if new_stack:
-        create_stack_check(ws, new_stack)
-    elif why := local_work(ws, stack, project):
-        work = ws.work_tree(stack, project)
-        raise DirtyTreeError(f"the fork work tree has local work: {why}", where=str(work),
-                             fix=keep_local_work_hint(work, why, stack, project))
-    release: Release | None = None
+    _preflight(ws, req, stack, scope, project, Version(new_version), commit)
+    new_pin, release = _new_pin(ws, req, project, Version(new_version), commit)
     companion_bumps: dict[str, str] = {}
-    moves = dict(moved_by or {})
-    new_pin: NewPin
-    if commit is not None:  # a git commit: pin that version's sdist when the index has one
-        try:
-            filename, sha256, _ = index_sdist(project, new)
-            sdist_pin = SdistPin(filename=filename, sha256=sha256)
-        except SourceError:  # an unreleased commit: the sdist pin stays (unused by git)
-            sdist_pin = project.sdist_pin
-        new_pin = NewPin(source="git", git=commit, sdist=sdist_pin)
-    elif source_kind(project.source).ships_wheels or not _has_sdist(project, new):
-        # The published wheels are the input (a release without an sdist, as SGLang
-        # publishes since 0.5.11, switches an sdist source to them).
-        new_pin = _wheel_pin(project, new_version, git_commit)
-        first = (new_pin.wheels or ())[0]
-        release = wheel_release(download_wheel(
-            dataclasses.replace(project, version=new_version), first, ws.wheel_cache))
-    else:
-        filename, sha256, url = index_sdist(project, new)
-        probe = dataclasses.replace(
-            project, version=new_version,
-            sdist=SdistPin(filename=filename, sha256=sha256, url=url))
-        sdist = download_sdist(probe, ws.sdist_cache)
-        release = sdist_release(sdist)
-        recorded = git_commit or commit_from_sdist(sdist)
-        if not recorded:
-            raise MaintenanceError(
-                f"the git commit of {project.distribution} {new_version} is unknown",
-                fix="pass --git-commit SHA (the sdist records none and the upstream "
-                    "repository is not consulted)")
-        note = ("commit given with --git-commit" if git_commit else
-                "commit recorded in the sdist's own build metadata")
-        new_pin = NewPin(
-            source=project.source,
-            git=GitPin(url=project.git_pin.url,
-                       tag=project.git_pin.tag.replace(project.version, new_version)
-                       if project.version in project.git_pin.tag else f"v{new_version}",
-                       commit=recorded, commit_verified=False,
-                       note=f"{note}; not checked against the upstream repository"),
-            sdist=SdistPin(filename=filename, sha256=sha256))
+    moves = dict(req.moved_by)
     if release is not None:  # the new release's own facts, before a file is written
         companions, companion_bumps, found = _companions(ws, scope, project, new_version,
                                                          release)
@@ -289,37 +211,124 @@ def _bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
             layout=check_layout(list(ws.stacks().values()), stack, project, new_version,
                                 release, missing))
     stage("pre-flight")
-    target = stack if not new_stack else None
     state = BumpState(
-        stack=target_stack, project=project.key, old_version=project.version,
-        new_version=new_version, new_pin=new_pin, created_stack=bool(new_stack),
-        declaration=str(ws.forks_dir / f"{target_stack}.toml"),
-        series_dir=str(ws.series_dir(project) if target else
-                       ws.root / "patches" / target_stack / project.key),
-        results=[], started=today(), source_stack=stack.name, phase="start",
-        companion_bumps=companion_bumps, coordinated_with=coordinated_with, moves=moves,
-        command=again(allow_downgrade))
-    files = [Path(state.declaration), report_path(ws, state),
-             ws.root / "patches" / target_stack / "CHANGELOG.md",
-             *(report_file(ws, target_stack, k, stack.project(k).version, v)
-               for k, v in companion_bumps.items())]
-    dirs = ([Path(state.series_dir),
-             *(ws.series_dir(stack.project(k)) for k in companion_bumps)] if target
-            else [ws.root / "patches" / target_stack])
-    state.before, state.journaled_dirs = journal(ws.root, files, dirs)
-    shutil.rmtree(BumpState.directory(ws, state.stack, state.project), ignore_errors=True)
+        stack=req.new_stack or req.stack, project=project.key, old_version=project.version,
+        new_version=new_version, new_pin=new_pin, created_stack=bool(req.new_stack),
+        declaration=str(ws.forks_dir / f"{req.new_stack or req.stack}.toml"),
+        series_dir=str(ws.root / "patches" / req.new_stack / project.key if req.new_stack
+                       else ws.series_dir(project)),
+        results=[], started=today(), source_stack=stack.name,
+        companion_bumps=companion_bumps, coordinated_with=req.coordinated_with,
+        moves=moves, command=req.command(downgrade=req.allow_downgrade))
+    _journal(ws, state, stack)
     state.save(ws)  # from here on, --abort restores every file from the journal
     stage("state saved")
     return _resume(ws, state)
+
+
+def _target(req: _Request, project: Project) -> tuple[str, GitPin | None]:
+    """The version the bump pins, and the git commit when the revision is one."""
+    new_version, commit = req.version or req.revision, None
+    if _SHA1.fullmatch(req.revision):
+        if not req.version:
+            raise MaintenanceError("bumping to a git commit needs --version",
+                                   fix="pass the PEP 440 version of that commit")
+        commit = GitPin(url=project.git_pin.url, tag="", commit=req.revision)
+    try:
+        new = Version(new_version)
+    except InvalidVersion:
+        raise ConfigError(f"{new_version!r} is neither a PEP 440 version nor a 40-hex "
+                          "git commit SHA", where="bump") from None
+    if new.local is not None:
+        raise ConfigError("give the upstream version, without a local label", where="bump")
+    old = Version(project.version)
+    if new == old and commit is None:
+        raise MaintenanceError(f"{project.key} is already pinned to {project.version}",
+                               where=req.stack)
+    if new < old and not req.allow_downgrade:
+        raise MaintenanceError(f"{new_version} is older than the pinned {project.version}",
+                               where=f"{req.stack}/{project.key}",
+                               fix=f"if you mean it: `{req.command(downgrade=True)}`")
+    return new_version, commit
+
+
+def _preflight(ws: Workspace, req: _Request, stack: Stack, scope: Stack, project: Project,
+               new: Version, commit: GitPin | None) -> None:
+    """Before anything is downloaded: the stack's other pins accept the new version, and
+    the fork tree holds no work a bump would set aside."""
+    if not req.coordinated_with:
+        try:
+            check_pins(scope, project, str(new))
+        except MaintenanceError:
+            if commit is None:  # a version that does not exist: said as such
+                with contextlib.suppress(SourceError):  # (an index it cannot read: the pins)
+                    check_released(project, new, f"{stack.name}/{project.key}")
+            raise
+    if req.new_stack:
+        create_stack_check(ws, req.new_stack)
+    elif why := local_work(ws, stack, project):
+        work = ws.work_tree(stack, project)
+        raise DirtyTreeError(f"the fork work tree has local work: {why}", where=str(work),
+                             fix=keep_local_work_hint(work, why, stack, project))
+
+
+def _new_pin(ws: Workspace, req: _Request, project: Project, new: Version,
+             commit: GitPin | None) -> tuple[NewPin, Release | None]:
+    """The new pin, and the new release's own facts (None for a git commit)."""
+    if commit is not None:  # a git commit: pin that version's sdist when the index has one
+        try:
+            found = find_sdist(project, new)
+            sdist_pin = SdistPin(filename=found.filename, sha256=found.sha256)
+        except SourceError:  # an unreleased commit: the sdist pin stays (unused by git)
+            sdist_pin = project.sdist_pin
+        return NewPin(source="git", git=commit, sdist=sdist_pin), None
+    if source_kind(project.source).ships_wheels or not _has_sdist(project, new):
+        # The published wheels are the input (a release without an sdist, as SGLang
+        # publishes since 0.5.11, switches an sdist source to them).
+        pin = _wheel_pin(project, str(new), req.git_commit)
+        wheel = download_pinned(dataclasses.replace(project, version=str(new)),
+                               (pin.wheels or ())[0], ws.wheel_cache)
+        return pin, wheel_release(wheel)
+    found = find_sdist(project, new)
+    sdist = download_sdist(dataclasses.replace(project, version=str(new), sdist=SdistPin(
+        filename=found.filename, sha256=found.sha256, url=found.url)), ws.sdist_cache)
+    recorded = req.git_commit or commit_from_sdist(sdist)
+    if not recorded:
+        raise MaintenanceError(
+            f"the git commit of {project.distribution} {new} is unknown",
+            fix="pass --git-commit SHA (the sdist records none and the upstream "
+                "repository is not consulted)")
+    note = ("commit given with --git-commit" if req.git_commit else
+            "commit recorded in the sdist's own build metadata")
+    tag = project.git_pin.tag
+    return NewPin(
+        source=project.source,
+        git=GitPin(url=project.git_pin.url, commit=recorded, commit_verified=False,
+                   tag=tag.replace(project.version, str(new)) if project.version in tag
+                   else f"v{new}", note=f"{note}; not checked against the upstream repository"),
+        sdist=SdistPin(filename=found.filename, sha256=found.sha256)), sdist_release(sdist)
+
+
+def _journal(ws: Workspace, state: BumpState, stack: Stack) -> None:
+    """Every file the bump may write, kept in ``state`` as it is now (``--abort``)."""
+    files = [Path(state.declaration), report_path(ws, state),
+             ws.root / "patches" / state.stack / "CHANGELOG.md",
+             *(report_file(ws, state.stack, k, stack.project(k).version, v)
+               for k, v in state.companion_bumps.items())]
+    dirs = ([ws.root / "patches" / state.stack] if state.created_stack else
+            [Path(state.series_dir),
+             *(ws.series_dir(stack.project(k)) for k in state.companion_bumps)])
+    state.before, state.journaled_dirs = journal(ws.root, files, dirs)
+    shutil.rmtree(BumpState.directory(ws, state.stack, state.project), ignore_errors=True)
 
 
 def _has_sdist(project: Project, version: Version) -> bool:
     """Whether the index has an sdist of ``version`` (a release with wheels only has not;
     one with neither is refused, naming the versions it has)."""
     try:
-        index_sdist(project, version)
+        find_sdist(project, version)
     except SourceError:
-        if not index_wheels(project, version):
+        if not find_wheels(project, version):
             check_released(project, version, f"projects.{project.key}")
             raise
         return False
@@ -328,13 +337,11 @@ def _has_sdist(project: Project, version: Version) -> bool:
 
 def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
                 release: Release) -> tuple[dict[str, NewPin], dict[str, str], dict[str, str]]:
-    """The projects the new release pins at another version (its coordinated projects),
-    each moved to the version it pins: (new pins of those that ship as published, which
-    this bump's declaration edit writes; versions of those with patches, each bumped with
-    its series first, as a bump of its own that this one waits for).  A project shipped as
-    published is pinned as a ``wheel`` source, whatever kind declared it: its published
-    wheels are all it ships, and the old release's sdist and git pins pin nothing of the
-    new one.  Third: why each moves, a line a person reads (key -> line)."""
+    """The projects the new release pins at another version, each moved to the version it
+    pins: (new pins of those that ship as published, which this bump's declaration edit
+    writes, as ``wheel`` sources whatever kind declared them; versions of those with
+    patches, each bumped with its series first, as a bump of its own that this one waits
+    for; why each moves, a line a person reads)."""
     pins: dict[str, NewPin] = {}
     bumps: dict[str, str] = {}
     moves: dict[str, str] = {}
@@ -358,7 +365,7 @@ def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> Ne
     """The pin of a ``wheel`` source at ``new_version``: its published wheels (the series
     is applied to them), and a git pin only when the commit is given."""
     probe = dataclasses.replace(project, version=new_version, wheels=())
-    wheels = index_wheels(probe, Version(new_version))
+    wheels = find_wheels(probe, Version(new_version))
     if not wheels:
         check_released(project, Version(new_version), f"projects.{project.key}")
         raise MaintenanceError(
@@ -374,11 +381,28 @@ def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> Ne
     return NewPin(source="wheel", git=git, wheels=wheels)
 
 
+# ---------------------------------------------------------------- the steps, in order
+def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResult:
+    """Run the bump's steps from the one it saved last (each saved when it ends, each
+    redone from its start when a run stopped inside it), then write its result."""
+    if skip and not state.conflict_head:
+        raise MaintenanceError("no conflict to skip", where=f"{state.stack}/{state.project}",
+                               fix=f"`{command('bump', state.stack, state.project, '--continue')}`"
+                                   " resumes the bump")
+    steps: tuple[Callable[[Workspace, BumpState], None], ...] = (
+        _start, _bump_companions, _new_tree, functools.partial(_apply_series, skip=skip))
+    for step in steps[state.step:]:
+        step(ws, state)
+        state.step += 1
+        state.save(ws)
+    return _finalize(ws, state)
+
+
 def _start(ws: Workspace, state: BumpState) -> None:
-    """Step 1: the new stack's copy (``--new-stack``), and the fork tree at the old pin and
-    series kept aside (``@pre-bump``) with the series it was made from; each part redone
-    when a run stopped before it was saved."""
-    d, series_before = _state_paths(ws, state)
+    """The new stack's copy (``--new-stack``), and the fork tree at the old pin and series
+    kept aside (``@pre-bump``) with the series it was made from; each part redone when a
+    run stopped before it was saved."""
+    d = BumpState.directory(ws, state.stack, state.project)
     if state.created_stack and not Path(state.declaration).is_file():
         shutil.rmtree(ws.root / "patches" / state.stack, ignore_errors=True)  # a partial copy
         source = ws.stack(state.source_stack, strict=False)
@@ -386,19 +410,17 @@ def _start(ws: Workspace, state: BumpState) -> None:
         stage("stack created")
     stack = ws.stack(state.stack, strict=False)
     project = stack.project(state.project)
-    pre = ws.work_tree(stack, project, "pre-bump")
+    pre = ws.work_tree(stack, project, _PRE)
     if not pre.exists():
         work = ws.work_tree(stack, project)
         if work.exists() and read_state(work) is None:  # this bump's unpack, stopped
             shutil.rmtree(work)  # (the pre-flight refused a tree with no state)
         old_tree = prepare_tree(ws, stack, project)
-        shutil.rmtree(series_before, ignore_errors=True)
+        shutil.rmtree(d / "series", ignore_errors=True)
         d.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(ws.series_dir(project), series_before)
+        shutil.copytree(ws.series_dir(project), d / "series")
         os.replace(old_tree.path, pre)
         stage("old tree kept")
-    state.phase = "companions" if state.companion_bumps else "new-tree"
-    state.save(ws)
 
 
 def _bump_companions(ws: Workspace, state: BumpState) -> None:
@@ -411,20 +433,16 @@ def _bump_companions(ws: Workspace, state: BumpState) -> None:
         if pending is None and Version(current.version) == Version(version):
             continue  # done (by this bump, or by hand)
         try:
-            if pending is not None:
-                done = _resume(ws, pending)
-            else:
-                done = _bump(ws, state.stack, key, version, allow_downgrade=True,
-                             coordinated_with=state.project,
-                             moved_by={key: state.moves[key]} if key in state.moves else None)
+            done = _resume(ws, pending) if pending is not None else _bump(ws, _Request(
+                stack=state.stack, project=key, revision=version, allow_downgrade=True,
+                coordinated_with=state.project,
+                moved_by={key: state.moves[key]} if key in state.moves else {}))
         except MaintenanceError as exc:
             _then_resume(exc, key, state)
             raise
         state.companion_results[key] = list(done.classifications)
         state.save(ws)
         stage("companion bumped")
-    state.phase = "new-tree"
-    state.save(ws)
 
 
 def _then_resume(exc: MaintenanceError, key: str, state: BumpState) -> None:
@@ -436,244 +454,229 @@ def _then_resume(exc: MaintenanceError, key: str, state: BumpState) -> None:
                f"`{resume}` goes on with {state.project} {state.new_version}")
 
 
-def _start_new_tree(ws: Workspace, stack: Stack, project: Project, state: BumpState) -> None:
-    """Step 2: the fork tree at the new upstream, with the old series' commits fetched
-    beside it (made again when a run stopped while unpacking it)."""
-    repo = prepare_tree(ws, stack, state.pinned(project), patches=(),
-                        force=True).repo
-    pre = ws.work_tree(stack, project, "pre-bump")
-    repo("fetch", "--quiet", "--no-tags", str(pre),
+def _new_tree(ws: Workspace, state: BumpState) -> None:
+    """The fork tree at the new upstream, with the old series' commits fetched beside it."""
+    stack = ws.stack(state.stack, strict=False)
+    project = stack.project(state.project)
+    repo = prepare_tree(ws, stack, state.pinned(project), patches=(), force=True).repo
+    repo("fetch", "--quiet", "--no-tags", str(ws.work_tree(stack, project, _PRE)),
          f"+HEAD:{BEFORE_REF}", f"+refs/tags/{UPSTREAM_TAG}:{BEFORE_BASE_REF}")
     state.head = repo.head()
-    state.phase = "classify"
     state.save(ws)
     stage("new tree made")
 
 
-def _series_before(ws: Workspace, state: BumpState) -> Series:
-    _, series_backup = _state_paths(ws, state)
-    return load_series(series_backup)
+@dataclass(frozen=True)
+class _Series:
+    """What applying the series works on: the bump, its stack and project as declared
+    now, the fork tree, and the series the bump started from (the patches it applies)."""
+
+    ws: Workspace
+    state: BumpState
+    stack: Stack
+    project: Project
+    repo: Git
+    series: Series
+
+    @property
+    def patch(self) -> Patch:
+        """The patch the bump is at."""
+        return self.series.patches[self.state.next_index]
+
+    def cmd(self, option: str) -> str:
+        return command("bump", self.state.stack, self.state.project, option)
+
+    def record(self, verdict: str, evidence: list[str]) -> None:
+        self.state.results.append(classification(self.patch, verdict, evidence))
 
 
-def _record(state: BumpState, patch: Patch, verdict: str, evidence: list[str]) -> None:
-    state.results.append(classification(patch, verdict, evidence))
+def _apply_series(ws: Workspace, state: BumpState, *, skip: bool) -> None:
+    """Classify and apply each patch in order, like ``git am``: a stop at a conflict or at
+    a merge that fails its check goes on here from where the user left the tree."""
+    if not state.head:  # killed while the new tree was unpacked
+        _new_tree(ws, state)
+    stack = ws.stack(state.stack, strict=False)
+    project = stack.project(state.project)
+    at = _Series(ws, state, stack, project, Git(ws.work_tree(stack, project)),
+                 load_series(BumpState.directory(ws, state.stack, state.project) / "series"))
+    if state.conflict_head:
+        _settle_stop(at, skip=skip)
+    _back_to(at.repo, state.head)
+    if not state.preview and state.next_index == 0:
+        state.preview = list(preview(at.repo, at.series.patches, Version(state.new_version)))
+        state.save(ws)
+        write_bump_report(ws, stack, project, state, state.pinned(project),
+                          stopped="applying the series (the run did not finish)")
+        stage("classified")
+    while state.next_index < len(at.series.patches):
+        _apply_patch(at)
+        state.next_index += 1
+        state.head = at.repo.head()
+        state.save(ws)
+        stage("patch applied")
 
 
-def _conflict_message(state: BumpState, patch: Patch, repo: Git, tree: str) -> str:
-    files = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
-    return (f"patch {patch.name} conflicts with {state.project} {state.new_version}"
-            f"{': ' + ', '.join(files) if files else ''}; the fork tree {tree} stops at it "
-            "with conflict markers in place")
+def _settle_stop(at: _Series, *, skip: bool) -> None:
+    """The patch the bump stopped at, as the user left it: resolved (checked), merged and
+    mended, or dropped (``skip``, like ``git am --skip``); its verdict recorded."""
+    repo, state, patch = at.repo, at.state, at.patch
+    if skip and repo.am_in_progress():  # drop the conflicting patch, like git am
+        repo("am", "--skip")
+    elif skip and repo.head() != state.conflict_head:  # merged, fails its check
+        repo("reset", "-q", "--hard", state.conflict_head)
+    if repo.am_in_progress():
+        unmerged = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
+        marked = [f for f in sorted({*unmerged, *patch.files})
+                  if (repo.path / f).is_file() and _CONFLICT_MARK.search(
+                      (repo.path / f).read_text(errors="replace"))]
+        if marked:
+            raise MaintenanceError(
+                f"patch {patch.name} still has conflict markers: {', '.join(marked)}",
+                where=str(repo.path),
+                fix=f"edit them, then `{at.cmd('--continue')}`; or drop the patch: "
+                    f"`{at.cmd('--skip')}`; or `{at.cmd('--abort')}`")
+        repo("add", "-A")
+        if repo("diff", "--cached", "--name-only", "HEAD", quiet=True):
+            repo("am", "--continue")
+        else:  # resolved to upstream's side: nothing left of the patch
+            repo("am", "--skip")
+    elif state.failed_check and repo.is_dirty():  # mended by hand after its check
+        repo("add", "-A")
+        repo("commit", "-q", "--amend", "--no-edit", "--no-verify")
+    if repo.head() == state.merged_head:  # the 3-way merge, as it was
+        checked = _check_or_stop(at)
+        at.record(STILL_NEEDED, [*state.conflict_evidence, checked])
+    elif repo.head() != state.conflict_head:
+        at.record(RESOLVED, _resolution(at))
+    else:
+        at.record(DROPPED_BY_HAND, [*state.conflict_evidence,
+                                    "conflict resolved by dropping the patch (--skip)"])
+    state.next_index += 1
+    state.conflict_head = state.merged_head = ""
+    state.failed_check = []
+    state.head = repo.head()
+    state.save(at.ws)
 
 
-def _resolved_patch(repo: Git, patch: Patch, fix: str) -> Patch:
-    """The commit a hand resolution of ``patch`` made (HEAD), as the patch it becomes.
+def _apply_patch(at: _Series) -> None:
+    """Classify the patch the bump is at and apply it: exactly, or by a 3-way merge that
+    its check then judges; a conflict stops the bump."""
+    repo, state, patch = at.repo, at.state, at.patch
+    verdict, evidence = classify(repo, patch, Version(state.new_version))
+    if verdict == STILL_NEEDED:
+        repo("am", "--quiet", "--no-3way", "--keep-cr", "--committer-date-is-author-date",
+             str(patch.path))
+    elif verdict in (CONFLICT, TARGET_MISSING):
+        state.conflict_head = repo.head()
+        state.conflict_evidence = evidence
+        state.save(at.ws)
+        try:
+            repo("am", "--quiet", "--3way", "--keep-cr", "--committer-date-is-author-date",
+                 str(patch.path))
+        except CommandError:
+            files = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
+            raise _stop(at, lambda tree: (
+                f"patch {patch.name} conflicts with {state.project} {state.new_version}"
+                f"{': ' + ', '.join(files) if files else ''}; the fork tree {tree} stops at "
+                "it with conflict markers in place"),
+                lambda tree: f"resolve the conflicts in {tree}, then",
+                [f"{patch.name} stops the bump: {evidence[-1]}"]) from None
+        state.merged_head = repo.head()
+        state.conflict_evidence = [*evidence, MERGED_3WAY]
+        state.save(at.ws)
+        verdict, evidence = STILL_NEEDED, [*state.conflict_evidence, _check_or_stop(at)]
+        state.conflict_head = state.merged_head = ""
+    at.record(verdict, evidence)
+
+
+def _resolved_patch(at: _Series) -> Patch:
+    """The commit a hand resolution of the patch made (HEAD), as the patch it becomes.
 
     Checked when ``--continue`` accepts the resolution, while that commit is still HEAD
     and ``git commit --amend`` mends it: a resolution that moved the change to another
     file leaves Fingerprint or Effect lines naming the old one, which the series export
     at the end of the bump refuses (and then only a rebase mends it).
     """
+    repo = at.repo
     with tempfile.TemporaryDirectory(prefix="sm120fork-resolved-") as tmp:
         out = repo(*FORMAT_PATCH, "-o", tmp, "-1", "HEAD", quiet=True)
         try:
             return parse_patch(Path(out.split()[0]))
         except SeriesError as exc:
             raise MaintenanceError(
-                f"the resolution of {patch.name} (HEAD of the fork tree) cannot become a "
+                f"the resolution of {at.patch.name} (HEAD of the fork tree) cannot become a "
                 f"patch: {exc.what}", where=str(repo.path),
                 fix=f"make its message say what the resolved change does (a Fingerprint "
                     f"or Effect line names a file the change touches now, patches/"
-                    f"README.md): `git -C {repo.path} commit --amend`, then {fix}") from None
+                    f"README.md): `git -C {repo.path} commit --amend`, then "
+                    f"`{at.cmd('--continue')}`") from None
 
 
-def _resolution(ws: Workspace, stack: Stack, project: Project, repo: Git, state: BumpState,
-                series: Series, cmd: Callable[[str], str]) -> list[str]:
+def _resolution(at: _Series) -> list[str]:
     """The evidence for a hand resolution (HEAD), judged by its own header and checked."""
-    patch = series.patches[state.next_index]
     # The resolved commit's own header: it may name where the change is now.
-    resolved = _resolved_patch(repo, patch, f"`{cmd('--continue')}`")
-    judged = match_upstream(repo, resolved, "HEAD")
+    judged = match_upstream(at.repo, _resolved_patch(at), "HEAD")
     holds = judged.already_upstream
     if not holds:  # said now, not only in the report at the end
         log.warning("%s: the patch's effect does not hold on the resolved tree "
-                    "(%s): review the resolution in %s", patch.name,
+                    "(%s): review the resolution in %s", at.patch.name,
                     "; ".join(e for e in judged.evidence
-                              if e.endswith(("absent", "ABSENT", "PRESENT"))), repo.path)
-    checked = _check_or_stop(ws, stack, project, repo, state, series)
-    return [*state.conflict_evidence, "conflict resolved by hand in the fork tree",
+                              if e.endswith(("absent", "ABSENT", "PRESENT"))), at.repo.path)
+    checked = _check_or_stop(at)
+    return [*at.state.conflict_evidence, "conflict resolved by hand in the fork tree",
             "the patch's effect holds on the resolved tree" if holds else
             "WARNING: the patch's effect does not hold on the resolved tree: review", checked]
 
 
-def _check_or_stop(ws: Workspace, stack: Stack, project: Project, repo: Git,
-                   state: BumpState, series: Series) -> str:
-    """Check the tree a merge or a resolution of the patch at ``next_index`` made (with
-    the patches applied before it); its evidence line, or a stop like a conflict's.  A
-    check that could not run (its probe's requirements, the overlay's download) stops
-    too, saying so: it is no verdict on the patch."""
-    applied = [p for p, r in zip(series.patches, state.results, strict=False)
+def _check_or_stop(at: _Series) -> str:
+    """Check the tree a merge or a resolution of the patch made (with the patches applied
+    before it); its evidence line, or a stop like a conflict's.  A check that could not
+    run (its probe's requirements, the overlay's download) stops too, saying so: it is
+    no verdict on the patch."""
+    state, patch = at.state, at.patch
+    applied = [p for p, r in zip(at.series.patches, state.results, strict=False)
                if r.verdict in (STILL_NEEDED, RESOLVED)]
-    patch = series.patches[state.next_index]
     state.conflict_evidence = [e for e in state.conflict_evidence
                                if not e.startswith(f"{MERGED_UNCHECKED}: ")]
     try:
-        result = check_tree(repo.path, [*applied, patch], cache=ws.state_dir / "probe",
-                            layout=state.new_pin.layout or project.layout)
+        result = check_tree(at.repo.path, [*applied, patch], cache=at.ws.state_dir / "probe",
+                            layout=state.new_pin.layout or at.project.layout)
     except ToolkitError as exc:
         state.conflict_evidence.append(f"{MERGED_UNCHECKED}: {exc.what}")
-        step = ("make the check runnable" + (f" ({relative(exc.fix, ws.root)})"
+        step = ("make the check runnable" + (f" ({relative(exc.fix, at.ws.root)})"
                                              if exc.fix else "") + ", then")
-        raise _stop_at_check(ws, stack, project, repo, state,
-                             f"patch {patch.name} is {MERGED_UNCHECKED}: {exc.what}",
-                             lambda _: step, []) from exc
+        what = f"patch {patch.name} is {MERGED_UNCHECKED}: {exc.what}"
+        raise _stop(at, lambda _: what, lambda _: step, []) from exc
     if result.passed:
         return f"{CHECK_PASSES}: {result.summary}"
     state.failed_check = [*map(str, result.failures), f"check: {result.summary}"]
     first = result.failures[0]
     if (said := f"{MERGED_FAILS_CHECK}: {first}") not in state.conflict_evidence:
         state.conflict_evidence.append(said)
-    raise _stop_at_check(ws, stack, project, repo, state,
-                         f"patch {patch.name} is {MERGED_FAILS_CHECK}: {first.where}: "
-                         f"{first.error} ({first.check})",
-                         lambda tree: f"mend it in {tree}, then", state.failed_check)
+    raise _stop(at, lambda _: f"patch {patch.name} is {MERGED_FAILS_CHECK}: {first.where}: "
+                              f"{first.error} ({first.check})",
+                lambda tree: f"mend it in {tree}, then", state.failed_check)
 
 
-def _stop_at_check(ws: Workspace, stack: Stack, project: Project, repo: Git,
-                   state: BumpState, what: str, first: Callable[[str], str],
-                   detail: list[str]) -> MaintenanceError:
-    """The stop at the patch whose check failed or could not run (saved, reported): the
-    error to raise, with the steps (``first(tree)``, then continue, skip or abort)."""
-    state.save(ws)
+def _stop(at: _Series, what: Callable[[str], str], first: Callable[[str], str],
+          detail: list[str]) -> MaintenanceError:
+    """The stop at the patch (saved, reported): the error to raise, with the steps
+    (``first(tree)``, then continue, skip or abort).  The report names the tree relative
+    to the checkout: no machine path."""
+    at.state.save(at.ws)
 
     def fix(tree: str) -> str:
-        def cmd(option: str) -> str:
-            return command("bump", state.stack, state.project, option)
-        return (f"{first(tree)} `{cmd('--continue')}` (it checks again); or drop "
-                f"the patch: `{cmd('--skip')}`; or `{cmd('--abort')}` to restore the "
-                "previous pin and series")
-    rel = os.path.relpath(repo.path, ws.root)
-    report = write_bump_report(ws, stack, project, state, state.pinned(project),
-                               stopped=f"{what}. Next: {fix(rel)}.")
-    return MaintenanceError(what, where=state.stack, fix=fix(str(repo.path)), detail="\n".join(
-        [*detail, *preview_lines(state),
-         f"report (the evidence for each verdict): {report.relative_to(ws.root)}"]))
-
-
-def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResult:
-    if state.phase == "start":
-        _start(ws, state)
-    if state.phase == "companions":
-        _bump_companions(ws, state)
-    stack = ws.stack(state.stack, strict=False)
-    project = stack.project(state.project)
-    if state.phase == "new-tree" or not state.head:
-        _start_new_tree(ws, stack, project, state)
-    repo = Git(ws.work_tree(stack, project))
-    series = _series_before(ws, state)
-    new_version = Version(state.new_version)
-    def cmd(option: str) -> str:
-        return command("bump", state.stack, state.project, option)
-    if skip and not state.conflict_head:
-        raise MaintenanceError("no conflict to skip", where=f"{state.stack}/{state.project}",
-                               fix=f"`{cmd('--continue')}` resumes the bump")
-    if state.phase == "classify":
-        if state.conflict_head:
-            patch = series.patches[state.next_index]
-            if skip and repo.am_in_progress():  # drop the conflicting patch, like git am
-                repo("am", "--skip")
-            elif skip and repo.head() != state.conflict_head:  # merged, fails its check
-                repo("reset", "-q", "--hard", state.conflict_head)
-            if repo.am_in_progress():
-                unmerged = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
-                marked = [f for f in sorted({*unmerged, *patch.files})
-                          if (repo.path / f).is_file() and _CONFLICT_MARK.search(
-                              (repo.path / f).read_text(errors="replace"))]
-                if marked:
-                    raise MaintenanceError(
-                        f"patch {patch.name} still has conflict markers: {', '.join(marked)}",
-                        where=str(repo.path),
-                        fix=f"edit them, then `{cmd('--continue')}`; or drop the patch: "
-                            f"`{cmd('--skip')}`; or `{cmd('--abort')}`")
-                repo("add", "-A")
-                if repo("diff", "--cached", "--name-only", "HEAD", quiet=True):
-                    repo("am", "--continue")
-                else:  # resolved to upstream's side: nothing left of the patch
-                    repo("am", "--skip")
-            elif state.failed_check and repo.is_dirty():  # mended by hand after its check
-                repo("add", "-A")
-                repo("commit", "-q", "--amend", "--no-edit", "--no-verify")
-            if repo.head() == state.merged_head:  # the 3-way merge, as it was
-                checked = _check_or_stop(ws, stack, project, repo, state, series)
-                _record(state, patch, STILL_NEEDED, [*state.conflict_evidence, checked])
-            elif repo.head() != state.conflict_head:
-                _record(state, patch, RESOLVED, _resolution(ws, stack, project, repo, state,
-                                                            series, cmd))
-            else:
-                _record(state, patch, DROPPED_BY_HAND, [
-                    *state.conflict_evidence,
-                    "conflict resolved by dropping the patch (--skip)"])
-            state.next_index += 1
-            state.conflict_head = state.merged_head = ""
-            state.failed_check = []
-            state.head = repo.head()
-            state.save(ws)
-        _back_to(repo, state.head)
-        if not state.preview and state.next_index == 0:
-            state.preview = list(preview(repo, series.patches, new_version))
-            state.save(ws)
-            write_bump_report(ws, stack, project, state, state.pinned(project),
-                              stopped="applying the series (the run did not finish)")
-            stage("classified")
-        while state.next_index < len(series.patches):
-            patch = series.patches[state.next_index]
-            verdict, evidence = classify(repo, patch, new_version)
-            if verdict == STILL_NEEDED:
-                repo("am", "--quiet", "--no-3way", "--keep-cr",
-                     "--committer-date-is-author-date", str(patch.path))
-            elif verdict in (CONFLICT, TARGET_MISSING):
-                state.conflict_head = repo.head()
-                state.conflict_evidence = evidence
-                state.save(ws)
-                try:
-                    repo("am", "--quiet", "--3way", "--keep-cr",
-                         "--committer-date-is-author-date", str(patch.path))
-                except CommandError:
-                    def fix(tree: str) -> str:
-                        return (f"resolve the conflicts in {tree}, then "
-                                f"`{cmd('--continue')}`; or drop the patch: "
-                                f"`{cmd('--skip')}`; or "
-                                f"`{cmd('--abort')}` to restore the previous pin and series")
-                    # The report names the tree relative to the checkout: no machine path.
-                    rel = os.path.relpath(repo.path, ws.root)
-                    report = write_bump_report(
-                        ws, stack, project, state, state.pinned(project),
-                        stopped=f"{_conflict_message(state, patch, repo, rel)}. "
-                                f"Next: {fix(rel)}.")
-                    raise MaintenanceError(
-                        _conflict_message(state, patch, repo, str(repo.path)),
-                        where=state.stack, fix=fix(str(repo.path)),
-                        detail="\n".join([f"{patch.name} stops the bump: {evidence[-1]}",
-                                          *preview_lines(state),
-                                          f"report (the evidence for each verdict): "
-                                          f"{report.relative_to(ws.root)}"])) from None
-                state.merged_head = repo.head()
-                state.conflict_evidence = [*evidence, MERGED_3WAY]
-                state.save(ws)
-                verdict = STILL_NEEDED
-                evidence = [*state.conflict_evidence,
-                            _check_or_stop(ws, stack, project, repo, state, series)]
-                state.conflict_head = state.merged_head = ""
-            _record(state, patch, verdict, evidence)
-            state.next_index += 1
-            state.head = repo.head()
-            state.save(ws)
-            stage("patch applied")
-        state.phase = "finalize"
-        state.save(ws)
-    else:  # a rebuild of the tree that stopped part-way would export half the series
-        _back_to(repo, state.head)
-    return _finalize(ws, stack, project, repo, state)
+        return (f"{first(tree)} `{at.cmd('--continue')}`; or drop the patch: "
+                f"`{at.cmd('--skip')}`; or `{at.cmd('--abort')}` to restore the previous "
+                "pin and series")
+    rel = os.path.relpath(at.repo.path, at.ws.root)
+    report = write_bump_report(at.ws, at.stack, at.project, at.state,
+                               at.state.pinned(at.project),
+                               stopped=f"{what(rel)}. Next: {fix(rel)}.")
+    tree = str(at.repo.path)
+    return MaintenanceError(what(tree), where=at.state.stack, fix=fix(tree), detail="\n".join(
+        [*detail, *preview_lines(at.state),
+         f"report (the evidence for each verdict): {report.relative_to(at.ws.root)}"]))
 
 
 def _back_to(repo: Git, head: str) -> None:
@@ -707,8 +710,13 @@ def _range_diff(repo: Git) -> str:
     return "\n".join([*gone, *new])
 
 
-def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
-              state: BumpState) -> BumpResult:
+def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
+    """The bump written: series, declaration, the tree rebuilt from them, report and
+    changelog; then closed."""
+    stack = ws.stack(state.stack, strict=False)
+    project = stack.project(state.project)
+    repo = Git(ws.work_tree(stack, project))
+    _back_to(repo, state.head)  # as a run stopped in this step left it
     series_dir = Path(state.series_dir)
     # Everything that can fail without changing a file comes first: a failure here leaves
     # the declaration and series as they were, and --continue tries again.
@@ -718,7 +726,7 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
     if ships_published or project.wheels:
         # An empty series ships the published wheels unchanged (like a stack whose
         # FlashInfer is used as published); otherwise the old version's pins must go.
-        wheels = (index_wheels(state.pinned(project), Version(state.new_version))
+        wheels = (find_wheels(state.pinned(project), Version(state.new_version))
                   if ships_published else ())
         if ships_published and not wheels:
             raise MaintenanceError(
@@ -735,7 +743,7 @@ def _finalize(ws: Workspace, stack: Stack, project: Project, repo: Git,
     # bump stopped stays (the journal holds the text from before the bump, for --abort).
     declaration = Path(state.declaration)
     decl = declaration_with_pin(declaration.read_text(encoding="utf-8"), project, state,
-                                state.declaration, series_empty=empty,
+                                state.declaration,
                                 description=_description(ws, stack, project, state, empty)
                                 if state.created_stack else "")
     # The stack the edit declares, checked before a file is written: what follows
@@ -783,9 +791,9 @@ def _close(ws: Workspace, state: BumpState) -> None:
     stopped while removing it).  Interrupted before, ``--abort`` still finds the old tree
     whole; never a tree half removed."""
     d = BumpState.directory(ws, state.stack, state.project)
-    pre = ws.trees_dir / state.stack / f"{state.project}@pre-bump"
+    pre = ws.trees_dir / state.stack / f"{state.project}@{_PRE}"
     if pre.exists():
-        os.replace(pre, d / _KEPT)
+        os.replace(pre, d / _PRE)
     stage("old tree set aside")
     done = Path(tempfile.mkdtemp(prefix=scratch_prefix(_done_label(state.stack,
                                                                    state.project)),
@@ -892,7 +900,7 @@ def _put_back_old_tree(ws: Workspace, state: BumpState, d: Path) -> None:
     the tree, or in its folder once written), in renames: interrupted, it is still whole
     in one of the two places and the next ``--abort`` finds it."""
     work = ws.trees_dir / state.stack / state.project
-    kept = [p for p in (ws.trees_dir / state.stack / f"{state.project}@pre-bump", d / _KEPT)
+    kept = [p for p in (ws.trees_dir / state.stack / f"{state.project}@{_PRE}", d / _PRE)
             if p.exists()]
     if not kept:
         return

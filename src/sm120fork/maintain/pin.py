@@ -16,11 +16,9 @@ import tomlkit
 from packaging.version import Version
 
 from sm120fork.declare import Project, Stack, WheelPin, parse_stack
-from sm120fork.errors import (
-    ConfigError,
-    MaintenanceError,
-)
-from sm120fork.fetch.index import find_sdist, find_wheels, project_page
+from sm120fork.errors import ConfigError, MaintenanceError
+from sm120fork.fetch.index import project_page
+from sm120fork.fetch.kinds import source_kind
 from sm120fork.maintain.state import BumpState, NewPin
 from sm120fork.patch.refresh import note_written
 from sm120fork.workspace import Workspace
@@ -28,12 +26,6 @@ from sm120fork.workspace import Workspace
 _COMMIT_IN_SOURCE = re.compile(
     r"""(?:__git_commit__|git_commit|__git_version__|git_version|__commit__)\s*[:=]\s*"""
     r"""["']([0-9a-f]{40})["']""")
-
-
-def index_sdist(project: Project, version: Version) -> tuple[str, str, str]:
-    """(filename, sha256, url) of the ``version`` sdist on the package index (PEP 691)."""
-    found = find_sdist(project, version)
-    return found.filename, found.sha256, found.url
 
 
 def check_released(project: Project, version: Version, where: str) -> None:
@@ -47,12 +39,6 @@ def check_released(project: Project, version: Version, where: str) -> None:
     raise MaintenanceError(
         f"{project.distribution} {version} does not exist on the package index; newest: "
         f"{final[-1] if final else 'none'}", where=where)
-
-
-def index_wheels(project: Project, version: Version) -> tuple[WheelPin, ...]:
-    """The published wheels of ``version`` as ``[[projects.<key>.wheels]]`` pins."""
-    return tuple(WheelPin(filename=f.filename, sha256=f.sha256)
-                 for f in find_wheels(project, version))
 
 
 def commit_from_sdist(sdist: Path) -> str:
@@ -172,7 +158,7 @@ def _set_pin(table: MutableMapping[str, Any], pin: NewPin) -> None:
                 sub[field.name] = v
     if pin.wheels is not None:
         _set_wheels(table, pin.wheels)
-    if pin.source == "wheel":
+    if source_kind(pin.source).ships_wheels:
         # A wheel source is repacked, not built: its local version goes into the
         # wheel's METADATA, so a build's version stamp (an sdist pin moving to a
         # release published as wheels only) has nothing left to stamp.
@@ -180,11 +166,10 @@ def _set_pin(table: MutableMapping[str, Any], pin: NewPin) -> None:
 
 
 def declaration_with_pin(text: str, project: Project, state: BumpState, where: str, *,
-                         series_empty: bool = False, description: str = "") -> str:
+                         description: str = "") -> str:
     """``text`` with the bump's pins written: the project's (version, source, git, sdist,
     wheels), its ``upstream_requires`` and ``layout`` as the new release states them, and
     the coordinated projects it moves with it; comments and layout of the text kept."""
-    del series_empty
     pin = state.new_pin
     doc = tomlkit.parse(text)
     projects = doc.get("projects")

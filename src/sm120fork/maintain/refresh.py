@@ -21,12 +21,7 @@ from sm120fork.patch.refresh import (
     uncommitted_series_files,
 )
 from sm120fork.patch.series import load_series
-from sm120fork.patch.tree import (
-    keep_uncommitted_hint,
-    open_tree,
-    other_series,
-    other_series_fix,
-)
+from sm120fork.patch.tree import keep_uncommitted_hint, open_tree, other_series, other_series_fix
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 

@@ -8,7 +8,6 @@ Python or platform ``pip install -c constraints.txt --find-links ...`` cannot re
 
 from __future__ import annotations
 
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from sm120fork.declare import Project
@@ -28,16 +27,8 @@ def release_wheels(project: Project, page: ProjectPage, version: str | None = No
     """The wheels of ``project`` at ``version`` (default: its pin) that the index lists,
     yanked ones left out, sorted."""
     wanted = Version(version or project.version)
-    found = []
-    for f in page.files:
-        try:
-            name, file_version, _, _ = parse_wheel_filename(f.filename)
-        except InvalidWheelFilename:
-            continue
-        if canonicalize_name(name) == project.normalized_name and file_version == wanted \
-                and not f.yanked:
-            found.append(f.filename)
-    return tuple(sorted(found))
+    return tuple(sorted(f.filename for v, f in page.files_of(project, wheels=True)
+                        if v == wanted and not f.yanked))
 
 
 def undeclared_wheels(project: Project, page: ProjectPage, version: str | None = None

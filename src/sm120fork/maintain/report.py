@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,9 +44,7 @@ def _table(results: Sequence[Classification]) -> list[str]:
 
 def verdict_counts(results: Sequence[Classification]) -> str:
     """``6 upstreamed differently, 2 conflict``: how many patches got each verdict."""
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.verdict] = counts.get(r.verdict, 0) + 1
+    counts = Counter(r.verdict for r in results)
     return "; ".join(f"{n} {verdict}" for verdict, n in counts.items()) or "no patches"
 
 
@@ -171,7 +170,7 @@ def write_changelog(ws: Workspace, stack: Stack, project: Project, state: BumpSt
     entry = [f"## {today()}: {project.key} {state.old_version} -> {state.new_version}", ""]
     for r in results:
         if r.verdict in UPSTREAMED:
-            pr = _applied_upstream_url_text(r.applied_upstream)
+            pr = f" (Applied-Upstream: {r.applied_upstream})" if r.applied_upstream else ""
             entry.append(f"- dropped {r.patch} ({r.subject}): {r.verdict} in "
                          f"{project.distribution} {state.new_version}{pr}")
         elif r.verdict == DROPPED_BY_HAND:
@@ -190,11 +189,3 @@ def write_changelog(ws: Workspace, stack: Stack, project: Project, state: BumpSt
     path.write_text(f"{head}\n\n" + "\n".join(entry) + ("\n" + body if body else ""),
                     encoding="utf-8")
     return path
-
-
-def _applied_upstream_url_text(field: str) -> str:
-    if not field:
-        return ""
-    return f" (Applied-Upstream: {field})"
-
-

@@ -14,8 +14,11 @@ from pathlib import Path
 from typing import TypeVar, cast
 
 from sm120fork.declare import SOURCE_KINDS, GitPin, Project, SdistPin, SourceKind, WheelPin
+from sm120fork.errors import MaintenanceError
 from sm120fork.workspace import Workspace
 
+#: ``state.json``'s format (2: the steps by number, every key written).
+FORMAT = 2
 BEFORE_REF = "refs/sm120fork/before-bump"
 BEFORE_BASE_REF = "refs/sm120fork/before-bump-base"
 
@@ -79,7 +82,9 @@ class Classification:
 _P = TypeVar("_P", GitPin, SdistPin, WheelPin)
 
 
-def _pin_of(kind: type[_P], data: object) -> _P:
+def _pin_of(kind: type[_P], data: object) -> _P | None:
+    if data is None:
+        return None
     if not isinstance(data, dict):
         raise TypeError(f"a {kind.__name__} is an object, not {type(data).__name__}")
     return kind(**data)
@@ -114,26 +119,21 @@ class NewPin:
 
     @classmethod
     def from_json(cls, data: object) -> NewPin:
-        """The ``new_pin`` of ``state.json`` (as older toolkits wrote it too: no
-        ``wheels`` key for the declared ones, ``{}`` for no sdist); TypeError when it is
-        not one."""
-        if not isinstance(data, dict) or data.get("source") not in SOURCE_KINDS:
+        """The ``new_pin`` of ``state.json``; TypeError or KeyError when it is not one."""
+        if not isinstance(data, dict) or data["source"] not in SOURCE_KINDS:
             raise TypeError(f"a new pin is an object with a source kind, not {data!r}")
-        git, sdist = data.get("git"), data.get("sdist")
-        wheels, requires = data.get("wheels"), data.get("upstream_requires")
-        companions = data.get("companions") or {}
-        if not all(isinstance(v, list | None) for v in (wheels, requires)) or not isinstance(
-                companions, dict) or not isinstance(data.get("version", ""), str) or \
-                not isinstance(data.get("layout") or "", str):
+        wheels, requires = data["wheels"], data["upstream_requires"]
+        if not all(isinstance(v, list | None) for v in (wheels, requires)) or not all(
+                isinstance(data[k], str) for k in ("version", "layout")):
             raise TypeError(f"a new pin has a field of the wrong type: {data!r}")
         return cls(
-            source=cast(SourceKind, data["source"]),
-            git=_pin_of(GitPin, git) if git else None,
-            sdist=_pin_of(SdistPin, sdist) if sdist else None,
-            wheels=None if wheels is None else tuple(_pin_of(WheelPin, w) for w in wheels),
-            version=data.get("version", ""), layout=data.get("layout") or "",
+            source=cast(SourceKind, data["source"]), git=_pin_of(GitPin, data["git"]),
+            sdist=_pin_of(SdistPin, data["sdist"]),
+            wheels=None if wheels is None else tuple(
+                cast(WheelPin, _pin_of(WheelPin, w)) for w in wheels),
+            version=data["version"], layout=data["layout"],
             upstream_requires=None if requires is None else tuple(map(str, requires)),
-            companions={str(k): cls.from_json(v) for k, v in companions.items()})
+            companions={str(k): cls.from_json(v) for k, v in dict(data["companions"]).items()})
 
 
 @dataclass
@@ -157,7 +157,8 @@ class BumpState:
     merged_head: str = ""
     #: Why the patch there fails its check (the bump stopped at it), one line each.
     failed_check: list[str] = dataclasses.field(default_factory=list)
-    phase: str = "classify"
+    #: The step the bump goes on from (``bump._resume``'s list): those before it are done.
+    step: int = 0
     started: str = ""
     command: str = ""
     #: The stack a ``--new-stack`` bump copies (its pins are the starting point).
@@ -180,6 +181,8 @@ class BumpState:
     #: Each coordinated bump this one ran to its end: key -> its patches' verdicts.
     companion_results: dict[str, list[Classification]] = dataclasses.field(
         default_factory=dict)
+    #: ``state.json``'s format: a state of another is refused, naming the file.
+    format: int = FORMAT
 
     def pinned(self, project: Project) -> Project:
         """``project`` at the bump's new pin and version."""
@@ -194,15 +197,28 @@ class BumpState:
 
     @classmethod
     def load(cls, ws: Workspace, stack: str, project: str) -> BumpState | None:
+        """The bump in progress, None when there is none (or its state is no state)."""
         path = cls.directory(ws, stack, project) / "state.json"
         try:
-            state = cls(**json.loads(path.read_text()))
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise MaintenanceError(
+                f"a bump in progress was started by an older toolkit (state format "
+                f"{data.get('format', 1) if isinstance(data, dict) else '?'}, this one reads "
+                f"{FORMAT})", where=str(path),
+                fix=f"finish or undo it with the toolkit that started it; or drop it: remove "
+                    f"{path.parent} and put back what it wrote (`git checkout -- forks "
+                    "patches reports`)")
+        try:
+            state = cls(**data)
             state.new_pin = NewPin.from_json(state.new_pin)
             state.results = [Classification.from_json(r) for r in state.results]
             state.preview = [Classification.from_json(r) for r in state.preview]
             state.companion_results = {str(k): [Classification.from_json(r) for r in v]
                                        for k, v in dict(state.companion_results).items()}
-        except (OSError, ValueError, TypeError):
+        except (KeyError, ValueError, TypeError):
             return None
         return state
 

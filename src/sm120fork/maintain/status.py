@@ -16,17 +16,11 @@ from sm120fork.declare import Project, Stack, coordinated_pin_problems
 from sm120fork.errors import ToolkitError
 from sm120fork.fetch.kinds import source_key, source_kind
 from sm120fork.maintain.release import release_check
-from sm120fork.maintain.state import (
-    BumpState,
-)
+from sm120fork.maintain.state import BumpState
 from sm120fork.manifest import UNCHECKED, Manifest
 from sm120fork.package.publish import load_manifest
 from sm120fork.patch.apply import check_series
-from sm120fork.patch.series import (
-    Patch,
-    Series,
-    load_series,
-)
+from sm120fork.patch.series import Patch, Series, load_series
 from sm120fork.patch.tree import prepare_tree, read_state
 from sm120fork.patch.upstream_match import match_upstream
 from sm120fork.resolved import ResolvedStack
@@ -58,10 +52,8 @@ def pinned_upstream(ws: Workspace, stack: Stack, project: Project) -> Git:
     The fork tree serves when it is at this pin (its work tree is not touched: only the
     tag is read); otherwise a pristine ``@upstream`` tree is made next to it.
     """
-    work = ws.work_tree(stack, project)
-    state = read_state(work) if work.exists() else None
-    if state is not None and state.source == source_key(project):
-        return Git(work)
+    if _at_pin(ws, stack, project):
+        return Git(ws.work_tree(stack, project))
     return prepare_tree(ws, stack, project, patches=(), variant="upstream", force=True).repo
 
 
@@ -77,9 +69,6 @@ class PatchStatus:
     fingerprint_upstream: str
     effect_upstream: str
     wheel: str
-
-    def to_json(self) -> dict[str, str]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,11 +97,7 @@ class ProjectStatus:
     claims: tuple[Standing, ...] = ()
 
     def to_json(self) -> dict[str, object]:
-        d = dataclasses.asdict(self)
-        d["patches"] = [p.to_json() for p in self.patches]
-        d["evidence"] = [e.to_json() for e in self.evidence]
-        d["claims"] = [c.to_json() for c in self.claims]
-        return d
+        return dataclasses.asdict(self)
 
 
 def _wheel_for(manifest: Manifest | None, stack: Stack, project: Project,

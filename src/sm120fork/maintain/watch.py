@@ -17,6 +17,7 @@ import json
 import logging
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -324,9 +325,7 @@ def summary(release: ReleaseWatch) -> str:
     """One line: what the release costs."""
     if release.outcome in ("refused", "failed", "carried"):
         return f"{release.outcome}: {release.error}"
-    counts: dict[str, int] = {}
-    for p in release.patches:
-        counts[p.verdict] = counts.get(p.verdict, 0) + 1
+    counts = Counter(p.verdict for p in release.patches)
     text = "; ".join(f"{n} {v}" for v, n in counts.items()) or "no patches"
     extra = [*(f"moves {m}" for m in release.moves),
              f"{len(release.claims)} claim(s) to re-make" if release.claims else ""]

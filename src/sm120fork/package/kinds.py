@@ -1,10 +1,8 @@
-"""The source kinds a project is built from, as a registry: one class per kind.
-
-Each kind says what it downloads (once per build, before the projects build side by side)
-and how it turns a project and its series into checked wheels and their manifest entries.
-:func:`sm120fork.package.stack.build_project` is the one entry point for every kind; it
-picks the kind with :func:`kind_for`.  A new kind is a class here and a line in ``KINDS``,
-with its fetch side (digest, downloads, fork tree) in :mod:`sm120fork.fetch.kinds`.
+"""How a project's wheels are made, by what its source kind (:mod:`sm120fork.fetch.kinds`)
+downloads: each way downloads once per build, before the projects build side by side, and
+turns a project and its series into checked wheels and their manifest entries.
+:func:`sm120fork.package.stack.build_project` is the one entry point; it picks the way with
+:func:`kind_for`, from the kind's own answers (no kind named here).
 
 - ``sdist``, ``git``: the fork tree (pinned upstream + series) is built with pypa/build;
 - ``wheel``: the series is applied to a tree laid out like the repository and each pinned
@@ -19,12 +17,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from sm120fork import __version__
-from sm120fork.declare import Project, Stack
+from sm120fork.declare import Project, Stack, WheelPin
 from sm120fork.errors import BuildError, VerifyError
-from sm120fork.fetch.kinds import source_kind
+from sm120fork.fetch.kinds import PUBLISHED, SourceFetch, source_kind
 from sm120fork.fetch.source import Progress
 from sm120fork.manifest import (
     UNCHECKED,
@@ -118,41 +115,34 @@ def check_tree_of(job: Job, tree: Path) -> str:
     return f"{UNCHECKED}: {why}"
 
 
-def _download(job: Job, kind: str) -> list[Path]:
-    return source_kind(kind).download(job.project, sdist_cache=job.ws.sdist_cache,
-                                      wheel_cache=job.ws.wheel_cache, progress=job.progress)
+class Build:
+    """How a project's wheels are made from what its source kind downloads."""
 
-
-class SourceKind(Protocol):
-    #: The kind's name in the registry.
-    name: str
-    #: The source kind (:mod:`sm120fork.fetch.kinds`) it fetches, and its build cache is
-    #: keyed by (kinds that share inputs share a key).
-    cache_kind: str
     #: It patches a fork tree (``.forks/trees/<stack>/<project>``), whose local work a
     #: cached build must not silently leave out.
-    has_tree: bool
+    has_tree = True
+
+    def __init__(self, source: SourceFetch) -> None:
+        #: The source kind it downloads with.
+        self.source = source
+
+    @property
+    def cache_kind(self) -> str:
+        """The source kind its build cache is keyed by (builds that share inputs share it)."""
+        return self.source.name
 
     def download(self, job: Job) -> list[Path]:
         """The kind's downloads, cached and sha256-checked."""
+        return self.source.download(job.project, sdist_cache=job.ws.sdist_cache,
+                                    wheel_cache=job.ws.wheel_cache, progress=job.progress)
 
     def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
         """Build and check the project's wheels into ``staging``; their entries."""
-
-
-class FromSource:
-    """An sdist or a git commit, patched in a fork tree and built with pypa/build."""
-
-    name: str
-    cache_kind: str
-    has_tree = True
-
-    def origin(self, project: Project) -> tuple[str | None, str | None]:
-        """The manifest's ``source.filename`` and ``source.url`` of the project's pin."""
         raise NotImplementedError
 
-    def download(self, job: Job) -> list[Path]:
-        return _download(job, self.cache_kind)
+
+class FromSource(Build):
+    """An sdist or a git commit, patched in a fork tree and built with pypa/build."""
 
     def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
         project, key = job.project, job.project.key
@@ -167,8 +157,8 @@ class FromSource:
         job.stage(key, "checking the wheel")
         results = check_wheel(wheel, project, job.series, tree.repo)
         require_passed(results, project)
-        filename, url = self.origin(project)
-        source = SourceRecord(kind=self.name, digest=tree.state.source.split(":", 1)[1],
+        filename, url = self.source.origin(project)
+        source = SourceRecord(kind=self.source.name, digest=tree.state.source.split(":", 1)[1],
                               filename=filename, url=url)
         return [job.entry(version=project.local_version, source=source, wheel=wheel,
                           sha256=sha256_file(wheel), patched_commit=tree.state.head,
@@ -176,30 +166,14 @@ class FromSource:
                           check=check)]
 
 
-class FromSdist(FromSource):
-    name = cache_kind = "sdist"
-
-    def origin(self, project: Project) -> tuple[str | None, str | None]:
-        return project.sdist_pin.filename, None
+def _record_of(pin: WheelPin) -> SourceRecord:
+    return SourceRecord(kind=PUBLISHED.name, digest=pin.sha256, filename=pin.filename,
+                        url=pin.url or None)
 
 
-class FromGit(FromSource):
-    name = cache_kind = "git"
-
-    def origin(self, project: Project) -> tuple[str | None, str | None]:
-        return None, project.git_pin.url
-
-
-class RepackedWheels:
+class RepackedWheels(Build):
     """Published wheels, the series applied to a tree laid out like the repository and
     each wheel repacked with the changed files (``source = "wheel"``)."""
-
-    name = "wheel"
-    cache_kind = "wheel"
-    has_tree = True
-
-    def download(self, job: Job) -> list[Path]:
-        return _download(job, self.cache_kind)
 
     def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
         project, series = job.project, job.series
@@ -222,49 +196,34 @@ class RepackedWheels:
             require_passed(results, project)
             entries.append(job.entry(
                 version=project.local_version, wheel=wheel, sha256=sha256_file(wheel),
-                source=SourceRecord(kind="wheel", digest=pin.sha256, filename=pin.filename,
-                                    url=pin.url or None),
-                patched_commit=tree.state.head, tree=tree.repo.tree_hash(),
-                changed_files=tuple(sorted(changed.values())), artifact_check=tuple(results),
-                check=check))
+                source=_record_of(pin), patched_commit=tree.state.head,
+                tree=tree.repo.tree_hash(), changed_files=tuple(sorted(changed.values())),
+                artifact_check=tuple(results), check=check))
         return entries
 
 
-class AsPublished:
+class AsPublished(Build):
     """An empty series and pinned published wheels: they ship byte for byte."""
 
-    name = "as-published"
-    cache_kind = "wheel"
     has_tree = False
-
-    def download(self, job: Job) -> list[Path]:
-        return _download(job, self.cache_kind)
 
     def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
         entries = []
         for pin, original in zip(job.project.wheels, inputs, strict=True):
             atomic_copy(original, staging / original.name)
-            entries.append(job.entry(
-                version=job.project.version, wheel=original, sha256=pin.sha256,
-                source=SourceRecord(kind="wheel", digest=pin.sha256, filename=pin.filename,
-                                    url=pin.url or None),
-                used_as_published=True))
+            entries.append(job.entry(version=job.project.version, wheel=original,
+                                     sha256=pin.sha256, source=_record_of(pin),
+                                     used_as_published=True))
             log.info("%s: %s used as published (sha256 %s)", job.project.key, pin.filename,
                      pin.sha256[:12])
         return entries
 
 
-KINDS: dict[str, SourceKind] = {
-    "sdist": FromSdist(),
-    "git": FromGit(),
-    "wheel": RepackedWheels(),
-    "as-published": AsPublished(),
-}
-
-
-def kind_for(project: Project, series: Series) -> SourceKind:
-    """The project's kind: its declared ``source``, or as published when its series is
-    empty and it pins published wheels."""
+def kind_for(project: Project, series: Series) -> Build:
+    """How the project's wheels are made: as published when its series is empty and it
+    pins published wheels; else by repacking them when its source kind's input is the
+    published wheels; else built from its source."""
     if not series.patches and project.wheels:
-        return KINDS["as-published"]
-    return KINDS[project.source]
+        return AsPublished(PUBLISHED)
+    source = source_kind(project.source)
+    return RepackedWheels(source) if source.ships_wheels else FromSource(source)

@@ -29,7 +29,7 @@ from sm120fork.errors import BuildError, ConfigError, DirtyTreeError
 from sm120fork.fetch.kinds import source_key
 from sm120fork.fetch.source import Progress
 from sm120fork.manifest import UNCHECKED, ManifestEntry
-from sm120fork.package.kinds import Job, SourceKind, Stage, kind_for, no_stage
+from sm120fork.package.kinds import Build, Job, Stage, kind_for, no_stage
 from sm120fork.package.publish import ProjectBuild, check_writable, publish
 from sm120fork.package.wheel import wheel_extras, wheel_requirements
 from sm120fork.patch.series import Series, load_series
@@ -212,7 +212,7 @@ class Planned:
 
     project: Project
     series: Series
-    kind: SourceKind
+    kind: Build
     #: Its build cache entry for these inputs (:func:`cache_key`).
     entry_dir: Path
 

@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import tomllib
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -158,11 +159,8 @@ def plan(series: Series, tests: Series | None, *, stack: str, project: str) -> P
 
 def why_none(plan: Plan) -> str:
     """How many of the project's patches go in no PR, per reason (``3 fork only, ...``)."""
-    counts: dict[str, int] = {}
-    for line in plan.not_proposed:
-        why = line.split(": ", 1)[1]
-        why = why if why.startswith("not grouped") else why.split(" (", 1)[0]
-        counts[why] = counts.get(why, 0) + 1
+    whys = (line.split(": ", 1)[1] for line in plan.not_proposed)
+    counts = Counter(w if w.startswith("not grouped") else w.split(" (", 1)[0] for w in whys)
     return ", ".join(f"{n} {why}" for why, n in counts.items()) or "its series is empty"
 
 
