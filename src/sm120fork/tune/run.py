@@ -198,21 +198,18 @@ def _cases(bench: WorldBench) -> list[record.Case]:
     return list(cases.values())
 
 
-def _driver(cuda_api: str | None) -> str | None:
-    """The doctor's driver fact is the CUDA version the driver supports (cuDriverGetVersion),
-    not its release number: say so where a record names the driver."""
-    return f"supports CUDA {cuda_api}" if cuda_api else None
-
-
 def _machine(facts: Facts, shared: bool) -> record.Machine:
     devices = facts["gpus"]["devices"]
     names = tuple(d["name"] for d in devices)
     caps = sorted({d["capability"] for d in devices})
     torch = facts.get("torch") or {}
     made = facts.get("made_by")
+    # the doctor's driver fact is the CUDA version the driver supports (cuDriverGetVersion),
+    # not its release number: the record says so
+    driver = facts["gpus"].get("driver")
     return record.Machine(
         description=f"{names[0] if names else 'no GPU'} x{len(names)}", gpus=names,
-        capability=", ".join(caps) or None, driver=_driver(facts["gpus"].get("driver")),
+        capability=", ".join(caps) or None, driver=f"supports CUDA {driver}" if driver else None,
         cuda=torch.get("cuda"), torch=torch.get("version"),
         python=made.get("python") if made else None,
         cpus=os.cpu_count(), shared_gpu=shared)
