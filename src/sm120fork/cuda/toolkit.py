@@ -71,11 +71,11 @@ def _pip_homes(python_paths: Sequence[str]) -> list[Path]:
             if (candidate / "bin" / "nvcc").is_file()]
 
 
-def candidates(*, environ: Mapping[str, str] | None = None, pip: bool = False,
-               python_paths: Sequence[str] | None = None) -> list[tuple[Path, Path | None, str]]:
-    """(nvcc, toolkit root or None to ask nvcc, where) in the order they are tried."""
+def locate_nvcc(*, environ: Mapping[str, str] | None = None, pip: bool = False,
+                python_paths: Sequence[str] | None = None) -> Nvcc | None:
+    """The first nvcc that runs and says its release, in FlashInfer's JIT's order; else None."""
     env = os.environ if environ is None else environ
-    found: list[tuple[Path, Path | None, str]] = []
+    found: list[tuple[Path, Path | None, str]] = []   # nvcc, its root (None: ask it), where
     home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
     if home:
         found.append((Path(home) / "bin" / "nvcc", Path(home), "CUDA_HOME"))
@@ -86,20 +86,11 @@ def candidates(*, environ: Mapping[str, str] | None = None, pip: bool = False,
     if pip:
         found += [(h / "bin" / "nvcc", h, "pip")
                   for h in _pip_homes(sys.path if python_paths is None else python_paths)]
-    return found
-
-
-def locate_nvcc(*, environ: Mapping[str, str] | None = None, pip: bool = False,
-                python_paths: Sequence[str] | None = None) -> Nvcc | None:
-    """The first nvcc of :func:`candidates` that runs and says its release; else None."""
-    for path, home, where in candidates(environ=environ, pip=pip, python_paths=python_paths):
-        if not path.is_file():
-            continue
-        version = _version(path)
-        if version is None:
-            continue
-        return Nvcc(path=path, home=home if home is not None else _home_of(path),
-                    version=version[0], version_text=version[1], found_in=where)
+    for path, root, where in found:
+        version = _version(path) if path.is_file() else None
+        if version is not None:
+            return Nvcc(path=path, home=root if root is not None else _home_of(path),
+                        version=version[0], version_text=version[1], found_in=where)
     return None
 
 

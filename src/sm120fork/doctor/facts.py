@@ -262,10 +262,7 @@ def _bare(hint: object) -> object:
 
 
 def parse_facts(data: object, where: str) -> Facts:
-    """``data`` (a parsed facts record) typed, once every key has its type; else
-    ConfigError naming ``where`` and the dotted key."""
-    schema = data.get("schema") if isinstance(data, dict) else None
-    if schema != SCHEMA:
-        raise ConfigError(f"schema {schema!r}, this doctor reads {SCHEMA!r}", where=where)
+    """``data`` (a parsed facts record of this schema) typed, once every key has its type;
+    else ConfigError naming ``where`` and the dotted key."""
     _read(data, Facts, "", where)
     return cast(Facts, data)

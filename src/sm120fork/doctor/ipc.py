@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import IO, TypeVar
+from typing import IO, TypeVar, cast
 
 from ..util import proc, wire
 from .cuda import CudaError, Driver
@@ -39,12 +39,9 @@ BANDWIDTH_BYTES = 32 << 20   # per timed copy
 REPEATS = 5
 
 
-def seed(writer: int, owner: int) -> int:
-    return 0x5EED0000 | (writer << 8) | owner
-
-
 def pattern(writer: int, owner: int) -> list[int]:
-    return [k ^ seed(writer, owner) for k in range(SLOT)]
+    seed = 0x5EED0000 | (writer << 8) | owner
+    return [k ^ seed for k in range(SLOT)]
 
 
 def mismatch(words: Sequence[int], expected: Sequence[int]) -> str:
@@ -81,11 +78,7 @@ class LinkResult:
         return "; ".join(bad) if bad else "writes and reads arrived (VMM/FD and CUDA IPC)"
 
     def to_json(self) -> Link:
-        return {"writer": self.writer, "owner": self.owner, "writer_gpu": self.writer_gpu,
-                "owner_gpu": self.owner_gpu, "sharing": self.sharing,
-                "write_gbps": self.write_gbps, "read_gbps": self.read_gbps,
-                "error": self.error, "seconds": self.seconds, "ok": self.ok,
-                "detail": self.detail}
+        return cast(Link, {**asdict(self), "ok": self.ok, "detail": self.detail})
 
 
 # --- the messages: each crosses the wire tagged with its class name, upper-cased --------

@@ -300,10 +300,8 @@ def portable(facts: Facts, home: Path | None = None) -> Facts:
     roles += [(p, "<site-packages>") for p in sys.path if p.endswith(("site-packages",
                                                                       "dist-packages"))]
     # folders on PYTHONPATH hold installed packages too (pip install --target)
-    roles += [(str(Path(p).resolve()), "<site-packages>") for p in
-              os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    roles += [(p, "<site-packages>") for p in os.environ.get("PYTHONPATH", "").split(
-        os.pathsep) if p]
+    for p in filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        roles += [(str(Path(p).resolve()), "<site-packages>"), (p, "<site-packages>")]
     roles.append((str(home or Path.home()), "~"))
     text = json.dumps(facts)
     for path, role in sorted(roles, key=lambda x: -len(x[0])):
