@@ -218,10 +218,12 @@ def test_a_build_is_its_stages_each_taking_the_previous_ones_result(
     once) is passed down; a project whose cached build serves downloads nothing; a
     partial plan publishes nothing."""
     from sm120fork.package import stack as pipeline
+    from sm120fork.resolved import ResolvedStack
 
-    stack = demo.ws.stack(STACK)
+    resolved = ResolvedStack.named(demo.ws, STACK)
+    stack = resolved.stack
     options = pipeline.Options(jobs=1)
-    plan = pipeline.load(demo.ws, stack, ["lib"])
+    plan = pipeline.load(resolved, ["lib"])
     assert [i.project.key for i in plan.projects] == ["lib"]
     assert not plan.whole
     assert [p.name[:4] for p in plan.projects[0].series.patches] == ["0001", "0002"]
@@ -232,7 +234,7 @@ def test_a_build_is_its_stages_each_taking_the_previous_ones_result(
         pipeline.check(pipeline.build(fetched, options), options), options)
     assert [(b.project, b.cached) for b in built.builds] == [("lib", False)]
     assert not demo.ws.stack_wheels(STACK).exists()  # a partial build publishes nothing
-    whole = pipeline.load(demo.ws, stack)
+    whole = pipeline.load(resolved)
     assert pipeline.fetch(whole, options).inputs["lib"] is None  # its cached build serves
     done = pipeline.stage_and_publish(
         pipeline.check(pipeline.build(pipeline.fetch(whole, options), options), options),

@@ -32,7 +32,7 @@ from sm120fork.manifest import UNCHECKED, ManifestEntry
 from sm120fork.package.kinds import Build, Job, Stage, kind_for, no_stage
 from sm120fork.package.publish import ProjectBuild, check_writable, publish
 from sm120fork.package.wheel import wheel_extras, wheel_requirements
-from sm120fork.patch.series import Series, load_series
+from sm120fork.patch.series import Series
 from sm120fork.patch.tree import (
     keep_local_work_hint,
     local_work,
@@ -40,6 +40,7 @@ from sm120fork.patch.tree import (
     other_series_fix,
 )
 from sm120fork.plugin.build import build_plugin, plugin_files, sglang_project
+from sm120fork.resolved import ResolvedStack
 from sm120fork.util import typed
 from sm120fork.util.files import (
     atomic_write_text,
@@ -97,7 +98,7 @@ def _commit_entry(staging: Path, entry_dir: Path, entries: list[ManifestEntry]) 
 
 
 def build_project(ws: Workspace, stack: Stack, project: Project, *,
-                  series: Series | None = None, force: bool = False, rebuild: bool = False,
+                  series: Series, force: bool = False, rebuild: bool = False,
                   progress: Progress | None = None, inputs: list[Path] | None = None,
                   stage: Stage = no_stage, unchecked: bool = False) -> list[ProjectBuild]:
     """The project's checked wheels, whatever its source kind (:mod:`.kinds`): from the
@@ -107,7 +108,6 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *,
     publish without checking the patched tree (a cached build made so is reused only then).
     """
     start = time.monotonic()
-    series = series if series is not None else load_series(ws.series_dir(project))
     kind = kind_for(project, series)
     key = cache_key(project, series, kind.cache_kind)
     entry_dir = ws.build_cache(stack, project) / key
@@ -259,12 +259,13 @@ class Built:
     builds: tuple[ProjectBuild, ...]
 
 
-def load(ws: Workspace, stack: Stack, only: Sequence[str] | None = None) -> Plan:
-    """Stage 1: the plan. Each series is read here, once per build."""
+def load(resolved: ResolvedStack, only: Sequence[str] | None = None) -> Plan:
+    """Stage 1: the plan, of the series the stack was resolved with."""
+    ws, stack = resolved.ws, resolved.stack
     projects = [stack.project(k) for k in only] if only else list(stack.projects)
     planned = []
     for p in projects:
-        series = load_series(ws.series_dir(p))
+        series = resolved.series[p.key]
         kind = kind_for(p, series)
         planned.append(Planned(project=p, series=series, kind=kind,
                                entry_dir=ws.build_cache(stack, p)
@@ -346,7 +347,7 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
     allow_children()
     with ws.lock(lock_timeout):
         remove_leftovers(ws, stack)
-        plan = load(ws, stack, only)
+        plan = load(ResolvedStack.of(ws, stack), only)
         built = stage_and_publish(check(build(fetch(plan, options), options), options),
                                   options)
     return list(built.builds)

@@ -159,7 +159,8 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     """``archs``: the compile proof's architectures (sm_90a and sm_120f always among them)."""
     start = time.monotonic()
     archs = tuple(dict.fromkeys((*BEFORE_ARCHS, *archs)))
-    plan = load(ws, stack)  # the stack's series, read once for the build and the checks
+    resolved = ResolvedStack.of(ws, stack)  # its series, read once for build and checks
+    plan = load(resolved)
     series = {i.project.key: i.series for i in plan.projects}
     patches = {key: s.patches for key, s in series.items()}
     _tree = _Trees(ws=ws, stack=stack, force=force)
@@ -212,7 +213,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     ctx = Context(root=ws.root, proof=proof, gate_variant=gate_variant,
                   behaviour=tuple((r.name, r.capability, r.passed) for r in sglang),
                   cpu=run_cpu_tests(ws.root, cpu_nodes, stack=stack.name) if cpu_nodes else {},
-                  stack=stack.name, today=ResolvedStack.of(ws, stack), workspace=ws)
+                  stack=stack.name, today=resolved, workspace=ws)
     verdicts = _verdicts(builds, patches, ctx, proof.archs if proof else archs)
     # One line per project: the series is one; a project of several wheels (one per
     # Python and platform, the same patched files in each) is named by its first.
