@@ -291,3 +291,13 @@ def test_the_bench_plan_a_group_is_given_is_the_plan_its_ranks_measure(
     assert measured == [(plan, ["fused_auto"])]
     assert (specs[0]["ranks"], specs[0]["max_tokens"], specs[0]["max_hidden"]) == (
         4, 3, max(plan.hidden))
+
+
+def test_each_module_s_loader_imports_its_builder_by_name_when_called() -> None:
+    from sm120fork.gpu.core import probe
+
+    assert set(probe.MODULES) == {"comm", "norm", "pcie_ipc", "vllm"}
+    assert probe._builder("json", "dumps")() is json.dumps
+    load = probe._builder("sm120fork_no_such_package.comm", "get_module")  # imports nothing yet
+    with pytest.raises(ModuleNotFoundError, match="sm120fork_no_such_package"):
+        load()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import importlib.metadata
 import sys
 from collections.abc import Callable
@@ -69,13 +70,12 @@ def environment() -> Environment:
     return env
 
 
-def _load_comm() -> Callable[[], object]:
-    from flashinfer.comm.trtllm_ar import (  # type: ignore[import-not-found, unused-ignore]
-        get_trtllm_comm_module,
-    )
-
-    fn: Callable[[], object] = get_trtllm_comm_module
-    return fn
+def _builder(module: str, name: str) -> Callable[[], Callable[[], object]]:
+    """A loader that imports ``module`` and returns its ``name``, which builds the module."""
+    def load() -> Callable[[], object]:
+        fn: Callable[[], object] = getattr(importlib.import_module(module), name)
+        return fn
+    return load
 
 
 def _load_norm() -> Callable[[], object]:
@@ -89,32 +89,16 @@ def _load_norm() -> Callable[[], object]:
     return build
 
 
-def _load_pcie_ipc() -> Callable[[], object]:
-    from flashinfer.comm import (  # type: ignore[import-not-found, unused-ignore]
-        get_pcie_ipc_comm_module,
-    )
-
-    fn: Callable[[], object] = get_pcie_ipc_comm_module
-    return fn
-
-
-def _load_vllm() -> Callable[[], object]:
-    from flashinfer.comm.vllm_ar import (  # type: ignore[import-not-found, unused-ignore]
-        get_vllm_comm_module,
-    )
-
-    fn: Callable[[], object] = get_vllm_comm_module
-    return fn
-
-
 #: module name -> (loader, required).  A loader imports (in the main thread: Python
 #: imports of one package from several threads can see half-initialised modules) and
 #: returns the build step, which runs in a thread.  A required module that fails fails
 #: the variant; an optional one (a bench method's) is reported and its method then says
 #: it cannot run.
 MODULES: dict[str, tuple[Callable[[], Callable[[], object]], bool]] = {
-    "comm": (_load_comm, True), "norm": (_load_norm, True),
-    "pcie_ipc": (_load_pcie_ipc, False), "vllm": (_load_vllm, False),
+    "comm": (_builder("flashinfer.comm.trtllm_ar", "get_trtllm_comm_module"), True),
+    "norm": (_load_norm, True),
+    "pcie_ipc": (_builder("flashinfer.comm", "get_pcie_ipc_comm_module"), False),
+    "vllm": (_builder("flashinfer.comm.vllm_ar", "get_vllm_comm_module"), False),
 }
 
 
