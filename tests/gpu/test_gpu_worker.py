@@ -297,7 +297,7 @@ def test_each_module_s_loader_imports_its_builder_by_name_when_called() -> None:
     from sm120fork.gpu.core import probe
 
     assert set(probe.MODULES) == {"comm", "norm", "pcie_ipc", "vllm"}
-    assert probe._builder("json", "dumps")() is json.dumps
+    assert probe._builder("os", "getcwd")() is os.getcwd
     load = probe._builder("sm120fork_no_such_package.comm", "get_module")  # imports nothing yet
     with pytest.raises(ModuleNotFoundError, match="sm120fork_no_such_package"):
         load()
