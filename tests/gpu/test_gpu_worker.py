@@ -17,7 +17,7 @@ import pytest
 
 from sm120fork.gpu.ab import correctness
 from sm120fork.gpu.ab import launcher as ab_launcher
-from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec, to_json
+from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec
 from sm120fork.gpu.bench import launcher as bench_launcher
 from sm120fork.gpu.core import rank
 from sm120fork.gpu.core.cases import Case, quick_matrix
@@ -192,7 +192,7 @@ def test_a_group_s_spec_and_a_rank_s_result_reach_the_other_side_as_they_left() 
     spec = GroupSpec(mode="test", world_size=2, store="/tmp/store", backend="trtllm",
                     allow_multicast=False, max_tokens=16, max_hidden=1024,
                     custom_max_tokens=1, cases=cases)
-    on_disk = json.loads(json.dumps(to_json(spec)))
+    on_disk = json.loads(json.dumps(dataclasses.asdict(spec)))
     assert on_disk["mode"] == "test"
     assert on_disk["allow_multicast"] is False  # Rank reads the group's keys from it too
     assert typed.read(GroupSpec, on_disk, "spec") == spec
@@ -201,7 +201,7 @@ def test_a_group_s_spec_and_a_rank_s_result_reach_the_other_side_as_they_left() 
                         checks=(Check(output="norm_out", stage="eager", ok=False, kind="bf16",
                                       rel_l2=0.5, max_abs=2.0, reason="rel L2 0.5 > 0.015"),),
                         failing_ranks=(1,), log_tail={"rank1": ("a", "b")})
-    line = wire.encode("RESULT", to_json(result))
+    line = wire.encode("RESULT", dataclasses.asdict(result))
     message = wire.decode(line)
     assert message is not None
     assert typed.read(CaseResult, message.data, "RESULT") == result

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from sm120fork.gpu.ab.results import CaseResult, Check, to_json
+from sm120fork.gpu.ab.results import CaseResult, Check
 from sm120fork.gpu.core.cases import (
     CUSTOM_API,
     PATTERN_CODES,
@@ -220,13 +220,13 @@ def run_tests(rk: Rank, cases: list[Case]) -> None:
             case.api, shared=rk.shared,
             legacy_workspace_torch_symm=legacy_workspace_is_torch_symm())
         if reason:
-            say("RESULT", to_json(CaseResult(key=case.key, rank=rk.rank, status="skip",
-                                             reason=reason)))
+            say("RESULT", dataclasses.asdict(CaseResult(key=case.key, rank=rk.rank,
+                                                        status="skip", reason=reason)))
             continue
         try:
             result = run_case(rk, case)
         except Exception as exc:
-            say("RESULT", to_json(CaseResult(
+            say("RESULT", dataclasses.asdict(CaseResult(
                 key=case.key, rank=rk.rank, status="fail", failure="error",
                 reason=f"{type(exc).__name__}: {exc}"[:2000],
                 traceback=traceback.format_exc()[-3000:])))
@@ -234,5 +234,5 @@ def run_tests(rk: Rank, cases: list[Case]) -> None:
                 hard_exit(EXIT_CUDA_ERROR)
             rk.barrier()
             continue
-        say("RESULT", to_json(result))
+        say("RESULT", dataclasses.asdict(result))
         rk.barrier()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import ConfigError
-from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec, to_json
+from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec
 from sm120fork.gpu.core.cases import CUSTOM_API, Case
 from sm120fork.gpu.core.launcher import DEFAULT_TIMEOUTS, Timeouts, run_ranks
 from sm120fork.gpu.core.variants import Variant
@@ -191,8 +191,8 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
         spec_path = run_dir / f"spec-{tag}.json"
         store = run_dir / f"store-{tag}"
         store.unlink(missing_ok=True)
-        spec_path.write_text(json.dumps(to_json(_spec(pending, store, backend,
-                                                      allow_multicast))))
+        spec_path.write_text(json.dumps(dataclasses.asdict(_spec(pending, store, backend,
+                                                                 allow_multicast))))
         reports = _Reports()
         outcome = run_ranks(worker, spec_path, world, variant, run_dir / tag, timeouts,
                             reports.on_message, settled=reports.settled)

@@ -1,36 +1,18 @@
 """What crosses the A/B's processes, typed: the parent's request to a rank group
 (:class:`GroupSpec`, the spec file) and a case's result (:class:`CaseResult`: each rank's over
 the wire, then one merged from every rank's, then a row of ``test-ab.json``).  Each is
-serialized once at its edge (:func:`to_json`) and read back by :func:`sm120fork.util.typed.read`.
-No torch: the parent imports it too.
+serialized once at its edge (``dataclasses.asdict``) and read back by ``util.typed.read``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypeAlias
+from typing import Any
 
 from sm120fork.gpu.core.cases import Case
 
-#: A JSON value, as :func:`json.dumps` takes it.
-Json: TypeAlias = dict[str, "Json"] | list["Json"] | str | int | float | bool | None
-
 NOT_RUN_REASON = "not run: the run's time budget was used up"
-
-
-def to_json(value: object) -> Json:
-    """``value`` as JSON: a dataclass as an object without the fields left at their default."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(v) for f in dataclasses.fields(value)
-                if (v := getattr(value, f.name)) != f.default}
-    if isinstance(value, list | tuple):
-        return [to_json(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): to_json(v) for k, v in value.items()}
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    raise TypeError(f"not JSON: {value!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 from sm120fork import __version__, record
 from sm120fork.errors import ConfigError, UsageError, VerifyError
 from sm120fork.gpu.ab import launcher, report
-from sm120fork.gpu.ab.results import CaseResult, to_json
+from sm120fork.gpu.ab.results import CaseResult
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import documents, records, runs
 from sm120fork.gpu.core.documents import AbDoc
@@ -206,7 +206,8 @@ def run_test(opts: TestOptions) -> TestRun:
             "prebuilt_failure": compiled[v.name].prebuilt_failure}
             for v in installed},
         "tolerances": tolerance_table(), "not_run": list(opts.not_run),
-        "results": {name: [to_json(r) for r in recs] for name, recs in results.items()},
+        "results": {name: [dataclasses.asdict(r) for r in recs]
+                    for name, recs in results.items()},
         "module_seconds": round(prepared.module_seconds, 1), "time_budget": opts.time_budget,
         "finished": not any(r.never_ran for recs in results.values() for r in recs),
     }, "test-ab.json")

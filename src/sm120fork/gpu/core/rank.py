@@ -22,10 +22,7 @@ from sm120fork.util import wire
 
 EXIT_CUDA_ERROR = 3
 EXIT_FATAL = 4
-
-
-def say(tag: str, payload: Any = None) -> None:
-    wire.say(tag, payload)
+say = wire.say
 
 
 def stage(name: str) -> None:
