@@ -25,7 +25,7 @@ from pathlib import Path
 
 from sm120fork.aot import provenance
 from sm120fork.aot.compile import MODULE
-from sm120fork.aot.wheel import AotManifest
+from sm120fork.aot.wheel import ENTRY_POINT_NAME, AotManifest
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
 
@@ -213,12 +213,6 @@ def describe(found: Found) -> list[str]:
     return lines
 
 
-def _ours(found: Found) -> str | None:
-    from sm120fork.aot.wheel import ENTRY_POINT_NAME
-
-    return next((path for name, path in found.providers if name == ENTRY_POINT_NAME), None)
-
-
 def check_installed(manifest: AotManifest, found: Found) -> list[str]:
     """Problems (empty when FlashInfer will load our module) from :func:`lookup`'s answer."""
     problems: list[str] = []
@@ -235,7 +229,7 @@ def check_installed(manifest: AotManifest, found: Found) -> list[str]:
         problems.append(f"the installed FlashInfer {has}: it never looks in the AOT wheel; "
                         "install the FlashInfer wheel it pins")
         return problems
-    ours = _ours(found)
+    ours = next((path for name, path in found.providers if name == ENTRY_POINT_NAME), None)
     if ours is None:
         errors = dict(found.provider_errors)
         through = manifest.lookup.through

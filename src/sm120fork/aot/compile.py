@@ -284,10 +284,10 @@ def _plan_from(result: Mapping[str, Any]) -> Plan:
                 tvm_ffi_version=result["tvm_ffi_version"], prefix=result["prefix"])
 
 
-def tree_digest(tree: Path, dirs: Sequence[str] | None = None) -> str:
+def tree_digest(tree: Path) -> str:
     """sha256 over every file (path and content) under the tree's C++ source folders."""
     digest = hashlib.sha256()
-    for name in source_dirs(tree) if dirs is None else dirs:
+    for name in source_dirs(tree):
         base = tree / name
         if not base.is_dir():
             continue

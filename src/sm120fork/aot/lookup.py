@@ -57,11 +57,6 @@ PROVIDER_SCHEMA_VERSION = 1
 LOOKUPS: tuple[Lookup, ...] = (PREBUILT, JIT_CACHE_PROVIDERS)
 
 
-def detect(env_text: str) -> Lookup | None:
-    """The lookup a FlashInfer's ``flashinfer/jit/env.py`` has, or ``None``."""
-    return next((lookup for lookup in LOOKUPS if lookup.evidence in env_text), None)
-
-
 def of_tree(tree: Path, stack: str) -> Lookup:
     """The lookup of the FlashInfer sources at ``tree``; refuses one that has none."""
     env = tree / "flashinfer" / "jit" / "env.py"
@@ -70,7 +65,7 @@ def of_tree(tree: Path, stack: str) -> Lookup:
     except OSError as exc:
         raise ConfigError("the FlashInfer sources have no readable flashinfer/jit/env.py",
                           where=str(env)) from exc
-    found = detect(text)
+    found = next((lookup for lookup in LOOKUPS if lookup.evidence in text), None)
     if found is None:
         groups = " or ".join(lookup.group for lookup in LOOKUPS)
         raise ConfigError(

@@ -224,9 +224,7 @@ class Probes:
     flashinfer: Callable[[Sequence[str]], FlashInfer] = flashinfer_facts
     decisions: Callable[[Sequence[int]], Decisions] = sglang_decisions
     topology: Callable[[], str | None] = topology
-    #: where SGLang looks for the all-reduce policy and what is there (gpu/policy.py)
     policy: Callable[[Mapping[str, str]], dict[str, Any]] = allreduce_policy.read_for_doctor
-    #: which names the policy's methods need import here (gpu/decision.py)
     modules: Callable[[], Modules] = importable_names
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
