@@ -1,12 +1,8 @@
-"""``python -m sm120fork.gpu {test,bench,sglang-layer,upstream-tests,report}``
-(``python -m sm120fork gpu ...``).
+"""``python -m sm120fork.gpu VERB`` (``python -m sm120fork gpu VERB``): the GPU verbs.
 
-Runs on a GPU machine with torch (and nvcc for FlashInfer's JIT) but no nox and no
-package index: wheels are installed from local directories with ``pip --no-index``.
-This module parses and prints; the work is each harness's ``run`` module
-(:mod:`sm120fork.gpu.ab.run`, :mod:`sm120fork.gpu.bench.run`, :mod:`sm120fork.gpu.layer.run`,
-:mod:`sm120fork.gpu.upstream_tests`).  It is the GPU
-harness's own entry point (like the doctor's), so gpu/ never imports the toolkit's cli/.
+Runs on a GPU machine with torch (and nvcc for FlashInfer's JIT) but no nox and no package
+index.  This module parses and prints; each verb's handler calls its harness's ``run``
+module.  It is the harness's own entry point, so gpu/ never imports the toolkit's cli/.
 """
 
 from __future__ import annotations
@@ -33,9 +29,6 @@ from sm120fork.gpu.layer import cases as layer_cases
 from sm120fork.gpu.layer import run as layer_run
 from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
-
-DEFAULT_WORK_DIR = core_runs.DEFAULT_WORK_DIR
-
 
 def counts(text: str) -> list[int]:
     """An argparse type: comma-separated integers (``1,16,128``)."""
@@ -102,7 +95,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="the run's folder: its report, logs and "
                    "record (default gpu-runs/<gpu>-<count>x; nox -s record_import -- "
                    "DIR publishes the record into reports/)")
-    p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
+    p.add_argument("--work-dir", type=Path, default=core_runs.DEFAULT_WORK_DIR,
                    help="installs, JIT caches (kept between runs) and raw logs")
     p.add_argument("--backend", default="trtllm",
                    help='workspace backend for the unified API (only "trtllm" unless '
@@ -155,7 +148,7 @@ def _layer_args(s: argparse.ArgumentParser) -> None:
                    "report records their sha256")
     s.add_argument("--stack-dir", type=Path, metavar="DIR",
                    help="as --stack, from a stack's wheels folder elsewhere (a kit's stack/)")
-    s.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
+    s.add_argument("--work-dir", type=Path, default=core_runs.DEFAULT_WORK_DIR,
                    help="where --stack unpacks the wheels (kept between runs)")
     s.add_argument("--layout", choices=tuple(LAYOUTS),
                    help="the tree's upstream layout (default: the one forks/<stack>.toml "

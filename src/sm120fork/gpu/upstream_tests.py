@@ -1,14 +1,10 @@
 """An upstream PR's own GPU tests (FlashInfer's ``tests/comm`` pytest files), run on a GPU
 box against the stack's patched FlashInfer and upstream's, one ``upstream-pr`` record each.
 
-The offline kit carries each PR's tests as ``upstream-tests/<pr>/``: the files the PR's
-test patches add, and ``pr.json`` (written by ``sm120fork.upstream.groups``: the PR, its
-stack and project, and the patches it was tested with).  Each variant's FlashInfer is
-installed in its own folder with its own JIT cache (:mod:`sm120fork.gpu.core.variants`), its
-comm module built once, then pytest runs the files with that variant first on the path.
-The test is an A/B: each case of the patched build says whether the fix made it pass
-(``fixed``), it passes on both (``pass-both``), and so on.  Cases that never ran (a
-variant whose pytest was cut short) leave the record unfinished.
+The offline kit carries each PR's tests as ``upstream-tests/<pr>/`` (the files its test
+patches add, and :class:`PrTests`).  Each variant's FlashInfer has its own folder and JIT
+cache; pytest runs the files with that variant first on the path.  Cases that never ran
+(a variant whose pytest was cut short) leave the record unfinished.
 """
 
 from __future__ import annotations

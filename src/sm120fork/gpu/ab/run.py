@@ -79,10 +79,6 @@ class TestRun:
     allow_partial: bool = False
 
     @property
-    def total(self) -> int:
-        return self.tallies[self.primary].total
-
-    @property
     def not_run(self) -> int:
         return sum(t.not_run for t in self.tallies.values())
 
