@@ -30,6 +30,7 @@ from sm120fork.gpu.layer import run as layer_run
 from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
 
+
 def counts(text: str) -> list[int]:
     """An argparse type: comma-separated integers (``1,16,128``)."""
     try:
