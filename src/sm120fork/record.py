@@ -306,50 +306,17 @@ def _strings(value: object, key: str) -> Iterable[tuple[str, str]]:
 # --------------------------------------------------------------------------- JSON
 
 
-def _drop_none(data: dict[str, object], keep: Sequence[str] = ()) -> dict[str, object]:
-    return {k: v for k, v in data.items() if v is not None or k in keep}
-
-
 def to_json(record: Record) -> dict[str, object]:
-    m = record.machine
-    return {
-        "format": FORMAT,
-        "kind": record.kind,
-        "subject": record.subject,
-        "stack": record.stack,
-        "command": record.command,
-        "created": record.created,
-        "toolkit": record.toolkit,
-        "machine": _drop_none({"description": m.description, "gpus": list(m.gpus) or None,
-                               "capability": m.capability, "driver": m.driver,
-                               "cuda": m.cuda, "torch": m.torch, "python": m.python,
-                               "cpus": m.cpus, "shared_gpu": m.shared_gpu}),
-        "tested": tested_to_json(record.tested),
-        "planned": record.planned,
-        "finished": record.finished,
-        "counts": dict(record.counts),
-        "verdict": record.verdict,
-        "cases": [_drop_none({"id": c.id, "variant": c.variant, "outcome": c.outcome,
-                              "detail": c.detail, "against": c.against})
-                  for c in record.cases],
-        "not_run": list(record.not_run),
-        "notes": list(record.notes),
-    }
+    return {"format": FORMAT, **typed.dump(record)}
 
 
 def dumps(record: Record) -> str:
     return json.dumps(to_json(record), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
 
 
-def tested_to_json(tested: Tested) -> dict[str, list[dict[str, str]]]:
+def tested_to_json(tested: Tested) -> Any:
     """``tested`` as the record's ``tested`` block and ``tested.json`` hold it."""
-    return {
-        "wheels": [{"variant": w.variant, "project": w.project, "file": w.file,
-                    "sha256": w.sha256} for w in tested.wheels],
-        "trees": [{"project": t.project, "tree": t.tree} for t in tested.trees],
-        "patches": [{"project": p.project, "patch": p.patch, "patch_id": p.patch_id}
-                    for p in tested.patches],
-    }
+    return typed.dump(tested)
 
 
 def read_tested(path: Path) -> Tested:

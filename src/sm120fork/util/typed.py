@@ -142,3 +142,17 @@ def _instance(cls: type[_T], value: object, at: _At) -> _T:
         name = "an object" if cls is dict else "a list" if cls is list else cls.__name__
         raise at.error(f"is {kind(value)}, not {name}")
     return value
+
+
+def dump(value: object) -> Any:
+    """``value`` as JSON data, the inverse of :func:`read`: a dataclass as an object of its
+    fields (a field that is None left out: :func:`read` gives it its default), a tuple as a
+    list, a mapping as an object."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: dump(v) for f in dataclasses.fields(value)
+                if (v := getattr(value, f.name)) is not None}
+    if isinstance(value, tuple | list):
+        return [dump(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: dump(v) for k, v in value.items()}
+    return value
