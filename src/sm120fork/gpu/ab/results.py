@@ -12,8 +12,6 @@ from typing import Any
 
 from sm120fork.gpu.core.cases import Case
 
-NOT_RUN_REASON = "not run: the run's time budget was used up"
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Check:
@@ -68,7 +66,8 @@ class CaseResult:
     @classmethod
     def left_out(cls, case: Case) -> CaseResult:
         """A case the time budget left out."""
-        return cls(key=case.key, case=case, status="skip", not_run=True, reason=NOT_RUN_REASON)
+        return cls(key=case.key, case=case, status="skip", not_run=True,
+                   reason="not run: the run's time budget was used up")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
