@@ -27,12 +27,12 @@ def test_the_request_the_observation_and_the_error_round_trip() -> None:
     argv = json.dumps(dataclasses.asdict(request))
     assert typed.read(RankRequest, json.loads(argv), "argv") == request
     observation = Observation(
-        rank=1, layout="layer_boundary", case="policy-graph", warnings=("one",),
+        rank=1, layout="layer_boundary", warnings=("one",),
         steps=(Step(tokens=8, path="fused", route="fused", norm_error=1e-3,
                     residual_error=2e-3, correct=True, graph=True),
                Step(tokens=9, path="sglang_dispatch", norm_error=0.0, residual_error=0.0,
                     correct=False, skipped="not captured")),
-        fake_buffers_alive=3, gate_after=True, pcie_ipc_log=("built",), seconds=1.5)
+        fake_buffers_alive=3, gate_after=True, pcie_ipc_log=("built",))
     assert typed.read(Observation, _over_the_wire(RESULT, observation), "w") == observation
     raised = Raised(rank=0, error="RuntimeError: x", after_fused_call_error_s=3.1,
                     agreement_timeout_s=3.0)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.gpu.layer import cases as layer_cases
+from sm120fork.gpu.layer.rank import POLICY_CASES
 
 from helpers_sglang import SERIES, Sites
 
@@ -60,7 +61,7 @@ def test_the_patched_wheel_and_the_plugin_follow_the_policy(sites: Sites) -> Non
         f"{route} {case}": (site, extra, case, route == "plugin")
         for route, site, extra in (("patched", sites.patched, [sites.deps]),
                                    ("plugin", sites.stock, [sites.deps, sites.plugin]))
-        for case in layer_cases.POLICY_CASES}, sites.python)
+        for case in POLICY_CASES}, sites.python)
     failed = {label: o.problems for label, o in outcomes.items() if not o.passed}
     assert failed == {}
     for outcome in outcomes.values():

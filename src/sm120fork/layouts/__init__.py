@@ -53,4 +53,3 @@ class Layer:
     fusion: Any
     layernorm: Any
     gate: Callable[[int], bool]
-    workspace_ready: Callable[[], bool]

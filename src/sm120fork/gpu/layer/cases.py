@@ -1,7 +1,6 @@
 """SGLang's own fused-norm layer path, rank against rank, on a GPU or (faked) on the CPU.
 
-For each case a fresh group of rank processes (:mod:`sm120fork.gpu.layer.rank`) imports
-the SGLang tree under test, and this module judges what they report:
+Each case runs in a fresh group of rank processes (:mod:`.rank`); this module judges:
 
 - ``fused``: the gate takes the fused path on every rank and the fused kernel's norm and
   residual match the float32 reference at every token count;
@@ -18,9 +17,8 @@ the SGLang tree under test, and this module judges what they report:
   ``monitored_barrier`` does not bound: its send to rank 0 waits with the group's own
   timeout (SGLang's TP CPU group: 120 min).
 
-Processes run with the multicast switches off; the TP group is a gloo group, so nothing
-here creates a multicast object or an NCCL communicator.  This module imports neither
-torch nor SGLang: the CPU checks and the tests use it too.
+Ranks run with multicast off over a gloo TP group.  No torch or SGLang here: the CPU
+checks and the tests use it too.
 """
 
 from __future__ import annotations
@@ -42,7 +40,9 @@ from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.safety import rank_environment
 from sm120fork.gpu.core.variants import source_root
 from sm120fork.gpu.layer.rank import (
+    CASES,
     DEFAULT_TOKENS,
+    POLICY_CASES,
     RAISED,
     READY,
     RESULT,
@@ -61,18 +61,18 @@ GPU_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
              "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises")
 #: Cases a run names with ``--case`` (on a GPU too): the fused call raising on one rank.
 ALONE_CASES = ("one-rank-fused-call-raises", "rank-0-fused-call-raises")
-#: The policy cases (layout layer_boundary): a version 2 policy that switches methods at
-#: token boundaries is in force in every rank; at token counts on both sides of each
-#: boundary, eagerly and inside a captured CUDA graph, the route that ran must be the one
+#: The policy cases (layout layer_boundary, :data:`.rank.POLICY_CASES`): a policy that
+#: switches methods at token boundaries is in force; on both sides of each boundary,
+#: eagerly and in a CUDA graph, the route that ran must be the one
 #: :func:`sm120fork.gpu.decision.decide` names and the output the float32 reference's.
-POLICY_CASES = ("policy-eager", "policy-graph")
 CPU_CASES = (*GPU_CASES, "no-p2p", "one-rank-fails-in-fd-exchange", *ALONE_CASES,
              *POLICY_CASES)
 #: Every case a GPU run of a layout plans by default.
 GPU_PLAN = {"communicator": (*GPU_CASES, *ALONE_CASES),
             "layer_boundary": (*GPU_CASES, *ALONE_CASES, *POLICY_CASES)}
-#: case -> the rank whose fused call raises alone (the ranks' CASES say the same).
-RAISES_ALONE = {"one-rank-fused-call-raises": 1, "rank-0-fused-call-raises": 0}
+#: case -> the rank whose fused call raises alone.
+RAISES_ALONE = {case: where for case, (fault, where) in CASES.items()
+                if fault == "fused-call-raises" and isinstance(where, int)}
 #: How long the harness lets the other ranks run on after one exited with an error.
 PEER_GRACE_S = 2.0
 #: What the raising rank may take beyond the agreement timeout (a loaded machine).

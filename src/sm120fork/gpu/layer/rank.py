@@ -1,14 +1,9 @@
 """One rank of SGLang's fused-norm layer path, started by :mod:`sm120fork.gpu.layer.cases`.
 
 Run as ``python -m sm120fork.gpu.layer.rank '<RankRequest as JSON>'`` with the SGLang tree
-under test first on ``PYTHONPATH``.  It imports the real SGLang layer modules (wired up by
-the request's upstream layout, ``sm120fork.layouts.<layout>.rank``), backs SGLang's TP
-group with gloo over the ranks (ranks are processes; on one GPU they share it), and runs
-one case: the fused path, or a fault injected into workspace creation or the fused call
-on some ranks.  For each token count it compares the norm's output and the new residual
-with a float32 reference computed from every rank's input.
-
-What is replaced, and nothing else:
+under test first on ``PYTHONPATH``: the real SGLang layer modules (wired by the request's
+layout) run one case, and each token count's norm output and residual are compared with a
+float32 reference of every rank's input.  What is replaced, and nothing else:
 
 - SGLang's TP group (a gloo group; NCCL refuses two ranks on one GPU);
 - SGLang's capability query: ``torch.cuda.get_device_capability`` answers 12.0 to callers
@@ -21,10 +16,9 @@ What is replaced, and nothing else:
   backend (one exchange per buffer, then a barrier) and whose fused call computes the
   fused kernel's arithmetic over gloo.
 
-This module imports nothing of ``sm120fork`` but the probe's stubs, the layouts and the
-stdlib-only wire and reader: it runs beside the tree under test, on machines that have
-torch but not the toolkit's dependencies.  It says ``READY`` once set up, then one
-``RESULT`` (its :class:`Observation`) or one ``RAISED`` (:class:`Raised`).
+It imports of ``sm120fork`` only stdlib-only parts (it runs beside the tree under test,
+with torch but not the toolkit's dependencies), and says ``READY``, then one ``RESULT``
+(:class:`Observation`) or one ``RAISED`` (:class:`Raised`).
 """
 
 from __future__ import annotations
@@ -133,21 +127,15 @@ class Observation:
 
     rank: int
     layout: str
-    case: str = ""
-    device: str = "cuda"
     injected: str | None = None
-    gate_before: bool = False
     gate_after: bool = False
     unavailable: bool = False
-    workspace_ready: bool = False
     warnings: tuple[str, ...] = ()
     #: what the plugin logged (``load_plugins``)
     plugin: tuple[str, ...] = ()
     steps: tuple[Step, ...] = ()
     pcie_ipc_built: bool = False
     pcie_ipc_log: tuple[str, ...] = ()
-    tolerance: float = 0.0
-    seconds: float = 0.0
     #: the CPU stand-in's workspace buffers still allocated (None on a GPU)
     fake_buffers_alive: int | None = None
 
@@ -816,19 +804,14 @@ def run_rank(req: RankRequest) -> Observation:
     pcie_log = _Lines(PCIE_IPC_MODULE, logging.INFO)  # what SGLang's pcie_ipc said
     dist.barrier()
     wire.say(READY)
-    gate_before = bool(layer.gate(req.tokens[0]))
-    started = time.monotonic()
     steps = (fault_steps(layer, m, group, req.tokens) if spy is None else
              policy_steps(layer, m, group, spy, req.tokens, graph=req.case == "policy-graph"))
     observation = Observation(
-        rank=req.rank, case=req.case, layout=layer.layout, device=req.device,
-        injected=injected, gate_before=gate_before,
+        rank=req.rank, layout=layer.layout, injected=injected,
         gate_after=bool(layer.gate(req.tokens[0])),
         unavailable=bool(layer.fusion.is_flashinfer_allreduce_unavailable()),
-        workspace_ready=bool(layer.workspace_ready()), warnings=tuple(warnings.messages),
-        plugin=tuple(plugin), steps=tuple(steps), pcie_ipc_built=pcie_ipc,
-        pcie_ipc_log=tuple(pcie_log.messages[-8:]), tolerance=m.tolerance,
-        seconds=round(time.monotonic() - started, 3),
+        warnings=tuple(warnings.messages), plugin=tuple(plugin), steps=tuple(steps),
+        pcie_ipc_built=pcie_ipc, pcie_ipc_log=tuple(pcie_log.messages[-8:]),
         fake_buffers_alive=_FakeBuffer.alive if fake is not None else None)
     dist.barrier()
     dist.destroy_process_group()

@@ -23,6 +23,7 @@ from sm120fork.gpu.core.documents import LayerMachine, MadeFrom, Provenance
 from sm120fork.gpu.core.records import now
 from sm120fork.gpu.layer import cases
 from sm120fork.gpu.layer.cases import CaseOutcome
+from sm120fork.gpu.layer.rank import POLICY_CASES
 from sm120fork.util import proc
 
 log = logging.getLogger("sm120fork")
@@ -117,7 +118,7 @@ def planned_cases(opts: LayerOptions) -> list[tuple[str, str]]:
         chosen = list(cases.GPU_PLAN.get(opts.layout, cases.GPU_CASES))
     else:
         chosen = [c for c in cases.CPU_CASES if opts.layout == "layer_boundary"
-                  or c not in cases.POLICY_CASES]
+                  or c not in POLICY_CASES]
     return [(variant, case) for case in chosen
             for variant in [opts.variant, *(r.variant for r in opts.routes)]]
 
@@ -201,8 +202,7 @@ def _publish(opts: LayerOptions, outcomes: Sequence[CaseOutcome],
     """report.md, report.json and the record, as far as the run got."""
     _write_sglang_layer_report(opts, outcomes, done=finished,
                                planned=[c if v == opts.variant else f"{v} {c}"
-                                        for v, c in planned],
-                               made=opts.made)
+                                        for v, c in planned])
     made_from = [*(opts.made["made_from"] if opts.made else ()),
                  *(m for r in opts.routes for m in r.made_from)]
     try:
@@ -222,8 +222,7 @@ def _publish(opts: LayerOptions, outcomes: Sequence[CaseOutcome],
 
 def _write_sglang_layer_report(opts: LayerOptions,
                                outcomes: Sequence[CaseOutcome], *,
-                               done: bool, planned: Sequence[str] = (),
-                               made: Provenance | None = None) -> None:
+                               done: bool, planned: Sequence[str] = ()) -> None:
     """Rewritten after every case, so a run cut short still leaves what it finished."""
     opts.out.mkdir(parents=True, exist_ok=True)
     notes = [f"command: `{opts.command}`",
@@ -232,7 +231,7 @@ def _write_sglang_layer_report(opts: LayerOptions,
         cases.render(outcomes, title=opts.title, notes=notes), encoding="utf-8")
     (opts.out / "report.json").write_text(
         json.dumps({"kind": "sglang-layer", "notes": notes, "planned": list(planned),
-                    "finished": done, "layout": opts.layout, **(made or {}),
+                    "finished": done, "layout": opts.layout, **(opts.made or {}),
                     "cases": [dataclasses.asdict(o) for o in outcomes]}, indent=1),
         encoding="utf-8")
 

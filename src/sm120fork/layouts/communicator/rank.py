@@ -43,7 +43,6 @@ def setup(group: Any) -> Layer:
         fusion=fusion,
         layernorm=importlib.import_module("sglang.srt.layers.layernorm"),
         gate=lambda tokens: bool(communicator.apply_flashinfer_allreduce_fusion(tokens)),
-        workspace_ready=lambda: bool(fusion._workspace_manager.initialized),
     )
 
 

@@ -36,16 +36,11 @@ def setup(group: Any) -> Layer:
     fusion = importlib.import_module(FUSION_MODULE)
     add_norm: Any = importlib.import_module(ADD_NORM)
 
-    def ready() -> bool:
-        manager = fusion._get_workspace_manager(True)
-        return bool(manager.initialized)
-
     return Layer(
         layout="layer_boundary",
         fusion=fusion,
         layernorm=importlib.import_module("sglang.srt.layers.layernorm"),
         gate=lambda tokens: bool(add_norm.flashinfer_ar_fusion_applies(tokens)),
-        workspace_ready=ready,
     )
 
 
