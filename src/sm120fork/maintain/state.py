@@ -11,10 +11,10 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar, cast
 
-from sm120fork.declare import SOURCE_KINDS, GitPin, Project, SdistPin, SourceKind, WheelPin
-from sm120fork.errors import MaintenanceError
+from sm120fork.declare import GitPin, Project, SdistPin, SourceKind, WheelPin
+from sm120fork.errors import ConfigError, MaintenanceError
+from sm120fork.util import typed
 from sm120fork.workspace import Workspace
 
 #: ``state.json``'s format (2: the steps by number, every key written).
@@ -67,28 +67,6 @@ class Classification:
     evidence: tuple[str, ...]
     applied_upstream: str
 
-    @classmethod
-    def from_json(cls, data: object) -> Classification:
-        """A row of ``state.json``; TypeError when it is not one."""
-        if not isinstance(data, dict):
-            raise TypeError(f"a classification is an object, not {type(data).__name__}")
-        row = cls(**data)
-        if not all(isinstance(v, str) for v in (row.patch, row.subject, row.verdict,
-                                                row.applied_upstream)):
-            raise TypeError(f"a classification of {row.patch!r} has a field not a string")
-        return dataclasses.replace(row, evidence=tuple(map(str, row.evidence)))
-
-
-_P = TypeVar("_P", GitPin, SdistPin, WheelPin)
-
-
-def _pin_of(kind: type[_P], data: object) -> _P | None:
-    if data is None:
-        return None
-    if not isinstance(data, dict):
-        raise TypeError(f"a {kind.__name__} is an object, not {type(data).__name__}")
-    return kind(**data)
-
 
 @dataclass(frozen=True, kw_only=True)
 class NewPin:
@@ -116,24 +94,6 @@ class NewPin:
         return dataclasses.replace(
             project, version=version, source=self.source, git=self.git, sdist=self.sdist,
             wheels=project.wheels if self.wheels is None else self.wheels)
-
-    @classmethod
-    def from_json(cls, data: object) -> NewPin:
-        """The ``new_pin`` of ``state.json``; TypeError or KeyError when it is not one."""
-        if not isinstance(data, dict) or data["source"] not in SOURCE_KINDS:
-            raise TypeError(f"a new pin is an object with a source kind, not {data!r}")
-        wheels, requires = data["wheels"], data["upstream_requires"]
-        if not all(isinstance(v, list | None) for v in (wheels, requires)) or not all(
-                isinstance(data[k], str) for k in ("version", "layout")):
-            raise TypeError(f"a new pin has a field of the wrong type: {data!r}")
-        return cls(
-            source=cast(SourceKind, data["source"]), git=_pin_of(GitPin, data["git"]),
-            sdist=_pin_of(SdistPin, data["sdist"]),
-            wheels=None if wheels is None else tuple(
-                cast(WheelPin, _pin_of(WheelPin, w)) for w in wheels),
-            version=data["version"], layout=data["layout"],
-            upstream_requires=None if requires is None else tuple(map(str, requires)),
-            companions={str(k): cls.from_json(v) for k, v in dict(data["companions"]).items()})
 
 
 @dataclass
@@ -212,15 +172,9 @@ class BumpState:
                     f"{path.parent} and put back what it wrote (`git checkout -- forks "
                     "patches reports`)")
         try:
-            state = cls(**data)
-            state.new_pin = NewPin.from_json(state.new_pin)
-            state.results = [Classification.from_json(r) for r in state.results]
-            state.preview = [Classification.from_json(r) for r in state.preview]
-            state.companion_results = {str(k): [Classification.from_json(r) for r in v]
-                                       for k, v in dict(state.companion_results).items()}
-        except (KeyError, ValueError, TypeError):
+            return typed.read(cls, data, path)
+        except ConfigError:
             return None
-        return state
 
     def save(self, ws: Workspace) -> None:
         d = self.directory(ws, self.stack, self.project)

@@ -7,9 +7,9 @@ manifest, the records, a GPU run's documents), so an error reads the same everyw
     forks/x.toml: projects.sglang.git.commit: is int, not str
 
 A field with a default may be absent; ``X | None`` also accepts null; ``tuple[X, ...]``
-reads a list; ``Mapping[str, X]`` an object; a dataclass an object of its fields.  Keys
-the dataclass does not have are refused with the closest known one (``strict``), or
-ignored.  Standard library only: the doctor and the kit read with it too.
+and ``list[X]`` read a list; ``Mapping[str, X]`` an object; a dataclass an object of its
+fields.  Keys the dataclass does not have are refused with the closest known one
+(``strict``), or ignored.  Standard library only: the doctor and the kit read with it too.
 """
 
 from __future__ import annotations
@@ -121,9 +121,9 @@ def _value(hint: Any, value: object, at: _At) -> object:
         return value
     if typing.is_typeddict(hint):  # a document's own shape, checked by its reader
         return _instance(dict, value, at)
-    if origin is tuple:
+    if origin in (tuple, list):
         items = _instance(list, value, at)
-        return tuple(_value(args[0], item, at.item(i)) for i, item in enumerate(items))
+        return origin(_value(args[0], item, at.item(i)) for i, item in enumerate(items))
     if origin in (Mapping, dict):
         table = _instance(dict, value, at)
         return {k: _value(args[1], v, at.below(k)) for k, v in table.items()}
