@@ -332,14 +332,10 @@ def summary(release: ReleaseWatch) -> str:
     return "; ".join([f"{release.outcome}: {text}", *filter(None, extra)])
 
 
-def report_paths(ws: Workspace, stack: str) -> tuple[Path, Path]:
-    folder = ws.reports_dir / "watch"
-    return folder / f"{stack}.json", folder / f"{stack}.md"
-
-
 def write_report(ws: Workspace, sw: StackWatch) -> tuple[Path, Path]:
     """``reports/watch/<stack>.json`` and its summary ``.md``."""
-    json_path, md_path = report_paths(ws, sw.stack)
+    json_path = ws.reports_dir / "watch" / f"{sw.stack}.json"
+    md_path = json_path.with_suffix(".md")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(json_path, json.dumps(sw.to_json(), indent=1) + "\n")
     atomic_write_text(md_path, "\n".join(markdown(sw)) + "\n")

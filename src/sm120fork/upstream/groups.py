@@ -118,11 +118,6 @@ class Plan:
                                    f"`{command('upstream-pr', self.stack, self.project)}`")
 
 
-def tests_series(ws: Workspace, project: Project) -> Series | None:
-    folder = ws.series_dir(project) / TESTS_DIR
-    return load_series(folder) if (folder / "series").is_file() else None
-
-
 def _why_not(p: Patch) -> str:
     forwarded = p.field("Forwarded").strip()
     if p.applied_upstream:
@@ -183,7 +178,9 @@ def newer_stacks_with_prs(ws: Workspace, stack: Stack, project: Project) -> list
 
 
 def plan_project(ws: Workspace, stack: Stack, project: Project) -> Plan:
-    return plan(load_series(ws.series_dir(project)), tests_series(ws, project),
+    tests = ws.series_dir(project) / TESTS_DIR
+    return plan(load_series(ws.series_dir(project)),
+                load_series(tests) if (tests / "series").is_file() else None,
                 stack=stack.name, project=project.key)
 
 
@@ -239,11 +236,6 @@ def git_identity(where: Path) -> tuple[str, str]:
     return values[0], values[1]
 
 
-def commit_message(p: Patch) -> str:
-    """The subject without the fork's patch id, then the DEP-3 description."""
-    return "\n\n".join(x for x in (short_subject(p), p.description.strip()) if x) + "\n"
-
-
 @dataclass(frozen=True, kw_only=True)
 class Prepared:
     plan: PlannedPR
@@ -278,7 +270,9 @@ def _commit_all(repo: Git, base: str, patches: list[Patch], who: tuple[str, str]
                                        detail=exc.detail) from exc
             tree = repo("write-tree", env=env, quiet=True)
             date = f"{p.field('Last-Update')}T00:00:00+00:00"
-            parent = repo("commit-tree", tree, "-p", parent, "-m", commit_message(p).rstrip(),
+            # The subject without the fork's patch id, then the DEP-3 description.
+            message = "\n\n".join(x for x in (short_subject(p), p.description.strip()) if x)
+            parent = repo("commit-tree", tree, "-p", parent, "-m", message,
                           env={**env, "GIT_AUTHOR_NAME": who[0], "GIT_AUTHOR_EMAIL": who[1],
                                "GIT_COMMITTER_NAME": who[0], "GIT_COMMITTER_EMAIL": who[1],
                                "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})
