@@ -214,13 +214,9 @@ class Stack:
                 return p
         raise ConfigError(
             f"unknown project {key!r}", where=f"stack {self.name}",
-            fix=_suggest(key, [p.key for p in self.projects]) or
+            fix=typed.suggest(key, [p.key for p in self.projects]) or
             f"choose one of: {', '.join(p.key for p in self.projects)}",
         )
-
-
-def _suggest(word: str, choices: list[str]) -> str:
-    return typed.suggest(word, choices)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,10 +305,10 @@ def _project(file: Path, key: str, t: _ProjectTable) -> Project:
         raise _bad(file, f"{at}.package_root", "must be a relative path inside the repository")
     if t.source not in SOURCE_KINDS:
         raise _bad(file, f"{at}.source", f"unknown source kind {t.source!r}",
-                   _suggest(t.source, list(SOURCE_KINDS)) or "use 'sdist' or 'git'")
+                   typed.suggest(t.source, list(SOURCE_KINDS)) or "use 'sdist' or 'git'")
     if t.layout and t.layout not in LAYOUTS:
         raise _bad(file, f"{at}.layout", f"unknown upstream layout {t.layout!r}",
-                   _suggest(t.layout, list(LAYOUTS))
+                   typed.suggest(t.layout, list(LAYOUTS))
                    or f"use one of {', '.join(map(repr, LAYOUTS))}, or add an adapter "
                       "under src/sm120fork/layouts/ (CONTRIBUTING.md)")
     pins = KIND_PINS[t.source]
@@ -414,7 +410,7 @@ def parse_stack(file: Path, text: str, *, strict: bool = True) -> Stack:
             if dep not in keys:
                 raise ConfigError(f"unknown project {dep!r}",
                                   where=f"{file}: projects.{p.key}.requires",
-                                  fix=_suggest(dep, keys) or None)
+                                  fix=typed.suggest(dep, keys) or None)
             if keys.index(dep) >= i:
                 raise ConfigError(f"{dep!r} must be declared before {p.key!r}",
                                   where=f"{file}: projects.{p.key}.requires")
@@ -493,7 +489,8 @@ def select_stack(stacks: Mapping[str, Stack], name: str | None, *,
         chosen = next(s for s in stacks.values() if s.default)
     elif name not in stacks:
         raise ConfigError(f"unknown stack {name!r}",
-                          fix=_suggest(name, list(stacks)) or f"choose one of: {', '.join(stacks)}")
+                          fix=typed.suggest(name, list(stacks))
+                          or f"choose one of: {', '.join(stacks)}")
     else:
         chosen = stacks[name]
     return chosen.check_pins() if strict else chosen

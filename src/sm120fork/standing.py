@@ -43,8 +43,6 @@ from sm120fork.record import (
 from sm120fork.resolved import ResolvedStack
 from sm120fork.workspace import Workspace
 
-#: The claim kinds verify-sm120 checks when it runs: its record backs them.
-VERIFY_CLAIMS = ("proof", "sglang", "cpu")
 FIELD = "Verified-By"
 #: What each kind of evidence is, as the per-patch table calls it.
 EVIDENCE_LABELS = {
@@ -119,11 +117,6 @@ class Standing:
         return (f"{self.name}: {self.state}" + (f" ({why})" if why else "")
                 + (f"; re-make: {self.command}" if not self.current and self.command else "")
                 + (f" (needs {self.needs})" if not self.current and self.needs else ""))
-
-    def to_json(self) -> dict[str, object]:
-        return {"name": self.name, "kind": self.kind, "state": self.state,
-                "reasons": list(self.reasons), "command": self.command,
-                "verdict": self.verdict, "needs": self.needs}
 
 
 def same_build(rec: Record, today: ResolvedStack) -> bool:

@@ -13,6 +13,7 @@ from sm120fork.gpu.ab import run as runs
 from sm120fork.gpu.core import stack_wheels
 from sm120fork.gpu.layer import run as layer_run
 from sm120fork.resolved import ResolvedStack
+from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy
 
@@ -154,7 +155,8 @@ def test_layer_stack_unpacks_this_pythons_sglang_wheel_with_its_provenance(
         sha = _zip_wheel(folder / name, {f"{top}/__init__.py": name.encode()})
         rows.append(entry(project, wheel=name, sha256=sha, series_digest="e" * 64))
     write_manifest(folder, "sglang-0.5.23", *rows)
-    trees = stack_wheels.layer_trees(stack_wheels.stack_dir("sglang-0.5.23"), tmp_path / "work")
+    trees = stack_wheels.layer_trees(Workspace.find().stack_wheels("sglang-0.5.23"),
+                                   tmp_path / "work")
     assert (trees.sglang_path / "sglang" / "__init__.py").read_bytes() == mine.encode()
     assert [p.name for p in trees.site] == ["flashinfer"]
     assert trees.made["stack"] == "sglang-0.5.23"

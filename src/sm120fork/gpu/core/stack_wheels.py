@@ -125,11 +125,6 @@ def _unpack(wheel: Path, dest: Path, sha256: str) -> Path:
     return made_once(dest, sha256, unpack)
 
 
-def stack_dir(stack: str, root: Path | None = None) -> Path:
-    """``wheels/<stack>/`` of the checkout."""
-    return Workspace.find(root).stack_wheels(stack)
-
-
 def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
     """The SGLang wheel for this interpreter and the FlashInfer wheel of a stack's build
     (``folder``: wheels/<stack>/, or a kit's stack/), unpacked under ``work_dir``, for the
