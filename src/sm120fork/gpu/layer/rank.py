@@ -33,7 +33,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from sm120fork.layouts import Layer
@@ -47,6 +47,7 @@ READY, RESULT, RAISED = "READY", "RESULT", "RAISED"
 AGREEMENT_TIMEOUT = "_FUSED_CALL_AGREEMENT_TIMEOUT_S"
 EXCHANGE_TIMEOUT = "_HANDLE_EXCHANGE_TIMEOUT_S"
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
+PROBE_MODULE = "sm120fork.harness.fake_gpu"
 STUBBED_CAPABILITY = (12, 0)
 #: Packages replaced by import stubs on a GPU machine (compiled for another torch).
 GPU_STUBS = ("sgl_kernel",)
@@ -155,8 +156,8 @@ class Raised:
 _FUSED_CALL_RAISED: dict[str, float] = {}
 
 
-def _module(name: str) -> Any:
-    return importlib.import_module(name)
+#: the modules of torch, SGLang and FlashInfer: imported late, as untyped as they are
+_module: Callable[[str], Any] = importlib.import_module
 
 
 # --- the TP group --------------------------------------------------------------------
@@ -239,8 +240,7 @@ def stub_capability_for_sglang(capability: tuple[int, int]) -> None:
 
 
 def _stub_packages(names: Sequence[str]) -> None:
-    probe = _probe()
-    finder = probe._StubFinder()
+    finder = _module(PROBE_MODULE)._StubFinder()
     finder_packages = tuple(names)
 
     class _Only(type(finder)):  # type: ignore[misc]
@@ -250,10 +250,6 @@ def _stub_packages(names: Sequence[str]) -> None:
             return super().find_spec(fullname, path, target)
 
     sys.meta_path.insert(0, _Only())
-
-
-def _probe() -> Any:
-    return _module("sm120fork.harness.fake_gpu")
 
 
 # --- a FlashInfer stand-in for the CPU checks ----------------------------------------
@@ -719,7 +715,7 @@ def _no_grad() -> Iterator[None]:
 def _set_up_device(req: RankRequest) -> Any:
     """torch, with the CPU faked as SM12x GPUs, or the real GPU with SGLang's stubs."""
     if req.device == "cpu":
-        _probe().fake_gpu(STUBBED_CAPABILITY)
+        _module(PROBE_MODULE).fake_gpu(STUBBED_CAPABILITY)
         torch = _module("torch")
         torch.cuda.current_device = lambda: req.rank  # one GPU per rank, as SGLang runs
         _register_cuda_ops_for_cpu_too()
