@@ -45,6 +45,18 @@ def adapter(name: str, part: str = "") -> ModuleType:
     return importlib.import_module(f"{__name__}.{name}" + (f".{part}" if part else ""))
 
 
+def defaults(cls: Any) -> Any:
+    """An instance of dataclass ``cls`` (SGLang's ``ServerArgs``) with its field defaults,
+    without running its ``__post_init__`` (which asks the GPU and the model)."""
+    obj = cls.__new__(cls)
+    for field in dataclasses.fields(cls):
+        if field.default is not dataclasses.MISSING:
+            setattr(obj, field.name, field.default)
+        elif field.default_factory is not dataclasses.MISSING:
+            setattr(obj, field.name, field.default_factory())
+    return obj
+
+
 @dataclasses.dataclass
 class Layer:
     """A layout's SGLang modules in one GPU layer harness rank, wired to its TP group."""

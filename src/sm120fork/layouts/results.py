@@ -12,9 +12,10 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.util import proc, supervise, wire
@@ -43,6 +44,31 @@ class CheckResult:
 
 def compact(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+K = TypeVar("K")
+T = TypeVar("T")
+
+
+def sglang_trees(*roots: Path | None) -> None:
+    """VerifyError unless each root given is a repository root with ``python/sglang``."""
+    for root in roots:
+        if root is not None and not (root / "python" / "sglang").is_dir():
+            raise VerifyError("no python/sglang package directory", where=str(root),
+                              fix="pass the repository root of an SGLang tree")
+
+
+def gather(jobs: Mapping[K, Callable[[], T]], workers: int) -> dict[K, T]:
+    """Run ``jobs`` (probes, layer cases) in a pool of threads; their results by key.
+    Ctrl-C or SIGTERM ends the running children at once and cancels the others."""
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {key: pool.submit(job) for key, job in jobs.items()}
+        try:
+            with supervise.ending_children():
+                return {key: future.result() for key, future in futures.items()}
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +112,17 @@ class LayerRank(Protocol):
 
     @property
     def gate_after(self) -> bool: ...
+
+
+def judged(obs: Observation, expected: object, capability: str, prefix: str, *,
+           note: str = "", require_in_detail: str = "") -> CheckResult:
+    """``obs`` against ``expected`` as compact JSON (and, given ``require_in_detail``,
+    that its detail says so); ``note`` says what the expectation is."""
+    observed = compact(obs.observed)
+    return CheckResult(name=f"{prefix} {obs.name}", capability=capability,
+                       expected=compact(expected), observed=observed,
+                       passed=compact(expected) == observed and require_in_detail in obs.detail,
+                       detail=" ".join(part for part in (obs.detail, note) if part))
 
 
 class LayerOutcome(Protocol):

@@ -1,18 +1,9 @@
 """git through GitPython, with git's processes under the one process runner.
 
-GitPython is the repository API (:class:`Repo`: refs, tags, commits, trees, the index),
-but every ``git`` it starts goes through :mod:`sm120fork.util.proc`: :class:`RunnerGit`,
-the ``git.Git`` subclass set as ``Repo.GitCommandWrapperType``, runs each command in its
-own process group known to :func:`~sm120fork.util.proc.end_children`, so Ctrl-C or
-SIGTERM also stops a running ``git am`` and its hooks.  Each command is echoed at debug
-level (``+ git am ...``; ``-v`` shows it), runs with check, and its captured output is
-shown only when it fails: GitPython's ``GitCommandError`` becomes :class:`GitError`, the
-toolkit's ``CommandError`` (exit code 11) naming the command and the repository, with
-git's stderr attached (it stays a ``GitCommandError`` too, for GitPython's own callers).
-
-:class:`Git` is the toolkit's handle on a work tree: ``repo("am", ...)`` runs a git
-command, its methods answer the questions the stages ask, and ``.repo`` is the GitPython
-``Repo`` for anything else.
+:class:`RunnerGit` (``Repo.GitCommandWrapperType``) starts every ``git`` GitPython runs
+through :mod:`sm120fork.util.proc`, so Ctrl-C or SIGTERM also stops a running ``git am``
+and its hooks; a failure is :class:`GitError`, the toolkit's ``CommandError`` with git's
+stderr attached.  :class:`Git` is the toolkit's handle on a work tree.
 """
 
 from __future__ import annotations
@@ -95,11 +86,8 @@ class GitError(CommandError, GitCommandError):
 
 
 class RunnerGit(gitpython.Git):
-    """GitPython's command layer with its processes under :mod:`sm120fork.util.proc`.
-
-    Every GitPython operation that runs git ends in :meth:`execute`; this one starts the
-    child through the runner instead of its own ``Popen``: ``proc.capture`` for a command
-    run to its end, ``proc.spawn`` for one GitPython streams (``cat-file --batch``)."""
+    """GitPython's command layer: :meth:`execute`, where every GitPython operation that
+    runs git ends, starts it through the runner instead of its own ``Popen``."""
 
     def execute(  # one signature for GitPython's overloads
         self,
@@ -197,12 +185,9 @@ class Git:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        if not (path / ".git").exists():
-            raise CommandError(
-                "not a git repository", where=str(path),
-                fix="remove the directory so the toolkit can recreate it",
-            )
         try:
+            if not (path / ".git").exists():
+                raise InvalidGitRepositoryError(path)
             self.repo = Repo(path)
         except (InvalidGitRepositoryError, NoSuchPathError) as exc:
             raise CommandError("not a git repository", where=str(path),
@@ -251,14 +236,6 @@ class Git:
     def rev_parse(self, rev: str) -> str:
         """The full id of the commit ``rev`` names."""
         return self.commit(rev).hexsha
-
-    def has_commit(self, rev: str) -> bool:
-        """``rev`` (a tag, branch, ref or id) names a commit here."""
-        try:
-            self.commit(rev)
-        except CommandError:
-            return False
-        return True
 
     def tree_hash(self, rev: str = "HEAD") -> str:
         return self.commit(rev).tree.hexsha
@@ -314,15 +291,6 @@ class Git:
         self("add", "-A", "--force", ".")
         self("commit", "-q", "--no-verify", "-m", message)
         return self.head()
-
-    def apply_check(self, patch: Path, *, cached: bool = False,
-                    env: Mapping[str, str] | None = None) -> bool:
-        """Whether ``patch`` applies exactly (``git apply --check``)."""
-        try:
-            self("apply", "--check", *(["--cached"] if cached else []), str(patch), env=env)
-        except GitError:
-            return False
-        return True
 
     def am(self, patches: Iterable[Path], *, three_way: bool = False,
            extra: Sequence[str] = ()) -> None:

@@ -25,14 +25,13 @@ torch and what those modules import); pass that interpreter as ``python``.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sm120fork.errors import VerifyError
 from sm120fork.layouts.results import (
     REQUIREMENTS,
     CheckResult,
@@ -40,9 +39,11 @@ from sm120fork.layouts.results import (
     LayerRunner,
     Observation,
     compact,
+    gather,
+    judged,
+    sglang_trees,
 )
 from sm120fork.layouts.results import run_probe as run_probe_module
-from sm120fork.util import supervise
 
 PROBE_MODULE = "sm120fork.layouts.communicator.probe"
 
@@ -135,20 +136,6 @@ def run_probe(tree: Path, suite: str, capability: str | None, *,
         fix=f"install the probe's requirements: {REQUIREMENTS}")
 
 
-def _results(observations: Iterable[Observation], capability: str, prefix: str,
-             expect: Mapping[str, object], *, extra_detail: str = "") -> list[CheckResult]:
-    results = []
-    for obs in observations:
-        name = obs.name
-        expected, observed = compact(expect[name]), compact(obs.observed)
-        results.append(CheckResult(
-            name=f"{prefix} {name}", capability=capability, expected=expected,
-            observed=observed, passed=expected == observed,
-            detail=" ".join(part for part in (obs.detail, extra_detail) if part),
-        ))
-    return results
-
-
 def _decision_prefix(scenario: str) -> str:
     return "S1" if scenario.startswith("explicit-flag") else "S2"
 
@@ -166,45 +153,31 @@ def check_sglang(tree: Path, *, baseline: Path | None, layer: LayerRunner,
     cannot run; a behaviour that differs is a result with ``passed=False``, not an
     exception.
     """
-    for root in (tree, baseline):
-        if root is not None and not (root / "python" / "sglang").is_dir():
-            raise VerifyError("no python/sglang package directory", where=str(root),
-                              fix="pass the repository root of an SGLang tree")
+    sglang_trees(tree, baseline)
     runs: list[tuple[Path, str, str]] = [(tree, "decisions", cap) for cap in SM12X + UNCHANGED]
     runs.append((tree, "fallbacks", "12.0"))
     runs.append((tree, "decisions-old-cuda", "12.0"))
     if baseline is not None:
         runs += [(baseline, "decisions", cap) for cap in UNCHANGED]
     workers = jobs or max(1, min(len(runs), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {
-            run: pool.submit(run_probe, run[0], run[1].removesuffix("-old-cuda"), run[2],
-                             python=python, timeout=timeout,
-                             cuda=OLD_CUDA if run[1].endswith("-old-cuda") else None)
-            for run in runs
-        }
-        together = {
-            case: pool.submit(layer, case, sglang_path=tree / "python",
-                              layout="communicator",
-                              python=python, device="cpu", tokens=(3, 16),
-                              timeout=30, start_timeout=timeout,
-                              exchange_timeout_s=EXCHANGE_TIMEOUT_S)
-            for case in TOGETHER_CASES
-        }
-        try:
-            with supervise.ending_children():  # Ctrl-C/SIGTERM: the probes end now
-                observed = {run: future.result() for run, future in futures.items()}
-                outcomes = {case: future.result() for case, future in together.items()}
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+    probes: dict[object, Callable[[], list[Observation] | LayerOutcome]] = {
+        run: functools.partial(run_probe, run[0], run[1].removesuffix("-old-cuda"), run[2],
+                               python=python, timeout=timeout,
+                               cuda=OLD_CUDA if run[1].endswith("-old-cuda") else None)
+        for run in runs}
+    cases = {case: functools.partial(layer, case, sglang_path=tree / "python",
+                                     layout="communicator", python=python, device="cpu",
+                                     tokens=(3, 16), timeout=30, start_timeout=timeout,
+                                     exchange_timeout_s=EXCHANGE_TIMEOUT_S)
+             for case in TOGETHER_CASES}
+    done = gather({**probes, **cases}, workers)
+    observed = {run: obs for run in runs if isinstance(obs := done[run], list)}
+    outcomes = {case: out for case in cases if not isinstance(out := done[case], list)}
 
     results: list[CheckResult] = []
     for cap in SM12X:
-        for obs in observed[(tree, "decisions", cap)]:
-            name = obs.name
-            results += _results([obs], cap, _decision_prefix(name),
-                                {name: expected_sm12x(name)})
+        results += [judged(obs, expected_sm12x(obs.name), cap, _decision_prefix(obs.name))
+                    for obs in observed[(tree, "decisions", cap)]]
     for cap in UNCHANGED:
         if baseline is not None:
             upstream = {o.name: o.observed for o in observed[(baseline, "decisions", cap)]}
@@ -213,16 +186,14 @@ def check_sglang(tree: Path, *, baseline: Path | None, layer: LayerRunner,
             upstream = {o.name: expected_upstream(cap, o.name)
                         for o in observed[(tree, "decisions", cap)]}
             note = "(expected = upstream 0.5.10.post1 decisions, no baseline tree)"
-        results += _results(observed[(tree, "decisions", cap)], cap, "unchanged", upstream,
-                            extra_detail=note)
-    for obs in observed[(tree, "decisions-old-cuda", "12.0")]:
-        name = obs.name
-        results += _results([obs], f"12.0 CUDA {OLD_CUDA}", _decision_prefix(name),
-                            {name: expected_sm12x(name, buildable=False)})
+        results += [judged(obs, upstream[obs.name], cap, "unchanged", note=note)
+                    for obs in observed[(tree, "decisions", cap)]]
+    results += [judged(obs, expected_sm12x(obs.name, buildable=False),
+                       f"12.0 CUDA {OLD_CUDA}", _decision_prefix(obs.name))
+                for obs in observed[(tree, "decisions-old-cuda", "12.0")]]
     for obs in observed[(tree, "fallbacks", "12.0")]:
-        name = obs.name
-        check_id, expect = FALLBACKS[name]
-        results += _results([obs], "12.0", check_id, {name: expect})
+        check_id, expect = FALLBACKS[obs.name]
+        results.append(judged(obs, expect, "12.0", check_id))
     for case, outcome in outcomes.items():
         results.append(_together_result(case, outcome))
     return results

@@ -11,7 +11,6 @@ that machinery: it runs beside the tree under test.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import sys
 import types
@@ -26,22 +25,17 @@ from sm120fork.harness.fake_gpu import (
     environ,
     start_probe,
 )
+from sm120fork.layouts import defaults
 
 #: One of the model architectures upstream auto-enables the fusion for.
 FUSION_MODEL_ARCH = "Qwen3MoeForCausalLM"
 SM120_ENV = "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO"
 BATCH = 16
 
+
 def _server_args(**overrides: Any) -> Any:
     """A ServerArgs with its field defaults, without running __post_init__."""
-    ServerArgs = _module("sglang.srt.server_args").ServerArgs  # noqa: N806
-
-    args: Any = ServerArgs.__new__(ServerArgs)
-    for field in dataclasses.fields(ServerArgs):
-        if field.default is not dataclasses.MISSING:
-            setattr(args, field.name, field.default)
-        elif field.default_factory is not dataclasses.MISSING:
-            setattr(args, field.name, field.default_factory())
+    args = defaults(_module("sglang.srt.server_args").ServerArgs)
     args.model_path = "sm120fork/probe-model"
     for key, value in overrides.items():
         setattr(args, key, value)
@@ -50,7 +44,8 @@ def _server_args(**overrides: Any) -> Any:
     return args
 
 
-def _decide(*, tp: int, explicit: bool, env: str | None, enforce_disable: bool) -> Observation:
+def _decide(*, tp: int, explicit: bool = False, env: str | None = None,
+            enforce_disable: bool = False) -> Observation:
     """Run upstream's model-specific adjustments, then ask the communicator gate."""
     sa = _module("sglang.srt.server_args")
     communicator = _module("sglang.srt.layers.communicator")
@@ -102,16 +97,7 @@ def decision_scenarios() -> list[tuple[str, Decision]]:
 
 
 def run_decisions() -> list[Observation]:
-    results = []
-    for name, params in decision_scenarios():
-        observation = _decide(
-            tp=params["tp"],
-            explicit=params.get("explicit", False),
-            env=params.get("env"),
-            enforce_disable=params.get("enforce_disable", False),
-        )
-        results.append({"name": name, **observation})
-    return results
+    return [{"name": name, **_decide(**params)} for name, params in decision_scenarios()]
 
 
 def _reference_norm(x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:

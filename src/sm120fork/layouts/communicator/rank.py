@@ -6,11 +6,10 @@ the tree under test.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from typing import Any
 
-from sm120fork.layouts import Layer
+from sm120fork.layouts import Layer, defaults
 
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 #: What the one fallback warning must say: S4's own words (this layout's series).
@@ -27,12 +26,7 @@ def setup(group: Any) -> Layer:
     for name in ("_TP", "_ATTN_TP", "_MOE_TP"):
         setattr(ps, name, group)
     sa = importlib.import_module("sglang.srt.server_args")
-    args: Any = sa.ServerArgs.__new__(sa.ServerArgs)
-    for field in dataclasses.fields(sa.ServerArgs):
-        if field.default is not dataclasses.MISSING:
-            setattr(args, field.name, field.default)
-        elif field.default_factory is not dataclasses.MISSING:
-            setattr(args, field.name, field.default_factory())
+    args = defaults(sa.ServerArgs)
     args.tp_size = group.world_size
     args.enable_flashinfer_allreduce_fusion = True
     sa.set_global_server_args_for_scheduler(args)

@@ -24,18 +24,26 @@ probe's ``PYTHONPATH`` (:func:`ensure_overlay`), so one test environment serves 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from sm120fork.errors import CommandError, VerifyError
-from sm120fork.layouts.results import CheckResult, LayerRunner, Observation, compact
+from sm120fork.layouts.results import (
+    CheckResult,
+    LayerRunner,
+    Observation,
+    compact,
+    gather,
+    judged,
+    sglang_trees,
+)
 from sm120fork.layouts.results import run_probe as run_probe_module
-from sm120fork.util import proc, supervise
+from sm120fork.util import proc
 from sm120fork.util.files import made_once
 
 PROBE_MODULE = "sm120fork.layouts.layer_boundary.probe"
@@ -136,17 +144,6 @@ def _expected_auto(scenario: str) -> Any:
     return on if env in ("1", "on") or tp == 2 else off
 
 
-def _check(name: str, capability: str, expected: object, obs: Observation,
-           *, prefix: str, note: str = "", require_in_detail: str = "") -> CheckResult:
-    observed = compact(obs.observed)
-    detail = obs.detail
-    passed = compact(expected) == observed and (not require_in_detail
-                                                 or require_in_detail in detail)
-    return CheckResult(name=f"{prefix} {name}", capability=capability,
-                       expected=compact(expected), observed=observed, passed=passed,
-                       detail=" ".join(part for part in (detail, note) if part))
-
-
 def _by_name(observations: Iterable[Observation]) -> dict[str, Observation]:
     return {o.name: o for o in observations}
 
@@ -165,8 +162,7 @@ def judge(observed: Mapping[tuple[str, str], Sequence[Observation]]) -> list[Che
             expected = expected_sm12x(name)
             # A refusal on SM12x must say why in SM12x terms, not "requires SM90".
             needs = "SM12x" if suite == "resolve" and expected == "error" else ""
-            results.append(_check(name, cap, expected, obs, prefix=GATE[suite],
-                                  require_in_detail=needs))
+            results.append(judged(obs, expected, cap, GATE[suite], require_in_detail=needs))
     for cap in UNCHANGED:
         baseline = _by_name(observed[("baseline", cap)])
         for name, obs in _by_name(observed[("patched", cap)]).items():
@@ -177,8 +173,8 @@ def judge(observed: Mapping[tuple[str, str], Sequence[Observation]]) -> list[Che
                 # G4 is not SM12x-only: any GPU without multicast (H100 PCIe too) gains.
                 results.append(_preflight_check(name, cap, obs, baseline))
                 continue
-            results.append(_check(name, cap, baseline[name].observed, obs,
-                                  prefix="unchanged", note="(expected = unpatched upstream)"))
+            results.append(judged(obs, baseline[name].observed, cap, "unchanged",
+                                  note="(expected = unpatched upstream)"))
     return results
 
 
@@ -196,7 +192,7 @@ def _preflight_check(name: str, cap: str, obs: Observation,
     else:
         expected = baseline[name].observed
         note = "(expected = unpatched upstream)"
-    return _check(name, cap, expected, obs, prefix="G4", note=note)
+    return judged(obs, expected, cap, "G4", note=note)
 
 
 def check_trees(tree: Path, *, baseline: Path, overlay: Path,
@@ -208,24 +204,13 @@ def check_trees(tree: Path, *, baseline: Path, overlay: Path,
     :func:`ensure_overlay`.  A behaviour that differs is a result with ``passed=False``;
     a probe that cannot run raises ``VerifyError``.
     """
-    for root in (tree, baseline):
-        if not (root / "python" / "sglang").is_dir():
-            raise VerifyError("no python/sglang package directory", where=str(root),
-                              fix="pass the repository root of an SGLang tree")
+    sglang_trees(tree, baseline)
     runs = [("patched", tree, cap) for cap in SM12X + UNCHANGED]
     runs += [("baseline", baseline, cap) for cap in UNCHANGED]
     workers = jobs or max(1, min(len(runs), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {(label, cap): pool.submit(run_probe, root, cap, overlay=overlay,
-                                             python=python, timeout=timeout)
-                   for label, root, cap in runs}
-        try:
-            with supervise.ending_children():  # Ctrl-C/SIGTERM: the probes end now
-                observed = {key: future.result() for key, future in futures.items()}
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-    return judge(observed)
+    return judge(gather({(label, cap): functools.partial(
+        run_probe, root, cap, overlay=overlay, python=python, timeout=timeout)
+        for label, root, cap in runs}, workers))
 
 
 def check(tree: Path, *, baseline: Path | None, python: str | os.PathLike[str],
