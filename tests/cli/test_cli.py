@@ -34,7 +34,7 @@ def test_gpu_verbs_through_the_toolkit_command_line(
 
 
 def test_gpu_verb_gets_its_own_arguments_after_global_options() -> None:
-    assert cli_main._verb_argv(["--root", "gpu", "-q", "gpu", "bench", "--quick"], "gpu") == [
+    assert cli_main._verb_argv(["--root", "gpu", "-q", "gpu", "bench", "--quick"]) == [
         "bench", "--quick"]
 
 

@@ -32,23 +32,19 @@ from sm120fork.workspace import Workspace
 
 def _download_progress(console: Console) -> Callable[[str], Callable[[int, int | None], None]]:
     def factory(label: str) -> Callable[[int, int | None], None]:
-        state: dict[str, object] = {}
+        shown: list[tuple[Progress, TaskID]] = []  # the bar, once the download started
 
         def update(done: int, total: int | None) -> None:
-            if "progress" not in state:
-                progress = Progress(TextColumn(f"downloading {label}"), BarColumn(),
-                                    DownloadColumn(), TransferSpeedColumn(),
-                                    console=console, transient=True)
-                progress.start()
-                state["progress"] = progress
-                state["task"] = progress.add_task(label, total=total)
-            progress_obj = state["progress"]
-            assert isinstance(progress_obj, Progress)
-            task = state["task"]
-            assert isinstance(task, int)
-            progress_obj.update(TaskID(task), completed=done)
+            if not shown:
+                bar = Progress(TextColumn(f"downloading {label}"), BarColumn(),
+                               DownloadColumn(), TransferSpeedColumn(),
+                               console=console, transient=True)
+                bar.start()
+                shown.append((bar, bar.add_task(label, total=total)))
+            bar, task = shown[0]
+            bar.update(task, completed=done)
             if total is not None and done >= total:
-                progress_obj.stop()
+                bar.stop()
         return update
     return factory
 

@@ -122,32 +122,28 @@ def make_parser(verbs: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _verb_name(argv: Sequence[str]) -> str | None:
-    """The verb ``argv`` names (the only global option taking a value is --root)."""
-    skip = False
-    for token in argv:
-        if skip:
-            skip = False
-        elif token == "--root":
-            skip = True
-        elif token in VERBS:
-            return token
-        elif not token.startswith("-"):
-            return None
-    return None
-
-
-def _verb_argv(argv: Sequence[str], verb: str) -> list[str]:
-    """The arguments after ``verb`` (the only global option taking a value is --root)."""
+def _verb_at(argv: Sequence[str]) -> int | None:
+    """Where the verb stands in ``argv`` (the only global option taking a value is --root)."""
     skip = False
     for i, token in enumerate(argv):
         if skip:
             skip = False
         elif token == "--root":
             skip = True
-        elif token == verb:
-            return list(argv[i + 1:])
-    return []
+        elif not token.startswith("-"):
+            return i if token in VERBS else None
+    return None
+
+
+def _verb_name(argv: Sequence[str]) -> str | None:
+    at = _verb_at(argv)
+    return None if at is None else argv[at]
+
+
+def _verb_argv(argv: Sequence[str]) -> list[str]:
+    """The arguments after the verb."""
+    at = _verb_at(argv)
+    return [] if at is None else list(argv[at + 1:])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -198,7 +194,7 @@ def _run(argv: list[str], state: _Run) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     run = _handler(args.command)
     if verb.own_main:
-        return run(_verb_argv(argv, args.command))
+        return run(_verb_argv(argv))
     from rich.console import Console
 
     from sm120fork.cli.logs import LineHandler
@@ -210,7 +206,7 @@ def _run(argv: list[str], state: _Run) -> int:
                  logging.DEBUG if args.verbose else logging.INFO)
     log.propagate = False
     if not verb.checkout:
-        return run(args, _verb_argv(argv, args.command))
+        return run(args, _verb_argv(argv))
     from sm120fork.workspace import Workspace
 
     ws = Workspace(args.root.resolve()) if args.root else Workspace.find()

@@ -18,18 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sm120fork.declare import Project, Stack
-from sm120fork.errors import (
-    CommandError,
-    SeriesError,
-)
+from sm120fork.errors import CommandError, SeriesError
 from sm120fork.fetch.kinds import source_key
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.patch.apply import apply_series
-from sm120fork.patch.series import (
-    load_series,
-    parse_patch,
-    read_series_file,
-)
+from sm120fork.patch.series import load_series, parse_patch, read_series_file
 from sm120fork.patch.tree import TreeState, write_state
 from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file
 from sm120fork.util.git import Git

@@ -113,14 +113,11 @@ def scratch_prefix(label: str, *, hidden: bool = True) -> str:
 def staged_dir(dest: Path, *, label: str = "") -> Iterator[Path]:
     """Make a folder's new content apart, then put it at ``dest`` in one swap.
 
-    Yields a path, not made yet, inside a scratch folder beside ``dest`` (one file system,
-    so a rename swaps it in); the block makes the new folder there and may keep other
-    temporary files in the scratch folder (the path's parent).  When the block returns,
-    the new folder replaces ``dest`` as a whole (:func:`replace_dir`); when it raises,
-    ``dest`` is left as it was.  The scratch folder, with the old ``dest`` after a swap,
-    is removed either way; one that a killed run left is named by :func:`scratch_prefix`,
-    so :func:`remove_stale_scratch` of ``dest``'s parent removes it.
-    """
+    Yields a path, not made yet, in a scratch folder beside ``dest`` (one file system);
+    the block makes the new folder there (and may keep temporary files beside it).  When
+    the block returns, the new folder replaces ``dest`` whole (:func:`replace_dir`); when
+    it raises, ``dest`` is left as it was.  A scratch folder a killed run left is named by
+    :func:`scratch_prefix`, so :func:`remove_stale_scratch` removes it."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(label or dest.name),
                                     dir=dest.parent))
@@ -157,24 +154,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def remove_stale_scratch(parent: Path) -> list[Path]:
     """Remove the scratch files and folders in ``parent`` of processes that are gone
     (a run killed with SIGKILL leaves them); return what was removed."""
     removed: list[Path] = []
-    if not parent.is_dir():
-        return removed
-    for path in parent.iterdir():
+    for path in parent.iterdir() if parent.is_dir() else ():
         name = path.name.removeprefix(".")
-        if not name.startswith(_SCRATCH):
-            continue
         pid = name[len(_SCRATCH):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-        removed.append(path)
+        if name.startswith(_SCRATCH) and pid.isdigit() and not _alive(int(pid)):
+            _remove(path)
+            removed.append(path)
     return removed
 
 
@@ -183,16 +179,9 @@ def remove_own_scratch(parents: list[Path]) -> list[Path]:
     a worker thread may not reach its own clean-up); return those that could not go."""
     mine = f"{_SCRATCH}{os.getpid()}-"
     left: list[Path] = []
-    for parent in parents:
-        if not parent.is_dir():
-            continue
-        for path in parent.iterdir():
-            if not path.name.removeprefix(".").startswith(mine):
-                continue
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+    for path in (p for parent in parents if parent.is_dir() for p in parent.iterdir()):
+        if path.name.removeprefix(".").startswith(mine):
+            _remove(path)
             if path.exists() or path.is_symlink():
                 left.append(path)
     return left

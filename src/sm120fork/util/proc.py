@@ -72,29 +72,19 @@ def allow_children() -> None:
     _ended.clear()
 
 
-class _suppress_gone:  # noqa: N801 - a tiny context manager, used like contextlib.suppress
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> bool:
-        return kind is not None and issubclass(kind, ProcessLookupError | PermissionError)
+def _suppress_gone() -> contextlib.suppress:
+    return contextlib.suppress(ProcessLookupError, PermissionError)
 
 
 def _tail(text: str, lines: int = 40) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def run(
-    cmd: Sequence[str | os.PathLike[str]],
-    *,
-    cwd: Path | None = None,
-    env: Mapping[str, str] | None = None,
-    check: bool = True,
-    timeout: float | None = None,
-    quiet: bool = False,
-    on_line: Callable[[str], None] | None = None,
-    input: str | None = None,
-) -> subprocess.CompletedProcess[str]:
+def run(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None,
+        env: Mapping[str, str] | None = None, check: bool = True,
+        timeout: float | None = None, quiet: bool = False,
+        on_line: Callable[[str], None] | None = None,
+        input: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``cmd``, echoing it; raise ``CommandError`` with its output if it fails.
 
     ``on_line`` sees each line of output (stdout and stderr together) as it comes, for a
@@ -105,10 +95,7 @@ def run(
     argv = [os.fspath(c) for c in cmd]
     if not quiet:
         log.info("+ %s", shlex.join(argv))
-    full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
-    child = _start(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE,
+    child = _start(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                    stdin=subprocess.PIPE if input is not None else None,
                    stderr=subprocess.STDOUT if on_line else subprocess.PIPE,
                    text=True, encoding="utf-8", errors="replace")
@@ -126,11 +113,8 @@ def run(
     proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         output = _tail((proc.stdout or "") + "\n" + (proc.stderr or ""))
-        raise CommandError(
-            f"command failed with exit code {proc.returncode}: {shlex.join(argv)}",
-            where=str(cwd) if cwd else None,
-            detail=output,
-        )
+        raise CommandError(f"command failed with exit code {proc.returncode}: "
+                           f"{shlex.join(argv)}", where=str(cwd) if cwd else None, detail=output)
     return proc
 
 
@@ -144,9 +128,8 @@ def _start(argv: list[str], *,
     try:
         child = subprocess.Popen(argv, start_new_session=True, **popen)
     except FileNotFoundError as exc:
-        raise CommandError(
-            f"command not found: {argv[0]}", fix="install it or put it on PATH"
-        ) from exc
+        raise CommandError(f"command not found: {argv[0]}",
+                           fix="install it or put it on PATH") from exc
     with _children_lock:
         registry.add(child)
     return child
@@ -231,18 +214,9 @@ class ProcessGroup:
               pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
         """Start ``cmd`` with exactly ``env`` (the caller builds the whole environment);
         ``pass_fds`` stay open in the child (e.g. its end of a socket pair)."""
-        argv = [os.fspath(c) for c in cmd]
-        if _ending.is_set():
-            raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
-        try:
-            child = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr,
-                                     env=dict(env), pass_fds=tuple(pass_fds),
-                                     start_new_session=True)
-        except FileNotFoundError as exc:
-            raise CommandError(f"command not found: {argv[0]}",
-                               fix="install it or put it on PATH") from exc
-        with _children_lock:
-            _children.add(child)
+        child: subprocess.Popen[bytes] = _start(
+            [os.fspath(c) for c in cmd], stdin=stdin, stdout=stdout, stderr=stderr,
+            env=dict(env), pass_fds=tuple(pass_fds))
         self.procs.append(child)
         return child
 

@@ -1,23 +1,11 @@
 """The one supervisor of children the toolkit starts together and waits on: A/B ranks,
 layer ranks, a layout's probe.
 
-:func:`run_group` starts N children (each in a process group of its own, through the one
-runner's :class:`~sm120fork.util.proc.ProcessGroup`, so Ctrl-C and
-:func:`~sm120fork.util.proc.end_children` end them too), follows their output as it is
-written, decodes every line of the one wire format (:mod:`sm120fork.util.wire`), and ends
-the whole group, each child with its process group, when:
-
-- a child exits with an error (``crash``; with ``fail_fast``), once the caller's
-  ``settled`` judgement holds or ``Timeouts.grace`` has passed;
-- a child says ``FATAL`` (``fatal``: retrying cannot help);
-- a child prints a line with the wire's marker that does not decode (``protocol``: named
-  with the child and the line);
-- a bound of the one :class:`Timeouts` object passes (``hang``, or ``budget`` for the
-  overall deadline);
-- the parent is interrupted (Ctrl-C, or SIGTERM, which unwinds like Ctrl-C while the
-  group runs): the exception goes on, the children are gone.
-
-How the group ended is returned (:class:`GroupOutcome`), never raised.  Stdlib only.
+:func:`run_group` starts N children, each in a process group of its own (through
+:class:`~sm120fork.util.proc.ProcessGroup`, so Ctrl-C ends them too), follows their logs,
+decodes the one wire format (:mod:`sm120fork.util.wire`), and ends the whole group on a
+crash, a ``FATAL``, a line that does not decode, a bound of :class:`Timeouts`, or an
+interrupt.  How it ended is returned (:class:`GroupOutcome`), never raised.  Stdlib only.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """The one wire format between the toolkit and every child it starts and waits on.
 
-A child (an A/B rank, a layer rank, a layout probe) prints ordinary output freely; a line
-that carries data is ``@@sm120fork/<version> <TAG> <json>``: one marker with the format's
-version, an upper-case tag, and one JSON value (``null`` when the tag says it all)::
-
-    @@sm120fork/1 START "fusion_legacy/ar_rmsnorm/ws2/t1/h256/bf16/oneshot/pdl0"
-    @@sm120fork/1 RESULT {"key": "...", "status": "pass"}
-    @@sm120fork/1 DONE null
-
-:func:`encode` writes a line, :func:`decode` reads one, and both sides import this module
-(the parent and its children run the same checkout), so a tag or a marker is never
-copied between files.  A line that starts with the marker but is not a whole message of
-this version (bad JSON, another version, no tag) is a :class:`WireError`, never ordinary
-output: a child of another toolkit version, or a message cut in half, is named with the
-line, not silently dropped.  Stdlib only: children that run beside a tree under test and
-the plugin wheel's doctor import it.
+A child prints ordinary output freely; a line that carries data is
+``@@sm120fork/<version> <TAG> <json>`` (``@@sm120fork/1 RESULT {"key": "..."}``).  Both
+sides import this module, so a tag or a marker is never copied between files.  A line with
+the marker that is not a whole message of this version is a :class:`WireError`, never
+ordinary output: a child of another toolkit version, or a message cut in half, is named
+with the line, not silently dropped.  Stdlib only.
 """
 
 from __future__ import annotations

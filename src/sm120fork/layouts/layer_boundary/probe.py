@@ -15,14 +15,20 @@ message of the one wire format (``fake_gpu.emit``): a list of ``{"name", "observ
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, NotRequired, TypedDict
 
-from sm120fork.harness.fake_gpu import Observation, captured_logs, emit, environ, start_probe
+from sm120fork.harness.fake_gpu import (
+    Observation,
+    _module,
+    captured_logs,
+    emit,
+    environ,
+    start_probe,
+)
 
 #: The model that motivated the work (61 layers, hidden 7168), on upstream's fusion list.
 FUSION_MODEL_ARCH = "KimiK25ForConditionalGeneration"
@@ -42,10 +48,6 @@ class AutoScenario(TypedDict):
     env: NotRequired[str]
     backend: NotRequired[str]
     enforce_disable: NotRequired[bool]
-
-
-def _module(name: str) -> Any:
-    return importlib.import_module(name)
 
 
 def _error(exc: Exception) -> Observation:
