@@ -174,9 +174,6 @@ def parse_dep3(body: list[str], where: str) -> list[tuple[str, str]]:
     fields: list[tuple[str, str]] = []
     for line in body:
         if not line.strip():
-            if fields:
-                # A blank line after the paragraph ends it only if more text follows.
-                continue
             continue
         m = _FIELD.match(line)
         if m and (m.group(1) in KNOWN_FIELDS or m.group(1).startswith("X-")):
@@ -207,32 +204,25 @@ def parse_patch(path: Path) -> Patch:
     last_update = next(v for k, v in fields if k == "Last-Update")
     if not _DATE.fullmatch(last_update):
         raise SeriesError(f"Last-Update {last_update!r} is not YYYY-MM-DD", where=where)
-    fingerprints: list[Fingerprint] = []
+    marks: dict[str, list[Fingerprint]] = {"Fingerprint": [], "Effect": [], "Effect-Absent": []}
     for key, value in fields:
-        if key != "Fingerprint":
+        if key not in marks:
             continue
-        fpath, sep, ftext = value.partition(": ")
-        if not sep or not fpath or not ftext.strip():
-            raise SeriesError(f"malformed Fingerprint {value!r}", where=where,
-                              fix="write 'Fingerprint: <path>: <text>'")
-        fingerprints.append(Fingerprint(path=fpath.strip(), text=ftext))
+        mpath, sep, mtext = value.partition(": ")
+        if not sep or not mpath or not mtext.strip():
+            raise SeriesError(f"malformed {key} {value!r}", where=where,
+                              fix=f"write '{key}: <path>: <text>'" + (
+                                  "" if key == "Fingerprint" else " (text may be 're:<regex>')"))
+        if key != "Fingerprint" and mtext.startswith(REGEX_PREFIX):
+            try:
+                re.compile(mtext[len(REGEX_PREFIX):])
+            except re.error as exc:
+                raise SeriesError(f"{key} regex {mtext!r} is invalid: {exc}", where=where) from exc
+        marks[key].append(Fingerprint(path=mpath.strip(), text=mtext))
+    fingerprints = marks["Fingerprint"]
     if not fingerprints:
         raise SeriesError("no Fingerprint field", where=where,
                           fix="name a string the patch puts into a shipped file")
-    effects: dict[str, list[Fingerprint]] = {"Effect": [], "Effect-Absent": []}
-    for key, value in fields:
-        if key not in effects:
-            continue
-        epath, sep, etext = value.partition(": ")
-        if not sep or not epath or not etext.strip():
-            raise SeriesError(f"malformed {key} {value!r}", where=where,
-                              fix=f"write '{key}: <path>: <text>' (text may be 're:<regex>')")
-        if etext.startswith(REGEX_PREFIX):
-            try:
-                re.compile(etext[len(REGEX_PREFIX):])
-            except re.error as exc:
-                raise SeriesError(f"{key} regex {etext!r} is invalid: {exc}", where=where) from exc
-        effects[key].append(Fingerprint(path=epath.strip(), text=etext))
     files = tuple(dict.fromkeys(m.group(2) for m in _DIFF.finditer(text)))
     if not files:
         raise SeriesError("patch changes no file", where=where)
@@ -244,8 +234,7 @@ def parse_patch(path: Path) -> Patch:
                  author=message.author, fields=tuple(fields),
                  fingerprints=tuple(fingerprints), files=files,
                  sha256=hashlib.sha256(data).hexdigest(),
-                 effects=tuple(effects["Effect"]),
-                 effects_absent=tuple(effects["Effect-Absent"]))
+                 effects=tuple(marks["Effect"]), effects_absent=tuple(marks["Effect-Absent"]))
 
 
 def read_series_file(directory: Path) -> list[str]:

@@ -1,26 +1,19 @@
 """Layout ``communicator`` (SGLang 0.5.10): behaviour checks of a patched tree, on a CPU.
 
-The SGLang series (S1-S4) changes decisions that depend on the GPU, so the checks run
-the real ``server_args``, ``layers.communicator``, ``layers.layernorm`` and
-``layers.flashinfer_comm_fusion`` of a tree with only the GPU query faked (see
-``layouts.communicator.probe``).  Every probe runs in its own interpreter with
-``PYTHONPATH=<tree>/python``, so a patched and an unpatched tree never meet in one
-process and the module-level GPU gates are evaluated afresh per capability.
+The probe (``layouts.communicator.probe``) runs the tree's real ``server_args``,
+``layers.communicator``, ``layers.layernorm`` and ``layers.flashinfer_comm_fusion`` with
+only the GPU query faked, in a fresh interpreter per capability, so a patched and an
+unpatched tree never meet in one process.  What is checked:
 
-What is checked:
-
-- SM120 and SM121 (12.0, 12.1): the explicit flag fuses at TP2/4/8; auto-enable only at
-  TP2; ``SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO`` 0/off and 1/on override it, and
-  any other value is an error; the enforce-disable switch wins.
-- 8.0, 9.0, 10.0: the same decisions as unpatched upstream (the ``baseline`` tree), or,
-  without a baseline, as upstream 0.5.10.post1 is known to decide.
-- S3: a fused norm whose fused call returns None all-reduces, then adds the residual and
-  normalises (compared with a float64 reference on the CPU).
-- S4: no P2P between the GPUs, or a workspace that cannot be created, fails closed with one
-  warning line and turns the fused gate off.
-
-The probe's Python needs the ``sglang-probe`` dependency group of pyproject.toml (CPU
-torch and what those modules import); pass that interpreter as ``python``.
+- SM120 and SM121: the explicit flag fuses at TP2/4/8; auto-enable only at TP2;
+  ``SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO`` 0/off and 1/on override it, any other
+  value is an error; the enforce-disable switch wins.
+- 8.0, 9.0, 10.0: the decisions of unpatched upstream (the ``baseline`` tree, or without
+  one, upstream 0.5.10.post1's known decisions).
+- S3: a fused norm whose fused call returns None all-reduces, adds the residual and
+  normalises (against a float64 reference).
+- S4: no P2P, or a workspace that cannot be created, fails closed with one warning line
+  and turns the fused gate off (two ranks of the GPU layer harness, on the CPU).
 """
 
 from __future__ import annotations
