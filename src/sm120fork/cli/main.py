@@ -16,7 +16,6 @@ from pathlib import Path
 
 from sm120fork import __version__
 from sm120fork.cli import args as verb_args
-from sm120fork.cli.usage import verbosity_options
 from sm120fork.entry import Parser, boundary
 
 log = logging.getLogger("sm120fork")
@@ -102,6 +101,13 @@ def _handler(name: str) -> Callable[..., int]:
     return handlers[name]
 
 
+def _verbosity(parser: argparse.ArgumentParser, default: object = False) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", default=default,
+                        help="only warnings and errors")
+    parser.add_argument("-v", "--verbose", action="store_true", default=default,
+                        help="also every git command the toolkit runs")
+
+
 def make_parser(verbs: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; only the verbs in ``verbs`` (default: all) get their arguments, so
     only their modules are imported."""
@@ -109,14 +115,13 @@ def make_parser(verbs: Sequence[str] | None = None) -> argparse.ArgumentParser:
                     description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--root", type=Path, help="toolkit checkout (default: search upward)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="also every git command the toolkit runs")
+    _verbosity(parser)
+    after_verb = Parser(add_help=False)  # ``nox -s build -- -q`` passes them after the verb
+    _verbosity(after_verb, default=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    verbosity = [verbosity_options()]
     for name, verb in VERBS.items():
-        p = sub.add_parser(name, help=verb.help, description=verb.help,
-                           add_help=not verb.own_main, parents=[] if verb.own_main else verbosity)
+        p = sub.add_parser(name, help=verb.help, description=verb.help, add_help=not verb.own_main,
+                           parents=[] if verb.own_main else [after_verb])
         if verb.args is not None and (verbs is None or name in verbs):
             verb.args(p)
     return parser
