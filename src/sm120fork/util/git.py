@@ -271,9 +271,9 @@ class Git:
             return False
         return True
 
-    def commit_time(self, rev: str = "HEAD") -> int:
-        """The committer timestamp of ``rev`` (seconds since the epoch: git's ``%ct``)."""
-        return int(self.commit(rev).committed_date)
+    def commit_time(self) -> int:
+        """HEAD's committer timestamp (seconds since the epoch: git's ``%ct``)."""
+        return int(self.commit("HEAD").committed_date)
 
     def files(self, rev: str, under: str = "") -> list[str]:
         """Every file path at ``rev`` (below ``under``, a folder, if given), sorted."""
@@ -292,10 +292,8 @@ class Git:
         self("commit", "-q", "--no-verify", "-m", message)
         return self.head()
 
-    def am(self, patches: Iterable[Path], *, three_way: bool = False,
-           extra: Sequence[str] = ()) -> None:
-        """Apply ``patches`` as commits (``git am``, carriage returns kept); a patch that
-        does not apply raises :class:`GitError` and leaves the ``am`` stopped on it
-        (:meth:`am_in_progress`)."""
-        self("am", "--quiet", "--3way" if three_way else "--no-3way", "--keep-cr", *extra,
-             *(str(p) for p in patches))
+    def am(self, patches: Iterable[Path], *, extra: Sequence[str] = ()) -> None:
+        """Apply ``patches`` as commits (``git am``, no 3-way, carriage returns kept); a
+        patch that does not apply raises :class:`GitError` and leaves the ``am`` stopped on
+        it (:meth:`am_in_progress`)."""
+        self("am", "--quiet", "--no-3way", "--keep-cr", *extra, *(str(p) for p in patches))

@@ -21,6 +21,7 @@ from pathlib import Path
 from . import proc, wire
 
 TAIL_LINES = 25
+POLL_S = 0.1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -314,8 +315,7 @@ def run_group(children: Sequence[Child], *, timeouts: Timeouts,
               on_line: Callable[[int, str], None] | None = None,
               on_message: Callable[[int, wire.Message], None] | None = None,
               ready: str | None = None, fail_fast: bool = True,
-              settled: Callable[[list[int | None]], bool] | None = None,
-              poll_interval: float = 0.1) -> GroupOutcome:
+              settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
     """Run ``children`` concurrently under ``timeouts``; how they ended.
 
     ``on_line`` sees every line of each child's log, ``on_message`` every wire message
@@ -334,7 +334,7 @@ def run_group(children: Sequence[Child], *, timeouts: Timeouts,
         _start(group, children)
         try:
             while (ended := watch.step(group.poll())) is None:
-                time.sleep(poll_interval)
+                time.sleep(POLL_S)
             outcome.failure, outcome.kind = ended if ended[0] else (None, None)
         finally:
             watch.finish(group)
