@@ -1,14 +1,9 @@
 """``index``: a static package index of our wheels and its landing page, in one folder.
 
-The folder is a site any static host serves (GitHub Pages, ``python -m http.server``):
-``simple/`` in PEP 503 HTML (``index.html``) and PEP 691 JSON (``index.json``, api-version
-1.1 with PEP 700's sizes), every file with its sha256 and ``Requires-Python``, and its
-METADATA beside it as ``<file>.metadata`` (PEP 658, announced by PEP 714's
-``data-core-metadata`` and ``core-metadata``); ``files/`` the wheels; ``index.html`` the
-landing page with each stack's pip line per route (:mod:`sm120fork.package.routes`) and
-what each wheel needs.  Links inside the index are relative, so the folder works where it
-is put; only the landing page's pip lines carry the site's URL.  Nothing depends on time
-or order on disk: the same wheels and URL give the same bytes.
+``simple/`` in PEP 503 HTML and PEP 691 JSON (with PEP 700's sizes), each file's METADATA
+beside it (PEP 658/714); ``files/`` the wheels; ``index.html`` each stack's pip line per
+route (:mod:`sm120fork.package.routes`).  Links inside are relative, so the folder works
+where it is put; the same wheels and URL give the same bytes.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Check what a series made of a fork tree before a stage says yes (bump, build, verify).
 
-Every Python file the series touches is compiled; every one that is a module of a
-package is imported under the fake-GPU probe (:mod:`sm120fork.harness.imports`) at
-compute capability 12.0 and 9.0, with the stack's layout's extra path (its probe
-overlay) first, and the global names its functions use on the lines the series added
-(against the release the fork tree tags ``upstream``) are looked up in the imported
-module: a name the release does not have fails at a call, not at import.  A file that
-is not Python is named "not compiled here", and a module of a package the probe stubs
-(FlashInfer, ...) "not imported": the summary says which check ran on what, never more.
-A failure names the patch, ``file:line`` and the error.
+Every Python file the series touches is compiled; every module of a package is imported
+under the fake-GPU probe (:mod:`sm120fork.harness.imports`) at capability 12.0 and 9.0,
+and the global names used on the lines the series added are looked up in it: a name the
+release lacks fails at a call, not at import.  The summary says which check ran on what,
+never more ("not compiled here", "not imported"); a failure names the patch, ``file:line``
+and the error.
 """
 
 from __future__ import annotations

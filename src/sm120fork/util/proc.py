@@ -38,12 +38,9 @@ _ended: list[int] = []
 
 
 def end_children(grace: float = 5.0) -> int:
-    """End every command started by :func:`run` or a :class:`ProcessGroup` (each with its
-    own process group, so a build's own children go too) and refuse new ones; return how
-    many were ended since :func:`allow_children`.
-
-    Called when the toolkit is interrupted: SIGTERM may reach only this process (nox
-    forwards it alone), and a child left running would keep building."""
+    """End every command the runner started, each with its process group, and refuse new
+    ones; how many were ended since :func:`allow_children`.  Called when the toolkit is
+    interrupted: SIGTERM may reach only this process (nox forwards it alone)."""
     _ending.set()
     with _children_lock:
         running = [p for p in _children if p.poll() is None]
@@ -164,11 +161,8 @@ def spawn(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = Non
           stdout: IO[bytes] | int | None = subprocess.PIPE,
           stderr: IO[bytes] | int | None = subprocess.PIPE) -> subprocess.Popen[bytes]:
     """Start ``cmd`` (with exactly ``env``) and return it running, for a caller that reads
-    its output as it streams (GitPython's ``git cat-file --batch``, ``git rev-list``).
-
-    Silent, unchecked: the caller echoes, waits and judges.  Like every child of the
-    runner it leads its own process group and :func:`end_children` ends it (without
-    counting it among the commands it ended: it is a reader, not a step of the work)."""
+    its output as it streams (GitPython); silent and unchecked.  :func:`end_children`
+    ends it too, without counting it: it is a reader, not a step of the work."""
     child: subprocess.Popen[bytes] = _start(
         [os.fspath(c) for c in cmd], cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout,
         stderr=stderr, registry=_helpers)
@@ -195,14 +189,9 @@ def capture(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = N
 
 
 class ProcessGroup:
-    """Long-running processes started together and ended together: GPU ranks, the layer
-    harness's ranks.  The one supervisor of such children.
-
-    Each process leads a process group of its own (what it starts goes with it), is known
-    to :func:`end_children` (Ctrl-C ends it too), and :meth:`kill` (or leaving the ``with``
-    block, however) kills every one still running, with its group, and reaps it.  The
-    caller's watchdog decides *when*; this decides *how*.
-    """
+    """Processes started together and ended together (ranks): :meth:`kill`, or leaving
+    the ``with`` block however, kills each one still running with its process group and
+    reaps it.  The caller's watchdog decides *when*; this decides *how*."""
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []

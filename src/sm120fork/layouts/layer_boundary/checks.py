@@ -1,25 +1,21 @@
 """Layout ``layer_boundary`` (SGLang 0.5.23): behaviour checks of G1-G5, on a CPU.
 
-The probe (``layouts.layer_boundary.probe``) runs the real 0.5.23 gate functions of a tree with only
-the GPU faked, at compute capabilities 8.0, 9.0, 10.0, 12.0 and 12.1, in one fresh
-interpreter per (tree, capability).  What is checked:
+The probe (``layouts.layer_boundary.probe``) runs the tree's real gate functions with only
+the GPU faked, in one fresh interpreter per (tree, capability).  What is checked on SM12x:
 
-- G1 ``_resolve_backend``: on SM12x trtllm and auto resolve to trtllm on one node;
-  mnnvl, cutedsl and several nodes are refused with a message that names SM12x.
-- G2 auto-enable: on SM12x only at TP2 on one node; the environment variable's 0/off and
-  1/on override the TP gate, any other value is an error; an explicit backend runs at
-  every TP size; enforce-disable wins; the decision is logged exactly once.
-- G3 ``flashinfer_ar_fusion_applies``: true on SM12x with a backend set, within the batch cap.
-- G4 workspace preflight: without multicast the sizes are those of allocation
-  granularity alone and multicast granularity is never asked for; with multicast they
-  are upstream's.
-- G5 plain all-reduces: on SM12x they stay off FlashInfer unless the environment variable
-  asks for it; the decision is logged once.
-- 8.0, 9.0, 10.0: every observation equals unpatched upstream's (the baseline tree).
+- G1 ``_resolve_backend``: trtllm and auto resolve to trtllm on one node; mnnvl, cutedsl
+  and several nodes are refused with a message that names SM12x.
+- G2 auto-enable: only at TP2 on one node; the environment variable's 0/off and 1/on
+  override the TP gate, any other value is an error; an explicit backend runs at every
+  TP size; enforce-disable wins; the decision is logged exactly once.
+- G3 ``flashinfer_ar_fusion_applies``: true with a backend set, within the batch cap.
+- G4 workspace preflight: without multicast, the sizes of allocation granularity alone,
+  multicast granularity never asked for; with multicast, upstream's.
+- G5 plain all-reduces stay off FlashInfer unless the environment variable asks; logged once.
 
-0.5.23 needs newer packages than the 0.5.10 probe (transformers 5.19 among them): they
-are installed without dependencies into an overlay directory that goes first on the
-probe's ``PYTHONPATH`` (:func:`ensure_overlay`), so one test environment serves both.
+On 8.0, 9.0 and 10.0 every observation equals unpatched upstream's (the baseline tree).
+0.5.23 needs newer packages than the 0.5.10 probe: they go without dependencies into an
+overlay first on the probe's ``PYTHONPATH`` (:func:`ensure_overlay`).
 """
 
 from __future__ import annotations
