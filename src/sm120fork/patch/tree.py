@@ -69,10 +69,6 @@ def write_state(work: Path, state: TreeState) -> None:
     tmp.replace(path)
 
 
-def patches_digest(patches: Sequence[Patch]) -> str:
-    return Series(directory=Path(), patches=tuple(patches)).digest
-
-
 def _local_changes(work: Path, state: TreeState | None) -> str | None:
     """Why ``work`` holds work the toolkit did not make, or None."""
     try:
@@ -179,7 +175,8 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
     work = ws.work_tree(stack, project, variant)
     kind = source or project.source
     skey = source_key(project, kind)
-    digest = patches_digest(patches)
+    series = Series(directory=ws.series_dir(project), patches=tuple(patches))
+    digest = series.digest
     state = read_state(work) if work.exists() else None
     if work.exists():
         why = _local_changes(work, state)
@@ -202,7 +199,6 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
     repo = Git(work)
     write_state(work, TreeState(source=skey, base=base, series=digest, head="",
                                 applied=(), complete=False))
-    series = Series(directory=ws.series_dir(project), patches=tuple(patches))
     head = apply_series(repo, series, stack=stack.name, project=project.key)
     new_state = TreeState(source=skey, base=base, series=digest, head=head,
                           applied=tuple(p.name for p in patches))
