@@ -16,11 +16,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sm120fork.declare import Project, Stack
-from sm120fork.errors import CommandError, DirtyTreeError, MaintenanceError
+from sm120fork.errors import CommandError, ConfigError, DirtyTreeError, MaintenanceError
 from sm120fork.fetch.kinds import fetch_source, source_key
 from sm120fork.fetch.source import Progress
 from sm120fork.patch.apply import apply_series
 from sm120fork.patch.series import Patch, Series
+from sm120fork.util import typed
+from sm120fork.util.files import atomic_write_text
 from sm120fork.util.git import Git
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
@@ -55,18 +57,13 @@ def _state_path(work: Path) -> Path:
 
 def read_state(work: Path) -> TreeState | None:
     try:
-        data = json.loads(_state_path(work).read_text())
-        data["applied"] = tuple(data.get("applied", ()))
-        return TreeState(**data)
-    except (OSError, ValueError, TypeError):
+        return typed.read(TreeState, typed.json_file(_state_path(work)), _state_path(work))
+    except ConfigError:
         return None
 
 
 def write_state(work: Path, state: TreeState) -> None:
-    path = _state_path(work)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=1))
-    tmp.replace(path)
+    atomic_write_text(_state_path(work), json.dumps(asdict(state), indent=1))
 
 
 def _local_changes(work: Path, state: TreeState | None) -> str | None:
