@@ -33,7 +33,6 @@ FORMAT_PATCH = ("format-patch", "--zero-commit", "--no-signature", "--full-index
                 "--no-numbered", "--stat=80", "--stat-graph-width=20")
 
 
-# --------------------------------------------------------------------------- refresh
 @dataclass(frozen=True, kw_only=True)
 class RefreshResult:
     stack: str

@@ -219,8 +219,6 @@ class Git:
                                          strip_newline_in_stdout=strip)
         return out
 
-    # -- questions the stages ask --------------------------------------------------------
-
     def head(self) -> str:
         """The commit HEAD points at."""
         return self.repo.head.commit.hexsha

@@ -54,7 +54,6 @@ def _error(exc: Exception) -> Observation:
     return {"observed": "error", "detail": f"{type(exc).__name__}: {exc}"}
 
 
-# ---------------------------------------------------------------- G1 _resolve_backend
 def run_resolve() -> list[Observation]:
     fusion = _module("sglang.srt.layers.flashinfer_comm_fusion")
     results = []
@@ -70,7 +69,6 @@ def run_resolve() -> list[Observation]:
     return results
 
 
-# ------------------------------------------------------- G2 auto-enable (+ enforce-disable)
 def auto_scenarios() -> list[tuple[str, AutoScenario]]:
     scenarios: list[tuple[str, AutoScenario]] = []
     for nodes in (1, 2):
@@ -139,7 +137,6 @@ def run_auto() -> list[Observation]:
     return [{"name": name, **_auto_case(**params)} for name, params in auto_scenarios()]
 
 
-# ------------------------------------------------------ G3 flashinfer_ar_fusion_applies
 def run_applies() -> list[Observation]:
     context = _module("sglang.srt.runtime_context").get_context()
     add_norm = _module("sglang.srt.layers.layer_boundary.residual.add_norm")
@@ -154,7 +151,6 @@ def run_applies() -> list[Observation]:
     return results
 
 
-# ------------------------------------------------------- G5 plain all-reduce routing
 def run_plain() -> list[Observation]:
     context = _module("sglang.srt.runtime_context").get_context()
     bootstrap = _module("sglang.srt.distributed.bootstrap")
@@ -183,7 +179,6 @@ def run_plain() -> list[Observation]:
     return results
 
 
-# -------------------------------------------------------------- G4 workspace preflight
 class _FakeDriver:
     """``cuda.bindings.driver`` as far as the preflight sizing uses it.
 
