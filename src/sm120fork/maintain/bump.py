@@ -856,10 +856,6 @@ class AbortResult:
     tree: str = ""
 
 
-def _rel(ws: Workspace, path: Path) -> str:
-    return path.relative_to(ws.root).as_posix()
-
-
 def bump_abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
     """Undo a bump in progress, from any step it reached: the previous fork tree (kept
     aside, with its git refs), and every file it may have written (declaration, series,
@@ -881,7 +877,8 @@ def _abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
     trees = ws.trees_dir / state.stack
     if state.created_stack and trees.exists():  # every fork tree of the new stack
         # Tens of thousands of files (FlashInfer's sdist): minutes on a slow disk.
-        log.info("removing the fork trees of stack %s (%s)", state.stack, _rel(ws, trees))
+        log.info("removing the fork trees of stack %s (%s)", state.stack,
+                 trees.relative_to(ws.root).as_posix())
         shutil.rmtree(trees, ignore_errors=True)
     restore(ws.root, state.before, state.journaled_dirs,
             last=[report_path(ws, state).relative_to(ws.root).as_posix()])
