@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from sm120fork.declare import Project, Stack, WheelPin
@@ -42,16 +42,17 @@ def _table(results: Sequence[Classification]) -> list[str]:
     return lines
 
 
-def verdict_counts(results: Sequence[Classification]) -> str:
-    """``6 upstreamed differently, 2 conflict``: how many patches got each verdict."""
-    counts = Counter(r.verdict for r in results)
+def verdict_counts(verdicts: Iterable[str]) -> str:
+    """``6 upstreamed differently; 2 conflict``: how many patches got each verdict."""
+    counts = Counter(verdicts)
     return "; ".join(f"{n} {verdict}" for verdict, n in counts.items()) or "no patches"
 
 
 def preview_lines(state: BumpState) -> list[str]:
     """The look-before-you-leap preview, one patch a line (the evidence is in the report)."""
     preview = state.classifications("preview")
-    return [f"before applying, against {state.new_version}: {verdict_counts(preview)}",
+    counts = verdict_counts(r.verdict for r in preview)
+    return [f"before applying, against {state.new_version}: {counts}",
             *(f"  {r.patch}: {r.verdict}" for r in preview)]
 
 
@@ -62,7 +63,7 @@ def outcome_lines(project: Project, old_version: str, new_version: str,
     (each other pin it moved, and why)."""
     dropped = [r for r in results if r.verdict in (*UPSTREAMED, DROPPED_BY_HAND)]
     lines = [f"{project.key} {old_version} -> {new_version}: "
-             f"{verdict_counts(results)}",
+             f"{verdict_counts(r.verdict for r in results)}",
              f"{len(dropped)} patch(es) left the series, {kept} kept",
              *(f"moved: {line}" for line in moves)]
     if published:
@@ -133,7 +134,7 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
         lines.append("None.")
     lines += ["", "## Series after the bump", "",
               f"Directory `{Path(state.series_dir).relative_to(ws.root)}`: "
-              f"{len(refreshed.added) + len(refreshed.changed) + len(refreshed.unchanged)} "
+              f"{kept} "
               f"patch(es); added {len(refreshed.added)}, removed {len(refreshed.removed)}, "
               f"changed {len(refreshed.changed)}, unchanged {len(refreshed.unchanged)}.", ""]
     lines += [f"- {n}" for n in (*refreshed.added, *refreshed.changed, *refreshed.unchanged)]

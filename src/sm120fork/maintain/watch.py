@@ -17,7 +17,6 @@ import json
 import logging
 import shutil
 import tempfile
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from sm120fork.errors import ConfigError, MaintenanceError, ToolkitError
 from sm120fork.fetch.index import project_page
 from sm120fork.maintain.bump import BumpResult, bump, bump_continue
 from sm120fork.maintain.preflight import pins_refusing
+from sm120fork.maintain.report import verdict_counts
 from sm120fork.maintain.state import (
     CONFLICT,
     DROPPED_BY_HAND,
@@ -325,8 +325,7 @@ def summary(release: ReleaseWatch) -> str:
     """One line: what the release costs."""
     if release.outcome in ("refused", "failed", "carried"):
         return f"{release.outcome}: {release.error}"
-    counts = Counter(p.verdict for p in release.patches)
-    text = "; ".join(f"{n} {v}" for v, n in counts.items()) or "no patches"
+    text = verdict_counts(p.verdict for p in release.patches)
     extra = [*(f"moves {m}" for m in release.moves),
              f"{len(release.claims)} claim(s) to re-make" if release.claims else ""]
     return "; ".join([f"{release.outcome}: {text}", *filter(None, extra)])
