@@ -21,9 +21,8 @@ from sm120fork.declare import Project, Stack
 from sm120fork.errors import CommandError, SeriesError
 from sm120fork.fetch.kinds import source_key
 from sm120fork.fetch.source import UPSTREAM_TAG
-from sm120fork.patch.apply import apply_series
 from sm120fork.patch.series import load_series, parse_patch, read_series_file
-from sm120fork.patch.tree import TreeState, write_state
+from sm120fork.patch.tree import apply_recorded
 from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file
 from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
@@ -128,13 +127,8 @@ def export_series(repo: Git, directory: Path, base: str = UPSTREAM_TAG,
 def reapply_series(ws: Workspace, stack: Stack, project: Project, repo: Git,
                    base_commit: str) -> None:
     """Rebuild the fork tree from the (new) series so it is exactly what a build makes."""
-    series = load_series(ws.series_dir(project))
-    skey = source_key(project)
-    write_state(repo.path, TreeState(source=skey, base=base_commit, series=series.digest,
-                                     head="", applied=(), complete=False))
-    head = apply_series(repo, series, stack=stack.name, project=project.key)
-    write_state(repo.path, TreeState(source=skey, base=base_commit, series=series.digest,
-                                     head=head, applied=tuple(series.names())))
+    apply_recorded(repo, load_series(ws.series_dir(project)), source=source_key(project),
+                   base=base_commit, stack=stack.name, project=project.key)
 
 
 #: In the state folder: the sha256 of each series file as the toolkit last wrote it

@@ -12,7 +12,7 @@ import logging
 import shlex
 import shutil
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from sm120fork.declare import Project, Stack
@@ -173,7 +173,6 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
     kind = source or project.source
     skey = source_key(project, kind)
     series = Series(directory=ws.series_dir(project), patches=tuple(patches))
-    digest = series.digest
     state = read_state(work) if work.exists() else None
     if work.exists():
         why = _local_changes(work, state)
@@ -184,7 +183,7 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
             log.warning("discarding local work in %s (--force): %s", work, why)
             shutil.rmtree(work)
             state = None
-    if state and state.complete and state.source == skey and state.series == digest:
+    if state and state.complete and state.source == skey and state.series == series.digest:
         return Tree(path=work, repo=Git(work), state=state, reused=True)
     if state is None or state.source != skey:
         work.parent.mkdir(parents=True, exist_ok=True)
@@ -194,13 +193,22 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
     else:
         base = state.base
     repo = Git(work)
-    write_state(work, TreeState(source=skey, base=base, series=digest, head="",
-                                applied=(), complete=False))
-    head = apply_series(repo, series, stack=stack.name, project=project.key)
-    new_state = TreeState(source=skey, base=base, series=digest, head=head,
-                          applied=tuple(p.name for p in patches))
-    write_state(work, new_state)
+    new_state = apply_recorded(repo, series, source=skey, base=base, stack=stack.name,
+                               project=project.key)
     return Tree(path=work, repo=repo, state=new_state, reused=False)
+
+
+def apply_recorded(repo: Git, series: Series, *, source: str, base: str, stack: str,
+                   project: str) -> TreeState:
+    """Apply ``series`` onto upstream in ``repo``, its state written before (incomplete: a
+    run killed half-way is recovered) and after."""
+    state = TreeState(source=source, base=base, series=series.digest, head="", applied=(),
+                      complete=False)
+    write_state(repo.path, state)
+    head = apply_series(repo, series, stack=stack, project=project)
+    state = replace(state, head=head, applied=tuple(series.names()), complete=True)
+    write_state(repo.path, state)
+    return state
 
 
 def keep_uncommitted_hint(work: Path, then: str) -> str:
