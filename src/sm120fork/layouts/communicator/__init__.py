@@ -2,8 +2,4 @@
 ``sglang.srt.layers.communicator.apply_flashinfer_allreduce_fusion``, server settings are a
 ``ServerArgs`` set with ``set_global_server_args_for_scheduler``, and the TP groups are
 module globals of ``distributed.parallel_state``.
-
-- :mod:`.checks`: the behaviour checks (scenarios, expectations, the judge);
-- :mod:`.probe`: what observes the real modules with the GPU faked;
-- :mod:`.rank`: the GPU layer harness's setup and the fallback's wording.
 """

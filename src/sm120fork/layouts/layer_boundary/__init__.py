@@ -2,9 +2,4 @@
 ``sglang.srt.layers.layer_boundary.residual.add_norm.flashinfer_ar_fusion_applies``,
 server settings and TP groups live in ``sglang.srt.runtime_context``, and the backend is
 resolved by ``flashinfer_comm_fusion._resolve_backend``.
-
-- :mod:`.checks`: the behaviour checks (scenarios, expectations, the judge) and the
-  probe's overlay of newer packages (``requirements.txt``);
-- :mod:`.probe`: what observes the real gate functions with the GPU faked;
-- :mod:`.rank`: the GPU layer harness's setup and the fallback's wording.
 """

@@ -1,16 +1,11 @@
 """Probe of layout ``layer_boundary``'s gate functions (SGLang 0.5.23) with a faked GPU.
 
-Run as ``python -m sm120fork.layouts.layer_boundary.probe '<json request>'`` in a fresh interpreter
-with ``PYTHONPATH=<overlay>:<tree>/python:<toolkit src>``.  It reuses the 0.5.10 probe's
-GPU fake (``torch.cuda`` capability and device name, ``torch.version.cuda``, stubs for the
-GPU-only packages); the CUDA driver bindings that the workspace preflight calls are a
-small fake as well.  Everything else is SGLang's own code: ``ServerArgs``, its
-resolution passes, its runtime context (published through SGLang's own
-``override_server_args`` test facility) and the four gated modules.
-
-The probe observes; ``layouts.layer_boundary.checks`` judges.  It prints one ``RESULT``
-message of the one wire format (``fake_gpu.emit``): a list of ``{"name", "observed",
-"detail"}``.  Like the 0.5.10 probe it imports nothing of the toolkit but that machinery.
+Run as ``python -m sm120fork.layouts.layer_boundary.probe '<json request>'`` with
+``PYTHONPATH=<overlay>:<tree>/python:<toolkit src>``.  Only the GPU (and the CUDA driver
+bindings the workspace preflight calls) is faked; ``ServerArgs``, its resolution passes,
+its runtime context and the gated modules are SGLang's own.  The probe observes;
+``layouts.layer_boundary.checks`` judges.  It imports nothing of the toolkit but
+:mod:`sm120fork.harness.fake_gpu`: it runs beside the tree under test.
 """
 
 from __future__ import annotations
