@@ -1,9 +1,6 @@
-"""What every source kind shares, and the one dispatch on the kind.
-
-Every kind ends the same way: a git repository whose first commit (tagged ``upstream``)
-is unpatched upstream, laid out exactly like the upstream repository, so patches written
-against the git layout apply unchanged.  The kinds themselves (digest, downloads, fork
-tree) are the registry in :mod:`sm120fork.fetch.kinds`.
+"""What every source kind shares: each ends as a git repository whose first commit (tagged
+``upstream``) is unpatched upstream, laid out exactly like the upstream repository, so
+patches written against the git layout apply unchanged (the kinds: :mod:`.kinds`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,2 @@
-"""Keeping the fork alive: :mod:`.status` and :mod:`.bump` (``refresh`` lives with the series).
-
-Nothing here prints: results are dataclasses that the command line renders.
-"""
+"""Keeping the fork alive: status, bump, watch and refresh; results are dataclasses the
+command line renders (nothing here prints)."""

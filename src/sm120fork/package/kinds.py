@@ -3,12 +3,6 @@ downloads: each way downloads once per build, before the projects build side by 
 turns a project and its series into checked wheels and their manifest entries.
 :func:`sm120fork.package.stack.build_project` is the one entry point; it picks the way with
 :func:`kind_for`, from the kind's own answers (no kind named here).
-
-- ``sdist``, ``git``: the fork tree (pinned upstream + series) is built with pypa/build;
-- ``wheel``: the series is applied to a tree laid out like the repository and each pinned
-  wheel is repacked with the changed files (every other file keeps its bytes);
-- ``as-published``: the series is empty and the project pins published wheels: they ship
-  as they are (``used_as_published`` in the manifest).
 """
 
 from __future__ import annotations
