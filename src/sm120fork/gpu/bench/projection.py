@@ -1,7 +1,7 @@
 """A PROJECTION (not a measurement) of the bench's methods on a PCIe SM12x box.
 
 No SM12x machine was available, so this estimates from the public figures in the
-project's facts file (``/work/shared/SM120-FACTS.md``, "Physical limits" and the
+project's facts file (``SM120-FACTS.md`` beside the checkout, "Physical limits" and the
 pcie_ipc / NCCL numbers): per-rank P2P bandwidth, flag latencies, the published NCCL and
 pcie_ipc small-message times.  Every number is a (low, high) range in microseconds and
 every report says it is a projection.  A real run of ``bench`` on the box replaces it.

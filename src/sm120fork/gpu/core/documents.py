@@ -51,7 +51,7 @@ class CaseResult(TypedDict, total=False):
     reason: str | None
     checks: list[Check]
     not_run: bool
-    log_tail: list[str]
+    log_tail: dict[str, list[str]]
 
 
 class VariantInfo(TypedDict, total=False):
