@@ -266,7 +266,7 @@ def test_continue_after_a_stop_in_the_tree_rebuild_keeps_every_patch(
         real(repo, series, upto=1, **kwargs)  # type: ignore[arg-type]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("sm120fork.patch.refresh.apply_series", part_way)
+    monkeypatch.setattr("sm120fork.patch.tree.apply_series", part_way)
     with pytest.raises(KeyboardInterrupt):
         bump(ws, STACK, "lib", "1.3.0", git_commit=clean.new.commit)
     monkeypatch.undo()
