@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers_manifest import entry, write_manifest
+from sm120fork.declare import Stack
 from sm120fork.errors import SeriesError
 from sm120fork.patch.series import load_series
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
@@ -180,17 +181,23 @@ def test_a_failed_record_backs_no_claim(demo: DemoWorkspace) -> None:
     assert "reports/demo/verify-sm120: fail" in claim.message()
 
 
-def test_a_renamed_copy_of_a_stack_claims_its_own_records(demo: DemoWorkspace) -> None:
-    """A copy of the stack under another name (its toml and patch folders, nothing else)
-    resolves every claim to its own records: the original's back none of them.  (One
-    stack is the default: the copy of the default one is not.)"""
+def _copy(demo: DemoWorkspace) -> Stack:
+    """The demo stack copied as ``copy`` (its toml and patch folders, nothing else; one
+    stack is the default: the copy of the default one is not)."""
     root = demo.ws.root
     toml = (root / "forks" / "demo.toml").read_text()
     (root / "forks" / "copy.toml").write_text(
         toml.replace('name = "demo"', 'name = "copy"').replace("patches/demo/", "patches/copy/")
         .replace("default = true", "default = false"))
     shutil.copytree(root / "patches" / "demo", root / "patches" / "copy")
-    stack = demo.ws.stack("copy")
+    return demo.ws.stack("copy")
+
+
+def test_a_renamed_copy_of_a_stack_claims_its_own_records(demo: DemoWorkspace) -> None:
+    """A copy of the stack under another name (its toml and patch folders, nothing else)
+    resolves every claim to its own records: the original's back none of them.  (One
+    stack is the default: the copy of the default one is not.)"""
+    stack = _copy(demo)
     claims = claim_standings(demo.ws, stack)
     assert [(s.kind, s.state) for s in claims] == [("verify-sm120", "missing"),
                                                    ("gpu-test", "missing")]
@@ -207,12 +214,7 @@ def test_a_copy_built_byte_identical_is_backed_by_the_gpu_run_of_its_very_build(
     the original's GPU record, which ran them; a copy not built, or built otherwise, is not,
     and never by the original's verify-sm120 record (verify runs again for the copy)."""
     root = demo.ws.root
-    toml = (root / "forks" / "demo.toml").read_text()
-    (root / "forks" / "copy.toml").write_text(
-        toml.replace('name = "demo"', 'name = "copy"').replace("patches/demo/", "patches/copy/")
-        .replace("default = true", "default = false"))
-    shutil.copytree(root / "patches" / "demo", root / "patches" / "copy")
-    stack = demo.ws.stack("copy")
+    stack = _copy(demo)
     wheels = demo.ws.stack_wheels("copy")
     wheels.mkdir(parents=True)
     for sha, state in (("b" * 64, "missing"), ("a" * 64, "current")):
