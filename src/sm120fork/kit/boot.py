@@ -1,22 +1,11 @@
 """The offline kit's entry on the GPU box: ``sh DIR/run VERB [ARGS]`` runs this file.
 
-Standard library only, and it runs from the kit as a plain file (the toolkit is not
-installed yet when it starts).  It makes one private virtual environment under the kit
-(``DIR/.box/``, or ``$SM120FORK_KIT_HOME``) that also sees the packages of the Python that
-runs it (where the box's CUDA torch lives, built for its driver: a ``.pth`` file names that
-Python's site folders, which works whether that Python is a system one or itself a venv),
-installs into it the kit's wheels for VERB with ``pip --no-index --find-links DIR/wheels``
-(pip skips what the box already has), and runs the harness there.  Nothing else is
-fetched, and nothing outside the private folder and ``--out`` is written.
-
-A kit written in parts (``--part-size``: sibling folders ``DIR.1`` ... ``DIR.N``, each small
-enough to travel alone) is joined first: any part's ``run`` checks that every part is there
-and every piece's sha256, naming the part and the file that is missing or damaged, then
-joins them into ``DIR`` (staged beside it, renamed into place only when every file's
-sha256 holds; a second run finds it joined and goes straight on).
-
-The nox GPU sessions use :func:`see_host` too (``python src/sm120fork/kit/boot.py
-see-host PYTHON``), so a checkout's venv sees the box's torch the same way.
+Standard library only (the toolkit is not installed yet when it starts).  It makes a
+private venv under the kit (``DIR/.box/``, or ``$SM120FORK_KIT_HOME``) that also sees the
+packages of the Python running it (the box's CUDA torch, through a ``.pth`` file), installs
+the kit's wheels for VERB with ``pip --no-index``, and runs the harness there.  A kit in
+parts (``DIR.1`` ... ``DIR.N``) is first checked (every piece's sha256) and joined into
+``DIR``.  The nox GPU sessions use ``boot.py see-host PYTHON`` too.
 """
 
 from __future__ import annotations
@@ -33,10 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The kit's description, beside this file (written by sm120fork.kit.build).
 KIT_FILE = "kit.json"
 KIT_FORMAT = "sm120fork-kit/1"
-#: The ``kit.json`` of one part of a kit written in parts.
 PARTS_FORMAT = "sm120fork-kit-parts/1"
 #: In a joined kit: the parts' id it was joined from (a second run joins nothing).
 JOINED_FILE = ".joined-from"
@@ -52,19 +39,13 @@ EXIT_USAGE = 16
 
 
 class KitError(Exception):
-    """One line for the user, and the exit code."""
-
     def __init__(self, text: str, code: int = EXIT_CONFIG) -> None:
         super().__init__(text)
         self.code = code
 
 
-# ---------------------------------------------------------------- the host's packages
-
-
 def site_dirs(python: str) -> list[str]:
-    """The folders ``python`` imports installed packages from (its site-packages, its base's
-    when it is a venv with system site packages, its user site)."""
+    """The folders ``python`` imports installed packages from."""
     code = ("import json, site, sys; d = site.getsitepackages() if hasattr(site, "
             "'getsitepackages') else []; u = site.getusersitepackages(); "
             "print(json.dumps([p for p in sys.path if p and (p in d or p == u)]))")
@@ -75,9 +56,8 @@ def site_dirs(python: str) -> list[str]:
 
 
 def see_host(host: str, purelib: str | None = None) -> Path:
-    """Make the running interpreter's environment (a venv) see ``host``'s packages too,
-    after its own: a ``.pth`` file in its site folder adds ``host``'s site folders as site
-    folders (``site.addsitedir``: their own ``.pth`` files count too)."""
+    """Make the running venv see ``host``'s packages after its own (a ``.pth`` file that
+    adds ``host``'s site folders with ``site.addsitedir``)."""
     target = Path(purelib or sysconfig.get_paths()["purelib"])
     own = {os.path.realpath(target)}
     dirs = [d for d in site_dirs(host) if os.path.realpath(d) not in own]
@@ -85,9 +65,6 @@ def see_host(host: str, purelib: str | None = None) -> Path:
     pth.write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in dirs),
                    encoding="utf-8")
     return pth
-
-
-# ---------------------------------------------------------------- the kit
 
 
 def _read_json(path: Path) -> dict[str, object]:
@@ -108,13 +85,8 @@ def load(kit: Path) -> dict[str, object]:
     return data
 
 
-# ---------------------------------------------------------------- a kit in parts
-
-
 @dataclass(frozen=True, kw_only=True)
 class PartPiece:
-    """Where one piece of a file lies: its part (1-based), its path inside it."""
-
     part: int
     path: str
     size: int
@@ -123,8 +95,6 @@ class PartPiece:
 
 @dataclass(frozen=True, kw_only=True)
 class PartFile:
-    """One file of the kit, and the pieces it is joined from, in order."""
-
     file: str
     size: int
     sha256: str
@@ -134,8 +104,7 @@ class PartFile:
 
 @dataclass(frozen=True, kw_only=True)
 class PartsIndex:
-    """The ``kit.json`` of one part (format :data:`PARTS_FORMAT`): its one reader and
-    writer (``sm120fork.kit.parts`` writes it, :func:`join` reads it on the box)."""
+    """The ``kit.json`` of one part (``sm120fork.kit.parts`` writes it)."""
 
     kit_id: str
     part: int
@@ -161,7 +130,6 @@ class PartsIndex:
 
     @classmethod
     def from_json(cls, data: dict[str, object], where: Path) -> PartsIndex:
-        """KitError naming ``where`` and the key when ``data`` is not a parts index."""
         def items(obj: object, key: str) -> list[dict[str, object]]:
             value = obj.get(key) if isinstance(obj, dict) else None
             if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
@@ -193,7 +161,6 @@ class PartsIndex:
 
 
 def read_parts(part: Path) -> PartsIndex:
-    """The index of the kit part ``part`` (its ``kit.json``)."""
     path = part / KIT_FILE
     data = _read_json(path)
     if data.get("format") != PARTS_FORMAT:
@@ -202,8 +169,7 @@ def read_parts(part: Path) -> PartsIndex:
 
 
 def part_folders(part: Path, index: PartsIndex) -> tuple[Path, list[Path]]:
-    """The joined kit's folder and every part's, from one part (``DIR.k`` -> ``DIR``,
-    ``DIR.1`` ... ``DIR.N``, side by side)."""
+    """The joined kit's folder and every part's (``DIR.k`` -> ``DIR``, ``DIR.1``...)."""
     number, count = index.part, index.parts
     suffix = f".{number}"
     if not part.name.endswith(suffix) or part.name == suffix:
@@ -228,8 +194,7 @@ def _remove_stale_joins(joined: Path) -> None:
 
 
 def check_parts(index: PartsIndex, parts: Sequence[Path]) -> None:
-    """Every part is there, of this kit, and every piece it holds has its size (cheap:
-    no hashing); refused in one line naming each part that is missing or damaged."""
+    """Every part is there, of this kit, and every piece has its size (no hashing)."""
     kit_id = index.kit_id
     missing = [p for p in parts if not (p / KIT_FILE).is_file()]
     if missing:
@@ -257,8 +222,8 @@ def check_parts(index: PartsIndex, parts: Sequence[Path]) -> None:
 
 
 def join(part: Path, index: PartsIndex) -> Path:
-    """The kit ``part`` belongs to, joined beside the parts (once): every piece's and every
-    file's sha256 checked, staged and renamed into place only when all hold."""
+    """The kit ``part`` belongs to, joined beside the parts once: staged, renamed into
+    place only when every sha256 holds."""
     import shutil
 
     joined, parts = part_folders(part, index)
@@ -319,9 +284,8 @@ def _run(cmd: Sequence[str | os.PathLike[str]], **kw: object) -> int:
 
 def prepare(kit: Path, data: dict[str, object], verb: str, home: Path,
             plugin_route: bool = False) -> Path:
-    """The private venv with VERB's wheels (made once per kit and verb); its python.  The
-    plugin route gets a venv of its own that also holds the plugin and the stack's
-    FlashInfer (the ranks import them from the environment, as a user's install would)."""
+    """The private venv with VERB's wheels (once per kit and verb); its python.  The
+    plugin route's venv also holds the plugin and the stack's FlashInfer."""
     want = str(data["python"])
     have = f"{sys.version_info[0]}.{sys.version_info[1]}"
     if have != want:
@@ -355,8 +319,7 @@ def prepare(kit: Path, data: dict[str, object], verb: str, home: Path,
         [_python_of(venv), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True).stdout.strip()
     see_host(sys.executable, purelib)
-    # The venv has no pip of its own: the host's, seen through the .pth, installs into it
-    # (sys.prefix is the venv), and counts what the host has as installed.
+    # The host's pip, seen through the .pth, installs into the venv (no pip of its own).
     pip: list[str | os.PathLike[str]] = [
         _python_of(venv), "-m", "pip", "install", "--no-index", "--find-links", kit / "wheels",
         "--disable-pip-version-check", "--no-warn-script-location", "-q"]
@@ -394,49 +357,33 @@ def harness_command(kit: Path, data: dict[str, object], verb: str, args: Sequenc
     shown = shlex.join(["sh", f"<kit {data['stack']}>/run", verb,
                         *_without(args, ("--out", "--work-dir"))])
     env = {"SM120FORK_COMMAND": shown}
-    out = _option(args, "--out")
     extra: list[str] = []
-    if verb == "tune":  # the doctor, the bench per TP size, the policy installed, a record
-        cmd = ["sm120fork", "tune", "--stack", str(data["stack"]),
-               "--wheel-dir", f"patched={kit / str(patched['flashinfer'])}"]
-        for name, folder in prebuilt.items():
-            if name == "patched":
-                cmd += ["--prebuilt", f"patched={kit / str(folder)}"]
-        if _option(args, "--work-dir") is None:
-            extra += ["--work-dir", str(home / "work")]
-        if _option(args, "--reports") is None:  # <reports>/<stack>/policy/: record import
-            extra += ["--reports", "kit-results"]
-        return [*cmd, *extra, *args], env
-    if out is None:
+    if verb != "tune" and _option(args, "--out") is None:  # tune has no --out
         extra += ["--out", str(Path("kit-results") / str(data["stack"]) / verb)]
-    if verb in ("gpu_test", "bench"):
-        cmd = ["sm120fork.gpu", "test" if verb == "gpu_test" else "bench",
-               "--wheel-dir", f"patched={kit / str(patched['flashinfer'])}"]
-        if verb == "gpu_test" and "flashinfer" in upstream:
+    if _option(args, "--work-dir") is None:
+        extra += ["--work-dir", str(home / "work")]
+    if verb == "tune" and _option(args, "--reports") is None:  # for record import
+        extra += ["--reports", "kit-results"]
+    if verb in ("tune", "gpu_test", "bench", "upstream_tests"):
+        ab = verb in ("gpu_test", "upstream_tests")  # patched against upstream
+        if verb == "tune":
+            cmd = ["sm120fork", "tune", "--stack", str(data["stack"])]
+        elif verb == "upstream_tests":
+            if not data.get("upstream_tests"):
+                raise KitError("this kit carries no upstream tests: make it with --harness "
+                               "upstream_tests", EXIT_USAGE)
+            cmd = ["sm120fork.gpu", "upstream-tests",
+                   "--tests", str(kit / str(data["upstream_tests"]))]
+        else:
+            cmd = ["sm120fork.gpu", "test" if verb == "gpu_test" else "bench"]
+        cmd += ["--wheel-dir", f"patched={kit / str(patched['flashinfer'])}"]
+        if ab and "flashinfer" in upstream:
             cmd += ["--wheel-dir", f"unpatched={kit / str(upstream['flashinfer'])}"]
         for name, folder in prebuilt.items():
-            if verb == "gpu_test" or name == "patched":
+            if ab or name == "patched":
                 cmd += ["--prebuilt", f"{name}={kit / str(folder)}"]
-        if _option(args, "--work-dir") is None:
-            extra += ["--work-dir", str(home / "work")]
-        return [*cmd, *extra, *args], env
-    if verb == "upstream_tests":  # each PR's tests on the patched and upstream FlashInfer
-        if not data.get("upstream_tests"):
-            raise KitError("this kit carries no upstream tests: make it with --harness "
-                           "upstream_tests", EXIT_USAGE)
-        cmd = ["sm120fork.gpu", "upstream-tests",
-               "--tests", str(kit / str(data["upstream_tests"])),
-               "--wheel-dir", f"patched={kit / str(patched['flashinfer'])}"]
-        if "flashinfer" in upstream:
-            cmd += ["--wheel-dir", f"unpatched={kit / str(upstream['flashinfer'])}"]
-        for name, folder in prebuilt.items():
-            cmd += ["--prebuilt", f"{name}={kit / str(folder)}"]
-        if _option(args, "--work-dir") is None:
-            extra += ["--work-dir", str(home / "work")]
         return [*cmd, *extra, *args], env
     if verb == "sglang_layer":
-        if _option(args, "--work-dir") is None:
-            extra += ["--work-dir", str(home / "work")]
         if _option(args, "--layout") is None and data.get("sglang_layout"):
             extra += ["--layout", str(data["sglang_layout"])]  # the harness reads forks/
         if PLUGIN_ROUTE in args:
@@ -462,9 +409,8 @@ def harness_command(kit: Path, data: dict[str, object], verb: str, args: Sequenc
 
 
 def plugin_route_command(kit: Path, data: dict[str, object], home: Path) -> list[str]:
-    """``sglang-layer`` on stock SGLang of the pin (unpacked once under ``home``) with the
-    plugin applied by SGLang's own ``load_plugins()``; the record's notes name both wheels
-    and their sha256 (the kit's list)."""
+    """``sglang-layer`` on stock SGLang (unpacked once under ``home``) with the plugin
+    applied by SGLang's ``load_plugins()``; the notes name both wheels' sha256."""
     import zipfile
 
     route = dict(data["plugin_route"])  # type: ignore[call-overload]
@@ -486,7 +432,6 @@ def plugin_route_command(kit: Path, data: dict[str, object], home: Path) -> list
 
 
 def _without(args: Sequence[str], names: Sequence[str]) -> list[str]:
-    """``args`` less the options ``names`` and their values (they name this box's paths)."""
     out: list[str] = []
     skip = False
     for arg in args:

@@ -1,29 +1,11 @@
 """One self-contained folder that runs the GPU harnesses on a box with no network.
 
-``nox -s gpu_kit -- --stack NAME --python 3.12 --out DIR`` writes, staged and swapped in
-at once:
-
-- ``stack/``     the stack's built wheels for the target (``wheels/<stack>/``, manifest.json)
-- ``upstream/``  upstream's FlashInfer of the stack's pin, unchanged: the A/B's baseline
-                 (the same wheel ``nox -s gpu_test -- --stack NAME`` compares against)
-- ``wheels/``    every wheel the harnesses import that a CUDA-torch box may lack, for the
-                 target Python and platform, resolved and downloaded by pip itself; the
-                 toolkit's own wheel; nox and setuptools (so the checkout's nox sessions
-                 also run there offline)
-- ``prebuilt/``  (``--prebuilt-modules``) comm modules compiled here, for a box without nvcc
-- ``upstream-tests/`` (``--harness upstream_tests``) the GPU tests of the stack's upstream PRs
-- ``kit.json``, ``boot.py`` and ``run``: ``sh DIR/run VERB`` (gpu_test, bench, sglang_layer,
-  doctor, upstream_tests)
-
-With ``sglang_layer``, a stack whose build has a plugin (``wheels/<stack>/plugin/``) also
-carries the plugin route: that folder as ``stack/plugin/`` and stock SGLang of the pin (the
-upstream wheel the build patched, from the build's cache) in ``upstream/``.
-
-``--part-size SIZE`` writes the kit as ``DIR.1`` ... ``DIR.N`` instead (:mod:`.parts`).
-
-torch is not carried: the box's own is built for its driver (and is GBs).  What only torch
-needs (its CUDA libraries, triton, sympy...) is left out with it; ``--box-has`` leaves out
-more (a ``pip list --format=freeze`` of the box, or names), ``--include`` forces a name in.
+``nox -s gpu_kit -- --stack NAME --python 3.12 --out DIR`` stages ``stack/`` (the build's
+wheels, manifest.json, tested.json), ``upstream/`` (the A/B's baseline; with the plugin
+route, stock SGLang), ``wheels/`` (what the harnesses import that a CUDA-torch box may lack,
+resolved and downloaded by pip), ``prebuilt/``, ``upstream-tests/``, ``kit.json``,
+``boot.py`` and ``run``, then swaps it in at once (or cuts it into parts, :mod:`.parts`).
+torch, and what only torch needs, stays behind: the box's own is built for its driver.
 """
 
 from __future__ import annotations
@@ -62,17 +44,10 @@ log = logging.getLogger("sm120fork")
 MIB = 1024 * 1024
 UPSTREAM_TESTS = "upstream-tests"
 
-#: What FlashInfer declares but the harnesses' paths (the comm module, its JIT, the norm
-#: kernels) never import: each is a large download the box would never use.
-FLASHINFER_UNUSED = {
-    "nvidia-cutlass-dsl": "the CuTe-DSL kernels (GEMM/attention), not the comm path",
-    "nvidia-cudnn-frontend": "the cuDNN kernels, not the comm path",
-}
-#: SGLang's requirements its layer modules import (the names of the sglang-probe
-#: dependency group, which imports those modules on a CPU machine in the test suite), and
-#: what SGLang 0.5.23 imports besides, found by running the kit's layer harness on a CPU
-#: (``--device cpu``) in a venv with only the kit: msgspec (``sglang/__init__`` through
-#: ``srt.platforms``), uvicorn and fastapi (the modules the plugin's hooks prepare).
+#: What FlashInfer declares that the comm path never imports (large downloads).
+FLASHINFER_UNUSED = ("nvidia-cutlass-dsl", "nvidia-cudnn-frontend")
+#: What SGLang's layer modules import (the sglang-probe dependency group), and what SGLang
+#: 0.5.23 imports besides, found by running the layer harness on a CPU with only the kit.
 SGLANG_LAYER_IMPORTS = (
     "transformers", "openai", "numpy", "tqdm", "pybase64", "requests", "ipython", "pydantic",
     "aiohttp", "safetensors", "orjson", "packaging", "pillow", "starlette",
@@ -130,8 +105,7 @@ class KitOptions:
     part_size: int | None = None
     prebuilt: Path | None = None
     nox: bool = True
-    #: The stack's upstream PRs' GPU tests (``<pr>/pr.json`` + files, written by
-    #: ``sm120fork.upstream.groups.write_gpu_tests``): carried as ``upstream-tests/``.
+    #: The stack's upstream PRs' GPU tests (upstream.groups.write_gpu_tests).
     upstream_tests: Path | None = None
 
 
@@ -144,9 +118,6 @@ class Kit:
     @property
     def size(self) -> int:
         return sum(self.files.values())
-
-
-# ------------------------------------------------------------------ what to carry
 
 
 def _parse_box_has(entries: Iterable[str]) -> dict[str, str | None]:
@@ -176,8 +147,7 @@ def _marker_holds(marker: Marker | None, env: dict[str, str], extras: Iterable[s
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Resolved:
-    """One distribution of pip's resolution: an ``install`` item of its installation
-    report (``pip install --report``, format version 1)."""
+    """An ``install`` item of pip's installation report."""
 
     name: str
     version: str
@@ -186,8 +156,7 @@ class Resolved:
 
 
 def resolution(data: object, where: str) -> dict[str, Resolved]:
-    """pip's installation report ``data`` as {canonical name: what it installs}; refused
-    naming ``where`` and the key when it is not one."""
+    """pip's installation report ``data`` as {canonical name: what it installs}."""
     def bad(key: str, what: str) -> ConfigError:
         return ConfigError(f"not a pip installation report: {what}", where=f"{where}: {key}",
                            fix="pip >= 23 writes it (python -m pip install -U pip)")
@@ -219,9 +188,8 @@ def resolution(data: object, where: str) -> dict[str, Resolved]:
 
 def needed(items: Mapping[str, Resolved], roots: Sequence[Requirement], target: Target,
            provided: dict[str, str | None]) -> list[tuple[str, str]]:
-    """(name, version) of what pip's resolution (``items``, :func:`resolution`) installs
-    that the box lacks: reached from ``roots`` without passing through what the box
-    provides (torch, ``--box-has``)."""
+    """(name, version) of what ``items`` installs that the box lacks: reached from
+    ``roots`` without passing through what the box ``provided``."""
     env = target.environment()
 
     def gone(name: str) -> bool:
@@ -268,9 +236,6 @@ def download(pins: Sequence[tuple[str, str]], target: Target, dest: Path) -> Non
              *(f"{n}=={v}" for n, v in pins))
 
 
-# ------------------------------------------------------------------ the stack's wheels
-
-
 def stack_wheels(folder: Path, manifest: Manifest, target: Target) -> dict[str, Path]:
     """{project: wheel} of the stack's build that install on the target."""
     tags = target.tags()
@@ -314,8 +279,8 @@ def _toolkit_wheel(root: Path, dest: Path) -> Path:
 
 
 def _roots(harness: str, wheels: dict[str, Path], toolkit: Path | None) -> list[Requirement]:
-    """What ``harness`` imports beyond the standard library and torch (and, with
-    ``toolkit``, the toolkit's own requirements)."""
+    """What ``harness`` imports beyond the standard library and torch (and the
+    ``toolkit`` wheel's requirements)."""
     roots = ([r for r in wheel_requirements(toolkit) if r.marker is None]
              if toolkit is not None else [])
     fi = [r for r in wheel_requirements(wheels["flashinfer"])
@@ -334,18 +299,14 @@ def _roots(harness: str, wheels: dict[str, Path], toolkit: Path | None) -> list[
 
 
 def harness_requirements(harness: str, wheels: dict[str, Path]) -> list[Requirement]:
-    """What ``harness`` needs from the stack's wheels' requirements on a box that has the
-    toolkit and its own torch: FlashInfer's (and, for ``sglang_layer``, SGLang's layer
-    imports), less torch and what the harnesses never import.  ``nox -s gpu_test`` installs
-    these beside the toolkit, as the kit carries them (the variants' FlashInfer is installed
-    without its dependencies)."""
+    """What ``harness`` needs of the stack's wheels' requirements, less torch: ``nox -s
+    gpu_test`` installs them beside the toolkit (the variants' FlashInfer has no deps)."""
     toolkit_free = {canonicalize_name(n) for n in BOX_TORCH}
     return [r for r in _roots(harness, wheels, None)
             if canonicalize_name(r.name) not in toolkit_free]
 
 
 def python_target() -> Target:
-    """The running interpreter as a :class:`Target` (which of the stack's wheels it takes)."""
     import platform
 
     arch = platform.machine() or "x86_64"
@@ -354,8 +315,7 @@ def python_target() -> Target:
 
 
 def stack_requirements(root: Path | None, stack: str | None, harness: str) -> list[str]:
-    """``harness_requirements`` of a built stack (default: the default stack), for this
-    Python, as pip takes them."""
+    """``harness_requirements`` of a built stack, for this Python."""
     resolved = ResolvedStack.named(Workspace.find(root), stack)
     name, folder = resolved.name, resolved.folder
     wheels = stack_wheels(folder, resolved.build(), python_target())
@@ -366,8 +326,7 @@ def stack_requirements(root: Path | None, stack: str | None, harness: str) -> li
 
 
 def stock_sglang(ws: Workspace, manifest: Manifest, patched: Path) -> Path:
-    """Upstream's SGLang wheel the build patched into ``patched`` (stock SGLang of the pin,
-    for the plugin route), from the build's wheel cache, sha256-checked."""
+    """The upstream wheel the build patched into ``patched``, from the build's cache."""
     entry = next((w for w in manifest.wheels if w.wheel == patched.name), None)
     source = entry.source if entry is not None else None
     stack = manifest.stack
@@ -394,7 +353,6 @@ def plugin_wheel(folder: Path) -> Path | None:
 
 @contextlib.contextmanager
 def _scratch_kit(dest: Path) -> Iterator[Path]:
-    """A folder beside ``dest`` to write the whole kit in before it is cut into parts."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(dest.name), dir=dest.parent))
     try:
@@ -436,9 +394,8 @@ def _check_options(opts: KitOptions) -> None:
 
 
 def _provided(opts: KitOptions) -> dict[str, str | None]:
-    """What the kit leaves out: ``--box-has``, and the box's torch whatever its version (a
-    freeze there says e.g. torch==2.11.0+cu130): it is built for the box's driver, and the
-    index's would bring GBs of CUDA libraries; ``--include`` forces a name back in."""
+    """``--box-has``, and the box's torch whatever its version (torch==2.11.0+cu130 is no
+    index's); ``--include`` forces a name back in."""
     provided = _parse_box_has(opts.box_has)
     provided.update({canonicalize_name(n): None for n in BOX_TORCH})
     for name in opts.include:
@@ -448,8 +405,6 @@ def _provided(opts: KitOptions) -> dict[str, str | None]:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Inputs:
-    """What the kit carries of the stack: its build's wheels, upstream's, the plugin's."""
-
     stack: ResolvedStack
     wheels: dict[str, Path]
     upstream: Path | None
@@ -477,8 +432,7 @@ def _inputs(opts: KitOptions, stack: ResolvedStack, target: Target) -> _Inputs:
 
 
 def _copy_stack(inputs: _Inputs, new: Path) -> dict[str, object]:
-    """The stack's wheels, manifest and tested.json into ``stack/``, upstream's into
-    ``upstream/``: the kit.json keys that name them."""
+    """The stack's and upstream's wheels into the kit: the kit.json keys that name them."""
     for sub in ("stack", "upstream", "wheels"):
         (new / sub).mkdir(parents=True)
     patched = {}
@@ -486,7 +440,6 @@ def _copy_stack(inputs: _Inputs, new: Path) -> dict[str, object]:
         shutil.copy2(wheel, new / "stack" / wheel.name)
         patched[project] = f"stack/{wheel.name}"
     shutil.copy2(inputs.stack.manifest_path, new / "stack" / "manifest.json")
-    # What the record of a run on the box names as tested (patch ids need the series).
     (new / "stack" / TESTED_FILE).write_text(
         json.dumps(tested_to_json(inputs.stack.tested()), indent=1, sort_keys=True) + "\n",
         encoding="utf-8")
@@ -496,7 +449,6 @@ def _copy_stack(inputs: _Inputs, new: Path) -> dict[str, object]:
         ups["flashinfer"] = f"upstream/{inputs.upstream.name}"
     route: dict[str, str] = {}
     if inputs.plugin is not None and inputs.stock is not None:
-        # The plugin route: stock SGLang of the pin + the plugin, as the build has them.
         shutil.copytree(inputs.plugin.parent, new / "stack" / "plugin")
         shutil.copy2(inputs.stock, new / "upstream" / inputs.stock.name)
         ups["sglang"] = f"upstream/{inputs.stock.name}"
@@ -506,8 +458,8 @@ def _copy_stack(inputs: _Inputs, new: Path) -> dict[str, object]:
 
 def _carry_requirements(opts: KitOptions, inputs: _Inputs, provided: dict[str, str | None],
                         new: Path, scratch: Path) -> dict[str, list[str]]:
-    """Download into ``wheels/`` what the harnesses import that the box may lack; each
-    harness's requirements as its entry installs them."""
+    """Download what the harnesses import that the box may lack; each harness's
+    requirements as its entry installs them."""
     target = Target(python=opts.python, platforms=opts.platforms)
     toolkit = _toolkit_wheel(inputs.stack.ws.root, new / "wheels")
     requirements: dict[str, list[str]] = {}
@@ -519,16 +471,14 @@ def _carry_requirements(opts: KitOptions, inputs: _Inputs, provided: dict[str, s
                                                       - {"sm120fork"})]
     if opts.nox:
         all_roots += [Requirement(n) for n in NOX_TOOLS]
-    # What the box provides is not resolved at all (torch's metadata names GBs of CUDA
-    # libraries); what reaches it only through another root is cut by needed().
+    # torch's metadata names GBs of CUDA libraries: what the box provides is not resolved.
     all_roots = [r for r in all_roots if canonicalize_name(r.name) not in provided
                  or provided[canonicalize_name(r.name)] is not None]
     log.info("resolving what the harnesses import, for Python %s (pip)", opts.python)
     pins = needed(resolve(all_roots, target, scratch), all_roots, target, provided)
     log.info("downloading %d wheels the box may lack", len(pins))
     download(pins, target, new / "wheels")
-    # Requirements the box provides are not installed by the entry (pip would look for
-    # them in wheels/ when the box's version does not satisfy: the box's wins).
+    # What the box provides is not installed by the entry: the box's wins.
     kept = {n for n, _ in pins}
     return {harness: [r for r in reqs if r == "sm120fork"
                       or canonicalize_name(Requirement(r).name) in kept]
@@ -563,8 +513,7 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
             "format": boot.KIT_FORMAT, "stack": opts.stack, "python": opts.python,
             "platforms": list(opts.platforms), "toolkit": __version__, **carried,
             "prebuilt": prebuilt,
-            # The layer harness's layout, which it otherwise reads from forks/ (no checkout
-            # on the box).
+            # the layer harness reads it from forks/ otherwise
             "sglang_layout": next((p.layout for p in stack.stack.projects
                                    if p.normalized_name == "sglang"), ""),
             "requirements": requirements,
@@ -591,7 +540,6 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
 
 
 def _copy_prebuilt(source: Path, dest: Path) -> dict[str, str]:
-    """``source/<variant>/<module>/<module>.so`` (+ its ``.sources``) -> the kit's."""
     found: dict[str, str] = {}
     for so in sorted(source.glob("*/*/*.so")):
         module, variant = so.parent.name, so.parent.parent.name
@@ -611,7 +559,6 @@ def _copy_prebuilt(source: Path, dest: Path) -> dict[str, str]:
 
 
 def parse_size(text: str, option: str = "--max-size") -> int:
-    """``64MiB``, ``64M``, ``500k``, ``1G`` or bytes."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(?:i?[bB])?\s*", text)
     if not m:
         raise ConfigError(f"bad size {text!r}", where=option, fix="e.g. 64MiB")

@@ -1,11 +1,9 @@
-"""A kit written in parts, for transfer paths that take at most so many bytes at a time.
+"""A kit written in parts (``--part-size``), for transfer paths that take so many bytes.
 
-``--part-size SIZE`` writes the kit as sibling folders ``DIR.1`` ... ``DIR.N``, each at
-most SIZE bytes: whole files where they fit (largest first, each into the first part with
-room), a file larger than a part cut into pieces.  Every part carries the same ``run`` and
-``boot.py`` and a ``kit.json`` (format :data:`boot.PARTS_FORMAT`) that lists every file of
-the kit with its sha256 and the part, path, size and sha256 of each of its pieces, so any
-part's ``run`` can check and join them on the box (:func:`boot.join`).
+Sibling folders ``DIR.1`` ... ``DIR.N``: whole files where they fit (first fit, largest
+first), a larger file cut into pieces.  Each part carries ``run``, ``boot.py`` and a
+``kit.json`` listing every piece's part, path and sha256, so any part joins them
+(:func:`boot.join`).
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from sm120fork.errors import ConfigError
 from sm120fork.kit import boot
 from sm120fork.util.files import replace_dir, scratch_prefix, sha256_file
 
-#: What each part holds besides its share of the kit's files.
 OWN_FILES = ("run", "boot.py")
 
 
@@ -36,7 +33,6 @@ class Piece:
 
     @property
     def path(self) -> str:
-        """Where the piece lies inside its part."""
         suffix = "" if self.count == 1 else f".piece-{self.index}-of-{self.count}"
         return f"data/{self.file}{suffix}"
 
@@ -51,8 +47,8 @@ def _pieces(files: dict[str, int], budget: int) -> list[Piece]:
 
 
 def layout(files: dict[str, int], budget: int) -> list[list[Piece]]:
-    """The kit's files (path -> bytes) in parts of at most ``budget`` bytes each: first fit,
-    largest first (ties by name, so the same kit gives the same parts)."""
+    """The kit's files (path -> bytes) in parts of at most ``budget`` bytes (ties by name:
+    the same kit gives the same parts)."""
     bins: list[list[Piece]] = []
     room: list[int] = []
     for piece in sorted(_pieces(files, budget), key=lambda p: (-p.size, p.file, p.index)):
@@ -68,7 +64,6 @@ def layout(files: dict[str, int], budget: int) -> list[list[Piece]]:
 
 
 def _copy_range(source: Path, dest: Path, offset: int, size: int) -> str:
-    """``size`` bytes of ``source`` from ``offset`` into ``dest``; their sha256."""
     digest = hashlib.sha256()
     dest.parent.mkdir(parents=True, exist_ok=True)
     with source.open("rb") as f, dest.open("wb") as out:
@@ -107,8 +102,8 @@ def _encoded(index: boot.PartsIndex) -> bytes:
 
 
 def plan(kit: Path, part_size: int) -> tuple[list[list[Piece]], int]:
-    """The parts of ``kit`` (a written kit folder) and the bytes each part spends on its own
-    files (``run``, ``boot.py``, ``kit.json``): the pieces' budget is what is left."""
+    """The parts of ``kit`` and the bytes each part spends on ``run``, ``boot.py`` and
+    ``kit.json``."""
     files = {p.relative_to(kit).as_posix(): p.stat().st_size
              for p in sorted(kit.rglob("*")) if p.is_file()}
     own = sum((kit / name).stat().st_size for name in OWN_FILES)
@@ -131,9 +126,8 @@ def plan(kit: Path, part_size: int) -> tuple[list[list[Piece]], int]:
 
 
 def write_parts(kit: Path, out: Path, part_size: int) -> list[tuple[Path, int]]:
-    """``kit`` (a written kit folder) as ``out.1`` ... ``out.N``, each at most
-    ``part_size`` bytes; each part replaced as a whole, stale higher parts of an earlier
-    build removed.  Returns (part folder, bytes) of each part."""
+    """``kit`` as ``out.1`` ... ``out.N`` (each replaced as a whole, stale higher parts
+    removed): (part folder, bytes) of each."""
     bins, _ = plan(kit, part_size)
     scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(out.name + "-parts"),
                                     dir=out.parent))
@@ -171,7 +165,6 @@ def write_parts(kit: Path, out: Path, part_size: int) -> list[tuple[Path, int]]:
 
 
 def _remove_stale_parts(out: Path, count: int) -> None:
-    """``out.K`` for K > count that an earlier build in more parts left (parts only)."""
     n = count + 1
     while True:
         stale = out.parent / f"{out.name}.{n}"
