@@ -60,7 +60,7 @@ class FakeDriver:
     def vmm_alloc(self, index: int, nbytes: int) -> VmmBuffer:
         path = self._file(nbytes)
         ptr = self._new(path, nbytes, peer=False)
-        return VmmBuffer(handle=0, ptr=ptr, size=nbytes, fd=os.open(path, os.O_RDWR))
+        return VmmBuffer(ptr=ptr, size=nbytes, fd=os.open(path, os.O_RDWR))
 
     def vmm_import(self, fd: int, size: int, index: int) -> int:
         path = os.readlink(f"/proc/self/fd/{fd}")

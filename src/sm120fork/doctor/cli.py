@@ -1,10 +1,5 @@
-"""``python -m sm120fork doctor`` and the plugin wheel's ``sm120fork-doctor``: print, exit.
-
-The one place of the doctor that prints.  It probes (:mod:`.probe`) or reads recorded
-facts (``--facts FILE``), judges them (:mod:`.rules`), and writes the text, or with
-``--json`` one JSON object on stdout; ``--record FILE`` saves the probed facts so the
-box can be judged again elsewhere.
-"""
+"""``python -m sm120fork doctor`` and the plugin wheel's ``sm120fork-doctor``: the one
+place of the doctor that prints (text, or ``--json`` on stdout) and exits."""
 
 from __future__ import annotations
 
@@ -41,9 +36,7 @@ def render(report: Report) -> str:
 
 
 def read_facts(path: Path) -> Facts:
-    """The record in ``path``: unreadable or of another schema is a usage error; a
-    record of this schema with a key of the wrong type names the file and the key
-    (ConfigError, :func:`.facts.parse_facts`)."""
+    """The record in ``path``; unreadable or of another schema: a usage error."""
     try:
         data: Any = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -87,8 +80,7 @@ EXAMINED_ENV = "SM120FORK_DOCTOR_EXAMINES"
 
 
 def _same_interpreter(found: str) -> bool:
-    """``found`` is this interpreter: the same file in the same folder (a venv's python is
-    a link to its base interpreter's, so the file alone would not tell them apart)."""
+    """The same file in the same folder (a venv's python links to its base's)."""
     here = Path(sys.executable)
     return (Path(found).parent.resolve() == here.parent.resolve()
             and os.path.samefile(found, here))
@@ -120,10 +112,8 @@ def serving_python(named: Path | None) -> tuple[str, str]:
 
 
 def _before_pyenv_exec(path: list[str]) -> list[str]:
-    """PATH as the shell had it before a pyenv shim (``nox``, ``python``) ran its program
-    through ``pyenv exec``, which puts the chosen version's bin, pyenv's libexec (where
-    ``pyenv-exec`` is) and its plugins' bin folders first: ``python3`` there is pyenv's,
-    not the one an activated venv puts on the shell's PATH."""
+    """PATH as the shell had it before a pyenv shim ran its program through ``pyenv exec``
+    (which puts the version's bin, pyenv's libexec and its plugins' bins first)."""
     libexec = next((i for i, d in enumerate(path) if d and Path(d, "pyenv-exec").is_file()),
                    None)
     root = Path(os.environ.get("PYENV_ROOT", "~/.pyenv")).expanduser().resolve()
@@ -141,12 +131,8 @@ def _before_pyenv_exec(path: list[str]) -> list[str]:
 
 def elsewhere(python: str, why: str, argv: Sequence[str]) -> int:
     """Run this doctor, unchanged, in another interpreter; pass its output and exit on.
-
-    The doctor imports only the standard library and its own package, so the package
-    folder alone is put on that interpreter's path (through a link in a temporary folder:
-    never the folder holding it, whose other packages would shadow the serving
-    environment's).  Its children (the SGLang and FlashInfer probes) inherit the path.
-    """
+    Only the package goes on its path (a link in a temporary folder: the folder holding it
+    has other packages that would shadow the serving environment's)."""
     import tempfile
 
     package_dir = Path(__file__).resolve().parent.parent

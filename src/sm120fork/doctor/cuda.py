@@ -1,10 +1,7 @@
 """The CUDA driver API through ctypes: device queries and what the peer probe does.
 
-Standard library only (the doctor ships inside the plugin wheel and must run without
-torch, nvcc or a package index).  It only ever queries attributes, allocates device
-memory (ordinary, and VMM memory exported as a POSIX file descriptor the way FlashInfer's
-trtllm workspace shares it), opens legacy CUDA IPC handles and runs one copy kernel; it
-never creates multicast objects.
+Standard library only (the doctor runs without torch or nvcc).  It never creates multicast
+objects: it shares memory the two ways FlashInfer does (VMM exported as a POSIX FD; CUDA IPC).
 """
 
 from __future__ import annotations
@@ -23,9 +20,8 @@ CU_MEM_LOCATION_TYPE_DEVICE = 1
 CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
 CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
 
-#: A grid-stride copy in PTX, JIT-compiled by the driver (no nvcc): 16 bytes per thread
-#: and step, dst and src may each be a peer's memory.  Peer writes and peer reads (and
-#: their bandwidth) are this kernel with the peer on one side.
+#: A grid-stride copy in PTX, JIT-compiled by the driver (no nvcc), 16 bytes a thread and
+#: step: peer writes and reads are this kernel with a peer's memory on one side.
 COPY_KERNEL_PTX = b"""\
 .version 7.0
 .target sm_75
@@ -69,7 +65,6 @@ DONE:
 COPY_KERNEL_NAME = b"sm120fork_copy"
 
 
-
 class CudaError(RuntimeError):
     """A driver call failed; the message names the call and CUDA's error name."""
 
@@ -106,7 +101,6 @@ class AccessDesc(ctypes.Structure):
 class VmmBuffer:
     """Device memory made with ``cuMemCreate``, mapped here, exportable as a POSIX FD."""
 
-    handle: int
     ptr: int
     size: int
     fd: int
@@ -170,26 +164,20 @@ class Driver:
                 self.attribute(index, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED))
         except CudaError:
             multicast = None
+        bus = ctypes.create_string_buffer(32)
         try:
-            bus: str | None = self.pci_bus_id(index)
+            self._check("cuDeviceGetPCIBusId",
+                        self.lib.cuDeviceGetPCIBusId(bus, 32, self._device(index)))
         except CudaError:
-            bus = None
+            bus.value = b""
         return Device(index=index, name=buf.value.decode(), capability=(major, minor),
-                      multicast=multicast, pci_bus_id=bus)
-
-    def pci_bus_id(self, index: int) -> str:
-        buf = ctypes.create_string_buffer(32)
-        self._check("cuDeviceGetPCIBusId",
-                    self.lib.cuDeviceGetPCIBusId(buf, 32, self._device(index)))
-        return buf.value.decode()
+                      multicast=multicast, pci_bus_id=bus.value.decode() or None)
 
     def can_access_peer(self, a: int, b: int) -> bool:
         value = ctypes.c_int()
         self._check("cuDeviceCanAccessPeer", self.lib.cuDeviceCanAccessPeer(
             ctypes.byref(value), self._device(a), self._device(b)))
         return bool(value.value)
-
-    # --- what the IPC probe's processes do -----------------------------------------------
 
     def use(self, index: int) -> None:
         ctx = ctypes.c_void_p()
@@ -262,8 +250,6 @@ class Driver:
         self._check("cuMemcpyHtoD", self.lib.cuMemcpyHtoD_v2(
             ctypes.c_uint64(ptr), host, ctypes.c_size_t(len(words) * 4)))
 
-    # --- VMM memory shared through a POSIX file descriptor (FlashInfer's trtllm workspace)
-
     def _prop(self, index: int) -> AllocationProp:
         prop = AllocationProp()
         prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
@@ -311,7 +297,7 @@ class Driver:
         self._check("cuMemsetD32", self.lib.cuMemsetD32_v2(
             ctypes.c_uint64(ptr), ctypes.c_uint(0), ctypes.c_size_t(size // 4)))
         self.synchronize()
-        return VmmBuffer(handle=handle.value, ptr=ptr, size=size, fd=fd.value)
+        return VmmBuffer(ptr=ptr, size=size, fd=fd.value)
 
     def vmm_import(self, fd: int, size: int, index: int) -> int:
         """Map a peer's exported VMM memory here (accessed from device ``index``)."""

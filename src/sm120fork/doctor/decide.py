@@ -1,22 +1,9 @@
 """What the installed SGLang would decide about the fused all-reduce at each ``--tp``.
 
-Runs in its own interpreter (``python -m <package>.doctor.decide 2 4``): it loads SGLang's
-plugins as the server does where that SGLang has a plugin framework (so our plugin
-applies if installed and allowed), then calls that SGLang's own auto-enable code on this
-box's real platform, for one model architecture every SGLang release here auto-enables
-the fusion for.  Which code that is depends on what the installed SGLang has, not on its
-version number (a registry of decision sources, first match wins):
-
-- ``arg_groups``: ``sglang.srt.arg_groups.overrides._flashinfer_allreduce_fusion_auto_enable``
-  (SGLang with the arg-group overrides, 0.5.11 and later);
-- ``server_args``: ``ServerArgs._handle_model_specific_adjustments`` on a ServerArgs whose
-  fields hold their declared defaults (SGLang 0.5.10, which has neither
-  ``sglang.srt.plugins`` nor ``arg_groups``).
-
-Only the model configuration (and, for ``arg_groups``, the DP-attention query) are fixed
-inputs, not SGLang's decision code.  The log lines the code writes are the policy lines
-that decided, and the policy's own lines (``sm120fork ...``: which file decided, or
-which was found and why it is not followed).  Prints one JSON line.
+Runs in its own interpreter (``python -m <package>.doctor.decide 2 4``): loads SGLang's
+plugins as the server does, then calls that SGLang's own auto-enable code on this box for
+one model that every SGLang here auto-enables the fusion for.  Which code that is depends on
+what the SGLang has (``SOURCES``, first match wins), not on its version number.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""The doctor's facts, typed: what :func:`.probe.collect` returns, ``--record FILE`` writes,
-``--facts FILE`` reads back and :mod:`.rules` judges.
-
-One reader, :func:`parse_facts`, checks a record against these types and refuses one
-that does not fit, naming the file and the dotted key
-(``gpus.devices[0].capability: is an int, not a string``), before any rule reads it.
-Standard library only: the doctor is vendored into the plugin wheel.
+"""The doctor's facts, typed: what ``collect`` probes, ``--record`` writes and ``--facts``
+reads back through :func:`parse_facts`, which names the file and the dotted key of a misfit.
 """
 
 from __future__ import annotations
@@ -209,8 +204,6 @@ class Facts(TypedDict, total=False):
     flashinfer: FlashInfer | None
     decisions: Decisions | None
 
-
-# --- the one reader: every key the types above name, checked against its type ------------
 
 _NAMES: dict[object, str] = {dict: "an object", list: "a list", str: "a string", int: "an int",
                              float: "a number", bool: "a bool", type(None): "null"}

@@ -1,17 +1,8 @@
 """Ask the installed FlashInfer where it would load the trtllm comm module from, and why.
 
-Runs in its own interpreter (``python -m <package>.doctor.flashinfer_probe``), because it
-imports FlashInfer (and torch) as SGLang would.  Every answer is FlashInfer's own: its
-``jit.env`` paths (the AOT dir: ``flashinfer_jit_cache.get_jit_cache_dir()`` or
-``flashinfer/data/aot``; the JIT cache keyed by its full version, local label included),
-its CUDA version (nvcc's, else torch's), its architecture mapping per compute capability
-and the lowest CUDA version that mapping accepts, its comm module spec (which raises
-before any prebuilt module is looked at when no architecture is left), and its own
-``is_aot`` verdict (and, where it has them, its ``prebuilt_verdicts``: every prebuilt copy
-in search order, whether it loads and why, and the provider folders it searches); where
-its ``jit.provenance`` exists (our builds), the marker beside a prebuilt module and the
-digest recomputed over its ``data/csrc`` + ``data/include``.
-Prints one JSON line.
+Runs in its own interpreter (``python -m <package>.doctor.flashinfer_probe``), as it imports
+FlashInfer and torch.  Every answer is FlashInfer's own: its paths, its CUDA, its arch per
+compute capability and that mapping's CUDA floor, its comm module spec and ``is_aot``.
 """
 
 from __future__ import annotations

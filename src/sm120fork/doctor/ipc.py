@@ -1,20 +1,10 @@
-"""Do peer writes and peer reads really arrive, and how fast?  Per GPU pair, bounded.
+"""Do peer writes and reads really arrive, and how fast?  Per GPU pair, bounded.
 
-``cuDeviceCanAccessPeer`` can say yes on a platform whose IOMMU/ACS drops peer traffic;
-the fused kernel's lamport spin loops would then hang with no error.  So the probe does
-what the workspace does: one process per GPU (two on GPU 0 when there is only one)
-allocates its buffers the two ways FlashInfer shares them (VMM memory exported as a
-POSIX file descriptor and passed over a Unix socket with SCM_RIGHTS, as the unified
-trtllm workspace does; a legacy CUDA IPC handle, as the custom all-reduce does), then,
-pair by pair, each side maps the other's memory, writes a pattern into its slot there
-(the one-shot kernel pushes to every peer), reads the peer's published pattern back
-(the two-shot kernel reads peers' buffers), and times a large copy both ways.
-
-Each pair has its own deadline: a pair that hangs is named, its two processes are
-killed and started again for the pairs after it, and the rest of the box is still
-probed.  The parent and a child exchange the dataclasses below on the toolkit's one wire
-format (:mod:`sm120fork.util.wire`, each tagged with its class name) and pass file
-descriptors over a socket pair; run a child with
+``cuDeviceCanAccessPeer`` can say yes where the IOMMU/ACS drops peer traffic, and the fused
+kernel's spin loops then hang.  So one process per GPU (two on GPU 0 when alone) shares
+memory both ways FlashInfer does (VMM memory as a POSIX FD over SCM_RIGHTS; a legacy CUDA
+IPC handle); per pair, each side writes into the other's slot, reads its pattern back and
+times a large copy.  A pair that hangs is named and its processes restarted.  A child:
 ``python -m <package>.doctor.ipc <device> <index> <processes> <socket fd>``.
 """
 
@@ -81,8 +71,6 @@ class LinkResult:
         return cast(Link, {**asdict(self), "ok": self.ok, "detail": self.detail})
 
 
-# --- the messages: each crosses the wire tagged with its class name, upper-cased --------
-
 @dataclass(frozen=True)
 class Shared:
     """A child's first answer: per sharing kind "ok" or why it has none, and what a peer
@@ -130,23 +118,9 @@ def _line(message: Shared | Open | Opened | Check | Checked | Failed) -> str:
     return wire.encode(type(message).__name__.upper(), asdict(message))
 
 
-# --- the child --------------------------------------------------------------------------
-
-class _Memory:
-    """One sharing kind's buffer: [published pattern][one slot per writer][bandwidth]."""
-
-    def __init__(self, base: int, processes: int) -> None:
-        self.base = base
-        self.processes = processes
-
-    def published(self) -> int:
-        return self.base
-
-    def slot(self, writer: int) -> int:
-        return self.base + (1 + writer) * SLOT * 4
-
-    def bandwidth(self) -> int:
-        return self.base + (1 + self.processes) * SLOT * 4
+def _slot(base: int, writer: int) -> int:
+    """A buffer is [published pattern][one slot per writer][bandwidth (VMM only)]."""
+    return base + (1 + writer) * SLOT * 4
 
 
 def _size(processes: int, with_bandwidth: bool) -> int:
@@ -161,24 +135,23 @@ class _Child:
         self.drv.use(device)
         self.device, self.me, self.processes, self.sock = device, me, processes, sock
         self.blocks = 4 * self.drv.attribute(device, 16)
-        self.mine: dict[str, _Memory] = {}
+        self.mine: dict[str, int] = {}
 
     def share(self) -> tuple[Shared, int | None]:
         drv, fd, size, handle = self.drv, None, 0, ""
         vmm = ipc = "ok"
         try:
             buffer = drv.vmm_alloc(self.device, _size(self.processes, True))
-            self.mine["vmm"], fd, size = _Memory(buffer.ptr, self.processes), buffer.fd, buffer.size
+            self.mine["vmm"], fd, size = buffer.ptr, buffer.fd, buffer.size
         except CudaError as exc:
             vmm = str(exc)
         try:
-            base = drv.alloc_zeroed(_size(self.processes, False))
-            self.mine["ipc"] = _Memory(base, self.processes)
-            handle = drv.ipc_handle(base).hex()
+            self.mine["ipc"] = drv.alloc_zeroed(_size(self.processes, False))
+            handle = drv.ipc_handle(self.mine["ipc"]).hex()
         except CudaError as exc:
             ipc = str(exc)
-        for memory in self.mine.values():
-            drv.write_u32(memory.published(), pattern(self.me, self.me))
+        for base in self.mine.values():
+            drv.write_u32(base, pattern(self.me, self.me))
         self.staging = drv.alloc_zeroed(SLOT * 4)
         self.local_bw = drv.alloc_zeroed(BANDWIDTH_BYTES)
         return Shared(vmm=vmm, ipc=ipc, ipc_handle=handle, vmm_size=size), fd
@@ -213,35 +186,33 @@ class _Child:
         remote, result = self._map(step.shared)
         bandwidth: dict[str, float] = {}
         for kind, ptr in remote.items():
-            theirs = _Memory(ptr, self.processes)
             try:
                 drv.write_u32(self.staging, pattern(self.me, step.peer))
-                drv.copy(theirs.slot(self.me), self.staging, SLOT * 4, blocks)
+                drv.copy(_slot(ptr, self.me), self.staging, SLOT * 4, blocks)
                 drv.synchronize()
                 result[kind]["write"] = "ok"
-                drv.copy(self.staging, theirs.published(), SLOT * 4, blocks)
+                drv.copy(self.staging, ptr, SLOT * 4, blocks)
                 drv.synchronize()
                 result[kind]["read"] = mismatch(drv.read_u32(self.staging, SLOT),
                                                 pattern(step.peer, step.peer))
                 if kind == "vmm":
-                    gb = BANDWIDTH_BYTES * REPEATS / 1e6
+                    gb, far = BANDWIDTH_BYTES * REPEATS / 1e6, _slot(ptr, self.processes)
                     bandwidth["write_gbps"] = gb / drv.timed_copy(
-                        theirs.bandwidth(), self.local_bw, BANDWIDTH_BYTES, REPEATS, blocks)
+                        far, self.local_bw, BANDWIDTH_BYTES, REPEATS, blocks)
                     bandwidth["read_gbps"] = gb / drv.timed_copy(
-                        self.local_bw, theirs.bandwidth(), BANDWIDTH_BYTES, REPEATS, blocks)
+                        self.local_bw, far, BANDWIDTH_BYTES, REPEATS, blocks)
             except CudaError as exc:
                 result[kind].setdefault("write", str(exc))
                 result[kind].setdefault("read", str(exc))
         return Opened(result, **bandwidth)
 
     def check(self, step: Check) -> Checked:
-        return Checked({kind: mismatch(self.drv.read_u32(memory.slot(step.writer), SLOT),
+        return Checked({kind: mismatch(self.drv.read_u32(_slot(base, step.writer), SLOT),
                                        pattern(step.writer, self.me))
-                        for kind, memory in self.mine.items()})
+                        for kind, base in self.mine.items()})
 
 
 def _child(device: int, me: int, processes: int, sock_fd: int) -> int:
-    """One probe process: share its memory both ways, then serve the parent's steps."""
     sock = socket.socket(fileno=sock_fd)
     try:
         child = _Child(device, me, processes, sock)
@@ -261,8 +232,6 @@ def _child(device: int, me: int, processes: int, sock_fd: int) -> int:
         return 1
     return 0
 
-
-# --- the parent -------------------------------------------------------------------------
 
 _M = TypeVar("_M", Shared, Opened, Checked)
 

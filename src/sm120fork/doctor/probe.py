@@ -1,11 +1,7 @@
-"""The doctor's probing: every fact it needs about this box, as one JSON-able dict.
+"""The doctor's probing: every fact it needs about this box (nothing here judges).
 
-Nothing here judges.  The facts are what ``--record FILE`` writes and ``--facts FILE``
-reads back; :mod:`.rules` turns them into verdicts, the same way on the box and
-offline.  Everything that touches the machine goes through ``Probes``, so tests can
-replace one probe and keep the rest real.  Needs no package index and no nvcc; the
-FlashInfer and SGLang questions run in child interpreters (their imports stay out of
-this one).
+Everything that touches the machine goes through ``Probes``, so tests can replace one
+probe; the FlashInfer and SGLang questions run in child interpreters.
 """
 
 from __future__ import annotations
@@ -55,8 +51,6 @@ def tp_sizes(gpus: int) -> list[int]:
     """The TP sizes a box of ``gpus`` GPUs can run (powers of two from 2)."""
     return [2 ** k for k in range(1, 5) if 2 ** k <= gpus]
 
-
-# --- single probes ------------------------------------------------------------------------
 
 def numa_node(pci_bus_id: str | None) -> int | None:
     if not pci_bus_id:
@@ -228,8 +222,6 @@ class Probes:
     modules: Callable[[], Modules] = importable_names
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
-
-# --- all facts ----------------------------------------------------------------------------
 
 def collect(probes: Probes | None = None, extra_tp: Sequence[int] = ()) -> Facts:
     """Every fact the rules read, probed on this box."""

@@ -1,10 +1,4 @@
-"""The doctor's judging: pure rules over a facts dict (from :mod:`.probe` or a record).
-
-The same rules judge this box and a recorded one (``--facts FILE``): nothing here asks
-the machine.  The result is a ``Report``: lines per section (what the text shows), the
-same lines and the structured verdicts in ``to_json`` (what ``--json`` shows), and one
-line per blocker.
-"""
+"""The doctor's judging: pure rules over facts, probed or recorded (nothing asks the machine)."""
 
 from __future__ import annotations
 
@@ -77,8 +71,6 @@ def _span(gpus: Sequence[int]) -> str:
     return "GPUs " + ",".join(map(str, ordered))
 
 
-# --- GPUs ---------------------------------------------------------------------------------
-
 def judge_gpus(report: Report, facts: Facts) -> bool:
     gpus = facts["gpus"]
     torch = facts.get("torch") or {}
@@ -119,8 +111,6 @@ def judge_gpus(report: Report, facts: Facts) -> bool:
                            "unicast) can run here, which is what our SGLang asks for")
     return True
 
-
-# --- peers --------------------------------------------------------------------------------
 
 def _gbps(link: Link) -> str:
     w, r = link.get("write_gbps"), link.get("read_gbps")
@@ -175,20 +165,17 @@ def _window(facts: Facts, gpus: Sequence[int]) -> tuple[bool, str, str]:
     """(ok, why, warning) of the fused all-reduce on exactly these GPUs."""
     p2p = facts["gpus"]["p2p"]
     links = _links(facts)
-    for a in gpus:
-        for b in gpus:
-            if a != b and not p2p[a][b]:
-                return False, f"GPU {a} cannot access GPU {b} (no P2P)", ""
-    for a in gpus:
-        for b in gpus:
-            if a == b:
-                continue
-            link = links.get((a, b))
-            if link is None:
-                return False, f"GPU {a} -> GPU {b} was not probed", ""
-            if not link["ok"]:
-                return False, f"GPU {a} -> GPU {b}: {link['detail']}", ""
-    pairs = [links[(a, b)] for a in gpus for b in gpus if a != b]
+    ordered = [(a, b) for a in gpus for b in gpus if a != b]
+    for a, b in ordered:
+        if not p2p[a][b]:
+            return False, f"GPU {a} cannot access GPU {b} (no P2P)", ""
+    for a, b in ordered:
+        link = links.get((a, b))
+        if link is None:
+            return False, f"GPU {a} -> GPU {b} was not probed", ""
+        if not link["ok"]:
+            return False, f"GPU {a} -> GPU {b}: {link['detail']}", ""
+    pairs = [links[p] for p in ordered]
     reads = [r for x in pairs if (r := x.get("read_gbps"))]
     warning = ""
     if reads:
@@ -262,8 +249,6 @@ def judge_tp(report: Report, facts: Facts, base: int,
                      "NCCL_P2P_DISABLE; GeForce drivers block P2P)")
     return verdicts
 
-
-# --- packages -----------------------------------------------------------------------------
 
 def _pins_ours(requires: Sequence[str]) -> bool:
     return any(r.lower().replace("_", "-").startswith("flashinfer-python")
@@ -387,8 +372,6 @@ def judge_packages(report: Report, facts: Facts) -> tuple[str, bool]:
                      "wheels/<stack>/*.whl")
     return sglang_kind, active
 
-
-# --- the comm module ----------------------------------------------------------------------
 
 def _version_dir(path: str) -> str | None:
     match = re.search(r"\.cache/flashinfer/([^/]+)/", path)
@@ -532,8 +515,6 @@ def judge_comm(report: Report, facts: Facts) -> None:
                      f"{floor} (CUDA_HOME) so FlashInfer can JIT it (~3 min once)")
 
 
-# --- SGLang's decisions -------------------------------------------------------------------
-
 def judge_decisions(report: Report, facts: Facts, verdicts: Sequence[Verdict]) -> None:
     env = facts["environ"]
     report.sections["environment"] = env
@@ -562,8 +543,6 @@ def judge_decisions(report: Report, facts: Facts, verdicts: Sequence[Verdict]) -
                                     f"({verdict.why}): SGLang fails closed to the unfused "
                                     "all-reduce")
 
-
-# --- the all-reduce policy ------------------------------------------------------------------
 
 def judge_policy(report: Report, facts: Facts, sglang_kind: str, plugin_active: bool,
                  requested: Sequence[int]) -> None:
