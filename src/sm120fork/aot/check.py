@@ -1,16 +1,8 @@
 """Which prebuilt module does the installed FlashInfer load, and from where?
 
-Run in an environment where FlashInfer (and, for ``aot-check``, the AOT wheel) is
-installed: cibuildwheel's test step, ``nox -s build_aot``, the GPU machine, the doctor.  A
-probe imports the installed ``flashinfer.jit`` the way FlashInfer does at run time (the
-package ``__init__`` is skipped, so no GPU is needed), makes each module's ``JitSpec`` and
-asks it where it would load from.  Our FlashInfer (the default stack's patches 0008/0009)
-answers for every prebuilt copy with its verdict (``JitSpec.prebuilt_verdicts``); 0.7.x as
-published names the providers its jit-cache shim found and the artifacts it picked per
-target; an older upstream only knows its one folder.  The answer names the lookup
-(``prebuilt``, ``jit-cache-providers`` or ``None``), every prebuilt folder (providers, then
-the jit-cache or ``flashinfer/data/aot``) and, per module, the file it loads (or ``None``:
-JIT) and why each copy is or is not taken.
+A probe imports the installed ``flashinfer.jit`` as FlashInfer does at run time (package
+``__init__`` skipped: no GPU needed), makes each module's ``JitSpec`` and asks it where it
+would load from, and why each prebuilt copy is or is not taken.
 """
 
 from __future__ import annotations

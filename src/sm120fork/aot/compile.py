@@ -1,19 +1,10 @@
 """Compile FlashInfer's trtllm comm module ahead of time, the way FlashInfer's AOT does.
 
-Nothing about the build is re-invented: a probe runs in the build interpreter and does
-what ``flashinfer/aot.py``'s ``compile_and_package_modules`` does for one module - point
-``flashinfer.jit.env`` at the tree's ``csrc``/``include``/``3rdparty`` and at our build
-directory, ask the tree's own ``gen_trtllm_comm_module()`` for its ``JitSpec`` (sources,
-flags, include paths; the targets its compilation context derives from
-``FLASHINFER_CUDA_ARCH_LIST``) and run FlashInfer's ``build_jit_specs`` (its ninja
-generation and ninja).  Only ``flashinfer/jit`` is imported (the package modules are
-stubbed, as the SM12x proof does), so the build needs torch (CPU is enough), tvm-ffi,
-filelock, packaging and ninja, not FlashInfer's runtime dependencies.
-
-nvcc's ``--time`` table (added through FlashInfer's ``FLASHINFER_EXTRA_CUDAFLAGS`` hook)
-gives the seconds each target's device passes took.  Results are cached under a key over
-the generated ninja file, the tree's C++ sources and the compiler, so a rebuild of the
-fork tree that leaves them alone costs nothing.
+A probe in the build interpreter points ``flashinfer.jit.env`` at the tree, asks the tree's
+own ``gen_trtllm_comm_module()`` for its ``JitSpec`` and runs FlashInfer's
+``build_jit_specs``; only ``flashinfer/jit`` is imported.  nvcc's ``--time`` table gives
+each target's seconds; results are cached under a key over the ninja file, the sources and
+the compiler.
 """
 
 from __future__ import annotations
@@ -32,7 +23,6 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from sm120fork.aot import targets as targets_mod
 from sm120fork.aot.toolchain import Toolchain
@@ -45,10 +35,6 @@ log = logging.getLogger("sm120fork")
 
 MODULE = "trtllm_comm"
 _MARK = "@@sm120fork-aot@@"
-#: What the compiled module depends on inside a FlashInfer tree (digested for the cache key).
-SOURCE_DIRS: tuple[str, ...] = ("csrc", "include", "3rdparty")
-#: The same inside a published wheel: FlashInfer's JIT sources under its package.
-WHEEL_SOURCE_DIRS: tuple[str, ...] = ("flashinfer/data",)
 
 
 def sources_root(tree: Path) -> Path:
@@ -61,9 +47,6 @@ def sources_root(tree: Path) -> Path:
                       "flashinfer/jit/)", where=str(tree),
                       fix=f"run `{command('build')}` first to make the fork tree")
 
-
-def source_dirs(tree: Path) -> tuple[str, ...]:
-    return SOURCE_DIRS if sources_root(tree) == tree else WHEEL_SOURCE_DIRS
 
 _PROBE = r"""
 import importlib, json, os, sys, types
@@ -160,9 +143,6 @@ class Compiled:
                 out[phase.target] += phase.seconds
         return dict(out)
 
-    def host_seconds(self) -> float:
-        return sum(p.seconds for p in self.phases if not p.target)
-
     def to_dict(self) -> dict[str, object]:
         return {"module": self.plan.module, "arch_list": self.plan.arch_list,
                 "targets": list(self.plan.targets), "key": self.key, "cached": self.cached,
@@ -172,7 +152,7 @@ class Compiled:
                 "tvm_ffi_version": self.plan.tvm_ffi_version,
                 "seconds_per_target": {k: round(v, 1)
                                        for k, v in self.seconds_per_target().items()},
-                "host_seconds": round(self.host_seconds(), 1),
+                "host_seconds": round(sum(p.seconds for p in self.phases if not p.target), 1),
                 "sources": list(self.plan.sources), "cuda_flags": list(self.plan.cuda_flags)}
 
 
@@ -252,7 +232,13 @@ def _probe(python: Path, tree: Path, build_dir: Path, mode: str,
         raise BuildError(f"FlashInfer's JIT refuses {MODULE} for "
                          f"{env.get('FLASHINFER_CUDA_ARCH_LIST')}: {result['refused']}",
                          where=str(tree))
-    return _plan_from(result), str(result.get("so", ""))
+    flags = tuple(result["cuda_flags"])
+    planned = Plan(module=result["name"], arch_list=result["arch_list"],
+                   targets=targets_mod.targets_from_flags(flags),
+                   sources=tuple(result["sources"]), cuda_flags=flags, ninja=result["ninja"],
+                   flashinfer_version=result["flashinfer_version"],
+                   tvm_ffi_version=result["tvm_ffi_version"], prefix=result["prefix"])
+    return planned, str(result.get("so", ""))
 
 
 def _base_env(toolchain: Toolchain, arch_list: str, build_dir: Path,
@@ -264,30 +250,11 @@ def _base_env(toolchain: Toolchain, arch_list: str, build_dir: Path,
            "MAX_JOBS": str(jobs)}
 
 
-def plan(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, *,
-         python: Path | None = None, scratch: Path) -> Plan:
-    """Ask the tree's JIT what it would build for ``capabilities`` (refusal is an error)."""
-    arch_list = targets_mod.arch_list(capabilities)
-    scratch.mkdir(parents=True, exist_ok=True)
-    # The probe runs in scratch: every path it gets is absolute (as in build()).
-    tree, scratch = tree.resolve(), scratch.resolve()
-    env = _base_env(toolchain, arch_list, scratch, 1)
-    return _probe(python or Path(sys.executable), tree, scratch, "plan", env)[0]
-
-
-def _plan_from(result: Mapping[str, Any]) -> Plan:
-    flags = tuple(result["cuda_flags"])
-    return Plan(module=result["name"], arch_list=result["arch_list"],
-                targets=targets_mod.targets_from_flags(flags),
-                sources=tuple(result["sources"]), cuda_flags=flags, ninja=result["ninja"],
-                flashinfer_version=result["flashinfer_version"],
-                tvm_ffi_version=result["tvm_ffi_version"], prefix=result["prefix"])
-
-
 def tree_digest(tree: Path) -> str:
     """sha256 over every file (path and content) under the tree's C++ source folders."""
     digest = hashlib.sha256()
-    for name in source_dirs(tree):
+    in_tree = sources_root(tree) == tree
+    for name in ("csrc", "include", "3rdparty") if in_tree else ("flashinfer/data",):
         base = tree / name
         if not base.is_dir():
             continue
@@ -315,9 +282,11 @@ def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: 
     interpreter = python or Path(sys.executable)
     arch_list = targets_mod.arch_list(capabilities)
     cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="plan-", dir=cache) as scratch:
-        planned = plan(tree, capabilities, toolchain, python=interpreter, scratch=Path(scratch))
-        key = cache_key(planned, tree, Path(scratch), toolchain)
+    with tempfile.TemporaryDirectory(prefix="plan-", dir=cache) as tmp:
+        scratch = Path(tmp)
+        env = _base_env(toolchain, arch_list, scratch, 1)
+        planned = _probe(interpreter, tree, scratch, "plan", env)[0]
+        key = cache_key(planned, tree, scratch, toolchain)
     done = cache / key
     record = done / "compiled.json"
     if record.is_file() and not rebuild:

@@ -1,13 +1,8 @@
 """cibuildwheel's build of ``aot/``, run on this host (no container engine here).
 
-The steps and their commands are not restated here: they are read from ``aot/pyproject.toml``
-through cibuildwheel's own options reader for the identifier cibuildwheel would build on
-this machine, then run in the order cibuildwheel's Linux platform runs them - before-build,
-the build frontend, repair-wheel-command, then the test step in a fresh virtual
-environment (before-test, install the wheel, test-command).  What differs from a
-cibuildwheel run: the host's interpreter and glibc instead of the manylinux image's, and
-the test environment sees the build environment's packages (``--system-site-packages``,
-so torch is not installed twice).
+The steps are read from ``aot/pyproject.toml`` through cibuildwheel's own options reader and
+run in the order its Linux platform runs them; the test environment sees the build
+environment's packages (``--system-site-packages``, so torch is not installed twice).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""What machine code a prebuilt module carries, and whether its kernels have real bodies.
-
-``cuobjdump`` lists and extracts the ELF cubins embedded in the module's fatbinary (one per
-target).  Each cubin's kernels are measured and judged with the SM12x proof's own rules
-(``cuda.cubin.kernel_sizes`` / ``kernel_family``,
-``cuda.cubin.is_empty_body``): every sm_90a kernel must be present in every
-other target with a body that is not empty (SM120-FACTS F3 is exactly an empty lamport
-kernel on SM12x).
-"""
+"""What machine code a prebuilt module carries, judged by the SM12x proof's own rules:
+every sm_90a kernel present in every other target, with a body that is not empty."""
 
 from __future__ import annotations
 

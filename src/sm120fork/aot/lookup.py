@@ -1,19 +1,9 @@
-"""How a FlashInfer finds prebuilt modules in a distribution of another name.
+"""How a FlashInfer finds prebuilt modules in a distribution of another name (never
+upstream's ``flashinfer-jit-cache``: pip would uninstall it), read from its sources.
 
-The AOT wheel is never upstream's ``flashinfer-jit-cache`` (pip would uninstall that one),
-so a FlashInfer finds it only through an entry point.  Which one is read from the FlashInfer
-sources the module is built from (``flashinfer/jit/env.py``), never from a stack's name:
-
-- ``prebuilt``: our FlashInfer (the default stack's patch 0009) reads the entry point group
-  ``flashinfer.prebuilt``; each entry point returns the folder of its modules.
-- ``jit-cache-providers``: FlashInfer 0.7.x as published asks upstream's ``flashinfer-jit-cache``
-  shim for its providers (``flashinfer_jit_cache.get_jit_cache_providers()``); the shim reads
-  the entry point group ``flashinfer.jit_cache.providers``, each entry point returning a
-  manifest (schema 1: distribution, version, jit_cache_dir, cuda_architectures, modules).
-  FlashInfer takes a provider only when that shim is installed, the shim's version is
-  FlashInfer's (``0.7.2`` or ``0.7.2+<cuda>``) and the provider's version is exactly the shim's;
-  it then picks per GPU target the provider whose architectures fit best.  The shim is
-  served on FlashInfer's own index (``https://flashinfer.ai/whl/cu<NNN>``), not on PyPI.
+- ``prebuilt``: our FlashInfer reads the entry point group ``flashinfer.prebuilt``.
+- ``jit-cache-providers``: FlashInfer 0.7.x asks upstream's ``flashinfer-jit-cache`` shim
+  (served on FlashInfer's own index, at FlashInfer's version) for its providers.
 """
 
 from __future__ import annotations

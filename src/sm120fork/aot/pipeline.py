@@ -1,12 +1,7 @@
-"""``build-aot``: stack's FlashInfer tree -> compiled module -> checked -> AOT wheel.
+"""``build-aot``: the stack's FlashInfer sources -> compiled module -> checked -> AOT wheel.
 
-The FlashInfer the module is built for is the one the stack last published
-(``manifest.json`` beside its wheels): its fork tree must still be the tree that wheel was
-built from (same git tree hash), so the module matches the wheel it pins, byte for byte of
-source.  A FlashInfer the stack ships as published (an empty series: stack sglang-0.5.23's
-0.7.2) has no fork tree: its sources are that published wheel (JIT sources under
-``flashinfer/data/``), checked by the sha256 the stack pins.  How that FlashInfer finds
-the wheel is read from its sources (:mod:`sm120fork.aot.lookup`).
+The sources are the fork tree the stack's published FlashInfer wheel was built from (same
+git tree hash), or that wheel itself where the stack ships FlashInfer as published.
 """
 
 from __future__ import annotations
@@ -46,10 +41,6 @@ class AotBuild:
     manifest: wheel_mod.AotManifest
     code: tuple[inspect_mod.TargetCode, ...]
     checks: tuple[inspect_mod.TargetCheck, ...]
-
-
-def aot_cache(ws: Workspace, stack: Stack) -> Path:
-    return ws.state_dir / "aot" / stack.name
 
 
 def default_out(ws: Workspace, stack: Stack) -> Path:
@@ -100,8 +91,7 @@ def published_sources(ws: Workspace, wheels_dir: Path,
 
 def sources(ws: Workspace, stack: Stack, wheels_dir: Path,
             flashinfer: wheel_mod.FlashInferBuild) -> Path:
-    """The FlashInfer sources the module is compiled from: the fork tree the stack's wheel
-    was built from, or the published wheel itself when the stack ships it as published."""
+    """The fork tree the stack's FlashInfer wheel was built from, or that wheel, published."""
     if flashinfer.tree is None:
         return published_sources(ws, wheels_dir, flashinfer)
     tree = ws.work_tree(stack, stack.project(FLASHINFER_KEY))
@@ -125,7 +115,7 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
     flashinfer = flashinfer_build(wheels_dir, stack)
     tree = sources(ws, stack, wheels_dir, flashinfer)
     lookup = lookup_mod.of_tree(tree, stack.name)
-    cache = aot_cache(ws, stack)
+    cache = ws.state_dir / "aot" / stack.name
     toolchain = toolchain_mod.prepare(cache / "link")
     compiled = compile_mod.build(tree, capabilities, toolchain, cache / "modules",
                                  python=python, jobs=jobs, rebuild=rebuild)

@@ -1,12 +1,6 @@
-"""The sources digest our patched FlashInfer asks of a prebuilt module before loading it.
-
-The rule is patches/sglang-0.5.10/flashinfer/README-prebuilt.md: beside ``<name>.so`` a
-marker ``<name>.so.sources`` holds ``sha256:<hex>``, the sha256 over the lines
-``<path>\\0<sha256 of the file>\\n`` (sorted by path) of every regular file under ``csrc/``
-and ``include/``.  Where the FlashInfer tree carries the series' own implementation
-(``flashinfer/jit/provenance.py``, standard library only) it is loaded by path and used;
-otherwise the same rule is computed here.
-"""
+"""The sources digest our patched FlashInfer asks of a prebuilt module before loading it
+(patches/sglang-0.5.10/flashinfer/README-prebuilt.md); the tree's own implementation,
+``flashinfer/jit/provenance.py``, is used where it has one and must agree."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Which GPUs the AOT module is built for, and how FlashInfer names their targets.
-
-We list GPU *capabilities* (what ``torch.cuda.get_device_capability`` reports), not nvcc
-targets: FlashInfer's own compilation context turns each into its target (9.0 -> sm_90a,
-10.x -> sm_10xa, every 12.x -> sm_120f with CUDA >= 12.9) and its module spec drops the
-majors the module does not support.  So the targets in the wheel are the ones FlashInfer
-would JIT-compile on that GPU, and nothing is re-invented here.
-"""
+"""Which GPUs the AOT module is built for: compute capabilities, which FlashInfer's own
+compilation context turns into targets (every 12.x -> sm_120f), so nothing is re-invented."""
 
 from __future__ import annotations
 

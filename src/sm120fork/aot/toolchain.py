@@ -1,13 +1,8 @@
 """The CUDA toolkit the AOT build compiles with: a system install or the pip packages.
 
-FlashInfer's JIT links every module with ``-L$cuda_home/lib64 -L$cuda_home/lib64/stubs
--lcudart -lcuda``.  A build machine has no driver, and neither the pip packages
-(``nvidia-cuda-nvcc``, ``nvidia-cuda-runtime``, ... laid out as ``nvidia/cu13/{bin,include,
-lib,nvvm}``) nor every system install ship ``lib64/stubs/libcuda.so`` or an unversioned
-``libcudart.so``.  So we make a link directory with what the linker needs and hand it to
-FlashInfer through its own ``FLASHINFER_EXTRA_LDFLAGS`` hook: a ``libcuda.so`` stub with the
-driver's soname (the module then needs ``libcuda.so.1`` at run time, as a JIT-built one
-does) and a ``libcudart.so`` link to the toolkit's ``libcudart.so.<major>``.
+A build machine has no driver, and not every toolkit ships ``lib64/stubs/libcuda.so`` or an
+unversioned ``libcudart.so``: a link directory supplies them, through FlashInfer's own
+``FLASHINFER_EXTRA_LDFLAGS``.
 """
 
 from __future__ import annotations

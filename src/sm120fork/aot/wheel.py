@@ -1,21 +1,9 @@
 """The AOT wheel: our prebuilt modules in a distribution of their own, and what it pins.
 
-FlashInfer 0.6.7.post3 loads prebuilt modules from ``flashinfer_jit_cache.get_jit_cache_dir()``
-when that package is importable (upstream ships them as the distribution
-``flashinfer-jit-cache``), else from ``flashinfer/data/aot``.  Taking that distribution name
-would make pip uninstall upstream's jit-cache, and every other prebuilt kernel with it.  So
-the AOT wheel is the distribution ``sm120fork-flashinfer-aot`` (package
-``sm120fork_flashinfer_aot``), installable beside upstream's: our FlashInfer finds it
-through the entry point group ``flashinfer.prebuilt`` (patch 0009 of the default stack's
-series), searched before the jit-cache, and loads a module from it only when its sources
-marker matches (patch 0008).  A FlashInfer 0.7.x as published finds it as a provider of
-upstream's jit-cache shim instead (entry point group ``flashinfer.jit_cache.providers``;
-:mod:`sm120fork.aot.lookup`), and then the wheel also requires that shim at its own version.
-Its version is ``<our flashinfer version>.cu<NNN>`` (e.g.
-``0.6.7.post3+sm120.1.cu130``); it requires exactly the FlashInfer wheel it was built from
-(``flashinfer-python==<version with our local label>``) and what the module needs at run
-time (:mod:`sm120fork.aot.runtime`), and its ``manifest.json`` records that wheel's sha256,
-the fork tree and each module's sha256.
+``sm120fork-flashinfer-aot`` installs beside upstream's jit-cache (taking that name would
+make pip uninstall it); FlashInfer finds it through an entry point (:mod:`.lookup`).  It
+requires exactly the FlashInfer wheel it was built from; its ``manifest.json`` records that
+wheel's sha256, the fork tree and each module's sha256.
 """
 
 from __future__ import annotations
@@ -103,11 +91,8 @@ def cuda_tag(cuda_version: str) -> str:
 
 
 def wheel_version(flashinfer_version: str, cuda_version: str) -> str:
-    """Our FlashInfer version with the CUDA tag appended to its local label.
-
-    It starts with FlashInfer's full version (what upstream's import-time check asks of a
-    jit-cache), and its public part is FlashInfer's (what patch 0001's check asks).
-    """
+    """FlashInfer's full version with the CUDA tag appended to its local label (upstream's
+    import-time check asks the full version of a jit-cache, patch 0001 the public part)."""
     version = Version(flashinfer_version)
     tag = cuda_tag(cuda_version)
     text = f"{version}.{tag}" if version.local else f"{version}+{tag}"
@@ -215,11 +200,6 @@ def get_provider() -> dict:
 '''
 
 
-def lookup_requires(lookup: Lookup, version: str) -> tuple[str, ...]:
-    """What FlashInfer asks through to find the wheel, at exactly the wheel's version."""
-    return () if lookup.through is None else (f"{lookup.through}=={version}",)
-
-
 def _metadata(version: str, flashinfer: FlashInferBuild, requires: Sequence[str]) -> str:
     return "\n".join([
         "Metadata-Version: 2.1",
@@ -264,16 +244,15 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
                 cuda_version: str, platform: str, stack: str, toolkit_version: str,
                 toolchain: Mapping[str, Any], requires: Sequence[str] | None = None,
                 lookup: Lookup = PREBUILT) -> Path:
-    """Write the wheel into ``out_dir``; returns its path.  Byte-stable for equal inputs.
-
-    ``lookup``: how the FlashInfer it pins finds it (:func:`sm120fork.aot.lookup.of_tree`).
-    """
+    """Write the wheel into ``out_dir``; returns its path.  Byte-stable for equal inputs."""
     if not modules:
         raise BuildError("no prebuilt modules to put into the AOT wheel")
     version = wheel_version(flashinfer.version, cuda_version)
     if requires is None:
         requires = runtime_requires(cuda_version)
-    requires = [*lookup_requires(lookup, version), *requires]
+    # what FlashInfer asks through to find the wheel, at exactly the wheel's version
+    through = () if lookup.through is None else (f"{lookup.through}=={version}",)
+    requires = [*through, *requires]
     tag = Tag("py3", "none", platform)
     name = canonicalize_name(DISTRIBUTION).replace("-", "_")
     dist_info = f"{name}-{version}.dist-info"
@@ -318,9 +297,8 @@ def _zip_info(path: str, mode: int) -> zipfile.ZipInfo:
 
 
 class _ReproducibleWheelFile(WheelFile):  # type: ignore[misc]  # WheelFile is untyped
-    """``wheel``'s WheelFile (it hashes each member and writes RECORD on close), with
-    RECORD dated and permissioned like every other member, whatever the clock or
-    SOURCE_DATE_EPOCH: equal inputs give an equal wheel, byte for byte."""
+    """``wheel``'s WheelFile (it writes RECORD on close), with RECORD dated and permissioned
+    like every other member, whatever the clock or SOURCE_DATE_EPOCH."""
 
     def writestr(self, zinfo_or_arcname: str | zipfile.ZipInfo, data: Any,
                  compress_type: int | None = None) -> None:
@@ -370,11 +348,7 @@ class AotManifest:
                              fix="rebuild the AOT wheel with this toolkit") from None
 
 def read_wheel(path: Path) -> AotManifest:
-    """The manifest inside an AOT wheel, checked against the files beside it.
-
-    Raises ``BuildError`` when a module's bytes do not match its recorded sha256 or the
-    version disagrees with the wheel's metadata.
-    """
+    """The manifest inside an AOT wheel, checked against the files beside it (BuildError)."""
     with zipfile.ZipFile(path) as zf:
         names = set(zf.namelist())
         manifest = AotManifest.from_json(json.loads(zf.read(f"{PACKAGE}/{MANIFEST}")),
