@@ -161,12 +161,8 @@ class Found:
 
 def lookup(python: Path | None = None, env: Mapping[str, str] | None = None,
            arch_list: str = "9.0", specs: Sequence[str] = DEFAULT_SPECS) -> Found:
-    """Where the installed FlashInfer would load each module from (no GPU needed).
-
-    ``specs``: ``module:function`` names of JitSpec makers (no arguments) to ask about.
-    The doctor calls this too: its ``folders`` and ``modules`` say which module loads from
-    where, and why each prebuilt copy is or is not taken.
-    """
+    """Where the installed FlashInfer would load each module from (no GPU needed); ``specs``
+    name JitSpec makers (``module:function``, no arguments)."""
     full = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": arch_list,
             "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
     interpreter = python or Path(sys.executable)

@@ -165,11 +165,8 @@ def _device_target(phase: str, arch: str) -> str:
 
 
 def parse_nvcc_times(text: str) -> tuple[PhaseTime, ...]:
-    """nvcc ``--time`` CSV (appended to by several nvcc processes) -> its rows.
-
-    Device passes carry their target (``sm_90a``); host passes (``cudafe++``, the host
-    compile) carry ``""`` even where nvcc labels them with the last target.
-    """
+    """nvcc ``--time`` CSV (several nvcc processes append to it) -> its rows; host passes
+    carry target ``""`` even where nvcc labels them with the last target."""
     rows: list[PhaseTime] = []
     for record in csv.reader(io.StringIO(text)):
         cells = [c.strip() for c in record]

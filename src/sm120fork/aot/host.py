@@ -128,11 +128,8 @@ def run(project: Path, package_dir: Path, out: Path, *,
 
 
 def install_index_args(wheel: Path) -> list[str]:
-    """pip options that reach what the wheel requires beyond the default index.
-
-    A wheel for a FlashInfer that finds providers through upstream's shim requires the shim
-    (``flashinfer-jit-cache==<version>+cu<NNN>``), which FlashInfer publishes on its own
-    index only (``Lookup.through_index``)."""
+    """pip options that reach what the wheel requires beyond the default index (upstream's
+    jit-cache shim is on FlashInfer's own index only: ``Lookup.through_index``)."""
     requires = wheel_requirements(wheel)
     args: list[str] = []
     for lookup in LOOKUPS:
@@ -149,10 +146,8 @@ def install_index_args(wheel: Path) -> list[str]:
 
 def run_test_step(plan: HostPlan, wheel: Path, out: Path, env: Mapping[str, str],
                   places: Mapping[str, str | Path], tmp: Path) -> None:
-    """cibuildwheel's test step for the built wheel: a fresh virtual environment,
-    before-test, the wheel installed (with the index its requirements live on), then
-    test-command.  A failing step keeps the wheel (minutes to hours of nvcc) under
-    ``<out>/untested/`` and says so; the error names the step and what to do."""
+    """cibuildwheel's test step in a fresh virtual environment; a failing step keeps the
+    wheel (hours of nvcc) under ``<out>/untested/`` and names the step."""
     venv = tmp / "venv"
     proc.run([sys.executable, "-m", "venv", "--system-site-packages", venv])
     test_env = {**env, "VIRTUAL_ENV": str(venv),

@@ -16,11 +16,8 @@ _ARCH_RE = re.compile(r"^sm_(\d+)(\d)([a-z]?)$")
 
 
 def arch_list_entry(arch: str) -> str:
-    """The FLASHINFER_CUDA_ARCH_LIST entry for ``arch``: ``sm_120a`` -> ``12.0a``.
-
-    ``sm_120f`` -> ``12.0``: a GPU's own capability, which FlashInfer's compilation context
-    normalises to compute_120f itself, as it does on every SM12x user's machine.
-    """
+    """The FLASHINFER_CUDA_ARCH_LIST entry: ``sm_120a`` -> ``12.0a``; ``sm_120f`` -> ``12.0``
+    (FlashInfer normalises a 12.x capability to compute_120f itself)."""
     match = _ARCH_RE.match(arch)
     if not match:
         raise VerifyError(f"not an architecture name: {arch!r}",

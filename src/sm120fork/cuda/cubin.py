@@ -60,13 +60,9 @@ def parse_elf_sections(data: bytes, *, where: str = "<bytes>") -> tuple[ElfSecti
     raw = [_ELF_SECTION.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
     if not raw or shstrndx >= shnum:
         raise VerifyError("no section name table", where=where)
-    names = _strings(data, raw[shstrndx][4], raw[shstrndx][5])
+    names = data[raw[shstrndx][4]:raw[shstrndx][4] + raw[shstrndx][5]]
     return tuple(ElfSection(name=_name_at(names, r[0]), type=r[1], offset=r[4], size=r[5],
                             link=r[6], entsize=r[9]) for r in raw)
-
-
-def _strings(data: bytes, offset: int, size: int) -> bytes:
-    return data[offset:offset + size]
 
 
 def _name_at(table: bytes, index: int) -> str:
@@ -84,7 +80,7 @@ def undefined_symbols(data: bytes, *, where: str = "<bytes>") -> frozenset[str]:
         if section.entsize != _ELF_SYMBOL.size or section.link >= len(sections):
             raise VerifyError("malformed symbol table", where=where)
         strtab = sections[section.link]
-        names = _strings(data, strtab.offset, strtab.size)
+        names = data[strtab.offset:strtab.offset + strtab.size]
         for start in range(section.offset, section.offset + section.size, _ELF_SYMBOL.size):
             st_name, _, _, st_shndx, _, _ = _ELF_SYMBOL.unpack_from(data, start)
             if st_shndx == _SHN_UNDEF and st_name:
@@ -99,11 +95,8 @@ def runtime_calls(host_object: Path) -> tuple[str, ...]:
 
 
 def kernel_sizes(cubin: Path) -> dict[str, int]:
-    """Mangled kernel name -> bytes of SASS, from the cubin's ``.text.<name>`` sections.
-
-    A kernel's non-inlined device functions live inside its own section, so the size is
-    the whole body a launch runs.
-    """
+    """Mangled kernel name -> bytes of SASS (its ``.text.<name>`` section, which holds its
+    non-inlined device functions too)."""
     sections = parse_elf_sections(cubin.read_bytes(), where=str(cubin))
     return {
         s.name.removeprefix(".text."): s.size for s in sections if s.name.startswith(".text.")
@@ -117,9 +110,6 @@ def kernel_family(demangled: str) -> str:
         if char in "<(":
             return text[:index]
     return text
-
-
-# --------------------------------------------------------------------------- SASS / PDL
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -194,11 +184,8 @@ def calibrate_pdl_opcodes(arch: str, tools: Tools, workdir: Path) -> PdlOpcodes:
 
 
 def pdl_counts(cubin: Path, opcodes: PdlOpcodes, tools: Tools) -> dict[str, tuple[int, int]]:
-    """Per kernel, how many PDL wait / launch instructions its SASS holds.
-
-    Disassembling a cubin of ~900 kernels takes tens of seconds and ~150 MB of text, so
-    the counts are kept beside the cubin, keyed by the opcodes they counted.
-    """
+    """Per kernel, its PDL wait / launch instruction counts, kept beside the cubin keyed by
+    the opcodes (disassembling ~900 kernels takes tens of seconds)."""
     memo = cubin.with_suffix(".pdl.json")
     wanted = {"wait": list(opcodes.wait), "launch": list(opcodes.launch)}
     if memo.exists():
