@@ -154,7 +154,7 @@ def test_junit_outcomes(tmp_path: Path) -> None:
 
 def test_the_kit_runs_the_carried_tests_on_its_patched_and_upstream_wheels(
         tmp_path: Path) -> None:
-    data: dict[str, object] = {"stack": "fi-1.0", "patched": {"flashinfer": "stack/fi.whl"},
+    data: boot.KitJson = {"stack": "fi-1.0", "patched": {"flashinfer": "stack/fi.whl"},
             "upstream": {"flashinfer": "upstream/fi.whl"}, "upstream_tests": "upstream-tests"}
     cmd, env = boot.harness_command(tmp_path, data, "upstream_tests", ["--", "-k", "4608"],
                                     tmp_path / ".box")

@@ -497,7 +497,7 @@ def test_the_tune_verb_runs_tune_on_the_kits_flashinfer_and_records_for_import(
     benches the kit's FlashInfer (not wheels/<stack>/, which the box lacks), names the
     stack for the record and writes it where ``record import`` takes it from."""
     kit = tmp_path / "kit"
-    data: dict[str, object] = {"stack": "sglang-0.5.23",
+    data: boot.KitJson = {"stack": "sglang-0.5.23",
                                "patched": {"flashinfer": "stack/fi.whl"},
                                "prebuilt": {"patched": "prebuilt/patched"}}
     cmd, env = boot.harness_command(kit, data, "tune", ["--world-sizes", "2", "--yes"],
@@ -520,7 +520,7 @@ def test_the_kits_doctor_examines_the_kits_venv_and_says_so(
     from sm120fork.doctor import cli
 
     kit, home = tmp_path / "kit", tmp_path / "home"
-    data: dict[str, object] = {"stack": "s", "patched": {"flashinfer": "stack/fi.whl"}}
+    data: boot.KitJson = {"stack": "s", "patched": {"flashinfer": "stack/fi.whl"}}
     (home / "doctor-site").mkdir(parents=True)
     (home / "doctor-site" / ".installed").write_text(str(kit / "stack" / "fi.whl"))
     cmd, env = boot.harness_command(kit, data, "doctor", [], home)

@@ -10,6 +10,7 @@ parts (``DIR.1`` ... ``DIR.N``) is first checked (every piece's sha256) and join
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -18,9 +19,12 @@ import shlex
 import subprocess
 import sys
 import sysconfig
+import typing
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict, TypeVar
+
+_T = TypeVar("_T")
 
 KIT_FILE = "kit.json"
 KIT_FORMAT = "sm120fork-kit/1"
@@ -67,7 +71,34 @@ def see_host(host: str, purelib: str | None = None) -> Path:
     return pth
 
 
-def _read_json(path: Path) -> dict[str, object]:
+class KitWheel(TypedDict):
+    file: str
+    sha256: str
+    size: int
+
+
+class KitJson(TypedDict, total=False):
+    """``kit.json`` (format :data:`KIT_FORMAT`): paths are relative to the kit."""
+
+    format: str
+    stack: str
+    python: str
+    platforms: list[str]
+    toolkit: str
+    #: {project: wheel} of the stack's build, and of upstream's (the A/B's baseline)
+    patched: dict[str, str]
+    upstream: dict[str, str]
+    #: ``plugin`` and stock ``sglang`` wheels of the plugin route
+    plugin_route: dict[str, str]
+    prebuilt: dict[str, str]
+    sglang_layout: str
+    requirements: dict[str, list[str]]
+    upstream_tests: str | None
+    left_out: list[str]
+    wheels: list[KitWheel]
+
+
+def _read_json(path: Path) -> Any:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -77,15 +108,15 @@ def _read_json(path: Path) -> dict[str, object]:
     return data
 
 
-def load(kit: Path) -> dict[str, object]:
+def load(kit: Path) -> KitJson:
     path = kit / KIT_FILE
     data = _read_json(path)
     if data.get("format") != KIT_FORMAT:
         raise KitError(f"{path}: not a kit of format {KIT_FORMAT}")
-    return data
+    return data  # type: ignore[no-any-return]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PartPiece:
     part: int
     path: str
@@ -93,7 +124,7 @@ class PartPiece:
     sha256: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PartFile:
     file: str
     size: int
@@ -102,7 +133,7 @@ class PartFile:
     executable: bool = False
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PartsIndex:
     """The ``kit.json`` of one part (``sm120fork.kit.parts`` writes it)."""
 
@@ -111,53 +142,31 @@ class PartsIndex:
     parts: int
     files: tuple[PartFile, ...]
 
-    @staticmethod
-    def files_json(files: Sequence[PartFile]) -> list[dict[str, object]]:
-        out: list[dict[str, object]] = []
-        for f in files:
-            entry: dict[str, object] = {
-                "file": f.file, "size": f.size, "sha256": f.sha256,
-                "pieces": [{"part": p.part, "path": p.path, "size": p.size,
-                            "sha256": p.sha256} for p in f.pieces]}
-            if f.executable:
-                entry["executable"] = True
-            out.append(entry)
-        return out
+    def dumps(self) -> str:
+        data = {"format": PARTS_FORMAT, **dataclasses.asdict(self)}
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
-    def to_json(self) -> dict[str, object]:
-        return {"format": PARTS_FORMAT, "kit_id": self.kit_id, "part": self.part,
-                "parts": self.parts, "files": self.files_json(self.files)}
 
-    @classmethod
-    def from_json(cls, data: dict[str, object], where: Path) -> PartsIndex:
-        def items(obj: object, key: str) -> list[dict[str, object]]:
-            value = obj.get(key) if isinstance(obj, dict) else None
-            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-                raise KitError(f"{where}: not a kit part ({key} is not a list of objects)")
-            return value
+_KINDS = {str: "a string", int: "a number", bool: "a boolean"}
 
-        def text(obj: dict[str, object], key: str) -> str:
-            value = obj.get(key)
-            if not isinstance(value, str):
-                raise KitError(f"{where}: not a kit part ({key} is not a string)")
-            return value
 
-        def number(obj: dict[str, object], key: str) -> int:
-            value = obj.get(key)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise KitError(f"{where}: not a kit part ({key} is not a number)")
-            return value
+def _typed(cls: type[_T], data: object, where: Path) -> _T:
+    """``data`` as a ``cls``: a dataclass of str, int, bool and tuples of such dataclasses."""
+    if not isinstance(data, dict):
+        raise KitError(f"{where}: not a kit part ({cls.__name__} is not an object)")
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: _field(hints[f.name], f.name, data.get(f.name, f.default), where)
+                  for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
 
-        return cls(
-            kit_id=text(data, "kit_id"), part=number(data, "part"),
-            parts=number(data, "parts"),
-            files=tuple(PartFile(
-                file=text(f, "file"), size=number(f, "size"), sha256=text(f, "sha256"),
-                executable=f.get("executable") is True,
-                pieces=tuple(PartPiece(part=number(p, "part"), path=text(p, "path"),
-                                       size=number(p, "size"), sha256=text(p, "sha256"))
-                             for p in items(f, "pieces")))
-                        for f in items(data, "files")))
+
+def _field(hint: Any, name: str, value: object, where: Path) -> object:
+    if typing.get_origin(hint) is tuple:
+        if not isinstance(value, list):
+            raise KitError(f"{where}: not a kit part ({name} is not a list)")
+        return tuple(_typed(typing.get_args(hint)[0], v, where) for v in value)
+    if not isinstance(value, hint) or isinstance(value, bool) is not (hint is bool):
+        raise KitError(f"{where}: not a kit part ({name} is not {_KINDS[hint]})")
+    return value
 
 
 def read_parts(part: Path) -> PartsIndex:
@@ -165,7 +174,7 @@ def read_parts(part: Path) -> PartsIndex:
     data = _read_json(path)
     if data.get("format") != PARTS_FORMAT:
         raise KitError(f"{path}: not a kit part of format {PARTS_FORMAT}")
-    return PartsIndex.from_json(data, path)
+    return _typed(PartsIndex, data, path)
 
 
 def part_folders(part: Path, index: PartsIndex) -> tuple[Path, list[Path]]:
@@ -282,30 +291,29 @@ def _run(cmd: Sequence[str | os.PathLike[str]], **kw: object) -> int:
     return subprocess.run([os.fspath(c) for c in cmd], check=False, **kw).returncode  # type: ignore[call-overload, no-any-return]
 
 
-def prepare(kit: Path, data: dict[str, object], verb: str, home: Path,
+def prepare(kit: Path, data: KitJson, verb: str, home: Path,
             plugin_route: bool = False) -> Path:
     """The private venv with VERB's wheels (once per kit and verb); its python.  The
     plugin route's venv also holds the plugin and the stack's FlashInfer."""
-    want = str(data["python"])
+    want = data["python"]
     have = f"{sys.version_info[0]}.{sys.version_info[1]}"
     if have != want:
         raise KitError(f"this kit is for Python {want}, this is Python {have} "
                        f"({sys.executable}): run it with PYTHON=python{want} sh "
                        f"{kit}/run ..., or make a kit with --python {have}")
-    requirements = dict(data["requirements"])  # type: ignore[call-overload]
+    requirements = data["requirements"]
     if verb not in requirements:
         raise KitError(f"this kit carries no {verb} (it has {', '.join(requirements)}): make "
                        f"it with --harness {verb}", EXIT_USAGE)
-    reqs = [str(r) for r in requirements[verb]]
+    reqs = requirements[verb]
     beside: list[Path] = []
     if plugin_route:
-        route = dict(data.get("plugin_route") or {})  # type: ignore[call-overload]
+        route = data.get("plugin_route") or {}
         if not route:
             raise KitError(f"this kit carries no plugin route (stack {data.get('stack')}: its "
                            "build has no plugin, or the kit was made without --harness "
                            "sglang_layer)", EXIT_USAGE)
-        patched = dict(data["patched"])  # type: ignore[call-overload]
-        beside = [kit / str(route["plugin"]), kit / str(patched["flashinfer"])]
+        beside = [kit / route["plugin"], kit / data["patched"]["flashinfer"]]
     digest = hashlib.sha256(json.dumps([data["wheels"], reqs, sys.executable,
                                         [str(b) for b in beside]]).encode()).hexdigest()[:16]
     venv = home / ("venv-plugin-route" if plugin_route else "venv")
@@ -348,18 +356,18 @@ def _option(args: Sequence[str], name: str) -> str | None:
     return None
 
 
-def harness_command(kit: Path, data: dict[str, object], verb: str, args: Sequence[str],
+def harness_command(kit: Path, data: KitJson, verb: str, args: Sequence[str],
                     home: Path) -> tuple[list[str], dict[str, str]]:
     """The harness's arguments (after ``python -m``) and extra environment for VERB."""
-    patched = dict(data["patched"])  # type: ignore[call-overload]
-    upstream = dict(data.get("upstream") or {})  # type: ignore[call-overload]
-    prebuilt = dict(data.get("prebuilt") or {})  # type: ignore[call-overload]
+    patched = data["patched"]
+    upstream = data.get("upstream") or {}
+    prebuilt = data.get("prebuilt") or {}
     shown = shlex.join(["sh", f"<kit {data['stack']}>/run", verb,
                         *_without(args, ("--out", "--work-dir"))])
     env = {"SM120FORK_COMMAND": shown}
     extra: list[str] = []
     if verb != "tune" and _option(args, "--out") is None:  # tune has no --out
-        extra += ["--out", str(Path("kit-results") / str(data["stack"]) / verb)]
+        extra += ["--out", str(Path("kit-results") / data["stack"] / verb)]
     if _option(args, "--work-dir") is None:
         extra += ["--work-dir", str(home / "work")]
     if verb == "tune" and _option(args, "--reports") is None:  # for record import
@@ -367,25 +375,25 @@ def harness_command(kit: Path, data: dict[str, object], verb: str, args: Sequenc
     if verb in ("tune", "gpu_test", "bench", "upstream_tests"):
         ab = verb in ("gpu_test", "upstream_tests")  # patched against upstream
         if verb == "tune":
-            cmd = ["sm120fork", "tune", "--stack", str(data["stack"])]
+            cmd = ["sm120fork", "tune", "--stack", data["stack"]]
         elif verb == "upstream_tests":
-            if not data.get("upstream_tests"):
+            tests = data.get("upstream_tests")
+            if not tests:
                 raise KitError("this kit carries no upstream tests: make it with --harness "
                                "upstream_tests", EXIT_USAGE)
-            cmd = ["sm120fork.gpu", "upstream-tests",
-                   "--tests", str(kit / str(data["upstream_tests"]))]
+            cmd = ["sm120fork.gpu", "upstream-tests", "--tests", str(kit / tests)]
         else:
             cmd = ["sm120fork.gpu", "test" if verb == "gpu_test" else "bench"]
-        cmd += ["--wheel-dir", f"patched={kit / str(patched['flashinfer'])}"]
+        cmd += ["--wheel-dir", f"patched={kit / patched['flashinfer']}"]
         if ab and "flashinfer" in upstream:
-            cmd += ["--wheel-dir", f"unpatched={kit / str(upstream['flashinfer'])}"]
+            cmd += ["--wheel-dir", f"unpatched={kit / upstream['flashinfer']}"]
         for name, folder in prebuilt.items():
             if ab or name == "patched":
-                cmd += ["--prebuilt", f"{name}={kit / str(folder)}"]
+                cmd += ["--prebuilt", f"{name}={kit / folder}"]
         return [*cmd, *extra, *args], env
     if verb == "sglang_layer":
         if _option(args, "--layout") is None and data.get("sglang_layout"):
-            extra += ["--layout", str(data["sglang_layout"])]  # the harness reads forks/
+            extra += ["--layout", data["sglang_layout"]]  # the harness reads forks/
         if PLUGIN_ROUTE in args:
             return [*plugin_route_command(kit, data, home), *extra,
                     *(a for a in args if a != PLUGIN_ROUTE)], env
@@ -408,14 +416,14 @@ def harness_command(kit: Path, data: dict[str, object], verb: str, args: Sequenc
     return ["sm120fork.doctor", *args], env
 
 
-def plugin_route_command(kit: Path, data: dict[str, object], home: Path) -> list[str]:
+def plugin_route_command(kit: Path, data: KitJson, home: Path) -> list[str]:
     """``sglang-layer`` on stock SGLang (unpacked once under ``home``) with the plugin
     applied by SGLang's ``load_plugins()``; the notes name both wheels' sha256."""
     import zipfile
 
-    route = dict(data["plugin_route"])  # type: ignore[call-overload]
-    shas = {str(w["file"]): str(w["sha256"]) for w in data["wheels"]}  # type: ignore[attr-defined]
-    stock = kit / str(route["sglang"])
+    route = data["plugin_route"]
+    shas = {w["file"]: w["sha256"] for w in data["wheels"]}
+    stock = kit / route["sglang"]
     tree = home / "plugin-route" / "sglang"
     marker = tree / ".unpacked-from"
     if not (marker.is_file() and marker.read_text(encoding="utf-8") == shas[route["sglang"]]):
@@ -425,7 +433,7 @@ def plugin_route_command(kit: Path, data: dict[str, object], home: Path) -> list
         with zipfile.ZipFile(stock) as zf:
             zf.extractall(tree)
         marker.write_text(shas[route["sglang"]], encoding="utf-8")
-    notes = [f"plugin route: {what} {Path(str(route[k])).name} sha256 {shas[str(route[k])]}"
+    notes = [f"plugin route: {what} {Path(route[k]).name} sha256 {shas[route[k]]}"
              for what, k in (("stock", "sglang"), ("the plugin", "plugin"))]
     return ["sm120fork.gpu", "sglang-layer", "--sglang-path", str(tree), "--load-plugins",
             *(x for n in notes for x in ("--note", n))]
@@ -468,7 +476,7 @@ def main(argv: Sequence[str] | None = None, kit: Path | None = None) -> int:
         index = _read_json(kit / KIT_FILE)
         if index.get("format") == PARTS_FORMAT:
             try:
-                kit = join(kit, PartsIndex.from_json(index, kit / KIT_FILE))
+                kit = join(kit, _typed(PartsIndex, index, kit / KIT_FILE))
             except OSError as exc:  # a read-only medium, a full disk
                 raise KitError(f"could not join the parts beside {kit}: {exc}: copy them "
                                "to a writable folder with room for the kit, then run "

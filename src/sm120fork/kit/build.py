@@ -431,7 +431,7 @@ def _inputs(opts: KitOptions, stack: ResolvedStack, target: Target) -> _Inputs:
     return _Inputs(stack=stack, wheels=wheels, upstream=upstream, plugin=plugin, stock=stock)
 
 
-def _copy_stack(inputs: _Inputs, new: Path) -> dict[str, object]:
+def _copy_stack(inputs: _Inputs, new: Path) -> boot.KitJson:
     """The stack's and upstream's wheels into the kit: the kit.json keys that name them."""
     for sub in ("stack", "upstream", "wheels"):
         (new / sub).mkdir(parents=True)
@@ -453,7 +453,7 @@ def _copy_stack(inputs: _Inputs, new: Path) -> dict[str, object]:
         shutil.copy2(inputs.stock, new / "upstream" / inputs.stock.name)
         ups["sglang"] = f"upstream/{inputs.stock.name}"
         route = {"plugin": f"stack/plugin/{inputs.plugin.name}", "sglang": ups["sglang"]}
-    return {"patched": patched, "upstream": ups, "plugin_route": route}
+    return boot.KitJson(patched=patched, upstream=ups, plugin_route=route)
 
 
 def _carry_requirements(opts: KitOptions, inputs: _Inputs, provided: dict[str, str | None],

@@ -92,13 +92,9 @@ def _index(kit: Path, bins: list[list[Piece]], shas: dict[tuple[str, int], str],
                                         size=p.size, sha256=shas.get((name, p.index), ""))
                          for p in pieces),
             executable=os.access(kit / name, os.X_OK)))
-    kit_id = hashlib.sha256(json.dumps(boot.PartsIndex.files_json(files),
-                                       sort_keys=True).encode()).hexdigest()
+    listed = json.dumps([dataclasses.asdict(f) for f in files], sort_keys=True)
+    kit_id = hashlib.sha256(listed.encode()).hexdigest()
     return boot.PartsIndex(kit_id=kit_id, part=part, parts=len(bins), files=tuple(files))
-
-
-def _encoded(index: boot.PartsIndex) -> bytes:
-    return (json.dumps(index.to_json(), indent=1, sort_keys=True) + "\n").encode()
 
 
 def plan(kit: Path, part_size: int) -> tuple[list[list[Piece]], int]:
@@ -118,7 +114,7 @@ def plan(kit: Path, part_size: int) -> tuple[list[list[Piece]], int]:
         bins = layout(files, budget)
         # The index's own size, with every sha256 as long as it will be.
         fake = {(p.file, i): "0" * 64 for b in bins for p in b for i in (0, p.index)}
-        needed = own + len(_encoded(_index(kit, bins, fake, len(bins))))
+        needed = own + len(_index(kit, bins, fake, len(bins)).dumps().encode())
         if needed <= overhead:
             return bins, overhead
         overhead = needed + 1024
@@ -147,7 +143,8 @@ def write_parts(kit: Path, out: Path, part_size: int) -> list[tuple[Path, int]]:
             folder = scratch / str(n)
             for name in OWN_FILES:
                 shutil.copy2(kit / name, folder / name)
-            (folder / boot.KIT_FILE).write_bytes(_encoded(_index(kit, bins, shas, n)))
+            index = _index(kit, bins, shas, n).dumps()
+            (folder / boot.KIT_FILE).write_text(index, encoding="utf-8")
             size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
             if size > part_size:  # plan() reserved room for this: a bug if not
                 raise ConfigError(f"part {n} would be {size} bytes, over {part_size}",
