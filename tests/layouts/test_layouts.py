@@ -18,7 +18,7 @@ from sm120fork.errors import ConfigError
 from sm120fork.gpu.layer.cases import layout_of
 from sm120fork.layouts import LAYOUTS, adapter
 from sm120fork.patch.series import load_series
-from sm120fork.verify.proof.patches import claims
+from sm120fork.standing import claims
 from sm120fork.verify.proof.stack import VerifyResult
 from sm120fork.workspace import Workspace
 

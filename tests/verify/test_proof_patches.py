@@ -10,17 +10,16 @@ import pytest
 
 from sm120fork.errors import SeriesError
 from sm120fork.patch.series import parse_patch
+from sm120fork.standing import Claim, claims
 from sm120fork.verify.proof.patches import (
     NO_EVIDENCE,
     VERIFY_STACK_ENV,
-    Claim,
     Context,
     Outcome,
     check,
     check_behaviour,
     check_cpu_test,
     check_gpu_report,
-    claims,
     evidence_label,
     run_cpu_tests,
     suite_node,

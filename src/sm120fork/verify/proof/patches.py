@@ -1,22 +1,7 @@
-"""Which evidence backs each patch: its ``Verified-By`` header fields, each one checked.
-
-``Verified-By: <kind>:<check>`` (one per line, several allowed; patches/README.md):
-
-- ``proof:jit-gate``: the JIT gate refuses every SM12x architecture unpatched and accepts
-  it with the full series;
-- ``proof:kernel-bodies``: the gate patch alone still compiles empty kernel bodies (or
-  loses PDL) on SM12x, the full series has every sm_90a kernel with its body and PDL;
-- ``proof:cluster-query``: the host code of every translation unit calls
-  ``cudaOccupancyMaxPotentialClusterSize`` with the full series, and not unpatched;
-- ``sglang:<prefix>``: the SGLang behaviour checks whose names start with ``<prefix>``;
-- ``cpu:<tests/file.py>::<test>``: a CPU test of the suite, run here: it must pass (a
-  skipped or failing one is no evidence); ``tests/<file>.py`` also finds the module in its
-  stage folder (``tests/<stage>/<file>.py``: test module names are unique in the suite);
-- ``gpu:<kind>[/<subject>][:<api>]``: the committed GPU record of the stack verified
-  (``reports/<stack>/<kind>[/<subject>]``) of the patch's change as it is now: its tested
-  variant failed no case, and (with ``<api>``) the A/B fixed some of that API's.
-
-The checks know no project keys or patch names: the header says what proves what.
+"""Which evidence backs each patch: its ``Verified-By: <kind>:<check>`` header fields
+(patches/README.md), each one checked: ``proof:`` (the compile proof), ``sglang:`` (the
+behaviour checks), ``cpu:`` (a test of the suite, run here), ``gpu:`` (the stack's
+committed GPU record).  The checks know no project keys or patch names.
 """
 
 from __future__ import annotations
@@ -37,7 +22,6 @@ from sm120fork.record import read as read_record
 from sm120fork.resolved import ResolvedStack
 from sm120fork.standing import (
     EVIDENCE_LABELS,
-    FIELD,
     Claim,
     claim_record_path,
     claims,
@@ -48,8 +32,6 @@ from sm120fork.verify.proof.markdown import CLUSTER_QUERY
 from sm120fork.verify.proof.verdict import ProofReport, Status
 from sm120fork.workspace import Workspace
 
-#: Parsed where every stage can ask (sm120fork.standing); named here too, for verify.
-__all__ = ["EVIDENCE_LABELS", "FIELD", "Claim", "claims"]
 UNPATCHED = "unpatched"
 FULL = "full series"
 NO_EVIDENCE = "none yet (fingerprint only)"
@@ -57,8 +39,6 @@ NO_EVIDENCE = "none yet (fingerprint only)"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Outcome:
-    """One claim, checked: what was looked at and whether it holds."""
-
     claim: str
     evidence: str
     text: str
@@ -67,8 +47,6 @@ class Outcome:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Context:
-    """Everything the checks read: the proof, the behaviour checks, the checkout."""
-
     root: Path
     proof: ProofReport | None = None
     gate_variant: str | None = None
@@ -76,14 +54,11 @@ class Context:
     behaviour: tuple[tuple[str, str, bool], ...] = ()
     #: node -> (what happened, passed) of the ``cpu:`` tests already run (run_cpu_tests).
     cpu: Mapping[str, tuple[str, bool]] = dataclasses.field(default_factory=dict)
-    #: The stack verified: a record of another stack's build backs nothing here, unless
-    #: it ran this stack's very build (a copy's; ``today`` holds what is built now).
+    #: The stack verified: another stack's record backs nothing, unless it ran this very
+    #: build (``today``).
     stack: str = ""
     today: ResolvedStack | None = None
     workspace: Workspace | None = None
-
-
-# --------------------------------------------------------------------------- proof checks
 
 
 def _sm12x(report: ProofReport) -> list[str]:
@@ -170,9 +145,6 @@ PROOF_CHECKS: dict[str, Callable[[Context], tuple[str, bool]]] = {
 }
 
 
-# --------------------------------------------------------------------------- other kinds
-
-
 def check_behaviour(ctx: Context, prefix: str) -> tuple[str, bool]:
     mine = [(n, c, p) for n, c, p in ctx.behaviour if n.startswith(prefix)]
     if not mine:
@@ -196,7 +168,6 @@ def suite_node(root: Path, node: str) -> str:
 
 
 def _test_exists(root: Path, node: str) -> str | None:
-    """Why ``node`` names no test of the suite, or None."""
     file, sep, name = suite_node(root, node).partition("::")
     path = root / file
     if not sep or not path.is_file():
@@ -207,18 +178,16 @@ def _test_exists(root: Path, node: str) -> str | None:
     return None
 
 
-#: The JUnit property a test of the suite names the stack whose build it runs with
-#: (tests/conftest.py: ``runs_stack`` marks, or the fixture that installs sglang 0.5.23).
+#: The JUnit property naming the stack whose build a test ran (tests/conftest.py).
 RUNS_STACK = "runs_stack"
-#: The stack a claim's test is run for: a test of a stack-relative fixture builds that
-#: stack (tests/helpers_sglang.py), so a claim names a check, not a stack.
+#: The stack a claim's test is run for (tests/helpers_sglang.py builds that one).
 VERIFY_STACK_ENV = "SM120FORK_VERIFY_STACK"
 
 
 def _junit_outcomes(xml: Path, root: Path, stack: str | None = None
                     ) -> dict[str, tuple[str, bool]]:
-    """node -> (outcome, passed) from pytest's JUnit XML.  With ``stack``, a test that
-    says it ran another stack's build backs nothing for ``stack``."""
+    """node -> (outcome, passed) from pytest's JUnit XML; a test that ran another stack's
+    build than ``stack`` backs nothing."""
     found: dict[str, tuple[str, bool]] = {}
     for case in ElementTree.parse(xml).getroot().iter("testcase"):
         node = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
@@ -244,11 +213,8 @@ def _junit_outcomes(xml: Path, root: Path, stack: str | None = None
 def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None,
                   timeout: float = 3600, stack: str | None = None
                   ) -> dict[str, tuple[str, bool]]:
-    """Run the named tests of the checkout's suite in one pytest; each one's outcome.
-
-    Evidence is a test that ran and passed here, not one that exists: a skipped (e.g. no
-    network) or failing test backs nothing, nor (with ``stack``) one that ran another
-    stack's build.  The tests run for ``stack`` (:data:`VERIFY_STACK_ENV`)."""
+    """Run the named tests of the checkout's suite for ``stack`` in one pytest; each one's
+    outcome (only a test that ran and passed here is evidence)."""
     results: dict[str, tuple[str, bool]] = {}
     runnable: dict[str, str] = {}  # node as written -> as pytest names it
     for node in dict.fromkeys(nodes):
@@ -279,7 +245,6 @@ def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None
 
 
 def check_cpu_test(ctx: Context, node: str) -> tuple[str, bool]:
-    """The named test of the suite, run (here or by :func:`run_cpu_tests` before)."""
     text, ok = (ctx.cpu[node] if node in ctx.cpu else
                 run_cpu_tests(ctx.root, [node], stack=ctx.stack or None)[node])
     return f"{node}: {text}" if not text.startswith(node) else text, ok
@@ -287,10 +252,9 @@ def check_cpu_test(ctx: Context, node: str) -> tuple[str, bool]:
 
 def check_gpu_report(ctx: Context, spec: str, patch: Patch | None = None,
                      project: str = "") -> tuple[str, bool]:
-    """The stack's record the claim names (``<kind>[/<subject>]``, under
-    ``reports/<stack>/``): of this patch's change as it is now, finished, and its tested
-    variant failing no case; with an API named, the A/B fixed some of that API's cases
-    (failing on the baseline, passing here)."""
+    """The stack's record the claim names (``reports/<stack>/<kind>[/<subject>]``): of
+    this patch's change as it is now, finished, failing no case; with an API named, the
+    A/B fixed some of that API's cases."""
     where, api = claim_record_path("gpu", spec, ctx.stack)
     path = ctx.root / where / RECORD_FILE
     kind, *subject = Path(where).parts[2:4]

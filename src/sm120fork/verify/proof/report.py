@@ -1,6 +1,5 @@
-"""The verify-sm120 record (``reports/<stack>/verify-sm120/``) and the full report beside the
-fork trees (``.forks/reports/sm120/<stack>/verify.{md,json}``): the per-patch verdicts, the
-behaviour checks and the compile proof, with what they were made from."""
+"""The verify-sm120 record (``reports/<stack>/verify-sm120/``) and the full report in
+``.forks/reports/sm120/<stack>/``."""
 
 from __future__ import annotations
 
@@ -28,10 +27,11 @@ from sm120fork.record import write as write_record
 from sm120fork.util.files import atomic_write_text
 from sm120fork.util.markdown import markdown_table
 from sm120fork.verify.proof.markdown import render_markdown
+from sm120fork.verify.proof.patches import FULL
 from sm120fork.verify.proof.stack import VerifyResult
 from sm120fork.workspace import Workspace
 
-#: Name lists longer than this are cut in the committed JSON (the full one keeps them).
+#: Name lists longer than this are cut in the compact JSON.
 NAMES_SHOWN = 5
 
 
@@ -44,8 +44,7 @@ _ROLES = (
 
 
 def portable(value: Any, root: Path) -> Any:
-    """``value`` with the checkout's path made relative and other machine folders named by
-    role (reports carry no absolute path of the machine that made them)."""
+    """``value`` with the checkout's path made relative, other machine folders by role."""
     if isinstance(value, str):
         text = value.replace(f"{root}/", "").replace(str(root), ".")
         for pattern, role in _ROLES:
@@ -122,11 +121,7 @@ def to_markdown(result: VerifyResult) -> str:
 
 
 def compact(document: dict[str, Any]) -> dict[str, Any]:
-    """``document`` without per-kernel detail: counts and a few names instead of lists.
-
-    The full document (1449 kernels x 10 builds, several MB) stays in the ignored
-    ``.forks/``; the committed report keeps what a reader or upstream_pr needs.
-    """
+    """``document`` with counts and a few names instead of per-kernel lists."""
     out: dict[str, Any] = json.loads(json.dumps(document))
     for verdict in out["verdicts"]:
         for key in ("missing", "empty", "pdl_lost"):
@@ -140,29 +135,24 @@ def compact(document: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-#: The variant whose proof verdicts judge the series (the others fail on purpose).
-FULL_SERIES = "full series"
-#: A proof verdict's status -> the record's outcome.
 _OUTCOMES = {"pass": "pass", "fail": "fail", "not checked": "skip"}
 
 
 def to_record(result: VerifyResult, root: Path, *, created: str | None = None,
               command: str | None = None) -> Record:
-    """The verify-sm120 record of a run, from its typed result: one case per patch
-    (``<project>/<patch file>``), per SGLang behaviour check and per compile-proof verdict
-    (``proof/<variant>/<arch>``; variants other than the full series are the baselines
-    that fail on purpose); the texts portable as in the report (``root``: the checkout)."""
-    cases = [Case(id=f"{v.project}/{v.patch}", variant=FULL_SERIES,
+    """The verify-sm120 record: one case per patch, per SGLang behaviour check and per
+    compile-proof verdict (variants other than the full series are baselines)."""
+    cases = [Case(id=f"{v.project}/{v.patch}", variant=FULL,
                   outcome="pass" if v.passed else "fail", detail=portable(v.evidence, root))
              for v in result.verdicts]
-    cases += [Case(id=f"sglang/{c.name}@{c.capability}", variant=FULL_SERIES,
+    cases += [Case(id=f"sglang/{c.name}@{c.capability}", variant=FULL,
                    outcome="pass" if c.passed else "fail")
               for c in result.sglang]
     for v in result.proof.verdicts() if result.proof else ():
         status = v.status.value
         reasons = "; ".join(portable(r, root) for r in v.reasons)
         cases.append(Case(id=f"proof/{v.variant}/{v.arch}",
-                          variant=FULL_SERIES if v.variant == FULL_SERIES else "baseline",
+                          variant=FULL if v.variant == FULL else "baseline",
                           outcome=_OUTCOMES.get(status, "error"),
                           detail=(reasons or ("not checked" if status == "not checked" else ""))
                           [:200]))
@@ -186,13 +176,11 @@ def to_record(result: VerifyResult, root: Path, *, created: str | None = None,
 
 
 def write_reports(ws: Workspace, result: VerifyResult) -> Path:
-    """The record, ``reports/<stack>/verify-sm120/``; the full document and its markdown
-    (per-kernel detail, several MB) stay in ``.forks/reports/sm120/<stack>/``."""
+    """The record in ``reports/``; the full documents in ``.forks/reports/sm120/<stack>/``."""
     document = to_json(result, ws.root)
     full = ws.state_dir / "reports" / "sm120" / result.stack
     full.mkdir(parents=True, exist_ok=True)
     atomic_write_text(full / "verify-full.json", json.dumps(document, indent=1) + "\n")
     atomic_write_text(full / "verify.json", json.dumps(compact(document), indent=1) + "\n")
     atomic_write_text(full / "verify.md", to_markdown(result))
-    # the patches the run's plan read (no series is read again here)
     return write_record(to_record(result, ws.root), ws.reports_dir)

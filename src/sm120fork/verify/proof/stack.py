@@ -1,11 +1,9 @@
 """``verify-sm120`` for one stack: every patch's evidence, checked, without SM120 GPUs.
 
-Each project is built (the artifact check gives every patch's fingerprint evidence). The
-project whose patches claim ``proof:*`` evidence goes through the compile proof as three
-trees: unpatched, the gate patch alone (the patches claiming ``proof:jit-gate``) and the
-full series; projects whose patches claim ``sglang:*`` go through the SGLang behaviour
-checks (patched against unpatched). Then each patch's ``Verified-By`` claims are checked
-(:mod:`.patches`).
+Each project is built (its artifact check is every patch's fingerprint); the project whose
+patches claim ``proof:*`` goes through the compile proof as three trees (unpatched, the
+``proof:jit-gate`` patches alone, the full series), those claiming ``sglang:*`` through the
+SGLang behaviour checks; then each claim is checked (:mod:`.patches`).
 """
 
 from __future__ import annotations
@@ -29,13 +27,13 @@ from sm120fork.patch.series import Patch
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.record import TestedPatch
 from sm120fork.resolved import ResolvedStack
+from sm120fork.standing import claims
 from sm120fork.verify.proof.patches import (
     FULL,
     UNPATCHED,
     Context,
     Outcome,
     check,
-    claims,
     evidence_label,
     needs,
     run_cpu_tests,
@@ -46,10 +44,10 @@ from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 
-#: sm_90a is the reference; sm_120f is what FlashInfer builds for every 12.x GPU (the
-#: binary SM120 and SM121 users run); sm_120a/sm_121a are the arch-specific neighbours.
+#: sm_90a the reference; sm_120f what FlashInfer builds for every 12.x GPU; sm_120a and
+#: sm_121a the arch-specific neighbours.
 PROOF_ARCHS = (REFERENCE_ARCH, SHIPPED_SM12X_ARCH, "sm_120a", "sm_121a")
-#: The trees that only show the "before": compiled where users run, not everywhere.
+#: Where the trees that only show the "before" are compiled.
 BEFORE_ARCHS = (REFERENCE_ARCH, SHIPPED_SM12X_ARCH)
 
 
@@ -67,14 +65,11 @@ class PatchVerdict:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Provenance:
-    """What the verification was made from."""
-
     project: str
     series: str
     series_digest: str
     wheel: str
     wheel_sha256: str
-    #: The patched tree's git tree hash (the build's manifest), when it records one.
     tree: str | None = None
 
 
@@ -86,8 +81,6 @@ class VerifyResult:
     proof: ProofReport | None
     sglang: tuple[CheckResult, ...]
     seconds: float
-    #: Each patch of the stack's series with its change's id (``git patch-id --stable``),
-    #: from the plan the run built: what its record names as tested.
     patches: tuple[TestedPatch, ...] = ()
 
     @property
@@ -101,7 +94,6 @@ def patch_id(patch: Patch) -> str:
 
 
 def fingerprint_check(builds: Sequence[ProjectBuild], patch: Patch) -> tuple[str, bool]:
-    """The build's artifact check of ``patch``, in every wheel of the project."""
     per_wheel = [[r for r in b.entry.artifact_check if r.patch == patch.name] for b in builds]
     ok = bool(per_wheel) and all(rows and all(r.passed for r in rows) for rows in per_wheel)
     count = len(per_wheel[0]) if per_wheel else 0
@@ -112,8 +104,8 @@ def fingerprint_check(builds: Sequence[ProjectBuild], patch: Patch) -> tuple[str
 
 @dataclasses.dataclass
 class _Trees:
-    """The trees a verify checks beside the build's (unpatched, a gate alone, the full
-    series), each prepared once per run however many checks read it."""
+    """The trees checked beside the build's (unpatched, a gate alone, the full series),
+    each prepared once per run."""
 
     ws: Workspace
     stack: Stack
@@ -131,7 +123,6 @@ class _Trees:
 
 def _verdicts(builds: Mapping[str, list[ProjectBuild]], patches: Mapping[str, Sequence[Patch]],
               ctx: Context, archs: Sequence[str]) -> tuple[PatchVerdict, ...]:
-    """Each patch's verdict: its fingerprint in the wheel, and every claim it makes."""
     verdicts: list[PatchVerdict] = []
     for key, made in builds.items():
         for patch in patches[key]:
@@ -215,8 +206,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
                   cpu=run_cpu_tests(ws.root, cpu_nodes, stack=stack.name) if cpu_nodes else {},
                   stack=stack.name, today=resolved, workspace=ws)
     verdicts = _verdicts(builds, patches, ctx, proof.archs if proof else archs)
-    # One line per project: the series is one; a project of several wheels (one per
-    # Python and platform, the same patched files in each) is named by its first.
+    # One line per project, named by its first wheel (the others hold the same files).
     provenance = tuple(
         Provenance(project=key, series=stack.project(key).series,
                    series_digest=series[key].digest, wheel=made[0].wheel.name,
