@@ -16,7 +16,6 @@ from pathlib import Path
 
 
 def sha256_file(path: Path) -> str:
-    """The sha256 hex digest of the file at ``path``."""
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -33,28 +32,24 @@ def wheel_record_sha256(wheel: Path) -> str | None:
         return None
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` (UTF-8, mode 0644) so a reader sees old or new, never half."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
-def atomic_copy(src: Path, dest: Path) -> None:
-    """Copy ``src`` to ``dest`` (mode 0644) through a temporary file beside ``dest``."""
+def _atomic(dest: Path, fill: Callable[[Path], object]) -> None:
+    """Make ``dest`` (mode 0644) beside it, then rename: a reader never sees half a file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
     os.close(fd)
     try:
-        shutil.copyfile(src, tmp)
+        fill(Path(tmp))
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    _atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def atomic_copy(src: Path, dest: Path) -> None:
+    _atomic(dest, lambda tmp: shutil.copyfile(src, tmp))
 
 
 _AT_FDCWD = -100
@@ -77,13 +72,8 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def replace_dir(staged: Path, dest: Path) -> None:
-    """Put the complete folder ``staged`` at ``dest``, replacing what was there as a whole.
-
-    A reader sees the old folder or the new one, never files of both: where the system
-    can, the two are exchanged in one step; elsewhere the old one is renamed aside first
-    (``dest`` is briefly absent, never mixed) into ``staged``'s folder.  ``staged`` must
-    be on the file system of ``dest`` (beside it, or in a folder beside it).
-    """
+    """Put folder ``staged`` at ``dest`` (same file system): a reader sees the old folder
+    or the new one, never a mix (exchanged in one step, else the old one renamed aside)."""
     if not dest.exists():
         os.rename(staged, dest)
         return
@@ -104,20 +94,14 @@ _SCRATCH = "sm120fork-"
 
 
 def scratch_prefix(label: str, *, hidden: bool = True) -> str:
-    """A prefix for a temporary file or folder (tempfile.mkdtemp and friends) that names
-    the process making it, so :func:`remove_stale_scratch` knows when it is left over."""
+    """A temporary name's prefix naming this process, for :func:`remove_stale_scratch`."""
     return f"{'.' if hidden else ''}{_SCRATCH}{os.getpid()}-{label}-"
 
 
 @contextlib.contextmanager
 def staged_dir(dest: Path, *, label: str = "") -> Iterator[Path]:
-    """Make a folder's new content apart, then put it at ``dest`` in one swap.
-
-    Yields a path, not made yet, in a scratch folder beside ``dest`` (one file system);
-    the block makes the new folder there (and may keep temporary files beside it).  When
-    the block returns, the new folder replaces ``dest`` whole (:func:`replace_dir`); when
-    it raises, ``dest`` is left as it was.  A scratch folder a killed run left is named by
-    :func:`scratch_prefix`, so :func:`remove_stale_scratch` removes it."""
+    """Yields a path (not made yet) beside ``dest`` for the block to make; on success it
+    replaces ``dest`` whole (:func:`replace_dir`), on error ``dest`` stays as it was."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(label or dest.name),
                                     dir=dest.parent))
@@ -133,8 +117,8 @@ STAMP = ".sm120fork-stamp"  # in a folder made_once made: the digest it was made
 
 
 def made_once(dest: Path, digest: str, make: Callable[[Path], object]) -> Path:
-    """The folder ``make(path)`` makes for ``digest`` (a hash of its inputs), made again only
-    when ``dest``'s stamp holds another digest: staged, then swapped in whole."""
+    """``dest`` as ``make(path)`` makes it, made again only when its stamp holds a digest
+    other than ``digest`` (a hash of its inputs)."""
     with contextlib.suppress(OSError):
         if (dest / STAMP).read_text(encoding="utf-8").strip() == digest:
             return dest
@@ -162,8 +146,7 @@ def _remove(path: Path) -> None:
 
 
 def remove_stale_scratch(parent: Path) -> list[Path]:
-    """Remove the scratch files and folders in ``parent`` of processes that are gone
-    (a run killed with SIGKILL leaves them); return what was removed."""
+    """Remove the scratch in ``parent`` of processes that are gone; what was removed."""
     removed: list[Path] = []
     for path in parent.iterdir() if parent.is_dir() else ():
         name = path.name.removeprefix(".")
@@ -175,8 +158,7 @@ def remove_stale_scratch(parent: Path) -> list[Path]:
 
 
 def remove_own_scratch(parents: list[Path]) -> list[Path]:
-    """Remove this process's scratch files and folders in ``parents`` (an interrupted run:
-    a worker thread may not reach its own clean-up); return those that could not go."""
+    """Remove this process's scratch in ``parents`` (after an interrupt); what remains."""
     mine = f"{_SCRATCH}{os.getpid()}-"
     left: list[Path] = []
     for path in (p for parent in parents if parent.is_dir() for p in parent.iterdir()):
@@ -188,7 +170,7 @@ def remove_own_scratch(parents: list[Path]) -> list[Path]:
 
 
 def read_json_object(path: Path) -> dict[str, object] | None:
-    """The JSON object stored at ``path``, or None when it is missing, unreadable or not one."""
+    """None when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

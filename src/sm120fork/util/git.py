@@ -1,10 +1,5 @@
-"""git through GitPython, with git's processes under the one process runner.
-
-:class:`RunnerGit` (``Repo.GitCommandWrapperType``) starts every ``git`` GitPython runs
-through :mod:`sm120fork.util.proc`, so Ctrl-C or SIGTERM also stops a running ``git am``
-and its hooks; a failure is :class:`GitError`, the toolkit's ``CommandError`` with git's
-stderr attached.  :class:`Git` is the toolkit's handle on a work tree.
-"""
+"""git through GitPython, every git process started by the one runner (so Ctrl-C also
+stops a running ``git am``); a failure is :class:`GitError` with git's stderr attached."""
 
 from __future__ import annotations
 
@@ -25,25 +20,13 @@ from sm120fork.util import proc
 
 log = logging.getLogger("sm120fork")
 
-#: Fixed identity and dates so that commits made by the toolkit are reproducible.
+#: Commits the toolkit makes are reproducible.
 TOOLKIT_AUTHOR_NAME = "sm120fork"
 TOOLKIT_AUTHOR_EMAIL = "sm120fork@localhost.invalid"
 FIXED_DATE = "2000-01-01T00:00:00+00:00"
 
 #: git's messages in English whatever the user's locale, as the toolkit parses some.
 _C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
-
-
-def git_env(date: str = FIXED_DATE) -> dict[str, str]:
-    """Environment that pins the toolkit's git identity and commit dates."""
-    return {
-        "GIT_AUTHOR_NAME": TOOLKIT_AUTHOR_NAME,
-        "GIT_AUTHOR_EMAIL": TOOLKIT_AUTHOR_EMAIL,
-        "GIT_COMMITTER_NAME": TOOLKIT_AUTHOR_NAME,
-        "GIT_COMMITTER_EMAIL": TOOLKIT_AUTHOR_EMAIL,
-        "GIT_AUTHOR_DATE": date,
-        "GIT_COMMITTER_DATE": date,
-    }
 
 
 def _tail(text: str, lines: int = 40) -> str:
@@ -68,9 +51,8 @@ def _subcommand(argv: Sequence[str]) -> str:
 
 
 class GitError(CommandError, GitCommandError):
-    """A git command failed: the toolkit's ``CommandError`` (what, where, git's output as
-    ``detail``), and GitPython's ``GitCommandError`` (``status``, ``stderr``), so GitPython's
-    own code that expects one (``Repo.is_ancestor``) still works."""
+    """Both the toolkit's ``CommandError`` and GitPython's ``GitCommandError``, which
+    GitPython's own code expects (``Repo.is_ancestor``)."""
 
     def __init__(self, argv: Sequence[str], status: int, stderr: str, stdout: str, *,
                  where: str | None) -> None:
@@ -86,8 +68,7 @@ class GitError(CommandError, GitCommandError):
 
 
 class RunnerGit(gitpython.Git):
-    """GitPython's command layer: :meth:`execute`, where every GitPython operation that
-    runs git ends, starts it through the runner instead of its own ``Popen``."""
+    """:meth:`execute`, where every GitPython operation that runs git ends, uses the runner."""
 
     def execute(  # one signature for GitPython's overloads
         self,
@@ -149,11 +130,8 @@ class RunnerGit(gitpython.Git):
             return (done.returncode, value, err)
         return value
 
-
-    # GitPython reads objects through a ``git cat-file --batch`` it keeps running while
-    # the repository object lives, and ends it whenever the garbage collector gets to
-    # it; one ``cat-file`` per object, run to its end by the runner, leaves nothing
-    # running behind a ``Git`` handle (the toolkit reads a few objects, not thousands).
+    # One ``cat-file`` per object instead of GitPython's long-lived ``--batch`` process,
+    # so nothing keeps running behind a handle.
 
     def get_object_header(self, ref: str | bytes) -> tuple[str, str, int]:
         header = self._cat_file("--batch-check", ref).partition(b"\n")[0]
@@ -174,14 +152,11 @@ class RunnerGit(gitpython.Git):
 
 
 class Repo(gitpython.Repo):
-    """GitPython's ``Repo`` whose git commands run under the one runner."""
-
     GitCommandWrapperType = RunnerGit
 
 
 class Git:
-    """A git work tree at ``path``: its GitPython :attr:`repo`, with the toolkit's fixed
-    identity and dates for every commit git makes in it."""
+    """A git work tree; every commit made in it has the toolkit's identity and date."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -193,7 +168,10 @@ class Git:
             raise CommandError("not a git repository", where=str(path),
                                fix="remove the directory so the toolkit can recreate it"
                                ) from exc
-        self.repo.git.update_environment(**git_env())
+        self.repo.git.update_environment(
+            GIT_AUTHOR_NAME=TOOLKIT_AUTHOR_NAME, GIT_AUTHOR_EMAIL=TOOLKIT_AUTHOR_EMAIL,
+            GIT_COMMITTER_NAME=TOOLKIT_AUTHOR_NAME, GIT_COMMITTER_EMAIL=TOOLKIT_AUTHOR_EMAIL,
+            GIT_AUTHOR_DATE=FIXED_DATE, GIT_COMMITTER_DATE=FIXED_DATE)
 
     @classmethod
     def init(cls, path: Path) -> Git:
@@ -210,29 +188,23 @@ class Git:
 
     def __call__(self, *args: str, env: Mapping[str, str] | None = None,
                  quiet: bool = False, strip: bool = True) -> str:
-        """Run ``git <args>`` in the work tree; its stdout (one trailing newline off).
-
-        ``quiet`` is kept for the callers that passed it: every command is echoed at
-        debug level."""
+        """``git <args>`` in the work tree; its stdout (one trailing newline off)."""
         del quiet
         out: str = self.repo.git.execute(["git", *args], env=env,
                                          strip_newline_in_stdout=strip)
         return out
 
     def head(self) -> str:
-        """The commit HEAD points at."""
         return self.repo.head.commit.hexsha
 
     def commit(self, rev: str) -> gitpython.Commit:
-        """The commit ``rev`` names (a tag is peeled to its commit); ``CommandError`` if
-        none."""
+        """The commit ``rev`` names (a tag peeled); ``CommandError`` if none."""
         try:
             return self.repo.commit(rev)
         except (gitpython.BadName, gitpython.BadObject, ValueError, IndexError) as exc:
             raise CommandError(f"no commit {rev!r}", where=str(self.path)) from exc
 
     def rev_parse(self, rev: str) -> str:
-        """The full id of the commit ``rev`` names."""
         return self.commit(rev).hexsha
 
     def tree_hash(self, rev: str = "HEAD") -> str:
@@ -243,11 +215,10 @@ class Git:
         return bool(self("status", "--porcelain", "--untracked-files=all"))
 
     def am_in_progress(self) -> bool:
-        """A ``git am`` stopped half-way (conflict or interruption)."""
         return (Path(self.repo.git_dir) / "rebase-apply").exists()
 
     def commits(self, rev_range: str) -> list[gitpython.Commit]:
-        """The commits of ``rev_range`` (``base..HEAD``), oldest first."""
+        """Oldest first."""
         return list(reversed(list(self.repo.iter_commits(rev_range))))
 
     def show(self, rev: str, path: str) -> str | None:
@@ -262,7 +233,6 @@ class Git:
         return data.decode("utf-8", "replace")
 
     def exists(self, rev: str, path: str) -> bool:
-        """``rev`` has a file or folder at ``path``."""
         try:
             self.commit(rev).tree / path.rstrip("/")
         except KeyError:
@@ -270,28 +240,24 @@ class Git:
         return True
 
     def commit_time(self) -> int:
-        """HEAD's committer timestamp (seconds since the epoch: git's ``%ct``)."""
         return int(self.commit("HEAD").committed_date)
 
     def files(self, rev: str, under: str = "") -> list[str]:
-        """Every file path at ``rev`` (below ``under``, a folder, if given), sorted."""
+        """Every file at ``rev`` (below folder ``under``), sorted."""
         out = self("ls-tree", "-r", "-z", "--name-only", self.rev_parse(rev), "--",
                    *([under] if under else []))
         return sorted(name for name in out.split("\0") if name)
 
     def tag(self, name: str, rev: str = "HEAD") -> None:
-        """Point the lightweight tag ``name`` at ``rev`` (moving it if it exists)."""
         self.repo.create_tag(name, ref=rev, force=True)
 
     def commit_all(self, message: str) -> str:
-        """Commit every file of the work tree (ignored ones too: an upstream source is
-        recorded as it is); the new commit's id.  Hooks do not run."""
+        """Commit every file, ignored ones too (an upstream source as it is), without hooks."""
         self("add", "-A", "--force", ".")
         self("commit", "-q", "--no-verify", "-m", message)
         return self.head()
 
     def am(self, patches: Iterable[Path], *, extra: Sequence[str] = ()) -> None:
-        """Apply ``patches`` as commits (``git am``, no 3-way, carriage returns kept); a
-        patch that does not apply raises :class:`GitError` and leaves the ``am`` stopped on
-        it (:meth:`am_in_progress`)."""
+        """``git am`` without 3-way; a patch that does not apply raises :class:`GitError`
+        and leaves the ``am`` stopped on it."""
         self("am", "--quiet", "--no-3way", "--keep-cr", *extra, *(str(p) for p in patches))

@@ -1,9 +1,5 @@
-"""A hint is a command the user can paste, in the form they have.
-
-Run through nox (the noxfile sets ``SM120FORK_FRONT_DOOR=nox``), the toolkit exists only
-inside ``.nox/``: hints say ``nox -s bump -- ...``.  Run directly, they say
-``python -m sm120fork bump ...``.
-"""
+"""A hint is a command the user can paste: ``nox -s bump -- ...`` under nox (which sets
+``SM120FORK_FRONT_DOOR=nox``), else ``python -m sm120fork bump ...``."""
 
 from __future__ import annotations
 

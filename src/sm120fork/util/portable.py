@@ -1,9 +1,5 @@
-"""Reports carry no absolute path of the machine that made them.
-
-A path under the project root is written relative to it; other machine paths are named
-by their role (``<gpu-work>``, ``<out>``, ``<tmp>``, ``<python>``, ``~``).  Stdlib only:
-the GPU harness imports this on machines without the toolkit's dependencies.
-"""
+"""Reports carry no absolute path of the machine that made them: a path under the project
+root is relative, others are named by role (``<out>``, ``<tmp>``, ``~``).  Stdlib only."""
 
 from __future__ import annotations
 
@@ -19,11 +15,7 @@ Roles = list[tuple[str, str]]
 
 
 def machine_roles(root: Path, named: Mapping[str, Path | None] | None = None) -> Roles:
-    """(absolute prefix, replacement) pairs, longest prefix first.
-
-    ``root`` (the project root) becomes relative; each ``named`` path becomes ``<name>``
-    unless it lies under the root; then the temp dir, the interpreter and home.
-    """
+    """(absolute prefix, replacement) pairs, longest prefix first."""
     pairs: dict[str, str] = {}
     for where, label in [*((p, f"<{n}>") for n, p in (named or {}).items() if p is not None),
                          (Path(tempfile.gettempdir()), "<tmp>"), (Path(sys.prefix), "<python>"),
@@ -41,7 +33,6 @@ def machine_roles(root: Path, named: Mapping[str, Path | None] | None = None) ->
 
 
 def portable_text(text: str, roles: Roles) -> str:
-    """Replace every role prefix that ends at a path boundary."""
     for prefix, label in roles:
         pattern = re.escape(prefix) + r"(?=/|\b|$)"
         if label == ".":  # "<root>/src/x" -> "src/x", "<root>" alone -> "."
@@ -53,7 +44,6 @@ def portable_text(text: str, roles: Roles) -> str:
 
 
 def portable(value: Any, roles: Roles) -> Any:
-    """``value`` (JSON-like: str, list, dict) with every string made portable."""
     if isinstance(value, str):
         return portable_text(value, roles)
     if isinstance(value, list):

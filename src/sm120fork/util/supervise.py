@@ -1,12 +1,6 @@
-"""The one supervisor of children the toolkit starts together and waits on: A/B ranks,
-layer ranks, a layout's probe.
-
-:func:`run_group` starts N children, each in a process group of its own (through
-:class:`~sm120fork.util.proc.ProcessGroup`, so Ctrl-C ends them too), follows their logs,
-decodes the one wire format (:mod:`sm120fork.util.wire`), and ends the whole group on a
-crash, a ``FATAL``, a line that does not decode, a bound of :class:`Timeouts`, or an
-interrupt.  How it ended is returned (:class:`GroupOutcome`), never raised.  Stdlib only.
-"""
+"""The one supervisor of children started together (A/B ranks, layer ranks, probes): it
+follows their logs in the one wire format and ends the whole group on a crash, a ``FATAL``,
+a bad line, a timeout or an interrupt, returning how it ended.  Stdlib only."""
 
 from __future__ import annotations
 
@@ -26,52 +20,38 @@ POLL_S = 0.1
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Timeouts:
-    """Every bound on a group of children, in one object (None: no such bound).
+    """Bounds on a group, None for none.  A child is ready once it said the ready tag or,
+    without one, printed its first line; ``startup`` runs until all are, ``idle`` between
+    lines after, ``run`` from ready to the end, ``grace`` after a crash (None: until the
+    caller's ``settled``), ``deadline`` is a ``time.monotonic()`` value."""
 
-    A child is *ready* once it said the group's ready tag (``run_group(ready=...)``) or,
-    without one, once it printed its first line."""
-
-    #: From the start until every running child is ready (interpreter start, imports);
-    #: a child that starts slower than the others is not a hang while this holds.
     startup: float | None = None
-    #: Between two lines of output, once every running child is ready.
     idle: float | None = None
-    #: From the moment every child is ready to the end of the group.
     run: float | None = None
-    #: After a child exited with an error, how long the others may run on (None: until
-    #: the caller's ``settled`` holds, or ``idle`` passes without output).
     grace: float | None = None
-    #: A ``time.monotonic()`` value past which the group is ended as ``budget``.
     deadline: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Child:
-    """One child: its command, its whole environment, and where its output goes."""
-
     argv: Sequence[str]
     env: Mapping[str, str]
-    #: Its stdout (and stderr, unless ``stderr`` is given), followed as it grows.
+    #: stdout (and stderr unless ``stderr`` is given), followed as it grows.
     log: Path
     stderr: Path | None = None
-    #: How failures name it ("rank 1").
     name: str = ""
 
 
 @dataclasses.dataclass
 class ChildEnd:
-    """How one child ended and what it said."""
-
     name: str
     returncode: int | None = None
-    #: Still running when the group ended (ended by the supervisor, not by itself).
+    #: Still running when the group ended.
     stopped: bool = False
-    #: ``time.monotonic()`` when its exit was seen (None: stopped).
     ended_at: float | None = None
     messages: list[wire.Message] = dataclasses.field(default_factory=list)
 
     def last(self, tag: str) -> object:
-        """The data of its last ``tag`` message; None when it said none."""
         return next((m.data for m in reversed(self.messages) if m.tag == tag), None)
 
     def said(self, tag: str) -> bool:
@@ -80,25 +60,20 @@ class ChildEnd:
 
 @dataclasses.dataclass
 class GroupOutcome:
-    """How a group of processes ended."""
-
     ok: bool
     failure: str | None = None
     #: "crash", "hang", "fatal", "protocol" or "budget"
     kind: str | None = None
-    #: The process whose exit ended the group (a "crash"), if one did.
+    #: The child whose exit ended the group (a "crash").
     failed: int | None = None
     returncodes: list[int | None] = dataclasses.field(default_factory=list)
     tails: list[list[str]] = dataclasses.field(default_factory=list)
     children: list[ChildEnd] = dataclasses.field(default_factory=list)
-    #: ``time.monotonic()`` when every child was ready (None: never).
     ready_at: float | None = None
     started_at: float = 0.0
 
 
 class _Follower:
-    """Reads a growing log file line by line."""
-
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
@@ -120,7 +95,6 @@ class _Follower:
         return lines
 
     def final(self) -> list[str]:
-        """What is left, the unterminated last line included (the child has ended)."""
         lines = self.poll()
         if self.partial:
             lines.append(self.partial)
@@ -135,9 +109,8 @@ def _sigterm(signum: int, _frame: object) -> None:
 
 @contextmanager
 def sigterm_unwinds() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C inside the block (so a child the block waits on is
-    ended with its group), unless the program already handles SIGTERM (the CLI's boundary
-    does the same) or this is not the main thread (only it receives signals)."""
+    """SIGTERM unwinds like Ctrl-C inside the block, unless the program handles SIGTERM
+    already or this is not the main thread."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
         yield
@@ -151,10 +124,8 @@ def sigterm_unwinds() -> Iterator[None]:
 
 @contextmanager
 def ending_children() -> Iterator[None]:
-    """A block that waits on children started in other threads (a pool of probes): Ctrl-C
-    or SIGTERM there ends every running child with its group at once, so the threads'
-    waits return (a pool's exit would otherwise wait for each child to finish), and goes
-    on.  Children not yet started are refused (:func:`sm120fork.util.proc.end_children`)."""
+    """Ctrl-C or SIGTERM in a block waiting on other threads' children ends them all at
+    once (a pool's exit would otherwise wait for each)."""
     with sigterm_unwinds():
         try:
             yield
@@ -169,8 +140,6 @@ def _exit_text(name: str, code: int) -> str:
 
 @dataclasses.dataclass
 class _Watch:
-    """One run of a group: what each child said and when, and the rules that end it."""
-
     children: Sequence[Child]
     timeouts: Timeouts
     ready: str | None
@@ -182,10 +151,8 @@ class _Watch:
     names: list[str] = dataclasses.field(init=False)
     followers: list[_Follower] = dataclasses.field(init=False)
     spoken: list[bool] = dataclasses.field(init=False)
-    #: The first line that did not decode, with its child.
     problem: list[str] = dataclasses.field(default_factory=list)
     failed_since: float | None = None
-    #: ``time.monotonic()`` of the last line any child printed.
     last: float = 0.0
 
     def __post_init__(self) -> None:
@@ -212,8 +179,7 @@ class _Watch:
             self.on_message(idx, message)
 
     def step(self, codes: list[int | None]) -> tuple[str, str] | None:
-        """One round over the exit codes just read: read the logs, then (failure, kind)
-        when the group ends now (a failure of "" ends it as ok)."""
+        """(failure, kind) when the group ends now ("" ends it as ok)."""
         ends = self.outcome.children
         now = time.monotonic()
         for idx, code in enumerate(codes):
@@ -243,7 +209,6 @@ class _Watch:
         return (hung, "hang") if hung else None
 
     def _exited(self, codes: list[int | None], now: float) -> tuple[str, str] | None:
-        """A crash that ends the group (with ``fail_fast``), or every child gone."""
         failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
         if failed and self.failed_since is None:
             self.failed_since = now
@@ -264,7 +229,6 @@ class _Watch:
         return None
 
     def _hung(self, codes: list[int | None], now: float) -> str | None:
-        """The watchdog's verdict: a bound of :class:`Timeouts` passed."""
         t = self.timeouts
         stuck = [i for i, c in enumerate(codes) if c is None]
         quiet = now - self.last
@@ -288,7 +252,6 @@ class _Watch:
         return None
 
     def finish(self, group: proc.ProcessGroup) -> None:
-        """Mark the children still running as stopped, end the group, read what is left."""
         now = time.monotonic()
         for end, p in zip(self.outcome.children, group.procs, strict=True):
             end.stopped = p.poll() is None
@@ -316,18 +279,10 @@ def run_group(children: Sequence[Child], *, timeouts: Timeouts,
               on_message: Callable[[int, wire.Message], None] | None = None,
               ready: str | None = None, fail_fast: bool = True,
               settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
-    """Run ``children`` concurrently under ``timeouts``; how they ended.
-
-    ``on_line`` sees every line of each child's log, ``on_message`` every wire message
-    (after the supervisor read it: ``FATAL`` and ``ready`` included), both with the
-    child's index.  With ``fail_fast``, the first child that exits non-zero ends the
-    group once ``settled(returncodes)`` holds (the caller's judgement that the children
-    still running have reported what the failed one had finished: a rank that reports
-    its case and then exits must not cost the others their report of that case) or
-    ``timeouts.grace`` has passed.
-
-    Each round reads the exit codes *before* the logs, so whatever a child printed
-    before it exited is seen in the same round as its exit."""
+    """Run ``children`` under ``timeouts``; how they ended.  With ``fail_fast`` a crash
+    ends the group once ``settled(returncodes)`` holds (the others reported what the
+    failed one finished) or ``timeouts.grace`` passed.  Exit codes are read before the
+    logs, so what a child printed before exiting is seen with its exit."""
     watch = _Watch(children, timeouts, ready, fail_fast, settled, on_line, on_message)
     outcome = watch.outcome
     with sigterm_unwinds(), proc.ProcessGroup() as group:

@@ -1,16 +1,6 @@
-"""Typed values from parsed JSON or TOML: a frozen dataclass read field by field from its
-annotations, each refusal naming the file and the dotted key.
-
-One reader for every artifact the toolkit reads back (the declarations, the build's
-manifest, the records, a GPU run's documents), so an error reads the same everywhere::
-
-    forks/x.toml: projects.sglang.git.commit: is int, not str
-
-A field with a default may be absent; ``X | None`` also accepts null; ``tuple[X, ...]``
-and ``list[X]`` read a list; ``Mapping[str, X]`` an object; a dataclass an object of its
-fields.  Keys the dataclass does not have are refused with the closest known one
-(``strict``), or ignored.  Standard library only: the doctor and the kit read with it too.
-"""
+"""The one reader of parsed JSON or TOML into frozen dataclasses, by their annotations;
+a refusal names the file and the dotted key (``forks/x.toml: projects.a.git.commit: is
+int, not str``).  Standard library only."""
 
 from __future__ import annotations
 
@@ -29,8 +19,6 @@ _T = TypeVar("_T")
 
 
 class MalformedError(ConfigError):
-    """A value that is not what its reader wants; ``key`` is the dotted key."""
-
     def __init__(self, where: str | Path, key: str, what: str, fix: str | None = None) -> None:
         self.key = key or "(top level)"
         super().__init__(what, where=f"{where}: {self.key}" if str(where) else self.key,
@@ -38,12 +26,10 @@ class MalformedError(ConfigError):
 
 
 def kind(value: object) -> str:
-    """How an error names the JSON type of ``value``."""
     return {dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
 
 
 def suggest(word: str, known: Iterable[str]) -> str:
-    """``did you mean 'x'?`` for the known word closest to ``word``; "" for none close."""
     close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
     return f"did you mean {close[0]!r}?" if close else ""
 
@@ -54,14 +40,11 @@ def dotted(key: str, name: str) -> str:
 
 def read(cls: type[_T], data: object, where: str | Path, key: str = "", *,
          strict: bool = True) -> _T:
-    """``data`` as a ``cls`` (a dataclass), refused as :class:`MalformedError` naming ``where``
-    (the file) and the dotted key below ``key``."""
+    """``data`` as a ``cls``; unknown keys are refused (``strict``) or ignored."""
     return typing.cast(_T, _value(cls, data, _At(str(where), key, strict)))
 
 
 def json_file(path: Path, where: str | Path | None = None) -> object:
-    """The parsed JSON of ``path``; unreadable or not JSON is refused naming ``where``
-    (default: the path)."""
     shown = str(where if where is not None else path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -145,9 +128,7 @@ def _instance(cls: type[_T], value: object, at: _At) -> _T:
 
 
 def dump(value: object) -> Any:
-    """``value`` as JSON data, the inverse of :func:`read`: a dataclass as an object of its
-    fields (a field that is None left out: :func:`read` gives it its default), a tuple as a
-    list, a mapping as an object."""
+    """The inverse of :func:`read` (a None field left out: it reads back as its default)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: dump(v) for f in dataclasses.fields(value)
                 if (v := getattr(value, f.name)) is not None}
