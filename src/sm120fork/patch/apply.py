@@ -1,10 +1,5 @@
-"""Apply a series to a fork work tree as commits, exactly or not at all.
-
-A check pass runs every patch against a scratch index (``git apply --cached --check``)
-before the work tree is touched; then ``git am`` (no fuzz, no 3-way) makes one commit per
-patch.  Any failure rolls the tree back to unpatched upstream and names the stack, the
-patch, the file and the hunk.
-"""
+"""Apply a series as commits, exactly or not at all: checked on a scratch index first, then
+``git am`` without fuzz or 3-way; a failure rolls back and names the patch and hunk."""
 
 from __future__ import annotations
 
@@ -36,7 +31,6 @@ class ApplyFailure:
 
 
 def _locate(patch: Patch, output: str) -> tuple[str, str]:
-    """Return (file, hunk description) for git's failure output."""
     m = _FAILED.search(output)
     if m:
         file, line = m.group(1), int(m.group(2))
@@ -55,33 +49,31 @@ def _locate(patch: Patch, output: str) -> tuple[str, str]:
     return (patch.files[0] if patch.files else "?"), "unknown hunk"
 
 
-def check_series(repo: Git, series: Series, base: str = UPSTREAM_TAG,
-                 stack: str = "") -> list[ApplyFailure]:
+def check_series(repo: Git, series: Series) -> list[ApplyFailure]:
     """Dry-run the series on a scratch index; the work tree and index stay untouched."""
     failures: list[ApplyFailure] = []
     fd, index = tempfile.mkstemp(prefix="sm120fork-index.")
     os.close(fd)
     env = {"GIT_INDEX_FILE": index}
     try:
-        repo("read-tree", base, env=env, quiet=True)
+        repo("read-tree", UPSTREAM_TAG, env=env)
         for p in series.patches:
             try:
-                repo("apply", "--cached", "--check", str(p.path), env=env, quiet=True)
+                repo("apply", "--cached", "--check", str(p.path), env=env)
             except CommandError as exc:
                 file, hunk = _locate(p, exc.detail or "")
                 failures.append(ApplyFailure(patch=p.name, file=file, hunk=hunk,
                                              message=(exc.detail or "").strip()))
                 break
-            repo("apply", "--cached", str(p.path), env=env, quiet=True)
+            repo("apply", "--cached", str(p.path), env=env)
     finally:
         os.unlink(index)
     return failures
 
 
 def reset_to_upstream(repo: Git) -> None:
-    """Abort any half-done ``git am`` and return to the pristine upstream commit."""
     if repo.am_in_progress():
-        repo("am", "--abort", quiet=True)
+        repo("am", "--abort")
     repo("checkout", "-q", "-B", "main", UPSTREAM_TAG)
     repo("reset", "-q", "--hard", UPSTREAM_TAG)
     repo("clean", "-q", "-fdx")

@@ -1,12 +1,6 @@
-"""Check what a series made of a fork tree before a stage says yes (bump, build, verify).
-
-Every Python file the series touches is compiled; every module of a package is imported
-under the fake-GPU probe (:mod:`sm120fork.harness.imports`) at capability 12.0 and 9.0,
-and the global names used on the lines the series added are looked up in it: a name the
-release lacks fails at a call, not at import.  The summary says which check ran on what,
-never more ("not compiled here", "not imported"); a failure names the patch, ``file:line``
-and the error.
-"""
+"""Check what a series made of a fork tree before a stage says yes: every Python file it
+touches compiled, every module imported under the fake-GPU probe at 12.0 and 9.0 with the
+global names on added lines looked up (a missing one fails at a call, not at import)."""
 
 from __future__ import annotations
 
@@ -50,11 +44,9 @@ class TreeCheck:
     compiled: tuple[str, ...]
     not_compiled: tuple[str, ...]
     imported: tuple[str, ...]
-    #: Modules not imported, each with why.
     not_imported: tuple[str, ...]
     failures: tuple[CheckFailure, ...]
-    #: The imported modules' names on the series' added lines were looked up (the tree
-    #: tags the release it patches).
+    #: Names on the added lines were looked up (the tree tags its release).
     names: bool = False
 
     @property
@@ -63,7 +55,6 @@ class TreeCheck:
 
     @property
     def summary(self) -> str:
-        """Which check ran on what (the verdict says it beside pass or fail)."""
         parts = [f"compiled {len(self.compiled)} Python file(s) the series touches"]
         if self.imported:
             parts.append(f"imported {len(self.imported)} patched module(s) under the "
@@ -78,9 +69,8 @@ class TreeCheck:
 
 
 def _owner(tree: Path, patches: Sequence[Patch], path: str, line: int = 0) -> str:
-    """The patch whose commit (the fork tree holds each under its subject) last changed
-    ``path`` at ``line`` (git blame); else the last patch of the series that changes
-    ``path``."""
+    """The patch whose commit last changed ``path`` at ``line`` (git blame, by subject);
+    else the last patch that changes ``path``."""
     if line:
         with contextlib.suppress(CommandError):
             blame = Git(tree)("blame", "--porcelain", "-L", f"{line},{line}", "--", path)
@@ -91,9 +81,8 @@ def _owner(tree: Path, patches: Sequence[Patch], path: str, line: int = 0) -> st
 
 
 def fold_steps(tree: Path, patches: Sequence[Patch], name: str) -> str:
-    """The commands that fold a fix made in ``tree`` into patch ``name``'s own commit (so
-    ``refresh`` mends that patch, not adds one), or "" when no commit there has its
-    subject."""
+    """The commands that fold a fix made in ``tree`` into patch ``name``'s commit (so
+    ``refresh`` mends it, not adds one); "" when no commit has its subject."""
     subject = next((p.subject for p in patches if p.name == name), "")
     with contextlib.suppress(CommandError):
         for row in Git(tree)("log", "--format=%H %s", f"{UPSTREAM_TAG}..HEAD").splitlines():
@@ -107,9 +96,8 @@ def fold_steps(tree: Path, patches: Sequence[Patch], name: str) -> str:
 
 
 def _module(tree: Path, rel: str) -> tuple[str, Path] | str:
-    """(module name, package root) of a Python file, or why it is not imported.  The
-    package is the outermost folder with an ``__init__.py`` (SGLang's subpackages are
-    namespace packages, without one)."""
+    """(module name, package root), or why it is not imported.  The outermost folder with
+    an ``__init__.py`` is the package (SGLang's subpackages are namespace packages)."""
     parts = Path(rel).with_suffix("").parts
     top = next((i for i in range(len(parts) - 1)
                 if (tree.joinpath(*parts[:i + 1]) / "__init__.py").is_file()), None)
@@ -124,8 +112,7 @@ def _module(tree: Path, rel: str) -> tuple[str, Path] | str:
 def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
                cache: Path, python: str | os.PathLike[str] = sys.executable,
                timeout: float = 600) -> TreeCheck:
-    """Check the files ``patches`` touch in ``tree`` (the series applied); VerifyError
-    when the probe cannot run (a requirement missing from ``python``)."""
+    """VerifyError when the probe cannot run (a requirement missing from ``python``)."""
     files = [f for f in dict.fromkeys(f for p in patches for f in p.files)
              if (tree / f).is_file()]
     failures: list[CheckFailure] = []
@@ -162,8 +149,7 @@ def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
 
 
 def _added_lines(tree: Path, files: Sequence[str]) -> dict[str, list[int]] | None:
-    """file -> the numbers of the lines the series added to it (the work tree against
-    the release the fork tree tags); None when the tree tags no release."""
+    """file -> the lines the series added; None when the tree tags no release."""
     try:
         diff = Git(tree)("diff", "-U0", "--no-color", "--no-ext-diff", UPSTREAM_TAG, "--",
                          *files)
@@ -184,24 +170,24 @@ def _import_check(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
                   path: list[str], python: str | os.PathLike[str], timeout: float,
                   added: dict[str, list[int]], *,
                   overlay: Callable[[], list[str]]) -> list[CheckFailure]:
-    """The imports' failures; the layout's ``overlay`` (its release's own pins) goes first
-    on the path only when they need more than this Python has (a test's tree never does:
-    installing it needs the package index)."""
+    """The layout's ``overlay`` (its release's own pins) goes first on the path only when
+    the imports need more than this Python has (installing it needs the index)."""
     failures, missing = _imports(tree, patches, modules, path, python, timeout, added)
     if (missing or any(f.error.startswith("ImportError") for f in failures)) and (
             extra := overlay()):
         failures, missing = _imports(tree, patches, modules, [*extra, *path], python,
                                      timeout, added)
     if missing:
-        raise requirement_missing(missing, python, "the import probe")
+        raise VerifyError(f"the import probe could not run: this Python lacks {missing!r} (a "
+                          "requirement of the probe, not of the patched code)",
+                          where=str(python), fix=_install(python))
     return failures
 
 
 def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
              path: list[str], python: str | os.PathLike[str], timeout: float,
              added: dict[str, list[int]]) -> tuple[list[CheckFailure], str]:
-    """The failures of the imports at each capability, and a module neither the tree nor
-    ``python`` has (a requirement of the probe), if one is missing."""
+    """The failures at each capability, and a module neither the tree nor ``python`` has."""
     env = {"PYTHONPATH": os.pathsep.join([*path, str(Path(sm120fork.__file__).parents[1])]),
            "PYTHONDONTWRITEBYTECODE": "1"}  # the fork tree stays clean
     failures: dict[tuple[str, str], CheckFailure] = {}
@@ -227,20 +213,12 @@ def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
     return list(failures.values()), ""
 
 
-def requirement_missing(module: str, python: str | os.PathLike[str], what: str) -> VerifyError:
-    """The probe could not run: ``python`` lacks a module the tree does not hold."""
-    return VerifyError(f"{what} could not run: this Python lacks {module!r} (a requirement "
-                       "of the probe, not of the patched code)", where=str(python),
-                       fix=_install(python))
-
-
 def _install(python: str | os.PathLike[str]) -> str:
     return f"install the probe's requirements into {python}: {REQUIREMENTS}"
 
 
 def refusal(result: TreeCheck, cls: type[ToolkitError], *, fix: str) -> ToolkitError:
-    """The error that names the first failure (patch, ``file:line``, error); every one in
-    its detail."""
+    """The error naming the first failure; every one in its detail."""
     first = result.failures[0]
     return cls(f"patch {first.patch} fails its check: {first.error} ({first.check})",
                where=first.where, fix=fix,

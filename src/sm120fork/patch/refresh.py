@@ -1,8 +1,5 @@
-"""``refresh``: export a fork tree's commits back into its series, byte-stable.
-
-The canonical form is the ``git format-patch`` invocation of patches/README.md with the
-author date set to the patch's ``Last-Update`` day; a refresh with no change writes nothing.
-"""
+"""``refresh``: export a fork tree's commits back into its series, byte-stable (the dates
+set to each patch's ``Last-Update``); a refresh with no change writes nothing."""
 
 from __future__ import annotations
 
@@ -49,7 +46,6 @@ class RefreshResult:
 
     @property
     def paths(self) -> list[Path]:
-        """Every file of the series as the export left it (those it removed too)."""
         return [self.directory / name for name in (
             "series", *self.added, *self.changed, *self.unchanged, *self.removed)]
 
@@ -58,15 +54,14 @@ _DATE_LINE = re.compile(r"^Date: .*$", re.MULTILINE)
 
 
 def _canonical_date(text: str, last_update: str) -> str:
-    """Set the header's ``Date:`` to the patch's Last-Update day, 00:00:00 UTC."""
     day = dt.datetime.fromisoformat(last_update).replace(tzinfo=dt.UTC)
     stamp = email.utils.format_datetime(day)
     return _DATE_LINE.sub(f"Date: {stamp}", text, count=1)
 
 
-def export_series(repo: Git, directory: Path, base: str = UPSTREAM_TAG,
-                  stack: str = "", project: str = "") -> RefreshResult:
-    """Write ``base..HEAD`` of ``repo`` as the series in ``directory``; touch only changes."""
+def export_series(repo: Git, directory: Path, stack: str, project: str) -> RefreshResult:
+    """Write the fork tree's commits as the series in ``directory``; touch only changes."""
+    base = UPSTREAM_TAG
     with tempfile.TemporaryDirectory(prefix="sm120fork-refresh-") as tmp:
         out = repo(*FORMAT_PATCH, "-o", tmp, f"{base}..HEAD")
         exported = [Path(line) for line in out.splitlines() if line.strip()]
@@ -126,19 +121,16 @@ def export_series(repo: Git, directory: Path, base: str = UPSTREAM_TAG,
 
 def reapply_series(ws: Workspace, stack: Stack, project: Project, repo: Git,
                    base_commit: str) -> None:
-    """Rebuild the fork tree from the (new) series so it is exactly what a build makes."""
     apply_recorded(repo, load_series(ws.series_dir(project)), source=source_key(project),
                    base=base_commit, stack=stack.name, project=project.key)
 
 
-#: In the state folder: the sha256 of each series file as the toolkit last wrote it
-#: (None: it removed the file), by path relative to the checkout.
+#: The sha256 of each series file as the toolkit last wrote it (None: removed).
 WRITTEN = "written.json"
 
 
 def note_written(ws: Workspace, paths: Iterable[Path]) -> None:
-    """Remember the bytes the toolkit just wrote at ``paths`` (a bump, a refresh, a new
-    stack's copy): :func:`uncommitted_series_files` tells them from edits made by hand."""
+    """Remember what the toolkit wrote, to tell it from edits made by hand."""
     stamp = ws.state_dir / WRITTEN
     known = read_json_object(stamp) or {}
     for path in paths:
@@ -149,19 +141,14 @@ def note_written(ws: Workspace, paths: Iterable[Path]) -> None:
 
 
 def uncommitted_series_files(ws: Workspace, directory: Path) -> list[str]:
-    """Files under ``directory`` that differ from the checkout's last commit (or are new),
-    and not as the toolkit wrote them: edits nobody made through the toolkit.
-
-    Empty when the toolkit root is not a git checkout: there is nothing to compare with.
-    """
+    """Files under ``directory`` changed since the last commit, and not by the toolkit."""
     try:
         checkout = Git(ws.root)
     except CommandError:
         return []
     rel = os.path.relpath(directory, ws.root)
-    out = checkout("status", "--porcelain", "--untracked-files=all", "--", rel, quiet=True,
-                   strip=False)
-    top = Path(checkout("rev-parse", "--show-toplevel", quiet=True)).resolve()
+    out = checkout("status", "--porcelain", "--untracked-files=all", "--", rel, strip=False)
+    top = Path(checkout("rev-parse", "--show-toplevel")).resolve()
     known = read_json_object(ws.state_dir / WRITTEN) or {}
     edited = []
     for name in (line[3:] for line in out.splitlines() if line.strip()):

@@ -1,8 +1,5 @@
-"""A patch series: a quilt-style ``series`` file plus ``git format-patch`` files.
-
-Order comes only from the ``series`` file.  Each patch carries a DEP-3 header in its
-commit message, including ``Fingerprint`` lines that the artifact check looks for.
-"""
+"""A patch series: a ``series`` file (the only source of order) plus ``git format-patch``
+files, each with a DEP-3 header in its commit message."""
 
 from __future__ import annotations
 
@@ -39,11 +36,8 @@ class Fingerprint:
         return f"{self.path}: {self.text}"
 
     def found_in(self, text: str) -> bool:
-        """Effect matching: ``re:`` text is a regex, other text matches whitespace-folded.
-
-        Folding whitespace runs lets one header line name a statement that upstream
-        spreads over several lines (black, clang-format).
-        """
+        """``re:`` text is a regex; other text matches whitespace-folded, so one header
+        line names a statement upstream spreads over several lines."""
         if self.text.startswith(REGEX_PREFIX):
             return re.search(self.text[len(REGEX_PREFIX):], text, re.MULTILINE) is not None
         return " ".join(self.text.split()) in " ".join(text.split())
@@ -58,11 +52,10 @@ class Patch:
     fingerprints: tuple[Fingerprint, ...]
     files: tuple[str, ...]
     sha256: str
-    #: What any correct fix makes true upstream (``Effect``) or false (``Effect-Absent``);
-    #: used to recognise a patch that upstream merged in another form.
+    #: What any correct fix makes true (``Effect``) or false upstream: a patch upstream
+    #: merged in another form.
     effects: tuple[Fingerprint, ...] = ()
     effects_absent: tuple[Fingerprint, ...] = ()
-    #: (name, email) from the ``From:`` header, decoded.
     author: tuple[str, str] = DEFAULT_AUTHOR
 
     def field(self, name: str) -> str:
@@ -78,11 +71,7 @@ class Patch:
 
     @property
     def patch_id(self) -> str:
-        """The patch's change identity: ``git patch-id --stable`` over its diff.
-
-        Its header, message and diffstat do not enter it (nor whitespace or line numbers),
-        so evidence keyed on it survives a reworded Description; a changed code line
-        gives another id."""
+        """``git patch-id --stable``: evidence keyed on it survives a reworded header."""
         return _patch_id(self.sha256, self.path)
 
 
@@ -93,10 +82,7 @@ class Series:
 
     @property
     def digest(self) -> str:
-        """Content hash of the series: order and every patch's bytes, headers included.
-
-        For caches of build outputs only (a wheel carries the patches' text); evidence is
-        keyed on :attr:`patch_ids`, which a commentary edit leaves alone."""
+        """Order and every patch's bytes: for build caches (evidence uses :attr:`patch_ids`)."""
         h = hashlib.sha256()
         for p in self.patches:
             h.update(f"{p.name}\0{p.sha256}\n".encode())
@@ -107,19 +93,15 @@ class Series:
 
     @property
     def patch_ids(self) -> tuple[tuple[str, str], ...]:
-        """(file name, patch id) of each patch, in series order."""
         return tuple((p.name, p.patch_id) for p in self.patches)
 
 
 @functools.lru_cache(maxsize=4096)
 def _patch_id(sha256: str, path: Path) -> str:
-    """Keyed on the file's sha256 too: a patch rewritten in place is identified anew."""
     return patch_id_of(path.read_bytes(), where=str(path))
 
 
 def patch_id_of(data: bytes, *, where: str = "patch") -> str:
-    """``git patch-id --stable`` of a patch's text (a ``git format-patch`` file or a bare
-    diff), run through the toolkit's process runner."""
     try:
         done = proc.run(["git", "patch-id", "--stable"], quiet=True,
                         input=data.decode("utf-8", errors="replace"))
@@ -144,12 +126,7 @@ class _Message:
 
 
 def _split_message(data: bytes, where: str) -> _Message:
-    """Subject, author and body lines of a format-patch file.
-
-    The mail header is read by the stdlib ``email`` package, so RFC 2047 encoded words
-    (``=?UTF-8?q?J=C3=BCrgen?=``, which git writes for any non-ASCII subject or name) and
-    folded lines come out decoded; the body is the commit message, UTF-8 as git writes it.
-    """
+    """The ``email`` package decodes the RFC 2047 words git writes for non-ASCII names."""
     head, _, rest = data.replace(b"\r\n", b"\n").partition(b"\n\n")
     headers = _HEADERS.parsebytes(head + b"\n\n")
     subject = headers["Subject"]
@@ -170,7 +147,6 @@ def _split_message(data: bytes, where: str) -> _Message:
 
 
 def parse_dep3(body: list[str], where: str) -> list[tuple[str, str]]:
-    """Parse the DEP-3 paragraph (the last block of ``Field: value`` lines) of a message."""
     fields: list[tuple[str, str]] = []
     for line in body:
         if not line.strip():
@@ -259,7 +235,6 @@ def read_series_file(directory: Path) -> list[str]:
 
 
 def load_series(directory: Path) -> Series:
-    """Load a series, refusing one that disagrees with the patch files on disk."""
     if not directory.is_dir():
         raise SeriesError("series directory does not exist", where=str(directory))
     names = read_series_file(directory)
@@ -280,7 +255,5 @@ _DOUBLED_NUMBER = re.compile(r"^(\d{4})-\1-")
 
 
 def display_name(name: str) -> str:
-    """A patch file's name as shown to people: without ``.patch``, and without the doubled
-    number ``git format-patch`` writes for a subject that starts with its own
-    (``0001-0001-packaging-...`` is shown as ``0001-packaging-...``)."""
+    """Without ``.patch`` and the number format-patch doubles (``0001-0001-x`` -> ``0001-x``)."""
     return _DOUBLED_NUMBER.sub(r"\1-", name.removesuffix(".patch"))

@@ -1,9 +1,6 @@
-"""Fork work trees: pinned upstream plus a series, re-created only when inputs change.
-
-State lives in ``.git/sm120fork-state.json`` of each work tree.  A tree whose HEAD or
-files differ from what the toolkit left there holds someone's local work and is never
-reset without ``force``; a tree the toolkit left mid-way (interrupted run) is recovered.
-"""
+"""Fork work trees: pinned upstream plus a series, re-made only when inputs change.  A tree
+whose HEAD or files differ from its state (``.git/sm120fork-state.json``) holds local work,
+never reset without ``force``; one a run left mid-way is recovered."""
 
 from __future__ import annotations
 
@@ -67,7 +64,6 @@ def write_state(work: Path, state: TreeState) -> None:
 
 
 def _local_changes(work: Path, state: TreeState | None) -> str | None:
-    """Why ``work`` holds work the toolkit did not make, or None."""
     try:
         repo = Git(work)
     except CommandError:
@@ -88,7 +84,6 @@ def _local_changes(work: Path, state: TreeState | None) -> str | None:
 
 def keep_local_work_hint(work: Path, why: str, stack: Stack, project: Project,
                          variant: str = "") -> str:
-    """A hint whose commands work in the state ``why`` describes."""
     discard = "pass --force to discard it"
     if variant or why not in (UNCOMMITTED, LOCAL_COMMITS):
         return f"refresh cannot export it: {discard}"  # not a tree refresh knows
@@ -99,7 +94,6 @@ def keep_local_work_hint(work: Path, why: str, stack: Stack, project: Project,
 
 
 def local_work(ws: Workspace, stack: Stack, project: Project) -> str | None:
-    """Why the project's fork tree holds work the toolkit did not make, or None."""
     work = ws.work_tree(stack, project)
     if not work.exists():
         return None
@@ -107,12 +101,8 @@ def local_work(ws: Workspace, stack: Stack, project: Project) -> str | None:
 
 
 def other_series(ws: Workspace, stack: Stack, project: Project, series: Series) -> str | None:
-    """Why the project's fork tree was made from another series than ``series``, or None.
-
-    The tree's state records the digest and patch names of the series it was made from; a
-    tree made from another one (a patch edit since reverted in ``patches/``, a corrupt patch
-    that left a broken commit) must be neither reused nor exported back into the series.
-    """
+    """Why the fork tree was made from another series than ``series`` (to be neither
+    reused nor exported back), or None."""
     work = ws.work_tree(stack, project)
     state = read_state(work) if work.exists() else None
     if state is None or not state.complete or state.series == series.digest or (
@@ -133,7 +123,6 @@ def other_series(ws: Workspace, stack: Stack, project: Project, series: Series) 
 
 
 def other_series_fix(ws: Workspace, stack: Stack, project: Project) -> str:
-    """How to get a fork tree of the current series, keeping any commits made in it."""
     work = ws.work_tree(stack, project)
     state = read_state(work)
     rebuild = command("build", "--stack", stack.name, "--rebuild")
@@ -151,7 +140,6 @@ def other_series_fix(ws: Workspace, stack: Stack, project: Project) -> str:
 
 
 def open_tree(ws: Workspace, stack: Stack, project: Project) -> Tree:
-    """The project's existing fork tree, for the commands that work on what build made."""
     work = ws.work_tree(stack, project)
     state = read_state(work) if work.exists() else None
     if state is None:
@@ -164,7 +152,7 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
                  patches: Sequence[Patch] | None = None, variant: str = "",
                  force: bool = False, source: str | None = None, git_url: str | None = None,
                  progress: Progress | None = None) -> Tree:
-    """Make ``work`` = pinned upstream + ``patches`` (default: the whole series)."""
+    """Pinned upstream + ``patches`` (default: the whole series)."""
     if patches is None:
         from sm120fork.patch.series import load_series
 
@@ -200,8 +188,7 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
 
 def apply_recorded(repo: Git, series: Series, *, source: str, base: str, stack: str,
                    project: str) -> TreeState:
-    """Apply ``series`` onto upstream in ``repo``, its state written before (incomplete: a
-    run killed half-way is recovered) and after."""
+    """State written before (incomplete, so a killed run is recovered) and after."""
     state = TreeState(source=source, base=base, series=series.digest, head="", applied=(),
                       complete=False)
     write_state(repo.path, state)
@@ -212,11 +199,7 @@ def apply_recorded(repo: Git, series: Series, *, source: str, base: str, stack: 
 
 
 def keep_uncommitted_hint(work: Path, then: str) -> str:
-    """How to keep (or set aside) uncommitted changes in a fork tree, then run ``then``.
-
-    Every command works as printed in that state: the amend keeps the patch's DEP-3
-    header, and ``stash -u`` also takes untracked files, which count as changes.
-    """
+    """How to keep or set aside uncommitted changes (``-u``: untracked files count too)."""
     w = shlex.quote(str(work))
     return (f"fold them into the last patch (`git -C {w} add -A && git -C {w} commit --amend "
             f"--no-edit`) or commit them with a DEP-3 header (patches/README.md), or set them "

@@ -1,9 +1,5 @@
-"""The one definition of "already upstream": a patch's fingerprint or effect at a revision.
-
-``Fingerprint`` lines are our own text, matched literally; ``Effect`` / ``Effect-Absent``
-lines recognise a fix that upstream wrote in its own words (patches/README.md).  The
-artifact check (``package/artifact.py``), ``status`` and ``bump`` all ask here.
-"""
+"""The one definition of "already upstream": ``Fingerprint`` lines (our text) matched
+literally, ``Effect`` / ``Effect-Absent`` lines (a fix in upstream's own words)."""
 
 from __future__ import annotations
 
@@ -20,7 +16,6 @@ from sm120fork.util.git import Git
 
 
 def text_at(repo: Git, path: str, rev: str = UPSTREAM_TAG) -> str:
-    """``path`` at ``rev``, or '' when it does not exist there (a patch that adds it)."""
     try:
         return repo.show(rev, path) or ""
     except CommandError:  # no such revision
@@ -28,17 +23,13 @@ def text_at(repo: Git, path: str, rev: str = UPSTREAM_TAG) -> str:
 
 
 def fingerprint_in(fp: Fingerprint, text: str) -> bool:
-    """Is the fingerprint's literal text in ``text``?  (The one fingerprint test.)"""
     return fp.text in text
 
 
 @dataclass(frozen=True, kw_only=True)
 class UpstreamMatch:
-    """What of a patch a revision already holds."""
-
-    #: Each of the patch's fingerprints: found literally at the revision?
     fingerprints: tuple[bool, ...]
-    #: Do the Effect / Effect-Absent lines hold?  None when the patch has neither.
+    #: None when the patch has no Effect lines.
     effect: bool | None
     evidence: tuple[str, ...]
 
@@ -48,7 +39,6 @@ class UpstreamMatch:
 
     @property
     def already_upstream(self) -> bool:
-        """The effect holds, or (without Effect lines) every fingerprint is there."""
         if self.effect is not None:
             return self.effect
         return all(self.fingerprints)
@@ -90,17 +80,14 @@ def match_upstream(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG) -> Upstream
 
 def fingerprints_at(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG
                     ) -> list[tuple[Fingerprint, bool]]:
-    """Each fingerprint of ``patch`` and whether ``rev`` already has it."""
     return list(zip(patch.fingerprints, match_upstream(repo, patch, rev).fingerprints,
                     strict=True))
 
 
 def applied_upstream_version(patch: Patch) -> Version | None:
-    """The release named first in ``Applied-Upstream`` (``0.6.17, <url>``), if any."""
+    """The release named first in ``Applied-Upstream`` (``0.6.17, <url>``)."""
     token = re.split(r"[,\s]+", patch.applied_upstream.strip(), maxsplit=1)[0]
     try:
         return Version(token.removeprefix("v")) if token else None
     except InvalidVersion:
         return None
-
-
