@@ -1,16 +1,7 @@
-"""Upstream SGLang layouts: where a release keeps the code the series changes.
-
-A stack names its SGLang's layout in ``forks/<stack>.toml`` (``layout = "..."`` of the
-sglang project).  Everything that differs between layouts lives in the layout's adapter
-package, ``sm120fork.layouts.<name>``: its behaviour checks (scenarios and expectations)
-and their probe, the GPU layer harness's setup and the fallback's wording.  Everything
-else (the fake-GPU machinery, the process handling, the verdicts) is generic.  A stack on
-a known layout needs a toml and patches only; a new layout is a new adapter package and
-a line in ``LAYOUTS``.
-
-This module imports nothing: the GPU layer harness's ranks import it beside the tree
-under test, on machines without the toolkit's dependencies.
-"""
+"""Upstream SGLang layouts (where a release keeps the code the series changes), named by
+``layout =`` in ``forks/<stack>.toml``: what differs lives in ``layouts.<name>`` (checks,
+probe, layer-harness setup); a new layout is a package and a line in ``LAYOUTS``.
+Standard library only: the layer harness's ranks import it beside the tree under test."""
 
 from __future__ import annotations
 
@@ -28,12 +19,10 @@ LAYOUTS: dict[str, str] = {
 
 
 def marker(name: str) -> str:
-    """The package-relative file of the module that marks layout ``name``."""
     return LAYOUTS[name].split()[0].replace(".", "/") + ".py"
 
 
 def fitting(files: frozenset[str] | set[str]) -> list[str]:
-    """The layouts whose marking module a release's files (package-relative) hold."""
     return [name for name in LAYOUTS
             if marker(name) in files or marker(name)[:-3] + "/__init__.py" in files]
 
@@ -46,8 +35,7 @@ def adapter(name: str, part: str = "") -> ModuleType:
 
 
 def defaults(cls: Any) -> Any:
-    """An instance of dataclass ``cls`` (SGLang's ``ServerArgs``) with its field defaults,
-    without running its ``__post_init__`` (which asks the GPU and the model)."""
+    """``cls`` (``ServerArgs``) with its defaults, skipping ``__post_init__`` (asks the GPU)."""
     obj = cls.__new__(cls)
     for field in dataclasses.fields(cls):
         if field.default is not dataclasses.MISSING:
@@ -59,8 +47,6 @@ def defaults(cls: Any) -> Any:
 
 @dataclasses.dataclass
 class Layer:
-    """A layout's SGLang modules in one GPU layer harness rank, wired to its TP group."""
-
     layout: str
     fusion: Any
     layernorm: Any

@@ -1,10 +1,5 @@
-"""What every layout's behaviour checks share: the result type, running a probe (its
-``RESULT`` message on the one wire format), and the shape of a GPU layer harness case the
-checks judge.
-
-Below verify/ and gpu/ (both use the adapters): the adapters get the harness's case
-runner passed in (:data:`LayerRunner`), they do not import it.
-"""
+"""What every layout's checks share: the result, running a probe, and the shape of a GPU
+layer case (the runner is passed in, :data:`LayerRunner`: this sits below gpu/)."""
 
 from __future__ import annotations
 
@@ -32,8 +27,6 @@ REQUIREMENTS = "pip install --group sglang-probe  # in the checkout, pip >= 25.1
 
 @dataclass(frozen=True, kw_only=True)
 class CheckResult:
-    """One observed behaviour against the one expected; values are compact JSON."""
-
     name: str
     capability: str
     expected: str
@@ -51,7 +44,6 @@ T = TypeVar("T")
 
 
 def sglang_trees(*roots: Path | None) -> None:
-    """VerifyError unless each root given is a repository root with ``python/sglang``."""
     for root in roots:
         if root is not None and not (root / "python" / "sglang").is_dir():
             raise VerifyError("no python/sglang package directory", where=str(root),
@@ -59,8 +51,7 @@ def sglang_trees(*roots: Path | None) -> None:
 
 
 def gather(jobs: Mapping[K, Callable[[], T]], workers: int) -> dict[K, T]:
-    """Run ``jobs`` (probes, layer cases) in a pool of threads; their results by key.
-    Ctrl-C or SIGTERM ends the running children at once and cancels the others."""
+    """Run ``jobs`` in threads; Ctrl-C ends the running children and cancels the rest."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {key: pool.submit(job) for key, job in jobs.items()}
         try:
@@ -73,17 +64,14 @@ def gather(jobs: Mapping[K, Callable[[], T]], workers: int) -> dict[K, T]:
 
 @dataclass(frozen=True, kw_only=True)
 class Observation:
-    """What a probe saw of one named scenario: an item of its ``RESULT`` message
-    (``{"name", "observed", "detail"}``); the checks compare ``observed`` as compact JSON."""
+    """One item of a probe's ``RESULT`` message."""
 
     name: str
-    #: A JSON value (a string, a number, an object of the decisions seen, ...).
     observed: object
     detail: str
 
     @classmethod
     def from_json(cls, data: object, where: str) -> Observation:
-        """One item of the message; VerifyError naming ``where`` when it is not one."""
         if not isinstance(data, dict) or not isinstance(data.get("name"), str) \
                 or "observed" not in data or not isinstance(data.get("detail", ""), str):
             raise VerifyError(f"a probe observation is not {{name, observed, detail}}: "
@@ -116,8 +104,8 @@ class LayerRank(Protocol):
 
 def judged(obs: Observation, expected: object, capability: str, prefix: str, *,
            note: str = "", require_in_detail: str = "") -> CheckResult:
-    """``obs`` against ``expected`` as compact JSON (and, given ``require_in_detail``,
-    that its detail says so); ``note`` says what the expectation is."""
+    """``obs`` against ``expected`` as compact JSON (and its detail holding
+    ``require_in_detail``)."""
     observed = compact(obs.observed)
     return CheckResult(name=f"{prefix} {obs.name}", capability=capability,
                        expected=compact(expected), observed=observed,
@@ -147,10 +135,8 @@ LayerRunner = Callable[..., LayerOutcome]
 
 
 def probe_failure(what: str, tree: Path, fix: str, output: str) -> VerifyError:
-    """Why a probe of ``tree`` failed, by its traceback: a module neither the tree nor
-    the Python has (``fix`` installs the probe's requirements); else an error raised in
-    the tree, named by its ``file:line`` (the patched code, not the environment); else
-    its output says."""
+    """Why a probe failed, by its traceback: a module missing from both tree and Python,
+    else an error raised in the tree (its ``file:line``), else its output says."""
     raised = _RAISED.findall(output)
     missing = _MISSING.match(raised[-1]) if raised else None
     inside = [(f, n) for f, n in _FRAME.findall(output)
@@ -179,9 +165,7 @@ def probe_failure(what: str, tree: Path, fix: str, output: str) -> VerifyError:
 def run_probe(module: str, request: Mapping[str, object], *, tree: Path,
               env: Mapping[str, str], python: str | os.PathLike[str], timeout: float,
               what: str, fix: str) -> list[Observation]:
-    """Run probe ``module`` on ``request`` in a fresh interpreter in ``tree`` (the one
-    runner: echoed, killed with its group past ``timeout``; SIGTERM unwinds and ends it);
-    its observations.  ``what`` names the probe in errors, ``fix`` says what to install."""
+    """Run probe ``module`` on ``request`` in a fresh interpreter in ``tree``."""
     try:
         with supervise.sigterm_unwinds():
             completed = proc.run([python, "-m", module, json.dumps(request)],

@@ -1,20 +1,6 @@
-"""Layout ``communicator`` (SGLang 0.5.10): behaviour checks of a patched tree, on a CPU.
-
-The probe (``layouts.communicator.probe``) runs the tree's real ``server_args``,
-``layers.communicator``, ``layers.layernorm`` and ``layers.flashinfer_comm_fusion`` with
-only the GPU query faked, in a fresh interpreter per capability, so a patched and an
-unpatched tree never meet in one process.  What is checked:
-
-- SM120 and SM121: the explicit flag fuses at TP2/4/8; auto-enable only at TP2;
-  ``SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO`` 0/off and 1/on override it, any other
-  value is an error; the enforce-disable switch wins.
-- 8.0, 9.0, 10.0: the decisions of unpatched upstream (the ``baseline`` tree, or without
-  one, upstream 0.5.10.post1's known decisions).
-- S3: a fused norm whose fused call returns None all-reduces, adds the residual and
-  normalises (against a float64 reference).
-- S4: no P2P, or a workspace that cannot be created, fails closed with one warning line
-  and turns the fused gate off (two ranks of the GPU layer harness, on the CPU).
-"""
+"""Layout ``communicator`` (SGLang 0.5.10): behaviour checks S1-S4 of a patched tree on a
+CPU, the tree's real modules with only the GPU faked, one interpreter per capability; on
+8.0/9.0/10.0 the decisions equal unpatched upstream's."""
 
 from __future__ import annotations
 
@@ -53,8 +39,7 @@ OLD_CUDA = "12.8"
 TOGETHER_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
                   "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises",
                   "no-p2p", "one-rank-fails-in-fd-exchange")
-#: The bound the checks give S4 on FlashInfer's POSIX-fd socket receive (the tree's own:
-#: 30 s), so the case that waits for it does not wait half a minute.
+#: S4's bound on FlashInfer's fd-socket receive (the tree's own: 30 s).
 EXCHANGE_TIMEOUT_S = 3.0
 
 
@@ -68,15 +53,11 @@ def _env(scenario: str) -> str | None:
 
 
 def _logged(decision: dict[str, bool]) -> dict[str, bool | int]:
-    """On SM12x every decision is logged in exactly one start-up line."""
     return {**decision, "sm12x_lines": 1}
 
 
 def expected_sm12x(scenario: str, *, buildable: bool = True) -> Any:
-    """What the series promises on SM120/SM121 for one decision scenario.
-
-    ``buildable`` False: CUDA below what FlashInfer needs for SM12x; fusion stays off.
-    """
+    """What the series promises on SM12x (not ``buildable``: CUDA too old, fusion off)."""
     env = _env(scenario)
     if env is not None and env not in ("0", "off", "1", "on"):
         return "error"
@@ -90,7 +71,7 @@ def expected_sm12x(scenario: str, *, buildable: bool = True) -> Any:
 
 
 def expected_upstream(capability: str, scenario: str) -> Any:
-    """How unpatched upstream 0.5.10.post1 decides on 8.0 / 9.0 / 10.0 (no env var)."""
+    """How unpatched upstream 0.5.10.post1 decides (no env var)."""
     quiet = {"sm12x_lines": 0}
     if scenario.startswith("enforce-disable"):
         return {**OFF, **quiet}
@@ -108,14 +89,12 @@ FALLBACKS: dict[str, tuple[str, Any]] = {
 
 
 def probe_path(cache: Path, python: str | os.PathLike[str]) -> list[str]:
-    """What goes first on a probe's ``PYTHONPATH`` for this layout: nothing."""
     return []
 
 
 def run_probe(tree: Path, suite: str, capability: str | None, *,
               python: str | os.PathLike[str] = sys.executable,
               timeout: float = 600, cuda: str | None = None) -> list[Observation]:
-    """Run one probe suite against ``tree`` in a fresh interpreter; its observations."""
     package_root = Path(__file__).resolve().parents[3]
     request: dict[str, object] = {"suite": suite}
     if capability is not None:
@@ -136,16 +115,8 @@ def _decision_prefix(scenario: str) -> str:
 def check_sglang(tree: Path, *, baseline: Path | None, layer: LayerRunner,
                  python: str | os.PathLike[str] = sys.executable,
                  jobs: int | None = None, timeout: float = 600) -> list[CheckResult]:
-    """Check the SM12x behaviour of ``tree`` and that 8.0/9.0/10.0 decide as upstream.
-
-    ``tree`` and ``baseline`` are repository roots with the package under ``python/``
-    (``baseline`` unpatched upstream; None compares 8.0/9.0/10.0 with the known upstream
-    decisions instead).  ``python`` is an interpreter with the ``sglang-probe`` group
-    installed; ``layer`` runs one two-rank case of the GPU layer harness on the CPU
-    (:func:`sm120fork.gpu.layer.cases.run_case`).  Raises ``VerifyError`` if a probe
-    cannot run; a behaviour that differs is a result with ``passed=False``, not an
-    exception.
-    """
+    """Without ``baseline`` 8.0/9.0/10.0 are compared with upstream's known decisions; a
+    behaviour that differs is a failed result, a probe that cannot run ``VerifyError``."""
     sglang_trees(tree, baseline)
     runs: list[tuple[Path, str, str]] = [(tree, "decisions", cap) for cap in SM12X + UNCHANGED]
     runs.append((tree, "fallbacks", "12.0"))
@@ -193,7 +164,6 @@ def check_sglang(tree: Path, *, baseline: Path | None, layer: LayerRunner,
 
 
 def _together_result(case: str, outcome: LayerOutcome) -> CheckResult:
-    """One two-rank case: every rank's paths, correctness, warnings and gate afterwards."""
     observed = [{
         "paths": sorted({s.path for s in obs.steps}),
         "correct": all(s.correct for s in obs.steps),
@@ -213,5 +183,4 @@ def _together_result(case: str, outcome: LayerOutcome) -> CheckResult:
 
 def check(tree: Path, *, baseline: Path | None, python: str | os.PathLike[str],
           cache: Path, layer: LayerRunner) -> list[CheckResult]:
-    """The layout's entry point for ``verify-sm120`` (``cache`` is unused here)."""
     return check_sglang(tree, baseline=baseline, layer=layer, python=python)

@@ -1,21 +1,14 @@
-"""Probe of layout ``communicator`` (SGLang 0.5.10) with a faked GPU: its scenarios.
-
-Run as ``python -m sm120fork.layouts.communicator.probe '<json request>'`` in a fresh
-interpreter with ``PYTHONPATH=<tree>/python``.  The modules under test (``server_args``,
-``layers.communicator``, ``layers.layernorm``, ``layers.flashinfer_comm_fusion``) are
-imported for real; the GPU is faked by :mod:`sm120fork.harness.fake_gpu`.  The probe
-observes; ``layouts.communicator.checks`` judges.  Imports nothing of ``sm120fork`` beyond
-that machinery: it runs beside the tree under test.
-"""
+"""Probe of layout ``communicator``: ``python -m ... '<json request>'`` beside the tree
+under test, its modules real and only the GPU faked; it observes, ``checks`` judges."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NotRequired, TypedDict
+from unittest import mock
 
 from sm120fork.harness.fake_gpu import (
     Observation,
@@ -70,8 +63,6 @@ def _decide(*, tp: int, explicit: bool = False, env: str | None = None,
 
 
 class Decision(TypedDict):
-    """The parameters of one decision scenario (:func:`_decide`)."""
-
     tp: int
     explicit: NotRequired[bool]
     env: NotRequired[str]
@@ -108,12 +99,8 @@ def _reference_norm(x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any
 
 
 def _fallback_case() -> Observation:
-    """Fused norm whose fused call yields None: it must all-reduce, then add + norm.
-
-    The all-reduce is a recorder that adds a fixed "peer" partial sum, as a second rank
-    would; the fused call is replaced by one returning (None, None), as it does when the
-    workspace is unavailable (the real one is a CUDA-only torch op).
-    """
+    """A fused norm whose fused call yields None (no workspace) must all-reduce (a recorder
+    adding a fixed "peer" sum), then add and norm."""
     torch = _module("torch")
     dist = _module("sglang.srt.distributed")
     fusion = _module("sglang.srt.layers.flashinfer_comm_fusion")
@@ -142,15 +129,14 @@ def _fallback_case() -> Observation:
         tp_calls.append(tuple(tensor.shape))
         return tensor + 2 * peer
 
-    patches: dict[object, dict[str, Callable[..., object]]] = {
-        dist: {
-            "attention_tensor_model_parallel_all_reduce": attention_all_reduce,
-            "tensor_model_parallel_all_reduce": tp_all_reduce,
-            "get_attn_tensor_model_parallel_world_size": lambda: 2,
-        },
-        fusion: {"flashinfer_allreduce_residual_rmsnorm": lambda **_: (None, None)},
-    }
-    with torch.no_grad(), _patched(patches):
+    # create=True: upstream's tree lacks some of them
+    all_reduces = mock.patch.multiple(
+        dist, create=True, attention_tensor_model_parallel_all_reduce=attention_all_reduce,
+        tensor_model_parallel_all_reduce=tp_all_reduce,
+        get_attn_tensor_model_parallel_world_size=lambda: 2)
+    no_fused = mock.patch.multiple(fusion, create=True,
+                                   flashinfer_allreduce_residual_rmsnorm=lambda **_: (None, None))
+    with torch.no_grad(), all_reduces, no_fused:
         out, residual_out = norm.forward_with_allreduce_fusion(
             x.clone(), residual.clone(), use_attn_tp_group=True
         )
@@ -167,28 +153,6 @@ def _fallback_case() -> Observation:
         "detail": f"all-reduce over the attention TP group called with {calls}, over the "
                   f"TP group with {tp_calls}; max |norm - reference| = {max_err:.3g}",
     }
-
-
-_MISSING = object()
-
-
-@contextlib.contextmanager
-def _patched(patches: dict[object, dict[str, Callable[..., object]]]) -> Iterator[None]:
-    """Set attributes for the duration; ones the tree lacks (upstream) are added."""
-    saved = [
-        (obj, key, getattr(obj, key, _MISSING)) for obj, attrs in patches.items() for key in attrs
-    ]
-    for obj, attrs in patches.items():
-        for key, value in attrs.items():
-            setattr(obj, key, value)
-    try:
-        yield
-    finally:
-        for obj, key, before in saved:
-            if before is _MISSING:
-                delattr(obj, key)
-            else:
-                setattr(obj, key, before)
 
 
 def run_fallbacks() -> list[Observation]:

@@ -1,22 +1,7 @@
-"""Layout ``layer_boundary`` (SGLang 0.5.23): behaviour checks of G1-G5, on a CPU.
-
-The probe (``layouts.layer_boundary.probe``) runs the tree's real gate functions with only
-the GPU faked, in one fresh interpreter per (tree, capability).  What is checked on SM12x:
-
-- G1 ``_resolve_backend``: trtllm and auto resolve to trtllm on one node; mnnvl, cutedsl
-  and several nodes are refused with a message that names SM12x.
-- G2 auto-enable: only at TP2 on one node; the environment variable's 0/off and 1/on
-  override the TP gate, any other value is an error; an explicit backend runs at every
-  TP size; enforce-disable wins; the decision is logged exactly once.
-- G3 ``flashinfer_ar_fusion_applies``: true with a backend set, within the batch cap.
-- G4 workspace preflight: without multicast, the sizes of allocation granularity alone,
-  multicast granularity never asked for; with multicast, upstream's.
-- G5 plain all-reduces stay off FlashInfer unless the environment variable asks; logged once.
-
-On 8.0, 9.0 and 10.0 every observation equals unpatched upstream's (the baseline tree).
-0.5.23 needs newer packages than the 0.5.10 probe: they go without dependencies into an
-overlay first on the probe's ``PYTHONPATH`` (:func:`ensure_overlay`).
-"""
+"""Layout ``layer_boundary`` (SGLang 0.5.23): behaviour checks of G1-G5 (patches/README.md)
+on a CPU, the tree's real gate functions with only the GPU faked; on 8.0/9.0/10.0 every
+observation equals the unpatched baseline's.  Its newer packages go into an overlay first
+on the probe's path (:func:`ensure_overlay`)."""
 
 from __future__ import annotations
 
@@ -71,24 +56,19 @@ def ensure_overlay(cache_dir: Path, *, python: str | os.PathLike[str] = sys.exec
 
 
 def probe_path(cache: Path, python: str | os.PathLike[str]) -> list[str]:
-    """What goes first on a probe's ``PYTHONPATH`` for this layout: the overlay."""
     return [str(ensure_overlay(cache, python=python))]
 
 
 def run_probe(tree: Path, capability: str, *, overlay: Path,
               python: str | os.PathLike[str] = sys.executable,
               timeout: float = 600) -> list[Observation]:
-    """Every suite against ``tree`` at ``capability`` in a fresh interpreter."""
     package_root = Path(__file__).resolve().parents[3]
     request = {"capability": [int(part) for part in capability.split(".")],
                "suites": list(SUITES)}
     env = {
         "PYTHONPATH": os.pathsep.join([str(overlay), str(tree / "python"), str(package_root)]),
-        # No byte code is written: the fork tree must stay clean.  Not a PYTHONPYCACHEPREFIX:
-        # Python then reads byte code only there, so torch's, transformers' and every other
-        # installed module's cached byte code goes unread and each probe compiles them all
-        # again where writing is off (PYTHONDONTWRITEBYTECODE, common in CI and containers):
-        # 25 s of CPU a probe instead of 11 (measured, sglang 0.5.23 at 12.0).
+        # The fork tree stays clean.  Not PYTHONPYCACHEPREFIX: installed modules' byte code
+        # would go unread (25 s of CPU a probe instead of 11).
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     return run_probe_module(
@@ -103,7 +83,6 @@ def _env(scenario: str, variable: str) -> str | None:
 
 
 def expected_sm12x(name: str) -> Any:
-    """What the series promises on SM120/SM121 for one probe observation."""
     suite, _, scenario = name.partition(": ")
     words = scenario.split()
     if suite == "resolve":
@@ -145,7 +124,7 @@ def _by_name(observations: Iterable[Observation]) -> dict[str, Observation]:
 
 
 def judge(observed: Mapping[tuple[str, str], Sequence[Observation]]) -> list[CheckResult]:
-    """Turn probe observations, keyed by (``patched``/``baseline``, capability), into checks."""
+    """Observations keyed by (``patched``/``baseline``, capability) as checks."""
     results: list[CheckResult] = []
     # The preflight sizing does not depend on the capability: one baseline serves all.
     base_preflight = _by_name(observed[("baseline", PREFLIGHT_BASELINE)])
@@ -194,12 +173,7 @@ def _preflight_check(name: str, cap: str, obs: Observation,
 def check_trees(tree: Path, *, baseline: Path, overlay: Path,
                       python: str | os.PathLike[str] = sys.executable,
                       jobs: int | None = None, timeout: float = 600) -> list[CheckResult]:
-    """Check ``tree`` (patched) against ``baseline`` (unpatched upstream 0.5.23).
-
-    Both are repository roots with the package under ``python/``; ``overlay`` comes from
-    :func:`ensure_overlay`.  A behaviour that differs is a result with ``passed=False``;
-    a probe that cannot run raises ``VerifyError``.
-    """
+    """``tree`` against ``baseline`` (unpatched upstream); a probe that cannot run raises."""
     sglang_trees(tree, baseline)
     runs = [("patched", tree, cap) for cap in SM12X + UNCHANGED]
     runs += [("baseline", baseline, cap) for cap in UNCHANGED]
@@ -211,9 +185,7 @@ def check_trees(tree: Path, *, baseline: Path, overlay: Path,
 
 def check(tree: Path, *, baseline: Path | None, python: str | os.PathLike[str],
           cache: Path, layer: LayerRunner) -> list[CheckResult]:
-    """The layout's entry point for ``verify-sm120``: the overlay under ``cache``;
-    ``baseline`` (unpatched upstream) is required.  (The G series has no two-rank layer
-    cases yet: ``layer`` is unused.)"""
+    """(The G series has no two-rank layer cases: ``layer`` is unused.)"""
     if baseline is None:
         raise VerifyError("the layer_boundary checks compare with unpatched upstream",
                           where=str(tree), fix="pass the unpatched tree as baseline")

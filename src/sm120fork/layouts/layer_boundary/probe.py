@@ -1,12 +1,6 @@
-"""Probe of layout ``layer_boundary``'s gate functions (SGLang 0.5.23) with a faked GPU.
-
-Run as ``python -m sm120fork.layouts.layer_boundary.probe '<json request>'`` with
-``PYTHONPATH=<overlay>:<tree>/python:<toolkit src>``.  Only the GPU (and the CUDA driver
-bindings the workspace preflight calls) is faked; ``ServerArgs``, its resolution passes,
-its runtime context and the gated modules are SGLang's own.  The probe observes;
-``layouts.layer_boundary.checks`` judges.  It imports nothing of the toolkit but
-:mod:`sm120fork.harness.fake_gpu`: it runs beside the tree under test.
-"""
+"""Probe of layout ``layer_boundary``: ``python -m ... '<json request>'`` beside the tree
+under test, SGLang's own code with only the GPU and CUDA driver bindings faked; it
+observes, ``checks`` judges."""
 
 from __future__ import annotations
 

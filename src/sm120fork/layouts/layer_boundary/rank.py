@@ -1,8 +1,4 @@
-"""Layout ``layer_boundary`` in the GPU layer harness's ranks (:mod:`sm120fork.gpu.layer.rank`).
-
-Imports nothing beyond the standard library and :mod:`sm120fork.layouts`: it runs beside
-the tree under test.
-"""
+"""Layout ``layer_boundary`` in the GPU layer harness's ranks, beside the tree under test."""
 
 from __future__ import annotations
 
