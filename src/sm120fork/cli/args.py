@@ -1,11 +1,5 @@
-"""The arguments of the toolkit's checkout verbs (``python -m sm120fork VERB``), one
-function per verb, named after it (a GPU verb's own parser is imported with its verb).
-
-Standard library only, like each GPU verb's own parser (:mod:`sm120fork.gpu.cli`,
-:mod:`sm120fork.tune.cli`, :mod:`sm120fork.doctor.cli`): the noxfile's preflight
-(:mod:`sm120fork.cli.preflight`) parses a session's arguments with these very parsers in
-nox's own Python, before the session installs the toolkit's dependencies.
-"""
+"""Each verb's arguments, a function named after it.  Standard library only: the noxfile's
+preflight parses with these very parsers in nox's own Python, before any install."""
 
 from __future__ import annotations
 
@@ -87,8 +81,7 @@ def bump(p: argparse.ArgumentParser) -> None:
 
 
 def bump_revision(args: argparse.Namespace) -> None:
-    """A bump needs a version or a git SHA unless it resumes or aborts (argparse has no
-    'required unless'); the noxfile's preflight asks this too, before the installs."""
+    """(argparse has no 'required unless'.)"""
     if not (args.cont or args.skip or args.abort or args.revision):
         raise UsageError("bump needs a version or a git SHA (or --continue / --abort)",
                          where=command("bump"), fix=f"see {command('bump', '--help')}")

@@ -1,9 +1,4 @@
-"""Command line: ``python -m sm120fork <verb>``.  The only place that prints or exits.
-
-Every verb is listed in :data:`VERBS` with its help and the function that adds its
-arguments; the function that runs it comes from :func:`_handler` when a verb runs, so
-nothing registers itself by being imported and ``doctor`` needs neither GitPython nor rich.
-"""
+"""Command line: ``python -m sm120fork <verb>``.  The only place that prints or exits."""
 
 from __future__ import annotations
 
@@ -24,14 +19,11 @@ log = logging.getLogger("sm120fork")
 @dataclass(frozen=True, kw_only=True)
 class Verb:
     help: str
-    #: Adds the verb's arguments; the standard library alone imports it: the noxfile's
-    #: preflight parses a session's arguments with it before anything is installed.
+    #: Standard library only: the noxfile's preflight parses with it before installing.
     args: Callable[[argparse.ArgumentParser], None] | None = None
-    #: Runs in a checkout (``forks/`` found): ``run(args, ws, console)``; else anywhere,
-    #: given the verb's own arguments: ``run(args, argv)``.
+    #: ``run(args, ws, console)`` in a checkout, else ``run(args, argv)`` anywhere.
     checkout: bool = True
-    #: Parses its own arguments and owns its output (``main(argv)``): it also ships
-    #: without the toolkit (the doctor, in the plugin wheel).
+    #: ``main(argv)`` parses and prints itself (the doctor ships without the toolkit).
     own_main: bool = False
 
 
@@ -79,8 +71,7 @@ VERBS: dict[str, Verb] = {
 
 
 def _handler(name: str) -> Callable[..., int]:
-    """The function that runs verb ``name``, its modules imported now: the doctor, the GPU
-    verbs and tune import neither GitPython nor rich (a serving box has neither)."""
+    """Imported only now: the doctor, GPU verbs and tune need neither GitPython nor rich."""
     if name in ("doctor", "gpu", "tune"):
         from sm120fork import doctor
         from sm120fork.gpu import cli as gpu
@@ -109,8 +100,7 @@ def _verbosity(parser: argparse.ArgumentParser, default: object = False) -> None
 
 
 def make_parser(verbs: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The parser; only the verbs in ``verbs`` (default: all) get their arguments, so
-    only their modules are imported."""
+    """Only the verbs in ``verbs`` (default: all) get their arguments (and imports)."""
     parser = Parser(prog="python -m sm120fork",
                     description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -128,7 +118,7 @@ def make_parser(verbs: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def _verb_at(argv: Sequence[str]) -> int | None:
-    """Where the verb stands in ``argv`` (the only global option taking a value is --root)."""
+    """(--root is the only global option taking a value.)"""
     skip = False
     for i, token in enumerate(argv):
         if skip:
@@ -146,7 +136,6 @@ def _verb_name(argv: Sequence[str]) -> str | None:
 
 
 def _verb_argv(argv: Sequence[str]) -> list[str]:
-    """The arguments after the verb."""
     at = _verb_at(argv)
     return [] if at is None else list(argv[at + 1:])
 
@@ -166,9 +155,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @dataclass
 class _Run:
-    """What the error boundary learns of a run: the checkout, once the workspace is
-    found (its hints and scratch folders are relative to it)."""
-
     root: Path | None = None
 
 
@@ -179,8 +165,7 @@ def _end_children() -> int:
 
 
 def _remove_scratch(root: Path | None) -> list[str]:
-    """Remove this run's scratch folders (temp directory, the checkout's .forks/), which
-    an interrupted worker thread may not reach; return those that remain."""
+    """This run's scratch an interrupted worker thread may not reach; what remains."""
     import tempfile
 
     from sm120fork.util.files import remove_own_scratch

@@ -1,9 +1,4 @@
-"""Commands that keep the fork alive: ``status``, ``bump``, ``refresh``, ``upstream-pr``.
-
-Listed in :mod:`sm120fork.cli.main`; the logic lives in :mod:`sm120fork.maintain`,
-:mod:`sm120fork.patch.refresh` and :mod:`sm120fork.upstream`, which never
-print.
-"""
+"""``status``, ``bump``, ``refresh``, ``watch``, ``upstream-pr``: rendering only."""
 
 from __future__ import annotations
 
@@ -34,13 +29,11 @@ _VERDICT_STYLE = {"still needed": "green", "upstreamed identically": "cyan",
 
 
 def _short_links(text: str) -> str:
-    """``https://github.com/o/r/pull/12`` -> ``r#12``: tables stay readable at 80 columns."""
     return re.sub(r"https://github\.com/[^/\s]+/([^/\s]+)/(?:pull|issues)/(\d+)", r"\1#\2",
                   text) or "-"
 
 
 def _short_wheel(wheel: str) -> str:
-    """The wheel's version (the full file name is in the JSON output)."""
     name, _, rest = wheel.partition(" ")
     try:
         version = str(parse_wheel_filename(name)[1])
@@ -50,8 +43,7 @@ def _short_wheel(wheel: str) -> str:
 
 
 def upstream_cell(forwarded: str, applied_upstream: str) -> str:
-    """Forwarded and Applied-Upstream as one statement: a fix upstream made on its own
-    is "in 0.6.17 (flashinfer#3903)", not "Forwarded: no" beside "Applied-Upstream"."""
+    """Forwarded and Applied-Upstream as one statement ("in 0.6.17 (flashinfer#3903)")."""
     if applied_upstream:
         where = _short_links(applied_upstream).replace(", ", " (", 1)
         return f"in {where})" if "(" in where else f"in {where}"
@@ -76,8 +68,6 @@ def _wide_cells(p: PatchStatus) -> list[str]:
 
 
 def render_evidence(projects: list[ProjectStatus], console: Console) -> None:
-    """One stack's evidence: each record per kind, its state (a missing or stale one with
-    the command that re-makes it and what that needs), and each claim not current."""
     records = list({e.name: e for ps in projects for e in ps.evidence}.values())
     not_current = [c for ps in projects for c in ps.claims if not c.current]
     if not records:
@@ -101,9 +91,8 @@ def render_evidence(projects: list[ProjectStatus], console: Console) -> None:
 
 
 def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool) -> None:
-    """One table per project: five columns that fit 80 columns, or every field (--wide):
-    a table where the console is wide enough, else one record per patch (a pipe, a log
-    or an 80-column terminal), every field on its own line, nothing cut."""
+    """Five columns that fit 80, or every field (--wide): a record per patch where the
+    console is too narrow for the table."""
     records = wide and console.width < WIDE_MIN_WIDTH
     for ps in projects:
         title = (f"{ps.stack}{' (default)' if ps.default else ''} / {ps.project} "
@@ -219,8 +208,6 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
 
 
 def _say_how_to_recover(ws: Workspace, stack: str, project: str, again: str) -> None:
-    """After an interrupted bump: the commands that finish or undo it (or that nothing was
-    written, and the command that starts it again)."""
     from sm120fork.maintain.bump import finished_here
     from sm120fork.maintain.state import BumpState
 
@@ -239,8 +226,6 @@ def _say_how_to_recover(ws: Workspace, stack: str, project: str, again: str) -> 
 
 
 def _say_how_to_finish_abort(ws: Workspace, stack: str, project: str) -> None:
-    """After an interrupted ``--abort``: the command that finishes it (it starts over from
-    the journal, whatever step the interrupted one reached)."""
     from sm120fork.maintain.state import BumpState
 
     if BumpState.load(ws, stack, project) is not None:
@@ -250,7 +235,6 @@ def _say_how_to_finish_abort(ws: Workspace, stack: str, project: str) -> None:
 
 def print_release_files(console: Console, stack: str, undeclared: Sequence[str],
                         summary: str) -> None:
-    """The release-files line of ``status`` and ``bump`` (``maintain.release``)."""
     if undeclared:
         console.print(f"[bold yellow]release files:[/] {summary} (declare them in "
                       f"forks/{stack}.toml, or on that Python/platform pip finds no patched "

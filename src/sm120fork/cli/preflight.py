@@ -1,20 +1,11 @@
-"""Before a nox session installs anything: are its arguments right, and has this machine
-what the session needs?
-
-The noxfile calls :func:`check` first, in nox's own Python, where the toolkit's
-dependencies are not installed: this module, the verbs' parsers (:mod:`sm120fork.cli.args`
-and the GPU verbs' own) and the checks below import the standard library only.  The
-arguments are read by the verb's own parser and the machine is asked by the verb's own
-checks (a CUDA torch that sees a GPU; nvcc, by the proof's locator), so the session and
-the verb cannot disagree, and a mistake ends the session in one line within seconds
-instead of after minutes of installs.
-"""
+"""Before a nox session installs anything (in nox's own Python, standard library only):
+its arguments read by the verb's own parser and the machine asked by the verb's own
+checks, so a mistake ends the session in seconds, not after minutes of installs."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import io
 import os
 import shutil
@@ -27,6 +18,7 @@ from sm120fork.cli.main import VERBS, make_parser
 from sm120fork.errors import CommandError, ConfigError
 from sm120fork.util import proc
 from sm120fork.util.hint import FRONT_DOOR_ENV, command
+from sm120fork.util.typed import suggest
 
 #: The session that runs cibuildwheel itself (no toolkit verb).
 CIBUILDWHEEL = "cibuildwheel"
@@ -34,10 +26,8 @@ _HELP = frozenset({"-h", "--help"})
 
 
 def check(session: str, command: Sequence[str], posargs: Sequence[str]) -> None:
-    """Raise the :class:`~sm120fork.errors.ToolkitError` that nox session ``session``,
-    which runs ``python -m sm120fork COMMAND POSARGS``, would end in for a wrong argument
-    or a machine without what the verb needs; its hints say ``nox -s SESSION -- ...``.
-    Asking for ``--help`` is never refused (the verb prints it)."""
+    """The error session ``session`` (``python -m sm120fork COMMAND POSARGS``) would end in
+    for a wrong argument or a machine without what the verb needs."""
     if _HELP & set(posargs):
         return
     with _as_session(session):
@@ -52,8 +42,6 @@ def check(session: str, command: Sequence[str], posargs: Sequence[str]) -> None:
 
 
 def _parse(command: Sequence[str], posargs: Sequence[str]) -> argparse.Namespace:
-    """The verb's own parser's reading of the arguments (its usage text is not shown: the
-    error says where to see it)."""
     with contextlib.redirect_stderr(io.StringIO()):
         if VERBS[command[0]].own_main:  # the doctor parses its own arguments
             from sm120fork.doctor.cli import parser
@@ -63,11 +51,8 @@ def _parse(command: Sequence[str], posargs: Sequence[str]) -> argparse.Namespace
 
 
 def _declared(args: argparse.Namespace, forks: Path = Path("forks")) -> None:
-    """Each stack the arguments name (``--stack NAME``, a ``STACK`` argument) is declared
-    in ``forks/`` of the checkout nox runs in (a folder without declarations is the verb's
-    to refuse), and a ``PROJECT`` argument is a project of that stack, as the verb would
-    find after the installs.  A bump's ``--continue``, ``--skip`` or ``--abort`` names the
-    stack its saved state holds (a ``--new-stack`` one too): that state answers for it."""
+    """Each stack named is declared in ``forks/`` and a ``PROJECT`` is one of its projects
+    (a resuming bump's saved state answers for its stack)."""
     if any(getattr(args, flag, False) for flag in ("cont", "skip", "abort")):
         return
     named = getattr(args, "stack", None)
@@ -87,10 +72,8 @@ def _declared(args: argparse.Namespace, forks: Path = Path("forks")) -> None:
 
 def _one_of(kind: str, name: str, known: list[str], where: str) -> None:
     if name not in known:
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         raise ConfigError(f"unknown {kind} {name!r}", where=where,
-                          fix=f"did you mean {close[0]!r}?" if close
-                          else f"choose one of: {', '.join(known)}")
+                          fix=suggest(name, known) or f"choose one of: {', '.join(known)}")
 
 
 def _gpu(args: argparse.Namespace) -> None:
@@ -106,8 +89,7 @@ def _tune(_: argparse.Namespace) -> None:
 
 
 def _built(args: argparse.Namespace, root: Path = Path()) -> None:
-    """The stack a kit packs has a build (its manifest), as the kit would find after the
-    installs; the default stack is the one whose ``[stack]`` sets ``default = true``."""
+    """The stack a kit packs has a build (its manifest)."""
     stack = args.stack
     for declaration in sorted((root / "forks").glob("*.toml")) if stack is None else ():
         with contextlib.suppress(OSError, tomllib.TOMLDecodeError, AttributeError):
@@ -139,7 +121,6 @@ _NEEDS: dict[str, Callable[[argparse.Namespace], None]] = {
 
 @contextlib.contextmanager
 def _as_session(session: str) -> Iterator[None]:
-    """The environment nox gives the session's commands, so errors name the session."""
     names = (FRONT_DOOR_ENV, "NOX_CURRENT_SESSION")
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update({FRONT_DOOR_ENV: "nox", "NOX_CURRENT_SESSION": session})
@@ -155,8 +136,7 @@ def _as_session(session: str) -> Iterator[None]:
 
 def container_engine(environ: Mapping[str, str] | None = None,
                      which: Callable[[str], str | None] = shutil.which) -> str:
-    """The container engine cibuildwheel will use (``CIBW_CONTAINER_ENGINE``, default
-    docker), if it is here and answers ``ENGINE info``; else a ``ConfigError`` saying so."""
+    """The engine cibuildwheel will use (``CIBW_CONTAINER_ENGINE``), if it answers ``info``."""
     env = os.environ if environ is None else environ
     engine = env.get("CIBW_CONTAINER_ENGINE", "").split(";")[0].strip() or "docker"
     found = which(engine)

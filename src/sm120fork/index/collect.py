@@ -1,12 +1,6 @@
-"""What the package index serves: every stack's built wheels, its plugin wheel and its AOT
-wheel, each checked against what its build recorded, and only our builds.
-
-A wheel is ours when its version carries a local label of its stack's declaration
-(``0.6.7.post3+sm120.1``, the AOT wheel's ``+sm120.1.cu130``).  Anything else (a project the
-stack ships as published, ``flashinfer-python 0.7.2``) is left out with a line saying why:
-served from here it would be a public release under our name, and pip gets it from the
-public index anyway.
-"""
+"""What the package index serves: each stack's built, plugin and AOT wheels, checked
+against their build's record, and only ours (a local label of the stack, ``+sm120.1``):
+a public release served from here would go under our name."""
 
 from __future__ import annotations
 
@@ -35,8 +29,6 @@ from sm120fork.workspace import Workspace
 
 @dataclass(frozen=True, kw_only=True)
 class Served:
-    """One wheel the index serves, with its METADATA (PEP 658) and what it needs."""
-
     path: Path
     project: str
     version: Version
@@ -44,7 +36,6 @@ class Served:
     size: int
     metadata: bytes
     requires_python: str
-    #: What the landing page says the wheel needs: Python, torch and CUDA.
     python: str
     torch: str
     cuda: str
@@ -60,10 +51,7 @@ class Served:
 
 @dataclass(frozen=True, kw_only=True)
 class StackWheels:
-    """One built stack: its manifest, the wheels served, and those left out (with why)."""
-
     stack: Stack
-    folder: Path
     manifest: Manifest
     plugin: PublishedPlugin | None
     served: tuple[Served, ...]
@@ -77,13 +65,11 @@ def _ours(stack: Stack, version: Version) -> bool:
     return any(local == label or local.startswith(f"{label}.") for label in labels)
 
 
-#: The distributions that pin a CUDA version besides the ``nvidia-cuda-*`` runtimes.
 _CUDA = ("cuda-python", "cuda-bindings")
 
 
 def _needs(requirements: list[Requirement], version: Version) -> tuple[str, str]:
-    """The torch and CUDA a wheel requires (its Requires-Dist, extras left out; a CUDA
-    build's ``cuNNN`` in the local label), as the landing page says them."""
+    """The torch and CUDA a wheel requires (Requires-Dist less extras; ``cuNNN`` labels)."""
     always = [r for r in requirements if r.marker is None or "extra" not in str(r.marker)]
     torch = [str(r.specifier) or "any" for r in always if canonicalize_name(r.name) == "torch"]
     cuda = [str(r) for r in always if canonicalize_name(r.name) in _CUDA
@@ -95,7 +81,6 @@ def _needs(requirements: list[Requirement], version: Version) -> tuple[str, str]
 
 
 def read_wheel(path: Path) -> Served:
-    """A wheel's served form: its digest and its METADATA's bytes as the wheel has them."""
     name, version, _, tags = parse_wheel_filename(path.name)
     try:
         with zipfile.ZipFile(path) as zf:
@@ -120,7 +105,6 @@ def read_wheel(path: Path) -> Served:
 
 
 def _checked(path: Path, sha256: str, stack: Stack) -> Served:
-    """The wheel at ``path``, which its build recorded with ``sha256``."""
     if not path.is_file():
         raise ConfigError("a wheel its build recorded is missing", where=str(path),
                           fix=f"rebuild the stack: {command('build', '--stack', stack.name)}")
@@ -134,7 +118,6 @@ def _checked(path: Path, sha256: str, stack: Stack) -> Served:
 
 
 def stack_wheels(ws: Workspace, stack: Stack) -> StackWheels | None:
-    """What the index serves of ``stack``'s build, or None when it has none."""
     folder = ws.stack_wheels(stack.name)
     if not (folder / manifest_file.FILE).is_file():
         return None
@@ -162,7 +145,7 @@ def stack_wheels(ws: Workspace, stack: Stack) -> StackWheels | None:
     aot = next((w for w in aots if w in served), None)
     if not any(w.filename == getattr(plugin, "wheel", None) for w in served):
         plugin = None
-    return StackWheels(stack=stack, folder=folder, manifest=manifest, plugin=plugin,
+    return StackWheels(stack=stack, manifest=manifest, plugin=plugin,
                        served=served, aot=aot, left_out=left_out)
 
 

@@ -1,10 +1,5 @@
-"""``index``: a static package index of our wheels and its landing page, in one folder.
-
-``simple/`` in PEP 503 HTML and PEP 691 JSON (with PEP 700's sizes), each file's METADATA
-beside it (PEP 658/714); ``files/`` the wheels; ``index.html`` each stack's pip line per
-route (:mod:`sm120fork.package.routes`).  Links inside are relative, so the folder works
-where it is put; the same wheels and URL give the same bytes.
-"""
+"""``index``: a static package index of our wheels (PEP 503/691/700, METADATA beside each
+per PEP 658/714) with a landing page of pip lines; relative links, reproducible bytes."""
 
 from __future__ import annotations
 
@@ -32,8 +27,6 @@ _TAIL = "</body>\n</html>\n"
 
 @dataclass(frozen=True, kw_only=True)
 class Index:
-    """What ``index`` wrote: the folder, the stacks in it and what it left out, and why."""
-
     out: Path
     url: str
     stacks: tuple[StackWheels, ...]
@@ -42,8 +35,7 @@ class Index:
 
 
 def site_url(url: str | None, out: Path) -> str:
-    """The URL the site will be served from, ending in ``/`` (default: the folder's own
-    ``file://`` URL, which pip reads as an index too)."""
+    """Ending in ``/``; default: the folder's own ``file://`` URL (pip reads it too)."""
     if url is None:
         return out.resolve().as_uri() + "/"
     parts = urlsplit(url)
@@ -98,7 +90,6 @@ def _table(head: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> str:
 
 
 def stack_routes(url: str, s: StackWheels) -> list[Route]:
-    """The stack's routes from the index at ``url``: the lines its landing page shows."""
     return index_routes(url, s.manifest.wheels, plugin=s.plugin,
                         aot=s.aot.pin if s.aot is not None else None)
 
@@ -129,7 +120,6 @@ def _landing(url: str, stacks: tuple[StackWheels, ...]) -> str:
 
 
 def _files(stacks: tuple[StackWheels, ...]) -> dict[str, Served]:
-    """Every served wheel once by name; one name with two contents is an error."""
     files: dict[str, Served] = {}
     for s in stacks:
         for w in s.served:
@@ -143,8 +133,7 @@ def _files(stacks: tuple[StackWheels, ...]) -> dict[str, Served]:
 
 
 def write_index(ws: Workspace, *, url: str | None = None, out: Path | None = None) -> Index:
-    """Write the index of every built stack into ``out`` (default ``wheels/index/``), staged
-    and swapped in as a whole; refuse when no stack has been built."""
+    """Staged, then swapped in whole; refused when no stack has been built."""
     out = out or ws.wheels_dir / "index"
     url = site_url(url, out)
     found = {name: stack_wheels(ws, stack) for name, stack in sorted(ws.stacks().items())}
