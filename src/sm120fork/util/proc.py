@@ -1,12 +1,6 @@
-"""The one process runner: every command the toolkit starts goes through :func:`run`.
-
-Commands are echoed through the ``sm120fork`` logger (``+ python -m build ...`` at info
-level), run with check in a process group of their own, and their captured output is shown
-only when they fail (``CommandError`` with the output's tail).  :func:`end_children` ends
-every running one (Ctrl-C, SIGTERM), a build's own children included.  git goes through it
-too (:mod:`sm120fork.util.git`: GitPython's commands, through :func:`capture` and
-:func:`spawn`).  Stdlib only: the doctor and the GPU harness import it.
-"""
+"""The one process runner: each command echoed (``+ cmd``), run with check in a process
+group of its own, its output shown only on failure; :func:`end_children` ends them all on
+an interrupt.  Stdlib only: the doctor and the GPU harness import it."""
 
 from __future__ import annotations
 
@@ -27,10 +21,9 @@ from ..errors import CommandError
 
 log = logging.getLogger("sm120fork")
 
-#: Every child still running (weakly held: a streaming child that its reader dropped is
-#: collected, ended by its own finaliser, and leaves this set by itself).
+#: Weakly held: a dropped streaming child leaves by itself.
 _children: weakref.WeakSet[subprocess.Popen[Any]] = weakref.WeakSet()
-#: Streaming helpers (:func:`spawn`): ended with the rest, not counted as commands.
+#: Streaming helpers (:func:`spawn`): ended with the rest, not counted.
 _helpers: weakref.WeakSet[subprocess.Popen[Any]] = weakref.WeakSet()
 _children_lock = threading.Lock()
 _ending = threading.Event()
@@ -38,9 +31,8 @@ _ended: list[int] = []
 
 
 def end_children(grace: float = 5.0) -> int:
-    """End every command the runner started, each with its process group, and refuse new
-    ones; how many were ended since :func:`allow_children`.  Called when the toolkit is
-    interrupted: SIGTERM may reach only this process (nox forwards it alone)."""
+    """End every running command with its group and refuse new ones (SIGTERM may reach
+    only this process); how many were ended since :func:`allow_children`."""
     _ending.set()
     with _children_lock:
         running = [p for p in _children if p.poll() is None]
@@ -64,7 +56,6 @@ def _reap(child: subprocess.Popen[Any], grace: float) -> None:
 
 
 def allow_children() -> None:
-    """Undo :func:`end_children` (a new command in the same process, e.g. tests)."""
     _ending.clear()
     _ended.clear()
 
@@ -82,11 +73,7 @@ def run(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None,
         timeout: float | None = None, quiet: bool = False,
         on_line: Callable[[str], None] | None = None,
         input: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd``, echoing it; raise ``CommandError`` with its output if it fails.
-
-    ``on_line`` sees each line of output (stdout and stderr together) as it comes, for a
-    live progress line; the lines are then ``stdout`` of the result.  ``input`` is written
-    to its stdin (not with ``on_line``)."""
+    """``on_line`` sees each line of stdout and stderr together as it comes."""
     if input is not None and on_line is not None:
         raise ValueError("input and on_line do not go together")
     argv = [os.fspath(c) for c in cmd]
@@ -118,8 +105,6 @@ def run(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None,
 def _start(argv: list[str], *,
            registry: weakref.WeakSet[subprocess.Popen[Any]] = _children,
            **popen: Any) -> subprocess.Popen[Any]:
-    """Start ``argv`` leading its own process group, known to :func:`end_children`
-    (``popen``: :class:`subprocess.Popen`'s other arguments)."""
     if _ending.is_set():
         raise CommandError(f"not started, the run is being interrupted: {shlex.join(argv)}")
     try:
@@ -135,8 +120,6 @@ def _start(argv: list[str], *,
 @contextlib.contextmanager
 def _waiting(child: subprocess.Popen[Any], argv: list[str], timeout: float | None,
              ) -> Iterator[None]:
-    """The wait on a started child: past ``timeout`` its group is killed and the wait is
-    a :class:`CommandError` saying so; an interrupted wait ends the child with us."""
     try:
         yield
     except subprocess.TimeoutExpired as exc:
@@ -160,9 +143,7 @@ def spawn(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = Non
           env: Mapping[str, str], stdin: IO[bytes] | int | None = subprocess.DEVNULL,
           stdout: IO[bytes] | int | None = subprocess.PIPE,
           stderr: IO[bytes] | int | None = subprocess.PIPE) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` (with exactly ``env``) and return it running, for a caller that reads
-    its output as it streams (GitPython); silent and unchecked.  :func:`end_children`
-    ends it too, without counting it: it is a reader, not a step of the work."""
+    """Running, silent and unchecked, for a reader of its stream (GitPython)."""
     child: subprocess.Popen[bytes] = _start(
         [os.fspath(c) for c in cmd], cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout,
         stderr=stderr, registry=_helpers)
@@ -173,11 +154,7 @@ def capture(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = N
             env: Mapping[str, str], stdin: IO[bytes] | int | None = None,
             input: bytes | None = None, timeout: float | None = None,
             ) -> subprocess.CompletedProcess[bytes]:
-    """Run ``cmd`` (with exactly ``env``) to its end, stdout and stderr captured as bytes.
-
-    Silent and unchecked, for a caller that echoes and judges itself (util/git.py: git's
-    output may be binary, and GitPython decides what a failure is).  Interrupting the
-    wait, or :func:`end_children`, ends the child with its process group."""
+    """Bytes, silent and unchecked, for a caller that echoes and judges itself (git)."""
     argv = [os.fspath(c) for c in cmd]
     child = _start(argv, cwd=cwd, env=dict(env),
                    stdin=subprocess.PIPE if input is not None else
@@ -189,9 +166,8 @@ def capture(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = N
 
 
 class ProcessGroup:
-    """Processes started together and ended together (ranks): :meth:`kill`, or leaving
-    the ``with`` block however, kills each one still running with its process group and
-    reaps it.  The caller's watchdog decides *when*; this decides *how*."""
+    """Processes started and ended together (ranks): leaving the block kills each with its
+    group and reaps it."""
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -201,8 +177,6 @@ class ProcessGroup:
               stderr: IO[bytes] | int | None = subprocess.STDOUT,
               stdin: IO[bytes] | int | None = None,
               pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
-        """Start ``cmd`` with exactly ``env`` (the caller builds the whole environment);
-        ``pass_fds`` stay open in the child (e.g. its end of a socket pair)."""
         child: subprocess.Popen[bytes] = _start(
             [os.fspath(c) for c in cmd], stdin=stdin, stdout=stdout, stderr=stderr,
             env=dict(env), pass_fds=tuple(pass_fds))
@@ -213,7 +187,6 @@ class ProcessGroup:
         return [p.poll() for p in self.procs]
 
     def kill(self) -> None:
-        """SIGKILL every process still running, with its process group; reap them all."""
         for child in self.procs:
             if child.poll() is None:
                 with _suppress_gone():

@@ -1,12 +1,6 @@
-"""The one wire format between the toolkit and every child it starts and waits on.
-
-A child prints ordinary output freely; a line that carries data is
-``@@sm120fork/<version> <TAG> <json>`` (``@@sm120fork/1 RESULT {"key": "..."}``).  Both
-sides import this module, so a tag or a marker is never copied between files.  A line with
-the marker that is not a whole message of this version is a :class:`WireError`, never
-ordinary output: a child of another toolkit version, or a message cut in half, is named
-with the line, not silently dropped.  Stdlib only.
-"""
+"""The one wire format between the toolkit and its children: ``@@sm120fork/1 TAG <json>``
+lines amid ordinary output.  A marked line that is not a whole message of this version is
+a :class:`WireError`, never dropped.  Stdlib only."""
 
 from __future__ import annotations
 
@@ -24,28 +18,23 @@ _TAG = re.compile(r"[A-Z][A-Z0-9_]*\Z")
 
 
 class WireError(CommandError):
-    """A child printed a line with the wire's marker that is not a message this toolkit
-    reads; ``str()`` names the line (the supervisor adds the child)."""
+    pass
 
 
 @dataclass(frozen=True)
 class Message:
-    """One decoded line: its ``tag`` and its JSON ``data``."""
-
     tag: str
     data: Any = None
 
 
 def encode(tag: str, data: Any = None) -> str:
-    """The line (without its newline) that carries ``tag`` and ``data`` (JSON-serializable)."""
     if not _TAG.match(tag):
         raise ValueError(f"a wire tag is upper case: {tag!r}")
     return f"{MARK}{VERSION} {tag} {json.dumps(data)}"
 
 
 def decode(line: str) -> Message | None:
-    """The message ``line`` carries; None for ordinary output; :class:`WireError` for a
-    line with the marker that is not a message of this version."""
+    """None for ordinary output."""
     text = line.rstrip("\r\n")
     if not text.startswith(MARK):
         return None
@@ -67,15 +56,14 @@ def decode(line: str) -> Message | None:
 
 
 def say(tag: str, data: Any = None, *, stream: TextIO | None = None) -> None:
-    """Print one message and flush (a child about to hang or crash has still said it)."""
+    """Flushed: a child about to hang or crash has still said it."""
     out = stream if stream is not None else sys.stdout
     out.write(encode(tag, data) + "\n")
     out.flush()
 
 
 def last(text: str, tag: str) -> Any:
-    """The data of the last ``tag`` message in ``text`` (a finished child's output); None
-    when it said none.  Lines with the marker that do not decode raise :class:`WireError`."""
+    """The data of the last ``tag`` message in ``text``; None when it said none."""
     found: Any = None
     for line in text.splitlines():
         message = decode(line)
