@@ -34,10 +34,6 @@ def suggest(word: str, known: Iterable[str]) -> str:
     return f"did you mean {close[0]!r}?" if close else ""
 
 
-def dotted(key: str, name: str) -> str:
-    return f"{key}.{name}" if key else name
-
-
 def read(cls: type[_T], data: object, where: str | Path, key: str = "", *,
          strict: bool = True) -> _T:
     """``data`` as a ``cls``; unknown keys are refused (``strict``) or ignored."""
@@ -61,7 +57,7 @@ class _At:
     strict: bool
 
     def below(self, name: str) -> _At:
-        return dataclasses.replace(self, key=dotted(self.key, name))
+        return dataclasses.replace(self, key=f"{self.key}.{name}" if self.key else name)
 
     def item(self, index: int) -> _At:
         return dataclasses.replace(self, key=f"{self.key}[{index}]")
