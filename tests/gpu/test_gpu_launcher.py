@@ -13,7 +13,7 @@ import pytest
 from helpers_proc import HANGING_CHILD, sigterm_ends_every_child
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.ab import launcher
-from sm120fork.gpu.core import variants
+from sm120fork.gpu.core import runs, variants
 from sm120fork.gpu.core.cases import Case
 from sm120fork.gpu.core.launcher import Timeouts
 from sm120fork.util import supervise, wire
@@ -161,12 +161,12 @@ def test_ranks_that_have_all_spoken_and_go_silent_are_a_hang(tmp_path: Path) -> 
 
 
 def test_variant_specs() -> None:
-    assert variants.parse_variant_specs(["patched=a", "unpatched=b/c"]) == {
+    assert runs.parse_variant_specs(["patched=a", "unpatched=b/c"]) == {
         "patched": Path("a"), "unpatched": Path("b/c")}
     with pytest.raises(ConfigError, match="NAME=DIR"):
-        variants.parse_variant_specs(["patched"])
+        runs.parse_variant_specs(["patched"])
     with pytest.raises(ConfigError, match="twice"):
-        variants.parse_variant_specs(["a=x", "a=y"])
+        runs.parse_variant_specs(["a=x", "a=y"])
 
 
 def test_variant_env_isolates_import_path_and_jit_cache(tmp_path: Path) -> None:

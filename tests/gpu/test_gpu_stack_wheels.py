@@ -42,10 +42,11 @@ def test_the_stack_build_is_patched_and_upstream_comes_from_its_pin(
 
     monkeypatch.setattr(stack_wheels, "upstream_wheel", upstream)
     found = stack_wheels.resolve("sglang-0.5.10", baseline=True)
-    assert found.specs == (f"patched={wheel}",
-                           f"unpatched={tmp_path}/flashinfer_python-0.6.7.post3-py3-none-any.whl")
+    assert found.wheels == {
+        "patched": wheel,
+        "unpatched": tmp_path / "flashinfer_python-0.6.7.post3-py3-none-any.whl"}
     assert built == ["sglang-0.5.10"]
-    assert stack_wheels.resolve("sglang-0.5.10", baseline=False).specs == (f"patched={wheel}",)
+    assert stack_wheels.resolve("sglang-0.5.10", baseline=False).wheels == {"patched": wheel}
 
 
 def test_a_stack_shipping_upstream_as_published_has_no_ab(
@@ -55,7 +56,7 @@ def test_a_stack_shipping_upstream_as_published_has_no_ab(
     _built(root, "sglang-0.5.23", "flashinfer_python-0.7.2-py3-none-any.whl", as_published=True)
     monkeypatch.setattr(stack_wheels, "upstream_wheel", lambda *_: pytest.fail("fetched"))
     found = stack_wheels.resolve("sglang-0.5.23", baseline=True)
-    assert len(found.specs) == 1
+    assert len(found.wheels) == 1
     assert found.note is not None
     assert "no A/B" in found.note
 
@@ -73,7 +74,7 @@ def test_an_unbuilt_stack_says_how_to_build_it_in_the_form_the_user_has(
 
 
 def test_stack_and_wheel_dir_exclude_each_other() -> None:
-    opts = runs.TestOptions(command="x", stack="sglang-0.5.10", wheel_dirs=("patched=a",))
+    opts = runs.TestOptions(command="x", stack="sglang-0.5.10", wheel_dirs={"patched": Path("a")})
     with pytest.raises(UsageError, match="exclude each other"):
         opts.with_stack(baseline=True)
 

@@ -152,13 +152,11 @@ def test_gpu_runs_record_the_manifest_beside_the_patched_wheel(tmp_path: Path) -
     written = json.loads((patched / "manifest.json").read_text())
     unpatched = tmp_path / "up"
     unpatched.mkdir()
-    specs = [f"unpatched={unpatched}", f"patched={patched}"]
-    assert _manifest(specs, "patched") == written
-    assert _manifest([f"patched={patched / 'demo_lib-1.0+a-py3-none-any.whl'}"],
-                     "patched") == written
-    assert _manifest(specs, "unpatched") is None
+    assert _manifest(patched) == written
+    assert _manifest(patched / "demo_lib-1.0+a-py3-none-any.whl") == written
+    assert _manifest(unpatched) is None
     (patched / "manifest.json").write_text('{"stack": "one"}')  # not a build's manifest
-    refused = _manifest(specs, "patched")
+    refused = _manifest(patched)
     assert refused is not None
     assert "not a build manifest" in str(refused["error"])
 

@@ -283,7 +283,7 @@ def test_the_verb_benches_a_given_wheel_and_records_the_command_it_was_given(
                "--reports", str(tmp / "r"), "--yes"])
     assert rc == 0, capsys.readouterr().out
     assert [(o.stack, o.wheel_dirs, o.prebuilt) for o in seen] == [
-        (None, (f"patched={tmp / 'fi.whl'}",), (f"patched={tmp / 'pre'}",))]
+        (None, {"patched": tmp / "fi.whl"}, {"patched": tmp / "pre"})]
     rec = record.read(tmp / "r" / "sglang-0.5.23" / "policy" / "record.json")
     assert rec.command == "sh '<kit sglang-0.5.23>/run' tune --yes"
     # (issue 41: a record naming the wheel alone was stale from the day it was made)

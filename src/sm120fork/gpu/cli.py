@@ -212,12 +212,12 @@ def _options(cls: type[_Opts], args: argparse.Namespace, argv: Sequence[str], **
              ) -> _Opts:
     """``test``'s or ``bench``'s options: what they share from ``args``, and ``more``."""
     return cls(
-        command=records.command_line(argv), wheel_dirs=tuple(args.wheel_dir),
-        prebuilt=tuple(args.prebuilt), also_build=tuple(args.also_build), quick=args.quick,
-        out=args.out, work_dir=args.work_dir, backend=args.backend,
-        allow_multicast=args.allow_multicast, startup_timeout=args.startup_timeout,
-        case_timeout=args.case_timeout, compile_timeout=args.compile_timeout,
-        not_run=tuple(args.not_run), stack=args.stack,
+        command=records.command_line(argv), quick=args.quick, out=args.out,
+        wheel_dirs=core_runs.parse_variant_specs(args.wheel_dir), work_dir=args.work_dir,
+        prebuilt=core_runs.parse_variant_specs(args.prebuilt), backend=args.backend,
+        also_build=tuple(args.also_build), allow_multicast=args.allow_multicast,
+        startup_timeout=args.startup_timeout, case_timeout=args.case_timeout,
+        compile_timeout=args.compile_timeout, not_run=tuple(args.not_run), stack=args.stack,
         record_command=records.recorded_command(argv[0] if argv else "test", argv),
         world_sizes=_optional(args.world_sizes), tokens=_optional(args.tokens),
         hidden=_optional(args.hidden), **more)
@@ -274,7 +274,7 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
     site: tuple[Path, ...] = ()
     made: Provenance | None = None
     folder = args.stack_dir
-    tested = records.tested_beside(folder) if folder is not None else None
+    tested = records.tested_beside(folder)
     if args.stack is not None:
         from sm120fork.resolved import ResolvedStack
         from sm120fork.workspace import Workspace

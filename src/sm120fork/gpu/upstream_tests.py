@@ -193,7 +193,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, argv: Sequence[str], host: object = None) -> int:
     """Run each PR's tests with each variant; write one record per PR; 0 when all pass."""
-    from sm120fork.gpu.core.variants import parse_variant_specs
+    from sm120fork.gpu.core.runs import parse_variant_specs
 
     specs = parse_variant_specs(args.wheel_dir)
     if "patched" not in specs:

@@ -57,16 +57,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def _bench(args: argparse.Namespace, command: str
            ) -> Callable[[int, float | None], WorldBench]:
     from sm120fork.gpu.bench import run as bench_run
-    from sm120fork.gpu.core.runs import DEFAULT_WORK_DIR
+    from sm120fork.gpu.core import runs
 
-    work = args.work_dir or DEFAULT_WORK_DIR
+    work = args.work_dir or runs.DEFAULT_WORK_DIR
 
     def bench(tp: int, left: float | None) -> WorldBench:
         out = work / "tune" / f"tp{tp}"
-        wheels = tuple(args.wheel_dir or ())
+        wheels = runs.parse_variant_specs(args.wheel_dir or ())
         bench_run.run_bench(bench_run.BenchOptions(
             command=command, stack=None if wheels else args.stack, wheel_dirs=wheels,
-            prebuilt=tuple(args.prebuilt or ()), out=out, work_dir=work,
+            prebuilt=runs.parse_variant_specs(args.prebuilt or ()), out=out, work_dir=work,
             world_sizes=(tp,), quick=args.quick, time_budget=left, allow_partial=True))
         doc = json.loads((out / "bench.json").read_text(encoding="utf-8"))
         plan = doc.get("plan") or {}
@@ -84,10 +84,10 @@ def _bench(args: argparse.Namespace, command: str
 def _tested(args: argparse.Namespace) -> record.Tested | None:
     """What the benched build was made from: ``tested.json`` beside a given wheel (the
     kit's stack/), else the stack's build in this checkout."""
-    from sm120fork.gpu.core import records
+    from sm120fork.gpu.core import records, runs
 
     if args.wheel_dir:
-        return records.read_tested(args.wheel_dir, "patched")
+        return records.tested_beside(runs.parse_variant_specs(args.wheel_dir).get("patched"))
     from sm120fork.resolved import ResolvedStack
     from sm120fork.workspace import Workspace
 

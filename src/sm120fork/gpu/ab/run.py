@@ -213,7 +213,8 @@ def run_test(opts: TestOptions) -> TestRun:
     recorded = doc.copy()
     recorded["command"] = opts.record_command or opts.command
     try:
-        rec = test_record(recorded, opts.tested or records.read_tested(opts.wheel_dirs, primary))
+        tested = opts.tested or records.tested_beside(opts.wheel_dirs.get(primary))
+        rec = test_record(recorded, tested)
     except ConfigError as exc:  # the run stands; its record would break the format
         log.error("no record: %s", exc)
         rec = None

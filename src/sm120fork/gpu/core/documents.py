@@ -1,12 +1,7 @@
-"""The JSON documents of a GPU run, typed: ``test-ab.json`` (an A/B correctness run) and
-``bench.json`` (a latency bench), as the harness writes them and ``gpu report`` reads
-them back.
+"""The JSON documents of a GPU run, typed: ``test-ab.json`` and ``bench.json``.
 
-The harness builds them as plain JSON data (ranks send their results over the wire);
-:func:`parse_ab` and :func:`parse_bench` check the keys the reports and records read and
-return the same data typed, refusing a document that is not one with the file (``where``)
-and the dotted key.  Standard library only: the GPU box renders its reports without the
-toolkit's build dependencies.
+:func:`parse_ab` and :func:`parse_bench` check the keys the reports and records read,
+naming the file and the dotted key.  Standard library only.
 """
 
 from __future__ import annotations

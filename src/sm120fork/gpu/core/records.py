@@ -1,13 +1,6 @@
-"""A GPU run's evidence record (:mod:`sm120fork.record`, kind ``gpu-test``).
-
-The harness writes ``record.json`` beside its own output; ``nox -s record_import -- DIR``
-publishes it into ``reports/<stack>/gpu-test/``.  What was tested comes from the stack's
-build: the wheels' sha256 (each variant's), and the patched trees and each patch's change
-identity, as ``tested.json`` beside the build's ``manifest.json`` gives them (the kit
-writes it; in a checkout ``--stack`` computes it: :mod:`sm120fork.resolved`).  A run whose
-wheels are no stack's build writes no record.  Cases that never ran (a module that did not build,
-a budget used up) are left out of ``cases``: the record is then unfinished, never
-"0 failing".
+"""A GPU run's evidence record (kind ``gpu-test``): ``record.json`` beside the harness's
+output, imported by ``nox -s record_import``.  What was tested comes from ``tested.json``
+beside the build's wheels; cases that never ran leave the record unfinished.
 """
 
 from __future__ import annotations
@@ -19,9 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sm120fork import record
-from sm120fork.gpu.core.documents import (
-    Environment,
-)
+from sm120fork.gpu.core.documents import Environment
 from sm120fork.gpu.core.preflight import COMMAND_ENV
 
 TESTED_FILE = "tested.json"
@@ -33,12 +24,10 @@ PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--stack-dir
 
 
 def now() -> str:
-    """When a run's report or record was made (UTC, to the second)."""
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
 
 
 def command_line(argv: Sequence[str]) -> str:
-    """How a report names the command that made it."""
     return shlex.join(["python", "-m", "sm120fork.gpu", *argv])
 
 
@@ -87,23 +76,15 @@ def tested_block(wheels: Sequence[record.TestedWheel], tested: record.Tested | N
         patches=tuple(p for p in tested.patches if p.project in ran))
 
 
-def tested_beside(folder: Path) -> record.Tested | None:
-    """``tested.json`` in a stack's wheels folder (a kit's stack/), if there (refused,
-    naming the file and key, when it is there but not one)."""
-    path = folder / TESTED_FILE
-    return record.read_tested(path) if path.is_file() else None
+def beside(where: Path, name: str) -> Path:
+    """The file ``name`` in the folder ``where``, or beside the wheel ``where``."""
+    return (where if where.is_dir() else where.parent) / name
 
 
-def read_tested(wheel_dirs: Sequence[str], primary: str) -> record.Tested | None:
-    """``tested.json`` beside the primary variant's wheel (a kit's, or a build's)."""
-    for spec in wheel_dirs:
-        name, _, where = spec.partition("=")
-        if name != primary:
-            continue
-        tested = tested_beside(Path(where) if Path(where).is_dir() else Path(where).parent)
-        if tested is not None:
-            return tested
-    return None
+def tested_beside(where: Path | None) -> record.Tested | None:
+    """``tested.json`` beside a stack's wheel or in its folder (a kit's stack/), if there."""
+    path = None if where is None else beside(where, TESTED_FILE)
+    return record.read_tested(path) if path is not None and path.is_file() else None
 
 
 def write(rec: record.Record, out: Path) -> Path:

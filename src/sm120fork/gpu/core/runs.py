@@ -1,8 +1,5 @@
-"""The GPU verbs' work: install the variants, build their modules, run, write the reports.
-
-``python -m sm120fork.gpu`` and ``sm120fork gpu`` parse their arguments into the options
-here and print what these functions return; nothing here prints or exits.
-"""
+"""What the GPU verbs share: install the variants, build their modules, find the run's
+environment and output folder."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -19,7 +16,7 @@ from sm120fork import manifest as manifest_file
 from sm120fork import record
 from sm120fork.cuda.toolkit import locate_nvcc
 from sm120fork.errors import CommandError, ConfigError, UsageError
-from sm120fork.gpu.core import launcher, report, variants
+from sm120fork.gpu.core import launcher, records, report, variants
 from sm120fork.gpu.core.documents import Environment
 from sm120fork.gpu.core.safety import check_backend
 from sm120fork.gpu.core.variants import ModuleBuild
@@ -34,13 +31,27 @@ DEFAULT_WORK_DIR = Path(os.environ.get("SM120FORK_GPU_WORK", "/tmp/sm120fork-gpu
 _Opts = TypeVar("_Opts", bound="RunOptions")
 
 
+def parse_variant_specs(specs: Sequence[str]) -> dict[str, Path]:
+    """``NAME=DIR_OR_WHEEL`` options -> {name: path}, names unique."""
+    out: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"bad variant {spec!r}", where="--wheel-dir",
+                              fix="write NAME=DIR, e.g. patched=wheels/sglang-0.5.10")
+        if name in out:
+            raise ConfigError(f"variant {name!r} given twice", where="--wheel-dir")
+        out[name] = Path(path)
+    return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunOptions:
-    """What ``test`` and ``bench`` share (the parser's common options)."""
 
     command: str  # recorded in the reports
-    wheel_dirs: tuple[str, ...] = ()
-    prebuilt: tuple[str, ...] = ()
+    #: {variant: its wheel, or a folder holding one} (``--wheel-dir NAME=PATH``)
+    wheel_dirs: Mapping[str, Path] = dataclasses.field(default_factory=dict)
+    prebuilt: Mapping[str, Path] = dataclasses.field(default_factory=dict)
     also_build: tuple[str, ...] = ()
     quick: bool = False
     out: Path | None = None
@@ -50,19 +61,14 @@ class RunOptions:
     startup_timeout: float = 300.0
     case_timeout: float = 90.0
     compile_timeout: float = 1200.0
-    #: Seconds after the module build past which no case starts (``tune`` passes what it
-    #: has left); cases left out are not run, and the run is partial.
+    #: Seconds after the module build past which no case starts (the run is then partial).
     time_budget: float | None = None
     not_run: tuple[str, ...] = ()
-    #: A partial run (time budget) is no error (``tune`` keeps the sizes that finished).
     allow_partial: bool = False
     stack: str | None = None  # the stack's built wheels (and upstream's, for test)
-    #: default: the harness's (test: 2, 4 and 8 up to the GPU count; bench: the GPU count,
-    #: at least 2)
     world_sizes: tuple[int, ...] | None = None
     tokens: tuple[int, ...] | None = None
     hidden: tuple[int, ...] | None = None
-    #: The command the record names (as typed, without this machine's paths).
     record_command: str | None = None
     #: The record's ``tested`` block (``--stack``); else tested.json beside the wheel.
     tested: record.Tested | None = None
@@ -78,7 +84,7 @@ class RunOptions:
 
         found = stack_wheels.resolve(self.stack, baseline=baseline)
         notes = (*self.not_run, found.note) if found.note else self.not_run
-        return dataclasses.replace(self, wheel_dirs=found.specs, not_run=notes,
+        return dataclasses.replace(self, wheel_dirs=found.wheels, not_run=notes,
                                    tested=found.tested)
 
     def timeouts(self) -> launcher.Timeouts:
@@ -107,20 +113,15 @@ def _nvidia_smi() -> Environment:
     return {"driver": rows[0][1]} if rows and len(rows[0]) > 1 else {}
 
 
-def _manifest(wheel_dirs: Sequence[str], primary: str) -> dict[str, object] | None:
+def _manifest(where: Path | None) -> dict[str, object] | None:
     """The toolkit manifest published beside the primary variant's wheel (if any)."""
-    for spec in wheel_dirs:
-        name, _, where = spec.partition("=")
-        if name != primary:
-            continue
-        folder = Path(where) if Path(where).is_dir() else Path(where).parent
-        path = folder / manifest_file.FILE
-        if path.is_file():
-            try:  # read through the typed reader: the run records what it can check
-                return manifest_file.read(path).to_json()
-            except ConfigError as exc:
-                return {"error": str(exc)}
-    return None
+    path = None if where is None else records.beside(where, manifest_file.FILE)
+    if path is None or not path.is_file():
+        return None
+    try:  # read through the typed reader: the run records what it can check
+        return manifest_file.read(path).to_json()
+    except ConfigError as exc:
+        return {"error": str(exc)}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,10 +138,9 @@ def prepare(opts: RunOptions, what: str, modules: Sequence[str]) -> Prepared:
     """Install every variant and build (or load) its modules; returns the run folder too."""
     check_backend(opts.backend, allow_multicast=opts.allow_multicast,
                   host_environ=os.environ)
-    specs = variants.parse_variant_specs(opts.wheel_dirs)
+    specs, prebuilt = opts.wheel_dirs, opts.prebuilt
     work = opts.work_dir
     run_dir = _run_dir(work, what)
-    prebuilt = variants.parse_variant_specs(opts.prebuilt)
     unknown = sorted(set(prebuilt) - set(specs))
     if unknown:
         raise UsageError(f"--prebuilt for unknown variants {unknown}", where="--prebuilt")
@@ -175,12 +175,12 @@ def prepare(opts: RunOptions, what: str, modules: Sequence[str]) -> Prepared:
 
 
 def run_environment(compiled: dict[str, ModuleBuild], primary: str,
-                 wheel_dirs: Sequence[str]) -> Environment:
+                    wheel_dirs: Mapping[str, Path]) -> Environment:
     env: Environment = compiled[primary].env.copy() if primary in compiled else {}
     env.update(_nvidia_smi())
     nvcc = locate_nvcc()
     env["nvcc"] = nvcc.version_text if nvcc else None
-    manifest = _manifest(wheel_dirs, primary)
+    manifest = _manifest(wheel_dirs.get(primary))
     if manifest is not None:
         env["wheels_manifest"] = manifest
     return env
@@ -194,7 +194,7 @@ def run_out_dir(opts: RunOptions, env: Environment) -> Path:
 
 
 def run_roles(opts: RunOptions, out: Path) -> portable.Roles:
-    """This machine's paths by role, for reports that travel (issue 8: no machine path)."""
+    """This machine's paths by role, for reports that travel."""
     return portable.machine_roles(Path.cwd(), {"gpu-work": opts.work_dir, "out": out})
 
 

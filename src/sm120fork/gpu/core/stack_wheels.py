@@ -1,12 +1,8 @@
 """``--stack NAME``: the variants of a GPU run from a stack, with no hand download.
 
-``patched`` is the FlashInfer wheel ``nox -s build -- --stack NAME`` published in
-``wheels/<stack>/`` (its manifest.json gives the report its provenance).  ``unpatched``
-is upstream built from the stack's own pin: the pinned sdist (sha256-checked against
-``forks/<stack>.toml``, cached) built unchanged into a wheel (cached by the sdist's
-sha256), the same way the committed A/B runs made their baseline; for a project the
-stack ships as published (``used_as_published``) the published wheel *is* upstream, so
-there is no A/B and no baseline variant.  Needs the package index only the first time.
+``patched`` is the FlashInfer wheel of ``wheels/<stack>/``; ``unpatched`` is upstream's,
+built unchanged from the stack's pinned sdist (cached by its sha256).  A project shipped
+as published has no A/B: its wheel is upstream.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ import json
 import logging
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from sm120fork import manifest as manifest_file
@@ -34,12 +31,11 @@ PROJECT = "flashinfer"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StackWheels:
-    """What ``--stack`` resolved to: ``NAME=PATH`` variant specs and why no baseline."""
+    """What ``--stack`` resolved to: {variant: wheel}, and why no baseline."""
 
     stack: str
-    specs: tuple[str, ...]
+    wheels: Mapping[str, Path]
     note: str | None = None
-    #: The record's ``tested`` block of the build (gpu/core/records.py).
     tested: Tested | None = None
 
 
@@ -89,20 +85,19 @@ def resolve(stack: str, *, baseline: bool, root: Path | None = None) -> StackWhe
     """The variants of ``stack``: patched, and (``baseline``) upstream for the A/B."""
     resolved = ResolvedStack.named(Workspace.find(root), stack)
     wheel, entry = _manifest_entry(resolved)
-    specs = [f"patched={wheel}"]
+    wheels = {"patched": wheel}
     note = None
     if entry.used_as_published:
         note = (f"{stack} ships upstream's {wheel.name} as published (empty series): "
                 "no A/B, the one variant is upstream")
     elif baseline:
-        specs.append(f"unpatched={upstream_wheel(resolved)}")
-    return StackWheels(stack=stack, specs=tuple(specs), note=note, tested=resolved.tested())
+        wheels["unpatched"] = upstream_wheel(resolved)
+    return StackWheels(stack=stack, wheels=wheels, note=note, tested=resolved.tested())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerTrees:
-    """What ``sglang-layer --stack``/``--stack-dir`` resolved to: the stack's wheels
-    unpacked, and what the report records of them (its stack, each wheel's sha256)."""
+    """The stack's wheels unpacked for ``sglang-layer``, and what its report records."""
 
     sglang_path: Path
     site: tuple[Path, ...]
@@ -110,7 +105,6 @@ class LayerTrees:
 
 
 def _unpack(wheel: Path, dest: Path, sha256: str) -> Path:
-    """``wheel`` unpacked (zip extract: its RECORD stays the wheel's own) once per sha256."""
     import zipfile
 
     from sm120fork.util.files import made_once, sha256_file
@@ -126,9 +120,8 @@ def _unpack(wheel: Path, dest: Path, sha256: str) -> Path:
 
 
 def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
-    """The SGLang wheel for this interpreter and the FlashInfer wheel of a stack's build
-    (``folder``: wheels/<stack>/, or a kit's stack/), unpacked under ``work_dir``, for the
-    layer harness."""
+    """The SGLang and FlashInfer wheels of a stack's build (wheels/<stack>/, or a kit's
+    stack/) for this interpreter, unpacked under ``work_dir``."""
     from packaging.tags import sys_tags
     from packaging.utils import parse_wheel_filename
 
@@ -161,9 +154,8 @@ def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
 
 def plugin_trees(stock_wheel: Path, plugin_wheel: Path, work_dir: Path,
                  stack: str) -> tuple[Path, Path, list[MadeFrom]]:
-    """Stock SGLang's wheel and the stack's plugin wheel unpacked under ``work_dir`` for
-    the layer harness's plugin route: (the stock tree, the plugin's site, the record's
-    ``made_from`` rows: stock SGLang as upstream, the plugin as a test-only variant)."""
+    """Stock SGLang and the plugin unpacked under ``work_dir`` for the plugin route: (the
+    stock tree, the plugin's site, the record's ``made_from`` rows)."""
     from sm120fork.util.files import sha256_file
 
     rows: list[MadeFrom] = []
@@ -183,9 +175,8 @@ def plugin_trees(stock_wheel: Path, plugin_wheel: Path, work_dir: Path,
 
 def plugin_route_wheels(folder: Path, plugin: Path | None = None,
                         stock: Path | None = None) -> tuple[Path, Path]:
-    """The plugin route's wheels for a stack's wheels folder (``folder``: wheels/<stack>/
-    or a kit's stack/): the plugin wheel in its ``plugin/``, and stock SGLang of the pin
-    as the kit beside it names it (``kit.json``'s ``plugin_route``); given ones win."""
+    """The plugin route's wheels: ``folder``'s ``plugin/`` wheel, and stock SGLang as the
+    kit beside it names it; given ones win."""
     if plugin is None:
         found = sorted((folder / "plugin").glob("*.whl"))
         if len(found) != 1:

@@ -1,8 +1,5 @@
-"""The FlashInfer builds under test: installed each into its own directory, modules built once.
-
-A variant is one flashinfer_python wheel with its own import path and JIT cache, so that
-patched and unpatched builds never share compiled modules.
-"""
+"""The FlashInfer builds under test, each installed with its own import path and JIT
+cache (patched and unpatched never share compiled modules)."""
 
 from __future__ import annotations
 
@@ -27,16 +24,13 @@ log = logging.getLogger("sm120fork")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Variant:
-    """One FlashInfer build under test, with its own import path and JIT cache."""
-
     name: str
     wheel: Path | None
     sha256: str | None
     site: Path | None
     jit_base: Path
     aot_modules: tuple[str, ...] = ()
-    #: sha256 of the wheel's RECORD: names a published wheel whose tree travelled and was
-    #: zipped again (other bytes, the same files; upstream_pr checks it against the wheel).
+    #: sha256 of the wheel's RECORD: the same files when a wheel was zipped again.
     record_sha256: str | None = None
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
@@ -56,11 +50,9 @@ class Variant:
                 "prebuilt_modules": list(self.aot_modules)}
 
     def aot_dir(self) -> Path | None:
-        """Where FlashInfer looks for prebuilt modules (when no flashinfer-jit-cache)."""
         return self.site / "flashinfer" / "data" / "aot" if self.site else None
 
     def without_prebuilt(self) -> Variant:
-        """Remove the prebuilt modules so that FlashInfer JIT-compiles them instead."""
         aot = self.aot_dir()
         for module in self.aot_modules:
             if aot is not None and (aot / module).exists():
@@ -69,29 +61,11 @@ class Variant:
 
 
 def source_root() -> Path:
-    """The directory that holds the ``sm120fork`` package (goes on the ranks' PYTHONPATH).
-
-    Never the package itself: on a worker's path it would make the toolkit's own
-    subpackages top-level ones, and its ``cuda`` would hide the ``cuda`` namespace that
-    cuda-bindings and cuda-tile share across sites (``No module named 'cuda.bindings'``).
-    """
+    """The folder holding ``sm120fork`` (the ranks' PYTHONPATH): never the package itself,
+    whose ``cuda`` would hide cuda-bindings' namespace."""
     import sm120fork
 
     return Path(sm120fork.__file__).resolve().parent.parent
-
-
-def parse_variant_specs(specs: Sequence[str]) -> dict[str, Path]:
-    """``NAME=DIR_OR_WHEEL`` options -> {name: path}, names unique."""
-    out: dict[str, Path] = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise ConfigError(f"bad variant {spec!r}", where="--wheel-dir",
-                              fix="write NAME=DIR, e.g. patched=wheels/sglang-0.5.10")
-        if name in out:
-            raise ConfigError(f"variant {name!r} given twice", where="--wheel-dir")
-        out[name] = Path(path)
-    return out
 
 
 def find_flashinfer_wheel(path: Path) -> Path:
@@ -107,12 +81,8 @@ def find_flashinfer_wheel(path: Path) -> Path:
 
 def install_variant(name: str, source: Path | None, work_dir: Path,
                     prebuilt: Path | None = None) -> Variant:
-    """Install the variant's wheel into its own target directory (no index, no deps).
-
-    ``prebuilt``: a directory of ``<module>/<module>.so`` built elsewhere from the same
-    wheel (e.g. on a CPU machine with the same nvcc); they go where FlashInfer looks for
-    AOT modules, which saves the minutes of JIT compilation per variant on the GPU box.
-    """
+    """Install the variant's wheel into its own folder (no index, no deps), with the
+    ``prebuilt`` ``<module>/<module>.so`` where FlashInfer looks for AOT modules."""
     base = work_dir / name
     jit = base / "jit"
     jit.mkdir(parents=True, exist_ok=True)
@@ -141,8 +111,7 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
                 continue
             (aot / so.stem).mkdir(parents=True, exist_ok=True)
             shutil.copy2(so, aot / so.stem / so.name)
-            # the sources digest a patched FlashInfer checks before it loads a prebuilt
-            # module (patches/sglang-0.5.10/flashinfer/README-prebuilt.md)
+            # the sources digest a patched FlashInfer checks before it loads the module
             marker = so.with_name(so.name + ".sources")
             if marker.is_file():
                 shutil.copy2(marker, aot / so.stem / marker.name)
@@ -153,11 +122,8 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
     return dataclasses.replace(variant, aot_modules=tuple(modules))
 
 
-# ---- compile ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModuleBuild:
-    """One variant's module build: whether it built, what its probe saw, why not."""
-
     ok: bool
     #: the probe's environment (the box and the FlashInfer of the variant)
     env: Environment

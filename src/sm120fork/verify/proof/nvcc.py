@@ -1,9 +1,5 @@
-"""The proof's cached compiles (the programs it runs are :mod:`sm120fork.cuda.tools`).
-
-Cubins (and, where asked, host objects) are cached under a content hash of everything that
-went into them: the source, every header ``nvcc -M`` reports, the flags and the compiler's
-version, so re-runs and variants sharing their C++ sources cost nothing.
-"""
+"""The proof's compiles, cached under a content hash of the source, every header ``nvcc
+-M`` reports, the flags and the compiler's version."""
 
 from __future__ import annotations
 
@@ -29,17 +25,14 @@ def _file_digest(path: Path) -> str:
 
 
 def make_dependencies(text: str) -> list[str]:
-    """The prerequisites of a make rule as ``nvcc -M`` prints it."""
     joined = text.replace("\\\n", " ")
     _, _, deps = joined.partition(": ")
     return [d.replace("\\ ", " ") for d in re.split(r"(?<!\\)\s+", deps.strip()) if d]
 
 
 def cache_key(tree: Path, source: str, flags: Sequence[str], tools: Tools) -> str:
-    """sha256 over the compiler version, the flags and every file the unit includes.
-
-    Paths inside the tree are made relative, so two trees with the same bytes share cubins.
-    """
+    """sha256 over the compiler version, the flags and every file the unit includes (paths
+    relative to the tree: two trees with the same bytes share cubins)."""
     tree = tree.resolve()
     root = str(tree)
     deps = proc.run([tools.nvcc, "-M", tree / source, *flags], quiet=True).stdout
@@ -74,7 +67,6 @@ def host_object_path(cache: Path, key: str) -> Path:
 
 
 def compile_job(job: Job, cache: Path) -> float:
-    """Run the job's nvcc; its cubin (and host object) land in ``cache`` atomically."""
     log.info("compiling %s for %s%s", job.source, job.arch, " (+ host object)" if job.host else "")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sm120fork-proof-nvcc-", dir=cache) as scratch:
@@ -101,7 +93,7 @@ def compile_job(job: Job, cache: Path) -> float:
 
 
 def cached_seconds(cache: Path, job: Job) -> float | None:
-    """Seconds of the run that made the cached outputs ``job`` needs; None if any is missing."""
+    """Seconds of the run that made ``job``'s cached outputs; None if any is missing."""
     meta = cache / f"{job.key}.json"
     if not cubin_path(cache, job.key).exists() or not meta.exists():
         return None

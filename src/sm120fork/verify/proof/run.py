@@ -52,7 +52,6 @@ def _raise_first(futures: Iterable[Future[Any]], what: str) -> None:
 
 def _plan(tree: Path, gates: Mapping[str, GateResult], arch: str, *, planned: bool,
           forced: bool, reference_arch: str) -> tuple[list[_Unit], bool]:
-    """The units to compile for ``arch`` and whether they are a forced (gate-refused) build."""
     gate = gates[arch]
     if not planned:
         return [], False
@@ -71,7 +70,6 @@ _Planned = dict[tuple[str, str], tuple[GateResult, list[_Unit], bool, bool]]
 def _plan_variants(variants: Mapping[str, Path], archs: Sequence[str], tools: Tools,
                    compile_archs: Mapping[str, Sequence[str]] | None, forced: set[str],
                    reference_arch: str) -> _Planned:
-    """(variant, arch) -> (its gate, the units to compile, forced, planned)."""
     planned: _Planned = {}
     for name, given_tree in variants.items():
         tree = given_tree.resolve()
@@ -88,9 +86,7 @@ def _plan_variants(variants: Mapping[str, Path], archs: Sequence[str], tools: To
 
 def _job(tools: Tools, arch: str, unit: _Unit, key: str, hosts: Sequence[str],
          all_jobs: dict[str, Job]) -> Job:
-    """The compile of ``unit`` (its content ``key``), entered in ``all_jobs`` (a cubin
-    another variant's unit also needs is compiled once; a host object kept if either
-    asked for it)."""
+    """The compile of ``unit``, entered in ``all_jobs`` once per content ``key``."""
     tree, source, flags = unit
     host = arch in hosts or (key in all_jobs and all_jobs[key].host)
     job = Job(key=key, arch=arch, source=source,
@@ -110,7 +106,6 @@ def _pdl_opcodes(archs: Sequence[str], tools: Tools) -> dict[str, PdlOpcodes]:
 
 def _inspect(pool: ThreadPoolExecutor, all_jobs: Mapping[str, Job], cache: Path, tools: Tools,
              opcodes: Mapping[str, PdlOpcodes]) -> dict[str, Future[Any]]:
-    """Every cubin inspected once, its kernels' names demangled in one call."""
     all_names: set[str] = set()
     for key in all_jobs:
         all_names.update(kernel_sizes(cubin_path(cache, key)))
@@ -127,8 +122,7 @@ _Compiled = tuple[dict[tuple[str, str], list[Job]], dict[str, Job], dict[str, Fu
 
 def _compile(pool: ThreadPoolExecutor, workers: int, planned: _Planned, tools: Tools,
              hosts: Sequence[str], cache: Path) -> _Compiled:
-    """Each plan's compile jobs keyed by content (nvcc -M), and those the cache lacks
-    compiled: (jobs per plan, every job by key, the compiles started)."""
+    """Each plan's jobs keyed by content (nvcc -M); those the cache lacks, compiled."""
     key_futures = {
         (name, arch, unit[1]): pool.submit(cache_key, unit[0], unit[1], unit[2], tools)
         for (name, arch), (_, units, _, _) in planned.items() for unit in units
@@ -162,13 +156,9 @@ def prove(
 ) -> ProofReport:
     """Gate every variant for ``archs``; compile and inspect its trtllm comm module.
 
-    ``compile_archs`` limits, per variant, the architectures compiled (default: all; the
-    gate still runs for every one). ``force_compile`` names architectures to compile even
-    where the gate refuses (with the reference architecture's JIT flags, retargeted), to
-    show what an unpatched tree would build. ``host_archs``: architectures whose host
-    objects are kept, so that the CUDA runtime calls of the launchers can be read.
-    ``python`` is the interpreter that imports the trees' ``flashinfer.jit``. At most
-    ``jobs`` compilers or disassemblers run at once.
+    ``compile_archs`` limits the architectures compiled per variant; ``force_compile``
+    compiles where the gate refuses (the reference's flags, retargeted); ``host_archs``
+    keep host objects (to read the launchers' CUDA runtime calls).
     """
     started = time.perf_counter()
     if reference_arch not in archs:

@@ -16,22 +16,18 @@ from sm120fork.verify.proof.gate import GateResult
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class UnitResult:
-    """One translation unit compiled for one architecture."""
-
     source: str
     cubin: Path
     key: str
     seconds: float
     cached: bool
     kernels: tuple[Kernel, ...]
-    #: The CUDA runtime functions its host object calls (None: no host object was built).
+    #: The CUDA runtime functions its host object calls (None: no host object).
     host_calls: tuple[str, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ArchResult:
-    """One tree variant on one architecture."""
-
     arch: str
     gate: GateResult
     compiled: bool
@@ -78,10 +74,8 @@ class Status(enum.Enum):
 
 
 def lost_pdl(kernel: Kernel, reference: Kernel) -> bool:
-    """The reference kernel waits on / triggers dependent launches and ``kernel`` does not.
-
-    Unknown counts (no disassembler) are never a loss; the verdict reports them apart.
-    """
+    """The reference kernel waits on / triggers dependent launches and ``kernel`` does
+    not (unknown counts are never a loss)."""
     if None in (kernel.pdl_wait, kernel.pdl_launch, reference.pdl_wait, reference.pdl_launch):
         return False
     return bool(((reference.pdl_wait or 0) > 0 and kernel.pdl_wait == 0)
@@ -191,7 +185,6 @@ class ProofReport:
                 for v in self.variants for a in self.archs]
 
     def to_json(self, root: Path | None = None) -> str:
-        """The report as JSON; paths under ``root`` are written relative to it."""
         def encode(value: Any) -> Any:
             if isinstance(value, Path):
                 if root is not None and value.is_relative_to(root):
