@@ -145,7 +145,6 @@ class _Watch:
     ready: str | None
     fail_fast: bool
     settled: Callable[[list[int | None]], bool] | None
-    on_line: Callable[[int, str], None] | None
     on_message: Callable[[int, wire.Message], None] | None
     outcome: GroupOutcome = dataclasses.field(init=False)
     names: list[str] = dataclasses.field(init=False)
@@ -165,8 +164,6 @@ class _Watch:
 
     def take(self, idx: int, line: str) -> None:
         self.spoken[idx] = True
-        if self.on_line:
-            self.on_line(idx, line)
         try:
             message = wire.decode(line)
         except wire.WireError as exc:
@@ -275,7 +272,6 @@ def _start(group: proc.ProcessGroup, children: Sequence[Child]) -> None:
 
 
 def run_group(children: Sequence[Child], *, timeouts: Timeouts,
-              on_line: Callable[[int, str], None] | None = None,
               on_message: Callable[[int, wire.Message], None] | None = None,
               ready: str | None = None, fail_fast: bool = True,
               settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
@@ -283,7 +279,7 @@ def run_group(children: Sequence[Child], *, timeouts: Timeouts,
     ends the group once ``settled(returncodes)`` holds (the others reported what the
     failed one finished) or ``timeouts.grace`` passed.  Exit codes are read before the
     logs, so what a child printed before exiting is seen with its exit."""
-    watch = _Watch(children, timeouts, ready, fail_fast, settled, on_line, on_message)
+    watch = _Watch(children, timeouts, ready, fail_fast, settled, on_message)
     outcome = watch.outcome
     with sigterm_unwinds(), proc.ProcessGroup() as group:
         _start(group, children)
