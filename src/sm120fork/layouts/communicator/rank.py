@@ -11,8 +11,7 @@ FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 #: What the one fallback warning must say: S4's own words (this layout's series).
 WARNING_SAYS = "unfused path"
 
-#: What the one error of a rank whose fused call raised alone must say (after the
-#: agreement timeout; its peers wait inside the fused kernel): the series' words.
+#: What a rank whose fused call raised alone must say (the series' words).
 RAISED_ALONE_SAYS = "peers did not fail with it"
 
 

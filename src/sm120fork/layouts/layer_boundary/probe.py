@@ -30,8 +30,6 @@ MULTICAST_GRANULARITY = 64 << 20
 
 
 class AutoScenario(TypedDict):
-    """The parameters of one auto-enable scenario (:func:`_auto_case`)."""
-
     tp: int
     nodes: int
     env: NotRequired[str]
@@ -169,11 +167,8 @@ def run_plain() -> list[Observation]:
 
 
 class _FakeDriver:
-    """``cuda.bindings.driver`` as far as the preflight sizing uses it.
-
-    ``multicast``: what CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED reports; a device without
-    multicast rejects cuMulticastGetGranularity, as PCIe GPUs do.
-    """
+    """``cuda.bindings.driver`` as the preflight sizing uses it; without ``multicast`` it
+    rejects cuMulticastGetGranularity, as PCIe GPUs do."""
 
     CUresult = types.SimpleNamespace(CUDA_SUCCESS=0, CUDA_ERROR_NOT_SUPPORTED=801)
     CUdevice_attribute = types.SimpleNamespace(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED=132)

@@ -9,19 +9,16 @@ from sm120fork.layouts import Layer
 
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 ADD_NORM = "sglang.srt.layers.layer_boundary.residual.add_norm"
-#: What the one fallback warning must say: upstream already warns once per rank in its
-#: own words when workspace creation fails.
+#: What the one fallback warning must say (upstream's own words).
 WARNING_SAYS = "Disabling flashinfer allreduce fusion permanently"
 
-#: What the one error of a rank whose fused call raised alone must say (after the
-#: agreement timeout; its peers wait inside the fused kernel): the series' words.
+#: What a rank whose fused call raised alone must say (the series' words).
 RAISED_ALONE_SAYS = "peers did not fail with it"
 
 
 def setup(group: Any) -> Layer:
-    """The runtime context's server args (trtllm backend; FlashInfer's autotuning off, as
-    ``--disable-flashinfer-autotune`` does: the pcie_ipc communicator would otherwise time
-    its kernels on a GPU the ranks share) and TP groups backed by ``group``."""
+    """Server args and TP groups on ``group``; autotuning off (the pcie_ipc communicator
+    would time its kernels on a GPU the ranks share)."""
     rc = importlib.import_module("sglang.srt.runtime_context")
     rc.get_context().override_server_args(
         flashinfer_allreduce_fusion_backend="trtllm", tp_size=group.world_size,
@@ -41,11 +38,7 @@ def setup(group: Any) -> Layer:
 
 
 def patch_gates_in_memory(layer: Layer) -> None:
-    """Stock upstream only: let its gates accept SM12x, as the G1/G3 patches do.
-
-    ``_resolve_backend`` answers "trtllm" on one node; ``flashinfer_ar_fusion_applies``
-    reads ``_is_sm90_supported``, which is set when the (stubbed) device is 12.x.
-    """
+    """Stock upstream only: its gates accept SM12x, as the G1/G3 patches make them."""
     fusion = layer.fusion
     add_norm: Any = importlib.import_module(ADD_NORM)
     real_resolve = fusion._resolve_backend
@@ -60,9 +53,8 @@ def patch_gates_in_memory(layer: Layer) -> None:
 
 
 def use_fake_flashinfer(fusion: Any, create: Any) -> None:
-    """The CPU stand-in (``gpu.sglang_rank``) as this module's import would have bound
-    FlashInfer: the creation function, what its signature offers, and a cuMemCreate
-    preflight whose allocations succeed (the vote over the ranks stays SGLang's)."""
+    """The CPU stand-in bound as this module's import would bind FlashInfer, with a
+    cuMemCreate preflight that succeeds (the vote over the ranks stays SGLang's)."""
     fusion._create_allreduce_fusion_workspace = create
     fusion._flashinfer_create_workspace_supports_comm_backend = True
     fusion._flashinfer_create_workspace_supports_group = True
