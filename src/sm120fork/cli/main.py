@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 from sm120fork import __version__
 from sm120fork.cli import args as verb_args
 from sm120fork.entry import Parser, boundary
+from sm120fork.util.files import remove_own_scratch
+from sm120fork.util.proc import end_children
 
 log = logging.getLogger("sm120fork")
 
@@ -149,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _handler(name)(argv[1:])
     state = _Run()
     return boundary(lambda: _run(argv, state), name=name or "sm120fork",
-                    root=lambda: state.root, on_interrupt=_end_children,
+                    root=lambda: state.root, on_interrupt=end_children,
                     cleanup=lambda: _remove_scratch(state.root))
 
 
@@ -158,18 +161,8 @@ class _Run:
     root: Path | None = None
 
 
-def _end_children() -> int:
-    from sm120fork.util.proc import end_children
-
-    return end_children()
-
-
 def _remove_scratch(root: Path | None) -> list[str]:
     """This run's scratch an interrupted worker thread may not reach; what remains."""
-    import tempfile
-
-    from sm120fork.util.files import remove_own_scratch
-
     parents = [Path(tempfile.gettempdir())]
     if root is not None:
         parents.append(root / ".forks")
