@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from sm120fork.errors import CommandError, VerifyError
-from sm120fork.util import proc, supervise, wire
+from sm120fork.util import proc, supervise, typed, wire
 
 #: A traceback's frame, its last line (the exception), and a module that is not there.
 _FRAME = re.compile(r'^  File "([^"]+)", line (\d+)', re.MULTILINE)
@@ -68,17 +68,7 @@ class Observation:
 
     name: str
     observed: object
-    detail: str
-
-    @classmethod
-    def from_json(cls, data: object, where: str) -> Observation:
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str) \
-                or "observed" not in data or not isinstance(data.get("detail", ""), str):
-            raise VerifyError(f"a probe observation is not {{name, observed, detail}}: "
-                              f"{compact(data)[:200]}", where=where,
-                              fix="run the probe of this toolkit's version")
-        return cls(name=data["name"], observed=data["observed"],
-                   detail=data.get("detail", ""))
+    detail: str = ""
 
 
 class LayerStep(Protocol):
@@ -179,5 +169,12 @@ def run_probe(module: str, request: Mapping[str, object], *, tree: Path,
     if not isinstance(results, list):
         raise VerifyError(f"{what} printed no result", where=str(tree),
                           detail="\n".join(completed.stderr.splitlines()[-40:]))
-    return [Observation.from_json(item, f"{what}: RESULT[{i}]")
-            for i, item in enumerate(results)]
+    observations = []
+    for i, item in enumerate(results):
+        try:
+            observations.append(typed.read(Observation, item, "", strict=False))
+        except typed.MalformedError as exc:
+            raise VerifyError(f"a probe observation is not {{name, observed, detail}}: "
+                              f"{exc.key} {exc.what}", where=f"{what}: RESULT[{i}]",
+                              fix="run the probe of this toolkit's version") from exc
+    return observations
