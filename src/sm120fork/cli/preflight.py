@@ -10,8 +10,9 @@ import io
 import os
 import shutil
 import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from unittest import mock
 
 from sm120fork.cli.args import bump_revision
 from sm120fork.cli.main import VERBS, make_parser
@@ -30,7 +31,8 @@ def check(session: str, command: Sequence[str], posargs: Sequence[str]) -> None:
     for a wrong argument or a machine without what the verb needs."""
     if _HELP & set(posargs):
         return
-    with _as_session(session):
+    # the environment nox gives the session's commands: the hints name the session
+    with mock.patch.dict(os.environ, {FRONT_DOOR_ENV: "nox", "NOX_CURRENT_SESSION": session}):
         if command[0] == CIBUILDWHEEL:
             container_engine()
             return
@@ -117,21 +119,6 @@ def _nvcc(_: argparse.Namespace) -> None:
 _NEEDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "gpu": _gpu, "tune": _tune, "verify-sm120": _nvcc, "bump": bump_revision,
     "doctor": _doctor, "gpu-kit": _built}
-
-
-@contextlib.contextmanager
-def _as_session(session: str) -> Iterator[None]:
-    names = (FRONT_DOOR_ENV, "NOX_CURRENT_SESSION")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update({FRONT_DOOR_ENV: "nox", "NOX_CURRENT_SESSION": session})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def container_engine(environ: Mapping[str, str] | None = None,
