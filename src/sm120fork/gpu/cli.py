@@ -1,9 +1,5 @@
-"""``python -m sm120fork.gpu VERB`` (``python -m sm120fork gpu VERB``): the GPU verbs.
-
-Runs on a GPU machine with torch (and nvcc for FlashInfer's JIT) but no nox and no package
-index.  This module parses and prints; each verb's handler calls its harness's ``run``
-module.  It is the harness's own entry point, so gpu/ never imports the toolkit's cli/.
-"""
+"""``python -m sm120fork.gpu VERB``: the GPU verbs, for a GPU box with torch but no nox or
+index; parses and prints, never imports the toolkit's cli/."""
 
 from __future__ import annotations
 

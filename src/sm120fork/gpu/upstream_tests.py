@@ -1,11 +1,6 @@
-"""An upstream PR's own GPU tests (FlashInfer's ``tests/comm`` pytest files), run on a GPU
-box against the stack's patched FlashInfer and upstream's, one ``upstream-pr`` record each.
-
-The offline kit carries each PR's tests as ``upstream-tests/<pr>/`` (the files its test
-patches add, and :class:`PrTests`).  Each variant's FlashInfer has its own folder and JIT
-cache; pytest runs the files with that variant first on the path.  Cases that never ran
-(a variant whose pytest was cut short) leave the record unfinished.
-"""
+"""An upstream PR's own GPU tests (FlashInfer's ``tests/comm``) against the stack's patched
+FlashInfer and upstream's, one ``upstream-pr`` record each; the kit carries them as
+``upstream-tests/<pr>/``."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""The fake-GPU machinery every layout's probe shares (and the GPU layer harness's CPU mode).
+"""The fake-GPU machinery every layout's probe shares (and the layer harness's CPU mode).
 
-A probe runs in a fresh interpreter with ``PYTHONPATH=<tree>/python``, so one interpreter
-only ever sees one tree.  Only the GPU query is faked (``torch.cuda`` capability, device
-name, peer access, and ``torch.version.cuda``), and packages that exist only for GPUs
-(``sgl_kernel``, ``flashinfer``, triton, torchvision) are replaced by permissive stubs in
-``sys.modules``; the modules under test are imported for real.  Each layout's probe
-(``sm120fork.layouts.<layout>.probe``) holds its scenarios and prints one ``RESULT``
-message of the one wire format (:func:`emit`, :mod:`sm120fork.util.wire`): a list of
-``{"name", "observed", "detail"}``.  This file imports nothing of ``sm120fork`` but that
-stdlib-only wire: it runs beside the tree under test.
+Only the GPU query is faked, GPU-only packages are permissive stubs, the modules under
+test are imported for real; a probe prints one ``RESULT`` (:func:`emit`).  Imports nothing
+of ``sm120fork`` but the stdlib-only wire: it runs beside the tree under test.
 """
 
 from __future__ import annotations

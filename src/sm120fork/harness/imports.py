@@ -1,14 +1,8 @@
 """Probe: import a patched tree's modules with the GPU faked at one capability.
 
-Run as ``python -m sm120fork.harness.imports '<json request>'`` (``{"capability": [12,
-0], "tree": ..., "modules": [...]}``) in a fresh interpreter whose ``PYTHONPATH`` holds
-the tree's package roots.  Each module is one observation: ``"ok"``, ``"error"`` (an
-exception raised in the tree: ``detail`` is ``file:line: Type: message``, the deepest
-frame inside the tree), ``"undefined"`` (a function uses, on a line the request names
-as added, a global name that neither the imported module nor builtins define: the
-NameError a call would meet) or ``"missing"`` (a module the tree does not hold and this
-Python lacks: a requirement of the probe, ``detail`` names it).  Stdlib and the
-fake-GPU machinery only: it runs beside the tree under test.
+``python -m sm120fork.harness.imports '<json request>'``; each module is one observation:
+``ok``, ``error`` (the deepest frame inside the tree), ``undefined`` (an added line uses a
+global nothing defines) or ``missing`` (neither the tree nor this Python holds it).
 """
 
 from __future__ import annotations

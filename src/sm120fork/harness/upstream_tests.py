@@ -1,12 +1,5 @@
-"""Run an upstream project's own unit tests (as a PR adds them) on a CPU machine.
-
-``python -m sm120fork.harness.upstream_tests <test file>`` runs in a fresh interpreter
-beside the tree under test (``PYTHONPATH=<overlay>:<tree>/python:<toolkit src>``): the
-packages that only exist for GPUs are stubbed (the fake-GPU machinery's finder, no GPU
-faked: the tests mock the platform themselves, as upstream's CPU suites do), the
-caller's ``SGLANG_*`` settings are dropped, and the file runs as ``__main__``, the way
-upstream's CI runs it (``python3 test_file.py``).  Its exit status is the tests'.
-"""
+"""Run an upstream test file as ``__main__`` on a CPU machine, as upstream's CI does, with
+GPU-only packages stubbed and the caller's ``SGLANG_*`` settings dropped."""
 
 from __future__ import annotations
 

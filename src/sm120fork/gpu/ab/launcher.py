@@ -1,11 +1,5 @@
-"""Batches of A/B rank processes: correctness cases, crashes and hangs recorded.
-
-Each batch of cases runs in a fresh group of rank processes under the one supervisor
-(:mod:`sm120fork.util.supervise`); the ranks speak the one wire format
-(:mod:`sm120fork.util.wire`).  When a group ends early, the case that was in progress is
-recorded as a failure with every rank's last output lines, and the remaining cases
-continue in a new group.
-"""
+"""Batches of A/B rank processes; when a group ends early, the case in progress fails with
+every rank's last lines and the rest continue in a new group."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Render an A/B run's JSON (``test-ab.json``) as markdown.
-
-Pure functions of the document (no torch, no GPU), so a report can be re-rendered anywhere
-with ``python -m sm120fork.gpu report``; the document is read through its typed reader
-(:mod:`sm120fork.gpu.core.documents`) first.
-"""
+"""Render an A/B run's ``test-ab.json`` as markdown (no torch, no GPU)."""
 
 from __future__ import annotations
 
@@ -27,7 +22,6 @@ def _modules(info: VariantInfo) -> str:
     return "JIT-compiled here"
 
 
-# ---- test / A-B ------------------------------------------------------------------------
 def classify(statuses: dict[str, str], primary: str, baseline: str | None) -> str:
     """A/B class of one case: fixed, regressed, pass, fail, skip, or the primary's status."""
     p = statuses.get(primary, "missing")
@@ -84,8 +78,6 @@ _METHOD = (
 
 
 class _Table:
-    """An A/B document's cases joined across variants, each with its A/B class."""
-
     def __init__(self, doc: AbDoc) -> None:
         self.primary, self.baseline = doc["primary"], doc.get("baseline")
         self.variants = list(doc["results"])
@@ -94,7 +86,6 @@ class _Table:
                                 self.primary, self.baseline) for k in self.order}
 
     def summary(self) -> list[str]:
-        """Per API and world size: each variant's pass/fail/skip and the A/B classes."""
         groups: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
         per_variant: dict[tuple[str, int, str], Counter[str]] = defaultdict(Counter)
         for key in self.order:
@@ -115,7 +106,6 @@ class _Table:
                 "Totals: " + ", ".join(f"{k}: {n}" for k, n in sorted(total.items())), ""]
 
     def detail(self, title: str, keys: list[str], note: str = "") -> list[str]:
-        """A section listing ``keys``: each variant's status, the worst error, a reason."""
         lines = [f"## {title}", "", *([note, ""] if note else [])]
         if not keys:
             return [*lines, "None.", ""]
@@ -187,7 +177,6 @@ def render_test_markdown(doc: AbDoc) -> str:
 
 def write_test_report(doc: AbDoc, out_dir: Path,
                       roles: portable.Roles | None = None) -> list[Path]:
-    """test-ab.json/.md; ``roles`` rewrites this machine's paths (see util/portable)."""
     primary = doc.get("variants", {}).get(doc["primary"], {})
     ab: AbDoc = portable.portable({**doc, **(provenance(doc, primary) or {})}, roles or [])
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,5 @@
-"""What crosses the A/B's processes, typed: the parent's request to a rank group
-(:class:`GroupSpec`, the spec file) and a case's result (:class:`CaseResult`: each rank's over
-the wire, then one merged from every rank's, then a row of ``test-ab.json``).  Each is
-serialized once at its edge (``dataclasses.asdict``) and read back by ``util.typed.read``.
-"""
+"""What crosses the A/B's processes: a group's :class:`GroupSpec` and a case's
+:class:`CaseResult`, serialized once at the edge and read back by ``util.typed.read``."""
 
 from __future__ import annotations
 
@@ -15,8 +12,6 @@ from sm120fork.gpu.core.cases import Case
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Check:
-    """One output of a case compared with the fp32 reference at one stage."""
-
     output: str
     stage: str
     ok: bool
@@ -27,7 +22,6 @@ class Check:
     reason: str = ""
 
     def worse_than(self, other: Check) -> bool:
-        """Failing beats passing; between equals, the larger error."""
         if self.ok != other.ok:
             return not self.ok
         return (self.rel_l2 or 0) > (other.rel_l2 or 0)
@@ -50,12 +44,10 @@ class CaseResult:
     not_run: bool = False
     failing_ranks: tuple[int, ...] = ()
     reported_ranks: tuple[int, ...] = ()
-    #: each rank's (or the module build's) last output lines
     log_tail: Mapping[str, tuple[str, ...]] | None = None
 
     @property
     def never_ran(self) -> bool:
-        """Left out by a time budget, or its variant's module did not build."""
         return self.not_run or self.failure == "build"
 
     @classmethod
@@ -65,15 +57,13 @@ class CaseResult:
 
     @classmethod
     def left_out(cls, case: Case) -> CaseResult:
-        """A case the time budget left out."""
         return cls(key=case.key, case=case, status="skip", not_run=True,
                    reason="not run: the run's time budget was used up")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GroupSpec:
-    """What one group of A/B ranks runs (the spec file; :class:`~sm120fork.gpu.core.rank.Rank`
-    reads the group's keys from the same file)."""
+    """One group of A/B ranks' spec file (:class:`~sm120fork.gpu.core.rank.Rank` reads it too)."""
 
     world_size: int
     store: str

@@ -1,8 +1,4 @@
-"""``test``: the correctness matrix over every variant (A/B), its report and its record.
-
-``python -m sm120fork.gpu test`` parses its arguments into :class:`TestOptions` and prints
-what :func:`run_test` returns; nothing here prints or exits.
-"""
+"""``test``: the correctness matrix over every variant (A/B), its report and its record."""
 
 from __future__ import annotations
 
@@ -38,8 +34,7 @@ class TestOptions(RunOptions):
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Tally:
-    """One variant's records counted: what ran, what was skipped, what never ran (a budget
-    used up, a module that did not build): those are neither passing nor failing."""
+    """One variant's records counted; what never ran is neither passing nor failing."""
 
     passed: int = 0
     failed: int = 0
@@ -66,8 +61,6 @@ class Tally:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TestRun:
-    """What a ``test`` run wrote and found."""
-
     paths: list[Path]
     logs: Path
     primary: str
@@ -83,7 +76,6 @@ class TestRun:
         return sum(t.not_run for t in self.tallies.values())
 
     def headline(self) -> list[str]:
-        """A line per variant, then the module build and whether the run is partial."""
         lines = []
         for name, t in self.tallies.items():
             line = (f"{name}: {t.failed} failing, {t.passed} passing, {t.skipped} skipped"
@@ -121,8 +113,7 @@ class TestRun:
 
 
 def default_test_world_sizes(gpu_count: int) -> tuple[int, ...]:
-    """The A/B's world sizes when none are named: 2, 4 and 8 as far as the box has GPUs, and 2
-    (ranks sharing the GPU) on a one-GPU box, where more ranks per GPU only cost time."""
+    """2, 4 and 8 as far as the box has GPUs; 2 (sharing it) on a one-GPU box."""
     return tuple(ws for ws in (2, 4, 8) if ws <= max(2, gpu_count))
 
 
@@ -137,8 +128,8 @@ def _primary(names: list[str], wanted: str | None) -> tuple[str, str | None]:
 
 def _run_matrix(opts: TestOptions, prepared: runs.Prepared, matrix: list[cases_mod.Case]
                 ) -> dict[str, list[CaseResult]]:
-    """Each variant's results; variants alternate per batch, so that a time budget leaves
-    a complete A/B of what ran."""
+    """Each variant's results; variants alternate per batch, so a time budget leaves a
+    complete A/B of what ran."""
     results: dict[str, list[CaseResult]] = {v.name: [] for v in prepared.variants}
     timeouts = opts.timeouts()
     for batch in cases_mod.phases(matrix):
@@ -175,7 +166,6 @@ def _summary(results: dict[str, list[CaseResult]], primary: str, baseline: str |
 
 
 def run_test(opts: TestOptions) -> TestRun:
-    """The correctness matrix over every variant (A/B), report under ``opts.out``."""
     from sm120fork.gpu.core.reference import tolerance_table
 
     opts = opts.with_stack(baseline=True)
@@ -245,8 +235,7 @@ def _detail(rec: documents.CaseResult) -> str:
 
 
 def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | None:
-    """The record of a ``gpu test`` run (its test-ab.json document), or None when its
-    primary wheel is no stack's build."""
+    """The record of a ``gpu test`` run (None: its primary wheel is no stack's build)."""
     manifest = built_manifest(doc.get("environment", {}))
     if manifest is None or not manifest.stack:
         return None
@@ -288,5 +277,4 @@ def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | Non
 
 
 def rerender(test: Path, out: Path) -> list[Path]:
-    """Re-render a ``test`` report from its JSON."""
     return report.write_test_report(documents.parse_ab(documents.read(test), str(test)), out)

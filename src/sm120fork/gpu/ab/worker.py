@@ -1,6 +1,4 @@
-"""Entry point of one A/B rank: ``python -m sm120fork.gpu.ab.worker SPEC RANK`` (mode
-``test``: the spec's cases, :mod:`.correctness`), in the frame of
-:mod:`sm120fork.gpu.core.worker`."""
+"""One A/B rank: ``python -m sm120fork.gpu.ab.worker SPEC RANK``."""
 
 from __future__ import annotations
 

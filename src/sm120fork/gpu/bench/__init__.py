@@ -1,2 +1,1 @@
-"""The bench harness (``bench``, and ``tune`` per TP size): every all-reduce + RMSNorm
-method checked against the fp32 reference, then timed (:mod:`.run`)."""
+"""The bench harness (``bench``, and ``tune``): every method checked, then timed."""

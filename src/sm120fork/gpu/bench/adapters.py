@@ -1,13 +1,6 @@
-"""The bench's methods inside a rank: one adapter per entry of
-:data:`sm120fork.gpu.methods.METHODS`.
-
-An adapter says whether it can run here (``unavailable``) and for which shapes
-(``unsupported``), binds a point's rotating buffer sets (``bind``), builds the op on set
-``i`` (``op``) and names where its residual sum and normed output land (``outputs``).
-Upstream APIs are called as their released sources document them; where one needs a
-step after CUDA-graph capture (the vLLM-style custom all-reduce registers the captured
-buffers), ``after_capture`` does it.  FlashInfer and torch are untyped here.
-"""
+"""The bench's methods inside a rank: one adapter per :data:`sm120fork.gpu.methods.METHODS`
+entry (can it run here, for which shapes, its op on buffer set ``i``, where its outputs
+land).  FlashInfer and torch are untyped here."""
 
 from __future__ import annotations
 
@@ -58,13 +51,12 @@ class Adapter:
         raise NotImplementedError
 
     def outputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(residual sum, normed output) after ``op(i)``: the norm runs in place on the
-        all-reduced tensor and leaves the sum in the residual."""
+        """(residual sum, normed output) after ``op(i)``."""
         _x, res, r_out, _n = self.bufs[i]
         return res, r_out
 
     def after_capture(self) -> None:
-        """Called on every rank after each CUDA-graph capture of this method's ops."""
+        """On every rank after each CUDA-graph capture of this method's ops."""
 
 
 class Unbuilt(Adapter):
@@ -215,14 +207,9 @@ class PcieIpc(Adapter):
 
 
 class CustomAllReduce(Adapter):
-    """The vLLM-style one/two-stage custom all-reduce (FlashInfer's copy, or SGLang's).
-
-    Eagerly the input is staged into a registered IPC buffer by the op itself; under
-    capture the kernel records the input buffers, which ``after_capture`` registers on
-    every rank (vLLM's graph path).
-    ``full_nvlink`` is False: the PCIe case, where FlashInfer's copy launches a kernel
-    only at two ranks (a 4/8-rank call then fails the output check).
-    """
+    """The vLLM-style custom all-reduce (FlashInfer's copy, or SGLang's): eagerly staged
+    into a registered IPC buffer; captured inputs registered by ``after_capture``.
+    ``full_nvlink`` is False (PCIe: FlashInfer's copy runs only at two ranks)."""
 
     MAX_CTAS = 36  # the kernel's upper bound
 

@@ -1,6 +1,4 @@
-"""One group of bench rank processes: every method of the group, checked then timed
-(:mod:`.timing` in each rank), on the shared rank groups (:mod:`sm120fork.gpu.core.launcher`).
-"""
+"""One group of bench rank processes: every method of the group, checked then timed."""
 
 from __future__ import annotations
 

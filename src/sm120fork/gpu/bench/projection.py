@@ -1,26 +1,9 @@
-"""A PROJECTION (not a measurement) of the bench's methods on a PCIe SM12x box.
-
-No SM12x machine was available, so this estimates from the public figures in the
-project's facts file (``SM120-FACTS.md`` beside the checkout, "Physical limits" and the
-pcie_ipc / NCCL numbers): per-rank P2P bandwidth, flag latencies, the published NCCL and
-pcie_ipc small-message times.  Every number is a (low, high) range in microseconds and
-every report says it is a projection.  A real run of ``bench`` on the box replaces it.
-
-The model, per all-reduce + residual add + RMSNorm of ``tokens x hidden`` bf16 (B bytes)
-at world size w:
-
-- one-shot fused (Lamport): launch floor + one synchronisation + every rank pushes B to
-  each of its w-1 peers over its own link: ``(w-1) B / bw``;
-- two-shot fused: launch floor + two synchronisations + ``2 (w-1)/w B / bw``;
-- NCCL + RMSNorm: the published small-message latency of such boxes (low: a tuned 8x box
-  on PCIe switches; high: the cross-NUMA 8x box of the pcie_ipc numbers) plus the ring's
-  ``2 (w-1)/w B / bw``, plus the norm kernel;
-- pcie_ipc + RMSNorm: the published TP8 figures (5.3 / 15.3 / 34.6 us at 12 / 96 /
-  384 KiB), interpolated in size (extrapolated above 384 KiB), plus the norm kernel;
-  TP2/TP4 use the two-shot model (pcie_ipc stages a reduce-scatter + all-gather);
-- two-shot is left out where tokens <= ranks (FlashInfer refuses it there).
-- a "write collapse" fabric (2.6 GB/s peer writes, seen on one root-complex box) bounds
-  the push-based methods from above where that trap applies.
+"""A PROJECTION (not a measurement) of the bench's methods on a PCIe SM12x box, from the
+public figures of the facts file (``SM120-FACTS.md``): (low, high) microseconds per
+all-reduce + add + RMSNorm.  One-shot: launch floor + one sync + ``(w-1) B / bw``;
+two-shot: two syncs + ``2 (w-1)/w B / bw``; NCCL: its published small-message latency +
+the ring's transfer + the norm; pcie_ipc: its TP8 figures interpolated in size (else the
+two-shot model) + the norm.  A real ``bench`` run on the box replaces it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Render a bench's JSON (``bench.json``) as markdown and a PNG plot.
-
-Pure functions of the JSON documents (no torch, no GPU), so reports can be re-rendered
-anywhere with ``python -m sm120fork.gpu report``; each document is read through its typed
-reader (:mod:`sm120fork.gpu.core.documents`) first.
-"""
+"""Render a bench's ``bench.json`` as markdown and a PNG plot (no torch, no GPU)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """``bench``: every all-reduce + RMSNorm method, checked then timed, per world size; its
-reports and the all-reduce policy.
-
-``python -m sm120fork.gpu bench`` (and ``tune``) parse their arguments into
-:class:`BenchOptions` and read what :func:`run_bench` returns; nothing here prints or exits.
-"""
+reports and the all-reduce policy."""
 
 from __future__ import annotations
 
@@ -61,13 +57,8 @@ class BenchRun:
 
 
 def run_bench(opts: BenchOptions) -> BenchRun:
-    """Every method at every point, per world size, one report each; and the policy.
-
-    Per world size, the methods run in one group of ranks, except those whose
-    environment differs (a tuned NCCL row: NCCL reads its settings once per process),
-    which get a group of their own.  Each method is checked against the fp32 reference
-    before it is timed (:mod:`sm120fork.gpu.methods`).
-    """
+    """Every method at every point, per world size, one report each; and the policy.  A
+    method whose environment differs (NCCL reads its settings once) gets its own group."""
     opts = opts.with_stack(baseline=False)
     if len(opts.wheel_dirs) > 1:
         raise UsageError("bench measures one variant", where="--wheel-dir")
@@ -139,8 +130,8 @@ def run_bench(opts: BenchOptions) -> BenchRun:
 
 def _write_policy(by_world: dict[int, list[BenchRecord]], env: Environment, variant: Variant,
                   out: Path, *, shared: bool, failed: bool) -> tuple[Path, list[str]]:
-    """The all-reduce policy the measured points give, written, and its description; not
-    for use when made on a shared GPU or by a run that failed somewhere."""
+    """The policy the measured points give, written (not for use from a shared GPU or a
+    failed run), and its description."""
     manifest = env.get("wheels_manifest") or {}
     made = {"created": now(), "gpu": (env.get("gpus") or ["?"])[0],
             "gpu_count": int(env.get("gpu_count") or 1),
@@ -156,8 +147,6 @@ def _write_policy(by_world: dict[int, list[BenchRecord]], env: Environment, vari
 
 @dataclasses.dataclass
 class _World:
-    """The groups of rank processes of one world size, and what they recorded."""
-
     opts: BenchOptions
     plan: cases_mod.BenchPlan
     variant: Variant
@@ -172,8 +161,6 @@ class _World:
     partial: bool = False
 
     def run(self, chosen: Sequence[str]) -> None:
-        """Each group of methods with the same environment; a tuned NCCL row on a shared GPU
-        is not runnable."""
         for index, (group_env, names) in enumerate(methods_mod.group_envs(chosen).items()):
             if group_env and self.shared:
                 self.records += [{"kind": "method", "method": name,
@@ -185,8 +172,7 @@ class _World:
                 self._group(index, dict(group_env), list(names))
 
     def _group(self, index: int, group_env: dict[str, str], pending: list[str]) -> None:
-        """The methods in one group of ranks; after a crash, the methods after the one that
-        was running in a new group."""
+        """The methods in one group of ranks; after a crash, the rest in a new group."""
         attempt, world = 0, self.plan.world_size
         while pending:
             started = time.monotonic()
@@ -219,10 +205,7 @@ class _World:
 
 def resume_after(methods: Sequence[str], records: Sequence[BenchRecord],
                  ) -> tuple[str | None, list[str]]:
-    """The method that was running when a bench group died, and the ones still to run.
-
-    Nothing started (the ranks died before any method): no culprit, nothing resumed.
-    """
+    """The method running when a bench group died, and the ones still to run."""
     started = [r["method"] for r in records
                if r.get("kind") == "method" and r.get("status") == methods_mod.STARTING]
     if not started:
@@ -233,5 +216,4 @@ def resume_after(methods: Sequence[str], records: Sequence[BenchRecord],
 
 
 def rerender(bench: Path, out: Path) -> list[Path]:
-    """Re-render a ``bench`` report from its JSON."""
     return report.write_bench_report(documents.read(bench), out, where=str(bench))

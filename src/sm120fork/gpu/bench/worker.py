@@ -1,6 +1,4 @@
-"""Entry point of one bench rank: ``python -m sm120fork.gpu.bench.worker SPEC RANK`` (mode
-``bench``: the spec's methods, :mod:`.timing`), in the frame of
-:mod:`sm120fork.gpu.core.worker`."""
+"""One bench rank: ``python -m sm120fork.gpu.bench.worker SPEC RANK``."""
 
 from __future__ import annotations
 

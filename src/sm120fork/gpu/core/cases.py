@@ -1,10 +1,5 @@
-"""The correctness matrix and the benchmark points: plain data, no GPU needed.
-
-Token counts sit on both sides of every dispatch threshold in FlashInfer 0.6.7.post3:
-the lamport one-shot path of ``trtllm_custom_all_reduce`` (<= 16 tokens), the
-one-shot/two-shot heuristic of ``trtllm_allreduce_fusion`` (by message size), powers of
-two around 128 (block sizing) and the 2048-token cap SGLang applies.
-"""
+"""The correctness matrix and the benchmark points: plain data.  Token counts sit on both
+sides of every dispatch threshold of FlashInfer 0.6.7.post3 and SGLang's 2048-token cap."""
 
 from __future__ import annotations
 

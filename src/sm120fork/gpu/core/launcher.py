@@ -1,10 +1,5 @@
-"""Groups of rank processes under the one supervisor (:mod:`sm120fork.util.supervise`),
-speaking the one wire format (:mod:`sm120fork.util.wire`): one worker process per rank,
-each variant's environment, every rank's log; the launcher's bounds (:class:`Timeouts`).
-
-The A/B's cases (:mod:`sm120fork.gpu.ab.launcher`) and the bench's groups
-(:mod:`sm120fork.gpu.bench.launcher`) run on it.
-"""
+"""Groups of rank processes under the one supervisor: one worker per rank, each variant's
+environment, every rank's log."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Before a GPU run: has this Python a torch, and does that torch see a CUDA GPU?
-
-Asked first, before any wheel is resolved, installed or built, so that a box without
-either ends in one line and :class:`~sm120fork.errors.NoGpuError`'s exit code instead of
-a traceback from the first rank.  The question is put to a child process: the harness's
-own process never imports torch (the case matrix, the reports and the watchdog run on
-CPU machines without it), and a torch that crashes on import takes only the child down.
-"""
+"""Before a GPU run: has this Python a torch that sees a CUDA GPU?  Asked of a child process
+(this one never imports torch) before anything is resolved or built."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""One rank process's state: process group, device, P2P check, FlashInfer workspaces.
-
-Ranks talk through a gloo process group (FileStore rendezvous) and CUDA IPC buffers set
-up by FlashInfer's own helpers, so several ranks may share one GPU.  Results go to stdout
-as wire messages (:mod:`sm120fork.util.wire`).  FlashInfer and torch are untyped
-here; the ``type: ignore`` comments are confined to their calls.
-"""
+"""One rank process's state: gloo process group, device, P2P check, FlashInfer workspaces
+(CUDA IPC, so ranks may share a GPU).  FlashInfer and torch are untyped here."""
 
 from __future__ import annotations
 

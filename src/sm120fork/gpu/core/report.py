@@ -1,8 +1,4 @@
-"""What the reports of ``test`` and ``bench`` share: the report folder's name, the
-environment table, how the run ended, and which toolkit build the tested wheel is.
-
-Pure functions of the JSON documents (no torch, no GPU).
-"""
+"""What the reports of ``test`` and ``bench`` share (pure functions of the documents)."""
 
 from __future__ import annotations
 
@@ -40,8 +36,7 @@ def env_lines(env: Environment) -> list[str]:
 
 
 def completion_lines(doc: AbDoc | BenchDoc, missing: int = 0) -> list[str]:
-    """Whether every planned case ran (``missing``: the planned case runs that did not),
-    and the module build's time (outside the budget)."""
+    """Whether every planned case ran (``missing``: those that did not), and the build time."""
     lines = []
     if doc.get("finished") is False:
         lines.append("**Not finished**: " + (f"{missing} planned case runs did not run "
@@ -56,15 +51,8 @@ def completion_lines(doc: AbDoc | BenchDoc, missing: int = 0) -> list[str]:
 
 def made_from(manifest: Manifest | None, tested: VariantInfo | BenchDoc | None
               ) -> Provenance:
-    """``stack`` and ``made_from`` of a GPU report: the toolkit build of the tested wheel.
-
-    The same shape as verify.json's, so that upstream_pr can refuse evidence of another
-    stack, series or wheel.  ``tested`` is the primary variant (its wheel's name, sha256
-    and RECORD digest).  A manifest wheel of the same name but other bytes (a published
-    wheel too large to carry, zipped again from its checked tree) is recorded with the
-    tested sha256 and RECORD digest, for upstream_pr to check against the published wheel.
-    An empty ``made_from`` means the wheel is no toolkit build.
-    """
+    """``stack`` and ``made_from`` of a GPU report (verify.json's shape): the toolkit build
+    of the tested wheel; a same-named wheel of other bytes keeps the tested digests."""
     sha256 = tested.get("sha256") if tested else None
     name = tested.get("wheel") if tested else None
     rows: list[MadeFrom] = []
@@ -83,8 +71,7 @@ def made_from(manifest: Manifest | None, tested: VariantInfo | BenchDoc | None
 
 
 def built_manifest(env: Environment) -> Manifest | None:
-    """The build manifest a run recorded in its environment (``wheels_manifest``), typed;
-    None when the wheels were no stack's build (or the run could not read its manifest)."""
+    """The build manifest the run recorded (None: the wheels are no stack's build)."""
     data = env.get("wheels_manifest")
     if not data or "error" in data:
         return None

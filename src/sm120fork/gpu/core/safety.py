@@ -1,13 +1,9 @@
 """Multicast safety: the environment every rank gets and the workspace backend policy.
 
-In FlashInfer 0.6.7.post3 the workspace factory, left to choose its backend, picks the
-NVLink-fabric backend whenever it is offered, and that backend allocates CUDA multicast
-memory, which can take every GPU of a shared host out of service.  So the harness always
-asks for the trtllm backend (:data:`SAFE_BACKEND`) and refuses the other two unless the
-user states, with a flag, that their machine supports multicast.  Even the flag is
-refused on a host whose own environment switches multicast off (``NCCL_NVLS_ENABLE=0``
-and friends, as the shared GPU machines we lease set) or that says it is shared
-(``SM120FORK_SHARED_GPU_HOST=1``): there, multicast code must never run.
+FlashInfer 0.6.7.post3 picks the NVLink-fabric backend when offered, whose multicast
+memory can take a shared host's GPUs out of service: the harness asks for trtllm and
+refuses the others without a flag, and even then on a host that switches multicast off
+or says it is shared.
 """
 
 from __future__ import annotations

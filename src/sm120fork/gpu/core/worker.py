@@ -1,10 +1,5 @@
-"""The frame of one rank process: ``python -m sm120fork.gpu.<harness>.worker SPEC [RANK]``.
-
-Each harness's worker module hands :func:`serve` its job for the spec's mode (``test``:
-:mod:`sm120fork.gpu.ab.worker`, ``bench``: :mod:`sm120fork.gpu.bench.worker`); the rank
-state is :mod:`.rank`.  Mode ``compile`` (build/load FlashInfer's modules once,
-:mod:`.probe`) needs no job: it is what ``python -m sm120fork.gpu.core.worker SPEC`` runs.
-"""
+"""The frame of one rank process: ``python -m sm120fork.gpu.<harness>.worker SPEC [RANK]``;
+mode ``compile`` (:mod:`.probe`) is what ``python -m sm120fork.gpu.core.worker SPEC`` runs."""
 
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
-"""SGLang's own fused-norm layer path, rank against rank, on a GPU or (faked) on the CPU.
+"""SGLang's fused-norm layer path, rank against rank: runs each case in fresh rank processes
+(:mod:`.rank`) and judges what they report.  No torch or SGLang here.
 
-Each case runs in a fresh group of rank processes (:mod:`.rank`); this module judges:
-
-- ``fused``: the gate takes the fused path on every rank and the fused kernel's norm and
-  residual match the float32 reference at every token count;
-- a workspace-creation fault on every rank or on one rank only (before any collective,
-  between two of FlashInfer's handle exchanges, after the last one) and a host-side
-  error of the fused call: every rank falls back (S4: together; S3: the fallback
-  all-reduces, so its output still matches), each logs exactly one warning, the gate
-  stays off afterwards, and no rank hangs (a case that outlives ``timeout`` is hung);
-- ``one-rank-fused-call-raises`` (rank 1) and ``rank-0-fused-call-raises``: the fused
-  call raises on one rank only, so its peers wait inside the fused kernel for its data
-  and no fallback can match them: as S4's and G6's headers say, that rank must end with
-  one RuntimeError saying so within the agreement timeout, and no peer may outlive it by
-  more than ``PEER_GRACE_S``.  The rank-1 case is the one torch's gloo
-  ``monitored_barrier`` does not bound: its send to rank 0 waits with the group's own
-  timeout (SGLang's TP CPU group: 120 min).
-
-Ranks run with multicast off over a gloo TP group.  No torch or SGLang here: the CPU
-checks and the tests use it too.
+Cases whose fused call raises on one rank only must end that rank with one RuntimeError
+within the agreement timeout, peers within ``PEER_GRACE_S`` (S4's and G6's headers).
 """
 
 from __future__ import annotations
@@ -55,37 +39,26 @@ from sm120fork.util import supervise, typed
 
 RANK_MODULE = "sm120fork.gpu.layer.rank"
 
-#: The cases, in the order they run; "no-p2p" needs distinct devices and the POSIX-fd
-#: exchange case a stand-in of FlashInfer 0.6.7's exchanger (CPU only here).
+#: In run order; "no-p2p" and the POSIX-fd exchange case run on the CPU only.
 GPU_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
              "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises")
-#: Cases a run names with ``--case`` (on a GPU too): the fused call raising on one rank.
 ALONE_CASES = ("one-rank-fused-call-raises", "rank-0-fused-call-raises")
-#: The policy cases (layout layer_boundary, :data:`.rank.POLICY_CASES`): a policy that
-#: switches methods at token boundaries is in force; on both sides of each boundary,
-#: eagerly and in a CUDA graph, the route that ran must be the one
-#: :func:`sm120fork.gpu.decision.decide` names and the output the float32 reference's.
 CPU_CASES = (*GPU_CASES, "no-p2p", "one-rank-fails-in-fd-exchange", *ALONE_CASES,
              *POLICY_CASES)
-#: Every case a GPU run of a layout plans by default.
 GPU_PLAN = {"communicator": (*GPU_CASES, *ALONE_CASES),
             "layer_boundary": (*GPU_CASES, *ALONE_CASES, *POLICY_CASES)}
 #: case -> the rank whose fused call raises alone.
 RAISES_ALONE = {case: where for case, (fault, where) in CASES.items()
                 if fault == "fused-call-raises" and isinstance(where, int)}
-#: How long the harness lets the other ranks run on after one exited with an error.
 PEER_GRACE_S = 2.0
 #: What the raising rank may take beyond the agreement timeout (a loaded machine).
 ALONE_SLACK_S = 5.0
-#: A validated policy document (:func:`sm120fork.gpu.policy.validate`).
 Policy = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Ended:
-    """How one rank ended: its exit status, whether the harness stopped it (still
-    running when the case ended), when it exited by itself (seconds after every rank was
-    ready), and what it raised."""
+    """How one rank ended (``ended_after_ready_s``: seconds after every rank was ready)."""
 
     rank: int
     exit: int | None
@@ -96,8 +69,6 @@ class Ended:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CaseOutcome:
-    """One case: what every rank reported, and the verdict."""
-
     case: str
     passed: bool
     hung: bool
@@ -106,8 +77,7 @@ class CaseOutcome:
     seconds: float
     tails: list[str]
     exits: list[Ended] = dataclasses.field(default_factory=list)
-    #: the install route the case ran on: "patched" (the stack's SGLang wheel) or
-    #: "plugin" (stock SGLang + the stack's plugin wheel)
+    #: "patched" (the stack's SGLang wheel) or "plugin" (stock SGLang + the plugin)
     variant: str = "patched"
 
 
@@ -121,8 +91,7 @@ _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']
 
 
 def layout_of(sglang_path: Path, root: Path | None = None) -> str:
-    """The upstream layout the stacks (``forks/*.toml``) name for the SGLang release under
-    ``sglang_path`` (its ``sglang/version.py`` or ``_version.py``, local label ignored)."""
+    """The layout the stacks name for the SGLang release under ``sglang_path``."""
     from packaging.version import InvalidVersion, Version
 
     from sm120fork.workspace import Workspace
@@ -151,21 +120,15 @@ def layout_of(sglang_path: Path, root: Path | None = None) -> str:
 
 
 def warning_says(layout: str) -> str:
-    """What the one fallback warning must say, in the layout's words (its adapter's)."""
     return str(adapter(layout, "rank").WARNING_SAYS)
 
 
 def raised_alone_says(layout: str) -> str:
-    """What the error of a rank whose fused call raised alone must say (its adapter's)."""
     return str(adapter(layout, "rank").RAISED_ALONE_SAYS)
 
 
 def alone_problems(case: str, exits: Sequence[Ended], *, layout: str) -> list[str]:
-    """What is wrong with how the ranks ended in a case whose fused call raised on one
-    rank only (``RAISES_ALONE``): that rank ends with one RuntimeError in the layout's
-    words within its agreement timeout (plus ``ALONE_SLACK_S``); every peer ends too, by
-    its own error or stopped by the harness after the raising rank's exit; no rank
-    finishes the case as if nothing happened.  A hang is the harness's own problem."""
+    """What is wrong with how the ranks ended where the fused call raised on one rank."""
     alone = RAISES_ALONE[case]
     says = raised_alone_says(layout)
     problems: list[str] = []
@@ -195,22 +158,17 @@ def alone_problems(case: str, exits: Sequence[Ended], *, layout: str) -> list[st
     return problems
 
 
-#: The policy the policy cases put in force at every TP size they run: (last token of the
-#: range, method), contiguous from 1 token, among the methods an H200 runs (our fused path,
-#: SGLang's pcie_ipc all-reduce, SGLang's own NCCL dispatch); above the last range nothing
-#: was measured, so SGLang's own dispatch runs there too: four boundaries, 8|9, 32|33,
-#: 64|65 and 128|129 tokens.
+#: The policy cases' (last token of a range, method): four boundaries among the methods
+#: an H200 runs; above 128 tokens SGLang's own dispatch.
 POLICY_RANGES: tuple[tuple[int, str], ...] = (
     (8, "fused_auto"), (32, "pcie_ipc_rmsnorm"), (64, "nccl_rmsnorm"), (128, "fused_auto"))
-#: What the policy cases' capability stub makes the process (SGLang sees SM12x).
 POLICY_GPU_MAJOR = 12
-#: The dtype the policy cases all-reduce (pcie_ipc runs bf16 only).
+#: pcie_ipc runs bf16 only.
 POLICY_DTYPE = "bf16"
 
 
 def policy_document(world_size: int,
                     ranges: Sequence[tuple[int, str]] = POLICY_RANGES) -> Policy:
-    """The version 2 policy (validated, for use) the policy cases write for the ranks."""
     from sm120fork.gpu.methods import UNFUSED
     from sm120fork.gpu.policy import FORMAT, VERSION, validate
 
@@ -230,8 +188,7 @@ def policy_document(world_size: int,
 
 
 def policy_tokens(doc: Policy, world_size: int) -> list[int]:
-    """Token counts on both sides of every boundary of the policy at this TP size (the
-    first and last token of each range, and the one after the last range)."""
+    """Token counts on both sides of every boundary of the policy at this TP size."""
     counts: set[int] = set()
     for rng in doc["tp"][str(world_size)]["ranges"]:
         counts |= {int(rng["min_tokens"]), int(rng["max_tokens"])}
@@ -242,8 +199,7 @@ def policy_tokens(doc: Policy, world_size: int) -> list[int]:
 
 def expected_routes(doc: Policy, world_size: int, tokens: Sequence[int], *,
                     capturing: bool) -> dict[int, str]:
-    """tokens -> the route SGLang must take with ``doc`` in force: what the one decision
-    code (:func:`sm120fork.gpu.decision.decide`) answers for this process."""
+    """tokens -> the route :func:`sm120fork.gpu.decision.decide` names for this process."""
     from sm120fork.gpu.decision import Process, decide
 
     decision = decide(doc, Process(world_size=world_size, dtype=POLICY_DTYPE,
@@ -253,9 +209,6 @@ def expected_routes(doc: Policy, world_size: int, tokens: Sequence[int], *,
 
 def policy_problems(case: str, ranks: Sequence[Observation], doc: Policy, world_size: int,
                     ) -> list[str]:
-    """What is wrong with a policy case: at every planned token count each rank took the
-    route the decision names and matched the float32 reference (a step that could not
-    run here says why; it still shows the route it took, and not every step may skip)."""
     planned = policy_tokens(doc, world_size)
     want = expected_routes(doc, world_size, planned, capturing=case == "policy-graph")
     problems: list[str] = []
@@ -277,7 +230,6 @@ def policy_problems(case: str, ranks: Sequence[Observation], doc: Policy, world_
 
 
 def expected_problems(case: str, ranks: Sequence[Observation]) -> list[str]:
-    """What is wrong with the ranks' reports for ``case`` (empty: the case passed)."""
     problems: list[str] = []
     for obs in ranks:
         who, warnings = f"rank {obs.rank}", obs.warnings
@@ -324,16 +276,8 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
              collective_timeout_s: float | None = None,
              exchange_timeout_s: float | None = None,
              variant: str = "patched") -> CaseOutcome:
-    """Run ``case`` on ``world_size`` fresh rank processes; judge their reports.
-
-    ``start_timeout`` bounds the imports and set-up (until every rank says it is ready);
-    ``timeout`` bounds the case itself from then on: a rank still running after it hangs.
-    Once a rank exits with an error the others get ``PEER_GRACE_S``, then are stopped.
-    ``agreement_timeout_s`` sets the tree's fused-call agreement timeout (None: its own);
-    ``collective_timeout_s`` the ranks' gloo groups' timeout (None: twice ``timeout``);
-    ``exchange_timeout_s`` the tree's bound on FlashInfer's POSIX-fd handle exchange
-    (``_HANDLE_EXCHANGE_TIMEOUT_S`` in its fusion module; None: its own).
-    """
+    """Run ``case`` on fresh rank processes and judge their reports: ``start_timeout``
+    bounds the set-up until every rank is ready, ``timeout`` the case from then on."""
     started = time.monotonic()
     doc = policy_document(world_size) if case in POLICY_CASES else None
     request = RankRequest(
@@ -358,8 +302,6 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
                   json.dumps(dataclasses.asdict(dataclasses.replace(request, rank=rank)))],
             env=rank_env, name=f"rank {rank}", log=Path(tmp) / f"rank{rank}.out",
             stderr=Path(tmp) / f"rank{rank}.err") for rank in range(world_size)]
-        # Until every rank said READY: start_timeout; from then on: timeout; once a rank
-        # exited with an error, its peers get PEER_GRACE_S to finish or fail.
         group = supervise.run_group(
             children, ready=READY,
             timeouts=supervise.Timeouts(startup=start_timeout, run=timeout, grace=PEER_GRACE_S))
@@ -381,8 +323,6 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
 
 def _collect(group: supervise.GroupOutcome, logs: Path, started: float, case: str,
              ) -> tuple[list[Observation], list[Ended], list[str], list[str]]:
-    """What each rank reported, how it ended and the tail of its stderr; a rank that ended
-    without a result (but in a case where one raises alone) is a problem."""
     ready_at = group.ready_at if group.ready_at is not None else started
     ranks, exits, tails, problems = [], [], [], []
     if group.kind == "protocol":
@@ -412,7 +352,6 @@ def _collect(group: supervise.GroupOutcome, logs: Path, started: float, case: st
 
 
 def _rows(outcome: CaseOutcome) -> list[str]:
-    """The report's rows of one case: one per rank, by what it reported or how it ended."""
     verdict = "PASS" if outcome.passed else ("HUNG" if outcome.hung else "FAIL")
     rows = []
     for obs in outcome.ranks:
@@ -437,7 +376,6 @@ def _rows(outcome: CaseOutcome) -> list[str]:
 
 
 def render(outcomes: Sequence[CaseOutcome], *, title: str, notes: Sequence[str]) -> str:
-    """A Markdown report: one row per case and rank, then the notes and any failures."""
     lines = [f"# {title}", "", *(f"- {note}" for note in notes), "",
              "| case | verdict | rank | injected | paths | max rel. error (norm / "
              "residual) | warnings | fusion after | s |",

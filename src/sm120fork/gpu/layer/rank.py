@@ -1,24 +1,11 @@
-"""One rank of SGLang's fused-norm layer path, started by :mod:`sm120fork.gpu.layer.cases`.
+"""One rank of SGLang's fused-norm layer path: ``python -m sm120fork.gpu.layer.rank
+'<RankRequest as JSON>'``, the tree under test first on ``PYTHONPATH``.
 
-Run as ``python -m sm120fork.gpu.layer.rank '<RankRequest as JSON>'`` with the SGLang tree
-under test first on ``PYTHONPATH``: the real SGLang layer modules (wired by the request's
-layout) run one case, and each token count's norm output and residual are compared with a
-float32 reference of every rank's input.  What is replaced, and nothing else:
-
-- SGLang's TP group (a gloo group; NCCL refuses two ranks on one GPU);
-- SGLang's capability query: ``torch.cuda.get_device_capability`` answers 12.0 to callers
-  in ``sglang.*`` only, so SGLang's SM12x gates are exercised while FlashInfer and torch
-  see the real GPU and build for it;
-- on a GPU, ``sgl_kernel`` (compiled for another torch; the unfused norm then runs
-  SGLang's own ``forward_native``);
-- on the CPU, everything the probe of ``harness.fake_gpu`` fakes, plus a FlashInfer
-  stand-in whose workspace creation makes the same collectives as FlashInfer's trtllm
-  backend (one exchange per buffer, then a barrier) and whose fused call computes the
-  fused kernel's arithmetic over gloo.
-
-It imports of ``sm120fork`` only stdlib-only parts (it runs beside the tree under test,
-with torch but not the toolkit's dependencies), and says ``READY``, then one ``RESULT``
-(:class:`Observation`) or one ``RAISED`` (:class:`Raised`).
+Replaced, and nothing else: SGLang's TP group (gloo; NCCL refuses two ranks on one GPU),
+its capability query (12.0 to callers in ``sglang.*`` only), on a GPU ``sgl_kernel``, and
+on the CPU what ``harness.fake_gpu`` fakes plus a FlashInfer stand-in that makes the same
+collectives as FlashInfer's trtllm backend.  Imports only stdlib-only parts of
+``sm120fork``; says ``READY``, then one ``RESULT`` or one ``RAISED``.
 """
 
 from __future__ import annotations
@@ -41,15 +28,13 @@ from sm120fork.layouts import adapter as layout_adapter
 from sm120fork.util import typed, wire
 
 READY, RESULT, RAISED = "READY", "RESULT", "RAISED"
-#: How long a rank whose fused call raised waits for its peers (S4's and G6's module
-#: constant in the fusion module), and for a peer's file descriptor in FlashInfer's
-#: POSIX-fd exchange (S4's); the request sets them where the tree has them.
+#: The fusion module's bounds (S4, G6) the request sets where the tree has them.
 AGREEMENT_TIMEOUT = "_FUSED_CALL_AGREEMENT_TIMEOUT_S"
 EXCHANGE_TIMEOUT = "_HANDLE_EXCHANGE_TIMEOUT_S"
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 PROBE_MODULE = "sm120fork.harness.fake_gpu"
 STUBBED_CAPABILITY = (12, 0)
-#: Packages replaced by import stubs on a GPU machine (compiled for another torch).
+#: Compiled for another torch: import stubs on a GPU.
 GPU_STUBS = ("sgl_kernel",)
 DEFAULT_TOKENS = (1, 3, 16, 64, 128)
 EPS = 1e-6
@@ -69,14 +54,10 @@ CASES: dict[str, tuple[str | None, str | int | None]] = {
     "policy-eager": (None, None),
     "policy-graph": (None, None),
 }
-#: The policy cases: the request's ``policy_path`` is in force, the steps run SGLang's
-#: consumer of the fused kernel and its unfused completion, and each step reports the
-#: route that ran, seen by which function ran.
 POLICY_CASES = ("policy-eager", "policy-graph")
 POLICY_ENV = "SGLANG_SM120_ALLREDUCE_POLICY"
 PCIE_IPC_MODULE = "sglang.srt.distributed.device_communicators.pcie_ipc_ar"
-#: Rows the pcie_ipc workspace is built for before any step (SGLang's runner passes its
-#: widest decode batch); the policy cases run at most this many tokens through it.
+#: Rows the pcie_ipc workspace is built for (the policy cases' widest step).
 PCIE_IPC_ROWS = 64
 #: Why a step of the graph case whose route is SGLang's unfused dispatch is not captured.
 NOT_CAPTURABLE = ("not captured: SGLang's unfused dispatch all-reduces through the "
@@ -86,8 +67,6 @@ NOT_CAPTURABLE = ("not captured: SGLang's unfused dispatch all-reduces through t
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RankRequest:
-    """What :mod:`.cases` asks of one rank: its one command-line argument, as JSON."""
-
     rank: int
     world_size: int
     case: str
@@ -97,7 +76,7 @@ class RankRequest:
     collective_timeout_s: float = 120.0
     gates_in_memory: bool = False
     load_plugins: bool = False
-    #: the tree's constants AGREEMENT_TIMEOUT and EXCHANGE_TIMEOUT (None: its own)
+    #: AGREEMENT_TIMEOUT and EXCHANGE_TIMEOUT (None: the tree's own)
     fused_call_agreement_timeout_s: float | None = None
     handle_exchange_timeout_s: float | None = None
     tokens: tuple[int, ...] = DEFAULT_TOKENS
@@ -107,8 +86,7 @@ class RankRequest:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Step:
-    """One token count: the path (a policy step: the route) it took, and how far its
-    output is from the float32 reference."""
+    """One token count: the path it took, and its errors against the float32 reference."""
 
     tokens: int
     path: str
@@ -124,15 +102,12 @@ class Step:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Observation:
-    """What a rank that finished its case reports (``RESULT``)."""
-
     rank: int
     layout: str
     injected: str | None = None
     gate_after: bool = False
     unavailable: bool = False
     warnings: tuple[str, ...] = ()
-    #: what the plugin logged (``load_plugins``)
     plugin: tuple[str, ...] = ()
     steps: tuple[Step, ...] = ()
     pcie_ipc_built: bool = False
@@ -143,16 +118,13 @@ class Observation:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Raised:
-    """What a rank whose case raised reports (``RAISED``): the error, how long after the
-    injected fused-call error it came, and the agreement timeout the tree had."""
-
     rank: int
     error: str
     after_fused_call_error_s: float | None = None
     agreement_timeout_s: float | None = None
 
 
-#: "at": when the injected fused-call error was raised on this rank (monotonic), if it was.
+#: "at": when the injected fused-call error was raised here (monotonic).
 _FUSED_CALL_RAISED: dict[str, float] = {}
 
 
@@ -160,16 +132,9 @@ _FUSED_CALL_RAISED: dict[str, float] = {}
 _module: Callable[[str], Any] = importlib.import_module
 
 
-# --- the TP group --------------------------------------------------------------------
-
-
 class GlooTPGroup:
-    """SGLang's group coordinator as far as the layer path uses it, over gloo.
-
-    Its device group is a second gloo group over the same ranks: in SGLang it is another
-    communicator (NCCL) than the CPU group, so a collective on one never matches one on
-    the other, and a rank in the wrong one waits (as on a GPU) instead of pairing up.
-    """
+    """SGLang's group coordinator as the layer path uses it; its device group is a second
+    gloo group, so a collective on the wrong group waits as it would on a GPU."""
 
     def __init__(self, rank: int, world_size: int) -> None:
         dist = _module("torch.distributed")
@@ -181,15 +146,12 @@ class GlooTPGroup:
         self.cpu_group = dist.group.WORLD
         self.device_group = dist.new_group(backend="gloo")
         self.all_reduce_calls = 0
-        #: SGLang's GroupCoordinator communicators its dispatch reads: none here but
-        #: pcie_ipc, which :meth:`attach_pcie_ipc` builds as SGLang does
         self.pcie_ipc_comm: Any = None
         self.ca_comm = self.qr_comm = self.pymscclpp_comm = None
         self.torch_symm_mem_comm = self.pynccl_comm = None
 
     def attach_pcie_ipc(self, device: Any) -> bool:
-        """SGLang's pcie_ipc communicator, where SGLang's own ``eligible_group`` builds it
-        for its TP group (named "tp"; the policy or SGLANG_ENABLE_PCIE_IPC_ALLREDUCE)."""
+        """SGLang's pcie_ipc communicator, where its own ``eligible_group`` builds one."""
         pcie = _module(PCIE_IPC_MODULE)
         if pcie.eligible_group(group_name="tp", world_size=self.world_size,
                                deterministic=False):
@@ -198,10 +160,7 @@ class GlooTPGroup:
         return self.pcie_ipc_comm is not None
 
     def all_reduce(self, input_: Any) -> Any:
-        """SGLang's dispatch where a pcie_ipc communicator exists (its own method choice,
-        ``GroupCoordinator._resolve_outplace_all_reduce_method``, then its pcie_ipc entry,
-        as ``_all_reduce_out_place`` calls it); otherwise the stand-in for NCCL: a sum
-        over the ranks in float32 on the CPU, as NCCL would in the tensor's dtype."""
+        """SGLang's own method choice where pcie_ipc exists; else NCCL's stand-in."""
         if self.pcie_ipc_comm is not None:
             coordinator = _module("sglang.srt.distributed.parallel_state").GroupCoordinator
             if coordinator._resolve_outplace_all_reduce_method(self, input_) == "pcie_ipc":
@@ -220,9 +179,6 @@ class GlooTPGroup:
 
     def barrier(self) -> None:
         _module("torch.distributed").barrier(group=self.cpu_group)
-
-
-# --- the capability query --------------------------------------------------------------
 
 
 def stub_capability_for_sglang(capability: tuple[int, int]) -> None:
@@ -250,9 +206,6 @@ def _stub_packages(names: Sequence[str]) -> None:
             return super().find_spec(fullname, path, target)
 
     sys.meta_path.insert(0, _Only())
-
-
-# --- a FlashInfer stand-in for the CPU checks ----------------------------------------
 
 
 def _register_cuda_ops_for_cpu_too() -> None:
@@ -298,8 +251,7 @@ class _FakeWorkspace:
 
 
 class _WorldBackend:
-    """What FlashInfer uses when SGLang passes no comm_backend: ``TorchDistBackend`` over
-    the ``group`` SGLang passed (0.5.23: its device group), else the default group."""
+    """FlashInfer's ``TorchDistBackend`` over the group SGLang passed (or the default)."""
 
     def __init__(self, group: Any = None) -> None:
         self.group = group
@@ -324,11 +276,8 @@ class _WorldBackend:
 
 
 class _PosixFdExchange:
-    """FlashInfer 0.6.7's ``PosixFDHandleExchanger``, as its creation uses it: an AF_UNIX
-    datagram socket per buffer (its name agreed by a ``bcast``); ``allgather`` takes, per
-    peer, one barrier on the comm backend, then sends this rank's fd and blocks in
-    ``recvmsg`` for the next one.  Outside the comm backend: a peer that fails between two
-    barriers never sends.  ``fail_at`` makes this rank raise after that barrier."""
+    """FlashInfer 0.6.7's ``PosixFDHandleExchanger``: per peer a barrier, then an fd sent
+    over an AF_UNIX socket and a blocking ``recvmsg``; ``fail_at`` raises after a barrier."""
 
     def __init__(self, backend: Any, fail_at: int | None) -> None:
         self.backend, self.fail_at = backend, fail_at
@@ -338,8 +287,8 @@ class _PosixFdExchange:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.name + str(self.rank))
 
-    #: A failing rank's socket stays open: FlashInfer's half-built buffer holds it until
-    #: collected, so a peer's send still lands and the peer waits in recvmsg (the window).
+    #: A failing rank's socket stays open (FlashInfer's half-built buffer holds it), so a
+    #: peer's send still lands and the peer waits in recvmsg.
     kept_open: ClassVar[list[socket.socket]] = []
 
     def allgather(self, fd: int) -> list[int]:
@@ -367,12 +316,8 @@ class _PosixFdExchange:
 
 
 class FakeFlashInferComm:
-    """``flashinfer.comm`` as SGLang 0.5.10's fusion module calls it, on the CPU.
-
-    Workspace creation makes FlashInfer's trtllm collectives: per buffer an allocation
-    then an exchange of handles, then a barrier.  ``fail_at_allocation`` makes the Nth
-    allocation raise, as an out-of-memory would.
-    """
+    """``flashinfer.comm`` on the CPU: per buffer an allocation and a handle exchange, then
+    a barrier; ``fail_at_allocation`` makes the Nth allocation raise."""
 
     class AllReduceFusionPattern:
         kARResidualRMSNorm = 1  # noqa: N815 - FlashInfer's name
@@ -380,7 +325,6 @@ class FakeFlashInferComm:
     def __init__(self) -> None:
         self.allocations = 0
         self.fail_at_allocation: int | None = None
-        #: model 0.6.7's POSIX-fd exchange; fail inside it at this step (None: do not)
         self.posix_fd_exchange = False
         self.fail_in_fd_exchange_at: int | None = None
 
@@ -411,7 +355,6 @@ class FakeFlashInferComm:
     def allreduce_fusion(self, *, input: Any, residual_in: Any, rms_gamma: Any,
                          rms_eps: float, norm_out: Any, residual_out: Any,
                          workspace: Any = None, **_: Any) -> None:
-        """The kernel's arithmetic; it reduces over the workspace's peers (its group)."""
         torch, dist = _module("torch"), _module("torch.distributed")
         total = input.float().clone()
         dist.all_reduce(total, group=getattr(workspace, "group", None))
@@ -422,9 +365,7 @@ class FakeFlashInferComm:
 
 
 def use_fake_flashinfer(adapter: Any, fusion: Any, fake: FakeFlashInferComm) -> None:
-    """Point SGLang's fusion module at the stand-in, as its import-time probe of FlashInfer
-    would have; a layout whose module binds more of FlashInfer at import (the creation
-    function, its signature, a cuMemCreate preflight) binds them in its adapter."""
+    """Point SGLang's fusion module at the stand-in (the adapter binds what else it must)."""
     fusion._flashinfer_comm = fake
     bind = getattr(adapter, "use_fake_flashinfer", None)
     if bind is not None:
@@ -432,8 +373,7 @@ def use_fake_flashinfer(adapter: Any, fusion: Any, fake: FakeFlashInferComm) -> 
 
 
 class FakePcieIpcWorkspace:
-    """FlashInfer's ``PcieIpcAllReduceWorkspace`` as SGLang's pcie_ipc communicator uses it,
-    on the CPU: its all-reduce sums over the group it was built on (gloo)."""
+    """FlashInfer's ``PcieIpcAllReduceWorkspace`` on the CPU, summing over its gloo group."""
 
     def __init__(self, *, group: Any, max_numel: int, **_: Any) -> None:
         self.group, self.max_numel = group, max_numel
@@ -457,18 +397,14 @@ class FakePcieIpcWorkspace:
 
 
 def use_fake_pcie_ipc() -> None:
-    """``flashinfer.comm`` offers the pcie_ipc workspace stand-in (CPU only); torch's
-    current stream, which SGLang's pcie_ipc entry compares, is one fixed object."""
+    """The pcie_ipc stand-in, and one fixed current stream (SGLang's entry compares it)."""
     _module("flashinfer.comm").PcieIpcAllReduceWorkspace = FakePcieIpcWorkspace
     stream = object()
     _module("torch").cuda.current_stream = lambda *args, **kwargs: stream
 
 
 class RouteSpy:
-    """Which all-reduce ran, seen by the functions that ran: FlashInfer's
-    ``trtllm_allreduce_fusion`` (our fused path; on the CPU the stand-in's fused call),
-    SGLang's pcie_ipc entry (``PcieIpcCommunicator.pcie_ipc_all_reduce``), and the TP
-    group's plain all-reduce (SGLang's own dispatch, NCCL's stand-in here)."""
+    """Which all-reduce ran: the fused call, SGLang's pcie_ipc entry or the plain one."""
 
     def __init__(self, group: GlooTPGroup) -> None:
         self.group = group
@@ -527,8 +463,6 @@ def _inputs(tokens: int, hidden: int, world: int, dtype: Any, seed: int = 0,
 
 @dataclasses.dataclass(frozen=True)
 class _Norm:
-    """SGLang's RMSNorm under test on this rank, and how its output is judged."""
-
     norm: Any
     weight: Any
     dev: Any
@@ -540,13 +474,11 @@ class _Norm:
     cuda: bool
 
     def inputs(self, tokens: int, seed: int = 0) -> tuple[list[Any], Any, Any, Any]:
-        """Every rank's inputs, and this rank's input and residual on its device."""
         xs, residual = _inputs(tokens, self.hidden, self.world, self.dtype, seed)
         return xs, residual, xs[self.rank].to(self.dev).clone(), residual.to(self.dev).clone()
 
     def step(self, tokens: int, path: str, out: Any, res: Any, xs: list[Any], residual: Any,
              **more: Any) -> Step:
-        """``out`` and ``res`` against the float32 reference of every rank's inputs."""
         torch = _module("torch")
         if self.cuda:
             torch.cuda.synchronize()
@@ -565,8 +497,7 @@ def _relative_error(got: Any, want: Any) -> float:
 
 def fault_steps(layer: Layer, m: _Norm, group: GlooTPGroup,
                 tokens_list: Sequence[int]) -> list[Step]:
-    """The norm at each token count: fused where the gate says so, else what the
-    communicator does when it is off (all-reduce, then the norm)."""
+    """The norm at each token count: fused where the gate says so, else all-reduce + norm."""
     steps = []
     for tokens in tokens_list:
         xs, residual, x_in, r_in = m.inputs(tokens)
@@ -585,10 +516,8 @@ def fault_steps(layer: Layer, m: _Norm, group: GlooTPGroup,
 
 def policy_steps(layer: Layer, m: _Norm, group: GlooTPGroup, spy: RouteSpy,
                  tokens_list: Sequence[int], *, graph: bool) -> list[Step]:
-    """SGLang's layer path at each token count: its consumer of the fused kernel
-    (``fused_ffn_input``, which asks ``flashinfer_ar_fusion_applies``), else its unfused
-    completion (the attention-TP all-reduce, then the norm), eagerly or (``graph``)
-    captured into a CUDA graph after one eager warm-up and replayed on new inputs."""
+    """SGLang's ``fused_ffn_input``, else its unfused completion, at each token count;
+    ``graph``: captured after one eager warm-up and replayed on new inputs."""
     torch = _module("torch")
     fusions = _module("sglang.srt.layers.layer_boundary.fusions.allreduce")
     comm_op = _module("sglang.srt.distributed.communication_op")
@@ -633,9 +562,6 @@ def policy_steps(layer: Layer, m: _Norm, group: GlooTPGroup, spy: RouteSpy,
                 torch.cuda.is_current_stream_capturing = capturing
         steps.append(dataclasses.replace(step, route=step.path))
     return steps
-
-
-# --- fault injection -------------------------------------------------------------------
 
 
 def _inject(layer: Layer, fault: str, *, fake: FakeFlashInferComm | None) -> None:
@@ -689,12 +615,7 @@ def _inject(layer: Layer, fault: str, *, fake: FakeFlashInferComm | None) -> Non
         raise ValueError(f"unknown fault {fault!r}")
 
 
-# --- the run ---------------------------------------------------------------------------
-
-
 class _Lines(logging.Handler):
-    """The messages a logger logs from ``level`` up, from now on."""
-
     def __init__(self, logger: str, level: int) -> None:
         super().__init__(level)
         self.messages: list[str] = []
@@ -713,7 +634,6 @@ def _no_grad() -> Iterator[None]:
 
 
 def _set_up_device(req: RankRequest) -> Any:
-    """torch, with the CPU faked as SM12x GPUs, or the real GPU with SGLang's stubs."""
     if req.device == "cpu":
         _module(PROBE_MODULE).fake_gpu(STUBBED_CAPABILITY)
         torch = _module("torch")
@@ -730,8 +650,7 @@ def _set_up_device(req: RankRequest) -> Any:
 
 def _set_up_layer(req: RankRequest, group: GlooTPGroup, injected: str | None,
                   ) -> tuple[Layer, FakeFlashInferComm | None]:
-    """The layout's layer over ``group``, its bounds set, the stand-in (CPU) and the
-    case's fault in place."""
+    """The layout's layer over ``group``, bounds set, stand-in (CPU) and fault in place."""
     adapter = layout_adapter(req.layout, "rank")
     layer: Layer = adapter.setup(group)
     if req.gates_in_memory:

@@ -1,9 +1,5 @@
 """``sglang-layer``: every case of the layer harness in fresh rank groups, its report and
-its record, as far as the run got (:mod:`.cases` runs and judges one case).
-
-``python -m sm120fork.gpu sglang-layer`` parses its arguments into :class:`LayerOptions`
-and prints what :func:`run_sglang_layer` returns; nothing here prints or exits.
-"""
+its record, as far as the run got."""
 
 from __future__ import annotations
 
@@ -31,25 +27,19 @@ log = logging.getLogger("sm120fork")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerRoute:
-    """A second install route of the same stack in one ``sglang-layer`` run: stock SGLang
-    (``sglang_path``) with the stack's plugin beside it (``site``), ``load_plugins()`` in
-    every rank; its cases are recorded as variant ``variant``."""
+    """A second install route of the stack: stock SGLang with the plugin beside it."""
 
     variant: str
     sglang_path: Path
     site: tuple[Path, ...] = ()
-    #: what the record lists of it: ``made_from`` rows as :class:`LayerOptions` ``made``
     made_from: tuple[MadeFrom, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerOptions:
-    """``sglang-layer``: SGLang's fused-norm layer path in fresh rank groups."""
-
     command: str
     sglang_path: Path
     out: Path
-    #: The tree's upstream layout (:mod:`sm120fork.layouts`).
     layout: str
     site: tuple[Path, ...] = ()
     cases: tuple[str, ...] | None = None
@@ -63,30 +53,20 @@ class LayerOptions:
     load_plugins: bool = False
     title: str = "SGLang fused-norm layer path"
     notes: tuple[str, ...] = ()
-    #: ``stack`` and ``made_from`` (each tested wheel's sha256) of the stack's build.
     made: Provenance | None = None
-    #: The record's ``tested`` block, what the preflight found, the command it names.
     tested: record.Tested | None = None
     machine: LayerMachine = dataclasses.field(default_factory=LayerMachine)
     record_command: str | None = None
-    #: The tree's fused-call agreement timeout (None: its own) and the ranks' gloo groups'
-    #: timeout (None: twice the case's), seconds (cases.run_case).
     agreement_timeout: float | None = None
     group_timeout: float | None = None
-    #: the route of ``sglang_path``'s cases in the record ("patched": the stack's wheel)
     variant: str = "patched"
-    #: further routes whose cases run in the same run (the plugin on stock SGLang)
     routes: tuple[LayerRoute, ...] = ()
-    #: seconds from the start after which no further case starts (None: no limit); the
-    #: cases left are listed as not run and the record stays unfinished
+    #: seconds after which no further case starts; the record then stays unfinished
     time_budget: float | None = None
-    #: cases run at once, each in its own group of ranks (the GPU is shared anyway)
     jobs: int = 1
-    #: build FlashInfer's comm modules once, before the cases (on a GPU)
     prebuild: bool = False
 
 
-#: What every GPU layer run's record says of how the ranks ran (the harness's own terms).
 LAYER_NOTES = (
     "ranks are processes sharing the GPUs: correctness only, timings mean nothing",
     "SGLang's capability query answers 12.0 to callers in sglang.* only (its SM12x gates "
@@ -98,11 +78,8 @@ LAYER_NOTES = (
     "stand-in cannot be recorded into a CUDA graph); the fused and pcie_ipc steps are "
     "captured and replayed on new inputs",
 )
-#: What a case is expected to take at most when the time budget decides whether it
-#: starts (ranks import SGLang, then run a few collectives: about 30 s on the H200 box).
+#: A case's most, for the time budget (about 30 s on the H200 box).
 CASE_ESTIMATE_S = 60.0
-#: FlashInfer modules the layer path JIT-builds on first use: our fused path's comm
-#: module and SGLang's pcie_ipc all-reduce's (the policy cases); built once, together.
 PREBUILD = {
     "trtllm comm": "from flashinfer.comm.trtllm_ar import get_trtllm_comm_module as g; g()",
     "pcie_ipc": "from flashinfer.comm.pcie_ipc_ar import get_pcie_ipc_comm_module as g; g()",
@@ -110,8 +87,7 @@ PREBUILD = {
 
 
 def planned_cases(opts: LayerOptions) -> list[tuple[str, str]]:
-    """(variant, case) of every case the run plans, the routes interleaved case by case
-    (a run cut short by its time budget has run the same cases on every route)."""
+    """(variant, case) planned, routes interleaved so a cut-short run covers each alike."""
     if opts.cases:
         chosen = list(opts.cases)
     elif opts.device == "cuda":
@@ -124,7 +100,6 @@ def planned_cases(opts: LayerOptions) -> list[tuple[str, str]]:
 
 
 def _prebuild(opts: LayerOptions) -> None:
-    """FlashInfer's modules built once (in parallel), before any rank needs them."""
     from sm120fork.gpu.core.safety import rank_environment
 
     env = rank_environment(dict(os.environ))  # multicast off, as in every rank
@@ -143,7 +118,6 @@ def _prebuild(opts: LayerOptions) -> None:
 
 
 def run_sglang_layer(opts: LayerOptions) -> list[CaseOutcome]:
-    """Every case in fresh rank groups; report.md + report.json under ``opts.out``."""
     from concurrent.futures import ThreadPoolExecutor
 
     started = time.monotonic()
@@ -199,7 +173,6 @@ def run_sglang_layer(opts: LayerOptions) -> list[CaseOutcome]:
 def _publish(opts: LayerOptions, outcomes: Sequence[CaseOutcome],
              planned: Sequence[tuple[str, str]], not_run: Sequence[str], *,
              finished: bool) -> None:
-    """report.md, report.json and the record, as far as the run got."""
     _write_sglang_layer_report(opts, outcomes, done=finished,
                                planned=[c if v == opts.variant else f"{v} {c}"
                                         for v, c in planned])
@@ -242,8 +215,7 @@ def layer_record(*, made: Provenance, tested: record.Tested | None,
                  outcomes: Sequence[CaseOutcome],
                  notes: Sequence[str] = (), not_run: Sequence[str] = (),
                  ) -> record.Record | None:
-    """The record of an ``sglang-layer`` run of a stack's build (None without one):
-    a run cut short is unfinished."""
+    """The record of a run of a stack's build (None without one)."""
     stack = made["stack"]
     if not stack:
         return None
