@@ -164,7 +164,7 @@ def test_layer_stack_unpacks_this_pythons_sglang_wheel_with_its_provenance(
     assert [m["wheel"] for m in trees.made["made_from"]] == [mine, fi]
     opts = layer_run.LayerOptions(command="x", sglang_path=trees.sglang_path,
                              out=tmp_path / "out", layout="layer_boundary", made=trees.made)
-    layer_run._write_sglang_layer_report(opts, [], done=False, planned=["fused"])
+    layer_run._publish(opts, [], [("patched", "fused")], [], finished=False)
     doc = json.loads((tmp_path / "out" / "report.json").read_text())
     assert doc["made_from"] == trees.made["made_from"]
     assert (doc["finished"], doc["planned"]) == (False, ["fused"])

@@ -108,12 +108,15 @@ class _StubModule(types.ModuleType):
 
 
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serve a ``_StubModule`` for every module under ``GPU_ONLY_PACKAGES``."""
+    """Serve a ``_StubModule`` for every module under ``packages``."""
+
+    def __init__(self, packages: Sequence[str] = GPU_ONLY_PACKAGES) -> None:
+        self.packages = tuple(packages)
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname.partition(".")[0] not in GPU_ONLY_PACKAGES:
+        if fullname.partition(".")[0] not in self.packages:
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 

@@ -269,9 +269,8 @@ def expected_problems(case: str, ranks: Sequence[Observation]) -> list[str]:
 
 def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = sys.executable,
              device: str = "cuda", world_size: int = 2, tokens: Sequence[int] | None = None,
-             hidden: int | None = None, timeout: float = 120.0, start_timeout: float = 300.0,
-             extra_path: Sequence[Path] = (), env: dict[str, str] | None = None,
-             gates_in_memory: bool = False, layout: str,
+             timeout: float = 120.0, start_timeout: float = 300.0,
+             extra_path: Sequence[Path] = (), gates_in_memory: bool = False, layout: str,
              load_plugins: bool = False, agreement_timeout_s: float | None = None,
              collective_timeout_s: float | None = None,
              exchange_timeout_s: float | None = None,
@@ -286,9 +285,9 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
         collective_timeout_s=collective_timeout_s or timeout * 2,
         gates_in_memory=gates_in_memory, load_plugins=load_plugins,
         fused_call_agreement_timeout_s=agreement_timeout_s,
-        handle_exchange_timeout_s=exchange_timeout_s, hidden=hidden,
+        handle_exchange_timeout_s=exchange_timeout_s,
         tokens=tuple(policy_tokens(doc, world_size) if doc else tokens or DEFAULT_TOKENS))
-    rank_env = rank_environment({**os.environ, **(env or {})})
+    rank_env = rank_environment(dict(os.environ))
     rank_env["PYTHONPATH"] = os.pathsep.join(
         [str(sglang_path), *map(str, extra_path), str(source_root())])
     rank_env["PYTHONUNBUFFERED"] = "1"

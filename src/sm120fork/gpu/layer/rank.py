@@ -10,7 +10,6 @@ collectives as FlashInfer's trtllm backend.  Imports only stdlib-only parts of
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import importlib
@@ -20,7 +19,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from sm120fork.layouts import Layer
@@ -80,7 +79,6 @@ class RankRequest:
     fused_call_agreement_timeout_s: float | None = None
     handle_exchange_timeout_s: float | None = None
     tokens: tuple[int, ...] = DEFAULT_TOKENS
-    hidden: int | None = None
     policy_path: str | None = None
 
 
@@ -193,19 +191,6 @@ def stub_capability_for_sglang(capability: tuple[int, int]) -> None:
         return tuple(real(device))
 
     torch.cuda.get_device_capability = get_device_capability
-
-
-def _stub_packages(names: Sequence[str]) -> None:
-    finder = _module(PROBE_MODULE)._StubFinder()
-    finder_packages = tuple(names)
-
-    class _Only(type(finder)):  # type: ignore[misc]
-        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-            if fullname.partition(".")[0] not in finder_packages:
-                return None
-            return super().find_spec(fullname, path, target)
-
-    sys.meta_path.insert(0, _Only())
 
 
 def _register_cuda_ops_for_cpu_too() -> None:
@@ -451,16 +436,6 @@ def spy_routes(group: GlooTPGroup, fake: FakeFlashInferComm | None) -> RouteSpy:
     return spy
 
 
-def _inputs(tokens: int, hidden: int, world: int, dtype: Any, seed: int = 0,
-            ) -> tuple[list[Any], Any]:
-    torch = _module("torch")
-    xs = [torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(
-        seed + 1000 * r + tokens)).to(dtype) for r in range(world)]
-    residual = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(
-        seed + tokens)).to(dtype)
-    return xs, residual
-
-
 @dataclasses.dataclass(frozen=True)
 class _Norm:
     norm: Any
@@ -474,7 +449,14 @@ class _Norm:
     cuda: bool
 
     def inputs(self, tokens: int, seed: int = 0) -> tuple[list[Any], Any, Any, Any]:
-        xs, residual = _inputs(tokens, self.hidden, self.world, self.dtype, seed)
+        torch = _module("torch")
+
+        def randn(seed: int) -> Any:
+            generator = torch.Generator().manual_seed(seed)
+            return torch.randn(tokens, self.hidden, generator=generator).to(self.dtype)
+
+        xs = [randn(seed + 1000 * r + tokens) for r in range(self.world)]
+        residual = randn(seed + tokens)
         return xs, residual, xs[self.rank].to(self.dev).clone(), residual.to(self.dev).clone()
 
     def step(self, tokens: int, path: str, out: Any, res: Any, xs: list[Any], residual: Any,
@@ -503,7 +485,7 @@ def fault_steps(layer: Layer, m: _Norm, group: GlooTPGroup,
         xs, residual, x_in, r_in = m.inputs(tokens)
         gate = bool(layer.gate(tokens))
         calls = group.all_reduce_calls
-        with _no_grad():
+        with _module("torch").no_grad():
             if gate:
                 out, res = m.norm.forward_with_allreduce_fusion(x_in, r_in)
             else:
@@ -525,7 +507,7 @@ def policy_steps(layer: Layer, m: _Norm, group: GlooTPGroup, spy: RouteSpy,
 
     def run(x: Any, r: Any) -> tuple[Any, Any]:
         spy.start()
-        with _no_grad():
+        with _module("torch").no_grad():
             fused = fusions.fused_ffn_input(plan, x, r, None)
             if fused is not None:
                 return tuple(fused)
@@ -627,12 +609,6 @@ class _Lines(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-@contextlib.contextmanager
-def _no_grad() -> Iterator[None]:
-    with _module("torch").no_grad():
-        yield
-
-
 def _set_up_device(req: RankRequest) -> Any:
     if req.device == "cpu":
         _module(PROBE_MODULE).fake_gpu(STUBBED_CAPABILITY)
@@ -643,7 +619,7 @@ def _set_up_device(req: RankRequest) -> Any:
     torch = _module("torch")
     torch.cuda.set_device(0)
     _module("flashinfer.comm")  # FlashInfer reads the real GPU before the stub exists
-    _stub_packages(GPU_STUBS)
+    sys.meta_path.insert(0, _module(PROBE_MODULE)._StubFinder(GPU_STUBS))
     stub_capability_for_sglang(STUBBED_CAPABILITY)
     return torch
 
@@ -675,11 +651,11 @@ def _make_norm(req: RankRequest, layer: Layer, torch: Any) -> _Norm:
     # pcie_ipc all-reduces bf16 only: the policy cases run bf16 on the CPU too
     policy = req.case in POLICY_CASES
     dtype = torch.float32 if not cuda and not policy else torch.bfloat16
-    hidden = req.hidden or (7168 if cuda else 256)
+    hidden = 7168 if cuda else 256
     # The model's dtype: FlashInfer's fused kernel reads gamma in the input's dtype.
     norm = layer.layernorm.RMSNorm(hidden, eps=EPS).to(device=dev, dtype=dtype)
     weight = torch.rand(hidden, generator=torch.Generator().manual_seed(7168)) + 0.5
-    with _no_grad():
+    with torch.no_grad():
         norm.weight.copy_(weight.to(dtype))
     norm._forward_method = norm.forward_native  # sgl_kernel is not loaded here
     return _Norm(norm=norm, weight=weight, dev=dev, dtype=dtype, hidden=hidden,

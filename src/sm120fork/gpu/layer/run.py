@@ -173,9 +173,17 @@ def run_sglang_layer(opts: LayerOptions) -> list[CaseOutcome]:
 def _publish(opts: LayerOptions, outcomes: Sequence[CaseOutcome],
              planned: Sequence[tuple[str, str]], not_run: Sequence[str], *,
              finished: bool) -> None:
-    _write_sglang_layer_report(opts, outcomes, done=finished,
-                               planned=[c if v == opts.variant else f"{v} {c}"
-                                        for v, c in planned])
+    opts.out.mkdir(parents=True, exist_ok=True)
+    notes = [f"command: `{opts.command}`",
+             f"{'finished' if finished else 'in progress'} {now()}", *opts.notes]
+    (opts.out / "report.md").write_text(
+        cases.render(outcomes, title=opts.title, notes=notes), encoding="utf-8")
+    shown = [c if v == opts.variant else f"{v} {c}" for v, c in planned]
+    (opts.out / "report.json").write_text(
+        json.dumps({"kind": "sglang-layer", "notes": notes, "planned": shown,
+                    "finished": finished, "layout": opts.layout, **(opts.made or {}),
+                    "cases": [dataclasses.asdict(o) for o in outcomes]}, indent=1),
+        encoding="utf-8")
     made_from = [*(opts.made["made_from"] if opts.made else ()),
                  *(m for r in opts.routes for m in r.made_from)]
     try:
@@ -188,25 +196,9 @@ def _publish(opts: LayerOptions, outcomes: Sequence[CaseOutcome],
             not_run=tuple(not_run))
     except ConfigError as exc:  # the run goes on; its record would break the format
         log.error("no record: %s", exc)
-        rec = None
+        return
     if rec is not None:
         records.write(rec, opts.out)
-
-
-def _write_sglang_layer_report(opts: LayerOptions,
-                               outcomes: Sequence[CaseOutcome], *,
-                               done: bool, planned: Sequence[str] = ()) -> None:
-    """Rewritten after every case, so a run cut short still leaves what it finished."""
-    opts.out.mkdir(parents=True, exist_ok=True)
-    notes = [f"command: `{opts.command}`",
-             f"{'finished' if done else 'in progress'} {now()}", *opts.notes]
-    (opts.out / "report.md").write_text(
-        cases.render(outcomes, title=opts.title, notes=notes), encoding="utf-8")
-    (opts.out / "report.json").write_text(
-        json.dumps({"kind": "sglang-layer", "notes": notes, "planned": list(planned),
-                    "finished": done, "layout": opts.layout, **(opts.made or {}),
-                    "cases": [dataclasses.asdict(o) for o in outcomes]}, indent=1),
-        encoding="utf-8")
 
 
 def layer_record(*, made: Provenance, tested: record.Tested | None,
