@@ -7,7 +7,6 @@ import dataclasses
 import itertools
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from sm120fork.errors import ConfigError
 
@@ -205,16 +204,6 @@ class BenchPlan:
     rotate: int = 8
     calls_per_buffer: int = 4
     floors: bool = True  # the empty-graph and flag-handoff floors (once per run)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BenchPlan:
-        data = dict(data)
-        data["tokens"] = tuple(data["tokens"])
-        data["hidden"] = tuple(data["hidden"])
-        return cls(**data)
 
 
 def bench_plan(world_size: int, *, quick: bool, tokens: Sequence[int] | None = None,
