@@ -161,12 +161,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 def fake_gpu(capability: tuple[int, int] | None, cuda_version: str = "12.9", *,
              lazy: bool = False) -> None:
-    """Make torch report one CUDA GPU of ``capability`` (None: a plain CPU machine).
-
-    ``cuda_version`` is the CUDA version torch reports, and the one FlashInfer's stand-in says
-    it compiles with (as FlashInfer does when it finds no nvcc).  ``lazy``: only once
-    something imports torch (a tree that never does needs no torch).
-    """
+    """Make torch report one CUDA GPU of ``capability`` (None: a plain CPU machine) and CUDA
+    ``cuda_version``; ``lazy``: only once something imports torch."""
     sys.meta_path.insert(0, _StubFinder())
     if lazy and "torch" not in sys.modules:
         sys.meta_path.insert(0, _AfterImport(

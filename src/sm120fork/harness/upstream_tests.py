@@ -10,9 +10,7 @@ from collections.abc import Sequence
 
 from sm120fork.harness import fake_gpu as fake
 
-#: What upstream's test utilities import for their benchmark and dataset helpers, which a
-#: unit test never calls (sglang.test.test_utils imports sglang.benchmark, which imports
-#: ``datasets``): stubbed like the GPU-only packages rather than installed.
+#: Imported by upstream's test utilities for helpers a unit test never calls: stubbed.
 TEST_UTILITY_PACKAGES = ("datasets",)
 
 

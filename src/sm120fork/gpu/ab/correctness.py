@@ -180,13 +180,8 @@ def run_case(rk: Rank, case: Case) -> CaseResult:
     verdicts = once("eager", call)
     note = None
     if case.api == CUSTOM_API and not case.lamport:
-        # The non-lamport path synchronizes ranks with flag barriers that compare for
-        # equality against a host-side flag.  Baked into a graph, the flags repeat on the
-        # second replay, a stale flag satisfies a barrier, and a rank that runs ahead
-        # overwrites a slot a slower rank still waits on: a hang whenever ranks are not
-        # in lock step (seen with ranks sharing a GPU; FlashInfer's own fusion API keeps
-        # its flags on the device).  So this path is checked with eager calls only, each
-        # with the next flag.
+        # Its barriers compare against a host-side flag: replayed from a graph, a stale
+        # flag lets a rank run ahead and hang its peers, so eager calls only.
         verdicts += once("eager call 2", call) + once("eager call 3", call)
         note = "eager only: host-side barrier flags cannot be graph-replayed"
     else:

@@ -60,9 +60,7 @@ class _Reports:
             self.reported.setdefault(rank, set()).add(result.key)
 
     def settled(self, codes: list[int | None]) -> bool:
-        """Every rank still running has reported each case that a failed rank reported:
-        a rank that exits right after its report (a poisoned CUDA context) ends the group
-        only once the others have reported that case too, or the watchdog gives up."""
+        """Every rank still running has reported each case that a failed rank reported."""
         done_by_failed: set[str] = set()
         for rank, code in enumerate(codes):
             if code not in (None, 0):
@@ -72,8 +70,7 @@ class _Reports:
 
     def in_progress(self, outcome: GroupOutcome) -> set[str]:
         """The cases a group's end interrupted: those the crashed rank started and did not
-        report (none when it crashed after reporting its last case: the others' next case
-        is not to blame for its exit), else those any rank started."""
+        report, else those any rank started."""
         if outcome.kind == "crash" and outcome.failed is not None:
             reported = self.reported.get(outcome.failed, set())
             return {k for k in self.started.get(outcome.failed, []) if k not in reported}
@@ -110,10 +107,7 @@ class _Batch:
         interrupted = reports.in_progress(outcome)
         in_progress = [c for c in remaining if c.key in interrupted]
         if not in_progress:
-            # Nothing was running when the group ended: a crash between cases (after a
-            # case that reported, e.g. a CUDA error that poisoned the context) or a
-            # start-up failure.  Retry; two start-up failures in a row with no progress
-            # mean the ranks cannot start.
+            # A crash between cases or at start-up: retry, unless twice with no progress.
             progressed = len(remaining) < len(pending)
             self.startup_failures = 0 if progressed else self.startup_failures + 1
             if self.startup_failures < 2:

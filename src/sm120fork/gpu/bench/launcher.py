@@ -24,11 +24,7 @@ def run_group(plan: BenchPlan, variant: Variant, run_dir: Path, *,
               timeouts: Timeouts = DEFAULT_TIMEOUTS,
               worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.bench.worker"),
               ) -> tuple[list[BenchRecord], Environment, GroupOutcome]:
-    """Run one bench group of ``methods``; returns (bench records, environment, outcome).
-
-    ``extra_env`` is the group's own environment (a tuned NCCL row's settings, which NCCL
-    reads once per process); ``module_failures`` the optional modules that did not build.
-    """
+    """Run one bench group of ``methods``: (bench records, environment, outcome)."""
     name = f"{tag}-{variant.name}"
     spec_path = run_dir / f"spec-{name}.json"
     store = run_dir / f"store-{name}"

@@ -104,11 +104,7 @@ TORCH_SYMM_SHARED_GPU = (
 
 def environment_reason(api: str, *, shared: bool, legacy_workspace_torch_symm: bool,
                        ) -> str | None:
-    """Why ``api`` cannot run on these ranks at all (None: it can), before any case runs.
-
-    ``legacy_workspace_torch_symm``: the FlashInfer under test allocates the legacy fusion
-    workspace as torch symmetric memory (read from the module by the rank).
-    """
+    """Why ``api`` cannot run on these ranks at all (None: it can)."""
     if api == "fusion_legacy" and shared and legacy_workspace_torch_symm:
         return TORCH_SYMM_SHARED_GPU
     return None
@@ -180,10 +176,8 @@ def phases(cases: Sequence[Case]) -> list[list[Case]]:
 def select(cases: Iterable[Case], *, apis: Sequence[str] | None = None,
            patterns: Sequence[str] | None = None, tokens: Sequence[int] | None = None,
            hidden: Sequence[int] | None = None, max_cases: int | None = None) -> list[Case]:
-    """Filter the matrix by the command line's ``--api`` / ``--pattern`` / ``--tokens``;
-    ``--hidden`` runs every selected case at these hidden sizes instead (sizes the matrix
-    does not hold, e.g. 4608 and 5376, where a cluster that does not divide the warps per
-    token misaligns or skips elements)."""
+    """Filter the matrix by ``--api`` / ``--pattern`` / ``--tokens``; ``--hidden`` runs every
+    selected case at these hidden sizes instead."""
     out = [c for c in cases
            if (not apis or c.api in apis) and (not patterns or c.pattern in patterns)
            and (not tokens or c.tokens in tokens)]

@@ -15,16 +15,11 @@ from sm120fork.util.supervise import Child, GroupOutcome
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Timeouts(supervise.Timeouts):
-    """The supervisor's bounds with the launcher's defaults, and its circuit breaker.
-
-    ``startup``: to each rank's first line (interpreter, torch, FlashInfer load, gloo);
-    ``idle``: between lines once running (a case prints START and RESULT); ``deadline``:
-    after which no case starts and a running group is ended."""
+    """The supervisor's bounds with the launcher's defaults, and its circuit breaker."""
 
     startup: float | None = 300.0
     idle: float | None = 90.0
-    #: circuit breaker: after this many hangs (crashes) in a row of one API, the rest of
-    #: that API's cases in the batch are reported as not attempted
+    #: hangs (crashes) in a row of one API after which its other cases are not attempted
     max_hang_streak: int = 4
     max_crash_streak: int = 12
 

@@ -89,11 +89,9 @@ def _load_norm() -> Callable[[], object]:
     return build
 
 
-#: module name -> (loader, required).  A loader imports (in the main thread: Python
-#: imports of one package from several threads can see half-initialised modules) and
-#: returns the build step, which runs in a thread.  A required module that fails fails
-#: the variant; an optional one (a bench method's) is reported and its method then says
-#: it cannot run.
+#: module name -> (loader, required).  A loader imports in the main thread (threads can
+#: see half-initialised packages) and returns the build step, run in a thread; a failed
+#: required module fails the variant, an optional one only its bench method.
 MODULES: dict[str, tuple[Callable[[], Callable[[], object]], bool]] = {
     "comm": (_builder("flashinfer.comm.trtllm_ar", "get_trtllm_comm_module"), True),
     "norm": (_load_norm, True),

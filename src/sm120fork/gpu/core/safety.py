@@ -37,11 +37,8 @@ def multicast_forbidden_by(environ: Mapping[str, str]) -> str | None:
 
 def check_backend(backend: str, *, allow_multicast: bool,
                   host_environ: Mapping[str, str] | None = None) -> str:
-    """Return ``backend`` if the harness may ask FlashInfer for it, else raise.
-
-    ``host_environ`` is the caller's environment before the harness forces the
-    multicast switches off for the ranks; the ranks themselves pass None.
-    """
+    """Return ``backend`` if the harness may ask FlashInfer for it, else raise;
+    ``host_environ``: the caller's (the ranks, whose switches are forced off, pass None)."""
     if backend == SAFE_BACKEND:
         return backend
     if backend in MULTICAST_BACKENDS:
