@@ -119,18 +119,10 @@ def layout_of(sglang_path: Path, root: Path | None = None) -> str:
     return layouts.pop()
 
 
-def warning_says(layout: str) -> str:
-    return str(adapter(layout, "rank").WARNING_SAYS)
-
-
-def raised_alone_says(layout: str) -> str:
-    return str(adapter(layout, "rank").RAISED_ALONE_SAYS)
-
-
 def alone_problems(case: str, exits: Sequence[Ended], *, layout: str) -> list[str]:
     """What is wrong with how the ranks ended where the fused call raised on one rank."""
     alone = RAISES_ALONE[case]
-    says = raised_alone_says(layout)
+    says = str(adapter(layout, "rank").RAISED_ALONE_SAYS)
     problems: list[str] = []
     for ended in exits:
         who, raised = f"rank {ended.rank}", ended.raised
@@ -233,7 +225,7 @@ def expected_problems(case: str, ranks: Sequence[Observation]) -> list[str]:
     problems: list[str] = []
     for obs in ranks:
         who, warnings = f"rank {obs.rank}", obs.warnings
-        says = warning_says(obs.layout)
+        says = str(adapter(obs.layout, "rank").WARNING_SAYS)
         wrong = [s.tokens for s in obs.steps if not s.correct]
         if wrong:
             problems.append(f"{who}: output differs from the reference at tokens {wrong}")
