@@ -1,5 +1,5 @@
-"""``python -m sm120fork.gpu VERB``: the GPU verbs, for a GPU box with torch but no nox or
-index; parses and prints, never imports the toolkit's cli/."""
+"""``python -m sm120fork.gpu VERB`` (``python -m sm120fork gpu VERB``): the GPU verbs, for a
+GPU machine with torch (and nvcc for FlashInfer's JIT) but no nox and no package index."""
 
 from __future__ import annotations
 
@@ -40,14 +40,6 @@ def _ints(text: str) -> list[int]:
     if not values or any(v < 2 for v in values):
         raise argparse.ArgumentTypeError("world sizes must be >= 2")
     return values
-
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``python -m sm120fork.gpu``: the same verbs as ``sm120fork gpu``."""
-    parser = Parser(prog="python -m sm120fork.gpu", description=__doc__)
-    add_args(parser)
-    return parser
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -122,7 +114,6 @@ def _test_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--primary", help="the variant under test (default: patched, else first)")
 
 
-
 def _bench_args(b: argparse.ArgumentParser) -> None:
     _common(b)
     b.set_defaults(handler=cmd_bench)
@@ -132,7 +123,6 @@ def _bench_args(b: argparse.ArgumentParser) -> None:
                    help="only these methods (default: every one)")
     b.add_argument("--tokens", type=counts, help="token counts, e.g. 1,16,128")
     b.add_argument("--hidden", type=counts, help="hidden sizes, e.g. 4096,7168")
-
 
 
 def _layer_args(s: argparse.ArgumentParser) -> None:
@@ -347,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m sm120fork.gpu``: needs neither rich nor a checkout's forks/."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    return boundary(lambda: run(build_parser().parse_args(argv), argv),
+    parser = Parser(prog="python -m sm120fork.gpu", description=__doc__)
+    add_args(parser)
+    return boundary(lambda: run(parser.parse_args(argv), argv),
                     name="python -m sm120fork.gpu", root=Path.cwd,
                     on_interrupt=proc.end_children)

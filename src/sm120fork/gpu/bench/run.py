@@ -214,6 +214,5 @@ def resume_after(methods: Sequence[str], records: Sequence[BenchRecord],
     return culprit, list(methods[list(methods).index(culprit) + 1:])
 
 
-
 def rerender(bench: Path, out: Path) -> list[Path]:
     return report.write_bench_report(documents.read(bench), out, where=str(bench))
