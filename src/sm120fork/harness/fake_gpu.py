@@ -226,9 +226,8 @@ def environ(name: str, value: str | None) -> Iterator[None]:
 
 def start_probe(capability: Sequence[int] | None, cuda_version: str = "12.9", *,
                 lazy: bool = False) -> None:
-    """What every probe process does first: drop the caller's SGLang settings and point
-    the all-reduce policy at no file (they must not steer the decisions), fake the GPU,
-    log warnings."""
+    """What every probe process does first: no caller's SGLang settings or policy file
+    steer the decisions; fake the GPU; log warnings."""
     for name in [name for name in os.environ if name.startswith("SGLANG_")]:
         del os.environ[name]
     # nor an all-reduce policy the user's bench left in their home (S1/S2, G2/G3 read it)

@@ -48,7 +48,6 @@ class _Reports:
 
     started: dict[int, list[str]] = dataclasses.field(default_factory=dict)
     reported: dict[int, set[str]] = dataclasses.field(default_factory=dict)
-    #: {case key: {rank: its result}}
     results: dict[str, dict[int, CaseResult]] = dataclasses.field(default_factory=dict)
 
     def on_message(self, rank: int, message: wire.Message) -> None:
@@ -131,8 +130,7 @@ class _Batch:
         return self._breaker(culprit, kind, [c for c in remaining if c is not culprit])
 
     def _breaker(self, culprit: Case, kind: str, pending: list[Case]) -> list[Case]:
-        """After too many hangs (crashes) in a row of one API, the rest of that API's
-        cases are not attempted."""
+        """The circuit breaker: too many hangs (crashes) of one API stop its other cases."""
         streak = self.streaks.setdefault(culprit.api, {"crash": 0, "hang": 0})
         streak[kind if kind in streak else "crash"] += 1
         if (streak["hang"] < self.timeouts.max_hang_streak

@@ -26,11 +26,8 @@ UNFUSED = "nccl_rmsnorm"
 TARGETS = (("<= 16 tokens", 16, 3.0), ("128 tokens", 128, 1.5))
 
 
-# ---- bench -----------------------------------------------------------------------------
 def bench_points(doc: BenchDoc, stat: str = "median") -> dict[int, dict[str, dict[int, float]]]:
-    """{hidden: {method: {tokens: us}}} of the measured points: the slowest rank's median
-    (the slowest rank bounds a collective; the point's median where no rank's is known)
-    or (``stat="p90"``) p90."""
+    """{hidden: {method: {tokens: us}}}: the slowest rank's median (or ``stat="p90"``)."""
     out: dict[int, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for rec in doc.get("records", []):
         if rec.get("kind") != "point":
@@ -127,8 +124,7 @@ def target_checks(doc: BenchDoc) -> list[tuple[str, str]]:
 
 
 def op_floor(doc: BenchDoc) -> float | None:
-    """No fused all-reduce op can beat launching one kernel in a graph plus one one-way
-    flag handoff to a peer GPU; either alone when only one was measured."""
+    """One kernel in a graph plus one flag handoff to a peer: no fused op beats it."""
     fl = floors(doc)
     parts = [fl[k] for k in ("empty_graph", "flag_handoff") if k in fl]
     return sum(parts) if parts else None

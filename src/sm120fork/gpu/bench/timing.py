@@ -100,8 +100,7 @@ def _flag_handoff_us(rk: Rank, iters: int) -> float | None:
 
 
 def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
-    """Every method of ``methods`` checked, then timed, at every point of ``plan``; rank 0
-    says each record (``BENCH``)."""
+    """Every method checked, then timed, at every point of ``plan``; rank 0 says each."""
     rotate, calls_per_buffer, replays = plan.rotate, plan.calls_per_buffer, plan.replays
     if rk.shared:  # time-sliced ranks: numbers mean nothing, keep the run short
         rotate, calls_per_buffer, replays = 2, 2, 5
@@ -136,8 +135,7 @@ def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
 
 
 class _Points:
-    """One set of rotating buffers, gamma, inputs and reference per point, shared by every
-    method, and the check of a method's outputs there against the fp32 reference."""
+    """Each point's buffers, inputs and fp32 reference, shared by every method."""
 
     def __init__(self, rk: Rank, plan: BenchPlan, rotate: int) -> None:
         self.rk, self.plan, self.rotate = rk, plan, rotate

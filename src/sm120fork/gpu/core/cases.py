@@ -151,8 +151,7 @@ def quick_matrix(world_sizes: Sequence[int]) -> list[Case]:
 
 
 def order(cases: Iterable[Case]) -> list[Case]:
-    """Group by world size; within it the legacy custom all-reduce first (the cases the
-    series is expected to change), then the fusion APIs."""
+    """By world size; within it the legacy custom all-reduce first, then the fusion APIs."""
     def rank(c: Case) -> tuple[int, int, str]:
         return (c.world_size, (APIS.index(c.api) + 1) % len(APIS), c.key)
 
@@ -161,9 +160,8 @@ def order(cases: Iterable[Case]) -> list[Case]:
 
 
 def phases(cases: Sequence[Case]) -> list[list[Case]]:
-    """Batches in run order: every world size's custom all-reduce cases, then every world
-    size's fusion cases, so that a time budget cuts fusion cases, not the A/B evidence of
-    the lamport path.  Each batch holds one world size."""
+    """One-world-size batches, every custom all-reduce batch first (so a time budget cuts
+    fusion cases, not the lamport path's A/B)."""
     out = []
     for custom in (True, False):
         for ws in sorted({c.world_size for c in cases}):

@@ -37,5 +37,4 @@ def run_ranks(worker: Sequence[str], spec_path: Path, world: int, variant: Varia
         timeouts=timeouts, on_message=on_message, settled=settled)
 
 
-#: the launcher's defaults
 DEFAULT_TIMEOUTS = Timeouts()

@@ -12,7 +12,6 @@ import sys
 from sm120fork.errors import CommandError, NoGpuError
 from sm120fork.util import proc
 
-#: What the child prints: one JSON line.
 _PROBE = ("import json, torch; n = torch.cuda.device_count() if torch.version.cuda else 0; "
           "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, "
           "'gpus': [torch.cuda.get_device_name(i) for i in range(n)]}))")
@@ -22,8 +21,7 @@ COMMAND_ENV = "SM120FORK_COMMAND"
 
 
 def _fix() -> str:
-    """Where to go from any of these errors: the command as it was given (a kit's run, a
-    nox session, the toolkit's verb) with the Python that has a CUDA torch."""
+    """The command as it was given, with the Python that has a CUDA torch."""
     session = os.environ.get("NOX_CURRENT_SESSION")
     how = (f"PYTHON=/path/to/python {os.environ[COMMAND_ENV]}" if os.environ.get(COMMAND_ENV)
            else f"/path/to/python -m nox -s {session}" if session

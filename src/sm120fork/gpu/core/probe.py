@@ -16,9 +16,8 @@ from sm120fork.gpu.core.rank import say
 
 
 def import_failure(exc: BaseException) -> str:
-    """``exc`` in one line and, for a module that did not import, where Python looked: the
-    folders its top-level package resolved to (a namespace split across sites lists each)
-    and the installed distributions that provide that name, with their folders."""
+    """``exc`` in one line and, for a module that did not import, where Python looked and
+    which installed distributions provide it."""
     text = f"{type(exc).__name__}: {exc}"
     chain: list[BaseException] = []
     while exc is not None and exc not in chain:

@@ -26,9 +26,8 @@ def stage(name: str) -> None:
 
 
 def hard_exit(code: int) -> None:
-    """Exit without interpreter teardown: with a poisoned CUDA context, or IPC mappings and
-    a gloo group still open, destructors and atexit hooks can hang, and a hung exit would
-    look like a hung case to the watchdog."""
+    """Exit without teardown: with a poisoned CUDA context or IPC mappings open, atexit
+    hooks can hang, and a hung exit would look like a hung case."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -56,9 +55,8 @@ LAMPORT_TOKEN_NUM_THRESHOLD = 16
 
 
 def legacy_workspace_sizes(world: int, max_tokens: int, hidden: int) -> list[int]:
-    """The seven IPC buffers of ``trtllm_custom_all_reduce`` (data x2, barrier flags x2,
-    lamport x3), each rounded up to 2 MiB, as FlashInfer's own workspace creator sized them
-    before 0.7.4 removed it (the kernel entry point stayed)."""
+    """The seven IPC buffers of ``trtllm_custom_all_reduce``, sized as FlashInfer's own
+    creator did before 0.7.4 removed it."""
     data = world * max_tokens * hidden * 4
     flags = (MAX_ALL_REDUCE_BLOCKS + 1) * 4 * world * 2
     lamport = world * LAMPORT_TOKEN_NUM_THRESHOLD * world * hidden * 2
@@ -127,7 +125,6 @@ class Rank:
     def barrier(self) -> None:
         dist.barrier()
 
-    # ---- workspaces ------------------------------------------------------------------
     def workspace(self, api: str) -> Any:
         """Create each API's workspace once per process, sized for the whole batch."""
         if api in self._workspace_errors:
