@@ -7,6 +7,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 import textwrap
 import tomllib
 from pathlib import Path
@@ -402,3 +403,12 @@ def test_a_run_is_judged_by_what_it_ran_and_its_first_error() -> None:
     assert (crashed.outcome, crashed.summary) == ("error", "ModuleNotFoundError: No module "
                                                            "named 'torch'")
     assert judge("test/x.py", "", -9).summary == "exit status -9, no output"
+
+
+def test_an_upstream_test_file_runs_with_gpu_and_test_utility_packages_stubbed(
+        tmp_path: Path) -> None:
+    test = tmp_path / "test_x.py"
+    test.write_text("import datasets, sgl_kernel\nraise SystemExit(3)\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "sm120fork.harness.upstream_tests", str(test)],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 3, done.stderr

@@ -18,8 +18,8 @@ def main(argv: Sequence[str]) -> int:
     (path,) = argv
     for name in [name for name in os.environ if name.startswith("SGLANG_")]:
         del os.environ[name]
-    fake.GPU_ONLY_PACKAGES = (*fake.GPU_ONLY_PACKAGES, *TEST_UTILITY_PACKAGES)
     fake.fake_gpu(None)
+    sys.meta_path.insert(0, fake._StubFinder(TEST_UTILITY_PACKAGES))
     sys.argv = [path]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
