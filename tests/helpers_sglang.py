@@ -265,7 +265,7 @@ def sglang_next_verify(tmp_path_factory: pytest.TempPathFactory,
                        zygote_python: str) -> VerifyResult:
     """``run_verify`` of sglang-0.5.23 copied under the name ``sglang-next`` (its toml with
     its first wheel, its patches; nothing in the toolkit names the stack): the build, the
-    fingerprints and the layer_boundary checks (``check_trees`` of the patched tree against
+    fingerprints and the layer_boundary checks (``check`` of the patched tree against
     the unpatched one, made from the same published wheel and series as sglang-0.5.23's
     own).  Made once per run: test_layouts asserts the verdicts, test_stack2 the checks."""
     from sm120fork.verify.proof.stack import run_verify

@@ -152,7 +152,7 @@ def test_cp311_wheel_installs_and_imports_here(builds: list[ProjectBuild],
 @pytest.fixture(scope="module")
 def results(sglang_next_verify: VerifyResult) -> tuple[CheckResult, ...]:
     """The layer_boundary checks of sglang-0.5.23's patched tree against the unpatched one
-    (``check_trees``), as ``run_verify`` runs them on this stack's copy under another name
+    (``check``), as ``run_verify`` runs them on this stack's copy under another name
     (its first wheel, the same series: the same trees, made once per run and shared with
     test_layouts, which asserts that run's verdicts)."""
     return sglang_next_verify.sglang

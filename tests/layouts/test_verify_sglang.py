@@ -18,7 +18,7 @@ from sm120fork.layouts.communicator.checks import (
     SM12X,
     TOGETHER_CASES,
     UNCHANGED,
-    check_sglang,
+    check,
 )
 from sm120fork.layouts.results import CheckResult
 
@@ -34,7 +34,7 @@ def sglang_trees(sglang_0510: Path, sglang_0510_upstream: Path) -> tuple[Path, P
 @pytest.fixture(scope="module")
 def results(sglang_trees: tuple[Path, Path], zygote_python: str) -> list[CheckResult]:
     patched, upstream = sglang_trees
-    return check_sglang(patched, baseline=upstream, layer=run_case, python=zygote_python)
+    return check(patched, baseline=upstream, layer=run_case, python=zygote_python)
 
 
 def _named(results: list[CheckResult], prefix: str, cap: str) -> dict[str, CheckResult]:
@@ -149,7 +149,7 @@ def test_two_ranks_fail_closed_together(results: list[CheckResult]) -> None:
 def test_unpatched_upstream_fails_the_sm12x_checks(sglang_trees: tuple[Path, Path],
                                                   zygote_python: str) -> None:
     _, upstream = sglang_trees
-    results = check_sglang(upstream, baseline=None, layer=run_case, python=zygote_python)
+    results = check(upstream, baseline=None, layer=run_case, python=zygote_python)
     failed = {r.name.split()[0] for r in results if not r.passed}
     assert failed == {"S1", "S2", "S3", "S4"}
     # Without a baseline, 8.0/9.0/10.0 are judged by the known upstream decisions.
@@ -160,7 +160,7 @@ def test_a_probe_that_cannot_run_is_a_verify_error(tmp_path: Path) -> None:
     (tmp_path / "python" / "sglang").mkdir(parents=True)  # a package without srt/
     (tmp_path / "python" / "sglang" / "__init__.py").touch()
     with pytest.raises(VerifyError, match="probe") as info:
-        check_sglang(tmp_path, baseline=None, layer=run_case, python=sys.executable, jobs=1)
+        check(tmp_path, baseline=None, layer=run_case, python=sys.executable, jobs=1)
     # The tree lacks the module, not this Python a requirement (issue 41: no guessed hint).
     assert "the tree under test has no module 'sglang.srt" in info.value.what
     assert "--group sglang-probe" not in str(info.value)
@@ -168,5 +168,4 @@ def test_a_probe_that_cannot_run_is_a_verify_error(tmp_path: Path) -> None:
 
 def test_a_tree_without_python_dir_is_a_verify_error(tmp_path: Path) -> None:
     with pytest.raises(VerifyError, match="python/sglang"):
-        check_sglang(tmp_path / "patched", baseline=tmp_path, layer=run_case,
-                     python=sys.executable)
+        check(tmp_path / "patched", baseline=tmp_path, layer=run_case, python=sys.executable)

@@ -112,11 +112,12 @@ def _decision_prefix(scenario: str) -> str:
     return "S1" if scenario.startswith("explicit-flag") else "S2"
 
 
-def check_sglang(tree: Path, *, baseline: Path | None, layer: LayerRunner,
-                 python: str | os.PathLike[str] = sys.executable,
-                 jobs: int | None = None, timeout: float = 600) -> list[CheckResult]:
+def check(tree: Path, *, baseline: Path | None, layer: LayerRunner,
+          python: str | os.PathLike[str] = sys.executable, cache: Path | None = None,
+          jobs: int | None = None, timeout: float = 600) -> list[CheckResult]:
     """Without ``baseline`` 8.0/9.0/10.0 are compared with upstream's known decisions; a
-    behaviour that differs is a failed result, a probe that cannot run ``VerifyError``."""
+    behaviour that differs is a failed result, a probe that cannot run ``VerifyError``.
+    (``cache`` is unused: this layout needs no overlay.)"""
     sglang_trees(tree, baseline)
     runs: list[tuple[Path, str, str]] = [(tree, "decisions", cap) for cap in SM12X + UNCHANGED]
     runs.append((tree, "fallbacks", "12.0"))
@@ -179,8 +180,3 @@ def _together_result(case: str, outcome: LayerOutcome) -> CheckResult:
                        expected=compact(expected),
                        observed=compact(observed) if not outcome.hung else '"hung"',
                        passed=outcome.passed and observed == expected, detail=detail)
-
-
-def check(tree: Path, *, baseline: Path | None, python: str | os.PathLike[str],
-          cache: Path, layer: LayerRunner) -> list[CheckResult]:
-    return check_sglang(tree, baseline=baseline, layer=layer, python=python)

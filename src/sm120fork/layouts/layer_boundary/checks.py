@@ -170,24 +170,17 @@ def _preflight_check(name: str, cap: str, obs: Observation,
     return judged(obs, expected, cap, "G4", note=note)
 
 
-def check_trees(tree: Path, *, baseline: Path, overlay: Path,
-                      python: str | os.PathLike[str] = sys.executable,
-                      jobs: int | None = None, timeout: float = 600) -> list[CheckResult]:
-    """``tree`` against ``baseline`` (unpatched upstream); a probe that cannot run raises."""
-    sglang_trees(tree, baseline)
-    runs = [("patched", tree, cap) for cap in SM12X + UNCHANGED]
-    runs += [("baseline", baseline, cap) for cap in UNCHANGED]
-    workers = jobs or max(1, min(len(runs), os.cpu_count() or 1))
-    return judge(gather({(label, cap): functools.partial(
-        run_probe, root, cap, overlay=overlay, python=python, timeout=timeout)
-        for label, root, cap in runs}, workers))
-
-
 def check(tree: Path, *, baseline: Path | None, python: str | os.PathLike[str],
           cache: Path, layer: LayerRunner) -> list[CheckResult]:
-    """(The G series has no two-rank layer cases: ``layer`` is unused.)"""
+    """``tree`` against ``baseline`` (unpatched upstream); a probe that cannot run raises.
+    (The G series has no two-rank layer cases: ``layer`` is unused.)"""
     if baseline is None:
         raise VerifyError("the layer_boundary checks compare with unpatched upstream",
                           where=str(tree), fix="pass the unpatched tree as baseline")
+    sglang_trees(tree, baseline)
     overlay = ensure_overlay(cache, python=python)
-    return check_trees(tree, baseline=baseline, overlay=overlay, python=python)
+    runs = [("patched", tree, cap) for cap in SM12X + UNCHANGED]
+    runs += [("baseline", baseline, cap) for cap in UNCHANGED]
+    return judge(gather({(label, cap): functools.partial(
+        run_probe, root, cap, overlay=overlay, python=python)
+        for label, root, cap in runs}, max(1, min(len(runs), os.cpu_count() or 1))))
