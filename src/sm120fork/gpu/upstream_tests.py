@@ -22,7 +22,6 @@ from sm120fork.util import proc, typed
 
 PR_FILE = "pr.json"
 BASELINE = "unpatched"
-#: junit child element -> the record's outcome.
 _OUTCOMES = {"failure": "fail", "error": "error", "skipped": "skip"}
 #: pytest -v's line of a finished case (what a run cut short leaves).
 _LIVE_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR)\b")
@@ -34,8 +33,7 @@ _PATH = re.compile(r"(?<![\w<>.-])/(?:opt|root|work|home|tmp|scratch|mnt|data|va
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PrTests:
-    """``pr.json``: one PR's GPU tests as the kit carries them (``sm120fork.upstream.groups``
-    writes it)."""
+    """``pr.json``: one PR's GPU tests as the kit carries them."""
 
     pr: str
     stack: str

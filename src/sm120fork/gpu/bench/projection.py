@@ -47,8 +47,7 @@ RTX_PRO_6000_8X = Fabric(
 
 
 def _interp(points: Sequence[tuple[int, float]], size: int) -> float:
-    """Piecewise-linear in bytes; below the first point the first value (a latency floor),
-    above the last the last slope."""
+    """Piecewise-linear in bytes; the first value below the first point (a floor)."""
     pts = sorted(points)
     if size <= pts[0][0]:
         return pts[0][1]

@@ -94,8 +94,7 @@ def skip_reason(case: Case, capability: tuple[int, int]) -> str | None:
     return None
 
 
-#: Why FlashInfer's legacy fusion workspace cannot be made on ranks that share a GPU when it
-#: is torch symmetric memory (FlashInfer 0.7.x allocates it with ``_alloc_symm_buffer_bytes``).
+#: FlashInfer 0.7.x makes the legacy fusion workspace as torch symmetric memory.
 TORCH_SYMM_SHARED_GPU = (
     "needs a GPU per rank here: this FlashInfer's legacy fusion workspace is torch symmetric "
     "memory, whose rendezvous refuses ranks sharing one GPU (\"detected allocations from "

@@ -48,8 +48,7 @@ class WorkspaceError(RuntimeError):
     """Creating an API's workspace failed; every case of that API fails with it."""
 
 
-#: The legacy custom all-reduce's constants (``trtllm_ar.py`` up to FlashInfer 0.7.2 and
-#: ``trtllm_allreduce.cuh``): the flag buffers' blocks and the lamport path's token limit.
+#: The legacy custom all-reduce's constants (FlashInfer's ``trtllm_allreduce.cuh``).
 MAX_ALL_REDUCE_BLOCKS = 24
 LAMPORT_TOKEN_NUM_THRESHOLD = 16
 
@@ -66,8 +65,7 @@ def legacy_workspace_sizes(world: int, max_tokens: int, hidden: int) -> list[int
 
 
 def legacy_custom_all_reduce(fc: Any) -> Any:
-    """``trtllm_custom_all_reduce``: FlashInfer's wrapper where it has one, else the comm
-    module's own entry point (same arguments; FlashInfer 0.7.4 kept only that)."""
+    """FlashInfer's ``trtllm_custom_all_reduce`` wrapper, else (0.7.4+) the comm module's."""
     wrapper = getattr(fc, "trtllm_custom_all_reduce", None)
     if wrapper is not None:
         return wrapper

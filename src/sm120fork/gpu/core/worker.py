@@ -13,7 +13,6 @@ from typing import Any
 from sm120fork.gpu.core.probe import environment, run_compile
 from sm120fork.gpu.core.rank import Rank, hard_exit, say
 
-#: what a harness runs in a rank: the rank's state and the spec
 Job = Callable[[Rank, dict[str, Any]], None]
 
 

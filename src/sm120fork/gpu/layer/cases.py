@@ -47,7 +47,6 @@ CPU_CASES = (*GPU_CASES, "no-p2p", "one-rank-fails-in-fd-exchange", *ALONE_CASES
              *POLICY_CASES)
 GPU_PLAN = {"communicator": (*GPU_CASES, *ALONE_CASES),
             "layer_boundary": (*GPU_CASES, *ALONE_CASES, *POLICY_CASES)}
-#: case -> the rank whose fused call raises alone.
 RAISES_ALONE = {case: where for case, (fault, where) in CASES.items()
                 if fault == "fused-call-raises" and isinstance(where, int)}
 PEER_GRACE_S = 2.0
