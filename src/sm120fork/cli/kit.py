@@ -51,7 +51,6 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
 
 
 def run_requirements(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    """Print what the GPU sessions install beside the toolkit, one requirement a line."""
     from sm120fork.kit.build import stack_requirements
 
     inner = argparse.ArgumentParser(add_help=False)

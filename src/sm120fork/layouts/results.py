@@ -64,8 +64,6 @@ def gather(jobs: Mapping[K, Callable[[], T]], workers: int) -> dict[K, T]:
 
 @dataclass(frozen=True, kw_only=True)
 class Observation:
-    """One item of a probe's ``RESULT`` message."""
-
     name: str
     observed: object
     detail: str = ""
@@ -155,7 +153,6 @@ def probe_failure(what: str, tree: Path, fix: str, output: str) -> VerifyError:
 def run_probe(module: str, request: Mapping[str, object], *, tree: Path,
               env: Mapping[str, str], python: str | os.PathLike[str], timeout: float,
               what: str, fix: str) -> list[Observation]:
-    """Run probe ``module`` on ``request`` in a fresh interpreter in ``tree``."""
     try:
         with supervise.sigterm_unwinds():
             completed = proc.run([python, "-m", module, json.dumps(request)],

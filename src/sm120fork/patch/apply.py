@@ -81,7 +81,6 @@ def reset_to_upstream(repo: Git) -> None:
 
 def apply_series(repo: Git, series: Series, *, stack: str, project: str,
                  upto: int | None = None) -> str:
-    """Apply the first ``upto`` patches (all by default) onto upstream; return HEAD."""
     patches = series.patches if upto is None else series.patches[:upto]
     partial = Series(directory=series.directory, patches=patches)
     failures = check_series(repo, partial)

@@ -27,7 +27,6 @@ BATCH = 16
 
 
 def _server_args(**overrides: Any) -> Any:
-    """A ServerArgs with its field defaults, without running __post_init__."""
     args = defaults(_module("sglang.srt.server_args").ServerArgs)
     args.model_path = "sm120fork/probe-model"
     for key, value in overrides.items():
@@ -39,7 +38,6 @@ def _server_args(**overrides: Any) -> Any:
 
 def _decide(*, tp: int, explicit: bool = False, env: str | None = None,
             enforce_disable: bool = False) -> Observation:
-    """Run upstream's model-specific adjustments, then ask the communicator gate."""
     sa = _module("sglang.srt.server_args")
     communicator = _module("sglang.srt.layers.communicator")
 
@@ -70,7 +68,6 @@ class Decision(TypedDict):
 
 
 def decision_scenarios() -> list[tuple[str, Decision]]:
-    """The decisions compared across capabilities and against upstream."""
     scenarios: list[tuple[str, Decision]] = []
     for tp in (2, 4, 8):
         scenarios.append((f"explicit-flag tp{tp}", {"tp": tp, "explicit": True}))
@@ -156,7 +153,6 @@ def _fallback_case() -> Observation:
 
 
 def run_fallbacks() -> list[Observation]:
-    """S3's all-reducing fallback (S4's failing closed runs on two ranks: gpu.layer.cases)."""
     return [{"name": "fused call returns None", **_fallback_case()}]
 
 

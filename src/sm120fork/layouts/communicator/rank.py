@@ -16,7 +16,6 @@ RAISED_ALONE_SAYS = "peers did not fail with it"
 
 
 def setup(group: Any) -> Layer:
-    """SGLang's TP groups backed by ``group``, server args with the fusion on."""
     ps = importlib.import_module("sglang.srt.distributed.parallel_state")
     for name in ("_TP", "_ATTN_TP", "_MOE_TP"):
         setattr(ps, name, group)

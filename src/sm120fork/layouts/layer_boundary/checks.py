@@ -40,7 +40,6 @@ GATE = {"resolve": "G1", "auto": "G2", "applies": "G3", "preflight": "G4", "plai
 
 def ensure_overlay(cache_dir: Path, *, python: str | os.PathLike[str] = sys.executable,
                    requirements: Path = OVERLAY_REQUIREMENTS) -> Path:
-    """The overlay for ``requirements`` (installed once, keyed by the file's digest)."""
     digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
 
     def install(target: Path) -> None:
@@ -124,7 +123,6 @@ def _by_name(observations: Iterable[Observation]) -> dict[str, Observation]:
 
 
 def judge(observed: Mapping[tuple[str, str], Sequence[Observation]]) -> list[CheckResult]:
-    """Observations keyed by (``patched``/``baseline``, capability) as checks."""
     results: list[CheckResult] = []
     # The preflight sizing does not depend on the capability: one baseline serves all.
     base_preflight = _by_name(observed[("baseline", PREFLIGHT_BASELINE)])

@@ -79,7 +79,6 @@ def auto_scenarios() -> list[tuple[str, AutoScenario]]:
 
 def _auto_case(*, tp: int, nodes: int, env: str | None = None, backend: str | None = None,
                enforce_disable: bool = False) -> Observation:
-    """SGLang's two resolution passes at their slot, then the backend that would run."""
     msgspec = _module("msgspec")
     torch = _module("torch")
     overrides = _module("sglang.srt.arg_groups.overrides")
