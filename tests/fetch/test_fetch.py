@@ -20,7 +20,7 @@ from sm120fork.errors import ChecksumError, SourceError, UnsafeArchiveError
 from sm120fork.fetch.archive import safe_extract
 from sm120fork.fetch.git import init_from_git
 from sm120fork.fetch.index import find_sdist, project_page
-from sm120fork.fetch.sdist import download_sdist
+from sm120fork.fetch.sdist import download_pinned
 
 from helpers_ws import STACK, make_demo, sha256
 
@@ -83,12 +83,12 @@ def test_download_checks_sha256_and_keeps_nothing_on_mismatch(tmp_path: Path) ->
     demo = make_demo(tmp_path)
     project = demo.ws.stack(STACK).project("lib")
     cache = tmp_path / "cache"
-    got = download_sdist(project, cache)
+    got = download_pinned(project, project.sdist_pin, cache)
     assert sha256(got) == project.sdist_pin.sha256
     bad = replace(project, sdist=replace(project.sdist_pin, sha256="0" * 64))
     got.unlink()
     with pytest.raises(ChecksumError, match="sha256 mismatch"):
-        download_sdist(bad, cache)
+        download_pinned(bad, bad.sdist_pin, cache)
     assert list(cache.iterdir()) == []
 
 
@@ -137,16 +137,17 @@ def test_index_resolution_and_unknown_version(tmp_path: Path, index: type[_Index
     project = replace(project, sdist=replace(project.sdist_pin, url=""))
     index.files = {project.sdist_pin.filename: demo.lib.sdist.read_bytes()}
     progress: list[int] = []
-    got = download_sdist(project, tmp_path / "cache", lambda done, total: progress.append(done))
+    got = download_pinned(project, project.sdist_pin, tmp_path / "cache",
+                          lambda done, total: progress.append(done))
     assert sha256(got) == project.sdist_pin.sha256
     assert progress[-1] == got.stat().st_size
     missing = replace(project, version="9.9.9", sdist=replace(project.sdist_pin,
                                                              filename="demo_lib-9.9.9.tar.gz"))
     with pytest.raises(SourceError, match=r"not on the package index.*sdists there: 1\.2\.3"):
-        download_sdist(missing, tmp_path / "cache2")
+        download_pinned(missing, missing.sdist_pin, tmp_path / "cache2")
     index.files = {project.sdist_pin.filename: b"tampered"}
     with pytest.raises(ChecksumError) as err:
-        download_sdist(project, tmp_path / "cache3")
+        download_pinned(project, project.sdist_pin, tmp_path / "cache3")
     listed = hashlib.sha256(b"tampered").hexdigest()
     assert f"the index lists sha256 {listed} " in str(err.value)  # both digests in full
     assert f"the pin says {project.sdist_pin.sha256}" in str(err.value)
@@ -223,19 +224,19 @@ def test_downloads_use_the_index_named_in_pips_configuration(
     page = project_page(project)
     assert page.url == f"{url}demo-lib/"
     assert [str(v) for v in page.sdists(project)] == ["1.2.3", "1.10.0"]
-    got = download_sdist(project, tmp_path / "cache")
+    got = download_pinned(project, project.sdist_pin, tmp_path / "cache")
     assert sha256(got) == project.sdist_pin.sha256
     # A pin the index contradicts is refused before anything is downloaded.
     wrong = replace(project, sdist=replace(project.sdist_pin, sha256="0" * 64))
     with pytest.raises(ChecksumError, match="the pin says 0000"):
-        download_sdist(wrong, tmp_path / "cache-wrong")
+        download_pinned(wrong, wrong.sdist_pin, tmp_path / "cache-wrong")
     assert not (tmp_path / "cache-wrong").exists() or not any(
         (tmp_path / "cache-wrong").iterdir())
     # An index that lists no sha256: the download is checked against the pin, and
     # nothing is kept.
     _publish(root, "demo-lib", {project.sdist_pin.filename: b"tampered"}, hashed=False)
     with pytest.raises(ChecksumError, match="sha256 mismatch"):
-        download_sdist(project, tmp_path / "cache-tampered")
+        download_pinned(project, project.sdist_pin, tmp_path / "cache-tampered")
     assert list((tmp_path / "cache-tampered").iterdir()) == []
 
 
@@ -296,7 +297,7 @@ def test_a_pip_configuration_the_index_cannot_use_is_named_and_pinned_files_need
             project_page(project)
         assert "pip config list" in (err.value.fix or "")
         # A pinned file: URL is read as it is, whatever pip's configuration says.
-        got = download_sdist(project, tmp_path / f"cache-{number}")
+        got = download_pinned(project, project.sdist_pin, tmp_path / f"cache-{number}")
         assert sha256(got) == project.sdist_pin.sha256
 
 
@@ -331,7 +332,7 @@ def test_the_index_is_read_and_downloaded_through_the_proxy(
         monkeypatch.setenv("HTTP_PROXY", proxy)
     try:
         assert [str(v) for v in project_page(project).sdists(project)] == ["1.2.3"]
-        got = download_sdist(project, tmp_path / "cache")
+        got = download_pinned(project, project.sdist_pin, tmp_path / "cache")
         assert sha256(got) == project.sdist_pin.sha256
     finally:
         server.shutdown()
@@ -343,11 +344,10 @@ def test_git_source_refuses_wrong_commit(tmp_path: Path) -> None:
     project = demo.ws.stack(STACK).project("lib")
     work = tmp_path / "work" / "lib"
     work.parent.mkdir()
-    src = init_from_git(project, work, str(demo.lib.repo))
-    assert src.base_commit == demo.lib.commit
+    assert init_from_git(project, work) == demo.lib.commit
     bogus = replace(project, git=replace(project.git_pin, commit="1" * 40))
     with pytest.raises(SourceError, match="cannot fetch commit 1111"):
-        init_from_git(bogus, tmp_path / "work" / "other", str(demo.lib.repo))
+        init_from_git(bogus, tmp_path / "work" / "other")
 
 
 def test_every_source_kind_is_one_entry_of_the_registry_and_answers_for_itself(

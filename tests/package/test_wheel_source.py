@@ -325,7 +325,7 @@ def test_a_wheel_tree_left_by_a_killed_run_is_scratch_the_next_run_removes(
         m.setattr(shutil, "rmtree", lambda *a, **k: None)
         m.setattr(Git, "init", killed)
         with pytest.raises(KeyboardInterrupt):
-            init_from_wheel(stack.project("app"), scenario.app_wheels[0], work, digest="d")
+            init_from_wheel(stack.project("app"), scenario.app_wheels[0], work)
     (left,) = list(work.parent.iterdir())
     assert [p.name for p in left.rglob("gate.py")] == ["gate.py"]  # the half-made tree
     assert remove_stale_scratch(work.parent) == [left]

@@ -19,13 +19,9 @@ def check_member(name: str, archive: Path) -> PurePosixPath:
 
 
 def safe_extract(archive: Path, dest: Path) -> Path:
-    """Extract ``archive`` into ``dest``; return its single top-level directory.
-
-    Refuses absolute paths and ``..`` components (which tarfile's ``data`` filter would
-    silently rewrite) itself; links leaving the tree, special files and unsafe modes are
-    the ``data`` filter's (PEP 706), asked for every member before anything is written
-    and again while extracting (a link through a link only exists on disk).
-    """
+    """Extract ``archive`` into ``dest``; its single top-level directory.  Absolute and
+    ``..`` paths are refused here (the ``data`` filter would rewrite them); the rest is the
+    filter's (PEP 706), asked before anything is written and again while extracting."""
     dest.mkdir(parents=True, exist_ok=True)
     tops: set[str] = set()
     if archive.name.endswith(".zip"):

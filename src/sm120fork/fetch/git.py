@@ -6,16 +6,16 @@ from pathlib import Path
 
 from sm120fork.declare import Project
 from sm120fork.errors import CommandError, SourceError
-from sm120fork.fetch.source import UPSTREAM_TAG, SourceInfo
+from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.util.files import staged_dir
 from sm120fork.util.git import Git
 
 
-def init_from_git(project: Project, work: Path, url: str | None = None) -> SourceInfo:
-    """Fetch only the pinned commit of ``url`` (default: the declared URL) into ``work``."""
+def init_from_git(project: Project, work: Path) -> str:
+    """Fetch only the pinned commit into ``work``; that commit."""
     with staged_dir(work) as repo_dir:
         repo = Git.init(repo_dir)
-        remote = url or project.git_pin.url
+        remote = project.git_pin.url
         try:
             repo("fetch", "--quiet", "--depth=1", "--no-tags", remote, project.git_pin.commit)
         except CommandError as exc:
@@ -30,4 +30,4 @@ def init_from_git(project: Project, work: Path, url: str | None = None) -> Sourc
                               where=f"project {project.key}",
                               fix="the remote served another commit; never trust a tag")
         repo.tag(UPSTREAM_TAG)
-    return SourceInfo(kind="git", digest=project.git_pin.commit, base_commit=project.git_pin.commit)
+    return project.git_pin.commit

@@ -1,16 +1,6 @@
-"""The one package-index client, configured as the user configured pip.
-
-pip has no Python API: its configuration is read from ``pip config list`` (``pip.conf``,
-``PIP_CONFIG_FILE``, ``PIP_*``; taken as ``pip download`` takes it): the index URLs, find-links,
-trusted hosts, certificates, proxy, timeout and retries.  unearth's finder reads the pages
-(PEP 691 JSON or PEP 503 HTML) and its client the files (``pip download`` would build an
-sdist's metadata), with URL, netrc and keyring credentials.  ``SM120FORK_INDEX_URL``, when
-set, replaces the index URLs and find-links alone (the rest of pip's configuration holds).
-
-Lists a project's files, skips yanked ones for anything but an exact pin (PEP 592, with a
-note), sorts versions as versions, and checks the index's sha256 against the pin; the
-download itself is checked against the pin before anything uses it (:mod:`.sdist`).
-"""
+"""The one package-index client, configured as ``pip config list`` says pip is (pip has
+no Python API); unearth reads the pages and files.  ``SM120FORK_INDEX_URL`` replaces the
+index URLs and find-links alone."""
 
 from __future__ import annotations
 
@@ -53,8 +43,8 @@ _ALIASES = {"default-timeout": "timeout"}  # two names of one pip option
 
 
 def pip_config() -> dict[str, str]:
-    """pip's configuration as ``pip download`` takes it (option name -> value), read once
-    per process like pip does, again where the environment that finds it changed."""
+    """pip's configuration as ``pip download`` takes it, read again when the environment
+    that finds it changed."""
     return dict(_read_pip_config(tuple(sorted(
         (k, v) for k, v in os.environ.items()
         if k.startswith(("PIP_", "XDG_")) or k in ("HOME", "VIRTUAL_ENV")))))
@@ -77,7 +67,6 @@ def _read_pip_config(_environment: tuple[tuple[str, str], ...]) -> dict[str, str
 
 
 def _ssl_context(config: dict[str, str]) -> ssl.SSLContext:
-    """pip's certificate bundle (``cert``, else the system's) and client certificate."""
     try:
         context = ssl.create_default_context(cafile=config.get("cert") or None)
         if config.get("client-cert"):
@@ -90,7 +79,6 @@ def _ssl_context(config: dict[str, str]) -> ssl.SSLContext:
 
 
 def _sources(config: dict[str, str]) -> tuple[list[str], list[str]]:
-    """The index URLs and the find-links that ``pip download`` would search."""
     if override := os.environ.get("SM120FORK_INDEX_URL", "").strip():  # tests, one-off runs
         return [override], []
     links = config.get("find-links", "").split()
@@ -104,8 +92,8 @@ def _sources(config: dict[str, str]) -> tuple[list[str], list[str]]:
 
 
 def _transports(config: dict[str, str]) -> dict[str, httpx2.BaseTransport]:
-    """Mounted (a client's own transport would turn the proxy variables off): pip's
-    certificates, proxy (over the variables') and retries; a trusted host unverified."""
+    """Mounted (a client's own transport would turn the proxy variables off); a trusted
+    host unverified."""
     proxy, retries = config.get("proxy") or None, int(config.get("retries") or 5)
     mounts: dict[str, httpx2.BaseTransport] = {"all://": httpx2.HTTPTransport(
         verify=_ssl_context(config), proxy=proxy, retries=retries)}
@@ -120,7 +108,6 @@ def _transports(config: dict[str, str]) -> dict[str, httpx2.BaseTransport]:
 
 @contextlib.contextmanager
 def _client(config: dict[str, str], index_urls: list[str]) -> Iterator[PyPIClient]:
-    """An HTTP client as pip's configuration sets it up; URL, netrc, keyring credentials."""
     with PyPIClient(trusted_hosts=config.get("trusted-host", "").split(),
                     mounts=_transports(config), trust_env=not config.get("proxy"),
                     timeout=float(config.get("timeout") or 15)) as client:
@@ -130,8 +117,7 @@ def _client(config: dict[str, str], index_urls: list[str]) -> Iterator[PyPIClien
 
 def download(url: str, out: IO[bytes],
              progress: Callable[[int, int | None], None] | None = None) -> str:
-    """Write the file at ``url`` to ``out``; its sha256 (the caller compares it with the
-    pin before using the file).  A ``file:`` URL needs nothing of pip's configuration."""
+    """Write the file at ``url`` to ``out``; its sha256, for the caller to check."""
     digest = hashlib.sha256()
     config = {} if url.startswith("file:") else pip_config()
     with _client(config, _sources(config)[0]) as client:
@@ -154,7 +140,6 @@ def download(url: str, out: IO[bytes],
 class IndexFile:
     filename: str
     url: str
-    #: "" when the index lists none.
     sha256: str
     #: PEP 592: False, or the reason (True when the index gives none).
     yanked: bool | str
@@ -167,7 +152,6 @@ class ProjectPage:
 
     def sdists(self, project: Project, *,
                include_yanked: bool = False) -> dict[Version, IndexFile]:
-        """The project's sdists that are not yanked, by version, oldest first."""
         found: dict[Version, IndexFile] = {}
         for version, f in self.files_of(project, wheels=False):
             if f.yanked and not include_yanked:
@@ -179,7 +163,6 @@ class ProjectPage:
 
     def files_of(self, project: Project, *,
                  wheels: bool) -> Iterator[tuple[Version, IndexFile]]:
-        """The project's wheels or sdists (yanked ones too) with their versions."""
         for f in self.files:
             with contextlib.suppress(InvalidSdistFilename, InvalidWheelFilename):
                 name, version = (parse_wheel_filename(f.filename)[:2] if wheels
@@ -188,8 +171,7 @@ class ProjectPage:
                     yield version, f
 
     def releases(self, project: Project) -> list[Version]:
-        """Every version of the project with a file not yanked (an sdist or a wheel: a
-        release published as wheels alone counts), oldest first."""
+        """Every version with an sdist or wheel not yanked, oldest first."""
         return sorted(set(self.sdists(project))
                       | {version for version, f in self.files_of(project, wheels=True)
                          if not f.yanked})
@@ -200,13 +182,11 @@ class ProjectPage:
 
 
 def project_page(project: Project) -> ProjectPage:
-    """The project's files on every index and find-links pip's configuration names."""
     name, config = project.normalized_name, pip_config()
     index_urls, find_links = _sources(config)
     where = " ".join(Link(posixpath.join(url, name) + "/").redacted for url in index_urls)
     fix = f"check 'distribution' in the declaration; {_PIP_FIX}"
     with _client(config, index_urls) as client:
-        # unearth's own client, which its Fetcher protocol's annotations do not admit
         finder = PackageFinder(session=cast("Fetcher", client), index_urls=index_urls,
                                find_links=find_links, ignore_compatibility=True,
                                trusted_hosts=config.get("trusted-host", "").split())
@@ -229,7 +209,7 @@ def project_page(project: Project) -> ProjectPage:
 
 
 def find_sdist(project: Project, version: Version) -> IndexFile:
-    """The ``version`` sdist for a new pin (``bump``): listed, not yanked, with a sha256."""
+    """The ``version`` sdist for a new pin: listed, not yanked, with a sha256."""
     page = project_page(project)
     found = page.sdists(project).get(version)
     if found is None:
@@ -245,8 +225,7 @@ def find_sdist(project: Project, version: Version) -> IndexFile:
 
 
 def find_wheels(project: Project, version: Version) -> tuple[WheelPin, ...]:
-    """Every published wheel of ``version`` (not yanked, with a sha256) as the pins a bump
-    writes (``[[projects.<key>.wheels]]``)."""
+    """Every published wheel of ``version`` (not yanked, with a sha256) as pins."""
     found: list[WheelPin] = []
     for f in (f for v, f in project_page(project).files_of(project, wheels=True) if v == version):
         if f.yanked or not f.sha256:
@@ -258,7 +237,6 @@ def find_wheels(project: Project, version: Version) -> tuple[WheelPin, ...]:
 
 
 def resolve_file_url(project: Project, filename: str, sha256: str, url: str = "") -> str:
-    """Where one pinned file (sdist or wheel) downloads from: its pinned URL, or the index's."""
     if url:
         return url
     page = project_page(project)

@@ -1,13 +1,5 @@
-"""The source kinds, as the one registry: one class per kind, one interface.
-
-What a kind pins (its digest: the key a fork tree and a build cache are keyed by), where
-it comes from, what it downloads for a build, what ``status`` would have to download, how
-it makes the unpatched fork tree, and whether its input is the release's published wheels
-(which decides how a build makes its wheels, :func:`sm120fork.package.kinds.kind_for`, and
-what a bump pins).  Every other module asks the registry (:func:`source_kind`) instead of
-branching on a kind's name.  A new kind is a class here, a line in ``KINDS`` and its name
-in ``declare.SOURCE_KINDS``.
-"""
+"""The source kinds, as the one registry (one class per kind, one interface): no other
+module branches on a kind's name (CONTRIBUTING.md, "Source kinds")."""
 
 from __future__ import annotations
 
@@ -17,16 +9,14 @@ from typing import Protocol
 
 from sm120fork.declare import Project
 from sm120fork.fetch.git import init_from_git
-from sm120fork.fetch.sdist import download_pinned, download_sdist, init_from_sdist
-from sm120fork.fetch.source import Progress, SourceInfo
+from sm120fork.fetch.sdist import download_pinned, init_from_sdist
+from sm120fork.fetch.source import Progress
 from sm120fork.fetch.wheel import init_from_wheel
 
 
 class SourceFetch(Protocol):
-    #: The kind's name in the declaration (``source = "..."``) and the registry.
     name: str
-    #: Its input is the release's published wheels (a bump pins a release's wheels, and
-    #: the index's listing of them is checked against the declaration).
+    #: Its input is the release's published wheels.
     ships_wheels: bool
 
     def digest(self, project: Project) -> str:
@@ -43,9 +33,8 @@ class SourceFetch(Protocol):
         """What making the unpatched fork tree would download (none when cached)."""
 
     def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
-                  wheel_cache: Path, progress: Progress | None = None,
-                  git_url: str | None = None) -> SourceInfo:
-        """Create ``work`` as the pinned upstream (first commit tagged upstream)."""
+                  wheel_cache: Path, progress: Progress | None = None) -> str:
+        """Create ``work`` as the pinned upstream; its commit (tagged upstream)."""
 
 
 class Sdist:
@@ -60,16 +49,16 @@ class Sdist:
 
     def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
                  progress: Progress | None = None) -> list[Path]:
-        return [download_sdist(project, sdist_cache, progress)]
+        return [download_pinned(project, project.sdist_pin, sdist_cache, progress)]
 
     def missing(self, project: Project, *, sdist_cache: Path, wheel_cache: Path) -> list[str]:
         name = project.sdist_pin.filename
         return [] if (sdist_cache / name).is_file() else [name]
 
     def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
-                  wheel_cache: Path, progress: Progress | None = None,
-                  git_url: str | None = None) -> SourceInfo:
-        return init_from_sdist(project, download_sdist(project, sdist_cache, progress), work)
+                  wheel_cache: Path, progress: Progress | None = None) -> str:
+        sdist = download_pinned(project, project.sdist_pin, sdist_cache, progress)
+        return init_from_sdist(project, sdist, work)
 
 
 class GitCommit:
@@ -90,9 +79,8 @@ class GitCommit:
         return [f"{project.git_pin.url} at {project.git_pin.commit[:12]}"]
 
     def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
-                  wheel_cache: Path, progress: Progress | None = None,
-                  git_url: str | None = None) -> SourceInfo:
-        return init_from_git(project, work, git_url)
+                  wheel_cache: Path, progress: Progress | None = None) -> str:
+        return init_from_git(project, work)
 
 
 class PublishedWheels:
@@ -117,10 +105,9 @@ class PublishedWheels:
         return [w.filename for w in project.wheels[:1] if not (wheel_cache / w.filename).is_file()]
 
     def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
-                  wheel_cache: Path, progress: Progress | None = None,
-                  git_url: str | None = None) -> SourceInfo:
+                  wheel_cache: Path, progress: Progress | None = None) -> str:
         wheel = download_pinned(project, project.wheels[0], wheel_cache, progress)
-        return init_from_wheel(project, wheel, work, digest=self.digest(project))
+        return init_from_wheel(project, wheel, work)
 
 
 #: The published wheels, whatever kind a project declares: what an empty series ships.
@@ -143,10 +130,7 @@ def source_key(project: Project, kind: str | None = None) -> str:
 
 
 def fetch_source(project: Project, kind: str, work: Path, *, sdist_cache: Path,
-                 wheel_cache: Path | None = None, progress: Progress | None = None,
-                 git_url: str | None = None) -> SourceInfo:
-    """Create ``work`` as the pinned upstream of ``kind`` (first commit tagged upstream)."""
-    return source_kind(kind).init_tree(
-        project, work, sdist_cache=sdist_cache,
-        wheel_cache=wheel_cache or sdist_cache.parent / "wheels", progress=progress,
-        git_url=git_url)
+                 wheel_cache: Path, progress: Progress | None = None) -> str:
+    """Create ``work`` as the pinned upstream of ``kind``; its commit (tagged upstream)."""
+    return source_kind(kind).init_tree(project, work, sdist_cache=sdist_cache,
+                                       wheel_cache=wheel_cache, progress=progress)

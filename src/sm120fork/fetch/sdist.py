@@ -1,8 +1,5 @@
-"""The ``sdist`` source kind: the exact file from the package index (or a pinned URL).
-
-Its sha256 is checked before anything is extracted; it is extracted safely and placed
-under the package root, so the tree is laid out like the upstream repository.
-"""
+"""The ``sdist`` source kind: the exact file from the package index (or a pinned URL),
+sha256-checked before it is extracted under the package root."""
 
 from __future__ import annotations
 
@@ -16,15 +13,10 @@ from sm120fork.declare import Project, SdistPin, WheelPin
 from sm120fork.errors import ChecksumError, SourceError
 from sm120fork.fetch.archive import safe_extract
 from sm120fork.fetch.index import download, resolve_file_url
-from sm120fork.fetch.source import Progress, SourceInfo, make_upstream_tree
+from sm120fork.fetch.source import Progress, make_upstream_tree
 from sm120fork.util.files import scratch_prefix, sha256_file
 
 log = logging.getLogger("sm120fork")
-
-
-def download_sdist(project: Project, cache_dir: Path, progress: Progress | None = None) -> Path:
-    """Return the cached sdist, downloading it when needed; always sha256-checked."""
-    return download_pinned(project, project.sdist_pin, cache_dir, progress)
 
 
 def download_pinned(project: Project, pin: SdistPin | WheelPin, cache_dir: Path,
@@ -36,8 +28,7 @@ def download_pinned(project: Project, pin: SdistPin | WheelPin, cache_dir: Path,
     if target.is_file():
         if sha256_file(target) == sha256:
             return target
-        # Kept until a download that matches the pin replaces it: the pin may be the
-        # thing that is wrong.
+        # Kept until a matching download replaces it: the pin may be what is wrong.
         log.warning("cached %s does not match its pin; downloading again", target.name)
     url = resolve_file_url(project, filename, sha256, pin.url)
     log.info("downloading %s", url)
@@ -60,15 +51,14 @@ def download_pinned(project: Project, pin: SdistPin | WheelPin, cache_dir: Path,
     return target
 
 
-def init_from_sdist(project: Project, sdist: Path, work: Path) -> SourceInfo:
+def init_from_sdist(project: Project, sdist: Path, work: Path) -> str:
     """Create ``work`` as a git repo whose first commit is the sdist under the package root."""
     def fill(scratch: Path, dest: Path) -> None:
         top = safe_extract(sdist, scratch / "x")
         dest.rmdir()
         shutil.move(str(top), str(dest))
 
-    base = make_upstream_tree(
+    return make_upstream_tree(
         project, work, fill,
         f"Upstream {project.distribution} {project.version}\n\n"
         f"sdist {project.sdist_pin.filename} sha256 {project.sdist_pin.sha256}\n")
-    return SourceInfo(kind="sdist", digest=project.sdist_pin.sha256, base_commit=base)

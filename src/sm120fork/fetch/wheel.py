@@ -1,12 +1,5 @@
-"""The ``wheel`` source kind: a published wheel laid out as the upstream repository.
-
-For a project that ships no sdist (sglang 0.5.23) or whose series touches only Python
-files, each declared wheel is downloaded and sha256-checked, and the first one becomes
-the fork tree: its files (not its ``.dist-info``, not its compiled extensions, which the
-upstream repository does not hold either) under the package root, committed and tagged
-``upstream`` like every other kind, so the series written against the git layout applies
-unchanged.  :mod:`sm120fork.package.repack` turns the patched tree back into wheels.
-"""
+"""The ``wheel`` source kind: the first declared wheel's sources (no ``.dist-info``, no
+compiled files, as upstream's repository) become the fork tree under the package root."""
 
 from __future__ import annotations
 
@@ -17,7 +10,7 @@ from pathlib import Path, PurePosixPath
 from sm120fork.declare import Project
 from sm120fork.errors import SourceError
 from sm120fork.fetch.archive import check_member
-from sm120fork.fetch.source import SourceInfo, make_upstream_tree
+from sm120fork.fetch.source import make_upstream_tree
 
 #: Suffixes of compiled files: never part of the tree, never changed by a series.
 COMPILED_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".cubin", ".fatbin")
@@ -43,7 +36,7 @@ def source_members(wheel: Path) -> list[str]:
     return [n for n in names if not is_metadata(n) and not is_compiled(n)]
 
 
-def init_from_wheel(project: Project, wheel: Path, work: Path, *, digest: str) -> SourceInfo:
+def init_from_wheel(project: Project, wheel: Path, work: Path) -> str:
     """Create ``work`` as a git repo whose first commit is the wheel's sources."""
     members = source_members(wheel)
     if not members:
@@ -62,8 +55,7 @@ def init_from_wheel(project: Project, wheel: Path, work: Path, *, digest: str) -
                     target.chmod(0o755)
 
     pin = project.wheels[0]
-    base = make_upstream_tree(
+    return make_upstream_tree(
         project, work, fill,
         f"Upstream {project.distribution} {project.version}\n\n"
         f"wheel {pin.filename} sha256 {pin.sha256} (compiled files left out)\n")
-    return SourceInfo(kind="wheel", digest=digest, base_commit=base)

@@ -1,9 +1,5 @@
-"""``bump``: re-pin one project and re-classify each patch on the new upstream.
-
-Verdicts: still needed / upstreamed identically / upstreamed differently / conflict.  A
-conflict stops like ``git am``: the fork tree holds the conflict markers, ``--continue``
-resumes and ``--abort`` restores the previous tree, pin and series byte for byte.
-"""
+"""``bump``: re-pin one project and re-classify each patch on the new upstream; a conflict
+stops like ``git am`` (``--continue``, ``--skip``, ``--abort``)."""
 
 from __future__ import annotations
 
@@ -34,7 +30,7 @@ from sm120fork.errors import (
 )
 from sm120fork.fetch.index import find_sdist, find_wheels
 from sm120fork.fetch.kinds import source_key, source_kind
-from sm120fork.fetch.sdist import download_pinned, download_sdist
+from sm120fork.fetch.sdist import download_pinned
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.maintain.classify import classification, classify, preview
 from sm120fork.maintain.pin import (
@@ -104,8 +100,7 @@ from sm120fork.workspace import Workspace
 log = logging.getLogger("sm120fork")
 _SHA1 = re.compile(r"[0-9a-f]{40}")
 _CONFLICT_MARK = re.compile(r"^(<<<<<<<|>>>>>>>) ", re.MULTILINE)
-#: The fork tree of the old pin: beside the tree while the bump runs, in its folder once
-#: the bump is written (until that folder is removed).
+#: The old pin's fork tree: beside the tree while the bump runs, then in its folder.
 _PRE = "pre-bump"
 
 
@@ -119,19 +114,16 @@ class BumpResult:
     report: Path
     changelog: Path
     refresh: RefreshResult
-    range_diff: str
     new_stack_created: bool
     #: The published wheels the stack now ships unchanged: the series ended empty.
     used_as_published: tuple[WheelPin, ...] = ()
-    #: Wheels of the new release the new pin does not declare, and the summary line
-    #: (``maintain.release.release_check``, as ``status`` shows it).
+    #: ``maintain.release.release_check`` of the new pin.
     undeclared_files: tuple[str, ...] = ()
     release_files: str = ""
     #: The coordinated projects with patches bumped with it: key -> their verdicts.
     companions: dict[str, tuple[Classification, ...]] = dataclasses.field(
         default_factory=dict)
-    #: The claims no passing record of the stack backs, per command that makes their
-    #: record (``standing.to_remake``): a new stack's are all carried to its own records.
+    #: ``standing.to_remake`` of the stack.
     remake: tuple[str, ...] = ()
     #: Every other pin the bump moved, and why (a line each).
     moves: tuple[str, ...] = ()
@@ -139,9 +131,7 @@ class BumpResult:
 
 @dataclass(frozen=True, kw_only=True)
 class _Request:
-    """The bump as the user asked for it (``coordinated_with``: the project whose bump
-    moves this one, its pins agreeing again only once that bump finishes; ``moved_by``:
-    why)."""
+    """The bump as asked (``coordinated_with``: the project whose bump moves this one)."""
 
     stack: str
     project: str
@@ -154,7 +144,6 @@ class _Request:
     moved_by: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def command(self, *, downgrade: bool) -> str:
-        """This command, as given (``downgrade``: with --allow-downgrade)."""
         return command("bump", self.stack, self.project, self.revision,
                        *(["--new-stack", self.new_stack] if self.new_stack else []),
                        *(["--version", self.version] if self.version else []),
@@ -166,13 +155,8 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
          allow_downgrade: bool = False, new_stack: str | None = None,
          version: str | None = None, git_commit: str | None = None) -> BumpResult:
     """Re-pin ``project_key`` of ``stack_name`` to ``revision`` (a version or a git SHA),
-    with the projects the new release pins (its metadata) moved with it.
-
-    A pre-flight checks everything it can before a file is written (the pins before
-    anything is downloaded); then the state, with the journal ``--abort`` restores from,
-    is saved before the first write, so an interruption at any step is recovered with
-    ``--continue`` or ``--abort``.
-    """
+    with the projects the new release pins moved with it; checked before a file is
+    written, then journaled so that ``--continue`` or ``--abort`` recovers any stop."""
     with ws.lock():
         return _bump(ws, _Request(stack=stack_name, project=project_key, revision=revision,
                                   allow_downgrade=allow_downgrade, new_stack=new_stack,
@@ -254,8 +238,7 @@ def _target(req: _Request, project: Project) -> tuple[str, GitPin | None]:
 
 def _preflight(ws: Workspace, req: _Request, stack: Stack, scope: Stack, project: Project,
                new: Version, commit: GitPin | None) -> None:
-    """Before anything is downloaded: the stack's other pins accept the new version, and
-    the fork tree holds no work a bump would set aside."""
+    """Before any download: the other pins accept the new version; no local work."""
     if not req.coordinated_with:
         try:
             check_pins(scope, project, str(new))
@@ -290,8 +273,8 @@ def _new_pin(ws: Workspace, req: _Request, project: Project, new: Version,
                                (pin.wheels or ())[0], ws.wheel_cache)
         return pin, wheel_release(wheel)
     found = find_sdist(project, new)
-    sdist = download_sdist(dataclasses.replace(project, version=str(new), sdist=SdistPin(
-        filename=found.filename, sha256=found.sha256, url=found.url)), ws.sdist_cache)
+    sdist = download_pinned(dataclasses.replace(project, version=str(new)), SdistPin(
+        filename=found.filename, sha256=found.sha256, url=found.url), ws.sdist_cache)
     recorded = req.git_commit or commit_from_sdist(sdist)
     if not recorded:
         raise MaintenanceError(
@@ -310,7 +293,6 @@ def _new_pin(ws: Workspace, req: _Request, project: Project, new: Version,
 
 
 def _journal(ws: Workspace, state: BumpState, stack: Stack) -> None:
-    """Every file the bump may write, kept in ``state`` as it is now (``--abort``)."""
     files = [Path(state.declaration), report_path(ws, state),
              ws.root / "patches" / state.stack / "CHANGELOG.md",
              *(report_file(ws, state.stack, k, stack.project(k).version, v)
@@ -323,8 +305,8 @@ def _journal(ws: Workspace, state: BumpState, stack: Stack) -> None:
 
 
 def _has_sdist(project: Project, version: Version) -> bool:
-    """Whether the index has an sdist of ``version`` (a release with wheels only has not;
-    one with neither is refused, naming the versions it has)."""
+    """Whether the index has an sdist of ``version`` (a release with neither sdist nor
+    wheels is refused)."""
     try:
         find_sdist(project, version)
     except SourceError:
@@ -337,11 +319,9 @@ def _has_sdist(project: Project, version: Version) -> bool:
 
 def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
                 release: Release) -> tuple[dict[str, NewPin], dict[str, str], dict[str, str]]:
-    """The projects the new release pins at another version, each moved to the version it
-    pins: (new pins of those that ship as published, which this bump's declaration edit
-    writes, as ``wheel`` sources whatever kind declared them; versions of those with
-    patches, each bumped with its series first, as a bump of its own that this one waits
-    for; why each moves, a line a person reads)."""
+    """The projects the new release pins at another version: (new ``wheel`` pins of those
+    shipped as published; versions of those with patches, each a bump of its own that
+    this one waits for; why each moves)."""
     pins: dict[str, NewPin] = {}
     bumps: dict[str, str] = {}
     moves: dict[str, str] = {}
@@ -362,8 +342,7 @@ def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
 
 
 def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> NewPin:
-    """The pin of a ``wheel`` source at ``new_version``: its published wheels (the series
-    is applied to them), and a git pin only when the commit is given."""
+    """The pin of a ``wheel`` source at ``new_version`` (a git pin only when given)."""
     probe = dataclasses.replace(project, version=new_version, wheels=())
     wheels = find_wheels(probe, Version(new_version))
     if not wheels:
@@ -381,14 +360,12 @@ def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> Ne
     return NewPin(source="wheel", git=git, wheels=wheels)
 
 
-# ---------------------------------------------------------------- the steps, in order
 def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResult:
-    """Run the bump's steps from the one it saved last (each saved when it ends, each
-    redone from its start when a run stopped inside it), then write its result."""
+    """Run the bump's steps from the one it saved last (a step stopped inside is redone),
+    then write its result."""
     if skip and not state.conflict_head:
         raise MaintenanceError("no conflict to skip", where=f"{state.stack}/{state.project}",
-                               fix=f"`{command('bump', state.stack, state.project, '--continue')}`"
-                                   " resumes the bump")
+                               fix=f"`{state.cmd('--continue')}` resumes the bump")
     steps: tuple[Callable[[Workspace, BumpState], None], ...] = (
         _start, _bump_companions, _new_tree, functools.partial(_apply_series, skip=skip))
     for step in steps[state.step:]:
@@ -399,9 +376,8 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
 
 
 def _start(ws: Workspace, state: BumpState) -> None:
-    """The new stack's copy (``--new-stack``), and the fork tree at the old pin and series
-    kept aside (``@pre-bump``) with the series it was made from; each part redone when a
-    run stopped before it was saved."""
+    """The new stack's copy (``--new-stack``), and the old pin's fork tree kept aside
+    (``@pre-bump``) with its series."""
     d = BumpState.directory(ws, state.stack, state.project)
     if state.created_stack and not Path(state.declaration).is_file():
         shutil.rmtree(ws.root / "patches" / state.stack, ignore_errors=True)  # a partial copy
@@ -424,9 +400,8 @@ def _start(ws: Workspace, state: BumpState) -> None:
 
 
 def _bump_companions(ws: Workspace, state: BumpState) -> None:
-    """Bump each coordinated project that carries patches to the version the new release
-    pins, with its series (a bump of its own: a conflict stops there, with its own
-    --continue / --skip / --abort, and this bump's --continue goes on after it)."""
+    """Bump each coordinated project with patches to the version the new release pins (a
+    bump of its own: this bump's --continue goes on after it)."""
     for key, version in state.companion_bumps.items():
         pending = BumpState.load(ws, state.stack, key)
         current = ws.stack(state.stack, strict=False).project(key)
@@ -446,9 +421,8 @@ def _bump_companions(ws: Workspace, state: BumpState) -> None:
 
 
 def _then_resume(exc: MaintenanceError, key: str, state: BumpState) -> None:
-    """Add to the hint of a coordinated bump's stop the command that goes on with the bump
-    that moved it (``state``), once this one (``key``) is done."""
-    resume = command("bump", state.stack, state.project, "--continue")
+    """Add to a coordinated bump's stop the command that resumes the bump that moved it."""
+    resume = state.cmd("--continue")
     exc.fix = (f"{exc.fix}; once {key} is done, `{resume}` goes on with "
                f"{state.project} {state.new_version}" if exc.fix else
                f"`{resume}` goes on with {state.project} {state.new_version}")
@@ -468,8 +442,7 @@ def _new_tree(ws: Workspace, state: BumpState) -> None:
 
 @dataclass(frozen=True)
 class _Series:
-    """What applying the series works on: the bump, its stack and project as declared
-    now, the fork tree, and the series the bump started from (the patches it applies)."""
+    """What applying the series works on (``series``: the one the bump started from)."""
 
     ws: Workspace
     state: BumpState
@@ -480,19 +453,14 @@ class _Series:
 
     @property
     def patch(self) -> Patch:
-        """The patch the bump is at."""
         return self.series.patches[self.state.next_index]
-
-    def cmd(self, option: str) -> str:
-        return command("bump", self.state.stack, self.state.project, option)
 
     def record(self, verdict: str, evidence: list[str]) -> None:
         self.state.results.append(classification(self.patch, verdict, evidence))
 
 
 def _apply_series(ws: Workspace, state: BumpState, *, skip: bool) -> None:
-    """Classify and apply each patch in order, like ``git am``: a stop at a conflict or at
-    a merge that fails its check goes on here from where the user left the tree."""
+    """Classify and apply each patch in order, like ``git am``, going on from a stop."""
     if not state.head:  # killed while the new tree was unpacked
         _new_tree(ws, state)
     stack = ws.stack(state.stack, strict=False)
@@ -517,8 +485,8 @@ def _apply_series(ws: Workspace, state: BumpState, *, skip: bool) -> None:
 
 
 def _settle_stop(at: _Series, *, skip: bool) -> None:
-    """The patch the bump stopped at, as the user left it: resolved (checked), merged and
-    mended, or dropped (``skip``, like ``git am --skip``); its verdict recorded."""
+    """Record the patch the bump stopped at as the user left it: resolved, mended, or
+    dropped (``skip``)."""
     repo, state, patch = at.repo, at.state, at.patch
     if skip and repo.am_in_progress():  # drop the conflicting patch, like git am
         repo("am", "--skip")
@@ -533,8 +501,8 @@ def _settle_stop(at: _Series, *, skip: bool) -> None:
             raise MaintenanceError(
                 f"patch {patch.name} still has conflict markers: {', '.join(marked)}",
                 where=str(repo.path),
-                fix=f"edit them, then `{at.cmd('--continue')}`; or drop the patch: "
-                    f"`{at.cmd('--skip')}`; or `{at.cmd('--abort')}`")
+                fix=f"edit them, then `{at.state.cmd('--continue')}`; or drop the patch: "
+                    f"`{at.state.cmd('--skip')}`; or `{at.state.cmd('--abort')}`")
         repo("add", "-A")
         if repo("diff", "--cached", "--name-only", "HEAD", quiet=True):
             repo("am", "--continue")
@@ -559,8 +527,7 @@ def _settle_stop(at: _Series, *, skip: bool) -> None:
 
 
 def _apply_patch(at: _Series) -> None:
-    """Classify the patch the bump is at and apply it: exactly, or by a 3-way merge that
-    its check then judges; a conflict stops the bump."""
+    """Apply the patch: exactly, or by a checked 3-way merge; a conflict stops the bump."""
     repo, state, patch = at.repo, at.state, at.patch
     verdict, evidence = classify(repo, patch, Version(state.new_version))
     if verdict == STILL_NEEDED:
@@ -590,13 +557,8 @@ def _apply_patch(at: _Series) -> None:
 
 
 def _resolved_patch(at: _Series) -> Patch:
-    """The commit a hand resolution of the patch made (HEAD), as the patch it becomes.
-
-    Checked when ``--continue`` accepts the resolution, while that commit is still HEAD
-    and ``git commit --amend`` mends it: a resolution that moved the change to another
-    file leaves Fingerprint or Effect lines naming the old one, which the series export
-    at the end of the bump refuses (and then only a rebase mends it).
-    """
+    """HEAD (a hand resolution) as a patch, checked while ``commit --amend`` still mends
+    it: the series export at the end would refuse stale Fingerprint or Effect lines."""
     repo = at.repo
     with tempfile.TemporaryDirectory(prefix="sm120fork-resolved-") as tmp:
         out = repo(*FORMAT_PATCH, "-o", tmp, "-1", "HEAD", quiet=True)
@@ -609,12 +571,11 @@ def _resolved_patch(at: _Series) -> Patch:
                 fix=f"make its message say what the resolved change does (a Fingerprint "
                     f"or Effect line names a file the change touches now, patches/"
                     f"README.md): `git -C {repo.path} commit --amend`, then "
-                    f"`{at.cmd('--continue')}`") from None
+                    f"`{at.state.cmd('--continue')}`") from None
 
 
 def _resolution(at: _Series) -> list[str]:
     """The evidence for a hand resolution (HEAD), judged by its own header and checked."""
-    # The resolved commit's own header: it may name where the change is now.
     judged = match_upstream(at.repo, _resolved_patch(at), "HEAD")
     holds = judged.already_upstream
     if not holds:  # said now, not only in the report at the end
@@ -629,10 +590,8 @@ def _resolution(at: _Series) -> list[str]:
 
 
 def _check_or_stop(at: _Series) -> str:
-    """Check the tree a merge or a resolution of the patch made (with the patches applied
-    before it); its evidence line, or a stop like a conflict's.  A check that could not
-    run (its probe's requirements, the overlay's download) stops too, saying so: it is
-    no verdict on the patch."""
+    """Check the tree a merge or resolution made: its evidence line, or a stop (also when
+    the check could not run: that is no verdict)."""
     state, patch = at.state, at.patch
     applied = [p for p, r in zip(at.series.patches, state.results, strict=False)
                if r.verdict in (STILL_NEEDED, RESOLVED)]
@@ -660,15 +619,13 @@ def _check_or_stop(at: _Series) -> str:
 
 def _stop(at: _Series, what: Callable[[str], str], first: Callable[[str], str],
           detail: list[str]) -> MaintenanceError:
-    """The stop at the patch (saved, reported): the error to raise, with the steps
-    (``first(tree)``, then continue, skip or abort).  The report names the tree relative
-    to the checkout: no machine path."""
+    """The stop at the patch, saved and reported (the report names no machine path)."""
     at.state.save(at.ws)
 
     def fix(tree: str) -> str:
-        return (f"{first(tree)} `{at.cmd('--continue')}`; or drop the patch: "
-                f"`{at.cmd('--skip')}`; or `{at.cmd('--abort')}` to restore the previous "
-                "pin and series")
+        return (f"{first(tree)} `{at.state.cmd('--continue')}`; or drop the patch: "
+                f"`{at.state.cmd('--skip')}`; or `{at.state.cmd('--abort')}` to restore the "
+                "previous pin and series")
     rel = os.path.relpath(at.repo.path, at.ws.root)
     report = write_bump_report(at.ws, at.stack, at.project, at.state,
                                at.state.pinned(at.project),
@@ -680,8 +637,7 @@ def _stop(at: _Series, what: Callable[[str], str], first: Callable[[str], str],
 
 
 def _back_to(repo: Git, head: str) -> None:
-    """The fork tree at ``head``, the commit the bump saved last, from wherever a run
-    killed mid-way left it (inside ``git am``, files half written)."""
+    """The fork tree back at ``head`` from wherever a killed run left it."""
     if repo.am_in_progress():
         repo("am", "--abort")
     if repo.head() != head or repo.is_dirty():
@@ -690,14 +646,13 @@ def _back_to(repo: Git, head: str) -> None:
 
 
 def _commits(repo: Git, rev_range: str) -> list[str]:
-    """``<short sha> <subject>`` of each commit of ``rev_range``, oldest first."""
     out = repo("log", "--reverse", "--format=%h %s", rev_range, quiet=True)
     return [line for line in out.splitlines() if line.strip()]
 
 
 def _range_diff(repo: Git) -> str:
-    """``git range-diff`` of the series before and after; git refuses an empty range, so
-    a side with no commit is written in range-diff's own notation."""
+    """``git range-diff`` of the series before and after (an empty side, which git
+    refuses, in its notation)."""
     before = _commits(repo, f"{BEFORE_BASE_REF}..{BEFORE_REF}")
     after = _commits(repo, f"{UPSTREAM_TAG}..HEAD")
     if before and after:
@@ -711,21 +666,18 @@ def _range_diff(repo: Git) -> str:
 
 
 def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
-    """The bump written: series, declaration, the tree rebuilt from them, report and
-    changelog; then closed."""
+    """Write series, declaration, rebuilt tree, report and changelog; then close."""
     stack = ws.stack(state.stack, strict=False)
     project = stack.project(state.project)
     repo = Git(ws.work_tree(stack, project))
     _back_to(repo, state.head)  # as a run stopped in this step left it
     series_dir = Path(state.series_dir)
-    # Everything that can fail without changing a file comes first: a failure here leaves
-    # the declaration and series as they were, and --continue tries again.
+    # What can fail comes before the first write: --continue tries again.
     range_diff = _range_diff(repo)
     empty = not _commits(repo, f"{UPSTREAM_TAG}..HEAD")
     ships_published = empty or source_kind(project.source).ships_wheels
     if ships_published or project.wheels:
-        # An empty series ships the published wheels unchanged (like a stack whose
-        # FlashInfer is used as published); otherwise the old version's pins must go.
+        # An empty series ships the published wheels; else the old version's pins go.
         wheels = (find_wheels(state.pinned(project), Version(state.new_version))
                   if ships_published else ())
         if ships_published and not wheels:
@@ -733,23 +685,18 @@ def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
                 f"{project.distribution} {state.new_version} has no wheel on the package "
                 "index" + (" to ship as published: every patch left the series" if empty
                            else ""), where=f"{state.stack}/{state.project}",
-                fix=f"`{command('bump', state.stack, state.project, '--abort')}`, or "
-                    f"`{command('bump', state.stack, state.project, '--continue')}` once "
+                fix=f"`{state.cmd('--abort')}`, or `{state.cmd('--continue')}` once "
                     "upstream publishes its wheels")
         state.new_pin = dataclasses.replace(state.new_pin, wheels=wheels)
         state.save(ws)
     new_project = state.pinned(project)
-    # The pin edit applies to the declaration as it is now: a hand fix made while the
-    # bump stopped stays (the journal holds the text from before the bump, for --abort).
+    # Edits the declaration as it is now: a hand fix made while stopped stays.
     declaration = Path(state.declaration)
     decl = declaration_with_pin(declaration.read_text(encoding="utf-8"), project, state,
                                 state.declaration,
                                 description=_description(ws, stack, project, state, empty)
                                 if state.created_stack else "")
-    # The stack the edit declares, checked before a file is written: what follows
-    # rebuilds and reports from it (no reload of the file it writes).
-    pinned = check_declaration(declaration, decl, fix=command("bump", state.stack,
-                                                              state.project, "--abort"),
+    pinned = check_declaration(declaration, decl, fix=state.cmd("--abort"),
                                pins=not state.coordinated_with)
     refreshed = export_series(repo, series_dir, stack=stack.name, project=project.key)
     note_written(ws, refreshed.paths)
@@ -777,7 +724,7 @@ def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
     _close(ws, state)
     return BumpResult(stack=stack.name, project=project.key, old_version=state.old_version,
                       new_version=state.new_version, classifications=results, report=report,
-                      changelog=changelog, refresh=refreshed, range_diff=range_diff,
+                      changelog=changelog, refresh=refreshed,
                       new_stack_created=state.created_stack, used_as_published=published,
                       undeclared_files=undeclared, release_files=release_files,
                       companions={k: tuple(v) for k, v in state.companion_results.items()},
@@ -785,11 +732,8 @@ def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
 
 
 def _close(ws: Workspace, state: BumpState) -> None:
-    """The bump's end, in renames that cannot be half done: the old fork tree goes into
-    the bump's folder, then that folder leaves ``.forks/bump`` (from then on no bump is in
-    progress) for a scratch folder that is removed last (by the next run, if this one is
-    stopped while removing it).  Interrupted before, ``--abort`` still finds the old tree
-    whole; never a tree half removed."""
+    """The bump's end in renames: the old tree into the bump's folder, that folder out of
+    ``.forks/bump`` to scratch, removed last; ``--abort`` never meets a half tree."""
     d = BumpState.directory(ws, state.stack, state.project)
     pre = ws.trees_dir / state.stack / f"{state.project}@{_PRE}"
     if pre.exists():
@@ -808,14 +752,12 @@ def _done_label(stack: str, project: str) -> str:
 
 
 def finished_here(ws: Workspace, stack: str, project: str) -> bool:
-    """Whether this process finished that bump and was stopped while removing what it
-    no longer needs (the files it wrote are complete)."""
+    """Whether that bump finished and was stopped while cleaning up."""
     return any(ws.state_dir.glob(f"{scratch_prefix(_done_label(stack, project))}*"))
 
 
 def _description(ws: Workspace, stack: Stack, project: Project, state: BumpState,
                  empty: bool) -> str:
-    """A new stack's description, from the releases it now pins."""
     companions = state.new_pin.companions
     parts = []
     for p in stack.projects:
@@ -831,7 +773,7 @@ def _description(ws: Workspace, stack: Stack, project: Project, state: BumpState
 
 def bump_continue(ws: Workspace, stack_name: str, project_key: str, *,
                   skip: bool = False) -> BumpResult:
-    """Resume a stopped bump; with ``skip``, drop the patch it stopped at (``git am --skip``)."""
+    """Resume a stopped bump; ``skip`` drops the patch it stopped at."""
     with ws.lock():
         state = BumpState.load(ws, stack_name, project_key)
         if state is None:
@@ -852,15 +794,12 @@ class AbortResult:
     project: str
     restored_version: str
     removed_stack: bool
-    #: What became of the fork tree (checked at the old pin, or made again).
     tree: str = ""
 
 
 def bump_abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
-    """Undo a bump in progress, from any step it reached: the previous fork tree (kept
-    aside, with its git refs), and every file it may have written (declaration, series,
-    report, changelog) put back byte for byte from the journal in its state; the report
-    last, once everything else is back.  Loads no stack: it works whatever the pins say."""
+    """Undo a bump from any step: the old fork tree back, every file it may have written
+    restored from the journal (the report last); loads no stack."""
     with ws.lock():
         return _abort(ws, stack_name, project_key)
 
@@ -882,8 +821,7 @@ def _abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
         shutil.rmtree(trees, ignore_errors=True)
     restore(ws.root, state.before, state.journaled_dirs,
             last=[report_path(ws, state).relative_to(ws.root).as_posix()])
-    # The projects it moved with it too: a coordinated bump that finished left its tree
-    # at the new pin, which the journal put back.
+    # A finished coordinated bump left its tree at the new pin: checked too.
     tree = "" if state.created_stack else "; ".join(
         _checked_tree(ws, state.stack, key) for key in (state.project, *state.companion_bumps))
     shutil.rmtree(d, ignore_errors=True)
@@ -893,9 +831,7 @@ def _abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
 
 
 def _put_back_old_tree(ws: Workspace, state: BumpState, d: Path) -> None:
-    """The fork tree of the old pin back in its place, wherever the bump kept it (beside
-    the tree, or in its folder once written), in renames: interrupted, it is still whole
-    in one of the two places and the next ``--abort`` finds it."""
+    """The old pin's fork tree back, in renames (interrupted, it is whole somewhere)."""
     work = ws.trees_dir / state.stack / state.project
     kept = [p for p in (ws.trees_dir / state.stack / f"{state.project}@{_PRE}", d / _PRE)
             if p.exists()]
@@ -912,10 +848,8 @@ def _put_back_old_tree(ws: Workspace, state: BumpState, d: Path) -> None:
 
 
 def _checked_tree(ws: Workspace, stack_name: str, key: str) -> str:
-    """The fork tree after an abort, checked against the pin and series just put back:
-    a complete toolkit tree of both that git reads, with nothing changed; else (a tree
-    the bump made part-way, or one an earlier toolkit broke) made again from them, so that
-    ``build`` uses it as it is.  Says which."""
+    """The fork tree after an abort, checked against the pin and series put back, else
+    made again from them; says which."""
     stack = ws.stack(stack_name, strict=False)
     project = stack.project(key)
     work = ws.work_tree(stack, project)
@@ -934,8 +868,7 @@ def _checked_tree(ws: Workspace, stack_name: str, key: str) -> str:
 
 
 def _not_at_pin(ws: Workspace, stack: Stack, project: Project) -> str | None:
-    """Why the project's fork tree is not the complete, unchanged tree of its pin and
-    series, or None."""
+    """Why the fork tree is not the complete, unchanged tree of its pin and series."""
     work = ws.work_tree(stack, project)
     made = read_state(work)
     if made is None or not made.complete:

@@ -1,6 +1,4 @@
-"""Classify a patch against a new upstream: still needed, upstreamed (identically or
-differently) or conflict; and the look-before-you-leap preview of a whole series.
-"""
+"""Classify a patch against a new upstream, and preview a whole series."""
 
 from __future__ import annotations
 
@@ -49,9 +47,8 @@ def _removed_lines(patch: Patch) -> dict[str, list[str]]:
 
 
 def moved_code(repo: Git, patch: Patch, new_version: Version) -> list[str]:
-    """Where the code a conflicting patch changes is in the new release, when it left
-    the file the patch names (a release that split a module: sglang 0.5.20 moved the
-    auto-enable of S2 from ``server_args.py`` to ``arg_groups/overrides.py``)."""
+    """Where the code a conflicting patch changes went, when it left the file the patch
+    names (a release that split a module)."""
     found: list[str] = []
     for path, lines in _removed_lines(patch).items():
         here = text_at(repo, path)
@@ -88,11 +85,8 @@ def _applies(repo: Git, patch: Patch, env: Mapping[str, str] | None, *extra: str
 
 def classify(repo: Git, patch: Patch, new_version: Version,
              env: Mapping[str, str] | None = None) -> tuple[str, list[str]]:
-    """Classify one patch against the work tree (or, with ``env``, a scratch index).
-
-    The tree is the new upstream plus the patches kept so far; fingerprints and effects
-    are looked up in the new upstream itself (the ``upstream`` tag).
-    """
+    """Classify one patch against the work tree (or, with ``env``, a scratch index);
+    fingerprints and effects are looked up in the new upstream itself."""
     match = match_upstream(repo, patch)
     if _applies(repo, patch, env):
         n = match.fingerprints_present
@@ -143,12 +137,8 @@ def _scratch_index(repo: Git) -> Iterator[str]:
 
 
 def preview(repo: Git, patches: Sequence[Patch], new_version: Version) -> list[Classification]:
-    """Every patch classified before anything is applied (look before you leap).
-
-    Each patch is judged on its own merits: one that conflicts does not stop the preview,
-    and later patches are checked on top of the earlier ones that still apply, as the
-    real run will apply them.  A conflict that a 3-way merge resolves is found here too.
-    """
+    """Every patch classified before anything is applied, each on top of the earlier
+    ones that apply (or merge): a conflict does not stop the preview."""
     results: list[Classification] = []
     with _scratch_index(repo) as index:
         env = {"GIT_INDEX_FILE": index}

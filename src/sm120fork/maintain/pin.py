@@ -29,8 +29,7 @@ _COMMIT_IN_SOURCE = re.compile(
 
 
 def check_released(project: Project, version: Version, where: str) -> None:
-    """Refuse, in one line naming the newest release, a version the package index lists
-    no file of: what is wrong is the version, not the pins that reject it."""
+    """Refuse a version the index lists no file of, naming the newest release."""
     page = project_page(project)
     versions = page.releases(project)
     if version in versions or version in page.sdists(project, include_yanked=True):
@@ -87,10 +86,8 @@ def create_stack_check(ws: Workspace, name: str) -> None:
 
 
 def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> Stack:
-    """A stack ``name`` copied from ``source``: ``project`` and the projects it requires
-    (their keys and series), as ``source`` pins them until the bump writes the new
-    release's facts.  Written from the data, not the text: the source's comments describe
-    its releases, not the new ones."""
+    """A stack ``name`` copied from ``source``: ``project`` and the projects it requires,
+    written from the data (the source's comments describe other releases)."""
     create_stack_check(ws, name)
     target = ws.forks_dir / f"{name}.toml"
     series_root = ws.root / "patches" / name
@@ -112,8 +109,7 @@ def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> S
 
 
 def check_declaration(path: Path, text: str, *, fix: str, pins: bool = True) -> Stack:
-    """The stack ``text`` declares as the file ``path``; refused unless it loads (and,
-    with ``pins``, its pins agree): checked before the text is written."""
+    """The stack ``text`` declares, refused unless it loads (with ``pins``: agrees)."""
     try:
         return parse_stack(path, text, strict=pins)
     except ConfigError as exc:
@@ -139,8 +135,7 @@ def _set_wheels(table: MutableMapping[str, Any], wheels: tuple[WheelPin, ...]) -
 
 
 def _set_pin(table: MutableMapping[str, Any], pin: NewPin) -> None:
-    """Write one project's pin (source, git, sdist, wheels) into its table: each pin
-    table's fields in declare's order, an empty ``url`` or ``note`` left out."""
+    """Write one project's pin into its table (an empty ``url`` or ``note`` left out)."""
     table["source"] = pin.source
     for name, value in (("git", pin.git), ("sdist", pin.sdist)):
         if value is None:
@@ -159,17 +154,14 @@ def _set_pin(table: MutableMapping[str, Any], pin: NewPin) -> None:
     if pin.wheels is not None:
         _set_wheels(table, pin.wheels)
     if source_kind(pin.source).ships_wheels:
-        # A wheel source is repacked, not built: its local version goes into the
-        # wheel's METADATA, so a build's version stamp (an sdist pin moving to a
-        # release published as wheels only) has nothing left to stamp.
+        # Repacked, not built: a version stamp has nothing left to stamp.
         table.pop("version_stamp", None)
 
 
 def declaration_with_pin(text: str, project: Project, state: BumpState, where: str, *,
                          description: str = "") -> str:
-    """``text`` with the bump's pins written: the project's (version, source, git, sdist,
-    wheels), its ``upstream_requires`` and ``layout`` as the new release states them, and
-    the coordinated projects it moves with it; comments and layout of the text kept."""
+    """``text`` with the bump's pins written (the project's and those it moves), its
+    comments kept."""
     pin = state.new_pin
     doc = tomlkit.parse(text)
     projects = doc.get("projects")

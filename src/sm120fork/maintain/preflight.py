@@ -1,14 +1,5 @@
-"""A bump's pre-flight: what can be known before a file is written (and, for the pins,
-before anything is downloaded), checked first.
-
-- the stack's other pins accept the new version (a FlashInfer post-release that the
-  stack's SGLang pins away from is refused here, naming both pins and the fix);
-- the new release's own pins on the stack's projects (its metadata's ``Requires-Dist``),
-  which move the coordinated projects with it;
-- each patch's target files are in the new release (the wheel's or sdist's file list);
-- the upstream layout that fits the release: a gate that moved is named as such, with the
-  layout that fits (``sm120fork.layouts``).
-"""
+"""A bump's pre-flight, before a file is written: the other pins, the new release's own
+pins (``Requires-Dist``), each patch's target files and the layout that fits."""
 
 from __future__ import annotations
 
@@ -34,8 +25,7 @@ from sm120fork.util.hint import command
 
 @dataclass(frozen=True, kw_only=True)
 class Release:
-    """What a release says about itself: its files (relative to the package root) and its
-    requirements, from the wheel's RECORD/METADATA or the sdist's listing/PKG-INFO."""
+    """A release's files (relative to the package root) and requirements."""
 
     files: frozenset[str]
     requires: tuple[Requirement, ...]
@@ -73,8 +63,7 @@ def sdist_release(sdist: Path) -> Release:
 
 
 def pins_refusing(stack: Stack, project: Project, new_version: str) -> list[str]:
-    """Why the stack's other projects would not accept ``project`` at ``new_version``:
-    each disagreement names the requirement, its project and both pins."""
+    """Why the stack's other projects would not accept ``project`` at ``new_version``."""
     moved = dataclasses.replace(project, version=new_version)
     projects = [moved if p.key == project.key else p for p in stack.projects]
     found = []
@@ -106,16 +95,14 @@ def check_pins(stack: Stack, project: Project, new_version: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class Coordinated:
-    """A project of the stack the new release pins at another version."""
-
     project: Project
     requirement: Requirement
     version: str
 
 
 def coordinated_moves(stack: Stack, project: Project, release: Release) -> list[Coordinated]:
-    """The stack's projects whose pin the new release's own requirements reject, with the
-    version it pins (``==X``); a requirement that pins no one version is refused."""
+    """The stack's projects whose pin the new release rejects, with the version it pins
+    (``==X``; a requirement that pins no one version is refused)."""
     moves: list[Coordinated] = []
     for req in release.requires:
         target = pinned_for(req, stack.projects)
@@ -137,16 +124,14 @@ def coordinated_moves(stack: Stack, project: Project, release: Release) -> list[
 
 
 def requirements_on_stack(stack: Stack, project: Project, release: Release) -> list[str]:
-    """The new release's requirements on the stack's other projects, as its metadata
-    states them (the new ``upstream_requires``)."""
+    """The new release's requirements on the stack's other projects."""
     return [str(r) for r in release.requires
             if (t := pinned_for(r, stack.projects)) is not None and t is not project
             and canonicalize_name(r.name) != project.normalized_name]
 
 
 def _package_files(project: Project, patch: Patch) -> list[str]:
-    """The files ``patch`` changes that must exist upstream (not those it creates),
-    relative to the package root."""
+    """The files ``patch`` changes but does not create, relative to the package root."""
     text = patch.path.read_text(encoding="utf-8", errors="replace")
     created = {line.split(" b/", 1)[1] for block in text.split("\ndiff --git a/")[1:]
                for line in [block.splitlines()[0]] if "\nnew file mode" in
@@ -173,8 +158,7 @@ def missing_targets(project: Project, patches: Sequence[Patch], release: Release
 def check_layout(stacks: Sequence[Stack], stack: Stack, project: Project, new_version: str,
                  release: Release, missing: dict[str, list[str]]) -> str:
     """The layout for the new release: the project's own when it still fits; else refused
-    when patches target the files that moved, naming the layout that fits (and the stacks
-    whose series are on it)."""
+    when patches target files that moved, naming the layout that fits."""
     if not project.layout or project.layout not in LAYOUTS:
         return project.layout
     fits = fitting(release.files)
@@ -197,9 +181,8 @@ def check_layout(stacks: Sequence[Stack], stack: Stack, project: Project, new_ve
 
 def _start_on_layout(stacks: Sequence[Stack], project: Project, new_version: str,
                      layout: str) -> str:
-    """The step after a gate-moved refusal: the stack on ``layout`` that already pins
-    ``new_version`` (build it), else a new stack copied from one on that layout, under a
-    name no stack has (``--new-stack`` refuses a taken one)."""
+    """The step after a gate-moved refusal: build the stack on ``layout`` that pins
+    ``new_version``, else copy one on it under a free name."""
     on_it = sorted(((s, p) for s in stacks for p in s.projects
                     if p.layout == layout and p.distribution == project.distribution),
                    key=lambda sp: sp[0].name)

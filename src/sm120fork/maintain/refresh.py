@@ -1,9 +1,5 @@
-"""``refresh``: the verb that exports a fork tree's commits back into its series.
-
-It refuses while a bump of the project is in progress (the bump owns the tree then) and
-when the export would overwrite local work; the byte-stable export itself is
-:func:`sm120fork.patch.refresh.export_series`.
-"""
+"""``refresh``: export a fork tree's commits back into its series, refusing to overwrite
+local work or a bump's tree."""
 
 from __future__ import annotations
 
@@ -28,22 +24,16 @@ from sm120fork.workspace import Workspace
 
 def refresh(ws: Workspace, stack_name: str, project_key: str, *,
             force: bool = False) -> RefreshResult:
-    """Export the fork tree's commits into the project's series.
-
-    Refuses, unless ``force``, when patch files of the series have uncommitted edits made
-    by hand (not as a bump or refresh wrote them): the export would overwrite them with
-    the fork tree's version.
-    """
+    """Export the fork tree's commits into the project's series (``force``: over
+    uncommitted hand edits of its files)."""
     stack = ws.stack(stack_name)
     project = stack.project(project_key)
     again = command("refresh", stack.name, project.key)
     with ws.lock():
-        if BumpState.load(ws, stack.name, project.key):
-            def bump(option: str) -> str:
-                return command("bump", stack.name, project.key, option)
+        if pending := BumpState.load(ws, stack.name, project.key):
             raise MaintenanceError(
                 "a bump of this project is in progress", where=f"{stack.name}/{project.key}",
-                fix=f"finish it: `{bump('--continue')}` (or `{bump('--abort')}`)")
+                fix=f"finish it: `{pending.cmd('--continue')}` (or `{pending.cmd('--abort')}`)")
         tree = open_tree(ws, stack, project)
         work, state, repo = tree.path, tree.state, tree.repo
         if repo.am_in_progress():

@@ -1,10 +1,5 @@
-"""Does a stack declare every file of the release it pins?
-
-A ``wheel`` source repacks each published wheel it declares; a wheel the release has but
-the stack does not declare (a new Python, a new platform) has no patched build, so on that
-Python or platform ``pip install -c constraints.txt --find-links ...`` cannot resolve ours.
-``status`` and ``bump`` say so, naming the files.
-"""
+"""Does a stack declare every wheel of the release it pins?  An undeclared one (a new
+Python or platform) has no patched build, so pip cannot resolve ours there."""
 
 from __future__ import annotations
 

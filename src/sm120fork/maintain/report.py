@@ -49,7 +49,7 @@ def verdict_counts(verdicts: Iterable[str]) -> str:
 
 
 def preview_lines(state: BumpState) -> list[str]:
-    """The look-before-you-leap preview, one patch a line (the evidence is in the report)."""
+    """The preview, one patch a line (the evidence is in the report)."""
     preview = state.classifications("preview")
     counts = verdict_counts(r.verdict for r in preview)
     return [f"before applying, against {state.new_version}: {counts}",
@@ -59,8 +59,7 @@ def preview_lines(state: BumpState) -> list[str]:
 def outcome_lines(project: Project, old_version: str, new_version: str,
                   results: Sequence[Classification], kept: int,
                   published: Sequence[WheelPin], moves: Sequence[str] = ()) -> list[str]:
-    """What the finished bump did, in a few lines: the report's summary and the console's
-    (each other pin it moved, and why)."""
+    """What the finished bump did: the report's summary and the console's."""
     dropped = [r for r in results if r.verdict in (*UPSTREAMED, DROPPED_BY_HAND)]
     lines = [f"{project.key} {old_version} -> {new_version}: "
              f"{verdict_counts(r.verdict for r in results)}",
@@ -74,8 +73,6 @@ def outcome_lines(project: Project, old_version: str, new_version: str,
 
 
 def _pin_lines(project: Project) -> list[str]:
-    """The new pin: the sdist and git pin where the project has them, a ``wheel`` source's
-    published wheels otherwise."""
     lines = []
     if project.sdist is not None:
         lines.append(f"- sdist: `{project.sdist.filename}` sha256 `{project.sdist.sha256}` "
@@ -96,8 +93,7 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
                       range_diff: str = "", refreshed: RefreshResult | None = None,
                       stopped: str = "", published: Sequence[WheelPin] = (),
                       remake: Sequence[str] = ()) -> Path:
-    """The bump's report: written before any patch is applied, again at a conflict, and
-    complete when the bump finishes (``remake``: :func:`evidence_lines`' input)."""
+    """The bump's report: written before any patch is applied, at a stop, and at the end."""
     path = report_path(ws, state)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [

@@ -15,9 +15,9 @@ from pathlib import Path
 from sm120fork.declare import GitPin, Project, SdistPin, SourceKind, WheelPin
 from sm120fork.errors import ConfigError, MaintenanceError
 from sm120fork.util import typed
+from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
-#: ``state.json``'s format (2: the steps by number, every key written).
 FORMAT = 2
 BEFORE_REF = "refs/sm120fork/before-bump"
 BEFORE_BASE_REF = "refs/sm120fork/before-bump-base"
@@ -26,20 +26,13 @@ STILL_NEEDED = "still needed"
 UPSTREAMED_IDENTICALLY = "upstreamed identically"
 UPSTREAMED_DIFFERENTLY = "upstreamed differently"
 CONFLICT = "conflict"
-#: A file the patch changes is not in the new release: a conflict of its own kind.
 TARGET_MISSING = "target file missing"
 RESOLVED = "conflict, resolved by hand"
 DROPPED_BY_HAND = "conflict, dropped by hand"
-#: A patch a 3-way merge or a hand resolution landed, whose result fails its check
-#: (:mod:`sm120fork.patch.check`): the bump stops there, like at a conflict.
+#: A merged or hand-resolved patch whose check fails, or could not run: the bump stops.
 MERGED_FAILS_CHECK = "merged, fails its check"
-#: ... whose check could not run (its probe's requirements, the overlay's download): no
-#: verdict on the patch, and no yes either: the bump stops there too.
 MERGED_UNCHECKED = "merged, check could not run"
-#: The preview's verdict for a conflict that a 3-way merge applies: the bump checks what
-#: the merge makes before it says more.
 MERGES_UNCHECKED = "merges (3-way), not yet checked"
-#: Evidence: how a patch that did not apply exactly landed, and that its check passed.
 MERGED_3WAY = "merged by a 3-way merge"
 CHECK_PASSES = "its check passes"
 UPSTREAMED = (UPSTREAMED_IDENTICALLY, UPSTREAMED_DIFFERENTLY)
@@ -50,7 +43,6 @@ stage_hook: Callable[[str], None] | None = None
 
 
 def stage(name: str) -> None:
-    """A bump reached step ``name``: everything before it is saved."""
     if stage_hook is not None:
         stage_hook(name)
 
@@ -70,27 +62,24 @@ class Classification:
 
 @dataclass(frozen=True, kw_only=True)
 class NewPin:
-    """What a bump pins a project to, in :mod:`sm120fork.declare`'s own pin types: the
-    one typed value the bump's pre-flight makes, ``state.json`` keeps and the declaration
-    edit (:func:`sm120fork.maintain.pin.declaration_with_pin`) writes."""
+    """What a bump pins a project to: made by the pre-flight, kept in ``state.json``,
+    written by :func:`sm120fork.maintain.pin.declaration_with_pin`."""
 
     source: SourceKind
     git: GitPin | None = None
     sdist: SdistPin | None = None
     #: The published wheels; None keeps the ones declared.
     wheels: tuple[WheelPin, ...] | None = None
-    #: A coordinated project's new version (the bumped project's is ``new_version``).
+    #: A coordinated project's new version.
     version: str = ""
     #: The new release's own requirements on the stack (None: not read, as for a commit).
     upstream_requires: tuple[str, ...] | None = None
     #: The layout that fits the new release ("" keeps the declared one).
     layout: str = ""
-    #: Coordinated projects shipped as published, moved with this one: key -> their pin.
+    #: Coordinated projects shipped as published: key -> their pin.
     companions: dict[str, NewPin] = dataclasses.field(default_factory=dict)
 
     def pinned(self, project: Project, version: str) -> Project:
-        """``project`` at this pin and ``version`` (a ``wheel`` source may have no git or
-        sdist pin)."""
         return dataclasses.replace(
             project, version=version, source=self.source, git=self.git, sdist=self.sdist,
             wheels=project.wheels if self.wheels is None else self.wheels)
@@ -115,38 +104,36 @@ class BumpState:
     conflict_evidence: list[str] = dataclasses.field(default_factory=list)
     #: The commit a 3-way merge made of the patch at ``conflict_head`` (not by hand).
     merged_head: str = ""
-    #: Why the patch there fails its check (the bump stopped at it), one line each.
+    #: Why the patch there fails its check, one line each.
     failed_check: list[str] = dataclasses.field(default_factory=list)
-    #: The step the bump goes on from (``bump._resume``'s list): those before it are done.
+    #: The step the bump goes on from (``bump._resume``'s list).
     step: int = 0
     started: str = ""
     command: str = ""
-    #: The stack a ``--new-stack`` bump copies (its pins are the starting point).
+    #: The stack a ``--new-stack`` bump copies.
     source_stack: str = ""
-    #: Coordinated projects with patches, bumped (each as a bump of its own) to the
-    #: version the new release pins before this one goes on: key -> version.
+    #: Coordinated projects with patches, each bumped first: key -> version.
     companion_bumps: dict[str, str] = dataclasses.field(default_factory=dict)
-    #: For such a bump: the project whose bump moves this one (pins agree once it ends).
+    #: For such a bump: the project whose bump moves this one.
     coordinated_with: str = ""
-    #: Each pin the bump moves besides its own, and why: project key -> a line (for a
-    #: coordinated bump: its own move, and the release that moves it).
+    #: Each pin the bump moves besides its own: project key -> why.
     moves: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Every patch classified against the new upstream before any was applied.
     preview: list[Classification] = dataclasses.field(default_factory=list)
-    #: The journal ``--abort`` restores from: each file the bump may write (relative to
-    #: the checkout) -> its bytes before (base64), or None where there was no file.
+    #: The journal ``--abort`` restores from: path -> its bytes before (base64), or None.
     before: dict[str, str | None] = dataclasses.field(default_factory=dict)
     #: Folders whose files the journal holds whole: a file not in it is removed on abort.
     journaled_dirs: list[str] = dataclasses.field(default_factory=list)
     #: Each coordinated bump this one ran to its end: key -> its patches' verdicts.
     companion_results: dict[str, list[Classification]] = dataclasses.field(
         default_factory=dict)
-    #: ``state.json``'s format: a state of another is refused, naming the file.
     format: int = FORMAT
 
     def pinned(self, project: Project) -> Project:
-        """``project`` at the bump's new pin and version."""
         return self.new_pin.pinned(project, self.new_version)
+
+    def cmd(self, option: str) -> str:
+        return command("bump", self.stack, self.project, option)
 
     def classifications(self, which: str = "results") -> tuple[Classification, ...]:
         return tuple(self.preview if which == "preview" else self.results)
@@ -157,7 +144,6 @@ class BumpState:
 
     @classmethod
     def load(cls, ws: Workspace, stack: str, project: str) -> BumpState | None:
-        """The bump in progress, None when there is none (or its state is no state)."""
         path = cls.directory(ws, stack, project) / "state.json"
         try:
             data = json.loads(path.read_text())
@@ -184,11 +170,10 @@ class BumpState:
         tmp.replace(d / "state.json")
 
 
-
 def journal(root: Path, files: Iterable[Path], dirs: Iterable[Path]) -> tuple[
         dict[str, str | None], list[str]]:
-    """The bytes of ``files`` and of every file under ``dirs`` (None: not there), keyed by
-    their path relative to ``root``: what :func:`restore` puts back."""
+    """The bytes of ``files`` and of every file under ``dirs``: what :func:`restore` puts
+    back."""
     before: dict[str, str | None] = {}
     for path in [*files, *(f for d in dirs if d.is_dir() for f in sorted(d.rglob("*"))
                            if f.is_file())]:
@@ -199,9 +184,8 @@ def journal(root: Path, files: Iterable[Path], dirs: Iterable[Path]) -> tuple[
 
 def restore(root: Path, before: dict[str, str | None], dirs: Iterable[str], *,
             last: Iterable[str] = ()) -> None:
-    """Put every journaled file back byte for byte (``last`` after all others): a file
-    that was not there is removed, and so is a file under a journaled folder the journal
-    does not hold; a folder that did not exist is removed."""
+    """Put every journaled file back byte for byte (``last`` after all others), removing
+    what the journal says was not there."""
     for d in dirs:
         folder = root / d
         if not folder.is_dir():

@@ -1,8 +1,4 @@
-"""``status``: every patch of every stack against its pin.
-
-Does it apply, what its DEP-3 header says about upstream, is its fingerprint or effect
-already upstream, which wheel shipped it.  Results are dataclasses the CLI renders.
-"""
+"""``status``: every patch of every stack against its pin (applies, upstream, wheel)."""
 
 from __future__ import annotations
 
@@ -38,8 +34,7 @@ def _at_pin(ws: Workspace, stack: Stack, project: Project, variant: str = "") ->
 
 
 def to_download(ws: Workspace, stack: Stack, project: Project) -> list[str]:
-    """The files status must download to check ``project`` (none once it was built or
-    checked here: the fork tree, or the pristine tree status made, serves)."""
+    """The files status must download to check ``project`` (none once a tree is here)."""
     if _at_pin(ws, stack, project) or _at_pin(ws, stack, project, "upstream"):
         return []
     return source_kind(project.source).missing(project, sdist_cache=ws.sdist_cache,
@@ -47,17 +42,13 @@ def to_download(ws: Workspace, stack: Stack, project: Project) -> list[str]:
 
 
 def pinned_upstream(ws: Workspace, stack: Stack, project: Project) -> Git:
-    """A git repo whose ``upstream`` tag is the project's pinned upstream.
-
-    The fork tree serves when it is at this pin (its work tree is not touched: only the
-    tag is read); otherwise a pristine ``@upstream`` tree is made next to it.
-    """
+    """A git repo whose ``upstream`` tag is the pinned upstream: the fork tree when at
+    this pin (only the tag is read), else a pristine ``@upstream`` tree."""
     if _at_pin(ws, stack, project):
         return Git(ws.work_tree(stack, project))
     return prepare_tree(ws, stack, project, patches=(), variant="upstream", force=True).repo
 
 
-# --------------------------------------------------------------------------- status
 @dataclass(frozen=True, kw_only=True)
 class PatchStatus:
     patch: str
@@ -82,18 +73,15 @@ class ProjectStatus:
     patches: tuple[PatchStatus, ...]
     bump_in_progress: str = ""
     error: str = ""
-    #: Wheels of the pinned release (package index) that a wheel source does not declare.
+    #: ``maintain.release.release_check`` of the pin.
     undeclared_files: tuple[str, ...] = ()
-    #: What the release check found: "" (not a wheel source), "all declared", or why not.
     release_files: str = ""
     #: Why the patches were not checked (``--no-fetch`` and the upstream is not here).
     not_checked: str = ""
-    #: Where the stack's pins do not satisfy this project's ``upstream_requires``: each
-    #: disagreement with its fix (a stack in that state builds nothing until fixed).
+    #: Where the stack's pins do not satisfy this project's ``upstream_requires``.
     pins_disagree: tuple[str, ...] = ()
-    #: The stack's records that tested this project, current or stale (sm120fork.standing).
+    #: The stack's records that tested this project, and its patches' claims, judged.
     evidence: tuple[Standing, ...] = ()
-    #: Each ``Verified-By`` claim of this project's patches, judged (sm120fork.standing).
     claims: tuple[Standing, ...] = ()
 
     def to_json(self) -> dict[str, object]:
@@ -169,16 +157,12 @@ def project_status(ws: Workspace, stack: Stack, project: Project,
 
 def status(ws: Workspace, stack_name: str | None = None,
            wheels_dir: Path | None = None, *, fetch: bool = True) -> list[ProjectStatus]:
-    """The status of every project of every stack (or of ``stack_name``).
-
-    The wheel column comes from ``wheels/<stack>/manifest.json``, or from ``wheels_dir``
-    for a stack published elsewhere with ``build --out``.
-    """
+    """The status of every project of every stack (or of ``stack_name``); the wheel column
+    from its manifest (``wheels_dir``: one published elsewhere)."""
     stacks = [ws.stack(stack_name, strict=False)] if stack_name else sorted(
         ws.stacks().values(), key=lambda s: (not s.default, s.name))
     given = manifest_file.read(wheels_dir) if wheels_dir is not None else None
-    # Each stack resolved once (every series, its build's manifest) for its rows and its
-    # evidence; a series that does not load leaves it to each row to say which.
+    # A series that does not load leaves it to each row to say which.
     todays: dict[str, ResolvedStack | None] = {}
     for s in stacks:
         try:
@@ -202,7 +186,7 @@ def stack_standings(ws: Workspace, stack: Stack, wheels_dir: Path | None = None,
                     today: ResolvedStack | None = None
                     ) -> tuple[dict[str, tuple[Standing, ...]], dict[str, tuple[Standing, ...]]]:
     """project -> its stack's records that tested it, and project -> its patches' claims,
-    each current or stale (cheap: series, manifest and records are read, nothing runs)."""
+    each current or stale (nothing runs)."""
     try:
         today = today or ResolvedStack.of(ws, stack, wheels_dir=wheels_dir)
         records = stack_evidence(ws, stack, today=today)

@@ -1,13 +1,6 @@
-"""``watch``: what each upstream release newer than a stack's pins will cost, said before
-anyone starts.
-
-Each release is bumped (:func:`sm120fork.maintain.bump.bump`) in a scratch copy of the
-checkout, so nothing tracked changes; a patch the bump stops at is dropped there
-(``--skip``) so the patches after it are judged too.  The outcome of each release: every
-patch's verdict (applies / merges / conflicts / upstream has it), the pins the bump moves
-with it, the claims (``Verified-By``) whose records must be made again, and the commands a
-maintainer will run.  Written as ``reports/watch/<stack>.json`` and ``.md``.
-"""
+"""``watch``: what each upstream release newer than a stack's pins will cost: each bumped
+in a scratch copy of the checkout (a stop is skipped so later patches are judged too),
+written as ``reports/watch/<stack>.json`` and ``.md``."""
 
 from __future__ import annotations
 
@@ -53,7 +46,6 @@ from sm120fork.workspace import Workspace
 log = logging.getLogger("sm120fork")
 
 APPLIES = "applies"
-#: Merged by git's 3-way merge, and the merged tree passed its check (patch/check.py).
 MERGES = "merges (3-way), passes its check"
 CONFLICTS = "conflicts"
 UPSTREAM_HAS_IT = "upstream has it"
@@ -64,15 +56,12 @@ class PatchVerdict:
     project: str
     patch: str
     verdict: str
-    #: The bump's own verdict and evidence, as its report gives them.
     bump_verdict: str
     evidence: tuple[str, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Step:
-    """A command a maintainer runs, and when."""
-
     run: str
     why: str
 
@@ -80,13 +69,11 @@ class Step:
 @dataclass(frozen=True, kw_only=True)
 class ReleaseWatch:
     version: str
-    #: "bumps" (every patch placed), "stops" (at conflicts: resolve or skip each),
-    #: "refused" (the bump refuses this release; ``error`` says why), "failed" (it could
-    #: not be judged: a download failed), "carried" (another stack already pins it).
+    #: "bumps", "stops" (at conflicts), "refused" (``error`` says why), "failed" (not
+    #: judged: a download failed), "carried" (another stack already pins it).
     outcome: str
     new_stack: str = ""
     patches: tuple[PatchVerdict, ...] = ()
-    #: "flashinfer 0.7.2 -> 0.7.3 (sglang 0.5.24 requires flashinfer_python==0.7.3)"
     moves: tuple[str, ...] = ()
     #: Each claim whose record must be made again: (claim, why).
     claims: tuple[tuple[str, str], ...] = ()
@@ -99,11 +86,11 @@ class ProjectWatch:
     project: str
     distribution: str
     pinned: str
-    #: Every release on the index newer than the pin, newest first.
+    #: Every release on the index newer than the pin, newest first; the newest ``limit``
+    #: of them bumped in scratch.
     newer: tuple[str, ...] = ()
-    #: The newest ``limit`` of them, each bumped in scratch.
     releases: tuple[ReleaseWatch, ...] = ()
-    #: Why the index could not be read ("" when it was).
+    #: Why the index could not be read.
     error: str = ""
 
 
@@ -119,8 +106,7 @@ class StackWatch:
 
 
 def newer_releases(project: Project) -> list[Version]:
-    """The project's releases on the package index newer than its pin, newest first (a
-    pre-release only when the pin is one)."""
+    """The releases newer than the pin, newest first (pre-releases when the pin is one)."""
     pinned = Version(project.version)
     return sorted((v for v in project_page(project).releases(project)
                    if v > pinned and (pinned.is_prerelease or not v.is_prerelease)),
@@ -129,8 +115,8 @@ def newer_releases(project: Project) -> list[Version]:
 
 @contextmanager
 def scratch_checkout(ws: Workspace, cache: Path) -> Iterator[Workspace]:
-    """A copy of the checkout's declarations, series, records and build manifests, whose
-    download cache is ``cache`` (the checkout's own files linked, never written)."""
+    """A copy of the checkout's declarations, series, records and manifests, whose download
+    cache is ``cache``."""
     with tempfile.TemporaryDirectory(prefix=scratch_prefix("watch")) as tmp:
         root = Path(tmp) / "checkout"
         root.mkdir()
@@ -147,7 +133,6 @@ def scratch_checkout(ws: Workspace, cache: Path) -> Iterator[Workspace]:
 
 
 def _link_cache(ws: Workspace, cache: Path) -> None:
-    """``cache``: a download cache whose files are links to the checkout's cached files."""
     for real, kind in ((ws.sdist_cache, "sdists"), (ws.wheel_cache, "wheels")):
         (cache / kind).mkdir(parents=True, exist_ok=True)
         for f in sorted(real.glob("*")) if real.is_dir() else ():
@@ -174,7 +159,6 @@ def _verdicts(project: str, rows: Sequence[Classification]) -> list[PatchVerdict
 
 
 def _moves(before: Stack, after: Stack, project: str) -> list[str]:
-    """Each other project whose pin the bump moved, with the requirement that moved it."""
     moved = after.project(project)
     out = []
     for old in before.projects:
@@ -190,25 +174,20 @@ def _moves(before: Stack, after: Stack, project: str) -> list[str]:
 
 @dataclass
 class _Run:
-    """One release's bump in scratch, driven to its end."""
-
     ws: Workspace
     stack: str
     project: str
-    #: (project, patch, what to do there) of each stop, in order.
     stops: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
     companions: dict[str, tuple[Classification, ...]] = dataclasses.field(
         default_factory=dict)
 
     def stopped(self) -> BumpState | None:
-        """The bump that stopped: a coordinated one (it goes first) or this one."""
         states = [s for d in sorted((self.ws.state_dir / "bump").glob(f"{self.stack}--*"))
                   if (s := BumpState.load(self.ws, self.stack, d.name.partition("--")[2]))]
         return next((s for s in states if s.coordinated_with), states[0] if states else None)
 
     def to_end(self, start: Callable[[], BumpResult]) -> BumpResult:
-        """Run ``start``; at each stop at a patch drop it (``--skip``) and go on; any other
-        stop, or one that comes again, is raised."""
+        """Run ``start``, skipping each stop at a patch; any other stop is raised."""
         call, seen = start, set()
         while True:
             try:
@@ -236,12 +215,10 @@ class _Run:
             call = functools.partial(bump_continue, self.ws, self.stack, self.project)
 
 
-
 def watch_release(ws: Workspace, stack: Stack, project: Project, version: Version,
                   cache: Path) -> ReleaseWatch:
-    """Bump ``project`` of ``stack`` to ``version`` in a scratch copy of the checkout: in
-    place when the stack's other pins accept it, else into a new stack of the project and
-    those it requires (as a FlashInfer release the stack's SGLang pins away from)."""
+    """Bump ``project`` to ``version`` in a scratch copy of the checkout: in place, or into
+    a new stack when the stack's other pins refuse it."""
     refusing = pins_refusing(stack, project, str(version))
     new_stack = f"{project.key}-{version}" if refusing else ""
     if new_stack in ws.stacks():
@@ -306,7 +283,6 @@ def watch_project(ws: Workspace, stack: Stack, project: Project, *, limit: int,
 
 
 def watch(ws: Workspace, stacks: Sequence[str] = (), *, limit: int) -> list[StackWatch]:
-    """Every stack (or those named), each project's newer releases watched."""
     found = ws.stacks()
     names = sorted(stacks or found)
     missing = [n for n in names if n not in found]
@@ -322,7 +298,6 @@ def watch(ws: Workspace, stacks: Sequence[str] = (), *, limit: int) -> list[Stac
 
 
 def summary(release: ReleaseWatch) -> str:
-    """One line: what the release costs."""
     if release.outcome in ("refused", "failed", "carried"):
         return f"{release.outcome}: {release.error}"
     text = verdict_counts(p.verdict for p in release.patches)
@@ -332,7 +307,6 @@ def summary(release: ReleaseWatch) -> str:
 
 
 def write_report(ws: Workspace, sw: StackWatch) -> tuple[Path, Path]:
-    """``reports/watch/<stack>.json`` and its summary ``.md``."""
     json_path = ws.reports_dir / "watch" / f"{sw.stack}.json"
     md_path = json_path.with_suffix(".md")
     json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,5 @@
-"""How a project's wheels are made, by what its source kind (:mod:`sm120fork.fetch.kinds`)
-downloads: each way downloads once per build, before the projects build side by side, and
-turns a project and its series into checked wheels and their manifest entries.
-:func:`sm120fork.package.stack.build_project` is the one entry point; it picks the way with
-:func:`kind_for`, from the kind's own answers (no kind named here).
-"""
+"""How a project's wheels are made (:func:`kind_for`, from its source kind's answers):
+built, repacked or as published, each checked, with their manifest entries."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 
-#: Called as ``stage(project_key, what)`` as a project moves on ("patching", each line
-#: of the wheel build, "checking the wheel"): the CLI's live progress line.
+#: Called as ``stage(project_key, what)`` as a project moves on (the CLI's progress line).
 Stage = Callable[[str, str], None]
 
 
@@ -79,9 +74,8 @@ class Job:
 
 
 def check_tree_of(job: Job, tree: Path) -> str:
-    """What checked the patched tree (:mod:`sm120fork.patch.check`): its summary, or
-    BuildError naming the patch, ``file:line`` and the error; with ``job.unchecked`` a
-    failure (or a check that cannot run) is published as :data:`UNCHECKED` and why."""
+    """The patched tree's check summary, or BuildError; with ``job.unchecked`` a failure
+    (or a check that cannot run) is published as :data:`UNCHECKED` and why."""
     stack, key = job.stack.name, job.project.key
     anyway = f"`{command('build', '--stack', stack, '--unchecked')}`"
     job.stage(key, "checking the patched tree")
@@ -112,12 +106,10 @@ def check_tree_of(job: Job, tree: Path) -> str:
 class Build:
     """How a project's wheels are made from what its source kind downloads."""
 
-    #: It patches a fork tree (``.forks/trees/<stack>/<project>``), whose local work a
-    #: cached build must not silently leave out.
+    #: It patches a fork tree, whose local work a cached build must not leave out.
     has_tree = True
 
     def __init__(self, source: SourceFetch) -> None:
-        #: The source kind it downloads with.
         self.source = source
 
     @property
@@ -126,7 +118,6 @@ class Build:
         return self.source.name
 
     def download(self, job: Job) -> list[Path]:
-        """The kind's downloads, cached and sha256-checked."""
         return self.source.download(job.project, sdist_cache=job.ws.sdist_cache,
                                     wheel_cache=job.ws.wheel_cache, progress=job.progress)
 
@@ -214,9 +205,8 @@ class AsPublished(Build):
 
 
 def kind_for(project: Project, series: Series) -> Build:
-    """How the project's wheels are made: as published when its series is empty and it
-    pins published wheels; else by repacking them when its source kind's input is the
-    published wheels; else built from its source."""
+    """As published (empty series, pinned wheels), repacked (the kind ships wheels), or
+    built from source."""
     if not series.patches and project.wheels:
         return AsPublished(PUBLISHED)
     source = source_kind(project.source)

@@ -150,7 +150,7 @@ def open_tree(ws: Workspace, stack: Stack, project: Project) -> Tree:
 
 def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
                  patches: Sequence[Patch] | None = None, variant: str = "",
-                 force: bool = False, source: str | None = None, git_url: str | None = None,
+                 force: bool = False, source: str | None = None,
                  progress: Progress | None = None) -> Tree:
     """Pinned upstream + ``patches`` (default: the whole series)."""
     if patches is None:
@@ -175,9 +175,8 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
         return Tree(path=work, repo=Git(work), state=state, reused=True)
     if state is None or state.source != skey:
         work.parent.mkdir(parents=True, exist_ok=True)
-        info = fetch_source(project, kind, work, sdist_cache=ws.sdist_cache,
-                            wheel_cache=ws.wheel_cache, progress=progress, git_url=git_url)
-        base = info.base_commit
+        base = fetch_source(project, kind, work, sdist_cache=ws.sdist_cache,
+                            wheel_cache=ws.wheel_cache, progress=progress)
     else:
         base = state.base
     repo = Git(work)

@@ -1,16 +1,6 @@
-"""One upstream PR per logical change: the series' ``Upstream-PR`` groups, each prepared alone.
-
-A patch says in its DEP-3 header whether it goes upstream (``Forwarded: no`` plus
-``Upstream-PR: <name>``, the PR it belongs to), is the fork's own (``Forwarded:
-not-needed``), was sent already (``Forwarded: <url>``) or is upstream already
-(``Applied-Upstream``).  Upstream-form tests live beside the series in
-``upstream-tests/`` (their own ``series``; nothing there reaches a wheel) with the same
-``Upstream-PR`` header.  :func:`plan` lists the PRs; :func:`prepare` makes one: a branch of
-the group's patches on the pinned upstream (or ``--onto`` a ref of the user's upstream
-checkout), authored by the user's git identity, its tests run on that tree, and a package
-(patches, title, body in the upstream project's own template, commands) that names no fork,
-stack, patch id or path of this machine -- checked before anything is written.
-"""
+"""One upstream PR per ``Upstream-PR`` group of a series (``Forwarded: no``), with its
+upstream-form tests (``upstream-tests/``): :func:`plan` lists them, :func:`prepare` makes
+one (branch, test runs, a package that names no fork, stack, patch id or local path)."""
 
 from __future__ import annotations
 
@@ -48,16 +38,13 @@ from sm120fork.workspace import Workspace
 FORK_NAMES = ("sm120fork", "sm12x-fork")
 _MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:tmp|work|home|root|opt|Users|var/folders)/")
 
-
-#: Where ``--onto REF`` is fetched to in the fork tree.
 ONTO_REF = "refs/sm120fork/onto"
 
 
 def branch_base(git: Git, ws: Workspace, stack_name: str, project: Project, *,
                 onto: str | None, repo: str | None) -> str:
-    """The commit a PR's branch starts from: the pinned release (the fork tree's upstream
-    tag) or, with ``onto``, that ref fetched from ``repo`` (default: the declared upstream
-    repository)."""
+    """The commit a PR's branch starts from: the pinned release, or ``onto`` fetched from
+    ``repo`` (default: the upstream repository)."""
     base = git("rev-parse", UPSTREAM_TAG, quiet=True)
     if not onto:
         return base
@@ -76,8 +63,8 @@ def branch_base(git: Git, ws: Workspace, stack_name: str, project: Project, *,
 
 
 def upstream_url(ws: Workspace, project: Project) -> str:
-    """The project's upstream repository: its git pin's, else that of another stack's pin
-    of the same distribution (a project taken from published wheels pins no git), else ''."""
+    """The project's upstream repository: its git pin's, else another stack's of the same
+    distribution, else ''."""
     if project.git is not None:
         return project.git.url
     for stack in ws.stacks().values():
@@ -104,7 +91,6 @@ class Plan:
     stack: str
     project: str
     prs: tuple[PlannedPR, ...]
-    #: "<patch>: <why it goes in no PR>".
     not_proposed: tuple[str, ...] = ()
 
     def pr(self, name: str) -> PlannedPR:
@@ -153,15 +139,14 @@ def plan(series: Series, tests: Series | None, *, stack: str, project: str) -> P
 
 
 def why_none(plan: Plan) -> str:
-    """How many of the project's patches go in no PR, per reason (``3 fork only, ...``)."""
+    """How many patches go in no PR, per reason (``3 fork only, ...``)."""
     whys = (line.split(": ", 1)[1] for line in plan.not_proposed)
     counts = Counter(w if w.startswith("not grouped") else w.split(" (", 1)[0] for w in whys)
     return ", ".join(f"{n} {why}" for why, n in counts.items()) or "its series is empty"
 
 
 def newer_stacks_with_prs(ws: Workspace, stack: Stack, project: Project) -> list[str]:
-    """The other stacks that pin a newer release of ``project``'s distribution and propose
-    upstream PRs for it: an upstream PR is made against upstream's latest, from there."""
+    """The other stacks with upstream PRs for a newer release of ``project``."""
     from packaging.version import InvalidVersion, Version
 
     found = []
@@ -185,14 +170,12 @@ def plan_project(ws: Workspace, stack: Stack, project: Project) -> Plan:
 
 
 def plan_of(today: ResolvedStack, project: Project) -> Plan:
-    """The PRs of ``project`` of the stack as resolved in ``today`` (no series read again)."""
     return plan(today.series[project.key], today.upstream_tests.get(project.key),
                 stack=today.stack.name, project=project.key)
 
 
 def fork_words(ws: Workspace, today: ResolvedStack) -> list[str]:
-    """What an upstream package must not name: the fork, every stack, every patch id
-    (the series of ``today``'s stack as resolved there, the other stacks' read here)."""
+    """What an upstream package must not name: the fork, every stack, every patch id."""
     words = [*FORK_NAMES, *ws.stacks()]
     for other in ws.stacks().values():
         for proj in other.projects:
@@ -224,8 +207,7 @@ def leaks(folder: Path, words: list[str], *, paths: list[str]) -> list[str]:
 
 
 def git_identity(where: Path) -> tuple[str, str]:
-    """(name, email) of the user's git configuration as seen from their checkout ``where``
-    (not the fork tree's own), or a refusal saying how to set it."""
+    """(name, email) of the user's git configuration in their checkout ``where``."""
     values = [proc.run(["git", "config", "--get", key], cwd=where, check=False,
                        quiet=True).stdout.strip() for key in ("user.name", "user.email")]
     if not all(values):
@@ -238,18 +220,15 @@ def git_identity(where: Path) -> tuple[str, str]:
 
 @dataclass(frozen=True, kw_only=True)
 class Prepared:
-    plan: PlannedPR
     branch: str
     base: str
     onto: str | None
     out: Path
-    title: str
     commits: tuple[str, ...]
     runs: tuple[TestRun, ...]
     commands: tuple[str, ...] = ()
     files: tuple[Path, ...] = field(default=())
     record: record.Record | None = None
-    #: Where the record was published (reports/<stack>/upstream-pr/<pr>/), with ``write``.
     published: Path | None = None
 
 
@@ -270,7 +249,6 @@ def _commit_all(repo: Git, base: str, patches: list[Patch], who: tuple[str, str]
                                        detail=exc.detail) from exc
             tree = repo("write-tree", env=env, quiet=True)
             date = f"{p.field('Last-Update')}T00:00:00+00:00"
-            # The subject without the fork's patch id, then the DEP-3 description.
             message = "\n\n".join(x for x in (short_subject(p), p.description.strip()) if x)
             parent = repo("commit-tree", tree, "-p", parent, "-m", message,
                           env={**env, "GIT_AUTHOR_NAME": who[0], "GIT_AUTHOR_EMAIL": who[1],
@@ -298,20 +276,16 @@ def unit_command(rel: str) -> str:
     return f"python -m pytest {rel} -v" if needs_gpu(rel) else f"python3 {rel}"
 
 
-#: What the offline kit carries of a PR whose tests need a GPU, beside the test files.
 PR_FILE = "pr.json"
-#: The kit's own pytest configuration in each PR's folder: that folder is pytest's root,
-#: and no configuration of a checkout around the kit applies.
+#: Makes each PR's folder pytest's root: no configuration around the kit applies.
 PYTEST_INI = "[pytest]\n"
 
 
 def write_gpu_tests(ws: Workspace, stack_name: str, dest: Path,
                     names: tuple[str, ...] = ()) -> list[str]:
-    """The GPU tests of the stack's PRs (``names``; default: every PR that has some) as the
-    offline kit carries them: ``dest/<pr>/`` holds the files its test patches add and
-    ``pr.json`` (the PR, its stack and project, the test files, and the patches a run
-    there tests: the PR's and its tests', then the rest of the stack's build of that
-    project, since the kit runs the stack's wheel).  Returns the PRs written."""
+    """The GPU tests of the stack's PRs (``names``, default all) as the offline kit carries
+    them: ``dest/<pr>/`` with the files its tests add and ``pr.json`` (the patches a run
+    tests: the PR's, then the rest of the stack's build).  Returns the PRs written."""
     stack = ws.stack(stack_name)
     today = ResolvedStack.of(ws, stack)
     written: list[str] = []
@@ -352,8 +326,7 @@ def write_gpu_tests(ws: Workspace, stack_name: str, dest: Path,
 
 def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
               python: str = sys.executable) -> list[TestRun]:
-    """Each CPU test file (SGLang's ``test/``) run on ``tree``; GPU ones (``tests/``) are
-    left with the command that runs them where a GPU is."""
+    """Each CPU test file run on ``tree``; GPU ones left with the command that runs them."""
     runs: list[TestRun] = []
     overlay: Path | None = None
     src = Path(__file__).resolve().parents[2]
@@ -381,8 +354,8 @@ def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
 
 
 def judge(rel: str, output: str, returncode: int) -> TestRun:
-    """A unittest file's run from its output: passed (it ran tests, all OK), failed (with
-    its first error), or could not run (no test ran: its first error says why)."""
+    """A unittest file's run from its output: passed, failed, or could not run (no test
+    ran), with its first error."""
     ran = re.findall(r"^Ran (\d+) tests?", output, re.MULTILINE)
     verdict = re.findall(r"^((?:OK|FAILED)\b.*)$", output, re.MULTILINE)
     command = unit_command(rel)
@@ -401,8 +374,7 @@ def judge(rel: str, output: str, returncode: int) -> TestRun:
 
 
 def first_error(output: str) -> str:
-    """The first exception ``output`` shows (the line that ends its first traceback), else
-    its last line."""
+    """The line that ends ``output``'s first traceback, else its last line."""
     lines = output.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last):"):
@@ -414,7 +386,6 @@ def first_error(output: str) -> str:
 
 
 def _overlay(ws: Workspace, project: Project, python: str) -> Path | None:
-    """The probe overlay of the project's SGLang layout, when it has one."""
     if not project.layout:
         return None
     from sm120fork.layouts import adapter
@@ -429,7 +400,6 @@ def default_out(ws: Workspace, stack: str, project: str, name: str) -> Path:
 
 
 def find_project(today: ResolvedStack, name: str) -> Project:
-    """The project of ``today``'s stack whose series has PR ``name``."""
     stack = today.stack
     for project in stack.projects:
         if any(p.name == name for p in plan_of(today, project).prs):
@@ -442,7 +412,7 @@ def find_project(today: ResolvedStack, name: str) -> Project:
 
 def pr_record(stack: Stack, project: Project, pr: PlannedPR, tree: str,
               runs: list[TestRun]) -> record.Record:
-    """What the PR was tested with (kind ``upstream-pr``, subject the PR's name)."""
+    """What the PR was tested with (a record of kind ``upstream-pr``)."""
     cases = [record.Case(id=r.path, variant="patched", outcome=r.outcome,
                          detail=f"{r.summary}; run: {r.command}" if r.outcome == "skip"
                          else r.summary)
@@ -471,8 +441,6 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
     """Make PR ``name``: its branch, its tests' runs and its package, refused if it leaks
     or (unless ``even_if_failing``) if a test of it failed or did not run."""
     stack = ws.stack(stack_name)
-    # The stack resolved once (every series, its upstream-form tests): the PR's plan, the
-    # leak check's words and the record below read this, none reads a series by name.
     today = ResolvedStack.of(ws, stack)
     project = stack.project(project_key) if project_key else find_project(today, name)
     pr = plan_of(today, project).pr(name)
@@ -501,8 +469,7 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         runs = _run_pr_tests(ws, project, pr, git, commits[-1]) if run else [
             TestRun(path=f, outcome="skip", command=unit_command(f),
                     summary="not run: prepared without its tests") for f in _added_tests(pr.tests)]
-        # The body cites the GPU runs of the offline kit too, where their record is of
-        # this PR as it is (the CPU record below holds only what ran here).
+        # The body cites the offline kit's GPU runs where their record is of this PR.
         cited = [_recorded_run(ws, stack.name, pr, r) if r.outcome == "skip" else r
                  for r in runs]
         if run and not even_if_failing:
@@ -516,16 +483,14 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         if folder.exists():
             shutil.rmtree(folder)
         staging.rename(folder)
-        # Printed, not packaged: they name the fork tree (relative to the checkout root).
         commands = push_commands(ws, project, branch, title, onto=onto, tree=tree.path,
                                  body=folder / "body.md")
         files = tuple(sorted(p for p in folder.rglob("*") if p.is_file()))
         rec = pr_record(stack, project, pr, git("rev-parse", f"{commits[-1]}^{{tree}}",
                                                 quiet=True), runs) if run else None
-        # A record of tests that all need a GPU says nothing: the kit's run writes that one.
         published = (record.write(rec, ws.reports_dir) if rec and write and not onto
                      and any(r.outcome != "skip" for r in runs) else None)
-        return Prepared(plan=pr, branch=branch, base=base, onto=onto, out=folder, title=title,
+        return Prepared(branch=branch, base=base, onto=onto, out=folder,
                         commits=tuple(commits), runs=tuple(runs), commands=tuple(commands),
                         files=files, record=rec, published=published)
 
@@ -544,8 +509,7 @@ def _run_pr_tests(ws: Workspace, project: Project, pr: PlannedPR, git: Git,
 
 def push_commands(ws: Workspace, project: Project, branch: str, title: str, *,
                   onto: str | None, tree: Path, body: Path) -> list[str]:
-    """``git push`` and ``gh pr create`` to paste in the checkout root: the push names the
-    fork tree that holds the branch, both name their paths relative to the root."""
+    """``git push`` and ``gh pr create`` to paste in the checkout root."""
     slug = github_slug(upstream_url(ws, project)) or "<owner>/<repo>"
     commands = [
         f"git -C {shlex.quote(os.path.relpath(tree, ws.root))} push <your-fork-url> "
@@ -563,7 +527,7 @@ def push_commands(ws: Workspace, project: Project, branch: str, title: str, *,
 
 def _refuse_untested(ws: Workspace, staging: Path, runs: list[TestRun], project: Project,
                      pr: PlannedPR, stack: str) -> None:
-    """Refuse (and drop) a package whose tests did not all pass: each says why in a line."""
+    """Refuse (and drop) a package whose tests did not all pass."""
     bad = [r for r in runs if not r.passed]
     if not bad:
         return
@@ -589,15 +553,13 @@ def _refuse_untested(ws: Workspace, staging: Path, runs: list[TestRun], project:
         where=f"{stack}/{project.key}", fix="; ".join(fixes))
 
 
-#: pyproject.toml's dependency group of what an SGLang layout's modules import on a CPU
-#: (the fake-GPU probe's: GPU-only packages are stubbed), which SGLang's CPU tests import.
+#: pyproject.toml's dependency group of the fake-GPU probe, which SGLang's CPU tests import.
 PROBE_GROUP = "sglang-probe"
 
 
 def pr_requirements(ws: Workspace, project: Project, pr: PlannedPR) -> list[str]:
-    """What ``pr``'s CPU tests import beyond the toolkit, as pip takes them: the probe's
-    group where the project has an SGLang layout, none else (the layout's overlay of newer
-    packages is installed when the tests run)."""
+    """What ``pr``'s CPU tests import beyond the toolkit: the probe's group for an SGLang
+    layout (the overlay is installed when they run)."""
     if not project.layout or all(needs_gpu(f) for f in _added_tests(pr.tests)):
         return []
     return dependency_group(ws.root / "pyproject.toml", PROBE_GROUP)
@@ -605,8 +567,6 @@ def pr_requirements(ws: Workspace, project: Project, pr: PlannedPR) -> list[str]
 
 def requirements(ws: Workspace, stack_name: str, project_key: str | None, name: str
                  ) -> list[str]:
-    """:func:`pr_requirements` of PR ``name`` of the stack (``nox -s upstream_pr``
-    installs them)."""
     today = ResolvedStack.of(ws, ws.stack(stack_name))
     project = (today.stack.project(project_key) if project_key
                else find_project(today, name))
@@ -638,8 +598,7 @@ def unmet(required: list[str]) -> list[str]:
 
 
 def _recorded_run(ws: Workspace, stack: str, pr: PlannedPR, run: TestRun) -> TestRun:
-    """``run`` (a test not run here) as the PR's published record ran it, if that record
-    is of the PR's patches and tests as they are and ran the file to the end."""
+    """``run`` (not run here) as the PR's published, finished record of these patches ran it."""
     path = ws.reports_dir / stack / "upstream-pr" / pr.name / record.RECORD_FILE
     if not path.is_file():
         return run
@@ -667,7 +626,7 @@ def _recorded_run(ws: Workspace, stack: str, pr: PlannedPR, run: TestRun) -> Tes
 def _refuse_leaks(staging: Path, words: list[str], machine: list[str], pr: str,
                   where: str) -> None:
     """Refuse (and drop) a package that names the fork, a stack, a patch id or this
-    machine: checked on the patches before the tests run, and on everything at the end."""
+    machine."""
     found = leaks(staging, words, paths=machine)
     if not found:
         return

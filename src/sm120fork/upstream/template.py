@@ -1,10 +1,5 @@
-"""A PR body in the upstream project's own template, every box ticked only on evidence.
-
-The templates are SGLang's and FlashInfer's ``.github/pull_request_template.md`` as they
-are (their headings and checklist lines, the HTML comments left out); what fills them is
-short: what and why (each patch's description), the related upstream issues and PRs, and
-how it was tested: the runs of the PR's own tests on the upstream tree, nothing else.
-"""
+"""A PR body in the upstream project's own template (SGLang's, FlashInfer's), every box
+ticked only on evidence: the runs of the PR's own tests."""
 
 from __future__ import annotations
 
@@ -23,15 +18,13 @@ def short_subject(patch: Patch) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class TestRun:
-    """One test file of the PR on the upstream tree with the PR applied.  ``outcome`` is a
-    record's: pass, fail, error (it could not run: ``summary`` is its first error) or skip
-    (not run here: ``summary`` says why)."""
+    """One test file of the PR on the patched upstream tree; ``outcome`` as a record's
+    (error: it could not run; skip: not run here)."""
 
     path: str
     outcome: str
     command: str
     summary: str
-    #: Where it ran, as the body says it.
     where: str = "on a CPU"
 
     @property
@@ -44,7 +37,6 @@ class TestRun:
 
     @property
     def said(self) -> str:
-        """What happened to it, in a word or three: ran, could not run, not run."""
         return "ran" if self.ran else "could not run" if self.outcome == "error" else "not run"
 
 

@@ -55,7 +55,7 @@ def _manifest_entry(stack: ResolvedStack) -> tuple[Path, ManifestEntry]:
 def upstream_wheel(stack: ResolvedStack) -> Path:
     """Upstream FlashInfer of the stack's pin, built unchanged from its pinned sdist."""
     from sm120fork.fetch.archive import safe_extract
-    from sm120fork.fetch.sdist import download_sdist
+    from sm120fork.fetch.sdist import download_pinned
     from sm120fork.util.proc import run
 
     ws, project = stack.ws, stack.stack.project(PROJECT)
@@ -64,7 +64,7 @@ def upstream_wheel(stack: ResolvedStack) -> Path:
     found = sorted(cache.glob("*.whl"))
     if len(found) == 1:
         return found[0]
-    sdist = download_sdist(project, ws.sdist_cache)  # sha256-checked against the pin
+    sdist = download_pinned(project, project.sdist_pin, ws.sdist_cache)  # sha256-checked
     with tempfile.TemporaryDirectory(prefix="sm120fork-upstream-") as tmp:
         top = safe_extract(sdist, Path(tmp) / "src")
         dist = Path(tmp) / "dist"
