@@ -207,13 +207,12 @@ class NinjaProgress:
                  f" ({', '.join(targets)})" if targets else "")
 
 
-def _probe(python: Path, tree: Path, build_dir: Path, mode: str,
-           env: Mapping[str, str]) -> tuple[Plan, str]:
+def _probe(tree: Path, build_dir: Path, mode: str, env: Mapping[str, str]) -> tuple[Plan, str]:
     """The probe's answer, read once: the plan of FlashInfer's JIT and (``build``) the
     module it built; BuildError when the JIT refuses."""
     log.info("+ FLASHINFER_CUDA_ARCH_LIST=%r %s -c <FlashInfer %s probe> %s %s",
-             env.get("FLASHINFER_CUDA_ARCH_LIST"), python, mode, tree, build_dir)
-    out = proc.run([python, "-c", _PROBE, tree, build_dir, mode, _MARK], env=env,
+             env.get("FLASHINFER_CUDA_ARCH_LIST"), sys.executable, mode, tree, build_dir)
+    out = proc.run([sys.executable, "-c", _PROBE, tree, build_dir, mode, _MARK], env=env,
                    cwd=build_dir, quiet=True,
                    on_line=NinjaProgress() if mode == "build" else None)
     payload = next((line.removeprefix(_MARK) for line in reversed(out.stdout.splitlines())
@@ -271,18 +270,17 @@ def cache_key(plan_: Plan, tree: Path, scratch: Path, toolchain: Toolchain) -> s
 
 
 def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: Path, *,
-          python: Path | None = None, jobs: int = 2, rebuild: bool = False) -> Compiled:
+          jobs: int = 2, rebuild: bool = False) -> Compiled:
     """Compile (or reuse) the module for ``capabilities``; returns where its .so is."""
     # nvcc and the probe run in the work folder: every path they get is absolute.
     tree, cache = tree.resolve(), cache.resolve()
     sources_root(tree)
-    interpreter = python or Path(sys.executable)
     arch_list = targets_mod.arch_list(capabilities)
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="plan-", dir=cache) as tmp:
         scratch = Path(tmp)
         env = _base_env(toolchain, arch_list, scratch, 1)
-        planned = _probe(interpreter, tree, scratch, "plan", env)[0]
+        planned = _probe(tree, scratch, "plan", env)[0]
         key = cache_key(planned, tree, scratch, toolchain)
     done = cache / key
     record = done / "compiled.json"
@@ -304,7 +302,7 @@ def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: 
     log.info("compiling %s for %s (%s, %d jobs): this takes minutes per target",
              MODULE, " ".join(planned.targets), toolchain.version_text, jobs)
     started = time.monotonic()
-    so = Path(_probe(interpreter, tree, work, "build", env)[1])
+    so = Path(_probe(tree, work, "build", env)[1])
     wall = time.monotonic() - started
     if not so.name or not so.is_file():
         raise BuildError(f"FlashInfer's build reported no {so.name or 'module'}", where=str(work))

@@ -44,14 +44,6 @@ class HostPlan:
     environment: Mapping[str, str]
 
 
-def identifiers(package_dir: Path, arch: str | None = None) -> list[str]:
-    """``cibuildwheel --print-build-identifiers`` for Linux (and ``arch``, default: this one)."""
-    arch = arch or platform_mod.machine()
-    out = proc.run([sys.executable, "-m", "cibuildwheel", "--print-build-identifiers",
-                    "--platform", "linux", "--archs", arch, package_dir], quiet=True)
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
-
-
 def resolve(package_dir: Path, identifier: str,
             env: Mapping[str, str] | None = None) -> HostPlan:
     """The build options cibuildwheel's options reader gives ``identifier``."""
@@ -81,17 +73,15 @@ def _fill(command: str, **values: str | Path) -> str:
     return prepare_command(command, **values)
 
 
-def run(project: Path, package_dir: Path, out: Path, *,
-        identifier: str | None = None) -> Path:
+def run(project: Path, package_dir: Path, out: Path) -> Path:
     """Build, repair and test the AOT wheel as cibuildwheel would; returns the wheel in out."""
-    found = identifiers(package_dir)
-    if identifier is None:
-        if not found:
-            raise ConfigError("cibuildwheel selects no build for this machine",
-                              where=str(package_dir / "pyproject.toml"))
-        identifier = found[0]
-    elif identifier not in found:
-        raise ConfigError(f"cibuildwheel does not build {identifier} here", fix=f"one of {found}")
+    listed = proc.run([sys.executable, "-m", "cibuildwheel", "--print-build-identifiers",
+                       "--platform", "linux", "--archs", platform_mod.machine(), package_dir],
+                      quiet=True).stdout.split()
+    if not listed:
+        raise ConfigError("cibuildwheel selects no build for this machine",
+                          where=str(package_dir / "pyproject.toml"))
+    identifier = listed[0]
     plan = resolve(package_dir, identifier, os.environ)
     if plan.frontend != "build":
         raise ConfigError(f"build frontend {plan.frontend!r}: only 'build' runs on the host",

@@ -44,9 +44,9 @@ class TargetCheck:
         return self.reference_kernels > 0 and not self.missing and not self.empty
 
 
-def embedded_code(so: Path, cuobjdump: Path | None = None) -> list[TargetCode]:
+def embedded_code(so: Path) -> list[TargetCode]:
     """Every ELF cubin inside ``so`` (via ``cuobjdump -xelf all``), measured."""
-    tool = cuobjdump or find_cuobjdump()
+    tool = find_cuobjdump()
     listing = proc.run([tool, "--list-elf", so], quiet=True).stdout
     names = [m.group(1) for line in listing.splitlines() if (m := _ELF_LINE.match(line.strip()))]
     if not names:
@@ -82,12 +82,11 @@ def check_against(reference: TargetCode, other: TargetCode) -> TargetCheck:
                        empty=empty)
 
 
-def check_module(code: Sequence[TargetCode],
-                 reference_target: str = REFERENCE_ARCH) -> list[TargetCheck]:
-    reference = next((c for c in code if c.target == reference_target), None)
+def check_module(code: Sequence[TargetCode]) -> list[TargetCheck]:
+    reference = next((c for c in code if c.target == REFERENCE_ARCH), None)
     if reference is None:
-        raise VerifyError(f"no {reference_target} code to compare against",
-                          fix=f"build the module for {reference_target} too")
+        raise VerifyError(f"no {REFERENCE_ARCH} code to compare against",
+                          fix=f"build the module for {REFERENCE_ARCH} too")
     return [check_against(reference, c) for c in code if c is not reference]
 
 

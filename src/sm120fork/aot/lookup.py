@@ -65,8 +65,3 @@ def of_tree(tree: Path, stack: str) -> Lookup:
             fix="add the lookup to the stack's FlashInfer series (patch 0009 of "
                 "patches/sglang-0.5.10/flashinfer), or JIT-compile with nvcc >= 12.9")
     return found
-
-
-def provider_architectures(targets: tuple[str, ...]) -> list[str]:
-    """nvcc targets (``sm_120f``) as FlashInfer's providers name them (``sm120f``)."""
-    return [t.replace("_", "") for t in targets]

@@ -108,8 +108,7 @@ def sources(ws: Workspace, stack: Stack, wheels_dir: Path,
 
 def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
               wheels_dir: Path | None = None, out: Path | None = None, jobs: int = 2,
-              rebuild: bool = False, python: Path | None = None,
-              platform: str | None = None) -> AotBuild:
+              rebuild: bool = False, platform: str | None = None) -> AotBuild:
     """Compile the stack's trtllm comm module and write the AOT wheel (into ``out``)."""
     wheels_dir = wheels_dir or ws.stack_wheels(stack.name)
     flashinfer = flashinfer_build(wheels_dir, stack)
@@ -118,7 +117,7 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
     cache = ws.state_dir / "aot" / stack.name
     toolchain = toolchain_mod.prepare(cache / "link")
     compiled = compile_mod.build(tree, capabilities, toolchain, cache / "modules",
-                                 python=python, jobs=jobs, rebuild=rebuild)
+                                 jobs=jobs, rebuild=rebuild)
     if compiled.plan.flashinfer_version.split("+")[0] != flashinfer.upstream_version:
         raise BuildError(f"the tree says FlashInfer {compiled.plan.flashinfer_version}, the "
                          f"manifest {flashinfer.upstream_version}", where=str(tree))

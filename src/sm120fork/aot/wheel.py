@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 from wheel.wheelfile import WheelFile
 
-from sm120fork.aot.lookup import PREBUILT, PROVIDER_SCHEMA_VERSION, Lookup, provider_architectures
+from sm120fork.aot.lookup import PREBUILT, PROVIDER_SCHEMA_VERSION, Lookup
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.manifest import ManifestEntry
 from sm120fork.util import typed
@@ -121,7 +121,8 @@ def runtime_requires(cuda_version: str) -> tuple[str, ...]:
 def _init_py(version: str, flashinfer: FlashInferBuild, cuda_version: str, lookup: Lookup,
              modules: Sequence[Module]) -> str:
     major = cuda_version.split(".", 1)[0]
-    architectures = sorted({a for m in modules for a in provider_architectures(m.targets)})
+    # nvcc targets (sm_120f) as FlashInfer's providers name them (sm120f)
+    architectures = sorted({t.replace("_", "") for m in modules for t in m.targets})
     return f'''"""Prebuilt FlashInfer modules built by {BUILDER} for {flashinfer.distribution} \
 {flashinfer.version}.
 
@@ -218,23 +219,6 @@ def _wheel_file(tag: Tag) -> str:
                       f"Tag: {tag}", "", ""])
 
 
-def build_manifest(*, version: str, flashinfer: FlashInferBuild, modules: Sequence[Module],
-                   stack: str, toolkit_version: str, toolchain: Mapping[str, Any]
-                   ) -> dict[str, object]:
-    return {
-        "distribution": DISTRIBUTION, "version": version, "built_by": BUILDER,
-        "toolkit_version": toolkit_version, "stack": stack,
-        "flashinfer": dataclasses.asdict(flashinfer),
-        "toolchain": dict(toolchain),
-        "modules": {m.name: {"path": f"{CACHE_DIR}/{m.name}/{m.name}.so",
-                             "sha256": sha256_file(m.so), "bytes": m.so.stat().st_size,
-                             "targets": list(m.targets), "sources_digest": m.sources_digest,
-                             "marker": f"{CACHE_DIR}/{m.name}/{m.name}.so.sources",
-                             **dict(m.info)}
-                    for m in modules},
-    }
-
-
 def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence[Module],
                 cuda_version: str, platform: str, stack: str, toolkit_version: str,
                 toolchain: Mapping[str, Any], requires: Sequence[str] | None = None,
@@ -251,10 +235,19 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
     tag = Tag("py3", "none", platform)
     name = canonicalize_name(DISTRIBUTION).replace("-", "_")
     dist_info = f"{name}-{version}.dist-info"
-    manifest = build_manifest(version=version, flashinfer=flashinfer, modules=modules,
-                              stack=stack, toolkit_version=toolkit_version,
-                              toolchain=toolchain)
-    manifest["requires"] = [f"{flashinfer.distribution}=={flashinfer.version}", *requires]
+    manifest = {
+        "distribution": DISTRIBUTION, "version": version, "built_by": BUILDER,
+        "toolkit_version": toolkit_version, "stack": stack,
+        "flashinfer": dataclasses.asdict(flashinfer),
+        "toolchain": dict(toolchain),
+        "modules": {m.name: {"path": f"{CACHE_DIR}/{m.name}/{m.name}.so",
+                             "sha256": sha256_file(m.so), "bytes": m.so.stat().st_size,
+                             "targets": list(m.targets), "sources_digest": m.sources_digest,
+                             "marker": f"{CACHE_DIR}/{m.name}/{m.name}.so.sources",
+                             **dict(m.info)}
+                    for m in modules},
+        "requires": [f"{flashinfer.distribution}=={flashinfer.version}", *requires],
+    }
     if lookup is not PREBUILT:  # the default stack's wheel keeps its bytes
         manifest["lookup"] = {"name": lookup.name, "group": lookup.group,
                               "entry_point": f"{ENTRY_POINT_NAME} = {PACKAGE}:{lookup.function}",
@@ -326,7 +319,7 @@ class AotLookup:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AotManifest:
     """``manifest.json`` inside an AOT wheel: its one typed reader (:func:`read_wheel`);
-    :func:`build_manifest` writes it."""
+    :func:`write_wheel` writes it."""
 
     version: str
     flashinfer: FlashInferBuild

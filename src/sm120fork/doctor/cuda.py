@@ -118,11 +118,11 @@ class Device:
 class Driver:
     """``libcuda`` with the few calls the doctor needs; raises ``CudaError``."""
 
-    def __init__(self, library: str = "libcuda.so.1") -> None:
+    def __init__(self) -> None:
         try:
-            self.lib = ctypes.CDLL(library)
+            self.lib = ctypes.CDLL("libcuda.so.1")
         except OSError as exc:
-            raise CudaError(f"no NVIDIA driver: cannot load {library} ({exc})") from exc
+            raise CudaError(f"no NVIDIA driver: cannot load libcuda.so.1 ({exc})") from exc
         self._check("cuInit", self.lib.cuInit(0))
 
     def _check(self, call: str, result: int) -> None:

@@ -27,6 +27,7 @@ from .facts import Link
 SLOT = 1024                  # 32-bit words per pattern (published, and per writer)
 BANDWIDTH_BYTES = 32 << 20   # per timed copy
 REPEATS = 5
+SETUP_TIMEOUT = 60.0         # seconds for a probe process to share its memory
 
 
 def pattern(writer: int, owner: int) -> list[int]:
@@ -324,10 +325,9 @@ def _failure(exc: BaseException, timeout: float, doing: str) -> str:
 
 
 class _Probe:
-    def __init__(self, devices: Sequence[int], module: str, setup_timeout: float) -> None:
+    def __init__(self, devices: Sequence[int], module: str) -> None:
         self.devices = list(devices)
         self.module = module
-        self.setup_timeout = setup_timeout
         self.procs: dict[int, _Process] = {}
         self.broken: dict[int, str] = {}
 
@@ -336,14 +336,14 @@ class _Probe:
         if i in self.procs:
             return self.procs[i]
         proc = _Process(self.devices[i], i, len(self.devices), self.module)
-        deadline = time.monotonic() + self.setup_timeout
+        deadline = time.monotonic() + SETUP_TIMEOUT
         try:
             proc.shared = proc.receive(deadline, Shared)
             if proc.shared.vmm == "ok":
                 proc.vmm_fd = proc.receive_fd(deadline)
         except (TimeoutError, EOFError, BrokenPipeError, ValueError, RuntimeError) as exc:
             proc.close()
-            self.broken[i] = _failure(exc, self.setup_timeout,
+            self.broken[i] = _failure(exc, SETUP_TIMEOUT,
                                       f"setting up on GPU {self.devices[i]}")
             return None
         self.broken.pop(i, None)
@@ -404,10 +404,10 @@ class _Probe:
         self.drop(*list(self.procs))
 
 
-def probe(devices: Sequence[int], *, pair_timeout: float = 30.0, setup_timeout: float = 60.0,
+def probe(devices: Sequence[int], *, pair_timeout: float = 30.0,
           module: str = f"{__package__}.ipc") -> list[LinkResult]:
     """Writes, reads and bandwidth for every pair of probe processes on ``devices``."""
-    runner = _Probe(devices, module, setup_timeout)
+    runner = _Probe(devices, module)
     results: list[LinkResult] = []
     try:
         for a in range(len(devices)):

@@ -160,7 +160,6 @@ class Verdict:
     warning: str = ""
 
 
-
 def _window(facts: Facts, gpus: Sequence[int]) -> tuple[bool, str, str]:
     """(ok, why, warning) of the fused all-reduce on exactly these GPUs."""
     p2p = facts["gpus"]["p2p"]
@@ -296,10 +295,10 @@ def _plugin_state(report: Report, facts: Facts, sglang_kind: str) -> tuple[bool,
     if env.get("SM120FORK_PLUGIN", "").strip().lower() in ("0", "off", "false", "no"):
         return False, f"off: SM120FORK_PLUGIN={env['SM120FORK_PLUGIN']} disables it", hooks
     if whitelist and PLUGIN_ENTRY_POINT not in {x.strip() for x in whitelist.split(",")}:
-        report.block(f"plugin: SGLANG_PLUGINS={whitelist} does not list "
-                     f"'{PLUGIN_ENTRY_POINT}', so SGLang never loads it (add it)")
-        return False, (f"off: SGLANG_PLUGINS={whitelist} does not list "
-                       f"'{PLUGIN_ENTRY_POINT}', so SGLang never loads it"), hooks
+        unlisted = (f"SGLANG_PLUGINS={whitelist} does not list '{PLUGIN_ENTRY_POINT}', so "
+                    "SGLang never loads it")
+        report.block(f"plugin: {unlisted} (add it)")
+        return False, f"off: {unlisted}", hooks
     if bad:
         if sglang_kind != "ours":
             report.block(f"plugin: {len(bad)} hook(s) cannot apply to sglang {sglang} "
@@ -318,8 +317,6 @@ def judge_packages(report: Report, facts: Facts) -> tuple[str, bool]:
     plugin = packages.get(PLUGIN_DISTRIBUTION)
     requires = facts.get("requires", {}).get("sglang", [])
     sglang_kind, fi_kind = _kinds(packages, requires)
-    info: dict[str, Any] = {**packages, "sglang_kind": sglang_kind, "flashinfer_kind": fi_kind}
-    report.sections["packages"] = info
     report.say("packages", f"sglang {sglang or '-'} ({sglang_kind}); flashinfer-python "
                            f"{flashinfer or '-'} ({fi_kind})")
     if sglang is None:
@@ -341,10 +338,11 @@ def judge_packages(report: Report, facts: Facts) -> tuple[str, bool]:
                 shown = "applies when SGLang loads plugins" if active else (
                     "would apply, but the plugin is off")
             report.say("packages", f"  {h['hook']}: {shown}{why}")
-    info["plugin_state"] = state
-    info["plugin_active"] = active
-    info["plugin_hooks"] = hooks if plugin_facts and "hooks" in plugin_facts else (
-        (plugin_facts or {}).get("error"))
+    report.sections["packages"] = {
+        **packages, "sglang_kind": sglang_kind, "flashinfer_kind": fi_kind,
+        "plugin_state": state, "plugin_active": active,
+        "plugin_hooks": hooks if plugin_facts and "hooks" in plugin_facts else (
+            (plugin_facts or {}).get("error"))}
     if sglang is None:  # the plugin's version is SGLang's plus our local label
         install = (f"the SGLang its plugin {plugin} is for there: pip install sglang=="
                    f"{plugin.partition('+')[0]}" if plugin else "the stack's wheels there: "
