@@ -55,13 +55,12 @@ def _is_ours(version: str | None) -> bool:
     return version is not None and f"+{OUR_LABEL}" in version
 
 
-def _cap(device: Device) -> tuple[int, int]:
-    major, minor = str(device["capability"]).split(".")
-    return int(major), int(minor)
+def _major(device: Device) -> int:
+    return int(str(device["capability"]).split(".")[0])
 
 
 def _sm12x(facts: Facts) -> bool:
-    return any(_cap(d)[0] == 12 for d in facts["gpus"]["devices"])
+    return any(_major(d) == 12 for d in facts["gpus"]["devices"])
 
 
 def _span(gpus: Sequence[int]) -> str:
@@ -559,12 +558,12 @@ def judge_policy(report: Report, facts: Facts, sglang_kind: str, plugin_active: 
     modules = facts.get("modules") or {}
     present = (frozenset(modules["present"]) if isinstance(modules.get("present"), list)
                else None)
-    majors = {_cap(d)[0] for d in facts["gpus"]["devices"]}
-    majors_all = set(majors)
+    majors = {_major(d) for d in facts["gpus"]["devices"]}
+    major = next(iter(majors)) if len(majors) == 1 else None
     names = {str(d.get("name")) for d in facts["gpus"]["devices"] if d.get("name")}
     seen = decision.view(found, sizes,
                          override=facts["environ"].get(allreduce_policy.AUTO_ENV),
-                         gpu_major=majors.pop() if len(majors) == 1 else None,
+                         gpu_major=major,
                          gpu_name=names.pop() if len(names) == 1 else None,
                          present=present)
     head, lines = seen.pop("head"), seen.pop("lines")
@@ -592,32 +591,18 @@ def judge_policy(report: Report, facts: Facts, sglang_kind: str, plugin_active: 
                              "[decisions]): what the version 2 decision would be:")
     if n == 1 and not lines:
         report.say("policy", "one GPU: no --tp above 1 to decide for")
-    major = next(iter(majors_all)) if len(majors_all) == 1 else None
-    if major is not None and major != 12:
-        lines = _upstream_off_sm12x(seen, lines, major)
-    for line in lines:
-        report.say("policy", line)
-
-
-_TP_LINE = re.compile(r"^all-reduce at TP(\d+):")
-
-
-def _upstream_off_sm12x(seen: dict[str, Any], lines: list[str], major: int) -> list[str]:
-    """Off SM12x, a TP size no policy decides runs SGLang's code as upstream wrote it
-    (the patches change nothing there): say so instead of the SM12x rule, and point to
-    SGLang's own decision (its line is under [decisions])."""
-    upstream = {int(t["tp"]) for t in seen["tp"] if not t["followed"]}
-    for t in seen["tp"]:
+    # Off SM12x, a TP size no policy decides runs SGLang's code as upstream wrote it.
+    upstream = ({int(t["tp"]) for t in seen["tp"] if not t["followed"]}
+                if major is not None and major != 12 else set())
+    for t in seen["tp"] if upstream else ():
         if int(t["tp"]) in upstream:
             t["decided_by"] = "SGLang's own code (off SM12x)"
-    out = []
     for line in lines:
-        m = _TP_LINE.match(line)
-        out.append(line if not (m and int(m.group(1)) in upstream) else
+        m = re.match(r"^all-reduce at TP(\d+):", line)
+        report.say("policy", line if not (m and int(m.group(1)) in upstream) else
                    f"all-reduce at TP{m.group(1)}: SGLang's own code, as upstream (SM{major}x: "
                    "without a policy SGLang follows here, the patches change nothing; "
                    "what it decides is under [decisions])")
-    return out
 
 
 def judge(facts: Facts, *, base_gpu: int = 0, tp: Sequence[int] = ()) -> Report:
