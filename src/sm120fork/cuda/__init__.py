@@ -1,5 +1,2 @@
-"""CUDA: the one nvcc locator, the binary tools (cuobjdump, nvdisasm, c++filt) and
-reading cubins; shared by verify/ (the compile proof), aot/, gpu/ and doctor/.
-
-Stdlib only (no GitPython, no rich): the doctor imports it on serving boxes.
-"""
+"""CUDA: the one nvcc locator, the binary tools and reading cubins (stdlib only: the doctor
+imports it on serving boxes)."""

@@ -1,9 +1,5 @@
-"""Reading what nvcc produced: kernels and their SASS sizes, PDL instructions, host calls.
-
-A cubin is an ELF file whose ``.text.<mangled name>`` sections are the kernels; a host
-object is an ELF file whose undefined symbols are the functions it calls elsewhere (the
-CUDA runtime API among them).
-"""
+"""Reading what nvcc produced: kernels (a cubin's ``.text.<mangled name>`` sections) and
+their SASS sizes, PDL instructions, and a host object's calls (its undefined symbols)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The one nvcc locator: which CUDA toolkit FlashInfer's JIT, the proof and the AOT build use.
-
-The order is FlashInfer's JIT's own (``CUDA_HOME``, then ``nvcc`` on ``PATH``, then
-``/usr/local/cuda``), so the doctor reports the compiler the JIT would run; the AOT build
-also accepts the toolkit pip's ``nvidia-cuda-nvcc`` lays out (``pip=True``).  Stdlib only:
-the doctor runs it on serving boxes without the toolkit's other dependencies.
-"""
+"""The one nvcc locator, in FlashInfer's JIT's order (``CUDA_HOME``, ``PATH``,
+``/usr/local/cuda``; the AOT build also takes pip's ``nvidia-cuda-nvcc``).  Stdlib only:
+the doctor runs it on serving boxes."""
 
 from __future__ import annotations
 

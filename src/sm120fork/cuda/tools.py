@@ -1,9 +1,5 @@
-"""The CUDA binary tools the toolkit runs: cuobjdump, nvdisasm, c++filt (and nvcc's path).
-
-Found on ``PATH`` or in the pip packages of the interpreter that runs them
-(``nvidia-cuda-cuobjdump``, ``nvidia-cuda-nvdisasm``, or triton's copies); nvcc through
-the one locator, :mod:`sm120fork.cuda.toolkit`.
-"""
+"""The CUDA binary tools the toolkit runs (cuobjdump, nvdisasm, c++filt), on ``PATH`` or in
+the pip packages of the interpreter that runs them (NVIDIA's or triton's copies)."""
 
 from __future__ import annotations
 

@@ -29,9 +29,14 @@ OUR_PREFIX = "sm120fork "
 
 
 class _Capture(logging.Handler):
-    def __init__(self) -> None:
+    """What ``logger_name`` logs from now on, at INFO and above."""
+
+    def __init__(self, logger_name: str) -> None:
         super().__init__(logging.INFO)
         self.lines: list[str] = []
+        logger = logging.getLogger(logger_name)
+        logger.addHandler(self)
+        logger.setLevel(logging.INFO)
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append(record.getMessage())
@@ -59,21 +64,13 @@ def _has(module: str, attribute: str) -> bool:
     return found and hasattr(importlib.import_module(module), attribute)
 
 
-def _lines(logger_name: str) -> _Capture:
-    capture = _Capture()
-    logger = logging.getLogger(logger_name)
-    logger.addHandler(capture)
-    logger.setLevel(logging.INFO)
-    return capture
-
-
 def _arg_groups(tp: int) -> tuple[bool | None, str | None, list[str]]:
     overrides = importlib.import_module("sglang.srt.arg_groups.overrides")
     config = _model_config()
     # The decision's inputs, not its code: the model and whether DP attention is on.
     setattr(overrides, "model_config_of", lambda view: config)  # noqa: B010
     setattr(overrides, "attn_dp_enabled_of", lambda view: False)  # noqa: B010
-    capture = _lines(overrides.__name__)
+    capture = _Capture(overrides.__name__)
     view = types.SimpleNamespace(
         tp_size=tp, nnodes=1, flashinfer_allreduce_fusion_backend=None, attn_cp_size=1,
         encoder_only=False, enable_pdmux=False, disable_custom_all_reduce=False,
@@ -98,7 +95,7 @@ def _server_args(tp: int) -> tuple[bool | None, str | None, list[str]]:
     args.model_path = "sm120fork-doctor-model"
     args.tp_size = tp
     args.model_config = _model_config()     # what get_model_config() returns
-    capture = _lines(module.__name__)
+    capture = _Capture(module.__name__)
     args._handle_model_specific_adjustments()
     enabled = bool(args.enable_flashinfer_allreduce_fusion)
     return enabled, "trtllm" if enabled else None, capture.lines
