@@ -78,7 +78,7 @@ class KitWheel(TypedDict):
 
 
 class KitJson(TypedDict, total=False):
-    """``kit.json`` (format :data:`KIT_FORMAT`): paths are relative to the kit."""
+    """``kit.json``: paths are relative to the kit."""
 
     format: str
     stack: str

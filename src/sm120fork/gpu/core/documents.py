@@ -16,8 +16,6 @@ from sm120fork.util import typed
 
 
 class CaseSpec(TypedDict, total=False):
-    """One case of the matrix (``gpu/core/cases.py``'s ``Case``)."""
-
     api: str
     world_size: int
     pattern: str
@@ -37,8 +35,6 @@ class Check(TypedDict, total=False):
 
 
 class CaseResult(TypedDict, total=False):
-    """One case run by one variant: its status and why."""
-
     key: str
     case: CaseSpec
     status: str
@@ -50,8 +46,6 @@ class CaseResult(TypedDict, total=False):
 
 
 class VariantInfo(TypedDict, total=False):
-    """One variant of an A/B: its wheel and how its modules were built."""
-
     wheel: str | None
     sha256: str | None
     record_sha256: str | None
@@ -64,8 +58,6 @@ class VariantInfo(TypedDict, total=False):
 
 
 class Environment(TypedDict, total=False):
-    """The box the run ran on, as the ranks and nvidia-smi saw it."""
-
     gpus: list[str]
     gpu_count: int
     capability: list[int] | None
@@ -81,13 +73,11 @@ class Environment(TypedDict, total=False):
     multicast_supported_attr: int
     driver_query_error: str
     nvcc: str | None
-    #: ``manifest.json`` of the primary wheel's build, as :mod:`sm120fork.manifest` wrote it.
+    #: ``manifest.json`` of the primary wheel's build
     wheels_manifest: dict[str, object] | None
 
 
 class MadeFrom(TypedDict, total=False):
-    """One wheel of a run and the toolkit build it came from."""
-
     #: the route that installed it, where not the stack's build (``upstream``, ``plugin``)
     variant: str
     project: str | None
@@ -100,23 +90,17 @@ class MadeFrom(TypedDict, total=False):
 
 
 class Provenance(TypedDict):
-    """``stack`` and ``made_from`` of a report: the stack's build of the tested wheels."""
-
     stack: str | None
     made_from: list[MadeFrom]
 
 
 class LayerMachine(TypedDict, total=False):
-    """The box of a layer run, as its preflight found it."""
-
     gpus: list[str]
     torch: str | None
     cuda: str | None
 
 
 class _Head(TypedDict, total=False):
-    """What every harness document has: what made it, and how its run ended."""
-
     kind: str
     created: str
     command: str
@@ -191,8 +175,6 @@ class _ResultKeys:
 
 @dataclass(frozen=True)
 class _AbKeys:
-    """The keys of ``test-ab.json`` that the reports and records read."""
-
     primary: str
     results: Mapping[str, tuple[_ResultKeys, ...]]
     variants: Mapping[str, VariantInfo] = field(default_factory=dict)
@@ -235,5 +217,4 @@ def parse_bench(data: object, where: str) -> BenchDoc:
 
 
 def read(path: Path) -> object:
-    """The JSON in ``path``, refused naming the file."""
     return typed.json_file(path)

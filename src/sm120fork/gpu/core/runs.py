@@ -94,12 +94,6 @@ class RunOptions:
                                  deadline=deadline)
 
 
-def _run_dir(work: Path, what: str) -> Path:
-    path = work / "runs" / f"{what}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def _nvidia_smi() -> Environment:
     exe = shutil.which("nvidia-smi")
     if not exe:
@@ -140,7 +134,8 @@ def prepare(opts: RunOptions, what: str, modules: Sequence[str]) -> Prepared:
                   host_environ=os.environ)
     specs, prebuilt = opts.wheel_dirs, opts.prebuilt
     work = opts.work_dir
-    run_dir = _run_dir(work, what)
+    run_dir = work / "runs" / f"{what}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_dir.mkdir(parents=True, exist_ok=True)
     unknown = sorted(set(prebuilt) - set(specs))
     if unknown:
         raise UsageError(f"--prebuilt for unknown variants {unknown}", where="--prebuilt")

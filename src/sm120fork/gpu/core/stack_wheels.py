@@ -33,23 +33,9 @@ PROJECT = "flashinfer"
 class StackWheels:
     """What ``--stack`` resolved to: {variant: wheel}, and why no baseline."""
 
-    stack: str
     wheels: Mapping[str, Path]
     note: str | None = None
     tested: Tested | None = None
-
-
-def _manifest_entry(stack: ResolvedStack) -> tuple[Path, ManifestEntry]:
-    manifest = stack.build()
-    entry = manifest.first(PROJECT)
-    if entry is None:
-        raise ConfigError(f"the build of {stack.name} has no {PROJECT} wheel",
-                          where=str(stack.manifest_path))
-    wheel = stack.folder / entry.wheel
-    if not wheel.is_file():
-        raise ConfigError(f"{wheel.name} is listed in the manifest but missing",
-                          where=str(stack.folder), fix=command("build", "--stack", stack.name))
-    return wheel, entry
 
 
 def upstream_wheel(stack: ResolvedStack) -> Path:
@@ -84,7 +70,14 @@ def upstream_wheel(stack: ResolvedStack) -> Path:
 def resolve(stack: str, *, baseline: bool, root: Path | None = None) -> StackWheels:
     """The variants of ``stack``: patched, and (``baseline``) upstream for the A/B."""
     resolved = ResolvedStack.named(Workspace.find(root), stack)
-    wheel, entry = _manifest_entry(resolved)
+    entry = resolved.build().first(PROJECT)
+    if entry is None:
+        raise ConfigError(f"the build of {stack} has no {PROJECT} wheel",
+                          where=str(resolved.manifest_path))
+    wheel = resolved.folder / entry.wheel
+    if not wheel.is_file():
+        raise ConfigError(f"{wheel.name} is listed in the manifest but missing",
+                          where=str(resolved.folder), fix=command("build", "--stack", stack))
     wheels = {"patched": wheel}
     note = None
     if entry.used_as_published:
@@ -92,7 +85,7 @@ def resolve(stack: str, *, baseline: bool, root: Path | None = None) -> StackWhe
                 "no A/B, the one variant is upstream")
     elif baseline:
         wheels["unpatched"] = upstream_wheel(resolved)
-    return StackWheels(stack=stack, wheels=wheels, note=note, tested=resolved.tested())
+    return StackWheels(wheels=wheels, note=note, tested=resolved.tested())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

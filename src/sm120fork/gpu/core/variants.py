@@ -11,10 +11,9 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from sm120fork.errors import CommandError, ConfigError
-from sm120fork.gpu.core.documents import Environment
+from sm120fork.gpu.core.documents import Environment, VariantInfo
 from sm120fork.gpu.core.safety import rank_environment
 from sm120fork.util import proc, supervise, wire
 from sm120fork.util.files import made_once, sha256_file, wheel_record_sha256
@@ -43,11 +42,11 @@ class Variant:
             "FLASHINFER_WORKSPACE_BASE": str(self.jit_base),
         })
 
-    def describe(self) -> dict[str, Any]:
-        return {"wheel": self.wheel.name if self.wheel else None, "sha256": self.sha256,
-                "record_sha256": self.record_sha256,
-                "site": str(self.site) if self.site else None,
-                "prebuilt_modules": list(self.aot_modules)}
+    def describe(self) -> VariantInfo:
+        return VariantInfo(wheel=self.wheel.name if self.wheel else None, sha256=self.sha256,
+                           record_sha256=self.record_sha256,
+                           site=str(self.site) if self.site else None,
+                           prebuilt_modules=list(self.aot_modules))
 
     def aot_dir(self) -> Path | None:
         return self.site / "flashinfer" / "data" / "aot" if self.site else None

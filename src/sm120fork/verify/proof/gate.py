@@ -81,7 +81,6 @@ def _map_data_links(text: str, tree: Path) -> str:
 
 
 def parse_gate_output(out: str, tree: Path, arch: str, entry: str, tools: Tools) -> GateResult:
-    """The probe's printed result -> :class:`GateResult` (flags checked against ``arch``)."""
     payload = next((line.removeprefix(PROBE_MARK) for line in out.splitlines()
                     if line.startswith(PROBE_MARK)), None)
     if payload is None:
@@ -130,5 +129,4 @@ def run_gate(tree: Path, arch: str, tools: Tools) -> GateResult:
 
 
 def retarget(flags: tuple[str, ...], source_arch: str, arch: str) -> tuple[str, ...]:
-    """``flags`` for ``source_arch`` made to build ``arch`` instead (a forced compile)."""
     return tuple(gencode_flag(arch) if f == gencode_flag(source_arch) else f for f in flags)

@@ -55,7 +55,8 @@ def _kernels_cell(r: ArchResult | None, v: Verdict) -> str:
 def _seconds_cell(r: ArchResult | None) -> str:
     if r is None or not r.compiled:
         return "-"
-    return f"{r.compile_seconds:.1f}" + (" (cached)" if r.all_cached else "")
+    cached = bool(r.units) and all(u.cached for u in r.units)
+    return f"{sum(u.seconds for u in r.units):.1f}" + (" (cached)" if cached else "")
 
 
 def host_calls_cell(r: ArchResult | None, function: str = CLUSTER_QUERY) -> str:
@@ -66,7 +67,6 @@ def host_calls_cell(r: ArchResult | None, function: str = CLUSTER_QUERY) -> str:
 
 
 def render_markdown(report: ProofReport) -> str:
-    """Summary (variants side by side per architecture) and kernel-family detail tables."""
     opcodes = {p.arch: p for p in report.pdl_opcodes}
     verdicts = {(v.variant, v.arch): v for v in report.verdicts()}
     names = [v.name for v in report.variants]

@@ -89,10 +89,6 @@ class VerifyResult:
         return unchanged and all(v.passed for v in self.verdicts)
 
 
-def patch_id(patch: Patch) -> str:
-    return patch.subject.split()[0]
-
-
 def fingerprint_check(builds: Sequence[ProjectBuild], patch: Patch) -> tuple[str, bool]:
     per_wheel = [[r for r in b.entry.artifact_check if r.patch == patch.name] for b in builds]
     ok = bool(per_wheel) and all(rows and all(r.passed for r in rows) for rows in per_wheel)
@@ -172,7 +168,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
             trees = {UNPATCHED: _tree(key, (), UNPATCHED)}
             compile_archs = {UNPATCHED: BEFORE_ARCHS}
             if gate:
-                gate_variant = "+".join(patch_id(p) for p in gate) + " only"
+                gate_variant = "+".join(p.subject.split()[0] for p in gate) + " only"
                 trees[gate_variant] = _tree(key, gate, gate_variant)
                 compile_archs[gate_variant] = BEFORE_ARCHS
             trees[FULL] = _tree(key, patches[key], FULL)

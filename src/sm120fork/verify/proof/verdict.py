@@ -41,14 +41,6 @@ class ArchResult:
     def kernels(self) -> dict[str, Kernel]:
         return {k.name: k for unit in self.units for k in unit.kernels}
 
-    @property
-    def compile_seconds(self) -> float:
-        return sum(unit.seconds for unit in self.units)
-
-    @property
-    def all_cached(self) -> bool:
-        return bool(self.units) and all(unit.cached for unit in self.units)
-
     def units_calling(self, function: str) -> dict[str, bool] | None:
         """Per translation unit, whether its host object calls ``function`` (None: no
         host objects were built for this architecture)."""
