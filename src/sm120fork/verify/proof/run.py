@@ -51,15 +51,15 @@ def _raise_first(futures: Iterable[Future[Any]], what: str) -> None:
 
 
 def _plan(tree: Path, gates: Mapping[str, GateResult], arch: str, *, planned: bool,
-          forced: bool, reference_arch: str) -> tuple[list[_Unit], bool]:
+          forced: bool) -> tuple[list[_Unit], bool]:
     gate = gates[arch]
     if not planned:
         return [], False
     if gate.accepted:
         return [(tree, source, gate.compile_flags) for source in gate.sources], False
-    ref = gates[reference_arch]
+    ref = gates[REFERENCE_ARCH]
     if forced and ref.accepted:
-        flags = retarget(ref.compile_flags, reference_arch, arch)
+        flags = retarget(ref.compile_flags, REFERENCE_ARCH, arch)
         return [(tree, source, flags) for source in ref.sources], True
     return [], False
 
@@ -68,18 +68,18 @@ _Planned = dict[tuple[str, str], tuple[GateResult, list[_Unit], bool, bool]]
 
 
 def _plan_variants(variants: Mapping[str, Path], archs: Sequence[str], tools: Tools,
-                   compile_archs: Mapping[str, Sequence[str]] | None, forced: set[str],
-                   reference_arch: str) -> _Planned:
+                   compile_archs: Mapping[str, Sequence[str]] | None, forced: set[str]
+                   ) -> _Planned:
     planned: _Planned = {}
     for name, given_tree in variants.items():
         tree = given_tree.resolve()
         gates = {arch: run_gate(tree, arch, tools) for arch in archs}
         wanted = set(compile_archs[name]) if compile_archs and name in compile_archs \
             else set(archs)
-        wanted.add(reference_arch)
+        wanted.add(REFERENCE_ARCH)
         for arch in archs:
             units, was_forced = _plan(tree, gates, arch, planned=arch in wanted,
-                                      forced=arch in forced, reference_arch=reference_arch)
+                                      forced=arch in forced)
             planned[(name, arch)] = (gates[arch], units, was_forced, arch in wanted)
     return planned
 
@@ -152,7 +152,6 @@ def prove(
     force_compile: Iterable[str] = (),
     host_archs: Iterable[str] = (),
     python: str | os.PathLike[str] | None = None,
-    reference_arch: str = REFERENCE_ARCH,
 ) -> ProofReport:
     """Gate every variant for ``archs``; compile and inspect its trtllm comm module.
 
@@ -161,8 +160,8 @@ def prove(
     keep host objects (to read the launchers' CUDA runtime calls).
     """
     started = time.perf_counter()
-    if reference_arch not in archs:
-        raise VerifyError(f"the reference architecture {reference_arch} is not among {archs}")
+    if REFERENCE_ARCH not in archs:
+        raise VerifyError(f"the reference architecture {REFERENCE_ARCH} is not among {archs}")
     forced = set(force_compile)
     hosts = tuple(a for a in archs if a in set(host_archs))
     tools = find_tools(python)
@@ -173,7 +172,7 @@ def prove(
     opcodes = _pdl_opcodes(archs, tools)
 
     # 1. gates, and the compile each accepted (or forced) architecture asks for
-    planned = _plan_variants(variants, archs, tools, compile_archs, forced, reference_arch)
+    planned = _plan_variants(variants, archs, tools, compile_archs, forced)
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         # 2. content keys (nvcc -M per unit), then the compiles the cache lacks
@@ -203,6 +202,6 @@ def prove(
                    pdl_opcodes=opcodes.get(arch))
         for arch in archs)) for name, given_tree in variants.items()]
     return ProofReport(variants=tuple(results), archs=tuple(archs),
-                       reference_arch=reference_arch, nvcc_version=tools.nvcc_version,
+                       reference_arch=REFERENCE_ARCH, nvcc_version=tools.nvcc_version,
                        pdl_opcodes=tuple(opcodes[a] for a in archs if a in opcodes),
                        wall_seconds=time.perf_counter() - started, host_archs=hosts)
