@@ -29,16 +29,6 @@ FIXED_DATE = "2000-01-01T00:00:00+00:00"
 _C_LOCALE = {"LANGUAGE": "C", "LC_ALL": "C"}
 
 
-def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
-def _text(value: str | bytes | None) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value or ""
-
-
 def _subcommand(argv: Sequence[str]) -> str:
     """``am`` of ``git -c x=y am --quiet ...``."""
     it = iter(argv[1:])
@@ -56,8 +46,9 @@ class GitError(CommandError, GitCommandError):
 
     def __init__(self, argv: Sequence[str], status: int, stderr: str, stdout: str, *,
                  where: str | None) -> None:
+        tail = f"{stdout}\n{stderr}".strip().splitlines()[-40:]
         CommandError.__init__(self, f"git {_subcommand(argv)} failed (exit {status})",
-                              where=where, detail=_tail(f"{stdout}\n{stderr}"))
+                              where=where, detail="\n".join(tail))
         GitCommandError.__init__(self, list(argv), status, stderr, stdout)
         self.stderr: str = stderr  # GitPython's own keeps a formatted copy
         self.stdout: str = stdout
@@ -112,20 +103,19 @@ class RunnerGit(gitpython.Git):
             raise CommandError(f"git {_subcommand(argv)} could not run: {exc.what}",
                                where=str(cwd) if cwd else None, fix=exc.fix) from exc
         out: bytes = done.stdout if with_stdout else b""
-        err = _text(done.stderr)
-        if err.endswith("\n"):
-            err = err[:-1]
+        err = done.stderr.decode("utf-8", "replace").removesuffix("\n")
         if done.returncode != 0 and with_exceptions:
-            raise GitError(argv, done.returncode, err, _text(out),
+            raise GitError(argv, done.returncode, err, out.decode("utf-8", "replace"),
                            where=str(cwd) if cwd else None)
         value: str | bytes | IO[bytes]
         if output_stream is not None:
             output_stream.write(out)
             value = output_stream
         else:
-            if strip_newline_in_stdout and out.endswith(b"\n"):
-                out = out[:-1]
-            value = _text(out) if (stdout_as_string or universal_newlines) else out
+            if strip_newline_in_stdout:
+                out = out.removesuffix(b"\n")
+            text = stdout_as_string or universal_newlines
+            value = out.decode("utf-8", "replace") if text else out
         if with_extended_output:
             return (done.returncode, value, err)
         return value
