@@ -1,5 +1,1 @@
-"""The offline GPU kit: one folder that runs the GPU harnesses on a box with no network.
-
-:mod:`.build` writes it here; :mod:`.boot` (standard library only, copied into the kit)
-runs it there.
-"""
+"""The offline GPU kit: :mod:`.build` writes it here, :mod:`.boot` runs it on the box."""

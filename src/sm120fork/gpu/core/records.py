@@ -66,8 +66,7 @@ def machine_of(env: Environment, shared: bool) -> record.Machine:
 def tested_block(wheels: Sequence[record.TestedWheel], tested: record.Tested | None
             ) -> record.Tested:
     """What a run tested: its wheels, and the trees and patches of the projects whose
-    build it ran (an A/B of the FlashInfer wheel tested none of the SGLang series, so a
-    change there does not make its record stale)."""
+    build it ran (a change to another project's series does not stale the record)."""
     tested = tested or record.Tested()
     ran = {w.project for w in wheels if w.variant not in record.BASELINE_VARIANTS}
     return record.Tested(

@@ -59,8 +59,8 @@ def _seconds_cell(r: ArchResult | None) -> str:
     return f"{sum(u.seconds for u in r.units):.1f}" + (" (cached)" if cached else "")
 
 
-def host_calls_cell(r: ArchResult | None, function: str = CLUSTER_QUERY) -> str:
-    calling = r.units_calling(function) if r is not None else None
+def host_calls_cell(r: ArchResult | None) -> str:
+    calling = r.units_calling(CLUSTER_QUERY) if r is not None else None
     if calling is None:
         return "-"
     return f"{sum(calling.values())} / {len(calling)} units"

@@ -252,9 +252,8 @@ def check_cpu_test(ctx: Context, node: str) -> tuple[str, bool]:
 
 def check_gpu_report(ctx: Context, spec: str, patch: Patch | None = None,
                      project: str = "") -> tuple[str, bool]:
-    """The stack's record the claim names (``reports/<stack>/<kind>[/<subject>]``): of
-    this patch's change as it is now, finished, failing no case; with an API named, the
-    A/B fixed some of that API's cases."""
+    """The stack's record the claim names: of this patch's change as it is now, finished,
+    failing no case; with an API named, the A/B fixed some of that API's cases."""
     where, api = claim_record_path("gpu", spec, ctx.stack)
     path = ctx.root / where / RECORD_FILE
     kind, *subject = Path(where).parts[2:4]

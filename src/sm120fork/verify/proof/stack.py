@@ -100,8 +100,7 @@ def fingerprint_check(builds: Sequence[ProjectBuild], patch: Patch) -> tuple[str
 
 @dataclasses.dataclass
 class _Trees:
-    """The trees checked beside the build's (unpatched, a gate alone, the full series),
-    each prepared once per run."""
+    """Each tree checked beside the build's (unpatched, a gate alone...), made once."""
 
     ws: Workspace
     stack: Stack

@@ -103,9 +103,8 @@ def _pdl_totals(kernels: Iterable[Kernel]) -> tuple[int, int] | None:
 
 def verdict(variant: VariantResult, arch: str, *,
             reference_arch: str = REFERENCE_ARCH) -> Verdict:
-    """Pass when the gate accepts, every reference kernel exists with a real body and
-    every kernel with PDL instructions on the reference keeps them.  A build the proof
-    did not plan (and whose gate accepts) is "not checked"."""
+    """Pass when the gate accepts and every reference kernel exists with a real body and
+    its PDL instructions; a build not planned whose gate accepts is "not checked"."""
     reasons: list[str] = []
     result = variant.arch(arch)
     reference = variant.arch(reference_arch)
