@@ -156,14 +156,6 @@ class Compiled:
                 "sources": list(self.plan.sources), "cuda_flags": list(self.plan.cuda_flags)}
 
 
-def _device_target(phase: str, arch: str) -> str:
-    """nvcc names a device pass's target compute_XY (cicc, preprocess) or sm_XY (ptxas)."""
-    device_phases = ("gcc (preprocessing 1)", "cicc", "ptxas")
-    if phase not in device_phases or not arch:
-        return ""
-    return "sm_" + arch.split("_", 1)[1]
-
-
 def parse_nvcc_times(text: str) -> tuple[PhaseTime, ...]:
     """nvcc ``--time`` CSV (several nvcc processes append to it) -> its rows; host passes
     carry target ``""`` even where nvcc labels them with the last target."""
@@ -178,8 +170,11 @@ def parse_nvcc_times(text: str) -> tuple[PhaseTime, ...]:
             continue
         if not cells[0]:  # the "nvcc (driver)" summary row
             continue
+        # a device pass names its target compute_XY (cicc, preprocess) or sm_XY (ptxas)
+        device = cells[1] in ("gcc (preprocessing 1)", "cicc", "ptxas") and cells[4]
         rows.append(PhaseTime(source=Path(cells[0]).name, phase=cells[1],
-                              target=_device_target(cells[1], cells[4]), seconds=ms / 1000))
+                              target="sm_" + cells[4].split("_", 1)[1] if device else "",
+                              seconds=ms / 1000))
     return tuple(rows)
 
 
