@@ -190,14 +190,10 @@ def read(path: Path, *, fix: str | None = None) -> Manifest:
                           fix=fix) from exc
 
 
-def load(path: Path, *, stack: str | None = None) -> Manifest | None:
-    """The manifest at ``path`` (a file or its folder), or None when there is none, it
-    is unreadable, or it is of another stack than ``stack``: for the readers that show
-    what was built, if anything."""
+def load(path: Path) -> Manifest | None:
+    """The manifest at ``path`` (a file or its folder), or None when there is none or it is
+    unreadable: for the readers that show what was built, if anything."""
     try:
-        manifest = read(path)
+        return read(path)
     except ConfigError:
         return None
-    if stack is not None and manifest.stack != stack:
-        return None
-    return manifest

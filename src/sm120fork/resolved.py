@@ -1,15 +1,11 @@
-"""A stack resolved once per command: its declaration, every series, the upstream-form
-tests, the build's manifest and what that build tested.
-
-A command resolves its stack where it starts (:meth:`ResolvedStack.named`) and hands this
-object down; nothing below reads ``forks/*.toml``, a series or the manifest again by name.
-"""
+"""A stack resolved once where a command starts and handed down: its declaration, series,
+upstream-form tests, the build's manifest and what that build tested."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -31,20 +27,13 @@ UPSTREAM_TESTS = "upstream-tests"
 
 @dataclass(frozen=True, kw_only=True)
 class ResolvedStack:
-    """What a stack is today: each project's series, and its built wheels if any."""
+    """What a stack is today: each project's series, and its built wheels if any (each read
+    once, when first asked for)."""
 
     ws: Workspace
     stack: Stack
-    series: Mapping[str, Series]
-    #: project -> the upstream-form tests beside its series (``upstream-tests/``), which an
-    #: upstream PR applies with its patches; nothing of them is built.
-    upstream_tests: Mapping[str, Series] = field(default_factory=dict)
-    #: The build's manifest as read (None: no readable one; it may be of another stack).
-    built: Manifest | None = None
-    #: Where that manifest is (or would be).
+    #: Where the build's manifest is (or would be).
     manifest_path: Path
-    #: sha256 of each plugin wheel built beside it (``plugin/``); None: none built.
-    plugin: frozenset[str] | None = None
 
     @classmethod
     def named(cls, ws: Workspace, name: str | None, *, strict: bool = True) -> ResolvedStack:
@@ -54,18 +43,31 @@ class ResolvedStack:
     @classmethod
     def of(cls, ws: Workspace, stack: Stack, *, wheels_dir: Path | None = None
            ) -> ResolvedStack:
-        """``stack`` resolved: every series, the upstream-form tests, the build's manifest
-        (in ``wheels_dir``, default ``wheels/<stack>/``)."""
-        manifest_path = (wheels_dir or ws.stack_wheels(stack.name)) / manifest_file.FILE
-        plugin = sorted((manifest_path.parent / "plugin").glob("*.whl"))
-        return cls(
-            ws=ws, stack=stack,
-            series={p.key: load_series(ws.series_dir(p)) for p in stack.projects},
-            upstream_tests={p.key: load_series(ws.series_dir(p) / UPSTREAM_TESTS)
-                            for p in stack.projects
-                            if (ws.series_dir(p) / UPSTREAM_TESTS / "series").is_file()},
-            built=manifest_file.load(manifest_path), manifest_path=manifest_path,
-            plugin=frozenset(sha256_file(w) for w in plugin) if plugin else None)
+        """``stack``, its build's manifest in ``wheels_dir`` (default ``wheels/<stack>/``)."""
+        folder = wheels_dir or ws.stack_wheels(stack.name)
+        return cls(ws=ws, stack=stack, manifest_path=folder / manifest_file.FILE)
+
+    @cached_property
+    def series(self) -> Mapping[str, Series]:
+        return {p.key: load_series(self.ws.series_dir(p)) for p in self.stack.projects}
+
+    @cached_property
+    def upstream_tests(self) -> Mapping[str, Series]:
+        """project -> the upstream-form tests beside its series, which an upstream PR applies
+        with its patches; nothing of them is built."""
+        dirs = {p.key: self.ws.series_dir(p) / UPSTREAM_TESTS for p in self.stack.projects}
+        return {k: load_series(d) for k, d in dirs.items() if (d / "series").is_file()}
+
+    @cached_property
+    def built(self) -> Manifest | None:
+        """The build's manifest as read (None: no readable one; it may be of another stack)."""
+        return manifest_file.load(self.manifest_path)
+
+    @cached_property
+    def plugin(self) -> frozenset[str] | None:
+        """sha256 of each plugin wheel built beside it (``plugin/``); None: none built."""
+        wheels = sorted((self.folder / "plugin").glob("*.whl"))
+        return frozenset(sha256_file(w) for w in wheels) if wheels else None
 
     @property
     def name(self) -> str:
@@ -73,7 +75,6 @@ class ResolvedStack:
 
     @property
     def folder(self) -> Path:
-        """The build's wheels folder (``wheels/<stack>/``)."""
         return self.manifest_path.parent
 
     @property
@@ -113,8 +114,9 @@ class ResolvedStack:
         cannot be computed here (no git): the run goes on, and its record names the wheels
         and trees only (a verify then calls it stale)."""
         manifest = self.build()
+        series = self.series
         try:
-            ids = {k: s.patch_ids for k, s in self.series.items()}
+            ids = {k: s.patch_ids for k, s in series.items()}
         except (ToolkitError, OSError) as exc:
             log.warning("the record will name no patch ids: %s", exc)
             ids = {}

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
+from sm120fork import manifest as manifest_file
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.manifest import ManifestEntry, SourceRecord
 from sm120fork.package import publish as pub
-from sm120fork.package.publish import ProjectBuild, load_manifest, publish
+from sm120fork.package.publish import ProjectBuild, publish
 from sm120fork.package.routes import Pin, folder_routes, index_routes
 from sm120fork.plugin.build import PublishedPlugin
 from sm120fork.util import files
@@ -73,11 +74,11 @@ def test_each_stack_publishes_into_its_own_folder(tmp_path: Path) -> None:
                                       "manifest.json"]
     assert (two / "constraints.txt").read_text().splitlines() == [
         "# two: pip install -c wheels/two/constraints.txt wheels/two/*.whl", "demo-lib==1.0+b"]
-    manifest = load_manifest(ws, "two")
+    manifest = manifest_file.load(ws.stack_wheels("two"))
     assert manifest is not None
     assert manifest.stack == "two"
     assert [w.wheel for w in manifest.wheels] == ["demo_lib-1.0+b-py3-none-any.whl"]
-    assert load_manifest(ws, "three") is None
+    assert manifest_file.load(ws.stack_wheels("three")) is None
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "rename-aside"])
@@ -254,8 +255,6 @@ def test_a_manifest_that_is_not_one_is_refused_naming_the_file_and_key(
         tmp_path: Path, edit: Callable[[dict[str, Any]], object], key: str, what: str) -> None:
     """Every stage reads manifest.json through manifest.read: a malformed record names the
     file and the dotted key (it said "KeyError: 'sha256'")."""
-    from sm120fork import manifest as manifest_file
-
     entry = _entry("lib", "lib-1.0-py3-none-any.whl", "a" * 64)
     entry = dataclasses.replace(entry, patches=(manifest_file.PatchRecord(
         name="0001-a.patch", sha256="b" * 64, subject="a", applied_upstream=""),))

@@ -18,12 +18,13 @@ from sm120fork import record
 from sm120fork.cli.main import main
 from sm120fork.errors import EXIT_PROBLEMS_FOUND, MaintenanceError
 from sm120fork.package.stack import build_stack
+from sm120fork.resolved import ResolvedStack
 from sm120fork.standing import stack_evidence
 from sm120fork.upstream.groups import (
     github_slug,
     judge,
     leaks,
-    plan_project,
+    plan_of,
     prepare,
     upstream_url,
     write_gpu_tests,
@@ -98,7 +99,7 @@ def identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_lists_one_pr_per_group_and_says_why_the_rest_goes_in_none(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = _grouped_demo(tmp_path)
-    plan = plan_project(d.ws, d.ws.stack("demo"), d.ws.stack("demo").project("lib"))
+    plan = plan_of(ResolvedStack.named(d.ws, "demo"), d.ws.stack("demo").project("lib"))
     assert [p.name for p in plan.prs] == ["gates"]
     assert [p.subject for p in plan.prs[0].patches] == ["gate: allow 12"]
     assert [t.subject for t in plan.prs[0].tests] == ["test: supported majors include 12"]
@@ -132,7 +133,7 @@ def test_prepares_one_pr_runs_its_tests_on_the_upstream_tree_and_names_nothing_o
     rec = record.read(done.published / "record.json")
     assert (rec.kind, rec.subject, rec.verdict, rec.planned) == ("upstream-pr", "gates",
                                                                 "pass", 1)
-    plan = plan_project(d.ws, d.ws.stack("demo"), d.ws.stack("demo").project("lib"))
+    plan = plan_of(ResolvedStack.named(d.ws, "demo"), d.ws.stack("demo").project("lib"))
     assert [(p.patch, p.patch_id) for p in rec.tested.patches] == [
         (p.name, p.patch_id) for p in (*plan.prs[0].patches, *plan.prs[0].tests)]
     assert rec.command == command("upstream-pr", "demo", "--pr", "gates")
@@ -249,7 +250,7 @@ def test_an_upstream_test_of_no_group_is_refused(tmp_path: Path) -> None:
     p1 = d.ws.root / "patches" / "demo" / "lib" / "0001-gate-allow-12.patch"
     p1.write_text(p1.read_text().replace("Upstream-PR: gates", "Upstream-PR: other"))
     with pytest.raises(MaintenanceError, match="no patch of the series belongs to"):
-        plan_project(d.ws, d.ws.stack("demo"), d.ws.stack("demo").project("lib"))
+        plan_of(ResolvedStack.named(d.ws, "demo"), d.ws.stack("demo").project("lib"))
 
 
 def test_refuses_a_package_that_names_a_patch_id(tmp_path: Path, identity: None) -> None:
@@ -310,7 +311,7 @@ def test_a_prs_gpu_tests_go_to_the_kit_with_what_they_test_and_publish_no_cpu_re
     folder = tmp_path / "kit-tests" / "gates"
     assert "assertIn(12, demo_lib.supported_majors())" in (folder / gpu_test).read_text()
     data = json.loads((folder / "pr.json").read_text())
-    series = plan_project(d.ws, d.ws.stack("demo"), d.ws.stack("demo").project("lib"))
+    series = plan_of(ResolvedStack.named(d.ws, "demo"), d.ws.stack("demo").project("lib"))
     pr = series.prs[0]
     assert (data["pr"], data["stack"], data["project"], data["files"]) == (
         "gates", "demo", "lib", [gpu_test])

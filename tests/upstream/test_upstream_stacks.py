@@ -12,7 +12,8 @@ import pytest
 
 from sm120fork.patch.series import load_series
 from sm120fork.patch.tree import prepare_tree
-from sm120fork.upstream.groups import plan_project, prepare
+from sm120fork.resolved import ResolvedStack
+from sm120fork.upstream.groups import plan_of, prepare
 from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy
@@ -43,7 +44,7 @@ def test_each_pr_of_the_stack_applies_upstream_and_speaks_upstreams_language(
                                + [rf"\b{re.escape(i)}\b" for i in ids
                                   if re.fullmatch(r"[A-Z]+\d+", i)]))
     for project in stack.projects:
-        plan = plan_project(ws, stack, project)
+        plan = plan_of(ResolvedStack.of(ws, stack), project)
         if not plan.prs:
             continue
         prepare_tree(ws, stack, project)

@@ -19,6 +19,7 @@ from sm120fork.maintain.report import evidence_lines, outcome_lines
 from sm120fork.maintain.state import CHECK_PASSES
 from sm120fork.maintain.status import PatchStatus, ProjectStatus, status
 from sm120fork.patch.series import display_name
+from sm120fork.resolved import ResolvedStack
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
@@ -283,7 +284,7 @@ def run_refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> in
 def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.upstream.groups import (
         newer_stacks_with_prs,
-        plan_project,
+        plan_of,
         prepare,
         requirements,
         why_none,
@@ -299,12 +300,13 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
         console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     if not args.pr:
-        stack = ws.stack(args.stack)
+        today = ResolvedStack.named(ws, args.stack)
+        stack = today.stack
         projects = [stack.project(args.project)] if args.project else list(stack.projects)
         count = 0
         none: list[str] = []
         for project in projects:
-            plan = plan_project(ws, stack, project)
+            plan = plan_of(today, project)
             count += len(plan.prs)
             if not plan.prs:
                 elsewhere = newer_stacks_with_prs(ws, stack, project)

@@ -14,9 +14,8 @@ from sm120fork.fetch.kinds import source_key, source_kind
 from sm120fork.maintain.release import release_check
 from sm120fork.maintain.state import BumpState
 from sm120fork.manifest import UNCHECKED, Manifest
-from sm120fork.package.publish import load_manifest
 from sm120fork.patch.apply import check_series
-from sm120fork.patch.series import Patch, Series, load_series
+from sm120fork.patch.series import Patch
 from sm120fork.patch.tree import prepare_tree, read_state
 from sm120fork.patch.upstream_match import match_upstream
 from sm120fork.resolved import ResolvedStack
@@ -98,10 +97,9 @@ def _wheel_for(manifest: Manifest | None, stack: Stack, project: Project,
         " (built unchecked)" if entry.check.startswith(UNCHECKED) else "")
 
 
-def project_status(ws: Workspace, stack: Stack, project: Project,
-                   manifest: Manifest | None, *, fetch: bool = True,
-                   series: Series | None = None) -> ProjectStatus:
-    """``series``: the project's series as the caller resolved it (else read here)."""
+def project_status(today: ResolvedStack, project: Project, manifest: Manifest | None, *,
+                   fetch: bool = True) -> ProjectStatus:
+    ws, stack = today.ws, today.stack
     pending = BumpState.load(ws, stack.name, project.key)
     in_progress = f"to {pending.new_version}" if pending else ""
 
@@ -118,7 +116,7 @@ def project_status(ws: Workspace, stack: Stack, project: Project,
                              undeclared_files=undeclared, release_files=release,
                              not_checked=not_checked, pins_disagree=disagree)
     try:
-        series = series if series is not None else load_series(ws.series_dir(project))
+        series = today.series[project.key]
         if not series.patches:  # nothing to check against the pin: fetch nothing
             return result(())
         missing = to_download(ws, stack, project)
@@ -162,18 +160,9 @@ def status(ws: Workspace, stack_name: str | None = None,
     stacks = [ws.stack(stack_name, strict=False)] if stack_name else sorted(
         ws.stacks().values(), key=lambda s: (not s.default, s.name))
     given = manifest_file.read(wheels_dir) if wheels_dir is not None else None
-    # A series that does not load leaves it to each row to say which.
-    todays: dict[str, ResolvedStack | None] = {}
-    for s in stacks:
-        try:
-            todays[s.name] = ResolvedStack.of(ws, s, wheels_dir=wheels_dir)
-        except ToolkitError:
-            todays[s.name] = None
+    todays = {s.name: ResolvedStack.of(ws, s, wheels_dir=wheels_dir) for s in stacks}
     with ws.lock():
-        found = [project_status(
-                     ws, s, p, given if wheels_dir else (
-                         t.built if (t := todays[s.name]) else load_manifest(ws, s.name)),
-                     fetch=fetch, series=t.series[p.key] if t else None)
+        found = [project_status(todays[s.name], p, given or todays[s.name].built, fetch=fetch)
                  for s in stacks for p in s.projects]
     evidence = {s.name: stack_standings(ws, s, wheels_dir, today=todays[s.name])
                 for s in stacks}

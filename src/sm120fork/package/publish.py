@@ -190,8 +190,3 @@ def _publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path,
                 dest.write_text(content, encoding="utf-8")
                 os.chmod(dest, 0o644)
     return out
-
-
-def load_manifest(ws: Workspace, stack_name: str) -> Manifest | None:
-    """The manifest of the stack's published wheels, or None when there is none."""
-    return manifest_file.load(ws.stack_wheels(stack_name), stack=stack_name)

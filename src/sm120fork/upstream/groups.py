@@ -25,9 +25,8 @@ from sm120fork import __version__, record
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import CommandError, ConfigError, MaintenanceError
 from sm120fork.fetch.source import UPSTREAM_TAG
-from sm120fork.patch.series import Patch, Series, load_series
+from sm120fork.patch.series import Patch, Series
 from sm120fork.patch.tree import open_tree
-from sm120fork.resolved import UPSTREAM_TESTS as TESTS_DIR
 from sm120fork.resolved import ResolvedStack
 from sm120fork.upstream.template import TestRun, render_body, short_subject
 from sm120fork.util import proc
@@ -157,16 +156,9 @@ def newer_stacks_with_prs(ws: Workspace, stack: Stack, project: Project) -> list
                          and Version(theirs.version) > Version(project.version))
             except InvalidVersion:
                 continue
-            if newer and plan_project(ws, other, theirs).prs:
+            if newer and plan_of(ResolvedStack.of(ws, other), theirs).prs:
                 found.append(other.name)
     return found
-
-
-def plan_project(ws: Workspace, stack: Stack, project: Project) -> Plan:
-    tests = ws.series_dir(project) / TESTS_DIR
-    return plan(load_series(ws.series_dir(project)),
-                load_series(tests) if (tests / "series").is_file() else None,
-                stack=stack.name, project=project.key)
 
 
 def plan_of(today: ResolvedStack, project: Project) -> Plan:
@@ -179,9 +171,8 @@ def fork_words(ws: Workspace, today: ResolvedStack) -> list[str]:
     words = [*FORK_NAMES, *ws.stacks()]
     for other in ws.stacks().values():
         for proj in other.projects:
-            series = (today.series[proj.key] if other.name == today.stack.name
-                      else load_series(ws.series_dir(proj)))
-            for p in series.patches:
+            resolved = today if other.name == today.name else ResolvedStack.of(ws, other)
+            for p in resolved.series[proj.key].patches:
                 first = p.subject.split()[0] if p.subject.split() else ""
                 if re.fullmatch(r"[A-Z]+\d+", first):
                     words.append(first)
