@@ -109,6 +109,7 @@ def _tree_0510(tmp_path_factory: pytest.TempPathFactory, variant: str) -> Path:
     "unpatched": as published), made by the toolkit's ``prepare_tree`` in a toolkit root
     copied from this checkout; each variant on its own, so a run that needs one makes one."""
     from sm120fork.patch.tree import prepare_tree
+    from sm120fork.resolved import ResolvedStack
     from sm120fork.workspace import Workspace
 
     from helpers_ws import checkout_copy
@@ -116,8 +117,9 @@ def _tree_0510(tmp_path_factory: pytest.TempPathFactory, variant: str) -> Path:
     def make(base: Path) -> None:
         ws = Workspace(checkout_copy(base))
         stack = ws.stack(DEFAULT_STACK)
+        series = ResolvedStack.of(ws, stack).series["sglang"]
         tree = prepare_tree(ws, stack, stack.project("sglang"),
-                            patches=None if not variant else (), variant=variant).path
+                            patches=() if variant else series.patches, variant=variant).path
         # Byte code compiled once here, as for the sites: the probes and ranks importing
         # this tree run with PYTHONDONTWRITEBYTECODE.  git does not see it (info/exclude),
         # so the fork tree stays clean.

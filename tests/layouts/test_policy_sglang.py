@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from sm120fork.patch.tree import prepare_tree
+from sm120fork.resolved import ResolvedStack
 from sm120fork.workspace import Workspace
 
 from helpers_sglang import STACK
@@ -153,7 +154,8 @@ def tree_523(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = checkout_copy(tmp_path_factory.mktemp("s523"))
     ws = Workspace(root)
     stack = ws.stack(STACK)
-    tree = prepare_tree(ws, stack, stack.project("sglang")).path
+    series = ResolvedStack.of(ws, stack).series["sglang"]
+    tree = prepare_tree(ws, stack, stack.project("sglang"), patches=series.patches).path
     return tree, ensure_overlay(root / ".forks" / "probe")
 
 

@@ -23,6 +23,7 @@ from sm120fork.maintain.bump import bump, bump_abort, bump_continue
 from sm120fork.maintain.refresh import refresh
 from sm120fork.patch.apply import apply_series
 from sm120fork.patch.tree import prepare_tree, read_state
+from sm120fork.resolved import ResolvedStack
 from sm120fork.util import proc
 from sm120fork.workspace import Workspace
 
@@ -157,7 +158,8 @@ def assert_builds_as_is(ws: Workspace) -> None:
     stack = ws.stack(STACK)
     lib = stack.project("lib")
     existed = ws.work_tree(stack, lib).exists()
-    tree = prepare_tree(ws, stack, lib)  # build's own step; refuses a broken tree
+    # build's own step; refuses a broken tree
+    tree = prepare_tree(ws, stack, lib, patches=ResolvedStack.of(ws, stack).series["lib"].patches)
     assert tree.reused == existed
     assert tree.state.source == source_key(lib)
     assert tree.repo("rev-parse", "HEAD^{tree}", quiet=True)

@@ -26,6 +26,7 @@ import pytest
 from sm120fork.package.stack import build_stack
 from sm120fork.plugin import package, runtime
 from sm120fork.plugin.generate import generate_spec, patch_commits
+from sm120fork.resolved import ResolvedStack
 from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
 
@@ -529,7 +530,7 @@ def test_rebuild_with_nothing_changed_touches_no_fork_tree(tmp_path: Path) -> No
     build_stack(ws, ws.stack("s"))
     shutil.rmtree(ws.trees_dir)  # a second build must not need the fork tree
     from sm120fork.plugin.build import build_plugin
-    again = build_plugin(ws, ws.stack("s"))
+    again = build_plugin(ws, ws.stack("s"), ResolvedStack.named(ws, "s").series)
     assert again.cached
     assert not ws.trees_dir.exists()  # no fork tree was made again
 

@@ -43,11 +43,12 @@ def test_each_pr_of_the_stack_applies_upstream_and_speaks_upstreams_language(
                                                 for s in ws.stacks())]
                                + [rf"\b{re.escape(i)}\b" for i in ids
                                   if re.fullmatch(r"[A-Z]+\d+", i)]))
+    today = ResolvedStack.of(ws, stack)
     for project in stack.projects:
-        plan = plan_of(ResolvedStack.of(ws, stack), project)
+        plan = plan_of(today, project)
         if not plan.prs:
             continue
-        prepare_tree(ws, stack, project)
+        prepare_tree(ws, stack, project, patches=today.series[project.key].patches)
         for pr in plan.prs:
             done = prepare(ws, stack.name, project.key, pr.name, run=False,
                            out=tmp_path / "out" / pr.name)

@@ -11,8 +11,9 @@ from sm120fork.workspace import Workspace
 
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.package.variant import build_test_variant
+    from sm120fork.resolved import ResolvedStack
 
-    wheel = build_test_variant(ws, ws.stack(args.stack), project_key=args.project,
+    wheel = build_test_variant(ResolvedStack.named(ws, args.stack), project_key=args.project,
                                name=args.name, force=args.force)
     console.print(f"test variant: {wheel.relative_to(ws.root)}")
     return 0

@@ -86,11 +86,17 @@ from sm120fork.patch.refresh import (
     RefreshResult,
     export_series,
     note_written,
-    reapply_series,
 )
 from sm120fork.patch.series import Patch, Series, load_series, parse_patch
-from sm120fork.patch.tree import keep_local_work_hint, local_work, prepare_tree, read_state
+from sm120fork.patch.tree import (
+    apply_recorded,
+    keep_local_work_hint,
+    local_work,
+    prepare_tree,
+    read_state,
+)
 from sm120fork.patch.upstream_match import match_upstream
+from sm120fork.resolved import ResolvedStack
 from sm120fork.standing import to_remake
 from sm120fork.util.files import atomic_write_text, scratch_prefix
 from sm120fork.util.git import Git
@@ -173,7 +179,8 @@ def _bump(ws: Workspace, req: _Request) -> BumpResult:
                 where=f"{pending.stack}/{req.project}",
                 fix="finish it with --continue or undo it with --abort")
         return _resume(ws, pending)
-    stack = ws.stack(req.stack, strict=False)
+    resolved = ResolvedStack.named(ws, req.stack, strict=False)
+    stack = resolved.stack
     project = stack.project(req.project)
     new_version, commit = _target(req, project)
     # A new stack holds the project and those it requires (what create_stack copies).
@@ -184,11 +191,10 @@ def _bump(ws: Workspace, req: _Request) -> BumpResult:
     companion_bumps: dict[str, str] = {}
     moves = dict(req.moved_by)
     if release is not None:  # the new release's own facts, before a file is written
-        companions, companion_bumps, found = _companions(ws, scope, project, new_version,
+        companions, companion_bumps, found = _companions(resolved, scope, project, new_version,
                                                          release)
         moves.update(found)
-        missing = missing_targets(project, load_series(ws.series_dir(project)).patches,
-                                  release)
+        missing = missing_targets(project, resolved.series[project.key].patches, release)
         new_pin = dataclasses.replace(
             new_pin, companions=companions,
             upstream_requires=tuple(requirements_on_stack(scope, project, release)),
@@ -317,7 +323,7 @@ def _has_sdist(project: Project, version: Version) -> bool:
     return True
 
 
-def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
+def _companions(resolved: ResolvedStack, stack: Stack, project: Project, new_version: str,
                 release: Release) -> tuple[dict[str, NewPin], dict[str, str], dict[str, str]]:
     """The projects the new release pins at another version: (new ``wheel`` pins of those
     shipped as published; versions of those with patches, each a bump of its own that
@@ -328,7 +334,7 @@ def _companions(ws: Workspace, stack: Stack, project: Project, new_version: str,
     for move in coordinated_moves(stack, project, release):
         other = move.project
         why = f"{project.distribution} {new_version} requires {move.requirement}"
-        if load_series(ws.series_dir(other)).patches or not (
+        if resolved.series[other.key].patches or not (
                 source_kind(other.source).ships_wheels or other.wheels):
             bumps[other.key] = move.version
             moves[other.key] = (f"{other.distribution} {other.version} -> {move.version} "
@@ -384,14 +390,15 @@ def _start(ws: Workspace, state: BumpState) -> None:
         source = ws.stack(state.source_stack, strict=False)
         create_stack(ws, source, source.project(state.project), state.stack)
         stage("stack created")
-    stack = ws.stack(state.stack, strict=False)
+    resolved = ResolvedStack.named(ws, state.stack, strict=False)
+    stack = resolved.stack
     project = stack.project(state.project)
     pre = ws.work_tree(stack, project, _PRE)
     if not pre.exists():
         work = ws.work_tree(stack, project)
         if work.exists() and read_state(work) is None:  # this bump's unpack, stopped
             shutil.rmtree(work)  # (the pre-flight refused a tree with no state)
-        old_tree = prepare_tree(ws, stack, project)
+        old_tree = prepare_tree(ws, stack, project, patches=resolved.series[project.key].patches)
         shutil.rmtree(d / "series", ignore_errors=True)
         d.mkdir(parents=True, exist_ok=True)
         shutil.copytree(ws.series_dir(project), d / "series")
@@ -667,7 +674,8 @@ def _range_diff(repo: Git) -> str:
 
 def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
     """Write series, declaration, rebuilt tree, report and changelog; then close."""
-    stack = ws.stack(state.stack, strict=False)
+    resolved = ResolvedStack.named(ws, state.stack, strict=False)
+    stack = resolved.stack
     project = stack.project(state.project)
     repo = Git(ws.work_tree(stack, project))
     _back_to(repo, state.head)  # as a run stopped in this step left it
@@ -694,7 +702,7 @@ def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
     declaration = Path(state.declaration)
     decl = declaration_with_pin(declaration.read_text(encoding="utf-8"), project, state,
                                 state.declaration,
-                                description=_description(ws, stack, project, state, empty)
+                                description=_description(resolved, project, state, empty)
                                 if state.created_stack else "")
     pinned = check_declaration(declaration, decl, fix=state.cmd("--abort"),
                                pins=not state.coordinated_with)
@@ -705,7 +713,8 @@ def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
     stage("declaration written")
     stack, project = pinned, pinned.project(project.key)
     base = repo("rev-parse", UPSTREAM_TAG, quiet=True)
-    reapply_series(ws, stack, project, repo, base)
+    apply_recorded(repo, refreshed.series, source=source_key(project), base=base,
+                   stack=stack.name, project=project.key)
     stage("tree rebuilt")
     results = state.classifications()
     published = new_project.wheels if empty else ()
@@ -756,17 +765,16 @@ def finished_here(ws: Workspace, stack: str, project: str) -> bool:
     return any(ws.state_dir.glob(f"{scratch_prefix(_done_label(stack, project))}*"))
 
 
-def _description(ws: Workspace, stack: Stack, project: Project, state: BumpState,
-                 empty: bool) -> str:
+def _description(resolved: ResolvedStack, project: Project, state: BumpState, empty: bool) -> str:
     companions = state.new_pin.companions
     parts = []
-    for p in stack.projects:
+    for p in resolved.stack.projects:
         if p.key == project.key:
             parts.append(f"{p.distribution} {state.new_version}"
                          + (" (as published)" if empty else ""))
             continue
         version = companions[p.key].version if p.key in companions else p.version
-        published = p.key in companions or not load_series(ws.series_dir(p)).patches
+        published = p.key in companions or not resolved.series[p.key].patches
         parts.append(f"{p.distribution} {version}" + (" (as published)" if published else ""))
     return " + ".join(parts) + ", SM120/SM121 enabled"
 
@@ -850,24 +858,25 @@ def _put_back_old_tree(ws: Workspace, state: BumpState, d: Path) -> None:
 def _checked_tree(ws: Workspace, stack_name: str, key: str) -> str:
     """The fork tree after an abort, checked against the pin and series put back, else
     made again from them; says which."""
-    stack = ws.stack(stack_name, strict=False)
-    project = stack.project(key)
+    resolved = ResolvedStack.named(ws, stack_name, strict=False)
+    stack, project = resolved.stack, resolved.stack.project(key)
+    series = resolved.series[key]
     work = ws.work_tree(stack, project)
     if not work.exists():
         return f"{key}: no fork tree (`{command('build', '--stack', stack.name)}` makes it)"
-    why = _not_at_pin(ws, stack, project)
+    why = _not_at_pin(ws, stack, project, series)
     if why is None:
         return f"{key}: fork tree checked at {project.version} and its series"
     log.warning("the fork tree %s is not the old pin's (%s): making it again", work, why)
     shutil.rmtree(work)
-    prepare_tree(ws, stack, project)
-    if (still := _not_at_pin(ws, stack, project)) is not None:
+    prepare_tree(ws, stack, project, patches=series.patches)
+    if (still := _not_at_pin(ws, stack, project, series)) is not None:
         raise MaintenanceError(f"the fork tree made again is not at the pin: {still}",
                                where=str(work))
     return f"{key}: fork tree made again at {project.version} and its series ({why})"
 
 
-def _not_at_pin(ws: Workspace, stack: Stack, project: Project) -> str | None:
+def _not_at_pin(ws: Workspace, stack: Stack, project: Project, series: Series) -> str | None:
     """Why the fork tree is not the complete, unchanged tree of its pin and series."""
     work = ws.work_tree(stack, project)
     made = read_state(work)
@@ -875,6 +884,6 @@ def _not_at_pin(ws: Workspace, stack: Stack, project: Project) -> str | None:
         return "the toolkit did not finish it" if made else "it has no toolkit state"
     if made.source != source_key(project):
         return f"it is of another pin ({made.source})"
-    if made.series != load_series(ws.series_dir(project)).digest:
+    if made.series != series.digest:
         return "it is of another series"
     return local_work(ws, stack, project)

@@ -13,11 +13,16 @@ from sm120fork.patch.refresh import (
     RefreshResult,
     export_series,
     note_written,
-    reapply_series,
     uncommitted_series_files,
 )
-from sm120fork.patch.series import load_series
-from sm120fork.patch.tree import keep_uncommitted_hint, open_tree, other_series, other_series_fix
+from sm120fork.patch.tree import (
+    apply_recorded,
+    keep_uncommitted_hint,
+    open_tree,
+    other_series,
+    other_series_fix,
+)
+from sm120fork.resolved import ResolvedStack
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
@@ -26,7 +31,8 @@ def refresh(ws: Workspace, stack_name: str, project_key: str, *,
             force: bool = False) -> RefreshResult:
     """Export the fork tree's commits into the project's series (``force``: over
     uncommitted hand edits of its files)."""
-    stack = ws.stack(stack_name)
+    today = ResolvedStack.named(ws, stack_name)
+    stack = today.stack
     project = stack.project(project_key)
     again = command("refresh", stack.name, project.key)
     with ws.lock():
@@ -67,7 +73,7 @@ def refresh(ws: Workspace, stack_name: str, project_key: str, *,
                 fix=f"{build}commit them first (`git -C {root} add -A {rel} && git -C {root} "
                     f"commit -m 'patches: keep edits'`), then `{again}`; or `{again} --force` "
                     "to overwrite them with the fork tree's commits")
-        stale = other_series(ws, stack, project, load_series(series_dir))
+        stale = other_series(ws, stack, project, today.series[project.key])
         if stale and not force:  # its export would write that series back into patches/
             raise DirtyTreeError(
                 f"refresh will not export the fork tree: {stale}", where=str(work),
@@ -75,8 +81,8 @@ def refresh(ws: Workspace, stack_name: str, project_key: str, *,
                     f"commits over the series, `{again} --force`")
         result = export_series(repo, series_dir, stack=stack.name, project=project.key)
         note_written(ws, result.paths)
-        series = load_series(series_dir)
-        if result.wrote_anything or state.series != series.digest or (
+        if result.wrote_anything or state.series != result.series.digest or (
                 repo.head() != state.head) or not state.complete:
-            reapply_series(ws, stack, project, repo, state.base)
+            apply_recorded(repo, result.series, source=source_key(project), base=state.base,
+                           stack=stack.name, project=project.key)
         return result

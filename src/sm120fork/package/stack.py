@@ -39,7 +39,7 @@ from sm120fork.patch.tree import (
     other_series,
     other_series_fix,
 )
-from sm120fork.plugin.build import build_plugin, plugin_files, sglang_project
+from sm120fork.plugin.build import build_plugin, plugin_files
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util import typed
 from sm120fork.util.files import (
@@ -222,8 +222,7 @@ class Plan:
     """What a build builds, resolved once and passed down every stage: the stack, the
     projects (all of them, or ``only`` those), each with its series and kind."""
 
-    ws: Workspace
-    stack: Stack
+    resolved: ResolvedStack
     projects: tuple[Planned, ...]
     #: Every project of the stack: the build publishes (a partial build only builds).
     whole: bool
@@ -270,7 +269,7 @@ def load(resolved: ResolvedStack, only: Sequence[str] | None = None) -> Plan:
         planned.append(Planned(project=p, series=series, kind=kind,
                                entry_dir=ws.build_cache(stack, p)
                                / cache_key(p, series, kind.cache_kind)))
-    return Plan(ws=ws, stack=stack, projects=tuple(planned), whole=not only)
+    return Plan(resolved=resolved, projects=tuple(planned), whole=not only)
 
 
 def fetch(plan: Plan, options: Options) -> Fetched:
@@ -282,7 +281,7 @@ def fetch(plan: Plan, options: Options) -> Fetched:
         if not options.rebuild and _load_entries(item.entry_dir):
             inputs[p.key] = None
             continue
-        job = Job(ws=plan.ws, stack=plan.stack, project=p, series=item.series,
+        job = Job(ws=plan.resolved.ws, stack=plan.resolved.stack, project=p, series=item.series,
                   progress=options.progress(p.key) if options.progress else None)
         inputs[p.key] = item.kind.download(job)
     return Fetched(plan=plan, inputs=inputs)
@@ -292,8 +291,9 @@ def build(fetched: Fetched, options: Options) -> Built:
     """Stages 3-5 per project, concurrently (they share nothing, and a wheel build leaves
     cores idle): patch the fork tree, build, check the wheel (the kind's ``make``)."""
     plan = fetched.plan
+    ws, stack = plan.resolved.ws, plan.resolved.stack
     with ThreadPoolExecutor(max_workers=max(1, min(len(plan.projects), options.jobs))) as pool:
-        futures = [pool.submit(build_project, plan.ws, plan.stack, item.project,
+        futures = [pool.submit(build_project, ws, stack, item.project,
                                series=item.series, force=options.force,
                                rebuild=options.rebuild, inputs=fetched.inputs[item.project.key],
                                stage=options.stage, unchecked=options.unchecked)
@@ -310,7 +310,7 @@ def build(fetched: Fetched, options: Options) -> Built:
 
 def check(built: Built, options: Options) -> Built:
     """Stage 6: the wheels' requirements on one another agree with the declaration."""
-    check_requirements(built.plan.stack, list(built.builds))
+    check_requirements(built.plan.resolved.stack, list(built.builds))
     return built
 
 
@@ -320,12 +320,11 @@ def stage_and_publish(built: Built, options: Options) -> Built:
     plan = built.plan
     if not plan.whole:
         return built
-    sglang = sglang_project(plan.stack)
-    series = next((i.series for i in plan.projects if sglang and i.project.key == sglang.key),
-                  None)
-    plugin = build_plugin(plan.ws, plan.stack, force=options.force, series=series)
+    plugin = build_plugin(plan.resolved.ws, plan.resolved.stack, plan.resolved.series,
+                          force=options.force)
     log.info("%s", plugin.message)
-    publish(plan.ws, plan.stack, list(built.builds), options.out, extra=plugin_files(plugin))
+    publish(plan.resolved.ws, plan.resolved.stack, list(built.builds), options.out,
+            extra=plugin_files(plugin))
     return built
 
 

@@ -17,30 +17,25 @@ import re
 import shutil
 from pathlib import Path
 
-from sm120fork.declare import Stack
 from sm120fork.errors import ConfigError
 from sm120fork.package.wheel import build_wheel
 from sm120fork.patch.series import load_series
 from sm120fork.patch.tree import prepare_tree
-from sm120fork.workspace import Workspace
+from sm120fork.resolved import ResolvedStack
 
 log = logging.getLogger("sm120fork")
 _NAME = re.compile(r"^[a-z0-9]+$")
 
 
-def variant_series_dir(ws: Workspace, stack: Stack, project_key: str) -> Path:
-    series = ws.series_dir(stack.project(project_key))
-    return series.with_name(series.name + "-test")
-
-
-def build_test_variant(ws: Workspace, stack: Stack, *, project_key: str = "flashinfer",
+def build_test_variant(today: ResolvedStack, *, project_key: str = "flashinfer",
                        name: str = "test", force: bool = False) -> Path:
     """Build ``project_key`` with its series and its test series; return the wheel."""
     if not _NAME.match(name):
         raise ConfigError(f"bad test variant name {name!r}", fix="lower-case letters and digits")
-    project = stack.project(project_key)
-    real = load_series(ws.series_dir(project)).patches
-    tests = load_series(variant_series_dir(ws, stack, project_key)).patches
+    ws, stack, project = today.ws, today.stack, today.stack.project(project_key)
+    real = today.series[project_key].patches
+    series_dir = ws.series_dir(project)
+    tests = load_series(series_dir.with_name(series_dir.name + "-test")).patches
     tree = prepare_tree(ws, stack, project, patches=[*real, *tests], variant=name, force=force)
     variant = dataclasses.replace(project, local_label=f"{project.local_label}.{name}")
     out = ws.state_dir / "test-variants" / stack.name / name

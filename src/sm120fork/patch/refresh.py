@@ -12,14 +12,12 @@ import shlex
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
-from sm120fork.declare import Project, Stack
 from sm120fork.errors import CommandError, SeriesError
-from sm120fork.fetch.kinds import source_key
 from sm120fork.fetch.source import UPSTREAM_TAG
-from sm120fork.patch.series import load_series, parse_patch, read_series_file
-from sm120fork.patch.tree import apply_recorded
+from sm120fork.patch.series import Series, load_series, parse_patch, read_series_file
 from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file
 from sm120fork.util.git import Git
 from sm120fork.workspace import Workspace
@@ -43,6 +41,10 @@ class RefreshResult:
     @property
     def wrote_anything(self) -> bool:
         return bool(self.added or self.removed or self.changed or self.series_rewritten)
+
+    @cached_property
+    def series(self) -> Series:
+        return load_series(self.directory)
 
     @property
     def paths(self) -> list[Path]:
@@ -117,12 +119,6 @@ def export_series(repo: Git, directory: Path, stack: str, project: str) -> Refre
     return RefreshResult(stack=stack, project=project, directory=directory,
                          added=tuple(added), removed=tuple(removed), changed=tuple(changed),
                          unchanged=tuple(unchanged), series_rewritten=rewritten)
-
-
-def reapply_series(ws: Workspace, stack: Stack, project: Project, repo: Git,
-                   base_commit: str) -> None:
-    apply_recorded(repo, load_series(ws.series_dir(project)), source=source_key(project),
-                   base=base_commit, stack=stack.name, project=project.key)
 
 
 #: The sha256 of each series file as the toolkit last wrote it (None: removed).

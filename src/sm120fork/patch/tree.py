@@ -149,14 +149,10 @@ def open_tree(ws: Workspace, stack: Stack, project: Project) -> Tree:
 
 
 def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
-                 patches: Sequence[Patch] | None = None, variant: str = "",
+                 patches: Sequence[Patch], variant: str = "",
                  force: bool = False, source: str | None = None,
                  progress: Progress | None = None) -> Tree:
-    """Pinned upstream + ``patches`` (default: the whole series)."""
-    if patches is None:
-        from sm120fork.patch.series import load_series
-
-        patches = load_series(ws.series_dir(project)).patches
+    """Pinned upstream + ``patches``."""
     work = ws.work_tree(stack, project, variant)
     kind = source or project.source
     skey = source_key(project, kind)

@@ -15,13 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.version import Version
 
 from sm120fork.declare import Project, Stack
-from sm120fork.patch.series import Series, load_series
+from sm120fork.patch.series import Series
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.plugin import generate as generate_module
 from sm120fork.plugin.generate import UPSTREAM_TAG, generate_spec, package_prefix, patch_commits
@@ -64,12 +65,10 @@ def sglang_project(stack: Stack) -> Project | None:
     return next((p for p in stack.projects if p.normalized_name == "sglang"), None)
 
 
-def build_plugin(ws: Workspace, stack: Stack, *, force: bool = False,
-                 series: Series | None = None) -> PluginResult:
-    """Generate and build the stack's plugin wheel, or say why there is none.
-
-    ``series``: the SGLang project's, when the build loaded it already.
-    """
+def build_plugin(ws: Workspace, stack: Stack, series_of: Mapping[str, Series], *,
+                 force: bool = False) -> PluginResult:
+    """Generate and build the stack's plugin wheel (``series_of``: each project's series),
+    or say why there is none."""
     project = sglang_project(stack)
     if project is None:
         return PluginResult(stack=stack.name, message=f"stack {stack.name} has no sglang: "
@@ -78,8 +77,7 @@ def build_plugin(ws: Workspace, stack: Stack, *, force: bool = False,
         return PluginResult(stack=stack.name, message=(
             f"sglang {project.version} has no plugin framework (SGLang {FRAMEWORK_SINCE}+): "
             "no plugin wheel for this stack; its patched sglang wheel is the way there"))
-    if series is None:
-        series = load_series(ws.series_dir(project))
+    series = series_of[project.key]
     ids = [p.subject.split()[0] for p in series.patches]
     cache = ws.state_dir / "plugins" / stack.name
     # The spec depends on the pin, the series and the generator only: with those unchanged
