@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sm120fork.declare import Stack
 from sm120fork.errors import ConfigError, SeriesError
 from sm120fork.patch.series import Patch, display_name
 from sm120fork.record import (
@@ -128,14 +127,14 @@ def same_build(rec: Record, today: ResolvedStack) -> bool:
         and all(t.project in built and t.tree == built[t.project][1] for t in rec.tested.trees)
 
 
-def twin_record(ws: Workspace, today: ResolvedStack, kind: str,
-                subject: str | None) -> tuple[str, Record] | None:
+def twin_record(today: ResolvedStack, kind: str, subject: str | None
+                ) -> tuple[str, Record] | None:
     """(folder, record) of a ``kind`` record of another stack that ran this stack's very
     build (:func:`same_build`); None when the stack is not built or none did."""
     if today.wheels is None:
         return None
     return next(((f"reports/{rel.parent.as_posix()}", rec)
-                 for rel, rec in published(ws.reports_dir)
+                 for rel, rec in published(today.ws.reports_dir)
                  if rec.kind == kind and rec.subject == subject
                  and rec.stack != today.stack.name and same_build(rec, today)), None)
 
@@ -256,14 +255,14 @@ def stack_records(ws: Workspace, stack: str) -> list[tuple[Path, Record]]:
             if rec.stack == stack]
 
 
-def stack_evidence(ws: Workspace, stack: Stack, *, today: ResolvedStack | None = None
-                   ) -> list[Standing]:
-    """Each record of ``stack``, judged; a kind with no record is named as missing."""
-    today = today or ResolvedStack.of(ws, stack)
-    found = [judge(rec, today, rel.as_posix()) for rel, rec in stack_records(ws, stack.name)]
+def stack_evidence(today: ResolvedStack) -> list[Standing]:
+    """Each record of the stack, judged; a kind with no record is named as missing."""
+    stack = today.stack
+    found = [judge(rec, today, rel.as_posix())
+             for rel, rec in stack_records(today.ws, stack.name)]
     have = {s.kind for s in found}
     for kind in ("gpu-test", "verify-sm120"):
-        twin = twin_record(ws, today, kind, None) if kind == "gpu-test" else None
+        twin = twin_record(today, kind, None) if kind == "gpu-test" else None
         if kind not in have and twin:
             found.append(replace(judge(twin[1], today, twin[0]),
                                  reasons=(f"ran this stack's very build as {twin[1].stack}",)))
@@ -288,11 +287,11 @@ def claim_record_path(claim_kind: str, check: str, stack: str) -> tuple[str, str
     return f"reports/{stack}/verify-sm120", check
 
 
-def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim: Claim,
-                today: ResolvedStack) -> Standing:
+def judge_claim(project: str, patch: Patch, claim: Claim, today: ResolvedStack) -> Standing:
     """A patch's claim: current only when the record of ``stack`` that backs it exists,
     lists the patch's change as it is today and passed (a verify-sm120 record: the
     patch's own case too)."""
+    ws, stack = today.ws, today.stack
     folder, _ = claim_record_path(claim.kind, claim.check, stack.name)
     name = f"{stack.project(project).series}/{display_name(patch.name)}: {claim.text}"
     kind, *subject = Path(folder).parts[2:4]
@@ -305,7 +304,7 @@ def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim: 
 
     path = ws.root / shown
     twin = None if path.is_file() or claim.kind != "gpu" else twin_record(
-        ws, today, kind, subject[0] if subject else None)
+        today, kind, subject[0] if subject else None)
     if twin is not None:
         folder, rec = twin
     elif not path.is_file():
@@ -336,27 +335,24 @@ def judge_claim(ws: Workspace, stack: Stack, project: str, patch: Patch, claim: 
                     rec.verdict)
 
 
-def claim_standings(ws: Workspace, stack: Stack, today: ResolvedStack | None = None
-                    ) -> list[Standing]:
-    """Each claim of each patch of ``stack``, judged (nothing is run)."""
-    today = today or ResolvedStack.of(ws, stack)
-    return [judge_claim(ws, stack, key, patch, c, today)
+def claim_standings(today: ResolvedStack) -> list[Standing]:
+    """Each claim of each patch of the stack, judged (nothing is run)."""
+    return [judge_claim(key, patch, c, today)
             for key, series in today.series.items() for patch in series.patches
             for c in claims(patch)]
 
 
-def unbacked_claims(ws: Workspace, stack: Stack) -> list[Standing]:
+def unbacked_claims(today: ResolvedStack) -> list[Standing]:
     """Each claim of ``stack`` that no current record backs: its own standing, or its
     record's where the claim holds but the record is not of the stack as it is now (it
     passed, but ran another pin or wheel): what ``bump`` and ``watch`` say to re-make."""
-    today = ResolvedStack.of(ws, stack)
-    records = {s.name: s for s in stack_evidence(ws, stack, today=today)}
+    records = {s.name: s for s in stack_evidence(today)}
     out = []
     for key, series in today.series.items():
         for patch in series.patches:
             for c in claims(patch):
-                standing = judge_claim(ws, stack, key, patch, c, today)
-                record = records.get(claim_record_path(c.kind, c.check, stack.name)[0])
+                standing = judge_claim(key, patch, c, today)
+                record = records.get(claim_record_path(c.kind, c.check, today.name)[0])
                 if not standing.current:
                     out.append(standing)
                 elif record is not None and not record.current:
@@ -364,13 +360,13 @@ def unbacked_claims(ws: Workspace, stack: Stack) -> list[Standing]:
     return out
 
 
-def to_remake(ws: Workspace, stack: Stack) -> list[str]:
+def to_remake(today: ResolvedStack) -> list[str]:
     """One line per command that makes a record the stack's claims need and no passing
     one backs (:func:`unbacked_claims`): the command, what it needs, and each such claim
     (``<patch>: <claim>``).  A copy of a stack (``bump --new-stack``) carries its patches'
     claims to its own records, none made yet: every claim is listed."""
     by: dict[str, list[str]] = {}
-    for s in unbacked_claims(ws, stack):
+    for s in unbacked_claims(today):
         head, _, claim = s.name.partition(": ")
         by.setdefault(f"`{s.command}`" + (f" (needs {s.needs})" if s.needs else ""),
                       []).append(f"{head.rsplit('/', 1)[-1]}: {claim} ({s.state})")

@@ -65,8 +65,8 @@ def _tested(d: DemoWorkspace, sha: str = "a" * 64, stack: str = "demo") -> Teste
 def _stale(d: DemoWorkspace, name: str = "demo") -> dict[str, str]:
     stack = d.ws.stack(name)
     today = ResolvedStack.of(d.ws, stack)
-    return {s.name: s.message() for s in (*stack_evidence(d.ws, stack, today=today),
-                                          *claim_standings(d.ws, stack, today))
+    return {s.name: s.message() for s in (*stack_evidence(today),
+                                          *claim_standings(today))
             if not s.current}
 
 
@@ -122,11 +122,11 @@ def test_a_claim_whose_record_ran_another_build_is_to_remake(demo: DemoWorkspace
     manifest = demo.ws.stack_wheels("demo") / "manifest.json"
     manifest.parent.mkdir(parents=True)
     write_manifest(manifest.parent, "demo", entry("lib", wheel=WHEEL, sha256="a" * 64))
-    assert to_remake(demo.ws, demo.ws.stack("demo")) == []
+    assert to_remake(ResolvedStack.named(demo.ws, "demo")) == []
     write_manifest(manifest.parent, "demo", entry("lib", wheel=WHEEL, sha256="b" * 64))
     first, second = (p.name.removesuffix(".patch")
                      for p in load_series(demo.series_dir("lib")).patches)
-    assert to_remake(demo.ws, demo.ws.stack("demo")) == [
+    assert to_remake(ResolvedStack.named(demo.ws, "demo")) == [
         f"`nox -s verify_sm120 -- --stack demo`: {first}: cpu:tests/test_x.py::test_x "
         "(stale)",
         f"`nox -s gpu_test -- --stack demo --quick` (needs a GPU): {second}: gpu:gpu-test "
@@ -143,7 +143,7 @@ def test_a_renumbered_patch_keeps_its_claim(demo: DemoWorkspace) -> None:
     first.path.rename(renamed)
     (series / "series").write_text((series / "series").read_text().replace(
         first.path.name, renamed.name))
-    claim = next(s for s in claim_standings(demo.ws, demo.ws.stack("demo"))
+    claim = next(s for s in claim_standings(ResolvedStack.named(demo.ws, "demo"))
                  if s.kind == "verify-sm120")
     assert claim.name.partition(": ")[0].rsplit("/", 1)[1].startswith("0009-")
     assert claim.state == "current", claim.message()
@@ -155,8 +155,8 @@ def test_a_record_never_made_is_missing_and_backs_no_claim(demo: DemoWorkspace) 
         (demo.ws.reports_dir / "demo" / kind / "record.json").unlink()
     stack = demo.ws.stack("demo")
     today = ResolvedStack.of(demo.ws, stack)
-    got = {s.name: s for s in (*stack_evidence(demo.ws, stack, today=today),
-                               *claim_standings(demo.ws, stack, today))}
+    got = {s.name: s for s in (*stack_evidence(today),
+                               *claim_standings(today))}
     assert {n: s.state for n, s in got.items()} == dict.fromkeys(got, "missing")
     gpu = got["reports/demo/gpu-test"]
     assert gpu.message() == ("reports/demo/gpu-test: missing (never made); re-make: nox -s "
@@ -174,9 +174,9 @@ def test_a_failed_record_backs_no_claim(demo: DemoWorkspace) -> None:
     _records(demo, failing=first.name)
     stack = demo.ws.stack("demo")
     today = ResolvedStack.of(demo.ws, stack)
-    records = {s.kind: s.state for s in stack_evidence(demo.ws, stack, today=today)}
+    records = {s.kind: s.state for s in stack_evidence(today)}
     assert records == {"verify-sm120": "fail", "gpu-test": "current"}
-    (claim,) = [s for s in claim_standings(demo.ws, stack, today) if s.kind == "verify-sm120"]
+    (claim,) = [s for s in claim_standings(today) if s.kind == "verify-sm120"]
     assert claim.state == "fail"
     assert "reports/demo/verify-sm120: fail" in claim.message()
 
@@ -198,7 +198,7 @@ def test_a_renamed_copy_of_a_stack_claims_its_own_records(demo: DemoWorkspace) -
     resolves every claim to its own records: the original's back none of them.  (One
     stack is the default: the copy of the default one is not.)"""
     stack = _copy(demo)
-    claims = claim_standings(demo.ws, stack)
+    claims = claim_standings(ResolvedStack.of(demo.ws, stack))
     assert [(s.kind, s.state) for s in claims] == [("verify-sm120", "missing"),
                                                    ("gpu-test", "missing")]
     assert all("reports/copy/" in s.reasons[0] and "--stack copy" in s.command
@@ -219,23 +219,22 @@ def test_a_copy_built_byte_identical_is_backed_by_the_gpu_run_of_its_very_build(
     wheels.mkdir(parents=True)
     for sha, state in (("b" * 64, "missing"), ("a" * 64, "current")):
         write_manifest(wheels, "copy", entry("lib", wheel=WHEEL, sha256=sha))
-        gpu = next(s for s in claim_standings(demo.ws, stack) if s.kind == "gpu-test")
+        copy = ResolvedStack.of(demo.ws, stack)  # built again: resolved again
+        gpu = next(s for s in claim_standings(copy) if s.kind == "gpu-test")
         assert gpu.state == state, gpu.message()
     assert gpu.reasons == ("reports/demo/gpu-test ran this stack's very build",)
-    record = next(s for s in stack_evidence(demo.ws, stack) if s.kind == "gpu-test")
+    record = next(s for s in stack_evidence(copy) if s.kind == "gpu-test")
     assert (record.name, record.state) == ("reports/demo/gpu-test", "current")
-    cpu = next(s for s in claim_standings(demo.ws, stack) if s.kind == "verify-sm120")
+    cpu = next(s for s in claim_standings(copy) if s.kind == "verify-sm120")
     assert cpu.state == "missing"
     # verify-sm120 of the copy counts the same record, and says whose run it was
     patch = load_series(root / "patches" / "copy" / "lib").patches[1]
-    ctx = Context(root=root, stack="copy", today=ResolvedStack.of(demo.ws, stack),
-                  workspace=demo.ws)
+    ctx = Context(root=root, stack="copy", today=ResolvedStack.of(demo.ws, stack))
     text, ok = check_gpu_report(ctx, "gpu-test", patch, "lib")
     assert ok, text
     assert text.startswith("reports/demo/gpu-test (this very build, ran as stack demo): pass")
     write_manifest(wheels, "copy", entry("lib", wheel=WHEEL, sha256="b" * 64))
-    ctx = Context(root=root, stack="copy", today=ResolvedStack.of(demo.ws, stack),
-                  workspace=demo.ws)
+    ctx = Context(root=root, stack="copy", today=ResolvedStack.of(demo.ws, stack))
     assert check_gpu_report(ctx, "gpu-test", patch, "lib") == (
         "reports/copy/gpu-test: no record.json", False)
 
@@ -271,13 +270,13 @@ def test_a_gpu_claim_names_a_kind_of_record_not_another_stacks_folder(
     second.path.write_text(second.path.read_text().replace(
         "gpu:gpu-test", "gpu:reports/other/gpu-test"))
     with pytest.raises(SeriesError, match="names a kind of record of the patch's own stack"):
-        claim_standings(demo.ws, demo.ws.stack("demo"))
+        claim_standings(ResolvedStack.named(demo.ws, "demo"))
 
 
 def test_status_lists_each_projects_records_and_claims(demo: DemoWorkspace) -> None:
     from sm120fork.maintain.status import stack_standings
 
-    records, claims = stack_standings(demo.ws, demo.ws.stack("demo"))
+    records, claims = stack_standings(ResolvedStack.named(demo.ws, "demo"))
     assert [r.name for r in records["lib"]] == ["reports/demo/gpu-test",
                                                 "reports/demo/verify-sm120"]
     assert all(r.current for r in records["lib"])

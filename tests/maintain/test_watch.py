@@ -29,6 +29,7 @@ from sm120fork.maintain.state import (
 from sm120fork.maintain.watch import APPLIES, CONFLICTS, MERGES, _verdicts, watch_release
 from sm120fork.patch.series import load_series
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel, make, write
+from sm120fork.resolved import ResolvedStack
 from sm120fork.standing import claim_standings
 from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
@@ -125,7 +126,7 @@ def _verified(ws: Workspace, wheel: Path) -> None:
     write(make(kind="verify-sm120", stack=STACK, command="nox -s verify_sm120", toolkit="0",
                created="2026-12-07T05:00:00+00:00", machine=Machine(description="test"),
                tested=tested, planned=len(cases), cases=cases), ws.reports_dir)
-    assert [c.state for c in claim_standings(ws, ws.stack(STACK))] == ["current"]
+    assert [c.state for c in claim_standings(ResolvedStack.named(ws, STACK))] == ["current"]
 
 
 @pytest.fixture

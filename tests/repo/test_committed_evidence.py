@@ -66,7 +66,7 @@ def test_the_committed_records_are_of_the_stack_as_it_is_and_passed(name: str) -
     stack = WS.stack(name)
     # The local wheels (a developer's build) are not what CI has: judge the patches.
     today = ResolvedStack.of(WS, stack, wheels_dir=REPO / ".no-such-wheels")
-    standings = {s.kind: s for s in stack_evidence(WS, stack, today=today)
+    standings = {s.kind: s for s in stack_evidence(today)
                  if s.kind in ("verify-sm120", "gpu-test", "sglang-layer")}
     stale = [s.message() for s in standings.values() if not s.current]
     assert not stale, "\n".join(stale)
@@ -81,7 +81,7 @@ def _today(name: str) -> ResolvedStack:
 @pytest.mark.parametrize("name", PATCHED)
 def test_every_claim_is_backed_by_a_passing_record_of_its_stack(name: str) -> None:
     today = _today(name)
-    stale = [s.message() for s in claim_standings(WS, today.stack, today) if not s.current]
+    stale = [s.message() for s in claim_standings(today) if not s.current]
     assert not stale, "\n".join(stale)
 
 
@@ -91,7 +91,7 @@ def test_no_record_a_claim_needs_is_stale_or_missing(name: str) -> None:
     be of the stack as it is (every patch it tested unchanged): a record made before
     another patch changed is stale here even where the claim still stands."""
     today = _today(name)
-    records = {s.name: s for s in stack_evidence(WS, today.stack, today=today)}
+    records = {s.name: s for s in stack_evidence(today)}
     wanted = {claim_record_path(c.kind, c.check, name)[0]
               for series in today.series.values() for p in series.patches for c in claims(p)}
     bad = [records[w].message() if w in records else f"{w}: missing" for w in sorted(wanted)
@@ -134,7 +134,7 @@ def test_a_renamed_copy_of_a_stack_resolves_every_claim_to_its_own_checks(
     toml.write_text(toml.read_text().replace("default = true", "default = false"))
     ws = Workspace(root)
     stack = ws.stack("stack-copy")
-    standings = claim_standings(ws, stack)
+    standings = claim_standings(ResolvedStack.of(ws, stack))
     assert standings
     assert {s.state for s in standings} == {"missing"}
     assert all(s.reasons[0].startswith("reports/stack-copy/") for s in standings)

@@ -140,12 +140,14 @@ def test_prepares_one_pr_runs_its_tests_on_the_upstream_tree_and_names_nothing_o
     assert rec.remake == "nox -s upstream_pr -- demo --pr gates"
     assert sorted(p.name for p in done.published.iterdir()) == ["record.json", "summary.md"]
     # it stands while the PR's patches and tests keep the change it tested
-    (mine,) = [s for s in stack_evidence(d.ws, d.ws.stack("demo")) if s.kind == "upstream-pr"]
+    (mine,) = [s for s in stack_evidence(ResolvedStack.named(d.ws, "demo"))
+               if s.kind == "upstream-pr"]
     assert mine.current, mine.message()
     (test_patch,) = (d.ws.root / "patches" / "demo" / "lib" / "upstream-tests").glob("*.patch")
     test_patch.write_text(test_patch.read_text().replace("assertIn(12, demo_lib.supported",
                                                          "assertTrue(12 in demo_lib.supported"))
-    (mine,) = [s for s in stack_evidence(d.ws, d.ws.stack("demo")) if s.kind == "upstream-pr"]
+    (mine,) = [s for s in stack_evidence(ResolvedStack.named(d.ws, "demo"))
+               if s.kind == "upstream-pr"]
     assert not mine.current
     assert "lib patch 0001-test-supported-majors-include-12 changed since" in mine.message()
     body = (done.out / "body.md").read_text()

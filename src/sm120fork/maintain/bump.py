@@ -720,7 +720,7 @@ def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
     published = new_project.wheels if empty else ()
     undeclared, release_files = release_check(project)
     try:
-        remake = to_remake(ws, stack)
+        remake = to_remake(ResolvedStack.of(ws, stack))
     except ToolkitError as exc:  # a malformed Verified-By: say so, the bump is done
         remake = [f"claims not judged: {exc.message}"]
     report = write_bump_report(ws, stack, project, state, new_project, results=results,

@@ -164,24 +164,22 @@ def status(ws: Workspace, stack_name: str | None = None,
     with ws.lock():
         found = [project_status(todays[s.name], p, given or todays[s.name].built, fetch=fetch)
                  for s in stacks for p in s.projects]
-    evidence = {s.name: stack_standings(ws, s, wheels_dir, today=todays[s.name])
-                for s in stacks}
+    evidence = {s.name: stack_standings(todays[s.name]) for s in stacks}
     return [dataclasses.replace(ps, evidence=evidence[ps.stack][0].get(ps.project, ()),
                                 claims=evidence[ps.stack][1].get(ps.project, ()))
             for ps in found]
 
 
-def stack_standings(ws: Workspace, stack: Stack, wheels_dir: Path | None = None, *,
-                    today: ResolvedStack | None = None
+def stack_standings(today: ResolvedStack
                     ) -> tuple[dict[str, tuple[Standing, ...]], dict[str, tuple[Standing, ...]]]:
     """project -> its stack's records that tested it, and project -> its patches' claims,
     each current or stale (nothing runs)."""
+    stack = today.stack
     try:
-        today = today or ResolvedStack.of(ws, stack, wheels_dir=wheels_dir)
-        records = stack_evidence(ws, stack, today=today)
+        records = stack_evidence(today)
         tested = {rel.as_posix(): rec.tested.projects
-                  for rel, rec in stack_records(ws, stack.name)}
-        claims = claim_standings(ws, stack, today)
+                  for rel, rec in stack_records(today.ws, stack.name)}
+        claims = claim_standings(today)
     except ToolkitError as exc:  # a broken record or header: one row, keep going
         broken = Standing(name=f"reports/{stack.name}", kind="record", state="stale",
                           reasons=(exc.message,))

@@ -38,6 +38,7 @@ from sm120fork.maintain.state import (
     today,
 )
 from sm120fork.patch.series import load_series
+from sm120fork.resolved import ResolvedStack
 from sm120fork.standing import unbacked_claims
 from sm120fork.util.files import atomic_write_text, scratch_prefix
 from sm120fork.util.hint import command
@@ -241,7 +242,7 @@ def watch_release(ws: Workspace, stack: Stack, project: Project, version: Versio
         patches = [v for p in after.projects if p.key in companions
                    for v in _verdicts(p.key, companions[p.key])]
         patches += _verdicts(project.key, result.classifications)
-        stale = unbacked_claims(scratch, after)
+        stale = unbacked_claims(ResolvedStack.of(scratch, after))
     steps = [Step(run=command("bump", *args), why="moves the pin" if not new_stack else
                   "a stack of its own: " + "; ".join(relative(r, ws.root) for r in refusing))]
     steps += [Step(run=command("bump", target, key, "--continue"),

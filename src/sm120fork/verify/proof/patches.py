@@ -30,7 +30,6 @@ from sm120fork.standing import (
 from sm120fork.util import proc
 from sm120fork.verify.proof.markdown import CLUSTER_QUERY
 from sm120fork.verify.proof.verdict import ProofReport, Status
-from sm120fork.workspace import Workspace
 
 UNPATCHED = "unpatched"
 FULL = "full series"
@@ -58,7 +57,6 @@ class Context:
     #: build (``today``).
     stack: str = ""
     today: ResolvedStack | None = None
-    workspace: Workspace | None = None
 
 
 def _sm12x(report: ProofReport) -> list[str]:
@@ -257,8 +255,8 @@ def check_gpu_report(ctx: Context, spec: str, patch: Patch | None = None,
     where, api = claim_record_path("gpu", spec, ctx.stack)
     path = ctx.root / where / RECORD_FILE
     kind, *subject = Path(where).parts[2:4]
-    twin = None if path.is_file() or not (ctx.today and ctx.workspace) else twin_record(
-        ctx.workspace, ctx.today, kind, subject[0] if subject else None)
+    twin = None if path.is_file() or not ctx.today else twin_record(
+        ctx.today, kind, subject[0] if subject else None)
     if twin is not None:
         where, rec = twin
     elif not path.is_file():

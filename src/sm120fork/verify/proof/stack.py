@@ -199,7 +199,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     ctx = Context(root=ws.root, proof=proof, gate_variant=gate_variant,
                   behaviour=tuple((r.name, r.capability, r.passed) for r in sglang),
                   cpu=run_cpu_tests(ws.root, cpu_nodes, stack=stack.name) if cpu_nodes else {},
-                  stack=stack.name, today=resolved, workspace=ws)
+                  stack=stack.name, today=resolved)
     verdicts = _verdicts(builds, patches, ctx, proof.archs if proof else archs)
     # One line per project, named by its first wheel (the others hold the same files).
     provenance = tuple(
