@@ -87,7 +87,7 @@ from sm120fork.patch.refresh import (
     export_series,
     note_written,
 )
-from sm120fork.patch.series import Patch, Series, load_series, parse_patch
+from sm120fork.patch.series import Patch, Series, parse_patch
 from sm120fork.patch.tree import (
     apply_recorded,
     keep_local_work_hint,
@@ -473,7 +473,7 @@ def _apply_series(ws: Workspace, state: BumpState, *, skip: bool) -> None:
     stack = ws.stack(state.stack, strict=False)
     project = stack.project(state.project)
     at = _Series(ws, state, stack, project, Git(ws.work_tree(stack, project)),
-                 load_series(BumpState.directory(ws, state.stack, state.project) / "series"))
+                 state.kept_series(ws))
     if state.conflict_head:
         _settle_stop(at, skip=skip)
     _back_to(at.repo, state.head)

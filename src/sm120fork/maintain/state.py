@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sm120fork.declare import GitPin, Project, SdistPin, SourceKind, WheelPin
 from sm120fork.errors import ConfigError, MaintenanceError
+from sm120fork.patch.series import Series, load_series
 from sm120fork.util import typed
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
@@ -141,6 +142,10 @@ class BumpState:
     @staticmethod
     def directory(ws: Workspace, stack: str, project: str) -> Path:
         return ws.state_dir / "bump" / f"{stack}--{project}"
+
+    def kept_series(self, ws: Workspace) -> Series:
+        """The series the bump started from, as it kept it (the patches it applies)."""
+        return load_series(self.directory(ws, self.stack, self.project) / "series")
 
     @classmethod
     def load(cls, ws: Workspace, stack: str, project: str) -> BumpState | None:

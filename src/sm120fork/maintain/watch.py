@@ -37,7 +37,6 @@ from sm120fork.maintain.state import (
     Classification,
     today,
 )
-from sm120fork.patch.series import load_series
 from sm120fork.resolved import ResolvedStack
 from sm120fork.standing import unbacked_claims
 from sm120fork.util.files import atomic_write_text, scratch_prefix
@@ -199,8 +198,7 @@ class _Run:
                         state.project, state.next_index) in seen:
                     raise
                 seen.add((state.project, state.next_index))
-                patch = load_series(BumpState.directory(self.ws, self.stack, state.project)
-                                    / "series").patches[state.next_index]
+                patch = state.kept_series(self.ws).patches[state.next_index]
                 unchecked = [e for e in state.conflict_evidence
                              if e.startswith(f"{MERGED_UNCHECKED}: ")]
                 self.stops.append((state.project, patch.name, (
