@@ -1,12 +1,8 @@
-"""Declarations of what is pinned: ``forks/<stack>.toml`` loaded into frozen dataclasses.
+"""Declarations of what is pinned: ``forks/<stack>.toml`` loaded into frozen dataclasses,
+with errors that name the file and the dotted key and suggest the right key for a typo.
 
-A *stack* is one SGLang release plus the FlashInfer release it pins, each a *project*
-with its own pin and patch series.  Validation errors name the file and the dotted key
-and suggest the right key for a typo, in the spirit of cibuildwheel's options reader.
-
-Pins are coordinated: a project's ``upstream_requires`` states what upstream's own
-metadata requires of the stack's other projects (SGLang's ``flashinfer_python[cu13]==0.7.2``),
-and a stack whose pins do not satisfy them does not load.
+A stack whose pins do not satisfy a project's ``upstream_requires`` (what upstream's own
+metadata requires of the other projects) does not load.
 """
 
 from __future__ import annotations

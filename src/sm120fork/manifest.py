@@ -1,11 +1,7 @@
 """``wheels/<stack>/manifest.json``, typed: what a build published, wheel by wheel.
 
-The release step writes it (:mod:`sm120fork.package.publish`), the build cache keeps its
-entries (:mod:`sm120fork.package.stack`), and every later stage reads it through
-:func:`read` or :func:`load` (status, standing, verify-sm120, the AOT build, the GPU runs,
-upstream evidence, the kit), never as a dict by string keys.  Below every stage: standard
-library and the toolkit's errors only, since the GPU box reads it without the build's
-dependencies.  ``from_json`` reads what ``to_json`` wrote.
+Every stage reads it through :func:`read` or :func:`load`, never as a dict.  Standard
+library and the toolkit's errors only: the GPU box reads it without the build's dependencies.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
-"""The evidence record: what one run tested, on what, and what came of each case.
+"""The evidence record (``sm120fork-record/1``): what one run tested, on what, and what came
+of each case; its one reader and writer, and its ``summary.md``.
 
-One record per kind of run per stack, ``reports/<stack>/<kind>/record.json`` (with a
-``<subject>/`` level for kinds of several subjects per stack) and a ``summary.md`` rendered
-from it here.  The record is keyed on what was tested (the wheels' sha256, the patched
-trees, each patch's ``git patch-id --stable``), never on how a patch is described, so a
-commentary edit stales nothing.  The format is
-``sm120fork-record/1``; this module is its one reader and writer, below every stage:
-standard library and the toolkit's errors only.
+One record per kind of run per stack: ``reports/<stack>/<kind>[/<subject>]/record.json``.
+It is keyed on what was tested (wheels' sha256, patched trees, ``git patch-id --stable``),
+so a commentary edit stales nothing.  Standard library and the toolkit's errors only.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +18,7 @@ from typing import Any
 
 from sm120fork.errors import ConfigError
 from sm120fork.util import typed
+from sm120fork.util.files import atomic_write_text
 
 FORMAT = "sm120fork-record/1"
 RECORD_FILE = "record.json"
@@ -424,11 +420,8 @@ def write(record: Record, reports: Path) -> Path:
     check(record, where=f"{record.folder.as_posix()}/{RECORD_FILE}")
     folder = reports / record.folder
     folder.mkdir(parents=True, exist_ok=True)
-    for name, text in ((RECORD_FILE, dumps(record)), (SUMMARY_FILE, summary(record))):
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            out.write(text)
-        os.replace(tmp, folder / name)
+    atomic_write_text(folder / RECORD_FILE, dumps(record))
+    atomic_write_text(folder / SUMMARY_FILE, summary(record))
     return folder
 
 

@@ -86,11 +86,6 @@ class ResolvedStack:
             return self.manifest_path.name
 
     @cached_property
-    def ids(self) -> Mapping[str, tuple[str, ...]]:
-        """project -> the ``git patch-id --stable`` of each patch of its series now."""
-        return {k: tuple(p.patch_id for p in s.patches) for k, s in self.series.items()}
-
-    @cached_property
     def wheels(self) -> Mapping[str, tuple[frozenset[str], str | None]] | None:
         """project -> (sha256 of each published wheel, patched tree) of this stack's build;
         None when it is not built."""

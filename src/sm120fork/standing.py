@@ -1,26 +1,10 @@
-"""Which evidence still stands: each record of a stack, and each patch's claim, with the
-reason and the one command that re-makes it (the format: sm120fork.record).  A stage below
-verify, maintain and upstream, which all ask it.
+"""Which evidence still stands: each record of a stack and each patch's ``Verified-By``
+claim, with the reason and the one command that re-makes it.
 
-A record is current when, for every project it tested as built by us, the patch ids of
-that project's series today are the ones it lists (same ones, same order), its patched
-wheels are of today's pins, and, where the stack's wheels are built here
-(``wheels/<stack>/manifest.json``), their sha256 and patched trees are the ones it ran.
-
-A claim (``Verified-By``) names a check, never a stack: it is judged against the record of
-the stack its patch belongs to (``reports/<stack>/...``), so a copy of a stack under
-another name claims its own records.  Evidence is keyed on what was tested, not on the
-folder: where the stack has no GPU record of that kind, one of another stack that ran
-this stack's very build (the wheels' sha256 and patched trees its manifest lists now: a
-copy builds byte-identical wheels) backs a ``gpu:`` claim too (the CPU records are re-made
-for the copy here).  It is current only when that record exists
-("missing" when it was never made), lists the patch's patch id today ("stale" when not),
-and passed, for a verify-sm120 claim the patch's own case too ("fail" when not).
-``git patch-id --stable`` ignores headers and messages: editing a Description or a
-Verified-By line stales nothing.
-
-Cheap by design: it reads the series, the manifest and the records, and runs
-``git patch-id`` once per patch; nothing is built or run.
+Evidence is keyed on what was tested, never on how it is described: a record is current
+while its patch ids (``git patch-id --stable``), wheels and patched trees are today's; a
+claim is judged against its own stack's record, or another stack's that ran this very
+build (a copy builds byte-identical wheels).  Nothing is built or run here.
 """
 
 from __future__ import annotations
@@ -190,10 +174,11 @@ def _patch_problems(project: str, rec: Record, today: ResolvedStack) -> list[str
     """Which patch's change differs between the record and today's series."""
     tested = rec.tested.patches_of(project)
     now = today.series[project].patches
-    if [p.patch_id for p in tested] == list(today.ids[project]):
+    ids = [p.patch_id for p in now]
+    if [p.patch_id for p in tested] == ids:
         return []
     before = {p.patch_id for p in tested}
-    after = set(today.ids[project])
+    after = set(ids)
     changed = [display_name(p.name) for p in now if p.patch_id not in before]
     gone = [display_name(p.patch) for p in tested if p.patch_id not in after]
     if not changed and not gone:

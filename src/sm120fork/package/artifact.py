@@ -1,10 +1,8 @@
 """The artifact check: every patch's effect must reach the wheel we ship.
 
-For each ``Fingerprint: <path>: <text>`` of each patch: the text is present in the file
-that ships in the built wheel (the member whose path ends with the path relative to the
-package root) and absent from the same file in unpatched upstream (both tested by
-:mod:`sm120fork.patch.upstream_match`, the one "already upstream" definition).  A patch
-that applies to the source but never reaches the wheel fails the build.
+Each ``Fingerprint`` text is present in the shipped wheel's file and absent from unpatched
+upstream (:mod:`sm120fork.patch.upstream_match`); a patch that never reaches the wheel
+fails the build.
 """
 
 from __future__ import annotations

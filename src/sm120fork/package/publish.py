@@ -1,11 +1,6 @@
-"""The release step: a stack's checked wheels, ``constraints.txt``, ``manifest.json``
-and whatever else the build made for that folder (the plugin's ``plugin/``), in one swap.
-
-Each stack has its own folder, ``wheels/<stack>/``: publishing one stack never touches
-another's.  Everything the folder will hold is staged beside its final place and swapped
-in as a whole (:func:`sm120fork.util.files.staged_dir`), only after every project built
-and passed, so a reader never sees files of two builds mixed, and a second build with
-nothing changed finds the folder as it would write it and leaves it alone.
+"""The release step: a stack's checked wheels, ``constraints.txt``, ``manifest.json`` and
+the plugin's ``plugin/`` staged and swapped into ``wheels/<stack>/`` at once, only after
+every project built and passed, so a reader never sees two builds mixed.
 """
 
 from __future__ import annotations

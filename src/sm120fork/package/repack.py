@@ -1,16 +1,9 @@
 """Patched wheels from published ones: the ``wheel`` source kind's build step.
 
-The series was applied exactly to the fork tree made from the first declared wheel
-(:mod:`sm120fork.fetch.wheel`).  Each declared wheel is then unpacked with ``wheel
-unpack``, the files the series changed are replaced by the fork tree's, and ``wheel pack
---local-version`` repacks it: the ``.dist-info`` renamed to the local version, METADATA's
-Version updated, RECORD regenerated with the new hashes, WHEEL (and so its tags) kept.
-Every other file keeps its bytes.
-
-A series may change only files the wheel ships, and no compiled file, or add a Python
-module inside the package (a fork-only module, e.g. G7's policy reader); every wheel must
-ship the same bytes as the first in each file the series changes (the patch was applied
-to exactly those bytes).
+Each declared wheel is unpacked (``wheel unpack``), the files the series changed are
+replaced by the fork tree's, and ``wheel pack`` repacks it under the local version; every
+other file keeps its bytes.  A series may change only non-compiled files the wheel ships
+(or add a module to the package), and each wheel must ship the first one's bytes there.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The pip lines that install a stack's build, one per route, from where the wheels are:
-the stack's folder (what ``build`` prints and writes atop ``constraints.txt``) or the
-package index of our wheels (``index``'s landing page).  One place says what each route
-installs; only the form of "where" differs.
-
-From the index every line pins each distribution's exact version: a bare public version
-of sglang or flashinfer-python there would let pip take the public release for ours.
+"""The pip lines that install a stack's build, one per route: from the stack's folder or
+from the index of our wheels.  From the index each line pins the exact version: a bare
+public version there would let pip take the public release for ours.
 """
 
 from __future__ import annotations

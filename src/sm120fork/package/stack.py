@@ -1,10 +1,7 @@
 """``build``: pinned upstream -> patched tree -> wheel -> artifact check -> wheels/<stack>/.
 
-Work is cached per project under ``.forks/builds/<stack>/<project>/<key>``, the key
-hashing the pin, the source digest and the series digest: a second build with nothing
-changed touches no git tree, and changing one project's series rebuilds only that one.
-``wheels/<stack>/`` is replaced as a whole (:mod:`sm120fork.package.publish`) only after
-every project built and passed.
+Work is cached per project under ``.forks/builds/<stack>/<project>/<key>`` (the pin, the
+source and the series hashed): a build with nothing changed touches no git tree.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Build a wheel from a patched fork tree with pypa/build.
-
-The fork tree itself is never built in: ``git archive`` exports HEAD into a scratch
-directory, the local version label is stamped there, and ``python -m build --wheel``
-runs on the package root.  So a build killed halfway leaves nothing behind.
-"""
+"""Build a wheel from a patched fork tree with pypa/build, on a ``git archive`` export of
+its HEAD (the version stamped there), so a build killed halfway leaves nothing behind."""
 
 from __future__ import annotations
 
