@@ -106,7 +106,10 @@ class ManifestEntry:
         return next((p for p in self.patches if p.name == name), None)
 
     def to_json(self) -> dict[str, object]:
-        data: dict[str, object] = {
+        tree = {} if self.patched_commit is None else {
+            "patched_commit": self.patched_commit, "tree": self.tree}
+        changed = {} if self.changed_files is None else {"changed_files": list(self.changed_files)}
+        return {
             "project": self.project,
             "distribution": self.distribution,
             "upstream_version": self.upstream_version,
@@ -120,20 +123,14 @@ class ManifestEntry:
             "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject,
                          "applied_upstream": p.applied_upstream} for p in self.patches],
             "used_as_published": self.used_as_published,
-        }
-        if self.patched_commit is not None:
-            data["patched_commit"] = self.patched_commit
-            data["tree"] = self.tree
-        if self.changed_files is not None:
-            data["changed_files"] = list(self.changed_files)
-        data.update({
+            **tree,
+            **changed,
             "wheel": self.wheel,
             "sha256": self.sha256,
             "artifact_check": [r.to_json() for r in self.artifact_check],
             **({"check": self.check} if self.check else {}),
             "toolkit_version": self.toolkit_version,
-        })
-        return data
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
