@@ -15,7 +15,7 @@ from typing import Any
 import tomlkit
 from packaging.version import Version
 
-from sm120fork.declare import Project, Stack, WheelPin, parse_stack
+from sm120fork.declare import Project, Stack, WheelPin, load_stack, parse_stack
 from sm120fork.errors import ConfigError, MaintenanceError
 from sm120fork.fetch.index import project_page
 from sm120fork.fetch.kinds import source_kind
@@ -105,7 +105,7 @@ def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> S
         shutil.copytree(ws.series_dir(p), series_root / p.key)
         note_written(ws, (f for f in (series_root / p.key).rglob("*") if f.is_file()))
     target.write_text(tomlkit.dumps(doc), encoding="utf-8")
-    return ws.stack(name, strict=False)
+    return load_stack(target, strict=False)
 
 
 def check_declaration(path: Path, text: str, *, fix: str, pins: bool = True) -> Stack:
