@@ -14,7 +14,7 @@ from sm120fork.declare import Project
 from sm120fork.errors import ArtifactCheckError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.manifest import FingerprintResult
-from sm120fork.patch.series import Fingerprint, Series
+from sm120fork.patch.series import Series
 from sm120fork.patch.upstream_match import fingerprint_in, fingerprints_at
 from sm120fork.util.git import Git
 
@@ -30,23 +30,18 @@ def wheel_members(zf: zipfile.ZipFile, project: Project, path: str) -> list[str]
     return [n for n in names if n.endswith("/" + rel)]
 
 
-def check_fingerprint(zf: zipfile.ZipFile, project: Project, patch: str, fp: Fingerprint,
-                      in_upstream: bool) -> FingerprintResult:
-    members = wheel_members(zf, project, fp.path)
-    in_wheel = bool(members) and all(
-        fingerprint_in(fp, zf.read(m).decode("utf-8", errors="replace")) for m in members)
-    return FingerprintResult(patch=patch, path=fp.path, text=fp.text,
-                             member=", ".join(members) or "(not in wheel)",
-                             in_wheel=in_wheel, in_upstream=in_upstream)
-
-
 def check_wheel(wheel: Path, project: Project, series: Series, repo: Git,
                 base: str = UPSTREAM_TAG) -> list[FingerprintResult]:
     results: list[FingerprintResult] = []
     with zipfile.ZipFile(wheel) as zf:
         for patch in series.patches:
             for fp, in_upstream in fingerprints_at(repo, patch, base):
-                results.append(check_fingerprint(zf, project, patch.name, fp, in_upstream))
+                members = wheel_members(zf, project, fp.path)
+                in_wheel = bool(members) and all(fingerprint_in(
+                    fp, zf.read(m).decode("utf-8", errors="replace")) for m in members)
+                results.append(FingerprintResult(
+                    patch=patch.name, path=fp.path, text=fp.text, in_wheel=in_wheel,
+                    member=", ".join(members) or "(not in wheel)", in_upstream=in_upstream))
     return results
 
 

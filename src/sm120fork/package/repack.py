@@ -39,11 +39,11 @@ def check_series_for_wheel(project: Project, series: Series, wheel: Path, *,
     changed: dict[str, str] = {}
     for patch in series.patches:
         where = f"stack {stack}, project {project.key}, patch {patch.name}"
-        if "GIT binary patch" in patch.path.read_text(encoding="utf-8", errors="replace"):
+        text = patch.path.read_text(encoding="utf-8", errors="replace")
+        if "GIT binary patch" in text:
             raise PatchError("it carries a binary patch", where=where,
                              fix="a wheel source takes only text changes")
-        added = set(_NEW_FILE.findall(patch.path.read_text(encoding="utf-8",
-                                                        errors="replace")))
+        added = set(_NEW_FILE.findall(text))
         for path in patch.files:
             member = project.package_path(path)
             if path in added and path.endswith(".py") and member is not None \
