@@ -248,8 +248,7 @@ class _File:
     projects: Mapping[str, _ProjectTable]
 
 
-def _bad(file: Path, key: str, what: str, fix: str | None = None) -> ConfigError:
-    return typed.MalformedError(file, key, what, fix)
+_bad = typed.MalformedError
 
 
 def _match(file: Path, key: str, value: str, pattern: re.Pattern[str], what: str) -> None:

@@ -94,9 +94,8 @@ def _commit_entry(staging: Path, entry_dir: Path, entries: list[ManifestEntry]) 
     os.replace(staging, entry_dir)
 
 
-def build_project(ws: Workspace, stack: Stack, project: Project, *,
-                  series: Series, force: bool = False, rebuild: bool = False,
-                  progress: Progress | None = None, inputs: list[Path] | None = None,
+def build_project(ws: Workspace, stack: Stack, item: Planned, *, force: bool = False,
+                  rebuild: bool = False, inputs: list[Path] | None = None,
                   stage: Stage = no_stage, unchecked: bool = False) -> list[ProjectBuild]:
     """The project's checked wheels, whatever its source kind (:mod:`.kinds`): from the
     build cache when the pin, source and series are unchanged, else built now.
@@ -105,9 +104,7 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *,
     publish without checking the patched tree (a cached build made so is reused only then).
     """
     start = time.monotonic()
-    kind = kind_for(project, series)
-    key = cache_key(project, series, kind.cache_kind)
-    entry_dir = ws.build_cache(stack, project) / key
+    project, series, kind, entry_dir = item.project, item.series, item.kind, item.entry_dir
     entries = None if rebuild else _load_entries(entry_dir)
     if entries and not unchecked and any(kind.has_tree and (
             not e.check or e.check.startswith(UNCHECKED))
@@ -132,10 +129,11 @@ def build_project(ws: Workspace, stack: Stack, project: Project, *,
                         keep_local_work_hint(work, why, stack, project))
     else:
         job = Job(ws=ws, stack=stack, project=project, series=series, force=force,
-                  progress=progress, stage=stage, unchecked=unchecked)
+                  stage=stage, unchecked=unchecked)
         if inputs is None:
             inputs = kind.download(job)
-        staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(key), dir=ws.state_dir))
+        staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(entry_dir.name),
+                                        dir=ws.state_dir))
         try:
             entries = kind.make(job, inputs, staging)
             _commit_entry(staging, entry_dir, entries)
@@ -290,8 +288,7 @@ def build(fetched: Fetched, options: Options) -> Built:
     plan = fetched.plan
     ws, stack = plan.resolved.ws, plan.resolved.stack
     with ThreadPoolExecutor(max_workers=max(1, min(len(plan.projects), options.jobs))) as pool:
-        futures = [pool.submit(build_project, ws, stack, item.project,
-                               series=item.series, force=options.force,
+        futures = [pool.submit(build_project, ws, stack, item, force=options.force,
                                rebuild=options.rebuild, inputs=fetched.inputs[item.project.key],
                                stage=options.stage, unchecked=options.unchecked)
                    for item in plan.projects]
