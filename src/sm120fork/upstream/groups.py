@@ -277,8 +277,8 @@ def write_gpu_tests(ws: Workspace, stack_name: str, dest: Path,
     """The GPU tests of the stack's PRs (``names``, default all) as the offline kit carries
     them: ``dest/<pr>/`` with the files its tests add and ``pr.json`` (the patches a run
     tests: the PR's, then the rest of the stack's build).  Returns the PRs written."""
-    stack = ws.stack(stack_name)
-    today = ResolvedStack.of(ws, stack)
+    today = ResolvedStack.named(ws, stack_name)
+    stack = today.stack
     written: list[str] = []
     for project in stack.projects:
         plan = plan_of(today, project)
@@ -431,8 +431,8 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
             ) -> Prepared:
     """Make PR ``name``: its branch, its tests' runs and its package, refused if it leaks
     or (unless ``even_if_failing``) if a test of it failed or did not run."""
-    stack = ws.stack(stack_name)
-    today = ResolvedStack.of(ws, stack)
+    today = ResolvedStack.named(ws, stack_name)
+    stack = today.stack
     project = stack.project(project_key) if project_key else find_project(today, name)
     pr = plan_of(today, project).pr(name)
     where = f"{stack.name}/{project.key}"
@@ -558,7 +558,7 @@ def pr_requirements(ws: Workspace, project: Project, pr: PlannedPR) -> list[str]
 
 def requirements(ws: Workspace, stack_name: str, project_key: str | None, name: str
                  ) -> list[str]:
-    today = ResolvedStack.of(ws, ws.stack(stack_name))
+    today = ResolvedStack.named(ws, stack_name)
     project = (today.stack.project(project_key) if project_key
                else find_project(today, name))
     return pr_requirements(ws, project, plan_of(today, project).pr(name))
