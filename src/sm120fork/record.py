@@ -180,9 +180,6 @@ class Record:
             else self.command
 
 
-# --------------------------------------------------------------------------- the rules
-
-
 def tally(cases: Iterable[Case]) -> dict[str, int]:
     counts = dict.fromkeys(OUTCOMES, 0)
     for case in cases:
@@ -299,9 +296,6 @@ def _strings(value: object, key: str) -> Iterable[tuple[str, str]]:
             yield from _strings(v, f"{key}[{i}]")
 
 
-# --------------------------------------------------------------------------- JSON
-
-
 def to_json(record: Record) -> dict[str, object]:
     return {"format": FORMAT, **typed.dump(record)}
 
@@ -348,9 +342,6 @@ def read(path: Path, *, shown: str | None = None) -> Record:
     """The record in ``path`` (a record.json); errors name ``shown`` (default: ``path``)."""
     where = shown or str(path)
     return from_json(typed.json_file(path, where), where)
-
-
-# --------------------------------------------------------------------------- summary
 
 
 def _counted(record: Record) -> str:
@@ -409,9 +400,6 @@ def summary(record: Record) -> str:
     if record.notes:
         lines += ["", "Notes:", "", *(f"- {x}" for x in record.notes)]
     return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------- publishing
 
 
 def write(record: Record, reports: Path) -> Path:

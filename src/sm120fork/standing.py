@@ -259,9 +259,6 @@ def stack_evidence(today: ResolvedStack) -> list[Standing]:
     return found
 
 
-# --------------------------------------------------------------------------- claims
-
-
 def claim_record_path(claim_kind: str, check: str, stack: str) -> tuple[str, str]:
     """(record folder relative to the checkout, what of it the claim looks at) for a claim
     of a patch of ``stack``: ``gpu:<kind>[/<subject>][:<api>]`` names the stack's record
