@@ -35,8 +35,7 @@ SOURCE_KINDS: tuple[SourceKind, ...] = ("sdist", "git", "wheel")
 
 @dataclass(frozen=True, kw_only=True)
 class KindPins:
-    """What a source kind's declaration must pin: the data the loader checks per kind
-    (the kinds' behaviour is their registry, :mod:`sm120fork.fetch.kinds`)."""
+    """What a source kind's declaration must pin (its behaviour: :mod:`sm120fork.fetch.kinds`)."""
 
     #: The pin table the kind builds from: ``sdist``, ``git`` or ``wheels``.
     builds_from: str
@@ -113,12 +112,9 @@ class WheelPin:
 
 @dataclass(frozen=True, kw_only=True)
 class VersionStamp:
-    """How the local version label gets into the built wheel.
-
-    ``file``: a file (relative to the package root) whose quoted upstream version is
-    replaced by the local one; ``env``: an environment variable read by the build
-    backend (setuptools-scm's ``SETUPTOOLS_SCM_PRETEND_VERSION_FOR_<NAME>``).
-    """
+    """How the local version label gets into the built wheel: a ``file`` (relative to the
+    package root) whose quoted version is replaced, or an ``env`` variable the build
+    backend reads (setuptools-scm's ``SETUPTOOLS_SCM_PRETEND_VERSION_FOR_<NAME>``)."""
 
     file: str = ""
     env: str = ""
