@@ -120,10 +120,8 @@ def remove_leftovers(out: Path) -> None:
 def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
             out: Path | None = None, *, extra: Files | None = None) -> Path:
     """Replace ``wheels/<stack>/`` (or ``out``) by these wheels, constraints, manifest and
-    ``extra`` files (relative path -> source file or text), staged together, swapped once.
-
-    Call with the workspace lock held: staging folders of killed runs are removed here.
-    """
+    ``extra`` files, staged together and swapped once.  Call with the workspace lock held:
+    staging folders of killed runs are removed here."""
     out = out or ws.stack_wheels(stack.name)
     try:
         return _publish(ws, stack, builds, out, extra)

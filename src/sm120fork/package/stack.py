@@ -147,12 +147,8 @@ def build_project(ws: Workspace, stack: Stack, item: Planned, *, force: bool = F
 
 
 def check_requirements(stack: Stack, builds: list[ProjectBuild]) -> None:
-    """Each wheel's requirements on the stack's projects: declared, and met by our builds.
-
-    The declaration's ``upstream_requires`` must be exactly what the wheel's METADATA
-    requires of the stack's projects (and their companions), and every such requirement
-    must accept the version we ship, extras included.
-    """
+    """Each wheel's requirements on the stack's projects are exactly its declared
+    ``upstream_requires`` and accept the version we ship, extras included."""
     ours: dict[str, ProjectBuild] = {}
     for b in builds:
         ours.setdefault(canonicalize_name(b.distribution), b)
@@ -328,11 +324,8 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
                 lock_timeout: float = -1, out: Path | None = None,
                 jobs: int = os.cpu_count() or 1, stage: Stage = no_stage,
                 unchecked: bool = False) -> list[ProjectBuild]:
-    """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or out).
-
-    The stages run in order, each taking the previous one's typed result: load (the
-    plan) -> fetch -> build (patch, build, check each wheel) -> check -> stage and publish.
-    """
+    """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or
+    out).  Each stage takes the previous one's typed result."""
     options = Options(force=force, rebuild=rebuild, progress=progress, out=out, jobs=jobs,
                       stage=stage, unchecked=unchecked)
     if not only:
