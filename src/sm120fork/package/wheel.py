@@ -58,23 +58,20 @@ def stamp_version(project: Project, package_dir: Path) -> dict[str, str]:
     return {}
 
 
-def series_record_text(changed_files: Sequence[str]) -> str:
-    """The ``series_record`` module: the files the series changes, sorted, as Python."""
-    lines = "".join(f"    {json.dumps(path)},\n" for path in sorted(set(changed_files)))
-    return ('"""The files this build\'s patch series changes, upstream repository paths '
-            '(written by sm120fork\'s build)."""\n\nCHANGED_FILES = (\n' + lines + ")\n")
-
-
 def write_series_record(project: Project, package_dir: Path,
                         changed_files: Sequence[str]) -> None:
-    """Write the files the series changes where the patched code reads them, if declared."""
+    """Write the files the series changes, sorted, as the Python module the patched code
+    reads (the project's ``series_record``), if declared."""
     if not project.series_record:
         return
     target = package_dir / project.series_record
     if not target.parent.is_dir():
         raise BuildError(f"series_record {project.series_record}: its folder does not exist",
                          where=f"project {project.key}", fix="fix series_record")
-    target.write_text(series_record_text(changed_files), encoding="utf-8")
+    lines = "".join(f"    {json.dumps(path)},\n" for path in sorted(set(changed_files)))
+    target.write_text('"""The files this build\'s patch series changes, upstream repository paths '
+                      '(written by sm120fork\'s build)."""\n\nCHANGED_FILES = (\n' + lines
+                      + ")\n", encoding="utf-8")
 
 
 def build_wheel(project: Project, repo: Git, out_dir: Path,
