@@ -28,16 +28,6 @@ from sm120fork.util.proc import run
 log = logging.getLogger("sm120fork")
 
 
-def export_tree(repo: Git, dest: Path) -> None:
-    """Write HEAD's tree (no .git) into ``dest``.
-
-    The index equals HEAD here (the tree was checked clean), and ``checkout-index`` is
-    the cheapest way git has to write it elsewhere.
-    """
-    repo("read-tree", "HEAD", quiet=True)
-    repo("checkout-index", "--all", "--force", f"--prefix={dest}/")
-
-
 def stamp_version(project: Project, package_dir: Path) -> dict[str, str]:
     """Put the local version into the exported tree; return extra build environment."""
     stamp = project.version_stamp
@@ -84,7 +74,9 @@ def build_wheel(project: Project, repo: Git, out_dir: Path,
     with tempfile.TemporaryDirectory(
             prefix=scratch_prefix(f"build-{project.key}", hidden=False)) as tmp:
         src = Path(tmp) / "src"
-        export_tree(repo, src)
+        # HEAD's tree without .git: checkout-index is git's cheapest way to write it elsewhere
+        repo("read-tree", "HEAD", quiet=True)
+        repo("checkout-index", "--all", "--force", f"--prefix={src}/")
         root = project.package_root.strip("/")
         package_dir = src if root in ("", ".") else src / root
         env = stamp_version(project, package_dir)
