@@ -70,19 +70,16 @@ def claims(patch: Patch) -> tuple[Claim, ...]:
     return tuple(out)
 
 
-#: A record or claim: of the stack as it is, and (a claim) backed by a passing record;
-#: made before a change; never made; or made and not passed.
-STATES = ("current", "stale", "missing", "fail")
-
-
 @dataclass(frozen=True, kw_only=True)
 class Standing:
-    """One record or claim: its state (:data:`STATES`), why, and the command that
-    re-makes it with what that command needs beyond a CPU machine."""
+    """One record or claim: its state, why, and the command that re-makes it with what
+    that command needs beyond a CPU machine."""
 
     #: ``reports/<stack>/<kind>[/<subject>]`` for a record; ``<patch>: <claim>`` for a claim.
     name: str
     kind: str
+    #: current (of the stack as it is; a claim: backed by a passing record), stale (made
+    #: before a change), missing (never made) or fail (made and not passed).
     state: str
     reasons: tuple[str, ...] = ()
     command: str = ""

@@ -30,7 +30,6 @@ from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
-MANIFEST = manifest_file.FILE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +65,7 @@ def _texts(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path) -
                         wheels=tuple(b.entry for b in builds))
     return {
         CONSTRAINTS: f"# {stack.name}: {install_command(ws, out, builds)}\n" + constraints,
-        MANIFEST: json.dumps(manifest.to_json(), indent=2) + "\n",
+        manifest_file.FILE: json.dumps(manifest.to_json(), indent=2) + "\n",
     }
 
 
