@@ -413,11 +413,6 @@ def write(record: Record, reports: Path) -> Path:
     return folder
 
 
-def find(directory: Path) -> list[Path]:
-    """Every record.json under ``directory``, in a stable order."""
-    return sorted(directory.rglob(RECORD_FILE))
-
-
 def import_records(source: Path, reports: Path) -> list[Path]:
     """Validate every record under ``source`` and publish each into ``reports``.
 
@@ -426,7 +421,7 @@ def import_records(source: Path, reports: Path) -> list[Path]:
     if not source.is_dir():
         raise ConfigError("is not a folder", where=str(source),
                           fix="name the folder the GPU run wrote its records into")
-    paths = find(source)
+    paths = sorted(source.rglob(RECORD_FILE))
     if not paths:
         raise ConfigError(f"holds no {RECORD_FILE}", where=str(source),
                           fix="name the folder the GPU run wrote its records into")
@@ -445,7 +440,7 @@ def published(reports: Path) -> list[tuple[Path, Record]]:
     """(path relative to ``reports``, record) of every record under ``reports``, each read
     strictly (a broken one is an error naming it)."""
     out = []
-    for path in find(reports):
+    for path in sorted(reports.rglob(RECORD_FILE)):
         shown = path.relative_to(reports.parent).as_posix()
         rec = read(path, shown=shown)
         expected = reports / rec.folder / RECORD_FILE
