@@ -304,11 +304,6 @@ def dumps(record: Record) -> str:
     return json.dumps(to_json(record), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
 
 
-def tested_to_json(tested: Tested) -> Any:
-    """``tested`` as the record's ``tested`` block and ``tested.json`` hold it."""
-    return typed.dump(tested)
-
-
 def read_tested(path: Path) -> Tested:
     """``tested.json`` (what a build tested: its trees and each patch's id, written beside
     the build's wheels by the kit), refused naming the file and the dotted key."""

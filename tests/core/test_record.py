@@ -14,6 +14,7 @@ from sm120fork.cli.main import main
 from sm120fork.errors import ConfigError
 from sm120fork.manifest import Manifest
 from sm120fork.record import Case, Machine, Tested, TestedPatch, TestedWheel
+from sm120fork.util import typed
 
 SHA = "a" * 64
 PATCH_ID = "b" * 40
@@ -163,7 +164,7 @@ def test_a_patch_listed_once_per_wheel_is_read_as_one_tested_patch(tmp_path: Pat
 
     manifest = Manifest.from_json({"stack": "s", "toolkit_version": "0", "wheels": [
         entry("p", patches=[{"name": n, "sha256": "0" * 64, "subject": n} for n in "ab"])]})
-    rows = record.tested_to_json(resolved.tested_of(manifest, {"p": [("a", "1" * 40),
+    rows = typed.dump(resolved.tested_of(manifest, {"p": [("a", "1" * 40),
                                                              ("b", "2" * 40)]}))["patches"]
     assert [r["patch"] for r in rows] == ["a", "b"]
     path = tmp_path / "tested.json"

@@ -16,6 +16,7 @@ from sm120fork.gpu.core.documents import AbDoc, CaseResult, parse_ab
 from sm120fork.gpu.core.preflight import COMMAND_ENV
 from sm120fork.gpu.layer import run as layer_run
 from sm120fork.manifest import Manifest
+from sm120fork.util import typed
 
 PATCHED = "flashinfer_python-0.6.7.post3+sm120.1-py3-none-any.whl"
 UPSTREAM = "flashinfer_python-0.6.7.post3-py3-none-any.whl"
@@ -125,7 +126,7 @@ def test_tested_of_a_build_names_the_patches_it_applied_with_their_ids() -> None
               patches=_patches("0001-a.patch", "0002-b.patch")),
         entry("sglang", used_as_published=True))
     ids = {"flashinfer": [("0001-a.patch", "1" * 40), ("0002-b.patch", "2" * 40)]}
-    assert record.tested_to_json(resolved.tested_of(manifest, ids)) == {
+    assert typed.dump(resolved.tested_of(manifest, ids)) == {
         "wheels": [],
         "trees": [{"project": "flashinfer", "tree": "c" * 40}],
         "patches": [{"project": "flashinfer", "patch": "0001-a.patch", "patch_id": "1" * 40},
@@ -224,7 +225,7 @@ def test_a_tested_json_that_is_not_one_is_refused_naming_the_file_and_key(
     folder = tmp_path / "stack"
     folder.mkdir()
     assert records.tested_beside(folder) is None  # none there: a run of no stack's build
-    good = record.tested_to_json(TESTED)
+    good = typed.dump(TESTED)
     (folder / records.TESTED_FILE).write_text(json.dumps(good))
     assert records.tested_beside(folder) == TESTED
     bad = {**good, "patches": [{"project": "flashinfer", "patch": "0002-F1.patch"}]}

@@ -13,6 +13,7 @@ from sm120fork import record
 from sm120fork.errors import UsageError
 from sm120fork.gpu import policy
 from sm120fork.tune.run import Box, Tuned, TuneOptions, WorldBench, tune
+from sm120fork.util import typed
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "reports" / "doctor" / "scenarios"
@@ -277,7 +278,7 @@ def test_the_verb_benches_a_given_wheel_and_records_the_command_it_was_given(
     built = record.Tested(patches=(record.TestedPatch(project="flashinfer", patch="0001-F1.patch",
                                                       patch_id="a" * 40),),
                           trees=(record.TestedTree(project="flashinfer", tree="b" * 40),))
-    (tmp / "tested.json").write_text(json.dumps(record.tested_to_json(built)))
+    (tmp / "tested.json").write_text(json.dumps(typed.dump(built)))
     rc = main(["tune", "--stack", "sglang-0.5.23", "--wheel-dir", f"patched={tmp / 'fi.whl'}",
                "--prebuilt", f"patched={tmp / 'pre'}", "--work-dir", str(tmp / "w"),
                "--reports", str(tmp / "r"), "--yes"])

@@ -32,9 +32,8 @@ from sm120fork.gpu.core.records import TESTED_FILE
 from sm120fork.kit import boot
 from sm120fork.manifest import Manifest
 from sm120fork.package.wheel import wheel_requirements
-from sm120fork.record import tested_to_json
 from sm120fork.resolved import ResolvedStack
-from sm120fork.util import proc
+from sm120fork.util import proc, typed
 from sm120fork.util.files import scratch_prefix, sha256_file, staged_dir
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
@@ -441,7 +440,7 @@ def _copy_stack(inputs: _Inputs, new: Path) -> boot.KitJson:
         patched[project] = f"stack/{wheel.name}"
     shutil.copy2(inputs.stack.manifest_path, new / "stack" / "manifest.json")
     (new / "stack" / TESTED_FILE).write_text(
-        json.dumps(tested_to_json(inputs.stack.tested()), indent=1, sort_keys=True) + "\n",
+        json.dumps(typed.dump(inputs.stack.tested()), indent=1, sort_keys=True) + "\n",
         encoding="utf-8")
     ups = {}
     if inputs.upstream is not None:
