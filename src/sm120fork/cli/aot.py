@@ -18,17 +18,17 @@ def run_build(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.aot.pipeline import build_aot, default_out
     from sm120fork.aot.targets import parse_capabilities
 
+    stack = ws.stack(args.stack)
     if args.via_cibuildwheel:
         import os
 
         from sm120fork.aot import host
 
-        stack = ws.stack(args.stack)
         os.environ["SM120FORK_STACK"] = stack.name
         wheel = host.run(ws.root, ws.root / "aot", args.out or default_out(ws, stack))
         console.print(f"cibuildwheel steps on this host: built, repaired and tested {wheel}")
         return 0
-    result = build_aot(ws, ws.stack(args.stack),
+    result = build_aot(ws, stack,
                        capabilities=parse_capabilities(args.capabilities.split(",")),
                        wheels_dir=args.wheels_dir, out=args.out, jobs=args.jobs,
                        rebuild=args.rebuild, platform=args.platform)
