@@ -1,13 +1,6 @@
-"""Test-only variants of a patched project: its series plus test patches, never published.
-
-A test variant answers a question the shipped build cannot be asked on the hardware at
-hand, e.g. "what if the device reported cluster size 6?" (F5's cluster query,
-reports/flashinfer-0.7.4/gpu-scenario/f5-cluster/). Its patches live in
-``<series dir>-test/`` (an ordered ``series`` file, like the real one), are applied on top
-of the whole real series in a fork work tree of their own, and the wheel is built into
-``.forks/test-variants/<stack>/<name>/`` with the local label ``<label>.<name>`` so that it
-can never be mistaken for, or published as, the real build.
-"""
+"""Test-only variants of a patched project: its series plus the test patches of
+``<series dir>-test/`` (e.g. F5's forced cluster size), built in a fork tree of their own
+into ``.forks/test-variants/<stack>/<name>/`` as ``<label>.<name>``, never published."""
 
 from __future__ import annotations
 
