@@ -267,9 +267,8 @@ def claim_record_path(claim_kind: str, check: str, stack: str) -> tuple[str, str
 
 
 def judge_claim(project: str, patch: Patch, claim: Claim, today: ResolvedStack) -> Standing:
-    """A patch's claim: current only when the record of ``stack`` that backs it exists,
-    lists the patch's change as it is today and passed (a verify-sm120 record: the
-    patch's own case too)."""
+    """A patch's claim: current only when the stack's record that backs it exists, lists
+    the patch's change as it is today and passed (verify-sm120: the patch's own case too)."""
     ws, stack = today.ws, today.stack
     folder, _ = claim_record_path(claim.kind, claim.check, stack.name)
     name = f"{stack.project(project).series}/{display_name(patch.name)}: {claim.text}"
@@ -341,9 +340,7 @@ def unbacked_claims(today: ResolvedStack) -> list[Standing]:
 
 def to_remake(today: ResolvedStack) -> list[str]:
     """One line per command that makes a record the stack's claims need and no passing
-    one backs (:func:`unbacked_claims`): the command, what it needs, and each such claim
-    (``<patch>: <claim>``).  A copy of a stack (``bump --new-stack``) carries its patches'
-    claims to its own records, none made yet: every claim is listed."""
+    one backs (:func:`unbacked_claims`): the command, what it needs, and each such claim."""
     by: dict[str, list[str]] = {}
     for s in unbacked_claims(today):
         head, _, claim = s.name.partition(": ")
