@@ -133,11 +133,6 @@ def _verb_at(argv: Sequence[str]) -> int | None:
     return None
 
 
-def _verb_name(argv: Sequence[str]) -> str | None:
-    at = _verb_at(argv)
-    return None if at is None else argv[at]
-
-
 def _verb_argv(argv: Sequence[str]) -> list[str]:
     at = _verb_at(argv)
     return [] if at is None else list(argv[at + 1:])
@@ -145,13 +140,14 @@ def _verb_argv(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    name = _verb_name(argv)
+    at = _verb_at(argv)
+    name = None if at is None else argv[at]
     verb = VERBS.get(name) if name else None
     if verb is not None and verb.own_main and argv[0] == name:
         # Runs before rich is imported: the doctor runs where the toolkit's deps are not.
         return _handler(name)(argv[1:])
     state = _Run()
-    return boundary(lambda: _run(argv, state), name=name or "sm120fork",
+    return boundary(lambda: _run(argv, name, state), name=name or "sm120fork",
                     root=lambda: state.root, on_interrupt=end_children,
                     cleanup=lambda: _remove_scratch(state.root))
 
@@ -169,8 +165,8 @@ def _remove_scratch(root: Path | None) -> list[str]:
     return [str(p) for p in remove_own_scratch(parents)]
 
 
-def _run(argv: list[str], state: _Run) -> int:
-    parser = make_parser([n] if (n := _verb_name(argv)) else [])
+def _run(argv: list[str], name: str | None, state: _Run) -> int:
+    parser = make_parser([name] if name else [])
     args, extra = parser.parse_known_args(argv)
     verb = VERBS[args.command]
     if extra and not verb.own_main:
