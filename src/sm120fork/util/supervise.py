@@ -134,10 +134,6 @@ def ending_children() -> Iterator[None]:
             raise
 
 
-def _exit_text(name: str, code: int) -> str:
-    return f"{name} exited with code {code}" + (f" (signal {-code})" if code < 0 else "")
-
-
 @dataclasses.dataclass
 class _Watch:
     children: Sequence[Child]
@@ -218,7 +214,8 @@ class _Watch:
                                        or (idle is not None and now - self.last > idle)))):
             i, c = failed[0]
             self.outcome.failed = i
-            return _exit_text(self.names[i], c), "crash"
+            by_signal = f" (signal {-c})" if c < 0 else ""
+            return f"{self.names[i]} exited with code {c}{by_signal}", "crash"
         if all(c is not None for c in codes):
             self.outcome.ok = not failed
             return ("; ".join(f"process {i} exited with code {c}" for i, c in failed),
@@ -294,5 +291,5 @@ def run_group(children: Sequence[Child], *, timeouts: Timeouts,
     for end, p in zip(outcome.children, group.procs, strict=True):
         end.returncode = p.returncode
     outcome.returncodes = [p.returncode for p in group.procs]
-    outcome.tails = [f.tail[-TAIL_LINES:] for f in watch.followers]
+    outcome.tails = [f.tail for f in watch.followers]
     return outcome
