@@ -210,15 +210,6 @@ def _metadata(version: str, flashinfer: FlashInferBuild, requires: Sequence[str]
         "", ""])
 
 
-def _entry_points(lookup: Lookup) -> str:
-    return f"[{lookup.group}]\n{ENTRY_POINT_NAME} = {PACKAGE}:{lookup.function}\n"
-
-
-def _wheel_file(tag: Tag) -> str:
-    return "\n".join(["Wheel-Version: 1.0", f"Generator: {BUILDER}", "Root-Is-Purelib: false",
-                      f"Tag: {tag}", "", ""])
-
-
 def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence[Module],
                 cuda_version: str, platform: str, stack: str, toolkit_version: str,
                 toolchain: Mapping[str, Any], requires: Sequence[str] | None = None,
@@ -235,6 +226,8 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
     tag = Tag("py3", "none", platform)
     name = canonicalize_name(DISTRIBUTION).replace("-", "_")
     dist_info = f"{name}-{version}.dist-info"
+    entry_point = f"{ENTRY_POINT_NAME} = {PACKAGE}:{lookup.function}"
+    wheel_file = f"Wheel-Version: 1.0\nGenerator: {BUILDER}\nRoot-Is-Purelib: false\nTag: {tag}\n\n"
     manifest = {
         "distribution": DISTRIBUTION, "version": version, "built_by": BUILDER,
         "toolkit_version": toolkit_version, "stack": stack,
@@ -250,7 +243,7 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
     }
     if lookup is not PREBUILT:  # the default stack's wheel keeps its bytes
         manifest["lookup"] = {"name": lookup.name, "group": lookup.group,
-                              "entry_point": f"{ENTRY_POINT_NAME} = {PACKAGE}:{lookup.function}",
+                              "entry_point": entry_point,
                               "through": lookup.through}
     files: list[tuple[str, bytes, int]] = [
         (f"{PACKAGE}/__init__.py",
@@ -264,8 +257,9 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
                   (base + ".sources", f"{m.sources_digest}\n".encode(), 0o644)]
     files += [(f"{dist_info}/METADATA", _metadata(version, flashinfer, requires).encode(),
                0o644),
-              (f"{dist_info}/entry_points.txt", _entry_points(lookup).encode(), 0o644),
-              (f"{dist_info}/WHEEL", _wheel_file(tag).encode(), 0o644)]
+              (f"{dist_info}/entry_points.txt", f"[{lookup.group}]\n{entry_point}\n".encode(),
+               0o644),
+              (f"{dist_info}/WHEEL", wheel_file.encode(), 0o644)]
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{name}-{version}-{tag}.whl"
     with tempfile.TemporaryDirectory(prefix=scratch_prefix("aot-wheel"), dir=out_dir) as tmp:
