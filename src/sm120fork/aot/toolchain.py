@@ -38,14 +38,6 @@ class Toolchain:
                 "FLASHINFER_EXTRA_LDFLAGS": " ".join(flags)}
 
 
-def _cudart(cuda_home: Path) -> Path | None:
-    for lib in ("lib64", "lib"):
-        found = sorted((cuda_home / lib).glob("libcudart.so.[0-9]*"))
-        if found:
-            return found[0]
-    return None
-
-
 def prepare(link_dir: Path) -> Toolchain:
     """Locate the toolkit (the one nvcc locator, pip's ``nvidia-cuda-nvcc`` included) and
     fill ``link_dir`` with the stubs FlashInfer's link needs."""
@@ -56,7 +48,8 @@ def prepare(link_dir: Path) -> Toolchain:
     link_dir = link_dir.resolve()  # the link runs in the build's work folder
     has_cudart = any((home / lib / "libcudart.so").exists() for lib in ("lib64", "lib"))
     if not has_cudart:
-        versioned = _cudart(home)
+        versioned = next((p for lib in ("lib64", "lib")
+                          for p in sorted((home / lib).glob("libcudart.so.[0-9]*"))), None)
         if versioned is None:
             raise ConfigError("the CUDA toolkit has no libcudart.so", where=str(home),
                               fix="install nvidia-cuda-runtime of the same CUDA version")
