@@ -84,16 +84,6 @@ def _load_entries(entry_dir: Path) -> list[ManifestEntry] | None:
     return entries or None
 
 
-def _commit_entry(staging: Path, entry_dir: Path, entries: list[ManifestEntry]) -> None:
-    """Write the cache entry's record into ``staging``, then swap it in as ``entry_dir``."""
-    record = {"wheels": [e.to_json() for e in entries]}
-    atomic_write_text(staging / ENTRY, json.dumps(record, indent=2) + "\n")
-    if entry_dir.exists():
-        shutil.rmtree(entry_dir)
-    entry_dir.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(staging, entry_dir)
-
-
 def build_project(ws: Workspace, stack: Stack, item: Planned, *, force: bool = False,
                   rebuild: bool = False, inputs: list[Path] | None = None,
                   stage: Stage = no_stage, unchecked: bool = False) -> list[ProjectBuild]:
@@ -136,7 +126,12 @@ def build_project(ws: Workspace, stack: Stack, item: Planned, *, force: bool = F
                                         dir=ws.state_dir))
         try:
             entries = kind.make(job, inputs, staging)
-            _commit_entry(staging, entry_dir, entries)
+            record = {"wheels": [e.to_json() for e in entries]}
+            atomic_write_text(staging / ENTRY, json.dumps(record, indent=2) + "\n")
+            if entry_dir.exists():  # swapped in whole, the record inside
+                shutil.rmtree(entry_dir)
+            entry_dir.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging, entry_dir)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     seconds = time.monotonic() - start
