@@ -197,12 +197,8 @@ def verdict_of(finished: bool, cases: Sequence[Case]) -> str:
     erred, or when no tested case passed (an all-skipped run proves nothing)."""
     if not finished:
         return "unfinished"
-    judged = [c for c in cases if c.variant not in BASELINE_VARIANTS]
-    if any(c.outcome in ("fail", "error") for c in judged):
-        return "fail"
-    if not any(c.outcome == "pass" for c in judged):
-        return "fail"
-    return "pass"
+    judged = {c.outcome for c in cases if c.variant not in BASELINE_VARIANTS}
+    return "pass" if "pass" in judged and not judged & {"fail", "error"} else "fail"
 
 
 def make(**fields: Any) -> Record:
