@@ -10,7 +10,7 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Self
 
 from sm120fork import manifest as manifest_file
 from sm120fork import record
@@ -26,9 +26,6 @@ log = logging.getLogger("sm120fork")
 
 
 DEFAULT_WORK_DIR = Path(os.environ.get("SM120FORK_GPU_WORK", "/tmp/sm120fork-gpu"))
-
-
-_Opts = TypeVar("_Opts", bound="RunOptions")
 
 
 def parse_variant_specs(specs: Sequence[str]) -> dict[str, Path]:
@@ -73,7 +70,7 @@ class RunOptions:
     #: The record's ``tested`` block (``--stack``); else tested.json beside the wheel.
     tested: record.Tested | None = None
 
-    def with_stack(self: _Opts, *, baseline: bool) -> _Opts:
+    def with_stack(self, *, baseline: bool) -> Self:
         """``--stack``: the variants from the stack's build and pin (no --wheel-dir)."""
         if self.stack is None:
             return self
@@ -105,17 +102,6 @@ def _nvidia_smi() -> Environment:
         return {}
     rows = [line.split(", ") for line in out.strip().splitlines() if line]
     return {"driver": rows[0][1]} if rows and len(rows[0]) > 1 else {}
-
-
-def _manifest(where: Path | None) -> dict[str, object] | None:
-    """The toolkit manifest published beside the primary variant's wheel (if any)."""
-    path = None if where is None else records.beside(where, manifest_file.FILE)
-    if path is None or not path.is_file():
-        return None
-    try:  # read through the typed reader: the run records what it can check
-        return manifest_file.read(path).to_json()
-    except ConfigError as exc:
-        return {"error": str(exc)}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -175,9 +161,13 @@ def run_environment(compiled: dict[str, ModuleBuild], primary: str,
     env.update(_nvidia_smi())
     nvcc = locate_nvcc()
     env["nvcc"] = nvcc.version_text if nvcc else None
-    manifest = _manifest(wheel_dirs.get(primary))
-    if manifest is not None:
-        env["wheels_manifest"] = manifest
+    where = wheel_dirs.get(primary)  # the manifest published beside its wheel, if any
+    path = None if where is None else records.beside(where, manifest_file.FILE)
+    if path is not None and path.is_file():
+        try:
+            env["wheels_manifest"] = manifest_file.read(path).to_json()
+        except ConfigError as exc:
+            env["wheels_manifest"] = {"error": str(exc)}
     return env
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import json
@@ -122,7 +123,7 @@ def to_markdown(result: VerifyResult) -> str:
 
 def compact(document: dict[str, Any]) -> dict[str, Any]:
     """``document`` with counts and a few names instead of per-kernel lists."""
-    out: dict[str, Any] = json.loads(json.dumps(document))
+    out = copy.deepcopy(document)
     for verdict in out["verdicts"]:
         for key in ("missing", "empty", "pdl_lost"):
             names = verdict[key]
