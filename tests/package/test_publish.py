@@ -146,7 +146,10 @@ def test_an_unchanged_publish_rewrites_nothing(tmp_path: Path) -> None:
 
 
 def test_gpu_runs_record_the_manifest_beside_the_patched_wheel(tmp_path: Path) -> None:
-    from sm120fork.gpu.core.runs import _manifest
+    from sm120fork.gpu.core.runs import run_environment
+
+    def _manifest(where: Path) -> dict[str, object] | None:
+        return run_environment({}, "patched", {"patched": where}).get("wheels_manifest")
 
     ws = _workspace(tmp_path)
     patched = publish(ws, ws.stack("one"), [_build(tmp_path, "one", "1.0+a")])

@@ -29,6 +29,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from sm120fork import __version__
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.records import TESTED_FILE
+from sm120fork.gpu.core.stack_wheels import plugin_wheel, upstream_wheel
 from sm120fork.kit import boot
 from sm120fork.manifest import Manifest
 from sm120fork.package.wheel import wheel_requirements
@@ -305,19 +306,15 @@ def harness_requirements(harness: str, wheels: dict[str, Path]) -> list[Requirem
             if canonicalize_name(r.name) not in toolkit_free]
 
 
-def python_target() -> Target:
-    import platform
-
-    arch = platform.machine() or "x86_64"
-    return Target(python=f"{sys.version_info[0]}.{sys.version_info[1]}",
-                  platforms=manylinux(arch))
-
-
 def stack_requirements(root: Path | None, stack: str | None, harness: str) -> list[str]:
     """``harness_requirements`` of a built stack, for this Python."""
+    import platform
+
     resolved = ResolvedStack.named(Workspace.find(root), stack)
     name, folder = resolved.name, resolved.folder
-    wheels = stack_wheels(folder, resolved.build(), python_target())
+    here = Target(python=f"{sys.version_info[0]}.{sys.version_info[1]}",
+                  platforms=manylinux(platform.machine() or "x86_64"))
+    wheels = stack_wheels(folder, resolved.build(), here)
     if harness == "sglang_layer" and "sglang" not in wheels:
         raise ConfigError(f"stack {name} has no SGLang wheel for this Python",
                           where=str(folder), fix=command("build", "--stack", name))
@@ -338,16 +335,6 @@ def stock_sglang(ws: Workspace, manifest: Manifest, patched: Path) -> Path:
                           f"{'not the one the build used' if wheel.is_file() else 'missing'}",
                           where=str(ws.wheel_cache), fix=command("build", "--stack", stack))
     return wheel
-
-
-def plugin_wheel(folder: Path) -> Path | None:
-    """The stack's plugin wheel (``wheels/<stack>/plugin/``), if its build makes one."""
-    found = sorted((folder / "plugin").glob("*.whl"))
-    if len(found) > 1:
-        raise ConfigError(f"more than one plugin wheel: {[w.name for w in found]}",
-                          where=str(folder / "plugin"),
-                          fix=command("build", "--stack", folder.name))
-    return found[0] if found else None
 
 
 @contextlib.contextmanager
@@ -421,8 +408,6 @@ def _inputs(opts: KitOptions, stack: ResolvedStack, target: Target) -> _Inputs:
     fi_entry = manifest.first("flashinfer")  # there: stack_wheels refused a build without
     upstream = None
     if fi_entry is not None and not fi_entry.used_as_published:
-        from sm120fork.gpu.core.stack_wheels import upstream_wheel
-
         upstream = upstream_wheel(stack)
     plugin = plugin_wheel(stack.folder) if "sglang_layer" in opts.harnesses else None
     stock = (stock_sglang(stack.ws, manifest, wheels["sglang"]) if plugin is not None

@@ -166,18 +166,25 @@ def plugin_trees(stock_wheel: Path, plugin_wheel: Path, work_dir: Path,
     return trees[0], trees[1], rows
 
 
+def plugin_wheel(folder: Path) -> Path | None:
+    """The stack's plugin wheel (``wheels/<stack>/plugin/``), if its build makes one."""
+    found = sorted((folder / "plugin").glob("*.whl"))
+    if len(found) > 1:
+        raise ConfigError(f"more than one plugin wheel: {[w.name for w in found]}",
+                          where=str(folder / "plugin"),
+                          fix=command("build", "--stack", folder.name))
+    return found[0] if found else None
+
+
 def plugin_route_wheels(folder: Path, plugin: Path | None = None,
                         stock: Path | None = None) -> tuple[Path, Path]:
     """The plugin route's wheels: ``folder``'s ``plugin/`` wheel, and stock SGLang as the
     kit beside it names it; given ones win."""
+    plugin = plugin or plugin_wheel(folder)
     if plugin is None:
-        found = sorted((folder / "plugin").glob("*.whl"))
-        if len(found) != 1:
-            raise ConfigError(f"expected one plugin wheel, found {len(found)}",
-                              where=str(folder / "plugin"),
-                              fix=f"build a stack with a plugin "
-                              f"({command('build', '--stack', 'NAME')}), or pass --plugin-wheel")
-        plugin = found[0]
+        raise ConfigError("expected one plugin wheel, found 0", where=str(folder / "plugin"),
+                          fix=f"build a stack with a plugin "
+                          f"({command('build', '--stack', 'NAME')}), or pass --plugin-wheel")
     if stock is None:
         kit_json = folder.parent / "kit.json"
         route = (json.loads(kit_json.read_text(encoding="utf-8")).get("plugin_route") or {}

@@ -16,13 +16,9 @@ from pathlib import Path
 from sm120fork.cuda.tools import Tools
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
+from sm120fork.util.files import sha256_file
 
 log = logging.getLogger("sm120fork")
-
-def _file_digest(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
 
 def make_dependencies(text: str) -> list[str]:
     joined = text.replace("\\\n", " ")
@@ -43,7 +39,7 @@ def cache_key(tree: Path, source: str, flags: Sequence[str], tools: Tools) -> st
     for dep in sorted(set(make_dependencies(deps))):
         path = Path(dep).resolve()
         shown = path.as_posix().replace(root, "<tree>")
-        digest.update(f"\0{shown}\0{_file_digest(path)}".encode())
+        digest.update(f"\0{shown}\0{sha256_file(path)}".encode())
     return digest.hexdigest()
 
 
