@@ -9,6 +9,8 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
+from .facts import Device
+
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
@@ -106,15 +108,6 @@ class VmmBuffer:
     fd: int
 
 
-@dataclass(frozen=True, kw_only=True)
-class Device:
-    index: int
-    name: str
-    capability: tuple[int, int]
-    multicast: bool | None      # None: the driver does not know the attribute
-    pci_bus_id: str | None = None
-
-
 class Driver:
     """``libcuda`` with the few calls the doctor needs; raises ``CudaError``."""
 
@@ -163,15 +156,15 @@ class Driver:
             multicast: bool | None = bool(
                 self.attribute(index, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED))
         except CudaError:
-            multicast = None
+            multicast = None   # the driver does not know the attribute
         bus = ctypes.create_string_buffer(32)
         try:
             self._check("cuDeviceGetPCIBusId",
                         self.lib.cuDeviceGetPCIBusId(bus, 32, self._device(index)))
         except CudaError:
             bus.value = b""
-        return Device(index=index, name=buf.value.decode(), capability=(major, minor),
-                      multicast=multicast, pci_bus_id=bus.value.decode() or None)
+        return {"index": index, "name": buf.value.decode(), "capability": f"{major}.{minor}",
+                "multicast": multicast, "pci_bus_id": bus.value.decode() or None}
 
     def can_access_peer(self, a: int, b: int) -> bool:
         value = ctypes.c_int()

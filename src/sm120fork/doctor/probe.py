@@ -24,7 +24,7 @@ from ..cuda.toolkit import locate_nvcc
 from ..errors import CommandError
 from ..gpu import policy as allreduce_policy
 from ..util import proc, wire
-from .cuda import CudaError, Device, Driver
+from .cuda import CudaError, Driver
 from .facts import SCHEMA, Decisions, Facts, FlashInfer, Gpus, Modules, Nvcc, Plugin, Torch
 from .ipc import LinkResult
 from .ipc import probe as ipc_probe
@@ -67,17 +67,15 @@ def query_gpus() -> Gpus:
     try:
         drv = Driver()
         version = drv.version()
-        devices: list[Device] = [drv.device(i) for i in range(drv.count())]
+        devices = [drv.device(i) for i in range(drv.count())]
         p2p = [[a == b or drv.can_access_peer(a, b) for b in range(len(devices))]
                for a in range(len(devices))]
     except CudaError as exc:
         return {"driver": None, "devices": [], "p2p": [], "error": str(exc)}
+    for d in devices:
+        d["numa_node"] = numa_node(d.get("pci_bus_id"))
     return {"driver": f"{version // 1000}.{version % 1000 // 10}", "error": None,
-            "devices": [{"index": d.index, "name": d.name,
-                         "capability": f"{d.capability[0]}.{d.capability[1]}",
-                         "multicast": d.multicast, "pci_bus_id": d.pci_bus_id,
-                         "numa_node": numa_node(d.pci_bus_id)} for d in devices],
-            "p2p": p2p}
+            "devices": devices, "p2p": p2p}
 
 
 def torch_facts() -> Torch | None:
