@@ -120,11 +120,6 @@ def twin_record(today: ResolvedStack, kind: str, subject: str | None
                  and rec.stack != today.stack.name and same_build(rec, today)), None)
 
 
-def _version_of(wheel_file: str) -> str:
-    parts = wheel_file.split("-")
-    return parts[1].split("+")[0] if len(parts) > 1 else ""
-
-
 def record_problems(rec: Record, today: ResolvedStack) -> list[str]:
     """Why ``rec`` is not of the stack as it is today (empty: it is current)."""
     stack = today.stack
@@ -149,7 +144,9 @@ def record_problems(rec: Record, today: ResolvedStack) -> list[str]:
         for w in rec.tested.wheels:
             if w.project != project or w.variant in BASELINE_VARIANTS:
                 continue
-            if _version_of(w.file) not in (pin.version, ""):
+            # the wheel file name's version, without its local label
+            version = w.file.partition("-")[2].partition("-")[0].partition("+")[0]
+            if version not in (pin.version, ""):
                 problems.append(f"it ran {w.file}, but {project} is pinned at {pin.version} "
                                 "now")
             elif today.wheels is not None and project in today.wheels:
@@ -217,13 +214,10 @@ def needs(kind: str, today: ResolvedStack) -> str:
     return KINDS[kind].needs if kind in KINDS else ""
 
 
-def _passed(rec: Record) -> str:
-    return "current" if rec.verdict == "pass" else "fail"
-
-
 def judge(rec: Record, today: ResolvedStack, name: str) -> Standing:
     problems = record_problems(rec, today)
-    return Standing(name=name, kind=rec.kind, state="stale" if problems else _passed(rec),
+    passed = "current" if rec.verdict == "pass" else "fail"
+    return Standing(name=name, kind=rec.kind, state="stale" if problems else passed,
                     reasons=tuple(problems), command=rec.remake, verdict=rec.verdict,
                     needs=needs(rec.kind, today))
 
