@@ -110,12 +110,6 @@ def _published_before(name: str, wanted: dict[str, Path | str]) -> bool:
     return name in wanted or (name.endswith(".whl") and folder in same_folder)
 
 
-def remove_leftovers(out: Path) -> None:
-    """Staging folders of runs that were killed before they could remove them."""
-    for leftover in remove_stale_scratch(out.parent):
-        log.info("removed %s, left by a killed run", leftover)
-
-
 def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
             out: Path | None = None, *, extra: Files | None = None) -> Path:
     """Replace ``wheels/<stack>/`` (or ``out``) by these wheels, constraints, manifest and
@@ -158,7 +152,8 @@ def check_writable(out: Path, stack: Stack) -> None:
 def _publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path,
              extra: Files | None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
-    remove_leftovers(out)
+    for leftover in remove_stale_scratch(out.parent):  # staging folders of killed runs
+        log.info("removed %s, left by a killed run", leftover)
     wanted = _wanted(builds, _texts(ws, stack, builds, out), extra or {})
     if _unchanged(out, wanted):
         return out
