@@ -152,10 +152,9 @@ def probe(capabilities: list[tuple[int, int]]) -> FlashInfer:
         facts["target_archs"] = sorted(f"{a}{b}" for a, b in context.TARGET_CUDA_ARCHS)
     except Exception as exc:
         facts["target_archs_error"] = _error(exc)
-    def archs() -> None:
-        facts["archs"] = _floors(capabilities)
-
-    steps: list[Callable[[], None]] = [lambda: _cuda(facts), archs, lambda: _comm(facts, env)]
+    steps: list[Callable[[], None]] = [lambda: _cuda(facts),
+                                       lambda: facts.update({"archs": _floors(capabilities)}),
+                                       lambda: _comm(facts, env)]
     for step in steps:
         try:
             step()
