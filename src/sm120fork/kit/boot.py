@@ -1,12 +1,6 @@
-"""The offline kit's entry on the GPU box: ``sh DIR/run VERB [ARGS]`` runs this file.
-
-Standard library only (the toolkit is not installed yet when it starts).  It makes a
-private venv under the kit (``DIR/.box/``, or ``$SM120FORK_KIT_HOME``) that also sees the
-packages of the Python running it (the box's CUDA torch, through a ``.pth`` file), installs
-the kit's wheels for VERB with ``pip --no-index``, and runs the harness there.  A kit in
-parts (``DIR.1`` ... ``DIR.N``) is first checked (every piece's sha256) and joined into
-``DIR``.  The nox GPU sessions use ``boot.py see-host PYTHON`` too.
-"""
+"""The offline kit's entry on the GPU box (``sh DIR/run VERB [ARGS]``): joins a kit in
+parts, installs VERB's wheels into a private venv that also sees the box's torch, runs the
+harness.  Standard library only: the toolkit is not installed yet when it starts."""
 
 from __future__ import annotations
 
@@ -282,10 +276,6 @@ def join(part: Path, index: PartsIndex) -> Path:
     return joined
 
 
-def _python_of(venv: Path) -> Path:
-    return venv / "bin" / "python"
-
-
 def _run(cmd: Sequence[str | os.PathLike[str]], **kw: object) -> int:
     print("+ " + shlex.join(os.fspath(c) for c in cmd), file=sys.stderr, flush=True)
     return subprocess.run([os.fspath(c) for c in cmd], check=False, **kw).returncode  # type: ignore[call-overload, no-any-return]
@@ -317,21 +307,23 @@ def prepare(kit: Path, data: KitJson, verb: str, home: Path,
     digest = hashlib.sha256(json.dumps([data["wheels"], reqs, sys.executable,
                                         [str(b) for b in beside]]).encode()).hexdigest()[:16]
     venv = home / ("venv-plugin-route" if plugin_route else "venv")
+    python = venv / "bin" / "python"
     marker = venv / f".installed-{verb}"
     if marker.is_file() and marker.read_text().strip() == digest:
-        return _python_of(venv)
-    if not _python_of(venv).exists() and _run(
+        return python
+    if not python.exists() and _run(
             [sys.executable, "-m", "venv", "--without-pip", venv]) != 0:
             raise KitError(f"could not make a virtual environment in {venv}")
     purelib = subprocess.run(
-        [_python_of(venv), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True).stdout.strip()
     see_host(sys.executable, purelib)
     # The host's pip, seen through the .pth, installs into the venv (no pip of its own).
     pip: list[str | os.PathLike[str]] = [
-        _python_of(venv), "-m", "pip", "install", "--no-index", "--find-links", kit / "wheels",
+        python, "-m", "pip", "install", "--no-index", "--find-links", kit / "wheels",
         "--disable-pip-version-check", "--no-warn-script-location", "-q"]
-    if _run([*pip, *reqs], env={**os.environ, "PIP_CONFIG_FILE": os.devnull}) != 0:
+    no_config = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    if _run([*pip, *reqs], env=no_config) != 0:
         cause = (f"{sys.executable} has no torch, which the kit leaves to the box (its CUDA "
                  f"build): run it with the Python that has it, PYTHON=/path/to/python sh "
                  f"{kit}/run {verb} ..." if importlib.util.find_spec("torch") is None else
@@ -339,12 +331,11 @@ def prepare(kit: Path, data: KitJson, verb: str, home: Path,
                  "that package's name in --include")
         raise KitError(f"installing the kit's wheels for {verb} failed (see pip's message "
                        f"above): {cause}")
-    if beside and _run([*pip, "--no-deps", *beside],
-                       env={**os.environ, "PIP_CONFIG_FILE": os.devnull}) != 0:
+    if beside and _run([*pip, "--no-deps", *beside], env=no_config) != 0:
         raise KitError("installing the plugin and the stack's FlashInfer failed (see pip's "
                        "message above)")
     marker.write_text(digest + "\n")
-    return _python_of(venv)
+    return python
 
 
 def _option(args: Sequence[str], name: str) -> str | None:

@@ -1,12 +1,7 @@
-"""One self-contained folder that runs the GPU harnesses on a box with no network.
-
-``nox -s gpu_kit -- --stack NAME --python 3.12 --out DIR`` stages ``stack/`` (the build's
-wheels, manifest.json, tested.json), ``upstream/`` (the A/B's baseline; with the plugin
-route, stock SGLang), ``wheels/`` (what the harnesses import that a CUDA-torch box may lack,
-resolved and downloaded by pip), ``prebuilt/``, ``upstream-tests/``, ``kit.json``,
-``boot.py`` and ``run``, then swaps it in at once (or cuts it into parts, :mod:`.parts`).
-torch, and what only torch needs, stays behind: the box's own is built for its driver.
-"""
+"""One self-contained folder that runs the GPU harnesses on a box with no network: the
+stack's and upstream's wheels, what the harnesses import (resolved and downloaded by pip),
+``kit.json``, ``boot.py`` and ``run``.  torch, and what only torch needs, stays behind: the
+box's own is built for its driver."""
 
 from __future__ import annotations
 
