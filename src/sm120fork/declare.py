@@ -333,24 +333,20 @@ def _project(file: Path, key: str, t: _ProjectTable) -> Project:
         raise _bad(file, f"{at}.version_stamp", "missing table")
     if stamp is not None and bool(stamp.file) == bool(stamp.env):
         raise _bad(file, f"{at}.version_stamp", "set exactly one of 'file' or 'env'")
+    requirements = []
+    for i, text in enumerate(t.upstream_requires):
+        try:
+            requirements.append(Requirement(text))
+        except InvalidRequirement as exc:
+            raise _bad(file, f"{at}.upstream_requires[{i}]",
+                       f"{text!r} is not a valid requirement: {exc}") from exc
     return Project(
         key=key, distribution=t.distribution, version=t.version, local_label=t.local_label,
         package_root=t.package_root, series=t.series, source=t.source,
         git=t.git, sdist=t.sdist, version_stamp=stamp or VersionStamp(), requires=t.requires,
-        wheels=t.wheels, upstream_requires=_requirements(file, f"{at}.upstream_requires", t),
+        wheels=t.wheels, upstream_requires=tuple(requirements),
         layout=t.layout, series_record=t.series_record,
     )
-
-
-def _requirements(file: Path, key: str, t: _ProjectTable) -> tuple[Requirement, ...]:
-    parsed = []
-    for i, text in enumerate(t.upstream_requires):
-        try:
-            parsed.append(Requirement(text))
-        except InvalidRequirement as exc:
-            raise _bad(file, f"{key}[{i}]", f"{text!r} is not a valid requirement: {exc}"
-                       ) from exc
-    return tuple(parsed)
 
 
 def _check_wheels(file: Path, key: str, t: _ProjectTable) -> None:
