@@ -188,22 +188,29 @@ def _fake_torch(torch: Any, capability: tuple[int, int] | None, cuda_version: st
     cuda.can_device_access_peer = lambda device, peer: True
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
+class Records(logging.Handler):
+    """The records of logger ``name`` at ``level`` and above, from now on."""
+
+    def __init__(self, name: str, level: int = logging.DEBUG) -> None:
+        super().__init__(level)
         self.lines: list[tuple[str, str]] = []
+        logging.getLogger(name).addHandler(self)
+        if level < logging.WARNING:
+            logging.getLogger(name).setLevel(level)
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append((record.levelname, record.getMessage()))
 
+    @property
+    def messages(self) -> tuple[str, ...]:
+        return tuple(message for _, message in self.lines)
+
 
 @contextlib.contextmanager
-def captured_logs(logger_name: str) -> Iterator[_Records]:
-    handler = _Records()
+def captured_logs(logger_name: str) -> Iterator[Records]:
     logger = logging.getLogger(logger_name)
     old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
+    handler = Records(logger_name)
     try:
         yield handler
     finally:

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import importlib
 import json
 import logging
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from sm120fork.harness import fake_gpu
+from sm120fork.harness.fake_gpu import _module
 from sm120fork.layouts import Layer
 from sm120fork.layouts import adapter as layout_adapter
 from sm120fork.util import typed, wire
@@ -31,7 +32,6 @@ READY, RESULT, RAISED = "READY", "RESULT", "RAISED"
 AGREEMENT_TIMEOUT = "_FUSED_CALL_AGREEMENT_TIMEOUT_S"
 EXCHANGE_TIMEOUT = "_HANDLE_EXCHANGE_TIMEOUT_S"
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
-PROBE_MODULE = "sm120fork.harness.fake_gpu"
 STUBBED_CAPABILITY = (12, 0)
 #: Compiled for another torch: import stubs on a GPU.
 GPU_STUBS = ("sgl_kernel",)
@@ -124,10 +124,6 @@ class Raised:
 
 #: "at": when the injected fused-call error was raised here (monotonic).
 _FUSED_CALL_RAISED: dict[str, float] = {}
-
-
-#: the modules of torch, SGLang and FlashInfer: imported late, as untyped as they are
-_module: Callable[[str], Any] = importlib.import_module
 
 
 class GlooTPGroup:
@@ -597,21 +593,9 @@ def _inject(layer: Layer, fault: str, *, fake: FakeFlashInferComm | None) -> Non
         raise ValueError(f"unknown fault {fault!r}")
 
 
-class _Lines(logging.Handler):
-    def __init__(self, logger: str, level: int) -> None:
-        super().__init__(level)
-        self.messages: list[str] = []
-        logging.getLogger(logger).addHandler(self)
-        if level < logging.WARNING:
-            logging.getLogger(logger).setLevel(level)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def _set_up_device(req: RankRequest) -> Any:
     if req.device == "cpu":
-        _module(PROBE_MODULE).fake_gpu(STUBBED_CAPABILITY)
+        fake_gpu.fake_gpu(STUBBED_CAPABILITY)
         torch = _module("torch")
         torch.cuda.current_device = lambda: req.rank  # one GPU per rank, as SGLang runs
         _register_cuda_ops_for_cpu_too()
@@ -619,7 +603,7 @@ def _set_up_device(req: RankRequest) -> Any:
     torch = _module("torch")
     torch.cuda.set_device(0)
     _module("flashinfer.comm")  # FlashInfer reads the real GPU before the stub exists
-    sys.meta_path.insert(0, _module(PROBE_MODULE)._StubFinder(GPU_STUBS))
+    sys.meta_path.insert(0, fake_gpu._StubFinder(GPU_STUBS))
     stub_capability_for_sglang(STUBBED_CAPABILITY)
     return torch
 
@@ -675,9 +659,9 @@ def run_rank(req: RankRequest) -> Observation:
     dist.init_process_group(
         "gloo", init_method=req.init_method, rank=req.rank, world_size=req.world_size,
         timeout=dt.timedelta(seconds=req.collective_timeout_s))
-    plugin: list[str] = []
+    plugin = None
     if req.load_plugins:  # as every SGLang process does, before its work
-        plugin = _Lines("sm120fork.plugin", logging.INFO).messages
+        plugin = fake_gpu.Records("sm120fork.plugin", logging.INFO)
         _module("sglang.srt.plugins").load_plugins()
     group = GlooTPGroup(req.rank, req.world_size)
     layer, fake = _set_up_layer(req, group, injected)
@@ -691,8 +675,8 @@ def run_rank(req: RankRequest) -> Observation:
     m = _make_norm(req, layer, torch)
     if pcie_ipc and m.cuda:  # before any step, as SGLang's runner does
         group.pcie_ipc_comm.prepare(hidden=m.hidden, max_rows=PCIE_IPC_ROWS)
-    warnings = _Lines(FUSION_MODULE, logging.WARNING)
-    pcie_log = _Lines(PCIE_IPC_MODULE, logging.INFO)  # what SGLang's pcie_ipc said
+    warnings = fake_gpu.Records(FUSION_MODULE, logging.WARNING)
+    pcie_log = fake_gpu.Records(PCIE_IPC_MODULE, logging.INFO)  # what SGLang's pcie_ipc said
     dist.barrier()
     wire.say(READY)
     steps = (fault_steps(layer, m, group, req.tokens) if spy is None else
@@ -701,8 +685,8 @@ def run_rank(req: RankRequest) -> Observation:
         rank=req.rank, layout=layer.layout, injected=injected,
         gate_after=bool(layer.gate(req.tokens[0])),
         unavailable=bool(layer.fusion.is_flashinfer_allreduce_unavailable()),
-        warnings=tuple(warnings.messages), plugin=tuple(plugin), steps=tuple(steps),
-        pcie_ipc_built=pcie_ipc, pcie_ipc_log=tuple(pcie_log.messages[-8:]),
+        warnings=warnings.messages, plugin=plugin.messages if plugin else (),
+        steps=tuple(steps), pcie_ipc_built=pcie_ipc, pcie_ipc_log=pcie_log.messages[-8:],
         fake_buffers_alive=_FakeBuffer.alive if fake is not None else None)
     dist.barrier()
     dist.destroy_process_group()
