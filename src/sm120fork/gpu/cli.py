@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sm120fork.entry import Parser, boundary
-from sm120fork.errors import ToolkitError, UsageError, VerifyError
+from sm120fork.errors import UsageError, VerifyError
 from sm120fork.gpu import methods, upstream_tests
 from sm120fork.gpu.ab import run as ab_run
 from sm120fork.gpu.bench import run as bench_run
@@ -215,23 +215,21 @@ def cmd_test(args: argparse.Namespace, argv: Sequence[str],
         ab_run.TestOptions, args, argv, apis=_optional(args.api),
         patterns=_optional(args.pattern), max_cases=args.max_cases, primary=args.primary,
         title=args.title))
-    print(f"wrote {', '.join(map(str, done.paths))} and {done.logs}")
-    print("\n".join(done.headline()))
-    return _finish(done.error())
+    return _finish(done, f"{', '.join(map(str, done.paths))} and {done.logs}")
 
 
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str],
               host: preflight.GpuHost | None) -> int:
     done = bench_run.run_bench(_options(bench_run.BenchOptions, args, argv,
                                         methods=_optional(args.method)))
-    print(f"wrote {', '.join(map(str, done.paths))}")
-    print("\n".join(done.headline()))
-    return _finish(done.error())
+    return _finish(done, ", ".join(map(str, done.paths)))
 
 
-def _finish(error: ToolkitError | None) -> int:
+def _finish(done: ab_run.TestRun | bench_run.BenchRun, wrote: str) -> int:
     """The run's own failure (cases failing, nothing run) goes to the one error boundary."""
-    if error is not None:
+    print(f"wrote {wrote}")
+    print("\n".join(done.headline()))
+    if (error := done.error()) is not None:
         raise error
     return 0
 
@@ -317,10 +315,9 @@ def ready(args: argparse.Namespace) -> preflight.GpuHost | None:
         raise UsageError("give one of --stack, --stack-dir, --sglang-path",
                          where="sglang-layer",
                          fix="e.g. --stack sglang-0.5.23 on a checkout with that build")
-    if args.gpu_command == "upstream-tests" and args.compile:
-        return preflight.require_gpu()
     if args.gpu_command in ("test", "bench") or (
-            args.gpu_command == "sglang-layer" and args.device == "cuda"):
+            args.gpu_command == "sglang-layer" and args.device == "cuda") or (
+            args.gpu_command == "upstream-tests" and args.compile):
         return preflight.require_gpu()
     return None
 

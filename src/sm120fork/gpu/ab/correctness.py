@@ -13,8 +13,8 @@ from sm120fork.gpu.ab.results import CaseResult, Check
 from sm120fork.gpu.core.cases import (
     CUSTOM_API,
     PATTERN_CODES,
+    TORCH_SYMM_SHARED_GPU,
     Case,
-    environment_reason,
     skip_reason,
 )
 from sm120fork.gpu.core.rank import (
@@ -211,9 +211,9 @@ def legacy_workspace_is_torch_symm() -> bool:
 def run_tests(rk: Rank, cases: list[Case]) -> None:
     for case in cases:
         say("START", case.key)
-        reason = skip_reason(case, rk.capability) or environment_reason(
-            case.api, shared=rk.shared,
-            legacy_workspace_torch_symm=legacy_workspace_is_torch_symm())
+        reason = skip_reason(case, rk.capability) or (
+            TORCH_SYMM_SHARED_GPU if case.api == "fusion_legacy" and rk.shared
+            and legacy_workspace_is_torch_symm() else None)
         if reason:
             say("RESULT", dataclasses.asdict(CaseResult(key=case.key, rank=rk.rank,
                                                         status="skip", reason=reason)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -152,16 +152,13 @@ def _run_matrix(opts: TestOptions, prepared: runs.Prepared, matrix: list[cases_m
     return results
 
 
-def _summary(results: dict[str, list[CaseResult]], primary: str, baseline: str | None
-             ) -> dict[str, int]:
+def _summary(doc: AbDoc) -> dict[str, int]:
     """How many cases are in each A/B class (``not run``: some variant never ran it)."""
-    rows: dict[str, dict[str, CaseResult]] = defaultdict(dict)
-    for variant, recs in results.items():
-        for r in recs:
-            rows[r.key][variant] = r
+    _, rows = report.ab_rows(doc)
     return dict(sorted(Counter(
-        "not run" if any(r.never_ran for r in row.values())
-        else report.classify({v: r.status for v, r in row.items()}, primary, baseline)
+        "not run" if any(r.get("not_run") or r.get("failure") == "build" for r in row.values())
+        else report.classify({v: r["status"] for v, r in row.items()}, doc["primary"],
+                             doc.get("baseline"))
         for row in rows.values()).items()))
 
 
@@ -218,7 +215,7 @@ def run_test(opts: TestOptions) -> TestRun:
                    tallies={name: Tally.of(recs) for name, recs in results.items()},
                    failed=[r.key for r in results[primary]
                            if r.status == "fail" and not r.never_ran],
-                   summary=_summary(results, primary, baseline),
+                   summary=_summary(doc),
                    module_seconds=prepared.module_seconds,
                    time_budget=opts.time_budget, allow_partial=opts.allow_partial)
 

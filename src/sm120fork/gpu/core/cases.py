@@ -101,14 +101,6 @@ TORCH_SYMM_SHARED_GPU = (
     "overlapping devices\")")
 
 
-def environment_reason(api: str, *, shared: bool, legacy_workspace_torch_symm: bool,
-                       ) -> str | None:
-    """Why ``api`` cannot run on these ranks at all (None: it can)."""
-    if api == "fusion_legacy" and shared and legacy_workspace_torch_symm:
-        return TORCH_SYMM_SHARED_GPU
-    return None
-
-
 def _fusion(world_sizes: Iterable[int], apis: Iterable[str], patterns: Iterable[str],
             tokens: Iterable[int], hidden: Iterable[int], dtypes: Iterable[str],
             strategies: Iterable[str], pdls: Iterable[bool]) -> list[Case]:

@@ -281,7 +281,6 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
     rank_env = rank_environment(dict(os.environ))
     rank_env["PYTHONPATH"] = os.pathsep.join(
         [str(sglang_path), *map(str, extra_path), str(source_root())])
-    rank_env["PYTHONUNBUFFERED"] = "1"
     with tempfile.TemporaryDirectory(prefix="sm120fork-sglang-layer-") as tmp:
         if doc is not None:  # every rank reads it where SGLang looks
             policy_path = Path(tmp) / "policy.json"
