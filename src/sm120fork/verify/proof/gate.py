@@ -80,7 +80,17 @@ def _map_data_links(text: str, tree: Path) -> str:
     return text
 
 
-def parse_gate_output(out: str, tree: Path, arch: str, entry: str, tools: Tools) -> GateResult:
+def run_gate(tree: Path, arch: str, tools: Tools) -> GateResult:
+    """Ask the tree's own JIT for the trtllm comm module, targeting ``arch`` only."""
+    tree = tree.resolve()
+    entry = arch_list_entry(arch)
+    with tempfile.TemporaryDirectory(prefix="sm120fork-proof-jit-") as workspace:
+        env = {"PYTHONPATH": str(tree), "FLASHINFER_CUDA_ARCH_LIST": entry,
+               "FLASHINFER_WORKSPACE_BASE": workspace, "PYTHONDONTWRITEBYTECODE": "1"}
+        log.info("+ FLASHINFER_CUDA_ARCH_LIST=%s PYTHONPATH=%s %s -c <gen_trtllm_comm_module "
+                 "probe>", entry, tree, tools.python)
+        out = proc.run([tools.python, "-c", _GATE_PROBE, tree, PROBE_MARK], env=env,
+                       cwd=Path(workspace), quiet=True).stdout
     payload = next((line.removeprefix(PROBE_MARK) for line in out.splitlines()
                     if line.startswith(PROBE_MARK)), None)
     if payload is None:
@@ -112,20 +122,6 @@ def parse_gate_output(out: str, tree: Path, arch: str, entry: str, tools: Tools)
                           where=str(tree))
     return GateResult(arch=arch, arch_list=entry, accepted=True, sources=tuple(sources),
                       nvcc_flags=tuple(result["nvcc_flags"]), compile_flags=flags)
-
-
-def run_gate(tree: Path, arch: str, tools: Tools) -> GateResult:
-    """Ask the tree's own JIT for the trtllm comm module, targeting ``arch`` only."""
-    tree = tree.resolve()
-    entry = arch_list_entry(arch)
-    with tempfile.TemporaryDirectory(prefix="sm120fork-proof-jit-") as workspace:
-        env = {"PYTHONPATH": str(tree), "FLASHINFER_CUDA_ARCH_LIST": entry,
-               "FLASHINFER_WORKSPACE_BASE": workspace, "PYTHONDONTWRITEBYTECODE": "1"}
-        log.info("+ FLASHINFER_CUDA_ARCH_LIST=%s PYTHONPATH=%s %s -c <gen_trtllm_comm_module "
-                 "probe>", entry, tree, tools.python)
-        out = proc.run([tools.python, "-c", _GATE_PROBE, tree, PROBE_MARK], env=env,
-                       cwd=Path(workspace), quiet=True).stdout
-    return parse_gate_output(out, tree, arch, entry, tools)
 
 
 def retarget(flags: tuple[str, ...], source_arch: str, arch: str) -> tuple[str, ...]:

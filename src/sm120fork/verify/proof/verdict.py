@@ -101,13 +101,12 @@ def _pdl_totals(kernels: Iterable[Kernel]) -> tuple[int, int] | None:
     return wait, launch
 
 
-def verdict(variant: VariantResult, arch: str, *,
-            reference_arch: str = REFERENCE_ARCH) -> Verdict:
+def verdict(variant: VariantResult, arch: str) -> Verdict:
     """Pass when the gate accepts and every reference kernel exists with a real body and
     its PDL instructions; a build not planned whose gate accepts is "not checked"."""
     reasons: list[str] = []
     result = variant.arch(arch)
-    reference = variant.arch(reference_arch)
+    reference = variant.arch(REFERENCE_ARCH)
 
     def done(status: Status, **fields: Any) -> Verdict:
         return dataclasses.replace(
@@ -124,7 +123,7 @@ def verdict(variant: VariantResult, arch: str, *,
         reasons.append(f"gate accepts; not compiled for {arch} in this proof")
         return done(Status.NOT_CHECKED)
     if reference is None or not reference.compiled or not reference.kernels:
-        reasons.append(f"no compiled {reference_arch} reference")
+        reasons.append(f"no compiled {REFERENCE_ARCH} reference")
         return done(Status.FAIL)
     if not result.compiled:
         reasons.append(f"not compiled for {arch}")
@@ -136,7 +135,7 @@ def verdict(variant: VariantResult, arch: str, *,
         name for name, ref in ref_kernels.items()
         if name in kernels and is_empty_body(kernels[name].size, ref.size)))
     if missing:
-        reasons.append(f"{len(missing)} of {len(ref_kernels)} {reference_arch} kernels missing")
+        reasons.append(f"{len(missing)} of {len(ref_kernels)} {REFERENCE_ARCH} kernels missing")
     if empty:
         reasons.append(f"{len(empty)} kernels have an empty body")
     pdl_reference = _pdl_totals(ref_kernels.values())
@@ -148,7 +147,7 @@ def verdict(variant: VariantResult, arch: str, *,
         if lost:
             reasons.append(f"{len(lost)} kernels lost their PDL instructions")
     status = Status.FAIL if reasons else Status.PASS
-    if status is Status.PASS and arch != reference_arch and (pdl_reference is None
+    if status is Status.PASS and arch != REFERENCE_ARCH and (pdl_reference is None
                                                              or pdl is None):
         reasons.append("PDL instructions not checked (no cuobjdump/nvdisasm)")
         status = Status.NOT_CHECKED
@@ -172,8 +171,7 @@ class ProofReport:
         return next((v for v in self.variants if v.name == name), None)
 
     def verdicts(self) -> list[Verdict]:
-        return [verdict(v, a, reference_arch=self.reference_arch)
-                for v in self.variants for a in self.archs]
+        return [verdict(v, a) for v in self.variants for a in self.archs]
 
     def to_json(self, root: Path | None = None) -> str:
         def encode(value: Any) -> Any:
