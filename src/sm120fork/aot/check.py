@@ -159,16 +159,15 @@ class Found:
                               fix="run aot-check of this toolkit's version") from None
 
 
-def lookup(python: Path | None = None, env: Mapping[str, str] | None = None,
-           arch_list: str = "9.0", specs: Sequence[str] = DEFAULT_SPECS) -> Found:
+def lookup(env: Mapping[str, str] | None = None, arch_list: str = "9.0",
+           specs: Sequence[str] = DEFAULT_SPECS) -> Found:
     """Where the installed FlashInfer would load each module from (no GPU needed); ``specs``
     name JitSpec makers (``module:function``, no arguments)."""
     full = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": arch_list,
             "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
-    interpreter = python or Path(sys.executable)
     cwd = Path(full.get("FLASHINFER_WORKSPACE_BASE") or os.getcwd())
     cwd.mkdir(parents=True, exist_ok=True)
-    out = proc.run([interpreter, "-c", _LOOKUP_PROBE, _MARK, *specs], env=full, quiet=True,
+    out = proc.run([sys.executable, "-c", _LOOKUP_PROBE, _MARK, *specs], env=full, quiet=True,
                    cwd=cwd)
     payload = next((line.removeprefix(_MARK) for line in out.stdout.splitlines()
                     if line.startswith(_MARK)), None)
