@@ -1,8 +1,5 @@
-"""Which evidence backs each patch: its ``Verified-By: <kind>:<check>`` header fields
-(patches/README.md), each one checked: ``proof:`` (the compile proof), ``sglang:`` (the
-behaviour checks), ``cpu:`` (a test of the suite, run here), ``gpu:`` (the stack's
-committed GPU record).  The checks know no project keys or patch names.
-"""
+"""Each patch's ``Verified-By: <kind>:<check>`` header fields (patches/README.md), checked;
+the checks know no project keys or patch names."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""``verify-sm120`` for one stack: every patch's evidence, checked, without SM120 GPUs.
-
-Each project is built (its artifact check is every patch's fingerprint); the project whose
-patches claim ``proof:*`` goes through the compile proof as three trees (unpatched, the
-``proof:jit-gate`` patches alone, the full series), those claiming ``sglang:*`` through the
-SGLang behaviour checks; then each claim is checked (:mod:`.patches`).
-"""
+"""``verify-sm120`` for one stack: every patch's evidence, checked, without SM120 GPUs
+(the compile proof runs on three trees: unpatched, the ``proof:jit-gate`` patches alone,
+the full series)."""
 
 from __future__ import annotations
 
@@ -89,15 +85,6 @@ class VerifyResult:
         return unchanged and all(v.passed for v in self.verdicts)
 
 
-def fingerprint_check(builds: Sequence[ProjectBuild], patch: Patch) -> tuple[str, bool]:
-    per_wheel = [[r for r in b.entry.artifact_check if r.patch == patch.name] for b in builds]
-    ok = bool(per_wheel) and all(rows and all(r.passed for r in rows) for rows in per_wheel)
-    count = len(per_wheel[0]) if per_wheel else 0
-    where = "wheel" if len(builds) == 1 else f"each of {len(builds)} wheels"
-    return (f"fingerprint in {where}, absent upstream ({count} string(s)): "
-            f"{'pass' if ok else 'FAIL'}"), ok
-
-
 @dataclasses.dataclass
 class _Trees:
     """Each tree checked beside the build's (unpatched, a gate alone...), made once."""
@@ -120,8 +107,15 @@ def _verdicts(builds: Mapping[str, list[ProjectBuild]], patches: Mapping[str, Se
               ctx: Context, archs: Sequence[str]) -> tuple[PatchVerdict, ...]:
     verdicts: list[PatchVerdict] = []
     for key, made in builds.items():
+        where = "wheel" if len(made) == 1 else f"each of {len(made)} wheels"
         for patch in patches[key]:
-            fp_text, fp_ok = fingerprint_check(made, patch)
+            per_wheel = [[r for r in b.entry.artifact_check if r.patch == patch.name]
+                         for b in made]
+            fp_ok = bool(per_wheel) and all(rows and all(r.passed for r in rows)
+                                            for rows in per_wheel)
+            fp_text = (f"fingerprint in {where}, absent upstream "
+                       f"({len(per_wheel[0]) if per_wheel else 0} string(s)): "
+                       f"{'pass' if fp_ok else 'FAIL'}")
             outcomes: list[Outcome] = [check(c, ctx, patch, key) for c in claims(patch)]
             artifacts = [", ".join(b.wheel.name for b in made)]
             kinds = {o.claim.partition(":")[0] for o in outcomes}
