@@ -117,15 +117,6 @@ def default_test_world_sizes(gpu_count: int) -> tuple[int, ...]:
     return tuple(ws for ws in (2, 4, 8) if ws <= max(2, gpu_count))
 
 
-def _primary(names: list[str], wanted: str | None) -> tuple[str, str | None]:
-    """The variant under test and the one it is compared with (None: no A/B)."""
-    primary = wanted or ("patched" if "patched" in names else names[0])
-    if primary not in names:
-        raise UsageError(f"--primary {primary} is not a variant", fix=f"one of {names}")
-    others = [n for n in names if n != primary]
-    return primary, "unpatched" if "unpatched" in others else (others[0] if others else None)
-
-
 def _run_matrix(opts: TestOptions, prepared: runs.Prepared, matrix: list[cases_mod.Case]
                 ) -> dict[str, list[CaseResult]]:
     """Each variant's results; variants alternate per batch, so a time budget leaves a
@@ -168,7 +159,12 @@ def run_test(opts: TestOptions) -> TestRun:
     opts = opts.with_stack(baseline=True)
     prepared = runs.prepare(opts, "test", ["comm"])
     installed, compiled = prepared.variants, prepared.compiled
-    primary, baseline = _primary([v.name for v in installed], opts.primary)
+    names = [v.name for v in installed]
+    primary = opts.primary or ("patched" if "patched" in names else names[0])
+    if primary not in names:
+        raise UsageError(f"--primary {primary} is not a variant", fix=f"one of {names}")
+    others = [n for n in names if n != primary]
+    baseline = "unpatched" if "unpatched" in others else (others[0] if others else None)
     env = runs.run_environment(compiled, primary, opts.wheel_dirs)
     gpu_count = int(env.get("gpu_count") or 1)
     world_sizes = list(opts.world_sizes or default_test_world_sizes(gpu_count))
