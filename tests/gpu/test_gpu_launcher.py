@@ -355,10 +355,12 @@ def test_sigterm_to_the_launcher_ends_every_rank_with_its_process_group(tmp_path
         from sm120fork.gpu.ab import launcher
         from sm120fork.gpu.core import variants
         from sm120fork.gpu.core.cases import Case
+        from sm120fork.gpu.core.launcher import Timeouts
         tmp = Path({str(tmp_path)!r})
         variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp)
         case = Case(world_size=2, api="fusion_legacy", pattern="ar_rmsnorm", tokens=1,
                     hidden=256, dtype="bf16", strategy="oneshot", pdl=False)
-        launcher.run_cases([case], variant, tmp, worker=[sys.executable, {str(worker)!r}])
+        launcher.run_cases([case], variant, tmp, worker=[sys.executable, {str(worker)!r}],
+                           timeouts=Timeouts())
         """)
     sigterm_ends_every_child(parent, tmp_path / "marks", children=2)

@@ -271,6 +271,7 @@ def test_the_bench_plan_a_group_is_given_is_the_plan_its_ranks_measure(
     """The plan crosses the process edge in the group's spec file, read back typed."""
     from sm120fork.gpu.bench import worker as bench_worker
     from sm120fork.gpu.core.cases import bench_plan
+    from sm120fork.gpu.core.launcher import Timeouts
     from sm120fork.gpu.core.variants import Variant
     from sm120fork.util import supervise
 
@@ -283,7 +284,7 @@ def test_the_bench_plan_a_group_is_given_is_the_plan_its_ranks_measure(
 
     monkeypatch.setattr(bench_launcher, "run_ranks", run_ranks)
     variant = Variant(name="patched", wheel=None, sha256=None, site=None, jit_base=tmp_path)
-    bench_launcher.run_group(plan, variant, tmp_path, methods=["fused_auto"])
+    bench_launcher.run_group(plan, variant, tmp_path, methods=["fused_auto"], timeouts=Timeouts())
     measured: list[tuple[object, list[str]]] = []
     monkeypatch.setattr(bench_worker, "measure",
                         lambda _rk, got, methods: measured.append((got, methods)))

@@ -14,7 +14,7 @@ from typing import Any
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec
 from sm120fork.gpu.core.cases import CUSTOM_API, Case
-from sm120fork.gpu.core.launcher import DEFAULT_TIMEOUTS, Timeouts, run_ranks
+from sm120fork.gpu.core.launcher import Timeouts, run_ranks
 from sm120fork.gpu.core.variants import Variant
 from sm120fork.util import typed, wire
 from sm120fork.util.supervise import GroupOutcome
@@ -154,8 +154,7 @@ def _spec(cases: Sequence[Case], store: Path, backend: str, allow_multicast: boo
 
 
 def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
-              backend: str = "trtllm", allow_multicast: bool = False,
-              timeouts: Timeouts = DEFAULT_TIMEOUTS,
+              timeouts: Timeouts, backend: str = "trtllm", allow_multicast: bool = False,
               worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.ab.worker"),
               progress: Callable[[str], None] | None = None) -> list[CaseResult]:
     """Run ``cases`` (one world size) for ``variant``; crashes and hangs become failures."""

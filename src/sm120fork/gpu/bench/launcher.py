@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sm120fork.gpu.core.cases import BenchPlan
 from sm120fork.gpu.core.documents import BenchRecord, Environment
-from sm120fork.gpu.core.launcher import DEFAULT_TIMEOUTS, Timeouts, run_ranks
+from sm120fork.gpu.core.launcher import Timeouts, run_ranks
 from sm120fork.gpu.core.variants import Variant
 from sm120fork.util import wire
 from sm120fork.util.supervise import GroupOutcome
@@ -20,8 +20,7 @@ def run_group(plan: BenchPlan, variant: Variant, run_dir: Path, *,
               methods: Sequence[str], tag: str = "bench",
               extra_env: Mapping[str, str] | None = None,
               module_failures: Mapping[str, str] | None = None,
-              backend: str = "trtllm", allow_multicast: bool = False,
-              timeouts: Timeouts = DEFAULT_TIMEOUTS,
+              timeouts: Timeouts, backend: str = "trtllm", allow_multicast: bool = False,
               worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.bench.worker"),
               ) -> tuple[list[BenchRecord], Environment, GroupOutcome]:
     """Run one bench group of ``methods``: (bench records, environment, outcome)."""

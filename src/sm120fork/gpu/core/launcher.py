@@ -35,6 +35,3 @@ def run_ranks(worker: Sequence[str], spec_path: Path, world: int, variant: Varia
         [Child(argv=[*worker, str(spec_path), str(r)], env=env, name=f"rank {r}",
                log=log_stem.with_name(f"{log_stem.name}-rank{r}.log")) for r in range(world)],
         timeouts=timeouts, on_message=on_message, settled=settled)
-
-
-DEFAULT_TIMEOUTS = Timeouts()
