@@ -162,17 +162,6 @@ def suite_node(root: Path, node: str) -> str:
     return f"{found[0].relative_to(root).as_posix()}::{name}" if len(found) == 1 else node
 
 
-def _test_exists(root: Path, node: str) -> str | None:
-    file, sep, name = suite_node(root, node).partition("::")
-    path = root / file
-    if not sep or not path.is_file():
-        return f"{node}: no such test file"
-    tree = ast.parse(path.read_text(), filename=str(path))
-    if not any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body):
-        return f"{node}: no such test"
-    return None
-
-
 #: The JUnit property naming the stack whose build a test ran (tests/conftest.py).
 RUNS_STACK = "runs_stack"
 #: The stack a claim's test is run for (tests/helpers_sglang.py builds that one).
@@ -213,11 +202,15 @@ def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None
     results: dict[str, tuple[str, bool]] = {}
     runnable: dict[str, str] = {}  # node as written -> as pytest names it
     for node in dict.fromkeys(nodes):
-        missing = _test_exists(root, node)
-        if missing:
-            results[node] = (missing, False)
+        file, sep, name = suite_node(root, node).partition("::")
+        path = root / file
+        if not sep or not path.is_file():
+            results[node] = (f"{node}: no such test file", False)
+        elif not any(isinstance(n, ast.FunctionDef) and n.name == name
+                     for n in ast.parse(path.read_text(), filename=str(path)).body):
+            results[node] = (f"{node}: no such test", False)
         else:
-            runnable[node] = suite_node(root, node)
+            runnable[node] = f"{file}::{name}"
     if not runnable:
         return results
     with tempfile.TemporaryDirectory(prefix="sm120fork-cpu-evidence-") as tmp:

@@ -95,15 +95,6 @@ def _job(tools: Tools, arch: str, unit: _Unit, key: str, hosts: Sequence[str],
     return job
 
 
-def _pdl_opcodes(archs: Sequence[str], tools: Tools) -> dict[str, PdlOpcodes]:
-    opcodes: dict[str, PdlOpcodes] = {}
-    if tools.can_disassemble:
-        with tempfile.TemporaryDirectory(prefix="sm120fork-proof-pdl-") as scratch:
-            for arch in archs:
-                opcodes[arch] = calibrate_pdl_opcodes(arch, tools, Path(scratch))
-    return opcodes
-
-
 def _inspect(pool: ThreadPoolExecutor, all_jobs: Mapping[str, Job], cache: Path, tools: Tools,
              opcodes: Mapping[str, PdlOpcodes]) -> dict[str, Future[Any]]:
     all_names: set[str] = set()
@@ -169,7 +160,10 @@ def prove(
     cache = cache_dir.resolve() / "cubins"
     cache.mkdir(parents=True, exist_ok=True)
     workers = max(1, jobs)
-    opcodes = _pdl_opcodes(archs, tools)
+    opcodes: dict[str, PdlOpcodes] = {}
+    if tools.can_disassemble:
+        with tempfile.TemporaryDirectory(prefix="sm120fork-proof-pdl-") as scratch:
+            opcodes = {a: calibrate_pdl_opcodes(a, tools, Path(scratch)) for a in archs}
 
     # 1. gates, and the compile each accepted (or forced) architecture asks for
     planned = _plan_variants(variants, archs, tools, compile_archs, forced)
