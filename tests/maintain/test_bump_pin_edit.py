@@ -140,7 +140,7 @@ def test_a_bump_state_keeps_its_classifications_typed_across_a_save(tmp_path: Pa
     loaded = BumpState.load(ws, "sg", "sglang")
     assert loaded is not None
     assert loaded.results == [row]
-    assert loaded.classifications("preview") == (row,)
+    assert loaded.preview == [row]
     data = json.loads(path.read_text())
     data["results"][0]["verdict"] = 3
     path.write_text(json.dumps(data))

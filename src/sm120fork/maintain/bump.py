@@ -37,7 +37,6 @@ from sm120fork.maintain.pin import (
     check_declaration,
     check_released,
     closure,
-    commit_from_sdist,
     create_stack,
     create_stack_check,
     declaration_with_pin,
@@ -281,7 +280,8 @@ def _new_pin(ws: Workspace, req: _Request, project: Project, new: Version,
     found = find_sdist(project, new)
     sdist = download_pinned(dataclasses.replace(project, version=str(new)), SdistPin(
         filename=found.filename, sha256=found.sha256, url=found.url), ws.sdist_cache)
-    recorded = req.git_commit or commit_from_sdist(sdist)
+    release = sdist_release(sdist)
+    recorded = req.git_commit or release.commit
     if not recorded:
         raise MaintenanceError(
             f"the git commit of {project.distribution} {new} is unknown",
@@ -295,7 +295,7 @@ def _new_pin(ws: Workspace, req: _Request, project: Project, new: Version,
         git=GitPin(url=project.git_pin.url, commit=recorded, commit_verified=False,
                    tag=tag.replace(project.version, str(new)) if project.version in tag
                    else f"v{new}", note=f"{note}; not checked against the upstream repository"),
-        sdist=SdistPin(filename=found.filename, sha256=found.sha256)), sdist_release(sdist)
+        sdist=SdistPin(filename=found.filename, sha256=found.sha256)), release
 
 
 def _journal(ws: Workspace, state: BumpState, stack: Stack) -> None:
@@ -716,7 +716,7 @@ def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
     apply_recorded(repo, refreshed.series, source=source_key(project), base=base,
                    stack=stack.name, project=project.key)
     stage("tree rebuilt")
-    results = state.classifications()
+    results = tuple(state.results)
     published = new_project.wheels if empty else ()
     undeclared, release_files = release_check(project)
     try:

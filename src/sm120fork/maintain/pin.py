@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import tarfile
 import tomllib
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -15,17 +14,13 @@ from typing import Any
 import tomlkit
 from packaging.version import Version
 
-from sm120fork.declare import Project, Stack, WheelPin, load_stack, parse_stack
+from sm120fork.declare import Project, Stack, load_stack, parse_stack
 from sm120fork.errors import ConfigError, MaintenanceError
 from sm120fork.fetch.index import project_page
 from sm120fork.fetch.kinds import source_kind
 from sm120fork.maintain.state import BumpState, NewPin
 from sm120fork.patch.refresh import note_written
 from sm120fork.workspace import Workspace
-
-_COMMIT_IN_SOURCE = re.compile(
-    r"""(?:__git_commit__|git_commit|__git_version__|git_version|__commit__)\s*[:=]\s*"""
-    r"""["']([0-9a-f]{40})["']""")
 
 
 def check_released(project: Project, version: Version, where: str) -> None:
@@ -38,26 +33,6 @@ def check_released(project: Project, version: Version, where: str) -> None:
     raise MaintenanceError(
         f"{project.distribution} {version} does not exist on the package index; newest: "
         f"{final[-1] if final else 'none'}", where=where)
-
-
-def commit_from_sdist(sdist: Path) -> str:
-    """The git commit an sdist records about itself (FlashInfer's _build_meta.py), or ''."""
-    try:
-        with tarfile.open(sdist, "r|*") as tf:
-            for member in tf:
-                parts = member.name.split("/")
-                if not member.isfile() or len(parts) > 4 or parts[-1] not in (
-                        "_build_meta.py", "_version.py", "version.py", "git_version.py"):
-                    continue
-                f = tf.extractfile(member)
-                if f is None:
-                    continue
-                m = _COMMIT_IN_SOURCE.search(f.read(65536).decode("utf-8", errors="replace"))
-                if m:
-                    return m.group(1)
-    except (tarfile.TarError, OSError):
-        return ""
-    return ""
 
 
 def closure(stack: Stack, project: Project) -> list[Project]:
@@ -119,21 +94,6 @@ def check_declaration(path: Path, text: str, *, fix: str, pins: bool = True) -> 
             fix=f"nothing was written; `{fix}` restores the rest") from None
 
 
-def _set_wheels(table: MutableMapping[str, Any], wheels: tuple[WheelPin, ...]) -> None:
-    table.pop("wheels", None)
-    if wheels:
-        aot = tomlkit.aot()
-        for w in wheels:
-            entry = tomlkit.table()
-            entry["filename"] = w.filename
-            entry["sha256"] = w.sha256
-            if w.url:
-                entry["url"] = w.url
-            aot.append(entry)
-        entry.add(tomlkit.nl())  # a blank line before the table that follows
-        table["wheels"] = aot
-
-
 def _set_pin(table: MutableMapping[str, Any], pin: NewPin) -> None:
     """Write one project's pin into its table (an empty ``url`` or ``note`` left out)."""
     table["source"] = pin.source
@@ -152,7 +112,18 @@ def _set_pin(table: MutableMapping[str, Any], pin: NewPin) -> None:
             else:
                 sub[field.name] = v
     if pin.wheels is not None:
-        _set_wheels(table, pin.wheels)
+        table.pop("wheels", None)
+    if pin.wheels:
+        aot = tomlkit.aot()
+        for w in pin.wheels:
+            entry = tomlkit.table()
+            entry["filename"] = w.filename
+            entry["sha256"] = w.sha256
+            if w.url:
+                entry["url"] = w.url
+            aot.append(entry)
+        entry.add(tomlkit.nl())  # a blank line before the table that follows
+        table["wheels"] = aot
     if source_kind(pin.source).ships_wheels:
         # Repacked, not built: a version stamp has nothing left to stamp.
         table.pop("version_stamp", None)

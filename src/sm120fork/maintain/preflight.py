@@ -3,7 +3,10 @@ pins (``Requires-Dist``), each patch's target files and the layout that fits."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import re
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +25,11 @@ from sm120fork.package.wheel import wheel_requirements
 from sm120fork.patch.series import Patch
 from sm120fork.util.hint import command
 
+_COMMIT_IN_SOURCE = re.compile(
+    r"""(?:__git_commit__|git_commit|__git_version__|git_version|__commit__)\s*[:=]\s*"""
+    r"""["']([0-9a-f]{40})["']""")
+_VERSION_FILES = ("_build_meta.py", "_version.py", "version.py", "git_version.py")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Release:
@@ -29,6 +37,8 @@ class Release:
 
     files: frozenset[str]
     requires: tuple[Requirement, ...]
+    #: The git commit an sdist records about itself (FlashInfer's _build_meta.py), or "".
+    commit: str = ""
 
 
 def wheel_release(wheel: Path) -> Release:
@@ -39,6 +49,7 @@ def wheel_release(wheel: Path) -> Release:
 def sdist_release(sdist: Path) -> Release:
     files: set[str] = set()
     requires: list[Requirement] = []
+    commit = ""
     try:
         with tarfile.open(sdist, "r:*") as tf:
             for member in tf:
@@ -47,19 +58,21 @@ def sdist_release(sdist: Path) -> Release:
                     continue
                 rel = "/".join(parts[1:])
                 files.add(rel)
-                if rel == "PKG-INFO":
-                    f = tf.extractfile(member)
-                    if f is not None:
-                        meta = Parser().parsestr(f.read().decode("utf-8", errors="replace"))
-                        for text in meta.get_all("Requires-Dist") or []:
-                            try:
-                                requires.append(Requirement(text))
-                            except InvalidRequirement:
-                                continue
+                if rel != "PKG-INFO" and (commit or len(parts) > 4
+                                          or parts[-1] not in _VERSION_FILES):
+                    continue
+                text = (tf.extractfile(member) or io.BytesIO()).read().decode(errors="replace")
+                if rel != "PKG-INFO":
+                    found = _COMMIT_IN_SOURCE.search(text)
+                    commit = found.group(1) if found else ""
+                    continue
+                for line in Parser().parsestr(text).get_all("Requires-Dist") or []:
+                    with contextlib.suppress(InvalidRequirement):
+                        requires.append(Requirement(line))
     except (tarfile.TarError, OSError) as exc:
         raise SourceError(f"cannot list the sdist: {exc}", where=str(sdist)) from exc
     return Release(files=frozenset(f for f in files if not is_metadata(f)),
-                   requires=tuple(requires))
+                   requires=tuple(requires), commit=commit)
 
 
 def pins_refusing(stack: Stack, project: Project, new_version: str) -> list[str]:

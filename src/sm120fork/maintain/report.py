@@ -50,7 +50,7 @@ def verdict_counts(verdicts: Iterable[str]) -> str:
 
 def preview_lines(state: BumpState) -> list[str]:
     """The preview, one patch a line (the evidence is in the report)."""
-    preview = state.classifications("preview")
+    preview = state.preview
     counts = verdict_counts(r.verdict for r in preview)
     return [f"before applying, against {state.new_version}: {counts}",
             *(f"  {r.patch}: {r.verdict}" for r in preview)]
@@ -107,7 +107,7 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
         f"## Before applying: each patch against {state.new_version}", "",
         "Classified before anything was applied; a conflict does not hide the patches "
         "after it (each is checked on top of the earlier ones that apply).", "",
-        *_table(state.classifications("preview")), ""]
+        *_table(state.preview), ""]
     if stopped or refreshed is None:
         lines += ["## Status", "", stopped or "in progress", ""]
         path.write_text("\n".join(lines), encoding="utf-8")

@@ -80,11 +80,6 @@ class NewPin:
     #: Coordinated projects shipped as published: key -> their pin.
     companions: dict[str, NewPin] = dataclasses.field(default_factory=dict)
 
-    def pinned(self, project: Project, version: str) -> Project:
-        return dataclasses.replace(
-            project, version=version, source=self.source, git=self.git, sdist=self.sdist,
-            wheels=project.wheels if self.wheels is None else self.wheels)
-
 
 @dataclass
 class BumpState:
@@ -131,13 +126,13 @@ class BumpState:
     format: int = FORMAT
 
     def pinned(self, project: Project) -> Project:
-        return self.new_pin.pinned(project, self.new_version)
+        pin = self.new_pin
+        return dataclasses.replace(
+            project, version=self.new_version, source=pin.source, git=pin.git, sdist=pin.sdist,
+            wheels=project.wheels if pin.wheels is None else pin.wheels)
 
     def cmd(self, option: str) -> str:
         return command("bump", self.stack, self.project, option)
-
-    def classifications(self, which: str = "results") -> tuple[Classification, ...]:
-        return tuple(self.preview if which == "preview" else self.results)
 
     @staticmethod
     def directory(ws: Workspace, stack: str, project: str) -> Path:

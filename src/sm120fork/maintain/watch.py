@@ -105,14 +105,6 @@ class StackWatch:
         return dataclasses.asdict(self)
 
 
-def newer_releases(project: Project) -> list[Version]:
-    """The releases newer than the pin, newest first (pre-releases when the pin is one)."""
-    pinned = Version(project.version)
-    return sorted((v for v in project_page(project).releases(project)
-                   if v > pinned and (pinned.is_prerelease or not v.is_prerelease)),
-                  reverse=True)
-
-
 @contextmanager
 def scratch_checkout(ws: Workspace, cache: Path) -> Iterator[Workspace]:
     """A copy of the checkout's declarations, series, records and manifests, whose download
@@ -264,8 +256,11 @@ def watch_project(ws: Workspace, stack: Stack, project: Project, *, limit: int,
     """The project's releases newer than its pin, the newest ``limit`` bumped in scratch."""
     base = ProjectWatch(project=project.key, distribution=project.distribution,
                         pinned=project.version)
+    pinned = Version(project.version)  # pre-releases only when the pin is one
     try:
-        newer = newer_releases(project)
+        newer = sorted((v for v in project_page(project).releases(project)
+                        if v > pinned and (pinned.is_prerelease or not v.is_prerelease)),
+                       reverse=True)
     except ToolkitError as exc:
         return dataclasses.replace(base, error=exc.message)
     log.info("watch: %s/%s %s: %d newer release(s) on the package index%s", stack.name,

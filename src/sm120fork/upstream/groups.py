@@ -386,10 +386,6 @@ def _overlay(ws: Workspace, project: Project, python: str) -> Path | None:
     return ensure(ws.state_dir / "probe", python=python) if ensure else None
 
 
-def default_out(ws: Workspace, stack: str, project: str, name: str) -> Path:
-    return ws.state_dir / "upstream" / stack / project / name
-
-
 def find_project(today: ResolvedStack, name: str) -> Project:
     stack = today.stack
     for project in stack.projects:
@@ -448,7 +444,7 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
                                  else f"-{project.version}")
         git("update-ref", f"refs/heads/{branch}", commits[-1])
         title = _title(pr)
-        folder = out or default_out(ws, stack.name, project.key, pr.name)
+        folder = out or ws.state_dir / "upstream" / stack.name / project.key / pr.name
         staging = folder.with_name(folder.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         (staging / "patches").mkdir(parents=True)
