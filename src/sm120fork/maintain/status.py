@@ -101,36 +101,30 @@ def project_status(today: ResolvedStack, project: Project, manifest: Manifest | 
                    fetch: bool = True) -> ProjectStatus:
     ws, stack = today.ws, today.stack
     pending = BumpState.load(ws, stack.name, project.key)
-    in_progress = f"to {pending.new_version}" if pending else ""
-
     undeclared, release = release_check(project)
-    disagree = tuple(e.message
-                     for e in coordinated_pin_problems(stack.path, project, stack.projects))
-
-    def result(patches: tuple[PatchStatus, ...], error: str = "",
-               not_checked: str = "") -> ProjectStatus:
-        return ProjectStatus(stack=stack.name, default=stack.default, project=project.key,
-                             version=project.version, source=project.source,
-                             series=project.series, patches=patches,
-                             bump_in_progress=in_progress, error=error,
-                             undeclared_files=undeclared, release_files=release,
-                             not_checked=not_checked, pins_disagree=disagree)
+    base = ProjectStatus(
+        stack=stack.name, default=stack.default, project=project.key, version=project.version,
+        source=project.source, series=project.series, patches=(),
+        bump_in_progress=f"to {pending.new_version}" if pending else "",
+        undeclared_files=undeclared, release_files=release, pins_disagree=tuple(
+            e.message for e in coordinated_pin_problems(stack.path, project, stack.projects)))
     try:
         series = today.series[project.key]
         if not series.patches:  # nothing to check against the pin: fetch nothing
-            return result(())
+            return base
         missing = to_download(ws, stack, project)
         if missing and not fetch:
-            return result((), not_checked=f"not checked: the pinned upstream is not here "
-                                          f"({', '.join(missing)}); without --no-fetch "
-                                          "status downloads it")
+            return dataclasses.replace(
+                base, not_checked=f"not checked: the pinned upstream is not here "
+                                  f"({', '.join(missing)}); without --no-fetch status "
+                                  "downloads it")
         if missing:
             log.info("status: %s/%s was never built here: fetching %s to check its %d "
                      "patch(es) against the pin (once; --no-fetch skips it)", stack.name,
                      project.key, ", ".join(missing), len(series.patches))
         repo = pinned_upstream(ws, stack, project)
     except ToolkitError as exc:  # a bad series, an unreachable pin: a row, keep going
-        return result((), exc.message)
+        return dataclasses.replace(base, error=exc.message)
     failures = check_series(repo, series)
     failed_at = series.names().index(failures[0].patch) if failures else len(series.patches)
     rows: list[PatchStatus] = []
@@ -150,7 +144,7 @@ def project_status(today: ResolvedStack, project: Project, manifest: Manifest | 
             applied_upstream=p.applied_upstream, bug_upstream=p.field("Bug-Upstream"),
             fingerprint_upstream=fp, effect_upstream=effect,
             wheel=_wheel_for(manifest, stack, project, p)))
-    return result(tuple(rows))
+    return dataclasses.replace(base, patches=tuple(rows))
 
 
 def status(ws: Workspace, stack_name: str | None = None,
