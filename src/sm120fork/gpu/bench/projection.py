@@ -14,6 +14,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from sm120fork.util.markdown import markdown_table
+
 Range = tuple[float, float]
 LABEL = ("PROJECTION from public figures (SM120-FACTS.md), not a measurement: no SM12x "
          "box was available")
@@ -148,16 +150,13 @@ def render(doc: Projection) -> str:
     methods = ["fused_oneshot", "fused_twoshot", "pcie_ipc_rmsnorm", "nccl_rmsnorm",
                "fused_oneshot_write_collapse"]
     for w in sorted({r.world_size for r in doc.rows}):
-        lines += [f"## TP{w}", "", "| tokens | KiB | " + " | ".join(methods)
-                  + " | likely fastest | overlaps |",
-                  "|" + "---|" * (len(methods) + 4)]
-        for r in [r for r in doc.rows if r.world_size == w]:
-            cells = [f"{r.us[m][0]:.1f}-{r.us[m][1]:.1f}" if m in r.us
-                     else "n/a (tokens <= ranks)" for m in methods]
-            lines.append(f"| {r.tokens} | {r.bytes / 1024:.0f} | " + " | ".join(cells)
-                         + f" | {r.likely_fastest} | "
-                         f"{', '.join(r.ranges_overlap_with) or '-'} |")
-        lines.append("")
+        rows = [[r.tokens, f"{r.bytes / 1024:.0f}",
+                 *(f"{r.us[m][0]:.1f}-{r.us[m][1]:.1f}" if m in r.us
+                   else "n/a (tokens <= ranks)" for m in methods),
+                 r.likely_fastest, ", ".join(r.ranges_overlap_with) or "-"]
+                for r in doc.rows if r.world_size == w]
+        header = ["tokens", "KiB", *methods, "likely fastest", "overlaps"]
+        lines += [f"## TP{w}", "", *markdown_table(header, rows), ""]
     step = [r for r in doc.rows if r.world_size == 8 and r.tokens == 3]
     if step:
         lines += ["## One EAGLE-3 verify step of Kimi-K2.5 at TP8 (3 tokens, 122 all-reduces)",
