@@ -84,17 +84,6 @@ def _plan_variants(variants: Mapping[str, Path], archs: Sequence[str], tools: To
     return planned
 
 
-def _job(tools: Tools, arch: str, unit: _Unit, key: str, hosts: Sequence[str],
-         all_jobs: dict[str, Job]) -> Job:
-    """The compile of ``unit``, entered in ``all_jobs`` once per content ``key``."""
-    tree, source, flags = unit
-    host = arch in hosts or (key in all_jobs and all_jobs[key].host)
-    job = Job(key=key, arch=arch, source=source,
-              argv=(str(tools.nvcc), str(tree / source), *flags), host=host)
-    all_jobs[key] = job
-    return job
-
-
 def _inspect(pool: ThreadPoolExecutor, all_jobs: Mapping[str, Job], cache: Path, tools: Tools,
              opcodes: Mapping[str, PdlOpcodes]) -> dict[str, Future[Any]]:
     all_names: set[str] = set()
@@ -120,11 +109,15 @@ def _compile(pool: ThreadPoolExecutor, workers: int, planned: _Planned, tools: T
     }
     _raise_first(key_futures.values(), "computing cache keys")
     jobs_by_plan: dict[tuple[str, str], list[Job]] = {}
-    all_jobs: dict[str, Job] = {}
+    all_jobs: dict[str, Job] = {}  # one compile per content key
     for (name, arch), (_, units, _, _) in planned.items():
-        jobs_by_plan[(name, arch)] = [
-            _job(tools, arch, unit, key_futures[(name, arch, unit[1])].result(), hosts,
-                 all_jobs) for unit in units]
+        jobs_by_plan[(name, arch)] = []
+        for tree, source, flags in units:
+            key = key_futures[(name, arch, source)].result()
+            host = arch in hosts or (key in all_jobs and all_jobs[key].host)
+            all_jobs[key] = Job(key=key, arch=arch, source=source,
+                                argv=(str(tools.nvcc), str(tree / source), *flags), host=host)
+            jobs_by_plan[(name, arch)].append(all_jobs[key])
     pending = [job for job in all_jobs.values() if cached_seconds(cache, job) is None]
     log.info("%d cubins needed, %d cached, compiling %d with %d jobs", len(all_jobs),
              len(all_jobs) - len(pending), len(pending), workers)
