@@ -2,5 +2,3 @@
 shared core; ranks are separate processes.  Everything but the rank side imports without a
 GPU or FlashInfer, and nothing here imports cli/, rich or git (GPU boxes lack them).
 """
-
-from __future__ import annotations
