@@ -176,8 +176,8 @@ class ProjectPage:
                       | {version for version, f in self.files_of(project, wheels=True)
                          if not f.yanked})
 
-    def recent(self, project: Project, count: int = 6) -> str:
-        versions = list(self.sdists(project))[-count:]
+    def recent(self, project: Project) -> str:
+        versions = list(self.sdists(project))[-6:]
         return ", ".join(str(v) for v in versions) or "none"
 
 

@@ -12,15 +12,13 @@ from sm120fork.fetch.kinds import source_kind
 
 
 def ships_wheels(project: Project) -> bool:
-    """The project ships published wheels (its kind's input, or the ones its empty series
-    ships as published), so the release's listing of them is checked against the pins."""
+    """Its kind's input is published wheels, or it pins the ones an empty series ships."""
     return source_kind(project.source).ships_wheels or bool(project.wheels)
 
 
 def release_wheels(project: Project, page: ProjectPage, version: str | None = None
                    ) -> tuple[str, ...]:
-    """The wheels of ``project`` at ``version`` (default: its pin) that the index lists,
-    yanked ones left out, sorted."""
+    """The index's wheels of ``project`` at ``version`` (default: its pin), not yanked."""
     wanted = Version(version or project.version)
     return tuple(sorted(f.filename for v, f in page.files_of(project, wheels=True)
                         if v == wanted and not f.yanked))
@@ -28,9 +26,8 @@ def release_wheels(project: Project, page: ProjectPage, version: str | None = No
 
 def undeclared_wheels(project: Project, page: ProjectPage, version: str | None = None
                       ) -> tuple[str, ...]:
-    """Wheels of the release a project that ships published wheels does not declare: a
-    ``wheel`` source, or one whose empty series ships the wheels it pins (``bump``).  Others
-    build one wheel from source, so none is missing."""
+    """Wheels of the release a project that ships published wheels does not declare (one
+    built from source misses none)."""
     if not ships_wheels(project):
         return ()
     declared = {w.filename for w in project.wheels}
@@ -38,8 +35,7 @@ def undeclared_wheels(project: Project, page: ProjectPage, version: str | None =
 
 
 def release_check(project: Project) -> tuple[tuple[str, ...], str]:
-    """(undeclared wheels, summary) of the project's pinned release on the index: what
-    ``status`` shows per project and ``bump`` for the pin it wrote."""
+    """(undeclared wheels, summary) of the pinned release, as ``status`` and ``bump`` say it."""
     if not ships_wheels(project):
         return (), ""
     try:
