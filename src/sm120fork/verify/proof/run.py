@@ -50,20 +50,6 @@ def _raise_first(futures: Iterable[Future[Any]], what: str) -> None:
         raise VerifyError(f"{what} failed: {error!r}") from error
 
 
-def _plan(tree: Path, gates: Mapping[str, GateResult], arch: str, *, planned: bool,
-          forced: bool) -> tuple[list[_Unit], bool]:
-    gate = gates[arch]
-    if not planned:
-        return [], False
-    if gate.accepted:
-        return [(tree, source, gate.compile_flags) for source in gate.sources], False
-    ref = gates[REFERENCE_ARCH]
-    if forced and ref.accepted:
-        flags = retarget(ref.compile_flags, REFERENCE_ARCH, arch)
-        return [(tree, source, flags) for source in ref.sources], True
-    return [], False
-
-
 _Planned = dict[tuple[str, str], tuple[GateResult, list[_Unit], bool, bool]]
 
 
@@ -77,10 +63,18 @@ def _plan_variants(variants: Mapping[str, Path], archs: Sequence[str], tools: To
         wanted = set(compile_archs[name]) if compile_archs and name in compile_archs \
             else set(archs)
         wanted.add(REFERENCE_ARCH)
+        ref = gates[REFERENCE_ARCH]
         for arch in archs:
-            units, was_forced = _plan(tree, gates, arch, planned=arch in wanted,
-                                      forced=arch in forced)
-            planned[(name, arch)] = (gates[arch], units, was_forced, arch in wanted)
+            gate, units = gates[arch], []
+            # where the gate refuses, a forced arch compiles with the reference's flags
+            was_forced = (arch in wanted and not gate.accepted and arch in forced
+                          and ref.accepted)
+            if arch in wanted and gate.accepted:
+                units = [(tree, source, gate.compile_flags) for source in gate.sources]
+            elif was_forced:
+                flags = retarget(ref.compile_flags, REFERENCE_ARCH, arch)
+                units = [(tree, source, flags) for source in ref.sources]
+            planned[(name, arch)] = (gate, units, was_forced, arch in wanted)
     return planned
 
 
