@@ -78,19 +78,6 @@ def _plan_variants(variants: Mapping[str, Path], archs: Sequence[str], tools: To
     return planned
 
 
-def _inspect(pool: ThreadPoolExecutor, all_jobs: Mapping[str, Job], cache: Path, tools: Tools,
-             opcodes: Mapping[str, PdlOpcodes]) -> dict[str, Future[Any]]:
-    all_names: set[str] = set()
-    for key in all_jobs:
-        all_names.update(kernel_sizes(cubin_path(cache, key)))
-    names = demangle(sorted(all_names), tools)
-    inspections = {key: pool.submit(inspect_cubin, cubin_path(cache, key), tools,
-                                    opcodes.get(job.arch), names)
-                   for key, job in all_jobs.items()}
-    _raise_first(inspections.values(), "inspecting the cubins")
-    return inspections
-
-
 _Compiled = tuple[dict[tuple[str, str], list[Job]], dict[str, Job], dict[str, Future[Any]]]
 
 
@@ -160,7 +147,12 @@ def prove(
         jobs_by_plan, all_jobs, compiled = _compile(pool, workers, planned, tools, hosts, cache)
 
         # 3. inspect every cubin (and host object) once
-        inspections = _inspect(pool, all_jobs, cache, tools, opcodes)
+        names = demangle(sorted({n for key in all_jobs
+                                 for n in kernel_sizes(cubin_path(cache, key))}), tools)
+        inspections = {key: pool.submit(inspect_cubin, cubin_path(cache, key), tools,
+                                        opcodes.get(job.arch), names)
+                       for key, job in all_jobs.items()}
+        _raise_first(inspections.values(), "inspecting the cubins")
     calls = {key: runtime_calls(host_object_path(cache, key))
              for key, job in all_jobs.items() if job.host}
 
