@@ -27,14 +27,6 @@ from sm120fork.verify.proof.verdict import (
 CLUSTER_QUERY = "cudaOccupancyMaxPotentialClusterSize"
 
 
-def _gate_cell(result: ArchResult | None) -> str:
-    if result is None:
-        return "-"
-    if result.gate.accepted:
-        return "accepted"
-    return f"refused: `{result.gate.error}`"
-
-
 def _pdl_cell(v: Verdict, opcodes: Mapping[str, PdlOpcodes]) -> str:
     if v.pdl is None or v.pdl_reference is None:
         return "not checked"
@@ -85,7 +77,8 @@ def render_markdown(report: ProofReport) -> str:
         row_verdicts = [verdicts[(name, arch)] for name in names]
         pairs = list(zip(results, row_verdicts, strict=True))
         rows += [
-            [arch, "JIT gate", *(_gate_cell(r) for r in results)],
+            [arch, "JIT gate", *("-" if r is None else "accepted" if r.gate.accepted
+                                 else f"refused: `{r.gate.error}`" for r in results)],
             [arch, f"kernels present / {report.reference_arch}",
              *(_kernels_cell(r, v) for r, v in pairs)],
             [arch, "empty kernels", *(str(len(v.empty)) if r is not None and r.compiled
