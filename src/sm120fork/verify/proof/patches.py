@@ -194,8 +194,7 @@ def _junit_outcomes(xml: Path, root: Path, stack: str | None = None
     return found
 
 
-def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None,
-                  timeout: float = 3600, stack: str | None = None
+def run_cpu_tests(root: Path, nodes: Sequence[str], *, stack: str | None = None
                   ) -> dict[str, tuple[str, bool]]:
     """Run the named tests of the checkout's suite for ``stack`` in one pytest; each one's
     outcome (only a test that ran and passed here is evidence)."""
@@ -217,12 +216,11 @@ def run_cpu_tests(root: Path, nodes: Sequence[str], *, python: str | None = None
         xml = Path(tmp) / "junit.xml"
         src = str(root / "src")
         pythonpath = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
-        done = proc.run([python or sys.executable, "-m", "pytest", *runnable.values(), "-q",
+        done = proc.run([sys.executable, "-m", "pytest", *runnable.values(), "-q",
                          "-p", "no:cacheprovider", f"--junitxml={xml}"],
                         cwd=root, env={"PYTHONPATH": pythonpath,
                                        **({VERIFY_STACK_ENV: stack} if stack else {})},
-                        check=False,
-                        timeout=timeout)
+                        check=False, timeout=3600)
         ran = _junit_outcomes(xml, root, stack) if xml.is_file() else {}
     for node, actual in runnable.items():
         results[node] = ran.get(actual) or (

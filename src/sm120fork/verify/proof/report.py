@@ -139,8 +139,7 @@ def compact(document: dict[str, Any]) -> dict[str, Any]:
 _OUTCOMES = {"pass": "pass", "fail": "fail", "not checked": "skip"}
 
 
-def to_record(result: VerifyResult, root: Path, *, created: str | None = None,
-              command: str | None = None) -> Record:
+def to_record(result: VerifyResult, root: Path, *, created: str | None = None) -> Record:
     """The verify-sm120 record: one case per patch, per SGLang behaviour check and per
     compile-proof verdict (variants other than the full series are baselines)."""
     cases = [Case(id=f"{v.project}/{v.patch}", variant=FULL,
@@ -160,7 +159,7 @@ def to_record(result: VerifyResult, root: Path, *, created: str | None = None,
     cpus = os.cpu_count()
     return make(
         kind="verify-sm120", stack=result.stack,
-        command=command or KINDS["verify-sm120"].command(result.stack),
+        command=KINDS["verify-sm120"].command(result.stack),
         created=created or datetime.datetime.now(datetime.UTC).isoformat(
             timespec="seconds"),
         toolkit=__version__,
