@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from sm120fork.gpu import methods
-from sm120fork.gpu.methods import Point
+from sm120fork.gpu.bench import drive
+from sm120fork.gpu.bench.drive import Point
 
 
 class FakeAdapter:
@@ -41,7 +42,7 @@ def _run(adapters: list[FakeAdapter], points: list[Point],
         return {"median_us": float(point.tokens), "p90_us": point.tokens + 0.5}
 
     kwargs = {"gather": gather} if gather else {}
-    methods.drive(adapters, points, check=check, time=time, emit=records.append, **kwargs)
+    drive.drive(adapters, points, check=check, time=time, emit=records.append, **kwargs)
     return records
 
 
@@ -100,7 +101,7 @@ def test_a_check_that_raises_is_a_failed_check_not_a_crash() -> None:
     def boom(_a: Any, _p: Point) -> tuple[bool, list[dict[str, Any]]]:
         raise RuntimeError("workspace says no")
 
-    methods.drive([adapter], [Point(8, 4096)], check=boom,
+    drive.drive([adapter], [Point(8, 4096)], check=boom,
                   time=lambda *_: pytest.fail("timed after a failed check"),
                   emit=records.append)
     assert records[-1]["status"] == methods.FAILED_CHECK
@@ -108,10 +109,10 @@ def test_a_check_that_raises_is_a_failed_check_not_a_crash() -> None:
 
 
 def test_tuned_nccl_runs_in_a_group_of_its_own() -> None:
-    groups = methods.group_envs(methods.select(None))
+    groups = drive.group_envs(drive.select(None))
     assert groups[()][:2] == ["nccl_rmsnorm", "fused_oneshot"]
     assert groups[(("NCCL_ALGO", "Ring"), ("NCCL_PROTO", "LL"))] == ["nccl_tuned_rmsnorm"]
-    assert methods.modules(["pcie_ipc_rmsnorm", "fused_auto", "custom_vllm_rmsnorm"]) == [
+    assert drive.modules(["pcie_ipc_rmsnorm", "fused_auto", "custom_vllm_rmsnorm"]) == [
         "pcie_ipc", "vllm"]
 
 

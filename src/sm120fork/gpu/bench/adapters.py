@@ -13,9 +13,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sm120fork.gpu.bench.drive import Point
 from sm120fork.gpu.core.rank import Rank, cuda_broken
 from sm120fork.gpu.core.reference import RMS_EPS
-from sm120fork.gpu.methods import METHODS, Point
+from sm120fork.gpu.methods import METHODS
 
 #: (x, residual, residual_out, norm_out) of one rotating buffer set
 BufferSet = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]

@@ -12,7 +12,7 @@ from pathlib import Path
 from sm120fork.errors import UsageError, VerifyError
 from sm120fork.gpu import methods as methods_mod
 from sm120fork.gpu import policy as policy_mod
-from sm120fork.gpu.bench import launcher, report
+from sm120fork.gpu.bench import drive, launcher, report
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import documents, runs
 from sm120fork.gpu.core.documents import BenchRecord, Environment
@@ -62,12 +62,12 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     opts = opts.with_stack(baseline=False)
     if len(opts.wheel_dirs) > 1:
         raise UsageError("bench measures one variant", where="--wheel-dir")
-    chosen = methods_mod.select(opts.methods)
+    chosen = drive.select(opts.methods)
     unknown = sorted(set(opts.methods or ()) - set(methods_mod.METHODS))
     if unknown:
         raise UsageError(f"unknown methods {unknown}", where="--method",
                           fix=f"one of {list(methods_mod.METHODS)}")
-    prepared = runs.prepare(opts, "bench", ["comm", "norm", *methods_mod.modules(chosen)])
+    prepared = runs.prepare(opts, "bench", ["comm", "norm", *drive.modules(chosen)])
     compiled = prepared.compiled
     variant = prepared.variants[0]
     env = runs.run_environment(compiled, variant.name, opts.wheel_dirs)
@@ -161,7 +161,7 @@ class _World:
     partial: bool = False
 
     def run(self, chosen: Sequence[str]) -> None:
-        for index, (group_env, names) in enumerate(methods_mod.group_envs(chosen).items()):
+        for index, (group_env, names) in enumerate(drive.group_envs(chosen).items()):
             if group_env and self.shared:
                 self.records += [{"kind": "method", "method": name,
                                   "status": methods_mod.NOT_RUNNABLE,

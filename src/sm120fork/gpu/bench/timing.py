@@ -13,10 +13,11 @@ import torch
 import torch.distributed as dist
 
 from sm120fork.gpu.bench.adapters import FACTORIES, Adapter, BufferSet, Unbuilt
+from sm120fork.gpu.bench.drive import Point, drive
 from sm120fork.gpu.core.cases import BenchPlan, Case
 from sm120fork.gpu.core.rank import Rank, cuda_broken, say
 from sm120fork.gpu.core.reference import TORCH_DTYPES, compare, expected, generate
-from sm120fork.gpu.methods import METHODS, Point, drive
+from sm120fork.gpu.methods import METHODS
 
 
 def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], *, rotate: int,
