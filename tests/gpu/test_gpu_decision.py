@@ -81,13 +81,12 @@ def test_a_range_longer_than_a_method_takes_falls_back() -> None:
     assert "it takes at most 36 tokens" in d.fallbacks[0]
 
 
-def test_capture_and_unknown_methods_fall_back() -> None:
-    registry = {**methods.METHODS, "pcie_ipc_rmsnorm": dataclasses.replace(
-        methods.METHODS["pcie_ipc_rmsnorm"], in_graphs=False)}
+def test_capture_and_unknown_methods_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(methods.METHODS, "pcie_ipc_rmsnorm", dataclasses.replace(
+        methods.METHODS["pcie_ipc_rmsnorm"], in_graphs=False))
     doc = _doc([_rng(1, 8, "from_the_future", "pcie_ipc_rmsnorm", "fused_auto")])
-    eager = decision.decide(doc, Process(world_size=4, present=EVERY), registry=registry)
-    graph = decision.decide(doc, Process(world_size=4, present=EVERY, capturing=True),
-                            registry=registry)
+    eager = decision.decide(doc, Process(world_size=4, present=EVERY))
+    graph = decision.decide(doc, Process(world_size=4, present=EVERY, capturing=True))
     assert (eager.ranges[0].method, graph.ranges[0].method) == ("pcie_ipc_rmsnorm",
                                                                 "fused_auto")
     assert "does not know the method" in eager.fallbacks[0]

@@ -10,8 +10,11 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import re
 import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,8 +59,7 @@ def test_g7_adds_the_bundle_unchanged() -> None:
         "nox -s refresh -- sglang-0.5.23 sglang")
 
 
-def test_the_bundle_alone_decides_as_the_toolkit(tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def _bundled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     source = tmp_path / "sm120fork_allreduce.py"
     source.write_text(bundle.module_source(), encoding="utf-8")
     spec = importlib.util.spec_from_file_location("bundled_sm120fork_allreduce", source)
@@ -66,8 +68,14 @@ def test_the_bundle_alone_decides_as_the_toolkit(tmp_path: Path,
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bundle_alone_decides_as_the_toolkit(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _bundled(tmp_path, monkeypatch)
     imported = {(n.module or "") if isinstance(n, ast.ImportFrom) else a.name
-                for n in ast.walk(ast.parse(source.read_text(encoding="utf-8")))
+                for n in ast.walk(ast.parse(bundle.module_source()))
                 if isinstance(n, ast.Import | ast.ImportFrom)
                 for a in n.names}
     assert not {m for m in imported if m.startswith(("sm120fork", "."))}, imported
@@ -81,15 +89,56 @@ def test_the_bundle_alone_decides_as_the_toolkit(tmp_path: Path,
     path = tmp_path / "policy.json"
     path.write_text(json.dumps(doc), encoding="utf-8")
     monkeypatch.setenv(policy.ENV_VAR, str(path))
+    gpu = {"name": "NVIDIA H200"}
+    cuda = types.SimpleNamespace(get_device_capability=lambda: (9, 0),
+                                 get_device_name=lambda: gpu["name"])
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     module.sglang_forget()
     lines: list[str] = []
-    got = module.for_sglang(2, gpu_major=9, gpu_name="NVIDIA H200", announce=lines.append)
+    got = module.sglang_decision(2, sm12x=False, announce=lines.append)
     present = module.importable(module.needed_names())
     want = decision.decide(policy.validate(doc, str(path)),
                            decision.Process(world_size=2, gpu_major=9, present=present),
                            source=f"policy {path}, measured 2026-12-03 on NVIDIA H200 x1")
     assert got.to_json() == want.to_json()
     assert lines == [want.line, *want.fallbacks]
-    # measured on another GPU model: not followed off SM12x
+    # measured on another GPU model: not followed off SM12x, and the line says why
+    gpu["name"] = "NVIDIA H100"
     module.sglang_forget()
-    assert not module.for_sglang(2, gpu_major=9, gpu_name="NVIDIA H100").by_policy
+    assert module.sglang_decision(2, sm12x=False) is None
+    assert "was measured on NVIDIA H200, not on this NVIDIA H100" in \
+        module.sglang_not_followed(2)
+
+
+def _sglang_calls() -> set[str]:
+    """The names SGLang's patched code takes from the added module (``policy.NAME``)."""
+    patch = g7().read_text(encoding="utf-8")
+    return set(re.findall(r"\bpolicy\.(\w+)\(", patch.split(
+        f"diff --git a/python/{bundle.SGLANG_PATH}")[0]))
+
+
+def test_the_bundle_holds_only_what_sglang_calls() -> None:
+    """Every top-level name of the bundle is reached from SGLang's call sites (or is
+    ``sglang_forget``, a probe's way to re-read the file), and it stays small."""
+    assert _sglang_calls() == set(bundle.ENTRY) - {"sglang_forget"}
+    tree = ast.parse(bundle.module_source())
+    defined: dict[str, ast.stmt] = {}
+    for node in tree.body:
+        names = ([node.name] if isinstance(node, ast.FunctionDef | ast.ClassDef)
+                 else [a.asname or a.name.partition(".")[0] for a in node.names]
+                 if isinstance(node, ast.Import | ast.ImportFrom)
+                 else [t.id for t in ast.walk(node) if isinstance(t, ast.Name)
+                       and isinstance(t.ctx, ast.Store)])
+        defined.update(dict.fromkeys(names, node))
+    defined.pop("annotations")
+    reached: set[str] = set()
+    todo = [*_sglang_calls(), "sglang_forget"]
+    while todo:
+        name = todo.pop()
+        if name in defined and name not in reached:
+            reached.add(name)
+            todo += [n.id for n in ast.walk(defined[name]) if isinstance(n, ast.Name)]
+    assert set(defined) - reached == set()
+    for unwanted in ("derive", "drive", "view", "describe", "BuildError", "main"):
+        assert unwanted not in defined
+    assert len(bundle.module_source().splitlines()) <= 560

@@ -23,8 +23,8 @@ import importlib.util
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .methods import METHODS, ROUTES, UNFUSED, MethodSpec
-from .policy import AUTO_ENV, DEFAULT_TP, SGLANG_FUSED
+from .methods import METHODS, ROUTES, UNFUSED
+from .policy import AUTO_ENV, DEFAULT_TP, ENV_VAR, SGLANG_FUSED, read_for_doctor, validate
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,15 +33,12 @@ class Process:
 
     world_size: int
     dtype: str = "bf16"
-    #: the GPU's compute capability major (12 for SM120/SM121); None: not known
-    gpu_major: int | None = None
-    #: which of the methods' needed names import here (:func:`importable`); None: not
-    #: known (the doctor of an old record), taken as present
+    gpu_major: int | None = None  # compute capability major (12: SM12x); None: not known
+    #: which needed names import here (:func:`importable`); None: not known, taken as present
     present: frozenset[str] | None = None
-    #: a CUDA graph is being captured
-    capturing: bool = False
-    #: SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO: True/False decides our fused path's
-    #: auto-enable (a policy's ranges still hold where it names another method)
+    capturing: bool = False  # a CUDA graph is being captured
+    #: AUTO_ENV's value: True/False decides our fused path's auto-enable (a policy's
+    #: ranges still hold where it names another method)
     fused_override: bool | None = None
 
 
@@ -54,14 +51,6 @@ class Range:
     method: str
     wanted: str
     why: str
-
-    @property
-    def span(self) -> str:
-        return (f"{self.min_tokens}-{self.max_tokens}" if self.max_tokens is not None
-                else f"{self.min_tokens}+")
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,22 +92,18 @@ class Decision:
         return f"all-reduce at TP{self.tp}: {self.summary} ({self.source})"
 
     def to_json(self) -> dict[str, Any]:
-        return {"tp": self.tp, "by_policy": self.by_policy, "source": self.source,
-                "ranges": [r.to_json() for r in self.ranges],
-                "fallbacks": list(self.fallbacks)}
+        return {**dataclasses.asdict(self), "fallbacks": list(self.fallbacks),
+                "ranges": [dataclasses.asdict(r) for r in self.ranges]}
 
 
-def needed_names(registry: Mapping[str, MethodSpec] = METHODS) -> list[str]:
+def needed_names() -> list[str]:
     """Every importable name some method needs (what :func:`importable` is asked)."""
-    return sorted({n for spec in registry.values() for n in spec.needs_any})
+    return sorted({n for spec in METHODS.values() for n in spec.needs_any})
 
 
 def importable(names: Iterable[str]) -> frozenset[str]:
-    """Which of ``names`` ("module" or "module:attribute") import in this process.
-
-    A ``module:attribute`` imports the module (SGLang has imported FlashInfer already
-    where it matters); a bare module is only looked up.  Never raises.
-    """
+    """Which of ``names`` import here: a ``module:attribute`` imports the module (SGLang
+    has imported FlashInfer already where it matters), a bare module is only looked up."""
     found = set()
     for name in names:
         module, _, attribute = name.partition(":")
@@ -133,10 +118,9 @@ def importable(names: Iterable[str]) -> frozenset[str]:
     return frozenset(found)
 
 
-def blocker(name: str, process: Process, *, up_to: int | None = None,
-            registry: Mapping[str, MethodSpec] = METHODS) -> str | None:
+def blocker(name: str, process: Process, *, up_to: int | None = None) -> str | None:
     """Why this process cannot run method ``name`` for tokens up to ``up_to`` (None: it can)."""
-    spec = registry.get(name)
+    spec = METHODS.get(name)
     if spec is None:
         return "this reader does not know the method (a policy from a newer toolkit?)"
     if spec.route is None or spec.route not in ROUTES:
@@ -163,14 +147,12 @@ def blocker(name: str, process: Process, *, up_to: int | None = None,
 
 
 def _walk(tp: int, lo: int, hi: int | None, candidates: list[str], why: str,
-          process: Process, lines: list[str],
-          registry: Mapping[str, MethodSpec]) -> Range:
+          process: Process, lines: list[str]) -> Range:
     """The first candidate this process can run over lo..hi; one line per one skipped."""
     order = list(dict.fromkeys([*candidates, UNFUSED]))
     span = f"{lo}-{hi}" if hi is not None else f"{lo}+"
     for i, name in enumerate(order):
-        reason = None if name == UNFUSED else blocker(name, process, up_to=hi,
-                                                      registry=registry)
+        reason = None if name == UNFUSED else blocker(name, process, up_to=hi)
         if reason is None:
             return Range(lo, hi, name, order[0], why if i == 0 else
                          f"{why}; {order[0]} cannot run here, fallen back")
@@ -180,14 +162,9 @@ def _walk(tp: int, lo: int, hi: int | None, candidates: list[str], why: str,
 
 
 def decide(policy: Mapping[str, Any] | None, process: Process, *, source: str = "",
-           why_not: str = "no policy",
-           registry: Mapping[str, MethodSpec] = METHODS) -> Decision:
-    """The methods per token range at this process's TP size.
-
-    ``policy``: a validated document (:func:`.policy.validate`) or None; ``source``:
-    how the start-up line names it (the file and where it was measured); ``why_not``:
-    why there is none to follow (said in the line of today's rule).
-    """
+           why_not: str = "no policy") -> Decision:
+    """The methods per token range at this process's TP size, from a validated ``policy``
+    or None; ``source`` names it in the line, ``why_not`` says why none is followed."""
     tp = process.world_size
     lines: list[str] = []
     entry = None
@@ -204,14 +181,14 @@ def decide(policy: Mapping[str, Any] | None, process: Process, *, source: str = 
         else:
             want = SGLANG_FUSED if tp == DEFAULT_TP else UNFUSED
             why = f"today's rule: our fused path at TP{DEFAULT_TP} only; {why_not}"
-        rng = _walk(tp, 1, None, [want], why, process, lines, registry)
+        rng = _walk(tp, 1, None, [want], why, process, lines)
         return Decision(tp, False, why, (rng,), tuple(lines))
     ranges = []
     last = 0
     for r in entry["ranges"]:
         ranges.append(_walk(tp, r["min_tokens"], r["max_tokens"],
                             [r["method"], *r.get("fallback", [])],
-                            "measured fastest here", process, lines, registry))
+                            "measured fastest here", process, lines))
         last = r["max_tokens"]
     ranges.append(Range(last + 1, None, UNFUSED, UNFUSED,
                         "not measured above" if last else "no range measured"))
@@ -228,24 +205,19 @@ def measured_where(made: Mapping[str, Any]) -> str:
             + (", on a shared GPU" if made.get("shared_gpu") else ""))
 
 
-def applicable(path: str, *, found: bool, document: Any, error: str | None,
-               gpu_major: int | None, gpu_name: str | None,
+def applicable(facts: Mapping[str, Any], *, gpu_major: int | None, gpu_name: str | None,
                ) -> tuple[dict[str, Any] | None, str, str]:
-    """(the policy SGLang follows or None, how the line names it, why none is followed).
-
-    A usable policy marked for use is followed on SM12x (and where the GPU is not known:
-    the doctor of a record without one); on another GPU only where it was measured on
-    this GPU model (``made.gpu`` equals the running GPU's name), so that without such a
-    file SGLang on SM90/SM100 stays exactly upstream's.
-    """
-    from .policy import validate  # policy imports nothing of this module
-
-    if not found:
+    """(the policy SGLang follows or None, how the line names it, why none is followed)
+    from :func:`.policy.read_for_doctor`'s ``facts``: one marked for use, on SM12x (or an
+    unknown GPU), else only on the GPU model it was measured on (so SM90/SM100 without
+    such a file stay exactly upstream's)."""
+    path, error = str(facts.get("path")), facts.get("error")
+    if not facts.get("found"):
         return None, "", f"no policy at {path}" + (f" ({error})" if error else "")
     if error is not None:
         return None, "", f"policy {path} not usable ({error})"
     try:
-        doc = validate(document, path)
+        doc = validate(facts.get("document"), path)
     except Exception as exc:  # ConfigError: said in the line, never raised into SGLang
         return None, "", f"policy {path} not usable ({getattr(exc, 'message', exc)})"
     made = doc.get("made") or {}
@@ -259,18 +231,8 @@ def applicable(path: str, *, found: bool, document: Any, error: str | None,
     return doc, f"policy {path}, {measured_where(made)}", ""
 
 
-def read_policy(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The file SGLang reads (:func:`.policy.locate`), as :func:`applicable` takes it."""
-    from .policy import read_for_doctor
-
-    facts = read_for_doctor(environ)
-    return {"path": facts["path"], "found": facts["found"], "document": facts["document"],
-            "error": facts["error"]}
-
-
-#: SGLang's side, per process: the policy file as read, and the decisions made from it
-#: per (TP size, dtype, capture state, GPU), so the file is read once and each decision
-#: made (and its lines logged) once
+#: per process: the file as read ("file"), the GPU ("gpu"), the importable names
+#: ("present"), and each decision made, by what it was made from
 _SGLANG: dict[Any, Any] = {}
 
 
@@ -279,9 +241,8 @@ def sglang_forget() -> None:
     _SGLANG.clear()
 
 
-def gpu_facts() -> tuple[int | None, str | None]:
-    """(compute capability major, name) of this process's GPU, asked once per process of
-    the torch SGLang has loaded (never imported here; None: not known)."""
+def _gpu() -> tuple[int | None, str | None]:
+    """(capability major, name) of the GPU, from the torch SGLang loaded (None: not known)."""
     if "gpu" not in _SGLANG:
         import sys
 
@@ -295,75 +256,46 @@ def gpu_facts() -> tuple[int | None, str | None]:
     return major, name
 
 
-def for_sglang(tp: int, *, gpu_major: int | None, gpu_name: str | None,
-               dtype: str = "bf16", capturing: bool = False,
-               fused_override: bool | None = None,
-               announce: Callable[[str], None] | None = None,
-               announce_line: bool = True) -> Decision:
-    """The decision SGLang follows at TP ``tp`` in this process (G7 and the plugin).
+def sglang_decision(tp: int, *, sm12x: bool, dtype: str = "bf16", capturing: bool = False,
+                    announce: Callable[[str], None] | None = None,
+                    announce_line: bool = True) -> Decision | None:
+    """The decision at TP ``tp`` (``sm12x``: SGLang's platform test), or None where SGLang
+    keeps its own code (off SM12x without a policy measured on this GPU model).  The file
+    is read once a process, each decision made once: ``announce`` gets its line (unless
+    ``announce_line`` is false) and its fallback lines then."""
+    import os
 
-    The policy file is read once per process; each decision is made once, and
-    ``announce`` gets its line (unless ``announce_line`` is false) and its fallback lines
-    then.  ``Decision.by_policy`` false: no policy applies, SGLang keeps today's code.
-    """
     if "file" not in _SGLANG:
-        _SGLANG["file"] = read_policy()
+        _SGLANG["file"] = read_for_doctor()
+    if not sm12x and not _SGLANG["file"]["found"]:
+        return None
     if "present" not in _SGLANG:
         _SGLANG["present"] = importable(needed_names())
-    file = _SGLANG["file"]
-    key = (tp, dtype, capturing, gpu_major, gpu_name, fused_override)
+    major, name = _gpu()
+    major = 12 if sm12x else major
+    key = (tp, dtype, capturing, major, name, _override(os.environ.get(AUTO_ENV)))
     made = _SGLANG.get(key)
     if made is None:
-        policy, source, why_not = applicable(file["path"], found=file["found"],
-                                             document=file["document"],
-                                             error=file["error"], gpu_major=gpu_major,
-                                             gpu_name=gpu_name)
-        process = Process(world_size=tp, dtype=dtype, gpu_major=gpu_major,
+        policy, source, why_not = applicable(_SGLANG["file"], gpu_major=major, gpu_name=name)
+        process = Process(world_size=tp, dtype=dtype, gpu_major=major,
                           present=_SGLANG["present"], capturing=capturing,
-                          fused_override=fused_override)
+                          fused_override=key[-1])
         made = _SGLANG[key] = decide(policy, process, source=source, why_not=why_not)
-        # per batch (no line) only a policy's fallbacks are said: without one, today's
-        # code runs and says nothing new
+        # per batch (no line) only a policy's fallbacks: without one, nothing new runs
         if announce is not None and (announce_line or made.by_policy):
             for text in ([made.line] if announce_line else []) + list(made.fallbacks):
                 announce(text)
-    return made
-
-
-def sglang_decision(tp: int, *, sm12x: bool, dtype: str = "bf16", capturing: bool = False,
-                    environ: Mapping[str, str] | None = None,
-                    announce: Callable[[str], None] | None = None,
-                    announce_line: bool = True) -> Decision | None:
-    """What SGLang's sites call: the decision at TP ``tp`` (:func:`for_sglang`), with the
-    GPU asked once (``sm12x``: SGLang's own platform test) and the explicit override
-    read from the environment; None where SGLang keeps its own code untouched (off SM12x
-    with no policy measured on this GPU model: no GPU is asked then)."""
-    import os
-
-    env = os.environ if environ is None else environ
-    if not sm12x:
-        if "file" not in _SGLANG:
-            _SGLANG["file"] = read_policy(env)
-        if not _SGLANG["file"]["found"]:
-            return None
-    major, name = gpu_facts()
-    decision = for_sglang(tp, gpu_major=12 if sm12x else major, gpu_name=name, dtype=dtype,
-                          capturing=capturing, fused_override=_override(env.get(AUTO_ENV)),
-                          announce=announce, announce_line=announce_line)
-    return decision if sm12x or decision.by_policy else None
+    return made if sm12x or made.by_policy else None
 
 
 def sglang_not_followed(tp: int) -> str | None:
-    """Off SM12x, where :func:`sglang_decision` left SGLang's own code untouched: the
-    start-up line that names the policy file found there and why SGLang does not follow
-    it; None where there is no file or one is followed.  It reads nothing new: the file
-    as :func:`sglang_decision` read it."""
+    """Off SM12x, where :func:`sglang_decision` left SGLang's code as upstream's: the line
+    naming the file found there and why it is not followed (None: no file, or followed)."""
     file = _SGLANG.get("file")
     if file is None or not file["found"]:
         return None
-    major, name = gpu_facts()
-    policy, _, why_not = applicable(file["path"], found=True, document=file["document"],
-                                    error=file["error"], gpu_major=major, gpu_name=name)
+    major, name = _gpu()
+    policy, _, why_not = applicable(file, gpu_major=major, gpu_name=name)
     if policy is not None:
         return None
     return f"all-reduce at TP{tp}: SGLang's own code, as upstream ({why_not})"
@@ -386,13 +318,14 @@ def uses_route(decision: Decision, route: str) -> bool:
     return any(METHODS[r.method].route == route for r in decision.ranges)
 
 
-# --- the doctor's view: what SGLang decides with the policy the doctor found -------------
-
 def _override(value: str | None) -> bool | None:
+    """SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO's value: on, off, or not set."""
     if value is None or not value.strip():
         return None
     return value.strip().lower() in ("1", "on", "true", "yes")
 
+
+# --- the doctor's view: what SGLang decides with the policy the doctor found -------------
 
 def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None = None,
          gpu_major: int | None = None, present: frozenset[str] | None = None,
@@ -403,9 +336,9 @@ def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None
     ``facts``: :func:`.policy.read_for_doctor`'s; ``sizes``: the TP sizes to show (the
     policy's own are added); ``override``: the value of :data:`.policy.AUTO_ENV` in force;
     ``gpu_major``/``gpu_name``/``present``: the box's GPU and the importable names (None:
-    not known).  Per TP size the line is the one SGLang logs at start-up (:func:`for_sglang`).
+    not known).  Per TP size the line is the one SGLang logs at start-up
+    (:func:`sglang_decision`).
     """
-    from .policy import ENV_VAR, validate  # policy imports nothing of this module
 
     raw = facts.get("document")
     error = facts.get("error")
@@ -451,9 +384,8 @@ def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None
     for tp in sorted({*sizes, *(int(t) for t in tps)}):
         process = Process(world_size=tp, gpu_major=gpu_major, present=present,
                           fused_override=forced)
-        policy, source_line, why_not = applicable(
-            str(facts.get("path")), found=bool(facts.get("found")), document=raw,
-            error=facts.get("error"), gpu_major=gpu_major, gpu_name=gpu_name)
+        policy, source_line, why_not = applicable(facts, gpu_major=gpu_major,
+                                                  gpu_name=gpu_name)
         decision = decide(policy, process, source=source_line, why_not=why_not)
         entry = tps.get(str(tp)) or {}
         per_tp.append({**decision.to_json(),

@@ -163,8 +163,8 @@ def _int_at_least(value: Any, low: int) -> bool:
 
 
 def _v1_entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """A version 1 TP entry in version 2 terms: our fused path for 1..fused_max_tokens,
-    SGLang's own unfused dispatch above (the winners it listed were only reported)."""
+    """A version 1 TP entry as version 2: our fused path up to fused_max_tokens, SGLang's
+    own dispatch above (version 1's other winners were only reported)."""
     cap = entry.get("fused_max_tokens")
     if not _int_at_least(cap, 0):
         raise ConfigError("fused_max_tokens must be an integer >= 0",
@@ -296,8 +296,7 @@ DEFAULT_TP = 2
 
 
 def locate(environ: Mapping[str, str] | None = None) -> Path:
-    """Where SGLang's patched start-up (S1/S2, G2/G3) looks for the policy: the file
-    ``SGLANG_SM120_ALLREDUCE_POLICY`` names, else ``DEFAULT_PATH`` (``~`` expanded)."""
+    """Where SGLang's patched code (S1/S2, G2/G3) looks: ENV_VAR's file, else DEFAULT_PATH."""
     import os
 
     env = os.environ if environ is None else environ
@@ -305,9 +304,8 @@ def locate(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def read_for_doctor(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The doctor's facts about the policy: where SGLang looks, who named that place,
-    and the document found there (as read, so a record can be judged elsewhere).
-    Never raises."""
+    """Where SGLang looks, who named that place, the document found there (as read, so a
+    doctor's record can be judged elsewhere) or why none was read; never raises."""
     import os
 
     env = os.environ if environ is None else environ
