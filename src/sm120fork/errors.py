@@ -22,12 +22,9 @@ class ToolkitError(Exception):
 
     @property
     def message(self) -> str:
-        text = self.what
-        if self.where:
-            text = f"{self.where}: {text}"
-        if self.fix:
-            text = f"{text} ({self.fix})"
-        return text
+        where = f"{self.where}: " if self.where else ""
+        fix = f" ({self.fix})" if self.fix else ""
+        return f"{where}{self.what}{fix}"
 
 
 class ConfigError(ToolkitError):

@@ -82,8 +82,8 @@ def test_a_range_longer_than_a_method_takes_falls_back() -> None:
 
 
 def test_capture_and_unknown_methods_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(methods.METHODS, "pcie_ipc_rmsnorm", dataclasses.replace(
-        methods.METHODS["pcie_ipc_rmsnorm"], in_graphs=False))
+    monkeypatch.setitem(methods.SERVING, "pcie_ipc_rmsnorm", dataclasses.replace(
+        methods.SERVING["pcie_ipc_rmsnorm"], in_graphs=False))
     doc = _doc([_rng(1, 8, "from_the_future", "pcie_ipc_rmsnorm", "fused_auto")])
     eager = decision.decide(doc, Process(world_size=4, present=EVERY))
     graph = decision.decide(doc, Process(world_size=4, present=EVERY, capturing=True))

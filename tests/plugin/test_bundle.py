@@ -8,6 +8,7 @@ copy drifts from them, and check that the bundle, imported alone, decides as the
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import json
 import re
@@ -100,7 +101,7 @@ def test_the_bundle_alone_decides_as_the_toolkit(tmp_path: Path,
     want = decision.decide(policy.validate(doc, str(path)),
                            decision.Process(world_size=2, gpu_major=9, present=present),
                            source=f"policy {path}, measured 2026-12-03 on NVIDIA H200 x1")
-    assert got.to_json() == want.to_json()
+    assert dataclasses.asdict(got) == dataclasses.asdict(want)
     assert lines == [want.line, *want.fallbacks]
     # measured on another GPU model: not followed off SM12x, and the line says why
     gpu["name"] = "NVIDIA H100"
@@ -141,4 +142,4 @@ def test_the_bundle_holds_only_what_sglang_calls() -> None:
     assert set(defined) - reached == set()
     for unwanted in ("derive", "drive", "view", "describe", "BuildError", "main"):
         assert unwanted not in defined
-    assert len(bundle.module_source().splitlines()) <= 560
+    assert len(bundle.module_source().splitlines()) <= 430

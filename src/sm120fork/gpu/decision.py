@@ -20,10 +20,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import json
+import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .methods import METHODS, ROUTES, UNFUSED
+from .methods import SERVING, UNFUSED
 from .policy import AUTO_ENV, DEFAULT_TP, ENV_VAR, SGLANG_FUSED, read_for_doctor, validate
 
 
@@ -72,7 +75,7 @@ class Decision:
 
     def route_for(self, tokens: int) -> str:
         """What SGLang switches on (a key of :data:`.methods.ROUTES`)."""
-        return str(METHODS[self.method_for(tokens)].route)
+        return str(SERVING[self.method_for(tokens)].route)
 
     @property
     def summary(self) -> str:
@@ -91,14 +94,10 @@ class Decision:
         """The start-up decision line: per range the method that runs, and the source."""
         return f"all-reduce at TP{self.tp}: {self.summary} ({self.source})"
 
-    def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "fallbacks": list(self.fallbacks),
-                "ranges": [dataclasses.asdict(r) for r in self.ranges]}
-
 
 def needed_names() -> list[str]:
     """Every importable name some method needs (what :func:`importable` is asked)."""
-    return sorted({n for spec in METHODS.values() for n in spec.needs_any})
+    return sorted({n for spec in SERVING.values() for n in spec.needs_any})
 
 
 def importable(names: Iterable[str]) -> frozenset[str]:
@@ -120,12 +119,12 @@ def importable(names: Iterable[str]) -> frozenset[str]:
 
 def blocker(name: str, process: Process, *, up_to: int | None = None) -> str | None:
     """Why this process cannot run method ``name`` for tokens up to ``up_to`` (None: it can)."""
-    spec = METHODS.get(name)
+    spec = SERVING.get(name)
     if spec is None:
         return "this reader does not know the method (a policy from a newer toolkit?)"
-    if spec.route is None or spec.route not in ROUTES:
+    if spec.route is None:
         return "SGLang cannot select it (a bench-only variant)"
-    if spec.name == SGLANG_FUSED and process.fused_override is False:
+    if name == SGLANG_FUSED and process.fused_override is False:
         return f"{AUTO_ENV}=0 turns our fused path off"
     if spec.dtypes and process.dtype not in spec.dtypes:
         return f"it runs {'/'.join(spec.dtypes)} only; this process all-reduces {process.dtype}"
@@ -244,8 +243,6 @@ def sglang_forget() -> None:
 def _gpu() -> tuple[int | None, str | None]:
     """(capability major, name) of the GPU, from the torch SGLang loaded (None: not known)."""
     if "gpu" not in _SGLANG:
-        import sys
-
         try:
             cuda = sys.modules["torch"].cuda
             _SGLANG["gpu"] = (int(cuda.get_device_capability()[0]),
@@ -263,8 +260,6 @@ def sglang_decision(tp: int, *, sm12x: bool, dtype: str = "bf16", capturing: boo
     keeps its own code (off SM12x without a policy measured on this GPU model).  The file
     is read once a process, each decision made once: ``announce`` gets its line (unless
     ``announce_line`` is false) and its fallback lines then."""
-    import os
-
     if "file" not in _SGLANG:
         _SGLANG["file"] = read_for_doctor()
     if not sm12x and not _SGLANG["file"]["found"]:
@@ -315,7 +310,7 @@ def sglang_route(tp: int, tokens: int, *, sm12x: bool, dtype: str = "bf16",
 
 def uses_route(decision: Decision, route: str) -> bool:
     """Whether some token range of ``decision`` runs ``route`` (pcie_ipc: switch it on)."""
-    return any(METHODS[r.method].route == route for r in decision.ranges)
+    return any(SERVING[r.method].route == route for r in decision.ranges)
 
 
 def _override(value: str | None) -> bool | None:
@@ -388,7 +383,8 @@ def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None
                                                   gpu_name=gpu_name)
         decision = decide(policy, process, source=source_line, why_not=why_not)
         entry = tps.get(str(tp)) or {}
-        per_tp.append({**decision.to_json(),
+        per_tp.append({**dataclasses.asdict(decision), "fallbacks": list(decision.fallbacks),
+                       "ranges": [dataclasses.asdict(r) for r in decision.ranges],
                        "decided_by": "policy" if decision.by_policy else (
                            AUTO_ENV if forced is not None else "today's rule"),
                        "followed": decision.by_policy,
@@ -414,14 +410,9 @@ PREFIX = "SM120FORK-IMPORTABLE "
 def main(argv: list[str]) -> int:
     """``python -m <package>.gpu.decision NAME...``: which names import in this interpreter
     (the doctor asks in a child, so FlashInfer's imports stay out of its own process)."""
-    import json
-    import sys
-
     sys.stdout.write(PREFIX + json.dumps(sorted(importable(argv or needed_names()))) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv[1:]))

@@ -45,13 +45,14 @@ version 2 document (``from_version`` 1).
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError  # relative: the plugin wheel vendors policy + methods
-from .methods import FAILED_CHECK, METHODS, NOT_RUNNABLE, TIMED, UNFUSED
+from .methods import FAILED_CHECK, METHODS, NOT_RUNNABLE, SERVING, TIMED, UNFUSED
 
 FORMAT = "sm120fork-allreduce-policy"
 VERSION = 2
@@ -73,8 +74,7 @@ def _latency(rec: Mapping[str, Any]) -> float:
 
 def servable(name: str) -> bool:
     """Whether SGLang can run this bench method when a policy names it."""
-    spec = METHODS.get(name)
-    return spec is not None and spec.route is not None
+    return name in SERVING and SERVING[name].route is not None
 
 
 def _order(names: Sequence[str]) -> dict[str, int]:
@@ -193,7 +193,7 @@ def _v2_entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
                               where=f"{where}.max_tokens")
         if not isinstance(rng.get("method"), str) or not rng["method"]:
             raise ConfigError("method must name a method", where=f"{where}.method",
-                              fix=f"one of {sorted(n for n in METHODS if servable(n))}")
+                              fix=f"one of {sorted(filter(servable, SERVING))}")
         fallback = rng.get("fallback", [])
         if not isinstance(fallback, list) or not all(isinstance(f, str) for f in fallback):
             raise ConfigError("fallback must be a list of method names",
@@ -297,8 +297,6 @@ DEFAULT_TP = 2
 
 def locate(environ: Mapping[str, str] | None = None) -> Path:
     """Where SGLang's patched code (S1/S2, G2/G3) looks: ENV_VAR's file, else DEFAULT_PATH."""
-    import os
-
     env = os.environ if environ is None else environ
     return Path(os.path.expanduser(env.get(ENV_VAR) or DEFAULT_PATH))
 
@@ -306,8 +304,6 @@ def locate(environ: Mapping[str, str] | None = None) -> Path:
 def read_for_doctor(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Where SGLang looks, who named that place, the document found there (as read, so a
     doctor's record can be judged elsewhere) or why none was read; never raises."""
-    import os
-
     env = os.environ if environ is None else environ
     where = locate(env)
     facts: dict[str, Any] = {"path": str(where),
