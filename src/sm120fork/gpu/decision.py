@@ -1,20 +1,11 @@
 """Which all-reduce method SGLang runs per token range, in one serving process.
 
-The one pure decision that SGLang's side (the fork's patched SGLang and the plugin), the
-doctor, ``tune`` and docs/policy.md's worked example all call: the process's facts
-(world size, dtype, GPU capability, which modules import, whether a CUDA graph is being
-captured, the explicit fused-path override) and the policy (a version 2 document from
-:func:`.policy.validate`, or None) go in; per token range the method that runs, why, and
-one log line per method it had to fall back past come out.  It reads no file and asks
-no GPU, so every branch is a CPU test; :func:`importable` is the one helper that looks
-at the process (standard library only: the plugin wheel vendors this file).
-
-Without a usable policy (none, marked not for use, or no entry for this TP size)
-today's rule holds: our fused path at TP :data:`.policy.DEFAULT_TP` only, SGLang's own
-unfused dispatch otherwise.  Above a policy's last measured range nothing was measured:
-SGLang's own unfused dispatch runs there.
+The one pure decision SGLang's side (the patched SGLang and the plugin), the doctor,
+``tune`` and docs/policy.md's worked example call: the process's facts and a validated
+policy (or None) in; per token range the method, why, and a line per fallback out.
+Without a usable policy today's rule holds (our fused path at TP :data:`.policy.DEFAULT_TP`
+only); above a policy's last range SGLang's own unfused dispatch runs.
 """
-
 from __future__ import annotations
 
 import dataclasses
@@ -325,16 +316,9 @@ def _override(value: str | None) -> bool | None:
 def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None = None,
          gpu_major: int | None = None, present: frozenset[str] | None = None,
          gpu_name: str | None = None) -> dict[str, Any]:
-    """What SGLang runs per TP size with the policy the doctor found, as data and text
-    (``head``: the file's lines, ``lines``: per TP size its ranges and fallbacks).
-
-    ``facts``: :func:`.policy.read_for_doctor`'s; ``sizes``: the TP sizes to show (the
-    policy's own are added); ``override``: the value of :data:`.policy.AUTO_ENV` in force;
-    ``gpu_major``/``gpu_name``/``present``: the box's GPU and the importable names (None:
-    not known).  Per TP size the line is the one SGLang logs at start-up
-    (:func:`sglang_decision`).
-    """
-
+    """What SGLang runs per TP size (``sizes`` and the policy's own) with the policy the
+    doctor found (``facts``: :func:`.policy.read_for_doctor`'s), as data and text; each
+    TP size's line is the one SGLang logs at start-up."""
     raw = facts.get("document")
     error = facts.get("error")
     doc: dict[str, Any] = {}

@@ -1,47 +1,10 @@
 """The all-reduce policy: from a bench's measurements, per TP size, which method runs where.
 
-The file (JSON, ``policy.json`` beside the bench report; ``tune`` installs it where SGLang
-looks) names, for every token range of every TP size the bench measured, the method
-SGLang runs there and the methods to fall back to, fastest first, when the serving
-process cannot run it (:mod:`.decision` makes that call).  docs/policy.md documents the
-format for users (a test checks that it names every key the bench writes).  Version 2::
-
-    {
-      "format": "sm120fork-allreduce-policy",
-      "version": 2,
-      "for_use": true,             # false: made on a shared GPU (or partial); readers
-                                   # ignore the file and keep their default decision
-      "made": {"created": "...", "gpu": "...", "gpu_count": 8, "shared_gpu": false,
-               "stack": "sglang-0.5.23", "dtype": "bf16", "hidden": [4096, 6144, 7168],
-               "note": "..."},
-      "tp": {
-        "2": {
-          "ranges": [              # contiguous from 1 token; above the last: not measured
-            {"min_tokens": 1, "max_tokens": 16, "method": "fused_auto",
-             "fallback": ["pcie_ipc_rmsnorm", "nccl_rmsnorm"]},
-            {"min_tokens": 17, "max_tokens": 512, "method": "pcie_ipc_rmsnorm",
-             "fallback": ["nccl_rmsnorm"]}],
-          "measured_tokens": [1, 2, 4, ...],
-          "excluded": {"custom_vllm_rmsnorm": "failed its output check at ..."},
-          "not_measured": {"b12x_fused": "b12x runs on SM12x only; ..."}
-        }
-      }
-    }
-
-Only methods SGLang can run (``methods.MethodSpec.route``) are ranked; the bench-only
-variants (our one-shot/two-shot kernels, FlashInfer's vLLM custom all-reduce, the tuned
-NCCL row) are measured for the report but never named.  Per measured token count the
-methods that ran at every hidden size are ranked by their worst ratio to the fastest
-(the one that wins at every hidden size, if one does, comes first); consecutive counts
-with the same winner make one range, whose fallbacks are the other methods that ran over
-the whole range, by their worst ratio there.  A method that failed its output check
-anywhere is left out of the whole TP size.
-
-Version 1 (``fused_max_tokens`` per TP size: our fused path for 1..N tokens, SGLang's own
-unfused dispatch above) is still read: :func:`validate` returns it as the equivalent
-version 2 document (``from_version`` 1).
+docs/policy.md documents the file (a test checks it names every key the bench writes) and
+how the ranges are ranked: per measured token count the methods SGLang can run that ran at
+every hidden size, by their worst ratio to the fastest; a method that failed its output
+check anywhere is left out of the whole TP size.  Version 1 files are still read.
 """
-
 from __future__ import annotations
 
 import json
@@ -66,7 +29,7 @@ ENV_VAR = "SGLANG_SM120_ALLREDUCE_POLICY"
 DEFAULT_PATH = "~/.config/sm120fork/allreduce-policy.json"
 
 
-def _latency(rec: Mapping[str, Any]) -> float:
+def latency(rec: Mapping[str, Any]) -> float:
     """A collective is as slow as its slowest rank: the max of the ranks' medians."""
     medians = [m for m in rec.get("rank_medians_us") or [] if m is not None]
     return float(max(medians) if medians else rec["median_us"])
@@ -103,7 +66,7 @@ def _tp_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for rec in records:
         if (rec.get("kind") == "point" and rec.get("status") == TIMED
                 and rec["method"] not in excluded and servable(rec["method"])):
-            lat[int(rec["tokens"])][int(rec["hidden"])][rec["method"]] = _latency(rec)
+            lat[int(rec["tokens"])][int(rec["hidden"])][rec["method"]] = latency(rec)
     tokens = sorted(lat)
     ratios: dict[int, dict[str, float]] = {}
     winners: dict[int, str] = {}
@@ -244,25 +207,6 @@ def load(path: Path) -> dict[str, Any]:
     return validate(doc, str(path))
 
 
-def as_version_1(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """The document as version 1, for readers that take only that (the SGLang gates of
-    the series before the fork-only policy patch): per TP size our fused path up to the
-    end of a first range that names it, else never; every other range is dropped."""
-    tps = {}
-    for tp, entry in doc["tp"].items():
-        ranges = entry.get("ranges", [])
-        cap = (ranges[0]["max_tokens"] if ranges and ranges[0]["method"] == SGLANG_FUSED
-               else 0)
-        tps[tp] = {"fused_max_tokens": cap, "ranges": [
-            {"min_tokens": r["min_tokens"], "max_tokens": r["max_tokens"],
-             "method": r["method"], "fused": METHODS[r["method"]].fused
-             if r["method"] in METHODS else False} for r in ranges],
-                   "measured_tokens": list(entry.get("measured_tokens", [])),
-                   "excluded": dict(entry.get("excluded", {}))}
-    return {"format": FORMAT, "version": 1, "for_use": doc["for_use"],
-            "made": dict(doc.get("made", {})), "tp": tps}
-
-
 def describe(doc: Mapping[str, Any]) -> list[str]:
     """One line per TP size: the method per token range, fallbacks in brackets."""
     lines = []
@@ -280,14 +224,9 @@ def describe(doc: Mapping[str, Any]) -> list[str]:
 
 
 
-# --- where SGLang looks, and what it then decides (the doctor's view) ---------------------
-#
-# SGLang's patched code (S1's ``sm120_allreduce_policy`` in utils/common.py, G2's
-# ``_flashinfer_allreduce_fusion_auto_enable``, G3's ``flashinfer_ar_fusion_applies``, and
-# so the plugin's hooks made from G2/G3) cannot import this module, so it spells the
-# place out; a test (``test_sglang_looks_where_the_doctor_looks``) checks that every patch
-# that reads a policy reads ENV_VAR, else DEFAULT_PATH, and nothing else.  The doctor
-# uses :func:`locate`.
+# SGLang's patched code cannot import this module, so it spells the place out; a test
+# (test_sglang_looks_where_the_doctor_looks) checks each such patch reads ENV_VAR, else
+# DEFAULT_PATH.
 
 #: SGLang's explicit auto-enable override (S2/G2): it decides before any policy does
 AUTO_ENV = "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO"

@@ -1,38 +1,14 @@
 """The plugin's run-time half: check each generated hook against the installed SGLang, apply.
 
-This file ships unchanged inside the generated plugin wheel (``<plugin>/plugin/runtime.py``)
-and is imported by the generator here, so the build and the user's process extract and
-hash function sources with the same code.  It uses the standard library only and never
-imports SGLang before every check has passed.
-
-A hook is one top-level unit of an SGLang module that our series changes:
-
-- ``replace``: a function upstream has.  It applies only if the installed function's
-  source hashes to upstream's (``upstream_sha256``); it is "not needed" if it already
-  hashes to ours (``patched_sha256``).  It is installed through SGLang's
-  ``HookRegistry`` (REPLACE), which also rebinds the names other modules took with
-  ``from ... import``.
-- ``provide``: a name the series adds to a module (a helper function, an import, a
-  literal constant).  It applies only if the installed module binds none of its names.
-- ``module``: a module the series adds (a whole file).  It applies only if the installed
-  SGLang has no such file; it is then made from our text and put in ``sys.modules`` (and
-  on its package) before every other hook is prepared, so their functions import it.
-
-A ``replace`` hook may also name a method (``Class.method``) of a class the series
-changes only inside its methods; its source is compiled without upstream's decorators
-(they ran at import already; running them again would register twice).
-
-All or nothing: every hook is checked and prepared (imported, compiled) first; only if
-all succeeded are names provided and REPLACE hooks registered, and a failure on the way
-takes our entries out again, so SGLang stays exactly stock.  The hooks are applied by
-SGLang's ``load_plugins()`` once every plugin registered (never from here: applying
-early would drop the hooks of plugins loaded after this one).  Each hook that replaces or
-adds a function reports one line, once per process (``applied``: registered for SGLang's
-apply step); module globals carried along for those functions (imports, constants) are
-reported only when they cannot apply;
-``SM120FORK_PLUGIN=0`` disables the plugin, and nothing here raises into SGLang.
+Ships unchanged in the plugin wheel and is imported by the generator, so both hash sources
+with the same code; standard library only.  A hook is one top-level unit our series changes:
+``replace`` (a function or ``Class.method`` upstream has: applies only where the installed
+source hashes to upstream's, through SGLang's ``HookRegistry``), ``provide`` (names the
+series adds to a module) or ``module`` (a file the series adds).  All or nothing: every hook
+is checked and prepared first, and a failure takes ours out again, so SGLang stays stock;
+SGLang's ``load_plugins()`` applies the hooks once every plugin registered.  One line per
+hook, once per process; ``SM120FORK_PLUGIN=0`` disables it; nothing raises into SGLang.
 """
-
 from __future__ import annotations
 import __future__
 
@@ -375,13 +351,8 @@ def _sglang_registry() -> Registry:
 
 
 def _without_decorators(source: str) -> ast.Module:
-    """The unit's source as a module, its function's decorators removed.
-
-    Upstream's decorators already ran on upstream's function when SGLang imported the
-    module (``@register_post_process`` appended it to a list); running them again would
-    register a second function.  ``_prepare`` checks that they returned the function
-    itself, so the bare function is exactly what they left in the module.
-    """
+    """The unit's source as a module, its function's decorators removed: they ran when
+    SGLang imported the module (running them again would register twice)."""
     tree = ast.parse(textwrap.dedent(source))
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -390,11 +361,7 @@ def _without_decorators(source: str) -> ast.Module:
 
 
 def _compile_unit(hook: Hook, module: types.ModuleType, flags: int) -> dict[str, Any]:
-    """Run one unit's source with the module's globals; return the names it bound.
-
-    A ``replace`` unit is compiled without its decorators (see ``_without_decorators``);
-    a ``provide`` unit is new to the module, so its decorators run once, as in the wheel.
-    """
+    """Run one unit's source with the module's globals; return the names it bound."""
     where = f"<sm120fork plugin {hook.path}>"
     code = compile(_without_decorators(hook.source) if hook.kind == "replace"
                    else hook.source, where, "exec", flags=flags, dont_inherit=True)
@@ -462,13 +429,9 @@ def _prepare(hook: Hook) -> _Prepared:
 
 def _apply(spec: Spec, statuses: list[HookStatus],
            registry: Registry | None) -> list[HookStatus]:
-    """Prepare every hook; only if all succeeded, provide names and register REPLACEs.
-
-    SGLang's ``load_plugins()`` applies every plugin's hooks itself once all plugins
-    registered; applying here would mark our targets patched early and drop the hooks
-    of plugins loaded after this one, so this never calls ``HookRegistry.apply_hooks``.
-    On any failure the registry and the modules are left without anything of ours.
-    """
+    """Prepare every hook; only if all succeeded, provide names and register REPLACEs
+    (never ``HookRegistry.apply_hooks``: that would drop later plugins' hooks).  On any
+    failure nothing of ours is left in the registry or the modules."""
     todo = [h for h, s in zip(spec.hooks, statuses, strict=False) if s.state == APPLIED]
     if not todo:
         return statuses
@@ -522,11 +485,8 @@ def _flags_of(module: types.ModuleType) -> int:
 def activate(spec: Spec, *,
              registry: Registry | None = None,
              environ: Mapping[str, str] = os.environ) -> list[HookStatus]:
-    """Check every hook and apply all of them, or none; log one line per hook, once.
-
-    Called from SGLang's ``load_plugins()`` in every SGLang process.  A second call in the
-    same process returns the first call's report.  Never raises.
-    """
+    """Check every hook and apply all of them, or none; log one line per hook, once per
+    process (a second call returns the first report).  Never raises."""
     if "report" in _STATE:
         return _STATE["report"]
     if environ.get(DISABLE_ENV, "").strip().lower() in ("0", "off", "false", "no"):

@@ -156,11 +156,6 @@ def _portable(text: str) -> str:
     return _BOX_PATH.sub("<path>", text)[:300]
 
 
-def _latency(rec: Mapping[str, Any]) -> float:
-    medians = [m for m in rec.get("rank_medians_us") or [] if m is not None]
-    return float(max(medians) if medians else rec["median_us"])
-
-
 #: a bench point's status -> its case's outcome (any other status: "error"), and what the
 #: case says where the bench gave no reason
 _OUTCOMES = {methods.TIMED: "pass", methods.FAILED_CHECK: "fail", methods.NOT_RUNNABLE: "skip"}
@@ -182,7 +177,7 @@ def _cases(bench: WorldBench) -> list[record.Case]:
         key = f"tp{bench.world}/{method}/t{rec['tokens']}/h{rec['hidden']}"
         status = rec.get("status")
         if status == methods.TIMED:
-            detail = f"{_latency(rec):.2f} us (slowest rank's median)"
+            detail = f"{policy.latency(rec):.2f} us (slowest rank's median)"
         else:
             detail = _portable(str(rec.get("reason") or _UNSAID.get(str(status), status)))
         cases[key] = record.Case(id=key, variant=VARIANT, detail=detail,
