@@ -1,15 +1,8 @@
-"""The plugin step of ``build``: for a stack whose SGLang has the plugin framework.
-
-SGLang's plugin framework (``sglang/srt/plugins/hook_registry.py``, entry-point group
-``sglang.srt.plugins``) arrived in 0.5.11.  For such a stack the step generates the hooks
-from the stack's SGLang fork tree (:mod:`.generate`) and builds the plugin wheel
-(:mod:`.package`); the release step (:mod:`sm120fork.package.publish`) publishes it with the
-patched wheels, into ``<stack wheels>/plugin/`` with ``plugin.json`` (hooks, wheel-only
-patches, sha256), apart from the patched wheels so that
-``pip install <dir>/*.whl`` installs one way or the other, never both.  For an older
-SGLang it says so: the patched wheel is the way there.
+"""The plugin step of ``build``, for a stack whose SGLang has the plugin framework (0.5.11+):
+generate the hooks from the fork tree (:mod:`.generate`), build the wheel (:mod:`.package`);
+publishing puts it in ``<stack wheels>/plugin/`` with ``plugin.json``, apart from the
+patched wheels, so ``pip install <dir>/*.whl`` installs one way or the other, never both.
 """
-
 from __future__ import annotations
 
 import hashlib
@@ -89,7 +82,7 @@ def build_plugin(ws: Workspace, stack: Stack, series_of: Mapping[str, Series], *
     spec_file = cache / f"spec-{key}.json"
     try:
         spec = Spec.from_json(json.loads(spec_file.read_text()))
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):  # none cached, or of another shape
         tree = prepare_tree(ws, stack, project, patches=series.patches, force=force)
         framework = package_prefix(project.package_root) + FRAMEWORK_FILE
         if not tree.repo.exists(UPSTREAM_TAG, framework):

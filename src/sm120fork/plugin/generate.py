@@ -1,20 +1,9 @@
-"""Generate the plugin's hooks from a fork tree: one source of truth, the series.
-
-The fork tree is the git work tree the build already made: unpatched upstream tagged
-``upstream``, then one commit per patch.  For every patch, the top-level statements of
-each Python file it changes are compared before and after it:
-
-- a function upstream has, changed: a ``replace`` hook (our source from HEAD, the sha256
-  of upstream's source from ``upstream``);
-- a new function, a new import, a new literal constant, or names added to an existing
-  ``from M import ...``: a ``provide`` hook;
-- a new module (a Python file upstream lacks, not a package's ``__init__.py``): a
-  ``module`` hook carrying the whole file;
-- anything else (other module-level code, a class, a removed or changed statement, a
-  removed file, a non-Python file): the patch is "wheel only", and so is any patch
-  sharing a unit with it.
+"""Generate the plugin's hooks from a fork tree (upstream tagged ``upstream``, one commit
+per patch): per patch, the top-level statements of each Python file it changes, before and
+after.  A changed upstream function is a ``replace`` hook; a new function, import, literal
+constant or names added to a ``from M import`` a ``provide`` hook; a new module a ``module``
+hook; anything else makes the patch (and any patch sharing a unit with it) "wheel only".
 """
-
 from __future__ import annotations
 
 import ast
@@ -120,12 +109,9 @@ def _added_from_import(old: ast.ImportFrom, new: ast.ImportFrom) -> str | None:
 
 
 def _method_changes(path: str, key: Key, old: _Unit, new: _Unit) -> list[_Change]:
-    """A changed class: one ``replace`` per changed method, if nothing else changed.
-
-    The class itself (bases, decorators, other statements) must be upstream's, and each
-    changed method a plain one (no decorator) that neither uses zero-argument ``super()``
-    nor a private ``__name`` (both depend on being compiled inside the class body).
-    """
+    """A changed class: one ``replace`` per changed method, if nothing else changed and
+    each is plain (no decorator, no zero-argument ``super()``, no private ``__name``: those
+    need the class body)."""
     assert isinstance(old.node, ast.ClassDef)
     assert isinstance(new.node, ast.ClassDef)
     name = new.node.name

@@ -1,16 +1,9 @@
-"""The plugin wheel: a generated project directory built with pypa/build.
+"""The plugin wheel (``sm120fork-sglang-plugin``): a generated project built with pypa/build.
 
-The wheel is pure Python and ours by name (``sm120fork-sglang-plugin``, import package
-``sm120fork_sglang_plugin``); its version is SGLang's plus the stack's local label, so
-it says which SGLang it is for.  It registers one entry point in SGLang's group
-``sglang.srt.plugins`` and the ``sm120fork-doctor`` console script.  Besides the
-generated ``hooks.json`` and ``__init__.py`` it carries unchanged copies of the toolkit
-files it runs (the plugin runtime, the doctor, the error hierarchy, the all-reduce policy's
-reader and the methods it names), laid out as in ``src/sm120fork`` so their relative
-imports hold in both places; a folder whose ``__init__.py`` is not copied gets an empty
-one (``gpu/``: only the two modules the doctor reads, none of the GPU harness).
+Its version is SGLang's plus the stack's local label; it registers SGLang's entry point and
+the ``sm120fork-doctor`` script, and carries unchanged copies of the toolkit files it runs,
+laid out as in ``src/sm120fork`` so their relative imports hold in both places.
 """
-
 from __future__ import annotations
 
 import hashlib

@@ -24,7 +24,7 @@ import sys
 import textwrap
 import types
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -146,21 +146,6 @@ class Hook:
         return not any(isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
                        for n in body)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"patch": self.patch, "kind": self.kind, "module": self.module,
-                "path": self.path, "names": list(self.names), "source": self.source,
-                "patched_sha256": self.patched_sha256,
-                "upstream_sha256": self.upstream_sha256}
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Hook:
-        return cls(patch=str(data["patch"]), kind=str(data["kind"]),
-                   module=str(data["module"]), path=str(data["path"]),
-                   names=tuple(str(n) for n in data["names"]), source=str(data["source"]),
-                   patched_sha256=str(data["patched_sha256"]),
-                   upstream_sha256=(None if data.get("upstream_sha256") is None
-                                    else str(data["upstream_sha256"])))
-
 
 @dataclass(frozen=True, kw_only=True)
 class Spec:
@@ -176,7 +161,7 @@ class Spec:
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "stack": self.stack, "distribution": self.distribution,
                 "version": self.version, "package": self.package,
-                "hooks": [h.to_json() for h in self.hooks],
+                "hooks": [asdict(h) for h in self.hooks],
                 "wheel_only": [{"patch": p, "why": w} for p, w in self.wheel_only]}
 
     @classmethod
@@ -184,11 +169,10 @@ class Spec:
         if data.get("schema") != SCHEMA:
             raise ValueError(f"hook specification schema {data.get('schema')!r}, "
                              f"this runtime reads {SCHEMA}")
-        return cls(stack=str(data["stack"]), distribution=str(data["distribution"]),
-                   version=str(data["version"]), package=str(data["package"]),
-                   hooks=tuple(Hook.from_json(h) for h in data["hooks"]),
-                   wheel_only=tuple((str(w["patch"]), str(w["why"]))
-                                    for w in data.get("wheel_only", ())))
+        return cls(stack=data["stack"], distribution=data["distribution"],
+                   version=data["version"], package=data["package"],
+                   hooks=tuple(Hook(**{**h, "names": tuple(h["names"])}) for h in data["hooks"]),
+                   wheel_only=tuple((w["patch"], w["why"]) for w in data["wheel_only"]))
 
 
 @dataclass(frozen=True, kw_only=True)
