@@ -219,7 +219,8 @@ def test_the_verb_runs_the_library_and_says_what_it_did(
     from sm120fork.tune import cli
 
     monkeypatch.setattr(cli, "ready", lambda: None)   # the GPU preflight: no GPU here
-    monkeypatch.setattr(cli, "_doctor", lambda: facts("2x-rtx-pro-6000-one-socket"))
+    monkeypatch.setattr("sm120fork.doctor.probe.collect",
+                        lambda: facts("2x-rtx-pro-6000-one-socket"))
     monkeypatch.setattr(cli, "_bench", lambda args, command: lambda tp, left: _bench_of(tp))
     monkeypatch.setattr(cli, "_tested", lambda args: None)  # the stack's build: none here
     monkeypatch.setenv(policy.ENV_VAR, str(tmp / "p.json"))
@@ -270,7 +271,8 @@ def test_the_verb_benches_a_given_wheel_and_records_the_command_it_was_given(
             "wheel": "fi.whl", "sha256": "c" * 64}))
 
     monkeypatch.setattr(cli, "ready", lambda: None)
-    monkeypatch.setattr(cli, "_doctor", lambda: facts("2x-rtx-pro-6000-one-socket"))
+    monkeypatch.setattr("sm120fork.doctor.probe.collect",
+                        lambda: facts("2x-rtx-pro-6000-one-socket"))
     monkeypatch.setattr(runs, "run_bench", run_bench)
     monkeypatch.setenv(policy.ENV_VAR, str(tmp / "p.json"))
     monkeypatch.setenv("SM120FORK_COMMAND", "sh '<kit sglang-0.5.23>/run' tune --yes")

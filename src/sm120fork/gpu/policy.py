@@ -223,7 +223,6 @@ def describe(doc: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-
 # SGLang's patched code cannot import this module, so it spells the place out; a test
 # (test_sglang_looks_where_the_doctor_looks) checks each such patch reads ENV_VAR, else
 # DEFAULT_PATH.

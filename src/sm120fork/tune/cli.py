@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sm120fork import record
-from sm120fork.doctor.facts import Facts
 from sm120fork.errors import EXIT_INTERRUPTED, VerifyError
 from sm120fork.tune.run import Box, TuneOptions, WorldBench, tune
 
@@ -94,12 +93,6 @@ def _tested(args: argparse.Namespace) -> record.Tested | None:
     return ResolvedStack.named(Workspace.find(), args.stack).tested()
 
 
-def _doctor() -> Facts:
-    from sm120fork.doctor.probe import collect
-
-    return collect()
-
-
 def _ask(question: str) -> bool:
     sys.stderr.write(question)
     sys.stderr.flush()
@@ -114,6 +107,7 @@ def ready() -> None:
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from sm120fork.doctor.probe import collect
     from sm120fork.util import hint, proc
 
     ready()
@@ -123,7 +117,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                             world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
                             yes=args.yes, time_budget=args.time_budget,
                             tested=_tested(args)),
-                Box(doctor=_doctor, bench=_bench(args, command),
+                Box(doctor=collect, bench=_bench(args, command),
                     ask=_ask if sys.stdin.isatty() else None, stop=proc.end_children))
     print("\n".join(done.lines()))
     if done.interrupted:

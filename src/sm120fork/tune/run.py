@@ -1,17 +1,9 @@
 """The ``tune`` run: doctor, bench per TP size, policy, install, record.
 
-Everything that touches the box comes in through :class:`Box` (the doctor's facts, one
-bench run per TP size, the question before a policy is replaced), so the whole run,
-including a run cut short and the question, is tested on CPU with fakes.
-
-What a run installs is only what it measured: the policy holds the TP sizes whose bench
-finished; a TP size the doctor refused, the bench could not finish, or the run never
-reached (Ctrl-C, ``--time-budget``) has no entry, so SGLang keeps today's rule there, and
-the run says which. A run whose ranks shared a GPU installs its policy marked not for use
-(SGLang names it and keeps today's rule). Nothing here prints: progress goes to the
-``sm120fork`` logger, the result to the caller.
+The box comes in through :class:`Box` (tested on CPU with fakes).  The policy holds only
+the TP sizes whose bench finished (elsewhere SGLang keeps today's rule, and the run says
+why); a run whose ranks shared a GPU installs its policy marked not for use.
 """
-
 from __future__ import annotations
 
 import dataclasses
