@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from sm120fork.errors import ConfigError
 from sm120fork.gpu import decision, methods, policy
 from sm120fork.gpu.decision import Process
 
@@ -121,15 +122,11 @@ def test_the_override_decides_the_fused_path_without_a_policy() -> None:
     assert on.source.startswith(f"{policy.AUTO_ENV}=1")
 
 
-def test_a_version_1_policy_decides_what_it_decided() -> None:
-    v1 = policy.validate({"format": policy.FORMAT, "version": 1, "for_use": True,
-                          "made": {}, "tp": {"2": {"fused_max_tokens": 64, "ranges": []},
-                                             "4": {"fused_max_tokens": 0, "ranges": []}}},
-                         "old.json")
-    two = decision.decide(v1, Process(world_size=2, present=EVERY))
-    four = decision.decide(v1, Process(world_size=4, present=EVERY))
-    assert _spans(two) == [(1, 64, "fused_auto"), (65, None, "nccl_rmsnorm")]
-    assert _spans(four) == [(1, None, "nccl_rmsnorm")]
+def test_a_version_1_policy_is_refused() -> None:
+    with pytest.raises(ConfigError, match="policy version 1: this reader takes versions 2"):
+        policy.validate({"format": policy.FORMAT, "version": 1, "for_use": True,
+                         "made": {}, "tp": {"2": {"fused_max_tokens": 64, "ranges": []}}},
+                        "old.json")
 
 
 def test_importable_reads_modules_and_attributes(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,13 +90,13 @@ V1 = {"format": "sm120fork-allreduce-policy", "version": 1, "for_use": True,
              "4": {"fused_max_tokens": 0, "ranges": []}}}
 
 
-def test_a_version_1_policy_is_read_with_its_meaning() -> None:
-    """v1 decided only our fused path's token cap; its other winners were reports, so
-    v1 read as v2 runs the fused path up to the cap and SGLang's own dispatch above."""
-    doc = policy.validate(json.loads(json.dumps(V1)), "old.json")
-    assert (doc["version"], doc["from_version"]) == (2, 1)
-    assert _spans(doc["tp"]["2"]) == [(1, 64, "fused_auto", ["nccl_rmsnorm"])]
-    assert doc["tp"]["4"]["ranges"] == []
+def test_a_version_1_policy_is_refused_naming_the_file_and_the_fix() -> None:
+    with pytest.raises(ConfigError) as err:
+        policy.validate(json.loads(json.dumps(V1)), "old.json")
+    assert err.value.where == "old.json: version"
+    assert err.value.message == ("old.json: version: policy version 1: this reader takes "
+                                 "versions 2 (re-make it with this toolkit: nox -s tune -- "
+                                 "--stack NAME)")
 
 
 @pytest.mark.parametrize(("edit", "where"), [
@@ -112,7 +112,7 @@ def test_a_version_1_policy_is_read_with_its_meaning() -> None:
                                "fallback": "nccl_rmsnorm"}]}}},
      "policy.json: tp.2.ranges[0].fallback"),
     ({"version": 1, "tp": {"2": {"fused_max_tokens": -1, "ranges": []}}},
-     "policy.json: tp.2.fused_max_tokens"),
+     "policy.json: version"),
 ])
 def test_a_bad_policy_names_the_file_and_key(edit: dict[str, Any], where: str) -> None:
     doc = {**policy.derive({2: _records()}, made={}, for_use=True), **edit}

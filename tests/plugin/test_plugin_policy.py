@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu import methods, policy
+from sm120fork.gpu import policy
 from sm120fork.plugin import package
 
 from helpers_sglang import ROOT, Sites
@@ -108,36 +108,16 @@ def _point(method: str, tokens: int, us: float) -> dict[str, Any]:
             "status": "timed", "median_us": us, "rank_medians_us": [us]}
 
 
-def as_version_1(doc: dict[str, Any]) -> dict[str, Any]:
-    """The document as version 1 (what the bench wrote before version 2): per TP size our
-    fused path up to the end of a first range that names it, else never."""
-    tps = {}
-    for tp, entry in doc["tp"].items():
-        ranges = entry.get("ranges", [])
-        cap = (ranges[0]["max_tokens"]
-               if ranges and ranges[0]["method"] == policy.SGLANG_FUSED else 0)
-        tps[tp] = {"fused_max_tokens": cap, "ranges": [
-            {"min_tokens": r["min_tokens"], "max_tokens": r["max_tokens"],
-             "method": r["method"], "fused": methods.METHODS[r["method"]].fused}
-            for r in ranges],
-                   "measured_tokens": list(entry.get("measured_tokens", [])),
-                   "excluded": dict(entry.get("excluded", {}))}
-    return {"format": policy.FORMAT, "version": 1, "for_use": doc["for_use"],
-            "made": dict(doc.get("made", {})), "tp": tps}
-
-
 def measured(*, for_use: bool = True) -> dict[str, Any]:
-    """TP2: fused_auto wins 1-64, pcie_ipc beats it at 128; TP4: NCCL beats it at 1 token;
+    """TP2: fused_auto wins 1-64 (nothing measured above); TP4: NCCL beats it at 1 token;
     TP8: fused_auto wins every measured count (1-128)."""
     tp2 = [_point("fused_auto", 1, 5), _point("pcie_ipc_rmsnorm", 1, 8),
-           _point("fused_auto", 64, 9), _point("pcie_ipc_rmsnorm", 64, 10),
-           _point("fused_auto", 128, 14), _point("pcie_ipc_rmsnorm", 128, 12)]
+           _point("fused_auto", 64, 9), _point("pcie_ipc_rmsnorm", 64, 10)]
     tp4 = [_point("fused_auto", 1, 9), _point("nccl_rmsnorm", 1, 8)]
     tp8 = [_point("fused_auto", t, 6 + t / 32) for t in (1, 64, 128)] + [
         _point("nccl_rmsnorm", t, 40 + t / 8) for t in (1, 64, 128)]
-    # written as version 1: G7 reads it as its version 2 equivalent
-    return as_version_1(policy.derive({2: tp2, 4: tp4, 8: tp8}, for_use=for_use, made={
-        "created": "2026-12-01T20:00:00+00:00", "gpu": "RTX PRO 6000", "gpu_count": 8}))
+    return policy.derive({2: tp2, 4: tp4, 8: tp8}, for_use=for_use, made={
+        "created": "2026-12-01T20:00:00+00:00", "gpu": "RTX PRO 6000", "gpu_count": 8})
 
 
 def run_cases(sites: Sites, *, plugin: bool, scenarios: list[Any]) -> dict[str, Any]:
@@ -181,7 +161,7 @@ def test_the_plugin_follows_the_policy_and_names_it(sites: Sites, tmp_path: Path
     assert "TP2 measured faster (sglang #30700/#32330)" in got["absent"]["tp"]["2"]["line"]
     assert got["absent"]["tp"]["2"]["decision"].endswith(
         f"(today's rule: our fused path at TP2 only; no policy at {absent})")
-    # the policy (version 1, read as version 2): TP8 auto-enabled (today's rule would
+    # the policy: TP8 auto-enabled (today's rule would
     # not), TP4 not (NCCL beat it at 1)
     assert backends("named") == {"2": "auto", "4": None, "8": "auto"}
     tp2 = got["named"]["tp"]["2"]

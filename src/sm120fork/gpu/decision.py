@@ -59,8 +59,7 @@ class Decision:
 
     def method_for(self, tokens: int) -> str:
         for rng in self.ranges:
-            if tokens >= rng.min_tokens and (rng.max_tokens is None
-                                             or tokens <= rng.max_tokens):
+            if tokens >= rng.min_tokens and (rng.max_tokens is None or tokens <= rng.max_tokens):
                 return rng.method
         return UNFUSED
 
@@ -73,10 +72,8 @@ class Decision:
         """Per range the method that runs: ``fused_auto for 1-16, ... for 513+ tokens``."""
         merged: list[tuple[str, int, int | None]] = []
         for r in self.ranges:
-            if merged and merged[-1][0] == r.method:
-                merged[-1] = (r.method, merged[-1][1], r.max_tokens)
-            else:
-                merged.append((r.method, r.min_tokens, r.max_tokens))
+            low = merged.pop()[1] if merged and merged[-1][0] == r.method else r.min_tokens
+            merged.append((r.method, low, r.max_tokens))
         return ", ".join(f"{m} for {lo}-{hi}" if hi is not None else f"{m} for {lo}+"
                          for m, lo, hi in merged) + " tokens"
 
@@ -173,13 +170,9 @@ def decide(policy: Mapping[str, Any] | None, process: Process, *, source: str = 
             why = f"today's rule: our fused path at TP{DEFAULT_TP} only; {why_not}"
         rng = _walk(tp, 1, None, [want], why, process, lines)
         return Decision(tp, False, why, (rng,), tuple(lines))
-    ranges = []
-    last = 0
-    for r in entry["ranges"]:
-        ranges.append(_walk(tp, r["min_tokens"], r["max_tokens"],
-                            [r["method"], *r.get("fallback", [])],
-                            "measured fastest here", process, lines))
-        last = r["max_tokens"]
+    ranges = [_walk(tp, r["min_tokens"], r["max_tokens"], [r["method"], *r.get("fallback", [])],
+                    "measured fastest here", process, lines) for r in entry["ranges"]]
+    last = entry["ranges"][-1]["max_tokens"] if entry["ranges"] else 0
     ranges.append(Range(last + 1, None, UNFUSED, UNFUSED,
                         "not measured above" if last else "no range measured"))
     return Decision(tp, True, source or "the policy", tuple(ranges), tuple(lines))
@@ -236,8 +229,7 @@ def _gpu() -> tuple[int | None, str | None]:
     if "gpu" not in _SGLANG:
         try:
             cuda = sys.modules["torch"].cuda
-            _SGLANG["gpu"] = (int(cuda.get_device_capability()[0]),
-                              str(cuda.get_device_name()))
+            _SGLANG["gpu"] = (int(cuda.get_device_capability()[0]), str(cuda.get_device_name()))
         except Exception:  # no torch, no GPU: nothing known, nothing raised into SGLang
             _SGLANG["gpu"] = (None, None)
     major, name = _SGLANG["gpu"]
@@ -263,9 +255,8 @@ def sglang_decision(tp: int, *, sm12x: bool, dtype: str = "bf16", capturing: boo
     made = _SGLANG.get(key)
     if made is None:
         policy, source, why_not = applicable(_SGLANG["file"], gpu_major=major, gpu_name=name)
-        process = Process(world_size=tp, dtype=dtype, gpu_major=major,
-                          present=_SGLANG["present"], capturing=capturing,
-                          fused_override=key[-1])
+        process = Process(world_size=tp, dtype=dtype, gpu_major=major, capturing=capturing,
+                          present=_SGLANG["present"], fused_override=key[-1])
         made = _SGLANG[key] = decide(policy, process, source=source, why_not=why_not)
         # per batch (no line) only a policy's fallbacks: without one, nothing new runs
         if announce is not None and (announce_line or made.by_policy):
@@ -294,9 +285,7 @@ def sglang_route(tp: int, tokens: int, *, sm12x: bool, dtype: str = "bf16",
     ``tokens`` at TP ``tp``; None where no policy decides (SGLang runs today's code)."""
     decision = sglang_decision(tp, sm12x=sm12x, dtype=dtype, capturing=capturing,
                                announce=announce, announce_line=False)
-    if decision is None or not decision.by_policy:
-        return None
-    return decision.route_for(int(tokens))
+    return decision.route_for(int(tokens)) if decision and decision.by_policy else None
 
 
 def uses_route(decision: Decision, route: str) -> bool:
@@ -350,9 +339,7 @@ def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None
         state = ("for use: SGLang follows it" if applies else
                  f"marked NOT FOR USE ({made.get('note') or 'made on a shared GPU'}): "
                  "SGLang ignores it and keeps today's decision")
-        version = (f"version {doc['from_version']}, read as version {doc['version']}"
-                   if doc.get("from_version") else f"version {doc['version']}")
-        head.append(f"format {doc['format']} {version}, {where}; {state}")
+        head.append(f"format {doc['format']} version {doc['version']}, {where}; {state}")
     forced = _override(override)
     if override is not None:
         head.append(f"{AUTO_ENV}={override} decides our fused path's auto-enable"

@@ -3,7 +3,7 @@
 docs/policy.md documents the file (a test checks it names every key the bench writes) and
 how the ranges are ranked: per measured token count the methods SGLang can run that ran at
 every hidden size, by their worst ratio to the fastest; a method that failed its output
-check anywhere is left out of the whole TP size.  Version 1 files are still read.
+check anywhere is left out of the whole TP size.
 """
 from __future__ import annotations
 
@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError  # relative: the plugin wheel vendors policy + methods
-from .methods import FAILED_CHECK, METHODS, NOT_RUNNABLE, SERVING, TIMED, UNFUSED
+from .methods import FAILED_CHECK, METHODS, NOT_RUNNABLE, SERVING, TIMED
 
 FORMAT = "sm120fork-allreduce-policy"
 VERSION = 2
-#: the versions this reader takes (older ones are returned as version 2)
-READS = (1, 2)
 FILE_NAME = "policy.json"
 #: the method that is SGLang's fused path (it passes use_oneshot=None: FlashInfer picks)
 SGLANG_FUSED = "fused_auto"
@@ -125,21 +123,7 @@ def _int_at_least(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def _v1_entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """A version 1 TP entry as version 2: our fused path up to fused_max_tokens, SGLang's
-    own dispatch above (version 1's other winners were only reported)."""
-    cap = entry.get("fused_max_tokens")
-    if not _int_at_least(cap, 0):
-        raise ConfigError("fused_max_tokens must be an integer >= 0",
-                          where=f"{key}.fused_max_tokens")
-    ranges = ([{"min_tokens": 1, "max_tokens": cap, "method": SGLANG_FUSED,
-                "fallback": [UNFUSED]}] if cap else [])
-    return {"ranges": ranges, "measured_tokens": list(entry.get("measured_tokens") or []),
-            "excluded": dict(entry.get("excluded") or {}), "not_measured": {},
-            "fused_max_tokens": cap}
-
-
-def _v2_entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
+def _entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
     low = 1
     ranges = entry.get("ranges")
     if not isinstance(ranges, list):
@@ -156,7 +140,7 @@ def _v2_entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
                               where=f"{where}.max_tokens")
         if not isinstance(rng.get("method"), str) or not rng["method"]:
             raise ConfigError("method must name a method", where=f"{where}.method",
-                              fix=f"one of {sorted(filter(servable, SERVING))}")
+                              fix=f"one of {sorted(n for n, s in SERVING.items() if s.route)}")
         fallback = rng.get("fallback", [])
         if not isinstance(fallback, list) or not all(isinstance(f, str) for f in fallback):
             raise ConfigError("fallback must be a list of method names",
@@ -167,15 +151,14 @@ def _v2_entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 
 def validate(doc: Any, where: str) -> dict[str, Any]:
-    """The document as version 2 (a version 1 one converted, ``from_version`` 1), or a
-    ConfigError naming the file and the dotted key."""
+    """The document, or a ConfigError naming the file and the dotted key."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ConfigError(f"not an all-reduce policy (format must be {FORMAT!r})",
                           where=f"{where}: format")
     version = doc.get("version")
-    if version not in READS:
-        raise ConfigError(f"policy version {version!r}: this reader takes versions "
-                          f"{', '.join(map(str, READS))}", where=f"{where}: version",
+    if version != VERSION:
+        raise ConfigError(f"policy version {version!r}: this reader takes versions {VERSION}",
+                          where=f"{where}: version",
                           fix="re-make it with this toolkit: nox -s tune -- --stack NAME")
     if not isinstance(doc.get("for_use"), bool):
         raise ConfigError("for_use must be true or false", where=f"{where}: for_use")
@@ -189,14 +172,11 @@ def validate(doc: Any, where: str) -> dict[str, Any]:
             raise ConfigError("TP sizes are integers >= 2", where=key)
         if not isinstance(entry, dict):
             raise ConfigError("each TP size maps to a table", where=key)
-        entries[str(tp)] = (_v1_entry if version == 1 else _v2_entry)(entry, key)
+        entries[str(tp)] = _entry(entry, key)
     made = doc.get("made", {})
     if not isinstance(made, dict):
         raise ConfigError("made must be a table", where=f"{where}: made")
-    out = {**doc, "version": VERSION, "made": made, "tp": entries}
-    if version != VERSION:
-        out["from_version"] = version
-    return out
+    return {**doc, "made": made, "tp": entries}
 
 
 def load(path: Path) -> dict[str, Any]:
