@@ -3,8 +3,8 @@
 The real patched modules are imported on CPU with the GPU faked, as the SGLang probes do
 (``sm120fork.verify.sglang*_probe``): the start-up decision (S2 / G2+G7) follows the
 policy when one is usable and names it, keeps today's rule when none is (and says why),
-and the fused path (S1 / G3+G7) is never taken above the policy's ``fused_max_tokens``
-(0.5.23's G7 reads the version 1 file as its version 2 equivalent).
+and the fused path (S1 / G3+G7) is never taken above the policy's cap: 0.5.10's S1 reads
+``fused_max_tokens`` (version 1), 0.5.23's G7 the same cap as a version 2 range.
 """
 
 from __future__ import annotations
@@ -29,23 +29,43 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _policy(tmp: Path, name: str, tp: dict[str, int], *, for_use: bool = True) -> str:
-    path = tmp / f"{name}.json"
+def _entry(cap: int, version: int) -> dict[str, Any]:
+    """Our fused path up to ``cap`` tokens, as each version says it."""
+    if version == 1:
+        return {"fused_max_tokens": cap, "ranges": []}
+    return {"ranges": [{"min_tokens": 1, "max_tokens": cap, "method": "fused_auto",
+                        "fallback": ["nccl_rmsnorm"]}] if cap else []}
+
+
+def _policy(tmp: Path, name: str, tp: dict[str, int], *, version: int,
+            for_use: bool = True) -> str:
+    path = tmp / f"{name}-v{version}.json"
     path.write_text(json.dumps({
-        "format": "sm120fork-allreduce-policy", "version": 1, "for_use": for_use,
+        "format": "sm120fork-allreduce-policy", "version": version, "for_use": for_use,
         "made": {"created": "2026-12-01T20:00:00+00:00", "gpu": "RTX PRO 6000",
                  "gpu_count": 8},
-        "tp": {k: {"fused_max_tokens": v, "ranges": []} for k, v in tp.items()}}))
+        "tp": {k: _entry(v, version) for k, v in tp.items()}}))
     return str(path)
+
+
+def _policies(tmp: Path, version: int) -> dict[str, str]:
+    """The policy files the cases read: one capped per TP size, one measured on a shared
+    GPU (not for use), and a path where there is none."""
+    return {"cap64": _policy(tmp, "cap64", {"2": 64, "4": 0, "8": 128}, version=version),
+            "shared": _policy(tmp, "shared", {"2": 64}, version=version, for_use=False),
+            "missing": str(tmp / "absent.json")}
 
 
 @pytest.fixture
 def policies(tmp_path: Path) -> dict[str, str]:
-    """The policy files the cases read: one capped per TP size, one measured on a shared
-    GPU (not for use), and a path where there is none."""
-    return {"cap64": _policy(tmp_path, "cap64", {"2": 64, "4": 0, "8": 128}),
-            "shared": _policy(tmp_path, "shared", {"2": 64}, for_use=False),
-            "missing": str(tmp_path / "absent.json")}
+    """Version 1: what 0.5.10's S1 reads."""
+    return _policies(tmp_path, 1)
+
+
+@pytest.fixture
+def policies_v2(tmp_path: Path) -> dict[str, str]:
+    """Version 2: what 0.5.23's G7 reads."""
+    return _policies(tmp_path, 2)
 
 
 def _cases(policies: dict[str, str]) -> list[list[Any]]:
@@ -161,12 +181,12 @@ def tree_523(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.mark.runs_stack(STACK)
 def test_sglang_0523_follows_the_policy_and_names_it(tree_523: tuple[Path, Path],
-                                                      policies: dict[str, str],
+                                                      policies_v2: dict[str, str],
                                                       zygote_python: str) -> None:
     """G2's auto-enable and G3's fused-path gate (the functions the plugin replaces too)."""
     tree, overlay = tree_523
-    cap64, missing = policies["cap64"], policies["missing"]
-    got = _run(zygote_python, tree, S523, _cases(policies), overlay)
+    cap64, missing = policies_v2["cap64"], policies_v2["missing"]
+    got = _run(zygote_python, tree, S523, _cases(policies_v2), overlay)
     assert got["absent"]["backend"] == "auto"
     assert got["absent"]["fused"] == {"1": True, "64": True, "65": True, "600": True}
     assert f"no policy at {missing}" in got["absent"]["detail"]
@@ -187,12 +207,13 @@ def test_sglang_0523_follows_the_policy_and_names_it(tree_523: tuple[Path, Path]
 
 @pytest.mark.runs_stack(STACK)
 def test_sglang_0523_off_sm12x_names_a_policy_it_does_not_follow(
-        tree_523: tuple[Path, Path], policies: dict[str, str], zygote_python: str) -> None:
+        tree_523: tuple[Path, Path], policies_v2: dict[str, str], zygote_python: str) -> None:
     """Off SM12x (an SM90 GPU) SGLang's own rule decides with or without a policy file;
     a file it finds and does not follow is named in one start-up line with why (the
     H200 trial of issue 33: tune installs a not-for-use policy there), none without one."""
     tree, overlay = tree_523
-    shared, cap64, missing = policies["shared"], policies["cap64"], policies["missing"]
+    shared, cap64, missing = (policies_v2["shared"], policies_v2["cap64"],
+                              policies_v2["missing"])
     sm90 = S523.replace("start_probe([12, 0])", "start_probe([9, 0])")
     assert sm90 != S523
     got = _run(zygote_python, tree, sm90,
