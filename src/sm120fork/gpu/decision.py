@@ -6,6 +6,7 @@ policy (or None) in; per token range the method, why, and a line per fallback ou
 Without a usable policy today's rule holds (our fused path at TP :data:`.policy.DEFAULT_TP`
 only); above a policy's last range SGLang's own unfused dispatch runs.
 """
+
 from __future__ import annotations
 
 import dataclasses

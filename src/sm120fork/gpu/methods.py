@@ -2,6 +2,7 @@
 bench measures every one), and how SGLang runs those a policy may name (:data:`SERVING`,
 what SGLang's added module carries).  Standard library only.
 """
+
 from __future__ import annotations
 
 import dataclasses

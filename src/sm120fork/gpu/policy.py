@@ -5,6 +5,7 @@ how the ranges are ranked: per measured token count the methods SGLang can run t
 every hidden size, by their worst ratio to the fastest; a method that failed its output
 check anywhere is left out of the whole TP size.
 """
+
 from __future__ import annotations
 
 import json

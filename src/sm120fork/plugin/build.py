@@ -3,6 +3,7 @@ generate the hooks from the fork tree (:mod:`.generate`), build the wheel (:mod:
 publishing puts it in ``<stack wheels>/plugin/`` with ``plugin.json``, apart from the
 patched wheels, so ``pip install <dir>/*.whl`` installs one way or the other, never both.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -4,6 +4,7 @@ after.  A changed upstream function is a ``replace`` hook; a new function, impor
 constant or names added to a ``from M import`` a ``provide`` hook; a new module a ``module``
 hook; anything else makes the patch (and any patch sharing a unit with it) "wheel only".
 """
+
 from __future__ import annotations
 
 import ast

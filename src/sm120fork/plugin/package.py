@@ -4,6 +4,7 @@ Its version is SGLang's plus the stack's local label; it registers SGLang's entr
 the ``sm120fork-doctor`` script, and carries unchanged copies of the toolkit files it runs,
 laid out as in ``src/sm120fork`` so their relative imports hold in both places.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -9,6 +9,7 @@ is checked and prepared first, and a failure takes ours out again, so SGLang sta
 SGLang's ``load_plugins()`` applies the hooks once every plugin registered.  One line per
 hook, once per process; ``SM120FORK_PLUGIN=0`` disables it; nothing raises into SGLang.
 """
+
 from __future__ import annotations
 import __future__
 

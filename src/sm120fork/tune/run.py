@@ -4,6 +4,7 @@ The box comes in through :class:`Box` (tested on CPU with fakes).  The policy ho
 the TP sizes whose bench finished (elsewhere SGLang keeps today's rule, and the run says
 why); a run whose ranks shared a GPU installs its policy marked not for use.
 """
+
 from __future__ import annotations
 
 import dataclasses
