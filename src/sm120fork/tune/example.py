@@ -1,9 +1,6 @@
 """docs/policy.md's "What your box would run": the committed doctor scenarios, each with a
-SYNTHETIC bench record, through tune's own steps (the doctor's TP sizes, the policy's
-derivation, the decision SGLang makes with the box's modules), as a table.
-
-``python -m sm120fork.tune.example [docs/policy.md]`` rewrites the page's section; a test
-renders it again and compares, so the page is the code's own output.
+SYNTHETIC bench record, through tune's own steps, as a table; ``python -m
+sm120fork.tune.example [docs/policy.md]`` rewrites the section (a test renders it again).
 """
 
 from __future__ import annotations
