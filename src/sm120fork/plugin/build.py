@@ -15,7 +15,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from sm120fork.declare import Project, Stack
+from sm120fork.declare import Stack
 from sm120fork.patch.series import Series
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.plugin import generate as generate_module
@@ -55,15 +55,11 @@ class PluginResult:
         }
 
 
-def sglang_project(stack: Stack) -> Project | None:
-    return next((p for p in stack.projects if p.normalized_name == "sglang"), None)
-
-
 def build_plugin(ws: Workspace, stack: Stack, series_of: Mapping[str, Series], *,
                  force: bool = False) -> PluginResult:
     """Generate and build the stack's plugin wheel (``series_of``: each project's series),
     or say why there is none."""
-    project = sglang_project(stack)
+    project = next((p for p in stack.projects if p.normalized_name == "sglang"), None)
     if project is None:
         return PluginResult(stack=stack.name, message=f"stack {stack.name} has no sglang: "
                             "no plugin wheel")
