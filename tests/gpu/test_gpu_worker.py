@@ -1,4 +1,4 @@
-"""The rank process (gpu/ab/worker.py, gpu/core/worker.py and what they run) on a CPU
+"""The rank process (gpu/ab/correctness.py, gpu/core/worker.py and what they run) on a CPU
 machine: what it refuses, the protocol lines it prints, and how a failing case is reported
 and ends the rank or not."""
 
@@ -31,7 +31,7 @@ def _worker(tmp_path: Path, spec: dict[str, Any], env: dict[str, str],
             ) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
-    return subprocess.run([sys.executable, "-m", "sm120fork.gpu.ab.worker", str(path), "0"],
+    return subprocess.run([sys.executable, "-m", "sm120fork.gpu.ab.correctness", str(path), "0"],
                           capture_output=True, text=True, check=False, timeout=300,
                           env={**env, "PYTHONPATH": str(SRC), "CUDA_VISIBLE_DEVICES": ""})
 

@@ -4,6 +4,7 @@ GPU machine with torch (and nvcc for FlashInfer's JIT) but no nox and no package
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -103,8 +104,9 @@ def _test_args(t: argparse.ArgumentParser) -> None:
     t.set_defaults(handler=cmd_test)
     t.add_argument("--world-sizes", type=_ints,
                    help="default: 2, 4 and 8 up to the GPU count, at least 2")
-    t.add_argument("--api", action="append", choices=cases_mod.APIS)
-    t.add_argument("--pattern", action="append", choices=list(cases_mod.PATTERN_CODES))
+    t.add_argument("--api", action="append", dest="apis", choices=cases_mod.APIS)
+    t.add_argument("--pattern", action="append", dest="patterns",
+                   choices=list(cases_mod.PATTERN_CODES))
     t.add_argument("--tokens", type=counts, help="only these token counts, e.g. 1,16")
     t.add_argument("--hidden", type=counts, help="run the selected cases at these hidden "
                    "sizes instead, e.g. 4608,5376")
@@ -119,7 +121,7 @@ def _bench_args(b: argparse.ArgumentParser) -> None:
     b.set_defaults(handler=cmd_bench)
     b.add_argument("--world-sizes", "--world-size", dest="world_sizes", type=_ints,
                    help="default: the GPU count, at least 2")
-    b.add_argument("--method", action="append", choices=list(methods.METHODS),
+    b.add_argument("--method", action="append", dest="methods", choices=list(methods.METHODS),
                    help="only these methods (default: every one)")
     b.add_argument("--tokens", type=counts, help="token counts, e.g. 1,16,128")
     b.add_argument("--hidden", type=counts, help="hidden sizes, e.g. 4096,7168")
@@ -141,7 +143,7 @@ def _layer_args(s: argparse.ArgumentParser) -> None:
                    help="the tree's upstream layout (default: the one forks/<stack>.toml "
                    "names for the tree's SGLang version; sglang-0.5.10: communicator, "
                    "sglang-0.5.23: layer_boundary)")
-    s.add_argument("--case", action="append", choices=layer_cases.CPU_CASES,
+    s.add_argument("--case", action="append", dest="cases", choices=layer_cases.CPU_CASES,
                    help="default: every case this device can run")
     s.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     s.add_argument("--world-size", type=int, default=2)
@@ -183,46 +185,38 @@ def _layer_args(s: argparse.ArgumentParser) -> None:
                    help="build FlashInfer's comm and pcie_ipc modules once before the "
                    "cases, in parallel (on a GPU)")
     s.add_argument("--title", default="SGLang fused-norm layer path")
-    s.add_argument("--note", action="append", default=[])
+    s.add_argument("--note", action="append", dest="notes", metavar="NOTE", default=[])
     s.add_argument("--out", type=Path, required=True)
 
 
-_Opts = TypeVar("_Opts", bound=core_runs.RunOptions)
-
-
-def _optional(values: Sequence[Any] | None) -> tuple[Any, ...] | None:
-    return None if values is None else tuple(values)
+_Opts = TypeVar("_Opts", bound=core_runs.RunOptions | layer_run.LayerOptions)
 
 
 def _options(cls: type[_Opts], args: argparse.Namespace, argv: Sequence[str], **more: Any
              ) -> _Opts:
-    """``test``'s or ``bench``'s options: what they share from ``args``, and ``more``."""
-    return cls(
-        command=records.command_line(argv), quick=args.quick, out=args.out,
-        wheel_dirs=core_runs.parse_variant_specs(args.wheel_dir), work_dir=args.work_dir,
-        prebuilt=core_runs.parse_variant_specs(args.prebuilt), backend=args.backend,
-        also_build=tuple(args.also_build), allow_multicast=args.allow_multicast,
-        startup_timeout=args.startup_timeout, case_timeout=args.case_timeout,
-        compile_timeout=args.compile_timeout, not_run=tuple(args.not_run), stack=args.stack,
-        record_command=records.recorded_command(argv[0] if argv else "test", argv),
-        world_sizes=_optional(args.world_sizes), tokens=_optional(args.tokens),
-        hidden=_optional(args.hidden), **more)
+    """A verb's options: each field of ``cls`` from the argument of its name (a list as a
+    tuple), the command lines, and ``more``."""
+    given = {f.name: tuple(v) if isinstance(v := getattr(args, f.name), list) else v
+             for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    return cls(**{**given, **more}, command=records.command_line(argv),
+               record_command=records.recorded_command(args.gpu_command, argv))
 
 
 def cmd_test(args: argparse.Namespace, argv: Sequence[str],
              host: preflight.GpuHost | None) -> int:
-    done = ab_run.run_test(_options(
-        ab_run.TestOptions, args, argv, apis=_optional(args.api),
-        patterns=_optional(args.pattern), max_cases=args.max_cases, primary=args.primary,
-        title=args.title))
+    done = ab_run.run_test(_run_options(ab_run.TestOptions, args, argv))
     return _finish(done, f"{', '.join(map(str, done.paths))} and {done.logs}")
 
 
 def cmd_bench(args: argparse.Namespace, argv: Sequence[str],
               host: preflight.GpuHost | None) -> int:
-    done = bench_run.run_bench(_options(bench_run.BenchOptions, args, argv,
-                                        methods=_optional(args.method)))
+    done = bench_run.run_bench(_run_options(bench_run.BenchOptions, args, argv))
     return _finish(done, ", ".join(map(str, done.paths)))
+
+
+def _run_options(cls: type[_Opts], args: argparse.Namespace, argv: Sequence[str]) -> _Opts:
+    return _options(cls, args, argv, wheel_dirs=core_runs.parse_variant_specs(args.wheel_dir),
+                    prebuilt=core_runs.parse_variant_specs(args.prebuilt))
 
 
 def _finish(done: ab_run.TestRun | bench_run.BenchRun, wrote: str) -> int:
@@ -284,19 +278,12 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
         # the stack's FlashInfer (``site``) serves both routes: one JIT build for both
         routes = (layer_run.LayerRoute(variant="plugin", sglang_path=stock,
                                   site=(plugin, *site), made_from=tuple(rows)),)
-    opts = layer_run.LayerOptions(
-        command=records.command_line(argv), sglang_path=args.sglang_path, out=args.out,
-        layout=args.layout or layer_cases.layout_of(args.sglang_path),
-        site=site, cases=_optional(args.case), device=args.device,
-        world_size=args.world_size, tokens=_optional(args.tokens), timeout=args.timeout,
-        first_timeout=args.first_timeout, start_timeout=args.start_timeout,
-        gates_in_memory=args.gates_in_memory, load_plugins=args.load_plugins,
-        title=args.title, notes=tuple(args.note), made=made, tested=tested,
+    opts = _options(
+        layer_run.LayerOptions, args, argv,
+        layout=args.layout or layer_cases.layout_of(args.sglang_path), site=site, made=made,
+        tested=tested, routes=routes,
         machine={"gpus": list(host.gpus), "torch": host.torch, "cuda": host.cuda}
-        if host else {}, record_command=records.recorded_command("sglang-layer", argv),
-        agreement_timeout=args.agreement_timeout, group_timeout=args.group_timeout,
-        routes=routes, time_budget=args.time_budget, jobs=args.jobs,
-        prebuild=args.prebuild)
+        if host else {})
     outcomes = layer_run.run_sglang_layer(opts)
     failed = [o for o in outcomes if not o.passed]
     # a run cut short (its time budget) is not a pass: its record is unfinished

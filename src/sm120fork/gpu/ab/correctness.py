@@ -1,4 +1,5 @@
-"""One correctness case inside a rank: inputs, the call (eager and graph replays), checks."""
+"""One A/B rank, ``python -m sm120fork.gpu.ab.correctness SPEC RANK``: each case's inputs,
+its call (eager and graph replays) and checks."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Callable
 
 import torch
 
-from sm120fork.gpu.ab.results import CaseResult, Check
+from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec
+from sm120fork.gpu.core import worker
 from sm120fork.gpu.core.cases import (
     CUSTOM_API,
     PATTERN_CODES,
@@ -39,6 +41,7 @@ from sm120fork.gpu.core.reference import (
     fp8_scale,
     generate,
 )
+from sm120fork.util import typed
 
 
 def _nan_fill(t: torch.Tensor) -> None:
@@ -231,3 +234,8 @@ def run_tests(rk: Rank, cases: list[Case]) -> None:
             continue
         say("RESULT", dataclasses.asdict(result))
         rk.barrier()
+
+
+if __name__ == "__main__":
+    worker.serve({"test": lambda rank, spec: run_tests(
+        rank, list(typed.read(GroupSpec, spec, "the group's spec").cases))})

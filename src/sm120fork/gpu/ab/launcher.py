@@ -155,7 +155,7 @@ def _spec(cases: Sequence[Case], store: Path, backend: str, allow_multicast: boo
 
 def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
               timeouts: Timeouts, backend: str = "trtllm", allow_multicast: bool = False,
-              worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.ab.worker"),
+              worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.ab.correctness"),
               progress: Callable[[str], None] | None = None) -> list[CaseResult]:
     """Run ``cases`` (one world size) for ``variant``; crashes and hangs become failures."""
     if not cases:
