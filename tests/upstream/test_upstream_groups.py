@@ -412,6 +412,6 @@ def test_an_upstream_test_file_runs_with_gpu_and_test_utility_packages_stubbed(
         tmp_path: Path) -> None:
     test = tmp_path / "test_x.py"
     test.write_text("import datasets, sgl_kernel\nraise SystemExit(3)\n", encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "sm120fork.harness.upstream_tests", str(test)],
+    done = subprocess.run([sys.executable, "-m", "sm120fork.harness.fake_gpu", str(test)],
                           capture_output=True, text=True, check=False, timeout=120)
     assert done.returncode == 3, done.stderr

@@ -1,4 +1,6 @@
-"""The fake-GPU machinery every layout's probe shares (and the layer harness's CPU mode).
+"""The fake-GPU machinery every layout's probe shares (and the layer harness's CPU mode);
+``python -m sm120fork.harness.fake_gpu FILE`` runs an upstream test file as ``__main__`` on
+a CPU machine, as upstream's CI does.
 
 Only the GPU query is faked, GPU-only packages are permissive stubs, the modules under
 test are imported for real; a probe prints one ``RESULT`` (:func:`emit`).  Imports nothing
@@ -14,6 +16,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import runpy
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +26,9 @@ from sm120fork.util import wire
 
 #: Packages that only exist for (or only load on) a CUDA machine.
 GPU_ONLY_PACKAGES: tuple[str, ...] = ("sgl_kernel", "flashinfer", "triton", "torchvision")
+
+#: Imported by upstream's test utilities for helpers a unit test never calls: stubbed.
+TEST_UTILITY_PACKAGES = ("datasets",)
 
 #: Stub attributes that raise, as the real ones do on a machine without a GPU driver.
 NO_DRIVER = frozenset({"triton.runtime.driver"})
@@ -251,3 +257,21 @@ def emit(results: list[Observation]) -> int:
     return 0
 
 
+def run_upstream_test(path: str) -> int:
+    """``path`` as ``__main__``, GPU-only and test utility packages stubbed and the caller's
+    ``SGLANG_*`` settings dropped; its exit status."""
+    for name in [name for name in os.environ if name.startswith("SGLANG_")]:
+        del os.environ[name]
+    fake_gpu(None)
+    sys.meta_path.insert(0, _StubFinder(TEST_UTILITY_PACKAGES))
+    sys.argv = [path]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_upstream_test(*sys.argv[1:]))

@@ -334,7 +334,7 @@ def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
                     str(src)]),
                "PYTHONPYCACHEPREFIX": str(ws.state_dir / "pycache-upstream-tests")}
         try:
-            done = proc.run([python, "-m", "sm120fork.harness.upstream_tests", rel], cwd=tree,
+            done = proc.run([python, "-m", "sm120fork.harness.fake_gpu", rel], cwd=tree,
                             env=env, check=False, timeout=1200)
         except CommandError as exc:  # it did not finish (timed out)
             runs.append(TestRun(path=rel, outcome="error", command=unit_command(rel),

@@ -39,16 +39,9 @@ def classify(statuses: dict[str, str], primary: str, baseline: str | None) -> st
     return "fail both" if p == "fail" else f"{p}/{b}"
 
 
-def ab_rows(doc: AbDoc) -> tuple[list[str], dict[str, dict[str, CaseResult]]]:
-    """Case keys in run order and {key: {variant: record}}."""
-    order: list[str] = []
-    table: dict[str, dict[str, CaseResult]] = defaultdict(dict)
-    for variant, records in doc["results"].items():
-        for rec in records:
-            if rec["key"] not in table:
-                order.append(rec["key"])
-            table[rec["key"]][variant] = rec
-    return order, table
+def never_ran(rec: CaseResult) -> bool:
+    """Left out by the time budget, or its variant's module did not build."""
+    return bool(rec.get("not_run")) or rec.get("failure") == "build"
 
 
 def _short(rec: CaseResult | None) -> str:
@@ -77,13 +70,25 @@ _METHOD = (
     "failure with the ranks' last output.")
 
 
-class _Table:
+class AbTable:
+    """An A/B run's case keys in run order, {key: {variant: record}} and each case's class."""
+
     def __init__(self, doc: AbDoc) -> None:
         self.primary, self.baseline = doc["primary"], doc.get("baseline")
         self.variants = list(doc["results"])
-        self.order, self.rows = ab_rows(doc)
+        self.rows: dict[str, dict[str, CaseResult]] = defaultdict(dict)
+        for variant, records in doc["results"].items():
+            for rec in records:
+                self.rows[rec["key"]][variant] = rec
+        self.order = list(self.rows)
         self.cls = {k: classify({v: r["status"] for v, r in self.rows[k].items()},
                                 self.primary, self.baseline) for k in self.order}
+
+    def counts(self) -> dict[str, int]:
+        """How many cases are in each A/B class (``not run``: some variant never ran it)."""
+        return dict(sorted(Counter(
+            "not run" if any(never_ran(r) for r in self.rows[k].values()) else self.cls[k]
+            for k in self.order).items()))
 
     def summary(self) -> list[str]:
         groups: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
@@ -145,7 +150,7 @@ class _Table:
 
 
 def render_test_markdown(doc: AbDoc) -> str:
-    table = _Table(doc)
+    table = AbTable(doc)
     lines = [f"# Fused all-reduce correctness: {doc.get('title', '')}".rstrip(), ""]
     command = doc.get("command", "python -m sm120fork.gpu test")
     lines += [f"Created {doc.get('created', '?')} by `{command}`.", ""]

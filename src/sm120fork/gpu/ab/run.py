@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -142,16 +141,6 @@ def _run_matrix(opts: TestOptions, prepared: runs.Prepared, matrix: list[cases_m
     return results
 
 
-def _summary(doc: AbDoc) -> dict[str, int]:
-    """How many cases are in each A/B class (``not run``: some variant never ran it)."""
-    _, rows = report.ab_rows(doc)
-    return dict(sorted(Counter(
-        "not run" if any(r.get("not_run") or r.get("failure") == "build" for r in row.values())
-        else report.classify({v: r["status"] for v, r in row.items()}, doc["primary"],
-                             doc.get("baseline"))
-        for row in rows.values()).items()))
-
-
 def run_test(opts: TestOptions) -> TestRun:
     from sm120fork.gpu.core.reference import tolerance_table
 
@@ -210,7 +199,7 @@ def run_test(opts: TestOptions) -> TestRun:
                    tallies={name: Tally.of(recs) for name, recs in results.items()},
                    failed=[r.key for r in results[primary]
                            if r.status == "fail" and not r.never_ran],
-                   summary=_summary(doc),
+                   summary=report.AbTable(doc).counts(),
                    module_seconds=prepared.module_seconds,
                    time_budget=opts.time_budget, allow_partial=opts.allow_partial)
 
@@ -232,7 +221,7 @@ def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | Non
     if manifest is None or not manifest.stack:
         return None
     primary, baseline = doc["primary"], doc.get("baseline")
-    order, table = report.ab_rows(doc)
+    table = report.AbTable(doc)
     project_of = {w.wheel: w.project for w in manifest.wheels}
     wheels = []
     for name, variant in doc.get("variants", {}).items():
@@ -241,12 +230,10 @@ def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | Non
                 variant="upstream" if name == baseline else name,
                 project=project_of.get(file, "flashinfer"), file=file, sha256=sha256))
     cases = []
-    for key in order:
-        row = table[key]
-        statuses = {v: r["status"] for v, r in row.items()}
-        against = _AGAINST.get(report.classify(statuses, primary, baseline))
-        for name, rec in row.items():
-            if rec.get("not_run") or rec.get("failure") == "build":
+    for key in table.order:
+        against = _AGAINST.get(table.cls[key])
+        for name, rec in table.rows[key].items():
+            if report.never_ran(rec):
                 continue  # never ran: the record is unfinished
             outcome = rec["status"] if rec["status"] in ("pass", "fail", "skip") else "error"
             cases.append(record.Case(

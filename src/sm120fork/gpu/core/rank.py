@@ -53,13 +53,13 @@ MAX_ALL_REDUCE_BLOCKS = 24
 LAMPORT_TOKEN_NUM_THRESHOLD = 16
 
 
-def legacy_workspace_sizes(world: int, max_tokens: int, hidden: int) -> list[int]:
+def legacy_workspace_sizes(world: int, max_tokens: int, hidden: int, align: int = 1 << 21
+                           ) -> list[int]:
     """The seven IPC buffers of ``trtllm_custom_all_reduce``, sized as FlashInfer's own
-    creator did before 0.7.4 removed it."""
+    creator did before 0.7.4 removed it, rounded up to ``align`` bytes."""
     data = world * max_tokens * hidden * 4
     flags = (MAX_ALL_REDUCE_BLOCKS + 1) * 4 * world * 2
     lamport = world * LAMPORT_TOKEN_NUM_THRESHOLD * world * hidden * 2
-    align = 1 << 21
     return [-(-size // align) * align for size in (data, data, flags, flags,
                                                    lamport, lamport, lamport)]
 
@@ -162,14 +162,14 @@ class Rank:
                 fc.trtllm_lamport_initialize_all(handles[4][self.rank], handles[5][self.rank],
                                                  handles[6][self.rank], sizes[4] // 2,
                                                  torch.float16)
-            flag_bytes = (MAX_ALL_REDUCE_BLOCKS + 1) * 4 * self.world * 2
+            # lamportInitializeAll divides its size by sizeof(T): it takes bytes.
+            flag_bytes, _, lamport_bytes = legacy_workspace_sizes(
+                self.world, custom_tokens, max_hidden, align=1)[2:5]
             cudart = fc.cuda_ipc.cudart
             for idx in (2, 3):  # barrier flags must start at zero (cudaMalloc does not clear)
                 cudart.cudaMemset(ctypes.c_void_p(handles[idx][self.rank]), 0, flag_bytes)
             torch.cuda.synchronize()
             self.barrier()
-            # lamportInitializeAll divides its size by sizeof(T): it takes bytes.
-            lamport_bytes = self.world * LAMPORT_TOKEN_NUM_THRESHOLD * self.world * max_hidden * 2
             ptrs = [torch.tensor(h, dtype=torch.int64) for h in handles]
             return {"handles": handles, "ptrs": ptrs, "lamport_bytes": lamport_bytes}
         raise ValueError(f"unknown api {api}")
