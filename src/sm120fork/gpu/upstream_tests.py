@@ -214,9 +214,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], host: object = None) -> i
     machine = _machine(env)
     if env.get("gpu_count") == 1:
         notes.append("one GPU: the ranks of each test shared it (correctness only)")
-    shown = [a for i, a in enumerate(argv) if not (a == "--tests" or a.startswith("--tests=")
-                                                   or (i and argv[i - 1] == "--tests"))]
-    command = records.recorded_command("upstream-tests", shown)
+    command = records.recorded_command("upstream-tests", argv)
     worst = 0
     for folder, pr in bundles(args.tests, args.pr):
         out = args.out / pr.pr

@@ -10,6 +10,7 @@ of ``sm120fork`` but the stdlib-only wire: it runs beside the tree under test.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -51,9 +52,7 @@ def _stub_attr(owner: str, attr: str) -> Any:
     if name in NO_DRIVER:
         raise RuntimeError(f"{name}: no GPU driver in the probe")
     if attr[:1].isupper():
-        if name not in _STUB_CLASSES:
-            _STUB_CLASSES[name] = type(attr, (_StubInstance,), {"__module__": owner})
-        return _STUB_CLASSES[name]
+        return _stub_class(owner, attr)
     return _Anything(name)
 
 
@@ -74,7 +73,9 @@ class _StubInstance(metaclass=_StubMeta):
         return _Anything(f"{self._name}.{attr}")
 
 
-_STUB_CLASSES: dict[str, type] = {}
+@functools.cache
+def _stub_class(owner: str, attr: str) -> type:
+    return type(attr, (_StubInstance,), {"__module__": owner})
 
 
 class _Anything:

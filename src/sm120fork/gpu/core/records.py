@@ -20,7 +20,7 @@ TESTED_FILE = "tested.json"
 
 #: Options whose values are this machine's paths: not part of the recorded command.
 PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--stack-dir",
-                "--plugin-wheel", "--stock-wheel")
+                "--plugin-wheel", "--stock-wheel", "--tests")
 
 
 def now() -> str:
