@@ -106,7 +106,7 @@ def test_log_lines_and_hints_are_never_wrapped(monkeypatch: pytest.MonkeyPatch) 
 
     from rich.console import Console
 
-    from sm120fork.cli.logs import LineHandler
+    from sm120fork.cli.output import LineHandler
     from sm120fork.util.hint import command
 
     out = io.StringIO()

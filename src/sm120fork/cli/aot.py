@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
+from sm120fork.cli.output import table
 from sm120fork.workspace import Workspace
 
 
@@ -32,9 +32,8 @@ def run_build(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
                        capabilities=parse_capabilities(args.capabilities.split(",")),
                        wheels_dir=args.wheels_dir, out=args.out, jobs=args.jobs,
                        rebuild=args.rebuild, platform=args.platform)
-    table = Table(title=f"{result.wheel.name}")
-    for col in ("target", "kernels", "SASS bytes", "vs sm_90a", "compile s (device passes)"):
-        table.add_column(col)
+    rows = table(result.wheel.name,
+                 ("target", "kernels", "SASS bytes", "vs sm_90a", "compile s (device passes)"))
     per_target = result.compiled.seconds_per_target()
     checks = {c.target: c for c in result.checks}
     for code in result.code:
@@ -42,9 +41,9 @@ def run_build(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         verdict = ("reference" if check is None else
                    f"{check.present}/{check.reference_kernels} present, {len(check.empty)} empty")
         seconds = next((v for k, v in per_target.items() if k.startswith(code.target)), None)
-        table.add_row(code.target, str(len(code.kernels)), str(sum(code.kernels.values())),
-                      verdict, "-" if seconds is None else f"{seconds:.0f}")
-    console.print(table)
+        rows.add_row(code.target, str(len(code.kernels)), str(sum(code.kernels.values())),
+                     verdict, "-" if seconds is None else f"{seconds:.0f}")
+    console.print(rows)
     state = "cached" if result.compiled.cached else f"{result.compiled.wall_seconds:.0f} s"
     console.print(f"compile: {state}; wheel: {result.wheel}")
     return 0
@@ -84,16 +83,15 @@ def run_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
                                             "families": inspect.family_rows(code)}
                 problems += [f"{name} {c.target}: {len(c.missing)} kernels missing, "
                              f"{len(c.empty)} empty" for c in checks if not c.ok]
-                table = Table(title=f"{name}: embedded SASS")
-                for col in ("target", "cubin", "kernels", "SASS bytes", "vs sm_90a"):
-                    table.add_column(col)
+                sass = table(f"{name}: embedded SASS",
+                             ("target", "cubin", "kernels", "SASS bytes", "vs sm_90a"))
                 by_target = {c.target: c for c in checks}
                 for c in code:
                     k = by_target.get(c.target)
-                    table.add_row(c.target, c.cubin, str(len(c.kernels)),
-                                  str(sum(c.kernels.values())), "reference" if k is None else
-                                  f"{k.present}/{k.reference_kernels}, {len(k.empty)} empty")
-                console.print(table)
+                    sass.add_row(c.target, c.cubin, str(len(c.kernels)),
+                                 str(sum(c.kernels.values())), "reference" if k is None else
+                                 f"{k.present}/{k.reference_kernels}, {len(k.empty)} empty")
+                console.print(sass)
     findings["problems"] = problems
     if args.json:
         args.json.write_text(json.dumps(findings, indent=1) + "\n")

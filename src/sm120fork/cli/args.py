@@ -14,19 +14,25 @@ from sm120fork.util.hint import command
 
 #: Below this width ``status --wide`` cannot show its seven columns: a record per patch.
 WIDE_MIN_WIDTH = 160
+_STACK = "stack (default: the default stack)"
+_JOBS = "parallel nvcc runs (default 2)"
+
+
+def _flags(p: argparse._ActionsContainer, helps: dict[str, str]) -> None:
+    """Switches, each ``--name`` with its help."""
+    for flag, text in helps.items():
+        p.add_argument(flag, action="store_true", help=text)
 
 
 def build(p: argparse.ArgumentParser) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--stack", help="stack to build (default: the default stack)")
-    which.add_argument("--all-stacks", action="store_true",
-                       help="build every stack under forks/, each into wheels/<stack>/")
-    p.add_argument("--force", action="store_true",
-                   help="discard local work in fork trees (never done without it)")
-    p.add_argument("--rebuild", action="store_true", help="ignore the build cache")
-    p.add_argument("--unchecked", action="store_true",
-                   help="publish even if the patched tree fails its check (compile, import "
-                        "under the fake-GPU probe); the manifest records the build unchecked")
+    _flags(which, {"--all-stacks": "build every stack under forks/, each into wheels/<stack>/"})
+    _flags(p, {
+        "--force": "discard local work in fork trees (never done without it)",
+        "--rebuild": "ignore the build cache",
+        "--unchecked": "publish even if the patched tree fails its check (compile, import "
+                       "under the fake-GPU probe); the manifest records the build unchecked"})
     p.add_argument("--lock-timeout", type=float, default=-1, metavar="S",
                    help="seconds to wait for another run's lock (default: wait)")
     p.add_argument("--out", type=Path, metavar="DIR",
@@ -43,13 +49,12 @@ def index(p: argparse.ArgumentParser) -> None:
 
 def status(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack", nargs="?", help="only this stack (default: every stack)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--wide", action="store_true",
-                   help="every DEP-3 field and check in its own column (a record per patch "
-                        f"below {WIDE_MIN_WIDTH} columns, e.g. in a pipe)")
-    p.add_argument("--no-fetch", action="store_true",
-                   help="do not download the pinned upstream of a stack never built here "
-                        "(its patches are then not checked)")
+    _flags(p, {
+        "--json": "machine-readable output",
+        "--wide": "every DEP-3 field and check in its own column (a record per patch "
+                  f"below {WIDE_MIN_WIDTH} columns, e.g. in a pipe)",
+        "--no-fetch": "do not download the pinned upstream of a stack never built here "
+                      "(its patches are then not checked)"})
     p.add_argument("--wheels", type=Path, metavar="DIR",
                    help="read the wheel column from DIR/manifest.json (see build --out)")
 
@@ -65,12 +70,10 @@ def bump(p: argparse.ArgumentParser) -> None:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--continue", dest="cont", action="store_true",
                       help="resume after resolving a conflict in the fork tree")
-    what.add_argument("--skip", action="store_true",
-                      help="drop the patch the bump stopped at (upstream does without it) "
-                           "and resume")
-    what.add_argument("--abort", action="store_true",
-                      help="restore the previous fork tree, pin and series exactly")
-    p.add_argument("--allow-downgrade", action="store_true", help="accept an older version")
+    _flags(what, {
+        "--skip": "drop the patch the bump stopped at (upstream does without it) and resume",
+        "--abort": "restore the previous fork tree, pin and series exactly"})
+    _flags(p, {"--allow-downgrade": "accept an older version"})
     p.add_argument("--new-stack", metavar="NAME",
                    help="copy the project (and the projects it requires, as STACK pins "
                         "them) into a new stack NAME and bump that, leaving STACK as it is")
@@ -100,14 +103,13 @@ def watch(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=_positive, default=2, metavar="N",
                    help="bump the newest N releases of each project (default: 2); every "
                         "newer one is listed")
-    p.add_argument("--json", action="store_true", help="the report as JSON on stdout")
+    _flags(p, {"--json": "the report as JSON on stdout"})
 
 
 def refresh(p: argparse.ArgumentParser) -> None:
     p.add_argument("stack")
     p.add_argument("project")
-    p.add_argument("--force", action="store_true",
-                   help="overwrite uncommitted edits of the series' patch files")
+    _flags(p, {"--force": "overwrite uncommitted edits of the series' patch files"})
 
 
 def upstream_pr(p: argparse.ArgumentParser) -> None:
@@ -120,42 +122,38 @@ def upstream_pr(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repo", metavar="PATH_OR_URL",
                    help="upstream repository to fetch --onto from (default: the declared "
                         "git URL)")
-    p.add_argument("--write", action="store_true",
-                   help="with --pr: publish the PR's record (what it was tested with) to "
-                        "reports/<stack>/upstream-pr/<pr>/")
+    _flags(p, {"--write": "with --pr: publish the PR's record (what it was tested with) to "
+                          "reports/<stack>/upstream-pr/<pr>/"})
     p.add_argument("--pr", metavar="NAME",
                    help="prepare this PR (an Upstream-PR group of the series; without --pr "
                         "the PRs are listed)")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="with --pr: where the package goes (default: "
                         ".forks/upstream/<stack>/<project>/<pr>/)")
-    p.add_argument("--no-tests", action="store_true",
-                   help="with --pr: do not run the PR's tests (the body then says so)")
-    p.add_argument("--even-if-failing", action="store_true",
-                   help="with --pr: write the package although a test of the PR failed or "
-                        "did not run (the body says which; refused otherwise)")
-    p.add_argument("--requirements", action="store_true",
-                   help="with --pr: print what the PR's tests import beyond the toolkit, "
-                        "one requirement a line, and stop (nox -s upstream_pr installs them)")
+    _flags(p, {
+        "--no-tests": "with --pr: do not run the PR's tests (the body then says so)",
+        "--even-if-failing": "with --pr: write the package although a test of the PR failed "
+                             "or did not run (the body says which; refused otherwise)",
+        "--requirements": "with --pr: print what the PR's tests import beyond the toolkit, "
+                          "one requirement a line, and stop (nox -s upstream_pr installs "
+                          "them)"})
 
 
 def verify_sm120(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stack", help="stack (default: the default stack)")
-    p.add_argument("--jobs", type=int, default=2, help="parallel nvcc runs (default 2)")
-    p.add_argument("--force", action="store_true",
-                   help="discard local work in the fork trees it needs")
+    p.add_argument("--stack", help=_STACK)
+    p.add_argument("--jobs", type=int, default=2, help=_JOBS)
+    _flags(p, {"--force": "discard local work in the fork trees it needs"})
     p.add_argument("--arch", action="append", dest="archs", metavar="ARCH",
                    help="compile-proof architectures besides sm_90a and sm_120f (repeatable; "
                         "default: sm_120a and sm_121a too)")
 
 
 def build_test_variant(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stack", help="stack (default: the default stack)")
+    p.add_argument("--stack", help=_STACK)
     p.add_argument("--project", default="flashinfer", help="project key (default flashinfer)")
     p.add_argument("--name", required=True,
                    help="variant name, appended to the local label (e.g. f5test)")
-    p.add_argument("--force", action="store_true",
-                   help="discard local work in the variant's fork tree")
+    _flags(p, {"--force": "discard local work in the variant's fork tree"})
 
 
 def record(p: argparse.ArgumentParser) -> None:
@@ -166,7 +164,7 @@ def record(p: argparse.ArgumentParser) -> None:
 
 
 def gpu_kit(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stack", help="stack (default: the default stack)")
+    p.add_argument("--stack", help=_STACK)
     p.add_argument("--python", required=True, metavar="X.Y",
                    help="the box's Python that has torch, e.g. 3.12")
     p.add_argument("--out", type=Path, required=True, help="the kit's folder (replaced)")
@@ -202,43 +200,29 @@ def gpu_requirements(p: argparse.ArgumentParser) -> None:
 
 
 def build_aot(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--stack", help="stack (default: the default stack)")
+    p.add_argument("--stack", help=_STACK)
     p.add_argument("--capabilities", default=",".join(DEFAULT_CAPABILITIES),
                    help="GPU compute capabilities to build for; FlashInfer picks each one's "
                    "target and drops those its module refuses (default: %(default)s)")
-    p.add_argument("--jobs", type=int, default=2, help="parallel nvcc runs (default 2)")
-    p.add_argument("--rebuild", action="store_true", help="ignore the compile cache")
+    p.add_argument("--jobs", type=int, default=2, help=_JOBS)
+    _flags(p, {"--rebuild": "ignore the compile cache"})
     p.add_argument("--wheels-dir", type=Path,
                    help="where the stack's wheels and manifest.json are (default: wheels/<stack>/)")
     p.add_argument("--out", type=Path, help="where the AOT wheel goes "
                    "(default: wheels/aot/<stack>/)")
     p.add_argument("--platform", help="wheel platform tag (default: this machine's)")
-    p.add_argument("--via-cibuildwheel", action="store_true",
-                   help="run cibuildwheel's steps for aot/ (before-build, build, repair, test) "
-                   "on this host, as read from aot/pyproject.toml")
-
-
-def gpu(p: argparse.ArgumentParser) -> None:
-    from sm120fork.gpu.cli import add_args
-
-    add_args(p)
-
-
-def tune(p: argparse.ArgumentParser) -> None:
-    from sm120fork.tune.cli import add_args
-
-    add_args(p)
+    _flags(p, {"--via-cibuildwheel": "run cibuildwheel's steps for aot/ (before-build, build, "
+                                     "repair, test) on this host, as read from "
+                                     "aot/pyproject.toml"})
 
 
 def aot_check(p: argparse.ArgumentParser) -> None:
     p.add_argument("wheel", type=Path, help="the AOT wheel (installed in this environment, "
                    "with the FlashInfer it pins)")
-    p.add_argument("--code", action="store_true",
-                   help="also list the embedded SASS per target with cuobjdump and compare "
-                   "every target's kernels with sm_90a")
+    _flags(p, {"--code": "also list the embedded SASS per target with cuobjdump and compare "
+                         "every target's kernels with sm_90a"})
     p.add_argument("--module", action="append", default=[], metavar="IMPORT:FUNCTION",
                    help="also say where this module loads from: the JitSpec maker that "
                    "takes no arguments, e.g. flashinfer.jit.norm:gen_norm_module (repeatable)")
-    p.add_argument("--no-lookup", action="store_true",
-                   help="skip asking the installed FlashInfer (the wheel alone)")
+    _flags(p, {"--no-lookup": "skip asking the installed FlashInfer (the wheel alone)"})
     p.add_argument("--json", type=Path, help="write the findings here")

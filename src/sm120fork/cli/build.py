@@ -1,4 +1,4 @@
-"""``build``: patched wheels of a stack, rendered."""
+"""``build``, ``index`` and ``build-test-variant``: wheels made, rendered."""
 
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from sm120fork.cli.output import say, table
 from sm120fork.declare import Stack
 from sm120fork.errors import UsageError
+from sm120fork.index.write import stack_routes, write_index
 from sm120fork.package.publish import ProjectBuild, shown
 from sm120fork.package.routes import folder_routes
 from sm120fork.package.stack import build_stack
@@ -81,21 +83,20 @@ class StageLine:
 def summary_table(stack: Stack, out: Path, builds: list[ProjectBuild]) -> Table:
     """One row per published wheel: each project's, and the plugin wheel the build
     generated beside them (``plugin/``, stacks whose SGLang has the plugin framework)."""
-    table = Table(title=f"stack {stack.name} -> {out}")
-    for col in ("project", "upstream", "patches", "wheel", "sha256", "build"):
-        table.add_column(col, overflow="fold")
+    rows = table(f"stack {stack.name} -> {out}",
+                 ("project", "upstream", "patches", "wheel", "sha256", "build"), fold=True)
     for b in builds:
         how = "cached" if b.cached else f"{b.seconds:.1f}s"
         if b.entry.used_as_published:
             how = f"used as published ({how})"
-        table.add_row(b.project, b.upstream_version, str(len(b.entry.patches)), b.wheel.name,
-                      b.sha256[:12], how)
+        rows.add_row(b.project, b.upstream_version, str(len(b.entry.patches)), b.wheel.name,
+                     b.sha256[:12], how)
     plugin = PublishedPlugin.read(out)
     if plugin is not None:
-        table.add_row("plugin", f"sglang {plugin.sglang}", f"{plugin.hooks} hooks",
-                      f"{PLUGIN_DIR}/{plugin.wheel}", plugin.sha256[:12],
-                      "generated from the series")
-    return table
+        rows.add_row("plugin", f"sglang {plugin.sglang}", f"{plugin.hooks} hooks",
+                     f"{PLUGIN_DIR}/{plugin.wheel}", plugin.sha256[:12],
+                     "generated from the series")
+    return rows
 
 
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
@@ -121,7 +122,25 @@ def _build_one(args: argparse.Namespace, ws: Workspace, console: Console, stack:
     console.print(summary_table(stack, out, builds))
     first, *others = folder_routes(shown(ws, out), [b.entry for b in builds],
                                    PublishedPlugin.read(out))
-    console.print(f"done in {time.monotonic() - start:.2f}s; install with: {first.line}",
-                  markup=False, soft_wrap=True)
-    for route in others:
-        console.print(f"or, {route.name}: {route.line}", markup=False, soft_wrap=True)
+    say(console, f"done in {time.monotonic() - start:.2f}s; install with: {first.line}",
+        *(f"or, {route.name}: {route.line}" for route in others))
+
+
+def run_index(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    index = write_index(ws, url=args.url, out=args.out)
+    say(console, *index.notes, *(f"{s.stack.name}, {route.name}: {route.line}"
+                                 for s in index.stacks for route in stack_routes(index.url, s)))
+    console.print(f"wrote {index.files} wheel(s) of {len(index.stacks)} stack(s) into "
+                  f"{shown(ws, index.out)}/ (landing page: index.html)", markup=False)
+    return 0
+
+
+def run_test_variant(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    """A project's series plus its test series, built, never published."""
+    from sm120fork.package.variant import build_test_variant
+    from sm120fork.resolved import ResolvedStack
+
+    wheel = build_test_variant(ResolvedStack.named(ws, args.stack), project_key=args.project,
+                               name=args.name, force=args.force)
+    console.print(f"test variant: {wheel.relative_to(ws.root)}")
+    return 0

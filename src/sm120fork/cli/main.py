@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 import tempfile
@@ -11,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sm120fork import __version__
-from sm120fork.cli import args as verb_args
 from sm120fork.entry import Parser, boundary
 from sm120fork.util.files import remove_own_scratch
 from sm120fork.util.proc import end_children
@@ -19,80 +19,75 @@ from sm120fork.util.proc import end_children
 log = logging.getLogger("sm120fork")
 
 
+def _load(ref: str) -> Callable[..., int]:
+    """``module:function`` under sm120fork, imported only now: the doctor, GPU verbs and
+    tune need neither GitPython nor rich."""
+    module, _, name = ref.partition(":")
+    handler: Callable[..., int] = getattr(importlib.import_module(f"sm120fork.{module}"), name)
+    return handler
+
+
 @dataclass(frozen=True, kw_only=True)
 class Verb:
     help: str
-    #: Standard library only: the noxfile's preflight parses with it before installing.
-    args: Callable[[argparse.ArgumentParser], None] | None = None
     #: ``run(args, ws, console)`` in a checkout, else ``run(args, argv)`` anywhere.
+    run: str
+    #: Standard library only: the noxfile's preflight parses with it before installing.
+    args: str | None = None
     checkout: bool = True
     #: ``main(argv)`` parses and prints itself (the doctor ships without the toolkit).
     own_main: bool = False
 
 
 VERBS: dict[str, Verb] = {
-    "build": Verb(help="patched wheels of a stack into wheels/<stack>/", args=verb_args.build),
+    "build": Verb(help="patched wheels of a stack into wheels/<stack>/", run="cli.build:run",
+                  args="cli.args:build"),
     "index": Verb(help="every stack's built wheels as a static package index with a landing "
-                       "page of pip lines -> wheels/index/", args=verb_args.index),
+                       "page of pip lines -> wheels/index/", run="cli.build:run_index",
+                  args="cli.args:index"),
     "status": Verb(help="every stack and patch: applies, DEP-3 upstream fields, "
-                        "fingerprint upstream, shipped wheel", args=verb_args.status),
-    "bump": Verb(help="re-pin a project and re-classify its patches", args=verb_args.bump),
+                        "fingerprint upstream, shipped wheel", run="cli.maintain:run_status",
+                   args="cli.args:status"),
+    "bump": Verb(help="re-pin a project and re-classify its patches",
+                 run="cli.maintain:run_bump", args="cli.args:bump"),
     "refresh": Verb(help="export the fork tree's commits back into the series",
-                    args=verb_args.refresh),
+                    run="cli.maintain:run_refresh", args="cli.args:refresh"),
     "upstream-pr": Verb(help="prepare (never push) an upstream PR with evidence",
-                        args=verb_args.upstream_pr),
+                        run="cli.maintain:run_upstream_pr", args="cli.args:upstream_pr"),
     "watch": Verb(help="each upstream release newer than the pins, bumped in a scratch copy: "
                        "per patch applies / merges / conflicts / upstream has it, the pins it "
-                       "moves, the claims to re-make -> reports/watch/", args=verb_args.watch),
+                       "moves, the claims to re-make -> reports/watch/",
+                  run="cli.maintain:run_watch", args="cli.args:watch"),
     "verify-sm120": Verb(help="check every patch's evidence (compile proof for SM12x, "
                               "behaviour checks) -> reports/<stack>/verify-sm120/",
-                         args=verb_args.verify_sm120),
+                         run="cli.verify:run", args="cli.args:verify_sm120"),
     "build-test-variant": Verb(help="build a test-only variant (series + <series>-test/) "
                                     "under .forks/test-variants/ for the GPU harness; never "
-                                    "published", args=verb_args.build_test_variant),
+                                    "published", run="cli.build:run_test_variant",
+                               args="cli.args:build_test_variant"),
     "record": Verb(help="evidence records: import DIR validates each record.json under DIR "
-                         "and publishes it to reports/<stack>/<kind>/", args=verb_args.record),
+                         "and publishes it to reports/<stack>/<kind>/",
+                   run="cli.verify:run_record", args="cli.args:record"),
     "gpu": Verb(help="multi-rank correctness (A/B) and latency on this machine's GPUs",
-                args=verb_args.gpu, checkout=False),
+                run="gpu.cli:run", args="gpu.cli:add_args", checkout=False),
     "gpu-kit": Verb(help="one folder that runs the GPU harnesses on a box with no network "
                          "(the stack's wheels, upstream's, their dependencies, the toolkit)",
-                    args=verb_args.gpu_kit),
+                    run="cli.kit:run", args="cli.args:gpu_kit"),
     "gpu-requirements": Verb(help="what the GPU sessions install beside the toolkit: the "
                                   "stack's FlashInfer (and SGLang) requirements, less torch",
-                             args=verb_args.gpu_requirements),
+                             run="cli.kit:run_requirements", args="cli.args:gpu_requirements"),
     "build-aot": Verb(help="prebuilt trtllm comm module of a stack's FlashInfer as a wheel "
-                           "(needs nvcc)", args=verb_args.build_aot),
+                           "(needs nvcc)", run="cli.aot:run_build", args="cli.args:build_aot"),
     "aot-check": Verb(help="check an AOT wheel: which module the installed FlashInfer loads "
                            "from where, and its SASS per target",
-                      args=verb_args.aot_check, checkout=False),
+                      run="cli.aot:run_check", args="cli.args:aot_check", checkout=False),
     "tune": Verb(help="measure this box's all-reduce methods at every TP size it can run and "
                       "install the policy SGLang follows (--yes to replace one)",
-                 args=verb_args.tune, checkout=False),
+                 run="tune.cli:run", args="tune.cli:add_args", checkout=False),
     "doctor": Verb(help="check this box for the fused all-reduce on SM12x (no checkout, "
-                        "index or nvcc needed; --json)", checkout=False, own_main=True),
+                        "index or nvcc needed; --json)", run="doctor:main", checkout=False,
+                   own_main=True),
 }
-
-
-def _handler(name: str) -> Callable[..., int]:
-    """Imported only now: the doctor, GPU verbs and tune need neither GitPython nor rich."""
-    if name in ("doctor", "gpu", "tune"):
-        from sm120fork import doctor
-        from sm120fork.gpu import cli as gpu
-        from sm120fork.tune import cli as tune
-
-        anywhere: dict[str, Callable[..., int]] = {
-            "doctor": doctor.main, "gpu": gpu.run, "tune": tune.run}
-        return anywhere[name]
-    from sm120fork.cli import aot, build, index, kit, maintain, record, testvariant, verify
-
-    handlers: dict[str, Callable[..., int]] = {
-        "build": build.run, "index": index.run, "status": maintain.run_status,
-        "bump": maintain.run_bump, "refresh": maintain.run_refresh,
-        "upstream-pr": maintain.run_upstream_pr, "watch": maintain.run_watch,
-        "verify-sm120": verify.run, "build-test-variant": testvariant.run,
-        "record": record.run, "gpu-kit": kit.run, "gpu-requirements": kit.run_requirements,
-        "build-aot": aot.run_build, "aot-check": aot.run_check}
-    return handlers[name]
 
 
 def _verbosity(parser: argparse.ArgumentParser, default: object = False) -> None:
@@ -116,7 +111,7 @@ def make_parser(verbs: Sequence[str] | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=verb.help, description=verb.help, add_help=not verb.own_main,
                            parents=[] if verb.own_main else [after_verb])
         if verb.args is not None and (verbs is None or name in verbs):
-            verb.args(p)
+            _load(verb.args)(p)
     return parser
 
 
@@ -145,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verb = VERBS.get(name) if name else None
     if verb is not None and verb.own_main and argv[0] == name:
         # Runs before rich is imported: the doctor runs where the toolkit's deps are not.
-        return _handler(name)(argv[1:])
+        return _load(verb.run)(argv[1:])
     state = _Run()
     return boundary(lambda: _run(argv, name, state), name=name or "sm120fork",
                     root=lambda: state.root, on_interrupt=end_children,
@@ -171,12 +166,12 @@ def _run(argv: list[str], name: str | None, state: _Run) -> int:
     verb = VERBS[args.command]
     if extra and not verb.own_main:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    run = _handler(args.command)
+    run = _load(verb.run)
     if verb.own_main:
         return run(_verb_argv(argv))
     from rich.console import Console
 
-    from sm120fork.cli.logs import LineHandler
+    from sm120fork.cli.output import LineHandler
 
     console = Console(stderr=False, highlight=False)
     err_console = Console(stderr=True, highlight=False)

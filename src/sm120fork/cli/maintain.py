@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sm120fork.cli.args import WIDE_MIN_WIDTH, bump_revision
+from sm120fork.cli.output import say, table
 from sm120fork.errors import EXIT_PROBLEMS_FOUND
 from sm120fork.maintain.report import evidence_lines, outcome_lines
 from sm120fork.maintain.state import CHECK_PASSES
@@ -73,22 +74,20 @@ def render_evidence(projects: list[ProjectStatus], console: Console) -> None:
     not_current = [c for ps in projects for c in ps.claims if not c.current]
     if not records:
         return
-    table = Table(title=f"{projects[0].stack}: evidence", title_justify="left")
-    for col in ("kind", "record", "state", "verdict / why"):
-        table.add_column(col, overflow="fold")
+    rows = table(f"{projects[0].stack}: evidence", ("kind", "record", "state", "verdict / why"),
+                 fold=True, left=True)
     for e in sorted(records, key=lambda e: (e.kind, e.name)):
         why = "; ".join(e.reasons)
-        table.add_row(e.kind, e.name, e.state,
-                      (e.verdict or "-") if e.current else
-                      f"{why}; re-make: {e.command}" + (f" (needs {e.needs})" if e.needs
-                                                         else "")
-                      if e.command else why)
-    console.print(table)
+        rows.add_row(e.kind, e.name, e.state,
+                     (e.verdict or "-") if e.current else
+                     f"{why}; re-make: {e.command}" + (f" (needs {e.needs})" if e.needs
+                                                        else "")
+                     if e.command else why)
+    console.print(rows)
     claimed = sum(len(ps.claims) for ps in projects)
-    console.print(f"claims (Verified-By): {claimed - len(not_current)} of {claimed} current "
-                  "(backed by a passing record of this stack)", markup=False, soft_wrap=True)
-    for c in not_current:
-        console.print(f"  {c.state}: {c.message()}", markup=False, soft_wrap=True)
+    say(console, f"claims (Verified-By): {claimed - len(not_current)} of {claimed} current "
+        "(backed by a passing record of this stack)",
+        *(f"  {c.state}: {c.message()}" for c in not_current))
 
 
 def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool) -> None:
@@ -101,11 +100,11 @@ def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool
         if ps.bump_in_progress:
             title += f"  BUMP IN PROGRESS {ps.bump_in_progress}"
         if records:
-            console.print(title, markup=False, soft_wrap=True)
+            say(console, title)
             for p in ps.patches:
-                console.print(f"  {display_name(p.patch)}", markup=False, soft_wrap=True)
-                for col, cell in zip(_WIDE_COLUMNS, _wide_cells(p), strict=True):
-                    console.print(f"    {col}: {cell or '-'}", markup=False, soft_wrap=True)
+                say(console, f"  {display_name(p.patch)}", *(
+                    f"    {col}: {cell or '-'}"
+                    for col, cell in zip(_WIDE_COLUMNS, _wide_cells(p), strict=True)))
         else:
             table = Table(title=title, title_justify="left")
             table.add_column("patch", overflow="ellipsis", no_wrap=True,
@@ -132,7 +131,7 @@ def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool
         if ps.error:
             console.print(f"[bold red]error:[/] {ps.error}", highlight=False, soft_wrap=True)
         elif ps.not_checked:
-            console.print(ps.not_checked, markup=False, soft_wrap=True)
+            say(console, ps.not_checked)
         elif not ps.patches:
             console.print("(empty series)")
 
@@ -155,9 +154,9 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         except KeyboardInterrupt:
             _say_how_to_finish_abort(ws, args.stack, args.project)
             raise
-        console.print(f"aborted: {ab.stack}/{ab.project} is back at {ab.restored_version}"
-                      + (f"; stack {ab.stack} removed" if ab.removed_stack else "")
-                      + (f"; {ab.tree}" if ab.tree else ""), markup=False, soft_wrap=True)
+        say(console, f"aborted: {ab.stack}/{ab.project} is back at {ab.restored_version}"
+            + (f"; stack {ab.stack} removed" if ab.removed_stack else "")
+            + (f"; {ab.tree}" if ab.tree else ""))
         return 0
     bump_revision(args)
     try:
@@ -184,27 +183,24 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         style = _VERDICT_STYLE.get(c.verdict, "yellow")
         table.add_row(display_name(c.patch), f"[{style}]{c.verdict}[/]")
     console.print(table)
-    for c in result.classifications:  # what a patch that did not apply exactly went through
-        for line in (e for e in c.evidence if e.startswith(CHECK_PASSES)):
-            console.print(f"{display_name(c.patch)}: {line}", markup=False, soft_wrap=True)
+    # what a patch that did not apply exactly went through
+    say(console, *(f"{display_name(c.patch)}: {line}" for c in result.classifications
+                   for line in c.evidence if line.startswith(CHECK_PASSES)))
     r = result.refresh
     kept = len(r.added) + len(r.changed) + len(r.unchanged)
     project = ws.stack(result.stack, strict=False).project(result.project)
-    for line in outcome_lines(project, result.old_version, result.new_version,
-                              result.classifications, kept, result.used_as_published,
-                              result.moves):
-        console.print(line, markup=False, soft_wrap=True)
+    say(console, *outcome_lines(project, result.old_version, result.new_version,
+                                result.classifications, kept, result.used_as_published,
+                                result.moves))
     print_release_files(console, result.stack, result.undeclared_files, result.release_files)
-    for line in evidence_lines(result.stack, result.new_stack_created, result.remake):
-        console.print(line, markup=False, soft_wrap=True)
-    console.print(f"report (the evidence for each verdict): "
-                  f"{result.report.relative_to(ws.root)}; changelog: "
-                  f"{result.changelog.relative_to(ws.root)}", markup=False, soft_wrap=True)
+    say(console, *evidence_lines(result.stack, result.new_stack_created, result.remake),
+        f"report (the evidence for each verdict): {result.report.relative_to(ws.root)}; "
+        f"changelog: {result.changelog.relative_to(ws.root)}")
     waiting = sorted(d.name.partition("--")[2] for d in
                      (ws.state_dir / "bump").glob(f"{result.stack}--*") if d.is_dir())
     next_step = (command("bump", result.stack, waiting[0], "--continue") if waiting else
                  command("build", "--stack", result.stack))
-    console.print(f"next: {next_step}", markup=False, soft_wrap=True)
+    say(console, f"next: {next_step}")
     return 0
 
 
@@ -254,13 +250,9 @@ def run_watch(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     else:
         for sw in found:
             for pw in sw.projects:
-                console.print(f"{sw.stack}/{pw.project} {pw.pinned}: "
-                              + (f"error: {pw.error}" if pw.error else
-                                 f"{len(pw.newer)} newer release(s)"),
-                              markup=False, soft_wrap=True)
-                for r in pw.releases:
-                    console.print(f"  {r.version}: {summary(r)}", markup=False,
-                                  soft_wrap=True)
+                say(console, f"{sw.stack}/{pw.project} {pw.pinned}: " + (
+                    f"error: {pw.error}" if pw.error else f"{len(pw.newer)} newer release(s)"),
+                    *(f"  {r.version}: {summary(r)}" for r in pw.releases))
     for _, md in written:
         log.info("report: %s", md.relative_to(ws.root))
     incomplete = any(pw.error or any(r.outcome == "failed" for r in pw.releases)
@@ -296,9 +288,6 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
             print(line)
         return 0
 
-    def say(text: str) -> None:
-        console.print(text, markup=False, highlight=False, soft_wrap=True)
-
     if not args.pr:
         today = ResolvedStack.named(ws, args.stack)
         stack = today.stack
@@ -310,40 +299,33 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
             count += len(plan.prs)
             if not plan.prs:
                 elsewhere = newer_stacks_with_prs(ws, stack, project)
-                none.append(f"{project.key}: {why_none(plan)}" + (
+                none.append(f"  no PR from {project.key}: {why_none(plan)}" + (
                     f"; its upstream PRs are made from stack {', '.join(elsewhere)} (a newer "
                     f"{project.distribution}): `{command('upstream-pr', elsewhere[0])}`"
                     if elsewhere else ""))
-            for pr in plan.prs:
-                tests = f"; tests: {', '.join(t.name for t in pr.tests)}" if pr.tests else \
-                    "; no upstream-form test"
-                say(f"PR {pr.name} ({project.key}): {', '.join(p.name for p in pr.patches)}"
-                    f"{tests}")
-            for line in plan.not_proposed:
-                say(f"in no PR ({project.key}): {line}")
-            if not plan.prs and not plan.not_proposed:
-                say(f"in no PR ({project.key}): its series is empty")
-        say(f"{args.stack}: {count} upstream PR(s)"
+            empty = [] if plan.prs or plan.not_proposed else ["its series is empty"]
+            say(console, *(f"PR {pr.name} ({project.key}): "
+                           f"{', '.join(p.name for p in pr.patches)}; " + (
+                               f"tests: {', '.join(t.name for t in pr.tests)}" if pr.tests
+                               else "no upstream-form test") for pr in plan.prs),
+                *(f"in no PR ({project.key}): {line}" for line in [*plan.not_proposed, *empty]))
+        say(console, f"{args.stack}: {count} upstream PR(s)"
             + (f"; prepare one: {command('upstream-pr', args.stack, '--pr', '<name>')}"
-               if count else ""))
-        for line in none:
-            say(f"  no PR from {line}")
+               if count else ""), *none)
         return 0
     done = prepare(ws, args.stack, args.project, args.pr, onto=args.onto, repo=args.repo,
                    out=args.out, run=not args.no_tests, write=args.write,
                    even_if_failing=args.even_if_failing)
-    say(f"branch {done.branch}: {len(done.commits)} commit(s) on "
-        + (done.onto or "the release as published"))
-    for r in done.runs:
-        say(f"  {r.said}: {r.command}: {r.summary}")
-    say(f"wrote {os.path.relpath(done.out, ws.root)}/ "
-        f"({', '.join(sorted(p.relative_to(done.out).as_posix() for p in done.files))})")
-    say("nothing was pushed; to submit, run in the checkout root:")
-    for line in done.commands:
-        say(f"  {line}")
+    say(console, f"branch {done.branch}: {len(done.commits)} commit(s) on "
+        + (done.onto or "the release as published"),
+        *(f"  {r.said}: {r.command}: {r.summary}" for r in done.runs),
+        f"wrote {os.path.relpath(done.out, ws.root)}/ "
+        f"({', '.join(sorted(p.relative_to(done.out).as_posix() for p in done.files))})",
+        "nothing was pushed; to submit, run in the checkout root:",
+        *(f"  {line}" for line in done.commands))
     if done.record is not None:
         rec = done.record
-        say(f"record: {rec.verdict} ({rec.counts.get('pass', 0)} pass, "
+        say(console, f"record: {rec.verdict} ({rec.counts.get('pass', 0)} pass, "
             f"{rec.counts.get('fail', 0) + rec.counts.get('error', 0)} fail, "
             f"{rec.counts.get('skip', 0)} not run here)"
             + (f"; published to {os.path.relpath(done.published, ws.root)}/"
