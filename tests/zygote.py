@@ -55,8 +55,8 @@ KEY_PREFIXES = ("PYTHON", "TORCH", "OMP_", "MKL_", "CUDA", "HF_", "NUMPY", "OPEN
 #: else (``harness.fake_gpu``), by their request (argv[1], JSON): a rank on a real GPU
 #: imports FlashInfer first.
 PREPARED: dict[str, Callable[[dict[str, Any]], bool]] = {
-    "sm120fork.layouts.communicator.probe": lambda r: True,
-    "sm120fork.layouts.layer_boundary.probe": lambda r: True,
+    "sm120fork.layouts.communicator": lambda r: True,
+    "sm120fork.layouts.layer_boundary": lambda r: True,
     "sm120fork.gpu.layer.rank": lambda r: r.get("device", "cuda") == "cpu",
 }
 #: The scripts of this suite that do the same (tests/plugin/plugin_probe.py: it puts the

@@ -50,7 +50,7 @@ def test_each_layout_passes_with_its_own_one_line_warning(layout: str, words: st
 def test_the_other_layouts_wording_fails(layout: str, words: str) -> None:
     problems = expected_problems("all-ranks-create-fails", [_rank(0, layout, [words])])
     assert problems == [f"rank 0: the warning is not one line saying "
-                        f"{adapter(layout, 'rank').WARNING_SAYS!r}: {words!r}"]
+                        f"{adapter(layout).WARNING_SAYS!r}: {words!r}"]
 
 
 def test_two_lines_or_two_warnings_or_a_wrong_output_fail() -> None:
@@ -101,7 +101,7 @@ def _ended(rank: int, error: str | None, *, took: float | None = None, bound: fl
 @pytest.mark.parametrize("layout", ["communicator", "layer_boundary"])
 def test_a_rank_raising_alone_passes_with_one_runtime_error_within_its_bound(
         layout: str) -> None:
-    assert adapter(layout, "rank").RAISED_ALONE_SAYS in ALONE_WORDS
+    assert adapter(layout).RAISED_ALONE_SAYS in ALONE_WORDS
     peer_raised = [_ended(0, "RuntimeError: Connection closed by peer"),
                    _ended(1, ALONE_WORDS, took=3.1)]
     assert alone_problems("one-rank-fused-call-raises", peer_raised, layout=layout) == []

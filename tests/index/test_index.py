@@ -30,7 +30,7 @@ from packaging.tags import sys_tags
 from helpers_manifest import entry, write_manifest
 from sm120fork.cli.main import main
 from sm120fork.errors import ArtifactCheckError, ConfigError, UsageError
-from sm120fork.index.write import write_index
+from sm120fork.index import write_index
 from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy

@@ -51,8 +51,8 @@ def test_every_stack_with_behaviour_evidence_names_a_known_layout() -> None:
 
 def test_each_layout_has_checks_and_a_rank_setup() -> None:
     for name in LAYOUTS:
-        assert callable(adapter(name, "checks").check)
-        rank = adapter(name, "rank")
+        assert callable(adapter(name).check)
+        rank = adapter(name)
         assert callable(rank.setup)
         assert rank.WARNING_SAYS
 

@@ -79,7 +79,7 @@ def _cases(policies: dict[str, str]) -> list[list[Any]]:
 S510 = textwrap.dedent("""\
     import json, os, sys
     from sm120fork.harness.fake_gpu import start_probe
-    from sm120fork.layouts.communicator import probe as p
+    from sm120fork.layouts import communicator as p
     start_probe([12, 0])
     common = p._module("sglang.srt.utils.common")
     communicator = p._module("sglang.srt.layers.communicator")
@@ -145,7 +145,7 @@ S523 = textwrap.dedent("""\
     import importlib, json, os, sys
     from sm120fork.harness.fake_gpu import start_probe
     start_probe([12, 0])
-    from sm120fork.layouts.layer_boundary import probe as lb
+    from sm120fork.layouts import layer_boundary as lb
     ctx = importlib.import_module("sglang.srt.runtime_context")
     add_norm = importlib.import_module("sglang.srt.layers.layer_boundary.residual.add_norm")
     out = {}
@@ -168,7 +168,7 @@ S523 = textwrap.dedent("""\
 def tree_523(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The patched 0.5.23 tree (of the stack verified: helpers_sglang.STACK) and the
     layer_boundary probe's overlay."""
-    from sm120fork.layouts.layer_boundary.checks import ensure_overlay
+    from sm120fork.layouts.layer_boundary import ensure_overlay
 
     # The pinned wheels come from the checkout's download cache, which the copy shares.
     root = checkout_copy(tmp_path_factory.mktemp("s523"))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.layouts.layer_boundary.checks import SM12X, UNCHANGED, ensure_overlay
+from sm120fork.layouts.layer_boundary import SM12X, UNCHANGED, ensure_overlay
 from sm120fork.layouts.results import CheckResult
 from sm120fork.package.publish import ProjectBuild
 from sm120fork.package.stack import build_stack

@@ -14,7 +14,7 @@ import pytest
 
 from sm120fork.errors import VerifyError
 from sm120fork.gpu.layer.cases import run_case
-from sm120fork.layouts.communicator.checks import (
+from sm120fork.layouts.communicator import (
     SM12X,
     TOGETHER_CASES,
     UNCHANGED,

@@ -144,7 +144,7 @@ def test_bump_new_stack_of_sglang_writes_a_stack_on_its_layout(
     assert stack.project("sglang").layout == "layer_boundary"
     # ... and dispatches its behaviour checks by that layout (the adapter is recorded and
     # stood in for: the real checks need SGLang's own modules).
-    asked: list[tuple[str, str]] = []
+    asked: list[str] = []
 
     def check(tree: Path, **_: Any) -> list[CheckResult]:
         assert (tree / "python/sglang/srt/layers/layer_boundary/gate.py").read_text() == (
@@ -152,13 +152,13 @@ def test_bump_new_stack_of_sglang_writes_a_stack_on_its_layout(
         return [CheckResult(name="G1 fused path on 12", capability="12.0", expected="true",
                             observed="true", passed=True, detail="")]
 
-    def adapter(name: str, part: str = "") -> SimpleNamespace:
-        asked.append((name, part))
+    def adapter(name: str) -> SimpleNamespace:
+        asked.append(name)
         return SimpleNamespace(check=check)
 
     monkeypatch.setattr(verify_stack, "adapter", adapter)
     verified = verify_stack.run_verify(sg.ws, stack)
-    assert asked == [("layer_boundary", "checks")]
+    assert asked == ["layer_boundary"]
     (g1,) = verified.verdicts
     assert g1.passed, g1.checks
     assert g1.evidence == "CPU behaviour check"

@@ -94,7 +94,7 @@ def test_the_layouts_overlay_goes_first_only_when_the_imports_need_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Installing the overlay needs the package index: a tree that imports with what this
     Python has never asks for it; one that lacks a module gets it, then imports."""
-    from sm120fork.layouts.layer_boundary import checks
+    from sm120fork.layouts import layer_boundary as checks
 
     overlay = tmp_path / "overlay"
     overlay.mkdir()

@@ -87,7 +87,7 @@ def test_the_probes_and_cpu_ranks_go_to_a_prepared_server() -> None:
     import zygote
 
     for probe in ("communicator", "layer_boundary"):
-        assert zygote.preparation(["-m", f"sm120fork.layouts.{probe}.probe",
+        assert zygote.preparation(["-m", f"sm120fork.layouts.{probe}",
                                    json.dumps({"capability": [9, 0]})])
     rank = "sm120fork.gpu.layer.rank"
     assert zygote.preparation(["-m", rank, json.dumps({"device": "cpu"})])
@@ -112,11 +112,11 @@ def test_a_probe_forked_by_a_prepared_server_observes_what_a_fresh_one_does(
     import json
 
     import zygote
-    from sm120fork.layouts.communicator import checks
+    from sm120fork.layouts import communicator as checks
 
     folder = tmp_path_factory.mktemp("zyg-prepared")
     zpy = zpython(folder, sys.executable)
-    src = Path(checks.__file__).resolve().parents[3]
+    src = Path(checks.__file__).resolve().parents[2]
     runs = [(tree, {"PYTHONPATH": f"{tree / 'python'}{os.pathsep}{src}"},
              ["-m", checks.PROBE_MODULE, json.dumps(request)], f"-m {checks.PROBE_MODULE}")
             for tree, request in (

@@ -1,6 +1,6 @@
 """Upstream SGLang layouts (where a release keeps the code the series changes), named by
 ``layout =`` in ``forks/<stack>.toml``: what differs lives in ``layouts.<name>`` (checks,
-probe, layer-harness setup); a new layout is a package and a line in ``LAYOUTS``.
+probe, layer-harness setup); a new layout is a module and a line in ``LAYOUTS``.
 Standard library only: the layer harness's ranks import it beside the tree under test."""
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ def fitting(files: frozenset[str] | set[str]) -> list[str]:
             if marker(name) in files or marker(name)[:-3] + "/__init__.py" in files]
 
 
-def adapter(name: str, part: str = "") -> ModuleType:
-    """The layout's adapter package, or one of its modules (``checks``, ``rank``)."""
+def adapter(name: str) -> ModuleType:
+    """The layout's module: its probe, checks and layer-harness setup."""
     if name not in LAYOUTS:
         raise KeyError(f"unknown SGLang layout {name!r} (known: {', '.join(LAYOUTS)})")
-    return importlib.import_module(f"{__name__}.{name}" + (f".{part}" if part else ""))
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def defaults(cls: Any) -> Any:

@@ -141,7 +141,7 @@ def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
     if modules and not failures:
         failures += _import_check(tree, patches, modules, [*map(str, roots)], python,
                                   timeout, added or {},
-                                  overlay=lambda: adapter(layout, "checks").probe_path(
+                                  overlay=lambda: adapter(layout).probe_path(
                                       cache, python) if layout else [])
     return TreeCheck(compiled=tuple(compiled), not_compiled=tuple(not_compiled),
                      imported=tuple(modules), not_imported=tuple(not_imported),

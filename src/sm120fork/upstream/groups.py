@@ -381,7 +381,7 @@ def _overlay(ws: Workspace, project: Project, python: str) -> Path | None:
         return None
     from sm120fork.layouts import adapter
 
-    checks = adapter(project.layout, "checks")
+    checks = adapter(project.layout)
     ensure = getattr(checks, "ensure_overlay", None)
     return ensure(ws.state_dir / "probe", python=python) if ensure else None
 

@@ -121,7 +121,7 @@ def layout_of(sglang_path: Path, root: Path | None = None) -> str:
 def alone_problems(case: str, exits: Sequence[Ended], *, layout: str) -> list[str]:
     """What is wrong with how the ranks ended where the fused call raised on one rank."""
     alone = RAISES_ALONE[case]
-    says = str(adapter(layout, "rank").RAISED_ALONE_SAYS)
+    says = str(adapter(layout).RAISED_ALONE_SAYS)
     problems: list[str] = []
     for ended in exits:
         who, raised = f"rank {ended.rank}", ended.raised
@@ -224,7 +224,7 @@ def expected_problems(case: str, ranks: Sequence[Observation]) -> list[str]:
     problems: list[str] = []
     for obs in ranks:
         who, warnings = f"rank {obs.rank}", obs.warnings
-        says = str(adapter(obs.layout, "rank").WARNING_SAYS)
+        says = str(adapter(obs.layout).WARNING_SAYS)
         wrong = [s.tokens for s in obs.steps if not s.correct]
         if wrong:
             problems.append(f"{who}: output differs from the reference at tokens {wrong}")

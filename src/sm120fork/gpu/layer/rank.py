@@ -611,7 +611,7 @@ def _set_up_device(req: RankRequest) -> Any:
 def _set_up_layer(req: RankRequest, group: GlooTPGroup, injected: str | None,
                   ) -> tuple[Layer, FakeFlashInferComm | None]:
     """The layout's layer over ``group``, bounds set, stand-in (CPU) and fault in place."""
-    adapter = layout_adapter(req.layout, "rank")
+    adapter = layout_adapter(req.layout)
     layer: Layer = adapter.setup(group)
     if req.gates_in_memory:
         adapter.patch_gates_in_memory(layer)

@@ -181,7 +181,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
                                       f"{', '.join(LAYOUTS)})")
             log.info("SGLang behaviour checks of %s (layout %s, patched vs unpatched)", key,
                      project.layout)
-            checks = adapter(project.layout, "checks")
+            checks = adapter(project.layout)
             sglang += checks.check(_tree(key, patches[key], FULL),
                                    baseline=_tree(key, (), UNPATCHED),
                                    python=python or sys.executable,

@@ -1,1 +1,0 @@
-"""Index: every stack's built wheels as a static package index pip installs from."""
