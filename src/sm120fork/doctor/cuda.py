@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .facts import Device
 
@@ -99,6 +100,10 @@ class AccessDesc(ctypes.Structure):
     _fields_ = [("location", MemLocation), ("flags", ctypes.c_int)]
 
 
+_C = TypeVar("_C", ctypes.c_int, ctypes.c_uint64, ctypes.c_ulonglong, ctypes.c_size_t,
+               ctypes.c_void_p, ctypes.c_float, IpcHandle)
+
+
 @dataclass(frozen=True, kw_only=True)
 class VmmBuffer:
     """Device memory made with ``cuMemCreate``, mapped here, exportable as a POSIX FD."""
@@ -116,40 +121,44 @@ class Driver:
             self.lib = ctypes.CDLL("libcuda.so.1")
         except OSError as exc:
             raise CudaError(f"no NVIDIA driver: cannot load libcuda.so.1 ({exc})") from exc
-        self._check("cuInit", self.lib.cuInit(0))
+        self._call("cuInit", 0)
+        self._copy_function: ctypes.c_void_p | None = None
 
-    def _check(self, call: str, result: int) -> None:
+    def _call(self, function: str, *args: object) -> None:
+        """``libcuda``'s ``function``; a failure names it as CUDA does (without ``_v2``)."""
+        result = getattr(self.lib, function)(*args)
         if result == 0:
             return
         name = ctypes.c_char_p()
         self.lib.cuGetErrorName(result, ctypes.byref(name))
         label = name.value.decode() if name.value else f"error {result}"
-        raise CudaError(f"{call} failed: {label}")
+        raise CudaError(f"{function.removesuffix('_v2')} failed: {label}")
+
+    def _out(self, kind: type[_C], function: str, *args: object) -> _C:
+        """What ``function`` writes through its first argument, a ``kind``."""
+        value = kind()
+        self._call(function, ctypes.byref(value), *args)
+        return value
 
     def version(self) -> int:
-        value = ctypes.c_int()
-        self._check("cuDriverGetVersion", self.lib.cuDriverGetVersion(ctypes.byref(value)))
-        return value.value
+        return self._out(ctypes.c_int, "cuDriverGetVersion").value
 
     def count(self) -> int:
-        value = ctypes.c_int()
-        self._check("cuDeviceGetCount", self.lib.cuDeviceGetCount(ctypes.byref(value)))
-        return value.value
+        return self._out(ctypes.c_int, "cuDeviceGetCount").value
 
     def _device(self, index: int) -> ctypes.c_int:
-        dev = ctypes.c_int()
-        self._check("cuDeviceGet", self.lib.cuDeviceGet(ctypes.byref(dev), index))
-        return dev
+        return self._out(ctypes.c_int, "cuDeviceGet", index)
 
     def attribute(self, index: int, attribute: int) -> int:
-        value = ctypes.c_int()
-        self._check("cuDeviceGetAttribute", self.lib.cuDeviceGetAttribute(
-            ctypes.byref(value), attribute, self._device(index)))
-        return value.value
+        return self._out(ctypes.c_int, "cuDeviceGetAttribute", attribute,
+                         self._device(index)).value
+
+    def _text(self, function: str, size: int, index: int) -> str:
+        buf = ctypes.create_string_buffer(size)
+        self._call(function, buf, size, self._device(index))
+        return buf.value.decode()
 
     def device(self, index: int) -> Device:
-        buf = ctypes.create_string_buffer(256)
-        self._check("cuDeviceGetName", self.lib.cuDeviceGetName(buf, 256, self._device(index)))
         major = self.attribute(index, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
         minor = self.attribute(index, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
         try:
@@ -157,154 +166,116 @@ class Driver:
                 self.attribute(index, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED))
         except CudaError:
             multicast = None   # the driver does not know the attribute
-        bus = ctypes.create_string_buffer(32)
         try:
-            self._check("cuDeviceGetPCIBusId",
-                        self.lib.cuDeviceGetPCIBusId(bus, 32, self._device(index)))
+            bus = self._text("cuDeviceGetPCIBusId", 32, index)
         except CudaError:
-            bus.value = b""
-        return {"index": index, "name": buf.value.decode(), "capability": f"{major}.{minor}",
-                "multicast": multicast, "pci_bus_id": bus.value.decode() or None}
+            bus = ""
+        return {"index": index, "name": self._text("cuDeviceGetName", 256, index),
+                "capability": f"{major}.{minor}", "multicast": multicast,
+                "pci_bus_id": bus or None}
 
     def can_access_peer(self, a: int, b: int) -> bool:
-        value = ctypes.c_int()
-        self._check("cuDeviceCanAccessPeer", self.lib.cuDeviceCanAccessPeer(
-            ctypes.byref(value), self._device(a), self._device(b)))
-        return bool(value.value)
+        return bool(self._out(ctypes.c_int, "cuDeviceCanAccessPeer", self._device(a),
+                              self._device(b)).value)
 
     def use(self, index: int) -> None:
-        ctx = ctypes.c_void_p()
-        self._check("cuDevicePrimaryCtxRetain",
-                    self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), self._device(index)))
-        self._check("cuCtxSetCurrent", self.lib.cuCtxSetCurrent(ctx))
+        ctx = self._out(ctypes.c_void_p, "cuDevicePrimaryCtxRetain", self._device(index))
+        self._call("cuCtxSetCurrent", ctx)
+
+    def _zero(self, ptr: int, nbytes: int) -> None:
+        self._call("cuMemsetD32_v2", ctypes.c_uint64(ptr), ctypes.c_uint(0),
+                   ctypes.c_size_t(nbytes // 4))
+        self.synchronize()
 
     def alloc_zeroed(self, nbytes: int) -> int:
-        ptr = ctypes.c_uint64()
-        self._check("cuMemAlloc",
-                    self.lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(nbytes)))
-        self._check("cuMemsetD32", self.lib.cuMemsetD32_v2(
-            ctypes.c_uint64(ptr.value), ctypes.c_uint(0), ctypes.c_size_t(nbytes // 4)))
-        self.synchronize()
-        return ptr.value
+        ptr = self._out(ctypes.c_uint64, "cuMemAlloc_v2", ctypes.c_size_t(nbytes)).value
+        self._zero(ptr, nbytes)
+        return ptr
 
     def ipc_handle(self, ptr: int) -> bytes:
-        handle = IpcHandle()
-        self._check("cuIpcGetMemHandle",
-                    self.lib.cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(ptr)))
-        return bytes(handle.reserved)
+        return bytes(self._out(IpcHandle, "cuIpcGetMemHandle", ctypes.c_uint64(ptr)).reserved)
 
     def ipc_open(self, handle: bytes) -> int:
-        ptr = ctypes.c_uint64()
-        value = IpcHandle.from_buffer_copy(handle)
-        self._check("cuIpcOpenMemHandle", self.lib.cuIpcOpenMemHandle_v2(
-            ctypes.byref(ptr), value, ctypes.c_uint(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)))
-        return ptr.value
-
-    def _function(self) -> ctypes.c_void_p:
-        cached: ctypes.c_void_p | None = getattr(self, "_copy_function", None)
-        if cached is not None:
-            return cached
-        module, function = ctypes.c_void_p(), ctypes.c_void_p()
-        self._check("cuModuleLoadData",
-                    self.lib.cuModuleLoadData(ctypes.byref(module), COPY_KERNEL_PTX))
-        self._check("cuModuleGetFunction", self.lib.cuModuleGetFunction(
-            ctypes.byref(function), module, COPY_KERNEL_NAME))
-        self._copy_function = function
-        return function
+        return self._out(ctypes.c_uint64, "cuIpcOpenMemHandle_v2",
+                         IpcHandle.from_buffer_copy(handle),
+                         ctypes.c_uint(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)).value
 
     def copy(self, dst: int, src: int, nbytes: int, blocks: int = 64) -> None:
         """Run the copy kernel on the current device (``nbytes`` a multiple of 16)."""
-        function = self._function()
+        if self._copy_function is None:
+            module = self._out(ctypes.c_void_p, "cuModuleLoadData", COPY_KERNEL_PTX)
+            self._copy_function = self._out(ctypes.c_void_p, "cuModuleGetFunction", module,
+                                            COPY_KERNEL_NAME)
         d, s, n = ctypes.c_uint64(dst), ctypes.c_uint64(src), ctypes.c_uint32(nbytes // 16)
         params = (ctypes.c_void_p * 3)(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p)
                                          for v in (d, s, n)))
-        self._check("cuLaunchKernel", self.lib.cuLaunchKernel(
-            function, blocks, 1, 1, 256, 1, 1, 0, None, params, None))
+        self._call("cuLaunchKernel", self._copy_function, blocks, 1, 1, 256, 1, 1, 0, None,
+                   params, None)
 
     def timed_copy(self, dst: int, src: int, nbytes: int, repeats: int, blocks: int) -> float:
         """Milliseconds for ``repeats`` copies after one warm-up (CUDA events)."""
         self.copy(dst, src, nbytes, blocks)
         self.synchronize()
-        start, stop = ctypes.c_void_p(), ctypes.c_void_p()
-        self._check("cuEventCreate", self.lib.cuEventCreate(ctypes.byref(start), 0))
-        self._check("cuEventCreate", self.lib.cuEventCreate(ctypes.byref(stop), 0))
-        self._check("cuEventRecord", self.lib.cuEventRecord(start, None))
+        start = self._out(ctypes.c_void_p, "cuEventCreate", 0)
+        stop = self._out(ctypes.c_void_p, "cuEventCreate", 0)
+        self._call("cuEventRecord", start, None)
         for _ in range(repeats):
             self.copy(dst, src, nbytes, blocks)
-        self._check("cuEventRecord", self.lib.cuEventRecord(stop, None))
-        self._check("cuEventSynchronize", self.lib.cuEventSynchronize(stop))
-        ms = ctypes.c_float()
-        self._check("cuEventElapsedTime",
-                    self.lib.cuEventElapsedTime(ctypes.byref(ms), start, stop))
-        return ms.value
+        self._call("cuEventRecord", stop, None)
+        self._call("cuEventSynchronize", stop)
+        return self._out(ctypes.c_float, "cuEventElapsedTime", start, stop).value
 
     def write_u32(self, ptr: int, words: list[int]) -> None:
         host = (ctypes.c_uint32 * len(words))(*words)
-        self._check("cuMemcpyHtoD", self.lib.cuMemcpyHtoD_v2(
-            ctypes.c_uint64(ptr), host, ctypes.c_size_t(len(words) * 4)))
+        self._call("cuMemcpyHtoD_v2", ctypes.c_uint64(ptr), host,
+                   ctypes.c_size_t(len(words) * 4))
+
+    def read_u32(self, ptr: int, count: int) -> list[int]:
+        host = (ctypes.c_uint32 * count)()
+        self._call("cuMemcpyDtoH_v2", host, ctypes.c_uint64(ptr), ctypes.c_size_t(count * 4))
+        return list(host)
+
+    def synchronize(self) -> None:
+        self._call("cuCtxSynchronize")
 
     def _prop(self, index: int) -> AllocationProp:
-        prop = AllocationProp()
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        prop.location = MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, index)
+        prop = AllocationProp(type=CU_MEM_ALLOCATION_TYPE_PINNED,
+                              requestedHandleTypes=CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                              location=MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, index))
         prop.allocFlags.gpuDirectRDMACapable = 1   # as FlashInfer sets it
         return prop
 
+    def granularity(self, index: int) -> int:
+        return self._out(ctypes.c_size_t, "cuMemGetAllocationGranularity",
+                         ctypes.byref(self._prop(index)),
+                         CU_MEM_ALLOC_GRANULARITY_RECOMMENDED).value
+
     def _map(self, handle: int, size: int, granularity: int, index: int) -> int:
-        ptr = ctypes.c_uint64()
-        self._check("cuMemAddressReserve", self.lib.cuMemAddressReserve(
-            ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_size_t(granularity),
-            ctypes.c_uint64(0), ctypes.c_ulonglong(0)))
-        self._check("cuMemMap", self.lib.cuMemMap(
-            ctypes.c_uint64(ptr.value), ctypes.c_size_t(size), ctypes.c_size_t(0),
-            ctypes.c_ulonglong(handle), ctypes.c_ulonglong(0)))
+        ptr = self._out(ctypes.c_uint64, "cuMemAddressReserve", ctypes.c_size_t(size),
+                        ctypes.c_size_t(granularity), ctypes.c_uint64(0),
+                        ctypes.c_ulonglong(0)).value
+        self._call("cuMemMap", ctypes.c_uint64(ptr), ctypes.c_size_t(size), ctypes.c_size_t(0),
+                   ctypes.c_ulonglong(handle), ctypes.c_ulonglong(0))
         access = AccessDesc(MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, index),
                             CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-        self._check("cuMemSetAccess", self.lib.cuMemSetAccess(
-            ctypes.c_uint64(ptr.value), ctypes.c_size_t(size), ctypes.byref(access),
-            ctypes.c_size_t(1)))
-        return ptr.value
-
-    def granularity(self, index: int) -> int:
-        value = ctypes.c_size_t()
-        prop = self._prop(index)
-        self._check("cuMemGetAllocationGranularity", self.lib.cuMemGetAllocationGranularity(
-            ctypes.byref(value), ctypes.byref(prop), CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
-        return value.value
+        self._call("cuMemSetAccess", ctypes.c_uint64(ptr), ctypes.c_size_t(size),
+                   ctypes.byref(access), ctypes.c_size_t(1))
+        return ptr
 
     def vmm_alloc(self, index: int, nbytes: int) -> VmmBuffer:
         """``cuMemCreate`` on ``index``, mapped and zeroed here, exported as a POSIX FD."""
         granularity = self.granularity(index)
         size = -(-nbytes // granularity) * granularity
-        handle = ctypes.c_ulonglong()
-        prop = self._prop(index)
-        self._check("cuMemCreate", self.lib.cuMemCreate(
-            ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(prop),
-            ctypes.c_ulonglong(0)))
-        fd = ctypes.c_int(-1)
-        self._check("cuMemExportToShareableHandle", self.lib.cuMemExportToShareableHandle(
-            ctypes.byref(fd), handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            ctypes.c_ulonglong(0)))
-        ptr = self._map(handle.value, size, granularity, index)
-        self._check("cuMemsetD32", self.lib.cuMemsetD32_v2(
-            ctypes.c_uint64(ptr), ctypes.c_uint(0), ctypes.c_size_t(size // 4)))
-        self.synchronize()
-        return VmmBuffer(ptr=ptr, size=size, fd=fd.value)
+        handle = self._out(ctypes.c_ulonglong, "cuMemCreate", ctypes.c_size_t(size),
+                           ctypes.byref(self._prop(index)), ctypes.c_ulonglong(0)).value
+        fd = self._out(ctypes.c_int, "cuMemExportToShareableHandle", ctypes.c_ulonglong(handle),
+                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, ctypes.c_ulonglong(0)).value
+        ptr = self._map(handle, size, granularity, index)
+        self._zero(ptr, size)
+        return VmmBuffer(ptr=ptr, size=size, fd=fd)
 
     def vmm_import(self, fd: int, size: int, index: int) -> int:
         """Map a peer's exported VMM memory here (accessed from device ``index``)."""
-        handle = ctypes.c_ulonglong()
-        self._check("cuMemImportFromShareableHandle", self.lib.cuMemImportFromShareableHandle(
-            ctypes.byref(handle), ctypes.c_void_p(fd),
-            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
-        return self._map(handle.value, size, self.granularity(index), index)
-
-    def read_u32(self, ptr: int, count: int) -> list[int]:
-        host = (ctypes.c_uint32 * count)()
-        self._check("cuMemcpyDtoH", self.lib.cuMemcpyDtoH_v2(
-            host, ctypes.c_uint64(ptr), ctypes.c_size_t(count * 4)))
-        return list(host)
-
-    def synchronize(self) -> None:
-        self._check("cuCtxSynchronize", self.lib.cuCtxSynchronize())
+        handle = self._out(ctypes.c_ulonglong, "cuMemImportFromShareableHandle",
+                           ctypes.c_void_p(fd), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).value
+        return self._map(handle, size, self.granularity(index), index)
