@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.aot import compile as compile_mod
-from sm120fork.aot import inspect, toolchain
+from sm120fork.aot import inspect
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
@@ -32,11 +32,11 @@ extern "C" int host_side() { return 1; }
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, toolchain.Toolchain]:
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, compile_mod.Toolchain]:
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed")
     work = tmp_path_factory.mktemp("nvcc")
-    tc = toolchain.prepare(work / "link")
+    tc = compile_mod.prepare(work / "link")
     (work / "k.cu").write_text(KERNELS)
     times = work / "time.csv"
     subprocess.run([tc.nvcc, "-c", "k.cu", "-o", "k.o", "--compiler-options=-fPIC",
@@ -50,7 +50,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, toolcha
 
 
 def test_toolchain_has_what_flashinfers_link_line_needs(
-        built: tuple[Path, Path, toolchain.Toolchain]) -> None:
+        built: tuple[Path, Path, compile_mod.Toolchain]) -> None:
     so, _, tc = built
     assert tc.version.startswith(("12.", "13."))
     needed = subprocess.run(["readelf", "-d", str(so)], check=True, capture_output=True,
@@ -63,7 +63,7 @@ def test_toolchain_has_what_flashinfers_link_line_needs(
     assert "Library soname: [libcuda.so.1]" in stub
 
 
-def test_nvcc_times_are_split_per_target(built: tuple[Path, Path, toolchain.Toolchain]) -> None:
+def test_nvcc_times_are_split_per_target(built: tuple[Path, Path, compile_mod.Toolchain]) -> None:
     _, times, _ = built
     phases = compile_mod.parse_nvcc_times(times.read_text())
     device = {p.target for p in phases if p.target}
@@ -74,7 +74,7 @@ def test_nvcc_times_are_split_per_target(built: tuple[Path, Path, toolchain.Tool
 
 
 def test_embedded_code_and_the_empty_body_check(
-        built: tuple[Path, Path, toolchain.Toolchain]) -> None:
+        built: tuple[Path, Path, compile_mod.Toolchain]) -> None:
     so, _, _ = built
     code = inspect.embedded_code(so)
     by_target = {c.target: c for c in code}
@@ -97,6 +97,6 @@ def test_the_link_folder_is_absolute_when_named_relative(
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not installed")
     monkeypatch.chdir(tmp_path)
-    tc = toolchain.prepare(Path("work") / "link")
+    tc = compile_mod.prepare(Path("work") / "link")
     assert tc.link_dir == tmp_path / "work" / "link"
     assert f"-L{tmp_path / 'work' / 'link'}" in tc.env()["FLASHINFER_EXTRA_LDFLAGS"].split()

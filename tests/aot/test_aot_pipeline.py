@@ -13,7 +13,7 @@ import pytest
 
 from helpers_manifest import entry, write_manifest
 from sm120fork.aot import compile as compile_mod
-from sm120fork.aot import lookup, pipeline
+from sm120fork.aot import pipeline, wheel
 from sm120fork.declare import load_stacks
 from sm120fork.errors import ConfigError
 from sm120fork.util import proc
@@ -74,13 +74,13 @@ def test_the_lookup_comes_from_the_flashinfer_sources(tmp_path: Path) -> None:
     env.parent.mkdir(parents=True)
     env.write_text("FLASHINFER_AOT_DIR = _package_root / 'data' / 'aot'\n")
     with pytest.raises(ConfigError, match="no lookup for prebuilt-module packages"):
-        lookup.of_tree(tmp_path, "s")
+        wheel.of_tree(tmp_path, "s")
     patch = next((REPO / "patches" / "sglang-0.5.10" / "flashinfer").glob("0009-*.patch"))
     assert '+PREBUILT_ENTRY_POINT_GROUP = "flashinfer.prebuilt"' in patch.read_text()
     env.write_text('PREBUILT_ENTRY_POINT_GROUP = "flashinfer.prebuilt"\n')
-    assert lookup.of_tree(tmp_path, "s") is lookup.PREBUILT
+    assert wheel.of_tree(tmp_path, "s") is wheel.PREBUILT
     env.write_text("    for provider in flashinfer_jit_cache.get_jit_cache_providers():\n")
-    assert lookup.of_tree(tmp_path, "s") is lookup.JIT_CACHE_PROVIDERS
+    assert wheel.of_tree(tmp_path, "s") is wheel.JIT_CACHE_PROVIDERS
 
 
 def _published_flashinfer(root: Path, env_text: str) -> tuple[Path, str]:
@@ -131,7 +131,7 @@ def test_build_aot_for_a_flashinfer_used_as_published(tmp_path: Path,
                                     phases=(), toolchain="nvcc 13.0", jobs=1)
 
     toolchain = SimpleNamespace(version="13.0", version_text="nvcc 13.0", source="system")
-    monkeypatch.setattr("sm120fork.aot.toolchain.prepare", lambda link: toolchain)
+    monkeypatch.setattr("sm120fork.aot.compile.prepare", lambda link: toolchain)
     monkeypatch.setattr("sm120fork.aot.compile.build", compile_stand_in)
     monkeypatch.setattr("sm120fork.aot.inspect.embedded_code", lambda so: [])
     monkeypatch.setattr("sm120fork.aot.inspect.check_module", lambda code: [])
@@ -170,7 +170,7 @@ def test_a_published_flashinfer_without_a_lookup_gets_no_aot_wheel(
         "flashinfer", distribution="flashinfer-python", version="0.7.2",
         upstream_version="0.7.2", used_as_published=True, wheel=published.name, sha256=sha,
         series_digest="e3" * 32))
-    monkeypatch.setattr("sm120fork.aot.toolchain.prepare",
+    monkeypatch.setattr("sm120fork.aot.compile.prepare",
                         lambda link: pytest.fail("compiled without a lookup"))
     with pytest.raises(ConfigError, match="no lookup for prebuilt-module packages"):
         pipeline.build_aot(ws, stack, platform="linux_x86_64")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.aot import check, provenance, wheel
+from sm120fork.aot import check, wheel
 from sm120fork.errors import BuildError
 
 
@@ -27,23 +27,23 @@ def test_digest_follows_the_documented_rule(tmp_path: Path) -> None:
         "csrc/a.cu": "kernel", "include/flashinfer/b.cuh": "header",
         "include/flashinfer/comm/c.cuh": "more"}.items())
     expected = "sha256:" + hashlib.sha256("".join(lines).encode()).hexdigest()
-    assert provenance.own_digest(tree / "csrc", tree / "include") == expected
-    assert provenance.tree_digest(tree) == (expected, "sm120fork (the tree has no "
+    assert wheel.own_digest(tree / "csrc", tree / "include") == expected
+    assert wheel.tree_digest(tree) == (expected, "sm120fork (the tree has no "
                                             "flashinfer/jit/provenance.py)")
     (tree / "csrc" / "a.cu").write_text("changed")
-    assert provenance.own_digest(tree / "csrc", tree / "include") != expected
+    assert wheel.own_digest(tree / "csrc", tree / "include") != expected
 
 
 def test_the_trees_own_implementation_is_used_and_must_agree(tmp_path: Path) -> None:
     tree = _tree(tmp_path / "tree")
     impl = tree / "flashinfer" / "jit" / "provenance.py"
     impl.parent.mkdir(parents=True)
-    mine = provenance.own_digest(tree / "csrc", tree / "include")
+    mine = wheel.own_digest(tree / "csrc", tree / "include")
     impl.write_text(f"def sources_digest(csrc, include):\n    return {mine!r}\n")
-    assert provenance.tree_digest(tree) == (mine, "flashinfer/jit/provenance.py")
+    assert wheel.tree_digest(tree) == (mine, "flashinfer/jit/provenance.py")
     impl.write_text("def sources_digest(csrc, include):\n    return 'sha256:' + '1' * 64\n")
     with pytest.raises(BuildError, match="differs from the rule"):
-        provenance.tree_digest(tree)
+        wheel.tree_digest(tree)
 
 
 @pytest.mark.network
@@ -70,7 +70,7 @@ def test_stock_flashinfer_never_looks_in_the_aot_wheel_and_aot_check_says_so(
     made = wheel.write_wheel(
         tmp_path / "ours", flashinfer=build, cuda_version="13.0", platform="linux_x86_64",
         modules=[wheel.Module(name="trtllm_comm", so=so, targets=("sm_90a",), info={},
-                              sources_digest=provenance.own_digest(data / "csrc",
+                              sources_digest=wheel.own_digest(data / "csrc",
                                                                    data / "include"))],
         stack="sglang-0.5.10", toolkit_version="0", toolchain={})
     target = tmp_path / "site-ours"

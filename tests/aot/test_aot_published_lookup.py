@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sm120fork.aot import check, lookup, provenance, wheel
+from sm120fork.aot import check, wheel
 from sm120fork.declare import load_stacks
 from sm120fork.util import wire
 
@@ -145,7 +145,7 @@ def test_flashinfer_072_as_published_finds_and_loads_the_aot_wheel_on_the_stacks
     pytest.importorskip("torch")
     site = tmp_path / "site"
     _pip_target(site, published)
-    assert lookup.of_tree(site, "sglang-0.5.23") is lookup.JIT_CACHE_PROVIDERS
+    assert wheel.of_tree(site, "sglang-0.5.23") is wheel.JIT_CACHE_PROVIDERS
     data = site / "flashinfer" / "data"
     so = tmp_path / "trtllm_comm.so"
     so.write_bytes(b"\x7fELF stand-in")
@@ -156,10 +156,10 @@ def test_flashinfer_072_as_published_finds_and_loads_the_aot_wheel_on_the_stacks
     ours = wheel.write_wheel(
         tmp_path / "ours", flashinfer=flashinfer, cuda_version="13.0", platform="linux_x86_64",
         modules=[wheel.Module(name="trtllm_comm", so=so, targets=("sm_90a", "sm_120f", "sm_121a"),
-                              info={}, sources_digest=provenance.own_digest(
+                              info={}, sources_digest=wheel.own_digest(
                                   data / "csrc", data / "include"))],
         stack="sglang-0.5.23", toolkit_version="0", toolchain={},
-        lookup=lookup.JIT_CACHE_PROVIDERS)
+        lookup=wheel.JIT_CACHE_PROVIDERS)
     with zipfile.ZipFile(ours) as zf:
         metadata = zf.read(next(n for n in zf.namelist() if n.endswith("METADATA"))).decode()
     assert "Requires-Dist: flashinfer-jit-cache==0.7.2+cu130\n" in metadata

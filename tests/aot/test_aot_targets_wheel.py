@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.aot import targets, wheel
+from sm120fork.aot import compile as targets
+from sm120fork.aot import wheel
 from sm120fork.errors import BuildError, ConfigError
 
 FLASHINFER = wheel.FlashInferBuild(
@@ -168,7 +169,6 @@ def test_as_a_jit_cache_provider_it_returns_the_shims_manifest(tmp_path: Path) -
     """For a FlashInfer 0.7.x as published: the entry point of upstream's shim returns a
     schema-1 manifest (distribution, version, jit_cache_dir, cuda_architectures, modules),
     its version the wheel's, which 0.7.2 requires to equal the shim's exactly."""
-    from sm120fork.aot import lookup
 
     so = tmp_path / "trtllm_comm.so"
     so.write_bytes(b"\x7fELF")
@@ -181,7 +181,7 @@ def test_as_a_jit_cache_provider_it_returns_the_shims_manifest(tmp_path: Path) -
                                                                    "sm_121a"),
                               info={}, sources_digest="sha256:" + "0" * 64)],
         stack="sglang-0.5.23", toolkit_version="0", toolchain={},
-        lookup=lookup.JIT_CACHE_PROVIDERS)
+        lookup=wheel.JIT_CACHE_PROVIDERS)
     target = tmp_path / "site"
     _install(built, target)
     out = subprocess.run(

@@ -366,7 +366,6 @@ def _stock_jit_cache_wheel(out: Path, names: list[str]) -> Path:
 def _our_aot_wheel(built: Path, site: Path, tmp_path: Path, target: str) -> Path:
     """Our AOT wheel with a stand-in trtllm_comm module for ``target``, recorded as built
     from the sources of the FlashInfer installed in ``site``."""
-    from sm120fork.aot import provenance as aot_provenance
     from sm120fork.aot import wheel as aot_wheel
     from sm120fork.aot.pipeline import flashinfer_build
     from sm120fork.declare import load_stack
@@ -379,7 +378,7 @@ def _our_aot_wheel(built: Path, site: Path, tmp_path: Path, target: str) -> Path
     return aot_wheel.write_wheel(
         tmp_path / "ours", flashinfer=flashinfer, cuda_version="13.0", platform="linux_x86_64",
         modules=[aot_wheel.Module(name="trtllm_comm", so=so, targets=(target,), info={},
-                                  sources_digest=aot_provenance.own_digest(
+                                  sources_digest=aot_wheel.own_digest(
                                       data / "csrc", data / "include"))],
         stack=STACK, toolkit_version="0", toolchain={})
 

@@ -15,9 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm120fork.aot import provenance
 from sm120fork.aot.compile import MODULE
-from sm120fork.aot.wheel import ENTRY_POINT_NAME, AotManifest
+from sm120fork.aot.wheel import ENTRY_POINT_NAME, MARKER_SUFFIX, AotManifest, own_digest
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
 
@@ -241,8 +240,8 @@ def check_installed(manifest: AotManifest, found: Found) -> list[str]:
         problems.append(f"{own} does not match the manifest's sha256")
     # What our FlashInfer checks before it loads the module (README-prebuilt.md).
     data = Path(found.flashinfer) / "data"
-    shipped = provenance.own_digest(data / "csrc", data / "include")
-    marker = own.with_name(own.name + provenance.MARKER_SUFFIX)
+    shipped = own_digest(data / "csrc", data / "include")
+    marker = own.with_name(own.name + MARKER_SUFFIX)
     recorded = marker.read_text().strip() if marker.is_file() else None
     if recorded != shipped:
         problems.append(f"the module's sources marker {recorded} is not the digest of the "

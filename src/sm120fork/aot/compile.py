@@ -4,7 +4,9 @@ A probe in the build interpreter points ``flashinfer.jit.env`` at the tree, asks
 own ``gen_trtllm_comm_module()`` for its ``JitSpec`` and runs FlashInfer's
 ``build_jit_specs``; only ``flashinfer/jit`` is imported.  nvcc's ``--time`` table gives
 each target's seconds; results are cached under a key over the ninja file, the sources and
-the compiler.
+the compiler.  The toolkit is a system install or the pip packages; a build machine has no
+driver, and not every toolkit ships ``lib64/stubs/libcuda.so`` or an unversioned
+``libcudart.so``: a link directory supplies them, through ``FLASHINFER_EXTRA_LDFLAGS``.
 """
 
 from __future__ import annotations
@@ -15,17 +17,17 @@ import hashlib
 import io
 import json
 import logging
+import os
 import re
 import shutil
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from sm120fork.aot import targets as targets_mod
-from sm120fork.aot.toolchain import Toolchain
+from sm120fork.cuda.toolkit import require_nvcc
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util import proc
 from sm120fork.util.files import staged_dir
@@ -35,6 +37,43 @@ log = logging.getLogger("sm120fork")
 
 MODULE = "trtllm_comm"
 _MARK = "@@sm120fork-aot@@"
+_STUB_SOURCE = "/* libcuda.so link stub: the real driver library is found at run time. */\n"
+
+
+#: The compute capabilities built for: Hopper, the Blackwell datacenter family (B200, B300),
+#: Thor, RTX PRO 6000 / RTX 50xx and DGX Spark.  FlashInfer's own compilation context turns
+#: them into targets (every 12.x -> sm_120f).  Thor (11.0) is listed so that a module gate
+#: that refuses it says so.
+DEFAULT_CAPABILITIES: tuple[str, ...] = ("9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
+
+_CAPABILITY = re.compile(r"^(\d+)\.(\d)$")
+_GENCODE = re.compile(r"^-gencode=arch=compute_(\w+),code=sm_(\w+)$")
+
+
+def parse_capabilities(items: Iterable[str]) -> tuple[str, ...]:
+    """``["9.0", "12.0"]`` -> validated, de-duplicated, in order."""
+    out: list[str] = []
+    for item in items:
+        text = item.strip()
+        if not _CAPABILITY.match(text):
+            raise ConfigError(f"not a compute capability: {item!r}", where="--capabilities",
+                              fix="write MAJOR.MINOR, e.g. 9.0,10.0,12.0")
+        if text not in out:
+            out.append(text)
+    if not out:
+        raise ConfigError("no compute capabilities given", where="--capabilities")
+    return tuple(out)
+
+
+def arch_list(capabilities: Sequence[str]) -> str:
+    """The ``FLASHINFER_CUDA_ARCH_LIST`` value (space separated, FlashInfer normalises)."""
+    return " ".join(capabilities)
+
+
+def targets_from_flags(flags: Sequence[str]) -> tuple[str, ...]:
+    """``-gencode=arch=compute_90a,code=sm_90a`` ... -> ``("sm_90a", ...)`` in flag order."""
+    found = (f"sm_{match.group(2)}" for flag in flags if (match := _GENCODE.match(flag)))
+    return tuple(dict.fromkeys(found))
 
 
 def sources_root(tree: Path) -> Path:
@@ -225,11 +264,61 @@ def _probe(tree: Path, build_dir: Path, mode: str, env: Mapping[str, str]) -> tu
                          where=str(tree))
     flags = tuple(result["cuda_flags"])
     planned = Plan(module=result["name"], arch_list=result["arch_list"],
-                   targets=targets_mod.targets_from_flags(flags),
+                   targets=targets_from_flags(flags),
                    sources=tuple(result["sources"]), cuda_flags=flags, ninja=result["ninja"],
                    flashinfer_version=result["flashinfer_version"],
                    tvm_ffi_version=result["tvm_ffi_version"], prefix=result["prefix"])
     return planned, str(result.get("so", ""))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Toolchain:
+    """``cuda_home`` holds ``bin/nvcc``; ``link_dir`` what the linker needs besides it."""
+
+    cuda_home: Path
+    nvcc: Path
+    version: str
+    version_text: str
+    link_dir: Path
+    source: str  # "system" or "pip"
+
+    def env(self) -> dict[str, str]:
+        """What FlashInfer's JIT reads to find and link with this toolkit."""
+        lib_dirs = [d for d in (self.cuda_home / "lib64", self.cuda_home / "lib") if d.is_dir()]
+        flags = [f"-L{d}" for d in (*lib_dirs, self.link_dir)]
+        path = os.pathsep.join([str(self.cuda_home / "bin"), os.environ.get("PATH", "")])
+        return {"CUDA_HOME": str(self.cuda_home), "PATH": path,
+                "FLASHINFER_EXTRA_LDFLAGS": " ".join(flags)}
+
+
+def prepare(link_dir: Path) -> Toolchain:
+    """Locate the toolkit (the one nvcc locator, pip's ``nvidia-cuda-nvcc`` included) and
+    fill ``link_dir`` with the stubs FlashInfer's link needs."""
+    nvcc = require_nvcc(pip=True, fix="pip install -r aot/requirements-build.txt (the CUDA "
+                        "toolchain from the package index) or install the CUDA toolkit")
+    home, source = nvcc.home, "pip" if nvcc.found_in == "pip" else "system"
+    link_dir.mkdir(parents=True, exist_ok=True)
+    link_dir = link_dir.resolve()  # the link runs in the build's work folder
+    has_cudart = any((home / lib / "libcudart.so").exists() for lib in ("lib64", "lib"))
+    if not has_cudart:
+        versioned = next((p for lib in ("lib64", "lib")
+                          for p in sorted((home / lib).glob("libcudart.so.[0-9]*"))), None)
+        if versioned is None:
+            raise ConfigError("the CUDA toolkit has no libcudart.so", where=str(home),
+                              fix="install nvidia-cuda-runtime of the same CUDA version")
+        link = link_dir / "libcudart.so"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(versioned)
+    has_driver = any((home / d / "libcuda.so").exists() for d in ("lib64/stubs", "lib/stubs"))
+    if not has_driver and not (link_dir / "libcuda.so").exists():
+        stub_c = link_dir / "libcuda_stub.c"
+        stub_c.write_text(_STUB_SOURCE)
+        cc = os.environ.get("CC", "cc")
+        proc.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o",
+                  link_dir / "libcuda.so", stub_c], quiet=True)
+    return Toolchain(cuda_home=home, nvcc=nvcc.path, version=nvcc.version,
+                     version_text=nvcc.version_text, link_dir=link_dir, source=source)
 
 
 def _base_env(toolchain: Toolchain, arch_list: str, build_dir: Path,
@@ -270,11 +359,11 @@ def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: 
     # nvcc and the probe run in the work folder: every path they get is absolute.
     tree, cache = tree.resolve(), cache.resolve()
     sources_root(tree)
-    arch_list = targets_mod.arch_list(capabilities)
+    archs = arch_list(capabilities)
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="plan-", dir=cache) as tmp:
         scratch = Path(tmp)
-        env = _base_env(toolchain, arch_list, scratch, 1)
+        env = _base_env(toolchain, archs, scratch, 1)
         planned = _probe(tree, scratch, "plan", env)[0]
         key = cache_key(planned, tree, scratch, toolchain)
     done = cache / key
@@ -292,7 +381,7 @@ def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: 
         shutil.rmtree(work)
     work.mkdir(parents=True)
     times = work / "nvcc-time.csv"
-    env = _base_env(toolchain, arch_list, work, jobs)
+    env = _base_env(toolchain, archs, work, jobs)
     env["FLASHINFER_EXTRA_CUDAFLAGS"] = f"--time={times}"
     log.info("compiling %s for %s (%s, %d jobs): this takes minutes per target",
              MODULE, " ".join(planned.targets), toolchain.version_text, jobs)

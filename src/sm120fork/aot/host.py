@@ -21,8 +21,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from sm120fork.aot import wheel as wheel_mod
-from sm120fork.aot.lookup import LOOKUPS
-from sm120fork.aot.targets import DEFAULT_CAPABILITIES
+from sm120fork.aot.compile import DEFAULT_CAPABILITIES
 from sm120fork.errors import BuildError, CommandError, ConfigError
 from sm120fork.package.wheel import wheel_requirements
 from sm120fork.util import proc
@@ -122,7 +121,7 @@ def install_index_args(wheel: Path) -> list[str]:
     jit-cache shim is on FlashInfer's own index only: ``Lookup.through_index``)."""
     requires = wheel_requirements(wheel)
     args: list[str] = []
-    for lookup in LOOKUPS:
+    for lookup in wheel_mod.LOOKUPS:
         if lookup.through is None or lookup.through_index is None:
             continue
         for req in requires:

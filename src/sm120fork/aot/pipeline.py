@@ -17,11 +17,8 @@ from sm120fork import __version__
 from sm120fork import manifest as manifest_file
 from sm120fork.aot import compile as compile_mod
 from sm120fork.aot import inspect as inspect_mod
-from sm120fork.aot import lookup as lookup_mod
-from sm120fork.aot import provenance
-from sm120fork.aot import toolchain as toolchain_mod
 from sm120fork.aot import wheel as wheel_mod
-from sm120fork.aot.targets import DEFAULT_CAPABILITIES
+from sm120fork.aot.compile import DEFAULT_CAPABILITIES
 from sm120fork.declare import Stack
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util.files import made_once, sha256_file
@@ -113,9 +110,9 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
     wheels_dir = wheels_dir or ws.stack_wheels(stack.name)
     flashinfer = flashinfer_build(wheels_dir, stack)
     tree = sources(ws, stack, wheels_dir, flashinfer)
-    lookup = lookup_mod.of_tree(tree, stack.name)
+    lookup = wheel_mod.of_tree(tree, stack.name)
     cache = ws.state_dir / "aot" / stack.name
-    toolchain = toolchain_mod.prepare(cache / "link")
+    toolchain = compile_mod.prepare(cache / "link")
     compiled = compile_mod.build(tree, capabilities, toolchain, cache / "modules",
                                  jobs=jobs, rebuild=rebuild)
     if compiled.plan.flashinfer_version.split("+")[0] != flashinfer.upstream_version:
@@ -128,7 +125,7 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
         raise BuildError("kernels missing or empty: " + "; ".join(
             f"{c.target}: {len(c.missing)} missing, {len(c.empty)} empty" for c in bad),
             where=str(compiled.so), fix="the tree's SM12x fixes are not in effect")
-    digest, digest_by = provenance.tree_digest(tree)
+    digest, digest_by = wheel_mod.tree_digest(tree)
     module = wheel_mod.Module(name=compile_mod.MODULE, so=compiled.so,
                               targets=compiled.plan.targets, sources_digest=digest,
                               info={"arch_list": compiled.plan.arch_list,

@@ -1,15 +1,20 @@
 """The AOT wheel: our prebuilt modules in a distribution of their own, and what it pins.
 
 ``sm120fork-flashinfer-aot`` installs beside upstream's jit-cache (taking that name would
-make pip uninstall it); FlashInfer finds it through an entry point (:mod:`.lookup`).  It
-requires exactly the FlashInfer wheel it was built from; its ``manifest.json`` records that
-wheel's sha256, the fork tree and each module's sha256.
+make pip uninstall it).  FlashInfer finds it through an entry point, by a lookup read from
+its sources (:data:`LOOKUPS`): our FlashInfer reads the group ``flashinfer.prebuilt``;
+FlashInfer 0.7.x asks upstream's ``flashinfer-jit-cache`` shim (served on FlashInfer's own
+index, at FlashInfer's version) for its providers.  It requires exactly the FlashInfer
+wheel it was built from; its ``manifest.json`` records that wheel's sha256, the fork tree
+and each module's sha256, and each module's sources marker the digest our patched
+FlashInfer asks of it before loading it (patches/sglang-0.5.10/flashinfer/README-prebuilt.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import re
 import tempfile
@@ -23,12 +28,105 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 from wheel.wheelfile import WheelFile
 
-from sm120fork.aot.lookup import PREBUILT, PROVIDER_SCHEMA_VERSION, Lookup
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.manifest import ManifestEntry
 from sm120fork.util import typed
 from sm120fork.util.files import scratch_prefix, sha256_file
 from sm120fork.util.hint import command
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Lookup:
+    """One way a FlashInfer finds our prebuilt modules."""
+
+    name: str
+    #: The entry point group the AOT wheel registers in.
+    group: str
+    #: The function of the AOT wheel's package that the entry point names.
+    function: str
+    #: Text of ``flashinfer/jit/env.py`` that shows this FlashInfer has the lookup.
+    evidence: str
+    #: Distribution FlashInfer asks through (``None``: FlashInfer reads the group itself);
+    #: the AOT wheel requires it at exactly its own version.
+    through: str | None = None
+    #: Where ``through`` is published when that is not the default index.
+    through_index: str | None = None
+
+
+#: The default stack's series (patch 0009 of patches/sglang-0.5.10/flashinfer).
+PREBUILT = Lookup(name="prebuilt", group="flashinfer.prebuilt", function="get_jit_cache_dir",
+                  evidence='"flashinfer.prebuilt"')
+#: FlashInfer 0.7.x as published, through upstream's shim (its
+#: JIT_CACHE_PROVIDER_ENTRY_POINT_GROUP and schema version 1).
+JIT_CACHE_PROVIDERS = Lookup(
+    name="jit-cache-providers", group="flashinfer.jit_cache.providers",
+    function="get_provider", evidence="get_jit_cache_providers()",
+    through="flashinfer-jit-cache", through_index="https://flashinfer.ai/whl/cu{cuda}")
+PROVIDER_SCHEMA_VERSION = 1
+
+#: In the order they are tried: a FlashInfer with our lookup uses it.
+LOOKUPS: tuple[Lookup, ...] = (PREBUILT, JIT_CACHE_PROVIDERS)
+
+
+def of_tree(tree: Path, stack: str) -> Lookup:
+    """The lookup of the FlashInfer sources at ``tree``; refuses one that has none."""
+    env = tree / "flashinfer" / "jit" / "env.py"
+    try:
+        text = env.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("the FlashInfer sources have no readable flashinfer/jit/env.py",
+                          where=str(env)) from exc
+    found = next((lookup for lookup in LOOKUPS if lookup.evidence in text), None)
+    if found is None:
+        groups = " or ".join(lookup.group for lookup in LOOKUPS)
+        raise ConfigError(
+            f"stack {stack}'s FlashInfer has no lookup for prebuilt-module packages (entry "
+            f"point group {groups}): it would never load the AOT wheel's module",
+            where=str(env),
+            fix="add the lookup to the stack's FlashInfer series (patch 0009 of "
+                "patches/sglang-0.5.10/flashinfer), or JIT-compile with nvcc >= 12.9")
+    return found
+
+
+MARKER_SUFFIX = ".sources"
+_IMPLEMENTATION = Path("flashinfer") / "jit" / "provenance.py"
+
+
+def own_digest(csrc: Path, include: Path) -> str:
+    """The rule, computed here: ``sha256:<hex>`` over csrc/ and include/."""
+    lines: list[tuple[str, str]] = []
+    for base in (csrc, include):
+        for path in base.rglob("*"):
+            if path.is_file():
+                rel = f"{base.name}/{path.relative_to(base).as_posix()}"
+                lines.append((rel, hashlib.sha256(path.read_bytes()).hexdigest()))
+    digest = hashlib.sha256()
+    for rel, file_digest in sorted(lines):
+        digest.update(f"{rel}\0{file_digest}\n".encode())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def tree_digest(tree: Path) -> tuple[str, str]:
+    """(digest, how) for a FlashInfer source tree (or a published wheel, unpacked: its
+    ``flashinfer/data/``): its own provenance.py where it has one."""
+    root = tree / "flashinfer" / "data" if not (tree / "csrc").is_dir() else tree
+    csrc, include = root / "csrc", root / "include"
+    mine = own_digest(csrc, include)
+    implementation = tree / _IMPLEMENTATION
+    if not implementation.is_file():
+        return mine, "sm120fork (the tree has no flashinfer/jit/provenance.py)"
+    spec = importlib.util.spec_from_file_location("_flashinfer_provenance", implementation)
+    if spec is None or spec.loader is None:
+        raise BuildError("cannot load the tree's provenance.py", where=str(implementation))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    theirs = str(module.sources_digest(csrc, include))
+    if theirs != mine:
+        raise BuildError(f"the tree's sources digest {theirs} differs from the rule's {mine}",
+                         where=str(implementation),
+                         fix="align sm120fork.aot.wheel.own_digest with README-prebuilt.md")
+    return theirs, "flashinfer/jit/provenance.py"
+
 
 DISTRIBUTION = "sm120fork-flashinfer-aot"
 PACKAGE = "sm120fork_flashinfer_aot"

@@ -15,8 +15,8 @@ from sm120fork.workspace import Workspace
 
 
 def run_build(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
+    from sm120fork.aot.compile import parse_capabilities
     from sm120fork.aot.pipeline import build_aot, default_out
-    from sm120fork.aot.targets import parse_capabilities
 
     stack = ws.stack(args.stack)
     if args.via_cibuildwheel:

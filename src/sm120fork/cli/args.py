@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sm120fork.aot.targets import DEFAULT_CAPABILITIES
+from sm120fork.aot.compile import DEFAULT_CAPABILITIES
 from sm120fork.errors import UsageError
 from sm120fork.kit.boot import DEFAULT_HARNESSES
 from sm120fork.kit.boot import VERBS as HARNESSES
