@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sm120fork.cuda.toolkit import require_nvcc
 from sm120fork.errors import BuildError, ConfigError
-from sm120fork.util import proc
+from sm120fork.util import proc, typed
 from sm120fork.util.files import staged_dir
 from sm120fork.util.hint import command
 
@@ -262,13 +262,10 @@ def _probe(tree: Path, build_dir: Path, mode: str, env: Mapping[str, str]) -> tu
         raise BuildError(f"FlashInfer's JIT refuses {MODULE} for "
                          f"{env.get('FLASHINFER_CUDA_ARCH_LIST')}: {result['refused']}",
                          where=str(tree))
-    flags = tuple(result["cuda_flags"])
-    planned = Plan(module=result["name"], arch_list=result["arch_list"],
-                   targets=targets_from_flags(flags),
-                   sources=tuple(result["sources"]), cuda_flags=flags, ninja=result["ninja"],
-                   flashinfer_version=result["flashinfer_version"],
-                   tvm_ffi_version=result["tvm_ffi_version"], prefix=result["prefix"])
-    return planned, str(result.get("so", ""))
+    so = str(result.pop("so", ""))
+    result["module"] = result.pop("name")
+    result["targets"] = list(targets_from_flags(result["cuda_flags"]))
+    return typed.read(Plan, result, str(tree)), so
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -162,9 +162,7 @@ class FlashInferBuild:
         if not entry.used_as_published and (entry.tree is None or entry.patched_commit is None):
             raise ConfigError("manifest entry lacks its patched tree", where=where,
                               fix=f"rebuild the stack: {command('build')}")
-        return cls(distribution=entry.distribution, version=entry.version, wheel=entry.wheel,
-                   sha256=entry.sha256, tree=entry.tree, patched_commit=entry.patched_commit,
-                   upstream_version=entry.upstream_version, series_digest=entry.series_digest)
+        return cls(**{f.name: getattr(entry, f.name) for f in dataclasses.fields(cls)})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
