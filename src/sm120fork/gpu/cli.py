@@ -70,8 +70,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     """What ``test`` and ``bench`` share: the variants, the run's folders, the bounds."""
     p.add_argument("--wheel-dir", action="append", default=[], metavar="NAME=DIR",
                    help="a variant: a directory holding one flashinfer_python wheel (or "
-                   "the wheel); repeat for A/B, e.g. patched=wheels/sglang-0.5.10 "
-                   "unpatched=up/")
+                   "the wheel); repeat for A/B, e.g. patched=wheels/STACK unpatched=up/")
     p.add_argument("--stack", metavar="NAME",
                    help="the stack's built wheels (wheels/NAME/) as 'patched'; for "
                    "test also upstream's, built from the stack's pinned sdist "
@@ -141,8 +140,7 @@ def _layer_args(s: argparse.ArgumentParser) -> None:
                    help="where --stack unpacks the wheels (kept between runs)")
     s.add_argument("--layout", choices=tuple(LAYOUTS),
                    help="the tree's upstream layout (default: the one forks/<stack>.toml "
-                   "names for the tree's SGLang version; sglang-0.5.10: communicator, "
-                   "sglang-0.5.23: layer_boundary)")
+                   "names for the tree's SGLang version)")
     s.add_argument("--case", action="append", dest="cases", choices=layer_cases.CPU_CASES,
                    help="default: every case this device can run")
     s.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -166,11 +164,9 @@ def _layer_args(s: argparse.ArgumentParser) -> None:
                    help="each rank runs SGLang's load_plugins() first, as SGLang's own "
                    "processes do (stock SGLang + a plugin installed beside it)")
     s.add_argument("--with-plugin-route", action="store_true",
-                   help="with --stack/--stack-dir: also run every case on the stack's plugin "
-                   "route, stock SGLang of the pin with the stack's plugin wheel beside it "
-                   "(its plugin/ folder; in a kit, stock SGLang from kit.json's plugin_route), "
-                   "load_plugins() in each rank; one record, the route's cases as variant "
-                   "'plugin'")
+                   help="with --stack/--stack-dir: also run every case on stock SGLang of the "
+                   "pin with the stack's plugin wheel beside it (load_plugins() in each "
+                   "rank), in the same record as variant 'plugin'")
     s.add_argument("--plugin-wheel", type=Path, metavar="WHL",
                    help="the plugin route's plugin wheel (default: the stack's plugin/)")
     s.add_argument("--stock-wheel", type=Path, metavar="WHL",
