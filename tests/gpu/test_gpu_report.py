@@ -10,10 +10,11 @@ import pytest
 
 from sm120fork.errors import ConfigError, UsageError
 from sm120fork.gpu.ab import report as ab_report
+from sm120fork.gpu.ab.results import AbRun
 from sm120fork.gpu.bench import report as bench_report
 from sm120fork.gpu.cli import main
 from sm120fork.gpu.core import report as core_report
-from sm120fork.gpu.core.documents import AbDoc, BenchDoc, parse_ab, parse_bench
+from sm120fork.gpu.core.documents import BenchDoc, parse_bench
 
 
 def _rec(key: str, api: str, ws: int, status: str, **extra: Any) -> dict[str, Any]:
@@ -22,13 +23,17 @@ def _rec(key: str, api: str, ws: int, status: str, **extra: Any) -> dict[str, An
     return {"key": key, "case": case, "status": status, **extra}
 
 
-def _test_doc() -> AbDoc:
+def _test_doc() -> AbRun:
+    return AbRun.read(_test_data(), "test-ab.json")
+
+
+def _test_data() -> dict[str, Any]:
     lam = "custom_lamport/ar_rmsnorm/ws2/t8/h4096/bf16/oneshot/pdl0"
     fus = "fusion_legacy/ar_rmsnorm/ws2/t8/h4096/bf16/oneshot/pdl0"
     reg = "fusion_unified/ar_rmsnorm/ws2/t8/h4096/bf16/oneshot/pdl0"
     skp = "fusion_legacy/ar_rmsnorm_fp4/ws2/t8/h4096/bf16/oneshot/pdl0"
     ok = [{"output": "norm_out", "stage": "eager", "ok": True, "rel_l2": 2.5e-3}]
-    return parse_ab({
+    return {
         "kind": "gpu-test", "primary": "patched", "baseline": "unpatched", "shared": True,
         "environment": {"gpus": ["NVIDIA H200"], "gpu_count": 1, "torch": "2.11"},
         "variants": {"patched": {"wheel": "p.whl", "sha256": "ab" * 32},
@@ -47,7 +52,7 @@ def _test_doc() -> AbDoc:
                           _rec(skp, "fusion_legacy", 2, "skip", reason="FP4 needs sm_100")],
         },
         "not_run": ["world size 8 on 8 GPUs: multi-GPU machines withheld"],
-    }, "test-ab.json")
+    }
 
 
 def test_classify() -> None:
@@ -121,7 +126,7 @@ def test_bench_outputs_json_markdown_png(tmp_path: Path) -> None:
 
 def test_report_command_rerenders(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "t.json"
-    src.write_text(json.dumps(_test_doc()))
+    src.write_text(json.dumps(_test_data()))
     assert main(["report", "--test", str(src), "--out", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / "test-ab.md").is_file()
     assert "wrote" in capsys.readouterr().out
@@ -132,7 +137,7 @@ def test_a_report_that_is_not_one_is_refused_naming_the_file_and_key(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``gpu report`` reads test-ab.json and bench.json through their typed readers: a
     malformed case or bench line names the file and the dotted key, not a KeyError."""
-    doc = json.loads(json.dumps(_test_doc()))
+    doc = _test_data()
     del doc["results"]["unpatched"][1]["status"]
     src = tmp_path / "t.json"
     src.write_text(json.dumps(doc))

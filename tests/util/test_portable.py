@@ -8,7 +8,8 @@ from pathlib import Path
 
 from helpers_manifest import entry
 from sm120fork.gpu.ab.report import write_test_report
-from sm120fork.gpu.core.documents import VariantInfo, parse_ab
+from sm120fork.gpu.ab.results import AbRun
+from sm120fork.gpu.core.documents import VariantInfo
 from sm120fork.gpu.core.report import made_from
 from sm120fork.manifest import Manifest
 from sm120fork.util.portable import machine_roles, portable, portable_text
@@ -40,7 +41,7 @@ def test_gpu_reports_record_their_wheel_and_hold_no_machine_path(tmp_path: Path)
            "results": {"patched": []}}
     out = root / "reports" / "gpu" / "x"
     roles = machine_roles(root, {"gpu-work": work, "out": out})
-    write_test_report(parse_ab(doc, "test-ab.json"), out, roles)
+    write_test_report(AbRun.read(doc, "test-ab.json"), out, roles)
     written = json.loads((out / "test-ab.json").read_text())
     assert written["stack"] == "demo"
     assert written["made_from"] == [{

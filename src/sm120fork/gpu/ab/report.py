@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from sm120fork.gpu.core.documents import AbDoc, CaseResult, VariantInfo
-from sm120fork.gpu.core.report import completion_lines, env_lines, provenance
+from sm120fork.gpu.ab.results import AbRun, CaseResult
+from sm120fork.gpu.core.cases import Case
+from sm120fork.gpu.core.documents import VariantInfo
+from sm120fork.gpu.core.report import built_manifest, completion_lines, env_lines, made_from
 from sm120fork.util import portable
 from sm120fork.util.markdown import markdown_table as _md_table
 
@@ -39,24 +42,18 @@ def classify(statuses: dict[str, str], primary: str, baseline: str | None) -> st
     return "fail both" if p == "fail" else f"{p}/{b}"
 
 
-def never_ran(rec: CaseResult) -> bool:
-    """Left out by the time budget, or its variant's module did not build."""
-    return bool(rec.get("not_run")) or rec.get("failure") == "build"
-
-
 def _short(rec: CaseResult | None) -> str:
     if rec is None:
         return "missing"
-    status = str(rec["status"])
-    if status == "fail":
-        return f"FAIL ({rec.get('failure') or 'error'})"
-    return status
+    if rec.status == "fail":
+        return f"FAIL ({rec.failure or 'error'})"
+    return rec.status
 
 
 def _worst_rel(rec: CaseResult | None) -> str:
-    if not rec or not rec.get("checks"):
+    if rec is None or not rec.checks:
         return ""
-    vals = [rel for c in rec["checks"] if (rel := c.get("rel_l2")) is not None]
+    vals = [c.rel_l2 for c in rec.checks if c.rel_l2 is not None]
     return f"{max(vals):.2e}" if vals else "NaN"
 
 
@@ -73,32 +70,35 @@ _METHOD = (
 class AbTable:
     """An A/B run's case keys in run order, {key: {variant: record}} and each case's class."""
 
-    def __init__(self, doc: AbDoc) -> None:
-        self.primary, self.baseline = doc["primary"], doc.get("baseline")
-        self.variants = list(doc["results"])
+    def __init__(self, doc: AbRun) -> None:
+        self.primary, self.baseline = doc.primary, doc.baseline
+        self.variants = list(doc.results)
         self.rows: dict[str, dict[str, CaseResult]] = defaultdict(dict)
-        for variant, records in doc["results"].items():
+        for variant, records in doc.results.items():
             for rec in records:
-                self.rows[rec["key"]][variant] = rec
+                self.rows[rec.key][variant] = rec
         self.order = list(self.rows)
-        self.cls = {k: classify({v: r["status"] for v, r in self.rows[k].items()},
+        self.cls = {k: classify({v: r.status for v, r in self.rows[k].items()},
                                 self.primary, self.baseline) for k in self.order}
 
     def counts(self) -> dict[str, int]:
         """How many cases are in each A/B class (``not run``: some variant never ran it)."""
         return dict(sorted(Counter(
-            "not run" if any(never_ran(r) for r in self.rows[k].values()) else self.cls[k]
+            "not run" if any(r.never_ran for r in self.rows[k].values()) else self.cls[k]
             for k in self.order).items()))
+
+    def case(self, key: str) -> Case:
+        return next(r.case for r in self.rows[key].values() if r.case is not None)
 
     def summary(self) -> list[str]:
         groups: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
         per_variant: dict[tuple[str, int, str], Counter[str]] = defaultdict(Counter)
         for key in self.order:
-            case = next(iter(self.rows[key].values()))["case"]
-            g = (case["api"], case["world_size"])
+            case = self.case(key)
+            g = (case.api, case.world_size)
             groups[g][self.cls[key]] += 1
             for v, r in self.rows[key].items():
-                per_variant[(*g, v)][r["status"]] += 1
+                per_variant[(*g, v)][r.status] += 1
         header = ["api", "world size"] + [f"{v} pass/fail/skip" for v in self.variants]
         ab = ("fixed", "regressed", "pass both", "fail both") if self.baseline else ()
         rows = []
@@ -120,8 +120,8 @@ class AbTable:
             reason = ""
             for v in [*([self.baseline] if self.baseline else []), self.primary]:
                 r = recs.get(v)
-                if r and r["status"] == "fail":
-                    reason = f"{v}: {r.get('reason', '')}"[:300]
+                if r and r.status == "fail":
+                    reason = f"{v}: {r.reason}"[:300]
                     break
             body.append([f"`{k}`", *[_short(recs.get(v)) for v in self.variants],
                          _worst_rel(recs.get(self.primary)), reason])
@@ -129,8 +129,7 @@ class AbTable:
         return [*lines, *_md_table(hdr, body), ""]
 
     def details(self) -> list[str]:
-        lamport = [k for k in self.order
-                   if next(iter(self.rows[k].values()))["case"]["api"] == "custom_lamport"]
+        lamport = [k for k in self.order if self.case(k).api == "custom_lamport"]
         lines = self.detail(
             "Legacy custom all-reduce (lamport path at <= 16 tokens)", lamport,
             "trtllm_custom_all_reduce, RESIDUAL_RMS_NORM, ONESHOT. Tokens <= 16 take the "
@@ -149,43 +148,47 @@ class AbTable:
         return [k for k in self.order if self.cls[k] == cls]
 
 
-def render_test_markdown(doc: AbDoc) -> str:
+def render_test_markdown(doc: AbRun) -> str:
     table = AbTable(doc)
-    lines = [f"# Fused all-reduce correctness: {doc.get('title', '')}".rstrip(), ""]
-    command = doc.get("command", "python -m sm120fork.gpu test")
-    lines += [f"Created {doc.get('created', '?')} by `{command}`.", ""]
-    lines += completion_lines(doc, sum(1 for recs in doc["results"].values() for r in recs
-                                        if r.get("not_run")))
-    if doc.get("shared"):
+    lines = [f"# Fused all-reduce correctness: {doc.title}".rstrip(), ""]
+    lines += [f"Created {doc.created} by `{doc.command}`.", ""]
+    lines += completion_lines(doc.finished, doc.module_seconds, doc.time_budget,
+                              sum(1 for recs in doc.results.values() for r in recs if r.not_run))
+    if doc.shared:
         lines += ["**Ranks shared GPUs** (more ranks than GPUs): each rank is its own process "
                   "with its own CUDA context; handles went over a gloo group and buffers over "
                   "CUDA IPC. Correctness holds as on separate GPUs; timings do not.", ""]
-    lines += ["## Environment", "", *env_lines(doc.get("environment", {})), ""]
+    lines += ["## Environment", "", *env_lines(doc.environment), ""]
     lines += ["## Variants", ""]
     lines += _md_table(("variant", "wheel", "sha256", "FlashInfer", "modules"), [
         (name, info.get("wheel") or "(installed)", (info.get("sha256") or "")[:16],
          info.get("flashinfer", "?"), _modules(info))
-        for name, info in doc.get("variants", {}).items()])
+        for name, info in doc.variants.items()])
     lines += ["", "## Method", "", _METHOD, "", "Tolerances (per output storage type):", ""]
-    lines += _md_table(("kind", "bound"), doc.get("tolerances", []))
+    lines += _md_table(("kind", "bound"), doc.tolerances)
     lines += ["", "## Summary", "", *table.summary(), *table.details()]
-    skips = Counter(str(r.get("reason")) for rows in table.rows.values() for r in rows.values()
-                    if r["status"] == "skip")
+    skips = Counter(str(r.reason) for rows in table.rows.values() for r in rows.values()
+                    if r.status == "skip")
     lines += ["## Skipped", ""]
     lines += (_md_table(("reason", "case runs"), sorted(skips.items())) if skips
               else ["None."])
     lines += [""]
-    if doc.get("not_run"):
-        lines += ["## Not run here", "", *[f"- {item}" for item in doc["not_run"]], ""]
+    if doc.not_run:
+        lines += ["## Not run here", "", *[f"- {item}" for item in doc.not_run], ""]
     return "\n".join(lines)
 
 
-def write_test_report(doc: AbDoc, out_dir: Path,
+def write_test_report(doc: AbRun, out_dir: Path,
                       roles: portable.Roles | None = None) -> list[Path]:
-    primary = doc.get("variants", {}).get(doc["primary"], {})
-    ab: AbDoc = portable.portable({**doc, **(provenance(doc, primary) or {})}, roles or [])
+    """``test-ab.json`` (``doc`` with what it was made from, less this machine's paths) and
+    its markdown."""
+    if doc.made_from is None:
+        made = made_from(built_manifest(doc.environment), doc.variants.get(doc.primary, {}))
+        doc = dataclasses.replace(doc, stack=made["stack"], made_from=tuple(made["made_from"]))
+    text = json.dumps(portable.portable(dataclasses.asdict(doc), roles or []), indent=1,
+                      sort_keys=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m = out_dir / "test-ab.json", out_dir / "test-ab.md"
-    j.write_text(json.dumps(ab, indent=1, sort_keys=True) + "\n")
-    m.write_text(render_test_markdown(ab))
+    j.write_text(text + "\n")
+    m.write_text(render_test_markdown(AbRun.read(json.loads(text), str(j))))
     return [j, m]

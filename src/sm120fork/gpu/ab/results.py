@@ -1,5 +1,6 @@
-"""What crosses the A/B's processes: a group's :class:`GroupSpec` and a case's
-:class:`CaseResult`, serialized once at the edge and read back by ``util.typed.read``."""
+"""What crosses the A/B's processes: a group's :class:`GroupSpec`, a case's
+:class:`CaseResult` and the run's ``test-ab.json`` (:class:`AbRun`), serialized once at the
+edge and read back by ``util.typed.read``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.cases import Case
+from sm120fork.gpu.core.documents import Environment, MadeFrom, VariantInfo
+from sm120fork.util import typed
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -75,3 +79,36 @@ class GroupSpec:
     cases: tuple[Case, ...]
     mode: str
 
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AbRun:
+    """``test-ab.json``: each variant's case results and what the report says of the run."""
+
+    kind: str = "gpu-test"
+    created: str = "?"
+    command: str = "python -m sm120fork.gpu test"
+    title: str = ""
+    environment: Environment = dataclasses.field(default_factory=Environment)
+    shared: bool = False
+    quick: bool = False
+    world_sizes: tuple[int, ...] = ()
+    primary: str
+    baseline: str | None = None
+    variants: Mapping[str, VariantInfo] = dataclasses.field(default_factory=dict)
+    tolerances: tuple[tuple[str, str], ...] = ()
+    not_run: tuple[str, ...] = ()
+    results: Mapping[str, tuple[CaseResult, ...]]
+    module_seconds: float | None = None
+    time_budget: float | None = None
+    finished: bool | None = None
+    stack: str | None = None
+    made_from: tuple[MadeFrom, ...] | None = None
+
+    @classmethod
+    def read(cls, data: object, where: str) -> AbRun:
+        run = typed.read(cls, data, where, strict=False)
+        if run.primary not in run.results:
+            raise ConfigError(f"names no results of the primary variant {run.primary!r}",
+                              where=f"{where}: results",
+                              fix=f"known: {', '.join(run.results) or 'none'}")
+        return run

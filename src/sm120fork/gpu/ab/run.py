@@ -11,10 +11,9 @@ from pathlib import Path
 from sm120fork import __version__, record
 from sm120fork.errors import ConfigError, UsageError, VerifyError
 from sm120fork.gpu.ab import launcher, report
-from sm120fork.gpu.ab.results import CaseResult
+from sm120fork.gpu.ab.results import AbRun, CaseResult
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import documents, records, runs
-from sm120fork.gpu.core.documents import AbDoc
 from sm120fork.gpu.core.records import now
 from sm120fork.gpu.core.report import built_manifest
 from sm120fork.gpu.core.runs import RunOptions
@@ -160,29 +159,25 @@ def run_test(opts: TestOptions) -> TestRun:
     results = _run_matrix(opts, prepared, cases_mod.select(
         matrix, apis=opts.apis, patterns=opts.patterns, tokens=opts.tokens,
         hidden=opts.hidden, max_cases=opts.max_cases))
-    doc = documents.parse_ab({
-        "kind": "gpu-test", "created": now(), "command": opts.command,
-        "title": (f"{opts.title}, " if opts.title else "")
+    doc = AbRun(
+        created=now(), command=opts.command,
+        title=(f"{opts.title}, " if opts.title else "")
         + f"{(env.get('gpus') or ['?'])[0]} x{env.get('gpu_count', '?')}",
-        "environment": env, "shared": any(ws > gpu_count for ws in world_sizes),
-        "quick": opts.quick, "world_sizes": world_sizes, "primary": primary,
-        "baseline": baseline,
-        "variants": {v.name: {**v.describe(), "flashinfer": compiled[v.name].env.get(
+        environment=env, shared=any(ws > gpu_count for ws in world_sizes),
+        quick=opts.quick, world_sizes=tuple(world_sizes), primary=primary, baseline=baseline,
+        variants={v.name: {**v.describe(), "flashinfer": compiled[v.name].env.get(
             "flashinfer"), "compiled": compiled[v.name].ok,
             "compile_failure": compiled[v.name].failure,
             "prebuilt_failure": compiled[v.name].prebuilt_failure}
             for v in installed},
-        "tolerances": tolerance_table(), "not_run": list(opts.not_run),
-        "results": {name: [dataclasses.asdict(r) for r in recs]
-                    for name, recs in results.items()},
-        "module_seconds": round(prepared.module_seconds, 1), "time_budget": opts.time_budget,
-        "finished": not any(r.never_ran for recs in results.values() for r in recs),
-    }, "test-ab.json")
+        tolerances=tuple(tolerance_table()), not_run=opts.not_run,
+        results={name: tuple(recs) for name, recs in results.items()},
+        module_seconds=round(prepared.module_seconds, 1), time_budget=opts.time_budget,
+        finished=not any(r.never_ran for recs in results.values() for r in recs))
     out = runs.run_out_dir(opts, env)
     roles = runs.run_roles(opts, out)
     paths = report.write_test_report(doc, out, roles)
-    recorded = doc.copy()
-    recorded["command"] = opts.record_command or opts.command
+    recorded = dataclasses.replace(doc, command=opts.record_command or opts.command)
     try:
         tested = opts.tested or records.tested_beside(opts.wheel_dirs.get(primary))
         rec = test_record(recorded, tested)
@@ -208,23 +203,23 @@ _AGAINST = {"fixed": "fixed", "pass both": "pass-both", "regressed": "regressed"
             "fail both": "fail-both"}
 
 
-def _detail(rec: documents.CaseResult) -> str:
-    if rec["status"] == "pass":
-        worst = max((c.get("rel_l2") or 0 for c in rec.get("checks", [])), default=0)
+def _detail(rec: CaseResult) -> str:
+    if rec.status == "pass":
+        worst = max((c.rel_l2 or 0 for c in rec.checks), default=0)
         return f"rel_l2 {worst:.1e}" if worst else "pass"
-    return " ".join(str(rec.get("reason") or rec["status"]).split())[:200]
+    return " ".join(str(rec.reason or rec.status).split())[:200]
 
 
-def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | None:
+def test_record(doc: AbRun, tested: record.Tested | None) -> record.Record | None:
     """The record of a ``gpu test`` run (None: its primary wheel is no stack's build)."""
-    manifest = built_manifest(doc.get("environment", {}))
+    manifest = built_manifest(doc.environment)
     if manifest is None or not manifest.stack:
         return None
-    primary, baseline = doc["primary"], doc.get("baseline")
+    primary, baseline = doc.primary, doc.baseline
     table = report.AbTable(doc)
     project_of = {w.wheel: w.project for w in manifest.wheels}
     wheels = []
-    for name, variant in doc.get("variants", {}).items():
+    for name, variant in doc.variants.items():
         if (file := variant.get("wheel")) and (sha256 := variant.get("sha256")):
             wheels.append(record.TestedWheel(
                 variant="upstream" if name == baseline else name,
@@ -233,27 +228,24 @@ def test_record(doc: AbDoc, tested: record.Tested | None) -> record.Record | Non
     for key in table.order:
         against = _AGAINST.get(table.cls[key])
         for name, rec in table.rows[key].items():
-            if report.never_ran(rec):
+            if rec.never_ran:
                 continue  # never ran: the record is unfinished
-            outcome = rec["status"] if rec["status"] in ("pass", "fail", "skip") else "error"
+            outcome = rec.status if rec.status in ("pass", "fail", "skip") else "error"
             cases.append(record.Case(
                 id=key, variant="upstream" if name == baseline else name, outcome=outcome,
                 detail=_detail(rec), against=against if name == primary else None))
-    planned = sum(len(recs) for recs in doc["results"].values())
-    built = [n for n, v in doc.get("variants", {}).items() if not v.get("compiled", True)]
+    planned = sum(len(recs) for recs in doc.results.values())
+    built = [n for n, v in doc.variants.items() if not v.get("compiled", True)]
     notes = [f"the module build of {', '.join(built)} failed: its cases never ran"] if built \
         else []
-    if doc.get("shared"):
+    if doc.shared:
         notes.append("ranks shared GPUs: correctness only, timings mean nothing")
     return record.make(
-        kind="gpu-test", stack=manifest.stack, command=doc["command"],
-        created=doc["created"],
-        toolkit=__version__, machine=records.machine_of(doc.get("environment", {}),
-                                              bool(doc.get("shared"))),
+        kind="gpu-test", stack=manifest.stack, command=doc.command, created=doc.created,
+        toolkit=__version__, machine=records.machine_of(doc.environment, doc.shared),
         tested=records.tested_block(wheels, tested),
-        planned=planned, cases=tuple(cases), not_run=tuple(doc.get("not_run") or ()),
-        notes=tuple(notes))
+        planned=planned, cases=tuple(cases), not_run=doc.not_run, notes=tuple(notes))
 
 
 def rerender(test: Path, out: Path) -> list[Path]:
-    return report.write_test_report(documents.parse_ab(documents.read(test), str(test)), out)
+    return report.write_test_report(AbRun.read(documents.read(test), str(test)), out)

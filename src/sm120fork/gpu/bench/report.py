@@ -135,7 +135,8 @@ def render_bench_markdown(doc: BenchDoc) -> str:
     lines = [f"# Fused all-reduce throughput: {doc.get('title', '')}".rstrip(), ""]
     command = doc.get("command", "python -m sm120fork.gpu bench")
     lines += [f"Created {doc.get('created', '?')} by `{command}`.", ""]
-    lines += completion_lines(doc)
+    lines += completion_lines(doc.get("finished"), doc.get("module_seconds"),
+                              doc.get("time_budget"))
     if doc.get("shared"):
         lines += [f"**{SHARED_LABEL}.** {doc.get('world_size')} ranks time-slice "
                   f"{doc.get('environment', {}).get('gpu_count', '?')} GPU(s); every number "

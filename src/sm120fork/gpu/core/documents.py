@@ -1,48 +1,15 @@
-"""The JSON documents of a GPU run, typed: ``test-ab.json`` and ``bench.json``.
-
-:func:`parse_ab` and :func:`parse_bench` check the keys the reports and records read,
-naming the file and the dotted key.  Standard library only.
+"""The JSON documents of a GPU run, typed (``test-ab.json`` is ``ab.results.AbRun``):
+:func:`parse_bench` checks the keys the reports read of ``bench.json``, naming the file and
+the dotted key.  Standard library only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypedDict, cast
 
-from sm120fork.errors import ConfigError
 from sm120fork.util import typed
-
-
-class CaseSpec(TypedDict, total=False):
-    api: str
-    world_size: int
-    pattern: str
-    tokens: int
-    hidden: int
-    dtype: str
-    strategy: str
-
-
-class Check(TypedDict, total=False):
-    """One output of a case compared with the fp32 reference."""
-
-    output: str
-    stage: str
-    ok: bool
-    rel_l2: float | None
-
-
-class CaseResult(TypedDict, total=False):
-    key: str
-    case: CaseSpec
-    status: str
-    failure: str | None
-    reason: str | None
-    checks: list[Check]
-    not_run: bool
-    log_tail: dict[str, list[str]]
 
 
 class VariantInfo(TypedDict, total=False):
@@ -100,33 +67,6 @@ class LayerMachine(TypedDict, total=False):
     cuda: str | None
 
 
-class _Head(TypedDict, total=False):
-    kind: str
-    created: str
-    command: str
-    title: str
-    environment: Environment
-    shared: bool
-    not_run: list[str]
-    module_seconds: float
-    time_budget: float | None
-    finished: bool
-    stack: str | None
-    made_from: list[MadeFrom]
-
-
-class AbDoc(_Head, total=False):
-    """``test-ab.json``."""
-
-    quick: bool
-    world_sizes: list[int]
-    primary: str
-    baseline: str | None
-    variants: dict[str, VariantInfo]
-    results: dict[str, list[CaseResult]]
-    tolerances: list[list[str]]
-
-
 class BenchRecord(TypedDict, total=False):
     """One line of a bench: a method's state, a timed point, a floor, or the run's meta."""
 
@@ -148,9 +88,21 @@ class BenchRecord(TypedDict, total=False):
     calls_per_buffer: int
 
 
-class BenchDoc(_Head, total=False):
+class BenchDoc(TypedDict, total=False):
     """``bench.json`` (one world size)."""
 
+    kind: str
+    created: str
+    command: str
+    title: str
+    environment: Environment
+    shared: bool
+    not_run: list[str]
+    module_seconds: float
+    time_budget: float | None
+    finished: bool
+    stack: str | None
+    made_from: list[MadeFrom]
     world_size: int
     dtype: str
     variant: str
@@ -158,27 +110,6 @@ class BenchDoc(_Head, total=False):
     sha256: str | None
     record_sha256: str | None
     records: list[BenchRecord]
-
-
-@dataclass(frozen=True)
-class _CaseKeys:
-    api: str
-    world_size: int
-
-
-@dataclass(frozen=True)
-class _ResultKeys:
-    key: str
-    status: str
-    case: _CaseKeys
-
-
-@dataclass(frozen=True)
-class _AbKeys:
-    primary: str
-    results: Mapping[str, tuple[_ResultKeys, ...]]
-    variants: Mapping[str, VariantInfo] = field(default_factory=dict)
-    environment: Environment = field(default_factory=Environment)
 
 
 @dataclass(frozen=True)
@@ -193,16 +124,6 @@ class _BenchLine:
 class _BenchKeys:
     records: tuple[_BenchLine, ...] = ()
     environment: Environment = field(default_factory=Environment)
-
-
-def parse_ab(data: object, where: str) -> AbDoc:
-    """``data`` (parsed ``test-ab.json``) typed, once the keys the reports read are there."""
-    keys = typed.read(_AbKeys, data, where, strict=False)
-    if keys.primary not in keys.results:
-        raise ConfigError(f"names no results of the primary variant {keys.primary!r}",
-                          where=f"{where}: results",
-                          fix=f"known: {', '.join(keys.results) or 'none'}")
-    return cast(AbDoc, data)
 
 
 def parse_bench(data: object, where: str) -> BenchDoc:

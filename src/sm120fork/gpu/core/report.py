@@ -7,14 +7,7 @@ import re
 from collections.abc import Mapping
 
 from sm120fork.errors import ConfigError
-from sm120fork.gpu.core.documents import (
-    AbDoc,
-    BenchDoc,
-    Environment,
-    MadeFrom,
-    Provenance,
-    VariantInfo,
-)
+from sm120fork.gpu.core.documents import BenchDoc, Environment, MadeFrom, Provenance, VariantInfo
 from sm120fork.manifest import Manifest
 from sm120fork.util.markdown import markdown_table as _md_table
 
@@ -35,15 +28,15 @@ def env_lines(env: Environment) -> list[str]:
     return _md_table(("", ""), rows)
 
 
-def completion_lines(doc: AbDoc | BenchDoc, missing: int = 0) -> list[str]:
+def completion_lines(finished: bool | None, module_seconds: float | None,
+                     budget: float | None, missing: int = 0) -> list[str]:
     """Whether every planned case ran (``missing``: those that did not), and the build time."""
     lines = []
-    if doc.get("finished") is False:
+    if finished is False:
         lines.append("**Not finished**: " + (f"{missing} planned case runs did not run "
                      "(time budget used up)" if missing else "the run ended early") + ".")
-    if "module_seconds" in doc:
-        budget = doc.get("time_budget")
-        lines.append(f"Module build: {doc['module_seconds']:.0f} s"
+    if module_seconds is not None:
+        lines.append(f"Module build: {module_seconds:.0f} s"
                      + (f", outside the cases' time budget of {budget:.0f} s." if budget
                         else "."))
     return [*lines, ""] if lines else []
@@ -81,7 +74,7 @@ def built_manifest(env: Environment) -> Manifest | None:
         return None
 
 
-def provenance(doc: AbDoc | BenchDoc, tested: VariantInfo | BenchDoc | None
+def provenance(doc: BenchDoc, tested: VariantInfo | BenchDoc | None
                 ) -> Provenance | None:
     if "stack" in doc and "made_from" in doc:
         return None
