@@ -19,8 +19,8 @@ TESTED_FILE = "tested.json"
 
 
 #: Options whose values are this machine's paths: not part of the recorded command.
-PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--stack-dir",
-                "--plugin-wheel", "--stock-wheel", "--tests")
+PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--tests", "--stack-dir",
+                "--plugin-wheel", "--stock-wheel")
 
 
 def now() -> str:
