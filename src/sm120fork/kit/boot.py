@@ -28,7 +28,11 @@ JOINED_FILE = ".joined-from"
 PTH_NAME = "sm120fork-host-site.pth"
 #: ``sh DIR/run sglang_layer --plugin-route``: stock SGLang of the pin + the plugin.
 PLUGIN_ROUTE = "--plugin-route"
-VERBS = ("gpu_test", "bench", "sglang_layer", "doctor", "upstream_tests", "tune")
+#: What each verb runs (after ``python -m``).
+HARNESSES = {"gpu_test": ("sm120fork.gpu", "test"), "bench": ("sm120fork.gpu", "bench"),
+             "sglang_layer": ("sm120fork.gpu", "sglang-layer"), "doctor": ("sm120fork.doctor",),
+             "upstream_tests": ("sm120fork.gpu", "upstream-tests"), "tune": ("sm120fork", "tune")}
+VERBS = tuple(HARNESSES)
 #: What a kit carries unless ``gpu-kit --harness`` names others.
 DEFAULT_HARNESSES = ("gpu_test", "bench", "doctor")
 #: Exit codes as the toolkit's errors have them (errors.py): ConfigError, UsageError.
@@ -92,22 +96,20 @@ class KitJson(TypedDict, total=False):
     wheels: list[KitWheel]
 
 
-def _read_json(path: Path) -> Any:
+def _read(path: Path, *formats: str) -> Any:
+    """The object in ``path``, of one of ``formats`` (the first is the one expected)."""
+    what = "a kit part" if formats[0] == PARTS_FORMAT else "a kit"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise KitError(f"{path}: not a kit ({exc})") from None
-    if not isinstance(data, dict):
-        raise KitError(f"{path}: not a kit")
+        raise KitError(f"{path}: not {what} ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") not in formats:
+        raise KitError(f"{path}: not {what} of format {formats[0]}")
     return data
 
 
 def load(kit: Path) -> KitJson:
-    path = kit / KIT_FILE
-    data = _read_json(path)
-    if data.get("format") != KIT_FORMAT:
-        raise KitError(f"{path}: not a kit of format {KIT_FORMAT}")
-    return data  # type: ignore[no-any-return]
+    return _read(kit / KIT_FILE, KIT_FORMAT)  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -164,11 +166,7 @@ def _field(hint: Any, name: str, value: object, where: Path) -> object:
 
 
 def read_parts(part: Path) -> PartsIndex:
-    path = part / KIT_FILE
-    data = _read_json(path)
-    if data.get("format") != PARTS_FORMAT:
-        raise KitError(f"{path}: not a kit part of format {PARTS_FORMAT}")
-    return _typed(PartsIndex, data, path)
+    return _typed(PartsIndex, _read(part / KIT_FILE, PARTS_FORMAT), part / KIT_FILE)
 
 
 def part_folders(part: Path, index: PartsIndex) -> tuple[Path, list[Path]]:
@@ -208,8 +206,7 @@ def check_parts(index: PartsIndex, parts: Sequence[Path]) -> None:
             f"{'them' if len(missing) > 1 else 'it'} beside {parts[0].parent}/"
             f"{next(p for p in parts if p not in missing).name}")
     for p in parts:
-        other = _read_json(p / KIT_FILE)
-        if other.get("format") != PARTS_FORMAT or other.get("kit_id") != kit_id:
+        if _read(p / KIT_FILE, PARTS_FORMAT).get("kit_id") != kit_id:
             raise KitError(f"part {p.name} is from another kit (or another build of it): "
                            "copy the parts of one build side by side")
     damaged = []
@@ -350,46 +347,40 @@ def _option(args: Sequence[str], name: str) -> str | None:
 def harness_command(kit: Path, data: KitJson, verb: str, args: Sequence[str],
                     home: Path) -> tuple[list[str], dict[str, str]]:
     """The harness's arguments (after ``python -m``) and extra environment for VERB."""
-    patched = data["patched"]
-    upstream = data.get("upstream") or {}
-    prebuilt = data.get("prebuilt") or {}
-    shown = shlex.join(["sh", f"<kit {data['stack']}>/run", verb,
+    stack, patched = data["stack"], data["patched"]
+    shown = shlex.join(["sh", f"<kit {stack}>/run", verb,
                         *_without(args, ("--out", "--work-dir"))])
     env = {"SM120FORK_COMMAND": shown}
-    extra: list[str] = []
-    if verb != "tune" and _option(args, "--out") is None:  # tune has no --out
-        extra += ["--out", str(Path("kit-results") / data["stack"] / verb)]
-    if _option(args, "--work-dir") is None:
-        extra += ["--work-dir", str(home / "work")]
-    if verb == "tune" and _option(args, "--reports") is None:  # for record import
-        extra += ["--reports", "kit-results"]
+    defaults = {"--out": str(Path("kit-results") / stack / verb),
+                "--work-dir": str(home / "work")}
+    if verb == "tune":  # tune has no --out; its --reports are for record import
+        defaults = {"--work-dir": defaults["--work-dir"], "--reports": "kit-results"}
+    if verb == "sglang_layer" and data.get("sglang_layout"):
+        defaults["--layout"] = data["sglang_layout"]  # the harness reads forks/ otherwise
+    extra = [x for name, value in defaults.items() if _option(args, name) is None
+             for x in (name, value)]
+    if verb == "upstream_tests" and not data.get("upstream_tests"):
+        raise KitError("this kit carries no upstream tests: make it with --harness "
+                       "upstream_tests", EXIT_USAGE)
+    cmd = [*HARNESSES[verb]]
     if verb in ("tune", "gpu_test", "bench", "upstream_tests"):
         ab = verb in ("gpu_test", "upstream_tests")  # patched against upstream
-        if verb == "tune":
-            cmd = ["sm120fork", "tune", "--stack", data["stack"]]
-        elif verb == "upstream_tests":
-            tests = data.get("upstream_tests")
-            if not tests:
-                raise KitError("this kit carries no upstream tests: make it with --harness "
-                               "upstream_tests", EXIT_USAGE)
-            cmd = ["sm120fork.gpu", "upstream-tests", "--tests", str(kit / tests)]
-        else:
-            cmd = ["sm120fork.gpu", "test" if verb == "gpu_test" else "bench"]
+        cmd += {"tune": ["--stack", stack],
+                "upstream_tests": ["--tests", str(kit / str(data.get("upstream_tests")))]
+                }.get(verb, [])
         cmd += ["--wheel-dir", f"patched={kit / patched['flashinfer']}"]
+        upstream = data.get("upstream") or {}
         if ab and "flashinfer" in upstream:
             cmd += ["--wheel-dir", f"unpatched={kit / upstream['flashinfer']}"]
-        for name, folder in prebuilt.items():
+        for name, folder in (data.get("prebuilt") or {}).items():
             if ab or name == "patched":
                 cmd += ["--prebuilt", f"{name}={kit / folder}"]
         return [*cmd, *extra, *args], env
     if verb == "sglang_layer":
-        if _option(args, "--layout") is None and data.get("sglang_layout"):
-            extra += ["--layout", data["sglang_layout"]]  # the harness reads forks/
         if PLUGIN_ROUTE in args:
             return [*plugin_route_command(kit, data, home), *extra,
                     *(a for a in args if a != PLUGIN_ROUTE)], env
-        return ["sm120fork.gpu", "sglang-layer", "--stack-dir", str(kit / "stack"),
-                *extra, *args], env
+        return [*cmd, "--stack-dir", str(kit / "stack"), *extra, *args], env
     # doctor: beside the stack's patched wheels, as a user's SGLang install would have them
     site = home / "doctor-site"
     wheels = [kit / str(w) for w in patched.values()]
@@ -404,7 +395,7 @@ def harness_command(kit: Path, data: KitJson, verb: str, args: Sequence[str],
     env["PYTHONPATH"] = str(site)
     if _option(args, "--python") is None:  # the doctor's own choice is python3 on PATH
         env["SM120FORK_DOCTOR_EXAMINES"] = "the kit's venv, beside the stack's wheels"
-    return ["sm120fork.doctor", *args], env
+    return [*cmd, *args], env
 
 
 def plugin_route_command(kit: Path, data: KitJson, home: Path) -> list[str]:
@@ -426,23 +417,18 @@ def plugin_route_command(kit: Path, data: KitJson, home: Path) -> list[str]:
         marker.write_text(shas[route["sglang"]], encoding="utf-8")
     notes = [f"plugin route: {what} {Path(route[k]).name} sha256 {shas[route[k]]}"
              for what, k in (("stock", "sglang"), ("the plugin", "plugin"))]
-    return ["sm120fork.gpu", "sglang-layer", "--sglang-path", str(tree), "--load-plugins",
+    return [*HARNESSES["sglang_layer"], "--sglang-path", str(tree), "--load-plugins",
             *(x for n in notes for x in ("--note", n))]
 
 
 def _without(args: Sequence[str], names: Sequence[str]) -> list[str]:
+    """``args`` less the options ``names`` and their values."""
     out: list[str] = []
     skip = False
     for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg in names:
-            skip = True
-            continue
-        if any(arg.startswith(n + "=") for n in names):
-            continue
-        out.append(arg)
+        if not skip and arg not in names and not arg.startswith(tuple(n + "=" for n in names)):
+            out.append(arg)
+        skip = not skip and arg in names
     return out
 
 
@@ -464,10 +450,9 @@ def main(argv: Sequence[str] | None = None, kit: Path | None = None) -> int:
             return 0
         if verb not in VERBS:
             raise KitError(f"unknown verb {verb!r}: {USAGE}", EXIT_USAGE)
-        index = _read_json(kit / KIT_FILE)
-        if index.get("format") == PARTS_FORMAT:
+        if _read(kit / KIT_FILE, KIT_FORMAT, PARTS_FORMAT)["format"] == PARTS_FORMAT:
             try:
-                kit = join(kit, _typed(PartsIndex, index, kit / KIT_FILE))
+                kit = join(kit, read_parts(kit))
             except OSError as exc:  # a read-only medium, a full disk
                 raise KitError(f"could not join the parts beside {kit}: {exc}: copy them "
                                "to a writable folder with room for the kit, then run "

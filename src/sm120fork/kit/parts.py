@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -162,17 +163,10 @@ def write_parts(kit: Path, out: Path, part_size: int) -> list[tuple[Path, int]]:
 
 
 def _remove_stale_parts(out: Path, count: int) -> None:
-    n = count + 1
-    while True:
+    for n in itertools.count(count + 1):
         stale = out.parent / f"{out.name}.{n}"
-        index = stale / boot.KIT_FILE
-        if not index.is_file():
-            return
         try:
-            fmt = json.loads(index.read_text(encoding="utf-8")).get("format")
-        except (OSError, ValueError):
-            return
-        if fmt != boot.PARTS_FORMAT:
+            boot.read_parts(stale)
+        except boot.KitError:
             return
         shutil.rmtree(stale)
-        n += 1
