@@ -27,6 +27,8 @@ from sm120fork.kit.build import (
     parse_size,
     resolution,
 )
+from sm120fork.resolved import ResolvedStack
+from sm120fork.workspace import Workspace
 
 from helpers_ws import checkout_copy
 
@@ -104,6 +106,10 @@ def test_see_host_makes_a_venv_see_the_packages_of_another_python(tmp_path: Path
     assert done.stdout.strip().startswith(str(Path(sys.prefix)))
 
 
+def _stack(root: Path) -> ResolvedStack:
+    return ResolvedStack.named(Workspace.find(root), "sglang-0.5.23")
+
+
 def _report(*items: tuple[str, str, list[str]]) -> dict[str, Resolved]:
     return resolution({"install": [{"metadata": {"name": n, "version": v,
                                                  "requires_dist": deps}}
@@ -150,7 +156,7 @@ def test_a_stack_without_a_build_names_the_command_that_makes_it(
     root = checkout_copy(tmp_path, sdists=False)
     monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
     with pytest.raises(ConfigError) as err:
-        make(KitOptions(stack="sglang-0.5.23", python="3.12", out=tmp_path / "kit"), root=root)
+        make(KitOptions(python="3.12", out=tmp_path / "kit"), _stack(root))
     assert err.value.fix == "nox -s build -- --stack sglang-0.5.23"
     assert not (tmp_path / "kit").exists()
 
@@ -184,8 +190,8 @@ def test_a_kit_installs_with_no_index_and_runs_its_harness(tmp_path: Path) -> No
     write_manifest(folder, "sglang-0.5.23", entry("flashinfer", wheel=fi.name,
                                                   sha256="ab" * 32, used_as_published=True))
     python = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    kit = make(KitOptions(stack="sglang-0.5.23", python=python, out=tmp_path / "kit",
-                          harnesses=("gpu_test",), nox=False), root=root).path
+    kit = make(KitOptions(python=python, out=tmp_path / "kit",
+                          harnesses=("gpu_test",), nox=False), _stack(root)).path
     files = sorted(p.name for p in (kit / "wheels").glob("*.whl"))
     assert any(f.startswith("sm120fork-") for f in files)
     assert any(f.startswith("packaging-") for f in files)
@@ -340,10 +346,10 @@ def test_the_requirements_of_a_harness_leave_torch_and_unused_kernels_behind(
                 ["torch", "apache-tvm-ffi<0.2", "nvidia-cutlass-dsl>=4", "cuda-tile"])
     write_manifest(folder, "sglang-0.5.23", entry("flashinfer", wheel=fi.name,
                                                   sha256="ab" * 32, used_as_published=True))
-    assert stack_requirements(root, "sglang-0.5.23", "gpu_test") == [
+    assert stack_requirements(_stack(root), "gpu_test") == [
         "apache-tvm-ffi<0.2", "cuda-tile"]
     with pytest.raises(ConfigError) as err:
-        stack_requirements(root, "sglang-0.5.23", "sglang_layer")
+        stack_requirements(_stack(root), "sglang_layer")
     assert err.value.fix == "nox -s build -- --stack sglang-0.5.23"
 
 
@@ -408,9 +414,9 @@ def test_the_layer_kit_carries_the_plugin_route_and_travels_in_parts(
     monkeypatch.setattr(build, "_toolkit_wheel",
                         lambda _root, dest: _wheel(dest, "sm120fork", "0.1.0", []))
     out = tmp_path / "box" / "kit"
-    kit = make(KitOptions(stack="sglang-0.5.23", python=python, out=out,
+    kit = make(KitOptions(python=python, out=out,
                           harnesses=("sglang_layer",), nox=False, part_size=128 * 1024,
-                          platforms=(*build.manylinux(), "linux_x86_64")), root=root)
+                          platforms=(*build.manylinux(), "linux_x86_64")), _stack(root))
     assert not out.exists()
     assert [p.name for p, _ in kit.parts] == [f"kit.{i}" for i in range(1, len(kit.parts) + 1)]
     assert all(size <= 128 * 1024 for _, size in kit.parts)
@@ -456,12 +462,12 @@ def test_the_layer_kit_carries_the_plugin_route_and_travels_in_parts(
     stock.unlink()
     monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")
     with pytest.raises(ConfigError, match="plugin route's SGLang") as err:
-        make(KitOptions(stack="sglang-0.5.23", python=python, out=out,
-                        harnesses=("sglang_layer",), nox=False), root=root)
+        make(KitOptions(python=python, out=out,
+                        harnesses=("sglang_layer",), nox=False), _stack(root))
     assert err.value.fix == "nox -s build -- --stack sglang-0.5.23"
     # the other harnesses do not need it
-    make(KitOptions(stack="sglang-0.5.23", python=python, out=out, harnesses=("gpu_test",),
-                    nox=False), root=root)
+    make(KitOptions(python=python, out=out, harnesses=("gpu_test",),
+                    nox=False), _stack(root))
     assert not list((out / "upstream").glob("sglang-*"))
     assert not (out / "stack" / "plugin").exists()
 
@@ -486,8 +492,8 @@ def test_the_boxs_torch_stays_behind_whatever_version_its_freeze_names(
                         lambda _root, dest: _wheel(dest, "sm120fork", "0.1.0", []))
     freeze = tmp_path / "box.txt"
     freeze.write_text("torch==2.11.0+cu130\npackaging==24.0\n")
-    make(KitOptions(stack="sglang-0.5.23", python=python, out=tmp_path / "kit",
-                    harnesses=("gpu_test",), nox=False, box_has=(str(freeze),)), root=root)
+    make(KitOptions(python=python, out=tmp_path / "kit",
+                    harnesses=("gpu_test",), nox=False, box_has=(str(freeze),)), _stack(root))
     assert downloaded == [("packaging", "26.0")]  # the box has 24.0: the kit carries 26.0
 
 
@@ -551,7 +557,8 @@ def test_the_kits_closing_command_is_one_line_at_any_width(
     made = kit_build.Kit(path=out, files={"wheels/a.whl": 1},
                parts=((out.with_name("s510.1"), 1),) if parts else ())
     monkeypatch.setattr(kit_build, "make", lambda *_a, **_k: made)
-    ws = SimpleNamespace(root=tmp_path, stack=lambda _name: SimpleNamespace(name="s"))
+    ws = SimpleNamespace(root=tmp_path, stack=lambda _name: SimpleNamespace(name="s"),
+                         stack_wheels=lambda name: tmp_path / name)
     args = make_parser(["gpu-kit"]).parse_args(
         ["gpu-kit", "--python", "3.12", "--out", str(out)])
     text = io.StringIO()

@@ -19,12 +19,13 @@ from pathlib import Path
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
 
 from sm120fork import __version__
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.records import TESTED_FILE
-from sm120fork.gpu.core.stack_wheels import plugin_wheel, upstream_wheel
+from sm120fork.gpu.core.stack_wheels import installable, plugin_wheel, upstream_wheel
+from sm120fork.gpu.core.variants import copy_modules
 from sm120fork.kit import boot
 from sm120fork.manifest import Manifest
 from sm120fork.package.wheel import wheel_requirements
@@ -89,7 +90,6 @@ def manylinux(arch: str = "x86_64", newest: int = 39) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class KitOptions:
-    stack: str
     python: str
     out: Path
     harnesses: tuple[str, ...] = boot.DEFAULT_HARNESSES
@@ -141,44 +141,38 @@ def _marker_holds(marker: Marker | None, env: dict[str, str], extras: Iterable[s
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Metadata:
+    name: str = ""
+    version: str = ""
+    requires_dist: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Resolved:
     """An ``install`` item of pip's installation report."""
 
-    name: str
-    version: str
-    requires_dist: tuple[str, ...] = ()
+    metadata: Metadata
     requested_extras: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Report:
+    install: tuple[Resolved, ...]
 
 
 def resolution(data: object, where: str) -> dict[str, Resolved]:
     """pip's installation report ``data`` as {canonical name: what it installs}."""
-    def bad(key: str, what: str) -> ConfigError:
-        return ConfigError(f"not a pip installation report: {what}", where=f"{where}: {key}",
-                           fix="pip >= 23 writes it (python -m pip install -U pip)")
-
-    def strings(value: object, key: str) -> tuple[str, ...]:
-        if value is None:
-            return ()
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise bad(key, "is not a list of strings")
-        return tuple(value)
-
-    if not isinstance(data, dict) or not isinstance(data.get("install"), list):
-        raise bad("install", "is missing or not a list")
-    out: dict[str, Resolved] = {}
-    for i, item in enumerate(data["install"]):
-        key = f"install[{i}]"
-        metadata = item.get("metadata") if isinstance(item, dict) else None
-        if not isinstance(metadata, dict):
-            raise bad(f"{key}.metadata", "is missing or not an object")
-        name, version = metadata.get("name"), metadata.get("version")
-        if not isinstance(name, str) or not isinstance(version, str):
-            raise bad(f"{key}.metadata", "has no name and version")
-        out[canonicalize_name(name)] = Resolved(
-            name=name, version=version,
-            requires_dist=strings(metadata.get("requires_dist"), f"{key}.metadata.requires_dist"),
-            requested_extras=strings(item.get("requested_extras"), f"{key}.requested_extras"))
-    return out
+    fix = "pip >= 23 writes it (python -m pip install -U pip)"
+    try:
+        report = typed.read(_Report, data, where, strict=False)
+    except typed.MalformedError as exc:
+        raise ConfigError(f"not a pip installation report: {exc.what}", where=exc.where,
+                          fix=fix) from None
+    for i, item in enumerate(report.install):
+        if not item.metadata.name or not item.metadata.version:
+            raise ConfigError("not a pip installation report: has no name and version",
+                              where=f"{where}: install[{i}].metadata", fix=fix)
+    return {canonicalize_name(item.metadata.name): item for item in report.install}
 
 
 def needed(items: Mapping[str, Resolved], roots: Sequence[Requirement], target: Target,
@@ -191,7 +185,7 @@ def needed(items: Mapping[str, Resolved], roots: Sequence[Requirement], target: 
         if name not in provided:
             return False
         version = provided[name]
-        return version is None or items[name].version == version
+        return version is None or items[name].metadata.version == version
 
     seen: set[str] = set()
     todo = [canonicalize_name(r.name) for r in roots if _marker_holds(r.marker, env, ())]
@@ -201,11 +195,11 @@ def needed(items: Mapping[str, Resolved], roots: Sequence[Requirement], target: 
             continue
         seen.add(name)
         item = items[name]
-        for text in item.requires_dist:
+        for text in item.metadata.requires_dist:
             req = Requirement(text)
             if _marker_holds(req.marker, env, item.requested_extras):
                 todo.append(canonicalize_name(req.name))
-    return sorted((name, items[name].version) for name in seen)
+    return sorted((name, items[name].metadata.version) for name in seen)
 
 
 def _pip(*args: str | Path) -> None:
@@ -218,11 +212,7 @@ def resolve(roots: Sequence[Requirement], target: Target, scratch: Path
     report = scratch / "resolution.json"
     _pip("install", "--dry-run", "--ignore-installed", "--quiet", "--report", report,
          *target.pip_options, *map(str, roots))
-    try:
-        data = json.loads(report.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ConfigError(f"not a pip installation report: {exc}", where=str(report)) from exc
-    return resolution(data, str(report))
+    return resolution(typed.json_file(report), str(report))
 
 
 def download(pins: Sequence[tuple[str, str]], target: Target, dest: Path) -> None:
@@ -233,39 +223,26 @@ def download(pins: Sequence[tuple[str, str]], target: Target, dest: Path) -> Non
 
 def stack_wheels(folder: Path, manifest: Manifest, target: Target) -> dict[str, Path]:
     """{project: wheel} of the stack's build that install on the target."""
-    tags = target.tags()
-    chosen: dict[str, Path] = {}
-    for entry in manifest.wheels:
-        project, name = entry.project, entry.wheel
-        if project in chosen or not name.endswith(".whl"):
-            continue
-        if parse_wheel_filename(name)[3] & tags:
-            wheel = folder / name
-            if not wheel.is_file():
-                raise ConfigError(f"{name} is listed in the manifest but missing",
-                                  where=str(folder),
-                                  fix=command("build", "--stack", manifest.stack))
-            chosen[project] = wheel
+    chosen = {p: folder / w.wheel for p, w in installable(manifest, target.tags()).items()}
+    for wheel in chosen.values():
+        if not wheel.is_file():
+            raise ConfigError(f"{wheel.name} is listed in the manifest but missing",
+                              where=str(folder), fix=command("build", "--stack", manifest.stack))
     if "flashinfer" not in chosen:
         raise ConfigError(f"the build has no FlashInfer wheel for Python {target.python} "
                           "on the target platform", where=str(folder / "manifest.json"))
     return chosen
 
 
-def toolkit_source(root: Path) -> Path:
-    """The toolkit's source tree: the checkout, else the one this code runs from."""
-    for candidate in (root, Path(__file__).resolve().parents[3]):
-        if (candidate / "pyproject.toml").is_file() and (
-                candidate / "src" / "sm120fork" / "__init__.py").is_file():
-            return candidate
-    raise ConfigError("no toolkit source tree (pyproject.toml, src/sm120fork/)",
-                      where=str(root), fix="run it in a checkout of the toolkit")
-
-
 def _toolkit_wheel(root: Path, dest: Path) -> Path:
-    root = toolkit_source(root)
-    proc.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
-              "--disable-pip-version-check", "--wheel-dir", str(dest), str(root)])
+    """The toolkit's wheel, of the checkout, else of the source tree this code runs from."""
+    source = next((c for c in (root, Path(__file__).resolve().parents[3])
+                   if (c / "pyproject.toml").is_file()
+                   and (c / "src" / "sm120fork" / "__init__.py").is_file()), None)
+    if source is None:
+        raise ConfigError("no toolkit source tree (pyproject.toml, src/sm120fork/)",
+                          where=str(root), fix="run it in a checkout of the toolkit")
+    _pip("wheel", "--no-deps", "--quiet", "--wheel-dir", dest, source)
     found = sorted(dest.glob("sm120fork-*.whl"))
     if len(found) != 1:
         raise ConfigError(f"expected one sm120fork wheel, got {[w.name for w in found]}",
@@ -301,18 +278,16 @@ def harness_requirements(harness: str, wheels: dict[str, Path]) -> list[Requirem
             if canonicalize_name(r.name) not in toolkit_free]
 
 
-def stack_requirements(root: Path | None, stack: str | None, harness: str) -> list[str]:
+def stack_requirements(stack: ResolvedStack, harness: str) -> list[str]:
     """``harness_requirements`` of a built stack, for this Python."""
     import platform
 
-    resolved = ResolvedStack.named(Workspace.find(root), stack)
-    name, folder = resolved.name, resolved.folder
     here = Target(python=f"{sys.version_info[0]}.{sys.version_info[1]}",
                   platforms=manylinux(platform.machine() or "x86_64"))
-    wheels = stack_wheels(folder, resolved.build(), here)
+    wheels = stack_wheels(stack.folder, stack.build(), here)
     if harness == "sglang_layer" and "sglang" not in wheels:
-        raise ConfigError(f"stack {name} has no SGLang wheel for this Python",
-                          where=str(folder), fix=command("build", "--stack", name))
+        raise ConfigError(f"stack {stack.name} has no SGLang wheel for this Python",
+                          where=str(stack.folder), fix=command("build", "--stack", stack.name))
     return [str(r) for r in harness_requirements(harness, wheels)]
 
 
@@ -384,67 +359,46 @@ def _provided(opts: KitOptions) -> dict[str, str | None]:
     return provided
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Inputs:
-    stack: ResolvedStack
-    wheels: dict[str, Path]
-    upstream: Path | None
-    plugin: Path | None
-    stock: Path | None
-
-
-def _inputs(opts: KitOptions, stack: ResolvedStack, target: Target) -> _Inputs:
+def _inputs(opts: KitOptions, stack: ResolvedStack, target: Target
+            ) -> tuple[dict[str, Path], dict[str, Path], boot.KitJson]:
+    """The stack's wheels {project: wheel}, what the kit carries of the build and upstream
+    {path in the kit: file or folder}, and the kit.json keys that name them."""
     manifest = stack.build()
     wheels = stack_wheels(stack.folder, manifest, target)
     if "sglang_layer" in opts.harnesses and "sglang" not in wheels:
-        raise ConfigError(f"stack {opts.stack} has no SGLang wheel for Python {opts.python}",
+        raise ConfigError(f"stack {stack.name} has no SGLang wheel for Python {opts.python}",
                           where="--harness sglang_layer",
-                          fix=command("build", "--stack", opts.stack) + " (or drop sglang_layer)")
+                          fix=command("build", "--stack", stack.name) + " (or drop sglang_layer)")
+    files = {f"stack/{w.name}": w for w in wheels.values()}
+    files["stack/manifest.json"] = stack.manifest_path
+    keys = boot.KitJson(patched={p: f"stack/{w.name}" for p, w in wheels.items()},
+                        upstream={}, plugin_route={})
     fi_entry = manifest.first("flashinfer")  # there: stack_wheels refused a build without
-    upstream = None
     if fi_entry is not None and not fi_entry.used_as_published:
         upstream = upstream_wheel(stack)
+        keys["upstream"]["flashinfer"] = f"upstream/{upstream.name}"
+        files[f"upstream/{upstream.name}"] = upstream
     plugin = plugin_wheel(stack.folder) if "sglang_layer" in opts.harnesses else None
-    stock = (stock_sglang(stack.ws, manifest, wheels["sglang"]) if plugin is not None
-             else None)
-    return _Inputs(stack=stack, wheels=wheels, upstream=upstream, plugin=plugin, stock=stock)
+    if plugin is not None:
+        stock = stock_sglang(stack.ws, manifest, wheels["sglang"])
+        route = {"plugin": f"stack/plugin/{plugin.name}", "sglang": f"upstream/{stock.name}"}
+        keys["plugin_route"] = route
+        keys["upstream"]["sglang"] = route["sglang"]
+        files |= {"stack/plugin": plugin.parent, route["sglang"]: stock}
+    return wheels, files, keys
 
 
-def _copy_stack(inputs: _Inputs, new: Path) -> boot.KitJson:
-    """The stack's and upstream's wheels into the kit: the kit.json keys that name them."""
-    for sub in ("stack", "upstream", "wheels"):
-        (new / sub).mkdir(parents=True)
-    patched = {}
-    for project, wheel in inputs.wheels.items():
-        shutil.copy2(wheel, new / "stack" / wheel.name)
-        patched[project] = f"stack/{wheel.name}"
-    shutil.copy2(inputs.stack.manifest_path, new / "stack" / "manifest.json")
-    (new / "stack" / TESTED_FILE).write_text(
-        json.dumps(typed.dump(inputs.stack.tested()), indent=1, sort_keys=True) + "\n",
-        encoding="utf-8")
-    ups = {}
-    if inputs.upstream is not None:
-        shutil.copy2(inputs.upstream, new / "upstream" / inputs.upstream.name)
-        ups["flashinfer"] = f"upstream/{inputs.upstream.name}"
-    route: dict[str, str] = {}
-    if inputs.plugin is not None and inputs.stock is not None:
-        shutil.copytree(inputs.plugin.parent, new / "stack" / "plugin")
-        shutil.copy2(inputs.stock, new / "upstream" / inputs.stock.name)
-        ups["sglang"] = f"upstream/{inputs.stock.name}"
-        route = {"plugin": f"stack/plugin/{inputs.plugin.name}", "sglang": ups["sglang"]}
-    return boot.KitJson(patched=patched, upstream=ups, plugin_route=route)
-
-
-def _carry_requirements(opts: KitOptions, inputs: _Inputs, provided: dict[str, str | None],
-                        new: Path, scratch: Path) -> dict[str, list[str]]:
+def _carry_requirements(opts: KitOptions, stack: ResolvedStack, wheels: dict[str, Path],
+                        provided: dict[str, str | None], new: Path, scratch: Path
+                        ) -> dict[str, list[str]]:
     """Download what the harnesses import that the box may lack; each harness's
     requirements as its entry installs them."""
     target = Target(python=opts.python, platforms=opts.platforms)
-    toolkit = _toolkit_wheel(inputs.stack.ws.root, new / "wheels")
+    toolkit = _toolkit_wheel(stack.ws.root, new / "wheels")
     requirements: dict[str, list[str]] = {}
     all_roots: list[Requirement] = [Requirement(n) for n in opts.include]
     for harness in opts.harnesses:
-        roots = _roots(harness, inputs.wheels, toolkit)
+        roots = _roots(harness, wheels, toolkit)
         all_roots += roots
         requirements[harness] = ["sm120fork", *sorted({str(r) for r in roots}
                                                       - {"sm120fork"})]
@@ -469,19 +423,25 @@ def _files(folder: Path) -> dict[str, int]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def make(opts: KitOptions, root: Path | None = None) -> Kit:
-    """Write the kit for ``opts.stack`` at ``opts.out`` (replaced as a whole)."""
+def make(opts: KitOptions, stack: ResolvedStack) -> Kit:
+    """Write the kit for ``stack`` at ``opts.out`` (replaced as a whole)."""
     _check_options(opts)
-    stack = ResolvedStack.named(Workspace.find(root), opts.stack)
-    inputs = _inputs(opts, stack, Target(python=opts.python, platforms=opts.platforms))
+    wheels, carried, keys = _inputs(opts, stack,
+                                    Target(python=opts.python, platforms=opts.platforms))
     provided = _provided(opts)
     dest = opts.out.absolute()
     dest.parent.mkdir(parents=True, exist_ok=True)
     whole = staged_dir(dest, label="kit") if opts.part_size is None else _scratch_kit(dest)
     parts: list[tuple[Path, int]] = []
     with whole as new, tempfile.TemporaryDirectory(prefix="sm120fork-kit-") as tmp:
-        carried = _copy_stack(inputs, new)
-        requirements = _carry_requirements(opts, inputs, provided, new, Path(tmp))
+        for sub in ("stack", "upstream", "wheels"):
+            (new / sub).mkdir(parents=True)
+        for name, source in carried.items():
+            (shutil.copytree if source.is_dir() else shutil.copy2)(source, new / name)
+        (new / "stack" / TESTED_FILE).write_text(
+            json.dumps(typed.dump(stack.tested()), indent=1, sort_keys=True) + "\n",
+            encoding="utf-8")
+        requirements = _carry_requirements(opts, stack, wheels, provided, new, Path(tmp))
         prebuilt = {}
         if opts.prebuilt is not None:
             prebuilt = _copy_prebuilt(opts.prebuilt, new / "prebuilt")
@@ -489,8 +449,8 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
             shutil.copytree(opts.upstream_tests, new / UPSTREAM_TESTS)
         shutil.copy2(Path(boot.__file__), new / "boot.py")
         data = {
-            "format": boot.KIT_FORMAT, "stack": opts.stack, "python": opts.python,
-            "platforms": list(opts.platforms), "toolkit": __version__, **carried,
+            "format": boot.KIT_FORMAT, "stack": stack.name, "python": opts.python,
+            "platforms": list(opts.platforms), "toolkit": __version__, **keys,
             "prebuilt": prebuilt,
             # the layer harness reads it from forks/ otherwise
             "sglang_layout": next((p.layout for p in stack.stack.projects
@@ -504,7 +464,7 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
         (new / boot.KIT_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n",
                                          encoding="utf-8")
         run = new / "run"
-        run.write_text(RUN_SCRIPT.format(stack=opts.stack, python=opts.python),
+        run.write_text(RUN_SCRIPT.format(stack=stack.name, python=opts.python),
                        encoding="utf-8")
         run.chmod(0o755)
         files = _files(new)
@@ -519,17 +479,8 @@ def make(opts: KitOptions, root: Path | None = None) -> Kit:
 
 
 def _copy_prebuilt(source: Path, dest: Path) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for so in sorted(source.glob("*/*/*.so")):
-        module, variant = so.parent.name, so.parent.parent.name
-        if so.stem != module:
-            continue
-        target = dest / variant / module
-        target.mkdir(parents=True, exist_ok=True)
-        for f in (so, so.with_name(so.name + ".sources")):
-            if f.is_file():
-                shutil.copy2(f, target / f.name)
-        found[variant] = f"prebuilt/{variant}"
+    found = {v.name: f"prebuilt/{v.name}" for v in sorted(source.glob("*/"))
+             if copy_modules(v, dest / v.name)}
     if not found:
         raise ConfigError("holds no <variant>/<module>/<module>.so", where=str(source),
                           fix="e.g. patched/trtllm_comm/trtllm_comm.so, compiled with "

@@ -15,10 +15,13 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from packaging.tags import Tag
+from packaging.utils import parse_wheel_filename
+
 from sm120fork import manifest as manifest_file
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.gpu.core.documents import MadeFrom, Provenance
-from sm120fork.manifest import ManifestEntry
+from sm120fork.manifest import Manifest, ManifestEntry
 from sm120fork.record import Tested
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util.hint import command
@@ -88,6 +91,16 @@ def resolve(stack: str, *, baseline: bool, root: Path | None = None) -> StackWhe
     return StackWheels(wheels=wheels, note=note, tested=resolved.tested())
 
 
+def installable(manifest: Manifest, tags: set[Tag]) -> dict[str, ManifestEntry]:
+    """{project: its first wheel in ``manifest`` that installs where ``tags`` hold}."""
+    chosen: dict[str, ManifestEntry] = {}
+    for w in manifest.wheels:
+        if (w.project not in chosen and w.wheel.endswith(".whl")
+                and parse_wheel_filename(w.wheel)[3] & tags):
+            chosen[w.project] = w
+    return chosen
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerTrees:
     """The stack's wheels unpacked for ``sglang-layer``, and what its report records."""
@@ -116,7 +129,6 @@ def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
     """The SGLang and FlashInfer wheels of a stack's build (wheels/<stack>/, or a kit's
     stack/) for this interpreter, unpacked under ``work_dir``."""
     from packaging.tags import sys_tags
-    from packaging.utils import parse_wheel_filename
 
     path = folder / manifest_file.FILE
     if not path.is_file():
@@ -124,14 +136,8 @@ def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
                           fix=command("build", "--stack", folder.name))
     manifest = manifest_file.read(path, fix=command("build", "--stack", folder.name))
     stack = manifest.stack
-    here = set(sys_tags())
-    chosen: dict[str, ManifestEntry] = {}
-    for w in manifest.wheels:
-        if w.project in chosen or w.project not in ("sglang", PROJECT):
-            continue
-        _name, _version, _build, tags = parse_wheel_filename(w.wheel)
-        if tags & here:
-            chosen[w.project] = w
+    chosen = {p: w for p, w in installable(manifest, set(sys_tags())).items()
+              if p in ("sglang", PROJECT)}
     if "sglang" not in chosen:
         raise ConfigError(f"stack {stack} has no sglang wheel for this Python and platform",
                           where=str(path), fix="run on a Python the stack builds for")

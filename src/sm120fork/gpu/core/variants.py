@@ -103,22 +103,26 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
                       record_sha256=wheel_record_sha256(wheel))
     aot = variant.aot_dir()
     assert aot is not None
-    modules: list[str] = []
-    if prebuilt is not None:
-        for so in sorted(prebuilt.glob("*/*.so")):
-            if so.stem != so.parent.name:
-                continue
-            (aot / so.stem).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(so, aot / so.stem / so.name)
-            # the sources digest a patched FlashInfer checks before it loads the module
-            marker = so.with_name(so.name + ".sources")
-            if marker.is_file():
-                shutil.copy2(marker, aot / so.stem / marker.name)
-            modules.append(so.stem)
-        if not modules:
-            raise ConfigError("no <module>/<module>.so files", where=str(prebuilt),
-                              fix="point --prebuilt at a FlashInfer cached_ops directory")
+    modules = copy_modules(prebuilt, aot) if prebuilt is not None else []
+    if prebuilt is not None and not modules:
+        raise ConfigError("no <module>/<module>.so files", where=str(prebuilt),
+                          fix="point --prebuilt at a FlashInfer cached_ops directory")
     return dataclasses.replace(variant, aot_modules=tuple(modules))
+
+
+def copy_modules(source: Path, dest: Path) -> list[str]:
+    """The modules ``source/<module>/<module>.so`` copied to ``dest/<module>/``, each with
+    the sources digest a patched FlashInfer checks before it loads it."""
+    modules = []
+    for so in sorted(source.glob("*/*.so")):
+        if so.stem != so.parent.name:
+            continue
+        (dest / so.stem).mkdir(parents=True, exist_ok=True)
+        for f in (so, so.with_name(so.name + ".sources")):
+            if f.is_file():
+                shutil.copy2(f, dest / so.stem / f.name)
+        modules.append(so.stem)
+    return modules
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
