@@ -7,7 +7,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,10 @@ def portable_text(text: str, roles: Roles) -> str:
     return text
 
 
-def portable(value: Any, roles: Roles) -> Any:
+def portable(value: Any, roles: Roles | Callable[[str], str]) -> Any:
+    """``value`` with each string's machine paths named by ``roles`` (or that function)."""
     if isinstance(value, str):
-        return portable_text(value, roles)
+        return roles(value) if callable(roles) else portable_text(value, roles)
     if isinstance(value, list):
         return [portable(v, roles) for v in value]
     if isinstance(value, tuple):

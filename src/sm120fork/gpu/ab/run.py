@@ -13,10 +13,11 @@ from sm120fork.errors import ConfigError, UsageError, VerifyError
 from sm120fork.gpu.ab import launcher, report
 from sm120fork.gpu.ab.results import AbRun, CaseResult
 from sm120fork.gpu.core import cases as cases_mod
-from sm120fork.gpu.core import documents, records, runs
+from sm120fork.gpu.core import records, runs
 from sm120fork.gpu.core.records import now
 from sm120fork.gpu.core.report import built_manifest
 from sm120fork.gpu.core.runs import RunOptions
+from sm120fork.util.typed import json_file
 
 log = logging.getLogger("sm120fork")
 
@@ -248,4 +249,4 @@ def test_record(doc: AbRun, tested: record.Tested | None) -> record.Record | Non
 
 
 def rerender(test: Path, out: Path) -> list[Path]:
-    return report.write_test_report(AbRun.read(documents.read(test), str(test)), out)
+    return report.write_test_report(AbRun.read(json_file(test), str(test)), out)

@@ -14,13 +14,14 @@ from sm120fork.gpu import methods as methods_mod
 from sm120fork.gpu import policy as policy_mod
 from sm120fork.gpu.bench import drive, launcher, report
 from sm120fork.gpu.core import cases as cases_mod
-from sm120fork.gpu.core import documents, runs
+from sm120fork.gpu.core import runs
 from sm120fork.gpu.core.documents import BenchRecord, Environment
 from sm120fork.gpu.core.launcher import Timeouts
 from sm120fork.gpu.core.records import now
 from sm120fork.gpu.core.runs import RunOptions
 from sm120fork.gpu.core.variants import Variant
 from sm120fork.util.supervise import GroupOutcome
+from sm120fork.util.typed import json_file
 
 log = logging.getLogger("sm120fork")
 
@@ -215,4 +216,4 @@ def resume_after(methods: Sequence[str], records: Sequence[BenchRecord],
 
 
 def rerender(bench: Path, out: Path) -> list[Path]:
-    return report.write_bench_report(documents.read(bench), out, where=str(bench))
+    return report.write_bench_report(json_file(bench), out, where=str(bench))

@@ -6,7 +6,6 @@ the dotted key.  Standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TypedDict, cast
 
 from sm120fork.util import typed
@@ -135,7 +134,3 @@ def parse_bench(data: object, where: str) -> BenchDoc:
             if getattr(line, name) is None:
                 raise typed.MalformedError(where, f"records[{i}].{name}", "is missing")
     return cast(BenchDoc, data)
-
-
-def read(path: Path) -> object:
-    return typed.json_file(path)

@@ -41,14 +41,10 @@ def recorded_command(verb: str, argv: Sequence[str]) -> str:
     args: list[str] = []
     skip = False
     for arg in argv[1:]:
-        if skip:
-            skip = False
-            continue
-        if arg in PATH_OPTIONS:
-            skip = True
-            continue
-        if not any(arg.startswith(o + "=") for o in PATH_OPTIONS):
+        if not skip and arg not in PATH_OPTIONS and not arg.startswith(
+                tuple(o + "=" for o in PATH_OPTIONS)):
             args.append(arg)
+        skip = not skip and arg in PATH_OPTIONS
     return hint.command(f"gpu {verb}", *args) if hint.via_nox() else shlex.join(
         ["python", "-m", "sm120fork", "gpu", verb, *args])
 

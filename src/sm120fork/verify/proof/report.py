@@ -25,6 +25,7 @@ from sm120fork.record import (
     make,
 )
 from sm120fork.record import write as write_record
+from sm120fork.util import portable as util_portable
 from sm120fork.util.files import atomic_write_text
 from sm120fork.util.markdown import markdown_table
 from sm120fork.verify.proof.markdown import render_markdown
@@ -46,16 +47,13 @@ _ROLES = (
 
 def portable(value: Any, root: Path) -> Any:
     """``value`` with the checkout's path made relative, other machine folders by role."""
-    if isinstance(value, str):
-        text = value.replace(f"{root}/", "").replace(str(root), ".")
+    def text(value: str) -> str:
+        value = value.replace(f"{root}/", "").replace(str(root), ".")
         for pattern, role in _ROLES:
-            text = pattern.sub(role, text)
-        return text
-    if isinstance(value, list):
-        return [portable(v, root) for v in value]
-    if isinstance(value, dict):
-        return {k: portable(v, root) for k, v in value.items()}
-    return value
+            value = pattern.sub(role, value)
+        return value
+
+    return util_portable.portable(value, text)
 
 
 def to_json(result: VerifyResult, root: Path) -> dict[str, Any]:

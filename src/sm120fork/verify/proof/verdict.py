@@ -82,13 +82,13 @@ class Verdict:
     arch: str
     status: Status
     reasons: tuple[str, ...]
-    reference_kernels: int
-    present: int
-    missing: tuple[str, ...]
-    empty: tuple[str, ...]
-    pdl_reference: tuple[int, int] | None
-    pdl: tuple[int, int] | None
-    pdl_lost: tuple[str, ...]
+    reference_kernels: int = 0
+    present: int = 0
+    missing: tuple[str, ...] = ()
+    empty: tuple[str, ...] = ()
+    pdl_reference: tuple[int, int] | None = None
+    pdl: tuple[int, int] | None = None
+    pdl_lost: tuple[str, ...] = ()
 
 
 def _pdl_totals(kernels: Iterable[Kernel]) -> tuple[int, int] | None:
@@ -109,10 +109,8 @@ def verdict(variant: VariantResult, arch: str) -> Verdict:
     reference = variant.arch(REFERENCE_ARCH)
 
     def done(status: Status, **fields: Any) -> Verdict:
-        return dataclasses.replace(
-            Verdict(variant=variant.name, arch=arch, status=status, reasons=tuple(reasons),
-                    reference_kernels=0, present=0, missing=(), empty=(),
-                    pdl_reference=None, pdl=None, pdl_lost=()), **fields)
+        return Verdict(variant=variant.name, arch=arch, status=status, reasons=tuple(reasons),
+                       **fields)
 
     if result is None:
         reasons.append(f"{arch} was not part of the proof")
