@@ -97,6 +97,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-timeout", type=float, default=1200.0)
     p.add_argument("--not-run", action="append", default=[],
                    help="a line for the report's 'Not run here' section")
+    p.add_argument("--tokens", type=counts, help="only these token counts, e.g. 1,16")
+    p.add_argument("--hidden", type=counts, help="these hidden sizes, e.g. 4096,7168 (test: "
+                   "every selected case at each instead of its own)")
 
 def _test_args(t: argparse.ArgumentParser) -> None:
     _common(t)
@@ -106,9 +109,6 @@ def _test_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--api", action="append", dest="apis", choices=cases_mod.APIS)
     t.add_argument("--pattern", action="append", dest="patterns",
                    choices=list(cases_mod.PATTERN_CODES))
-    t.add_argument("--tokens", type=counts, help="only these token counts, e.g. 1,16")
-    t.add_argument("--hidden", type=counts, help="run the selected cases at these hidden "
-                   "sizes instead, e.g. 4608,5376")
     t.add_argument("--title", help="what this run is, before the GPU in the report's title "
                    "(e.g. 'cluster answer forced to 8')")
     t.add_argument("--max-cases", type=int)
@@ -122,8 +122,6 @@ def _bench_args(b: argparse.ArgumentParser) -> None:
                    help="default: the GPU count, at least 2")
     b.add_argument("--method", action="append", dest="methods", choices=list(methods.METHODS),
                    help="only these methods (default: every one)")
-    b.add_argument("--tokens", type=counts, help="token counts, e.g. 1,16,128")
-    b.add_argument("--hidden", type=counts, help="hidden sizes, e.g. 4096,7168")
 
 
 def _layer_args(s: argparse.ArgumentParser) -> None:

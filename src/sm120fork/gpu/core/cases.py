@@ -55,14 +55,10 @@ class Case:
     pdl: bool
 
     def __post_init__(self) -> None:
-        if self.api not in APIS:
-            raise ConfigError(f"unknown api {self.api!r}", fix=f"one of {APIS}")
-        if self.pattern not in PATTERN_CODES:
-            raise ConfigError(f"unknown pattern {self.pattern!r}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype {self.dtype!r}", fix=f"one of {DTYPES}")
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"unknown strategy {self.strategy!r}")
+        for name, known in (("api", APIS), ("pattern", tuple(PATTERN_CODES)),
+                            ("dtype", DTYPES), ("strategy", STRATEGIES)):
+            if (value := getattr(self, name)) not in known:
+                raise ConfigError(f"unknown {name} {value!r}", fix=f"one of {known}")
         if self.world_size < 2 or self.tokens < 1 or self.hidden < 1:
             raise ConfigError(f"bad sizes in case {self}")
 

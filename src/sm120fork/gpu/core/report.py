@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.documents import BenchDoc, Environment, MadeFrom, Provenance, VariantInfo
@@ -22,9 +21,8 @@ def gpu_slug(name: str, count: int) -> str:
 def env_lines(env: Environment) -> list[str]:
     keys = ("gpus", "gpu_count", "capability", "driver", "driver_cuda_api", "torch",
             "torch_cuda", "python", "flashinfer", "multicast_supported_attr", "nvcc")
-    fields: Mapping[str, object] = env
-    rows = [(k, json.dumps(fields[k]) if isinstance(fields[k], list) else fields[k])
-            for k in keys if k in fields]
+    rows = [(k, json.dumps(v) if isinstance(v := env.get(k), list) else v)
+            for k in keys if k in env]
     return _md_table(("", ""), rows)
 
 
