@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sysconfig
 import tempfile
 import zipfile
 from collections.abc import Sequence
@@ -29,6 +30,8 @@ from sm120fork.workspace import Workspace
 log = logging.getLogger("sm120fork")
 
 FLASHINFER_KEY = "flashinfer"
+#: This machine's wheel platform tag (``linux_x86_64``); auditwheel makes it manylinux.
+_PLATFORM = sysconfig.get_platform().replace("-", "_").replace(".", "_")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,7 +140,7 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
     with tempfile.TemporaryDirectory(prefix="sm120fork-aot-", dir=ws.state_dir) as tmp:
         built = wheel_mod.write_wheel(
             Path(tmp), flashinfer=flashinfer, modules=[module],
-            cuda_version=toolchain.version, platform=platform or _platform(), stack=stack.name,
+            cuda_version=toolchain.version, platform=platform or _PLATFORM, stack=stack.name,
             toolkit_version=__version__, lookup=lookup,
             toolchain={"nvcc": toolchain.version_text, "cuda": toolchain.version,
                        "source": toolchain.source,
@@ -150,10 +153,3 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
     manifest = wheel_mod.read_wheel(final)
     log.info("wrote %s", final)
     return AotBuild(wheel=final, compiled=compiled, manifest=manifest, code=code, checks=checks)
-
-
-def _platform() -> str:
-    """This machine's wheel platform tag (``linux_x86_64``); auditwheel makes it manylinux."""
-    import sysconfig
-
-    return sysconfig.get_platform().replace("-", "_").replace(".", "_")

@@ -205,15 +205,6 @@ RUNTIME_REQUIRES: dict[str, tuple[str, ...]] = {
 RUNTIME_LIBRARY_DIRS: dict[str, str] = {"12": "nvidia/cuda_runtime/lib", "13": "nvidia/cu13/lib"}
 
 
-def runtime_requires(cuda_version: str) -> tuple[str, ...]:
-    """The requirements of a module built with this CUDA version (``13.0`` -> cudart 13)."""
-    major = cuda_version.split(".", 1)[0]
-    if major not in RUNTIME_REQUIRES:
-        raise ConfigError(f"no runtime requirement known for CUDA {cuda_version}",
-                          fix="add it to sm120fork.aot.wheel.RUNTIME_REQUIRES")
-    return RUNTIME_REQUIRES[major]
-
-
 def _init_py(version: str, flashinfer: FlashInferBuild, cuda_version: str, lookup: Lookup,
              modules: Sequence[Module]) -> str:
     major = cuda_version.split(".", 1)[0]
@@ -315,7 +306,10 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
         raise BuildError("no prebuilt modules to put into the AOT wheel")
     version = wheel_version(flashinfer.version, cuda_version)
     if requires is None:
-        requires = runtime_requires(cuda_version)
+        requires = RUNTIME_REQUIRES.get(cuda_version.split(".", 1)[0])
+    if requires is None:
+        raise ConfigError(f"no runtime requirement known for CUDA {cuda_version}",
+                          fix="add it to sm120fork.aot.wheel.RUNTIME_REQUIRES")
     # what FlashInfer asks through to find the wheel, at exactly the wheel's version
     through = () if lookup.through is None else (f"{lookup.through}=={version}",)
     requires = [*through, *requires]

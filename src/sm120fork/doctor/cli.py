@@ -79,13 +79,6 @@ def parser() -> Parser:
 EXAMINED_ENV = "SM120FORK_DOCTOR_EXAMINES"
 
 
-def _same_interpreter(found: str) -> bool:
-    """The same file in the same folder (a venv's python links to its base's)."""
-    here = Path(sys.executable)
-    return (Path(found).parent.resolve() == here.parent.resolve()
-            and os.path.samefile(found, here))
-
-
 def serving_python(named: Path | None) -> tuple[str, str]:
     """The interpreter SGLang serves from, and why that one: ``--python``; else the one
     the plugin wheel's doctor is installed in (beside that SGLang); else ``python3`` on
@@ -174,7 +167,9 @@ def _main(argv: Sequence[str] | None, probes: Probes | None) -> int:
         why = f"the facts in {args.facts}"
     elif why is None and probes is None:
         python, why = serving_python(args.python)
-        if not _same_interpreter(python):
+        here = Path(sys.executable)   # the same file in the same folder, not a venv's link
+        if (Path(python).parent.resolve() != here.parent.resolve()
+                or not os.path.samefile(python, here)):
             return elsewhere(python, why, _without_python(
                 sys.argv[1:] if argv is None else argv))
     if args.facts is not None:

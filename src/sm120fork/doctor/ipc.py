@@ -356,13 +356,6 @@ class _Probe:
             if proc is not None:
                 proc.close()
 
-    def open_step(self, w: int, o: int, deadline: float) -> Opened:
-        writer, owner = self.procs[w], self.procs[o]
-        writer.send(Open(o, owner.shared))
-        if owner.vmm_fd is not None:
-            socket.send_fds(writer.sock, [b"f"], [owner.vmm_fd])
-        return writer.receive(deadline, Opened)
-
     def pair(self, a: int, b: int, timeout: float) -> list[LinkResult]:
         """Both directions of the pair (a, b), under one deadline of their own."""
         start = time.monotonic()
@@ -380,7 +373,11 @@ class _Probe:
             for w, o in links:
                 doing = (f"GPU {self.devices[w]} mapped, wrote into and read from "
                          f"GPU {self.devices[o]}'s memory")
-                opened[(w, o)] = self.open_step(w, o, deadline)
+                writer, owner = self.procs[w], self.procs[o]
+                writer.send(Open(o, owner.shared))
+                if owner.vmm_fd is not None:
+                    socket.send_fds(writer.sock, [b"f"], [owner.vmm_fd])
+                opened[(w, o)] = writer.receive(deadline, Opened)
             for w, o in links:
                 doing = f"GPU {self.devices[o]} checked what GPU {self.devices[w]} wrote"
                 self.procs[o].send(Check(w))
