@@ -10,7 +10,7 @@ from typing import Any
 
 from ..gpu import decision
 from ..gpu import policy as allreduce_policy
-from .facts import Arch, Comm, Device, Facts, FlashInfer, Hook, Link
+from .facts import Arch, Comm, Device, Facts, FlashInfer, Hook, Link, Provenance
 from .probe import AOT_DISTRIBUTION, PLUGIN_DISTRIBUTION, tp_sizes
 
 PLUGIN_ENTRY_POINT = "sm120fork"
@@ -20,6 +20,7 @@ COMM_MODULE = "trtllm_comm"
 #: PCIe root complexes (2.6 GB/s writes vs 52 GB/s reads on a 16x RTX PRO 6000 box).
 WRITE_COLLAPSE = 0.25
 PLUGIN_WHEEL = "wheels/<stack>/plugin/sm120fork_sglang_plugin-*.whl"
+INSTALL_WHEELS = "pip install -c wheels/<stack>/constraints.txt wheels/<stack>/*.whl"
 
 
 @dataclass
@@ -344,8 +345,8 @@ def judge_packages(report: Report, facts: Facts) -> tuple[str, bool]:
             (plugin_facts or {}).get("error"))}
     if sglang is None:  # the plugin's version is SGLang's plus our local label
         install = (f"the SGLang its plugin {plugin} is for there: pip install sglang=="
-                   f"{plugin.partition('+')[0]}" if plugin else "the stack's wheels there: "
-                   "pip install -c wheels/<stack>/constraints.txt wheels/<stack>/*.whl")
+                   f"{plugin.partition('+')[0]}" if plugin else
+                   f"the stack's wheels there: {INSTALL_WHEELS}")
         report.block(f"SGLang is not installed in {_python(facts)} (give the doctor the "
                      f"Python SGLang serves from: --python /path/to/python; or install "
                      f"{install})")
@@ -354,19 +355,17 @@ def judge_packages(report: Report, facts: Facts) -> tuple[str, bool]:
     if sglang is not None and sglang_kind != "ours" and not active:
         how = ("pip install -U sglang replaced our patched build" if "over ours" in sglang_kind
                else f"stock sglang {sglang} refuses SM12x for the fused all-reduce")
-        wheels = "pip install -c wheels/<stack>/constraints.txt wheels/<stack>/*.whl"
         if facts.get("sglang_plugin_framework") is False:
             fix = (f"this SGLang has no plugin framework (sglang.srt.plugins, 0.5.11+), so "
-                   f"install our patched wheels: {wheels}")
+                   f"install our patched wheels: {INSTALL_WHEELS}")
         else:
             fix = (f"install the plugin wheel for this SGLang ({PLUGIN_WHEEL}) or our "
-                   f"patched wheels with {wheels}")
+                   f"patched wheels with {INSTALL_WHEELS}")
         report.block(f"sglang: {how}: {fix}")
     if fi_kind == "stock, installed over ours":
         report.block(f"flashinfer-python: {flashinfer} replaced our patched build that sglang "
                      f"{sglang} pins ({requires[0] if requires else 'its requirement'}): "
-                     "reinstall with pip install -c wheels/<stack>/constraints.txt "
-                     "wheels/<stack>/*.whl")
+                     f"reinstall with {INSTALL_WHEELS}")
     return sglang_kind, active
 
 
@@ -414,34 +413,28 @@ def _loads_prebuilt(report: Report, fi: FlashInfer, comm: Comm) -> bool:
         report.say("comm module", f"ignored: {path} (JIT cache of flashinfer "
                                   f"{_version_dir(path) or 'another build'}; this one looks "
                                   f"only in {fi.get('jit_dir')})")
-    provenance = comm.get("provenance")
     for name, folder in fi.get("prebuilt_providers", []):
         report.say("comm module", f"prebuilt provider {name}: {folder}")
-    if "copies" in comm:   # FlashInfer's own verdict on every prebuilt copy, in search order
-        for c in comm["copies"]:
-            report.say("comm module", f"{COMM_MODULE}: prebuilt {c['path']}: "
-                                      f"{'loads' if c['load'] else 'NOT loaded'}: {c['why']}")
-        if comm.get("is_aot"):
-            report.sections["comm_module"]["loads_from"] = "prebuilt"
-            report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']}")
-            return True
+    # FlashInfer's own verdict on every prebuilt copy, in search order (our builds)
+    for c in comm.get("copies", []):
+        report.say("comm module", f"{COMM_MODULE}: prebuilt {c['path']}: "
+                                  f"{'loads' if c['load'] else 'NOT loaded'}: {c['why']}")
+    provenance: Provenance = comm.get("provenance") or {}
+    if comm.get("is_aot") and ("copies" in comm or comm.get("aot_exists")):
+        what = ("" if "copies" in comm else " (its sources digest matches)" if provenance
+                else " (stock FlashInfer loads any prebuilt module)")
+        report.sections["comm_module"]["loads_from"] = "prebuilt"
+        report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']}{what}")
+        return True
+    if "copies" in comm:
         if not comm["copies"]:
             report.say("comm module", f"{COMM_MODULE}: no prebuilt module in any folder it "
                                       "searches")
     elif comm.get("aot_exists"):
-        if comm.get("is_aot"):
-            what = ("its sources digest matches" if provenance
-                    else "stock FlashInfer loads any prebuilt module")
-            report.sections["comm_module"]["loads_from"] = "prebuilt"
-            report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']} "
-                                      f"({what})")
-            return True
-        why = (provenance.get("mismatch") if provenance else None) or (
-            "FlashInfer does not load it")
+        why = provenance.get("mismatch") or "FlashInfer does not load it"
         report.say("comm module", f"{COMM_MODULE}: does NOT load the prebuilt "
                                   f"{comm['aot_path']}: {why}")
-        recorded = provenance.get("recorded") if provenance else None
-        sources = provenance.get("sources") if provenance else None
+        recorded, sources = provenance.get("recorded"), provenance.get("sources")
         if recorded and sources:
             report.say("comm module", f"  marker {recorded[:23]}..., sources "
                                       f"recomputed {sources[:23]}...")
@@ -484,9 +477,7 @@ def judge_comm(report: Report, facts: Facts) -> None:
                          f"box: {comm['spec_error']} (install our FlashInfer, or 0.6.17 or "
                          "newer)")
         return
-    if not comm:
-        return
-    if _loads_prebuilt(report, fi, comm):
+    if not comm or _loads_prebuilt(report, fi, comm):
         return
     if fi.get("disable_jit"):
         report.block(f"comm module: FLASHINFER_DISABLE_JIT is set and no loadable prebuilt "
