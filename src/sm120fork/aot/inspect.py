@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 import statistics
 import tempfile
 from collections import defaultdict
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from sm120fork.cuda import cubin
 from sm120fork.cuda.arch import REFERENCE_ARCH
-from sm120fork.cuda.tools import demangle, demangling_tools, find_cuobjdump
+from sm120fork.cuda.tools import demangle, find_cuobjdump
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
 
@@ -62,10 +63,10 @@ def embedded_code(so: Path) -> list[TargetCode]:
             target = match.group(1) if match else name
             kernels.setdefault(target, {}).update(cubin.kernel_sizes(Path(tmp) / name))
             cubins.setdefault(target, []).append(name)
-    tools = demangling_tools(tool)
+    cxxfilt = shutil.which("c++filt")
     out: list[TargetCode] = []
     for target, sizes in kernels.items():
-        demangled = demangle(sorted(sizes), tools)
+        demangled = demangle(sorted(sizes), Path(cxxfilt) if cxxfilt else None)
         out.append(TargetCode(target=target, cubin=", ".join(cubins[target]), kernels=sizes,
                               families={k: cubin.kernel_family(demangled[k]) for k in sizes}))
     return out

@@ -88,18 +88,18 @@ def find_tools(python: str | os.PathLike[str] | None = None) -> Tools:
     return tools
 
 
-def demangle(names: Sequence[str], tools: Tools) -> dict[str, str]:
+def demangle(names: Sequence[str], cxxfilt: Path | None) -> dict[str, str]:
     """Mangled -> demangled C++ names (identity where c++filt is unavailable)."""
-    if tools.cxxfilt is None or not names:
+    if cxxfilt is None or not names:
         return {n: n for n in names}
     result: dict[str, str] = {}
     chunk = 200
     for start in range(0, len(names), chunk):
         batch = list(names[start:start + chunk])
-        out = proc.run([tools.cxxfilt, *batch], quiet=True).stdout.splitlines()
+        out = proc.run([cxxfilt, *batch], quiet=True).stdout.splitlines()
         if len(out) != len(batch):
             raise VerifyError("c++filt returned a different number of names",
-                              where=str(tools.cxxfilt))
+                              where=str(cxxfilt))
         result.update(zip(batch, out, strict=True))
     return result
 
@@ -114,11 +114,3 @@ def find_cuobjdump() -> Path:
             return hit
     raise ConfigError("cuobjdump not found", fix="pip install nvidia-cuda-cuobjdump "
                       "(or put the CUDA toolkit's bin/ on PATH)")
-
-
-def demangling_tools(cuobjdump: Path) -> Tools:
-    """Tools for reading cubins that need no compiler (c++filt if on PATH)."""
-    cxxfilt = shutil.which("c++filt")
-    return Tools(python=Path(sys.executable), nvcc=Path("nvcc"), nvcc_version="",
-                 cuobjdump=cuobjdump, nvdisasm=None,
-                 cxxfilt=Path(cxxfilt) if cxxfilt else None)

@@ -148,7 +148,7 @@ def prove(
 
         # 3. inspect every cubin (and host object) once
         names = demangle(sorted({n for key in all_jobs
-                                 for n in kernel_sizes(cubin_path(cache, key))}), tools)
+                                 for n in kernel_sizes(cubin_path(cache, key))}), tools.cxxfilt)
         inspections = {key: pool.submit(inspect_cubin, cubin_path(cache, key), tools,
                                         opcodes.get(job.arch), names)
                        for key, job in all_jobs.items()}
