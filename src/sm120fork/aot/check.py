@@ -12,13 +12,14 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from sm120fork.aot.compile import MODULE
 from sm120fork.aot.wheel import ENTRY_POINT_NAME, MARKER_SUFFIX, AotManifest, own_digest
 from sm120fork.errors import VerifyError
-from sm120fork.util import proc
+from sm120fork.util import proc, typed
 
 #: ``module:function`` making the JitSpec of each module asked about by default.
 DEFAULT_SPECS: tuple[str, ...] = ("flashinfer.jit.comm:gen_trtllm_comm_module",)
@@ -61,7 +62,7 @@ for maker in makers:
         modules[maker] = {"error": f"{type(exc).__name__}: {exc}"}
         continue
     if hasattr(jit_spec, "prebuilt_verdicts"):
-        copies = [{"path": str(p), "load": ok, "why": why}
+        copies = [{"path": str(p), "load": bool(ok), "why": str(why)}
                   for p, ok, why in jit_spec.prebuilt_verdicts()]
     elif hasattr(jit_spec, "aot_artifacts"):
         copies = [{"path": str(a.path), "load": True,
@@ -123,39 +124,24 @@ class Found:
     lookup: str | None
     #: (provider name, folder) of each provider it found, and why others failed.
     providers: tuple[tuple[str, str], ...]
-    provider_errors: Mapping[str, str]
+    provider_errors: Mapping[str, str] = field(default_factory=dict)
     folders: tuple[PrebuiltFolder, ...]
     modules: Mapping[str, ModuleLookup]
     #: The answer as the probe printed it (``aot-check --json`` shows it whole).
-    printed: Mapping[str, object]
+    printed: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, data: object) -> Found:
+    def from_json(cls, data: Any) -> Found:
         """VerifyError naming the key when ``data`` is not the probe's answer."""
         try:
-            if not isinstance(data, dict):
-                raise TypeError("not an object")
-            modules = {str(name): ModuleLookup(error=str(m["error"])) if "error" in m else
-                       ModuleLookup(loads_from=m["loads_from"] and str(m["loads_from"]),
-                                    copies=tuple(PrebuiltCopy(path=str(c["path"]),
-                                                              load=bool(c["load"]),
-                                                              why=str(c["why"]))
-                                                 for c in m["copies"]))
-                       for name, m in data["modules"].items()}
-            return cls(
-                flashinfer=str(data["flashinfer"]),
-                flashinfer_version=str(data["flashinfer_version"]),
-                lookup=data["lookup"] and str(data["lookup"]),
-                providers=tuple((str(n), str(d)) for n, d in data["providers"]),
-                provider_errors={str(k): str(v)
-                                 for k, v in (data.get("provider_errors") or {}).items()},
-                folders=tuple(PrebuiltFolder(provider=str(f["provider"]), path=str(f["path"]),
-                                             modules=tuple(map(str, f["modules"])))
-                              for f in data["folders"]),
-                modules=modules, printed=data)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise VerifyError(f"the lookup probe's answer is not one: {exc!r}",
+            found = typed.read(cls, data, "", strict=False)
+            for name, module in data["modules"].items():
+                if "error" not in module and "loads_from" not in module:
+                    raise typed.MalformedError("", f"modules.{name}.loads_from", "is missing")
+        except typed.MalformedError as exc:
+            raise VerifyError(f"the lookup probe's answer is not one: {exc.key}: {exc.what}",
                               fix="run aot-check of this toolkit's version") from None
+        return replace(found, printed=data)
 
 
 def lookup(env: Mapping[str, str] | None = None, arch_list: str = "9.0",
