@@ -91,21 +91,18 @@ class AbTable:
         return next(r.case for r in self.rows[key].values() if r.case is not None)
 
     def summary(self) -> list[str]:
-        groups: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
-        per_variant: dict[tuple[str, int, str], Counter[str]] = defaultdict(Counter)
+        groups: dict[tuple[int, str], list[str]] = defaultdict(list)
         for key in self.order:
-            case = self.case(key)
-            g = (case.api, case.world_size)
-            groups[g][self.cls[key]] += 1
-            for v, r in self.rows[key].items():
-                per_variant[(*g, v)][r.status] += 1
+            groups[(self.case(key).world_size, self.case(key).api)].append(key)
         header = ["api", "world size"] + [f"{v} pass/fail/skip" for v in self.variants]
         ab = ("fixed", "regressed", "pass both", "fail both") if self.baseline else ()
         rows = []
-        for (api, ws), counts in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-            c = [per_variant[(api, ws, v)] for v in self.variants]
-            rows.append([api, ws, *(f"{n['pass']}/{n['fail']}/{n['skip']}" for n in c),
-                         *(counts[k] for k in ab)])
+        for (ws, api), keys in sorted(groups.items()):
+            counts = [Counter(self.rows[k][v].status for k in keys if v in self.rows[k])
+                      for v in self.variants]
+            classes = Counter(self.cls[k] for k in keys)
+            rows.append([api, ws, *(f"{n['pass']}/{n['fail']}/{n['skip']}" for n in counts),
+                         *(classes[c] for c in ab)])
         total = Counter(self.cls.values())
         return [*_md_table([*header, *ab], rows), "",
                 "Totals: " + ", ".join(f"{k}: {n}" for k, n in sorted(total.items())), ""]
