@@ -192,8 +192,8 @@ def _options(cls: type[_Opts], args: argparse.Namespace, argv: Sequence[str], **
     tuple), the command lines, and ``more``."""
     given = {f.name: tuple(v) if isinstance(v := getattr(args, f.name), list) else v
              for f in dataclasses.fields(cls) if hasattr(args, f.name)}
-    return cls(**{**given, **more}, command=records.command_line(argv),
-               record_command=records.recorded_command(args.gpu_command, argv))
+    return cls(**{**given, "command": records.command_line(argv),
+                  "record_command": records.recorded_command(args.gpu_command, argv), **more})
 
 
 def cmd_test(args: argparse.Namespace, argv: Sequence[str],
