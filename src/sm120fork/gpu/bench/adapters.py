@@ -5,7 +5,9 @@ land).  FlashInfer and torch are untyped here."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,12 +34,17 @@ def _norm() -> Callable[..., None]:
 class Adapter:
     """Base: in-place ``fused_add_rmsnorm`` after an all-reduce into ``residual_out``."""
 
-    name = ""
+    #: where (residual sum, normed output) land in a buffer set
+    OUTPUTS = (1, 2)
 
-    def __init__(self, rk: Rank) -> None:
-        self.rk = rk
+    def __init__(self, rk: Rank, name: str = "") -> None:
+        self.rk, self.name = rk, name
         self.bufs: list[BufferSet] = []
         self.gamma: torch.Tensor | None = None
+
+    def max_bytes(self) -> int:
+        """The largest bf16 message of the run."""
+        return int(self.rk.spec["max_tokens"]) * int(self.rk.spec["max_hidden"]) * 2
 
     def unavailable(self) -> str | None:
         return None
@@ -53,8 +60,8 @@ class Adapter:
 
     def outputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual sum, normed output) after ``op(i)``."""
-        _x, res, r_out, _n = self.bufs[i]
-        return res, r_out
+        residual, norm = self.OUTPUTS
+        return self.bufs[i][residual], self.bufs[i][norm]
 
     def after_capture(self) -> None:
         """On every rank after each CUDA-graph capture of this method's ops."""
@@ -64,8 +71,8 @@ class Unbuilt(Adapter):
     """A method whose module failed in the module step: it says so, nothing is retried."""
 
     def __init__(self, rk: Rank, name: str, reason: str) -> None:
-        super().__init__(rk)
-        self.name, self.reason = name, reason
+        super().__init__(rk, name)
+        self.reason = reason
 
     def unavailable(self) -> str | None:
         return self.reason
@@ -74,10 +81,8 @@ class Unbuilt(Adapter):
 class Nccl(Adapter):
     """NCCL all-reduce in place, then ``fused_add_rmsnorm``; NCCL's own tuning env."""
 
-    def __init__(self, rk: Rank, name: str) -> None:
-        super().__init__(rk)
-        self.name = name
-        self.group: Any = None
+    OUTPUTS = (1, 0)
+    group: Any = None
 
     def unavailable(self) -> str | None:
         if self.rk.shared:
@@ -99,17 +104,14 @@ class Nccl(Adapter):
             norm(x, res, gamma, RMS_EPS)
         return run
 
-    def outputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, res, _r, _n = self.bufs[i]
-        return res, x
-
 
 class Fused(Adapter):
     """Our fused kernel through FlashInfer's unified API (legacy API if that fails)."""
 
+    OUTPUTS = (2, 3)
+
     def __init__(self, rk: Rank, name: str, oneshot: bool | None) -> None:
-        super().__init__(rk)
-        self.name = name
+        super().__init__(rk, name)
         self.oneshot = oneshot
         self.ws: Any = None
         self.api = ""
@@ -152,19 +154,11 @@ class Fused(Adapter):
                 metadata=ws["metadata"])
         return run_legacy
 
-    def outputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        _x, _res, r_out, n_out = self.bufs[i]
-        return r_out, n_out
-
 
 class PcieIpc(Adapter):
     """FlashInfer's ``PcieIpcAllReduceWorkspace`` (0.7.x), then ``fused_add_rmsnorm``."""
 
-    name = "pcie_ipc_rmsnorm"
-
-    def __init__(self, rk: Rank) -> None:
-        super().__init__(rk)
-        self.ws: Any = None
+    ws: Any = None
 
     def unavailable(self) -> str | None:
         try:
@@ -182,7 +176,7 @@ class PcieIpc(Adapter):
         # shared GPU the topology probe has nothing to find: name the profile.
         self.ws = PcieIpcAllReduceWorkspace(
             group=dist.group.WORLD,
-            max_numel=int(spec["max_tokens"]) * int(spec["max_hidden"]),
+            max_numel=self.max_bytes() // 2,
             dtype=torch.bfloat16, profile="rootcplx" if self.rk.shared else None,
             tune_cache=str(cache))
         return None
@@ -215,13 +209,12 @@ class CustomAllReduce(Adapter):
     MAX_CTAS = 36  # the kernel's upper bound
 
     def __init__(self, rk: Rank, name: str, ops: Callable[[], Any]) -> None:
-        super().__init__(rk)
-        self.name = name
+        super().__init__(rk, name)
         self._ops_loader = ops
         self.ops: Any = None
         self.fa: Any = None
         self.buffer_ptrs: list[int] = []
-        self.max_bytes = 0
+        self.size = 0
 
     def unavailable(self) -> str | None:
         try:
@@ -231,15 +224,14 @@ class CustomAllReduce(Adapter):
         if self.rk.world not in (2, 4, 6, 8):
             return "the custom all-reduce supports 2, 4, 6 or 8 ranks"
         fc, rk = self.rk.fc, self.rk
-        spec = rk.spec
-        self.max_bytes = int(spec["max_tokens"]) * int(spec["max_hidden"]) * 2
-        meta_bytes = int(self.ops.meta_size()) + self.max_bytes
+        self.size = self.max_bytes()
+        meta_bytes = int(self.ops.meta_size()) + self.size
         meta = fc.create_shared_buffer(meta_bytes, None)
         fc.cuda_ipc.cudart.cudaMemset(ctypes.c_void_p(meta[rk.rank]), 0, meta_bytes)
         torch.cuda.synchronize()
         rk.barrier()
         self.rank_data = torch.empty(8 * 1024 * 1024, dtype=torch.uint8, device=rk.device)
-        self.buffer_ptrs = fc.create_shared_buffer(self.max_bytes, None)
+        self.buffer_ptrs = fc.create_shared_buffer(self.size, None)
         self.fa = self.ops.init_custom_ar(meta, self.rank_data, rk.rank, False)
         self.ops.register_buffer(self.fa, self.buffer_ptrs)
         rk.barrier()
@@ -248,7 +240,7 @@ class CustomAllReduce(Adapter):
     def op(self, i: int) -> Callable[[], None]:
         x, res, r_out, _n = self.bufs[i]
         ops, fa, staging = self.ops, self.fa, self.buffer_ptrs[self.rk.rank]
-        size, norm, gamma = self.max_bytes, _norm(), self.gamma
+        size, norm, gamma = self.size, _norm(), self.gamma
 
         def run() -> None:
             if torch.cuda.is_current_stream_capturing():
@@ -268,17 +260,15 @@ class CustomAllReduce(Adapter):
                                         [o for _, o in every])
 
 
+#: The custom all-reduce's functions (FlashInfer names them ``vllm_<name>``).
+CUSTOM_OPS = ("init_custom_ar", "register_buffer", "all_reduce", "meta_size",
+              "get_graph_buffer_ipc_meta", "register_graph_buffers")
+
+
 def _flashinfer_custom_ops() -> Any:
     import flashinfer.comm as fc  # type: ignore[import-not-found, unused-ignore]
 
-    class Ops:
-        init_custom_ar = staticmethod(fc.vllm_init_custom_ar)
-        register_buffer = staticmethod(fc.vllm_register_buffer)
-        all_reduce = staticmethod(fc.vllm_all_reduce)
-        meta_size = staticmethod(fc.vllm_meta_size)
-        get_graph_buffer_ipc_meta = staticmethod(fc.vllm_get_graph_buffer_ipc_meta)
-        register_graph_buffers = staticmethod(fc.vllm_register_graph_buffers)
-    return Ops
+    return types.SimpleNamespace(**{name: getattr(fc, f"vllm_{name}") for name in CUSTOM_OPS})
 
 
 def _sglang_custom_ops() -> Any:
@@ -287,8 +277,7 @@ def _sglang_custom_ops() -> Any:
     except ImportError as exc:
         raise ImportError(f"sgl_kernel (SGLang's kernels) does not import here: {exc}"
                           ) from exc
-    for name in ("init_custom_ar", "register_buffer", "all_reduce", "meta_size",
-                 "get_graph_buffer_ipc_meta", "register_graph_buffers"):
+    for name in CUSTOM_OPS:
         if not hasattr(allreduce, name):
             raise AttributeError(f"sgl_kernel.allreduce has no {name}")
     return allreduce
@@ -297,13 +286,10 @@ def _sglang_custom_ops() -> Any:
 class B12x(Adapter):
     """b12x's PCIe one-shot all-reduce with the residual add and RMSNorm fused (SM12x)."""
 
-    name = "b12x_fused"
+    OUTPUTS = (2, 3)
     MAX_FUSED_TOKENS = 36  # b12x fuses the norm only up to this many rows
-
-    def __init__(self, rk: Rank) -> None:
-        super().__init__(rk)
-        self.runtime: Any = None
-        self.plans: dict[int, Any] = {}
+    runtime: Any = None
+    plans: dict[int, Any]
 
     def unavailable(self) -> str | None:
         major, minor = self.rk.capability
@@ -313,7 +299,7 @@ class B12x(Adapter):
             from b12x.comm import pcie  # type: ignore[import-not-found, unused-ignore]
         except ImportError as exc:
             return f"b12x does not import here: {exc}"
-        max_bytes = int(self.rk.spec["max_tokens"]) * int(self.rk.spec["max_hidden"]) * 2
+        max_bytes = self.max_bytes()
         self.runtime = pcie.AllReduce.from_exchange_group(
             exchange_group=dist.group.WORLD, device=self.rk.device,
             eager_buffer_bytes=max_bytes, max_size=max_bytes)
@@ -338,10 +324,6 @@ class B12x(Adapter):
                                                   out=n_out, residual_out=r_out)
         return run
 
-    def outputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        _x, _res, r_out, n_out = self.bufs[i]
-        return r_out, n_out
-
 
 def _flashinfer_version() -> str:
     try:
@@ -354,15 +336,15 @@ def _flashinfer_version() -> str:
 
 #: method name -> adapter factory; the registry's keys and these must agree (tested)
 FACTORIES: dict[str, Callable[[Rank], Adapter]] = {
-    "nccl_rmsnorm": lambda rk: Nccl(rk, "nccl_rmsnorm"),
-    "nccl_tuned_rmsnorm": lambda rk: Nccl(rk, "nccl_tuned_rmsnorm"),
-    "fused_oneshot": lambda rk: Fused(rk, "fused_oneshot", True),
-    "fused_twoshot": lambda rk: Fused(rk, "fused_twoshot", False),
-    "fused_auto": lambda rk: Fused(rk, "fused_auto", None),
-    "pcie_ipc_rmsnorm": PcieIpc,
-    "custom_vllm_rmsnorm": lambda rk: CustomAllReduce(rk, "custom_vllm_rmsnorm",
-                                                      _flashinfer_custom_ops),
-    "custom_sglang_rmsnorm": lambda rk: CustomAllReduce(rk, "custom_sglang_rmsnorm",
-                                                        _sglang_custom_ops),
-    "b12x_fused": B12x,
+    "nccl_rmsnorm": functools.partial(Nccl, name="nccl_rmsnorm"),
+    "nccl_tuned_rmsnorm": functools.partial(Nccl, name="nccl_tuned_rmsnorm"),
+    "fused_oneshot": functools.partial(Fused, name="fused_oneshot", oneshot=True),
+    "fused_twoshot": functools.partial(Fused, name="fused_twoshot", oneshot=False),
+    "fused_auto": functools.partial(Fused, name="fused_auto", oneshot=None),
+    "pcie_ipc_rmsnorm": functools.partial(PcieIpc, name="pcie_ipc_rmsnorm"),
+    "custom_vllm_rmsnorm": functools.partial(CustomAllReduce, name="custom_vllm_rmsnorm",
+                                             ops=_flashinfer_custom_ops),
+    "custom_sglang_rmsnorm": functools.partial(CustomAllReduce, name="custom_sglang_rmsnorm",
+                                               ops=_sglang_custom_ops),
+    "b12x_fused": functools.partial(B12x, name="b12x_fused"),
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from sm120fork.gpu.methods import ERROR, FAILED_CHECK, METHODS, NOT_RUNNABLE, STARTING, TIMED
 
@@ -41,18 +41,6 @@ def select(names: Sequence[str] | None) -> list[str]:
 class Point:
     tokens: int
     hidden: int
-
-
-class Adapter(Protocol):
-    """What the driver needs of a method inside a rank."""
-
-    name: str
-
-    def unavailable(self) -> str | None:
-        """Why this method cannot run in this process at all (None: it can)."""
-
-    def unsupported(self, point: Point) -> str | None:
-        """Why it cannot run this shape (None: it can)."""
 
 
 #: check(adapter, point) -> (ok, checks); time(adapter, point) -> stats;
@@ -88,15 +76,19 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
     # Method by method, each set up just before its points: a method that kills the
     # ranks (a CUDA error poisons the context) leaves the methods before it measured,
     # and its "starting" record tells the launcher which one to skip when it resumes.
-    for adapter in adapters:
-        emit({"kind": "method", "method": adapter.name, "status": STARTING})
+    def attempt(call: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
+        """``call(*args)``, or None and the error it raised (a fatal one propagates)."""
         try:
-            own = adapter.unavailable()
+            return call(*args), None
         except Exception as exc:
             if is_fatal(exc):
                 raise
-            own = f"set-up failed: {type(exc).__name__}: {exc}"[:500]
-        reason = agree(gather(own))
+            return None, f"{type(exc).__name__}: {exc}"
+
+    for adapter in adapters:
+        emit({"kind": "method", "method": adapter.name, "status": STARTING})
+        own, error = attempt(adapter.unavailable)
+        reason = agree(gather(own if error is None else f"set-up failed: {error}"[:500]))
         if reason:
             emit({"kind": "method", "method": adapter.name, "status": NOT_RUNNABLE,
                   "reason": reason})
@@ -108,13 +100,9 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
             if reason:
                 emit({**record, "status": NOT_RUNNABLE, "reason": reason})
                 continue
-            try:
-                ok, checks = check(adapter, point)
-            except Exception as exc:
-                if is_fatal(exc):
-                    raise
-                ok, checks = False, [{"output": "call", "ok": False,
-                                      "reason": f"{type(exc).__name__}: {exc}"[:500]}]
+            checked, error = attempt(check, adapter, point)
+            ok, checks = checked if error is None else (
+                False, [{"output": "call", "ok": False, "reason": error[:500]}])
             verdicts = gather((ok, checks))
             if not all(v[0] for v in verdicts):
                 failing = [rank for rank, v in enumerate(verdicts) if not v[0]]
@@ -124,13 +112,8 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
                       "reason": "; ".join(str(c.get("reason")) for c in worst
                                           if not c.get("ok"))[:800]})
                 continue
-            try:
-                stats = time(adapter, point)
-            except Exception as exc:
-                if is_fatal(exc):
-                    raise
-                stats = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-            every = gather(stats)
+            stats, error = attempt(time, adapter, point)
+            every = gather(stats if error is None else {"error": error[:500]})
             if any("error" in s for s in every):
                 emit({**record, "status": ERROR,
                       "reason": next(s["error"] for s in every if "error" in s)})

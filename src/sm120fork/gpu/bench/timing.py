@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,6 +20,19 @@ from sm120fork.gpu.core.reference import TORCH_DTYPES, compare, expected, genera
 from sm120fork.gpu.methods import METHODS
 
 
+def _capture(fns: Sequence[Callable[[], None]], repeat: int = 1) -> Any:
+    """A CUDA graph of ``fns``, ``repeat`` times over, captured on a side stream."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(repeat):
+            for fn in fns:
+                fn()
+    torch.cuda.synchronize()
+    return graph
+
+
 def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], *, rotate: int,
                 calls_per_buffer: int, replays: int,
                 after_capture: Callable[[], None] = lambda: None) -> list[float]:
@@ -29,14 +42,7 @@ def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], *, rotate:
         fn()
     torch.cuda.synchronize()
     rk.barrier()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls_per_buffer):
-            for fn in fns:
-                fn()
-    torch.cuda.synchronize()
+    graph = _capture(fns, calls_per_buffer)
     after_capture()
     rk.barrier()
     for _ in range(2):
@@ -155,7 +161,11 @@ class _Points:
             self.point = point
             self.bufs = [(empty(), empty(), empty(), empty()) for _ in range(self.rotate)]
             self.gamma = torch.empty(point.hidden, dtype=dtype, device=dev)
-            self.data = generate(_case(self.rk, point, self.plan.dtype), dev)
+            # the point as a correctness case: its seed regenerates every rank's inputs
+            self.data = generate(Case(
+                world_size=self.rk.world, api="fusion_unified", pattern="ar_rmsnorm",
+                tokens=point.tokens, hidden=point.hidden, dtype=self.plan.dtype,
+                strategy="auto", pdl=True), dev)
             self.ref = expected(self.data)
 
     def _load(self, i: int) -> None:
@@ -182,25 +192,13 @@ class _Points:
         self._load(0)
         adapter.op(0)()
         checks = self._verify(adapter, "eager")
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.graph(graph, stream=stream):
-            adapter.op(0)()
-        torch.cuda.synchronize()
+        graph = _capture([adapter.op(0)])
         adapter.after_capture()
         self._load(0)
         graph.replay()
         checks += self._verify(adapter, "graph replay")
         del graph
         return all(c["ok"] for c in checks), checks
-
-
-def _case(rk: Rank, point: Point, dtype: str) -> Case:
-    """The point as a correctness case: its seed regenerates every rank's inputs."""
-    return Case(world_size=rk.world, api="fusion_unified", pattern="ar_rmsnorm",
-                tokens=point.tokens, hidden=point.hidden, dtype=dtype, strategy="auto",
-                pdl=True)
 
 
 def _floors(rk: Rank, rotate: int, calls_per_buffer: int, replays: int) -> None:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import json
 import logging
 import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from sm120fork.harness import fake_gpu
@@ -126,55 +127,6 @@ class Raised:
 _FUSED_CALL_RAISED: dict[str, float] = {}
 
 
-class GlooTPGroup:
-    """SGLang's group coordinator as the layer path uses it; its device group is a second
-    gloo group, so a collective on the wrong group waits as it would on a GPU."""
-
-    def __init__(self, rank: int, world_size: int) -> None:
-        dist = _module("torch.distributed")
-        self.rank = self.rank_in_group = self.local_rank = rank
-        self.world_size = world_size
-        self.ranks = list(range(world_size))
-        self.first_rank, self.last_rank = 0, world_size - 1
-        self.unique_name = "tp:0"
-        self.cpu_group = dist.group.WORLD
-        self.device_group = dist.new_group(backend="gloo")
-        self.all_reduce_calls = 0
-        self.pcie_ipc_comm: Any = None
-        self.ca_comm = self.qr_comm = self.pymscclpp_comm = None
-        self.torch_symm_mem_comm = self.pynccl_comm = None
-
-    def attach_pcie_ipc(self, device: Any) -> bool:
-        """SGLang's pcie_ipc communicator, where its own ``eligible_group`` builds one."""
-        pcie = _module(PCIE_IPC_MODULE)
-        if pcie.eligible_group(group_name="tp", world_size=self.world_size,
-                               deterministic=False):
-            self.pcie_ipc_comm = pcie.PcieIpcCommunicator(
-                group=self.device_group, device=device, cpu_group=self.cpu_group)
-        return self.pcie_ipc_comm is not None
-
-    def all_reduce(self, input_: Any) -> Any:
-        """SGLang's own method choice where pcie_ipc exists; else NCCL's stand-in."""
-        if self.pcie_ipc_comm is not None:
-            coordinator = _module("sglang.srt.distributed.parallel_state").GroupCoordinator
-            if coordinator._resolve_outplace_all_reduce_method(self, input_) == "pcie_ipc":
-                return self.pcie_ipc_comm.pcie_ipc_all_reduce(input_)
-        dist = _module("torch.distributed")
-        self.all_reduce_calls += 1
-        total = input_.detach().float().cpu().contiguous()
-        dist.all_reduce(total, group=self.cpu_group)
-        return total.to(device=input_.device, dtype=input_.dtype)
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        dist = _module("torch.distributed")
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.cpu_group)
-        return out
-
-    def barrier(self) -> None:
-        _module("torch.distributed").barrier(group=self.cpu_group)
-
-
 def stub_capability_for_sglang(capability: tuple[int, int]) -> None:
     """``get_device_capability`` answers ``capability`` to callers in ``sglang.*`` only."""
     torch = _module("torch")
@@ -204,33 +156,6 @@ def _register_cuda_ops_for_cpu_too() -> None:
     library.impl = impl
 
 
-class _FakeBuffer:
-    alive = 0
-
-    def __init__(self) -> None:
-        _FakeBuffer.alive += 1
-
-    def __del__(self) -> None:
-        _FakeBuffer.alive -= 1
-
-
-class _FakeWorkspace:
-    backend = "trtllm"
-
-    def __init__(self, buffers: list[_FakeBuffer], *, use_fp32_lamport: bool = False) -> None:
-        self.buffers = buffers
-        self.destroyed = False
-        self.group: Any = None
-        self.metadata = {"use_fp32_lamport": use_fp32_lamport}
-
-    def is_buffer_size_sufficient(self, **_: Any) -> bool:
-        return not self.destroyed
-
-    def destroy(self) -> None:
-        self.buffers = []
-        self.destroyed = True
-
-
 class _WorldBackend:
     """FlashInfer's ``TorchDistBackend`` over the group SGLang passed (or the default)."""
 
@@ -254,6 +179,83 @@ class _WorldBackend:
 
     def Get_size(self) -> int:  # noqa: N802
         return int(_module("torch.distributed").get_world_size(self.group))
+
+
+class GlooTPGroup(_WorldBackend):
+    """SGLang's group coordinator as the layer path uses it, over the default (CPU) group;
+    its device group is a second gloo group, so a collective on the wrong group waits as
+    it would on a GPU."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        dist = _module("torch.distributed")
+        super().__init__(dist.group.WORLD)
+        self.rank = self.rank_in_group = self.local_rank = rank
+        self.world_size = world_size
+        self.ranks = list(range(world_size))
+        self.first_rank, self.last_rank = 0, world_size - 1
+        self.unique_name = "tp:0"
+        self.cpu_group = self.group
+        self.device_group = dist.new_group(backend="gloo")
+        self.all_reduce_calls = 0
+        self.pcie_ipc_comm: Any = None
+        self.ca_comm = self.qr_comm = self.pymscclpp_comm = None
+        self.torch_symm_mem_comm = self.pynccl_comm = None
+
+    all_gather_object = _WorldBackend.allgather
+
+    def attach_pcie_ipc(self, device: Any) -> bool:
+        """SGLang's pcie_ipc communicator, where its own ``eligible_group`` builds one."""
+        pcie = _module(PCIE_IPC_MODULE)
+        if pcie.eligible_group(group_name="tp", world_size=self.world_size,
+                               deterministic=False):
+            self.pcie_ipc_comm = pcie.PcieIpcCommunicator(
+                group=self.device_group, device=device, cpu_group=self.cpu_group)
+        return self.pcie_ipc_comm is not None
+
+    def all_reduce(self, input_: Any) -> Any:
+        """SGLang's own method choice where pcie_ipc exists; else NCCL's stand-in."""
+        if self.pcie_ipc_comm is not None:
+            coordinator = _module("sglang.srt.distributed.parallel_state").GroupCoordinator
+            if coordinator._resolve_outplace_all_reduce_method(self, input_) == "pcie_ipc":
+                return self.pcie_ipc_comm.pcie_ipc_all_reduce(input_)
+        dist = _module("torch.distributed")
+        self.all_reduce_calls += 1
+        total = input_.detach().float().cpu().contiguous()
+        dist.all_reduce(total, group=self.cpu_group)
+        return total.to(device=input_.device, dtype=input_.dtype)
+
+
+class _FakeBuffer:
+    alive = 0
+
+    def __init__(self) -> None:
+        _FakeBuffer.alive += 1
+
+    def __del__(self) -> None:
+        _FakeBuffer.alive -= 1
+
+
+@dataclasses.dataclass
+class _FakeWorkspace:
+    buffers: list[_FakeBuffer]
+    group: Any
+    metadata: dict[str, bool]
+    destroyed: bool = False
+    backend: ClassVar[str] = "trtllm"
+
+    def is_buffer_size_sufficient(self, **_: Any) -> bool:
+        return not self.destroyed
+
+    def destroy(self) -> None:
+        self.buffers = []
+        self.destroyed = True
+
+
+def _summed(tensor: Any, group: Any) -> Any:
+    """``tensor`` summed over ``group`` in float32 (the stand-ins' all-reduce)."""
+    total = tensor.float().clone()
+    _module("torch.distributed").all_reduce(total, group=group)
+    return total
 
 
 class _PosixFdExchange:
@@ -296,18 +298,19 @@ class _PosixFdExchange:
         return received
 
 
+@dataclasses.dataclass
 class FakeFlashInferComm:
     """``flashinfer.comm`` on the CPU: per buffer an allocation and a handle exchange, then
-    a barrier; ``fail_at_allocation`` makes the Nth allocation raise."""
+    a barrier; it makes the faults of :data:`FAKE_FAULTS` itself."""
+
+    #: FlashInfer's POSIX-fd handle exchange, on every rank (it picks it per machine)
+    posix_fd_exchange: bool = False
+    #: this rank's injected fault
+    fault: str | None = None
+    allocations: int = 0
 
     class AllReduceFusionPattern:
         kARResidualRMSNorm = 1  # noqa: N815 - FlashInfer's name
-
-    def __init__(self) -> None:
-        self.allocations = 0
-        self.fail_at_allocation: int | None = None
-        self.posix_fd_exchange = False
-        self.fail_in_fd_exchange_at: int | None = None
 
     def create_allreduce_fusion_workspace(self, *, comm_backend: Any = None,
                                           use_fp32_lamport: bool = False,
@@ -316,7 +319,7 @@ class FakeFlashInferComm:
         buffers = []
         for _index in range(3):
             self.allocations += 1
-            if self.allocations == self.fail_at_allocation:
+            if self.fault == "second-buffer-raises" and self.allocations == 2:
                 raise RuntimeError(
                     "CUDA_ERROR_OUT_OF_MEMORY: out of memory (injected at allocation "
                     f"{self.allocations})")
@@ -324,22 +327,18 @@ class FakeFlashInferComm:
             buffers.append(buffer)
             if self.posix_fd_exchange:
                 with open(os.devnull) as handle:  # the exported handle: a real fd
-                    _PosixFdExchange(backend, self.fail_in_fd_exchange_at).allgather(
-                        handle.fileno())
+                    fail_at = 1 if self.fault == "fd-exchange-raises" else None
+                    _PosixFdExchange(backend, fail_at).allgather(handle.fileno())
             else:
                 backend.allgather(id(buffer))
         backend.barrier()
-        workspace = _FakeWorkspace(buffers, use_fp32_lamport=use_fp32_lamport)
-        workspace.group = group
-        return workspace
+        return _FakeWorkspace(buffers, group, {"use_fp32_lamport": use_fp32_lamport})
 
     def allreduce_fusion(self, *, input: Any, residual_in: Any, rms_gamma: Any,
                          rms_eps: float, norm_out: Any, residual_out: Any,
                          workspace: Any = None, **_: Any) -> None:
-        torch, dist = _module("torch"), _module("torch.distributed")
-        total = input.float().clone()
-        dist.all_reduce(total, group=getattr(workspace, "group", None))
-        hidden = total + residual_in.float()
+        torch = _module("torch")
+        hidden = _summed(input, getattr(workspace, "group", None)) + residual_in.float()
         variance = hidden.pow(2).mean(dim=-1, keepdim=True)
         norm_out.copy_(hidden * torch.rsqrt(variance + rms_eps) * rms_gamma.float())
         residual_out.copy_(hidden)
@@ -369,9 +368,7 @@ class FakePcieIpcWorkspace:
         return []
 
     def all_reduce(self, inp: Any) -> Any:
-        total = inp.float().clone()
-        _module("torch.distributed").all_reduce(total, group=self.group)
-        return total.to(inp.dtype)
+        return _summed(inp, self.group).to(inp.dtype)
 
     def destroy(self) -> None:
         return None
@@ -408,13 +405,12 @@ class RouteSpy:
         self._mark = self._now()
 
     def route(self) -> str:
-        fused, pcie, plain = (n - m for n, m in zip(self._now(), self._mark, strict=True))
-        if fused and not pcie and not plain:
-            return "fused"
-        if pcie and not fused and not plain:
-            return "pcie_ipc"
-        if plain and not fused and not pcie:
-            return "sglang_dispatch"
+        ran = [n - m for n, m in zip(self._now(), self._mark, strict=True)]
+        routes = ("fused", "pcie_ipc", "sglang_dispatch")
+        named = [route for route, n in zip(routes, ran, strict=True) if n]
+        if len(named) == 1:
+            return named[0]
+        fused, pcie, plain = ran
         return (f"mixed (trtllm_allreduce_fusion {fused}, pcie_ipc {pcie}, plain "
                 f"all-reduce {plain})")
 
@@ -542,54 +538,54 @@ def policy_steps(layer: Layer, m: _Norm, group: GlooTPGroup, spy: RouteSpy,
     return steps
 
 
+#: The faults :class:`FakeFlashInferComm` makes on the CPU.
+FAKE_FAULTS = ("second-buffer-raises", "fd-exchange-raises")
+
+
+def _raising(holder: Any, attr: str, error: Callable[[], Exception], *,
+             only_call: int | None = None, real_first: bool = False) -> None:
+    """``holder.attr`` raising ``error()`` (at call ``only_call`` only; after the real
+    call returned, ``real_first``)."""
+    real, calls = getattr(holder, attr), itertools.count(1)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if real_first:
+            real(*args, **kwargs)
+        if only_call in (None, next(calls)):
+            raise error()
+        return real(*args, **kwargs)
+
+    setattr(holder, attr, call)
+
+
+def _fused_call_error() -> Exception:
+    _FUSED_CALL_RAISED["at"] = time.monotonic()
+    return ValueError("injected host-side check failure in allreduce_fusion")
+
+
 def _inject(layer: Layer, fault: str, *, fake: FakeFlashInferComm | None) -> None:
     """Put ``fault`` into the real call path of this rank (never into the code under test)."""
     fusion = layer.fusion
-    comm = fusion._flashinfer_comm
-    holder, attr = comm, "create_allreduce_fusion_workspace"
+    holder, attr = fusion._flashinfer_comm, "create_allreduce_fusion_workspace"
     if getattr(fusion, "_create_allreduce_fusion_workspace", None) is not None:
         holder, attr = fusion, "_create_allreduce_fusion_workspace"  # 0.5.23 binds it
-    real_create = getattr(holder, attr)
-
     if fault == "create-raises":
-        def create(*args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError("CUDA_ERROR_OUT_OF_MEMORY: out of memory (injected before "
-                               "workspace creation)")
-        setattr(holder, attr, create)
+        _raising(holder, attr, lambda: RuntimeError(
+            "CUDA_ERROR_OUT_OF_MEMORY: out of memory (injected before workspace creation)"))
     elif fault == "create-returns-then-raises":
-        def create(*args: Any, **kwargs: Any) -> Any:
-            real_create(*args, **kwargs)
-            raise RuntimeError("cudaErrorLaunchFailure (injected after workspace creation)")
-        setattr(holder, attr, create)
-    elif fault == "second-buffer-raises":
-        if fake is not None:
-            fake.fail_at_allocation = 2
-        else:
-            trtllm_ar = _module("flashinfer.comm.trtllm_ar")
-            real_symm = trtllm_ar.SymmDeviceMemory
-            made = {"n": 0}
-
-            def symm(*args: Any, **kwargs: Any) -> Any:
-                made["n"] += 1
-                if made["n"] == 2:
-                    raise RuntimeError("CUDA_ERROR_OUT_OF_MEMORY: out of memory (injected "
-                                       "at the second workspace buffer)")
-                return real_symm(*args, **kwargs)
-
-            trtllm_ar.SymmDeviceMemory = symm
+        _raising(holder, attr, lambda: RuntimeError(
+            "cudaErrorLaunchFailure (injected after workspace creation)"), real_first=True)
     elif fault == "fused-call-raises":
-        def fused(*args: Any, **kwargs: Any) -> Any:
-            _FUSED_CALL_RAISED["at"] = time.monotonic()
-            raise ValueError("injected host-side check failure in allreduce_fusion")
-        comm.allreduce_fusion = fused
-    elif fault == "fd-exchange-raises":
-        if fake is None:
-            raise ValueError("fd-exchange-raises runs on the CPU (FlashInfer stand-in) only")
-        fake.fail_in_fd_exchange_at = 1
+        _raising(fusion._flashinfer_comm, "allreduce_fusion", _fused_call_error)
     elif fault == "no-p2p":
-        torch = _module("torch")
-        torch.cuda.can_device_access_peer = lambda device, peer: False
-    else:
+        _module("torch").cuda.can_device_access_peer = lambda device, peer: False
+    elif fault == "second-buffer-raises" and fake is None:
+        _raising(_module("flashinfer.comm.trtllm_ar"), "SymmDeviceMemory", lambda: RuntimeError(
+            "CUDA_ERROR_OUT_OF_MEMORY: out of memory (injected at the second workspace "
+            "buffer)"), only_call=2)
+    elif fault == "fd-exchange-raises" and fake is None:
+        raise ValueError("fd-exchange-raises runs on the CPU (FlashInfer stand-in) only")
+    elif fault not in FAKE_FAULTS:
         raise ValueError(f"unknown fault {fault!r}")
 
 
@@ -619,11 +615,11 @@ def _set_up_layer(req: RankRequest, group: GlooTPGroup, injected: str | None,
                             (EXCHANGE_TIMEOUT, req.handle_exchange_timeout_s)):
         if bound is not None and hasattr(layer.fusion, constant):  # stock has none
             setattr(layer.fusion, constant, float(bound))
-    fake = FakeFlashInferComm() if req.device == "cpu" else None
-    if fake is not None:
+    fake = None
+    if req.device == "cpu":
+        fake = FakeFlashInferComm(
+            posix_fd_exchange=req.case == "one-rank-fails-in-fd-exchange", fault=injected)
         use_fake_flashinfer(adapter, layer.fusion, fake)
-        # every rank, as FlashInfer picks its exchange per machine
-        fake.posix_fd_exchange = req.case == "one-rank-fails-in-fd-exchange"
     if injected is not None:
         _inject(layer, injected, fake=fake)
     return layer, fake
