@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
+from unittest import mock
 
 from sm120fork.harness import fake_gpu
 from sm120fork.harness.fake_gpu import _module
@@ -258,44 +259,33 @@ def _summed(tensor: Any, group: Any) -> Any:
     return total
 
 
-class _PosixFdExchange:
-    """FlashInfer 0.6.7's ``PosixFDHandleExchanger``: per peer a barrier, then an fd sent
-    over an AF_UNIX socket and a blocking ``recvmsg``; ``fail_at`` raises after a barrier."""
+#: A failing rank's socket stays open (FlashInfer's half-built buffer holds it), so a
+#: peer's send still lands and the peer waits in its receive.
+_KEPT_OPEN: list[socket.socket] = []
 
-    def __init__(self, backend: Any, fail_at: int | None) -> None:
-        self.backend, self.fail_at = backend, fail_at
-        self.rank, self.size = backend.Get_rank(), backend.Get_size()
-        op = backend.bcast(os.urandom(8).hex() if self.rank == 0 else None, 0)
-        self.name = f"\0sm120fork-fd-{op}-"
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(self.name + str(self.rank))
 
-    #: A failing rank's socket stays open (FlashInfer's half-built buffer holds it), so a
-    #: peer's send still lands and the peer waits in recvmsg.
-    kept_open: ClassVar[list[socket.socket]] = []
-
-    def allgather(self, fd: int) -> list[int]:
-        import array
-        received = []
-        try:
-            for step in range(self.size):
-                self.backend.barrier()
-                if step == self.fail_at:
-                    _PosixFdExchange.kept_open.append(self.sock.dup())
-                    raise RuntimeError("CUDA_ERROR_INVALID_HANDLE (injected inside the "
-                                       "POSIX-fd handle exchange, after its barrier)")
-                peer = (self.rank + step) % self.size
-                self.sock.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                             array.array("i", [fd]))], 0, self.name + str(peer))
-                _, ancdata, _, _ = self.sock.recvmsg(1, socket.CMSG_SPACE(4))
-                got = array.array("i")
-                got.frombytes(ancdata[0][2][:4])
-                received.append(got[0])
-        finally:
-            self.sock.close()
-            for other in received:
-                os.close(other)
-        return received
+def _posix_fd_allgather(backend: Any, fd: int, fail_at: int | None) -> list[int]:
+    """FlashInfer 0.6.7's ``PosixFDHandleExchanger``: per peer a barrier, then ``fd`` sent
+    over an AF_UNIX socket and a blocking receive; ``fail_at`` raises after a barrier."""
+    rank, size = backend.Get_rank(), backend.Get_size()
+    name = f"\0sm120fork-fd-{backend.bcast(os.urandom(8).hex() if rank == 0 else None, 0)}-"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(name + str(rank))
+    received: list[int] = []
+    try:
+        for step in range(size):
+            backend.barrier()
+            if step == fail_at:
+                _KEPT_OPEN.append(sock.dup())
+                raise RuntimeError("CUDA_ERROR_INVALID_HANDLE (injected inside the "
+                                   "POSIX-fd handle exchange, after its barrier)")
+            socket.send_fds(sock, [b"\0"], [fd], 0, name + str((rank + step) % size))
+            received += socket.recv_fds(sock, 1, 1)[1]
+    finally:
+        sock.close()
+        for other in received:
+            os.close(other)
+    return received
 
 
 @dataclasses.dataclass
@@ -327,8 +317,8 @@ class FakeFlashInferComm:
             buffers.append(buffer)
             if self.posix_fd_exchange:
                 with open(os.devnull) as handle:  # the exported handle: a real fd
-                    fail_at = 1 if self.fault == "fd-exchange-raises" else None
-                    _PosixFdExchange(backend, fail_at).allgather(handle.fileno())
+                    _posix_fd_allgather(backend, handle.fileno(),
+                                        1 if self.fault == "fd-exchange-raises" else None)
             else:
                 backend.allgather(id(buffer))
         backend.barrier()
@@ -526,14 +516,11 @@ def policy_steps(layer: Layer, m: _Norm, group: GlooTPGroup, spy: RouteSpy,
             step = m.step(tokens, captured, out, res, xs, residual, graph=graph)
             del cuda_graph
         elif graph:  # the CPU stand-in: SGLang's side sees a capture in progress
-            capturing = torch.cuda.is_current_stream_capturing
-            torch.cuda.is_current_stream_capturing = lambda: True
-            try:
+            with mock.patch.object(torch.cuda, "is_current_stream_capturing",
+                                   return_value=True):
                 xs, residual, x_in, r_in = m.inputs(tokens)
                 out, res = run(x_in, r_in)
                 step = m.step(tokens, spy.route(), out, res, xs, residual, graph=graph)
-            finally:
-                torch.cuda.is_current_stream_capturing = capturing
         steps.append(dataclasses.replace(step, route=step.path))
     return steps
 
