@@ -98,8 +98,7 @@ def run_bench(opts: BenchOptions) -> BenchRun:
             "kind": "gpu-bench", "created": now(), "command": opts.command,
             "title": f"{(env.get('gpus') or ['?'])[0]} x{gpu_count}, world size {world}"
             + (f" ({report.SHARED_LABEL})" if groups.shared else ""),
-            "environment": {**env, **{k: v for k, v in groups.rank_env.items()
-                                      if k not in env}},
+            "environment": {**groups.rank_env, **env},
             "shared": groups.shared, "label": report.SHARED_LABEL if groups.shared else None,
             "world_size": world, "dtype": plan.dtype, "plan": dataclasses.asdict(plan),
             "methods": chosen, "module_failures": groups.module_failures,

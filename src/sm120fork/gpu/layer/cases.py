@@ -278,9 +278,8 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
         fused_call_agreement_timeout_s=agreement_timeout_s,
         handle_exchange_timeout_s=exchange_timeout_s,
         tokens=tuple(policy_tokens(doc, world_size) if doc else tokens or DEFAULT_TOKENS))
-    rank_env = rank_environment(dict(os.environ))
-    rank_env["PYTHONPATH"] = os.pathsep.join(
-        [str(sglang_path), *map(str, extra_path), str(source_root())])
+    rank_env = rank_environment(os.environ, {"PYTHONPATH": os.pathsep.join(
+        [str(sglang_path), *map(str, extra_path), str(source_root())])})
     with tempfile.TemporaryDirectory(prefix="sm120fork-sglang-layer-") as tmp:
         if doc is not None:  # every rank reads it where SGLang looks
             policy_path = Path(tmp) / "policy.json"

@@ -418,17 +418,26 @@ def spy_routes(group: GlooTPGroup, fake: FakeFlashInferComm | None) -> RouteSpy:
     return spy
 
 
-@dataclasses.dataclass(frozen=True)
 class _Norm:
-    norm: Any
-    weight: Any
-    dev: Any
-    dtype: Any
-    hidden: int
-    tolerance: float
-    rank: int
-    world: int
-    cuda: bool
+    """SGLang's RMSNorm at the model's width on this rank, and its float32 reference."""
+
+    def __init__(self, req: RankRequest, layer: Layer) -> None:
+        torch = _module("torch")
+        self.rank, self.world, self.cuda = req.rank, req.world_size, req.device == "cuda"
+        self.dev = torch.device("cuda" if self.cuda else "cpu")
+        # pcie_ipc all-reduces bf16 only: the policy cases run bf16 on the CPU too
+        policy = req.case in POLICY_CASES
+        self.dtype = torch.float32 if not self.cuda and not policy else torch.bfloat16
+        self.tolerance = 1e-5 if self.dtype == torch.float32 else 2e-2
+        self.hidden = 7168 if self.cuda else 256
+        # The model's dtype: FlashInfer's fused kernel reads gamma in the input's dtype.
+        self.norm = layer.layernorm.RMSNorm(self.hidden, eps=EPS).to(device=self.dev,
+                                                                      dtype=self.dtype)
+        self.weight = torch.rand(self.hidden,
+                                 generator=torch.Generator().manual_seed(7168)) + 0.5
+        with torch.no_grad():
+            self.norm.weight.copy_(self.weight.to(self.dtype))
+        self.norm._forward_method = self.norm.forward_native  # sgl_kernel is not loaded here
 
     def inputs(self, tokens: int, seed: int = 0) -> tuple[list[Any], Any, Any, Any]:
         torch = _module("torch")
@@ -612,24 +621,6 @@ def _set_up_layer(req: RankRequest, group: GlooTPGroup, injected: str | None,
     return layer, fake
 
 
-def _make_norm(req: RankRequest, layer: Layer, torch: Any) -> _Norm:
-    cuda = req.device == "cuda"
-    dev = torch.device("cuda") if cuda else torch.device("cpu")
-    # pcie_ipc all-reduces bf16 only: the policy cases run bf16 on the CPU too
-    policy = req.case in POLICY_CASES
-    dtype = torch.float32 if not cuda and not policy else torch.bfloat16
-    hidden = 7168 if cuda else 256
-    # The model's dtype: FlashInfer's fused kernel reads gamma in the input's dtype.
-    norm = layer.layernorm.RMSNorm(hidden, eps=EPS).to(device=dev, dtype=dtype)
-    weight = torch.rand(hidden, generator=torch.Generator().manual_seed(7168)) + 0.5
-    with torch.no_grad():
-        norm.weight.copy_(weight.to(dtype))
-    norm._forward_method = norm.forward_native  # sgl_kernel is not loaded here
-    return _Norm(norm=norm, weight=weight, dev=dev, dtype=dtype, hidden=hidden,
-                 tolerance=1e-5 if dtype == torch.float32 else 2e-2, rank=req.rank,
-                 world=req.world_size, cuda=cuda)
-
-
 def run_rank(req: RankRequest) -> Observation:
     fault, where = CASES[req.case]
     injected = fault if fault is not None and where in ("all", req.rank) else None
@@ -655,7 +646,7 @@ def run_rank(req: RankRequest) -> Observation:
             use_fake_pcie_ipc()
         pcie_ipc = group.attach_pcie_ipc(torch.device("cuda", 0))
         spy = spy_routes(group, fake)
-    m = _make_norm(req, layer, torch)
+    m = _Norm(req, layer)
     if pcie_ipc and m.cuda:  # before any step, as SGLang's runner does
         group.pcie_ipc_comm.prepare(hidden=m.hidden, max_rows=PCIE_IPC_ROWS)
     warnings = fake_gpu.Records(FUSION_MODULE, logging.WARNING)

@@ -102,8 +102,8 @@ def planned_cases(opts: LayerOptions) -> list[tuple[str, str]]:
 def _prebuild(opts: LayerOptions) -> None:
     from sm120fork.gpu.core.safety import rank_environment
 
-    env = rank_environment(dict(os.environ))  # multicast off, as in every rank
-    env["PYTHONPATH"] = os.pathsep.join([*map(str, opts.site), str(opts.sglang_path)])
+    env = rank_environment(os.environ, {  # multicast off, as in every rank
+        "PYTHONPATH": os.pathsep.join([*map(str, opts.site), str(opts.sglang_path)])})
     started = time.monotonic()
     log.info("building FlashInfer's %s modules once (JIT; a few minutes the first time)",
              " and ".join(PREBUILD))
