@@ -68,30 +68,26 @@ def project(world: int, tokens: int, hidden: int, fabric: Fabric = RTX_PRO_6000_
             ) -> dict[str, Range]:
     """(low, high) microseconds per method for one all-reduce + add + RMSNorm."""
     size = tokens * hidden * 2
-    lo_bw, hi_bw = fabric.bw_gbps
-    s_lo, s_hi = fabric.sync_us[world]
-    f_lo, f_hi = fabric.floor_us
-    n_lo, n_hi = fabric.norm_us
     one = (world - 1) * size
     two = 2 * (world - 1) / world * size
-    out: dict[str, Range] = {
-        "fused_oneshot": (f_lo + s_lo + _us(one, hi_bw), f_hi + s_hi + _us(one, lo_bw)),
-        "fused_twoshot": (f_lo + 2 * s_lo + _us(two, hi_bw),
-                          f_hi + 2 * s_hi + _us(two, lo_bw)),
-        "fused_oneshot_write_collapse": (f_lo + s_lo + _us(one, fabric.collapse_write_gbps),
-                                         f_hi + s_hi + _us(one, fabric.collapse_write_gbps)),
-    }
-    if tokens <= world:  # FlashInfer's two-shot asserts token_num > world_size
-        del out["fused_twoshot"]
-    c_lo, c_hi = fabric.nccl_small_us[world]
-    out["nccl_rmsnorm"] = (c_lo + _us(two, hi_bw) + n_lo, c_hi + _us(two, lo_bw) + n_hi)
-    if world == 8 and fabric.pcie_ipc_tp8:
-        base = _interp(fabric.pcie_ipc_tp8, size)
-        out["pcie_ipc_rmsnorm"] = (base + n_lo, base + n_hi)
-    else:
-        out["pcie_ipc_rmsnorm"] = (f_lo + 2 * s_lo + _us(two, hi_bw) + n_lo,
-                                   f_hi + 2 * s_hi + _us(two, lo_bw) + n_hi)
-    return out
+
+    def end(i: int) -> dict[str, float]:
+        """The low (0) or the high (1) end: the low one at the higher bandwidth."""
+        bw, sync = fabric.bw_gbps[1 - i], fabric.sync_us[world][i]
+        floor, norm = fabric.floor_us[i], fabric.norm_us[i]
+        two_shot = floor + 2 * sync + _us(two, bw)
+        return {
+            "fused_oneshot": floor + sync + _us(one, bw),
+            "fused_twoshot": two_shot,
+            "fused_oneshot_write_collapse": floor + sync + _us(one, fabric.collapse_write_gbps),
+            "nccl_rmsnorm": fabric.nccl_small_us[world][i] + _us(two, bw) + norm,
+            "pcie_ipc_rmsnorm": (_interp(fabric.pcie_ipc_tp8, size) if world == 8
+                                 and fabric.pcie_ipc_tp8 else two_shot) + norm,
+        }
+
+    low, high = end(0), end(1)
+    # FlashInfer's two-shot asserts token_num > world_size
+    return {m: (low[m], high[m]) for m in low if m != "fused_twoshot" or tokens > world}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

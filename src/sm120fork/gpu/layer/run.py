@@ -184,32 +184,50 @@ def _publish(opts: LayerOptions, outcomes: Sequence[CaseOutcome],
                     "finished": finished, "layout": opts.layout, **(opts.made or {}),
                     "cases": [dataclasses.asdict(o) for o in outcomes]}, indent=1),
         encoding="utf-8")
-    stack = opts.made["stack"] if opts.made else None
-    if not stack:  # a record is of a run of a stack's build
-        return
     made_from = [*(opts.made["made_from"] if opts.made else ()),
                  *(m for r in opts.routes for m in r.made_from)]
-    gpus = tuple(str(g) for g in opts.machine.get("gpus") or ())
     try:
-        rec = record.make(
-            kind="sglang-layer", stack=stack, command=opts.record_command or opts.command,
-            created=now(), toolkit=__version__,
-            machine=record.Machine(
-                description=f"{gpus[0]} x{len(gpus)}" if gpus else "CPU ranks (no GPU)",
-                gpus=gpus, torch=opts.machine.get("torch"), cuda=opts.machine.get("cuda"),
-                cpus=os.cpu_count()),
-            tested=records.tested_block([record.TestedWheel(
-                variant=m.get("variant", "patched"), project=str(m["project"]),
-                file=str(m["wheel"]), sha256=str(m["wheel_sha256"])) for m in made_from],
-                opts.tested),
-            planned=len(planned),
-            cases=tuple(record.Case(
-                id=o.case, variant=o.variant, outcome="pass" if o.passed else "fail",
-                detail=" ".join("; ".join(o.problems).split())[:200] or f"{o.seconds:.0f} s")
-                for o in outcomes),
-            not_run=tuple(not_run),
-            notes=(*opts.notes, *(LAYER_NOTES if opts.device == "cuda" else ())))
+        rec = layer_record(
+            made={"stack": opts.made["stack"] if opts.made else None, "made_from": made_from},
+            tested=opts.tested,
+            command=opts.record_command or opts.command, created=now(),
+            machine=opts.machine, planned=planned, outcomes=outcomes,
+            notes=(*opts.notes, *(LAYER_NOTES if opts.device == "cuda" else ())),
+            not_run=tuple(not_run))
     except ConfigError as exc:  # the run goes on; its record would break the format
         log.error("no record: %s", exc)
         return
-    records.write(rec, opts.out)
+    if rec is not None:
+        records.write(rec, opts.out)
+
+
+def layer_record(*, made: Provenance, tested: record.Tested | None,
+                 command: str, created: str, machine: LayerMachine,
+                 planned: Sequence[tuple[str, str]],
+                 outcomes: Sequence[CaseOutcome],
+                 notes: Sequence[str] = (), not_run: Sequence[str] = (),
+                 ) -> record.Record | None:
+    """The record of a run of a stack's build (None without one)."""
+    stack = made["stack"]
+    if not stack:
+        return None
+    gpus = tuple(str(g) for g in machine.get("gpus") or ())
+    return record.make(
+        kind="sglang-layer", stack=stack, command=command, created=created,
+        toolkit=__version__,
+        machine=record.Machine(
+            description=f"{gpus[0]} x{len(gpus)}" if gpus else "CPU ranks (no GPU)",
+            gpus=gpus, torch=machine.get("torch"), cuda=machine.get("cuda"),
+            cpus=os.cpu_count()),
+        tested=records.tested_block([record.TestedWheel(variant=m.get("variant", "patched"),
+                                           project=str(m["project"]),
+                                           file=str(m["wheel"]),
+                                           sha256=str(m["wheel_sha256"]))
+                        for m in made["made_from"]], tested),
+        planned=len(planned),
+        cases=tuple(record.Case(
+            id=o.case, variant=o.variant,
+            outcome="pass" if o.passed else "fail",
+            detail=" ".join("; ".join(o.problems).split())[:200] or f"{o.seconds:.0f} s")
+            for o in outcomes),
+        not_run=tuple(not_run), notes=tuple(notes))
