@@ -24,13 +24,6 @@ from sm120fork.gpu.methods import METHODS
 BufferSet = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def _norm() -> Callable[..., None]:
-    from flashinfer.norm import fused_add_rmsnorm  # type: ignore[import-not-found, unused-ignore]
-
-    fn: Callable[..., None] = fused_add_rmsnorm
-    return fn
-
-
 class Adapter:
     """Base: in-place ``fused_add_rmsnorm`` after an all-reduce into ``residual_out``."""
 
@@ -55,8 +48,21 @@ class Adapter:
     def bind(self, bufs: list[BufferSet], gamma: torch.Tensor, point: Point) -> None:
         self.bufs, self.gamma = bufs, gamma
 
-    def op(self, i: int) -> Callable[[], None]:
+    def reduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """The method's all-reduce of ``x``: into ``out``, or in place."""
         raise NotImplementedError
+
+    def op(self, i: int) -> Callable[[], None]:
+        """:meth:`reduce` on set ``i``, then ``fused_add_rmsnorm`` in place on the sum."""
+        from flashinfer.norm import fused_add_rmsnorm  # type: ignore[import-not-found, unused-ignore]
+
+        x, res, r_out, _n = self.bufs[i]
+        summed, gamma = self.bufs[i][self.OUTPUTS[1]], self.gamma
+
+        def run() -> None:
+            self.reduce(x, r_out)
+            fused_add_rmsnorm(summed, res, gamma, RMS_EPS)
+        return run
 
     def outputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual sum, normed output) after ``op(i)``."""
@@ -95,14 +101,8 @@ class Nccl(Adapter):
         self.group = dist.new_group(list(range(self.rk.world)), backend="nccl")
         return None
 
-    def op(self, i: int) -> Callable[[], None]:
-        x, res, _r, _n = self.bufs[i]
-        norm, gamma, group = _norm(), self.gamma, self.group
-
-        def run() -> None:
-            dist.all_reduce(x, group=group)
-            norm(x, res, gamma, RMS_EPS)
-        return run
+    def reduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        dist.all_reduce(x, group=self.group)
 
 
 class Fused(Adapter):
@@ -191,14 +191,8 @@ class PcieIpc(Adapter):
         # resolve the launch configuration now, collectively: a capture cannot
         self.ws.prepare([(point.tokens, point.hidden)], dtype=torch.bfloat16)
 
-    def op(self, i: int) -> Callable[[], None]:
-        x, res, r_out, _n = self.bufs[i]
-        ws, norm, gamma = self.ws, _norm(), self.gamma
-
-        def run() -> None:
-            ws.all_reduce(x, out=r_out)
-            norm(r_out, res, gamma, RMS_EPS)
-        return run
+    def reduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        self.ws.all_reduce(x, out=out)
 
 
 class CustomAllReduce(Adapter):
@@ -237,20 +231,14 @@ class CustomAllReduce(Adapter):
         rk.barrier()
         return None
 
-    def op(self, i: int) -> Callable[[], None]:
-        x, res, r_out, _n = self.bufs[i]
-        ops, fa, staging = self.ops, self.fa, self.buffer_ptrs[self.rk.rank]
-        size, norm, gamma = self.size, _norm(), self.gamma
-
-        def run() -> None:
-            if torch.cuda.is_current_stream_capturing():
-                # captured: the kernel reads the input itself (recorded for
-                # after_capture to register), as vLLM does under graphs
-                ops.all_reduce(fa, x, r_out, 0, 0, self.MAX_CTAS)
-            else:  # eager: staged into the registered buffer
-                ops.all_reduce(fa, x, r_out, staging, size, self.MAX_CTAS)
-            norm(r_out, res, gamma, RMS_EPS)
-        return run
+    def reduce(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        if torch.cuda.is_current_stream_capturing():
+            # captured: the kernel reads the input itself (recorded for
+            # after_capture to register), as vLLM does under graphs
+            self.ops.all_reduce(self.fa, x, out, 0, 0, self.MAX_CTAS)
+        else:  # eager: staged into the registered buffer
+            self.ops.all_reduce(self.fa, x, out, self.buffer_ptrs[self.rk.rank], self.size,
+                                self.MAX_CTAS)
 
     def after_capture(self) -> None:
         handles, offsets = self.ops.get_graph_buffer_ipc_meta(self.fa)
