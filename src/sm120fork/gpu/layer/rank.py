@@ -351,17 +351,16 @@ class FakePcieIpcWorkspace:
     def supports(self, inp: Any) -> bool:
         return bool(inp.numel() <= self.max_numel)
 
-    def rebind_stream(self) -> None:
-        return None
+    def destroy(self) -> None:
+        """Nothing to free, nor a stream to rebind, on the CPU."""
+
+    rebind_stream = destroy
 
     def tune(self, *args: Any, **kwargs: Any) -> list[Any]:
         return []
 
     def all_reduce(self, inp: Any) -> Any:
         return _summed(inp, self.group).to(inp.dtype)
-
-    def destroy(self) -> None:
-        return None
 
 
 def use_fake_pcie_ipc() -> None:
