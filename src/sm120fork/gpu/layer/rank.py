@@ -10,6 +10,7 @@ collectives as FlashInfer's trtllm backend.  Imports only stdlib-only parts of
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import datetime as dt
 import itertools
@@ -279,7 +280,9 @@ def _posix_fd_allgather(backend: Any, fd: int, fail_at: int | None) -> list[int]
                 _KEPT_OPEN.append(sock.dup())
                 raise RuntimeError("CUDA_ERROR_INVALID_HANDLE (injected inside the "
                                    "POSIX-fd handle exchange, after its barrier)")
-            socket.send_fds(sock, [b"\0"], [fd], 0, name + str((rank + step) % size))
+            # not socket.send_fds: Python 3.11's drops its address argument
+            sock.sendmsg([b"\0"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                    array.array("i", [fd]))], 0, name + str((rank + step) % size))
             received += socket.recv_fds(sock, 1, 1)[1]
     finally:
         sock.close()
