@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from sm120fork.aot import check as aot_check
 from sm120fork.aot import compile as compile_mod
-from sm120fork.aot import inspect
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
@@ -76,17 +76,17 @@ def test_nvcc_times_are_split_per_target(built: tuple[Path, Path, compile_mod.To
 def test_embedded_code_and_the_empty_body_check(
         built: tuple[Path, Path, compile_mod.Toolchain]) -> None:
     so, _, _ = built
-    code = inspect.embedded_code(so)
+    code = aot_check.embedded_code(so)
     by_target = {c.target: c for c in code}
     assert set(by_target) >= {"sm_90a"}
     other = next(c for c in code if c.target != "sm_90a")
     assert other.target.startswith("sm_120")
     assert set(by_target["sm_90a"].families.values()) == {"kept", "guarded"}
-    (check,) = inspect.check_module(code)
+    (check,) = aot_check.check_module(code)
     assert not check.ok
     assert check.missing == ()
     assert [by_target["sm_90a"].families[name] for name in check.empty] == ["guarded"]
-    rows = inspect.family_rows(code)
+    rows = aot_check.family_rows(code)
     assert [row[0] for row in rows] == ["`guarded`", "`kept`"]
 
 

@@ -133,8 +133,8 @@ def test_build_aot_for_a_flashinfer_used_as_published(tmp_path: Path,
     toolchain = SimpleNamespace(version="13.0", version_text="nvcc 13.0", source="system")
     monkeypatch.setattr("sm120fork.aot.compile.prepare", lambda link: toolchain)
     monkeypatch.setattr("sm120fork.aot.compile.build", compile_stand_in)
-    monkeypatch.setattr("sm120fork.aot.inspect.embedded_code", lambda so: [])
-    monkeypatch.setattr("sm120fork.aot.inspect.check_module", lambda code: [])
+    monkeypatch.setattr("sm120fork.aot.check.embedded_code", lambda so: [])
+    monkeypatch.setattr("sm120fork.aot.check.check_module", lambda code: [])
     built = pipeline.build_aot(ws, stack, capabilities=("12.0", "12.1"),
                                platform="linux_x86_64")
 

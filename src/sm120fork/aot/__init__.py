@@ -1,3 +1,3 @@
 """Prebuilt (ahead-of-time) FlashInfer trtllm comm modules, shipped as a wheel: compiled
 with FlashInfer's own JIT spec and ninja (:mod:`.compile`), checked against sm_90a
-(:mod:`.inspect`), laid out where FlashInfer looks for prebuilt modules (:mod:`.wheel`)."""
+(:mod:`.check`), laid out where FlashInfer looks for prebuilt modules (:mod:`.wheel`)."""

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from sm120fork import __version__
 from sm120fork import manifest as manifest_file
+from sm120fork.aot import check
 from sm120fork.aot import compile as compile_mod
-from sm120fork.aot import inspect as inspect_mod
 from sm120fork.aot import wheel as wheel_mod
 from sm120fork.aot.compile import DEFAULT_CAPABILITIES
 from sm120fork.declare import Stack
@@ -39,8 +39,8 @@ class AotBuild:
     wheel: Path
     compiled: compile_mod.Compiled
     manifest: wheel_mod.AotManifest
-    code: tuple[inspect_mod.TargetCode, ...]
-    checks: tuple[inspect_mod.TargetCheck, ...]
+    code: tuple[check.TargetCode, ...]
+    checks: tuple[check.TargetCheck, ...]
 
 
 def default_out(ws: Workspace, stack: Stack) -> Path:
@@ -121,8 +121,8 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
     if compiled.plan.flashinfer_version.split("+")[0] != flashinfer.upstream_version:
         raise BuildError(f"the tree says FlashInfer {compiled.plan.flashinfer_version}, the "
                          f"manifest {flashinfer.upstream_version}", where=str(tree))
-    code = tuple(inspect_mod.embedded_code(compiled.so))
-    checks = tuple(inspect_mod.check_module(code))
+    code = tuple(check.embedded_code(compiled.so))
+    checks = tuple(check.check_module(code))
     bad = [c for c in checks if not c.ok]
     if bad:
         raise BuildError("kernels missing or empty: " + "; ".join(
@@ -135,7 +135,7 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
                                     "sources_digest_by": digest_by,
                                     "cache_key": compiled.key,
                                     "tvm_ffi_version": compiled.plan.tvm_ffi_version,
-                                    "code": inspect_mod.summary(code, checks)})
+                                    "code": check.summary(code, checks)})
     target = out or default_out(ws, stack)
     with tempfile.TemporaryDirectory(prefix="sm120fork-aot-", dir=ws.state_dir) as tmp:
         built = wheel_mod.write_wheel(

@@ -53,7 +53,7 @@ def run_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Runs anywhere (cibuildwheel's test step, the GPU machine): no checkout needed."""
     import tempfile
 
-    from sm120fork.aot import check, inspect
+    from sm120fork.aot import check
     from sm120fork.aot.wheel import PACKAGE, read_wheel
     from sm120fork.errors import VerifyError
 
@@ -77,10 +77,10 @@ def run_check(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 so = Path(tmp) / f"{name}.so"
                 with zipfile.ZipFile(args.wheel) as zf:
                     so.write_bytes(zf.read(f"{PACKAGE}/{entry.path}"))
-                code = inspect.embedded_code(so)
-                checks = inspect.check_module(code)
-                findings[f"code:{name}"] = {**inspect.summary(code, checks),
-                                            "families": inspect.family_rows(code)}
+                code = check.embedded_code(so)
+                checks = check.check_module(code)
+                findings[f"code:{name}"] = {**check.summary(code, checks),
+                                            "families": check.family_rows(code)}
                 problems += [f"{name} {c.target}: {len(c.missing)} kernels missing, "
                              f"{len(c.empty)} empty" for c in checks if not c.ok]
                 sass = table(f"{name}: embedded SASS",
