@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,12 +43,9 @@ class Tally:
 
     @classmethod
     def of(cls, records: Sequence[CaseResult]) -> Tally:
-        ran = [r for r in records if not r.never_ran]
-
-        def count(status: str) -> int:
-            return sum(1 for r in ran if r.status == status)
-        return cls(passed=count("pass"), failed=count("fail"), skipped=count("skip"),
-                   not_run=len(records) - len(ran))
+        ran = Counter(r.status for r in records if not r.never_ran)
+        return cls(passed=ran["pass"], failed=ran["fail"], skipped=ran["skip"],
+                   not_run=sum(r.never_ran for r in records))
 
     @property
     def total(self) -> int:

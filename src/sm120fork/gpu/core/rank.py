@@ -183,8 +183,7 @@ class Rank:
         torch.cuda.synchronize()
         self.barrier()
 
-    def next_flag(self, n: int = 1) -> int:
-        first = self.flag
-        self.flag += n
-        return first
+    def next_flag(self) -> int:
+        self.flag += 1
+        return self.flag - 1
 
