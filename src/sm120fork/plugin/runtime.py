@@ -15,6 +15,7 @@ import __future__
 
 import ast
 import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -25,7 +26,7 @@ import sys
 import textwrap
 import types
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,7 @@ class Hook:
 class Spec:
     """What the build generated: the SGLang it targets, its hooks, its wheel-only patches."""
 
+    schema: int = SCHEMA
     stack: str
     distribution: str
     version: str
@@ -160,20 +162,16 @@ class Spec:
     wheel_only: tuple[tuple[str, str], ...] = ()   # (patch, why)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "stack": self.stack, "distribution": self.distribution,
-                "version": self.version, "package": self.package,
-                "hooks": [asdict(h) for h in self.hooks],
-                "wheel_only": [{"patch": p, "why": w} for p, w in self.wheel_only]}
+        return {**asdict(self), "wheel_only": [{"patch": p, "why": w} for p, w in self.wheel_only]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Spec:
         if data.get("schema") != SCHEMA:
             raise ValueError(f"hook specification schema {data.get('schema')!r}, "
                              f"this runtime reads {SCHEMA}")
-        return cls(stack=data["stack"], distribution=data["distribution"],
-                   version=data["version"], package=data["package"],
-                   hooks=tuple(Hook(**{**h, "names": tuple(h["names"])}) for h in data["hooks"]),
-                   wheel_only=tuple((w["patch"], w["why"]) for w in data["wheel_only"]))
+        hooks = tuple(Hook(**{**h, "names": tuple(h["names"])}) for h in data["hooks"])
+        wheel_only = tuple((w["patch"], w["why"]) for w in data["wheel_only"])
+        return cls(**{**data, "hooks": hooks, "wheel_only": wheel_only})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,17 +193,6 @@ class HookStatus:
 
 
 # --- Checking against the installed SGLang --------------------------------------------------
-
-def _installed_version(distribution: str) -> str | None:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _public(version: str) -> str:
-    return version.split("+", 1)[0]
-
 
 def _package_parent(package: str) -> Path | None:
     """The directory that holds ``package`` (found without importing it)."""
@@ -249,46 +236,8 @@ def _judge(hook: Hook, units: ModuleUnits | str) -> tuple[str, str]:
     return NOT_APPLIED, f"unknown hook kind {hook.kind!r}"
 
 
-def evaluate(spec: Spec) -> list[HookStatus]:
-    """What ``activate`` would do, without changing anything (reads files, imports nothing)."""
-    installed = _installed_version(spec.distribution)
-    version_why = ""
-    if installed is None:
-        version_why = f"{spec.distribution} is not installed"
-    elif _public(installed) != spec.version:
-        version_why = (f"installed {spec.distribution} {installed}; this plugin is for "
-                       f"{spec.version} (stack {spec.stack})")
-    parent = None if version_why else _package_parent(spec.package)
-    parsed: dict[str, ModuleUnits | str] = {}
-    statuses: list[HookStatus] = []
-    for hook in spec.hooks:
-        if version_why:
-            statuses.append(HookStatus(label=hook.label, state=NOT_APPLIED, why=version_why,
-                                       carried=hook.carried))
-            continue
-        if hook.kind == "module":
-            state, why = _judge_module(hook, parent)
-        else:
-            if hook.path not in parsed:
-                parsed[hook.path] = _read_units(parent, hook.path)
-            state, why = _judge(hook, parsed[hook.path])
-        statuses.append(HookStatus(label=hook.label, state=state, why=why,
-                                   carried=hook.carried))
-    blockers = [s for s in statuses if s.state == NOT_APPLIED]
-    if blockers and not version_why:
-        held = f"held back because {blockers[0].label} cannot apply; all hooks or none"
-        statuses = [HookStatus(label=s.label, state=NOT_APPLIED, why=held, carried=s.carried)
-                    if s.state == APPLIED else s for s in statuses]
-    statuses += [HookStatus(label=patch, state=WHEEL_ONLY,
-                            why=f"{why}; the patched sglang wheel carries it")
-                 for patch, why in spec.wheel_only]
-    return statuses
-
-
-def _judge_module(hook: Hook, parent: Path | None) -> tuple[str, str]:
+def _judge_module(hook: Hook, parent: Path) -> tuple[str, str]:
     """(state, why) of a module the series adds: applied where SGLang has no such file."""
-    if parent is None:
-        return NOT_APPLIED, "the installed package directory was not found"
     file = parent / hook.path
     if not file.exists():
         return APPLIED, ""
@@ -301,29 +250,67 @@ def _judge_module(hook: Hook, parent: Path | None) -> tuple[str, str]:
     return NOT_APPLIED, f"the installed sglang has a {hook.path} of its own"
 
 
-def _read_units(parent: Path | None, path: str) -> ModuleUnits | str:
-    if parent is None:
-        return "the installed package directory was not found"
-    file = parent / path
+def _read_units(file: Path, path: str) -> ModuleUnits | str:
     try:
         return ModuleUnits.parse(file.read_text(encoding="utf-8"), filename=str(file))
     except (OSError, UnicodeDecodeError, SyntaxError) as exc:
         return f"cannot read {path}: {exc}"
 
 
+def _refused(statuses: list[HookStatus], why: str) -> list[HookStatus]:
+    """Every status that would apply, not applied with ``why``: all hooks or none."""
+    return [replace(s, state=NOT_APPLIED, why=why) if s.state == APPLIED else s
+            for s in statuses]
+
+
+def evaluate(spec: Spec) -> list[HookStatus]:
+    """What ``activate`` would do, without changing anything (reads files, imports nothing)."""
+    try:
+        installed: str | None = importlib.metadata.version(spec.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    parent = _package_parent(spec.package) if installed else None
+    parsed: dict[str, ModuleUnits | str] = {}
+    statuses: list[HookStatus] = []
+    for hook in spec.hooks:
+        if installed is None:
+            state, why = NOT_APPLIED, f"{spec.distribution} is not installed"
+        elif installed.split("+", 1)[0] != spec.version:
+            state, why = NOT_APPLIED, (f"installed {spec.distribution} {installed}; this "
+                                       f"plugin is for {spec.version} (stack {spec.stack})")
+        elif parent is None:
+            state, why = NOT_APPLIED, "the installed package directory was not found"
+        elif hook.kind == "module":
+            state, why = _judge_module(hook, parent)
+        else:
+            if hook.path not in parsed:
+                parsed[hook.path] = _read_units(parent / hook.path, hook.path)
+            state, why = _judge(hook, parsed[hook.path])
+        statuses.append(HookStatus(label=hook.label, state=state, why=why,
+                                   carried=hook.carried))
+    blockers = [s for s in statuses if s.state == NOT_APPLIED]
+    if blockers:
+        statuses = _refused(statuses, f"held back because {blockers[0].label} cannot apply; "
+                                      "all hooks or none")
+    statuses += [HookStatus(label=patch, state=WHEEL_ONLY,
+                            why=f"{why}; the patched sglang wheel carries it")
+                 for patch, why in spec.wheel_only]
+    return statuses
+
+
 # --- Applying ---------------------------------------------------------------------------
 
-RegisterFn = Callable[[str, Callable[..., Any]], None]
 #: (register, unregister): put one REPLACE hook into SGLang's HookRegistry, take ours out.
-Registry = tuple[RegisterFn, Callable[[str, Callable[..., Any]], None]]
+Registry = tuple[Callable[[str, Callable[..., Any]], None],
+                 Callable[[str, Callable[..., Any]], None]]
 
 
 def _sglang_registry() -> Registry:
     hook_registry = importlib.import_module("sglang.srt.plugins.hook_registry")
-    registry, replace = hook_registry.HookRegistry, hook_registry.HookType.REPLACE
+    registry, replace_type = hook_registry.HookRegistry, hook_registry.HookType.REPLACE
 
     def register(target: str, fn: Callable[..., Any]) -> None:
-        registry.register(target, fn, replace)
+        registry.register(target, fn, replace_type)
 
     def unregister(target: str, fn: Callable[..., Any]) -> None:
         hooks = registry._hooks.get(target)
@@ -335,60 +322,26 @@ def _sglang_registry() -> Registry:
     return register, unregister
 
 
-def _without_decorators(source: str) -> ast.Module:
-    """The unit's source as a module, its function's decorators removed: they ran when
-    SGLang imported the module (running them again would register twice)."""
-    tree = ast.parse(textwrap.dedent(source))
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            node.decorator_list = []
-    return tree
-
-
 def _compile_unit(hook: Hook, module: types.ModuleType, flags: int) -> dict[str, Any]:
-    """Run one unit's source with the module's globals; return the names it bound."""
+    """Run one unit's source with the module's globals; return the names it bound.  A
+    replaced function loses its decorators: they ran when SGLang imported the module
+    (running them again would register twice)."""
     where = f"<sm120fork plugin {hook.path}>"
-    code = compile(_without_decorators(hook.source) if hook.kind == "replace"
-                   else hook.source, where, "exec", flags=flags, dont_inherit=True)
+    tree = ast.parse(textwrap.dedent(hook.source), filename=where)
+    for node in tree.body:
+        if hook.kind == "replace" and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            node.decorator_list = []
+    code = compile(tree, where, "exec", flags=flags, dont_inherit=True)
     bound: dict[str, Any] = {}
     exec(code, vars(module), bound)
     return bound
 
 
-def _owner(module: types.ModuleType, dotted: str) -> tuple[Any, str]:
-    """The object holding the last part of ``dotted`` (a module or a class) and that name."""
-    *outer, attr = dotted.split(".")
-    owner: Any = module
-    for part in outer:
-        owner = getattr(owner, part)
-    return owner, attr
-
-
-def _current_function(owner: Any, attr: str) -> types.FunctionType:
-    """What the owner binds now, if decorators left the plain function there; else raise."""
-    current = vars(owner).get(attr)
-    if not isinstance(current, types.FunctionType) or current.__code__.co_name != attr \
-            or hasattr(current, "__wrapped__"):
-        raise RuntimeError(f"{attr} is not the plain function upstream defines (a wrapping "
-                           "decorator, or another plugin replaced it first)")
-    return current
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """One hook, ready: what to set (provide) or to register (replace)."""
-
-    hook: Hook
-    module: types.ModuleType
-    values: dict[str, Any]
-
-
 def _new_module(hook: Hook) -> types.ModuleType:
     """Make the module a ``module`` hook adds, from its text (not yet installed)."""
-    package, _, _leaf = hook.module.rpartition(".")
     module = types.ModuleType(hook.module)
     module.__file__ = f"<sm120fork plugin {hook.path}>"
-    module.__package__ = package
+    module.__package__ = hook.module.rpartition(".")[0]
     code = compile(hook.source, module.__file__, "exec", dont_inherit=True)
     sys.modules[hook.module] = module  # while it runs: dataclasses look their module up
     try:
@@ -398,18 +351,26 @@ def _new_module(hook: Hook) -> types.ModuleType:
     return module
 
 
-def _prepare(hook: Hook) -> _Prepared:
-    """Import the target, compile our unit; change nothing."""
+def _prepare(hook: Hook) -> tuple[types.ModuleType, dict[str, Any]]:
+    """Import the target, compile our unit; change nothing.  What to provide (name: value)
+    or to register (target: function)."""
     module = importlib.import_module(hook.module)
-    bound = _compile_unit(hook, module, _flags_of(module))
+    # ``from __future__ import annotations`` in the module applies to code added to it
+    future = __future__.annotations
+    bound = _compile_unit(hook, module, future.compiler_flag
+                          if vars(module).get("annotations") is future else 0)
     if hook.kind == "provide":
-        return _Prepared(hook, module, {name: bound[name] for name in hook.names})
+        return module, {name: bound[name] for name in hook.names}
     (dotted,) = hook.names
-    owner, attr = _owner(module, dotted)
-    _current_function(owner, attr)
+    *outer, attr = dotted.split(".")
+    current = vars(functools.reduce(getattr, outer, module)).get(attr)
+    if not isinstance(current, types.FunctionType) or current.__code__.co_name != attr \
+            or hasattr(current, "__wrapped__"):
+        raise RuntimeError(f"{attr} is not the plain function upstream defines (a wrapping "
+                           "decorator, or another plugin replaced it first)")
     if not isinstance(bound.get(attr), types.FunctionType):
         raise RuntimeError(f"our source of {dotted} defines no function {attr}")
-    return _Prepared(hook, module, {dotted: bound[attr]})
+    return module, {f"{hook.module}.{dotted}": bound[attr]}
 
 
 def _apply(spec: Spec, statuses: list[HookStatus],
@@ -421,9 +382,7 @@ def _apply(spec: Spec, statuses: list[HookStatus],
     if not todo:
         return statuses
     register, unregister = registry or _sglang_registry()
-    provided: list[tuple[types.ModuleType, str]] = []
-    registered: list[tuple[str, Callable[..., Any]]] = []
-    added: list[str] = []
+    undo: list[Callable[[], object]] = []
     try:
         for hook in todo:  # new modules first: the other hooks' functions import them
             if hook.kind == "module":
@@ -431,40 +390,25 @@ def _apply(spec: Spec, statuses: list[HookStatus],
                 package, _, leaf = hook.module.rpartition(".")
                 owner = importlib.import_module(package)
                 sys.modules[hook.module] = new
-                added.append(hook.module)
+                undo.append(functools.partial(sys.modules.pop, hook.module, None))
                 setattr(owner, leaf, new)
-                provided.append((owner, leaf))
-        prepared = [_prepare(hook) for hook in todo if hook.kind != "module"]
-        for item in prepared:
-            if item.hook.kind == "provide":
-                for name, value in item.values.items():
-                    setattr(item.module, name, value)
-                    provided.append((item.module, name))
-        for item in prepared:
-            if item.hook.kind == "replace":
-                for dotted, fn in item.values.items():
-                    target = f"{item.hook.module}.{dotted}"
-                    register(target, fn)
-                    registered.append((target, fn))
+                undo.append(functools.partial(delattr, owner, leaf))
+        prepared = [(hook, *_prepare(hook)) for hook in todo if hook.kind != "module"]
+        for hook, module, values in sorted(prepared, key=lambda p: p[0].kind == "replace"):
+            for name, value in values.items():  # provides first, then the REPLACEs
+                if hook.kind == "provide":
+                    setattr(module, name, value)
+                    undo.append(functools.partial(delattr, module, name))
+                else:
+                    register(name, value)
+                    undo.append(functools.partial(unregister, name, value))
     except Exception as exc:
-        for target, fn in registered:
+        for step in reversed(undo):
             with contextlib.suppress(Exception):
-                unregister(target, fn)
-        for module, name in provided:
-            if name in vars(module):
-                delattr(module, name)
-        for name in added:
-            sys.modules.pop(name, None)
-        why = f"preparing failed, SGLang left stock: {type(exc).__name__}: {exc}"
-        return [HookStatus(label=s.label, state=NOT_APPLIED, why=why, carried=s.carried)
-                if s.state == APPLIED else s for s in statuses]
+                step()
+        return _refused(statuses, "preparing failed, SGLang left stock: "
+                                  f"{type(exc).__name__}: {exc}")
     return statuses
-
-
-def _flags_of(module: types.ModuleType) -> int:
-    """``from __future__ import annotations`` in the module applies to code added to it."""
-    feature = __future__.annotations
-    return feature.compiler_flag if vars(module).get("annotations") is feature else 0
 
 
 def activate(spec: Spec, *,
@@ -492,11 +436,6 @@ def activate(spec: Spec, *,
             log.info("%s", status.line)
     _STATE["report"] = statuses
     return statuses
-
-
-def report() -> list[HookStatus] | None:
-    """This process's report (None if the plugin has not run here)."""
-    return _STATE.get("report")
 
 
 def _reset_for_tests() -> None:
