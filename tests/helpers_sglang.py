@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.plugin import package, runtime
+from sm120fork.plugin import build as plugin_build
+from sm120fork.plugin import runtime
 from sm120fork.plugin.generate import generate_spec, patch_commits
 from sm120fork.util.git import Git
 from sm120fork.verify.proof.patches import VERIFY_STACK_ENV
@@ -202,7 +203,7 @@ def _make_sites(base: Path) -> None:
     spec = generate_spec(repo, patch_commits(repo, ids), package_root="python",
                          package="sglang", stack=STACK, distribution="sglang",
                          version=version)
-    built = package.build_plugin_wheel(spec, "sm120.1", base / "plugin-cache")
+    built = plugin_build.build_plugin_wheel(spec, "sm120.1", base / "plugin-cache")
     pip("install", "--no-deps", "--target", str(base / "plugin"),
         str(built.wheel))
 

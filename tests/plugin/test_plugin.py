@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from sm120fork.package.stack import build_stack
-from sm120fork.plugin import package, runtime
+from sm120fork.plugin import build as plugin_build
+from sm120fork.plugin import runtime
 from sm120fork.plugin.generate import generate_spec, patch_commits
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util.git import Git
@@ -376,10 +377,10 @@ def test_a_second_plugin_loaded_after_ours_keeps_its_hooks(
 
 def test_plugin_project_vendors_toolkit_files_unchanged(fork: Git, tmp_path: Path) -> None:
     spec = spec_for(fork, ["G1", "G2", "G3"])
-    project = package.write_project(spec, "sm120.1", tmp_path / "project")
-    pkg = project / package.IMPORT_PACKAGE
-    for rel in package.vendored_files():
-        assert (pkg / rel).read_bytes() == (package.TOOLKIT / rel).read_bytes(), rel
+    project = plugin_build.write_project(spec, "sm120.1", tmp_path / "project")
+    pkg = project / plugin_build.IMPORT_PACKAGE
+    for rel in plugin_build.vendored_files():
+        assert (pkg / rel).read_bytes() == (plugin_build.TOOLKIT / rel).read_bytes(), rel
     assert runtime.Spec.from_json(json.loads((pkg / "hooks.json").read_text())) == spec
     assert 'version = "1.0+sm120.1"' in (project / "pyproject.toml").read_text()
 
@@ -388,7 +389,7 @@ def test_plugin_project_vendors_toolkit_files_unchanged(fork: Git, tmp_path: Pat
 @pytest.mark.slow
 def test_plugin_wheel_builds_with_entry_point_and_script(fork: Git, tmp_path: Path) -> None:
     spec = spec_for(fork, ["G1", "G2", "G3"])
-    built = package.build_plugin_wheel(spec, "sm120.1", tmp_path / "cache")
+    built = plugin_build.build_plugin_wheel(spec, "sm120.1", tmp_path / "cache")
     assert built.wheel.name == "sm120fork_sglang_plugin-1.0+sm120.1-py3-none-any.whl"
     with zipfile.ZipFile(built.wheel) as zf:
         names = set(zf.namelist())
@@ -400,7 +401,7 @@ def test_plugin_wheel_builds_with_entry_point_and_script(fork: Git, tmp_path: Pa
         [sglang.srt.plugins]
         sm120fork = sm120fork_sglang_plugin:load""") in entry_points
     assert "sm120fork-doctor = sm120fork_sglang_plugin.doctor:main" in entry_points
-    again = package.build_plugin_wheel(spec, "sm120.1", tmp_path / "cache")
+    again = plugin_build.build_plugin_wheel(spec, "sm120.1", tmp_path / "cache")
     assert again.cached
     assert again.wheel == built.wheel
     # the installed wheel's doctor reads the policy with the vendored reader (issue 22)
@@ -634,10 +635,10 @@ def _check_plugin_doctor_policy(site: Path, tmp_path: Path) -> None:
 def test_the_plugin_projects_doctor_prints_the_policy_without_the_toolkit(
         fork: Git, tmp_path: Path) -> None:
     """The plugin's files as the build lays them out (no wheel build: offline)."""
-    project = package.write_project(spec_for(fork, ["G1", "G2", "G3"]), "sm120.1",
+    project = plugin_build.write_project(spec_for(fork, ["G1", "G2", "G3"]), "sm120.1",
                                     tmp_path / "project")
-    assert (project / package.IMPORT_PACKAGE / "gpu" / "policy.py").read_bytes() == (
-        package.TOOLKIT / "gpu" / "policy.py").read_bytes()
+    assert (project / plugin_build.IMPORT_PACKAGE / "gpu" / "policy.py").read_bytes() == (
+        plugin_build.TOOLKIT / "gpu" / "policy.py").read_bytes()
     _check_plugin_doctor_policy(project, tmp_path)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from sm120fork.gpu import policy
-from sm120fork.plugin import package
+from sm120fork.plugin import build as plugin_build
 
 from helpers_sglang import ROOT, Sites
 
@@ -136,7 +136,7 @@ def run_cases(sites: Sites, *, plugin: bool, scenarios: list[Any]) -> dict[str, 
 
 
 def test_the_plugin_follows_the_policy_and_names_it(sites: Sites, tmp_path: Path) -> None:
-    assert "gpu/policy.py" in package.vendored_files()
+    assert "gpu/policy.py" in plugin_build.vendored_files()
     home = tmp_path / "home"
     at_home = home / ".config" / "sm120fork" / "allreduce-policy.json"
     policy.write(measured(), at_home.parent)

@@ -42,7 +42,7 @@ BAD_IMPORTS = {
     "patch/series.py": ("def _late() -> None:\n    from sm120fork.verify import proof\n",
                         "sm120fork.patch is not allowed to import sm120fork.verify"),
     # a lower stage the table does not list for it
-    "gpu/core/cases.py": ("from sm120fork.plugin import package\n",
+    "gpu/core/cases.py": ("from sm120fork.plugin import build\n",
                      "sm120fork.gpu is not allowed to import sm120fork.plugin"),
     # one GPU harness importing another, or the harnesses' core importing one
     "gpu/ab/report.py": ("from sm120fork.gpu.bench import report as bench_report\n",

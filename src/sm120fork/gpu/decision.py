@@ -317,44 +317,38 @@ def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None
             doc = validate(raw, str(facts["path"]))
         except Exception as exc:  # ConfigError: shown, never raised into the doctor
             error = getattr(exc, "message", str(exc))
-    valid = bool(doc)
     made = doc.get("made") or {}
-    applies = valid and doc["for_use"] is True
+    applies = bool(doc) and doc["for_use"] is True
+    source = {"path": facts.get("path"), "named_by": facts.get("named_by"),
+              "found": bool(facts.get("found")), "usable": bool(doc), "error": error,
+              "version": raw.get("version") if isinstance(raw, dict) else None,
+              "for_use": doc.get("for_use"), "shared_gpu": made.get("shared_gpu"),
+              "note": made.get("note"), "made": made or None}
     named = (f"named by {ENV_VAR}" if facts.get("named_by") == ENV_VAR
              else f"the default place; {ENV_VAR} names another")
-    source: dict[str, Any] = {
-        "path": facts.get("path"), "named_by": facts.get("named_by"),
-        "found": bool(facts.get("found")), "usable": valid, "error": error,
-        "version": raw.get("version") if isinstance(raw, dict) else None,
-        "for_use": doc.get("for_use") if valid else None,
-        "shared_gpu": made.get("shared_gpu"), "note": made.get("note"),
-        "made": made or None}
     head = [f"policy file: {facts.get('path')} ({named})"]
-    where = ""
     if not facts.get("found"):
         head.append("no policy there: SGLang keeps today's decision")
-    elif not valid:
+    elif not doc:
         head.append(f"not usable ({error}): SGLang keeps today's decision")
     else:
-        where = measured_where(made)
         state = ("for use: SGLang follows it" if applies else
                  f"marked NOT FOR USE ({made.get('note') or 'made on a shared GPU'}): "
                  "SGLang ignores it and keeps today's decision")
-        head.append(f"format {doc['format']} version {doc['version']}, {where}; {state}")
+        head.append(f"format {doc['format']} version {doc['version']}, "
+                    f"{measured_where(made)}; {state}")
     forced = _override(override)
     if override is not None:
         head.append(f"{AUTO_ENV}={override} decides our fused path's auto-enable"
                     + (" (the policy's ranges still hold)" if applies else ""))
-    tps: dict[str, Any] = doc["tp"] if valid else {}
+    policy, source_line, why_not = applicable(facts, gpu_major=gpu_major, gpu_name=gpu_name)
     lines: list[str] = []
-    per_tp: list[dict[str, Any]] = []
-    for tp in sorted({*sizes, *(int(t) for t in tps)}):
-        process = Process(world_size=tp, gpu_major=gpu_major, present=present,
-                          fused_override=forced)
-        policy, source_line, why_not = applicable(facts, gpu_major=gpu_major,
-                                                  gpu_name=gpu_name)
-        decision = decide(policy, process, source=source_line, why_not=why_not)
-        entry = tps.get(str(tp)) or {}
+    per_tp = []
+    for tp in sorted({*sizes, *(int(t) for t in doc.get("tp", {}))}):
+        decision = decide(policy, Process(world_size=tp, gpu_major=gpu_major, present=present,
+                                          fused_override=forced),
+                          source=source_line, why_not=why_not)
+        entry = doc.get("tp", {}).get(str(tp)) or {}
         per_tp.append({**dataclasses.asdict(decision), "fallbacks": list(decision.fallbacks),
                        "ranges": [dataclasses.asdict(r) for r in decision.ranges],
                        "decided_by": "policy" if decision.by_policy else (
@@ -363,14 +357,13 @@ def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None
                        "measured": list(entry.get("ranges", [])),
                        "excluded": dict(entry.get("excluded", {})),
                        "not_measured": dict(entry.get("not_measured", {}))})
-        lines.append(decision.line)
-        lines += [f"  {line}" for line in decision.fallbacks]
+        lines += [decision.line, *(f"  {line}" for line in decision.fallbacks)]
         if entry and not decision.by_policy:
             measured = ", ".join(f"{r['min_tokens']}-{r['max_tokens']}: {r['method']}"
                                  for r in entry.get("ranges", []))
             lines.append(f"  measured (not followed): {measured or 'nothing'}")
-        for name, why_out in sorted(entry.get("excluded", {}).items()):
-            lines.append(f"  TP{tp}: {name} left out: {why_out}")
+        lines += [f"  TP{tp}: {name} left out: {why_out}"
+                  for name, why_out in sorted(entry.get("excluded", {}).items())]
     return {"source": source, "applies": applies, "override": override, "tp": per_tp,
             "head": head, "lines": lines}
 

@@ -8,6 +8,7 @@ check anywhere is left out of the whole TP size.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import defaultdict
@@ -39,11 +40,6 @@ def servable(name: str) -> bool:
     return name in SERVING and SERVING[name].route is not None
 
 
-def _order(names: Sequence[str]) -> dict[str, int]:
-    registry = list(METHODS)
-    return {n: registry.index(n) for n in names}
-
-
 def _worst_ratios(by_hidden: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
     """Per method that ran at every hidden size: its worst latency / the fastest's."""
     names = set.intersection(*(set(m) for m in by_hidden.values()))
@@ -66,43 +62,28 @@ def _tp_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if (rec.get("kind") == "point" and rec.get("status") == TIMED
                 and rec["method"] not in excluded and servable(rec["method"])):
             lat[int(rec["tokens"])][int(rec["hidden"])][rec["method"]] = latency(rec)
-    tokens = sorted(lat)
+    # per token count (in order) the winner: the method fastest at every hidden size, else
+    # the best worst-case ratio; ties go to the registry's order
     ratios: dict[int, dict[str, float]] = {}
     winners: dict[int, str] = {}
-    for t in tokens:
-        by_hidden = lat[t]
-        worst = _worst_ratios(by_hidden)
-        if not worst:
-            continue
-        per_hidden = {h: min(m, key=m.__getitem__) for h, m in by_hidden.items()}
-        order = _order(list(worst))
-        if len(set(per_hidden.values())) == 1 and next(iter(per_hidden.values())) in worst:
-            winners[t] = next(iter(per_hidden.values()))
-        else:  # no method wins at every hidden size: the best worst-case ratio
-            winners[t] = min(worst, key=lambda n: (worst[n], order[n]))
-        ratios[t] = worst
-    ranked = [t for t in tokens if t in winners]
-    groups: list[list[int]] = []
-    for t in ranked:
-        if groups and winners[groups[-1][-1]] == winners[t]:
-            groups[-1].append(t)
-        else:
-            groups.append([t])
+    for t in sorted(lat):
+        worst = ratios[t] = _worst_ratios(lat[t])
+        fastest = {min(m, key=m.__getitem__) for m in lat[t].values()}
+        if worst:
+            winners[t] = fastest.pop() if len(fastest) == 1 else min(
+                worst, key=lambda n: (worst[n], list(METHODS).index(n)))
     ranges: list[dict[str, Any]] = []
-    low = 1
-    for group in groups:
-        winner = winners[group[0]]
+    for winner, run in itertools.groupby(winners, key=winners.__getitem__):
+        group = list(run)
         others = set.intersection(*(set(ratios[t]) for t in group)) - {winner}
         worst = {n: max(ratios[t][n] for t in group) for n in others}
-        order = _order(list(others))
-        ranges.append({"min_tokens": low, "max_tokens": group[-1], "method": winner,
-                       "fallback": sorted(others, key=lambda n: (worst[n], order[n]))})
-        low = group[-1] + 1
-    for name in not_measured.copy():
-        if any(name == r["method"] or name in r["fallback"] for r in ranges):
-            del not_measured[name]
-    return {"ranges": ranges, "measured_tokens": ranked, "excluded": excluded,
-            "not_measured": not_measured}
+        ranges.append({"min_tokens": ranges[-1]["max_tokens"] + 1 if ranges else 1,
+                       "max_tokens": group[-1], "method": winner,
+                       "fallback": sorted(others, key=lambda n: (worst[n],
+                                                                 list(METHODS).index(n)))})
+    named = {n for r in ranges for n in (r["method"], *r["fallback"])}
+    return {"ranges": ranges, "measured_tokens": list(winners), "excluded": excluded,
+            "not_measured": {n: why for n, why in not_measured.items() if n not in named}}
 
 
 def derive(records_by_world: Mapping[int, Sequence[Mapping[str, Any]]], *,

@@ -8,9 +8,8 @@ hook; anything else makes the patch (and any patch sharing a unit with it) "whee
 from __future__ import annotations
 
 import ast
-import copy
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sm120fork.errors import BuildError
@@ -109,28 +108,26 @@ def _added_from_import(old: ast.ImportFrom, new: ast.ImportFrom) -> str | None:
     return f"from {'.' * new.level}{new.module or ''} import {names}\n"
 
 
-def _method_changes(path: str, key: Key, old: _Unit, new: _Unit) -> list[_Change]:
+def _method_changes(path: str, key: Key, old: ast.ClassDef, new: ast.ClassDef,
+                    sources: tuple[str, str]) -> list[_Change]:
     """A changed class: one ``replace`` per changed method, if nothing else changed and
     each is plain (no decorator, no zero-argument ``super()``, no private ``__name``: those
-    need the class body)."""
-    assert isinstance(old.node, ast.ClassDef)
-    assert isinstance(new.node, ast.ClassDef)
-    name = new.node.name
-    wheel_only = [_Change(path, key, "", (name,), wheel_only=(
+    need the class body); ``sources``: the file before and after."""
+    wheel_only = [_Change(path, key, "", (new.name,), wheel_only=(
         f"changes module-level code in {path} ({_describe(key)} other than inside "
         "plain methods)"))]
-    before, after = _members(old.node), _members(new.node)
-    if _header(old.node) != _header(new.node) or before.keys() != after.keys():
+    before, after = _members(old), _members(new)
+    if _header(old) != _header(new) or before.keys() != after.keys():
         return wheel_only
     changes: list[_Change] = []
     for member, node in after.items():
-        text = unit_source(new.text, _shifted(node, new.node))
-        if text == unit_source(old.text, _shifted(before[member], old.node)):
+        text = unit_source(sources[1], node)
+        if text == unit_source(sources[0], before[member]):
             continue
         if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or \
                 node.decorator_list or _needs_class_body(node):
             return wheel_only
-        dotted = f"{name}.{node.name}"
+        dotted = f"{new.name}.{node.name}"
         changes.append(_Change(path, ("def", dotted), "replace", (dotted,), text))
     return changes
 
@@ -142,23 +139,6 @@ def _members(node: ast.ClassDef) -> dict[str, ast.stmt]:
 def _header(node: ast.ClassDef) -> str:
     return ast.dump(ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords,
                                  body=[], decorator_list=node.decorator_list))
-
-
-def _shifted(member: ast.stmt, owner: ast.ClassDef) -> ast.stmt:
-    """``member`` with line numbers relative to the class's own text (its first line 1)."""
-    first = min([owner.lineno, *(d.lineno for d in owner.decorator_list)])
-    shifted = copy.copy(member)
-    shifted.lineno = member.lineno - first + 1
-    assert member.end_lineno is not None
-    shifted.end_lineno = member.end_lineno - first + 1
-    if isinstance(member, ast.FunctionDef | ast.AsyncFunctionDef):
-        decorators = []
-        for d in member.decorator_list:
-            moved = copy.copy(d)
-            moved.lineno = d.lineno - first + 1
-            decorators.append(moved)
-        shifted.decorator_list = decorators  # type: ignore[attr-defined]
-    return shifted
 
 
 def _needs_class_body(node: ast.stmt) -> bool:
@@ -192,7 +172,9 @@ def diff_file(path: str, before: str | None, after: str | None) -> list[_Change]
         if key[0] == "def" and prior is not None:
             changes.append(_Change(path, key, "replace", names, unit.text))
         elif key[0] == "class" and prior is not None:
-            changes += _method_changes(path, key, prior, unit)
+            assert isinstance(prior.node, ast.ClassDef)
+            assert isinstance(unit.node, ast.ClassDef)
+            changes += _method_changes(path, key, prior.node, unit.node, (before, after))
         elif prior is None and (key[0] in ("def", "class", "from", "import")
                                 or (key[0] == "assign" and _is_literal(unit.node))):
             changes.append(_Change(path, key, "provide", names, unit.text))
@@ -228,31 +210,25 @@ def _module_name(rel: str) -> str:
     return ".".join(parts)
 
 
-@dataclass(frozen=True, kw_only=True)
-class PatchRef:
-    """A patch of the series and the commit ``git am`` made of it in the fork tree."""
-
-    id: str
-    commit: str
-
-
-def patch_commits(repo: Git, patch_ids: Sequence[str]) -> list[PatchRef]:
-    """Pair the series (in order) with the fork tree's commits after ``upstream``."""
+def patch_commits(repo: Git, patch_ids: Sequence[str]) -> dict[str, str]:
+    """Each patch of the series (in order) -> the commit ``git am`` made of it in the fork
+    tree (the commits after ``upstream``)."""
     commits = [c.hexsha for c in repo.commits(f"{UPSTREAM_TAG}..HEAD")]
     if len(commits) != len(patch_ids):
         raise BuildError(f"the fork tree has {len(commits)} commits after '{UPSTREAM_TAG}' "
                          f"but the series has {len(patch_ids)} patches", where=str(repo.path),
                          fix="rebuild the stack so the tree matches its series")
-    return [PatchRef(id=p, commit=c) for p, c in zip(patch_ids, commits, strict=True)]
+    return dict(zip(patch_ids, commits, strict=True))
 
 
-def generate_spec(repo: Git, patches: Sequence[PatchRef], *, package_root: str, package: str,
+def generate_spec(repo: Git, patches: Mapping[str, str], *, package_root: str, package: str,
                   stack: str, distribution: str, version: str) -> Spec:
-    """The hooks for ``patches`` of the fork tree ``repo`` (package under ``package_root``)."""
+    """The hooks for ``patches`` (id -> commit) of the fork tree ``repo`` (package under
+    ``package_root``)."""
     prefix = package_prefix(package_root)
     per_patch: dict[str, list[_Change]] = {}
-    for ref in patches:
-        changed = repo("diff-tree", "--no-commit-id", "--name-only", "-r", ref.commit,
+    for patch, commit in patches.items():
+        changed = repo("diff-tree", "--no-commit-id", "--name-only", "-r", commit,
                        quiet=True).split()
         changes: list[_Change] = []
         for full in changed:
@@ -261,9 +237,8 @@ def generate_spec(repo: Git, patches: Sequence[PatchRef], *, package_root: str, 
                 changes.append(_Change(rel, ("file",), "", (),
                                        wheel_only=f"changes {full}, outside the package"))
                 continue
-            changes += diff_file(rel, repo.show(f"{ref.commit}^", full),
-                                 repo.show(ref.commit, full))
-        per_patch[ref.id] = changes
+            changes += diff_file(rel, repo.show(f"{commit}^", full), repo.show(commit, full))
+        per_patch[patch] = changes
 
     wheel_only: dict[str, str] = {p: next(c.wheel_only for c in ch if c.wheel_only)
                                   for p, ch in per_patch.items() if any(c.wheel_only for c in ch)}

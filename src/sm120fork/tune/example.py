@@ -112,22 +112,16 @@ def render(scenarios: Path) -> str:
     return "\n".join(out)
 
 
-def rewrite(page: Path, scenarios: Path) -> bool:
-    """Put the rendered section into ``page``; True if it changed."""
-    text = page.read_text(encoding="utf-8")
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    new = head + render(scenarios) + tail
-    if new != text:
-        page.write_text(new, encoding="utf-8")
-    return new != text
-
-
 def main(argv: Sequence[str]) -> int:
+    """Put the rendered section into the page (``argv[0]``, else docs/policy.md)."""
     root = Path.cwd()
     page = Path(argv[0]) if argv else root / "docs" / "policy.md"
-    changed = rewrite(page, root / "reports" / "doctor" / "scenarios")
-    sys.stdout.write(f"{page}: {'rewritten' if changed else 'unchanged'}\n")
+    text = page.read_text(encoding="utf-8")
+    head, _, rest = text.partition(BEGIN)
+    new = head + render(root / "reports" / "doctor" / "scenarios") + rest.partition(END)[2]
+    if new != text:
+        page.write_text(new, encoding="utf-8")
+    sys.stdout.write(f"{page}: {'rewritten' if new != text else 'unchanged'}\n")
     return 0
 
 
