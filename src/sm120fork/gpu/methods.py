@@ -61,10 +61,8 @@ class MethodSpec:
 
     name: str
     label: str
-    fused: bool  # all-reduce, residual add and RMSNorm in one kernel
     #: environment its rank group needs (NCCL reads its tuning at init: own group)
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    ours: bool = False  # our fused kernel (the path SGLang's S2/G2 decide on)
     #: the FlashInfer module the bench's module step builds for it (besides comm and norm)
     module: str | None = None
 
@@ -78,32 +76,21 @@ class MethodSpec:
 NCCL_TUNED_ENV: Mapping[str, str] = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
-    MethodSpec(name="nccl_rmsnorm", label="NCCL all-reduce + fused_add_rmsnorm (defaults)",
-               fused=False),
+    MethodSpec(name="nccl_rmsnorm", label="NCCL all-reduce + fused_add_rmsnorm (defaults)"),
     MethodSpec(name="nccl_tuned_rmsnorm",
                label="NCCL all-reduce (NCCL_PROTO=LL, NCCL_ALGO=Ring) + fused_add_rmsnorm",
-               fused=False, env=NCCL_TUNED_ENV),
-    MethodSpec(name="fused_oneshot", label="our fused kernel, one-shot (Lamport)",
-               fused=True, ours=True),
-    MethodSpec(name="fused_twoshot", label="our fused kernel, two-shot", fused=True,
-               ours=True),
-    MethodSpec(name="fused_auto", label="our fused kernel, FlashInfer's one/two-shot choice",
-               fused=True, ours=True),
+               env=NCCL_TUNED_ENV),
+    MethodSpec(name="fused_oneshot", label="our fused kernel, one-shot (Lamport)"),
+    MethodSpec(name="fused_twoshot", label="our fused kernel, two-shot"),
+    MethodSpec(name="fused_auto", label="our fused kernel, FlashInfer's one/two-shot choice"),
     MethodSpec(name="pcie_ipc_rmsnorm",
-               label="FlashInfer pcie_ipc all-reduce + fused_add_rmsnorm", fused=False,
-               module="pcie_ipc"),
+               label="FlashInfer pcie_ipc all-reduce + fused_add_rmsnorm", module="pcie_ipc"),
     MethodSpec(name="custom_vllm_rmsnorm",
-               label="FlashInfer's vLLM custom all-reduce + fused_add_rmsnorm", fused=False,
-               module="vllm"),
+               label="FlashInfer's vLLM custom all-reduce + fused_add_rmsnorm", module="vllm"),
     MethodSpec(name="custom_sglang_rmsnorm",
-               label="SGLang's custom all-reduce (sgl_kernel) + fused_add_rmsnorm",
-               fused=False),
-    MethodSpec(name="b12x_fused", label="b12x PCIe one-shot all-reduce + add + RMSNorm",
-               fused=True),
+               label="SGLang's custom all-reduce (sgl_kernel) + fused_add_rmsnorm"),
+    MethodSpec(name="b12x_fused", label="b12x PCIe one-shot all-reduce + add + RMSNorm"),
 )}
 
 #: what SGLang runs where nothing else can: its own unfused dispatch, always usable
 UNFUSED = "nccl_rmsnorm"
-
-#: the method every other is compared with in reports (the projection, the targets)
-BASELINE = "nccl_rmsnorm"

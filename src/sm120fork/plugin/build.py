@@ -1,12 +1,10 @@
 """The plugin step of ``build``, for a stack whose SGLang has the plugin framework (0.5.11+):
-generate the hooks from the fork tree (:mod:`.generate`), build the plugin wheel
-(``sm120fork-sglang-plugin``, a generated project built with pypa/build); publishing puts
-it in ``<stack wheels>/plugin/`` with ``plugin.json``, apart from the patched wheels, so
-``pip install <dir>/*.whl`` installs one way or the other, never both.
-
-The wheel's version is SGLang's plus the stack's local label; it registers SGLang's entry
-point and the ``sm120fork-doctor`` script, and carries unchanged copies of the toolkit files
-it runs, laid out as in ``src/sm120fork`` so their relative imports hold in both places.
+the hooks generated from the fork tree (:mod:`.generate`) in a wheel built with pypa/build
+(``sm120fork-sglang-plugin``: SGLang's version plus the stack's local label) that registers
+SGLang's entry point and the ``sm120fork-doctor`` script and carries unchanged copies of the
+toolkit files it runs, laid out as in ``src/sm120fork`` so their relative imports hold.
+Publishing puts it in ``<stack wheels>/plugin/`` with ``plugin.json``, apart from the
+patched wheels, so ``pip install <dir>/*.whl`` installs one way or the other, never both.
 """
 
 from __future__ import annotations

@@ -28,13 +28,6 @@ UPSTREAM_TAG = "upstream"
 Key = tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class _Unit:
-    key: Key
-    node: ast.stmt
-    text: str
-
-
 def _key(node: ast.stmt, seen: Counter[Key]) -> Key:
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
         return ("def", node.name)
@@ -52,17 +45,13 @@ def _key(node: ast.stmt, seen: Counter[Key]) -> Key:
     return (*base, str(seen[base]))
 
 
-def _units(source: str, where: str) -> dict[Key, _Unit]:
+def _units(source: str, where: str) -> dict[Key, ast.stmt]:
     try:
         tree = ast.parse(source, filename=where)
     except SyntaxError as exc:
         raise BuildError(f"cannot parse {where}: {exc}", where=where) from exc
     seen: Counter[Key] = Counter()
-    units = {}
-    for node in tree.body:
-        key = _key(node, seen)
-        units[key] = _Unit(key, node, unit_source(source, node))
-    return units
+    return {_key(node, seen): node for node in tree.body}
 
 
 def _is_literal(node: ast.stmt) -> bool:
@@ -164,24 +153,25 @@ def diff_file(path: str, before: str | None, after: str | None) -> list[_Change]
         return [_Change(path, ("file",), "", (), wheel_only=f"{what} the file {path}")]
     old, new = _units(before, path), _units(after, path)
     changes: list[_Change] = []
-    for key, unit in new.items():
+    for key, node in new.items():
+        text = unit_source(after, node)
         prior = old.get(key)
-        if prior is not None and prior.text == unit.text:
+        if prior is not None and unit_source(before, prior) == text:
             continue
-        names = tuple(bound_names(unit.node))
+        names = tuple(bound_names(node))
         if key[0] == "def" and prior is not None:
-            changes.append(_Change(path, key, "replace", names, unit.text))
+            changes.append(_Change(path, key, "replace", names, text))
         elif key[0] == "class" and prior is not None:
-            assert isinstance(prior.node, ast.ClassDef)
-            assert isinstance(unit.node, ast.ClassDef)
-            changes += _method_changes(path, key, prior.node, unit.node, (before, after))
+            assert isinstance(prior, ast.ClassDef)
+            assert isinstance(node, ast.ClassDef)
+            changes += _method_changes(path, key, prior, node, (before, after))
         elif prior is None and (key[0] in ("def", "class", "from", "import")
-                                or (key[0] == "assign" and _is_literal(unit.node))):
-            changes.append(_Change(path, key, "provide", names, unit.text))
+                                or (key[0] == "assign" and _is_literal(node))):
+            changes.append(_Change(path, key, "provide", names, text))
         elif key[0] == "from" and prior is not None:
-            assert isinstance(prior.node, ast.ImportFrom)
-            assert isinstance(unit.node, ast.ImportFrom)
-            added = _added_from_import(prior.node, unit.node)
+            assert isinstance(prior, ast.ImportFrom)
+            assert isinstance(node, ast.ImportFrom)
+            added = _added_from_import(prior, node)
             if added is None:
                 changes.append(_Change(path, key, "", names, wheel_only=(
                     f"changes an import in {path} other than by adding names")))

@@ -105,15 +105,11 @@ class ModuleUnits:
         *outer, last = name.split(".")
         body: list[ast.stmt] = self.tree.body
         for part in outer:
-            owner = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == part),
-                         None)
-            if owner is None:
-                return None
-            body = owner.body
-        for node in body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == last:
-                return unit_source(self.source, node)
-        return None
+            body = next((n.body for n in body if isinstance(n, ast.ClassDef) and n.name == part),
+                        [])
+        return next((unit_source(self.source, n) for n in body
+                     if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == last),
+                    None)
 
 
 # --- The generated specification ------------------------------------------------------------

@@ -8,6 +8,7 @@ why); a run whose ranks shared a GPU installs its policy marked not for use.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -175,14 +176,10 @@ def _cases(bench: WorldBench) -> list[record.Case]:
             detail = _portable(str(rec.get("reason") or _UNSAID.get(str(status), status)))
         cases[key] = record.Case(id=key, variant=VARIANT, detail=detail,
                                  outcome=_OUTCOMES.get(str(status), "error"))
-    for method, why in whole.items():
-        for t in bench.tokens:
-            for h in bench.hidden:
-                key = f"tp{bench.world}/{method}/t{t}/h{h}"
-                if key not in cases:
-                    outcome = "error" if why.startswith("error: ") else "skip"
-                    cases[key] = record.Case(id=key, variant=VARIANT, outcome=outcome,
-                                             detail=why)
+    for (method, why), t, h in itertools.product(whole.items(), bench.tokens, bench.hidden):
+        key = f"tp{bench.world}/{method}/t{t}/h{h}"
+        cases.setdefault(key, record.Case(id=key, variant=VARIANT, detail=why, outcome=(
+            "error" if why.startswith("error: ") else "skip")))
     return list(cases.values())
 
 
