@@ -46,23 +46,19 @@ class KitError(Exception):
         self.code = code
 
 
-def site_dirs(python: str) -> list[str]:
-    """The folders ``python`` imports installed packages from."""
+def see_host(host: str, purelib: str | None = None) -> Path:
+    """Make the running venv see ``host``'s packages after its own (a ``.pth`` file that
+    adds the folders ``host`` imports installed packages from, with ``site.addsitedir``)."""
     code = ("import json, site, sys; d = site.getsitepackages() if hasattr(site, "
             "'getsitepackages') else []; u = site.getusersitepackages(); "
             "print(json.dumps([p for p in sys.path if p and (p in d or p == u)]))")
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+    done = subprocess.run([host, "-c", code], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise KitError(f"{python} does not run: {done.stderr.strip()[-300:]}")
-    return [p for p in json.loads(done.stdout) if Path(p).is_dir()]
-
-
-def see_host(host: str, purelib: str | None = None) -> Path:
-    """Make the running venv see ``host``'s packages after its own (a ``.pth`` file that
-    adds ``host``'s site folders with ``site.addsitedir``)."""
+        raise KitError(f"{host} does not run: {done.stderr.strip()[-300:]}")
     target = Path(purelib or sysconfig.get_paths()["purelib"])
     own = {os.path.realpath(target)}
-    dirs = [d for d in site_dirs(host) if os.path.realpath(d) not in own]
+    dirs = [d for d in json.loads(done.stdout)
+            if Path(d).is_dir() and os.path.realpath(d) not in own]
     pth = target / PTH_NAME
     pth.write_text("".join(f"import site; site.addsitedir({d!r})\n" for d in dirs),
                    encoding="utf-8")

@@ -13,7 +13,7 @@ import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from packaging.markers import Marker
@@ -27,6 +27,7 @@ from sm120fork.gpu.core.records import TESTED_FILE
 from sm120fork.gpu.core.stack_wheels import installable, plugin_wheel, upstream_wheel
 from sm120fork.gpu.core.variants import copy_modules
 from sm120fork.kit import boot
+from sm120fork.kit.parts import files_of, write_parts
 from sm120fork.manifest import Manifest
 from sm120fork.package.wheel import wheel_requirements
 from sm120fork.resolved import ResolvedStack
@@ -307,16 +308,6 @@ def stock_sglang(ws: Workspace, manifest: Manifest, patched: Path) -> Path:
     return wheel
 
 
-@contextlib.contextmanager
-def _scratch_kit(dest: Path) -> Iterator[Path]:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(dest.name), dir=dest.parent))
-    try:
-        yield scratch / "new"
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
 def _check_size(files: dict[str, int], limit: int | None) -> None:
     total = sum(files.values())
     if limit is None or total <= limit:
@@ -418,11 +409,6 @@ def _carry_requirements(opts: KitOptions, stack: ResolvedStack, wheels: dict[str
             for harness, reqs in requirements.items()}
 
 
-def _files(folder: Path) -> dict[str, int]:
-    return {p.relative_to(folder).as_posix(): p.stat().st_size
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 def make(opts: KitOptions, stack: ResolvedStack) -> Kit:
     """Write the kit for ``stack`` at ``opts.out`` (replaced as a whole)."""
     _check_options(opts)
@@ -431,9 +417,11 @@ def make(opts: KitOptions, stack: ResolvedStack) -> Kit:
     provided = _provided(opts)
     dest = opts.out.absolute()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    whole = staged_dir(dest, label="kit") if opts.part_size is None else _scratch_kit(dest)
     parts: list[tuple[Path, int]] = []
-    with whole as new, tempfile.TemporaryDirectory(prefix="sm120fork-kit-") as tmp:
+    with (tempfile.TemporaryDirectory(prefix=scratch_prefix(dest.name), dir=dest.parent,
+                                      ignore_cleanup_errors=True) as tmp,
+          staged_dir(dest, label="kit") if opts.part_size is None  # else cut into parts
+          else contextlib.nullcontext(Path(tmp) / "kit") as new):
         for sub in ("stack", "upstream", "wheels"):
             (new / sub).mkdir(parents=True)
         for name, source in carried.items():
@@ -459,7 +447,7 @@ def make(opts: KitOptions, stack: ResolvedStack) -> Kit:
             "upstream_tests": UPSTREAM_TESTS if opts.upstream_tests is not None else None,
             "left_out": sorted(set(provided)),
             "wheels": [{"file": name, "sha256": sha256_file(new / name), "size": size}
-                       for name, size in _files(new).items() if name.endswith(".whl")],
+                       for name, size in files_of(new).items() if name.endswith(".whl")],
         }
         (new / boot.KIT_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n",
                                          encoding="utf-8")
@@ -467,11 +455,9 @@ def make(opts: KitOptions, stack: ResolvedStack) -> Kit:
         run.write_text(RUN_SCRIPT.format(stack=stack.name, python=opts.python),
                        encoding="utf-8")
         run.chmod(0o755)
-        files = _files(new)
+        files = files_of(new)
         _check_size(files, opts.max_size)
         if opts.part_size is not None:
-            from sm120fork.kit.parts import write_parts
-
             log.info("cutting the kit into parts of at most %.1f MiB", opts.part_size / MIB)
             parts = [(opts.out.parent / folder.name, size)  # named as the user named --out
                      for folder, size in write_parts(new, dest, opts.part_size)]

@@ -38,6 +38,12 @@ class Piece:
         return f"data/{self.file}{suffix}"
 
 
+def files_of(folder: Path) -> dict[str, int]:
+    """{path inside ``folder``: bytes} of its files."""
+    return {p.relative_to(folder).as_posix(): p.stat().st_size
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def _pieces(files: dict[str, int], budget: int) -> list[Piece]:
     out = []
     for name, size in files.items():
@@ -101,8 +107,7 @@ def _index(kit: Path, bins: list[list[Piece]], shas: dict[tuple[str, int], str],
 def plan(kit: Path, part_size: int) -> tuple[list[list[Piece]], int]:
     """The parts of ``kit`` and the bytes each part spends on ``run``, ``boot.py`` and
     ``kit.json``."""
-    files = {p.relative_to(kit).as_posix(): p.stat().st_size
-             for p in sorted(kit.rglob("*")) if p.is_file()}
+    files = files_of(kit)
     own = sum((kit / name).stat().st_size for name in OWN_FILES)
     overhead = own + 4096
     for _ in range(8):

@@ -57,7 +57,7 @@ def portable(value: Any, root: Path) -> Any:
 
 
 def to_json(result: VerifyResult, root: Path) -> dict[str, Any]:
-    proof = json.loads(result.proof.to_json(root)) if result.proof else None
+    proof = result.proof.document(root) if result.proof else None
     document: dict[str, Any] = portable({
         "stack": result.stack,
         "made_from": [dataclasses.asdict(p) for p in result.provenance],

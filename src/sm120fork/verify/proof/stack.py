@@ -5,6 +5,7 @@ the full series)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import sys
 import time
@@ -85,24 +86,6 @@ class VerifyResult:
         return unchanged and all(v.passed for v in self.verdicts)
 
 
-@dataclasses.dataclass
-class _Trees:
-    """Each tree checked beside the build's (unpatched, a gate alone...), made once."""
-
-    ws: Workspace
-    stack: Stack
-    force: bool
-    made: dict[tuple[str, str], Path] = dataclasses.field(default_factory=dict)
-
-    def __call__(self, key: str, patches: Sequence[Patch], variant: str) -> Path:
-        if (key, variant) not in self.made:
-            slug = "" if variant == FULL else variant.replace(" ", "-").lower()
-            self.made[key, variant] = prepare_tree(
-                self.ws, self.stack, self.stack.project(key), patches=patches, variant=slug,
-                force=self.force).path
-        return self.made[key, variant]
-
-
 def _verdicts(builds: Mapping[str, list[ProjectBuild]], patches: Mapping[str, Sequence[Patch]],
               ctx: Context, archs: Sequence[str]) -> tuple[PatchVerdict, ...]:
     verdicts: list[PatchVerdict] = []
@@ -143,7 +126,14 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     plan = load(resolved)
     series = {i.project.key: i.series for i in plan.projects}
     patches = {key: s.patches for key, s in series.items()}
-    _tree = _Trees(ws=ws, stack=stack, force=force)
+
+    @functools.cache
+    def tree(key: str, patches: tuple[Patch, ...], variant: str) -> Path:
+        """A tree checked beside the build's (unpatched, a gate alone...), made once."""
+        slug = "" if variant == FULL else variant.replace(" ", "-").lower()
+        return prepare_tree(ws, stack, stack.project(key), patches=patches, variant=slug,
+                            force=force).path
+
     proof_projects = needs(patches, "proof")
     if len(proof_projects) > 1:
         raise VerifyError(f"patches of {', '.join(proof_projects)} claim proof:* evidence; "
@@ -157,18 +147,17 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
         for b in built.builds:
             builds[b.project].append(b)
         for key in proof_projects:
-            gate = [p for p in patches[key] if any(c.text == "proof:jit-gate" for c in claims(p))]
-            trees = {UNPATCHED: _tree(key, (), UNPATCHED)}
-            compile_archs = {UNPATCHED: BEFORE_ARCHS}
+            gate = tuple(p for p in patches[key]
+                         if any(c.text == "proof:jit-gate" for c in claims(p)))
+            trees = {UNPATCHED: tree(key, (), UNPATCHED)}
             if gate:
                 gate_variant = "+".join(p.subject.split()[0] for p in gate) + " only"
-                trees[gate_variant] = _tree(key, gate, gate_variant)
-                compile_archs[gate_variant] = BEFORE_ARCHS
-            trees[FULL] = _tree(key, patches[key], FULL)
+                trees[gate_variant] = tree(key, gate, gate_variant)
+            trees[FULL] = tree(key, patches[key], FULL)
             log.info("compile proof of %s: %s x %s (cached cubins reused)", key,
                      ", ".join(trees), "/".join(archs))
             proof = prove(trees, archs=archs, cache_dir=ws.state_dir / "proof",
-                          jobs=jobs, compile_archs=compile_archs,
+                          jobs=jobs, compile_archs={v: BEFORE_ARCHS for v in trees if v != FULL},
                           force_compile=(SHIPPED_SM12X_ARCH,),
                           host_archs=(SHIPPED_SM12X_ARCH,), python=python)
         for key in needs(patches, "sglang"):
@@ -181,11 +170,10 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
                                       f"{', '.join(LAYOUTS)})")
             log.info("SGLang behaviour checks of %s (layout %s, patched vs unpatched)", key,
                      project.layout)
-            checks = adapter(project.layout)
-            sglang += checks.check(_tree(key, patches[key], FULL),
-                                   baseline=_tree(key, (), UNPATCHED),
-                                   python=python or sys.executable,
-                                   cache=ws.state_dir / "probe", layer=layer_cases.run_case)
+            sglang += adapter(project.layout).check(
+                tree(key, patches[key], FULL), baseline=tree(key, (), UNPATCHED),
+                python=python or sys.executable, cache=ws.state_dir / "probe",
+                layer=layer_cases.run_case)
     cpu_nodes = [c.check for series_ in patches.values() for p in series_ for c in claims(p)
                  if c.kind == "cpu"]
     if cpu_nodes:

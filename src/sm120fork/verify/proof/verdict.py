@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -171,18 +170,18 @@ class ProofReport:
     def verdicts(self) -> list[Verdict]:
         return [verdict(v, a) for v in self.variants for a in self.archs]
 
-    def to_json(self, root: Path | None = None) -> str:
-        def encode(value: Any) -> Any:
+    def document(self, root: Path | None = None) -> Any:
+        """The report and its verdicts as JSON data: a path relative to ``root``, else its
+        name."""
+        def plain(value: object) -> object:
             if isinstance(value, Path):
                 if root is not None and value.is_relative_to(root):
                     return value.relative_to(root).as_posix()
                 return value.name if value.is_absolute() else str(value)
-            if isinstance(value, enum.Enum):
-                return value.value
-            raise TypeError(type(value).__name__)
+            return value.value if isinstance(value, enum.Enum) else value
 
-        document = {
-            "report": dataclasses.asdict(self),
-            "verdicts": [dataclasses.asdict(v) for v in self.verdicts()],
-        }
-        return json.dumps(document, indent=1, default=encode, sort_keys=False) + "\n"
+        def asdict(obj: object) -> Any:
+            return dataclasses.asdict(  # type: ignore[call-overload]
+                obj, dict_factory=lambda pairs: {k: plain(v) for k, v in pairs})
+
+        return {"report": asdict(self), "verdicts": [asdict(v) for v in self.verdicts()]}
