@@ -6,9 +6,9 @@ library and the toolkit's errors only: the GPU box reads it without the build's 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
 from sm120fork.errors import ConfigError
 from sm120fork.util import typed
@@ -26,13 +26,10 @@ class FingerprintResult:
     member: str
     in_wheel: bool
     in_upstream: bool
+    passed: bool = field(init=False)
 
-    @property
-    def passed(self) -> bool:
-        return self.in_wheel and not self.in_upstream
-
-    def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "passed": self.passed}
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "passed", self.in_wheel and not self.in_upstream)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,28 +42,12 @@ class SourceRecord:
     url: str | None = None
 
 
-class _PatchLike(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def sha256(self) -> str: ...
-    @property
-    def subject(self) -> str: ...
-    @property
-    def applied_upstream(self) -> str: ...
-
-
 @dataclass(frozen=True, kw_only=True)
 class PatchRecord:
     name: str
     sha256: str
     subject: str
     applied_upstream: str = ""
-
-    @classmethod
-    def of(cls, patch: _PatchLike) -> PatchRecord:
-        return cls(name=patch.name, sha256=patch.sha256, subject=patch.subject,
-                   applied_upstream=patch.applied_upstream)
 
 
 #: How a build's ``check`` starts when it was told to publish whatever its check said
@@ -76,6 +57,8 @@ UNCHECKED = "unchecked (built with --unchecked)"
 
 @dataclass(frozen=True, kw_only=True)
 class ManifestEntry:
+    """One wheel of a build; its fields in the order ``manifest.json`` lists them."""
+
     project: str
     distribution: str
     upstream_version: str
@@ -87,58 +70,31 @@ class ManifestEntry:
     series: str
     series_digest: str
     patches: tuple[PatchRecord, ...]
-    wheel: str
-    sha256: str
-    toolkit_version: str
     used_as_published: bool = False
     #: The patched fork tree (absent for a wheel used as published).
-    patched_commit: str | None = None
-    tree: str | None = None
+    patched_commit: str | None = field(default=None, metadata=typed.OMIT_EMPTY)
+    tree: str | None = field(default=None, metadata=typed.OMIT_EMPTY)
     #: Files of a repacked wheel that the series changed (wheel sources only).
-    changed_files: tuple[str, ...] | None = None
+    changed_files: tuple[str, ...] | None = field(default=None, metadata=typed.OMIT_EMPTY)
+    wheel: str
+    sha256: str
     artifact_check: tuple[FingerprintResult, ...] = ()
     #: What checked the patched tree before the build published it
     #: (:mod:`sm120fork.patch.check`'s summary), or :data:`UNCHECKED`; "" for none made.
-    check: str = ""
+    check: str = field(default="", metadata=typed.OMIT_EMPTY)
+    toolkit_version: str
 
     def patch(self, name: str) -> PatchRecord | None:
         """The record of the series' patch ``name`` this wheel was built with, if any."""
         return next((p for p in self.patches if p.name == name), None)
 
-    def to_json(self) -> dict[str, object]:
-        tree = {} if self.patched_commit is None else {
-            "patched_commit": self.patched_commit, "tree": self.tree}
-        changed = {} if self.changed_files is None else {"changed_files": list(self.changed_files)}
-        return {
-            "project": self.project,
-            "distribution": self.distribution,
-            "upstream_version": self.upstream_version,
-            "version": self.version,
-            "upstream_commit": self.upstream_commit,
-            "upstream_commit_verified": self.upstream_commit_verified,
-            "source": {"kind": self.source.kind, "digest": self.source.digest,
-                       "filename": self.source.filename, "url": self.source.url},
-            "series": self.series,
-            "series_digest": self.series_digest,
-            "patches": [{"name": p.name, "sha256": p.sha256, "subject": p.subject,
-                         "applied_upstream": p.applied_upstream} for p in self.patches],
-            "used_as_published": self.used_as_published,
-            **tree,
-            **changed,
-            "wheel": self.wheel,
-            "sha256": self.sha256,
-            "artifact_check": [r.to_json() for r in self.artifact_check],
-            **({"check": self.check} if self.check else {}),
-            "toolkit_version": self.toolkit_version,
-        }
-
 
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
-    """One published build: the stack, the toolkit that built it, and its wheels."""
+    """One published build: the toolkit that built it, the stack, and its wheels."""
 
-    stack: str
     toolkit_version: str
+    stack: str
     wheels: tuple[ManifestEntry, ...]
 
     def of(self, project: str) -> tuple[ManifestEntry, ...]:
@@ -148,9 +104,8 @@ class Manifest:
     def first(self, project: str) -> ManifestEntry | None:
         return next(iter(self.of(project)), None)
 
-    def to_json(self) -> dict[str, object]:
-        return {"toolkit_version": self.toolkit_version, "stack": self.stack,
-                "wheels": [w.to_json() for w in self.wheels]}
+    def to_json(self) -> Any:
+        return typed.dump(self, nulls=True)
 
     @classmethod
     def from_json(cls, data: object, where: str | Path = "") -> Manifest:

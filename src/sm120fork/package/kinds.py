@@ -67,7 +67,9 @@ class Job:
             upstream_commit=git.commit if git else None,
             upstream_commit_verified=git.commit_verified if git else False,
             source=source, series=self.project.series, series_digest=self.series.digest,
-            patches=tuple(PatchRecord.of(p) for p in self.series.patches),
+            patches=tuple(PatchRecord(name=p.name, sha256=p.sha256, subject=p.subject,
+                                      applied_upstream=p.applied_upstream)
+                          for p in self.series.patches),
             wheel=wheel.name, sha256=sha256, toolkit_version=__version__,
             used_as_published=used_as_published, patched_commit=patched_commit, tree=tree,
             changed_files=changed_files, artifact_check=artifact_check, check=check)

@@ -126,7 +126,7 @@ def build_project(ws: Workspace, stack: Stack, item: Planned, *, force: bool = F
                                         dir=ws.state_dir))
         try:
             entries = kind.make(job, inputs, staging)
-            record = {"wheels": [e.to_json() for e in entries]}
+            record = {"wheels": [typed.dump(e, nulls=True) for e in entries]}
             atomic_write_text(staging / ENTRY, json.dumps(record, indent=2) + "\n")
             if entry_dir.exists():  # swapped in whole, the record inside
                 shutil.rmtree(entry_dir)

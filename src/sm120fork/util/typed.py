@@ -123,13 +123,19 @@ def _instance(cls: type[_T], value: object, at: _At) -> _T:
     return value
 
 
-def dump(value: object) -> Any:
-    """The inverse of :func:`read` (a None field left out: it reads back as its default)."""
+#: ``field(metadata=OMIT_EMPTY)``: :func:`dump` leaves the field out while it is None or "".
+OMIT_EMPTY = {"omit_empty": True}
+
+
+def dump(value: object, *, nulls: bool = False) -> Any:
+    """The inverse of :func:`read`: a None field is left out (it reads back as its default)
+    unless ``nulls``, a field of :data:`OMIT_EMPTY` whenever empty."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: dump(v) for f in dataclasses.fields(value)
-                if (v := getattr(value, f.name)) is not None}
+        return {f.name: dump(v, nulls=nulls) for f in dataclasses.fields(value)
+                if not (((v := getattr(value, f.name)) is None and not nulls)
+                        or (v in (None, "") and "omit_empty" in f.metadata))}
     if isinstance(value, tuple | list):
-        return [dump(v) for v in value]
+        return [dump(v, nulls=nulls) for v in value]
     if isinstance(value, Mapping):
-        return {k: dump(v) for k, v in value.items()}
+        return {k: dump(v, nulls=nulls) for k, v in value.items()}
     return value
