@@ -10,12 +10,13 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from packaging.markers import default_environment
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
+from packaging.tags import Tag
 from packaging.utils import (
     InvalidSdistFilename,
     InvalidWheelFilename,
@@ -33,21 +34,10 @@ SourceKind = Literal["sdist", "git", "wheel"]
 SOURCE_KINDS: tuple[SourceKind, ...] = ("sdist", "git", "wheel")
 
 
-@dataclass(frozen=True, kw_only=True)
-class KindPins:
-    """What a source kind's declaration must pin (its behaviour: :mod:`sm120fork.fetch.kinds`)."""
-
-    #: The pin table the kind builds from: ``sdist``, ``git`` or ``wheels``.
-    builds_from: str
-    #: Built from source (a version stamp, a git pin for the record) rather than repacked.
-    built: bool
-
-
-KIND_PINS: dict[str, KindPins] = {
-    "sdist": KindPins(builds_from="sdist", built=True),
-    "git": KindPins(builds_from="git", built=True),
-    "wheel": KindPins(builds_from="wheels", built=False),
-}
+#: The pin table each source kind builds from; all but a ``wheel`` source (repacked) are
+#: built from source: a version stamp, a git pin for the record.  Its behaviour:
+#: :mod:`sm120fork.fetch.kinds`.
+KIND_PINS: dict[str, str] = {"sdist": "sdist", "git": "git", "wheel": "wheels"}
 #: Packages that upstream ships beside a project and that must carry the project's own
 #: version (FlashInfer's import refuses a flashinfer-cubin of another version).
 COMPANIONS = {"flashinfer-cubin": "flashinfer-python", "flashinfer-jit-cache": "flashinfer-python"}
@@ -56,6 +46,7 @@ _SHA1 = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _LOCAL = re.compile(r"[a-z0-9]+(?:[._][a-z0-9]+)*")
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+_SHA256_WHAT = "a sha256 (64 lower-case hex digits)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,13 +67,6 @@ class SdistPin:
     url: str = ""
 
 
-def linux_environment() -> dict[str, str]:
-    """Marker variables of a Linux machine (this one's Python otherwise)."""
-    env = {key: str(value) for key, value in default_environment().items()}
-    env.update(sys_platform="linux", platform_system="Linux", os_name="posix")
-    return env
-
-
 @dataclass(frozen=True, kw_only=True)
 class WheelPin:
     """One published wheel of a project (``[[projects.<key>.wheels]]``)."""
@@ -92,22 +76,6 @@ class WheelPin:
     #: Direct download URL; when empty the package index is asked (PEP 691).
     url: str = ""
 
-    def environments(self) -> list[dict[str, str]]:
-        """Marker environments this wheel installs into (Linux, one per tag)."""
-        envs = []
-        for tag in parse_wheel_filename(self.filename)[3]:
-            env = linux_environment()
-            if tag.interpreter.startswith("cp") and tag.interpreter[2:].isdigit():
-                digits = tag.interpreter[2:]
-                env["python_version"] = f"{digits[0]}.{digits[1:]}"
-                env["python_full_version"] = f"{digits[0]}.{digits[1:]}.0"
-                env["implementation_name"] = "cpython"
-                env["platform_python_implementation"] = "CPython"
-            for machine in ("x86_64", "aarch64"):
-                if tag.platform.endswith(machine):
-                    env["platform_machine"] = machine
-            envs.append(env)
-        return envs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,18 +90,22 @@ class VersionStamp:
 
 @dataclass(frozen=True, kw_only=True)
 class Project:
-    key: str
+    """``[projects.<key>]``, as read and checked (:func:`_checked`)."""
+
+    #: The table's name: the reader fills it in.
+    key: str = ""
     distribution: str
     version: str
     local_label: str
     package_root: str
     series: str
-    source: SourceKind
+    source: SourceKind = "sdist"
     #: Absent only for a ``wheel`` source whose wheel records no upstream commit.
-    git: GitPin | None
+    git: GitPin | None = None
     #: Present for an ``sdist`` source (and allowed for others).
-    sdist: SdistPin | None
-    version_stamp: VersionStamp
+    sdist: SdistPin | None = None
+    #: Empty for a ``wheel`` source (repacked, not built).
+    version_stamp: VersionStamp = VersionStamp()
     requires: tuple[str, ...] = ()
     #: Published wheels: the input of a ``wheel`` source, and what a project with an
     #: empty series ships as published.
@@ -212,26 +184,6 @@ class Stack:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _ProjectTable:
-    """``[projects.<key>]`` as written, before the checks that need several of its keys."""
-
-    distribution: str
-    version: str
-    local_label: str
-    package_root: str
-    series: str
-    source: str = "sdist"
-    requires: tuple[str, ...] = ()
-    upstream_requires: tuple[str, ...] = ()
-    git: GitPin | None = None
-    sdist: SdistPin | None = None
-    wheels: tuple[WheelPin, ...] = ()
-    version_stamp: VersionStamp | None = None
-    layout: str = ""
-    series_record: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
 class _StackTable:
     name: str
     description: str = ""
@@ -241,123 +193,86 @@ class _StackTable:
 @dataclass(frozen=True, kw_only=True)
 class _File:
     stack: _StackTable
-    projects: Mapping[str, _ProjectTable]
-
-
-_bad = typed.MalformedError
-
-
-def _match(file: Path, key: str, value: str, pattern: re.Pattern[str], what: str) -> None:
-    if not pattern.fullmatch(value):
-        raise _bad(file, key, f"{value!r} is not {what}")
-
-
-def _version(file: Path, key: str, value: str) -> str:
-    try:
-        parsed = Version(value)
-    except InvalidVersion as exc:
-        raise _bad(file, key, f"{value!r} is not a valid PEP 440 version") from exc
-    if parsed.local is not None:
-        raise _bad(file, key, "the upstream version must not carry a local label",
-                   "put the label in local_label")
-    return value
-
-
-def _check_file_name(file: Path, key: str, filename: str, distribution: str, version: str,
-                     parse: Callable[[str], tuple[Any, ...]]) -> None:
-    """A pinned file (sdist, wheel) must be of the declared distribution and version:
-    refused when the declaration loads, not later as a failed download or build."""
-    try:
-        file_dist, file_version = parse(filename)[:2]
-    except (InvalidSdistFilename, InvalidWheelFilename, InvalidVersion) as exc:
-        raise _bad(file, key, f"{filename!r} is not a valid file name: {exc}") from exc
-    if canonicalize_name(str(file_dist)) != canonicalize_name(distribution):
-        raise _bad(file, key, f"{filename!r} is a file of {file_dist}, not of {distribution}",
-                   "fix the file name or 'distribution'")
-    if file_version != Version(version):
-        raise _bad(file, key, f"{filename!r} is version {file_version}, the project declares "
-                   f"version = {version!r}", "make the file name and 'version' agree")
+    projects: Mapping[str, Project]
 
 
 def _inside(path: str) -> bool:
     return not path.startswith("/") and ".." not in Path(path).parts
 
 
-_SHA256_WHAT = "a sha256 (64 lower-case hex digits)"
+def _checked(file: Path, key: str, p: Project) -> Project:
+    """``[projects.<key>]`` as read, refused at the first key whose value is wrong."""
+    def bad(name: str, what: str, fix: str | None = None) -> typed.MalformedError:
+        return typed.MalformedError(file, f"projects.{key}.{name}", what, fix)
 
+    def match(name: str, value: str, pattern: re.Pattern[str], what: str) -> None:
+        if not pattern.fullmatch(value):
+            raise bad(name, f"{value!r} is not {what}")
 
-def _project(file: Path, key: str, t: _ProjectTable) -> Project:
-    at = f"projects.{key}"
-    _match(file, f"{at}.distribution", t.distribution, _NAME, "a distribution name")
-    _version(file, f"{at}.version", t.version)
-    _match(file, f"{at}.local_label", t.local_label, _LOCAL,
-           "a PEP 440 local label (lower-case letters, digits, '.')")
-    if not _inside(t.package_root):
-        raise _bad(file, f"{at}.package_root", "must be a relative path inside the repository")
-    if t.source not in SOURCE_KINDS:
-        raise _bad(file, f"{at}.source", f"unknown source kind {t.source!r}",
-                   typed.suggest(t.source, list(SOURCE_KINDS)) or "use 'sdist' or 'git'")
-    if t.layout and t.layout not in LAYOUTS:
-        raise _bad(file, f"{at}.layout", f"unknown upstream layout {t.layout!r}",
-                   typed.suggest(t.layout, list(LAYOUTS))
-                   or f"use one of {', '.join(map(repr, LAYOUTS))}, or add an adapter "
-                      "under src/sm120fork/layouts/ (CONTRIBUTING.md)")
-    pins = KIND_PINS[t.source]
-    if t.series_record and (not _inside(t.series_record) or not pins.built):
-        raise _bad(file, f"{at}.series_record", "must be a relative path inside the package "
-                   "root of a project that is built (not a wheel source)")
-    if pins.built and t.git is None:
-        raise _bad(file, f"{at}.git", "missing table")
-    if t.git is not None:
-        _match(file, f"{at}.git.commit", t.git.commit, _SHA1,
-               "a full 40-hex commit SHA (lower case)")
-    if pins.builds_from == "sdist" and t.sdist is None:
-        raise _bad(file, f"{at}.sdist", "missing table")
-    if t.sdist is not None:
-        _match(file, f"{at}.sdist.sha256", t.sdist.sha256, _SHA256, _SHA256_WHAT)
-        if not t.sdist.filename.endswith((".tar.gz", ".zip")):
-            raise _bad(file, f"{at}.sdist.filename", "an sdist must be a .tar.gz or .zip")
-        # The file this project builds from (a git pin may keep an old one).
-        if pins.builds_from == "sdist":
-            _check_file_name(file, f"{at}.sdist.filename", t.sdist.filename, t.distribution,
-                             t.version, parse_sdist_filename)
-    _check_wheels(file, f"{at}.wheels", t)
-    if pins.builds_from == "wheels" and not t.wheels:
-        raise _bad(file, f"{at}.wheels", "a wheel source needs at least one published wheel",
-                   "add [[projects." + key + ".wheels]] with filename and sha256")
-    stamp = t.version_stamp
-    if not pins.built and stamp is not None:
-        raise _bad(file, f"{at}.version_stamp", "a wheel source is repacked, not built: "
-                   "the local version goes into its METADATA", "remove the version_stamp table")
-    if pins.built and stamp is None:
-        raise _bad(file, f"{at}.version_stamp", "missing table")
-    if stamp is not None and bool(stamp.file) == bool(stamp.env):
-        raise _bad(file, f"{at}.version_stamp", "set exactly one of 'file' or 'env'")
-    requirements = []
-    for i, text in enumerate(t.upstream_requires):
+    def pinned_file(name: str, filename: str, parse: Callable[[str], tuple[Any, ...]]) -> None:
+        # A pinned file is of the declared distribution and version: refused now, not
+        # later as a failed download or build.
         try:
-            requirements.append(Requirement(text))
-        except InvalidRequirement as exc:
-            raise _bad(file, f"{at}.upstream_requires[{i}]",
-                       f"{text!r} is not a valid requirement: {exc}") from exc
-    return Project(
-        key=key, distribution=t.distribution, version=t.version, local_label=t.local_label,
-        package_root=t.package_root, series=t.series, source=t.source,
-        git=t.git, sdist=t.sdist, version_stamp=stamp or VersionStamp(), requires=t.requires,
-        wheels=t.wheels, upstream_requires=tuple(requirements),
-        layout=t.layout, series_record=t.series_record,
-    )
+            dist, version = parse(filename)[:2]
+        except (InvalidSdistFilename, InvalidWheelFilename, InvalidVersion) as exc:
+            raise bad(name, f"{filename!r} is not a valid file name: {exc}") from exc
+        if canonicalize_name(str(dist)) != canonicalize_name(p.distribution):
+            raise bad(name, f"{filename!r} is a file of {dist}, not of {p.distribution}",
+                      "fix the file name or 'distribution'")
+        if version != Version(p.version):
+            raise bad(name, f"{filename!r} is version {version}, the project declares "
+                      f"version = {p.version!r}", "make the file name and 'version' agree")
 
-
-def _check_wheels(file: Path, key: str, t: _ProjectTable) -> None:
-    seen: set[str] = set()
-    for i, pin in enumerate(t.wheels):
-        _match(file, f"{key}[{i}].sha256", pin.sha256, _SHA256, _SHA256_WHAT)
-        _check_file_name(file, f"{key}[{i}].filename", pin.filename, t.distribution,
-                         t.version, parse_wheel_filename)
-        if pin.filename in seen:
-            raise _bad(file, f"{key}[{i}].filename", f"{pin.filename} is listed twice")
-        seen.add(pin.filename)
+    if p.key:
+        raise bad("key", "unknown key")
+    match("distribution", p.distribution, _NAME, "a distribution name")
+    try:
+        if Version(p.version).local is not None:
+            raise bad("version", "the upstream version must not carry a local label",
+                      "put the label in local_label")
+    except InvalidVersion as exc:
+        raise bad("version", f"{p.version!r} is not a valid PEP 440 version") from exc
+    match("local_label", p.local_label, _LOCAL,
+          "a PEP 440 local label (lower-case letters, digits, '.')")
+    if not _inside(p.package_root):
+        raise bad("package_root", "must be a relative path inside the repository")
+    if p.layout and p.layout not in LAYOUTS:
+        raise bad("layout", f"unknown upstream layout {p.layout!r}",
+                  typed.suggest(p.layout, LAYOUTS)
+                  or f"use one of {', '.join(map(repr, LAYOUTS))}, or add an adapter "
+                     "under src/sm120fork/layouts/ (CONTRIBUTING.md)")
+    builds_from = KIND_PINS[p.source]
+    built = builds_from != "wheels"
+    if p.series_record and (not _inside(p.series_record) or not built):
+        raise bad("series_record", "must be a relative path inside the package root of a "
+                  "project that is built (not a wheel source)")
+    if built and p.git is None:
+        raise bad("git", "missing table")
+    if p.git is not None:
+        match("git.commit", p.git.commit, _SHA1, "a full 40-hex commit SHA (lower case)")
+    if builds_from == "sdist" and p.sdist is None:
+        raise bad("sdist", "missing table")
+    if p.sdist is not None:
+        match("sdist.sha256", p.sdist.sha256, _SHA256, _SHA256_WHAT)
+        if not p.sdist.filename.endswith((".tar.gz", ".zip")):
+            raise bad("sdist.filename", "an sdist must be a .tar.gz or .zip")
+        if builds_from == "sdist":  # the file it builds from (a git pin may keep one)
+            pinned_file("sdist.filename", p.sdist.filename, parse_sdist_filename)
+    for i, pin in enumerate(p.wheels):
+        match(f"wheels[{i}].sha256", pin.sha256, _SHA256, _SHA256_WHAT)
+        pinned_file(f"wheels[{i}].filename", pin.filename, parse_wheel_filename)
+        if pin.filename in (w.filename for w in p.wheels[:i]):
+            raise bad(f"wheels[{i}].filename", f"{pin.filename} is listed twice")
+    if builds_from == "wheels" and not p.wheels:
+        raise bad("wheels", "a wheel source needs at least one published wheel",
+                  f"add [[projects.{key}.wheels]] with filename and sha256")
+    stamp = p.version_stamp
+    if not built and (stamp.file or stamp.env):
+        raise bad("version_stamp", "a wheel source is repacked, not built: the local version "
+                  "goes into its METADATA", "remove the version_stamp table")
+    if built and bool(stamp.file) == bool(stamp.env):
+        raise bad("version_stamp", "set exactly one of 'file' or 'env'")
+    return replace(p, key=key)
 
 
 def load_stack(file: Path, *, strict: bool = True) -> Stack:
@@ -382,15 +297,16 @@ def parse_stack(file: Path, text: str, *, strict: bool = True) -> Stack:
     except typed.MalformedError as exc:
         if exc.what != "is missing":
             raise
-        raise _bad(file, exc.key, "missing required key") from None
+        raise typed.MalformedError(file, exc.key, "missing required key") from None
     name = raw.stack.name
-    _match(file, "stack.name", name, _NAME, "a stack name")
+    if not _NAME.fullmatch(name):
+        raise typed.MalformedError(file, "stack.name", f"{name!r} is not a stack name")
     if name != file.stem:
-        raise _bad(file, "stack.name",
-                   f"stack name {name!r} differs from the file name {file.stem!r}")
+        raise typed.MalformedError(file, "stack.name", f"stack name {name!r} differs from "
+                                   f"the file name {file.stem!r}")
     if not raw.projects:
         raise ConfigError("a stack needs at least one project", where=f"{file}: projects")
-    projects = [_project(file, key, table) for key, table in raw.projects.items()]
+    projects = [_checked(file, key, table) for key, table in raw.projects.items()]
     keys = [p.key for p in projects]
     for i, p in enumerate(projects):
         for dep in p.requires:
@@ -415,13 +331,30 @@ def pinned_for(requirement: Requirement, projects: Sequence[Project]) -> Project
 
 
 def requirement_applies(requirement: Requirement, project: Project) -> bool:
-    """Whether the marker holds where ``project`` installs (any of its wheels' tags)."""
+    """Whether the marker holds where ``project`` installs: Linux, under any tag of its
+    wheels (of this Python when it pins none)."""
     if requirement.marker is None:
         return True
-    envs = [env for pin in project.wheels for env in pin.environments()]
-    if not envs:
-        envs = [linux_environment()]
-    return any(requirement.marker.evaluate({**env, "extra": ""}) for env in envs)
+    linux = {key: str(value) for key, value in default_environment().items()}
+    linux.update(sys_platform="linux", platform_system="Linux", os_name="posix", extra="")
+    tags: list[Tag | None] = [t for pin in project.wheels
+                              for t in parse_wheel_filename(pin.filename)[3]]
+    return any(requirement.marker.evaluate({**linux, **_tag_environment(tag)})
+               for tag in tags or [None])
+
+
+def _tag_environment(tag: Tag | None) -> dict[str, str]:
+    """The marker variables a wheel tag fixes: CPython's version, the machine."""
+    if tag is None:
+        return {}
+    machine = [m for m in ("x86_64", "aarch64") if tag.platform.endswith(m)]
+    env = {"platform_machine": machine[0]} if machine else {}
+    digits = tag.interpreter[2:]
+    if tag.interpreter.startswith("cp") and digits.isdigit():
+        env.update(python_version=f"{digits[0]}.{digits[1:]}",
+                   python_full_version=f"{digits[0]}.{digits[1:]}.0",
+                   implementation_name="cpython", platform_python_implementation="CPython")
+    return env
 
 
 def coordinated_pin_problems(file: Path, project: Project, projects: Sequence[Project]

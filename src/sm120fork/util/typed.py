@@ -108,8 +108,14 @@ def _value(hint: Any, value: object, at: _At) -> object:
         return {k: _value(args[1], v, at.below(k)) for k, v in table.items()}
     if origin is typing.Literal:
         if value not in args:
-            raise at.error(f"{value!r} is not one of {', '.join(map(str, args))}")
+            raise at.error(f"{value!r} is not one of {', '.join(map(str, args))}",
+                           suggest(str(value), map(str, args)) or None)
         return value
+    if isinstance(hint, type) and hint.__module__ != "builtins" and isinstance(value, str):
+        try:  # a type written as its text (a packaging Requirement)
+            return hint(value)
+        except ValueError as exc:
+            raise at.error(f"{value!r} is not a valid {hint.__name__.lower()}: {exc}") from exc
     return _instance(hint, value, at)
 
 
