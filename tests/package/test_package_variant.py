@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import ConfigError
-from sm120fork.package.variant import build_test_variant
+from sm120fork.package.wheel import build_test_variant
 from sm120fork.resolved import ResolvedStack
 
 from conftest import make_patch, write_series

@@ -137,7 +137,7 @@ def run_index(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
 
 def run_test_variant(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     """A project's series plus its test series, built, never published."""
-    from sm120fork.package.variant import build_test_variant
+    from sm120fork.package.wheel import build_test_variant
     from sm120fork.resolved import ResolvedStack
 
     wheel = build_test_variant(ResolvedStack.named(ws, args.stack), project_key=args.project,

@@ -20,9 +20,14 @@ from sm120fork.manifest import (
     PatchRecord,
     SourceRecord,
 )
-from sm120fork.package.artifact import check_wheel, require_passed
-from sm120fork.package.repack import check_same_preimage, check_series_for_wheel, repack_wheel
-from sm120fork.package.wheel import build_wheel
+from sm120fork.package.wheel import (
+    build_wheel,
+    check_same_preimage,
+    check_series_for_wheel,
+    check_wheel,
+    repack_wheel,
+    require_passed,
+)
 from sm120fork.patch.check import check_tree, fold_steps, refusal
 from sm120fork.patch.series import Series
 from sm120fork.patch.tree import prepare_tree
