@@ -9,7 +9,6 @@ build (a copy builds byte-identical wheels).  Nothing is built or run here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -140,27 +139,22 @@ def record_problems(rec: Record, today: ResolvedStack) -> list[str]:
                             "no longer has")
             continue
         problems += _patch_problems(project, rec, today)
-        pin = stack.project(project)
+        pinned = stack.project(project).version
+        shas, tree = (today.wheels or {}).get(project, (frozenset(), None))
         for w in rec.tested.wheels:
             if w.project != project or w.variant in BASELINE_VARIANTS:
                 continue
             # the wheel file name's version, without its local label
             version = w.file.partition("-")[2].partition("-")[0].partition("+")[0]
-            if version not in (pin.version, ""):
-                problems.append(f"it ran {w.file}, but {project} is pinned at {pin.version} "
-                                "now")
-            elif today.wheels is not None and project in today.wheels:
-                shas, tree = today.wheels[project]
-                if shas and w.sha256 not in shas:
-                    problems.append(f"the {project} wheel it ran (sha256 {w.sha256[:12]}) is "
-                                    f"not the one built now ({today.manifest}: "
-                                    f"{', '.join(sorted(s[:12] for s in shas))})")
-        if today.wheels is not None and project in today.wheels:
-            _, tree = today.wheels[project]
-            for t in rec.tested.trees:
-                if t.project == project and tree and t.tree != tree:
-                    problems.append(f"it tested another patched {project} tree "
-                                    f"({t.tree[:12]}, built now {tree[:12]})")
+            if version not in (pinned, ""):
+                problems.append(f"it ran {w.file}, but {project} is pinned at {pinned} now")
+            elif shas and w.sha256 not in shas:
+                problems.append(f"the {project} wheel it ran (sha256 {w.sha256[:12]}) is not "
+                                f"the one built now ({today.manifest}: "
+                                f"{', '.join(sorted(s[:12] for s in shas))})")
+        problems += [f"it tested another patched {project} tree ({t.tree[:12]}, built now "
+                     f"{tree[:12]})" for t in rec.tested.trees
+                     if t.project == project and tree and t.tree != tree]
     return problems
 
 
@@ -342,6 +336,3 @@ def to_remake(today: ResolvedStack) -> list[str]:
                       []).append(f"{head.rsplit('/', 1)[-1]}: {claim} ({s.state})")
     return [f"{command}: {'; '.join(names)}" for command, names in by.items()]
 
-
-def stale(standings: Sequence[Standing]) -> list[Standing]:
-    return [s for s in standings if not s.current]

@@ -58,26 +58,23 @@ def install_command(ws: Workspace, out: Path, builds: list[ProjectBuild] | None 
     return folder_routes(shown(ws, out), [b.entry for b in builds or []])[0].line
 
 
-def _texts(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path) -> dict[str, str]:
-    # One line per distribution: a project may ship one wheel per Python and platform.
-    constraints = "".join(dict.fromkeys(f"{b.distribution}=={b.version}\n" for b in builds))
-    manifest = Manifest(toolkit_version=__version__, stack=stack.name,
-                        wheels=tuple(b.entry for b in builds))
-    return {
-        CONSTRAINTS: f"# {stack.name}: {install_command(ws, out, builds)}\n" + constraints,
-        manifest_file.FILE: json.dumps(manifest.to_json(), indent=2) + "\n",
-    }
-
-
 #: What a published folder holds besides the wheels: a path relative to the folder ->
 #: the file to copy (a Path) or the text to write (a str).
 Files = Mapping[str, Path | str]
 
 
-def _wanted(builds: list[ProjectBuild], texts: dict[str, str],
+def _wanted(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path,
             extra: Files) -> dict[str, Path | str]:
+    """Each file the folder will hold: the wheels, constraints, manifest and ``extra``."""
+    # One line per distribution: a project may ship one wheel per Python and platform.
+    constraints = "".join(dict.fromkeys(f"{b.distribution}=={b.version}\n" for b in builds))
+    manifest = Manifest(toolkit_version=__version__, stack=stack.name,
+                        wheels=tuple(b.entry for b in builds))
     wanted: dict[str, Path | str] = {b.wheel.name: b.wheel for b in builds}
-    for name, content in [*texts.items(), *extra.items()]:
+    for name, content in [
+            (CONSTRAINTS, f"# {stack.name}: {install_command(ws, out, builds)}\n" + constraints),
+            (manifest_file.FILE, json.dumps(manifest.to_json(), indent=2) + "\n"),
+            *extra.items()]:
         if name in wanted:
             raise BuildError(f"two files of one build would be published as {name}",
                              where="publish", fix="report this as a toolkit bug")
@@ -117,7 +114,32 @@ def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
     staging folders of killed runs are removed here."""
     out = out or ws.stack_wheels(stack.name)
     try:
-        return _publish(ws, stack, builds, out, extra)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for leftover in remove_stale_scratch(out.parent):  # staging folders of killed runs
+            log.info("removed %s, left by a killed run", leftover)
+        wanted = _wanted(ws, stack, builds, out, extra or {})
+        if _unchanged(out, wanted):
+            return out
+        foreign = sorted(n for n in _files(out) if not _published_before(n, wanted)) \
+            if out.is_dir() else []
+        if foreign:
+            raise BuildError(f"it holds files a build did not publish ({', '.join(foreign[:5])}"
+                             "); publishing replaces the whole folder",
+                             where=str(out), fix="choose a new or empty folder for --out")
+        with staged_dir(out) as staged:
+            staged.mkdir()
+            os.chmod(staged, 0o755)
+            for name, content in wanted.items():
+                dest = staged / name
+                if not dest.parent.is_dir():
+                    dest.parent.mkdir(parents=True)
+                    os.chmod(dest.parent, 0o755)
+                if isinstance(content, Path):
+                    atomic_copy(content, dest)
+                else:
+                    dest.write_text(content, encoding="utf-8")
+                    os.chmod(dest, 0o644)
+        return out
     except OSError as exc:
         if exc.errno not in _NOT_WRITABLE:
             raise
@@ -147,33 +169,3 @@ def check_writable(out: Path, stack: Stack) -> None:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise unwritable(out, stack, PermissionError(
             errno.EACCES, os.strerror(errno.EACCES), str(folder)))
-
-
-def _publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild], out: Path,
-             extra: Files | None) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for leftover in remove_stale_scratch(out.parent):  # staging folders of killed runs
-        log.info("removed %s, left by a killed run", leftover)
-    wanted = _wanted(builds, _texts(ws, stack, builds, out), extra or {})
-    if _unchanged(out, wanted):
-        return out
-    foreign = sorted(n for n in _files(out) if not _published_before(n, wanted)) \
-        if out.is_dir() else []
-    if foreign:
-        raise BuildError(f"it holds files a build did not publish ({', '.join(foreign[:5])}); "
-                         "publishing replaces the whole folder",
-                         where=str(out), fix="choose a new or empty folder for --out")
-    with staged_dir(out) as staged:
-        staged.mkdir()
-        os.chmod(staged, 0o755)
-        for name, content in wanted.items():
-            dest = staged / name
-            if not dest.parent.is_dir():
-                dest.parent.mkdir(parents=True)
-                os.chmod(dest.parent, 0o755)
-            if isinstance(content, Path):
-                atomic_copy(content, dest)
-            else:
-                dest.write_text(content, encoding="utf-8")
-                os.chmod(dest, 0o644)
-    return out

@@ -35,12 +35,6 @@ class Pin:
         return f"{self.distribution}=={self.version}"
 
 
-def _pins(entries: Sequence[ManifestEntry]) -> list[Pin]:
-    """One pin per distribution: a project may ship one wheel per Python and platform."""
-    return list(dict.fromkeys(Pin(distribution=e.distribution, version=e.version)
-                              for e in entries))
-
-
 def folder_routes(where: str, entries: Sequence[ManifestEntry],
                   plugin: PublishedPlugin | None = None) -> list[Route]:
     """The routes from the stack's folder ``where`` (as the user types it).
@@ -70,7 +64,8 @@ def index_routes(url: str, entries: Sequence[ManifestEntry], *,
     satisfies ``==`` without one), and pip prefers it, so the route would not be stock SGLang.
     """
     base = f"pip install --extra-index-url {url}simple/ "
-    pins = " ".join(map(str, _pins(entries)))
+    # one pin per distribution: a project may ship one wheel per Python and platform
+    pins = " ".join(dict.fromkeys(f"{e.distribution}=={e.version}" for e in entries))
     routes = [Route(name=PATCHED, line=base + pins)]
     if aot is not None:
         routes.append(Route(name=WITH_AOT, line=f"{base}{pins} {aot}"))

@@ -84,21 +84,18 @@ def _load_entries(entry_dir: Path) -> list[ManifestEntry] | None:
     return entries or None
 
 
-def build_project(ws: Workspace, stack: Stack, item: Planned, *, force: bool = False,
-                  rebuild: bool = False, inputs: list[Path] | None = None,
-                  stage: Stage = no_stage, unchecked: bool = False) -> list[ProjectBuild]:
+def build_project(resolved: ResolvedStack, item: Planned, inputs: list[Path] | None,
+                  options: Options) -> list[ProjectBuild]:
     """The project's checked wheels, whatever its source kind (:mod:`.kinds`): from the
-    build cache when the pin, source and series are unchanged, else built now.
-
-    ``inputs``: the kind's downloads, when the caller made them already; ``unchecked``:
-    publish without checking the patched tree (a cached build made so is reused only then).
-    """
+    build cache when the pin, source and series are unchanged, else built now from
+    ``inputs``, the kind's downloads (None: download them now).  A build made unchecked
+    (``options.unchecked``) is reused only by another such build."""
     start = time.monotonic()
+    ws, stack = resolved.ws, resolved.stack
     project, series, kind, entry_dir = item.project, item.series, item.kind, item.entry_dir
-    entries = None if rebuild else _load_entries(entry_dir)
-    if entries and not unchecked and any(kind.has_tree and (
-            not e.check or e.check.startswith(UNCHECKED))
-                                         for e in entries):
+    entries = None if options.rebuild else _load_entries(entry_dir)
+    if entries and not options.unchecked and kind.has_tree and any(
+            not e.check or e.check.startswith(UNCHECKED) for e in entries):
         entries = None  # built unchecked (or before the check existed): check it now
     cached = entries is not None
     if entries is not None and kind.has_tree and (
@@ -118,8 +115,8 @@ def build_project(ws: Workspace, stack: Stack, item: Planned, *, force: bool = F
                         "the series without it. To build it: %s", project.key, work, why,
                         keep_local_work_hint(work, why, stack, project))
     else:
-        job = Job(ws=ws, stack=stack, project=project, series=series, force=force,
-                  stage=stage, unchecked=unchecked)
+        job = Job(ws=ws, stack=stack, project=project, series=series, force=options.force,
+                  stage=options.stage, unchecked=options.unchecked)
         if inputs is None:
             inputs = kind.download(job)
         staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(entry_dir.name),
@@ -139,49 +136,6 @@ def build_project(ws: Workspace, stack: Stack, item: Planned, *, force: bool = F
                          upstream_version=project.version, version=e.version,
                          wheel=entry_dir / e.wheel, sha256=e.sha256, cached=cached,
                          seconds=seconds, entry=e) for e in entries]
-
-
-def check_requirements(stack: Stack, builds: list[ProjectBuild]) -> None:
-    """Each wheel's requirements on the stack's projects are exactly its declared
-    ``upstream_requires`` and accept the version we ship, extras included."""
-    ours: dict[str, ProjectBuild] = {}
-    for b in builds:
-        ours.setdefault(canonicalize_name(b.distribution), b)
-    for b in builds:
-        project = stack.project(b.project)
-        on_stack = [r for r in wheel_requirements(b.wheel)
-                    if (t := pinned_for(r, stack.projects)) is not None and t is not project]
-        declared = list(project.upstream_requires)
-        where = f"stack {stack.name}, {b.wheel.name}"
-        for req in on_stack:
-            if req not in declared:
-                raise BuildError(
-                    f"the wheel requires {req}, which projects.{project.key}.upstream_requires "
-                    f"does not state ({', '.join(map(str, declared)) or 'empty'})",
-                    where=where, fix=f"add {str(req)!r} to {stack.path}")
-        for req in declared:
-            if req not in on_stack:
-                raise BuildError(
-                    f"projects.{project.key}.upstream_requires states {req}, which the "
-                    "wheel's METADATA does not require", where=where,
-                    fix=f"copy the wheel's own requirement into {stack.path}")
-        for req in on_stack:
-            target = ours.get(canonicalize_name(req.name))
-            if target is None or not requirement_applies(req, project):
-                continue
-            if not req.specifier.contains(Version(target.version), prereleases=True):
-                raise BuildError(
-                    f"{b.wheel.name} requires {req}, which rejects our {target.version}",
-                    where=f"stack {stack.name}",
-                    fix="align the local label or the dependency pin")
-            missing = {canonicalize_name(e) for e in req.extras} - wheel_extras(target.wheel)
-            if missing:
-                raise BuildError(
-                    f"{b.wheel.name} requires {req}, but the stack's pin "
-                    f"{target.distribution} {target.version} ({target.wheel.name}) provides "
-                    f"no extra {', '.join(sorted(missing))}", where=f"stack {stack.name}",
-                    fix=f"pin the {target.distribution} release {project.distribution} "
-                        f"{project.version} requires")
 
 
 def remove_leftovers(ws: Workspace, stack: Stack) -> None:
@@ -277,11 +231,9 @@ def build(fetched: Fetched, options: Options) -> Built:
     """Stages 3-5 per project, concurrently (they share nothing, and a wheel build leaves
     cores idle): patch the fork tree, build, check the wheel (the kind's ``make``)."""
     plan = fetched.plan
-    ws, stack = plan.resolved.ws, plan.resolved.stack
     with ThreadPoolExecutor(max_workers=max(1, min(len(plan.projects), options.jobs))) as pool:
-        futures = [pool.submit(build_project, ws, stack, item, force=options.force,
-                               rebuild=options.rebuild, inputs=fetched.inputs[item.project.key],
-                               stage=options.stage, unchecked=options.unchecked)
+        futures = [pool.submit(build_project, plan.resolved, item,
+                               fetched.inputs[item.project.key], options)
                    for item in plan.projects]
         try:
             builds = tuple(b for f in futures for b in f.result())
@@ -294,8 +246,47 @@ def build(fetched: Fetched, options: Options) -> Built:
 
 
 def check(built: Built, options: Options) -> Built:
-    """Stage 6: the wheels' requirements on one another agree with the declaration."""
-    check_requirements(built.plan.resolved.stack, list(built.builds))
+    """Stage 6: each wheel's requirements on the stack's projects are exactly its declared
+    ``upstream_requires`` and accept the version we ship, extras included."""
+    stack = built.plan.resolved.stack
+    ours: dict[str, ProjectBuild] = {}
+    for b in built.builds:
+        ours.setdefault(canonicalize_name(b.distribution), b)
+    for b in built.builds:
+        project = stack.project(b.project)
+        on_stack = [r for r in wheel_requirements(b.wheel)
+                    if (t := pinned_for(r, stack.projects)) is not None and t is not project]
+        declared = list(project.upstream_requires)
+        where = f"stack {stack.name}, {b.wheel.name}"
+        for req in on_stack:
+            if req not in declared:
+                raise BuildError(
+                    f"the wheel requires {req}, which projects.{project.key}.upstream_requires "
+                    f"does not state ({', '.join(map(str, declared)) or 'empty'})",
+                    where=where, fix=f"add {str(req)!r} to {stack.path}")
+        for req in declared:
+            if req not in on_stack:
+                raise BuildError(
+                    f"projects.{project.key}.upstream_requires states {req}, which the "
+                    "wheel's METADATA does not require", where=where,
+                    fix=f"copy the wheel's own requirement into {stack.path}")
+        for req in on_stack:
+            target = ours.get(canonicalize_name(req.name))
+            if target is None or not requirement_applies(req, project):
+                continue
+            if not req.specifier.contains(Version(target.version), prereleases=True):
+                raise BuildError(
+                    f"{b.wheel.name} requires {req}, which rejects our {target.version}",
+                    where=f"stack {stack.name}",
+                    fix="align the local label or the dependency pin")
+            missing = {canonicalize_name(e) for e in req.extras} - wheel_extras(target.wheel)
+            if missing:
+                raise BuildError(
+                    f"{b.wheel.name} requires {req}, but the stack's pin "
+                    f"{target.distribution} {target.version} ({target.wheel.name}) provides "
+                    f"no extra {', '.join(sorted(missing))}", where=f"stack {stack.name}",
+                    fix=f"pin the {target.distribution} release {project.distribution} "
+                        f"{project.version} requires")
     return built
 
 
