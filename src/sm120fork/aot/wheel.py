@@ -131,8 +131,6 @@ def tree_digest(tree: Path) -> tuple[str, str]:
 DISTRIBUTION = "sm120fork-flashinfer-aot"
 PACKAGE = "sm120fork_flashinfer_aot"
 CACHE_DIR = "jit_cache"
-#: The entry point our FlashInfer's lookup reads (the default stack's patch 0009).
-ENTRY_POINT_GROUP = PREBUILT.group
 #: The entry point's name in either group: also the provider id FlashInfer 0.7.x reports.
 ENTRY_POINT_NAME = "sm120fork"
 MANIFEST = "manifest.json"

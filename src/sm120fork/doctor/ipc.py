@@ -241,16 +241,14 @@ class _Process:
     """One probe child: its pipes, its end of the FD socket, what it shared."""
 
     def __init__(self, device: int, index: int, processes: int, module: str) -> None:
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock = parent
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.group = proc.ProcessGroup()   # Ctrl-C (end_children) ends it too
         try:
             self.proc = self.group.start(
                 [sys.executable, "-m", module, str(device), str(index), str(processes),
                  str(child.fileno())],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                env=env, pass_fds=(child.fileno(),))
+                env=dict(os.environ, PYTHONUNBUFFERED="1"), pass_fds=(child.fileno(),))
         finally:
             child.close()
         self.shared = Shared(vmm="not set up", ipc="not set up")
