@@ -61,15 +61,12 @@ def resolve(package_dir: Path, identifier: str,
                     test_command=build.test_command or "", environment=environment)
 
 
-def _sh(command: str, env: Mapping[str, str], cwd: Path) -> None:
-    if command.strip():
-        proc.run(["sh", "-c", command], env=env, cwd=cwd)
-
-
-def _fill(command: str, **values: str | Path) -> str:
+def _sh(command: str, env: Mapping[str, str], cwd: Path, **values: str | Path) -> None:
+    """A step's command, cibuildwheel's placeholders filled in, run by ``sh``."""
     from cibuildwheel.util.helpers import prepare_command
 
-    return prepare_command(command, **values)
+    if command.strip():
+        proc.run(["sh", "-c", prepare_command(command, **values)], env=env, cwd=cwd)
 
 
 def run(project: Path, package_dir: Path, out: Path) -> Path:
@@ -88,7 +85,7 @@ def run(project: Path, package_dir: Path, out: Path) -> Path:
     env = {**os.environ, **plan.environment}
     places: dict[str, str | Path] = {"project": project, "package": package_dir}
     log.info("cibuildwheel %s, on this host", identifier)
-    _sh(_fill(plan.before_build, **places), env, project)
+    _sh(plan.before_build, env, project, **places)
     with tempfile.TemporaryDirectory(prefix="sm120fork-cibw-") as tmp:
         built_dir, repaired_dir = Path(tmp) / "built", Path(tmp) / "repaired"
         capabilities = next((a.split("capabilities=", 1)[1] for a in plan.frontend_args
@@ -102,7 +99,7 @@ def run(project: Path, package_dir: Path, out: Path) -> Path:
         built = _one_wheel(built_dir)
         if plan.repair.strip():
             repaired_dir.mkdir()
-            _sh(_fill(plan.repair, wheel=built, dest_dir=repaired_dir, **places), env, project)
+            _sh(plan.repair, env, project, wheel=built, dest_dir=repaired_dir, **places)
             wheel = _one_wheel(repaired_dir)
         else:
             wheel = built
@@ -144,14 +141,14 @@ def run_test_step(plan: HostPlan, wheel: Path, out: Path, env: Mapping[str, str]
     index = install_index_args(wheel)
     step = "before-test"
     try:
-        _sh(_fill(plan.before_test, **places), test_env, Path(places["project"]))
+        _sh(plan.before_test, test_env, Path(places["project"]), **places)
         step = "installing the wheel" + (f" (with {' '.join(index)})" if index else "")
         proc.run([venv / "bin" / "python", "-m", "pip", "install", "-q", *index, wheel],
                  env=test_env)
         step = "test-command"
         cwd = tmp / "test_cwd"
         cwd.mkdir(exist_ok=True)
-        _sh(_fill(plan.test_command, wheel=wheel, **places), test_env, cwd)
+        _sh(plan.test_command, test_env, cwd, wheel=wheel, **places)
     except (CommandError, BuildError) as exc:
         kept = out / "untested" / wheel.name
         kept.parent.mkdir(parents=True, exist_ok=True)
