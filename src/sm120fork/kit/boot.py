@@ -10,10 +10,12 @@ import importlib.util
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
 import typing
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
@@ -178,8 +180,6 @@ def part_folders(part: Path, index: PartsIndex) -> tuple[Path, list[Path]]:
 
 def _remove_stale_joins(joined: Path) -> None:
     """What a join killed midway left beside the kit (its process is gone)."""
-    import shutil
-
     for path in joined.parent.glob(f".{joined.name}.joining-*"):
         pid = path.name.rsplit("-", 1)[-1]
         try:
@@ -220,8 +220,6 @@ def check_parts(index: PartsIndex, parts: Sequence[Path]) -> None:
 def join(part: Path, index: PartsIndex) -> Path:
     """The kit ``part`` belongs to, joined beside the parts once: staged, renamed into
     place only when every sha256 holds."""
-    import shutil
-
     joined, parts = part_folders(part, index)
     kit_id = index.kit_id
     marker = joined / JOINED_FILE
@@ -397,16 +395,12 @@ def harness_command(kit: Path, data: KitJson, verb: str, args: Sequence[str],
 def plugin_route_command(kit: Path, data: KitJson, home: Path) -> list[str]:
     """``sglang-layer`` on stock SGLang (unpacked once under ``home``) with the plugin
     applied by SGLang's ``load_plugins()``; the notes name both wheels' sha256."""
-    import zipfile
-
     route = data["plugin_route"]
     shas = {w["file"]: w["sha256"] for w in data["wheels"]}
     stock = kit / route["sglang"]
     tree = home / "plugin-route" / "sglang"
     marker = tree / ".unpacked-from"
     if not (marker.is_file() and marker.read_text(encoding="utf-8") == shas[route["sglang"]]):
-        import shutil
-
         shutil.rmtree(tree, ignore_errors=True)
         with zipfile.ZipFile(stock) as zf:
             zf.extractall(tree)

@@ -14,6 +14,7 @@ from pathlib import Path
 from sm120fork import record
 from sm120fork.gpu.core.documents import Environment
 from sm120fork.gpu.core.preflight import COMMAND_ENV
+from sm120fork.util import hint
 
 TESTED_FILE = "tested.json"
 
@@ -36,8 +37,6 @@ def recorded_command(verb: str, argv: Sequence[str]) -> str:
     shown = os.environ.get(COMMAND_ENV)
     if shown:
         return shown
-    from sm120fork.util import hint
-
     args: list[str] = []
     skip = False
     for arg in argv[1:]:

@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -24,7 +25,9 @@ from sm120fork.gpu.core.documents import MadeFrom, Provenance
 from sm120fork.manifest import Manifest, ManifestEntry
 from sm120fork.record import Tested
 from sm120fork.resolved import ResolvedStack
+from sm120fork.util.files import made_once, sha256_file
 from sm120fork.util.hint import command
+from sm120fork.util.proc import run
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -45,7 +48,6 @@ def upstream_wheel(stack: ResolvedStack) -> Path:
     """Upstream FlashInfer of the stack's pin, built unchanged from its pinned sdist."""
     from sm120fork.fetch.archive import safe_extract
     from sm120fork.fetch.sdist import download_pinned
-    from sm120fork.util.proc import run
 
     ws, project = stack.ws, stack.stack.project(PROJECT)
     # Keyed by the pin's sha256, so a box that carries the cache needs no sdist or index.
@@ -111,10 +113,6 @@ class LayerTrees:
 
 
 def _unpack(wheel: Path, dest: Path, sha256: str) -> Path:
-    import zipfile
-
-    from sm120fork.util.files import made_once, sha256_file
-
     def unpack(new: Path) -> None:
         if sha256_file(wheel) != sha256:
             raise ConfigError(f"{wheel.name} is not the wheel its manifest lists (sha256)",
@@ -155,8 +153,6 @@ def plugin_trees(stock_wheel: Path, plugin_wheel: Path, work_dir: Path,
                  stack: str) -> tuple[Path, Path, list[MadeFrom]]:
     """Stock SGLang and the plugin unpacked under ``work_dir`` for the plugin route: (the
     stock tree, the plugin's site, the record's ``made_from`` rows)."""
-    from sm120fork.util.files import sha256_file
-
     rows: list[MadeFrom] = []
     trees: list[Path] = []
     for wheel, project, variant, name in (
