@@ -33,9 +33,8 @@ from sm120fork.cuda.tools import Tools, find_tools
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
 from sm120fork.verify.proof.gate import GateResult, run_gate
-from sm120fork.verify.proof.markdown import render_markdown
-from sm120fork.verify.proof.nvcc import make_dependencies
-from sm120fork.verify.proof.run import prove
+from sm120fork.verify.proof.report import render_markdown
+from sm120fork.verify.proof.run import make_dependencies, prove
 from sm120fork.verify.proof.verdict import (
     ArchResult,
     ProofReport,

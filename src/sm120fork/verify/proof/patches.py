@@ -25,8 +25,7 @@ from sm120fork.standing import (
     twin_record,
 )
 from sm120fork.util import proc
-from sm120fork.verify.proof.markdown import CLUSTER_QUERY
-from sm120fork.verify.proof.verdict import ProofReport, Status
+from sm120fork.verify.proof.verdict import CLUSTER_QUERY, ProofReport, Status
 
 UNPATCHED = "unpatched"
 FULL = "full series"

@@ -58,6 +58,10 @@ class VariantResult:
         return next((a for a in self.archs if a.arch == arch), None)
 
 
+#: The host-side call the F5 check looks for (the device's cluster-size answer).
+CLUSTER_QUERY = "cudaOccupancyMaxPotentialClusterSize"
+
+
 class Status(enum.Enum):
     PASS = "pass"
     FAIL = "fail"
