@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from sm120fork.gpu import methods
-from sm120fork.gpu.bench import drive
-from sm120fork.gpu.bench.drive import Point
+from sm120fork.gpu.bench import run as bench_run
+from sm120fork.gpu.bench import timing
+from sm120fork.gpu.bench.adapters import Point
 
 
 class FakeAdapter:
@@ -42,7 +43,7 @@ def _run(adapters: list[FakeAdapter], points: list[Point],
         return {"median_us": float(point.tokens), "p90_us": point.tokens + 0.5}
 
     kwargs = {"gather": gather} if gather else {}
-    drive.drive(adapters, points, check=check, time=time, emit=records.append, **kwargs)
+    timing.drive(adapters, points, check=check, time=time, emit=records.append, **kwargs)
     return records
 
 
@@ -101,7 +102,7 @@ def test_a_check_that_raises_is_a_failed_check_not_a_crash() -> None:
     def boom(_a: Any, _p: Point) -> tuple[bool, list[dict[str, Any]]]:
         raise RuntimeError("workspace says no")
 
-    drive.drive([adapter], [Point(8, 4096)], check=boom,
+    timing.drive([adapter], [Point(8, 4096)], check=boom,
                   time=lambda *_: pytest.fail("timed after a failed check"),
                   emit=records.append)
     assert records[-1]["status"] == methods.FAILED_CHECK
@@ -109,10 +110,10 @@ def test_a_check_that_raises_is_a_failed_check_not_a_crash() -> None:
 
 
 def test_tuned_nccl_runs_in_a_group_of_its_own() -> None:
-    groups = drive.group_envs(drive.select(None))
+    groups = bench_run.group_envs(bench_run.select(None))
     assert groups[()][:2] == ["nccl_rmsnorm", "fused_oneshot"]
     assert groups[(("NCCL_ALGO", "Ring"), ("NCCL_PROTO", "LL"))] == ["nccl_tuned_rmsnorm"]
-    assert drive.modules(["pcie_ipc_rmsnorm", "fused_auto", "custom_vllm_rmsnorm"]) == [
+    assert bench_run.modules(["pcie_ipc_rmsnorm", "fused_auto", "custom_vllm_rmsnorm"]) == [
         "pcie_ipc", "vllm"]
 
 

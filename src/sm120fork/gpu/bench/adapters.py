@@ -5,6 +5,7 @@ land).  FlashInfer and torch are untyped here."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import os
 import types
@@ -15,10 +16,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sm120fork.gpu.bench.drive import Point
 from sm120fork.gpu.core.rank import Rank, cuda_broken
 from sm120fork.gpu.core.reference import RMS_EPS
 from sm120fork.gpu.methods import METHODS
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    tokens: int
+    hidden: int
+
 
 #: (x, residual, residual_out, norm_out) of one rotating buffer set
 BufferSet = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from sm120fork.errors import UsageError, VerifyError
 from sm120fork.gpu import methods as methods_mod
 from sm120fork.gpu import policy as policy_mod
-from sm120fork.gpu.bench import drive, launcher, report
+from sm120fork.gpu.bench import launcher, report
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import runs
 from sm120fork.gpu.core.documents import BenchRecord, Environment
@@ -57,18 +57,39 @@ class BenchRun:
         return None
 
 
+def group_envs(names: Iterable[str]) -> dict[tuple[tuple[str, str], ...], list[str]]:
+    """Methods grouped by the environment their rank group needs (one group each)."""
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for name in names:
+        key = tuple(sorted(methods_mod.METHODS[name].env.items()))
+        groups.setdefault(key, []).append(name)
+    return groups
+
+
+def modules(names: Iterable[str]) -> list[str]:
+    """The optional modules the module step builds for these methods."""
+    return sorted({m for n in names if (m := methods_mod.METHODS[n].module)})
+
+
+def select(names: Sequence[str] | None) -> list[str]:
+    """The methods to run, in registry order; unknown names are refused by the caller."""
+    if not names:
+        return list(methods_mod.METHODS)
+    return [name for name in methods_mod.METHODS if name in set(names)]
+
+
 def run_bench(opts: BenchOptions) -> BenchRun:
     """Every method at every point, per world size, one report each; and the policy.  A
     method whose environment differs (NCCL reads its settings once) gets its own group."""
     opts = opts.with_stack(baseline=False)
     if len(opts.wheel_dirs) > 1:
         raise UsageError("bench measures one variant", where="--wheel-dir")
-    chosen = drive.select(opts.methods)
+    chosen = select(opts.methods)
     unknown = sorted(set(opts.methods or ()) - set(methods_mod.METHODS))
     if unknown:
         raise UsageError(f"unknown methods {unknown}", where="--method",
                           fix=f"one of {list(methods_mod.METHODS)}")
-    prepared = runs.prepare(opts, "bench", ["comm", "norm", *drive.modules(chosen)])
+    prepared = runs.prepare(opts, "bench", ["comm", "norm", *modules(chosen)])
     compiled = prepared.compiled
     variant = prepared.variants[0]
     env = runs.run_environment(compiled, variant.name, opts.wheel_dirs)
@@ -161,7 +182,7 @@ class _World:
     partial: bool = False
 
     def run(self, chosen: Sequence[str]) -> None:
-        for index, (group_env, names) in enumerate(drive.group_envs(chosen).items()):
+        for index, (group_env, names) in enumerate(group_envs(chosen).items()):
             if group_env and self.shared:
                 self.records += [{"kind": "method", "method": name,
                                   "status": methods_mod.NOT_RUNNABLE,
