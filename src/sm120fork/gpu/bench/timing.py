@@ -144,31 +144,27 @@ def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
 
 
 class _Points:
-    """Each point's buffers, inputs and fp32 reference, shared by every method."""
+    """The point being checked: its buffers, inputs and fp32 reference."""
 
     def __init__(self, rk: Rank, plan: BenchPlan, rotate: int) -> None:
         self.rk, self.plan, self.rotate = rk, plan, rotate
-        self.dtype = TORCH_DTYPES[plan.dtype]
-        self.point: Point | None = None
         self.bufs: list[BufferSet] = []
         self.gamma = torch.empty(0)
         self.data: Any = None
         self.ref: dict[str, torch.Tensor] = {}
 
     def _at(self, point: Point) -> None:
-        if self.point != point:
-            dev, dtype = self.rk.device, self.dtype
-            empty = functools.partial(torch.empty, point.tokens, point.hidden, dtype=dtype,
-                                      device=dev)
-            self.point = point
-            self.bufs = [(empty(), empty(), empty(), empty()) for _ in range(self.rotate)]
-            self.gamma = torch.empty(point.hidden, dtype=dtype, device=dev)
-            # the point as a correctness case: its seed regenerates every rank's inputs
-            self.data = generate(Case(
-                world_size=self.rk.world, api="fusion_unified", pattern="ar_rmsnorm",
-                tokens=point.tokens, hidden=point.hidden, dtype=self.plan.dtype,
-                strategy="auto", pdl=True), dev)
-            self.ref = expected(self.data)
+        dev, dtype = self.rk.device, TORCH_DTYPES[self.plan.dtype]
+        empty = functools.partial(torch.empty, point.tokens, point.hidden, dtype=dtype,
+                                  device=dev)
+        self.bufs = [(empty(), empty(), empty(), empty()) for _ in range(self.rotate)]
+        self.gamma = torch.empty(point.hidden, dtype=dtype, device=dev)
+        # the point as a correctness case: its seed regenerates every rank's inputs
+        self.data = generate(Case(
+            world_size=self.rk.world, api="fusion_unified", pattern="ar_rmsnorm",
+            tokens=point.tokens, hidden=point.hidden, dtype=self.plan.dtype,
+            strategy="auto", pdl=True), dev)
+        self.ref = expected(self.data)
 
     def _load(self, i: int) -> None:
         """Every rank's input of the point's case into set ``i``; outputs NaN."""

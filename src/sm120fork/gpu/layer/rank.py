@@ -337,14 +337,6 @@ class FakeFlashInferComm:
         residual_out.copy_(hidden)
 
 
-def use_fake_flashinfer(adapter: Any, fusion: Any, fake: FakeFlashInferComm) -> None:
-    """Point SGLang's fusion module at the stand-in (the adapter binds what else it must)."""
-    fusion._flashinfer_comm = fake
-    bind = getattr(adapter, "use_fake_flashinfer", None)
-    if bind is not None:
-        bind(fusion, fake.create_allreduce_fusion_workspace)
-
-
 class FakePcieIpcWorkspace:
     """FlashInfer's ``PcieIpcAllReduceWorkspace`` on the CPU, summing over its gloo group."""
 
@@ -617,7 +609,10 @@ def _set_up_layer(req: RankRequest, group: GlooTPGroup, injected: str | None,
     if req.device == "cpu":
         fake = FakeFlashInferComm(
             posix_fd_exchange=req.case == "one-rank-fails-in-fd-exchange", fault=injected)
-        use_fake_flashinfer(adapter, layer.fusion, fake)
+        layer.fusion._flashinfer_comm = fake  # and what else the layout binds
+        bind = getattr(adapter, "use_fake_flashinfer", None)
+        if bind is not None:
+            bind(layer.fusion, fake.create_allreduce_fusion_workspace)
     if injected is not None:
         _inject(layer, injected, fake=fake)
     return layer, fake
