@@ -146,15 +146,12 @@ def render_bench_markdown(doc: BenchDoc) -> str:
                 BenchRecord())
     sha256 = doc.get("sha256")
     lines += [f"Variant: {doc.get('variant')} ({doc.get('wheel') or 'installed'}"
-              f"{', sha256 ' + sha256[:16] if sha256 else ''}); "
-              + (f"fused calls through `{meta['fused_api']}`; " if meta.get("fused_api") else "")
-              + "world size "
+              f"{', sha256 ' + sha256[:16] if sha256 else ''}); world size "
               f"{doc.get('world_size')}; per-op latency = median over "
               f"{meta.get('replays', '?')} CUDA-graph replays of "
               f"{meta.get('rotate', '?')} rotating buffer sets x "
               f"{meta.get('calls_per_buffer', '?')} calls, max over ranks.", ""]
-    meta_skipped = meta.get("skipped")
-    skipped = dict(meta_skipped) if isinstance(meta_skipped, dict) else {}
+    skipped: dict[str, str] = {}
     for r in doc.get("records", []):
         if r.get("kind") == "floor" and (why := r.get("skipped")):
             skipped[f"floor {r['method']}"] = str(why)

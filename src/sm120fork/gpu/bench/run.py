@@ -72,10 +72,12 @@ def modules(names: Iterable[str]) -> list[str]:
 
 
 def select(names: Sequence[str] | None) -> list[str]:
-    """The methods to run, in registry order; unknown names are refused by the caller."""
-    if not names:
-        return list(methods_mod.METHODS)
-    return [name for name in methods_mod.METHODS if name in set(names)]
+    """The methods to run (None: all), in registry order; an unknown name is refused."""
+    unknown = sorted(set(names or ()) - set(methods_mod.METHODS))
+    if unknown:
+        raise UsageError(f"unknown methods {unknown}", where="--method",
+                         fix=f"one of {list(methods_mod.METHODS)}")
+    return [name for name in methods_mod.METHODS if not names or name in names]
 
 
 def run_bench(opts: BenchOptions) -> BenchRun:
@@ -85,10 +87,6 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     if len(opts.wheel_dirs) > 1:
         raise UsageError("bench measures one variant", where="--wheel-dir")
     chosen = select(opts.methods)
-    unknown = sorted(set(opts.methods or ()) - set(methods_mod.METHODS))
-    if unknown:
-        raise UsageError(f"unknown methods {unknown}", where="--method",
-                          fix=f"one of {list(methods_mod.METHODS)}")
     prepared = runs.prepare(opts, "bench", ["comm", "norm", *modules(chosen)])
     compiled = prepared.compiled
     variant = prepared.variants[0]
