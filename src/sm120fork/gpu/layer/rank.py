@@ -237,7 +237,7 @@ class _FakeBuffer:
         _FakeBuffer.alive -= 1
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # compared and hashed by identity
 class _FakeWorkspace:
     buffers: list[_FakeBuffer]
     group: Any
@@ -291,7 +291,7 @@ def _posix_fd_allgather(backend: Any, fd: int, fail_at: int | None) -> list[int]
     return received
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # compared and hashed by identity
 class FakeFlashInferComm:
     """``flashinfer.comm`` on the CPU: per buffer an allocation and a handle exchange, then
     a barrier; it makes the faults of :data:`FAKE_FAULTS` itself."""
