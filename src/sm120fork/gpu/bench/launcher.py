@@ -27,8 +27,7 @@ def run_group(plan: BenchPlan, variant: Variant, run_dir: Path, *,
     name = f"{tag}-{variant.name}"
     spec_path = run_dir / f"spec-{name}.json"
     store = run_dir / f"store-{name}"
-    if store.exists():
-        store.unlink()
+    store.unlink(missing_ok=True)
     spec_path.write_text(json.dumps({
         "mode": "bench", "world_size": plan.world_size, "store": str(store),
         "backend": backend, "allow_multicast": allow_multicast,
