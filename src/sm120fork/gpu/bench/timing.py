@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sm120fork.gpu.bench.adapters import FACTORIES, Adapter, BufferSet, Point, Unbuilt
+from sm120fork.gpu.bench.adapters import FACTORIES, Adapter, Point, Unbuilt
 from sm120fork.gpu.core.cases import BenchPlan, Case
 from sm120fork.gpu.core.rank import Rank, cuda_broken, say
 from sm120fork.gpu.core.reference import TORCH_DTYPES, compare, expected, generate
@@ -123,7 +123,6 @@ def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
                         f"build: {failed_modules[METHODS[name].module or '']}")
                 if METHODS[name].module in failed_modules else FACTORIES[name](rk)
                 for name in methods]
-    points = _Points(rk, plan, rotate)
 
     def time(adapter: Adapter, point: Point) -> dict[str, Any]:
         return summary(_time_graph(rk, adapter.op, rotate=rotate,
@@ -140,63 +139,52 @@ def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
         return every
 
     drive(adapters, [Point(tokens=t, hidden=h) for h in plan.hidden for t in plan.tokens],
-          check=points.check, time=time, emit=emit, gather=gather, is_fatal=cuda_broken)
+          check=functools.partial(_check, rk, plan, rotate), time=time, emit=emit,
+          gather=gather, is_fatal=cuda_broken)
 
 
-class _Points:
-    """The point being checked: its buffers, inputs and fp32 reference."""
+def _check(rk: Rank, plan: BenchPlan, rotate: int, adapter: Adapter, point: Point,
+           ) -> tuple[bool, list[dict[str, Any]]]:
+    """The method's outputs against the fp32 reference, eagerly, then in a CUDA-graph
+    replay, on the same inputs."""
+    dev, dtype = rk.device, TORCH_DTYPES[plan.dtype]
+    empty = functools.partial(torch.empty, point.tokens, point.hidden, dtype=dtype, device=dev)
+    bufs = [(empty(), empty(), empty(), empty()) for _ in range(rotate)]
+    gamma = torch.empty(point.hidden, dtype=dtype, device=dev)
+    # the point as a correctness case: its seed regenerates every rank's inputs
+    data = generate(Case(world_size=rk.world, api="fusion_unified", pattern="ar_rmsnorm",
+                         tokens=point.tokens, hidden=point.hidden, dtype=plan.dtype,
+                         strategy="auto", pdl=True), dev)
+    ref = expected(data)
 
-    def __init__(self, rk: Rank, plan: BenchPlan, rotate: int) -> None:
-        self.rk, self.plan, self.rotate = rk, plan, rotate
-        self.bufs: list[BufferSet] = []
-        self.gamma = torch.empty(0)
-        self.data: Any = None
-        self.ref: dict[str, torch.Tensor] = {}
-
-    def _at(self, point: Point) -> None:
-        dev, dtype = self.rk.device, TORCH_DTYPES[self.plan.dtype]
-        empty = functools.partial(torch.empty, point.tokens, point.hidden, dtype=dtype,
-                                  device=dev)
-        self.bufs = [(empty(), empty(), empty(), empty()) for _ in range(self.rotate)]
-        self.gamma = torch.empty(point.hidden, dtype=dtype, device=dev)
-        # the point as a correctness case: its seed regenerates every rank's inputs
-        self.data = generate(Case(
-            world_size=self.rk.world, api="fusion_unified", pattern="ar_rmsnorm",
-            tokens=point.tokens, hidden=point.hidden, dtype=self.plan.dtype,
-            strategy="auto", pdl=True), dev)
-        self.ref = expected(self.data)
-
-    def _load(self, i: int) -> None:
-        """Every rank's input of the point's case into set ``i``; outputs NaN."""
-        x, res, r_out, n_out = self.bufs[i]
-        x.copy_(self.data.inputs[self.rk.rank])
-        res.copy_(self.data.residual)
+    def load() -> None:
+        """Every rank's input into set 0; its outputs NaN."""
+        x, res, r_out, n_out = bufs[0]
+        x.copy_(data.inputs[rk.rank])
+        res.copy_(data.residual)
         r_out.fill_(float("nan"))
         n_out.fill_(float("nan"))
-        self.gamma.copy_(self.data.gamma)
+        gamma.copy_(data.gamma)
         torch.cuda.synchronize()
-        self.rk.barrier()
+        rk.barrier()
 
-    def _verify(self, adapter: Adapter, stage: str) -> list[dict[str, Any]]:
+    def verify(stage: str) -> list[dict[str, Any]]:
         torch.cuda.synchronize()
         residual, norm = adapter.outputs(0)
-        return [{**compare(name, got, self.ref[name], self.plan.dtype, self.rk.world),
-                 "stage": stage} for name, got in (("residual", residual), ("norm", norm))]
+        return [{**compare(name, got, ref[name], plan.dtype, rk.world), "stage": stage}
+                for name, got in (("residual", residual), ("norm", norm))]
 
-    def check(self, adapter: Adapter, point: Point) -> tuple[bool, list[dict[str, Any]]]:
-        """The method's outputs eagerly, then in a CUDA-graph replay, on the same inputs."""
-        self._at(point)
-        adapter.bind(self.bufs, self.gamma, point)
-        self._load(0)
-        adapter.op(0)()
-        checks = self._verify(adapter, "eager")
-        graph = _capture([adapter.op(0)])
-        adapter.after_capture()
-        self._load(0)
-        graph.replay()
-        checks += self._verify(adapter, "graph replay")
-        del graph
-        return all(c["ok"] for c in checks), checks
+    adapter.bind(bufs, gamma, point)
+    load()
+    adapter.op(0)()
+    checks = verify("eager")
+    graph = _capture([adapter.op(0)])
+    adapter.after_capture()
+    load()
+    graph.replay()
+    checks += verify("graph replay")
+    del graph
+    return all(c["ok"] for c in checks), checks
 
 
 def _floors(rk: Rank, rotate: int, calls_per_buffer: int, replays: int) -> None:
