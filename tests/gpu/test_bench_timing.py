@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from sm120fork.gpu.bench import adapters, timing
+from sm120fork.gpu.core import reference
 from sm120fork.gpu.core.cases import BenchPlan
 from sm120fork.util import wire
 
@@ -86,7 +87,7 @@ def bench(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                         lambda out, value: out.__setitem__(slice(None), [value] * len(out)))
     monkeypatch.setattr(timing, "_time_graph", lambda *_a, **_k: [2.0, 3.0, 4.0])
     refs: list[Any] = []  # each point's reference, as the bench computes it
-    real_expected = timing.expected
+    real_expected = reference.expected
 
     def track(data: Any) -> Any:
         refs.append(real_expected(data))
