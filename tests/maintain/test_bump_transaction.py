@@ -162,7 +162,7 @@ def assert_builds_as_is(ws: Workspace) -> None:
     tree = prepare_tree(ws, stack, lib, patches=ResolvedStack.of(ws, stack).series["lib"].patches)
     assert tree.reused == existed
     assert tree.state.source == source_key(lib)
-    assert tree.repo("rev-parse", "HEAD^{tree}", quiet=True)
+    assert tree.repo("rev-parse", "HEAD^{tree}")
     assert not list(ws.trees_dir.glob("*/*@pre-bump"))
     assert not (ws.state_dir / "bump").exists() or not any((ws.state_dir / "bump").iterdir())
 

@@ -120,7 +120,7 @@ def install(repo: Git, rev: str, dest: Path, version: str) -> Path:
     for rel in ("__init__.py", "gates.py", "consumer.py"):
         target = dest / "fakesg" / rel
         target.parent.mkdir(exist_ok=True)
-        target.write_text(repo("show", f"{rev}:python/fakesg/{rel}", quiet=True, strip=False))
+        target.write_text(repo("show", f"{rev}:python/fakesg/{rel}", strip=False))
     info = dest / f"fakesg-{version}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fakesg\nVersion: {version}\n")

@@ -500,7 +500,7 @@ def _settle_stop(at: _Series, *, skip: bool) -> None:
     elif skip and repo.head() != state.conflict_head:  # merged, fails its check
         repo("reset", "-q", "--hard", state.conflict_head)
     if repo.am_in_progress():
-        unmerged = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
+        unmerged = repo("diff", "--name-only", "--diff-filter=U").split()
         marked = [f for f in sorted({*unmerged, *patch.files})
                   if (repo.path / f).is_file() and _CONFLICT_MARK.search(
                       (repo.path / f).read_text(errors="replace"))]
@@ -511,7 +511,7 @@ def _settle_stop(at: _Series, *, skip: bool) -> None:
                 fix=f"edit them, then `{at.state.cmd('--continue')}`; or drop the patch: "
                     f"`{at.state.cmd('--skip')}`; or `{at.state.cmd('--abort')}`")
         repo("add", "-A")
-        if repo("diff", "--cached", "--name-only", "HEAD", quiet=True):
+        if repo("diff", "--cached", "--name-only", "HEAD"):
             repo("am", "--continue")
         else:  # resolved to upstream's side: nothing left of the patch
             repo("am", "--skip")
@@ -548,7 +548,7 @@ def _apply_patch(at: _Series) -> None:
             repo("am", "--quiet", "--3way", "--keep-cr", "--committer-date-is-author-date",
                  str(patch.path))
         except CommandError:
-            files = repo("diff", "--name-only", "--diff-filter=U", quiet=True).split()
+            files = repo("diff", "--name-only", "--diff-filter=U").split()
             raise _stop(at, lambda tree: (
                 f"patch {patch.name} conflicts with {state.project} {state.new_version}"
                 f"{': ' + ', '.join(files) if files else ''}; the fork tree {tree} stops at "
@@ -568,7 +568,7 @@ def _resolved_patch(at: _Series) -> Patch:
     it: the series export at the end would refuse stale Fingerprint or Effect lines."""
     repo = at.repo
     with tempfile.TemporaryDirectory(prefix="sm120fork-resolved-") as tmp:
-        out = repo(*FORMAT_PATCH, "-o", tmp, "-1", "HEAD", quiet=True)
+        out = repo(*FORMAT_PATCH, "-o", tmp, "-1", "HEAD")
         try:
             return parse_patch(Path(out.split()[0]))
         except SeriesError as exc:
@@ -653,7 +653,7 @@ def _back_to(repo: Git, head: str) -> None:
 
 
 def _commits(repo: Git, rev_range: str) -> list[str]:
-    out = repo("log", "--reverse", "--format=%h %s", rev_range, quiet=True)
+    out = repo("log", "--reverse", "--format=%h %s", rev_range)
     return [line for line in out.splitlines() if line.strip()]
 
 
@@ -664,7 +664,7 @@ def _range_diff(repo: Git) -> str:
     after = _commits(repo, f"{UPSTREAM_TAG}..HEAD")
     if before and after:
         return repo("range-diff", "--no-color", f"{BEFORE_BASE_REF}..{BEFORE_REF}",
-                    f"{UPSTREAM_TAG}..HEAD", quiet=True)
+                    f"{UPSTREAM_TAG}..HEAD")
     gone = [f"{i}:  {c.split(' ', 1)[0]} < -:  ------- {c.partition(' ')[2]}"
             for i, c in enumerate(before, 1)]
     new = [f"-:  ------- > {i}:  {c.split(' ', 1)[0]} {c.partition(' ')[2]}"
@@ -712,7 +712,7 @@ def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
     atomic_write_text(declaration, decl)
     stage("declaration written")
     stack, project = pinned, pinned.project(project.key)
-    base = repo("rev-parse", UPSTREAM_TAG, quiet=True)
+    base = repo("rev-parse", UPSTREAM_TAG)
     apply_recorded(repo, refreshed.series, source=source_key(project), base=base,
                    stack=stack.name, project=project.key)
     stage("tree rebuilt")

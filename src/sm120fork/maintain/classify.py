@@ -77,7 +77,7 @@ def moved_code(repo: Git, patch: Patch, new_version: Version) -> list[str]:
 def _applies(repo: Git, patch: Patch, env: Mapping[str, str] | None, *extra: str) -> bool:
     where = ("--cached",) if env else ()
     try:
-        repo("apply", "--check", *where, *extra, str(patch.path), env=env, quiet=True)
+        repo("apply", "--check", *where, *extra, str(patch.path), env=env)
     except CommandError:
         return False
     return True
@@ -130,7 +130,7 @@ def _scratch_index(repo: Git) -> Iterator[str]:
     fd, index = tempfile.mkstemp(prefix="sm120fork-bump-index.")
     os.close(fd)
     try:
-        repo("read-tree", "HEAD", env={"GIT_INDEX_FILE": index}, quiet=True)
+        repo("read-tree", "HEAD", env={"GIT_INDEX_FILE": index})
         yield index
     finally:
         os.unlink(index)
@@ -145,13 +145,13 @@ def preview(repo: Git, patches: Sequence[Patch], new_version: Version) -> list[C
         for patch in patches:
             verdict, evidence = classify(repo, patch, new_version, env)
             if verdict == STILL_NEEDED:
-                repo("apply", "--cached", str(patch.path), env=env, quiet=True)
+                repo("apply", "--cached", str(patch.path), env=env)
             elif verdict in (CONFLICT, TARGET_MISSING):
                 trial = f"{index}.3way"
                 shutil.copyfile(index, trial)
                 try:
                     repo("apply", "--cached", "--3way", str(patch.path),
-                         env={"GIT_INDEX_FILE": trial}, quiet=True)
+                         env={"GIT_INDEX_FILE": trial})
                 except CommandError:
                     evidence.append("a 3-way merge conflicts too: the bump stops here")
                 else:

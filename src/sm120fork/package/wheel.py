@@ -96,7 +96,7 @@ def build_wheel(project: Project, repo: Git, out_dir: Path,
             prefix=scratch_prefix(f"build-{project.key}", hidden=False)) as tmp:
         src = Path(tmp) / "src"
         # HEAD's tree without .git: checkout-index is git's cheapest way to write it elsewhere
-        repo("read-tree", "HEAD", quiet=True)
+        repo("read-tree", "HEAD")
         repo("checkout-index", "--all", "--force", f"--prefix={src}/")
         root = project.package_root.strip("/")
         package_dir = src if root in ("", ".") else src / root

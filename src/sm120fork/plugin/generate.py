@@ -218,8 +218,7 @@ def generate_spec(repo: Git, patches: Mapping[str, str], *, package_root: str, p
     prefix = package_prefix(package_root)
     per_patch: dict[str, list[_Change]] = {}
     for patch, commit in patches.items():
-        changed = repo("diff-tree", "--no-commit-id", "--name-only", "-r", commit,
-                       quiet=True).split()
+        changed = repo("diff-tree", "--no-commit-id", "--name-only", "-r", commit).split()
         changes: list[_Change] = []
         for full in changed:
             rel = full.removeprefix(prefix)

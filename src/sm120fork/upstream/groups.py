@@ -44,7 +44,7 @@ def branch_base(git: Git, ws: Workspace, stack_name: str, project: Project, *,
                 onto: str | None, repo: str | None) -> str:
     """The commit a PR's branch starts from: the pinned release, or ``onto`` fetched from
     ``repo`` (default: the upstream repository)."""
-    base = git("rev-parse", UPSTREAM_TAG, quiet=True)
+    base = git("rev-parse", UPSTREAM_TAG)
     if not onto:
         return base
     source = repo or upstream_url(ws, project)
@@ -58,7 +58,7 @@ def branch_base(git: Git, ws: Workspace, stack_name: str, project: Project, *,
         raise MaintenanceError(f"cannot fetch {onto} from {source}",
                                fix="pass --repo with a local upstream checkout",
                                detail=exc.detail) from exc
-    return git("rev-parse", ONTO_REF, quiet=True)
+    return git("rev-parse", ONTO_REF)
 
 
 def upstream_url(ws: Workspace, project: Project) -> str:
@@ -231,14 +231,14 @@ def _commit_all(repo: Git, base: str, patches: list[Patch], who: tuple[str, str]
     parent, commits = base, []
     try:
         for p in patches:
-            repo("read-tree", parent, env=env, quiet=True)
+            repo("read-tree", parent, env=env)
             try:
-                repo("apply", "--cached", str(p.path), env=env, quiet=True)
+                repo("apply", "--cached", str(p.path), env=env)
             except CommandError as exc:
                 raise MaintenanceError(f"patch {p.name} does not apply onto {where}",
                                        fix="bump the project to that upstream first",
                                        detail=exc.detail) from exc
-            tree = repo("write-tree", env=env, quiet=True)
+            tree = repo("write-tree", env=env)
             date = f"{p.field('Last-Update')}T00:00:00+00:00"
             message = "\n\n".join(x for x in (short_subject(p), p.description.strip()) if x)
             parent = repo("commit-tree", tree, "-p", parent, "-m", message,
@@ -473,8 +473,8 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         commands = push_commands(ws, project, branch, title, onto=onto, tree=tree.path,
                                  body=folder / "body.md")
         files = tuple(sorted(p for p in folder.rglob("*") if p.is_file()))
-        rec = pr_record(stack, project, pr, git("rev-parse", f"{commits[-1]}^{{tree}}",
-                                                quiet=True), runs) if run else None
+        rec = pr_record(stack, project, pr, git("rev-parse", f"{commits[-1]}^{{tree}}"),
+                        runs) if run else None
         published = (record.write(rec, ws.reports_dir) if rec and write and not onto
                      and any(r.outcome != "skip" for r in runs) else None)
         return Prepared(branch=branch, base=base, onto=onto, out=folder,

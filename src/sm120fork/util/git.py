@@ -177,9 +177,8 @@ class Git:
         return g
 
     def __call__(self, *args: str, env: Mapping[str, str] | None = None,
-                 quiet: bool = False, strip: bool = True) -> str:
+                 strip: bool = True) -> str:
         """``git <args>`` in the work tree; its stdout (one trailing newline off)."""
-        del quiet
         out: str = self.repo.git.execute(["git", *args], env=env,
                                          strip_newline_in_stdout=strip)
         return out
