@@ -19,7 +19,7 @@ from sm120fork.util.proc import end_children
 log = logging.getLogger("sm120fork")
 
 
-def _load(ref: str) -> Callable[..., int]:
+def load(ref: str) -> Callable[..., int]:
     """``module:function`` under sm120fork, imported only now: the doctor, GPU verbs and
     tune need neither GitPython nor rich."""
     module, _, name = ref.partition(":")
@@ -111,7 +111,7 @@ def make_parser(verbs: Sequence[str] | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=verb.help, description=verb.help, add_help=not verb.own_main,
                            parents=[] if verb.own_main else [after_verb])
         if verb.args is not None and (verbs is None or name in verbs):
-            _load(verb.args)(p)
+            load(verb.args)(p)
     return parser
 
 
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verb = VERBS.get(name) if name else None
     if verb is not None and verb.own_main and argv[0] == name:
         # Runs before rich is imported: the doctor runs where the toolkit's deps are not.
-        return _load(verb.run)(argv[1:])
+        return load(verb.run)(argv[1:])
     state = _Run()
     return boundary(lambda: _run(argv, name, state), name=name or "sm120fork",
                     root=lambda: state.root, on_interrupt=end_children,
@@ -166,7 +166,7 @@ def _run(argv: list[str], name: str | None, state: _Run) -> int:
     verb = VERBS[args.command]
     if extra and not verb.own_main:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    run = _load(verb.run)
+    run = load(verb.run)
     if verb.own_main:
         return run(_verb_argv(argv))
     from rich.console import Console

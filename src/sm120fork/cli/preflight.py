@@ -15,7 +15,7 @@ from pathlib import Path
 from unittest import mock
 
 from sm120fork.cli.args import bump_revision
-from sm120fork.cli.main import VERBS, make_parser
+from sm120fork.cli.main import VERBS, load, make_parser
 from sm120fork.errors import CommandError, ConfigError
 from sm120fork.util import proc
 from sm120fork.util.hint import FRONT_DOOR_ENV, command
@@ -78,18 +78,6 @@ def _one_of(kind: str, name: str, known: list[str], where: str) -> None:
                           fix=suggest(name, known) or f"choose one of: {', '.join(known)}")
 
 
-def _gpu(args: argparse.Namespace) -> None:
-    from sm120fork.gpu.cli import ready
-
-    ready(args)
-
-
-def _tune(_: argparse.Namespace) -> None:
-    from sm120fork.tune.cli import ready
-
-    ready()
-
-
 def _built(args: argparse.Namespace, root: Path = Path()) -> None:
     """The stack a kit packs has a build (its manifest)."""
     stack = args.stack
@@ -102,23 +90,15 @@ def _built(args: argparse.Namespace, root: Path = Path()) -> None:
                           fix=command("build", "--stack", stack))
 
 
-def _doctor(args: argparse.Namespace) -> None:
-    if args.python is not None:  # the Python the doctor would examine is there
-        from sm120fork.doctor.cli import serving_python
-
-        serving_python(args.python)
-
-
-def _nvcc(_: argparse.Namespace) -> None:
-    from sm120fork.verify import require_compiler
-
-    require_compiler()
-
-
-#: What each verb checks first, of the machine or of arguments its parser cannot judge.
-_NEEDS: dict[str, Callable[[argparse.Namespace], None]] = {
-    "gpu": _gpu, "tune": _tune, "verify-sm120": _nvcc, "bump": bump_revision,
-    "doctor": _doctor, "gpu-kit": _built}
+#: What each verb checks first, of the machine or of arguments its parser cannot judge
+#: (its module imported only then).
+_NEEDS: dict[str, Callable[[argparse.Namespace], object]] = {
+    "gpu": lambda args: load("gpu.cli:ready")(args),  # noqa: PLW0108
+    "tune": lambda _: load("tune.cli:ready")(),
+    "verify-sm120": lambda _: load("verify:require_compiler")(),
+    # the Python the doctor would examine is there
+    "doctor": lambda args: args.python and load("doctor.cli:serving_python")(args.python),
+    "bump": bump_revision, "gpu-kit": _built}
 
 
 def container_engine(environ: Mapping[str, str] | None = None,

@@ -289,10 +289,6 @@ def decision_scenarios() -> list[tuple[str, Decision]]:
     return scenarios
 
 
-def run_decisions() -> list[fake_gpu.Observation]:
-    return [{"name": name, **_decide(**params)} for name, params in decision_scenarios()]
-
-
 def _reference_norm(x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:
     """All-reduced x + residual, then RMSNorm, in float64 on the CPU."""
     hidden = x.double() + residual.double()
@@ -357,13 +353,10 @@ def _fallback_case() -> fake_gpu.Observation:
     }
 
 
-def run_fallbacks() -> list[fake_gpu.Observation]:
-    return [{"name": "fused call returns None", **_fallback_case()}]
-
-
 SUITES: dict[str, Callable[[], list[fake_gpu.Observation]]] = {
-    "decisions": run_decisions,
-    "fallbacks": run_fallbacks,
+    "decisions": lambda: [{"name": name, **_decide(**params)}
+                          for name, params in decision_scenarios()],
+    "fallbacks": lambda: [{"name": "fused call returns None", **_fallback_case()}],
 }
 
 

@@ -358,10 +358,6 @@ def _auto_case(*, tp: int, nodes: int, env: str | None = None, backend: str | No
     }
 
 
-def run_auto() -> list[fake_gpu.Observation]:
-    return [{"name": name, **_auto_case(**params)} for name, params in auto_scenarios()]
-
-
 def run_applies() -> list[fake_gpu.Observation]:
     context = _module("sglang.srt.runtime_context").get_context()
     add_norm = _module(ADD_NORM)
@@ -463,7 +459,7 @@ def run_preflight() -> list[fake_gpu.Observation]:
 
 SUITES: dict[str, Callable[[], list[fake_gpu.Observation]]] = {
     "resolve": run_resolve,
-    "auto": run_auto,
+    "auto": lambda: [{"name": name, **_auto_case(**params)} for name, params in auto_scenarios()],
     "applies": run_applies,
     "plain": run_plain,
     "preflight": run_preflight,
