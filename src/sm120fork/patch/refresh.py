@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import email.utils
+import itertools
 import json
 import os
 import re
@@ -52,15 +53,6 @@ class RefreshResult:
             "series", *self.added, *self.changed, *self.unchanged, *self.removed)]
 
 
-_DATE_LINE = re.compile(r"^Date: .*$", re.MULTILINE)
-
-
-def _canonical_date(text: str, last_update: str) -> str:
-    day = dt.datetime.fromisoformat(last_update).replace(tzinfo=dt.UTC)
-    stamp = email.utils.format_datetime(day)
-    return _DATE_LINE.sub(f"Date: {stamp}", text, count=1)
-
-
 def export_series(repo: Git, directory: Path, stack: str, project: str) -> RefreshResult:
     """Write the fork tree's commits as the series in ``directory``; touch only changes."""
     base = UPSTREAM_TAG
@@ -68,7 +60,7 @@ def export_series(repo: Git, directory: Path, stack: str, project: str) -> Refre
         out = repo(*FORMAT_PATCH, "-o", tmp, f"{base}..HEAD")
         exported = [Path(line) for line in out.splitlines() if line.strip()]
         commits = repo.commits(f"{base}..HEAD")
-        new: dict[str, bytes] = {}
+        new: dict[str, str] = {}
         for path, commit in zip(exported, commits, strict=True):
             text = path.read_text(encoding="utf-8")
             try:
@@ -80,8 +72,9 @@ def export_series(repo: Git, directory: Path, stack: str, project: str) -> Refre
                     fix=f"correct its message's DEP-3 header (patches/README.md): `git -C "
                         f"{shlex.quote(str(repo.path))} rebase -i {base}` and reword it") \
                     from None
-            text = _canonical_date(text, patch.field("Last-Update"))
-            new[path.name] = text.encode("utf-8")
+            day = dt.datetime.fromisoformat(patch.field("Last-Update")).replace(tzinfo=dt.UTC)
+            new[path.name] = re.sub(r"^Date: .*$", f"Date: {email.utils.format_datetime(day)}",
+                                    text, count=1, flags=re.MULTILINE)
     directory.mkdir(parents=True, exist_ok=True)
     try:
         old_names = read_series_file(directory)
@@ -93,29 +86,22 @@ def export_series(repo: Git, directory: Path, stack: str, project: str) -> Refre
     unchanged: list[str] = []
     for name, data in new.items():
         target = directory / name
-        if target.is_file() and target.read_bytes() == data:
+        if target.is_file() and target.read_bytes() == data.encode("utf-8"):
             unchanged.append(name)
             continue
         (changed if target.is_file() else added).append(name)
-        tmp_file = target.with_name(f".{name}.tmp")
-        tmp_file.write_bytes(data)
-        tmp_file.replace(target)
+        atomic_write_text(target, data)
     removed = sorted((on_disk | set(old_names)) - set(new))
     for name in removed:
         (directory / name).unlink(missing_ok=True)
     series_file = directory / "series"
-    rewritten = False
-    if old_names != list(new) or not series_file.is_file():
-        header = []
-        if series_file.is_file():
-            for line in series_file.read_text(encoding="utf-8").splitlines():
-                if line.startswith("#") or not line.strip():
-                    header.append(line)
-                else:
-                    break
+    rewritten = old_names != list(new) or not series_file.is_file()
+    if rewritten:
+        old = series_file.read_text(encoding="utf-8") if series_file.is_file() else ""
+        header = itertools.takewhile(lambda line: line.startswith("#") or not line.strip(),
+                                     old.splitlines())
         series_file.write_text("".join(f"{h}\n" for h in header)
                                + "".join(f"{n}\n" for n in new), encoding="utf-8")
-        rewritten = True
     return RefreshResult(stack=stack, project=project, directory=directory,
                          added=tuple(added), removed=tuple(removed), changed=tuple(changed),
                          unchanged=tuple(unchanged), series_rewritten=rewritten)

@@ -118,15 +118,9 @@ def patch_id_of(data: bytes, *, where: str = "patch") -> str:
 _HEADERS = email.parser.BytesHeaderParser(policy=email.policy.default)
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Message:
-    subject: str
-    author: tuple[str, str]
-    body: list[str]
-
-
-def _split_message(data: bytes, where: str) -> _Message:
-    """The ``email`` package decodes the RFC 2047 words git writes for non-ASCII names."""
+def _split_message(data: bytes, where: str) -> tuple[str, tuple[str, str], list[str]]:
+    """Subject, author and the message's lines (the ``email`` package decodes the RFC 2047
+    words git writes for non-ASCII names)."""
     head, _, rest = data.replace(b"\r\n", b"\n").partition(b"\n\n")
     headers = _HEADERS.parsebytes(head + b"\n\n")
     subject = headers["Subject"]
@@ -143,7 +137,7 @@ def _split_message(data: bytes, where: str) -> _Message:
         if line == "---" or line.startswith("diff --git "):
             break
         body.append(line)
-    return _Message(subject=subj, author=author, body=body)
+    return subj, author, body
 
 
 def parse_dep3(body: list[str], where: str) -> list[tuple[str, str]]:
@@ -168,8 +162,8 @@ def parse_patch(path: Path) -> Patch:
     where = str(path)
     data = path.read_bytes()
     text = data.decode("utf-8", errors="replace")
-    message = _split_message(data, where)
-    fields = parse_dep3(message.body, where)
+    subject, author, body = _split_message(data, where)
+    fields = parse_dep3(body, where)
     names = [k for k, _ in fields]
     for required in REQUIRED_FIELDS:
         if required not in names:
@@ -206,8 +200,7 @@ def parse_patch(path: Path) -> Patch:
         if fp.path not in files:
             raise SeriesError(f"Fingerprint names {fp.path}, which the patch does not change",
                               where=where)
-    return Patch(name=path.name, path=path, subject=message.subject,
-                 author=message.author, fields=tuple(fields),
+    return Patch(name=path.name, path=path, subject=subject, author=author, fields=tuple(fields),
                  fingerprints=tuple(fingerprints), files=files,
                  sha256=hashlib.sha256(data).hexdigest(),
                  effects=tuple(marks["Effect"]), effects_absent=tuple(marks["Effect-Absent"]))
