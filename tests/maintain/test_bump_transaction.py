@@ -21,8 +21,7 @@ from sm120fork.errors import MaintenanceError
 from sm120fork.fetch.kinds import fetch_source, source_key
 from sm120fork.maintain.bump import bump, bump_abort, bump_continue
 from sm120fork.maintain.refresh import refresh
-from sm120fork.patch.apply import apply_series
-from sm120fork.patch.tree import prepare_tree, read_state
+from sm120fork.patch.tree import apply_series, prepare_tree, read_state
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util import proc
 from sm120fork.workspace import Workspace

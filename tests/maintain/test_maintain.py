@@ -132,7 +132,7 @@ def test_one_upstream_matcher_serves_the_artifact_check_status_and_bump(
     from sm120fork.maintain.classify import classify
     from sm120fork.maintain.status import pinned_upstream
     from sm120fork.package.wheel import check_wheel
-    from sm120fork.patch import upstream_match
+    from sm120fork.patch import series as upstream_match
     from sm120fork.patch.series import load_series
     from sm120fork.patch.tree import prepare_tree
 

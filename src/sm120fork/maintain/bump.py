@@ -86,7 +86,7 @@ from sm120fork.patch.refresh import (
     export_series,
     note_written,
 )
-from sm120fork.patch.series import Patch, Series, parse_patch
+from sm120fork.patch.series import Patch, Series, match_upstream, parse_patch
 from sm120fork.patch.tree import (
     apply_recorded,
     keep_local_work_hint,
@@ -94,7 +94,6 @@ from sm120fork.patch.tree import (
     prepare_tree,
     read_state,
 )
-from sm120fork.patch.upstream_match import match_upstream
 from sm120fork.resolved import ResolvedStack
 from sm120fork.standing import to_remake
 from sm120fork.util.files import atomic_write_text, scratch_prefix

@@ -21,8 +21,7 @@ from sm120fork.maintain.state import (
     UPSTREAMED_IDENTICALLY,
     Classification,
 )
-from sm120fork.patch.series import Patch
-from sm120fork.patch.upstream_match import applied_upstream_version, match_upstream, text_at
+from sm120fork.patch.series import Patch, applied_upstream_version, match_upstream, text_at
 from sm120fork.util.git import Git
 
 MERGES_3WAY = "but a 3-way merge applies it: the bump checks what it makes"

@@ -14,10 +14,8 @@ from sm120fork.fetch.kinds import source_key, source_kind
 from sm120fork.maintain.release import release_check
 from sm120fork.maintain.state import BumpState
 from sm120fork.manifest import UNCHECKED, Manifest
-from sm120fork.patch.apply import check_series
-from sm120fork.patch.series import Patch
-from sm120fork.patch.tree import prepare_tree, read_state
-from sm120fork.patch.upstream_match import match_upstream
+from sm120fork.patch.series import Patch, match_upstream
+from sm120fork.patch.tree import check_series, prepare_tree, read_state
 from sm120fork.resolved import ResolvedStack
 from sm120fork.standing import Standing, claim_standings, stack_evidence, stack_records
 from sm120fork.util.git import Git

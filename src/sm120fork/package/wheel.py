@@ -7,7 +7,7 @@ series changed by the fork tree's and packs it under the local version; every ot
 keeps its bytes.  A series may change only non-compiled files the wheel ships (or add a
 module to the package), and each wheel must ship the first one's bytes there.  The
 artifact check: each ``Fingerprint`` text is in the shipped wheel's file and not in
-unpatched upstream (:mod:`sm120fork.patch.upstream_match`).  Test-only variants (the
+unpatched upstream (:mod:`sm120fork.patch.series`).  Test-only variants (the
 series plus ``<series dir>-test/``, e.g. F5's forced cluster size) are built into
 ``.forks/test-variants/<stack>/<name>/`` as ``<label>.<name>``, never published.
 """
@@ -36,9 +36,8 @@ from sm120fork.errors import ArtifactCheckError, BuildError, CommandError, Confi
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.fetch.wheel import is_compiled, source_members
 from sm120fork.manifest import FingerprintResult
-from sm120fork.patch.series import Series, load_series
+from sm120fork.patch.series import Series, fingerprint_in, fingerprints_at, load_series
 from sm120fork.patch.tree import prepare_tree
-from sm120fork.patch.upstream_match import fingerprint_in, fingerprints_at
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util.files import scratch_prefix
 from sm120fork.util.git import Git

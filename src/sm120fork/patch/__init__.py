@@ -1,2 +1,2 @@
-"""Patch: the series and its headers, applying it, fork work trees, refresh; the one
-"already upstream" fingerprint matcher (:mod:`.upstream_match`)."""
+"""Patch: the series and its headers (with the one "already upstream" fingerprint matcher),
+applying it, fork work trees, refresh."""
