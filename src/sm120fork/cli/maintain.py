@@ -17,7 +17,7 @@ from sm120fork.cli.args import WIDE_MIN_WIDTH, bump_revision
 from sm120fork.cli.output import say, table
 from sm120fork.errors import EXIT_PROBLEMS_FOUND
 from sm120fork.maintain.report import evidence_lines, outcome_lines
-from sm120fork.maintain.state import CHECK_PASSES
+from sm120fork.maintain.state import CHECK_PASSES, BumpState
 from sm120fork.maintain.status import PatchStatus, ProjectStatus, status
 from sm120fork.patch.series import display_name
 from sm120fork.resolved import ResolvedStack
@@ -54,10 +54,6 @@ def upstream_cell(forwarded: str, applied_upstream: str) -> str:
     if forwarded.lower() == "not-needed":
         return "not needed"
     return f"forwarded {_short_links(forwarded)}"
-
-
-def _in_pin(fingerprint: str, effect: str) -> str:
-    return fingerprint if effect in ("-", fingerprint) else f"{fingerprint}, effect {effect}"
 
 
 _WIDE_COLUMNS = ("applies", "Forwarded", "Applied-Upstream", "Bug-Upstream",
@@ -118,7 +114,9 @@ def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool
                 else:
                     table.add_row(name, p.applies,
                                   upstream_cell(p.forwarded, p.applied_upstream),
-                                  _in_pin(p.fingerprint_upstream, p.effect_upstream),
+                                  p.fingerprint_upstream if p.effect_upstream in (
+                                      "-", p.fingerprint_upstream) else
+                                  f"{p.fingerprint_upstream}, effect {p.effect_upstream}",
                                   _short_wheel(p.wheel))
             console.print(table)
         print_release_files(console, ps.stack, ps.undeclared_files, ps.release_files)
@@ -152,7 +150,10 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         try:
             ab = bump_abort(ws, args.stack, args.project)
         except KeyboardInterrupt:
-            _say_how_to_finish_abort(ws, args.stack, args.project)
+            if BumpState.load(ws, args.stack, args.project) is not None:
+                log.warning("the abort of %s/%s stopped part-way; finish it (every file back "
+                            "as it was): `%s`", args.stack, args.project,
+                            command("bump", args.stack, args.project, "--abort"))
             raise
         say(console, f"aborted: {ab.stack}/{ab.project} is back at {ab.restored_version}"
             + (f"; stack {ab.stack} removed" if ab.removed_stack else "")
@@ -206,7 +207,6 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
 
 def _say_how_to_recover(ws: Workspace, stack: str, project: str, again: str) -> None:
     from sm120fork.maintain.bump import finished_here
-    from sm120fork.maintain.state import BumpState
 
     if finished_here(ws, stack, project):
         log.warning("the bump of %s/%s had finished (every file written); it was stopped "
@@ -220,14 +220,6 @@ def _say_how_to_recover(ws: Workspace, stack: str, project: str, again: str) -> 
                 "file back as it was): `%s`", stack, project,
                 command("bump", stack, project, "--continue"),
                 command("bump", stack, project, "--abort"))
-
-
-def _say_how_to_finish_abort(ws: Workspace, stack: str, project: str) -> None:
-    from sm120fork.maintain.state import BumpState
-
-    if BumpState.load(ws, stack, project) is not None:
-        log.warning("the abort of %s/%s stopped part-way; finish it (every file back as it "
-                    "was): `%s`", stack, project, command("bump", stack, project, "--abort"))
 
 
 def print_release_files(console: Console, stack: str, undeclared: Sequence[str],

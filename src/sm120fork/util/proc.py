@@ -64,10 +64,6 @@ def _suppress_gone() -> contextlib.suppress:
     return contextlib.suppress(ProcessLookupError, PermissionError)
 
 
-def _tail(text: str, lines: int = 40) -> str:
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
 def run(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None,
         env: Mapping[str, str] | None = None, check: bool = True,
         timeout: float | None = None, quiet: bool = False,
@@ -96,9 +92,10 @@ def run(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None,
             stdout, stderr = child.communicate(input, timeout=timeout)
     proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     if check and proc.returncode != 0:
-        output = _tail((proc.stdout or "") + "\n" + (proc.stderr or ""))
+        output = f"{proc.stdout or ''}\n{proc.stderr or ''}".rstrip().splitlines()[-40:]
         raise CommandError(f"command failed with exit code {proc.returncode}: "
-                           f"{shlex.join(argv)}", where=str(cwd) if cwd else None, detail=output)
+                           f"{shlex.join(argv)}", where=str(cwd) if cwd else None,
+                           detail="\n".join(output))
     return proc
 
 

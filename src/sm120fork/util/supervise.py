@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from . import proc, wire
@@ -80,26 +81,20 @@ class _Follower:
         self.partial = ""
         self.tail: list[str] = []
 
-    def poll(self) -> list[str]:
+    def poll(self, final: bool = False) -> list[str]:
+        """The lines complete since the last poll (``final``: and a last one unended)."""
         try:
             with self.path.open("rb") as f:
                 f.seek(self.offset)
                 chunk = f.read()
         except FileNotFoundError:
-            return []
+            chunk = b""
         self.offset += len(chunk)
-        text = self.partial + chunk.decode("utf-8", "replace")
-        lines = text.split("\n")
-        self.partial = lines.pop()
+        lines = (self.partial + chunk.decode("utf-8", "replace")).split("\n")
+        self.partial = "" if final else lines.pop()
+        if final and not lines[-1]:
+            lines.pop()
         self.tail = (self.tail + lines)[-TAIL_LINES:]
-        return lines
-
-    def final(self) -> list[str]:
-        lines = self.poll()
-        if self.partial:
-            lines.append(self.partial)
-            self.tail = [*self.tail, self.partial][-TAIL_LINES:]
-            self.partial = ""
         return lines
 
 
@@ -253,19 +248,8 @@ class _Watch:
                 end.ended_at = now
         group.kill()
         for idx, follower in enumerate(self.followers):
-            for line in follower.final():
+            for line in follower.poll(final=True):
                 self.take(idx, line)
-
-
-def _start(group: proc.ProcessGroup, children: Sequence[Child]) -> None:
-    for child in children:
-        child.log.parent.mkdir(parents=True, exist_ok=True)
-        with child.log.open("wb") as out:
-            if child.stderr is None:
-                group.start(child.argv, env=child.env, stdout=out)
-            else:
-                with child.stderr.open("wb") as err:
-                    group.start(child.argv, env=child.env, stdout=out, stderr=err)
 
 
 def run_group(children: Sequence[Child], *, timeouts: Timeouts,
@@ -279,7 +263,12 @@ def run_group(children: Sequence[Child], *, timeouts: Timeouts,
     watch = _Watch(children, timeouts, ready, fail_fast, settled, on_message)
     outcome = watch.outcome
     with sigterm_unwinds(), proc.ProcessGroup() as group:
-        _start(group, children)
+        for child in children:
+            child.log.parent.mkdir(parents=True, exist_ok=True)
+            with ExitStack() as files:
+                out = files.enter_context(child.log.open("wb"))
+                err = files.enter_context(child.stderr.open("wb")) if child.stderr else None
+                group.start(child.argv, env=child.env, stdout=out, stderr=err or subprocess.STDOUT)
         try:
             while (ended := watch.step(group.poll())) is None:
                 time.sleep(POLL_S)
