@@ -32,11 +32,11 @@ from sm120fork.cuda.cubin import (
 from sm120fork.cuda.tools import Tools, find_tools
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
-from sm120fork.verify.proof.gate import GateResult, run_gate
 from sm120fork.verify.proof.report import render_markdown
-from sm120fork.verify.proof.run import make_dependencies, prove
+from sm120fork.verify.proof.run import make_dependencies, prove, run_gate
 from sm120fork.verify.proof.verdict import (
     ArchResult,
+    GateResult,
     ProofReport,
     Status,
     UnitResult,

@@ -62,9 +62,7 @@ class Variant:
 def source_root() -> Path:
     """The folder holding ``sm120fork`` (the ranks' PYTHONPATH): never the package itself,
     whose ``cuda`` would hide cuda-bindings' namespace."""
-    import sm120fork
-
-    return Path(sm120fork.__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[3]
 
 
 def find_flashinfer_wheel(path: Path) -> Path:

@@ -10,7 +10,19 @@ from typing import Any
 
 from sm120fork.cuda.arch import REFERENCE_ARCH
 from sm120fork.cuda.cubin import Kernel, PdlOpcodes, is_empty_body
-from sm120fork.verify.proof.gate import GateResult
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GateResult:
+    """What ``gen_trtllm_comm_module()`` said for one FLASHINFER_CUDA_ARCH_LIST value."""
+
+    arch: str
+    arch_list: str
+    accepted: bool
+    error: str | None = None
+    sources: tuple[str, ...] = ()
+    nvcc_flags: tuple[str, ...] = ()
+    compile_flags: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
