@@ -359,9 +359,10 @@ def harness_command(kit: Path, data: KitJson, verb: str, args: Sequence[str],
     cmd = [*HARNESSES[verb]]
     if verb in ("tune", "gpu_test", "bench", "upstream_tests"):
         ab = verb in ("gpu_test", "upstream_tests")  # patched against upstream
-        cmd += {"tune": ["--stack", stack],
-                "upstream_tests": ["--tests", str(kit / str(data.get("upstream_tests")))]
-                }.get(verb, [])
+        if verb == "tune":
+            cmd += ["--stack", stack]
+        if verb == "upstream_tests":
+            cmd += ["--tests", str(kit / str(data["upstream_tests"]))]
         cmd += ["--wheel-dir", f"patched={kit / patched['flashinfer']}"]
         upstream = data.get("upstream") or {}
         if ab and "flashinfer" in upstream:
