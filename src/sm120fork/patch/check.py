@@ -10,7 +10,7 @@ import re
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,10 +139,19 @@ def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
             roots[found[1]] = None
     added = _added_lines(tree, list(modules.values())) if modules and not failures else None
     if modules and not failures:
-        failures += _import_check(tree, patches, modules, [*map(str, roots)], python,
-                                  timeout, added or {},
-                                  overlay=lambda: adapter(layout).probe_path(
-                                      cache, python) if layout else [])
+        path = [*map(str, roots)]
+        failed, missing = _imports(tree, patches, modules, path, python, timeout, added or {})
+        # The layout's overlay (its release's own pins) goes first on the path only when the
+        # imports need more than this Python has (installing it needs the index).
+        if (missing or any(f.error.startswith("ImportError") for f in failed)) and (
+                extra := adapter(layout).probe_path(cache, python) if layout else []):
+            failed, missing = _imports(tree, patches, modules, [*extra, *path], python,
+                                      timeout, added or {})
+        if missing:
+            raise VerifyError(f"the import probe could not run: this Python lacks {missing!r} "
+                              "(a requirement of the probe, not of the patched code)",
+                              where=str(python), fix=_install(python))
+        failures += failed
     return TreeCheck(compiled=tuple(compiled), not_compiled=tuple(not_compiled),
                      imported=tuple(modules), not_imported=tuple(not_imported),
                      failures=tuple(failures), names=added is not None and bool(modules))
@@ -164,24 +173,6 @@ def _added_lines(tree: Path, files: Sequence[str]) -> dict[str, list[int]] | Non
             start = int(hunk[1])
             out.setdefault(current, []).extend(range(start, start + int(hunk[2] or 1)))
     return out
-
-
-def _import_check(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
-                  path: list[str], python: str | os.PathLike[str], timeout: float,
-                  added: dict[str, list[int]], *,
-                  overlay: Callable[[], list[str]]) -> list[CheckFailure]:
-    """The layout's ``overlay`` (its release's own pins) goes first on the path only when
-    the imports need more than this Python has (installing it needs the index)."""
-    failures, missing = _imports(tree, patches, modules, path, python, timeout, added)
-    if (missing or any(f.error.startswith("ImportError") for f in failures)) and (
-            extra := overlay()):
-        failures, missing = _imports(tree, patches, modules, [*extra, *path], python,
-                                     timeout, added)
-    if missing:
-        raise VerifyError(f"the import probe could not run: this Python lacks {missing!r} (a "
-                          "requirement of the probe, not of the patched code)",
-                          where=str(python), fix=_install(python))
-    return failures
 
 
 def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
