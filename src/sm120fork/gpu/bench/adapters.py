@@ -8,6 +8,7 @@ import ctypes
 import dataclasses
 import functools
 import os
+import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -173,7 +174,8 @@ class PcieIpc(Adapter):
                 PcieIpcAllReduceWorkspace,
             )
         except ImportError:
-            return (f"FlashInfer {_flashinfer_version()} has no pcie_ipc all-reduce "
+            version = getattr(sys.modules.get("flashinfer"), "__version__", "?")
+            return (f"FlashInfer {version} has no pcie_ipc all-reduce "
                     "(FlashInfer 0.7.x has it)")
         if self.rk.world not in (2, 4, 8):
             return "pcie_ipc supports world sizes 2, 4 and 8"
@@ -318,15 +320,6 @@ class B12x(Adapter):
             runtime.all_reduce_fused_add_rms_norm(x, res, gamma, RMS_EPS, plan=plan,
                                                   out=n_out, residual_out=r_out)
         return run
-
-
-def _flashinfer_version() -> str:
-    try:
-        import flashinfer  # type: ignore[import-not-found, unused-ignore]
-
-        return str(flashinfer.__version__)
-    except Exception:
-        return "?"
 
 
 #: method name -> adapter factory; the registry's keys and these must agree (tested)

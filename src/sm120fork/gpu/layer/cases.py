@@ -7,7 +7,6 @@ within the agreement timeout, peers within ``PEER_GRACE_S`` (S4's and G6's heade
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -81,7 +80,7 @@ class CaseOutcome:
 
 
 def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
