@@ -331,26 +331,21 @@ def read(path: Path, *, shown: str | None = None) -> Record:
     return from_json(typed.json_file(path, where), where)
 
 
-def _counted(record: Record) -> str:
-    """The outcomes, per variant where the run compared several (an A/B's baseline fails
-    where the patched build passes: one sum of both would read as failures of the build)."""
+def summary(record: Record) -> str:
+    """The short markdown a person reads beside the record."""
     def line(c: Mapping[str, int]) -> str:
         return f"{c['pass']} pass, {c['fail']} fail, {c['skip']} skip, {c['error']} error"
 
+    # Per variant where the run compared several (an A/B's baseline fails where the
+    # patched build passes: one sum of both would read as failures of the build).
     variants = list(dict.fromkeys(c.variant for c in record.cases))
-    if len(variants) < 2:
-        return line(record.counts)
-    return "; ".join(
+    counted = line(record.counts) if len(variants) < 2 else "; ".join(
         f"{v}{' (baseline)' if v in BASELINE_VARIANTS else ''}: "
         + line(tally(c for c in record.cases if c.variant == v)) for v in variants)
-
-
-def summary(record: Record) -> str:
-    """The short markdown a person reads beside the record."""
     kind = KINDS[record.kind]
     title = f"{record.stack}: {record.kind}" + (f" ({record.subject})" if record.subject else "")
     lines = [f"# {title}", "", f"{kind.description[0].upper()}{kind.description[1:]}.", "",
-             f"- Verdict: **{record.verdict}** ({_counted(record)}; {len(record.cases)} of "
+             f"- Verdict: **{record.verdict}** ({counted}; {len(record.cases)} of "
              f"{record.planned} planned cases ran)",
              f"- Command: `{record.command}`",
              f"- Made: {record.created} by sm120fork {record.toolkit}",

@@ -100,13 +100,6 @@ def _unchanged(out: Path, wanted: dict[str, Path | str]) -> bool:
     return True
 
 
-def _published_before(name: str, wanted: dict[str, Path | str]) -> bool:
-    """Whether a file found in the folder is one a publish writes (so it may be replaced)."""
-    folder = name.rpartition("/")[0]
-    same_folder = {n.rpartition("/")[0] for n in wanted}
-    return name in wanted or (name.endswith(".whl") and folder in same_folder)
-
-
 def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
             out: Path | None = None, *, extra: Files | None = None) -> Path:
     """Replace ``wheels/<stack>/`` (or ``out``) by these wheels, constraints, manifest and
@@ -120,8 +113,10 @@ def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
         wanted = _wanted(ws, stack, builds, out, extra or {})
         if _unchanged(out, wanted):
             return out
-        foreign = sorted(n for n in _files(out) if not _published_before(n, wanted)) \
-            if out.is_dir() else []
+        # What a publish did not write (a file it writes, or a wheel beside those): kept
+        folders = {n.rpartition("/")[0] for n in wanted}
+        foreign = sorted(n for n in (_files(out) if out.is_dir() else ()) if n not in wanted
+                         and not (n.endswith(".whl") and n.rpartition("/")[0] in folders))
         if foreign:
             raise BuildError(f"it holds files a build did not publish ({', '.join(foreign[:5])}"
                              "); publishing replaces the whole folder",

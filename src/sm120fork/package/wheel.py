@@ -48,40 +48,35 @@ _NEW_FILE = re.compile(r"^diff --git a/(\S+) b/\1\nnew file mode ", re.MULTILINE
 _VARIANT = re.compile(r"^[a-z0-9]+$")
 
 
-def stamp_version(project: Project, package_dir: Path) -> dict[str, str]:
-    """Put the local version into the exported tree; return extra build environment."""
+def _stamp(project: Project, package_dir: Path, changed_files: Sequence[str]) -> dict[str, str]:
+    """Write the local version into the exported tree (unless the build backend reads it
+    from the environment: then return that) and the files the series changes, sorted, as
+    the module the patched code reads (the project's ``series_record``), if declared."""
     stamp = project.version_stamp
-    if stamp.env:
-        return {stamp.env: project.local_version}
-    target = package_dir / stamp.file
-    if not target.is_file():
-        raise BuildError(f"version file {stamp.file} does not exist",
-                         where=f"project {project.key}", fix="fix version_stamp.file")
-    text = target.read_text(encoding="utf-8")
-    pattern = re.compile(r"""(["'])""" + re.escape(project.version) + r"""\1""")
-    found = pattern.findall(text)
-    if len(found) != 1:
-        raise BuildError(f"expected the quoted version {project.version!r} once in {stamp.file}, "
-                         f"found it {len(found)} times", where=f"project {project.key}")
-    target.write_text(pattern.sub(lambda m: f"{m.group(1)}{project.local_version}{m.group(1)}",
-                                  text), encoding="utf-8")
-    return {}
-
-
-def write_series_record(project: Project, package_dir: Path,
-                        changed_files: Sequence[str]) -> None:
-    """Write the files the series changes, sorted, as the Python module the patched code
-    reads (the project's ``series_record``), if declared."""
-    if not project.series_record:
-        return
-    target = package_dir / project.series_record
-    if not target.parent.is_dir():
-        raise BuildError(f"series_record {project.series_record}: its folder does not exist",
-                         where=f"project {project.key}", fix="fix series_record")
-    lines = "".join(f"    {json.dumps(path)},\n" for path in sorted(set(changed_files)))
-    target.write_text('"""The files this build\'s patch series changes, upstream repository paths '
-                      '(written by sm120fork\'s build)."""\n\nCHANGED_FILES = (\n' + lines
-                      + ")\n", encoding="utf-8")
+    if not stamp.env:
+        target = package_dir / stamp.file
+        if not target.is_file():
+            raise BuildError(f"version file {stamp.file} does not exist",
+                             where=f"project {project.key}", fix="fix version_stamp.file")
+        text = target.read_text(encoding="utf-8")
+        pattern = re.compile(r"""(["'])""" + re.escape(project.version) + r"""\1""")
+        found = pattern.findall(text)
+        if len(found) != 1:
+            raise BuildError(f"expected the quoted version {project.version!r} once in "
+                             f"{stamp.file}, found it {len(found)} times",
+                             where=f"project {project.key}")
+        target.write_text(pattern.sub(
+            lambda m: f"{m.group(1)}{project.local_version}{m.group(1)}", text), encoding="utf-8")
+    if project.series_record:
+        target = package_dir / project.series_record
+        if not target.parent.is_dir():
+            raise BuildError(f"series_record {project.series_record}: its folder does not "
+                             "exist", where=f"project {project.key}", fix="fix series_record")
+        lines = "".join(f"    {json.dumps(path)},\n" for path in sorted(set(changed_files)))
+        target.write_text('"""The files this build\'s patch series changes, upstream repository '
+                          'paths (written by sm120fork\'s build)."""\n\nCHANGED_FILES = (\n'
+                          + lines + ")\n", encoding="utf-8")
+    return {stamp.env: project.local_version} if stamp.env else {}
 
 
 def build_wheel(project: Project, repo: Git, out_dir: Path,
@@ -97,10 +92,8 @@ def build_wheel(project: Project, repo: Git, out_dir: Path,
         # HEAD's tree without .git: checkout-index is git's cheapest way to write it elsewhere
         repo("read-tree", "HEAD")
         repo("checkout-index", "--all", "--force", f"--prefix={src}/")
-        root = project.package_root.strip("/")
-        package_dir = src if root in ("", ".") else src / root
-        env = stamp_version(project, package_dir)
-        write_series_record(project, package_dir, changed_files)
+        package_dir = src / project.package_root.strip("/")  # "" and "." are src itself
+        env = _stamp(project, package_dir, changed_files)
         # Reproducible archives: wheel/setuptools date zip entries from this.
         env["SOURCE_DATE_EPOCH"] = str(repo.commit_time())
         dist = Path(tmp) / "dist"
@@ -232,24 +225,17 @@ def repack_wheel(project: Project, wheel: Path, replacements: Mapping[str, bytes
     return final
 
 
-def wheel_members(zf: zipfile.ZipFile, project: Project, path: str) -> list[str]:
-    """Wheel members that ship the upstream file ``path``."""
-    rel = project.package_path(path)
-    if rel is None:
-        return []
-    names = zf.namelist()
-    if rel in names:
-        return [rel]
-    return [n for n in names if n.endswith("/" + rel)]
-
-
 def check_wheel(wheel: Path, project: Project, series: Series, repo: Git,
                 base: str = UPSTREAM_TAG) -> list[FingerprintResult]:
     results: list[FingerprintResult] = []
     with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
         for patch in series.patches:
             for fp, in_upstream in fingerprints_at(repo, patch, base):
-                members = wheel_members(zf, project, fp.path)
+                # the members that ship the upstream file: itself, or under a folder
+                rel = project.package_path(fp.path)
+                members = ([] if rel is None else [rel] if rel in names
+                           else [n for n in names if n.endswith("/" + rel)])
                 in_wheel = bool(members) and all(fingerprint_in(
                     fp, zf.read(m).decode("utf-8", errors="replace")) for m in members)
                 results.append(FingerprintResult(
