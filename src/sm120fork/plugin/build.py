@@ -14,6 +14,7 @@ import json
 import logging
 import shutil
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +44,6 @@ IMPORT_PACKAGE = "sm120fork_sglang_plugin"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "sm120fork"
 CONSOLE_SCRIPT = "sm120fork-doctor"
-#: Bump when the generated project changes shape, to invalidate cached plugin wheels.
-RECIPE = 1
 
 TOOLKIT = Path(__file__).resolve().parent.parent
 
@@ -140,16 +139,6 @@ def write_project(spec: Spec, local_label: str, dest: Path) -> Path:
     return dest
 
 
-def recipe_key(spec: Spec, local_label: str) -> str:
-    """Content hash of everything that goes into the plugin wheel."""
-    h = hashlib.sha256()
-    h.update(json.dumps({"recipe": RECIPE, "label": local_label, "spec": spec.to_json(),
-                         "init": _INIT, "pyproject": _PYPROJECT}, sort_keys=True).encode())
-    for rel in vendored_files():
-        h.update(rel.encode() + b"\0" + (TOOLKIT / rel).read_bytes())
-    return h.hexdigest()[:24]
-
-
 @dataclass(frozen=True, kw_only=True)
 class PluginWheel:
     wheel: Path
@@ -157,32 +146,39 @@ class PluginWheel:
 
 
 def build_plugin_wheel(spec: Spec, local_label: str, cache: Path) -> PluginWheel:
-    """Build (or reuse from ``cache``) the plugin wheel for ``spec``."""
+    """Build (or reuse from ``cache``, keyed on every byte of its project) the plugin wheel
+    for ``spec``."""
     version = f"{spec.version}+{local_label}"
-    entry = cache / recipe_key(spec, local_label)
-    found = sorted(entry.glob("*.whl")) if entry.is_dir() else []
-    if len(found) == 1:
-        return PluginWheel(wheel=found[0], cached=True)
-    with staged_dir(entry, label="plugin") as staged:
-        project = write_project(spec, local_label, staged.parent / "project")
-        dist = staged.parent / "dist"
-        log.info("building %s %s", DISTRIBUTION, version)
-        try:
-            run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(project)],
-                env={"SOURCE_DATE_EPOCH": "946684800"})  # 2000-01-01: the same bytes each time
-        except CommandError as exc:
-            raise BuildError(f"building the {DISTRIBUTION} wheel failed", where=spec.stack,
-                             detail=exc.detail, fix="read the build output above") from exc
-        wheels = sorted(dist.glob("*.whl"))
-        if len(wheels) != 1:
-            raise BuildError(f"expected one plugin wheel, got {[w.name for w in wheels]}",
-                             where=spec.stack)
-        _, built_version, _, tags = parse_wheel_filename(wheels[0].name)
-        if built_version != Version(version) or {str(t) for t in tags} != {"py3-none-any"}:
-            raise BuildError(f"built {wheels[0].name}, expected a py3-none-any wheel of "
-                             f"{version}", where=spec.stack)
-        staged.mkdir()
-        shutil.copy2(wheels[0], staged / wheels[0].name)
+    with tempfile.TemporaryDirectory() as tmp:
+        project = write_project(spec, local_label, Path(tmp) / "project")
+        digest = hashlib.sha256()
+        for file in sorted(f for f in project.rglob("*") if f.is_file()):
+            digest.update(file.relative_to(project).as_posix().encode() + b"\0"
+                          + file.read_bytes())
+        entry = cache / digest.hexdigest()[:24]
+        found = sorted(entry.glob("*.whl")) if entry.is_dir() else []
+        if len(found) == 1:
+            return PluginWheel(wheel=found[0], cached=True)
+        with staged_dir(entry, label="plugin") as staged:
+            dist = staged.parent / "dist"
+            log.info("building %s %s", DISTRIBUTION, version)
+            try:
+                run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist),
+                     str(project)], env={"SOURCE_DATE_EPOCH": "946684800"})  # 2000-01-01
+            except CommandError as exc:
+                raise BuildError(f"building the {DISTRIBUTION} wheel failed",
+                                 where=spec.stack, detail=exc.detail,
+                                 fix="read the build output above") from exc
+            wheels = sorted(dist.glob("*.whl"))
+            if len(wheels) != 1:
+                raise BuildError(f"expected one plugin wheel, got {[w.name for w in wheels]}",
+                                 where=spec.stack)
+            _, built_version, _, tags = parse_wheel_filename(wheels[0].name)
+            if built_version != Version(version) or {str(t) for t in tags} != {"py3-none-any"}:
+                raise BuildError(f"built {wheels[0].name}, expected a py3-none-any wheel of "
+                                 f"{version}", where=spec.stack)
+            staged.mkdir()
+            shutil.copy2(wheels[0], staged / wheels[0].name)
     return PluginWheel(wheel=entry / wheels[0].name, cached=False)
 
 
