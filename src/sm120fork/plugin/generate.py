@@ -193,13 +193,6 @@ def package_prefix(package_root: str) -> str:
     return "" if root in ("", ".") else root + "/"
 
 
-def _module_name(rel: str) -> str:
-    parts = rel.removesuffix(".py").split("/")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def patch_commits(repo: Git, patch_ids: Sequence[str]) -> dict[str, str]:
     """Each patch of the series (in order) -> the commit ``git am`` made of it in the fork
     tree (the commits after ``upstream``)."""
@@ -259,9 +252,10 @@ def generate_spec(repo: Git, patches: Mapping[str, str], *, package_root: str, p
                                                        full))
                 source = _units_function(repo.show("HEAD", full), name, full)
             hooks[(c.path, c.key)] = Hook(
-                patch="+".join(owners[(c.path, c.key)]), kind=c.kind,
-                module=_module_name(c.path), path=c.path, names=c.names, source=source,
-                patched_sha256=sha256_text(source), upstream_sha256=upstream)
+                patch="+".join(owners[(c.path, c.key)]), kind=c.kind, path=c.path,
+                module=c.path.removesuffix(".py").removesuffix("/__init__").replace("/", "."),
+                names=c.names, source=source, patched_sha256=sha256_text(source),
+                upstream_sha256=upstream)
     ordered = sorted(hooks.values(), key=lambda h: (
         {"module": 0, "provide": 1}.get(h.kind, 2), h.patch, h.module))
     return Spec(stack=stack, distribution=distribution, version=version, package=package,

@@ -246,13 +246,6 @@ def _judge_module(hook: Hook, parent: Path) -> tuple[str, str]:
     return NOT_APPLIED, f"the installed sglang has a {hook.path} of its own"
 
 
-def _read_units(file: Path, path: str) -> ModuleUnits | str:
-    try:
-        return ModuleUnits.parse(file.read_text(encoding="utf-8"), filename=str(file))
-    except (OSError, UnicodeDecodeError, SyntaxError) as exc:
-        return f"cannot read {path}: {exc}"
-
-
 def _refused(statuses: list[HookStatus], why: str) -> list[HookStatus]:
     """Every status that would apply, not applied with ``why``: all hooks or none."""
     return [replace(s, state=NOT_APPLIED, why=why) if s.state == APPLIED else s
@@ -280,7 +273,12 @@ def evaluate(spec: Spec) -> list[HookStatus]:
             state, why = _judge_module(hook, parent)
         else:
             if hook.path not in parsed:
-                parsed[hook.path] = _read_units(parent / hook.path, hook.path)
+                file = parent / hook.path
+                try:
+                    parsed[hook.path] = ModuleUnits.parse(file.read_text(encoding="utf-8"),
+                                                          filename=str(file))
+                except (OSError, UnicodeDecodeError, SyntaxError) as exc:
+                    parsed[hook.path] = f"cannot read {hook.path}: {exc}"
             state, why = _judge(hook, parsed[hook.path])
         statuses.append(HookStatus(label=hook.label, state=state, why=why,
                                    carried=hook.carried))

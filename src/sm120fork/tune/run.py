@@ -200,10 +200,9 @@ def _machine(facts: Facts, shared: bool) -> record.Machine:
         cpus=os.cpu_count(), shared_gpu=shared)
 
 
-def _install(doc: Mapping[str, Any], target: Path, *, yes: bool,
+def _install(text: str, target: Path, *, yes: bool,
              ask: Callable[[str], bool] | None) -> tuple[Path | None, str | None]:
-    """Write the policy where SGLang reads it, asking before replacing another one."""
-    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"  # as policy.write writes it
+    """Write the policy's ``text`` where SGLang reads it, asking before replacing another."""
     if target.is_file():
         if target.read_text(encoding="utf-8") == text:
             return target, None
@@ -263,8 +262,10 @@ def tune(opts: TuneOptions, box: Box) -> Tuned:
     doc = _policy(measured, benches, facts, opts, shared=shared) if measured else None
     target = policy.locate(box.environ)
     installed, kept = (None, "nothing measured: no policy installed") if doc is None else \
-        _install(doc, target, yes=opts.yes, ask=box.ask)
-    folder = _record(opts, facts, benches, sizes, not_covered, doc, shared=shared,
+        _install(json.dumps(doc, indent=1, sort_keys=True) + "\n", target,  # as policy.write
+                 yes=opts.yes, ask=box.ask)
+    folder = _record(opts, facts, benches, sizes, not_covered,
+                     None if doc is None else policy.describe(doc), shared=shared,
                      doctor_lines=doctor_lines, installed=installed is not None)
     if doc is not None:
         policy.write(doc, folder)
@@ -290,7 +291,7 @@ def _policy(measured: Sequence[int], benches: Mapping[int, WorldBench],
 
 def _record(opts: TuneOptions, facts: Facts, benches: Mapping[int, WorldBench],
             sizes: Sequence[int], not_covered: Mapping[int, str],
-            doc: Mapping[str, Any] | None, *, shared: bool, doctor_lines: Sequence[str],
+            described: Sequence[str] | None, *, shared: bool, doctor_lines: Sequence[str],
             installed: bool) -> Path:
     # per TP size: a case per (method, tokens, hidden), and one that the bench finished
     # (absent when it did not: the record is then unfinished, never a pass)
@@ -306,8 +307,8 @@ def _record(opts: TuneOptions, facts: Facts, benches: Mapping[int, WorldBench],
         record.TestedWheel(variant=VARIANT, project="flashinfer", file=b.wheel[0],
                            sha256=b.wheel[1]) for b in benches.values() if b.wheel))
     notes = [f"doctor: {line}" for line in doctor_lines]
-    if doc is not None:
-        notes += [f"policy: {line}" for line in policy.describe(doc)]
+    if described is not None:
+        notes += [f"policy: {line}" for line in described]
         notes.append("installed where SGLang reads it" if installed else
                      "not installed (see the run's output)")
     if shared:
