@@ -12,6 +12,7 @@ import pytest
 from sm120fork import record
 from sm120fork.errors import UsageError
 from sm120fork.gpu import policy
+from sm120fork.gpu.core.documents import BenchRecord
 from sm120fork.tune.run import Box, Tuned, TuneOptions, WorldBench, tune
 from sm120fork.util import typed
 
@@ -29,9 +30,9 @@ def facts(name: str) -> dict[str, Any]:
 
 def _bench_of(tp: int, *, shared: bool = False, finished: bool = True) -> WorldBench:
     """Our fused path wins below 128 tokens, pcie_ipc at 128; b12x cannot run."""
-    recs: list[dict[str, Any]] = [{"kind": "method", "method": "b12x_fused",
-                                   "status": "not_runnable",
-                                   "reason": "b12x does not import here: /home/o/b12x"}]
+    recs: list[BenchRecord] = [{"kind": "method", "method": "b12x_fused",
+                                "status": "not_runnable",
+                                "reason": "b12x does not import here: /home/o/b12x"}]
     for t in TOKENS:
         for h in HIDDEN:
             for method, us in (("fused_auto", 4.0 + t / 8), ("pcie_ipc_rmsnorm", 9.0 + t / 64),
@@ -298,12 +299,13 @@ def test_a_failed_check_and_an_error_are_recorded_as_such(tmp: Path) -> None:
     errored an error case, each with the bench's reason (or what it means, if none)."""
     def bench(tp: int) -> WorldBench:
         done = _bench_of(tp)
-        bad = [{"kind": "point", "method": "pcie_ipc_rmsnorm", "tokens": 1, "hidden": 4096,
-                "status": "failed_check", "reason": "rel L2 0.9 > 0.015 in /tmp/x"},
-               {"kind": "point", "method": "pcie_ipc_rmsnorm", "tokens": 16, "hidden": 4096,
-                "status": "failed_check"},
-               {"kind": "point", "method": "nccl_rmsnorm", "tokens": 1, "hidden": 4096,
-                "status": "error", "reason": "RuntimeError: NCCL timeout"}]
+        bad: list[BenchRecord] = [
+            {"kind": "point", "method": "pcie_ipc_rmsnorm", "tokens": 1, "hidden": 4096,
+             "status": "failed_check", "reason": "rel L2 0.9 > 0.015 in /tmp/x"},
+            {"kind": "point", "method": "pcie_ipc_rmsnorm", "tokens": 16, "hidden": 4096,
+             "status": "failed_check"},
+            {"kind": "point", "method": "nccl_rmsnorm", "tokens": 1, "hidden": 4096,
+             "status": "error", "reason": "RuntimeError: NCCL timeout"}]
         keep = [r for r in done.records if not any(
             r.get("method") == b["method"] and r.get("tokens") == b["tokens"]
             and r.get("hidden") == b["hidden"] for b in bad)]

@@ -10,11 +10,11 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from sm120fork.doctor.facts import Facts, parse_facts
 from sm120fork.doctor.probe import tp_sizes
 from sm120fork.gpu import decision, methods, policy
+from sm120fork.gpu.core.documents import BenchRecord
 from sm120fork.tune.run import doctor_sizes
 from sm120fork.util import typed
 
@@ -43,9 +43,9 @@ def load_synthetic(folder: Path) -> Synthetic | None:
     return typed.read(Synthetic, typed.json_file(file), file) if file.is_file() else None
 
 
-def records(synthetic: Synthetic, tp: int) -> list[dict[str, Any]]:
+def records(synthetic: Synthetic, tp: int) -> list[BenchRecord]:
     """The synthetic table of one TP size as the bench's records."""
-    recs: list[dict[str, Any]] = [
+    recs: list[BenchRecord] = [
         {"kind": "method", "method": m, "status": methods.NOT_RUNNABLE, "reason": why}
         for m, why in synthetic.not_runnable.get(str(tp), {}).items()]
     for method, by_tokens in synthetic.tp[str(tp)].items():

@@ -23,6 +23,7 @@ from sm120fork.doctor.facts import Facts, parse_facts
 from sm120fork.errors import ToolkitError, UsageError
 from sm120fork.gpu import methods, policy
 from sm120fork.gpu.core import records
+from sm120fork.gpu.core.documents import BenchRecord
 from sm120fork.util.files import atomic_write_text
 
 log = logging.getLogger("sm120fork")
@@ -36,7 +37,7 @@ class WorldBench:
     """One TP size's bench: its records (``gpu/methods.py`` statuses) and how it ended."""
 
     world: int
-    records: list[dict[str, Any]]
+    records: list[BenchRecord]
     tokens: tuple[int, ...]
     hidden: tuple[int, ...]
     methods: tuple[str, ...]
