@@ -69,8 +69,7 @@ def check_jit_gate(ctx: Context) -> tuple[str, bool]:
         b, a = before.arch(arch), after.arch(arch)
         if b is None or a is None:
             return f"{arch} missing from the proof", False
-        good = not b.gate.accepted and a.gate.accepted
-        ok &= good
+        ok &= not b.gate.accepted and a.gate.accepted
         parts.append(f"{arch} ({a.gate.arch_list}): unpatched "
                      f"{'accepts' if b.gate.accepted else 'refuses'}, full series "
                      f"{'accepts' if a.gate.accepted else 'refuses'}")
@@ -124,8 +123,7 @@ def check_cluster_query(ctx: Context) -> tuple[str, bool]:
             parts.append(f"{arch}: host objects missing")
             ok = False
             continue
-        good = all(full.values()) and not all(before.values())
-        ok &= good
+        ok &= all(full.values()) and not all(before.values())
         parts.append(f"{arch}: host code calls {CLUSTER_QUERY} in {sum(full.values())}/"
                      f"{len(full)} translation units with the full series, "
                      f"{sum(before.values())}/{len(before)} unpatched")
