@@ -32,55 +32,51 @@ class Verb:
     help: str
     #: ``run(args, ws, console)`` in a checkout, else ``run(args, argv)`` anywhere.
     run: str
-    #: Standard library only: the noxfile's preflight parses with it before installing.
-    args: str | None = None
+    #: What adds its arguments (default: the function of cli/args.py named after the verb);
+    #: standard library only: the noxfile's preflight parses with it before installing.
+    args: str = ""
     checkout: bool = True
     #: ``main(argv)`` parses and prints itself (the doctor ships without the toolkit).
     own_main: bool = False
 
 
 VERBS: dict[str, Verb] = {
-    "build": Verb(help="patched wheels of a stack into wheels/<stack>/", run="cli.build:run",
-                  args="cli.args:build"),
+    "build": Verb(help="patched wheels of a stack into wheels/<stack>/", run="cli.build:run"),
     "index": Verb(help="every stack's built wheels as a static package index with a landing "
-                       "page of pip lines -> wheels/index/", run="cli.build:run_index",
-                  args="cli.args:index"),
+                       "page of pip lines -> wheels/index/", run="cli.build:run_index"),
     "status": Verb(help="every stack and patch: applies, DEP-3 upstream fields, "
-                        "fingerprint upstream, shipped wheel", run="cli.maintain:run_status",
-                   args="cli.args:status"),
-    "bump": Verb(help="re-pin a project and re-classify its patches",
-                 run="cli.maintain:run_bump", args="cli.args:bump"),
+                        "fingerprint upstream, shipped wheel", run="cli.maintain:run_status"),
+    "bump": Verb(help="re-pin a project and re-classify its patches", run="cli.maintain:run_bump"),
     "refresh": Verb(help="export the fork tree's commits back into the series",
-                    run="cli.maintain:run_refresh", args="cli.args:refresh"),
+                    run="cli.maintain:run_refresh"),
     "upstream-pr": Verb(help="prepare (never push) an upstream PR with evidence",
-                        run="cli.maintain:run_upstream_pr", args="cli.args:upstream_pr"),
+                        run="cli.maintain:run_upstream_pr"),
     "watch": Verb(help="each upstream release newer than the pins, bumped in a scratch copy: "
                        "per patch applies / merges / conflicts / upstream has it, the pins it "
                        "moves, the claims to re-make -> reports/watch/",
-                  run="cli.maintain:run_watch", args="cli.args:watch"),
+                  run="cli.maintain:run_watch"),
     "verify-sm120": Verb(help="check every patch's evidence (compile proof for SM12x, "
                               "behaviour checks) -> reports/<stack>/verify-sm120/",
-                         run="cli.verify:run", args="cli.args:verify_sm120"),
+                         run="cli.verify:run"),
     "build-test-variant": Verb(help="build a test-only variant (series + <series>-test/) "
                                     "under .forks/test-variants/ for the GPU harness; never "
-                                    "published", run="cli.build:run_test_variant",
-                               args="cli.args:build_test_variant"),
+                                    "published", run="cli.build:run_test_variant"),
     "record": Verb(help="evidence records: import DIR validates each record.json under DIR "
                          "and publishes it to reports/<stack>/<kind>/",
-                   run="cli.verify:run_record", args="cli.args:record"),
+                   run="cli.verify:run_record"),
     "gpu": Verb(help="multi-rank correctness (A/B) and latency on this machine's GPUs",
                 run="gpu.cli:run", args="gpu.cli:add_args", checkout=False),
     "gpu-kit": Verb(help="one folder that runs the GPU harnesses on a box with no network "
                          "(the stack's wheels, upstream's, their dependencies, the toolkit)",
-                    run="cli.kit:run", args="cli.args:gpu_kit"),
+                    run="cli.kit:run"),
     "gpu-requirements": Verb(help="what the GPU sessions install beside the toolkit: the "
                                   "stack's FlashInfer (and SGLang) requirements, less torch",
-                             run="cli.kit:run_requirements", args="cli.args:gpu_requirements"),
+                             run="cli.kit:run_requirements"),
     "build-aot": Verb(help="prebuilt trtllm comm module of a stack's FlashInfer as a wheel "
-                           "(needs nvcc)", run="cli.aot:run_build", args="cli.args:build_aot"),
+                           "(needs nvcc)", run="cli.aot:run_build"),
     "aot-check": Verb(help="check an AOT wheel: which module the installed FlashInfer loads "
                            "from where, and its SASS per target",
-                      run="cli.aot:run_check", args="cli.args:aot_check", checkout=False),
+                      run="cli.aot:run_check", checkout=False),
     "tune": Verb(help="measure this box's all-reduce methods at every TP size it can run and "
                       "install the policy SGLang follows (--yes to replace one)",
                  run="tune.cli:run", args="tune.cli:add_args", checkout=False),
@@ -110,8 +106,8 @@ def make_parser(verbs: Sequence[str] | None = None) -> argparse.ArgumentParser:
     for name, verb in VERBS.items():
         p = sub.add_parser(name, help=verb.help, description=verb.help, add_help=not verb.own_main,
                            parents=[] if verb.own_main else [after_verb])
-        if verb.args is not None and (verbs is None or name in verbs):
-            load(verb.args)(p)
+        if not verb.own_main and (verbs is None or name in verbs):
+            load(verb.args or f"cli.args:{name.replace('-', '_')}")(p)
     return parser
 
 
