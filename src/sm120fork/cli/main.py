@@ -140,20 +140,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     state = _Run()
     return boundary(lambda: _run(argv, name, state), name=name or "sm120fork",
                     root=lambda: state.root, on_interrupt=end_children,
-                    cleanup=lambda: _remove_scratch(state.root))
+                    cleanup=state.remove_scratch)
 
 
 @dataclass
 class _Run:
     root: Path | None = None
 
-
-def _remove_scratch(root: Path | None) -> list[str]:
-    """This run's scratch an interrupted worker thread may not reach; what remains."""
-    parents = [Path(tempfile.gettempdir())]
-    if root is not None:
-        parents.append(root / ".forks")
-    return [str(p) for p in remove_own_scratch(parents)]
+    def remove_scratch(self) -> list[str]:
+        """This run's scratch an interrupted worker thread may not reach; what remains."""
+        forks = [] if self.root is None else [self.root / ".forks"]
+        return [str(p) for p in remove_own_scratch([Path(tempfile.gettempdir()), *forks])]
 
 
 def _run(argv: list[str], name: str | None, state: _Run) -> int:
