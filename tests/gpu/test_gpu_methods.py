@@ -122,7 +122,7 @@ def test_module_step_imports_in_the_main_thread_and_optional_failures_are_report
     """Threads importing one package at once saw half-initialised FlashInfer modules."""
     import threading
 
-    from sm120fork.gpu.core import probe
+    from sm120fork.gpu.core import worker as probe
 
     seen: list[str] = []
 

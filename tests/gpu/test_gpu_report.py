@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sm120fork.errors import ConfigError, UsageError
-from sm120fork.gpu.ab import report as ab_report
+from sm120fork.gpu.ab import results as ab_report
 from sm120fork.gpu.ab.results import AbRun
 from sm120fork.gpu.bench import report as bench_report
 from sm120fork.gpu.cli import main

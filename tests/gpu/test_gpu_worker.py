@@ -242,7 +242,7 @@ def test_a_module_that_cannot_import_says_which_package_and_where_it_looked(
     shadow = tmp_path / "shadow"
     (shadow / "cuda").mkdir(parents=True)
     (shadow / "cuda" / "__init__.py").write_text("")
-    code = ("from sm120fork.gpu.core.probe import import_failure\n"
+    code = ("from sm120fork.gpu.core.worker import import_failure\n"
             "try:\n    import cuda.bindings\n"
             "except ImportError as exc:\n    print(import_failure(exc))\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(box), str(SRC)])}
@@ -255,7 +255,7 @@ def test_a_module_that_cannot_import_says_which_package_and_where_it_looked(
 
 def test_a_module_build_that_cannot_import_says_where_it_looked(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from sm120fork.gpu.core import probe
+    from sm120fork.gpu.core import worker as probe
 
     def load() -> Any:
         import sm120fork_no_such_package  # type: ignore[import-not-found]  # noqa: F401
@@ -295,7 +295,7 @@ def test_the_bench_plan_a_group_is_given_is_the_plan_its_ranks_measure(
 
 
 def test_each_module_s_loader_imports_its_builder_by_name_when_called() -> None:
-    from sm120fork.gpu.core import probe
+    from sm120fork.gpu.core import worker as probe
 
     assert set(probe.MODULES) == {"comm", "norm", "pcie_ipc", "vllm"}
     assert probe._builder("os", "getcwd")() is os.getcwd

@@ -7,8 +7,7 @@ import tempfile
 from pathlib import Path
 
 from helpers_manifest import entry
-from sm120fork.gpu.ab.report import write_test_report
-from sm120fork.gpu.ab.results import AbRun
+from sm120fork.gpu.ab.results import AbRun, write_test_report
 from sm120fork.gpu.core.documents import VariantInfo
 from sm120fork.gpu.core.report import made_from
 from sm120fork.manifest import Manifest

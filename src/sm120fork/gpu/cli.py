@@ -103,7 +103,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _test_args(t: argparse.ArgumentParser) -> None:
     _common(t)
-    t.set_defaults(handler=cmd_test)
+    t.set_defaults(handler=cmd_run)
     t.add_argument("--world-sizes", type=_ints,
                    help="default: 2, 4 and 8 up to the GPU count, at least 2")
     t.add_argument("--api", action="append", dest="apis", choices=cases_mod.APIS)
@@ -117,7 +117,7 @@ def _test_args(t: argparse.ArgumentParser) -> None:
 
 def _bench_args(b: argparse.ArgumentParser) -> None:
     _common(b)
-    b.set_defaults(handler=cmd_bench)
+    b.set_defaults(handler=cmd_run)
     b.add_argument("--world-sizes", "--world-size", dest="world_sizes", type=_ints,
                    help="default: the GPU count, at least 2")
     b.add_argument("--method", action="append", dest="methods", choices=list(methods.METHODS),
@@ -196,26 +196,19 @@ def _options(cls: type[_Opts], args: argparse.Namespace, argv: Sequence[str], **
                   "record_command": records.recorded_command(args.gpu_command, argv), **more})
 
 
-def cmd_test(args: argparse.Namespace, argv: Sequence[str],
-             host: preflight.GpuHost | None) -> int:
-    done = ab_run.run_test(_run_options(ab_run.TestOptions, args, argv))
-    return _finish(done, f"{', '.join(map(str, done.paths))} and {done.logs}")
-
-
-def cmd_bench(args: argparse.Namespace, argv: Sequence[str],
-              host: preflight.GpuHost | None) -> int:
-    done = bench_run.run_bench(_run_options(bench_run.BenchOptions, args, argv))
-    return _finish(done, ", ".join(map(str, done.paths)))
-
-
-def _run_options(cls: type[_Opts], args: argparse.Namespace, argv: Sequence[str]) -> _Opts:
-    return _options(cls, args, argv, wheel_dirs=core_runs.parse_variant_specs(args.wheel_dir),
-                    prebuilt=core_runs.parse_variant_specs(args.prebuilt))
-
-
-def _finish(done: ab_run.TestRun | bench_run.BenchRun, wrote: str) -> int:
-    """The run's own failure (cases failing, nothing run) goes to the one error boundary."""
-    print(f"wrote {wrote}")
+def cmd_run(args: argparse.Namespace, argv: Sequence[str],
+            host: preflight.GpuHost | None) -> int:
+    """``test`` or ``bench``; the run's own failure (cases failing, nothing run) goes to the
+    one error boundary."""
+    wheels = {"wheel_dirs": core_runs.parse_variant_specs(args.wheel_dir),
+              "prebuilt": core_runs.parse_variant_specs(args.prebuilt)}
+    done: ab_run.TestRun | bench_run.BenchRun
+    if args.gpu_command == "test":
+        done = ab_run.run_test(_options(ab_run.TestOptions, args, argv, **wheels))
+    else:
+        done = bench_run.run_bench(_options(bench_run.BenchOptions, args, argv, **wheels))
+    logs = f" and {done.logs}" if isinstance(done, ab_run.TestRun) else ""
+    print(f"wrote {', '.join(map(str, done.paths))}{logs}")
     print("\n".join(done.headline()))
     if (error := done.error()) is not None:
         raise error

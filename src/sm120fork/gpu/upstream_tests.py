@@ -207,7 +207,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], host: object = None) -> i
         notes += [_PATH.sub("<path>", f"the comm module of {n} did not build ({why}): its "
                             "tests JIT-build it") for n, why in failed.items()]
     else:
-        from sm120fork.gpu.core.probe import environment
+        from sm120fork.gpu.core.worker import environment
 
         env = environment()
         notes.append("run with --no-compile")

@@ -196,14 +196,24 @@ def _fake_torch(torch: Any, capability: tuple[int, int] | None, cuda_version: st
 
 
 class Records(logging.Handler):
-    """The records of logger ``name`` at ``level`` and above, from now on."""
+    """The records of logger ``name`` at ``level`` and above, from now on; as a context
+    manager, until its end."""
 
     def __init__(self, name: str, level: int = logging.DEBUG) -> None:
         super().__init__(level)
         self.lines: list[tuple[str, str]] = []
-        logging.getLogger(name).addHandler(self)
+        self.logger = logging.getLogger(name)
+        self.old_level = self.logger.level
+        self.logger.addHandler(self)
         if level < logging.WARNING:
-            logging.getLogger(name).setLevel(level)
+            self.logger.setLevel(level)
+
+    def __enter__(self) -> Records:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.old_level)
 
     def emit(self, record: logging.LogRecord) -> None:
         self.lines.append((record.levelname, record.getMessage()))
@@ -211,18 +221,6 @@ class Records(logging.Handler):
     @property
     def messages(self) -> tuple[str, ...]:
         return tuple(message for _, message in self.lines)
-
-
-@contextlib.contextmanager
-def captured_logs(logger_name: str) -> Iterator[Records]:
-    logger = logging.getLogger(logger_name)
-    old_level = logger.level
-    handler = Records(logger_name)
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from typing import Any, NotRequired, TypedDict
 from unittest import mock
 
 from sm120fork.harness import fake_gpu
-from sm120fork.harness.fake_gpu import _module, captured_logs, emit, environ, start_probe
+from sm120fork.harness.fake_gpu import Records, _module, emit, environ, start_probe
 from sm120fork.layouts import Layer, defaults
 from sm120fork.layouts.results import (
     REQUIREMENTS,
@@ -251,7 +251,7 @@ def _decide(*, tp: int, explicit: bool = False, env: str | None = None,
         enable_flashinfer_allreduce_fusion=explicit,
         enforce_disable_flashinfer_allreduce_fusion=enforce_disable,
     )
-    with environ(SM120_ENV, env), captured_logs("sglang.srt.server_args") as logs:
+    with environ(SM120_ENV, env), Records("sglang.srt.server_args") as logs:
         try:
             sa.ServerArgs._handle_model_specific_adjustments(args)
         except ValueError as exc:

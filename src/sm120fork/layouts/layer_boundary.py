@@ -24,7 +24,7 @@ from typing import Any, NotRequired, TypedDict
 
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.harness import fake_gpu
-from sm120fork.harness.fake_gpu import _module, captured_logs, emit, environ, start_probe
+from sm120fork.harness.fake_gpu import Records, _module, emit, environ, start_probe
 from sm120fork.layouts import Layer
 from sm120fork.layouts.results import (
     CheckResult,
@@ -331,7 +331,7 @@ def _auto_case(*, tp: int, nodes: int, env: str | None = None, backend: str | No
     hf_config = types.SimpleNamespace(architectures=[FUSION_MODEL_ARCH], model_type="kimi_k25")
     msgspec.Struct.__setattr__(args, "_model_config", types.SimpleNamespace(
         hf_config=hf_config, dtype=torch.bfloat16))
-    with environ(AUTO_ENV, env), captured_logs("sglang.srt.arg_groups.overrides") as logs:
+    with environ(AUTO_ENV, env), Records("sglang.srt.arg_groups.overrides") as logs:
         try:
             for post_pass in (overrides._flashinfer_allreduce_fusion_auto_enable,
                               overrides._enforce_disable_allreduce_fusion):
@@ -383,7 +383,7 @@ def run_plain() -> list[fake_gpu.Observation]:
             parallel_state.set_flashinfer_allreduce_only(False)
             with context.override_server_args(flashinfer_allreduce_fusion_backend=backend,
                                               tp_size=2), environ(PLAIN_ENV, env), \
-                    captured_logs("sglang.srt.distributed.bootstrap") as logs:
+                    Records("sglang.srt.distributed.bootstrap") as logs:
                 try:
                     bootstrap._set_all_reduce_flags()
                 except ValueError as exc:

@@ -204,36 +204,30 @@ def run_case(rk: Rank, case: Case) -> CaseResult:
                       note=note)
 
 
-def legacy_workspace_is_torch_symm() -> bool:
-    """Whether the imported FlashInfer makes the legacy fusion workspace as torch symmetric
-    memory (its ``comm.trtllm_ar`` uses ``_alloc_symm_buffer_bytes``, FlashInfer 0.7.x)."""
-    module = sys.modules.get("flashinfer.comm.trtllm_ar")
-    return module is not None and hasattr(module, "_alloc_symm_buffer_bytes")
-
-
 def run_tests(rk: Rank, cases: list[Case]) -> None:
+    # FlashInfer 0.7.x makes the legacy fusion workspace as torch symmetric memory
+    symm = hasattr(sys.modules.get("flashinfer.comm.trtllm_ar"), "_alloc_symm_buffer_bytes")
     for case in cases:
         say("START", case.key)
         reason = skip_reason(case, rk.capability) or (
-            TORCH_SYMM_SHARED_GPU if case.api == "fusion_legacy" and rk.shared
-            and legacy_workspace_is_torch_symm() else None)
+            TORCH_SYMM_SHARED_GPU if case.api == "fusion_legacy" and rk.shared and symm
+            else None)
+        broken = False
         if reason:
-            say("RESULT", dataclasses.asdict(CaseResult(key=case.key, rank=rk.rank,
-                                                        status="skip", reason=reason)))
-            continue
-        try:
-            result = run_case(rk, case)
-        except Exception as exc:
-            say("RESULT", dataclasses.asdict(CaseResult(
-                key=case.key, rank=rk.rank, status="fail", failure="error",
-                reason=f"{type(exc).__name__}: {exc}"[:2000],
-                traceback=traceback.format_exc()[-3000:])))
-            if cuda_broken(exc):
-                hard_exit(EXIT_CUDA_ERROR)
-            rk.barrier()
-            continue
+            result = CaseResult(key=case.key, rank=rk.rank, status="skip", reason=reason)
+        else:
+            try:
+                result = run_case(rk, case)
+            except Exception as exc:
+                result = CaseResult(key=case.key, rank=rk.rank, status="fail", failure="error",
+                                    reason=f"{type(exc).__name__}: {exc}"[:2000],
+                                    traceback=traceback.format_exc()[-3000:])
+                broken = cuda_broken(exc)
         say("RESULT", dataclasses.asdict(result))
-        rk.barrier()
+        if broken:
+            hard_exit(EXIT_CUDA_ERROR)
+        if not reason:
+            rk.barrier()
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from sm120fork import __version__, record
 from sm120fork.errors import ConfigError, UsageError, VerifyError
-from sm120fork.gpu.ab import launcher, report
-from sm120fork.gpu.ab.results import AbRun, CaseResult
+from sm120fork.gpu.ab import launcher
+from sm120fork.gpu.ab.results import AbRun, AbTable, CaseResult, write_test_report
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import records, runs
 from sm120fork.gpu.core.records import now
@@ -91,16 +91,15 @@ class TestRun:
         return lines
 
     def error(self) -> VerifyError | None:
-        if self.failed:
-            return VerifyError(f"{len(self.failed)} cases fail with {self.primary}",
-                               fix=f"see {self.paths[1]}")
-        if self.not_run and not self.time_budget:
-            return VerifyError(f"unfinished: {self.not_run} planned case runs never ran (a "
-                               "module did not build)", fix=f"see {self.paths[1]}")
         nothing = [n for n, t in self.tallies.items() if not t.ran]
-        if nothing:
-            return VerifyError(f"no case ran for {', '.join(nothing)}: every case was skipped "
-                               "or not run", fix=f"see {self.paths[1]}")
+        for wrong, message in (
+                (self.failed, f"{len(self.failed)} cases fail with {self.primary}"),
+                (self.not_run and not self.time_budget, f"unfinished: {self.not_run} planned "
+                 "case runs never ran (a module did not build)"),
+                (nothing, f"no case ran for {', '.join(nothing)}: every case was skipped or "
+                 "not run")):
+            if wrong:
+                return VerifyError(message, fix=f"see {self.paths[1]}")
         if self.not_run and not self.allow_partial:
             return VerifyError(
                 f"unfinished: {self.not_run} planned cases did not run: the time budget "
@@ -175,7 +174,7 @@ def run_test(opts: TestOptions) -> TestRun:
         finished=not any(r.never_ran for recs in results.values() for r in recs))
     out = runs.run_out_dir(opts, env)
     roles = runs.run_roles(opts, out)
-    paths = report.write_test_report(doc, out, roles)
+    paths = write_test_report(doc, out, roles)
     recorded = dataclasses.replace(doc, command=opts.record_command or opts.command)
     try:
         tested = opts.tested or records.tested_beside(opts.wheel_dirs.get(primary))
@@ -193,7 +192,7 @@ def run_test(opts: TestOptions) -> TestRun:
                    tallies={name: Tally.of(recs) for name, recs in results.items()},
                    failed=[r.key for r in results[primary]
                            if r.status == "fail" and not r.never_ran],
-                   summary=report.AbTable(doc).counts(),
+                   summary=AbTable(doc).counts(),
                    module_seconds=prepared.module_seconds,
                    time_budget=opts.time_budget, allow_partial=opts.allow_partial)
 
@@ -204,8 +203,7 @@ _AGAINST = {"fixed": "fixed", "pass both": "pass-both", "regressed": "regressed"
 
 def _detail(rec: CaseResult) -> str:
     if rec.status == "pass":
-        worst = max((c.rel_l2 or 0 for c in rec.checks), default=0)
-        return f"rel_l2 {worst:.1e}" if worst else "pass"
+        return f"rel_l2 {rec.worst:.1e}" if rec.worst else "pass"
     return " ".join(str(rec.reason or rec.status).split())[:200]
 
 
@@ -215,7 +213,7 @@ def test_record(doc: AbRun, tested: record.Tested | None) -> record.Record | Non
     if manifest is None or not manifest.stack:
         return None
     primary, baseline = doc.primary, doc.baseline
-    table = report.AbTable(doc)
+    table = AbTable(doc)
     project_of = {w.wheel: w.project for w in manifest.wheels}
     wheels = []
     for name, variant in doc.variants.items():
@@ -247,4 +245,4 @@ def test_record(doc: AbRun, tested: record.Tested | None) -> record.Record | Non
 
 
 def rerender(test: Path, out: Path) -> list[Path]:
-    return report.write_test_report(AbRun.read(json_file(test), str(test)), out)
+    return write_test_report(AbRun.read(json_file(test), str(test)), out)

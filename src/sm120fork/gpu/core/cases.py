@@ -139,23 +139,17 @@ def quick_matrix(world_sizes: Sequence[int]) -> list[Case]:
 
 def order(cases: Iterable[Case]) -> list[Case]:
     """By world size; within it the legacy custom all-reduce first, then the fusion APIs."""
-    def rank(c: Case) -> tuple[int, int, str]:
-        return (c.world_size, (APIS.index(c.api) + 1) % len(APIS), c.key)
-
-    unique = {c.key: c for c in cases}
-    return sorted(unique.values(), key=rank)
+    return sorted({c.key: c for c in cases}.values(),
+                  key=lambda c: (c.world_size, (APIS.index(c.api) + 1) % len(APIS), c.key))
 
 
 def phases(cases: Sequence[Case]) -> list[list[Case]]:
     """One-world-size batches, every custom all-reduce batch first (so a time budget cuts
     fusion cases, not the lamport path's A/B)."""
-    out = []
-    for custom in (True, False):
-        for ws in sorted({c.world_size for c in cases}):
-            batch = [c for c in cases if c.world_size == ws and (c.api == CUSTOM_API) == custom]
-            if batch:
-                out.append(batch)
-    return out
+    def phase(c: Case) -> tuple[bool, int]:
+        return (c.api != CUSTOM_API, c.world_size)
+
+    return [[c for c in cases if phase(c) == p] for p in sorted(set(map(phase, cases)))]
 
 
 def select(cases: Iterable[Case], *, apis: Sequence[str] | None = None,

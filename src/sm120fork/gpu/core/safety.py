@@ -41,33 +41,22 @@ def check_backend(backend: str, *, allow_multicast: bool,
     ``host_environ``: the caller's (the ranks, whose switches are forced off, pass None)."""
     if backend == SAFE_BACKEND:
         return backend
-    if backend in MULTICAST_BACKENDS:
-        forbidden = multicast_forbidden_by(host_environ) if host_environ is not None else None
-        if forbidden:
-            raise ConfigError(
-                f'workspace backend "{backend}" may create CUDA multicast objects, and this '
-                f"host forbids multicast ({forbidden})", where="--backend",
-                fix=f'use "{SAFE_BACKEND}"; shared GPU machines never run multicast code')
-        if allow_multicast:
-            return backend
+    if backend not in MULTICAST_BACKENDS:
+        raise ConfigError(f'unknown workspace backend "{backend}"', where="--backend",
+                          fix=f'use "{SAFE_BACKEND}"')
+    risk = f'workspace backend "{backend}" may create CUDA multicast objects'
+    forbidden = multicast_forbidden_by(host_environ) if host_environ is not None else None
+    if forbidden:
         raise ConfigError(
-            f'workspace backend "{backend}" may create CUDA multicast objects',
-            where="--backend",
-            fix=f'use "{SAFE_BACKEND}", or pass {ALLOW_MULTICAST_FLAG} on a machine '
-            "you own that supports multicast",
-        )
-    raise ConfigError(
-        f'unknown workspace backend "{backend}"', where="--backend",
-        fix=f'use "{SAFE_BACKEND}"',
-    )
+            f"{risk}, and this host forbids multicast ({forbidden})", where="--backend",
+            fix=f'use "{SAFE_BACKEND}"; shared GPU machines never run multicast code')
+    if not allow_multicast:
+        raise ConfigError(risk, where="--backend", fix=f'use "{SAFE_BACKEND}", or pass '
+                          f"{ALLOW_MULTICAST_FLAG} on a machine you own that supports multicast")
+    return backend
 
 
 def rank_environment(base: Mapping[str, str], extra: Mapping[str, str] | None = None,
                      ) -> dict[str, str]:
     """``base`` + ``extra`` with the multicast switches forced off (they win)."""
-    env = dict(base)
-    if extra:
-        env.update(extra)
-    env.update(MULTICAST_OFF_ENV)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return {**base, **(extra or {}), **MULTICAST_OFF_ENV, "PYTHONUNBUFFERED": "1"}
