@@ -235,7 +235,7 @@ def stack_toml(name: str, projects: list[dict[str, str]], default: bool = True) 
 @pytest.fixture
 def gpu_here(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU harness's preflight answers as on a box with two GPUs (the ranks are fakes)."""
-    from sm120fork.gpu.core import preflight
+    from sm120fork.gpu.core import safety as preflight
 
     monkeypatch.setattr(preflight, "require_gpu", lambda **_: preflight.GpuHost(
         torch="2.11.0", cuda="13.0", gpus=("Fake GPU", "Fake GPU")))

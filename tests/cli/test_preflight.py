@@ -166,7 +166,7 @@ def test_asking_for_help_is_never_refused() -> None:
 
 def test_a_gpu_session_asks_the_gpu_check_the_verb_runs_first(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from sm120fork.gpu.core import preflight
+    from sm120fork.gpu.core import safety as preflight
 
     def no_gpu() -> None:
         raise NoGpuError("no torch here")

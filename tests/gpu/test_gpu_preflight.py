@@ -48,7 +48,7 @@ def test_the_toolkit_command_line_and_the_session_say_the_same(
 def test_a_cpu_only_torch_is_no_gpu(capsys: pytest.CaptureFixture[str]) -> None:
     """The test environment's torch is the CPU build: the probe says so."""
     pytest.importorskip("torch")
-    from sm120fork.gpu.core import preflight
+    from sm120fork.gpu.core import safety as preflight
 
     with pytest.raises(NoGpuError, match=r"CPU-only build|sees no GPU"):
         preflight.require_gpu()
@@ -72,7 +72,7 @@ def test_the_exit_code_is_no_one_elses() -> None:
 def test_the_way_to_a_cuda_torch_is_the_command_as_given(
         env: dict[str, str], how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A kit's run was told to use nox's Python (python3 -m nox -s ...), which it never runs."""
-    from sm120fork.gpu.core import preflight
+    from sm120fork.gpu.core import safety as preflight
 
     for name in ("SM120FORK_COMMAND", "NOX_CURRENT_SESSION"):
         monkeypatch.delenv(name, raising=False)

@@ -13,7 +13,7 @@ from sm120fork import record, resolved
 from sm120fork.gpu.ab import run as ab_run
 from sm120fork.gpu.ab.results import AbRun
 from sm120fork.gpu.core import records
-from sm120fork.gpu.core.preflight import COMMAND_ENV
+from sm120fork.gpu.core.safety import COMMAND_ENV
 from sm120fork.gpu.layer import run as layer_run
 from sm120fork.manifest import Manifest
 from sm120fork.util import typed

@@ -18,7 +18,7 @@ from sm120fork.gpu import methods, upstream_tests
 from sm120fork.gpu.ab import run as ab_run
 from sm120fork.gpu.bench import run as bench_run
 from sm120fork.gpu.core import cases as cases_mod
-from sm120fork.gpu.core import preflight, records
+from sm120fork.gpu.core import records, safety
 from sm120fork.gpu.core import runs as core_runs
 from sm120fork.gpu.core.documents import Provenance
 from sm120fork.gpu.core.safety import ALLOW_MULTICAST_FLAG, check_backend
@@ -197,7 +197,7 @@ def _options(cls: type[_Opts], args: argparse.Namespace, argv: Sequence[str], **
 
 
 def cmd_run(args: argparse.Namespace, argv: Sequence[str],
-            host: preflight.GpuHost | None) -> int:
+            host: safety.GpuHost | None) -> int:
     """``test`` or ``bench``; the run's own failure (cases failing, nothing run) goes to the
     one error boundary."""
     wheels = {"wheel_dirs": core_runs.parse_variant_specs(args.wheel_dir),
@@ -216,7 +216,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str],
 
 
 def cmd_project(args: argparse.Namespace, argv: Sequence[str],
-                host: preflight.GpuHost | None) -> int:
+                host: safety.GpuHost | None) -> int:
     from sm120fork.gpu.bench import projection
 
     written = projection.write(projection.table(), args.out)
@@ -225,7 +225,7 @@ def cmd_project(args: argparse.Namespace, argv: Sequence[str],
 
 
 def cmd_report(args: argparse.Namespace, argv: Sequence[str],
-               host: preflight.GpuHost | None) -> int:
+               host: safety.GpuHost | None) -> int:
     written = [*(ab_run.rerender(args.test, args.out) if args.test else []),
                *(bench_run.rerender(args.bench, args.out) if args.bench else [])]
     if not written:
@@ -235,7 +235,7 @@ def cmd_report(args: argparse.Namespace, argv: Sequence[str],
 
 
 def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
-                     host: preflight.GpuHost | None) -> int:
+                     host: safety.GpuHost | None) -> int:
     site: tuple[Path, ...] = ()
     made: Provenance | None = None
     folder = args.stack_dir
@@ -278,7 +278,7 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
     return VerifyError.exit_code if failed or cut_short else 0
 
 
-def ready(args: argparse.Namespace) -> preflight.GpuHost | None:
+def ready(args: argparse.Namespace) -> safety.GpuHost | None:
     """Refuse what cannot run here before anything is resolved, installed or built: a
     multicast backend on a shared host, then a box whose Python has no CUDA torch or GPU."""
     if args.gpu_command in ("test", "bench"):
@@ -292,14 +292,14 @@ def ready(args: argparse.Namespace) -> preflight.GpuHost | None:
     if args.gpu_command in ("test", "bench") or (
             args.gpu_command == "sglang-layer" and args.device == "cuda") or (
             args.gpu_command == "upstream-tests" and args.compile):
-        return preflight.require_gpu()
+        return safety.require_gpu()
     return None
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the parsed GPU verb; ``argv`` (from the verb on) is recorded in the reports."""
     host = ready(args)
-    handler: Callable[[argparse.Namespace, Sequence[str], preflight.GpuHost | None], int] = (
+    handler: Callable[[argparse.Namespace, Sequence[str], safety.GpuHost | None], int] = (
         args.handler)
     return handler(args, argv, host)
 

@@ -8,9 +8,10 @@ import argparse
 import dataclasses
 import os
 import re
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sm120fork import __version__, record
@@ -84,12 +85,17 @@ def against(patched: str, baseline: str | None) -> str | None:
             (False, True): "regressed", (False, False): "fail-both"}[(ok, ok_before)]
 
 
+def _pytest(variant: Variant, folder: Path, args: Sequence[str], timeout: float,
+            on_line: Callable[[str], None] | None = None) -> subprocess.CompletedProcess[str]:
+    return proc.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+                    cwd=folder, env=variant.env(os.environ), check=False, timeout=timeout,
+                    on_line=on_line)
+
+
 def collect(variant: Variant, folder: Path, files: Sequence[str], pytest_args: Sequence[str],
             timeout: float) -> list[str]:
     """The test ids pytest collects with ``variant`` (what the run plans)."""
-    done = proc.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                     "-p", "no:cacheprovider", *files, *pytest_args], cwd=folder,
-                    env=variant.env(os.environ), check=False, timeout=timeout)
+    done = _pytest(variant, folder, ["--collect-only", "-q", *files, *pytest_args], timeout)
     ids = [line.strip() for line in done.stdout.splitlines() if "::" in line]
     if not ids:
         raise ConfigError(f"pytest collected no test of {', '.join(files)}", where=str(folder),
@@ -103,12 +109,10 @@ def run_variant(variant: Variant, folder: Path, files: Sequence[str],
     """{case id: (outcome, detail)} of the tests run with ``variant`` (its log in ``out``)."""
     junit = out / f"{variant.name}.xml"
     junit.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider",
-           f"--junitxml={junit}", *files, *pytest_args]
     lines: list[str] = []
     try:
-        proc.run(cmd, cwd=folder, env=variant.env(os.environ), check=False, timeout=timeout,
-                 on_line=lines.append)
+        _pytest(variant, folder, ["-v", "-rA", f"--junitxml={junit}", *files, *pytest_args],
+                timeout, on_line=lines.append)
     except CommandError as exc:  # cut short: pytest wrote no junit, its live lines count
         lines.append(str(exc))
     (out / f"{variant.name}.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -192,9 +196,9 @@ def run(args: argparse.Namespace, argv: Sequence[str], host: object = None) -> i
     if "patched" not in specs:
         raise ConfigError("no patched variant", where="--wheel-dir",
                           fix="--wheel-dir patched=<the stack's FlashInfer wheel>")
-    prebuilt = parse_variant_specs(args.prebuilt) if args.prebuilt else {}
-    names = ["patched", *(n for n in specs if n != "patched")]
-    variants = [install_variant(n, specs[n], args.work_dir, prebuilt.get(n)) for n in names]
+    prebuilt = parse_variant_specs(args.prebuilt)
+    variants = [install_variant(n, specs[n], args.work_dir, prebuilt.get(n))
+                for n in sorted(specs, key=lambda n: n != "patched")]
     run_dir = args.out / ".logs"
     run_dir.mkdir(parents=True, exist_ok=True)
     env: Environment = {}

@@ -101,7 +101,7 @@ def _ask(question: str) -> bool:
 
 def ready() -> None:
     """This Python's torch sees a GPU (the bench's own preflight), before anything runs."""
-    from sm120fork.gpu.core import preflight
+    from sm120fork.gpu.core import safety as preflight
 
     preflight.require_gpu()
 

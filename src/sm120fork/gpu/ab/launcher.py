@@ -85,9 +85,10 @@ class _Batch:
     streaks: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     startup_failures: int = 0
 
-    def fail(self, cases: Sequence[Case], failure: str, reason: str, **more: Any) -> None:
-        for case in cases:
-            self.results[case.key] = CaseResult.failed(case, failure, reason, **more)
+    def fail(self, cases: Sequence[Case], failure: str, reason: str, **more: Any
+             ) -> list[Case]:
+        self.results.update({c.key: CaseResult.failed(c, failure, reason, **more) for c in cases})
+        return []
 
     def left_out(self, cases: Sequence[Case]) -> list[Case]:
         self.results.update({c.key: CaseResult.left_out(c) for c in cases})
@@ -101,8 +102,8 @@ class _Batch:
             return self.left_out(remaining)
         if outcome.ok or outcome.kind in ("fatal", "protocol"):
             why = outcome.failure or "ranks exited without reporting these cases"
-            self.fail(remaining, outcome.kind or "error", f"not run: {why}", log_tail=tails)
-            return []
+            return self.fail(remaining, outcome.kind or "error", f"not run: {why}",
+                             log_tail=tails)
         interrupted = reports.in_progress(outcome)
         in_progress = [c for c in remaining if c.key in interrupted]
         if not in_progress:
@@ -111,10 +112,9 @@ class _Batch:
             self.startup_failures = 0 if progressed else self.startup_failures + 1
             if self.startup_failures < 2:
                 return remaining
-            self.fail(remaining, outcome.kind or "error",
-                      f"not run: ranks failed twice before a case: {outcome.failure}",
-                      log_tail=tails)
-            return []
+            return self.fail(remaining, outcome.kind or "error",
+                             f"not run: ranks failed twice before a case: {outcome.failure}",
+                             log_tail=tails)
         self.startup_failures = 0
         for case in pending:
             if case.key in self.results and self.results[case.key].failure not in ("crash",

@@ -101,24 +101,19 @@ class Rank:
         dist.init_process_group("gloo", store=store, rank=rank, world_size=self.world)
         self.capability: tuple[int, int] = tuple(  # type: ignore[assignment]
             torch.cuda.get_device_capability(self.device))
-        if not self.shared:
-            self._require_p2p()
+        peers = [] if self.shared else [p for p in range(self.world) if p != self.device.index]
+        for other in peers:
+            if not torch.cuda.can_device_access_peer(self.device.index, other):
+                say("FATAL", f"GPU {self.device.index} cannot access GPU {other} peer-to-peer "
+                    "(P2P disabled by driver or topology); the fused all-reduce needs P2P "
+                    "through CUDA IPC, so it must stay disabled on this machine")
+                hard_exit(EXIT_FATAL)
         import flashinfer.comm as fc  # type: ignore[import-not-found, unused-ignore]
 
         self.fc = fc
         self.flag = 1
         self._workspaces: dict[str, Any] = {}
         self._workspace_errors: dict[str, str] = {}
-
-    def _require_p2p(self) -> None:
-        for peer in range(self.world):
-            other = peer % self.device_count
-            if other != self.device.index and not torch.cuda.can_device_access_peer(
-                    self.device.index, other):
-                say("FATAL", f"GPU {self.device.index} cannot access GPU {other} peer-to-peer "
-                    "(P2P disabled by driver or topology); the fused all-reduce needs P2P "
-                    "through CUDA IPC, so it must stay disabled on this machine")
-                hard_exit(EXIT_FATAL)
 
     def barrier(self) -> None:
         dist.barrier()

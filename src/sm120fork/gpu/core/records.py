@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sm120fork import record
 from sm120fork.gpu.core.documents import Environment
-from sm120fork.gpu.core.preflight import COMMAND_ENV
+from sm120fork.gpu.core.safety import COMMAND_ENV
 from sm120fork.util import hint
 
 TESTED_FILE = "tested.json"
