@@ -61,6 +61,10 @@ class CaseResult:
         return max((c.rel_l2 for c in self.checks if c.rel_l2 is not None), default=None)
 
     @property
+    def short(self) -> str:
+        return f"FAIL ({self.failure or 'error'})" if self.status == "fail" else self.status
+
+    @property
     def never_ran(self) -> bool:
         return self.not_run or self.failure == "build"
 
@@ -146,14 +150,6 @@ def classify(statuses: dict[str, str], primary: str, baseline: str | None) -> st
     return ab.get((p == "pass", b == "pass")) or ("fail both" if p == "fail" else f"{p}/{b}")
 
 
-def _short(rec: CaseResult | None) -> str:
-    if rec is None:
-        return "missing"
-    if rec.status == "fail":
-        return f"FAIL ({rec.failure or 'error'})"
-    return rec.status
-
-
 _METHOD = (
     "Each rank regenerates every rank's input from the case seed; the reference is the fp32 "
     "sum of all inputs, fp32 residual add and fp32 RMSNorm (eps 1e-6). Outputs are NaN-filled "
@@ -217,8 +213,8 @@ class AbTable:
             mine = recs.get(self.primary)
             worst = ("" if mine is None or not mine.checks
                      else "NaN" if mine.worst is None else f"{mine.worst:.2e}")
-            body.append([f"`{k}`", *[_short(recs.get(v)) for v in self.variants], worst,
-                         reason])
+            shorts = [recs[v].short if v in recs else "missing" for v in self.variants]
+            body.append([f"`{k}`", *shorts, worst, reason])
         hdr = ["case", *self.variants, "worst rel L2 " + self.primary, "reason"]
         return [*lines, *_md_table(hdr, body), ""]
 

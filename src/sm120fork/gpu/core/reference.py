@@ -128,33 +128,26 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, kind: str,
     tol = TOLERANCES[kind]
     got32 = got.float().reshape(ref.shape)
     ref32 = ref.float()
-    finite = torch.isfinite(got32)
-    bad_values = int((~finite).sum())
+    bad_values = int((~torch.isfinite(got32)).sum())
     result: dict[str, Any] = {"output": name, "kind": kind, "nonfinite": bad_values}
     if bad_values:
-        result.update(ok=False, rel_l2=None, max_abs=None,
-                      reason=f"{bad_values} of {got32.numel()} elements NaN/Inf "
-                             "(unwritten or overflow)")
-        return result
+        return {**result, "rel_l2": None, "max_abs": None, "ok": False,
+                "reason": f"{bad_values} of {got32.numel()} elements NaN/Inf (unwritten or "
+                "overflow)"}
     diff = (got32 - ref32).abs()
-    denom = float(torch.linalg.vector_norm(ref32)) or 1.0
-    rel_l2 = float(torch.linalg.vector_norm(got32 - ref32)) / denom
-    result.update(rel_l2=rel_l2, max_abs=float(diff.max()) if diff.numel() else 0.0)
-    reasons = []
-    if rel_l2 > tol.rel_l2:
-        reasons.append(f"rel L2 {rel_l2:.3g} > {tol.rel_l2:g}")
+    rel_l2 = float(torch.linalg.vector_norm(got32 - ref32)) / (
+        float(torch.linalg.vector_norm(ref32)) or 1.0)
+    reasons = [f"rel L2 {rel_l2:.3g} > {tol.rel_l2:g}"] if rel_l2 > tol.rel_l2 else []
     if tol.elementwise:
         bound = tol.atol * world_size + tol.rtol * ref32.abs()
-        over = diff > bound
-        n_over = int(over.sum())
+        n_over = int((diff > bound).sum())
         if n_over:
             idx = int(torch.argmax((diff - bound).reshape(-1)))
             reasons.append(
                 f"{n_over} elements out of bounds (worst flat index {idx}: got "
                 f"{float(got32.reshape(-1)[idx]):.4g}, want {float(ref32.reshape(-1)[idx]):.4g})")
-    result["ok"] = not reasons
-    result["reason"] = "; ".join(reasons)
-    return result
+    return {**result, "rel_l2": rel_l2, "max_abs": float(diff.max()) if diff.numel() else 0.0,
+            "ok": not reasons, "reason": "; ".join(reasons)}
 
 
 def tolerance_table() -> list[tuple[str, str]]:

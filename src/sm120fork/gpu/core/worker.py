@@ -76,10 +76,7 @@ def environment() -> Environment:
 
 def _builder(module: str, name: str) -> Callable[[], Callable[[], object]]:
     """A loader that imports ``module`` and returns its ``name``, which builds the module."""
-    def load() -> Callable[[], object]:
-        fn: Callable[[], object] = getattr(importlib.import_module(module), name)
-        return fn
-    return load
+    return lambda: getattr(importlib.import_module(module), name)
 
 
 def _load_norm() -> Callable[[], object]:
