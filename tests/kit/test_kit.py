@@ -202,7 +202,7 @@ def test_a_kit_installs_with_no_index_and_runs_its_harness(tmp_path: Path) -> No
     assert json.loads((kit / "stack" / "tested.json").read_text())["patches"] == []
     # The same kit in parts smaller than its toolkit wheel, as a size-limited transfer path
     # takes it: the entry of any part joins them, byte for byte, before anything else.
-    from sm120fork.kit.parts import write_parts
+    from sm120fork.kit.build import write_parts
 
     (tmp_path / "box").mkdir()
     parts = write_parts(kit, tmp_path / "box" / "kit", 256 * 1024)

@@ -14,8 +14,7 @@ import pytest
 
 from sm120fork.errors import ConfigError
 from sm120fork.kit import boot
-from sm120fork.kit.build import RUN_SCRIPT
-from sm120fork.kit.parts import layout, write_parts
+from sm120fork.kit.build import RUN_SCRIPT, layout, write_parts
 
 KIB = 1024
 

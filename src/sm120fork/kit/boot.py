@@ -129,7 +129,7 @@ class PartFile:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PartsIndex:
-    """The ``kit.json`` of one part (``sm120fork.kit.parts`` writes it)."""
+    """The ``kit.json`` of one part (``sm120fork.kit.build`` writes it)."""
 
     kit_id: str
     part: int
