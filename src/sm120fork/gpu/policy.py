@@ -101,10 +101,6 @@ def write(doc: Mapping[str, Any], out_dir: Path) -> Path:
     return path
 
 
-def _int_at_least(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
 def _entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
     low = 1
     ranges = entry.get("ranges")
@@ -117,7 +113,8 @@ def _entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
         if rng.get("min_tokens") != low:
             raise ConfigError(f"min_tokens must be {low}: ranges are contiguous from 1 token",
                               where=f"{where}.min_tokens")
-        if not _int_at_least(rng.get("max_tokens"), low):
+        top = rng.get("max_tokens")
+        if not isinstance(top, int) or isinstance(top, bool) or top < low:
             raise ConfigError(f"max_tokens must be an integer >= {low}",
                               where=f"{where}.max_tokens")
         if not isinstance(rng.get("method"), str) or not rng["method"]:
@@ -127,7 +124,7 @@ def _entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
         if not isinstance(fallback, list) or not all(isinstance(f, str) for f in fallback):
             raise ConfigError("fallback must be a list of method names",
                               where=f"{where}.fallback")
-        low = rng["max_tokens"] + 1
+        low = top + 1
     return {**entry, "ranges": [{**r, "fallback": list(r.get("fallback", []))}
                                 for r in ranges]}
 
@@ -195,19 +192,17 @@ AUTO_ENV = "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO"
 DEFAULT_TP = 2
 
 
-def locate(environ: Mapping[str, str] | None = None) -> Path:
+def locate(environ: Mapping[str, str] = os.environ) -> Path:
     """Where SGLang's patched code (S1/S2, G2/G3) looks: ENV_VAR's file, else DEFAULT_PATH."""
-    env = os.environ if environ is None else environ
-    return Path(os.path.expanduser(env.get(ENV_VAR) or DEFAULT_PATH))
+    return Path(os.path.expanduser(environ.get(ENV_VAR) or DEFAULT_PATH))
 
 
-def read_for_doctor(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def read_for_doctor(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """Where SGLang looks, who named that place, the document found there (as read, so a
     doctor's record can be judged elsewhere) or why none was read; never raises."""
-    env = os.environ if environ is None else environ
-    where = locate(env)
+    where = locate(environ)
     facts: dict[str, Any] = {"path": str(where),
-                             "named_by": ENV_VAR if env.get(ENV_VAR) else "default",
+                             "named_by": ENV_VAR if environ.get(ENV_VAR) else "default",
                              "found": where.is_file(), "document": None, "error": None}
     if facts["found"]:
         try:
