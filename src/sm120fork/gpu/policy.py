@@ -40,12 +40,6 @@ def servable(name: str) -> bool:
     return name in SERVING and SERVING[name].route is not None
 
 
-def _worst_ratios(by_hidden: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
-    """Per method that ran at every hidden size: its worst latency / the fastest's."""
-    names = set.intersection(*(set(m) for m in by_hidden.values()))
-    return {n: max(m[n] / min(m.values()) for m in by_hidden.values()) for n in names}
-
-
 def _tp_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One world size's records -> its policy entry."""
     excluded: dict[str, str] = {}
@@ -62,12 +56,14 @@ def _tp_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if (rec.get("kind") == "point" and rec.get("status") == TIMED
                 and rec["method"] not in excluded and servable(rec["method"])):
             lat[int(rec["tokens"])][int(rec["hidden"])][rec["method"]] = latency(rec)
-    # per token count (in order) the winner: the method fastest at every hidden size, else
-    # the best worst-case ratio; ties go to the registry's order
+    # per token count (in order), per method that ran at every hidden size its worst
+    # latency / the fastest's; the winner: the method fastest at every hidden size, else the
+    # best worst-case ratio; ties go to the registry's order
     ratios: dict[int, dict[str, float]] = {}
     winners: dict[int, str] = {}
     for t in sorted(lat):
-        worst = ratios[t] = _worst_ratios(lat[t])
+        worst = ratios[t] = {n: max(m[n] / min(m.values()) for m in lat[t].values())
+                             for n in set.intersection(*(set(m) for m in lat[t].values()))}
         fastest = {min(m, key=m.__getitem__) for m in lat[t].values()}
         if worst:
             winners[t] = fastest.pop() if len(fastest) == 1 else min(
@@ -101,7 +97,11 @@ def write(doc: Mapping[str, Any], out_dir: Path) -> Path:
     return path
 
 
-def _entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
+def _entry(tp: str, entry: Any, key: str) -> dict[str, Any]:
+    if not tp.isdigit() or int(tp) < 2:
+        raise ConfigError("TP sizes are integers >= 2", where=key)
+    if not isinstance(entry, dict):
+        raise ConfigError("each TP size maps to a table", where=key)
     low = 1
     ranges = entry.get("ranges")
     if not isinstance(ranges, list):
@@ -144,14 +144,7 @@ def validate(doc: Any, where: str) -> dict[str, Any]:
     tps = doc.get("tp")
     if not isinstance(tps, dict):
         raise ConfigError("tp must be a table of TP sizes", where=f"{where}: tp")
-    entries: dict[str, Any] = {}
-    for tp, entry in tps.items():
-        key = f"{where}: tp.{tp}"
-        if not str(tp).isdigit() or int(tp) < 2:
-            raise ConfigError("TP sizes are integers >= 2", where=key)
-        if not isinstance(entry, dict):
-            raise ConfigError("each TP size maps to a table", where=key)
-        entries[str(tp)] = _entry(entry, key)
+    entries = {str(tp): _entry(str(tp), entry, f"{where}: tp.{tp}") for tp, entry in tps.items()}
     made = doc.get("made", {})
     if not isinstance(made, dict):
         raise ConfigError("made must be a table", where=f"{where}: made")
