@@ -46,14 +46,12 @@ class PrTests:
 
 def bundles(folder: Path, names: Sequence[str] = ()) -> list[tuple[Path, PrTests]]:
     """(folder, pr.json) of each PR the kit carries (``names``: only those)."""
-    found = []
-    for path in sorted(folder.glob(f"*/{PR_FILE}")):
-        data = typed.read(PrTests, typed.json_file(path), path)
-        if not names or data.pr in names:
-            found.append((path.parent, data))
+    carried = [(path.parent, typed.read(PrTests, typed.json_file(path), path))
+               for path in sorted(folder.glob(f"*/{PR_FILE}"))]
+    found = [(where, pr) for where, pr in carried if not names or pr.pr in names]
     missing = sorted(set(names) - {d.pr for _, d in found})
     if missing or not found:
-        have = sorted(p.parent.name for p in folder.glob(f"*/{PR_FILE}"))
+        have = sorted(where.name for where, _ in carried)
         raise ConfigError(f"no upstream tests of PR {', '.join(missing) or '(any)'} here "
                           f"(carried: {', '.join(have) or 'none'})", where=str(folder),
                           fix="make the kit with --harness upstream_tests --upstream-pr NAME")
@@ -201,15 +199,14 @@ def run(args: argparse.Namespace, argv: Sequence[str], host: object = None) -> i
                 for n in sorted(specs, key=lambda n: n != "patched")]
     run_dir = args.out / ".logs"
     run_dir.mkdir(parents=True, exist_ok=True)
-    env: Environment = {}
+    env: Environment
     notes: list[str] = []
     if args.compile:
         built = compile_variants(variants, run_dir, modules=["comm"],
                                  timeout=args.compile_timeout)
         env = built["patched"].env
-        failed = {n: b.failure for n, b in built.items() if not b.ok}
-        notes += [_PATH.sub("<path>", f"the comm module of {n} did not build ({why}): its "
-                            "tests JIT-build it") for n, why in failed.items()]
+        notes += [_PATH.sub("<path>", f"the comm module of {n} did not build ({b.failure}): "
+                            "its tests JIT-build it") for n, b in built.items() if not b.ok]
     else:
         from sm120fork.gpu.core.worker import environment
 

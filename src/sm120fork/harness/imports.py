@@ -27,12 +27,11 @@ def _in_tree(path: str, tree: str) -> bool:
 
 def _where(exc: BaseException, tree: str) -> str:
     """``file:line`` of the deepest frame in the tree (a SyntaxError's own line first)."""
-    if isinstance(exc, SyntaxError) and exc.filename and _in_tree(exc.filename, tree):
-        return f"{os.path.relpath(exc.filename, tree)}:{exc.lineno or 0}"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _in_tree(f.filename, tree)]
-    if not frames:
-        return ""
-    return f"{os.path.relpath(frames[-1].filename, tree)}:{frames[-1].lineno or 0}"
+    spots = [(f.filename, f.lineno) for f in traceback.extract_tb(exc.__traceback__)]
+    if isinstance(exc, SyntaxError) and exc.filename:
+        spots.append((exc.filename, exc.lineno))
+    inside = [(path, line) for path, line in spots if _in_tree(path, tree)]
+    return f"{os.path.relpath(inside[-1][0], tree)}:{inside[-1][1] or 0}" if inside else ""
 
 
 def undefined(module: ModuleType, lines: Collection[int], tree: str) -> str:

@@ -60,10 +60,9 @@ class _Reports:
 
     def settled(self, codes: list[int | None]) -> bool:
         """Every rank still running has reported each case that a failed rank reported."""
-        done_by_failed: set[str] = set()
-        for rank, code in enumerate(codes):
-            if code not in (None, 0):
-                done_by_failed |= self.reported.get(rank, set())
+        done_by_failed = set[str]().union(*(self.reported.get(rank, set())
+                                            for rank, code in enumerate(codes)
+                                            if code not in (None, 0)))
         return all(done_by_failed <= self.reported.get(rank, set())
                    for rank, code in enumerate(codes) if code is None)
 
