@@ -84,39 +84,25 @@ class Shared:
 
 
 @dataclass(frozen=True)
-class Open:
-    """To a writer: map ``peer``'s memory, write into it, read it back, time copies."""
-
-    peer: int
-    shared: Shared
-
-
-@dataclass(frozen=True)
 class Opened:
-    sharing: dict[str, dict[str, str]]   # per sharing kind: {"open", "write", "read"}
+    """A writer's answer to OPEN (map ``peer``'s memory, write into it, read it back,
+    time copies): per sharing kind {"open", "write", "read"}, and the copies' speed."""
+
+    sharing: dict[str, dict[str, str]]
     write_gbps: float | None = None
     read_gbps: float | None = None
 
 
 @dataclass(frozen=True)
-class Check:
-    """To an owner: does ``writer``'s slot in its memory hold what ``writer`` wrote?"""
-
-    writer: int
-
-
-@dataclass(frozen=True)
 class Checked:
-    slots: dict[str, str]   # per sharing kind
+    """An owner's answer to CHECK: per sharing kind, does ``writer``'s slot hold what
+    ``writer`` wrote?"""
+
+    slots: dict[str, str]
 
 
-@dataclass(frozen=True)
-class Failed:
-    error: str
-
-
-def _line(message: Shared | Open | Opened | Check | Checked | Failed) -> str:
-    return wire.encode(type(message).__name__.upper(), asdict(message))
+def _say(answer: Shared | Opened | Checked) -> None:
+    wire.say(type(answer).__name__.upper(), asdict(answer))
 
 
 def _slot(base: int, writer: int) -> int:
@@ -157,45 +143,45 @@ class _Child:
         self.local_bw = drv.alloc_zeroed(BANDWIDTH_BYTES)
         return Shared(vmm=vmm, ipc=ipc, ipc_handle=handle, vmm_size=size), fd
 
+    def _vmm_import(self, size: int) -> int:
+        _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+        try:
+            return self.drv.vmm_import(fds[0], size, self.device)
+        finally:
+            os.close(fds[0])
+
     def _map(self, theirs: Shared) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
         """The peer's memory mapped here per sharing kind, and each kind's "open" step."""
         remote: dict[str, int] = {}
         result: dict[str, dict[str, str]] = {}
-        if theirs.vmm == "ok":
-            _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
+        openers = {"vmm": lambda: self._vmm_import(theirs.vmm_size),
+                   "ipc": lambda: self.drv.ipc_open(bytes.fromhex(theirs.ipc_handle))}
+        for kind, opener in openers.items():
+            state = getattr(theirs, kind)
+            if state != "ok":
+                result[kind] = {"open": f"the peer has none: {state}"}
+                continue
             try:
-                remote["vmm"] = self.drv.vmm_import(fds[0], theirs.vmm_size, self.device)
-                result["vmm"] = {"open": "ok"}
+                remote[kind] = opener()
+                result[kind] = {"open": "ok"}
             except CudaError as exc:
-                result["vmm"] = {"open": str(exc)}
-            finally:
-                os.close(fds[0])
-        else:
-            result["vmm"] = {"open": f"the peer has none: {theirs.vmm}"}
-        if theirs.ipc == "ok":
-            try:
-                remote["ipc"] = self.drv.ipc_open(bytes.fromhex(theirs.ipc_handle))
-                result["ipc"] = {"open": "ok"}
-            except CudaError as exc:
-                result["ipc"] = {"open": str(exc)}
-        else:
-            result["ipc"] = {"open": f"the peer has none: {theirs.ipc}"}
+                result[kind] = {"open": str(exc)}
         return remote, result
 
-    def open(self, step: Open) -> Opened:
+    def open(self, peer: int, shared: Shared) -> Opened:
         drv, blocks = self.drv, self.blocks
-        remote, result = self._map(step.shared)
+        remote, result = self._map(shared)
         bandwidth: dict[str, float] = {}
         for kind, ptr in remote.items():
             try:
-                drv.write_u32(self.staging, pattern(self.me, step.peer))
+                drv.write_u32(self.staging, pattern(self.me, peer))
                 drv.copy(_slot(ptr, self.me), self.staging, SLOT * 4, blocks)
                 drv.synchronize()
                 result[kind]["write"] = "ok"
                 drv.copy(self.staging, ptr, SLOT * 4, blocks)
                 drv.synchronize()
                 result[kind]["read"] = mismatch(drv.read_u32(self.staging, SLOT),
-                                                pattern(step.peer, step.peer))
+                                                pattern(peer, peer))
                 if kind == "vmm":
                     gb, far = BANDWIDTH_BYTES * REPEATS / 1e6, _slot(ptr, self.processes)
                     bandwidth["write_gbps"] = gb / drv.timed_copy(
@@ -207,29 +193,29 @@ class _Child:
                 result[kind].setdefault("read", str(exc))
         return Opened(result, **bandwidth)
 
-    def check(self, step: Check) -> Checked:
-        return Checked({kind: mismatch(self.drv.read_u32(_slot(base, step.writer), SLOT),
-                                       pattern(step.writer, self.me))
+    def check(self, writer: int) -> Checked:
+        return Checked({kind: mismatch(self.drv.read_u32(_slot(base, writer), SLOT),
+                                       pattern(writer, self.me))
                         for kind, base in self.mine.items()})
 
 
 def _child(device: int, me: int, processes: int, sock_fd: int) -> int:
+    """Shares its memory, then answers each OPEN and CHECK request on stdin."""
     sock = socket.socket(fileno=sock_fd)
     try:
         child = _Child(device, me, processes, sock)
         shared, fd = child.share()
-        print(_line(shared), flush=True)
+        _say(shared)
         if fd is not None:
             socket.send_fds(sock, [b"f"], [fd])
+        answers = {"OPEN": lambda peer, shared: child.open(peer, Shared(**shared)),
+                   "CHECK": child.check}
         for line in sys.stdin:
             message = wire.decode(line)
-            if message is not None and message.tag == "OPEN":
-                step = Open(int(message.data["peer"]), Shared(**message.data["shared"]))
-                print(_line(child.open(step)), flush=True)
-            elif message is not None and message.tag == "CHECK":
-                print(_line(child.check(Check(**message.data))), flush=True)
+            if message is not None and message.tag in answers:
+                _say(answers[message.tag](**message.data))
     except (CudaError, ValueError, KeyError, TypeError, OSError, wire.WireError) as exc:
-        print(_line(Failed(str(exc))), flush=True)
+        wire.say("FAILED", {"error": str(exc)})
         return 1
     return 0
 
@@ -255,11 +241,14 @@ class _Process:
         self.vmm_fd: int | None = None
         self.buffer = b""
 
-    def send(self, message: Open | Check) -> None:
+    def send(self, tag: str, fd: int | None = None, **data: object) -> None:
+        """A request, and the FD of the memory it names (on the socket) when it has one."""
         stdin = self.proc.stdin
         assert stdin is not None
-        stdin.write((_line(message) + "\n").encode())
+        stdin.write((wire.encode(tag, data) + "\n").encode())
         stdin.flush()
+        if fd is not None:
+            socket.send_fds(self.sock, [b"f"], [fd])
 
     def _line(self, deadline: float) -> str:
         """The child's next line of output, read straight from its pipe (a buffered
@@ -372,13 +361,11 @@ class _Probe:
                 doing = (f"GPU {self.devices[w]} mapped, wrote into and read from "
                          f"GPU {self.devices[o]}'s memory")
                 writer, owner = self.procs[w], self.procs[o]
-                writer.send(Open(o, owner.shared))
-                if owner.vmm_fd is not None:
-                    socket.send_fds(writer.sock, [b"f"], [owner.vmm_fd])
+                writer.send("OPEN", owner.vmm_fd, peer=o, shared=asdict(owner.shared))
                 opened[(w, o)] = writer.receive(deadline, Opened)
             for w, o in links:
                 doing = f"GPU {self.devices[o]} checked what GPU {self.devices[w]} wrote"
-                self.procs[o].send(Check(w))
+                self.procs[o].send("CHECK", writer=w)
                 checked = self.procs[o].receive(deadline, Checked).slots
                 done = opened[(w, o)]
                 sharing = {kind: dict(steps) for kind, steps in done.sharing.items()}

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..gpu import decision
 from ..gpu import policy as allreduce_policy
-from .facts import Arch, Comm, Device, Facts, FlashInfer, Hook, Link, Provenance
+from .facts import Comm, Device, Facts, FlashInfer, Hook, Link, Provenance
 from .probe import AOT_DISTRIBUTION, PLUGIN_DISTRIBUTION, tp_sizes
 
 PLUGIN_ENTRY_POINT = "sm120fork"
@@ -31,6 +32,9 @@ class Report:
 
     def say(self, section: str, text: str) -> None:
         self.lines.append((section, text))
+
+    def writer(self, section: str) -> Callable[[str], None]:
+        return functools.partial(self.say, section)
 
     def block(self, text: str) -> None:
         self.blockers.append(text)
@@ -387,75 +391,72 @@ def _jit_cache(fi: FlashInfer) -> str:
 def _archs(report: Report, fi: FlashInfer, shown: str) -> bool:
     """What FlashInfer builds per compute capability; True where one is refused."""
     version, cuda, source = fi.get("version"), fi.get("cuda_version"), fi.get("cuda_from")
+    say = report.writer("comm module")
     refused = False
     for cap, entry in sorted((fi.get("archs") or {}).items()):
         floor = entry.get("floor")
-        if "error" in entry:
-            refused = True
-            report.say("comm module", f"compute capability {cap}: refused with CUDA {cuda}: "
-                                      f"{entry['error']} (this FlashInfer needs >= {floor})")
-            fix = (f"install a CUDA toolkit >= {floor} and point CUDA_HOME at it, or a torch "
-                   f"built for CUDA >= {floor}" if source == "torch" else
-                   f"install a CUDA toolkit >= {floor} (CUDA_HOME)")
-            report.block(f"comm module: flashinfer {version} refuses compute capability {cap} "
-                         f"with {shown}: it needs CUDA >= {floor}, and refuses before any "
-                         f"prebuilt module is considered: {fix}")
-        else:
+        if "error" not in entry:
             need = f"needs CUDA >= {floor}" if floor else "no CUDA floor of its own"
-            report.say("comm module", f"compute capability {cap}: builds for "
-                                      f"compute_{entry.get('arch')} ({need})")
+            say(f"compute capability {cap}: builds for compute_{entry.get('arch')} ({need})")
+            continue
+        refused = True
+        say(f"compute capability {cap}: refused with CUDA {cuda}: {entry['error']} "
+            f"(this FlashInfer needs >= {floor})")
+        fix = (f"install a CUDA toolkit >= {floor} and point CUDA_HOME at it, or a torch "
+               f"built for CUDA >= {floor}" if source == "torch" else
+               f"install a CUDA toolkit >= {floor} (CUDA_HOME)")
+        report.block(f"comm module: flashinfer {version} refuses compute capability {cap} "
+                     f"with {shown}: it needs CUDA >= {floor}, and refuses before any "
+                     f"prebuilt module is considered: {fix}")
     return refused
 
 
 def _loads_prebuilt(report: Report, fi: FlashInfer, comm: Comm) -> bool:
     """Which prebuilt copy of the module FlashInfer loads, if any, and why not the others."""
+    say = report.writer("comm module")
     for path in fi.get("other_caches", []):
-        report.say("comm module", f"ignored: {path} (JIT cache of flashinfer "
-                                  f"{_version_dir(path) or 'another build'}; this one looks "
-                                  f"only in {fi.get('jit_dir')})")
+        say(f"ignored: {path} (JIT cache of flashinfer {_version_dir(path) or 'another build'}; "
+            f"this one looks only in {fi.get('jit_dir')})")
     for name, folder in fi.get("prebuilt_providers", []):
-        report.say("comm module", f"prebuilt provider {name}: {folder}")
+        say(f"prebuilt provider {name}: {folder}")
     # FlashInfer's own verdict on every prebuilt copy, in search order (our builds)
     for c in comm.get("copies", []):
-        report.say("comm module", f"{COMM_MODULE}: prebuilt {c['path']}: "
-                                  f"{'loads' if c['load'] else 'NOT loaded'}: {c['why']}")
+        say(f"{COMM_MODULE}: prebuilt {c['path']}: "
+            f"{'loads' if c['load'] else 'NOT loaded'}: {c['why']}")
     provenance: Provenance = comm.get("provenance") or {}
     if comm.get("is_aot") and ("copies" in comm or comm.get("aot_exists")):
         what = ("" if "copies" in comm else " (its sources digest matches)" if provenance
                 else " (stock FlashInfer loads any prebuilt module)")
         report.sections["comm_module"]["loads_from"] = "prebuilt"
-        report.say("comm module", f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']}{what}")
+        say(f"{COMM_MODULE}: loads the prebuilt {comm['aot_path']}{what}")
         return True
     if "copies" in comm:
         if not comm["copies"]:
-            report.say("comm module", f"{COMM_MODULE}: no prebuilt module in any folder it "
-                                      "searches")
+            say(f"{COMM_MODULE}: no prebuilt module in any folder it searches")
     elif comm.get("aot_exists"):
         why = provenance.get("mismatch") or "FlashInfer does not load it"
-        report.say("comm module", f"{COMM_MODULE}: does NOT load the prebuilt "
-                                  f"{comm['aot_path']}: {why}")
+        say(f"{COMM_MODULE}: does NOT load the prebuilt {comm['aot_path']}: {why}")
         recorded, sources = provenance.get("recorded"), provenance.get("sources")
         if recorded and sources:
-            report.say("comm module", f"  marker {recorded[:23]}..., sources "
-                                      f"recomputed {sources[:23]}...")
+            say(f"  marker {recorded[:23]}..., sources recomputed {sources[:23]}...")
     else:
-        report.say("comm module", f"{COMM_MODULE}: no prebuilt module at {comm.get('aot_path')}")
+        say(f"{COMM_MODULE}: no prebuilt module at {comm.get('aot_path')}")
     return False
 
 
 def judge_comm(report: Report, facts: Facts) -> None:
     fi = facts.get("flashinfer")
-    report.sections["comm_module"] = {"facts": fi, "loads_from": None}
+    section = report.sections["comm_module"] = {"facts": fi, "loads_from": None}
+    say = report.writer("comm module")
     sm12x = bool(facts["gpus"]["devices"]) and _sm12x(facts)
     if fi is None:
-        why = facts["skipped"].get("flashinfer", "not probed")
-        report.say("comm module", f"skipped: {why}")
+        say(f"skipped: {facts['skipped'].get('flashinfer', 'not probed')}")
         if sm12x and facts["packages"].get("flashinfer-python") is None:
             report.block("flashinfer: not installed (the fused all-reduce is FlashInfer's)")
         return
     failure = fi.get("probe_error") or fi.get("import_error")
     if failure:
-        report.say("comm module", f"FlashInfer could not be asked: {failure}")
+        say(f"FlashInfer could not be asked: {failure}")
         if sm12x:
             report.block(f"flashinfer: importing it fails ({failure}); SGLang fails the same "
                          "way (reinstall the stack's wheels with its constraints)")
@@ -464,14 +465,12 @@ def judge_comm(report: Report, facts: Facts) -> None:
     cuda, source = fi.get("cuda_version"), fi.get("cuda_from")
     shown = (f"CUDA {cuda} from nvcc ({fi.get('nvcc')})" if source == "nvcc"
              else f"CUDA {cuda} from torch (no nvcc found)")
-    report.say("comm module", f"flashinfer {version} sees {shown}; prebuilt modules from "
-                              f"{fi.get('aot_dir')}"
-                              + _jit_cache(fi) + f"; JIT cache {fi.get('jit_dir')}")
+    say(f"flashinfer {version} sees {shown}; prebuilt modules from {fi.get('aot_dir')}"
+        f"{_jit_cache(fi)}; JIT cache {fi.get('jit_dir')}")
     refused = _archs(report, fi, shown)
     comm = fi.get("comm") or {}
     if "spec_error" in comm:
-        report.say("comm module", f"{COMM_MODULE}: FlashInfer refuses the module: "
-                                  f"{comm['spec_error']}")
+        say(f"{COMM_MODULE}: FlashInfer refuses the module: {comm['spec_error']}")
         if sm12x and not refused:
             report.block(f"comm module: flashinfer {version} refuses {COMM_MODULE} on this "
                          f"box: {comm['spec_error']} (install our FlashInfer, or 0.6.17 or "
@@ -483,21 +482,18 @@ def judge_comm(report: Report, facts: Facts) -> None:
         report.block(f"comm module: FLASHINFER_DISABLE_JIT is set and no loadable prebuilt "
                      f"{COMM_MODULE}: FlashInfer raises MissingJITCacheError (unset it, or "
                      "install the AOT wheel of our comm module)")
-        return
-    archs: dict[str, Arch] = fi.get("archs") or {}
-    floor = max((str(e.get("floor")) for e in archs.values() if e.get("floor")), default="?")
-    if source == "nvcc":
-        report.sections["comm_module"]["loads_from"] = "jit"
-        report.say("comm module", f"{COMM_MODULE}: JIT-compiled by nvcc {cuda} on first use "
-                                  f"(~3 min once) into {comm.get('jit_path')}")
-        return
-    if comm.get("jit_exists"):
-        report.sections["comm_module"]["loads_from"] = "jit cache"
-        report.say("comm module", f"{COMM_MODULE}: a JIT-compiled module from an earlier run "
-                                  f"is at {comm['jit_path']}; without nvcc FlashInfer loads it "
-                                  "only while ninja finds it up to date")
-        return
-    if sm12x:
+    elif source == "nvcc":
+        section["loads_from"] = "jit"
+        say(f"{COMM_MODULE}: JIT-compiled by nvcc {cuda} on first use (~3 min once) into "
+            f"{comm.get('jit_path')}")
+    elif comm.get("jit_exists"):
+        section["loads_from"] = "jit cache"
+        say(f"{COMM_MODULE}: a JIT-compiled module from an earlier run is at "
+            f"{comm['jit_path']}; without nvcc FlashInfer loads it only while ninja finds "
+            "it up to date")
+    elif sm12x:
+        floor = max((str(e.get("floor")) for e in (fi.get("archs") or {}).values()
+                     if e.get("floor")), default="?")
         report.block(f"comm module: no loadable prebuilt {COMM_MODULE} and no nvcc: install "
                      "the AOT wheel of our comm module, or a CUDA toolkit >= "
                      f"{floor} (CUDA_HOME) so FlashInfer can JIT it (~3 min once)")
