@@ -146,15 +146,6 @@ def main(argv: Sequence[str] | None = None, probes: Probes | None = None) -> int
                     on_interrupt=proc.end_children)
 
 
-def _without_python(argv: Sequence[str]) -> list[str]:
-    rest, skip = [], False
-    for a in argv:
-        if not skip and a != "--python" and not a.startswith("--python="):
-            rest.append(a)
-        skip = a == "--python" and not skip
-    return rest
-
-
 def _main(argv: Sequence[str] | None, probes: Probes | None) -> int:
     args = parser().parse_args(argv)
     if args.facts is not None and args.python is not None:
@@ -170,8 +161,8 @@ def _main(argv: Sequence[str] | None, probes: Probes | None) -> int:
         here = Path(sys.executable)   # the same file in the same folder, not a venv's link
         if (Path(python).parent.resolve() != here.parent.resolve()
                 or not os.path.samefile(python, here)):
-            return elsewhere(python, why, _without_python(
-                sys.argv[1:] if argv is None else argv))
+            # its --python is passed on unread: the examined doctor knows ``why`` already
+            return elsewhere(python, why, sys.argv[1:] if argv is None else argv)
     if args.facts is not None:
         facts = read_facts(args.facts)
     else:

@@ -176,19 +176,10 @@ def sglang_decisions(sizes: Sequence[int], timeout: float = 300) -> Decisions:
 def importable_names(timeout: float = 300) -> Modules:
     """Which names the all-reduce methods need import in this interpreter (asked in a
     child: importing FlashInfer here would load CUDA into the doctor)."""
-    from ..gpu.decision import PREFIX, needed_names
+    from ..gpu.decision import needed_names
     names = needed_names()
     module = f"{__package__.rpartition('.')[0]}.gpu.decision"
-    try:
-        done = proc.run([sys.executable, "-m", module, *names], check=False,
-                        timeout=timeout, quiet=True)
-    except CommandError as exc:
-        return {"asked": names, "error": f"no answer within {timeout:.0f}s"
-                if exc.timed_out else exc.what}
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith(PREFIX):
-            return {"asked": names, "present": json.loads(line.removeprefix(PREFIX))}
-    return {"asked": names, "error": f"exit {done.returncode}"}
+    return cast(Modules, {"asked": names, **_child_json(module, names, "IMPORTABLE", timeout)})
 
 
 def topology() -> str | None:

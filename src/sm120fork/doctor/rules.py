@@ -79,17 +79,18 @@ def judge_gpus(report: Report, facts: Facts) -> bool:
     gpus = facts["gpus"]
     torch = facts.get("torch") or {}
     report.sections["gpus"] = gpus
+    say = report.writer("gpus")
     if gpus.get("error"):
-        report.say("gpus", f"no GPU: {gpus['error']}")
+        say(f"no GPU: {gpus['error']}")
         report.block(f"GPUs: {gpus['error']} (install the NVIDIA driver; run on the GPU box)")
         return False
     shown = torch.get("cuda") or ("none (torch is a CPU build)" if torch else
                                   "unknown (torch not installed)")
-    report.say("gpus", f"driver CUDA {gpus['driver']}, torch CUDA {shown}")
+    say(f"driver CUDA {gpus['driver']}, torch CUDA {shown}")
     visible = facts["environ"].get("CUDA_VISIBLE_DEVICES")
     order = facts["environ"].get("CUDA_DEVICE_ORDER")
     if visible is not None or order is not None:
-        report.say("gpus", "GPU numbers are CUDA's, as SGLang numbers them: after " + ", ".join(
+        say("GPU numbers are CUDA's, as SGLang numbers them: after " + ", ".join(
             f"{k}={v}" for k, v in (("CUDA_VISIBLE_DEVICES", visible),
                                     ("CUDA_DEVICE_ORDER", order)) if v is not None))
     for d in gpus["devices"]:
@@ -98,21 +99,21 @@ def judge_gpus(report: Report, facts: Facts) -> bool:
         if d.get("pci_bus_id"):
             numa = d.get("numa_node")
             where = f", PCI {d['pci_bus_id']}" + ("" if numa is None else f", NUMA node {numa}")
-        report.say("gpus", f"GPU {d['index']}: {d['name']}, compute capability "
-                           f"{d['capability']}, multicast {mc}{where}")
+        say(f"GPU {d['index']}: {d['name']}, compute capability {d['capability']}, "
+            f"multicast {mc}{where}")
     if not gpus["devices"]:
-        report.say("gpus", "the driver reports no GPU")
+        say("the driver reports no GPU")
         report.block("GPUs: the driver reports no GPU (check CUDA_VISIBLE_DEVICES)")
         return False
     n = len(gpus["devices"])
     if n > 1:
         p2p = gpus["p2p"]
-        report.say("gpus", "P2P access (row can access column): " + "; ".join(
+        say("P2P access (row can access column): " + "; ".join(
             f"{a}: " + " ".join("yes" if p2p[a][b] else "no" for b in range(n))
             for a in range(n)))
     if any(d.get("multicast") is False for d in gpus["devices"]):
-        report.say("gpus", "no multicast: only FlashInfer's trtllm backend (CUDA IPC / VMM "
-                           "unicast) can run here, which is what our SGLang asks for")
+        say("no multicast: only FlashInfer's trtllm backend (CUDA IPC / VMM unicast) can run "
+            "here, which is what our SGLang asks for")
     return True
 
 
@@ -126,26 +127,27 @@ def _gbps(link: Link) -> str:
 def judge_peers(report: Report, facts: Facts) -> None:
     peers = facts.get("peers")
     report.sections["peers"] = peers
+    say = report.writer("peers")
     if peers is None:
-        report.say("peers", f"skipped: {facts['skipped'].get('peers', 'not probed')}")
+        say(f"skipped: {facts['skipped'].get('peers', 'not probed')}")
         return
     one = peers["processes_on_one_gpu"]
     if one:
-        report.say("peers", "one GPU: testing memory sharing between two processes on GPU 0 "
-                            "(bandwidth there is the GPU's own memory, not a peer link)")
+        say("one GPU: testing memory sharing between two processes on GPU 0 (bandwidth there "
+            "is the GPU's own memory, not a peer link)")
     for link in peers["links"]:
         pair = (f"process {link['writer']} -> process {link['owner']} on GPU "
                 f"{link['owner_gpu']}" if one
                 else f"GPU {link['writer_gpu']} -> GPU {link['owner_gpu']}")
         state = "ok" if link["ok"] else "FAILED"
-        report.say("peers", f"{pair}: {state}: {link['detail']}{_gbps(link)}")
+        say(f"{pair}: {state}: {link['detail']}{_gbps(link)}")
     if one:
         bad = [x for x in peers["links"] if not x["ok"]]
         if bad:   # --tp 1 shares nothing, so not a blocker on this box
-            report.say("peers", f"warning: {bad[0]['detail']} between two processes on one "
-                                "GPU: the fused all-reduce's workspace shares memory this way, "
-                                "so a multi-GPU box with this driver/container would fail too "
-                                "(check the container's IPC limits: SCM_RIGHTS, /dev/shm)")
+            say(f"warning: {bad[0]['detail']} between two processes on one GPU: the fused "
+                "all-reduce's workspace shares memory this way, so a multi-GPU box with this "
+                "driver/container would fail too (check the container's IPC limits: "
+                "SCM_RIGHTS, /dev/shm)")
 
 
 def _links(facts: Facts) -> dict[tuple[int, int], Link]:
@@ -226,8 +228,9 @@ def judge_tp(report: Report, facts: Facts, base: int,
     n = len(facts["gpus"]["devices"])
     if n == 0:
         return []
+    say = report.writer("tp")
     if n == 1 and not requested:
-        report.say("tp", "one GPU: --tp 1 only; the fused all-reduce needs --tp 2 or more")
+        say("one GPU: --tp 1 only; the fused all-reduce needs --tp 2 or more")
         report.sections["tp"] = []
         return []
     verdicts = tp_verdicts(facts, base, requested)
@@ -235,10 +238,10 @@ def judge_tp(report: Report, facts: Facts, base: int,
     for v in verdicts:
         if v.ok:
             where = f" ({v.why})" if v.why else ""
-            report.say("tp", f"--tp {v.tp} ok on {_span(v.gpus)}{where}"
-                       + (f"; warning: {v.warning}" if v.warning else ""))
+            warning = f"; warning: {v.warning}" if v.warning else ""
+            say(f"--tp {v.tp} ok on {_span(v.gpus)}{where}{warning}")
         else:
-            report.say("tp", f"--tp {v.tp} NOT on {_span(v.gpus)}: {v.why}")
+            say(f"--tp {v.tp} NOT on {_span(v.gpus)}: {v.why}")
     if not _sm12x(facts):
         return verdicts
     for v in verdicts:
@@ -321,18 +324,19 @@ def judge_packages(report: Report, facts: Facts) -> tuple[str, bool]:
     plugin = packages.get(PLUGIN_DISTRIBUTION)
     requires = facts.get("requires", {}).get("sglang", [])
     sglang_kind, fi_kind = _kinds(packages, requires)
-    report.say("packages", f"sglang {sglang or '-'} ({sglang_kind}); flashinfer-python "
-                           f"{flashinfer or '-'} ({fi_kind})")
+    say = report.writer("packages")
+    say(f"sglang {sglang or '-'} ({sglang_kind}); flashinfer-python {flashinfer or '-'} "
+        f"({fi_kind})")
     if sglang is None:
-        report.say("packages", f"SGLang is not installed in {_python(facts)}")
+        say(f"SGLang is not installed in {_python(facts)}")
     for extra in ("flashinfer-cubin", "flashinfer-jit-cache", AOT_DISTRIBUTION):
         if packages.get(extra):
-            report.say("packages", f"{extra} {packages[extra]}")
+            say(f"{extra} {packages[extra]}")
     plugin_facts = facts.get("plugin")
     active, state, hooks = False, None, list[Hook]()
     if plugin is not None:
         active, state, hooks = _plugin_state(report, facts, sglang_kind)
-        report.say("packages", f"plugin {PLUGIN_DISTRIBUTION} {plugin}: {state}")
+        say(f"plugin {PLUGIN_DISTRIBUTION} {plugin}: {state}")
         for h in hooks:
             if h.get("carried") and h["state"] != "not applied":
                 continue  # an import or constant the replaced functions use
@@ -341,7 +345,7 @@ def judge_packages(report: Report, facts: Facts) -> tuple[str, bool]:
             if shown == "applied":
                 shown = "applies when SGLang loads plugins" if active else (
                     "would apply, but the plugin is off")
-            report.say("packages", f"  {h['hook']}: {shown}{why}")
+            say(f"  {h['hook']}: {shown}{why}")
     report.sections["packages"] = {
         **packages, "sglang_kind": sglang_kind, "flashinfer_kind": fi_kind,
         "plugin_state": state, "plugin_active": active,
@@ -506,26 +510,24 @@ def judge_decisions(report: Report, facts: Facts, verdicts: Sequence[Verdict]) -
         ", ".join(f"{k}={v}" for k, v in env.items()) if env else "none"))
     result = facts.get("decisions")
     report.sections["decisions"] = result
+    say = report.writer("decisions")
     if result is None:
-        report.say("decisions", f"--tp decisions skipped: "
-                                f"{facts['skipped'].get('decisions', 'not evaluated')}")
+        say(f"--tp decisions skipped: {facts['skipped'].get('decisions', 'not evaluated')}")
         return
     if "error" in result:
-        report.say("decisions", f"--tp decisions not evaluated: {result['error']}")
+        say(f"--tp decisions not evaluated: {result['error']}")
         return
     by_tp = {v.tp: v for v in verdicts}
     for d in result["decisions"]:
         state = {True: "on", False: "off", None: "error"}[d["fusion"]]
-        report.say("decisions", f"--tp {d['tp']} ({result['model']}, SGLang's "
-                                f"{result.get('source', 'auto-enable')} code): fusion {state}: "
-                                f"{d['line']}")
+        say(f"--tp {d['tp']} ({result['model']}, SGLang's {result.get('source', 'auto-enable')} "
+            f"code): fusion {state}: {d['line']}")
         for line in d.get("policy_lines", []):
-            report.say("decisions", f"  SGLang logged: {line}")
+            say(f"  SGLang logged: {line}")
         verdict = by_tp.get(d["tp"])
         if d["fusion"] and verdict is not None and not verdict.ok:
-            report.say("decisions", f"  but the box cannot run it on {_span(verdict.gpus)} "
-                                    f"({verdict.why}): SGLang fails closed to the unfused "
-                                    "all-reduce")
+            say(f"  but the box cannot run it on {_span(verdict.gpus)} ({verdict.why}): SGLang "
+                "fails closed to the unfused all-reduce")
 
 
 def judge_policy(report: Report, facts: Facts, sglang_kind: str, plugin_active: bool,
@@ -533,10 +535,10 @@ def judge_policy(report: Report, facts: Facts, sglang_kind: str, plugin_active: 
     """Which method wins where per TP size, by the policy SGLang finds here, or today's
     decision when there is none (``gpu/policy.py``: the one reader and the one place)."""
     found = facts.get("policy")
+    say = report.writer("policy")
     if found is None:
         report.sections["policy"] = None
-        report.say("policy", "not in this record (recorded before the doctor read the "
-                             "all-reduce policy)")
+        say("not in this record (recorded before the doctor read the all-reduce policy)")
         return
     n = len(facts["gpus"]["devices"])
     # the TP sizes this box can serve (or asked for); a box that shows no GPU: the usual
@@ -559,37 +561,34 @@ def judge_policy(report: Report, facts: Facts, sglang_kind: str, plugin_active: 
     seen["read_by_sglang"] = readers if sglang else None
     report.sections["policy"] = seen
     for line in head:
-        report.say("policy", line)
+        say(line)
     if present is None:
-        report.say("policy", "which methods' modules import here: not known "
-                             + (f"({modules['error']})" if modules.get("error") else
-                                "(not in this record)") + "; taken as present")
+        why = f"({modules['error']})" if modules.get("error") else "(not in this record)"
+        say(f"which methods' modules import here: not known {why}; taken as present")
     if sglang and not readers:
-        report.say("policy", f"sglang {sglang} ({sglang_kind}) reads no "
-                             "policy (our patched SGLang does, and our plugin when it is on); "
-                             "what ours would decide:")
+        say(f"sglang {sglang} ({sglang_kind}) reads no policy (our patched SGLang does, and "
+            "our plugin when it is on); what ours would decide:")
     # What the installed SGLang's own start-up code said about the file (the decisions
     # probe ran it with the policy in place): a reader of version 1 refuses version 2.
     said = [d.get("line") or "" for d in (facts.get("decisions") or {}).get("decisions", [])]
     if seen["source"]["usable"] and any("(version 1)" in line for line in said):
         seen["read_by_sglang"] = False
-        report.say("policy", "the installed SGLang reads version 1 only and ignores this "
-                             "file (it keeps today's rule; its own line is under "
-                             "[decisions]): what the version 2 decision would be:")
+        say("the installed SGLang reads version 1 only and ignores this file (it keeps today's "
+            "rule; its own line is under [decisions]): what the version 2 decision would be:")
     if n == 1 and not lines:
-        report.say("policy", "one GPU: no --tp above 1 to decide for")
+        say("one GPU: no --tp above 1 to decide for")
     # Off SM12x, a TP size no policy decides runs SGLang's code as upstream wrote it.
     upstream = ({int(t["tp"]) for t in seen["tp"] if not t["followed"]}
                 if major is not None and major != 12 else set())
-    for t in seen["tp"] if upstream else ():
+    for t in seen["tp"]:
         if int(t["tp"]) in upstream:
             t["decided_by"] = "SGLang's own code (off SM12x)"
     for line in lines:
         m = re.match(r"^all-reduce at TP(\d+):", line)
-        report.say("policy", line if not (m and int(m.group(1)) in upstream) else
-                   f"all-reduce at TP{m.group(1)}: SGLang's own code, as upstream (SM{major}x: "
-                   "without a policy SGLang follows here, the patches change nothing; "
-                   "what it decides is under [decisions])")
+        say(line if not (m and int(m.group(1)) in upstream) else
+            f"all-reduce at TP{m.group(1)}: SGLang's own code, as upstream (SM{major}x: without "
+            "a policy SGLang follows here, the patches change nothing; what it decides is under "
+            "[decisions])")
 
 
 def judge(facts: Facts, *, base_gpu: int = 0, tp: Sequence[int] = ()) -> Report:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -366,14 +365,12 @@ def view(facts: Mapping[str, Any], sizes: Iterable[int], *, override: str | None
             "head": head, "lines": lines}
 
 
-#: the doctor reads :func:`main`'s answer from the line with this prefix
-PREFIX = "SM120FORK-IMPORTABLE "
-
-
 def main(argv: list[str]) -> int:
     """``python -m <package>.gpu.decision NAME...``: which names import in this interpreter
     (the doctor asks in a child, so FlashInfer's imports stay out of its own process)."""
-    sys.stdout.write(PREFIX + json.dumps(sorted(importable(argv or needed_names()))) + "\n")
+    from ..util import wire  # the doctor's wire, outside what G7 bundles
+
+    wire.say("IMPORTABLE", {"present": sorted(importable(argv or needed_names()))})
     return 0
 
 
