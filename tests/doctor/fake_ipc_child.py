@@ -6,8 +6,8 @@ is the file's name.  FAKE_IPC_DROP=<device> drops the copies the process on that
 makes into a peer's memory (as an IOMMU that swallows peer writes does);
 FAKE_IPC_HANG=<device>:<owner device> makes the process on <device> hang when it maps
 <owner device>'s memory.  FAKE_IPC_OLD_WIRE=<device> makes the process on that device
-speak another version of the wire format.  Every process first prints a line that is not
-a message (a library's noise on stdout), which the parent passes over.
+speak another version of the wire format.  Every process first prints a line on stdout (a
+library's noise), which the parent never takes for a message.
 """
 
 from __future__ import annotations
@@ -109,6 +109,6 @@ ipc.BANDWIDTH_BYTES = 1 << 16   # file-backed copies are slow on a loaded CPU ma
 
 if __name__ == "__main__":
     if os.environ.get("FAKE_IPC_OLD_WIRE") == sys.argv[1]:   # a child of another version
-        print('@@sm120fork/0 PROBE {"ready": {}}', flush=True)
+        os.write(int(sys.argv[4]), b'@@sm120fork/0 PROBE {"ready": {}}')   # one packet
     print("a library's stray line on stdout", flush=True)
     sys.exit(ipc._child(*(int(x) for x in sys.argv[1:5])))

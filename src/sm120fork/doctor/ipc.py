@@ -5,20 +5,20 @@ kernel's spin loops then hang.  So one process per GPU (two on GPU 0 when alone)
 memory both ways FlashInfer does (VMM memory as a POSIX FD over SCM_RIGHTS; a legacy CUDA
 IPC handle); per pair, each side writes into the other's slot, reads its pattern back and
 times a large copy.  A pair that hangs is named and its processes restarted.  A child:
-``python -m <package>.doctor.ipc <device> <index> <processes> <socket fd>``.
+``python -m <package>.doctor.ipc <device> <index> <processes> <socket fd>``; each message
+is one packet on that socket, carrying the FD of the VMM memory it names.
 """
 
 from __future__ import annotations
 
 import os
-import selectors
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import IO, TypeVar, cast
+from typing import TypeVar, cast
 
 from ..util import proc, wire
 from .cuda import CudaError, Driver
@@ -75,7 +75,7 @@ class LinkResult:
 @dataclass(frozen=True)
 class Shared:
     """A child's first answer: per sharing kind "ok" or why it has none, and what a peer
-    needs to map its memory (the VMM memory's FD follows on the socket when it has one)."""
+    needs to map its memory (the packet carries the VMM memory's FD when it has one)."""
 
     vmm: str
     ipc: str
@@ -101,8 +101,21 @@ class Checked:
     slots: dict[str, str]
 
 
-def _say(answer: Shared | Opened | Checked) -> None:
-    wire.say(type(answer).__name__.upper(), asdict(answer))
+def _send(sock: socket.socket, tag: str, data: object, fd: int | None = None) -> None:
+    socket.send_fds(sock, [wire.encode(tag, data).encode()], [] if fd is None else [fd])
+
+
+def _receive(sock: socket.socket) -> tuple[str, int | None]:
+    """The next packet's line and the FD it carries; EOFError once the other side is gone."""
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+    if not data:
+        raise EOFError
+    return data.decode("utf-8", "replace"), fds[0] if fds else None
+
+
+def _answer(sock: socket.socket, answer: Shared | Opened | Checked, fd: int | None = None
+            ) -> None:
+    _send(sock, type(answer).__name__.upper(), asdict(answer), fd)
 
 
 def _slot(base: int, writer: int) -> int:
@@ -117,10 +130,10 @@ def _size(processes: int, with_bandwidth: bool) -> int:
 class _Child:
     """One probe process: its memory shared both ways, then the parent's steps served."""
 
-    def __init__(self, device: int, me: int, processes: int, sock: socket.socket) -> None:
+    def __init__(self, device: int, me: int, processes: int) -> None:
         self.drv = Driver()
         self.drv.use(device)
-        self.device, self.me, self.processes, self.sock = device, me, processes, sock
+        self.device, self.me, self.processes = device, me, processes
         self.blocks = 4 * self.drv.attribute(device, 16)
         self.mine: dict[str, int] = {}
 
@@ -143,18 +156,13 @@ class _Child:
         self.local_bw = drv.alloc_zeroed(BANDWIDTH_BYTES)
         return Shared(vmm=vmm, ipc=ipc, ipc_handle=handle, vmm_size=size), fd
 
-    def _vmm_import(self, size: int) -> int:
-        _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
-        try:
-            return self.drv.vmm_import(fds[0], size, self.device)
-        finally:
-            os.close(fds[0])
-
-    def _map(self, theirs: Shared) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
-        """The peer's memory mapped here per sharing kind, and each kind's "open" step."""
+    def _map(self, theirs: Shared, fd: int | None
+             ) -> tuple[dict[str, int], dict[str, dict[str, str]]]:
+        """The peer's memory mapped here per sharing kind (its VMM memory from ``fd``),
+        and each kind's "open" step."""
         remote: dict[str, int] = {}
         result: dict[str, dict[str, str]] = {}
-        openers = {"vmm": lambda: self._vmm_import(theirs.vmm_size),
+        openers = {"vmm": lambda: self.drv.vmm_import(fd, theirs.vmm_size, self.device),
                    "ipc": lambda: self.drv.ipc_open(bytes.fromhex(theirs.ipc_handle))}
         for kind, opener in openers.items():
             state = getattr(theirs, kind)
@@ -168,9 +176,13 @@ class _Child:
                 result[kind] = {"open": str(exc)}
         return remote, result
 
-    def open(self, peer: int, shared: Shared) -> Opened:
+    def open(self, peer: int, shared: Shared, fd: int | None) -> Opened:
         drv, blocks = self.drv, self.blocks
-        remote, result = self._map(shared)
+        try:
+            remote, result = self._map(shared, fd)
+        finally:
+            if fd is not None:
+                os.close(fd)
         bandwidth: dict[str, float] = {}
         for kind, ptr in remote.items():
             try:
@@ -200,78 +212,58 @@ class _Child:
 
 
 def _child(device: int, me: int, processes: int, sock_fd: int) -> int:
-    """Shares its memory, then answers each OPEN and CHECK request on stdin."""
+    """Shares its memory, then answers each OPEN and CHECK request until the parent goes."""
     sock = socket.socket(fileno=sock_fd)
     try:
-        child = _Child(device, me, processes, sock)
-        shared, fd = child.share()
-        _say(shared)
-        if fd is not None:
-            socket.send_fds(sock, [b"f"], [fd])
-        answers = {"OPEN": lambda peer, shared: child.open(peer, Shared(**shared)),
-                   "CHECK": child.check}
-        for line in sys.stdin:
+        child = _Child(device, me, processes)
+        _answer(sock, *child.share())
+        while True:
+            line, fd = _receive(sock)
             message = wire.decode(line)
-            if message is not None and message.tag in answers:
-                _say(answers[message.tag](**message.data))
+            if message is not None and message.tag == "OPEN":
+                shared = Shared(**message.data["shared"])
+                _answer(sock, child.open(message.data["peer"], shared, fd))
+            elif message is not None and message.tag == "CHECK":
+                _answer(sock, child.check(message.data["writer"]))
+    except EOFError:
+        return 0
     except (CudaError, ValueError, KeyError, TypeError, OSError, wire.WireError) as exc:
-        wire.say("FAILED", {"error": str(exc)})
+        _send(sock, "FAILED", {"error": str(exc)})
         return 1
-    return 0
 
 
 _M = TypeVar("_M", Shared, Opened, Checked)
 
 
 class _Process:
-    """One probe child: its pipes, its end of the FD socket, what it shared."""
+    """One probe child: its end of the socket, what it shared and its VMM memory's FD."""
 
     def __init__(self, device: int, index: int, processes: int, module: str) -> None:
-        self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.group = proc.ProcessGroup()   # Ctrl-C (end_children) ends it too
         try:
             self.proc = self.group.start(
                 [sys.executable, "-m", module, str(device), str(index), str(processes),
                  str(child.fileno())],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"), pass_fds=(child.fileno(),))
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ,
+                pass_fds=(child.fileno(),))
         finally:
             child.close()
         self.shared = Shared(vmm="not set up", ipc="not set up")
         self.vmm_fd: int | None = None
-        self.buffer = b""
 
     def send(self, tag: str, fd: int | None = None, **data: object) -> None:
-        """A request, and the FD of the memory it names (on the socket) when it has one."""
-        stdin = self.proc.stdin
-        assert stdin is not None
-        stdin.write((wire.encode(tag, data) + "\n").encode())
-        stdin.flush()
-        if fd is not None:
-            socket.send_fds(self.sock, [b"f"], [fd])
-
-    def _line(self, deadline: float) -> str:
-        """The child's next line of output, read straight from its pipe (a buffered
-        reader could hold a line that the selector then waits for in vain)."""
-        stdout: IO[bytes] | None = self.proc.stdout
-        assert stdout is not None
-        while b"\n" not in self.buffer:
-            with selectors.DefaultSelector() as sel:
-                sel.register(stdout, selectors.EVENT_READ)
-                if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                    raise TimeoutError
-            chunk = os.read(stdout.fileno(), 1 << 16)
-            if not chunk:
-                raise EOFError
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line.decode("utf-8", "replace")
+        _send(self.sock, tag, data, fd)
 
     def receive(self, deadline: float, kind: type[_M]) -> _M:
-        """The child's next ``kind`` message (ordinary output is passed over)."""
+        """The child's next ``kind`` message; the FD one carries is its VMM memory's."""
         while True:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            line, fd = _receive(self.sock)
+            if fd is not None:
+                self.vmm_fd = fd
             try:
-                message = wire.decode(self._line(deadline))
+                message = wire.decode(line)
             except wire.WireError as exc:
                 raise RuntimeError(f"the probe process spoke another wire format: "
                                    f"{exc.what}") from exc
@@ -280,23 +272,8 @@ class _Process:
             if message is not None and message.tag == kind.__name__.upper():
                 return kind(**message.data)
 
-    def receive_fd(self, deadline: float) -> int:
-        self.sock.settimeout(max(0.01, deadline - time.monotonic()))
-        try:
-            _, fds, _, _ = socket.recv_fds(self.sock, 1, 1)
-        except TimeoutError:
-            raise
-        except OSError as exc:
-            raise EOFError from exc
-        if not fds:
-            raise EOFError
-        return fds[0]
-
     def close(self) -> None:
         self.group.kill()   # with its process group; reaped
-        for stream in (self.proc.stdin, self.proc.stdout):
-            if stream is not None:
-                stream.close()
         self.sock.close()
         if self.vmm_fd is not None:
             os.close(self.vmm_fd)
@@ -326,8 +303,6 @@ class _Probe:
         deadline = time.monotonic() + SETUP_TIMEOUT
         try:
             proc.shared = proc.receive(deadline, Shared)
-            if proc.shared.vmm == "ok":
-                proc.vmm_fd = proc.receive_fd(deadline)
         except (TimeoutError, EOFError, BrokenPipeError, ValueError, RuntimeError) as exc:
             proc.close()
             self.broken[i] = _failure(exc, SETUP_TIMEOUT,
