@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TypeVar, cast
 
@@ -127,6 +127,12 @@ def _size(processes: int, with_bandwidth: bool) -> int:
     return (1 + processes) * SLOT * 4 + (BANDWIDTH_BYTES if with_bandwidth else 0)
 
 
+def _given(fd: int | None) -> int:
+    if fd is None:
+        raise CudaError("the peer's VMM memory came without its FD")
+    return fd
+
+
 class _Child:
     """One probe process: its memory shared both ways, then the parent's steps served."""
 
@@ -162,8 +168,9 @@ class _Child:
         and each kind's "open" step."""
         remote: dict[str, int] = {}
         result: dict[str, dict[str, str]] = {}
-        openers = {"vmm": lambda: self.drv.vmm_import(fd, theirs.vmm_size, self.device),
-                   "ipc": lambda: self.drv.ipc_open(bytes.fromhex(theirs.ipc_handle))}
+        openers: dict[str, Callable[[], int]] = {
+            "vmm": lambda: self.drv.vmm_import(_given(fd), theirs.vmm_size, self.device),
+            "ipc": lambda: self.drv.ipc_open(bytes.fromhex(theirs.ipc_handle))}
         for kind, opener in openers.items():
             state = getattr(theirs, kind)
             if state != "ok":
