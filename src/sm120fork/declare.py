@@ -60,21 +60,18 @@ class GitPin:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SdistPin:
-    filename: str
-    sha256: str
-    #: Direct download URL; when empty the package index is asked (PEP 691).
-    url: str = ""
-
-
-@dataclass(frozen=True, kw_only=True)
-class WheelPin:
-    """One published wheel of a project (``[[projects.<key>.wheels]]``)."""
+class FilePin:
+    """A pinned file: the project's sdist (``[projects.<key>.sdist]``) or one of its
+    published wheels (``[[projects.<key>.wheels]]``), named for its table below."""
 
     filename: str
     sha256: str
     #: Direct download URL; when empty the package index is asked (PEP 691).
     url: str = ""
+
+
+SdistPin = FilePin
+WheelPin = FilePin
 
 
 
