@@ -145,11 +145,11 @@ def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
-def unwritable(out: Path, stack: Stack, exc: OSError | None = None) -> BuildError:
+def unwritable(out: Path, stack: Stack, exc: OSError) -> BuildError:
     """The one-line error for a folder the wheels cannot be published into."""
-    target = Path(exc.filename) if exc is not None and exc.filename else out.parent
+    target = Path(exc.filename) if exc.filename else out.parent
     folder = target if target.is_dir() else target.parent
-    why = exc.strerror if exc is not None and exc.strerror else "not writable"
+    why = exc.strerror or "not writable"
     return BuildError(
         f"cannot publish the wheels here: {why.lower()}", where=str(folder),
         fix=f"make it writable (chmod u+w {shlex.quote(str(folder))}) or publish elsewhere: "
