@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from sm120fork.gpu.bench.adapters import FACTORIES, Adapter, Point, Unbuilt
 from sm120fork.gpu.core.cases import BenchPlan, Case
+from sm120fork.gpu.core.documents import BenchCheck, BenchRecord
 from sm120fork.gpu.core.rank import Rank, cuda_broken, say
 from sm120fork.gpu.core.reference import TORCH_DTYPES, compare, expected, generate
 from sm120fork.gpu.methods import ERROR, FAILED_CHECK, METHODS, NOT_RUNNABLE, STARTING, TIMED
@@ -63,7 +64,7 @@ def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], *, rotate:
     return [s.elapsed_time(e) * 1000.0 / n_ops for s, e in events]
 
 
-def summary(samples: list[float]) -> dict[str, float]:
+def summary(samples: list[float]) -> BenchRecord:
     q = statistics.quantiles(samples, n=10) if len(samples) >= 2 else samples * 9
     return {"median_us": statistics.median(samples), "p10_us": q[0], "p90_us": q[-1],
             "samples": len(samples)}
@@ -124,12 +125,12 @@ def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
                 if METHODS[name].module in failed_modules else FACTORIES[name](rk)
                 for name in methods]
 
-    def time(adapter: Adapter, point: Point) -> dict[str, Any]:
+    def time(adapter: Adapter, point: Point) -> BenchRecord:
         return summary(_time_graph(rk, adapter.op, rotate=rotate,
                                    calls_per_buffer=calls_per_buffer, replays=replays,
                                    after_capture=adapter.after_capture))
 
-    def emit(record: dict[str, Any]) -> None:
+    def emit(record: BenchRecord) -> None:
         if rk.rank == 0:
             say("BENCH", record)
 
@@ -144,7 +145,7 @@ def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
 
 
 def _check(rk: Rank, plan: BenchPlan, rotate: int, adapter: Adapter, point: Point,
-           ) -> tuple[bool, list[dict[str, Any]]]:
+           ) -> tuple[bool, list[BenchCheck]]:
     """The method's outputs against the fp32 reference, eagerly, then in a CUDA-graph
     replay, on the same inputs."""
     dev, dtype = rk.device, TORCH_DTYPES[plan.dtype]
@@ -168,7 +169,7 @@ def _check(rk: Rank, plan: BenchPlan, rotate: int, adapter: Adapter, point: Poin
         torch.cuda.synchronize()
         rk.barrier()
 
-    def verify(stage: str) -> list[dict[str, Any]]:
+    def verify(stage: str) -> list[BenchCheck]:
         torch.cuda.synchronize()
         residual, norm = adapter.outputs(0)
         return [{**compare(name, got, ref[name], plan.dtype, rk.world), "stage": stage}
@@ -216,8 +217,8 @@ def _floors(rk: Rank, rotate: int, calls_per_buffer: int, replays: int) -> None:
 
 #: check(adapter, point) -> (ok, checks); time(adapter, point) -> stats;
 #: emit(record) sends a record to the launcher; sync() is a barrier between ranks
-Check = Callable[[Any, Point], tuple[bool, list[dict[str, Any]]]]
-Time = Callable[[Any, Point], dict[str, Any]]
+Check = Callable[[Any, Point], tuple[bool, list[BenchCheck]]]
+Time = Callable[[Any, Point], BenchRecord]
 
 
 def agree(reasons: Sequence[str | None]) -> str | None:
@@ -230,7 +231,7 @@ def agree(reasons: Sequence[str | None]) -> str | None:
 
 
 def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, time: Time,
-          emit: Callable[[dict[str, Any]], None],
+          emit: Callable[[BenchRecord], None],
           gather: Callable[[Any], list[Any]] = lambda x: [x],
           is_fatal: Callable[[BaseException], bool] = lambda _exc: False) -> None:
     """Check, then time, every runnable method at every point; report the others.
@@ -265,15 +266,15 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
                   "reason": reason})
             continue
         for point in points:
-            record: dict[str, Any] = {"kind": "point", "method": adapter.name,
-                                      "tokens": point.tokens, "hidden": point.hidden}
+            record: BenchRecord = {"kind": "point", "method": adapter.name,
+                                   "tokens": point.tokens, "hidden": point.hidden}
             reason = agree(gather(adapter.unsupported(point)))
             if reason:
                 emit({**record, "status": NOT_RUNNABLE, "reason": reason})
                 continue
             checked, error = attempt(check, adapter, point)
             ok, checks = checked if error is None else (
-                False, [{"output": "call", "ok": False, "reason": error[:500]}])
+                False, [BenchCheck(output="call", ok=False, reason=error[:500])])
             verdicts = gather((ok, checks))
             if not all(v[0] for v in verdicts):
                 failing = [rank for rank, v in enumerate(verdicts) if not v[0]]

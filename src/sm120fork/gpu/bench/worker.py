@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 from sm120fork.gpu.bench.timing import measure
 from sm120fork.gpu.core import worker
@@ -11,9 +11,17 @@ from sm120fork.gpu.core.rank import Rank
 from sm120fork.util import typed
 
 
-def run(rank: Rank, spec: dict[str, Any]) -> None:
-    measure(rank, typed.read(BenchPlan, spec["bench"], "the bench spec: bench"),
-            list(spec["methods"]))
+@dataclasses.dataclass(frozen=True)
+class _BenchSpec:
+    """What a bench rank reads of the group's spec (the rest is :class:`Rank`'s)."""
+
+    bench: BenchPlan
+    methods: list[str]
+
+
+def run(rank: Rank, spec: object) -> None:
+    read = typed.read(_BenchSpec, spec, "the bench spec", strict=False)
+    measure(rank, read.bench, read.methods)
 
 
 if __name__ == "__main__":

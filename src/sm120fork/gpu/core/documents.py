@@ -66,6 +66,22 @@ class LayerMachine(TypedDict, total=False):
     cuda: str | None
 
 
+class CheckVerdict(TypedDict, total=False):
+    """One output against its fp32 reference."""
+
+    output: str
+    kind: str
+    nonfinite: int
+    ok: bool
+    rel_l2: float | None
+    max_abs: float | None
+    reason: str
+
+
+class BenchCheck(CheckVerdict, total=False):
+    stage: str  # eager or graph replay
+
+
 class BenchRecord(TypedDict, total=False):
     """One line of a bench: a method's state, a timed point, a floor, or the run's meta."""
 
@@ -76,12 +92,19 @@ class BenchRecord(TypedDict, total=False):
     tokens: int
     hidden: int
     median_us: float | None
+    p10_us: float
+    p90_us: float
+    samples: int
     rank_medians_us: list[float | None] | None
     rank_p90_us: list[float | None] | None
     error: str | None
     #: a floor's reason it was not measured; the meta line's {what: why} of skipped rows
     skipped: str | dict[str, str] | None
     fused_api: str | None
+    checks: list[BenchCheck]
+    failing_ranks: list[int]
+    methods: list[str]
+    shared: bool
     replays: int
     rotate: int
     calls_per_buffer: int

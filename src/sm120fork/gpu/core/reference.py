@@ -8,11 +8,11 @@ itself.  A result passes with no NaN/Inf (outputs are NaN-filled first), relativ
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 
 from sm120fork.gpu.core.cases import Case
+from sm120fork.gpu.core.documents import CheckVerdict
 
 RMS_EPS = 1e-6
 FP8_E4M3_MAX = 448.0
@@ -123,13 +123,13 @@ def dequant_fp4_linear(packed: torch.Tensor, scales: torch.Tensor, global_scale:
 
 
 def compare(name: str, got: torch.Tensor, ref: torch.Tensor, kind: str,
-            world_size: int) -> dict[str, Any]:
+            world_size: int) -> CheckVerdict:
     """Check one output against its reference; returns a JSON-ready verdict."""
     tol = TOLERANCES[kind]
     got32 = got.float().reshape(ref.shape)
     ref32 = ref.float()
     bad_values = int((~torch.isfinite(got32)).sum())
-    result: dict[str, Any] = {"output": name, "kind": kind, "nonfinite": bad_values}
+    result: CheckVerdict = {"output": name, "kind": kind, "nonfinite": bad_values}
     if bad_values:
         return {**result, "rel_l2": None, "max_abs": None, "ok": False,
                 "reason": f"{bad_values} of {got32.numel()} elements NaN/Inf (unwritten or "
