@@ -137,7 +137,7 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
         capsys: pytest.CaptureFixture[str]) -> None:
     """The bench's orchestration with the rank groups faked: one group per environment,
     the tuned NCCL row reported as not runnable without starting ranks."""
-    from sm120fork.gpu.bench import launcher
+    from sm120fork.gpu.bench import run as bench_run
     from sm120fork.gpu.cli import main
     from sm120fork.gpu.core import variants
     from sm120fork.util import supervise
@@ -155,7 +155,7 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
                 and r["tokens"] in plan.tokens]
         return recs, {"shared": True}, supervise.GroupOutcome(ok=True)
 
-    monkeypatch.setattr(launcher, "run_group", run_group)
+    monkeypatch.setattr(bench_run, "run_group", run_group)
     out = tmp_path / "out"
     rc = main(["bench", "--world-sizes", "2", "--tokens", "1,16,64", "--hidden", "4096,7168",
                "--work-dir", str(tmp_path / "work"), "--out", str(out)])
@@ -179,7 +179,7 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
 @pytest.mark.usefixtures("gpu_here")
 def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_group(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sm120fork.gpu.bench import launcher
+    from sm120fork.gpu.bench import run as bench_run
     from sm120fork.gpu.cli import main
     from sm120fork.gpu.core import variants
     from sm120fork.util import supervise
@@ -201,7 +201,7 @@ def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_gro
             recs.append(_point(name, 1, 7168, 5.0))
         return recs, {}, supervise.GroupOutcome(ok=True)
 
-    monkeypatch.setattr(launcher, "run_group", run_group)
+    monkeypatch.setattr(bench_run, "run_group", run_group)
     out = tmp_path / "out"
     rc = main(["bench", "--world-sizes", "2", "--method", "nccl_rmsnorm", "--method",
                "fused_twoshot", "--method", "fused_auto", "--work-dir", str(tmp_path / "w"),

@@ -83,7 +83,7 @@ def test_stack_and_wheel_dir_exclude_each_other() -> None:
 def test_a_bench_from_a_stack_records_its_provenance(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """stack, series digest and wheel sha256 in bench.json (upstream_pr's provenance)."""
-    from sm120fork.gpu.bench import launcher
+    from sm120fork.gpu.bench import run as bench_run
     from sm120fork.gpu.cli import main
     from sm120fork.gpu.core import variants
     from sm120fork.util import supervise
@@ -103,7 +103,7 @@ def test_a_bench_from_a_stack_records_its_provenance(
     monkeypatch.setattr(variants, "compile_variants", lambda vs, *_a, **_k: {
         v.name: variants.ModuleBuild(ok=True, env={"gpu_count": 2, "gpus": ["Fake GPU"]})
         for v in vs})
-    monkeypatch.setattr(launcher, "run_group", lambda *_a, **kw: (
+    monkeypatch.setattr(bench_run, "run_group", lambda *_a, **kw: (
         [{"kind": "point", "method": m, "tokens": 1, "hidden": 7168, "status": "timed",
           "median_us": 5.0, "rank_medians_us": [5.0, 5.0], "rank_p90_us": [6.0, 6.0]}
          for m in kw["methods"]], {}, supervise.GroupOutcome(ok=True)))

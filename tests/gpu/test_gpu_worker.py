@@ -18,7 +18,7 @@ import pytest
 from sm120fork.gpu.ab import correctness
 from sm120fork.gpu.ab import launcher as ab_launcher
 from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec
-from sm120fork.gpu.bench import launcher as bench_launcher
+from sm120fork.gpu.bench import run as bench_run
 from sm120fork.gpu.core import rank
 from sm120fork.gpu.core.cases import Case, quick_matrix
 from sm120fork.gpu.core.safety import MULTICAST_OFF_ENV
@@ -55,7 +55,7 @@ def test_a_rank_without_a_gpu_says_fatal_and_exits_at_once(tmp_path: Path) -> No
     assert wire.Message("FATAL", "no CUDA device visible to the rank") in lines
 
 
-@pytest.mark.parametrize("run_group", [ab_launcher.run_cases, bench_launcher.run_group])
+@pytest.mark.parametrize("run_group", [ab_launcher.run_cases, bench_run.run_group])
 def test_each_harness_starts_its_own_rank_entry_which_serves_the_module_build_too(
         tmp_path: Path, run_group: Any) -> None:
     argv = inspect.signature(run_group).parameters["worker"].default
@@ -282,9 +282,9 @@ def test_the_bench_plan_a_group_is_given_is_the_plan_its_ranks_measure(
         specs.append({**json.loads(spec_path.read_text()), "ranks": world})
         return supervise.GroupOutcome(ok=True)
 
-    monkeypatch.setattr(bench_launcher, "run_ranks", run_ranks)
+    monkeypatch.setattr(bench_run, "run_ranks", run_ranks)
     variant = Variant(name="patched", wheel=None, sha256=None, site=None, jit_base=tmp_path)
-    bench_launcher.run_group(plan, variant, tmp_path, methods=["fused_auto"], timeouts=Timeouts())
+    bench_run.run_group(plan, variant, tmp_path, methods=["fused_auto"], timeouts=Timeouts())
     measured: list[tuple[object, list[str]]] = []
     monkeypatch.setattr(bench_worker, "measure",
                         lambda _rk, got, methods: measured.append((got, methods)))

@@ -4,22 +4,25 @@ reports and the all-reduce policy."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from sm120fork.errors import UsageError, VerifyError
 from sm120fork.gpu import methods as methods_mod
 from sm120fork.gpu import policy as policy_mod
-from sm120fork.gpu.bench import launcher, report
+from sm120fork.gpu.bench import report
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import runs
 from sm120fork.gpu.core.documents import BenchRecord, Environment
-from sm120fork.gpu.core.launcher import Timeouts
+from sm120fork.gpu.core.launcher import Timeouts, run_ranks
 from sm120fork.gpu.core.records import now
 from sm120fork.gpu.core.runs import RunOptions
 from sm120fork.gpu.core.variants import Variant
+from sm120fork.util import wire
 from sm120fork.util.supervise import GroupOutcome
 from sm120fork.util.typed import json_file
 
@@ -195,7 +198,7 @@ class _World:
         attempt, world = 0, self.plan.world_size
         while pending:
             started = time.monotonic()
-            got, got_env, outcome = launcher.run_group(
+            got, got_env, outcome = run_group(
                 dataclasses.replace(self.plan, floors=index == 0 and attempt == 0),
                 self.variant, self.run_dir, methods=pending,
                 tag=f"bench-ws{world}-g{index}-a{attempt}", extra_env=group_env,
@@ -220,6 +223,38 @@ class _World:
                                      f"({outcome.kind}: {outcome.failure}); the methods "
                                      "after it ran in a new group"})
             attempt += 1
+
+
+def run_group(plan: cases_mod.BenchPlan, variant: Variant, run_dir: Path, *,
+              methods: Sequence[str], tag: str = "bench",
+              extra_env: Mapping[str, str] | None = None,
+              module_failures: Mapping[str, str] | None = None,
+              timeouts: Timeouts, backend: str = "trtllm", allow_multicast: bool = False,
+              worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.bench.worker"),
+              ) -> tuple[list[BenchRecord], Environment, GroupOutcome]:
+    """Run one bench group of ``methods``: (bench records, environment, outcome)."""
+    name = f"{tag}-{variant.name}"
+    spec_path = run_dir / f"spec-{name}.json"
+    store = run_dir / f"store-{name}"
+    store.unlink(missing_ok=True)
+    spec_path.write_text(json.dumps({
+        "mode": "bench", "world_size": plan.world_size, "store": str(store),
+        "backend": backend, "allow_multicast": allow_multicast,
+        "max_tokens": max(plan.tokens), "max_hidden": max(plan.hidden),
+        "bench": dataclasses.asdict(plan), "methods": list(methods),
+        "module_failures": dict(module_failures or {})}))
+    records: list[BenchRecord] = []
+    env_info: Environment = {}
+
+    def on_message(rank: int, message: wire.Message) -> None:
+        if message.tag == "BENCH" and rank == 0:
+            records.append(message.data)
+        elif message.tag == "ENV":
+            env_info.update(message.data)
+
+    outcome = run_ranks(worker, spec_path, plan.world_size, variant, run_dir / name,
+                        timeouts, on_message, extra_env)
+    return records, env_info, outcome
 
 
 def resume_after(methods: Sequence[str], records: Sequence[BenchRecord],
