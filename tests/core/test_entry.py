@@ -157,14 +157,14 @@ def test_a_usage_error_under_nox_points_to_the_sessions_help(
 def test_a_failing_layer_case_is_a_verify_failure_not_exit_1(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sm120fork.gpu import cli
-    from sm120fork.gpu.layer import cases as layer_cases
+    from sm120fork.gpu.layer import run as layer_run
 
-    def failing(case: str, **_: object) -> layer_cases.CaseOutcome:
-        return layer_cases.CaseOutcome(case=case, passed=False, hung=True,
+    def failing(case: str, **_: object) -> layer_run.CaseOutcome:
+        return layer_run.CaseOutcome(case=case, passed=False, hung=True,
                                         problems=["rank 1 hung"], ranks=[], seconds=1.0,
                                         tails=[])
 
-    monkeypatch.setattr(layer_cases, "run_case", failing)
+    monkeypatch.setattr(layer_run, "run_case", failing)
     code = cli.main(["sglang-layer", "--sglang-path", str(tmp_path), "--layout",
                      "communicator", "--out", str(tmp_path / "out"), "--device", "cpu",
                      "--case", "fused"])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.gpu.layer import cases as layer_cases
+from sm120fork.gpu.layer import run as layer_run
 
 from helpers_sglang import DEFAULT_STACK, Sites
 
@@ -44,12 +44,12 @@ def default_stack_sglang(sglang_0510: Path) -> Path:
 
 
 def _alone(runs: dict[str, tuple[Path, list[Path], str, str, bool]], python: str,
-           ) -> dict[str, layer_cases.CaseOutcome]:
+           ) -> dict[str, layer_run.CaseOutcome]:
     """label -> (site, extra path, case, layout, plugins), two at a time.  A site without
     a series or plugin (label "stock") has its gates opened in memory."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {label: pool.submit(
-            layer_cases.run_case, case, sglang_path=site, device="cpu", tokens=(3, 16),
+            layer_run.run_case, case, sglang_path=site, device="cpu", tokens=(3, 16),
             python=python, timeout=CASE_S, start_timeout=240, extra_path=extra,
             load_plugins=plugins,
             gates_in_memory=label == "stock", layout=layout,
@@ -59,7 +59,7 @@ def _alone(runs: dict[str, tuple[Path, list[Path], str, str, bool]], python: str
         return {label: future.result() for label, future in futures.items()}
 
 
-def _by_rank(outcome: layer_cases.CaseOutcome) -> dict[int, layer_cases.Ended]:
+def _by_rank(outcome: layer_run.CaseOutcome) -> dict[int, layer_run.Ended]:
     """How each rank ended; printed (``pytest -rP`` shows it) for the record."""
     for e in outcome.exits:
         print(f"{outcome.case} rank {e.rank}: exit {e.exit}, stopped by the harness "
@@ -69,7 +69,7 @@ def _by_rank(outcome: layer_cases.CaseOutcome) -> dict[int, layer_cases.Ended]:
     return {e.rank: e for e in outcome.exits}
 
 
-def _check_alone(outcome: layer_cases.CaseOutcome, alone: int) -> float:
+def _check_alone(outcome: layer_run.CaseOutcome, alone: int) -> float:
     """Rank ``alone`` raised alone: one RuntimeError after the agreement timeout, whichever
     rank it is.  Without that bound it would wait past the case's 30 s (rank 0: the peer's
     groups, 60 s) and the case would be hung; rank 1 would wait GROUP_S (in SGLang the CPU
@@ -85,7 +85,7 @@ def _check_alone(outcome: layer_cases.CaseOutcome, alone: int) -> float:
     assert raised is not None
     took = raised.after_fused_call_error_s
     assert took is not None
-    assert AGREEMENT_S - 0.5 <= took <= AGREEMENT_S + layer_cases.ALONE_SLACK_S < GROUP_S, took
+    assert AGREEMENT_S - 0.5 <= took <= AGREEMENT_S + layer_run.ALONE_SLACK_S < GROUP_S, took
     assert raised.error.startswith("RuntimeError: ")
     assert "within 3 s" in raised.error
     peer = ended[1 - alone]
@@ -132,13 +132,13 @@ CASES_0523 = {
 
 
 @pytest.fixture(scope="module")
-def outcomes(sites: Sites) -> dict[str, layer_cases.CaseOutcome]:
+def outcomes(sites: Sites) -> dict[str, layer_run.CaseOutcome]:
     """Every case of CASES_0523, BATCH at a time.  Stock (no series, no plugin) has its
     gates opened in memory; stock's hang is judged 10 s after its ranks are ready (the
     patched ranks of the same case end within a second or two of being ready)."""
-    def run(label: str, c: _Case) -> layer_cases.CaseOutcome:
+    def run(label: str, c: _Case) -> layer_run.CaseOutcome:
         stock = c.site != "patched"
-        return layer_cases.run_case(
+        return layer_run.run_case(
             c.case, sglang_path=sites.stock if stock else sites.patched, device="cpu",
             tokens=(3, 16), python=sites.python,
             timeout=10 if label == "stock hang" else CASE_S, start_timeout=240,
@@ -154,8 +154,8 @@ def outcomes(sites: Sites) -> dict[str, layer_cases.CaseOutcome]:
         return {label: future.result() for label, future in futures.items()}
 
 
-def _passed(outcomes: dict[str, layer_cases.CaseOutcome], prefix: str, count: int,
-            ) -> dict[str, layer_cases.CaseOutcome]:
+def _passed(outcomes: dict[str, layer_run.CaseOutcome], prefix: str, count: int,
+            ) -> dict[str, layer_run.CaseOutcome]:
     """The ``count`` outcomes labelled ``prefix`` + case, by case; each one passed."""
     chosen = {label.removeprefix(prefix): o for label, o in outcomes.items()
               if label.startswith(prefix)}
@@ -166,14 +166,14 @@ def _passed(outcomes: dict[str, layer_cases.CaseOutcome], prefix: str, count: in
 
 
 def test_stock_hangs_when_one_rank_fails_creation(
-        outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
+        outcomes: dict[str, layer_run.CaseOutcome]) -> None:
     """The reproducer: upstream's ranks wait in different collectives, still after 10 s."""
     outcome = outcomes["stock hang"]
     assert outcome.hung, outcome.problems
 
 
 def test_one_rank_failing_creation_fails_closed_on_every_rank(
-        outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
+        outcomes: dict[str, layer_run.CaseOutcome]) -> None:
     patched = _passed(outcomes, "patched ", 6)
     for case in ONE_RANK:
         for rank in patched[case].ranks:
@@ -182,7 +182,7 @@ def test_one_rank_failing_creation_fails_closed_on_every_rank(
 
 
 def test_the_plugin_on_stock_fails_closed_too(
-        outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
+        outcomes: dict[str, layer_run.CaseOutcome]) -> None:
     plugin = _passed(outcomes, "plugin on stock ", 3)
     lines = plugin["fused"].ranks[0].plugin
     assert lines
@@ -190,14 +190,14 @@ def test_the_plugin_on_stock_fails_closed_too(
 
 
 def test_a_fused_call_raising_on_one_rank_only_sglang_0_5_23(
-        outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
+        outcomes: dict[str, layer_run.CaseOutcome]) -> None:
     """G6 in the patched wheel: as S4 (its port)."""
     _check_alone(outcomes["g6 rank-0-fused-call-raises"], 0)
     _check_alone(outcomes["g6 one-rank-fused-call-raises"], 1)
 
 
 def test_a_fused_call_raising_on_one_rank_only_plugin_and_stock(
-        outcomes: dict[str, layer_cases.CaseOutcome]) -> None:
+        outcomes: dict[str, layer_run.CaseOutcome]) -> None:
     """The plugin on stock 0.5.23 carries G6's bound (on either rank); stock 0.5.23 (its
     gates opened in memory) lets the injected error escape the layer at once, without a
     word of the peers: the raising rank ends with the raw ValueError."""

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 from helpers_proc import HANGING_CHILD, module_python, sigterm_ends_every_child
-from sm120fork.gpu.layer import cases as layer_cases
+from sm120fork.gpu.layer import run as layer_run
 
 
-def _run(tmp_path: Path, rank_code: str, **kwargs: object) -> layer_cases.CaseOutcome:
-    return layer_cases.run_case("fused", sglang_path=tmp_path, device="cpu",
+def _run(tmp_path: Path, rank_code: str, **kwargs: object) -> layer_run.CaseOutcome:
+    return layer_run.run_case("fused", sglang_path=tmp_path, device="cpu",
                                  python=module_python(tmp_path, rank_code), layout="layer_boundary",
                                  **kwargs)  # type: ignore[arg-type]
 
@@ -58,8 +58,8 @@ def test_sigterm_to_the_harness_ends_every_rank_with_its_process_group(tmp_path:
     python = module_python(tmp_path, HANGING_CHILD)
     parent = textwrap.dedent(f"""\
         from pathlib import Path
-        from sm120fork.gpu.layer import cases as layer_cases
-        layer_cases.run_case("fused", sglang_path=Path({str(tmp_path)!r}), device="cpu",
+        from sm120fork.gpu.layer import run as layer_run
+        layer_run.run_case("fused", sglang_path=Path({str(tmp_path)!r}), device="cpu",
                               python={str(python)!r}, layout="layer_boundary")
         """)
     sigterm_ends_every_child(parent, tmp_path / "marks", children=2)

@@ -1,4 +1,4 @@
-"""The layer harness's verdict on what the ranks report (gpu.layer.cases.expected_problems).
+"""The layer harness's verdict on what the ranks report (gpu.layer.run.expected_problems).
 
 Each upstream layout says its one fallback warning in its own words (its adapter's):
 communicator (0.5.10) in S4's, layer_boundary (0.5.23) in upstream's.  A wording of the
@@ -12,7 +12,8 @@ import dataclasses
 
 import pytest
 
-from sm120fork.gpu.layer.cases import (
+from sm120fork.gpu.layer.rank import Observation, Raised, Step
+from sm120fork.gpu.layer.run import (
     ALONE_SLACK_S,
     CaseOutcome,
     Ended,
@@ -20,7 +21,6 @@ from sm120fork.gpu.layer.cases import (
     expected_problems,
     render,
 )
-from sm120fork.gpu.layer.rank import Observation, Raised, Step
 from sm120fork.layouts import adapter
 
 S4_WORDS = ("FlashInfer all-reduce fusion is off for this process: workspace creation "

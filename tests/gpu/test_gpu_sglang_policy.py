@@ -20,7 +20,6 @@ from helpers_manifest import entry, write_manifest
 from sm120fork.gpu.core import records
 from sm120fork.gpu.core.documents import Provenance
 from sm120fork.gpu.decision import Process, decide
-from sm120fork.gpu.layer import cases as layer_cases
 from sm120fork.gpu.layer import run as layer_run
 from sm120fork.gpu.layer.rank import Observation, Step
 from sm120fork.gpu.policy import validate
@@ -30,13 +29,13 @@ ROUTES = {1: "fused", 8: "fused", 9: "pcie_ipc", 32: "pcie_ipc", 33: "sglang_dis
 
 
 def test_the_policy_switches_h200_methods_at_token_boundaries() -> None:
-    doc = layer_cases.policy_document(2)
+    doc = layer_run.policy_document(2)
     assert validate(json.loads(json.dumps(doc)), "x")["for_use"] is True
     methods = [r["method"] for r in doc["tp"]["2"]["ranges"]]
     assert set(methods) == {"fused_auto", "pcie_ipc_rmsnorm", "nccl_rmsnorm"}
-    assert layer_cases.policy_tokens(doc, 2) == sorted(ROUTES)
+    assert layer_run.policy_tokens(doc, 2) == sorted(ROUTES)
     for capturing in (False, True):
-        assert layer_cases.expected_routes(doc, 2, sorted(ROUTES),
+        assert layer_run.expected_routes(doc, 2, sorted(ROUTES),
                                             capturing=capturing) == ROUTES
     # the judge asks the one decision code, for the process the ranks are (SM12x, bf16)
     decision = decide(doc, Process(world_size=2, dtype="bf16", gpu_major=12))
@@ -54,31 +53,31 @@ def _rank(rank: int, routes: dict[int, str], *, wrong: tuple[int, ...] = (),
 
 
 def test_a_route_other_than_the_decisions_fails_naming_the_tokens() -> None:
-    doc = layer_cases.policy_document(2)
-    assert layer_cases.policy_problems("policy-eager", [_rank(0, ROUTES), _rank(1, ROUTES)],
+    doc = layer_run.policy_document(2)
+    assert layer_run.policy_problems("policy-eager", [_rank(0, ROUTES), _rank(1, ROUTES)],
                                         doc, 2) == []
     stock = dict.fromkeys(ROUTES, "fused")  # a tree that ignores the policy
-    problems = layer_cases.policy_problems("policy-eager", [_rank(0, stock)], doc, 2)
+    problems = layer_run.policy_problems("policy-eager", [_rank(0, stock)], doc, 2)
     assert problems[0] == ("rank 0: at 9 tokens the route 'fused' ran, the policy's "
                            "decision is 'pcie_ipc'")
     assert len(problems) == 5
 
 
 def test_a_wrong_output_a_missing_token_or_nothing_checked_fails() -> None:
-    doc = layer_cases.policy_document(2)
-    wrong = layer_cases.policy_problems("policy-graph", [_rank(1, ROUTES, wrong=(33,))],
+    doc = layer_run.policy_document(2)
+    wrong = layer_run.policy_problems("policy-graph", [_rank(1, ROUTES, wrong=(33,))],
                                          doc, 2)
     assert wrong == ["rank 1: output differs from the reference at 33 tokens "
                      "(sglang_dispatch)"]
     short = dict(list(ROUTES.items())[:-1])
-    assert "planned" in layer_cases.policy_problems("policy-eager", [_rank(0, short)],
+    assert "planned" in layer_run.policy_problems("policy-eager", [_rank(0, short)],
                                                      doc, 2)[0]
     # a step that could not run here (a gloo all-reduce is not captured) is not judged on
     # its output, but its route still is, and not every step may be skipped
     skipped = _rank(0, ROUTES, wrong=(33, 64), skipped=(33, 64))
-    assert layer_cases.policy_problems("policy-graph", [skipped], doc, 2) == []
+    assert layer_run.policy_problems("policy-graph", [skipped], doc, 2) == []
     every = _rank(0, ROUTES, skipped=tuple(ROUTES))
-    assert layer_cases.policy_problems("policy-graph", [every], doc, 2) == [
+    assert layer_run.policy_problems("policy-graph", [every], doc, 2) == [
         "rank 0: every step was skipped: nothing was checked"]
 
 
@@ -99,8 +98,8 @@ def test_a_gpu_run_of_0523_plans_the_whole_matrix_and_the_policy_cases_on_each_r
     assert not {"policy-eager", "policy-graph"} & {c for _, c in layer_run.planned_cases(old)}
 
 
-def _outcome(case: str, variant: str) -> layer_cases.CaseOutcome:
-    return layer_cases.CaseOutcome(case=case, passed=True, hung=False, problems=[],
+def _outcome(case: str, variant: str) -> layer_run.CaseOutcome:
+    return layer_run.CaseOutcome(case=case, passed=True, hung=False, problems=[],
                                     ranks=[], seconds=1.0, tails=[], variant=variant)
 
 
@@ -109,13 +108,13 @@ def test_the_time_budget_stops_starting_cases_and_the_record_says_what_ran(
     clock = {"now": 0.0}
     ran: list[tuple[str, str]] = []
 
-    def fake_case(case: str, **kwargs: Any) -> layer_cases.CaseOutcome:
+    def fake_case(case: str, **kwargs: Any) -> layer_run.CaseOutcome:
         ran.append((kwargs["variant"], case))
         clock["now"] += 30.0
         return _outcome(case, kwargs["variant"])
 
     monkeypatch.setattr(layer_run, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
-    monkeypatch.setattr(layer_cases, "run_case", fake_case)
+    monkeypatch.setattr(layer_run, "run_case", fake_case)
     made: Provenance = {"stack": "sglang-0.5.23", "made_from": [
         {"project": "sglang", "wheel": "sglang-0.5.23+sm120.1-cp312-cp312-x.whl",
          "wheel_sha256": "e" * 64}]}
@@ -139,7 +138,7 @@ def test_the_time_budget_stops_starting_cases_and_the_record_says_what_ran(
 
 def test_every_planned_case_on_both_routes_makes_a_finished_record(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(layer_cases, "run_case",
+    monkeypatch.setattr(layer_run, "run_case",
                         lambda case, **kw: _outcome(case, kw["variant"]))
     made: Provenance = {"stack": "sglang-0.5.23", "made_from": []}
     opts = layer_run.LayerOptions(command="x", sglang_path=tmp_path, out=tmp_path / "out",
@@ -216,11 +215,11 @@ def test_one_command_runs_both_routes_of_a_kit_into_one_record(
         "plugin": f"stack/plugin/{plugin}", "sglang": f"upstream/{stock}"}}))
     seen: list[tuple[str, str, bool]] = []
 
-    def fake_case(case: str, **kw: Any) -> layer_cases.CaseOutcome:
+    def fake_case(case: str, **kw: Any) -> layer_run.CaseOutcome:
         seen.append((kw["variant"], case, kw["load_plugins"]))
         return _outcome(case, kw["variant"])
 
-    monkeypatch.setattr(layer_cases, "run_case", fake_case)
+    monkeypatch.setattr(layer_run, "run_case", fake_case)
     out = tmp_path / "out"
     argv = ["sglang-layer", "--stack-dir", str(kit / "stack"), "--work-dir",
             str(tmp_path / "work"), "--device", "cpu", "--layout", "layer_boundary",

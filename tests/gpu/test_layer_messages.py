@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from sm120fork.gpu.layer.cases import CaseOutcome, Ended, render
 from sm120fork.gpu.layer.rank import RAISED, RESULT, Observation, Raised, RankRequest, Step
+from sm120fork.gpu.layer.run import CaseOutcome, Ended, render
 from sm120fork.util import typed, wire
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.gpu.layer import cases as layer_cases
+from sm120fork.gpu.layer import run as layer_run
 from sm120fork.gpu.layer.rank import POLICY_CASES
 
 from helpers_sglang import SERIES, Sites
@@ -31,11 +31,11 @@ G7_READS_V2 = any("sm120fork_allreduce.py" in p.read_text(encoding="utf-8")
 
 
 def _run(runs: dict[str, tuple[Path, list[Path], str, bool]], python: str,
-         ) -> dict[str, layer_cases.CaseOutcome]:
+         ) -> dict[str, layer_run.CaseOutcome]:
     """label -> (site, extra path, case, plugins); "stock" opens the gates in memory."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {label: pool.submit(
-            layer_cases.run_case, case, sglang_path=site, device="cpu", python=python,
+            layer_run.run_case, case, sglang_path=site, device="cpu", python=python,
             timeout=90,
             start_timeout=240, extra_path=extra, load_plugins=plugins,
             gates_in_memory=label.startswith("stock"), layout="layer_boundary",

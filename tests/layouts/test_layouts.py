@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import ConfigError
-from sm120fork.gpu.layer.cases import layout_of
+from sm120fork.gpu.layer.run import layout_of
 from sm120fork.layouts import LAYOUTS, adapter
 from sm120fork.patch.series import load_series
 from sm120fork.standing import claims

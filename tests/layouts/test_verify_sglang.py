@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import VerifyError
-from sm120fork.gpu.layer.cases import run_case
+from sm120fork.gpu.layer.run import run_case
 from sm120fork.layouts.communicator import (
     SM12X,
     TOGETHER_CASES,

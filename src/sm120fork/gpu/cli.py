@@ -22,7 +22,6 @@ from sm120fork.gpu.core import records, safety
 from sm120fork.gpu.core import runs as core_runs
 from sm120fork.gpu.core.documents import Provenance
 from sm120fork.gpu.core.safety import ALLOW_MULTICAST_FLAG, check_backend
-from sm120fork.gpu.layer import cases as layer_cases
 from sm120fork.gpu.layer import run as layer_run
 from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
@@ -139,7 +138,7 @@ def _layer_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--layout", choices=tuple(LAYOUTS),
                    help="the tree's upstream layout (default: the one forks/<stack>.toml "
                    "names for the tree's SGLang version)")
-    s.add_argument("--case", action="append", dest="cases", choices=layer_cases.CPU_CASES,
+    s.add_argument("--case", action="append", dest="cases", choices=layer_run.CPU_CASES,
                    help="default: every case this device can run")
     s.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     s.add_argument("--world-size", type=int, default=2)
@@ -267,7 +266,7 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
                                   site=(plugin, *site), made_from=tuple(rows)),)
     opts = _options(
         layer_run.LayerOptions, args, argv,
-        layout=args.layout or layer_cases.layout_of(args.sglang_path), site=site, made=made,
+        layout=args.layout or layer_run.layout_of(args.sglang_path), site=site, made=made,
         tested=tested, routes=routes,
         machine={"gpus": list(host.gpus), "torch": host.torch, "cuda": host.cuda}
         if host else {})

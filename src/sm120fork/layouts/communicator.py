@@ -48,7 +48,7 @@ OFF = {"flag": False, "fused": False}
 FLAG_ONLY = {"flag": True, "fused": False}
 #: The CUDA below which FlashInfer cannot build for SM12x (S1/S2 gate on it).
 OLD_CUDA = "12.8"
-#: S4's two-rank cases (gpu.layer.cases on the CPU), each judged there.
+#: S4's two-rank cases (gpu.layer.run on the CPU), each judged there.
 TOGETHER_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
                   "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises",
                   "no-p2p", "one-rank-fails-in-fd-exchange")

@@ -102,7 +102,7 @@ def judged(obs: Observation, expected: object, capability: str, prefix: str, *,
 
 
 class LayerOutcome(Protocol):
-    """One case of the GPU layer harness (:class:`sm120fork.gpu.layer.cases.CaseOutcome`)."""
+    """One case of the GPU layer harness (:class:`sm120fork.gpu.layer.run.CaseOutcome`)."""
 
     @property
     def passed(self) -> bool: ...
@@ -118,7 +118,7 @@ class LayerOutcome(Protocol):
 
 
 #: ``run(case, sglang_path=..., layout=..., python=..., device="cpu", tokens=...,
-#: timeout=..., start_timeout=...)``: :func:`sm120fork.gpu.layer.cases.run_case`.
+#: timeout=..., start_timeout=...)``: :func:`sm120fork.gpu.layer.run.run_case`.
 LayerRunner = Callable[..., LayerOutcome]
 
 

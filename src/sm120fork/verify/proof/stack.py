@@ -15,7 +15,7 @@ from pathlib import Path
 from sm120fork.cuda.arch import REFERENCE_ARCH, SHIPPED_SM12X_ARCH
 from sm120fork.declare import Stack
 from sm120fork.errors import VerifyError
-from sm120fork.gpu.layer import cases as layer_cases
+from sm120fork.gpu.layer import run as layer_run
 from sm120fork.layouts import LAYOUTS, adapter
 from sm120fork.layouts.results import CheckResult
 from sm120fork.package.publish import ProjectBuild
@@ -173,7 +173,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
             sglang += adapter(project.layout).check(
                 tree(key, patches[key], FULL), baseline=tree(key, (), UNPATCHED),
                 python=python or sys.executable, cache=ws.state_dir / "probe",
-                layer=layer_cases.run_case)
+                layer=layer_run.run_case)
     cpu_nodes = [c.check for series_ in patches.values() for p in series_ for c in claims(p)
                  if c.kind == "cpu"]
     if cpu_nodes:
