@@ -38,8 +38,9 @@ class Adapter:
     #: where (residual sum, normed output) land in a buffer set
     OUTPUTS = (1, 2)
 
-    def __init__(self, rk: Rank, name: str = "") -> None:
-        self.rk, self.name = rk, name
+    def __init__(self, rk: Rank, name: str = "", unbuilt: str | None = None) -> None:
+        """``unbuilt``: why the method's module failed in the module step (not retried)."""
+        self.rk, self.name, self.unbuilt = rk, name, unbuilt
         self.bufs: list[BufferSet] = []
         self.gamma: torch.Tensor | None = None
 
@@ -48,7 +49,7 @@ class Adapter:
         return int(self.rk.spec["max_tokens"]) * int(self.rk.spec["max_hidden"]) * 2
 
     def unavailable(self) -> str | None:
-        return None
+        return self.unbuilt
 
     def unsupported(self, point: Point) -> str | None:
         return None
@@ -79,17 +80,6 @@ class Adapter:
 
     def after_capture(self) -> None:
         """On every rank after each CUDA-graph capture of this method's ops."""
-
-
-class Unbuilt(Adapter):
-    """A method whose module failed in the module step: it says so, nothing is retried."""
-
-    def __init__(self, rk: Rank, name: str, reason: str) -> None:
-        super().__init__(rk, name)
-        self.reason = reason
-
-    def unavailable(self) -> str | None:
-        return self.reason
 
 
 class Nccl(Adapter):

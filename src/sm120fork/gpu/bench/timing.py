@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sm120fork.gpu.bench.adapters import FACTORIES, Adapter, Point, Unbuilt
+from sm120fork.gpu.bench.adapters import FACTORIES, Adapter, Point
 from sm120fork.gpu.core.cases import BenchPlan, Case
 from sm120fork.gpu.core.documents import BenchCheck, BenchRecord
 from sm120fork.gpu.core.rank import Rank, cuda_broken, say
@@ -120,7 +120,7 @@ def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
     if plan.floors:
         _floors(rk, rotate, calls_per_buffer, replays)
     failed_modules: dict[str, str] = dict(rk.spec.get("module_failures", {}))
-    adapters = [Unbuilt(rk, name, f"FlashInfer's {METHODS[name].module} module did not "
+    adapters = [Adapter(rk, name, f"FlashInfer's {METHODS[name].module} module did not "
                         f"build: {failed_modules[METHODS[name].module or '']}")
                 if METHODS[name].module in failed_modules else FACTORIES[name](rk)
                 for name in methods]
