@@ -10,6 +10,7 @@ from sm120fork.gpu import methods
 from sm120fork.gpu.bench import run as bench_run
 from sm120fork.gpu.bench import timing
 from sm120fork.gpu.bench.adapters import Point
+from sm120fork.gpu.core.documents import BenchCheck, BenchRecord
 
 
 class FakeAdapter:
@@ -30,15 +31,15 @@ class FakeAdapter:
 
 
 def _run(adapters: list[FakeAdapter], points: list[Point],
-         gather: Any = None) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
+         gather: Any = None) -> list[BenchRecord]:
+    records: list[BenchRecord] = []
 
-    def check(adapter: FakeAdapter, point: Point) -> tuple[bool, list[dict[str, Any]]]:
+    def check(adapter: FakeAdapter, point: Point) -> tuple[bool, list[BenchCheck]]:
         adapter.checked.append(point)
         return adapter.ok, [{"output": "norm", "ok": adapter.ok,
                              "reason": "" if adapter.ok else "rel L2 0.9 > 0.015"}]
 
-    def time(adapter: FakeAdapter, point: Point) -> dict[str, Any]:
+    def time(adapter: FakeAdapter, point: Point) -> BenchRecord:
         adapter.timed.append(point)
         return {"median_us": float(point.tokens), "p90_us": point.tokens + 0.5}
 
@@ -97,9 +98,9 @@ def test_every_rank_takes_the_same_branch() -> None:
 
 def test_a_check_that_raises_is_a_failed_check_not_a_crash() -> None:
     adapter = FakeAdapter("fused_oneshot")
-    records: list[dict[str, Any]] = []
+    records: list[BenchRecord] = []
 
-    def boom(_a: Any, _p: Point) -> tuple[bool, list[dict[str, Any]]]:
+    def boom(_a: Any, _p: Point) -> tuple[bool, list[BenchCheck]]:
         raise RuntimeError("workspace says no")
 
     timing.drive([adapter], [Point(8, 4096)], check=boom,

@@ -88,7 +88,7 @@ class BenchRecord(TypedDict, total=False):
     kind: str
     method: str
     status: str
-    reason: str | None
+    reason: str
     tokens: int
     hidden: int
     median_us: float | None
