@@ -197,10 +197,6 @@ def run_test(opts: TestOptions) -> TestRun:
                    time_budget=opts.time_budget, allow_partial=opts.allow_partial)
 
 
-_AGAINST = {"fixed": "fixed", "pass both": "pass-both", "regressed": "regressed",
-            "fail both": "fail-both"}
-
-
 def _detail(rec: CaseResult) -> str:
     if rec.status == "pass":
         return f"rel_l2 {rec.worst:.1e}" if rec.worst else "pass"
@@ -223,7 +219,8 @@ def test_record(doc: AbRun, tested: record.Tested | None) -> record.Record | Non
                 project=project_of.get(file, "flashinfer"), file=file, sha256=sha256))
     cases = []
     for key in table.order:
-        against = _AGAINST.get(table.cls[key])
+        cls = table.cls[key].replace(" ", "-")  # the A/B class as the record names it
+        against = cls if cls in record.AGAINST else None
         for name, rec in table.rows[key].items():
             if rec.never_ran:
                 continue  # never ran: the record is unfinished
