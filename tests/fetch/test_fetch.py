@@ -18,9 +18,8 @@ from packaging.version import Version
 
 from sm120fork.errors import ChecksumError, SourceError, UnsafeArchiveError
 from sm120fork.fetch.archive import safe_extract
-from sm120fork.fetch.git import init_from_git
-from sm120fork.fetch.index import find_sdist, project_page
-from sm120fork.fetch.sdist import download_pinned
+from sm120fork.fetch.index import download_pinned, find_sdist, project_page
+from sm120fork.fetch.kinds import init_from_git
 
 from helpers_ws import STACK, make_demo, sha256
 

@@ -307,7 +307,7 @@ def test_a_wheel_tree_left_by_a_killed_run_is_scratch_the_next_run_removes(
     import os
     import shutil
 
-    from sm120fork.fetch.wheel import init_from_wheel
+    from sm120fork.fetch.kinds import init_from_wheel
     from sm120fork.util.files import remove_stale_scratch
     from sm120fork.util.git import Git
 

@@ -1,4 +1,5 @@
-"""Safe extraction of an sdist: nothing lands outside the destination."""
+"""What an sdist or a wheel holds: extracted safely (nothing lands outside the
+destination), and which of a wheel's files are upstream source."""
 
 from __future__ import annotations
 
@@ -51,3 +52,27 @@ def safe_extract(archive: Path, dest: Path) -> Path:
         raise SourceError(f"expected one top-level directory, found {sorted(tops)[:5]}",
                           where=str(archive))
     return dest / tops.pop()
+
+
+#: Suffixes of compiled files: never part of the tree, never changed by a series.
+COMPILED_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".cubin", ".fatbin")
+
+
+def is_compiled(path: str) -> bool:
+    name = PurePosixPath(path).name
+    return name.endswith(COMPILED_SUFFIXES) or ".so." in name
+
+
+def is_metadata(member: str) -> bool:
+    """A wheel's own metadata (``*.dist-info/``, ``*.data/``): not upstream source."""
+    top = member.split("/", 1)[0]
+    return top.endswith((".dist-info", ".data"))
+
+
+def source_members(wheel: Path) -> list[str]:
+    """The wheel's files that the upstream repository holds too (relative to the package)."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = [i.filename for i in zf.infolist() if not i.is_dir()]
+    for name in names:
+        check_member(name, wheel)
+    return [n for n in names if not is_metadata(n) and not is_compiled(n)]

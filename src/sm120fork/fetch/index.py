@@ -15,8 +15,10 @@ import os
 import posixpath
 import ssl
 import sys
+import tempfile
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 from typing import IO, cast
 
 import httpx2
@@ -32,9 +34,11 @@ from unearth import Link, PackageFinder
 from unearth.auth import MultiDomainBasicAuth
 from unearth.fetchers import Fetcher, PyPIClient
 
-from sm120fork.declare import Project, WheelPin
+from sm120fork.declare import Project, SdistPin, WheelPin
 from sm120fork.errors import ChecksumError, SourceError
+from sm120fork.fetch.source import Progress
 from sm120fork.util import proc
+from sm120fork.util.files import scratch_prefix, sha256_file
 
 log = logging.getLogger("sm120fork")
 _PIP_FIX = "check pip's configuration (`python -m pip config list`) and the network"
@@ -115,8 +119,7 @@ def _client(config: dict[str, str], index_urls: list[str]) -> Iterator[PyPIClien
         yield client
 
 
-def download(url: str, out: IO[bytes],
-             progress: Callable[[int, int | None], None] | None = None) -> str:
+def download(url: str, out: IO[bytes], progress: Progress | None = None) -> str:
     """Write the file at ``url`` to ``out``; its sha256, for the caller to check."""
     digest = hashlib.sha256()
     config = {} if url.startswith("file:") else pip_config()
@@ -253,3 +256,35 @@ def resolve_file_url(project: Project, filename: str, sha256: str, url: str = ""
     raise SourceError(
         f"{filename} is not on the package index (unknown version {project.version}?)",
         where=f"project {project.key}", fix=f"recent sdists there: {page.recent(project)}")
+
+
+def download_pinned(project: Project, pin: SdistPin | WheelPin, cache_dir: Path,
+                    progress: Progress | None = None) -> Path:
+    """Return the cached file of ``pin``, downloading it when needed; always sha256-checked."""
+    filename, sha256 = pin.filename, pin.sha256
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    target = cache_dir / filename
+    if target.is_file():
+        if sha256_file(target) == sha256:
+            return target
+        # Kept until a matching download replaces it: the pin may be what is wrong.
+        log.warning("cached %s does not match its pin; downloading again", target.name)
+    url = resolve_file_url(project, filename, sha256, pin.url)
+    log.info("downloading %s", url)
+    fd, tmp_name = tempfile.mkstemp(prefix=scratch_prefix(target.name), suffix=".part",
+                                    dir=cache_dir)
+    tmp = Path(tmp_name)
+    try:
+        try:
+            with os.fdopen(fd, "wb") as out:
+                got = download(url, out, progress)
+        except OSError as exc:
+            raise SourceError(f"download failed: {exc}", where=url) from exc
+        if got != sha256:
+            raise ChecksumError(
+                f"sha256 mismatch for {filename}: got {got}, pinned {sha256}",
+                where=url, fix="the download is corrupt or upstream changed; do not extract it")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target

@@ -1,17 +1,71 @@
 """The source kinds, as the one registry (one class per kind, one interface): no other
-module branches on a kind's name (CONTRIBUTING.md, "Source kinds")."""
+module branches on a kind's name (CONTRIBUTING.md, "Source kinds"); and how each makes
+the unpatched fork tree: an sdist (sha256-checked, extracted under the package root), only
+the pinned git commit (refusing any other HEAD), or the first declared wheel's sources (no
+``.dist-info``, no compiled files, as upstream's repository)."""
 
 from __future__ import annotations
 
 import hashlib
+import shutil
+import zipfile
 from pathlib import Path
 from typing import Protocol
 
 from sm120fork.declare import Project
-from sm120fork.fetch.git import init_from_git
-from sm120fork.fetch.sdist import download_pinned, init_from_sdist
-from sm120fork.fetch.source import Progress
-from sm120fork.fetch.wheel import init_from_wheel
+from sm120fork.errors import CommandError, SourceError
+from sm120fork.fetch.archive import safe_extract, source_members
+from sm120fork.fetch.index import download_pinned
+from sm120fork.fetch.source import UPSTREAM_TAG, Progress, make_upstream_tree
+from sm120fork.util.files import staged_dir
+from sm120fork.util.git import Git
+
+
+def init_from_git(project: Project, work: Path) -> str:
+    """Fetch only the pinned commit into ``work``; that commit."""
+    with staged_dir(work) as repo_dir:
+        repo = Git.init(repo_dir)
+        remote = project.git_pin.url
+        try:
+            repo("fetch", "--quiet", "--depth=1", "--no-tags", remote, project.git_pin.commit)
+        except CommandError as exc:
+            raise SourceError(
+                f"cannot fetch commit {project.git_pin.commit} from {remote}",
+                where=f"project {project.key}", detail=exc.detail,
+                fix="check git.url and git.commit, or use source = \"sdist\"") from exc
+        repo("checkout", "-q", "-B", "main", "FETCH_HEAD")
+        head = repo.head()
+        if head != project.git_pin.commit:
+            raise SourceError(f"HEAD is {head}, not the pinned {project.git_pin.commit}",
+                              where=f"project {project.key}",
+                              fix="the remote served another commit; never trust a tag")
+        repo.tag(UPSTREAM_TAG)
+    return project.git_pin.commit
+
+
+def init_from_wheel(project: Project, wheel: Path, work: Path) -> str:
+    """Create ``work`` as a git repo whose first commit is the wheel's sources."""
+    members = source_members(wheel)
+    if not members:
+        raise SourceError("the wheel holds no source files", where=str(wheel))
+
+    def fill(_scratch: Path, dest: Path) -> None:
+        with zipfile.ZipFile(wheel) as zf:
+            for name in members:
+                info = zf.getinfo(name)
+                target = dest / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(info) as src, target.open("wb") as out:
+                    shutil.copyfileobj(src, out)
+                mode = (info.external_attr >> 16) & 0o777
+                if mode & 0o111:
+                    target.chmod(0o755)
+
+    pin = project.wheels[0]
+    return make_upstream_tree(
+        project, work, fill,
+        f"Upstream {project.distribution} {project.version}\n\n"
+        f"wheel {pin.filename} sha256 {pin.sha256} (compiled files left out)\n")
 
 
 class SourceFetch(Protocol):
@@ -58,7 +112,16 @@ class Sdist:
     def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
                   wheel_cache: Path, progress: Progress | None = None) -> str:
         sdist = download_pinned(project, project.sdist_pin, sdist_cache, progress)
-        return init_from_sdist(project, sdist, work)
+
+        def fill(scratch: Path, dest: Path) -> None:  # the sdist under the package root
+            top = safe_extract(sdist, scratch / "x")
+            dest.rmdir()
+            shutil.move(str(top), str(dest))
+
+        return make_upstream_tree(
+            project, work, fill,
+            f"Upstream {project.distribution} {project.version}\n\n"
+            f"sdist {project.sdist_pin.filename} sha256 {project.sdist_pin.sha256}\n")
 
 
 class GitCommit:

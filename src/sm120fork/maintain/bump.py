@@ -28,9 +28,8 @@ from sm120fork.errors import (
     SourceError,
     ToolkitError,
 )
-from sm120fork.fetch.index import find_sdist, find_wheels
+from sm120fork.fetch.index import download_pinned, find_sdist, find_wheels
 from sm120fork.fetch.kinds import source_key, source_kind
-from sm120fork.fetch.sdist import download_pinned
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.maintain.classify import classification, classify, preview
 from sm120fork.maintain.pin import (

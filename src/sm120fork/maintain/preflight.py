@@ -19,7 +19,7 @@ from packaging.version import Version
 
 from sm120fork.declare import Project, Stack, coordinated_pin_problems, pinned_for
 from sm120fork.errors import MaintenanceError, SourceError
-from sm120fork.fetch.wheel import is_metadata, source_members
+from sm120fork.fetch.archive import is_metadata, source_members
 from sm120fork.layouts import LAYOUTS, fitting, marker
 from sm120fork.package.wheel import wheel_requirements
 from sm120fork.patch.series import Patch

@@ -47,7 +47,7 @@ class StackWheels:
 def upstream_wheel(stack: ResolvedStack) -> Path:
     """Upstream FlashInfer of the stack's pin, built unchanged from its pinned sdist."""
     from sm120fork.fetch.archive import safe_extract
-    from sm120fork.fetch.sdist import download_pinned
+    from sm120fork.fetch.index import download_pinned
 
     ws, project = stack.ws, stack.stack.project(PROJECT)
     # Keyed by the pin's sha256, so a box that carries the cache needs no sdist or index.
