@@ -135,7 +135,8 @@ def render_status(projects: list[ProjectStatus], console: Console, *, wide: bool
 
 
 def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    projects = status(ws, args.stack, args.wheels, fetch=not args.no_fetch)
+    stacks = [ws.stack(args.stack, strict=False)] if args.stack else ()
+    projects = status(ws, stacks, args.wheels, fetch=not args.no_fetch)
     if args.json:
         console.print_json(json.dumps([p.to_json() for p in projects]))
     else:

@@ -50,7 +50,7 @@ from sm120fork.maintain.preflight import (
     sdist_release,
     wheel_release,
 )
-from sm120fork.maintain.release import release_check
+from sm120fork.maintain.release import release_check, ships_wheels
 from sm120fork.maintain.report import (
     preview_lines,
     report_file,
@@ -263,19 +263,26 @@ def _new_pin(ws: Workspace, req: _Request, project: Project, new: Version,
     """The new pin, and the new release's own facts (None for a git commit)."""
     if commit is not None:  # a git commit: pin that version's sdist when the index has one
         try:
-            found = find_sdist(project, new)
-            sdist_pin = SdistPin(filename=found.filename, sha256=found.sha256)
+            listed = find_sdist(project, new)
+            sdist_pin = SdistPin(filename=listed.filename, sha256=listed.sha256)
         except SourceError:  # an unreleased commit: the sdist pin stays (unused by git)
             sdist_pin = project.sdist_pin
         return NewPin(source="git", git=commit, sdist=sdist_pin), None
-    if source_kind(project.source).ships_wheels or not _has_sdist(project, new):
+    found = None
+    if not source_kind(project.source).ships_wheels:
+        try:
+            found = find_sdist(project, new)
+        except SourceError:  # a release with neither sdist nor wheels is refused
+            if not find_wheels(project, new):
+                check_released(project, new, f"projects.{project.key}")
+                raise
+    if found is None:
         # The published wheels are the input (a release without an sdist, as SGLang
         # publishes since 0.5.11, switches an sdist source to them).
         pin = _wheel_pin(project, str(new), req.git_commit)
         wheel = download_pinned(dataclasses.replace(project, version=str(new)),
-                               (pin.wheels or ())[0], ws.wheel_cache)
+                                (pin.wheels or ())[0], ws.wheel_cache)
         return pin, wheel_release(wheel)
-    found = find_sdist(project, new)
     sdist = download_pinned(dataclasses.replace(project, version=str(new)), SdistPin(
         filename=found.filename, sha256=found.sha256, url=found.url), ws.sdist_cache)
     release = sdist_release(sdist)
@@ -308,19 +315,6 @@ def _journal(ws: Workspace, state: BumpState, stack: Stack) -> None:
     shutil.rmtree(BumpState.directory(ws, state.stack, state.project), ignore_errors=True)
 
 
-def _has_sdist(project: Project, version: Version) -> bool:
-    """Whether the index has an sdist of ``version`` (a release with neither sdist nor
-    wheels is refused)."""
-    try:
-        find_sdist(project, version)
-    except SourceError:
-        if not find_wheels(project, version):
-            check_released(project, version, f"projects.{project.key}")
-            raise
-        return False
-    return True
-
-
 def _companions(resolved: ResolvedStack, stack: Stack, project: Project, new_version: str,
                 release: Release) -> tuple[dict[str, NewPin], dict[str, str], dict[str, str]]:
     """The projects the new release pins at another version: (new ``wheel`` pins of those
@@ -332,8 +326,7 @@ def _companions(resolved: ResolvedStack, stack: Stack, project: Project, new_ver
     for move in coordinated_moves(stack, project, release):
         other = move.project
         why = f"{project.distribution} {new_version} requires {move.requirement}"
-        if resolved.series[other.key].patches or not (
-                source_kind(other.source).ships_wheels or other.wheels):
+        if resolved.series[other.key].patches or not ships_wheels(other):
             bumps[other.key] = move.version
             moves[other.key] = (f"{other.distribution} {other.version} -> {move.version} "
                                 f"with its series (a bump of its own): {why}")
@@ -364,31 +357,45 @@ def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> Ne
     return NewPin(source="wheel", git=git, wheels=wheels)
 
 
+#: A step of a bump: what it does to the checkout, given the stack as declared now.
+_Step = Callable[[Workspace, BumpState, ResolvedStack], None]
+
+
 def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResult:
     """Run the bump's steps from the one it saved last (a step stopped inside is redone),
-    then write its result."""
+    each on the stack as declared when it starts, then write its result."""
     if skip and not state.conflict_head:
         raise MaintenanceError("no conflict to skip", where=f"{state.stack}/{state.project}",
                                fix=f"`{state.cmd('--continue')}` resumes the bump")
-    steps: tuple[Callable[[Workspace, BumpState], None], ...] = (
-        _start, _bump_companions, _new_tree, functools.partial(_apply_series, skip=skip))
+    steps: tuple[_Step, ...] = (_copy_stack, _keep_old_tree, _bump_companions, _new_tree,
+                                functools.partial(_apply_series, skip=skip))
     for step in steps[state.step:]:
-        step(ws, state)
+        step(ws, state, _declared(ws, state))
         state.step += 1
         state.save(ws)
-    return _finalize(ws, state)
+    return _finalize(ws, state, _declared(ws, state))
 
 
-def _start(ws: Workspace, state: BumpState) -> None:
-    """The new stack's copy (``--new-stack``), and the old pin's fork tree kept aside
-    (``@pre-bump``) with its series."""
-    d = BumpState.directory(ws, state.stack, state.project)
-    if state.created_stack and not Path(state.declaration).is_file():
+def _declared(ws: Workspace, state: BumpState) -> ResolvedStack:
+    """The bump's stack as declared now (the stack it copies until ``--new-stack`` wrote
+    its own)."""
+    declared = Path(state.declaration).is_file()
+    return ResolvedStack.named(ws, state.stack if declared else state.source_stack,
+                               strict=False)
+
+
+def _copy_stack(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> None:
+    """The new stack's copy (``--new-stack``), written after the journal."""
+    if state.created_stack and resolved.stack.name != state.stack:
         shutil.rmtree(ws.root / "patches" / state.stack, ignore_errors=True)  # a partial copy
-        source = ws.stack(state.source_stack, strict=False)
+        source = resolved.stack
         create_stack(ws, source, source.project(state.project), state.stack)
         stage("stack created")
-    resolved = ResolvedStack.named(ws, state.stack, strict=False)
+
+
+def _keep_old_tree(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> None:
+    """The old pin's fork tree kept aside (``@pre-bump``) with its series."""
+    d = BumpState.directory(ws, state.stack, state.project)
     stack = resolved.stack
     project = stack.project(state.project)
     pre = ws.work_tree(stack, project, _PRE)
@@ -404,12 +411,12 @@ def _start(ws: Workspace, state: BumpState) -> None:
         stage("old tree kept")
 
 
-def _bump_companions(ws: Workspace, state: BumpState) -> None:
+def _bump_companions(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> None:
     """Bump each coordinated project with patches to the version the new release pins (a
     bump of its own: this bump's --continue goes on after it)."""
     for key, version in state.companion_bumps.items():
         pending = BumpState.load(ws, state.stack, key)
-        current = ws.stack(state.stack, strict=False).project(key)
+        current = resolved.stack.project(key)
         if pending is None and Version(current.version) == Version(version):
             continue  # done (by this bump, or by hand)
         try:
@@ -433,9 +440,9 @@ def _then_resume(exc: MaintenanceError, key: str, state: BumpState) -> None:
                f"`{resume}` goes on with {state.project} {state.new_version}")
 
 
-def _new_tree(ws: Workspace, state: BumpState) -> None:
+def _new_tree(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> None:
     """The fork tree at the new upstream, with the old series' commits fetched beside it."""
-    stack = ws.stack(state.stack, strict=False)
+    stack = resolved.stack
     project = stack.project(state.project)
     repo = prepare_tree(ws, stack, state.pinned(project), patches=(), force=True).repo
     repo("fetch", "--quiet", "--no-tags", str(ws.work_tree(stack, project, _PRE)),
@@ -464,11 +471,12 @@ class _Series:
         self.state.results.append(classification(self.patch, verdict, evidence))
 
 
-def _apply_series(ws: Workspace, state: BumpState, *, skip: bool) -> None:
+def _apply_series(ws: Workspace, state: BumpState, resolved: ResolvedStack, *,
+                  skip: bool) -> None:
     """Classify and apply each patch in order, like ``git am``, going on from a stop."""
     if not state.head:  # killed while the new tree was unpacked
-        _new_tree(ws, state)
-    stack = ws.stack(state.stack, strict=False)
+        _new_tree(ws, state, resolved)
+    stack = resolved.stack
     project = stack.project(state.project)
     at = _Series(ws, state, stack, project, Git(ws.work_tree(stack, project)),
                  state.kept_series(ws))
@@ -561,14 +569,15 @@ def _apply_patch(at: _Series) -> None:
     at.record(verdict, evidence)
 
 
-def _resolved_patch(at: _Series) -> Patch:
-    """HEAD (a hand resolution) as a patch, checked while ``commit --amend`` still mends
-    it: the series export at the end would refuse stale Fingerprint or Effect lines."""
+def _resolution(at: _Series) -> list[str]:
+    """The evidence for a hand resolution (HEAD), judged by its own header and checked
+    while ``commit --amend`` still mends it (the series export at the end would refuse
+    stale Fingerprint or Effect lines)."""
     repo = at.repo
     with tempfile.TemporaryDirectory(prefix="sm120fork-resolved-") as tmp:
         out = repo(*FORMAT_PATCH, "-o", tmp, "-1", "HEAD")
         try:
-            return parse_patch(Path(out.split()[0]))
+            judged = match_upstream(repo, parse_patch(Path(out.split()[0])), "HEAD")
         except SeriesError as exc:
             raise MaintenanceError(
                 f"the resolution of {at.patch.name} (HEAD of the fork tree) cannot become a "
@@ -577,17 +586,12 @@ def _resolved_patch(at: _Series) -> Patch:
                     f"or Effect line names a file the change touches now, patches/"
                     f"README.md): `git -C {repo.path} commit --amend`, then "
                     f"`{at.state.cmd('--continue')}`") from None
-
-
-def _resolution(at: _Series) -> list[str]:
-    """The evidence for a hand resolution (HEAD), judged by its own header and checked."""
-    judged = match_upstream(at.repo, _resolved_patch(at), "HEAD")
     holds = judged.already_upstream
     if not holds:  # said now, not only in the report at the end
         log.warning("%s: the patch's effect does not hold on the resolved tree "
                     "(%s): review the resolution in %s", at.patch.name,
                     "; ".join(e for e in judged.evidence
-                              if e.endswith(("absent", "ABSENT", "PRESENT"))), at.repo.path)
+                              if e.endswith(("absent", "ABSENT", "PRESENT"))), repo.path)
     checked = _check_or_stop(at)
     return [*at.state.conflict_evidence, "conflict resolved by hand in the fork tree",
             "the patch's effect holds on the resolved tree" if holds else
@@ -670,9 +674,8 @@ def _range_diff(repo: Git) -> str:
     return "\n".join([*gone, *new])
 
 
-def _finalize(ws: Workspace, state: BumpState) -> BumpResult:
+def _finalize(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> BumpResult:
     """Write series, declaration, rebuilt tree, report and changelog; then close."""
-    resolved = ResolvedStack.named(ws, state.stack, strict=False)
     stack = resolved.stack
     project = stack.project(state.project)
     repo = Git(ws.work_tree(stack, project))
@@ -843,14 +846,11 @@ def _put_back_old_tree(ws: Workspace, state: BumpState, d: Path) -> None:
             if p.exists()]
     if not kept:
         return
+    scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix("bump-abort"), dir=ws.state_dir))
     if work.exists():
-        scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix("bump-abort"),
-                                        dir=ws.state_dir))
         os.replace(work, scratch / "tree")
-        os.replace(kept[0], work)
-        shutil.rmtree(scratch)
-    else:
-        os.replace(kept[0], work)
+    os.replace(kept[0], work)
+    shutil.rmtree(scratch)
 
 
 def _checked_tree(ws: Workspace, stack_name: str, key: str) -> str:

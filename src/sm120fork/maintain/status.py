@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +29,6 @@ def _at_pin(ws: Workspace, stack: Stack, project: Project, variant: str = "") ->
     work = ws.work_tree(stack, project, variant)
     state = read_state(work) if work.exists() else None
     return state is not None and state.source == source_key(project)
-
-
-def to_download(ws: Workspace, stack: Stack, project: Project) -> list[str]:
-    """The files status must download to check ``project`` (none once a tree is here)."""
-    if _at_pin(ws, stack, project) or _at_pin(ws, stack, project, "upstream"):
-        return []
-    return source_kind(project.source).missing(project, sdist_cache=ws.sdist_cache,
-                                               wheel_cache=ws.wheel_cache)
 
 
 def pinned_upstream(ws: Workspace, stack: Stack, project: Project) -> Git:
@@ -110,7 +103,10 @@ def project_status(today: ResolvedStack, project: Project, manifest: Manifest | 
         series = today.series[project.key]
         if not series.patches:  # nothing to check against the pin: fetch nothing
             return base
-        missing = to_download(ws, stack, project)
+        # What status must download to check the patches (none once a tree is here).
+        missing = [] if _at_pin(ws, stack, project) or _at_pin(
+            ws, stack, project, "upstream") else source_kind(project.source).missing(
+            project, sdist_cache=ws.sdist_cache, wheel_cache=ws.wheel_cache)
         if missing and not fetch:
             return dataclasses.replace(
                 base, not_checked=f"not checked: the pinned upstream is not here "
@@ -145,12 +141,11 @@ def project_status(today: ResolvedStack, project: Project, manifest: Manifest | 
     return dataclasses.replace(base, patches=tuple(rows))
 
 
-def status(ws: Workspace, stack_name: str | None = None,
-           wheels_dir: Path | None = None, *, fetch: bool = True) -> list[ProjectStatus]:
-    """The status of every project of every stack (or of ``stack_name``); the wheel column
+def status(ws: Workspace, stacks: Sequence[Stack] = (), wheels_dir: Path | None = None, *,
+           fetch: bool = True) -> list[ProjectStatus]:
+    """The status of every project of ``stacks`` (default: every stack); the wheel column
     from its manifest (``wheels_dir``: one published elsewhere)."""
-    stacks = [ws.stack(stack_name, strict=False)] if stack_name else sorted(
-        ws.stacks().values(), key=lambda s: (not s.default, s.name))
+    stacks = stacks or sorted(ws.stacks().values(), key=lambda s: (not s.default, s.name))
     given = manifest_file.read(wheels_dir) if wheels_dir is not None else None
     todays = {s.name: ResolvedStack.of(ws, s, wheels_dir=wheels_dir) for s in stacks}
     with ws.lock():

@@ -227,12 +227,13 @@ def watch_release(ws: Workspace, stack: Stack, project: Project, version: Versio
                 version=str(version), new_stack=new_stack,
                 error=relative(exc.message, scratch.root),
                 outcome="refused" if isinstance(exc, MaintenanceError) else "failed")
-        after = scratch.stack(target, strict=False)
+        resolved = ResolvedStack.named(scratch, target, strict=False)
+        after = resolved.stack
         companions = {**result.companions, **run.companions}
         patches = [v for p in after.projects if p.key in companions
                    for v in _verdicts(p.key, companions[p.key])]
         patches += _verdicts(project.key, result.classifications)
-        stale = unbacked_claims(ResolvedStack.of(scratch, after))
+        stale = unbacked_claims(resolved)
     steps = [Step(run=command("bump", *args), why="moves the pin" if not new_stack else
                   "a stack of its own: " + "; ".join(relative(r, ws.root) for r in refusing))]
     steps += [Step(run=command("bump", target, key, "--continue"),
