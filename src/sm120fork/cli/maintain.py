@@ -268,15 +268,17 @@ def run_refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> in
 
 def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.upstream.groups import (
+        find_pr,
         newer_stacks_with_prs,
         plan_of,
+        pr_requirements,
         prepare,
-        requirements,
         why_none,
     )
 
     if args.requirements:
-        for line in requirements(ws, args.stack, args.project, args.pr) \
+        for line in pr_requirements(ws, *find_pr(ResolvedStack.named(ws, args.stack),
+                                                 args.project, args.pr)) \
                 if args.pr and not args.no_tests else []:
             print(line)
         return 0

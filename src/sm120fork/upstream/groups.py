@@ -15,11 +15,12 @@ import sys
 import tempfile
 import tomllib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.version import InvalidVersion, Version
 
 from sm120fork import __version__, record
 from sm120fork.declare import Project, Stack
@@ -146,8 +147,6 @@ def why_none(plan: Plan) -> str:
 
 def newer_stacks_with_prs(ws: Workspace, stack: Stack, project: Project) -> list[str]:
     """The other stacks with upstream PRs for a newer release of ``project``."""
-    from packaging.version import InvalidVersion, Version
-
     found = []
     for other in ws.stacks().values():
         for theirs in other.projects if other.name != stack.name else ():
@@ -218,7 +217,7 @@ class Prepared:
     commits: tuple[str, ...]
     runs: tuple[TestRun, ...]
     commands: tuple[str, ...] = ()
-    files: tuple[Path, ...] = field(default=())
+    files: tuple[Path, ...] = ()
     record: record.Record | None = None
     published: Path | None = None
 
@@ -386,11 +385,14 @@ def _overlay(ws: Workspace, project: Project, python: str) -> Path | None:
     return ensure(ws.state_dir / "probe", python=python) if ensure else None
 
 
-def find_project(today: ResolvedStack, name: str) -> Project:
+def find_pr(today: ResolvedStack, project_key: str | None, name: str
+            ) -> tuple[Project, PlannedPR]:
+    """PR ``name`` of ``project_key`` (default: of whichever project has it)."""
     stack = today.stack
-    for project in stack.projects:
-        if any(p.name == name for p in plan_of(today, project).prs):
-            return project
+    for project in [stack.project(project_key)] if project_key else stack.projects:
+        plan = plan_of(today, project)
+        if project_key or any(p.name == name for p in plan.prs):
+            return project, plan.pr(name)
     known = [p.name for project in stack.projects for p in plan_of(today, project).prs]
     raise MaintenanceError(f"stack {stack.name} has no upstream PR {name!r} (its PRs: "
                            f"{', '.join(known) or 'none'})", where=stack.name,
@@ -429,8 +431,7 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
     or (unless ``even_if_failing``) if a test of it failed or did not run."""
     today = ResolvedStack.named(ws, stack_name)
     stack = today.stack
-    project = stack.project(project_key) if project_key else find_project(today, name)
-    pr = plan_of(today, project).pr(name)
+    project, pr = find_pr(today, project_key, name)
     where = f"{stack.name}/{project.key}"
     with ws.lock():
         tree = open_tree(ws, stack, project)
@@ -550,14 +551,6 @@ def pr_requirements(ws: Workspace, project: Project, pr: PlannedPR) -> list[str]
     if not project.layout or all(needs_gpu(f) for f in _added_tests(pr.tests)):
         return []
     return dependency_group(ws.root / "pyproject.toml", PROBE_GROUP)
-
-
-def requirements(ws: Workspace, stack_name: str, project_key: str | None, name: str
-                 ) -> list[str]:
-    today = ResolvedStack.named(ws, stack_name)
-    project = (today.stack.project(project_key) if project_key
-               else find_project(today, name))
-    return pr_requirements(ws, project, plan_of(today, project).pr(name))
 
 
 def dependency_group(pyproject: Path, name: str) -> list[str]:

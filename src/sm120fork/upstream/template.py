@@ -46,23 +46,17 @@ def _box(done: bool, text: str) -> str:
 
 def related(patches: list[Patch]) -> list[str]:
     """``Related: owner/repo#N`` for each upstream issue or PR the patches name."""
-    refs: list[str] = []
-    for p in patches:
-        for url in re.findall(r"https://github\.com/([^/\s]+/[^/\s]+)/(?:issues|pull)/(\d+)",
-                              " ".join((p.field("Bug-Upstream"), p.field("Bug")))):
-            refs.append(f"Related: {url[0]}#{url[1]}")
-    return list(dict.fromkeys(refs))
+    return list(dict.fromkeys(
+        f"Related: {repo}#{number}" for p in patches for repo, number in re.findall(
+            r"https://github\.com/([^/\s]+/[^/\s]+)/(?:issues|pull)/(\d+)",
+            " ".join((p.field("Bug-Upstream"), p.field("Bug"))))))
 
 
 def _tested(runs: list[TestRun]) -> list[str]:
-    if not runs:
-        return ["No test of its own comes with this PR."]
-    lines = []
-    for r in runs:
-        why = "" if r.ran else "could not run: "
-        lines.append(f"- `{r.command}`: {r.summary}" if r.outcome == "skip" else
-                     f"- `{r.command}` on the patched tree, {r.where}: {why}{r.summary}")
-    return lines
+    return [f"- `{r.command}`: {r.summary}" if r.outcome == "skip" else
+            f"- `{r.command}` on the patched tree, {r.where}: "
+            f"{'' if r.ran else 'could not run: '}{r.summary}"
+            for r in runs] or ["No test of its own comes with this PR."]
 
 
 def render_body(project: str, *, patches: list[Patch], tests: list[Patch],
