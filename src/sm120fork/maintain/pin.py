@@ -13,8 +13,9 @@ from typing import Any
 
 import tomlkit
 from packaging.version import Version
+from tomlkit.items import Table
 
-from sm120fork.declare import Project, Stack, load_stack, parse_stack
+from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin, load_stack, parse_stack
 from sm120fork.errors import ConfigError, MaintenanceError
 from sm120fork.fetch.index import project_page
 from sm120fork.fetch.kinds import source_kind
@@ -94,33 +95,33 @@ def check_declaration(path: Path, text: str, *, fix: str, pins: bool = True) -> 
             fix=f"nothing was written; `{fix}` restores the rest") from None
 
 
+def _fill(table: Table, pin: GitPin | SdistPin | WheelPin) -> Table:
+    """``pin``'s fields written into ``table`` (an empty ``url`` or ``note`` left out)."""
+    for field in dataclasses.fields(pin):
+        value = getattr(pin, field.name)
+        if value == "" and field.name in ("note", "url"):
+            table.pop(field.name, None)
+        else:
+            table[field.name] = value
+    return table
+
+
 def _set_pin(table: MutableMapping[str, Any], pin: NewPin) -> None:
-    """Write one project's pin into its table (an empty ``url`` or ``note`` left out)."""
+    """Write one project's pin into its table."""
     table["source"] = pin.source
     for name, value in (("git", pin.git), ("sdist", pin.sdist)):
         if value is None:
             table.pop(name, None)
             continue
-        sub = table.get(name)
-        if not isinstance(sub, MutableMapping):
-            sub = tomlkit.table()
-            table[name] = sub
-        for field in dataclasses.fields(value):
-            v = getattr(value, field.name)
-            if v == "" and field.name in ("note", "url"):
-                sub.pop(field.name, None)
-            else:
-                sub[field.name] = v
+        if not isinstance(table.get(name), MutableMapping):
+            table[name] = tomlkit.table()
+        _fill(table[name], value)
     if pin.wheels is not None:
         table.pop("wheels", None)
     if pin.wheels:
         aot = tomlkit.aot()
         for w in pin.wheels:
-            entry = tomlkit.table()
-            entry["filename"] = w.filename
-            entry["sha256"] = w.sha256
-            if w.url:
-                entry["url"] = w.url
+            entry = _fill(tomlkit.table(), w)
             aot.append(entry)
         entry.add(tomlkit.nl())  # a blank line before the table that follows
         table["wheels"] = aot

@@ -17,11 +17,8 @@ from sm120fork.maintain.state import (
     today,
 )
 from sm120fork.patch.refresh import RefreshResult
+from sm120fork.util.markdown import markdown_table
 from sm120fork.workspace import Workspace
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def report_file(ws: Workspace, stack: str, project: str, old: str, new: str) -> Path:
@@ -33,13 +30,9 @@ def report_path(ws: Workspace, state: BumpState) -> Path:
 
 
 def _table(results: Sequence[Classification]) -> list[str]:
-    lines = ["| patch | subject | verdict | Applied-Upstream | evidence |",
-             "|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {_md_escape(r.patch)} | {_md_escape(r.subject)} | **{r.verdict}** | "
-                     f"{_md_escape(r.applied_upstream) or '-'} | "
-                     f"{'<br>'.join(_md_escape(e) for e in r.evidence)} |")
-    return lines
+    return markdown_table(("patch", "subject", "verdict", "Applied-Upstream", "evidence"), (
+        (r.patch, r.subject, f"**{r.verdict}**", r.applied_upstream or "-",
+         "<br>".join(r.evidence)) for r in results))
 
 
 def verdict_counts(verdicts: Iterable[str]) -> str:
