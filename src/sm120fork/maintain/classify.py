@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -54,7 +55,7 @@ def moved_code(repo: Git, patch: Patch, new_version: Version) -> list[str]:
         gone = [line for line in lines if line not in here]
         if not gone or len(gone) < len(lines) / 2:
             continue  # most of it is still there: an ordinary conflict
-        hits: dict[str, int] = {}
+        hits: Counter[str] = Counter()
         for line in gone[:8]:
             try:
                 out = repo("grep", "-F", "-l", "-e", line, UPSTREAM_TAG, "--")
@@ -62,8 +63,7 @@ def moved_code(repo: Git, patch: Patch, new_version: Version) -> list[str]:
                 continue
             names = [n.partition(":")[2] for n in out.splitlines() if n.strip()]
             if len(names) <= _MOVED_MAX_FILES:
-                for name in names:
-                    hits[name] = hits.get(name, 0) + 1
+                hits.update(names)
         best = sorted(hits.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
         if best:
             found.append(
@@ -89,13 +89,9 @@ def classify(repo: Git, patch: Patch, new_version: Version,
     match = match_upstream(repo, patch)
     if _applies(repo, patch, env):
         n = match.fingerprints_present
-        evidence = ["applies exactly"]
-        if n:
-            evidence.append(f"but {n} fingerprint(s) already upstream: the artifact check "
-                            "will fail; review the patch and its fingerprint")
-        else:
-            evidence.append("fingerprint absent upstream")
-        return STILL_NEEDED, evidence
+        return STILL_NEEDED, ["applies exactly", f"but {n} fingerprint(s) already upstream: "
+                              "the artifact check will fail; review the patch and its "
+                              "fingerprint" if n else "fingerprint absent upstream"]
     if _applies(repo, patch, env, "--reverse"):
         return UPSTREAMED_IDENTICALLY, ["does not apply; reverse-applies cleanly"]
     evidence = ["does not apply, does not reverse-apply", *match.evidence]
@@ -111,11 +107,8 @@ def classify(repo: Git, patch: Patch, new_version: Version,
     if claimed is not None and claimed > new_version:
         return CONFLICT, [*evidence, f"but Applied-Upstream names {claimed}, later than "
                           f"{new_version}: check by hand"]
-    if claimed is not None:
-        evidence.append(f"Applied-Upstream {claimed} <= {new_version}: agrees")
-    else:
-        evidence.append("no Applied-Upstream field")
-    return UPSTREAMED_DIFFERENTLY, evidence
+    return UPSTREAMED_DIFFERENTLY, [*evidence, "no Applied-Upstream field" if claimed is None
+                                    else f"Applied-Upstream {claimed} <= {new_version}: agrees"]
 
 
 def classification(patch: Patch, verdict: str, evidence: Sequence[str]) -> Classification:

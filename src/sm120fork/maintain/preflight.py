@@ -79,13 +79,8 @@ def pins_refusing(stack: Stack, project: Project, new_version: str) -> list[str]
     """Why the stack's other projects would not accept ``project`` at ``new_version``."""
     moved = dataclasses.replace(project, version=new_version)
     projects = [moved if p.key == project.key else p for p in stack.projects]
-    found = []
-    for other in projects:
-        if other.key == project.key:
-            continue
-        for problem in coordinated_pin_problems(stack.path, other, projects):
-            found.append(problem.what + f" ({problem.where})")
-    return found
+    return [f"{problem.what} ({problem.where})" for other in projects if other is not moved
+            for problem in coordinated_pin_problems(stack.path, other, projects)]
 
 
 def check_pins(stack: Stack, project: Project, new_version: str) -> None:
@@ -149,23 +144,15 @@ def _package_files(project: Project, patch: Patch) -> list[str]:
     created = {line.split(" b/", 1)[1] for block in text.split("\ndiff --git a/")[1:]
                for line in [block.splitlines()[0]] if "\nnew file mode" in
                "\n".join(block.splitlines()[:3])}
-    out = []
-    for f in patch.files:
-        rel = project.package_path(f)
-        if rel is not None and f not in created:
-            out.append(rel)
-    return out
+    return [rel for f in patch.files
+            if f not in created and (rel := project.package_path(f)) is not None]
 
 
 def missing_targets(project: Project, patches: Sequence[Patch], release: Release
                     ) -> dict[str, list[str]]:
     """patch name -> its target files the release does not have."""
-    missing: dict[str, list[str]] = {}
-    for p in patches:
-        gone = [f for f in _package_files(project, p) if f not in release.files]
-        if gone:
-            missing[p.name] = gone
-    return missing
+    return {p.name: gone for p in patches
+            if (gone := [f for f in _package_files(project, p) if f not in release.files])}
 
 
 def check_layout(stacks: Sequence[Stack], stack: Stack, project: Project, new_version: str,
