@@ -30,7 +30,7 @@ from sm120fork.package.wheel import (
 )
 from sm120fork.patch.check import check_tree, fold_steps, refusal
 from sm120fork.patch.series import Series
-from sm120fork.patch.tree import prepare_tree
+from sm120fork.patch.tree import Tree, prepare_tree
 from sm120fork.util.files import atomic_copy, sha256_file
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
@@ -80,10 +80,15 @@ class Job:
             changed_files=changed_files, artifact_check=artifact_check, check=check)
 
 
-def check_tree_of(job: Job, tree: Path) -> str:
-    """The patched tree's check summary, or BuildError; with ``job.unchecked`` a failure
-    (or a check that cannot run) is published as :data:`UNCHECKED` and why."""
+def patched_tree(job: Job) -> tuple[Tree, str]:
+    """The fork tree with the series applied, and its check's summary, or BuildError;
+    with ``job.unchecked`` a failure (or a check that cannot run) is published as
+    :data:`UNCHECKED` and why."""
     stack, key = job.stack.name, job.project.key
+    job.stage(key, "fetching and patching")
+    made = prepare_tree(job.ws, job.stack, job.project, patches=job.series.patches,
+                        force=job.force, progress=job.progress)
+    tree = made.path
     anyway = f"`{command('build', '--stack', stack, '--unchecked')}`"
     job.stage(key, "checking the patched tree")
     try:
@@ -97,7 +102,7 @@ def check_tree_of(job: Job, tree: Path) -> str:
         why = exc.what
     else:
         if result.passed:
-            return result.summary
+            return made, result.summary
         if not job.unchecked:
             fold = fold_steps(tree, job.series.patches, result.failures[0].patch)
             raise refusal(result, BuildError, fix=(
@@ -107,7 +112,7 @@ def check_tree_of(job: Job, tree: Path) -> str:
                 f"refuse it): {anyway}"))
         why = f"fails its check: {result.failures[0]}"
     log.warning("%s: publishing a tree that was not checked (--unchecked): %s", key, why)
-    return f"{UNCHECKED}: {why}"
+    return made, f"{UNCHECKED}: {why}"
 
 
 class Build:
@@ -138,10 +143,7 @@ class FromSource(Build):
 
     def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
         project, key = job.project, job.project.key
-        job.stage(key, "fetching and patching")
-        tree = prepare_tree(job.ws, job.stack, project, patches=job.series.patches,
-                            force=job.force, progress=job.progress)
-        check = check_tree_of(job, tree.path)
+        tree, check = patched_tree(job)
         job.stage(key, "building the wheel")
         wheel = build_wheel(project, tree.repo, staging,
                             on_line=lambda line: job.stage(key, f"building: {line}"),
@@ -172,10 +174,7 @@ class RepackedWheels(Build):
         changed = check_series_for_wheel(project, series, inputs[0], stack=job.stack.name)
         for other in inputs[1:]:
             check_same_preimage(inputs[0], other, list(changed.values()))
-        job.stage(project.key, "fetching and patching")
-        tree = prepare_tree(job.ws, job.stack, project, patches=series.patches,
-                            force=job.force, progress=job.progress)
-        check = check_tree_of(job, tree.path)
+        tree, check = patched_tree(job)
         replacements = {member: (tree.path / path).read_bytes()
                         for path, member in changed.items()}
         epoch = str(tree.repo.commit_time())
