@@ -76,7 +76,6 @@ from sm120fork.maintain.state import (
     journal,
     restore,
     stage,
-    today,
 )
 from sm120fork.patch.check import check_tree
 from sm120fork.patch.refresh import (
@@ -204,7 +203,7 @@ def _bump(ws: Workspace, req: _Request) -> BumpResult:
         declaration=str(ws.forks_dir / f"{req.new_stack or req.stack}.toml"),
         series_dir=str(ws.root / "patches" / req.new_stack / project.key if req.new_stack
                        else ws.series_dir(project)),
-        results=[], started=today(), source_stack=stack.name,
+        results=[], source_stack=stack.name,
         companion_bumps=companion_bumps, coordinated_with=req.coordinated_with,
         moves=moves, command=req.command(downgrade=req.allow_downgrade))
     _journal(ws, state, stack)

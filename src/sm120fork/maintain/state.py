@@ -104,7 +104,6 @@ class BumpState:
     failed_check: list[str] = dataclasses.field(default_factory=list)
     #: The step the bump goes on from (``bump._resume``'s list).
     step: int = 0
-    started: str = ""
     command: str = ""
     #: The stack a ``--new-stack`` bump copies.
     source_stack: str = ""
