@@ -6,8 +6,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 
 from packaging.version import Version
 
@@ -116,30 +115,19 @@ def classification(patch: Patch, verdict: str, evidence: Sequence[str]) -> Class
                           evidence=tuple(evidence), applied_upstream=patch.applied_upstream)
 
 
-@contextmanager
-def _scratch_index(repo: Git) -> Iterator[str]:
-    """A throwaway index holding HEAD's tree: nothing in the work tree changes."""
-    fd, index = tempfile.mkstemp(prefix="sm120fork-bump-index.")
-    os.close(fd)
-    try:
-        repo("read-tree", "HEAD", env={"GIT_INDEX_FILE": index})
-        yield index
-    finally:
-        os.unlink(index)
-
-
 def preview(repo: Git, patches: Sequence[Patch], new_version: Version) -> list[Classification]:
     """Every patch classified before anything is applied, each on top of the earlier
     ones that apply (or merge): a conflict does not stop the preview."""
     results: list[Classification] = []
-    with _scratch_index(repo) as index:
+    with tempfile.TemporaryDirectory(prefix="sm120fork-bump-index.") as tmp:
+        index, trial = f"{tmp}/index", f"{tmp}/index.3way"  # the work tree stays untouched
         env = {"GIT_INDEX_FILE": index}
+        repo("read-tree", "HEAD", env=env)
         for patch in patches:
             verdict, evidence = classify(repo, patch, new_version, env)
             if verdict == STILL_NEEDED:
                 repo("apply", "--cached", str(patch.path), env=env)
             elif verdict in (CONFLICT, TARGET_MISSING):
-                trial = f"{index}.3way"
                 shutil.copyfile(index, trial)
                 try:
                     repo("apply", "--cached", "--3way", str(patch.path),
@@ -149,8 +137,5 @@ def preview(repo: Git, patches: Sequence[Patch], new_version: Version) -> list[C
                 else:
                     os.replace(trial, index)
                     verdict, evidence = MERGES_UNCHECKED, [*evidence, MERGES_3WAY]
-                finally:
-                    if os.path.exists(trial):
-                        os.unlink(trial)
             results.append(classification(patch, verdict, evidence))
     return results

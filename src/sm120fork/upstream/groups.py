@@ -224,11 +224,9 @@ class Prepared:
 
 def _commit_all(repo: Git, base: str, patches: list[Patch], who: tuple[str, str],
                 where: str) -> list[str]:
-    fd, index = tempfile.mkstemp(prefix="upstream-pr-index.")
-    os.close(fd)
-    env = {"GIT_INDEX_FILE": index}
     parent, commits = base, []
-    try:
+    with tempfile.TemporaryDirectory(prefix="upstream-pr-index.") as tmp:
+        env = {"GIT_INDEX_FILE": f"{tmp}/index"}
         for p in patches:
             repo("read-tree", parent, env=env)
             try:
@@ -245,8 +243,6 @@ def _commit_all(repo: Git, base: str, patches: list[Patch], who: tuple[str, str]
                                "GIT_COMMITTER_NAME": who[0], "GIT_COMMITTER_EMAIL": who[1],
                                "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})
             commits.append(parent)
-    finally:
-        os.unlink(index)
     return commits
 
 
@@ -326,8 +322,11 @@ def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
                                 summary="needs a GPU: not run here (the offline kit runs "
                                         "it: --harness upstream_tests)"))
             continue
-        if overlay is None:
-            overlay = _overlay(ws, project, python)
+        if overlay is None and project.layout:  # the layout's probe overlay, made once
+            from sm120fork.layouts import adapter
+
+            ensure = getattr(adapter(project.layout), "ensure_overlay", None)
+            overlay = ensure(ws.state_dir / "probe", python=python) if ensure else None
         env = {"PYTHONPATH": os.pathsep.join(
                    [*([str(overlay)] if overlay else []), str(tree / project.package_root),
                     str(src)]),
@@ -373,16 +372,6 @@ def first_error(output: str) -> str:
                     return after.strip()
     text = [line.strip() for line in lines if line.strip()]
     return text[-1] if text else ""
-
-
-def _overlay(ws: Workspace, project: Project, python: str) -> Path | None:
-    if not project.layout:
-        return None
-    from sm120fork.layouts import adapter
-
-    checks = adapter(project.layout)
-    ensure = getattr(checks, "ensure_overlay", None)
-    return ensure(ws.state_dir / "probe", python=python) if ensure else None
 
 
 def find_pr(today: ResolvedStack, project_key: str | None, name: str
@@ -444,7 +433,8 @@ def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, 
         branch = f"{pr.name}" + (f"-onto-{re.sub(r'[^A-Za-z0-9._-]', '-', onto)}" if onto
                                  else f"-{project.version}")
         git("update-ref", f"refs/heads/{branch}", commits[-1])
-        title = _title(pr)
+        title = (short_subject(pr.patches[0]) if len(pr.patches) == 1 else
+                 pr.name.replace("-", " ").capitalize().replace("Sm12x", "SM12x"))
         folder = out or ws.state_dir / "upstream" / stack.name / project.key / pr.name
         staging = folder.with_name(folder.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
@@ -618,9 +608,3 @@ def _refuse_leaks(staging: Path, words: list[str], machine: list[str], pr: str,
         where=where,
         fix="word the patch (its code, Subject and Description) as upstream would; "
             "split what only the fork needs into a Forwarded: not-needed patch on top")
-
-
-def _title(pr: PlannedPR) -> str:
-    if len(pr.patches) == 1:
-        return short_subject(pr.patches[0])
-    return pr.name.replace("-", " ").capitalize().replace("Sm12x", "SM12x")
