@@ -820,8 +820,14 @@ def _abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
         if BumpState.load(ws, state.stack, key) is not None:
             _abort(ws, state.stack, key)
     d = BumpState.directory(ws, stack_name, project_key)
-    _put_back_old_tree(ws, state, d)
-    trees = ws.trees_dir / state.stack
+    # The old pin's fork tree back, in renames (interrupted, it is whole somewhere).
+    trees, work = ws.trees_dir / state.stack, ws.trees_dir / state.stack / state.project
+    if kept := [p for p in (trees / f"{state.project}@{_PRE}", d / _PRE) if p.exists()]:
+        scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix("bump-abort"), dir=ws.state_dir))
+        if work.exists():
+            os.replace(work, scratch / "tree")
+        os.replace(kept[0], work)
+        shutil.rmtree(scratch)
     if state.created_stack and trees.exists():  # every fork tree of the new stack
         # Tens of thousands of files (FlashInfer's sdist): minutes on a slow disk.
         log.info("removing the fork trees of stack %s (%s)", state.stack,
@@ -836,20 +842,6 @@ def _abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
     return AbortResult(stack=state.stack, project=state.project,
                        restored_version=state.old_version,
                        removed_stack=state.created_stack, tree=tree)
-
-
-def _put_back_old_tree(ws: Workspace, state: BumpState, d: Path) -> None:
-    """The old pin's fork tree back, in renames (interrupted, it is whole somewhere)."""
-    work = ws.trees_dir / state.stack / state.project
-    kept = [p for p in (ws.trees_dir / state.stack / f"{state.project}@{_PRE}", d / _PRE)
-            if p.exists()]
-    if not kept:
-        return
-    scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix("bump-abort"), dir=ws.state_dir))
-    if work.exists():
-        os.replace(work, scratch / "tree")
-    os.replace(kept[0], work)
-    shutil.rmtree(scratch)
 
 
 def _checked_tree(ws: Workspace, stack_name: str, key: str) -> str:

@@ -124,14 +124,6 @@ def scratch_checkout(ws: Workspace, cache: Path) -> Iterator[Workspace]:
         yield scratch
 
 
-def _link_cache(ws: Workspace, cache: Path) -> None:
-    for real, kind in ((ws.sdist_cache, "sdists"), (ws.wheel_cache, "wheels")):
-        (cache / kind).mkdir(parents=True, exist_ok=True)
-        for f in sorted(real.glob("*")) if real.is_dir() else ():
-            if f.is_file() and not (cache / kind / f.name).exists():
-                (cache / kind / f.name).symlink_to(f.resolve())
-
-
 def _verdict(c: Classification) -> str:
     if c.verdict in UPSTREAMED:
         return UPSTREAM_HAS_IT
@@ -285,8 +277,12 @@ def watch(ws: Workspace, stacks: Sequence[str] = (), *, limit: int) -> list[Stac
         raise ConfigError(f"no stack {', '.join(missing)}", where="forks/",
                           fix=f"stacks: {', '.join(sorted(found))}")
     with tempfile.TemporaryDirectory(prefix=scratch_prefix("watch-cache")) as tmp:
-        cache = Path(tmp)
-        _link_cache(ws, cache)
+        cache = Path(tmp)  # the downloads every scratch bump shares, the checkout's linked
+        for real, kind in ((ws.sdist_cache, "sdists"), (ws.wheel_cache, "wheels")):
+            (cache / kind).mkdir(parents=True, exist_ok=True)
+            for f in sorted(real.glob("*")) if real.is_dir() else ():
+                if f.is_file() and not (cache / kind / f.name).exists():
+                    (cache / kind / f.name).symlink_to(f.resolve())
         return [StackWatch(stack=name, date=today(), limit=limit, projects=tuple(
                     watch_project(ws, found[name], p, limit=limit, cache=cache)
                     for p in found[name].projects)) for name in names]
