@@ -145,7 +145,7 @@ def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int
 
 
 def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.maintain.bump import bump, bump_abort, bump_continue
+    from sm120fork.maintain.bump import BumpRequest, bump, bump_abort, bump_continue
 
     if args.abort:
         try:
@@ -169,13 +169,10 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
                           allow_downgrade=args.allow_downgrade, new_stack=args.new_stack,
                           version=args.pep440, git_commit=args.git_commit)
     except KeyboardInterrupt:
-        _say_how_to_recover(ws, args.new_stack or args.stack, args.project, command(
-            "bump", args.stack, args.project,
-            *([args.revision] if args.revision else []),
-            *(["--new-stack", args.new_stack] if args.new_stack else []),
-            *(["--version", args.pep440] if args.pep440 else []),
-            *(["--git-commit", args.git_commit] if args.git_commit else []),
-            *(["--allow-downgrade"] if args.allow_downgrade else [])))
+        _say_how_to_recover(ws, args.new_stack or args.stack, args.project, BumpRequest(
+            stack=args.stack, project=args.project, revision=args.revision or "",
+            new_stack=args.new_stack, version=args.pep440,
+            git_commit=args.git_commit).command(downgrade=args.allow_downgrade))
         raise
     table = Table(title=f"{result.stack}/{result.project}: {result.old_version} -> "
                         f"{result.new_version}", title_justify="left")

@@ -132,8 +132,9 @@ class BumpResult:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Request:
-    """The bump as asked (``coordinated_with``: the project whose bump moves this one)."""
+class BumpRequest:
+    """The bump as asked (``coordinated_with``: the project whose bump moves this one), and
+    the command that asks it (no revision: ``--continue``'s)."""
 
     stack: str
     project: str
@@ -146,7 +147,8 @@ class _Request:
     moved_by: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def command(self, *, downgrade: bool) -> str:
-        return command("bump", self.stack, self.project, self.revision,
+        return command("bump", self.stack, self.project,
+                       *([self.revision] if self.revision else []),
                        *(["--new-stack", self.new_stack] if self.new_stack else []),
                        *(["--version", self.version] if self.version else []),
                        *(["--git-commit", self.git_commit] if self.git_commit else []),
@@ -160,12 +162,13 @@ def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
     with the projects the new release pins moved with it; checked before a file is
     written, then journaled so that ``--continue`` or ``--abort`` recovers any stop."""
     with ws.lock():
-        return _bump(ws, _Request(stack=stack_name, project=project_key, revision=revision,
-                                  allow_downgrade=allow_downgrade, new_stack=new_stack,
-                                  version=version, git_commit=git_commit))
+        return _bump(ws, BumpRequest(
+            stack=stack_name, project=project_key, revision=revision,
+            allow_downgrade=allow_downgrade, new_stack=new_stack, version=version,
+            git_commit=git_commit))
 
 
-def _bump(ws: Workspace, req: _Request) -> BumpResult:
+def _bump(ws: Workspace, req: BumpRequest) -> BumpResult:
     pending = BumpState.load(ws, req.new_stack or req.stack, req.project)
     if pending is not None:
         pinned_commit = pending.new_pin.git.commit if pending.new_pin.git else None
@@ -212,7 +215,7 @@ def _bump(ws: Workspace, req: _Request) -> BumpResult:
     return _resume(ws, state)
 
 
-def _target(req: _Request, project: Project) -> tuple[str, GitPin | None]:
+def _target(req: BumpRequest, project: Project) -> tuple[str, GitPin | None]:
     """The version the bump pins, and the git commit when the revision is one."""
     new_version, commit = req.version or req.revision, None
     if _SHA1.fullmatch(req.revision):
@@ -238,8 +241,8 @@ def _target(req: _Request, project: Project) -> tuple[str, GitPin | None]:
     return new_version, commit
 
 
-def _preflight(ws: Workspace, req: _Request, stack: Stack, scope: Stack, project: Project,
-               new: Version, commit: GitPin | None) -> None:
+def _preflight(ws: Workspace, req: BumpRequest, stack: Stack, scope: Stack,
+               project: Project, new: Version, commit: GitPin | None) -> None:
     """Before any download: the other pins accept the new version; no local work."""
     if not req.coordinated_with:
         try:
@@ -257,7 +260,7 @@ def _preflight(ws: Workspace, req: _Request, stack: Stack, scope: Stack, project
                              fix=keep_local_work_hint(work, why, stack, project))
 
 
-def _new_pin(ws: Workspace, req: _Request, project: Project, new: Version,
+def _new_pin(ws: Workspace, req: BumpRequest, project: Project, new: Version,
              commit: GitPin | None) -> tuple[NewPin, Release | None]:
     """The new pin, and the new release's own facts (None for a git commit)."""
     if commit is not None:  # a git commit: pin that version's sdist when the index has one
@@ -419,7 +422,7 @@ def _bump_companions(ws: Workspace, state: BumpState, resolved: ResolvedStack) -
         if pending is None and Version(current.version) == Version(version):
             continue  # done (by this bump, or by hand)
         try:
-            done = _resume(ws, pending) if pending is not None else _bump(ws, _Request(
+            done = _resume(ws, pending) if pending is not None else _bump(ws, BumpRequest(
                 stack=state.stack, project=key, revision=version, allow_downgrade=True,
                 coordinated_with=state.project,
                 moved_by={key: state.moves[key]} if key in state.moves else {}))
