@@ -111,19 +111,14 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
     lines[lines.index("## New pin"):lines.index("## New pin")] = [
         "## Summary", "", *(f"- {line}" for line in summary), ""]
     lines += ["## Classification (as applied)", "", *_table(results)]
-    dropped = [r for r in results if r.verdict in (*UPSTREAMED, DROPPED_BY_HAND)]
-    lines += ["", "## Left the series", ""]
-    if dropped:
-        for r in dropped:
-            how = (f"{r.verdict} in {state.new_version}" if r.verdict in UPSTREAMED else
-                   "dropped at its conflict (--skip)")
-            lines.append(f"- {r.patch} ({r.subject}): {how}"
-                         f"{'; upstream: ' + r.applied_upstream if r.applied_upstream else ''}")
-    else:
-        lines.append("None.")
+    left = [f"- {r.patch} ({r.subject}): " + (f"{r.verdict} in {state.new_version}"
+                                              if r.verdict in UPSTREAMED
+                                              else "dropped at its conflict (--skip)")
+            + (f"; upstream: {r.applied_upstream}" if r.applied_upstream else "")
+            for r in results if r.verdict in (*UPSTREAMED, DROPPED_BY_HAND)]
+    lines += ["", "## Left the series", "", *(left or ["None."])]
     lines += ["", "## Series after the bump", "",
-              f"Directory `{Path(state.series_dir).relative_to(ws.root)}`: "
-              f"{kept} "
+              f"Directory `{Path(state.series_dir).relative_to(ws.root)}`: {kept} "
               f"patch(es); added {len(refreshed.added)}, removed {len(refreshed.removed)}, "
               f"changed {len(refreshed.changed)}, unchanged {len(refreshed.unchanged)}.", ""]
     lines += [f"- {n}" for n in (*refreshed.added, *refreshed.changed, *refreshed.unchanged)]

@@ -123,12 +123,8 @@ def project_status(today: ResolvedStack, project: Project, manifest: Manifest | 
     failed_at = series.names().index(failures[0].patch) if failures else len(series.patches)
     rows: list[PatchStatus] = []
     for i, p in enumerate(series.patches):
-        if i < failed_at:
-            applies = "yes"
-        elif i == failed_at:
-            applies = f"NO: {failures[0].file}, {failures[0].hunk}"
-        else:
-            applies = "not checked"
+        applies = ("yes" if i < failed_at else "not checked" if i > failed_at
+                   else f"NO: {failures[0].file}, {failures[0].hunk}")
         match = match_upstream(repo, p)
         n, total = match.fingerprints_present, len(p.fingerprints)
         fp = "absent" if n == 0 else ("PRESENT" if n == total else f"partly ({n}/{total})")
