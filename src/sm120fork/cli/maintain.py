@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -236,7 +237,7 @@ def run_watch(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     found = watch(ws, args.stack, limit=args.limit)
     written = [write_report(ws, sw) for sw in found]
     if args.json:
-        console.print_json(json.dumps([sw.to_json() for sw in found]))
+        console.print_json(json.dumps([dataclasses.asdict(sw) for sw in found]))
     else:
         for sw in found:
             for pw in sw.projects:

@@ -9,7 +9,6 @@ import shutil
 import tomllib
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any
 
 import tomlkit
 from packaging.version import Version
@@ -106,7 +105,7 @@ def _fill(table: Table, pin: GitPin | SdistPin | WheelPin) -> Table:
     return table
 
 
-def _set_pin(table: MutableMapping[str, Any], pin: NewPin) -> None:
+def _set_pin(table: Table, pin: NewPin) -> None:
     """Write one project's pin into its table."""
     table["source"] = pin.source
     for name, value in (("git", pin.git), ("sdist", pin.sdist)):

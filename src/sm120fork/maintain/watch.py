@@ -101,9 +101,6 @@ class StackWatch:
     limit: int
     projects: tuple[ProjectWatch, ...]
 
-    def to_json(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
-
 
 @contextmanager
 def scratch_checkout(ws: Workspace, cache: Path) -> Iterator[Workspace]:
@@ -301,7 +298,7 @@ def write_report(ws: Workspace, sw: StackWatch) -> tuple[Path, Path]:
     json_path = ws.reports_dir / "watch" / f"{sw.stack}.json"
     md_path = json_path.with_suffix(".md")
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(json_path, json.dumps(sw.to_json(), indent=1) + "\n")
+    atomic_write_text(json_path, json.dumps(dataclasses.asdict(sw), indent=1) + "\n")
     atomic_write_text(md_path, "\n".join(markdown(sw)) + "\n")
     return json_path, md_path
 
