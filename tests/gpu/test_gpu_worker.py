@@ -269,7 +269,7 @@ def test_a_module_build_that_cannot_import_says_where_it_looked(
 def test_the_bench_plan_a_group_is_given_is_the_plan_its_ranks_measure(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan crosses the process edge in the group's spec file, read back typed."""
-    from sm120fork.gpu.bench import worker as bench_worker
+    from sm120fork.gpu.bench import timing as bench_worker
     from sm120fork.gpu.core.cases import bench_plan
     from sm120fork.gpu.core.launcher import Timeouts
     from sm120fork.gpu.core.variants import Variant

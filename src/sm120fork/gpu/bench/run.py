@@ -230,7 +230,7 @@ def run_group(plan: cases_mod.BenchPlan, variant: Variant, run_dir: Path, *,
               extra_env: Mapping[str, str] | None = None,
               module_failures: Mapping[str, str] | None = None,
               timeouts: Timeouts, backend: str = "trtllm", allow_multicast: bool = False,
-              worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.bench.worker"),
+              worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.bench.timing"),
               ) -> tuple[list[BenchRecord], Environment, GroupOutcome]:
     """Run one bench group of ``methods``: (bench records, environment, outcome)."""
     name = f"{tag}-{variant.name}"

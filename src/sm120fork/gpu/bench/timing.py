@@ -1,12 +1,13 @@
-"""The bench inside a rank: every method of :data:`sm120fork.gpu.methods.METHODS` driven
-the same way (:func:`drive`): one that cannot run here says why and is reported as not
-runnable, one whose output does not match the fp32 reference is reported with its failing
-check and never timed, the rest are timed in CUDA-graph replays; and the floors (empty
-graph op, flag handoff)."""
+"""The bench inside a rank, ``python -m sm120fork.gpu.bench.timing SPEC RANK``: every method
+of :data:`sm120fork.gpu.methods.METHODS` driven the same way (:func:`drive`): one that
+cannot run here says why and is reported as not runnable, one whose output does not match
+the fp32 reference is reported with its failing check and never timed, the rest are timed
+in CUDA-graph replays; and the floors (empty graph op, flag handoff)."""
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import statistics
 from collections.abc import Callable, Sequence
@@ -16,11 +17,13 @@ import torch
 import torch.distributed as dist
 
 from sm120fork.gpu.bench.adapters import FACTORIES, Adapter, Point
+from sm120fork.gpu.core import worker
 from sm120fork.gpu.core.cases import BenchPlan, Case
 from sm120fork.gpu.core.documents import BenchCheck, BenchRecord
 from sm120fork.gpu.core.rank import Rank, cuda_broken, say
 from sm120fork.gpu.core.reference import TORCH_DTYPES, compare, expected, generate
 from sm120fork.gpu.methods import ERROR, FAILED_CHECK, METHODS, NOT_RUNNABLE, STARTING, TIMED
+from sm120fork.util import typed
 
 
 def _capture(fns: Sequence[Callable[[], None]], repeat: int = 1) -> Any:
@@ -294,3 +297,20 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
                   "checks": checks,
                   "rank_medians_us": [s["median_us"] for s in every],
                   "rank_p90_us": [s["p90_us"] for s in every]})
+
+
+@dataclasses.dataclass(frozen=True)
+class _BenchSpec:
+    """What a bench rank reads of the group's spec (the rest is :class:`Rank`'s)."""
+
+    bench: BenchPlan
+    methods: list[str]
+
+
+def run(rank: Rank, spec: object) -> None:
+    read = typed.read(_BenchSpec, spec, "the bench spec", strict=False)
+    measure(rank, read.bench, read.methods)
+
+
+if __name__ == "__main__":
+    worker.serve({"bench": run})
