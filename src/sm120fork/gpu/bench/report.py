@@ -151,15 +151,10 @@ def render_bench_markdown(doc: BenchDoc) -> str:
               f"{meta.get('replays', '?')} CUDA-graph replays of "
               f"{meta.get('rotate', '?')} rotating buffer sets x "
               f"{meta.get('calls_per_buffer', '?')} calls, max over ranks.", ""]
-    skipped: dict[str, str] = {}
-    for r in doc.get("records", []):
-        if r.get("kind") == "floor" and (why := r.get("skipped")):
-            skipped[f"floor {r['method']}"] = str(why)
-        if r.get("kind") == "point" and (error := r.get("error")):
-            skipped[f"{r['method']} t={r['tokens']} h={r['hidden']}"] = error
+    skipped = sorted(f"- floor {r['method']}: {why}" for r in doc.get("records", [])
+                     if r.get("kind") == "floor" and (why := r.get("skipped")))
     if skipped:
-        lines += ["Skipped or failed:", ""]
-        lines += [f"- {k}: {v}" for k, v in sorted(skipped.items())] + [""]
+        lines += ["Skipped or failed:", "", *skipped, ""]
     fl = floors(doc)
     lines += ["## Floor", ""]
     lines += _md_table(("floor", "us"), [

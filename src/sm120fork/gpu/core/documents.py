@@ -97,7 +97,6 @@ class BenchRecord(TypedDict, total=False):
     samples: int
     rank_medians_us: list[float | None] | None
     rank_p90_us: list[float | None] | None
-    error: str | None
     #: a floor's reason it was not measured; the meta line's {what: why} of skipped rows
     skipped: str | dict[str, str] | None
     fused_api: str | None

@@ -396,7 +396,6 @@ def render(outcomes: Sequence[CaseOutcome], *, title: str, notes: Sequence[str])
     return "\n".join(lines) + "\n"
 
 
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LayerRoute:
     """A second install route of the stack: stock SGLang with the plugin beside it."""
