@@ -370,33 +370,30 @@ class RouteSpy:
 
     def __init__(self, group: GlooTPGroup) -> None:
         self.group = group
-        self.fused = self.pcie_ipc = 0
-        self._mark = (0, 0, 0)
+        self.calls = {"fused": 0, "pcie_ipc": 0}
+        self._mark = self._now()
 
-    def wrap(self, holder: Any, attr: str, counter: str) -> None:
+    def wrap(self, holder: Any, attr: str, route: str) -> None:
         real = getattr(holder, attr)
 
         def spied(*args: Any, **kwargs: Any) -> Any:
-            setattr(self, counter, getattr(self, counter) + 1)
+            self.calls[route] += 1
             return real(*args, **kwargs)
 
         setattr(holder, attr, spied)
 
-    def _now(self) -> tuple[int, int, int]:
-        return self.fused, self.pcie_ipc, self.group.all_reduce_calls
+    def _now(self) -> dict[str, int]:
+        return {**self.calls, "sglang_dispatch": self.group.all_reduce_calls}
 
     def start(self) -> None:
         self._mark = self._now()
 
     def route(self) -> str:
-        ran = [n - m for n, m in zip(self._now(), self._mark, strict=True)]
-        routes = ("fused", "pcie_ipc", "sglang_dispatch")
-        named = [route for route, n in zip(routes, ran, strict=True) if n]
-        if len(named) == 1:
-            return named[0]
-        fused, pcie, plain = ran
-        return (f"mixed (trtllm_allreduce_fusion {fused}, pcie_ipc {pcie}, plain "
-                f"all-reduce {plain})")
+        ran = {route: n - self._mark[route] for route, n in self._now().items()}
+        named = [route for route, n in ran.items() if n]
+        return named[0] if len(named) == 1 else (
+            f"mixed (trtllm_allreduce_fusion {ran['fused']}, pcie_ipc {ran['pcie_ipc']}, "
+            f"plain all-reduce {ran['sglang_dispatch']})")
 
 
 def spy_routes(group: GlooTPGroup, fake: FakeFlashInferComm | None) -> RouteSpy:
