@@ -16,7 +16,7 @@ from sm120fork.gpu.ab import launcher
 from sm120fork.gpu.core import runs, variants
 from sm120fork.gpu.core.cases import Case
 from sm120fork.gpu.core.launcher import Timeouts
-from sm120fork.util import supervise, wire
+from sm120fork.util import proc, wire
 from sm120fork.util.files import sha256_file
 
 FAKE_RANK = textwrap.dedent("""\
@@ -125,16 +125,16 @@ def test_fatal_line_stops_without_retry(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("spec-*.json"))) == 1
 
 
-def _children(cmds: list[list[str]], tmp_path: Path) -> list[supervise.Child]:
-    return [supervise.Child(argv=cmd, env={}, log=tmp_path / name)
+def _children(cmds: list[list[str]], tmp_path: Path) -> list[proc.Child]:
+    return [proc.Child(argv=cmd, env={}, log=tmp_path / name)
             for cmd, name in zip(cmds, "ab", strict=False)]
 
 
 def test_run_group_without_fail_fast_waits_for_all(tmp_path: Path) -> None:
     cmds = [[sys.executable, "-c", "import sys; sys.exit(2)"],
             [sys.executable, "-c", "import time; time.sleep(0.5); print('done')"]]
-    outcome = supervise.run_group(_children(cmds, tmp_path),
-                                  timeouts=supervise.Timeouts(idle=10, startup=10),
+    outcome = proc.run_group(_children(cmds, tmp_path),
+                                  timeouts=proc.Timeouts(idle=10, startup=10),
                                   fail_fast=False)
     assert outcome.returncodes == [2, 0]
     assert not outcome.ok
@@ -147,16 +147,16 @@ def test_a_rank_that_starts_slower_than_the_other_is_not_a_hang(tmp_path: Path) 
     cmds = [[sys.executable, "-c", "import time; print('up', flush=True); time.sleep(2.5); "
                                    "print('joined', flush=True)"],
             [sys.executable, "-c", "import time; time.sleep(2.0); print('up', flush=True)"]]
-    outcome = supervise.run_group(_children(cmds, tmp_path),
-                                  timeouts=supervise.Timeouts(idle=1.0, startup=60))
+    outcome = proc.run_group(_children(cmds, tmp_path),
+                                  timeouts=proc.Timeouts(idle=1.0, startup=60))
     assert outcome.ok, outcome.failure
     assert outcome.tails == [["up", "joined"], ["up"]]
 
 
 def test_ranks_that_have_all_spoken_and_go_silent_are_a_hang(tmp_path: Path) -> None:
     cmd = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
-    outcome = supervise.run_group(_children([cmd, cmd], tmp_path),
-                                  timeouts=supervise.Timeouts(idle=1.0, startup=60))
+    outcome = proc.run_group(_children([cmd, cmd], tmp_path),
+                                  timeouts=proc.Timeouts(idle=1.0, startup=60))
     assert outcome.kind == "hang", outcome.failure
 
 

@@ -140,7 +140,7 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
     from sm120fork.gpu.bench import run as bench_run
     from sm120fork.gpu.cli import main
     from sm120fork.gpu.core import variants
-    from sm120fork.util import supervise
+    from sm120fork.util import proc
 
     monkeypatch.setattr(variants, "compile_variants", lambda installed, *_a, **_k: {
         v.name: variants.ModuleBuild(ok=True, env={"gpu_count": 1, "gpus": ["Fake GPU"]},
@@ -153,7 +153,7 @@ def test_bench_on_a_shared_gpu_writes_reports_and_a_policy_not_for_use(
                        "module_failures": kw["module_failures"]})
         recs = [r for r in _records() if r["method"] in kw["methods"]
                 and r["tokens"] in plan.tokens]
-        return recs, {"shared": True}, supervise.GroupOutcome(ok=True)
+        return recs, {"shared": True}, proc.GroupOutcome(ok=True)
 
     monkeypatch.setattr(bench_run, "run_group", run_group)
     out = tmp_path / "out"
@@ -182,7 +182,7 @@ def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_gro
     from sm120fork.gpu.bench import run as bench_run
     from sm120fork.gpu.cli import main
     from sm120fork.gpu.core import variants
-    from sm120fork.util import supervise
+    from sm120fork.util import proc
 
     monkeypatch.setattr(variants, "compile_variants", lambda installed, *_a, **_k: {
         v.name: variants.ModuleBuild(ok=True, env={"gpu_count": 2, "gpus": ["Fake GPU"]})
@@ -196,10 +196,10 @@ def test_a_method_that_kills_the_ranks_is_recorded_and_the_rest_run_in_a_new_gro
         for name in names:
             recs.append({"kind": "method", "method": name, "status": "starting"})
             if name == "fused_twoshot":  # an illegal address: the ranks exit
-                return recs, {}, supervise.GroupOutcome(ok=False, kind="crash",
+                return recs, {}, proc.GroupOutcome(ok=False, kind="crash",
                                                         failure="rank 1 exited with code 3")
             recs.append(_point(name, 1, 7168, 5.0))
-        return recs, {}, supervise.GroupOutcome(ok=True)
+        return recs, {}, proc.GroupOutcome(ok=True)
 
     monkeypatch.setattr(bench_run, "run_group", run_group)
     out = tmp_path / "out"

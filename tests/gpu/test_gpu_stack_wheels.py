@@ -86,7 +86,7 @@ def test_a_bench_from_a_stack_records_its_provenance(
     from sm120fork.gpu.bench import run as bench_run
     from sm120fork.gpu.cli import main
     from sm120fork.gpu.core import variants
-    from sm120fork.util import supervise
+    from sm120fork.util import proc
 
     root = checkout_copy(tmp_path, sdists=False)
     monkeypatch.setenv("SM120FORK_ROOT", str(root))
@@ -106,7 +106,7 @@ def test_a_bench_from_a_stack_records_its_provenance(
     monkeypatch.setattr(bench_run, "run_group", lambda *_a, **kw: (
         [{"kind": "point", "method": m, "tokens": 1, "hidden": 7168, "status": "timed",
           "median_us": 5.0, "rank_medians_us": [5.0, 5.0], "rank_p90_us": [6.0, 6.0]}
-         for m in kw["methods"]], {}, supervise.GroupOutcome(ok=True)))
+         for m in kw["methods"]], {}, proc.GroupOutcome(ok=True)))
     out = tmp_path / "out"
     assert main(["bench", "--stack", "sglang-0.5.23", "--world-sizes", "2",
                  "--method", "fused_auto", "--work-dir", str(tmp_path / "w"),

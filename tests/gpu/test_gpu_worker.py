@@ -273,14 +273,14 @@ def test_the_bench_plan_a_group_is_given_is_the_plan_its_ranks_measure(
     from sm120fork.gpu.core.cases import bench_plan
     from sm120fork.gpu.core.launcher import Timeouts
     from sm120fork.gpu.core.variants import Variant
-    from sm120fork.util import supervise
+    from sm120fork.util import proc
 
     plan = dataclasses.replace(bench_plan(4, quick=True, tokens=[1, 3]), floors=False)
     specs: list[dict[str, Any]] = []
 
     def run_ranks(_worker: Any, spec_path: Path, world: int, *_a: Any) -> Any:
         specs.append({**json.loads(spec_path.read_text()), "ranks": world})
-        return supervise.GroupOutcome(ok=True)
+        return proc.GroupOutcome(ok=True)
 
     monkeypatch.setattr(bench_run, "run_ranks", run_ranks)
     variant = Variant(name="patched", wheel=None, sha256=None, site=None, jit_base=tmp_path)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers_proc import HANGING_CHILD, sigterm_ends_every_child
-from sm120fork.util import supervise, wire
+from sm120fork.util import proc, wire
 
 
 def test_a_message_reads_back_as_written() -> None:
@@ -32,8 +32,8 @@ def test_a_line_with_the_marker_that_does_not_decode_is_an_error(line: str, says
     assert line in str(caught.value)
 
 
-def _child(tmp_path: Path, name: str, code: str) -> supervise.Child:
-    return supervise.Child(argv=[sys.executable, "-c", textwrap.dedent(code)],
+def _child(tmp_path: Path, name: str, code: str) -> proc.Child:
+    return proc.Child(argv=[sys.executable, "-c", textwrap.dedent(code)],
                            env={"PATH": "/usr/bin:/bin"}, log=tmp_path / f"{name}.log",
                            name=name)
 
@@ -45,7 +45,7 @@ def test_a_child_of_another_wire_version_is_named_with_its_line(tmp_path: Path) 
         print('@@sm120fork/0 RESULT {"status": "pass"}', flush=True)
         time.sleep(600)""")
     started = time.monotonic()
-    outcome = supervise.run_group([good, old], timeouts=supervise.Timeouts(startup=60, idle=60))
+    outcome = proc.run_group([good, old], timeouts=proc.Timeouts(startup=60, idle=60))
     assert outcome.kind == "protocol"
     assert outcome.failure is not None
     assert outcome.failure.startswith("rank 1: ")
@@ -62,9 +62,9 @@ def test_messages_are_kept_per_child_and_ready_waits_for_every_child(tmp_path: P
         say("READY")
         say("RESULT", {"n": sys.argv[1]})
         """
-    kids = [supervise.Child(argv=[sys.executable, "-c", textwrap.dedent(code), delay],
+    kids = [proc.Child(argv=[sys.executable, "-c", textwrap.dedent(code), delay],
                             env={}, log=tmp_path / f"{delay}.log") for delay in ("0", "0.5")]
-    outcome = supervise.run_group(kids, timeouts=supervise.Timeouts(startup=60, run=60),
+    outcome = proc.run_group(kids, timeouts=proc.Timeouts(startup=60, run=60),
                                   ready="READY")
     assert outcome.ok, outcome.failure
     assert [c.last("RESULT") for c in outcome.children] == [{"n": "0"}, {"n": "0.5"}]
@@ -78,12 +78,12 @@ def test_each_bound_of_the_one_timeouts_object_ends_a_hanging_child(
     code = "from sm120fork.util.wire import say; import time; say('READY'); time.sleep(600)"
     if bound == "startup":
         code = "import time; time.sleep(600)"
-    timeouts = {"startup": supervise.Timeouts(startup=1.0),
-                "run": supervise.Timeouts(startup=60, run=1.0),
-                "deadline": supervise.Timeouts(deadline=time.monotonic() + 1.5)}[bound]
-    kid = supervise.Child(argv=[sys.executable, "-c", code], env={}, log=tmp_path / "k.log")
+    timeouts = {"startup": proc.Timeouts(startup=1.0),
+                "run": proc.Timeouts(startup=60, run=1.0),
+                "deadline": proc.Timeouts(deadline=time.monotonic() + 1.5)}[bound]
+    kid = proc.Child(argv=[sys.executable, "-c", code], env={}, log=tmp_path / "k.log")
     started = time.monotonic()
-    outcome = supervise.run_group([kid], timeouts=timeouts, ready="READY")
+    outcome = proc.run_group([kid], timeouts=timeouts, ready="READY")
     assert outcome.kind == ("budget" if bound == "deadline" else "hang"), outcome.failure
     assert outcome.children[0].stopped
     assert time.monotonic() - started < 30
@@ -94,11 +94,11 @@ def test_sigterm_to_the_parent_ends_every_child_with_its_group(tmp_path: Path) -
     parent = textwrap.dedent(f"""\
         import os, sys
         from pathlib import Path
-        from sm120fork.util import supervise
-        kids = [supervise.Child(argv=[sys.executable, "-c", {HANGING_CHILD!r}],
+        from sm120fork.util import proc
+        kids = [proc.Child(argv=[sys.executable, "-c", {HANGING_CHILD!r}],
                                 env=dict(os.environ), log=Path({str(tmp_path)!r}) / f"{{i}}.log")
                 for i in range(2)]
-        supervise.run_group(kids, timeouts=supervise.Timeouts())
+        proc.run_group(kids, timeouts=proc.Timeouts())
         """)
     sigterm_ends_every_child(parent, marks, children=2)
 
@@ -109,11 +109,11 @@ def test_sigterm_while_waiting_on_a_pools_children_ends_them_at_once(tmp_path: P
     parent = textwrap.dedent(f"""\
         import sys
         from concurrent.futures import ThreadPoolExecutor
-        from sm120fork.util import proc, supervise
+        from sm120fork.util import proc
         with ThreadPoolExecutor(max_workers=2) as pool:
             futures = [pool.submit(proc.run, [sys.executable, "-c", {HANGING_CHILD!r}],
                                    timeout=600) for _ in range(2)]
-            with supervise.ending_children():
+            with proc.ending_children():
                 [f.result() for f in futures]
         """)
     started = time.monotonic()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from sm120fork.errors import CommandError, VerifyError
-from sm120fork.util import proc, supervise, typed, wire
+from sm120fork.util import proc, typed, wire
 
 #: A traceback's frame, its last line (the exception), and a module that is not there.
 _FRAME = re.compile(r'^  File "([^"]+)", line (\d+)', re.MULTILINE)
@@ -55,7 +55,7 @@ def gather(jobs: Mapping[K, Callable[[], T]], workers: int) -> dict[K, T]:
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {key: pool.submit(job) for key, job in jobs.items()}
         try:
-            with supervise.ending_children():
+            with proc.ending_children():
                 return {key: future.result() for key, future in futures.items()}
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
@@ -154,7 +154,7 @@ def run_probe(module: str, request: Mapping[str, object], *, tree: Path,
               env: Mapping[str, str], python: str | os.PathLike[str], timeout: float,
               what: str, fix: str) -> list[Observation]:
     try:
-        with supervise.sigterm_unwinds():
+        with proc.sigterm_unwinds():
             completed = proc.run([python, "-m", module, json.dumps(request)],
                                  cwd=tree, env=env, timeout=timeout)
         results = wire.last(completed.stdout, RESULT)

@@ -17,7 +17,7 @@ from sm120fork.gpu.core.cases import CUSTOM_API, Case
 from sm120fork.gpu.core.launcher import Timeouts, run_ranks
 from sm120fork.gpu.core.variants import Variant
 from sm120fork.util import typed, wire
-from sm120fork.util.supervise import GroupOutcome
+from sm120fork.util.proc import GroupOutcome
 
 
 def _merge(case: Case, records: dict[int, CaseResult]) -> CaseResult:

@@ -23,7 +23,7 @@ from sm120fork.gpu.core.records import now
 from sm120fork.gpu.core.runs import RunOptions
 from sm120fork.gpu.core.variants import Variant
 from sm120fork.util import wire
-from sm120fork.util.supervise import GroupOutcome
+from sm120fork.util.proc import GroupOutcome
 from sm120fork.util.typed import json_file
 
 log = logging.getLogger("sm120fork")

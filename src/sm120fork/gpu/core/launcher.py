@@ -9,12 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sm120fork.gpu.core.variants import Variant
-from sm120fork.util import supervise, wire
-from sm120fork.util.supervise import Child, GroupOutcome
+from sm120fork.util import proc, wire
+from sm120fork.util.proc import Child, GroupOutcome
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Timeouts(supervise.Timeouts):
+class Timeouts(proc.Timeouts):
     """The supervisor's bounds with the launcher's defaults, and its circuit breaker."""
 
     startup: float | None = 300.0
@@ -31,7 +31,7 @@ def run_ranks(worker: Sequence[str], spec_path: Path, world: int, variant: Varia
                settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
     """One worker process per rank on ``spec_path``, logging to ``<log_stem>-rank<r>.log``."""
     env = {**variant.env(os.environ), **(extra_env or {})}
-    return supervise.run_group(
+    return proc.run_group(
         [Child(argv=[*worker, str(spec_path), str(r)], env=env, name=f"rank {r}",
                log=log_stem.with_name(f"{log_stem.name}-rank{r}.log")) for r in range(world)],
         timeouts=timeouts, on_message=on_message, settled=settled)

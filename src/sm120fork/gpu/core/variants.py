@@ -15,7 +15,7 @@ from pathlib import Path
 from sm120fork.errors import CommandError, ConfigError
 from sm120fork.gpu.core.documents import Environment, VariantInfo
 from sm120fork.gpu.core.safety import rank_environment
-from sm120fork.util import proc, supervise, wire
+from sm120fork.util import proc, wire
 from sm120fork.util.files import made_once, sha256_file, wheel_record_sha256
 
 log = logging.getLogger("sm120fork")
@@ -150,11 +150,11 @@ def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Seq
         elif message.tag == "MODULE" and not message.data.get("ok"):
             module_failures.setdefault(idx, {})[message.data["module"]] = message.data["reason"]
 
-    outcome = supervise.run_group(
-        [supervise.Child(argv=[sys.executable, "-m", "sm120fork.gpu.core.worker", str(spec)],
+    outcome = proc.run_group(
+        [proc.Child(argv=[sys.executable, "-m", "sm120fork.gpu.core.worker", str(spec)],
                          env=v.env(os.environ), log=run_dir / f"compile-{v.name}.log",
                          name=f"variant {v.name}") for v in variants],
-        timeouts=supervise.Timeouts(startup=timeout, idle=timeout), on_message=on_message,
+        timeouts=proc.Timeouts(startup=timeout, idle=timeout), on_message=on_message,
         fail_fast=False)
     result = {}
     for idx, v in enumerate(variants):

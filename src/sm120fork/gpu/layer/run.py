@@ -40,7 +40,7 @@ from sm120fork.gpu.layer.rank import (
     RankRequest,
 )
 from sm120fork.layouts import LAYOUTS, adapter
-from sm120fork.util import proc, supervise, typed
+from sm120fork.util import proc, typed
 
 log = logging.getLogger("sm120fork")
 RANK_MODULE = "sm120fork.gpu.layer.rank"
@@ -291,14 +291,14 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
             policy_path = Path(tmp) / "policy.json"
             policy_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
             request = dataclasses.replace(request, policy_path=str(policy_path))
-        children = [supervise.Child(
+        children = [proc.Child(
             argv=[os.fspath(python), "-m", RANK_MODULE,
                   json.dumps(dataclasses.asdict(dataclasses.replace(request, rank=rank)))],
             env=rank_env, name=f"rank {rank}", log=Path(tmp) / f"rank{rank}.out",
             stderr=Path(tmp) / f"rank{rank}.err") for rank in range(world_size)]
-        group = supervise.run_group(
+        group = proc.run_group(
             children, ready=READY,
-            timeouts=supervise.Timeouts(startup=start_timeout, run=timeout, grace=PEER_GRACE_S))
+            timeouts=proc.Timeouts(startup=start_timeout, run=timeout, grace=PEER_GRACE_S))
         ranks, exits, tails, problems = _collect(group, Path(tmp), started, case)
     hung = group.kind == "hang"
     if hung:
@@ -315,7 +315,7 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
                        tails=[] if not problems else tails, exits=exits, variant=variant)
 
 
-def _collect(group: supervise.GroupOutcome, logs: Path, started: float, case: str,
+def _collect(group: proc.GroupOutcome, logs: Path, started: float, case: str,
              ) -> tuple[list[Observation], list[Ended], list[str], list[str]]:
     ready_at = group.ready_at if group.ready_at is not None else started
     ranks, exits, tails, problems = [], [], [], []
