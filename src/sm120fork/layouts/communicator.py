@@ -18,7 +18,7 @@ import sys
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 from unittest import mock
 
 from sm120fork.harness import fake_gpu
@@ -33,6 +33,8 @@ from sm120fork.layouts.results import (
     compact,
     gather,
     judged,
+    number_in,
+    setting_in,
     sglang_trees,
 )
 from sm120fork.layouts.results import run_probe as run_probe_module
@@ -56,22 +58,13 @@ TOGETHER_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
 EXCHANGE_TIMEOUT_S = 3.0
 
 
-def _tp(scenario: str) -> int:
-    return int(scenario.partition(" tp")[2].split(maxsplit=1)[0])
-
-
-def _env(scenario: str) -> str | None:
-    _, sep, value = scenario.partition(f"{SM120_ENV}=")
-    return value if sep else None
-
-
 def _logged(decision: dict[str, bool]) -> dict[str, bool | int]:
     return {**decision, "sm12x_lines": 1}
 
 
 def expected_sm12x(scenario: str, *, buildable: bool = True) -> Any:
     """What the series promises on SM12x (not ``buildable``: CUDA too old, fusion off)."""
-    env = _env(scenario)
+    env = setting_in(scenario, SM120_ENV)
     if env is not None and env not in ("0", "off", "1", "on"):
         return "error"
     if not buildable or scenario.startswith("enforce-disable"):
@@ -79,7 +72,7 @@ def expected_sm12x(scenario: str, *, buildable: bool = True) -> Any:
     if scenario.startswith("explicit-flag"):
         return _logged(ON)
     if env is None:
-        return _logged(ON if _tp(scenario) == 2 else OFF)
+        return _logged(ON if number_in(scenario, "tp") == 2 else OFF)
     return _logged(OFF if env in ("0", "off") else ON)
 
 
@@ -91,7 +84,7 @@ def expected_upstream(capability: str, scenario: str) -> Any:
     fusion_arch = capability in ("9.0", "10.0")
     if scenario.startswith("explicit-flag"):
         return {**(ON if fusion_arch else FLAG_ONLY), **quiet}
-    return {**(ON if fusion_arch and _tp(scenario) > 1 else OFF), **quiet}
+    return {**(ON if fusion_arch and number_in(scenario, "tp") > 1 else OFF), **quiet}
 
 
 #: The probe's "fallbacks" suite, run at 12.0: case -> (patch ID, expected observation).
@@ -265,28 +258,22 @@ def _decide(*, tp: int, explicit: bool = False, env: str | None = None,
             "detail": " | ".join(notes)}
 
 
-class Decision(TypedDict):
-    tp: int
-    explicit: NotRequired[bool]
-    env: NotRequired[str]
-    enforce_disable: NotRequired[bool]
+def decision_scenarios() -> list[str]:
+    """Each case's name says its settings (:func:`_decide_named` reads them back)."""
+    return [
+        *(f"explicit-flag tp{tp}" for tp in (2, 4, 8)),
+        *(f"auto tp{tp}" for tp in (1, 2, 4, 8)),
+        *(f"auto tp{tp} {SM120_ENV}={env}" for env in ("0", "off", "1", "on") for tp in (2, 4, 8)),
+        f"auto tp2 {SM120_ENV}=maybe",
+        "enforce-disable auto tp2",
+        "enforce-disable explicit tp4",
+    ]
 
 
-def decision_scenarios() -> list[tuple[str, Decision]]:
-    scenarios: list[tuple[str, Decision]] = []
-    for tp in (2, 4, 8):
-        scenarios.append((f"explicit-flag tp{tp}", {"tp": tp, "explicit": True}))
-    for tp in (1, 2, 4, 8):
-        scenarios.append((f"auto tp{tp}", {"tp": tp}))
-    for env in ("0", "off", "1", "on"):
-        for tp in (2, 4, 8):
-            scenarios.append((f"auto tp{tp} {SM120_ENV}={env}", {"tp": tp, "env": env}))
-    scenarios.append((f"auto tp2 {SM120_ENV}=maybe", {"tp": 2, "env": "maybe"}))
-    scenarios.append(("enforce-disable auto tp2", {"tp": 2, "enforce_disable": True}))
-    scenarios.append(
-        ("enforce-disable explicit tp4", {"tp": 4, "explicit": True, "enforce_disable": True})
-    )
-    return scenarios
+def _decide_named(name: str) -> fake_gpu.Observation:
+    return _decide(tp=number_in(name, "tp"), explicit="explicit" in name,
+                   env=setting_in(name, SM120_ENV),
+                   enforce_disable=name.startswith("enforce-disable"))
 
 
 def _reference_norm(x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:
@@ -354,8 +341,7 @@ def _fallback_case() -> fake_gpu.Observation:
 
 
 SUITES: dict[str, Callable[[], list[fake_gpu.Observation]]] = {
-    "decisions": lambda: [{"name": name, **_decide(**params)}
-                          for name, params in decision_scenarios()],
+    "decisions": lambda: [{"name": name, **_decide_named(name)} for name in decision_scenarios()],
     "fallbacks": lambda: [{"name": "fused call returns None", **_fallback_case()}],
 }
 

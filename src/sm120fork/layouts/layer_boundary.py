@@ -20,7 +20,7 @@ import sys
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.harness import fake_gpu
@@ -33,6 +33,8 @@ from sm120fork.layouts.results import (
     compact,
     gather,
     judged,
+    number_in,
+    setting_in,
     sglang_trees,
 )
 from sm120fork.layouts.results import run_probe as run_probe_module
@@ -95,11 +97,6 @@ def run_probe(tree: Path, capability: str, *, overlay: Path,
         fix="install the probe's requirements and its overlay")
 
 
-def _env(scenario: str, variable: str) -> str | None:
-    _, sep, value = scenario.partition(f"{variable}=")
-    return value.split()[0] if sep else None
-
-
 def expected_sm12x(name: str) -> Any:
     suite, _, scenario = name.partition(": ")
     words = scenario.split()
@@ -113,7 +110,7 @@ def expected_sm12x(name: str) -> Any:
     if suite == "plain":
         if scenario.startswith("backend=None"):
             return {"flashinfer_plain_allreduce": False, "sm12x_log_lines": 0}
-        env = _env(scenario, PLAIN_ENV)
+        env = setting_in(scenario, PLAIN_ENV)
         if env not in (None, "0", "off", "1", "on"):
             return "error"
         return {"flashinfer_plain_allreduce": env in ("1", "on"), "sm12x_log_lines": 1}
@@ -128,7 +125,7 @@ def _expected_auto(scenario: str) -> Any:
     if scenario.startswith("explicit-trtllm"):
         return {"backend": "trtllm", "runs": "trtllm", "sm12x_log_lines": 1}
     tp, nodes = int(words[1].removeprefix("tp")), words[2]
-    env = _env(scenario, AUTO_ENV)
+    env = setting_in(scenario, AUTO_ENV)
     if env not in (None, "0", "off", "1", "on"):
         return "error"
     on = {"backend": "auto", "runs": "trtllm", "sm12x_log_lines": 1}
@@ -268,14 +265,6 @@ ALLOC_GRANULARITY = 2 << 20
 MULTICAST_GRANULARITY = 64 << 20
 
 
-class AutoScenario(TypedDict):
-    tp: int
-    nodes: int
-    env: NotRequired[str]
-    backend: NotRequired[str]
-    enforce_disable: NotRequired[bool]
-
-
 def _error(exc: Exception) -> fake_gpu.Observation:
     return {"observed": "error", "detail": f"{type(exc).__name__}: {exc}"}
 
@@ -295,25 +284,25 @@ def run_resolve() -> list[fake_gpu.Observation]:
     return results
 
 
-def auto_scenarios() -> list[tuple[str, AutoScenario]]:
-    scenarios: list[tuple[str, AutoScenario]] = []
-    for nodes in (1, 2):
-        for tp in (1, 2, 4, 8):
-            scenarios.append((f"auto tp{tp} nodes{nodes}", {"tp": tp, "nodes": nodes}))
-    for env in ("0", "off", "1", "on"):
-        for tp in (2, 4, 8):
-            scenarios.append((f"auto tp{tp} nodes1 {AUTO_ENV}={env}",
-                              {"tp": tp, "nodes": 1, "env": env}))
-    scenarios.append((f"auto tp2 nodes2 {AUTO_ENV}=1", {"tp": 2, "nodes": 2, "env": "1"}))
-    scenarios.append((f"auto tp2 nodes1 {AUTO_ENV}=maybe", {"tp": 2, "nodes": 1, "env": "maybe"}))
-    for tp in (2, 4, 8):
-        scenarios.append((f"explicit-trtllm tp{tp} nodes1",
-                          {"tp": tp, "nodes": 1, "backend": "trtllm"}))
-    scenarios.append(("enforce-disable auto tp2 nodes1",
-                      {"tp": 2, "nodes": 1, "enforce_disable": True}))
-    scenarios.append(("enforce-disable explicit-trtllm tp4 nodes1",
-                      {"tp": 4, "nodes": 1, "backend": "trtllm", "enforce_disable": True}))
-    return scenarios
+def auto_scenarios() -> list[str]:
+    """Each case's name says its settings (:func:`_auto_named` reads them back)."""
+    return [
+        *(f"auto tp{tp} nodes{nodes}" for nodes in (1, 2) for tp in (1, 2, 4, 8)),
+        *(f"auto tp{tp} nodes1 {AUTO_ENV}={env}" for env in ("0", "off", "1", "on")
+          for tp in (2, 4, 8)),
+        f"auto tp2 nodes2 {AUTO_ENV}=1",
+        f"auto tp2 nodes1 {AUTO_ENV}=maybe",
+        *(f"explicit-trtllm tp{tp} nodes1" for tp in (2, 4, 8)),
+        "enforce-disable auto tp2 nodes1",
+        "enforce-disable explicit-trtllm tp4 nodes1",
+    ]
+
+
+def _auto_named(name: str) -> fake_gpu.Observation:
+    return _auto_case(tp=number_in(name, "tp"), nodes=number_in(name, "nodes"),
+                      env=setting_in(name, AUTO_ENV),
+                      backend="trtllm" if "explicit-trtllm" in name else None,
+                      enforce_disable=name.startswith("enforce-disable"))
 
 
 def _auto_case(*, tp: int, nodes: int, env: str | None = None, backend: str | None = None,
@@ -459,7 +448,7 @@ def run_preflight() -> list[fake_gpu.Observation]:
 
 SUITES: dict[str, Callable[[], list[fake_gpu.Observation]]] = {
     "resolve": run_resolve,
-    "auto": lambda: [{"name": name, **_auto_case(**params)} for name, params in auto_scenarios()],
+    "auto": lambda: [{"name": name, **_auto_named(name)} for name in auto_scenarios()],
     "applies": run_applies,
     "plain": run_plain,
     "preflight": run_preflight,

@@ -39,6 +39,17 @@ def compact(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def setting_in(scenario: str, variable: str) -> str | None:
+    """The value a case's name gives ``variable`` (``... VAR=1``), None when it gives none."""
+    _, sep, value = scenario.partition(f"{variable}=")
+    return value.split()[0] if sep else None
+
+
+def number_in(scenario: str, key: str) -> int:
+    """The number a case's name gives ``key`` (``auto tp2 nodes1`` -> 2 for ``tp``)."""
+    return int(scenario.partition(f" {key}")[2].split(maxsplit=1)[0])
+
+
 K = TypeVar("K")
 T = TypeVar("T")
 
