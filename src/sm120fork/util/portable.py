@@ -1,5 +1,6 @@
-"""Reports carry no absolute path of the machine that made them: a path under the project
-root is relative, others are named by role (``<out>``, ``<tmp>``, ``~``).  Stdlib only."""
+"""What reports share: no absolute path of the machine that made them (a path under the
+project root is relative, others are named by role: ``<out>``, ``<tmp>``, ``~``), and the
+one markdown-table writer.  Stdlib only."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,14 @@ def portable(value: Any, roles: Roles | Callable[[str], str]) -> Any:
     if isinstance(value, dict):
         return {k: portable(v, roles) for k, v in value.items()}
     return value
+
+
+def _cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """A GitHub-flavoured table's lines; ``|`` in cells is escaped, newlines become spaces."""
+    out = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return out

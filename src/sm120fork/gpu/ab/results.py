@@ -16,7 +16,7 @@ from sm120fork.gpu.core.cases import Case
 from sm120fork.gpu.core.documents import Environment, MadeFrom, VariantInfo
 from sm120fork.gpu.core.report import built_manifest, completion_lines, env_lines, made_from
 from sm120fork.util import portable, typed
-from sm120fork.util.markdown import markdown_table as _md_table
+from sm120fork.util.portable import markdown_table as _md_table
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from sm120fork.util.markdown import markdown_table
+from sm120fork.util.portable import markdown_table
 
 Range = tuple[float, float]
 LABEL = ("PROJECTION from public figures (SM120-FACTS.md), not a measurement: no SM12x "

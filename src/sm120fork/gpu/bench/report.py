@@ -13,7 +13,7 @@ from sm120fork.gpu.core.documents import (
 )
 from sm120fork.gpu.core.report import completion_lines, env_lines, provenance
 from sm120fork.util import portable
-from sm120fork.util.markdown import markdown_table as _md_table
+from sm120fork.util.portable import markdown_table as _md_table
 
 SHARED_LABEL = "shared GPU: timings not representative"
 #: 61 layers x 2 all-reduces per forward (Kimi-K2.5 / DeepSeek-V3 shape), hidden 7168.

@@ -8,7 +8,7 @@ import re
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.documents import BenchDoc, Environment, MadeFrom, Provenance, VariantInfo
 from sm120fork.manifest import Manifest
-from sm120fork.util.markdown import markdown_table as _md_table
+from sm120fork.util.portable import markdown_table as _md_table
 
 
 def gpu_slug(name: str, count: int) -> str:

@@ -38,7 +38,7 @@ from sm120fork.record import (
 from sm120fork.record import write as write_record
 from sm120fork.util import portable as util_portable
 from sm120fork.util.files import atomic_write_text
-from sm120fork.util.markdown import markdown_table
+from sm120fork.util.portable import markdown_table
 from sm120fork.verify.proof.patches import FULL
 from sm120fork.verify.proof.stack import VerifyResult
 from sm120fork.verify.proof.verdict import (
