@@ -224,26 +224,18 @@ FUSION_MODEL_ARCH = "Qwen3MoeForCausalLM"
 BATCH = 16
 
 
-def _server_args(**overrides: Any) -> Any:
-    args = defaults(_module("sglang.srt.server_args").ServerArgs)
-    args.model_path = "sm120fork/probe-model"
-    for key, value in overrides.items():
-        setattr(args, key, value)
-    hf_config = types.SimpleNamespace(architectures=[FUSION_MODEL_ARCH])
-    args.get_model_config = lambda: types.SimpleNamespace(hf_config=hf_config)
-    return args
-
-
 def _decide(*, tp: int, explicit: bool = False, env: str | None = None,
             enforce_disable: bool = False) -> fake_gpu.Observation:
     sa = _module("sglang.srt.server_args")
     communicator = _module("sglang.srt.layers.communicator")
 
-    args = _server_args(
-        tp_size=tp,
-        enable_flashinfer_allreduce_fusion=explicit,
-        enforce_disable_flashinfer_allreduce_fusion=enforce_disable,
-    )
+    args = defaults(sa.ServerArgs)
+    args.model_path = "sm120fork/probe-model"
+    args.tp_size = tp
+    args.enable_flashinfer_allreduce_fusion = explicit
+    args.enforce_disable_flashinfer_allreduce_fusion = enforce_disable
+    hf_config = types.SimpleNamespace(architectures=[FUSION_MODEL_ARCH])
+    args.get_model_config = lambda: types.SimpleNamespace(hf_config=hf_config)
     with environ(SM120_ENV, env), Records("sglang.srt.server_args") as logs:
         try:
             sa.ServerArgs._handle_model_specific_adjustments(args)
