@@ -17,7 +17,7 @@ from sm120fork.maintain.state import (
     today,
 )
 from sm120fork.patch.refresh import RefreshResult
-from sm120fork.util.markdown import markdown_table
+from sm120fork.util.portable import markdown_table
 from sm120fork.workspace import Workspace
 
 
