@@ -129,35 +129,6 @@ class Raised:
 _FUSED_CALL_RAISED: dict[str, float] = {}
 
 
-def stub_capability_for_sglang(capability: tuple[int, int]) -> None:
-    """``get_device_capability`` answers ``capability`` to callers in ``sglang.*`` only."""
-    torch = _module("torch")
-    real = torch.cuda.get_device_capability
-
-    def get_device_capability(device: Any = None) -> tuple[int, int]:
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        if caller == "sglang" or caller.startswith("sglang."):
-            return capability
-        return tuple(real(device))
-
-    torch.cuda.get_device_capability = get_device_capability
-
-
-def _register_cuda_ops_for_cpu_too() -> None:
-    """SGLang registers its custom ops (the fused norm among them) for CUDA only."""
-    library = _module("torch.library").Library
-    real_impl = library.impl
-
-    def impl(self: Any, op_name: Any, fn: Any, dispatch_key: str = "", *args: Any,
-             **kwargs: Any) -> Any:
-        result = real_impl(self, op_name, fn, dispatch_key, *args, **kwargs)
-        if dispatch_key == "CUDA":
-            real_impl(self, op_name, fn, "CPU", *args, **kwargs)
-        return result
-
-    library.impl = impl
-
-
 class _WorldBackend:
     """FlashInfer's ``TorchDistBackend`` over the group SGLang passed (or the default)."""
 
@@ -358,13 +329,6 @@ class FakePcieIpcWorkspace:
         return _summed(inp, self.group).to(inp.dtype)
 
 
-def use_fake_pcie_ipc() -> None:
-    """The pcie_ipc stand-in, and one fixed current stream (SGLang's entry compares it)."""
-    _module("flashinfer.comm").PcieIpcAllReduceWorkspace = FakePcieIpcWorkspace
-    stream = object()
-    _module("torch").cuda.current_stream = lambda *args, **kwargs: stream
-
-
 class RouteSpy:
     """Which all-reduce ran: the fused call, SGLang's pcie_ipc entry or the plain one."""
 
@@ -394,19 +358,6 @@ class RouteSpy:
         return named[0] if len(named) == 1 else (
             f"mixed (trtllm_allreduce_fusion {ran['fused']}, pcie_ipc {ran['pcie_ipc']}, "
             f"plain all-reduce {ran['sglang_dispatch']})")
-
-
-def spy_routes(group: GlooTPGroup, fake: FakeFlashInferComm | None) -> RouteSpy:
-    spy = RouteSpy(group)
-    if fake is not None:
-        spy.wrap(fake, "allreduce_fusion", "fused")
-    else:
-        for name in ("flashinfer.comm.allreduce", "flashinfer.comm"):
-            module = _module(name)
-            if hasattr(module, "trtllm_allreduce_fusion"):
-                spy.wrap(module, "trtllm_allreduce_fusion", "fused")
-    spy.wrap(_module(PCIE_IPC_MODULE).PcieIpcCommunicator, "pcie_ipc_all_reduce", "pcie_ipc")
-    return spy
 
 
 class _Norm:
@@ -577,17 +528,38 @@ def _inject(layer: Layer, fault: str, *, fake: FakeFlashInferComm | None) -> Non
 
 
 def _set_up_device(req: RankRequest) -> Any:
+    """The CPU: the fake GPU, and SGLang's custom ops (the fused norm among them), which it
+    registers for CUDA only, registered for the CPU too.  A GPU: its capability answers
+    :data:`STUBBED_CAPABILITY` to callers in ``sglang.*`` only."""
     if req.device == "cpu":
         fake_gpu.fake_gpu(STUBBED_CAPABILITY)
         torch = _module("torch")
         torch.cuda.current_device = lambda: req.rank  # one GPU per rank, as SGLang runs
-        _register_cuda_ops_for_cpu_too()
+        library = _module("torch.library").Library
+        real_impl = library.impl
+
+        def impl(self: Any, op_name: Any, fn: Any, dispatch_key: str = "", *args: Any,
+                 **kwargs: Any) -> Any:
+            result = real_impl(self, op_name, fn, dispatch_key, *args, **kwargs)
+            if dispatch_key == "CUDA":
+                real_impl(self, op_name, fn, "CPU", *args, **kwargs)
+            return result
+
+        library.impl = impl
         return torch
     torch = _module("torch")
     torch.cuda.set_device(0)
     _module("flashinfer.comm")  # FlashInfer reads the real GPU before the stub exists
     sys.meta_path.insert(0, fake_gpu._StubFinder(GPU_STUBS))
-    stub_capability_for_sglang(STUBBED_CAPABILITY)
+    real = torch.cuda.get_device_capability
+
+    def get_device_capability(device: Any = None) -> tuple[int, int]:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller == "sglang" or caller.startswith("sglang."):
+            return STUBBED_CAPABILITY
+        return tuple(real(device))
+
+    torch.cuda.get_device_capability = get_device_capability
     return torch
 
 
@@ -636,10 +608,20 @@ def run_rank(req: RankRequest) -> Observation:
     spy: RouteSpy | None = None
     pcie_ipc = False
     if req.case in POLICY_CASES:
-        if fake is not None:
-            use_fake_pcie_ipc()
+        if fake is not None:  # the stand-in, and one current stream (SGLang's entry compares it)
+            _module("flashinfer.comm").PcieIpcAllReduceWorkspace = FakePcieIpcWorkspace
+            stream = object()
+            torch.cuda.current_stream = lambda *args, **kwargs: stream
         pcie_ipc = group.attach_pcie_ipc(torch.device("cuda", 0))
-        spy = spy_routes(group, fake)
+        spy = RouteSpy(group)
+        if fake is not None:
+            spy.wrap(fake, "allreduce_fusion", "fused")
+        else:
+            for name in ("flashinfer.comm.allreduce", "flashinfer.comm"):
+                module = _module(name)
+                if hasattr(module, "trtllm_allreduce_fusion"):
+                    spy.wrap(module, "trtllm_allreduce_fusion", "fused")
+        spy.wrap(_module(PCIE_IPC_MODULE).PcieIpcCommunicator, "pcie_ipc_all_reduce", "pcie_ipc")
     m = _Norm(req, layer)
     if pcie_ipc and m.cuda:  # before any step, as SGLang's runner does
         group.pcie_ipc_comm.prepare(hidden=m.hidden, max_rows=PCIE_IPC_ROWS)
@@ -661,22 +643,18 @@ def run_rank(req: RankRequest) -> Observation:
     return observation
 
 
-def _raised(rank: int, error: BaseException) -> Raised:
-    bound = getattr(sys.modules.get(FUSION_MODULE), AGREEMENT_TIMEOUT, None)
-    at = _FUSED_CALL_RAISED.get("at")
-    return Raised(rank=rank, error=f"{type(error).__name__}: {error}",
-                  after_fused_call_error_s=None if at is None
-                  else round(time.monotonic() - at, 3),
-                  agreement_timeout_s=None if bound is None else float(bound))
-
-
 def main(argv: Sequence[str]) -> int:
     request = typed.read(RankRequest, json.loads(argv[0]), "the rank's request")
     logging.basicConfig(level=logging.WARNING)
     try:
         observation = run_rank(request)
     except Exception as e:
-        wire.say(RAISED, dataclasses.asdict(_raised(request.rank, e)))
+        bound = getattr(sys.modules.get(FUSION_MODULE), AGREEMENT_TIMEOUT, None)
+        at = _FUSED_CALL_RAISED.get("at")
+        wire.say(RAISED, dataclasses.asdict(Raised(
+            rank=request.rank, error=f"{type(e).__name__}: {e}",
+            after_fused_call_error_s=None if at is None else round(time.monotonic() - at, 3),
+            agreement_timeout_s=None if bound is None else float(bound))))
         raise
     wire.say(RESULT, dataclasses.asdict(observation))
     return 0
