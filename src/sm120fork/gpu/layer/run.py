@@ -470,29 +470,24 @@ def planned_cases(opts: LayerOptions) -> list[tuple[str, str]]:
             for variant in [opts.variant, *(r.variant for r in opts.routes)]]
 
 
-def _prebuild(opts: LayerOptions) -> None:
-    env = rank_environment(os.environ, {  # multicast off, as in every rank
-        "PYTHONPATH": os.pathsep.join([*map(str, opts.site), str(opts.sglang_path)])})
-    started = time.monotonic()
-    log.info("building FlashInfer's %s modules once (JIT; a few minutes the first time)",
-             " and ".join(PREBUILD))
-    with proc.ProcessGroup() as group:
-        running = {name: group.start([sys.executable, "-c", code], env=env)
-                   for name, code in PREBUILD.items()}
-        for name, child in running.items():
-            code = child.wait()
-            log.info("module %s: %s after %.0f s", name, "built" if code == 0 else
-                     f"FAILED (exit {code}; its cases will say why)",
-                     time.monotonic() - started)
-
-
 def run_sglang_layer(opts: LayerOptions) -> list[CaseOutcome]:
     from concurrent.futures import ThreadPoolExecutor
 
     started = time.monotonic()
     planned = planned_cases(opts)
     if opts.prebuild and opts.device == "cuda":
-        _prebuild(opts)
+        env = rank_environment(os.environ, {  # multicast off, as in every rank
+            "PYTHONPATH": os.pathsep.join([*map(str, opts.site), str(opts.sglang_path)])})
+        log.info("building FlashInfer's %s modules once (JIT; a few minutes the first time)",
+                 " and ".join(PREBUILD))
+        with proc.ProcessGroup() as group:
+            running = {name: group.start([sys.executable, "-c", code], env=env)
+                       for name, code in PREBUILD.items()}
+            for name, child in running.items():
+                code = child.wait()
+                log.info("module %s: %s after %.0f s", name, "built" if code == 0 else
+                         f"FAILED (exit {code}; its cases will say why)",
+                         time.monotonic() - started)
     routes = {opts.variant: LayerRoute(variant=opts.variant, sglang_path=opts.sglang_path,
                                        site=opts.site),
               **{r.variant: r for r in opts.routes}}
