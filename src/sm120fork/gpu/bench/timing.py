@@ -218,8 +218,7 @@ def _floors(rk: Rank, rotate: int, calls_per_buffer: int, replays: int) -> None:
                       "skipped": f"{type(exc).__name__}: {exc}"[:300]})
 
 
-#: check(adapter, point) -> (ok, checks); time(adapter, point) -> stats;
-#: emit(record) sends a record to the launcher; sync() is a barrier between ranks
+#: check(adapter, point) -> (ok, checks); time(adapter, point) -> stats
 Check = Callable[[Any, Point], tuple[bool, list[BenchCheck]]]
 Time = Callable[[Any, Point], BenchRecord]
 
@@ -239,18 +238,16 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
           is_fatal: Callable[[BaseException], bool] = lambda _exc: False) -> None:
     """Check, then time, every runnable method at every point; report the others.
 
-    Methods one after the other, each over every point; a ``kind: method`` record
-    with status ``starting`` before each tells the launcher which method was running
-    if the ranks die.
+    Method by method, each set up just before its points: a method that kills the ranks
+    (a CUDA error poisons the context) leaves the methods before it measured, and its
+    ``kind: method`` record with status ``starting`` tells the launcher which one to skip
+    when it resumes.
 
     ``gather`` collects one value from every rank (identity on one rank), so that every
     rank takes the same branch: a method is checked only where every rank can run it,
     and timed only where every rank's check passed.  ``is_fatal`` says which errors
-    poisoned the process (they propagate; the launcher restarts nothing for the bench).
+    poisoned the process (they propagate).
     """
-    # Method by method, each set up just before its points: a method that kills the
-    # ranks (a CUDA error poisons the context) leaves the methods before it measured,
-    # and its "starting" record tells the launcher which one to skip when it resumes.
     def attempt(call: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
         """``call(*args)``, or None and the error it raised (a fatal one propagates)."""
         try:
