@@ -38,7 +38,7 @@ class BenchOptions(RunOptions):
 class BenchRun:
     paths: list[Path]
     failure: str | None
-    kind: str | None = None
+    partial: bool = False  # the time budget was used up
     timed: int = 0
     module_seconds: float = 0.0
     allow_partial: bool = False
@@ -46,11 +46,11 @@ class BenchRun:
 
     def headline(self) -> list[str]:
         return [f"{self.timed} bench points timed; module build {self.module_seconds:.0f} s"
-                + ("; PARTIAL RUN: the time budget was used up" if self.kind == "budget"
-                   else ""), *(f"policy: {line}" for line in self.policy)]
+                + ("; PARTIAL RUN: the time budget was used up" if self.partial else ""),
+                *(f"policy: {line}" for line in self.policy)]
 
     def error(self) -> VerifyError | None:
-        if self.kind == "budget" and self.timed and self.allow_partial:
+        if self.partial and self.timed and self.allow_partial:
             return None
         if self.failure is not None:
             return VerifyError(f"bench ranks failed: {self.failure}")
@@ -143,11 +143,9 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     runs.collect_logs(prepared.run_dir, out / "logs", roles)
     timed = sum(1 for recs in by_world.values() for r in recs
                 if r.get("kind") == "point" and r.get("status") == methods_mod.TIMED)
-    return BenchRun(paths=paths, failure="; ".join(failures) or None,
-                    kind="budget" if partial else None, timed=timed,
-                    module_seconds=prepared.module_seconds,
-                    allow_partial=opts.allow_partial,
-                    policy=policy)
+    return BenchRun(paths=paths, failure="; ".join(failures) or None, partial=partial,
+                    timed=timed, module_seconds=prepared.module_seconds,
+                    allow_partial=opts.allow_partial, policy=policy)
 
 
 def _write_policy(by_world: dict[int, list[BenchRecord]], env: Environment, variant: Variant,
