@@ -169,15 +169,13 @@ class PcieIpc(Adapter):
                     "(FlashInfer 0.7.x has it)")
         if self.rk.world not in (2, 4, 8):
             return "pcie_ipc supports world sizes 2, 4 and 8"
-        spec = self.rk.spec
-        cache = Path(spec["store"]).with_name("pcie_ipc_tune.json")
         # Every rank passes the same arguments (the constructor is collective).  On a
         # shared GPU the topology probe has nothing to find: name the profile.
         self.ws = PcieIpcAllReduceWorkspace(
             group=dist.group.WORLD,
             max_numel=self.max_bytes() // 2,
             dtype=torch.bfloat16, profile="rootcplx" if self.rk.shared else None,
-            tune_cache=str(cache))
+            tune_cache=str(Path(self.rk.spec["store"]).with_name("pcie_ipc_tune.json")))
         return None
 
     def unsupported(self, point: Point) -> str | None:
