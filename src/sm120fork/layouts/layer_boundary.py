@@ -269,19 +269,19 @@ def _error(exc: Exception) -> fake_gpu.Observation:
     return {"observed": "error", "detail": f"{type(exc).__name__}: {exc}"}
 
 
+def _observed(name: str, error: type[Exception], observe: Callable[..., object],
+              *args: object) -> fake_gpu.Observation:
+    """``observe(*args)`` as the observation ``name``, or the ``error`` it raised."""
+    try:
+        return {"name": name, "observed": observe(*args), "detail": ""}
+    except error as exc:
+        return {"name": name, **_error(exc)}
+
+
 def run_resolve() -> list[fake_gpu.Observation]:
     fusion = _module(FUSION_MODULE)
-    results = []
-    for backend in BACKENDS:
-        for nodes in (1, 2):
-            name = f"{backend} nodes{nodes}"
-            try:
-                resolved = fusion._resolve_backend(backend, nodes > 1)
-            except ValueError as exc:
-                results.append({"name": name, **_error(exc)})
-                continue
-            results.append({"name": name, "observed": resolved, "detail": ""})
-    return results
+    return [_observed(f"{backend} nodes{nodes}", ValueError, fusion._resolve_backend, backend,
+                      nodes > 1) for backend in BACKENDS for nodes in (1, 2)]
 
 
 def auto_scenarios() -> list[str]:
@@ -430,20 +430,15 @@ def run_preflight() -> list[fake_gpu.Observation]:
         "multicast": (True, MULTICAST_GRANULARITY),
         "multicast at allocation granularity": (True, ALLOC_GRANULARITY),
     }
-    results = []
-    for name, (multicast, granularity) in devices.items():
+
+    def sizes(multicast: bool, granularity: int) -> object:
         driver = _FakeDriver(multicast=multicast, multicast_granularity=granularity)
-        try:
-            sizes = fusion._flashinfer_trtllm_workspace_allocation_sizes(
-                driver, prop, 2, 2048, 7168, torch.bfloat16)
-        except RuntimeError as exc:
-            results.append({"name": name, **_error(exc)})
-            continue
-        results.append({"name": name,
-                        "observed": {"sizes": [int(s) for s in sizes],
-                                     "multicast_queried": driver.multicast_queries > 0},
-                        "detail": ""})
-    return results
+        found = fusion._flashinfer_trtllm_workspace_allocation_sizes(
+            driver, prop, 2, 2048, 7168, torch.bfloat16)
+        return {"sizes": [int(s) for s in found],
+                "multicast_queried": driver.multicast_queries > 0}
+
+    return [_observed(name, RuntimeError, sizes, *device) for name, device in devices.items()]
 
 
 SUITES: dict[str, Callable[[], list[fake_gpu.Observation]]] = {
