@@ -107,23 +107,19 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     stacks = ([s.check_pins() for s in ws.stacks().values()] if args.all_stacks
               else [ws.stack(args.stack)])
     for stack in stacks:
-        _build_one(args, ws, console, stack)
+        start = time.monotonic()
+        with StageLine(console) as stage:
+            builds = build_stack(ws, stack, force=args.force, rebuild=args.rebuild,
+                                 progress=_download_progress(console),
+                                 lock_timeout=args.lock_timeout, out=args.out, stage=stage,
+                                 unchecked=args.unchecked)
+        out = args.out or ws.stack_wheels(stack.name)
+        console.print(summary_table(stack, out, builds))
+        first, *others = folder_routes(shown(ws, out), [b.entry for b in builds],
+                                       PublishedPlugin.read(out))
+        say(console, f"done in {time.monotonic() - start:.2f}s; install with: {first.line}",
+            *(f"or, {route.name}: {route.line}" for route in others))
     return 0
-
-
-def _build_one(args: argparse.Namespace, ws: Workspace, console: Console, stack: Stack) -> None:
-    start = time.monotonic()
-    with StageLine(console) as stage:
-        builds = build_stack(ws, stack, force=args.force, rebuild=args.rebuild,
-                             progress=_download_progress(console),
-                             lock_timeout=args.lock_timeout, out=args.out, stage=stage,
-                             unchecked=args.unchecked)
-    out = args.out or ws.stack_wheels(stack.name)
-    console.print(summary_table(stack, out, builds))
-    first, *others = folder_routes(shown(ws, out), [b.entry for b in builds],
-                                   PublishedPlugin.read(out))
-    say(console, f"done in {time.monotonic() - start:.2f}s; install with: {first.line}",
-        *(f"or, {route.name}: {route.line}" for route in others))
 
 
 def run_index(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
