@@ -155,17 +155,15 @@ def _main(argv: Sequence[str] | None, probes: Probes | None) -> int:
         raise UsageError("--facts judges a record; --record makes one: use one of them")
     why = os.environ.pop(EXAMINED_ENV, None)
     if args.facts is not None:
-        why = f"the facts in {args.facts}"
-    elif why is None and probes is None:
-        python, why = serving_python(args.python)
-        here = Path(sys.executable)   # the same file in the same folder, not a venv's link
-        if (Path(python).parent.resolve() != here.parent.resolve()
-                or not os.path.samefile(python, here)):
-            # its --python is passed on unread: the examined doctor knows ``why`` already
-            return elsewhere(python, why, sys.argv[1:] if argv is None else argv)
-    if args.facts is not None:
-        facts = read_facts(args.facts)
+        why, facts = f"the facts in {args.facts}", read_facts(args.facts)
     else:
+        if why is None and probes is None:
+            python, why = serving_python(args.python)
+            here = Path(sys.executable)   # the same file in the same folder, not a venv's link
+            if (Path(python).parent.resolve() != here.parent.resolve()
+                    or not os.path.samefile(python, here)):
+                # its --python is passed on unread: the examined doctor knows ``why`` already
+                return elsewhere(python, why, sys.argv[1:] if argv is None else argv)
         facts = collect(probes or Probes(
             peers=functools.partial(ipc_probe, pair_timeout=args.pair_timeout),
             decisions=functools.partial(sglang_decisions, timeout=args.decide_timeout),

@@ -287,10 +287,14 @@ class _Process:
             self.vmm_fd = None
 
 
+#: what a probe process that hangs, dies or answers nonsense raises in the parent
+_LOST = (OSError, EOFError, ValueError, RuntimeError)
+
+
 def _failure(exc: BaseException, timeout: float, doing: str) -> str:
     if isinstance(exc, TimeoutError):
         return f"no answer within {timeout:.0f}s while {doing} (a hang)"
-    if isinstance(exc, (EOFError, BrokenPipeError, ValueError)):
+    if isinstance(exc, (EOFError, ConnectionError, ValueError)):
         return f"the probe process died while {doing}"
     return f"{doing}: {exc}"
 
@@ -310,7 +314,7 @@ class _Probe:
         deadline = time.monotonic() + SETUP_TIMEOUT
         try:
             proc.shared = proc.receive(deadline, Shared)
-        except (TimeoutError, EOFError, BrokenPipeError, ValueError, RuntimeError) as exc:
+        except _LOST as exc:
             proc.close()
             self.broken[i] = _failure(exc, SETUP_TIMEOUT,
                                       f"setting up on GPU {self.devices[i]}")
@@ -356,8 +360,7 @@ class _Probe:
                         steps["write"] = checked.get(kind, "not checked")
                 links[(w, o)] = replace(blank[(w, o)], sharing=sharing,
                                         write_gbps=done.write_gbps, read_gbps=done.read_gbps)
-        except (TimeoutError, EOFError, BrokenPipeError, ValueError, RuntimeError,
-                OSError) as exc:
+        except _LOST as exc:
             why = _failure(exc, timeout, doing)
             self.drop(a, b)   # a hung or dead pair must not poison the next pairs
             links = {k: replace(r, error=why) for k, r in blank.items()}
