@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from ..util import wire
 from .facts import Arch, Comm, FlashInfer, Provenance
@@ -36,7 +37,6 @@ def _floors(capabilities: list[tuple[int, int]]) -> dict[str, Arch]:
     from packaging.version import Version
 
     normalize = context.CompilationContext._normalize_cuda_arch
-    real: Any = cpp_ext.is_cuda_version_at_least
     out: dict[str, Arch] = {}
     for major, minor in capabilities:
         entry: Arch = {}
@@ -44,21 +44,17 @@ def _floors(capabilities: list[tuple[int, int]]) -> dict[str, Arch]:
             entry["arch"] = "".join(map(str, normalize(major, minor)))
         except Exception as exc:
             entry["error"] = str(exc)
-        floor = None
-        try:
-            for candidate in CANDIDATE_CUDA:
-                setattr(cpp_ext, "is_cuda_version_at_least",  # noqa: B010
-                        lambda v, c=candidate: Version(c) >= Version(v))
+        entry["floor"] = None
+        for candidate in CANDIDATE_CUDA:
+            with mock.patch.object(cpp_ext, "is_cuda_version_at_least",
+                                   lambda v, c=candidate: Version(c) >= Version(v)):
                 try:
                     normalize(major, minor)
                 except Exception:
                     continue
-                # accepted by the oldest CUDA tried: no floor of its own
-                floor = None if candidate == CANDIDATE_CUDA[0] else candidate
-                break
-        finally:
-            setattr(cpp_ext, "is_cuda_version_at_least", real)  # noqa: B010
-        entry["floor"] = floor
+            # accepted by the oldest CUDA tried: no floor of its own
+            entry["floor"] = None if candidate == CANDIDATE_CUDA[0] else candidate
+            break
         out[f"{major}.{minor}"] = entry
     return out
 
