@@ -180,10 +180,6 @@ class MadeBy(TypedDict):
     executable: NotRequired[str]
 
 
-class Requires(TypedDict, total=False):
-    sglang: list[str]
-
-
 class Facts(TypedDict, total=False):
     schema: str
     made_by: Required[MadeBy]
@@ -194,7 +190,7 @@ class Facts(TypedDict, total=False):
     torch: Torch | None
     nvcc: Nvcc | None
     packages: Required[dict[str, str | None]]
-    requires: Requires
+    requires: dict[str, list[str]]   # per project: its Requires-Dist on FlashInfer
     plugin: Plugin | None
     sglang_plugin_framework: bool | None
     #: where SGLang looks for the all-reduce policy and what is there (gpu/policy.py's)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -30,11 +29,9 @@ class Report:
     lines: list[tuple[str, str]] = field(default_factory=list)   # (section, text)
     blockers: list[str] = field(default_factory=list)
 
-    def say(self, section: str, text: str) -> None:
-        self.lines.append((section, text))
-
     def writer(self, section: str) -> Callable[[str], None]:
-        return functools.partial(self.say, section)
+        """How a rule says a line of its ``section``."""
+        return lambda text: self.lines.append((section, text))
 
     def block(self, text: str) -> None:
         self.blockers.append(text)
@@ -87,12 +84,10 @@ def judge_gpus(report: Report, facts: Facts) -> bool:
     shown = torch.get("cuda") or ("none (torch is a CPU build)" if torch else
                                   "unknown (torch not installed)")
     say(f"driver CUDA {gpus['driver']}, torch CUDA {shown}")
-    visible = facts["environ"].get("CUDA_VISIBLE_DEVICES")
-    order = facts["environ"].get("CUDA_DEVICE_ORDER")
-    if visible is not None or order is not None:
-        say("GPU numbers are CUDA's, as SGLang numbers them: after " + ", ".join(
-            f"{k}={v}" for k, v in (("CUDA_VISIBLE_DEVICES", visible),
-                                    ("CUDA_DEVICE_ORDER", order)) if v is not None))
+    env = facts["environ"]
+    ordering = [f"{k}={env[k]}" for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER") if k in env]
+    if ordering:
+        say("GPU numbers are CUDA's, as SGLang numbers them: after " + ", ".join(ordering))
     for d in gpus["devices"]:
         mc = {True: "yes", False: "no", None: "unknown"}[d.get("multicast")]
         where = ""
@@ -506,7 +501,7 @@ def judge_comm(report: Report, facts: Facts) -> None:
 def judge_decisions(report: Report, facts: Facts, verdicts: Sequence[Verdict]) -> None:
     env = facts["environ"]
     report.sections["environment"] = env
-    report.say("environment", "overrides in force: " + (
+    report.writer("environment")("overrides in force: " + (
         ", ".join(f"{k}={v}" for k, v in env.items()) if env else "none"))
     result = facts.get("decisions")
     report.sections["decisions"] = result
