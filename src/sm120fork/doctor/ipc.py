@@ -11,6 +11,7 @@ is one packet on that socket, carrying the FD of the VMM memory it names.
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import subprocess
@@ -367,22 +368,16 @@ class _Probe:
         seconds = round(time.monotonic() - start, 2)
         return [replace(r, seconds=seconds) for r in links.values()]
 
-    def close(self) -> None:
-        self.drop(*list(self.procs))
-
 
 def probe(devices: Sequence[int], *, pair_timeout: float = 30.0,
           module: str = f"{__package__}.ipc") -> list[LinkResult]:
     """Writes, reads and bandwidth for every pair of probe processes on ``devices``."""
     runner = _Probe(devices, module)
-    results: list[LinkResult] = []
     try:
-        for a in range(len(devices)):
-            for b in range(a + 1, len(devices)):
-                results += runner.pair(a, b, pair_timeout)
+        return [link for a, b in itertools.combinations(range(len(devices)), 2)
+                for link in runner.pair(a, b, pair_timeout)]
     finally:
-        runner.close()
-    return results
+        runner.drop(*list(runner.procs))
 
 
 if __name__ == "__main__":
