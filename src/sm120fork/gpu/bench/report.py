@@ -106,20 +106,14 @@ def target_checks(doc: BenchDoc) -> list[tuple[str, str]]:
     for label, max_tokens, need in TARGETS:
         toks = [t for t in fused if t in unfused and (t <= max_tokens if max_tokens == 16
                                                      else t == max_tokens)]
-        if not toks:
-            out.append((f"fused >= {need}x NCCL+RMSNorm at {label}", "no data"))
-            continue
-        worst = min(unfused[t] / fused[t] for t in toks)
-        out.append((f"fused >= {need}x NCCL+RMSNorm at {label}",
-                    f"{'MET' if worst >= need else 'MISSED'}: worst {worst:.2f}x"))
+        worst = min((unfused[t] / fused[t] for t in toks), default=None)
+        out.append((f"fused >= {need}x NCCL+RMSNorm at {label}", "no data" if worst is None
+                    else f"{'MET' if worst >= need else 'MISSED'}: worst {worst:.2f}x"))
     floor = op_floor(doc)
     small = [fused[t] for t in fused if t <= 16]
-    if floor and small:
-        ratio = min(small) / floor
-        out.append(("fused within 2x of the floor",
-                    f"{'MET' if ratio <= 2 else 'MISSED'}: best {ratio:.2f}x of {floor:.1f} us"))
-    else:
-        out.append(("fused within 2x of the floor", "no data"))
+    ratio = min(small) / floor if floor and small else None
+    out.append(("fused within 2x of the floor", "no data" if ratio is None else
+                f"{'MET' if ratio <= 2 else 'MISSED'}: best {ratio:.2f}x of {floor:.1f} us"))
     return out
 
 
