@@ -66,9 +66,7 @@ def method_rows(doc: BenchDoc) -> list[tuple[str, str, str]]:
     for name in [m for m in METHODS if m in per] + sorted(set(per) - set(METHODS)):
         counts = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in sorted(per[name].items()))
         label = METHODS[name].label if name in METHODS else name
-        text = counts or "no points"
-        if reasons[name]:
-            text += "; " + "; ".join(reasons[name])
+        text = "; ".join([counts or "no points", *reasons[name]])
         rows.append((name, label, text.replace("|", "/")))
     return rows
 
