@@ -218,10 +218,8 @@ def render_bench_plot(doc: BenchDoc, path: Path) -> None:
         ax.set_yscale("log")
         ax.set_xlabel("tokens")
         ax.set_ylabel("latency per op (us)")
-        title = f"hidden {hidden}, ws {doc.get('world_size')}"
-        if doc.get("shared"):
-            title += f"\n{SHARED_LABEL}"
-        ax.set_title(title)
+        ax.set_title(f"hidden {hidden}, ws {doc.get('world_size')}"
+                     + (f"\n{SHARED_LABEL}" if doc.get("shared") else ""))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(doc.get("title", "fused all-reduce"))
