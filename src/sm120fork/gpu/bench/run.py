@@ -213,13 +213,17 @@ class _World:
             if outcome.kind == "budget":
                 self.partial = True
                 return
-            culprit, pending = resume_after(pending, got)
-            if culprit is not None:
-                self.records.append({"kind": "method", "method": culprit,
-                                     "status": methods_mod.ERROR,
-                                     "reason": f"the ranks died while it ran "
-                                     f"({outcome.kind}: {outcome.failure}); the methods "
-                                     "after it ran in a new group"})
+            begun = [r["method"] for r in got  # the last is the one running when it died
+                     if r.get("kind") == "method" and r.get("status") == methods_mod.STARTING]
+            if not begun:
+                return
+            culprit = begun[-1]
+            pending = pending[pending.index(culprit) + 1:]
+            self.records.append({"kind": "method", "method": culprit,
+                                 "status": methods_mod.ERROR,
+                                 "reason": f"the ranks died while it ran "
+                                 f"({outcome.kind}: {outcome.failure}); the methods "
+                                 "after it ran in a new group"})
             attempt += 1
 
 
@@ -253,17 +257,6 @@ def run_group(plan: cases_mod.BenchPlan, variant: Variant, run_dir: Path, *,
     outcome = run_ranks(worker, spec_path, plan.world_size, variant, run_dir / name,
                         timeouts, on_message, extra_env)
     return records, env_info, outcome
-
-
-def resume_after(methods: Sequence[str], records: Sequence[BenchRecord],
-                 ) -> tuple[str | None, list[str]]:
-    """The method running when a bench group died, and the ones still to run."""
-    started = [r["method"] for r in records
-               if r.get("kind") == "method" and r.get("status") == methods_mod.STARTING]
-    if not started:
-        return None, []
-    culprit = started[-1]
-    return culprit, list(methods[list(methods).index(culprit) + 1:])
 
 
 def rerender(bench: Path, out: Path) -> list[Path]:
