@@ -86,12 +86,6 @@ class CaseOutcome:
     variant: str = "patched"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""", re.M)
 
 
@@ -276,9 +270,12 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
     bounds the set-up until every rank is ready, ``timeout`` the case from then on."""
     started = time.monotonic()
     doc = policy_document(world_size) if case in POLICY_CASES else None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as free:
+        free.bind(("127.0.0.1", 0))
+        port = int(free.getsockname()[1])
     request = RankRequest(
         rank=0, world_size=world_size, case=case, device=device, layout=layout,
-        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        init_method=f"tcp://127.0.0.1:{port}",
         collective_timeout_s=collective_timeout_s or timeout * 2,
         gates_in_memory=gates_in_memory, load_plugins=load_plugins,
         fused_call_agreement_timeout_s=agreement_timeout_s,
