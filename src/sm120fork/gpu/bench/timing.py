@@ -39,16 +39,15 @@ def _capture(fns: Sequence[Callable[[], None]], repeat: int = 1) -> Any:
     return graph
 
 
-def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], *, rotate: int,
-                calls_per_buffer: int, replays: int,
+def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], plan: BenchPlan,
                 after_capture: Callable[[], None] = lambda: None) -> list[float]:
-    """Per-op microseconds of each timed replay of a graph cycling ``rotate`` buffers."""
-    fns = [build(i) for i in range(rotate)]
+    """Per-op microseconds of each timed replay of a graph cycling ``plan.rotate`` buffers."""
+    fns = [build(i) for i in range(plan.rotate)]
     for fn in fns:
         fn()
     torch.cuda.synchronize()
     rk.barrier()
-    graph = _capture(fns, calls_per_buffer)
+    graph = _capture(fns, plan.calls_per_buffer)
     after_capture()
     rk.barrier()
     for _ in range(2):
@@ -57,13 +56,13 @@ def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], *, rotate:
     rk.barrier()
     events = [(torch.cuda.Event(enable_timing=True),  # type: ignore[no-untyped-call]
                torch.cuda.Event(enable_timing=True))  # type: ignore[no-untyped-call]
-              for _ in range(replays)]
+              for _ in range(plan.replays)]
     for start, end in events:
         start.record()
         graph.replay()
         end.record()
     torch.cuda.synchronize()
-    n_ops = rotate * calls_per_buffer
+    n_ops = plan.rotate * plan.calls_per_buffer
     return [s.elapsed_time(e) * 1000.0 / n_ops for s, e in events]
 
 
@@ -114,14 +113,13 @@ def _flag_handoff_us(rk: Rank, iters: int) -> float | None:
 
 def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
     """Every method checked, then timed, at every point of ``plan``; rank 0 says each."""
-    rotate, calls_per_buffer, replays = plan.rotate, plan.calls_per_buffer, plan.replays
     if rk.shared:  # time-sliced ranks: numbers mean nothing, keep the run short
-        rotate, calls_per_buffer, replays = 2, 2, 5
+        plan = dataclasses.replace(plan, rotate=2, calls_per_buffer=2, replays=5)
     say("BENCH", {"kind": "meta", "methods": methods, "shared": rk.shared,
-                  "rotate": rotate, "calls_per_buffer": calls_per_buffer,
-                  "replays": replays})
+                  "rotate": plan.rotate, "calls_per_buffer": plan.calls_per_buffer,
+                  "replays": plan.replays})
     if plan.floors:
-        _floors(rk, rotate, calls_per_buffer, replays)
+        _floors(rk, plan)
     failed_modules: dict[str, str] = dict(rk.spec.get("module_failures", {}))
     adapters = [Adapter(rk, name, f"FlashInfer's {METHODS[name].module} module did not "
                         f"build: {failed_modules[METHODS[name].module or '']}")
@@ -129,9 +127,7 @@ def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
                 for name in methods]
 
     def time(adapter: Adapter, point: Point) -> BenchRecord:
-        return summary(_time_graph(rk, adapter.op, rotate=rotate,
-                                   calls_per_buffer=calls_per_buffer, replays=replays,
-                                   after_capture=adapter.after_capture))
+        return summary(_time_graph(rk, adapter.op, plan, adapter.after_capture))
 
     def emit(record: BenchRecord) -> None:
         if rk.rank == 0:
@@ -143,17 +139,17 @@ def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
         return every
 
     drive(adapters, [Point(tokens=t, hidden=h) for h in plan.hidden for t in plan.tokens],
-          check=functools.partial(_check, rk, plan, rotate), time=time, emit=emit,
+          check=functools.partial(_check, rk, plan), time=time, emit=emit,
           gather=gather, is_fatal=cuda_broken)
 
 
-def _check(rk: Rank, plan: BenchPlan, rotate: int, adapter: Adapter, point: Point,
+def _check(rk: Rank, plan: BenchPlan, adapter: Adapter, point: Point,
            ) -> tuple[bool, list[BenchCheck]]:
     """The method's outputs against the fp32 reference, eagerly, then in a CUDA-graph
     replay, on the same inputs."""
     dev, dtype = rk.device, TORCH_DTYPES[plan.dtype]
     empty = functools.partial(torch.empty, point.tokens, point.hidden, dtype=dtype, device=dev)
-    bufs = [(empty(), empty(), empty(), empty()) for _ in range(rotate)]
+    bufs = [(empty(), empty(), empty(), empty()) for _ in range(plan.rotate)]
     gamma = torch.empty(point.hidden, dtype=dtype, device=dev)
     # the point as a correctness case: its seed regenerates every rank's inputs
     data = generate(Case(world_size=rk.world, api="fusion_unified", pattern="ar_rmsnorm",
@@ -191,7 +187,7 @@ def _check(rk: Rank, plan: BenchPlan, rotate: int, adapter: Adapter, point: Poin
     return all(c["ok"] for c in checks), checks
 
 
-def _floors(rk: Rank, rotate: int, calls_per_buffer: int, replays: int) -> None:
+def _floors(rk: Rank, plan: BenchPlan) -> None:
     try:
         tiny = torch.zeros(1, device=rk.device)
 
@@ -201,8 +197,7 @@ def _floors(rk: Rank, rotate: int, calls_per_buffer: int, replays: int) -> None:
             return run
 
         # Same graph shape as the methods (rotate x calls ops per replay), per op.
-        samples = _time_graph(rk, bump, rotate=rotate, calls_per_buffer=calls_per_buffer,
-                              replays=max(replays, 20))
+        samples = _time_graph(rk, bump, dataclasses.replace(plan, replays=max(plan.replays, 20)))
         say("BENCH", {"kind": "floor", "method": "empty_graph", **summary(samples)})
     except Exception as exc:
         if cuda_broken(exc):
