@@ -773,11 +773,11 @@ def _description(resolved: ResolvedStack, project: Project, state: BumpState, em
     parts = []
     for p in resolved.stack.projects:
         if p.key == project.key:
-            parts.append(f"{p.distribution} {state.new_version}"
-                         + (" (as published)" if empty else ""))
-            continue
-        version = companions[p.key].version if p.key in companions else p.version
-        published = p.key in companions or not resolved.series[p.key].patches
+            version, published = state.new_version, empty
+        elif p.key in companions:
+            version, published = companions[p.key].version, True
+        else:
+            version, published = p.version, not resolved.series[p.key].patches
         parts.append(f"{p.distribution} {version}" + (" (as published)" if published else ""))
     return " + ".join(parts) + ", SM120/SM121 enabled"
 

@@ -16,6 +16,7 @@ from sm120fork.declare import GitPin, Project, SdistPin, SourceKind, WheelPin
 from sm120fork.errors import ConfigError, MaintenanceError
 from sm120fork.patch.series import Series, load_series
 from sm120fork.util import typed
+from sm120fork.util.files import atomic_write_text
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
@@ -164,20 +165,17 @@ class BumpState:
     def save(self, ws: Workspace) -> None:
         d = self.directory(ws, self.stack, self.project)
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / "state.json.tmp"
-        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=1))
-        tmp.replace(d / "state.json")
+        atomic_write_text(d / "state.json", json.dumps(dataclasses.asdict(self), indent=1))
 
 
 def journal(root: Path, files: Iterable[Path], dirs: Iterable[Path]) -> tuple[
         dict[str, str | None], list[str]]:
     """The bytes of ``files`` and of every file under ``dirs``: what :func:`restore` puts
     back."""
-    before: dict[str, str | None] = {}
-    for path in [*files, *(f for d in dirs if d.is_dir() for f in sorted(d.rglob("*"))
-                           if f.is_file())]:
-        before[path.relative_to(root).as_posix()] = (
-            base64.b64encode(path.read_bytes()).decode("ascii") if path.is_file() else None)
+    before = {path.relative_to(root).as_posix(): (
+        base64.b64encode(path.read_bytes()).decode("ascii") if path.is_file() else None)
+        for path in [*files, *(f for d in dirs if d.is_dir() for f in sorted(d.rglob("*"))
+                               if f.is_file())]}
     return before, [d.relative_to(root).as_posix() for d in dirs]
 
 

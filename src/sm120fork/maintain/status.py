@@ -169,8 +169,7 @@ def stack_standings(today: ResolvedStack
         return {p.key: (broken,) for p in stack.projects}, {}
     by_project = {p.key: tuple(r for r in records if p.key in tested.get(r.name, (p.key,)))
                   for p in stack.projects}
-    series = {p.key: p.series for p in stack.projects}
-    by_claim = {key: tuple(c for c in claims if c.name.startswith(f"{path}/"))
-                for key, path in series.items()}
+    by_claim = {p.key: tuple(c for c in claims if c.name.startswith(f"{p.series}/"))
+                for p in stack.projects}
     return by_project, by_claim
 

@@ -61,9 +61,8 @@ def _tested(runs: list[TestRun]) -> list[str]:
 
 def render_body(project: str, *, patches: list[Patch], tests: list[Patch],
                 runs: list[TestRun], onto: str | None, release: str) -> str:
-    what: list[str] = []
-    for p in patches:
-        what += [f"**{short_subject(p)}**", "", p.description.strip(), ""]
+    what = [line for p in patches
+            for line in (f"**{short_subject(p)}**", "", p.description.strip(), "")]
     refs = related(patches)
     based = (f"Based on `{onto}`." if onto else
              f"Made on the {release} release"
