@@ -95,6 +95,10 @@ def install(session: nox.Session, *args: str) -> None:
     if marker is not None and marker.is_file() and marker.read_text() == stamp:
         session.log(f"already installed, unchanged: {' '.join(args)}")
         return
+    if "." in args and "-e" not in args:
+        # setuptools stages the toolkit in build/lib and never empties it: a module since
+        # moved or deleted would ride along into this install
+        shutil.rmtree(ROOT / "build" / "lib", ignore_errors=True)
     session.install("-q", *args)
     # `nox -R` (--no-install, the environment reused) skips installs: then no stamp, or
     # every later session would skip this one too (run_install is skipped exactly then).
