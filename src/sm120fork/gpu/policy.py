@@ -185,9 +185,9 @@ AUTO_ENV = "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO"
 DEFAULT_TP = 2
 
 
-def locate(environ: Mapping[str, str] = os.environ) -> Path:
+def locate(env: Mapping[str, str] = os.environ) -> Path:
     """Where SGLang's patched code (S1/S2, G2/G3) looks: ENV_VAR's file, else DEFAULT_PATH."""
-    return Path(os.path.expanduser(environ.get(ENV_VAR) or DEFAULT_PATH))
+    return Path(os.path.expanduser(env.get(ENV_VAR) or DEFAULT_PATH))
 
 
 def read_for_doctor(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
