@@ -239,12 +239,10 @@ def check(record: Record, *, where: str) -> None:
     if record.planned < 0:
         raise bad("planned", "is negative")
     for i, case in enumerate(record.cases):
-        if case.outcome not in OUTCOMES:
-            raise bad(f"cases[{i}].outcome", f"{case.outcome!r} is not one of "
-                      f"{', '.join(OUTCOMES)}")
-        if case.against is not None and case.against not in AGAINST:
-            raise bad(f"cases[{i}].against", f"{case.against!r} is not one of "
-                      f"{', '.join(AGAINST)}")
+        for name, value, allowed in (("outcome", case.outcome, OUTCOMES),
+                                     ("against", case.against, AGAINST)):
+            if value is not None and value not in allowed:
+                raise bad(f"cases[{i}].{name}", f"{value!r} is not one of {', '.join(allowed)}")
     for i, wheel in enumerate(record.tested.wheels):
         if len(wheel.sha256) != 64 or not _HEX.fullmatch(wheel.sha256):
             raise bad(f"tested.wheels[{i}].sha256", f"{wheel.sha256!r} is not a sha256")
@@ -355,14 +353,13 @@ def summary(record: Record) -> str:
              + (" (ranks shared a GPU: timings mean nothing)"
                 if record.machine.shared_gpu else ""),
              f"- Re-make: `{record.remake}`"]
-    if record.tested.wheels:
-        lines += ["", "| variant | wheel | sha256 |", "| --- | --- | --- |",
-                  *(f"| {w.variant} | {w.file} | `{w.sha256[:16]}` |"
-                    for w in record.tested.wheels)]
-    if record.tested.patches:
-        lines += ["", "| project | patch | patch-id |", "| --- | --- | --- |",
-                  *(f"| {p.project} | {p.patch} | `{p.patch_id[:12]}` |"
-                    for p in record.tested.patches)]
+    for head, rows in (("variant | wheel | sha256", [(w.variant, w.file, w.sha256[:16])
+                                                     for w in record.tested.wheels]),
+                       ("project | patch | patch-id", [(p.project, p.patch, p.patch_id[:12])
+                                                       for p in record.tested.patches])):
+        if rows:
+            lines += ["", f"| {head} |", "| --- | --- | --- |",
+                      *(f"| {a} | {b} | `{digest}` |" for a, b, digest in rows)]
     bad = [x for x in record.cases if x.outcome in ("fail", "error")
            and x.variant not in BASELINE_VARIANTS]
     if bad:
@@ -375,10 +372,9 @@ def summary(record: Record) -> str:
     if against:
         lines += ["", "Against the baseline: " + ", ".join(
             f"{against.count(a)} {a}" for a in AGAINST if a in against)]
-    if record.not_run:
-        lines += ["", "Not run:", "", *(f"- {x}" for x in record.not_run)]
-    if record.notes:
-        lines += ["", "Notes:", "", *(f"- {x}" for x in record.notes)]
+    for title, items in (("Not run", record.not_run), ("Notes", record.notes)):
+        if items:
+            lines += ["", f"{title}:", "", *(f"- {x}" for x in items)]
     return "\n".join(lines) + "\n"
 
 

@@ -171,12 +171,8 @@ def _patch_problems(project: str, rec: Record, today: ResolvedStack) -> list[str
     gone = [display_name(p.patch) for p in tested if p.patch_id not in after]
     if not changed and not gone:
         return [f"the {project} series is in another order than it tested"]
-    out = []
-    if changed:
-        out.append(f"{project} patch(es) changed or added since: {', '.join(changed)}")
-    if gone:
-        out.append(f"{project} patch(es) it tested are gone or changed: {', '.join(gone)}")
-    return out
+    return [f"{project} patch(es) {what}: {', '.join(names)}" for what, names in (
+        ("changed or added since", changed), ("it tested are gone or changed", gone)) if names]
 
 
 def _pr_problems(rec: Record, today: ResolvedStack) -> list[str]:
