@@ -372,16 +372,15 @@ def coordinated_pin_problems(file: Path, project: Project, projects: Sequence[Pr
         # A companion ships stock, at the project's upstream version; the project
         # itself may ship with our local label.
         versions = (target.version,) if companion else (target.version, target.local_version)
-        for version in versions:
-            if not req.specifier.contains(version, prereleases=True):
-                problems.append(ConfigError(
-                    f"{project.distribution} {project.version} requires {req}, which the "
-                    f"stack's pin {pin} does not satisfy"
-                    + ("" if version == target.version else f" once labelled {version}"),
-                    where=where,
-                    fix=f"pin the {target.distribution} release that {project.distribution} "
-                        f"{project.version} requires, or bump {project.distribution}"))
-                break
+        refused = [v for v in versions if not req.specifier.contains(v, prereleases=True)]
+        if refused:
+            problems.append(ConfigError(
+                f"{project.distribution} {project.version} requires {req}, which the "
+                f"stack's pin {pin} does not satisfy"
+                + ("" if refused[0] == target.version else f" once labelled {refused[0]}"),
+                where=where,
+                fix=f"pin the {target.distribution} release that {project.distribution} "
+                    f"{project.version} requires, or bump {project.distribution}"))
     return problems
 
 

@@ -9,6 +9,7 @@ build (a copy builds byte-identical wheels).  Nothing is built or run here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -197,9 +198,7 @@ def _pr_problems(rec: Record, today: ResolvedStack) -> list[str]:
 def needs(kind: str, today: ResolvedStack) -> str:
     """What re-making a ``kind`` record of the stack needs beyond a CPU machine: verify-sm120
     needs nvcc only for a stack whose patches claim a compile proof."""
-    if kind == "verify-sm120" and not any(
-            c.kind == "proof" for s in today.series.values() for p in s.patches
-            for c in claims(p)):
+    if kind == "verify-sm120" and not any(c.kind == "proof" for *_, c in _claims(today)):
         return ""
     return KINDS[kind].needs if kind in KINDS else ""
 
@@ -297,11 +296,15 @@ def judge_claim(project: str, patch: Patch, claim: Claim, today: ResolvedStack) 
                     rec.verdict)
 
 
+def _claims(today: ResolvedStack) -> Iterator[tuple[str, Patch, Claim]]:
+    """(project, patch, claim) of each claim of each patch of the stack."""
+    return ((key, patch, c) for key, series in today.series.items()
+            for patch in series.patches for c in claims(patch))
+
+
 def claim_standings(today: ResolvedStack) -> list[Standing]:
     """Each claim of each patch of the stack, judged (nothing is run)."""
-    return [judge_claim(key, patch, c, today)
-            for key, series in today.series.items() for patch in series.patches
-            for c in claims(patch)]
+    return [judge_claim(key, patch, c, today) for key, patch, c in _claims(today)]
 
 
 def unbacked_claims(today: ResolvedStack) -> list[Standing]:
@@ -310,15 +313,13 @@ def unbacked_claims(today: ResolvedStack) -> list[Standing]:
     passed, but ran another pin or wheel): what ``bump`` and ``watch`` say to re-make."""
     records = {s.name: s for s in stack_evidence(today)}
     out = []
-    for key, series in today.series.items():
-        for patch in series.patches:
-            for c in claims(patch):
-                standing = judge_claim(key, patch, c, today)
-                record = records.get(claim_record_path(c.kind, c.check, today.name)[0])
-                if not standing.current:
-                    out.append(standing)
-                elif record is not None and not record.current:
-                    out.append(replace(record, name=standing.name))
+    for key, patch, c in _claims(today):
+        standing = judge_claim(key, patch, c, today)
+        record = records.get(claim_record_path(c.kind, c.check, today.name)[0])
+        if not standing.current:
+            out.append(standing)
+        elif record is not None and not record.current:
+            out.append(replace(record, name=standing.name))
     return out
 
 

@@ -138,18 +138,17 @@ def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
     except OSError as exc:
         if exc.errno not in _NOT_WRITABLE:
             raise
-        raise unwritable(out, stack, exc) from exc
+        target = Path(exc.filename) if exc.filename else out.parent
+        folder = target if target.is_dir() else target.parent
+        raise unwritable(folder, exc.strerror or "not writable", stack) from exc
 
 
 #: A folder the wheels cannot be written into: permissions, a read-only file system.
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
-def unwritable(out: Path, stack: Stack, exc: OSError) -> BuildError:
+def unwritable(folder: Path, why: str, stack: Stack) -> BuildError:
     """The one-line error for a folder the wheels cannot be published into."""
-    target = Path(exc.filename) if exc.filename else out.parent
-    folder = target if target.is_dir() else target.parent
-    why = exc.strerror or "not writable"
     return BuildError(
         f"cannot publish the wheels here: {why.lower()}", where=str(folder),
         fix=f"make it writable (chmod u+w {shlex.quote(str(folder))}) or publish elsewhere: "
@@ -162,5 +161,4 @@ def check_writable(out: Path, stack: Stack) -> None:
     nearest folder above it that exists, must be writable)."""
     folder = next((p for p in (out.parent, *out.parent.parents) if p.is_dir()), out.parent)
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise unwritable(out, stack, PermissionError(
-            errno.EACCES, os.strerror(errno.EACCES), str(folder)))
+        raise unwritable(folder, os.strerror(errno.EACCES), stack)

@@ -248,11 +248,9 @@ def require_passed(results: list[FingerprintResult], project: Project) -> None:
     failed = [r for r in results if not r.passed]
     if not failed:
         return
-    lines = []
-    for r in failed:
-        why = ("already present in unpatched upstream" if r.in_upstream
-               else f"missing from the wheel ({r.member})")
-        lines.append(f"{r.patch}: {r.path}: {r.text!r}: {why}")
+    lines = [f"{r.patch}: {r.path}: {r.text!r}: " + (
+        "already present in unpatched upstream" if r.in_upstream
+        else f"missing from the wheel ({r.member})") for r in failed]
     raise ArtifactCheckError(
         f"{len(failed)} fingerprint(s) failed: " + "; ".join(lines),
         where=f"project {project.key}",
