@@ -394,12 +394,10 @@ def import_records(source: Path, reports: Path) -> list[Path]:
 
     All are read first: one bad record publishes none (nothing half-imported).  Two
     records for the same folder are refused, as one would silently replace the other."""
-    if not source.is_dir():
-        raise ConfigError("is not a folder", where=str(source),
-                          fix="name the folder the GPU run wrote its records into")
-    paths = sorted(source.rglob(RECORD_FILE))
+    paths = sorted(source.rglob(RECORD_FILE)) if source.is_dir() else []
     if not paths:
-        raise ConfigError(f"holds no {RECORD_FILE}", where=str(source),
+        raise ConfigError(f"holds no {RECORD_FILE}" if source.is_dir() else "is not a folder",
+                          where=str(source),
                           fix="name the folder the GPU run wrote its records into")
     records: dict[Path, tuple[Path, Record]] = {}
     for path in paths:

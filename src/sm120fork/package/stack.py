@@ -218,12 +218,10 @@ def fetch(plan: Plan, options: Options) -> Fetched:
     inputs: dict[str, list[Path] | None] = {}
     for item in plan.projects:
         p = item.project
-        if not options.rebuild and _load_entries(item.entry_dir):
-            inputs[p.key] = None
-            continue
-        job = Job(ws=plan.resolved.ws, stack=plan.resolved.stack, project=p, series=item.series,
-                  progress=options.progress(p.key) if options.progress else None)
-        inputs[p.key] = item.kind.download(job)
+        cached = not options.rebuild and _load_entries(item.entry_dir)
+        inputs[p.key] = None if cached else item.kind.download(Job(
+            ws=plan.resolved.ws, stack=plan.resolved.stack, project=p, series=item.series,
+            progress=options.progress(p.key) if options.progress else None))
     return Fetched(plan=plan, inputs=inputs)
 
 
