@@ -167,29 +167,6 @@ def read_parts(part: Path) -> PartsIndex:
     return _typed(PartsIndex, _read(part / KIT_FILE, PARTS_FORMAT), part / KIT_FILE)
 
 
-def part_folders(part: Path, index: PartsIndex) -> tuple[Path, list[Path]]:
-    """The joined kit's folder and every part's (``DIR.k`` -> ``DIR``, ``DIR.1``...)."""
-    number, count = index.part, index.parts
-    suffix = f".{number}"
-    if not part.name.endswith(suffix) or part.name == suffix:
-        raise KitError(f"{part} is part {number} of a kit and must keep its name "
-                       f"<kit>{suffix}, beside the other parts")
-    stem = part.name[: -len(suffix)]
-    return part.parent / stem, [part.parent / f"{stem}.{i}" for i in range(1, count + 1)]
-
-
-def _remove_stale_joins(joined: Path) -> None:
-    """What a join killed midway left beside the kit (its process is gone)."""
-    for path in joined.parent.glob(f".{joined.name}.joining-*"):
-        pid = path.name.rsplit("-", 1)[-1]
-        try:
-            os.kill(int(pid), 0)
-        except (ValueError, ProcessLookupError):
-            shutil.rmtree(path, ignore_errors=True)
-        except PermissionError:
-            pass
-
-
 def check_parts(index: PartsIndex, parts: Sequence[Path]) -> None:
     """Every part is there, of this kit, and every piece has its size (no hashing)."""
     kit_id = index.kit_id
@@ -220,15 +197,26 @@ def check_parts(index: PartsIndex, parts: Sequence[Path]) -> None:
 def join(part: Path, index: PartsIndex) -> Path:
     """The kit ``part`` belongs to, joined beside the parts once: staged, renamed into
     place only when every sha256 holds."""
-    joined, parts = part_folders(part, index)
-    kit_id = index.kit_id
+    suffix = f".{index.part}"
+    if not part.name.endswith(suffix) or part.name == suffix:
+        raise KitError(f"{part} is part {index.part} of a kit and must keep its name "
+                       f"<kit>{suffix}, beside the other parts")
+    stem = part.name[: -len(suffix)]
+    joined = part.parent / stem
+    parts = [part.parent / f"{stem}.{i}" for i in range(1, index.parts + 1)]
     marker = joined / JOINED_FILE
-    if marker.is_file() and marker.read_text(encoding="utf-8").strip() == kit_id:
+    if marker.is_file() and marker.read_text(encoding="utf-8").strip() == index.kit_id:
         return joined
     if joined.exists() and not (joined / KIT_FILE).is_file():
         raise KitError(f"{joined} is there and is no kit: move it away, then run again")
     check_parts(index, parts)
-    _remove_stale_joins(joined)
+    for stale in joined.parent.glob(f".{joined.name}.joining-*"):  # of a join killed midway
+        try:
+            os.kill(int(stale.name.rsplit("-", 1)[-1]), 0)
+        except (ValueError, ProcessLookupError):
+            shutil.rmtree(stale, ignore_errors=True)
+        except PermissionError:  # another user's join, still running
+            pass
     print(f"joining {len(parts)} parts into {joined}", file=sys.stderr, flush=True)
     staging = joined.parent / f".{joined.name}.joining-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -256,7 +244,7 @@ def join(part: Path, index: PartsIndex) -> Path:
         if damaged:
             raise KitError(f"damaged part{'s' if len(damaged) > 1 else ''}, sha256 does not "
                            f"match: {'; '.join(damaged)}: copy those parts again")
-        (staging / JOINED_FILE).write_text(kit_id + "\n", encoding="utf-8")
+        (staging / JOINED_FILE).write_text(index.kit_id + "\n", encoding="utf-8")
         if joined.exists():  # an older kit of that name: its private venv goes with it
             old = joined.parent / f".{joined.name}.old-{os.getpid()}"
             joined.rename(old)

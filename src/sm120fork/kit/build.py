@@ -573,8 +573,8 @@ def _index(kit: Path, bins: list[list[Piece]], shas: dict[tuple[str, int], str],
     return boot.PartsIndex(kit_id=kit_id, part=part, parts=len(bins), files=tuple(files))
 
 
-def plan(kit: Path, part_size: int) -> tuple[list[list[Piece]], int]:
-    """The parts of ``kit`` and the bytes each part spends on ``run``, ``boot.py`` and
+def plan(kit: Path, part_size: int) -> list[list[Piece]]:
+    """The parts of ``kit``, leaving room in each for ``run``, ``boot.py`` and
     ``kit.json``."""
     files = files_of(kit)
     own = sum((kit / name).stat().st_size for name in OWN_FILES)
@@ -591,7 +591,7 @@ def plan(kit: Path, part_size: int) -> tuple[list[list[Piece]], int]:
         fake = {(p.file, i): "0" * 64 for b in bins for p in b for i in (0, p.index)}
         needed = own + len(_index(kit, bins, fake, len(bins)).dumps().encode())
         if needed <= overhead:
-            return bins, overhead
+            return bins
         overhead = needed + 1024
     raise ConfigError("could not fit the kit's index into its parts", where="--part-size")
 
@@ -599,21 +599,17 @@ def plan(kit: Path, part_size: int) -> tuple[list[list[Piece]], int]:
 def write_parts(kit: Path, out: Path, part_size: int) -> list[tuple[Path, int]]:
     """``kit`` as ``out.1`` ... ``out.N`` (each replaced as a whole, stale higher parts
     removed): (part folder, bytes) of each."""
-    bins, _ = plan(kit, part_size)
+    bins = plan(kit, part_size)
     scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(out.name + "-parts"),
                                     dir=out.parent))
     try:
-        shas: dict[tuple[str, int], str] = {}
-        for n, pieces in enumerate(bins, 1):
-            for piece in pieces:
-                dest = scratch / str(n) / piece.path
-                shas[(piece.file, piece.index)] = _copy_range(
-                    kit / piece.file, dest, piece.offset, piece.size)
-                if piece.count == 1:
-                    shas[(piece.file, 0)] = shas[(piece.file, piece.index)]
-                elif (piece.file, 0) not in shas:
-                    shas[(piece.file, 0)] = sha256_file(kit / piece.file)
-        written = []
+        shas = {(p.file, p.index): _copy_range(kit / p.file, scratch / str(n) / p.path,
+                                               p.offset, p.size)
+                for n, pieces in enumerate(bins, 1) for p in pieces}
+        # each whole file's sha256: its one piece's, else hashed again
+        shas |= {(p.file, 0): shas[(p.file, 1)] if p.count == 1 else sha256_file(kit / p.file)
+                 for pieces in bins for p in pieces if p.index == 1}
+        final = []
         for n in range(1, len(bins) + 1):
             folder = scratch / str(n)
             for name in OWN_FILES:
@@ -624,23 +620,17 @@ def write_parts(kit: Path, out: Path, part_size: int) -> list[tuple[Path, int]]:
             if size > part_size:  # plan() reserved room for this: a bug if not
                 raise ConfigError(f"part {n} would be {size} bytes, over {part_size}",
                                   where="--part-size")
-            written.append((folder, size))
-        final = []
-        for n, (folder, size) in enumerate(written, 1):
-            dest = out.parent / f"{out.name}.{n}"
-            replace_dir(folder, dest)
-            final.append((dest, size))
-        _remove_stale_parts(out, len(bins))
+            final.append((out.parent / f"{out.name}.{n}", size))
+        for n, (dest, _) in enumerate(final, 1):
+            replace_dir(scratch / str(n), dest)
+        for n in itertools.count(len(bins) + 1):  # the higher parts of an older kit
+            stale = out.parent / f"{out.name}.{n}"
+            try:
+                boot.read_parts(stale)
+            except boot.KitError:
+                break
+            shutil.rmtree(stale)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return final
 
-
-def _remove_stale_parts(out: Path, count: int) -> None:
-    for n in itertools.count(count + 1):
-        stale = out.parent / f"{out.name}.{n}"
-        try:
-            boot.read_parts(stale)
-        except boot.KitError:
-            return
-        shutil.rmtree(stale)
