@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import os
+import platform
 import re
 import shutil
 import sys
@@ -289,8 +290,6 @@ def harness_requirements(harness: str, wheels: dict[str, Path]) -> list[Requirem
 
 def stack_requirements(stack: ResolvedStack, harness: str) -> list[str]:
     """``harness_requirements`` of a built stack, for this Python."""
-    import platform
-
     here = Target(python=f"{sys.version_info[0]}.{sys.version_info[1]}",
                   platforms=manylinux(platform.machine() or "x86_64"))
     wheels = stack_wheels(stack.folder, stack.build(), here)

@@ -203,35 +203,25 @@ def write_reports(ws: Workspace, result: VerifyResult) -> Path:
     return write_record(to_record(result, ws.root), ws.reports_dir)
 
 
-def _pdl_cell(v: Verdict, opcodes: Mapping[str, PdlOpcodes]) -> str:
-    if v.pdl is None or v.pdl_reference is None:
-        return "not checked"
-    ops = opcodes.get(v.arch)
-    names = f" ({'/'.join(ops.wait)} / {'/'.join(ops.launch)})" if ops else ""
-    text = f"{v.pdl[0]} / {v.pdl[1]} vs {v.pdl_reference[0]} / {v.pdl_reference[1]}{names}"
-    if v.pdl_lost:
-        text += f"; {len(v.pdl_lost)} kernels lost PDL"
-    return text
-
-
-def _kernels_cell(r: ArchResult | None, v: Verdict) -> str:
-    if r is None or not r.compiled:
-        return "not compiled"
-    return f"{v.present} / {v.reference_kernels}" + (" (forced)" if r.forced else "")
-
-
-def _seconds_cell(r: ArchResult | None) -> str:
-    if r is None or not r.compiled:
-        return "-"
-    cached = bool(r.units) and all(u.cached for u in r.units)
-    return f"{sum(u.seconds for u in r.units):.1f}" + (" (cached)" if cached else "")
-
-
-def host_calls_cell(r: ArchResult | None) -> str:
+def _column(r: ArchResult | None, v: Verdict, opcodes: Mapping[str, PdlOpcodes]) -> list[str]:
+    """One variant's cells of an architecture's summary rows, in their order."""
+    gate = "-" if r is None else "accepted" if r.gate.accepted else f"refused: `{r.gate.error}`"
+    verdict = f"**{v.status.value.upper()}**"
     calling = r.units_calling(CLUSTER_QUERY) if r is not None else None
-    if calling is None:
-        return "-"
-    return f"{sum(calling.values())} / {len(calling)} units"
+    calls = "-" if calling is None else f"{sum(calling.values())} / {len(calling)} units"
+    if r is None or not r.compiled:
+        return [gate, "not compiled", "-", "-", calls, "-", verdict]
+    pdl = "not checked"
+    if v.pdl is not None and v.pdl_reference is not None:
+        ops = opcodes.get(v.arch)
+        names = f" ({'/'.join(ops.wait)} / {'/'.join(ops.launch)})" if ops else ""
+        pdl = f"{v.pdl[0]} / {v.pdl[1]} vs {v.pdl_reference[0]} / {v.pdl_reference[1]}{names}"
+        if v.pdl_lost:
+            pdl += f"; {len(v.pdl_lost)} kernels lost PDL"
+    cached = bool(r.units) and all(u.cached for u in r.units)
+    return [gate, f"{v.present} / {v.reference_kernels}" + (" (forced)" if r.forced else ""),
+            str(len(v.empty)), pdl, calls,
+            f"{sum(u.seconds for u in r.units):.1f}" + (" (cached)" if cached else ""), verdict]
 
 
 def render_markdown(report: ProofReport) -> str:
@@ -247,28 +237,15 @@ def render_markdown(report: ProofReport) -> str:
              f"translation units' host code calls `{CLUSTER_QUERY}`. "
              f"Proof wall time: {report.wall_seconds:.0f} s.", "",
              "## Summary", ""]
+    host_row = f"host code calls {CLUSTER_QUERY}"  # where host objects were built
+    checks = ["JIT gate", f"kernels present / {report.reference_arch}", "empty kernels", "PDL",
+              host_row, "compile s", "verdict"]
     rows: list[list[str]] = []
     for arch in report.archs:
-        results = [v.arch(arch) for v in report.variants]
-        row_verdicts = [verdicts[(name, arch)] for name in names]
-        pairs = list(zip(results, row_verdicts, strict=True))
-        rows += [
-            [arch, "JIT gate", *("-" if r is None else "accepted" if r.gate.accepted
-                                 else f"refused: `{r.gate.error}`" for r in results)],
-            [arch, f"kernels present / {report.reference_arch}",
-             *(_kernels_cell(r, v) for r, v in pairs)],
-            [arch, "empty kernels", *(str(len(v.empty)) if r is not None and r.compiled
-                                      else "-" for r, v in pairs)],
-            [arch, "PDL", *(_pdl_cell(v, opcodes) if r is not None and r.compiled else "-"
-                            for r, v in pairs)],
-        ]
-        if arch in report.host_archs:
-            rows.append([arch, f"host code calls {CLUSTER_QUERY}",
-                         *(host_calls_cell(r) for r in results)])
-        rows += [
-            [arch, "compile s", *(_seconds_cell(r) for r in results)],
-            [arch, "verdict", *(f"**{v.status.value.upper()}**" for v in row_verdicts)],
-        ]
+        columns = [_column(v.arch(arch), verdicts[(v.name, arch)], opcodes)
+                   for v in report.variants]
+        rows += [[arch, check, *(c[i] for c in columns)] for i, check in enumerate(checks)
+                 if check != host_row or arch in report.host_archs]
     lines += markdown_table(["arch", "check", *names], rows)
     lines += ["", "## Compile seconds per translation unit", "",
               "Wall time of each nvcc run (cached: taken from the run that made the cubin).",
