@@ -26,7 +26,7 @@ from sm120fork import __version__, record
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import CommandError, ConfigError, MaintenanceError
 from sm120fork.fetch.source import UPSTREAM_TAG
-from sm120fork.patch.series import Patch, Series
+from sm120fork.patch.series import Patch
 from sm120fork.patch.tree import open_tree
 from sm120fork.resolved import ResolvedStack
 from sm120fork.upstream.template import TestRun, render_body, short_subject
@@ -67,11 +67,8 @@ def upstream_url(ws: Workspace, project: Project) -> str:
     distribution, else ''."""
     if project.git is not None:
         return project.git.url
-    for stack in ws.stacks().values():
-        for other in stack.projects:
-            if other.distribution == project.distribution and other.git is not None:
-                return other.git.url
-    return ""
+    return next((other.git.url for stack in ws.stacks().values() for other in stack.projects
+                 if other.distribution == project.distribution and other.git is not None), "")
 
 
 def github_slug(url: str) -> str:
@@ -88,20 +85,8 @@ class PlannedPR:
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    stack: str
-    project: str
     prs: tuple[PlannedPR, ...]
     not_proposed: tuple[str, ...] = ()
-
-    def pr(self, name: str) -> PlannedPR:
-        for p in self.prs:
-            if p.name == name:
-                return p
-        known = ", ".join(p.name for p in self.prs) or "none"
-        raise MaintenanceError(f"{self.stack}/{self.project} has no upstream PR {name!r} "
-                               f"(its PRs: {known})", where=f"{self.stack}/{self.project}",
-                               fix="list them: "
-                                   f"`{command('upstream-pr', self.stack, self.project)}`")
 
 
 def _why_not(p: Patch) -> str:
@@ -115,11 +100,12 @@ def _why_not(p: Patch) -> str:
     return "not grouped for upstream (Forwarded: no, and no Upstream-PR header)"
 
 
-def plan(series: Series, tests: Series | None, *, stack: str, project: str) -> Plan:
+def plan_of(today: ResolvedStack, project: Project) -> Plan:
     """The PRs of a project's series, in the order their first patch appears."""
     groups: dict[str, list[Patch]] = {}
     not_proposed: list[str] = []
-    for p in series.patches:
+    tests = today.upstream_tests.get(project.key)
+    for p in today.series[project.key].patches:
         name = p.field("Upstream-PR").strip()
         if name and not p.applied_upstream and p.field("Forwarded").strip() == "no":
             groups.setdefault(name, []).append(p)
@@ -133,7 +119,7 @@ def plan(series: Series, tests: Series | None, *, stack: str, project: str) -> P
                                    "of the series belongs to", where=str(t.path),
                                    fix="set its Upstream-PR to one of: " + ", ".join(groups))
         found.setdefault(name, []).append(t)
-    return Plan(stack=stack, project=project, not_proposed=tuple(not_proposed), prs=tuple(
+    return Plan(not_proposed=tuple(not_proposed), prs=tuple(
         PlannedPR(name=n, patches=tuple(ps), tests=tuple(found.get(n, ())))
         for n, ps in groups.items()))
 
@@ -158,11 +144,6 @@ def newer_stacks_with_prs(ws: Workspace, stack: Stack, project: Project) -> list
             if newer and plan_of(ResolvedStack.of(ws, other), theirs).prs:
                 found.append(other.name)
     return found
-
-
-def plan_of(today: ResolvedStack, project: Project) -> Plan:
-    return plan(today.series[project.key], today.upstream_tests.get(project.key),
-                stack=today.stack.name, project=project.key)
 
 
 def fork_words(ws: Workspace, today: ResolvedStack) -> list[str]:
@@ -378,14 +359,14 @@ def find_pr(today: ResolvedStack, project_key: str | None, name: str
             ) -> tuple[Project, PlannedPR]:
     """PR ``name`` of ``project_key`` (default: of whichever project has it)."""
     stack = today.stack
-    for project in [stack.project(project_key)] if project_key else stack.projects:
-        plan = plan_of(today, project)
-        if project_key or any(p.name == name for p in plan.prs):
-            return project, plan.pr(name)
-    known = [p.name for project in stack.projects for p in plan_of(today, project).prs]
-    raise MaintenanceError(f"stack {stack.name} has no upstream PR {name!r} (its PRs: "
-                           f"{', '.join(known) or 'none'})", where=stack.name,
-                           fix=f"list them: `{command('upstream-pr', stack.name)}`")
+    scope = [stack.project(project_key)] if project_key else stack.projects
+    prs = [(project, pr) for project in scope for pr in plan_of(today, project).prs]
+    if found := [(project, pr) for project, pr in prs if pr.name == name]:
+        return found[0]
+    where = "/".join([stack.name, *filter(None, [project_key])])
+    raise MaintenanceError(f"{'' if project_key else 'stack '}{where} has no upstream PR "
+                           f"{name!r} (its PRs: {', '.join(p.name for _, p in prs) or 'none'})",
+                           where=where, fix=f"list them: `{command('upstream-pr', stack.name)}`")
 
 
 def pr_record(stack: Stack, project: Project, pr: PlannedPR, tree: str,
