@@ -418,7 +418,8 @@ def _bump_companions(ws: Workspace, state: BumpState, resolved: ResolvedStack) -
     bump of its own: this bump's --continue goes on after it)."""
     for key, version in state.companion_bumps.items():
         pending = BumpState.load(ws, state.stack, key)
-        current = resolved.stack.project(key)
+        # As declared now: a companion bumped before this one may have re-pinned it.
+        current = _declared(ws, state).stack.project(key)
         if pending is None and Version(current.version) == Version(version):
             continue  # done (by this bump, or by hand)
         try:
@@ -436,10 +437,8 @@ def _bump_companions(ws: Workspace, state: BumpState, resolved: ResolvedStack) -
 
 def _then_resume(exc: MaintenanceError, key: str, state: BumpState) -> None:
     """Add to a coordinated bump's stop the command that resumes the bump that moved it."""
-    resume = state.cmd("--continue")
-    exc.fix = (f"{exc.fix}; once {key} is done, `{resume}` goes on with "
-               f"{state.project} {state.new_version}" if exc.fix else
-               f"`{resume}` goes on with {state.project} {state.new_version}")
+    then = f"`{state.cmd('--continue')}` goes on with {state.project} {state.new_version}"
+    exc.fix = f"{exc.fix}; once {key} is done, {then}" if exc.fix else then
 
 
 def _new_tree(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> None:
