@@ -113,12 +113,8 @@ def check_cluster_query(ctx: Context) -> tuple[str, bool]:
         return "no host objects in the compile proof", False
     parts, ok = [], True
     for arch in report.host_archs:
-        counts = {}
-        for name in (UNPATCHED, FULL):
-            variant = report.variant(name)
-            result = variant.arch(arch) if variant else None
-            counts[name] = result.units_calling(CLUSTER_QUERY) if result else None
-        full, before = counts[FULL], counts[UNPATCHED]
+        results = [v.arch(arch) if (v := report.variant(n)) else None for n in (FULL, UNPATCHED)]
+        full, before = (r.units_calling(CLUSTER_QUERY) if r else None for r in results)
         if full is None or before is None:
             parts.append(f"{arch}: host objects missing")
             ok = False
@@ -165,8 +161,7 @@ RUNS_STACK = "runs_stack"
 VERIFY_STACK_ENV = "SM120FORK_VERIFY_STACK"
 
 
-def _junit_outcomes(xml: Path, root: Path, stack: str | None = None
-                    ) -> dict[str, tuple[str, bool]]:
+def _junit_outcomes(xml: Path, stack: str | None) -> dict[str, tuple[str, bool]]:
     """node -> (outcome, passed) from pytest's JUnit XML; a test that ran another stack's
     build than ``stack`` backs nothing."""
     found: dict[str, tuple[str, bool]] = {}
@@ -218,7 +213,7 @@ def run_cpu_tests(root: Path, nodes: Sequence[str], *, stack: str | None = None
                         cwd=root, env={"PYTHONPATH": pythonpath,
                                        **({VERIFY_STACK_ENV: stack} if stack else {})},
                         check=False, timeout=3600)
-        ran = _junit_outcomes(xml, root, stack) if xml.is_file() else {}
+        ran = _junit_outcomes(xml, stack) if xml.is_file() else {}
     for node, actual in runnable.items():
         results[node] = ran.get(actual) or (
             f"did not run (pytest exit {done.returncode}: "

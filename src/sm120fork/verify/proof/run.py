@@ -130,10 +130,6 @@ def run_gate(tree: Path, arch: str, tools: Tools) -> GateResult:
                       nvcc_flags=tuple(result["nvcc_flags"]), compile_flags=flags)
 
 
-def retarget(flags: tuple[str, ...], source_arch: str, arch: str) -> tuple[str, ...]:
-    return tuple(gencode_flag(arch) if f == gencode_flag(source_arch) else f for f in flags)
-
-
 def make_dependencies(text: str) -> list[str]:
     joined = text.replace("\\\n", " ")
     _, _, deps = joined.partition(": ")
@@ -251,7 +247,8 @@ def _plan_variants(variants: Mapping[str, Path], archs: Sequence[str], tools: To
             if arch in wanted and gate.accepted:
                 units = [(tree, source, gate.compile_flags) for source in gate.sources]
             elif was_forced:
-                flags = retarget(ref.compile_flags, REFERENCE_ARCH, arch)
+                flags = tuple(gencode_flag(arch) if f == gencode_flag(REFERENCE_ARCH) else f
+                              for f in ref.compile_flags)
                 units = [(tree, source, flags) for source in ref.sources]
             planned[(name, arch)] = (gate, units, was_forced, arch in wanted)
     return planned
