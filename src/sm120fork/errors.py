@@ -6,18 +6,11 @@ code so scripts can tell a bad declaration from a patch that no longer applies.
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class ToolkitError(Exception):
-    """Base class: ``str(err)`` is the one-line message a user sees; a subclass names its
-    exit code in its header (``class ConfigError(ToolkitError, exit_code=2)``)."""
+    """Base class: ``str(err)`` is the one-line message a user sees."""
 
     exit_code = 1
-
-    def __init_subclass__(cls, exit_code: int | None = None, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.exit_code = exit_code or cls.exit_code
 
     def __init__(self, what: str, *, where: str | None = None, fix: str | None = None,
                  detail: str | None = None) -> None:
@@ -34,72 +27,103 @@ class ToolkitError(Exception):
         return f"{where}{self.what}{fix}"
 
 
-class ConfigError(ToolkitError, exit_code=2):
+class ConfigError(ToolkitError):
     """A declaration under forks/ or a series file is malformed."""
 
+    exit_code = 2
 
-class SourceError(ToolkitError, exit_code=3):
+
+class SourceError(ToolkitError):
     """Fetching or unpacking an upstream source failed."""
 
+    exit_code = 3
 
-class ChecksumError(SourceError, exit_code=4):
+
+class ChecksumError(SourceError):
     """A download does not match its pinned sha256."""
 
+    exit_code = 4
 
-class UnsafeArchiveError(SourceError, exit_code=5):
+
+class UnsafeArchiveError(SourceError):
     """An archive member would land outside the extraction directory."""
 
+    exit_code = 5
 
-class SeriesError(ToolkitError, exit_code=6):
+
+class SeriesError(ToolkitError):
     """The series file and the patch files on disk disagree, or a header is malformed."""
 
+    exit_code = 6
 
-class PatchError(ToolkitError, exit_code=7):
+
+class PatchError(ToolkitError):
     """A patch does not apply exactly."""
 
+    exit_code = 7
 
-class DirtyTreeError(ToolkitError, exit_code=8):
+
+class DirtyTreeError(ToolkitError):
     """A fork work tree has local changes that an operation would destroy."""
 
+    exit_code = 8
 
-class BuildError(ToolkitError, exit_code=9):
+
+class BuildError(ToolkitError):
     """Building a wheel failed."""
 
+    exit_code = 9
 
-class ArtifactCheckError(ToolkitError, exit_code=10):
+
+class ArtifactCheckError(ToolkitError):
     """A patch's fingerprint is missing from the wheel, or already present upstream."""
 
+    exit_code = 10
 
-class CommandError(ToolkitError, exit_code=11):
+
+class CommandError(ToolkitError):
     """An external command failed; ``detail`` carries its captured output."""
 
+    exit_code = 11
     #: True when it ran past its timeout (and was killed with its process group).
     timed_out = False
 
 
-class LockError(ToolkitError, exit_code=12):
+class LockError(ToolkitError):
     """Another toolkit run holds the lock."""
 
+    exit_code = 12
 
-class VerifyError(ToolkitError, exit_code=13):
+
+class VerifyError(ToolkitError):
     """An SM120 proof or GPU check failed."""
 
+    exit_code = 13
 
-class MaintenanceError(ToolkitError, exit_code=14):
+
+class MaintenanceError(ToolkitError):
     """A bump/refresh/upstream_pr precondition does not hold."""
 
+    exit_code = 14
 
-class DoctorError(ToolkitError, exit_code=15):
+
+class DoctorError(ToolkitError):
     """``doctor`` found at least one blocker on this box."""
 
+    exit_code = 15
 
-class UsageError(ToolkitError, exit_code=16):
+
+class UsageError(ToolkitError):
     """The command line itself is wrong (unknown option, missing argument)."""
 
+    exit_code = 16
 
-class NoGpuError(ToolkitError, exit_code=17):
+
+class NoGpuError(ToolkitError):
     """A GPU harness cannot run here: this Python has no torch, a CPU-only torch, or a
     torch that sees no CUDA GPU (not a failing case: nothing was tried)."""
+
+    exit_code = 17
 
 
 #: Exit codes that belong to no error class (each means one thing: an uncaught exception

@@ -58,8 +58,10 @@ class Decision:
     fallbacks: tuple[str, ...]
 
     def method_for(self, tokens: int) -> str:
-        return next((r.method for r in self.ranges if tokens >= r.min_tokens
-                     and (r.max_tokens is None or tokens <= r.max_tokens)), UNFUSED)
+        for rng in self.ranges:
+            if tokens >= rng.min_tokens and (rng.max_tokens is None or tokens <= rng.max_tokens):
+                return rng.method
+        return UNFUSED
 
     def route_for(self, tokens: int) -> str:
         """What SGLang switches on (a key of :data:`.methods.ROUTES`)."""

@@ -40,6 +40,12 @@ def servable(name: str) -> bool:
     return name in SERVING and SERVING[name].route is not None
 
 
+def _worst_ratios(by_hidden: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
+    """Per method that ran at every hidden size: its worst latency / the fastest's."""
+    names = set.intersection(*(set(m) for m in by_hidden.values()))
+    return {n: max(m[n] / min(m.values()) for m in by_hidden.values()) for n in names}
+
+
 def _tp_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One world size's records -> its policy entry."""
     excluded: dict[str, str] = {}
@@ -56,14 +62,12 @@ def _tp_policy(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if (rec.get("kind") == "point" and rec.get("status") == TIMED
                 and rec["method"] not in excluded and servable(rec["method"])):
             lat[int(rec["tokens"])][int(rec["hidden"])][rec["method"]] = latency(rec)
-    # per token count (in order), per method that ran at every hidden size its worst
-    # latency / the fastest's; the winner: the method fastest at every hidden size, else the
-    # best worst-case ratio; ties go to the registry's order
+    # per token count (in order) the winner: the method fastest at every hidden size, else
+    # the best worst-case ratio; ties go to the registry's order
     ratios: dict[int, dict[str, float]] = {}
     winners: dict[int, str] = {}
     for t in sorted(lat):
-        worst = ratios[t] = {n: max(m[n] / min(m.values()) for m in lat[t].values())
-                             for n in set.intersection(*(set(m) for m in lat[t].values()))}
+        worst = ratios[t] = _worst_ratios(lat[t])
         fastest = {min(m, key=m.__getitem__) for m in lat[t].values()}
         if worst:
             winners[t] = fastest.pop() if len(fastest) == 1 else min(
@@ -97,11 +101,11 @@ def write(doc: Mapping[str, Any], out_dir: Path) -> Path:
     return path
 
 
-def _entry(tp: str, entry: Any, key: str) -> dict[str, Any]:
-    if not tp.isdigit() or int(tp) < 2:
-        raise ConfigError("TP sizes are integers >= 2", where=key)
-    if not isinstance(entry, dict):
-        raise ConfigError("each TP size maps to a table", where=key)
+def _int_at_least(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _entry(entry: Mapping[str, Any], key: str) -> dict[str, Any]:
     low = 1
     ranges = entry.get("ranges")
     if not isinstance(ranges, list):
@@ -113,8 +117,7 @@ def _entry(tp: str, entry: Any, key: str) -> dict[str, Any]:
         if rng.get("min_tokens") != low:
             raise ConfigError(f"min_tokens must be {low}: ranges are contiguous from 1 token",
                               where=f"{where}.min_tokens")
-        top = rng.get("max_tokens")
-        if not isinstance(top, int) or isinstance(top, bool) or top < low:
+        if not _int_at_least(rng.get("max_tokens"), low):
             raise ConfigError(f"max_tokens must be an integer >= {low}",
                               where=f"{where}.max_tokens")
         if not isinstance(rng.get("method"), str) or not rng["method"]:
@@ -124,7 +127,7 @@ def _entry(tp: str, entry: Any, key: str) -> dict[str, Any]:
         if not isinstance(fallback, list) or not all(isinstance(f, str) for f in fallback):
             raise ConfigError("fallback must be a list of method names",
                               where=f"{where}.fallback")
-        low = top + 1
+        low = rng["max_tokens"] + 1
     return {**entry, "ranges": [{**r, "fallback": list(r.get("fallback", []))}
                                 for r in ranges]}
 
@@ -144,7 +147,14 @@ def validate(doc: Any, where: str) -> dict[str, Any]:
     tps = doc.get("tp")
     if not isinstance(tps, dict):
         raise ConfigError("tp must be a table of TP sizes", where=f"{where}: tp")
-    entries = {str(tp): _entry(str(tp), entry, f"{where}: tp.{tp}") for tp, entry in tps.items()}
+    entries: dict[str, Any] = {}
+    for tp, entry in tps.items():
+        key = f"{where}: tp.{tp}"
+        if not str(tp).isdigit() or int(tp) < 2:
+            raise ConfigError("TP sizes are integers >= 2", where=key)
+        if not isinstance(entry, dict):
+            raise ConfigError("each TP size maps to a table", where=key)
+        entries[str(tp)] = _entry(entry, key)
     made = doc.get("made", {})
     if not isinstance(made, dict):
         raise ConfigError("made must be a table", where=f"{where}: made")
@@ -185,17 +195,19 @@ AUTO_ENV = "SGLANG_SM120_FLASHINFER_ALLREDUCE_FUSION_AUTO"
 DEFAULT_TP = 2
 
 
-def locate(env: Mapping[str, str] = os.environ) -> Path:
+def locate(environ: Mapping[str, str] | None = None) -> Path:
     """Where SGLang's patched code (S1/S2, G2/G3) looks: ENV_VAR's file, else DEFAULT_PATH."""
+    env = os.environ if environ is None else environ
     return Path(os.path.expanduser(env.get(ENV_VAR) or DEFAULT_PATH))
 
 
-def read_for_doctor(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+def read_for_doctor(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Where SGLang looks, who named that place, the document found there (as read, so a
     doctor's record can be judged elsewhere) or why none was read; never raises."""
-    where = locate(environ)
+    env = os.environ if environ is None else environ
+    where = locate(env)
     facts: dict[str, Any] = {"path": str(where),
-                             "named_by": ENV_VAR if environ.get(ENV_VAR) else "default",
+                             "named_by": ENV_VAR if env.get(ENV_VAR) else "default",
                              "found": where.is_file(), "document": None, "error": None}
     if facts["found"]:
         try:

@@ -10,7 +10,6 @@ then ``nox -s refresh -- sglang-0.5.23 sglang``); the plugin carries the patch's
 from __future__ import annotations
 
 import ast
-import graphlib
 import sys
 import tokenize
 from pathlib import Path
@@ -132,9 +131,18 @@ def _follow(root: Path) -> list[_Part]:
             if i not in part.kept and name in bound_names(node) and not _ours(node):
                 part.kept.add(i)
                 todo += [(rel, n.id) for n in ast.walk(node) if isinstance(n, ast.Name)]
-    imports = {rel: set(parts[rel].imports.values()) & parts.keys() for rel in sorted(parts)}
-    return [parts[rel] for rel in graphlib.TopologicalSorter(imports).static_order()
-            if parts[rel].kept]
+    ordered: list[str] = []
+
+    def visit(rel: str) -> None:
+        if rel not in ordered:
+            ordered.append(rel)  # a mark against cycles; moved after its imports below
+            for dep in sorted(set(parts[rel].imports.values()) & parts.keys()):
+                visit(dep)
+            ordered.remove(rel)
+            ordered.append(rel)
+
+    visit(ENTRY_FILE)
+    return [parts[rel] for rel in ordered if parts[rel].kept]
 
 
 def module_source(root: Path = TOOLKIT) -> str:
