@@ -47,6 +47,19 @@ CAPTURE = textwrap.dedent("""\
         importlib.import_module("sglang.srt.plugins").load_plugins()
 """)
 
+#: both probes: SGLang's model config, DP attention and executor flags, stubbed (``config``
+#: is the probe's own)
+STUBS = textwrap.dedent("""\
+    overrides.model_config_of = lambda view: config
+    overrides.attn_dp_enabled_of = lambda view: False
+    bag = types.SimpleNamespace(comm=types.SimpleNamespace(
+        flashinfer_allreduce_fusion_backend="trtllm"))
+    add_norm.is_dp_attention_enabled = lambda: False
+    add_norm.get_exec = lambda: bag
+    add_norm.uses_cutedsl_ar_fusion = lambda: False
+    add_norm.is_flashinfer_allreduce_unavailable = lambda: False
+""")
+
 PROBE = textwrap.dedent("""\
     import importlib, json, logging, os, sys, types
     site, scenarios, load = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "plugin"
@@ -67,14 +80,7 @@ PROBE = textwrap.dedent("""\
     config = types.SimpleNamespace(hf_config=types.SimpleNamespace(
         architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=4096),
         dtype="torch.bfloat16")
-    overrides.model_config_of = lambda view: config
-    overrides.attn_dp_enabled_of = lambda view: False
-    bag = types.SimpleNamespace(comm=types.SimpleNamespace(
-        flashinfer_allreduce_fusion_backend="trtllm"))
-    add_norm.is_dp_attention_enabled = lambda: False
-    add_norm.get_exec = lambda: bag
-    add_norm.uses_cutedsl_ar_fusion = lambda: False
-    add_norm.is_flashinfer_allreduce_unavailable = lambda: False
+    # STUBS
     gate = add_norm.flashinfer_ar_fusion_applies
     out = {}
     for name, env, tps, tokens in scenarios:
@@ -100,7 +106,7 @@ PROBE = textwrap.dedent("""\
                                   "fused": fused}
         out[name] = got
     print("POLICY-PROBE " + json.dumps(out, sort_keys=True))
-""").replace("# CAPTURE\n", CAPTURE)
+""").replace("# CAPTURE\n", CAPTURE).replace("# STUBS\n", STUBS)
 
 
 def _point(method: str, tokens: int, us: float) -> dict[str, Any]:
@@ -245,14 +251,7 @@ V2_PROBE = textwrap.dedent("""\
     config = types.SimpleNamespace(hf_config=types.SimpleNamespace(
         architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=4096),
         dtype=torch.bfloat16)
-    overrides.model_config_of = lambda view: config
-    overrides.attn_dp_enabled_of = lambda view: False
-    bag = types.SimpleNamespace(comm=types.SimpleNamespace(
-        flashinfer_allreduce_fusion_backend="trtllm"))
-    add_norm.is_dp_attention_enabled = lambda: False
-    add_norm.get_exec = lambda: bag
-    add_norm.uses_cutedsl_ar_fusion = lambda: False
-    add_norm.is_flashinfer_allreduce_unavailable = lambda: False
+    # STUBS
     layernorm = importlib.import_module("sglang.srt.layers.layernorm")
     distributed = importlib.import_module("sglang.srt.distributed")
 
@@ -327,7 +326,7 @@ V2_PROBE = textwrap.dedent("""\
                             "batches": per_batch}
         out[name] = got
     print("POLICY-PROBE " + json.dumps(out, sort_keys=True))
-""").replace("# CAPTURE\n", CAPTURE)
+""").replace("# CAPTURE\n", CAPTURE).replace("# STUBS\n", STUBS)
 
 
 def v2_policy(*, gpu: str = SM120_NAME, for_use: bool = True) -> dict[str, Any]:

@@ -51,6 +51,23 @@ class _Recorder:
         self.runs.append((args, kwargs))
 
 
+class _Installing(_Recorder):
+    """A recorder that keeps what is installed and answers ``--requirements`` with
+    ``requirements``."""
+
+    def __init__(self, posargs: list[str], requirements: str) -> None:
+        super().__init__(posargs)
+        self.requirements = requirements
+        self.installs: list[tuple[str, ...]] = []
+
+    def install(self, *args: str) -> None:
+        self.installs.append(args)
+
+    def run(self, *args: str, **kwargs: object) -> str:  # type: ignore[override]
+        super().run(*args, **kwargs)
+        return self.requirements if "--requirements" in args else ""
+
+
 def test_toolkit_sessions_print_nox_hints_and_keep_stderr_apart(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Under nox the hints say `nox -s ...`, and stdout carries only the toolkit's stdout
@@ -76,19 +93,7 @@ def test_upstream_pr_installs_what_the_prs_tests_import_before_it_prepares_them(
     nf = _noxfile()
     monkeypatch.setattr(nf, "ready", lambda *_: None)  # the preflight: its own tests
 
-    class Printing(_Recorder):
-        def __init__(self, posargs: list[str]) -> None:
-            super().__init__(posargs)
-            self.installs: list[tuple[str, ...]] = []
-
-        def install(self, *args: str) -> None:
-            self.installs.append(args)
-
-        def run(self, *args: str, **kwargs: object) -> str:  # type: ignore[override]
-            super().run(*args, **kwargs)
-            return "torch==2.13.0\nnumpy==2.4.6\n" if "--requirements" in args else ""
-
-    session = Printing(["sglang-0.5.23", "--pr", "x"])
+    session = _Installing(["sglang-0.5.23", "--pr", "x"], "torch==2.13.0\nnumpy==2.4.6\n")
     nf.upstream_pr.func(session)
     asked, last = session.runs[0][0], session.runs[-1][0]
     assert asked[3:] == ("-q", "upstream-pr", "--requirements", "sglang-0.5.23", "--pr", "x")
@@ -104,21 +109,9 @@ def test_sessions_that_probe_a_tree_install_the_cpu_torch_before_any_torch_pin(
     nf = _noxfile()
     monkeypatch.setattr(nf, "ready", lambda *_: None)  # the preflight: its own tests
 
-    class Installing(_Recorder):
-        def __init__(self, posargs: list[str]) -> None:
-            super().__init__(posargs)
-            self.installs: list[tuple[str, ...]] = []
-
-        def install(self, *args: str) -> None:
-            self.installs.append(args)
-
-        def run(self, *args: str, **kwargs: object) -> str:  # type: ignore[override]
-            super().run(*args, **kwargs)
-            return "torch==2.13.0\n" if "--requirements" in args else ""
-
     cpu = ("-q", "-r", "aot/requirements-torch-cpu.txt")
     for name in ("build", "bump", "watch", "upstream_pr", "verify_sm120"):
-        session = Installing(["x"])
+        session = _Installing(["x"], "torch==2.13.0\n")
         getattr(nf, name).func(session)
         pins = [i for i, args in enumerate(session.installs)
                 if any(a.startswith("torch") for a in args)]
