@@ -18,6 +18,11 @@ from sm120fork.workspace import Workspace
 from helpers_ws import checkout_copy
 
 
+def _resolved(name: str) -> ResolvedStack:
+    ws = Workspace.find()
+    return ResolvedStack.of(ws, ws.stack(name))
+
+
 def _built(root: Path, stack: str, wheel: str, *, as_published: bool) -> Path:
     folder = root / "wheels" / stack
     folder.mkdir(parents=True)
@@ -41,12 +46,13 @@ def test_the_stack_build_is_patched_and_upstream_comes_from_its_pin(
         return tmp_path / "flashinfer_python-0.6.7.post3-py3-none-any.whl"
 
     monkeypatch.setattr(stack_wheels, "upstream_wheel", upstream)
-    found = stack_wheels.resolve("sglang-0.5.10", baseline=True)
+    found = stack_wheels.resolve(_resolved("sglang-0.5.10"), baseline=True)
     assert found.wheels == {
         "patched": wheel,
         "unpatched": tmp_path / "flashinfer_python-0.6.7.post3-py3-none-any.whl"}
     assert built == ["sglang-0.5.10"]
-    assert stack_wheels.resolve("sglang-0.5.10", baseline=False).wheels == {"patched": wheel}
+    found = stack_wheels.resolve(_resolved("sglang-0.5.10"), baseline=False)
+    assert found.wheels == {"patched": wheel}
 
 
 def test_a_stack_shipping_upstream_as_published_has_no_ab(
@@ -55,7 +61,7 @@ def test_a_stack_shipping_upstream_as_published_has_no_ab(
     monkeypatch.setenv("SM120FORK_ROOT", str(root))
     _built(root, "sglang-0.5.23", "flashinfer_python-0.7.2-py3-none-any.whl", as_published=True)
     monkeypatch.setattr(stack_wheels, "upstream_wheel", lambda *_: pytest.fail("fetched"))
-    found = stack_wheels.resolve("sglang-0.5.23", baseline=True)
+    found = stack_wheels.resolve(_resolved("sglang-0.5.23"), baseline=True)
     assert len(found.wheels) == 1
     assert found.note is not None
     assert "no A/B" in found.note
@@ -69,12 +75,13 @@ def test_an_unbuilt_stack_says_how_to_build_it_in_the_form_the_user_has(
     monkeypatch.setenv("SM120FORK_ROOT", str(checkout_copy(tmp_path, sdists=False)))
     monkeypatch.setenv("SM120FORK_FRONT_DOOR", front_door)
     with pytest.raises(ConfigError) as err:
-        stack_wheels.resolve("sglang-0.5.10", baseline=True)
+        stack_wheels.resolve(_resolved("sglang-0.5.10"), baseline=True)
     assert err.value.fix == fix
 
 
 def test_stack_and_wheel_dir_exclude_each_other() -> None:
-    opts = runs.TestOptions(command="x", stack="sglang-0.5.10", wheel_dirs={"patched": Path("a")})
+    opts = runs.TestOptions(command="x", stack=_resolved("sglang-0.5.10"),
+                            wheel_dirs={"patched": Path("a")})
     with pytest.raises(UsageError, match="exclude each other"):
         opts.with_stack(baseline=True)
 

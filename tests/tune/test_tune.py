@@ -222,8 +222,8 @@ def test_the_verb_runs_the_library_and_says_what_it_did(
     monkeypatch.setattr(cli, "ready", lambda: None)   # the GPU preflight: no GPU here
     monkeypatch.setattr("sm120fork.doctor.probe.collect",
                         lambda: facts("2x-rtx-pro-6000-one-socket"))
-    monkeypatch.setattr(cli, "_bench", lambda args, command: lambda tp, left: _bench_of(tp))
-    monkeypatch.setattr(cli, "_tested", lambda args: None)  # the stack's build: none here
+    monkeypatch.setattr(cli, "_bench", lambda args, command, stack: lambda tp, left: _bench_of(tp))
+    monkeypatch.setattr(cli, "_tested", lambda args, stack: None)  # the stack's build: none here
     monkeypatch.setenv(policy.ENV_VAR, str(tmp / "p.json"))
     monkeypatch.setenv("SM120FORK_FRONT_DOOR", "nox")  # the noxfile sets it
     rc = main(["tune", "--stack", "sglang-0.5.23", "--reports", str(tmp / "r"), "--yes"])

@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sm120fork.entry import Parser, boundary
 from sm120fork.errors import UsageError, VerifyError
@@ -25,6 +25,9 @@ from sm120fork.gpu.core.safety import ALLOW_MULTICAST_FLAG, check_backend
 from sm120fork.gpu.layer import run as layer_run
 from sm120fork.layouts import LAYOUTS
 from sm120fork.util import proc
+
+if TYPE_CHECKING:  # imported when --stack is given: a GPU box has no checkout's stages
+    from sm120fork.resolved import ResolvedStack
 
 
 def counts(text: str) -> list[int]:
@@ -195,12 +198,23 @@ def _options(cls: type[_Opts], args: argparse.Namespace, argv: Sequence[str], **
                   "record_command": records.recorded_command(args.gpu_command, argv), **more})
 
 
+def _resolved(name: str | None) -> ResolvedStack | None:
+    """``--stack NAME``, resolved once where the command starts (after :func:`ready`)."""
+    if name is None:
+        return None
+    from sm120fork.resolved import ResolvedStack
+    from sm120fork.workspace import Workspace
+
+    return ResolvedStack.named(Workspace.find(), name)
+
+
 def cmd_run(args: argparse.Namespace, argv: Sequence[str],
             host: safety.GpuHost | None) -> int:
     """``test`` or ``bench``; the run's own failure (cases failing, nothing run) goes to the
     one error boundary."""
     wheels = {"wheel_dirs": core_runs.parse_variant_specs(args.wheel_dir),
-              "prebuilt": core_runs.parse_variant_specs(args.prebuilt)}
+              "prebuilt": core_runs.parse_variant_specs(args.prebuilt),
+              "stack": _resolved(args.stack)}
     done: ab_run.TestRun | bench_run.BenchRun
     if args.gpu_command == "test":
         done = ab_run.run_test(_options(ab_run.TestOptions, args, argv, **wheels))
@@ -239,11 +253,7 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
     made: Provenance | None = None
     folder = args.stack_dir
     tested = records.tested_beside(folder)
-    if args.stack is not None:
-        from sm120fork.resolved import ResolvedStack
-        from sm120fork.workspace import Workspace
-
-        resolved = ResolvedStack.named(Workspace.find(), args.stack)
+    if (resolved := _resolved(args.stack)) is not None:
         folder, tested = resolved.folder, resolved.tested()
     if folder is not None:
         from sm120fork.gpu.core.stack_wheels import layer_trees

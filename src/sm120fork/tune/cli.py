@@ -12,10 +12,14 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sm120fork import record
 from sm120fork.errors import EXIT_INTERRUPTED, VerifyError
 from sm120fork.tune.run import Box, TuneOptions, WorldBench, tune
+
+if TYPE_CHECKING:
+    from sm120fork.resolved import ResolvedStack
 
 
 def _sizes(text: str) -> list[int]:
@@ -53,7 +57,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "the bench's, SM120FORK_GPU_WORK or /tmp/sm120fork-gpu)")
 
 
-def _bench(args: argparse.Namespace, command: str
+def _bench(args: argparse.Namespace, command: str, stack: ResolvedStack | None
            ) -> Callable[[int, float | None], WorldBench]:
     from sm120fork.gpu.bench import run as bench_run
     from sm120fork.gpu.core import runs
@@ -64,7 +68,7 @@ def _bench(args: argparse.Namespace, command: str
         out = work / "tune" / f"tp{tp}"
         wheels = runs.parse_variant_specs(args.wheel_dir or ())
         bench_run.run_bench(bench_run.BenchOptions(
-            command=command, stack=None if wheels else args.stack, wheel_dirs=wheels,
+            command=command, stack=stack, wheel_dirs=wheels,
             prebuilt=runs.parse_variant_specs(args.prebuilt or ()), out=out, work_dir=work,
             world_sizes=(tp,), quick=args.quick, time_budget=left, allow_partial=True))
         doc = json.loads((out / "bench.json").read_text(encoding="utf-8"))
@@ -80,17 +84,24 @@ def _bench(args: argparse.Namespace, command: str
     return bench
 
 
-def _tested(args: argparse.Namespace) -> record.Tested | None:
+def _stack(args: argparse.Namespace) -> ResolvedStack | None:
+    """The stack whose build is benched, resolved once (None: ``--wheel-dir`` gives it)."""
+    if args.wheel_dir:
+        return None
+    from sm120fork.resolved import ResolvedStack
+    from sm120fork.workspace import Workspace
+
+    return ResolvedStack.named(Workspace.find(), args.stack)
+
+
+def _tested(args: argparse.Namespace, stack: ResolvedStack | None) -> record.Tested | None:
     """What the benched build was made from: ``tested.json`` beside a given wheel (the
     kit's stack/), else the stack's build in this checkout."""
     from sm120fork.gpu.core import records, runs
 
-    if args.wheel_dir:
-        return records.tested_beside(runs.parse_variant_specs(args.wheel_dir).get("patched"))
-    from sm120fork.resolved import ResolvedStack
-    from sm120fork.workspace import Workspace
-
-    return ResolvedStack.named(Workspace.find(), args.stack).tested()
+    if stack is not None:
+        return stack.tested()
+    return records.tested_beside(runs.parse_variant_specs(args.wheel_dir).get("patched"))
 
 
 def _ask(question: str) -> bool:
@@ -113,11 +124,12 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     ready()
     # As typed (the offline kit's entry names itself, without this box's paths).
     command = os.environ.get("SM120FORK_COMMAND") or hint.command("tune", *argv)
+    stack = _stack(args)
     done = tune(TuneOptions(stack=args.stack, command=command.strip(), reports=args.reports,
                             world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
                             yes=args.yes, time_budget=args.time_budget,
-                            tested=_tested(args)),
-                Box(doctor=collect, bench=_bench(args, command),
+                            tested=_tested(args, stack)),
+                Box(doctor=collect, bench=_bench(args, command, stack),
                     ask=_ask if sys.stdin.isatty() else None, stop=proc.end_children))
     print("\n".join(done.lines()))
     if done.interrupted:

@@ -10,7 +10,7 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from sm120fork import manifest as manifest_file
 from sm120fork import record
@@ -21,6 +21,9 @@ from sm120fork.gpu.core.documents import Environment
 from sm120fork.gpu.core.safety import check_backend
 from sm120fork.gpu.core.variants import ModuleBuild
 from sm120fork.util import portable, proc
+
+if TYPE_CHECKING:  # a GPU box runs these verbs without the checkout's stages (GitPython)
+    from sm120fork.resolved import ResolvedStack
 
 log = logging.getLogger("sm120fork")
 
@@ -62,7 +65,8 @@ class RunOptions:
     time_budget: float | None = None
     not_run: tuple[str, ...] = ()
     allow_partial: bool = False
-    stack: str | None = None  # the stack's built wheels (and upstream's, for test)
+    #: ``--stack``, resolved where the command starts: its built wheels (and upstream's)
+    stack: ResolvedStack | None = None
     world_sizes: tuple[int, ...] | None = None
     tokens: tuple[int, ...] | None = None
     hidden: tuple[int, ...] | None = None

@@ -28,7 +28,6 @@ from sm120fork.resolved import ResolvedStack
 from sm120fork.util.files import made_once, sha256_file
 from sm120fork.util.hint import command
 from sm120fork.util.proc import run
-from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 
@@ -72,25 +71,24 @@ def upstream_wheel(stack: ResolvedStack) -> Path:
     return final
 
 
-def resolve(stack: str, *, baseline: bool, root: Path | None = None) -> StackWheels:
+def resolve(stack: ResolvedStack, *, baseline: bool) -> StackWheels:
     """The variants of ``stack``: patched, and (``baseline``) upstream for the A/B."""
-    resolved = ResolvedStack.named(Workspace.find(root), stack)
-    entry = resolved.build().first(PROJECT)
+    entry = stack.build().first(PROJECT)
     if entry is None:
-        raise ConfigError(f"the build of {stack} has no {PROJECT} wheel",
-                          where=str(resolved.manifest_path))
-    wheel = resolved.folder / entry.wheel
+        raise ConfigError(f"the build of {stack.name} has no {PROJECT} wheel",
+                          where=str(stack.manifest_path))
+    wheel = stack.folder / entry.wheel
     if not wheel.is_file():
         raise ConfigError(f"{wheel.name} is listed in the manifest but missing",
-                          where=str(resolved.folder), fix=command("build", "--stack", stack))
+                          where=str(stack.folder), fix=command("build", "--stack", stack.name))
     wheels = {"patched": wheel}
     note = None
     if entry.used_as_published:
-        note = (f"{stack} ships upstream's {wheel.name} as published (empty series): "
+        note = (f"{stack.name} ships upstream's {wheel.name} as published (empty series): "
                 "no A/B, the one variant is upstream")
     elif baseline:
-        wheels["unpatched"] = upstream_wheel(resolved)
-    return StackWheels(wheels=wheels, note=note, tested=resolved.tested())
+        wheels["unpatched"] = upstream_wheel(stack)
+    return StackWheels(wheels=wheels, note=note, tested=stack.tested())
 
 
 def installable(manifest: Manifest, tags: set[Tag]) -> dict[str, ManifestEntry]:
