@@ -90,16 +90,6 @@ MULTICAST_BACKENDS = ("auto", "mnnvl")
 ALLOW_MULTICAST_FLAG = "--i-know-this-machine-supports-multicast"
 
 
-def multicast_forbidden_by(environ: Mapping[str, str]) -> str | None:
-    """The variable by which this host forbids multicast, or None."""
-    if environ.get(SHARED_HOST_ENV) == "1":
-        return f"{SHARED_HOST_ENV}=1"
-    for name, off in MULTICAST_OFF_ENV.items():
-        if environ.get(name) == off:
-            return f"{name}={off}"
-    return None
-
-
 def check_backend(backend: str, *, allow_multicast: bool,
                   host_environ: Mapping[str, str] | None = None) -> str:
     """Return ``backend`` if the harness may ask FlashInfer for it, else raise;
@@ -110,10 +100,13 @@ def check_backend(backend: str, *, allow_multicast: bool,
         raise ConfigError(f'unknown workspace backend "{backend}"', where="--backend",
                           fix=f'use "{SAFE_BACKEND}"')
     risk = f'workspace backend "{backend}" may create CUDA multicast objects'
-    forbidden = multicast_forbidden_by(host_environ) if host_environ is not None else None
+    host = host_environ or {}  # the variables by which this host forbids multicast:
+    forbidden = [f"{name}={off}" for name, off in ((SHARED_HOST_ENV, "1"),
+                                                   *MULTICAST_OFF_ENV.items())
+                 if host.get(name) == off]
     if forbidden:
         raise ConfigError(
-            f"{risk}, and this host forbids multicast ({forbidden})", where="--backend",
+            f"{risk}, and this host forbids multicast ({forbidden[0]})", where="--backend",
             fix=f'use "{SAFE_BACKEND}"; shared GPU machines never run multicast code')
     if not allow_multicast:
         raise ConfigError(risk, where="--backend", fix=f'use "{SAFE_BACKEND}", or pass '
