@@ -22,6 +22,7 @@ from sm120fork.gpu.core.cases import (
 from sm120fork.gpu.core.rank import (
     EXIT_CUDA_ERROR,
     Rank,
+    capture_graph,
     cuda_broken,
     hard_exit,
     legacy_custom_all_reduce,
@@ -189,13 +190,7 @@ def run_case(rk: Rank, case: Case) -> CaseResult:
         note = "eager only: host-side barrier flags cannot be graph-replayed"
     else:
         stage("graph capture")
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(graph_calls):
-                call()
-        torch.cuda.synchronize()
+        graph = capture_graph([call], graph_calls)
         verdicts += once("graph replay 1", graph.replay) + once("graph replay 2", graph.replay)
         del graph
     ok = all(v.ok for v in verdicts)

@@ -20,23 +20,10 @@ from sm120fork.gpu.bench.adapters import FACTORIES, Adapter, Point
 from sm120fork.gpu.core import worker
 from sm120fork.gpu.core.cases import BenchPlan, Case
 from sm120fork.gpu.core.documents import BenchCheck, BenchRecord
-from sm120fork.gpu.core.rank import Rank, cuda_broken, say
+from sm120fork.gpu.core.rank import Rank, capture_graph, cuda_broken, say
 from sm120fork.gpu.core.reference import TORCH_DTYPES, compare, expected, generate
 from sm120fork.gpu.methods import ERROR, FAILED_CHECK, METHODS, NOT_RUNNABLE, STARTING, TIMED
 from sm120fork.util import typed
-
-
-def _capture(fns: Sequence[Callable[[], None]], repeat: int = 1) -> Any:
-    """A CUDA graph of ``fns``, ``repeat`` times over, captured on a side stream."""
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(repeat):
-            for fn in fns:
-                fn()
-    torch.cuda.synchronize()
-    return graph
 
 
 def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], plan: BenchPlan,
@@ -47,7 +34,7 @@ def _time_graph(rk: Rank, build: Callable[[int], Callable[[], None]], plan: Benc
         fn()
     torch.cuda.synchronize()
     rk.barrier()
-    graph = _capture(fns, plan.calls_per_buffer)
+    graph = capture_graph(fns, plan.calls_per_buffer)
     after_capture()
     rk.barrier()
     for _ in range(2):
@@ -178,7 +165,7 @@ def _check(rk: Rank, plan: BenchPlan, adapter: Adapter, point: Point,
     load()
     adapter.op(0)()
     checks = verify("eager")
-    graph = _capture([adapter.op(0)])
+    graph = capture_graph([adapter.op(0)])
     adapter.after_capture()
     load()
     graph.replay()

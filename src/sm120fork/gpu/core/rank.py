@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +24,19 @@ say = wire.say
 def stage(name: str) -> None:
     """Plain progress line: a hung case's log tail then says where it hung."""
     print(f"stage: {name}", flush=True)
+
+
+def capture_graph(fns: Sequence[Callable[[], None]], repeat: int = 1) -> Any:
+    """A CUDA graph of ``fns``, ``repeat`` times over, captured on a side stream."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(repeat):
+            for fn in fns:
+                fn()
+    torch.cuda.synchronize()
+    return graph
 
 
 def hard_exit(code: int) -> None:

@@ -70,15 +70,15 @@ def tested_block(wheels: Sequence[record.TestedWheel], tested: record.Tested | N
         patches=tuple(p for p in tested.patches if p.project in ran))
 
 
-def beside(where: Path, name: str) -> Path:
-    """The file ``name`` in the folder ``where``, or beside the wheel ``where``."""
-    return (where if where.is_dir() else where.parent) / name
+def beside(where: Path | None, name: str) -> Path | None:
+    """The file ``name`` in the folder ``where``, or beside the wheel ``where``, if there."""
+    path = None if where is None else (where if where.is_dir() else where.parent) / name
+    return path if path is not None and path.is_file() else None
 
 
 def tested_beside(where: Path | None) -> record.Tested | None:
     """``tested.json`` beside a stack's wheel or in its folder (a kit's stack/), if there."""
-    path = None if where is None else beside(where, TESTED_FILE)
-    return record.read_tested(path) if path is not None and path.is_file() else None
+    return None if (path := beside(where, TESTED_FILE)) is None else record.read_tested(path)
 
 
 def write(rec: record.Record, out: Path) -> Path:

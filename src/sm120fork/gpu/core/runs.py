@@ -165,9 +165,8 @@ def run_environment(compiled: dict[str, ModuleBuild], primary: str,
     env.update(_nvidia_smi())
     nvcc = locate_nvcc()
     env["nvcc"] = nvcc.version_text if nvcc else None
-    where = wheel_dirs.get(primary)  # the manifest published beside its wheel, if any
-    path = None if where is None else records.beside(where, manifest_file.FILE)
-    if path is not None and path.is_file():
+    # the manifest published beside its wheel, if any
+    if (path := records.beside(wheel_dirs.get(primary), manifest_file.FILE)) is not None:
         try:
             env["wheels_manifest"] = manifest_file.read(path).to_json()
         except ConfigError as exc:
