@@ -38,10 +38,11 @@ def counts(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers: {text}") from exc
 
 
-def _ints(text: str) -> list[int]:
+def sizes(text: str, refusal: str = "world sizes must be >= 2") -> list[int]:
+    """An argparse type: world (or TP) sizes, each at least 2."""
     values = counts(text)
     if not values or any(v < 2 for v in values):
-        raise argparse.ArgumentTypeError("world sizes must be >= 2")
+        raise argparse.ArgumentTypeError(refusal)
     return values
 
 
@@ -106,7 +107,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _test_args(t: argparse.ArgumentParser) -> None:
     _common(t)
     t.set_defaults(handler=cmd_run)
-    t.add_argument("--world-sizes", type=_ints,
+    t.add_argument("--world-sizes", type=sizes,
                    help="default: 2, 4 and 8 up to the GPU count, at least 2")
     t.add_argument("--api", action="append", dest="apis", choices=cases_mod.APIS)
     t.add_argument("--pattern", action="append", dest="patterns",
@@ -120,7 +121,7 @@ def _test_args(t: argparse.ArgumentParser) -> None:
 def _bench_args(b: argparse.ArgumentParser) -> None:
     _common(b)
     b.set_defaults(handler=cmd_run)
-    b.add_argument("--world-sizes", "--world-size", dest="world_sizes", type=_ints,
+    b.add_argument("--world-sizes", "--world-size", dest="world_sizes", type=sizes,
                    help="default: the GPU count, at least 2")
     b.add_argument("--method", action="append", dest="methods", choices=list(methods.METHODS),
                    help="only these methods (default: every one)")

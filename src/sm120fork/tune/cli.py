@@ -23,12 +23,9 @@ if TYPE_CHECKING:
 
 
 def _sizes(text: str) -> list[int]:
-    from sm120fork.gpu.cli import counts
+    from sm120fork.gpu.cli import sizes
 
-    values = counts(text)
-    if not values or any(v < 2 for v in values):
-        raise argparse.ArgumentTypeError("TP sizes are integers >= 2")
-    return values
+    return sizes(text, "TP sizes are integers >= 2")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
