@@ -291,31 +291,28 @@ def embedded_code(so: Path) -> list[TargetCode]:
             kernels.setdefault(target, {}).update(cubin.kernel_sizes(Path(tmp) / name))
             cubins.setdefault(target, []).append(name)
     cxxfilt = shutil.which("c++filt")
-    out: list[TargetCode] = []
-    for target, sizes in kernels.items():
-        demangled = demangle(sorted(sizes), Path(cxxfilt) if cxxfilt else None)
-        out.append(TargetCode(target=target, cubin=", ".join(cubins[target]), kernels=sizes,
-                              families={k: cubin.kernel_family(demangled[k]) for k in sizes}))
-    return out
-
-
-def check_against(reference: TargetCode, other: TargetCode) -> TargetCheck:
-    """The proof's per-kernel rule: present, and not an empty body against sm_90a."""
-    missing = tuple(sorted(set(reference.kernels) - set(other.kernels)))
-    empty = tuple(sorted(
-        name for name, size in reference.kernels.items()
-        if name in other.kernels and cubin.is_empty_body(other.kernels[name], size)))
-    return TargetCheck(target=other.target, reference_kernels=len(reference.kernels),
-                       present=len(reference.kernels) - len(missing), missing=missing,
-                       empty=empty)
+    demangled = demangle(sorted({k for sizes in kernels.values() for k in sizes}),
+                         Path(cxxfilt) if cxxfilt else None)
+    return [TargetCode(target=target, cubin=", ".join(cubins[target]), kernels=sizes,
+                       families={k: cubin.kernel_family(demangled[k]) for k in sizes})
+            for target, sizes in kernels.items()]
 
 
 def check_module(code: Sequence[TargetCode]) -> list[TargetCheck]:
+    """The proof's per-kernel rule: present, and not an empty body against sm_90a."""
     reference = next((c for c in code if c.target == REFERENCE_ARCH), None)
     if reference is None:
         raise VerifyError(f"no {REFERENCE_ARCH} code to compare against",
                           fix=f"build the module for {REFERENCE_ARCH} too")
-    return [check_against(reference, c) for c in code if c is not reference]
+    ref = reference.kernels
+    checks = []
+    for other in (c for c in code if c is not reference):
+        missing = tuple(sorted(set(ref) - set(other.kernels)))
+        empty = tuple(sorted(name for name, size in ref.items() if name in other.kernels
+                             and cubin.is_empty_body(other.kernels[name], size)))
+        checks.append(TargetCheck(target=other.target, reference_kernels=len(ref),
+                                  present=len(ref) - len(missing), missing=missing, empty=empty))
+    return checks
 
 
 def family_rows(code: Sequence[TargetCode]) -> list[list[str]]:

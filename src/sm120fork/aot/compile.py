@@ -201,13 +201,12 @@ def parse_nvcc_times(text: str) -> tuple[PhaseTime, ...]:
     rows: list[PhaseTime] = []
     for record in csv.reader(io.StringIO(text)):
         cells = [c.strip() for c in record]
-        if len(cells) < 8 or cells[0] == "source file name" or cells[7] != "ms":
+        # not a pass: the header, the "nvcc (driver)" summary row (no source)
+        if len(cells) < 8 or cells[0] in ("", "source file name") or cells[7] != "ms":
             continue
         try:
             ms = float(cells[6])
         except ValueError:
-            continue
-        if not cells[0]:  # the "nvcc (driver)" summary row
             continue
         # a device pass names its target compute_XY (cicc, preprocess) or sm_XY (ptxas)
         device = cells[1] in ("gcc (preprocessing 1)", "cicc", "ptxas") and cells[4]
@@ -304,8 +303,7 @@ def prepare(link_dir: Path) -> Toolchain:
             raise ConfigError("the CUDA toolkit has no libcudart.so", where=str(home),
                               fix="install nvidia-cuda-runtime of the same CUDA version")
         link = link_dir / "libcudart.so"
-        if link.is_symlink() or link.exists():
-            link.unlink()
+        link.unlink(missing_ok=True)
         link.symlink_to(versioned)
     has_driver = any((home / d / "libcuda.so").exists() for d in ("lib64/stubs", "lib/stubs"))
     if not has_driver and not (link_dir / "libcuda.so").exists():
@@ -374,8 +372,7 @@ def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: 
                         phases=tuple(PhaseTime(**p) for p in data["phases"]))
     # One work folder per key: builds for other targets can run beside this one.
     work = cache / f"work-{key}"
-    if work.exists():
-        shutil.rmtree(work)
+    shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     times = work / "nvcc-time.csv"
     env = _base_env(toolchain, archs, work, jobs)

@@ -96,21 +96,14 @@ def run(project: Path, package_dir: Path, out: Path) -> Path:
         proc.run([sys.executable, "-m", "build", "--wheel", *plan.frontend_args,
                   "--outdir", built_dir, package_dir], env=env, cwd=project,
                  on_line=_forward_progress)
-        built = _one_wheel(built_dir)
+        wheel = _one_wheel(built_dir)
         if plan.repair.strip():
             repaired_dir.mkdir()
-            _sh(plan.repair, env, project, wheel=built, dest_dir=repaired_dir, **places)
+            _sh(plan.repair, env, project, wheel=wheel, dest_dir=repaired_dir, **places)
             wheel = _one_wheel(repaired_dir)
-        else:
-            wheel = built
         if plan.test_command.strip():
             run_test_step(plan, wheel, out, env, places, Path(tmp))
-        out.mkdir(parents=True, exist_ok=True)
-        final = out / wheel.name
-        for stale in out.glob(f"{wheel_mod.PACKAGE}-*.whl"):
-            stale.unlink()
-        shutil.copy2(wheel, final)
-    return final
+        return wheel_mod.publish(wheel, out)
 
 
 def install_index_args(wheel: Path) -> list[str]:

@@ -136,7 +136,6 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
                                     "cache_key": compiled.key,
                                     "tvm_ffi_version": compiled.plan.tvm_ffi_version,
                                     "code": check.summary(code, checks)})
-    target = out or default_out(ws, stack)
     with tempfile.TemporaryDirectory(prefix="sm120fork-aot-", dir=ws.state_dir) as tmp:
         built = wheel_mod.write_wheel(
             Path(tmp), flashinfer=flashinfer, modules=[module],
@@ -145,11 +144,7 @@ def build_aot(ws: Workspace, stack: Stack, *, capabilities: Sequence[str] = DEFA
             toolchain={"nvcc": toolchain.version_text, "cuda": toolchain.version,
                        "source": toolchain.source,
                        "compile": compiled.to_dict()})
-        target.mkdir(parents=True, exist_ok=True)
-        for stale in target.glob(f"{wheel_mod.PACKAGE}-*.whl"):
-            stale.unlink()
-        final = target / built.name
-        built.replace(final)
+        final = wheel_mod.publish(built, out or default_out(ws, stack))
     manifest = wheel_mod.read_wheel(final)
     log.info("wrote %s", final)
     return AotBuild(wheel=final, compiled=compiled, manifest=manifest, code=code, checks=checks)

@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import json
 import re
+import shutil
 import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,7 @@ from wheel.wheelfile import WheelFile
 
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.manifest import ManifestEntry
+from sm120fork.package.wheel import wheel_metadata
 from sm120fork.util import typed
 from sm120fork.util.files import scratch_prefix, sha256_file
 from sm120fork.util.hint import command
@@ -359,6 +361,14 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
     return target
 
 
+def publish(wheel: Path, folder: Path) -> Path:
+    """``wheel`` copied into ``folder`` as its one AOT wheel (an older one removed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(f"{PACKAGE}-*.whl"):
+        stale.unlink()
+    return Path(shutil.copy2(wheel, folder / wheel.name))
+
+
 def _zip_info(path: str, mode: int) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(path, date_time=_FIXED_ZIP_TIME)
     info.external_attr = (0o100000 | mode) << 16
@@ -408,21 +418,18 @@ class AotManifest:
     modules: Mapping[str, AotModule]
     lookup: AotLookup = AotLookup()
 
-    @classmethod
-    def from_json(cls, data: object, where: str) -> AotManifest:
-        """BuildError naming ``where`` and the key when ``data`` is not a manifest."""
-        try:
-            return typed.read(cls, data, where, strict=False)
-        except typed.MalformedError as exc:
-            raise BuildError(f"not an AOT wheel's manifest: {exc.key}: {exc.what}", where=where,
-                             fix="rebuild the AOT wheel with this toolkit") from None
 
 def read_wheel(path: Path) -> AotManifest:
     """The manifest inside an AOT wheel, checked against the files beside it (BuildError)."""
+    where = f"{path}:{PACKAGE}/{MANIFEST}"
     with zipfile.ZipFile(path) as zf:
         names = set(zf.namelist())
-        manifest = AotManifest.from_json(json.loads(zf.read(f"{PACKAGE}/{MANIFEST}")),
-                                         f"{path}:{PACKAGE}/{MANIFEST}")
+        try:
+            manifest = typed.read(AotManifest, json.loads(zf.read(f"{PACKAGE}/{MANIFEST}")),
+                                  where, strict=False)
+        except typed.MalformedError as exc:
+            raise BuildError(f"not an AOT wheel's manifest: {exc.key}: {exc.what}", where=where,
+                             fix="rebuild the AOT wheel with this toolkit") from None
         for module, entry in manifest.modules.items():
             member = f"{PACKAGE}/{entry.path}"
             if member not in names:
@@ -435,9 +442,6 @@ def read_wheel(path: Path) -> AotManifest:
                     entry.sources_digest:
                 raise BuildError(f"module {module}'s sources marker is missing or differs "
                                  "from the manifest", where=f"{path}:{marker}")
-        metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
-        text = zf.read(metadata).decode()
-    version = re.search(r"^Version: (.+)$", text, re.M)
-    if not version or version.group(1) != manifest.version:
+    if wheel_metadata(path)["Version"] != manifest.version:
         raise BuildError("METADATA and manifest.json disagree on the version", where=str(path))
     return manifest

@@ -169,7 +169,6 @@ def read_parts(part: Path) -> PartsIndex:
 
 def check_parts(index: PartsIndex, parts: Sequence[Path]) -> None:
     """Every part is there, of this kit, and every piece has its size (no hashing)."""
-    kit_id = index.kit_id
     missing = [p for p in parts if not (p / KIT_FILE).is_file()]
     if missing:
         raise KitError(
@@ -179,7 +178,7 @@ def check_parts(index: PartsIndex, parts: Sequence[Path]) -> None:
             f"{'them' if len(missing) > 1 else 'it'} beside {parts[0].parent}/"
             f"{next(p for p in parts if p not in missing).name}")
     for p in parts:
-        if _read(p / KIT_FILE, PARTS_FORMAT).get("kit_id") != kit_id:
+        if _read(p / KIT_FILE, PARTS_FORMAT).get("kit_id") != index.kit_id:
             raise KitError(f"part {p.name} is from another kit (or another build of it): "
                            "copy the parts of one build side by side")
     damaged = []
@@ -317,13 +316,8 @@ def prepare(kit: Path, data: KitJson, verb: str, home: Path,
     return python
 
 
-def _option(args: Sequence[str], name: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
+def _given(args: Sequence[str], name: str) -> bool:
+    return any(arg == name or arg.startswith(name + "=") for arg in args)
 
 
 def harness_command(kit: Path, data: KitJson, verb: str, args: Sequence[str],
@@ -339,7 +333,7 @@ def harness_command(kit: Path, data: KitJson, verb: str, args: Sequence[str],
         defaults = {"--work-dir": defaults["--work-dir"], "--reports": "kit-results"}
     if verb == "sglang_layer" and data.get("sglang_layout"):
         defaults["--layout"] = data["sglang_layout"]  # the harness reads forks/ otherwise
-    extra = [x for name, value in defaults.items() if _option(args, name) is None
+    extra = [x for name, value in defaults.items() if not _given(args, name)
              for x in (name, value)]
     if verb == "upstream_tests" and not data.get("upstream_tests"):
         raise KitError("this kit carries no upstream tests: make it with --harness "
@@ -376,7 +370,7 @@ def harness_command(kit: Path, data: KitJson, verb: str, args: Sequence[str],
             raise KitError("installing the stack's wheels for the doctor failed")
         marker.write_text(key)
     env["PYTHONPATH"] = str(site)
-    if _option(args, "--python") is None:  # the doctor's own choice is python3 on PATH
+    if not _given(args, "--python"):  # the doctor's own choice is python3 on PATH
         env["SM120FORK_DOCTOR_EXAMINES"] = "the kit's venv, beside the stack's wheels"
     return [*cmd, *args], env
 

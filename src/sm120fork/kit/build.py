@@ -231,7 +231,8 @@ def download(pins: Sequence[tuple[str, str]], target: Target, dest: Path) -> Non
              *(f"{n}=={v}" for n, v in pins))
 
 
-def stack_wheels(folder: Path, manifest: Manifest, target: Target) -> dict[str, Path]:
+def stack_wheels(folder: Path, manifest: Manifest, target: Target,
+                 harnesses: Sequence[str]) -> dict[str, Path]:
     """{project: wheel} of the stack's build that install on the target."""
     chosen = {p: folder / w.wheel for p, w in installable(manifest, target.tags()).items()}
     for wheel in chosen.values():
@@ -241,6 +242,10 @@ def stack_wheels(folder: Path, manifest: Manifest, target: Target) -> dict[str, 
     if "flashinfer" not in chosen:
         raise ConfigError(f"the build has no FlashInfer wheel for Python {target.python} "
                           "on the target platform", where=str(folder / "manifest.json"))
+    if "sglang_layer" in harnesses and "sglang" not in chosen:
+        raise ConfigError(f"stack {manifest.stack} has no SGLang wheel for Python "
+                          f"{target.python} (sglang_layer needs one)", where=str(folder),
+                          fix=command("build", "--stack", manifest.stack))
     return chosen
 
 
@@ -292,10 +297,7 @@ def stack_requirements(stack: ResolvedStack, harness: str) -> list[str]:
     """``harness_requirements`` of a built stack, for this Python."""
     here = Target(python=f"{sys.version_info[0]}.{sys.version_info[1]}",
                   platforms=manylinux(platform.machine() or "x86_64"))
-    wheels = stack_wheels(stack.folder, stack.build(), here)
-    if harness == "sglang_layer" and "sglang" not in wheels:
-        raise ConfigError(f"stack {stack.name} has no SGLang wheel for this Python",
-                          where=str(stack.folder), fix=command("build", "--stack", stack.name))
+    wheels = stack_wheels(stack.folder, stack.build(), here, (harness,))
     return [str(r) for r in harness_requirements(harness, wheels)]
 
 
@@ -362,11 +364,7 @@ def _inputs(opts: KitOptions, stack: ResolvedStack, target: Target
     """The stack's wheels {project: wheel}, what the kit carries of the build and upstream
     {path in the kit: file or folder}, and the kit.json keys that name them."""
     manifest = stack.build()
-    wheels = stack_wheels(stack.folder, manifest, target)
-    if "sglang_layer" in opts.harnesses and "sglang" not in wheels:
-        raise ConfigError(f"stack {stack.name} has no SGLang wheel for Python {opts.python}",
-                          where="--harness sglang_layer",
-                          fix=command("build", "--stack", stack.name) + " (or drop sglang_layer)")
+    wheels = stack_wheels(stack.folder, manifest, target, opts.harnesses)
     files = {f"stack/{w.name}": w for w in wheels.values()}
     files["stack/manifest.json"] = stack.manifest_path
     keys = boot.KitJson(patched={p: f"stack/{w.name}" for p, w in wheels.items()},
@@ -512,29 +510,21 @@ def files_of(folder: Path) -> dict[str, int]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _pieces(files: dict[str, int], budget: int) -> list[Piece]:
-    out = []
-    for name, size in files.items():
-        count = max(1, -(-size // budget))
-        out += [Piece(file=name, offset=i * budget, size=min(budget, size - i * budget),
-                      index=i + 1, count=count) for i in range(count)]
-    return out
-
-
 def layout(files: dict[str, int], budget: int) -> list[list[Piece]]:
     """The kit's files (path -> bytes) in parts of at most ``budget`` bytes (ties by name:
     the same kit gives the same parts)."""
+    pieces: list[Piece] = []
+    for name, size in files.items():
+        count = max(1, -(-size // budget))
+        pieces += [Piece(file=name, offset=i * budget, size=min(budget, size - i * budget),
+                         index=i + 1, count=count) for i in range(count)]
     bins: list[list[Piece]] = []
-    room: list[int] = []
-    for piece in sorted(_pieces(files, budget), key=lambda p: (-p.size, p.file, p.index)):
-        for i, free in enumerate(room):
-            if piece.size <= free:
-                bins[i].append(piece)
-                room[i] -= piece.size
-                break
-        else:
+    for piece in sorted(pieces, key=lambda p: (-p.size, p.file, p.index)):
+        fit = next((b for b in bins if sum(p.size for p in b) + piece.size <= budget), None)
+        if fit is None:
             bins.append([piece])
-            room.append(budget - piece.size)
+        else:
+            fit.append(piece)
     return bins
 
 

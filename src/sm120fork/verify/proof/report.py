@@ -148,8 +148,7 @@ def compact(document: Any) -> Any:
     for variant in (out["proof"] or {}).get("variants", []):
         for arch in variant["archs"]:
             for unit in arch["units"]:
-                kernels = unit.pop("kernels")
-                unit["kernel_count"] = len(kernels)
+                unit["kernel_count"] = len(unit.pop("kernels"))
     return out
 
 

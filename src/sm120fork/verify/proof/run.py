@@ -164,14 +164,6 @@ class Job:
     host: bool = False
 
 
-def cubin_path(cache: Path, key: str) -> Path:
-    return cache / f"{key}.cubin"
-
-
-def host_object_path(cache: Path, key: str) -> Path:
-    return cache / f"{key}.o"
-
-
 def compile_job(job: Job, cache: Path) -> float:
     log.info("compiling %s for %s%s", job.source, job.arch, " (+ host object)" if job.host else "")
     start = time.perf_counter()
@@ -185,11 +177,11 @@ def compile_job(job: Job, cache: Path) -> float:
             if len(cubins) != 1:
                 raise VerifyError(f"expected one kept cubin, found {[c.name for c in cubins]}",
                                   where=job.source)
-            (work / "unit.o").replace(host_object_path(cache, job.key))
-            cubins[0].replace(cubin_path(cache, job.key))
+            (work / "unit.o").replace(cache / f"{job.key}.o")
+            cubins[0].replace(cache / f"{job.key}.cubin")
         else:
             proc.run([*job.argv, "-cubin", "-o", str(work / "unit.cubin")])
-            (work / "unit.cubin").replace(cubin_path(cache, job.key))
+            (work / "unit.cubin").replace(cache / f"{job.key}.cubin")
     seconds = time.perf_counter() - start
     meta = {"source": job.source, "arch": job.arch, "seconds": round(seconds, 2),
             "host": job.host, "argv": list(job.argv)}
@@ -201,9 +193,8 @@ def compile_job(job: Job, cache: Path) -> float:
 def cached_seconds(cache: Path, job: Job) -> float | None:
     """Seconds of the run that made ``job``'s cached outputs; None if any is missing."""
     meta = cache / f"{job.key}.json"
-    if not cubin_path(cache, job.key).exists() or not meta.exists():
-        return None
-    if job.host and not host_object_path(cache, job.key).exists():
+    made = [meta, cache / f"{job.key}.cubin", *([cache / f"{job.key}.o"] if job.host else [])]
+    if not all(p.exists() for p in made):
         return None
     seconds: float = json.loads(meta.read_text())["seconds"]
     return seconds
@@ -324,12 +315,12 @@ def prove(
 
         # 3. inspect every cubin (and host object) once
         names = demangle(sorted({n for key in all_jobs
-                                 for n in kernel_sizes(cubin_path(cache, key))}), tools.cxxfilt)
-        inspections = {key: pool.submit(inspect_cubin, cubin_path(cache, key), tools,
+                                 for n in kernel_sizes(cache / f"{key}.cubin")}), tools.cxxfilt)
+        inspections = {key: pool.submit(inspect_cubin, cache / f"{key}.cubin", tools,
                                         opcodes.get(job.arch), names)
                        for key, job in all_jobs.items()}
         _raise_first(inspections.values(), "inspecting the cubins")
-    calls = {key: runtime_calls(host_object_path(cache, key))
+    calls = {key: runtime_calls(cache / f"{key}.o")
              for key, job in all_jobs.items() if job.host}
 
     # 4. results; a cubin counts as compiled by the first unit that needed it in this run
@@ -338,7 +329,7 @@ def prove(
     def unit(job: Job) -> UnitResult:
         fresh = job.key in compiled and job.key not in charged
         charged.add(job.key)
-        return UnitResult(source=job.source, cubin=cubin_path(cache, job.key), key=job.key,
+        return UnitResult(source=job.source, cubin=cache / f"{job.key}.cubin", key=job.key,
                           seconds=cached_seconds(cache, all_jobs[job.key]) or 0.0,
                           cached=not fresh, kernels=inspections[job.key].result(),
                           host_calls=calls.get(job.key) if job.arch in hosts else None)
