@@ -209,13 +209,10 @@ class Kernel:
 
 def inspect_cubin(cubin: Path, tools: Tools, opcodes: PdlOpcodes | None,
                   names: Mapping[str, str]) -> tuple[Kernel, ...]:
-    sizes = kernel_sizes(cubin)
     counts = pdl_counts(cubin, opcodes, tools) if opcodes is not None else None
     kernels = []
-    for name, size in sorted(sizes.items()):
-        wait = launch = None
-        if counts is not None:
-            wait, launch = counts.get(name, (0, 0))
+    for name, size in sorted(kernel_sizes(cubin).items()):
+        wait, launch = (None, None) if counts is None else counts.get(name, (0, 0))
         display = names.get(name, name)
         kernels.append(Kernel(name=name, display=display, family=kernel_family(display),
                               size=size, pdl_wait=wait, pdl_launch=launch))

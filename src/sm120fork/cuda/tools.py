@@ -20,20 +20,19 @@ log = logging.getLogger("sm120fork")
 
 PROBE_MARK = "@@sm120fork-probe@@"
 
-_LOCATE_PROBE = r"""
-import json, sys
-from pathlib import Path
-found = {}
-for entry in sys.path:
-    base = Path(entry or ".")
-    for key, pattern in (("cuobjdump", "nvidia/cu*/bin/cuobjdump"),
-                         ("nvdisasm", "nvidia/cu*/bin/nvdisasm"),
-                         ("cuobjdump", "triton/backends/nvidia/bin/cuobjdump"),
-                         ("nvdisasm", "triton/backends/nvidia/bin/nvdisasm")):
-        for hit in sorted(base.glob(pattern)):
-            found.setdefault(key, str(hit))
-print(sys.argv[1] + json.dumps(found))
-"""
+_SYS_PATH_PROBE = "import json, sys; print(sys.argv[1] + json.dumps(sys.path))"
+#: Where pip puts a CUDA binary tool: NVIDIA's packages, then triton's copies.
+_PIP_TOOLS = ("nvidia/cu*/bin/{}", "triton/backends/nvidia/bin/{}")
+
+
+def _pip_tool(name: str, paths: Sequence[str], patterns: Sequence[str] = _PIP_TOOLS
+              ) -> Path | None:
+    """The first ``name`` pip installed in a folder of ``paths`` (an interpreter's sys.path)."""
+    for entry in paths:
+        for pattern in patterns:
+            for hit in sorted(Path(entry or ".").glob(pattern.format(name))):
+                return hit
+    return None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,17 +66,14 @@ def find_tools(python: str | os.PathLike[str] | None = None) -> Tools:
     if nvcc is None:
         raise VerifyError("nvcc not found (CUDA_HOME, PATH, /usr/local/cuda)",
                           fix="install the CUDA toolkit (nvcc >= 12.9 for sm_120a/sm_120f)")
-    located: dict[str, str] = {}
-    out = proc.run([interpreter, "-c", _LOCATE_PROBE, PROBE_MARK], quiet=True).stdout
-    for line in out.splitlines():
-        if line.startswith(PROBE_MARK):
-            located = json.loads(line.removeprefix(PROBE_MARK))
+    out = proc.run([interpreter, "-c", _SYS_PATH_PROBE, PROBE_MARK], quiet=True).stdout
+    paths: list[str] = next((json.loads(line.removeprefix(PROBE_MARK))
+                             for line in out.splitlines()
+                             if line.startswith(PROBE_MARK)), [])
 
     def pick(name: str) -> Path | None:
         on_path = shutil.which(name)
-        if on_path:
-            return Path(on_path)
-        return Path(located[name]) if name in located else None
+        return Path(on_path) if on_path else _pip_tool(name, paths)
 
     tools = Tools(python=interpreter, nvcc=nvcc.path, nvcc_version=nvcc.version_text,
                   cuobjdump=pick("cuobjdump"), nvdisasm=pick("nvdisasm"),
@@ -109,8 +105,8 @@ def find_cuobjdump() -> Path:
     found = shutil.which("cuobjdump")
     if found:
         return Path(found)
-    for entry in sys.path:
-        for hit in sorted(Path(entry or ".").glob("nvidia/cu*/bin/cuobjdump")):
-            return hit
+    hit = _pip_tool("cuobjdump", sys.path, _PIP_TOOLS[:1])
+    if hit is not None:
+        return hit
     raise ConfigError("cuobjdump not found", fix="pip install nvidia-cuda-cuobjdump "
                       "(or put the CUDA toolkit's bin/ on PATH)")

@@ -2,8 +2,6 @@
 reads back through :func:`parse_facts`, which names the file and the dotted key of a misfit.
 """
 
-from __future__ import annotations
-
 from types import UnionType
 from typing import (
     Any,
@@ -230,13 +228,13 @@ def _read(value: Any, kind: object, key: str, where: str) -> None:
         raise ConfigError(f"is {_NAMES.get(type(value), type(value).__name__)}, not {wanted}",
                           where=f"{where}: {key or '(top level)'}")
     if is_typeddict(fit):
-        for name, hint in get_type_hints(fit, include_extras=True).items():
+        # which keys are required: __required_keys__ (this module's annotations are
+        # evaluated, no __future__ import, so it reads Required/NotRequired)
+        for name, hint in get_type_hints(fit).items():
             dotted = f"{key}.{name}" if key else name
-            optional = get_origin(hint) is NotRequired or (
-                not fit.__total__ and get_origin(hint) is not Required)
             if name in value:
-                _read(value[name], _bare(hint), dotted, where)
-            elif not optional:
+                _read(value[name], hint, dotted, where)
+            elif name in fit.__required_keys__:
                 raise ConfigError("is missing", where=f"{where}: {dotted}")
     elif get_origin(fit) is list:
         for i, item in enumerate(value):
@@ -244,10 +242,6 @@ def _read(value: Any, kind: object, key: str, where: str) -> None:
     elif get_origin(fit) is dict:
         for name, item in value.items():
             _read(item, get_args(fit)[1], f"{key}.{name}", where)
-
-
-def _bare(hint: object) -> object:
-    return get_args(hint)[0] if get_origin(hint) in (Required, NotRequired) else hint
 
 
 def parse_facts(data: object, where: str) -> Facts:

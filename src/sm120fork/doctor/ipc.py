@@ -260,9 +260,6 @@ class _Process:
         self.shared = Shared(vmm="not set up", ipc="not set up")
         self.vmm_fd: int | None = None
 
-    def send(self, tag: str, fd: int | None = None, **data: object) -> None:
-        _send(self.sock, tag, data, fd)
-
     def receive(self, deadline: float, kind: type[_M]) -> _M:
         """The child's next ``kind`` message; the FD one carries is its VMM memory's."""
         while True:
@@ -348,11 +345,12 @@ class _Probe:
                 doing = (f"GPU {self.devices[w]} mapped, wrote into and read from "
                          f"GPU {self.devices[o]}'s memory")
                 writer, owner = self.procs[w], self.procs[o]
-                writer.send("OPEN", owner.vmm_fd, peer=o, shared=asdict(owner.shared))
+                _send(writer.sock, "OPEN", {"peer": o, "shared": asdict(owner.shared)},
+                      owner.vmm_fd)
                 opened[(w, o)] = writer.receive(deadline, Opened)
             for w, o in links:
                 doing = f"GPU {self.devices[o]} checked what GPU {self.devices[w]} wrote"
-                self.procs[o].send("CHECK", writer=w)
+                _send(self.procs[o].sock, "CHECK", {"writer": w})
                 checked = self.procs[o].receive(deadline, Checked).slots
                 done = opened[(w, o)]
                 sharing = {kind: dict(steps) for kind, steps in done.sharing.items()}

@@ -112,13 +112,6 @@ def judge_gpus(report: Report, facts: Facts) -> bool:
     return True
 
 
-def _gbps(link: Link) -> str:
-    w, r = link.get("write_gbps"), link.get("read_gbps")
-    if w is None or r is None:
-        return ""
-    return f", write {w:.1f} GB/s, read {r:.1f} GB/s"
-
-
 def judge_peers(report: Report, facts: Facts) -> None:
     peers = facts.get("peers")
     report.sections["peers"] = peers
@@ -135,7 +128,9 @@ def judge_peers(report: Report, facts: Facts) -> None:
                 f"{link['owner_gpu']}" if one
                 else f"GPU {link['writer_gpu']} -> GPU {link['owner_gpu']}")
         state = "ok" if link["ok"] else "FAILED"
-        say(f"{pair}: {state}: {link['detail']}{_gbps(link)}")
+        w, r = link.get("write_gbps"), link.get("read_gbps")
+        speed = "" if w is None or r is None else f", write {w:.1f} GB/s, read {r:.1f} GB/s"
+        say(f"{pair}: {state}: {link['detail']}{speed}")
     if one:
         bad = [x for x in peers["links"] if not x["ok"]]
         if bad:   # --tp 1 shares nothing, so not a blocker on this box
