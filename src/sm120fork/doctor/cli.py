@@ -4,6 +4,7 @@ place of the doctor that prints (text, or ``--json`` on stdout) and exits."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import shutil
@@ -24,12 +25,9 @@ from .rules import Report, judge
 def render(report: Report) -> str:
     examined = report.sections.get("python")
     out = [f"doctor of {examined['path']} ({examined['why']})"] if examined else []
-    section = None
-    for name, text in report.lines:
-        if name != section:
-            out.append(f"[{name}]")
-            section = name
-        out.append(f"  {text}")
+    for name, lines in itertools.groupby(report.lines, key=lambda line: line[0]):
+        out.append(f"[{name}]")
+        out += [f"  {text}" for _, text in lines]
     out.append(f"[blockers] {len(report.blockers)}")
     out += [f"  BLOCKER: {b}" for b in report.blockers]
     return "\n".join(out) + "\n"

@@ -286,5 +286,4 @@ def portable(facts: Facts, home: Path | None = None) -> Facts:
     for path, role in sorted(roles, key=lambda x: -len(x[0])):
         if len(path) > 1:
             text = text.replace(json.dumps(path)[1:-1], role)
-    result: Facts = json.loads(text)
-    return result
+    return cast(Facts, json.loads(text))
