@@ -251,17 +251,15 @@ _Compiled = tuple[dict[tuple[str, str], list[Job]], dict[str, Job], dict[str, Fu
 def _compile(pool: ThreadPoolExecutor, workers: int, planned: _Planned, tools: Tools,
              hosts: Sequence[str], cache: Path) -> _Compiled:
     """Each plan's jobs keyed by content (nvcc -M); those the cache lacks, compiled."""
-    key_futures = {
-        (name, arch, unit[1]): pool.submit(cache_key, unit[0], unit[1], unit[2], tools)
-        for (name, arch), (_, units, _, _) in planned.items() for unit in units
-    }
+    key_futures = {unit: pool.submit(cache_key, *unit, tools)
+                   for _, units, _, _ in planned.values() for unit in units}
     _raise_first(key_futures.values(), "computing cache keys")
     jobs_by_plan: dict[tuple[str, str], list[Job]] = {}
     all_jobs: dict[str, Job] = {}  # one compile per content key
     for (name, arch), (_, units, _, _) in planned.items():
         jobs_by_plan[(name, arch)] = []
         for tree, source, flags in units:
-            key = key_futures[(name, arch, source)].result()
+            key = key_futures[(tree, source, flags)].result()
             host = arch in hosts or (key in all_jobs and all_jobs[key].host)
             all_jobs[key] = Job(key=key, arch=arch, source=source,
                                 argv=(str(tools.nvcc), str(tree / source), *flags), host=host)
