@@ -6,7 +6,6 @@ sm120fork.tune.example [docs/policy.md]`` rewrites the section (a test renders i
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -93,8 +92,7 @@ def render(scenarios: Path) -> str:
     labels: set[str] = set()
     for name in BOXES:
         folder = scenarios / name
-        facts = parse_facts(json.loads((folder / "facts.json").read_text(encoding="utf-8")),
-                            str(folder / "facts.json"))
+        facts = parse_facts(typed.json_file(folder / "facts.json"), str(folder / "facts.json"))
         synthetic = load_synthetic(folder)
         if synthetic:
             labels.add(synthetic.label)

@@ -113,22 +113,19 @@ class Projection:
     rows: list[Row]
 
 
-def table(worlds: Sequence[int] = (2, 4, 8), tokens: Sequence[int] = (1, 3, 8, 16, 64, 128,
-                                                                       512),
-          hidden: int = 7168, fabric: Fabric = RTX_PRO_6000_8X) -> Projection:
+def table(hidden: int = 7168, fabric: Fabric = RTX_PRO_6000_8X) -> Projection:
     """The projection document: every (world, tokens) point, and the likely winner."""
     rows = []
-    for w in worlds:
-        for t in tokens:
-            est = project(w, t, hidden, fabric)
-            honest = {m: r for m, r in est.items() if not m.endswith("write_collapse")}
-            mid = {m: (lo + hi) / 2 for m, (lo, hi) in honest.items()}
-            winner = min(mid, key=mid.__getitem__)
-            overlap = [m for m, (lo, _hi) in honest.items()
-                       if m != winner and lo <= honest[winner][1]]
-            rows.append(Row(world_size=w, tokens=t, hidden=hidden, bytes=t * hidden * 2,
-                            us={m: [round(lo, 1), round(hi, 1)] for m, (lo, hi) in est.items()},
-                            likely_fastest=winner, ranges_overlap_with=sorted(overlap)))
+    for w, t in itertools.product((2, 4, 8), (1, 3, 8, 16, 64, 128, 512)):
+        est = project(w, t, hidden, fabric)
+        honest = {m: r for m, r in est.items() if not m.endswith("write_collapse")}
+        mid = {m: (lo + hi) / 2 for m, (lo, hi) in honest.items()}
+        winner = min(mid, key=mid.__getitem__)
+        overlap = [m for m, (lo, _hi) in honest.items()
+                   if m != winner and lo <= honest[winner][1]]
+        rows.append(Row(world_size=w, tokens=t, hidden=hidden, bytes=t * hidden * 2,
+                        us={m: [round(lo, 1), round(hi, 1)] for m, (lo, hi) in est.items()},
+                        likely_fastest=winner, ranges_overlap_with=sorted(overlap)))
     return Projection(kind="gpu-projection", label=LABEL, fabric=fabric, hidden=hidden,
                       rows=rows)
 

@@ -6,11 +6,7 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from sm120fork.gpu.core.documents import (
-    BenchDoc,
-    BenchRecord,
-    parse_bench,
-)
+from sm120fork.gpu.core.documents import BenchDoc, BenchRecord, parse_bench
 from sm120fork.gpu.core.report import completion_lines, env_lines, provenance
 from sm120fork.util import portable
 from sm120fork.util.portable import markdown_table as _md_table

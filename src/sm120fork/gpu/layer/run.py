@@ -23,11 +23,13 @@ from typing import Any
 
 from sm120fork import __version__, record
 from sm120fork.errors import ConfigError
+from sm120fork.gpu import policy
 from sm120fork.gpu.core import records
 from sm120fork.gpu.core.documents import LayerMachine, MadeFrom, Provenance
 from sm120fork.gpu.core.records import now
 from sm120fork.gpu.core.safety import rank_environment
 from sm120fork.gpu.core.variants import source_root
+from sm120fork.gpu.decision import Process, decide
 from sm120fork.gpu.layer.rank import (
     CASES,
     DEFAULT_TOKENS,
@@ -39,6 +41,7 @@ from sm120fork.gpu.layer.rank import (
     Raised,
     RankRequest,
 )
+from sm120fork.gpu.methods import UNFUSED
 from sm120fork.layouts import LAYOUTS, adapter
 from sm120fork.util import proc, typed
 
@@ -160,39 +163,31 @@ POLICY_DTYPE = "bf16"
 
 def policy_document(world_size: int,
                     ranges: Sequence[tuple[int, str]] = POLICY_RANGES) -> Policy:
-    from sm120fork.gpu.methods import UNFUSED
-    from sm120fork.gpu.policy import FORMAT, VERSION, validate
-
     low, entries = 1, []
     for last, method in ranges:
         entries.append({"min_tokens": low, "max_tokens": last, "method": method,
                         "fallback": [] if method == UNFUSED else [UNFUSED]})
         low = last + 1
-    doc = {"format": FORMAT, "version": VERSION, "for_use": True,
+    doc = {"format": policy.FORMAT, "version": policy.VERSION, "for_use": True,
            "made": {"created": "by the layer harness", "gpu": "any", "gpu_count": world_size,
                     "shared_gpu": False, "dtype": POLICY_DTYPE,
                     "note": "written by sm120fork's layer harness: methods switch at token "
                             "boundaries to check correctness, not measured"},
            "tp": {str(world_size): {"ranges": entries, "measured_tokens": [],
                                     "excluded": {}, "not_measured": {}}}}
-    return validate(doc, "the layer harness's policy")
+    return policy.validate(doc, "the layer harness's policy")
 
 
 def policy_tokens(doc: Policy, world_size: int) -> list[int]:
     """Token counts on both sides of every boundary of the policy at this TP size."""
-    counts: set[int] = set()
-    for rng in doc["tp"][str(world_size)]["ranges"]:
-        counts |= {int(rng["min_tokens"]), int(rng["max_tokens"])}
-    if counts:
-        counts.add(max(counts) + 1)
-    return sorted(counts)
+    counts = {int(rng[end]) for rng in doc["tp"][str(world_size)]["ranges"]
+              for end in ("min_tokens", "max_tokens")}
+    return sorted(counts | {max(counts) + 1} if counts else counts)
 
 
 def expected_routes(doc: Policy, world_size: int, tokens: Sequence[int], *,
                     capturing: bool) -> dict[int, str]:
     """tokens -> the route :func:`sm120fork.gpu.decision.decide` names for this process."""
-    from sm120fork.gpu.decision import Process, decide
-
     decision = decide(doc, Process(world_size=world_size, dtype=POLICY_DTYPE,
                                    gpu_major=POLICY_GPU_MAJOR, capturing=capturing))
     return {t: decision.route_for(t) for t in tokens}
@@ -285,9 +280,7 @@ def run_case(case: str, *, sglang_path: Path, python: str | os.PathLike[str] = s
         [str(sglang_path), *map(str, extra_path), str(source_root())])})
     with tempfile.TemporaryDirectory(prefix="sm120fork-sglang-layer-") as tmp:
         if doc is not None:  # every rank reads it where SGLang looks
-            policy_path = Path(tmp) / "policy.json"
-            policy_path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
-            request = dataclasses.replace(request, policy_path=str(policy_path))
+            request = dataclasses.replace(request, policy_path=str(policy.write(doc, Path(tmp))))
         children = [proc.Child(
             argv=[os.fspath(python), "-m", RANK_MODULE,
                   json.dumps(dataclasses.asdict(dataclasses.replace(request, rank=rank)))],
@@ -493,18 +486,17 @@ def run_sglang_layer(opts: LayerOptions) -> list[CaseOutcome]:
 
     def one(index: int) -> None:
         variant, case = planned[index]
+        step = f"[{index + 1}/{len(planned)}] {variant} {case}"
         if opts.time_budget is not None and (
                 time.monotonic() - started + CASE_ESTIMATE_S > opts.time_budget):
             not_run.append(f"{variant} {case}: not started, the time budget "
                            f"({opts.time_budget:.0f} s) ran out")
-            log.info("[%d/%d] %s %s: not started (time budget)", index + 1, len(planned),
-                     variant, case)
+            log.info("%s: not started (time budget)", step)
             return
         route = routes[variant]
         timeout = opts.first_timeout if index == 0 and opts.first_timeout else opts.timeout
         plugin = route is not routes[opts.variant]
-        log.info("[%d/%d] %s %s: starting at %.0f s", index + 1, len(planned), variant,
-                 case, time.monotonic() - started)
+        log.info("%s: starting at %.0f s", step, time.monotonic() - started)
         outcome = run_case(
             case, sglang_path=route.sglang_path, device=opts.device,
             world_size=opts.world_size, tokens=list(opts.tokens) if opts.tokens else None,
@@ -513,9 +505,8 @@ def run_sglang_layer(opts: LayerOptions) -> list[CaseOutcome]:
             load_plugins=opts.load_plugins or plugin,
             agreement_timeout_s=opts.agreement_timeout,
             collective_timeout_s=opts.group_timeout, variant=variant)
-        log.info("[%d/%d] %s %s: %s in %.0f s %s", index + 1, len(planned), variant, case,
-                 "PASS" if outcome.passed else "FAIL", outcome.seconds,
-                 "; ".join(outcome.problems))
+        log.info("%s: %s in %.0f s %s", step, "PASS" if outcome.passed else "FAIL",
+                 outcome.seconds, "; ".join(outcome.problems))
         done[index] = outcome
         _publish(opts, [done[i] for i in sorted(done)], planned, not_run,
                  finished=len(done) == len(planned))
