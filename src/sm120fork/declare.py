@@ -74,7 +74,6 @@ SdistPin = FilePin
 WheelPin = FilePin
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class VersionStamp:
     """How the local version label gets into the built wheel: a ``file`` (relative to the

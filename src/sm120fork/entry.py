@@ -17,15 +17,14 @@ import argparse
 import os
 import re
 import shlex
-import signal
 import sys
-import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TextIO
 
 from .errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ToolkitError, UsageError
+from .util.proc import sigterm_unwinds
 
 
 def _nox_session() -> str | None:
@@ -69,11 +68,6 @@ def error_line(exc: ToolkitError, *, root: Path | None, tty: bool) -> str:
     return f"error: {text}"
 
 
-def _sigterm(signum: int, _frame: object) -> None:
-    """SIGTERM (nox forwards it alone, after SIGINT) unwinds like Ctrl-C."""
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def boundary(body: Callable[[], int], *, name: str, root: Callable[[], Path | None] = lambda: None,
              on_interrupt: Callable[[], int] | None = None,
              cleanup: Callable[[], list[str]] | None = None,
@@ -87,10 +81,9 @@ def boundary(body: Callable[[], int], *, name: str, root: Callable[[], Path | No
     err = stderr if stderr is not None else sys.stderr
     # Wrapped as written only for a person at a terminal; piped or logged: one line.
     tty = err.isatty() and sys.stdout.isatty()
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _sigterm) if main_thread else None
     try:
-        return body()
+        with sigterm_unwinds():  # nox forwards SIGTERM alone, after SIGINT
+            return body()
     except ToolkitError as exc:
         where = root()
         if exc.detail:
@@ -113,6 +106,3 @@ def boundary(body: Callable[[], int], *, name: str, root: Callable[[], Path | No
         err.write(f"error: internal error in {name} (a bug: please report the traceback "
                   "above)\n")
         return EXIT_INTERNAL
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)

@@ -51,10 +51,6 @@ class Served:
     def filename(self) -> str:
         return self.path.name
 
-    @property
-    def pin(self) -> Pin:
-        return Pin(distribution=self.project, version=str(self.version))
-
 
 @dataclass(frozen=True, kw_only=True)
 class StackWheels:
@@ -156,10 +152,6 @@ def stack_wheels(ws: Workspace, stack: Stack) -> StackWheels | None:
                        served=served, aot=aot, left_out=left_out)
 
 
-def digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 API_VERSION = "1.1"
 _HEAD = ('<!DOCTYPE html>\n<html>\n<head>\n<meta charset="utf-8">\n'
          f'<meta name="pypi:repository-version" content="{API_VERSION}">\n'
@@ -197,7 +189,7 @@ def _json(data: object) -> str:
 
 
 def _anchor(w: Served) -> str:
-    meta = f"sha256={digest(w.metadata)}"
+    meta = f"sha256={hashlib.sha256(w.metadata).hexdigest()}"
     python = f' data-requires-python="{escape(w.requires_python)}"' if w.requires_python else ""
     return (f'<a href="../../{file_path(w.filename)}#sha256={w.sha256}"{python} '
             f'data-dist-info-metadata="{meta}" data-core-metadata="{meta}">'
@@ -209,7 +201,7 @@ def _project_pages(project: str, wheels: list[Served]) -> dict[str, str]:
                  + "".join(_anchor(w) for w in wheels))
     files = [{"filename": w.filename, "url": f"../../{file_path(w.filename)}",
               "hashes": {"sha256": w.sha256}, "requires-python": w.requires_python or None,
-              "core-metadata": {"sha256": digest(w.metadata)}, "size": w.size}
+              "core-metadata": {"sha256": hashlib.sha256(w.metadata).hexdigest()}, "size": w.size}
              for w in wheels]
     versions = sorted({w.version for w in wheels})
     data = {"meta": {"api-version": API_VERSION}, "name": project,
@@ -232,8 +224,8 @@ def _table(head: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> str:
 
 
 def stack_routes(url: str, s: StackWheels) -> list[Route]:
-    return index_routes(url, s.manifest.wheels, plugin=s.plugin,
-                        aot=s.aot.pin if s.aot is not None else None)
+    aot = Pin(distribution=s.aot.project, version=str(s.aot.version)) if s.aot else None
+    return index_routes(url, s.manifest.wheels, plugin=s.plugin, aot=aot)
 
 
 def _stack_section(url: str, s: StackWheels) -> str:

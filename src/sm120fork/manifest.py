@@ -122,12 +122,10 @@ def read(path: Path, *, fix: str | None = None) -> Manifest:
     if path.is_dir() or path.name != FILE:
         path = path / FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"no readable {FILE} ({exc.strerror or exc})", where=str(path),
                           fix=fix) from exc
-    try:
-        data = json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"not a build manifest: not JSON: {exc}", where=str(path),
                           fix=fix) from exc

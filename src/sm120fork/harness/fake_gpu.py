@@ -48,6 +48,8 @@ Observation = dict[str, object]
 
 def _stub_attr(owner: str, attr: str) -> Any:
     """A capitalised name stands for a class (isinstance and subclassing work)."""
+    if attr.startswith("__"):  # absent: Python's machinery asks for them
+        raise AttributeError(attr)
     name = f"{owner}.{attr}"
     if name in NO_DRIVER:
         raise RuntimeError(f"{name}: no GPU driver in the probe")
@@ -85,8 +87,6 @@ class _Anything:
         self._name = name
 
     def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
         return _stub_attr(self._name, attr)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -109,8 +109,6 @@ class _Anything:
 
 class _StubModule(types.ModuleType):
     def __getattr__(self, attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
         return _stub_attr(self.__name__, attr)
 
 

@@ -143,13 +143,11 @@ def _waiting(child: subprocess.Popen[Any], argv: list[str], timeout: float | Non
 
 
 def spawn(cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | str | None = None,
-          env: Mapping[str, str], stdin: IO[bytes] | int | None = subprocess.DEVNULL,
-          stdout: IO[bytes] | int | None = subprocess.PIPE,
-          stderr: IO[bytes] | int | None = subprocess.PIPE) -> subprocess.Popen[bytes]:
+          env: Mapping[str, str], stdin: IO[bytes] | int | None) -> subprocess.Popen[bytes]:
     """Running, silent and unchecked, for a reader of its stream (GitPython)."""
     child: subprocess.Popen[bytes] = _start(
-        [os.fspath(c) for c in cmd], cwd=cwd, env=dict(env), stdin=stdin, stdout=stdout,
-        stderr=stderr, registry=_helpers)
+        [os.fspath(c) for c in cmd], cwd=cwd, env=dict(env), stdin=stdin,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, registry=_helpers)
     return child
 
 
@@ -178,10 +176,9 @@ class ProcessGroup:
     def start(self, cmd: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str],
               stdout: IO[bytes] | int | None = None,
               stderr: IO[bytes] | int | None = subprocess.STDOUT,
-              stdin: IO[bytes] | int | None = None,
               pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
         child: subprocess.Popen[bytes] = _start(
-            [os.fspath(c) for c in cmd], stdin=stdin, stdout=stdout, stderr=stderr,
+            [os.fspath(c) for c in cmd], stdin=None, stdout=stdout, stderr=stderr,
             env=dict(env), pass_fds=tuple(pass_fds))
         self.procs.append(child)
         return child
