@@ -216,7 +216,7 @@ def _raise_first(futures: Iterable[Future[Any]], what: str) -> None:
         raise VerifyError(f"{what} failed: {error!r}") from error
 
 
-_Planned = dict[tuple[str, str], tuple[GateResult, list[_Unit], bool, bool]]
+_Planned = dict[tuple[str, str], tuple[ArchResult, list[_Unit]]]
 
 
 def _plan_variants(variants: Mapping[str, Path], archs: Sequence[str], tools: Tools,
@@ -241,7 +241,8 @@ def _plan_variants(variants: Mapping[str, Path], archs: Sequence[str], tools: To
                 flags = tuple(gencode_flag(arch) if f == gencode_flag(REFERENCE_ARCH) else f
                               for f in ref.compile_flags)
                 units = [(tree, source, flags) for source in ref.sources]
-            planned[(name, arch)] = (gate, units, was_forced, arch in wanted)
+            planned[(name, arch)] = (ArchResult(arch=arch, gate=gate, compiled=False,
+                                                forced=was_forced, planned=arch in wanted), units)
     return planned
 
 
@@ -252,11 +253,11 @@ def _compile(pool: ThreadPoolExecutor, workers: int, planned: _Planned, tools: T
              hosts: Sequence[str], cache: Path) -> _Compiled:
     """Each plan's jobs keyed by content (nvcc -M); those the cache lacks, compiled."""
     key_futures = {unit: pool.submit(cache_key, *unit, tools)
-                   for _, units, _, _ in planned.values() for unit in units}
+                   for _, units in planned.values() for unit in units}
     _raise_first(key_futures.values(), "computing cache keys")
     jobs_by_plan: dict[tuple[str, str], list[Job]] = {}
     all_jobs: dict[str, Job] = {}  # one compile per content key
-    for (name, arch), (_, units, _, _) in planned.items():
+    for (name, arch), (_, units) in planned.items():
         jobs_by_plan[(name, arch)] = []
         for tree, source, flags in units:
             key = key_futures[(tree, source, flags)].result()
@@ -333,11 +334,9 @@ def prove(
                           host_calls=calls.get(job.key) if job.arch in hosts else None)
 
     results = [VariantResult(name=name, tree=given_tree.resolve(), archs=tuple(
-        ArchResult(arch=arch, gate=planned[(name, arch)][0],
-                   compiled=bool(jobs_by_plan[(name, arch)]), forced=planned[(name, arch)][2],
-                   planned=planned[(name, arch)][3],
-                   units=tuple(unit(job) for job in jobs_by_plan[(name, arch)]),
-                   pdl_opcodes=opcodes.get(arch))
+        dataclasses.replace(planned[(name, arch)][0], compiled=bool(jobs_by_plan[(name, arch)]),
+                            units=tuple(unit(job) for job in jobs_by_plan[(name, arch)]),
+                            pdl_opcodes=opcodes.get(arch))
         for arch in archs)) for name, given_tree in variants.items()]
     return ProofReport(variants=tuple(results), archs=tuple(archs),
                        reference_arch=REFERENCE_ARCH, nvcc_version=tools.nvcc_version,
