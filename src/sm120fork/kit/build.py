@@ -39,7 +39,7 @@ from sm120fork.gpu.core.variants import copy_modules
 from sm120fork.kit import boot
 from sm120fork.manifest import Manifest
 from sm120fork.package.wheel import wheel_requirements
-from sm120fork.resolved import ResolvedStack
+from sm120fork.resolved import UPSTREAM_TESTS, ResolvedStack
 from sm120fork.util import proc, typed
 from sm120fork.util.files import replace_dir, scratch_prefix, sha256_file, staged_dir
 from sm120fork.util.hint import command
@@ -48,7 +48,6 @@ from sm120fork.workspace import Workspace
 log = logging.getLogger("sm120fork")
 
 MIB = 1024 * 1024
-UPSTREAM_TESTS = "upstream-tests"
 
 #: What FlashInfer declares that the comm path never imports (large downloads).
 FLASHINFER_UNUSED = ("nvidia-cutlass-dsl", "nvidia-cudnn-frontend")
@@ -332,8 +331,7 @@ def _check_size(files: dict[str, int], limit: int | None) -> None:
 
 RUN_SCRIPT = """#!/bin/sh
 # The offline GPU kit of {stack} for Python {python}: sh run VERB [ARGS...]
-#   VERB: gpu_test | bench | sglang_layer | doctor | upstream_tests; ARGS: the harness's
-#   own (--help).
+#   VERB: """ + " | ".join(boot.VERBS) + """; ARGS: the harness's own (--help).
 # Needs only this folder, the box's GPUs and its Python with torch ($PYTHON, or python3).
 exec "${{PYTHON:-python3}}" "$(dirname "$0")/boot.py" "$@"
 """
