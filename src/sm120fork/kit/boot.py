@@ -364,9 +364,8 @@ def harness_command(kit: Path, data: KitJson, verb: str, args: Sequence[str],
     marker = site / ".installed"
     key = "\n".join(str(w) for w in wheels)
     if not (marker.is_file() and marker.read_text() == key):
-        rc = _run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                   "--no-compile", "--upgrade", "--target", site, *wheels])
-        if rc != 0:
+        if _run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                 "--no-compile", "--upgrade", "--target", site, *wheels]) != 0:
             raise KitError("installing the stack's wheels for the doctor failed")
         marker.write_text(key)
     env["PYTHONPATH"] = str(site)
