@@ -126,10 +126,7 @@ def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
     stack/) for this interpreter, unpacked under ``work_dir``."""
     from packaging.tags import sys_tags
 
-    path = folder / manifest_file.FILE
-    if not path.is_file():
-        raise ConfigError(f"no build in {folder} (no manifest.json)",
-                          fix=command("build", "--stack", folder.name))
+    path = folder / manifest_file.FILE  # none there: no build, refused naming it
     manifest = manifest_file.read(path, fix=command("build", "--stack", folder.name))
     stack = manifest.stack
     chosen = {p: w for p, w in installable(manifest, set(sys_tags())).items()
