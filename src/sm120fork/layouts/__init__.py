@@ -51,3 +51,18 @@ class Layer:
     fusion: Any
     layernorm: Any
     gate: Callable[[int], bool]
+
+
+FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
+#: What a rank whose fused call raised alone must say (the series' words, every layout's;
+#: each layout's module imports it: ``adapter(layout).RAISED_ALONE_SAYS``).
+RAISED_ALONE_SAYS = "peers did not fail with it"
+
+
+def layer(layout: str, gate_module: str, gate: str) -> Layer:
+    """SGLang's fusion and layernorm modules, and the fused-norm gate ``gate_module.gate``."""
+    fusion = importlib.import_module(FUSION_MODULE)
+    module = importlib.import_module(gate_module)
+    return Layer(layout=layout, fusion=fusion,
+                 layernorm=importlib.import_module("sglang.srt.layers.layernorm"),
+                 gate=lambda tokens: bool(getattr(module, gate)(tokens)))

@@ -23,7 +23,7 @@ from unittest import mock
 
 from sm120fork.harness import fake_gpu
 from sm120fork.harness.fake_gpu import Records, _module, emit, environ, start_probe
-from sm120fork.layouts import Layer, defaults
+from sm120fork.layouts import FUSION_MODULE, RAISED_ALONE_SAYS, Layer, defaults, layer  # noqa: F401
 from sm120fork.layouts.results import (
     REQUIREMENTS,
     CheckResult,
@@ -188,12 +188,8 @@ def _together_result(case: str, outcome: LayerOutcome) -> CheckResult:
                        passed=outcome.passed and observed == expected, detail=detail)
 
 
-FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 #: What the one fallback warning must say: S4's own words (this layout's series).
 WARNING_SAYS = "unfused path"
-
-#: What a rank whose fused call raised alone must say (the series' words).
-RAISED_ALONE_SAYS = "peers did not fail with it"
 
 
 def setup(group: Any) -> Layer:
@@ -205,14 +201,8 @@ def setup(group: Any) -> Layer:
     args.tp_size = group.world_size
     args.enable_flashinfer_allreduce_fusion = True
     sa.set_global_server_args_for_scheduler(args)
-    fusion = _module(FUSION_MODULE)
-    communicator = _module("sglang.srt.layers.communicator")
-    return Layer(
-        layout="communicator",
-        fusion=fusion,
-        layernorm=_module("sglang.srt.layers.layernorm"),
-        gate=lambda tokens: bool(communicator.apply_flashinfer_allreduce_fusion(tokens)),
-    )
+    return layer("communicator", "sglang.srt.layers.communicator",
+                 "apply_flashinfer_allreduce_fusion")
 
 
 def patch_gates_in_memory(layer: Layer) -> None:
@@ -280,7 +270,7 @@ def _fallback_case() -> fake_gpu.Observation:
     adding a fixed "peer" sum), then add and norm."""
     torch = _module("torch")
     dist = _module("sglang.srt.distributed")
-    fusion = _module("sglang.srt.layers.flashinfer_comm_fusion")
+    fusion = _module(FUSION_MODULE)
     RMSNorm = _module("sglang.srt.layers.layernorm").RMSNorm  # noqa: N806
 
     hidden, tokens, eps = 64, 3, 1e-6

@@ -25,7 +25,7 @@ from typing import Any
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.harness import fake_gpu
 from sm120fork.harness.fake_gpu import Records, _module, emit, environ, start_probe
-from sm120fork.layouts import Layer
+from sm120fork.layouts import FUSION_MODULE, RAISED_ALONE_SAYS, Layer, layer  # noqa: F401
 from sm120fork.layouts.results import (
     CheckResult,
     LayerRunner,
@@ -200,13 +200,9 @@ def check(tree: Path, *, baseline: Path | None, python: str | os.PathLike[str],
         for label, root, cap in runs}, max(1, min(len(runs), os.cpu_count() or 1))))
 
 
-FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 ADD_NORM = "sglang.srt.layers.layer_boundary.residual.add_norm"
 #: What the one fallback warning must say (upstream's own words).
 WARNING_SAYS = "Disabling flashinfer allreduce fusion permanently"
-
-#: What a rank whose fused call raised alone must say (the series' words).
-RAISED_ALONE_SAYS = "peers did not fail with it"
 
 
 def setup(group: Any) -> Layer:
@@ -219,15 +215,7 @@ def setup(group: Any) -> Layer:
     rc.get_parallel().override_permanently(
         tp_size=group.world_size, tp_rank=group.rank, attn_tp_size=group.world_size,
         attn_tp_rank=group.rank, tp_group=group, attn_tp_group=group)
-    fusion = _module(FUSION_MODULE)
-    add_norm: Any = _module(ADD_NORM)
-
-    return Layer(
-        layout="layer_boundary",
-        fusion=fusion,
-        layernorm=_module("sglang.srt.layers.layernorm"),
-        gate=lambda tokens: bool(add_norm.flashinfer_ar_fusion_applies(tokens)),
-    )
+    return layer("layer_boundary", ADD_NORM, "flashinfer_ar_fusion_applies")
 
 
 def patch_gates_in_memory(layer: Layer) -> None:
