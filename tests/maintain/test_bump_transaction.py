@@ -10,6 +10,7 @@ import shlex
 import shutil
 import tomllib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from sm120fork.errors import MaintenanceError
 from sm120fork.fetch.kinds import fetch_source, source_key
 from sm120fork.maintain.bump import bump, bump_abort, bump_continue
 from sm120fork.maintain.refresh import refresh
+from sm120fork.patch.series import Series
 from sm120fork.patch.tree import apply_series, prepare_tree, read_state
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util import proc
@@ -263,8 +265,8 @@ def test_continue_after_a_stop_in_the_tree_rebuild_keeps_every_patch(
     ws = clean.ws
     real = apply_series
 
-    def part_way(repo: object, series: object, **kwargs: object) -> str:
-        real(repo, series, upto=1, **kwargs)  # type: ignore[arg-type]
+    def part_way(repo: object, series: Series, **kwargs: object) -> str:
+        real(repo, replace(series, patches=series.patches[:1]), **kwargs)  # type: ignore[arg-type]
         raise KeyboardInterrupt
 
     monkeypatch.setattr("sm120fork.patch.tree.apply_series", part_way)

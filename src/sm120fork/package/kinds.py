@@ -149,15 +149,21 @@ class FromSource(Build):
                             on_line=lambda line: job.stage(key, f"building: {line}"),
                             changed_files=[f for p in job.series.patches for f in p.files])
         job.stage(key, "checking the wheel")
-        results = check_wheel(wheel, project, job.series, tree.repo)
-        require_passed(results, project)
         filename, url = self.source.origin(project)
         source = SourceRecord(kind=self.source.name, digest=tree.state.source.split(":", 1)[1],
                               filename=filename, url=url)
-        return [job.entry(version=project.local_version, source=source, wheel=wheel,
-                          sha256=sha256_file(wheel), patched_commit=tree.state.head,
-                          tree=tree.repo.tree_hash(), artifact_check=tuple(results),
-                          check=check)]
+        return [_checked_entry(job, tree, check, wheel, source)]
+
+
+def _checked_entry(job: Job, tree: Tree, check: str, wheel: Path, source: SourceRecord,
+                   changed_files: tuple[str, ...] | None = None) -> ManifestEntry:
+    """The entry of a wheel made from the patched ``tree``, once its artifact check passed."""
+    results = check_wheel(wheel, job.project, job.series, tree.repo)
+    require_passed(results, job.project)
+    return job.entry(version=job.project.local_version, source=source, wheel=wheel,
+                     sha256=sha256_file(wheel), patched_commit=tree.state.head,
+                     tree=tree.repo.tree_hash(), changed_files=changed_files,
+                     artifact_check=tuple(results), check=check)
 
 
 def _record_of(pin: WheelPin) -> SourceRecord:
@@ -183,13 +189,8 @@ class RepackedWheels(Build):
             job.stage(project.key, f"repacking {original.name}")
             wheel = repack_wheel(project, original, replacements, staging,
                                  source_date_epoch=epoch)
-            results = check_wheel(wheel, project, series, tree.repo)
-            require_passed(results, project)
-            entries.append(job.entry(
-                version=project.local_version, wheel=wheel, sha256=sha256_file(wheel),
-                source=_record_of(pin), patched_commit=tree.state.head,
-                tree=tree.repo.tree_hash(), changed_files=tuple(sorted(changed.values())),
-                artifact_check=tuple(results), check=check))
+            entries.append(_checked_entry(job, tree, check, wheel, _record_of(pin),
+                                          tuple(sorted(changed.values()))))
         return entries
 
 

@@ -36,7 +36,7 @@ from sm120fork.errors import ArtifactCheckError, BuildError, CommandError, Confi
 from sm120fork.fetch.archive import is_compiled, source_members
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.manifest import FingerprintResult
-from sm120fork.patch.series import Series, fingerprint_in, fingerprints_at, load_series
+from sm120fork.patch.series import Series, fingerprint_in, load_series, match_upstream
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util.files import scratch_prefix
@@ -231,7 +231,8 @@ def check_wheel(wheel: Path, project: Project, series: Series, repo: Git,
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         for patch in series.patches:
-            for fp, in_upstream in fingerprints_at(repo, patch, base):
+            upstream = match_upstream(repo, patch, base).fingerprints
+            for fp, in_upstream in zip(patch.fingerprints, upstream, strict=True):
                 # the members that ship the upstream file: itself, or under a folder
                 rel = project.package_path(fp.path)
                 members = ([] if rel is None else [rel] if rel in names

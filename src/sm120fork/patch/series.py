@@ -322,12 +322,6 @@ def match_upstream(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG) -> Upstream
     return UpstreamMatch(fingerprints=fingerprints, effect=effect, evidence=tuple(evidence))
 
 
-def fingerprints_at(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG
-                    ) -> list[tuple[Fingerprint, bool]]:
-    return list(zip(patch.fingerprints, match_upstream(repo, patch, rev).fingerprints,
-                    strict=True))
-
-
 def applied_upstream_version(patch: Patch) -> Version | None:
     """The release named first in ``Applied-Upstream`` (``0.6.17, <url>``)."""
     token = re.split(r"[,\s]+", patch.applied_upstream.strip(), maxsplit=1)[0]

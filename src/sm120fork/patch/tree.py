@@ -273,11 +273,8 @@ def reset_to_upstream(repo: Git) -> None:
     repo("clean", "-q", "-fdx")
 
 
-def apply_series(repo: Git, series: Series, *, stack: str, project: str,
-                 upto: int | None = None) -> str:
-    patches = series.patches if upto is None else series.patches[:upto]
-    partial = Series(directory=series.directory, patches=patches)
-    failures = check_series(repo, partial)
+def apply_series(repo: Git, series: Series, *, stack: str, project: str) -> str:
+    failures = check_series(repo, series)
     if failures:
         f = failures[0]
         raise PatchError(
@@ -287,7 +284,7 @@ def apply_series(repo: Git, series: Series, *, stack: str, project: str,
                 f"by `{command('refresh', stack, project)}`) and build again",
             detail=f.message)
     reset_to_upstream(repo)
-    for p in patches:
+    for p in series.patches:
         try:
             repo.am([p.path], extra=("--committer-date-is-author-date",))
         except CommandError as exc:
