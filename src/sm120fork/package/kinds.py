@@ -124,11 +124,6 @@ class Build:
     def __init__(self, source: SourceFetch) -> None:
         self.source = source
 
-    @property
-    def cache_kind(self) -> str:
-        """The source kind its build cache is keyed by (builds that share inputs share it)."""
-        return self.source.name
-
     def download(self, job: Job) -> list[Path]:
         return self.source.download(job.project, sdist_cache=job.ws.sdist_cache,
                                     wheel_cache=job.ws.wheel_cache, progress=job.progress)

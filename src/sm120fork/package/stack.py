@@ -208,7 +208,7 @@ def load(resolved: ResolvedStack, only: Sequence[str] | None = None) -> Plan:
         kind = kind_for(p, series)
         planned.append(Planned(project=p, series=series, kind=kind,
                                entry_dir=ws.build_cache(stack, p)
-                               / cache_key(p, series, kind.cache_kind)))
+                               / cache_key(p, series, kind.source.name)))
     return Plan(resolved=resolved, projects=tuple(planned), whole=not only)
 
 
