@@ -45,6 +45,12 @@ def defaults(cls: Any) -> Any:
     return obj
 
 
+FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
+#: What a rank whose fused call raised alone must say (the series' words, every layout's;
+#: each layout's module imports it: ``adapter(layout).RAISED_ALONE_SAYS``).
+RAISED_ALONE_SAYS = "peers did not fail with it"
+
+
 @dataclasses.dataclass
 class Layer:
     layout: str
@@ -52,17 +58,11 @@ class Layer:
     layernorm: Any
     gate: Callable[[int], bool]
 
-
-FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
-#: What a rank whose fused call raised alone must say (the series' words, every layout's;
-#: each layout's module imports it: ``adapter(layout).RAISED_ALONE_SAYS``).
-RAISED_ALONE_SAYS = "peers did not fail with it"
-
-
-def layer(layout: str, gate_module: str, gate: str) -> Layer:
-    """SGLang's fusion and layernorm modules, and the fused-norm gate ``gate_module.gate``."""
-    fusion = importlib.import_module(FUSION_MODULE)
-    module = importlib.import_module(gate_module)
-    return Layer(layout=layout, fusion=fusion,
-                 layernorm=importlib.import_module("sglang.srt.layers.layernorm"),
-                 gate=lambda tokens: bool(getattr(module, gate)(tokens)))
+    @classmethod
+    def of(cls, layout: str, gate_module: str, gate: str) -> Layer:
+        """SGLang's fusion and layernorm modules, and the fused-norm gate ``gate_module.gate``."""
+        fusion = importlib.import_module(FUSION_MODULE)
+        module = importlib.import_module(gate_module)
+        return cls(layout=layout, fusion=fusion,
+                   layernorm=importlib.import_module("sglang.srt.layers.layernorm"),
+                   gate=lambda tokens: bool(getattr(module, gate)(tokens)))

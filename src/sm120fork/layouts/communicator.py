@@ -23,7 +23,7 @@ from unittest import mock
 
 from sm120fork.harness import fake_gpu
 from sm120fork.harness.fake_gpu import Records, _module, emit, environ, start_probe
-from sm120fork.layouts import FUSION_MODULE, RAISED_ALONE_SAYS, Layer, defaults, layer  # noqa: F401
+from sm120fork.layouts import FUSION_MODULE, RAISED_ALONE_SAYS, Layer, defaults  # noqa: F401
 from sm120fork.layouts.results import (
     REQUIREMENTS,
     CheckResult,
@@ -201,8 +201,8 @@ def setup(group: Any) -> Layer:
     args.tp_size = group.world_size
     args.enable_flashinfer_allreduce_fusion = True
     sa.set_global_server_args_for_scheduler(args)
-    return layer("communicator", "sglang.srt.layers.communicator",
-                 "apply_flashinfer_allreduce_fusion")
+    return Layer.of("communicator", "sglang.srt.layers.communicator",
+                    "apply_flashinfer_allreduce_fusion")
 
 
 def patch_gates_in_memory(layer: Layer) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.harness import fake_gpu
 from sm120fork.harness.fake_gpu import Records, _module, emit, environ, start_probe
-from sm120fork.layouts import FUSION_MODULE, RAISED_ALONE_SAYS, Layer, layer  # noqa: F401
+from sm120fork.layouts import FUSION_MODULE, RAISED_ALONE_SAYS, Layer  # noqa: F401
 from sm120fork.layouts.results import (
     CheckResult,
     LayerRunner,
@@ -215,7 +215,7 @@ def setup(group: Any) -> Layer:
     rc.get_parallel().override_permanently(
         tp_size=group.world_size, tp_rank=group.rank, attn_tp_size=group.world_size,
         attn_tp_rank=group.rank, tp_group=group, attn_tp_group=group)
-    return layer("layer_boundary", ADD_NORM, "flashinfer_ar_fusion_applies")
+    return Layer.of("layer_boundary", ADD_NORM, "flashinfer_ar_fusion_applies")
 
 
 def patch_gates_in_memory(layer: Layer) -> None:
