@@ -10,11 +10,9 @@ would load from, and why each prebuilt copy is or is not taken.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
-import statistics
 import sys
 import tempfile
 from collections import defaultdict
@@ -27,7 +25,7 @@ from sm120fork.aot.compile import MODULE
 from sm120fork.aot.wheel import ENTRY_POINT_NAME, MARKER_SUFFIX, AotManifest, own_digest
 from sm120fork.cuda import cubin
 from sm120fork.cuda.arch import REFERENCE_ARCH
-from sm120fork.cuda.tools import demangle, find_cuobjdump
+from sm120fork.cuda.tools import FLASHINFER_PRELUDE, demangle, find_cuobjdump, probe
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc, typed
 
@@ -35,18 +33,14 @@ from sm120fork.util import proc, typed
 DEFAULT_SPECS: tuple[str, ...] = ("flashinfer.jit.comm:gen_trtllm_comm_module",)
 
 _MARK = "@@sm120fork-aot-check@@"
-_LOOKUP_PROBE = r"""
-import importlib, importlib.util, json, sys, types
-from pathlib import Path
-mark, makers = sys.argv[1], sys.argv[2:]
+_LOOKUP_PROBE = FLASHINFER_PRELUDE + r"""
+import importlib.util
+makers, mark = sys.argv[1:-1], sys.argv[-1]
 spec = importlib.util.find_spec("flashinfer")
 if spec is None or not spec.submodule_search_locations:
     print(mark + json.dumps({"error": "flashinfer is not installed"})); raise SystemExit(0)
 root = Path(list(spec.submodule_search_locations)[0])
-for name in ("flashinfer", "flashinfer.jit"):
-    module = types.ModuleType(name)
-    module.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
-    sys.modules[name] = module
+fake_flashinfer(root)
 jit_env = importlib.import_module("flashinfer.jit.env")
 core = importlib.import_module("flashinfer.jit.core")
 if hasattr(jit_env, "prebuilt_provider_dirs"):  # ours: entry points flashinfer.prebuilt
@@ -162,14 +156,10 @@ def lookup(env: Mapping[str, str] | None = None, arch_list: str = "9.0",
             "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
     cwd = Path(full.get("FLASHINFER_WORKSPACE_BASE") or os.getcwd())
     cwd.mkdir(parents=True, exist_ok=True)
-    out = proc.run([sys.executable, "-c", _LOOKUP_PROBE, _MARK, *specs], env=full, quiet=True,
-                   cwd=cwd)
-    payload = next((line.removeprefix(_MARK) for line in out.stdout.splitlines()
-                    if line.startswith(_MARK)), None)
-    if payload is None:
+    result, out = probe(sys.executable, _LOOKUP_PROBE, *specs, mark=_MARK, env=full, cwd=cwd)
+    if result is None:
         raise VerifyError("the lookup probe printed no result",
                           detail=(out.stdout + out.stderr)[-2000:])
-    result = json.loads(payload)
     if isinstance(result, dict) and "error" in result:
         raise VerifyError(str(result["error"]),
                           fix="install the FlashInfer wheel beside the AOT wheel")
@@ -307,9 +297,7 @@ def check_module(code: Sequence[TargetCode]) -> list[TargetCheck]:
     ref = reference.kernels
     checks = []
     for other in (c for c in code if c is not reference):
-        missing = tuple(sorted(set(ref) - set(other.kernels)))
-        empty = tuple(sorted(name for name, size in ref.items() if name in other.kernels
-                             and cubin.is_empty_body(other.kernels[name], size)))
+        missing, empty = cubin.missing_and_empty(ref, other.kernels)
         checks.append(TargetCheck(target=other.target, reference_kernels=len(ref),
                                   present=len(ref) - len(missing), missing=missing, empty=empty))
     return checks
@@ -325,9 +313,7 @@ def family_rows(code: Sequence[TargetCode]) -> list[list[str]]:
     for family in sorted(sizes):
         row = [f"`{family}`"]
         for c in code:
-            found = sizes[family].get(c.target, [])
-            row.append(f"{len(found)} / {min(found)} / {statistics.median(found):.0f}"
-                       if found else "-")
+            row.append(cubin.size_cell(sizes[family].get(c.target, [])))
         rows.append(row)
     return rows
 

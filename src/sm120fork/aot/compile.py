@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from sm120fork.cuda.toolkit import require_nvcc
+from sm120fork.cuda.tools import FLASHINFER_PRELUDE, probe
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util import proc, typed
 from sm120fork.util.files import staged_dir
@@ -87,16 +88,12 @@ def sources_root(tree: Path) -> Path:
                       fix=f"run `{command('build')}` first to make the fork tree")
 
 
-_PROBE = r"""
-import importlib, json, os, sys, types
-from pathlib import Path
+_PROBE = FLASHINFER_PRELUDE + r"""
+import os
 
 tree, build_dir = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
 mode, mark = sys.argv[3], sys.argv[4]
-for name in ("flashinfer", "flashinfer.jit"):
-    module = types.ModuleType(name)
-    module.__path__ = [str(tree.joinpath(*name.split(".")))]
-    sys.modules[name] = module
+fake_flashinfer(tree / "flashinfer")
 jit_env = importlib.import_module("flashinfer.jit.env")
 # As flashinfer/aot.py compile_and_package_modules: sources from the tree, work in build_dir.
 # A published wheel (no csrc/ at the top) keeps env.py's own paths into flashinfer/data/.
@@ -245,18 +242,11 @@ def _probe(tree: Path, build_dir: Path, mode: str, env: Mapping[str, str]) -> tu
     module it built; BuildError when the JIT refuses."""
     log.info("+ FLASHINFER_CUDA_ARCH_LIST=%r %s -c <FlashInfer %s probe> %s %s",
              env.get("FLASHINFER_CUDA_ARCH_LIST"), sys.executable, mode, tree, build_dir)
-    out = proc.run([sys.executable, "-c", _PROBE, tree, build_dir, mode, _MARK], env=env,
-                   cwd=build_dir, quiet=True,
-                   on_line=NinjaProgress() if mode == "build" else None)
-    payload = next((line.removeprefix(_MARK) for line in reversed(out.stdout.splitlines())
-                    if line.startswith(_MARK)), None)
-    if payload is None:
+    result, out = probe(sys.executable, _PROBE, tree, build_dir, mode, mark=_MARK, env=env,
+                        cwd=build_dir, on_line=NinjaProgress() if mode == "build" else None)
+    if not isinstance(result, dict):
         raise BuildError("the FlashInfer build probe printed no result", where=str(tree),
                          detail=(out.stdout + out.stderr)[-3000:])
-    result = json.loads(payload)
-    if not isinstance(result, dict):
-        raise BuildError("the FlashInfer build probe printed no result object",
-                         where=str(tree), detail=payload[-3000:])
     if "refused" in result:
         raise BuildError(f"FlashInfer's JIT refuses {MODULE} for "
                          f"{env.get('FLASHINFER_CUDA_ARCH_LIST')}: {result['refused']}",

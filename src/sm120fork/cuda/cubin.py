@@ -7,9 +7,10 @@ import dataclasses
 import json
 import logging
 import re
+import statistics
 import struct
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sm120fork.cuda.arch import gencode_flag
@@ -224,3 +225,18 @@ def is_empty_body(size: int, reference_size: int) -> bool:
     if reference_size <= LARGE_BODY_BYTES:
         return False
     return size <= EMPTY_BODY_BYTES or size < EMPTY_BODY_FRACTION * reference_size
+
+
+def missing_and_empty(reference: Mapping[str, int], sizes: Mapping[str, int]
+                      ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The proof's per-kernel rule, on kernel name -> SASS bytes: the ``reference`` (sm_90a)
+    kernels that ``sizes`` lacks, and those whose body there is empty."""
+    missing = tuple(sorted(set(reference) - set(sizes)))
+    empty = tuple(sorted(name for name, size in reference.items()
+                         if name in sizes and is_empty_body(sizes[name], size)))
+    return missing, empty
+
+
+def size_cell(sizes: Sequence[int]) -> str:
+    """A kernel family's sizes on one target as ``count / min B / median B`` (``-``: none)."""
+    return f"{len(sizes)} / {min(sizes)} / {statistics.median(sizes):.0f}" if sizes else "-"

@@ -8,9 +8,11 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from sm120fork.cuda.toolkit import locate_nvcc
 from sm120fork.errors import ConfigError, VerifyError
@@ -19,6 +21,20 @@ from sm120fork.util import proc
 log = logging.getLogger("sm120fork")
 
 PROBE_MARK = "@@sm120fork-probe@@"
+
+#: A FlashInfer probe's first lines: ``fake_flashinfer(root)`` stubs the packages
+#: ``flashinfer`` and ``flashinfer.jit`` of the folder ``root``, so flashinfer/jit imports
+#: without flashinfer/__init__.py, which would pull in every kernel wrapper and its needs.
+FLASHINFER_PRELUDE = r"""
+import importlib, json, sys, types
+from pathlib import Path
+
+def fake_flashinfer(root):
+    for name in ("flashinfer", "flashinfer.jit"):
+        module = types.ModuleType(name)
+        module.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
+        sys.modules[name] = module
+"""
 
 _SYS_PATH_PROBE = "import json, sys; print(sys.argv[1] + json.dumps(sys.path))"
 #: Where pip puts a CUDA binary tool: NVIDIA's packages, then triton's copies.
@@ -33,6 +49,19 @@ def _pip_tool(name: str, paths: Sequence[str], patterns: Sequence[str] = _PIP_TO
             for hit in sorted(Path(entry or ".").glob(pattern.format(name))):
                 return hit
     return None
+
+
+def probe(python: str | os.PathLike[str], script: str, *args: str | os.PathLike[str],
+          mark: str = PROBE_MARK, env: Mapping[str, str] | None = None, cwd: Path | None = None,
+          on_line: Callable[[str], None] | None = None
+          ) -> tuple[Any, subprocess.CompletedProcess[str]]:
+    """Run ``script`` in ``python`` (``mark`` its last argument); the JSON after ``mark`` on
+    the last stdout line that starts with it (None when none does), and the run."""
+    out = proc.run([python, "-c", script, *args, mark], env=env, cwd=cwd, quiet=True,
+                   on_line=on_line)
+    payload = next((line.removeprefix(mark) for line in reversed(out.stdout.splitlines())
+                    if line.startswith(mark)), None)
+    return (None if payload is None else json.loads(payload)), out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,10 +95,7 @@ def find_tools(python: str | os.PathLike[str] | None = None) -> Tools:
     if nvcc is None:
         raise VerifyError("nvcc not found (CUDA_HOME, PATH, /usr/local/cuda)",
                           fix="install the CUDA toolkit (nvcc >= 12.9 for sm_120a/sm_120f)")
-    out = proc.run([interpreter, "-c", _SYS_PATH_PROBE, PROBE_MARK], quiet=True).stdout
-    paths: list[str] = next((json.loads(line.removeprefix(PROBE_MARK))
-                             for line in out.splitlines()
-                             if line.startswith(PROBE_MARK)), [])
+    paths: list[str] = probe(interpreter, _SYS_PATH_PROBE)[0] or []
 
     def pick(name: str) -> Path | None:
         on_path = shutil.which(name)

@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import re
-import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +23,7 @@ from sm120fork.cuda.cubin import (
     LARGE_BODY_BYTES,
     PdlOpcodes,
     is_empty_body,
+    size_cell,
 )
 from sm120fork.record import (
     KINDS,
@@ -287,11 +287,7 @@ def _family_table(variant: VariantResult, report: ProofReport) -> list[str]:
     for family in sorted(sizes):
         row = [f"`{family}`"]
         for result in compiled:
-            found = sizes[family].get(result.arch, [])
-            if not found:
-                row.append("-")
-                continue
-            cell = f"{len(found)} / {min(found)} / {statistics.median(found):.0f}"
+            cell = size_cell(sizes[family].get(result.arch, []))
             notes = [f"{count} {what}" for count, what in (
                 (empties[family][result.arch], "empty"),
                 (no_pdl[family][result.arch], "lost PDL")) if count]

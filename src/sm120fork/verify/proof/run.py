@@ -26,7 +26,14 @@ from sm120fork.cuda.cubin import (
     kernel_sizes,
     runtime_calls,
 )
-from sm120fork.cuda.tools import PROBE_MARK, Tools, demangle, find_tools, require_tools_in_ci
+from sm120fork.cuda.tools import (
+    FLASHINFER_PRELUDE,
+    Tools,
+    demangle,
+    find_tools,
+    probe,
+    require_tools_in_ci,
+)
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.util import proc
 from sm120fork.util.files import sha256_file
@@ -50,18 +57,10 @@ _DATA_LINKS: tuple[tuple[str, str], ...] = (
     ("include", "include"),
 )
 
-# Stubbing the two package modules runs flashinfer/jit/comm.py and what it imports, but not
-# flashinfer/__init__.py, which would pull in every kernel wrapper and its dependencies.
-_GATE_PROBE = r"""
-import importlib, json, sys, types
-from pathlib import Path
-
+_GATE_PROBE = FLASHINFER_PRELUDE + r"""
 tree = Path(sys.argv[1]).resolve()
 mark = sys.argv[2]
-for name in ("flashinfer", "flashinfer.jit"):
-    module = types.ModuleType(name)
-    module.__path__ = [str(tree.joinpath(*name.split(".")))]
-    sys.modules[name] = module
+fake_flashinfer(tree / "flashinfer")
 try:
     comm = importlib.import_module("flashinfer.jit.comm")
 except Exception as exc:
@@ -98,13 +97,10 @@ def run_gate(tree: Path, arch: str, tools: Tools) -> GateResult:
                "FLASHINFER_WORKSPACE_BASE": workspace, "PYTHONDONTWRITEBYTECODE": "1"}
         log.info("+ FLASHINFER_CUDA_ARCH_LIST=%s PYTHONPATH=%s %s -c <gen_trtllm_comm_module "
                  "probe>", entry, tree, tools.python)
-        out = proc.run([tools.python, "-c", _GATE_PROBE, tree, PROBE_MARK], env=env,
-                       cwd=Path(workspace), quiet=True).stdout
-    payload = next((line.removeprefix(PROBE_MARK) for line in out.splitlines()
-                    if line.startswith(PROBE_MARK)), None)
-    result = json.loads(payload) if payload is not None else None
+        result, out = probe(tools.python, _GATE_PROBE, tree, env=env, cwd=Path(workspace))
     if not isinstance(result, dict):
-        raise VerifyError("the JIT gate probe printed no result", where=str(tree), fix=out[-2000:])
+        raise VerifyError("the JIT gate probe printed no result", where=str(tree),
+                          fix=out.stdout[-2000:])
     if "import_error" in result:
         raise VerifyError(
             f"cannot import flashinfer.jit.comm: {result['import_error']}", where=str(tree),

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sm120fork.cuda.arch import REFERENCE_ARCH
-from sm120fork.cuda.cubin import Kernel, PdlOpcodes, is_empty_body
+from sm120fork.cuda.cubin import Kernel, PdlOpcodes, missing_and_empty
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,10 +143,8 @@ def verdict(variant: VariantResult, arch: str) -> Verdict:
         return done(Status.FAIL, reference_kernels=len(reference.kernels))
     ref_kernels = reference.kernels
     kernels = result.kernels
-    missing = tuple(sorted(set(ref_kernels) - set(kernels)))
-    empty = tuple(sorted(
-        name for name, ref in ref_kernels.items()
-        if name in kernels and is_empty_body(kernels[name].size, ref.size)))
+    missing, empty = missing_and_empty({n: k.size for n, k in ref_kernels.items()},
+                                       {n: k.size for n, k in kernels.items()})
     if missing:
         reasons.append(f"{len(missing)} of {len(ref_kernels)} {REFERENCE_ARCH} kernels missing")
     if empty:
