@@ -278,8 +278,8 @@ def test_the_bench_plan_a_group_is_given_is_the_plan_its_ranks_measure(
     plan = dataclasses.replace(bench_plan(4, quick=True, tokens=[1, 3]), floors=False)
     specs: list[dict[str, Any]] = []
 
-    def run_ranks(_worker: Any, spec_path: Path, world: int, *_a: Any) -> Any:
-        specs.append({**json.loads(spec_path.read_text()), "ranks": world})
+    def run_ranks(_worker: Any, spec: Any, world: int, *_a: Any) -> Any:
+        specs.append({**json.loads(json.dumps(spec(tmp_path / "store"))), "ranks": world})
         return proc.GroupOutcome(ok=True)
 
     monkeypatch.setattr(bench_run, "run_ranks", run_ranks)

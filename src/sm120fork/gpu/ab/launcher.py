@@ -4,7 +4,7 @@ every rank's last lines and the rest continue in a new group."""
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -172,14 +172,12 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
             break
         attempt += 1
         tag = f"{variant.name}-ws{world}-{label}-a{attempt}"
-        spec_path = run_dir / f"spec-{tag}.json"
-        store = run_dir / f"store-{tag}"
-        store.unlink(missing_ok=True)
-        spec_path.write_text(json.dumps(dataclasses.asdict(_spec(pending, store, backend,
-                                                                 allow_multicast))))
         reports = _Reports()
-        outcome = run_ranks(worker, spec_path, world, variant, run_dir / tag, timeouts,
-                            reports.on_message, settled=reports.settled)
+        outcome = run_ranks(
+            worker, functools.partial(_spec, pending, backend=backend,
+                                      allow_multicast=allow_multicast),
+            world, variant, run_dir / tag, timeouts, reports.on_message,
+            settled=reports.settled)
         remaining = []
         for case in pending:
             recs = reports.results.get(case.key, {})

@@ -4,7 +4,6 @@ reports and the all-reduce policy."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import sys
 import time
@@ -235,16 +234,6 @@ def run_group(plan: cases_mod.BenchPlan, variant: Variant, run_dir: Path, *,
               worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.bench.timing"),
               ) -> tuple[list[BenchRecord], Environment, GroupOutcome]:
     """Run one bench group of ``methods``: (bench records, environment, outcome)."""
-    name = f"{tag}-{variant.name}"
-    spec_path = run_dir / f"spec-{name}.json"
-    store = run_dir / f"store-{name}"
-    store.unlink(missing_ok=True)
-    spec_path.write_text(json.dumps({
-        "mode": "bench", "world_size": plan.world_size, "store": str(store),
-        "backend": backend, "allow_multicast": allow_multicast,
-        "max_tokens": max(plan.tokens), "max_hidden": max(plan.hidden),
-        "bench": dataclasses.asdict(plan), "methods": list(methods),
-        "module_failures": dict(module_failures or {})}))
     records: list[BenchRecord] = []
     env_info: Environment = {}
 
@@ -254,8 +243,14 @@ def run_group(plan: cases_mod.BenchPlan, variant: Variant, run_dir: Path, *,
         elif message.tag == "ENV":
             env_info.update(message.data)
 
-    outcome = run_ranks(worker, spec_path, plan.world_size, variant, run_dir / name,
-                        timeouts, on_message, extra_env)
+    outcome = run_ranks(worker, lambda store: {
+        "mode": "bench", "world_size": plan.world_size, "store": str(store),
+        "backend": backend, "allow_multicast": allow_multicast,
+        "max_tokens": max(plan.tokens), "max_hidden": max(plan.hidden),
+        "bench": dataclasses.asdict(plan), "methods": list(methods),
+        "module_failures": dict(module_failures or {})},
+        plan.world_size, variant, run_dir / f"{tag}-{variant.name}", timeouts, on_message,
+        extra_env)
     return records, env_info, outcome
 
 

@@ -4,6 +4,7 @@ environment, every rank's log."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,12 +25,18 @@ class Timeouts(proc.Timeouts):
     max_crash_streak: int = 12
 
 
-def run_ranks(worker: Sequence[str], spec_path: Path, world: int, variant: Variant,
-               log_stem: Path, timeouts: Timeouts,
-               on_message: Callable[[int, wire.Message], None],
-               extra_env: Mapping[str, str] | None = None,
-               settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
-    """One worker process per rank on ``spec_path``, logging to ``<log_stem>-rank<r>.log``."""
+def run_ranks(worker: Sequence[str], spec: Callable[[Path], object], world: int,
+              variant: Variant, log_stem: Path, timeouts: Timeouts,
+              on_message: Callable[[int, wire.Message], None],
+              extra_env: Mapping[str, str] | None = None,
+              settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
+    """One worker process per rank on the spec file ``spec(store)`` (JSON, a dataclass as its
+    fields) beside ``log_stem`` (``spec-<name>.json``, a fresh ``store-<name>``), logging to
+    ``<log_stem>-rank<r>.log``."""
+    store = log_stem.with_name(f"store-{log_stem.name}")
+    store.unlink(missing_ok=True)
+    spec_path = log_stem.with_name(f"spec-{log_stem.name}.json")
+    spec_path.write_text(json.dumps(spec(store), default=dataclasses.asdict))
     env = {**variant.env(os.environ), **(extra_env or {})}
     return proc.run_group(
         [Child(argv=[*worker, str(spec_path), str(r)], env=env, name=f"rank {r}",
