@@ -19,7 +19,7 @@ import pytest
 
 from sm120fork.gpu.ab import launcher
 from sm120fork.gpu.ab import run as runs
-from sm120fork.gpu.ab.results import CaseResult
+from sm120fork.gpu.ab.results import AbRun, CaseResult
 from sm120fork.gpu.cli import main
 from sm120fork.gpu.core import variants
 
@@ -111,12 +111,13 @@ def test_cases_left_out_by_the_budget_make_the_run_fail_unless_partial_is_allowe
 
 
 def test_allow_partial_accepts_a_partial_run_but_says_so() -> None:
+    recs = (*(CaseResult(key=f"p{i}", status="pass") for i in range(5)),
+            *(CaseResult(key=f"n{i}", status="skip", not_run=True) for i in range(4)))
     done = runs.TestRun(
-        paths=[Path("a.json"), Path("a.md")], logs=Path("logs"), primary="patched",
-        tallies={"patched": runs.Tally(passed=5, not_run=4),
-                 "unpatched": runs.Tally(passed=5, not_run=4)},
-        failed=[], summary={"pass both": 5, "not run": 4}, module_seconds=178.0,
-        time_budget=150.0, allow_partial=True)
+        paths=[Path("a.json"), Path("a.md")], logs=Path("logs"),
+        doc=AbRun(primary="patched", baseline="unpatched", time_budget=150.0,
+                  results={"patched": recs, "unpatched": recs}),
+        module_seconds=178.0, allow_partial=True)
     assert done.error() is None
     assert done.headline()[-1] == "UNFINISHED: not every planned case ran (accepted)"
     strict = runs.TestRun(**{**done.__dict__, "allow_partial": False})
@@ -127,12 +128,13 @@ def test_allow_partial_accepts_a_partial_run_but_says_so() -> None:
 
 def test_cases_whose_module_did_not_build_never_ran_the_run_is_unfinished() -> None:
     """Not "0 failing": a variant whose module did not build ran none of its cases."""
-    tally = runs.Tally.of([CaseResult(key=k, status="fail", failure="build",
-                                      reason="JIT build failed") for k in "abc"])
+    recs = tuple(CaseResult(key=k, status="fail", failure="build", reason="JIT build failed")
+                 for k in "abc")
+    tally = runs.Tally.of(recs)
     assert (tally.failed, tally.not_run, tally.ran) == (0, 3, 0)
     done = runs.TestRun(paths=[Path("a.json"), Path("a.md")], logs=Path("logs"),
-                        primary="patched", tallies={"patched": tally}, failed=[],
-                        summary={"not run": 3}, module_seconds=1.0)
+                        doc=AbRun(primary="patched", results={"patched": recs}),
+                        module_seconds=1.0)
     error = done.error()
     assert error is not None
     assert error.message.startswith("unfinished: 3 planned case runs never ran")

@@ -60,13 +60,13 @@ class Tally:
 class TestRun:
     paths: list[Path]
     logs: Path
-    primary: str
-    tallies: dict[str, Tally]
-    failed: list[str]
-    summary: dict[str, int]
+    doc: AbRun
     module_seconds: float
-    time_budget: float | None = None
     allow_partial: bool = False
+
+    @property
+    def tallies(self) -> dict[str, Tally]:
+        return {name: Tally.of(recs) for name, recs in self.doc.results.items()}
 
     @property
     def not_run(self) -> int:
@@ -82,9 +82,10 @@ class TestRun:
             if not t.ran:
                 line += "; NOTHING RAN"
             lines.append(line)
-        budget = ("" if self.time_budget is None else
-                  f"; cases' time budget {self.time_budget:.0f} s, counted after it")
-        lines.append(f"module build {self.module_seconds:.0f} s{budget}; A/B: {self.summary}")
+        budget = ("" if self.doc.time_budget is None else
+                  f"; cases' time budget {self.doc.time_budget:.0f} s, counted after it")
+        lines.append(f"module build {self.module_seconds:.0f} s{budget}; "
+                     f"A/B: {AbTable(self.doc).counts()}")
         if self.not_run:
             lines.append("UNFINISHED: not every planned case ran"
                          + (" (accepted)" if self.allow_partial else ""))
@@ -92,9 +93,11 @@ class TestRun:
 
     def error(self) -> VerifyError | None:
         nothing = [n for n, t in self.tallies.items() if not t.ran]
+        failed = [r for r in self.doc.results[self.doc.primary]
+                  if r.status == "fail" and not r.never_ran]
         for wrong, message in (
-                (self.failed, f"{len(self.failed)} cases fail with {self.primary}"),
-                (self.not_run and not self.time_budget, f"unfinished: {self.not_run} planned "
+                (failed, f"{len(failed)} cases fail with {self.doc.primary}"),
+                (self.not_run and not self.doc.time_budget, f"unfinished: {self.not_run} planned "
                  "case runs never ran (a module did not build)"),
                 (nothing, f"no case ran for {', '.join(nothing)}: every case was skipped or "
                  "not run")):
@@ -188,13 +191,8 @@ def run_test(opts: TestOptions) -> TestRun:
         log.warning("no record: the tested wheel is no stack's build (no manifest.json "
                     "beside it)")
     runs.collect_logs(prepared.run_dir, out / "logs", roles)
-    return TestRun(paths=paths, logs=out / "logs", primary=primary,
-                   tallies={name: Tally.of(recs) for name, recs in results.items()},
-                   failed=[r.key for r in results[primary]
-                           if r.status == "fail" and not r.never_ran],
-                   summary=AbTable(doc).counts(),
-                   module_seconds=prepared.module_seconds,
-                   time_budget=opts.time_budget, allow_partial=opts.allow_partial)
+    return TestRun(paths=paths, logs=out / "logs", doc=doc,
+                   module_seconds=prepared.module_seconds, allow_partial=opts.allow_partial)
 
 
 def _detail(rec: CaseResult) -> str:
