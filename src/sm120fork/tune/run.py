@@ -279,13 +279,12 @@ def _policy(measured: Sequence[int], benches: Mapping[int, WorldBench],
             facts: Facts, opts: TuneOptions, *, shared: bool) -> dict[str, Any]:
     first = benches[measured[0]]
     devices = facts["gpus"]["devices"]
-    made = {"created": records.now(), "gpu": devices[0]["name"] if devices else "?",
-            "gpu_count": len(devices), "shared_gpu": shared, "stack": opts.stack,
-            "flashinfer": first.flashinfer,
-            "wheel_sha256": first.wheel[1] if first.wheel else None, "dtype": "bf16",
-            "hidden": sorted({h for tp in measured for h in benches[tp].hidden}),
-            "note": "ranks shared a GPU: made to check the run, not for use" if shared
-            else None}
+    made = records.policy_made(
+        gpu=devices[0]["name"] if devices else "?", gpu_count=len(devices), shared=shared,
+        stack=opts.stack, flashinfer=first.flashinfer,
+        wheel_sha256=first.wheel[1] if first.wheel else None,
+        hidden=(h for tp in measured for h in benches[tp].hidden),
+        note="ranks shared a GPU: made to check the run, not for use" if shared else None)
     return policy.derive({tp: benches[tp].records for tp in measured}, made=made,
                          for_use=not shared)
 

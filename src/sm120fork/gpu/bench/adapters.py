@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sm120fork.gpu.core.cases import NCCL_SHARED
 from sm120fork.gpu.core.rank import Rank, cuda_broken
 from sm120fork.gpu.core.reference import RMS_EPS
 from sm120fork.gpu.methods import METHODS
@@ -90,8 +91,7 @@ class Nccl(Adapter):
 
     def unavailable(self) -> str | None:
         if self.rk.shared:
-            return ("ranks share a GPU: NCCL refuses two ranks on one GPU, so this row "
-                    "cannot run on this machine")
+            return NCCL_SHARED
         wanted = METHODS[self.name].env
         off = {k: v for k, v in wanted.items() if os.environ.get(k) != v}
         if off:

@@ -18,7 +18,7 @@ from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import runs
 from sm120fork.gpu.core.documents import BenchRecord, Environment
 from sm120fork.gpu.core.launcher import Timeouts, run_ranks
-from sm120fork.gpu.core.records import now
+from sm120fork.gpu.core.records import now, policy_made
 from sm120fork.gpu.core.runs import RunOptions
 from sm120fork.gpu.core.variants import Variant
 from sm120fork.util import wire
@@ -152,14 +152,14 @@ def _write_policy(by_world: dict[int, list[BenchRecord]], env: Environment, vari
     """The policy the measured points give, written (not for use from a shared GPU or a
     failed run), and its description."""
     manifest = env.get("wheels_manifest") or {}
-    made = {"created": now(), "gpu": (env.get("gpus") or ["?"])[0],
-            "gpu_count": int(env.get("gpu_count") or 1),
-            "shared_gpu": shared, "stack": manifest.get("stack"),
-            "flashinfer": env.get("flashinfer"), "wheel_sha256": variant.sha256,
-            "dtype": "bf16", "hidden": sorted({int(r["hidden"]) for recs in by_world.values()
-                                                for r in recs if r.get("kind") == "point"}),
-            "note": (report.SHARED_LABEL + ": made on a shared GPU, not for use")
-            if shared else ("partial run: not for use" if failed else None)}
+    made = policy_made(
+        gpu=(env.get("gpus") or ["?"])[0], gpu_count=int(env.get("gpu_count") or 1),
+        shared=shared, stack=s if isinstance(s := manifest.get("stack"), str) else None,
+        flashinfer=env.get("flashinfer"),
+        wheel_sha256=variant.sha256, hidden=(int(r["hidden"]) for recs in by_world.values()
+                                             for r in recs if r.get("kind") == "point"),
+        note=(report.SHARED_LABEL + ": made on a shared GPU, not for use")
+        if shared else ("partial run: not for use" if failed else None))
     policy = policy_mod.derive(by_world, made=made, for_use=not shared and not failed)
     return policy_mod.write(policy, out), policy_mod.describe(policy)
 
@@ -184,8 +184,7 @@ class _World:
             if group_env and self.shared:
                 self.records += [{"kind": "method", "method": name,
                                   "status": methods_mod.NOT_RUNNABLE,
-                                  "reason": "ranks share a GPU: NCCL refuses two ranks on one "
-                                  "GPU, so this row cannot run on this machine"}
+                                  "reason": cases_mod.NCCL_SHARED}
                                  for name in names]
             else:
                 self._group(index, dict(group_env), list(names))

@@ -25,6 +25,9 @@ PATTERN_CODES = {
 }
 #: The legacy custom all-reduce's lamport path exists only for this fusion op.
 CUSTOM_PATTERN = "ar_rmsnorm"
+#: Why a bench row on NCCL does not run where ranks share a GPU.
+NCCL_SHARED = ("ranks share a GPU: NCCL refuses two ranks on one GPU, so this row cannot run "
+               "on this machine")
 
 TOKENS = (1, 2, 4, 8, 15, 16, 17, 32, 64, 127, 128, 129, 512, 1024, 2048)
 HIDDEN = (2048, 4096, 7168, 8192)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from sm120fork import record
@@ -26,6 +26,15 @@ PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--tests", "
 
 def now() -> str:
     return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
+
+
+def policy_made(*, gpu: str, gpu_count: int, shared: bool, stack: str | None,
+                flashinfer: str | None, wheel_sha256: str | None, hidden: Iterable[int],
+                note: str | None) -> dict[str, str | int | bool | list[int] | None]:
+    """The policy's ``made`` block: the bench's box and build (``gpu.policy.derive``)."""
+    return {"created": now(), "gpu": gpu, "gpu_count": gpu_count, "shared_gpu": shared,
+            "stack": stack, "flashinfer": flashinfer, "wheel_sha256": wheel_sha256,
+            "dtype": "bf16", "hidden": sorted(set(hidden)), "note": note}
 
 
 def command_line(argv: Sequence[str]) -> str:
