@@ -22,12 +22,18 @@ from typing import ClassVar
 
 import pytest
 
+from sm120fork.resolved import ResolvedStack
 from sm120fork.workspace import Workspace
 
 from conftest import Upstream, git, make_patch, make_upstream, stack_toml, write_series
 from helpers_ws import project_entry, sha256
 
 STACK = "demo"
+
+
+def stack_of(ws: Workspace, name: str) -> ResolvedStack:
+    """Stack ``name`` as the ``bump`` command resolves it (pins that disagree loaded)."""
+    return ResolvedStack.named(ws, name, strict=False)
 OLD_FILES = {
     "{pkg}/util.py": "def helper():\n    return 1\n",
     "{pkg}/conf.py": "LIMIT = 8\n",

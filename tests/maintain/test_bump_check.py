@@ -32,7 +32,7 @@ from sm120fork.maintain.watch import APPLIES, _verdicts
 from sm120fork.workspace import Workspace
 
 from conftest import make_patch, make_upstream, stack_toml, write_series
-from helpers_maintain import STACK, package_index
+from helpers_maintain import STACK, package_index, stack_of
 from helpers_ws import project_entry
 
 OLD = "DEFAULT = 8\n# one\n# two\n# three\nLIMIT = 1\n"
@@ -82,7 +82,7 @@ def test_a_3way_merge_that_fails_at_import_stops_the_bump_naming_patch_file_and_
         served: Callable[..., tuple[Workspace, str]]) -> None:
     ws, commit = served()
     with pytest.raises(MaintenanceError) as err:
-        bump(ws, STACK, "lib", "1.3.0", git_commit=commit)
+        bump(stack_of(ws, STACK), "lib", "1.3.0", git_commit=commit)
     message, detail = err.value.message, err.value.detail or ""
     assert f"patch {PATCH} is {MERGED_FAILS_CHECK}" in message
     assert "demo_lib/sizes.py:5: NameError: name 'DEFAULT' is not defined" in message
@@ -120,7 +120,7 @@ def test_skip_drops_a_merged_patch_that_fails_its_check(
         served: Callable[..., tuple[Workspace, str]]) -> None:
     ws, commit = served()
     with pytest.raises(MaintenanceError, match=MERGED_FAILS_CHECK):
-        bump(ws, STACK, "lib", "1.3.0", git_commit=commit)
+        bump(stack_of(ws, STACK), "lib", "1.3.0", git_commit=commit)
     result = bump_continue(ws, STACK, "lib", skip=True)
     assert [c.verdict for c in result.classifications] == [DROPPED_BY_HAND, STILL_NEEDED]
     sizes = ws.trees_dir / STACK / "lib" / "demo_lib" / "sizes.py"
@@ -131,7 +131,7 @@ def test_skip_drops_a_merged_patch_that_fails_its_check(
 def test_a_3way_merge_that_passes_its_check_says_which_check_ran(
         served: Callable[..., tuple[Workspace, str]]) -> None:
     ws, commit = served(NEW.replace("BASE", "DEFAULT"))
-    s1, _ = bump(ws, STACK, "lib", "1.3.0", git_commit=commit).classifications
+    s1, _ = bump(stack_of(ws, STACK), "lib", "1.3.0", git_commit=commit).classifications
     assert s1.verdict == STILL_NEEDED
     assert MERGED_3WAY in s1.evidence
     assert f"{CHECK_PASSES}: compiled 1 Python file(s) the series touches; imported 1 " \
@@ -149,7 +149,7 @@ def test_a_merge_whose_check_cannot_run_stops_saying_so_not_as_a_conflict(
     ws, commit = served("import sm120fork_absent_dependency\n"
                         + NEW.replace("BASE", "DEFAULT"))
     with pytest.raises(MaintenanceError) as err:
-        bump(ws, STACK, "lib", "1.3.0", git_commit=commit)
+        bump(stack_of(ws, STACK), "lib", "1.3.0", git_commit=commit)
     message = err.value.message
     assert (f"patch {PATCH} is {MERGED_UNCHECKED}: the import probe could not run: this "
             "Python lacks 'sm120fork_absent_dependency'") in message

@@ -23,7 +23,7 @@ from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 
 from conftest import git, make_patch, write_series
-from helpers_maintain import pack_release, package_index, sglang_toolkit, snapshot
+from helpers_maintain import pack_release, package_index, sglang_toolkit, snapshot, stack_of
 
 STACK = "sg"
 GATE_FILE = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
@@ -113,7 +113,7 @@ def test_a_new_stack_on_a_release_with_another_flashinfer_pin_moves_flashinfer_t
     """One command: sglang 0.5.24 pins flashinfer 0.7.3 in its metadata; the new stack
     pins both, with 0.5.24's own requirement and facts, not 0.5.23's."""
     before = snapshot(rel.ws.root)
-    result = bump(rel.ws, STACK, "sglang", "0.5.24", new_stack="sg-next")
+    result = bump(stack_of(rel.ws, STACK), "sglang", "0.5.24", new_stack="sg-next")
     assert [c.verdict for c in result.classifications] == ["still needed"]
     assert {k: v for k, v in snapshot(rel.ws.root).items() if k in before} == before
     text = (rel.ws.forks_dir / "sg-next.toml").read_text()
@@ -135,7 +135,7 @@ def test_a_new_stack_on_a_release_with_another_flashinfer_pin_moves_flashinfer_t
 
 @pytest.mark.slow
 def test_an_in_place_bump_moves_flashinfer_with_sglang(rel: Releases) -> None:
-    bump(rel.ws, STACK, "sglang", "0.5.24")
+    bump(stack_of(rel.ws, STACK), "sglang", "0.5.24")
     stack = rel.ws.stack(STACK)
     assert stack.project("flashinfer").version == "0.7.3"
     assert [str(r) for r in stack.project("sglang").upstream_requires] == [
@@ -187,7 +187,7 @@ def test_a_companion_declared_as_an_sdist_source_is_moved_to_its_published_wheel
     path.write_text(text)
     assert rel.ws.stack(STACK).project("flashinfer").source == "sdist"
 
-    bump(rel.ws, STACK, "sglang", "0.5.24")
+    bump(stack_of(rel.ws, STACK), "sglang", "0.5.24")
 
     flashinfer = rel.ws.stack(STACK).project("flashinfer")
     assert (flashinfer.source, flashinfer.version) == ("wheel", "0.7.3")
@@ -201,7 +201,7 @@ def test_a_flashinfer_release_the_stacks_sglang_rejects_is_refused_before_anythi
     before any write: both pins and the fix are named."""
     before = snapshot(rel.ws.root)
     with pytest.raises(MaintenanceError) as err:
-        bump(rel.ws, STACK, "flashinfer", "0.7.2.post1")
+        bump(stack_of(rel.ws, STACK), "flashinfer", "0.7.2.post1")
     message = err.value.message
     assert "flashinfer-python 0.7.2.post1 would break the stack's pins" in message
     assert "sglang 0.5.23 requires flashinfer_python[cu13]==0.7.2" in message
@@ -219,7 +219,7 @@ def test_a_version_that_does_not_exist_is_named_as_such(rel: Releases, project: 
     does not exist; sglang 9.9.9 (its pins accept it) was "no sdist (unknown version?)"."""
     before = snapshot(rel.ws.root)
     with pytest.raises(MaintenanceError) as err:
-        bump(rel.ws, STACK, project, "9.9.9")
+        bump(stack_of(rel.ws, STACK), project, "9.9.9")
     newest = {"flashinfer": "flashinfer-python 9.9.9 ... newest: 0.7.3",
               "sglang": "sglang 9.9.9 ... newest: 0.5.25"}[project]
     name, _, last = newest.partition(" ... ")
@@ -236,7 +236,7 @@ def test_a_release_whose_gate_moved_is_named_with_the_layout_that_fits(
     stay)."""
     before = snapshot(rel.ws.root)
     with pytest.raises(MaintenanceError) as err:
-        bump(rel.ws, STACK, "sglang", "0.5.25", new_stack="sg-moved")
+        bump(stack_of(rel.ws, STACK), "sglang", "0.5.25", new_stack="sg-moved")
     message = err.value.message
     assert "the gate moved: sglang 0.5.25 has no " + GATE_FILE in message
     assert "it fits the `communicator` layout" in message
@@ -266,7 +266,7 @@ def test_a_coordinated_project_with_patches_is_bumped_with_its_series_first(
         rel: Releases, tmp_path: Path) -> None:
     _patch_flashinfer(rel, tmp_path)
     before = snapshot(rel.ws.root)
-    result = bump(rel.ws, STACK, "sglang", "0.5.24", new_stack="sg-next")
+    result = bump(stack_of(rel.ws, STACK), "sglang", "0.5.24", new_stack="sg-next")
     assert [c.verdict for c in result.classifications] == ["still needed"]
     assert {k: v for k, v in snapshot(rel.ws.root).items() if k in before} == before
     stack = rel.ws.stack("sg-next")  # loads, its pins agreeing
@@ -299,7 +299,7 @@ def test_aborting_a_coordinated_bump_undoes_the_project_it_moved_too(
 
     monkeypatch.setattr(bump_state, "stage_hook", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        bump(rel.ws, STACK, "sglang", "0.5.24")
+        bump(stack_of(rel.ws, STACK), "sglang", "0.5.24")
     monkeypatch.setattr(bump_state, "stage_hook", None)
     assert rel.ws.stack(STACK, strict=False).project("flashinfer").version == "0.7.3"
     assert report.is_file()
@@ -325,7 +325,7 @@ def test_a_new_stack_bump_interrupted_at_each_step_recovers(
 
     monkeypatch.setattr(bump_state, "stage_hook", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        bump(rel.ws, STACK, "sglang", "0.5.24", new_stack="sg-next")
+        bump(stack_of(rel.ws, STACK), "sglang", "0.5.24", new_stack="sg-next")
     monkeypatch.setattr(bump_state, "stage_hook", None)
     if recover == "abort":
         bump_abort(rel.ws, "sg-next", "sglang")
@@ -374,7 +374,7 @@ def test_every_stop_of_a_coordinated_bump_names_the_bump_that_goes_on_after_it(
                        more={"flashinfer-python": list(fi.values())}) as url:
         monkeypatch.setenv("SM120FORK_INDEX_URL", url)
         with pytest.raises(MaintenanceError) as first:
-            bump(ws, STACK, "sglang", "0.5.24", new_stack="sg-next")
+            bump(stack_of(ws, STACK), "sglang", "0.5.24", new_stack="sg-next")
         assert "0001-F1" in first.value.message
         assert then in (first.value.fix or "")
         with pytest.raises(MaintenanceError) as second:

@@ -25,7 +25,7 @@ from sm120fork.maintain.bump import bump, bump_abort
 from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 
-from helpers_maintain import pack_release, package_index, sglang_toolkit, snapshot
+from helpers_maintain import pack_release, package_index, sglang_toolkit, snapshot, stack_of
 
 STACK = "sg"
 GATE = "def fused_allowed(major):\n    return major in (9, 10)\n"
@@ -106,7 +106,7 @@ def sg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def test_bump_new_stack_of_sglang_writes_a_stack_on_its_layout(
         sg: SglangStack, monkeypatch: pytest.MonkeyPatch) -> None:
     before = snapshot(sg.ws.root)
-    result = bump(sg.ws, STACK, "sglang", "0.5.24", new_stack="sg-next")
+    result = bump(stack_of(sg.ws, STACK), "sglang", "0.5.24", new_stack="sg-next")
     assert result.new_stack_created
     assert [c.verdict for c in result.classifications] == ["still needed"]
     # The source stack is as it was.
@@ -173,7 +173,7 @@ def test_aborting_a_bump_into_a_new_stack_removes_every_series_it_copied(
     Removing the new stack's fork trees took 150 s on the trial's machine (issue 31):
     the abort says what it removes instead of appearing to hang."""
     with pytest.raises(MaintenanceError, match=r"conflicts with sglang 0\.5\.24"):
-        bump(sg.ws, STACK, "sglang", "0.5.24", new_stack="sg-other")
+        bump(stack_of(sg.ws, STACK), "sglang", "0.5.24", new_stack="sg-other")
     assert (sg.ws.root / "patches" / "sg-other" / "flashinfer" / "series").is_file()
     with caplog.at_level("INFO", logger="sm120fork"):
         bump_abort(sg.ws, "sg-other", "sglang")

@@ -23,7 +23,13 @@ from sm120fork.maintain.bump import bump, bump_continue
 from sm120fork.maintain.state import RESOLVED
 
 from conftest import git
-from helpers_maintain import STACK, BumpWorkspace, make_bump_workspace, package_index
+from helpers_maintain import (
+    STACK,
+    BumpWorkspace,
+    make_bump_workspace,
+    package_index,
+    stack_of,
+)
 
 
 @pytest.fixture
@@ -40,7 +46,7 @@ def bw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BumpWorkspac
 def test_a_resolution_that_moved_the_change_is_checked_when_continue_accepts_it(
         bw: BumpWorkspace) -> None:
     with pytest.raises(MaintenanceError, match=r"0004-S4-conf-larger-limit\.patch conflicts"):
-        bump(bw.ws, STACK, "lib", "1.3.0", git_commit=bw.new.commit)
+        bump(stack_of(bw.ws, STACK), "lib", "1.3.0", git_commit=bw.new.commit)
     tree = bw.ws.trees_dir / STACK / "lib"
     # Resolved as on sglang 0.5.20: upstream's file kept, the change made where the
     # code lives now.
@@ -78,7 +84,7 @@ def test_a_conflict_whose_code_moved_to_another_file_names_where_it_is_now(
     with package_index([bw.old.sdist, bw.new.sdist], "demo-lib") as url:
         monkeypatch.setenv("SM120FORK_INDEX_URL", url)
         with pytest.raises(MaintenanceError) as err:
-            bump(bw.ws, STACK, "lib", "1.3.0", git_commit=bw.new.commit)
+            bump(stack_of(bw.ws, STACK), "lib", "1.3.0", git_commit=bw.new.commit)
     assert "0004-S4-conf-larger-limit.patch conflicts" in err.value.message
     assert ("0004-S4-conf-larger-limit.patch stops the bump: the code it changes in "
             "demo_lib/conf.py is not there in 1.3.0: demo_lib/limits.py has 1 of its 1 "
@@ -91,7 +97,7 @@ def test_continue_says_at_once_when_a_resolution_lacks_the_patch_effect(
     """The warning was written only into the state and the report; ``--continue`` went on
     without a word."""
     with pytest.raises(MaintenanceError, match=r"0004-S4-conf-larger-limit\.patch conflicts"):
-        bump(bw.ws, STACK, "lib", "1.3.0", git_commit=bw.new.commit)
+        bump(stack_of(bw.ws, STACK), "lib", "1.3.0", git_commit=bw.new.commit)
     tree = bw.ws.trees_dir / STACK / "lib"
     (tree / "demo_lib" / "conf.py").write_text("LIMIT = 32  # sm12x\n")  # not the fingerprint
     with caplog.at_level("WARNING", logger="sm120fork"):

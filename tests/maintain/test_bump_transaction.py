@@ -37,6 +37,7 @@ from helpers_maintain import (
     make_bump_workspace,
     package_index,
     run_hint,
+    stack_of,
 )
 
 pytestmark = pytest.mark.slow
@@ -217,7 +218,7 @@ def test_abort_makes_a_broken_old_tree_again_before_it_says_back_at(
     clean-up): ``--abort`` does not call that "back at 1.2.3"; it makes the tree again."""
     ws = conflicting.ws
     with pytest.raises(MaintenanceError, match=r"conflicts with lib 1\.3\.0"):
-        bump(ws, STACK, "lib", "1.3.0", git_commit=conflicting.new.commit)
+        bump(stack_of(ws, STACK), "lib", "1.3.0", git_commit=conflicting.new.commit)
     kept = ws.trees_dir / STACK / "lib@pre-bump"
     shutil.rmtree(kept / ".git")
     assert main(["--root", str(ws.root), "bump", STACK, "lib", "--abort"]) == 0
@@ -247,7 +248,7 @@ def test_a_bump_stopped_while_it_unpacks_a_download_recovers(
 
     monkeypatch.setattr("sm120fork.patch.tree.fetch_source", part_way)
     with pytest.raises(KeyboardInterrupt):
-        bump(ws, STACK, "lib", "1.3.0", git_commit=clean.new.commit)
+        bump(stack_of(ws, STACK), "lib", "1.3.0", git_commit=clean.new.commit)
     monkeypatch.undo()
     if recover == "--abort":
         bump_abort(ws, STACK, "lib")
@@ -271,7 +272,7 @@ def test_continue_after_a_stop_in_the_tree_rebuild_keeps_every_patch(
 
     monkeypatch.setattr("sm120fork.patch.tree.apply_series", part_way)
     with pytest.raises(KeyboardInterrupt):
-        bump(ws, STACK, "lib", "1.3.0", git_commit=clean.new.commit)
+        bump(stack_of(ws, STACK), "lib", "1.3.0", git_commit=clean.new.commit)
     monkeypatch.undo()
     bump_continue(ws, STACK, "lib")
     assert len((clean.series_dir / "series").read_text().split()) == 2
@@ -291,7 +292,7 @@ def test_a_skip_interrupted_at_each_step_recovers(
     ws = conflicting.ws
     before = files(ws.root)
     with pytest.raises(MaintenanceError, match=r"conflicts with lib 1\.3\.0"):
-        bump(ws, STACK, "lib", "1.3.0", git_commit=conflicting.new.commit)
+        bump(stack_of(ws, STACK), "lib", "1.3.0", git_commit=conflicting.new.commit)
 
     def interrupt(name: str) -> None:
         if name == step:
@@ -316,7 +317,7 @@ def test_abort_at_a_conflict_restores_every_file_byte_for_byte(
     earlier = _earlier_report(conflicting)
     before = files(root)
     with pytest.raises(MaintenanceError, match=r"conflicts with lib 1\.3\.0"):
-        bump(conflicting.ws, STACK, "lib", "1.3.0", git_commit=conflicting.new.commit)
+        bump(stack_of(conflicting.ws, STACK), "lib", "1.3.0", git_commit=conflicting.new.commit)
     assert earlier.read_text() != EARLIER_REPORT  # the bump's own report, in progress
     bump_abort(conflicting.ws, STACK, "lib")
     assert files(root) == before
@@ -331,7 +332,7 @@ def test_an_abort_interrupted_part_way_names_the_command_that_finishes_it(
     root = conflicting.ws.root
     before = files(root)
     with pytest.raises(MaintenanceError, match=r"conflicts with lib 1\.3\.0"):
-        bump(conflicting.ws, STACK, "lib", "1.3.0", git_commit=conflicting.new.commit)
+        bump(stack_of(conflicting.ws, STACK), "lib", "1.3.0", git_commit=conflicting.new.commit)
 
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt  # after the fork tree is back, before the files are
@@ -354,7 +355,7 @@ def test_continue_keeps_a_hand_fix_of_the_declaration(conflicting: BumpWorkspace
     comment); ``--continue`` writes the new pin into the toml as it is now."""
     ws = conflicting.ws
     with pytest.raises(MaintenanceError, match=r"conflicts with lib 1\.3\.0") as err:
-        bump(ws, STACK, "lib", "1.3.0", git_commit=conflicting.new.commit)
+        bump(stack_of(ws, STACK), "lib", "1.3.0", git_commit=conflicting.new.commit)
     toml = ws.forks_dir / f"{STACK}.toml"
     fixed = toml.read_text().replace('local_label = "sm120.1"',
                                      '# fixed by hand while the bump stopped\n'
@@ -376,10 +377,10 @@ def test_refresh_accepts_the_series_a_bump_wrote(clean: BumpWorkspace) -> None:
     series the bump wrote as "uncommitted edits"."""
     ws = clean.ws
     commit_checkout(ws.root)
-    bump(ws, STACK, "lib", "1.3.0", git_commit=clean.new.commit)
+    bump(stack_of(ws, STACK), "lib", "1.3.0", git_commit=clean.new.commit)
     stack = ws.stack(STACK)
     tree = ws.work_tree(stack, stack.project("lib"))
     (tree / "note.txt").write_text("a fix made after the bump\n")
     git(tree, "add", "-A")
     git(tree, "commit", "-q", "--amend", "--no-edit")
-    assert len(refresh(ws, STACK, "lib").changed) == 1
+    assert len(refresh(ResolvedStack.named(ws, STACK), "lib").changed) == 1

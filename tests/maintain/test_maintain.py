@@ -37,6 +37,7 @@ from sm120fork.maintain.state import (
 from sm120fork.maintain.status import status
 from sm120fork.package.stack import build_stack
 from sm120fork.patch.series import Fingerprint, parse_patch
+from sm120fork.resolved import ResolvedStack
 
 from conftest import git, make_patch, write_series
 from helpers_maintain import (
@@ -49,6 +50,7 @@ from helpers_maintain import (
     package_index,
     reauthor_last_patch,
     snapshot,
+    stack_of,
 )
 from helpers_ws import DemoWorkspace, make_demo, sha256
 
@@ -69,7 +71,8 @@ def work_tree(bw: BumpWorkspace) -> Path:
 
 def start_bump(bw: BumpWorkspace, **kw: str) -> MaintenanceError:
     with pytest.raises(MaintenanceError) as err:
-        bump(bw.ws, STACK, "lib", "1.3.0", git_commit=bw.new.commit, **kw)  # type: ignore[arg-type]
+        bump(stack_of(bw.ws, STACK), "lib", "1.3.0", git_commit=bw.new.commit,
+             **kw)  # type: ignore[arg-type]
     return err.value
 
 
@@ -113,7 +116,7 @@ def test_encoded_subject_and_author_come_out_decoded(tmp_path: Path,
     with package_index([bw.old.sdist, bw.new.sdist], "demo-lib") as url:
         monkeypatch.setenv("SM120FORK_INDEX_URL", url)
         assert status(bw.ws)[0].patches[-1].subject == subject
-        result = bump(bw.ws, STACK, "lib", "1.3.0", git_commit=bw.new.commit)
+        result = bump(stack_of(bw.ws, STACK), "lib", "1.3.0", git_commit=bw.new.commit)
     assert (result.classifications[-1].subject, result.classifications[-1].verdict) == (
         subject, STILL_NEEDED)
     report = result.report.read_text()
@@ -219,7 +222,7 @@ def test_bump_classifies_each_patch_stops_at_conflict_and_finishes(bw: BumpWorks
         bump_continue(bw.ws, STACK, "lib")
     (work_tree(bw) / "demo_lib" / "conf.py").write_text("LIMIT = 16  # sm12x\n")
     # Re-running the same bump resumes, like --continue.
-    result = bump(bw.ws, STACK, "lib", "1.3.0")
+    result = bump(stack_of(bw.ws, STACK), "lib", "1.3.0")
     assert [(c.patch[:4], c.verdict) for c in result.classifications] == [
         ("0001", UPSTREAMED_IDENTICALLY), ("0002", UPSTREAMED_DIFFERENTLY),
         ("0003", STILL_NEEDED), ("0004", RESOLVED)]
@@ -385,9 +388,9 @@ def test_bump_abort_restores_pin_series_and_tree_exactly(bw: BumpWorkspace) -> N
     start_bump(bw)
     assert git(work_tree(bw), "rev-parse", "HEAD") != head
     with pytest.raises(MaintenanceError, match="in progress"):
-        bump(bw.ws, STACK, "lib", "1.4.0")
+        bump(stack_of(bw.ws, STACK), "lib", "1.4.0")
     with pytest.raises(MaintenanceError, match="bump of this project is in progress"):
-        refresh(bw.ws, STACK, "lib")
+        refresh(ResolvedStack.named(bw.ws, STACK), "lib")
     assert status(bw.ws)[0].bump_in_progress == "to 1.3.0"
     result = bump_abort(bw.ws, STACK, "lib")
     assert result.restored_version == "1.2.3"
@@ -439,20 +442,20 @@ def test_applied_upstream_that_disagrees_stops_for_a_human(bw: BumpWorkspace) ->
 @pytest.mark.slow
 def test_bad_input_gives_clear_errors(bw: BumpWorkspace) -> None:
     with pytest.raises(ConfigError, match="unknown stack 'dmeo'"):
-        bump(bw.ws, "dmeo", "lib", "1.3.0")
+        bump(stack_of(bw.ws, "dmeo"), "lib", "1.3.0")
     with pytest.raises(ConfigError, match="unknown project 'lbi'"):
-        bump(bw.ws, STACK, "lbi", "1.3.0")
+        bump(stack_of(bw.ws, STACK), "lbi", "1.3.0")
     with pytest.raises(MaintenanceError, match=r"demo-lib 9\.9\.9 does not exist on the "
                                                r"package index; newest: 1\.3\.0$"):
-        bump(bw.ws, STACK, "lib", "9.9.9")
+        bump(stack_of(bw.ws, STACK), "lib", "9.9.9")
     with pytest.raises(MaintenanceError, match=r"older than the pinned 1\.2\.3"):
-        bump(bw.ws, STACK, "lib", "1.0.0")
+        bump(stack_of(bw.ws, STACK), "lib", "1.0.0")
     with pytest.raises(MaintenanceError, match="already pinned"):
-        bump(bw.ws, STACK, "lib", "1.2.3")
+        bump(stack_of(bw.ws, STACK), "lib", "1.2.3")
     with pytest.raises(ConfigError, match="neither a PEP 440 version"):
-        bump(bw.ws, STACK, "lib", "banana!")
+        bump(stack_of(bw.ws, STACK), "lib", "banana!")
     with pytest.raises(MaintenanceError, match=r"git commit of demo-lib 1\.3\.0 is unknown"):
-        bump(bw.ws, STACK, "lib", "1.3.0")
+        bump(stack_of(bw.ws, STACK), "lib", "1.3.0")
     assert main(["--root", str(bw.ws.root), "-q", "bump", STACK, "lib", "1.0.0"]) == 14
     assert main(["--root", str(bw.ws.root), "-q", "bump", "nope", "lib", "1.3.0"]) == 2
     assert not (bw.ws.state_dir / "bump").exists()
@@ -473,9 +476,9 @@ def mtimes(directory: Path) -> dict[str, int]:
 @pytest.mark.slow
 def test_refresh_is_byte_stable_and_reports_changes(demo: DemoWorkspace) -> None:
     lib = demo.series_dir("lib")
-    refresh(demo.ws, "demo", "lib")  # into the canonical form
+    refresh(ResolvedStack.named(demo.ws, "demo"), "lib")  # into the canonical form
     stamps = mtimes(lib)
-    again = refresh(demo.ws, "demo", "lib")
+    again = refresh(ResolvedStack.named(demo.ws, "demo"), "lib")
     assert not again.wrote_anything
     assert len(again.unchanged) == 2
     assert mtimes(lib) == stamps
@@ -485,7 +488,7 @@ def test_refresh_is_byte_stable_and_reports_changes(demo: DemoWorkspace) -> None
     (work / "demo_lib" / "kernel.cuh").write_text(
         (work / "demo_lib" / "kernel.cuh").read_text() + "// more\n")
     git(work, "commit", "-q", "-a", "--amend", "--no-edit")
-    changed = refresh(demo.ws, "demo", "lib")
+    changed = refresh(ResolvedStack.named(demo.ws, "demo"), "lib")
     assert changed.changed == ("0002-F3-guards-drop-the-1200-exclusion.patch",)
     assert "+// more" in (lib / changed.changed[0]).read_text()
     assert "Date: Sun, 29 Nov 2026 00:00:00 +0000" in (lib / changed.changed[0]).read_text()
@@ -494,13 +497,13 @@ def test_refresh_is_byte_stable_and_reports_changes(demo: DemoWorkspace) -> None
     git(work, "add", "-A")
     git(work, "commit", "-q", "-m", "F9 new: add X\n\nDescription: add X\nOrigin: vendor\n"
         "Forwarded: no\nLast-Update: 2026-11-30\nFingerprint: demo_lib/new.py: X = 12\n")
-    added = refresh(demo.ws, "demo", "lib")
+    added = refresh(ResolvedStack.named(demo.ws, "demo"), "lib")
     assert added.added == ("0003-F9-new-add-X.patch",)
     assert (lib / "series").read_text().split()[-1] == "0003-F9-new-add-X.patch"
     assert "Date: Mon, 30 Nov 2026 00:00:00 +0000" in (lib / added.added[0]).read_text()
     # Dropping a commit removes its patch.
     git(work, "reset", "-q", "--hard", "HEAD~1")
-    removed = refresh(demo.ws, "demo", "lib")
+    removed = refresh(ResolvedStack.named(demo.ws, "demo"), "lib")
     assert removed.removed == ("0003-F9-new-add-X.patch",)
     # And the fork tree is what a build makes: the next build reuses it.
     assert build_stack(demo.ws, stack, only=["lib"])[0].cached is False
@@ -515,14 +518,14 @@ def test_refresh_refuses_uncommitted_changes_and_headerless_commits(demo: DemoWo
     work = demo.ws.work_tree(stack, stack.project("lib"))
     (work / "demo_lib" / "conf.py").write_text("# wip\n")
     with pytest.raises(DirtyTreeError, match="uncommitted changes"):
-        refresh(demo.ws, "demo", "lib")
+        refresh(ResolvedStack.named(demo.ws, "demo"), "lib")
     assert (work / "demo_lib" / "conf.py").read_text() == "# wip\n"
     assert main(["--root", str(demo.ws.root), "-q", "refresh", "demo", "lib"]) == 8
     git(work, "add", "-A")
     git(work, "commit", "-q", "-m", "wip without a header")
     commit = git(work, "rev-parse", "HEAD")
     with pytest.raises(SeriesError) as err:
-        refresh(demo.ws, "demo", "lib")
+        refresh(ResolvedStack.named(demo.ws, "demo"), "lib")
     # The commit is named (the patch file it went to is a deleted scratch file).
     assert err.value.what == (f"commit {commit[:12]} ('wip without a header') cannot become "
                               "a patch: DEP-3 header lacks 'Description'")
@@ -535,7 +538,7 @@ def test_refresh_refuses_uncommitted_changes_and_headerless_commits(demo: DemoWo
 def test_refresh_without_a_fork_tree(tmp_path: Path) -> None:
     d = make_demo(tmp_path)
     with pytest.raises(MaintenanceError, match="no fork tree"):
-        refresh(d.ws, "demo", "lib")
+        refresh(ResolvedStack.named(d.ws, "demo"), "lib")
     write_series(d.series_dir("app"), (d.series_dir("app") / "series").read_text().split())
 
 
@@ -565,7 +568,7 @@ def test_without_effect_fields_the_fingerprint_decides(tmp_path: Path,
         "{pkg}/conf.py": "LIMIT = 8\n"})
     with package_index([bw.old.sdist, bw.new.sdist], "demo-lib") as url:
         monkeypatch.setenv("SM120FORK_INDEX_URL", url)
-        result = bump(bw.ws, STACK, "lib", "1.3.0", git_commit=bw.new.commit)
+        result = bump(stack_of(bw.ws, STACK), "lib", "1.3.0", git_commit=bw.new.commit)
     verdicts = {c.patch[:4]: (c.verdict, c.evidence) for c in result.classifications}
     assert verdicts["0003"][0] == UPSTREAMED_DIFFERENTLY
     assert "Fingerprint demo_lib/util.py: return 2  # sm12x: present" in verdicts["0003"][1]
@@ -584,9 +587,9 @@ def test_bump_to_a_git_commit(bw: BumpWorkspace) -> None:
     git(repo, "commit", "-q", "-am", "release 1.3.0")
     sha = git(repo, "rev-parse", "HEAD")
     with pytest.raises(MaintenanceError, match="needs --version"):
-        bump(bw.ws, STACK, "lib", sha)
+        bump(stack_of(bw.ws, STACK), "lib", sha)
     with pytest.raises(MaintenanceError, match="conflicts"):
-        bump(bw.ws, STACK, "lib", sha, version="1.3.0")
+        bump(stack_of(bw.ws, STACK), "lib", sha, version="1.3.0")
     assert git(work_tree(bw), "rev-parse", "upstream") == sha
     (work_tree(bw) / "demo_lib" / "conf.py").write_text("LIMIT = 16  # sm12x\n")
     result = bump_continue(bw.ws, STACK, "lib")

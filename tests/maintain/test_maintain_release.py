@@ -18,6 +18,8 @@ from sm120fork.maintain.preflight import Release, check_layout
 from sm120fork.maintain.release import release_wheels, undeclared_wheels
 from sm120fork.workspace import Workspace
 
+from helpers_maintain import stack_of
+
 REPO = Path(__file__).resolve().parents[2]
 TAGS = [f"cp3{minor}-cp3{minor}-manylinux_2_34_{arch}"
         for minor in (11, 12, 13) for arch in ("x86_64", "aarch64")]
@@ -110,7 +112,7 @@ def test_a_downgrade_is_refused_with_the_command_that_means_it(tmp_path: Path) -
     for folder in ("forks", "patches"):
         shutil.copytree(REPO / folder, tmp_path / folder)
     with pytest.raises(MaintenanceError) as err:
-        bump(Workspace(tmp_path), "sglang-0.5.23", "sglang", "0.5.22",
+        bump(stack_of(Workspace(tmp_path), "sglang-0.5.23"), "sglang", "0.5.22",
              new_stack="sglang-0.5.22")
     assert err.value.fix == ("if you mean it: `python -m sm120fork bump sglang-0.5.23 sglang "
                              "0.5.22 --new-stack sglang-0.5.22 --allow-downgrade`")

@@ -12,6 +12,7 @@ from sm120fork.cli.main import main
 from sm120fork.errors import DirtyTreeError, ToolkitError
 from sm120fork.maintain.refresh import refresh
 from sm120fork.package.stack import build_stack
+from sm120fork.resolved import ResolvedStack
 
 from conftest import git
 from helpers_maintain import commit_checkout, hint_commands, run_hint
@@ -46,7 +47,7 @@ def test_refresh_refuses_uncommitted_patch_edits_unless_forced(demo: DemoWorkspa
                                        "Description: F1 gate: allow 12 (edited)")
     first.write_text(edited)
     with pytest.raises(DirtyTreeError) as err:
-        refresh(demo.ws, "demo", "lib")
+        refresh(ResolvedStack.named(demo.ws, "demo"), "lib")
     assert f"patches/demo/lib/{first.name}" in err.value.message
     assert first.read_text() == edited
     assert main(["--root", str(root), "-q", "refresh", "demo", "lib"]) == 8
@@ -66,7 +67,7 @@ def test_refresh_refuses_uncommitted_patch_edits_unless_forced(demo: DemoWorkspa
     assert "(edited)" in first.read_text()
     # --force overwrites an uncommitted edit with the fork tree's version.
     first.write_text(first.read_text().replace("(edited)", "(edited again)"))
-    assert refresh(demo.ws, "demo", "lib", force=True).changed == (first.name,)
+    assert refresh(ResolvedStack.named(demo.ws, "demo"), "lib", force=True).changed == (first.name,)
     assert "(edited again)" not in first.read_text()
     assert "(edited)" in first.read_text()
 
@@ -79,7 +80,7 @@ def test_the_dirty_fork_tree_hints_of_refresh_work_as_printed(demo: DemoWorkspac
     kernel.write_text(kernel.read_text() + "// wip\n")
     (work / "demo_lib" / "extra.cuh").write_text("// new file\n")  # untracked counts too
     with pytest.raises(DirtyTreeError, match="uncommitted changes") as err:
-        refresh(demo.ws, "demo", "lib")
+        refresh(ResolvedStack.named(demo.ws, "demo"), "lib")
     amend, stash, again = hint_commands(err.value.fix)
     assert stash.endswith("stash -u")
     done = run_hint(amend if way == "amend" else stash, demo.ws.root)
@@ -150,7 +151,7 @@ def test_a_fork_tree_of_another_series_is_neither_reused_nor_exported(
         build_stack(demo.ws, demo.ws.stack("demo"), only=["lib"])
     assert git(lib_tree(demo), "log", "-1", "--format=%H") == held
     with pytest.raises(DirtyTreeError, match="will not export the fork tree"):
-        refresh(demo.ws, "demo", "lib")
+        refresh(ResolvedStack.named(demo.ws, "demo"), "lib")
     assert patch.read_bytes() == original
     assert main(["--root", str(root), "-q", "refresh", "demo", "lib"]) == 8
     (rebuild,) = hint_commands(err.value.fix)
@@ -160,7 +161,7 @@ def test_a_fork_tree_of_another_series_is_neither_reused_nor_exported(
     log = git(lib_tree(demo), "log", "-p", "upstream..HEAD")
     assert "(edited)" not in log
     assert "garbled" not in log
-    assert not refresh(demo.ws, "demo", "lib").wrote_anything
+    assert not refresh(ResolvedStack.named(demo.ws, "demo"), "lib").wrote_anything
     assert patch.read_bytes() == original
     assert build_stack(demo.ws, demo.ws.stack("demo"), only=["lib"])[0].cached
 
@@ -177,11 +178,11 @@ def test_refresh_accepts_the_patches_it_wrote_itself(demo: DemoWorkspace) -> Non
     edits"; only an edit made by hand is refused."""
     tree = lib_tree(demo)
     amend_last_commit(tree, "first.txt")
-    assert refresh(demo.ws, "demo", "lib").changed == (last_patch(demo).name,)
+    assert refresh(ResolvedStack.named(demo.ws, "demo"), "lib").changed == (last_patch(demo).name,)
     amend_last_commit(tree, "second.txt")
-    assert refresh(demo.ws, "demo", "lib").changed == (last_patch(demo).name,)
+    assert refresh(ResolvedStack.named(demo.ws, "demo"), "lib").changed == (last_patch(demo).name,)
     assert "second.txt" in last_patch(demo).read_text()
     last_patch(demo).write_text(last_patch(demo).read_text() + "\n")  # by hand
     amend_last_commit(tree, "third.txt")
     with pytest.raises(DirtyTreeError, match=last_patch(demo).name):
-        refresh(demo.ws, "demo", "lib")
+        refresh(ResolvedStack.named(demo.ws, "demo"), "lib")

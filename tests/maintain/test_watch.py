@@ -35,7 +35,7 @@ from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 
 from conftest import git, make_patch, write_series
-from helpers_maintain import pack_release, package_index, sglang_toolkit
+from helpers_maintain import pack_release, package_index, sglang_toolkit, stack_of
 
 STACK = "sg"
 GATE_FILE = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
@@ -243,7 +243,7 @@ def test_the_watch_reports_every_newer_release_with_its_verdicts_and_changes_not
 @pytest.mark.slow
 def test_the_limit_bumps_the_newest_releases_and_lists_the_others(
         root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bump(Workspace(root), STACK, "flashinfer", "0.7.3", new_stack="flashinfer-0.7.3")
+    bump(stack_of(Workspace(root), STACK), "flashinfer", "0.7.3", new_stack="flashinfer-0.7.3")
     assert main(["--root", str(root), "watch", "--stack", STACK, "--limit", "1"]) == 0
     out = capsys.readouterr().out
     report = json.loads((root / "reports/watch/sg.json").read_text())

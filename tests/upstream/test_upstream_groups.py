@@ -116,7 +116,7 @@ def test_lists_one_pr_per_group_and_says_why_the_rest_goes_in_none(
 def test_prepares_one_pr_runs_its_tests_on_the_upstream_tree_and_names_nothing_of_ours(
         tmp_path: Path, identity: None) -> None:
     d = _grouped_demo(tmp_path)
-    done = prepare(d.ws, "demo", None, "gates", write=True)
+    done = prepare(ResolvedStack.named(d.ws, "demo"), None, "gates", write=True)
     assert done.out == d.ws.state_dir / "upstream" / "demo" / "lib" / "gates"
     names = sorted(p.relative_to(done.out).as_posix() for p in done.files)
     assert names == ["body.md", "patches/0001-gate-allow-12.patch",
@@ -188,7 +188,7 @@ def test_a_test_that_cannot_run_says_why_in_one_line_and_no_package_is_written(
     asked to write it anyway, the body says it could not run, not that it ran."""
     d = _grouped_demo(tmp_path, unit_test="import no_such_module\n" + UNIT_TEST)
     with pytest.raises(MaintenanceError) as info:
-        prepare(d.ws, "demo", "lib", "gates", write=True)
+        prepare(ResolvedStack.named(d.ws, "demo"), "lib", "gates", write=True)
     assert (f"{TEST_FILE}: could not run: ModuleNotFoundError: No module named "
             "'no_such_module'") in info.value.what
     assert "lacks" not in (info.value.fix or "")  # demo's tests need no group: no guess
@@ -196,7 +196,7 @@ def test_a_test_that_cannot_run_says_why_in_one_line_and_no_package_is_written(
     assert not package.exists()
     assert not package.with_name("gates.partial").exists()
     assert not (d.ws.reports_dir / "demo" / "upstream-pr").exists()
-    done = prepare(d.ws, "demo", "lib", "gates", even_if_failing=True)
+    done = prepare(ResolvedStack.named(d.ws, "demo"), "lib", "gates", even_if_failing=True)
     (run,) = done.runs
     assert (run.outcome, run.summary) == ("error", "ModuleNotFoundError: No module named "
                                                    "'no_such_module'")
@@ -258,7 +258,7 @@ def test_an_upstream_test_of_no_group_is_refused(tmp_path: Path) -> None:
 def test_refuses_a_package_that_names_a_patch_id(tmp_path: Path, identity: None) -> None:
     d = _grouped_demo(tmp_path, description_leak=True)
     with pytest.raises(MaintenanceError, match=r"fork's own words.*F1") as info:
-        prepare(d.ws, "demo", "lib", "gates")
+        prepare(ResolvedStack.named(d.ws, "demo"), "lib", "gates")
     assert "Forwarded: not-needed patch on top" in (info.value.fix or "")
     assert not (d.ws.state_dir / "upstream" / "demo" / "lib" / "gates").exists()
 
@@ -266,7 +266,7 @@ def test_refuses_a_package_that_names_a_patch_id(tmp_path: Path, identity: None)
 def test_refuses_without_a_git_identity_and_says_how_to_set_it(tmp_path: Path) -> None:
     d = _grouped_demo(tmp_path)
     with pytest.raises(MaintenanceError, match=r"user\.name") as info:
-        prepare(d.ws, "demo", "lib", "gates")
+        prepare(ResolvedStack.named(d.ws, "demo"), "lib", "gates")
     assert 'git config --global user.name "Your Name"' in (info.value.fix or "")
 
 
@@ -278,13 +278,14 @@ def test_onto_a_ref_of_the_users_upstream_checkout(tmp_path: Path, identity: Non
     git(upstream, "add", "NEWS")
     git(upstream, "commit", "-q", "-m", "upstream moved on")
     tip = git(upstream, "rev-parse", "HEAD")
-    done = prepare(d.ws, "demo", "lib", "gates", onto="main", repo=str(upstream),
-                   out=tmp_path / "pr")
+    done = prepare(ResolvedStack.named(d.ws, "demo"), "lib", "gates", onto="main",
+                   repo=str(upstream), out=tmp_path / "pr")
     work = d.ws.trees_dir / "demo" / "lib"
     assert done.base == tip
     assert git(work, "rev-parse", f"{done.branch}~2") == tip
     assert not any("release as published" in c for c in done.commands)
-    plain = prepare(d.ws, "demo", "lib", "gates", out=tmp_path / "pr2", run=False)
+    plain = prepare(ResolvedStack.named(d.ws, "demo"), "lib", "gates", out=tmp_path / "pr2",
+                    run=False)
     assert "release as published, not on upstream's history" in plain.commands[0]
 
 
@@ -309,7 +310,7 @@ def test_a_prs_gpu_tests_go_to_the_kit_with_what_they_test_and_publish_no_cpu_re
     assert "not published: none of its tests ran here" in out
     assert not (d.ws.reports_dir / "demo" / "upstream-pr").exists()
     # what the offline kit carries: the test file as the PR adds it, and what it tests
-    assert write_gpu_tests(d.ws, "demo", tmp_path / "kit-tests") == ["gates"]
+    assert write_gpu_tests(ResolvedStack.named(d.ws, "demo"), tmp_path / "kit-tests") == ["gates"]
     folder = tmp_path / "kit-tests" / "gates"
     assert "assertIn(12, demo_lib.supported_majors())" in (folder / gpu_test).read_text()
     data = json.loads((folder / "pr.json").read_text())
@@ -322,7 +323,7 @@ def test_a_prs_gpu_tests_go_to_the_kit_with_what_they_test_and_publish_no_cpu_re
         ("0002-F3-guards-fork-only.patch", data["patches"][-1]["patch_id"])]
     assert "0002-F3-guards-fork-only.patch" in data["notes"][0]
     with pytest.raises(MaintenanceError, match="no upstream PR with GPU tests named other"):
-        write_gpu_tests(d.ws, "demo", tmp_path / "none", ("other",))
+        write_gpu_tests(ResolvedStack.named(d.ws, "demo"), tmp_path / "none", ("other",))
     # once the kit's run of the PR as it is comes back, the body cites it (and only then)
     case = f"{gpu_test}::TestSupportedMajors::test_twelve_is_supported"
     gpu_run = record.make(
@@ -334,13 +335,14 @@ def test_a_prs_gpu_tests_go_to_the_kit_with_what_they_test_and_publish_no_cpu_re
                                       against="fixed"),
                           record.Case(id=case, variant="unpatched", outcome="fail")))
     published = record.write(gpu_run, d.ws.reports_dir)
-    done = prepare(d.ws, "demo", "lib", "gates", write=True)
+    done = prepare(ResolvedStack.named(d.ws, "demo"), "lib", "gates", write=True)
     body = (done.out / "body.md").read_text()
     assert (f"- `python -m pytest {gpu_test} -v` on the patched tree, on NVIDIA H200 x1: "
             "1 passed; without this PR 1 of them fail") in body
     assert record.read(published / "record.json") == gpu_run  # not replaced by the CPU's
     # prepared without running its tests, the body cites that run all the same
-    quick = prepare(d.ws, "demo", "lib", "gates", run=False, out=tmp_path / "quick")
+    quick = prepare(ResolvedStack.named(d.ws, "demo"), "lib", "gates", run=False,
+                    out=tmp_path / "quick")
     assert (f"- `python -m pytest {gpu_test} -v` on the patched tree, on NVIDIA H200 x1: "
             "1 passed") in (quick.out / "body.md").read_text()
 
@@ -368,7 +370,7 @@ def test_a_pr_is_prepared_from_the_stack_resolved_once(
     series (the lib series was read twice, once for the plan and once for the words)."""
     d = _grouped_demo(tmp_path)
     loaded = count_series_loads(monkeypatch)
-    prepare(d.ws, "demo", "lib", "gates", run=False)
+    prepare(ResolvedStack.named(d.ws, "demo"), "lib", "gates", run=False)
     series = d.ws.root / "patches" / "demo"
     assert sorted(loaded) == [series / "app", series / "lib", series / "lib" / "upstream-tests"]
 

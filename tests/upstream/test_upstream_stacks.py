@@ -50,7 +50,7 @@ def test_each_pr_of_the_stack_applies_upstream_and_speaks_upstreams_language(
             continue
         prepare_tree(ws, stack, project, patches=today.series[project.key].patches)
         for pr in plan.prs:
-            done = prepare(ws, stack.name, project.key, pr.name, run=False,
+            done = prepare(today, project.key, pr.name, run=False,
                            out=tmp_path / "out" / pr.name)
             assert len(done.commits) == len(pr.patches) + len(pr.tests)
             for path in done.files:

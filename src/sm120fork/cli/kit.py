@@ -27,7 +27,7 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
             from sm120fork.upstream.groups import write_gpu_tests
 
             tests = Path(tmp) / "upstream-tests"
-            prs = write_gpu_tests(ws, stack.name, tests, tuple(args.upstream_pr))
+            prs = write_gpu_tests(stack, tests, tuple(args.upstream_pr))
             console.print(f"carrying the GPU tests of upstream PR(s) {', '.join(prs)}")
         kit = make(KitOptions(
             python=args.python, out=args.out, harnesses=harnesses,

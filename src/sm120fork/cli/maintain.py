@@ -166,9 +166,10 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
         if args.cont or args.skip:
             result = bump_continue(ws, args.stack, args.project, skip=args.skip)
         else:
-            result = bump(ws, args.stack, args.project, args.revision,
-                          allow_downgrade=args.allow_downgrade, new_stack=args.new_stack,
-                          version=args.pep440, git_commit=args.git_commit)
+            result = bump(ResolvedStack.named(ws, args.stack, strict=False), args.project,
+                          args.revision, allow_downgrade=args.allow_downgrade,
+                          new_stack=args.new_stack, version=args.pep440,
+                          git_commit=args.git_commit)
     except KeyboardInterrupt:
         _say_how_to_recover(ws, args.new_stack or args.stack, args.project, BumpRequest(
             stack=args.stack, project=args.project, revision=args.revision or "",
@@ -254,7 +255,7 @@ def run_watch(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
 def run_refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     from sm120fork.maintain.refresh import refresh
 
-    r = refresh(ws, args.stack, args.project, force=args.force)
+    r = refresh(ResolvedStack.named(ws, args.stack), args.project, force=args.force)
     for label, names in (("added", r.added), ("removed", r.removed), ("changed", r.changed)):
         for n in names:
             console.print(f"{label:8} {n}")
@@ -274,15 +275,14 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
         why_none,
     )
 
+    today = ResolvedStack.named(ws, args.stack)
     if args.requirements:
-        for line in pr_requirements(ws, *find_pr(ResolvedStack.named(ws, args.stack),
-                                                 args.project, args.pr)) \
+        for line in pr_requirements(ws, *find_pr(today, args.project, args.pr)) \
                 if args.pr and not args.no_tests else []:
             print(line)
         return 0
 
     if not args.pr:
-        today = ResolvedStack.named(ws, args.stack)
         stack = today.stack
         projects = [stack.project(args.project)] if args.project else list(stack.projects)
         count = 0
@@ -306,7 +306,7 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
             + (f"; prepare one: {command('upstream-pr', args.stack, '--pr', '<name>')}"
                if count else ""), *none)
         return 0
-    done = prepare(ws, args.stack, args.project, args.pr, onto=args.onto, repo=args.repo,
+    done = prepare(today, args.project, args.pr, onto=args.onto, repo=args.repo,
                    out=args.out, run=not args.no_tests, write=args.write,
                    even_if_failing=args.even_if_failing)
     say(console, f"branch {done.branch}: {len(done.commits)} commit(s) on "

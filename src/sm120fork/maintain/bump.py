@@ -17,7 +17,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin
+from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin, load_stack
 from sm120fork.entry import relative
 from sm120fork.errors import (
     CommandError,
@@ -155,20 +155,21 @@ class BumpRequest:
                        *(["--allow-downgrade"] if downgrade else []))
 
 
-def bump(ws: Workspace, stack_name: str, project_key: str, revision: str, *,
+def bump(resolved: ResolvedStack, project_key: str, revision: str, *,
          allow_downgrade: bool = False, new_stack: str | None = None,
          version: str | None = None, git_commit: str | None = None) -> BumpResult:
-    """Re-pin ``project_key`` of ``stack_name`` to ``revision`` (a version or a git SHA),
+    """Re-pin ``project_key`` of the stack to ``revision`` (a version or a git SHA),
     with the projects the new release pins moved with it; checked before a file is
     written, then journaled so that ``--continue`` or ``--abort`` recovers any stop."""
-    with ws.lock():
-        return _bump(ws, BumpRequest(
-            stack=stack_name, project=project_key, revision=revision,
+    with resolved.ws.lock():
+        return _bump(resolved, BumpRequest(
+            stack=resolved.name, project=project_key, revision=revision,
             allow_downgrade=allow_downgrade, new_stack=new_stack, version=version,
             git_commit=git_commit))
 
 
-def _bump(ws: Workspace, req: BumpRequest) -> BumpResult:
+def _bump(resolved: ResolvedStack, req: BumpRequest) -> BumpResult:
+    ws = resolved.ws
     pending = BumpState.load(ws, req.new_stack or req.stack, req.project)
     if pending is not None:
         pinned_commit = pending.new_pin.git.commit if pending.new_pin.git else None
@@ -178,7 +179,6 @@ def _bump(ws: Workspace, req: BumpRequest) -> BumpResult:
                 where=f"{pending.stack}/{req.project}",
                 fix="finish it with --continue or undo it with --abort")
         return _resume(ws, pending)
-    resolved = ResolvedStack.named(ws, req.stack, strict=False)
     stack = resolved.stack
     project = stack.project(req.project)
     new_version, commit = _target(req, project)
@@ -378,12 +378,17 @@ def _resume(ws: Workspace, state: BumpState, *, skip: bool = False) -> BumpResul
     return _finalize(ws, state, _declared(ws, state))
 
 
+def declared(ws: Workspace, name: str) -> ResolvedStack:
+    """Stack ``name`` as its declaration is now (pins that disagree loaded, as a bump
+    takes them): read again where a bump's step may have rewritten it."""
+    return ResolvedStack.of(ws, load_stack(ws.forks_dir / f"{name}.toml", strict=False))
+
+
 def _declared(ws: Workspace, state: BumpState) -> ResolvedStack:
     """The bump's stack as declared now (the stack it copies until ``--new-stack`` wrote
     its own)."""
-    declared = Path(state.declaration).is_file()
-    return ResolvedStack.named(ws, state.stack if declared else state.source_stack,
-                               strict=False)
+    is_declared = Path(state.declaration).is_file()
+    return declared(ws, state.stack if is_declared else state.source_stack)
 
 
 def _copy_stack(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> None:
@@ -419,11 +424,11 @@ def _bump_companions(ws: Workspace, state: BumpState, resolved: ResolvedStack) -
     for key, version in state.companion_bumps.items():
         pending = BumpState.load(ws, state.stack, key)
         # As declared now: a companion bumped before this one may have re-pinned it.
-        current = _declared(ws, state).stack.project(key)
-        if pending is None and Version(current.version) == Version(version):
+        now = _declared(ws, state)
+        if pending is None and Version(now.stack.project(key).version) == Version(version):
             continue  # done (by this bump, or by hand)
         try:
-            done = _resume(ws, pending) if pending is not None else _bump(ws, BumpRequest(
+            done = _resume(ws, pending) if pending is not None else _bump(now, BumpRequest(
                 stack=state.stack, project=key, revision=version, allow_downgrade=True,
                 coordinated_with=state.project,
                 moved_by={key: state.moves[key]} if key in state.moves else {}))
@@ -839,18 +844,18 @@ def _abort(ws: Workspace, stack_name: str, project_key: str) -> AbortResult:
             last=[report_path(ws, state).relative_to(ws.root).as_posix()])
     # A finished coordinated bump left its tree at the new pin: checked too.
     tree = "" if state.created_stack else "; ".join(
-        _checked_tree(ws, state.stack, key) for key in (state.project, *state.companion_bumps))
+        _checked_tree(_declared(ws, state), key)
+        for key in (state.project, *state.companion_bumps))
     shutil.rmtree(d, ignore_errors=True)
     return AbortResult(stack=state.stack, project=state.project,
                        restored_version=state.old_version,
                        removed_stack=state.created_stack, tree=tree)
 
 
-def _checked_tree(ws: Workspace, stack_name: str, key: str) -> str:
+def _checked_tree(resolved: ResolvedStack, key: str) -> str:
     """The fork tree after an abort, checked against the pin and series put back, else
     made again from them; says which."""
-    resolved = ResolvedStack.named(ws, stack_name, strict=False)
-    stack, project = resolved.stack, resolved.stack.project(key)
+    ws, stack, project = resolved.ws, resolved.stack, resolved.stack.project(key)
     series = resolved.series[key]
     work = ws.work_tree(stack, project)
     if not work.exists():

@@ -24,15 +24,12 @@ from sm120fork.patch.tree import (
 )
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util.hint import command
-from sm120fork.workspace import Workspace
 
 
-def refresh(ws: Workspace, stack_name: str, project_key: str, *,
-            force: bool = False) -> RefreshResult:
+def refresh(today: ResolvedStack, project_key: str, *, force: bool = False) -> RefreshResult:
     """Export the fork tree's commits into the project's series (``force``: over
     uncommitted hand edits of its files)."""
-    today = ResolvedStack.named(ws, stack_name)
-    stack = today.stack
+    ws, stack = today.ws, today.stack
     project = stack.project(project_key)
     again = command("refresh", stack.name, project.key)
     with ws.lock():

@@ -21,7 +21,7 @@ from sm120fork.declare import Project, Stack, pinned_for
 from sm120fork.entry import relative
 from sm120fork.errors import ConfigError, MaintenanceError, ToolkitError
 from sm120fork.fetch.index import project_page
-from sm120fork.maintain.bump import BumpResult, bump, bump_continue
+from sm120fork.maintain.bump import BumpResult, bump, bump_continue, declared
 from sm120fork.maintain.preflight import pins_refusing
 from sm120fork.maintain.report import verdict_counts
 from sm120fork.maintain.state import (
@@ -37,7 +37,6 @@ from sm120fork.maintain.state import (
     Classification,
     today,
 )
-from sm120fork.resolved import ResolvedStack
 from sm120fork.standing import unbacked_claims
 from sm120fork.util.files import atomic_write_text, scratch_prefix
 from sm120fork.util.hint import command
@@ -209,14 +208,14 @@ def watch_release(ws: Workspace, stack: Stack, project: Project, version: Versio
     with scratch_checkout(ws, cache) as scratch:
         run = _Run(ws=scratch, stack=target, project=project.key)
         try:
-            result = run.to_end(lambda: bump(scratch, stack.name, project.key, str(version),
-                                             new_stack=new_stack or None))
+            result = run.to_end(lambda: bump(declared(scratch, stack.name), project.key,
+                                             str(version), new_stack=new_stack or None))
         except ToolkitError as exc:
             return ReleaseWatch(
                 version=str(version), new_stack=new_stack,
                 error=relative(exc.message, scratch.root),
                 outcome="refused" if isinstance(exc, MaintenanceError) else "failed")
-        resolved = ResolvedStack.named(scratch, target, strict=False)
+        resolved = declared(scratch, target)
         after = resolved.stack
         companions = {**result.companions, **run.companions}
         patches = [v for p in after.projects if p.key in companions

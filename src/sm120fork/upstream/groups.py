@@ -248,12 +248,10 @@ PR_FILE = "pr.json"
 PYTEST_INI = "[pytest]\n"
 
 
-def write_gpu_tests(ws: Workspace, stack_name: str, dest: Path,
-                    names: tuple[str, ...] = ()) -> list[str]:
+def write_gpu_tests(today: ResolvedStack, dest: Path, names: tuple[str, ...] = ()) -> list[str]:
     """The GPU tests of the stack's PRs (``names``, default all) as the offline kit carries
     them: ``dest/<pr>/`` with the files its tests add and ``pr.json`` (the patches a run
     tests: the PR's, then the rest of the stack's build).  Returns the PRs written."""
-    today = ResolvedStack.named(ws, stack_name)
     stack = today.stack
     written: list[str] = []
     for project in stack.projects:
@@ -393,14 +391,13 @@ def pr_record(stack: Stack, project: Project, pr: PlannedPR, tree: str,
         notes=(() if runs else ("the PR brings no test of its own",)))
 
 
-def prepare(ws: Workspace, stack_name: str, project_key: str | None, name: str, *,
+def prepare(today: ResolvedStack, project_key: str | None, name: str, *,
             onto: str | None = None, repo: str | None = None, out: Path | None = None,
             run: bool = True, write: bool = False, even_if_failing: bool = False
             ) -> Prepared:
     """Make PR ``name``: its branch, its tests' runs and its package, refused if it leaks
     or (unless ``even_if_failing``) if a test of it failed or did not run."""
-    today = ResolvedStack.named(ws, stack_name)
-    stack = today.stack
+    ws, stack = today.ws, today.stack
     project, pr = find_pr(today, project_key, name)
     where = f"{stack.name}/{project.key}"
     with ws.lock():
