@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-#: The session fixture ``sites`` (stock sglang 0.5.23, patched, and with the plugin).
-pytest_plugins = ["helpers_sglang"]
+#: The session fixture ``sites`` (stock sglang 0.5.23, patched, and with the plugin), and
+#: the bump workspace ``bw``.
+pytest_plugins = ["helpers_sglang", "helpers_maintain"]
 
 FIXED_DATE = "2026-11-29T00:00:00+00:00"
 PATCH_AUTHOR = "SM12x fork maintainers <sm12x-fork@users.noreply.invalid>"

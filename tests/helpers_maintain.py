@@ -150,6 +150,18 @@ def make_bump_workspace(tmp_path: Path, index_url: str = "",
     return BumpWorkspace(ws=Workspace(root), old=old, new=new, index_url=index_url)
 
 
+@pytest.fixture
+def bw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BumpWorkspace]:
+    """The bump workspace, its releases served by a package index (a fixture of every
+    test module: conftest's ``pytest_plugins``)."""
+    monkeypatch.setenv("SM120FORK_TODAY", "2026-11-30")
+    workspace = make_bump_workspace(tmp_path)
+    with package_index([workspace.old.sdist, workspace.new.sdist], "demo-lib") as url:
+        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
+        workspace.index_url = url
+        yield workspace
+
+
 def snapshot(root: Path) -> dict[str, bytes]:
     """Every file under forks/ and patches/, by relative path."""
     return {str(p.relative_to(root)): p.read_bytes()
@@ -228,19 +240,25 @@ def pack_release(out: Path, name: str, version: str, files: dict[str, str],
     return out / f"{pkg}-{version}-py3-none-any.whl"
 
 
+def git_release(repo: Path, files: dict[str, str], message: str) -> Path:
+    """A git repository ``repo`` whose one commit (``message``) holds ``files``."""
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return repo
+
+
 def sglang_toolkit(tmp_path: Path, stack: str, toml: str, files: dict[str, str],
                    gate_file: str, extra_fields: str = "") -> Path:
     """A toolkit checkout (``tmp_path/toolkit``) whose stack ``stack`` (``toml``) carries
     one SGLang patch, G1 (``(9, 10)`` -> ``(9, 10, 12)`` in ``gate_file``), made on the
     upstream repository as the series author has it (``files`` under python/), and an
     empty FlashInfer series."""
-    repo = tmp_path / "sglang-repo"
-    for rel, text in files.items():
-        (repo / "python" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (repo / "python" / rel).write_text(text)
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "release 0.5.23")
+    repo = git_release(tmp_path / "sglang-repo",
+                       {f"python/{rel}": text for rel, text in files.items()}, "release 0.5.23")
     root = tmp_path / "toolkit"
     (root / "forks").mkdir(parents=True)
     (root / "forks" / f"{stack}.toml").write_text(toml)
@@ -251,6 +269,34 @@ def sglang_toolkit(tmp_path: Path, stack: str, toml: str, files: dict[str, str],
         f"python/{gate_file}: (9, 10, 12)  # sm12x", extra_fields=extra_fields)
     write_series(series, [patch.name])
     return root
+
+
+def sglang_toml(stack: str, sglang: Path, flashinfer: Path, *, requires_dist: str,
+                      description: str = "", flashinfer_url: bool = False,
+                      comments: dict[str, str] | None = None) -> str:
+    """A stack shaped like sglang-0.5.23: sglang 0.5.23 (pinning FlashInfer by
+    ``requires_dist``) on the ``layer_boundary`` layout and flashinfer-python 0.7.2 used as
+    published, each a ``wheel`` source of the wheel given; ``comments``: a comment line
+    above the first line that starts with each key."""
+    url = [f'url = "{flashinfer.as_uri()}"'] if flashinfer_url else []
+    lines = [
+        "[stack]", f'name = "{stack}"', "default = true",
+        *([f'description = "{description}"'] if description else []), "",
+        "[projects.flashinfer]", 'distribution = "flashinfer-python"', 'version = "0.7.2"',
+        'local_label = "sm120.1"', 'package_root = "."',
+        f'series = "patches/{stack}/flashinfer"', 'source = "wheel"', "",
+        "[[projects.flashinfer.wheels]]", f'filename = "{flashinfer.name}"',
+        f'sha256 = "{sha256(flashinfer)}"', *url, "",
+        "[projects.sglang]", 'distribution = "sglang"', 'version = "0.5.23"',
+        'local_label = "sm120.1"', 'package_root = "python"',
+        f'series = "patches/{stack}/sglang"', 'source = "wheel"', 'requires = ["flashinfer"]',
+        f'upstream_requires = ["{requires_dist}"]', 'layout = "layer_boundary"', "",
+        "[[projects.sglang.wheels]]", f'filename = "{sglang.name}"',
+        f'sha256 = "{sha256(sglang)}"']
+    for key, comment in (comments or {}).items():
+        at = next(i for i, line in enumerate(lines) if line.startswith(key))
+        lines.insert(at, f"# {comment}")
+    return "\n".join(lines) + "\n"
 
 
 def count_series_loads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:

@@ -23,7 +23,15 @@ from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 
 from conftest import git, make_patch, write_series
-from helpers_maintain import pack_release, package_index, sglang_toolkit, snapshot, stack_of
+from helpers_maintain import (
+    git_release,
+    pack_release,
+    package_index,
+    sglang_toml,
+    sglang_toolkit,
+    snapshot,
+    stack_of,
+)
 
 STACK = "sg"
 GATE_FILE = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
@@ -36,41 +44,12 @@ def _sglang_files(version: str, gate_file: str = GATE_FILE) -> dict[str, str]:
 
 
 def _toml(sglang: Path, flashinfer: Path) -> str:
-    return textwrap.dedent(f"""\
-        # Today's stack: a comment about sglang 0.5.23 that a new stack must not copy.
-        [stack]
-        name = "{STACK}"
-        default = true
-        description = "sglang 0.5.23 + flashinfer-python 0.7.2 (as published)"
-
-        [projects.flashinfer]
-        distribution = "flashinfer-python"
-        version = "0.7.2"
-        local_label = "sm120.1"
-        package_root = "."
-        series = "patches/{STACK}/flashinfer"
-        source = "wheel"
-
-        [[projects.flashinfer.wheels]]
-        filename = "{flashinfer.name}"
-        sha256 = "{sha256_file(flashinfer)}"
-
-        [projects.sglang]
-        distribution = "sglang"
-        version = "0.5.23"
-        local_label = "sm120.1"
-        package_root = "python"
-        series = "patches/{STACK}/sglang"
-        source = "wheel"
-        requires = ["flashinfer"]
-        # sglang 0.5.23's own Requires-Dist on FlashInfer.
-        upstream_requires = ["flashinfer_python[cu13]==0.7.2"]
-        layout = "layer_boundary"
-
-        [[projects.sglang.wheels]]
-        filename = "{sglang.name}"
-        sha256 = "{sha256_file(sglang)}"
-        """)
+    return sglang_toml(
+        STACK, sglang, flashinfer, requires_dist="flashinfer_python[cu13]==0.7.2",
+        description="sglang 0.5.23 + flashinfer-python 0.7.2 (as published)", comments={
+            "[stack]": "Today's stack: a comment about sglang 0.5.23 that a new stack must "
+                       "not copy.",
+            "upstream_requires": "sglang 0.5.23's own Requires-Dist on FlashInfer."})
 
 
 @dataclass
@@ -358,12 +337,8 @@ def test_every_stop_of_a_coordinated_bump_names_the_bump_that_goes_on_after_it(
     root = sglang_toolkit(tmp_path, STACK, _toml(sglang["0.5.23"], fi["0.7.2"]),
                           _sglang_files("0.5.23"), GATE_FILE)
     ws = Workspace(root)
-    repo = tmp_path / "flashinfer-repo"
-    (repo / "flashinfer").mkdir(parents=True)
-    (repo / "flashinfer" / "__init__.py").write_text("A = 1\nB = 1\n")
-    git(repo, "init", "-q", "-b", "main")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "release 0.7.2")
+    repo = git_release(tmp_path / "flashinfer-repo", {"flashinfer/__init__.py": "A = 1\nB = 1\n"},
+                       "release 0.7.2")
     series = root / "patches" / STACK / "flashinfer"
     patches = [make_patch(repo, series, f"F{i} comm: allow 12 ({name})", {
         "flashinfer/__init__.py": (f"{name} = 1", f"{name} = 12")},

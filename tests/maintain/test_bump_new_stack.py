@@ -8,7 +8,6 @@ published.  The wheels are made here and served by a local package index (no net
 
 from __future__ import annotations
 
-import textwrap
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,10 +21,10 @@ import sm120fork.verify.proof.stack as verify_stack
 from sm120fork.errors import MaintenanceError
 from sm120fork.layouts.results import CheckResult
 from sm120fork.maintain.bump import bump, bump_abort
-from sm120fork.util.files import sha256_file
+from sm120fork.resolved import ResolvedStack
 from sm120fork.workspace import Workspace
 
-from helpers_maintain import pack_release, package_index, sglang_toolkit, snapshot, stack_of
+from helpers_maintain import pack_release, package_index, sglang_toml, sglang_toolkit, snapshot
 
 STACK = "sg"
 GATE = "def fused_allowed(major):\n    return major in (9, 10)\n"
@@ -37,41 +36,11 @@ def _sglang_files(version: str) -> dict[str, str]:
 
 
 def _toml(sglang: Path, flashinfer: Path) -> str:
-    return textwrap.dedent(f"""\
-        # A stack shaped like sglang-0.5.23.
-        [stack]
-        name = "{STACK}"
-        default = true
-
-        [projects.flashinfer]
-        distribution = "flashinfer-python"
-        version = "0.7.2"
-        local_label = "sm120.1"
-        package_root = "."
-        series = "patches/{STACK}/flashinfer"
-        source = "wheel"
-
-        [[projects.flashinfer.wheels]]
-        filename = "{flashinfer.name}"
-        sha256 = "{sha256_file(flashinfer)}"
-        url = "{flashinfer.as_uri()}"
-
-        [projects.sglang]
-        distribution = "sglang"
-        version = "0.5.23"
-        local_label = "sm120.1"
-        package_root = "python"
-        series = "patches/{STACK}/sglang"
-        source = "wheel"
-        requires = ["flashinfer"]
-        upstream_requires = ["flashinfer-python==0.7.2"]
-        # Where this release keeps the code the series changes.
-        layout = "layer_boundary"
-
-        [[projects.sglang.wheels]]
-        filename = "{sglang.name}"
-        sha256 = "{sha256_file(sglang)}"
-        """)
+    return sglang_toml(
+        STACK, sglang, flashinfer, requires_dist="flashinfer-python==0.7.2",
+        flashinfer_url=True, comments={
+            "[stack]": "A stack shaped like sglang-0.5.23.",
+            "layout": "Where this release keeps the code the series changes."})
 
 
 @dataclass
@@ -106,7 +75,8 @@ def sg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def test_bump_new_stack_of_sglang_writes_a_stack_on_its_layout(
         sg: SglangStack, monkeypatch: pytest.MonkeyPatch) -> None:
     before = snapshot(sg.ws.root)
-    result = bump(stack_of(sg.ws, STACK), "sglang", "0.5.24", new_stack="sg-next")
+    result = bump(ResolvedStack.named(sg.ws, STACK, strict=False), "sglang", "0.5.24",
+                  new_stack="sg-next")
     assert result.new_stack_created
     assert [c.verdict for c in result.classifications] == ["still needed"]
     # The source stack is as it was.
@@ -173,7 +143,8 @@ def test_aborting_a_bump_into_a_new_stack_removes_every_series_it_copied(
     Removing the new stack's fork trees took 150 s on the trial's machine (issue 31):
     the abort says what it removes instead of appearing to hang."""
     with pytest.raises(MaintenanceError, match=r"conflicts with sglang 0\.5\.24"):
-        bump(stack_of(sg.ws, STACK), "sglang", "0.5.24", new_stack="sg-other")
+        bump(ResolvedStack.named(sg.ws, STACK, strict=False), "sglang", "0.5.24",
+             new_stack="sg-other")
     assert (sg.ws.root / "patches" / "sg-other" / "flashinfer" / "series").is_file()
     with caplog.at_level("INFO", logger="sm120fork"):
         bump_abort(sg.ws, "sg-other", "sglang")

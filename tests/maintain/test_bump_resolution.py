@@ -13,7 +13,6 @@ resolution is judged by its own header.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,16 +29,6 @@ from helpers_maintain import (
     package_index,
     stack_of,
 )
-
-
-@pytest.fixture
-def bw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BumpWorkspace]:
-    monkeypatch.setenv("SM120FORK_TODAY", "2026-11-30")
-    workspace = make_bump_workspace(tmp_path)
-    with package_index([workspace.old.sdist, workspace.new.sdist], "demo-lib") as url:
-        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
-        workspace.index_url = url
-        yield workspace
 
 
 @pytest.mark.slow

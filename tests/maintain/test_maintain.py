@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,16 +52,6 @@ from helpers_maintain import (
     stack_of,
 )
 from helpers_ws import DemoWorkspace, make_demo, sha256
-
-
-@pytest.fixture
-def bw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[BumpWorkspace]:
-    monkeypatch.setenv("SM120FORK_TODAY", "2026-11-30")
-    workspace = make_bump_workspace(tmp_path)
-    with package_index([workspace.old.sdist, workspace.new.sdist], "demo-lib") as url:
-        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
-        workspace.index_url = url
-        yield workspace
 
 
 def work_tree(bw: BumpWorkspace) -> Path:

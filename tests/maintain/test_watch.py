@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,8 +33,15 @@ from sm120fork.standing import claim_standings
 from sm120fork.util.files import sha256_file
 from sm120fork.workspace import Workspace
 
-from conftest import git, make_patch, write_series
-from helpers_maintain import pack_release, package_index, sglang_toolkit, stack_of
+from conftest import make_patch, write_series
+from helpers_maintain import (
+    git_release,
+    pack_release,
+    package_index,
+    sglang_toml,
+    sglang_toolkit,
+    stack_of,
+)
 
 STACK = "sg"
 GATE_FILE = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
@@ -52,39 +58,8 @@ def _sglang(version: str, **changed: str) -> dict[str, str]:
 
 
 def _toml(sglang: Path, flashinfer: Path) -> str:
-    return textwrap.dedent(f"""\
-        [stack]
-        name = "{STACK}"
-        default = true
-        description = "sglang 0.5.23 + flashinfer-python 0.7.2"
-
-        [projects.flashinfer]
-        distribution = "flashinfer-python"
-        version = "0.7.2"
-        local_label = "sm120.1"
-        package_root = "."
-        series = "patches/{STACK}/flashinfer"
-        source = "wheel"
-
-        [[projects.flashinfer.wheels]]
-        filename = "{flashinfer.name}"
-        sha256 = "{sha256_file(flashinfer)}"
-
-        [projects.sglang]
-        distribution = "sglang"
-        version = "0.5.23"
-        local_label = "sm120.1"
-        package_root = "python"
-        series = "patches/{STACK}/sglang"
-        source = "wheel"
-        requires = ["flashinfer"]
-        upstream_requires = ["flashinfer_python==0.7.2"]
-        layout = "layer_boundary"
-
-        [[projects.sglang.wheels]]
-        filename = "{sglang.name}"
-        sha256 = "{sha256_file(sglang)}"
-        """)
+    return sglang_toml(STACK, sglang, flashinfer, requires_dist="flashinfer_python==0.7.2",
+                       description="sglang 0.5.23 + flashinfer-python 0.7.2")
 
 
 def _series(root: Path, tmp_path: Path) -> None:
@@ -101,12 +76,8 @@ def _series(root: Path, tmp_path: Path) -> None:
         names.append(make_patch(repo, d, subject, {f"python/sglang/srt/{rel}": (old, new)},
                                 f"python/sglang/srt/{rel}: {new}").name)
     write_series(d, names)
-    fi_repo = tmp_path / "flashinfer-repo"
-    (fi_repo / "flashinfer").mkdir(parents=True)
-    (fi_repo / "flashinfer" / "__init__.py").write_text("X = 0\n")
-    git(fi_repo, "init", "-q", "-b", "main")
-    git(fi_repo, "add", "-A")
-    git(fi_repo, "commit", "-q", "-m", "release 0.7.2")
+    fi_repo = git_release(tmp_path / "flashinfer-repo", {"flashinfer/__init__.py": "X = 0\n"},
+                          "release 0.7.2")
     fi = root / "patches" / STACK / "flashinfer"
     patch = make_patch(fi_repo, fi, "F1 comm: allow 12", {
         "flashinfer/__init__.py": ("X = 0", "X = 1  # sm12x")}, "flashinfer/__init__.py: X = 1")
