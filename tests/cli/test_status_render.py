@@ -129,7 +129,7 @@ def test_each_stacks_evidence_shows_current_or_stale_with_its_command() -> None:
     assert "claims (Verified-By): 0 of 2 current" in text
     assert "stale: patches/x/0005-F4: gpu:gpu-test: stale" in text
     assert "fail: patches/x/0006-F5: gpu:bench: fail" in text
-    data = json.loads(json.dumps(project.to_json()))
+    data = json.loads(json.dumps(dataclasses.asdict(project)))
     assert [e["state"] for e in data["evidence"]] == ["current", "stale", "missing"]
     assert data["evidence"][2]["needs"] == "a GPU"
     assert data["claims"][0]["command"] == "nox -s gpu_test -- --stack sglang-0.5.10 --quick"

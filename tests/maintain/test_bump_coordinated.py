@@ -356,3 +356,67 @@ def test_every_stop_of_a_coordinated_bump_names_the_bump_that_goes_on_after_it(
             bump_continue(ws, "sg-next", "flashinfer", skip=True)
     assert "0002-F2" in second.value.message
     assert then in (second.value.fix or "")
+
+
+@pytest.mark.slow
+def test_a_companion_bump_that_re_pins_another_companion_is_seen(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sglang 0.5.24 moves FlashInfer and sgl-kernel, each with a patch: FlashInfer's bump
+    (the first) moves sgl-kernel with it, so sglang's bump finds sgl-kernel moved when it
+    comes to it (read as declared then, not as the step started) and does not bump it
+    again."""
+    monkeypatch.setenv("SM120FORK_TODAY", "2026-12-01")
+    made = tmp_path / "made"
+    made.mkdir()
+    kernel = {v: pack_release(made, "sgl-kernel", v, {"sgl_kernel/__init__.py": "K = 1\n"},
+                              []) for v in ("1.0", "1.1")}
+    fi = {v: pack_release(made, "flashinfer-python", v, {"flashinfer/__init__.py": "A = 1\n"},
+                          [f"sgl-kernel=={k}"]) for v, k in (("0.7.2", "1.0"), ("0.7.3", "1.1"))}
+    sglang = {v: pack_release(made, "sglang", v, _sglang_files(v),
+                              [f"flashinfer_python=={f}", f"sgl-kernel=={k}"])
+              for v, f, k in (("0.5.23", "0.7.2", "1.0"), ("0.5.24", "0.7.3", "1.1"))}
+    toml = _toml(sglang["0.5.23"], fi["0.7.2"]).replace(
+        'upstream_requires = ["flashinfer_python[cu13]==0.7.2"]',
+        'upstream_requires = ["flashinfer_python==0.7.2", "sgl-kernel==1.0"]').replace(
+        "[projects.flashinfer]", textwrap.dedent(f"""\
+            [projects.kernel]
+            distribution = "sgl-kernel"
+            version = "1.0"
+            local_label = "sm120.1"
+            package_root = "."
+            series = "patches/{STACK}/kernel"
+            source = "wheel"
+
+            [[projects.kernel.wheels]]
+            filename = "{kernel['1.0'].name}"
+            sha256 = "{sha256_file(kernel['1.0'])}"
+
+            [projects.flashinfer]
+            upstream_requires = ["sgl-kernel==1.0"]"""))
+    root = sglang_toolkit(tmp_path, STACK, toml, _sglang_files("0.5.23"), GATE_FILE)
+    kept = {}
+    for key, package, text in (("kernel", "sgl_kernel", "K = 1\n"),
+                               ("flashinfer", "flashinfer", "A = 1\n")):
+        repo = git_release(tmp_path / f"{key}-repo", {f"{package}/__init__.py": text},
+                           "release")
+        series = root / "patches" / STACK / key
+        name = text.split()[0]
+        patch = make_patch(repo, series, f"{key.upper()[0]}1 allow 12", {
+            f"{package}/__init__.py": (f"{name} = 1", f"{name} = 12")},
+            f"{package}/__init__.py: {name} = 12")
+        write_series(series, [patch.name])
+        kept[key] = [patch.name]
+    ws = Workspace(root)
+    assert ws.stack(STACK).project("kernel").version == "1.0"  # its pins agree
+    with package_index(list(sglang.values()), "sglang", more={
+            "flashinfer-python": list(fi.values()),
+            "sgl-kernel": list(kernel.values())}) as url:
+        monkeypatch.setenv("SM120FORK_INDEX_URL", url)
+        result = bump(stack_of(ws, STACK), "sglang", "0.5.24")
+    stack = ws.stack(STACK)  # loads, its pins agreeing
+    assert [(p.key, p.version) for p in stack.projects] == [
+        ("kernel", "1.1"), ("flashinfer", "0.7.3"), ("sglang", "0.5.24")]
+    assert list(result.companions) == ["flashinfer"]  # sgl-kernel: by FlashInfer's bump
+    assert [c.verdict for c in result.companions["flashinfer"]] == ["still needed"]
+    assert {k: (root / "patches" / STACK / k / "series").read_text().split()
+            for k in kept} == kept

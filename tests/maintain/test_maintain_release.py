@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_status_says_which_release_files_are_not_declared(
     console = Console(record=True, width=200)
     render_status([row], console, wide=False)
     assert f"release files: 1 NOT DECLARED: {extra}" in console.export_text()
-    assert json.loads(json.dumps(row.to_json()))["undeclared_files"] == [extra]
+    assert json.loads(json.dumps(dataclasses.asdict(row)))["undeclared_files"] == [extra]
 
 
 @pytest.mark.parametrize(("version", "hint"), [

@@ -139,7 +139,7 @@ def run_status(args: argparse.Namespace, ws: Workspace, console: Console) -> int
     stacks = [ws.stack(args.stack, strict=False)] if args.stack else ()
     projects = status(ws, stacks, args.wheels, fetch=not args.no_fetch)
     if args.json:
-        console.print_json(json.dumps([p.to_json() for p in projects]))
+        console.print_json(json.dumps([dataclasses.asdict(p) for p in projects]))
     else:
         render_status(projects, console, wide=args.wide)
     return EXIT_PROBLEMS_FOUND if any(p.error or p.pins_disagree for p in projects) else 0
@@ -291,7 +291,7 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
             plan = plan_of(today, project)
             count += len(plan.prs)
             if not plan.prs:
-                elsewhere = newer_stacks_with_prs(ws, stack, project)
+                elsewhere = newer_stacks_with_prs(today, project)
                 none.append(f"  no PR from {project.key}: {why_none(plan)}" + (
                     f"; its upstream PRs are made from stack {', '.join(elsewhere)} (a newer "
                     f"{project.distribution}): `{command('upstream-pr', elsewhere[0])}`"

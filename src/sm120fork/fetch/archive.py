@@ -20,34 +20,24 @@ def check_member(name: str, archive: Path) -> PurePosixPath:
 
 
 def safe_extract(archive: Path, dest: Path) -> Path:
-    """Extract ``archive`` into ``dest``; its single top-level directory.  Absolute and
-    ``..`` paths are refused here (the ``data`` filter would rewrite them); the rest is the
-    filter's (PEP 706), asked before anything is written and again while extracting."""
+    """Extract the sdist ``archive`` (a ``.tar.gz``, PEP 625) into ``dest``; its single
+    top-level directory.  Absolute and ``..`` paths are refused here (the ``data``
+    filter would rewrite them); the rest is the filter's (PEP 706), asked before anything
+    is written and again while extracting."""
     dest.mkdir(parents=True, exist_ok=True)
     tops: set[str] = set()
-    if archive.name.endswith(".zip"):
-        with zipfile.ZipFile(archive) as zf:
-            for info in zf.infolist():
-                tops.add(check_member(info.filename, archive).parts[0])
-            zf.extractall(dest)
-    else:
-        try:
-            tf = tarfile.open(archive)
-        except tarfile.TarError as exc:
-            raise SourceError(f"not a readable archive: {exc}", where=str(archive)) from exc
-        with tf:
-            try:
-                members = tf.getmembers()
-                for m in members:
-                    tops.add(check_member(m.name, archive).parts[0])
-                    tarfile.data_filter(m, str(dest))
-                tf.extractall(dest, members=members, filter="data")
-            except tarfile.FilterError as exc:
-                raise UnsafeArchiveError(str(exc), where=str(archive),
-                                         fix="do not use this archive") from exc
-            except tarfile.TarError as exc:
-                raise SourceError(f"not a readable archive: {exc}",
-                                  where=str(archive)) from exc
+    try:
+        with tarfile.open(archive) as tf:
+            members = tf.getmembers()
+            for m in members:
+                tops.add(check_member(m.name, archive).parts[0])
+                tarfile.data_filter(m, str(dest))
+            tf.extractall(dest, members=members, filter="data")
+    except tarfile.FilterError as exc:
+        raise UnsafeArchiveError(str(exc), where=str(archive),
+                                 fix="do not use this archive") from exc
+    except tarfile.TarError as exc:
+        raise SourceError(f"not a readable archive: {exc}", where=str(archive)) from exc
     if len(tops) != 1:
         raise SourceError(f"expected one top-level directory, found {sorted(tops)[:5]}",
                           where=str(archive))

@@ -74,9 +74,6 @@ class ProjectStatus:
     evidence: tuple[Standing, ...] = ()
     claims: tuple[Standing, ...] = ()
 
-    def to_json(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
-
 
 def _wheel_for(manifest: Manifest | None, stack: Stack, project: Project,
                patch: Patch) -> str:

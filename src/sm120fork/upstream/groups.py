@@ -131,11 +131,11 @@ def why_none(plan: Plan) -> str:
     return ", ".join(f"{n} {why}" for why, n in counts.items()) or "its series is empty"
 
 
-def newer_stacks_with_prs(ws: Workspace, stack: Stack, project: Project) -> list[str]:
+def newer_stacks_with_prs(today: ResolvedStack, project: Project) -> list[str]:
     """The other stacks with upstream PRs for a newer release of ``project``."""
-    found = []
+    found, ws = [], today.ws
     for other in ws.stacks().values():
-        for theirs in other.projects if other.name != stack.name else ():
+        for theirs in other.projects if other.name != today.name else ():
             try:
                 newer = (theirs.distribution == project.distribution
                          and Version(theirs.version) > Version(project.version))
@@ -146,8 +146,9 @@ def newer_stacks_with_prs(ws: Workspace, stack: Stack, project: Project) -> list
     return found
 
 
-def fork_words(ws: Workspace, today: ResolvedStack) -> list[str]:
+def fork_words(today: ResolvedStack) -> list[str]:
     """What an upstream package must not name: the fork, every stack, every patch id."""
+    ws = today.ws
     words = [*FORK_NAMES, *ws.stacks()]
     for other in ws.stacks().values():
         for proj in other.projects:
@@ -419,7 +420,7 @@ def prepare(today: ResolvedStack, project_key: str | None, name: str, *,
         (staging / "patches").mkdir(parents=True)
         git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
             str(staging / "patches"), f"{base}..{commits[-1]}")
-        words = fork_words(ws, today)
+        words = fork_words(today)
         machine = [str(ws.root), str(Path.home()), str(tree.path)]
         _refuse_leaks(staging, words, machine, pr.name, where)
         runs = _run_pr_tests(ws, project, pr, git, commits[-1]) if run else [
