@@ -271,32 +271,37 @@ def sglang_toolkit(tmp_path: Path, stack: str, toml: str, files: dict[str, str],
     return root
 
 
+def wheel_project(stack: str, key: str, distribution: str, version: str, wheel: Path, *,
+                  package_root: str = ".", more: tuple[str, ...] = (),
+                  url: bool = False) -> list[str]:
+    """The declaration's lines of project ``key``, a ``wheel`` source pinning ``wheel``
+    (``more``: its other keys), and a blank line."""
+    return [f"[projects.{key}]", f'distribution = "{distribution}"', f'version = "{version}"',
+            'local_label = "sm120.1"', f'package_root = "{package_root}"',
+            f'series = "patches/{stack}/{key}"', 'source = "wheel"', *more, "",
+            f"[[projects.{key}.wheels]]", f'filename = "{wheel.name}"',
+            f'sha256 = "{sha256(wheel)}"', *([f'url = "{wheel.as_uri()}"'] if url else []), ""]
+
+
 def sglang_toml(stack: str, sglang: Path, flashinfer: Path, *, requires_dist: str,
-                      description: str = "", flashinfer_url: bool = False,
-                      comments: dict[str, str] | None = None) -> str:
+                description: str = "", flashinfer_url: bool = False,
+                comments: dict[str, str] | None = None) -> str:
     """A stack shaped like sglang-0.5.23: sglang 0.5.23 (pinning FlashInfer by
     ``requires_dist``) on the ``layer_boundary`` layout and flashinfer-python 0.7.2 used as
     published, each a ``wheel`` source of the wheel given; ``comments``: a comment line
     above the first line that starts with each key."""
-    url = [f'url = "{flashinfer.as_uri()}"'] if flashinfer_url else []
-    lines = [
-        "[stack]", f'name = "{stack}"', "default = true",
-        *([f'description = "{description}"'] if description else []), "",
-        "[projects.flashinfer]", 'distribution = "flashinfer-python"', 'version = "0.7.2"',
-        'local_label = "sm120.1"', 'package_root = "."',
-        f'series = "patches/{stack}/flashinfer"', 'source = "wheel"', "",
-        "[[projects.flashinfer.wheels]]", f'filename = "{flashinfer.name}"',
-        f'sha256 = "{sha256(flashinfer)}"', *url, "",
-        "[projects.sglang]", 'distribution = "sglang"', 'version = "0.5.23"',
-        'local_label = "sm120.1"', 'package_root = "python"',
-        f'series = "patches/{stack}/sglang"', 'source = "wheel"', 'requires = ["flashinfer"]',
-        f'upstream_requires = ["{requires_dist}"]', 'layout = "layer_boundary"', "",
-        "[[projects.sglang.wheels]]", f'filename = "{sglang.name}"',
-        f'sha256 = "{sha256(sglang)}"']
+    lines = ["[stack]", f'name = "{stack}"', "default = true",
+             *([f'description = "{description}"'] if description else []), "",
+             *wheel_project(stack, "flashinfer", "flashinfer-python", "0.7.2", flashinfer,
+                            url=flashinfer_url),
+             *wheel_project(stack, "sglang", "sglang", "0.5.23", sglang, package_root="python",
+                            more=('requires = ["flashinfer"]',
+                                  f'upstream_requires = ["{requires_dist}"]',
+                                  'layout = "layer_boundary"'))]
     for key, comment in (comments or {}).items():
         at = next(i for i, line in enumerate(lines) if line.startswith(key))
         lines.insert(at, f"# {comment}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines[:-1]) + "\n"
 
 
 def count_series_loads(monkeypatch: pytest.MonkeyPatch) -> list[Path]:

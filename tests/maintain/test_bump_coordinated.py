@@ -31,6 +31,7 @@ from helpers_maintain import (
     sglang_toolkit,
     snapshot,
     stack_of,
+    wheel_project,
 )
 
 STACK = "sg"
@@ -375,24 +376,15 @@ def test_a_companion_bump_that_re_pins_another_companion_is_seen(
     sglang = {v: pack_release(made, "sglang", v, _sglang_files(v),
                               [f"flashinfer_python=={f}", f"sgl-kernel=={k}"])
               for v, f, k in (("0.5.23", "0.7.2", "1.0"), ("0.5.24", "0.7.3", "1.1"))}
-    toml = _toml(sglang["0.5.23"], fi["0.7.2"]).replace(
-        'upstream_requires = ["flashinfer_python[cu13]==0.7.2"]',
-        'upstream_requires = ["flashinfer_python==0.7.2", "sgl-kernel==1.0"]').replace(
-        "[projects.flashinfer]", textwrap.dedent(f"""\
-            [projects.kernel]
-            distribution = "sgl-kernel"
-            version = "1.0"
-            local_label = "sm120.1"
-            package_root = "."
-            series = "patches/{STACK}/kernel"
-            source = "wheel"
-
-            [[projects.kernel.wheels]]
-            filename = "{kernel['1.0'].name}"
-            sha256 = "{sha256_file(kernel['1.0'])}"
-
-            [projects.flashinfer]
-            upstream_requires = ["sgl-kernel==1.0"]"""))
+    toml = "\n".join([
+        "[stack]", f'name = "{STACK}"', "default = true", "",
+        *wheel_project(STACK, "kernel", "sgl-kernel", "1.0", kernel["1.0"]),
+        *wheel_project(STACK, "flashinfer", "flashinfer-python", "0.7.2", fi["0.7.2"],
+                       more=('upstream_requires = ["sgl-kernel==1.0"]',)),
+        *wheel_project(STACK, "sglang", "sglang", "0.5.23", sglang["0.5.23"],
+                       package_root="python", more=(
+                           'upstream_requires = ["flashinfer_python==0.7.2", "sgl-kernel==1.0"]',
+                           'layout = "layer_boundary"'))])
     root = sglang_toolkit(tmp_path, STACK, toml, _sglang_files("0.5.23"), GATE_FILE)
     kept = {}
     for key, package, text in (("kernel", "sgl_kernel", "K = 1\n"),
