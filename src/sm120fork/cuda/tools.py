@@ -41,9 +41,11 @@ _SYS_PATH_PROBE = "import json, sys; print(sys.argv[1] + json.dumps(sys.path))"
 _PIP_TOOLS = ("nvidia/cu*/bin/{}", "triton/backends/nvidia/bin/{}")
 
 
-def _pip_tool(name: str, paths: Sequence[str], patterns: Sequence[str] = _PIP_TOOLS
-              ) -> Path | None:
-    """The first ``name`` pip installed in a folder of ``paths`` (an interpreter's sys.path)."""
+def _tool(name: str, paths: Sequence[str], patterns: Sequence[str] = _PIP_TOOLS) -> Path | None:
+    """``name`` on PATH, else the first ``name`` pip installed in a folder of ``paths`` (an
+    interpreter's sys.path)."""
+    if on_path := shutil.which(name):
+        return Path(on_path)
     for entry in paths:
         for pattern in patterns:
             for hit in sorted(Path(entry or ".").glob(pattern.format(name))):
@@ -96,13 +98,8 @@ def find_tools(python: str | os.PathLike[str] | None = None) -> Tools:
         raise VerifyError("nvcc not found (CUDA_HOME, PATH, /usr/local/cuda)",
                           fix="install the CUDA toolkit (nvcc >= 12.9 for sm_120a/sm_120f)")
     paths: list[str] = probe(interpreter, _SYS_PATH_PROBE)[0] or []
-
-    def pick(name: str) -> Path | None:
-        on_path = shutil.which(name)
-        return Path(on_path) if on_path else _pip_tool(name, paths)
-
     tools = Tools(python=interpreter, nvcc=nvcc.path, nvcc_version=nvcc.version_text,
-                  cuobjdump=pick("cuobjdump"), nvdisasm=pick("nvdisasm"),
+                  cuobjdump=_tool("cuobjdump", paths), nvdisasm=_tool("nvdisasm", paths),
                   cxxfilt=Path(p) if (p := shutil.which("c++filt")) else None)
     if not tools.can_disassemble:
         log.warning("cuobjdump/nvdisasm not found: PDL instructions will be 'not checked' "
@@ -128,10 +125,7 @@ def demangle(names: Sequence[str], cxxfilt: Path | None) -> dict[str, str]:
 
 def find_cuobjdump() -> Path:
     """cuobjdump on PATH, else the one pip's ``nvidia-cuda-cuobjdump`` installs."""
-    found = shutil.which("cuobjdump")
-    if found:
-        return Path(found)
-    hit = _pip_tool("cuobjdump", sys.path, _PIP_TOOLS[:1])
+    hit = _tool("cuobjdump", sys.path, _PIP_TOOLS[:1])
     if hit is not None:
         return hit
     raise ConfigError("cuobjdump not found", fix="pip install nvidia-cuda-cuobjdump "
