@@ -51,14 +51,9 @@ def init_from_wheel(project: Project, wheel: Path, work: Path) -> str:
 
     def fill(_scratch: Path, dest: Path) -> None:
         with zipfile.ZipFile(wheel) as zf:
-            for name in members:
-                info = zf.getinfo(name)
-                target = dest / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(info) as src, target.open("wb") as out:
-                    shutil.copyfileobj(src, out)
-                mode = (info.external_attr >> 16) & 0o777
-                if mode & 0o111:
+            for name in members:  # each checked by source_members
+                target = Path(zf.extract(name, dest))
+                if (zf.getinfo(name).external_attr >> 16) & 0o111:
                     target.chmod(0o755)
 
     pin = project.wheels[0]
