@@ -104,6 +104,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden", type=counts, help="these hidden sizes, e.g. 4096,7168 (test: "
                    "every selected case at each instead of its own)")
 
+
 def _test_args(t: argparse.ArgumentParser) -> None:
     _common(t)
     t.set_defaults(handler=cmd_run)
@@ -199,7 +200,7 @@ def _options(cls: type[_Opts], args: argparse.Namespace, argv: Sequence[str], **
                   "record_command": records.recorded_command(args.gpu_command, argv), **more})
 
 
-def _resolved(name: str | None) -> ResolvedStack | None:
+def resolved_stack(name: str | None) -> ResolvedStack | None:
     """``--stack NAME``, resolved once where the command starts (after :func:`ready`)."""
     if name is None:
         return None
@@ -215,7 +216,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str],
     one error boundary."""
     wheels = {"wheel_dirs": core_runs.parse_variant_specs(args.wheel_dir),
               "prebuilt": core_runs.parse_variant_specs(args.prebuilt),
-              "stack": _resolved(args.stack)}
+              "stack": resolved_stack(args.stack)}
     done: ab_run.TestRun | bench_run.BenchRun
     if args.gpu_command == "test":
         done = ab_run.run_test(_options(ab_run.TestOptions, args, argv, **wheels))
@@ -254,7 +255,7 @@ def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
     made: Provenance | None = None
     folder = args.stack_dir
     tested = records.tested_beside(folder)
-    if (resolved := _resolved(args.stack)) is not None:
+    if (resolved := resolved_stack(args.stack)) is not None:
         folder, tested = resolved.folder, resolved.tested()
     if folder is not None:
         from sm120fork.gpu.core.stack_wheels import layer_trees

@@ -83,12 +83,9 @@ def _bench(args: argparse.Namespace, command: str, stack: ResolvedStack | None
 
 def _stack(args: argparse.Namespace) -> ResolvedStack | None:
     """The stack whose build is benched, resolved once (None: ``--wheel-dir`` gives it)."""
-    if args.wheel_dir:
-        return None
-    from sm120fork.resolved import ResolvedStack
-    from sm120fork.workspace import Workspace
+    from sm120fork.gpu.cli import resolved_stack
 
-    return ResolvedStack.named(Workspace.find(), args.stack)
+    return None if args.wheel_dir else resolved_stack(args.stack)
 
 
 def _tested(args: argparse.Namespace, stack: ResolvedStack | None) -> record.Tested | None:
