@@ -10,7 +10,7 @@ from sm120fork.gpu import methods
 from sm120fork.gpu.bench import run as bench_run
 from sm120fork.gpu.bench import timing
 from sm120fork.gpu.bench.adapters import Point
-from sm120fork.gpu.core.documents import BenchCheck, BenchRecord
+from sm120fork.gpu.core.documents import BenchRecord, CheckVerdict
 
 
 class FakeAdapter:
@@ -34,7 +34,7 @@ def _run(adapters: list[FakeAdapter], points: list[Point],
          gather: Any = None) -> list[BenchRecord]:
     records: list[BenchRecord] = []
 
-    def check(adapter: FakeAdapter, point: Point) -> tuple[bool, list[BenchCheck]]:
+    def check(adapter: FakeAdapter, point: Point) -> tuple[bool, list[CheckVerdict]]:
         adapter.checked.append(point)
         return adapter.ok, [{"output": "norm", "ok": adapter.ok,
                              "reason": "" if adapter.ok else "rel L2 0.9 > 0.015"}]
@@ -100,7 +100,7 @@ def test_a_check_that_raises_is_a_failed_check_not_a_crash() -> None:
     adapter = FakeAdapter("fused_oneshot")
     records: list[BenchRecord] = []
 
-    def boom(_a: Any, _p: Point) -> tuple[bool, list[BenchCheck]]:
+    def boom(_a: Any, _p: Point) -> tuple[bool, list[CheckVerdict]]:
         raise RuntimeError("workspace says no")
 
     timing.drive([adapter], [Point(8, 4096)], check=boom,

@@ -58,7 +58,7 @@ def test_a_correct_low_precision_result_passes_at_every_world_size() -> None:
         case = _case(world_size=ws, tokens=64, hidden=2048)
         got, want = _kernel_like(case)
         for name in ("allreduce", "residual", "norm"):
-            verdict = ref.compare(name, got[name], want[name], "bf16", ws)
+            verdict = ref.compare(name, got[name], want[name], "bf16", ws, stage="eager")
             assert verdict["ok"], verdict
 
 
@@ -67,7 +67,7 @@ def test_a_missing_rank_fails() -> None:
     data = ref.generate(case, "cpu")
     want = ref.expected(data)
     partial = torch.stack([x.float() for x in data.inputs[:-1]]).sum(0).to(torch.bfloat16)
-    verdict = ref.compare("allreduce", partial, want["allreduce"], "bf16", 8)
+    verdict = ref.compare("allreduce", partial, want["allreduce"], "bf16", 8, stage="eager")
     assert not verdict["ok"]
     assert "rel L2" in verdict["reason"]
 
@@ -77,7 +77,7 @@ def test_one_wrong_element_fails_elementwise() -> None:
     got, want = _kernel_like(case)
     bad = got["norm"].clone()
     bad[3, 5] += 4.0
-    verdict = ref.compare("norm", bad, want["norm"], "bf16", 4)
+    verdict = ref.compare("norm", bad, want["norm"], "bf16", 4, stage="eager")
     assert not verdict["ok"]
     assert "1 elements out of bounds" in verdict["reason"]
 
@@ -87,7 +87,7 @@ def test_unwritten_nan_output_fails() -> None:
     got, want = _kernel_like(case)
     bad = got["residual"].clone()
     bad[-1, -1] = float("nan")
-    verdict = ref.compare("residual", bad, want["residual"], "bf16", 4)
+    verdict = ref.compare("residual", bad, want["residual"], "bf16", 4, stage="eager")
     assert not verdict["ok"]
     assert verdict["nonfinite"] == 1
 
@@ -97,9 +97,10 @@ def test_fp8_round_trip_within_tolerance() -> None:
     want = ref.expected(ref.generate(case, "cpu"))["norm"]
     scale = ref.fp8_scale(want)
     quant = (want / scale).to(torch.float8_e4m3fn)
-    verdict = ref.compare("quant", ref.dequant_fp8(quant, scale), want, "fp8", 4)
+    verdict = ref.compare("quant", ref.dequant_fp8(quant, scale), want, "fp8", 4, stage="eager")
     assert verdict["ok"], verdict
-    assert not ref.compare("quant", ref.dequant_fp8(quant, scale * 1.5), want, "fp8", 4)["ok"]
+    assert not ref.compare("quant", ref.dequant_fp8(quant, scale * 1.5), want, "fp8", 4,
+                           stage="eager")["ok"]
 
 
 def test_fp4_linear_decoding() -> None:

@@ -167,8 +167,8 @@ def run_case(rk: Rank, case: Case) -> CaseResult:
             elif kind == "fp4":
                 got = dequant_fp4_linear(got, o.outs["scale_out"], o.fp4_scale,
                                          (case.tokens, case.hidden))
-            verdicts.append(Check(stage=stage, **compare(name, got, reference, kind,
-                                                          case.world_size)))
+            verdicts.append(Check(**compare(name, got, reference, kind, case.world_size,
+                                            stage=stage)))
         return verdicts
 
     def once(name: str, run: Callable[[], None]) -> list[Check]:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from sm120fork.gpu.bench.adapters import FACTORIES, Adapter, Point
 from sm120fork.gpu.core import worker
 from sm120fork.gpu.core.cases import BenchPlan, Case
-from sm120fork.gpu.core.documents import BenchCheck, BenchRecord
+from sm120fork.gpu.core.documents import BenchRecord, CheckVerdict
 from sm120fork.gpu.core.rank import Rank, capture_graph, cuda_broken, say
 from sm120fork.gpu.core.reference import TORCH_DTYPES, compare, expected, generate
 from sm120fork.gpu.methods import ERROR, FAILED_CHECK, METHODS, NOT_RUNNABLE, STARTING, TIMED
@@ -131,7 +131,7 @@ def measure(rk: Rank, plan: BenchPlan, methods: list[str]) -> None:
 
 
 def _check(rk: Rank, plan: BenchPlan, adapter: Adapter, point: Point,
-           ) -> tuple[bool, list[BenchCheck]]:
+           ) -> tuple[bool, list[CheckVerdict]]:
     """The method's outputs against the fp32 reference, eagerly, then in a CUDA-graph
     replay, on the same inputs."""
     dev, dtype = rk.device, TORCH_DTYPES[plan.dtype]
@@ -155,10 +155,10 @@ def _check(rk: Rank, plan: BenchPlan, adapter: Adapter, point: Point,
         torch.cuda.synchronize()
         rk.barrier()
 
-    def verify(stage: str) -> list[BenchCheck]:
+    def verify(stage: str) -> list[CheckVerdict]:
         torch.cuda.synchronize()
         residual, norm = adapter.outputs(0)
-        return [{**compare(name, got, ref[name], plan.dtype, rk.world), "stage": stage}
+        return [compare(name, got, ref[name], plan.dtype, rk.world, stage=stage)
                 for name, got in (("residual", residual), ("norm", norm))]
 
     adapter.bind(bufs, gamma, point)
@@ -201,7 +201,7 @@ def _floors(rk: Rank, plan: BenchPlan) -> None:
 
 
 #: check(adapter, point) -> (ok, checks); time(adapter, point) -> stats
-Check = Callable[[Any, Point], tuple[bool, list[BenchCheck]]]
+Check = Callable[[Any, Point], tuple[bool, list[CheckVerdict]]]
 Time = Callable[[Any, Point], BenchRecord]
 
 
@@ -256,7 +256,7 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
                 continue
             checked, error = attempt(check, adapter, point)
             ok, checks = checked if error is None else (
-                False, [BenchCheck(output="call", ok=False, reason=error[:500])])
+                False, [CheckVerdict(output="call", ok=False, reason=error[:500])])
             verdicts = gather((ok, checks))
             if not all(v[0] for v in verdicts):
                 failing = [rank for rank, v in enumerate(verdicts) if not v[0]]

@@ -70,16 +70,13 @@ class CheckVerdict(TypedDict, total=False):
     """One output against its fp32 reference."""
 
     output: str
+    stage: str  # eager or graph replay
     kind: str
     nonfinite: int
     ok: bool
     rel_l2: float | None
     max_abs: float | None
     reason: str
-
-
-class BenchCheck(CheckVerdict, total=False):
-    stage: str  # eager or graph replay
 
 
 class BenchRecord(TypedDict, total=False):
@@ -100,7 +97,7 @@ class BenchRecord(TypedDict, total=False):
     #: a floor's reason it was not measured; the meta line's {what: why} of skipped rows
     skipped: str | dict[str, str] | None
     fused_api: str | None
-    checks: list[BenchCheck]
+    checks: list[CheckVerdict]
     failing_ranks: list[int]
     methods: list[str]
     shared: bool

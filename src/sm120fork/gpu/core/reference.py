@@ -122,14 +122,15 @@ def dequant_fp4_linear(packed: torch.Tensor, scales: torch.Tensor, global_scale:
     return values * block_f.repeat_interleave(FP4_BLOCK, dim=1) / global_scale
 
 
-def compare(name: str, got: torch.Tensor, ref: torch.Tensor, kind: str,
-            world_size: int) -> CheckVerdict:
-    """Check one output against its reference; returns a JSON-ready verdict."""
+def compare(name: str, got: torch.Tensor, ref: torch.Tensor, kind: str, world_size: int, *,
+            stage: str) -> CheckVerdict:
+    """Check one output against its reference at ``stage``; returns a JSON-ready verdict."""
     tol = TOLERANCES[kind]
     got32 = got.float().reshape(ref.shape)
     ref32 = ref.float()
     bad_values = int((~torch.isfinite(got32)).sum())
-    result: CheckVerdict = {"output": name, "kind": kind, "nonfinite": bad_values}
+    result: CheckVerdict = {"output": name, "stage": stage, "kind": kind,
+                            "nonfinite": bad_values}
     if bad_values:
         return {**result, "rel_l2": None, "max_abs": None, "ok": False,
                 "reason": f"{bad_values} of {got32.numel()} elements NaN/Inf (unwritten or "
