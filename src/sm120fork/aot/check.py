@@ -25,7 +25,7 @@ from sm120fork.aot.compile import MODULE
 from sm120fork.aot.wheel import ENTRY_POINT_NAME, MARKER_SUFFIX, AotManifest, own_digest
 from sm120fork.cuda import cubin
 from sm120fork.cuda.arch import REFERENCE_ARCH
-from sm120fork.cuda.tools import FLASHINFER_PRELUDE, demangle, find_cuobjdump, probe
+from sm120fork.cuda.tools import demangle, find_cuobjdump, probe
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc, typed
 
@@ -33,7 +33,7 @@ from sm120fork.util import proc, typed
 DEFAULT_SPECS: tuple[str, ...] = ("flashinfer.jit.comm:gen_trtllm_comm_module",)
 
 _MARK = "@@sm120fork-aot-check@@"
-_LOOKUP_PROBE = FLASHINFER_PRELUDE + r"""
+_LOOKUP_PROBE = r"""
 import importlib.util
 makers, mark = sys.argv[1:-1], sys.argv[-1]
 spec = importlib.util.find_spec("flashinfer")

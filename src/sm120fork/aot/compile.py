@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from sm120fork.cuda.toolkit import require_nvcc
-from sm120fork.cuda.tools import FLASHINFER_PRELUDE, probe
+from sm120fork.cuda.tools import probe
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util import proc, typed
 from sm120fork.util.files import staged_dir
@@ -88,7 +88,7 @@ def sources_root(tree: Path) -> Path:
                       fix=f"run `{command('build')}` first to make the fork tree")
 
 
-_PROBE = FLASHINFER_PRELUDE + r"""
+_PROBE = r"""
 import os
 
 tree, build_dir = Path(sys.argv[1]).resolve(), Path(sys.argv[2])

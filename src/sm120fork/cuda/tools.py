@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,10 @@ log = logging.getLogger("sm120fork")
 
 PROBE_MARK = "@@sm120fork-probe@@"
 
-#: A FlashInfer probe's first lines: ``fake_flashinfer(root)`` stubs the packages
+#: Every probe script's first lines: ``fake_flashinfer(root)`` stubs the packages
 #: ``flashinfer`` and ``flashinfer.jit`` of the folder ``root``, so flashinfer/jit imports
 #: without flashinfer/__init__.py, which would pull in every kernel wrapper and its needs.
-FLASHINFER_PRELUDE = r"""
+_PRELUDE = r"""
 import importlib, json, sys, types
 from pathlib import Path
 
@@ -36,7 +36,7 @@ def fake_flashinfer(root):
         sys.modules[name] = module
 """
 
-_SYS_PATH_PROBE = "import json, sys; print(sys.argv[1] + json.dumps(sys.path))"
+_SYS_PATH_PROBE = "print(sys.argv[1] + json.dumps(sys.path))"
 #: Where pip puts a CUDA binary tool: NVIDIA's packages, then triton's copies.
 _PIP_TOOLS = ("nvidia/cu*/bin/{}", "triton/backends/nvidia/bin/{}")
 
@@ -54,13 +54,10 @@ def _tool(name: str, paths: Sequence[str], patterns: Sequence[str] = _PIP_TOOLS)
 
 
 def probe(python: str | os.PathLike[str], script: str, *args: str | os.PathLike[str],
-          mark: str = PROBE_MARK, env: Mapping[str, str] | None = None, cwd: Path | None = None,
-          on_line: Callable[[str], None] | None = None
-          ) -> tuple[Any, subprocess.CompletedProcess[str]]:
-    """Run ``script`` in ``python`` (``mark`` its last argument); the JSON after ``mark`` on
-    the last stdout line that starts with it (None when none does), and the run."""
-    out = proc.run([python, "-c", script, *args, mark], env=env, cwd=cwd, quiet=True,
-                   on_line=on_line)
+          mark: str = PROBE_MARK, **run: Any) -> tuple[Any, subprocess.CompletedProcess[str]]:
+    """Run the prelude and ``script`` in ``python`` (``mark`` its last argument, ``run`` to
+    proc.run); the JSON after ``mark`` on the last stdout line with it (None: none), the run."""
+    out = proc.run([python, "-c", _PRELUDE + script, *args, mark], quiet=True, **run)
     payload = next((line.removeprefix(mark) for line in reversed(out.stdout.splitlines())
                     if line.startswith(mark)), None)
     return (None if payload is None else json.loads(payload)), out

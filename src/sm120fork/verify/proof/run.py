@@ -26,14 +26,7 @@ from sm120fork.cuda.cubin import (
     kernel_sizes,
     runtime_calls,
 )
-from sm120fork.cuda.tools import (
-    FLASHINFER_PRELUDE,
-    Tools,
-    demangle,
-    find_tools,
-    probe,
-    require_tools_in_ci,
-)
+from sm120fork.cuda.tools import Tools, demangle, find_tools, probe, require_tools_in_ci
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.util import proc
 from sm120fork.util.files import sha256_file
@@ -57,7 +50,7 @@ _DATA_LINKS: tuple[tuple[str, str], ...] = (
     ("include", "include"),
 )
 
-_GATE_PROBE = FLASHINFER_PRELUDE + r"""
+_GATE_PROBE = r"""
 tree = Path(sys.argv[1]).resolve()
 mark = sys.argv[2]
 fake_flashinfer(tree / "flashinfer")
