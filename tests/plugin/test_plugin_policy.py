@@ -48,7 +48,7 @@ CAPTURE = textwrap.dedent("""\
 """)
 
 #: both probes: SGLang's model config, DP attention and executor flags, stubbed (``config``
-#: is the probe's own)
+#: is the probe's own), and G2's start-up decision at a TP size
 STUBS = textwrap.dedent("""\
     overrides.model_config_of = lambda view: config
     overrides.attn_dp_enabled_of = lambda view: False
@@ -58,6 +58,15 @@ STUBS = textwrap.dedent("""\
     add_norm.get_exec = lambda: bag
     add_norm.uses_cutedsl_ar_fusion = lambda: False
     add_norm.is_flashinfer_allreduce_unavailable = lambda: False
+
+    def auto_enable(tp):  # G2's start-up decision at TP ``tp``; the log starts afresh
+        view = types.SimpleNamespace(
+            tp_size=tp, nnodes=1, flashinfer_allreduce_fusion_backend=None,
+            attn_cp_size=1, encoder_only=False, enable_pdmux=False,
+            disable_custom_all_reduce=False, moe_a2a_backend="none")
+        del lines.lines[:]
+        return model_hook._flashinfer_allreduce_fusion_auto_enable(view).get(
+            "flashinfer_allreduce_fusion_backend")
 """)
 
 PROBE = textwrap.dedent("""\
@@ -90,13 +99,7 @@ PROBE = textwrap.dedent("""\
         follow.sglang_forget()  # SGLang reads the file once a process
         got = {"doctor_looks_at": str(reader.locate()), "tp": {}}
         for tp in tps:
-            view = types.SimpleNamespace(
-                tp_size=tp, nnodes=1, flashinfer_allreduce_fusion_backend=None,
-                attn_cp_size=1, encoder_only=False, enable_pdmux=False,
-                disable_custom_all_reduce=False, moe_a2a_backend="none")
-            del lines.lines[:]
-            backend = model_hook._flashinfer_allreduce_fusion_auto_enable(view).get(
-                "flashinfer_allreduce_fusion_backend")
+            backend = auto_enable(tp)
             said = [x for x in lines.lines if "usion" in x]
             decided = [x for x in lines.lines if x.startswith("sm120fork all-reduce")]
             add_norm.get_parallel = lambda tp=tp: types.SimpleNamespace(tp_size=tp)
@@ -282,13 +285,7 @@ V2_PROBE = textwrap.dedent("""\
         follow.sglang_forget()
         got = {}
         for tp in tps:
-            view = types.SimpleNamespace(
-                tp_size=tp, nnodes=1, flashinfer_allreduce_fusion_backend=None,
-                attn_cp_size=1, encoder_only=False, enable_pdmux=False,
-                disable_custom_all_reduce=False, moe_a2a_backend="none")
-            del lines.lines[:]
-            backend = model_hook._flashinfer_allreduce_fusion_auto_enable(view).get(
-                "flashinfer_allreduce_fusion_backend")
+            backend = auto_enable(tp)
             said = [x.removeprefix("sm120fork ") for x in lines.lines
                     if x.startswith("sm120fork all-reduce") or "cannot run here" in x]
             add_norm.get_parallel = lambda tp=tp: types.SimpleNamespace(tp_size=tp)
