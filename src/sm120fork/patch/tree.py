@@ -58,19 +58,16 @@ class Tree:
     reused: bool
 
 
-def _state_path(work: Path) -> Path:
-    return work / ".git" / STATE_FILE
-
-
 def read_state(work: Path) -> TreeState | None:
+    path = work / ".git" / STATE_FILE
     try:
-        return typed.read(TreeState, typed.json_file(_state_path(work)), _state_path(work))
+        return typed.read(TreeState, typed.json_file(path), path)
     except ConfigError:
         return None
 
 
 def write_state(work: Path, state: TreeState) -> None:
-    atomic_write_text(_state_path(work), json.dumps(asdict(state), indent=1))
+    atomic_write_text(work / ".git" / STATE_FILE, json.dumps(asdict(state), indent=1))
 
 
 def _local_changes(work: Path, state: TreeState | None) -> str | None:
