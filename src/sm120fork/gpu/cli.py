@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -196,7 +197,7 @@ def _options(cls: type[_Opts], args: argparse.Namespace, argv: Sequence[str], **
     tuple), the command lines, and ``more``."""
     given = {f.name: tuple(v) if isinstance(v := getattr(args, f.name), list) else v
              for f in dataclasses.fields(cls) if hasattr(args, f.name)}
-    return cls(**{**given, "command": records.command_line(argv),
+    return cls(**{**given, "command": shlex.join(["python", "-m", "sm120fork.gpu", *argv]),
                   "record_command": records.recorded_command(args.gpu_command, argv), **more})
 
 

@@ -37,10 +37,6 @@ def policy_made(*, gpu: str, gpu_count: int, shared: bool, stack: str | None,
             "dtype": "bf16", "hidden": sorted(set(hidden)), "note": note}
 
 
-def command_line(argv: Sequence[str]) -> str:
-    return shlex.join(["python", "-m", "sm120fork.gpu", *argv])
-
-
 def recorded_command(verb: str, argv: Sequence[str]) -> str:
     """The command that re-makes the run, as its user typed it, less this machine's paths."""
     shown = os.environ.get(COMMAND_ENV)
