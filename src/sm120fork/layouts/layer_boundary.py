@@ -26,18 +26,8 @@ from sm120fork.errors import CommandError, VerifyError
 from sm120fork.harness import fake_gpu
 from sm120fork.harness.fake_gpu import Records, _module, emit, environ, start_probe
 from sm120fork.layouts import FUSION_MODULE, RAISED_ALONE_SAYS, Layer  # noqa: F401
-from sm120fork.layouts.results import (
-    CheckResult,
-    LayerRunner,
-    Observation,
-    compact,
-    gather,
-    judged,
-    number_in,
-    setting_in,
-    sglang_trees,
-)
-from sm120fork.layouts.results import run_probe as run_probe_module
+from sm120fork.layouts import results as shared
+from sm120fork.layouts.results import CheckResult, Observation, judged, setting_in
 from sm120fork.util import proc
 from sm120fork.util.files import made_once
 
@@ -91,7 +81,7 @@ def run_probe(tree: Path, capability: str, *, overlay: Path,
         # would go unread (25 s of CPU a probe instead of 11).
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    return run_probe_module(
+    return shared.run_probe(
         PROBE_MODULE, request, tree=tree, env=env, python=python, timeout=timeout,
         what=f"the layer_boundary probe (capability {capability})",
         fix="install the probe's requirements and its overlay")
@@ -171,7 +161,7 @@ def _preflight_check(name: str, cap: str, obs: Observation,
                      baseline: Mapping[str, Observation]) -> CheckResult:
     """Without multicast: upstream's sizes at allocation granularity, never asking for mc."""
     scenario = name.partition(": ")[2]
-    upstream = compact(baseline[name].observed)
+    upstream = shared.compact(baseline[name].observed)
     if scenario == "no multicast":
         reference = baseline["preflight: multicast at allocation granularity"].observed
         expected: object = {"multicast_queried": False, "sizes": reference.get("sizes")
@@ -185,17 +175,17 @@ def _preflight_check(name: str, cap: str, obs: Observation,
 
 
 def check(tree: Path, *, baseline: Path | None, python: str | os.PathLike[str],
-          cache: Path, layer: LayerRunner) -> list[CheckResult]:
+          cache: Path, layer: shared.LayerRunner) -> list[CheckResult]:
     """``tree`` against ``baseline`` (unpatched upstream); a probe that cannot run raises.
     (The G series has no two-rank layer cases: ``layer`` is unused.)"""
     if baseline is None:
         raise VerifyError("the layer_boundary checks compare with unpatched upstream",
                           where=str(tree), fix="pass the unpatched tree as baseline")
-    sglang_trees(tree, baseline)
+    shared.sglang_trees(tree, baseline)
     overlay = ensure_overlay(cache, python=python)
     runs = [("patched", tree, cap) for cap in SM12X + UNCHANGED]
     runs += [("baseline", baseline, cap) for cap in UNCHANGED]
-    return judge(gather({(label, cap): functools.partial(
+    return judge(shared.gather({(label, cap): functools.partial(
         run_probe, root, cap, overlay=overlay, python=python)
         for label, root, cap in runs}, max(1, min(len(runs), os.cpu_count() or 1))))
 
@@ -287,7 +277,7 @@ def auto_scenarios() -> list[str]:
 
 
 def _auto_named(name: str) -> fake_gpu.Observation:
-    return _auto_case(tp=number_in(name, "tp"), nodes=number_in(name, "nodes"),
+    return _auto_case(tp=shared.number_in(name, "tp"), nodes=shared.number_in(name, "nodes"),
                       env=setting_in(name, AUTO_ENV),
                       backend="trtllm" if "explicit-trtllm" in name else None,
                       enforce_disable=name.startswith("enforce-disable"))
