@@ -155,7 +155,7 @@ def sites(tmp_path_factory: pytest.TempPathFactory, zygote_python: str) -> Sites
     base = once_per_run(tmp_path_factory, f"sites-{STACK}", _make_sites)
     repo = Git(base / "fork")
     ids = [n.split("-")[1] for n in _patch_names()]
-    spec = generate_spec(repo, patch_commits(repo, ids), package_root="python",
+    spec = generate_spec(repo, patch_commits(repo, ids), prefix="python/",
                          package="sglang", stack=STACK, distribution="sglang",
                          version=_version())
     return Sites(stock=base / "stock", patched=base / "patched", plugin=base / "plugin",
@@ -200,7 +200,7 @@ def _make_sites(base: Path) -> None:
     git(fork, "am", "-q", *(str(SERIES / n) for n in names))
     repo = Git(fork)
     ids = [n.split("-")[1] for n in names]
-    spec = generate_spec(repo, patch_commits(repo, ids), package_root="python",
+    spec = generate_spec(repo, patch_commits(repo, ids), prefix="python/",
                          package="sglang", stack=STACK, distribution="sglang",
                          version=version)
     built = plugin_build.build_plugin_wheel(spec, "sm120.1", base / "plugin-cache")

@@ -142,12 +142,15 @@ class Project:
                               fix=f"add [projects.{self.key}.git] with url, tag and commit")
         return self.git
 
+    @property
+    def package_prefix(self) -> str:
+        """What precedes the package's paths in the tree (``python/`` for SGLang; "" at the top)."""
+        root = self.package_root.strip("/")
+        return "" if root in ("", ".") else root + "/"
+
     def package_path(self, repo_relative: str) -> str | None:
         """``repo_relative`` made relative to the package root, or None when outside it."""
-        root = self.package_root.strip("/")
-        if root in ("", "."):
-            return repo_relative
-        prefix = root + "/"
+        prefix = self.package_prefix
         return repo_relative[len(prefix):] if repo_relative.startswith(prefix) else None
 
 

@@ -109,7 +109,7 @@ def make_fork_tree(base: Path, patches: list[tuple[str, dict[str, tuple[str, str
 
 
 def spec_for(repo: Git, ids: list[str], version: str = "1.0") -> runtime.Spec:
-    return generate_spec(repo, patch_commits(repo, ids), package_root="python",
+    return generate_spec(repo, patch_commits(repo, ids), prefix="python/",
                          package="fakesg", stack="fake-1.0", distribution="fakesg",
                          version=version)
 

@@ -20,8 +20,7 @@ def make_upstream_tree(project: Project, work: Path, fill: Callable[[Path, Path]
     """Build ``work`` (staged: :func:`staged_dir`) as a git repo whose first commit, tagged
     upstream and returned, is what ``fill(scratch, package_root)`` lays out."""
     with staged_dir(work) as repo_dir:
-        root = project.package_root.strip("/")
-        dest = repo_dir if root in ("", ".") else repo_dir / root
+        dest = repo_dir / project.package_prefix
         dest.mkdir(parents=True)
         fill(repo_dir.parent, dest)
         repo = Git.init(repo_dir)

@@ -92,7 +92,7 @@ def build_wheel(project: Project, repo: Git, out_dir: Path,
         # HEAD's tree without .git: checkout-index is git's cheapest way to write it elsewhere
         repo("read-tree", "HEAD")
         repo("checkout-index", "--all", "--force", f"--prefix={src}/")
-        package_dir = src / project.package_root.strip("/")  # "" and "." are src itself
+        package_dir = src / project.package_prefix
         env = _stamp(project, package_dir, changed_files)
         # Reproducible archives: wheel/setuptools date zip entries from this.
         env["SOURCE_DATE_EPOCH"] = str(repo.commit_time())

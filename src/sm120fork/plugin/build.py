@@ -27,7 +27,7 @@ from sm120fork.errors import BuildError, CommandError
 from sm120fork.patch.series import Series
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.plugin import generate as generate_module
-from sm120fork.plugin.generate import UPSTREAM_TAG, generate_spec, package_prefix, patch_commits
+from sm120fork.plugin.generate import UPSTREAM_TAG, generate_spec, patch_commits
 from sm120fork.plugin.runtime import Spec
 from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file, staged_dir
 from sm120fork.util.proc import run
@@ -230,13 +230,13 @@ def build_plugin(ws: Workspace, stack: Stack, series_of: Mapping[str, Series], *
         spec = Spec.from_json(json.loads(spec_file.read_text()))
     except (OSError, ValueError, KeyError, TypeError):  # none cached, or of another shape
         tree = prepare_tree(ws, stack, project, patches=series.patches, force=force)
-        framework = package_prefix(project.package_root) + FRAMEWORK_FILE
+        framework = project.package_prefix + FRAMEWORK_FILE
         if not tree.repo.exists(UPSTREAM_TAG, framework):
             return PluginResult(stack=stack.name, message=(
                 f"sglang {project.version} ships no {FRAMEWORK_FILE}: no plugin wheel; its "
                 "patched sglang wheel is the way there"))
         spec = generate_spec(tree.repo, patch_commits(tree.repo, ids),
-                             package_root=project.package_root, package="sglang",
+                             prefix=project.package_prefix, package="sglang",
                              stack=stack.name, distribution=project.distribution,
                              version=project.version)
         cache.mkdir(parents=True, exist_ok=True)

@@ -187,12 +187,6 @@ def diff_file(path: str, before: str | None, after: str | None) -> list[_Change]
     return changes
 
 
-def package_prefix(package_root: str) -> str:
-    """What precedes the package's paths in the tree (``python/`` for SGLang; "" at the top)."""
-    root = package_root.strip("/")
-    return "" if root in ("", ".") else root + "/"
-
-
 def patch_commits(repo: Git, patch_ids: Sequence[str]) -> dict[str, str]:
     """Each patch of the series (in order) -> the commit ``git am`` made of it in the fork
     tree (the commits after ``upstream``)."""
@@ -204,11 +198,10 @@ def patch_commits(repo: Git, patch_ids: Sequence[str]) -> dict[str, str]:
     return dict(zip(patch_ids, commits, strict=True))
 
 
-def generate_spec(repo: Git, patches: Mapping[str, str], *, package_root: str, package: str,
+def generate_spec(repo: Git, patches: Mapping[str, str], *, prefix: str, package: str,
                   stack: str, distribution: str, version: str) -> Spec:
-    """The hooks for ``patches`` (id -> commit) of the fork tree ``repo`` (package under
-    ``package_root``)."""
-    prefix = package_prefix(package_root)
+    """The hooks for ``patches`` (id -> commit) of the fork tree ``repo`` (package paths
+    after ``prefix``: :attr:`Project.package_prefix`)."""
     per_patch: dict[str, list[_Change]] = {}
     for patch, commit in patches.items():
         changed = repo("diff-tree", "--no-commit-id", "--name-only", "-r", commit).split()
