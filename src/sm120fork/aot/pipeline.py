@@ -72,28 +72,23 @@ def tree_hash(tree: Path) -> str:
     return repo.tree_hash()
 
 
-def published_sources(ws: Workspace, wheels_dir: Path,
-                      flashinfer: wheel_mod.FlashInferBuild) -> Path:
-    """The published FlashInfer wheel, unpacked once (by its sha256) as the module's sources."""
-    wheel = wheels_dir / flashinfer.wheel
-    if not wheel.is_file() or sha256_file(wheel) != flashinfer.sha256:
-        raise ConfigError(f"{flashinfer.wheel} is missing or not the wheel manifest.json pins "
-                          f"(sha256 {flashinfer.sha256[:12]})", where=str(wheel),
-                          fix=f"rebuild the stack: {command('build')}")
-
-    def unpack(new: Path) -> None:
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(new)
-
-    return made_once(ws.state_dir / "aot" / "sources" / flashinfer.sha256[:24],
-                     flashinfer.sha256, unpack)
-
-
 def sources(ws: Workspace, stack: Stack, wheels_dir: Path,
             flashinfer: wheel_mod.FlashInferBuild) -> Path:
-    """The fork tree the stack's FlashInfer wheel was built from, or that wheel, published."""
+    """The fork tree the stack's FlashInfer wheel was built from, or that wheel, published
+    (unpacked once, by its sha256)."""
     if flashinfer.tree is None:
-        return published_sources(ws, wheels_dir, flashinfer)
+        wheel = wheels_dir / flashinfer.wheel
+        if not wheel.is_file() or sha256_file(wheel) != flashinfer.sha256:
+            raise ConfigError(f"{flashinfer.wheel} is missing or not the wheel manifest.json "
+                              f"pins (sha256 {flashinfer.sha256[:12]})", where=str(wheel),
+                              fix=f"rebuild the stack: {command('build')}")
+
+        def unpack(new: Path) -> None:
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extractall(new)
+
+        return made_once(ws.state_dir / "aot" / "sources" / flashinfer.sha256[:24],
+                         flashinfer.sha256, unpack)
     tree = ws.work_tree(stack, stack.project(FLASHINFER_KEY))
     if not tree.is_dir():
         raise ConfigError("no FlashInfer fork tree", where=str(tree),
