@@ -3,7 +3,7 @@
 Runs in its own interpreter (``python -m <package>.doctor.decide 2 4``): loads SGLang's
 plugins as the server does, then calls that SGLang's own auto-enable code on this box for
 one model that every SGLang here auto-enables the fusion for.  Which code that is depends on
-what the SGLang has (``SOURCES``, first match wins), not on its version number.
+what the SGLang has (arg_groups first, else ServerArgs), not on its version number.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import importlib.util
 import logging
 import sys
 import types
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from ..util import wire
@@ -101,32 +100,21 @@ def _server_args(tp: int) -> tuple[bool | None, str | None, list[str]]:
     return enabled, "trtllm" if enabled else None, capture.lines
 
 
-@dataclass(frozen=True)
-class Source:
-    name: str
-    present: Callable[[], bool]
-    decide: Callable[[int], tuple[bool | None, str | None, list[str]]]
-
-
-SOURCES = (
-    Source("arg_groups", lambda: _has("sglang.srt.arg_groups.overrides",
-                                      "_flashinfer_allreduce_fusion_auto_enable"), _arg_groups),
-    Source("server_args", lambda: _has("sglang.srt.server_args", "ServerArgs"), _server_args),
-)
-
-
 def decide(tp_sizes: Sequence[int]) -> Decisions:
     plugins_loaded = False
     if importlib.util.find_spec("sglang.srt.plugins") is not None:
         importlib.import_module("sglang.srt.plugins").load_plugins()
         plugins_loaded = True
-    source = next((s for s in SOURCES if s.present()), None)
-    if source is None:
+    if _has("sglang.srt.arg_groups.overrides", "_flashinfer_allreduce_fusion_auto_enable"):
+        source, decide_at = "arg_groups", _arg_groups
+    elif _has("sglang.srt.server_args", "ServerArgs"):
+        source, decide_at = "server_args", _server_args
+    else:
         return {"error": "this SGLang has neither arg_groups.overrides nor ServerArgs"}
     decisions: list[Decision] = []
     for tp in tp_sizes:
         try:
-            fusion, backend, lines = source.decide(tp)
+            fusion, backend, lines = decide_at(tp)
         except Exception as exc:
             decisions.append({"tp": tp, "fusion": None, "backend": None,
                               "line": f"{type(exc).__name__}: {exc}"})
@@ -138,7 +126,7 @@ def decide(tp_sizes: Sequence[int]) -> Decisions:
             "no policy line logged: SGLang's auto-enable code did not enable it")
         decisions.append({"tp": tp, "fusion": fusion, "backend": backend, "line": line,
                           "policy_lines": ours})
-    return {"model": MODEL_ARCH, "source": source.name, "plugins_loaded": plugins_loaded,
+    return {"model": MODEL_ARCH, "source": source, "plugins_loaded": plugins_loaded,
             "decisions": decisions}
 
 
