@@ -101,16 +101,14 @@ def probe_path(cache: Path, python: str | os.PathLike[str]) -> list[str]:
 def run_probe(tree: Path, suite: str, capability: str | None, *,
               python: str | os.PathLike[str] = sys.executable,
               timeout: float = 600, cuda: str | None = None) -> list[Observation]:
-    package_root = Path(__file__).resolve().parents[2]
     request: dict[str, object] = {"suite": suite}
     if capability is not None:
         request["capability"] = [int(part) for part in capability.split(".")]
     if cuda is not None:
         request["cuda"] = cuda
-    env = {"PYTHONPATH": os.pathsep.join([str(tree / "python"), str(package_root)])}
     return run_probe_module(
-        PROBE_MODULE, request, tree=tree, env=env, python=python, timeout=timeout,
-        what=f"the SGLang probe ({suite}, capability {capability})",
+        PROBE_MODULE, request, tree=tree, path=[tree / "python"], env={}, python=python,
+        timeout=timeout, what=f"the SGLang probe ({suite}, capability {capability})",
         fix=f"install the probe's requirements: {REQUIREMENTS}")
 
 

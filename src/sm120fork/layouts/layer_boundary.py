@@ -72,17 +72,13 @@ def probe_path(cache: Path, python: str | os.PathLike[str]) -> list[str]:
 def run_probe(tree: Path, capability: str, *, overlay: Path,
               python: str | os.PathLike[str] = sys.executable,
               timeout: float = 600) -> list[Observation]:
-    package_root = Path(__file__).resolve().parents[2]
     request = {"capability": [int(part) for part in capability.split(".")],
                "suites": list(SUITES)}
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(overlay), str(tree / "python"), str(package_root)]),
-        # The fork tree stays clean.  Not PYTHONPYCACHEPREFIX: installed modules' byte code
-        # would go unread (25 s of CPU a probe instead of 11).
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
+    # The fork tree stays clean.  Not PYTHONPYCACHEPREFIX: installed modules' byte code
+    # would go unread (25 s of CPU a probe instead of 11).
     return shared.run_probe(
-        PROBE_MODULE, request, tree=tree, env=env, python=python, timeout=timeout,
+        PROBE_MODULE, request, tree=tree, path=[overlay, tree / "python"],
+        env={"PYTHONDONTWRITEBYTECODE": "1"}, python=python, timeout=timeout,
         what=f"the layer_boundary probe (capability {capability})",
         fix="install the probe's requirements and its overlay")
 

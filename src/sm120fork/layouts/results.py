@@ -163,7 +163,10 @@ def probe_failure(what: str, tree: Path, fix: str, output: str) -> VerifyError:
 
 def run_probe(module: str, request: Mapping[str, object], *, tree: Path,
               env: Mapping[str, str], python: str | os.PathLike[str], timeout: float,
-              what: str, fix: str) -> list[Observation]:
+              what: str, fix: str, path: Sequence[str | Path] = ()) -> list[Observation]:
+    """``python -m module request`` in ``tree``, with ``path`` and this package importable."""
+    package_root = Path(__file__).resolve().parents[2]
+    env = {**env, "PYTHONPATH": os.pathsep.join(map(str, [*path, package_root]))}
     try:
         with proc.sigterm_unwinds():
             completed = proc.run([python, "-m", module, json.dumps(request)],

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import sm120fork
 from sm120fork.errors import CommandError, ToolkitError, VerifyError
 from sm120fork.fetch.source import UPSTREAM_TAG
 from sm120fork.harness.fake_gpu import GPU_ONLY_PACKAGES
@@ -179,16 +178,15 @@ def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
              path: list[str], python: str | os.PathLike[str], timeout: float,
              added: dict[str, list[int]]) -> tuple[list[CheckFailure], str]:
     """The failures at each capability, and a module neither the tree nor ``python`` has."""
-    env = {"PYTHONPATH": os.pathsep.join([*path, str(Path(sm120fork.__file__).parents[1])]),
-           "PYTHONDONTWRITEBYTECODE": "1"}  # the fork tree stays clean
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}  # the fork tree stays clean
     failures: dict[tuple[str, str], CheckFailure] = {}
     for cap in CAPABILITIES:
         request = {"capability": [int(c) for c in cap.split(".")], "tree": str(tree),
                    "modules": list(modules),
                    "added": {m: added.get(rel, []) for m, rel in modules.items()}}
         what = f"the import probe (capability {cap})"
-        seen = run_probe(PROBE, request, tree=tree, env=env, python=python, timeout=timeout,
-                         what=what, fix=_install(python))
+        seen = run_probe(PROBE, request, tree=tree, path=path, env=env, python=python,
+                         timeout=timeout, what=what, fix=_install(python))
         for obs in seen:
             if obs.observed == "missing":
                 return [], obs.detail
