@@ -17,7 +17,7 @@ import ssl
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, cast
 
@@ -36,7 +36,6 @@ from unearth.fetchers import Fetcher, PyPIClient
 
 from sm120fork.declare import Project, SdistPin, WheelPin
 from sm120fork.errors import ChecksumError, SourceError
-from sm120fork.fetch.source import Progress
 from sm120fork.util import proc
 from sm120fork.util.files import scratch_prefix, sha256_file
 
@@ -44,6 +43,8 @@ log = logging.getLogger("sm120fork")
 _PIP_FIX = "check pip's configuration (`python -m pip config list`) and the network"
 _SECTIONS = ("global", "download", ":env:")  # pip download's, each over the one before
 _ALIASES = {"default-timeout": "timeout"}  # two names of one pip option
+#: Called as ``progress(bytes_done, bytes_total_or_None)`` while downloading.
+Progress = Callable[[int, int | None], None]
 
 
 def pip_config() -> dict[str, str]:

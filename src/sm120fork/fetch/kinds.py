@@ -2,23 +2,41 @@
 module branches on a kind's name (CONTRIBUTING.md, "Source kinds"); and how each makes
 the unpatched fork tree: an sdist (sha256-checked, extracted under the package root), only
 the pinned git commit (refusing any other HEAD), or the first declared wheel's sources (no
-``.dist-info``, no compiled files, as upstream's repository)."""
+``.dist-info``, no compiled files, as upstream's repository). Each is a git repository whose
+first commit (tagged ``upstream``) is unpatched upstream, laid out like the upstream
+repository."""
 
 from __future__ import annotations
 
 import hashlib
 import shutil
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 from sm120fork.declare import Project
 from sm120fork.errors import CommandError, SourceError
 from sm120fork.fetch.archive import safe_extract, source_members
-from sm120fork.fetch.index import download_pinned
-from sm120fork.fetch.source import UPSTREAM_TAG, Progress, make_upstream_tree
+from sm120fork.fetch.index import Progress, download_pinned
 from sm120fork.util.files import staged_dir
 from sm120fork.util.git import Git
+
+UPSTREAM_TAG = "upstream"
+
+
+def make_upstream_tree(project: Project, work: Path, fill: Callable[[Path, Path], None],
+                       message: str) -> str:
+    """Build ``work`` (staged: :func:`staged_dir`) as a git repo whose first commit, tagged
+    upstream and returned, is what ``fill(scratch, package_root)`` lays out."""
+    with staged_dir(work) as repo_dir:
+        dest = repo_dir / project.package_prefix
+        dest.mkdir(parents=True)
+        fill(repo_dir.parent, dest)
+        repo = Git.init(repo_dir)
+        head = repo.commit_all(message)
+        repo.tag(UPSTREAM_TAG, head)
+        return head
 
 
 def init_from_git(project: Project, work: Path) -> str:

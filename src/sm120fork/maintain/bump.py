@@ -29,8 +29,7 @@ from sm120fork.errors import (
     ToolkitError,
 )
 from sm120fork.fetch.index import download_pinned, find_sdist, find_wheels
-from sm120fork.fetch.kinds import source_key, source_kind
-from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.fetch.kinds import UPSTREAM_TAG, source_key, source_kind
 from sm120fork.maintain.classify import classification, classify, preview
 from sm120fork.maintain.pin import (
     check_declaration,

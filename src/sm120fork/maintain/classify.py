@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from packaging.version import Version
 
 from sm120fork.errors import CommandError
-from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.fetch.kinds import UPSTREAM_TAG
 from sm120fork.maintain.state import (
     CONFLICT,
     MERGES_UNCHECKED,

@@ -11,8 +11,8 @@ from pathlib import Path
 from sm120fork import __version__
 from sm120fork.declare import Project, Stack, WheelPin
 from sm120fork.errors import BuildError, VerifyError
+from sm120fork.fetch.index import Progress
 from sm120fork.fetch.kinds import PUBLISHED, SourceFetch, source_kind
-from sm120fork.fetch.source import Progress
 from sm120fork.manifest import (
     UNCHECKED,
     FingerprintResult,

@@ -23,8 +23,8 @@ from packaging.version import Version
 
 from sm120fork.declare import Project, Stack, pinned_for, requirement_applies
 from sm120fork.errors import BuildError, ConfigError, DirtyTreeError
+from sm120fork.fetch.index import Progress
 from sm120fork.fetch.kinds import source_key
-from sm120fork.fetch.source import Progress
 from sm120fork.manifest import UNCHECKED, ManifestEntry
 from sm120fork.package.kinds import Build, Job, Stage, kind_for, no_stage
 from sm120fork.package.publish import ProjectBuild, check_writable, publish

@@ -34,7 +34,7 @@ from packaging.version import Version
 from sm120fork.declare import Project
 from sm120fork.errors import ArtifactCheckError, BuildError, CommandError, ConfigError, PatchError
 from sm120fork.fetch.archive import is_compiled, source_members
-from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.fetch.kinds import UPSTREAM_TAG
 from sm120fork.manifest import FingerprintResult
 from sm120fork.patch.series import Series, fingerprint_in, load_series, match_upstream
 from sm120fork.patch.tree import prepare_tree

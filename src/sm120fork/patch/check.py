@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sm120fork.errors import CommandError, ToolkitError, VerifyError
-from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.fetch.kinds import UPSTREAM_TAG
 from sm120fork.harness.fake_gpu import GPU_ONLY_PACKAGES
 from sm120fork.layouts import adapter
 from sm120fork.layouts.results import REQUIREMENTS, run_probe

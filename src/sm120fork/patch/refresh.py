@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 
 from sm120fork.errors import CommandError, SeriesError
-from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.fetch.kinds import UPSTREAM_TAG
 from sm120fork.patch.series import Series, load_series, parse_patch, read_series_file
 from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file
 from sm120fork.util.git import Git

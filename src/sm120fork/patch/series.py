@@ -17,7 +17,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from sm120fork.errors import CommandError, SeriesError
-from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.fetch.kinds import UPSTREAM_TAG
 from sm120fork.util import proc
 from sm120fork.util.git import Git
 

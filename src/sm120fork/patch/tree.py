@@ -25,8 +25,8 @@ from sm120fork.errors import (
     MaintenanceError,
     PatchError,
 )
-from sm120fork.fetch.kinds import fetch_source, source_key
-from sm120fork.fetch.source import UPSTREAM_TAG, Progress
+from sm120fork.fetch.index import Progress
+from sm120fork.fetch.kinds import UPSTREAM_TAG, fetch_source, source_key
 from sm120fork.patch.series import Patch, Series
 from sm120fork.util import typed
 from sm120fork.util.files import atomic_write_text

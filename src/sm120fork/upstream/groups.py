@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 from sm120fork import __version__, record
 from sm120fork.declare import Project, Stack
 from sm120fork.errors import CommandError, ConfigError, MaintenanceError
-from sm120fork.fetch.source import UPSTREAM_TAG
+from sm120fork.fetch.kinds import UPSTREAM_TAG
 from sm120fork.patch.series import Patch
 from sm120fork.patch.tree import open_tree
 from sm120fork.resolved import ResolvedStack
