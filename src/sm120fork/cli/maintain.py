@@ -197,8 +197,7 @@ def run_bump(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     say(console, *evidence_lines(result.stack, result.new_stack_created, result.remake),
         f"report (the evidence for each verdict): {result.report.relative_to(ws.root)}; "
         f"changelog: {result.changelog.relative_to(ws.root)}")
-    waiting = sorted(d.name.partition("--")[2] for d in
-                     (ws.state_dir / "bump").glob(f"{result.stack}--*") if d.is_dir())
+    waiting = BumpState.pending(ws, result.stack)
     next_step = (command("bump", result.stack, waiting[0], "--continue") if waiting else
                  command("build", "--stack", result.stack))
     say(console, f"next: {next_step}")

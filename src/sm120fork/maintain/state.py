@@ -138,6 +138,12 @@ class BumpState:
     def directory(ws: Workspace, stack: str, project: str) -> Path:
         return ws.state_dir / "bump" / f"{stack}--{project}"
 
+    @staticmethod
+    def pending(ws: Workspace, stack: str) -> list[str]:
+        """The projects of ``stack`` with a bump in progress, sorted."""
+        return sorted(d.name.partition("--")[2] for d in
+                      (ws.state_dir / "bump").glob(f"{stack}--*") if d.is_dir())
+
     def kept_series(self, ws: Workspace) -> Series:
         """The series the bump started from, as it kept it (the patches it applies)."""
         return load_series(self.directory(ws, self.stack, self.project) / "series")

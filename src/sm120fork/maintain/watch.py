@@ -162,8 +162,8 @@ class _Run:
         default_factory=dict)
 
     def stopped(self) -> BumpState | None:
-        states = [s for d in sorted((self.ws.state_dir / "bump").glob(f"{self.stack}--*"))
-                  if (s := BumpState.load(self.ws, self.stack, d.name.partition("--")[2]))]
+        states = [s for p in BumpState.pending(self.ws, self.stack)
+                  if (s := BumpState.load(self.ws, self.stack, p))]
         return next((s for s in states if s.coordinated_with), states[0] if states else None)
 
     def to_end(self, start: Callable[[], BumpResult]) -> BumpResult:
