@@ -94,8 +94,7 @@ def classify(repo: Git, patch: Patch, new_version: Version,
     if _applies(repo, patch, env, "--reverse"):
         return UPSTREAMED_IDENTICALLY, ["does not apply; reverse-applies cleanly"]
     evidence = ["does not apply, does not reverse-apply", *match.evidence]
-    missing = [f for f in patch.files if not repo.exists("HEAD", f) and
-               f"--- a/{f}\n" in patch.path.read_text(encoding="utf-8", errors="replace")]
+    missing = [f for f in patch.changed_files if not repo.exists("HEAD", f)]
     if missing:
         return TARGET_MISSING, [*evidence, f"not in {new_version}: {', '.join(missing)} "
                                            "(moved or removed upstream)"]

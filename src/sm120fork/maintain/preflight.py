@@ -138,21 +138,12 @@ def requirements_on_stack(stack: Stack, project: Project, release: Release) -> l
             and canonicalize_name(r.name) != project.normalized_name]
 
 
-def _package_files(project: Project, patch: Patch) -> list[str]:
-    """The files ``patch`` changes but does not create, relative to the package root."""
-    text = patch.path.read_text(encoding="utf-8", errors="replace")
-    created = {line.split(" b/", 1)[1] for block in text.split("\ndiff --git a/")[1:]
-               for line in [block.splitlines()[0]] if "\nnew file mode" in
-               "\n".join(block.splitlines()[:3])}
-    return [rel for f in patch.files
-            if f not in created and (rel := project.package_path(f)) is not None]
-
-
 def missing_targets(project: Project, patches: Sequence[Patch], release: Release
                     ) -> dict[str, list[str]]:
     """patch name -> its target files the release does not have."""
     return {p.name: gone for p in patches
-            if (gone := [f for f in _package_files(project, p) if f not in release.files])}
+            if (gone := [rel for f in p.changed_files if (rel := project.package_path(f))
+                         is not None and rel not in release.files])}
 
 
 def check_layout(stacks: Sequence[Stack], stack: Stack, project: Project, new_version: str,

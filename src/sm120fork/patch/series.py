@@ -81,6 +81,12 @@ class Patch:
         """``git patch-id --stable``: evidence keyed on it survives a reworded header."""
         return _patch_id(self.sha256, self.path)
 
+    @property
+    def changed_files(self) -> list[str]:
+        """The files the patch changes but does not create (each has a ``--- a/`` line)."""
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        return [f for f in self.files if f"--- a/{f}\n" in text]
+
 
 @dataclass(frozen=True, kw_only=True)
 class Series:
