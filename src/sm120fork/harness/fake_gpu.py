@@ -199,7 +199,7 @@ class Records(logging.Handler):
 
     def __init__(self, name: str, level: int = logging.DEBUG) -> None:
         super().__init__(level)
-        self.lines: list[tuple[str, str]] = []
+        self.lines: list[str] = []
         self.logger = logging.getLogger(name)
         self.old_level = self.logger.level
         self.logger.addHandler(self)
@@ -214,11 +214,7 @@ class Records(logging.Handler):
         self.logger.setLevel(self.old_level)
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append((record.levelname, record.getMessage()))
-
-    @property
-    def messages(self) -> tuple[str, ...]:
-        return tuple(message for _, message in self.lines)
+        self.lines.append(record.getMessage())
 
 
 @contextlib.contextmanager

@@ -232,8 +232,8 @@ def _decide(*, tp: int, explicit: bool = False, env: str | None = None,
     sa.set_global_server_args_for_scheduler(args)
     fused = bool(communicator.apply_flashinfer_allreduce_fusion(BATCH))
     flag = bool(args.enable_flashinfer_allreduce_fusion)
-    notes = [msg for _, msg in logs.lines if "AllReduce Fusion" in msg or "allreduce" in msg]
-    sm12x_lines = sum("on SM12x" in msg for _, msg in logs.lines)
+    notes = [msg for msg in logs.lines if "AllReduce Fusion" in msg or "allreduce" in msg]
+    sm12x_lines = sum("on SM12x" in msg for msg in logs.lines)
     return {"observed": {"flag": flag, "fused": fused, "sm12x_lines": sm12x_lines},
             "detail": " | ".join(notes)}
 

@@ -308,9 +308,9 @@ def _auto_case(*, tp: int, nodes: int, env: str | None = None, backend: str | No
             resolved = fusion._resolve_backend(chosen, nodes > 1)
         except ValueError as exc:
             resolved = f"error: {exc}"
-    decisions = [msg for _, msg in logs.lines if "SM12x" in msg]
+    decisions = [msg for msg in logs.lines if "SM12x" in msg]
     # G7's decision line ("sm120fork all-reduce at TP2: ... (policy ..., measured ...)")
-    notes = [msg for _, msg in logs.lines if "AllReduce Fusion" in msg or "allreduce" in msg
+    notes = [msg for msg in logs.lines if "AllReduce Fusion" in msg or "allreduce" in msg
              or msg.startswith("sm120fork all-reduce")]
     return {
         "observed": {"backend": chosen, "runs": None if resolved is None or
@@ -352,7 +352,7 @@ def run_plain() -> list[fake_gpu.Observation]:
                 except ValueError as exc:
                     results.append({"name": name, **_error(exc)})
                     continue
-            lines = [msg for _, msg in logs.lines if "SM12x" in msg]
+            lines = [msg for msg in logs.lines if "SM12x" in msg]
             results.append({
                 "name": name,
                 "observed": {"flashinfer_plain_allreduce":

@@ -635,8 +635,8 @@ def run_rank(req: RankRequest) -> Observation:
         rank=req.rank, layout=layer.layout, injected=injected,
         gate_after=bool(layer.gate(req.tokens[0])),
         unavailable=bool(layer.fusion.is_flashinfer_allreduce_unavailable()),
-        warnings=warnings.messages, plugin=plugin.messages if plugin else (),
-        steps=tuple(steps), pcie_ipc_built=pcie_ipc, pcie_ipc_log=pcie_log.messages[-8:],
+        warnings=tuple(warnings.lines), plugin=tuple(plugin.lines) if plugin else (),
+        steps=tuple(steps), pcie_ipc_built=pcie_ipc, pcie_ipc_log=tuple(pcie_log.lines[-8:]),
         fake_buffers_alive=_FakeBuffer.alive if fake is not None else None)
     dist.barrier()
     dist.destroy_process_group()
