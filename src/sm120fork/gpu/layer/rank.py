@@ -26,7 +26,7 @@ from unittest import mock
 
 from sm120fork.harness import fake_gpu
 from sm120fork.harness.fake_gpu import _module
-from sm120fork.layouts import Layer
+from sm120fork.layouts import FUSION_MODULE, Layer
 from sm120fork.layouts import adapter as layout_adapter
 from sm120fork.util import typed, wire
 
@@ -34,7 +34,6 @@ READY, RESULT, RAISED = "READY", "RESULT", "RAISED"
 #: The fusion module's bounds (S4, G6) the request sets where the tree has them.
 AGREEMENT_TIMEOUT = "_FUSED_CALL_AGREEMENT_TIMEOUT_S"
 EXCHANGE_TIMEOUT = "_HANDLE_EXCHANGE_TIMEOUT_S"
-FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 STUBBED_CAPABILITY = (12, 0)
 #: Compiled for another torch: import stubs on a GPU.
 GPU_STUBS = ("sgl_kernel",)
