@@ -82,8 +82,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prebuilt", action="append", default=[], metavar="NAME=DIR",
                    help="FlashInfer modules prebuilt for variant NAME (DIR holds "
                    "<module>/<module>.so); if they fail to load, the run JIT-compiles")
-    p.add_argument("--also-build", action="append", default=[], choices=["norm"],
-                   help="JIT-build more modules now (so a later bench finds them cached)")
     p.add_argument("--quick", action="store_true", help="the quick subset")
     p.add_argument("--out", type=Path, help="the run's folder: its report, logs and "
                    "record (default gpu-runs/<gpu>-<count>x; nox -s record_import -- "

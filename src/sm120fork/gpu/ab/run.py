@@ -175,8 +175,7 @@ def run_test(opts: TestOptions) -> TestRun:
         results={name: tuple(recs) for name, recs in results.items()},
         module_seconds=round(prepared.module_seconds, 1), time_budget=opts.time_budget,
         finished=not any(r.never_ran for recs in results.values() for r in recs))
-    out = runs.run_out_dir(opts, env)
-    roles = runs.run_roles(opts, out)
+    out, roles = runs.run_out(opts, env)
     paths = write_test_report(doc, out, roles)
     recorded = dataclasses.replace(doc, command=opts.record_command or opts.command)
     try:

@@ -99,8 +99,7 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     gpu_count = int(env.get("gpu_count") or 1)
     worlds = list(opts.world_sizes or (max(2, gpu_count),))
     timeouts = opts.timeouts()  # the time budget counts from here
-    out = runs.run_out_dir(opts, env)
-    roles = runs.run_roles(opts, out)
+    out, roles = runs.run_out(opts, env)
     paths: list[Path] = []
     by_world: dict[int, list[BenchRecord]] = {}
     failures: list[str] = []

@@ -52,7 +52,6 @@ class RunOptions:
     #: {variant: its wheel, or a folder holding one} (``--wheel-dir NAME=PATH``)
     wheel_dirs: Mapping[str, Path] = dataclasses.field(default_factory=dict)
     prebuilt: Mapping[str, Path] = dataclasses.field(default_factory=dict)
-    also_build: tuple[str, ...] = ()
     quick: bool = False
     out: Path | None = None
     work_dir: Path = DEFAULT_WORK_DIR
@@ -122,16 +121,13 @@ def prepare(opts: RunOptions, what: str, modules: Sequence[str]) -> Prepared:
     """Install every variant and build (or load) its modules; returns the run folder too."""
     check_backend(opts.backend, allow_multicast=opts.allow_multicast,
                   host_environ=os.environ)
-    specs, prebuilt = opts.wheel_dirs, opts.prebuilt
-    work = opts.work_dir
+    specs, work = opts.wheel_dirs, opts.work_dir
     run_dir = work / "runs" / f"{what}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    unknown = sorted(set(prebuilt) - set(specs))
-    if unknown:
+    if unknown := sorted(set(opts.prebuilt) - set(specs)):
         raise UsageError(f"--prebuilt for unknown variants {unknown}", where="--prebuilt")
-    installed = [variants.install_variant(name, path, work, prebuilt.get(name))
+    installed = [variants.install_variant(name, path, work, opts.prebuilt.get(name))
                  for name, path in (specs.items() if specs else [("installed", None)])]
-    modules = [*modules, *(m for m in opts.also_build if m not in modules)]
     log.info("building/loading FlashInfer modules %s for %s (cached under %s)", modules,
              [v.name for v in installed], work)
     started = time.monotonic()
@@ -174,16 +170,11 @@ def run_environment(compiled: dict[str, ModuleBuild], primary: str,
     return env
 
 
-def run_out_dir(opts: RunOptions, env: Environment) -> Path:
-    if opts.out:
-        return opts.out
+def run_out(opts: RunOptions, env: Environment) -> tuple[Path, portable.Roles]:
+    """The run's output folder, and this machine's paths by role for reports that travel."""
     gpus = env.get("gpus") or ["unknown"]
-    return Path("gpu-runs") / report.gpu_slug(gpus[0], int(env.get("gpu_count") or 0))
-
-
-def run_roles(opts: RunOptions, out: Path) -> portable.Roles:
-    """This machine's paths by role, for reports that travel."""
-    return portable.machine_roles(Path.cwd(), {"gpu-work": opts.work_dir, "out": out})
+    out = opts.out or Path("gpu-runs") / report.gpu_slug(gpus[0], int(env.get("gpu_count") or 0))
+    return out, portable.machine_roles(Path.cwd(), {"gpu-work": opts.work_dir, "out": out})
 
 
 def collect_logs(run_dir: Path, dest: Path, roles: portable.Roles) -> None:
