@@ -15,7 +15,7 @@ from sm120fork.errors import ConfigError
 from sm120fork.gpu.ab import launcher
 from sm120fork.gpu.core import runs, variants
 from sm120fork.gpu.core.cases import Case
-from sm120fork.gpu.core.launcher import Timeouts
+from sm120fork.gpu.core.variants import Timeouts
 from sm120fork.util import proc, wire
 from sm120fork.util.files import sha256_file
 
@@ -355,7 +355,7 @@ def test_sigterm_to_the_launcher_ends_every_rank_with_its_process_group(tmp_path
         from sm120fork.gpu.ab import launcher
         from sm120fork.gpu.core import variants
         from sm120fork.gpu.core.cases import Case
-        from sm120fork.gpu.core.launcher import Timeouts
+        from sm120fork.gpu.core.variants import Timeouts
         tmp = Path({str(tmp_path)!r})
         variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp)
         case = Case(world_size=2, api="fusion_legacy", pattern="ar_rmsnorm", tokens=1,

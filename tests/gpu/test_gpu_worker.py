@@ -271,8 +271,7 @@ def test_the_bench_plan_a_group_is_given_is_the_plan_its_ranks_measure(
     """The plan crosses the process edge in the group's spec file, read back typed."""
     from sm120fork.gpu.bench import timing as bench_worker
     from sm120fork.gpu.core.cases import bench_plan
-    from sm120fork.gpu.core.launcher import Timeouts
-    from sm120fork.gpu.core.variants import Variant
+    from sm120fork.gpu.core.variants import Timeouts, Variant
     from sm120fork.util import proc
 
     plan = dataclasses.replace(bench_plan(4, quick=True, tokens=[1, 3]), floors=False)

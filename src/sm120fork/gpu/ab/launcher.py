@@ -14,8 +14,7 @@ from typing import Any
 from sm120fork.errors import ConfigError
 from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec
 from sm120fork.gpu.core.cases import CUSTOM_API, Case
-from sm120fork.gpu.core.launcher import Timeouts, run_ranks
-from sm120fork.gpu.core.variants import Variant
+from sm120fork.gpu.core.variants import Timeouts, Variant, run_ranks
 from sm120fork.util import typed, wire
 from sm120fork.util.proc import GroupOutcome
 

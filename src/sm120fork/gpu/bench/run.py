@@ -17,10 +17,9 @@ from sm120fork.gpu.bench import report
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import runs
 from sm120fork.gpu.core.documents import BenchRecord, Environment
-from sm120fork.gpu.core.launcher import Timeouts, run_ranks
 from sm120fork.gpu.core.records import now, policy_made
 from sm120fork.gpu.core.runs import RunOptions
-from sm120fork.gpu.core.variants import Variant
+from sm120fork.gpu.core.variants import Timeouts, Variant, run_ranks
 from sm120fork.util import wire
 from sm120fork.util.proc import GroupOutcome
 from sm120fork.util.typed import json_file

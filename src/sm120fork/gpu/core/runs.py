@@ -16,7 +16,7 @@ from sm120fork import manifest as manifest_file
 from sm120fork import record
 from sm120fork.cuda.toolkit import locate_nvcc
 from sm120fork.errors import CommandError, ConfigError, UsageError
-from sm120fork.gpu.core import launcher, records, report, variants
+from sm120fork.gpu.core import records, report, variants
 from sm120fork.gpu.core.documents import Environment
 from sm120fork.gpu.core.safety import check_backend
 from sm120fork.gpu.core.variants import ModuleBuild
@@ -87,10 +87,10 @@ class RunOptions:
         return dataclasses.replace(self, wheel_dirs=found.wheels, not_run=notes,
                                    tested=found.tested)
 
-    def timeouts(self) -> launcher.Timeouts:
+    def timeouts(self) -> variants.Timeouts:
         """The cases' limits; the budget counts from now (after the module build)."""
         deadline = None if self.time_budget is None else time.monotonic() + self.time_budget
-        return launcher.Timeouts(startup=self.startup_timeout, idle=self.case_timeout,
+        return variants.Timeouts(startup=self.startup_timeout, idle=self.case_timeout,
                                  deadline=deadline)
 
 

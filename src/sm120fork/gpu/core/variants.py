@@ -1,5 +1,6 @@
 """The FlashInfer builds under test, each installed with its own import path and JIT
-cache (patched and unpatched never share compiled modules)."""
+cache (patched and unpatched never share compiled modules), and the groups of processes
+that run on one: its module build, and one worker per rank under the one supervisor."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sm120fork.errors import CommandError, ConfigError
@@ -17,6 +18,7 @@ from sm120fork.gpu.core.documents import Environment, VariantInfo
 from sm120fork.gpu.core.safety import rank_environment
 from sm120fork.util import proc, wire
 from sm120fork.util.files import made_once, sha256_file, wheel_record_sha256
+from sm120fork.util.proc import Child, GroupOutcome
 
 log = logging.getLogger("sm120fork")
 
@@ -151,7 +153,7 @@ def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Seq
             module_failures.setdefault(idx, {})[message.data["module"]] = message.data["reason"]
 
     outcome = proc.run_group(
-        [proc.Child(argv=[sys.executable, "-m", "sm120fork.gpu.core.worker", str(spec)],
+        [Child(argv=[sys.executable, "-m", "sm120fork.gpu.core.worker", str(spec)],
                          env=v.env(os.environ), log=run_dir / f"compile-{v.name}.log",
                          name=f"variant {v.name}") for v in variants],
         timeouts=proc.Timeouts(startup=timeout, idle=timeout), on_message=on_message,
@@ -168,3 +170,32 @@ def compile_variants(variants: Sequence[Variant], run_dir: Path, *, modules: Seq
                                      module_failures=module_failures.get(idx, {}))
     return result
 
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Timeouts(proc.Timeouts):
+    """The supervisor's bounds with the launcher's defaults, and its circuit breaker."""
+
+    startup: float | None = 300.0
+    idle: float | None = 90.0
+    #: hangs (crashes) in a row of one API after which its other cases are not attempted
+    max_hang_streak: int = 4
+    max_crash_streak: int = 12
+
+
+def run_ranks(worker: Sequence[str], spec: Callable[[Path], object], world: int,
+              variant: Variant, log_stem: Path, timeouts: Timeouts,
+              on_message: Callable[[int, wire.Message], None],
+              extra_env: Mapping[str, str] | None = None,
+              settled: Callable[[list[int | None]], bool] | None = None) -> GroupOutcome:
+    """One worker process per rank on the spec file ``spec(store)`` (JSON, a dataclass as its
+    fields) beside ``log_stem`` (``spec-<name>.json``, a fresh ``store-<name>``), logging to
+    ``<log_stem>-rank<r>.log``."""
+    store = log_stem.with_name(f"store-{log_stem.name}")
+    store.unlink(missing_ok=True)
+    spec_path = log_stem.with_name(f"spec-{log_stem.name}.json")
+    spec_path.write_text(json.dumps(spec(store), default=dataclasses.asdict))
+    env = {**variant.env(os.environ), **(extra_env or {})}
+    return proc.run_group(
+        [Child(argv=[*worker, str(spec_path), str(r)], env=env, name=f"rank {r}",
+               log=log_stem.with_name(f"{log_stem.name}-rank{r}.log")) for r in range(world)],
+        timeouts=timeouts, on_message=on_message, settled=settled)
