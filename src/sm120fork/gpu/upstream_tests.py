@@ -156,13 +156,6 @@ def pr_record(pr: PrTests, planned: Sequence[str],
         notes=(*pr.notes, *notes))
 
 
-def _machine(env: Environment) -> record.Machine:
-    if env.get("gpus"):
-        return dataclasses.replace(records.machine_of(env, shared=False), shared_gpu=None)
-    return record.Machine(description="no GPU", python=sys.version.split()[0],
-                          torch=env.get("torch"), cpus=os.cpu_count())
-
-
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tests", type=Path, required=True, metavar="DIR",
                    help="the PRs' tests as the kit carries them (DIR/<pr>/pr.json)")
@@ -212,7 +205,7 @@ def run(args: argparse.Namespace, argv: Sequence[str], host: object = None) -> i
 
         env = environment()
         notes.append("run with --no-compile")
-    machine = _machine(env)
+    machine = records.machine_of(env, shared=None)
     if env.get("gpu_count") == 1:
         notes.append("one GPU: the ranks of each test shared it (correctness only)")
     command = records.recorded_command("upstream-tests", argv)

@@ -81,13 +81,6 @@ def _bench(args: argparse.Namespace, command: str, stack: ResolvedStack | None
     return bench
 
 
-def _stack(args: argparse.Namespace) -> ResolvedStack | None:
-    """The stack whose build is benched, resolved once (None: ``--wheel-dir`` gives it)."""
-    from sm120fork.gpu.cli import resolved_stack
-
-    return None if args.wheel_dir else resolved_stack(args.stack)
-
-
 def _tested(args: argparse.Namespace, stack: ResolvedStack | None) -> record.Tested | None:
     """What the benched build was made from: ``tested.json`` beside a given wheel (the
     kit's stack/), else the stack's build in this checkout."""
@@ -113,12 +106,14 @@ def ready() -> None:
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from sm120fork.doctor.probe import collect
+    from sm120fork.gpu.cli import resolved_stack
     from sm120fork.util import hint, proc
 
     ready()
     # As typed (the offline kit's entry names itself, without this box's paths).
     command = os.environ.get("SM120FORK_COMMAND") or hint.command("tune", *argv)
-    stack = _stack(args)
+    # the stack whose build is benched, resolved once (None: --wheel-dir gives the build)
+    stack = None if args.wheel_dir else resolved_stack(args.stack)
     done = tune(TuneOptions(stack=args.stack, command=command.strip(), reports=args.reports,
                             world_sizes=tuple(args.world_sizes) if args.world_sizes else None,
                             yes=args.yes, time_budget=args.time_budget,

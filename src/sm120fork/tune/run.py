@@ -260,7 +260,17 @@ def tune(opts: TuneOptions, box: Box) -> Tuned:
         log.info("tune: TP%d done (%.0f s so far)", tp, box.clock() - started)
     measured = tuple(tp for tp in sizes if tp in benches and tp not in not_covered)
     shared = any(benches[tp].shared for tp in measured)
-    doc = _policy(measured, benches, facts, opts, shared=shared) if measured else None
+    doc = None
+    if measured:
+        first, devices = benches[measured[0]], facts["gpus"]["devices"]
+        made = records.policy_made(
+            gpu=devices[0]["name"] if devices else "?", gpu_count=len(devices), shared=shared,
+            stack=opts.stack, flashinfer=first.flashinfer,
+            wheel_sha256=first.wheel[1] if first.wheel else None,
+            hidden=(h for tp in measured for h in benches[tp].hidden),
+            note="ranks shared a GPU: made to check the run, not for use" if shared else None)
+        doc = policy.derive({tp: benches[tp].records for tp in measured}, made=made,
+                            for_use=not shared)
     target = policy.locate(box.environ)
     installed, kept = (None, "nothing measured: no policy installed") if doc is None else \
         _install(json.dumps(doc, indent=1, sort_keys=True) + "\n", target,  # as policy.write
@@ -273,20 +283,6 @@ def tune(opts: TuneOptions, box: Box) -> Tuned:
     return Tuned(measured=measured, not_covered=dict(sorted(not_covered.items())),
                  policy=doc, installed=installed, kept=kept, record_dir=folder,
                  interrupted=interrupted)
-
-
-def _policy(measured: Sequence[int], benches: Mapping[int, WorldBench],
-            facts: Facts, opts: TuneOptions, *, shared: bool) -> dict[str, Any]:
-    first = benches[measured[0]]
-    devices = facts["gpus"]["devices"]
-    made = records.policy_made(
-        gpu=devices[0]["name"] if devices else "?", gpu_count=len(devices), shared=shared,
-        stack=opts.stack, flashinfer=first.flashinfer,
-        wheel_sha256=first.wheel[1] if first.wheel else None,
-        hidden=(h for tp in measured for h in benches[tp].hidden),
-        note="ranks shared a GPU: made to check the run, not for use" if shared else None)
-    return policy.derive({tp: benches[tp].records for tp in measured}, made=made,
-                         for_use=not shared)
 
 
 def _record(opts: TuneOptions, facts: Facts, benches: Mapping[int, WorldBench],

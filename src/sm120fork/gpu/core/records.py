@@ -53,11 +53,11 @@ def recorded_command(verb: str, argv: Sequence[str]) -> str:
         ["python", "-m", "sm120fork", "gpu", verb, *args])
 
 
-def machine_of(env: Environment, shared: bool) -> record.Machine:
+def machine_of(env: Environment, shared: bool | None) -> record.Machine:
     gpus = tuple(str(g) for g in env.get("gpus") or ())
     cap = env.get("capability")
     return record.Machine(
-        description=f"{gpus[0] if gpus else 'unknown GPU'} x{env.get('gpu_count', len(gpus))}",
+        description=f"{gpus[0]} x{env.get('gpu_count', len(gpus))}" if gpus else "no GPU",
         gpus=gpus, capability=".".join(map(str, cap)) if cap else None,
         driver=env.get("driver"), cuda=env.get("torch_cuda"), torch=env.get("torch"),
         python=env.get("python"), cpus=os.cpu_count(), shared_gpu=shared)
