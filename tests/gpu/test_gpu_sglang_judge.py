@@ -12,16 +12,13 @@ import dataclasses
 
 import pytest
 
-from sm120fork.gpu.layer.rank import Observation, Raised, Step
 from sm120fork.gpu.layer.run import (
     ALONE_SLACK_S,
-    CaseOutcome,
-    Ended,
     alone_problems,
     expected_problems,
     render,
 )
-from sm120fork.layouts import adapter
+from sm120fork.layouts import CaseOutcome, Ended, Observation, Raised, Step, adapter
 
 S4_WORDS = ("FlashInfer all-reduce fusion is off for this process: workspace creation "
             "failed on a rank; every rank takes the unfused path")

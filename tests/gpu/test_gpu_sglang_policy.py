@@ -21,8 +21,8 @@ from sm120fork.gpu.core import records
 from sm120fork.gpu.core.documents import Provenance
 from sm120fork.gpu.decision import Process, decide
 from sm120fork.gpu.layer import run as layer_run
-from sm120fork.gpu.layer.rank import Observation, Step
 from sm120fork.gpu.policy import validate
+from sm120fork.layouts import Observation, Step
 
 ROUTES = {1: "fused", 8: "fused", 9: "pcie_ipc", 32: "pcie_ipc", 33: "sglang_dispatch",
           64: "sglang_dispatch", 65: "fused", 128: "fused", 129: "sglang_dispatch"}

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from sm120fork.gpu.layer.rank import RAISED, RESULT, Observation, Raised, RankRequest, Step
-from sm120fork.gpu.layer.run import CaseOutcome, Ended, render
+from sm120fork.gpu.layer.rank import RAISED, RESULT, RankRequest
+from sm120fork.gpu.layer.run import render
+from sm120fork.layouts import CaseOutcome, Ended, Observation, Raised, Step
 from sm120fork.util import typed, wire
 
 

@@ -150,17 +150,6 @@ def _layer_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--timeout", type=float, default=120.0,
                    help="per case once every rank has imported SGLang, seconds; the first "
                    "case's includes FlashInfer's JIT build of the comm module if not cached")
-    s.add_argument("--first-timeout", type=float, help="the first case's limit")
-    s.add_argument("--agreement-timeout", type=float, metavar="S",
-                   help="set the tree's fused-call agreement timeout "
-                   "(_FUSED_CALL_AGREEMENT_TIMEOUT_S, S4/G6: 60 s) in every rank")
-    s.add_argument("--group-timeout", type=float, metavar="S",
-                   help="the ranks' gloo groups' timeout (default: twice --timeout)")
-    s.add_argument("--start-timeout", type=float, default=300.0,
-                   help="imports and set-up of each case's ranks, seconds")
-    s.add_argument("--gates-in-memory", action="store_true",
-                   help="stock upstream of layout layer_boundary: accept SM12x in its gates "
-                   "in memory (G1/G3 stand-in)")
     s.add_argument("--load-plugins", action="store_true",
                    help="each rank runs SGLang's load_plugins() first, as SGLang's own "
                    "processes do (stock SGLang + a plugin installed beside it)")

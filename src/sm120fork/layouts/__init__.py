@@ -1,7 +1,9 @@
 """Upstream SGLang layouts (where a release keeps the code the series changes), named by
 ``layout =`` in ``forks/<stack>.toml``: what differs lives in ``layouts.<name>`` (checks,
 probe, layer-harness setup); a new layout is a module and a line in ``LAYOUTS``.
-Standard library only: the layer harness's ranks import it beside the tree under test."""
+Here too what a layer case's ranks report, below both the harness (gpu/layer) and the
+checks.  Standard library only: the layer harness's ranks import it beside the tree under
+test."""
 
 from __future__ import annotations
 
@@ -66,3 +68,72 @@ class Layer:
         return cls(layout=layout, fusion=fusion,
                    layernorm=importlib.import_module("sglang.srt.layers.layernorm"),
                    gate=lambda tokens: bool(getattr(module, gate)(tokens)))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Step:
+    """One token count: the path it took, and its errors against the float32 reference."""
+
+    tokens: int
+    path: str
+    norm_error: float
+    residual_error: float
+    correct: bool
+    gate: bool | None = None
+    route: str | None = None
+    graph: bool = False
+    #: why the step could not run here (its route is still judged, its output not)
+    skipped: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Observation:
+    """What one rank of a layer case reported."""
+
+    rank: int
+    layout: str
+    injected: str | None = None
+    gate_after: bool = False
+    unavailable: bool = False
+    warnings: tuple[str, ...] = ()
+    plugin: tuple[str, ...] = ()
+    steps: tuple[Step, ...] = ()
+    pcie_ipc_built: bool = False
+    pcie_ipc_log: tuple[str, ...] = ()
+    #: the CPU stand-in's workspace buffers still allocated (None on a GPU)
+    fake_buffers_alive: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Raised:
+    rank: int
+    error: str
+    after_fused_call_error_s: float | None = None
+    agreement_timeout_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Ended:
+    """How one rank ended (``ended_after_ready_s``: seconds after every rank was ready)."""
+
+    rank: int
+    exit: int | None
+    stopped_by_harness: bool
+    ended_after_ready_s: float | None
+    raised: Raised | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CaseOutcome:
+    """One case of the layer harness (:func:`sm120fork.gpu.layer.run.run_case`)."""
+
+    case: str
+    passed: bool
+    hung: bool
+    problems: list[str]
+    ranks: list[Observation]
+    seconds: float
+    tails: list[str]
+    exits: list[Ended] = dataclasses.field(default_factory=list)
+    #: "patched" (the stack's SGLang wheel) or "plugin" (stock SGLang + the plugin)
+    variant: str = "patched"

@@ -23,11 +23,16 @@ from unittest import mock
 
 from sm120fork.harness import fake_gpu
 from sm120fork.harness.fake_gpu import Records, _module, emit, environ, start_probe
-from sm120fork.layouts import FUSION_MODULE, RAISED_ALONE_SAYS, Layer, defaults  # noqa: F401
+from sm120fork.layouts import (  # noqa: F401
+    FUSION_MODULE,
+    RAISED_ALONE_SAYS,
+    CaseOutcome,
+    Layer,
+    defaults,
+)
 from sm120fork.layouts.results import (
     REQUIREMENTS,
     CheckResult,
-    LayerOutcome,
     LayerRunner,
     Observation,
     compact,
@@ -129,7 +134,7 @@ def check(tree: Path, *, baseline: Path | None, layer: LayerRunner,
     if baseline is not None:
         runs += [(baseline, "decisions", cap) for cap in UNCHANGED]
     workers = jobs or max(1, min(len(runs), os.cpu_count() or 1))
-    probes: dict[object, Callable[[], list[Observation] | LayerOutcome]] = {
+    probes: dict[object, Callable[[], list[Observation] | CaseOutcome]] = {
         run: functools.partial(run_probe, run[0], run[1].removesuffix("-old-cuda"), run[2],
                                python=python, timeout=timeout,
                                cuda=OLD_CUDA if run[1].endswith("-old-cuda") else None)
@@ -168,7 +173,7 @@ def check(tree: Path, *, baseline: Path | None, layer: LayerRunner,
     return results
 
 
-def _together_result(case: str, outcome: LayerOutcome) -> CheckResult:
+def _together_result(case: str, outcome: CaseOutcome) -> CheckResult:
     observed = [{
         "paths": sorted({s.path for s in obs.steps}),
         "correct": all(s.correct for s in obs.steps),

@@ -1,5 +1,5 @@
-"""What every layout's checks share: the result, running a probe, and the shape of a GPU
-layer case (the runner is passed in, :data:`LayerRunner`: this sits below gpu/)."""
+"""What every layout's checks share: the result, running a probe, and the GPU layer
+case's runner (passed in, :data:`LayerRunner`: this sits below gpu/)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from sm120fork.errors import CommandError, VerifyError
+from sm120fork.layouts import CaseOutcome
 from sm120fork.util import proc, typed, wire
 
 #: A traceback's frame, its last line (the exception), and a module that is not there.
@@ -80,27 +81,6 @@ class Observation:
     detail: str = ""
 
 
-class LayerStep(Protocol):
-    @property
-    def path(self) -> str: ...
-
-    @property
-    def correct(self) -> bool: ...
-
-
-class LayerRank(Protocol):
-    """What one rank of a layer case reported (:class:`sm120fork.gpu.layer.rank.Observation`)."""
-
-    @property
-    def steps(self) -> Sequence[LayerStep]: ...
-
-    @property
-    def warnings(self) -> Sequence[str]: ...
-
-    @property
-    def gate_after(self) -> bool: ...
-
-
 def judged(obs: Observation, expected: object, capability: str, prefix: str, *,
            note: str = "", require_in_detail: str = "") -> CheckResult:
     """``obs`` against ``expected`` as compact JSON (and its detail holding
@@ -112,25 +92,9 @@ def judged(obs: Observation, expected: object, capability: str, prefix: str, *,
                        detail=" ".join(part for part in (obs.detail, note) if part))
 
 
-class LayerOutcome(Protocol):
-    """One case of the GPU layer harness (:class:`sm120fork.gpu.layer.run.CaseOutcome`)."""
-
-    @property
-    def passed(self) -> bool: ...
-
-    @property
-    def hung(self) -> bool: ...
-
-    @property
-    def problems(self) -> Sequence[str]: ...
-
-    @property
-    def ranks(self) -> Sequence[LayerRank]: ...
-
-
 #: ``run(case, sglang_path=..., layout=..., python=..., device="cpu", tokens=...,
 #: timeout=..., start_timeout=...)``: :func:`sm120fork.gpu.layer.run.run_case`.
-LayerRunner = Callable[..., LayerOutcome]
+LayerRunner = Callable[..., CaseOutcome]
 
 
 def probe_failure(what: str, tree: Path, fix: str, output: str) -> VerifyError:

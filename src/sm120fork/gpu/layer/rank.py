@@ -26,7 +26,7 @@ from unittest import mock
 
 from sm120fork.harness import fake_gpu
 from sm120fork.harness.fake_gpu import _module
-from sm120fork.layouts import FUSION_MODULE, Layer
+from sm120fork.layouts import FUSION_MODULE, Layer, Observation, Raised, Step
 from sm120fork.layouts import adapter as layout_adapter
 from sm120fork.util import typed, wire
 
@@ -82,46 +82,6 @@ class RankRequest:
     handle_exchange_timeout_s: float | None = None
     tokens: tuple[int, ...] = DEFAULT_TOKENS
     policy_path: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Step:
-    """One token count: the path it took, and its errors against the float32 reference."""
-
-    tokens: int
-    path: str
-    norm_error: float
-    residual_error: float
-    correct: bool
-    gate: bool | None = None
-    route: str | None = None
-    graph: bool = False
-    #: why the step could not run here (its route is still judged, its output not)
-    skipped: str | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Observation:
-    rank: int
-    layout: str
-    injected: str | None = None
-    gate_after: bool = False
-    unavailable: bool = False
-    warnings: tuple[str, ...] = ()
-    plugin: tuple[str, ...] = ()
-    steps: tuple[Step, ...] = ()
-    pcie_ipc_built: bool = False
-    pcie_ipc_log: tuple[str, ...] = ()
-    #: the CPU stand-in's workspace buffers still allocated (None on a GPU)
-    fake_buffers_alive: int | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Raised:
-    rank: int
-    error: str
-    after_fused_call_error_s: float | None = None
-    agreement_timeout_s: float | None = None
 
 
 #: "at": when the injected fused-call error was raised here (monotonic).

@@ -37,12 +37,10 @@ from sm120fork.gpu.layer.rank import (
     RAISED,
     READY,
     RESULT,
-    Observation,
-    Raised,
     RankRequest,
 )
 from sm120fork.gpu.methods import UNFUSED
-from sm120fork.layouts import LAYOUTS, adapter
+from sm120fork.layouts import LAYOUTS, CaseOutcome, Ended, Observation, Raised, adapter
 from sm120fork.util import proc, typed
 
 log = logging.getLogger("sm120fork")
@@ -62,31 +60,6 @@ PEER_GRACE_S = 2.0
 #: What the raising rank may take beyond the agreement timeout (a loaded machine).
 ALONE_SLACK_S = 5.0
 Policy = dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Ended:
-    """How one rank ended (``ended_after_ready_s``: seconds after every rank was ready)."""
-
-    rank: int
-    exit: int | None
-    stopped_by_harness: bool
-    ended_after_ready_s: float | None
-    raised: Raised | None = None
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CaseOutcome:
-    case: str
-    passed: bool
-    hung: bool
-    problems: list[str]
-    ranks: list[Observation]
-    seconds: float
-    tails: list[str]
-    exits: list[Ended] = dataclasses.field(default_factory=list)
-    #: "patched" (the stack's SGLang wheel) or "plugin" (stock SGLang + the plugin)
-    variant: str = "patched"
 
 
 _VERSION = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?["']([^"']+)["']""", re.M)
@@ -408,9 +381,6 @@ class LayerOptions:
     world_size: int = 2
     tokens: tuple[int, ...] | None = None
     timeout: float = 120.0
-    first_timeout: float | None = None
-    start_timeout: float = 300.0
-    gates_in_memory: bool = False
     load_plugins: bool = False
     title: str = "SGLang fused-norm layer path"
     notes: tuple[str, ...] = ()
@@ -418,8 +388,6 @@ class LayerOptions:
     tested: record.Tested | None = None
     machine: LayerMachine = dataclasses.field(default_factory=LayerMachine)
     record_command: str | None = None
-    agreement_timeout: float | None = None
-    group_timeout: float | None = None
     variant: str = "patched"
     routes: tuple[LayerRoute, ...] = ()
     #: seconds after which no further case starts; the record then stays unfinished
@@ -494,17 +462,13 @@ def run_sglang_layer(opts: LayerOptions) -> list[CaseOutcome]:
             log.info("%s: not started (time budget)", step)
             return
         route = routes[variant]
-        timeout = opts.first_timeout if index == 0 and opts.first_timeout else opts.timeout
-        plugin = route is not routes[opts.variant]
         log.info("%s: starting at %.0f s", step, time.monotonic() - started)
         outcome = run_case(
             case, sglang_path=route.sglang_path, device=opts.device,
-            world_size=opts.world_size, tokens=list(opts.tokens) if opts.tokens else None,
-            timeout=timeout, start_timeout=opts.start_timeout, extra_path=list(route.site),
-            gates_in_memory=opts.gates_in_memory and not plugin, layout=opts.layout,
-            load_plugins=opts.load_plugins or plugin,
-            agreement_timeout_s=opts.agreement_timeout,
-            collective_timeout_s=opts.group_timeout, variant=variant)
+            world_size=opts.world_size, tokens=opts.tokens, timeout=opts.timeout,
+            extra_path=route.site, layout=opts.layout,
+            load_plugins=opts.load_plugins or route is not routes[opts.variant],
+            variant=variant)
         log.info("%s: %s in %.0f s %s", step, "PASS" if outcome.passed else "FAIL",
                  outcome.seconds, "; ".join(outcome.problems))
         done[index] = outcome
