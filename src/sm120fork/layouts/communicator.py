@@ -103,17 +103,14 @@ def probe_path(cache: Path, python: str | os.PathLike[str]) -> list[str]:
     return []
 
 
-def run_probe(tree: Path, suite: str, capability: str | None, *,
+def run_probe(tree: Path, suite: str, capability: str, *,
               python: str | os.PathLike[str] = sys.executable,
-              timeout: float = 600, cuda: str | None = None) -> list[Observation]:
-    request: dict[str, object] = {"suite": suite}
-    if capability is not None:
-        request["capability"] = [int(part) for part in capability.split(".")]
-    if cuda is not None:
-        request["cuda"] = cuda
+              timeout: float = 600, cuda: str = "12.9") -> list[Observation]:
     return run_probe_module(
-        PROBE_MODULE, request, tree=tree, path=[tree / "python"], env={}, python=python,
-        timeout=timeout, what=f"the SGLang probe ({suite}, capability {capability})",
+        PROBE_MODULE, {"suite": suite, "capability": [int(p) for p in capability.split(".")],
+                       "cuda": cuda},
+        tree=tree, path=[tree / "python"], env={}, python=python, timeout=timeout,
+        what=f"the SGLang probe ({suite}, capability {capability})",
         fix=f"install the probe's requirements: {REQUIREMENTS}")
 
 
@@ -128,49 +125,46 @@ def check(tree: Path, *, baseline: Path | None, layer: LayerRunner,
     behaviour that differs is a failed result, a probe that cannot run ``VerifyError``.
     (``cache`` is unused: this layout needs no overlay.)"""
     sglang_trees(tree, baseline)
-    runs: list[tuple[Path, str, str]] = [(tree, "decisions", cap) for cap in SM12X + UNCHANGED]
-    runs.append((tree, "fallbacks", "12.0"))
-    runs.append((tree, "decisions-old-cuda", "12.0"))
-    if baseline is not None:
-        runs += [(baseline, "decisions", cap) for cap in UNCHANGED]
-    workers = jobs or max(1, min(len(runs), os.cpu_count() or 1))
-    probes: dict[object, Callable[[], list[Observation] | CaseOutcome]] = {
-        run: functools.partial(run_probe, run[0], run[1].removesuffix("-old-cuda"), run[2],
-                               python=python, timeout=timeout,
-                               cuda=OLD_CUDA if run[1].endswith("-old-cuda") else None)
-        for run in runs}
-    cases = {case: functools.partial(layer, case, sglang_path=tree / "python",
-                                     layout="communicator", python=python, device="cpu",
-                                     tokens=(3, 16), timeout=30, start_timeout=timeout,
-                                     exchange_timeout_s=EXCHANGE_TIMEOUT_S)
-             for case in TOGETHER_CASES}
-    done = gather({**probes, **cases}, workers)
-    observed = {run: obs for run in runs if isinstance(obs := done[run], list)}
-    outcomes = {case: out for case in cases if not isinstance(out := done[case], list)}
+
+    def probe(root: Path, suite: str, cap: str, cuda: str = "12.9") -> Callable[[], object]:
+        return functools.partial(run_probe, root, suite, cap, python=python, timeout=timeout,
+                                 cuda=cuda)
+
+    work: dict[tuple[str, str], Callable[[], object]] = {
+        **{("patched", cap): probe(tree, "decisions", cap) for cap in SM12X + UNCHANGED},
+        **{("baseline", cap): probe(baseline, "decisions", cap)
+           for cap in UNCHANGED if baseline is not None},
+        ("old cuda", "12.0"): probe(tree, "decisions", "12.0", OLD_CUDA),
+        ("fallbacks", "12.0"): probe(tree, "fallbacks", "12.0"),
+        **{("S4", case): functools.partial(
+            layer, case, sglang_path=tree / "python", layout="communicator", python=python,
+            device="cpu", tokens=(3, 16), timeout=30, start_timeout=timeout,
+            exchange_timeout_s=EXCHANGE_TIMEOUT_S) for case in TOGETHER_CASES}}
+    done = gather(work, jobs)
+    observed: dict[tuple[str, str], list[Observation]] = {
+        key: value for key, value in done.items() if isinstance(value, list)}
 
     results: list[CheckResult] = []
     for cap in SM12X:
         results += [judged(obs, expected_sm12x(obs.name), cap, _decision_prefix(obs.name))
-                    for obs in observed[(tree, "decisions", cap)]]
+                    for obs in observed["patched", cap]]
     for cap in UNCHANGED:
         if baseline is not None:
-            upstream = {o.name: o.observed for o in observed[(baseline, "decisions", cap)]}
+            upstream = {o.name: o.observed for o in observed["baseline", cap]}
             note = "(expected = unpatched upstream tree)"
         else:
-            upstream = {o.name: expected_upstream(cap, o.name)
-                        for o in observed[(tree, "decisions", cap)]}
+            upstream = {o.name: expected_upstream(cap, o.name) for o in observed["patched", cap]}
             note = "(expected = upstream 0.5.10.post1 decisions, no baseline tree)"
         results += [judged(obs, upstream[obs.name], cap, "unchanged", note=note)
-                    for obs in observed[(tree, "decisions", cap)]]
+                    for obs in observed["patched", cap]]
     results += [judged(obs, expected_sm12x(obs.name, buildable=False),
                        f"12.0 CUDA {OLD_CUDA}", _decision_prefix(obs.name))
-                for obs in observed[(tree, "decisions-old-cuda", "12.0")]]
-    for obs in observed[(tree, "fallbacks", "12.0")]:
+                for obs in observed["old cuda", "12.0"]]
+    for obs in observed["fallbacks", "12.0"]:
         check_id, expect = FALLBACKS[obs.name]
         results.append(judged(obs, expect, "12.0", check_id))
-    for case, outcome in outcomes.items():
-        results.append(_together_result(case, outcome))
-    return results
+    return results + [_together_result(key[1], outcome) for key, outcome in done.items()
+                      if isinstance(outcome, CaseOutcome)]
 
 
 def _together_result(case: str, outcome: CaseOutcome) -> CheckResult:
@@ -333,7 +327,7 @@ SUITES: dict[str, Callable[[], list[fake_gpu.Observation]]] = {
 
 def main(argv: Sequence[str]) -> int:
     request = json.loads(argv[0])
-    start_probe(request.get("capability"), cuda_version=str(request.get("cuda", "12.9")))
+    start_probe(request["capability"], cuda_version=str(request.get("cuda", "12.9")))
     return emit(SUITES[request["suite"]]())
 
 

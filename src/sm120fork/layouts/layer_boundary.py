@@ -182,8 +182,7 @@ def check(tree: Path, *, baseline: Path | None, python: str | os.PathLike[str],
     runs = [("patched", tree, cap) for cap in SM12X + UNCHANGED]
     runs += [("baseline", baseline, cap) for cap in UNCHANGED]
     return judge(shared.gather({(label, cap): functools.partial(
-        run_probe, root, cap, overlay=overlay, python=python)
-        for label, root, cap in runs}, max(1, min(len(runs), os.cpu_count() or 1))))
+        run_probe, root, cap, overlay=overlay, python=python) for label, root, cap in runs}))
 
 
 ADD_NORM = "sglang.srt.layers.layer_boundary.residual.add_norm"

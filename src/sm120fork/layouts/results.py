@@ -62,9 +62,10 @@ def sglang_trees(*roots: Path | None) -> None:
                               fix="pass the repository root of an SGLang tree")
 
 
-def gather(jobs: Mapping[K, Callable[[], T]], workers: int) -> dict[K, T]:
-    """Run ``jobs`` in threads; Ctrl-C ends the running children and cancels the rest."""
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+def gather(jobs: Mapping[K, Callable[[], T]], workers: int | None = None) -> dict[K, T]:
+    """Run ``jobs`` in threads (``workers``: one a CPU); Ctrl-C ends the running children
+    and cancels the rest."""
+    with ThreadPoolExecutor(max_workers=workers or min(len(jobs), os.cpu_count() or 1)) as pool:
         futures = {key: pool.submit(job) for key, job in jobs.items()}
         try:
             with proc.ending_children():

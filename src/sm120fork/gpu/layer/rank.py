@@ -40,7 +40,7 @@ GPU_STUBS = ("sgl_kernel",)
 DEFAULT_TOKENS = (1, 3, 16, 64, 128)
 EPS = 1e-6
 
-#: case -> (what is injected, on which ranks: "all", a rank number, or None).
+#: case -> (what is injected, on which ranks: "all", a rank number, or None), in run order.
 CASES: dict[str, tuple[str | None, str | int | None]] = {
     "fused": (None, None),
     "all-ranks-create-fails": ("create-raises", "all"),
@@ -48,14 +48,16 @@ CASES: dict[str, tuple[str | None, str | int | None]] = {
     "one-rank-fails-midway": ("second-buffer-raises", 1),
     "one-rank-fails-late": ("create-returns-then-raises", 1),
     "fused-call-raises": ("fused-call-raises", "all"),
-    "one-rank-fused-call-raises": ("fused-call-raises", 1),
-    "rank-0-fused-call-raises": ("fused-call-raises", 0),
     "no-p2p": ("no-p2p", "all"),
     "one-rank-fails-in-fd-exchange": ("fd-exchange-raises", 1),
+    "one-rank-fused-call-raises": ("fused-call-raises", 1),
+    "rank-0-fused-call-raises": ("fused-call-raises", 0),
     "policy-eager": (None, None),
     "policy-graph": (None, None),
 }
 POLICY_CASES = ("policy-eager", "policy-graph")
+#: Cases a GPU run leaves out: they run on the CPU only.
+CPU_ONLY_CASES = ("no-p2p", "one-rank-fails-in-fd-exchange")
 POLICY_ENV = "SGLANG_SM120_ALLREDUCE_POLICY"
 PCIE_IPC_MODULE = "sglang.srt.distributed.device_communicators.pcie_ipc_ar"
 #: Rows the pcie_ipc workspace is built for (the policy cases' widest step).

@@ -32,6 +32,7 @@ from sm120fork.gpu.core.variants import source_root
 from sm120fork.gpu.decision import Process, decide
 from sm120fork.gpu.layer.rank import (
     CASES,
+    CPU_ONLY_CASES,
     DEFAULT_TOKENS,
     POLICY_CASES,
     RAISED,
@@ -46,14 +47,7 @@ from sm120fork.util import proc, typed
 log = logging.getLogger("sm120fork")
 RANK_MODULE = "sm120fork.gpu.layer.rank"
 
-#: In run order; "no-p2p" and the POSIX-fd exchange case run on the CPU only.
-GPU_CASES = ("fused", "all-ranks-create-fails", "one-rank-create-fails",
-             "one-rank-fails-midway", "one-rank-fails-late", "fused-call-raises")
-ALONE_CASES = ("one-rank-fused-call-raises", "rank-0-fused-call-raises")
-CPU_CASES = (*GPU_CASES, "no-p2p", "one-rank-fails-in-fd-exchange", *ALONE_CASES,
-             *POLICY_CASES)
-GPU_PLAN = {"communicator": (*GPU_CASES, *ALONE_CASES),
-            "layer_boundary": (*GPU_CASES, *ALONE_CASES, *POLICY_CASES)}
+CPU_CASES = tuple(CASES)
 RAISES_ALONE = {case: where for case, (fault, where) in CASES.items()
                 if fault == "fused-call-raises" and isinstance(where, int)}
 PEER_GRACE_S = 2.0
@@ -416,14 +410,10 @@ PREBUILD = {
 
 
 def planned_cases(opts: LayerOptions) -> list[tuple[str, str]]:
-    """(variant, case) planned, routes interleaved so a cut-short run covers each alike."""
-    if opts.cases:
-        chosen = list(opts.cases)
-    elif opts.device == "cuda":
-        chosen = list(GPU_PLAN.get(opts.layout, GPU_CASES))
-    else:
-        chosen = [c for c in CPU_CASES if opts.layout == "layer_boundary"
-                  or c not in POLICY_CASES]
+    """(variant, case) planned, routes interleaved so a cut-short run covers each alike:
+    the policy cases on layout layer_boundary only."""
+    chosen = opts.cases or [c for c in CASES if (opts.device == "cpu" or c not in CPU_ONLY_CASES)
+                            and (opts.layout == "layer_boundary" or c not in POLICY_CASES)]
     return [(variant, case) for case in chosen
             for variant in [opts.variant, *(r.variant for r in opts.routes)]]
 
