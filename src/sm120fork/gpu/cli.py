@@ -239,31 +239,28 @@ def cmd_report(args: argparse.Namespace, argv: Sequence[str],
 
 def cmd_sglang_layer(args: argparse.Namespace, argv: Sequence[str],
                      host: safety.GpuHost | None) -> int:
-    site: tuple[Path, ...] = ()
-    made: Provenance | None = None
-    folder = args.stack_dir
-    tested = records.tested_beside(folder)
+    from sm120fork.gpu.core import stack_wheels
+
+    folder, tested = args.stack_dir, records.tested_beside(args.stack_dir)
     if (resolved := resolved_stack(args.stack)) is not None:
         folder, tested = resolved.folder, resolved.tested()
+    site: tuple[Path, ...] = ()
+    made: Provenance | None = None
     if folder is not None:
-        from sm120fork.gpu.core.stack_wheels import layer_trees
-
-        trees = layer_trees(folder, args.work_dir)
+        trees = stack_wheels.layer_trees(folder, args.work_dir)
         args.sglang_path, site, made = trees.sglang_path, trees.site, trees.made
     routes: tuple[layer_run.LayerRoute, ...] = ()
     if args.with_plugin_route:
-        from sm120fork.gpu.core.stack_wheels import plugin_route_wheels, plugin_trees
-
-        if folder is None:
+        if folder is None or made is None:
             raise UsageError("--with-plugin-route needs --stack or --stack-dir",
                              where="sglang-layer")
-        plugin_whl, stock_whl = plugin_route_wheels(folder, args.plugin_wheel,
-                                                    args.stock_wheel)
-        stock, plugin, rows = plugin_trees(stock_whl, plugin_whl, args.work_dir,
-                                           (made["stack"] if made else None) or "stack")
+        plugin_whl, stock_whl = stack_wheels.plugin_route_wheels(folder, args.plugin_wheel,
+                                                                 args.stock_wheel)
+        stock, plugin, rows = stack_wheels.plugin_trees(stock_whl, plugin_whl, args.work_dir,
+                                                        made["stack"] or "stack")
         # the stack's FlashInfer (``site``) serves both routes: one JIT build for both
         routes = (layer_run.LayerRoute(variant="plugin", sglang_path=stock,
-                                  site=(plugin, *site), made_from=tuple(rows)),)
+                                       site=(plugin, *site), made_from=tuple(rows)),)
     opts = _options(
         layer_run.LayerOptions, args, argv,
         layout=args.layout or layer_run.layout_of(args.sglang_path), site=site, made=made,

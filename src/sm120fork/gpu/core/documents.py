@@ -96,7 +96,6 @@ class BenchRecord(TypedDict, total=False):
     rank_p90_us: list[float | None] | None
     #: a floor's reason it was not measured; the meta line's {what: why} of skipped rows
     skipped: str | dict[str, str] | None
-    fused_api: str | None
     checks: list[CheckVerdict]
     failing_ranks: list[int]
     methods: list[str]

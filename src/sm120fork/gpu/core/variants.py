@@ -50,15 +50,15 @@ class Variant:
                            site=str(self.site) if self.site else None,
                            prebuilt_modules=list(self.aot_modules))
 
-    def aot_dir(self) -> Path | None:
-        return self.site / "flashinfer" / "data" / "aot" if self.site else None
-
     def without_prebuilt(self) -> Variant:
-        aot = self.aot_dir()
-        for module in self.aot_modules:
-            if aot is not None and (aot / module).exists():
-                shutil.rmtree(aot / module)
+        for module in self.aot_modules if self.site else ():
+            shutil.rmtree(aot_dir(self.site) / module, ignore_errors=True)
         return dataclasses.replace(self, aot_modules=())
+
+
+def aot_dir(site: Path) -> Path:
+    """Where the FlashInfer installed in ``site`` looks for prebuilt (AOT) modules."""
+    return site / "flashinfer" / "data" / "aot"
 
 
 def source_root() -> Path:
@@ -99,15 +99,12 @@ def install_variant(name: str, source: Path | None, work_dir: Path,
                                detail=(done.stdout + done.stderr)[-4000:])
 
     site = made_once(base / "site", digest, install)
-    variant = Variant(name=name, wheel=wheel, sha256=digest, site=site, jit_base=jit,
-                      record_sha256=wheel_record_sha256(wheel))
-    aot = variant.aot_dir()
-    assert aot is not None
-    modules = copy_modules(prebuilt, aot) if prebuilt is not None else []
+    modules = copy_modules(prebuilt, aot_dir(site)) if prebuilt is not None else []
     if prebuilt is not None and not modules:
         raise ConfigError("no <module>/<module>.so files", where=str(prebuilt),
                           fix="point --prebuilt at a FlashInfer cached_ops directory")
-    return dataclasses.replace(variant, aot_modules=tuple(modules))
+    return Variant(name=name, wheel=wheel, sha256=digest, site=site, jit_base=jit,
+                   record_sha256=wheel_record_sha256(wheel), aot_modules=tuple(modules))
 
 
 def copy_modules(source: Path, dest: Path) -> list[str]:
