@@ -51,8 +51,9 @@ class Variant:
                            prebuilt_modules=list(self.aot_modules))
 
     def without_prebuilt(self) -> Variant:
-        for module in self.aot_modules if self.site else ():
-            shutil.rmtree(aot_dir(self.site) / module, ignore_errors=True)
+        if self.site is not None:
+            for module in self.aot_modules:
+                shutil.rmtree(aot_dir(self.site) / module, ignore_errors=True)
         return dataclasses.replace(self, aot_modules=())
 
 
