@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import importlib
 import os
 import sys
 import types
@@ -34,13 +35,13 @@ BufferSet = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class Adapter:
-    """Base: in-place ``fused_add_rmsnorm`` after an all-reduce into ``residual_out``."""
+    """Base: in-place ``fused_add_rmsnorm`` after an all-reduce into ``residual_out``;
+    ``unbuilt``: why the method's module failed in the module step (not retried)."""
 
     #: where (residual sum, normed output) land in a buffer set
     OUTPUTS = (1, 2)
 
     def __init__(self, rk: Rank, name: str = "", unbuilt: str | None = None) -> None:
-        """``unbuilt``: why the method's module failed in the module step (not retried)."""
         self.rk, self.name, self.unbuilt = rk, name, unbuilt
         self.bufs: list[BufferSet] = []
         self.gamma: torch.Tensor | None = None
@@ -76,8 +77,7 @@ class Adapter:
 
     def outputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual sum, normed output) after ``op(i)``."""
-        residual, norm = self.OUTPUTS
-        return self.bufs[i][residual], self.bufs[i][norm]
+        return self.bufs[i][self.OUTPUTS[0]], self.bufs[i][self.OUTPUTS[1]]
 
     def after_capture(self) -> None:
         """On every rank after each CUDA-graph capture of this method's ops."""
@@ -92,8 +92,7 @@ class Nccl(Adapter):
     def unavailable(self) -> str | None:
         if self.rk.shared:
             return NCCL_SHARED
-        wanted = METHODS[self.name].env
-        off = {k: v for k, v in wanted.items() if os.environ.get(k) != v}
+        off = {k: v for k, v in METHODS[self.name].env.items() if os.environ.get(k) != v}
         if off:
             return f"this rank group was not started with {off} (launcher error)"
         self.group = dist.new_group(list(range(self.rk.world)), backend="nccl")
@@ -107,20 +106,21 @@ class Fused(Adapter):
     """Our fused kernel through FlashInfer's unified API (legacy API if that fails)."""
 
     OUTPUTS = (2, 3)
+    ws: Any = None
+    api = "fusion_unified"
 
     def __init__(self, rk: Rank, name: str, oneshot: bool | None) -> None:
         super().__init__(rk, name)
         self.oneshot = oneshot
-        self.ws: Any = None
-        self.api = ""
 
     def unavailable(self) -> str | None:
         try:
-            self.ws, self.api = self.rk.workspace("fusion_unified"), "fusion_unified"
+            self.ws = self.rk.workspace(self.api)
         except Exception as exc:
             if cuda_broken(exc):
                 raise
-            self.ws, self.api = self.rk.workspace("fusion_legacy"), "fusion_legacy"
+            self.api = "fusion_legacy"
+            self.ws = self.rk.workspace(self.api)
         return None
 
     def unsupported(self, point: Point) -> str | None:
@@ -129,28 +129,21 @@ class Fused(Adapter):
         return None
 
     def op(self, i: int) -> Callable[[], None]:
-        fc, ws, oneshot, gamma, rk = self.rk.fc, self.ws, self.oneshot, self.gamma, self.rk
-        xin, res, r_out, n_out = self.bufs[i]
-        tokens, hidden = xin.shape
+        rk, xin, (res, r_out, n_out) = self.rk, self.bufs[i][0], self.bufs[i][1:]
+        common = {"launch_with_pdl": True, "rms_gamma": self.gamma, "rms_eps": RMS_EPS,
+                  "use_oneshot": self.oneshot}
         if self.api == "fusion_unified":
-            def run_unified() -> None:
-                fc.allreduce_fusion(
-                    input=xin, workspace=ws, pattern=1, launch_with_pdl=True,
-                    residual_out=r_out, norm_out=n_out, residual_in=res,
-                    rms_gamma=gamma, rms_eps=RMS_EPS, use_oneshot=oneshot)
-            return run_unified
-
-        def run_legacy() -> None:
-            fc.trtllm_allreduce_fusion(
-                allreduce_in=xin.view(-1), world_size=rk.world, world_rank=rk.rank,
-                token_num=tokens, hidden_dim=hidden, workspace_ptrs=ws["tensor"],
-                launch_with_pdl=True, trigger_completion_at_end=True, fp32_acc=False,
-                pattern_code=1, use_oneshot=oneshot, allreduce_out=None,
-                residual_in=res.view(-1), residual_out=r_out.view(-1),
-                norm_out=n_out.view(-1), quant_out=None, scale_out=None,
-                rms_gamma=gamma, rms_eps=RMS_EPS, scale_factor=None, layout_code=None,
-                metadata=ws["metadata"])
-        return run_legacy
+            return functools.partial(
+                rk.fc.allreduce_fusion, input=xin, workspace=self.ws, pattern=1,
+                residual_out=r_out, norm_out=n_out, residual_in=res, **common)
+        return functools.partial(
+            rk.fc.trtllm_allreduce_fusion, allreduce_in=xin.view(-1), world_size=rk.world,
+            world_rank=rk.rank, token_num=xin.shape[0], hidden_dim=xin.shape[1],
+            workspace_ptrs=self.ws["tensor"], trigger_completion_at_end=True, fp32_acc=False,
+            pattern_code=1, allreduce_out=None, residual_in=res.view(-1),
+            residual_out=r_out.view(-1), norm_out=n_out.view(-1), quant_out=None,
+            scale_out=None, scale_factor=None, layout_code=None,
+            metadata=self.ws["metadata"], **common)
 
 
 class PcieIpc(Adapter):
@@ -192,26 +185,32 @@ class PcieIpc(Adapter):
         self.ws.all_reduce(x, out=out)
 
 
+#: The custom all-reduce's functions (FlashInfer names them ``vllm_<name>``).
+CUSTOM_OPS = ("init_custom_ar", "register_buffer", "all_reduce", "meta_size",
+              "get_graph_buffer_ipc_meta", "register_graph_buffers")
+
+
 class CustomAllReduce(Adapter):
-    """The vLLM-style custom all-reduce (FlashInfer's copy, or SGLang's): eagerly staged
-    into a registered IPC buffer; captured inputs registered by ``after_capture``.
-    ``full_nvlink`` is False (PCIe: FlashInfer's copy runs only at two ranks)."""
+    """The vLLM-style custom all-reduce (FlashInfer's copy, or SGLang's), its functions
+    ``prefix<name>`` of ``module``: eagerly staged into a registered IPC buffer; captured
+    inputs registered by ``after_capture``.  ``full_nvlink`` is False (PCIe: FlashInfer's
+    copy runs only at two ranks)."""
 
     MAX_CTAS = 36  # the kernel's upper bound
+    ops: Any = None
+    fa: Any = None
 
-    def __init__(self, rk: Rank, name: str, ops: Callable[[], Any]) -> None:
+    def __init__(self, rk: Rank, name: str, module: str, prefix: str = "") -> None:
         super().__init__(rk, name)
-        self._ops_loader = ops
-        self.ops: Any = None
-        self.fa: Any = None
-        self.buffer_ptrs: list[int] = []
-        self.size = 0
+        self.module, self.prefix = module, prefix
 
     def unavailable(self) -> str | None:
         try:
-            self.ops = self._ops_loader()
+            found = importlib.import_module(self.module)
+            self.ops = types.SimpleNamespace(**{n: getattr(found, self.prefix + n)
+                                                for n in CUSTOM_OPS})
         except (ImportError, AttributeError) as exc:
-            return str(exc)
+            return f"{self.module} does not serve the custom all-reduce here: {exc}"
         if self.rk.world not in (2, 4, 6, 8):
             return "the custom all-reduce supports 2, 4, 6 or 8 ranks"
         fc, rk = self.rk.fc, self.rk
@@ -245,36 +244,13 @@ class CustomAllReduce(Adapter):
                                         [o for _, o in every])
 
 
-#: The custom all-reduce's functions (FlashInfer names them ``vllm_<name>``).
-CUSTOM_OPS = ("init_custom_ar", "register_buffer", "all_reduce", "meta_size",
-              "get_graph_buffer_ipc_meta", "register_graph_buffers")
-
-
-def _flashinfer_custom_ops() -> Any:
-    import flashinfer.comm as fc  # type: ignore[import-not-found, unused-ignore]
-
-    return types.SimpleNamespace(**{name: getattr(fc, f"vllm_{name}") for name in CUSTOM_OPS})
-
-
-def _sglang_custom_ops() -> Any:
-    try:
-        from sgl_kernel import allreduce  # type: ignore[import-not-found, unused-ignore]
-    except ImportError as exc:
-        raise ImportError(f"sgl_kernel (SGLang's kernels) does not import here: {exc}"
-                          ) from exc
-    for name in CUSTOM_OPS:
-        if not hasattr(allreduce, name):
-            raise AttributeError(f"sgl_kernel.allreduce has no {name}")
-    return allreduce
-
-
 class B12x(Adapter):
     """b12x's PCIe one-shot all-reduce with the residual add and RMSNorm fused (SM12x)."""
 
     OUTPUTS = (2, 3)
     MAX_FUSED_TOKENS = 36  # b12x fuses the norm only up to this many rows
     runtime: Any = None
-    plans: dict[int, Any]
+    plans: list[Any]
 
     def unavailable(self) -> str | None:
         major, minor = self.rk.capability
@@ -297,30 +273,27 @@ class B12x(Adapter):
 
     def bind(self, bufs: list[BufferSet], gamma: torch.Tensor, point: Point) -> None:
         super().bind(bufs, gamma, point)
-        self.plans = {i: self.runtime.plan(b[0], operation="all_reduce_fused_add_rms_norm")
-                      for i, b in enumerate(bufs)}
+        self.plans = [self.runtime.plan(b[0], operation="all_reduce_fused_add_rms_norm")
+                      for b in bufs]
 
     def op(self, i: int) -> Callable[[], None]:
         x, res, r_out, n_out = self.bufs[i]
-        runtime, plan, gamma = self.runtime, self.plans[i], self.gamma
-
-        def run() -> None:
-            runtime.all_reduce_fused_add_rms_norm(x, res, gamma, RMS_EPS, plan=plan,
-                                                  out=n_out, residual_out=r_out)
-        return run
+        return functools.partial(self.runtime.all_reduce_fused_add_rms_norm, x, res,
+                                 self.gamma, RMS_EPS, plan=self.plans[i], out=n_out,
+                                 residual_out=r_out)
 
 
 #: method name -> adapter factory; the registry's keys and these must agree (tested)
 FACTORIES: dict[str, Callable[[Rank], Adapter]] = {
-    "nccl_rmsnorm": functools.partial(Nccl, name="nccl_rmsnorm"),
-    "nccl_tuned_rmsnorm": functools.partial(Nccl, name="nccl_tuned_rmsnorm"),
-    "fused_oneshot": functools.partial(Fused, name="fused_oneshot", oneshot=True),
-    "fused_twoshot": functools.partial(Fused, name="fused_twoshot", oneshot=False),
-    "fused_auto": functools.partial(Fused, name="fused_auto", oneshot=None),
-    "pcie_ipc_rmsnorm": functools.partial(PcieIpc, name="pcie_ipc_rmsnorm"),
-    "custom_vllm_rmsnorm": functools.partial(CustomAllReduce, name="custom_vllm_rmsnorm",
-                                             ops=_flashinfer_custom_ops),
-    "custom_sglang_rmsnorm": functools.partial(CustomAllReduce, name="custom_sglang_rmsnorm",
-                                               ops=_sglang_custom_ops),
-    "b12x_fused": functools.partial(B12x, name="b12x_fused"),
-}
+    name: functools.partial(cls, name=name, **kw) for name, cls, kw in (
+        ("nccl_rmsnorm", Nccl, {}),
+        ("nccl_tuned_rmsnorm", Nccl, {}),
+        ("fused_oneshot", Fused, {"oneshot": True}),
+        ("fused_twoshot", Fused, {"oneshot": False}),
+        ("fused_auto", Fused, {"oneshot": None}),
+        ("pcie_ipc_rmsnorm", PcieIpc, {}),
+        ("custom_vllm_rmsnorm", CustomAllReduce,
+         {"module": "flashinfer.comm", "prefix": "vllm_"}),
+        ("custom_sglang_rmsnorm", CustomAllReduce, {"module": "sgl_kernel.allreduce"}),
+        ("b12x_fused", B12x, {}),
+    )}
