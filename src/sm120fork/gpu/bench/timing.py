@@ -175,29 +175,27 @@ def _check(rk: Rank, plan: BenchPlan, adapter: Adapter, point: Point,
 
 
 def _floors(rk: Rank, plan: BenchPlan) -> None:
-    try:
+    def empty_graph() -> BenchRecord:
         tiny = torch.zeros(1, device=rk.device)
 
-        def bump(_i: int) -> Callable[[], None]:
-            def run() -> None:
-                tiny.add_(1.0)
-            return run
+        def bump() -> None:
+            tiny.add_(1.0)
 
         # Same graph shape as the methods (rotate x calls ops per replay), per op.
-        samples = _time_graph(rk, bump, dataclasses.replace(plan, replays=max(plan.replays, 20)))
-        say("BENCH", {"kind": "floor", "method": "empty_graph", **summary(samples)})
-    except Exception as exc:
-        if cuda_broken(exc):
-            raise
-        say("BENCH", {"kind": "floor", "method": "empty_graph", "skipped": str(exc)[:300]})
-    try:
-        one_way = _flag_handoff_us(rk, iters=20 if rk.shared else 2000)
-        say("BENCH", {"kind": "floor", "method": "flag_handoff", "median_us": one_way})
-    except Exception as exc:
-        if cuda_broken(exc):
-            raise
-        say("BENCH", {"kind": "floor", "method": "flag_handoff",
-                      "skipped": f"{type(exc).__name__}: {exc}"[:300]})
+        return summary(_time_graph(rk, lambda _i: bump,
+                                   dataclasses.replace(plan, replays=max(plan.replays, 20))))
+
+    def flag_handoff() -> BenchRecord:
+        return {"median_us": _flag_handoff_us(rk, iters=20 if rk.shared else 2000)}
+
+    for name, measured in (("empty_graph", empty_graph), ("flag_handoff", flag_handoff)):
+        try:
+            say("BENCH", {"kind": "floor", "method": name, **measured()})
+        except Exception as exc:
+            if cuda_broken(exc):
+                raise
+            say("BENCH", {"kind": "floor", "method": name,
+                          "skipped": f"{type(exc).__name__}: {exc}"[:300]})
 
 
 #: check(adapter, point) -> (ok, checks); time(adapter, point) -> stats
@@ -239,43 +237,38 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
                 raise
             return None, f"{type(exc).__name__}: {exc}"
 
+    def at(adapter: Any, point: Point) -> BenchRecord:
+        """The outcome of one method at one point, the same on every rank."""
+        if reason := agree(gather(adapter.unsupported(point))):
+            return {"status": NOT_RUNNABLE, "reason": reason}
+        checked, error = attempt(check, adapter, point)
+        ok, checks = checked or (False, [CheckVerdict(output="call", ok=False,
+                                                      reason=str(error)[:500])])
+        verdicts = gather((ok, checks))
+        if failing := [rank for rank, v in enumerate(verdicts) if not v[0]]:
+            worst = verdicts[failing[0]][1]
+            return {"status": FAILED_CHECK, "failing_ranks": failing, "checks": worst,
+                    "reason": "; ".join(str(c.get("reason")) for c in worst
+                                        if not c.get("ok"))[:800]}
+        stats, error = attempt(time, adapter, point)
+        every = gather(stats if error is None else {"error": error[:500]})
+        if errors := [s["error"] for s in every if "error" in s]:
+            return {"status": ERROR, "reason": errors[0]}
+        timed: BenchRecord = stats
+        return {**timed, "status": TIMED, "checks": checks,
+                "rank_medians_us": [s["median_us"] for s in every],
+                "rank_p90_us": [s["p90_us"] for s in every]}
+
     for adapter in adapters:
         emit({"kind": "method", "method": adapter.name, "status": STARTING})
         own, error = attempt(adapter.unavailable)
-        reason = agree(gather(own if error is None else f"set-up failed: {error}"[:500]))
-        if reason:
+        if reason := agree(gather(own if error is None else f"set-up failed: {error}"[:500])):
             emit({"kind": "method", "method": adapter.name, "status": NOT_RUNNABLE,
                   "reason": reason})
             continue
         for point in points:
-            record: BenchRecord = {"kind": "point", "method": adapter.name,
-                                   "tokens": point.tokens, "hidden": point.hidden}
-            reason = agree(gather(adapter.unsupported(point)))
-            if reason:
-                emit({**record, "status": NOT_RUNNABLE, "reason": reason})
-                continue
-            checked, error = attempt(check, adapter, point)
-            ok, checks = checked if error is None else (
-                False, [CheckVerdict(output="call", ok=False, reason=error[:500])])
-            verdicts = gather((ok, checks))
-            if not all(v[0] for v in verdicts):
-                failing = [rank for rank, v in enumerate(verdicts) if not v[0]]
-                worst = verdicts[failing[0]][1]
-                emit({**record, "status": FAILED_CHECK, "failing_ranks": failing,
-                      "checks": worst,
-                      "reason": "; ".join(str(c.get("reason")) for c in worst
-                                          if not c.get("ok"))[:800]})
-                continue
-            stats, error = attempt(time, adapter, point)
-            every = gather(stats if error is None else {"error": error[:500]})
-            if any("error" in s for s in every):
-                emit({**record, "status": ERROR,
-                      "reason": next(s["error"] for s in every if "error" in s)})
-                continue
-            emit({**record, "status": TIMED, **stats,
-                  "checks": checks,
-                  "rank_medians_us": [s["median_us"] for s in every],
-                  "rank_p90_us": [s["p90_us"] for s in every]})
+            emit({"kind": "point", "method": adapter.name, "tokens": point.tokens,
+                  "hidden": point.hidden, **at(adapter, point)})
 
 
 @dataclasses.dataclass(frozen=True)
