@@ -4,6 +4,7 @@ reports and the all-reduce policy."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import sys
 import time
@@ -106,33 +107,33 @@ def run_bench(opts: BenchOptions) -> BenchRun:
     for world in worlds:
         plan = cases_mod.bench_plan(world, quick=opts.quick, tokens=opts.tokens,
                                     hidden=opts.hidden)
-        groups = _World(opts, plan, variant, prepared.run_dir,
-                        dict(compiled[variant.name].module_failures), timeouts,
-                        shared=world > gpu_count)
-        groups.run(chosen)
-        failures += groups.failures
-        partial = partial or groups.partial
-        finished = all(o.ok for o in groups.outcomes)
+        shared = world > gpu_count
+        records, rank_env, outcomes = _run_world(opts, plan, prepared, chosen, timeouts,
+                                                 shared=shared)
+        failures += [f"world size {world}, {names}: {o.failure}" for names, o in outcomes
+                     if not o.ok]
+        partial = partial or any(o.kind == "budget" for _, o in outcomes)
+        finished = all(o.ok for _, o in outcomes)
         doc = {
             "kind": "gpu-bench", "created": now(), "command": opts.command,
             "title": f"{(env.get('gpus') or ['?'])[0]} x{gpu_count}, world size {world}"
-            + (f" ({report.SHARED_LABEL})" if groups.shared else ""),
-            "environment": {**groups.rank_env, **env},
-            "shared": groups.shared, "label": report.SHARED_LABEL if groups.shared else None,
+            + (f" ({report.SHARED_LABEL})" if shared else ""),
+            "environment": {**rank_env, **env},
+            "shared": shared, "label": report.SHARED_LABEL if shared else None,
             "world_size": world, "dtype": plan.dtype, "plan": dataclasses.asdict(plan),
-            "methods": chosen, "module_failures": groups.module_failures,
-            "variant": variant.name, **variant.describe(), "records": groups.records,
+            "methods": chosen, "module_failures": dict(compiled[variant.name].module_failures),
+            "variant": variant.name, **variant.describe(), "records": records,
             "outcome": {"ok": finished, "failure": "; ".join(
-                o.failure or "" for o in groups.outcomes if not o.ok) or None,
-                "kinds": [o.kind for o in groups.outcomes],
-                "log_tail": None if finished else [o.tails for o in groups.outcomes]},
+                o.failure or "" for _, o in outcomes if not o.ok) or None,
+                "kinds": [o.kind for _, o in outcomes],
+                "log_tail": None if finished else [o.tails for _, o in outcomes]},
             "not_run": list(opts.not_run),
             "module_seconds": round(prepared.module_seconds, 1),
             "time_budget": opts.time_budget, "finished": finished,
         }
         paths += report.write_bench_report(doc, out if len(worlds) == 1 else out / f"ws{world}",
                                            roles)
-        by_world[world] = groups.records
+        by_world[world] = records
     policy_path, policy = _write_policy(by_world, env, variant, out,
                                         shared=any(w > gpu_count for w in worlds),
                                         failed=bool(failures))
@@ -162,65 +163,48 @@ def _write_policy(by_world: dict[int, list[BenchRecord]], env: Environment, vari
     return policy_mod.write(policy, out), policy_mod.describe(policy)
 
 
-@dataclasses.dataclass
-class _World:
-    opts: BenchOptions
-    plan: cases_mod.BenchPlan
-    variant: Variant
-    run_dir: Path
-    module_failures: dict[str, str]
-    timeouts: Timeouts
-    shared: bool
-    records: list[BenchRecord] = dataclasses.field(default_factory=list)
-    rank_env: Environment = dataclasses.field(default_factory=Environment)
-    outcomes: list[GroupOutcome] = dataclasses.field(default_factory=list)
-    failures: list[str] = dataclasses.field(default_factory=list)
-    partial: bool = False
-
-    def run(self, chosen: Sequence[str]) -> None:
-        for index, (group_env, names) in enumerate(group_envs(chosen).items()):
-            if group_env and self.shared:
-                self.records += [{"kind": "method", "method": name,
-                                  "status": methods_mod.NOT_RUNNABLE,
-                                  "reason": cases_mod.NCCL_SHARED}
-                                 for name in names]
-            else:
-                self._group(index, dict(group_env), list(names))
-
-    def _group(self, index: int, group_env: dict[str, str], pending: list[str]) -> None:
-        """The methods in one group of ranks; after a crash, the rest in a new group."""
-        attempt, world = 0, self.plan.world_size
-        while pending:
+def _run_world(opts: BenchOptions, plan: cases_mod.BenchPlan, prepared: runs.Prepared,
+               chosen: Sequence[str], timeouts: Timeouts, *, shared: bool,
+               ) -> tuple[list[BenchRecord], Environment, list[tuple[list[str], GroupOutcome]]]:
+    """One world size's groups of ranks, one per environment; after a crash, the methods
+    after the one that was running, in a new group: (records, the ranks' environment, each
+    group's methods and outcome)."""
+    variant, world = prepared.variants[0], plan.world_size
+    records: list[BenchRecord] = []
+    rank_env: Environment = {}
+    outcomes: list[tuple[list[str], GroupOutcome]] = []
+    for index, (group_env, group) in enumerate(group_envs(chosen).items()):
+        if group_env and shared:
+            records += [{"kind": "method", "method": name, "status": methods_mod.NOT_RUNNABLE,
+                         "reason": cases_mod.NCCL_SHARED} for name in group]
+            continue
+        names = group
+        for attempt in itertools.count():
             started = time.monotonic()
             got, got_env, outcome = run_group(
-                dataclasses.replace(self.plan, floors=index == 0 and attempt == 0),
-                self.variant, self.run_dir, methods=pending,
-                tag=f"bench-ws{world}-g{index}-a{attempt}", extra_env=group_env,
-                module_failures=self.module_failures, backend=self.opts.backend,
-                allow_multicast=self.opts.allow_multicast, timeouts=self.timeouts)
-            log.info("bench, world size %d, %s: %.0f s", world, pending,
+                dataclasses.replace(plan, floors=index == 0 and attempt == 0), variant,
+                prepared.run_dir, methods=names, tag=f"bench-ws{world}-g{index}-a{attempt}",
+                extra_env=dict(group_env),
+                module_failures=prepared.compiled[variant.name].module_failures,
+                backend=opts.backend, allow_multicast=opts.allow_multicast, timeouts=timeouts)
+            log.info("bench, world size %d, %s: %.0f s", world, names,
                      time.monotonic() - started)
-            self.records += got
-            self.rank_env = self.rank_env or got_env
-            self.outcomes.append(outcome)
-            if outcome.ok:
-                return
-            self.failures.append(f"world size {world}, {pending}: {outcome.failure}")
-            if outcome.kind == "budget":
-                self.partial = True
-                return
+            records += got
+            rank_env = rank_env or got_env
+            outcomes.append((names, outcome))
             begun = [r["method"] for r in got  # the last is the one running when it died
                      if r.get("kind") == "method" and r.get("status") == methods_mod.STARTING]
-            if not begun:
-                return
-            culprit = begun[-1]
-            pending = pending[pending.index(culprit) + 1:]
-            self.records.append({"kind": "method", "method": culprit,
-                                 "status": methods_mod.ERROR,
-                                 "reason": f"the ranks died while it ran "
-                                 f"({outcome.kind}: {outcome.failure}); the methods "
-                                 "after it ran in a new group"})
-            attempt += 1
+            if outcome.ok or outcome.kind == "budget" or not begun:
+                break
+            records.append({"kind": "method", "method": begun[-1],
+                            "status": methods_mod.ERROR,
+                            "reason": f"the ranks died while it ran "
+                            f"({outcome.kind}: {outcome.failure}); the methods "
+                            "after it ran in a new group"})
+            names = names[names.index(begun[-1]) + 1:]
+            if not names:
+                break
+    return records, rank_env, outcomes
 
 
 def run_group(plan: cases_mod.BenchPlan, variant: Variant, run_dir: Path, *,
