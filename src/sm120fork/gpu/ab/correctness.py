@@ -4,6 +4,7 @@ its call (eager and graph replays) and checks."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import traceback
 from collections.abc import Callable
@@ -104,37 +105,25 @@ def _call(rk: Rank, case: Case, data: CaseData, o: _Outputs) -> tuple[Callable[[
     residual_in = None if pattern == "allreduce" else data.residual
     gamma = None if pattern == "allreduce" else data.gamma
     outs = o.outs
+    common = {"launch_with_pdl": case.pdl, "use_oneshot": use_oneshot, "fp32_acc": False,
+              "rms_gamma": gamma, "rms_eps": RMS_EPS, "scale_factor": o.scale,
+              "layout_code": layout, "scale_out": outs.get("scale_out")}
     if case.api == "fusion_legacy":
         ws = rk.workspace(case.api)
-
-        def call_legacy() -> None:
-            fc.trtllm_allreduce_fusion(
-                allreduce_in=x.view(-1), world_size=case.world_size, world_rank=rk.rank,
-                token_num=case.tokens, hidden_dim=case.hidden, workspace_ptrs=ws["tensor"],
-                launch_with_pdl=case.pdl, trigger_completion_at_end=case.pdl,
-                fp32_acc=False, pattern_code=PATTERN_CODES[pattern], use_oneshot=use_oneshot,
-                allreduce_out=o.flat("allreduce_out"),
-                residual_in=None if residual_in is None else residual_in.view(-1),
-                residual_out=o.flat("residual_out"), norm_out=o.flat("norm_out"),
-                quant_out=o.flat("quant_out"), scale_out=outs.get("scale_out"),
-                rms_gamma=gamma, rms_eps=RMS_EPS, scale_factor=o.scale,
-                layout_code=layout, metadata=ws["metadata"])
-
-        return call_legacy, 1
+        return functools.partial(
+            fc.trtllm_allreduce_fusion, allreduce_in=x.view(-1), world_size=case.world_size,
+            world_rank=rk.rank, token_num=case.tokens, hidden_dim=case.hidden,
+            workspace_ptrs=ws["tensor"], trigger_completion_at_end=case.pdl,
+            pattern_code=PATTERN_CODES[pattern], allreduce_out=o.flat("allreduce_out"),
+            residual_in=None if residual_in is None else residual_in.view(-1),
+            residual_out=o.flat("residual_out"), norm_out=o.flat("norm_out"),
+            quant_out=o.flat("quant_out"), metadata=ws["metadata"], **common), 1
     if case.api == "fusion_unified":
-        uws = rk.workspace(case.api)
-
-        def call_unified() -> None:
-            fc.allreduce_fusion(
-                input=x, workspace=uws, pattern=PATTERN_CODES[pattern],
-                launch_with_pdl=case.pdl, output=outs["allreduce_out"],
-                residual_out=outs.get("residual_out"), norm_out=outs.get("norm_out"),
-                quant_out=outs.get("quant_out"), scale_out=outs.get("scale_out"),
-                residual_in=residual_in, rms_gamma=gamma, rms_eps=RMS_EPS,
-                scale_factor=o.scale, layout_code=layout, use_oneshot=use_oneshot,
-                fp32_acc=False)
-
-        return call_unified, 1
+        return functools.partial(
+            fc.allreduce_fusion, input=x, workspace=rk.workspace(case.api),
+            pattern=PATTERN_CODES[pattern], output=outs["allreduce_out"],
+            residual_out=outs.get("residual_out"), norm_out=outs.get("norm_out"),
+            quant_out=outs.get("quant_out"), residual_in=residual_in, **common), 1
     cws = rk.workspace(case.api)
     rk.reset_lamport(cws)
     p = cws["ptrs"]

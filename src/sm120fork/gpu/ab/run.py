@@ -32,24 +32,19 @@ class TestOptions(RunOptions):
     title: str | None = None
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class Tally:
     """One variant's records counted; what never ran is neither passing nor failing."""
 
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    not_run: int = 0
+    passed: int
+    failed: int
+    skipped: int
+    not_run: int
 
     @classmethod
     def of(cls, records: Sequence[CaseResult]) -> Tally:
         ran = Counter(r.status for r in records if not r.never_ran)
-        return cls(passed=ran["pass"], failed=ran["fail"], skipped=ran["skip"],
-                   not_run=sum(r.never_ran for r in records))
-
-    @property
-    def total(self) -> int:
-        return self.passed + self.failed + self.skipped + self.not_run
+        return cls(ran["pass"], ran["fail"], ran["skip"], sum(r.never_ran for r in records))
 
     @property
     def ran(self) -> int:
@@ -73,15 +68,11 @@ class TestRun:
         return sum(t.not_run for t in self.tallies.values())
 
     def headline(self) -> list[str]:
-        lines = []
-        for name, t in self.tallies.items():
-            line = (f"{name}: {t.failed} failing, {t.passed} passing, {t.skipped} skipped"
-                    f" of {t.total}")
-            if t.not_run:
-                line += f"; {t.not_run} NEVER RAN (module build failed or time budget)"
-            if not t.ran:
-                line += "; NOTHING RAN"
-            lines.append(line)
+        lines = [f"{name}: {t.failed} failing, {t.passed} passing, {t.skipped} skipped of "
+                 f"{len(self.doc.results[name])}"
+                 + (f"; {t.not_run} NEVER RAN (module build failed or time budget)"
+                    if t.not_run else "") + ("" if t.ran else "; NOTHING RAN")
+                 for name, t in self.tallies.items()]
         budget = ("" if self.doc.time_budget is None else
                   f"; cases' time budget {self.doc.time_budget:.0f} s, counted after it")
         lines.append(f"module build {self.module_seconds:.0f} s{budget}; "
@@ -208,23 +199,24 @@ def test_record(doc: AbRun, tested: record.Tested | None) -> record.Record | Non
     primary, baseline = doc.primary, doc.baseline
     table = AbTable(doc)
     project_of = {w.wheel: w.project for w in manifest.wheels}
-    wheels = []
-    for name, variant in doc.variants.items():
-        if (file := variant.get("wheel")) and (sha256 := variant.get("sha256")):
-            wheels.append(record.TestedWheel(
-                variant="upstream" if name == baseline else name,
-                project=project_of.get(file, "flashinfer"), file=file, sha256=sha256))
+
+    def label(name: str) -> str:
+        return "upstream" if name == baseline else name
+
+    wheels = [record.TestedWheel(variant=label(name), project=project_of.get(file, "flashinfer"),
+                                 file=file, sha256=sha256)
+              for name, variant in doc.variants.items()
+              if (file := variant.get("wheel")) and (sha256 := variant.get("sha256"))]
     cases = []
     for key in table.order:
         cls = table.cls[key].replace(" ", "-")  # the A/B class as the record names it
         against = cls if cls in record.AGAINST else None
-        for name, rec in table.rows[key].items():
-            if rec.never_ran:
-                continue  # never ran: the record is unfinished
-            outcome = rec.status if rec.status in ("pass", "fail", "skip") else "error"
-            cases.append(record.Case(
-                id=key, variant="upstream" if name == baseline else name, outcome=outcome,
-                detail=_detail(rec), against=against if name == primary else None))
+        cases += [record.Case(
+            id=key, variant=label(name), detail=_detail(rec),
+            outcome=rec.status if rec.status in ("pass", "fail", "skip") else "error",
+            against=against if name == primary else None)
+            for name, rec in table.rows[key].items()
+            if not rec.never_ran]  # never ran: the record is unfinished
     planned = sum(len(recs) for recs in doc.results.values())
     built = [n for n, v in doc.variants.items() if not v.get("compiled", True)]
     notes = [f"the module build of {', '.join(built)} failed: its cases never ran"] if built \
