@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sm120fork.errors import ConfigError
 from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec
 from sm120fork.gpu.core.cases import CUSTOM_API, Case
 from sm120fork.gpu.core.variants import Timeouts, Variant, run_ranks
@@ -24,12 +24,10 @@ def _merge(case: Case, records: dict[int, CaseResult]) -> CaseResult:
     if {r.status for r in records.values()} == {"skip"}:
         return CaseResult(key=case.key, case=case, status="skip",
                           reason=next(iter(records.values())).reason)
-    checks: dict[tuple[str, str], Check] = {}
-    for rec in records.values():
-        for check in rec.checks:
-            k = (check.output, check.stage)
-            if k not in checks or check.worse_than(checks[k]):
-                checks[k] = check
+    checks: dict[tuple[str, str], Check] = {}  # each output and stage's worst rank
+    for check in (c for rec in records.values() for c in rec.checks):
+        k = (check.output, check.stage)
+        checks[k] = max(checks.get(k, check), check, key=lambda c: (not c.ok, c.rel_l2 or 0))
     failing = sorted(r for r, rec in records.items() if rec.status != "pass")
     if not failing:
         return CaseResult(key=case.key, case=case, status="pass", checks=tuple(checks.values()))
@@ -43,10 +41,9 @@ def _merge(case: Case, records: dict[int, CaseResult]) -> CaseResult:
 
 @dataclasses.dataclass
 class _Reports:
-    """What each rank of one group said: the cases it started and those it reported."""
+    """What each rank of one group said: the cases it started, each case's results."""
 
     started: dict[int, list[str]] = dataclasses.field(default_factory=dict)
-    reported: dict[int, set[str]] = dataclasses.field(default_factory=dict)
     results: dict[str, dict[int, CaseResult]] = dataclasses.field(default_factory=dict)
 
     def on_message(self, rank: int, message: wire.Message) -> None:
@@ -55,22 +52,22 @@ class _Reports:
         elif message.tag == "RESULT":
             result = typed.read(CaseResult, message.data, f"rank {rank}'s RESULT")
             self.results.setdefault(result.key, {})[rank] = result
-            self.reported.setdefault(rank, set()).add(result.key)
+
+    def reported(self, rank: int | None) -> set[str]:
+        return {key for key, by_rank in self.results.items() if rank in by_rank}
 
     def settled(self, codes: list[int | None]) -> bool:
         """Every rank still running has reported each case that a failed rank reported."""
-        done_by_failed = set[str]().union(*(self.reported.get(rank, set())
-                                            for rank, code in enumerate(codes)
-                                            if code not in (None, 0)))
-        return all(done_by_failed <= self.reported.get(rank, set())
+        by_failed = set[str]().union(*(self.reported(rank) for rank, code in enumerate(codes)
+                                       if code not in (None, 0)))
+        return all(by_failed <= self.reported(rank)
                    for rank, code in enumerate(codes) if code is None)
 
     def in_progress(self, outcome: GroupOutcome) -> set[str]:
         """The cases a group's end interrupted: those the crashed rank started and did not
         report, else those any rank started."""
         if outcome.kind == "crash" and outcome.failed is not None:
-            reported = self.reported.get(outcome.failed, set())
-            return {k for k in self.started.get(outcome.failed, []) if k not in reported}
+            return set(self.started.get(outcome.failed, [])) - self.reported(outcome.failed)
         return {k for keys in self.started.values() for k in keys}
 
 
@@ -89,7 +86,9 @@ class _Batch:
         return []
 
     def left_out(self, cases: Sequence[Case]) -> list[Case]:
-        self.results.update({c.key: CaseResult.left_out(c) for c in cases})
+        self.results.update({c.key: CaseResult(key=c.key, case=c, status="skip", not_run=True,
+                                               reason="not run: the run's time budget was used up")
+                             for c in cases})
         return []
 
     def next_group(self, outcome: GroupOutcome, reports: _Reports, pending: list[Case],
@@ -125,19 +124,17 @@ class _Batch:
         self.fail([culprit], kind, (outcome.failure or "ranks ended")
                   + (f"; {detail[0]}" if detail else ""),
                   reported_ranks=tuple(sorted(partial)), log_tail=tails)
-        return self._breaker(culprit, kind, [c for c in remaining if c is not culprit])
-
-    def _breaker(self, culprit: Case, kind: str, pending: list[Case]) -> list[Case]:
-        """The circuit breaker: too many hangs (crashes) of one API stop its other cases."""
+        # The circuit breaker: too many hangs (crashes) of one API stop its other cases.
+        rest = [c for c in remaining if c is not culprit]
         streak = self.streaks.setdefault(culprit.api, {"crash": 0, "hang": 0})
         streak[kind if kind in streak else "crash"] += 1
         if (streak["hang"] < self.timeouts.max_hang_streak
                 and streak["crash"] < self.timeouts.max_crash_streak):
-            return pending
-        self.fail([c for c in pending if c.api == culprit.api], "not attempted",
+            return rest
+        self.fail([c for c in rest if c.api == culprit.api], "not attempted",
                   f"not attempted: {streak['hang']} hangs / {streak['crash']} crashes in a "
                   f"row for {culprit.api} (circuit breaker)")
-        return [c for c in pending if c.api != culprit.api]
+        return [c for c in rest if c.api != culprit.api]
 
 
 def _spec(cases: Sequence[Case], store: Path, backend: str, allow_multicast: bool
@@ -154,22 +151,19 @@ def _spec(cases: Sequence[Case], store: Path, backend: str, allow_multicast: boo
 def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
               timeouts: Timeouts, backend: str = "trtllm", allow_multicast: bool = False,
               worker: Sequence[str] = (sys.executable, "-m", "sm120fork.gpu.ab.correctness"),
-              progress: Callable[[str], None] | None = None) -> list[CaseResult]:
-    """Run ``cases`` (one world size) for ``variant``; crashes and hangs become failures."""
-    if not cases:
-        return []
+              progress: Callable[[str], None] = lambda _line: None) -> list[CaseResult]:
+    """Run ``cases`` (one world size, at least one) for ``variant``; crashes and hangs
+    become failures."""
     world = cases[0].world_size
-    if any(c.world_size != world for c in cases):
-        raise ConfigError("run_cases takes cases of one world size")
     label = "custom" if all(c.api == CUSTOM_API for c in cases) else "fusion"
     batch = _Batch(timeouts)
     pending = list(cases)
-    attempt = 0
-    while pending:
-        if timeouts.deadline is not None and time.monotonic() > timeouts.deadline:
-            pending = batch.left_out(pending)
+    for attempt in itertools.count(1):
+        if not pending:
             break
-        attempt += 1
+        if timeouts.deadline is not None and time.monotonic() > timeouts.deadline:
+            batch.left_out(pending)
+            break
         tag = f"{variant.name}-ws{world}-{label}-a{attempt}"
         reports = _Reports()
         outcome = run_ranks(
@@ -177,16 +171,11 @@ def run_cases(cases: Sequence[Case], variant: Variant, run_dir: Path, *,
                                       allow_multicast=allow_multicast),
             world, variant, run_dir / tag, timeouts, reports.on_message,
             settled=reports.settled)
-        remaining = []
         for case in pending:
-            recs = reports.results.get(case.key, {})
-            if len(recs) == world:
+            if len(recs := reports.results.get(case.key, {})) == world:
                 batch.results[case.key] = _merge(case, recs)
-            else:
-                remaining.append(case)
-        if progress:
-            progress(f"{tag}: {len(pending) - len(remaining)} cases done, "
-                     f"{len(remaining)} left" + (f"; {outcome.failure}" if outcome.failure
-                                                 else ""))
+        remaining = [c for c in pending if c.key not in batch.results]
+        progress(f"{tag}: {len(pending) - len(remaining)} cases done, {len(remaining)} left"
+                 + (f"; {outcome.failure}" if outcome.failure else ""))
         pending = batch.next_group(outcome, reports, pending, remaining) if remaining else []
     return [batch.results[c.key] for c in cases if c.key in batch.results]

@@ -30,11 +30,6 @@ class Check:
     nonfinite: int = 0
     reason: str = ""
 
-    def worse_than(self, other: Check) -> bool:
-        if self.ok != other.ok:
-            return not self.ok
-        return (self.rel_l2 or 0) > (other.rel_l2 or 0)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class CaseResult:
@@ -61,10 +56,6 @@ class CaseResult:
         return max((c.rel_l2 for c in self.checks if c.rel_l2 is not None), default=None)
 
     @property
-    def short(self) -> str:
-        return f"FAIL ({self.failure or 'error'})" if self.status == "fail" else self.status
-
-    @property
     def never_ran(self) -> bool:
         return self.not_run or self.failure == "build"
 
@@ -72,11 +63,6 @@ class CaseResult:
     def failed(cls, case: Case, failure: str, reason: str, **more: Any) -> CaseResult:
         return cls(key=case.key, case=case, status="fail", failure=failure, reason=reason,
                    **more)
-
-    @classmethod
-    def left_out(cls, case: Case) -> CaseResult:
-        return cls(key=case.key, case=case, status="skip", not_run=True,
-                   reason="not run: the run's time budget was used up")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -213,7 +199,9 @@ class AbTable:
             mine = recs.get(self.primary)
             worst = ("" if mine is None or not mine.checks
                      else "NaN" if mine.worst is None else f"{mine.worst:.2e}")
-            shorts = [recs[v].short if v in recs else "missing" for v in self.variants]
+            shorts = [("missing" if (r := recs.get(v)) is None else
+                       f"FAIL ({r.failure or 'error'})" if r.status == "fail" else r.status)
+                      for v in self.variants]
             body.append([f"`{k}`", *shorts, worst, reason])
         hdr = ["case", *self.variants, "worst rel L2 " + self.primary, "reason"]
         return [*lines, *_md_table(hdr, body), ""]
@@ -240,29 +228,26 @@ class AbTable:
 
 def render_test_markdown(doc: AbRun) -> str:
     table = AbTable(doc)
-    lines = [f"# Fused all-reduce correctness: {doc.title}".rstrip(), ""]
-    lines += [f"Created {doc.created} by `{doc.command}`.", ""]
-    lines += completion_lines(doc.finished, doc.module_seconds, doc.time_budget,
-                              sum(1 for recs in doc.results.values() for r in recs if r.not_run))
+    skips = Counter(str(r.reason) for rows in table.rows.values() for r in rows.values()
+                    if r.status == "skip")
+    lines = [f"# Fused all-reduce correctness: {doc.title}".rstrip(), "",
+             f"Created {doc.created} by `{doc.command}`.", "",
+             *completion_lines(doc.finished, doc.module_seconds, doc.time_budget,
+                               sum(r.not_run for recs in doc.results.values() for r in recs))]
     if doc.shared:
         lines += ["**Ranks shared GPUs** (more ranks than GPUs): each rank is its own process "
                   "with its own CUDA context; handles went over a gloo group and buffers over "
                   "CUDA IPC. Correctness holds as on separate GPUs; timings do not.", ""]
-    lines += ["## Environment", "", *env_lines(doc.environment), ""]
-    lines += ["## Variants", ""]
-    lines += _md_table(("variant", "wheel", "sha256", "FlashInfer", "modules"), [
-        (name, info.get("wheel") or "(installed)", (info.get("sha256") or "")[:16],
-         info.get("flashinfer", "?"), _modules(info))
-        for name, info in doc.variants.items()])
-    lines += ["", "## Method", "", _METHOD, "", "Tolerances (per output storage type):", ""]
-    lines += _md_table(("kind", "bound"), doc.tolerances)
-    lines += ["", "## Summary", "", *table.summary(), *table.details()]
-    skips = Counter(str(r.reason) for rows in table.rows.values() for r in rows.values()
-                    if r.status == "skip")
-    lines += ["## Skipped", ""]
-    lines += (_md_table(("reason", "case runs"), sorted(skips.items())) if skips
-              else ["None."])
-    lines += [""]
+    lines += ["## Environment", "", *env_lines(doc.environment), "", "## Variants", "",
+              *_md_table(("variant", "wheel", "sha256", "FlashInfer", "modules"), [
+                  (name, info.get("wheel") or "(installed)", (info.get("sha256") or "")[:16],
+                   info.get("flashinfer", "?"), _modules(info))
+                  for name, info in doc.variants.items()]),
+              "", "## Method", "", _METHOD, "", "Tolerances (per output storage type):", "",
+              *_md_table(("kind", "bound"), doc.tolerances),
+              "", "## Summary", "", *table.summary(), *table.details(), "## Skipped", "",
+              *(_md_table(("reason", "case runs"), sorted(skips.items())) if skips
+                else ["None."]), ""]
     if doc.not_run:
         lines += ["## Not run here", "", *[f"- {item}" for item in doc.not_run], ""]
     return "\n".join(lines)

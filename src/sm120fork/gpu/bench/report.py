@@ -26,14 +26,11 @@ def bench_points(doc: BenchDoc, stat: str = "median") -> dict[int, dict[str, dic
     """{hidden: {method: {tokens: us}}}: the slowest rank's median (or ``stat="p90"``)."""
     out: dict[int, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for rec in doc.get("records", []):
-        if rec.get("kind") != "point":
+        own = rec.get("median_us") if stat == "median" else None
+        if rec.get("kind") != "point" or (stat == "median" and own is None):
             continue
-        if stat == "p90":
-            values = [v for v in rec.get("rank_p90_us") or [] if v is not None]
-            value = max(values) if values else None
-        elif (value := rec.get("median_us")) is not None:
-            values = [v for v in rec.get("rank_medians_us") or [] if v is not None]
-            value = max(values) if values else value
+        ranks = (rec.get("rank_medians_us") if stat == "median" else rec.get("rank_p90_us"))
+        value = max((v for v in ranks or [] if v is not None), default=own)
         if value is not None:
             out[int(rec["hidden"])][rec["method"]][int(rec["tokens"])] = float(value)
     return out
@@ -120,11 +117,11 @@ def op_floor(doc: BenchDoc) -> float | None:
 
 def render_bench_markdown(doc: BenchDoc) -> str:
     pts = bench_points(doc)
-    lines = [f"# Fused all-reduce throughput: {doc.get('title', '')}".rstrip(), ""]
-    command = doc.get("command", "python -m sm120fork.gpu bench")
-    lines += [f"Created {doc.get('created', '?')} by `{command}`.", ""]
-    lines += completion_lines(doc.get("finished"), doc.get("module_seconds"),
-                              doc.get("time_budget"))
+    lines = [f"# Fused all-reduce throughput: {doc.get('title', '')}".rstrip(), "",
+             f"Created {doc.get('created', '?')} by "
+             f"`{doc.get('command', 'python -m sm120fork.gpu bench')}`.", "",
+             *completion_lines(doc.get("finished"), doc.get("module_seconds"),
+                               doc.get("time_budget"))]
     if doc.get("shared"):
         lines += [f"**{SHARED_LABEL}.** {doc.get('world_size')} ranks time-slice "
                   f"{doc.get('environment', {}).get('gpu_count', '?')} GPU(s); every number "
@@ -144,33 +141,29 @@ def render_bench_markdown(doc: BenchDoc) -> str:
     if skipped:
         lines += ["Skipped or failed:", "", *skipped, ""]
     fl = floors(doc)
-    lines += ["## Floor", ""]
-    lines += _md_table(("floor", "us"), [
+    lines += ["## Floor", "", *_md_table(("floor", "us"), [
         ("empty op: a 1-element kernel per op, same graph shape as the methods",
          _fmt(fl.get("empty_graph"))),
         ("one-way flag handoff between two ranks", _fmt(fl.get("flag_handoff"))),
         ("floor of a fused op (the two together; the 2x target's reference)",
-         _fmt(op_floor(doc)))])
-    lines += [""]
+         _fmt(op_floor(doc)))]), ""]
     rows = method_rows(doc)
     if rows:
         lines += ["## Methods", "",
                   "Each method's output (residual sum and normed output) is checked against "
                   "the fp32 reference, eagerly and in a CUDA-graph replay, on the same inputs, "
-                  "before it is timed; a method that fails its check is never timed.", ""]
-        lines += _md_table(("method", "what", "points"), rows)
-        lines += [""]
+                  "before it is timed; a method that fails its check is never timed.", "",
+                  *_md_table(("method", "what", "points"), rows), ""]
     p90 = bench_points(doc, "p90")
     for hidden in sorted(pts, reverse=True):
         methods = sorted(pts[hidden])
         tokens = sorted({t for m in methods for t in pts[hidden][m]})
         lines += [f"## Latency per op, hidden {hidden}, {doc.get('dtype', 'bf16')} "
-                  "(us, slowest rank's median (p90))", ""]
-        lines += _md_table(["tokens", *methods],
-                           [[t, *[_fmt(pts[hidden][m].get(t)) + (
-                               f" ({_fmt(p90[hidden][m][t])})" if t in p90[hidden][m] else "")
-                               for m in methods]] for t in tokens])
-        lines += [""]
+                  "(us, slowest rank's median (p90))", "",
+                  *_md_table(["tokens", *methods],
+                             [[t, *[_fmt(pts[hidden][m].get(t)) + (
+                                 f" ({_fmt(p90[hidden][m][t])})" if t in p90[hidden][m]
+                                 else "") for m in methods]] for t in tokens]), ""]
     lines += [f"## Model projection ({PROJECTION_LAYERS} layers x 2 = "
               f"{PROJECTION_ALLREDUCES} all-reduces per forward, hidden {PROJECTION_HIDDEN})",
               ""]
@@ -178,9 +171,8 @@ def render_bench_markdown(doc: BenchDoc) -> str:
                         "speedup"),
                        [(r["tokens"], _fmt(r["fused_ms"], 3), _fmt(r["unfused_ms"], 3),
                          _fmt(r["speedup"], 2)) for r in projection(pts)])
-    lines += ["", "## Targets (multi-GPU NVLink H200)", ""]
-    lines += _md_table(("target", "result"), target_checks(doc))
-    lines += [""]
+    lines += ["", "## Targets (multi-GPU NVLink H200)", "",
+              *_md_table(("target", "result"), target_checks(doc)), ""]
     if doc.get("not_run"):
         lines += ["## Not run here", "", *[f"- {item}" for item in doc["not_run"]], ""]
     return "\n".join(lines)
