@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from sm120fork.gpu.core.documents import BenchDoc, BenchRecord, parse_bench
-from sm120fork.gpu.core.report import completion_lines, env_lines, provenance
+from sm120fork.gpu.core.report import built_manifest, completion_lines, env_lines, made_from
 from sm120fork.util import portable
 from sm120fork.util.portable import markdown_table as _md_table
 
@@ -223,7 +223,8 @@ def write_bench_report(doc: object, out_dir: Path,
     bench = parse_bench(doc, where)
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m, p = out_dir / "bench.json", out_dir / "bench.md", out_dir / "bench.png"
-    bench = parse_bench(portable.portable({**bench, **(provenance(bench, bench) or {}),
+    made = made_from(built_manifest(bench.get("environment", {})), bench)
+    bench = parse_bench(portable.portable({**bench, **made,
                                            "projection": projection(bench_points(bench)),
                                            "targets": target_checks(bench)}, roles or []),
                         where)

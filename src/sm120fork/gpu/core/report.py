@@ -70,10 +70,3 @@ def built_manifest(env: Environment) -> Manifest | None:
         return Manifest.from_json(data)
     except ConfigError:
         return None
-
-
-def provenance(doc: BenchDoc, tested: VariantInfo | BenchDoc | None
-                ) -> Provenance | None:
-    if "stack" in doc and "made_from" in doc:
-        return None
-    return made_from(built_manifest(doc.get("environment", {})), tested)
