@@ -72,22 +72,15 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     """What ``test`` and ``bench`` share: the variants, the run's folders, the bounds."""
-    p.add_argument("--wheel-dir", action="append", default=[], metavar="NAME=DIR",
-                   help="a variant: a directory holding one flashinfer_python wheel (or "
-                   "the wheel); repeat for A/B, e.g. patched=wheels/STACK unpatched=up/")
+    core_runs.variant_args(p)
     p.add_argument("--stack", metavar="NAME",
                    help="the stack's built wheels (wheels/NAME/) as 'patched'; for "
                    "test also upstream's, built from the stack's pinned sdist "
                    "(sha256-checked, cached) as 'unpatched'")
-    p.add_argument("--prebuilt", action="append", default=[], metavar="NAME=DIR",
-                   help="FlashInfer modules prebuilt for variant NAME (DIR holds "
-                   "<module>/<module>.so); if they fail to load, the run JIT-compiles")
     p.add_argument("--quick", action="store_true", help="the quick subset")
     p.add_argument("--out", type=Path, help="the run's folder: its report, logs and "
                    "record (default gpu-runs/<gpu>-<count>x; nox -s record_import -- "
                    "DIR publishes the record into reports/)")
-    p.add_argument("--work-dir", type=Path, default=core_runs.DEFAULT_WORK_DIR,
-                   help="installs, JIT caches (kept between runs) and raw logs")
     p.add_argument("--backend", default="trtllm",
                    help='workspace backend for the unified API (only "trtllm" unless '
                    f"{ALLOW_MULTICAST_FLAG})")

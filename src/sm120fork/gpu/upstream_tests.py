@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sm120fork import __version__, record
 from sm120fork.errors import CommandError, ConfigError
-from sm120fork.gpu.core import records
+from sm120fork.gpu.core import records, runs
 from sm120fork.gpu.core.documents import Environment
 from sm120fork.gpu.core.variants import Variant, compile_variants, install_variant
 from sm120fork.util import proc, typed
@@ -161,11 +161,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="the PRs' tests as the kit carries them (DIR/<pr>/pr.json)")
     p.add_argument("--pr", action="append", default=[], metavar="NAME",
                    help="only this PR (default: every PR in --tests)")
-    p.add_argument("--wheel-dir", action="append", default=[], metavar="NAME=WHEEL",
-                   help="a variant's FlashInfer wheel: patched=..., unpatched=... (upstream's)")
-    p.add_argument("--prebuilt", action="append", default=[], metavar="NAME=DIR")
-    p.add_argument("--work-dir", type=Path, required=True,
-                   help="installs and JIT caches (kept between runs)")
+    runs.variant_args(p)
     p.add_argument("--out", type=Path, required=True,
                    help="each PR's record.json and logs, under OUT/<pr>/ (nox -s "
                         "record_import -- OUT publishes them)")
@@ -181,13 +177,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, argv: Sequence[str], host: object = None) -> int:
     """Run each PR's tests with each variant; write one record per PR; 0 when all pass."""
-    from sm120fork.gpu.core.runs import parse_variant_specs
-
-    specs = parse_variant_specs(args.wheel_dir)
+    specs = runs.parse_variant_specs(args.wheel_dir)
     if "patched" not in specs:
         raise ConfigError("no patched variant", where="--wheel-dir",
                           fix="--wheel-dir patched=<the stack's FlashInfer wheel>")
-    prebuilt = parse_variant_specs(args.prebuilt)
+    prebuilt = runs.parse_variant_specs(args.prebuilt)
     variants = [install_variant(n, specs[n], args.work_dir, prebuilt.get(n))
                 for n in sorted(specs, key=lambda n: n != "patched")]
     run_dir = args.out / ".logs"

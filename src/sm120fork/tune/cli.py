@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from sm120fork import record
 from sm120fork.errors import EXIT_INTERRUPTED, VerifyError
+from sm120fork.gpu.core import runs
 from sm120fork.tune.run import Box, TuneOptions, WorldBench, tune
 
 if TYPE_CHECKING:
@@ -43,30 +44,20 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "after it, and the policy holds only the TP sizes that finished")
     parser.add_argument("--reports", type=Path, default=Path("reports"),
                         help="where the record goes (<reports>/<stack>/policy/)")
-    parser.add_argument("--wheel-dir", action="append", metavar="patched=WHEEL",
-                        help="bench this FlashInfer wheel instead of wheels/NAME/ (the "
-                        "offline kit's `run tune` passes its own); --stack still names "
-                        "the record")
-    parser.add_argument("--prebuilt", action="append", metavar="patched=DIR",
-                        help="a comm module compiled elsewhere (the kit's prebuilt/)")
-    parser.add_argument("--work-dir", type=Path,
-                        help="the bench's installs, JIT caches, reports and logs (default: "
-                        "the bench's, SM120FORK_GPU_WORK or /tmp/sm120fork-gpu)")
+    # --wheel-dir patched=WHEEL: bench that build instead of wheels/NAME/ (the kit's `run
+    # tune` passes its own); --stack still names the record
+    runs.variant_args(parser)
 
 
 def _bench(args: argparse.Namespace, command: str, stack: ResolvedStack | None
            ) -> Callable[[int, float | None], WorldBench]:
     from sm120fork.gpu.bench import run as bench_run
-    from sm120fork.gpu.core import runs
-
-    work = args.work_dir or runs.DEFAULT_WORK_DIR
 
     def bench(tp: int, left: float | None) -> WorldBench:
-        out = work / "tune" / f"tp{tp}"
-        wheels = runs.parse_variant_specs(args.wheel_dir or ())
+        out = args.work_dir / "tune" / f"tp{tp}"
         bench_run.run_bench(bench_run.BenchOptions(
-            command=command, stack=stack, wheel_dirs=wheels,
-            prebuilt=runs.parse_variant_specs(args.prebuilt or ()), out=out, work_dir=work,
+            command=command, stack=stack, wheel_dirs=runs.parse_variant_specs(args.wheel_dir),
+            prebuilt=runs.parse_variant_specs(args.prebuilt), out=out, work_dir=args.work_dir,
             world_sizes=(tp,), quick=args.quick, time_budget=left, allow_partial=True))
         doc = json.loads((out / "bench.json").read_text(encoding="utf-8"))
         plan = doc.get("plan") or {}
@@ -84,7 +75,7 @@ def _bench(args: argparse.Namespace, command: str, stack: ResolvedStack | None
 def _tested(args: argparse.Namespace, stack: ResolvedStack | None) -> record.Tested | None:
     """What the benched build was made from: ``tested.json`` beside a given wheel (the
     kit's stack/), else the stack's build in this checkout."""
-    from sm120fork.gpu.core import records, runs
+    from sm120fork.gpu.core import records
 
     if stack is not None:
         return stack.tested()

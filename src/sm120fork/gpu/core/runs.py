@@ -3,6 +3,7 @@ environment and output folder."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 import os
@@ -43,6 +44,18 @@ def parse_variant_specs(specs: Sequence[str]) -> dict[str, Path]:
             raise ConfigError(f"variant {name!r} given twice", where="--wheel-dir")
         out[name] = Path(path)
     return out
+
+
+def variant_args(p: argparse.ArgumentParser) -> None:
+    """The FlashInfer builds a run installs, and where (test, bench, upstream-tests, tune)."""
+    p.add_argument("--wheel-dir", action="append", default=[], metavar="NAME=DIR",
+                   help="a variant: a flashinfer_python wheel, or a directory holding one; "
+                   "repeat for A/B, e.g. patched=wheels/STACK unpatched=up/")
+    p.add_argument("--prebuilt", action="append", default=[], metavar="NAME=DIR",
+                   help="FlashInfer modules prebuilt for variant NAME (DIR holds "
+                   "<module>/<module>.so); if they fail to load, the run JIT-compiles")
+    p.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR,
+                   help="installs, JIT caches (kept between runs) and raw logs")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
