@@ -27,9 +27,6 @@ _OUTCOMES = {"failure": "fail", "error": "error", "skipped": "skip"}
 #: pytest -v's line of a finished case (what a run cut short leaves).
 _LIVE_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR)\b")
 _LIVE = {"PASSED": "pass", "FAILED": "fail", "ERROR": "error"}
-#: A path of the box in a failure message (a record names none): the whole path goes.
-_PATH = re.compile(r"(?<![\w<>.-])/(?:opt|root|work|home|tmp|scratch|mnt|data|var|usr|"
-                   r"Users)/\S*")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,7 +65,7 @@ def junit_cases(path: Path) -> list[tuple[str, str, str]]:
             if child.tag in _OUTCOMES:
                 outcome = _OUTCOMES[child.tag]
                 text = child.get("message") or child.text or child.tag
-                detail = _PATH.sub("<path>", " ".join(text.split()))[:200] or child.tag
+                detail = records.no_box_paths(" ".join(text.split()))[:200] or child.tag
                 break
         cases.append((test_id, outcome, detail))
     return cases
@@ -192,8 +189,9 @@ def run(args: argparse.Namespace, argv: Sequence[str], host: object = None) -> i
         built = compile_variants(variants, run_dir, modules=["comm"],
                                  timeout=args.compile_timeout)
         env = built["patched"].env
-        notes += [_PATH.sub("<path>", f"the comm module of {n} did not build ({b.failure}): "
-                            "its tests JIT-build it") for n, b in built.items() if not b.ok]
+        notes += [records.no_box_paths(f"the comm module of {n} did not build ({b.failure}): "
+                                       "its tests JIT-build it")
+                  for n, b in built.items() if not b.ok]
     else:
         from sm120fork.gpu.core.worker import environment
 

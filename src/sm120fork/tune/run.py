@@ -12,7 +12,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -142,13 +141,8 @@ def doctor_sizes(facts: Facts, asked: Sequence[int] | None
     return sizes, refused, lines
 
 
-#: a path into a folder only the box had (a record names none: ``record.MACHINE_PATH``)
-_BOX_PATH = re.compile(r"(?<![\w<>.-])(?:/(?:opt|root|work|home|tmp|scratch|mnt|data|var/tmp|"
-                       r"Users)/|[A-Za-z]:\\)[^\s:;,)'\"]*")
-
-
 def _portable(text: str) -> str:
-    return _BOX_PATH.sub("<path>", text)[:300]
+    return records.no_box_paths(text)[:300]
 
 
 #: a bench point's status -> its case's outcome (any other status: "error"), and what the

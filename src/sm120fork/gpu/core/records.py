@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -22,6 +23,15 @@ TESTED_FILE = "tested.json"
 #: Options whose values are this machine's paths: not part of the recorded command.
 PATH_OPTIONS = ("--out", "--work-dir", "--wheel-dir", "--prebuilt", "--tests", "--stack-dir",
                 "--plugin-wheel", "--stock-wheel")
+
+
+#: A path into a folder only the box had (a record names none: ``record.MACHINE_PATH``).
+_BOX_PATH = re.compile(r"(?<![\w<>.-])(?:/(?:opt|root|work|home|tmp|scratch|mnt|data|var|usr|"
+                       r"Users)/|[A-Za-z]:\\)[^\s;,)'\"]*")
+
+
+def no_box_paths(text: str) -> str:
+    return _BOX_PATH.sub("<path>", text)
 
 
 def now() -> str:
