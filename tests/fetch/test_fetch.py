@@ -19,7 +19,7 @@ from packaging.version import Version
 from sm120fork.errors import ChecksumError, SourceError, UnsafeArchiveError
 from sm120fork.fetch.archive import safe_extract
 from sm120fork.fetch.index import download_pinned, find_sdist, project_page
-from sm120fork.fetch.kinds import init_from_git
+from sm120fork.fetch.kinds import KINDS
 
 from helpers_ws import STACK, make_demo, sha256
 
@@ -343,10 +343,10 @@ def test_git_source_refuses_wrong_commit(tmp_path: Path) -> None:
     project = demo.ws.stack(STACK).project("lib")
     work = tmp_path / "work" / "lib"
     work.parent.mkdir()
-    assert init_from_git(project, work) == demo.lib.commit
+    assert KINDS["git"].init_tree(project, work, demo.ws) == demo.lib.commit
     bogus = replace(project, git=replace(project.git_pin, commit="1" * 40))
     with pytest.raises(SourceError, match="cannot fetch commit 1111"):
-        init_from_git(bogus, tmp_path / "work" / "other")
+        KINDS["git"].init_tree(bogus, tmp_path / "work" / "other", demo.ws)
 
 
 def test_every_source_kind_is_one_entry_of_the_registry_and_answers_for_itself(
@@ -360,6 +360,7 @@ def test_every_source_kind_is_one_entry_of_the_registry_and_answers_for_itself(
     from sm120fork.fetch import kinds
     from sm120fork.package.kinds import kind_for
     from sm120fork.patch.series import load_series
+    from sm120fork.workspace import Workspace
 
     assert set(kinds.KINDS) == set(SOURCE_KINDS) == set(KIND_PINS)
     demo = make_demo(tmp_path)
@@ -371,11 +372,11 @@ def test_every_source_kind_is_one_entry_of_the_registry_and_answers_for_itself(
         assert build.source.name == name  # its build cache is keyed by the kind
         assert build.source is kinds.source_kind(name)
     kind = kinds.source_kind(lib.source)
-    caches = {"sdist_cache": tmp_path / "sdists", "wheel_cache": tmp_path / "wheels"}
-    assert kind.missing(lib, **caches) == [lib.sdist_pin.filename]
-    (tmp_path / "sdists").mkdir()
-    (tmp_path / "sdists" / lib.sdist_pin.filename).write_bytes(b"cached")
-    assert kind.missing(lib, **caches) == []
+    ws = Workspace(tmp_path)
+    assert kind.missing(lib, ws) == [lib.sdist_pin.filename]
+    ws.sdist_cache.mkdir(parents=True)
+    (ws.sdist_cache / lib.sdist_pin.filename).write_bytes(b"cached")
+    assert kind.missing(lib, ws) == []
     assert kinds.source_key(lib) == f"sdist:{lib.sdist_pin.sha256}"
     with pytest.raises(ValueError, match="unknown source kind 'svn'"):
         kinds.source_kind("svn")

@@ -307,7 +307,7 @@ def test_a_wheel_tree_left_by_a_killed_run_is_scratch_the_next_run_removes(
     import os
     import shutil
 
-    from sm120fork.fetch.kinds import init_from_wheel
+    from sm120fork.fetch.kinds import PUBLISHED
     from sm120fork.util.files import remove_stale_scratch
     from sm120fork.util.git import Git
 
@@ -325,7 +325,7 @@ def test_a_wheel_tree_left_by_a_killed_run_is_scratch_the_next_run_removes(
         m.setattr(shutil, "rmtree", lambda *a, **k: None)
         m.setattr(Git, "init", killed)
         with pytest.raises(KeyboardInterrupt):
-            init_from_wheel(stack.project("app"), scenario.app_wheels[0], work)
+            PUBLISHED.init_tree(stack.project("app"), work, scenario.ws)
     (left,) = list(work.parent.iterdir())
     assert [p.name for p in left.rglob("gate.py")] == ["gate.py"]  # the half-made tree
     assert remove_stale_scratch(work.parent) == [left]

@@ -11,102 +11,80 @@ from __future__ import annotations
 import hashlib
 import shutil
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
-from sm120fork.declare import Project
+from sm120fork.declare import FilePin, Project
 from sm120fork.errors import CommandError, SourceError
 from sm120fork.fetch.archive import safe_extract, source_members
 from sm120fork.fetch.index import Progress, download_pinned
 from sm120fork.util.files import staged_dir
 from sm120fork.util.git import Git
+from sm120fork.workspace import Workspace
 
 UPSTREAM_TAG = "upstream"
 
 
-def make_upstream_tree(project: Project, work: Path, fill: Callable[[Path, Path], None],
-                       message: str) -> str:
-    """Build ``work`` (staged: :func:`staged_dir`) as a git repo whose first commit, tagged
-    upstream and returned, is what ``fill(scratch, package_root)`` lays out."""
-    with staged_dir(work) as repo_dir:
-        dest = repo_dir / project.package_prefix
-        dest.mkdir(parents=True)
-        fill(repo_dir.parent, dest)
-        repo = Git.init(repo_dir)
-        head = repo.commit_all(message)
-        repo.tag(UPSTREAM_TAG, head)
-        return head
+class SourceFetch:
+    """A kind: the files it pins, downloaded into its cache, and how it makes the unpatched
+    fork tree (by default laid out from the first pinned file)."""
 
-
-def init_from_git(project: Project, work: Path) -> str:
-    """Fetch only the pinned commit into ``work``; that commit."""
-    with staged_dir(work) as repo_dir:
-        repo = Git.init(repo_dir)
-        remote = project.git_pin.url
-        try:
-            repo("fetch", "--quiet", "--depth=1", "--no-tags", remote, project.git_pin.commit)
-        except CommandError as exc:
-            raise SourceError(
-                f"cannot fetch commit {project.git_pin.commit} from {remote}",
-                where=f"project {project.key}", detail=exc.detail,
-                fix="check git.url and git.commit, or use source = \"sdist\"") from exc
-        repo("checkout", "-q", "-B", "main", "FETCH_HEAD")
-        head = repo.head()
-        if head != project.git_pin.commit:
-            raise SourceError(f"HEAD is {head}, not the pinned {project.git_pin.commit}",
-                              where=f"project {project.key}",
-                              fix="the remote served another commit; never trust a tag")
-        repo.tag(UPSTREAM_TAG)
-    return project.git_pin.commit
-
-
-def init_from_wheel(project: Project, wheel: Path, work: Path) -> str:
-    """Create ``work`` as a git repo whose first commit is the wheel's sources."""
-    members = source_members(wheel)
-    if not members:
-        raise SourceError("the wheel holds no source files", where=str(wheel))
-
-    def fill(_scratch: Path, dest: Path) -> None:
-        with zipfile.ZipFile(wheel) as zf:
-            for name in members:  # each checked by source_members
-                target = Path(zf.extract(name, dest))
-                if (zf.getinfo(name).external_attr >> 16) & 0o111:
-                    target.chmod(0o755)
-
-    pin = project.wheels[0]
-    return make_upstream_tree(
-        project, work, fill,
-        f"Upstream {project.distribution} {project.version}\n\n"
-        f"wheel {pin.filename} sha256 {pin.sha256} (compiled files left out)\n")
-
-
-class SourceFetch(Protocol):
     name: str
     #: Its input is the release's published wheels.
-    ships_wheels: bool
+    ships_wheels = False
+
+    def pins(self, project: Project) -> tuple[FilePin, ...]:
+        return ()
+
+    def cache(self, ws: Workspace) -> Path:
+        return ws.sdist_cache
 
     def digest(self, project: Project) -> str:
         """What identifies the pinned source: what fork trees and build caches key on."""
+        raise NotImplementedError
 
     def origin(self, project: Project) -> tuple[str | None, str | None]:
         """The manifest's ``source.filename`` and ``source.url`` of the project's pin."""
+        return None, None
 
-    def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
+    def download(self, project: Project, ws: Workspace,
                  progress: Progress | None = None) -> list[Path]:
         """A build's inputs of this kind, cached and sha256-checked."""
+        return [download_pinned(project, pin, self.cache(ws), progress)
+                for pin in self.pins(project)]
 
-    def missing(self, project: Project, *, sdist_cache: Path, wheel_cache: Path) -> list[str]:
+    def missing(self, project: Project, ws: Workspace) -> list[str]:
         """What making the unpatched fork tree would download (none when cached)."""
+        return [pin.filename for pin in self.pins(project)[:1]
+                if not (self.cache(ws) / pin.filename).is_file()]
 
-    def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
-                  wheel_cache: Path, progress: Progress | None = None) -> str:
-        """Create ``work`` as the pinned upstream; its commit (tagged upstream)."""
+    def init_tree(self, project: Project, work: Path, ws: Workspace,
+                  progress: Progress | None = None) -> str:
+        """Create ``work`` (staged: :func:`staged_dir`) as a git repo whose first commit,
+        tagged upstream and returned, is the first pinned file laid out under the package
+        root."""
+        pin = self.pins(project)[0]
+        path = download_pinned(project, pin, self.cache(ws), progress)
+        with staged_dir(work) as repo_dir:
+            self.lay_out(path, repo_dir.parent, repo_dir / project.package_prefix)
+            repo = Git.init(repo_dir)
+            head = repo.commit_all(f"Upstream {project.distribution} {project.version}\n\n"
+                                   f"{self.name} {pin.filename} sha256 {pin.sha256}"
+                                   f"{self.left_out}\n")
+            repo.tag(UPSTREAM_TAG, head)
+            return head
+
+    #: What the tree leaves out of the file, as its first commit says.
+    left_out = ""
+
+    def lay_out(self, path: Path, scratch: Path, dest: Path) -> None:
+        raise NotImplementedError
 
 
-class Sdist:
+class Sdist(SourceFetch):
     name = "sdist"
-    ships_wheels = False
+
+    def pins(self, project: Project) -> tuple[FilePin, ...]:
+        return (project.sdist_pin,)
 
     def digest(self, project: Project) -> str:
         return project.sdist_pin.sha256
@@ -114,32 +92,14 @@ class Sdist:
     def origin(self, project: Project) -> tuple[str | None, str | None]:
         return project.sdist_pin.filename, None
 
-    def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
-                 progress: Progress | None = None) -> list[Path]:
-        return [download_pinned(project, project.sdist_pin, sdist_cache, progress)]
-
-    def missing(self, project: Project, *, sdist_cache: Path, wheel_cache: Path) -> list[str]:
-        name = project.sdist_pin.filename
-        return [] if (sdist_cache / name).is_file() else [name]
-
-    def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
-                  wheel_cache: Path, progress: Progress | None = None) -> str:
-        sdist = download_pinned(project, project.sdist_pin, sdist_cache, progress)
-
-        def fill(scratch: Path, dest: Path) -> None:  # the sdist under the package root
-            top = safe_extract(sdist, scratch / "x")
-            dest.rmdir()
-            shutil.move(str(top), str(dest))
-
-        return make_upstream_tree(
-            project, work, fill,
-            f"Upstream {project.distribution} {project.version}\n\n"
-            f"sdist {project.sdist_pin.filename} sha256 {project.sdist_pin.sha256}\n")
+    def lay_out(self, path: Path, scratch: Path, dest: Path) -> None:
+        top = safe_extract(path, scratch / "x")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(top), str(dest))
 
 
-class GitCommit:
+class GitCommit(SourceFetch):
     name = "git"
-    ships_wheels = False
 
     def digest(self, project: Project) -> str:
         return project.git_pin.commit
@@ -147,43 +107,60 @@ class GitCommit:
     def origin(self, project: Project) -> tuple[str | None, str | None]:
         return None, project.git_pin.url
 
-    def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
-                 progress: Progress | None = None) -> list[Path]:
-        return []  # fetched into the fork tree itself
-
-    def missing(self, project: Project, *, sdist_cache: Path, wheel_cache: Path) -> list[str]:
+    def missing(self, project: Project, ws: Workspace) -> list[str]:
         return [f"{project.git_pin.url} at {project.git_pin.commit[:12]}"]
 
-    def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
-                  wheel_cache: Path, progress: Progress | None = None) -> str:
-        return init_from_git(project, work)
+    def init_tree(self, project: Project, work: Path, ws: Workspace,
+                  progress: Progress | None = None) -> str:
+        """Fetch only the pinned commit into ``work``."""
+        pin = project.git_pin
+        with staged_dir(work) as repo_dir:
+            repo = Git.init(repo_dir)
+            try:
+                repo("fetch", "--quiet", "--depth=1", "--no-tags", pin.url, pin.commit)
+            except CommandError as exc:
+                raise SourceError(
+                    f"cannot fetch commit {pin.commit} from {pin.url}",
+                    where=f"project {project.key}", detail=exc.detail,
+                    fix="check git.url and git.commit, or use source = \"sdist\"") from exc
+            repo("checkout", "-q", "-B", "main", "FETCH_HEAD")
+            head = repo.head()
+            if head != pin.commit:
+                raise SourceError(f"HEAD is {head}, not the pinned {pin.commit}",
+                                  where=f"project {project.key}",
+                                  fix="the remote served another commit; never trust a tag")
+            repo.tag(UPSTREAM_TAG)
+        return pin.commit
 
 
-class PublishedWheels:
+class PublishedWheels(SourceFetch):
+    """The fork tree is laid out from the first wheel's sources (the others differ in
+    compiled files only, which the tree leaves out, as it does ``.dist-info``)."""
+
     name = "wheel"
     ships_wheels = True
+    left_out = " (compiled files left out)"
+
+    def pins(self, project: Project) -> tuple[FilePin, ...]:
+        return project.wheels
+
+    def cache(self, ws: Workspace) -> Path:
+        return ws.wheel_cache
 
     def digest(self, project: Project) -> str:
         """The sha256 over the declared wheels' sha256s."""
         joined = "\n".join(f"{w.filename} {w.sha256}" for w in project.wheels)
         return hashlib.sha256(joined.encode()).hexdigest()
 
-    def origin(self, project: Project) -> tuple[str | None, str | None]:
-        return None, None  # one per wheel: its pin's
-
-    def download(self, project: Project, *, sdist_cache: Path, wheel_cache: Path,
-                 progress: Progress | None = None) -> list[Path]:
-        return [download_pinned(project, pin, wheel_cache, progress) for pin in project.wheels]
-
-    def missing(self, project: Project, *, sdist_cache: Path, wheel_cache: Path) -> list[str]:
-        # The fork tree is laid out from the first wheel (the others differ in compiled
-        # files only, which the tree leaves out).
-        return [w.filename for w in project.wheels[:1] if not (wheel_cache / w.filename).is_file()]
-
-    def init_tree(self, project: Project, work: Path, *, sdist_cache: Path,
-                  wheel_cache: Path, progress: Progress | None = None) -> str:
-        wheel = download_pinned(project, project.wheels[0], wheel_cache, progress)
-        return init_from_wheel(project, wheel, work)
+    def lay_out(self, path: Path, scratch: Path, dest: Path) -> None:
+        members = source_members(path)  # each checked
+        if not members:
+            raise SourceError("the wheel holds no source files", where=str(path))
+        with zipfile.ZipFile(path) as zf:
+            for name in members:
+                target = Path(zf.extract(name, dest))
+                if (zf.getinfo(name).external_attr >> 16) & 0o111:
+                    target.chmod(0o755)
 
 
 #: The published wheels, whatever kind a project declares: what an empty series ships.
@@ -205,8 +182,7 @@ def source_key(project: Project, kind: str | None = None) -> str:
     return f"{kind}:{source_kind(kind).digest(project)}"
 
 
-def fetch_source(project: Project, kind: str, work: Path, *, sdist_cache: Path,
-                 wheel_cache: Path, progress: Progress | None = None) -> str:
+def fetch_source(project: Project, kind: str, work: Path, ws: Workspace,
+                 progress: Progress | None = None) -> str:
     """Create ``work`` as the pinned upstream of ``kind``; its commit (tagged upstream)."""
-    return source_kind(kind).init_tree(project, work, sdist_cache=sdist_cache,
-                                       wheel_cache=wheel_cache, progress=progress)
+    return source_kind(kind).init_tree(project, work, ws, progress)

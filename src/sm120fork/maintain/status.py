@@ -103,7 +103,7 @@ def project_status(today: ResolvedStack, project: Project, manifest: Manifest | 
         # What status must download to check the patches (none once a tree is here).
         missing = [] if _at_pin(ws, stack, project) or _at_pin(
             ws, stack, project, "upstream") else source_kind(project.source).missing(
-            project, sdist_cache=ws.sdist_cache, wheel_cache=ws.wheel_cache)
+            project, ws)
         if missing and not fetch:
             return dataclasses.replace(
                 base, not_checked=f"not checked: the pinned upstream is not here "

@@ -125,8 +125,7 @@ class Build:
         self.source = source
 
     def download(self, job: Job) -> list[Path]:
-        return self.source.download(job.project, sdist_cache=job.ws.sdist_cache,
-                                    wheel_cache=job.ws.wheel_cache, progress=job.progress)
+        return self.source.download(job.project, job.ws, job.progress)
 
     def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
         """Build and check the project's wheels into ``staging``; their entries."""

@@ -178,8 +178,7 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
         return Tree(path=work, repo=Git(work), state=state, reused=True)
     if state is None or state.source != skey:
         work.parent.mkdir(parents=True, exist_ok=True)
-        base = fetch_source(project, kind, work, sdist_cache=ws.sdist_cache,
-                            wheel_cache=ws.wheel_cache, progress=progress)
+        base = fetch_source(project, kind, work, ws=ws, progress=progress)
     else:
         base = state.base
     repo = Git(work)
