@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from email.parser import BytesParser
@@ -29,7 +28,7 @@ from sm120fork.errors import ArtifactCheckError, ConfigError, UsageError
 from sm120fork.manifest import Manifest
 from sm120fork.package.routes import Pin, Route, file_path, index_routes
 from sm120fork.plugin.build import PLUGIN_DIR, PublishedPlugin
-from sm120fork.util.files import atomic_copy, sha256_file, staged_dir
+from sm120fork.util.files import atomic_copy, dist_info, sha256_file, staged_dir
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
@@ -85,17 +84,10 @@ def _needs(requirements: list[Requirement], version: Version) -> tuple[str, str]
 
 def read_wheel(path: Path) -> Served:
     name, version, _, tags = parse_wheel_filename(path.name)
-    try:
-        with zipfile.ZipFile(path) as zf:
-            found = [n for n in zf.namelist()
-                     if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
-            if len(found) != 1:
-                raise ConfigError(f"{len(found)} top-level .dist-info/METADATA files",
-                                  where=str(path), fix="rebuild the wheel")
-            metadata = zf.read(found[0])
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise ConfigError(f"not a readable wheel: {exc}", where=str(path),
-                          fix="rebuild the wheel") from exc
+    metadata = dist_info(path, "METADATA")
+    if metadata is None:
+        raise ConfigError("not a readable wheel with one top-level .dist-info/METADATA",
+                          where=str(path), fix="rebuild the wheel")
     meta = BytesParser().parsebytes(metadata, headersonly=True)
     requires_python = meta.get("Requires-Python", "")
     requirements = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]

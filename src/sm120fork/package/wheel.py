@@ -39,7 +39,7 @@ from sm120fork.manifest import FingerprintResult
 from sm120fork.patch.series import Series, fingerprint_in, load_series, match_upstream
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.resolved import ResolvedStack
-from sm120fork.util.files import scratch_prefix
+from sm120fork.util.files import dist_info, scratch_prefix
 from sm120fork.util.git import Git
 from sm120fork.util.proc import run
 
@@ -124,10 +124,7 @@ def build_wheel(project: Project, repo: Git, out_dir: Path,
 
 def wheel_metadata(wheel: Path) -> Message:
     """The METADATA of a wheel, parsed as the core metadata's email format."""
-    with zipfile.ZipFile(wheel) as zf:
-        meta_name = next(n for n in zf.namelist()
-                         if n.endswith(".dist-info/METADATA") and n.count("/") == 1)
-        return Parser().parsestr(zf.read(meta_name).decode("utf-8"))
+    return Parser().parsestr((dist_info(wheel, "METADATA") or b"").decode("utf-8"))
 
 
 def wheel_requirements(wheel: Path) -> list[Requirement]:

@@ -20,16 +20,23 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def dist_info(wheel: Path, name: str) -> bytes | None:
+    """The wheel's top-level ``*.dist-info/<name>`` (``METADATA``, ``RECORD``); None unless
+    it is a readable zip holding exactly one."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            found = [n for n in zf.namelist() if n.count("/") == 1
+                     and n.endswith(f".dist-info/{name}")]
+            return zf.read(found[0]) if len(found) == 1 else None
+    except (OSError, zipfile.BadZipFile):
+        return None
+
+
 def wheel_record_sha256(wheel: Path) -> str | None:
     """sha256 of a wheel's ``*.dist-info/RECORD``, which holds every file's own sha256: two
     zips with the same RECORD and checked files are the same wheel in other bytes."""
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            names = [n for n in zf.namelist() if n.count("/") == 1
-                     and n.endswith(".dist-info/RECORD")]
-            return hashlib.sha256(zf.read(names[0])).hexdigest() if len(names) == 1 else None
-    except (OSError, zipfile.BadZipFile):
-        return None
+    record = dist_info(wheel, "RECORD")
+    return None if record is None else hashlib.sha256(record).hexdigest()
 
 
 def _atomic(dest: Path, fill: Callable[[Path], object]) -> None:
