@@ -7,10 +7,9 @@ metadata requires of the other projects) does not load.
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,18 +41,15 @@ KIND_PINS: dict[str, str] = {"sdist": "sdist", "git": "git", "wheel": "wheels"}
 #: version (FlashInfer's import refuses a flashinfer-cubin of another version).
 COMPANIONS = {"flashinfer-cubin": "flashinfer-python", "flashinfer-jit-cache": "flashinfer-python"}
 
-_SHA1 = re.compile(r"[0-9a-f]{40}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_LOCAL = re.compile(r"[a-z0-9]+(?:[._][a-z0-9]+)*")
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
-_SHA256_WHAT = "a sha256 (64 lower-case hex digits)"
+_NAME = r"[a-z0-9][a-z0-9._-]*"
 
 
 @dataclass(frozen=True, kw_only=True)
 class GitPin:
     url: str
     tag: str
-    commit: str
+    commit: str = field(metadata=typed.pattern(r"[0-9a-f]{40}",
+                                               "a full 40-hex commit SHA (lower case)"))
     #: False when the SHA was not checked against the upstream repository.
     commit_verified: bool = True
     note: str = ""
@@ -65,7 +61,8 @@ class FilePin:
     published wheels (``[[projects.<key>.wheels]]``), named for its table below."""
 
     filename: str
-    sha256: str
+    sha256: str = field(metadata=typed.pattern(r"[0-9a-f]{64}",
+                                               "a sha256 (64 lower-case hex digits)"))
     #: Direct download URL; when empty the package index is asked (PEP 691).
     url: str = ""
 
@@ -90,9 +87,10 @@ class Project:
 
     #: The table's name: the reader fills it in.
     key: str = ""
-    distribution: str
+    distribution: str = field(metadata=typed.pattern(_NAME, "a distribution name"))
     version: str
-    local_label: str
+    local_label: str = field(metadata=typed.pattern(
+        r"[a-z0-9]+(?:[._][a-z0-9]+)*", "a PEP 440 local label (lower-case letters, digits, '.')"))
     package_root: str
     series: str
     source: SourceKind = "sdist"
@@ -184,7 +182,7 @@ class Stack:
 
 @dataclass(frozen=True, kw_only=True)
 class _StackTable:
-    name: str
+    name: str = field(metadata=typed.pattern(_NAME, "a stack name"))
     description: str = ""
     default: bool = False
 
@@ -204,10 +202,6 @@ def _checked(file: Path, key: str, p: Project) -> Project:
     def bad(name: str, what: str, fix: str | None = None) -> typed.MalformedError:
         return typed.MalformedError(file, f"projects.{key}.{name}", what, fix)
 
-    def match(name: str, value: str, pattern: re.Pattern[str], what: str) -> None:
-        if not pattern.fullmatch(value):
-            raise bad(name, f"{value!r} is not {what}")
-
     def pinned_file(name: str, filename: str, parse: Callable[[str], tuple[Any, ...]]) -> None:
         # A pinned file is of the declared distribution and version: refused now, not
         # later as a failed download or build.
@@ -224,15 +218,12 @@ def _checked(file: Path, key: str, p: Project) -> Project:
 
     if p.key:
         raise bad("key", "unknown key")
-    match("distribution", p.distribution, _NAME, "a distribution name")
     try:
         if Version(p.version).local is not None:
             raise bad("version", "the upstream version must not carry a local label",
                       "put the label in local_label")
     except InvalidVersion as exc:
         raise bad("version", f"{p.version!r} is not a valid PEP 440 version") from exc
-    match("local_label", p.local_label, _LOCAL,
-          "a PEP 440 local label (lower-case letters, digits, '.')")
     if not _inside(p.package_root):
         raise bad("package_root", "must be a relative path inside the repository")
     if p.layout and p.layout not in LAYOUTS:
@@ -247,18 +238,14 @@ def _checked(file: Path, key: str, p: Project) -> Project:
                   "project that is built (not a wheel source)")
     if built and p.git is None:
         raise bad("git", "missing table")
-    if p.git is not None:
-        match("git.commit", p.git.commit, _SHA1, "a full 40-hex commit SHA (lower case)")
     if builds_from == "sdist" and p.sdist is None:
         raise bad("sdist", "missing table")
     if p.sdist is not None:
-        match("sdist.sha256", p.sdist.sha256, _SHA256, _SHA256_WHAT)
         if not p.sdist.filename.endswith((".tar.gz", ".zip")):
             raise bad("sdist.filename", "an sdist must be a .tar.gz or .zip")
         if builds_from == "sdist":  # the file it builds from (a git pin may keep one)
             pinned_file("sdist.filename", p.sdist.filename, parse_sdist_filename)
     for i, pin in enumerate(p.wheels):
-        match(f"wheels[{i}].sha256", pin.sha256, _SHA256, _SHA256_WHAT)
         pinned_file(f"wheels[{i}].filename", pin.filename, parse_wheel_filename)
         if pin.filename in (w.filename for w in p.wheels[:i]):
             raise bad(f"wheels[{i}].filename", f"{pin.filename} is listed twice")
@@ -298,8 +285,6 @@ def parse_stack(file: Path, text: str, *, strict: bool = True) -> Stack:
             raise
         raise typed.MalformedError(file, exc.key, "missing required key") from None
     name = raw.stack.name
-    if not _NAME.fullmatch(name):
-        raise typed.MalformedError(file, "stack.name", f"{name!r} is not a stack name")
     if name != file.stem:
         raise typed.MalformedError(file, "stack.name", f"stack name {name!r} differs from "
                                    f"the file name {file.stem!r}")

@@ -77,8 +77,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
 MACHINE_PATH = re.compile(
     r"(?<![\w<>.-])(?:/(?:opt|root|work|home|tmp|scratch|mnt|data|var/tmp|Users)/[\w.+-]"
     r"|[A-Za-z]:\\[\w.+-])")
-_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
-_HEX = re.compile(r"[0-9a-f]+")
+_SEGMENT = typed.pattern(r"[A-Za-z0-9][A-Za-z0-9._+-]*", "a folder name")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +99,7 @@ class TestedWheel:
     variant: str
     project: str
     file: str
-    sha256: str
+    sha256: str = field(metadata=typed.pattern(r"[0-9a-f]{64}", "a sha256"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +114,7 @@ class TestedPatch:
     __test__ = False
     project: str
     patch: str
-    patch_id: str
+    patch_id: str = field(metadata=typed.pattern(r"[0-9a-f]{40}", "a git patch-id"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +150,7 @@ class Case:
 @dataclass(frozen=True, kw_only=True)
 class Record:
     kind: str
-    stack: str
+    stack: str = field(metadata=_SEGMENT)
     command: str
     created: str
     toolkit: str
@@ -159,7 +158,7 @@ class Record:
     tested: Tested
     planned: int
     cases: tuple[Case, ...]
-    subject: str | None = None
+    subject: str | None = field(default=None, metadata=_SEGMENT)
     not_run: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     #: Derived from the cases (:func:`make`); the reader checks they agree.
@@ -218,6 +217,8 @@ def check(record: Record, *, where: str) -> None:
     def bad(key: str, what: str, fix: str | None = None) -> ConfigError:
         return ConfigError(what, where=f"{where}: {key}", fix=fix)
 
+    typed.read(Record, typed.dump(record), where)  # its types and patterns, as read
+
     if record.kind not in KINDS:
         raise bad("kind", f"unknown kind {record.kind!r}",
                   fix=typed.suggest(record.kind, KINDS) or f"one of {', '.join(KINDS)}")
@@ -226,9 +227,6 @@ def check(record: Record, *, where: str) -> None:
         raise bad("subject", f"a {record.kind} record names its subject")
     if not kind.has_subjects and record.subject:
         raise bad("subject", f"a {record.kind} record has no subject (one per stack)")
-    for key, value in (("stack", record.stack), ("subject", record.subject)):
-        if value is not None and not _SEGMENT.fullmatch(value):
-            raise bad(key, f"{value!r} is not a folder name")
     try:
         created = datetime.datetime.fromisoformat(record.created)
     except ValueError:
@@ -243,13 +241,6 @@ def check(record: Record, *, where: str) -> None:
                                      ("against", case.against, AGAINST)):
             if value is not None and value not in allowed:
                 raise bad(f"cases[{i}].{name}", f"{value!r} is not one of {', '.join(allowed)}")
-    for i, wheel in enumerate(record.tested.wheels):
-        if len(wheel.sha256) != 64 or not _HEX.fullmatch(wheel.sha256):
-            raise bad(f"tested.wheels[{i}].sha256", f"{wheel.sha256!r} is not a sha256")
-    for i, patch in enumerate(record.tested.patches):
-        if len(patch.patch_id) != 40 or not _HEX.fullmatch(patch.patch_id):
-            raise bad(f"tested.patches[{i}].patch_id",
-                      f"{patch.patch_id!r} is not a git patch-id")
     counts = tally(record.cases)
     if dict(record.counts) != counts:
         raise bad("counts", f"{dict(record.counts)} does not tally the cases ({counts})")

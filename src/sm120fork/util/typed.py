@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -79,7 +80,10 @@ def _object(cls: type[Any], data: object, at: _At) -> object:
     values = {}
     for name, spec in fields.items():
         if name in data:
-            values[name] = _value(hints[name], data[name], at.below(name))
+            values[name] = value = _value(hints[name], data[name], at.below(name))
+            regex, what = spec.metadata.get("pattern", (None, ""))
+            if regex and value is not None and not regex.fullmatch(value):
+                raise at.below(name).error(f"{value!r} is not {what}")
         elif (spec.default is dataclasses.MISSING
               and spec.default_factory is dataclasses.MISSING):
             raise at.below(name).error("is missing")
@@ -127,6 +131,12 @@ def _instance(cls: type[_T], value: object, at: _At) -> _T:
         name = "an object" if cls is dict else "a list" if cls is list else cls.__name__
         raise at.error(f"is {kind(value)}, not {name}")
     return value
+
+
+def pattern(regex: str, what: str) -> Mapping[str, object]:
+    """``field(metadata=pattern(...))``: :func:`read` refuses a text ``regex`` does not match,
+    saying it is not ``what``."""
+    return {"pattern": (re.compile(regex), what)}
 
 
 #: ``field(metadata=OMIT_EMPTY)``: :func:`dump` leaves the field out while it is None or "".
