@@ -329,8 +329,7 @@ class _Norm:
         self.rank, self.world, self.cuda = req.rank, req.world_size, req.device == "cuda"
         self.dev = torch.device("cuda" if self.cuda else "cpu")
         # pcie_ipc all-reduces bf16 only: the policy cases run bf16 on the CPU too
-        policy = req.case in POLICY_CASES
-        self.dtype = torch.float32 if not self.cuda and not policy else torch.bfloat16
+        self.dtype = torch.bfloat16 if self.cuda or req.case in POLICY_CASES else torch.float32
         self.tolerance = 1e-5 if self.dtype == torch.float32 else 2e-2
         self.hidden = 7168 if self.cuda else 256
         # The model's dtype: FlashInfer's fused kernel reads gamma in the input's dtype.

@@ -65,26 +65,21 @@ def layout_of(sglang_path: Path, root: Path | None = None) -> str:
 
     from sm120fork.workspace import Workspace
 
-    found = ""
-    for name in ("_version.py", "version.py"):
-        path = sglang_path / "sglang" / name
-        match = _VERSION.search(path.read_text(encoding="utf-8")) if path.is_file() else None
-        if match:
-            found = match.group(1)
-            break
+    fix = "pass --layout (one of: " + ", ".join(LAYOUTS) + ")"
+    files = [sglang_path / "sglang" / name for name in ("_version.py", "version.py")]
+    found = [m.group(1) for f in files if f.is_file()
+             and (m := _VERSION.search(f.read_text(encoding="utf-8")))]
     try:
-        version = Version(found).public
+        version = Version((found or [""])[0]).public
     except InvalidVersion:
-        raise ConfigError(f"no SGLang version found under {sglang_path}",
-                          fix="pass --layout (one of: " + ", ".join(LAYOUTS) + ")") from None
+        raise ConfigError(f"no SGLang version found under {sglang_path}", fix=fix) from None
     ws = Workspace.find(root)
     layouts = {p.layout for s in ws.stacks().values() for p in s.projects
                if p.normalized_name == "sglang" and p.layout
                and Version(p.version).public == version}
     if len(layouts) != 1:
         raise ConfigError(f"no one stack in {ws.forks_dir.name}/ pins SGLang {version} with a "
-                          f"layout ({', '.join(sorted(layouts)) or 'none'})",
-                          fix="pass --layout (one of: " + ", ".join(LAYOUTS) + ")")
+                          f"layout ({', '.join(sorted(layouts)) or 'none'})", fix=fix)
     return layouts.pop()
 
 
@@ -382,7 +377,6 @@ class LayerOptions:
     tested: record.Tested | None = None
     machine: LayerMachine = dataclasses.field(default_factory=LayerMachine)
     record_command: str | None = None
-    variant: str = "patched"
     routes: tuple[LayerRoute, ...] = ()
     #: seconds after which no further case starts; the record then stays unfinished
     time_budget: float | None = None
@@ -415,7 +409,7 @@ def planned_cases(opts: LayerOptions) -> list[tuple[str, str]]:
     chosen = opts.cases or [c for c in CASES if (opts.device == "cpu" or c not in CPU_ONLY_CASES)
                             and (opts.layout == "layer_boundary" or c not in POLICY_CASES)]
     return [(variant, case) for case in chosen
-            for variant in [opts.variant, *(r.variant for r in opts.routes)]]
+            for variant in ["patched", *(r.variant for r in opts.routes)]]
 
 
 def run_sglang_layer(opts: LayerOptions) -> list[CaseOutcome]:
@@ -436,9 +430,8 @@ def run_sglang_layer(opts: LayerOptions) -> list[CaseOutcome]:
                 log.info("module %s: %s after %.0f s", name, "built" if code == 0 else
                          f"FAILED (exit {code}; its cases will say why)",
                          time.monotonic() - started)
-    routes = {opts.variant: LayerRoute(variant=opts.variant, sglang_path=opts.sglang_path,
-                                       site=opts.site),
-              **{r.variant: r for r in opts.routes}}
+    routes = {r.variant: r for r in opts.routes}
+    routes["patched"] = LayerRoute(variant="patched", sglang_path=opts.sglang_path, site=opts.site)
     done: dict[int, CaseOutcome] = {}
     not_run: list[str] = []
 
@@ -457,7 +450,7 @@ def run_sglang_layer(opts: LayerOptions) -> list[CaseOutcome]:
             case, sglang_path=route.sglang_path, device=opts.device,
             world_size=opts.world_size, tokens=opts.tokens, timeout=opts.timeout,
             extra_path=route.site, layout=opts.layout,
-            load_plugins=opts.load_plugins or route is not routes[opts.variant],
+            load_plugins=opts.load_plugins or variant != "patched",
             variant=variant)
         log.info("%s: %s in %.0f s %s", step, "PASS" if outcome.passed else "FAIL",
                  outcome.seconds, "; ".join(outcome.problems))
@@ -484,7 +477,7 @@ def _publish(opts: LayerOptions, outcomes: Sequence[CaseOutcome],
              f"{'finished' if finished else 'in progress'} {now()}", *opts.notes]
     (opts.out / "report.md").write_text(
         render(outcomes, title=opts.title, notes=notes), encoding="utf-8")
-    shown = [c if v == opts.variant else f"{v} {c}" for v, c in planned]
+    shown = [c if v == "patched" else f"{v} {c}" for v, c in planned]
     (opts.out / "report.json").write_text(
         json.dumps({"kind": "sglang-layer", "notes": notes, "planned": shown,
                     "finished": finished, "layout": opts.layout, **(opts.made or {}),
