@@ -39,10 +39,10 @@ from sm120fork.layouts.results import (
     gather,
     judged,
     number_in,
+    run_probe,
     setting_in,
     sglang_trees,
 )
-from sm120fork.layouts.results import run_probe as run_probe_module
 
 PROBE_MODULE = "sm120fork.layouts.communicator"
 
@@ -103,17 +103,6 @@ def probe_path(cache: Path, python: str | os.PathLike[str]) -> list[str]:
     return []
 
 
-def run_probe(tree: Path, suite: str, capability: str, *,
-              python: str | os.PathLike[str] = sys.executable,
-              timeout: float = 600, cuda: str = "12.9") -> list[Observation]:
-    return run_probe_module(
-        PROBE_MODULE, {"suite": suite, "capability": [int(p) for p in capability.split(".")],
-                       "cuda": cuda},
-        tree=tree, path=[tree / "python"], env={}, python=python, timeout=timeout,
-        what=f"the SGLang probe ({suite}, capability {capability})",
-        fix=f"install the probe's requirements: {REQUIREMENTS}")
-
-
 def _decision_prefix(scenario: str) -> str:
     return "S1" if scenario.startswith("explicit-flag") else "S2"
 
@@ -127,8 +116,12 @@ def check(tree: Path, *, baseline: Path | None, layer: LayerRunner,
     sglang_trees(tree, baseline)
 
     def probe(root: Path, suite: str, cap: str, cuda: str = "12.9") -> Callable[[], object]:
-        return functools.partial(run_probe, root, suite, cap, python=python, timeout=timeout,
-                                 cuda=cuda)
+        return functools.partial(
+            run_probe, PROBE_MODULE, {"suite": suite, "cuda": cuda,
+                                      "capability": [int(p) for p in cap.split(".")]},
+            tree=root, path=[root / "python"], env={}, python=python, timeout=timeout,
+            what=f"the SGLang probe ({suite}, capability {cap})",
+            fix=f"install the probe's requirements: {REQUIREMENTS}")
 
     work: dict[tuple[str, str], Callable[[], object]] = {
         **{("patched", cap): probe(tree, "decisions", cap) for cap in SM12X + UNCHANGED},

@@ -69,20 +69,6 @@ def probe_path(cache: Path, python: str | os.PathLike[str]) -> list[str]:
     return [str(ensure_overlay(cache, python=python))]
 
 
-def run_probe(tree: Path, capability: str, *, overlay: Path,
-              python: str | os.PathLike[str] = sys.executable,
-              timeout: float = 600) -> list[Observation]:
-    request = {"capability": [int(part) for part in capability.split(".")],
-               "suites": list(SUITES)}
-    # The fork tree stays clean.  Not PYTHONPYCACHEPREFIX: installed modules' byte code
-    # would go unread (25 s of CPU a probe instead of 11).
-    return shared.run_probe(
-        PROBE_MODULE, request, tree=tree, path=[overlay, tree / "python"],
-        env={"PYTHONDONTWRITEBYTECODE": "1"}, python=python, timeout=timeout,
-        what=f"the layer_boundary probe (capability {capability})",
-        fix="install the probe's requirements and its overlay")
-
-
 def expected_sm12x(name: str) -> Any:
     suite, _, scenario = name.partition(": ")
     words = scenario.split()
@@ -179,10 +165,19 @@ def check(tree: Path, *, baseline: Path | None, python: str | os.PathLike[str],
                           where=str(tree), fix="pass the unpatched tree as baseline")
     shared.sglang_trees(tree, baseline)
     overlay = ensure_overlay(cache, python=python)
-    runs = [("patched", tree, cap) for cap in SM12X + UNCHANGED]
-    runs += [("baseline", baseline, cap) for cap in UNCHANGED]
-    return judge(shared.gather({(label, cap): functools.partial(
-        run_probe, root, cap, overlay=overlay, python=python) for label, root, cap in runs}))
+
+    def probe(root: Path, cap: str) -> Callable[[], list[Observation]]:
+        # The fork tree stays clean.  Not PYTHONPYCACHEPREFIX: installed modules' byte code
+        # would go unread (25 s of CPU a probe instead of 11).
+        return functools.partial(
+            shared.run_probe, PROBE_MODULE, {"capability": [int(p) for p in cap.split(".")],
+                                             "suites": list(SUITES)},
+            tree=root, path=[overlay, root / "python"], env={"PYTHONDONTWRITEBYTECODE": "1"},
+            python=python, timeout=600, what=f"the layer_boundary probe (capability {cap})",
+            fix="install the probe's requirements and its overlay")
+
+    return judge(shared.gather({**{("patched", cap): probe(tree, cap) for cap in SM12X + UNCHANGED},
+                                **{("baseline", cap): probe(baseline, cap) for cap in UNCHANGED}}))
 
 
 ADD_NORM = "sglang.srt.layers.layer_boundary.residual.add_norm"
