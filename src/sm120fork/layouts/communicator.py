@@ -248,13 +248,6 @@ def _decide_named(name: str) -> fake_gpu.Observation:
                    enforce_disable=name.startswith("enforce-disable"))
 
 
-def _reference_norm(x: Any, residual: Any, weight: Any, eps: float) -> tuple[Any, Any]:
-    """All-reduced x + residual, then RMSNorm, in float64 on the CPU."""
-    hidden = x.double() + residual.double()
-    variance = hidden.pow(2).mean(dim=-1, keepdim=True)
-    return hidden * (variance + eps).rsqrt() * weight.double(), hidden
-
-
 def _fallback_case() -> fake_gpu.Observation:
     """A fused norm whose fused call yields None (no workspace) must all-reduce (a recorder
     adding a fixed "peer" sum), then add and norm."""
@@ -265,9 +258,7 @@ def _fallback_case() -> fake_gpu.Observation:
 
     hidden, tokens, eps = 64, 3, 1e-6
     gen = torch.Generator().manual_seed(120)
-    x = torch.randn(tokens, hidden, generator=gen)
-    peer = torch.randn(tokens, hidden, generator=gen)
-    residual = torch.randn(tokens, hidden, generator=gen)
+    x, peer, residual = (torch.randn(tokens, hidden, generator=gen) for _ in range(3))
     norm = RMSNorm(hidden, eps=eps)
     with torch.no_grad():
         norm.weight.copy_(torch.rand(hidden, generator=gen) + 0.5)
@@ -297,16 +288,16 @@ def _fallback_case() -> fake_gpu.Observation:
         out, residual_out = norm.forward_with_allreduce_fusion(
             x.clone(), residual.clone(), use_attn_tp_group=True
         )
-        want_out, want_residual = _reference_norm(x + peer, residual, norm.weight, eps)
-        out_ok = bool(torch.allclose(out.double(), want_out, rtol=1e-5, atol=1e-5))
-        residual_ok = bool(
-            torch.allclose(residual_out.double(), want_residual, rtol=1e-5, atol=1e-5)
-        )
+        # the reference: all-reduced x + residual, then RMSNorm, in float64
+        want_residual = (x + peer).double() + residual.double()
+        want_out = want_residual * (want_residual.pow(2).mean(dim=-1, keepdim=True)
+                                    + eps).rsqrt() * norm.weight.double()
+        matches = all(bool(torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5))
+                      for got, want in ((out, want_out), (residual_out, want_residual)))
         max_err = float((out.double() - want_out).abs().max())
     return {
         "observed": {"attention_tp_all_reduce_calls": len(calls),
-                     "tp_all_reduce_calls": len(tp_calls),
-                     "matches_reference": out_ok and residual_ok},
+                     "tp_all_reduce_calls": len(tp_calls), "matches_reference": matches},
         "detail": f"all-reduce over the attention TP group called with {calls}, over the "
                   f"TP group with {tp_calls}; max |norm - reference| = {max_err:.3g}",
     }

@@ -152,10 +152,8 @@ class GlooTPGroup(_WorldBackend):
             coordinator = _module("sglang.srt.distributed.parallel_state").GroupCoordinator
             if coordinator._resolve_outplace_all_reduce_method(self, input_) == "pcie_ipc":
                 return self.pcie_ipc_comm.pcie_ipc_all_reduce(input_)
-        dist = _module("torch.distributed")
         self.all_reduce_calls += 1
-        total = input_.detach().float().cpu().contiguous()
-        dist.all_reduce(total, group=self.cpu_group)
+        total = _summed(input_.detach().cpu().contiguous(), self.cpu_group)
         return total.to(device=input_.device, dtype=input_.dtype)
 
 

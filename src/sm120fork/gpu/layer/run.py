@@ -123,10 +123,9 @@ POLICY_GPU_MAJOR = 12
 POLICY_DTYPE = "bf16"
 
 
-def policy_document(world_size: int,
-                    ranges: Sequence[tuple[int, str]] = POLICY_RANGES) -> Policy:
+def policy_document(world_size: int) -> Policy:
     low, entries = 1, []
-    for last, method in ranges:
+    for last, method in POLICY_RANGES:
         entries.append({"min_tokens": low, "max_tokens": last, "method": method,
                         "fallback": [] if method == UNFUSED else [UNFUSED]})
         low = last + 1
