@@ -156,10 +156,8 @@ def lookup(env: Mapping[str, str] | None = None, arch_list: str = "9.0",
             "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
     cwd = Path(full.get("FLASHINFER_WORKSPACE_BASE") or os.getcwd())
     cwd.mkdir(parents=True, exist_ok=True)
-    result, out = probe(sys.executable, _LOOKUP_PROBE, *specs, mark=_MARK, env=full, cwd=cwd)
-    if result is None:
-        raise VerifyError("the lookup probe printed no result",
-                          detail=(out.stdout + out.stderr)[-2000:])
+    result = probe(sys.executable, _LOOKUP_PROBE, *specs, what="the lookup probe", mark=_MARK,
+                   env=full, cwd=cwd)
     if isinstance(result, dict) and "error" in result:
         raise VerifyError(str(result["error"]),
                           fix="install the FlashInfer wheel beside the AOT wheel")

@@ -242,11 +242,9 @@ def _probe(tree: Path, build_dir: Path, mode: str, env: Mapping[str, str]) -> tu
     module it built; BuildError when the JIT refuses."""
     log.info("+ FLASHINFER_CUDA_ARCH_LIST=%r %s -c <FlashInfer %s probe> %s %s",
              env.get("FLASHINFER_CUDA_ARCH_LIST"), sys.executable, mode, tree, build_dir)
-    result, out = probe(sys.executable, _PROBE, tree, build_dir, mode, mark=_MARK, env=env,
-                        cwd=build_dir, on_line=NinjaProgress() if mode == "build" else None)
-    if not isinstance(result, dict):
-        raise BuildError("the FlashInfer build probe printed no result", where=str(tree),
-                         detail=(out.stdout + out.stderr)[-3000:])
+    result = probe(sys.executable, _PROBE, tree, build_dir, mode, what="the FlashInfer build "
+                   "probe", where=str(tree), error=BuildError, mark=_MARK, env=env,
+                   cwd=build_dir, on_line=NinjaProgress() if mode == "build" else None)
     if "refused" in result:
         raise BuildError(f"FlashInfer's JIT refuses {MODULE} for "
                          f"{env.get('FLASHINFER_CUDA_ARCH_LIST')}: {result['refused']}",

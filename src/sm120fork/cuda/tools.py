@@ -8,14 +8,13 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sm120fork.cuda.toolkit import locate_nvcc
-from sm120fork.errors import ConfigError, VerifyError
+from sm120fork.errors import ConfigError, ToolkitError, VerifyError
 from sm120fork.util import proc
 
 log = logging.getLogger("sm120fork")
@@ -54,13 +53,17 @@ def _tool(name: str, paths: Sequence[str], patterns: Sequence[str] = _PIP_TOOLS)
 
 
 def probe(python: str | os.PathLike[str], script: str, *args: str | os.PathLike[str],
-          mark: str = PROBE_MARK, **run: Any) -> tuple[Any, subprocess.CompletedProcess[str]]:
+          what: str, where: str | None = None, error: type[ToolkitError] = VerifyError,
+          mark: str = PROBE_MARK, **run: Any) -> Any:
     """Run the prelude and ``script`` in ``python`` (``mark`` its last argument, ``run`` to
-    proc.run); the JSON after ``mark`` on the last stdout line with it (None: none), the run."""
+    proc.run): the JSON after ``mark`` on the last stdout line with it, else ``error``."""
     out = proc.run([python, "-c", _PRELUDE + script, *args, mark], quiet=True, **run)
     payload = next((line.removeprefix(mark) for line in reversed(out.stdout.splitlines())
                     if line.startswith(mark)), None)
-    return (None if payload is None else json.loads(payload)), out
+    if payload is None:
+        raise error(f"{what} printed no result", where=where,
+                    detail=(out.stdout + out.stderr)[-3000:])
+    return json.loads(payload)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,7 +97,7 @@ def find_tools(python: str | os.PathLike[str] | None = None) -> Tools:
     if nvcc is None:
         raise VerifyError("nvcc not found (CUDA_HOME, PATH, /usr/local/cuda)",
                           fix="install the CUDA toolkit (nvcc >= 12.9 for sm_120a/sm_120f)")
-    paths: list[str] = probe(interpreter, _SYS_PATH_PROBE)[0] or []
+    paths: list[str] = probe(interpreter, _SYS_PATH_PROBE, what=f"{interpreter}")
     tools = Tools(python=interpreter, nvcc=nvcc.path, nvcc_version=nvcc.version_text,
                   cuobjdump=_tool("cuobjdump", paths), nvdisasm=_tool("nvdisasm", paths),
                   cxxfilt=Path(p) if (p := shutil.which("c++filt")) else None)
@@ -108,16 +111,10 @@ def demangle(names: Sequence[str], cxxfilt: Path | None) -> dict[str, str]:
     """Mangled -> demangled C++ names (identity where c++filt is unavailable)."""
     if cxxfilt is None or not names:
         return {n: n for n in names}
-    result: dict[str, str] = {}
-    chunk = 200
-    for start in range(0, len(names), chunk):
-        batch = list(names[start:start + chunk])
-        out = proc.run([cxxfilt, *batch], quiet=True).stdout.splitlines()
-        if len(out) != len(batch):
-            raise VerifyError("c++filt returned a different number of names",
-                              where=str(cxxfilt))
-        result.update(zip(batch, out, strict=True))
-    return result
+    out = proc.run([cxxfilt], quiet=True, input="\n".join(names) + "\n").stdout.splitlines()
+    if len(out) != len(names):
+        raise VerifyError("c++filt returned a different number of names", where=str(cxxfilt))
+    return dict(zip(names, out, strict=True))
 
 
 def find_cuobjdump() -> Path:

@@ -90,10 +90,8 @@ def run_gate(tree: Path, arch: str, tools: Tools) -> GateResult:
                "FLASHINFER_WORKSPACE_BASE": workspace, "PYTHONDONTWRITEBYTECODE": "1"}
         log.info("+ FLASHINFER_CUDA_ARCH_LIST=%s PYTHONPATH=%s %s -c <gen_trtllm_comm_module "
                  "probe>", entry, tree, tools.python)
-        result, out = probe(tools.python, _GATE_PROBE, tree, env=env, cwd=Path(workspace))
-    if not isinstance(result, dict):
-        raise VerifyError("the JIT gate probe printed no result", where=str(tree),
-                          fix=out.stdout[-2000:])
+        result = probe(tools.python, _GATE_PROBE, tree, what="the JIT gate probe",
+                       where=str(tree), env=env, cwd=Path(workspace))
     if "import_error" in result:
         raise VerifyError(
             f"cannot import flashinfer.jit.comm: {result['import_error']}", where=str(tree),
@@ -152,25 +150,27 @@ class Job:
     argv: tuple[str, ...]
     host: bool = False
 
+    def outputs(self, cache: Path) -> list[Path]:
+        return [cache / f"{self.key}{suffix}" for suffix in (".json", ".cubin", ".o")
+                if self.host or suffix != ".o"]
+
 
 def compile_job(job: Job, cache: Path) -> float:
     log.info("compiling %s for %s%s", job.source, job.arch, " (+ host object)" if job.host else "")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="sm120fork-proof-nvcc-", dir=cache) as scratch:
         work = Path(scratch)
+        # With a host object, one nvcc run gives both: the object, and the cubin it embeds.
+        proc.run([*job.argv, *(["-c", "--keep", "--keep-dir", str(work), "-o",
+                                str(work / "unit.o")] if job.host else
+                               ["-cubin", "-o", str(work / "unit.cubin")])])
+        cubins = sorted(work.glob("*.cubin"))
+        if len(cubins) != 1:
+            raise VerifyError(f"expected one kept cubin, found {[c.name for c in cubins]}",
+                              where=job.source)
+        cubins[0].replace(cache / f"{job.key}.cubin")
         if job.host:
-            # One nvcc run gives both: the object, and the cubin it embeds (kept).
-            proc.run([*job.argv, "-c", "--keep", "--keep-dir", str(work), "-o",
-                      str(work / "unit.o")])
-            cubins = sorted(work.glob("*.cubin"))
-            if len(cubins) != 1:
-                raise VerifyError(f"expected one kept cubin, found {[c.name for c in cubins]}",
-                                  where=job.source)
             (work / "unit.o").replace(cache / f"{job.key}.o")
-            cubins[0].replace(cache / f"{job.key}.cubin")
-        else:
-            proc.run([*job.argv, "-cubin", "-o", str(work / "unit.cubin")])
-            (work / "unit.cubin").replace(cache / f"{job.key}.cubin")
     seconds = time.perf_counter() - start
     meta = {"source": job.source, "arch": job.arch, "seconds": round(seconds, 2),
             "host": job.host, "argv": list(job.argv)}
@@ -181,85 +181,48 @@ def compile_job(job: Job, cache: Path) -> float:
 
 def cached_seconds(cache: Path, job: Job) -> float | None:
     """Seconds of the run that made ``job``'s cached outputs; None if any is missing."""
-    meta = cache / f"{job.key}.json"
-    made = [meta, cache / f"{job.key}.cubin", *([cache / f"{job.key}.o"] if job.host else [])]
-    if not all(p.exists() for p in made):
+    if not all(p.exists() for p in job.outputs(cache)):
         return None
-    seconds: float = json.loads(meta.read_text())["seconds"]
+    seconds: float = json.loads((cache / f"{job.key}.json").read_text())["seconds"]
     return seconds
 
 
-_Unit = tuple[Path, str, tuple[str, ...]]
-
-
 def _raise_first(futures: Iterable[Future[Any]], what: str) -> None:
-    for future in futures:
-        error = future.exception()
-        if error is None:
-            continue
-        if isinstance(error, VerifyError):
-            raise error
+    for error in (future.exception() for future in futures):
         if isinstance(error, CommandError):
             raise VerifyError(f"{what} failed: {error.what}", where=error.where,
                               fix="see the output below", detail=error.detail) from error
-        raise VerifyError(f"{what} failed: {error!r}") from error
+        if error is not None:
+            raise error
 
 
+_Unit = tuple[Path, str, tuple[str, ...]]
 _Planned = dict[tuple[str, str], tuple[ArchResult, list[_Unit]]]
 
 
 def _plan_variants(variants: Mapping[str, Path], archs: Sequence[str], tools: Tools,
-                   compile_archs: Mapping[str, Sequence[str]] | None, forced: set[str]
+                   compile_archs: Mapping[str, Sequence[str]], forced: Iterable[str]
                    ) -> _Planned:
     planned: _Planned = {}
     for name, given_tree in variants.items():
         tree = given_tree.resolve()
         gates = {arch: run_gate(tree, arch, tools) for arch in archs}
-        wanted = set(compile_archs[name]) if compile_archs and name in compile_archs \
-            else set(archs)
-        wanted.add(REFERENCE_ARCH)
+        wanted = {*compile_archs.get(name, archs), REFERENCE_ARCH}
         ref = gates[REFERENCE_ARCH]
-        for arch in archs:
-            gate, units = gates[arch], []
+        for arch, gate in gates.items():
             # where the gate refuses, a forced arch compiles with the reference's flags
             was_forced = (arch in wanted and not gate.accepted and arch in forced
                           and ref.accepted)
+            units: list[_Unit] = []
             if arch in wanted and gate.accepted:
                 units = [(tree, source, gate.compile_flags) for source in gate.sources]
             elif was_forced:
                 flags = tuple(gencode_flag(arch) if f == gencode_flag(REFERENCE_ARCH) else f
                               for f in ref.compile_flags)
                 units = [(tree, source, flags) for source in ref.sources]
-            planned[(name, arch)] = (ArchResult(arch=arch, gate=gate, compiled=False,
+            planned[(name, arch)] = (ArchResult(arch=arch, gate=gate, compiled=bool(units),
                                                 forced=was_forced, planned=arch in wanted), units)
     return planned
-
-
-_Compiled = tuple[dict[tuple[str, str], list[Job]], dict[str, Job], dict[str, Future[Any]]]
-
-
-def _compile(pool: ThreadPoolExecutor, workers: int, planned: _Planned, tools: Tools,
-             hosts: Sequence[str], cache: Path) -> _Compiled:
-    """Each plan's jobs keyed by content (nvcc -M); those the cache lacks, compiled."""
-    key_futures = {unit: pool.submit(cache_key, *unit, tools)
-                   for _, units in planned.values() for unit in units}
-    _raise_first(key_futures.values(), "computing cache keys")
-    jobs_by_plan: dict[tuple[str, str], list[Job]] = {}
-    all_jobs: dict[str, Job] = {}  # one compile per content key
-    for (name, arch), (_, units) in planned.items():
-        jobs_by_plan[(name, arch)] = []
-        for tree, source, flags in units:
-            key = key_futures[(tree, source, flags)].result()
-            host = arch in hosts or (key in all_jobs and all_jobs[key].host)
-            all_jobs[key] = Job(key=key, arch=arch, source=source,
-                                argv=(str(tools.nvcc), str(tree / source), *flags), host=host)
-            jobs_by_plan[(name, arch)].append(all_jobs[key])
-    pending = [job for job in all_jobs.values() if cached_seconds(cache, job) is None]
-    log.info("%d cubins needed, %d cached, compiling %d with %d jobs", len(all_jobs),
-             len(all_jobs) - len(pending), len(pending), workers)
-    compiled = {job.key: pool.submit(compile_job, job, cache) for job in pending}
-    _raise_first(compiled.values(), "compiling the trtllm comm module")
-    return jobs_by_plan, all_jobs, compiled
 
 
 def prove(
@@ -282,25 +245,36 @@ def prove(
     started = time.perf_counter()
     if REFERENCE_ARCH not in archs:
         raise VerifyError(f"the reference architecture {REFERENCE_ARCH} is not among {archs}")
-    forced = set(force_compile)
     hosts = tuple(a for a in archs if a in set(host_archs))
     tools = find_tools(python)
     require_tools_in_ci(tools)
     cache = cache_dir.resolve() / "cubins"
     cache.mkdir(parents=True, exist_ok=True)
-    workers = max(1, jobs)
     opcodes: dict[str, PdlOpcodes] = {}
     if tools.can_disassemble:
         with tempfile.TemporaryDirectory(prefix="sm120fork-proof-pdl-") as scratch:
             opcodes = {a: calibrate_pdl_opcodes(a, tools, Path(scratch)) for a in archs}
-
     # 1. gates, and the compile each accepted (or forced) architecture asks for
-    planned = _plan_variants(variants, archs, tools, compile_archs, forced)
-
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    planned = _plan_variants(variants, archs, tools, compile_archs or {}, set(force_compile))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         # 2. content keys (nvcc -M per unit), then the compiles the cache lacks
-        jobs_by_plan, all_jobs, compiled = _compile(pool, workers, planned, tools, hosts, cache)
-
+        keys = {unit: pool.submit(cache_key, *unit, tools)
+                for _, units in planned.values() for unit in units}
+        _raise_first(keys.values(), "computing cache keys")
+        plans: dict[tuple[str, str], list[Job]] = {}
+        all_jobs: dict[str, Job] = {}  # one compile per content key
+        for (name, arch), (_, units) in planned.items():
+            for tree, source, flags in units:
+                key = keys[(tree, source, flags)].result()
+                all_jobs[key] = Job(key=key, arch=arch, source=source,
+                                    argv=(str(tools.nvcc), str(tree / source), *flags),
+                                    host=arch in hosts or (key in all_jobs and all_jobs[key].host))
+                plans.setdefault((name, arch), []).append(all_jobs[key])
+        pending = [job for job in all_jobs.values() if cached_seconds(cache, job) is None]
+        log.info("%d cubins needed, %d cached, compiling %d with %d jobs", len(all_jobs),
+                 len(all_jobs) - len(pending), len(pending), max(1, jobs))
+        compiled = {job.key: pool.submit(compile_job, job, cache) for job in pending}
+        _raise_first(compiled.values(), "compiling the trtllm comm module")
         # 3. inspect every cubin (and host object) once
         names = demangle(sorted({n for key in all_jobs
                                  for n in kernel_sizes(cache / f"{key}.cubin")}), tools.cxxfilt)
@@ -308,8 +282,7 @@ def prove(
                                         opcodes.get(job.arch), names)
                        for key, job in all_jobs.items()}
         _raise_first(inspections.values(), "inspecting the cubins")
-    calls = {key: runtime_calls(cache / f"{key}.o")
-             for key, job in all_jobs.items() if job.host}
+    calls = {key: runtime_calls(cache / f"{key}.o") for key, job in all_jobs.items() if job.host}
 
     # 4. results; a cubin counts as compiled by the first unit that needed it in this run
     charged: set[str] = set()
@@ -322,11 +295,10 @@ def prove(
                           cached=not fresh, kernels=inspections[job.key].result(),
                           host_calls=calls.get(job.key) if job.arch in hosts else None)
 
-    results = [VariantResult(name=name, tree=given_tree.resolve(), archs=tuple(
-        dataclasses.replace(planned[(name, arch)][0], compiled=bool(jobs_by_plan[(name, arch)]),
-                            units=tuple(unit(job) for job in jobs_by_plan[(name, arch)]),
-                            pdl_opcodes=opcodes.get(arch))
-        for arch in archs)) for name, given_tree in variants.items()]
+    results = [VariantResult(name=name, tree=tree.resolve(), archs=tuple(
+        dataclasses.replace(planned[(name, arch)][0], pdl_opcodes=opcodes.get(arch),
+                            units=tuple(unit(job) for job in plans.get((name, arch), ())))
+        for arch in archs)) for name, tree in variants.items()]
     return ProofReport(variants=tuple(results), archs=tuple(archs),
                        reference_arch=REFERENCE_ARCH, nvcc_version=tools.nvcc_version,
                        pdl_opcodes=tuple(opcodes[a] for a in archs if a in opcodes),

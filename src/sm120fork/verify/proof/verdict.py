@@ -107,13 +107,10 @@ class Verdict:
 
 
 def _pdl_totals(kernels: Iterable[Kernel]) -> tuple[int, int] | None:
-    wait = launch = 0
-    for kernel in kernels:
-        if kernel.pdl_wait is None or kernel.pdl_launch is None:
-            return None
-        wait += kernel.pdl_wait
-        launch += kernel.pdl_launch
-    return wait, launch
+    counts = [(k.pdl_wait, k.pdl_launch) for k in kernels]
+    if any(None in pair for pair in counts):
+        return None
+    return sum(w for w, _ in counts if w), sum(la for _, la in counts if la)
 
 
 def verdict(variant: VariantResult, arch: str) -> Verdict:
@@ -135,36 +132,33 @@ def verdict(variant: VariantResult, arch: str) -> Verdict:
     if not result.compiled and not result.planned and result.gate.accepted:
         reasons.append(f"gate accepts; not compiled for {arch} in this proof")
         return done(Status.NOT_CHECKED)
-    if reference is None or not reference.compiled or not reference.kernels:
+    ref_kernels = reference.kernels if reference is not None and reference.compiled else {}
+    if not ref_kernels:
         reasons.append(f"no compiled {REFERENCE_ARCH} reference")
         return done(Status.FAIL)
     if not result.compiled:
         reasons.append(f"not compiled for {arch}")
-        return done(Status.FAIL, reference_kernels=len(reference.kernels))
-    ref_kernels = reference.kernels
+        return done(Status.FAIL, reference_kernels=len(ref_kernels))
     kernels = result.kernels
     missing, empty = missing_and_empty({n: k.size for n, k in ref_kernels.items()},
                                        {n: k.size for n, k in kernels.items()})
-    if missing:
-        reasons.append(f"{len(missing)} of {len(ref_kernels)} {REFERENCE_ARCH} kernels missing")
-    if empty:
-        reasons.append(f"{len(empty)} kernels have an empty body")
     pdl_reference = _pdl_totals(ref_kernels.values())
     pdl = _pdl_totals(kernels.values())
-    lost: list[str] = []
-    if pdl_reference is not None and pdl is not None:
-        lost = [name for name, ref in ref_kernels.items()
-                if name in kernels and lost_pdl(kernels[name], ref)]
-        if lost:
-            reasons.append(f"{len(lost)} kernels lost their PDL instructions")
+    checked = pdl_reference is not None and pdl is not None
+    lost = sorted(name for name, ref in ref_kernels.items()
+                  if checked and name in kernels and lost_pdl(kernels[name], ref))
+    for count, what in ((len(missing), f"of {len(ref_kernels)} {REFERENCE_ARCH} kernels missing"),
+                        (len(empty), "kernels have an empty body"),
+                        (len(lost), "kernels lost their PDL instructions")):
+        if count:
+            reasons.append(f"{count} {what}")
     status = Status.FAIL if reasons else Status.PASS
-    if status is Status.PASS and arch != REFERENCE_ARCH and (pdl_reference is None
-                                                             or pdl is None):
+    if status is Status.PASS and arch != REFERENCE_ARCH and not checked:
         reasons.append("PDL instructions not checked (no cuobjdump/nvdisasm)")
         status = Status.NOT_CHECKED
     return done(status, reference_kernels=len(ref_kernels),
                 present=len(ref_kernels) - len(missing), missing=missing, empty=empty,
-                pdl_reference=pdl_reference, pdl=pdl, pdl_lost=tuple(sorted(lost)))
+                pdl_reference=pdl_reference, pdl=pdl, pdl_lost=tuple(lost))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
