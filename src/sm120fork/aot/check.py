@@ -15,7 +15,6 @@ import re
 import shutil
 import sys
 import tempfile
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -303,17 +302,8 @@ def check_module(code: Sequence[TargetCode]) -> list[TargetCheck]:
 
 def family_rows(code: Sequence[TargetCode]) -> list[list[str]]:
     """Per kernel family and target: ``count / min B / median B``."""
-    sizes: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    for c in code:
-        for name, size in c.kernels.items():
-            sizes[c.families[name]][c.target].append(size)
-    rows = []
-    for family in sorted(sizes):
-        row = [f"`{family}`"]
-        for c in code:
-            row.append(cubin.size_cell(sizes[family].get(c.target, [])))
-        rows.append(row)
-    return rows
+    return cubin.family_rows([[(c.families[name], size, ()) for name, size in c.kernels.items()]
+                              for c in code])
 
 
 def summary(code: Sequence[TargetCode], checks: Sequence[TargetCheck]) -> dict[str, object]:

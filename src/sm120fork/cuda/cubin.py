@@ -9,8 +9,8 @@ import logging
 import re
 import statistics
 import struct
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from sm120fork.cuda.arch import gencode_flag
@@ -237,6 +237,22 @@ def missing_and_empty(reference: Mapping[str, int], sizes: Mapping[str, int]
     return missing, empty
 
 
-def size_cell(sizes: Sequence[int]) -> str:
-    """A kernel family's sizes on one target as ``count / min B / median B`` (``-``: none)."""
-    return f"{len(sizes)} / {min(sizes)} / {statistics.median(sizes):.0f}" if sizes else "-"
+def family_rows(columns: Sequence[Iterable[tuple[str, int, Iterable[str]]]]
+                ) -> list[list[str]]:
+    """Per kernel family, per column (its kernels as family, SASS bytes and what is wrong
+    with each): ``count / min B / median B`` (``-``: none), then the wrongs counted."""
+    cells: dict[str, list[tuple[list[int], Counter[str]]]] = defaultdict(
+        lambda: [([], Counter()) for _ in columns])
+    for index, column in enumerate(columns):
+        for family, size, wrongs in column:
+            cells[family][index][0].append(size)
+            cells[family][index][1].update(wrongs)
+    rows = []
+    for family in sorted(cells):
+        row = [f"`{family}`"]
+        for sizes, wrongs in cells[family]:
+            cell = f"{len(sizes)} / {min(sizes)} / {statistics.median(sizes):.0f}" if sizes else "-"
+            notes = ", ".join(f"{count} {what}" for what, count in sorted(wrongs.items()))
+            row.append(cell + (f" ({notes})" if notes else ""))
+        rows.append(row)
+    return rows

@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import re
-from collections import Counter, defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,10 @@ from sm120fork.cuda.cubin import (
     EMPTY_BODY_BYTES,
     EMPTY_BODY_FRACTION,
     LARGE_BODY_BYTES,
+    Kernel,
     PdlOpcodes,
+    family_rows,
     is_empty_body,
-    size_cell,
 )
 from sm120fork.record import (
     KINDS,
@@ -272,28 +272,15 @@ def _family_table(variant: VariantResult, report: ProofReport) -> list[str]:
         return ["Nothing was compiled."]
     reference = variant.arch(report.reference_arch)
     ref_kernels = reference.kernels if reference and reference.compiled else {}
-    sizes: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
-    empties: dict[str, Counter[str]] = defaultdict(Counter)
-    no_pdl: dict[str, Counter[str]] = defaultdict(Counter)
-    for result in compiled:
-        for kernel in result.kernels.values():
-            sizes[kernel.family][result.arch].append(kernel.size)
-            ref = ref_kernels.get(kernel.name)
-            if ref is None or result.arch == report.reference_arch:
-                continue
-            empties[kernel.family][result.arch] += is_empty_body(kernel.size, ref.size)
-            no_pdl[kernel.family][result.arch] += lost_pdl(kernel, ref)
-    rows = []
-    for family in sorted(sizes):
-        row = [f"`{family}`"]
-        for result in compiled:
-            cell = size_cell(sizes[family].get(result.arch, []))
-            notes = [f"{count} {what}" for count, what in (
-                (empties[family][result.arch], "empty"),
-                (no_pdl[family][result.arch], "lost PDL")) if count]
-            if notes:
-                cell += f" ({', '.join(notes)})"
-            row.append(cell)
-        rows.append(row)
+
+    def wrongs(kernel: Kernel, arch: str) -> list[str]:
+        ref = ref_kernels.get(kernel.name)
+        if ref is None or arch == report.reference_arch:
+            return []
+        return [what for what, wrong in (("empty", is_empty_body(kernel.size, ref.size)),
+                                         ("lost PDL", lost_pdl(kernel, ref))) if wrong]
+
+    rows = family_rows([[(k.family, k.size, wrongs(k, r.arch)) for k in r.kernels.values()]
+                        for r in compiled])
     header = ["family", *(f"{a.arch}: n / min B / median B" for a in compiled)]
     return markdown_table(header, rows)
