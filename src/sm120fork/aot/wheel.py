@@ -1,13 +1,8 @@
-"""The AOT wheel: our prebuilt modules in a distribution of their own, and what it pins.
-
-``sm120fork-flashinfer-aot`` installs beside upstream's jit-cache (taking that name would
-make pip uninstall it).  FlashInfer finds it through an entry point, by a lookup read from
-its sources (:data:`LOOKUPS`): our FlashInfer reads the group ``flashinfer.prebuilt``;
-FlashInfer 0.7.x asks upstream's ``flashinfer-jit-cache`` shim (served on FlashInfer's own
-index, at FlashInfer's version) for its providers.  It requires exactly the FlashInfer
-wheel it was built from; its ``manifest.json`` records that wheel's sha256, the fork tree
-and each module's sha256, and each module's sources marker the digest our patched
-FlashInfer asks of it before loading it (patches/sglang-0.5.10/flashinfer/README-prebuilt.md).
+"""The AOT wheel: our prebuilt modules in a distribution of their own (taking upstream's
+jit-cache name would make pip uninstall it), found through an entry point by a lookup read
+from FlashInfer's sources (:data:`LOOKUPS`).  It requires exactly the FlashInfer wheel it was
+built from; its ``manifest.json`` records that wheel, the fork tree, each module's sha256 and
+sources marker (patches/sglang-0.5.10/flashinfer/README-prebuilt.md).
 """
 
 from __future__ import annotations
@@ -195,14 +190,13 @@ def wheel_version(flashinfer_version: str, cuda_version: str) -> str:
 
 
 #: What a module compiled with CUDA <major> needs at run time besides the driver: the
-#: runtime library it links (``libcudart.so.<major>``), as the package index ships it.
-#: Not every stack's torch brings it (torch 2.9.1 from the index is CUDA 12.8).
-RUNTIME_REQUIRES: dict[str, tuple[str, ...]] = {
-    "12": ("nvidia-cuda-runtime-cu12>=12.9",),
-    "13": ("nvidia-cuda-runtime>=13.0,<14",),
+#: runtime library it links (``libcudart.so.<major>``), as the package index ships it, and
+#: where that package puts it in site-packages.  Not every stack's torch brings it (torch
+#: 2.9.1 from the index is CUDA 12.8).
+CUDA_RUNTIMES: dict[str, tuple[str, str]] = {
+    "12": ("nvidia-cuda-runtime-cu12>=12.9", "nvidia/cuda_runtime/lib"),
+    "13": ("nvidia-cuda-runtime>=13.0,<14", "nvidia/cu13/lib"),
 }
-#: Where that package puts the library, relative to site-packages.
-RUNTIME_LIBRARY_DIRS: dict[str, str] = {"12": "nvidia/cuda_runtime/lib", "13": "nvidia/cu13/lib"}
 
 
 def _init_py(version: str, flashinfer: FlashInferBuild, cuda_version: str, lookup: Lookup,
@@ -241,7 +235,7 @@ def load_cuda_runtime():
         return CUDA_RUNTIME
     except OSError:
         pass
-    candidate = _HERE.parent / "{RUNTIME_LIBRARY_DIRS.get(major, "")}" / CUDA_RUNTIME
+    candidate = _HERE.parent / "{CUDA_RUNTIMES[major][1]}" / CUDA_RUNTIME
     try:
         _ctypes.CDLL(str(candidate), mode=_ctypes.RTLD_GLOBAL)
         return str(candidate)
@@ -299,20 +293,17 @@ def _metadata(version: str, flashinfer: FlashInferBuild, requires: Sequence[str]
 
 def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence[Module],
                 cuda_version: str, platform: str, stack: str, toolkit_version: str,
-                toolchain: Mapping[str, Any], requires: Sequence[str] | None = None,
-                lookup: Lookup = PREBUILT) -> Path:
+                toolchain: Mapping[str, Any], lookup: Lookup = PREBUILT) -> Path:
     """Write the wheel into ``out_dir``; returns its path.  Byte-stable for equal inputs."""
     if not modules:
         raise BuildError("no prebuilt modules to put into the AOT wheel")
     version = wheel_version(flashinfer.version, cuda_version)
-    if requires is None:
-        requires = RUNTIME_REQUIRES.get(cuda_version.split(".", 1)[0])
-    if requires is None:
+    if cuda_version.split(".", 1)[0] not in CUDA_RUNTIMES:
         raise ConfigError(f"no runtime requirement known for CUDA {cuda_version}",
-                          fix="add it to sm120fork.aot.wheel.RUNTIME_REQUIRES")
+                          fix="add it to sm120fork.aot.wheel.CUDA_RUNTIMES")
     # what FlashInfer asks through to find the wheel, at exactly the wheel's version
     through = () if lookup.through is None else (f"{lookup.through}=={version}",)
-    requires = [*through, *requires]
+    requires = [*through, CUDA_RUNTIMES[cuda_version.split(".", 1)[0]][0]]
     tag = Tag("py3", "none", platform)
     name = canonicalize_name(DISTRIBUTION).replace("-", "_")
     dist_info = f"{name}-{version}.dist-info"
