@@ -1,12 +1,8 @@
-"""Compile FlashInfer's trtllm comm module ahead of time, the way FlashInfer's AOT does.
-
-A probe in the build interpreter points ``flashinfer.jit.env`` at the tree, asks the tree's
-own ``gen_trtllm_comm_module()`` for its ``JitSpec`` and runs FlashInfer's
-``build_jit_specs``; only ``flashinfer/jit`` is imported.  nvcc's ``--time`` table gives
-each target's seconds; results are cached under a key over the ninja file, the sources and
-the compiler.  The toolkit is a system install or the pip packages; a build machine has no
-driver, and not every toolkit ships ``lib64/stubs/libcuda.so`` or an unversioned
-``libcudart.so``: a link directory supplies them, through ``FLASHINFER_EXTRA_LDFLAGS``.
+"""Compile FlashInfer's trtllm comm module ahead of time, the way FlashInfer's AOT does: a
+probe points ``flashinfer.jit.env`` at the tree and runs ``build_jit_specs`` on the tree's own
+``gen_trtllm_comm_module()``.  The result is cached under a key over the ninja file, the
+sources and the compiler.  A build machine has no driver, and not every toolkit ships
+``libcuda.so`` stubs or an unversioned ``libcudart.so``: a link directory supplies them.
 """
 
 from __future__ import annotations
@@ -51,19 +47,15 @@ _CAPABILITY = re.compile(r"^(\d+)\.(\d)$")
 _GENCODE = re.compile(r"^-gencode=arch=compute_(\w+),code=sm_(\w+)$")
 
 
-def parse_capabilities(items: Iterable[str]) -> tuple[str, ...]:
+def parse_capabilities(items: Sequence[str]) -> tuple[str, ...]:
     """``["9.0", "12.0"]`` -> validated, de-duplicated, in order."""
-    out: list[str] = []
     for item in items:
-        text = item.strip()
-        if not _CAPABILITY.match(text):
+        if not _CAPABILITY.match(item.strip()):
             raise ConfigError(f"not a compute capability: {item!r}", where="--capabilities",
                               fix="write MAJOR.MINOR, e.g. 9.0,10.0,12.0")
-        if text not in out:
-            out.append(text)
-    if not out:
+    if not items:
         raise ConfigError("no compute capabilities given", where="--capabilities")
-    return tuple(out)
+    return tuple(dict.fromkeys(item.strip() for item in items))
 
 
 def arch_list(capabilities: Sequence[str]) -> str:
