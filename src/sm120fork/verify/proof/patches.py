@@ -175,14 +175,13 @@ def _junit_outcomes(xml: Path, stack: str | None) -> dict[str, tuple[str, bool]]
                            f"let it build the one {VERIFY_STACK_ENV} names, as "
                            "tests/helpers_sglang.py does)", False)
             continue
-        seconds = float(case.get("time") or 0)
-        bad = [c for c in case if c.tag in ("failure", "error", "skipped")]
-        if not bad:
-            found[node] = (f"passed ({seconds:.0f} s)", True)
+        words = {"failure": "failed", "error": "error", "skipped": "skipped"}
+        bad = next((c for c in case if c.tag in words), None)
+        if bad is None:
+            found[node] = (f"passed ({float(case.get('time') or 0):.0f} s)", True)
             continue
-        message = (bad[0].get("message") or bad[0].text or "").strip().splitlines()
-        word = {"failure": "failed", "error": "error", "skipped": "skipped"}[bad[0].tag]
-        found[node] = (f"{word}: {message[0][:200] if message else '?'}", False)
+        message = (bad.get("message") or bad.text or "").strip().splitlines()
+        found[node] = (f"{words[bad.tag]}: {message[0][:200] if message else '?'}", False)
     return found
 
 
@@ -270,10 +269,8 @@ def check_gpu_report(ctx: Context, spec: str, patch: Patch | None = None,
 def check(claim: Claim, ctx: Context, patch: Patch | None = None,
           project: str = "") -> Outcome:
     if claim.kind == "proof":
-        fn = PROOF_CHECKS.get(claim.check)
-        text, ok = (fn(ctx) if fn else
-                    (f"unknown proof check {claim.check!r} (known: {', '.join(PROOF_CHECKS)})",
-                     False))
+        unknown = f"unknown proof check {claim.check!r} (known: {', '.join(PROOF_CHECKS)})"
+        text, ok = PROOF_CHECKS.get(claim.check, lambda _: (unknown, False))(ctx)
     elif claim.kind == "sglang":
         text, ok = check_behaviour(ctx, claim.check)
     elif claim.kind == "cpu":
