@@ -269,8 +269,9 @@ def check_gpu_report(ctx: Context, spec: str, patch: Patch | None = None,
 def check(claim: Claim, ctx: Context, patch: Patch | None = None,
           project: str = "") -> Outcome:
     if claim.kind == "proof":
-        unknown = f"unknown proof check {claim.check!r} (known: {', '.join(PROOF_CHECKS)})"
-        text, ok = PROOF_CHECKS.get(claim.check, lambda _: (unknown, False))(ctx)
+        fn = PROOF_CHECKS.get(claim.check)
+        text, ok = fn(ctx) if fn else (
+            f"unknown proof check {claim.check!r} (known: {', '.join(PROOF_CHECKS)})", False)
     elif claim.kind == "sglang":
         text, ok = check_behaviour(ctx, claim.check)
     elif claim.kind == "cpu":
