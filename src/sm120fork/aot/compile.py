@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sm120fork.cuda.toolkit import require_nvcc
