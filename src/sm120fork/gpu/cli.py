@@ -140,9 +140,6 @@ def _layer_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     s.add_argument("--world-size", type=int, default=2)
     s.add_argument("--tokens", type=counts)
-    s.add_argument("--timeout", type=float, default=120.0,
-                   help="per case once every rank has imported SGLang, seconds; the first "
-                   "case's includes FlashInfer's JIT build of the comm module if not cached")
     s.add_argument("--load-plugins", action="store_true",
                    help="each rank runs SGLang's load_plugins() first, as SGLang's own "
                    "processes do (stock SGLang + a plugin installed beside it)")
@@ -163,7 +160,6 @@ def _layer_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--prebuild", action="store_true",
                    help="build FlashInfer's comm and pcie_ipc modules once before the "
                    "cases, in parallel (on a GPU)")
-    s.add_argument("--title", default="SGLang fused-norm layer path")
     s.add_argument("--note", action="append", dest="notes", metavar="NOTE", default=[])
     s.add_argument("--out", type=Path, required=True)
 
