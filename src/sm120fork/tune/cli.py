@@ -7,6 +7,7 @@ time (its reports and logs under ``--work-dir``), the question on the terminal.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from sm120fork import record
 from sm120fork.errors import EXIT_INTERRUPTED, VerifyError
+from sm120fork.gpu.cli import resolved_stack, sizes
 from sm120fork.gpu.core import runs
 from sm120fork.tune.run import Box, TuneOptions, WorldBench, tune
 
@@ -23,16 +25,11 @@ if TYPE_CHECKING:
     from sm120fork.resolved import ResolvedStack
 
 
-def _sizes(text: str) -> list[int]:
-    from sm120fork.gpu.cli import sizes
-
-    return sizes(text, "TP sizes are integers >= 2")
-
-
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", required=True, metavar="NAME",
                         help="the stack whose built wheels (wheels/NAME/) the bench runs")
-    parser.add_argument("--world-sizes", type=_sizes, metavar="N,N",
+    parser.add_argument("--world-sizes", metavar="N,N",
+                        type=functools.partial(sizes, refusal="TP sizes are integers >= 2"),
                         help="measure these TP sizes (default: every size the doctor says "
                         "this box can run)")
     parser.add_argument("--yes", action="store_true",
@@ -97,7 +94,6 @@ def ready() -> None:
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from sm120fork.doctor.probe import collect
-    from sm120fork.gpu.cli import resolved_stack
     from sm120fork.util import hint, proc
 
     ready()
