@@ -49,26 +49,22 @@ def upstream_wheel(stack: ResolvedStack) -> Path:
     from sm120fork.fetch.index import download_pinned
 
     ws, project = stack.ws, stack.stack.project(PROJECT)
-    # Keyed by the pin's sha256, so a box that carries the cache needs no sdist or index.
-    cache = ws.state_dir / "cache" / "upstream-wheels" / project.sdist_pin.sha256[:16]
-    found = sorted(cache.glob("*.whl"))
-    if len(found) == 1:
-        return found[0]
-    sdist = download_pinned(project, project.sdist_pin, ws.sdist_cache)  # sha256-checked
-    with tempfile.TemporaryDirectory(prefix="sm120fork-upstream-") as tmp:
-        top = safe_extract(sdist, Path(tmp) / "src")
-        dist = Path(tmp) / "dist"
+
+    def build(dist: Path) -> None:
+        sdist = download_pinned(project, project.sdist_pin, ws.sdist_cache)  # sha256-checked
         log.info("building upstream %s %s from its pinned sdist (unchanged)",
                  project.distribution, project.version)
-        run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(top)])
-        wheels = sorted(dist.glob("*.whl"))
-        if len(wheels) != 1:
-            raise BuildError(f"expected one wheel, got {[w.name for w in wheels]}",
+        with tempfile.TemporaryDirectory(prefix="sm120fork-upstream-") as tmp:
+            top = safe_extract(sdist, Path(tmp) / "src")
+            run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(top)])
+        if len(wheels := [w.name for w in dist.glob("*.whl")]) != 1:
+            raise BuildError(f"expected one wheel, got {wheels}",
                              where=f"upstream {project.distribution} {project.version}")
-        cache.mkdir(parents=True, exist_ok=True)
-        final = cache / wheels[0].name
-        wheels[0].replace(final)
-    return final
+
+    # Keyed by the pin's sha256, so a box that carries the cache needs no sdist or index.
+    pin = project.sdist_pin.sha256
+    dist = made_once(ws.state_dir / "cache" / "upstream-wheels" / pin[:16], pin, build)
+    return next(dist.glob("*.whl"))
 
 
 def resolve(stack: ResolvedStack, *, baseline: bool) -> StackWheels:
