@@ -107,11 +107,6 @@ class _Anything:
         return f"<stub {self._name}>"
 
 
-class _StubModule(types.ModuleType):
-    def __getattr__(self, attr: str) -> Any:
-        return _stub_attr(self.__name__, attr)
-
-
 class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Serve a ``_StubModule`` for every module under ``packages``."""
 
@@ -126,9 +121,10 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        module = _StubModule(spec.name)
+        module = types.ModuleType(spec.name)
         module.__path__ = []
         setattr(module, "__version__", "0.0.0+stub")  # noqa: B010
+        setattr(module, "__getattr__", functools.partial(_stub_attr, spec.name))  # noqa: B010
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
