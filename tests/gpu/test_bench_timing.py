@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from sm120fork.gpu.bench import adapters, timing
+from sm120fork.gpu.bench import timing
 from sm120fork.gpu.core import reference
 from sm120fork.gpu.core.cases import BenchPlan
 from sm120fork.util import wire
@@ -40,7 +40,7 @@ class _Rank:
         pass
 
 
-class _Reference(adapters.Adapter):
+class _Reference(timing.Adapter):
     """Writes the point's fp32 reference (of every rank's inputs) into its outputs."""
 
     def __init__(self, rk: Any, name: str, refs: list[Any]) -> None:
@@ -94,7 +94,7 @@ def bench(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
         return refs[-1]
 
     monkeypatch.setattr(timing, "expected", track)
-    monkeypatch.setitem(adapters.FACTORIES, "fused_auto",
+    monkeypatch.setitem(timing.FACTORIES, "fused_auto",
                         lambda rk: _Reference(rk, "fused_auto", refs))
 
     def run() -> list[dict[str, Any]]:

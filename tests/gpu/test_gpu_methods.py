@@ -9,7 +9,7 @@ import pytest
 from sm120fork.gpu import methods
 from sm120fork.gpu.bench import run as bench_run
 from sm120fork.gpu.bench import timing
-from sm120fork.gpu.bench.adapters import Point
+from sm120fork.gpu.bench.timing import Point
 from sm120fork.gpu.core.documents import BenchRecord, CheckVerdict
 
 
@@ -49,7 +49,7 @@ def _run(adapters: list[FakeAdapter], points: list[Point],
 
 
 def test_every_registered_method_has_an_adapter() -> None:
-    from sm120fork.gpu.bench.adapters import FACTORIES
+    from sm120fork.gpu.bench.timing import FACTORIES
 
     assert list(FACTORIES) == list(methods.METHODS)
 
