@@ -12,7 +12,7 @@ import pytest
 
 from helpers_proc import HANGING_CHILD, sigterm_ends_every_child
 from sm120fork.errors import ConfigError
-from sm120fork.gpu.ab import launcher
+from sm120fork.gpu.ab import run as ab_run
 from sm120fork.gpu.core import runs, variants
 from sm120fork.gpu.core.cases import Case
 from sm120fork.gpu.core.variants import Timeouts
@@ -67,7 +67,7 @@ FAST = Timeouts(startup=20.0, idle=1.5)
 def test_all_pass_in_one_group(tmp_path: Path, fake: tuple[list[str], variants.Variant]
                                ) -> None:
     worker, variant = fake
-    out = launcher.run_cases(_cases(1, 2, 3), variant, tmp_path, timeouts=FAST, worker=worker)
+    out = ab_run.run_cases(_cases(1, 2, 3), variant, tmp_path, timeouts=FAST, worker=worker)
     assert [r.status for r in out] == ["pass", "pass", "pass"]
     assert len(list(tmp_path.glob("spec-*.json"))) == 1
 
@@ -75,7 +75,7 @@ def test_all_pass_in_one_group(tmp_path: Path, fake: tuple[list[str], variants.V
 def test_crash_is_recorded_and_the_run_continues(
         tmp_path: Path, fake: tuple[list[str], variants.Variant]) -> None:
     worker, variant = fake
-    out = launcher.run_cases(_cases(1, 13, 2, 15), variant, tmp_path, timeouts=FAST,
+    out = ab_run.run_cases(_cases(1, 13, 2, 15), variant, tmp_path, timeouts=FAST,
                              worker=worker)
     by_tokens = {r.case.tokens: r for r in out if r.case}
     assert by_tokens[1].status == "pass"
@@ -94,7 +94,7 @@ def test_crash_is_recorded_and_the_run_continues(
 def test_hang_is_ended_by_the_watchdog(tmp_path: Path,
                                        fake: tuple[list[str], variants.Variant]) -> None:
     worker, variant = fake
-    out = launcher.run_cases(_cases(14, 1), variant, tmp_path, timeouts=FAST, worker=worker)
+    out = ab_run.run_cases(_cases(14, 1), variant, tmp_path, timeouts=FAST, worker=worker)
     hung, after = out
     assert hung.status == "fail"
     assert hung.failure == "hang"
@@ -107,7 +107,7 @@ def test_ranks_that_cannot_start_fail_every_case_once(tmp_path: Path) -> None:
     script = tmp_path / "broken.py"
     script.write_text("import sys\nprint('ImportError: no flashinfer')\nsys.exit(1)\n")
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
-    out = launcher.run_cases(_cases(1, 2), variant, tmp_path, timeouts=FAST,
+    out = ab_run.run_cases(_cases(1, 2), variant, tmp_path, timeouts=FAST,
                              worker=[sys.executable, str(script)])
     assert [r.status for r in out] == ["fail", "fail"]
     assert "failed twice" in (out[0].reason or "")
@@ -119,7 +119,7 @@ def test_fatal_line_stops_without_retry(tmp_path: Path) -> None:
     line = wire.encode("FATAL", "no P2P between GPU 0 and 1")
     script.write_text(f"import sys, time\nprint({line!r}, flush=True)\ntime.sleep(600)\n")
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
-    out = launcher.run_cases(_cases(1, 2), variant, tmp_path, timeouts=FAST,
+    out = ab_run.run_cases(_cases(1, 2), variant, tmp_path, timeouts=FAST,
                              worker=[sys.executable, str(script)])
     assert all(r.status == "fail" and "no P2P" in (r.reason or "") for r in out)
     assert len(list(tmp_path.glob("spec-*.json"))) == 1
@@ -243,7 +243,7 @@ def test_time_budget_ends_a_hung_group_and_reports_the_rest_as_not_run(
         tmp_path: Path, fake: tuple[list[str], variants.Variant]) -> None:
     worker, variant = fake
     budget = Timeouts(startup=20.0, idle=60.0, deadline=time.monotonic() + 8.0)
-    out = launcher.run_cases(_cases(1, 14, 2), variant, tmp_path, timeouts=budget,
+    out = ab_run.run_cases(_cases(1, 14, 2), variant, tmp_path, timeouts=budget,
                              worker=worker)
     assert [r.status for r in out] == ["pass", "skip", "skip"]
     assert "time budget" in (out[1].reason or "")
@@ -257,7 +257,7 @@ def test_circuit_breaker_stops_one_api_after_repeated_hangs(
     other = Case(world_size=2, api="custom_lamport", pattern="ar_rmsnorm", tokens=1, hidden=256,
                  dtype="bf16", strategy="oneshot", pdl=False)
     quick = Timeouts(startup=20.0, idle=1.0, max_hang_streak=2)
-    out = {r.key: r for r in launcher.run_cases([*hangs, other], variant, tmp_path,
+    out = {r.key: r for r in ab_run.run_cases([*hangs, other], variant, tmp_path,
                                                     timeouts=quick, worker=worker)}
     kinds = [out[c.key].failure for c in hangs]
     assert kinds == ["hang", "hang", "not attempted"]
@@ -277,7 +277,7 @@ def test_crash_after_a_reported_case_is_not_a_startup_failure(tmp_path: Path) ->
                   hidden=h, dtype="bf16", strategy="oneshot", pdl=False) for h in (256, 512, 768)]
     # No case here hangs, so no timeout decides the outcome: generous ones keep a loaded
     # machine's slow interpreter starts from reading as hangs.
-    out = launcher.run_cases([*cases, *_cases(1)], variant, tmp_path,
+    out = ab_run.run_cases([*cases, *_cases(1)], variant, tmp_path,
                              timeouts=Timeouts(startup=120.0, idle=60.0),
                              worker=[sys.executable, str(script)])
     assert [r.status for r in out] == ["pass", "pass", "pass", "pass"]
@@ -297,7 +297,7 @@ def test_a_rank_that_reports_and_exits_does_not_cut_off_the_others_report(
         '\nprint(encode("DONE"), flush=True)',
         '\n    if rank == 0:\n        sys.exit(3)\nprint(encode("DONE"), flush=True)'))
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
-    out = launcher.run_cases(_cases(1, 2), variant, tmp_path,
+    out = ab_run.run_cases(_cases(1, 2), variant, tmp_path,
                              timeouts=Timeouts(startup=120.0, idle=60.0),
                              worker=[sys.executable, str(script)])
     assert [(r.status, r.failure) for r in out] == [("pass", None), ("pass", None)]
@@ -336,7 +336,7 @@ def test_a_rank_on_another_wire_version_fails_the_cases_naming_the_rank_and_line
     script.write_text(FAKE_RANK.replace('print(encode("RESULT", {',
                                         'print("@@sm120fork/0 RESULT " + json.dumps({'))
     variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp_path)
-    out = launcher.run_cases(_cases(1, 2), variant, tmp_path,
+    out = ab_run.run_cases(_cases(1, 2), variant, tmp_path,
                              timeouts=Timeouts(startup=120.0, idle=60.0),
                              worker=[sys.executable, str(script)])
     assert [r.status for r in out] == ["fail", "fail"]
@@ -352,7 +352,7 @@ def test_sigterm_to_the_launcher_ends_every_rank_with_its_process_group(tmp_path
     parent = textwrap.dedent(f"""\
         import sys
         from pathlib import Path
-        from sm120fork.gpu.ab import launcher
+        from sm120fork.gpu.ab import run as ab_run
         from sm120fork.gpu.core import variants
         from sm120fork.gpu.core.cases import Case
         from sm120fork.gpu.core.variants import Timeouts
@@ -360,7 +360,7 @@ def test_sigterm_to_the_launcher_ends_every_rank_with_its_process_group(tmp_path
         variant = variants.Variant(name="v", wheel=None, sha256=None, site=None, jit_base=tmp)
         case = Case(world_size=2, api="fusion_legacy", pattern="ar_rmsnorm", tokens=1,
                     hidden=256, dtype="bf16", strategy="oneshot", pdl=False)
-        launcher.run_cases([case], variant, tmp, worker=[sys.executable, {str(worker)!r}],
+        ab_run.run_cases([case], variant, tmp, worker=[sys.executable, {str(worker)!r}],
                            timeouts=Timeouts())
         """)
     sigterm_ends_every_child(parent, tmp_path / "marks", children=2)

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu.ab import launcher
 from sm120fork.gpu.ab import run as runs
 from sm120fork.gpu.ab.results import AbRun, CaseResult
 from sm120fork.gpu.cli import main
@@ -55,8 +54,8 @@ def fake_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_here: None) ->
                 for v in installed}
 
     monkeypatch.setattr(variants, "compile_variants", compile_variants)
-    monkeypatch.setattr(launcher, "run_cases", functools.partial(
-        launcher.run_cases, worker=(sys.executable, str(script))))
+    monkeypatch.setattr(runs, "run_cases", functools.partial(
+        runs.run_cases, worker=(sys.executable, str(script))))
     return tmp_path
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sm120fork.gpu.ab import correctness
-from sm120fork.gpu.ab import launcher as ab_launcher
+from sm120fork.gpu.ab import run as ab_run
 from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec
 from sm120fork.gpu.bench import run as bench_run
 from sm120fork.gpu.core import rank
@@ -55,7 +55,7 @@ def test_a_rank_without_a_gpu_says_fatal_and_exits_at_once(tmp_path: Path) -> No
     assert wire.Message("FATAL", "no CUDA device visible to the rank") in lines
 
 
-@pytest.mark.parametrize("run_group", [ab_launcher.run_cases, bench_run.run_group])
+@pytest.mark.parametrize("run_group", [ab_run.run_cases, bench_run.run_group])
 def test_each_harness_starts_its_own_rank_entry_which_serves_the_module_build_too(
         tmp_path: Path, run_group: Any) -> None:
     argv = inspect.signature(run_group).parameters["worker"].default

@@ -53,11 +53,9 @@ def _interp(points: Sequence[tuple[int, float]], size: int) -> float:
     pts = sorted(points)
     if size <= pts[0][0]:
         return pts[0][1]
-    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
-        if size <= x1:
-            return y0 + (y1 - y0) * (size - x0) / (x1 - x0)
-    (x0, y0), (x1, y1) = pts[-2], pts[-1]
-    return y1 + (y1 - y0) * (size - x1) / (x1 - x0)
+    (x0, y0), (x1, y1) = next((pair for pair in itertools.pairwise(pts) if size <= pair[1][0]),
+                              pts[-2:])  # past the last point: the last segment, extended
+    return y0 + (y1 - y0) * (size - x0) / (x1 - x0)
 
 
 def _us(nbytes: float, gbps: float) -> float:
