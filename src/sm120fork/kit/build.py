@@ -112,6 +112,10 @@ class KitOptions:
     #: The stack's upstream PRs' GPU tests (upstream.groups.write_gpu_tests).
     upstream_tests: Path | None = None
 
+    @property
+    def target(self) -> Target:
+        return Target(python=self.python, platforms=self.platforms)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Kit:
@@ -337,32 +341,11 @@ exec "${{PYTHON:-python3}}" "$(dirname "$0")/boot.py" "$@"
 """
 
 
-def _check_options(opts: KitOptions) -> None:
-    unknown = sorted(set(opts.harnesses) - set(boot.VERBS))
-    if unknown:
-        raise ConfigError(f"unknown harness {unknown}", where="--harness",
-                          fix=f"one of {', '.join(boot.VERBS)}")
-    if not re.fullmatch(r"3\.\d+", opts.python):
-        raise ConfigError(f"bad Python version {opts.python!r}", where="--python",
-                          fix="e.g. --python 3.12")
-
-
-def _provided(opts: KitOptions) -> dict[str, str | None]:
-    """``--box-has``, and the box's torch whatever its version (torch==2.11.0+cu130 is no
-    index's); ``--include`` forces a name back in."""
-    provided = _parse_box_has(opts.box_has)
-    provided.update({canonicalize_name(n): None for n in BOX_TORCH})
-    for name in opts.include:
-        provided.pop(canonicalize_name(name), None)
-    return provided
-
-
-def _inputs(opts: KitOptions, stack: ResolvedStack, target: Target
-            ) -> tuple[dict[str, Path], dict[str, Path], boot.KitJson]:
+def _inputs(opts: KitOptions, stack: ResolvedStack) -> tuple[dict[str, Path], dict[str, Path], boot.KitJson]:
     """The stack's wheels {project: wheel}, what the kit carries of the build and upstream
     {path in the kit: file or folder}, and the kit.json keys that name them."""
     manifest = stack.build()
-    wheels = stack_wheels(stack.folder, manifest, target, opts.harnesses)
+    wheels = stack_wheels(stack.folder, manifest, opts.target, opts.harnesses)
     files = {f"stack/{w.name}": w for w in wheels.values()}
     files["stack/manifest.json"] = stack.manifest_path
     keys = boot.KitJson(patched={p: f"stack/{w.name}" for p, w in wheels.items()},
@@ -387,7 +370,7 @@ def _carry_requirements(opts: KitOptions, stack: ResolvedStack, wheels: dict[str
                         ) -> dict[str, list[str]]:
     """Download what the harnesses import that the box may lack; each harness's
     requirements as its entry installs them."""
-    target = Target(python=opts.python, platforms=opts.platforms)
+    target = opts.target
     toolkit = _toolkit_wheel(stack.ws.root, new / "wheels")
     requirements: dict[str, list[str]] = {}
     all_roots: list[Requirement] = [Requirement(n) for n in opts.include]
@@ -414,10 +397,15 @@ def _carry_requirements(opts: KitOptions, stack: ResolvedStack, wheels: dict[str
 
 def make(opts: KitOptions, stack: ResolvedStack) -> Kit:
     """Write the kit for ``stack`` at ``opts.out`` (replaced as a whole)."""
-    _check_options(opts)
-    wheels, carried, keys = _inputs(opts, stack,
-                                    Target(python=opts.python, platforms=opts.platforms))
-    provided = _provided(opts)
+    if not re.fullmatch(r"3\.\d+", opts.python):
+        raise ConfigError(f"bad Python version {opts.python!r}", where="--python",
+                          fix="e.g. --python 3.12")
+    wheels, carried, keys = _inputs(opts, stack)
+    # The box's torch, whatever version --box-has names (torch==2.11.0+cu130 is no index's),
+    # stays behind; --include forces a name back in.
+    provided = _parse_box_has(opts.box_has) | {canonicalize_name(n): None for n in BOX_TORCH}
+    for name in opts.include:
+        provided.pop(canonicalize_name(name), None)
     dest = opts.out.absolute()
     dest.parent.mkdir(parents=True, exist_ok=True)
     parts: list[tuple[Path, int]] = []
@@ -526,23 +514,6 @@ def layout(files: dict[str, int], budget: int) -> list[list[Piece]]:
     return bins
 
 
-def _copy_range(source: Path, dest: Path, offset: int, size: int) -> str:
-    digest = hashlib.sha256()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with source.open("rb") as f, dest.open("wb") as out:
-        f.seek(offset)
-        left = size
-        while left:
-            block = f.read(min(left, 1 << 20))
-            if not block:
-                raise ConfigError(f"{source} shrank while the kit was cut into parts",
-                                  where=str(source))
-            digest.update(block)
-            out.write(block)
-            left -= len(block)
-    return digest.hexdigest()
-
-
 def _index(kit: Path, bins: list[list[Piece]], shas: dict[tuple[str, int], str],
            part: int) -> boot.PartsIndex:
     where = {(p.file, p.index): n for n, pieces in enumerate(bins, 1) for p in pieces}
@@ -566,7 +537,7 @@ def plan(kit: Path, part_size: int) -> list[list[Piece]]:
     files = files_of(kit)
     own = sum((kit / name).stat().st_size for name in OWN_FILES)
     overhead = own + 4096
-    for _ in range(8):
+    while True:
         budget = part_size - overhead
         if budget < 1024:
             raise ConfigError(
@@ -580,7 +551,6 @@ def plan(kit: Path, part_size: int) -> list[list[Piece]]:
         if needed <= overhead:
             return bins
         overhead = needed + 1024
-    raise ConfigError("could not fit the kit's index into its parts", where="--part-size")
 
 
 def write_parts(kit: Path, out: Path, part_size: int) -> list[tuple[Path, int]]:
@@ -590,12 +560,18 @@ def write_parts(kit: Path, out: Path, part_size: int) -> list[tuple[Path, int]]:
     scratch = Path(tempfile.mkdtemp(prefix=scratch_prefix(out.name + "-parts"),
                                     dir=out.parent))
     try:
-        shas = {(p.file, p.index): _copy_range(kit / p.file, scratch / str(n) / p.path,
-                                               p.offset, p.size)
-                for n, pieces in enumerate(bins, 1) for p in pieces}
-        # each whole file's sha256: its one piece's, else hashed again
-        shas |= {(p.file, 0): shas[(p.file, 1)] if p.count == 1 else sha256_file(kit / p.file)
-                 for pieces in bins for p in pieces if p.index == 1}
+        shas: dict[tuple[str, int], str] = {}
+        for n, pieces in enumerate(bins, 1):
+            for p in pieces:  # a piece is at most a part's size: read whole
+                with (kit / p.file).open("rb") as f:
+                    f.seek(p.offset)
+                    data = f.read(p.size)
+                (scratch / str(n) / p.path).parent.mkdir(parents=True, exist_ok=True)
+                (scratch / str(n) / p.path).write_bytes(data)
+                shas[(p.file, p.index)] = hashlib.sha256(data).hexdigest()
+                if p.index == 1:  # the whole file's: its one piece's, else hashed again
+                    shas[(p.file, 0)] = shas[(p.file, 1)] if p.count == 1 else sha256_file(
+                        kit / p.file)
         final = []
         for n in range(1, len(bins) + 1):
             folder = scratch / str(n)
@@ -603,11 +579,7 @@ def write_parts(kit: Path, out: Path, part_size: int) -> list[tuple[Path, int]]:
                 shutil.copy2(kit / name, folder / name)
             index = _index(kit, bins, shas, n).dumps()
             (folder / boot.KIT_FILE).write_text(index, encoding="utf-8")
-            size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-            if size > part_size:  # plan() reserved room for this: a bug if not
-                raise ConfigError(f"part {n} would be {size} bytes, over {part_size}",
-                                  where="--part-size")
-            final.append((out.parent / f"{out.name}.{n}", size))
+            final.append((out.parent / f"{out.name}.{n}", sum(files_of(folder).values())))
         for n, (dest, _) in enumerate(final, 1):
             replace_dir(scratch / str(n), dest)
         for n in itertools.count(len(bins) + 1):  # the higher parts of an older kit

@@ -10,7 +10,6 @@ import os
 import platform
 import re
 import shlex
-import shutil
 import sys
 import tempfile
 import tomllib
@@ -31,6 +30,7 @@ from sm120fork.patch.tree import open_tree
 from sm120fork.resolved import ResolvedStack
 from sm120fork.upstream.template import TestRun, render_body, short_subject
 from sm120fork.util import proc
+from sm120fork.util.files import staged_dir
 from sm120fork.util.git import Git
 from sm120fork.util.hint import command, via_nox
 from sm120fork.workspace import Workspace
@@ -415,31 +415,27 @@ def prepare(today: ResolvedStack, project_key: str | None, name: str, *,
         title = (short_subject(pr.patches[0]) if len(pr.patches) == 1 else
                  pr.name.replace("-", " ").capitalize().replace("Sm12x", "SM12x"))
         folder = out or ws.state_dir / "upstream" / stack.name / project.key / pr.name
-        staging = folder.with_name(folder.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        (staging / "patches").mkdir(parents=True)
-        git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
-            str(staging / "patches"), f"{base}..{commits[-1]}")
         words = fork_words(today)
         machine = [str(ws.root), str(Path.home()), str(tree.path)]
-        _refuse_leaks(staging, words, machine, pr.name, where)
-        runs = _run_pr_tests(ws, project, pr, git, commits[-1]) if run else [
-            TestRun(path=f, outcome="skip", command=unit_command(f),
-                    summary="not run: prepared without its tests") for f in _added_tests(pr.tests)]
-        # The body cites the offline kit's GPU runs where their record is of this PR.
-        cited = [_recorded_run(ws, stack.name, pr, r) if r.outcome == "skip" else r
-                 for r in runs]
-        if run and not even_if_failing:
-            _refuse_untested(ws, staging, cited, project, pr, stack.name)
-        body = render_body(project.normalized_name, patches=list(pr.patches),
-                           tests=list(pr.tests), runs=cited, onto=onto,
-                           release=f"{project.distribution} {project.version}")
-        (staging / "title.txt").write_text(title + "\n", encoding="utf-8")
-        (staging / "body.md").write_text(body, encoding="utf-8")
-        _refuse_leaks(staging, words, machine, pr.name, where)
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
+        with staged_dir(folder, label=pr.name) as staging:
+            git("format-patch", "--quiet", "--zero-commit", "--no-signature", "-o",
+                str(staging / "patches"), f"{base}..{commits[-1]}")
+            _refuse_leaks(staging, words, machine, pr.name, where)
+            runs = _run_pr_tests(ws, project, pr, git, commits[-1]) if run else [
+                TestRun(path=f, outcome="skip", command=unit_command(f),
+                        summary="not run: prepared without its tests")
+                for f in _added_tests(pr.tests)]
+            # The body cites the offline kit's GPU runs where their record is of this PR.
+            cited = [_recorded_run(ws, stack.name, pr, r) if r.outcome == "skip" else r
+                     for r in runs]
+            if run and not even_if_failing:
+                _refuse_untested(ws, cited, project, pr, stack.name)
+            body = render_body(project.normalized_name, patches=list(pr.patches),
+                               tests=list(pr.tests), runs=cited, onto=onto,
+                               release=f"{project.distribution} {project.version}")
+            (staging / "title.txt").write_text(title + "\n", encoding="utf-8")
+            (staging / "body.md").write_text(body, encoding="utf-8")
+            _refuse_leaks(staging, words, machine, pr.name, where)
         commands = push_commands(ws, project, branch, title, onto=onto, tree=tree.path,
                                  body=folder / "body.md")
         files = tuple(sorted(p for p in folder.rglob("*") if p.is_file()))
@@ -482,13 +478,12 @@ def push_commands(ws: Workspace, project: Project, branch: str, title: str, *,
     return commands
 
 
-def _refuse_untested(ws: Workspace, staging: Path, runs: list[TestRun], project: Project,
-                     pr: PlannedPR, stack: str) -> None:
-    """Refuse (and drop) a package whose tests did not all pass."""
+def _refuse_untested(ws: Workspace, runs: list[TestRun], project: Project, pr: PlannedPR,
+                     stack: str) -> None:
+    """Refuse a package whose tests did not all pass."""
     bad = [r for r in runs if not r.passed]
     if not bad:
         return
-    shutil.rmtree(staging)
     again = command("upstream-pr", stack, "--pr", pr.name)
     fixes = [f"to write it anyway, its body saying so: `{again} --even-if-failing`"]
     lacking = unmet(pr_requirements(ws, project, pr)) if any(
@@ -574,12 +569,10 @@ def _recorded_run(ws: Workspace, stack: str, pr: PlannedPR, run: TestRun) -> Tes
 
 def _refuse_leaks(staging: Path, words: list[str], machine: list[str], pr: str,
                   where: str) -> None:
-    """Refuse (and drop) a package that names the fork, a stack, a patch id or this
-    machine."""
+    """Refuse a package that names the fork, a stack, a patch id or this machine."""
     found = leaks(staging, words, paths=machine)
     if not found:
         return
-    shutil.rmtree(staging)
     raise MaintenanceError(
         f"PR {pr} would carry the fork's own words or this machine's paths: "
         + "; ".join(found[:12]) + (f"; and {len(found) - 12} more" if len(found) > 12
