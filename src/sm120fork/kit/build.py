@@ -341,7 +341,8 @@ exec "${{PYTHON:-python3}}" "$(dirname "$0")/boot.py" "$@"
 """
 
 
-def _inputs(opts: KitOptions, stack: ResolvedStack) -> tuple[dict[str, Path], dict[str, Path], boot.KitJson]:
+def _inputs(opts: KitOptions, stack: ResolvedStack
+            ) -> tuple[dict[str, Path], dict[str, Path], boot.KitJson]:
     """The stack's wheels {project: wheel}, what the kit carries of the build and upstream
     {path in the kit: file or folder}, and the kit.json keys that name them."""
     manifest = stack.build()
