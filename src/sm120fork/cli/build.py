@@ -34,17 +34,14 @@ from sm120fork.workspace import Workspace
 
 def _download_progress(console: Console) -> Callable[[str], Callable[[int, int | None], None]]:
     def factory(label: str) -> Callable[[int, int | None], None]:
-        shown: list[tuple[Progress, TaskID]] = []  # the bar, once the download started
+        bar = Progress(TextColumn(f"downloading {label}"), BarColumn(), DownloadColumn(),
+                       TransferSpeedColumn(), console=console, transient=True)
+        task = bar.add_task(label, total=None)
 
         def update(done: int, total: int | None) -> None:
-            if not shown:
-                bar = Progress(TextColumn(f"downloading {label}"), BarColumn(),
-                               DownloadColumn(), TransferSpeedColumn(),
-                               console=console, transient=True)
+            if not bar.live.is_started:  # shown once the download started
                 bar.start()
-                shown.append((bar, bar.add_task(label, total=total)))
-            bar, task = shown[0]
-            bar.update(task, completed=done)
+            bar.update(task, completed=done, total=total)
             if total is not None and done >= total:
                 bar.stop()
         return update

@@ -265,14 +265,7 @@ def run_refresh(args: argparse.Namespace, ws: Workspace, console: Console) -> in
 
 
 def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.upstream.groups import (
-        find_pr,
-        newer_stacks_with_prs,
-        plan_of,
-        pr_requirements,
-        prepare,
-        why_none,
-    )
+    from sm120fork.upstream.groups import find_pr, plan_of, pr_requirements, prepare, why_none
 
     today = ResolvedStack.named(ws, args.stack)
     if args.requirements:
@@ -282,28 +275,20 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
         return 0
 
     if not args.pr:
-        stack = today.stack
-        projects = [stack.project(args.project)] if args.project else list(stack.projects)
-        count = 0
-        none: list[str] = []
-        for project in projects:
-            plan = plan_of(today, project)
-            count += len(plan.prs)
-            if not plan.prs:
-                elsewhere = newer_stacks_with_prs(today, project)
-                none.append(f"  no PR from {project.key}: {why_none(plan)}" + (
-                    f"; its upstream PRs are made from stack {', '.join(elsewhere)} (a newer "
-                    f"{project.distribution}): `{command('upstream-pr', elsewhere[0])}`"
-                    if elsewhere else ""))
+        projects = [today.stack.project(args.project)] if args.project else today.stack.projects
+        plans = [(project, plan_of(today, project)) for project in projects]
+        for project, plan in plans:
             empty = [] if plan.prs or plan.not_proposed else ["its series is empty"]
             say(console, *(f"PR {pr.name} ({project.key}): "
                            f"{', '.join(p.name for p in pr.patches)}; " + (
                                f"tests: {', '.join(t.name for t in pr.tests)}" if pr.tests
                                else "no upstream-form test") for pr in plan.prs),
                 *(f"in no PR ({project.key}): {line}" for line in [*plan.not_proposed, *empty]))
+        count = sum(len(plan.prs) for _, plan in plans)
         say(console, f"{args.stack}: {count} upstream PR(s)"
             + (f"; prepare one: {command('upstream-pr', args.stack, '--pr', '<name>')}"
-               if count else ""), *none)
+               if count else ""), *(f"  {why_none(today, project, plan)}"
+                                    for project, plan in plans if not plan.prs))
         return 0
     done = prepare(today, args.project, args.pr, onto=args.onto, repo=args.repo,
                    out=args.out, run=not args.no_tests, write=args.write,

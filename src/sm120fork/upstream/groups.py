@@ -124,16 +124,13 @@ def plan_of(today: ResolvedStack, project: Project) -> Plan:
         for n, ps in groups.items()))
 
 
-def why_none(plan: Plan) -> str:
-    """How many patches go in no PR, per reason (``3 fork only, ...``)."""
+def why_none(today: ResolvedStack, project: Project, plan: Plan) -> str:
+    """Why ``project`` has no PR: how many patches go in none, per reason (``3 fork only,
+    ...``), and the other stacks with PRs for a newer release of it."""
     whys = (line.split(": ", 1)[1] for line in plan.not_proposed)
     counts = Counter(w if w.startswith("not grouped") else w.split(" (", 1)[0] for w in whys)
-    return ", ".join(f"{n} {why}" for why, n in counts.items()) or "its series is empty"
-
-
-def newer_stacks_with_prs(today: ResolvedStack, project: Project) -> list[str]:
-    """The other stacks with upstream PRs for a newer release of ``project``."""
-    found, ws = [], today.ws
+    said = ", ".join(f"{n} {why}" for why, n in counts.items()) or "its series is empty"
+    elsewhere, ws = [], today.ws
     for other in ws.stacks().values():
         for theirs in other.projects if other.name != today.name else ():
             try:
@@ -142,8 +139,11 @@ def newer_stacks_with_prs(today: ResolvedStack, project: Project) -> list[str]:
             except InvalidVersion:
                 continue
             if newer and plan_of(ResolvedStack.of(ws, other), theirs).prs:
-                found.append(other.name)
-    return found
+                elsewhere.append(other.name)
+    if elsewhere:
+        said += (f"; its upstream PRs are made from stack {', '.join(elsewhere)} (a newer "
+                 f"{project.distribution}): `{command('upstream-pr', elsewhere[0])}`")
+    return f"no PR from {project.key}: {said}"
 
 
 def fork_words(today: ResolvedStack) -> list[str]:
