@@ -126,3 +126,48 @@ def test_a_replay_that_writes_nothing_fails_its_check_and_is_not_timed(
     assert stages == [("eager", "residual", True), ("eager", "norm", True),
                       ("graph replay", "residual", False), ("graph replay", "norm", False)]
     assert "NaN/Inf" in points[0]["reason"]
+
+
+def test_a_fused_adapter_calls_the_unified_api_else_the_legacy_one_with_its_strategy() -> None:
+    """The adapters' FlashInfer calls, with FlashInfer a fake that records them."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    class _Fc:
+        def allreduce_fusion(self, **kw: Any) -> None:
+            calls.append(("unified", kw))
+
+        def trtllm_allreduce_fusion(self, **kw: Any) -> None:
+            calls.append(("legacy", kw))
+
+    class _FusedRank(_Rank):
+        fc = _Fc()
+        unified = True
+
+        def workspace(self, api: str) -> Any:
+            if api == "fusion_unified" and not self.unified:
+                raise RuntimeError("no unified workspace here")
+            return {"tensor": "ptrs", "metadata": "meta"}
+
+    bufs = [tuple(torch.zeros(4, 8) for _ in range(4))]
+    for unified, name, oneshot in ((True, "fused_oneshot", True), (False, "fused_auto", None)):
+        rk = _FusedRank()
+        rk.unified = unified
+        adapter = timing.FACTORIES[name](rk)  # type: ignore[arg-type]
+        assert adapter.unavailable() is None
+        adapter.bind(bufs, torch.ones(8), timing.Point(4, 8))  # type: ignore[arg-type]
+        adapter.op(0)()
+        api, kw = calls[-1]
+        assert (api, kw["use_oneshot"], kw["launch_with_pdl"]) == (
+            "unified" if unified else "legacy", oneshot, True)
+        assert kw["norm_out"].numel() == 32
+    assert calls[-1][1]["token_num"] == 4
+    assert calls[-1][1]["workspace_ptrs"] == "ptrs"
+    assert timing.FACTORIES["fused_twoshot"](_Rank()).unsupported(  # type: ignore[arg-type]
+        timing.Point(2, 8)) is not None
+
+
+def test_a_custom_all_reduce_whose_module_does_not_import_is_not_runnable() -> None:
+    adapter = timing.FACTORIES["custom_sglang_rmsnorm"](_Rank())  # type: ignore[arg-type]
+    reason = adapter.unavailable()
+    assert reason is not None
+    assert "sgl_kernel" in reason

@@ -92,10 +92,9 @@ class TestRun:
 
     def error(self) -> VerifyError | None:
         nothing = [n for n, t in self.tallies.items() if not t.ran]
-        failed = [r for r in self.doc.results[self.doc.primary]
-                  if r.status == "fail" and not r.never_ran]
+        failed = self.tallies[self.doc.primary].failed
         for wrong, message in (
-                (failed, f"{len(failed)} cases fail with {self.doc.primary}"),
+                (failed, f"{failed} cases fail with {self.doc.primary}"),
                 (self.not_run and not self.doc.time_budget, f"unfinished: {self.not_run} planned "
                  "case runs never ran (a module did not build)"),
                 (nothing, f"no case ran for {', '.join(nothing)}: every case was skipped or "

@@ -50,11 +50,9 @@ def method_rows(doc: BenchDoc) -> list[tuple[str, str, str]]:
             per[name]
             continue
         per[name][status] += 1
-        if status != "timed" and rec.get("reason"):
-            where = (f" (t={rec['tokens']} h={rec['hidden']})" if rec["kind"] == "point"
-                     else "")
-            if len(reasons[name]) < 3:
-                reasons[name].append(f"{status}{where}: {rec['reason']}")
+        if status != "timed" and rec.get("reason") and len(reasons[name]) < 3:
+            where = f" (t={rec['tokens']} h={rec['hidden']})" if rec["kind"] == "point" else ""
+            reasons[name].append(f"{status}{where}: {rec['reason']}")
     rows = []
     for name in [m for m in METHODS if m in per] + sorted(set(per) - set(METHODS)):
         counts = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in sorted(per[name].items()))

@@ -63,8 +63,7 @@ def group_envs(names: Iterable[str]) -> dict[tuple[tuple[str, str], ...], list[s
     """Methods grouped by the environment their rank group needs (one group each)."""
     groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
     for name in names:
-        key = tuple(sorted(methods_mod.METHODS[name].env.items()))
-        groups.setdefault(key, []).append(name)
+        groups.setdefault(tuple(sorted(methods_mod.METHODS[name].env.items())), []).append(name)
     return groups
 
 
