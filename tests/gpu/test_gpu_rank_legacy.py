@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sm120fork.gpu.core import rank
+from sm120fork.gpu.core import worker as rank
 
 
 def test_legacy_workspace_sizes_are_flashinfers_own_formula_rounded_to_2_mib() -> None:

@@ -19,7 +19,7 @@ from sm120fork.gpu.ab import correctness
 from sm120fork.gpu.ab import run as ab_run
 from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec
 from sm120fork.gpu.bench import run as bench_run
-from sm120fork.gpu.core import rank
+from sm120fork.gpu.core import worker as rank
 from sm120fork.gpu.core.cases import Case, quick_matrix
 from sm120fork.gpu.core.safety import MULTICAST_OFF_ENV
 from sm120fork.util import typed, wire

@@ -20,16 +20,6 @@ from sm120fork.gpu.core.cases import (
     Case,
     skip_reason,
 )
-from sm120fork.gpu.core.rank import (
-    EXIT_CUDA_ERROR,
-    Rank,
-    capture_graph,
-    cuda_broken,
-    hard_exit,
-    legacy_custom_all_reduce,
-    say,
-    stage,
-)
 from sm120fork.gpu.core.reference import (
     FP4_BLOCK,
     RMS_EPS,
@@ -42,6 +32,16 @@ from sm120fork.gpu.core.reference import (
     fp4_global_scale,
     fp8_scale,
     generate,
+)
+from sm120fork.gpu.core.worker import (
+    EXIT_CUDA_ERROR,
+    Rank,
+    capture_graph,
+    cuda_broken,
+    hard_exit,
+    legacy_custom_all_reduce,
+    say,
+    stage,
 )
 from sm120fork.util import typed
 

@@ -67,7 +67,7 @@ class CaseResult:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GroupSpec:
-    """One group of A/B ranks' spec file (:class:`~sm120fork.gpu.core.rank.Rank` reads it too)."""
+    """One group of A/B ranks' spec file (:class:`~sm120fork.gpu.core.worker.Rank` reads it too)."""
 
     world_size: int
     store: str

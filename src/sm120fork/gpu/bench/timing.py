@@ -24,8 +24,8 @@ import torch.distributed as dist
 from sm120fork.gpu.core import worker
 from sm120fork.gpu.core.cases import NCCL_SHARED, BenchPlan, Case
 from sm120fork.gpu.core.documents import BenchRecord, CheckVerdict
-from sm120fork.gpu.core.rank import Rank, capture_graph, cuda_broken, say
 from sm120fork.gpu.core.reference import RMS_EPS, TORCH_DTYPES, compare, expected, generate
+from sm120fork.gpu.core.worker import Rank, capture_graph, cuda_broken, say
 from sm120fork.gpu.methods import ERROR, FAILED_CHECK, METHODS, NOT_RUNNABLE, STARTING, TIMED
 from sm120fork.util import typed
 
