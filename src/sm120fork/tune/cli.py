@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 from sm120fork import record
 from sm120fork.errors import EXIT_INTERRUPTED, VerifyError
 from sm120fork.gpu.cli import resolved_stack, sizes
-from sm120fork.gpu.core import runs
+from sm120fork.gpu.core import records, runs, safety
 from sm120fork.tune.run import Box, TuneOptions, WorldBench, tune
+from sm120fork.util import hint, proc
 
 if TYPE_CHECKING:
     from sm120fork.resolved import ResolvedStack
@@ -72,8 +73,6 @@ def _bench(args: argparse.Namespace, command: str, stack: ResolvedStack | None
 def _tested(args: argparse.Namespace, stack: ResolvedStack | None) -> record.Tested | None:
     """What the benched build was made from: ``tested.json`` beside a given wheel (the
     kit's stack/), else the stack's build in this checkout."""
-    from sm120fork.gpu.core import records
-
     if stack is not None:
         return stack.tested()
     return records.tested_beside(runs.parse_variant_specs(args.wheel_dir).get("patched"))
@@ -87,18 +86,15 @@ def _ask(question: str) -> bool:
 
 def ready() -> None:
     """This Python's torch sees a GPU (the bench's own preflight), before anything runs."""
-    from sm120fork.gpu.core import safety as preflight
-
-    preflight.require_gpu()
+    safety.require_gpu()
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from sm120fork.doctor.probe import collect
-    from sm120fork.util import hint, proc
 
     ready()
     # As typed (the offline kit's entry names itself, without this box's paths).
-    command = os.environ.get("SM120FORK_COMMAND") or hint.command("tune", *argv)
+    command = os.environ.get(safety.COMMAND_ENV) or hint.command("tune", *argv)
     # the stack whose build is benched, resolved once (None: --wheel-dir gives the build)
     stack = None if args.wheel_dir else resolved_stack(args.stack)
     done = tune(TuneOptions(stack=args.stack, command=command.strip(), reports=args.reports,
