@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from sm120fork import record
 from sm120fork.errors import EXIT_INTERRUPTED, VerifyError
+from sm120fork.gpu.bench import run as bench_run
 from sm120fork.gpu.cli import resolved_stack, sizes
 from sm120fork.gpu.core import records, runs, safety
 from sm120fork.tune.run import Box, TuneOptions, WorldBench, tune
@@ -49,8 +50,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def _bench(args: argparse.Namespace, command: str, stack: ResolvedStack | None
            ) -> Callable[[int, float | None], WorldBench]:
-    from sm120fork.gpu.bench import run as bench_run
-
     def bench(tp: int, left: float | None) -> WorldBench:
         out = args.work_dir / "tune" / f"tp{tp}"
         bench_run.run_bench(bench_run.BenchOptions(

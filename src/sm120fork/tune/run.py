@@ -19,6 +19,7 @@ from typing import Any
 
 from sm120fork import __version__, record
 from sm120fork.doctor.facts import Facts, parse_facts
+from sm120fork.doctor.rules import judge
 from sm120fork.errors import ToolkitError, UsageError
 from sm120fork.gpu import methods, policy
 from sm120fork.gpu.core import records
@@ -121,8 +122,6 @@ class Tuned:
 def doctor_sizes(facts: Facts, asked: Sequence[int] | None
                  ) -> tuple[list[int], dict[int, str], list[str]]:
     """(TP sizes to measure, sizes left out with the doctor's reason, the doctor's lines)."""
-    from sm120fork.doctor.rules import judge
-
     report = judge(facts, tp=list(asked or ()))
     verdicts = report.sections.get("tp") or []
     lines = report.text_of("tp")

@@ -16,7 +16,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from packaging.tags import Tag
+from packaging.tags import Tag, sys_tags
 from packaging.utils import parse_wheel_filename
 
 from sm120fork import manifest as manifest_file
@@ -120,8 +120,6 @@ def _unpack(wheel: Path, dest: Path, sha256: str) -> Path:
 def layer_trees(folder: Path, work_dir: Path) -> LayerTrees:
     """The SGLang and FlashInfer wheels of a stack's build (wheels/<stack>/, or a kit's
     stack/) for this interpreter, unpacked under ``work_dir``."""
-    from packaging.tags import sys_tags
-
     path = folder / manifest_file.FILE  # none there: no build, refused naming it
     manifest = manifest_file.read(path, fix=command("build", "--stack", folder.name))
     stack = manifest.stack
