@@ -157,6 +157,7 @@ class AbTable:
             for rec in records:
                 self.rows[rec.key][variant] = rec
         self.order = list(self.rows)
+        self.cases = {r.key: r.case for recs in doc.results.values() for r in recs if r.case}
         self.cls = {k: classify({v: r.status for v, r in self.rows[k].items()},
                                 self.primary, self.baseline) for k in self.order}
 
@@ -166,13 +167,10 @@ class AbTable:
             "not run" if any(r.never_ran for r in self.rows[k].values()) else self.cls[k]
             for k in self.order).items()))
 
-    def case(self, key: str) -> Case:
-        return next(r.case for r in self.rows[key].values() if r.case is not None)
-
     def summary(self) -> list[str]:
         groups: dict[tuple[int, str], list[str]] = defaultdict(list)
         for key in self.order:
-            groups[(self.case(key).world_size, self.case(key).api)].append(key)
+            groups[(self.cases[key].world_size, self.cases[key].api)].append(key)
         header = ["api", "world size"] + [f"{v} pass/fail/skip" for v in self.variants]
         ab = ("fixed", "regressed", "pass both", "fail both") if self.baseline else ()
         rows = []
@@ -207,7 +205,7 @@ class AbTable:
         return [*lines, *_md_table(hdr, body), ""]
 
     def details(self) -> list[str]:
-        lamport = [k for k in self.order if self.case(k).api == "custom_lamport"]
+        lamport = [k for k in self.order if self.cases[k].api == "custom_lamport"]
         lines = self.detail(
             "Legacy custom all-reduce (lamport path at <= 16 tokens)", lamport,
             "trtllm_custom_all_reduce, RESIDUAL_RMS_NORM, ONESHOT. Tokens <= 16 take the "

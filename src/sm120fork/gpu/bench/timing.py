@@ -495,18 +495,10 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
           emit: Callable[[BenchRecord], None],
           gather: Callable[[Any], list[Any]] = lambda x: [x],
           is_fatal: Callable[[BaseException], bool] = lambda _exc: False) -> None:
-    """Check, then time, every runnable method at every point; report the others.
-
-    Method by method, each set up just before its points: a method that kills the ranks
-    (a CUDA error poisons the context) leaves the methods before it measured, and its
-    ``kind: method`` record with status ``starting`` tells the launcher which one to skip
-    when it resumes.
-
-    ``gather`` collects one value from every rank (identity on one rank), so that every
-    rank takes the same branch: a method is checked only where every rank can run it,
-    and timed only where every rank's check passed.  ``is_fatal`` says which errors
-    poisoned the process (they propagate).
-    """
+    """Check, then time, every runnable method at every point; report the others.  Method
+    by method: the ``starting`` record of one that kills the ranks tells the launcher which
+    to skip when it resumes.  ``gather`` (one value from every rank) makes every rank take
+    the same branch; ``is_fatal`` errors (a poisoned CUDA context) propagate."""
     def attempt(call: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
         """``call(*args)``, or None and the error it raised (a fatal one propagates)."""
         try:
