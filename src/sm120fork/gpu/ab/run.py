@@ -365,12 +365,11 @@ def test_record(doc: AbRun, tested: record.Tested | None) -> record.Record | Non
     manifest = built_manifest(doc.environment)
     if manifest is None or not manifest.stack:
         return None
-    primary, baseline = doc.primary, doc.baseline
     table = AbTable(doc)
     project_of = {w.wheel: w.project for w in manifest.wheels}
 
     def label(name: str) -> str:
-        return "upstream" if name == baseline else name
+        return "upstream" if name == doc.baseline else name
 
     wheels = [record.TestedWheel(variant=label(name), project=project_of.get(file, "flashinfer"),
                                  file=file, sha256=sha256)
@@ -383,10 +382,9 @@ def test_record(doc: AbRun, tested: record.Tested | None) -> record.Record | Non
         cases += [record.Case(
             id=key, variant=label(name), detail=_detail(rec),
             outcome=rec.status if rec.status in ("pass", "fail", "skip") else "error",
-            against=against if name == primary else None)
+            against=against if name == doc.primary else None)
             for name, rec in table.rows[key].items()
             if not rec.never_ran]  # never ran: the record is unfinished
-    planned = sum(len(recs) for recs in doc.results.values())
     built = [n for n, v in doc.variants.items() if not v.get("compiled", True)]
     notes = [f"the module build of {', '.join(built)} failed: its cases never ran"] if built \
         else []
@@ -395,8 +393,8 @@ def test_record(doc: AbRun, tested: record.Tested | None) -> record.Record | Non
     return record.make(
         kind="gpu-test", stack=manifest.stack, command=doc.command, created=doc.created,
         toolkit=__version__, machine=records.machine_of(doc.environment, doc.shared),
-        tested=records.tested_block(wheels, tested),
-        planned=planned, cases=tuple(cases), not_run=doc.not_run, notes=tuple(notes))
+        tested=records.tested_block(wheels, tested), cases=tuple(cases), notes=tuple(notes),
+        planned=sum(len(recs) for recs in doc.results.values()), not_run=doc.not_run)
 
 
 def rerender(test: Path, out: Path) -> list[Path]:

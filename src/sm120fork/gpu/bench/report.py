@@ -201,16 +201,13 @@ def render_bench_plot(doc: BenchDoc, path: Path) -> None:
                 ax.axhline(fl[name], linestyle=style, color="gray",
                            label=f"floor: {name} {fl[name]:.1f} us")
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("tokens")
-        ax.set_ylabel("latency per op (us)")
-        ax.set_title(f"hidden {hidden}, ws {doc.get('world_size')}"
-                     + (f"\n{SHARED_LABEL}" if doc.get("shared") else ""))
+        ax.set(yscale="log", xlabel="tokens", ylabel="latency per op (us)",
+               title=f"hidden {hidden}, ws {doc.get('world_size')}"
+               + (f"\n{SHARED_LABEL}" if doc.get("shared") else ""))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(doc.get("title", "fused all-reduce"))
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
