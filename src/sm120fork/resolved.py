@@ -80,10 +80,9 @@ class ResolvedStack:
     @property
     def manifest(self) -> str:
         """Where the manifest is, as a report shows it (relative to the checkout)."""
-        try:
-            return self.manifest_path.relative_to(self.ws.root).as_posix()
-        except ValueError:
-            return self.manifest_path.name
+        path = self.manifest_path
+        return path.relative_to(self.ws.root).as_posix() if path.is_relative_to(self.ws.root) \
+            else path.name
 
     @cached_property
     def wheels(self) -> Mapping[str, tuple[frozenset[str], str | None]] | None:
@@ -109,9 +108,8 @@ class ResolvedStack:
         cannot be computed here (no git): the run goes on, and its record names the wheels
         and trees only (a verify then calls it stale)."""
         manifest = self.build()
-        series = self.series
         try:
-            ids = {k: s.patch_ids for k, s in series.items()}
+            ids = {k: s.patch_ids for k, s in self.series.items()}
         except (ToolkitError, OSError) as exc:
             log.warning("the record will name no patch ids: %s", exc)
             ids = {}

@@ -34,7 +34,7 @@ from unearth import Link, PackageFinder
 from unearth.auth import MultiDomainBasicAuth
 from unearth.fetchers import Fetcher, PyPIClient
 
-from sm120fork.declare import Project, SdistPin, WheelPin
+from sm120fork.declare import FilePin, Project, WheelPin
 from sm120fork.errors import ChecksumError, SourceError
 from sm120fork.util import proc
 from sm120fork.util.files import scratch_prefix, sha256_file
@@ -240,14 +240,14 @@ def find_wheels(project: Project, version: Version) -> tuple[WheelPin, ...]:
     return tuple(sorted(found, key=lambda f: f.filename))
 
 
-def resolve_file_url(project: Project, filename: str, sha256: str, url: str = "") -> str:
-    if url:
-        return url
+def resolve_file_url(project: Project, pin: FilePin) -> str:
+    if pin.url:
+        return pin.url
     page = project_page(project)
-    for f in (f for f in page.files if f.filename == filename):
-        if f.sha256 and f.sha256 != sha256:
+    for f in (f for f in page.files if f.filename == pin.filename):
+        if f.sha256 and f.sha256 != pin.sha256:
             raise ChecksumError(
-                f"the index lists sha256 {f.sha256} for {filename}, the pin says {sha256}",
+                f"the index lists sha256 {f.sha256} for {f.filename}, the pin says {pin.sha256}",
                 where=f"project {project.key}",
                 fix="re-check the pin; never trust a changed upstream file")
         if f.yanked:  # an exact pin still installs a yanked file (PEP 592)
@@ -255,22 +255,21 @@ def resolve_file_url(project: Project, filename: str, sha256: str, url: str = ""
                         f.filename, f": {f.yanked}" if isinstance(f.yanked, str) else "")
         return f.url
     raise SourceError(
-        f"{filename} is not on the package index (unknown version {project.version}?)",
+        f"{pin.filename} is not on the package index (unknown version {project.version}?)",
         where=f"project {project.key}", fix=f"recent sdists there: {page.recent(project)}")
 
 
-def download_pinned(project: Project, pin: SdistPin | WheelPin, cache_dir: Path,
+def download_pinned(project: Project, pin: FilePin, cache_dir: Path,
                     progress: Progress | None = None) -> Path:
     """Return the cached file of ``pin``, downloading it when needed; always sha256-checked."""
-    filename, sha256 = pin.filename, pin.sha256
     cache_dir.mkdir(parents=True, exist_ok=True)
-    target = cache_dir / filename
+    target = cache_dir / pin.filename
     if target.is_file():
-        if sha256_file(target) == sha256:
+        if sha256_file(target) == pin.sha256:
             return target
         # Kept until a matching download replaces it: the pin may be what is wrong.
         log.warning("cached %s does not match its pin; downloading again", target.name)
-    url = resolve_file_url(project, filename, sha256, pin.url)
+    url = resolve_file_url(project, pin)
     log.info("downloading %s", url)
     fd, tmp_name = tempfile.mkstemp(prefix=scratch_prefix(target.name), suffix=".part",
                                     dir=cache_dir)
@@ -281,9 +280,9 @@ def download_pinned(project: Project, pin: SdistPin | WheelPin, cache_dir: Path,
                 got = download(url, out, progress)
         except OSError as exc:
             raise SourceError(f"download failed: {exc}", where=url) from exc
-        if got != sha256:
+        if got != pin.sha256:
             raise ChecksumError(
-                f"sha256 mismatch for {filename}: got {got}, pinned {sha256}",
+                f"sha256 mismatch for {pin.filename}: got {got}, pinned {pin.sha256}",
                 where=url, fix="the download is corrupt or upstream changed; do not extract it")
         os.replace(tmp, target)
     finally:

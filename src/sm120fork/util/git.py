@@ -90,14 +90,10 @@ class RunnerGit(gitpython.Git):
             child = proc.spawn(argv, cwd=cwd, env=full_env,
                                stdin=istream if istream is not None else subprocess.DEVNULL)
             return self.AutoInterrupt(child, argv)
-        stdin: IO[bytes] | int | None = None
-        data: bytes | None = None
-        if isinstance(istream, io.BytesIO):
-            data = istream.read()
-        elif istream is not None:
-            stdin = istream
+        data = istream.read() if isinstance(istream, io.BytesIO) else None
         try:
-            done = proc.capture(argv, cwd=cwd, env=full_env, stdin=stdin, input=data,
+            done = proc.capture(argv, cwd=cwd, env=full_env, input=data,
+                                stdin=None if data is not None else istream,
                                 timeout=kill_after_timeout)
         except CommandError as exc:  # git missing, timed out, or the run being interrupted
             raise CommandError(f"git {_subcommand(argv)} could not run: {exc.what}",
@@ -107,15 +103,13 @@ class RunnerGit(gitpython.Git):
         if done.returncode != 0 and with_exceptions:
             raise GitError(argv, done.returncode, err, out.decode("utf-8", "replace"),
                            where=str(cwd) if cwd else None)
-        value: str | bytes | IO[bytes]
+        value: str | bytes | IO[bytes] = out.removesuffix(b"\n") if strip_newline_in_stdout \
+            else out
         if output_stream is not None:
             output_stream.write(out)
             value = output_stream
-        else:
-            if strip_newline_in_stdout:
-                out = out.removesuffix(b"\n")
-            text = stdout_as_string or universal_newlines
-            value = out.decode("utf-8", "replace") if text else out
+        elif stdout_as_string or universal_newlines:
+            value = out.decode("utf-8", "replace")
         if with_extended_output:
             return (done.returncode, value, err)
         return value
