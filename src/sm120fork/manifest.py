@@ -6,6 +6,7 @@ library and the toolkit's errors only: the GPU box reads it without the build's 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,6 @@ class Manifest:
 def read(path: Path, *, fix: str | None = None) -> Manifest:
     """The manifest at ``path`` (a file, or the folder holding it); ConfigError naming the
     file when it is missing or not a manifest."""
-    import json
-
     if path.is_dir() or path.name != FILE:
         path = path / FILE
     try:

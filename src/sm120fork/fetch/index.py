@@ -71,18 +71,6 @@ def _read_pip_config(_environment: tuple[tuple[str, str], ...]) -> dict[str, str
     return {name: value for _, name, value in sorted(ranked)}
 
 
-def _ssl_context(config: dict[str, str]) -> ssl.SSLContext:
-    try:
-        context = ssl.create_default_context(cafile=config.get("cert") or None)
-        if config.get("client-cert"):
-            context.load_cert_chain(config["client-cert"])
-    except (OSError, ssl.SSLError) as exc:
-        raise SourceError(f"pip's certificates cannot be loaded (cert {config.get('cert')!r}, "
-                          f"client-cert {config.get('client-cert')!r}): {exc}",
-                          fix=_PIP_FIX) from exc
-    return context
-
-
 def _sources(config: dict[str, str]) -> tuple[list[str], list[str]]:
     if override := os.environ.get("SM120FORK_INDEX_URL", "").strip():  # tests, one-off runs
         return [override], []
@@ -99,9 +87,17 @@ def _sources(config: dict[str, str]) -> tuple[list[str], list[str]]:
 def _transports(config: dict[str, str]) -> dict[str, httpx2.BaseTransport]:
     """Mounted (a client's own transport would turn the proxy variables off); a trusted
     host unverified."""
+    try:
+        context = ssl.create_default_context(cafile=config.get("cert") or None)
+        if config.get("client-cert"):
+            context.load_cert_chain(config["client-cert"])
+    except (OSError, ssl.SSLError) as exc:
+        raise SourceError(f"pip's certificates cannot be loaded (cert {config.get('cert')!r}, "
+                          f"client-cert {config.get('client-cert')!r}): {exc}",
+                          fix=_PIP_FIX) from exc
     proxy, retries = config.get("proxy") or None, int(config.get("retries") or 5)
     mounts: dict[str, httpx2.BaseTransport] = {"all://": httpx2.HTTPTransport(
-        verify=_ssl_context(config), proxy=proxy, retries=retries)}
+        verify=context, proxy=proxy, retries=retries)}
     for host, scheme in itertools.product(config.get("trusted-host", "").split(),
                                           ("http", "https")):
         via = proxy or (None if urllib.request.proxy_bypass(host)

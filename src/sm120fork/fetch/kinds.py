@@ -1,10 +1,7 @@
 """The source kinds, as the one registry (one class per kind, one interface): no other
-module branches on a kind's name (CONTRIBUTING.md, "Source kinds"); and how each makes
-the unpatched fork tree: an sdist (sha256-checked, extracted under the package root), only
-the pinned git commit (refusing any other HEAD), or the first declared wheel's sources (no
-``.dist-info``, no compiled files, as upstream's repository). Each is a git repository whose
-first commit (tagged ``upstream``) is unpatched upstream, laid out like the upstream
-repository."""
+module branches on a kind's name (CONTRIBUTING.md, "Source kinds").  Each makes the fork
+tree as a git repository whose first commit (tagged ``upstream``) is the pinned upstream,
+laid out like the upstream repository (a wheel's: no ``.dist-info``, no compiled files)."""
 
 from __future__ import annotations
 
