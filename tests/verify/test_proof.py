@@ -431,7 +431,7 @@ def fake_tree(base: Path, *, majors: list[int], limit: int, query: bool = False)
 
 def probe_tools() -> Tools:
     return Tools(python=Path(sys.executable), nvcc=Path(NVCC or "nvcc"),
-                    nvcc_version="test", cuobjdump=None, nvdisasm=None, cxxfilt=None)
+                    nvcc_version="test", cuobjdump=None, nvdisasm=None)
 
 
 def test_gate_probe_records_refusal_verbatim(tmp_path: Path) -> None:
@@ -567,7 +567,7 @@ def test_missing_tools_fail_on_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     from sm120fork.cuda.tools import require_tools_in_ci
 
     tools = Tools(python=Path(sys.executable), nvcc=Path("nvcc"), nvcc_version="x",
-                  cuobjdump=None, nvdisasm=None, cxxfilt=None)
+                  cuobjdump=None, nvdisasm=None)
     monkeypatch.setenv("CI", "true")
     with pytest.raises(VerifyError, match="CI=true"):
         require_tools_in_ci(tools)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -277,9 +276,7 @@ def embedded_code(so: Path) -> list[TargetCode]:
             target = match.group(1) if match else name
             kernels.setdefault(target, {}).update(cubin.kernel_sizes(Path(tmp) / name))
             cubins.setdefault(target, []).append(name)
-    cxxfilt = shutil.which("c++filt")
-    demangled = demangle(sorted({k for sizes in kernels.values() for k in sizes}),
-                         Path(cxxfilt) if cxxfilt else None)
+    demangled = demangle(sorted({k for sizes in kernels.values() for k in sizes}))
     return [TargetCode(target=target, cubin=", ".join(cubins[target]), kernels=sizes,
                        families={k: cubin.kernel_family(demangled[k]) for k in sizes})
             for target, sizes in kernels.items()]

@@ -12,6 +12,7 @@ import struct
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from sm120fork.cuda.arch import gencode_flag
 from sm120fork.cuda.tools import Tools
@@ -34,8 +35,7 @@ _SHT_SYMTAB = 2
 _SHN_UNDEF = 0
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ElfSection:
+class ElfSection(NamedTuple):
     name: str
     type: int
     offset: int
@@ -102,11 +102,7 @@ def kernel_sizes(cubin: Path) -> dict[str, int]:
 
 def kernel_family(demangled: str) -> str:
     """The template (or function) a kernel instantiates: qualified name, no arguments."""
-    text = demangled.removeprefix("void ")
-    for index, char in enumerate(text):
-        if char in "<(":
-            return text[:index]
-    return text
+    return re.split(r"[<(]", demangled.removeprefix("void "), maxsplit=1)[0]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -45,11 +45,8 @@ def _tool(name: str, paths: Sequence[str], patterns: Sequence[str] = _PIP_TOOLS)
     interpreter's sys.path)."""
     if on_path := shutil.which(name):
         return Path(on_path)
-    for entry in paths:
-        for pattern in patterns:
-            for hit in sorted(Path(entry or ".").glob(pattern.format(name))):
-                return hit
-    return None
+    return next((hit for entry in paths for pattern in patterns
+                 for hit in sorted(Path(entry or ".").glob(pattern.format(name)))), None)
 
 
 def probe(python: str | os.PathLike[str], script: str, *args: str | os.PathLike[str],
@@ -75,7 +72,6 @@ class Tools:
     nvcc_version: str
     cuobjdump: Path | None
     nvdisasm: Path | None
-    cxxfilt: Path | None
 
     @property
     def can_disassemble(self) -> bool:
@@ -99,21 +95,21 @@ def find_tools(python: str | os.PathLike[str] | None = None) -> Tools:
                           fix="install the CUDA toolkit (nvcc >= 12.9 for sm_120a/sm_120f)")
     paths: list[str] = probe(interpreter, _SYS_PATH_PROBE, what=f"{interpreter}")
     tools = Tools(python=interpreter, nvcc=nvcc.path, nvcc_version=nvcc.version_text,
-                  cuobjdump=_tool("cuobjdump", paths), nvdisasm=_tool("nvdisasm", paths),
-                  cxxfilt=Path(p) if (p := shutil.which("c++filt")) else None)
+                  cuobjdump=_tool("cuobjdump", paths), nvdisasm=_tool("nvdisasm", paths))
     if not tools.can_disassemble:
         log.warning("cuobjdump/nvdisasm not found: PDL instructions will be 'not checked' "
                     "(pip install --group proof into %s)", interpreter)
     return tools
 
 
-def demangle(names: Sequence[str], cxxfilt: Path | None) -> dict[str, str]:
+def demangle(names: Sequence[str]) -> dict[str, str]:
     """Mangled -> demangled C++ names (identity where c++filt is unavailable)."""
+    cxxfilt = shutil.which("c++filt")
     if cxxfilt is None or not names:
         return {n: n for n in names}
     out = proc.run([cxxfilt], quiet=True, input="\n".join(names) + "\n").stdout.splitlines()
     if len(out) != len(names):
-        raise VerifyError("c++filt returned a different number of names", where=str(cxxfilt))
+        raise VerifyError("c++filt returned a different number of names", where=cxxfilt)
     return dict(zip(names, out, strict=True))
 
 

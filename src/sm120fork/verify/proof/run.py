@@ -277,7 +277,7 @@ def prove(
         _raise_first(compiled.values(), "compiling the trtllm comm module")
         # 3. inspect every cubin (and host object) once
         names = demangle(sorted({n for key in all_jobs
-                                 for n in kernel_sizes(cache / f"{key}.cubin")}), tools.cxxfilt)
+                                 for n in kernel_sizes(cache / f"{key}.cubin")}))
         inspections = {key: pool.submit(inspect_cubin, cache / f"{key}.cubin", tools,
                                         opcodes.get(job.arch), names)
                        for key, job in all_jobs.items()}

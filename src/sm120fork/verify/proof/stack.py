@@ -143,9 +143,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     sglang: list[CheckResult] = []
     with ws.lock():
         built = build(fetch(plan, Options(force=force, jobs=1)), Options(force=force, jobs=1))
-        builds: dict[str, list[ProjectBuild]] = {key: [] for key in patches}
-        for b in built.builds:
-            builds[b.project].append(b)
+        builds = {key: [b for b in built.builds if b.project == key] for key in patches}
         for key in proof_projects:
             gate = tuple(p for p in patches[key]
                          if any(c.text == "proof:jit-gate" for c in claims(p)))
@@ -180,9 +178,9 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
         log.info("CPU tests named as evidence: %s", ", ".join(cpu_nodes))
     ctx = Context(root=ws.root, proof=proof, gate_variant=gate_variant,
                   behaviour=tuple((r.name, r.capability, r.passed) for r in sglang),
-                  cpu=run_cpu_tests(ws.root, cpu_nodes, stack=stack.name) if cpu_nodes else {},
+                  cpu=run_cpu_tests(ws.root, cpu_nodes, stack=stack.name),
                   stack=stack.name, today=resolved)
-    verdicts = _verdicts(builds, patches, ctx, proof.archs if proof else archs)
+    verdicts = _verdicts(builds, patches, ctx, archs)
     # One line per project, named by its first wheel (the others hold the same files).
     provenance = tuple(
         Provenance(project=key, series=stack.project(key).series,
