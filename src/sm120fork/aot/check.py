@@ -1,10 +1,6 @@
-"""The AOT module's checks: which prebuilt module the installed FlashInfer loads, and from
-where; and what machine code a module carries, judged by the SM12x proof's own rules (every
-sm_90a kernel present in every other target, with a body that is not empty).
-
-A probe imports the installed ``flashinfer.jit`` as FlashInfer does at run time (package
-``__init__`` skipped: no GPU needed), makes each module's ``JitSpec`` and asks it where it
-would load from, and why each prebuilt copy is or is not taken.
+"""The AOT module's checks: which prebuilt module the installed FlashInfer loads, and why
+(a probe imports ``flashinfer.jit`` without the package ``__init__`` and asks each module's
+``JitSpec``); and what machine code a module carries, judged by the SM12x proof's rules.
 """
 
 from __future__ import annotations

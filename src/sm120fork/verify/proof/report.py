@@ -76,7 +76,7 @@ def portable(value: Any, root: Path) -> Any:
 
 def to_json(result: VerifyResult, root: Path) -> Any:
     """``verify-full.json``: the run's dataclasses as JSON data, less this machine's paths."""
-    proof = result.proof.document(root) if result.proof else None
+    proof = result.proof.document() if result.proof else None
     return portable({
         "stack": result.stack,
         "made_from": [dataclasses.asdict(p) for p in result.provenance],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ class VariantResult:
 CLUSTER_QUERY = "cudaOccupancyMaxPotentialClusterSize"
 
 
-class Status(enum.Enum):
+class Status(enum.StrEnum):
     PASS = "pass"
     FAIL = "fail"
     NOT_CHECKED = "not checked"
@@ -178,18 +179,8 @@ class ProofReport:
     def verdicts(self) -> list[Verdict]:
         return [verdict(v, a) for v in self.variants for a in self.archs]
 
-    def document(self, root: Path | None = None) -> Any:
-        """The report and its verdicts as JSON data: a path relative to ``root``, else its
-        name."""
-        def plain(value: object) -> object:
-            if isinstance(value, Path):
-                if root is not None and value.is_relative_to(root):
-                    return value.relative_to(root).as_posix()
-                return value.name if value.is_absolute() else str(value)
-            return value.value if isinstance(value, enum.Enum) else value
-
-        def asdict(obj: object) -> Any:
-            return dataclasses.asdict(  # type: ignore[call-overload]
-                obj, dict_factory=lambda pairs: {k: plain(v) for k, v in pairs})
-
-        return {"report": asdict(self), "verdicts": [asdict(v) for v in self.verdicts()]}
+    def document(self) -> Any:
+        """The report and its verdicts as JSON data (a path as its text)."""
+        data = {"report": dataclasses.asdict(self),
+                "verdicts": [dataclasses.asdict(v) for v in self.verdicts()]}
+        return json.loads(json.dumps(data, default=str))
