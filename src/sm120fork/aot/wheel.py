@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from packaging.tags import Tag
-from packaging.utils import canonicalize_name
 from packaging.version import Version
 from wheel.wheelfile import WheelFile
 
@@ -286,7 +285,6 @@ def _metadata(version: str, flashinfer: FlashInferBuild, requires: Sequence[str]
         f"{flashinfer.distribution} {flashinfer.version}, built by {BUILDER}",
         "License: Apache-2.0",
         "Requires-Python: >=3.9",
-        f"Requires-Dist: {flashinfer.distribution}=={flashinfer.version}",
         *(f"Requires-Dist: {r}" for r in requires),
         "", ""])
 
@@ -298,15 +296,15 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
     if not modules:
         raise BuildError("no prebuilt modules to put into the AOT wheel")
     version = wheel_version(flashinfer.version, cuda_version)
-    if cuda_version.split(".", 1)[0] not in CUDA_RUNTIMES:
+    runtime = CUDA_RUNTIMES.get(cuda_version.split(".", 1)[0])
+    if runtime is None:
         raise ConfigError(f"no runtime requirement known for CUDA {cuda_version}",
                           fix="add it to sm120fork.aot.wheel.CUDA_RUNTIMES")
     # what FlashInfer asks through to find the wheel, at exactly the wheel's version
     through = () if lookup.through is None else (f"{lookup.through}=={version}",)
-    requires = [*through, CUDA_RUNTIMES[cuda_version.split(".", 1)[0]][0]]
+    requires = [f"{flashinfer.distribution}=={flashinfer.version}", *through, runtime[0]]
     tag = Tag("py3", "none", platform)
-    name = canonicalize_name(DISTRIBUTION).replace("-", "_")
-    dist_info = f"{name}-{version}.dist-info"
+    dist_info = f"{PACKAGE}-{version}.dist-info"
     entry_point = f"{ENTRY_POINT_NAME} = {PACKAGE}:{lookup.function}"
     wheel_file = f"Wheel-Version: 1.0\nGenerator: {BUILDER}\nRoot-Is-Purelib: false\nTag: {tag}\n\n"
     manifest = {
@@ -320,7 +318,7 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
                              "marker": f"{CACHE_DIR}/{m.name}/{m.name}.so.sources",
                              **dict(m.info)}
                     for m in modules},
-        "requires": [f"{flashinfer.distribution}=={flashinfer.version}", *requires],
+        "requires": requires,
     }
     if lookup is not PREBUILT:  # the default stack's wheel keeps its bytes
         manifest["lookup"] = {"name": lookup.name, "group": lookup.group,
@@ -342,7 +340,7 @@ def write_wheel(out_dir: Path, *, flashinfer: FlashInferBuild, modules: Sequence
                0o644),
               (f"{dist_info}/WHEEL", wheel_file.encode(), 0o644)]
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"{name}-{version}-{tag}.whl"
+    target = out_dir / f"{PACKAGE}-{version}-{tag}.whl"
     with tempfile.TemporaryDirectory(prefix=scratch_prefix("aot-wheel"), dir=out_dir) as tmp:
         staged = Path(tmp) / target.name  # WheelFile reads the name and version from it
         with _ReproducibleWheelFile(staged, "w", compression=zipfile.ZIP_DEFLATED) as wf:

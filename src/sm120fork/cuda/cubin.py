@@ -136,12 +136,9 @@ def parse_sass_opcodes(sass: str) -> dict[str, Counter[str]]:
     per_function: dict[str, Counter[str]] = {}
     current: Counter[str] | None = None
     for line in sass.splitlines():
-        function = _SASS_FUNCTION.match(line)
-        if function:
+        if function := _SASS_FUNCTION.match(line):
             current = per_function.setdefault(function.group(1), Counter())
-            continue
-        instruction = _SASS_INSTRUCTION.match(line)
-        if instruction and current is not None:
+        elif (instruction := _SASS_INSTRUCTION.match(line)) and current is not None:
             current[instruction.group(1)] += 1
     return per_function
 
@@ -218,9 +215,8 @@ def inspect_cubin(cubin: Path, tools: Tools, opcodes: PdlOpcodes | None,
 
 def is_empty_body(size: int, reference_size: int) -> bool:
     """A body that shrank to (almost) nothing against a large sm_90a body."""
-    if reference_size <= LARGE_BODY_BYTES:
-        return False
-    return size <= EMPTY_BODY_BYTES or size < EMPTY_BODY_FRACTION * reference_size
+    return reference_size > LARGE_BODY_BYTES and (
+        size <= EMPTY_BODY_BYTES or size < EMPTY_BODY_FRACTION * reference_size)
 
 
 def missing_and_empty(reference: Mapping[str, int], sizes: Mapping[str, int]

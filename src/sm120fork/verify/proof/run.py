@@ -43,12 +43,8 @@ log = logging.getLogger("sm120fork")
 
 #: The editable-install links build_backend.py makes under flashinfer/data (an sdist or a
 #: git checkout has none; the JIT's paths point through them).
-_DATA_LINKS: tuple[tuple[str, str], ...] = (
-    ("cutlass", "3rdparty/cutlass"),
-    ("spdlog", "3rdparty/spdlog"),
-    ("csrc", "csrc"),
-    ("include", "include"),
-)
+_DATA_LINKS = {"cutlass": "3rdparty/cutlass", "spdlog": "3rdparty/spdlog", "csrc": "csrc",
+               "include": "include"}
 
 _GATE_PROBE = r"""
 tree = Path(sys.argv[1]).resolve()
@@ -64,17 +60,14 @@ try:
 except Exception as exc:
     result = {"accepted": False, "error": str(exc)}
 else:
-    result = {
-        "accepted": True,
-        "nvcc_flags": list(spec.extra_cuda_cflags or []),
-        "commands": [c["command"] for c in spec.get_compile_commands()],
-    }
+    result = {"accepted": True, "nvcc_flags": list(spec.extra_cuda_cflags or []),
+              "commands": [c["command"] for c in spec.get_compile_commands()]}
 print(mark + json.dumps(result))
 """
 
 
 def _map_data_links(text: str, tree: Path) -> str:
-    for link, target in _DATA_LINKS:
+    for link, target in _DATA_LINKS.items():
         prefix = tree / "flashinfer" / "data" / link
         if not prefix.exists():
             text = re.sub(re.escape(str(prefix)) + r"(?=/|\s|$)", str(tree / target), text)
@@ -118,8 +111,7 @@ def run_gate(tree: Path, arch: str, tools: Tools) -> GateResult:
 
 
 def make_dependencies(text: str) -> list[str]:
-    joined = text.replace("\\\n", " ")
-    _, _, deps = joined.partition(": ")
+    _, _, deps = text.replace("\\\n", " ").partition(": ")
     return [d.replace("\\ ", " ") for d in re.split(r"(?<!\\)\s+", deps.strip()) if d]
 
 
