@@ -59,41 +59,47 @@ def _nan_fill(t: torch.Tensor) -> None:
 class _Outputs:
     """A case's output buffers, what each is checked against, and the quantization scale."""
 
+    device: torch.device
     outs: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
-    checks: list[tuple[str, str, torch.Tensor]] = dataclasses.field(default_factory=list)
+    #: (output, kind, reference, the output read back as the reference's values)
+    checks: list[tuple[str, str, torch.Tensor, Callable[[], torch.Tensor]]] = dataclasses.field(
+        default_factory=list)
     scale: torch.Tensor | None = None
-    fp4_scale: float = 0.0
 
-    def new(self, name: str, shape: tuple[int, ...], dt: torch.dtype, device: torch.device,
-            kind: str | None = None, reference: torch.Tensor | None = None) -> None:
-        self.outs[name] = torch.empty(shape, dtype=dt, device=device)
+    def new(self, name: str, shape: tuple[int, ...], dt: torch.dtype, kind: str | None = None,
+            reference: torch.Tensor | None = None,
+            read: Callable[[], torch.Tensor] | None = None) -> None:
+        out = self.outs[name] = torch.empty(shape, dtype=dt, device=self.device)
         if kind is not None and reference is not None:
-            self.checks.append((name, kind, reference))
+            self.checks.append((name, kind, reference, read or (lambda: out)))
 
     def flat(self, name: str) -> torch.Tensor | None:
         return self.outs[name].view(-1) if name in self.outs else None
 
 
 def _outputs(rk: Rank, case: Case, ref: dict[str, torch.Tensor]) -> _Outputs:
-    t, h, pattern, dev = case.tokens, case.hidden, case.pattern, rk.device
+    t, h, pattern = case.tokens, case.hidden, case.pattern
     dtype = TORCH_DTYPES[case.dtype]
-    o = _Outputs()
+    o = _Outputs(rk.device)
     if pattern == "allreduce":
-        o.new("allreduce_out", (t, h), dtype, dev, case.dtype, ref["allreduce"])
+        o.new("allreduce_out", (t, h), dtype, case.dtype, ref["allreduce"])
         return o
-    o.new("allreduce_out", (t, h), dtype, dev)
-    o.new("residual_out", (t, h), dtype, dev, case.dtype, ref["residual"])
+    o.new("allreduce_out", (t, h), dtype)
+    o.new("residual_out", (t, h), dtype, case.dtype, ref["residual"])
     if not pattern.endswith(("fp8", "fp4")) or "_out_" in pattern:
-        o.new("norm_out", (t, h), dtype, dev, case.dtype, ref["norm"])
+        o.new("norm_out", (t, h), dtype, case.dtype, ref["norm"])
     if pattern.endswith("fp8"):
-        o.new("quant_out", (t, h), torch.float8_e4m3fn, dev, "fp8", ref["norm"])
-        o.scale = torch.tensor([fp8_scale(ref["norm"])], dtype=torch.float32, device=dev)
+        o.scale = torch.tensor([fp8_scale(ref["norm"])], dtype=torch.float32, device=rk.device)
+        o.new("quant_out", (t, h), torch.float8_e4m3fn, "fp8", ref["norm"],
+              lambda: dequant_fp8(o.outs["quant_out"], float(o.scale)))  # type: ignore[arg-type]
     elif pattern.endswith("fp4"):
-        o.new("quant_out", (t, h // 2), torch.uint8, dev, "fp4", ref["norm"])
-        sf_elems = rk.fc.compute_fp4_swizzled_layout_sf_size(t, h // FP4_BLOCK)
-        o.new("scale_out", (sf_elems,), torch.uint8, dev)
-        o.fp4_scale = fp4_global_scale(ref["norm"])
-        o.scale = torch.tensor([o.fp4_scale], dtype=torch.float32, device=dev)
+        fp4_scale = fp4_global_scale(ref["norm"])
+        o.scale = torch.tensor([fp4_scale], dtype=torch.float32, device=rk.device)
+        o.new("quant_out", (t, h // 2), torch.uint8, "fp4", ref["norm"],
+              lambda: dequant_fp4_linear(o.outs["quant_out"], o.outs["scale_out"], fp4_scale,
+                                         (t, h)))
+        o.new("scale_out", (rk.fc.compute_fp4_swizzled_layout_sf_size(t, h // FP4_BLOCK),),
+              torch.uint8)
     return o
 
 
@@ -148,17 +154,8 @@ def run_case(rk: Rank, case: Case) -> CaseResult:
     call, graph_calls = _call(rk, case, data, o)
 
     def verify(stage: str) -> list[Check]:
-        verdicts = []
-        for name, kind, reference in o.checks:
-            got = o.outs[name]
-            if kind == "fp8":
-                got = dequant_fp8(got, float(o.scale))  # type: ignore[arg-type]
-            elif kind == "fp4":
-                got = dequant_fp4_linear(got, o.outs["scale_out"], o.fp4_scale,
-                                         (case.tokens, case.hidden))
-            verdicts.append(Check(**compare(name, got, reference, kind, case.world_size,
-                                            stage=stage)))
-        return verdicts
+        return [Check(**compare(name, read(), reference, kind, case.world_size, stage=stage))
+                for name, kind, reference, read in o.checks]
 
     def once(name: str, run: Callable[[], None]) -> list[Check]:
         stage(name)
