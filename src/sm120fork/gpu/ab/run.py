@@ -202,9 +202,8 @@ class _Batch:
                              f"not run: ranks failed twice before a case: {outcome.failure}",
                              log_tail=tails)
         self.startup_failures = 0
-        for case in pending:
-            if case.key in self.results and self.results[case.key].failure not in ("crash",
-                                                                                   "hang"):
+        for case in pending:  # a case of an API that ended cleanly resets its streak
+            if (done := self.results.get(case.key)) and done.failure not in ("crash", "hang"):
                 self.streaks.pop(case.api, None)
         culprit = in_progress[0]
         partial = reports.results.get(culprit.key, {})
