@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from sm120fork.cli.output import say
 from sm120fork.errors import UsageError
 from sm120fork.workspace import Workspace
 
@@ -39,14 +40,12 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     harness = harnesses[0]
     example = f"{harness}{' --quick' if harness in ('gpu_test', 'bench') else ''} --out results"
     if not kit.parts:
-        console.print(f"wrote {kit.path}: {wheels} wheels, {kit.size / MIB:.1f} MiB; on the "
-                      f"box: sh {kit.path}/run {example}", soft_wrap=True)
+        say(console, f"wrote {kit.path}: {wheels} wheels, {kit.size / MIB:.1f} MiB; on the "
+            f"box: sh {kit.path}/run {example}")
         return 0
-    for folder, size in kit.parts:
-        console.print(f"wrote {folder}: {size / MIB:.1f} MiB", soft_wrap=True)
-    console.print(f"{kit.path} in {len(kit.parts)} parts: {wheels} wheels, "
-                  f"{kit.size / MIB:.1f} MiB; copy every part to one folder on the box, then: "
-                  f"sh {kit.parts[-1][0]}/run {example}", soft_wrap=True)
+    say(console, *(f"wrote {folder}: {size / MIB:.1f} MiB" for folder, size in kit.parts),
+        f"{kit.path} in {len(kit.parts)} parts: {wheels} wheels, {kit.size / MIB:.1f} MiB; "
+        f"copy every part to one folder on the box, then: sh {kit.parts[-1][0]}/run {example}")
     return 0
 
 

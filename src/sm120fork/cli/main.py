@@ -134,9 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     at = _verb_at(argv)
     name = None if at is None else argv[at]
     verb = VERBS.get(name) if name else None
-    if verb is not None and verb.own_main and argv[0] == name:
+    if verb is not None and verb.own_main:
         # Runs before rich is imported: the doctor runs where the toolkit's deps are not.
-        return load(verb.run)(argv[1:])
+        return load(verb.run)(_verb_argv(argv))
     state = _Run()
     return boundary(lambda: _run(argv, name, state), name=name or "sm120fork",
                     root=lambda: state.root, on_interrupt=end_children,
@@ -155,13 +155,9 @@ class _Run:
 
 def _run(argv: list[str], name: str | None, state: _Run) -> int:
     parser = make_parser([name] if name else [])
-    args, extra = parser.parse_known_args(argv)
+    args = parser.parse_args(argv)
     verb = VERBS[args.command]
-    if extra and not verb.own_main:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     run = load(verb.run)
-    if verb.own_main:
-        return run(_verb_argv(argv))
     from rich.console import Console
 
     from sm120fork.cli.output import LineHandler

@@ -36,20 +36,17 @@ def check(session: str, command: Sequence[str], posargs: Sequence[str]) -> None:
         if command[0] == CIBUILDWHEEL:
             container_engine()
             return
-        args = _parse(command, posargs)
+        with contextlib.redirect_stderr(io.StringIO()):
+            if VERBS[command[0]].own_main:  # the doctor parses its own arguments
+                from sm120fork.doctor.cli import parser
+
+                args = parser().parse_args(posargs)
+            else:
+                args = make_parser([command[0]]).parse_args([*command, *posargs])
         _declared(args)
         need = _NEEDS.get(command[0])
         if need is not None:
             need(args)
-
-
-def _parse(command: Sequence[str], posargs: Sequence[str]) -> argparse.Namespace:
-    with contextlib.redirect_stderr(io.StringIO()):
-        if VERBS[command[0]].own_main:  # the doctor parses its own arguments
-            from sm120fork.doctor.cli import parser
-
-            return parser().parse_args(posargs)
-        return make_parser([command[0]]).parse_args([*command, *posargs])
 
 
 def _declared(args: argparse.Namespace, forks: Path = Path("forks")) -> None:

@@ -200,9 +200,8 @@ def join(part: Path, index: PartsIndex) -> Path:
     if not part.name.endswith(suffix) or part.name == suffix:
         raise KitError(f"{part} is part {index.part} of a kit and must keep its name "
                        f"<kit>{suffix}, beside the other parts")
-    stem = part.name[: -len(suffix)]
-    joined = part.parent / stem
-    parts = [part.parent / f"{stem}.{i}" for i in range(1, index.parts + 1)]
+    joined = part.parent / part.name[: -len(suffix)]
+    parts = [joined.with_name(f"{joined.name}.{i}") for i in range(1, index.parts + 1)]
     marker = joined / JOINED_FILE
     if marker.is_file() and marker.read_text(encoding="utf-8").strip() == index.kit_id:
         return joined
@@ -226,15 +225,11 @@ def join(part: Path, index: PartsIndex) -> Path:
             dest.parent.mkdir(parents=True, exist_ok=True)
             whole = hashlib.sha256()
             with dest.open("wb") as out:
-                for piece in entry.pieces:
-                    source = parts[piece.part - 1] / piece.path
-                    with source.open("rb") as f:
-                        block_digest = hashlib.sha256()
-                        while block := f.read(1 << 20):
-                            block_digest.update(block)
-                            whole.update(block)
-                            out.write(block)
-                    if block_digest.hexdigest() != piece.sha256:
+                for piece in entry.pieces:  # at most a part's size: read whole
+                    data = (parts[piece.part - 1] / piece.path).read_bytes()
+                    whole.update(data)
+                    out.write(data)
+                    if hashlib.sha256(data).hexdigest() != piece.sha256:
                         damaged.append(f"{parts[piece.part - 1].name} ({entry.file})")
             if entry.executable:
                 dest.chmod(0o755)

@@ -256,9 +256,7 @@ def write_gpu_tests(today: ResolvedStack, dest: Path, names: tuple[str, ...] = (
     stack = today.stack
     written: list[str] = []
     for project in stack.projects:
-        plan = plan_of(today, project)
-        series = today.series[project.key]
-        for pr in plan.prs:
+        for pr in plan_of(today, project).prs:
             files = [f for f in _added_tests(pr.tests) if needs_gpu(f)]
             if not files or (names and pr.name not in names):
                 continue
@@ -268,13 +266,13 @@ def write_gpu_tests(today: ResolvedStack, dest: Path, names: tuple[str, ...] = (
                 proc.run(["git", "apply", str(t.path)], cwd=folder, quiet=True,
                          env={"GIT_CEILING_DIRECTORIES": str(folder.parent)})
             (folder / "pytest.ini").write_text(PYTEST_INI, encoding="utf-8")
-            own = [*pr.patches, *pr.tests]
-            rest = [p for p in series.patches if p.name not in {q.name for q in pr.patches}]
+            rest = [p for p in today.series[project.key].patches
+                    if p.name not in {q.name for q in pr.patches}]
             data = {
                 "pr": pr.name, "stack": stack.name, "project": project.key,
                 "files": files,
                 "patches": [{"project": project.key, "patch": p.name, "patch_id": p.patch_id}
-                            for p in [*own, *rest]],
+                            for p in [*pr.patches, *pr.tests, *rest]],
                 "notes": [f"the patched wheel is the stack's build: the PR's patches and "
                           f"{', '.join(p.name for p in rest)}" if rest else
                           "the patched wheel is the stack's build of the PR's patches"],
@@ -529,16 +527,14 @@ def dependency_group(pyproject: Path, name: str) -> list[str]:
 
 def unmet(required: list[str]) -> list[str]:
     """Those of ``required`` that this Python's installed distributions do not satisfy."""
-    missing = []
-    for line in required:
-        req = Requirement(line)
-        try:
-            ok = req.specifier.contains(metadata.version(req.name), prereleases=True)
-        except metadata.PackageNotFoundError:
-            ok = False
-        if not ok:
-            missing.append(line)
-    return missing
+    return [line for line in required if not _installed(Requirement(line))]
+
+
+def _installed(req: Requirement) -> bool:
+    try:
+        return req.specifier.contains(metadata.version(req.name), prereleases=True)
+    except metadata.PackageNotFoundError:
+        return False
 
 
 def _recorded_run(ws: Workspace, stack: str, pr: PlannedPR, run: TestRun) -> TestRun:
