@@ -278,9 +278,8 @@ def write_index(ws: Workspace, *, url: str | None = None, out: Path | None = Non
         for name, text in texts.items():
             _write(staged / name, text.encode())
         for name, w in files.items():
-            (staged / "files").mkdir(parents=True, exist_ok=True)
+            _write(staged / "files" / f"{name}.metadata", w.metadata)  # makes the folder
             atomic_copy(w.path, staged / "files" / name)
-            _write(staged / "files" / f"{name}.metadata", w.metadata)
     notes = [f"{name}: not built; not in the index" for name, s in found.items() if s is None]
     notes += [n for s in stacks for n in s.left_out]
     return Index(out=out, url=url, stacks=stacks, files=len(files), notes=tuple(notes))

@@ -15,7 +15,6 @@ import os
 import posixpath
 import ssl
 import sys
-import tempfile
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,7 +36,7 @@ from unearth.fetchers import Fetcher, PyPIClient
 from sm120fork.declare import FilePin, Project, WheelPin
 from sm120fork.errors import ChecksumError, SourceError
 from sm120fork.util import proc
-from sm120fork.util.files import scratch_prefix, sha256_file
+from sm120fork.util.files import atomic_make, sha256_file
 
 log = logging.getLogger("sm120fork")
 _PIP_FIX = "check pip's configuration (`python -m pip config list`) and the network"
@@ -267,12 +266,10 @@ def download_pinned(project: Project, pin: FilePin, cache_dir: Path,
         log.warning("cached %s does not match its pin; downloading again", target.name)
     url = resolve_file_url(project, pin)
     log.info("downloading %s", url)
-    fd, tmp_name = tempfile.mkstemp(prefix=scratch_prefix(target.name), suffix=".part",
-                                    dir=cache_dir)
-    tmp = Path(tmp_name)
-    try:
+
+    def fill(tmp: Path) -> None:
         try:
-            with os.fdopen(fd, "wb") as out:
+            with tmp.open("wb") as out:
                 got = download(url, out, progress)
         except OSError as exc:
             raise SourceError(f"download failed: {exc}", where=url) from exc
@@ -280,7 +277,6 @@ def download_pinned(project: Project, pin: FilePin, cache_dir: Path,
             raise ChecksumError(
                 f"sha256 mismatch for {pin.filename}: got {got}, pinned {pin.sha256}",
                 where=url, fix="the download is corrupt or upstream changed; do not extract it")
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    atomic_make(target, fill)
     return target

@@ -39,9 +39,10 @@ def wheel_record_sha256(wheel: Path) -> str | None:
     return None if record is None else hashlib.sha256(record).hexdigest()
 
 
-def _atomic(dest: Path, fill: Callable[[Path], object]) -> None:
-    """Make ``dest`` (mode 0644) beside it, then rename: a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
+def atomic_make(dest: Path, fill: Callable[[Path], object]) -> None:
+    """Make ``dest`` (mode 0644) beside it, then rename: a reader never sees half a file,
+    and what a killed run leaves is scratch (:func:`remove_stale_scratch`)."""
+    fd, tmp = tempfile.mkstemp(prefix=scratch_prefix(dest.name), dir=dest.parent)
     os.close(fd)
     try:
         fill(Path(tmp))
@@ -52,11 +53,11 @@ def _atomic(dest: Path, fill: Callable[[Path], object]) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    _atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    atomic_make(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def atomic_copy(src: Path, dest: Path) -> None:
-    _atomic(dest, lambda tmp: shutil.copyfile(src, tmp))
+    atomic_make(dest, lambda tmp: shutil.copyfile(src, tmp))
 
 
 _AT_FDCWD = -100
