@@ -197,8 +197,9 @@ def _inside(path: str) -> bool:
     return not path.startswith("/") and ".." not in Path(path).parts
 
 
-def _checked(file: Path, key: str, p: Project) -> Project:
-    """``[projects.<key>]`` as read, refused at the first key whose value is wrong."""
+def _checked(file: Path, key: str, p: Project, keys: list[str]) -> Project:
+    """``[projects.<key>]`` as read, refused at the first key whose value is wrong
+    (``keys``: the stack's projects, in order)."""
     def bad(name: str, what: str, fix: str | None = None) -> typed.MalformedError:
         return typed.MalformedError(file, f"projects.{key}.{name}", what, fix)
 
@@ -258,6 +259,11 @@ def _checked(file: Path, key: str, p: Project) -> Project:
                   "goes into its METADATA", "remove the version_stamp table")
     if built and bool(stamp.file) == bool(stamp.env):
         raise bad("version_stamp", "set exactly one of 'file' or 'env'")
+    for dep in p.requires:
+        if dep not in keys:
+            raise bad("requires", f"unknown project {dep!r}", typed.suggest(dep, keys) or None)
+        if keys.index(dep) >= keys.index(key):
+            raise bad("requires", f"{dep!r} must be declared before {key!r}")
     return replace(p, key=key)
 
 
@@ -290,17 +296,8 @@ def parse_stack(file: Path, text: str, *, strict: bool = True) -> Stack:
                                    f"the file name {file.stem!r}")
     if not raw.projects:
         raise ConfigError("a stack needs at least one project", where=f"{file}: projects")
-    projects = [_checked(file, key, table) for key, table in raw.projects.items()]
-    keys = [p.key for p in projects]
-    for i, p in enumerate(projects):
-        for dep in p.requires:
-            if dep not in keys:
-                raise ConfigError(f"unknown project {dep!r}",
-                                  where=f"{file}: projects.{p.key}.requires",
-                                  fix=typed.suggest(dep, keys) or None)
-            if keys.index(dep) >= i:
-                raise ConfigError(f"{dep!r} must be declared before {p.key!r}",
-                                  where=f"{file}: projects.{p.key}.requires")
+    keys = list(raw.projects)
+    projects = [_checked(file, key, table, keys) for key, table in raw.projects.items()]
     problems = tuple(e for p in projects for e in coordinated_pin_problems(file, p, projects))
     stack = Stack(name=name, description=raw.stack.description, default=raw.stack.default,
                   projects=tuple(projects), path=file, pin_problems=problems)
