@@ -62,9 +62,8 @@ class StackWheels:
 
 
 def _ours(stack: Stack, version: Version) -> bool:
-    labels = {p.local_label for p in stack.projects}
-    local = version.local or ""
-    return any(local == label or local.startswith(f"{label}.") for label in labels)
+    local = f"{version.local}."
+    return any(local.startswith(f"{p.local_label}.") for p in stack.projects)
 
 
 _CUDA = ("cuda-python", "cuda-bindings")
