@@ -39,8 +39,8 @@ def test_the_repository_api_answers_from_real_commits(tmp_path: Path) -> None:
     assert Repo.GitCommandWrapperType is RunnerGit
     head = repo.head()
     assert len(head) == 40
-    assert repo.rev_parse("HEAD") == head
-    assert repo.rev_parse("upstream") == repo.commit("HEAD~1").hexsha
+    assert repo.commit("HEAD").hexsha == head
+    assert repo.commit("upstream").hexsha == repo.commit("HEAD~1").hexsha
     assert repo.tree_hash() == repo.commit("HEAD").tree.hexsha
     assert [c.summary for c in repo.commits("upstream..HEAD")] == ["change a"]
     assert repo.show("upstream", "pkg/a.py") == "one\n"
@@ -52,7 +52,7 @@ def test_the_repository_api_answers_from_real_commits(tmp_path: Path) -> None:
     assert repo.exists("HEAD", "pkg")
     assert not repo.exists("HEAD", "nowhere")
     with pytest.raises(CommandError, match="no commit 'no-such-tag'"):
-        repo.rev_parse("no-such-tag")
+        repo.commit("no-such-tag")
     # The toolkit's commits carry its fixed identity and date: reproducible ids.
     commit = repo.commit("HEAD")
     assert (commit.author.name, commit.committer.name) == ("sm120fork", "sm120fork")

@@ -187,9 +187,6 @@ class Git:
         except (gitpython.BadName, gitpython.BadObject, ValueError, IndexError) as exc:
             raise CommandError(f"no commit {rev!r}", where=str(self.path)) from exc
 
-    def rev_parse(self, rev: str) -> str:
-        return self.commit(rev).hexsha
-
     def tree_hash(self, rev: str = "HEAD") -> str:
         return self.commit(rev).tree.hexsha
 
@@ -227,7 +224,7 @@ class Git:
 
     def files(self, rev: str, under: str = "") -> list[str]:
         """Every file at ``rev`` (below folder ``under``), sorted."""
-        out = self("ls-tree", "-r", "-z", "--name-only", self.rev_parse(rev), "--",
+        out = self("ls-tree", "-r", "-z", "--name-only", self.commit(rev).hexsha, "--",
                    *([under] if under else []))
         return sorted(name for name in out.split("\0") if name)
 
