@@ -114,21 +114,19 @@ def alone_problems(case: str, exits: Sequence[Ended], *, layout: str) -> list[st
     return problems
 
 
-#: The policy cases' (last token of a range, method): four boundaries among the methods
-#: an H200 runs; above 128 tokens SGLang's own dispatch.
-POLICY_RANGES: tuple[tuple[int, str], ...] = (
-    (8, "fused_auto"), (32, "pcie_ipc_rmsnorm"), (64, "nccl_rmsnorm"), (128, "fused_auto"))
+#: The policy cases' (first and last token of a range, method): four boundaries among the
+#: methods an H200 runs; above 128 tokens SGLang's own dispatch.
+POLICY_RANGES = ((1, 8, "fused_auto"), (9, 32, "pcie_ipc_rmsnorm"), (33, 64, "nccl_rmsnorm"),
+                 (65, 128, "fused_auto"))
 POLICY_GPU_MAJOR = 12
 #: pcie_ipc runs bf16 only.
 POLICY_DTYPE = "bf16"
 
 
 def policy_document(world_size: int) -> Policy:
-    low, entries = 1, []
-    for last, method in POLICY_RANGES:
-        entries.append({"min_tokens": low, "max_tokens": last, "method": method,
-                        "fallback": [] if method == UNFUSED else [UNFUSED]})
-        low = last + 1
+    entries = [{"min_tokens": low, "max_tokens": last, "method": method,
+                "fallback": [] if method == UNFUSED else [UNFUSED]}
+               for low, last, method in POLICY_RANGES]
     doc = {"format": policy.FORMAT, "version": policy.VERSION, "for_use": True,
            "made": {"created": "by the layer harness", "gpu": "any", "gpu_count": world_size,
                     "shared_gpu": False, "dtype": POLICY_DTYPE,
