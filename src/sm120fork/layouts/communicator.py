@@ -30,19 +30,8 @@ from sm120fork.layouts import (  # noqa: F401
     Layer,
     defaults,
 )
-from sm120fork.layouts.results import (
-    REQUIREMENTS,
-    CheckResult,
-    LayerRunner,
-    Observation,
-    compact,
-    gather,
-    judged,
-    number_in,
-    run_probe,
-    setting_in,
-    sglang_trees,
-)
+from sm120fork.layouts import results as shared
+from sm120fork.layouts.results import CheckResult, Observation, judged, number_in, setting_in
 
 PROBE_MODULE = "sm120fork.layouts.communicator"
 
@@ -107,21 +96,21 @@ def _decision_prefix(scenario: str) -> str:
     return "S1" if scenario.startswith("explicit-flag") else "S2"
 
 
-def check(tree: Path, *, baseline: Path | None, layer: LayerRunner,
+def check(tree: Path, *, baseline: Path | None, layer: shared.LayerRunner,
           python: str | os.PathLike[str] = sys.executable, cache: Path | None = None,
           jobs: int | None = None, timeout: float = 600) -> list[CheckResult]:
     """Without ``baseline`` 8.0/9.0/10.0 are compared with upstream's known decisions; a
     behaviour that differs is a failed result, a probe that cannot run ``VerifyError``.
     (``cache`` is unused: this layout needs no overlay.)"""
-    sglang_trees(tree, baseline)
+    shared.sglang_trees(tree, baseline)
 
     def probe(root: Path, suite: str, cap: str, cuda: str = "12.9") -> Callable[[], object]:
         return functools.partial(
-            run_probe, PROBE_MODULE, {"suite": suite, "cuda": cuda,
-                                      "capability": [int(p) for p in cap.split(".")]},
+            shared.run_probe, PROBE_MODULE, {"suite": suite, "cuda": cuda,
+                                             "capability": [int(p) for p in cap.split(".")]},
             tree=root, path=[root / "python"], env={}, python=python, timeout=timeout,
             what=f"the SGLang probe ({suite}, capability {cap})",
-            fix=f"install the probe's requirements: {REQUIREMENTS}")
+            fix=f"install the probe's requirements: {shared.REQUIREMENTS}")
 
     work: dict[tuple[str, str], Callable[[], object]] = {
         **{("patched", cap): probe(tree, "decisions", cap) for cap in SM12X + UNCHANGED},
@@ -133,7 +122,7 @@ def check(tree: Path, *, baseline: Path | None, layer: LayerRunner,
             layer, case, sglang_path=tree / "python", layout="communicator", python=python,
             device="cpu", tokens=(3, 16), timeout=30, start_timeout=timeout,
             exchange_timeout_s=EXCHANGE_TIMEOUT_S) for case in TOGETHER_CASES}}
-    done = gather(work, jobs)
+    done = shared.gather(work, jobs)
     observed: dict[tuple[str, str], list[Observation]] = {
         key: value for key, value in done.items() if isinstance(value, list)}
 
@@ -173,8 +162,8 @@ def _together_result(case: str, outcome: CaseOutcome) -> CheckResult:
     warnings = [obs.warnings[0] for obs in outcome.ranks if obs.warnings]
     detail = " | ".join([*outcome.problems, *warnings[:1]])
     return CheckResult(name=f"S4 two ranks: {case}", capability="12.0",
-                       expected=compact(expected),
-                       observed=compact(observed) if not outcome.hung else '"hung"',
+                       expected=shared.compact(expected),
+                       observed=shared.compact(observed) if not outcome.hung else '"hung"',
                        passed=outcome.passed and observed == expected, detail=detail)
 
 

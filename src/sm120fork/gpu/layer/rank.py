@@ -566,13 +566,11 @@ def run_rank(req: RankRequest) -> Observation:
     spy: RouteSpy | None = None
     pcie_ipc = False
     if req.case in POLICY_CASES:
+        spy = RouteSpy(group)
         if fake is not None:  # the stand-in, and one current stream (SGLang's entry compares it)
             _module("flashinfer.comm").PcieIpcAllReduceWorkspace = FakePcieIpcWorkspace
             stream = object()
             torch.cuda.current_stream = lambda *args, **kwargs: stream
-        pcie_ipc = group.attach_pcie_ipc(torch.device("cuda", 0))
-        spy = RouteSpy(group)
-        if fake is not None:
             spy.wrap(fake, "allreduce_fusion", "fused")
         else:
             for name in ("flashinfer.comm.allreduce", "flashinfer.comm"):
@@ -580,6 +578,7 @@ def run_rank(req: RankRequest) -> Observation:
                 if hasattr(module, "trtllm_allreduce_fusion"):
                     spy.wrap(module, "trtllm_allreduce_fusion", "fused")
         spy.wrap(_module(PCIE_IPC_MODULE).PcieIpcCommunicator, "pcie_ipc_all_reduce", "pcie_ipc")
+        pcie_ipc = group.attach_pcie_ipc(torch.device("cuda", 0))
     m = _Norm(req, layer)
     if pcie_ipc and m.cuda:  # before any step, as SGLang's runner does
         group.pcie_ipc_comm.prepare(hidden=m.hidden, max_rows=PCIE_IPC_ROWS)
