@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import types
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,36 +106,28 @@ def _expected_auto(scenario: str) -> Any:
     return on if env in ("1", "on") or tp == 2 else off
 
 
-def _by_name(observations: Iterable[Observation]) -> dict[str, Observation]:
-    return {o.name: o for o in observations}
-
-
 def judge(observed: Mapping[tuple[str, str], Sequence[Observation]]) -> list[CheckResult]:
     results: list[CheckResult] = []
-    # The preflight sizing does not depend on the capability: one baseline serves all.
-    base_preflight = _by_name(observed[("baseline", PREFLIGHT_BASELINE)])
-    for cap in SM12X:
-        for name, obs in _by_name(observed[("patched", cap)]).items():
-            suite = name.partition(": ")[0]
-            if suite == "preflight":
-                results.append(_preflight_check(name, cap, obs, base_preflight))
-                continue
-            expected = expected_sm12x(name)
-            # A refusal on SM12x must say why in SM12x terms, not "requires SM90".
-            needs = "SM12x" if suite == "resolve" and expected == "error" else ""
-            results.append(judged(obs, expected, cap, GATE[suite], require_in_detail=needs))
-    for cap in UNCHANGED:
-        baseline = _by_name(observed[("baseline", cap)])
-        for name, obs in _by_name(observed[("patched", cap)]).items():
-            if name not in baseline:
-                raise VerifyError(f"the baseline probe has no observation {name!r}",
+    for cap in SM12X + UNCHANGED:
+        sm12x = cap in SM12X
+        # The preflight sizing does not depend on the capability: one baseline serves SM12x.
+        baseline = {o.name: o for o in observed["baseline", PREFLIGHT_BASELINE if sm12x else cap]}
+        for obs in observed["patched", cap]:
+            suite = obs.name.partition(": ")[0]
+            if not sm12x and obs.name not in baseline:
+                raise VerifyError(f"the baseline probe has no observation {obs.name!r}",
                                   fix="run both trees with the same probe")
-            if name.startswith("preflight: "):
+            if suite == "preflight":
                 # G4 is not SM12x-only: any GPU without multicast (H100 PCIe too) gains.
-                results.append(_preflight_check(name, cap, obs, baseline))
-                continue
-            results.append(judged(obs, baseline[name].observed, cap, "unchanged",
-                                  note="(expected = unpatched upstream)"))
+                results.append(_preflight_check(obs.name, cap, obs, baseline))
+            elif sm12x:
+                expected = expected_sm12x(obs.name)
+                # A refusal on SM12x must say why in SM12x terms, not "requires SM90".
+                needs = "SM12x" if suite == "resolve" and expected == "error" else ""
+                results.append(judged(obs, expected, cap, GATE[suite], require_in_detail=needs))
+            else:
+                results.append(judged(obs, baseline[obs.name].observed, cap, "unchanged",
+                                      note="(expected = unpatched upstream)"))
     return results
 
 
