@@ -103,13 +103,13 @@ class RunnerGit(gitpython.Git):
         if done.returncode != 0 and with_exceptions:
             raise GitError(argv, done.returncode, err, out.decode("utf-8", "replace"),
                            where=str(cwd) if cwd else None)
-        value: str | bytes | IO[bytes] = out.removesuffix(b"\n") if strip_newline_in_stdout \
-            else out
+        kept = out.removesuffix(b"\n") if strip_newline_in_stdout else out
+        value: str | bytes | IO[bytes] = kept
         if output_stream is not None:
             output_stream.write(out)
             value = output_stream
         elif stdout_as_string or universal_newlines:
-            value = out.decode("utf-8", "replace")
+            value = kept.decode("utf-8", "replace")
         if with_extended_output:
             return (done.returncode, value, err)
         return value
