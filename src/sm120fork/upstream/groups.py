@@ -28,7 +28,7 @@ from sm120fork.fetch.kinds import UPSTREAM_TAG
 from sm120fork.patch.series import Patch
 from sm120fork.patch.tree import open_tree
 from sm120fork.resolved import ResolvedStack
-from sm120fork.upstream.template import TestRun, render_body, short_subject
+from sm120fork.upstream.template import TestRun, needs_gpu, render_body, short_subject
 from sm120fork.util import proc
 from sm120fork.util.files import staged_dir
 from sm120fork.util.git import Git
@@ -151,12 +151,10 @@ def fork_words(today: ResolvedStack) -> list[str]:
     ws = today.ws
     words = [*FORK_NAMES, *ws.stacks()]
     for other in ws.stacks().values():
+        resolved = today if other.name == today.name else ResolvedStack.of(ws, other)
         for proj in other.projects:
-            resolved = today if other.name == today.name else ResolvedStack.of(ws, other)
-            for p in resolved.series[proj.key].patches:
-                first = p.subject.split()[0] if p.subject.split() else ""
-                if re.fullmatch(r"[A-Z]+\d+", first):
-                    words.append(first)
+            words += [m.group(1) for p in resolved.series[proj.key].patches
+                      if (m := re.match(r"([A-Z]+\d+)(?!\S)", p.subject))]
     return sorted(set(words))
 
 
@@ -234,16 +232,6 @@ def _added_tests(patches: tuple[Patch, ...]) -> list[str]:
             and f.endswith(".py")]
 
 
-def needs_gpu(test_file: str) -> bool:
-    """SGLang's unit tests (``test/``) run on a CPU; FlashInfer's (``tests/``) need a GPU."""
-    return not test_file.startswith("test/")
-
-
-def unit_command(rel: str) -> str:
-    """How upstream runs the test file: SGLang's as a script, FlashInfer's under pytest."""
-    return f"python -m pytest {rel} -v" if needs_gpu(rel) else f"python3 {rel}"
-
-
 PR_FILE = "pr.json"
 #: Makes each PR's folder pytest's root: no configuration around the kit applies.
 PYTEST_INI = "[pytest]\n"
@@ -296,9 +284,8 @@ def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
     src = Path(__file__).resolve().parents[2]
     for rel in files:
         if needs_gpu(rel):
-            runs.append(TestRun(path=rel, outcome="skip", command=unit_command(rel),
-                                summary="needs a GPU: not run here (the offline kit runs "
-                                        "it: --harness upstream_tests)"))
+            runs.append(TestRun(path=rel, outcome="skip", summary="needs a GPU: not run here "
+                                "(the offline kit runs it: --harness upstream_tests)"))
             continue
         if overlay is None and project.layout:  # the layout's probe overlay, made once
             from sm120fork.layouts import adapter
@@ -313,8 +300,7 @@ def run_tests(ws: Workspace, project: Project, tree: Path, files: list[str], *,
             done = proc.run([python, "-m", "sm120fork.harness.fake_gpu", rel], cwd=tree,
                             env=env, check=False, timeout=1200)
         except CommandError as exc:  # it did not finish (timed out)
-            runs.append(TestRun(path=rel, outcome="error", command=unit_command(rel),
-                                summary=str(exc)))
+            runs.append(TestRun(path=rel, outcome="error", summary=str(exc)))
             continue
         runs.append(judge(rel, done.stdout + done.stderr, done.returncode))
     return runs
@@ -325,18 +311,16 @@ def judge(rel: str, output: str, returncode: int) -> TestRun:
     ran), with its first error."""
     ran = re.findall(r"^Ran (\d+) tests?", output, re.MULTILINE)
     verdict = re.findall(r"^((?:OK|FAILED)\b.*)$", output, re.MULTILINE)
-    command = unit_command(rel)
     if not ran or ran[-1] == "0":
-        return TestRun(path=rel, outcome="error", command=command,
-                       summary="Ran 0 tests" if ran else first_error(output)
-                       or f"exit status {returncode}, no output")
+        return TestRun(path=rel, outcome="error", summary="Ran 0 tests" if ran else
+                       first_error(output) or f"exit status {returncode}, no output")
     summary = f"Ran {ran[-1]} tests: {verdict[-1] if verdict else 'no verdict'}"
     if returncode == 0 and verdict and verdict[-1].startswith("OK"):
         every_skipped = f"skipped={ran[-1]}" in verdict[-1]  # proves nothing
         return TestRun(path=rel, outcome="error" if every_skipped else "pass",
-                       command=command, summary=summary)
+                       summary=summary)
     error = first_error(output)
-    return TestRun(path=rel, outcome="fail", command=command,
+    return TestRun(path=rel, outcome="fail",
                    summary=summary + (f"; first: {error}" if error else ""))
 
 
@@ -420,8 +404,7 @@ def prepare(today: ResolvedStack, project_key: str | None, name: str, *,
                 str(staging / "patches"), f"{base}..{commits[-1]}")
             _refuse_leaks(staging, words, machine, pr.name, where)
             runs = _run_pr_tests(ws, project, pr, git, commits[-1]) if run else [
-                TestRun(path=f, outcome="skip", command=unit_command(f),
-                        summary="not run: prepared without its tests")
+                TestRun(path=f, outcome="skip", summary="not run: prepared without its tests")
                 for f in _added_tests(pr.tests)]
             # The body cites the offline kit's GPU runs where their record is of this PR.
             cited = [_recorded_run(ws, stack.name, pr, r) if r.outcome == "skip" else r
@@ -558,8 +541,7 @@ def _recorded_run(ws: Workspace, stack: str, pr: PlannedPR, run: TestRun) -> Tes
         summary += (f"; without this PR {fixed} of them fail" if fixed
                     else "; they pass without this PR too")
     passed = bool(counts["pass"]) and not counts["fail"] + counts["error"]
-    return TestRun(path=run.path, outcome="pass" if passed else "fail",
-                   command=run.command, summary=summary,
+    return TestRun(path=run.path, outcome="pass" if passed else "fail", summary=summary,
                    where=f"on {rec.machine.description}")
 
 

@@ -16,6 +16,11 @@ def short_subject(patch: Patch) -> str:
     return _ID_PREFIX.sub("", patch.subject)
 
 
+def needs_gpu(test_file: str) -> bool:
+    """SGLang's unit tests (``test/``) run on a CPU; FlashInfer's (``tests/``) need a GPU."""
+    return not test_file.startswith("test/")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TestRun:
     """One test file of the PR on the patched upstream tree; ``outcome`` as a record's
@@ -23,9 +28,14 @@ class TestRun:
 
     path: str
     outcome: str
-    command: str
     summary: str
     where: str = "on a CPU"
+
+    @property
+    def command(self) -> str:
+        """How upstream runs the file: SGLang's as a script, FlashInfer's under pytest."""
+        rel = self.path
+        return f"python -m pytest {rel} -v" if needs_gpu(rel) else f"python3 {rel}"
 
     @property
     def ran(self) -> bool:
