@@ -311,5 +311,4 @@ def run_upstream_pr(args: argparse.Namespace, ws: Workspace, console: Console) -
                "kit's upstream_tests writes its record)"
                if args.write and all(r.outcome == "skip" for r in done.runs)
                else "; --write publishes it under reports/"))
-    failing = [r for r in done.runs if r.outcome in ("fail", "error")]
-    return EXIT_PROBLEMS_FOUND if failing else 0
+    return EXIT_PROBLEMS_FOUND if any(r.outcome in ("fail", "error") for r in done.runs) else 0
