@@ -33,8 +33,7 @@ from sm120fork.cuda.tools import Tools, find_tools
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
 from sm120fork.verify.proof.report import render_markdown
-from sm120fork.verify.proof.run import make_dependencies, prove, run_gate
-from sm120fork.verify.proof.verdict import (
+from sm120fork.verify.proof.run import (
     ArchResult,
     GateResult,
     ProofReport,
@@ -42,6 +41,9 @@ from sm120fork.verify.proof.verdict import (
     UnitResult,
     VariantResult,
     lost_pdl,
+    make_dependencies,
+    prove,
+    run_gate,
     verdict,
 )
 

@@ -296,8 +296,8 @@ def test_a_verify_run_becomes_its_record() -> None:
     from sm120fork.layouts.results import CheckResult
     from sm120fork.record import TestedPatch
     from sm120fork.verify.proof.report import to_record
+    from sm120fork.verify.proof.run import ProofReport, Status, Verdict
     from sm120fork.verify.proof.stack import PatchVerdict, Provenance, VerifyResult
-    from sm120fork.verify.proof.verdict import ProofReport, Status, Verdict
 
     def verdict(variant: str, arch: str, status: Status, *reasons: str) -> Verdict:
         return Verdict(variant=variant, arch=arch, status=status, reasons=reasons,

@@ -25,7 +25,7 @@ from sm120fork.standing import (
     twin_record,
 )
 from sm120fork.util import proc
-from sm120fork.verify.proof.verdict import CLUSTER_QUERY, ProofReport, Status
+from sm120fork.verify.proof.run import CLUSTER_QUERY, ProofReport, Status
 
 UNPATCHED = "unpatched"
 FULL = "full series"

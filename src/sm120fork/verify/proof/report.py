@@ -40,8 +40,7 @@ from sm120fork.util import portable as util_portable
 from sm120fork.util.files import atomic_write_text
 from sm120fork.util.portable import markdown_table
 from sm120fork.verify.proof.patches import FULL
-from sm120fork.verify.proof.stack import VerifyResult
-from sm120fork.verify.proof.verdict import (
+from sm120fork.verify.proof.run import (
     CLUSTER_QUERY,
     ArchResult,
     ProofReport,
@@ -49,6 +48,7 @@ from sm120fork.verify.proof.verdict import (
     Verdict,
     lost_pdl,
 )
+from sm120fork.verify.proof.stack import VerifyResult
 from sm120fork.workspace import Workspace
 
 #: Name lists longer than this are cut in the compact JSON.

@@ -35,8 +35,7 @@ from sm120fork.verify.proof.patches import (
     needs,
     run_cpu_tests,
 )
-from sm120fork.verify.proof.run import prove
-from sm120fork.verify.proof.verdict import ProofReport
+from sm120fork.verify.proof.run import ProofReport, prove
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
