@@ -87,6 +87,9 @@ class VerifyResult:
 
 def _verdicts(builds: Mapping[str, list[ProjectBuild]], patches: Mapping[str, Sequence[Patch]],
               ctx: Context, archs: Sequence[str]) -> tuple[PatchVerdict, ...]:
+    what_checked = {"proof": f"{'/'.join(archs)} cubins and {SHIPPED_SM12X_ARCH} host objects "
+                             "of the trtllm comm module",
+                    "sglang": "patched SGLang modules, GPU query stubbed"}
     verdicts: list[PatchVerdict] = []
     for key, made in builds.items():
         where = "wheel" if len(made) == 1 else f"each of {len(made)} wheels"
@@ -99,13 +102,9 @@ def _verdicts(builds: Mapping[str, list[ProjectBuild]], patches: Mapping[str, Se
                        f"({len(per_wheel[0]) if per_wheel else 0} string(s)): "
                        f"{'pass' if fp_ok else 'FAIL'}")
             outcomes: list[Outcome] = [check(c, ctx, patch, key) for c in claims(patch)]
-            artifacts = [", ".join(b.wheel.name for b in made)]
-            kinds = {o.claim.partition(":")[0] for o in outcomes}
-            if "proof" in kinds:
-                artifacts.append(f"{'/'.join(archs)} cubins and {SHIPPED_SM12X_ARCH} "
-                                 "host objects of the trtllm comm module")
-            if "sglang" in kinds:
-                artifacts.append("patched SGLang modules, GPU query stubbed")
+            kinds = {c.kind for c in claims(patch)}
+            artifacts = [", ".join(b.wheel.name for b in made),
+                         *(text for kind, text in what_checked.items() if kind in kinds)]
             verdicts.append(PatchVerdict(
                 project=key, patch=patch.name, subject=patch.subject,
                 checks=(fp_text, *(f"[{o.claim}] {o.text}: {'pass' if o.passed else 'FAIL'}"
