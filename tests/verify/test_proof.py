@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.cuda.arch import arch_list_entry, gencode_flag
 from sm120fork.cuda.cubin import (
     EMPTY_BODY_BYTES,
     Kernel,
     PdlOpcodes,
+    Tools,
+    arch_list_entry,
     calibrate_pdl_opcodes,
+    find_tools,
+    gencode_flag,
     is_empty_body,
     kernel_family,
     kernel_sizes,
@@ -29,7 +32,6 @@ from sm120fork.cuda.cubin import (
     parse_sass_opcodes,
     undefined_symbols,
 )
-from sm120fork.cuda.tools import Tools, find_tools
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
 from sm120fork.verify.proof.report import render_markdown
@@ -566,7 +568,7 @@ def test_an_unplanned_build_whose_gate_accepts_is_not_checked() -> None:
 
 
 def test_missing_tools_fail_on_ci(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sm120fork.cuda.tools import require_tools_in_ci
+    from sm120fork.cuda.cubin import require_tools_in_ci
 
     tools = Tools(python=Path(sys.executable), nvcc=Path("nvcc"), nvcc_version="x",
                   cuobjdump=None, nvdisasm=None)

@@ -18,8 +18,7 @@ from typing import Any
 from sm120fork.aot.compile import MODULE
 from sm120fork.aot.wheel import ENTRY_POINT_NAME, MARKER_SUFFIX, AotManifest, own_digest
 from sm120fork.cuda import cubin
-from sm120fork.cuda.arch import REFERENCE_ARCH
-from sm120fork.cuda.tools import demangle, find_cuobjdump, probe
+from sm120fork.cuda.cubin import REFERENCE_ARCH, demangle, find_cuobjdump, probe
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc, typed
 

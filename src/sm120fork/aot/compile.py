@@ -23,8 +23,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from sm120fork.cuda.cubin import probe
 from sm120fork.cuda.toolkit import require_nvcc
-from sm120fork.cuda.tools import probe
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.util import proc, typed
 from sm120fork.util.files import staged_dir

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from xml.etree import ElementTree
 
-from sm120fork.cuda.arch import is_sm12x
+from sm120fork.cuda.cubin import is_sm12x
 from sm120fork.patch.series import Patch
 from sm120fork.record import BASELINE_VARIANTS, KINDS, RECORD_FILE
 from sm120fork.record import read as read_record

@@ -20,17 +20,23 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from sm120fork.cuda.arch import REFERENCE_ARCH, arch_list_entry, gencode_flag
 from sm120fork.cuda.cubin import (
+    REFERENCE_ARCH,
     Kernel,
     PdlOpcodes,
+    Tools,
+    arch_list_entry,
     calibrate_pdl_opcodes,
+    demangle,
+    find_tools,
+    gencode_flag,
     inspect_cubin,
     kernel_sizes,
     missing_and_empty,
+    probe,
+    require_tools_in_ci,
     runtime_calls,
 )
-from sm120fork.cuda.tools import Tools, demangle, find_tools, probe, require_tools_in_ci
 from sm120fork.errors import CommandError, VerifyError
 from sm120fork.util import proc
 from sm120fork.util.files import sha256_file

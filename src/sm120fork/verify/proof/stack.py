@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sm120fork.cuda.arch import REFERENCE_ARCH, SHIPPED_SM12X_ARCH
+from sm120fork.cuda.cubin import REFERENCE_ARCH, SHIPPED_SM12X_ARCH
 from sm120fork.declare import Stack
 from sm120fork.errors import VerifyError
 from sm120fork.gpu.layer import run as layer_run
