@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sm120fork.aot import host
+from sm120fork.aot import pipeline
 from sm120fork.declare import load_stacks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ def test_cibuildwheel_builds_one_cp312_manylinux_wheel_per_architecture() -> Non
 
 @pytest.mark.parametrize("identifier", ["cp312-manylinux_x86_64", "cp312-manylinux_aarch64"])
 def test_cibuildwheel_options_resolve_to_our_steps(identifier: str) -> None:
-    plan = host.resolve(AOT, identifier)
+    plan = pipeline.resolve(AOT, identifier)
     assert plan.frontend == "build"
     assert plan.frontend_args == ("--no-isolation",)
     # The toolchain from the package index, then the stack's fork trees and wheels.
@@ -147,7 +147,7 @@ def test_the_build_and_test_steps_take_a_cpu_torch_only() -> None:
     for name in ("requirements-build.txt", "requirements-test.txt"):
         assert not re.search(r"^torch\b", (AOT / name).read_text(), re.M), name
     for identifier in ("cp312-manylinux_x86_64", "cp312-manylinux_aarch64"):
-        plan = host.resolve(AOT, identifier)
+        plan = pipeline.resolve(AOT, identifier)
         for steps in (plan.before_build, plan.before_test):
             first, _, rest = steps.partition("&&")
             assert "requirements-torch-cpu.txt" in first, steps

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from sm120fork.aot.compile import NinjaProgress
-from sm120fork.aot.host import _forward_progress
+from sm120fork.aot.pipeline import _forward_progress
 
 
 def _messages(caplog: pytest.LogCaptureFixture) -> list[str]:

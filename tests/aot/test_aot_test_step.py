@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sm120fork.aot import host
+from sm120fork.aot import pipeline
 from sm120fork.errors import BuildError
 
 SHIM = "flashinfer-jit-cache==0.7.2+cu130"
@@ -28,24 +28,24 @@ def test_a_wheel_that_requires_the_shim_is_installed_with_flashinfers_index(
         tmp_path: Path) -> None:
     provider = _wheel(tmp_path, "sm120fork_flashinfer_aot-0.7.2+cu130-cp312-cp312-linux_x86_64"
                       ".whl", ["flashinfer-python==0.7.2", SHIM, "nvidia-cuda-runtime<14,>=13.0"])
-    assert host.install_index_args(provider) == [
+    assert pipeline.install_index_args(provider) == [
         "--extra-index-url", "https://flashinfer.ai/whl/cu130"]
     ours = _wheel(tmp_path, "sm120fork_flashinfer_aot-0.6.7.post3.sm120.1.cu130-cp312-cp312-"
                   "linux_x86_64.whl", ["flashinfer-python==0.6.7.post3+sm120.1"])
-    assert host.install_index_args(ours) == []
+    assert pipeline.install_index_args(ours) == []
 
 
 def test_a_failing_test_step_keeps_the_wheel_and_says_what_it_needs(tmp_path: Path) -> None:
     wheel = _wheel(tmp_path, "sm120fork_flashinfer_aot-0.7.2+cu130-cp312-cp312-linux_x86_64.whl",
                    [SHIM])
-    plan = host.HostPlan(identifier="cp312-manylinux_x86_64", before_build="", frontend="build",
+    plan = pipeline.HostPlan(identifier="cp312-manylinux_x86_64", before_build="", frontend="build",
                          frontend_args=(), repair="", before_test="",
                          test_command="python -c pass", environment={})
     out = tmp_path / "out"
     (tmp_path / "work").mkdir()
     env = {**os.environ, "PIP_NO_INDEX": "1"}  # the shim is nowhere: no index, no network
     with pytest.raises(BuildError) as caught:
-        host.run_test_step(plan, wheel, out, env, {"project": tmp_path, "package": tmp_path},
+        pipeline.run_test_step(plan, wheel, out, env, {"project": tmp_path, "package": tmp_path},
                            tmp_path / "work")
     kept = out / "untested" / wheel.name
     assert kept.read_bytes() == wheel.read_bytes()

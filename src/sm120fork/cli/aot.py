@@ -22,10 +22,11 @@ def run_build(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     if args.via_cibuildwheel:
         import os
 
-        from sm120fork.aot import host
+        from sm120fork.aot.pipeline import build_via_cibuildwheel
 
         os.environ["SM120FORK_STACK"] = stack.name
-        wheel = host.run(ws.root, ws.root / "aot", args.out or default_out(ws, stack))
+        wheel = build_via_cibuildwheel(ws.root, ws.root / "aot",
+                                       args.out or default_out(ws, stack))
         console.print(f"cibuildwheel steps on this host: built, repaired and tested {wheel}")
         return 0
     result = build_aot(ws, stack,
