@@ -14,6 +14,7 @@ import pytest
 from helpers_manifest import entry, write_manifest
 from sm120fork.aot import compile as compile_mod
 from sm120fork.aot import pipeline, wheel
+from sm120fork.cuda.cubin import PROBE_MARK
 from sm120fork.declare import load_stacks
 from sm120fork.errors import ConfigError
 from sm120fork.util import proc
@@ -195,7 +196,7 @@ def test_the_module_build_names_absolute_paths_as_it_runs_in_its_work_folder(
         result = {"name": "trtllm_comm", "cuda_flags": ["-gencode=arch=compute_90a,code=sm_90a"],
                   "sources": [], "ninja": "", "flashinfer_version": "0",
                   "tvm_ffi_version": "0", "arch_list": "9.0a", "prefix": "/p"}
-        return SimpleNamespace(stdout=compile_mod._MARK + json.dumps(result) + "\n", stderr="")
+        return SimpleNamespace(stdout=PROBE_MARK + json.dumps(result) + "\n", stderr="")
 
     monkeypatch.setattr(proc, "run", run)
     monkeypatch.setattr(compile_mod, "sources_root", lambda tree: tree)
@@ -236,7 +237,7 @@ def test_a_compiled_module_is_kept_whole_under_its_key_and_served_from_there(
             so.write_bytes(b"\x7fELF")
             builds.append(so)
             result["so"] = str(so)
-        return SimpleNamespace(stdout=compile_mod._MARK + json.dumps(result) + "\n", stderr="")
+        return SimpleNamespace(stdout=PROBE_MARK + json.dumps(result) + "\n", stderr="")
 
     monkeypatch.setattr(proc, "run", run)
     monkeypatch.setattr(compile_mod, "sources_root", lambda tree: tree)

@@ -25,7 +25,6 @@ from sm120fork.util import proc, typed
 #: ``module:function`` making the JitSpec of each module asked about by default.
 DEFAULT_SPECS: tuple[str, ...] = ("flashinfer.jit.comm:gen_trtllm_comm_module",)
 
-_MARK = "@@sm120fork-aot-check@@"
 _LOOKUP_PROBE = r"""
 import importlib.util
 makers, mark = sys.argv[1:-1], sys.argv[-1]
@@ -149,8 +148,8 @@ def lookup(env: Mapping[str, str] | None = None, arch_list: str = "9.0",
             "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
     cwd = Path(full.get("FLASHINFER_WORKSPACE_BASE") or os.getcwd())
     cwd.mkdir(parents=True, exist_ok=True)
-    result = probe(sys.executable, _LOOKUP_PROBE, *specs, what="the lookup probe", mark=_MARK,
-                   env=full, cwd=cwd)
+    result = probe(sys.executable, _LOOKUP_PROBE, *specs, what="the lookup probe", env=full,
+                   cwd=cwd)
     if isinstance(result, dict) and "error" in result:
         raise VerifyError(str(result["error"]),
                           fix="install the FlashInfer wheel beside the AOT wheel")

@@ -33,7 +33,6 @@ from sm120fork.util.hint import command
 log = logging.getLogger("sm120fork")
 
 MODULE = "trtllm_comm"
-_MARK = "@@sm120fork-aot@@"
 _STUB_SOURCE = "/* libcuda.so link stub: the real driver library is found at run time. */\n"
 
 
@@ -235,7 +234,7 @@ def _probe(tree: Path, build_dir: Path, mode: str, env: Mapping[str, str]) -> tu
     log.info("+ FLASHINFER_CUDA_ARCH_LIST=%r %s -c <FlashInfer %s probe> %s %s",
              env.get("FLASHINFER_CUDA_ARCH_LIST"), sys.executable, mode, tree, build_dir)
     result = probe(sys.executable, _PROBE, tree, build_dir, mode, what="the FlashInfer build "
-                   "probe", where=str(tree), error=BuildError, mark=_MARK, env=env,
+                   "probe", where=str(tree), error=BuildError, env=env,
                    cwd=build_dir, on_line=NinjaProgress() if mode == "build" else None)
     if "refused" in result:
         raise BuildError(f"FlashInfer's JIT refuses {MODULE} for "

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from sm120fork.cuda.toolkit import locate_nvcc
+from sm120fork.cuda.toolkit import require_nvcc
 from sm120fork.errors import ConfigError, ToolkitError, VerifyError
 from sm120fork.util import proc
 
@@ -90,12 +90,12 @@ def _tool(name: str, paths: Sequence[str], patterns: Sequence[str] = _PIP_TOOLS)
 
 def probe(python: str | os.PathLike[str], script: str, *args: str | os.PathLike[str],
           what: str, where: str | None = None, error: type[ToolkitError] = VerifyError,
-          mark: str = PROBE_MARK, **run: Any) -> Any:
-    """Run the prelude and ``script`` in ``python`` (``mark`` its last argument, ``run`` to
-    proc.run): the JSON after ``mark`` on the last stdout line with it, else ``error``."""
-    out = proc.run([python, "-c", _PRELUDE + script, *args, mark], quiet=True, **run)
-    payload = next((line.removeprefix(mark) for line in reversed(out.stdout.splitlines())
-                    if line.startswith(mark)), None)
+          **run: Any) -> Any:
+    """Run the prelude and ``script`` in ``python`` (PROBE_MARK its last argument, ``run`` to
+    proc.run): the JSON after the mark on the last stdout line with it, else ``error``."""
+    out = proc.run([python, "-c", _PRELUDE + script, *args, PROBE_MARK], quiet=True, **run)
+    payload = next((line.removeprefix(PROBE_MARK) for line in reversed(out.stdout.splitlines())
+                    if line.startswith(PROBE_MARK)), None)
     if payload is None:
         raise error(f"{what} printed no result", where=where,
                     detail=(out.stdout + out.stderr)[-3000:])
@@ -128,10 +128,7 @@ def require_tools_in_ci(tools: Tools) -> None:
 def find_tools(python: str | os.PathLike[str] | None = None) -> Tools:
     """Locate nvcc, c++filt and the disassemblers (on PATH or in the probe's packages)."""
     interpreter = Path(python) if python else Path(sys.executable)
-    nvcc = locate_nvcc()
-    if nvcc is None:
-        raise VerifyError("nvcc not found (CUDA_HOME, PATH, /usr/local/cuda)",
-                          fix="install the CUDA toolkit (nvcc >= 12.9 for sm_120a/sm_120f)")
+    nvcc = require_nvcc(fix="install the CUDA toolkit (nvcc >= 12.9 for sm_120a/sm_120f)")
     paths: list[str] = probe(interpreter, _SYS_PATH_PROBE, what=f"{interpreter}")
     tools = Tools(python=interpreter, nvcc=nvcc.path, nvcc_version=nvcc.version_text,
                   cuobjdump=_tool("cuobjdump", paths), nvdisasm=_tool("nvdisasm", paths))
