@@ -34,7 +34,6 @@ from sm120fork.cuda.cubin import (
 )
 from sm120fork.errors import VerifyError
 from sm120fork.util import proc
-from sm120fork.verify.proof.report import render_markdown
 from sm120fork.verify.proof.run import (
     ArchResult,
     GateResult,
@@ -48,6 +47,7 @@ from sm120fork.verify.proof.run import (
     run_gate,
     verdict,
 )
+from sm120fork.verify.proof.stack import render_markdown
 
 NVCC = shutil.which("nvcc")
 

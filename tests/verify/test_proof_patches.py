@@ -24,7 +24,7 @@ from sm120fork.verify.proof.patches import (
     run_cpu_tests,
     suite_node,
 )
-from sm120fork.verify.proof.report import NAMES_SHOWN, compact
+from sm120fork.verify.proof.stack import NAMES_SHOWN, compact
 
 PATCH = """\
 From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
@@ -272,7 +272,7 @@ def test_compact_keeps_verdicts_and_counts_but_not_kernel_lists() -> None:
 
 
 def test_portable_names_machine_folders_by_role() -> None:
-    from sm120fork.verify.proof.report import portable
+    from sm120fork.verify.proof.stack import portable
 
     root = Path("/home/me/checkout")
     flags = ["-isystem", "/home/me/.venv/lib/python3.11/site-packages/tvm_ffi/include",
@@ -295,9 +295,8 @@ def test_a_verify_run_becomes_its_record() -> None:
     went through the report's JSON and back by string keys)."""
     from sm120fork.layouts.results import CheckResult
     from sm120fork.record import TestedPatch
-    from sm120fork.verify.proof.report import to_record
     from sm120fork.verify.proof.run import ProofReport, Status, Verdict
-    from sm120fork.verify.proof.stack import PatchVerdict, Provenance, VerifyResult
+    from sm120fork.verify.proof.stack import PatchVerdict, Provenance, VerifyResult, to_record
 
     def verdict(variant: str, arch: str, status: Status, *reasons: str) -> Verdict:
         return Verdict(variant=variant, arch=arch, status=status, reasons=reasons,

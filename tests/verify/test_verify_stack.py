@@ -10,8 +10,7 @@ import pytest
 from sm120fork import record
 from sm120fork.patch.series import load_series
 from sm120fork.verify.proof.patches import NO_EVIDENCE
-from sm120fork.verify.proof.report import write_reports
-from sm120fork.verify.proof.stack import run_verify
+from sm120fork.verify.proof.stack import run_verify, write_reports
 
 from helpers_maintain import count_series_loads
 from helpers_ws import STACK, make_demo

@@ -14,8 +14,7 @@ from sm120fork.workspace import Workspace
 
 
 def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
-    from sm120fork.verify.proof.report import write_reports
-    from sm120fork.verify.proof.stack import PROOF_ARCHS, run_verify
+    from sm120fork.verify.proof.stack import PROOF_ARCHS, run_verify, write_reports
 
     result = run_verify(ws, ws.stack(args.stack), jobs=args.jobs, force=args.force,
                         archs=args.archs or PROOF_ARCHS)
