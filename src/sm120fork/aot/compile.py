@@ -295,11 +295,11 @@ def prepare(link_dir: Path) -> Toolchain:
                      version_text=nvcc.version_text, link_dir=link_dir, source=source)
 
 
-def _base_env(toolchain: Toolchain, arch_list: str, build_dir: Path,
-              jobs: int) -> dict[str, str]:
+def _base_env(toolchain: Toolchain, arch_list: str, build_dir: Path, jobs: int,
+              cuda_flags: str = "") -> dict[str, str]:
     return {**toolchain.env(), "FLASHINFER_CUDA_ARCH_LIST": arch_list,
            "FLASHINFER_WORKSPACE_BASE": str(build_dir / "workspace"),
-           "FLASHINFER_EXTRA_CUDAFLAGS": "", "FLASHINFER_JIT_VERBOSE": "0",
+           "FLASHINFER_EXTRA_CUDAFLAGS": cuda_flags, "FLASHINFER_JIT_VERBOSE": "0",
            "FLASHINFER_JIT_DEBUG": "0", "PYTHONDONTWRITEBYTECODE": "1",
            "MAX_JOBS": str(jobs)}
 
@@ -354,8 +354,7 @@ def build(tree: Path, capabilities: Sequence[str], toolchain: Toolchain, cache: 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     times = work / "nvcc-time.csv"
-    env = _base_env(toolchain, archs, work, jobs)
-    env["FLASHINFER_EXTRA_CUDAFLAGS"] = f"--time={times}"
+    env = _base_env(toolchain, archs, work, jobs, f"--time={times}")
     log.info("compiling %s for %s (%s, %d jobs): this takes minutes per target",
              MODULE, " ".join(planned.targets), toolchain.version_text, jobs)
     started = time.monotonic()
