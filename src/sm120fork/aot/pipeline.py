@@ -63,12 +63,11 @@ def default_out(ws: Workspace, stack: Stack) -> Path:
 def flashinfer_build(wheels_dir: Path, stack: Stack) -> wheel_mod.FlashInferBuild:
     """The FlashInfer wheel this stack published (its entry in manifest.json)."""
     path = wheels_dir / manifest_file.FILE
-    manifest = manifest_file.read(path, fix=f"run `{command('build', '--stack', stack.name)}` "
-                                            "first")
+    rebuild = f"run `{command('build', '--stack', stack.name)}`"
+    manifest = manifest_file.read(path, fix=f"{rebuild} first")
     if manifest.stack != stack.name:
         raise ConfigError(f"manifest.json is for stack {manifest.stack!r}, not "
-                          f"{stack.name!r}", where=str(path),
-                          fix=f"run `{command('build', '--stack', stack.name)}`")
+                          f"{stack.name!r}", where=str(path), fix=rebuild)
     entry = manifest.first(FLASHINFER_KEY)
     if entry is None:
         raise ConfigError("manifest.json has no flashinfer wheel", where=str(path))

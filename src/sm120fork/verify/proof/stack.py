@@ -326,8 +326,7 @@ def compact(document: Any) -> Any:
     out = copy.deepcopy(document)
     for verdict in out["verdicts"]:
         for key in ("missing", "empty", "pdl_lost"):
-            names = verdict[key]
-            verdict[key] = {"count": len(names), "first": names[:NAMES_SHOWN]}
+            verdict[key] = {"count": len(verdict[key]), "first": verdict[key][:NAMES_SHOWN]}
     for variant in (out["proof"] or {}).get("variants", []):
         for arch in variant["archs"]:
             for unit in arch["units"]:
