@@ -90,16 +90,11 @@ _IMPLEMENTATION = Path("flashinfer") / "jit" / "provenance.py"
 
 def own_digest(csrc: Path, include: Path) -> str:
     """The rule, computed here: ``sha256:<hex>`` over csrc/ and include/."""
-    lines: list[tuple[str, str]] = []
-    for base in (csrc, include):
-        for path in base.rglob("*"):
-            if path.is_file():
-                rel = f"{base.name}/{path.relative_to(base).as_posix()}"
-                lines.append((rel, hashlib.sha256(path.read_bytes()).hexdigest()))
-    digest = hashlib.sha256()
-    for rel, file_digest in sorted(lines):
-        digest.update(f"{rel}\0{file_digest}\n".encode())
-    return f"sha256:{digest.hexdigest()}"
+    files = sorted((f"{base.name}/{path.relative_to(base).as_posix()}",
+                    hashlib.sha256(path.read_bytes()).hexdigest())
+                   for base in (csrc, include) for path in base.rglob("*") if path.is_file())
+    text = "".join(f"{rel}\0{file_digest}\n" for rel, file_digest in files)
+    return f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
 
 
 def tree_digest(tree: Path) -> tuple[str, str]:
