@@ -309,10 +309,9 @@ def tree_digest(tree: Path) -> str:
     digest = hashlib.sha256()
     in_tree = sources_root(tree) == tree
     for name in ("csrc", "include", "3rdparty") if in_tree else ("flashinfer/data",):
-        base = tree / name
-        if not base.is_dir():
-            continue
-        for path in sorted(p for p in base.rglob("*") if p.is_file() and ".git" not in p.parts):
+        # (a folder the tree lacks adds nothing)
+        for path in sorted(p for p in (tree / name).rglob("*")
+                           if p.is_file() and ".git" not in p.parts):
             digest.update(path.relative_to(tree).as_posix().encode() + b"\0")
             digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
