@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import re
 import types
@@ -67,10 +68,14 @@ class _At:
         return MalformedError(self.where, self.key, what, fix)
 
 
-def _object(cls: type[Any], data: object, at: _At) -> object:
+#: A dataclass's field types, looked up once per class.
+_hints = functools.cache(typing.get_type_hints)
+
+
+def _object(cls: Any, data: object, at: _At) -> object:  # a dataclass
     if not isinstance(data, dict):
         raise at.error(f"is {kind(data)}, not an object")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     if at.strict:
         for name in data:
@@ -94,7 +99,7 @@ def _value(hint: Any, value: object, at: _At) -> object:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
-        return _object(typing.cast(type, hint), value, at)
+        return _object(hint, value, at)
     if origin in (types.UnionType, typing.Union):
         if value is None and type(None) in args:
             return None
