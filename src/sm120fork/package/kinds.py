@@ -4,6 +4,7 @@ built, repacked or as published, each checked, with their manifest entries."""
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,18 +47,31 @@ def no_stage(project: str, what: str) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Options:
+    """How to run a build's stages (the CLI's flags), resolved once like the plan."""
+
+    force: bool = False
+    rebuild: bool = False
+    progress: Callable[[str], Progress | None] | None = None
+    out: Path | None = None
+    jobs: int = os.cpu_count() or 1
+    stage: Stage = no_stage
+    #: Publish without checking the patched tree (the manifest says so).
+    unchecked: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
 class Job:
-    """One project of one stack to build, with its series (loaded once per build)."""
+    """One project of one stack to build, with its series and kind, resolved once."""
 
     ws: Workspace
     stack: Stack
     project: Project
     series: Series
-    force: bool = False
-    progress: Progress | None = None
-    stage: Stage = no_stage
-    #: Publish without checking the patched tree (the manifest says so).
-    unchecked: bool = False
+    kind: Build
+    #: Its build cache entry for these inputs (the pin, the source and the series hashed).
+    entry_dir: Path
+    options: Options
 
     def entry(self, *, version: str, source: SourceRecord, wheel: Path, sha256: str,
               used_as_published: bool = False, patched_commit: str | None = None,
@@ -82,20 +96,20 @@ class Job:
 
 def patched_tree(job: Job) -> tuple[Tree, str]:
     """The fork tree with the series applied, and its check's summary, or BuildError;
-    with ``job.unchecked`` a failure (or a check that cannot run) is published as
+    with ``--unchecked`` a failure (or a check that cannot run) is published as
     :data:`UNCHECKED` and why."""
     stack, key = job.stack.name, job.project.key
-    job.stage(key, "fetching and patching")
+    job.options.stage(key, "fetching and patching")
     made = prepare_tree(job.ws, job.stack, job.project, patches=job.series.patches,
-                        force=job.force, progress=job.progress)
+                        force=job.options.force)
     tree = made.path
     anyway = f"`{command('build', '--stack', stack, '--unchecked')}`"
-    job.stage(key, "checking the patched tree")
+    job.options.stage(key, "checking the patched tree")
     try:
         result = check_tree(tree, job.series.patches, layout=job.project.layout,
                             cache=job.ws.state_dir / "probe")
     except VerifyError as exc:  # the probe cannot run here
-        if not job.unchecked:
+        if not job.options.unchecked:
             raise BuildError(exc.what, where=exc.where, detail=exc.detail,
                              fix=f"{exc.fix}; or publish the build as unchecked: {anyway}"
                              ) from exc
@@ -103,7 +117,7 @@ def patched_tree(job: Job) -> tuple[Tree, str]:
     else:
         if result.passed:
             return made, result.summary
-        if not job.unchecked:
+        if not job.options.unchecked:
             fold = fold_steps(tree, job.series.patches, result.failures[0].patch)
             raise refusal(result, BuildError, fix=(
                 f"mend the patch: fix it in {tree}, " + (f"fold the fix into the patch: {fold}"
@@ -124,8 +138,8 @@ class Build:
     def __init__(self, source: SourceFetch) -> None:
         self.source = source
 
-    def download(self, job: Job) -> list[Path]:
-        return self.source.download(job.project, job.ws, job.progress)
+    def download(self, job: Job, progress: Progress | None = None) -> list[Path]:
+        return self.source.download(job.project, job.ws, progress)
 
     def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
         """Build and check the project's wheels into ``staging``; their entries."""
@@ -138,11 +152,11 @@ class FromSource(Build):
     def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
         project, key = job.project, job.project.key
         tree, check = patched_tree(job)
-        job.stage(key, "building the wheel")
+        job.options.stage(key, "building the wheel")
         wheel = build_wheel(project, tree.repo, staging,
-                            on_line=lambda line: job.stage(key, f"building: {line}"),
+                            on_line=lambda line: job.options.stage(key, f"building: {line}"),
                             changed_files=[f for p in job.series.patches for f in p.files])
-        job.stage(key, "checking the wheel")
+        job.options.stage(key, "checking the wheel")
         filename, url = self.source.origin(project)
         source = SourceRecord(kind=self.source.name, digest=tree.state.source.split(":", 1)[1],
                               filename=filename, url=url)
@@ -180,7 +194,7 @@ class RepackedWheels(Build):
         epoch = str(tree.repo.commit_time())
         entries = []
         for pin, original in zip(project.wheels, inputs, strict=True):
-            job.stage(project.key, f"repacking {original.name}")
+            job.options.stage(project.key, f"repacking {original.name}")
             wheel = repack_wheel(project, original, replacements, staging,
                                  source_date_epoch=epoch)
             entries.append(_checked_entry(job, tree, check, wheel, _record_of(pin),

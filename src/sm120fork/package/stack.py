@@ -21,15 +21,14 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from sm120fork.declare import Project, Stack, pinned_for, requirement_applies
+from sm120fork.declare import Stack, pinned_for, requirement_applies
 from sm120fork.errors import BuildError, ConfigError, DirtyTreeError
 from sm120fork.fetch.index import Progress
 from sm120fork.fetch.kinds import source_key
 from sm120fork.manifest import UNCHECKED, ManifestEntry
-from sm120fork.package.kinds import Build, Job, Stage, kind_for, no_stage
+from sm120fork.package.kinds import Job, Options, Stage, kind_for, no_stage
 from sm120fork.package.publish import ProjectBuild, check_writable, publish
 from sm120fork.package.wheel import wheel_extras, wheel_requirements
-from sm120fork.patch.series import Series
 from sm120fork.patch.tree import (
     keep_local_work_hint,
     local_work,
@@ -55,16 +54,6 @@ ENTRY = "entry.json"
 BUILD_RECIPE = 1
 
 
-def cache_key(project: Project, series: Series, kind: str) -> str:
-    payload = json.dumps({
-        "recipe": BUILD_RECIPE,
-        "project": project.build_inputs(),
-        "source": source_key(project, kind),
-        "series": series.digest,
-    }, sort_keys=True, default=str)  # Requirement objects as their PEP 508 text
-    return hashlib.sha256(payload.encode()).hexdigest()[:24]
-
-
 def _load_entries(entry_dir: Path) -> list[ManifestEntry] | None:
     """The cached entries (``{"wheels": [...]}``), or None unless every wheel they name is
     there with its sha256 (an entry of another form is rebuilt and replaced)."""
@@ -84,22 +73,20 @@ def _load_entries(entry_dir: Path) -> list[ManifestEntry] | None:
     return entries or None
 
 
-def build_project(resolved: ResolvedStack, item: Planned, inputs: list[Path] | None,
-                  options: Options) -> list[ProjectBuild]:
+def build_project(job: Job, inputs: list[Path] | None) -> list[ProjectBuild]:
     """The project's checked wheels, whatever its source kind (:mod:`.kinds`): from the
     build cache when the pin, source and series are unchanged, else built now from
     ``inputs``, the kind's downloads (None: download them now).  A build made unchecked
-    (``options.unchecked``) is reused only by another such build."""
+    (``--unchecked``) is reused only by another such build."""
     start = time.monotonic()
-    ws, stack = resolved.ws, resolved.stack
-    project, series, kind, entry_dir = item.project, item.series, item.kind, item.entry_dir
-    entries = None if options.rebuild else _load_entries(entry_dir)
-    if entries and not options.unchecked and kind.has_tree and any(
+    ws, stack, project, kind, entry_dir = job.ws, job.stack, job.project, job.kind, job.entry_dir
+    entries = None if job.options.rebuild else _load_entries(entry_dir)
+    if entries and not job.options.unchecked and kind.has_tree and any(
             not e.check or e.check.startswith(UNCHECKED) for e in entries):
         entries = None  # built unchecked (or before the check existed): check it now
     cached = entries is not None
     if entries is not None and kind.has_tree and (
-            stale := other_series(ws, stack, project, series)):
+            stale := other_series(ws, stack, project, job.series)):
         # The cached wheel is of the series, the fork tree is not: a refresh from it
         # would write the other series back into patches/.
         raise DirtyTreeError(f"the fork tree of {project.key} cannot be reused: {stale}",
@@ -115,8 +102,6 @@ def build_project(resolved: ResolvedStack, item: Planned, inputs: list[Path] | N
                         "the series without it. To build it: %s", project.key, work, why,
                         keep_local_work_hint(work, why, stack, project))
     else:
-        job = Job(ws=ws, stack=stack, project=project, series=series, force=options.force,
-                  stage=options.stage, unchecked=options.unchecked)
         if inputs is None:
             inputs = kind.download(job)
         staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(entry_dir.name),
@@ -147,38 +132,15 @@ def remove_leftovers(ws: Workspace, stack: Stack) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Planned:
-    """One project of the plan: its series and source kind, resolved once."""
-
-    project: Project
-    series: Series
-    kind: Build
-    #: Its build cache entry for these inputs (:func:`cache_key`).
-    entry_dir: Path
-
-
-@dataclass(frozen=True, kw_only=True)
 class Plan:
     """What a build builds, resolved once and passed down every stage: the stack, the
     projects (all of them, or ``only`` those), each with its series and kind."""
 
     resolved: ResolvedStack
-    projects: tuple[Planned, ...]
+    projects: tuple[Job, ...]
     #: Every project of the stack: the build publishes (a partial build only builds).
     whole: bool
-
-
-@dataclass(frozen=True, kw_only=True)
-class Options:
-    """How to run the stages (the CLI's flags), resolved once like the plan."""
-
-    force: bool = False
-    rebuild: bool = False
-    progress: Callable[[str], Progress | None] | None = None
-    out: Path | None = None
-    jobs: int = os.cpu_count() or 1
-    stage: Stage = no_stage
-    unchecked: bool = False
+    options: Options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,41 +160,43 @@ class Built:
     builds: tuple[ProjectBuild, ...]
 
 
-def load(resolved: ResolvedStack, only: Sequence[str] | None = None) -> Plan:
+def load(resolved: ResolvedStack, options: Options, only: Sequence[str] | None = None) -> Plan:
     """Stage 1: the plan, of the series the stack was resolved with."""
     ws, stack = resolved.ws, resolved.stack
-    projects = [stack.project(k) for k in only] if only else list(stack.projects)
-    planned = []
-    for p in projects:
+    jobs = []
+    for p in [stack.project(k) for k in only] if only else stack.projects:
         series = resolved.series[p.key]
         kind = kind_for(p, series)
-        planned.append(Planned(project=p, series=series, kind=kind,
-                               entry_dir=ws.build_cache(stack, p)
-                               / cache_key(p, series, kind.source.name)))
-    return Plan(resolved=resolved, projects=tuple(planned), whole=not only)
+        key = json.dumps({"recipe": BUILD_RECIPE, "project": p.build_inputs(),
+                          "source": source_key(p, kind.source.name), "series": series.digest},
+                         sort_keys=True, default=str)  # Requirement objects as PEP 508 text
+        jobs.append(Job(ws=ws, stack=stack, project=p, series=series, kind=kind,
+                        entry_dir=ws.build_cache(stack, p)
+                        / hashlib.sha256(key.encode()).hexdigest()[:24], options=options))
+    return Plan(resolved=resolved, projects=tuple(jobs), whole=not only, options=options)
 
 
-def fetch(plan: Plan, options: Options) -> Fetched:
+def fetch(plan: Plan) -> Fetched:
     """Stage 2: the downloads, one at a time (one progress bar each), before the projects
     build side by side; none for a project whose cached build serves."""
+    options = plan.options
     inputs: dict[str, list[Path] | None] = {}
-    for item in plan.projects:
-        p = item.project
-        cached = not options.rebuild and _load_entries(item.entry_dir)
-        inputs[p.key] = None if cached else item.kind.download(Job(
-            ws=plan.resolved.ws, stack=plan.resolved.stack, project=p, series=item.series,
-            progress=options.progress(p.key) if options.progress else None))
+    for job in plan.projects:
+        key = job.project.key
+        cached = not options.rebuild and _load_entries(job.entry_dir)
+        inputs[key] = None if cached else job.kind.download(
+            job, options.progress(key) if options.progress else None)
     return Fetched(plan=plan, inputs=inputs)
 
 
-def build(fetched: Fetched, options: Options) -> Built:
+def build(fetched: Fetched) -> Built:
     """Stages 3-5 per project, concurrently (they share nothing, and a wheel build leaves
     cores idle): patch the fork tree, build, check the wheel (the kind's ``make``)."""
     plan = fetched.plan
-    with ThreadPoolExecutor(max_workers=max(1, min(len(plan.projects), options.jobs))) as pool:
-        futures = [pool.submit(build_project, plan.resolved, item,
-                               fetched.inputs[item.project.key], options)
-                   for item in plan.projects]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(plan.projects), plan.options.jobs))
+                            ) as pool:
+        futures = [pool.submit(build_project, job, fetched.inputs[job.project.key])
+                   for job in plan.projects]
         try:
             builds = tuple(b for f in futures for b in f.result())
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through the CLI's handler
@@ -243,7 +207,7 @@ def build(fetched: Fetched, options: Options) -> Built:
     return Built(plan=plan, builds=builds)
 
 
-def check(built: Built, options: Options) -> Built:
+def check(built: Built) -> Built:
     """Stage 6: each wheel's requirements on the stack's projects are exactly its declared
     ``upstream_requires`` and accept the version we ship, extras included."""
     stack = built.plan.resolved.stack
@@ -288,16 +252,16 @@ def check(built: Built, options: Options) -> Built:
     return built
 
 
-def stage_and_publish(built: Built, options: Options) -> Built:
+def stage_and_publish(built: Built) -> Built:
     """Stage 7: the plugin built from the SGLang series, then everything the stack's
     folder holds staged and swapped in once (a partial build publishes nothing)."""
     plan = built.plan
     if not plan.whole:
         return built
     plugin = build_plugin(plan.resolved.ws, plan.resolved.stack, plan.resolved.series,
-                          force=options.force)
+                          force=plan.options.force)
     log.info("%s", plugin.message)
-    publish(plan.resolved.ws, plan.resolved.stack, list(built.builds), options.out,
+    publish(plan.resolved.ws, plan.resolved.stack, list(built.builds), plan.options.out,
             extra=plugin_files(plugin))
     return built
 
@@ -317,7 +281,6 @@ def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bo
     allow_children()
     with ws.lock(lock_timeout):
         remove_leftovers(ws, stack)
-        plan = load(ResolvedStack.of(ws, stack), only)
-        built = stage_and_publish(check(build(fetch(plan, options), options), options),
-                                  options)
+        plan = load(ResolvedStack.of(ws, stack), options, only)
+        built = stage_and_publish(check(build(fetch(plan))))
     return list(built.builds)

@@ -38,6 +38,7 @@ from sm120fork.fetch.kinds import UPSTREAM_TAG
 from sm120fork.manifest import FingerprintResult
 from sm120fork.patch.series import Series, fingerprint_in, load_series, match_upstream
 from sm120fork.patch.tree import prepare_tree
+from sm120fork.plugin.build import pypa_build
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util.files import dist_info, scratch_prefix
 from sm120fork.util.git import Git
@@ -96,20 +97,9 @@ def build_wheel(project: Project, repo: Git, out_dir: Path,
         env = _stamp(project, package_dir, changed_files)
         # Reproducible archives: wheel/setuptools date zip entries from this.
         env["SOURCE_DATE_EPOCH"] = str(repo.commit_time())
-        dist = Path(tmp) / "dist"
         log.info("building %s %s", project.distribution, project.local_version)
-        try:
-            run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(package_dir)],
-                env=env, on_line=on_line)
-        except CommandError as exc:
-            raise BuildError(f"building the {project.distribution} wheel failed",
-                             where=f"project {project.key}", detail=exc.detail,
-                             fix="read the build output above") from exc
-        wheels = sorted(dist.glob("*.whl"))
-        if len(wheels) != 1:
-            raise BuildError(f"expected one wheel, got {[w.name for w in wheels]}",
-                             where=f"project {project.key}")
-        wheel = wheels[0]
+        wheel = pypa_build(package_dir, Path(tmp) / "dist", name=project.distribution,
+                           where=f"project {project.key}", env=env, on_line=on_line)
         name, version, _, _ = parse_wheel_filename(wheel.name)
         if canonicalize_name(name) != project.normalized_name or version != Version(
                 project.local_version):

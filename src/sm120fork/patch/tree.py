@@ -25,7 +25,6 @@ from sm120fork.errors import (
     MaintenanceError,
     PatchError,
 )
-from sm120fork.fetch.index import Progress
 from sm120fork.fetch.kinds import UPSTREAM_TAG, fetch_source, source_key
 from sm120fork.patch.series import Patch, Series
 from sm120fork.util import typed
@@ -157,8 +156,7 @@ def open_tree(ws: Workspace, stack: Stack, project: Project) -> Tree:
 
 def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
                  patches: Sequence[Patch], variant: str = "",
-                 force: bool = False, source: str | None = None,
-                 progress: Progress | None = None) -> Tree:
+                 force: bool = False, source: str | None = None) -> Tree:
     """Pinned upstream + ``patches``."""
     work = ws.work_tree(stack, project, variant)
     kind = source or project.source
@@ -178,7 +176,7 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
         return Tree(path=work, repo=Git(work), state=state, reused=True)
     if state is None or state.source != skey:
         work.parent.mkdir(parents=True, exist_ok=True)
-        base = fetch_source(project, kind, work, ws=ws, progress=progress)
+        base = fetch_source(project, kind, work, ws=ws)
     else:
         base = state.base
     repo = Git(work)

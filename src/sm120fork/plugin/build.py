@@ -15,7 +15,7 @@ import logging
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,6 +139,22 @@ def write_project(spec: Spec, local_label: str, dest: Path) -> Path:
     return dest
 
 
+def pypa_build(project_dir: Path, dist: Path, *, name: str, where: str,
+               env: dict[str, str], on_line: Callable[[str], None] | None = None) -> Path:
+    """The one wheel pypa/build makes of ``project_dir`` in ``dist``."""
+    try:
+        run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(project_dir)],
+            env=env, on_line=on_line)
+    except CommandError as exc:
+        raise BuildError(f"building the {name} wheel failed", where=where, detail=exc.detail,
+                         fix="read the build output above") from exc
+    wheels = sorted(dist.glob("*.whl"))
+    if len(wheels) != 1:
+        raise BuildError(f"expected one {name} wheel, got {[w.name for w in wheels]}",
+                         where=where)
+    return wheels[0]
+
+
 @dataclass(frozen=True, kw_only=True)
 class PluginWheel:
     wheel: Path
@@ -160,26 +176,16 @@ def build_plugin_wheel(spec: Spec, local_label: str, cache: Path) -> PluginWheel
         if len(found) == 1:
             return PluginWheel(wheel=found[0], cached=True)
         with staged_dir(entry, label="plugin") as staged:
-            dist = staged.parent / "dist"
             log.info("building %s %s", DISTRIBUTION, version)
-            try:
-                run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist),
-                     str(project)], env={"SOURCE_DATE_EPOCH": "946684800"})  # 2000-01-01
-            except CommandError as exc:
-                raise BuildError(f"building the {DISTRIBUTION} wheel failed",
-                                 where=spec.stack, detail=exc.detail,
-                                 fix="read the build output above") from exc
-            wheels = sorted(dist.glob("*.whl"))
-            if len(wheels) != 1:
-                raise BuildError(f"expected one plugin wheel, got {[w.name for w in wheels]}",
-                                 where=spec.stack)
-            _, built_version, _, tags = parse_wheel_filename(wheels[0].name)
+            wheel = pypa_build(project, staged.parent / "dist", name=DISTRIBUTION,
+                               where=spec.stack, env={"SOURCE_DATE_EPOCH": "946684800"})
+            _, built_version, _, tags = parse_wheel_filename(wheel.name)
             if built_version != Version(version) or {str(t) for t in tags} != {"py3-none-any"}:
-                raise BuildError(f"built {wheels[0].name}, expected a py3-none-any wheel of "
+                raise BuildError(f"built {wheel.name}, expected a py3-none-any wheel of "
                                  f"{version}", where=spec.stack)
             staged.mkdir()
-            shutil.copy2(wheels[0], staged / wheels[0].name)
-    return PluginWheel(wheel=entry / wheels[0].name, cached=False)
+            shutil.copy2(wheel, staged / wheel.name)
+    return PluginWheel(wheel=entry / wheel.name, cached=False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,8 +38,9 @@ from sm120fork.errors import VerifyError
 from sm120fork.gpu.layer import run as layer_run
 from sm120fork.layouts import LAYOUTS, adapter
 from sm120fork.layouts.results import CheckResult
+from sm120fork.package.kinds import Options
 from sm120fork.package.publish import ProjectBuild
-from sm120fork.package.stack import Options, build, fetch, load
+from sm120fork.package.stack import build, fetch, load
 from sm120fork.patch.series import Patch
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.record import (
@@ -163,7 +164,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     start = time.monotonic()
     archs = tuple(dict.fromkeys((*BEFORE_ARCHS, *archs)))
     resolved = ResolvedStack.of(ws, stack)  # its series, read once for build and checks
-    plan = load(resolved)
+    plan = load(resolved, Options(force=force, jobs=1))
     series = {i.project.key: i.series for i in plan.projects}
     patches = {key: s.patches for key, s in series.items()}
 
@@ -182,7 +183,7 @@ def run_verify(ws: Workspace, stack: Stack, *, jobs: int = 2, force: bool = Fals
     gate_variant: str | None = None
     sglang: list[CheckResult] = []
     with ws.lock():
-        built = build(fetch(plan, Options(force=force, jobs=1)), Options(force=force, jobs=1))
+        built = build(fetch(plan))
         builds = {key: [b for b in built.builds if b.project == key] for key in patches}
         for key in proof_projects:
             gate = tuple(p for p in patches[key]
