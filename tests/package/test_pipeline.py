@@ -223,21 +223,18 @@ def test_a_build_is_its_stages_each_taking_the_previous_ones_result(
     resolved = ResolvedStack.named(demo.ws, STACK)
     stack = resolved.stack
     options = pipeline.Options(jobs=1)
-    plan = pipeline.load(resolved, ["lib"])
+    plan = pipeline.load(resolved, options, ["lib"])
     assert [i.project.key for i in plan.projects] == ["lib"]
     assert not plan.whole
     assert [p.name[:4] for p in plan.projects[0].series.patches] == ["0001", "0002"]
-    fetched = pipeline.fetch(plan, options)
+    fetched = pipeline.fetch(plan)
     (sdist,) = fetched.inputs["lib"] or []
     assert sdist.name == stack.project("lib").sdist_pin.filename
-    built = pipeline.stage_and_publish(
-        pipeline.check(pipeline.build(fetched, options), options), options)
+    built = pipeline.stage_and_publish(pipeline.check(pipeline.build(fetched)))
     assert [(b.project, b.cached) for b in built.builds] == [("lib", False)]
     assert not demo.ws.stack_wheels(STACK).exists()  # a partial build publishes nothing
-    whole = pipeline.load(resolved)
-    assert pipeline.fetch(whole, options).inputs["lib"] is None  # its cached build serves
-    done = pipeline.stage_and_publish(
-        pipeline.check(pipeline.build(pipeline.fetch(whole, options), options), options),
-        options)
+    whole = pipeline.load(resolved, options)
+    assert pipeline.fetch(whole).inputs["lib"] is None  # its cached build serves
+    done = pipeline.stage_and_publish(pipeline.check(pipeline.build(pipeline.fetch(whole))))
     assert [(b.project, b.cached) for b in done.builds] == [("lib", True), ("app", False)]
     assert (demo.ws.stack_wheels(STACK) / "manifest.json").is_file()

@@ -34,7 +34,6 @@ from packaging.version import Version
 from sm120fork.declare import Project
 from sm120fork.errors import ArtifactCheckError, BuildError, CommandError, ConfigError, PatchError
 from sm120fork.fetch.archive import is_compiled, source_members
-from sm120fork.fetch.kinds import UPSTREAM_TAG
 from sm120fork.manifest import FingerprintResult
 from sm120fork.patch.series import Series, fingerprint_in, load_series, match_upstream
 from sm120fork.patch.tree import prepare_tree
@@ -212,13 +211,13 @@ def repack_wheel(project: Project, wheel: Path, replacements: Mapping[str, bytes
     return final
 
 
-def check_wheel(wheel: Path, project: Project, series: Series, repo: Git,
-                base: str = UPSTREAM_TAG) -> list[FingerprintResult]:
+def check_wheel(wheel: Path, project: Project, series: Series,
+                repo: Git) -> list[FingerprintResult]:
     results: list[FingerprintResult] = []
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
         for patch in series.patches:
-            upstream = match_upstream(repo, patch, base).fingerprints
+            upstream = match_upstream(repo, patch).fingerprints
             for fp, in_upstream in zip(patch.fingerprints, upstream, strict=True):
                 # the members that ship the upstream file: itself, or under a folder
                 rel = project.package_path(fp.path)

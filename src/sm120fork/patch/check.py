@@ -136,8 +136,9 @@ def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
         else:
             modules[found[0]] = rel
             roots[found[1]] = None
-    added = _added_lines(tree, list(modules.values())) if modules and not failures else None
+    added = None
     if modules and not failures:
+        added = _added_lines(tree, list(modules.values()))
         path = [*map(str, roots)]
         failed, missing = _imports(tree, patches, modules, path, python, timeout, added or {})
         # The layout's overlay (its release's own pins) goes first on the path only when the
@@ -153,7 +154,7 @@ def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
         failures += failed
     return TreeCheck(compiled=tuple(compiled), not_compiled=tuple(not_compiled),
                      imported=tuple(modules), not_imported=tuple(not_imported),
-                     failures=tuple(failures), names=added is not None and bool(modules))
+                     failures=tuple(failures), names=added is not None)
 
 
 def _added_lines(tree: Path, files: Sequence[str]) -> dict[str, list[int]] | None:

@@ -295,12 +295,9 @@ class UpstreamMatch:
 
 
 def match_upstream(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG) -> UpstreamMatch:
-    texts: dict[str, str] = {}
-
+    @functools.cache
     def text(path: str) -> str:
-        if path not in texts:
-            texts[path] = text_at(repo, path, rev)
-        return texts[path]
+        return text_at(repo, path, rev)
 
     def found(eff: Fingerprint) -> bool:
         if "*" not in eff.path:
@@ -310,21 +307,18 @@ def match_upstream(repo: Git, patch: Patch, rev: str = UPSTREAM_TAG) -> Upstream
         return any(eff.found_in(text(n)) for n in names if fnmatch.fnmatchcase(n, eff.path))
 
     fingerprints = tuple(fingerprint_in(fp, text(fp.path)) for fp in patch.fingerprints)
-    evidence: list[str] = []
-    effect: bool | None = None
-    if patch.effects or patch.effects_absent:
-        effect = True
-        for eff in patch.effects:
+    if not patch.effects and not patch.effects_absent:
+        return UpstreamMatch(fingerprints=fingerprints, effect=None, evidence=tuple(
+            f"Fingerprint {fp}: {'present' if hit else 'absent'}"
+            for fp, hit in zip(patch.fingerprints, fingerprints, strict=True)))
+    effect, evidence = True, []
+    for label, effects, wanted in (("Effect", patch.effects, True),
+                                   ("Effect-Absent", patch.effects_absent, False)):
+        for eff in effects:
             hit = found(eff)
-            effect &= hit
-            evidence.append(f"Effect {eff}: {'present' if hit else 'ABSENT'}")
-        for eff in patch.effects_absent:
-            hit = found(eff)
-            effect &= not hit
-            evidence.append(f"Effect-Absent {eff}: {'PRESENT' if hit else 'absent'}")
-    else:
-        evidence = [f"Fingerprint {fp}: {'present' if hit else 'absent'}"
-                    for fp, hit in zip(patch.fingerprints, fingerprints, strict=True)]
+            effect &= hit == wanted
+            said = "present" if hit else "absent"  # in capitals when not as wanted
+            evidence.append(f"{label} {eff}: {said if hit == wanted else said.upper()}")
     return UpstreamMatch(fingerprints=fingerprints, effect=effect, evidence=tuple(evidence))
 
 

@@ -156,11 +156,10 @@ def open_tree(ws: Workspace, stack: Stack, project: Project) -> Tree:
 
 def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
                  patches: Sequence[Patch], variant: str = "",
-                 force: bool = False, source: str | None = None) -> Tree:
+                 force: bool = False) -> Tree:
     """Pinned upstream + ``patches``."""
     work = ws.work_tree(stack, project, variant)
-    kind = source or project.source
-    skey = source_key(project, kind)
+    skey = source_key(project)
     series = Series(directory=ws.series_dir(project), patches=tuple(patches))
     state = read_state(work) if work.exists() else None
     if work.exists():
@@ -176,7 +175,7 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
         return Tree(path=work, repo=Git(work), state=state, reused=True)
     if state is None or state.source != skey:
         work.parent.mkdir(parents=True, exist_ok=True)
-        base = fetch_source(project, kind, work, ws=ws)
+        base = fetch_source(project, project.source, work, ws=ws)
     else:
         base = state.base
     repo = Git(work)
