@@ -19,8 +19,7 @@ from sm120fork import manifest as manifest_file
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.manifest import ManifestEntry, SourceRecord
 from sm120fork.package import publish as pub
-from sm120fork.package.publish import ProjectBuild, publish
-from sm120fork.package.routes import Pin, folder_routes, index_routes
+from sm120fork.package.publish import Pin, ProjectBuild, folder_routes, index_routes, publish
 from sm120fork.plugin.build import PublishedPlugin
 from sm120fork.util import files
 from sm120fork.workspace import Workspace

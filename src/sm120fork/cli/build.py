@@ -25,8 +25,7 @@ from sm120fork.cli.output import say, table
 from sm120fork.declare import Stack
 from sm120fork.errors import UsageError
 from sm120fork.index import stack_routes, write_index
-from sm120fork.package.publish import ProjectBuild, shown
-from sm120fork.package.routes import folder_routes
+from sm120fork.package.publish import ProjectBuild, folder_routes, shown
 from sm120fork.package.stack import build_stack
 from sm120fork.plugin.build import PLUGIN_DIR, PublishedPlugin
 from sm120fork.workspace import Workspace
