@@ -129,38 +129,19 @@ def patched_tree(job: Job) -> tuple[Tree, str]:
     return made, f"{UNCHECKED}: {why}"
 
 
-class Build:
-    """How a project's wheels are made from what its source kind downloads."""
-
-    #: It patches a fork tree, whose local work a cached build must not leave out.
-    has_tree = True
-
-    def __init__(self, source: SourceFetch) -> None:
-        self.source = source
-
-    def download(self, job: Job, progress: Progress | None = None) -> list[Path]:
-        return self.source.download(job.project, job.ws, progress)
-
-    def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
-        """Build and check the project's wheels into ``staging``; their entries."""
-        raise NotImplementedError
-
-
-class FromSource(Build):
+def _from_source(job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
     """An sdist or a git commit, patched in a fork tree and built with pypa/build."""
-
-    def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
-        project, key = job.project, job.project.key
-        tree, check = patched_tree(job)
-        job.options.stage(key, "building the wheel")
-        wheel = build_wheel(project, tree.repo, staging,
-                            on_line=lambda line: job.options.stage(key, f"building: {line}"),
-                            changed_files=[f for p in job.series.patches for f in p.files])
-        job.options.stage(key, "checking the wheel")
-        filename, url = self.source.origin(project)
-        source = SourceRecord(kind=self.source.name, digest=tree.state.source.split(":", 1)[1],
-                              filename=filename, url=url)
-        return [_checked_entry(job, tree, check, wheel, source)]
+    project, key, source = job.project, job.project.key, job.kind.source
+    tree, check = patched_tree(job)
+    job.options.stage(key, "building the wheel")
+    wheel = build_wheel(project, tree.repo, staging,
+                        on_line=lambda line: job.options.stage(key, f"building: {line}"),
+                        changed_files=[f for p in job.series.patches for f in p.files])
+    job.options.stage(key, "checking the wheel")
+    filename, url = source.origin(project)
+    record = SourceRecord(kind=source.name, digest=source.digest(project), filename=filename,
+                          url=url)
+    return [_checked_entry(job, tree, check, wheel, record)]
 
 
 def _checked_entry(job: Job, tree: Tree, check: str, wheel: Path, source: SourceRecord,
@@ -179,50 +160,56 @@ def _record_of(pin: WheelPin) -> SourceRecord:
                         url=pin.url or None)
 
 
-class RepackedWheels(Build):
+def _repacked(job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
     """Published wheels, the series applied to a tree laid out like the repository and
     each wheel repacked with the changed files (``source = "wheel"``)."""
-
-    def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
-        project, series = job.project, job.series
-        changed = check_series_for_wheel(project, series, inputs[0], stack=job.stack.name)
-        for other in inputs[1:]:
-            check_same_preimage(inputs[0], other, list(changed.values()))
-        tree, check = patched_tree(job)
-        replacements = {member: (tree.path / path).read_bytes()
-                        for path, member in changed.items()}
-        epoch = str(tree.repo.commit_time())
-        entries = []
-        for pin, original in zip(project.wheels, inputs, strict=True):
-            job.options.stage(project.key, f"repacking {original.name}")
-            wheel = repack_wheel(project, original, replacements, staging,
-                                 source_date_epoch=epoch)
-            entries.append(_checked_entry(job, tree, check, wheel, _record_of(pin),
-                                          tuple(sorted(changed.values()))))
-        return entries
+    project, series = job.project, job.series
+    changed = check_series_for_wheel(project, series, inputs[0], stack=job.stack.name)
+    for other in inputs[1:]:
+        check_same_preimage(inputs[0], other, list(changed.values()))
+    tree, check = patched_tree(job)
+    replacements = {member: (tree.path / path).read_bytes() for path, member in changed.items()}
+    epoch = str(tree.repo.commit_time())
+    entries = []
+    for pin, original in zip(project.wheels, inputs, strict=True):
+        job.options.stage(project.key, f"repacking {original.name}")
+        wheel = repack_wheel(project, original, replacements, staging, source_date_epoch=epoch)
+        entries.append(_checked_entry(job, tree, check, wheel, _record_of(pin),
+                                      tuple(sorted(changed.values()))))
+    return entries
 
 
-class AsPublished(Build):
+def _as_published(job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
     """An empty series and pinned published wheels: they ship byte for byte."""
+    entries = []
+    for pin, original in zip(job.project.wheels, inputs, strict=True):
+        atomic_copy(original, staging / original.name)
+        entries.append(job.entry(version=job.project.version, wheel=original,
+                                 sha256=pin.sha256, source=_record_of(pin),
+                                 used_as_published=True))
+        log.info("%s: %s used as published (sha256 %s)", job.project.key, pin.filename,
+                 pin.sha256[:12])
+    return entries
 
-    has_tree = False
 
-    def make(self, job: Job, inputs: list[Path], staging: Path) -> list[ManifestEntry]:
-        entries = []
-        for pin, original in zip(job.project.wheels, inputs, strict=True):
-            atomic_copy(original, staging / original.name)
-            entries.append(job.entry(version=job.project.version, wheel=original,
-                                     sha256=pin.sha256, source=_record_of(pin),
-                                     used_as_published=True))
-            log.info("%s: %s used as published (sha256 %s)", job.project.key, pin.filename,
-                     pin.sha256[:12])
-        return entries
+@dataclass(frozen=True)
+class Build:
+    """How a project's wheels are made from what its source kind downloads: ``make``
+    builds and checks them into a staging folder and returns their entries."""
+
+    source: SourceFetch
+    make: Callable[[Job, list[Path], Path], list[ManifestEntry]]
+    #: It patches a fork tree, whose local work a cached build must not leave out.
+    has_tree: bool = True
+
+    def download(self, job: Job, progress: Progress | None = None) -> list[Path]:
+        return self.source.download(job.project, job.ws, progress)
 
 
 def kind_for(project: Project, series: Series) -> Build:
     """As published (empty series, pinned wheels), repacked (the kind ships wheels), or
     built from source."""
     if not series.patches and project.wheels:
-        return AsPublished(PUBLISHED)
+        return Build(PUBLISHED, _as_published, has_tree=False)
     source = source_kind(project.source)
-    return RepackedWheels(source) if source.ships_wheels else FromSource(source)
+    return Build(source, _repacked if source.ships_wheels else _from_source)
