@@ -35,7 +35,7 @@ from sm120fork.patch.tree import (
     other_series,
     other_series_fix,
 )
-from sm120fork.plugin.build import build_plugin, plugin_files
+from sm120fork.plugin.build import build_plugin
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util import typed
 from sm120fork.util.files import (
@@ -262,7 +262,7 @@ def stage_and_publish(built: Built) -> Built:
                           force=plan.options.force)
     log.info("%s", plugin.message)
     publish(plan.resolved.ws, plan.resolved.stack, list(built.builds), plan.options.out,
-            extra=plugin_files(plugin))
+            extra=plugin.files())
     return built
 
 

@@ -196,10 +196,11 @@ class PluginResult:
     spec: Spec | None = None
     cached: bool = False
 
-    def entry(self) -> dict[str, object]:
-        assert self.wheel is not None
-        assert self.spec is not None
-        return {
+    def files(self) -> dict[str, Path | str]:
+        """What the release step publishes of it: ``plugin/<wheel>`` and ``plugin.json``."""
+        if self.wheel is None or self.spec is None:
+            return {}
+        entry = {
             "stack": self.stack, "distribution": DISTRIBUTION, "wheel": self.wheel.name,
             "sha256": sha256_file(self.wheel), "sglang": self.spec.version,
             "hooks": [{"patch": h.patch, "kind": h.kind,
@@ -208,6 +209,8 @@ class PluginResult:
                        "patched_sha256": h.patched_sha256} for h in self.spec.hooks],
             "wheel_only": [{"patch": p, "why": w} for p, w in self.spec.wheel_only],
         }
+        return {f"{PLUGIN_DIR}/{self.wheel.name}": self.wheel,
+                f"{PLUGIN_DIR}/{PLUGIN_JSON}": json.dumps(entry, indent=2) + "\n"}
 
 
 def build_plugin(ws: Workspace, stack: Stack, series_of: Mapping[str, Series], *,
@@ -274,11 +277,3 @@ class PublishedPlugin:
         return cls(wheel=str(data.get("wheel")), sha256=str(data.get("sha256")),
                    sglang=str(data.get("sglang")),
                    hooks=len(hooks) if isinstance(hooks, list) else 0)
-
-
-def plugin_files(result: PluginResult) -> dict[str, Path | str]:
-    """What the release step publishes of the plugin: ``plugin/<wheel>`` and ``plugin.json``."""
-    if result.wheel is None:
-        return {}
-    return {f"{PLUGIN_DIR}/{result.wheel.name}": result.wheel,
-            f"{PLUGIN_DIR}/{PLUGIN_JSON}": json.dumps(result.entry(), indent=2) + "\n"}
