@@ -103,7 +103,6 @@ def file_path(filename: str) -> str:
     return f"files/{quote(filename)}"
 
 
-
 @dataclass(frozen=True, kw_only=True)
 class ProjectBuild:
     project: str
@@ -159,17 +158,10 @@ def _files(folder: Path) -> set[str]:
 
 
 def _unchanged(out: Path, wanted: dict[str, Path | str]) -> bool:
-    if not out.is_dir() or _files(out) != set(wanted):
-        return False
-    for name, content in wanted.items():
-        have = out / name
-        if isinstance(content, Path):
-            if have.stat().st_size != content.stat().st_size or \
-                    sha256_file(have) != sha256_file(content):
-                return False
-        elif have.read_text(encoding="utf-8") != content:
-            return False
-    return True
+    return out.is_dir() and _files(out) == set(wanted) and all(
+        sha256_file(out / name) == sha256_file(content) if isinstance(content, Path)
+        else (out / name).read_text(encoding="utf-8") == content
+        for name, content in wanted.items())
 
 
 def publish(ws: Workspace, stack: Stack, builds: list[ProjectBuild],
