@@ -5,7 +5,6 @@ global names on added lines looked up (a missing one fails at a call, not at imp
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shlex
 import sys
@@ -24,6 +23,7 @@ from sm120fork.util.git import Git
 
 CAPABILITIES = ("12.0", "9.0")
 PROBE = "sm120fork.harness.imports"
+_INSTALL = f"install the probe's requirements into {sys.executable}: {REQUIREMENTS}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,9 +109,8 @@ def _module(tree: Path, rel: str) -> tuple[str, Path] | str:
 
 
 def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
-               cache: Path, python: str | os.PathLike[str] = sys.executable,
-               timeout: float = 600) -> TreeCheck:
-    """VerifyError when the probe cannot run (a requirement missing from ``python``)."""
+               cache: Path) -> TreeCheck:
+    """VerifyError when the probe cannot run (a requirement missing from this Python)."""
     files = [f for f in dict.fromkeys(f for p in patches for f in p.files)
              if (tree / f).is_file()]
     failures: list[CheckFailure] = []
@@ -140,17 +139,16 @@ def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
     if modules and not failures:
         added = _added_lines(tree, list(modules.values()))
         path = [*map(str, roots)]
-        failed, missing = _imports(tree, patches, modules, path, python, timeout, added or {})
+        failed, missing = _imports(tree, patches, modules, path, added or {})
         # The layout's overlay (its release's own pins) goes first on the path only when the
         # imports need more than this Python has (installing it needs the index).
         if (missing or any(f.error.startswith("ImportError") for f in failed)) and (
-                extra := adapter(layout).probe_path(cache, python) if layout else []):
-            failed, missing = _imports(tree, patches, modules, [*extra, *path], python,
-                                      timeout, added or {})
+                extra := adapter(layout).probe_path(cache, sys.executable) if layout else []):
+            failed, missing = _imports(tree, patches, modules, [*extra, *path], added or {})
         if missing:
             raise VerifyError(f"the import probe could not run: this Python lacks {missing!r} "
                               "(a requirement of the probe, not of the patched code)",
-                              where=str(python), fix=_install(python))
+                              where=sys.executable, fix=_INSTALL)
         failures += failed
     return TreeCheck(compiled=tuple(compiled), not_compiled=tuple(not_compiled),
                      imported=tuple(modules), not_imported=tuple(not_imported),
@@ -175,10 +173,9 @@ def _added_lines(tree: Path, files: Sequence[str]) -> dict[str, list[int]] | Non
     return out
 
 
-def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
-             path: list[str], python: str | os.PathLike[str], timeout: float,
+def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str], path: list[str],
              added: dict[str, list[int]]) -> tuple[list[CheckFailure], str]:
-    """The failures at each capability, and a module neither the tree nor ``python`` has."""
+    """The failures at each capability, and a module neither the tree nor this Python has."""
     env = {"PYTHONDONTWRITEBYTECODE": "1"}  # the fork tree stays clean
     failures: dict[tuple[str, str], CheckFailure] = {}
     for cap in CAPABILITIES:
@@ -186,8 +183,8 @@ def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
                    "modules": list(modules),
                    "added": {m: added.get(rel, []) for m, rel in modules.items()}}
         what = f"the import probe (capability {cap})"
-        seen = run_probe(PROBE, request, tree=tree, path=path, env=env, python=python,
-                         timeout=timeout, what=what, fix=_install(python))
+        seen = run_probe(PROBE, request, tree=tree, path=path, env=env, python=sys.executable,
+                         timeout=600, what=what, fix=_INSTALL)
         for obs in seen:
             if obs.observed == "missing":
                 return [], obs.detail
@@ -201,10 +198,6 @@ def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str],
                     check=f"{'names' if obs.observed == 'undefined' else 'import'} "
                           f"{obs.name} at capability {cap}"))
     return list(failures.values()), ""
-
-
-def _install(python: str | os.PathLike[str]) -> str:
-    return f"install the probe's requirements into {python}: {REQUIREMENTS}"
 
 
 def refusal(result: TreeCheck, cls: type[ToolkitError], *, fix: str) -> ToolkitError:
