@@ -11,6 +11,7 @@ import pytest
 from sm120fork.cli.main import main
 from sm120fork.errors import DirtyTreeError, ToolkitError
 from sm120fork.maintain.refresh import refresh
+from sm120fork.package.kinds import Options
 from sm120fork.package.stack import build_stack
 from sm120fork.resolved import ResolvedStack
 
@@ -96,7 +97,7 @@ def test_the_builds_dirty_tree_hint_works_as_printed(demo: DemoWorkspace) -> Non
     kernel = work / "demo_lib" / "kernel.cuh"
     kernel.write_text(kernel.read_text() + "// wip\n")
     with pytest.raises(DirtyTreeError, match="local work: it has uncommitted changes") as err:
-        build_stack(demo.ws, demo.ws.stack("demo"), only=["lib"], rebuild=True)
+        build_stack(demo.ws, demo.ws.stack("demo"), Options(rebuild=True), only=["lib"])
     amend, _stash, again = hint_commands(err.value.fix)
     assert again == "python -m sm120fork refresh demo lib"
     assert "--force" in (err.value.fix or "")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.errors import ArtifactCheckError, DirtyTreeError, LockError, PatchError
+from sm120fork.package.kinds import Options
 from sm120fork.package.stack import build_stack
 from sm120fork.patch.tree import read_state
 
@@ -25,7 +26,7 @@ def demo(tmp_path: Path) -> DemoWorkspace:
 
 
 def build(demo: DemoWorkspace, **kw: bool) -> list[str]:
-    builds = build_stack(demo.ws, demo.ws.stack(STACK), **kw)  # type: ignore[arg-type]
+    builds = build_stack(demo.ws, demo.ws.stack(STACK), Options(**kw))
     return ["cached" if b.cached else "built" for b in builds]
 
 
@@ -193,7 +194,8 @@ def test_git_source_fetches_only_pinned_commit(demo: DemoWorkspace) -> None:
 def test_each_project_reports_its_stages_and_the_build_output_live(
         demo: DemoWorkspace) -> None:
     seen: list[tuple[str, str]] = []
-    build_stack(demo.ws, demo.ws.stack(STACK), stage=lambda p, what: seen.append((p, what)))
+    build_stack(demo.ws, demo.ws.stack(STACK),
+                Options(stage=lambda p, what: seen.append((p, what))))
     for key in ("lib", "app"):
         mine = [what for p, what in seen if p == key]
         assert mine[0] == "fetching and patching"

@@ -25,6 +25,7 @@ from sm120fork.cli.output import say, table
 from sm120fork.declare import Stack
 from sm120fork.errors import UsageError
 from sm120fork.index import stack_routes, write_index
+from sm120fork.package.kinds import Options
 from sm120fork.package.publish import ProjectBuild, folder_routes, shown
 from sm120fork.package.stack import build_stack
 from sm120fork.plugin.build import PLUGIN_DIR, PublishedPlugin
@@ -105,10 +106,10 @@ def run(args: argparse.Namespace, ws: Workspace, console: Console) -> int:
     for stack in stacks:
         start = time.monotonic()
         with StageLine(console) as stage:
-            builds = build_stack(ws, stack, force=args.force, rebuild=args.rebuild,
-                                 progress=_download_progress(console),
-                                 lock_timeout=args.lock_timeout, out=args.out, stage=stage,
-                                 unchecked=args.unchecked)
+            options = Options(force=args.force, rebuild=args.rebuild, out=args.out,
+                              progress=_download_progress(console), stage=stage,
+                              unchecked=args.unchecked)
+            builds = build_stack(ws, stack, options, lock_timeout=args.lock_timeout)
         out = args.out or ws.stack_wheels(stack.name)
         console.print(summary_table(stack, out, builds))
         first, *others = folder_routes(shown(ws, out), [b.entry for b in builds],

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +23,9 @@ from packaging.version import Version
 
 from sm120fork.declare import Stack, pinned_for, requirement_applies
 from sm120fork.errors import BuildError, ConfigError, DirtyTreeError
-from sm120fork.fetch.index import Progress
 from sm120fork.fetch.kinds import source_key
 from sm120fork.manifest import UNCHECKED, ManifestEntry
-from sm120fork.package.kinds import Job, Options, Stage, kind_for, no_stage
+from sm120fork.package.kinds import Job, Options, kind_for
 from sm120fork.package.publish import ProjectBuild, check_writable, publish
 from sm120fork.package.wheel import wheel_extras, wheel_requirements
 from sm120fork.patch.tree import (
@@ -266,18 +265,13 @@ def stage_and_publish(built: Built) -> Built:
     return built
 
 
-def build_stack(ws: Workspace, stack: Stack, *, force: bool = False, rebuild: bool = False,
-                only: list[str] | None = None,
-                progress: Callable[[str], Progress | None] | None = None,
-                lock_timeout: float = -1, out: Path | None = None,
-                jobs: int = os.cpu_count() or 1, stage: Stage = no_stage,
-                unchecked: bool = False) -> list[ProjectBuild]:
+def build_stack(ws: Workspace, stack: Stack, options: Options | None = None, *,
+                only: list[str] | None = None, lock_timeout: float = -1) -> list[ProjectBuild]:
     """Build every project of ``stack`` (or ``only`` those); publish to wheels/<stack>/ (or
-    out).  Each stage takes the previous one's typed result."""
-    options = Options(force=force, rebuild=rebuild, progress=progress, out=out, jobs=jobs,
-                      stage=stage, unchecked=unchecked)
+    ``options.out``).  Each stage takes the previous one's typed result."""
+    options = options or Options()
     if not only:
-        check_writable(out or ws.stack_wheels(stack.name), stack)
+        check_writable(options.out or ws.stack_wheels(stack.name), stack)
     allow_children()
     with ws.lock(lock_timeout):
         remove_leftovers(ws, stack)
