@@ -53,36 +53,34 @@ ENTRY = "entry.json"
 BUILD_RECIPE = 1
 
 
-def _load_entries(entry_dir: Path) -> list[ManifestEntry] | None:
+def _cached(job: Job) -> list[ManifestEntry] | None:
     """The cached entries (``{"wheels": [...]}``), or None unless every wheel they name is
-    there with its sha256 (an entry of another form is rebuilt and replaced)."""
-    data = read_json_object(entry_dir / ENTRY)
+    there with its sha256 (an entry of another form is rebuilt and replaced).  A build made
+    unchecked (``--unchecked``) is reused only by another such build."""
+    data = None if job.options.rebuild else read_json_object(job.entry_dir / ENTRY)
     records = data.get("wheels") if data is not None else None
     if not isinstance(records, list):
         return None
     try:
-        entries = [typed.read(ManifestEntry, r, entry_dir / ENTRY, strict=False)
+        entries = [typed.read(ManifestEntry, r, job.entry_dir / ENTRY, strict=False)
                    for r in records]
     except ConfigError:
         return None
-    for entry in entries:
-        wheel = entry_dir / entry.wheel
-        if not wheel.is_file() or sha256_file(wheel) != entry.sha256:
-            return None
-    return entries or None
+    if not job.options.unchecked and job.kind.has_tree and any(
+            not e.check or e.check.startswith(UNCHECKED) for e in entries):
+        return None  # built unchecked (or before the check existed): check it now
+    wheels = [(job.entry_dir / e.wheel, e.sha256) for e in entries]
+    whole = all(w.is_file() and sha256_file(w) == sha256 for w, sha256 in wheels)
+    return entries if entries and whole else None
 
 
 def build_project(job: Job, inputs: list[Path] | None) -> list[ProjectBuild]:
     """The project's checked wheels, whatever its source kind (:mod:`.kinds`): from the
     build cache when the pin, source and series are unchanged, else built now from
-    ``inputs``, the kind's downloads (None: download them now).  A build made unchecked
-    (``--unchecked``) is reused only by another such build."""
+    ``inputs``, the kind's downloads (None: download them now)."""
     start = time.monotonic()
     ws, stack, project, kind, entry_dir = job.ws, job.stack, job.project, job.kind, job.entry_dir
-    entries = None if job.options.rebuild else _load_entries(entry_dir)
-    if entries and not job.options.unchecked and kind.has_tree and any(
-            not e.check or e.check.startswith(UNCHECKED) for e in entries):
-        entries = None  # built unchecked (or before the check existed): check it now
+    entries = _cached(job)
     cached = entries is not None
     if entries is not None and kind.has_tree and (
             stale := other_series(ws, stack, project, job.series)):
@@ -178,13 +176,12 @@ def load(resolved: ResolvedStack, options: Options, only: Sequence[str] | None =
 def fetch(plan: Plan) -> Fetched:
     """Stage 2: the downloads, one at a time (one progress bar each), before the projects
     build side by side; none for a project whose cached build serves."""
-    options = plan.options
+    progress = plan.options.progress
     inputs: dict[str, list[Path] | None] = {}
     for job in plan.projects:
         key = job.project.key
-        cached = not options.rebuild and _load_entries(job.entry_dir)
-        inputs[key] = None if cached else job.kind.download(
-            job, options.progress(key) if options.progress else None)
+        inputs[key] = None if _cached(job) else job.kind.download(
+            job, progress(key) if progress else None)
     return Fetched(plan=plan, inputs=inputs)
 
 

@@ -96,10 +96,8 @@ class Series:
     @property
     def digest(self) -> str:
         """Order and every patch's bytes: for build caches (evidence uses :attr:`patch_ids`)."""
-        h = hashlib.sha256()
-        for p in self.patches:
-            h.update(f"{p.name}\0{p.sha256}\n".encode())
-        return h.hexdigest()
+        listed = "".join(f"{p.name}\0{p.sha256}\n" for p in self.patches)
+        return hashlib.sha256(listed.encode()).hexdigest()
 
     def names(self) -> list[str]:
         return [p.name for p in self.patches]
