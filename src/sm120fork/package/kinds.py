@@ -29,7 +29,7 @@ from sm120fork.package.wheel import (
     repack_wheel,
     require_passed,
 )
-from sm120fork.patch.check import check_tree, fold_steps, refusal
+from sm120fork.patch.check import check_tree, fold_steps
 from sm120fork.patch.series import Series
 from sm120fork.patch.tree import Tree, prepare_tree
 from sm120fork.util.files import atomic_copy, sha256_file
@@ -117,14 +117,18 @@ def patched_tree(job: Job) -> tuple[Tree, str]:
     else:
         if result.passed:
             return made, result.summary
+        first = result.failures[0]
         if not job.options.unchecked:
-            fold = fold_steps(tree, job.series.patches, result.failures[0].patch)
-            raise refusal(result, BuildError, fix=(
-                f"mend the patch: fix it in {tree}, " + (f"fold the fix into the patch: {fold}"
-                if fold else "commit the fix") + f", then `{command('refresh', stack, key)}`; "
-                f"or publish the build as unchecked (verify-sm120 and a checking build still "
-                f"refuse it): {anyway}"))
-        why = f"fails its check: {result.failures[0]}"
+            fold = fold_steps(tree, job.series.patches, first.patch)
+            raise BuildError(
+                f"patch {first.patch} fails its check: {first.error} ({first.check})",
+                where=first.where, detail="\n".join(
+                    [*map(str, result.failures), f"check: {result.summary}"]), fix=(
+                    f"mend the patch: fix it in {tree}, " + (
+                        f"fold the fix into the patch: {fold}" if fold else "commit the fix")
+                    + f", then `{command('refresh', stack, key)}`; or publish the build as "
+                    f"unchecked (verify-sm120 and a checking build still refuse it): {anyway}"))
+        why = f"fails its check: {first}"
     log.warning("%s: publishing a tree that was not checked (--unchecked): %s", key, why)
     return made, f"{UNCHECKED}: {why}"
 

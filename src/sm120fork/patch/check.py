@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sm120fork.errors import CommandError, ToolkitError, VerifyError
+from sm120fork.errors import CommandError, VerifyError
 from sm120fork.fetch.kinds import UPSTREAM_TAG
 from sm120fork.harness.fake_gpu import GPU_ONLY_PACKAGES
 from sm120fork.layouts import adapter
@@ -198,11 +198,3 @@ def _imports(tree: Path, patches: Sequence[Patch], modules: dict[str, str], path
                     check=f"{'names' if obs.observed == 'undefined' else 'import'} "
                           f"{obs.name} at capability {cap}"))
     return list(failures.values()), ""
-
-
-def refusal(result: TreeCheck, cls: type[ToolkitError], *, fix: str) -> ToolkitError:
-    """The error naming the first failure; every one in its detail."""
-    first = result.failures[0]
-    return cls(f"patch {first.patch} fails its check: {first.error} ({first.check})",
-               where=first.where, fix=fix,
-               detail="\n".join([*map(str, result.failures), f"check: {result.summary}"]))
