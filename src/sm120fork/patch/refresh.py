@@ -81,16 +81,12 @@ def export_series(repo: Git, directory: Path, stack: str, project: str) -> Refre
     except SeriesError:  # no series file yet, or one that refresh is about to replace
         old_names = []
     on_disk = {p.name for p in directory.glob("*.patch")}
-    added: list[str] = []
-    changed: list[str] = []
-    unchanged: list[str] = []
-    for name, data in new.items():
-        target = directory / name
-        if target.is_file() and target.read_bytes() == data.encode("utf-8"):
-            unchanged.append(name)
-            continue
-        (changed if target.is_file() else added).append(name)
-        atomic_write_text(target, data)
+    have = {n: (directory / n).read_bytes() for n in new if n in on_disk}
+    unchanged = [n for n in new if have.get(n) == new[n].encode("utf-8")]
+    changed = [n for n in new if n in have and n not in unchanged]
+    added = [n for n in new if n not in have]
+    for name in (*changed, *added):
+        atomic_write_text(directory / name, new[name])
     removed = sorted((on_disk | set(old_names)) - set(new))
     for name in removed:
         (directory / name).unlink(missing_ok=True)
