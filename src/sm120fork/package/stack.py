@@ -207,27 +207,24 @@ def check(built: Built) -> Built:
     """Stage 6: each wheel's requirements on the stack's projects are exactly its declared
     ``upstream_requires`` and accept the version we ship, extras included."""
     stack = built.plan.resolved.stack
-    ours: dict[str, ProjectBuild] = {}
-    for b in built.builds:
-        ours.setdefault(canonicalize_name(b.distribution), b)
+    # the first wheel of each distribution (a project may ship one per platform)
+    ours = {canonicalize_name(b.distribution): b for b in reversed(built.builds)}
     for b in built.builds:
         project = stack.project(b.project)
         on_stack = [r for r in wheel_requirements(b.wheel)
                     if (t := pinned_for(r, stack.projects)) is not None and t is not project]
         declared = list(project.upstream_requires)
         where = f"stack {stack.name}, {b.wheel.name}"
-        for req in on_stack:
-            if req not in declared:
-                raise BuildError(
-                    f"the wheel requires {req}, which projects.{project.key}.upstream_requires "
-                    f"does not state ({', '.join(map(str, declared)) or 'empty'})",
-                    where=where, fix=f"add {str(req)!r} to {stack.path}")
-        for req in declared:
-            if req not in on_stack:
-                raise BuildError(
-                    f"projects.{project.key}.upstream_requires states {req}, which the "
-                    "wheel's METADATA does not require", where=where,
-                    fix=f"copy the wheel's own requirement into {stack.path}")
+        if unstated := [r for r in on_stack if r not in declared]:
+            raise BuildError(
+                f"the wheel requires {unstated[0]}, which projects.{project.key}."
+                f"upstream_requires does not state ({', '.join(map(str, declared)) or 'empty'})",
+                where=where, fix=f"add {str(unstated[0])!r} to {stack.path}")
+        if unmet := [r for r in declared if r not in on_stack]:
+            raise BuildError(
+                f"projects.{project.key}.upstream_requires states {unmet[0]}, which the "
+                "wheel's METADATA does not require", where=where,
+                fix=f"copy the wheel's own requirement into {stack.path}")
         for req in on_stack:
             target = ours.get(canonicalize_name(req.name))
             if target is None or not requirement_applies(req, project):
