@@ -26,7 +26,7 @@ from sm120fork.aot.pipeline import default_out as aot_folder
 from sm120fork.declare import Stack
 from sm120fork.errors import ArtifactCheckError, ConfigError, UsageError
 from sm120fork.manifest import Manifest
-from sm120fork.package.publish import Pin, Route, file_path, index_routes
+from sm120fork.package.publish import Route, file_path, index_routes
 from sm120fork.plugin.build import PLUGIN_DIR, PublishedPlugin
 from sm120fork.util.files import atomic_copy, dist_info, sha256_file, staged_dir
 from sm120fork.util.hint import command
@@ -215,7 +215,7 @@ def _table(head: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> str:
 
 
 def stack_routes(url: str, s: StackWheels) -> list[Route]:
-    aot = Pin(distribution=s.aot.project, version=str(s.aot.version)) if s.aot else None
+    aot = f"{s.aot.project}=={s.aot.version}" if s.aot else None
     return index_routes(url, s.manifest.wheels, plugin=s.plugin, aot=aot)
 
 

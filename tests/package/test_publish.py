@@ -19,7 +19,7 @@ from sm120fork import manifest as manifest_file
 from sm120fork.errors import BuildError, ConfigError
 from sm120fork.manifest import ManifestEntry, SourceRecord
 from sm120fork.package import publish as pub
-from sm120fork.package.publish import Pin, ProjectBuild, folder_routes, index_routes, publish
+from sm120fork.package.publish import ProjectBuild, folder_routes, index_routes, publish
 from sm120fork.plugin.build import PublishedPlugin
 from sm120fork.util import files
 from sm120fork.workspace import Workspace
@@ -198,7 +198,7 @@ def test_each_route_from_the_folder_and_from_the_index_pins_what_it_installs() -
         ("patched wheels", "pip install -c wheels/s/constraints.txt wheels/s/*.whl"),
         ("stock SGLang + plugin", "pip install sglang==0.5.23 "
          "wheels/s/plugin/sm120fork_sglang_plugin-0.5.23+sm120.1-py3-none-any.whl")]
-    aot = Pin(distribution="sm120fork-flashinfer-aot", version="0.7.2+sm120.1.cu130")
+    aot = "sm120fork-flashinfer-aot==0.7.2+sm120.1.cu130"
     assert [r.line for r in index_routes("https://x.test/", [published, patched],
                                          plugin=plugin, aot=aot)] == [
         "pip install --extra-index-url https://x.test/simple/ flashinfer-python==0.7.2 "

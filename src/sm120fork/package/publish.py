@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import quote
 
 from sm120fork import __version__
@@ -40,21 +41,9 @@ WITH_AOT = "patched wheels + AOT wheel (prebuilt kernels, no nvcc)"
 PLUGIN = "stock SGLang + plugin"
 
 
-@dataclass(frozen=True, kw_only=True)
-class Route:
+class Route(NamedTuple):
     name: str
     line: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pin:
-    """One distribution at one version (a wheel the route installs, or needs beside it)."""
-
-    distribution: str
-    version: str
-
-    def __str__(self) -> str:
-        return f"{self.distribution}=={self.version}"
 
 
 def folder_routes(where: str, entries: Sequence[ManifestEntry],
@@ -78,8 +67,9 @@ def folder_routes(where: str, entries: Sequence[ManifestEntry],
 
 
 def index_routes(url: str, entries: Sequence[ManifestEntry], *,
-                 plugin: PublishedPlugin | None = None, aot: Pin | None = None) -> list[Route]:
-    """The routes from the index at ``url`` (``url``/simple/, its files under ``url``/files/).
+                 plugin: PublishedPlugin | None = None, aot: str | None = None) -> list[Route]:
+    """The routes from the index at ``url`` (``url``/simple/, its files under ``url``/files/),
+    ``aot`` the AOT wheel's pin (``distribution==version``) where the stack has one.
 
     The plugin route names the plugin wheel's own URL with its sha256, not the index:
     there ``sglang==0.5.23`` would match our patched 0.5.23+sm120.1 too (a local version
