@@ -234,8 +234,7 @@ def check(built: Built) -> Built:
                     f"{b.wheel.name} requires {req}, which rejects our {target.version}",
                     where=f"stack {stack.name}",
                     fix="align the local label or the dependency pin")
-            missing = {canonicalize_name(e) for e in req.extras} - wheel_extras(target.wheel)
-            if missing:
+            if missing := {canonicalize_name(e) for e in req.extras} - wheel_extras(target.wheel):
                 raise BuildError(
                     f"{b.wheel.name} requires {req}, but the stack's pin "
                     f"{target.distribution} {target.version} ({target.wheel.name}) provides "

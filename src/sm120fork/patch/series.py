@@ -10,6 +10,7 @@ import email.policy
 import fnmatch
 import functools
 import hashlib
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,16 +140,11 @@ def _split_message(data: bytes, where: str) -> tuple[str, tuple[str, str], list[
         raise SeriesError("not a git format-patch file (no Subject header)", where=where)
     subj = re.sub(r"^\[PATCH[^\]]*\]\s*", "", str(subject))
     author = DEFAULT_AUTHOR
-    sender = headers["From"]
-    addresses = getattr(sender, "addresses", ()) if sender is not None else ()
-    if addresses:
+    if addresses := getattr(headers["From"], "addresses", ()):
         author = (addresses[0].display_name or addresses[0].username, addresses[0].addr_spec)
-    body: list[str] = []
-    for line in rest.decode("utf-8", errors="replace").splitlines():
-        if line == "---" or line.startswith("diff --git "):
-            break
-        body.append(line)
-    return subj, author, body
+    body = itertools.takewhile(lambda line: line != "---" and not line.startswith("diff --git "),
+                               rest.decode("utf-8", errors="replace").splitlines())
+    return subj, author, list(body)
 
 
 def parse_dep3(body: list[str], where: str) -> list[tuple[str, str]]:
@@ -243,12 +239,10 @@ def load_series(directory: Path) -> Series:
         raise SeriesError("series directory does not exist", where=str(directory))
     names = read_series_file(directory)
     on_disk = {p.name for p in directory.glob("*.patch")}
-    missing = [n for n in names if not (directory / n).is_file()]
-    if missing:
+    if missing := [n for n in names if not (directory / n).is_file()]:
         raise SeriesError(f"listed in series but missing: {', '.join(missing)}",
                           where=str(directory / "series"))
-    unlisted = sorted(on_disk - set(names))
-    if unlisted:
+    if unlisted := sorted(on_disk - set(names)):
         raise SeriesError(f"patch files not listed in series: {', '.join(unlisted)}",
                           where=str(directory / "series"),
                           fix="add them to series in the right order, or delete them")

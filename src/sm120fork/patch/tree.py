@@ -218,8 +218,7 @@ class ApplyFailure:
 
 
 def _locate(patch: Patch, output: str) -> tuple[str, str]:
-    m = _FAILED.search(output)
-    if m:
+    if m := _FAILED.search(output):
         file, line = m.group(1), int(m.group(2))
         text = patch.path.read_text(encoding="utf-8", errors="replace")
         section = text.split(f"diff --git a/{file} b/{file}", 1)
@@ -230,8 +229,7 @@ def _locate(patch: Patch, output: str) -> tuple[str, str]:
                     # Quoted: the header's context often holds a lone "(" of the code.
                     return file, f"hunk #{number} `{hm.group(0).strip()}`"
         return file, f"hunk at line {line}"
-    m2 = _MISSING.search(output)
-    if m2:
+    if m2 := _MISSING.search(output):
         return m2.group(1), "file missing in the source"
     return (patch.files[0] if patch.files else "?"), "unknown hunk"
 
@@ -267,8 +265,7 @@ def reset_to_upstream(repo: Git) -> None:
 
 
 def apply_series(repo: Git, series: Series, *, stack: str, project: str) -> str:
-    failures = check_series(repo, series)
-    if failures:
+    if failures := check_series(repo, series):
         f = failures[0]
         raise PatchError(
             f"patch {f.patch} does not apply exactly: {f.file}, {f.hunk}",
