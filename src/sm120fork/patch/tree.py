@@ -115,15 +115,13 @@ def other_series(ws: Workspace, stack: Stack, project: Project, series: Series) 
             state.source != source_key(project)):  # another pin: remade, never reused
         return None
     made, now = list(state.applied), series.names()
-    if made == now:
-        changed = "the same patch names, other bytes"
-    else:
-        gone = [n for n in made if n not in now]
-        new = [n for n in now if n not in made]
-        changed = "; ".join(part for part in (
-            f"not in the series now: {', '.join(gone)}" if gone else "",
-            f"new in the series: {', '.join(new)}" if new else "",
-            "another order" if not gone and not new else "") if part)
+    gone = [n for n in made if n not in now]
+    new = [n for n in now if n not in made]
+    changed = "; ".join(part for part in (
+        f"not in the series now: {', '.join(gone)}" if gone else "",
+        f"new in the series: {', '.join(new)}" if new else "",
+        "another order" if made != now and not gone and not new else "",
+        "the same patch names, other bytes" if made == now else "") if part)
     return (f"it was made from another series than {project.series} holds now "
             f"(series digest {state.series[:12]}, now {series.digest[:12]}: {changed})")
 
