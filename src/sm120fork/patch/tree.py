@@ -101,9 +101,7 @@ def keep_local_work_hint(work: Path, why: str, stack: Stack, project: Project,
 
 def local_work(ws: Workspace, stack: Stack, project: Project) -> str | None:
     work = ws.work_tree(stack, project)
-    if not work.exists():
-        return None
-    return _local_changes(work, read_state(work))
+    return _local_changes(work, read_state(work)) if work.exists() else None
 
 
 def other_series(ws: Workspace, stack: Stack, project: Project, series: Series) -> str | None:
