@@ -160,12 +160,5 @@ def module_source(root: Path = TOOLKIT) -> str:
     return "".join(chunks)
 
 
-def main(argv: list[str]) -> int:
-    """``python -m sm120fork.plugin.bundle``: write the module's text to stdout."""
-    del argv
+if __name__ == "__main__":  # python -m sm120fork.plugin.bundle: the module's text to stdout
     sys.stdout.write(module_source())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
