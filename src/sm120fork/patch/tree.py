@@ -108,7 +108,7 @@ def other_series(ws: Workspace, stack: Stack, project: Project, series: Series) 
     """Why the fork tree was made from another series than ``series`` (to be neither
     reused nor exported back), or None."""
     work = ws.work_tree(stack, project)
-    state = read_state(work) if work.exists() else None
+    state = read_state(work)
     if state is None or not state.complete or state.series == series.digest or (
             state.source != source_key(project)):  # another pin: remade, never reused
         return None
@@ -143,7 +143,7 @@ def other_series_fix(ws: Workspace, stack: Stack, project: Project) -> str:
 
 def open_tree(ws: Workspace, stack: Stack, project: Project) -> Tree:
     work = ws.work_tree(stack, project)
-    state = read_state(work) if work.exists() else None
+    state = read_state(work)
     if state is None:
         raise MaintenanceError("there is no fork tree", where=str(work),
                                fix=f"run: {command('build', '--stack', stack.name)}")
@@ -157,16 +157,14 @@ def prepare_tree(ws: Workspace, stack: Stack, project: Project, *,
     work = ws.work_tree(stack, project, variant)
     skey = source_key(project)
     series = Series(directory=ws.series_dir(project), patches=tuple(patches))
-    state = read_state(work) if work.exists() else None
-    if work.exists():
-        why = _local_changes(work, state)
-        if why and not force:
+    state = read_state(work)
+    if work.exists() and (why := _local_changes(work, state)):
+        if not force:
             raise DirtyTreeError(f"the fork work tree has local work: {why}", where=str(work),
                                  fix=keep_local_work_hint(work, why, stack, project, variant))
-        if why:
-            log.warning("discarding local work in %s (--force): %s", work, why)
-            shutil.rmtree(work)
-            state = None
+        log.warning("discarding local work in %s (--force): %s", work, why)
+        shutil.rmtree(work)
+        state = None
     if state and state.complete and state.source == skey and state.series == series.digest:
         return Tree(path=work, repo=Git(work), state=state, reused=True)
     if state is None or state.source != skey:
