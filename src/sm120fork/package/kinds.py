@@ -206,9 +206,6 @@ class Build:
     #: It patches a fork tree, whose local work a cached build must not leave out.
     has_tree: bool = True
 
-    def download(self, job: Job, progress: Progress | None = None) -> list[Path]:
-        return self.source.download(job.project, job.ws, progress)
-
 
 def kind_for(project: Project, series: Series) -> Build:
     """As published (empty series, pinned wheels), repacked (the kind ships wheels), or

@@ -100,7 +100,7 @@ def build_project(job: Job, inputs: list[Path] | None) -> list[ProjectBuild]:
                         keep_local_work_hint(work, why, stack, project))
     else:
         if inputs is None:
-            inputs = kind.download(job)
+            inputs = kind.source.download(project, ws)
         staging = Path(tempfile.mkdtemp(prefix=scratch_prefix(entry_dir.name),
                                         dir=ws.state_dir))
         try:
@@ -180,8 +180,8 @@ def fetch(plan: Plan) -> Fetched:
     inputs: dict[str, list[Path] | None] = {}
     for job in plan.projects:
         key = job.project.key
-        inputs[key] = None if _cached(job) else job.kind.download(
-            job, progress(key) if progress else None)
+        inputs[key] = None if _cached(job) else job.kind.source.download(
+            job.project, job.ws, progress(key) if progress else None)
     return Fetched(plan=plan, inputs=inputs)
 
 
