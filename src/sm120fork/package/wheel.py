@@ -45,7 +45,6 @@ from sm120fork.util.proc import run
 
 log = logging.getLogger("sm120fork")
 _NEW_FILE = re.compile(r"^diff --git a/(\S+) b/\1\nnew file mode ", re.MULTILINE)
-_VARIANT = re.compile(r"^[a-z0-9]+$")
 
 
 def _stamp(project: Project, package_dir: Path, changed_files: Sequence[str]) -> dict[str, str]:
@@ -232,8 +231,7 @@ def check_wheel(wheel: Path, project: Project, series: Series,
 
 
 def require_passed(results: list[FingerprintResult], project: Project) -> None:
-    failed = [r for r in results if not r.passed]
-    if not failed:
+    if not (failed := [r for r in results if not r.passed]):
         return
     lines = [f"{r.patch}: {r.path}: {r.text!r}: " + (
         "already present in unpatched upstream" if r.in_upstream
@@ -248,7 +246,7 @@ def require_passed(results: list[FingerprintResult], project: Project) -> None:
 def build_test_variant(today: ResolvedStack, *, project_key: str = "flashinfer",
                        name: str = "test", force: bool = False) -> Path:
     """Build ``project_key`` with its series and its test series; return the wheel."""
-    if not _VARIANT.match(name):
+    if not re.fullmatch(r"[a-z0-9]+", name):
         raise ConfigError(f"bad test variant name {name!r}", fix="lower-case letters and digits")
     ws, stack, project = today.ws, today.stack, today.stack.project(project_key)
     real = today.series[project_key].patches
