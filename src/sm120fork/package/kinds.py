@@ -38,14 +38,6 @@ from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
 
-#: Called as ``stage(project_key, what)`` as a project moves on (the CLI's progress line).
-Stage = Callable[[str, str], None]
-
-
-def no_stage(project: str, what: str) -> None:
-    return None
-
-
 @dataclass(frozen=True, kw_only=True)
 class Options:
     """How to run a build's stages (the CLI's flags), resolved once like the plan."""
@@ -55,7 +47,8 @@ class Options:
     progress: Callable[[str], Progress | None] | None = None
     out: Path | None = None
     jobs: int = os.cpu_count() or 1
-    stage: Stage = no_stage
+    #: Called as ``stage(project_key, what)`` as a project moves on (the CLI's progress line).
+    stage: Callable[[str, str], None] = lambda project, what: None
     #: Publish without checking the patched tree (the manifest says so).
     unchecked: bool = False
 
