@@ -82,18 +82,17 @@ def build_project(job: Job, inputs: list[Path] | None) -> list[ProjectBuild]:
     ws, stack, project, kind, entry_dir = job.ws, job.stack, job.project, job.kind, job.entry_dir
     entries = _cached(job)
     cached = entries is not None
-    if entries is not None and kind.has_tree and (
-            stale := other_series(ws, stack, project, job.series)):
-        # The cached wheel is of the series, the fork tree is not: a refresh from it
-        # would write the other series back into patches/.
-        raise DirtyTreeError(f"the fork tree of {project.key} cannot be reused: {stale}",
-                             where=str(ws.work_tree(stack, project)),
-                             fix=other_series_fix(ws, stack, project))
     if entries is not None:
+        if kind.has_tree and (stale := other_series(ws, stack, project, job.series)):
+            # The cached wheel is of the series, the fork tree is not: a refresh from it
+            # would write the other series back into patches/.
+            raise DirtyTreeError(f"the fork tree of {project.key} cannot be reused: {stale}",
+                                 where=str(ws.work_tree(stack, project)),
+                                 fix=other_series_fix(ws, stack, project))
         log.info("%s: inputs unchanged, reusing %s", project.key,
                  ", ".join(e.wheel for e in entries))
-        why = local_work(ws, stack, project) if kind.has_tree else None
-        if why:  # the cache is keyed on the series: say that the tree's work is not in it
+        # the cache is keyed on the series: say that the tree's work is not in it
+        if kind.has_tree and (why := local_work(ws, stack, project)):
             work = ws.work_tree(stack, project)
             log.warning("%s: the fork tree %s has local work (%s); the cached wheel holds "
                         "the series without it. To build it: %s", project.key, work, why,
