@@ -43,7 +43,6 @@ DISTRIBUTION = "sm120fork-sglang-plugin"
 IMPORT_PACKAGE = "sm120fork_sglang_plugin"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 ENTRY_POINT_NAME = "sm120fork"
-CONSOLE_SCRIPT = "sm120fork-doctor"
 
 TOOLKIT = Path(__file__).resolve().parent.parent
 
@@ -104,7 +103,7 @@ dependencies = []
 {ep} = "{pkg}:load"
 
 [project.scripts]
-{script} = "{pkg}.doctor:main"
+sm120fork-doctor = "{pkg}.doctor:main"
 
 [tool.setuptools.packages.find]
 include = ["{pkg}*"]
@@ -121,8 +120,7 @@ def write_project(spec: Spec, local_label: str, dest: Path) -> Path:
     version = f"{spec.version}+{local_label}"
     (dest / "pyproject.toml").write_text(_PYPROJECT.format(
         dist=DISTRIBUTION, version=version, sglang=spec.version, stack=spec.stack,
-        group=ENTRY_POINT_GROUP, ep=ENTRY_POINT_NAME, pkg=IMPORT_PACKAGE,
-        script=CONSOLE_SCRIPT), encoding="utf-8")
+        group=ENTRY_POINT_GROUP, ep=ENTRY_POINT_NAME, pkg=IMPORT_PACKAGE), encoding="utf-8")
     (pkg / "__init__.py").write_text(_INIT.format(stack=spec.stack, version=spec.version),
                                      encoding="utf-8")
     (pkg / "hooks.json").write_text(json.dumps(spec.to_json(), indent=1) + "\n",
