@@ -158,10 +158,8 @@ def lookup(env: Mapping[str, str] | None = None, arch_list: str = "9.0",
 
 def describe(found: Found) -> list[str]:
     """One line per prebuilt folder and per module: what loads from where, and why."""
-    lines = []
-    for folder in found.folders:
-        held = ", ".join(folder.modules) or "no modules"
-        lines.append(f"prebuilt folder ({folder.provider}): {folder.path}: {held}")
+    lines = [f"prebuilt folder ({f.provider}): {f.path}: {', '.join(f.modules) or 'no modules'}"
+             for f in found.folders]
     for name, module in found.modules.items():
         if module.error:
             lines.append(f"{name}: cannot make its JIT spec: {module.error}")

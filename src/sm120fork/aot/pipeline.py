@@ -178,8 +178,7 @@ def resolve(package_dir: Path, identifier: str,
     args = CommandLineArguments.defaults()
     args.platform = "linux"
     args.package_dir = package_dir
-    options = compute_options("linux", args, env=dict(env or {}))
-    build = options.build_options(identifier)
+    build = compute_options("linux", args, env=dict(env or {})).build_options(identifier)
     environment = build.environment.as_dictionary(prev_environment={})
     return HostPlan(identifier=identifier, before_build=build.before_build or "",
                     frontend=build.build_frontend.name,
