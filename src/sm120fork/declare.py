@@ -267,19 +267,14 @@ def _checked(file: Path, key: str, p: Project, keys: list[str]) -> Project:
     return replace(p, key=key)
 
 
-def load_stack(file: Path, *, strict: bool = True) -> Stack:
-    """Load and validate one stack declaration; with ``strict`` (the default) pins that
-    disagree are refused, otherwise recorded in ``Stack.pin_problems``."""
+def load_stack(file: Path, text: str | None = None, *, strict: bool = True) -> Stack:
+    """Load and validate one stack declaration (or ``text`` as ``file`` would hold it: a bump
+    checks the pins it is about to write before writing them); with ``strict`` (the
+    default) pins that disagree are refused, otherwise recorded in ``Stack.pin_problems``."""
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8") if text is None else text
     except FileNotFoundError as exc:
         raise ConfigError("no such declaration file", where=str(file)) from exc
-    return parse_stack(file, text, strict=strict)
-
-
-def parse_stack(file: Path, text: str, *, strict: bool = True) -> Stack:
-    """:func:`load_stack` of ``text`` as the declaration ``file`` would hold it (a bump
-    checks the pins it is about to write before writing them)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -14,7 +14,7 @@ import tomlkit
 from packaging.version import Version
 from tomlkit.items import Table
 
-from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin, load_stack, parse_stack
+from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin, load_stack
 from sm120fork.errors import ConfigError, MaintenanceError
 from sm120fork.fetch.index import project_page
 from sm120fork.fetch.kinds import source_kind
@@ -86,7 +86,7 @@ def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> S
 def check_declaration(path: Path, text: str, *, fix: str, pins: bool = True) -> Stack:
     """The stack ``text`` declares, refused unless it loads (with ``pins``: agrees)."""
     try:
-        return parse_stack(path, text, strict=pins)
+        return load_stack(path, text, strict=pins)
     except ConfigError as exc:
         raise MaintenanceError(
             f"the new pins would not load: {exc.what}",
