@@ -19,7 +19,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -164,11 +163,8 @@ class Compiled:
 
     def seconds_per_target(self) -> dict[str, float]:
         """Device passes (preprocess, cicc, ptxas) summed per target, over all sources."""
-        out: dict[str, float] = defaultdict(float)
-        for phase in self.phases:
-            if phase.target:
-                out[phase.target] += phase.seconds
-        return dict(out)
+        targets = dict.fromkeys(p.target for p in self.phases if p.target)
+        return {t: sum(p.seconds for p in self.phases if p.target == t) for t in targets}
 
     def to_dict(self) -> dict[str, object]:
         return {"module": self.plan.module, "arch_list": self.plan.arch_list,
@@ -216,10 +212,9 @@ class NinjaProgress:
         self.started = time.monotonic()
 
     def __call__(self, line: str) -> None:
-        step = self._STEP.match(line.strip())
-        if not step:
-            return
         text = line.strip()
+        if not (step := self._STEP.match(text)):
+            return
         source = self._SOURCE.search(text)
         targets = list(dict.fromkeys(self._TARGET.findall(text)))
         what = Path(source.group(1)).name if source else text[step.end():][:60]
