@@ -126,7 +126,7 @@ def require_tools_in_ci(tools: Tools) -> None:
 
 
 def find_tools(python: str | os.PathLike[str] | None = None) -> Tools:
-    """Locate nvcc, c++filt and the disassemblers (on PATH or in the probe's packages)."""
+    """Locate nvcc and the disassemblers (on PATH or in the probe's packages)."""
     interpreter = Path(python) if python else Path(sys.executable)
     nvcc = require_nvcc(fix="install the CUDA toolkit (nvcc >= 12.9 for sm_120a/sm_120f)")
     paths: list[str] = probe(interpreter, _SYS_PATH_PROBE, what=f"{interpreter}")
