@@ -55,11 +55,10 @@ class RefreshResult:
 
 def export_series(repo: Git, directory: Path, stack: str, project: str) -> RefreshResult:
     """Write the fork tree's commits as the series in ``directory``; touch only changes."""
-    base = UPSTREAM_TAG
     with tempfile.TemporaryDirectory(prefix="sm120fork-refresh-") as tmp:
-        out = repo(*FORMAT_PATCH, "-o", tmp, f"{base}..HEAD")
+        out = repo(*FORMAT_PATCH, "-o", tmp, f"{UPSTREAM_TAG}..HEAD")
         exported = [Path(line) for line in out.splitlines() if line.strip()]
-        commits = repo.commits(f"{base}..HEAD")
+        commits = repo.commits(f"{UPSTREAM_TAG}..HEAD")
         new: dict[str, str] = {}
         for path, commit in zip(exported, commits, strict=True):
             text = path.read_text(encoding="utf-8")
@@ -70,7 +69,7 @@ def export_series(repo: Git, directory: Path, stack: str, project: str) -> Refre
                     f"commit {commit.hexsha[:12]} ({commit.summary!r}) cannot become a patch: "
                     f"{exc.what}", where=str(repo.path),
                     fix=f"correct its message's DEP-3 header (patches/README.md): `git -C "
-                        f"{shlex.quote(str(repo.path))} rebase -i {base}` and reword it") \
+                        f"{shlex.quote(str(repo.path))} rebase -i {UPSTREAM_TAG}` and reword it") \
                     from None
             day = dt.datetime.fromisoformat(patch.field("Last-Update")).replace(tzinfo=dt.UTC)
             new[path.name] = re.sub(r"^Date: .*$", f"Date: {email.utils.format_datetime(day)}",
