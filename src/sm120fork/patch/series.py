@@ -203,10 +203,9 @@ def parse_patch(path: Path) -> Patch:
     files = tuple(dict.fromkeys(m.group(2) for m in _DIFF.finditer(text)))
     if not files:
         raise SeriesError("patch changes no file", where=where)
-    for fp in fingerprints:
-        if fp.path not in files:
-            raise SeriesError(f"Fingerprint names {fp.path}, which the patch does not change",
-                              where=where)
+    if stray := [fp.path for fp in fingerprints if fp.path not in files]:
+        raise SeriesError(f"Fingerprint names {stray[0]}, which the patch does not change",
+                          where=where)
     return Patch(name=path.name, path=path, subject=subject, author=author, fields=tuple(fields),
                  fingerprints=tuple(fingerprints), files=files,
                  sha256=hashlib.sha256(data).hexdigest(),
