@@ -114,13 +114,11 @@ def check_tree(tree: Path, patches: Sequence[Patch], *, layout: str = "",
     files = [f for f in dict.fromkeys(f for p in patches for f in p.files)
              if (tree / f).is_file()]
     failures: list[CheckFailure] = []
-    compiled, not_compiled, not_imported = [], [], []
+    compiled, not_imported = [], []
+    not_compiled = [f for f in files if not f.endswith(".py")]
     modules: dict[str, str] = {}
     roots: dict[Path, None] = {}
-    for rel in files:
-        if not rel.endswith(".py"):
-            not_compiled.append(rel)
-            continue
+    for rel in (f for f in files if f.endswith(".py")):
         try:
             compile((tree / rel).read_bytes(), rel, "exec", dont_inherit=True)
         except SyntaxError as exc:
