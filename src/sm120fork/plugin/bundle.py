@@ -43,9 +43,7 @@ def _ours(node: ast.AST) -> TypeGuard[ast.ImportFrom]:
 
 def _relative(node: ast.ImportFrom, rel: str) -> str:
     """The part a relative import names, relative to ``src/sm120fork``."""
-    base = Path(rel).parent
-    for _ in range(node.level - 1):
-        base = base.parent
+    base = Path(rel).parents[node.level - 1]
     return (base / (node.module or "").replace(".", "/")).with_suffix(".py").as_posix()
 
 

@@ -55,11 +55,10 @@ def _units(source: str, where: str) -> dict[Key, ast.stmt]:
 
 
 def _is_literal(node: ast.stmt) -> bool:
-    value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
-    if value is None:
+    if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
         return False
     try:
-        ast.literal_eval(value)
+        ast.literal_eval(node.value)
     except ValueError:
         return False
     return True
