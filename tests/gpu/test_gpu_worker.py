@@ -17,10 +17,10 @@ import pytest
 
 from sm120fork.gpu.ab import correctness
 from sm120fork.gpu.ab import run as ab_run
-from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec
+from sm120fork.gpu.ab.results import CaseResult, Check
 from sm120fork.gpu.bench import run as bench_run
 from sm120fork.gpu.core import worker as rank
-from sm120fork.gpu.core.cases import Case, quick_matrix
+from sm120fork.gpu.core.cases import Case, RankSpec, quick_matrix
 from sm120fork.gpu.core.safety import MULTICAST_OFF_ENV
 from sm120fork.util import typed, wire
 
@@ -189,13 +189,13 @@ def test_a_group_s_spec_and_a_rank_s_result_reach_the_other_side_as_they_left() 
     """Parent -> spec file -> rank, and rank -> wire -> parent: each message is serialized
     once at its edge and read back to the same typed value."""
     cases = tuple(_cases())
-    spec = GroupSpec(mode="test", world_size=2, store="/tmp/store", backend="trtllm",
+    spec = RankSpec(mode="test", world_size=2, store="/tmp/store", backend="trtllm",
                     allow_multicast=False, max_tokens=16, max_hidden=1024,
                     custom_max_tokens=1, cases=cases)
     on_disk = json.loads(json.dumps(dataclasses.asdict(spec)))
     assert on_disk["mode"] == "test"
     assert on_disk["allow_multicast"] is False  # Rank reads the group's keys from it too
-    assert typed.read(GroupSpec, on_disk, "spec") == spec
+    assert typed.read(RankSpec, on_disk, "spec") == spec
     result = CaseResult(key=cases[0].key, case=cases[0], rank=1, status="fail",
                         failure="wrong result", reason="norm_out: rel L2 0.5 > 0.015",
                         checks=(Check(output="norm_out", stage="eager", ok=False, kind="bf16",
@@ -278,7 +278,8 @@ def test_the_bench_plan_a_group_is_given_is_the_plan_its_ranks_measure(
     specs: list[dict[str, Any]] = []
 
     def run_ranks(_worker: Any, spec: Any, world: int, *_a: Any) -> Any:
-        specs.append({**json.loads(json.dumps(spec(tmp_path / "store"))), "ranks": world})
+        on_disk = json.dumps(spec(tmp_path / "store"), default=dataclasses.asdict)
+        specs.append({**json.loads(on_disk), "ranks": world})
         return proc.GroupOutcome(ok=True)
 
     monkeypatch.setattr(bench_run, "run_ranks", run_ranks)

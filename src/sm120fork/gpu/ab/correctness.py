@@ -11,13 +11,14 @@ from collections.abc import Callable
 
 import torch
 
-from sm120fork.gpu.ab.results import CaseResult, Check, GroupSpec
+from sm120fork.gpu.ab.results import CaseResult, Check
 from sm120fork.gpu.core import worker
 from sm120fork.gpu.core.cases import (
     CUSTOM_API,
     PATTERN_CODES,
     TORCH_SYMM_SHARED_GPU,
     Case,
+    RankSpec,
     skip_reason,
 )
 from sm120fork.gpu.core.reference import (
@@ -213,4 +214,4 @@ def run_tests(rk: Rank, cases: list[Case]) -> None:
 
 if __name__ == "__main__":
     worker.serve({"test": lambda rank, spec: run_tests(
-        rank, list(typed.read(GroupSpec, spec, "the group's spec").cases))})
+        rank, list(typed.read(RankSpec, spec, "the group's spec").cases))})

@@ -1,6 +1,6 @@
-"""What crosses the A/B's processes: a group's :class:`GroupSpec`, a case's
-:class:`CaseResult` and the run's ``test-ab.json`` (:class:`AbRun`), serialized once at the
-edge and read back by ``util.typed.read``; and ``test-ab.json`` rendered as markdown."""
+"""What crosses the A/B's processes: a case's :class:`CaseResult` and the run's
+``test-ab.json`` (:class:`AbRun`), serialized once at the edge and read back by
+``util.typed.read``; and ``test-ab.json`` rendered as markdown."""
 
 from __future__ import annotations
 
@@ -63,21 +63,6 @@ class CaseResult:
     def failed(cls, case: Case, failure: str, reason: str, **more: Any) -> CaseResult:
         return cls(key=case.key, case=case, status="fail", failure=failure, reason=reason,
                    **more)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GroupSpec:
-    """One group of A/B ranks' spec file (:class:`~sm120fork.gpu.core.worker.Rank` reads it too)."""
-
-    world_size: int
-    store: str
-    backend: str
-    allow_multicast: bool
-    max_tokens: int
-    max_hidden: int
-    custom_max_tokens: int
-    cases: tuple[Case, ...]
-    mode: str
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

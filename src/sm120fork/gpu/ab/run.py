@@ -16,10 +16,10 @@ from typing import Any
 
 from sm120fork import __version__, record
 from sm120fork.errors import ConfigError, UsageError, VerifyError
-from sm120fork.gpu.ab.results import AbRun, AbTable, CaseResult, Check, GroupSpec, write_test_report
+from sm120fork.gpu.ab.results import AbRun, AbTable, CaseResult, Check, write_test_report
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import records, runs
-from sm120fork.gpu.core.cases import CUSTOM_API, Case
+from sm120fork.gpu.core.cases import CUSTOM_API, Case, RankSpec
 from sm120fork.gpu.core.records import now
 from sm120fork.gpu.core.report import built_manifest
 from sm120fork.gpu.core.runs import RunOptions
@@ -226,9 +226,9 @@ class _Batch:
 
 
 def _spec(cases: Sequence[Case], store: Path, backend: str, allow_multicast: bool
-          ) -> GroupSpec:
+          ) -> RankSpec:
     custom = [c for c in cases if c.api == CUSTOM_API]
-    return GroupSpec(mode="test", world_size=cases[0].world_size, store=str(store),
+    return RankSpec(mode="test", world_size=cases[0].world_size, store=str(store),
                     backend=backend, allow_multicast=allow_multicast,
                     max_tokens=max(c.tokens for c in cases),
                     max_hidden=max(c.hidden for c in cases),

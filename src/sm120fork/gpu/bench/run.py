@@ -17,6 +17,7 @@ from sm120fork.gpu import policy as policy_mod
 from sm120fork.gpu.bench import report
 from sm120fork.gpu.core import cases as cases_mod
 from sm120fork.gpu.core import runs
+from sm120fork.gpu.core.cases import RankSpec
 from sm120fork.gpu.core.documents import BenchRecord, Environment
 from sm120fork.gpu.core.records import now, policy_made
 from sm120fork.gpu.core.runs import RunOptions
@@ -223,12 +224,11 @@ def run_group(plan: cases_mod.BenchPlan, variant: Variant, run_dir: Path, *,
         elif message.tag == "ENV":
             env_info.update(message.data)
 
-    outcome = run_ranks(worker, lambda store: {
-        "mode": "bench", "world_size": plan.world_size, "store": str(store),
-        "backend": backend, "allow_multicast": allow_multicast,
-        "max_tokens": max(plan.tokens), "max_hidden": max(plan.hidden),
-        "bench": dataclasses.asdict(plan), "methods": list(methods),
-        "module_failures": dict(module_failures or {})},
+    outcome = run_ranks(worker, lambda store: RankSpec(
+        mode="bench", world_size=plan.world_size, store=str(store), backend=backend,
+        allow_multicast=allow_multicast, max_tokens=max(plan.tokens),
+        max_hidden=max(plan.hidden), custom_max_tokens=max(plan.tokens), bench=plan,
+        methods=tuple(methods), module_failures=dict(module_failures or {})),
         plan.world_size, variant, run_dir / f"{tag}-{variant.name}", timeouts, on_message,
         extra_env)
     return records, env_info, outcome

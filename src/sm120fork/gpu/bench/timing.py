@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from sm120fork.gpu.core import worker
-from sm120fork.gpu.core.cases import NCCL_SHARED, BenchPlan, Case
+from sm120fork.gpu.core.cases import NCCL_SHARED, BenchPlan, Case, RankSpec
 from sm120fork.gpu.core.documents import BenchRecord, CheckVerdict
 from sm120fork.gpu.core.reference import RMS_EPS, TORCH_DTYPES, compare, expected, generate
 from sm120fork.gpu.core.worker import Rank, capture_graph, cuda_broken, say
@@ -542,17 +542,10 @@ def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, tim
                   "hidden": point.hidden, **at(adapter, point)})
 
 
-@dataclasses.dataclass(frozen=True)
-class _BenchSpec:
-    """What a bench rank reads of the group's spec (the rest is :class:`Rank`'s)."""
-
-    bench: BenchPlan
-    methods: list[str]
-
-
 def run(rank: Rank, spec: object) -> None:
-    read = typed.read(_BenchSpec, spec, "the bench spec", strict=False)
-    measure(rank, read.bench, read.methods)
+    read = typed.read(RankSpec, spec, "the bench spec", strict=False)
+    assert read.bench is not None  # the bench's launcher always gives it
+    measure(rank, read.bench, list(read.methods))
 
 
 if __name__ == "__main__":

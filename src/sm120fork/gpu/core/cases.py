@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from sm120fork.errors import ConfigError
 
@@ -189,3 +189,22 @@ def bench_plan(world_size: int, *, quick: bool, tokens: Sequence[int] | None = N
             else BenchPlan(world_size=world_size, tokens=BENCH_TOKENS, hidden=BENCH_HIDDEN))
     return dataclasses.replace(base, tokens=tuple(tokens or base.tokens),
                                hidden=tuple(hidden or base.hidden))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankSpec:
+    """A rank group's spec file: what :class:`~sm120fork.gpu.core.worker.Rank` reads, then
+    the A/B's ``cases`` or the bench's ``bench`` plan and ``methods``."""
+
+    mode: str
+    world_size: int
+    store: str
+    backend: str
+    allow_multicast: bool
+    max_tokens: int
+    max_hidden: int
+    custom_max_tokens: int
+    cases: tuple[Case, ...] = ()
+    bench: BenchPlan | None = None
+    methods: tuple[str, ...] = ()
+    module_failures: Mapping[str, str] = dataclasses.field(default_factory=dict)
