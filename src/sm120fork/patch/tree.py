@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shlex
 import shutil
@@ -230,24 +229,18 @@ def _locate(patch: Patch, output: str) -> tuple[str, str]:
 
 def check_series(repo: Git, series: Series) -> list[ApplyFailure]:
     """Dry-run the series on a scratch index; the work tree and index stay untouched."""
-    failures: list[ApplyFailure] = []
-    fd, index = tempfile.mkstemp(prefix="sm120fork-index.")
-    os.close(fd)
-    env = {"GIT_INDEX_FILE": index}
-    try:
+    with tempfile.TemporaryDirectory(prefix="sm120fork-index.") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         repo("read-tree", UPSTREAM_TAG, env=env)
         for p in series.patches:
             try:
                 repo("apply", "--cached", "--check", str(p.path), env=env)
             except CommandError as exc:
                 file, hunk = _locate(p, exc.detail or "")
-                failures.append(ApplyFailure(patch=p.name, file=file, hunk=hunk,
-                                             message=(exc.detail or "").strip()))
-                break
+                return [ApplyFailure(patch=p.name, file=file, hunk=hunk,
+                                     message=(exc.detail or "").strip())]
             repo("apply", "--cached", str(p.path), env=env)
-    finally:
-        os.unlink(index)
-    return failures
+    return []
 
 
 def reset_to_upstream(repo: Git) -> None:
