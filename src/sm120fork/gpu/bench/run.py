@@ -4,7 +4,6 @@ reports and the all-reduce policy."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import sys
 import time
@@ -178,8 +177,8 @@ def _run_world(opts: BenchOptions, plan: cases_mod.BenchPlan, prepared: runs.Pre
             records += [{"kind": "method", "method": name, "status": methods_mod.NOT_RUNNABLE,
                          "reason": cases_mod.NCCL_SHARED} for name in group]
             continue
-        names = group
-        for attempt in itertools.count():
+        names, attempt = group, 0
+        while names:
             started = time.monotonic()
             got, got_env, outcome = run_group(
                 dataclasses.replace(plan, floors=index == 0 and attempt == 0), variant,
@@ -201,9 +200,7 @@ def _run_world(opts: BenchOptions, plan: cases_mod.BenchPlan, prepared: runs.Pre
                             "reason": f"the ranks died while it ran "
                             f"({outcome.kind}: {outcome.failure}); the methods "
                             "after it ran in a new group"})
-            names = names[names.index(begun[-1]) + 1:]
-            if not names:
-                break
+            names, attempt = names[names.index(begun[-1]) + 1:], attempt + 1
     return records, rank_env, outcomes
 
 
