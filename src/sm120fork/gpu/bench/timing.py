@@ -477,11 +477,6 @@ def _floors(rk: Rank, plan: BenchPlan) -> None:
                           "skipped": f"{type(exc).__name__}: {exc}"[:300]})
 
 
-#: check(adapter, point) -> (ok, checks); time(adapter, point) -> stats
-Check = Callable[[Any, Point], tuple[bool, list[CheckVerdict]]]
-Time = Callable[[Any, Point], BenchRecord]
-
-
 def agree(reasons: Sequence[str | None]) -> str | None:
     """One verdict for the group from every rank's: a method runs only if it runs on all."""
     bad = [(rank, r) for rank, r in enumerate(reasons) if r]
@@ -491,8 +486,9 @@ def agree(reasons: Sequence[str | None]) -> str | None:
     return reason if len(bad) == len(reasons) else f"rank {rank}: {reason}"
 
 
-def drive(adapters: Sequence[Any], points: Sequence[Point], *, check: Check, time: Time,
-          emit: Callable[[BenchRecord], None],
+def drive(adapters: Sequence[Any], points: Sequence[Point], *,
+          check: Callable[[Any, Point], tuple[bool, list[CheckVerdict]]],
+          time: Callable[[Any, Point], BenchRecord], emit: Callable[[BenchRecord], None],
           gather: Callable[[Any], list[Any]] = lambda x: [x],
           is_fatal: Callable[[BaseException], bool] = lambda _exc: False) -> None:
     """Check, then time, every runnable method at every point; report the others.  Method
