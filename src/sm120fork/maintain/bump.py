@@ -242,15 +242,12 @@ def _target(req: BumpRequest, project: Project) -> tuple[str, GitPin | None]:
 
 def _preflight(ws: Workspace, req: BumpRequest, stack: Stack, scope: Stack,
                project: Project, new: Version, commit: GitPin | None) -> None:
-    """Before any download: the other pins accept the new version; no local work."""
+    """Before any download: the version exists, the other pins accept it; no local work."""
+    if commit is None:
+        with contextlib.suppress(SourceError):  # an index it cannot read: said where it is read
+            check_released(project, new, f"{stack.name}/{project.key}")
     if not req.coordinated_with:
-        try:
-            check_pins(scope, project, str(new))
-        except MaintenanceError:
-            if commit is None:  # a version that does not exist: said as such
-                with contextlib.suppress(SourceError):  # (an index it cannot read: the pins)
-                    check_released(project, new, f"{stack.name}/{project.key}")
-            raise
+        check_pins(scope, project, str(new))
     if req.new_stack:
         create_stack_check(ws, req.new_stack)
     elif why := local_work(ws, stack, project):
@@ -275,7 +272,6 @@ def _new_pin(ws: Workspace, req: BumpRequest, project: Project, new: Version,
             found = find_sdist(project, new)
         except SourceError:  # a release with neither sdist nor wheels is refused
             if not find_wheels(project, new):
-                check_released(project, new, f"projects.{project.key}")
                 raise
     if found is None:
         # The published wheels are the input (a release without an sdist, as SGLang
@@ -293,14 +289,11 @@ def _new_pin(ws: Workspace, req: BumpRequest, project: Project, new: Version,
             f"the git commit of {project.distribution} {new} is unknown",
             fix="pass --git-commit SHA (the sdist records none and the upstream "
                 "repository is not consulted)")
-    note = ("commit given with --git-commit" if req.git_commit else
-            "commit recorded in the sdist's own build metadata")
     tag = project.git_pin.tag
-    return NewPin(
-        source=project.source,
-        git=GitPin(url=project.git_pin.url, commit=recorded, commit_verified=False,
-                   tag=tag.replace(project.version, str(new)) if project.version in tag
-                   else f"v{new}", note=f"{note}; not checked against the upstream repository"),
+    return NewPin(source=project.source, git=_unverified(
+        project, recorded, tag.replace(project.version, str(new)) if project.version in tag
+        else f"v{new}", "commit given with --git-commit" if req.git_commit
+        else "commit recorded in the sdist's own build metadata"),
         sdist=SdistPin(filename=found.filename, sha256=found.sha256)), release
 
 
@@ -349,13 +342,16 @@ def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> Ne
             f"{project.distribution} {new_version} has no wheel on the package index",
             where=f"projects.{project.key}", fix="check the version, or wait until upstream "
                                                  "publishes its wheels")
-    git = None
-    if git_commit:
-        git = GitPin(url=project.git.url if project.git else "", tag=f"v{new_version}",
-                     commit=git_commit, commit_verified=False,
-                     note="commit given with --git-commit; not checked against the upstream "
-                          "repository")
-    return NewPin(source="wheel", git=git, wheels=wheels)
+    return NewPin(source="wheel", wheels=wheels, git=_unverified(
+        project, git_commit, f"v{new_version}", "commit given with --git-commit")
+        if git_commit else None)
+
+
+def _unverified(project: Project, commit: str, tag: str, said: str) -> GitPin:
+    """A git pin of ``commit`` that the upstream repository was not asked about."""
+    return GitPin(url=project.git.url if project.git else "", tag=tag, commit=commit,
+                  commit_verified=False,
+                  note=f"{said}; not checked against the upstream repository")
 
 
 #: A step of a bump: what it does to the checkout, given the stack as declared now.
@@ -472,8 +468,15 @@ class _Series:
     def patch(self) -> Patch:
         return self.series.patches[self.state.next_index]
 
-    def record(self, verdict: str, evidence: list[str]) -> None:
-        self.state.results.append(classification(self.patch, verdict, evidence))
+    def done(self, verdict: str, evidence: list[str]) -> None:
+        """Record the patch's verdict and go on to the next one."""
+        state = self.state
+        state.results.append(classification(self.patch, verdict, evidence))
+        state.next_index += 1
+        state.conflict_head = state.merged_head = ""
+        state.failed_check = []
+        state.head = self.repo.head()
+        state.save(self.ws)
 
 
 def _apply_series(ws: Workspace, state: BumpState, resolved: ResolvedStack, *,
@@ -486,30 +489,25 @@ def _apply_series(ws: Workspace, state: BumpState, resolved: ResolvedStack, *,
     at = _Series(ws, state, stack, project, Git(ws.work_tree(stack, project)),
                  state.kept_series(ws))
     if state.conflict_head:
-        _settle_stop(at, skip=skip)
+        _settle(at, skip=skip)
     _back_to(at.repo, state.head)
     if not state.preview and state.next_index == 0:
         state.preview = list(preview(at.repo, at.series.patches, Version(state.new_version)))
         state.save(ws)
-        write_bump_report(ws, stack, project, state, state.pinned(project),
+        write_bump_report(ws, state, project,
                           stopped="applying the series (the run did not finish)")
         stage("classified")
     while state.next_index < len(at.series.patches):
         _apply_patch(at)
-        state.next_index += 1
-        state.head = at.repo.head()
-        state.save(ws)
         stage("patch applied")
 
 
-def _settle_stop(at: _Series, *, skip: bool) -> None:
-    """Record the patch the bump stopped at as the user left it: resolved, mended, or
-    dropped (``skip``)."""
+def _settle(at: _Series, *, skip: bool) -> None:
+    """Record the patch whose conflict the bump met, as it is now: merged by git, resolved
+    or mended by hand, or dropped (``skip``)."""
     repo, state, patch = at.repo, at.state, at.patch
-    if skip and repo.am_in_progress():  # drop the conflicting patch, like git am
-        repo("am", "--skip")
-    elif skip and repo.head() != state.conflict_head:  # merged, fails its check
-        repo("reset", "-q", "--hard", state.conflict_head)
+    if skip:  # drop the patch: back where it started, like git am --skip
+        _back_to(repo, state.conflict_head)
     if repo.am_in_progress():
         unmerged = repo("diff", "--name-only", "--diff-filter=U").split()
         marked = [f for f in sorted({*unmerged, *patch.files})
@@ -530,18 +528,12 @@ def _settle_stop(at: _Series, *, skip: bool) -> None:
         repo("add", "-A")
         repo("commit", "-q", "--amend", "--no-edit", "--no-verify")
     if repo.head() == state.merged_head:  # the 3-way merge, as it was
-        checked = _check_or_stop(at)
-        at.record(STILL_NEEDED, [*state.conflict_evidence, checked])
+        at.done(STILL_NEEDED, [*state.conflict_evidence, _check_or_stop(at)])
     elif repo.head() != state.conflict_head:
-        at.record(RESOLVED, _resolution(at))
+        at.done(RESOLVED, _resolution(at))
     else:
-        at.record(DROPPED_BY_HAND, [*state.conflict_evidence,
-                                    "conflict resolved by dropping the patch (--skip)"])
-    state.next_index += 1
-    state.conflict_head = state.merged_head = ""
-    state.failed_check = []
-    state.head = repo.head()
-    state.save(at.ws)
+        at.done(DROPPED_BY_HAND, [*state.conflict_evidence,
+                                  "conflict resolved by dropping the patch (--skip)"])
 
 
 def _apply_patch(at: _Series) -> None:
@@ -551,7 +543,9 @@ def _apply_patch(at: _Series) -> None:
     if verdict == STILL_NEEDED:
         repo("am", "--quiet", "--no-3way", "--keep-cr", "--committer-date-is-author-date",
              str(patch.path))
-    elif verdict in (CONFLICT, TARGET_MISSING):
+    if verdict not in (CONFLICT, TARGET_MISSING):
+        at.done(verdict, evidence)
+    else:
         state.conflict_head = repo.head()
         state.conflict_evidence = evidence
         state.save(at.ws)
@@ -560,18 +554,15 @@ def _apply_patch(at: _Series) -> None:
                  str(patch.path))
         except CommandError:
             files = repo("diff", "--name-only", "--diff-filter=U").split()
-            raise _stop(at, lambda tree: (
-                f"patch {patch.name} conflicts with {state.project} {state.new_version}"
-                f"{': ' + ', '.join(files) if files else ''}; the fork tree {tree} stops at "
-                "it with conflict markers in place"),
-                lambda tree: f"resolve the conflicts in {tree}, then",
-                [f"{patch.name} stops the bump: {evidence[-1]}"]) from None
+            raise _stop(at, f"patch {patch.name} conflicts with {state.project} "
+                        f"{state.new_version}{': ' + ', '.join(files) if files else ''}; the "
+                        "fork tree {tree} stops at it with conflict markers in place",
+                        "resolve the conflicts in {tree}, then",
+                        [f"{patch.name} stops the bump: {evidence[-1]}"]) from None
         state.merged_head = repo.head()
         state.conflict_evidence = [*evidence, MERGED_3WAY]
         state.save(at.ws)
-        verdict, evidence = STILL_NEEDED, [*state.conflict_evidence, _check_or_stop(at)]
-        state.conflict_head = state.merged_head = ""
-    at.record(verdict, evidence)
+        _settle(at, skip=False)
 
 
 def _resolution(at: _Series) -> list[str]:
@@ -616,36 +607,33 @@ def _check_or_stop(at: _Series) -> str:
                             layout=state.new_pin.layout or at.project.layout)
     except ToolkitError as exc:
         state.conflict_evidence.append(f"{MERGED_UNCHECKED}: {exc.what}")
-        step = ("make the check runnable" + (f" ({relative(exc.fix, at.ws.root)})"
-                                             if exc.fix else "") + ", then")
-        what = f"patch {patch.name} is {MERGED_UNCHECKED}: {exc.what}"
-        raise _stop(at, lambda _: what, lambda _: step, []) from exc
+        fix = f" ({relative(exc.fix, at.ws.root)})" if exc.fix else ""
+        raise _stop(at, f"patch {patch.name} is {MERGED_UNCHECKED}: {exc.what}",
+                    f"make the check runnable{fix}, then", []) from exc
     if result.passed:
         return f"{CHECK_PASSES}: {result.summary}"
     state.failed_check = [*map(str, result.failures), f"check: {result.summary}"]
     first = result.failures[0]
     if (said := f"{MERGED_FAILS_CHECK}: {first}") not in state.conflict_evidence:
         state.conflict_evidence.append(said)
-    raise _stop(at, lambda _: f"patch {patch.name} is {MERGED_FAILS_CHECK}: {first.where}: "
-                              f"{first.error} ({first.check})",
-                lambda tree: f"mend it in {tree}, then", state.failed_check)
+    raise _stop(at, f"patch {patch.name} is {MERGED_FAILS_CHECK}: {first.where}: "
+                    f"{first.error} ({first.check})", "mend it in {tree}, then",
+                state.failed_check)
 
 
-def _stop(at: _Series, what: Callable[[str], str], first: Callable[[str], str],
-          detail: list[str]) -> MaintenanceError:
-    """The stop at the patch, saved and reported (the report names no machine path)."""
+def _stop(at: _Series, what: str, first: str, detail: list[str]) -> MaintenanceError:
+    """The stop at the patch, saved and reported; ``{tree}`` in ``what`` and ``first``
+    names the fork tree (in the report, relative: it names no machine path)."""
     at.state.save(at.ws)
-
-    def fix(tree: str) -> str:
-        return (f"{first(tree)} `{at.state.cmd('--continue')}`; or drop the patch: "
-                f"`{at.state.cmd('--skip')}`; or `{at.state.cmd('--abort')}` to restore the "
-                "previous pin and series")
+    cmd = at.state.cmd
+    fix = (f"{first} `{cmd('--continue')}`; or drop the patch: `{cmd('--skip')}`; or "
+           f"`{cmd('--abort')}` to restore the previous pin and series")
     rel = os.path.relpath(at.repo.path, at.ws.root)
-    report = write_bump_report(at.ws, at.stack, at.project, at.state,
-                               at.state.pinned(at.project),
-                               stopped=f"{what(rel)}. Next: {fix(rel)}.")
+    report = write_bump_report(at.ws, at.state, at.project,
+                               stopped=f"{what}. Next: {fix}.".replace("{tree}", rel))
     tree = str(at.repo.path)
-    return MaintenanceError(what(tree), where=at.state.stack, fix=fix(tree), detail="\n".join(
+    return MaintenanceError(what.replace("{tree}", tree), where=at.state.stack,
+                            fix=fix.replace("{tree}", tree), detail="\n".join(
         [*detail, *preview_lines(at.state),
          f"report (the evidence for each verdict): {report.relative_to(at.ws.root)}"]))
 
@@ -703,7 +691,6 @@ def _finalize(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> BumpR
                     "upstream publishes its wheels")
         state.new_pin = dataclasses.replace(state.new_pin, wheels=wheels)
         state.save(ws)
-    new_project = state.pinned(project)
     # Edits the declaration as it is now: a hand fix made while stopped stays.
     declaration = Path(state.declaration)
     decl = declaration_with_pin(declaration.read_text(encoding="utf-8"), project, state,
@@ -723,18 +710,16 @@ def _finalize(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> BumpR
                    stack=stack.name, project=project.key)
     stage("tree rebuilt")
     results = tuple(state.results)
-    published = new_project.wheels if empty else ()
+    published = (state.new_pin.wheels or ()) if empty else ()
     undeclared, release_files = release_check(project)
     try:
         remake = to_remake(ResolvedStack.of(ws, stack))
     except ToolkitError as exc:  # a malformed Verified-By: say so, the bump is done
         remake = [f"claims not judged: {exc.message}"]
-    report = write_bump_report(ws, stack, project, state, new_project, results=results,
-                               range_diff=range_diff, refreshed=refreshed,
-                               published=published, remake=remake)
+    report = write_bump_report(ws, state, project, results=results, range_diff=range_diff,
+                               refreshed=refreshed, published=published, remake=remake)
     stage("report written")
-    changelog = write_changelog(ws, stack, project, state, results, report,
-                                published=published)
+    changelog = write_changelog(ws, state, project, report, published=published)
     stage("changelog written")
     _close(ws, state)
     return BumpResult(stack=stack.name, project=project.key, old_version=state.old_version,
@@ -855,30 +840,8 @@ def _checked_tree(resolved: ResolvedStack, key: str) -> str:
     """The fork tree after an abort, checked against the pin and series put back, else
     made again from them; says which."""
     ws, stack, project = resolved.ws, resolved.stack, resolved.stack.project(key)
-    series = resolved.series[key]
-    work = ws.work_tree(stack, project)
-    if not work.exists():
+    if not ws.work_tree(stack, project).exists():
         return f"{key}: no fork tree (`{command('build', '--stack', stack.name)}` makes it)"
-    why = _not_at_pin(ws, stack, project, series)
-    if why is None:
-        return f"{key}: fork tree checked at {project.version} and its series"
-    log.warning("the fork tree %s is not the old pin's (%s): making it again", work, why)
-    shutil.rmtree(work)
-    prepare_tree(ws, stack, project, patches=series.patches)
-    if (still := _not_at_pin(ws, stack, project, series)) is not None:
-        raise MaintenanceError(f"the fork tree made again is not at the pin: {still}",
-                               where=str(work))
-    return f"{key}: fork tree made again at {project.version} and its series ({why})"
-
-
-def _not_at_pin(ws: Workspace, stack: Stack, project: Project, series: Series) -> str | None:
-    """Why the fork tree is not the complete, unchanged tree of its pin and series."""
-    work = ws.work_tree(stack, project)
-    made = read_state(work)
-    if made is None or not made.complete:
-        return "the toolkit did not finish it" if made else "it has no toolkit state"
-    if made.source != source_key(project):
-        return f"it is of another pin ({made.source})"
-    if made.series != series.digest:
-        return "it is of another series"
-    return local_work(ws, stack, project)
+    tree = prepare_tree(ws, stack, project, patches=resolved.series[key].patches, force=True)
+    return (f"{key}: fork tree {'checked' if tree.reused else 'made again'} at "
+            f"{project.version} and its series")

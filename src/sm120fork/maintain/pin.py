@@ -63,7 +63,6 @@ def create_stack_check(ws: Workspace, name: str) -> None:
 def create_stack(ws: Workspace, source: Stack, project: Project, name: str) -> Stack:
     """A stack ``name`` copied from ``source``: ``project`` and the projects it requires,
     written from the data (the source's comments describe other releases)."""
-    create_stack_check(ws, name)
     target = ws.forks_dir / f"{name}.toml"
     series_root = ws.root / "patches" / name
     copied = closure(source, project)

@@ -14,7 +14,6 @@ from email.parser import Parser
 from pathlib import Path, PurePosixPath
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from sm120fork.declare import Project, Stack, coordinated_pin_problems, pinned_for
@@ -134,8 +133,7 @@ def coordinated_moves(stack: Stack, project: Project, release: Release) -> list[
 def requirements_on_stack(stack: Stack, project: Project, release: Release) -> list[str]:
     """The new release's requirements on the stack's other projects."""
     return [str(r) for r in release.requires
-            if (t := pinned_for(r, stack.projects)) is not None and t is not project
-            and canonicalize_name(r.name) != project.normalized_name]
+            if pinned_for(r, stack.projects) not in (None, project)]
 
 
 def missing_targets(project: Project, patches: Sequence[Patch], release: Release

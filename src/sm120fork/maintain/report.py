@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from sm120fork.declare import Project, Stack, WheelPin
+from sm120fork.declare import Project, WheelPin
 from sm120fork.fetch.kinds import source_kind
 from sm120fork.maintain.state import (
     DROPPED_BY_HAND,
@@ -81,17 +81,17 @@ def _pin_lines(project: Project) -> list[str]:
     return lines
 
 
-def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: BumpState,
-                      new_project: Project, *, results: Sequence[Classification] = (),
-                      range_diff: str = "", refreshed: RefreshResult | None = None,
-                      stopped: str = "", published: Sequence[WheelPin] = (),
-                      remake: Sequence[str] = ()) -> Path:
+def write_bump_report(ws: Workspace, state: BumpState, project: Project, *,
+                      results: Sequence[Classification] = (), range_diff: str = "",
+                      refreshed: RefreshResult | None = None, stopped: str = "",
+                      published: Sequence[WheelPin] = (), remake: Sequence[str] = ()) -> Path:
     """The bump's report: written before any patch is applied, at a stop, and at the end."""
     path = report_path(ws, state)
+    new_project = state.pinned(project)
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [
         f"# Bump {project.distribution} {state.old_version} -> {state.new_version} "
-        f"(stack {stack.name})", "",
+        f"(stack {state.stack})", "",
         f"Date: {today()}. Command: `{state.command}`"
         + (" (conflicts resolved by hand, then `--continue`)." if any(
             r.verdict in (RESOLVED, DROPPED_BY_HAND) for r in results) else "."), "",
@@ -128,7 +128,7 @@ def write_bump_report(ws: Workspace, stack: Stack, project: Project, state: Bump
                       "label, no rebuild); the declaration pins its wheels:", "",
                   *(f"- `{w.filename}` sha256 `{w.sha256}`" for w in published)]
     lines += ["", "## Evidence to re-make", "",
-              *evidence_lines(stack.name, state.created_stack, remake)]
+              *evidence_lines(state.stack, state.created_stack, remake)]
     lines += ["", "## Range-diff (series before -> after)", "",
               "`git range-diff before-base..before upstream..HEAD` in the fork tree:", "",
               "```", range_diff.rstrip() or "(empty: no patch left on either side)", "```", ""]
@@ -146,14 +146,13 @@ def evidence_lines(stack: str, created: bool, remake: Sequence[str]) -> list[str
         f"None: a passing record of {stack} backs every claim."]
 
 
-def write_changelog(ws: Workspace, stack: Stack, project: Project, state: BumpState,
-                    results: Sequence[Classification], report: Path,
+def write_changelog(ws: Workspace, state: BumpState, project: Project, report: Path,
                     published: Sequence[WheelPin] = ()) -> Path:
-    path = ws.root / "patches" / stack.name / "CHANGELOG.md"
-    title = f"# Patch series changelog: stack {stack.name}\n"
+    path = ws.root / "patches" / state.stack / "CHANGELOG.md"
+    title = f"# Patch series changelog: stack {state.stack}\n"
     old = path.read_text(encoding="utf-8") if path.is_file() else title
     entry = [f"## {today()}: {project.key} {state.old_version} -> {state.new_version}", ""]
-    for r in results:
+    for r in state.results:
         if r.verdict in UPSTREAMED:
             pr = f" (Applied-Upstream: {r.applied_upstream})" if r.applied_upstream else ""
             entry.append(f"- dropped {r.patch} ({r.subject}): {r.verdict} in "

@@ -187,31 +187,17 @@ def journal(root: Path, files: Iterable[Path], dirs: Iterable[Path]) -> tuple[
 
 def restore(root: Path, before: dict[str, str | None], dirs: Iterable[str], *,
             last: Iterable[str] = ()) -> None:
-    """Put every journaled file back byte for byte (``last`` after all others), removing
-    what the journal says was not there."""
+    """Put every journaled file back byte for byte (``last`` after all others): the
+    journaled folders emptied first, so a file the journal does not hold is gone."""
     for d in dirs:
-        folder = root / d
-        if not folder.is_dir():
-            continue
-        if not any(v is not None and k.startswith(f"{d}/") for k, v in before.items()):
-            shutil.rmtree(folder)
-            continue
-        for f in sorted(folder.rglob("*"), reverse=True):
-            rel = f.relative_to(root).as_posix()
-            if f.is_file() and rel not in before:
-                f.unlink()
-            elif f.is_dir() and not any(f.iterdir()):
-                f.rmdir()
+        shutil.rmtree(root / d, ignore_errors=True)
     late = set(last)
     for rel in sorted(before, key=lambda r: r in late):
         data, path = before[rel], root / rel
         if data is None:
             path.unlink(missing_ok=True)
             continue
-        content = base64.b64decode(data)
-        if path.is_file() and path.read_bytes() == content:
-            continue
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.sm120fork-restore")
-        tmp.write_bytes(content)
+        tmp.write_bytes(base64.b64decode(data))
         tmp.replace(path)

@@ -152,46 +152,38 @@ def _moves(before: Stack, after: Stack, project: str) -> list[str]:
     return out
 
 
-@dataclass
-class _Run:
-    ws: Workspace
-    stack: str
-    project: str
-    stops: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
-    companions: dict[str, tuple[Classification, ...]] = dataclasses.field(
-        default_factory=dict)
-
-    def stopped(self) -> BumpState | None:
-        states = [s for p in BumpState.pending(self.ws, self.stack)
-                  if (s := BumpState.load(self.ws, self.stack, p))]
-        return next((s for s in states if s.coordinated_with), states[0] if states else None)
-
-    def to_end(self, start: Callable[[], BumpResult]) -> BumpResult:
-        """Run ``start``, skipping each stop at a patch; any other stop is raised."""
-        call, seen = start, set()
-        while True:
-            try:
-                result = call()
-            except ToolkitError:
-                state = self.stopped()
-                if state is None or not state.conflict_head or (
-                        state.project, state.next_index) in seen:
-                    raise
-                seen.add((state.project, state.next_index))
-                patch = state.kept_series(self.ws).patches[state.next_index]
-                unchecked = [e for e in state.conflict_evidence
-                             if e.startswith(f"{MERGED_UNCHECKED}: ")]
-                self.stops.append((state.project, patch.name, (
-                    f"mended in its fork tree (it merged, but {state.failed_check[0]})"
-                    if state.failed_check else f"checked ({unchecked[0]})" if unchecked
-                    else "resolved in its fork tree")))
-                call = functools.partial(bump_continue, self.ws, self.stack, state.project,
-                                         skip=True)
-                continue
-            if result.project == self.project:
-                return result
-            self.companions[result.project] = result.classifications
-            call = functools.partial(bump_continue, self.ws, self.stack, self.project)
+def _to_end(ws: Workspace, stack: str, project: str, start: Callable[[], BumpResult]) -> tuple[
+        BumpResult, list[tuple[str, str, str]], dict[str, tuple[Classification, ...]]]:
+    """Run ``start`` to the end of ``project``'s bump, skipping each stop at a patch (its
+    stops: project, patch, what it takes; the coordinated bumps' verdicts); any other stop
+    is raised."""
+    call, seen = start, set()
+    stops: list[tuple[str, str, str]] = []
+    companions: dict[str, tuple[Classification, ...]] = {}
+    while True:
+        try:
+            result = call()
+        except ToolkitError:
+            states = [s for p in BumpState.pending(ws, stack)
+                      if (s := BumpState.load(ws, stack, p))]
+            state = next((s for s in states if s.coordinated_with), states[0] if states else None)
+            if state is None or not state.conflict_head or (
+                    state.project, state.next_index) in seen:
+                raise
+            seen.add((state.project, state.next_index))
+            patch = state.kept_series(ws).patches[state.next_index]
+            unchecked = [e for e in state.conflict_evidence
+                         if e.startswith(f"{MERGED_UNCHECKED}: ")]
+            stops.append((state.project, patch.name, (
+                f"mended in its fork tree (it merged, but {state.failed_check[0]})"
+                if state.failed_check else f"checked ({unchecked[0]})" if unchecked
+                else "resolved in its fork tree")))
+            call = functools.partial(bump_continue, ws, stack, state.project, skip=True)
+            continue
+        if result.project == project:
+            return result, stops, companions
+        companions[result.project] = result.classifications
+        call = functools.partial(bump_continue, ws, stack, project)
 
 
 def watch_release(ws: Workspace, stack: Stack, project: Project, version: Version,
@@ -206,10 +198,10 @@ def watch_release(ws: Workspace, stack: Stack, project: Project, version: Versio
     target = new_stack or stack.name
     args = [stack.name, project.key, str(version), *(["--new-stack", new_stack] * bool(new_stack))]
     with scratch_checkout(ws, cache) as scratch:
-        run = _Run(ws=scratch, stack=target, project=project.key)
         try:
-            result = run.to_end(lambda: bump(declared(scratch, stack.name), project.key,
-                                             str(version), new_stack=new_stack or None))
+            result, stops, more = _to_end(scratch, target, project.key, lambda: bump(
+                declared(scratch, stack.name), project.key, str(version),
+                new_stack=new_stack or None))
         except ToolkitError as exc:
             return ReleaseWatch(
                 version=str(version), new_stack=new_stack,
@@ -217,7 +209,7 @@ def watch_release(ws: Workspace, stack: Stack, project: Project, version: Versio
                 outcome="refused" if isinstance(exc, MaintenanceError) else "failed")
         resolved = declared(scratch, target)
         after = resolved.stack
-        companions = {**result.companions, **run.companions}
+        companions = {**result.companions, **more}
         patches = [v for p in after.projects if p.key in companions
                    for v in _verdicts(p.key, companions[p.key])]
         patches += _verdicts(project.key, result.classifications)
@@ -227,14 +219,14 @@ def watch_release(ws: Workspace, stack: Stack, project: Project, version: Versio
     steps += [Step(run=command("bump", target, key, "--continue"),
                    why=f"once {patch} ({key}) is {todo}; "
                        f"`{command('bump', target, key, '--skip')}` drops it instead")
-              for key, patch, todo in run.stops]
+              for key, patch, todo in stops]
     steps.append(Step(run=command("build", "--stack", target), why="the stack's wheels"))
     for remake in dict.fromkeys(c.command for c in stale if c.command):
         named = [c for c in stale if c.command == remake]
         steps.append(Step(run=remake, why=f"re-makes the record {len(named)} claim(s) name"
                           + (f" (needs {named[0].needs})" if named[0].needs else "")))
     return ReleaseWatch(
-        version=str(version), outcome="stops" if run.stops else "bumps", new_stack=new_stack,
+        version=str(version), outcome="stops" if stops else "bumps", new_stack=new_stack,
         patches=tuple(patches), moves=tuple(_moves(stack, after, project.key)),
         claims=tuple((c.name, f"{c.state}: {'; '.join(c.reasons)}") for c in stale),
         steps=tuple(steps))
