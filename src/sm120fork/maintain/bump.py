@@ -58,8 +58,6 @@ from sm120fork.maintain.report import (
     write_changelog,
 )
 from sm120fork.maintain.state import (
-    BEFORE_BASE_REF,
-    BEFORE_REF,
     CHECK_PASSES,
     CONFLICT,
     DROPPED_BY_HAND,
@@ -103,6 +101,8 @@ _SHA1 = re.compile(r"[0-9a-f]{40}")
 _CONFLICT_MARK = re.compile(r"^(<<<<<<<|>>>>>>>) ", re.MULTILINE)
 #: The old pin's fork tree: beside the tree while the bump runs, then in its folder.
 _PRE = "pre-bump"
+BEFORE_REF = "refs/sm120fork/before-bump"
+BEFORE_BASE_REF = "refs/sm120fork/before-bump-base"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,16 +319,16 @@ def _companions(resolved: ResolvedStack, stack: Stack, project: Project, new_ver
     moves: dict[str, str] = {}
     for move in coordinated_moves(stack, project, release):
         other = move.project
-        why = f"{project.distribution} {new_version} requires {move.requirement}"
-        if resolved.series[other.key].patches or not ships_wheels(other):
+        own = bool(resolved.series[other.key].patches) or not ships_wheels(other)
+        if own:
             bumps[other.key] = move.version
-            moves[other.key] = (f"{other.distribution} {other.version} -> {move.version} "
-                                f"with its series (a bump of its own): {why}")
-            continue
-        pins[other.key] = dataclasses.replace(_wheel_pin(other, move.version, None),
-                                              version=move.version)
+        else:
+            pins[other.key] = dataclasses.replace(_wheel_pin(other, move.version, None),
+                                                  version=move.version)
         moves[other.key] = (f"{other.distribution} {other.version} -> {move.version} "
-                            f"(as published): {why}")
+                            + ("with its series (a bump of its own)" if own else "(as published)")
+                            + f": {project.distribution} {new_version} requires "
+                              f"{move.requirement}")
     return pins, bumps, moves
 
 
@@ -407,7 +407,6 @@ def _keep_old_tree(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> 
             shutil.rmtree(work)  # (the pre-flight refused a tree with no state)
         old_tree = prepare_tree(ws, stack, project, patches=resolved.series[project.key].patches)
         shutil.rmtree(d / "series", ignore_errors=True)
-        d.mkdir(parents=True, exist_ok=True)
         shutil.copytree(ws.series_dir(project), d / "series")
         os.replace(old_tree.path, pre)
         stage("old tree kept")
@@ -459,7 +458,6 @@ class _Series:
 
     ws: Workspace
     state: BumpState
-    stack: Stack
     project: Project
     repo: Git
     series: Series
@@ -486,8 +484,7 @@ def _apply_series(ws: Workspace, state: BumpState, resolved: ResolvedStack, *,
         _new_tree(ws, state, resolved)
     stack = resolved.stack
     project = stack.project(state.project)
-    at = _Series(ws, state, stack, project, Git(ws.work_tree(stack, project)),
-                 state.kept_series(ws))
+    at = _Series(ws, state, project, Git(ws.work_tree(stack, project)), state.kept_series(ws))
     if state.conflict_head:
         _settle(at, skip=skip)
     _back_to(at.repo, state.head)

@@ -119,9 +119,8 @@ def _set_pin(table: Table, pin: NewPin) -> None:
     if pin.wheels:
         aot = tomlkit.aot()
         for w in pin.wheels:
-            entry = _fill(tomlkit.table(), w)
-            aot.append(entry)
-        entry.add(tomlkit.nl())  # a blank line before the table that follows
+            aot.append(_fill(tomlkit.table(), w))
+        aot[-1].add(tomlkit.nl())  # a blank line before the table that follows
         table["wheels"] = aot
     if source_kind(pin.source).ships_wheels:
         # Repacked, not built: a version stamp has nothing left to stamp.

@@ -16,13 +16,11 @@ from sm120fork.declare import GitPin, Project, SdistPin, SourceKind, WheelPin
 from sm120fork.errors import ConfigError, MaintenanceError
 from sm120fork.patch.series import Series, load_series
 from sm120fork.util import typed
-from sm120fork.util.files import atomic_write_text
+from sm120fork.util.files import atomic_write_text, read_json_object
 from sm120fork.util.hint import command
 from sm120fork.workspace import Workspace
 
 FORMAT = 2
-BEFORE_REF = "refs/sm120fork/before-bump"
-BEFORE_BASE_REF = "refs/sm120fork/before-bump-base"
 
 STILL_NEEDED = "still needed"
 UPSTREAMED_IDENTICALLY = "upstreamed identically"
@@ -151,15 +149,13 @@ class BumpState:
     @classmethod
     def load(cls, ws: Workspace, stack: str, project: str) -> BumpState | None:
         path = cls.directory(ws, stack, project) / "state.json"
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        data = read_json_object(path)
+        if data is None:
             return None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        if data.get("format") != FORMAT:
             raise MaintenanceError(
                 f"a bump in progress was started by an older toolkit (state format "
-                f"{data.get('format', 1) if isinstance(data, dict) else '?'}, this one reads "
-                f"{FORMAT})", where=str(path),
+                f"{data.get('format', 1)}, this one reads {FORMAT})", where=str(path),
                 fix=f"finish or undo it with the toolkit that started it; or drop it: remove "
                     f"{path.parent} and put back what it wrote (`git checkout -- forks "
                     "patches reports`)")

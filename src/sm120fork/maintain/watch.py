@@ -268,8 +268,8 @@ def watch(ws: Workspace, stacks: Sequence[str] = (), *, limit: int) -> list[Stac
         cache = Path(tmp)  # the downloads every scratch bump shares, the checkout's linked
         for real, kind in ((ws.sdist_cache, "sdists"), (ws.wheel_cache, "wheels")):
             (cache / kind).mkdir(parents=True, exist_ok=True)
-            for f in sorted(real.glob("*")) if real.is_dir() else ():
-                if f.is_file() and not (cache / kind / f.name).exists():
+            for f in sorted(real.glob("*")):
+                if f.is_file():
                     (cache / kind / f.name).symlink_to(f.resolve())
         return [StackWatch(stack=name, date=today(), limit=limit, projects=tuple(
                     watch_project(ws, found[name], p, limit=limit, cache=cache)
