@@ -290,11 +290,12 @@ def _new_pin(ws: Workspace, req: BumpRequest, project: Project, new: Version,
             fix="pass --git-commit SHA (the sdist records none and the upstream "
                 "repository is not consulted)")
     tag = project.git_pin.tag
-    return NewPin(source=project.source, git=_unverified(
-        project, recorded, tag.replace(project.version, str(new)) if project.version in tag
-        else f"v{new}", "commit given with --git-commit" if req.git_commit
-        else "commit recorded in the sdist's own build metadata"),
-        sdist=SdistPin(filename=found.filename, sha256=found.sha256)), release
+    said = ("commit given with --git-commit" if req.git_commit else
+            "commit recorded in the sdist's own build metadata")
+    git = _unverified(project, recorded, tag.replace(project.version, str(new))
+                      if project.version in tag else f"v{new}", said)
+    return NewPin(source=project.source, git=git,
+                  sdist=SdistPin(filename=found.filename, sha256=found.sha256)), release
 
 
 def _journal(ws: Workspace, state: BumpState, stack: Stack) -> None:
@@ -342,9 +343,9 @@ def _wheel_pin(project: Project, new_version: str, git_commit: str | None) -> Ne
             f"{project.distribution} {new_version} has no wheel on the package index",
             where=f"projects.{project.key}", fix="check the version, or wait until upstream "
                                                  "publishes its wheels")
-    return NewPin(source="wheel", wheels=wheels, git=_unverified(
-        project, git_commit, f"v{new_version}", "commit given with --git-commit")
-        if git_commit else None)
+    git = (_unverified(project, git_commit, f"v{new_version}", "commit given with --git-commit")
+           if git_commit else None)
+    return NewPin(source="wheel", git=git, wheels=wheels)
 
 
 def _unverified(project: Project, commit: str, tag: str, said: str) -> GitPin:
