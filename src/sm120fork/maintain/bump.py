@@ -17,7 +17,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin, load_stack
+from sm120fork.declare import GitPin, Project, SdistPin, Stack, WheelPin, load_stack, pinned_for
 from sm120fork.entry import relative
 from sm120fork.errors import (
     CommandError,
@@ -43,7 +43,6 @@ from sm120fork.maintain.preflight import (
     Release,
     check_layout,
     check_pins,
-    coordinated_moves,
     missing_targets,
     requirements_on_stack,
     sdist_release,
@@ -312,24 +311,35 @@ def _journal(ws: Workspace, state: BumpState, stack: Stack) -> None:
 
 def _companions(resolved: ResolvedStack, stack: Stack, project: Project, new_version: str,
                 release: Release) -> tuple[dict[str, NewPin], dict[str, str], dict[str, str]]:
-    """The projects the new release pins at another version: (new ``wheel`` pins of those
-    shipped as published; versions of those with patches, each a bump of its own that
-    this one waits for; why each moves)."""
+    """The stack's projects whose pin the new release rejects, each moved to the one
+    version it pins (``==X``; a requirement that names no one version is refused): (new
+    ``wheel`` pins of those shipped as published; versions of those with patches, each a
+    bump of its own that this one waits for; why each moves)."""
     pins: dict[str, NewPin] = {}
     bumps: dict[str, str] = {}
     moves: dict[str, str] = {}
-    for move in coordinated_moves(stack, project, release):
-        other = move.project
+    for req in release.requires:
+        other = pinned_for(req, stack.projects)
+        if other is None or other is project or req.specifier.contains(
+                other.version, prereleases=True) or (
+                req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        if len(exact) != 1 or "*" in exact[0]:
+            raise MaintenanceError(
+                f"{project.distribution} requires {req}, which the stack's "
+                f"{other.distribution} {other.version} does not satisfy and which names "
+                "no one version to move it to", where=f"{stack.name}/{other.key}",
+                fix=f"bump {other.key} to a release it accepts first")
         own = bool(resolved.series[other.key].patches) or not ships_wheels(other)
         if own:
-            bumps[other.key] = move.version
+            bumps[other.key] = exact[0]
         else:
-            pins[other.key] = dataclasses.replace(_wheel_pin(other, move.version, None),
-                                                  version=move.version)
-        moves[other.key] = (f"{other.distribution} {other.version} -> {move.version} "
+            pins[other.key] = dataclasses.replace(_wheel_pin(other, exact[0], None),
+                                                  version=exact[0])
+        moves[other.key] = (f"{other.distribution} {other.version} -> {exact[0]} "
                             + ("with its series (a bump of its own)" if own else "(as published)")
-                            + f": {project.distribution} {new_version} requires "
-                              f"{move.requirement}")
+                            + f": {project.distribution} {new_version} requires {req}")
     return pins, bumps, moves
 
 
@@ -675,12 +685,9 @@ def _finalize(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> BumpR
     # What can fail comes before the first write: --continue tries again.
     range_diff = _range_diff(repo)
     empty = not _commits(repo, f"{UPSTREAM_TAG}..HEAD")
-    ships_published = empty or source_kind(project.source).ships_wheels
-    if ships_published or project.wheels:
-        # An empty series ships the published wheels; else the old version's pins go.
-        wheels = (find_wheels(state.pinned(project), Version(state.new_version))
-                  if ships_published else ())
-        if ships_published and not wheels:
+    if empty or source_kind(project.source).ships_wheels:  # it ships the published wheels
+        wheels = find_wheels(state.pinned(project), Version(state.new_version))
+        if not wheels:
             raise MaintenanceError(
                 f"{project.distribution} {state.new_version} has no wheel on the package "
                 "index" + (" to ship as published: every patch left the series" if empty
@@ -688,7 +695,9 @@ def _finalize(ws: Workspace, state: BumpState, resolved: ResolvedStack) -> BumpR
                 fix=f"`{state.cmd('--abort')}`, or `{state.cmd('--continue')}` once "
                     "upstream publishes its wheels")
         state.new_pin = dataclasses.replace(state.new_pin, wheels=wheels)
-        state.save(ws)
+    elif project.wheels:  # built from source: the old version's published wheels go
+        state.new_pin = dataclasses.replace(state.new_pin, wheels=())
+    state.save(ws)
     # Edits the declaration as it is now: a hand fix made while stopped stays.
     declaration = Path(state.declaration)
     decl = declaration_with_pin(declaration.read_text(encoding="utf-8"), project, state,

@@ -134,21 +134,18 @@ def declaration_with_pin(text: str, project: Project, state: BumpState, where: s
     pin = state.new_pin
     doc = tomlkit.parse(text)
     projects = doc.get("projects")
-    if not isinstance(projects, MutableMapping) or project.key not in projects:
-        raise ConfigError(f"no [projects.{project.key}] table", where=where)
-    table = projects[project.key]
-    table["version"] = state.new_version
-    _set_pin(table, pin)
+    for key, new in {project.key: dataclasses.replace(pin, version=state.new_version),
+                     **pin.companions}.items():
+        if not isinstance(projects, MutableMapping) or key not in projects:
+            raise ConfigError(f"no [projects.{key}] table", where=where)
+        projects[key]["version"] = new.version
+        _set_pin(projects[key], new)
+    table = doc["projects"][project.key]
     if pin.upstream_requires is not None and (
             pin.upstream_requires or "upstream_requires" in table):
         table["upstream_requires"] = list(pin.upstream_requires)
     if pin.layout and table.get("layout") != pin.layout:
         table["layout"] = pin.layout
-    for key, other in pin.companions.items():
-        if key not in projects:
-            raise ConfigError(f"no [projects.{key}] table", where=where)
-        projects[key]["version"] = other.version
-        _set_pin(projects[key], other)
     if description:
         doc["stack"]["description"] = description
     # The tables a pin edit removes (git, sdist, version_stamp) leave their blank lines.

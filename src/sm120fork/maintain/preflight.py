@@ -100,36 +100,6 @@ def check_pins(stack: Stack, project: Project, new_version: str) -> None:
         + "; ".join(found), where=f"{stack.name}/{project.key}", fix=fix)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Coordinated:
-    project: Project
-    requirement: Requirement
-    version: str
-
-
-def coordinated_moves(stack: Stack, project: Project, release: Release) -> list[Coordinated]:
-    """The stack's projects whose pin the new release rejects, with the version it pins
-    (``==X``; a requirement that pins no one version is refused)."""
-    moves: list[Coordinated] = []
-    for req in release.requires:
-        target = pinned_for(req, stack.projects)
-        if target is None or target is project:
-            continue
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
-        if req.specifier.contains(target.version, prereleases=True):
-            continue
-        exact = [s.version for s in req.specifier if s.operator in ("==", "===")]
-        if len(exact) != 1 or "*" in exact[0]:
-            raise MaintenanceError(
-                f"{project.distribution} requires {req}, which the stack's "
-                f"{target.distribution} {target.version} does not satisfy and which names "
-                "no one version to move it to", where=f"{stack.name}/{target.key}",
-                fix=f"bump {target.key} to a release it accepts first")
-        moves.append(Coordinated(project=target, requirement=req, version=exact[0]))
-    return moves
-
-
 def requirements_on_stack(stack: Stack, project: Project, release: Release) -> list[str]:
     """The new release's requirements on the stack's other projects."""
     return [str(r) for r in release.requires
