@@ -158,11 +158,11 @@ def test_a_failing_layer_case_is_a_verify_failure_not_exit_1(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from sm120fork.gpu import cli
     from sm120fork.gpu.layer import run as layer_run
+    from sm120fork.layouts import CaseOutcome
 
-    def failing(case: str, **_: object) -> layer_run.CaseOutcome:
-        return layer_run.CaseOutcome(case=case, passed=False, hung=True,
-                                        problems=["rank 1 hung"], ranks=[], seconds=1.0,
-                                        tails=[])
+    def failing(case: str, **_: object) -> CaseOutcome:
+        return CaseOutcome(case=case, passed=False, hung=True,
+                           problems=["rank 1 hung"], ranks=[], seconds=1.0, tails=[])
 
     monkeypatch.setattr(layer_run, "run_case", failing)
     code = cli.main(["sglang-layer", "--sglang-path", str(tmp_path), "--layout",

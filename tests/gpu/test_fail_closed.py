@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from sm120fork.gpu.layer import run as layer_run
+from sm120fork.layouts import CaseOutcome, Ended
 
 from helpers_sglang import DEFAULT_STACK, Sites
 
@@ -44,7 +45,7 @@ def default_stack_sglang(sglang_0510: Path) -> Path:
 
 
 def _alone(runs: dict[str, tuple[Path, list[Path], str, str, bool]], python: str,
-           ) -> dict[str, layer_run.CaseOutcome]:
+           ) -> dict[str, CaseOutcome]:
     """label -> (site, extra path, case, layout, plugins), two at a time.  A site without
     a series or plugin (label "stock") has its gates opened in memory."""
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -59,7 +60,7 @@ def _alone(runs: dict[str, tuple[Path, list[Path], str, str, bool]], python: str
         return {label: future.result() for label, future in futures.items()}
 
 
-def _by_rank(outcome: layer_run.CaseOutcome) -> dict[int, layer_run.Ended]:
+def _by_rank(outcome: CaseOutcome) -> dict[int, Ended]:
     """How each rank ended; printed (``pytest -rP`` shows it) for the record."""
     for e in outcome.exits:
         print(f"{outcome.case} rank {e.rank}: exit {e.exit}, stopped by the harness "
@@ -69,7 +70,7 @@ def _by_rank(outcome: layer_run.CaseOutcome) -> dict[int, layer_run.Ended]:
     return {e.rank: e for e in outcome.exits}
 
 
-def _check_alone(outcome: layer_run.CaseOutcome, alone: int) -> float:
+def _check_alone(outcome: CaseOutcome, alone: int) -> float:
     """Rank ``alone`` raised alone: one RuntimeError after the agreement timeout, whichever
     rank it is.  Without that bound it would wait past the case's 30 s (rank 0: the peer's
     groups, 60 s) and the case would be hung; rank 1 would wait GROUP_S (in SGLang the CPU
@@ -132,11 +133,11 @@ CASES_0523 = {
 
 
 @pytest.fixture(scope="module")
-def outcomes(sites: Sites) -> dict[str, layer_run.CaseOutcome]:
+def outcomes(sites: Sites) -> dict[str, CaseOutcome]:
     """Every case of CASES_0523, BATCH at a time.  Stock (no series, no plugin) has its
     gates opened in memory; stock's hang is judged 10 s after its ranks are ready (the
     patched ranks of the same case end within a second or two of being ready)."""
-    def run(label: str, c: _Case) -> layer_run.CaseOutcome:
+    def run(label: str, c: _Case) -> CaseOutcome:
         stock = c.site != "patched"
         return layer_run.run_case(
             c.case, sglang_path=sites.stock if stock else sites.patched, device="cpu",
@@ -154,8 +155,8 @@ def outcomes(sites: Sites) -> dict[str, layer_run.CaseOutcome]:
         return {label: future.result() for label, future in futures.items()}
 
 
-def _passed(outcomes: dict[str, layer_run.CaseOutcome], prefix: str, count: int,
-            ) -> dict[str, layer_run.CaseOutcome]:
+def _passed(outcomes: dict[str, CaseOutcome], prefix: str, count: int,
+            ) -> dict[str, CaseOutcome]:
     """The ``count`` outcomes labelled ``prefix`` + case, by case; each one passed."""
     chosen = {label.removeprefix(prefix): o for label, o in outcomes.items()
               if label.startswith(prefix)}
@@ -166,14 +167,14 @@ def _passed(outcomes: dict[str, layer_run.CaseOutcome], prefix: str, count: int,
 
 
 def test_stock_hangs_when_one_rank_fails_creation(
-        outcomes: dict[str, layer_run.CaseOutcome]) -> None:
+        outcomes: dict[str, CaseOutcome]) -> None:
     """The reproducer: upstream's ranks wait in different collectives, still after 10 s."""
     outcome = outcomes["stock hang"]
     assert outcome.hung, outcome.problems
 
 
 def test_one_rank_failing_creation_fails_closed_on_every_rank(
-        outcomes: dict[str, layer_run.CaseOutcome]) -> None:
+        outcomes: dict[str, CaseOutcome]) -> None:
     patched = _passed(outcomes, "patched ", 6)
     for case in ONE_RANK:
         for rank in patched[case].ranks:
@@ -182,7 +183,7 @@ def test_one_rank_failing_creation_fails_closed_on_every_rank(
 
 
 def test_the_plugin_on_stock_fails_closed_too(
-        outcomes: dict[str, layer_run.CaseOutcome]) -> None:
+        outcomes: dict[str, CaseOutcome]) -> None:
     plugin = _passed(outcomes, "plugin on stock ", 3)
     lines = plugin["fused"].ranks[0].plugin
     assert lines
@@ -190,14 +191,14 @@ def test_the_plugin_on_stock_fails_closed_too(
 
 
 def test_a_fused_call_raising_on_one_rank_only_sglang_0_5_23(
-        outcomes: dict[str, layer_run.CaseOutcome]) -> None:
+        outcomes: dict[str, CaseOutcome]) -> None:
     """G6 in the patched wheel: as S4 (its port)."""
     _check_alone(outcomes["g6 rank-0-fused-call-raises"], 0)
     _check_alone(outcomes["g6 one-rank-fused-call-raises"], 1)
 
 
 def test_a_fused_call_raising_on_one_rank_only_plugin_and_stock(
-        outcomes: dict[str, layer_run.CaseOutcome]) -> None:
+        outcomes: dict[str, CaseOutcome]) -> None:
     """The plugin on stock 0.5.23 carries G6's bound (on either rank); stock 0.5.23 (its
     gates opened in memory) lets the injected error escape the layer at once, without a
     word of the peers: the raising rank ends with the raw ValueError."""

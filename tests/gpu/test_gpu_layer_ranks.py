@@ -10,9 +10,10 @@ from pathlib import Path
 
 from helpers_proc import HANGING_CHILD, module_python, sigterm_ends_every_child
 from sm120fork.gpu.layer import run as layer_run
+from sm120fork.layouts import CaseOutcome
 
 
-def _run(tmp_path: Path, rank_code: str, **kwargs: object) -> layer_run.CaseOutcome:
+def _run(tmp_path: Path, rank_code: str, **kwargs: object) -> CaseOutcome:
     return layer_run.run_case("fused", sglang_path=tmp_path, device="cpu",
                                  python=module_python(tmp_path, rank_code), layout="layer_boundary",
                                  **kwargs)  # type: ignore[arg-type]

@@ -136,7 +136,7 @@ def test_tested_of_a_build_names_the_patches_it_applied_with_their_ids() -> None
 
 
 def test_a_layer_run_of_a_stack_is_a_record_unfinished_until_every_case_ran() -> None:
-    from sm120fork.gpu.layer.run import CaseOutcome
+    from sm120fork.layouts import CaseOutcome
 
     made = {"stack": "sglang-0.5.23", "made_from": [
         {"project": "sglang", "wheel": "sglang-0.5.23+sm120.1-py3-none-any.whl",

@@ -22,7 +22,7 @@ from sm120fork.gpu.core.documents import Provenance
 from sm120fork.gpu.decision import Process, decide
 from sm120fork.gpu.layer import run as layer_run
 from sm120fork.gpu.policy import validate
-from sm120fork.layouts import Observation, Step
+from sm120fork.layouts import CaseOutcome, Observation, Step
 
 ROUTES = {1: "fused", 8: "fused", 9: "pcie_ipc", 32: "pcie_ipc", 33: "sglang_dispatch",
           64: "sglang_dispatch", 65: "fused", 128: "fused", 129: "sglang_dispatch"}
@@ -98,8 +98,8 @@ def test_a_gpu_run_of_0523_plans_the_whole_matrix_and_the_policy_cases_on_each_r
     assert not {"policy-eager", "policy-graph"} & {c for _, c in layer_run.planned_cases(old)}
 
 
-def _outcome(case: str, variant: str) -> layer_run.CaseOutcome:
-    return layer_run.CaseOutcome(case=case, passed=True, hung=False, problems=[],
+def _outcome(case: str, variant: str) -> CaseOutcome:
+    return CaseOutcome(case=case, passed=True, hung=False, problems=[],
                                     ranks=[], seconds=1.0, tails=[], variant=variant)
 
 
@@ -108,7 +108,7 @@ def test_the_time_budget_stops_starting_cases_and_the_record_says_what_ran(
     clock = {"now": 0.0}
     ran: list[tuple[str, str]] = []
 
-    def fake_case(case: str, **kwargs: Any) -> layer_run.CaseOutcome:
+    def fake_case(case: str, **kwargs: Any) -> CaseOutcome:
         ran.append((kwargs["variant"], case))
         clock["now"] += 30.0
         return _outcome(case, kwargs["variant"])
@@ -215,7 +215,7 @@ def test_one_command_runs_both_routes_of_a_kit_into_one_record(
         "plugin": f"stack/plugin/{plugin}", "sglang": f"upstream/{stock}"}}))
     seen: list[tuple[str, str, bool]] = []
 
-    def fake_case(case: str, **kw: Any) -> layer_run.CaseOutcome:
+    def fake_case(case: str, **kw: Any) -> CaseOutcome:
         seen.append((kw["variant"], case, kw["load_plugins"]))
         return _outcome(case, kw["variant"])
 

@@ -20,6 +20,7 @@ import pytest
 
 from sm120fork.gpu.layer import run as layer_run
 from sm120fork.gpu.layer.rank import POLICY_CASES
+from sm120fork.layouts import CaseOutcome
 
 from helpers_sglang import SERIES, Sites
 
@@ -31,7 +32,7 @@ G7_READS_V2 = any("sm120fork_allreduce.py" in p.read_text(encoding="utf-8")
 
 
 def _run(runs: dict[str, tuple[Path, list[Path], str, bool]], python: str,
-         ) -> dict[str, layer_run.CaseOutcome]:
+         ) -> dict[str, CaseOutcome]:
     """label -> (site, extra path, case, plugins); "stock" opens the gates in memory."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {label: pool.submit(

@@ -25,8 +25,8 @@ def demo(tmp_path: Path) -> DemoWorkspace:
     return make_demo(tmp_path)
 
 
-def build(demo: DemoWorkspace, **kw: bool) -> list[str]:
-    builds = build_stack(demo.ws, demo.ws.stack(STACK), Options(**kw))
+def build(demo: DemoWorkspace, *, force: bool = False, rebuild: bool = False) -> list[str]:
+    builds = build_stack(demo.ws, demo.ws.stack(STACK), Options(force=force, rebuild=rebuild))
     return ["cached" if b.cached else "built" for b in builds]
 
 
@@ -224,7 +224,7 @@ def test_a_build_is_its_stages_each_taking_the_previous_ones_result(
 
     resolved = ResolvedStack.named(demo.ws, STACK)
     stack = resolved.stack
-    options = pipeline.Options(jobs=1)
+    options = Options(jobs=1)
     plan = pipeline.load(resolved, options, ["lib"])
     assert [i.project.key for i in plan.projects] == ["lib"]
     assert not plan.whole
