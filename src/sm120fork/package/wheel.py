@@ -37,11 +37,11 @@ from sm120fork.fetch.archive import is_compiled, source_members
 from sm120fork.manifest import FingerprintResult
 from sm120fork.patch.series import Series, fingerprint_in, load_series, match_upstream
 from sm120fork.patch.tree import prepare_tree
-from sm120fork.plugin.build import pypa_build
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util.files import dist_info, scratch_prefix
 from sm120fork.util.git import Git
 from sm120fork.util.proc import run
+from sm120fork.util.pypa import pypa_build
 
 log = logging.getLogger("sm120fork")
 _NEW_FILE = re.compile(r"^diff --git a/(\S+) b/\1\nnew file mode ", re.MULTILINE)

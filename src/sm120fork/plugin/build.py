@@ -13,9 +13,8 @@ import hashlib
 import json
 import logging
 import shutil
-import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,14 +22,14 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from sm120fork.declare import Stack
-from sm120fork.errors import BuildError, CommandError
+from sm120fork.errors import BuildError
 from sm120fork.patch.series import Series
 from sm120fork.patch.tree import prepare_tree
 from sm120fork.plugin import generate as generate_module
 from sm120fork.plugin.generate import UPSTREAM_TAG, generate_spec, patch_commits
 from sm120fork.plugin.runtime import Spec
 from sm120fork.util.files import atomic_write_text, read_json_object, sha256_file, staged_dir
-from sm120fork.util.proc import run
+from sm120fork.util.pypa import pypa_build
 from sm120fork.workspace import Workspace
 
 log = logging.getLogger("sm120fork")
@@ -135,22 +134,6 @@ def write_project(spec: Spec, local_label: str, dest: Path) -> Path:
             init.write_text(f'"""Vendored from sm120fork/{sub.as_posix()}."""\n',
                             encoding="utf-8")
     return dest
-
-
-def pypa_build(project_dir: Path, dist: Path, *, name: str, where: str,
-               env: dict[str, str], on_line: Callable[[str], None] | None = None) -> Path:
-    """The one wheel pypa/build makes of ``project_dir`` in ``dist``."""
-    try:
-        run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(project_dir)],
-            env=env, on_line=on_line)
-    except CommandError as exc:
-        raise BuildError(f"building the {name} wheel failed", where=where, detail=exc.detail,
-                         fix="read the build output above") from exc
-    wheels = sorted(dist.glob("*.whl"))
-    if len(wheels) != 1:
-        raise BuildError(f"expected one {name} wheel, got {[w.name for w in wheels]}",
-                         where=where)
-    return wheels[0]
 
 
 @dataclass(frozen=True, kw_only=True)
