@@ -1,5 +1,6 @@
 """pypa/build run as the toolkit's one way to make a wheel of a project folder: the
-patched projects' wheels (``package/wheel.py``) and the SGLang plugin's (``plugin/build.py``)."""
+patched projects' wheels (``package/wheel.py``), the SGLang plugin's (``plugin/build.py``)
+and the GPU A/B's upstream baseline (``gpu/core/stack_wheels.py``)."""
 
 from __future__ import annotations
 

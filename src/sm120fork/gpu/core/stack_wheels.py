@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import sys
 import tempfile
 import zipfile
 from collections.abc import Mapping
@@ -20,14 +19,14 @@ from packaging.tags import Tag, sys_tags
 from packaging.utils import parse_wheel_filename
 
 from sm120fork import manifest as manifest_file
-from sm120fork.errors import BuildError, ConfigError
+from sm120fork.errors import ConfigError
 from sm120fork.gpu.core.documents import MadeFrom, Provenance
 from sm120fork.manifest import Manifest, ManifestEntry
 from sm120fork.record import Tested
 from sm120fork.resolved import ResolvedStack
 from sm120fork.util.files import made_once, sha256_file
 from sm120fork.util.hint import command
-from sm120fork.util.proc import run
+from sm120fork.util.pypa import pypa_build
 
 log = logging.getLogger("sm120fork")
 
@@ -55,11 +54,9 @@ def upstream_wheel(stack: ResolvedStack) -> Path:
         log.info("building upstream %s %s from its pinned sdist (unchanged)",
                  project.distribution, project.version)
         with tempfile.TemporaryDirectory(prefix="sm120fork-upstream-") as tmp:
-            top = safe_extract(sdist, Path(tmp) / "src")
-            run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(top)])
-        if len(wheels := [w.name for w in dist.glob("*.whl")]) != 1:
-            raise BuildError(f"expected one wheel, got {wheels}",
-                             where=f"upstream {project.distribution} {project.version}")
+            pypa_build(safe_extract(sdist, Path(tmp) / "src"), dist, env={},
+                       name=f"upstream {project.distribution}",
+                       where=f"upstream {project.distribution} {project.version}")
 
     # Keyed by the pin's sha256, so a box that carries the cache needs no sdist or index.
     pin = project.sdist_pin.sha256
